@@ -1,0 +1,8 @@
+"""mmspec: fast autoregressive multimodal generation with one speculative draft/verify core."""
+
+from .api import GenerateOutput, generate
+from .core.sampling import SamplingConfig
+from .core.stats import SpecStats
+
+__version__ = "0.1.0"
+__all__ = ["GenerateOutput", "SamplingConfig", "SpecStats", "generate", "__version__"]

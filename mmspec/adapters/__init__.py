@@ -1,0 +1,5 @@
+"""Modality adapters: turn a concrete model into the core's Target interface."""
+
+from .hf import VLM_FAMILIES, TransformersTarget, text_decoder, truncated_decoder
+
+__all__ = ["VLM_FAMILIES", "TransformersTarget", "text_decoder", "truncated_decoder"]

@@ -1,0 +1,178 @@
+"""Adapter: a transformers causal LM or VLM as a speculative-decoding target.
+
+Supported: any decoder-only ``*ForCausalLM`` and the VLM families of :data:`VLM_FAMILIES`. A VLM's
+pixels are encoded in the prefill only; later forwards feed token ids, whose embeddings the
+language model looks up itself. All the adapter keeps is the model handle: the sequence lives in
+a :class:`~mmspec.core.cache.SequenceState` created by :meth:`TransformersTarget.prefill`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.cache import SequenceState, make_cache
+from ..core.target import TargetOutput
+
+#: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
+#: rollback needs no multimodal position bookkeeping.
+VLM_FAMILIES = {
+    "llava": "LLaVA-1.5 / Pixtral (LlavaForConditionalGeneration)",
+    "llava_next": "LLaVA-NeXT (LlavaNextForConditionalGeneration)",
+    "mistral3": "Mistral3 / Pixtral (Mistral3ForConditionalGeneration)",
+    "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
+    "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
+    "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+}
+
+#: multimodal families known to need position bookkeeping mmspec does not implement yet.
+UNSUPPORTED_FAMILIES = {
+    "qwen2_vl": "uses 3-D M-RoPE positions",
+    "qwen2_5_vl": "uses 3-D M-RoPE positions",
+    "qwen3_vl": "uses 3-D M-RoPE positions",
+}
+
+PIXEL_INPUTS = ("pixel_values",)
+
+
+def _image_token_id(config) -> int | None:
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def text_decoder(model: nn.Module) -> nn.Module:
+    """The module holding the decoder layers (``.layers``, ``.norm``, ``.embed_tokens``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for candidate in (decoder, getattr(decoder, "language_model", None), getattr(model, "model", None)):
+        if candidate is not None and isinstance(getattr(candidate, "layers", None), nn.ModuleList):
+            return candidate
+    raise ValueError(f"{type(model).__name__}: cannot find its text decoder layers")
+
+
+def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
+    """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm).
+
+    The view shares every parameter with ``decoder`` (no copy, no change to the original); only its
+    layer list and config differ.
+    """
+    total = len(decoder.layers)
+    if not 1 <= num_layers < total:
+        raise ValueError(f"layer-skip needs 1 <= N < {total} (the target has {total} layers), got N={num_layers}")
+    view = copy.copy(decoder)
+    view._modules = dict(decoder._modules)
+    view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])
+    config = copy.copy(decoder.config)
+    config.num_hidden_layers = num_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:num_layers]
+    view.config = config
+    return view
+
+
+class TransformersTarget:
+    """A transformers model behind the core's :class:`~mmspec.core.target.Target` interface.
+
+    Args:
+        model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
+    Raises:
+        ValueError: for encoder-decoder models and unsupported multimodal families.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config
+        model_type = getattr(config, "model_type", "")
+        if model_type in UNSUPPORTED_FAMILIES:
+            raise ValueError(
+                f"{type(model).__name__} is not supported yet: it {UNSUPPORTED_FAMILIES[model_type]}. "
+                f"Supported VLM families: {', '.join(VLM_FAMILIES)}; or any decoder-only causal LM."
+            )
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"{type(model).__name__} is an encoder-decoder model; mmspec targets decoder-only models")
+        if model.get_output_embeddings() is None:
+            raise ValueError(f"{type(model).__name__} has no LM head; pass a *ForCausalLM or *ForConditionalGeneration model")
+        self.model = model
+        self.is_vlm = model_type in VLM_FAMILIES
+        if not self.is_vlm and _image_token_id(config) is not None:
+            raise ValueError(
+                f"{type(model).__name__} ({model_type}) is a multimodal family mmspec does not support yet. "
+                f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
+            )
+        self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            return []
+        return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+
+    def check_inputs(self, model_inputs: dict[str, Any]) -> torch.Tensor:
+        """Validate a prompt and return its input_ids [1, L]. Raises ValueError that says what to do."""
+        input_ids = model_inputs.get("input_ids")
+        if input_ids is None:
+            raise ValueError("pass the prompt as input_ids=... (LongTensor [1, L], e.g. from the model's tokenizer/processor)")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int):
+            raise ValueError("input_ids must be an integer torch.Tensor of shape [1, L]")
+        if input_ids.dim() == 1:
+            raise ValueError("input_ids must be 2-D [batch, length]; add the batch dimension with input_ids[None]")
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"mmspec decodes one sequence at a time (batch size 1), got batch size {input_ids.shape[0]}; "
+                "call it once per prompt"
+            )
+        if input_ids.shape[1] == 0:
+            raise ValueError("the prompt is empty: input_ids has no tokens")
+        mask = model_inputs.get("attention_mask")
+        if mask is not None and not bool(mask.bool().all()):
+            raise ValueError("the prompt is padded (attention_mask has zeros); with batch size 1, pass it unpadded")
+        if self.is_vlm:
+            has_image_tokens = self.image_token_id is not None and bool((input_ids == self.image_token_id).any())
+            has_pixels = any(model_inputs.get(name) is not None for name in PIXEL_INPUTS)
+            if has_image_tokens and not has_pixels:
+                raise ValueError("the prompt has image tokens but no pixel_values; pass the processor's full output")
+            if has_pixels and not has_image_tokens:
+                raise ValueError(
+                    "pixel_values were given but the prompt has no image tokens; build the prompt with the "
+                    "model's processor (it inserts the image tokens)"
+                )
+        elif any(model_inputs.get(name) is not None for name in PIXEL_INPUTS):
+            raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
+        return input_ids
+
+    def prefill(self, model_inputs: dict[str, Any], need_hidden: bool = False) -> tuple[SequenceState, TargetOutput]:
+        input_ids = self.check_inputs(model_inputs).to(self.device)
+        cache = make_cache(self.model.config)
+        inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
+        out = self.model(
+            **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_hidden
+        )
+        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
+        return state, TargetOutput(out.logits[:, -1:], out.hidden_states[-1] if need_hidden else None)
+
+    def forward(self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False) -> TargetOutput:
+        """Append ``tokens`` [1, n] to the state's cache; logits [1, n, V]."""
+        out = self.model(
+            input_ids=tokens,
+            past_key_values=state.cache,
+            position_ids=state.position_ids(tokens.shape[1]),
+            use_cache=True,
+            output_hidden_states=need_hidden,
+        )
+        return TargetOutput(out.logits, out.hidden_states[-1] if need_hidden else None)
+
+    def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""
+        if self.image_token_id is None:
+            return input_ids
+        return input_ids[:, input_ids[0] != self.image_token_id]

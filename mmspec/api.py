@@ -1,0 +1,92 @@
+"""``mmspec.generate``: speculative decoding of any supported transformers model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .adapters.hf import TransformersTarget
+from .core.loop import speculative_decode
+from .core.sampling import SamplingConfig
+from .core.stats import DictAccess, SpecStats
+from .drafters import resolve_drafter
+
+
+@dataclass
+class GenerateOutput(DictAccess):
+    """Attributes:
+    sequences: LongTensor [1, prompt + new], the layout transformers' ``generate()`` returns.
+    stats: the generation's SpecStats.
+    """
+
+    sequences: torch.Tensor
+    stats: SpecStats
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def generate(
+    target,
+    drafter=None,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    *,
+    acceptance: str | None = None,
+    num_draft_tokens: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    **model_inputs: Any,
+) -> GenerateOutput:
+    """Generate with speculative decoding; output identical (greedy) or identically distributed
+    (sampling) to the target's own decoding.
+
+    Args:
+        target: a transformers causal LM or supported VLM (or a TransformersTarget).
+        drafter: None (plain AR), "prompt-lookup[:K]", "layer-skip:N", a transformers draft model
+            with the target's tokenizer, or a :class:`mmspec.drafters.Drafter`.
+        max_new_tokens: generation stops after this many new tokens ...
+        do_sample, temperature, top_k, top_p: ... or, when sampling, with this distribution.
+        seed: seeds every random number of the call (drafts, acceptance, residual draws).
+        acceptance: "auto" (greedy / speculative sampling), "typical" (lossy, Medusa's rule).
+        num_draft_tokens: K, overriding the drafter's default.
+        eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
+        **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
+            processor outputs.
+    Returns:
+        GenerateOutput with ``.sequences`` [1, L + new] and ``.stats``.
+    Raises:
+        ValueError: batch size > 1, an empty or padded prompt, an unsupported model, or a
+            drafter/rule combination that cannot work.
+    Example:
+        >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
+        >>> out.stats.mean_accepted_length
+    """
+    adapter = target if isinstance(target, TransformersTarget) else TransformersTarget(target)
+    sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+    if eos_token_id is None:
+        eos = adapter.eos_token_ids
+    else:
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    state, stats = speculative_decode(
+        adapter,
+        model_inputs,
+        resolve_drafter(drafter, adapter, num_draft_tokens),
+        sampling,
+        max_new_tokens,
+        eos_token_ids=eos,
+        generator=make_generator(seed, adapter.device),
+        acceptance=acceptance,
+    )
+    return GenerateOutput(sequences=state.tokens, stats=stats)

@@ -1,0 +1,171 @@
+"""Sequence state and its rollback.
+
+:class:`SequenceState` is the one object that holds everything a target's sequence carries from
+step to step — committed tokens, the KV cache of every layer, the position offset of models whose
+position ids are not the token index — and :meth:`SequenceState.rollback` /
+:meth:`SequenceState.commit` restore all of it together after a partial acceptance.
+
+The KV cache is a transformers ``DynamicCache`` whose full-attention layers are replaced by
+:class:`PreallocatedLayer`: keys and values live in a buffer that grows by doubling, appending
+writes in place and rollback only moves the length (gpt-fast's "write the next tokens at the right
+positions"), so a rejected draft costs no copy. Sliding-window layers keep transformers' own class
+and its ``crop``.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention KV layer with in-place appends and rollback by bookkeeping.
+
+    ``keys`` / ``values`` are views [B, H, length, D] of buffers [B, H, capacity, D].
+    """
+
+    min_capacity = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._key_buffer is None else self._key_buffer.shape[-2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity, self.min_capacity)
+        key_buffer = key_states.new_empty((*key_states.shape[:-2], new_capacity, key_states.shape[-1]))
+        value_buffer = value_states.new_empty((*value_states.shape[:-2], new_capacity, value_states.shape[-1]))
+        if self._length:
+            key_buffer[..., : self._length, :] = self._key_buffer[..., : self._length, :]
+            value_buffer[..., : self._length, :] = self._value_buffer[..., : self._length, :]
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+
+    def _refresh_views(self) -> None:
+        self.keys = self._key_buffer[..., : self._length, :]
+        self.values = self._value_buffer[..., : self._length, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._length + key_states.shape[-2]
+        self._reserve(key_states, value_states, end)
+        self._key_buffer[..., self._length : end, :] = key_states
+        self._value_buffer[..., self._length : end, :] = value_states
+        self._length = end
+        self._refresh_views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove ``-tokens_to_remove`` tokens (transformers' convention: a non-positive count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        self._length = max(0, self._length + tokens_to_remove)
+        self._refresh_views()
+
+    def reset(self) -> None:
+        self._length = 0
+        if self._key_buffer is not None:
+            self._refresh_views()
+
+
+def make_cache(config) -> DynamicCache:
+    """A DynamicCache for ``config`` whose full-attention layers roll back by bookkeeping."""
+    cache = DynamicCache(config=config)
+    if cache.layers:
+        cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    else:
+        cache.layer_class_to_replicate = PreallocatedLayer
+    return cache
+
+
+def crop_cache(cache: Cache, length: int) -> None:
+    """Drop every cached position at index >= ``length``."""
+    excess = cache.get_seq_length() - length
+    if excess < 0:
+        raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
+    if excess:
+        cache.crop(-excess)
+
+
+def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:
+    """A cache that *shares* the first ``num_layers`` layer objects of ``cache``.
+
+    Used by self-speculative drafters (layer skip, Kangaroo): the first N layers' keys and values
+    of the committed prefix are identical for the shallow draft and the full target, so the draft
+    reads them instead of recomputing. Anything the draft appends must be cropped from the view
+    (:func:`crop_cache`) before the target runs again.
+    """
+    if num_layers > len(cache.layers):
+        raise ValueError(f"cache has {len(cache.layers)} layers, cannot view the first {num_layers}")
+    view = DynamicCache()
+    view.layer_class_to_replicate = None
+    view.layers = list(cache.layers[:num_layers])
+    return view
+
+
+class SequenceState:
+    """Everything one generated sequence carries between target forwards (batch size 1).
+
+    Invariant between steps: ``tokens`` holds the prompt and every committed token; the KV cache
+    holds all of them but the last ("pending") one, which is the first input of the next forward.
+
+    Attributes:
+        tokens: LongTensor [1, L] committed tokens (prompt + generated).
+        cache: the target's KV cache (every layer).
+        prompt_length: number of prompt tokens at the start of ``tokens``.
+        position_offset: position id of token i is i + position_offset (0 for all supported
+            families; models whose multimodal positions are shifted set it at prefill).
+    """
+
+    def __init__(self, tokens: torch.Tensor, cache: Cache, prompt_length: int, position_offset: int = 0):
+        if tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError(f"SequenceState holds one sequence [1, L], got shape {tuple(tokens.shape)}")
+        self.tokens = tokens
+        self.cache = cache
+        self.prompt_length = prompt_length
+        self.position_offset = position_offset
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """LongTensor [1, L - prompt_length]: the generated part."""
+        return self.tokens[:, self.prompt_length :]
+
+    def position_ids(self, num_tokens: int, start: int | None = None) -> torch.Tensor:
+        """LongTensor [1, num_tokens]: position ids of the next ``num_tokens`` inputs after the cache
+        (or after ``start`` cached tokens)."""
+        first = (self.cache_length if start is None else start) + self.position_offset
+        return torch.arange(first, first + num_tokens, device=self.tokens.device).unsqueeze(0)
+
+    def commit(self, new_tokens: torch.Tensor) -> None:
+        """Append accepted tokens [1, m] and drop every speculative cache entry beyond them.
+
+        After a verification forward over [pending, d_1..d_K] with n drafts accepted, the cache holds
+        L + K entries; committing d_1..d_n and the bonus token leaves L + n = new length - 1.
+        """
+        self.tokens = torch.cat([self.tokens, new_tokens.to(self.tokens.device)], dim=1)
+        crop_cache(self.cache, self.length - 1)
+
+    def rollback(self, length: int) -> None:
+        """Forget every token after the first ``length`` (>= prompt length), cache included."""
+        if not self.prompt_length <= length <= self.length:
+            raise ValueError(f"rollback length {length} outside [{self.prompt_length}, {self.length}]")
+        self.tokens = self.tokens[:, :length]
+        crop_cache(self.cache, min(self.cache_length, length - 1))

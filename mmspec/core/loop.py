@@ -1,0 +1,139 @@
+"""The speculative decoding loop: draft -> verify -> commit -> roll back.
+
+Plain AR decoding is the same loop with no drafter (K = 0 every step), so the baseline and every
+method share one KV cache implementation and one sampling path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from .cache import SequenceState
+from .drafter import Draft, DraftContext, Drafter
+from .sampling import SamplingConfig, logits_to_probs
+from .stats import SpecStats
+from .target import Target
+from .verify import Verification, greedy_verify, speculative_verify, typical_verify
+
+#: acceptance rules the loop can apply; "auto" = greedy without sampling, speculative with it.
+ACCEPTANCE_RULES = ("auto", "greedy", "speculative", "typical")
+
+
+def _verify(
+    acceptance: str,
+    draft: Draft,
+    target_logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    rule_kwargs: dict[str, Any],
+) -> Verification:
+    """Apply the acceptance rule to one draft. target_logits: [1, K+1, V]."""
+    if acceptance == "greedy":
+        return greedy_verify(draft.tokens, target_logits)
+    target_probs = logits_to_probs(target_logits, sampling)
+    k = draft.length
+    uniforms = torch.rand(1, k + 1, generator=generator, device=generator.device).to(target_probs.device)
+    if acceptance == "typical":
+        return typical_verify(draft.tokens, target_probs, uniforms[:, k], **rule_kwargs)
+    return speculative_verify(draft.tokens, draft.probs, target_probs, uniforms[:, :k], uniforms[:, k])
+
+
+def resolve_acceptance(acceptance: str | None, sampling: SamplingConfig) -> str:
+    acceptance = acceptance or "auto"
+    if acceptance not in ACCEPTANCE_RULES:
+        raise ValueError(f"unknown acceptance rule {acceptance!r}; choose one of {ACCEPTANCE_RULES}")
+    if acceptance == "auto":
+        return "speculative" if sampling.do_sample else "greedy"
+    if acceptance in ("speculative", "typical") and not sampling.do_sample:
+        raise ValueError(f"acceptance={acceptance!r} needs do_sample=True; greedy decoding uses acceptance='greedy'")
+    if acceptance == "greedy" and sampling.do_sample:
+        raise ValueError("acceptance='greedy' with do_sample=True would not sample; use 'speculative'")
+    return acceptance
+
+
+def _truncate_at_stop(new_tokens: list[int], eos_token_ids: Sequence[int], budget: int) -> tuple[list[int], bool]:
+    """Cut a step's tokens at the first EOS (kept, as transformers does) and at the token budget."""
+    for i, token in enumerate(new_tokens[:budget]):
+        if token in eos_token_ids:
+            return new_tokens[: i + 1], True
+    return new_tokens[:budget], len(new_tokens) >= budget
+
+
+def speculative_decode(
+    target: Target,
+    model_inputs: dict[str, Any],
+    drafter: Drafter | None,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    acceptance: str | None = None,
+    rule_kwargs: dict[str, Any] | None = None,
+) -> tuple[SequenceState, SpecStats]:
+    """Generate up to ``max_new_tokens`` tokens for one prompt.
+
+    Args:
+        target: the verifying model (see :class:`~mmspec.core.target.Target`).
+        model_inputs: the prompt as the target's prefill expects it (input_ids, pixel_values, ...).
+        drafter: proposer of draft tokens, or None for plain AR decoding.
+        sampling: one transform for draft and target.
+        max_new_tokens: hard cap on generated tokens.
+        eos_token_ids: generation stops after the first of these (the EOS is kept).
+        generator: source of every random number of the generation.
+        acceptance: "auto" | "greedy" | "speculative" | "typical".
+        rule_kwargs: extra parameters of the rule (typical: posterior_threshold, posterior_alpha).
+    Returns:
+        The final state (``state.tokens`` is [1, prompt + new]) and the statistics.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    acceptance = resolve_acceptance(acceptance, sampling)
+    if generator is None:
+        generator = torch.Generator(device=target.device)
+    eos = frozenset(int(t) for t in eos_token_ids)
+    stats = SpecStats(method=drafter.name if drafter else "ar", config={"acceptance": acceptance})
+    started = time.perf_counter()
+
+    with torch.inference_mode():
+        # 1. Prefill: the target consumes the whole prompt once; its last logits give token 1.
+        state, prefill_out = target.prefill(model_inputs, need_hidden=bool(drafter and drafter.requires_target_hidden))
+        stats.target_forwards = 1
+        empty_draft = Draft(tokens=state.tokens.new_empty((1, 0)))
+        first = _verify(acceptance, empty_draft, prefill_out.logits, sampling, generator, rule_kwargs or {})
+        committed, done = _truncate_at_stop(first.tokens[0, :1].tolist(), eos, max_new_tokens)
+        state.tokens = torch.cat([state.tokens, first.tokens[:, :1]], dim=1)
+        generated = 1
+        if drafter is not None:
+            drafter.start(DraftContext(target, sampling, generator, model_inputs), state)
+            stats.config.update(drafter.describe())
+            if drafter.requires_target_hidden:
+                drafter.on_verified(0, 0, prefill_out)
+
+        while not done:
+            # 2. Draft at most what the token budget can still use (the bonus token is free).
+            budget = max_new_tokens - generated - 1
+            draft = drafter.propose(state, budget) if drafter is not None and budget > 0 else empty_draft
+            k = draft.length
+            # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
+            inputs = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens.device)], dim=1)
+            out = target.forward(state, inputs, need_hidden=bool(drafter and drafter.requires_target_hidden))
+            verification = _verify(acceptance, draft, out.logits, sampling, generator, rule_kwargs or {})
+            num_accepted = int(verification.num_accepted[0])
+            # 4. Stop at EOS / the budget exactly where AR decoding would have stopped.
+            committed, done = _truncate_at_stop(
+                verification.tokens[0, : num_accepted + 1].tolist(), eos, max_new_tokens - generated
+            )
+            # 5. Commit and roll back everything the rejected drafts left in the state.
+            state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device))
+            generated += len(committed)
+            stats.record_step(k, num_accepted)
+            if drafter is not None:
+                drafter.on_verified(k, num_accepted, out)
+
+    stats.new_tokens = generated
+    stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    stats.wall_time_s = time.perf_counter() - started
+    return state, stats

