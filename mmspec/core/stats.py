@@ -27,14 +27,16 @@ class DictAccess:
 class SpecStats(DictAccess):
     """Counters of one speculative generation.
 
-    tau (``mean_accepted_length``) = new tokens / target forwards, counting the prefill (which
-    yields the first token) and the bonus/corrected token of every verification, so plain AR
-    decoding has tau = 1.0.
+    tau (``mean_accepted_length``) = tokens committed per verification step, counting the
+    bonus/corrected token: plain AR decoding has tau = 1.0, a drafter whose K drafts are always
+    accepted has tau = K + 1. The prefill yields the first token and is counted in
+    ``target_forwards`` but is not a verification step.
 
     Attributes:
         method: the drafter/rule that produced the tokens ("ar", "prompt-lookup", ...).
         new_tokens: tokens generated (excluding the prompt).
         target_forwards: target forward passes (prefill + one per verification).
+        verify_steps: verification steps (target forwards after the prefill).
         draft_forwards: forward passes of a draft network (0 for lookup drafters).
         drafted: draft tokens proposed in total.
         accepted: draft tokens accepted in total.
@@ -47,6 +49,7 @@ class SpecStats(DictAccess):
     method: str = "ar"
     new_tokens: int = 0
     target_forwards: int = 0
+    verify_steps: int = 0
     draft_forwards: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -58,8 +61,10 @@ class SpecStats(DictAccess):
 
     @property
     def mean_accepted_length(self) -> float:
-        """tau: committed tokens per target forward (AR = 1.0)."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+        """tau: tokens committed per verification step (AR = 1.0, all-accepted K drafts = K + 1)."""
+        if not self.verify_steps:
+            return float(self.new_tokens)
+        return (self.new_tokens - 1) / self.verify_steps
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,6 +83,7 @@ class SpecStats(DictAccess):
     def record_step(self, num_drafted: int, num_accepted: int) -> None:
         """Count one verification of ``num_drafted`` drafts of which ``num_accepted`` survived."""
         self.target_forwards += 1
+        self.verify_steps += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
         if num_drafted > len(self.drafted_per_position):

@@ -92,11 +92,28 @@ class Canvas:
         background: fill colour.
     """
 
-    def __init__(self, size: int, background: Color):
+    def __init__(self, size: int, background: Color | tuple[int, int, int, int], mode: str = "RGB"):
         self.size = size
         self.k = size * SUPERSAMPLE / UNITS  # pixels per unit on the supersampled image
-        self.image = Image.new("RGB", (size * SUPERSAMPLE,) * 2, background)
+        self.image = Image.new(mode, (size * SUPERSAMPLE,) * 2, background)
         self.draw = ImageDraw.Draw(self.image)
+
+    def layer(self) -> "Canvas":
+        """A transparent canvas of the same geometry, to draw something that gets rotated."""
+        return Canvas(self.size, (0, 0, 0, 0), mode="RGBA")
+
+    def paste_rotated(self, layer: "Canvas", degrees: float, cx: float = UNITS / 2, cy: float = UNITS / 2):
+        """Composite ``layer`` onto this canvas, rotated counter-clockwise about ``(cx, cy)``."""
+        rotated = layer.image.rotate(degrees, resample=Image.BICUBIC, center=(self.px(cx), self.px(cy)))
+        self.image.paste(rotated, (0, 0), rotated)
+
+    def vertical_gradient(self, top: Color, bottom: Color, y0: float = 0, y1: float = UNITS):
+        """Fill the band ``y0..y1`` (units) with a top-to-bottom colour gradient."""
+        p0, p1 = int(self.px(y0)), int(self.px(y1))
+        for py in range(p0, p1):
+            t = (py - p0) / max(1, p1 - p0 - 1)
+            color = tuple(int(a + (b - a) * t) for a, b in zip(top, bottom))
+            self.draw.line([(0, py), (self.image.width, py)], fill=color)
 
     def px(self, v: float) -> float:
         """Units -> supersampled pixels."""

@@ -1,0 +1,236 @@
+"""``charts`` family (ChartQA-like): bar, horizontal bar, line and pie charts with 2-5 categories.
+
+Values are integers and every value is printed on the chart, so each question is answerable by
+reading.  Charts are drawn with matplotlib's Agg canvas directly (no pyplot, no global backend
+or rcParams changes) on one reused figure per output size.
+
+Content key: chart type, theme, categories and values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence
+
+
+@dataclass(frozen=True)
+class Theme:
+    title: str
+    categories: tuple[str, ...]
+    ordered: bool  # categories form a sequence (days, months, years): lines make sense
+    noun: str  # what a category is, for questions ("Which fruit ...")
+
+
+THEMES = (
+    Theme("Fruit sales", ("Apple", "Pear", "Plum", "Kiwi", "Lime", "Fig", "Peach", "Mango", "Grape", "Lemon"),
+          False, "fruit"),
+    Theme("Daily visitors", ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"), True, "day"),
+    Theme("Monthly rainfall", ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"),
+          True, "month"),
+    Theme("Test scores", ("Ann", "Bob", "Cara", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivy", "Jack"), False,
+          "student"),
+    Theme("Favorite colors", ("Red", "Blue", "Green", "Pink", "Gold", "Gray"), False, "color"),
+    Theme("Club members", ("Golf", "Polo", "Judo", "Ski", "Swim", "Rugby", "Chess"), False, "club"),
+    Theme("Yearly profit", ("2019", "2020", "2021", "2022", "2023", "2024"), True, "year"),
+    Theme("Pets owned", ("Cats", "Dogs", "Fish", "Birds", "Mice"), False, "pet"),
+    Theme("Group sizes", ("A", "B", "C", "D", "E", "F"), False, "group"),
+)
+CHART_TYPES = ("bar", "hbar", "line", "pie")
+CHART_NAMES = {"bar": "bar chart", "hbar": "horizontal bar chart", "line": "line chart", "pie": "pie chart"}
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    kind: str
+    theme: Theme
+    categories: tuple[str, ...]
+    values: tuple[int, ...]  # percentages summing to 100 for pies
+
+    @property
+    def unit(self) -> str:
+        return "%" if self.kind == "pie" else ""
+
+
+def _values(rng: np.random.Generator, k: int, pie: bool) -> tuple[int, ...]:
+    """``k`` distinct integers (1-99), or distinct percentages >= 5 summing to 100 for pies."""
+    while True:
+        if pie:
+            weights = rng.dirichlet(np.full(k, 2.0))
+            vals = np.maximum(5, np.round(weights * 100)).astype(int)
+            vals[np.argmax(vals)] += 100 - vals.sum()
+        else:
+            vals = rng.integers(1, 100, size=k)
+        if len(set(vals.tolist())) == k and vals.min() >= (5 if pie else 1):
+            return tuple(int(v) for v in vals)
+
+
+def _draw_spec(rng: np.random.Generator) -> tuple[str, ChartSpec]:
+    kind = pick(rng, CHART_TYPES)
+    themes = [t for t in THEMES if t.ordered] if kind == "line" else THEMES
+    theme = pick(rng, themes)
+    k = int(rng.integers(2 if kind != "line" else 3, 6))
+    k = min(k, len(theme.categories))
+    if theme.ordered:
+        start = int(rng.integers(len(theme.categories) - k + 1))
+        cats = theme.categories[start:start + k]
+    else:
+        idx = np.sort(rng.choice(len(theme.categories), size=k, replace=False))
+        cats = tuple(theme.categories[i] for i in idx)
+    spec = ChartSpec(kind, theme, cats, _values(rng, k, kind == "pie"))
+    return f"chart|{kind}|{theme.title}|{','.join(cats)}|{','.join(map(str, spec.values))}", spec
+
+
+class _ChartRenderer:
+    """One reused matplotlib Figure + Agg canvas for a given output size."""
+
+    def __init__(self, size: int):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.size = size
+        self.dpi = 100
+        self.figure = Figure(figsize=(size / self.dpi, size / self.dpi), dpi=self.dpi)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.fs = 7.0 * size / 128  # font size in points (~10 px at 128 px)
+
+    def render(self, spec: ChartSpec, rng: np.random.Generator) -> Image.Image:
+        fig, fs = self.figure, self.fs
+        fig.clf()
+        fig.set_facecolor(pick(rng, ["white", "#f7f7f2", "#eef3f8"]))
+        one_color = rng.random() < 0.5
+        colors = [PALETTE[int(rng.integers(len(PALETTE)))]] * len(spec.values) if one_color else \
+            [PALETTE[i] for i in rng.permutation(len(PALETTE))[:len(spec.values)]]
+        x = np.arange(len(spec.values))
+        vmax = max(spec.values)
+        if spec.kind == "pie":
+            ax = fig.add_axes((0.14, 0.02, 0.72, 0.78))
+            colors = [PALETTE[i] for i in rng.permutation(len(PALETTE))[:len(spec.values)]]
+            ax.pie(spec.values, labels=spec.categories, colors=colors, autopct="%d%%", pctdistance=0.62,
+                   labeldistance=1.12, startangle=float(rng.choice([0, 90])), counterclock=False,
+                   textprops={"fontsize": fs}, wedgeprops={"linewidth": 0.8, "edgecolor": "white"})
+            ax.set_aspect("equal")
+        else:
+            ax = fig.add_axes((0.2, 0.16, 0.76, 0.68) if spec.kind == "hbar" else (0.06, 0.17, 0.9, 0.67))
+            ax.set_facecolor("none")
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+            if spec.kind == "bar":
+                bars = ax.bar(x, spec.values, color=colors, width=0.65)
+                ax.bar_label(bars, fontsize=fs, padding=1)
+                ax.set_xticks(x, spec.categories, fontsize=fs)
+                ax.set_ylim(0, vmax * 1.22)
+                ax.set_yticks([])
+                ax.spines["left"].set_visible(False)
+            elif spec.kind == "hbar":
+                bars = ax.barh(x, spec.values, color=colors, height=0.65)
+                ax.bar_label(bars, fontsize=fs, padding=1)
+                ax.set_yticks(x, spec.categories, fontsize=fs)
+                ax.set_xlim(0, vmax * 1.3)
+                ax.set_xticks([])
+                ax.invert_yaxis()
+                ax.spines["bottom"].set_visible(False)
+            else:
+                ax.plot(x, spec.values, color=colors[0], marker="o", markersize=3 * self.size / 128,
+                        linewidth=1.5 * self.size / 128)
+                for xi, v in zip(x, spec.values):
+                    ax.annotate(str(v), (xi, v), textcoords="offset points", xytext=(0, 3), ha="center",
+                                fontsize=fs)
+                ax.set_xticks(x, spec.categories, fontsize=fs)
+                ax.set_xlim(-0.4, len(x) - 0.6)
+                ax.set_ylim(0, vmax * 1.25)
+                ax.set_yticks([])
+                ax.spines["left"].set_visible(False)
+            ax.tick_params(length=0, pad=1)
+        fig.text(0.5, 0.975, spec.theme.title, ha="center", va="top", fontsize=fs * 1.1, fontweight="bold")
+        self.canvas.draw()
+        rgba = np.asarray(self.canvas.buffer_rgba())
+        return Image.fromarray(rgba[..., :3].copy())
+
+
+_RENDERERS: dict[int, _ChartRenderer] = {}
+
+
+def render_chart(spec: ChartSpec, rng: np.random.Generator, size: int) -> Image.Image:
+    """Render ``spec`` as a ``size x size`` RGB image (reusing one figure per size)."""
+    if size not in _RENDERERS:
+        _RENDERERS[size] = _ChartRenderer(size)
+    return _RENDERERS[size].render(spec, rng)
+
+
+def _questions(rng: np.random.Generator, spec: ChartSpec) -> list[QA]:
+    cats, vals, unit, noun = spec.categories, spec.values, spec.unit, spec.theme.noun
+    i_max, i_min = int(np.argmax(vals)), int(np.argmin(vals))
+    others = lambda i: [c for j, c in enumerate(cats) if j != i]  # noqa: E731
+    num = lambda v: f"{v}{unit}"  # noqa: E731
+    near = lambda v: [num(w) for w in (v - 10, v - 5, v + 5, v + 10) if w > 0]  # noqa: E731
+    high = pick(rng, ["Which category has the highest value?", f"Which {noun} has the highest value?",
+                      "Which category is the largest?"])
+    low = pick(rng, ["Which category has the lowest value?", f"Which {noun} has the lowest value?",
+                     "Which category is the smallest?"])
+    k = int(rng.integers(len(cats)))
+    value_q = f"What percentage does {cats[k]} represent?" if spec.kind == "pie" else \
+        pick(rng, [f"What is the value of {cats[k]}?", f"What value does {cats[k]} have?"])
+    diff = vals[i_max] - vals[i_min]
+    qas = [QA(high, cats[i_max], others(i_max), "chart.max"),
+           QA(low, cats[i_min], others(i_min), "chart.min"),
+           QA(value_q, num(vals[k]), near(vals[k]), "chart.value"),
+           QA("What is the difference between the highest and the lowest values?", num(diff), near(diff),
+              "chart.diff"),
+           QA(pick(rng, ["How many categories are shown?", "How many categories does the chart have?"]),
+              str(len(cats)), [str(n) for n in range(2, 7) if n != len(cats)], "chart.count"),
+           QA("What is the title of the chart?", spec.theme.title, [t.title for t in THEMES if t != spec.theme][:3],
+              "chart.title"),
+           QA("What type of chart is this?", capitalize(article_chart(spec.kind)),
+              [capitalize(article_chart(t)) for t in CHART_TYPES if t != spec.kind], "chart.type")]
+    if spec.kind != "pie":
+        total = sum(vals)
+        qas.append(QA("What is the sum of all the values?", str(total), near(total), "chart.sum"))
+    a, b = (int(i) for i in rng.choice(len(cats), size=2, replace=False))
+    qas.append(QA(f"Is the value of {cats[a]} greater than the value of {cats[b]}?",
+                  "Yes" if vals[a] > vals[b] else "No", ["Yes", "No"], "chart.compare"))
+    return qas
+
+
+def article_chart(kind: str) -> str:
+    """``"bar" -> "a bar chart"``."""
+    return f"a {CHART_NAMES[kind]}"
+
+
+def _captions(spec: ChartSpec) -> list[str]:
+    name, title, unit = CHART_NAMES[spec.kind], spec.theme.title.lower(), spec.unit
+    pairs = join_words([f"{c} {v}{unit}" for c, v in zip(spec.categories, spec.values)])
+    i_max = int(np.argmax(spec.values))
+    top = f"{spec.categories[i_max]} {'has the largest share' if spec.kind == 'pie' else 'is highest'}"
+    caps = [f"A {name} of {title}: {pairs}.",
+            f"A {name} showing {title} for {number_word(len(spec.values))} categories, where {top}."]
+    if spec.kind == "line":
+        caps.append(f"A line chart of {title} from {spec.categories[0]} to {spec.categories[-1]}, "
+                    f"peaking at {spec.categories[i_max]}.")
+    return [sentence(c) for c in caps]
+
+
+def _detailed(spec: ChartSpec) -> str:
+    cats, vals, unit = spec.categories, spec.values, spec.unit
+    i_max, i_min = int(np.argmax(vals)), int(np.argmin(vals))
+    pairs = join_words([f"{c} {v}{unit}" for c, v in zip(cats, vals)])
+    text = (f'This is {article_chart(spec.kind)} titled "{spec.theme.title}" with {number_word(len(cats))} '
+            f"categories, each labelled with its value: {pairs}. {cats[i_max]} has the highest value "
+            f"({vals[i_max]}{unit}) and {cats[i_min]} the lowest ({vals[i_min]}{unit}).")
+    if spec.kind == "line":
+        trend = "rises" if vals[-1] > vals[0] else "falls"
+        text += f" Overall the line {trend} from {cats[0]} to {cats[-1]}."
+    return text
+
+
+def generate(rng: np.random.Generator, split: str, size: int) -> Content:
+    """One ``charts`` image; ``meta`` holds the chart type, categories and values."""
+    key, spec = draw_for_split(rng, split, _draw_spec)
+    image = render_chart(spec, rng, size)
+    meta = {"key": key, "chart": spec.kind, "title": spec.theme.title, "categories": list(spec.categories),
+            "values": list(spec.values)}
+    return Content(image, _captions(spec), _detailed(spec), _questions(rng, spec), "chart", meta)

@@ -1,0 +1,90 @@
+"""Ladder levels 3-5 and 7: every supported architecture, every drafter, against transformers.
+
+Tiny random models of each family (configs built in tiny_models.py, never downloaded), fp32.
+"""
+
+import pytest
+import torch
+from tiny_models import FAMILIES, make_text_only_draft, make_tiny
+
+import mmspec
+from mmspec.drafters import ModelDrafter
+
+K = 4
+MAX_NEW = 1 + 3 * (K + 1)  # the prefill token, then three full verification steps
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def case(request):
+    return make_tiny(request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(case):
+    with torch.inference_mode():
+        return case.model.generate(**case.inputs, do_sample=False, max_new_tokens=MAX_NEW)
+
+
+def drafter_specs(case):
+    return {
+        "ar": None,
+        "prompt-lookup": "prompt-lookup",
+        "layer-skip:1": "layer-skip:1",
+        "random draft (SPD for VLMs)": make_text_only_draft(case.vocab_size, seed=7),
+        "same model": ModelDrafter(case.model, num_draft_tokens=K),
+    }
+
+
+@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model"])
+def test_greedy_identical_to_transformers(case, reference, name):
+    out = mmspec.generate(case.model, drafter=drafter_specs(case)[name], max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
+    assert out.sequences.shape == reference.shape
+    assert torch.equal(out.sequences, reference)
+    assert out.stats.new_tokens == MAX_NEW
+
+
+def test_self_draft_accepts_everything(case):
+    """Level 5: the target drafting for itself accepts every draft: acceptance 1, tau = K + 1."""
+    out = mmspec.generate(case.model, drafter=ModelDrafter(case.model, num_draft_tokens=K), max_new_tokens=MAX_NEW, **case.inputs)
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.mean_accepted_length == K + 1
+    assert out.stats.verify_steps == 3 and out.stats.target_forwards == 4
+    assert out.stats.acceptance_per_position == [1.0] * K
+
+
+def test_vlm_draft_sees_the_image(case):
+    if not case.is_vlm:
+        pytest.skip("text-only family")
+    drafter = ModelDrafter(case.model, num_draft_tokens=K)
+    out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=MAX_NEW, **case.inputs)
+    assert out.stats.config["sees_image"] is True
+    spd = mmspec.generate(case.model, drafter=make_text_only_draft(case.vocab_size, seed=7), max_new_tokens=MAX_NEW, **case.inputs)
+    assert spd.stats.config["sees_image"] is False
+
+
+def test_stops_at_eos_like_transformers(case, reference):
+    """An EOS in the middle of an accepted draft ends generation exactly where AR decoding ends."""
+    generated = reference[0, case.prompt_len :].tolist()
+    eos = generated[6]
+    with torch.inference_mode():
+        expected = case.model.generate(**case.inputs, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    assert expected.shape[1] < reference.shape[1]  # the EOS really stops early
+    for name, spec in drafter_specs(case).items():
+        out = mmspec.generate(case.model, drafter=spec, max_new_tokens=MAX_NEW, eos_token_id=eos, num_draft_tokens=K, **case.inputs)
+        assert torch.equal(out.sequences, expected), name
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_max_new_tokens_exact(case, reference, max_new):
+    out = mmspec.generate(case.model, drafter=ModelDrafter(case.model, num_draft_tokens=K), max_new_tokens=max_new, **case.inputs)
+    assert torch.equal(out.sequences, reference[:, : case.prompt_len + max_new])
+
+
+def test_seeded_sampling_is_deterministic(case):
+    """Level 3: same seed, same output; a different seed gives a different sample."""
+    kwargs = dict(drafter=make_text_only_draft(case.vocab_size, seed=7), max_new_tokens=12, do_sample=True, temperature=1.5, **case.inputs)
+    a = mmspec.generate(case.model, seed=11, **kwargs)
+    b = mmspec.generate(case.model, seed=11, **kwargs)
+    c = mmspec.generate(case.model, seed=12, **kwargs)
+    assert torch.equal(a.sequences, b.sequences)
+    assert not torch.equal(a.sequences, c.sequences)
