@@ -29,6 +29,8 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
         target: the TransformersTarget being decoded.
         num_draft_tokens: K, overriding the drafter's default.
     """
+    if num_draft_tokens is not None and num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if spec in NO_DRAFTER:
         return None
     if isinstance(spec, Drafter):

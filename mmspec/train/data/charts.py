@@ -23,6 +23,7 @@ class Theme:
     categories: tuple[str, ...]
     ordered: bool  # categories form a sequence (days, months, years): lines make sense
     noun: str  # what a category is, for questions ("Which fruit ...")
+    max_upright: int = 5  # most categories whose labels fit side by side under vertical bars
 
 
 THEMES = (
@@ -35,7 +36,7 @@ THEMES = (
           "student"),
     Theme("Favorite colors", ("Red", "Blue", "Green", "Pink", "Gold", "Gray"), False, "color"),
     Theme("Club members", ("Golf", "Polo", "Judo", "Ski", "Swim", "Rugby", "Chess"), False, "club"),
-    Theme("Yearly profit", ("2019", "2020", "2021", "2022", "2023", "2024"), True, "year"),
+    Theme("Yearly profit", ("2019", "2020", "2021", "2022", "2023", "2024"), True, "year", 4),
     Theme("Pets owned", ("Cats", "Dogs", "Fish", "Birds", "Mice"), False, "pet"),
     Theme("Group sizes", ("A", "B", "C", "D", "E", "F"), False, "group"),
 )
@@ -57,24 +58,24 @@ class ChartSpec:
 
 
 def _values(rng: np.random.Generator, k: int, pie: bool) -> tuple[int, ...]:
-    """``k`` distinct integers (1-99), or distinct percentages >= 5 summing to 100 for pies."""
+    """``k`` distinct integers (1-99), or distinct percentages >= 6 summing to 100 for pies."""
     while True:
         if pie:
             weights = rng.dirichlet(np.full(k, 2.0))
-            vals = np.maximum(5, np.round(weights * 100)).astype(int)
+            vals = np.maximum(6, np.round(weights * 100)).astype(int)
             vals[np.argmax(vals)] += 100 - vals.sum()
         else:
             vals = rng.integers(1, 100, size=k)
-        if len(set(vals.tolist())) == k and vals.min() >= (5 if pie else 1):
+        if len(set(vals.tolist())) == k and vals.min() >= (6 if pie else 1):
             return tuple(int(v) for v in vals)
 
 
 def _draw_spec(rng: np.random.Generator) -> tuple[str, ChartSpec]:
     kind = pick(rng, CHART_TYPES)
-    themes = [t for t in THEMES if t.ordered] if kind == "line" else THEMES
+    themes = [t for t in THEMES if t.ordered == (kind == "line")] if kind in ("line", "pie") else THEMES
     theme = pick(rng, themes)
     k = int(rng.integers(2 if kind != "line" else 3, 6))
-    k = min(k, len(theme.categories))
+    k = min(k, len(theme.categories), theme.max_upright if kind in ("bar", "line") else 5)
     if theme.ordered:
         start = int(rng.integers(len(theme.categories) - k + 1))
         cats = theme.categories[start:start + k]
@@ -98,58 +99,78 @@ class _ChartRenderer:
         self.canvas = FigureCanvasAgg(self.figure)
         self.fs = 7.0 * size / 128  # font size in points (~10 px at 128 px)
 
+    def _pie(self, spec: ChartSpec, colors: list[str], rng: np.random.Generator) -> None:
+        """Pie with category names outside; percentages inside big slices, outside small ones."""
+        fs = self.fs * 0.95
+        ax = self.figure.add_axes((0.0, 0.0, 1.0, 0.86))
+        wedges, _ = ax.pie(spec.values, colors=colors, startangle=float(rng.choice([0, 90])), counterclock=False,
+                           wedgeprops={"linewidth": 0.8, "edgecolor": "white"})
+        for wedge, cat, v in zip(wedges, spec.categories, spec.values):
+            mid = np.radians((wedge.theta1 + wedge.theta2) / 2)
+            c, s = np.cos(mid), np.sin(mid)
+            inside = v >= 12
+            ha = "left" if c > 0.2 else "right" if c < -0.2 else "center"
+            va = "bottom" if s > 0.2 else "top" if s < -0.2 else "center"
+            ax.text(1.1 * c, 1.1 * s, cat if inside else f"{cat} {v}%", fontsize=fs, ha=ha, va=va)
+            if inside:
+                ax.text(0.6 * c, 0.6 * s, f"{v}%", fontsize=fs, ha="center", va="center", color="white",
+                        fontweight="bold")
+        ax.set_xlim(-2.1, 2.1)
+        ax.set_ylim(-1.75, 1.75)
+        ax.set_aspect("equal")
+        ax.set_axis_off()
+
+    def _axes(self, rect: tuple[float, float, float, float], hide: str):
+        """Axes without a frame on top/right/``hide`` and without tick marks."""
+        ax = self.figure.add_axes(rect)
+        ax.set_facecolor("none")
+        for side in ("top", "right", hide):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(length=0, pad=1)
+        return ax
+
+    def _bar(self, spec: ChartSpec, colors: list[str], rng: np.random.Generator) -> None:
+        x, vmax, fs = np.arange(len(spec.values)), max(spec.values), self.fs
+        if spec.kind == "bar":
+            ax = self._axes((0.06, 0.17, 0.9, 0.67), "left")
+            bars = ax.bar(x, spec.values, color=colors, width=0.65)
+            ax.set_xticks(x, spec.categories, fontsize=fs)
+            ax.set_ylim(0, vmax * 1.22)
+            ax.set_yticks([])
+        else:
+            ax = self._axes((0.25, 0.16, 0.71, 0.68), "bottom")
+            bars = ax.barh(x, spec.values, color=colors, height=0.65)
+            ax.set_yticks(x, spec.categories, fontsize=fs)
+            ax.set_xlim(0, vmax * 1.3)
+            ax.set_xticks([])
+            ax.invert_yaxis()
+        ax.bar_label(bars, fontsize=fs, padding=1)
+
+    def _line(self, spec: ChartSpec, colors: list[str], rng: np.random.Generator) -> None:
+        x, vmax, fs, k = np.arange(len(spec.values)), max(spec.values), self.fs, self.size / 128
+        ax = self._axes((0.06, 0.17, 0.9, 0.67), "left")
+        ax.plot(x, spec.values, color=colors[0], marker="o", markersize=3 * k, linewidth=1.5 * k)
+        for xi, v in zip(x, spec.values):
+            ax.annotate(str(v), (xi, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=fs)
+        ax.set_xticks(x, spec.categories, fontsize=fs)
+        ax.set_xlim(-0.4, len(x) - 0.6)
+        ax.set_ylim(0, vmax * 1.25)
+        ax.set_yticks([])
+
     def render(self, spec: ChartSpec, rng: np.random.Generator) -> Image.Image:
-        fig, fs = self.figure, self.fs
+        """Draw ``spec`` (colours and small style choices from ``rng``) and return the RGB image."""
+        fig = self.figure
         fig.clf()
         fig.set_facecolor(pick(rng, ["white", "#f7f7f2", "#eef3f8"]))
-        one_color = rng.random() < 0.5
-        colors = [PALETTE[int(rng.integers(len(PALETTE)))]] * len(spec.values) if one_color else \
-            [PALETTE[i] for i in rng.permutation(len(PALETTE))[:len(spec.values)]]
-        x = np.arange(len(spec.values))
-        vmax = max(spec.values)
-        if spec.kind == "pie":
-            ax = fig.add_axes((0.14, 0.02, 0.72, 0.78))
-            colors = [PALETTE[i] for i in rng.permutation(len(PALETTE))[:len(spec.values)]]
-            ax.pie(spec.values, labels=spec.categories, colors=colors, autopct="%d%%", pctdistance=0.62,
-                   labeldistance=1.12, startangle=float(rng.choice([0, 90])), counterclock=False,
-                   textprops={"fontsize": fs}, wedgeprops={"linewidth": 0.8, "edgecolor": "white"})
-            ax.set_aspect("equal")
+        n = len(spec.values)
+        if spec.kind != "pie" and rng.random() < 0.5:  # one colour for all bars
+            colors = [PALETTE[int(rng.integers(len(PALETTE)))]] * n
         else:
-            ax = fig.add_axes((0.2, 0.16, 0.76, 0.68) if spec.kind == "hbar" else (0.06, 0.17, 0.9, 0.67))
-            ax.set_facecolor("none")
-            for side in ("top", "right"):
-                ax.spines[side].set_visible(False)
-            if spec.kind == "bar":
-                bars = ax.bar(x, spec.values, color=colors, width=0.65)
-                ax.bar_label(bars, fontsize=fs, padding=1)
-                ax.set_xticks(x, spec.categories, fontsize=fs)
-                ax.set_ylim(0, vmax * 1.22)
-                ax.set_yticks([])
-                ax.spines["left"].set_visible(False)
-            elif spec.kind == "hbar":
-                bars = ax.barh(x, spec.values, color=colors, height=0.65)
-                ax.bar_label(bars, fontsize=fs, padding=1)
-                ax.set_yticks(x, spec.categories, fontsize=fs)
-                ax.set_xlim(0, vmax * 1.3)
-                ax.set_xticks([])
-                ax.invert_yaxis()
-                ax.spines["bottom"].set_visible(False)
-            else:
-                ax.plot(x, spec.values, color=colors[0], marker="o", markersize=3 * self.size / 128,
-                        linewidth=1.5 * self.size / 128)
-                for xi, v in zip(x, spec.values):
-                    ax.annotate(str(v), (xi, v), textcoords="offset points", xytext=(0, 3), ha="center",
-                                fontsize=fs)
-                ax.set_xticks(x, spec.categories, fontsize=fs)
-                ax.set_xlim(-0.4, len(x) - 0.6)
-                ax.set_ylim(0, vmax * 1.25)
-                ax.set_yticks([])
-                ax.spines["left"].set_visible(False)
-            ax.tick_params(length=0, pad=1)
-        fig.text(0.5, 0.975, spec.theme.title, ha="center", va="top", fontsize=fs * 1.1, fontweight="bold")
+            colors = [PALETTE[i] for i in rng.permutation(len(PALETTE))[:n]]
+        {"pie": self._pie, "bar": self._bar, "hbar": self._bar, "line": self._line}[spec.kind](spec, colors, rng)
+        fig.text(0.5, 0.975, spec.theme.title, ha="center", va="top", fontsize=self.fs * 1.1, fontweight="bold")
         self.canvas.draw()
-        rgba = np.asarray(self.canvas.buffer_rgba())
-        return Image.fromarray(rgba[..., :3].copy())
+        return Image.fromarray(np.asarray(self.canvas.buffer_rgba())[..., :3].copy())
 
 
 _RENDERERS: dict[int, _ChartRenderer] = {}

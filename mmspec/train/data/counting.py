@@ -64,8 +64,9 @@ def _questions(rng: np.random.Generator, mode: str, groups: list[Group]) -> list
               _number_distractors(total), "counting.total")]
     for shape, n in by_shape.items():
         qas.append(QA(f"How many {plural(shape)} are there?", str(n), _number_distractors(n), "counting.shape"))
-    absent = pick(rng, [s for s in SHAPES if s not in by_shape])
-    qas.append(QA(f"How many {plural(absent)} are there?", "0", ["1", "2", "3"], "counting.shape"))
+    if rng.random() < 0.25:  # occasionally ask about a shape that is not there
+        absent = pick(rng, [s for s in SHAPES if s not in by_shape])
+        qas.append(QA(f"How many {plural(absent)} are there?", "0", ["1", "2", "3"], "counting.shape"))
     if len(groups) > 1:
         for g in groups:
             noun = plural(g.shape) if mode == "colors" else "shapes"

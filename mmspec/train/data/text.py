@@ -168,15 +168,15 @@ def _price_tag(rng: np.random.Generator, pools: Pools, canvas: Canvas) -> Render
     font = pick(rng, BOLD_FONTS)
     while True:
         item, price = pools.word(7).capitalize(), "$" + pools.price()
-        s_item = canvas.fit_font([item], font, 80, 30, lo=MIN_FONT, hi=20)
-        s_price = canvas.fit_font([price], font, 84, 40, lo=18, hi=30)
+        s_item = canvas.fit_font([item], font, 76, 30, lo=MIN_FONT, hi=20)
+        s_price = canvas.fit_font([price], font, 78, 40, lo=18, hi=30)
         if s_item and s_price:
             break
     x0, y0, x1, y1 = 16, 26, 112, 104
     canvas.polygon([(x0 + 14, y0), (x1, y0), (x1, y1), (x0 + 14, y1), (x0, (y0 + y1) / 2)],
                    fill=jitter(rng, tag, 6), outline=(90, 90, 90), width=1.5)
     canvas.ellipse(x0 + 10, (y0 + y1) / 2, 3.5, 3.5, fill=shade(tag, 0.7))
-    cx = (x0 + 16 + x1) / 2
+    cx = (x0 + 14 + x1) / 2
     canvas.text(cx, 46, item, BLACK, font, s_item)
     canvas.text(cx, 80, price, (190, 20, 20) if rng.random() < 0.5 else BLACK, font, s_price)
     qas = [QA(pick(rng, ["What is the price on the tag?", "How much does the item cost?", "What price is shown?"]),

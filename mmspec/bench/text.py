@@ -1,0 +1,241 @@
+"""``mmspec bench text``: training-free drafters on a real causal LM (SmolLM2-135M-Instruct).
+
+Protocol (../shared/bench-protocol.md): every method runs on the same prompts, same model, same
+dtype and threads, in one process; the methods are interleaved (A B C ... A B C ...) over
+``--repeats`` rounds after a warm-up round, and each figure is the median over rounds. Speedups are
+ratios of those medians: against our own AR loop (same cache, same sampling path) and against
+transformers' ``generate`` AR. transformers' own prompt lookup and early exit run in the same
+rounds. Results are checkpointed to a JSON file after every measurement, so an interrupted run
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..api import generate
+from ..hub import load_causal_lm, resolve_dtype
+from ..textgen import chat_inputs
+
+ARTICLE = (
+    "The city council met on Tuesday evening to discuss the new public library. After two hours of "
+    "debate, the members agreed to build the library next to the central park, where the old bus "
+    "station used to stand. The building will have three floors, a children's reading room, a small "
+    "cafe and a roof garden. Construction is expected to start in the spring and to take about "
+    "eighteen months. The mayor said that the library would be open seven days a week and that "
+    "entry would remain free for everyone."
+)
+RECIPE = (
+    "To make the soup, wash two carrots, one onion and three potatoes. Cut the vegetables into small "
+    "pieces and put them in a large pot with a litre of water. Add a pinch of salt and bring the water "
+    "to the boil. Let the soup cook for twenty minutes, then blend it until it is smooth and serve it "
+    "hot with a slice of bread."
+)
+
+#: prompt type -> prompts. Summaries and rewrites copy from the prompt; QA and scenes mostly do not.
+PROMPTS: dict[str, list[str]] = {
+    "summarise": [
+        f"{ARTICLE}\n\nSummarize the text above in two sentences.",
+        f"{RECIPE}\n\nSummarize these instructions briefly.",
+    ],
+    "rewrite": [
+        f"Rewrite the following text in the past tense, keeping every detail:\n\n{RECIPE}",
+        f"Repeat the following text exactly, word for word:\n\n{ARTICLE}",
+    ],
+    "qa": [
+        "What is the capital of France, and what is it famous for?",
+        "Explain how plants make food from sunlight.",
+    ],
+    "scene": [
+        "Describe a scene containing these objects in one paragraph: a red bicycle leaning on a white "
+        "fence, a black cat sleeping on a blue chair, two green trees, and a yellow kite in the sky.",
+        "Write a short description of a kitchen with: a wooden table, four chairs, a bowl of oranges, "
+        "a silver kettle on the stove, and a window looking out on a garden.",
+    ],
+}
+
+DEFAULT_METHODS = "ar,prompt-lookup,layer-skip:8,layer-skip:16,layer-skip:24,hf-ar,hf-prompt-lookup,hf-early-exit:16"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help="comma list: ar, prompt-lookup[:K], layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")
+    parser.add_argument("--prompt-types", default=",".join(PROMPTS))
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="K for our drafters (default: each drafter's own)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cost-curve", default="1,2,4,8,16,32,64", help="n values of the verification cost curve ('' to skip)")
+    parser.add_argument("--results", default="bench-out/text.json", help="JSON checkpoint / results file")
+    parser.add_argument("--markdown", default=None, help="also write the tables to this file")
+    parser.add_argument("--json", action="store_true", help="print the results JSON instead of tables")
+
+
+def _hf_generate(model, inputs: dict, method: str, max_new_tokens: int):
+    """transformers' own generate with the equivalent option; returns (sequences, seconds)."""
+    options: dict = {}
+    if method == "hf-prompt-lookup":
+        options["prompt_lookup_num_tokens"] = 10
+    elif method.startswith("hf-early-exit:"):
+        options["assistant_early_exit"] = int(method.split(":")[1])
+    elif method != "hf-ar":
+        raise ValueError(f"unknown transformers method {method!r}")
+    started = time.perf_counter()
+    with torch.inference_mode():
+        sequences = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, **options)
+    return sequences, time.perf_counter() - started
+
+
+def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_tokens: int | None) -> dict:
+    if method.startswith("hf-"):
+        sequences, seconds = _hf_generate(model, inputs, method, max_new_tokens)
+        return {"seconds": seconds, "sequence": sequences[0].tolist(), "tau": None, "acceptance": None}
+    out = generate(model, drafter=None if method == "ar" else method, max_new_tokens=max_new_tokens,
+                   num_draft_tokens=num_draft_tokens, **inputs)
+    return {
+        "seconds": out.stats.wall_time_s,
+        "sequence": out.sequences[0].tolist(),
+        "tau": out.stats.mean_accepted_length,
+        "acceptance": out.stats.acceptance_rate,
+        "config": out.stats.config,
+    }
+
+
+def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats: int = 7) -> dict[int, float]:
+    """Median time of one target forward over n new tokens after ``context`` cached tokens, in ms."""
+    from ..adapters.hf import TransformersTarget
+
+    target = TransformersTarget(model)
+    ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
+    curve = {}
+    with torch.inference_mode():
+        state, _ = target.prefill({"input_ids": ids})
+        for n in sizes:
+            tokens = torch.randint(100, 20000, (1, n), generator=torch.Generator().manual_seed(n)).to(model.device)
+            times = []
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                target.forward(state, tokens)
+                times.append(time.perf_counter() - started)
+                state.rollback(state.length)  # drop the n appended entries (tokens are unchanged)
+            curve[str(n)] = statistics.median(times[1:]) * 1000  # str keys: the same after a JSON round trip
+    return curve
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run(args) -> int:
+    torch.set_num_threads(args.threads)
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results.setdefault("runs", {})
+    results["meta"] = {
+        "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "threads": args.threads, "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "command": "mmspec bench text " + " ".join(_argv_of(args)),
+    }
+    methods = args.methods.split(",")
+    prompt_types = args.prompt_types.split(",")
+    for dtype_name in args.dtypes.split(","):
+        model, tokenizer = load_causal_lm(args.model, dtype=resolve_dtype(dtype_name))
+        cases = [(ptype, i, chat_inputs(tokenizer, text)) for ptype in prompt_types for i, text in enumerate(PROMPTS[ptype])]
+        if args.cost_curve:
+            key = f"cost_curve/{dtype_name}"
+            if key not in results:
+                results[key] = verification_cost_curve(model, [int(n) for n in args.cost_curve.split(",")])
+                _save(results_path, results)
+        for ptype, index, inputs in cases:
+            warm = f"{dtype_name}/{ptype}/{index}"
+            for round_index in range(args.repeats + 1):  # round 0 is the warm-up
+                for method in methods:
+                    key = f"{warm}/{method}/{round_index}"
+                    if key in results["runs"]:
+                        continue
+                    record = run_once(model, inputs, method, args.max_new_tokens, args.num_draft_tokens)
+                    record["prompt_length"] = inputs["input_ids"].shape[1]
+                    results["runs"][key] = record
+                    _save(results_path, results)
+                    print(f"{key}: {record['seconds']:.2f}s", flush=True)
+        del model
+    tables = render_tables(results, methods, prompt_types, args.dtypes.split(","), args.repeats)
+    if args.markdown:
+        Path(args.markdown).write_text(tables)
+    print(json.dumps(results["meta"], indent=2) if args.json else tables)
+    return 0
+
+
+def _argv_of(args) -> list[str]:
+    out = []
+    for name in ("dtypes", "methods", "prompt_types", "max_new_tokens", "repeats", "threads"):
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return out
+
+
+def _save(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results))
+    tmp.replace(path)
+
+
+def render_tables(results: dict, methods: list[str], prompt_types: list[str], dtypes: list[str], repeats: int) -> str:
+    """Markdown: per dtype, per prompt type, median seconds / speedups / tau / exactness."""
+    runs = results["runs"]
+    lines = []
+    for dtype_name in dtypes:
+        curve = results.get(f"cost_curve/{dtype_name}")
+        if curve:
+            base = curve["1"]
+            row = " | ".join(f"{float(v) / base:.2f}" for v in curve.values())
+            lines += [f"\n**Verification cost curve, {dtype_name}** (forward over n new tokens after 200 cached, "
+                      f"relative to n=1 = {base:.1f} ms)\n",
+                      "| n | " + " | ".join(curve) + " |", "|---" * (len(curve) + 1) + "|", f"| cost | {row} |"]
+        lines += [
+            f"\n**{dtype_name}**: median wall time over {repeats} interleaved rounds; S = speedup over our AR loop; "
+            "S_hf = speedup over transformers' `generate` AR; tau = tokens per verification step; "
+            "exact = runs whose tokens equal our AR output.\n",
+            "| prompt type | method | time (s) | S | S_hf | tau | accept | exact |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for ptype in prompt_types:
+            for method in methods:
+                per_prompt = []
+                for index in range(len(PROMPTS[ptype])):
+                    keys = [f"{dtype_name}/{ptype}/{index}/{method}/{r}" for r in range(1, repeats + 1)]
+                    base_keys = [f"{dtype_name}/{ptype}/{index}/ar/{r}" for r in range(1, repeats + 1)]
+                    hf_keys = [f"{dtype_name}/{ptype}/{index}/hf-ar/{r}" for r in range(1, repeats + 1)]
+                    if not all(k in runs for k in keys + base_keys):
+                        continue
+                    med = statistics.median(runs[k]["seconds"] for k in keys)
+                    base = statistics.median(runs[k]["seconds"] for k in base_keys)
+                    hf = statistics.median(runs[k]["seconds"] for k in hf_keys) if all(k in runs for k in hf_keys) else None
+                    exact = [runs[k]["sequence"] == runs[b]["sequence"] for k, b in zip(keys, base_keys)]
+                    per_prompt.append((med, base, hf, runs[keys[0]]["tau"], runs[keys[0]]["acceptance"], exact))
+                if not per_prompt:
+                    continue
+                time_s = sum(p[0] for p in per_prompt)
+                speedup = sum(p[1] for p in per_prompt) / time_s
+                hf_total = [p[2] for p in per_prompt]
+                s_hf = f"{sum(hf_total) / time_s:.2f}" if None not in hf_total else "-"
+                taus = [p[3] for p in per_prompt if p[3] is not None]
+                accepts = [p[4] for p in per_prompt if p[4] is not None]
+                tau = f"{statistics.mean(taus):.2f}" if taus else "-"
+                accept = f"{statistics.mean(accepts):.0%}" if accepts else "-"
+                exact = sum(sum(p[5]) for p in per_prompt)
+                total = sum(len(p[5]) for p in per_prompt)
+                lines.append(f"| {ptype} | {method} | {time_s:.2f} | {speedup:.2f} | {s_hf} | {tau} | {accept} | {exact}/{total} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""Text generation from the command line (``mmspec generate``) on a causal LM such as SmolLM2."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .api import GenerateOutput, generate
+from .hub import load_causal_lm
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def chat_inputs(tokenizer, prompt: str, raw: bool = False) -> dict[str, torch.Tensor]:
+    """Tokenise a user message ([1, L] tensors), wrapped in the chat template unless ``raw``."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give the text to respond to")
+    if raw or tokenizer.chat_template is None:
+        return dict(tokenizer(prompt, return_tensors="pt"))
+    messages = [{"role": "user", "content": prompt}]
+    return dict(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True))
+
+
+def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **kwargs) -> tuple[GenerateOutput, GenerateOutput]:
+    """Run plain AR decoding and the drafter on the same inputs in one process (after a short warm-up)
+    and set ``stats.speedup`` = baseline wall time / method wall time on the method's output."""
+    if warmup:
+        generate(model, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs)
+    baseline = generate(model, drafter=None, **kwargs, **inputs)
+    method = generate(model, drafter=drafter, **kwargs, **inputs)
+    method.stats.speedup = baseline.stats.wall_time_s / method.stats.wall_time_s
+    return method, baseline
+
+
+def run_generate_command(args) -> int:
+    device = resolve_device(args.device)
+    model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
+    inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
+    drafter = args.drafter
+    if drafter not in ("ar", "prompt-lookup") and not drafter.startswith(("prompt-lookup:", "layer-skip:")):
+        drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)  # a draft model path / id
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens,
+    )
+    baseline = None
+    if args.compare_baseline:
+        out, baseline = generate_with_baseline(model, drafter, inputs, **kwargs)
+    else:
+        out = generate(model, drafter=drafter, **kwargs, **inputs)
+    prompt_len = inputs["input_ids"].shape[1]
+    text = tokenizer.decode(out.sequences[0, prompt_len:], skip_special_tokens=True)
+    result = {"text": text, "stats": out.stats.to_dict()}
+    if baseline is not None:
+        result["baseline_text"] = tokenizer.decode(baseline.sequences[0, prompt_len:], skip_special_tokens=True)
+        result["baseline_stats"] = baseline.stats.to_dict()
+        result["identical_to_baseline"] = bool(torch.equal(out.sequences, baseline.sequences))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(text)
+    print()
+    print(out.stats.summary())
+    if baseline is not None:
+        print(baseline.stats.summary() + "  [baseline, same run]")
+        same = "identical to" if result["identical_to_baseline"] else "DIFFERENT from"
+        print(f"output {same} plain decoding; speedup {out.stats.speedup:.2f}x ({model.dtype}, {torch.get_num_threads()} threads)")
+    return 0

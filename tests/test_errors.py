@@ -1,0 +1,112 @@
+"""Bad inputs and unsupported combinations raise errors that say what to do."""
+
+import pytest
+import torch
+from tiny_models import make_text_only_draft, make_tiny
+from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
+
+import mmspec
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_tiny("llama")
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return make_tiny("llava")
+
+
+def test_batch_larger_than_one(llama):
+    ids = llama.inputs["input_ids"].repeat(2, 1)
+    with pytest.raises(ValueError, match="batch size 1"):
+        mmspec.generate(llama.model, drafter="prompt-lookup", input_ids=ids)
+
+
+@pytest.mark.parametrize(
+    "inputs,match",
+    [
+        ({}, "input_ids"),
+        ({"input_ids": torch.zeros((1, 0), dtype=torch.long)}, "empty"),
+        ({"input_ids": torch.tensor([1, 2, 3])}, "2-D"),
+        ({"input_ids": torch.tensor([[1.0, 2.0]])}, "integer"),
+        ({"input_ids": torch.tensor([[0, 1, 2]]), "attention_mask": torch.tensor([[0, 1, 1]])}, "padded"),
+    ],
+)
+def test_bad_prompts(llama, inputs, match):
+    with pytest.raises(ValueError, match=match):
+        mmspec.generate(llama.model, **inputs)
+
+
+def test_pixels_on_text_model(llama):
+    with pytest.raises(ValueError, match="text-only"):
+        mmspec.generate(llama.model, input_ids=llama.inputs["input_ids"], pixel_values=torch.zeros(1, 3, 16, 16))
+
+
+def test_vlm_image_tokens_without_pixels(llava):
+    with pytest.raises(ValueError, match="no pixel_values"):
+        mmspec.generate(llava.model, input_ids=llava.inputs["input_ids"])
+
+
+def test_vlm_pixels_without_image_tokens(llava):
+    text_only = llava.inputs["input_ids"][:, llava.inputs["input_ids"][0] != llava.image_token_id]
+    with pytest.raises(ValueError, match="no image tokens"):
+        mmspec.generate(llava.model, input_ids=text_only, pixel_values=llava.inputs["pixel_values"])
+
+
+@pytest.mark.parametrize(
+    "drafter,match",
+    [("medusa-of-nothing", "unknown drafter"), ("layer-skip", "number of layers"), ("layer-skip:2", "1 <= N < 2"), (3, "drafter must be")],
+)
+def test_bad_drafters(llama, drafter, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        mmspec.generate(llama.model, drafter=drafter, **llama.inputs)
+
+
+def test_draft_with_larger_vocabulary(llama):
+    torch.manual_seed(0)
+    big = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1)).eval()
+    with pytest.raises(ValueError, match="vocabulary"):
+        mmspec.generate(llama.model, drafter=big, **llama.inputs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"acceptance": "typical"}, "needs do_sample=True"),
+        ({"acceptance": "greedy", "do_sample": True}, "would not sample"),
+        ({"acceptance": "best"}, "unknown acceptance"),
+        ({"do_sample": True, "temperature": 0.0}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"num_draft_tokens": 0}, "num_draft_tokens"),
+    ],
+)
+def test_bad_settings(llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mmspec.generate(llama.model, drafter="prompt-lookup", **kwargs, **llama.inputs)
+
+
+def test_encoder_decoder_rejected():
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=50, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8))
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        mmspec.generate(t5, input_ids=torch.tensor([[1, 2]]))
+
+
+def test_unsupported_multimodal_family():
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2),
+    )
+    with pytest.raises(ValueError, match="M-RoPE"):
+        mmspec.generate(Qwen2VLForConditionalGeneration(config), input_ids=torch.tensor([[1, 2]]))
+
+
+def test_typical_acceptance_runs_and_is_marked(llama):
+    out = mmspec.generate(llama.model, drafter=make_text_only_draft(llama.vocab_size), acceptance="typical",
+                          do_sample=True, seed=0, max_new_tokens=8, **llama.inputs)
+    assert out.stats.config["acceptance"] == "typical" and out.stats.new_tokens == 8
