@@ -37,6 +37,21 @@ def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **
     return method, baseline
 
 
+def add_parser(subparsers) -> None:
+    from .cli_args import add_model_args, add_sampling_args
+
+    gen = subparsers.add_parser("generate", help="generate text from a prompt with a drafter, and show the speed")
+    gen.add_argument("prompt", help="the user message (wrapped in the model's chat template unless --raw)")
+    gen.add_argument("--drafter", default="prompt-lookup", help="ar | prompt-lookup[:K] | layer-skip:N | a draft model path")
+    gen.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
+    gen.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
+    gen.add_argument("--json", action="store_true", help="machine-readable output")
+    add_model_args(gen, default_model="smollm2")
+    add_sampling_args(gen)
+    gen.set_defaults(handler=run_generate_command)
+
+
 def run_generate_command(args) -> int:
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)

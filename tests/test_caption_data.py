@@ -45,7 +45,7 @@ def test_samples_are_well_formed(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_captions_and_answers_read_naturally(family):
     kinds = set()
-    for c in contents(family, "train", 40):
+    for c in contents(family, "train", 15 if family == "charts" else 40):
         for caption in c.captions:
             assert 5 <= len(caption.split()) <= 25, caption
             assert caption[0].isupper() and caption.endswith("."), caption
@@ -53,7 +53,7 @@ def test_captions_and_answers_read_naturally(family):
         for qa in c.qas:
             assert qa.question.endswith(("?", ".")) and qa.answer.strip()
             assert qa.answer not in qa.distractors
-    for i in range(60):
+    for i in range(40):
         kinds.add(make_sample(family, "train", i).kind)
     assert kinds == set(KINDS)
 
@@ -72,7 +72,7 @@ def test_deterministic(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_splits_are_disjoint(family):
-    n = 80 if family == "charts" else 200
+    n = 60 if family == "charts" else 200
     items, keys = {}, {}
     for split in SPLITS:
         samples = [make_sample(family, split, i) for i in range(n)]
@@ -107,7 +107,7 @@ def test_text_answers_are_rendered_not_prompted():
     assert n_read > 150
     for i in range(100):
         s = make_sample("text", "train", i)
-        if s.kind == "short":
+        if s.kind == "short" and s.meta["qa"]["tag"] == "text.read":
             assert s.answer.lower() not in s.prompt.lower()
 
 
@@ -171,7 +171,7 @@ def test_counting_answers_match_drawn_objects():
 
 def test_chart_answers_match_data():
     checked = set()
-    for c in contents("charts", "train", 60):
+    for c in contents("charts", "train", 40):
         cats, vals = c.meta["categories"], c.meta["values"]
         value = dict(zip(cats, vals))
         unit = "%" if c.meta["chart"] == "pie" else ""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence
+from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence, yes_no
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,8 @@ def _questions(rng: np.random.Generator, spec: ChartSpec) -> list[QA]:
         total = sum(vals)
         qas.append(QA("What is the sum of all the values?", str(total), near(total), "chart.sum"))
     a, b = (int(i) for i in rng.choice(len(cats), size=2, replace=False))
-    qas.append(QA(f"Is the value of {cats[a]} greater than the value of {cats[b]}?",
-                  "Yes" if vals[a] > vals[b] else "No", ["Yes", "No"], "chart.compare"))
+    qas.append(yes_no(f"Is the value of {cats[a]} greater than the value of {cats[b]}?", vals[a] > vals[b],
+                      "chart.compare"))
     return qas
 
 

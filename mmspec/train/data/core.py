@@ -252,6 +252,11 @@ def compose_sample(rng: np.random.Generator, family: str, content: Content) -> S
     return Sample(content.image, prompt, answer, family, kind, meta)
 
 
+def yes_no(question: str, truth: bool, tag: str = "") -> QA:
+    """A yes/no question whose distractor is the opposite answer."""
+    return QA(question, "Yes" if truth else "No", ("No" if truth else "Yes",), tag)
+
+
 # -- small English helpers shared by the families -------------------------------------------
 
 NUMBER_WORDS = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence
+from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence, yes_no
 from .render import BACKGROUNDS, COLORS, SHAPES, Canvas, draw_shape, jitter, place_disks, plural, shade
 
 
@@ -77,8 +77,7 @@ def _questions(rng: np.random.Generator, mode: str, groups: list[Group]) -> list
         ga, gb = groups[int(a)], groups[int(b)]
         if ga.count != gb.count:
             name = (lambda g: f"{g.color} {plural(g.shape)}") if mode == "colors" else (lambda g: plural(g.shape))
-            qas.append(QA(f"Are there more {name(ga)} than {name(gb)}?", "Yes" if ga.count > gb.count else "No",
-                          ["Yes", "No"], "counting.compare"))
+            qas.append(yes_no(f"Are there more {name(ga)} than {name(gb)}?", ga.count > gb.count, "counting.compare"))
         counts = sorted((g.count for g in groups), reverse=True)
         if mode == "mixed" and counts[0] > counts[1]:
             top = max(groups, key=lambda g: g.count)

@@ -21,8 +21,10 @@ LABEL_FONT = "sans"
 Rendered = tuple[list[str], str, list[QA], str]  # captions, detailed, qas, subject
 
 
-def _numeric_distractors(v: int) -> list[str]:
-    return [str(w) for w in (v - 2, v - 1, v + 1, v + 2, v * 2) if w >= 0 and w != v]
+def _numeric_distractors(v: int, *likely_mistakes: int) -> list[str]:
+    """Nearby numbers plus the results of typical mistakes, never ``v`` itself."""
+    candidates = (*likely_mistakes, v - 2, v - 1, v + 1, v + 2, v * 2)
+    return list(dict.fromkeys(str(w) for w in candidates if w >= 0 and w != v))
 
 
 # -- clock ------------------------------------------------------------------------------------
@@ -65,7 +67,8 @@ def _clock_render(rng, canvas: Canvas, params) -> Rendered:
 
     time = _fmt_time(h, m)
     swapped = _fmt_time(m // 5 or 12, (h % 12) * 5)
-    distractors = [swapped, _fmt_time(h % 12 + 1, m), _fmt_time((h - 2) % 12 + 1, m), _fmt_time(h, (m + 5) % 60)]
+    distractors = [d for d in (swapped, _fmt_time(h % 12 + 1, m), _fmt_time((h - 2) % 12 + 1, m),
+                               _fmt_time(h, (m + 5) % 60)) if d != time]
     minute_number = m // 5 or 12
     qas = [QA(pick(rng, ["What time is shown on the clock?", "What time does the clock show?",
                          "What time is it according to the clock?"]), time, distractors, "math.clock"),
@@ -116,8 +119,9 @@ def _rect_render(rng, canvas: Canvas, params) -> Rendered:
             canvas.line([(xa, ya), (xb, yb)], INK, 1.5)
     shape = "square" if square else "rectangle"
     perimeter, area = 2 * (w + h), w * h
-    qas = [QA(f"What is the perimeter of the {shape}?", str(perimeter), _numeric_distractors(perimeter), "math.perimeter"),
-           QA(f"What is the area of the {shape}?", str(area), _numeric_distractors(area) + [str(perimeter)],
+    qas = [QA(f"What is the perimeter of the {shape}?", str(perimeter), _numeric_distractors(perimeter, area),
+              "math.perimeter"),
+           QA(f"What is the area of the {shape}?", str(area), _numeric_distractors(area, perimeter),
               "math.area")]
     sides = f"sides of {w}{suffix}" if square else f"sides labelled {w}{suffix} and {h}{suffix}"
     captions = [f"A {shape} with {sides}.", f"A geometry diagram of a {shape} with {sides}."]
@@ -155,7 +159,7 @@ def _rtri_render(rng, canvas: Canvas, params) -> Rendered:
     _label(canvas, (bx + tx) / 2 + 8, (by + ty) / 2 - 6, "x", size=13)
     area = a * b // 2
     qas = [QA(pick(rng, ["What is the value of x?", "What is the length of the hypotenuse x?"]), str(c),
-              _numeric_distractors(c) + [str(a + b)], "math.hypotenuse"),
+              _numeric_distractors(c, a + b), "math.hypotenuse"),
            QA("What is the area of the triangle?", str(area), _numeric_distractors(area), "math.area")]
     captions = [f"A right triangle with legs {a} and {b} and a hypotenuse marked x.",
                 f"A right triangle diagram with legs labelled {a} and {b}."]
@@ -203,7 +207,7 @@ def _tri_render(rng, canvas: Canvas, params) -> Rendered:
         distance = min(32.0, max(17.0, 10.0 / math.sin(math.radians(angle) / 2)))
         _label(canvas, *_toward(p, bisector, distance), text, size=11)
     qas = [QA(pick(rng, ["What is the value of x?", "What is the measure of the angle marked x, in degrees?"]),
-              str(C), _numeric_distractors(C) + [str(180 - C)], "math.angle")]
+              str(C), _numeric_distractors(C, 180 - C), "math.angle")]
     captions = [f"A triangle with two angles labelled {A}° and {B}° and a third angle x.",
                 f"A triangle diagram with angles {A}°, {B}° and an unknown angle x."]
     detailed = (f"A triangle with two of its interior angles labelled {A}° and {B}°; the third angle is marked x. "
@@ -250,7 +254,7 @@ def _angle_render(rng, canvas: Canvas, params) -> Rendered:
             _label(canvas, *ray(deg, 60), name, size=11)
         _label(canvas, O[0] - 5, O[1] + 5, "O", size=11)
         qas = [QA(pick(rng, ["What is the measure of angle AOC?", "What is the size of angle AOC in degrees?"]),
-                  str(total), _numeric_distractors(total) + [str(abs(a - b))], "math.angle_sum")]
+                  str(total), _numeric_distractors(total, abs(a - b)), "math.angle_sum")]
         captions = [f"Two adjacent angles of {a}° and {b}° sharing a vertex O.",
                     f"An angle AOC split by a ray OB into parts of {a}° and {b}°."]
         detailed = (f"Three rays OA, OB and OC start from a common point O. The angle between OA and OB is "
@@ -339,7 +343,7 @@ def _dice_render(rng, canvas: Canvas, params) -> Rendered:
               [str(v) for v in range(1, 7) if v != max(values)][:4], "math.dice_max")]
     if n == 2:
         prod = values[0] * values[1]
-        qas.append(QA("What is the product of the two dice?", str(prod), _numeric_distractors(prod) + [str(total)],
+        qas.append(QA("What is the product of the two dice?", str(prod), _numeric_distractors(prod, total),
                       "math.dice_product"))
     shown = join_words([str(v) for v in values])
     captions = [f"{capitalize(number_word(n))} {body_name} dice showing {shown}.",

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import QA, Content, article, capitalize, draw_for_split, join_words, number_word, pick, sentence
+from .core import (QA, Content, article, capitalize, draw_for_split, join_words, number_word, pick, sentence,
+                   yes_no)
 from .render import BACKGROUNDS, COLORS, SHAPES, Canvas, UNITS, draw_shape, jitter, place_disks, shade
 
 SIZES = {"small": 9.0, "medium": 14.0, "large": 21.0}  # radius in units
@@ -122,13 +123,13 @@ def _questions(rng: np.random.Generator, objects: list[SceneObject]) -> list[QA]
         if where:
             qas.append(QA(f"Where is the {o.name}?", capitalize(where),
                           [capitalize(p) for p in ALL_POSITIONS if p != where], "scenes.position"))
-        qas.append(QA(f"Is there {article(o.name)} in the image?", "Yes", ["No"], "scenes.exists"))
+        qas.append(yes_no(f"Is there {article(o.name)} in the image?", True, "scenes.exists"))
     present = {(o.color, o.shape) for o in objects}
     while True:
         color, shape = pick(rng, list(COLORS)), pick(rng, SHAPES)
         if (color, shape) not in present:
             break
-    qas.append(QA(f"Is there {article(color + ' ' + shape)} in the image?", "No", ["Yes"], "scenes.exists"))
+    qas.append(yes_no(f"Is there {article(color + ' ' + shape)} in the image?", False, "scenes.exists"))
 
     for a in objects:
         for b in objects:
@@ -137,8 +138,8 @@ def _questions(rng: np.random.Generator, objects: list[SceneObject]) -> list[QA]
             rel = relation(a, b)
             if rel is None:
                 continue
-            qas.append(QA(f"Is the {a.name} {rel} the {b.name}?", "Yes", ["No"], "scenes.relation"))
-            qas.append(QA(f"Is the {a.name} {_OPPOSITE[rel]} the {b.name}?", "No", ["Yes"], "scenes.relation"))
+            qas.append(yes_no(f"Is the {a.name} {rel} the {b.name}?", True, "scenes.relation"))
+            qas.append(yes_no(f"Is the {a.name} {_OPPOSITE[rel]} the {b.name}?", False, "scenes.relation"))
             matches = [o for o in objects if o is not b and holds(rel, o, b) is not False]
             if matches == [a]:
                 qas.append(QA(f"What is {rel} the {b.name}?", f"The {a.name}",

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .core import QA, Content, capitalize, pick, sentence, split_of, split_pool
+from .core import QA, Content, article, capitalize, pick, sentence, split_of, split_pool
 from .render import UNITS, Canvas, Color, jitter, shade
 from .words import GROCERIES, STREET_SUFFIXES, word_list
 
@@ -182,8 +182,8 @@ def _price_tag(rng: np.random.Generator, pools: Pools, canvas: Canvas) -> Render
     qas = [QA(pick(rng, ["What is the price on the tag?", "How much does the item cost?", "What price is shown?"]),
               price, tag="text.read"),
            QA(pick(rng, ["What item is the tag for?", "What product name is on the tag?"]), item, tag="text.read")]
-    captions = [f"A {tag_name} price tag for {item} marked {price}.", f"A price tag that reads {item}, {price}."]
-    detailed = (f"A {tag_name} price tag with a small hole at its pointed end hangs against a plain wall. "
+    captions = [f"{article(tag_name)} price tag for {item} marked {price}.", f"A price tag that reads {item}, {price}."]
+    detailed = (f"{capitalize(article(tag_name))} price tag with a small hole at its pointed end hangs against a plain wall. "
                 f'The product name "{item}" is printed at the top and the price {price} below it in larger type.')
     return Rendered([item, price], captions, detailed, qas, "price tag")
 
@@ -276,8 +276,8 @@ def _note(rng: np.random.Generator, pools: Pools, canvas: Canvas) -> Rendered:
                          "Read the handwriting on the sticky note."]), text, tag="text.read"),
            QA("What color is the note?", capitalize(note_name),
               [capitalize(c[0]) for c in NOTE_COLORS if c[0] != note_name], "text.color")]
-    captions = [f'A {note_name} sticky note with "{text}" written on it.',
-                f'A {note_name} note on a wall that says "{text}" in {ink_name} ink.']
+    captions = [f'{article(note_name)} sticky note with "{text}" written on it.',
+                f'{article(note_name)} note on a wall that says "{text}" in {ink_name} ink.']
     detailed = (f'A square {note_name} sticky note is stuck slightly crooked on a wall. '
                 f'The words "{text}" are written across it in {ink_name} ink.')
     return Rendered(lines, captions, detailed, qas, "note")
