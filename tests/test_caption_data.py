@@ -53,7 +53,7 @@ def test_captions_and_answers_read_naturally(family):
         for qa in c.qas:
             assert qa.question.endswith(("?", ".")) and qa.answer.strip()
             assert qa.answer not in qa.distractors
-    for i in range(40):
+    for i in range(25 if family == "charts" else 40):
         kinds.add(make_sample(family, "train", i).kind)
     assert kinds == set(KINDS)
 
@@ -75,7 +75,7 @@ def test_splits_are_disjoint(family):
     n = 60 if family == "charts" else 200
     items, keys = {}, {}
     for split in SPLITS:
-        samples = [make_sample(family, split, i) for i in range(n)]
+        samples = [make_sample(family, split, i) for i in range(n if split != "validation" else n // 3)]
         items[split] = {(s.prompt, s.answer, image_hash(s.image)) for s in samples}
         keys[split] = {s.meta["key"] for s in samples}
     assert not items["train"] & items["test"]
@@ -204,7 +204,7 @@ def test_chart_answers_match_data():
 def test_multiple_choice_answer_is_the_correct_option():
     n_mc = 0
     for family in ("scenes", "counting", "charts", "math", "photos"):
-        for i in range(40):
+        for i in range(15 if family == "charts" else 40):
             s = make_sample(family, "train", i)
             if MC_INSTRUCTION not in s.prompt:
                 continue

@@ -108,7 +108,7 @@ class _ChartRenderer:
         for wedge, cat, v in zip(wedges, spec.categories, spec.values):
             mid = np.radians((wedge.theta1 + wedge.theta2) / 2)
             c, s = np.cos(mid), np.sin(mid)
-            inside = v >= 12
+            inside = v >= 15
             ha = "left" if c > 0.2 else "right" if c < -0.2 else "center"
             va = "bottom" if s > 0.2 else "top" if s < -0.2 else "center"
             ax.text(1.1 * c, 1.1 * s, cat if inside else f"{cat} {v}%", fontsize=fs, ha=ha, va=va)

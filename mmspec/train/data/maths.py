@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .core import QA, Content, capitalize, draw_for_split, join_words, number_word, pick, sentence
+from .core import QA, Content, article, capitalize, draw_for_split, join_words, number_word, pick, sentence
 from .render import BACKGROUNDS, COLORS, UNITS, Canvas, jitter
 
 INK = (25, 25, 25)
@@ -25,6 +25,12 @@ def _numeric_distractors(v: int, *likely_mistakes: int) -> list[str]:
     """Nearby numbers plus the results of typical mistakes, never ``v`` itself."""
     candidates = (*likely_mistakes, v - 2, v - 1, v + 1, v + 2, v * 2)
     return list(dict.fromkeys(str(w) for w in candidates if w >= 0 and w != v))
+
+
+def _other_numbers(rng: np.random.Generator, choices: range, v: int, k: int = 3) -> list[str]:
+    """``k`` random members of ``choices`` other than ``v``, as strings."""
+    others = [n for n in choices if n != v]
+    return [str(others[i]) for i in rng.permutation(len(others))[:k]]
 
 
 # -- clock ------------------------------------------------------------------------------------
@@ -47,10 +53,11 @@ def _clock_render(rng, canvas: Canvas, params) -> Rendered:
     R = 58.0
     canvas.ellipse(cx, cy, R, R, fill=face, outline=rim, width=float(rng.uniform(3, 5)))
     numbers = pick(rng, ["all", "all", "quarters", "none"])
+    minute_ticks = numbers == "none" or rng.random() < 0.5
     for i in range(60):
         a = math.radians(i * 6)
         hour = i % 5 == 0
-        if not hour and numbers != "none" and rng.random() < 0.5:
+        if not hour and not minute_ticks:
             continue
         r0 = R - (9 if hour else 5)
         canvas.line([(cx + r0 * math.sin(a), cy - r0 * math.cos(a)),
@@ -73,7 +80,7 @@ def _clock_render(rng, canvas: Canvas, params) -> Rendered:
     qas = [QA(pick(rng, ["What time is shown on the clock?", "What time does the clock show?",
                          "What time is it according to the clock?"]), time, distractors, "math.clock"),
            QA("Which number is the minute hand pointing at?", str(minute_number),
-              [str(n) for n in range(1, 13) if n != minute_number][:4], "math.clock_minute")]
+              _other_numbers(rng, range(1, 13), minute_number), "math.clock_minute")]
     face_name = "white" if face[2] > 240 else "cream"
     captions = [f"An analog clock showing {time}.", f"A round clock with a {rim_name} rim that reads {time}."]
     marks = {"all": "all twelve numbers", "quarters": "the numbers 12, 3, 6 and 9", "none": "tick marks only"}[numbers]
@@ -261,17 +268,14 @@ def _angle_render(rng, canvas: Canvas, params) -> Rendered:
                     f"labelled {a}° and the angle between OB and OC is labelled {b}°, so angle AOC is {total}°.")
         return captions, detailed, qas, "diagram"
     kind = "acute" if a < 90 else "right" if a == 90 else "obtuse"
+    others = [capitalize(k) for k in ("acute", "right", "obtuse") if k != kind]
     qas = [QA(pick(rng, ["Is the angle shown acute, right or obtuse?", "What type of angle is shown?"]),
-              capitalize(kind), [capitalize(k) for k in ("acute", "right", "obtuse") if k != kind], "math.angle_type")]
-    captions = [f"{capitalize(article_word(kind))} angle formed by two rays.", f"A diagram of {article_word(kind)} angle."]
-    detailed = (f"Two rays meet at a common vertex and form {article_word(kind)} angle, "
-                f"{'marked with a small square' if kind == 'right' else 'marked with an arc'}. "
-                f"It is {'exactly 90°' if kind == 'right' else 'less than 90°' if kind == 'acute' else 'more than 90°'}.")
+              capitalize(kind), others, "math.angle_type")]
+    captions = [f"{article(kind)} angle formed by two rays.", f"A diagram of {article(kind)} angle."]
+    mark = "a small square" if kind == "right" else "an arc"
+    size = {"acute": "less than 90°", "right": "exactly 90°", "obtuse": "more than 90°"}[kind]
+    detailed = f"Two rays meet at a common vertex and form {article(kind)} angle, marked with {mark}. It is {size}."
     return captions, detailed, qas, "diagram"
-
-
-def article_word(word: str) -> str:
-    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 # -- segment addition --------------------------------------------------------------------------
@@ -335,12 +339,13 @@ def _dice_render(rng, canvas: Canvas, params) -> Rendered:
             canvas.ellipse(x0 + side / 2 + dx * side * 0.28, y0 + side / 2 + dy * side * 0.28, side * 0.09,
                            side * 0.09, fill=pip)
     total = sum(values)
-    qas = [QA(pick(rng, ["What is the sum of the numbers on the dice?", "What is the total number of dots on the dice?",
-                         "Add up the dice. What is the total?"]), str(total), _numeric_distractors(total), "math.dice_sum"),
-           QA("How many dots are on the leftmost die?", str(values[0]),
-              [str(v) for v in range(1, 7) if v != values[0]][:4], "math.dice_value"),
-           QA("What is the highest number rolled?", str(max(values)),
-              [str(v) for v in range(1, 7) if v != max(values)][:4], "math.dice_max")]
+    sum_question = pick(rng, ["What is the sum of the numbers on the dice?",
+                              "What is the total number of dots on the dice?", "Add up the dice. What is the total?"])
+    qas = [QA(sum_question, str(total), _numeric_distractors(total), "math.dice_sum"),
+           QA("How many dots are on the leftmost die?", str(values[0]), _other_numbers(rng, range(1, 7), values[0]),
+              "math.dice_value"),
+           QA("What is the highest number rolled?", str(max(values)), _other_numbers(rng, range(1, 7), max(values)),
+              "math.dice_max")]
     if n == 2:
         prod = values[0] * values[1]
         qas.append(QA("What is the product of the two dice?", str(prod), _numeric_distractors(prod, total),
@@ -387,7 +392,8 @@ def _arith_render(rng, canvas: Canvas, params) -> Rendered:
                          "What number should replace the question mark?"]), str(result),
               _numeric_distractors(result), "math.arithmetic")]
     where = "a green chalkboard" if board else "lined paper"
-    captions = [f"An {word} problem, {a} {op} {b}, written on {where}.", f"The math problem {a} {op} {b} = ? on {where}."]
+    captions = [f"{article(word)} problem, {a} {op} {b}, written on {where}.",
+                f"The math problem {a} {op} {b} = ? on {where}."]
     detailed = (f"The {word} problem {a} {op} {b} = ? is written on {where}. The missing answer is {result}.")
     return captions, detailed, qas, "picture"
 

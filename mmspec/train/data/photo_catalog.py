@@ -27,7 +27,10 @@ class Photo:
         qas: questions whose answers survive cropping.
         min_scale: smallest crop (fraction of the full image side) that keeps the captions true.
         flip: whether a horizontal mirror keeps the texts true (no readable text, no sides).
-        pad: letterbox instead of cropping to a square (wide pages of text).
+        pad: letterbox instead of cropping to a square (wide pages, whole silhouettes).
+        pad_color: colour of the letterbox bars; random when ``None``.
+        jitter: whether brightness / contrast / saturation jitter keeps the texts true (not for
+            graphics on a white background).
         holdout: ``"validation"`` / ``"test"`` to reserve the whole photo for that split.
     """
 
@@ -39,6 +42,8 @@ class Photo:
     min_scale: float = 0.7
     flip: bool = True
     pad: bool = False
+    pad_color: tuple[int, int, int] | None = None
+    jitter: bool = True
     holdout: str | None = None
 
 
@@ -213,7 +218,7 @@ PHOTOS: tuple[Photo, ...] = (
          QA("What are the two main colors of the logo?", "Green and orange", ("Red and blue", "Black and white",
                                                                                "Purple and yellow"), "photo.color"),
          QA("What shape is the logo?", "A circle", ("A square", "A triangle", "A star"), "photo.what")),
-        min_scale=0.95, flip=False,
+        min_scale=0.95, flip=False, jitter=False,
     ),
     Photo(
         "horse", "skimage:horse",
@@ -224,7 +229,7 @@ PHOTOS: tuple[Photo, ...] = (
         "long tail hanging down and its head raised.",
         (QA("What animal is shown?", "A horse", ("A dog", "A cow", "A deer"), "photo.what"),
          QA("What color is the horse?", "Black", ("White", "Brown", "Gray"), "photo.color")),
-        min_scale=0.85, holdout="test",
+        min_scale=0.9, pad=True, pad_color=(255, 255, 255), jitter=False, holdout="test",
     ),
     Photo(
         "motorcycle", "skimage-stereo:0",
@@ -237,7 +242,7 @@ PHOTOS: tuple[Photo, ...] = (
         (QA("What vehicle is shown?", "A motorcycle", ("A bicycle", "A car", "A truck"), "photo.what"),
          QA("What color is the motorcycle?", "Red", ("Blue", "Black", "Green"), "photo.color"),
          QA("Is the motorcycle indoors or outdoors?", "Indoors", ("Outdoors",), "photo.what")),
-        min_scale=0.8, holdout="test",
+        min_scale=0.85, pad=True, holdout="test",
     ),
     Photo(
         "grace_hopper", "mpl:grace_hopper.jpg",
@@ -263,7 +268,7 @@ PHOTOS: tuple[Photo, ...] = (
         (QA("What color is the box?", "Blue", ("Red", "Green", "Yellow"), "photo.color"),
          QA("What is tied around the box?", "A silver ribbon", ("A rope", "A chain", "Nothing"), "photo.what"),
          QA("Is this a gift?", "Yes", ("No",), "photo.yesno")),
-        min_scale=0.85, holdout="validation",
+        min_scale=0.85, jitter=False, holdout="validation",
     ),
     Photo(
         "retina", "skimage:retina",
@@ -298,7 +303,7 @@ PHOTOS: tuple[Photo, ...] = (
         "yellow, green, cyan, blue and magenta, and the colors fade to white at the center.",
         (QA("What shape is the color wheel?", "A circle", ("A square", "A triangle", "A star"), "photo.what"),
          QA("What color is at the center of the wheel?", "White", ("Black", "Red", "Blue"), "photo.color")),
-        min_scale=0.9, flip=False,
+        min_scale=0.9, flip=False, jitter=False,
     ),
     Photo(
         "cell", "skimage:cell",

@@ -24,6 +24,7 @@ HOLDOUT_WEIGHT = 3.0  # held-out photos are drawn this much more often in their 
 MAX_SIDE = 512  # photos are downscaled once to this size, which is plenty for 128 px crops
 OFFSETS = 9  # crop positions per axis
 JITTER_LEVELS = (0.85, 0.92, 1.0, 1.08, 1.15)
+NO_JITTER = JITTER_LEVELS.index(1.0)
 
 
 def _to_rgb(array: np.ndarray) -> Image.Image:
@@ -84,7 +85,7 @@ def _draw_augmentation(photo: Photo):
     def draw(rng: np.random.Generator) -> tuple[str, tuple]:
         aug = (int(rng.integers(len(_scales(photo)))), int(rng.integers(OFFSETS)), int(rng.integers(OFFSETS)),
                int(rng.integers(2)) if photo.flip else 0,
-               *(int(v) for v in rng.integers(len(JITTER_LEVELS), size=3)))
+               *((int(v) for v in rng.integers(len(JITTER_LEVELS), size=3)) if photo.jitter else (NO_JITTER,) * 3))
         return f"photo|{photo.name}|" + ",".join(map(str, aug)), aug
     return draw
 
@@ -133,7 +134,7 @@ def generate(rng: np.random.Generator, split: str, size: int) -> Content:
         key, aug = _draw_augmentation(photo)(rng)
     else:
         key, aug = draw_for_split(rng, split, _draw_augmentation(photo))
-    pad_color = pick(rng, [(255, 255, 255), (40, 40, 40), (128, 128, 128)])
+    pad_color = photo.pad_color or pick(rng, [(255, 255, 255), (40, 40, 40), (128, 128, 128)])
     image = augment(photo, aug, size, pad_color)
     meta = {"key": key, "photo": photo.name, "holdout": photo.holdout, "augmentation": list(aug)}
     return Content(image, list(photo.captions), photo.detailed, list(photo.qas), "", meta)

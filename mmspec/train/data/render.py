@@ -187,8 +187,14 @@ def shade(color: Color, factor: float) -> Color:
 
 
 def jitter(rng: np.random.Generator, color: Color, amount: int = 12) -> Color:
-    """A colour randomly perturbed by up to ``amount`` per channel (still the same name)."""
-    return tuple(int(np.clip(c + rng.integers(-amount, amount + 1), 0, 255)) for c in color)
+    """A colour randomly made lighter or darker by up to ``amount`` (still the same name).
+
+    The offset is mostly shared by the channels so that the hue is kept (a per-channel
+    offset turns near-black into visible purples and greens).
+    """
+    shared = int(rng.integers(-amount, amount + 1))
+    tint = rng.integers(-(amount // 4), amount // 4 + 1, size=3)
+    return tuple(int(np.clip(c + shared + t, 0, 255)) for c, t in zip(color, tint))
 
 
 def contrast_text_color(background: Color) -> Color:

@@ -11,7 +11,7 @@ that no training image shows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -84,7 +84,6 @@ class Rendered:
     detailed: str
     qas: list[QA]
     subject: str
-    extra: dict = field(default_factory=dict)
 
 
 def _case(rng: np.random.Generator, words: list[str], weights=(0.5, 0.35, 0.15)) -> list[str]:
@@ -183,7 +182,8 @@ def _price_tag(rng: np.random.Generator, pools: Pools, canvas: Canvas) -> Render
               price, tag="text.read"),
            QA(pick(rng, ["What item is the tag for?", "What product name is on the tag?"]), item, tag="text.read")]
     captions = [f"{article(tag_name)} price tag for {item} marked {price}.", f"A price tag that reads {item}, {price}."]
-    detailed = (f"{capitalize(article(tag_name))} price tag with a small hole at its pointed end hangs against a plain wall. "
+    detailed = (f"{capitalize(article(tag_name))} price tag with a small hole at its pointed end hangs against "
+                f"a plain wall. "
                 f'The product name "{item}" is printed at the top and the price {price} below it in larger type.')
     return Rendered([item, price], captions, detailed, qas, "price tag")
 
