@@ -3,6 +3,7 @@
 from .api import GenerateOutput, generate
 from .core.sampling import SamplingConfig
 from .core.stats import SpecStats
+from .pipelines import pipeline
 
 __version__ = "0.1.0"
-__all__ = ["GenerateOutput", "SamplingConfig", "SpecStats", "generate", "__version__"]
+__all__ = ["GenerateOutput", "SamplingConfig", "SpecStats", "generate", "pipeline", "__version__"]

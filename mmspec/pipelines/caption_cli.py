@@ -1,0 +1,128 @@
+"""``mmspec caption IMAGE...``: caption images with speculative decoding and show the speed.
+
+Every image is checked (exists, is an image, not too large) before the model loads; an image
+that fails is reported on stderr and skipped, the others are still captioned, and the exit code
+is 2 at the end. With ``--json`` stdout holds one JSON list, one object per image in the order
+given: ``{"path", "text", "prompt", "stats", "baseline_text", "baseline_stats",
+"identical_to_baseline"}``, or ``{"path", "error"}`` for an image that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from .captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
+from .images import open_image_file
+
+IMAGE_ERRORS = (FileNotFoundError, ValueError)
+
+
+def add_parser(subparsers) -> None:
+    from ..cli_args import add_model_args, add_sampling_args
+
+    cap = subparsers.add_parser("caption", help="caption images (or ask about them) with a drafter, and show the speed")
+    cap.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, WebP, TIFF, ...)")
+    cap.add_argument("--prompt", default=None, help=f'the instruction or question (default: "{DEFAULT_PROMPT}")')
+    cap.add_argument("--drafter", default="auto",
+                     help="auto (the model's benchmarked best, else prompt-lookup) | ar | prompt-lookup[:K] | "
+                          "layer-skip:N | a draft model directory")
+    cap.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
+    cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
+    cap.add_argument("--json", action="store_true", help="print one JSON list of results")
+    add_model_args(cap, default_model=None)
+    add_sampling_args(cap)
+    cap.set_defaults(handler=run_caption_command)
+
+
+class Progress:
+    """A progress bar on stderr for more than one image (tqdm when installed, else "[i/n] path"
+    lines); ``write`` prints without breaking the bar."""
+
+    def __init__(self, total: int) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            tqdm = None
+        self.total, self.done = total, 0
+        self.bar = tqdm(total=total, file=sys.stderr, unit="image", leave=False) if tqdm and total > 1 else None
+
+    def start(self, path: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(path, refresh=True)
+        elif self.total > 1:
+            print(f"[{self.done + 1}/{self.total}] {path}", file=sys.stderr)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def write(self, text: str, file=None) -> None:
+        file = file or sys.stdout
+        if self.bar is not None:
+            self.bar.write(text, file=file)
+        else:
+            print(text, file=file)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def format_result(path: str, result: CaptionOutput) -> str:
+    """Human-readable lines: the path, the caption, the speed (and the baseline when compared)."""
+    lines = [f"{path}:", f"  {result.text}", f"  {result.stats.summary()}"]
+    if result.baseline_stats is not None:
+        same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
+        lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")
+        lines.append(f"  output {same} plain decoding; speedup {result.stats.speedup:.2f}x")
+    return "\n".join(lines)
+
+
+def run_caption_command(args) -> int:
+    if args.prompt is not None:
+        check_prompt(args.prompt)  # before any loading
+    records: list[dict[str, Any]] = [{"path": path} for path in args.images]
+
+    def fail(record: dict[str, Any], error: Exception, progress: Progress | None = None) -> None:
+        record["error"] = str(error)
+        message = f"mmspec: error: {error}"
+        if progress is not None:
+            progress.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr)
+
+    for record in records:  # cheap header checks, so bad paths fail before the model loads
+        try:
+            open_image_file(record["path"]).close()
+        except IMAGE_ERRORS as error:
+            fail(record, error)
+    todo = [r for r in records if "error" not in r]
+    if todo:
+        captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=args.device,
+                                            dtype=args.dtype, num_draft_tokens=args.num_draft_tokens)
+        if not args.json:
+            print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "
+                  f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}")
+        progress = Progress(len(todo))
+        try:
+            for record in todo:
+                progress.start(record["path"])
+                try:
+                    result = captioner(record["path"], prompt=args.prompt, max_new_tokens=args.max_new_tokens,
+                                       do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
+                                       top_p=args.top_p, seed=args.seed, compare_baseline=args.compare_baseline)
+                except IMAGE_ERRORS as error:  # e.g. a file truncated after its header
+                    fail(record, error, progress)
+                else:
+                    record.update(result.to_dict())
+                    if not args.json:
+                        progress.write(format_result(record["path"], result))
+                progress.step()
+        finally:
+            progress.close()
+    if args.json:
+        print(json.dumps(records, indent=2))
+    return 2 if any("error" in r for r in records) else 0

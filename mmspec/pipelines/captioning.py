@@ -1,0 +1,352 @@
+"""Image captioning / VQA with speculative decoding: ``mmspec.pipeline("image-captioning")``.
+
+The pipeline only composes: load a VLM and its processor, turn (image, prompt) into the
+processor's model inputs, decode with :func:`mmspec.generate`, detokenise. With
+``compare_baseline=True`` plain AR decoding runs in the same call (after a short warm-up), so
+``stats.speedup`` compares like with like.
+
+``drafter="auto"`` chooses as follows:
+
+1. If the model directory holds ``mmspec_drafters.json`` -- a list of
+   ``{"drafter": <spec or path>, "speedup": <float>}`` entries measured by a benchmark (optionally
+   with ``"num_draft_tokens": K``) -- the entry with the highest ``speedup`` is used. ``drafter`` is
+   a spec ("prompt-lookup", "prompt-lookup:10", "layer-skip:8", "ar") or the path of a draft model
+   directory, relative to the model directory (a text-only causal LM sharing the target's
+   tokenizer: the SPD setting; or a smaller VLM of a supported family).
+2. Otherwise "prompt-lookup": training-free, never slower than a few percent, and captions often
+   repeat words of the prompt and of themselves.
+
+The choice and why are recorded in ``pipeline.chosen_drafter`` / ``pipeline.drafter_reason`` and in
+every result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..adapters.hf import VLM_FAMILIES, TransformersTarget
+from ..api import generate
+from ..core.stats import DictAccess, SpecStats
+from ..drafters import NO_DRAFTER, Drafter, resolve_drafter
+from ..hub import resolve_dtype
+from ..textgen import generate_with_baseline, resolve_device
+from .images import ImageInput, load_image
+
+DEFAULT_PROMPT = "Describe the image."
+#: benchmarked drafters of a checkpoint, read by drafter="auto"
+DRAFTERS_FILE = "mmspec_drafters.json"
+#: drafter="auto" without a DRAFTERS_FILE
+AUTO_FALLBACK = "prompt-lookup"
+
+
+@dataclass
+class CaptionOutput(DictAccess):
+    """One caption.
+
+    Attributes:
+        text: the caption (new tokens decoded without special tokens, stripped).
+        stats: the speculative generation's SpecStats; ``stats.speedup`` is set when a baseline
+            ran, ``stats.config["drafter"]`` names the drafter used.
+        baseline_text: plain AR decoding's caption (None unless ``compare_baseline``).
+        baseline_stats: plain AR decoding's SpecStats (None unless ``compare_baseline``).
+        identical_to_baseline: whether the two token sequences are equal (None unless
+            ``compare_baseline``; True for greedy decoding, up to float rounding in bf16).
+        prompt: the user prompt the caption answers.
+    """
+
+    text: str
+    stats: SpecStats
+    baseline_text: str | None = None
+    baseline_stats: SpecStats | None = None
+    identical_to_baseline: bool | None = None
+    prompt: str = DEFAULT_PROMPT
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the stats become dicts (with tau, acceptance rate, tokens/s)."""
+        return {
+            "text": self.text,
+            "prompt": self.prompt,
+            "stats": self.stats.to_dict(),
+            "baseline_text": self.baseline_text,
+            "baseline_stats": self.baseline_stats.to_dict() if self.baseline_stats is not None else None,
+            "identical_to_baseline": self.identical_to_baseline,
+        }
+
+
+def check_prompt(prompt: str) -> str:
+    """Raise ValueError for an empty or whitespace-only prompt; return it unchanged otherwise."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"the prompt is empty ({prompt!r}); give the question or instruction about the image")
+    return prompt
+
+
+def load_captioning_model(
+    name_or_path: str | os.PathLike, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
+) -> tuple[nn.Module, Any]:
+    """A local checkpoint directory or hub id -> (VLM in eval mode on ``device``, processor).
+
+    Loaded with ``AutoProcessor`` and ``AutoModelForImageTextToText``, so any family of
+    :data:`~mmspec.adapters.hf.VLM_FAMILIES` works (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral,
+    Idefics3, SmolVLM, Gemma3).
+
+    Raises:
+        FileNotFoundError: no such directory, or a hub id that cannot be loaded.
+        ValueError: the checkpoint is not an image-text-to-text model.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if not path.exists() and (path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1):
+        raise FileNotFoundError(f"model directory not found: {name}")
+    source = str(path) if path.exists() else name
+    try:
+        processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
+    return model.to(device).eval(), processor
+
+
+def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A draft model directory -> the model in eval mode: a causal LM (``AutoModelForCausalLM``),
+    or a VLM of a supported family (``AutoModelForImageTextToText``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    model_type = getattr(AutoConfig.from_pretrained(path), "model_type", "")
+    auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def read_drafters_file(model_dir: str | os.PathLike) -> list[dict[str, Any]] | None:
+    """The entries of ``model_dir/mmspec_drafters.json`` (None if there is no such file).
+
+    Raises:
+        ValueError: the file is not a list of ``{"drafter": str, "speedup": number}`` objects.
+    """
+    path = Path(model_dir) / DRAFTERS_FILE
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(entries, list) or not entries or not all(
+        isinstance(e, dict) and isinstance(e.get("drafter"), str) and isinstance(e.get("speedup"), (int, float))
+        for e in entries
+    ):
+        raise ValueError(f'{path} must be a non-empty list of {{"drafter": "<spec or path>", "speedup": <number>}}')
+    return entries
+
+
+def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any], str]:
+    """drafter="auto": the fastest benchmarked entry of the model's drafters file, else prompt lookup.
+
+    Returns:
+        (entry, reason): ``entry`` has "drafter" (a spec, or a path relative to ``model_dir``) and
+        optionally "num_draft_tokens"; ``reason`` says how it was chosen.
+    """
+    entries = read_drafters_file(model_dir) if model_dir is not None else None
+    if not entries:
+        return {"drafter": AUTO_FALLBACK}, f"auto: no {DRAFTERS_FILE} beside the model, training-free default"
+    best = max(entries, key=lambda e: e["speedup"])
+    return best, f"auto: highest measured speedup ({best['speedup']:.2f}x) in {DRAFTERS_FILE}"
+
+
+class ImageCaptioningPipeline:
+    """Caption images (or answer a question about them) with speculative decoding.
+
+    Args:
+        model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
+            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3); or a
+            loaded transformers VLM (then pass ``processor`` too).
+        drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
+            the path of a draft model directory, a loaded draft model, or a
+            :class:`~mmspec.drafters.Drafter`.
+        device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
+        dtype: "auto" (bfloat16), "bf16", "fp16", "fp32" or a torch.dtype. Use fp32 for token-exact
+            comparison with plain decoding.
+        processor: the processor of a loaded ``model`` (ignored otherwise).
+        prompt: the prompt used when a call gives none.
+        num_draft_tokens: K, overriding the drafter's default.
+        trust_remote_code: passed to transformers' ``from_pretrained`` (off by default).
+    Raises:
+        ValueError: an unsupported model, an unknown drafter, an invalid drafters file.
+        FileNotFoundError: the model or draft model cannot be found.
+    Example:
+        >>> cap = mmspec.pipeline("image-captioning", model="path/to/llava-1.5-7b-hf")
+        >>> r = cap("photo.jpg", compare_baseline=True)
+        >>> print(r.text, r.stats.speedup)
+    """
+
+    task = "image-captioning"
+
+    def __init__(
+        self,
+        model: str | os.PathLike | nn.Module | None = None,
+        drafter: Any = "auto",
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        *,
+        processor: Any = None,
+        prompt: str = DEFAULT_PROMPT,
+        num_draft_tokens: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.default_prompt = check_prompt(prompt)
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.model, self.processor, self.model_dir = self._load(model, processor, trust_remote_code)
+        self.target = TransformersTarget(self.model)
+        if not self.target.is_vlm:
+            raise ValueError(
+                f"{type(self.model).__name__} is a text-only model; image captioning needs a VLM "
+                f"({', '.join(VLM_FAMILIES.values())})"
+            )
+        if getattr(self.processor, "image_processor", None) is None:
+            raise ValueError(f"the processor {type(self.processor).__name__} cannot process images")
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.eos_token_ids = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
+        self.drafter, self.chosen_drafter, self.drafter_reason = self._resolve_drafter(drafter, num_draft_tokens)
+        self._warmed_up = False
+
+    # -- construction ------------------------------------------------------------------------------
+    def _load(self, model, processor, trust_remote_code: bool) -> tuple[nn.Module, Any, Path | None]:
+        """-> (model, processor, directory that may hold the drafters file)."""
+        if model is None:
+            from ..modeling import captioner
+
+            model, processor = captioner.load_default_captioner(device=self.device, dtype=self.dtype)
+            default_dir = getattr(captioner, "default_captioner_dir", None)
+            return model, processor, default_dir() if default_dir else None
+        if isinstance(model, nn.Module):
+            if processor is None:
+                raise ValueError("a loaded model needs its processor: pass processor=AutoProcessor.from_pretrained(...)")
+            local = Path(str(getattr(model, "name_or_path", "") or ""))
+            return model.eval(), processor, local if str(local) and local.is_dir() else None
+        loaded, processor = load_captioning_model(model, self.device, self.dtype, trust_remote_code)
+        local = Path(str(model)).expanduser()
+        return loaded, processor, local if local.is_dir() else None
+
+    def _resolve_drafter(self, drafter: Any, num_draft_tokens: int | None) -> tuple[Drafter | None, str, str]:
+        """-> (the Drafter passed to generate, or None for plain AR; its name; how it was chosen)."""
+        reason = "given"
+        if isinstance(drafter, str) and drafter == "auto":
+            entry, reason = choose_auto_drafter(self.model_dir)
+            drafter = entry["drafter"]
+            if num_draft_tokens is None:
+                num_draft_tokens = entry.get("num_draft_tokens")
+            relative = self.model_dir / drafter if self.model_dir is not None else None
+            if relative is not None and relative.is_dir():
+                drafter = str(relative)
+        name = drafter.name if isinstance(drafter, Drafter) else str(drafter)
+        if drafter in NO_DRAFTER:
+            name = "ar"
+        elif isinstance(drafter, (str, os.PathLike)) and Path(drafter).expanduser().is_dir():
+            name = f"draft model {drafter}"
+            drafter = load_draft_model(Path(drafter).expanduser(), self.device, self.model.dtype)
+        elif isinstance(drafter, nn.Module):
+            name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
+        return resolve_drafter(drafter, self.target, num_draft_tokens), name, reason
+
+    # -- inputs and outputs ------------------------------------------------------------------------
+    def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
+        """(image, prompt) -> the processor's model inputs on the model's device.
+
+        The prompt is one user turn of the chat template: ``[image, prompt]``, then the assistant
+        turn is opened. Returns input_ids / attention_mask [1, L] and the family's pixel inputs
+        (e.g. pixel_values [1, C, H, W] or [1, n_images, C, H, W], image_sizes [1, 2],
+        pixel_attention_mask), floating-point tensors in the model's dtype.
+        """
+        pil = load_image(image)
+        if getattr(self.processor, "chat_template", None) is None:
+            raise ValueError(
+                f"the processor of {self.model.name_or_path or type(self.model).__name__} has no chat template; "
+                "set processor.chat_template (see the model card for the prompt format)"
+            )
+        message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        text = self.processor.apply_chat_template(message, add_generation_prompt=True)
+        inputs = self.processor(text=[text], images=[pil], return_tensors="pt")
+        return {
+            k: v.to(self.device, self.model.dtype) if v.is_floating_point() else v.to(self.device)
+            for k, v in inputs.items()
+            if isinstance(v, torch.Tensor)
+        }
+
+    def _decode(self, sequences: torch.Tensor, prompt_length: int) -> str:
+        """sequences [1, L + new] -> the new tokens' text, special tokens removed, stripped."""
+        return self.tokenizer.decode(sequences[0, prompt_length:], skip_special_tokens=True).strip()
+
+    def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
+        stats.config.update(drafter=drafter_name, drafter_choice=reason)
+        return stats
+
+    # -- calls -------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        prompt: str | None = None,
+        max_new_tokens: int = 64,
+        do_sample: bool = False,
+        seed: int | None = None,
+        compare_baseline: bool = False,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> CaptionOutput | list[CaptionOutput]:
+        """Caption one image, or a list of images (one after the other, not batched: mmspec decodes
+        one sequence at a time).
+
+        Args:
+            images: a PIL image, a path, a numpy array [H, W(, 3|4)] -- or a list/tuple of them.
+            prompt: the instruction or question; None uses the pipeline's default prompt
+                ("Describe the image." unless set at construction).
+            max_new_tokens: the caption's token budget.
+            do_sample, temperature, top_k, top_p: sample instead of greedy decoding.
+            seed: seeds each caption's randomness (every image of a list gets the same seed, so a
+                caption does not depend on its position in the list).
+            compare_baseline: also run plain AR decoding on the same inputs and set
+                ``stats.speedup`` = baseline wall time / speculative wall time.
+        Returns:
+            A CaptionOutput, or a list of them (one per image, same order) for a list input.
+        Raises:
+            ValueError: an empty prompt, an invalid image (too large, not an image file, bad array).
+            FileNotFoundError: an image path that does not exist.
+        """
+        prompt = check_prompt(self.default_prompt if prompt is None else prompt)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed, eos_token_id=self.eos_token_ids)
+        if isinstance(images, (list, tuple)):
+            return [self._caption(image, prompt, compare_baseline, kwargs) for image in images]
+        return self._caption(images, prompt, compare_baseline, kwargs)
+
+    def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict) -> CaptionOutput:
+        inputs = self.preprocess(image, prompt)
+        prompt_length = inputs["input_ids"].shape[1]
+        if not compare_baseline:
+            out = generate(self.target, drafter=self.drafter, **kwargs, **inputs)
+            stats = self._annotate(out.stats, self.chosen_drafter, self.drafter_reason)
+            return CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats, prompt=prompt)
+        out, baseline = generate_with_baseline(self.target, self.drafter, inputs, warmup=not self._warmed_up, **kwargs)
+        self._warmed_up = True
+        return CaptionOutput(
+            text=self._decode(out.sequences, prompt_length),
+            stats=self._annotate(out.stats, self.chosen_drafter, self.drafter_reason),
+            baseline_text=self._decode(baseline.sequences, prompt_length),
+            baseline_stats=self._annotate(baseline.stats, "ar", "baseline"),
+            identical_to_baseline=bool(torch.equal(out.sequences, baseline.sequences)),
+            prompt=prompt,
+        )
+
+    def __repr__(self) -> str:
+        name = getattr(self.model, "name_or_path", "") or type(self.model).__name__
+        return (f"ImageCaptioningPipeline(model={name!r}, drafter={self.chosen_drafter!r}, "
+                f"device={str(self.device)!r}, dtype={str(self.dtype).removeprefix('torch.')!r})")

@@ -1,0 +1,13 @@
+"""``mmspec train WHAT``: training recipes (bf16 on CPU, resumable)."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
+    recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
+    from . import captioner
+
+    parser = recipes.add_parser("captioner", help="the embedded captioner's vision encoder + connector")
+    captioner.add_arguments(parser)
+    parser.set_defaults(handler=captioner.run)

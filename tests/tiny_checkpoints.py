@@ -1,0 +1,263 @@
+"""Tiny *saved* VLM checkpoints (model + working processor) of every captioning family, offline.
+
+``tests/tiny_models.py`` builds in-memory models with hand-made inputs; the captioning pipeline
+instead loads a checkpoint directory with ``AutoProcessor`` + ``AutoModelForImageTextToText``,
+exactly as it loads a user's real checkpoint. This module writes such directories: the real
+SmolLM2 tokenizer (``mmspec.hub.smollm2_checkpoint()``, installed locally) plus each family's
+image tokens, a ChatML chat template, the family's real image processor at a tiny resolution,
+and a randomly initialised model whose config agrees with the processor (image token id,
+vocabulary size = ``len(tokenizer)``, number of image tokens per image).
+
+Sizes: text decoder 2 layers, hidden 32 (the ~49k-row embedding and LM head dominate: ~3M
+parameters); vision towers 2 layers, hidden 32, on 16-32 px images. Building and saving one
+checkpoint takes well under a second.
+
+Public API
+----------
+``CHECKPOINT_FAMILIES``
+    Families that can be written.
+``save_tiny_checkpoint(family, directory, seed=0) -> Path``
+    Write the checkpoint (model, processor, generation config) to ``directory``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    CLIPImageProcessor,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessor,
+    Gemma3Processor,
+    Gemma3TextConfig,
+    CLIPVisionConfig,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    Idefics3ImageProcessor,
+    Idefics3Processor,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
+    LlavaProcessor,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    MistralConfig,
+    PixtralImageProcessor,
+    PixtralProcessor,
+    PixtralVisionConfig,
+    PreTrainedModel,
+    ProcessorMixin,
+    SmolVLMConfig,
+    SmolVLMForConditionalGeneration,
+    SmolVLMImageProcessor,
+    SmolVLMProcessor,
+    SiglipVisionConfig,
+    SmolVLMVideoProcessor,
+)
+from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
+
+from mmspec.hub import smollm2_checkpoint
+
+TEXT_HIDDEN = 32
+VISION_HIDDEN = 32
+EOS_TOKEN = "<|im_end|>"  # SmolLM2's end of turn
+
+
+def chat_template(image_placeholder: str) -> str:
+    """SmolLM2's ChatML (without its default system prompt); an image part becomes
+    ``image_placeholder``, which the family's processor expands into the image token block."""
+    return (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}{% if part['type'] == 'image' %}" + image_placeholder
+        + "{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
+        "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+def text_config(config_cls=LlamaConfig, **overrides):
+    """A tiny text decoder over the whole tokenizer (vocab_size is set by the caller)."""
+    kwargs = dict(
+        hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=TEXT_HIDDEN // 4,
+        max_position_embeddings=2048, tie_word_embeddings=False,
+    )
+    kwargs.update(overrides)
+    return config_cls(**kwargs)
+
+
+def vision_kwargs(**overrides) -> dict:
+    kwargs = dict(hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, num_hidden_layers=2,
+                  num_attention_heads=4, num_channels=3)
+    kwargs.update(overrides)
+    return kwargs
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """How to build one family's checkpoint.
+
+    Attributes:
+        image_tokens: special tokens added to SmolLM2's tokenizer; the first is the image token
+            (the one repeated once per image feature).
+        placeholder: what an image part of a chat message becomes before the processor expands it.
+        processor: (tokenizer, chat_template) -> the family's processor at a tiny resolution.
+        model: (vocab_size, token id of each ``image_tokens`` entry) -> a random model whose
+            config agrees with ``processor``.
+        named_tokens: tokens the processor reads as tokenizer attributes (``tokenizer.boi_token``);
+            None when ``image_tokens`` are plain additional special tokens.
+    """
+
+    image_tokens: tuple[str, ...]
+    placeholder: str
+    processor: Callable[..., ProcessorMixin]
+    model: Callable[[int, dict[str, int]], PreTrainedModel]
+    named_tokens: dict[str, str] | None = None
+
+
+# -- LLaVA-1.5: CLIP tower on 16 px, patch 4 -> 16 patch tokens (CLS dropped) ---------------------
+def _llava_processor(tokenizer, template):
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=template)
+
+
+def _llava_model(vocab_size, ids):
+    return LlavaForConditionalGeneration(LlavaConfig(
+        vision_config=CLIPVisionConfig(**vision_kwargs(image_size=16, patch_size=4, projection_dim=VISION_HIDDEN)),
+        text_config=text_config(vocab_size=vocab_size),
+        image_token_index=ids["<image>"], image_seq_length=16,
+        vision_feature_select_strategy="default", vision_feature_layer=-2,
+    ))
+
+
+# -- LLaVA-NeXT: anyres over 16 px tiles (base tile + a grid chosen from the pinpoints) ------------
+PINPOINTS = [[16, 32], [32, 16], [32, 32]]
+
+
+def _llava_next_processor(tokenizer, template):
+    image_processor = LlavaNextImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                              image_grid_pinpoints=PINPOINTS)
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=template)
+
+
+def _llava_next_model(vocab_size, ids):
+    return LlavaNextForConditionalGeneration(LlavaNextConfig(
+        vision_config=CLIPVisionConfig(**vision_kwargs(image_size=16, patch_size=4, projection_dim=VISION_HIDDEN)),
+        text_config=text_config(vocab_size=vocab_size),
+        image_token_index=ids["<image>"], image_grid_pinpoints=PINPOINTS,
+        vision_feature_select_strategy="default", vision_feature_layer=-2,
+    ))
+
+
+# -- Mistral3 / Pixtral: longest edge 32 px, patch 4, 2x2 merge -> up to 4x4 [IMG] + breaks --------
+def _pixtral_processor(tokenizer, template):
+    image_processor = PixtralImageProcessor(size={"longest_edge": 32}, patch_size=4)
+    return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
+                            spatial_merge_size=2, chat_template=template)
+
+
+def _mistral3_model(vocab_size, ids):
+    return Mistral3ForConditionalGeneration(Mistral3Config(
+        vision_config=PixtralVisionConfig(**vision_kwargs(image_size=32, patch_size=4)),
+        text_config=text_config(MistralConfig, vocab_size=vocab_size, sliding_window=None),
+        image_token_index=ids["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1,
+    ))
+
+
+# -- Idefics3 / SmolVLM: one un-split 32 px image, patch 4, pixel shuffle 2 -> 16 image tokens ------
+def _idefics_like(processor_cls, image_processor_cls, config_cls, vision_config_cls, model_cls, **processor_extra):
+    def processor(tokenizer, template):
+        image_processor = image_processor_cls(do_image_splitting=False, size={"longest_edge": 32},
+                                              max_image_size={"longest_edge": 32})
+        extra = {name: make() for name, make in processor_extra.items()}
+        return processor_cls(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=16,
+                             chat_template=template, **extra)
+
+    def model(vocab_size, ids):
+        return model_cls(config_cls(
+            vision_config=vision_config_cls(**vision_kwargs(image_size=32, patch_size=4)),
+            text_config=text_config(vocab_size=vocab_size),
+            image_token_id=ids["<image>"], scale_factor=2,
+        ))
+
+    return processor, model
+
+
+_smolvlm = _idefics_like(SmolVLMProcessor, SmolVLMImageProcessor, SmolVLMConfig, SmolVLMVisionConfig,
+                         SmolVLMForConditionalGeneration, video_processor=SmolVLMVideoProcessor)
+_idefics3 = _idefics_like(Idefics3Processor, Idefics3ImageProcessor, Idefics3Config, Idefics3VisionConfig,
+                          Idefics3ForConditionalGeneration)
+IDEFICS_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>")
+
+
+# -- Gemma3: SigLIP on 32 px, patch 4 -> 8x8 patches avg-pooled to 16 soft tokens -----------------
+# Gemma3Processor reads its tokens from tokenizer attributes (boi_token, image_token, eoi_token).
+GEMMA3_TOKENS = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>"}
+
+
+def _gemma3_processor(tokenizer, template):
+    image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32})
+    return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16,
+                           chat_template=template)
+
+
+def _gemma3_model(vocab_size, ids):
+    return Gemma3ForConditionalGeneration(Gemma3Config(
+        vision_config=SiglipVisionConfig(**vision_kwargs(image_size=32, patch_size=4)),
+        text_config=text_config(Gemma3TextConfig, vocab_size=vocab_size, query_pre_attn_scalar=TEXT_HIDDEN // 4,
+                                sliding_window=512, layer_types=["sliding_attention", "full_attention"]),
+        mm_tokens_per_image=16, image_token_index=ids["<image_soft_token>"],
+        boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+    ))
+
+FAMILY_SPECS: dict[str, FamilySpec] = {
+    "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
+    "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
+    "mistral3": FamilySpec(("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]", _pixtral_processor, _mistral3_model),
+    "idefics3": FamilySpec(IDEFICS_TOKENS, "<image>", *_idefics3),
+    "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
+    "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,
+                         named_tokens=GEMMA3_TOKENS),
+}
+CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
+
+
+def save_tiny_checkpoint(family: str, directory: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random ``family`` checkpoint with a working processor to ``directory``.
+
+    The generation config stops at SmolLM2's ``<|im_end|>``. The model is fp32 and deterministic
+    in ``seed`` (the global RNG is left as it was).
+    """
+    spec = FAMILY_SPECS[family]
+    directory = Path(directory)
+    if spec.named_tokens:
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint(), extra_special_tokens=spec.named_tokens)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+        tokenizer.add_special_tokens({"additional_special_tokens": list(spec.image_tokens)})
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in spec.image_tokens}
+    processor = spec.processor(tokenizer, chat_template(spec.placeholder))
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = spec.model(len(tokenizer), ids).float().eval()
+    generation = model.generation_config
+    generation.eos_token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.bos_token_id = None
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
