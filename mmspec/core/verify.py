@@ -14,8 +14,6 @@ No rule touches a model, a cache or a global random state; none calls ``.item()`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from .sampling import sample_from_probs
@@ -142,11 +140,3 @@ def typical_verify(
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     next_token = sample_from_probs(target_probs[rows, num_accepted], sample_uniforms)
     return _assemble(draft_tokens, num_accepted, next_token)
-
-
-#: name -> (is_lossless, needs_sampling). The loop dispatches through this table.
-RULES: dict[str, Callable[..., Verification]] = {
-    "greedy": greedy_verify,
-    "speculative": speculative_verify,
-    "typical": typical_verify,
-}

@@ -91,8 +91,16 @@ def build_captioner(dtype: torch.dtype = torch.bfloat16, device: str | torch.dev
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
     )
+    # Build on the meta device (no time spent initialising the 135M decoder weights that are
+    # loaded next), then materialise and initialise only the parts SmolLM2 does not provide.
+    with torch.device("meta"):
+        model = SmolVLMForConditionalGeneration(config)
+    model.to_empty(device="cpu")
     torch.manual_seed(0)  # the untrained vision encoder starts from the same weights every time
-    model = SmolVLMForConditionalGeneration(config)
+    for part in (model.model.vision_model, model.model.connector):
+        part.apply(model._init_weights)
+    text_model = model.model.text_model
+    text_model.rotary_emb = type(text_model.rotary_emb)(text_model.config)  # rebuild its meta buffers
 
     text_state = load_file(str(smollm2_checkpoint() / "model.safetensors"))
     embed = text_state.pop("model.embed_tokens.weight")

@@ -1,0 +1,53 @@
+"""The embedded captioner's assembly: real SmolLM2 decoder + vision encoder/connector weights."""
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import mmspec
+from mmspec.modeling.captioner import IMAGE_SEQ_LEN, build_captioner, trained_state
+from mmspec.train.captioner import IGNORE, answer_loss, build_batch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def captioner():
+    return build_captioner(dtype=torch.float32)
+
+
+def test_text_only_answers_equal_smollm2(captioner, smollm2):
+    """Without an image the captioner is exactly SmolLM2: the decoder's knowledge is kept."""
+    model, processor = captioner
+    lm, tokenizer = smollm2
+    text = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+    inputs = processor(text=[text], return_tensors="pt")
+    ours = mmspec.generate(model, max_new_tokens=12, **inputs)
+    theirs = mmspec.generate(lm, max_new_tokens=12, input_ids=inputs["input_ids"])
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert "Paris" in tokenizer.decode(ours.sequences[0])
+
+
+def test_image_prompt_layout_and_weights_roundtrip(captioner, tmp_path):
+    model, processor = captioner
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}], add_generation_prompt=True)
+    inputs = processor(text=[text], images=[[Image.new("RGB", (200, 90), "red")]], return_tensors="pt")
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == IMAGE_SEQ_LEN
+    weights = tmp_path / "w.safetensors"
+    state = trained_state(model)
+    assert state and all(k.startswith(("model.vision_model.", "model.connector.")) for k in state)
+    save_file({k: v + 1 for k, v in state.items()}, str(weights))  # distinguishable weights
+    loaded, _ = build_captioner(dtype=torch.float32, weights=weights)
+    for name, tensor in trained_state(loaded).items():
+        assert torch.equal(tensor, state[name] + 1), name
+
+
+def test_training_batch_labels_only_answers(captioner):
+    model, processor = captioner
+    image = Image.new("RGB", (128, 128), "blue")
+    batch = build_batch(processor, [(image, "What color is it?", "Blue."), (image, "Describe the image.", "A plain blue square image.")])
+    for row, answer in zip(batch["labels"], ["Blue.<|im_end|>", "A plain blue square image.<|im_end|>"]):
+        assert processor.tokenizer.decode(row[row != IGNORE]) == answer
+    loss = answer_loss(model, batch)
+    assert torch.isfinite(loss) and loss.item() > 0
