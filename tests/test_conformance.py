@@ -88,3 +88,18 @@ def test_seeded_sampling_is_deterministic(case):
     c = mmspec.generate(case.model, seed=12, **kwargs)
     assert torch.equal(a.sequences, b.sequences)
     assert not torch.equal(a.sequences, c.sequences)
+
+
+def test_pixels_encoded_once(case):
+    """The image goes through the vision encoder in the prefill only, never again while decoding."""
+    if not case.is_vlm:
+        pytest.skip("text-only family")
+    inner = case.model.model
+    vision = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model")
+    calls = []
+    handle = vision.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        out = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **case.inputs)
+    finally:
+        handle.remove()
+    assert out.stats.target_forwards > 2 and len(calls) == 1
