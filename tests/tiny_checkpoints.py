@@ -261,3 +261,27 @@ def save_tiny_checkpoint(family: str, directory: str | Path, seed: int = 0) -> P
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
+
+
+def save_tiny_draft(directory: str | Path, vocab_size: int, seed: int = 1) -> Path:
+    """Write a tiny random text-only ``LlamaForCausalLM`` (a draft for the SPD setting: it shares
+    the checkpoints' tokenizer, so pass ``len(tokenizer)`` as ``vocab_size``)."""
+    from transformers import LlamaForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(text_config(vocab_size=vocab_size, num_hidden_layers=1)).eval()
+    model.save_pretrained(directory)
+    return Path(directory)
+
+
+_SESSION_CACHE: dict[tuple[str, int], Path] = {}
+
+
+def cached_tiny_checkpoint(family: str, tmp_path_factory, seed: int = 0) -> Path:
+    """``save_tiny_checkpoint`` once per test session (``tmp_path_factory`` is pytest's fixture).
+    Treat the directory as read-only: copy it before adding files."""
+    key = (family, seed)
+    if key not in _SESSION_CACHE:
+        _SESSION_CACHE[key] = save_tiny_checkpoint(family, tmp_path_factory.mktemp(f"tiny-{family}"), seed=seed)
+    return _SESSION_CACHE[key]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from typing import Any
 
 from .captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
@@ -73,7 +74,8 @@ class Progress:
 
 def format_result(path: str, result: CaptionOutput) -> str:
     """Human-readable lines: the path, the caption, the speed (and the baseline when compared)."""
-    lines = [f"{path}:", f"  {result.text}", f"  {result.stats.summary()}"]
+    lines = [f"{path}:", textwrap.indent(result.text or "(empty caption)", "  ", lambda line: True),
+             f"  {result.stats.summary()}"]
     if result.baseline_stats is not None:
         same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
         lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")

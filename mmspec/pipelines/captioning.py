@@ -34,7 +34,7 @@ from torch import nn
 from ..adapters.hf import VLM_FAMILIES, TransformersTarget
 from ..api import generate
 from ..core.stats import DictAccess, SpecStats
-from ..drafters import NO_DRAFTER, Drafter, resolve_drafter
+from ..drafters import DRAFTERS, NO_DRAFTER, Drafter, resolve_drafter
 from ..hub import resolve_dtype
 from ..textgen import generate_with_baseline, resolve_device
 from .images import ImageInput, load_image
@@ -160,13 +160,24 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
     return best, f"auto: highest measured speedup ({best['speedup']:.2f}x) in {DRAFTERS_FILE}"
 
 
+def spec_drafter_names() -> list[str]:
+    """Drafters that can be named by a spec string ("prompt-lookup", "layer-skip", ...)."""
+    return [name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec")]
+
+
+def is_drafter_spec(drafter: str | os.PathLike) -> bool:
+    """Whether ``drafter`` is a spec string such as "prompt-lookup:10" (else it may be a path)."""
+    return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
+
+
 class ImageCaptioningPipeline:
     """Caption images (or answer a question about them) with speculative decoding.
 
     Args:
         model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
             of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3); or a
-            loaded transformers VLM (then pass ``processor`` too).
+            loaded transformers VLM (then pass ``processor`` too; it is used as it is, on its own
+            device and in its own dtype).
         drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
             the path of a draft model directory, a loaded draft model, or a
             :class:`~mmspec.drafters.Drafter`.
@@ -213,7 +224,8 @@ class ImageCaptioningPipeline:
         if getattr(self.processor, "image_processor", None) is None:
             raise ValueError(f"the processor {type(self.processor).__name__} cannot process images")
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        self.eos_token_ids = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
+        eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
+        self.eos_token_ids = [t for t in eos if t is not None]
         self.drafter, self.chosen_drafter, self.drafter_reason = self._resolve_drafter(drafter, num_draft_tokens)
         self._warmed_up = False
 
@@ -249,9 +261,17 @@ class ImageCaptioningPipeline:
         name = drafter.name if isinstance(drafter, Drafter) else str(drafter)
         if drafter in NO_DRAFTER:
             name = "ar"
-        elif isinstance(drafter, (str, os.PathLike)) and Path(drafter).expanduser().is_dir():
+        elif isinstance(drafter, (str, os.PathLike)) and not is_drafter_spec(drafter):
+            path = Path(drafter).expanduser()
+            if not path.is_dir():
+                if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
+                    raise ValueError(
+                        f"unknown drafter {drafter!r}; use 'auto', one of {sorted(spec_drafter_names())} "
+                        "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
+                    )
+                raise FileNotFoundError(f"draft model directory not found: {drafter}")
             name = f"draft model {drafter}"
-            drafter = load_draft_model(Path(drafter).expanduser(), self.device, self.model.dtype)
+            drafter = load_draft_model(path, self.model.device, self.model.dtype)
         elif isinstance(drafter, nn.Module):
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
         return resolve_drafter(drafter, self.target, num_draft_tokens), name, reason

@@ -187,4 +187,5 @@ def _save(out: Path, checkpoint_path: Path, model, master, optimizer, step, log,
     torch.save({"master": {n: p.detach() for n, p in master.items()}, "optimizer": optimizer.state_dict(),
                 "step": step, "log": log, "elapsed": elapsed}, tmp)
     tmp.replace(checkpoint_path)
-    (out / "training.json").write_text(json.dumps({"args": vars(args), "step": step, "minutes": round(elapsed / 60, 1), "log": log}, indent=1))
+    settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(elapsed / 60, 1), "log": log}, indent=1))

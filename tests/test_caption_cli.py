@@ -1,0 +1,99 @@
+"""``mmspec caption``: JSON shape, human output, per-file errors, exit codes, no tracebacks."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_checkpoints import cached_tiny_checkpoint
+
+from mmspec.cli import build_parser, main
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(cached_tiny_checkpoint("llava", tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """Two image files (PNG, JPEG) of different content."""
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    paths = []
+    for name, shape in (("a.png", (20, 30, 3)), ("b.jpg", (32, 24, 3))):
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(folder / name)
+        paths.append(str(folder / name))
+    return paths
+
+
+def run(capsys, *argv):
+    code = main(["caption", *argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def test_listed_in_help():
+    assert "caption" in build_parser().format_help()
+
+
+def test_json_shape_with_baseline(capsys, checkpoint, images):
+    code, out, err = run(capsys, *images, "--model", checkpoint, "--dtype", "fp32", "--max-new-tokens", "6",
+                         "--compare-baseline", "--json")
+    assert code == 0
+    results = json.loads(out)
+    assert [r["path"] for r in results] == images
+    for r in results:
+        assert {"path", "text", "prompt", "stats", "baseline_text", "baseline_stats", "identical_to_baseline"} <= set(r)
+        assert r["identical_to_baseline"] is True and r["text"] == r["baseline_text"]
+        assert r["stats"]["speedup"] > 0 and r["stats"]["config"]["drafter"] == "prompt-lookup"
+        assert r["stats"]["new_tokens"] == 6 and r["prompt"] == "Describe the image."
+
+
+def test_human_output(capsys, checkpoint, images):
+    code, out, _ = run(capsys, images[0], "--model", checkpoint, "--dtype", "fp32", "--max-new-tokens", "4",
+                       "--drafter", "layer-skip:1", "--prompt", "What is it?", "--compare-baseline")
+    assert code == 0
+    assert out.startswith("drafter: layer-skip:1 (given); float32 on cpu")
+    assert f"{images[0]}:" in out and "tok/s" in out and "[baseline, same run]" in out
+    assert "identical to plain decoding; speedup" in out
+
+
+def test_bad_files_are_reported_and_the_others_captioned(capsys, checkpoint, images, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("not an image")
+    missing = tmp_path / "missing.jpg"
+    code, out, err = run(capsys, str(missing), images[0], str(fake), "--model", checkpoint, "--dtype", "fp32",
+                         "--max-new-tokens", "3", "--json")
+    assert code == 2
+    assert f"image file not found: {missing}" in err and f"{fake} is not an image file" in err
+    results = json.loads(out)  # the progress bar went to stderr: stdout is one JSON document
+    assert [r["path"] for r in results] == [str(missing), images[0], str(fake)]
+    assert "error" in results[0] and "error" in results[2]
+    assert "text" in results[1] and "error" not in results[1]
+
+
+def test_only_bad_files_fail_before_loading_the_model(capsys, tmp_path):
+    code, _, err = run(capsys, str(tmp_path / "gone.png"), "--model", str(tmp_path / "no-model"))
+    assert code == 2 and "image file not found" in err and "model directory not found" not in err
+
+
+def test_empty_prompt_exits_before_loading(capsys, images, tmp_path):
+    code, _, err = run(capsys, images[0], "--prompt", "  ", "--model", str(tmp_path / "no-model"))
+    assert code == 2 and "prompt is empty" in err and "model directory" not in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "/nonexistent/model"], "model directory not found: /nonexistent/model"),
+        (["--drafter", "medusa-9"], "unknown drafter"),
+        (["--dtype", "fp8"], "unknown dtype"),
+    ],
+)
+def test_user_errors_exit_2(capsys, checkpoint, images, extra, message):
+    argv = [images[0], "--model", checkpoint, "--dtype", "fp32", *extra]
+    code, _, err = run(capsys, *argv)
+    errors = [line for line in err.splitlines() if line.startswith("mmspec: error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0]

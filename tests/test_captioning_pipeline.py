@@ -1,0 +1,317 @@
+"""The image-captioning pipeline on tiny saved checkpoints of every VLM family, and image inputs."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_checkpoints import CHECKPOINT_FAMILIES, cached_tiny_checkpoint, save_tiny_draft
+
+import mmspec
+from mmspec.pipelines import CaptionOutput, ImageCaptioningPipeline
+from mmspec.pipelines.captioning import DRAFTERS_FILE
+from mmspec.pipelines.images import MAX_SIDE, load_image
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def photo():
+    """A 40x60 (HxW) random RGB image: not square, so resizing and aspect ratio are exercised."""
+    rng = np.random.default_rng(0)
+    return Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def smolvlm_dir(tmp_path_factory):
+    return cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def smolvlm(smolvlm_dir):
+    return mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32")
+
+
+def reference_caption(captioner: ImageCaptioningPipeline, image, prompt: str = "Describe the image.") -> str:
+    """transformers' own greedy generate() on the pipeline's inputs."""
+    inputs = captioner.preprocess(image, prompt)
+    out = captioner.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return captioner.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+# -- every family ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", CHECKPOINT_FAMILIES)
+def test_family_checkpoint_greedy_equals_baseline_and_transformers(family, tmp_path_factory, photo):
+    captioner = mmspec.pipeline("image-captioning", model=cached_tiny_checkpoint(family, tmp_path_factory), dtype="fp32")
+    assert captioner.model.dtype == torch.float32 and captioner.chosen_drafter == "prompt-lookup"
+    r = captioner(photo, max_new_tokens=NEW_TOKENS, compare_baseline=True)
+    assert isinstance(r, CaptionOutput)
+    assert r.identical_to_baseline is True and r.text == r.baseline_text
+    assert r.stats.speedup > 0 and r.stats.new_tokens == NEW_TOKENS
+    assert r.stats.config["drafter"] == "prompt-lookup" and r.baseline_stats.method == "ar"
+    assert r.text == reference_caption(captioner, photo)
+    assert r["text"] == r.text and r["stats"] is r.stats
+    encoded = json.loads(json.dumps(r.to_dict()))
+    assert encoded["stats"]["speedup"] == r.stats.speedup and "mean_accepted_length" in encoded["stats"]
+
+
+def test_without_baseline_fields_are_none(smolvlm, photo):
+    r = smolvlm(photo, max_new_tokens=4)
+    assert r.baseline_text is None and r.baseline_stats is None and r.identical_to_baseline is None
+    assert r.stats.speedup is None and r.prompt == "Describe the image."
+    assert json.loads(json.dumps(r.to_dict()))["baseline_stats"] is None
+
+
+def test_list_in_list_out_in_order(smolvlm, photo, tmp_path):
+    path = tmp_path / "photo.png"
+    photo.save(path)
+    gray = np.asarray(photo.convert("L"))
+    results = smolvlm([photo, path, gray], max_new_tokens=4)
+    assert isinstance(results, list) and len(results) == 3
+    assert results[0].text == results[1].text  # the PNG holds the same pixels
+    assert results[2].text == smolvlm(gray, max_new_tokens=4).text
+
+
+def test_prompt_default_and_override(smolvlm_dir, photo):
+    captioner = mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", prompt="What is this?")
+    assert captioner(photo, max_new_tokens=2).prompt == "What is this?"
+    assert captioner(photo, prompt="Count the dots.", max_new_tokens=2).prompt == "Count the dots."
+
+
+def test_seeded_sampling_is_reproducible(smolvlm, photo):
+    kwargs = dict(max_new_tokens=6, do_sample=True, temperature=1.5, seed=3)
+    assert smolvlm(photo, **kwargs).text == smolvlm(photo, **kwargs).text
+
+
+@pytest.mark.parametrize("drafter", ["ar", "layer-skip:1", "prompt-lookup:3"])
+def test_explicit_drafters_are_lossless(smolvlm_dir, photo, drafter):
+    captioner = mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=drafter)
+    r = captioner(photo, max_new_tokens=NEW_TOKENS, compare_baseline=True)
+    assert r.identical_to_baseline and r.stats.config["drafter"] == drafter and r.stats.config["drafter_choice"] == "given"
+
+
+def test_loaded_model_and_text_only_draft_model(smolvlm, smolvlm_dir, tmp_path, photo):
+    draft_dir = save_tiny_draft(tmp_path / "draft", vocab_size=len(smolvlm.tokenizer))
+    captioner = ImageCaptioningPipeline(smolvlm.model, processor=smolvlm.processor, drafter=str(draft_dir))
+    assert captioner.chosen_drafter.startswith("draft model") and captioner.model_dir == smolvlm_dir
+    r = captioner(photo, max_new_tokens=NEW_TOKENS, compare_baseline=True)
+    assert r.identical_to_baseline and r.stats.draft_forwards > 0
+
+
+# -- drafter="auto" ----------------------------------------------------------------------------------
+def checkpoint_with_drafters(source, tmp_path, entries):
+    target = tmp_path / "checkpoint"
+    shutil.copytree(source, target)
+    (target / DRAFTERS_FILE).write_text(json.dumps(entries))
+    return target
+
+
+@pytest.mark.parametrize("speedups, expected", [((1.4, 1.1), "layer-skip:1"), ((0.9, 1.1), "prompt-lookup")])
+def test_auto_picks_the_fastest_entry(smolvlm_dir, tmp_path, photo, speedups, expected):
+    entries = [{"drafter": "layer-skip:1", "speedup": speedups[0]}, {"drafter": "prompt-lookup", "speedup": speedups[1]}]
+    captioner = mmspec.pipeline("image-captioning", model=checkpoint_with_drafters(smolvlm_dir, tmp_path, entries), dtype="fp32")
+    assert captioner.chosen_drafter == expected and DRAFTERS_FILE in captioner.drafter_reason
+    r = captioner(photo, max_new_tokens=4)
+    assert r.stats.config["drafter"] == expected and f"{max(speedups):.2f}x" in r.stats.config["drafter_choice"]
+
+
+def test_auto_loads_a_draft_model_relative_to_the_checkpoint(smolvlm, smolvlm_dir, tmp_path, photo):
+    entries = [{"drafter": "prompt-lookup", "speedup": 1.1}, {"drafter": "spd-draft", "speedup": 1.8, "num_draft_tokens": 3}]
+    checkpoint = checkpoint_with_drafters(smolvlm_dir, tmp_path, entries)
+    save_tiny_draft(checkpoint / "spd-draft", vocab_size=len(smolvlm.tokenizer))
+    captioner = mmspec.pipeline("image-captioning", model=checkpoint, dtype="fp32")
+    assert captioner.chosen_drafter == f"draft model {checkpoint / 'spd-draft'}"
+    r = captioner(photo, max_new_tokens=NEW_TOKENS, compare_baseline=True)
+    assert r.identical_to_baseline and r.stats.config["num_draft_tokens"] == 3
+
+
+def test_auto_without_file_is_prompt_lookup(smolvlm):
+    assert smolvlm.chosen_drafter == "prompt-lookup" and "no mmspec_drafters.json" in smolvlm.drafter_reason
+
+
+@pytest.mark.parametrize("content", ["not json", "[]", '[{"drafter": "prompt-lookup"}]', '{"drafter": "ar"}'])
+def test_invalid_drafters_file_is_a_clear_error(smolvlm_dir, tmp_path, content):
+    checkpoint = checkpoint_with_drafters(smolvlm_dir, tmp_path, [])
+    (checkpoint / DRAFTERS_FILE).write_text(content)
+    with pytest.raises(ValueError, match=DRAFTERS_FILE):
+        mmspec.pipeline("image-captioning", model=checkpoint, dtype="fp32")
+
+
+# -- errors --------------------------------------------------------------------------------------------
+def test_unknown_task_lists_the_known_ones():
+    with pytest.raises(ValueError, match="known tasks: image-captioning"):
+        mmspec.pipeline("image-segmentation")
+    with pytest.raises(ValueError, match="planned"):
+        mmspec.pipeline("text-to-speech")
+
+
+def test_unknown_drafter(smolvlm_dir, tmp_path):
+    with pytest.raises(ValueError, match="unknown drafter 'medusa-9'.*'layer-skip'"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter="medusa-9")
+    with pytest.raises(FileNotFoundError, match="draft model directory not found"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=str(tmp_path / "draft"))
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_empty_prompt(smolvlm, smolvlm_dir, photo, prompt):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        smolvlm(photo, prompt=prompt)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, prompt=prompt)
+
+
+def test_missing_model_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        mmspec.pipeline("image-captioning", model=tmp_path / "nope")
+
+
+def test_text_only_model_is_refused(tmp_path, smolvlm):
+    from transformers import AutoModelForCausalLM
+
+    language_model = AutoModelForCausalLM.from_pretrained(save_tiny_draft(tmp_path / "lm", len(smolvlm.tokenizer)))
+    with pytest.raises(ValueError, match="text-only model"):
+        ImageCaptioningPipeline(language_model, processor=smolvlm.processor)
+
+
+def test_image_errors_reach_the_caller(smolvlm, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        smolvlm(tmp_path / "missing.png")
+    fake = tmp_path / "notes.png"
+    fake.write_text("this is text, not pixels")
+    with pytest.raises(ValueError, match="notes.png is not an image file"):
+        smolvlm(fake)
+
+
+# -- image inputs ------------------------------------------------------------------------------------
+def rgb(image):
+    out = load_image(image)
+    assert out.mode == "RGB"
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize(
+    "image, expected",
+    [
+        (Image.new("RGB", (3, 2), (10, 20, 30)), (10, 20, 30)),
+        (Image.new("RGBA", (3, 2), (255, 0, 0, 0)), (255, 255, 255)),  # transparent -> white
+        (Image.new("RGBA", (3, 2), (0, 0, 0, 255)), (0, 0, 0)),
+        (Image.new("LA", (3, 2), (0, 0)), (255, 255, 255)),
+        (Image.new("CMYK", (3, 2), (0, 255, 255, 0)), (255, 0, 0)),
+        (Image.new("L", (3, 2), 77), (77, 77, 77)),
+        (Image.new("1", (3, 2), 1), (255, 255, 255)),
+        (Image.new("I;16", (3, 2), 65535), (255, 255, 255)),
+        (Image.new("I;16", (3, 2), 32896), (128, 128, 128)),  # scaled, not clipped to 255
+        (Image.new("I", (3, 2), 40000), (156, 156, 156)),
+        (Image.new("F", (3, 2), 0.5), (128, 128, 128)),
+        (np.full((2, 3, 3), 200, np.uint8), (200, 200, 200)),
+        (np.full((2, 3, 3), 65535, np.uint16), (255, 255, 255)),
+        (np.full((2, 3), 1000, np.uint16), (4, 4, 4)),
+        (np.full((2, 3, 3), 0.5, np.float32), (128, 128, 128)),
+        (np.full((2, 3), 0.25, np.float64), (64, 64, 64)),
+        (np.full((2, 3, 1), 9, np.uint8), (9, 9, 9)),
+        (np.full((2, 3), True), (255, 255, 255)),
+    ],
+    ids=lambda v: getattr(v, "mode", None) or (f"{v.dtype}{list(v.shape)}" if isinstance(v, np.ndarray) else None),
+)
+def test_image_kinds_become_rgb(image, expected):
+    pixels = rgb(image)
+    assert pixels.shape == (2, 3, 3)
+    assert (pixels == np.array(expected, np.uint8)).all(), pixels[0, 0]
+
+
+def test_numpy_rgba_is_composited_on_white():
+    pixels = np.zeros((2, 3, 4), np.uint8)
+    pixels[..., 0] = 255
+    pixels[0, :, 3] = 255  # top row opaque red, bottom row transparent
+    out = rgb(pixels)
+    assert (out[0] == (255, 0, 0)).all() and (out[1] == (255, 255, 255)).all()
+
+
+def test_palette_with_transparency():
+    image = Image.new("P", (3, 2), 0)
+    image.putpalette([0, 0, 255, 0, 255, 0] + [0] * 762)
+    image.putpixel((0, 0), 1)
+    image.info["transparency"] = 0
+    out = rgb(image)
+    assert tuple(out[0, 0]) == (0, 255, 0) and tuple(out[1, 1]) == (255, 255, 255)
+
+
+def test_sixteen_bit_png_keeps_its_tones(tmp_path):
+    ramp = (np.arange(12, dtype=np.uint16).reshape(3, 4) * 5000)
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    assert Image.open(tmp_path / "ramp.png").mode == "I;16"
+    out = rgb(tmp_path / "ramp.png")[..., 0]
+    assert (out == np.rint(ramp / 257)).all() and len(np.unique(out)) == 12
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpg"])
+def test_paths_str_and_pathlike(tmp_path, suffix):
+    image = Image.new("RGB", (8, 6), (200, 100, 50))
+    path = tmp_path / f"x.{suffix}"
+    image.save(path)
+    for given in (path, str(path)):
+        out = rgb(given)
+        assert out.shape == (6, 8, 3) and np.abs(out.astype(int) - (200, 100, 50)).max() <= 3
+
+
+def test_exif_rotated_jpeg_equals_manual_rotation(tmp_path):
+    rng = np.random.default_rng(1)
+    stored = Image.fromarray(rng.integers(0, 256, (16, 32, 3), dtype=np.uint8))  # 32 wide, 16 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    path = tmp_path / "phone.jpg"
+    stored.save(path, exif=exif, quality=95)
+    decoded = Image.open(path)
+    manual = np.asarray(decoded.convert("RGB").transpose(Image.Transpose.ROTATE_270))
+    out = rgb(path)
+    assert out.shape == (32, 16, 3) and (out == manual).all()
+    assert (rgb(Image.open(path)) == manual).all()  # a PIL image is turned upright too
+
+
+@pytest.mark.parametrize(
+    "array, message",
+    [
+        (np.zeros((3, 8, 8), np.uint8), "channels first"),
+        (np.zeros((8, 8, 2), np.uint8), "must be"),
+        (np.zeros((2, 2, 2, 3), np.uint8), "must be"),
+        (np.full((4, 4), 1.5, np.float32), r"values in \[0, 1\]"),
+        (np.full((4, 4), np.nan, np.float32), "NaN"),
+        (np.zeros((4, 4), np.int64), "unsupported dtype int64"),
+        (np.zeros((0, 4), np.uint8), "empty"),
+    ],
+)
+def test_bad_arrays(array, message):
+    with pytest.raises(ValueError, match=message):
+        load_image(array)
+
+
+def test_missing_and_non_image_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="image file not found: .*absent.jpg"):
+        load_image(tmp_path / "absent.jpg")
+    fake = tmp_path / "fake.png"
+    fake.write_text("hello")
+    with pytest.raises(ValueError, match=r"fake.png is not an image file \("):
+        load_image(fake)
+    with pytest.raises(ValueError, match="is a directory"):
+        load_image(tmp_path)
+    with pytest.raises(TypeError, match="PIL.Image, a path or a numpy array"):
+        load_image(42)
+
+
+def test_truncated_file(tmp_path):
+    path = tmp_path / "cut.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(ValueError, match="cut.png is not an image file"):
+        load_image(path)
+
+
+def test_too_large_images(tmp_path):
+    wide = tmp_path / "wide.png"
+    Image.new("1", (MAX_SIDE + 1, 1)).save(wide)
+    with pytest.raises(ValueError, match=r"wide.png is too large: 16385x1 pixels"):
+        load_image(wide)
+    with pytest.raises(ValueError, match="too large.*megapixels"):
+        load_image(Image.new("1", (8200, 8200)))  # 67 megapixels, 8 MB in mode "1"
