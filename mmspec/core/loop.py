@@ -103,7 +103,7 @@ def speculative_decode(
         stats.target_forwards = 1
         empty_draft = Draft(tokens=state.tokens.new_empty((1, 0)))
         first = _verify(acceptance, empty_draft, prefill_out.logits, sampling, generator, rule_kwargs or {})
-        committed, done = _truncate_at_stop(first.tokens[0, :1].tolist(), eos, max_new_tokens)
+        _, done = _truncate_at_stop(first.tokens[0, :1].tolist(), eos, max_new_tokens)
         state.tokens = torch.cat([state.tokens, first.tokens[:, :1]], dim=1)
         generated = 1
         if drafter is not None:
