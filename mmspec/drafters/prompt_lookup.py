@@ -8,8 +8,11 @@ from ..core.cache import SequenceState
 from ..core.drafter import Draft, Drafter, register_drafter
 
 
-def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int) -> torch.Tensor:
-    """Continuation of the most recent earlier occurrence of the longest matching suffix n-gram.
+def find_continuation(
+    tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int, prefer: str = "recent"
+) -> torch.Tensor:
+    """Continuation of an earlier occurrence of the longest matching suffix n-gram: the most
+    recent one (``prefer="recent"``) or the first one (``"earliest"``, transformers' choice).
 
     Args:
         tokens: LongTensor [L] (prompt + generated so far).
@@ -24,7 +27,7 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_
         windows = tokens[: length - 1].unfold(0, n, 1)  # every n-gram that ends before the suffix does
         starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
         if starts.numel():
-            begin = int(starts[-1]) + n  # the most recent occurrence copies the freshest context
+            begin = int(starts[-1] if prefer == "recent" else starts[0]) + n
             return tokens[begin : begin + num_tokens]
     return tokens[:0]
 
@@ -38,8 +41,11 @@ class PromptLookupDrafter(Drafter):
         max_ngram / min_ngram: suffix n-gram sizes searched, longest first.
     """
 
-    def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "recent") -> None:
         super().__init__(num_draft_tokens)
+        if prefer not in ("recent", "earliest"):
+            raise ValueError(f"prefer must be 'recent' or 'earliest', got {prefer!r}")
+        self.prefer = prefer
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -51,8 +57,8 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         tokens = state.tokens[0].cpu()
-        found = find_continuation(tokens, self.max_ngram, self.min_ngram, min(self.num_draft_tokens, max_tokens))
+        found = find_continuation(tokens, self.max_ngram, self.min_ngram, min(self.num_draft_tokens, max_tokens), self.prefer)
         return Draft(tokens=found.unsqueeze(0).to(state.tokens.device))
 
     def describe(self) -> dict:
-        return {**super().describe(), "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return {**super().describe(), "max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "prefer": self.prefer}
