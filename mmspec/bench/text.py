@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
+from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..textgen import chat_inputs
 
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help="comma list: ar, prompt-lookup[:K], layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")
+                        help="comma list: ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")
     parser.add_argument("--prompt-types", default=",".join(PROMPTS))
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -95,11 +96,20 @@ def _hf_generate(model, inputs: dict, method: str, max_new_tokens: int):
     return sequences, time.perf_counter() - started
 
 
+#: our prompt lookup with transformers' policy (K = 10, 2/1-grams, earliest occurrence): the same drafter
+SAME_AS_HF = "prompt-lookup-as-hf"
+
+
 def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_tokens: int | None) -> dict:
     if method.startswith("hf-"):
         sequences, seconds = _hf_generate(model, inputs, method, max_new_tokens)
         return {"seconds": seconds, "sequence": sequences[0].tolist(), "tau": None, "acceptance": None}
-    out = generate(model, drafter=None if method == "ar" else method, max_new_tokens=max_new_tokens,
+    drafter = method
+    if method == "ar":
+        drafter = None
+    elif method == SAME_AS_HF:
+        drafter = PromptLookupDrafter(10, max_ngram=2, prefer="earliest")
+    out = generate(model, drafter=drafter, max_new_tokens=max_new_tokens,
                    num_draft_tokens=num_draft_tokens, **inputs)
     return {
         "seconds": out.stats.wall_time_s,
