@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,8 @@ from mmspec.cli import main
 
 
 def test_help_as_module_and_console_script():
-    for command in ([sys.executable, "-m", "mmspec", "--help"], ["mmspec", "--help"]):
+    console_script = str(Path(sys.executable).parent / "mmspec")  # installed beside this interpreter
+    for command in ([sys.executable, "-m", "mmspec", "--help"], [console_script, "--help"]):
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         assert "generate" in done.stdout and "bench" in done.stdout
 
