@@ -51,3 +51,9 @@ def test_training_batch_labels_only_answers(captioner):
         assert processor.tokenizer.decode(row[row != IGNORE]) == answer
     loss = answer_loss(model, batch)
     assert torch.isfinite(loss) and loss.item() > 0
+
+
+def test_default_captioner_missing_weights_says_how_to_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_MODELS_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="mmspec train captioner"):
+        mmspec.pipeline("image-captioning", model=None, device="cpu")
