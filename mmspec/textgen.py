@@ -7,6 +7,7 @@ import json
 import torch
 
 from .api import GenerateOutput, generate
+from .drafters import NO_DRAFTER, is_drafter_spec
 from .hub import load_causal_lm
 
 
@@ -57,7 +58,7 @@ def run_generate_command(args) -> int:
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     drafter = args.drafter
-    if drafter not in ("ar", "prompt-lookup") and not drafter.startswith(("prompt-lookup:", "layer-skip:")):
+    if drafter not in NO_DRAFTER and not is_drafter_spec(drafter):
         drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)  # a draft model path / id
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,

@@ -120,9 +120,10 @@ def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_to
     }
 
 
-def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats: int = 7) -> dict[int, float]:
+def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats: int = 7) -> dict[str, float]:
     """Median time of one target forward over n new tokens after ``context`` cached tokens, in ms."""
     from ..adapters.hf import TransformersTarget
+    from ..core.cache import crop_cache
 
     target = TransformersTarget(model)
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
@@ -136,16 +137,9 @@ def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats
                 started = time.perf_counter()
                 target.forward(state, tokens)
                 times.append(time.perf_counter() - started)
-                state.rollback(state.length)  # drop the n appended entries (tokens are unchanged)
+                crop_cache(state.cache, context)  # drop the n appended entries
             curve[str(n)] = statistics.median(times[1:]) * 1000  # str keys: the same after a JSON round trip
     return curve
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def run(args) -> int:

@@ -13,10 +13,21 @@ from .prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "LayerSkipDrafter", "ModelDrafter", "PromptLookupDrafter", "resolve_drafter",
+    "LayerSkipDrafter", "ModelDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
+    "spec_drafter_names",
 ]
 
 NO_DRAFTER = (None, "ar", "none")
+
+
+def spec_drafter_names() -> list[str]:
+    """Drafters that can be named by a spec string ("prompt-lookup", "layer-skip", ...)."""
+    return sorted(name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec"))
+
+
+def is_drafter_spec(drafter: Any) -> bool:
+    """Whether ``drafter`` is a spec string such as "prompt-lookup:10" (else it may be a path)."""
+    return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
 
 
 def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> Drafter | None:
@@ -38,12 +49,11 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
     if isinstance(spec, nn.Module):
         return ModelDrafter(spec, num_draft_tokens or 4)
     if isinstance(spec, str):
-        name, _, arg = spec.partition(":")
-        if name not in DRAFTERS or not hasattr(DRAFTERS[name], "from_spec"):
-            usable = sorted(n for n, cls in DRAFTERS.items() if hasattr(cls, "from_spec"))
+        if not is_drafter_spec(spec):
             raise ValueError(
-                f"unknown drafter {spec!r}; use one of {usable} (e.g. 'layer-skip:8'), "
+                f"unknown drafter {spec!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
                 "a transformers draft model, a Drafter object, or None for plain decoding"
             )
+        name, _, arg = spec.partition(":")
         return DRAFTERS[name].from_spec(target, arg or None, num_draft_tokens=num_draft_tokens)
     raise TypeError(f"drafter must be a name, a transformers model or a Drafter, got {type(spec).__name__}")

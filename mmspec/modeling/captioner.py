@@ -11,7 +11,6 @@ is assembled at load time from them and the installed SmolLM2 weights. The proce
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def build_captioner(dtype: torch.dtype = torch.bfloat16, device: str | torch.dev
     extra = embed.mean(0, keepdim=True).expand(len(tokenizer) - embed.shape[0], -1)
     text_state = {k.removeprefix("model."): v for k, v in text_state.items()}
     text_state["embed_tokens.weight"] = torch.cat([embed, extra])
-    model.model.text_model.load_state_dict(text_state, strict=True)
+    text_model.load_state_dict(text_state, strict=True)
     model.tie_weights()
     if weights is not None:
         trained = load_file(str(weights))
@@ -141,8 +140,3 @@ def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtyp
             "`mmspec train captioner` or pass model=<a SmolVLM/LLaVA checkpoint path>"
         )
     return build_captioner(dtype=dtype, device=device, weights=weights)
-
-
-def captioner_card() -> dict:
-    path = default_captioner_dir() / "captioner.json"
-    return json.loads(path.read_text()) if path.exists() else {}

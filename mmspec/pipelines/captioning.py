@@ -34,7 +34,7 @@ from torch import nn
 from ..adapters.hf import VLM_FAMILIES, TransformersTarget
 from ..api import generate
 from ..core.stats import DictAccess, SpecStats
-from ..drafters import DRAFTERS, NO_DRAFTER, Drafter, resolve_drafter
+from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
 from ..hub import resolve_dtype
 from ..textgen import generate_with_baseline, resolve_device
 from .images import ImageInput, load_image
@@ -160,16 +160,6 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
     return best, f"auto: highest measured speedup ({best['speedup']:.2f}x) in {DRAFTERS_FILE}"
 
 
-def spec_drafter_names() -> list[str]:
-    """Drafters that can be named by a spec string ("prompt-lookup", "layer-skip", ...)."""
-    return [name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec")]
-
-
-def is_drafter_spec(drafter: str | os.PathLike) -> bool:
-    """Whether ``drafter`` is a spec string such as "prompt-lookup:10" (else it may be a path)."""
-    return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
-
-
 class ImageCaptioningPipeline:
     """Caption images (or answer a question about them) with speculative decoding.
 
@@ -266,7 +256,7 @@ class ImageCaptioningPipeline:
             if not path.is_dir():
                 if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
                     raise ValueError(
-                        f"unknown drafter {drafter!r}; use 'auto', one of {sorted(spec_drafter_names())} "
+                        f"unknown drafter {drafter!r}; use 'auto', one of {spec_drafter_names()} "
                         "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
                     )
                 raise FileNotFoundError(f"draft model directory not found: {drafter}")
