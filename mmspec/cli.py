@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return handler(args)
-    except (ValueError, FileNotFoundError, MissingDependencyError) as error:
-        # user errors: one clear line, no traceback
+    except (ValueError, OSError, MissingDependencyError) as error:
+        # user errors (bad arguments, files or model ids that cannot be found): one line, no traceback
         print(f"mmspec: error: {error}", file=sys.stderr)
         return 2
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
 from .api import GenerateOutput, generate
-from .drafters import NO_DRAFTER, is_drafter_spec
+from .drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
 from .hub import load_causal_lm
 
 
@@ -59,7 +60,12 @@ def run_generate_command(args) -> int:
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     drafter = args.drafter
     if drafter not in NO_DRAFTER and not is_drafter_spec(drafter):
-        drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)  # a draft model path / id
+        if not Path(drafter).expanduser().is_dir():
+            raise ValueError(
+                f"unknown drafter {drafter!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
+                "'ar', or a draft model directory"
+            )
+        drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens,

@@ -37,3 +37,9 @@ def test_generate_json_with_baseline(capsys):
     assert result["identical_to_baseline"] is True
     assert result["stats"]["speedup"] > 0 and result["stats"]["method"] == "prompt-lookup"
     assert result["text"] == result["baseline_text"] and result["text"]
+
+
+def test_unknown_drafter_name_is_a_clear_error(capsys):
+    assert main(["generate", "hi", "--drafter", "nonsense", "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown drafter 'nonsense'" in err and "Traceback" not in err

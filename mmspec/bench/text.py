@@ -126,12 +126,13 @@ def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats
     from ..core.cache import crop_cache
 
     target = TransformersTarget(model)
-    ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
+    high = min(20000, target.vocab_size)  # ordinary tokens of any vocabulary
+    ids = torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
     curve = {}
     with torch.inference_mode():
         state, _ = target.prefill({"input_ids": ids})
         for n in sizes:
-            tokens = torch.randint(100, 20000, (1, n), generator=torch.Generator().manual_seed(n)).to(model.device)
+            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(model.device)
             times = []
             for _ in range(repeats + 1):
                 started = time.perf_counter()
