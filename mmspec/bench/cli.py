@@ -8,8 +8,11 @@ import argparse
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
-    from . import text
+    from . import caption, text
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
     text_parser.set_defaults(handler=text.run)
+    caption_parser = suites.add_parser("caption", help="a captioning VLM (default: the embedded captioner): AR vs drafters per task family")
+    caption.add_arguments(caption_parser)
+    caption_parser.set_defaults(handler=caption.run)

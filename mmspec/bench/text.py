@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
+from .results import save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..textgen import chat_inputs
@@ -162,7 +163,7 @@ def run(args) -> int:
             key = f"cost_curve/{dtype_name}"
             if key not in results:
                 results[key] = verification_cost_curve(model, [int(n) for n in args.cost_curve.split(",")])
-                _save(results_path, results)
+                save_results(results_path, results)
         for ptype, index, inputs in cases:
             warm = f"{dtype_name}/{ptype}/{index}"
             for round_index in range(args.repeats + 1):  # round 0 is the warm-up
@@ -173,7 +174,7 @@ def run(args) -> int:
                     record = run_once(model, inputs, method, args.max_new_tokens, args.num_draft_tokens)
                     record["prompt_length"] = inputs["input_ids"].shape[1]
                     results["runs"][key] = record
-                    _save(results_path, results)
+                    save_results(results_path, results)
                     print(f"{key}: {record['seconds']:.2f}s", flush=True)
         del model
     tables = render_tables(results, methods, prompt_types, args.dtypes.split(","), args.repeats)
@@ -189,12 +190,6 @@ def _argv_of(args) -> list[str]:
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out
 
-
-def _save(path: Path, results: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results))
-    tmp.replace(path)
 
 
 def render_tables(results: dict, methods: list[str], prompt_types: list[str], dtypes: list[str], repeats: int) -> str:

@@ -216,7 +216,7 @@ class ImageCaptioningPipeline:
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
         self.eos_token_ids = [t for t in eos if t is not None]
-        self.drafter, self.chosen_drafter, self.drafter_reason = self._resolve_drafter(drafter, num_draft_tokens)
+        self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
         self._warmed_up = False
 
     # -- construction ------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ class ImageCaptioningPipeline:
         local = Path(str(model)).expanduser()
         return loaded, processor, local if local.is_dir() else None
 
-    def _resolve_drafter(self, drafter: Any, num_draft_tokens: int | None) -> tuple[Drafter | None, str, str]:
+    def resolve_drafter(self, drafter: Any, num_draft_tokens: int | None = None) -> tuple[Drafter | None, str, str]:
         """-> (the Drafter passed to generate, or None for plain AR; its name; how it was chosen)."""
         reason = "given"
         if isinstance(drafter, str) and drafter == "auto":

@@ -6,6 +6,13 @@ connector train from scratch with AdamW on fp32 master weights (their bf16 copie
 on an endless stream of fresh samples of the six generated families (``mmspec.train.data``,
 split "train"), cross-entropy on the answer tokens only. Checkpoints (weights, optimizer, step)
 are written every ``--save-every`` steps; rerunning the same command resumes.
+
+Two stages (a from-scratch ViT learns to see far faster behind a small trainable reader than
+behind the frozen 30-layer decoder, whose backward costs most of a step):
+  1. ``--reader-layers 4 --out runs/smolcap-stage1``: the decoder is cut to its first 4 layers
+     (+ final norm and the frozen LM head) and those 4 layers train too (``--reader-lr``);
+  2. ``--init runs/smolcap-stage1/vision_connector.safetensors``: the full frozen decoder; the
+     vision encoder and connector start from stage 1.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=0, help="data-generation processes")
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
+    parser.add_argument("--reader-layers", type=int, default=0,
+                        help="stage 1: cut the decoder to its first N layers and train them too (0 = full frozen decoder)")
+    parser.add_argument("--reader-lr", type=float, default=1e-4, help="learning rate of the reader layers (stage 1)")
+    parser.add_argument("--init", default=None, help="start the vision encoder + connector from this safetensors file")
 
 
 class StreamDataset(torch.utils.data.IterableDataset):
@@ -85,8 +96,21 @@ def build_batch(processor, samples) -> dict[str, torch.Tensor]:
     }
 
 
-def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of the answer tokens; the LM head runs on those positions only."""
+def answer_vocabulary(processor, samples: int = 6000) -> torch.Tensor:
+    """Stage 1's output vocabulary: the token ids of the first ``samples`` training answers
+    (~1.3k ids cover ~98 % of validation answer tokens), sorted."""
+    ids = {processor.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    for index in range(samples):
+        answer = make_sample(FAMILIES[index % len(FAMILIES)], "train", index // len(FAMILIES)).answer
+        ids.update(processor.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    return torch.tensor(sorted(ids))
+
+
+def answer_loss(model, batch: dict[str, torch.Tensor], vocabulary: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy of the answer tokens; the LM head runs on those positions only.
+
+    With ``vocabulary`` (sorted ids), the head is restricted to those rows (stage 1: ~30x cheaper
+    than the 49k-row head) and answer tokens outside it are ignored."""
     labels = batch["labels"]
     hidden = model.model(
         input_ids=batch["input_ids"],
@@ -98,8 +122,13 @@ def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     # hidden at position t predicts token t + 1
     targets = labels[:, 1:]
     picked = targets != IGNORE
-    logits = model.lm_head(hidden[:, :-1][picked])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[picked])
+    hidden, targets = hidden[:, :-1][picked], targets[picked]
+    if vocabulary is None:
+        return torch.nn.functional.cross_entropy(model.lm_head(hidden).float(), targets)
+    logits = hidden @ model.lm_head.weight[vocabulary].T
+    position = torch.searchsorted(vocabulary, targets).clamp(max=len(vocabulary) - 1)
+    targets = torch.where(vocabulary[position] == targets, position, IGNORE)
+    return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE)
 
 
 def learning_rate(step: int, args) -> float:
@@ -114,21 +143,31 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = out / "train_state.pt"
-    model, processor = build_captioner(dtype=torch.bfloat16)
+    fresh = not checkpoint_path.exists()
+    model, processor = build_captioner(dtype=torch.bfloat16, weights=args.init if fresh else None)
+    trained_prefixes = ("model.vision_model.", "model.connector.")
+    if args.reader_layers:
+        text_model = model.model.text_model
+        text_model.layers = text_model.layers[: args.reader_layers]
+        text_model.config.num_hidden_layers = args.reader_layers
+        trained_prefixes += ("model.text_model.layers.", "model.text_model.norm.")
+    vocabulary = answer_vocabulary(processor) if args.reader_layers else None
     # Measured here (batch 32, ~70 tokens): eager attention's backward is ~30 % faster than SDPA's
     # CPU flash-attention backward at these short lengths.
     model.set_attn_implementation("eager")
     model.train()
-    trainable = {n: p for n, p in model.named_parameters() if n.startswith(("model.vision_model.", "model.connector."))}
+    trainable = {n: p for n, p in model.named_parameters() if n.startswith(trained_prefixes)}
     for name, param in model.named_parameters():
         param.requires_grad_(name in trainable)
     master = {n: p.detach().float().clone().requires_grad_(True) for n, p in trainable.items()}
-    decay = [p for n, p in master.items() if p.dim() >= 2]
-    no_decay = [p for n, p in master.items() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98),
-    )
+    groups = []
+    for is_reader, lr_scale in ((False, 1.0), (True, args.reader_lr / args.lr)):
+        for decays in (True, False):
+            params = [p for n, p in master.items()
+                      if n.startswith("model.text_model.") == is_reader and (p.dim() >= 2) == decays]
+            if params:
+                groups.append({"params": params, "weight_decay": args.weight_decay if decays else 0.0, "lr_scale": lr_scale})
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98))
     step, log, elapsed = 0, [], 0.0
     if checkpoint_path.exists():
         state = torch.load(checkpoint_path, weights_only=True)
@@ -152,8 +191,8 @@ def run(args) -> int:
             break
         batch = build_batch(processor, samples)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args)
-        loss = answer_loss(model, batch)
+            group["lr"] = learning_rate(step, args) * group["lr_scale"]
+        loss = answer_loss(model, batch, vocabulary)
         loss.backward()
         with torch.no_grad():
             for name, param in trainable.items():

@@ -1,0 +1,183 @@
+"""``mmspec bench caption``: drafters on a captioning VLM, per task family, temperature 0 and 1.
+
+Items: the first ``--per-family`` test-split samples of each of the six families of
+:mod:`mmspec.train.data` (scenes ~ MMT, counting ~ SEED, text ~ OCRBench, charts ~ ChartQA,
+math ~ MathVista, photos ~ ScienceQA-style captions), each with its own prompt (caption, short
+answer or detailed description). Protocol as ``mmspec bench text``
+(../shared/bench-protocol.md): one process, methods interleaved over ``--repeats`` rounds after a
+warm-up round, medians per item; a family's S is the sum of AR's median times over the sum of the
+method's; tau = tokens per verification step. At temperature 1 every method uses the same seed
+per item and round. Results are checkpointed after every measurement (rerun to resume).
+
+Methods: ``ar``; ``spd`` (the model's small text-only draft, by default the ``spd`` entry of the
+model's drafters file, else ``models/smolcap-draft``; or ``spd=PATH``); any drafter spec
+(``prompt-lookup``, ``layer-skip:N``, ...), each optionally ``@K`` for K draft tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from ..api import generate
+from .results import save_results
+from ..modeling.captioner import models_dir
+from ..train.data import FAMILIES, make_sample
+
+DEFAULT_METHODS = "ar,spd,prompt-lookup,layer-skip:8"
+DEFAULT_SPD_DRAFT = "smolcap-draft"  # under models/
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help="comma list: ar, spd[=PATH], prompt-lookup[:N], layer-skip:N, ...; append @K to set K")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--per-family", type=int, default=4, help="test-split items per family")
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
+    parser.add_argument("--markdown", default=None, help="also write the tables to this file")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+
+
+def parse_method(method: str) -> tuple[str, int | None]:
+    """'prompt-lookup:10@6' -> ('prompt-lookup:10', 6)."""
+    spec, _, k = method.partition("@")
+    return spec, int(k) if k else None
+
+
+def drafter_for(pipe, method: str):
+    """A method name -> the drafter object the pipeline's generate call takes (None for ar)."""
+    spec, k = parse_method(method)
+    if spec == "ar":
+        return None
+    if spec == "spd" or spec.startswith("spd="):
+        path = spec.partition("=")[2] or str(models_dir() / DEFAULT_SPD_DRAFT)
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"SPD draft not found at {path}; train it with `mmspec train caption-draft` or pass spd=PATH")
+        spec = path
+    return pipe.resolve_drafter(spec, k)[0]
+
+
+def bench_items(families: list[str], per_family: int) -> list[tuple[str, int, object, str]]:
+    return [(family, i, (s := make_sample(family, "test", i)).image, s.prompt) for family in families for i in range(per_family)]
+
+
+def run(args) -> int:
+    from ..pipelines.captioning import ImageCaptioningPipeline
+
+    torch.set_num_threads(args.threads)
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results.setdefault("runs", {})
+    methods = args.methods.split(",")
+    families = args.families.split(",")
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    results["meta"] = {
+        "model": args.model or "embedded captioner (models/smolcap)", "dtype": args.dtype, "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family,
+        "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "command": "mmspec bench caption " + " ".join(
+            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "temperatures", "max_new_tokens", "repeats", "dtype", "threads")),
+    }
+    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device="cpu", dtype=args.dtype)
+    drafters = {method: drafter_for(pipe, method) for method in methods}
+    for family, index, image, prompt in bench_items(families, args.per_family):
+        inputs = pipe.preprocess(image, prompt)
+        for temperature in temperatures:
+            for round_index in range(args.repeats + 1):  # round 0 is the warm-up
+                for method in methods:
+                    key = f"{temperature:g}/{family}/{index}/{method}/{round_index}"
+                    if key in results["runs"]:
+                        continue
+                    out = generate(pipe.target, drafter=drafters[method], max_new_tokens=args.max_new_tokens,
+                                   do_sample=temperature > 0, temperature=temperature or 1.0,
+                                   seed=1000 * index + round_index, eos_token_id=pipe.eos_token_ids, **inputs)
+                    new = out.sequences[0, inputs["input_ids"].shape[1]:]
+                    results["runs"][key] = {
+                        "seconds": out.stats.wall_time_s, "tokens": new.tolist(), "tau": out.stats.mean_accepted_length,
+                        "acceptance": out.stats.acceptance_rate, "text": pipe.tokenizer.decode(new, skip_special_tokens=True),
+                    }
+                    save_results(results_path, results)
+                    print(f"{key}: {out.stats.wall_time_s:.2f}s tau {out.stats.mean_accepted_length:.2f}", file=sys.stderr, flush=True)
+    summary = summarise(results, methods, families, temperatures, args.per_family, args.repeats)
+    results["summary"] = summary
+    save_results(results_path, results)
+    tables = render_tables(summary, results["meta"])
+    if args.markdown:
+        Path(args.markdown).write_text(tables)
+    print(json.dumps(summary, indent=1) if args.json else tables)
+    return 0
+
+
+def summarise(results: dict, methods, families, temperatures, per_family: int, repeats: int) -> dict:
+    """-> {temperature: {family: {method: {"S", "tau", "acceptance", "exact", "seconds"}}}}, plus a
+    "mean" family (S over all items' summed times, tau averaged over families)."""
+    runs = results["runs"]
+    summary = {}
+    for temperature in temperatures:
+        table = summary[f"{temperature:g}"] = {}
+        totals = {m: [0.0, 0.0] for m in methods}
+        for family in families:
+            row = table[family] = {}
+            base_total = 0.0
+            per_method = {m: {"seconds": 0.0, "tau": [], "acceptance": [], "exact": 0} for m in methods}
+            for index in range(per_family):
+                def median(method):
+                    return statistics.median(runs[f"{temperature:g}/{family}/{index}/{method}/{r}"]["seconds"] for r in range(1, repeats + 1))
+                base = median("ar")
+                base_total += base
+                ar_tokens = runs[f"{temperature:g}/{family}/{index}/ar/1"]["tokens"]
+                for method in methods:
+                    record = runs[f"{temperature:g}/{family}/{index}/{method}/1"]
+                    cell = per_method[method]
+                    cell["seconds"] += median(method)
+                    cell["tau"].append(record["tau"])
+                    if record["acceptance"] is not None:
+                        cell["acceptance"].append(record["acceptance"])
+                    cell["exact"] += record["tokens"] == ar_tokens
+            for method, cell in per_method.items():
+                row[method] = {
+                    "S": base_total / cell["seconds"], "tau": statistics.mean(cell["tau"]),
+                    "acceptance": statistics.mean(cell["acceptance"]) if cell["acceptance"] else None,
+                    "exact": f"{cell['exact']}/{per_family}", "seconds": cell["seconds"],
+                }
+                totals[method][0] += cell["seconds"]
+                totals[method][1] += base_total
+        table["mean"] = {m: {"S": totals[m][1] / totals[m][0],
+                             "tau": statistics.mean(table[f][m]["tau"] for f in families)} for m in methods}
+    return summary
+
+
+def render_tables(summary: dict, meta: dict) -> str:
+    """Markdown in the seeds' VLM-table layout: rows = families, cells = S / tau."""
+    lines = []
+    for temperature, table in summary.items():
+        methods = list(table["mean"])
+        lines += [
+            f"\n**Temperature {temperature}** ({meta['model']}, {meta['dtype']}, {meta['threads']} thread(s), "
+            f"{meta['per_family']} test items per family, median of {meta['repeats']} interleaved rounds; "
+            "cell = S / tau; exact = greedy outputs identical to AR)\n",
+            "| family | " + " | ".join(methods) + " |",
+            "|---" * (len(methods) + 1) + "|",
+        ]
+        for family, row in table.items():
+            cells = []
+            for method in methods:
+                cell = row[method]
+                text = f"{cell['S']:.2f} / {cell['tau']:.2f}"
+                if temperature == "0" and "exact" in cell and method != "ar":
+                    text += f" ({cell['exact']})"
+                cells.append(text)
+            lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

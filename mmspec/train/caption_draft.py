@@ -1,0 +1,162 @@
+"""``mmspec train caption-draft``: the embedded captioner's small text-only draft (SPD).
+
+SPD (Gagrani et al., 2024) drafts a VLM's answer with a small *text-only* language model: the
+draft sees the prompt without the image tokens (``TransformersTarget.text_only_ids``), so it can
+only learn what the answers' wording makes predictable (formats, templates, the grammar of a
+caption); the target's verification keeps the output exact.
+
+The draft is a 2-layer Llama (width 192, 3 heads, 1 KV head; 9.9M parameters, 19 MB in bf16) with
+SmolLM2's tokenizer (+ the captioner's 3 image tokens). Its tied embedding starts from the top-192
+principal components of SmolLM2's embedding matrix. Training data: the (prompt, answer) pairs of
+the caption data's train split, formatted exactly as the draft sees them at generation time,
+cross-entropy on the answer tokens (AdamW, bf16 autocast over fp32 weights). Resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ..modeling.captioner import build_processor, models_dir
+from .data import FAMILIES, make_sample
+
+IGNORE = -100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=str(models_dir() / "smolcap-draft"), help="output dir (models/smolcap-draft)")
+    parser.add_argument("--samples", type=int, default=24000, help="training pairs (tokenised once, cached in --cache)")
+    parser.add_argument("--cache", default="runs/caption-draft-data.pt", help="tokenised training pairs")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
+
+
+def draft_prompt_text(processor, prompt: str) -> str:
+    """The chat text whose tokens equal the target's prompt ids minus the ``<image>`` tokens."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    return text.replace("<image>", "<fake_token_around_image><global-img><fake_token_around_image>")
+
+
+def tokenise_pairs(processor, count: int) -> list[tuple[list[int], list[int]]]:
+    tokenizer = processor.tokenizer
+    pairs = []
+    for index in range(count):
+        sample = make_sample(FAMILIES[index % len(FAMILIES)], "train", index // len(FAMILIES))
+        prompt = tokenizer(draft_prompt_text(processor, sample.prompt), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(sample.answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        pairs.append((prompt, answer))
+    return pairs
+
+
+def build_draft(tokenizer):
+    """The untrained draft: LlamaForCausalLM whose embedding is SmolLM2's, PCA-reduced to 192."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    from ..hub import smollm2_checkpoint
+
+    smollm2 = AutoConfig.from_pretrained(smollm2_checkpoint())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=192, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
+        rope_parameters=dict(smollm2.rope_parameters), rms_norm_eps=smollm2.rms_norm_eps, tie_word_embeddings=True,
+        bos_token_id=smollm2.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    embed = load_file(str(smollm2_checkpoint() / "model.safetensors"))["model.embed_tokens.weight"].float()
+    centred = embed - embed.mean(0)
+    _, _, v = torch.linalg.svd(centred[:: 4], full_matrices=False)  # every 4th row is plenty for the basis
+    reduced = centred @ v[: config.hidden_size].T
+    reduced = reduced / reduced.std() * config.initializer_range * 2
+    with torch.no_grad():
+        weight = model.model.embed_tokens.weight
+        weight[: reduced.shape[0]] = reduced
+        weight[reduced.shape[0]:] = reduced.mean(0)
+    return model
+
+
+def collate(pairs) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(p) + len(a) for p, a in pairs)
+    ids = torch.zeros((len(pairs), length), dtype=torch.long)
+    labels = torch.full((len(pairs), length), IGNORE, dtype=torch.long)
+    for row, (prompt, answer) in enumerate(pairs):
+        ids[row, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        labels[row, len(prompt) : len(prompt) + len(answer)] = torch.tensor(answer)
+    return ids, labels
+
+
+def answer_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    picked = targets != IGNORE
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[picked]).float(), targets[picked])
+
+
+def run(args) -> int:
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    processor = build_processor()
+    cache = Path(args.cache)
+    if cache.exists():
+        pairs = torch.load(cache, weights_only=True)
+    else:
+        started = time.time()
+        pairs = tokenise_pairs(processor, args.samples)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(pairs, cache)
+        print(f"tokenised {len(pairs)} pairs in {time.time() - started:.0f} s", flush=True)
+    held_out = pairs[:512]  # the first pairs measure the loss; training draws from the rest
+    train = pairs[512:]
+    model = build_draft(processor.tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    state_path = out / "train_state.pt"
+    step, log, elapsed = 0, [], 0.0
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, log, elapsed = state["step"], state["log"], state["elapsed"]
+        print(f"resuming at step {step}", flush=True)
+    started = time.time()
+    while step < args.steps:
+        order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
+        ids, labels = collate([train[i] for i in order.tolist()])
+        lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = answer_loss(model, ids, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        out_of_time = args.time_limit is not None and (time.time() - started) / 60 > args.time_limit
+        if step % 100 == 0 or step == args.steps or out_of_time:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
+            now = elapsed + time.time() - started
+            log.append({"step": step, "loss": round(loss.item(), 4), "held_out_loss": round(held, 4), "minutes": round(now / 60, 2)})
+            print(f"step {step} loss {loss.item():.3f} held-out {held:.3f} {now / 60:.1f} min", flush=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "log": log, "elapsed": now}, state_path)
+            model.to(torch.bfloat16).save_pretrained(out)  # the shipped draft: bf16 safetensors
+            model.float()
+            settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+            (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(now / 60, 1), "log": log}, indent=1))
+        if out_of_time:
+            print("time limit reached; rerun the same command to resume", flush=True)
+            break
+    return 0
