@@ -60,6 +60,35 @@ def test_missing_spd_draft_is_a_one_line_error(bench_run, tmp_path, capsys):
     assert "train it with `mmspec train caption-draft`" in capsys.readouterr().err
 
 
+def test_results_of_another_model_are_refused(bench_run, tmp_path, capsys):
+    argv, results = bench_run
+    assert main(argv) == 0
+    argv = list(argv)
+    argv[argv.index("--model") + 1] = str(tmp_path)
+    assert main(argv) == 2 and "pass another --results file" in capsys.readouterr().err
+
+
 def test_method_parsing():
     assert parse_method("prompt-lookup:10@6") == ("prompt-lookup:10", 6)
     assert parse_method("ar") == ("ar", None)
+
+
+def test_write_drafters_file_feeds_auto(bench_run, tmp_path, capsys):
+    import shutil
+
+    import mmspec
+
+    argv, results = bench_run
+    model_dir = tmp_path / "model"
+    shutil.copytree(argv[argv.index("--model") + 1], model_dir)
+    argv = list(argv)
+    argv[argv.index("--model") + 1] = str(model_dir)
+    argv[argv.index("--results") + 1] = str(tmp_path / "results.json")
+    assert main(argv + ["--write-drafters-file"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    entries = json.loads((model_dir / "mmspec_drafters.json").read_text())
+    assert [e["drafter"] for e in entries][:2] == ["prompt-lookup", "layer-skip:1"] and entries[0]["num_draft_tokens"] == 3
+    assert entries[1]["speedup"] == round(summary["0"]["mean"]["layer-skip:1"]["S"], 3)
+    best = max(entries, key=lambda e: e["speedup"])
+    captioner = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
+    assert f"{best['speedup']:.2f}x" in captioner.drafter_reason

@@ -57,3 +57,41 @@ def test_default_captioner_missing_weights_says_how_to_train(tmp_path, monkeypat
     monkeypatch.setenv("MMSPEC_MODELS_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="mmspec train captioner"):
         mmspec.pipeline("image-captioning", model=None, device="cpu")
+
+
+def test_stage1_vocabulary_loss_is_cross_entropy_over_the_sub_vocabulary(captioner):
+    """answer_loss(vocabulary=ids) == CE of the full logits restricted to ids, out-of-vocabulary
+    answer tokens ignored."""
+    model, processor = captioner
+    image = Image.new("RGB", (128, 128), "green")
+    batch = build_batch(processor, [(image, "What color is it?", "Green."), (image, "Name it.", "A zebra.")])
+    targets = batch["labels"][:, 1:]
+    answer_ids = targets[targets != IGNORE].unique()
+    dropped = answer_ids[-1]  # one answer token falls outside the sub-vocabulary
+    vocabulary = torch.cat([answer_ids[:-1], torch.tensor([5, 17])]).unique()
+    with torch.no_grad():
+        loss = answer_loss(model, batch, vocabulary)
+        hidden = model.model(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state[:, :-1]
+        picked = (targets != IGNORE) & (targets != dropped)
+        logits = model.lm_head(hidden[picked])[:, vocabulary]
+        index = torch.searchsorted(vocabulary, targets[picked])
+        expected = torch.nn.functional.cross_entropy(logits, index)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_caption_draft_sees_exactly_the_text_only_prompt(captioner):
+    """The SPD draft is trained on the token sequence it sees at generation time: the target's
+    prompt ids without the <image> tokens."""
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.train.caption_draft import build_draft, draft_prompt_text
+    from mmspec.train.data import make_sample
+
+    model, processor = captioner
+    sample = make_sample("charts", "train", 5)
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.prompt}]}], add_generation_prompt=True)
+    inputs = processor(text=[text], images=[[sample.image]], return_tensors="pt")
+    seen = TransformersTarget(model).text_only_ids(inputs["input_ids"])[0].tolist()
+    assert seen == processor.tokenizer(draft_prompt_text(processor, sample.prompt), add_special_tokens=False)["input_ids"]
+    draft = build_draft(processor.tokenizer)
+    assert draft.config.vocab_size == len(processor.tokenizer) and draft.config.tie_word_embeddings
+    assert sum(p.numel() for p in draft.parameters()) < 12_000_000

@@ -31,6 +31,15 @@ PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
 TEMPERATURE, TOP_K = 1.3, 7
 
 
+def eagle_drafter(model):
+    """An EAGLE head (random weights) on the target's features: drafts from a real distribution q."""
+    from mmspec.adapters.hf import text_decoder
+    from mmspec.drafters import EagleDrafter, EagleHead
+
+    torch.manual_seed(5)
+    return EagleDrafter(model, EagleHead(text_decoder(model).config).eval(), num_draft_tokens=2)
+
+
 def exact_marginals(model):
     """Exact marginal distribution of each of the NEW generated tokens (enumeration)."""
     from mmspec.core.sampling import SamplingConfig, logits_to_probs
@@ -53,9 +62,9 @@ def exact_marginals(model):
     return marginals
 
 
-@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1"])
+@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle"])
 def test_loop_samples_target_distribution(target, drafter):
-    spec = tiny_llama(1) if drafter == "independent" else drafter
+    spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target)}.get(drafter, lambda: drafter)()
     exact = exact_marginals(target)
     counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
     accepted = 0

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core.cache import SequenceState, make_cache
 from ..core.target import TargetOutput
+from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 
 #: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
 #: rollback needs no multimodal position bookkeeping.
@@ -160,16 +161,48 @@ class TransformersTarget:
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
         return state, TargetOutput(out.logits[:, -1:], out.hidden_states[-1] if need_hidden else None)
 
-    def forward(self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False) -> TargetOutput:
-        """Append ``tokens`` [1, n] to the state's cache; logits [1, n, V]."""
+    def forward(
+        self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False, tree: TokenTree | None = None
+    ) -> TargetOutput:
+        """Append ``tokens`` [1, n] to the state's cache; logits [1, n, V].
+
+        With ``tree`` (a TokenTree over exactly these n tokens) the inputs are a token tree rather
+        than a chain: token i attends to the cache and to its tree ancestors and itself (a 4-D
+        additive ``attention_mask`` [1, 1, n, cache + n]) at position cache + depth_i - 1. All n
+        entries are appended to the cache; :meth:`SequenceState.commit` with the accepted path
+        compacts them.
+        """
+        if tree is None:
+            attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
+        else:
+            if tree.size != tokens.shape[1] or tree.tokens.dim() != 1:
+                raise ValueError(
+                    f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {tokens.shape[1]} input tokens"
+                )
+            self._check_tree_fits(state, tokens.shape[1])
+            prefix = state.cache_length
+            attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
+            position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
         out = self.model(
             input_ids=tokens,
             past_key_values=state.cache,
-            position_ids=state.position_ids(tokens.shape[1]),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
             use_cache=True,
             output_hidden_states=need_hidden,
         )
         return TargetOutput(out.logits, out.hidden_states[-1] if need_hidden else None)
+
+    @staticmethod
+    def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:
+        """One 4-D mask serves every layer, so sliding-window layers must still hold every position."""
+        for layer in state.cache.layers:
+            window = getattr(layer, "sliding_window", None)
+            if getattr(layer, "is_sliding", False) and window and state.cache_length + num_tokens > window - 1:
+                raise ValueError(
+                    f"tree verification over {state.cache_length + num_tokens} positions exceeds the model's "
+                    f"sliding window ({window}); use a linear drafter for sequences this long"
+                )
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""

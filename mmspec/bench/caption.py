@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    parser.add_argument("--write-drafters-file", action="store_true",
+                        help="record each drafter's temperature-0 speedup in the model directory's mmspec_drafters.json (read by drafter='auto')")
 
 
 def parse_method(method: str) -> tuple[str, int | None]:
@@ -83,8 +85,11 @@ def run(args) -> int:
     methods = args.methods.split(",")
     families = args.families.split(",")
     temperatures = [float(t) for t in args.temperatures.split(",")]
+    model_name = args.model or "embedded captioner (models/smolcap)"
+    if results.get("meta", {}).get("model", model_name) != model_name:
+        raise ValueError(f"{results_path} holds runs of {results['meta']['model']}; pass another --results file")
     results["meta"] = {
-        "model": args.model or "embedded captioner (models/smolcap)", "dtype": args.dtype, "threads": args.threads,
+        "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family,
         "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
         "command": "mmspec bench caption " + " ".join(
@@ -113,11 +118,38 @@ def run(args) -> int:
     summary = summarise(results, methods, families, temperatures, args.per_family, args.repeats)
     results["summary"] = summary
     save_results(results_path, results)
+    if args.write_drafters_file:
+        print(f"wrote {write_drafters_file(pipe.model_dir, summary, methods)}", file=sys.stderr)
     tables = render_tables(summary, results["meta"])
     if args.markdown:
         Path(args.markdown).write_text(tables)
     print(json.dumps(summary, indent=1) if args.json else tables)
     return 0
+
+
+def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str]) -> Path:
+    """model_dir/mmspec_drafters.json: every drafter's mean speedup over AR at temperature 0 (SPD
+    drafts as paths relative to the model directory)."""
+    import os
+
+    from ..pipelines.captioning import DRAFTERS_FILE
+
+    if model_dir is None or "0" not in summary:
+        raise ValueError("--write-drafters-file needs a local model directory and temperature 0 in --temperatures")
+    entries = []
+    for method in methods:
+        spec, k = parse_method(method)
+        if spec == "ar":
+            continue
+        if spec == "spd" or spec.startswith("spd="):
+            spec = os.path.relpath(spec.partition("=")[2] or models_dir() / DEFAULT_SPD_DRAFT, model_dir)
+        entry = {"drafter": spec, "speedup": round(summary["0"]["mean"][method]["S"], 3)}
+        if k is not None:
+            entry["num_draft_tokens"] = k
+        entries.append(entry)
+    path = Path(model_dir) / DRAFTERS_FILE
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+    return path
 
 
 def summarise(results: dict, methods, families, temperatures, per_family: int, repeats: int) -> dict:

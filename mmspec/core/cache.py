@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -77,6 +77,18 @@ class PreallocatedLayer(DynamicLayer):
         if self._key_buffer is not None:
             self._refresh_views()
 
+    def compact(self, start: int, indices: torch.Tensor) -> None:
+        """Keep positions [0, start) and then ``start + indices`` (LongTensor [m]), moved to
+        [start, start + m) in place; the length becomes start + m. See :func:`compact_cache`."""
+        if not self.is_initialized or self._length == 0:
+            return
+        m = indices.shape[0]
+        # index_select copies first, so overlapping source and destination ranges are safe
+        self._key_buffer[..., start : start + m, :] = self._key_buffer.index_select(-2, start + indices)
+        self._value_buffer[..., start : start + m, :] = self._value_buffer.index_select(-2, start + indices)
+        self._length = start + m
+        self._refresh_views()
+
 
 def make_cache(config) -> DynamicCache:
     """A DynamicCache for ``config`` whose full-attention layers roll back by bookkeeping."""
@@ -95,6 +107,42 @@ def crop_cache(cache: Cache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if excess:
         cache.crop(-excess)
+
+
+def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
+    """Keep the first ``start`` cached positions and the positions ``start + indices``, in this
+    order, contiguously; drop everything else (tree verification: keep the prefix and the accepted
+    path, whose entries sit at scattered positions of the tree forward).
+
+    Args:
+        cache: every layer is compacted (PreallocatedLayer in place; other full-attention layers and
+            sliding-window layers that have not reached their window by re-slicing).
+        start: positions [0, start) are kept as they are.
+        indices: LongTensor [m], increasing offsets (relative to ``start``) of the entries to keep.
+    Raises:
+        ValueError: for a sliding-window layer whose window is already full (its older entries are
+            gone, so positions no longer match indices) or a layer type without positions.
+    """
+    indices = indices.to(torch.long)
+    for layer in cache.layers:
+        if isinstance(layer, PreallocatedLayer):
+            layer.compact(start, indices.to(layer._key_buffer.device) if layer._key_buffer is not None else indices)
+            continue
+        if not isinstance(layer, DynamicLayer):
+            raise ValueError(f"cannot compact a {type(layer).__name__} cache layer")
+        if not layer.is_initialized:
+            continue
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if layer.cumulative_length != layer.keys.shape[-2]:
+                raise ValueError(
+                    f"cannot compact a sliding-window layer past its window ({layer.sliding_window}); "
+                    "tree verification needs sequences shorter than the sliding window"
+                )
+        keep = torch.cat([torch.arange(start, device=layer.keys.device), start + indices.to(layer.keys.device)])
+        layer.keys = layer.keys.index_select(-2, keep)
+        layer.values = layer.values.index_select(-2, keep)
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = layer.keys.shape[-2]
 
 
 def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:
@@ -154,12 +202,31 @@ class SequenceState:
         first = (self.cache_length if start is None else start) + self.position_offset
         return torch.arange(first, first + num_tokens, device=self.tokens.device).unsqueeze(0)
 
-    def commit(self, new_tokens: torch.Tensor) -> None:
+    def compact(self, path: torch.Tensor) -> None:
+        """Keep the accepted path of a tree verification forward in the cache.
+
+        The forward over [last token, node_0 .. node_{N-1}] (see ``mmspec.core.tree``) appended
+        N + 1 entries after the ``length - 1`` cached ones. Afterwards the cache holds the
+        ``length`` entries up to the last token, followed by the entries of the nodes in ``path``,
+        moved to contiguous positions: exactly what a linear forward over the path would have left.
+
+        Args:
+            path: LongTensor [n] accepted node indices, root to leaf (no PAD).
+        """
+        if self.cache_length < self.length:
+            raise ValueError(f"compact needs the tree forward's entries in the cache ({self.cache_length} < {self.length})")
+        compact_cache(self.cache, self.length, path)
+
+    def commit(self, new_tokens: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """Append accepted tokens [1, m] and drop every speculative cache entry beyond them.
 
         After a verification forward over [pending, d_1..d_K] with n drafts accepted, the cache holds
         L + K entries; committing d_1..d_n and the bonus token leaves L + n = new length - 1.
+        After a tree forward, ``path`` (LongTensor [n], the accepted node indices) first moves the
+        accepted nodes' entries behind the prefix (:meth:`compact`).
         """
+        if path is not None:
+            self.compact(path)
         self.tokens = torch.cat([self.tokens, new_tokens.to(self.tokens.device)], dim=1)
         crop_cache(self.cache, self.length - 1)
 

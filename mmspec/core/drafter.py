@@ -11,23 +11,37 @@ import torch
 from .cache import SequenceState
 from .sampling import SamplingConfig, logits_to_probs, sample_from_probs
 from .target import Target, TargetOutput
+from .tree import TokenTree
 
 
 @dataclass
 class Draft:
-    """A linear draft.
+    """A linear draft, or a token tree.
 
     Attributes:
-        tokens: LongTensor [1, k] proposed continuation (k may be 0: the step is then plain AR).
+        tokens: LongTensor [1, k] proposed continuation (k may be 0: the step is then plain AR);
+            for a tree, its N node tokens in node order.
         probs: [1, k, V] the distributions the tokens were sampled from, or None for a
             deterministic draft (q = 1 on the drafted token).
+        tree: None for a linear draft; else the TokenTree proposed (build the draft with
+            :meth:`from_tree`). The loop verifies it in one forward with a tree attention mask.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    tree: TokenTree | None = None
+
+    @classmethod
+    def from_tree(cls, tree: TokenTree) -> "Draft":
+        """A tree draft (tree.tokens [N], tree.probs [N, V] or None)."""
+        if tree.tokens.dim() != 1:
+            raise ValueError(f"a tree draft holds one tree, tokens [N]; got shape {tuple(tree.tokens.shape)}")
+        probs = None if tree.probs is None else tree.probs.unsqueeze(0)
+        return cls(tokens=tree.tokens.unsqueeze(0), probs=probs, tree=tree)
 
     @property
     def length(self) -> int:
+        """Tokens drafted (nodes, for a tree)."""
         return self.tokens.shape[1]
 
 
@@ -69,10 +83,16 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        """Propose at most ``max_tokens`` tokens to follow ``state.tokens``."""
+        """Propose at most ``max_tokens`` tokens to follow ``state.tokens`` (for a tree: a depth of
+        at most ``max_tokens``; the loop never commits more than the budget either way)."""
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
-        """Called after each verification (adaptive draft length, feature drafters)."""
+        """Called after each verification (adaptive draft length, feature drafters).
+
+        For a linear draft ``target_output`` covers [pending, d_1 .. d_K]. For a tree it covers
+        [pending, accepted path] (num_accepted + 1 rows, the rows of the other nodes dropped), so a
+        feature drafter sees the same layout in both cases; ``num_drafted`` is the node count.
+        """
 
     def describe(self) -> dict[str, Any]:
         """Settings shown in ``SpecStats.config``."""

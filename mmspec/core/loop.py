@@ -15,8 +15,16 @@ from .cache import SequenceState
 from .drafter import Draft, DraftContext, Drafter
 from .sampling import SamplingConfig, logits_to_probs
 from .stats import SpecStats
-from .target import Target
-from .verify import Verification, greedy_verify, speculative_verify, typical_verify
+from .target import Target, TargetOutput
+from .verify import (
+    TreeVerification,
+    Verification,
+    greedy_verify,
+    speculative_verify,
+    tree_greedy_verify,
+    tree_speculative_verify,
+    typical_verify,
+)
 
 #: acceptance rules the loop can apply; "auto" = greedy without sampling, speculative with it.
 ACCEPTANCE_RULES = ("auto", "greedy", "speculative", "typical")
@@ -39,6 +47,39 @@ def _verify(
     if acceptance == "typical":
         return typical_verify(draft.tokens, target_probs, uniforms[:, k], **rule_kwargs)
     return speculative_verify(draft.tokens, draft.probs, target_probs, uniforms[:, :k], uniforms[:, k])
+
+
+def _tree_step(
+    acceptance: str,
+    target: Target,
+    state: SequenceState,
+    draft: Draft,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    need_hidden: bool,
+) -> tuple[TreeVerification, TargetOutput]:
+    """Verify a tree draft: one target forward over [pending, node_0 .. node_{N-1}] with the tree
+    attention mask, then the tree rule. Draws N + 1 uniforms like a linear draft of N tokens (a
+    chain-shaped tree consumes the same numbers and gives the same tokens).
+
+    Returns:
+        The verification and the target output restricted to [pending, accepted path].
+    """
+    tree = draft.tree
+    if acceptance not in ("greedy", "speculative"):
+        raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees; use 'greedy' or 'speculative'")
+    rooted = tree.prepend_root(state.tokens[0, -1])
+    out = target.forward(state, rooted.tokens.to(state.tokens.device).unsqueeze(0), need_hidden=need_hidden, tree=rooted)
+    if acceptance == "greedy":
+        verification = tree_greedy_verify(tree, out.logits)
+    else:
+        target_probs = logits_to_probs(out.logits, sampling)
+        n = tree.size
+        uniforms = torch.rand(1, n + 1, generator=generator, device=generator.device).to(target_probs.device)
+        verification = tree_speculative_verify(tree, target_probs, uniforms[:, :n], uniforms[:, n])
+    rows = torch.cat([verification.path.new_zeros(1), verification.path[0, : int(verification.num_accepted[0])] + 1])
+    hidden = None if out.hidden_states is None else out.hidden_states[:, rows]
+    return verification, TargetOutput(out.logits[:, rows], hidden)
 
 
 def resolve_acceptance(acceptance: str | None, sampling: SamplingConfig) -> str:
@@ -78,7 +119,8 @@ def speculative_decode(
     Args:
         target: the verifying model (see :class:`~mmspec.core.target.Target`).
         model_inputs: the prompt as the target's prefill expects it (input_ids, pixel_values, ...).
-        drafter: proposer of draft tokens, or None for plain AR decoding.
+        drafter: proposer of draft tokens (a linear draft or a token tree, see
+            :class:`~mmspec.core.drafter.Draft`), or None for plain AR decoding.
         sampling: one transform for draft and target.
         max_new_tokens: hard cap on generated tokens.
         eos_token_ids: generation stops after the first of these (the EOS is kept).
@@ -117,19 +159,27 @@ def speculative_decode(
             budget = max_new_tokens - generated - 1
             draft = drafter.propose(state, budget) if drafter is not None and budget > 0 else empty_draft
             k = draft.length
-            # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
-            inputs = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens.device)], dim=1)
-            out = target.forward(state, inputs, need_hidden=bool(drafter and drafter.requires_target_hidden))
-            verification = _verify(acceptance, draft, out.logits, sampling, generator, rule_kwargs or {})
+            need_hidden = bool(drafter and drafter.requires_target_hidden)
+            if draft.tree is None:
+                # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
+                inputs = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens.device)], dim=1)
+                out = target.forward(state, inputs, need_hidden=need_hidden)
+                verification = _verify(acceptance, draft, out.logits, sampling, generator, rule_kwargs or {})
+                path, positions = None, k
+            else:
+                # 3'. A token tree: one forward with the tree attention mask, then walk the tree.
+                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, need_hidden)
+                path, positions = verification.path[0, : int(verification.num_accepted[0])], draft.tree.max_depth
+                stats.tree_nodes += k
             num_accepted = int(verification.num_accepted[0])
             # 4. Stop at EOS / the budget exactly where AR decoding would have stopped.
             committed, done = _truncate_at_stop(
                 verification.tokens[0, : num_accepted + 1].tolist(), eos, max_new_tokens - generated
             )
             # 5. Commit and roll back everything the rejected drafts left in the state.
-            state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device))
+            state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device), path=path)
             generated += len(committed)
-            stats.record_step(k, num_accepted)
+            stats.record_step(positions, num_accepted)
             if drafter is not None:
                 drafter.on_verified(k, num_accepted, out)
 

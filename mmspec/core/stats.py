@@ -38,8 +38,9 @@ class SpecStats(DictAccess):
         target_forwards: target forward passes (prefill + one per verification).
         verify_steps: verification steps (target forwards after the prefill).
         draft_forwards: forward passes of a draft network (0 for lookup drafters).
-        drafted: draft tokens proposed in total.
+        drafted: draft tokens proposed in total (for a token tree: its depth, the most it could add).
         accepted: draft tokens accepted in total.
+        tree_nodes: tree nodes verified in total (0 without token trees).
         drafted_per_position / accepted_per_position: counts per draft index (0 = first draft).
         wall_time_s: wall time of the whole call (prefill included).
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
@@ -53,6 +54,7 @@ class SpecStats(DictAccess):
     draft_forwards: int = 0
     drafted: int = 0
     accepted: int = 0
+    tree_nodes: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0

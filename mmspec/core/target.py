@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from .cache import SequenceState
+from .tree import TokenTree
 
 
 @dataclass
@@ -28,7 +29,9 @@ class Target(Protocol):
 
     ``prefill`` consumes the whole prompt once (pixels, audio prompts ... are encoded here and never
     again) and returns the state plus the logits of the last prompt position ([1, 1, V]);
-    ``forward`` appends ``tokens`` [1, n] to the state's cache and returns their logits.
+    ``forward`` appends ``tokens`` [1, n] to the state's cache and returns their logits; with
+    ``tree`` (a :class:`~mmspec.core.tree.TokenTree` over the n tokens) the inputs form a token tree
+    (tree attention mask, positions by depth) instead of a chain.
     Rolling back is the state's job (:class:`SequenceState`), never the model's.
     """
 
@@ -37,4 +40,6 @@ class Target(Protocol):
 
     def prefill(self, model_inputs: dict[str, Any], need_hidden: bool = False) -> tuple[SequenceState, TargetOutput]: ...
 
-    def forward(self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False) -> TargetOutput: ...
+    def forward(
+        self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False, tree: TokenTree | None = None
+    ) -> TargetOutput: ...

@@ -4,6 +4,8 @@ Every rule takes K drafted tokens per row and the target's K+1 next-token distri
 i scores the token that follows draft i-1; position K is the bonus position) and returns a
 :class:`Verification`: how many drafts were accepted and the tokens to commit, i.e. the accepted
 drafts followed by one corrected (on rejection) or bonus (all accepted) token, padded with -1.
+The tree rules (:func:`tree_greedy_verify`, :func:`tree_speculative_verify`) take a token tree
+instead of K tokens and also return the accepted node path (:class:`TreeVerification`).
 
 Notation (../shared/algorithms.md): p = target distribution, q = draft distribution after the
 same transform, x = drafted token, r ~ U(0, 1).
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import sample_from_probs
+from .tree import TokenTree
 
 PAD = -1
 
@@ -140,3 +143,141 @@ def typical_verify(
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     next_token = sample_from_probs(target_probs[rows, num_accepted], sample_uniforms)
     return _assemble(draft_tokens, num_accepted, next_token)
+
+
+# token trees --------------------------------------------------------------------------------------
+# A tree draft (mmspec.core.tree.TokenTree) of N nodes is scored by one target forward over
+# [root, node_0 .. node_{N-1}]: target row 0 is the distribution after the root (scoring the root's
+# children), row 1 + i the distribution after node i (scoring node i's children, or the bonus token).
+# The rules decide, for every row in parallel, which child (if any) is accepted first; the accepted
+# path is then followed from the root with gathers, so nothing here synchronises with the device.
+
+
+@dataclass
+class TreeVerification(Verification):
+    """Result of verifying one token tree per row.
+
+    Attributes:
+        num_accepted: LongTensor [B], depth of the accepted path (0..D); committed length = num_accepted + 1.
+        tokens: LongTensor [B, D+1], the accepted path's tokens, then the corrected/bonus token, then PAD.
+        path: LongTensor [B, D], node indices of the accepted path from the root down, then PAD.
+    """
+
+    path: torch.Tensor | None = None
+
+
+def _first_accepted_child(tree: TokenTree, accept: torch.Tensor) -> torch.Tensor:
+    """accept [B, N] bool -> [B, N+1]: per target row, the first child (in try order) with
+    accept True, or PAD."""
+    first = accept.new_full((accept.shape[0], tree.size + 1), PAD, dtype=torch.long)
+    for nodes, rows in reversed(tree.sibling_groups()):  # lower ranks overwrite higher ones
+        nodes, rows = nodes.to(accept.device), rows.to(accept.device)
+        first[:, rows] = torch.where(accept[:, nodes], nodes, first[:, rows])
+    return first
+
+
+def _walk(tree: TokenTree, first_child: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Follow first accepted children from the root.
+
+    Returns:
+        path [B, D] (PAD-padded node indices), num_accepted [B], stop_row [B] (the target row after
+        the last accepted node: 0 when nothing was accepted).
+    """
+    batch = first_child.shape[0]
+    row = first_child.new_zeros(batch)
+    alive = torch.ones(batch, dtype=torch.bool, device=first_child.device)
+    steps = []
+    for _ in range(tree.max_depth):
+        child = first_child.gather(1, row.unsqueeze(1)).squeeze(1)
+        alive = alive & (child >= 0)
+        steps.append(torch.where(alive, child, PAD))
+        row = torch.where(alive, child + 1, row)
+    path = torch.stack(steps, dim=1) if steps else first_child.new_zeros(batch, 0)
+    return path, (path >= 0).sum(dim=1), row
+
+
+def _tree_assemble(tree: TokenTree, path: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> TreeVerification:
+    tokens = tree.tokens.to(path.device).expand(path.shape[0], tree.size)
+    path_tokens = tokens.gather(1, path.clamp(min=0))  # [B, D]; entries past num_accepted are dropped
+    v = _assemble(path_tokens, num_accepted, next_token)
+    return TreeVerification(num_accepted=v.num_accepted, tokens=v.tokens, path=path)
+
+
+def tree_greedy_verify(tree: TokenTree, target_logits: torch.Tensor) -> TreeVerification:
+    """Greedy rule on a tree: from the root, follow the (first) child equal to argmax p of its
+    parent's row; at the first row without such a child emit argmax p there.
+
+    With a chain-shaped tree this is :func:`greedy_verify`.
+
+    Args:
+        tree: TokenTree with tokens [N] or [B, N] (probs are ignored).
+        target_logits: [B, N+1, V] target logits (or probabilities) for [root, node_0 .. node_{N-1}].
+    """
+    target_argmax = target_logits.argmax(dim=-1)  # [B, N+1]
+    batch = target_argmax.shape[0]
+    tokens = tree.tokens.to(target_argmax.device).expand(batch, tree.size)
+    parent_rows = (tree.parents + 1).to(target_argmax.device)
+    accept = tokens == target_argmax[:, parent_rows]  # [B, N]
+    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
+    next_token = target_argmax.gather(1, stop_row.unsqueeze(1)).squeeze(1)
+    return _tree_assemble(tree, path, num_accepted, next_token)
+
+
+def tree_speculative_verify(
+    tree: TokenTree,
+    target_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> TreeVerification:
+    """Multi-draft speculative sampling on a tree (SpecInfer, Miao et al. 2024). Output ~ p exactly.
+
+    At a row with target distribution p and children x_1, x_2, ... (in try order), each x_j drawn
+    from its q_j independently given the row's context:
+        accept x_j iff r_j < min(1, p(x_j) / q_j(x_j)), with p the current residual;
+        on rejection p <- norm(max(0, p - q_j)) and try x_{j+1}.
+    The first accepted child becomes the next row; when every child is rejected the corrected token
+    is sampled from the residual, and after the last accepted node with no accepted child (or a
+    leaf) from that node's residual / p (the bonus token).
+
+    Deterministic trees (``tree.probs is None``: top-k, n-gram, EAGLE-2) use q_j = one-hot(x_j):
+    x_j is accepted with probability p(x_j) and its rejection zeroes p(x_j) and renormalises,
+    i.e. sampling without replacement among the children.
+
+    With a chain-shaped tree and the same uniforms this is :func:`speculative_verify`, bit for bit.
+
+    Args:
+        tree: TokenTree, tokens [N] or [B, N], probs [N, V] / [B, N, V] or None.
+        target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
+        accept_uniforms: [B, N] r_i ~ U(0, 1), one per node.
+        sample_uniforms: [B] one U(0, 1) per row for the corrected/bonus token.
+    """
+    batch, rows_total, vocab = target_probs.shape
+    device = target_probs.device
+    tokens = tree.tokens.to(device).expand(batch, tree.size)
+    residual = target_probs.clone()  # unnormalised weights of the current residual per row
+    mass = torch.ones(batch, rows_total, 1, dtype=target_probs.dtype, device=device)  # their total
+    accept = torch.zeros(batch, tree.size, dtype=torch.bool, device=device)
+    for nodes, rows in tree.sibling_groups():
+        nodes, rows = nodes.to(device), rows.to(device)
+        x = tokens[:, nodes].unsqueeze(-1)  # [B, n, 1]
+        if tree.probs is None:
+            q = torch.zeros(batch, nodes.shape[0], vocab, dtype=target_probs.dtype, device=device).scatter_(-1, x, 1.0)
+        else:
+            q = tree.probs.to(device=device, dtype=target_probs.dtype).expand(batch, tree.size, vocab)[:, nodes]
+        p_weights, p_mass = residual[:, rows], mass[:, rows]
+        # r < p(x)/q(x) with p = weights / mass  <=>  r * q(x) * mass < weights(x)  (mass is exactly 1
+        # until a row's first rejection, which keeps chains bit-identical to the linear rule)
+        r = accept_uniforms[:, nodes].unsqueeze(-1)
+        accept[:, nodes] = (r * q.gather(-1, x) * p_mass < p_weights.gather(-1, x)).squeeze(-1)
+        p = p_weights / p_mass
+        new_weights = (p - q).clamp_(min=0.0)
+        new_mass = new_weights.sum(-1, keepdim=True)
+        # A rejection has probability 0 when p == q, so the residual is then empty and never used;
+        # keep p to stay well defined (as speculative_verify does).
+        empty = new_mass <= 0
+        residual[:, rows] = torch.where(empty, p, new_weights)
+        mass[:, rows] = torch.where(empty, torch.ones_like(new_mass), new_mass)
+    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
+    rows_index = torch.arange(batch, device=device)
+    next_token = sample_from_probs(residual[rows_index, stop_row], sample_uniforms)
+    return _tree_assemble(tree, path, num_accepted, next_token)

@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
-    from . import caption_draft, captioner, eval_captioner
+    from . import caption_draft, captioner, drafter, eval_captioner
 
     parser = recipes.add_parser("captioner", help="the embedded captioner's vision encoder + connector")
     captioner.add_arguments(parser)
@@ -14,6 +14,9 @@ def add_parser(subparsers) -> None:
     parser = recipes.add_parser("caption-draft", help="the captioner's small text-only draft model (SPD)")
     caption_draft.add_arguments(parser)
     parser.set_defaults(handler=caption_draft.run)
+    parser = recipes.add_parser("drafter", help="a trained drafter (EAGLE head) by self-distillation on a target")
+    drafter.add_arguments(parser)
+    parser.set_defaults(handler=drafter.run)
     parser = recipes.add_parser("eval-captioner", help="validation metrics of the captioner, per family")
     eval_captioner.add_arguments(parser)
     parser.set_defaults(handler=eval_captioner.run)

@@ -1,0 +1,293 @@
+"""Token trees: many draft continuations verified in one target forward.
+
+A tree of N draft tokens hangs below the last committed token (the *root*, which is not a node).
+Node i carries ``tokens[i]`` and ``parents[i]`` (the index of its parent node, -1 for a child of
+the root); nodes are stored in topological order (``parents[i] < i``) and the children of a node
+are tried by verification in index order, so a drafter lists its likelier children first.
+
+The target scores every node at once: the inputs [root, node_0 .. node_{N-1}] get a tree attention
+mask (each input sees the cached prefix, its ancestors and itself; :func:`tree_attention_mask`)
+and position ids by depth (:func:`tree_position_ids`), passed through transformers' public
+``attention_mask`` (4-D, additive) and ``position_ids`` arguments. Verification walks the tree
+(``mmspec.core.verify.tree_greedy_verify`` / ``tree_speculative_verify``) and the cache keeps
+only the accepted path (``SequenceState.compact``).
+
+Construction:
+
+* static trees (Medusa; Cai et al. 2024): :meth:`TokenTree.from_paths` from index paths such as
+  ``[(0,), (1,), (0, 0), (0, 1)]`` -- path ``(a, b)`` is the b-th child of the a-th child of the root;
+* dynamic trees (EAGLE-2; Li et al. 2024): :func:`dynamic_tree` expands the nodes of highest
+  cumulative draft confidence, reranks every candidate and keeps the best N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+ROOT = -1
+
+
+@dataclass
+class TokenTree:
+    """A tree of draft tokens below the last committed token.
+
+    Attributes:
+        tokens: LongTensor [N] drafted tokens (or [B, N]: B trees of one shape, as the rules' tests
+            batch them).
+        parents: LongTensor [N] parent node of each node, -1 for a child of the root; parents[i] < i.
+        probs: [N, V] (or [B, N, V]) the full draft distribution q that node i's token was drawn
+            from, i.e. q(. | root, ancestors of i); siblings drawn from one distribution share the
+            row. None for a deterministic tree (top-k, n-gram, EAGLE-2): q = 1 on each node's token.
+        scores: [N] cumulative draft log-confidence sum_{a in path(i)} log q(a) (dynamic trees), or None.
+        depth: LongTensor [N] (derived) number of tokens from the root to node i, inclusive: a child
+            of the root has depth 1, so node i is the depth[i]-th token after the root.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    depth: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parents = torch.as_tensor(self.parents, dtype=torch.long).cpu()  # structure stays on the host
+        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long)
+        if self.parents.dim() != 1:
+            raise ValueError(f"parents must be 1-D [N], got shape {tuple(self.parents.shape)}")
+        n = self.parents.shape[0]
+        if self.tokens.shape[-1] != n or self.tokens.dim() not in (1, 2):
+            raise ValueError(f"tokens must be [N] or [B, N] with N = {n}, got shape {tuple(self.tokens.shape)}")
+        if self.probs is not None and self.probs.shape[:-1] != self.tokens.shape:
+            raise ValueError(
+                f"probs must be [*tokens.shape, V], got {tuple(self.probs.shape)} for tokens {tuple(self.tokens.shape)}"
+            )
+        parents = self.parents.tolist()
+        depth = []
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}; nodes must be topologically ordered (-1 <= parent < index)")
+            depth.append(1 if parent == ROOT else depth[parent] + 1)
+        self.depth = torch.tensor(depth, dtype=torch.long)
+        # Children of each input row (row 0 = the root, row 1 + i = node i), in try order.
+        self._children: list[list[int]] = [[] for _ in range(n + 1)]
+        for i, parent in enumerate(parents):
+            self._children[parent + 1].append(i)
+        self._groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    # structure ------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """N, the number of nodes."""
+        return self.parents.shape[0]
+
+    @property
+    def max_depth(self) -> int:
+        """D, the depth of the deepest node (0 for an empty tree)."""
+        return int(self.depth.max()) if self.size else 0
+
+    def children(self, node: int) -> list[int]:
+        """Children of ``node`` (-1: of the root), in the order verification tries them."""
+        return list(self._children[node + 1])
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive)."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
+
+    def sibling_groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Nodes grouped by their rank among their siblings.
+
+        Returns:
+            For rank j = 0 .. (most children of any row) - 1: (nodes [n_j], rows [n_j]) where nodes
+            are the j-th child of each input row that has one and rows = parents[nodes] + 1 (the
+            target row scoring them). Rows are distinct within a group, so a verification rule can
+            process all nodes of one rank in parallel.
+        """
+        if self._groups is None:
+            groups = []
+            for rank in range(max(map(len, self._children))):
+                nodes = torch.tensor([kids[rank] for kids in self._children if len(kids) > rank], dtype=torch.long)
+                groups.append((nodes, self.parents[nodes] + 1))
+            self._groups = groups
+        return self._groups
+
+    def ancestor_matrix(self) -> torch.Tensor:
+        """BoolTensor [N, N]: A[i, j] = node j is node i or one of its ancestors."""
+        n = self.size
+        matrix = torch.eye(n, dtype=torch.bool)
+        for i, parent in enumerate(self.parents.tolist()):
+            if parent != ROOT:
+                matrix[i] |= matrix[parent]  # parents come first, so their rows are complete
+        return matrix
+
+    def is_chain(self) -> bool:
+        """True if every node's parent is the previous node (a linear draft)."""
+        return torch.equal(self.parents, torch.arange(-1, self.size - 1))
+
+    def prepend_root(self, token: torch.Tensor | int) -> "TokenTree":
+        """The tree with the root itself as node 0 (every old node shifts by one).
+
+        This is the layout of a verification forward: the inputs are [root, node_0 .. node_{N-1}]
+        and the root (the last committed token, not yet in the cache) is the parent of the old
+        root children. ``probs`` and ``scores`` are dropped (the forward needs only the shape).
+        """
+        token = torch.as_tensor(token, dtype=torch.long, device=self.tokens.device).reshape(*self.tokens.shape[:-1], 1)
+        parents = torch.cat([torch.tensor([ROOT]), torch.where(self.parents == ROOT, 0, self.parents + 1)])
+        return TokenTree(torch.cat([token, self.tokens], dim=-1), parents)
+
+    # construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_paths(
+        cls,
+        paths: Sequence[Sequence[int]],
+        tokens: torch.Tensor | Sequence[int],
+        probs: torch.Tensor | None = None,
+    ) -> "TokenTree":
+        """A static tree (Medusa) from index paths.
+
+        Path ``(a, b, c)`` is the c-th child of the b-th child of the a-th child of the root. Nodes
+        are ordered by (depth, path), so parents precede children and siblings are tried in the
+        order of their last index. Every proper prefix of a path must be a path too.
+
+        Args:
+            paths: N distinct non-empty index paths, e.g. ``[(0,), (1,), (0, 0), (0, 1), (1, 0)]``.
+            tokens: [N] (or [B, N]) the token of each path, aligned with ``paths`` as given. For
+                Medusa heads with top-k candidates ``cand`` [D, k]: token(p) = cand[len(p) - 1, p[-1]].
+            probs: [N, V] (or [B, N, V]) draft distributions aligned with ``paths``, or None.
+        Raises:
+            ValueError: for duplicate paths or a path whose parent path is missing.
+        Example:
+            >>> TokenTree.from_paths([(0,), (1,), (0, 0)], [5, 7, 9]).parents
+            tensor([-1, -1,  0])
+        """
+        keyed = [tuple(int(i) for i in p) for p in paths]
+        if len(set(keyed)) != len(keyed):
+            raise ValueError("paths must be distinct")
+        if any(len(p) == 0 for p in keyed):
+            raise ValueError("paths must be non-empty (the root is not a node)")
+        order = sorted(range(len(keyed)), key=lambda i: (len(keyed[i]), keyed[i]))
+        index_of = {keyed[i]: rank for rank, i in enumerate(order)}
+        parents = []
+        for i in order:
+            path = keyed[i]
+            if len(path) == 1:
+                parents.append(ROOT)
+            elif path[:-1] in index_of:
+                parents.append(index_of[path[:-1]])
+            else:
+                raise ValueError(f"path {path} has no parent path {path[:-1]}")
+        permutation = torch.tensor(order, dtype=torch.long)
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        tokens = tokens.index_select(-1, permutation.to(tokens.device))
+        if probs is not None:
+            probs = probs.index_select(-2, permutation.to(probs.device))
+        return cls(tokens, torch.tensor(parents, dtype=torch.long), probs)
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None) -> "TokenTree":
+        """A linear draft as a tree: tokens [K] (or [B, K]), probs [K, V] (or [B, K, V]) or None."""
+        return cls(tokens, torch.arange(-1, tokens.shape[-1] - 1), probs)
+
+
+ChildProbs = Callable[[TokenTree, torch.Tensor], torch.Tensor]
+
+
+def dynamic_tree(
+    root_probs: torch.Tensor,
+    child_probs: ChildProbs,
+    depth: int,
+    top_k: int,
+    num_nodes: int,
+) -> TokenTree:
+    """EAGLE-2's context-aware dynamic draft tree (Li et al. 2024), deterministic (q = 1 per node).
+
+    The value of a candidate node is its cumulative draft confidence
+    V(i) = prod_{a in path(i)} c(a), c(a) = q(a | ancestors of a); we work with log V.
+
+    1. Expand: the root's top_k tokens form layer 1. For layers 2 .. ``depth``: the top_k nodes of
+       the previous layer by V are expanded (``child_probs`` gives their next-token draft
+       distributions), each contributes its top_k tokens as candidates (top_k^2 per layer), and
+       the top_k of these by V are the next layer's nodes to expand.
+    2. Rerank: of all candidates, keep the ``num_nodes`` with the highest V. Since c <= 1, a child
+       never beats its parent (ties go to the earlier node, and parents are created first), so the
+       kept set contains every kept node's ancestors and is a tree.
+
+    Args:
+        root_probs: [V] draft distribution after the committed tokens.
+        child_probs: ``(candidates, nodes) -> [n, V]``: the draft distribution after each node of
+            ``nodes`` (LongTensor [n], indices into ``candidates``, the tree of every candidate so
+            far, with ``scores``). A drafter runs its network here, e.g. with
+            :func:`tree_attention_mask` over ``candidates``.
+        depth: number of layers to expand (EAGLE-2: 5-6).
+        top_k: branching factor of the expansion (EAGLE-2: 10).
+        num_nodes: N, nodes kept after reranking (EAGLE-2: ~60).
+    Returns:
+        TokenTree with ``probs=None`` and ``scores`` = log V; nodes in creation order (topological,
+        siblings by decreasing confidence).
+    """
+    if depth < 1 or top_k < 1 or num_nodes < 1:
+        raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
+    device = root_probs.device
+    log_conf, tokens = torch.topk(root_probs.float().clamp_min(1e-30).log(), min(top_k, root_probs.shape[-1]))
+    all_tokens, all_parents, all_scores = [tokens], [torch.full_like(tokens, ROOT)], [log_conf]
+    frontier = torch.arange(tokens.shape[0], device=device)  # nodes to expand next
+    count = tokens.shape[0]
+    for _ in range(depth - 1):
+        candidates = TokenTree(torch.cat(all_tokens), torch.cat(all_parents), scores=torch.cat(all_scores))
+        probs = child_probs(candidates, frontier.cpu())  # [n, V]
+        child_log, child_tokens = torch.topk(probs.float().clamp_min(1e-30).log(), min(top_k, probs.shape[-1]), dim=-1)
+        scores = (candidates.scores.to(device)[frontier].unsqueeze(1) + child_log).flatten()  # [n * k]
+        all_tokens.append(child_tokens.flatten())
+        all_parents.append(frontier.repeat_interleave(child_tokens.shape[1]).to(torch.long))
+        all_scores.append(scores)
+        best = torch.argsort(-scores, stable=True)[:top_k]
+        frontier = count + best.sort().values
+        count += scores.shape[0]
+    tokens, parents, scores = torch.cat(all_tokens), torch.cat(all_parents).cpu(), torch.cat(all_scores)
+    # Rerank: highest score first, ties to the earlier (shallower) node, so the set is ancestor-closed.
+    keep = min(num_nodes, tokens.shape[0])
+    kept = torch.argsort(-scores, stable=True)[:keep].sort().values.cpu()
+    new_index = torch.full((tokens.shape[0],), ROOT, dtype=torch.long)
+    new_index[kept] = torch.arange(keep)
+    kept_parents = parents[kept]
+    kept_parents = torch.where(kept_parents == ROOT, ROOT, new_index[kept_parents.clamp(min=0)])
+    return TokenTree(tokens[kept.to(device)], kept_parents, scores=scores[kept.to(device)])
+
+
+def tree_attention_mask(
+    tree: TokenTree, prefix_length: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Additive 4-D attention mask for a forward over the tree's N nodes after ``prefix_length``
+    cached tokens.
+
+    mask[0, 0, i, j] = 0 if j < prefix_length (the prefix) or node j - prefix_length is node i or
+    an ancestor of node i; finfo(dtype).min otherwise. The shape [1, 1, N, prefix + N] is what
+    transformers takes as a ready-made ``attention_mask`` (returned unchanged by its mask
+    builders) for eager and sdpa attention.
+
+    Args:
+        tree: the N nodes being fed (for a verification forward, ``tree.prepend_root(last_token)``).
+        prefix_length: tokens already in the KV cache.
+        dtype: the model's compute dtype.
+    Returns:
+        FloatTensor [1, 1, N, prefix_length + N].
+    """
+    n = tree.size
+    visible = torch.cat([torch.ones(n, prefix_length, dtype=torch.bool), tree.ancestor_matrix()], dim=1)
+    mask = torch.zeros(n, prefix_length + n, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask.view(1, 1, n, prefix_length + n).to(device or tree.tokens.device)
+
+
+def tree_position_ids(tree: TokenTree, start: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Position ids of the nodes: start + depth - 1, so the root's children sit at ``start``.
+
+    Returns:
+        LongTensor [1, N].
+    """
+    return (start + tree.depth - 1).view(1, -1).to(device or tree.tokens.device)

@@ -1,0 +1,172 @@
+"""``mmspec train drafter --method eagle --target smollm2|captioner``: train a feature-level drafter
+on the target's own outputs and hidden states (self-distillation), bf16 on CPU, resumable.
+
+1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
+   SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, the
+   caption train split teacher-forced through the embedded captioner. Either way the target's
+   last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
+2. Training: the EAGLE head (:class:`mmspec.drafters.eagle.EagleHead`) reads pairs
+   (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
+   x_{t+2}) on the answer positions, AdamW on fp32 weights under bf16 autocast. ``--init`` starts
+   from another head (e.g. the SmolLM2 head for the captioner, whose decoder is SmolLM2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ..drafters.eagle import EagleHead
+from ..modeling.captioner import models_dir
+
+TARGETS = ("smollm2", "captioner")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", default="eagle", choices=["eagle"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--target", default="smollm2", choices=TARGETS)
+    parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
+    parser.add_argument("--data", default=None, help="self-distillation cache (default runs/<target>-selfdistill)")
+    parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
+    parser.add_argument("--init", default=None, help="start from this head directory")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--ce-positions", type=int, default=512, help="positions per batch that get the CE term")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
+
+
+def load_target(name: str):
+    """-> (model, tokenizer or processor) in bf16."""
+    if name == "smollm2":
+        from ..hub import load_causal_lm
+
+        return load_causal_lm("smollm2", dtype=torch.bfloat16)
+    from ..modeling.captioner import load_default_captioner
+
+    return load_default_captioner(dtype=torch.bfloat16)
+
+
+def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int = 64) -> None:
+    from . import selfdistill
+
+    done = len(list(data_dir.glob("chunk-*.pt")))
+    total = math.ceil(args.sequences / chunk)
+    for index in range(done, total):
+        started = time.time()
+        first = index * chunk
+        count = min(chunk, args.sequences - first)
+        if args.target == "smollm2":
+            prompts = selfdistill.text_prompts(args.sequences)[first : first + count]
+            sequences = selfdistill.generate_text_sequences(model, tokenizer_or_processor, prompts, args.max_new_tokens)
+            records = selfdistill.extract_text_features(model, sequences)
+        else:
+            from .data import FAMILIES, make_sample
+
+            samples = [make_sample(FAMILIES[i % len(FAMILIES)], "train", i // len(FAMILIES)) for i in range(first, first + count)]
+            records = selfdistill.extract_caption_features(model, tokenizer_or_processor, [(s.image, s.prompt, s.answer) for s in samples])
+        selfdistill.save_chunk(data_dir, index, records)
+        print(f"data chunk {index + 1}/{total}: {count} sequences in {time.time() - started:.0f} s", flush=True)
+
+
+def collate(records) -> dict[str, torch.Tensor]:
+    length = max(len(r["ids"]) for r in records)
+    hidden = records[0]["features"].shape[-1]
+    ids = torch.zeros((len(records), length), dtype=torch.long)
+    learn = torch.zeros((len(records), length), dtype=torch.bool)
+    features = torch.zeros((len(records), length, hidden), dtype=torch.bfloat16)
+    for row, r in enumerate(records):
+        n = len(r["ids"])
+        ids[row, :n], learn[row, :n], features[row, :n] = r["ids"], r["learn"], r["features"]
+    return {"ids": ids, "learn": learn, "features": features}
+
+
+def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
+               ce_positions: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
+    """Pairs t = 0..L-2: (f_t, x_{t+1}) -> f^_{t+1}; regression on positions whose token x_{t+1} is
+    learnt, CE of x_{t+2} where that token is learnt (on a random ``ce_positions`` of them: the
+    49k-row LM head is most of a step's cost). Returns (loss, top-1 accuracy of x_{t+2})."""
+    ids, learn, features = batch["ids"], batch["learn"], batch["features"].float()
+    positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
+    predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
+    regress = learn[:, 1:]
+    feature_loss = torch.nn.functional.smooth_l1_loss(predicted[regress].float(), features[:, 1:][regress])
+    classify = learn[:, 2:]
+    chosen, targets = predicted[:, :-1][classify], ids[:, 2:][classify]
+    if ce_positions is not None and len(targets) > ce_positions:
+        keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+        chosen, targets = chosen[keep], targets[keep]
+    logits = chosen @ lm_head.T
+    token_loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+    accuracy = (logits.argmax(-1) == targets).float().mean().item()
+    return feature_loss + 0.1 * token_loss, accuracy
+
+
+def run(args) -> int:
+    from .selfdistill import load_chunks
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-eagle")
+    data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
+    model, tokenizer_or_processor = load_target(args.target)
+    prepare_data(args, model, tokenizer_or_processor, data_dir)
+    records = load_chunks(data_dir)
+    held = min(64, len(records) // 8)
+    held_out, train = records[:held], records[held:]
+    embed = model.get_input_embeddings().weight.detach()
+    lm_head = model.get_output_embeddings().weight.detach()
+    from ..adapters.hf import text_decoder
+
+    head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+    head.train()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    state_path = out / "train_state.pt"
+    step, log, elapsed = 0, [], 0.0
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=True)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, log, elapsed = state["step"], state["log"], state["elapsed"]
+        print(f"resuming at step {step}", flush=True)
+    started = time.time()
+    while step < args.steps:
+        order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
+        lr = args.lr * min(1.0, (step + 1) / 50) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = eagle_loss(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
+                                 args.ce_positions, torch.Generator().manual_seed(step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        out_of_time = args.time_limit is not None and (time.time() - started) / 60 > args.time_limit
+        if step % 100 == 0 or step == args.steps or out_of_time:
+            head.eval()
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                scores = [eagle_loss(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
+            head.train()
+            now = elapsed + time.time() - started
+            entry = {"step": step, "loss": round(loss.item(), 4), "held_out_loss": round(sum(s[0].item() for s in scores) / len(scores), 4),
+                     "held_out_top1": round(sum(s[1] for s in scores) / len(scores), 4), "minutes": round(now / 60, 2)}
+            log.append(entry)
+            print(json.dumps(entry), flush=True)
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "elapsed": now}, state_path)
+            copy.deepcopy(head).to(torch.bfloat16).save(out, target=args.target, step=step, held_out_top1=entry["held_out_top1"])
+            settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+            (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(now / 60, 1), "log": log}, indent=1))
+        if out_of_time:
+            print("time limit reached; rerun the same command to resume", flush=True)
+            break
+    return 0

@@ -1,0 +1,124 @@
+"""Self-distillation data for trained drafters: what the target itself says, with its features.
+
+Two sources, both token sequences with a mask of the positions to learn:
+- ``text``: instructions the project writes (templates x topics, disjoint from ``mmspec bench``'s
+  prompts), answered by the real SmolLM2 itself with greedy decoding (batched transformers
+  ``generate``), so a drafter learns the target's own continuations;
+- ``caption``: the caption data's train split (image + prompt + reference answer, teacher-forced
+  through the captioner, whose answers were trained towards those references).
+
+``extract_features`` runs the target once over each sequence (teacher forcing) and keeps its last
+hidden states (the LM head's input) in bf16, in chunks on disk, so drafter training never reruns
+the 30-layer target. The hidden state after the first ``SHALLOW_LAYER`` layers is kept too (the
+early exit of Kangaroo-style drafters).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+#: decoder layers whose output is stored as the "shallow" feature (Kangaroo's early exit)
+SHALLOW_LAYER = 2
+
+TEMPLATES = [
+    "Write a short paragraph about {topic}.",
+    "Explain {topic} to a ten-year-old.",
+    "Give three facts about {topic}.",
+    "What are the advantages and disadvantages of {topic}?",
+    "Write a short story that involves {topic}.",
+    "Describe {topic} in two sentences.",
+    "How would you teach someone about {topic}?",
+    "Write a friendly email to a colleague about {topic}.",
+    "List five words related to {topic} and explain each briefly.",
+    "Summarize the history of {topic} briefly.",
+    "Rewrite this sentence in a formal style: I really like {topic} because it is fun.",
+    "Translate into simple English: The phenomenon of {topic} is frequently misunderstood.",
+    "Answer briefly: why is {topic} important?",
+    "Write a haiku about {topic}.",
+    "Compare {topic} with something similar.",
+    "What questions do people often ask about {topic}? Answer two of them.",
+    "If you had 10 dollars and spent 3 on {topic}, how much would be left? Explain.",
+    "Describe a picture that shows {topic}.",
+]
+TOPICS = [
+    "the ocean", "volcanoes", "bicycles", "coffee", "the moon", "rain forests", "chess", "bread baking",
+    "honey bees", "trains", "the internet", "recycling", "gardening", "the piano", "dinosaurs", "winter",
+    "football", "libraries", "clocks", "bridges", "solar power", "birds", "mountains", "cheese",
+    "the human heart", "photography", "paper", "maps", "rivers", "robots", "tea", "castles", "deserts",
+    "electricity", "friendship", "music festivals", "umbrellas", "glass", "the alphabet", "pyramids",
+    "airplanes", "vaccines", "cats", "dogs", "markets", "fishing", "origami", "the weather", "stars",
+    "painting", "swimming", "recipes", "money", "newspapers", "insects", "cars", "batteries", "tides",
+]
+
+
+def text_prompts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice(TEMPLATES).format(topic=rng.choice(TOPICS)) for _ in range(count)]
+
+
+def generate_text_sequences(model, tokenizer, prompts: list[str], max_new_tokens: int = 128, batch_size: int = 16):
+    """Greedy answers of ``model`` -> list of (ids [L] LongTensor, learn mask [L] bool: the answer)."""
+    tokenizer.padding_side = "left"
+    sequences = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in chunk]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        for row in range(len(chunk)):
+            prompt = batch["input_ids"][row][batch["attention_mask"][row].bool()]
+            answer = out[row, batch["input_ids"].shape[1]:]
+            answer = answer[answer != tokenizer.pad_token_id]
+            ids = torch.cat([prompt, answer])
+            learn = torch.zeros(len(ids), dtype=torch.bool)
+            learn[len(prompt):] = True
+            sequences.append((ids, learn))
+    return sequences
+
+
+def extract_text_features(model, sequences) -> list[dict[str, torch.Tensor]]:
+    """Teacher-forced target features: [{"ids" [L], "learn" [L], "features" [L, H] bf16}]."""
+    records = []
+    with torch.inference_mode():
+        for ids, learn in sequences:
+            out = model.model(input_ids=ids[None], output_hidden_states=True)
+            records.append({"ids": ids, "learn": learn, "features": out.last_hidden_state[0].to(torch.bfloat16),
+                            "shallow": out.hidden_states[SHALLOW_LAYER][0].to(torch.bfloat16)})
+    return records
+
+
+def extract_caption_features(model, processor, samples) -> list[dict[str, torch.Tensor]]:
+    """Caption samples (image, prompt, answer) teacher-forced through the captioner."""
+    from .captioner import IGNORE, build_batch
+
+    records = []
+    with torch.inference_mode():
+        for sample in samples:
+            batch = build_batch(processor, [sample])
+            out = model.model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                pixel_values=batch["pixel_values"].to(model.dtype), pixel_attention_mask=batch["pixel_attention_mask"],
+                output_hidden_states=True,
+            )
+            records.append({"ids": batch["input_ids"][0], "learn": batch["labels"][0] != IGNORE,
+                            "features": out.last_hidden_state[0].to(torch.bfloat16),
+                            "shallow": out.hidden_states[SHALLOW_LAYER][0].to(torch.bfloat16)})
+    return records
+
+
+def save_chunk(directory: Path, index: int, records) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"chunk-{index:04d}.tmp"
+    torch.save(records, tmp)
+    tmp.replace(directory / f"chunk-{index:04d}.pt")
+
+
+def load_chunks(directory: Path) -> list[dict[str, torch.Tensor]]:
+    records = []
+    for path in sorted(directory.glob("chunk-*.pt")):
+        records += torch.load(path, weights_only=True)
+    return records
