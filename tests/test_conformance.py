@@ -9,7 +9,7 @@ from tiny_models import FAMILIES, make_text_only_draft, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import text_decoder
-from mmspec.drafters import EagleDrafter, EagleHead, ModelDrafter
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, EagleHead, ModelDrafter
 
 K = 4
 MAX_NEW = 1 + 3 * (K + 1)  # the prefill token, then three full verification steps
@@ -34,6 +34,7 @@ def drafter_specs(case):
         "random draft (SPD for VLMs)": make_text_only_draft(case.vocab_size, seed=7),
         "same model": ModelDrafter(case.model, num_draft_tokens=K),
         "eagle (random head)": EagleDrafter(case.model, random_eagle_head(case.model), num_draft_tokens=K),
+        "eagle2 (random head)": Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8),
     }
 
 
@@ -42,7 +43,7 @@ def random_eagle_head(model):
     return EagleHead(text_decoder(model).config).to(model.dtype).eval()
 
 
-@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)"])
+@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)", "eagle2 (random head)"])
 def test_greedy_identical_to_transformers(case, reference, name):
     out = mmspec.generate(case.model, drafter=drafter_specs(case)[name], max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
     assert out.sequences.shape == reference.shape

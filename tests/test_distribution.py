@@ -31,13 +31,15 @@ PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
 TEMPERATURE, TOP_K = 1.3, 7
 
 
-def eagle_drafter(model):
-    """An EAGLE head (random weights) on the target's features: drafts from a real distribution q."""
+def eagle_drafter(model, tree=False):
+    """An EAGLE head (random weights) on the target's features: a chain drafted from a real
+    distribution q, or (tree) an EAGLE-2 dynamic tree with q = 1 per node."""
     from mmspec.adapters.hf import text_decoder
-    from mmspec.drafters import EagleDrafter, EagleHead
+    from mmspec.drafters import Eagle2Drafter, EagleDrafter, EagleHead
 
     torch.manual_seed(5)
-    return EagleDrafter(model, EagleHead(text_decoder(model).config).eval(), num_draft_tokens=2)
+    head = EagleHead(text_decoder(model).config).eval()
+    return Eagle2Drafter(model, head, depth=2, top_k=3, num_nodes=6) if tree else EagleDrafter(model, head, num_draft_tokens=2)
 
 
 def exact_marginals(model):
@@ -62,9 +64,9 @@ def exact_marginals(model):
     return marginals
 
 
-@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle"])
+@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle2"])
 def test_loop_samples_target_distribution(target, drafter):
-    spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target)}.get(drafter, lambda: drafter)()
+    spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True)}.get(drafter, lambda: drafter)()
     exact = exact_marginals(target)
     counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
     accepted = 0

@@ -69,3 +69,37 @@ def test_trained_head_drafts_the_target(tiny):
         optimizer.zero_grad()
     after = acceptance()
     assert after > before + 0.3, (before, after)
+
+
+def test_eagle2_tree_scores_equal_sequential_head_runs(tiny):
+    """Every node's cumulative confidence in the EAGLE-2 tree equals the one obtained by running the
+    head along the node's path from scratch (no cache, no tree mask): the tree mask, positions and
+    cache handling of the head are right."""
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.drafters import Eagle2Drafter
+
+    model = tiny.model
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(model).config).eval()
+    drafter = Eagle2Drafter(model, head, depth=3, top_k=3, num_nodes=21)  # 3 + 9 + 9 candidates: all kept
+    target = TransformersTarget(model)
+    with torch.inference_mode():
+        state, prefill = target.prefill(tiny.inputs, need_hidden=True)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), tiny.inputs), state)
+        drafter.on_verified(0, 0, prefill)
+        tree = drafter.propose(state, 10).tree
+        assert tree.size == 21 and tree.max_depth == 3
+        embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+        features, tokens = prefill.hidden_states, state.tokens[:, 1:]
+        for node in range(tree.size):
+            seq_features, seq_tokens, score = features, tokens, 0.0
+            for step in tree.path_to(node):
+                positions = torch.arange(seq_tokens.shape[1])[None]
+                predicted = head(seq_features, embed(seq_tokens), None, positions)[:, -1:]
+                score += torch.log_softmax(lm_head(predicted[0, 0]).float(), -1)[tree.tokens[step]].item()
+                seq_features = torch.cat([seq_features, predicted], dim=1)
+                seq_tokens = torch.cat([seq_tokens, tree.tokens[step].view(1, 1)], dim=1)
+            assert score == pytest.approx(tree.scores[node].item(), abs=1e-4), node

@@ -7,14 +7,14 @@ from typing import Any
 from torch import nn
 
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
-from .eagle import EagleDrafter, EagleHead
+from .eagle import Eagle2Drafter, EagleDrafter, EagleHead
 from .layer_skip import LayerSkipDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "EagleDrafter", "EagleHead", "LayerSkipDrafter", "ModelDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
+    "Eagle2Drafter", "EagleDrafter", "EagleHead", "LayerSkipDrafter", "ModelDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

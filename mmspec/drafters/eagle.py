@@ -28,6 +28,7 @@ from ..adapters.hf import text_decoder
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
+from ..core.tree import TokenTree, dynamic_tree
 
 HEAD_CONFIG = "eagle_config.json"
 HEAD_WEIGHTS = "eagle_head.safetensors"
@@ -56,10 +57,13 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.decoder = AutoModel.from_config(config)
 
-    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor) -> torch.Tensor:
-        """features, token_embeds: [B, n, H]; position_ids: [B, n] -> predicted next features [B, n, H]."""
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, token_embeds: [B, n, H]; position_ids: [B, n]; attention_mask: None (causal) or
+        a 4-D additive mask [B, 1, n, cached + n] -> predicted next features [B, n, H]."""
         inputs = self.fc(torch.cat([token_embeds, features], dim=-1))
-        return self.decoder(inputs_embeds=inputs, past_key_values=cache, position_ids=position_ids, use_cache=cache is not None).last_hidden_state
+        return self.decoder(inputs_embeds=inputs, past_key_values=cache, position_ids=position_ids,
+                            attention_mask=attention_mask, use_cache=cache is not None).last_hidden_state
 
     def save(self, directory: str | Path, **card) -> None:
         from safetensors.torch import save_file
@@ -133,15 +137,20 @@ class EagleDrafter(Drafter):
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None]
         return self.head(features, self.embed(tokens), self.cache, positions)
 
-    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        k = min(self.num_draft_tokens, max_tokens)
+    def _catch_up(self, state: SequenceState) -> torch.Tensor:
+        """Feed the committed pairs not yet in the head's cache (features of positions fed .. L-2,
+        tokens fed+1 .. L-1) -> the predicted feature after the last committed token [1, 1, H]."""
         length = state.tokens.shape[1]
-        # Catch up on the committed pairs: features of positions fed .. length-2, tokens fed+1 .. length-1.
         pending = length - 1 - self.fed
         predicted = self._step(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.fed)[:, -1:]
         self.features = self.features[:, pending:]
         self.fed = length - 1
         self.forwards += 1
+        return predicted
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        k = min(self.num_draft_tokens, max_tokens)
+        predicted = self._catch_up(state)
         tokens, probs = [], []
         for i in range(k):
             choice, q = self._pick(self.lm_head(predicted[:, -1]))
@@ -155,3 +164,64 @@ class EagleDrafter(Drafter):
 
     def describe(self) -> dict:
         return {**super().describe(), "head_layers": 1}
+
+
+@register_drafter("eagle2")
+class Eagle2Drafter(EagleDrafter):
+    """EAGLE-2 (Li et al., 2024): the EAGLE head grows a context-aware dynamic tree.
+
+    Expand the ``top_k`` most confident nodes per layer for ``depth`` layers (confidence = product
+    of the head's probabilities along the path), keep the ``num_nodes`` best of all candidates
+    (:func:`mmspec.core.tree.dynamic_tree`), verify the tree in one target forward. The tree is
+    deterministic (q = 1 per node), so sampling stays exact with the multi-draft rule.
+
+    Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
+    predicted feature at its parent and its own token, and attends to the committed pairs and its
+    tree ancestors (a 4-D mask over the head's cache).
+    """
+
+    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 5, top_k: int = 8, num_nodes: int = 48) -> None:
+        super().__init__(target_model, head, num_draft_tokens=depth)
+        self.depth, self.top_k, self.num_nodes = depth, top_k, num_nodes
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
+        if not arg:
+            raise ValueError('eagle2 needs a trained head: drafter="eagle2:PATH" (train one with `mmspec train drafter --method eagle`)')
+        return cls(target.model, EagleHead.load(arg, target.model), depth=num_draft_tokens or 5)
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        depth = min(self.depth, max_tokens)
+        root_feature = self._catch_up(state)
+        fed_nodes: list[int] = []  # candidate indices in the head cache after the committed pairs
+        outputs: dict[int, torch.Tensor] = {}  # candidate -> predicted feature [H]
+
+        def child_probs(candidates: TokenTree, nodes: torch.Tensor) -> torch.Tensor:
+            nodes = nodes.tolist()
+            parents = candidates.parents[nodes].tolist()
+            features = torch.stack([root_feature[0, 0] if p < 0 else outputs[p] for p in parents])[None]
+            tokens = candidates.tokens[nodes].to(state.tokens.device)[None]
+            depths = candidates.depth[nodes].to(tokens.device)
+            ancestors = candidates.ancestor_matrix()
+            cached = self.fed + len(fed_nodes)
+            allowed = torch.ones((len(nodes), cached + len(nodes)), dtype=torch.bool)
+            if fed_nodes:
+                allowed[:, self.fed : cached] = ancestors[nodes][:, fed_nodes]
+            allowed[:, cached:] = torch.eye(len(nodes), dtype=torch.bool)
+            dtype = root_feature.dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            predicted = self.head(features, self.embed(tokens), self.cache, (self.fed + depths - 1)[None],
+                                  attention_mask=mask[None, None].to(tokens.device))
+            self.forwards += 1
+            fed_nodes.extend(nodes)
+            for node, feature in zip(nodes, predicted[0]):
+                outputs[node] = feature
+            return torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
+
+        root_probs = torch.softmax(self.lm_head(root_feature[0, 0]).float(), dim=-1)
+        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.num_nodes)
+        crop_cache(self.cache, self.fed)
+        return Draft.from_tree(tree)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "tree": "dynamic", "depth": self.depth, "top_k": self.top_k, "num_nodes": self.num_nodes}
