@@ -9,7 +9,7 @@ from tiny_models import FAMILIES, make_text_only_draft, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import text_decoder
-from mmspec.drafters import Eagle2Drafter, EagleDrafter, EagleHead, ModelDrafter
+from mmspec.drafters import DraftHeads, Eagle2Drafter, EagleDrafter, EagleHead, HydraDrafter, MedusaDrafter, ModelDrafter
 
 K = 4
 MAX_NEW = 1 + 3 * (K + 1)  # the prefill token, then three full verification steps
@@ -35,7 +35,18 @@ def drafter_specs(case):
         "same model": ModelDrafter(case.model, num_draft_tokens=K),
         "eagle (random head)": EagleDrafter(case.model, random_eagle_head(case.model), num_draft_tokens=K),
         "eagle2 (random head)": Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8),
+        "medusa (random heads)": MedusaDrafter(case.model, random_heads(case.model, "medusa")),
+        "hydra (random heads)": HydraDrafter(case.model, random_heads(case.model, "hydra")),
     }
+
+
+def random_heads(model, kind):
+    torch.manual_seed(4)
+    heads = DraftHeads(model.get_output_embeddings().weight.shape[1], num_heads=4, kind=kind)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return heads.to(model.dtype).eval()
 
 
 def random_eagle_head(model):
@@ -43,7 +54,8 @@ def random_eagle_head(model):
     return EagleHead(text_decoder(model).config).to(model.dtype).eval()
 
 
-@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)", "eagle2 (random head)"])
+@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)", "eagle2 (random head)",
+                                  "medusa (random heads)", "hydra (random heads)"])
 def test_greedy_identical_to_transformers(case, reference, name):
     out = mmspec.generate(case.model, drafter=drafter_specs(case)[name], max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
     assert out.sequences.shape == reference.shape

@@ -42,6 +42,18 @@ def eagle_drafter(model, tree=False):
     return Eagle2Drafter(model, head, depth=2, top_k=3, num_nodes=6) if tree else EagleDrafter(model, head, num_draft_tokens=2)
 
 
+def hydra_drafter(model):
+    """Hydra heads (random weights around the identity): a static tree, q = 1 per node."""
+    from mmspec.drafters import DraftHeads, HydraDrafter
+
+    torch.manual_seed(6)
+    heads = DraftHeads(model.get_output_embeddings().weight.shape[1], num_heads=2, kind="hydra")
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return HydraDrafter(model, heads.eval(), tree_paths=[(0,), (1,), (0, 0), (0, 1), (1, 0)])
+
+
 def exact_marginals(model):
     """Exact marginal distribution of each of the NEW generated tokens (enumeration)."""
     from mmspec.core.sampling import SamplingConfig, logits_to_probs
@@ -64,9 +76,10 @@ def exact_marginals(model):
     return marginals
 
 
-@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle2"])
+@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle2", "hydra"])
 def test_loop_samples_target_distribution(target, drafter):
-    spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True)}.get(drafter, lambda: drafter)()
+    spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True),
+            "hydra": lambda: hydra_drafter(target)}.get(drafter, lambda: drafter)()
     exact = exact_marginals(target)
     counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
     accepted = 0

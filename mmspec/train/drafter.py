@@ -1,4 +1,4 @@
-"""``mmspec train drafter --method eagle --target smollm2|captioner``: train a feature-level drafter
+"""``mmspec train drafter --method eagle|medusa|hydra --target smollm2|captioner``: train a drafter
 on the target's own outputs and hidden states (self-distillation), bf16 on CPU, resumable.
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
@@ -9,6 +9,9 @@ on the target's own outputs and hidden states (self-distillation), bf16 on CPU, 
    (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
    x_{t+2}) on the answer positions, AdamW on fp32 weights under bf16 autocast. ``--init`` starts
    from another head (e.g. the SmolLM2 head for the captioner, whose decoder is SmolLM2).
+   Medusa / Hydra heads (:mod:`mmspec.drafters.medusa`): head i reads f_t (Hydra: and the
+   embeddings of x_{t+1} .. x_{t+1+i}, teacher-forced) and is trained with CE against x_{t+2+i},
+   weighted 0.8^i, on the same cached features.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from pathlib import Path
 import torch
 
 from ..drafters.eagle import EagleHead
+from ..drafters.medusa import DraftHeads
 from ..modeling.captioner import models_dir
 
 TARGETS = ("smollm2", "captioner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="eagle", choices=["eagle"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--method", default="eagle", choices=["eagle", "medusa", "hydra"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2", choices=TARGETS)
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
     parser.add_argument("--data", default=None, help="self-distillation cache (default runs/<target>-selfdistill)")
@@ -110,11 +115,40 @@ def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batc
     return feature_loss + 0.1 * token_loss, accuracy
 
 
+def heads_loss(heads: DraftHeads, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
+               ce_positions: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
+    """Head i (0-based) on f_t predicts x_{t+2+i} where that token is learnt; Hydra heads also get
+    e(x_{t+1}) .. e(x_{t+1+i}). Loss sum_i 0.8^i CE_i. Returns (loss, head 0's top-1 accuracy)."""
+    ids, learn, features = batch["ids"], batch["learn"], batch["features"].float()
+    length = ids.shape[1]
+    total, first_accuracy = 0.0, 0.0
+    for i in range(heads.num_heads):
+        span = length - 2 - i
+        if span <= 0:
+            break
+        valid = learn[:, 2 + i :]
+        chosen = features[:, :span][valid]
+        targets = ids[:, 2 + i :][valid]
+        prefix = None
+        if heads.kind == "hydra":
+            prefix = torch.stack([ids[:, 1 + j : 1 + j + span] for j in range(i + 1)], dim=-1)[valid]  # [n, i+1]
+        if ce_positions is not None and len(targets) > ce_positions:
+            keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+            chosen, targets = chosen[keep], targets[keep]
+            prefix = prefix[keep] if prefix is not None else None
+        state = heads.head_state(i, chosen, embed[prefix] if prefix is not None else None)
+        logits = state @ lm_head.T
+        total = total + 0.8**i * torch.nn.functional.cross_entropy(logits.float(), targets)
+        if i == 0:
+            first_accuracy = (logits.argmax(-1) == targets).float().mean().item()
+    return total, first_accuracy
+
+
 def run(args) -> int:
     from .selfdistill import load_chunks
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-eagle")
+    out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
     model, tokenizer_or_processor = load_target(args.target)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
@@ -125,7 +159,13 @@ def run(args) -> int:
     lm_head = model.get_output_embeddings().weight.detach()
     from ..adapters.hf import text_decoder
 
-    head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+    if args.method == "eagle":
+        head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+        loss_of = eagle_loss
+    else:
+        head = (DraftHeads.load(args.init, model, args.method) if args.init
+                else DraftHeads(embed.shape[1], args.num_heads, args.method)).float()
+        loss_of = heads_loss
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     state_path = out / "train_state.pt"
@@ -143,7 +183,7 @@ def run(args) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _ = eagle_loss(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
+            loss, _ = loss_of(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
                                  args.ce_positions, torch.Generator().manual_seed(step))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -154,7 +194,7 @@ def run(args) -> int:
         if step % 100 == 0 or step == args.steps or out_of_time:
             head.eval()
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                scores = [eagle_loss(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
+                scores = [loss_of(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
             head.train()
             now = elapsed + time.time() - started
             entry = {"step": step, "loss": round(loss.item(), 4), "held_out_loss": round(sum(s[0].item() for s in scores) / len(scores), 4),
