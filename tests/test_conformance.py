@@ -9,7 +9,8 @@ from tiny_models import FAMILIES, make_text_only_draft, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import text_decoder
-from mmspec.drafters import DraftHeads, Eagle2Drafter, EagleDrafter, EagleHead, HydraDrafter, MedusaDrafter, ModelDrafter
+from mmspec.drafters import (DraftHeads, Eagle2Drafter, EagleDrafter, EagleHead, HydraDrafter, KangarooAdapter, KangarooDrafter,
+                             MedusaDrafter, ModelDrafter)
 
 K = 4
 MAX_NEW = 1 + 3 * (K + 1)  # the prefill token, then three full verification steps
@@ -37,6 +38,7 @@ def drafter_specs(case):
         "eagle2 (random head)": Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8),
         "medusa (random heads)": MedusaDrafter(case.model, random_heads(case.model, "medusa")),
         "hydra (random heads)": HydraDrafter(case.model, random_heads(case.model, "hydra")),
+        "kangaroo (random adapter)": KangarooDrafter(case.model, random_kangaroo(case.model), exit_layer=1, num_draft_tokens=K, stop_threshold=0.0),
     }
 
 
@@ -49,13 +51,18 @@ def random_heads(model, kind):
     return heads.to(model.dtype).eval()
 
 
+def random_kangaroo(model):
+    torch.manual_seed(8)
+    return KangarooAdapter(text_decoder(model).config).to(model.dtype).eval()
+
+
 def random_eagle_head(model):
     torch.manual_seed(3)
     return EagleHead(text_decoder(model).config).to(model.dtype).eval()
 
 
 @pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)", "eagle2 (random head)",
-                                  "medusa (random heads)", "hydra (random heads)"])
+                                  "medusa (random heads)", "hydra (random heads)", "kangaroo (random adapter)"])
 def test_greedy_identical_to_transformers(case, reference, name):
     out = mmspec.generate(case.model, drafter=drafter_specs(case)[name], max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
     assert out.sequences.shape == reference.shape

@@ -54,6 +54,15 @@ def hydra_drafter(model):
     return HydraDrafter(model, heads.eval(), tree_paths=[(0,), (1,), (0, 0), (0, 1), (1, 0)])
 
 
+def kangaroo_drafter(model):
+    """The target's first layer + a random adapter, sampled drafts (q = the shallow model's)."""
+    from mmspec.adapters.hf import text_decoder
+    from mmspec.drafters import KangarooAdapter, KangarooDrafter
+
+    torch.manual_seed(9)
+    return KangarooDrafter(model, KangarooAdapter(text_decoder(model).config).eval(), exit_layer=1, num_draft_tokens=2, stop_threshold=0.0)
+
+
 def exact_marginals(model):
     """Exact marginal distribution of each of the NEW generated tokens (enumeration)."""
     from mmspec.core.sampling import SamplingConfig, logits_to_probs
@@ -76,10 +85,10 @@ def exact_marginals(model):
     return marginals
 
 
-@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle2", "hydra"])
+@pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle2", "hydra", "kangaroo"])
 def test_loop_samples_target_distribution(target, drafter):
     spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True),
-            "hydra": lambda: hydra_drafter(target)}.get(drafter, lambda: drafter)()
+            "hydra": lambda: hydra_drafter(target), "kangaroo": lambda: kangaroo_drafter(target)}.get(drafter, lambda: drafter)()
     exact = exact_marginals(target)
     counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
     accepted = 0

@@ -86,7 +86,7 @@ def test_eagle2_tree_scores_equal_sequential_head_runs(tiny):
     drafter = Eagle2Drafter(model, head, depth=3, top_k=3, num_nodes=21)  # 3 + 9 + 9 candidates: all kept
     target = TransformersTarget(model)
     with torch.inference_mode():
-        state, prefill = target.prefill(tiny.inputs, need_hidden=True)
+        state, prefill = target.prefill(tiny.inputs, hidden_layer=-1)
         state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), tiny.inputs), state)
         drafter.on_verified(0, 0, prefill)
@@ -146,3 +146,44 @@ def test_trained_heads_draft_the_target(tiny, kind, tmp_path):
     assert acceptance(DraftHeads.load(tmp_path / kind, model, kind)) == after
     with pytest.raises(ValueError, match="holds"):
         DraftHeads.load(tmp_path / kind, model, "hydra" if kind == "medusa" else "medusa")
+
+
+def test_trained_kangaroo_adapter_drafts_the_target(tiny, tmp_path):
+    """The adapter over the first layer's normalised states, trained on the target's own greedy
+    continuations, raises acceptance; output identical to AR; save/load keeps it."""
+    from mmspec.drafters import KangarooAdapter, KangarooDrafter
+    from mmspec.train.drafter import kangaroo_loss
+
+    model = tiny.model
+    decoder = text_decoder(model)
+    with torch.no_grad():
+        records = []
+        for seed in range(24):
+            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
+            ids = model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)[0]
+            learn = torch.zeros(len(ids), dtype=torch.bool)
+            learn[6:] = True
+            out = model.model(input_ids=ids[None], output_hidden_states=True)
+            records.append({"ids": ids, "learn": learn, "features": out.last_hidden_state[0], "shallow": out.hidden_states[1][0]})
+    torch.manual_seed(0)
+    adapter = KangarooAdapter(decoder.config)
+    lm_head = model.get_output_embeddings().weight.detach()
+
+    def acceptance(a):
+        drafter = KangarooDrafter(model, a.eval(), exit_layer=1, num_draft_tokens=4, stop_threshold=0.0)
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=24, input_ids=records[0]["ids"][None, :6])
+        assert torch.equal(out.sequences[0], records[0]["ids"])
+        return out.stats.acceptance_rate
+
+    before = acceptance(adapter)
+    optimizer = torch.optim.AdamW(adapter.parameters(), lr=3e-3)
+    adapter.train()
+    for step in range(150):
+        loss, _ = kangaroo_loss(adapter, decoder.norm, lm_head, collate(records[step % 3 * 8 : step % 3 * 8 + 8]))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    after = acceptance(adapter)
+    assert after > before + 0.3, (before, after)
+    adapter.save(tmp_path / "k", exit_layer=1)
+    assert acceptance(KangarooAdapter.load(tmp_path / "k", model)) == after

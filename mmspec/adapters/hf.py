@@ -151,18 +151,18 @@ class TransformersTarget:
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
 
-    def prefill(self, model_inputs: dict[str, Any], need_hidden: bool = False) -> tuple[SequenceState, TargetOutput]:
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
         input_ids = self.check_inputs(model_inputs).to(self.device)
         cache = make_cache(self.model.config)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         out = self.model(
-            **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_hidden
+            **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=hidden_layer is not None
         )
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
-        return state, TargetOutput(out.logits[:, -1:], out.hidden_states[-1] if need_hidden else None)
+        return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
 
     def forward(
-        self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False, tree: TokenTree | None = None
+        self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
     ) -> TargetOutput:
         """Append ``tokens`` [1, n] to the state's cache; logits [1, n, V].
 
@@ -189,9 +189,9 @@ class TransformersTarget:
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            output_hidden_states=need_hidden,
+            output_hidden_states=hidden_layer is not None,
         )
-        return TargetOutput(out.logits, out.hidden_states[-1] if need_hidden else None)
+        return TargetOutput(out.logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
 
     @staticmethod
     def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:

@@ -56,7 +56,7 @@ def _tree_step(
     draft: Draft,
     sampling: SamplingConfig,
     generator: torch.Generator,
-    need_hidden: bool,
+    hidden_layer: int | None,
 ) -> tuple[TreeVerification, TargetOutput]:
     """Verify a tree draft: one target forward over [pending, node_0 .. node_{N-1}] with the tree
     attention mask, then the tree rule. Draws N + 1 uniforms like a linear draft of N tokens (a
@@ -69,7 +69,7 @@ def _tree_step(
     if acceptance not in ("greedy", "speculative"):
         raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees; use 'greedy' or 'speculative'")
     rooted = tree.prepend_root(state.tokens[0, -1])
-    out = target.forward(state, rooted.tokens.to(state.tokens.device).unsqueeze(0), need_hidden=need_hidden, tree=rooted)
+    out = target.forward(state, rooted.tokens.to(state.tokens.device).unsqueeze(0), hidden_layer=hidden_layer, tree=rooted)
     if acceptance == "greedy":
         verification = tree_greedy_verify(tree, out.logits)
     else:
@@ -141,7 +141,8 @@ def speculative_decode(
 
     with torch.inference_mode():
         # 1. Prefill: the target consumes the whole prompt once; its last logits give token 1.
-        state, prefill_out = target.prefill(model_inputs, need_hidden=bool(drafter and drafter.requires_target_hidden))
+        hidden_layer = drafter.target_hidden_layer if drafter is not None and drafter.requires_target_hidden else None
+        state, prefill_out = target.prefill(model_inputs, hidden_layer=hidden_layer)
         stats.target_forwards = 1
         empty_draft = Draft(tokens=state.tokens.new_empty((1, 0)))
         first = _verify(acceptance, empty_draft, prefill_out.logits, sampling, generator, rule_kwargs or {})
@@ -159,16 +160,15 @@ def speculative_decode(
             budget = max_new_tokens - generated - 1
             draft = drafter.propose(state, budget) if drafter is not None and budget > 0 else empty_draft
             k = draft.length
-            need_hidden = bool(drafter and drafter.requires_target_hidden)
             if draft.tree is None:
                 # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
                 inputs = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens.device)], dim=1)
-                out = target.forward(state, inputs, need_hidden=need_hidden)
+                out = target.forward(state, inputs, hidden_layer=hidden_layer)
                 verification = _verify(acceptance, draft, out.logits, sampling, generator, rule_kwargs or {})
                 path, positions = None, k
             else:
                 # 3'. A token tree: one forward with the tree attention mask, then walk the tree.
-                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, need_hidden)
+                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, hidden_layer)
                 path, positions = verification.path[0, : int(verification.num_accepted[0])], draft.tree.max_depth
                 stats.tree_nodes += k
             num_accepted = int(verification.num_accepted[0])

@@ -32,14 +32,16 @@ class Target(Protocol):
     ``forward`` appends ``tokens`` [1, n] to the state's cache and returns their logits; with
     ``tree`` (a :class:`~mmspec.core.tree.TokenTree` over the n tokens) the inputs form a token tree
     (tree attention mask, positions by depth) instead of a chain.
+    ``hidden_layer`` asks for hidden states too: None = none, -1 = the last (the LM head's input),
+    i = the output of the first i decoder layers (0 = the embeddings).
     Rolling back is the state's job (:class:`SequenceState`), never the model's.
     """
 
     device: torch.device
     vocab_size: int
 
-    def prefill(self, model_inputs: dict[str, Any], need_hidden: bool = False) -> tuple[SequenceState, TargetOutput]: ...
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]: ...
 
     def forward(
-        self, state: SequenceState, tokens: torch.Tensor, need_hidden: bool = False, tree: TokenTree | None = None
+        self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
     ) -> TargetOutput: ...

@@ -34,13 +34,18 @@ HEAD_CONFIG = "eagle_config.json"
 HEAD_WEIGHTS = "eagle_head.safetensors"
 
 
-class EagleHead(nn.Module):
-    """fc [2H -> H] + one decoder layer of the target's family + final norm.
+class OneLayerHead(nn.Module):
+    """One decoder layer of the target's family (+ its final norm) reading embeddings: the trained
+    part of feature-level drafters. Subclasses define what goes in.
 
     Args:
         text_config: the target decoder's config (its family, width, heads, rope); the head uses
             one layer of it and no vocabulary of its own.
     """
+
+    method = "eagle"
+    config_file = HEAD_CONFIG
+    weights_file = HEAD_WEIGHTS
 
     def __init__(self, text_config) -> None:
         super().__init__()
@@ -53,15 +58,9 @@ class EagleHead(nn.Module):
         if hasattr(config, "layer_types") and config.layer_types:
             config.layer_types = config.layer_types[:1]
         self.config = config
-        hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.decoder = AutoModel.from_config(config)
 
-    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """features, token_embeds: [B, n, H]; position_ids: [B, n]; attention_mask: None (causal) or
-        a 4-D additive mask [B, 1, n, cached + n] -> predicted next features [B, n, H]."""
-        inputs = self.fc(torch.cat([token_embeds, features], dim=-1))
+    def run_decoder(self, inputs: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return self.decoder(inputs_embeds=inputs, past_key_values=cache, position_ids=position_ids,
                             attention_mask=attention_mask, use_cache=cache is not None).last_hidden_state
 
@@ -70,25 +69,42 @@ class EagleHead(nn.Module):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / HEAD_WEIGHTS))
-        (directory / HEAD_CONFIG).write_text(json.dumps({"text_config": self.config.to_dict(), **card}, indent=1))
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / self.weights_file))
+        (directory / self.config_file).write_text(json.dumps({"text_config": self.config.to_dict(), **card}, indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path, target_model: nn.Module) -> "EagleHead":
+    def load(cls, directory: str | Path, target_model: nn.Module):
         """Load a head saved by :meth:`save` for ``target_model`` (checks the widths match)."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        if not (directory / HEAD_CONFIG).is_file():
-            raise FileNotFoundError(f"no EAGLE head in {directory} ({HEAD_CONFIG} missing); train one with `mmspec train drafter --method eagle`")
+        if not (directory / cls.config_file).is_file():
+            raise FileNotFoundError(
+                f"no {cls.method} head in {directory} ({cls.config_file} missing); train one with `mmspec train drafter --method {cls.method}`"
+            )
         target_config = text_decoder(target_model).config
-        saved = json.loads((directory / HEAD_CONFIG).read_text())["text_config"]
+        saved = json.loads((directory / cls.config_file).read_text())["text_config"]
         if saved["hidden_size"] != target_config.hidden_size:
-            raise ValueError(f"the EAGLE head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
+            raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
         head = cls(target_config)
-        head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
+        head.load_state_dict(load_file(str(directory / cls.weights_file)))
         param = next(target_model.parameters())
         return head.to(device=param.device, dtype=param.dtype).eval()
+
+
+class EagleHead(OneLayerHead):
+    """fc [2H -> H] over [token embedding; target feature], then the decoder layer and norm."""
+
+    def __init__(self, text_config) -> None:
+        super().__init__(text_config)
+        hidden = self.config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, token_embeds: [B, n, H]; position_ids: [B, n]; attention_mask: None (causal) or
+        a 4-D additive mask [B, 1, n, cached + n] -> predicted next features [B, n, H]."""
+        return self.run_decoder(self.fc(torch.cat([token_embeds, features], dim=-1)), cache, position_ids, attention_mask)
 
 
 @register_drafter("eagle")

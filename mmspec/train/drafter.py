@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.eagle import EagleHead
+from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
 from ..modeling.captioner import models_dir
 
@@ -33,7 +34,7 @@ TARGETS = ("smollm2", "captioner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="eagle", choices=["eagle", "medusa", "hydra"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--method", default="eagle", choices=["eagle", "medusa", "hydra", "kangaroo"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2", choices=TARGETS)
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
@@ -88,10 +89,13 @@ def collate(records) -> dict[str, torch.Tensor]:
     ids = torch.zeros((len(records), length), dtype=torch.long)
     learn = torch.zeros((len(records), length), dtype=torch.bool)
     features = torch.zeros((len(records), length, hidden), dtype=torch.bfloat16)
+    shallow = torch.zeros_like(features) if "shallow" in records[0] else None
     for row, r in enumerate(records):
         n = len(r["ids"])
         ids[row, :n], learn[row, :n], features[row, :n] = r["ids"], r["learn"], r["features"]
-    return {"ids": ids, "learn": learn, "features": features}
+        if shallow is not None:
+            shallow[row, :n] = r["shallow"]
+    return {"ids": ids, "learn": learn, "features": features, "shallow": shallow}
 
 
 def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
@@ -144,8 +148,24 @@ def heads_loss(heads: DraftHeads, embed: torch.Tensor, lm_head: torch.Tensor, ba
     return total, first_accuracy
 
 
+def kangaroo_loss(adapter: KangarooAdapter, final_norm, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
+                  ce_positions: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
+    """Adapter over the normalised shallow states s_{<=t} predicts x_{t+1} where it is learnt (CE).
+    Returns (loss, top-1 accuracy)."""
+    ids, learn = batch["ids"], batch["learn"]
+    shallow = final_norm(batch["shallow"].to(lm_head.dtype)).float()
+    positions = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    states = adapter(shallow, None, positions)[:, :-1][learn[:, 1:]]
+    targets = ids[:, 1:][learn[:, 1:]]
+    if ce_positions is not None and len(targets) > ce_positions:
+        keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+        states, targets = states[keep], targets[keep]
+    logits = states @ lm_head.T
+    return torch.nn.functional.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean().item()
+
+
 def run(args) -> int:
-    from .selfdistill import load_chunks
+    from .selfdistill import SHALLOW_LAYER, load_chunks
 
     torch.set_num_threads(args.threads)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
@@ -162,6 +182,12 @@ def run(args) -> int:
     if args.method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         loss_of = eagle_loss
+    elif args.method == "kangaroo":
+        head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
+        final_norm = text_decoder(model).norm
+
+        def loss_of(adapter, embed, lm_head, batch, *rest):
+            return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
     else:
         head = (DraftHeads.load(args.init, model, args.method) if args.init
                 else DraftHeads(embed.shape[1], args.num_heads, args.method)).float()
@@ -203,7 +229,10 @@ def run(args) -> int:
             print(json.dumps(entry), flush=True)
             out.mkdir(parents=True, exist_ok=True)
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "elapsed": now}, state_path)
-            copy.deepcopy(head).to(torch.bfloat16).save(out, target=args.target, step=step, held_out_top1=entry["held_out_top1"])
+            card = {"target": args.target, "step": step, "held_out_top1": entry["held_out_top1"]}
+            if args.method == "kangaroo":
+                card["exit_layer"] = SHALLOW_LAYER
+            copy.deepcopy(head).to(torch.bfloat16).save(out, **card)
             settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
             (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(now / 60, 1), "log": log}, indent=1))
         if out_of_time:

@@ -1,0 +1,118 @@
+"""Kangaroo (Liu et al., 2024): self-speculative drafting from a shallow sub-network of the target
+plus a small trained adapter.
+
+The draft model is the target's embedding and first ``exit_layer`` decoder layers (shared, with
+their KV cache: the committed prefix's entries are the target's own), an adapter and the target's
+LM head:
+
+    s_t = FinalNorm(Layers_{1..l}(x_{<=t}))            logits_{t+1} = LMHead(Adapter(s_{<=t}))
+
+The adapter (one decoder layer of the target's family + norm, with its own KV cache over the
+committed shallow states; the paper's adapter is attention + norms) is trained to make the shallow
+states readable by the LM head (``mmspec train drafter --method kangaroo``). Drafting stops early
+when the draft's top-1 probability falls below ``stop_threshold`` (the paper's dynamic draft
+length), which only changes speed, never the output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..adapters.hf import text_decoder, truncated_decoder
+from ..core.cache import SequenceState, crop_cache, layer_prefix_view
+from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.target import TargetOutput
+from .eagle import OneLayerHead
+
+
+class KangarooAdapter(OneLayerHead):
+    """The adapter: shallow states [B, n, H] -> states the LM head reads [B, n, H]."""
+
+    method = "kangaroo"
+    config_file = "kangaroo_config.json"
+    weights_file = "kangaroo_adapter.safetensors"
+
+    def forward(self, shallow: torch.Tensor, cache, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.run_decoder(shallow, cache, position_ids, None)
+
+
+@register_drafter("kangaroo")
+class KangarooDrafter(Drafter):
+    """Args:
+    target_model: the transformers target (its first ``exit_layer`` layers and LM head are used).
+    adapter: a trained :class:`KangarooAdapter`.
+    exit_layer: l, the shallow sub-network's depth (the adapter was trained on this layer's states).
+    num_draft_tokens: K, the longest draft.
+    stop_threshold: stop drafting when the draft's top-1 probability is below this.
+    """
+
+    requires_target_hidden = True
+
+    def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,
+                 num_draft_tokens: int = 6, stop_threshold: float = 0.4) -> None:
+        super().__init__(num_draft_tokens)
+        self.adapter = adapter
+        self.exit_layer = self.target_hidden_layer = exit_layer
+        decoder = text_decoder(target_model)
+        self.shallow = truncated_decoder(decoder, exit_layer)  # ends with the final norm
+        self.final_norm = decoder.norm
+        self.lm_head = target_model.get_output_embeddings()
+        self.stop_threshold = stop_threshold
+        self.cache = None
+        self.states: torch.Tensor | None = None  # committed shallow states not yet in the adapter's cache
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "KangarooDrafter":
+        if not arg:
+            raise ValueError('kangaroo needs a trained adapter: drafter="kangaroo:PATH" (train one with `mmspec train drafter --method kangaroo`)')
+        import json
+        from pathlib import Path
+
+        exit_layer = json.loads((Path(arg) / KangarooAdapter.config_file).read_text()).get("exit_layer", 2) if (Path(arg) / KangarooAdapter.config_file).is_file() else 2
+        return cls(target.model, KangarooAdapter.load(arg, target.model), exit_layer, num_draft_tokens or 6)
+
+    def start(self, context, state: SequenceState) -> None:
+        from transformers import DynamicCache
+
+        super().start(context, state)
+        self.cache = DynamicCache()
+        self.states = None
+
+    def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
+        """Keep the committed tokens' shallow states (the target's layer-l output, normalised)."""
+        new = target_output.hidden_states if self.states is None else target_output.hidden_states[:, : num_accepted + 1]
+        new = self.final_norm(new)
+        self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
+
+    def _adapt(self, shallow: torch.Tensor) -> torch.Tensor:
+        start = self.cache.get_seq_length()
+        positions = torch.arange(start, start + shallow.shape[1], device=shallow.device)[None]
+        return self.adapter(shallow, self.cache, positions)
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        k = min(self.num_draft_tokens, max_tokens)
+        committed = state.cache_length
+        if self.states.shape[1]:
+            self._adapt(self.states)  # committed shallow states enter the adapter's cache
+            self.states = self.states[:, :0]
+        target_cache = layer_prefix_view(state.cache, self.exit_layer)
+        token = state.tokens[:, -1:]
+        tokens, probs = [], []
+        for _ in range(k):
+            shallow = self.shallow(input_ids=token, past_key_values=target_cache, use_cache=True,
+                                   position_ids=state.position_ids(1, start=target_cache.get_seq_length())).last_hidden_state
+            logits = self.lm_head(self._adapt(shallow)[:, -1])
+            self.forwards += 1
+            choice, q = self._pick(logits)
+            token = choice.view(1, 1)
+            tokens.append(token)
+            probs.append(q)
+            if torch.softmax(logits.float(), -1).max() < self.stop_threshold:
+                break
+        crop_cache(target_cache, committed)  # the target's first layers are back to the committed prefix
+        crop_cache(self.cache, committed)
+        return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "exit_layer": self.exit_layer, "stop_threshold": self.stop_threshold}
