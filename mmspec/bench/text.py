@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
+from ..core.cost import measure_verification_cost
 from .results import save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
@@ -122,26 +123,12 @@ def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_to
 
 
 def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats: int = 7) -> dict[str, float]:
-    """Median time of one target forward over n new tokens after ``context`` cached tokens, in ms."""
+    """Median time of one target forward over n new tokens after ``context`` cached tokens, in ms
+    (str keys: the same after a JSON round trip)."""
     from ..adapters.hf import TransformersTarget
-    from ..core.cache import crop_cache
 
-    target = TransformersTarget(model)
-    high = min(20000, target.vocab_size)  # ordinary tokens of any vocabulary
-    ids = torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
-    curve = {}
-    with torch.inference_mode():
-        state, _ = target.prefill({"input_ids": ids})
-        for n in sizes:
-            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(model.device)
-            times = []
-            for _ in range(repeats + 1):
-                started = time.perf_counter()
-                target.forward(state, tokens)
-                times.append(time.perf_counter() - started)
-                crop_cache(state.cache, context)  # drop the n appended entries
-            curve[str(n)] = statistics.median(times[1:]) * 1000  # str keys: the same after a JSON round trip
-    return curve
+    curve = measure_verification_cost(TransformersTarget(model), sizes, context, repeats)
+    return {str(n): seconds * 1000 for n, seconds in curve.items()}
 
 
 def run(args) -> int:

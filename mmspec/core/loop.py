@@ -185,5 +185,7 @@ def speculative_decode(
 
     stats.new_tokens = generated
     stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    if drafter is not None:
+        stats.config.update(drafter.describe())  # settings the drafter chose while generating
     stats.wall_time_s = time.perf_counter() - started
     return state, stats

@@ -92,6 +92,23 @@ class TokenTree:
         """Children of ``node`` (-1: of the root), in the order verification tries them."""
         return list(self._children[node + 1])
 
+    def select(self, nodes: torch.Tensor) -> "TokenTree":
+        """The sub-tree of ``nodes`` (LongTensor [n], ancestor-closed: every kept node's parent is
+        kept), in the original node order."""
+        kept = torch.as_tensor(nodes, dtype=torch.long).cpu().sort().values
+        new_index = torch.full((self.size,), ROOT, dtype=torch.long)
+        new_index[kept] = torch.arange(len(kept))
+        parents = self.parents[kept]
+        if bool(((parents != ROOT) & (new_index[parents.clamp(min=0)] == ROOT)).any()):
+            raise ValueError("select() needs an ancestor-closed set of nodes")
+        parents = torch.where(parents == ROOT, ROOT, new_index[parents.clamp(min=0)])
+        device = self.tokens.device
+        return TokenTree(
+            self.tokens[..., kept.to(device)], parents,
+            probs=None if self.probs is None else self.probs[..., kept.to(device), :],
+            scores=None if self.scores is None else self.scores[kept.to(self.scores.device)],
+        )
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (inclusive)."""
         path = []
@@ -251,13 +268,8 @@ def dynamic_tree(
         count += scores.shape[0]
     tokens, parents, scores = torch.cat(all_tokens), torch.cat(all_parents).cpu(), torch.cat(all_scores)
     # Rerank: highest score first, ties to the earlier (shallower) node, so the set is ancestor-closed.
-    keep = min(num_nodes, tokens.shape[0])
-    kept = torch.argsort(-scores, stable=True)[:keep].sort().values.cpu()
-    new_index = torch.full((tokens.shape[0],), ROOT, dtype=torch.long)
-    new_index[kept] = torch.arange(keep)
-    kept_parents = parents[kept]
-    kept_parents = torch.where(kept_parents == ROOT, ROOT, new_index[kept_parents.clamp(min=0)])
-    return TokenTree(tokens[kept.to(device)], kept_parents, scores=scores[kept.to(device)])
+    kept = torch.argsort(-scores, stable=True)[:num_nodes]
+    return TokenTree(tokens, parents, scores=scores).select(kept)
 
 
 def tree_attention_mask(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 from ..adapters.hf import text_decoder
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.cost import CostModel, cached_verification_cost
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, dynamic_tree
 
@@ -191,14 +193,30 @@ class Eagle2Drafter(EagleDrafter):
     (:func:`mmspec.core.tree.dynamic_tree`), verify the tree in one target forward. The tree is
     deterministic (q = 1 per node), so sampling stays exact with the multi-draft rule.
 
+    ``num_nodes="auto"`` (hardware-aware): grow up to ``max_nodes`` candidates, then keep the n most
+    confident that maximise expected tokens per second, (1 + sum of the kept nodes' V) / (C(n + 1)
+    + drafting time), with C the target's verification cost curve measured on this device
+    (:mod:`mmspec.core.cost`); the mean n chosen is reported in the stats.
+
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
     predicted feature at its parent and its own token, and attends to the committed pairs and its
     tree ancestors (a 4-D mask over the head's cache).
     """
 
-    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 5, top_k: int = 8, num_nodes: int = 48) -> None:
+    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 5, top_k: int = 8,
+                 num_nodes: int | str = "auto", max_nodes: int = 64) -> None:
         super().__init__(target_model, head, num_draft_tokens=depth)
-        self.depth, self.top_k, self.num_nodes = depth, top_k, num_nodes
+        if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
+            raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
+        self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k, num_nodes, max_nodes
+        self.cost_model: CostModel | None = None
+        self.chosen_nodes: list[int] = []
+
+    def start(self, context, state: SequenceState) -> None:
+        super().start(context, state)
+        self.chosen_nodes = []
+        if self.num_nodes == "auto":
+            self.cost_model = CostModel(cached_verification_cost(context.target))
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
@@ -207,6 +225,7 @@ class Eagle2Drafter(EagleDrafter):
         return cls(target.model, EagleHead.load(arg, target.model), depth=num_draft_tokens or 5)
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        started = time.perf_counter()
         depth = min(self.depth, max_tokens)
         root_feature = self._catch_up(state)
         fed_nodes: list[int] = []  # candidate indices in the head cache after the committed pairs
@@ -235,9 +254,19 @@ class Eagle2Drafter(EagleDrafter):
             return torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
 
         root_probs = torch.softmax(self.lm_head(root_feature[0, 0]).float(), dim=-1)
-        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.num_nodes)
+        auto = self.num_nodes == "auto"
+        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes)
         crop_cache(self.cache, self.fed)
+        if auto:
+            order = torch.argsort(-tree.scores, stable=True)  # ancestor-closed prefixes
+            n = self.cost_model.best_size(tree.scores[order].exp(), time.perf_counter() - started)
+            tree = tree.select(order[:n].cpu())
+        self.chosen_nodes.append(tree.size)
+        if tree.size == 0:
+            return Draft(tokens=state.tokens.new_empty((1, 0)))
         return Draft.from_tree(tree)
 
     def describe(self) -> dict:
-        return {**super().describe(), "tree": "dynamic", "depth": self.depth, "top_k": self.top_k, "num_nodes": self.num_nodes}
+        chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1)} if self.chosen_nodes else {}
+        return {**super().describe(), "tree": "dynamic", "depth": self.depth, "top_k": self.top_k,
+                "num_nodes": self.num_nodes, **chosen}

@@ -1,0 +1,101 @@
+"""Hardware-aware draft sizes: the target's measured verification cost curve decides how many
+draft tokens (or tree nodes) are worth verifying.
+
+One step that verifies n draft tokens costs T(n) = C(n + 1) + n_forwards * c_draft, where C(m) is
+the measured time of one target forward over m new tokens (on a CPU, C(2..4) ~ C(1) but C(64)
+~ 3 C(1); on a GPU the curve stays flat much longer) and c_draft the drafter's forward time. With
+a_i the probability that the first i draft tokens are all accepted (for a chain: the product of
+acceptance probabilities; for a tree: the sum of the path probabilities of the nodes at depth i
+is the expected number of accepted tokens at depth i), the expected tokens per step are
+1 + sum_i a_i, and the best size maximises
+
+    speed(n) = (1 + sum_{i <= n} a_i) / T(n).
+
+Drafters estimate a_i from their own confidences (EAGLE-2's cumulative confidence V, exp(score)).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .cache import crop_cache
+
+#: curves measured in this process, by (model id, device, dtype, threads)
+_CURVES: dict[tuple, dict[int, float]] = {}
+
+
+def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 200, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over n new tokens after ``context`` cached tokens.
+
+    Args:
+        target: a :class:`~mmspec.core.target.Target` whose ``model`` is a transformers model.
+        sizes: the n to measure.
+    Returns:
+        {n: seconds}.
+    """
+    high = min(20000, target.vocab_size)  # ordinary tokens of any vocabulary
+    device = target.device
+    ids = torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(device)
+    curve = {}
+    with torch.inference_mode():
+        state, _ = target.prefill({"input_ids": ids})
+        for n in sizes:
+            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
+            times = []
+            for _ in range(repeats + 1):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                started = time.perf_counter()
+                target.forward(state, tokens)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - started)
+                crop_cache(state.cache, context)  # drop the n appended entries
+            curve[n] = statistics.median(times[1:])
+    return curve
+
+
+def cached_verification_cost(target) -> dict[int, float]:
+    """:func:`measure_verification_cost` once per model, device, dtype and thread count."""
+    model = target.model
+    key = (id(model), str(target.device), str(model.dtype), torch.get_num_threads())
+    if key not in _CURVES:
+        _CURVES[key] = measure_verification_cost(target)
+    return _CURVES[key]
+
+
+@dataclass
+class CostModel:
+    """T(n) from a measured curve {m new tokens: seconds} (linear between points, linear beyond).
+
+    Attributes:
+        curve: {m: seconds of one target forward over m new tokens}.
+    """
+
+    curve: dict[int, float]
+
+    def forward_cost(self, m: int) -> float:
+        points = sorted(self.curve.items())
+        if m <= points[0][0]:
+            return points[0][1]
+        for (m0, t0), (m1, t1) in zip(points, points[1:]):
+            if m <= m1:
+                return t0 + (t1 - t0) * (m - m0) / (m1 - m0)
+        (m0, t0), (m1, t1) = points[-2], points[-1]
+        return t1 + (t1 - t0) * (m - m1) / (m1 - m0)
+
+    def best_size(self, expected_gain: torch.Tensor, drafting_time: float = 0.0) -> int:
+        """n in 0..len(expected_gain) maximising (1 + sum_{i<=n} gain_i) / (C(n + 1) + drafting_time).
+
+        Args:
+            expected_gain: [N] expected accepted tokens contributed by each draft token / node,
+                in the order they would be kept (chain: a_1, a_2, ...; tree: nodes by score).
+            drafting_time: seconds the drafter spent on this step.
+        """
+        gains = torch.cat([expected_gain.new_zeros(1), expected_gain.float().cumsum(0)]).cpu() + 1
+        costs = torch.tensor([self.forward_cost(n + 1) for n in range(len(gains))]) + drafting_time
+        return int(torch.argmax(gains / costs))

@@ -1,0 +1,44 @@
+"""Hardware-aware draft sizes from a verification cost curve."""
+
+import pytest
+import torch
+from tiny_models import make_tiny
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget, text_decoder
+from mmspec.core.cost import CostModel, measure_verification_cost
+from mmspec.drafters import Eagle2Drafter, EagleHead
+
+
+def test_forward_cost_interpolates_and_extrapolates():
+    model = CostModel({1: 1.0, 4: 1.0, 16: 2.0})
+    assert model.forward_cost(1) == 1.0 and model.forward_cost(2) == 1.0
+    assert model.forward_cost(10) == pytest.approx(1.5)
+    assert model.forward_cost(28) == pytest.approx(3.0)
+
+
+def test_best_size_follows_the_curve():
+    gains = torch.tensor([0.9, 0.8, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05])
+    flat = CostModel({1: 1.0, 64: 1.0})  # a GPU-like flat curve: verify everything
+    steep = CostModel({1: 1.0, 2: 2.0, 16: 16.0})  # cost proportional to tokens: nothing pays
+    cpu = CostModel({1: 1.0, 4: 1.0, 8: 1.6, 16: 2.6})  # this CPU's shape: a few tokens are free
+    assert flat.best_size(gains) == 8
+    assert steep.best_size(gains) == 0
+    assert cpu.best_size(gains) == 3  # (1 + 0.9 + 0.8 + 0.7) / C(4) = 3.4 beats 3.9 / C(5) = 3.39
+    assert cpu.best_size(gains, drafting_time=0.5) >= cpu.best_size(gains)  # drafting cost amortised over more tokens
+
+
+def test_measured_curve_has_every_size():
+    case = make_tiny("llama")
+    curve = measure_verification_cost(TransformersTarget(case.model), sizes=(1, 3), context=8, repeats=1)
+    assert set(curve) == {1, 3} and all(t > 0 for t in curve.values())
+
+
+def test_eagle2_auto_tree_is_lossless_and_reports_its_choice():
+    case = make_tiny("llama")
+    torch.manual_seed(3)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    reference = mmspec.generate(case.model, max_new_tokens=12, **case.inputs)
+    out = mmspec.generate(case.model, drafter=Eagle2Drafter(case.model, head, depth=3, top_k=3), max_new_tokens=12, **case.inputs)
+    assert torch.equal(out.sequences, reference.sequences)
+    assert out.stats.config["num_nodes"] == "auto" and 0 <= out.stats.config["mean_tree_nodes"] <= 64
