@@ -19,7 +19,7 @@ def bench_run(tmp_path_factory):
     vocab = len(AutoTokenizer.from_pretrained(checkpoint))
     draft = save_tiny_draft(folder / "draft", vocab_size=vocab)
     results = folder / "caption.json"
-    argv = ["bench", "caption", "--model", str(checkpoint), "--methods", f"ar,prompt-lookup@3,layer-skip:1,spd={draft}",
+    argv = ["bench", "caption", "--model", str(checkpoint), "--methods", f"ar,prompt-lookup@3,layer-skip:1,spd:{draft}",
             "--families", "scenes,text", "--per-family", "2", "--repeats", "1", "--temperatures", "0,1",
             "--max-new-tokens", "8", "--dtype", "fp32", "--threads", "1", "--results", str(results), "--json"]
     return argv, results
@@ -55,9 +55,17 @@ def test_rerun_resumes_without_measuring_again(bench_run, capsys):
 
 def test_missing_spd_draft_is_a_one_line_error(bench_run, tmp_path, capsys):
     argv, _ = bench_run
-    argv = [a if not a.startswith("ar,") else f"ar,spd={tmp_path / 'nothing'}" for a in argv]
+    argv = [a if not a.startswith("ar,") else f"ar,spd:{tmp_path / 'nothing'}" for a in argv]
     assert main(argv[:-3] + ["--results", str(tmp_path / "r.json")]) == 2
     assert "train it with `mmspec train caption-draft`" in capsys.readouterr().err
+
+
+def test_spd_by_name_needs_the_shipped_draft(bench_run, tmp_path, capsys):
+    """A checkpoint that is not the embedded captioner has no shipped SPD draft: one-line error."""
+    argv, _ = bench_run
+    argv = [a if not a.startswith("ar,") else "ar,spd" for a in argv]
+    assert main(argv[:-3] + ["--results", str(tmp_path / "r.json")]) == 2
+    assert "spd:PATH" in capsys.readouterr().err
 
 
 def test_results_of_another_model_are_refused(bench_run, tmp_path, capsys):

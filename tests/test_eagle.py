@@ -32,9 +32,10 @@ def test_save_load_roundtrip_and_width_check(tiny, tmp_path):
         EagleHead.load(tmp_path / "nothing", tiny.model)
 
 
-def test_spec_without_a_head_says_how_to_get_one(tiny):
-    with pytest.raises(ValueError, match="eagle:PATH"):
-        mmspec.generate(tiny.model, drafter="eagle", max_new_tokens=4, **tiny.inputs)
+@pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa", "hydra", "kangaroo"])
+def test_spec_without_a_shipped_drafter_says_how_to_get_one(tiny, name):
+    with pytest.raises(ValueError, match=f"{name}:PATH.*mmspec train drafter"):
+        mmspec.generate(tiny.model, drafter=name, max_new_tokens=4, **tiny.inputs)
 
 
 def test_trained_head_drafts_the_target(tiny):

@@ -9,9 +9,9 @@ warm-up round, medians per item; a family's S is the sum of AR's median times ov
 method's; tau = tokens per verification step. At temperature 1 every method uses the same seed
 per item and round. Results are checkpointed after every measurement (rerun to resume).
 
-Methods: ``ar``; ``spd`` (the model's small text-only draft, by default the ``spd`` entry of the
-model's drafters file, else ``models/smolcap-draft``; or ``spd=PATH``); any drafter spec
-(``prompt-lookup``, ``layer-skip:N``, ...), each optionally ``@K`` for K draft tokens.
+Methods: ``ar`` and any drafter spec (``spd`` = the embedded captioner's small text-only draft,
+``spd:PATH``, ``prompt-lookup``, ``layer-skip:N``, ``eagle2``, ...), each optionally ``@K`` for K
+draft tokens.
 """
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ import torch
 
 from ..api import generate
 from .results import save_results
-from ..modeling.captioner import models_dir
 from ..train.data import FAMILIES, make_sample
 
 DEFAULT_METHODS = "ar,spd,prompt-lookup,layer-skip:8"
-DEFAULT_SPD_DRAFT = "smolcap-draft"  # under models/
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help="comma list: ar, spd[=PATH], prompt-lookup[:N], layer-skip:N, ...; append @K to set K")
+                        help="comma list: ar, spd[:PATH], prompt-lookup[:N], layer-skip:N, eagle2, ...; append @K to set K")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--per-family", type=int, default=4, help="test-split items per family")
     parser.add_argument("--temperatures", default="0,1")
@@ -61,14 +59,7 @@ def parse_method(method: str) -> tuple[str, int | None]:
 def drafter_for(pipe, method: str):
     """A method name -> the drafter object the pipeline's generate call takes (None for ar)."""
     spec, k = parse_method(method)
-    if spec == "ar":
-        return None
-    if spec == "spd" or spec.startswith("spd="):
-        path = spec.partition("=")[2] or str(models_dir() / DEFAULT_SPD_DRAFT)
-        if not Path(path).is_dir():
-            raise FileNotFoundError(f"SPD draft not found at {path}; train it with `mmspec train caption-draft` or pass spd=PATH")
-        spec = path
-    return pipe.resolve_drafter(spec, k)[0]
+    return None if spec == "ar" else pipe.resolve_drafter(spec, k)[0]
 
 
 def bench_items(families: list[str], per_family: int) -> list[tuple[str, int, object, str]]:
@@ -128,10 +119,7 @@ def run(args) -> int:
 
 
 def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str]) -> Path:
-    """model_dir/mmspec_drafters.json: every drafter's mean speedup over AR at temperature 0 (SPD
-    drafts as paths relative to the model directory)."""
-    import os
-
+    """model_dir/mmspec_drafters.json: every drafter's mean speedup over AR at temperature 0."""
     from ..pipelines.captioning import DRAFTERS_FILE
 
     if model_dir is None or "0" not in summary:
@@ -141,8 +129,6 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
         spec, k = parse_method(method)
         if spec == "ar":
             continue
-        if spec == "spd" or spec.startswith("spd="):
-            spec = os.path.relpath(spec.partition("=")[2] or models_dir() / DEFAULT_SPD_DRAFT, model_dir)
         entry = {"drafter": spec, "speedup": round(summary["0"]["mean"][method]["S"], 3)}
         if k is not None:
             entry["num_draft_tokens"] = k

@@ -11,12 +11,12 @@ from .eagle import Eagle2Drafter, EagleDrafter, EagleHead
 from .kangaroo import KangarooAdapter, KangarooDrafter
 from .layer_skip import LayerSkipDrafter
 from .medusa import DraftHeads, HydraDrafter, MedusaDrafter
-from .model import ModelDrafter
+from .model import ModelDrafter, SpdDrafter
 from .prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "DraftHeads", "Eagle2Drafter", "EagleDrafter", "EagleHead", "HydraDrafter", "KangarooAdapter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
+    "DraftHeads", "Eagle2Drafter", "EagleDrafter", "EagleHead", "HydraDrafter", "KangarooAdapter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

@@ -31,6 +31,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.cost import CostModel, cached_verification_cost
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, dynamic_tree
+from .shipped import shipped_drafter_dir
 
 HEAD_CONFIG = "eagle_config.json"
 HEAD_WEIGHTS = "eagle_head.safetensors"
@@ -132,9 +133,7 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
-        if not arg:
-            raise ValueError('eagle needs a trained head: drafter="eagle:PATH" (train one with `mmspec train drafter --method eagle`)')
-        return cls(target.model, EagleHead.load(arg, target.model), num_draft_tokens or 5)
+        return cls(target.model, EagleHead.load(arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG), target.model), num_draft_tokens or 5)
 
     def start(self, context, state: SequenceState) -> None:
         from transformers import DynamicCache
@@ -220,9 +219,8 @@ class Eagle2Drafter(EagleDrafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
-        if not arg:
-            raise ValueError('eagle2 needs a trained head: drafter="eagle2:PATH" (train one with `mmspec train drafter --method eagle`)')
-        return cls(target.model, EagleHead.load(arg, target.model), depth=num_draft_tokens or 5)
+        return cls(target.model, EagleHead.load(arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG, "eagle2"), target.model),
+                   depth=num_draft_tokens or 5)
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         started = time.perf_counter()

@@ -24,6 +24,7 @@ from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from .eagle import OneLayerHead
+from .shipped import shipped_drafter_dir
 
 
 class KangarooAdapter(OneLayerHead):
@@ -64,13 +65,13 @@ class KangarooDrafter(Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "KangarooDrafter":
-        if not arg:
-            raise ValueError('kangaroo needs a trained adapter: drafter="kangaroo:PATH" (train one with `mmspec train drafter --method kangaroo`)')
         import json
         from pathlib import Path
 
-        exit_layer = json.loads((Path(arg) / KangarooAdapter.config_file).read_text()).get("exit_layer", 2) if (Path(arg) / KangarooAdapter.config_file).is_file() else 2
-        return cls(target.model, KangarooAdapter.load(arg, target.model), exit_layer, num_draft_tokens or 6)
+        path = Path(arg or shipped_drafter_dir(target.model, "kangaroo", KangarooAdapter.config_file))
+        adapter = KangarooAdapter.load(path, target.model)
+        exit_layer = json.loads((path / KangarooAdapter.config_file).read_text()).get("exit_layer", 2)
+        return cls(target.model, adapter, exit_layer, num_draft_tokens or 6)
 
     def start(self, context, state: SequenceState) -> None:
         from transformers import DynamicCache

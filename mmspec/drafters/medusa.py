@@ -25,6 +25,7 @@ from ..core.cache import SequenceState
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree
+from .shipped import shipped_drafter_dir
 
 HEADS_CONFIG = "heads_config.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -122,9 +123,8 @@ class _HeadsDrafter(Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None):
-        if not arg:
-            raise ValueError(f'{cls.kind} needs trained heads: drafter="{cls.kind}:PATH" (train them with `mmspec train drafter --method {cls.kind}`)')
-        drafter = cls(target.model, DraftHeads.load(arg, target.model, cls.kind))
+        path = arg or shipped_drafter_dir(target.model, cls.kind, HEADS_CONFIG)
+        drafter = cls(target.model, DraftHeads.load(path, target.model, cls.kind))
         if num_draft_tokens:
             drafter.paths = [p for p in drafter.paths if len(p) <= num_draft_tokens]
         return drafter

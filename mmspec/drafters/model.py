@@ -94,3 +94,29 @@ class ModelDrafter(Drafter):
             "schedule": self.schedule,
             "sees_image": self.draft.is_vlm,
         }
+
+
+@register_drafter("spd")
+class SpdDrafter(ModelDrafter):
+    """SPD by name: ``"spd:PATH"`` loads the text-only draft model in PATH (a transformers causal
+    LM with the target's tokenizer); ``"spd"`` loads the one shipped for mmspec's embedded
+    captioner (``models/smolcap-draft``, trained by ``mmspec train caption-draft``)."""
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "SpdDrafter":
+        from pathlib import Path
+
+        from transformers import AutoModelForCausalLM
+
+        from .shipped import shipped_drafter_dir
+
+        train = "mmspec train caption-draft"
+        if arg:
+            path = Path(arg).expanduser()
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"SPD draft model not found at {arg}; train it with `{train}` or pass spd:PATH of a causal LM")
+        else:
+            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=train)
+        param = next(target.model.parameters())
+        draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        return cls(draft, num_draft_tokens or 4)
