@@ -56,6 +56,18 @@ PROMPTS: dict[str, list[str]] = {
         "What is the capital of France, and what is it famous for?",
         "Explain how plants make food from sunlight.",
     ],
+    "conversation": [
+        "Hi! I'm planning a weekend trip to the mountains with two friends. What should we pack?",
+        "I just adopted a kitten. How can I help her feel at home during the first week?",
+    ],
+    "math": [
+        "A shop sells pencils at 3 for 45 cents. How much do 12 pencils cost? Explain step by step.",
+        "Tom has 24 apples. He gives a third of them to Anna and half of the rest to Ben. How many apples does Tom have left? Show your work.",
+    ],
+    "rag": [
+        f"Context: {ARTICLE}\n\nUsing only the context, answer: where will the library be built, and when will construction start?",
+        f"Context: {RECIPE}\n\nUsing only the context, answer: how long does the soup cook, and what is it served with?",
+    ],
     "scene": [
         "Describe a scene containing these objects in one paragraph: a red bicycle leaning on a white "
         "fence, a black cat sleeping on a blue chair, two green trees, and a yellow kite in the sky.",
