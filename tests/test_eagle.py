@@ -17,6 +17,23 @@ def tiny():
     return make_tiny("llama")
 
 
+@pytest.fixture(scope="module")
+def records(tiny):
+    """Self-distillation records of the tiny target: its own greedy continuations of 24 prompts,
+    with its last hidden states and its layer-1 states (teacher-forced)."""
+    model = tiny.model
+    with torch.no_grad():
+        records = []
+        for seed in range(24):
+            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
+            ids = model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)[0]
+            learn = torch.zeros(len(ids), dtype=torch.bool)
+            learn[6:] = True
+            out = model.model(input_ids=ids[None], output_hidden_states=True)
+            records.append({"ids": ids, "learn": learn, "features": out.last_hidden_state[0], "shallow": out.hidden_states[1][0]})
+    return records
+
+
 def test_save_load_roundtrip_and_width_check(tiny, tmp_path):
     torch.manual_seed(0)
     head = EagleHead(text_decoder(tiny.model).config)
@@ -38,18 +55,10 @@ def test_spec_without_a_shipped_drafter_says_how_to_get_one(tiny, name):
         mmspec.generate(tiny.model, drafter=name, max_new_tokens=4, **tiny.inputs)
 
 
-def test_trained_head_drafts_the_target(tiny):
+def test_trained_head_drafts_the_target(tiny, records):
     """A head trained on the target's own greedy continuations (features teacher-forced) drafts
     them: acceptance far above an untrained head's."""
     model = tiny.model
-    with torch.no_grad():
-        records = []
-        for seed in range(24):
-            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
-            ids = model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)[0]
-            learn = torch.zeros(len(ids), dtype=torch.bool)
-            learn[6:] = True
-            records.append({"ids": ids, "learn": learn, "features": model.model(input_ids=ids[None]).last_hidden_state[0]})
     torch.manual_seed(0)
     head = EagleHead(text_decoder(model).config)
     embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
@@ -107,21 +116,13 @@ def test_eagle2_tree_scores_equal_sequential_head_runs(tiny):
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
-def test_trained_heads_draft_the_target(tiny, kind, tmp_path):
+def test_trained_heads_draft_the_target(tiny, records, kind, tmp_path):
     """Medusa / Hydra heads trained on the target's own greedy continuations raise acceptance;
     save/load keeps them; output stays identical to AR."""
     from mmspec.drafters import DraftHeads, HydraDrafter, MedusaDrafter
     from mmspec.train.drafter import heads_loss
 
     model = tiny.model
-    with torch.no_grad():
-        records = []
-        for seed in range(24):
-            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
-            ids = model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)[0]
-            learn = torch.zeros(len(ids), dtype=torch.bool)
-            learn[6:] = True
-            records.append({"ids": ids, "learn": learn, "features": model.model(input_ids=ids[None]).last_hidden_state[0]})
     torch.manual_seed(0)
     heads = DraftHeads(model.get_output_embeddings().weight.shape[1], num_heads=3, kind=kind)
     embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
@@ -149,7 +150,7 @@ def test_trained_heads_draft_the_target(tiny, kind, tmp_path):
         DraftHeads.load(tmp_path / kind, model, "hydra" if kind == "medusa" else "medusa")
 
 
-def test_trained_kangaroo_adapter_drafts_the_target(tiny, tmp_path):
+def test_trained_kangaroo_adapter_drafts_the_target(tiny, records, tmp_path):
     """The adapter over the first layer's normalised states, trained on the target's own greedy
     continuations, raises acceptance; output identical to AR; save/load keeps it."""
     from mmspec.drafters import KangarooAdapter, KangarooDrafter
@@ -157,15 +158,6 @@ def test_trained_kangaroo_adapter_drafts_the_target(tiny, tmp_path):
 
     model = tiny.model
     decoder = text_decoder(model)
-    with torch.no_grad():
-        records = []
-        for seed in range(24):
-            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
-            ids = model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)[0]
-            learn = torch.zeros(len(ids), dtype=torch.bool)
-            learn[6:] = True
-            out = model.model(input_ids=ids[None], output_hidden_states=True)
-            records.append({"ids": ids, "learn": learn, "features": out.last_hidden_state[0], "shallow": out.hidden_states[1][0]})
     torch.manual_seed(0)
     adapter = KangarooAdapter(decoder.config)
     lm_head = model.get_output_embeddings().weight.detach()
