@@ -15,7 +15,6 @@ cross-entropy on the answer tokens (AdamW, bf16 autocast over fp32 weights). Res
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..modeling.captioner import build_processor, models_dir
+from .checkpoint import TrainingRun
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -106,7 +106,6 @@ def answer_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def run(args) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     processor = build_processor()
     cache = Path(args.cache)
     if cache.exists():
@@ -121,16 +120,13 @@ def run(args) -> int:
     train = pairs[512:]
     model = build_draft(processor.tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    state_path = out / "train_state.pt"
-    step, log, elapsed = 0, [], 0.0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+    run = TrainingRun(out, args, args.time_limit)
+    state = run.resume()
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, log, elapsed = state["step"], state["log"], state["elapsed"]
-        print(f"resuming at step {step}", flush=True)
-    started = time.time()
-    while step < args.steps:
+    while run.step < args.steps:
+        step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
         ids, labels = collate([train[i] for i in order.tolist()])
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
@@ -142,21 +138,14 @@ def run(args) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        out_of_time = args.time_limit is not None and (time.time() - started) / 60 > args.time_limit
-        if step % 100 == 0 or step == args.steps or out_of_time:
+        run.step += 1
+        if run.should_save(100, args.steps):
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
                 held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
-            now = elapsed + time.time() - started
-            log.append({"step": step, "loss": round(loss.item(), 4), "held_out_loss": round(held, 4), "minutes": round(now / 60, 2)})
-            print(f"step {step} loss {loss.item():.3f} held-out {held:.3f} {now / 60:.1f} min", flush=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "log": log, "elapsed": now}, state_path)
+            run.record(loss=loss.item(), held_out_loss=held)
+            run.save(model=model.state_dict(), optimizer=optimizer.state_dict())
             model.to(torch.bfloat16).save_pretrained(out)  # the shipped draft: bf16 safetensors
             model.float()
-            settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
-            (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(now / 60, 1), "log": log}, indent=1))
-        if out_of_time:
-            print("time limit reached; rerun the same command to resume", flush=True)
+        if run.stop_if_out_of_time():
             break
     return 0

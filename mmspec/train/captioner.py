@@ -18,14 +18,13 @@ behind the frozen 30-layer decoder, whose backward costs most of a step):
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import time
 from pathlib import Path
 
 import torch
 
 from ..modeling.captioner import WEIGHTS_FILE, build_captioner, default_captioner_dir, trained_state
+from .checkpoint import STATE_FILE, TrainingRun
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -142,8 +141,7 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = out / "train_state.pt"
-    fresh = not checkpoint_path.exists()
+    fresh = not (out / STATE_FILE).exists()
     model, processor = build_captioner(dtype=torch.bfloat16, weights=args.init if fresh else None)
     trained_prefixes = ("model.vision_model.", "model.connector.")
     if args.reader_layers:
@@ -168,30 +166,27 @@ def run(args) -> int:
             if params:
                 groups.append({"params": params, "weight_decay": args.weight_decay if decays else 0.0, "lr_scale": lr_scale})
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98))
-    step, log, elapsed = 0, [], 0.0
-    if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=True)
+    run = TrainingRun(out, args, args.time_limit)
+    state = run.resume()
+    if state is not None:
         for name, tensor in state["master"].items():
             master[name].data.copy_(tensor)
         optimizer.load_state_dict(state["optimizer"])
-        step, log, elapsed = state["step"], state["log"], state["elapsed"]
-        print(f"resuming at step {step}", flush=True)
     with torch.no_grad():
         for name, param in trainable.items():
             param.copy_(master[name])
 
     loader = torch.utils.data.DataLoader(
-        StreamDataset(start=step * args.batch_size), batch_size=args.batch_size,
+        StreamDataset(start=run.step * args.batch_size), batch_size=args.batch_size,
         collate_fn=lambda samples: samples, num_workers=args.workers, prefetch_factor=4 if args.workers else None,
     )
-    started = time.time()
     running = None
     for samples in loader:
-        if step >= args.steps:
+        if run.step >= args.steps:
             break
         batch = build_batch(processor, samples)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args) * group["lr_scale"]
+            group["lr"] = learning_rate(run.step, args) * group["lr_scale"]
         loss = answer_loss(model, batch, vocabulary)
         loss.backward()
         with torch.no_grad():
@@ -203,28 +198,16 @@ def run(args) -> int:
             optimizer.zero_grad(set_to_none=True)
             for name, param in trainable.items():
                 param.copy_(master[name])
-        step += 1
+        run.step += 1
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
-        if step % 10 == 0:
-            now = elapsed + time.time() - started
-            log.append({"step": step, "loss": round(running, 4), "minutes": round(now / 60, 2)})
-            print(f"step {step} loss {running:.4f} lr {learning_rate(step, args):.2e} {now / 60:.1f} min", flush=True)
-        out_of_time = args.time_limit is not None and (time.time() - started) / 60 > args.time_limit
-        if step % args.save_every == 0 or step == args.steps or out_of_time:
-            _save(out, checkpoint_path, model, master, optimizer, step, log, elapsed + time.time() - started, args)
-        if out_of_time:
-            print("time limit reached; rerun the same command to resume", flush=True)
+        if run.step % 10 == 0:
+            run.record(loss=running, lr=learning_rate(run.step, args))
+        if run.should_save(args.save_every, args.steps):
+            from safetensors.torch import save_file
+
+            save_file(trained_state(model), str(out / WEIGHTS_FILE))  # bf16 weights that ship
+            run.save(master={n: p.detach() for n, p in master.items()}, optimizer=optimizer.state_dict())
+        if run.stop_if_out_of_time():
             break
     return 0
 
-
-def _save(out: Path, checkpoint_path: Path, model, master, optimizer, step, log, elapsed, args) -> None:
-    from safetensors.torch import save_file
-
-    save_file(trained_state(model), str(out / WEIGHTS_FILE))  # bf16 weights that ship
-    tmp = checkpoint_path.with_suffix(".tmp")
-    torch.save({"master": {n: p.detach() for n, p in master.items()}, "optimizer": optimizer.state_dict(),
-                "step": step, "log": log, "elapsed": elapsed}, tmp)
-    tmp.replace(checkpoint_path)
-    settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
-    (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(elapsed / 60, 1), "log": log}, indent=1))

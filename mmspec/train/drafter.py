@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..drafters.eagle import EagleHead
 from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
 from ..modeling.captioner import models_dir
+from .checkpoint import TrainingRun
 
 TARGETS = ("smollm2", "captioner")
 
@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", choices=TARGETS)
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
     parser.add_argument("--data", default=None, help="self-distillation cache (default runs/<target>-selfdistill)")
+    parser.add_argument("--extra-data", action="append", default=[], help="further self-distillation caches to train on (repeatable)")
+    parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="instructions for the smollm2 text data")
     parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
     parser.add_argument("--init", default=None, help="start from this head directory")
@@ -71,7 +73,7 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
         first = index * chunk
         count = min(chunk, args.sequences - first)
         if args.target == "smollm2":
-            prompts = selfdistill.text_prompts(args.sequences)[first : first + count]
+            prompts = selfdistill.text_prompts(args.sequences, prompt_set=args.prompt_set)[first : first + count]
             sequences = selfdistill.generate_text_sequences(model, tokenizer_or_processor, prompts, args.max_new_tokens)
             records = selfdistill.extract_text_features(model, sequences)
         else:
@@ -173,8 +175,9 @@ def run(args) -> int:
     model, tokenizer_or_processor = load_target(args.target)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
     records = load_chunks(data_dir)
+    extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
-    held_out, train = records[:held], records[held:]
+    held_out, train = records[:held], records[held:] + extra
     embed = model.get_input_embeddings().weight.detach()
     lm_head = model.get_output_embeddings().weight.detach()
     from ..adapters.hf import text_decoder
@@ -194,48 +197,37 @@ def run(args) -> int:
         loss_of = heads_loss
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    state_path = out / "train_state.pt"
-    step, log, elapsed = 0, [], 0.0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+    run = TrainingRun(out, args, args.time_limit)
+    state = run.resume()
+    if state is not None:
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
-        step, log, elapsed = state["step"], state["log"], state["elapsed"]
-        print(f"resuming at step {step}", flush=True)
-    started = time.time()
-    while step < args.steps:
+    while run.step < args.steps:
+        step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, _ = loss_of(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
-                                 args.ce_positions, torch.Generator().manual_seed(step))
+                              args.ce_positions, torch.Generator().manual_seed(step))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        out_of_time = args.time_limit is not None and (time.time() - started) / 60 > args.time_limit
-        if step % 100 == 0 or step == args.steps or out_of_time:
+        run.step += 1
+        if run.should_save(100, args.steps):
             head.eval()
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
                 scores = [loss_of(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
             head.train()
-            now = elapsed + time.time() - started
-            entry = {"step": step, "loss": round(loss.item(), 4), "held_out_loss": round(sum(s[0].item() for s in scores) / len(scores), 4),
-                     "held_out_top1": round(sum(s[1] for s in scores) / len(scores), 4), "minutes": round(now / 60, 2)}
-            log.append(entry)
-            print(json.dumps(entry), flush=True)
-            out.mkdir(parents=True, exist_ok=True)
-            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "elapsed": now}, state_path)
-            card = {"target": args.target, "step": step, "held_out_top1": entry["held_out_top1"]}
+            entry = run.record(loss=loss.item(), held_out_loss=sum(s[0].item() for s in scores) / len(scores),
+                               held_out_top1=sum(s[1] for s in scores) / len(scores))
+            run.save(head=head.state_dict(), optimizer=optimizer.state_dict())
+            card = {"target": args.target, "step": run.step, "held_out_top1": entry["held_out_top1"]}
             if args.method == "kangaroo":
                 card["exit_layer"] = SHALLOW_LAYER
             copy.deepcopy(head).to(torch.bfloat16).save(out, **card)
-            settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
-            (out / "training.json").write_text(json.dumps({"args": settings, "step": step, "minutes": round(now / 60, 1), "log": log}, indent=1))
-        if out_of_time:
-            print("time limit reached; rerun the same command to resume", flush=True)
+        if run.stop_if_out_of_time():
             break
     return 0

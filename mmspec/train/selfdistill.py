@@ -54,8 +54,75 @@ TOPICS = [
 ]
 
 
-def text_prompts(count: int, seed: int = 0) -> list[str]:
+NAMES = ["Maria", "Omar", "Lena", "Kenji", "Ada", "Tomas", "Priya", "Sam", "Ines", "Felix", "Nora", "Yusuf"]
+PLACES = ["the old harbour", "a small village", "the city centre", "a mountain hut", "the train station",
+          "a school library", "the market square", "a seaside town", "the museum", "a farm near the river"]
+OBJECTS = ["a red umbrella", "two blue cups", "a wooden box", "an old radio", "a green lamp", "three books",
+           "a silver bicycle", "a striped scarf", "a paper map", "a basket of apples", "a brass key", "a white kite"]
+ACTIONS = ["opened a new bakery", "repaired the bridge", "planted forty trees", "started a chess club",
+           "painted the town hall", "organised a music festival", "built a solar-powered bus stop",
+           "collected old phones for recycling", "wrote a guide to local birds", "cleaned the river banks"]
+MONTHS = ["January", "March", "April", "June", "August", "October", "November"]
+
+
+def make_passage(rng: random.Random) -> str:
+    """A short news-like passage of four to six sentences with names, places, numbers and months."""
+    name, other = rng.sample(NAMES, 2)
+    place, action, month = rng.choice(PLACES), rng.choice(ACTIONS), rng.choice(MONTHS)
+    sentences = [
+        f"In {month}, {name} and a group of volunteers {action} in {place}.",
+        f"The work took {rng.randint(2, 12)} weeks and cost about {rng.randint(2, 90) * 100} dollars.",
+        f"{other}, who helped from the start, said that the hardest part was {rng.choice(['the weather', 'finding money', 'the paperwork', 'carrying the tools'])}.",
+        f"About {rng.randint(20, 400)} people came to see the result on the first day.",
+        f"Next year the group wants to work on {rng.choice(TOPICS)} as well.",
+        f"Local children brought {rng.choice(OBJECTS)} and {rng.choice(OBJECTS)} to the opening.",
+    ]
+    return " ".join(sentences[: rng.randint(4, 6)])
+
+
+def task_prompt(rng: random.Random) -> str:
+    """An instruction of the kinds users send (summaries, rewrites, context QA, arithmetic, chat,
+    scenes), built from random parts; no text shared with ``mmspec bench text``'s prompts."""
+    kind = rng.randrange(7)
+    passage = make_passage(rng)
+    name = rng.choice(NAMES)
+    if kind == 0:
+        return f"{passage}\n\n{rng.choice(['Summarize the text above in one sentence.', 'Give a short summary of this text.', 'What is this text about? Answer briefly.'])}"
+    if kind == 1:
+        style = rng.choice(["in the future tense", "in a formal style", "as a short poem", "exactly, word for word", "for a young child", "in the first person"])
+        return f"Rewrite the following text {style}:\n\n{passage}"
+    if kind == 2:
+        question = rng.choice(["who did the work, and where?", "how long did the work take?", "how much did it cost?",
+                               "how many people came on the first day?", "what does the group want to do next year?"])
+        return f"Context: {passage}\n\nBased on the context, answer: {question}"
+    if kind == 3:
+        a, b, c = rng.randint(2, 40), rng.randint(2, 12), rng.randint(2, 9)
+        return rng.choice([
+            f"{name} buys {b} notebooks at {a} cents each and pays with {a * b + c * 10} cents. How much change does {name} get? Explain step by step.",
+            f"A train travels {a * c} kilometres in {c} hours. What is its average speed? Show your work.",
+            f"{name} has {a * b} stickers and shares them equally among {b} friends. How many does each friend get?",
+            f"What is {a} times {b} plus {c}? Explain each step.",
+        ])
+    if kind == 4:
+        return rng.choice([
+            f"Hello! My friend {name} is visiting {rng.choice(PLACES)} next week. Any tips?",
+            f"I want to learn about {rng.choice(TOPICS)} but I only have ten minutes a day. How should I start?",
+            f"Can you help me plan a birthday party for {name}? She likes {rng.choice(TOPICS)}.",
+            "I feel tired every afternoon at work. What small changes could help?",
+        ])
+    if kind == 5:
+        objects = rng.sample(OBJECTS, rng.randint(2, 4))
+        return f"Describe a picture of {rng.choice(PLACES)} that contains {', '.join(objects)}."
+    return rng.choice(TEMPLATES).format(topic=rng.choice(TOPICS))
+
+
+def text_prompts(count: int, seed: int = 0, prompt_set: str = "templates") -> list[str]:
+    """``count`` instructions: ``templates`` (template x topic) or ``tasks`` (:func:`task_prompt`)."""
     rng = random.Random(seed)
+    if prompt_set == "tasks":
+        return [task_prompt(rng) for _ in range(count)]
+    if prompt_set != "templates":
+        raise ValueError(f"unknown prompt set {prompt_set!r}; choose 'templates' or 'tasks'")
     return [rng.choice(TEMPLATES).format(topic=rng.choice(TOPICS)) for _ in range(count)]
 
 

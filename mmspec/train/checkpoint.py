@@ -1,0 +1,79 @@
+"""Resumable training bookkeeping shared by every ``mmspec train`` recipe.
+
+A recipe keeps its own model and optimizer; :class:`TrainingRun` keeps the rest: the step, the
+log, the training time across restarts, the time limit, the atomically written checkpoint
+(``OUT/train_state.pt``, never shipped) and ``OUT/training.json`` (arguments + log, for the model
+card). Rerunning the same command resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "train_state.pt"
+
+
+class TrainingRun:
+    """Args:
+        out: the recipe's output directory (created).
+        args: the parsed command-line arguments (their scalar values go to training.json).
+        time_limit: minutes of this invocation after which :attr:`out_of_time` turns true.
+    """
+
+    def __init__(self, out: str | Path, args: Any, time_limit: float | None = None) -> None:
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.args, self.time_limit = args, time_limit
+        self.state_path = self.out / STATE_FILE
+        self.step, self.log, self.elapsed = 0, [], 0.0
+        self.started = time.time()
+
+    def resume(self) -> dict[str, Any] | None:
+        """Load the last checkpoint (-> the recipe's own saved entries) or None on a fresh start."""
+        if not self.state_path.exists():
+            return None
+        state = torch.load(self.state_path, weights_only=True)
+        self.step, self.log, self.elapsed = state.pop("step"), state.pop("log"), state.pop("elapsed")
+        self.started = time.time()
+        print(f"resuming at step {self.step}", flush=True)
+        return state
+
+    @property
+    def minutes(self) -> float:
+        """Training minutes over all invocations."""
+        return (self.elapsed + time.time() - self.started) / 60
+
+    @property
+    def out_of_time(self) -> bool:
+        return self.time_limit is not None and (time.time() - self.started) / 60 > self.time_limit
+
+    def record(self, **values: Any) -> dict[str, Any]:
+        """Append a log entry (with the step and minutes) and print it as one JSON line."""
+        entry = {"step": self.step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()},
+                 "minutes": round(self.minutes, 2)}
+        self.log.append(entry)
+        print(json.dumps(entry), flush=True)
+        return entry
+
+    def save(self, **state: Any) -> None:
+        """Write the checkpoint (the recipe's tensors/state dicts + the bookkeeping) and training.json."""
+        elapsed = self.elapsed + time.time() - self.started
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save({**state, "step": self.step, "log": self.log, "elapsed": elapsed}, tmp)
+        tmp.replace(self.state_path)
+        settings = {k: v for k, v in vars(self.args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+        summary = {"args": settings, "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
+        (self.out / "training.json").write_text(json.dumps(summary, indent=1))
+
+    def should_save(self, every: int, total_steps: int) -> bool:
+        return self.step % every == 0 or self.step >= total_steps or self.out_of_time
+
+    def stop_if_out_of_time(self) -> bool:
+        if self.out_of_time:
+            print("time limit reached; rerun the same command to resume", flush=True)
+        return self.out_of_time

@@ -1,0 +1,35 @@
+"""The shared resumable-training bookkeeping of ``mmspec train``."""
+
+import argparse
+import json
+
+import torch
+
+from mmspec.train.checkpoint import TrainingRun
+
+
+def test_training_run_resumes_step_log_time_and_recipe_state(tmp_path):
+    args = argparse.Namespace(steps=10, lr=0.1, name="x", things=[1, 2])
+    run = TrainingRun(tmp_path / "out", args)
+    assert run.resume() is None
+    weights = torch.arange(3.0)
+    for _ in range(4):
+        run.step += 1
+    run.record(loss=1.234567)
+    run.save(weights=weights)
+    card = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert card["step"] == 4 and card["args"] == {"steps": 10, "lr": 0.1, "name": "x"}
+    assert card["log"][0]["loss"] == 1.2346
+
+    again = TrainingRun(tmp_path / "out", args)
+    state = again.resume()
+    assert again.step == 4 and again.log == card["log"]
+    assert torch.equal(state["weights"], weights) and set(state) == {"weights"}
+    assert again.should_save(100, total_steps=4) and not again.should_save(100, total_steps=10)
+
+
+def test_training_run_time_limit(tmp_path):
+    run = TrainingRun(tmp_path, argparse.Namespace(), time_limit=0.0)
+    run.started -= 1.0
+    assert run.out_of_time and run.stop_if_out_of_time() and run.should_save(100, 10)
+    assert not TrainingRun(tmp_path, argparse.Namespace(), time_limit=None).out_of_time
