@@ -2,8 +2,8 @@
 on the target's own outputs and hidden states (self-distillation), bf16 on CPU, resumable.
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
-   SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, the
-   caption train split teacher-forced through the embedded captioner. Either way the target's
+   SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, its own
+   greedy answers to the caption train split's images and prompts. Either way the target's
    last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
 2. Training: the EAGLE head (:class:`mmspec.drafters.eagle.EagleHead`) reads pairs
    (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
@@ -79,8 +79,12 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
         else:
             from .data import FAMILIES, make_sample
 
+            from .eval_captioner import caption
+
             samples = [make_sample(FAMILIES[i % len(FAMILIES)], "train", i // len(FAMILIES)) for i in range(first, first + count)]
-            records = selfdistill.extract_caption_features(model, tokenizer_or_processor, [(s.image, s.prompt, s.answer) for s in samples])
+            # the captioner's own greedy answers, which are what its drafter will have to predict
+            answers = [caption(model, tokenizer_or_processor, s.image, s.prompt, max_new_tokens=args.max_new_tokens) for s in samples]
+            records = selfdistill.extract_caption_features(model, tokenizer_or_processor, [(s.image, s.prompt, a) for s, a in zip(samples, answers)])
         selfdistill.save_chunk(data_dir, index, records)
         print(f"data chunk {index + 1}/{total}: {count} sequences in {time.time() - started:.0f} s", flush=True)
 

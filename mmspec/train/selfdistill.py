@@ -4,8 +4,8 @@ Two sources, both token sequences with a mask of the positions to learn:
 - ``text``: instructions the project writes (templates x topics, disjoint from ``mmspec bench``'s
   prompts), answered by the real SmolLM2 itself with greedy decoding (batched transformers
   ``generate``), so a drafter learns the target's own continuations;
-- ``caption``: the caption data's train split (image + prompt + reference answer, teacher-forced
-  through the captioner, whose answers were trained towards those references).
+- ``caption``: the caption data's train split (image + prompt), answered by the captioner itself
+  (greedy) and teacher-forced through it.
 
 ``extract_features`` runs the target once over each sequence (teacher forcing) and keeps its last
 hidden states (the LM head's input) in bf16, in chunks on disk, so drafter training never reruns
