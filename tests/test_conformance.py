@@ -36,6 +36,8 @@ def drafter_specs(case):
         "same model": ModelDrafter(case.model, num_draft_tokens=K),
         "eagle (random head)": EagleDrafter(case.model, random_eagle_head(case.model), num_draft_tokens=K),
         "eagle2 (random head)": Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8),
+        "eagle2 (draft vocabulary)": Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8,
+                                                   draft_vocabulary=torch.randperm(case.vocab_size, generator=torch.Generator().manual_seed(2))[: case.vocab_size // 2]),
         "medusa (random heads)": MedusaDrafter(case.model, random_heads(case.model, "medusa")),
         "hydra (random heads)": HydraDrafter(case.model, random_heads(case.model, "hydra")),
         "kangaroo (random adapter)": KangarooDrafter(case.model, random_kangaroo(case.model), exit_layer=1, num_draft_tokens=K, stop_threshold=0.0),
@@ -62,7 +64,7 @@ def random_eagle_head(model):
 
 
 @pytest.mark.parametrize("name", ["ar", "prompt-lookup", "layer-skip:1", "random draft (SPD for VLMs)", "same model", "eagle (random head)", "eagle2 (random head)",
-                                  "medusa (random heads)", "hydra (random heads)", "kangaroo (random adapter)"])
+                                  "eagle2 (draft vocabulary)", "medusa (random heads)", "hydra (random heads)", "kangaroo (random adapter)"])
 def test_greedy_identical_to_transformers(case, reference, name):
     out = mmspec.generate(case.model, drafter=drafter_specs(case)[name], max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
     assert out.sequences.shape == reference.shape

@@ -18,6 +18,7 @@ committed tokens arrive with every verification (``requires_target_hidden``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..core.cost import CostModel, cached_verification_cost
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, dynamic_tree
 from .shipped import shipped_drafter_dir
+from .vocab import DraftLMHead, load_draft_vocabulary
 
 HEAD_CONFIG = "eagle_config.json"
 HEAD_WEIGHTS = "eagle_head.safetensors"
@@ -118,22 +120,26 @@ class EagleDrafter(Drafter):
         target_model: the transformers target (its input embeddings and LM head are used).
         head: a trained :class:`EagleHead`.
         num_draft_tokens: K.
+        draft_vocabulary: LongTensor [N] of token ids to draft from (:mod:`mmspec.drafters.vocab`;
+            shipped next to the head), or None for the whole vocabulary.
     """
 
     requires_target_hidden = True
 
-    def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5) -> None:
+    def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,
+                 draft_vocabulary: torch.Tensor | None = None) -> None:
         super().__init__(num_draft_tokens)
         self.head = head
         self.embed = target_model.get_input_embeddings()
-        self.lm_head = target_model.get_output_embeddings()
+        self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
         self.cache = None
         self.fed = 0  # pairs (f_t, x_{t+1}) for t < fed are in the head's cache
         self.features: torch.Tensor | None = None  # target features of positions fed, fed + 1, ...
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
-        return cls(target.model, EagleHead.load(arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG), target.model), num_draft_tokens or 5)
+        path = arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG)
+        return cls(target.model, EagleHead.load(path, target.model), num_draft_tokens or 5, load_draft_vocabulary(path))
 
     def start(self, context, state: SequenceState) -> None:
         from transformers import DynamicCache
@@ -170,7 +176,7 @@ class EagleDrafter(Drafter):
         predicted = self._catch_up(state)
         tokens, probs = [], []
         for i in range(k):
-            choice, q = self._pick(self.lm_head(predicted[:, -1]))
+            choice, q = self.lm_head.pick(self, self.lm_head(predicted[:, -1]))
             tokens.append(choice.view(1, 1))
             probs.append(q)
             if i + 1 < k:
@@ -180,7 +186,7 @@ class EagleDrafter(Drafter):
         return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
 
     def describe(self) -> dict:
-        return {**super().describe(), "head_layers": 1}
+        return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size}
 
 
 @register_drafter("eagle2")
@@ -203,8 +209,8 @@ class Eagle2Drafter(EagleDrafter):
     """
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 5, top_k: int = 8,
-                 num_nodes: int | str = "auto", max_nodes: int = 64) -> None:
-        super().__init__(target_model, head, num_draft_tokens=depth)
+                 num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None) -> None:
+        super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary)
         if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
             raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
         self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k, num_nodes, max_nodes
@@ -219,8 +225,9 @@ class Eagle2Drafter(EagleDrafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
-        return cls(target.model, EagleHead.load(arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG, "eagle2"), target.model),
-                   depth=num_draft_tokens or 5)
+        path = arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG, "eagle2")
+        return cls(target.model, EagleHead.load(path, target.model), depth=num_draft_tokens or 5,
+                   draft_vocabulary=load_draft_vocabulary(path))
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         started = time.perf_counter()
@@ -233,7 +240,7 @@ class Eagle2Drafter(EagleDrafter):
             nodes = nodes.tolist()
             parents = candidates.parents[nodes].tolist()
             features = torch.stack([root_feature[0, 0] if p < 0 else outputs[p] for p in parents])[None]
-            tokens = candidates.tokens[nodes].to(state.tokens.device)[None]
+            tokens = self.lm_head.tokens(candidates.tokens[nodes].to(state.tokens.device))[None]
             depths = candidates.depth[nodes].to(tokens.device)
             ancestors = candidates.ancestor_matrix()
             cached = self.fed + len(fed_nodes)
@@ -255,6 +262,7 @@ class Eagle2Drafter(EagleDrafter):
         auto = self.num_nodes == "auto"
         tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes)
         crop_cache(self.cache, self.fed)
+        tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(self.lm_head.weight.device)))  # draft indices -> ids
         if auto:
             order = torch.argsort(-tree.scores, stable=True)  # ancestor-closed prefixes
             n = self.cost_model.best_size(tree.scores[order].exp(), time.perf_counter() - started)

@@ -25,6 +25,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from .eagle import OneLayerHead
 from .shipped import shipped_drafter_dir
+from .vocab import DraftLMHead, load_draft_vocabulary
 
 
 class KangarooAdapter(OneLayerHead):
@@ -46,19 +47,20 @@ class KangarooDrafter(Drafter):
     exit_layer: l, the shallow sub-network's depth (the adapter was trained on this layer's states).
     num_draft_tokens: K, the longest draft.
     stop_threshold: stop drafting when the draft's top-1 probability is below this.
+    draft_vocabulary: token ids to draft from (:mod:`mmspec.drafters.vocab`), or None for all.
     """
 
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,
-                 num_draft_tokens: int = 6, stop_threshold: float = 0.4) -> None:
+                 num_draft_tokens: int = 6, stop_threshold: float = 0.4, draft_vocabulary: torch.Tensor | None = None) -> None:
         super().__init__(num_draft_tokens)
         self.adapter = adapter
         self.exit_layer = self.target_hidden_layer = exit_layer
         decoder = text_decoder(target_model)
         self.shallow = truncated_decoder(decoder, exit_layer)  # ends with the final norm
         self.final_norm = decoder.norm
-        self.lm_head = target_model.get_output_embeddings()
+        self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
         self.stop_threshold = stop_threshold
         self.cache = None
         self.states: torch.Tensor | None = None  # committed shallow states not yet in the adapter's cache
@@ -71,7 +73,7 @@ class KangarooDrafter(Drafter):
         path = Path(arg or shipped_drafter_dir(target.model, "kangaroo", KangarooAdapter.config_file))
         adapter = KangarooAdapter.load(path, target.model)
         exit_layer = json.loads((path / KangarooAdapter.config_file).read_text()).get("exit_layer", 2)
-        return cls(target.model, adapter, exit_layer, num_draft_tokens or 6)
+        return cls(target.model, adapter, exit_layer, num_draft_tokens or 6, draft_vocabulary=load_draft_vocabulary(path))
 
     def start(self, context, state: SequenceState) -> None:
         from transformers import DynamicCache
@@ -105,7 +107,7 @@ class KangarooDrafter(Drafter):
                                    position_ids=state.position_ids(1, start=target_cache.get_seq_length())).last_hidden_state
             logits = self.lm_head(self._adapt(shallow)[:, -1])
             self.forwards += 1
-            choice, q = self._pick(logits)
+            choice, q = self.lm_head.pick(self, logits)
             token = choice.view(1, 1)
             tokens.append(token)
             probs.append(q)
@@ -116,4 +118,5 @@ class KangarooDrafter(Drafter):
         return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
 
     def describe(self) -> dict:
-        return {**super().describe(), "exit_layer": self.exit_layer, "stop_threshold": self.stop_threshold}
+        return {**super().describe(), "exit_layer": self.exit_layer, "stop_threshold": self.stop_threshold,
+                "draft_vocabulary": self.lm_head.size}

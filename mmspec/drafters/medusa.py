@@ -26,6 +26,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree
 from .shipped import shipped_drafter_dir
+from .vocab import DraftLMHead, load_draft_vocabulary
 
 HEADS_CONFIG = "heads_config.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -108,7 +109,7 @@ class _HeadsDrafter(Drafter):
     requires_target_hidden = True
     kind = "medusa"
 
-    def __init__(self, target_model: nn.Module, heads: DraftHeads, tree_paths=None) -> None:
+    def __init__(self, target_model: nn.Module, heads: DraftHeads, tree_paths=None, draft_vocabulary: torch.Tensor | None = None) -> None:
         paths = [tuple(p) for p in (tree_paths or DEFAULT_TREE)]
         depth = max(len(p) for p in paths)
         if depth > heads.num_heads:
@@ -117,14 +118,14 @@ class _HeadsDrafter(Drafter):
         self.heads = heads
         self.paths = paths
         self.embed = target_model.get_input_embeddings()
-        self.lm_head = target_model.get_output_embeddings()
+        self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
         self.top_k = 1 + max(p[-1] for p in paths)
         self.feature: torch.Tensor | None = None
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None):
         path = arg or shipped_drafter_dir(target.model, cls.kind, HEADS_CONFIG)
-        drafter = cls(target.model, DraftHeads.load(path, target.model, cls.kind))
+        drafter = cls(target.model, DraftHeads.load(path, target.model, cls.kind), draft_vocabulary=load_draft_vocabulary(path))
         if num_draft_tokens:
             drafter.paths = [p for p in drafter.paths if len(p) <= num_draft_tokens]
         return drafter
@@ -149,7 +150,7 @@ class _HeadsDrafter(Drafter):
             else:
                 states = self.heads.head_state(depth - 1, self.feature[None]).expand(len(parents), -1)
             self.forwards += 1
-            choices = torch.topk(self.lm_head(states), self.top_k, dim=-1).indices  # [parents, k]
+            choices = self.lm_head.tokens(torch.topk(self.lm_head(states), self.top_k, dim=-1).indices)  # [parents, k]
             for row, parent in enumerate(parents):
                 for p in paths:
                     if len(p) == depth and p[:-1] == parent:
@@ -157,7 +158,8 @@ class _HeadsDrafter(Drafter):
         return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([token_of[p] for p in paths])))
 
     def describe(self) -> dict:
-        return {**super().describe(), "tree": "static", "tree_nodes": len(self.paths), "heads": self.heads.num_heads}
+        return {**super().describe(), "tree": "static", "tree_nodes": len(self.paths), "heads": self.heads.num_heads,
+                "draft_vocabulary": self.lm_head.size}
 
 
 @register_drafter("medusa")

@@ -27,6 +27,7 @@ import torch
 from ..drafters.eagle import EagleHead
 from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
+from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, save_draft_vocabulary
 from ..modeling.captioner import models_dir
 from .checkpoint import TrainingRun
 
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
     parser.add_argument("--init", default=None, help="start from this head directory")
+    parser.add_argument("--draft-vocab", type=int, default=8192,
+                        help="draft from the N most frequent tokens of the data (FR-Spec; 0 = the whole vocabulary)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -170,6 +173,18 @@ def kangaroo_loss(adapter: KangarooAdapter, final_norm, lm_head: torch.Tensor, b
     return torch.nn.functional.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean().item()
 
 
+def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
+    """Save the ``size`` most frequent answer tokens of ``train`` next to the head, with their
+    coverage of the held-out answers (:mod:`mmspec.drafters.vocab`)."""
+    if not size:
+        (out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
+        return
+    token_ids, _ = frequent_tokens(train, size)
+    share = coverage(token_ids, held_out)
+    save_draft_vocabulary(out, token_ids, held_out_coverage=round(share, 4))
+    print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
+
+
 def run(args) -> int:
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
@@ -182,6 +197,7 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
+    write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach()
     lm_head = model.get_output_embeddings().weight.detach()
     from ..adapters.hf import text_decoder

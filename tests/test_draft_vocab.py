@@ -1,0 +1,34 @@
+"""Frequency-ranked draft vocabulary: the restricted LM head and its bookkeeping."""
+
+import torch
+from torch import nn
+
+from mmspec.drafters.vocab import DraftLMHead, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
+
+
+def test_restricted_head_matches_the_full_head_on_its_rows():
+    torch.manual_seed(0)
+    lm_head = nn.Linear(8, 20, bias=False)
+    ids = torch.tensor([5, 0, 17, 3])
+    head = DraftLMHead(lm_head, ids)
+    hidden = torch.randn(3, 8)
+    assert head.size == 4 and torch.allclose(head(hidden), lm_head(hidden)[:, ids])
+    assert torch.equal(head.tokens(torch.tensor([[1, 2]])), torch.tensor([[0, 17]]))
+    probs = torch.softmax(head(hidden), -1)
+    full = head.full(probs)
+    assert full.shape == (3, 20) and torch.allclose(full.sum(-1), torch.ones(3))
+    assert torch.equal(full[:, ids], probs) and full[:, [1, 2, 4]].abs().sum() == 0
+    whole = DraftLMHead(lm_head)
+    assert whole.size == 20 and torch.equal(whole.tokens(torch.tensor([4])), torch.tensor([4])) and whole.full(probs) is probs
+
+
+def test_frequent_tokens_are_counted_on_learnt_positions_only(tmp_path):
+    records = [{"ids": torch.tensor([9, 9, 9, 1, 2, 2]), "learn": torch.tensor([False, False, False, True, True, True])},
+               {"ids": torch.tensor([9, 2, 3]), "learn": torch.tensor([False, True, True])}]
+    ids, counts = frequent_tokens(records, size=2)
+    assert ids.tolist() == [2, 1] or ids.tolist() == [2, 3]
+    assert counts[2] == 3 and 9 not in counts
+    assert coverage(ids, records) == 4 / 5
+    save_draft_vocabulary(tmp_path, ids, coverage=0.8)
+    assert torch.equal(load_draft_vocabulary(tmp_path), ids)
+    assert load_draft_vocabulary(tmp_path / "missing") is None
