@@ -95,3 +95,22 @@ def test_caption_draft_sees_exactly_the_text_only_prompt(captioner):
     draft = build_draft(processor.tokenizer)
     assert draft.config.vocab_size == len(processor.tokenizer) and draft.config.tie_word_embeddings
     assert sum(p.numel() for p in draft.parameters()) < 12_000_000
+
+
+def test_lora_adapters_ship_and_merge_at_load(tmp_path):
+    from mmspec.modeling.captioner import save_trained
+    from mmspec.modeling.lora import LoRALinear, add_lora
+
+    wrapped, processor = build_captioner(dtype=torch.float32)
+    add_lora(wrapped.model.text_model, rank=2, alpha=4.0)
+    with torch.no_grad():
+        for module in wrapped.modules():
+            if isinstance(module, LoRALinear):
+                module.lora_b.normal_(0, 0.01)
+    weights = tmp_path / "w.safetensors"
+    save_trained(wrapped, weights)
+    loaded, _ = build_captioner(dtype=torch.float32, weights=weights)
+    assert not any(isinstance(m, LoRALinear) for m in loaded.modules())  # a plain SmolVLM again
+    ids = processor(text=["The capital of France is"], return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, wrapped(input_ids=ids).logits, atol=1e-4, rtol=1e-4)

@@ -112,23 +112,46 @@ def build_captioner(dtype: torch.dtype = torch.bfloat16, device: str | torch.dev
     text_model.load_state_dict(text_state, strict=True)
     model.tie_weights()
     if weights is not None:
+        from safetensors import safe_open
+
+        from .lora import SCALE_KEY, merge_lora_state
+
         trained = load_file(str(weights))
-        unexpected = [k for k in trained if not k.startswith(("model.vision_model.", "model.connector."))]
+        adapters = {k: trained.pop(k) for k in [k for k in trained if ".lora_" in k]}
+        unexpected = [k for k in trained if not k.startswith(TRAINED_PREFIXES)]
         if unexpected:
             raise ValueError(f"{weights}: unexpected tensors {unexpected[:3]}")
         missing = model.load_state_dict(trained, strict=False).missing_keys
-        untrained = [k for k in missing if k.startswith(("model.vision_model.", "model.connector."))]
+        untrained = [k for k in missing if k.startswith(TRAINED_PREFIXES)]
         if untrained:
             raise ValueError(f"{weights}: missing tensors {untrained[:3]}")
+        if adapters:  # merged into the fp32 decoder weights before the cast to ``dtype``
+            with safe_open(str(weights), "pt") as handle:
+                scale = float((handle.metadata() or {})[SCALE_KEY])
+            merge_lora_state(model, adapters, scale)
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     return model.to(device=device, dtype=dtype).eval(), processor
 
 
+TRAINED_PREFIXES = ("model.vision_model.", "model.connector.")
+
+
 def trained_state(model) -> dict[str, torch.Tensor]:
-    """The tensors the captioner ships: vision encoder and connector."""
-    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("model.vision_model.", "model.connector."))}
+    """The tensors the captioner ships: vision encoder, connector and the decoder's LoRA adapters
+    (if it has any, :mod:`mmspec.modeling.lora`)."""
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(TRAINED_PREFIXES) or ".lora_" in k}
+
+
+def save_trained(model, path: str | Path) -> None:
+    """Write :func:`trained_state` as safetensors (the LoRA scale in the metadata)."""
+    from safetensors.torch import save_file
+
+    from .lora import SCALE_KEY, lora_scale
+
+    scale = lora_scale(model)
+    save_file(trained_state(model), str(path), metadata=None if scale is None else {SCALE_KEY: repr(scale)})
 
 
 def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16):

@@ -54,7 +54,7 @@ class TrainingRun:
 
     def record(self, **values: Any) -> dict[str, Any]:
         """Append a log entry (with the step and minutes) and print it as one JSON line."""
-        entry = {"step": self.step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()},
+        entry = {"step": self.step, **{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in values.items()},
                  "minutes": round(self.minutes, 2)}
         self.log.append(entry)
         print(json.dumps(entry), flush=True)

@@ -1,0 +1,36 @@
+"""The embedded default captioner (models/smolcap + the installed SmolLM2) through the pipeline.
+
+fp32 so that greedy speculative decoding must reproduce plain decoding token for token (in bf16 a
+near-tie can be broken differently by a multi-token forward; docs/usage.md)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mmspec
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return mmspec.pipeline("image-captioning", model=None, drafter="prompt-lookup", device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "spd", "eagle2"])
+def test_embedded_captioner_greedy_is_lossless(pipe, drafter):
+    pipe.drafter, pipe.chosen_drafter, pipe.drafter_reason = pipe.resolve_drafter(drafter)
+    out = pipe(SAMPLES / "scenes.png", prompt="Explain what this image shows in detail.", max_new_tokens=40, compare_baseline=True)
+    assert out.text and out.text == out.baseline_text
+    assert out.stats.new_tokens > 5 and out.stats.speedup > 0
+
+
+def test_embedded_captioner_answers_text_questions_without_an_image(pipe):
+    from mmspec.modeling.captioner import load_default_captioner
+
+    model, processor = load_default_captioner(dtype=torch.float32)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}]
+    inputs = processor(text=[processor.apply_chat_template(messages, add_generation_prompt=True)], return_tensors="pt")
+    out = mmspec.generate(model, max_new_tokens=16, **inputs)
+    assert "Paris" in processor.tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1]:])
