@@ -7,12 +7,15 @@ on an endless stream of fresh samples of the six generated families (``mmspec.tr
 split "train"), cross-entropy on the answer tokens only. Checkpoints (weights, optimizer, step)
 are written every ``--save-every`` steps; rerunning the same command resumes.
 
-Two stages (a from-scratch ViT learns to see far faster behind a small trainable reader than
-behind the frozen 30-layer decoder, whose backward costs most of a step):
+Three stages (a from-scratch ViT learns to see far faster behind a small trainable reader than
+behind the frozen 30-layer decoder, whose backward costs most of a step; and the frozen decoder
+alone barely learns to read the image tokens):
   1. ``--reader-layers 4 --out runs/smolcap-stage1``: the decoder is cut to its first 4 layers
      (+ final norm and the frozen LM head) and those 4 layers train too (``--reader-lr``);
   2. ``--init runs/smolcap-stage1/vision_connector.safetensors``: the full frozen decoder; the
-     vision encoder and connector start from stage 1.
+     vision encoder and connector start from stage 1;
+  3. ``--init <stage 2> --lora-rank 16``: as stage 2, plus LoRA adapters on every projection of
+     the decoder (:mod:`mmspec.modeling.lora`; shipped in the same file, merged at load).
 """
 
 from __future__ import annotations
