@@ -100,3 +100,16 @@ def test_write_drafters_file_feeds_auto(bench_run, tmp_path, capsys):
     best = max(entries, key=lambda e: e["speedup"])
     captioner = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
     assert f"{best['speedup']:.2f}x" in captioner.drafter_reason
+
+
+def test_task_filter_draws_only_those_kinds():
+    from mmspec.bench.caption import bench_items
+    from mmspec.train.data import make_sample
+
+    items = bench_items(["scenes", "charts"], 3, tasks="caption,detailed")
+    assert [family for family, *_ in items] == ["scenes"] * 3 + ["charts"] * 3
+    assert all(make_sample(family, "test", index).kind in ("caption", "detailed") for family, index, _, _ in items)
+    everything = bench_items(["scenes"], 3)
+    assert [index for _, index, _, _ in everything] == [0, 1, 2]
+    with pytest.raises(ValueError, match="unknown task kinds"):
+        bench_items(["scenes"], 1, tasks="essay")

@@ -28,6 +28,7 @@ import torch
 from ..api import generate
 from .results import save_results
 from ..train.data import FAMILIES, make_sample
+from ..train.data.core import KINDS as TASK_KINDS
 
 DEFAULT_METHODS = "ar,spd,prompt-lookup,layer-skip:8"
 
@@ -38,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list: ar, spd[:PATH], prompt-lookup[:N], layer-skip:N, eagle2, ...; append @K to set K")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--per-family", type=int, default=4, help="test-split items per family")
+    parser.add_argument("--tasks", default="all",
+                        help="task kinds to draw items from: all, or a comma list of caption, detailed, short "
+                             "(short answers are 1-3 tokens: nothing to speed up)")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
@@ -62,8 +66,25 @@ def drafter_for(pipe, method: str):
     return None if spec == "ar" else pipe.resolve_drafter(spec, k)[0]
 
 
-def bench_items(families: list[str], per_family: int) -> list[tuple[str, int, object, str]]:
-    return [(family, i, (s := make_sample(family, "test", i)).image, s.prompt) for family in families for i in range(per_family)]
+def bench_items(families: list[str], per_family: int, tasks: str = "all") -> list[tuple[str, int, object, str]]:
+    """The first ``per_family`` test-split samples of each family whose task kind is in ``tasks``
+    -> [(family, test index, image, prompt)]."""
+    kinds = None if tasks == "all" else set(tasks.split(","))
+    unknown = (kinds or set()) - set(TASK_KINDS)
+    if unknown:
+        raise ValueError(f"unknown task kinds {sorted(unknown)}; use 'all' or a comma list of {', '.join(TASK_KINDS)}")
+    items = []
+    for family in families:
+        index, found = 0, 0
+        while found < per_family:
+            sample = make_sample(family, "test", index)
+            if kinds is None or sample.kind in kinds:
+                items.append((family, index, sample.image, sample.prompt))
+                found += 1
+            index += 1
+            if index > 50 * per_family + 100:
+                raise ValueError(f"the {family} family has too few {tasks} items in the test split")
+    return items
 
 
 def run(args) -> int:
@@ -81,14 +102,15 @@ def run(args) -> int:
         raise ValueError(f"{results_path} holds runs of {results['meta']['model']}; pass another --results file")
     results["meta"] = {
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
-        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family,
+        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
         "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
         "command": "mmspec bench caption " + " ".join(
-            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "temperatures", "max_new_tokens", "repeats", "dtype", "threads")),
+            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads")),
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device="cpu", dtype=args.dtype)
     drafters = {method: drafter_for(pipe, method) for method in methods}
-    for family, index, image, prompt in bench_items(families, args.per_family):
+    items = bench_items(families, args.per_family, args.tasks)
+    for family, index, image, prompt in items:
         inputs = pipe.preprocess(image, prompt)
         for temperature in temperatures:
             for round_index in range(args.repeats + 1):  # round 0 is the warm-up
@@ -106,7 +128,8 @@ def run(args) -> int:
                     }
                     save_results(results_path, results)
                     print(f"{key}: {out.stats.wall_time_s:.2f}s tau {out.stats.mean_accepted_length:.2f}", file=sys.stderr, flush=True)
-    summary = summarise(results, methods, families, temperatures, args.per_family, args.repeats)
+    indices = {family: [index for f, index, _, _ in items if f == family] for family in families}
+    summary = summarise(results, methods, temperatures, indices, args.repeats)
     results["summary"] = summary
     save_results(results_path, results)
     if args.write_drafters_file:
@@ -138,19 +161,20 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     return path
 
 
-def summarise(results: dict, methods, families, temperatures, per_family: int, repeats: int) -> dict:
-    """-> {temperature: {family: {method: {"S", "tau", "acceptance", "exact", "seconds"}}}}, plus a
+def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]], repeats: int) -> dict:
+    """``indices``: family -> the test indices benchmarked.
+    -> {temperature: {family: {method: {"S", "tau", "acceptance", "exact", "seconds"}}}}, plus a
     "mean" family (S over all items' summed times, tau averaged over families)."""
     runs = results["runs"]
     summary = {}
     for temperature in temperatures:
         table = summary[f"{temperature:g}"] = {}
         totals = {m: [0.0, 0.0] for m in methods}
-        for family in families:
+        for family, family_indices in indices.items():
             row = table[family] = {}
             base_total = 0.0
             per_method = {m: {"seconds": 0.0, "tau": [], "acceptance": [], "exact": 0} for m in methods}
-            for index in range(per_family):
+            for index in family_indices:
                 def median(method):
                     return statistics.median(runs[f"{temperature:g}/{family}/{index}/{method}/{r}"]["seconds"] for r in range(1, repeats + 1))
                 base = median("ar")
@@ -168,12 +192,12 @@ def summarise(results: dict, methods, families, temperatures, per_family: int, r
                 row[method] = {
                     "S": base_total / cell["seconds"], "tau": statistics.mean(cell["tau"]),
                     "acceptance": statistics.mean(cell["acceptance"]) if cell["acceptance"] else None,
-                    "exact": f"{cell['exact']}/{per_family}", "seconds": cell["seconds"],
+                    "exact": f"{cell['exact']}/{len(family_indices)}", "seconds": cell["seconds"],
                 }
                 totals[method][0] += cell["seconds"]
                 totals[method][1] += base_total
         table["mean"] = {m: {"S": totals[m][1] / totals[m][0],
-                             "tau": statistics.mean(table[f][m]["tau"] for f in families)} for m in methods}
+                             "tau": statistics.mean(table[f][m]["tau"] for f in indices)} for m in methods}
     return summary
 
 
@@ -184,7 +208,7 @@ def render_tables(summary: dict, meta: dict) -> str:
         methods = list(table["mean"])
         lines += [
             f"\n**Temperature {temperature}** ({meta['model']}, {meta['dtype']}, {meta['threads']} thread(s), "
-            f"{meta['per_family']} test items per family, median of {meta['repeats']} interleaved rounds; "
+            f"{meta['per_family']} test items per family ({meta.get('tasks', 'all')} tasks), median of {meta['repeats']} interleaved rounds; "
             "cell = S / tau; exact = greedy outputs identical to AR)\n",
             "| family | " + " | ".join(methods) + " |",
             "|---" * (len(methods) + 1) + "|",
