@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-data", action="append", default=[], help="further self-distillation caches to train on (repeatable)")
     parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="instructions for the smollm2 text data")
     parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
+    parser.add_argument("--skip", type=int, default=0,
+                        help="start after this many sequences of the prompt / sample stream (to build a second, disjoint --data cache)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
     parser.add_argument("--init", default=None, help="start from this head directory")
     parser.add_argument("--draft-vocab", type=int, default=8192,
@@ -73,10 +75,10 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
     total = math.ceil(args.sequences / chunk)
     for index in range(done, total):
         started = time.time()
-        first = index * chunk
-        count = min(chunk, args.sequences - first)
+        first = args.skip + index * chunk
+        count = min(chunk, args.skip + args.sequences - first)
         if args.target == "smollm2":
-            prompts = selfdistill.text_prompts(args.sequences, prompt_set=args.prompt_set)[first : first + count]
+            prompts = selfdistill.text_prompts(args.skip + args.sequences, prompt_set=args.prompt_set)[first : first + count]
             sequences = selfdistill.generate_text_sequences(model, tokenizer_or_processor, prompts, args.max_new_tokens)
             records = selfdistill.extract_text_features(model, sequences)
         else:
