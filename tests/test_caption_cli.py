@@ -97,3 +97,17 @@ def test_user_errors_exit_2(capsys, checkpoint, images, extra, message):
     code, _, err = run(capsys, *argv)
     errors = [line for line in err.splitlines() if line.startswith("mmspec: error:")]
     assert code == 2 and len(errors) == 1 and message in errors[0]
+
+
+def test_a_differing_half_precision_caption_is_explained():
+    from mmspec.core.stats import SpecStats
+    from mmspec.pipelines.caption_cli import format_result
+    from mmspec.pipelines.captioning import CaptionOutput
+
+    stats, baseline = SpecStats(method="eagle2", new_tokens=4, wall_time_s=1.0), SpecStats(method="ar", new_tokens=4, wall_time_s=2.0)
+    stats.speedup = 2.0
+    result = CaptionOutput(text="a b", stats=stats, baseline_text="a c", baseline_stats=baseline, identical_to_baseline=False)
+    assert "DIFFERENT" in format_result("x.png", result) and "--dtype fp32" not in format_result("x.png", result)
+    assert "--dtype fp32" in format_result("x.png", result, half_precision=True)
+    result.identical_to_baseline = True
+    assert "--dtype fp32" not in format_result("x.png", result, half_precision=True)

@@ -14,6 +14,8 @@ import sys
 import textwrap
 from typing import Any
 
+import torch
+
 from .captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
 from .images import open_image_file
 
@@ -72,14 +74,18 @@ class Progress:
             self.bar.close()
 
 
-def format_result(path: str, result: CaptionOutput) -> str:
-    """Human-readable lines: the path, the caption, the speed (and the baseline when compared)."""
+def format_result(path: str, result: CaptionOutput, half_precision: bool = False) -> str:
+    """Human-readable lines: the path, the caption, the speed (and the baseline when compared;
+    ``half_precision``: the model runs in bf16/fp16, which explains a differing greedy output)."""
     lines = [f"{path}:", textwrap.indent(result.text or "(empty caption)", "  ", lambda line: True),
              f"  {result.stats.summary()}"]
     if result.baseline_stats is not None:
         same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
         lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")
         lines.append(f"  output {same} plain decoding; speedup {result.stats.speedup:.2f}x")
+        if not result.identical_to_baseline and half_precision:
+            lines.append("  (half precision rounds a forward over several tokens differently from one-token forwards, "
+                         "so near-ties can flip; --dtype fp32 gives token-identical output, see docs/usage.md)")
     return "\n".join(lines)
 
 
@@ -121,7 +127,7 @@ def run_caption_command(args) -> int:
                 else:
                     record.update(result.to_dict())
                     if not args.json:
-                        progress.write(format_result(record["path"], result))
+                        progress.write(format_result(record["path"], result, captioner.dtype in (torch.bfloat16, torch.float16)))
                 progress.step()
         finally:
             progress.close()
