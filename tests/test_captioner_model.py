@@ -92,6 +92,14 @@ def test_caption_draft_sees_exactly_the_text_only_prompt(captioner):
     inputs = processor(text=[text], images=[[sample.image]], return_tensors="pt")
     seen = TransformersTarget(model).text_only_ids(inputs["input_ids"])[0].tolist()
     assert seen == processor.tokenizer(draft_prompt_text(processor, sample.prompt), add_special_tokens=False)["input_ids"]
+    # a self-distillation record of the same sample (the captioner's answer) gives the same prompt
+    from mmspec.train.caption_draft import distilled_pairs
+    from mmspec.train.selfdistill import extract_caption_features
+
+    records = extract_caption_features(model, processor, [(sample.image, sample.prompt, "Some answer.")])
+    prompt, answer = distilled_pairs(records, processor.tokenizer.convert_tokens_to_ids("<image>"))[0]
+    assert prompt == seen
+    assert answer == processor.tokenizer("Some answer.<|im_end|>", add_special_tokens=False)["input_ids"]
     draft = build_draft(processor.tokenizer)
     assert draft.config.vocab_size == len(processor.tokenizer) and draft.config.tie_word_embeddings
     assert sum(p.numel() for p in draft.parameters()) < 12_000_000

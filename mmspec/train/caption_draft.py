@@ -10,6 +10,11 @@ SmolLM2's tokenizer (+ the captioner's 3 image tokens). Its tied embedding start
 principal components of SmolLM2's embedding matrix. Training data: the (prompt, answer) pairs of
 the caption data's train split, formatted exactly as the draft sees them at generation time,
 cross-entropy on the answer tokens (AdamW, bf16 autocast over fp32 weights). Resumable.
+
+``--self-distill DIR`` (repeatable) adds the captioner's own greedy answers (the caches of
+``mmspec train drafter --target captioner``): half of every batch is then drawn from them, since
+what the draft must predict is the captioner's wording, not the references'. ``--init DIR``
+starts from a trained draft (e.g. the reference-trained one).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(models_dir() / "smolcap-draft"), help="output dir (models/smolcap-draft)")
     parser.add_argument("--samples", type=int, default=24000, help="training pairs (tokenised once, cached in --cache)")
     parser.add_argument("--cache", default="runs/caption-draft-data.pt", help="tokenised training pairs")
+    parser.add_argument("--self-distill", action="append", default=[],
+                        help="captioner self-distillation cache (runs/captioner-selfdistill); repeatable")
+    parser.add_argument("--init", default=None, help="start from this draft directory")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -54,6 +62,18 @@ def tokenise_pairs(processor, count: int) -> list[tuple[list[int], list[int]]]:
         prompt = tokenizer(draft_prompt_text(processor, sample.prompt), add_special_tokens=False)["input_ids"]
         answer = tokenizer(sample.answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
         pairs.append((prompt, answer))
+    return pairs
+
+
+def distilled_pairs(records, image_token_id: int) -> list[tuple[list[int], list[int]]]:
+    """Self-distillation records ({"ids" [L], "learn" [L]}: the captioner's prompt with its image
+    tokens + its own answer) -> (the prompt as the draft sees it, without the image tokens, answer)."""
+    pairs = []
+    for record in records:
+        ids, learn = record["ids"], record["learn"]
+        start = int(learn.nonzero()[0])
+        prompt = ids[:start]
+        pairs.append((prompt[prompt != image_token_id].tolist(), ids[start:][learn[start:]].tolist()))
     return pairs
 
 
@@ -118,7 +138,20 @@ def run(args) -> int:
         print(f"tokenised {len(pairs)} pairs in {time.time() - started:.0f} s", flush=True)
     held_out = pairs[:512]  # the first pairs measure the loss; training draws from the rest
     train = pairs[512:]
-    model = build_draft(processor.tokenizer)
+    distilled, distilled_held_out = [], []
+    if args.self_distill:
+        from .selfdistill import load_chunks
+
+        image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+        distilled = distilled_pairs([r for d in args.self_distill for r in load_chunks(Path(d))], image_token)
+        distilled_held_out, distilled = distilled[:128], distilled[128:]
+        print(f"{len(distilled)} self-distilled training pairs", flush=True)
+    if args.init:
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        model = build_draft(processor.tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     run = TrainingRun(out, args, args.time_limit)
     state = run.resume()
@@ -127,8 +160,11 @@ def run(args) -> int:
         optimizer.load_state_dict(state["optimizer"])
     while run.step < args.steps:
         step = run.step
-        order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
-        ids, labels = collate([train[i] for i in order.tolist()])
+        generator = torch.Generator().manual_seed(step)
+        from_distilled = args.batch_size // 2 if distilled else 0
+        batch = [train[i] for i in torch.randint(len(train), (args.batch_size - from_distilled,), generator=generator).tolist()]
+        batch += [distilled[i] for i in torch.randint(max(1, len(distilled)), (from_distilled,), generator=generator).tolist()]
+        ids, labels = collate(batch)
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -142,7 +178,9 @@ def run(args) -> int:
         if run.should_save(100, args.steps):
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
                 held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
-            run.record(loss=loss.item(), held_out_loss=held)
+                distilled_held = answer_loss(model, *collate(distilled_held_out)).item() if distilled_held_out else None
+            run.record(loss=loss.item(), held_out_loss=held,
+                       **({"held_out_self_distilled_loss": distilled_held} if distilled_held is not None else {}))
             run.save(model=model.state_dict(), optimizer=optimizer.state_dict())
             model.to(torch.bfloat16).save_pretrained(out)  # the shipped draft: bf16 safetensors
             model.float()
