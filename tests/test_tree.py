@@ -554,3 +554,25 @@ def test_loop_with_trees_samples_target_distribution():
             assert counts[i][~support].sum() == 0
             result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * runs).numpy())
             assert result.pvalue > 1e-4, (drafter.mode, i, counts[i], exact[i] * runs)
+
+
+def test_dynamic_tree_stops_expanding_when_told():
+    """expand_while sees the best log V of the nodes about to be expanded; False ends the tree."""
+    vocab = 6
+    root = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(0)), -1)
+    calls, seen = [], []
+
+    def child_probs(candidates, nodes):
+        calls.append(len(nodes))
+        return torch.full((len(nodes), vocab), 1.0 / vocab)
+
+    def expand_while(best_log_value):
+        seen.append(best_log_value)
+        return len(seen) < 3
+
+    tree = dynamic_tree(root, child_probs, depth=6, top_k=2, num_nodes=100, expand_while=expand_while)
+    assert len(calls) == 2 and tree.max_depth == 3  # layers 2 and 3 drafted, layer 4 refused
+    assert seen[0] == pytest.approx(float(root.max().log()))
+    assert seen[1] == pytest.approx(float(root.max().log()) + math.log(1.0 / vocab))
+    full = dynamic_tree(root, child_probs, depth=6, top_k=2, num_nodes=100)
+    assert full.max_depth == 6

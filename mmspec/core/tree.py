@@ -221,6 +221,7 @@ def dynamic_tree(
     depth: int,
     top_k: int,
     num_nodes: int,
+    expand_while: Callable[[float], bool] | None = None,
 ) -> TokenTree:
     """EAGLE-2's context-aware dynamic draft tree (Li et al. 2024), deterministic (q = 1 per node).
 
@@ -244,6 +245,9 @@ def dynamic_tree(
         depth: number of layers to expand (EAGLE-2: 5-6).
         top_k: branching factor of the expansion (EAGLE-2: 10).
         num_nodes: N, nodes kept after reranking (EAGLE-2: ~60).
+        expand_while: optional early stop: before expanding layer d >= 2 it gets the highest
+            log V of the nodes about to be expanded, and layer d is only drafted if it returns
+            True (``depth`` is then the maximum depth).
     Returns:
         TokenTree with ``probs=None`` and ``scores`` = log V; nodes in creation order (topological,
         siblings by decreasing confidence).
@@ -256,6 +260,8 @@ def dynamic_tree(
     frontier = torch.arange(tokens.shape[0], device=device)  # nodes to expand next
     count = tokens.shape[0]
     for _ in range(depth - 1):
+        if expand_while is not None and not expand_while(float(torch.cat(all_scores)[frontier].max())):
+            break
         candidates = TokenTree(torch.cat(all_tokens), torch.cat(all_parents), scores=torch.cat(all_scores))
         probs = child_probs(candidates, frontier.cpu())  # [n, V]
         child_log, child_tokens = torch.topk(probs.float().clamp_min(1e-30).log(), min(top_k, probs.shape[-1]), dim=-1)

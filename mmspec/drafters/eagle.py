@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -201,14 +202,18 @@ class Eagle2Drafter(EagleDrafter):
     ``num_nodes="auto"`` (hardware-aware): grow up to ``max_nodes`` candidates, then keep the n most
     confident that maximise expected tokens per second, (1 + sum of the kept nodes' V) / (C(n + 1)
     + drafting time), with C the target's verification cost curve measured on this device
-    (:mod:`mmspec.core.cost`); the mean n chosen is reported in the stats.
+    (:mod:`mmspec.core.cost`); the mean n chosen is reported in the stats. The depth is adaptive
+    too (``depth`` is then the maximum): another layer is drafted only while the most confident
+    node to expand has V > c_layer / C(1), i.e. while the token it may add (worth one target
+    forward, C(1)) is expected to repay the time the layer costs (c_layer: head forward + tree
+    bookkeeping, timed as it runs); the mean depth drafted is in the stats.
 
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
     predicted feature at its parent and its own token, and attends to the committed pairs and its
     tree ancestors (a 4-D mask over the head's cache).
     """
 
-    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 5, top_k: int = 8,
+    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None) -> None:
         super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary)
         if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
@@ -216,17 +221,19 @@ class Eagle2Drafter(EagleDrafter):
         self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k, num_nodes, max_nodes
         self.cost_model: CostModel | None = None
         self.chosen_nodes: list[int] = []
+        self.drafted_depths: list[int] = []
+        self.layer_seconds: float | None = None  # running mean time of drafting one tree layer
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
-        self.chosen_nodes = []
+        self.chosen_nodes, self.drafted_depths = [], []
         if self.num_nodes == "auto":
             self.cost_model = CostModel(cached_verification_cost(context.target))
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
         path = arg or shipped_drafter_dir(target.model, "eagle", HEAD_CONFIG, "eagle2")
-        return cls(target.model, EagleHead.load(path, target.model), depth=num_draft_tokens or 5,
+        return cls(target.model, EagleHead.load(path, target.model), depth=num_draft_tokens or 8,
                    draft_vocabulary=load_draft_vocabulary(path))
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
@@ -258,9 +265,26 @@ class Eagle2Drafter(EagleDrafter):
                 outputs[node] = feature
             return torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
 
+        last_call: list[float] = []
+
+        def worth_another_layer(best_log_value: float) -> bool:
+            """V_max * C(1) > c_layer, c_layer = the time between two calls (a layer's head
+            forward + tree bookkeeping), a running mean. Layers 2 and 3 are always drafted, so
+            c_layer keeps being measured (a one-off stall cannot stop the trees for good)."""
+            now = time.perf_counter()
+            if last_call:
+                seconds = now - last_call[-1]
+                self.layer_seconds = seconds if self.layer_seconds is None else 0.8 * self.layer_seconds + 0.2 * seconds
+            last_call.append(now)
+            if len(last_call) <= 2:
+                return True
+            return math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
+
         root_probs = torch.softmax(self.lm_head(root_feature[0, 0]).float(), dim=-1)
         auto = self.num_nodes == "auto"
-        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes)
+        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes,
+                            expand_while=worth_another_layer if auto else None)
+        self.drafted_depths.append(tree.max_depth)
         crop_cache(self.cache, self.fed)
         tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(self.lm_head.weight.device)))  # draft indices -> ids
         if auto:
@@ -273,6 +297,7 @@ class Eagle2Drafter(EagleDrafter):
         return Draft.from_tree(tree)
 
     def describe(self) -> dict:
-        chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1)} if self.chosen_nodes else {}
+        chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1),
+                  "mean_depth_drafted": round(sum(self.drafted_depths) / len(self.drafted_depths), 1)} if self.chosen_nodes else {}
         return {**super().describe(), "tree": "dynamic", "depth": self.depth, "top_k": self.top_k,
                 "num_nodes": self.num_nodes, **chosen}
