@@ -66,7 +66,9 @@ class TrainingRun:
         tmp = self.state_path.with_suffix(".tmp")
         torch.save({**state, "step": self.step, "log": self.log, "elapsed": elapsed}, tmp)
         tmp.replace(self.state_path)
-        settings = {k: v for k, v in vars(self.args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+        plain = (int, float, str, bool, type(None))
+        settings = {k: v for k, v in vars(self.args).items()
+                    if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))}
         summary = {"args": settings, "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
         (self.out / "training.json").write_text(json.dumps(summary, indent=1))
 
