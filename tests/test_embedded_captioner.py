@@ -18,12 +18,26 @@ def pipe():
     return mmspec.pipeline("image-captioning", model=None, drafter="prompt-lookup", device="cpu", dtype=torch.float32)
 
 
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "spd", "eagle2"])
+TRAINED = ["spd", "kangaroo", "medusa", "hydra", "eagle", "eagle2"]  # shipped in models/smolcap-*
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", *TRAINED])
 def test_embedded_captioner_greedy_is_lossless(pipe, drafter):
     pipe.drafter, pipe.chosen_drafter, pipe.drafter_reason = pipe.resolve_drafter(drafter)
     out = pipe(SAMPLES / "scenes.png", prompt="Explain what this image shows in detail.", max_new_tokens=40, compare_baseline=True)
     assert out.text and out.text == out.baseline_text
     assert out.stats.new_tokens > 5 and out.stats.speedup > 0
+    assert out.stats.config["drafter"] == drafter
+    if drafter in TRAINED:  # the shipped drafter is the one trained for this captioner: it gets accepted
+        print(drafter, out.stats.mean_accepted_length)
+        assert out.stats.mean_accepted_length > 1.5
+
+
+def test_readme_sample_gets_a_correct_caption(pipe):
+    """The README's main job captions samples/photo.png (a fundus photograph of a retina)."""
+    pipe.drafter, pipe.chosen_drafter, pipe.drafter_reason = pipe.resolve_drafter("eagle2")
+    out = pipe(SAMPLES / "photo.png", prompt="Give a detailed description of this picture.", max_new_tokens=64, compare_baseline=True)
+    assert "retina" in out.text and out.text == out.baseline_text
 
 
 def test_embedded_captioner_answers_text_questions_without_an_image(pipe):
