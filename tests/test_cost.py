@@ -42,3 +42,23 @@ def test_eagle2_auto_tree_is_lossless_and_reports_its_choice():
     out = mmspec.generate(case.model, drafter=Eagle2Drafter(case.model, head, depth=3, top_k=3), max_new_tokens=12, **case.inputs)
     assert torch.equal(out.sequences, reference.sequences)
     assert out.stats.config["num_nodes"] == "auto" and 0 <= out.stats.config["mean_tree_nodes"] <= 64
+
+
+def test_depth_calibration_tracks_observed_acceptance():
+    """Confidences that say 0.9 per depth while only the first token is ever accepted: rho_1 -> 1/0.9,
+    deeper rho -> 0; a drafter that is right keeps rho = 1."""
+    from mmspec.core.cost import DepthCalibration
+
+    calibration = DepthCalibration(max_depth=3, decay=0.5)
+    assert torch.equal(calibration.factors(), torch.ones(4))
+    for _ in range(40):
+        calibration.update(torch.tensor([0.0, 0.9, 0.81, 0.729]), accepted_length=1)
+    rho = calibration.factors()
+    assert rho[1] == pytest.approx(1 / 0.9, rel=1e-3) and rho[2] == pytest.approx(0.05) and rho[3] == pytest.approx(0.05)
+    honest = DepthCalibration(max_depth=2, decay=0.5)
+    for _ in range(40):
+        honest.update(torch.tensor([0.0, 1.0, 1.0]), accepted_length=2)
+    assert torch.allclose(honest.factors()[1:], torch.ones(2))
+    shallow = DepthCalibration(max_depth=3)
+    shallow.update(torch.tensor([0.0, 0.5]), accepted_length=0)  # a depth-1 tree leaves depths 2-3 alone
+    assert shallow.factors()[2] == 1 and shallow.factors()[1] < 1

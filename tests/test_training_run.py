@@ -9,7 +9,7 @@ from mmspec.train.checkpoint import TrainingRun
 
 
 def test_training_run_resumes_step_log_time_and_recipe_state(tmp_path):
-    args = argparse.Namespace(steps=10, lr=0.1, name="x", things=[1, 2])
+    args = argparse.Namespace(steps=10, lr=0.1, name="x", things=[1, 2], handler=print)
     run = TrainingRun(tmp_path / "out", args)
     assert run.resume() is None
     weights = torch.arange(3.0)
@@ -18,7 +18,7 @@ def test_training_run_resumes_step_log_time_and_recipe_state(tmp_path):
     run.record(loss=1.234567)
     run.save(weights=weights)
     card = json.loads((tmp_path / "out" / "training.json").read_text())
-    assert card["step"] == 4 and card["args"] == {"steps": 10, "lr": 0.1, "name": "x"}
+    assert card["step"] == 4 and card["args"] == {"steps": 10, "lr": 0.1, "name": "x", "things": [1, 2]}
     assert card["log"][0]["loss"] == 1.235
 
     again = TrainingRun(tmp_path / "out", args)

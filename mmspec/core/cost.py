@@ -99,3 +99,38 @@ class CostModel:
         gains = torch.cat([expected_gain.new_zeros(1), expected_gain.float().cumsum(0)]).cpu() + 1
         costs = torch.tensor([self.forward_cost(n + 1) for n in range(len(gains))]) + drafting_time
         return int(torch.argmax(gains / costs))
+
+
+class DepthCalibration:
+    """Online calibration of a tree drafter's confidences against the acceptance it observes.
+
+    In a deterministic draft tree at most one node per depth is accepted, so the expected accepted
+    length satisfies P(accepted >= d) = sum over the depth-d nodes of P(node accepted); a drafter
+    predicts it with sum_{depth d} V_i (EAGLE-2's cumulative confidences). A head trained on greedy
+    outputs overstates acceptance under sampling, so per depth
+
+        rho_d = EMA(1[accepted >= d]) / EMA(sum_{depth-d nodes} V_i),   gain_i = rho_{d(i)} V_i.
+
+    Both running means start at 1 (rho = 1: the drafter is trusted until evidence arrives).
+
+    Args:
+        max_depth: deepest tree layer tracked.
+        decay: EMA weight of the past per verified step.
+    """
+
+    def __init__(self, max_depth: int, decay: float = 0.7) -> None:
+        self.predicted = torch.ones(max_depth + 1)
+        self.accepted = torch.ones(max_depth + 1)
+        self.decay = decay
+
+    def factors(self) -> torch.Tensor:
+        """rho [max_depth + 1] (index = depth; index 0 unused), clamped to [0.05, 2]."""
+        return (self.accepted / self.predicted).clamp(0.05, 2.0)
+
+    def update(self, depth_sums: torch.Tensor, accepted_length: int) -> None:
+        """depth_sums: [D + 1] sum of V over the verified tree's nodes per depth (D = its depth);
+        accepted_length: draft tokens accepted (0..D)."""
+        depths = torch.arange(1, len(depth_sums))
+        old = 1 - self.decay
+        self.predicted[depths] = self.decay * self.predicted[depths] + old * depth_sums[1:].float()
+        self.accepted[depths] = self.decay * self.accepted[depths] + old * (depths <= accepted_length).float()

@@ -30,7 +30,7 @@ from torch import nn
 from ..adapters.hf import text_decoder
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, Drafter, register_drafter
-from ..core.cost import CostModel, cached_verification_cost
+from ..core.cost import CostModel, DepthCalibration, cached_verification_cost
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, dynamic_tree
 from .shipped import shipped_drafter_dir
@@ -206,7 +206,10 @@ class Eagle2Drafter(EagleDrafter):
     too (``depth`` is then the maximum): another layer is drafted only while the most confident
     node to expand has V > c_layer / C(1), i.e. while the token it may add (worth one target
     forward, C(1)) is expected to repay the time the layer costs (c_layer: head forward + tree
-    bookkeeping, timed as it runs); the mean depth drafted is in the stats.
+    bookkeeping, timed as it runs); the mean depth drafted is in the stats. Both use the confidences
+    calibrated per depth against the acceptance observed so far in the generation
+    (:class:`mmspec.core.cost.DepthCalibration`): the head is trained on greedy outputs, so under
+    sampling its V overstates acceptance.
 
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
     predicted feature at its parent and its own token, and attends to the committed pairs and its
@@ -223,12 +226,21 @@ class Eagle2Drafter(EagleDrafter):
         self.chosen_nodes: list[int] = []
         self.drafted_depths: list[int] = []
         self.layer_seconds: float | None = None  # running mean time of drafting one tree layer
+        self.calibration = DepthCalibration(depth)
+        self.verified_depth_sums: torch.Tensor | None = None  # sum of V per depth of the tree in verification
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
+        self.calibration, self.verified_depth_sums = DepthCalibration(self.depth), None
         if self.num_nodes == "auto":
             self.cost_model = CostModel(cached_verification_cost(context.target))
+
+    def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
+        super().on_verified(num_drafted, num_accepted, target_output)
+        if self.verified_depth_sums is not None and num_drafted:
+            self.calibration.update(self.verified_depth_sums, num_accepted)
+        self.verified_depth_sums = None
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
@@ -278,7 +290,8 @@ class Eagle2Drafter(EagleDrafter):
             last_call.append(now)
             if len(last_call) <= 2:
                 return True
-            return math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
+            rho = float(self.calibration.factors()[len(last_call) + 1])  # the layer about to be drafted
+            return rho * math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
 
         root_probs = torch.softmax(self.lm_head(root_feature[0, 0]).float(), dim=-1)
         auto = self.num_nodes == "auto"
@@ -289,8 +302,11 @@ class Eagle2Drafter(EagleDrafter):
         tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(self.lm_head.weight.device)))  # draft indices -> ids
         if auto:
             order = torch.argsort(-tree.scores, stable=True)  # ancestor-closed prefixes
-            n = self.cost_model.best_size(tree.scores[order].exp(), time.perf_counter() - started)
+            gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
+            n = self.cost_model.best_size(gains, time.perf_counter() - started)
             tree = tree.select(order[:n].cpu())
+            sums = torch.zeros(tree.max_depth + 1)
+            self.verified_depth_sums = sums.index_add_(0, tree.depth, tree.scores.exp().float().cpu())
         self.chosen_nodes.append(tree.size)
         if tree.size == 0:
             return Draft(tokens=state.tokens.new_empty((1, 0)))
