@@ -233,6 +233,7 @@ class Eagle2Drafter(EagleDrafter):
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
         self.calibration, self.verified_depth_sums = DepthCalibration(self.depth), None
+        self.layer_seconds = None  # timed afresh per generation, like the rest of the drafter state
         if self.num_nodes == "auto":
             self.cost_model = CostModel(cached_verification_cost(context.target))
 
