@@ -53,7 +53,9 @@ def generate(
     (sampling) to the target's own decoding.
 
     Args:
-        target: a transformers causal LM or supported VLM (or a TransformersTarget).
+        target: a transformers causal LM or supported VLM, or any core Target (a
+            TransformersTarget, or an image-token target from :mod:`mmspec.adapters.image_gen`,
+            whose prompt is its conditioning plus ``guidance_scale``).
         drafter: None (plain AR), "prompt-lookup[:K]", "layer-skip:N", a transformers draft model
             with the target's tokenizer, or a :class:`mmspec.drafters.Drafter`.
         max_new_tokens: generation stops after this many new tokens ...
@@ -73,10 +75,10 @@ def generate(
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
-    adapter = target if isinstance(target, TransformersTarget) else TransformersTarget(target)
+    adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     if eos_token_id is None:
-        eos = adapter.eos_token_ids
+        eos = getattr(adapter, "eos_token_ids", [])
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     state, stats = speculative_decode(

@@ -82,24 +82,44 @@ def load_causal_lm(
 ):
     """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode.
 
-    ``dtype="auto"`` picks bfloat16 (fast on CPUs with AMX and on GPUs); pass torch.float32 for
+    ``dtype="auto"`` picks bfloat16 where it is fast (GPUs, CPUs with AMX / AVX512-BF16), else
+    float32; pass torch.float32 for
     bit-exact greedy equivalence tests (see docs: bf16 rounding differs between one-token and
     many-token forwards).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_checkpoint(name_or_path)
-    dtype = resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
 
-def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def fast_bf16(device: str | torch.device = "cpu") -> bool:
+    """Whether bfloat16 matmuls are fast on ``device``: any CUDA device, or a CPU with AMX or
+    AVX512-BF16 (on a CPU with AVX2 only, PyTorch's bf16 matmul is ~200x slower than fp32)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype name -> torch.dtype; "auto" = bfloat16 where it is fast (:func:`fast_bf16`), else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    if dtype == "auto":
+        return torch.bfloat16 if fast_bf16(device) else torch.float32
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
     if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(names)}")
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(names) + ['auto']}")
     return names[dtype]

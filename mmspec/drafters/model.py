@@ -22,10 +22,12 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
 
 @register_drafter("draft-model")
 class ModelDrafter(Drafter):
-    """Draft with a smaller transformers model that shares the target's tokenizer.
+    """Draft with a smaller model that shares the target's tokenizer.
 
     Args:
-        model: the draft model (causal LM, or a VLM of a supported family).
+        model: the draft model (causal LM, or a VLM of a supported family), or a ready
+            :class:`~mmspec.core.target.Target` (e.g. a small image-token generator, which is
+            prefilled with the target's own model inputs).
         num_draft_tokens: K (initial K for the "heuristic" schedule).
         schedule: "constant", or "heuristic" (K += 2 after a fully accepted draft, K -= 1 otherwise,
             as transformers' assisted generation does).
@@ -35,7 +37,7 @@ class ModelDrafter(Drafter):
         super().__init__(num_draft_tokens)
         if schedule not in ("constant", "heuristic"):
             raise ValueError(f"schedule must be 'constant' or 'heuristic', got {schedule!r}")
-        self.draft = TransformersTarget(model)
+        self.draft = TransformersTarget(model) if isinstance(model, torch.nn.Module) else model
         self.schedule = schedule
         self.initial_draft_tokens = num_draft_tokens
         self.state: SequenceState | None = None
@@ -51,7 +53,7 @@ class ModelDrafter(Drafter):
             )
         self.num_draft_tokens = self.initial_draft_tokens
         inputs = context.model_inputs
-        if getattr(target, "is_vlm", False) and not self.draft.is_vlm:
+        if getattr(target, "is_vlm", False) and not getattr(self.draft, "is_vlm", False):
             inputs = {"input_ids": target.text_only_ids(inputs["input_ids"])}  # SPD: no image tokens
         self.state, _ = self.draft.prefill(inputs)  # the cache holds the whole draft prompt
         self.forwards = 1
@@ -92,7 +94,7 @@ class ModelDrafter(Drafter):
             **super().describe(),
             "draft_model": type(self.draft.model).__name__,
             "schedule": self.schedule,
-            "sees_image": self.draft.is_vlm,
+            "sees_image": getattr(self.draft, "is_vlm", False),
         }
 
 

@@ -172,7 +172,7 @@ class ImageCaptioningPipeline:
             the path of a draft model directory, a loaded draft model, or a
             :class:`~mmspec.drafters.Drafter`.
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
-        dtype: "auto" (bfloat16), "bf16", "fp16", "fp32" or a torch.dtype. Use fp32 for token-exact
+        dtype: "auto" (bfloat16 where it is fast: GPUs, CPUs with AMX; else float32), "bf16", "fp16", "fp32" or a torch.dtype. Use fp32 for token-exact
             comparison with plain decoding.
         processor: the processor of a loaded ``model`` (ignored otherwise).
         prompt: the prompt used when a call gives none.
@@ -203,7 +203,7 @@ class ImageCaptioningPipeline:
     ) -> None:
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = resolve_dtype(dtype, self.device)
         self.model, self.processor, self.model_dir = self._load(model, processor, trust_remote_code)
         self.target = TransformersTarget(self.model)
         if not self.target.is_vlm:

@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
-    from . import caption_draft, captioner, drafter, eval_captioner
+    from . import caption_draft, captioner, drafter, eval_captioner, t2i, vq
 
     parser = recipes.add_parser("captioner", help="the embedded captioner's vision encoder + connector")
     captioner.add_arguments(parser)
@@ -20,3 +20,9 @@ def add_parser(subparsers) -> None:
     parser = recipes.add_parser("eval-captioner", help="validation metrics of the captioner, per family")
     eval_captioner.add_arguments(parser)
     parser.set_defaults(handler=eval_captioner.run)
+    parser = recipes.add_parser("vq", help="the embedded text-to-image model's VQ tokenizer")
+    vq.add_arguments(parser)
+    parser.set_defaults(handler=vq.run)
+    parser = recipes.add_parser("t2i", help="the embedded text-to-image generator (or its draft: --preset draft)")
+    t2i.add_arguments(parser)
+    parser.set_defaults(handler=t2i.run)

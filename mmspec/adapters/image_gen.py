@@ -1,0 +1,173 @@
+"""Discrete-token text-to-image models behind the core's target interface.
+
+Two adapter interfaces:
+
+* :class:`ImageTokenizer` — encode images to a token grid, decode a grid to images, and expose the
+  codebook (for neighbour tables). Implemented by :class:`VQImageTokenizer` (mmspec's LlamaGen-style
+  :class:`~mmspec.modeling.vq.VQTokenizer`) and by the transformers adapters in
+  :mod:`mmspec.adapters.hf_image` (Janus, Emu3, Chameleon VQ models).
+* :class:`GuidedImageTarget` — a :class:`~mmspec.core.target.Target` over image tokens with
+  classifier-free guidance: every forward runs the conditional and the unconditional sequence as
+  one batch of two (one KV cache of batch 2, so :class:`~mmspec.core.cache.SequenceState` rolls both
+  halves back together) and returns the guided logits u + g (c - u) [1, n, V] that every acceptance
+  rule sees. Subclasses implement ``_prefill_halves`` and ``_forward_halves``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from ..core.cache import SequenceState, make_cache
+from ..core.sampling import cfg_combine
+from ..core.target import TargetOutput
+from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
+
+
+class ImageTokenizer(Protocol):
+    """Attributes:
+        vocab_size: number of codes V.
+        grid: (rows, columns) of a generated image's token grid.
+    """
+
+    vocab_size: int
+    grid: tuple[int, int]
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """images [B, 3, H, W] in [-1, 1] -> LongTensor [B, rows * columns] (raster order)."""
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """LongTensor [B, rows * columns] -> images [B, 3, H, W] in [-1, 1]."""
+
+    def codebook_embeddings(self) -> torch.Tensor:
+        """[V, d] the code vectors (for neighbour tables)."""
+
+
+class VQImageTokenizer:
+    """:class:`ImageTokenizer` over mmspec's LlamaGen-style :class:`~mmspec.modeling.vq.VQTokenizer`."""
+
+    def __init__(self, vq) -> None:
+        self.vq = vq
+        self.vocab_size = vq.vocab_size
+        side = vq.config.grid_size
+        self.grid = (side, side)
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self.vq.encode(images.to(next(self.vq.parameters()).dtype)).flatten(1)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode(tokens.view(tokens.shape[0], *self.grid)).float()
+
+    def codebook_embeddings(self) -> torch.Tensor:
+        return self.vq.codebook_embeddings()
+
+
+class GuidedState(SequenceState):
+    """A sequence with classifier-free guidance: its cache holds two rows (conditional,
+    unconditional) that share ``tokens``; ``guidance_scale`` None means a single unguided row."""
+
+    def __init__(self, tokens, cache, prompt_length, guidance_scale: float | None, position_offset: int = 0):
+        super().__init__(tokens, cache, prompt_length, position_offset)
+        self.guidance_scale = guidance_scale
+
+
+class GuidedImageTarget:
+    """Base of the image-token targets (see the module doc).
+
+    ``prefill`` takes ``model_inputs`` with the model's conditioning (``caption`` features for
+    LlamaGen, ``input_ids`` for the transformers families) and ``guidance_scale`` (None or >= 1;
+    1 still runs both halves, None runs the conditional sequence only).
+    """
+
+    vocab_size: int
+    grid: tuple[int, int]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def _guide(self, logits: torch.Tensor, guidance_scale: float | None) -> torch.Tensor:
+        """[rows, n, V] -> [1, n, V] guided logits (float32)."""
+        logits = logits.float()
+        if guidance_scale is None:
+            return logits[:1]
+        return cfg_combine(logits[:1], logits[1:2], guidance_scale)
+
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[GuidedState, TargetOutput]:
+        guidance_scale = model_inputs.get("guidance_scale")
+        if guidance_scale is not None and guidance_scale < 1:
+            raise ValueError(f"guidance_scale must be >= 1 (got {guidance_scale}); use None to switch guidance off")
+        rows = 1 if guidance_scale is None else 2
+        cache = make_cache(self.cache_config)
+        prefix_tokens, logits, hidden = self._prefill_halves(model_inputs, rows, cache, hidden_layer is not None)
+        state = GuidedState(prefix_tokens, cache, prompt_length=prefix_tokens.shape[1], guidance_scale=guidance_scale)
+        return state, TargetOutput(self._guide(logits, guidance_scale), None if hidden is None else hidden[:1])
+
+    def forward(
+        self, state: GuidedState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
+    ) -> TargetOutput:
+        """Append image tokens [1, n] to both halves; guided logits [1, n, V] (and the conditional
+        half's hidden states [1, n, D] with ``hidden_layer``). With ``tree`` the n tokens form a
+        token tree (tree attention mask, positions by depth)."""
+        rows = 1 if state.guidance_scale is None else 2
+        prefix = state.cache_length
+        if tree is None:
+            mask, positions = None, torch.arange(prefix, prefix + tokens.shape[1], device=self.device)
+        else:
+            if prefix + tree.size > self.max_length:
+                raise ValueError(f"a tree of {tree.size} nodes after {prefix} positions exceeds the model's {self.max_length}")
+            mask = tree_attention_mask(tree, prefix, dtype=self.dtype, device=self.device)
+            positions = tree_position_ids(tree, prefix, device=self.device)[0]
+        logits, hidden = self._forward_halves(tokens.to(self.device).expand(rows, -1), state.cache, mask, positions,
+                                              hidden_layer is not None)
+        return TargetOutput(self._guide(logits, state.guidance_scale), None if hidden is None else hidden[:1])
+
+
+class LlamaGenTarget(GuidedImageTarget):
+    """mmspec's LlamaGen-style generator (:class:`~mmspec.modeling.llamagen.LlamaGenModel`).
+
+    model_inputs: ``caption`` [1, P, C] caption features (from the generator's text encoder),
+    ``guidance_scale``. The unconditional half is the model's null caption.
+    """
+
+    def __init__(self, model, grid: tuple[int, int] | None = None) -> None:
+        self.model = model
+        self.config = model.config
+        self.vocab_size = model.config.vocab_size
+        side = model.config.grid_size
+        self.grid = grid or (side, side)
+        self.max_length = model.max_length
+        self.cache_config = None  # a plain DynamicCache of PreallocatedLayers
+
+    def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
+        caption = model_inputs.get("caption")
+        if caption is None or caption.dim() != 3 or caption.shape[0] != 1:
+            raise ValueError("LlamaGen prefill needs caption=[1, P, C] caption features (see SmolTextEncoder.encode)")
+        if caption.shape[1] != self.config.cls_token_num or caption.shape[2] != self.config.caption_dim:
+            raise ValueError(f"caption features must be [1, {self.config.cls_token_num}, {self.config.caption_dim}], "
+                             f"got {list(caption.shape)}")
+        caption = caption.to(self.device)
+        if rows == 2:
+            caption = torch.cat([caption, self.model.null_caption(1).to(caption)])
+        out = self.model(caption=caption, past_key_values=cache, output_hidden_states=want_hidden)
+        prefix = torch.zeros(1, caption.shape[1], dtype=torch.long, device=self.device)
+        hidden = None if out.hidden_states is None else out.hidden_states[:, -1:]
+        return prefix, out.logits[:, -1:], hidden
+
+    def _forward_halves(self, tokens, cache, mask, positions, want_hidden):
+        if mask is not None:
+            mask = mask > torch.finfo(mask.dtype).min / 2  # additive -> boolean (True = attend)
+        out = self.model(tokens, past_key_values=cache, attention_mask=mask, positions=positions,
+                         output_hidden_states=want_hidden)
+        return out.logits, out.hidden_states

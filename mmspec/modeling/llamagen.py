@@ -1,0 +1,285 @@
+"""A LlamaGen-style text-conditioned AR image-token transformer (Sun et al. 2024).
+
+Architecture and parameter names follow LlamaGen's ``Transformer`` (``model_type="t2i"``), so an
+official LlamaGen state dict loads with :meth:`LlamaGenModel.load_official`:
+
+    tok_embeddings [V, D]; cls_embedding.cap_proj.{fc1,fc2} (caption MLP) and
+    cls_embedding.uncond_embedding [P, C] (the null caption for classifier-free guidance);
+    layers.{i}.attention.{wqkv,wo}, layers.{i}.feed_forward.{w1,w2,w3},
+    layers.{i}.{attention_norm,ffn_norm}.weight (RMSNorm); norm.weight; output [V, D].
+
+The sequence is [P caption positions, image tokens 0 .. N-1] (N = grid^2): the caption features
+[B, P, C] (from a frozen text encoder) pass through the caption MLP, the image tokens through
+``tok_embeddings``; 2-D rotary embeddings give image token i the (row, column) = divmod(i, grid)
+rotation. LlamaGen gives the caption positions all-zero rotary factors (cos = sin = 0, which zeroes
+their queries and keys); ``rope_prefix="identity"`` (cos = 1, sin = 0) keeps their keys, which the
+embedded model uses so image tokens can attend to caption tokens by content.
+
+Attention goes through a transformers ``Cache`` (``past_key_values``), so the core's
+:class:`~mmspec.core.cache.SequenceState` rolls it back like any transformers model's cache;
+an optional additive attention mask [B, 1, n, cache + n] carries token trees.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_FILE = "llamagen_config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class LlamaGenConfig:
+    """LlamaGen's ``ModelArgs`` (t2i). Defaults: LlamaGen-XL t2i (775M) with a 16x16 grid."""
+
+    dim: int = 1536
+    n_layer: int = 36
+    n_head: int = 24
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    vocab_size: int = 16384
+    cls_token_num: int = 120
+    caption_dim: int = 2048
+    block_size: int = 256
+    rope_prefix: str = "zero"  # "zero" (official LlamaGen) or "identity"
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def grid_size(self) -> int:
+        return int(round(self.block_size**0.5))
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_table_2d(config: LlamaGenConfig) -> torch.Tensor:
+    """Rotary factors [P + N, head_dim // 2, 2] (cos, sin) for every position of the sequence.
+
+    Each head's first half of rotary pairs turns with the row, the second half with the column,
+    with frequencies base^(-2j / (head_dim / 2)).
+    """
+    half = config.head_dim // 2
+    freqs = 1.0 / (config.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    grid = config.grid_size
+    angles = torch.outer(torch.arange(grid).float(), freqs)  # [grid, half/2]
+    per_cell = torch.cat([angles[:, None, :].expand(grid, grid, -1), angles[None, :, :].expand(grid, grid, -1)], dim=-1)
+    image = torch.stack([per_cell.cos(), per_cell.sin()], dim=-1).reshape(grid * grid, half, 2)
+    prefix = torch.zeros(config.cls_token_num, half, 2)
+    if config.rope_prefix == "identity":
+        prefix[..., 0] = 1.0
+    elif config.rope_prefix != "zero":
+        raise ValueError(f"rope_prefix must be 'zero' or 'identity', got {config.rope_prefix!r}")
+    return torch.cat([prefix, image])
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x [B, n, H, hd], table [n, hd/2, 2] -> x with consecutive dimension pairs rotated."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    rotated = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], -1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaGenConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        total = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.wqkv = nn.Linear(config.dim, total, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+
+    def forward(self, x, rope, cache=None, mask=None):
+        c = self.config
+        b, n, _ = x.shape
+        q, k, v = self.wqkv(x).split([c.n_head * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], -1)
+        q = apply_rope(q.view(b, n, c.n_head, c.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(b, n, c.kv_heads, c.head_dim), rope).transpose(1, 2)
+        v = v.view(b, n, c.kv_heads, c.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        if c.kv_heads != c.n_head:
+            k = k.repeat_interleave(c.n_head // c.kv_heads, 1)
+            v = v.repeat_interleave(c.n_head // c.kv_heads, 1)
+        causal = mask is None and n > 1
+        if causal and k.shape[2] != n:  # a chain appended to a cache: position i sees cache + inputs <= i
+            mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - n)
+            causal = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return self.wo(out.transpose(1, 2).reshape(b, n, c.dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: LlamaGenConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: LlamaGenConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attention = Attention(config, layer_idx)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, rope, cache=None, mask=None):
+        x = x + self.attention(self.attention_norm(x), rope, cache, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_features: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedder(nn.Module):
+    """Caption features [B, P, C] -> [B, P, D]; ``uncond_embedding`` [P, C] is the null caption."""
+
+    def __init__(self, config: LlamaGenConfig) -> None:
+        super().__init__()
+        self.cap_proj = CaptionMLP(config.caption_dim, config.dim)
+        self.uncond_embedding = nn.Parameter(torch.randn(config.cls_token_num, config.caption_dim) / config.caption_dim**0.5)
+
+    def forward(self, caption: torch.Tensor) -> torch.Tensor:
+        return self.cap_proj(caption)
+
+
+@dataclass
+class LlamaGenOutput:
+    logits: torch.Tensor  # [B, n, V]
+    hidden_states: torch.Tensor | None = None  # [B, n, D], after the final norm
+
+
+class LlamaGenModel(nn.Module):
+    """forward(image_tokens [B, n], caption [B, P, C] | None, past_key_values, attention_mask)."""
+
+    def __init__(self, config: LlamaGenConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.cls_embedding = CaptionEmbedder(config)
+        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.register_buffer("rope", rope_table_2d(config), persistent=False)
+
+    @property
+    def max_length(self) -> int:
+        return self.config.cls_token_num + self.config.block_size
+
+    def null_caption(self, batch: int) -> torch.Tensor:
+        """[batch, P, C] the unconditional caption."""
+        return self.cls_embedding.uncond_embedding.unsqueeze(0).expand(batch, -1, -1)
+
+    def forward(
+        self,
+        image_tokens: torch.Tensor | None = None,
+        caption: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> LlamaGenOutput:
+        """Run [caption (if given), image tokens] after the cached positions.
+
+        Args:
+            image_tokens: LongTensor [B, n] (or None / empty with a caption: prefill only).
+            caption: [B, P, C] caption features (prefill; P = cls_token_num).
+            past_key_values: a transformers Cache or None (training: full causal attention).
+            attention_mask: bool [B or 1, 1, q, cache + q] (True = attend) for token trees; None =
+                causal.
+            positions: LongTensor [q] sequence positions of the q inputs (rotary table rows); default
+                the next q positions after the cache.
+        """
+        parts = []
+        if caption is not None:
+            parts.append(self.cls_embedding(caption.to(self.output.weight.dtype)))
+        if image_tokens is not None and image_tokens.numel():
+            parts.append(self.tok_embeddings(image_tokens))
+        x = torch.cat(parts, dim=1)
+        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
+        if int(positions.max()) >= self.max_length:
+            raise ValueError(f"position {int(positions.max())} beyond the model's {self.max_length} positions")
+        rope = self.rope[positions]
+        for layer in self.layers:
+            x = layer(x, rope, past_key_values, attention_mask)
+        x = self.norm(x)
+        return LlamaGenOutput(self.output(x).float(), x if output_hidden_states else None)
+
+    # ---- persistence -------------------------------------------------------------------------
+    def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=1))
+        save_file({k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaGenModel":
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not (directory / CONFIG_FILE).exists():
+            raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an mmspec LlamaGen directory?")
+        model = cls(LlamaGenConfig(**json.loads((directory / CONFIG_FILE).read_text())))
+        model.load_state_dict(load_file(directory / WEIGHTS_FILE))
+        return model.to(dtype).eval()
+
+    @classmethod
+    def load_official(cls, checkpoint: str | Path, config: LlamaGenConfig) -> "LlamaGenModel":
+        """Load an official LlamaGen t2i checkpoint (``t2i_XL_stage1_256.pt``: its "model" entry)
+        with ``torch.load(weights_only=True)``; ``config`` must match it (e.g. LlamaGenConfig()
+        for LlamaGen-XL)."""
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        for key in ("model", "module", "state_dict"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+        state = {k: v for k, v in state.items() if k != "freqs_cis"}
+        model = cls(config)
+        model.load_state_dict(state)
+        return model.eval()

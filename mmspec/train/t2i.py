@@ -1,0 +1,121 @@
+"""``mmspec train t2i``: the embedded text-to-image generator (LlamaGen-style) and its small draft.
+
+Recipe: the trained VQ tokenizer (``mmspec train vq``) turns the rendered training scenes
+(:mod:`mmspec.train.t2i_data`) into 16 x 16 token grids once (cached); each step draws a batch of
+grids, one of each image's captions (short captions and the detailed description), encodes the
+captions with the frozen text encoder (:class:`~mmspec.modeling.text_encoder.SmolTextEncoder`),
+replaces 10 % of them by the null caption (classifier-free guidance training, as LlamaGen), and
+minimises the cross-entropy of the 256 image tokens. AdamW on fp32 weights (bf16 autocast where bf16 is fast), cosine
+schedule; rerunning the same command resumes. ``--preset draft`` trains the small draft generator
+used by ``method="spec"`` on the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..hub import fast_bf16
+from ..modeling.captioner import models_dir
+from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
+from ..modeling.text_encoder import SmolTextEncoder
+from ..modeling.vq import VQTokenizer
+from .checkpoint import TrainingRun
+from .t2i_data import cache_root, scene_pool, to_model_range
+
+PRESETS = {
+    "target": dict(dim=256, n_layer=6, n_head=4),
+    "draft": dict(dim=128, n_layer=2, n_head=2),
+}
+TEXT_ENCODER_LAYERS = 8
+CAPTION_POSITIONS = 40
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
+    parser.add_argument("--out", default=None, help="default: models/t2i (target) or models/t2i-draft (draft)")
+    parser.add_argument("--vq", default=str(models_dir() / "t2i-vq"), help="the trained VQ tokenizer directory")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--images", type=int, default=24000)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--cfg-dropout", type=float, default=0.1)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, default=None)
+
+
+@torch.no_grad()
+def token_grids(vq: VQTokenizer, vq_dir: Path, split: str, n: int, size: int) -> torch.Tensor:
+    """LongTensor [n, grid * grid]: the VQ tokens of the split's first n scenes (cached per tokenizer)."""
+    stamp = int((vq_dir / "vq.safetensors").stat().st_mtime)
+    path = cache_root() / f"tokens-{split}-{n}-{size}-{stamp}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    images, _ = scene_pool(split, n, size=size)
+    grids = torch.cat([vq.encode(to_model_range(images[i : i + 200])).flatten(1) for i in range(0, n, 200)])
+    torch.save(grids, path)
+    return grids
+
+
+def generator_loss(model: LlamaGenModel, tokens: torch.Tensor, caption: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the image tokens [B, N] given caption features [B, P, C]."""
+    logits = model(tokens[:, :-1], caption).logits  # [B, P + N - 1, V]
+    prefix = caption.shape[1]
+    return F.cross_entropy(logits[:, prefix - 1 :].reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = Path(args.out or models_dir() / ("t2i" if args.preset == "target" else "t2i-draft"))
+    vq = VQTokenizer.from_pretrained(args.vq)
+    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS)
+    grids = token_grids(vq, Path(args.vq), "train", args.images, args.image_size)
+    _, captions = scene_pool("train", args.images, size=args.image_size)
+    config = LlamaGenConfig(**PRESETS[args.preset], vocab_size=vq.vocab_size, cls_token_num=CAPTION_POSITIONS,
+                            caption_dim=text_encoder.feature_dim, block_size=grids.shape[1], rope_prefix="identity")
+    model = LlamaGenModel(config)
+    print(f"generator ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    run_state = TrainingRun(out, args, args.time_limit)
+    saved = run_state.resume()
+    if saved:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    (out / "text_encoder.json").write_text(json.dumps({"type": "smollm2-prefix", "num_layers": TEXT_ENCODER_LAYERS}))
+    generator = torch.Generator().manual_seed(run_state.step)
+    model.train()
+    while run_state.step < args.steps:
+        step = run_state.step
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(len(grids), (args.batch_size,), generator=generator)
+        picks = torch.randint(100, (args.batch_size,), generator=generator).tolist()
+        texts = [captions[r][p % len(captions[r])] for r, p in zip(rows.tolist(), picks)]
+        caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach())
+        drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
+        caption = torch.where(drop[:, None, None], model.null_caption(args.batch_size), caption)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
+            loss = generator_loss(model, grids[rows], caption)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        run_state.step += 1
+        if run_state.step % 20 == 0:
+            run_state.record(loss=loss.item(), lr=lr)
+        if run_state.should_save(args.save_every, args.steps):
+            model.save(out)
+            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+        if run_state.stop_if_out_of_time():
+            break
+    return 0
