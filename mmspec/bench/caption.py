@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")

@@ -8,7 +8,7 @@ import argparse
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
-    from . import caption, text
+    from . import caption, t2i, text
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
@@ -16,3 +16,6 @@ def add_parser(subparsers) -> None:
     caption_parser = suites.add_parser("caption", help="a captioning VLM (default: the embedded captioner): AR vs drafters per task family")
     caption.add_arguments(caption_parser)
     caption_parser.set_defaults(handler=caption.run)
+    t2i_parser = suites.add_parser("t2i", help="text-to-image: AR vs spec, SJD (each init), coupled SJD on the embedded model")
+    t2i.add_arguments(t2i_parser)
+    t2i_parser.set_defaults(handler=t2i.run)

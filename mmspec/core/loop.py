@@ -179,7 +179,7 @@ def speculative_decode(
             # 5. Commit and roll back everything the rejected drafts left in the state.
             state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device), path=path)
             generated += len(committed)
-            stats.record_step(positions, num_accepted)
+            stats.record_step(positions, num_accepted, len(committed))
             if drafter is not None:
                 drafter.on_verified(k, num_accepted, out)
 

@@ -42,6 +42,8 @@ class SpecStats(DictAccess):
         accepted: draft tokens accepted in total.
         tree_nodes: tree nodes verified in total (0 without token trees).
         drafted_per_position / accepted_per_position: counts per draft index (0 = first draft).
+        committed_per_step: tokens committed by each verification step, in order (the prefill's
+            first token is not listed), so token i's step is recoverable (see :meth:`step_of_token`).
         wall_time_s: wall time of the whole call (prefill included).
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
         config: the method's chosen settings (draft length, rule, ...).
@@ -57,6 +59,7 @@ class SpecStats(DictAccess):
     tree_nodes: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    committed_per_step: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
     speedup: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -82,8 +85,17 @@ class SpecStats(DictAccess):
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time_s if self.wall_time_s else 0.0
 
-    def record_step(self, num_drafted: int, num_accepted: int) -> None:
-        """Count one verification of ``num_drafted`` drafts of which ``num_accepted`` survived."""
+    def step_of_token(self) -> list[int]:
+        """For each generated token, the verification step that committed it (0 = the prefill)."""
+        steps = [0] if self.new_tokens else []
+        for step, count in enumerate(self.committed_per_step, start=1):
+            steps.extend([step] * count)
+        return steps
+
+    def record_step(self, num_drafted: int, num_accepted: int, num_committed: int | None = None) -> None:
+        """Count one verification of ``num_drafted`` drafts of which ``num_accepted`` survived and
+        ``num_committed`` tokens (default num_accepted + 1) were kept."""
+        self.committed_per_step.append(num_accepted + 1 if num_committed is None else num_committed)
         self.target_forwards += 1
         self.verify_steps += 1
         self.drafted += num_drafted

@@ -14,9 +14,10 @@ from .captioning import CaptionOutput, ImageCaptioningPipeline
 #: task name -> "module:class" of its pipeline
 PIPELINES: dict[str, str] = {
     "image-captioning": "mmspec.pipelines.captioning:ImageCaptioningPipeline",
+    "text-to-image": "mmspec.pipelines.text_to_image:TextToImagePipeline",
 }
 #: tasks of the design that have no pipeline yet
-PLANNED_TASKS = ("text-to-image", "text-to-speech")
+PLANNED_TASKS = ("text-to-speech",)
 
 
 def register_pipeline(task: str, target: str) -> None:
@@ -28,7 +29,8 @@ def pipeline(task: str, **kwargs: Any):
     """Build the pipeline of ``task``.
 
     Args:
-        task: "image-captioning" (see :class:`ImageCaptioningPipeline` for its arguments).
+        task: "image-captioning" (see :class:`ImageCaptioningPipeline` for its arguments) or
+            "text-to-image" (:class:`~mmspec.pipelines.text_to_image.TextToImagePipeline`).
         **kwargs: the pipeline's arguments (model=None, drafter="auto", device="auto", dtype="auto", ...).
     Raises:
         ValueError: an unknown task (the message lists the known ones).

@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
-    from . import caption_draft, captioner, drafter, eval_captioner, t2i, vq
+    from . import caption_draft, captioner, clip, drafter, eval_captioner, t2i, vq
 
     parser = recipes.add_parser("captioner", help="the embedded captioner's vision encoder + connector")
     captioner.add_arguments(parser)
@@ -26,3 +26,6 @@ def add_parser(subparsers) -> None:
     parser = recipes.add_parser("t2i", help="the embedded text-to-image generator (or its draft: --preset draft)")
     t2i.add_arguments(parser)
     parser.set_defaults(handler=t2i.run)
+    parser = recipes.add_parser("clip", help="the text-to-image metric model (a small CLIP on rendered scenes)")
+    clip.add_arguments(parser)
+    parser.set_defaults(handler=clip.run)

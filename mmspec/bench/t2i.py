@@ -1,0 +1,135 @@
+"""``mmspec bench t2i``: text-to-image methods against AR, side by side, on a fixed prompt set.
+
+Prompts: the first caption of the first ``--prompts`` scenes of the **test** split of
+:mod:`mmspec.train.t2i_data` (object combinations the training split never draws); their rendered
+scenes are the reference set of the Frechet distance. Protocol (../shared/bench-protocol.md):
+one process, a warm-up generation, then for every prompt and round each method in turn with the
+same seed (prompt index + 1000 * round); per method the sums of wall times give the latency
+speedup S = sum(AR time) / sum(method time); step compression = image tokens / target forwards.
+Quality (the project's own metric CLIP, :mod:`mmspec.metrics.image_quality`): the prompt score
+of each method's images and the Frechet CLIP distance between its images and the reference
+renders; AR's own round-to-round spread is the noise level. Results are checkpointed after every
+measurement (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from .results import save_results
+
+DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i)")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma list: ar, spec, sjd[:init], sjd-coupled[:init]")
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--guidance-scale", type=float, default=3.0)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None, help="default: the full codebook")
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--results", default="bench-out/t2i.json")
+    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--no-quality", action="store_true", help="skip the metric-CLIP scores")
+
+
+def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
+    """The benchmark prompts (test split) and their reference renders (uint8 [n, 3, size, size])."""
+    from ..train.t2i_data import scene_pool
+
+    images, captions = scene_pool("test", max(n, 500), size=size)
+    return [c[0] for c in captions[:n]], images[:n]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api import generate
+    from ..pipelines.text_to_image import TextToImagePipeline
+
+    torch.set_num_threads(args.threads)
+    methods = [m for m in args.methods.split(",") if m]
+    pipe = TextToImagePipeline(model=args.model, method="ar", window=args.window, device="cpu")
+    prompts, references = bench_prompts(args.prompts, size=pipe.tokenizer.vq.config.image_size)
+    path = Path(args.results)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
+            "top_k": args.top_k, "window": args.window, "prompts": args.prompts, "rounds": args.rounds,
+            "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+    if results.get("meta", meta) != meta:
+        raise ValueError(f"{path} holds results of other settings; pass another --results file")
+    results["meta"] = meta
+    runs = results.setdefault("runs", {})
+    sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)
+    captions = [pipe.encode_prompt(p) for p in prompts]
+    with torch.inference_mode():
+        generate(pipe.target, drafter=pipe.make_drafter("sjd"), max_new_tokens=32, seed=0, caption=captions[0], **sampling)
+        for round_ in range(args.rounds):
+            for i, caption in enumerate(captions):
+                for method in methods:
+                    key = f"{method}|{i}|{round_}"
+                    if key in runs:
+                        continue
+                    out = generate(pipe.target, drafter=pipe.make_drafter(method), max_new_tokens=pipe.target.num_image_tokens,
+                                   seed=i + 1000 * round_, caption=caption, **sampling)
+                    s = out.stats
+                    runs[key] = {"time": s.wall_time_s, "tokens": s.new_tokens, "forwards": s.target_forwards,
+                                 "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,
+                                 "grid": out.sequences[0, caption.shape[1]:].tolist()}
+                    save_results(path, results)
+                print(f"round {round_} prompt {i + 1}/{len(prompts)} done", flush=True)
+    summary = summarise(results, methods, prompts, references, pipe, quality=not args.no_quality)
+    results["summary"] = summary
+    save_results(path, results)
+    table = markdown_table(summary, meta)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return 0
+
+
+def summarise(results: dict, methods: list[str], prompts: list[str], references: torch.Tensor, pipe, quality: bool) -> dict:
+    runs, rounds = results["runs"], results["meta"]["rounds"]
+    ar_time = sum(runs[f"ar|{i}|{r}"]["time"] for i in range(len(prompts)) for r in range(rounds)) if "ar" in methods else None
+    metric = None
+    if quality:
+        from ..metrics.image_quality import frechet_clip_distance, load_metric_clip, prompt_score
+
+        metric = load_metric_clip()
+    summary = {}
+    for method in methods:
+        cells = [runs[f"{method}|{i}|{r}"] for r in range(rounds) for i in range(len(prompts))]
+        time_ = sum(c["time"] for c in cells)
+        row = {"time_s": time_, "step_compression": sum(c["tokens"] for c in cells) / sum(c["forwards"] for c in cells),
+               "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None}
+        if metric is not None:
+            per_round_fd, per_round_score = [], []
+            for r in range(rounds):
+                grids = torch.tensor([runs[f"{method}|{i}|{r}"]["grid"] for i in range(len(prompts))])
+                images = pipe.decode(grids)
+                per_round_fd.append(frechet_clip_distance(metric, images, references))
+                per_round_score.append(prompt_score(metric, images, prompts))
+            row.update(fd=sum(per_round_fd) / rounds, fd_rounds=per_round_fd,
+                       prompt_score=sum(per_round_score) / rounds, prompt_score_rounds=per_round_score)
+        summary[method] = row
+    return summary
+
+
+def markdown_table(summary: dict, meta: dict) -> str:
+    lines = [f"{meta['prompts']} prompts x {meta['rounds']} rounds, CFG {meta['guidance_scale']}, temperature "
+             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, window {meta['window']}, {meta['threads']} thread(s)", "",
+             "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
+             "|---|---|---|---|---|---|"]
+    for method, row in summary.items():
+        fd = f"{row['fd']:.1f} ({', '.join(f'{v:.1f}' for v in row['fd_rounds'])})" if "fd" in row else "-"
+        score = (f"{row['prompt_score']:.2f} ({', '.join(f'{v:.2f}' for v in row['prompt_score_rounds'])})"
+                 if "prompt_score" in row else "-")
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        lines.append(f"| {method} | {row['step_compression']:.2f}x | {speedup} | {row['tau']:.2f} | {fd} | {score} |")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""The text-to-image pipeline and CLI on a tiny random model directory (VQ tokenizer + LlamaGen-style
+generator + draft; the text encoder is the installed SmolLM2's first layers)."""
+
+import json
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.cli import main
+from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
+from mmspec.modeling.vq import VQConfig, VQTokenizer
+
+pytestmark = pytest.mark.slow  # loads the real SmolLM2 weights (text encoder)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t2i")
+    torch.manual_seed(0)
+    vq = VQTokenizer(VQConfig(codebook_size=16, ch=32, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2], num_res_blocks=1,
+                              z_channels=8, image_size=8))  # 4 x 4 tokens
+    vq.save(root / "vq")
+    for name, dim in (("gen", 64), ("draft", 32)):
+        config = LlamaGenConfig(dim=dim, n_layer=2, n_head=2, vocab_size=16, cls_token_num=6, caption_dim=576, block_size=16,
+                                multiple_of=32, rope_prefix="identity")
+        LlamaGenModel(config).save(root / name, dtype=torch.float32)
+    (root / "gen" / "t2i.json").write_text(json.dumps({"vq": "../vq", "draft": "../draft", "text_encoder_layers": 2}))
+    return root / "gen"
+
+
+@pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "spec"])
+def test_greedy_methods_reproduce_ar_images(model_dir, method):
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4)
+    r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, num_images=2, seed=3)
+    assert len(r.images) == 2 and r.images[0].size == (8, 8)
+    assert torch.equal(r.tokens, r.baseline_tokens)
+    assert r.stats.tokens == 32 and r.stats.speedup > 0 and r.stats.step_compression >= 1.0
+    assert r.accepted_map.shape == (2, 4, 4) and int(r.accepted_map[0, 0, 0]) == 0
+
+
+def test_sampling_reports_its_speed(model_dir):
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="sjd-coupled:horizontal", window=4)
+    r = pipe("a green star", seed=0, guidance_scale=3.0)
+    assert r.baseline_images is None and r.stats.speedup is None
+    assert r.stats.config["coupled"] and r.stats.config["init"] == "horizontal"
+    assert r.stats.target_forwards <= 16 and json.dumps(r.stats.to_dict())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda p: p(""), "empty prompt"),
+    (lambda p: p("a circle", guidance_scale=0.5), "guidance_scale must be >= 1"),
+])
+def test_bad_inputs(model_dir, call, message):
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="sjd")
+    with pytest.raises(ValueError, match=message):
+        call(pipe)
+
+
+def test_bad_models_and_methods(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="unknown method"):
+        mmspec.pipeline("text-to-image", model=model_dir, method="diffusion")
+    with pytest.raises(ValueError, match="unknown SJD init"):
+        mmspec.pipeline("text-to-image", model=model_dir, method="sjd:diagonal")
+    (tmp_path / "t2i.json").write_text("{}")
+    with pytest.raises(ValueError, match="no image tokenizer"):
+        mmspec.pipeline("text-to-image", model=tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a text-to-image model directory"):
+        mmspec.pipeline("text-to-image", model=tmp_path / "missing")
+
+
+def test_cli_writes_images_grid_and_acceptance_map(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["t2i", "a red circle", "--model", str(model_dir), "--method", "sjd:vertical", "--window", "4",
+                 "--out", str(out), "--compare-baseline", "--greedy", "--json"])
+    assert code == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["identical_to_baseline"] and record["stats"]["tokens"] == 16
+    for name in ("image-0.png", "baseline-0.png", "acceptance-0.png", "grid.png"):
+        assert (out / name).is_file()
+    assert main(["t2i", "  ", "--model", str(model_dir), "--out", str(out)]) == 2
