@@ -30,6 +30,7 @@ from mmspec.adapters.hf_image import (
 )
 from mmspec.core.loop import speculative_decode
 from mmspec.core.sampling import SamplingConfig, cfg_combine
+from mmspec.core.tree import TokenTree
 
 torch.set_num_threads(1)
 
@@ -37,6 +38,7 @@ HIDDEN, CODES, GUIDANCE = 32, 16, 3.0
 JANUS_BOI, JANUS_PAD = 3, 0
 EMU3_EOL, EMU3_BOI, EMU3_WRAPPER, EMU3_CODE0, EMU3_GRID = 4, 5, 6, 40, (3, 2)
 CHAMELEON_BOI, CHAMELEON_CODE0 = 5, 30
+CHAMELEON_IDS = [CHAMELEON_CODE0 + CODES - 1 - c for c in range(CODES)]  # code -> token id, decreasing (gathered head)
 
 
 def sharpen(model, head, scale: float = 3.0):
@@ -57,12 +59,14 @@ def sharpen(model, head, scale: float = 3.0):
 def tiny_janus():
     torch.manual_seed(0)
     text = LlamaConfig(vocab_size=64, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                       num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, pad_token_id=JANUS_PAD, eos_token_id=2)
-    vision = JanusVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8,
-                               patch_size=4, num_image_tokens=4, projection_dim=HIDDEN)  # 2 x 2 grid
+                       num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, pad_token_id=JANUS_PAD,
+                       eos_token_id=2)
+    vision = JanusVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=8, patch_size=4, num_image_tokens=4, projection_dim=HIDDEN)  # 2 x 2 grid
     vq = JanusVQVAEConfig(embed_dim=8, num_embeddings=CODES, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
                           num_res_blocks=1, projection_dim=HIDDEN, image_token_embed_dim=HIDDEN)
-    model = JanusForConditionalGeneration(JanusConfig(text_config=text, vision_config=vision, vq_config=vq, image_token_id=5))
+    config = JanusConfig(text_config=text, vision_config=vision, vq_config=vq, image_token_id=5)
+    model = JanusForConditionalGeneration(config)
     model.generation_config.generation_kwargs = {"boi_token_id": JANUS_BOI}
     return sharpen(model, model.model.generation_head.vision_head)
 
@@ -87,12 +91,12 @@ def tiny_chameleon():
     letters = lambda code: "".join(chr(ord("A") + int(d)) for d in str(code))  # noqa: E731 (Chameleon's IMGIMG naming)
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<image>": 4, "<racm3:break>": CHAMELEON_BOI, "<eoss>": 6,
              **{f"tok{i}": i for i in range(7, CHAMELEON_CODE0)},
-             **{f"IMGIMG{letters(c)}Z": CHAMELEON_CODE0 + c for c in range(CODES)}}
-    vq = dict(embed_dim=8, num_embeddings=CODES, latent_channels=32, resolution=8, base_channels=32, channel_multiplier=[1, 1],
-              num_res_blocks=1, attn_resolutions=[])  # 4 x 4 grid
-    config = ChameleonConfig(vocab_size=CHAMELEON_CODE0 + CODES, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1,
-                             eos_token_id=2, pad_token_id=3, vq_config=vq, vocabulary_map=vocab)
+             **{f"IMGIMG{letters(c)}Z": CHAMELEON_IDS[c] for c in range(CODES)}}
+    vq = dict(embed_dim=8, num_embeddings=CODES, latent_channels=32, resolution=8, base_channels=32,
+              channel_multiplier=[1, 1], num_res_blocks=1, attn_resolutions=[])  # 4 x 4 grid
+    config = ChameleonConfig(vocab_size=CHAMELEON_CODE0 + CODES, hidden_size=HIDDEN, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                             bos_token_id=1, eos_token_id=2, pad_token_id=3, vq_config=vq, vocabulary_map=vocab)
     model = ChameleonForConditionalGeneration(config)
     return sharpen(model, model.lm_head)
 
@@ -116,9 +120,9 @@ def emu3_full(model, prompt, codes):
 
 
 def chameleon_full(model, prompt, codes):
-    stream = torch.tensor([prompt + [CHAMELEON_CODE0 + c for c in codes]])
+    stream = torch.tensor([prompt + [CHAMELEON_IDS[c] for c in codes]])
     hidden = model.model(input_ids=stream).last_hidden_state  # (the model's forward masks image tokens out)
-    return model.lm_head(hidden)[0, len(prompt) - 1 :, CHAMELEON_CODE0 : CHAMELEON_CODE0 + CODES]
+    return model.lm_head(hidden)[0, len(prompt) - 1 :, CHAMELEON_IDS]
 
 
 @dataclass
@@ -135,7 +139,8 @@ class Family:
 EMU3_PROMPT = [1, 10, 11, 12, EMU3_BOI, 20, 21, EMU3_WRAPPER]  # BOS text <|image start|>h*w<|image token|>
 EMU3_NEGATIVE = [1, 13, 14, 15, 16, 17, EMU3_BOI, 20, 21, EMU3_WRAPPER]  # longer: the conditional row gets padded
 FAMILIES = {
-    "janus": Family(tiny_janus, janus_full, [1, 10, 11, 12], [1, 10, 11, 12, JANUS_BOI], [1, JANUS_PAD, JANUS_PAD, JANUS_PAD, JANUS_BOI]),
+    "janus": Family(tiny_janus, janus_full, [1, 10, 11, 12], [1, 10, 11, 12, JANUS_BOI],
+                    [1, JANUS_PAD, JANUS_PAD, JANUS_PAD, JANUS_BOI]),
     "emu3": Family(tiny_emu3, emu3_full, EMU3_PROMPT, EMU3_PROMPT, [1, EMU3_BOI, 20, 21, EMU3_WRAPPER],
                    target_kwargs={"grid": EMU3_GRID}),
     "emu3-negative": Family(tiny_emu3, emu3_full, EMU3_PROMPT, EMU3_PROMPT, EMU3_NEGATIVE, target_kwargs={"grid": EMU3_GRID},
@@ -191,6 +196,22 @@ def test_guided_logits_are_cfg_of_independent_sequences(name):
     expected = cfg_combine(cond, uncond, GUIDANCE)
     assert state.cache.layers[0].keys.shape[0] == 2  # both halves in one cache
     torch.testing.assert_close(torch.cat([first.logits, step.logits], dim=1)[0], expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["janus", "chameleon", "emu3"])
+def test_chain_tree_forward_matches_linear_forward(name):
+    family, _, target = setup(name)
+    chain = TokenTree.chain(torch.tensor(CODES_IN[:3]))
+    with torch.no_grad():
+        state, _ = target.prefill(inputs(family, GUIDANCE))
+        linear = target.forward(state, torch.tensor([CODES_IN[:3]]))
+        state, _ = target.prefill(inputs(family, GUIDANCE))
+        if name == "emu3":
+            with pytest.raises(ValueError, match="not implemented for Emu3"):
+                target.forward(state, chain.tokens[None], tree=chain)
+            return
+        tree = target.forward(state, chain.tokens[None], tree=chain)
+    torch.testing.assert_close(tree.logits, linear.logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("guidance_scale", [GUIDANCE, None])

@@ -3,8 +3,10 @@
 Three families (transformers >= 5), each as a :class:`~mmspec.adapters.image_gen.GuidedImageTarget`
 whose logits are over the **image codebook only** (index = VQ code id, ``vocab_size`` = codebook
 size), so the core and the SJD drafters sample codes directly; the adapter maps codes to the model's
-input tokens. ``mmspec.generate(target, ...)`` then returns ``sequences`` = [conditional prompt ids,
-generated VQ codes] (``sequences[:, prompt_length:]`` feed :meth:`ImageTokenizer.decode`).
+input tokens. ``mmspec.generate(target, ...)`` then returns ``sequences`` = [conditional prompt ids
+(with the image-start token the adapter appends for Janus and Chameleon), generated VQ codes]; the
+codes feed the family's :class:`~mmspec.adapters.image_gen.ImageTokenizer` (``image_tokenizer_for``).
+With ``hidden_layer`` the targets return the last layer's hidden states (the image head's input).
 
 ========== ============================================ ==========================================
 family     conditional / unconditional prompt           image tokens
@@ -32,8 +34,8 @@ Prompts of different lengths (Emu3's negative prompt, Chameleon's two-token unco
 are left-padded to one length: the pads are masked out of every attention (a 4-D additive mask) and
 each row's positions start at 0 at its first real token, which is exactly the independent
 unconditional sequence of the official code (Chameleon's per-sequence attention, Emu3's unbatched
-CFG). The per-row padding travels on the KV cache object (``cache.row_padding``), the one
-per-sequence object both target hooks receive.
+CFG). The per-row padding travels on the KV cache object (``cache.row_padding``; Emu3 also
+stores ``cache.prompt_entries``), the one per-sequence object both target hooks receive.
 
 Emu3 end-of-line tokens: Emu3's official generation forces ``<|extra_200|>`` after every row of
 codes. They are deterministic, so the adapter inserts them into the model's input stream itself:
@@ -44,7 +46,7 @@ the first code of the next row), positions count the end-of-line tokens, and the
 rollback. Limitation: token-tree verification (``forward(tree=...)``: EAGLE-2 / Medusa-style tree
 drafters) is not implemented for Emu3 (the tree would have to be re-threaded with an end-of-line
 node after every row-ending node and the accepted path mapped back through them); linear drafts
-(SJD, draft models) work.
+work (tested with SJD).
 
 Chameleon / Anole limitations: transformers' ``ChameleonVQVAE`` has no decoder (its checkpoint
 conversion drops the VQGAN decoder weights, "we dont do image generation yet"), so
@@ -77,15 +79,6 @@ SUPPORTED_FAMILIES = (
 
 #: Emu3Processor's default generation size: ratio "1:1", image_area 518400, 8x downsampling.
 EMU3_DEFAULT_GRID = (90, 90)
-
-
-def _code_rows(weight: torch.Tensor, code_ids: torch.Tensor) -> torch.Tensor:
-    """Rows of an output matrix [vocab, D] for the codes, in code order: [V, D] (a view when the
-    code tokens are one contiguous increasing id range, as in Chameleon's and Emu3's vocabularies)."""
-    first = int(code_ids[0])
-    if torch.equal(code_ids.cpu(), torch.arange(first, first + code_ids.shape[0])):
-        return weight.narrow(0, first, code_ids.shape[0])
-    return weight.index_select(0, code_ids.to(weight.device))
 
 
 def _single_prompt(model_inputs: dict[str, Any], key: str = "input_ids") -> torch.Tensor:
@@ -149,7 +142,8 @@ class TransformersImageTarget(GuidedImageTarget):
             mask = mask.masked_fill(blocked, torch.finfo(self.dtype).min).view(1, 1, num_tokens, -1)
         key = torch.arange(mask.shape[-1], device=self.device)
         pads = key[None, :] < padding[:, None]  # [rows, keys]
-        mask = mask.expand(padding.shape[0], 1, num_tokens, -1).masked_fill(pads[:, None, None, :], torch.finfo(mask.dtype).min)
+        mask = mask.expand(padding.shape[0], 1, num_tokens, -1)
+        mask = mask.masked_fill(pads[:, None, None, :], torch.finfo(mask.dtype).min)
         return mask, (positions.view(1, -1) - padding[:, None]).clamp_min(0)
 
     def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
@@ -165,8 +159,8 @@ class TransformersImageTarget(GuidedImageTarget):
             visible = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
             visible = visible[None] & (torch.arange(length, device=self.device)[None, None, :] >= padding[:, None, None])
             visible |= torch.eye(length, dtype=torch.bool, device=self.device)  # pads see themselves (no empty rows)
-            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(~visible, torch.finfo(self.dtype).min)
-            mask = mask[:, None]
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None]
             positions = (torch.arange(length, device=self.device)[None] - padding[:, None]).clamp_min(0)
         else:
             mask, positions = None, torch.arange(length, device=self.device)[None]
@@ -243,16 +237,31 @@ class _VocabularyImageTarget(TransformersImageTarget):
         if missing:
             raise ValueError(f"the vocabulary maps no token to VQ codes {missing[:5]}... of {num_codes}")
         self.code_to_id = torch.tensor([img2bpe[code] for code in range(num_codes)], dtype=torch.long)
+        first = int(self.code_to_id[0])
+        contiguous = torch.equal(self.code_to_id, torch.arange(first, first + num_codes))
+        self._first_code_id = first if contiguous else None  # code c is token first + c
         self.lm_head = lm_head
         self.vocab_size = num_codes
 
+    def _code_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """VQ codes -> the model's token ids (same shape)."""
+        if self.code_to_id.device != codes.device:
+            self.code_to_id = self.code_to_id.to(codes.device)
+        return self.code_to_id[codes]
+
+    def _code_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The code tokens' rows of an output-layer tensor [vocab, ...], in code order (a view when
+        the code tokens are one increasing id range, as in Chameleon's and Emu3's vocabularies)."""
+        if self._first_code_id is not None:
+            return tensor.narrow(0, self._first_code_id, self.vocab_size)
+        return tensor.index_select(0, self._code_ids(torch.arange(self.vocab_size, device=tensor.device)))
+
     def _embed_codes(self, codes):
-        return self._embed_ids(self.code_to_id.to(codes.device)[codes])
+        return self._embed_ids(self._code_ids(codes))
 
     def _code_logits(self, hidden):
-        weight = _code_rows(self.lm_head.weight, self.code_to_id)
-        logits = hidden @ weight.T
-        return logits if self.lm_head.bias is None else logits + _code_rows(self.lm_head.bias[:, None], self.code_to_id)[:, 0]
+        logits = hidden @ self._code_rows(self.lm_head.weight).T
+        return logits if self.lm_head.bias is None else logits + self._code_rows(self.lm_head.bias)
 
 
 # ======================================================================================= Emu3
@@ -371,14 +380,14 @@ class Emu3ImageTarget(_VocabularyImageTarget):
         # codes already cached: each full row is columns codes + 1 end-of-line entry
         rows_done, rest = divmod(past - cache.prompt_entries, columns + 1)
         first = rows_done * columns + rest
-        ids = self.code_to_id.to(tokens.device)[tokens]
+        ids = self._code_ids(tokens)
         eol = torch.full_like(ids[:, :1], self.eol_token_id)
         pieces, read = [], []
         for i in range(tokens.shape[1]):
             pieces.append(ids[:, i : i + 1])
-            if False:
+            if (first + i + 1) % columns == 0:
                 pieces.append(eol)
-            read.append(sum(piece.shape[1] for piece in pieces) - 1)
+            read.append(len(pieces) - 1)  # the code's own position, or its end-of-line token's
         stream = torch.cat(pieces, dim=1)
         positions = torch.arange(past, past + stream.shape[1], device=self.device)
         attention_mask, position_ids = self._attention_inputs(cache, stream.shape[1], None, positions)
@@ -623,4 +632,5 @@ def image_tokenizer_for(model, **kwargs):
     """
     family = _family(model)
     vq = model.model.vqmodel if hasattr(model, "lm_head") else model
-    return {"janus": JanusImageTokenizer, "emu3": Emu3ImageTokenizer, "chameleon": ChameleonImageTokenizer}[family](vq, **kwargs)
+    tokenizers = {"janus": JanusImageTokenizer, "emu3": Emu3ImageTokenizer, "chameleon": ChameleonImageTokenizer}
+    return tokenizers[family](vq, **kwargs)
