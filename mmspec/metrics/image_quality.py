@@ -214,6 +214,7 @@ class MetricCLIP:
         }
         tensors = {k: v.detach().to(torch.float16).contiguous().clone() for k, v in self.model.state_dict().items()}
         save_file(tensors, str(directory / (WEIGHTS_FILE + ".tmp")), metadata={"format": "pt"})
+        (directory / (WEIGHTS_FILE + ".tmp")).chmod(0o644)  # safetensors creates the file private
         (directory / (WEIGHTS_FILE + ".tmp")).replace(directory / WEIGHTS_FILE)
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
         return directory

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
     parser.add_argument("--out", default=None, help="default: models/t2i (target) or models/t2i-draft (draft)")
     parser.add_argument("--vq", default=str(models_dir() / "t2i-vq"), help="the trained VQ tokenizer directory")
+    parser.add_argument("--draft", default="../t2i-draft", help="the draft generator's directory, relative to --out (t2i.json)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=6e-4)
@@ -90,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
     if saved:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-    (out / "text_encoder.json").write_text(json.dumps({"type": "smollm2-prefix", "num_layers": TEXT_ENCODER_LAYERS}))
+    manifest = {"vq": os.path.relpath(Path(args.vq).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
+    if args.preset == "target":
+        manifest["draft"] = args.draft
+    (out / "t2i.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-image pipeline
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()
     while run_state.step < args.steps:
