@@ -1,0 +1,176 @@
+"""Relaxed acceptance for image tokens: LANTERN, LANTERN++ and grouped speculative decoding (GSD).
+
+Visual AR models spread probability over many interchangeable codes; these rules accept a draft
+when the target's mass *near* it (in the tokenizer's latent space) is high enough. They are lossy
+by design, with the loss bounded in total variation. Pure functions like :mod:`mmspec.core.verify`:
+no model, no cache, randomness passed in. Formulas: ../shared/algorithms.md.
+
+Neighbour tables (:func:`neighbour_table`): for a codebook E [V, d], row v lists the k codes
+nearest to v by L2 distance, nearest first, v itself excluded.
+
+LANTERN (Jang et al., ICLR 2025), for draft x with neighbours n_1 .. n_k:
+    c_j = sum_{i <= j} p(n_i);  A = the longest prefix with c_j <= delta;  p~(x) = p(x) + c_{|A|}.
+    Moving A's mass onto x gives a distribution p~ with TV(p, p~) = c_{|A|} <= delta.
+    Accept iff r < min(1, p~(x) / q(x)); on rejection draw from norm(max(0, p' - q)) where p' is p
+    with x and A zeroed (renormalised).  Greedy: accept iff p(x) + c_{|A|} >= max p.
+LANTERN++: the bound is multiplicative, c_j <= (lambda - 1) p(x), i.e. p~(x) <= lambda p(x).
+GSD (grouped speculative decoding): C = {x} plus those of x's k neighbours that are among the
+    target's ``top_m`` most likely codes (near in embedding and in probability); accept iff
+    r < min(1, p(C) / q(C)); on rejection draw from norm(max(0, p - q)) with C zeroed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from .sampling import sample_from_probs
+from .verify import Verification, _accepted_prefix_length, _assemble
+
+
+def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
+    """The k nearest codes of every code (L2, nearest first, self excluded).
+
+    Computed in chunks of ``chunk`` rows, so a 16384-code codebook needs only a [chunk, V] distance
+    block at a time. Ties are broken by the lower index (stable sort).
+
+    Args:
+        codebook: [V, d] code vectors.
+        k: neighbours kept per code (clipped to V - 1).
+    Returns:
+        LongTensor [V, k].
+    """
+    codes = codebook.detach().float()
+    v = codes.shape[0]
+    k = min(k, v - 1)
+    squared = codes.pow(2).sum(1)
+    rows = []
+    for start in range(0, v, chunk):
+        block = codes[start : start + chunk]
+        distance = squared[start : start + chunk, None] - 2 * block @ codes.t() + squared[None, :]
+        own = torch.arange(start, start + block.shape[0])
+        distance[torch.arange(block.shape[0]), own] = float("inf")  # self excluded
+        rows.append(torch.sort(distance, dim=1, stable=True).indices[:, :k])
+    return torch.cat(rows)
+
+
+def cached_neighbour_table(codebook: torch.Tensor, k: int, directory: str | Path) -> torch.Tensor:
+    """:func:`neighbour_table`, cached as ``DIRECTORY/neighbours-k<K>-<hash>.pt`` (the hash is of the
+    codebook's values, so a retrained tokenizer never reads a stale table)."""
+    digest = hashlib.sha1(codebook.detach().float().cpu().numpy().tobytes()).hexdigest()[:12]
+    path = Path(directory) / f"neighbours-k{k}-{digest}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    table = neighbour_table(codebook, k)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(table, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return table
+
+
+def relaxed_mass(target_probs: torch.Tensor, tokens: torch.Tensor, neighbours: torch.Tensor,
+                 delta: float | None = None, lam: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LANTERN's relaxed target probability of each drafted token.
+
+    Args:
+        target_probs: [..., V] p.
+        tokens: LongTensor [...] the drafted tokens x.
+        neighbours: LongTensor [V, k] (:func:`neighbour_table`).
+        delta: LANTERN's additive bound (c_j <= delta); or
+        lam: LANTERN++'s multiplicative bound (c_j <= (lam - 1) p(x)).
+    Returns:
+        p~(x) [...] = p(x) + c_{|A|}, and the mask [..., k] of the neighbours in A.
+    """
+    if (delta is None) == (lam is None):
+        raise ValueError("give exactly one of delta (LANTERN) or lam (LANTERN++)")
+    near = neighbours.to(tokens.device)[tokens]  # [..., k]
+    p_near = target_probs.gather(-1, near)
+    p_x = target_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    cumulative = p_near.cumsum(-1)
+    bound = torch.full_like(p_x, delta) if delta is not None else (lam - 1.0) * p_x
+    in_a = cumulative <= bound.unsqueeze(-1)  # cumulative is non-decreasing: a prefix
+    return p_x + (p_near * in_a).sum(-1), in_a
+
+
+def _residual_draw(p_next: torch.Tensor, q_next: torch.Tensor, zeroed: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw from norm(max(0, p' - q)) with p' = p without the ``zeroed`` tokens; fall back to p',
+    then to p, whenever a candidate is empty."""
+    p_masked = p_next.masked_fill(zeroed, 0.0)
+    residual = (p_masked - q_next).clamp_(min=0.0)
+    for fallback in (p_masked, p_next):
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(empty, fallback, residual)
+    return sample_from_probs(residual, uniforms)
+
+
+def _draft_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, vocab: int, dtype) -> torch.Tensor:
+    """q per position [B, K + 1, V] (one-hot for deterministic drafts; zero at the bonus position)."""
+    if draft_probs is None:
+        q = torch.nn.functional.one_hot(draft_tokens, vocab).to(dtype)
+    else:
+        q = draft_probs.to(dtype)
+    return torch.cat([q, q.new_zeros(q.shape[0], 1, vocab)], dim=1)
+
+
+def lantern_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                   neighbours: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
+                   delta: float | None = 0.1, lam: float | None = None) -> Verification:
+    """LANTERN (``delta``) / LANTERN++ (``lam``, pass delta=None) on a linear draft.
+
+    Shapes as :func:`~mmspec.core.verify.speculative_verify`: draft_tokens [B, K], draft_probs
+    [B, K, V] or None (q = 1 on the drafted token: dynamic trees, deterministic drafts),
+    target_probs [B, K+1, V], accept_uniforms [B, K], sample_uniforms [B]. With delta = 0 (or
+    lam = 1) this is speculative_verify exactly.
+    """
+    batch, k = draft_tokens.shape
+    relaxed, in_a = relaxed_mass(target_probs[:, :k], draft_tokens, neighbours, delta=delta, lam=lam)
+    q_rows = _draft_rows(draft_tokens, draft_probs, target_probs.shape[-1], target_probs.dtype)
+    q_of_draft = q_rows[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    num_accepted = _accepted_prefix_length(accept_uniforms * q_of_draft < relaxed)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    zeroed = torch.zeros_like(target_probs, dtype=torch.bool)
+    near = neighbours.to(draft_tokens.device)[draft_tokens]  # [B, K, k]
+    zeroed[:, :k].scatter_(-1, near, in_a)
+    zeroed[:, :k].scatter_(-1, draft_tokens.unsqueeze(-1), True)
+    if delta == 0 or lam == 1:  # nothing relaxed: exactly speculative sampling's residual
+        zeroed.zero_()
+    next_token = _residual_draw(target_probs[rows, num_accepted], q_rows[rows, num_accepted], zeroed[rows, num_accepted],
+                                sample_uniforms)
+    return _assemble(draft_tokens, num_accepted, next_token)
+
+
+def lantern_greedy_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, neighbours: torch.Tensor,
+                          delta: float | None = 0.1, lam: float | None = None) -> Verification:
+    """Greedy LANTERN: accept x while p(x) + c_{|A|} >= max p; then emit argmax p.
+
+    target_probs: [B, K+1, V] the target's (un-truncated) distributions."""
+    k = draft_tokens.shape[1]
+    relaxed, _ = relaxed_mass(target_probs[:, :k], draft_tokens, neighbours, delta=delta, lam=lam)
+    num_accepted = _accepted_prefix_length(relaxed >= target_probs[:, :k].max(-1).values)
+    argmax = target_probs.argmax(-1)
+    return _assemble(draft_tokens, num_accepted, argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1))
+
+
+def gsd_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+               neighbours: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
+               top_m: int = 50) -> Verification:
+    """Grouped speculative decoding: accept x iff r < min(1, p(C) / q(C)) with C = {x} plus x's
+    neighbours among the target's ``top_m`` most likely codes. Shapes as :func:`lantern_verify`."""
+    batch, k = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    p = target_probs[:, :k]
+    near = neighbours.to(draft_tokens.device)[draft_tokens]  # [B, K, k]
+    top = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, p.topk(min(top_m, vocab), dim=-1).indices, True)
+    cluster = torch.zeros_like(target_probs, dtype=torch.bool)
+    cluster[:, :k].scatter_(-1, near, top.gather(-1, near))
+    cluster[:, :k].scatter_(-1, draft_tokens.unsqueeze(-1), True)
+    q_rows = _draft_rows(draft_tokens, draft_probs, vocab, target_probs.dtype)
+    p_cluster = (p * cluster[:, :k]).sum(-1)
+    q_cluster = (q_rows[:, :k] * cluster[:, :k]).sum(-1)
+    num_accepted = _accepted_prefix_length(accept_uniforms * q_cluster < p_cluster)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    next_token = _residual_draw(target_probs[rows, num_accepted], q_rows[rows, num_accepted], cluster[rows, num_accepted],
+                                sample_uniforms)
+    return _assemble(draft_tokens, num_accepted, next_token)

@@ -1,0 +1,118 @@
+"""LANTERN / LANTERN++ / GSD rules (ladder level 1 and properties): neighbour tables, the TV bound,
+reduction to exact speculative sampling, and hand-built accept / reject cases."""
+
+import pytest
+import torch
+
+from mmspec.core.relaxed import (cached_neighbour_table, gsd_verify, lantern_greedy_verify, lantern_verify,
+                                 neighbour_table, relaxed_mass)
+from mmspec.core.verify import speculative_verify
+
+
+def test_neighbour_table_is_nearest_first_without_self():
+    codebook = torch.tensor([[0.0], [1.0], [3.0], [10.0]])
+    table = neighbour_table(codebook, k=2, chunk=3)  # chunked: rows 0-2, then row 3
+    assert table.tolist() == [[1, 2], [0, 2], [1, 0], [2, 1]]
+    big = torch.randn(300, 8, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(neighbour_table(big, 5, chunk=64), neighbour_table(big, 5, chunk=1000))
+    distance = torch.cdist(big, big).fill_diagonal_(float("inf"))
+    assert torch.equal(neighbour_table(big, 5)[:, 0], distance.argmin(1))
+
+
+def test_neighbour_table_cache(tmp_path):
+    codebook = torch.randn(50, 4)
+    first = cached_neighbour_table(codebook, 7, tmp_path)
+    assert len(list(tmp_path.glob("neighbours-k7-*.pt"))) == 1
+    assert torch.equal(cached_neighbour_table(codebook, 7, tmp_path), first)
+    cached_neighbour_table(codebook + 1.0, 7, tmp_path)  # another codebook: another file
+    assert len(list(tmp_path.glob("neighbours-k7-*.pt"))) == 2
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_relaxed_distribution_stays_within_the_tv_bound(seed):
+    gen = torch.Generator().manual_seed(seed)
+    vocab, k = 40, 12
+    delta = float(torch.rand(1, generator=gen)) * 0.5
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 3, -1)
+    table = neighbour_table(torch.randn(vocab, 3, generator=gen), k)
+    for x in range(vocab):
+        relaxed, in_a = relaxed_mass(p, torch.tensor(x), table, delta=delta)
+        moved = torch.zeros(vocab, dtype=torch.bool)
+        moved[table[x][in_a]] = True
+        p_tilde = p.masked_fill(moved, 0.0)
+        p_tilde[x] = relaxed
+        assert abs(float(p_tilde.sum()) - 1.0) < 1e-5
+        tv = 0.5 * float((p_tilde - p).abs().sum())
+        assert tv <= delta + 1e-6
+        # A is the longest such prefix: adding the next neighbour would break the bound
+        j = int(in_a.sum())
+        if j < k:
+            assert float(p[table[x][: j + 1]].sum()) > delta
+
+
+def test_multiplicative_bound_caps_the_ratio():
+    gen = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(6, 30, generator=gen) * 2, -1)
+    table = neighbour_table(torch.randn(30, 4, generator=gen), 10)
+    x = torch.randint(30, (6,), generator=gen)
+    for lam in (1.0, 2.0, 5.0):
+        relaxed, _ = relaxed_mass(p, x, table, lam=lam)
+        assert torch.all(relaxed <= lam * p.gather(-1, x[:, None])[:, 0] + 1e-7)
+
+
+@pytest.mark.parametrize("draft_probs", [True, False])
+def test_zero_relaxation_is_speculative_sampling(draft_probs):
+    gen = torch.Generator().manual_seed(2)
+    b, k, v = 64, 4, 20
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=gen) * 2, -1) if draft_probs else None
+    tokens = torch.randint(v, (b, k), generator=gen)
+    r, s = torch.rand(b, k, generator=gen), torch.rand(b, generator=gen)
+    table = neighbour_table(torch.randn(v, 3, generator=gen), 6)
+    exact = speculative_verify(tokens, q, p, r, s)
+    for relaxed in (lantern_verify(tokens, q, p, table, r, s, delta=0.0),
+                    lantern_verify(tokens, q, p, table, r, s, delta=None, lam=1.0)):
+        assert torch.equal(relaxed.num_accepted, exact.num_accepted) and torch.equal(relaxed.tokens, exact.tokens)
+
+
+def test_hand_built_lantern_cases():
+    # codes on a line: neighbours of 0 are 1, 2, 3 (nearest first)
+    table = neighbour_table(torch.tensor([[0.0], [1.0], [2.0], [3.0]]), 3)
+    p = torch.tensor([[[0.10, 0.05, 0.05, 0.80], [0.25, 0.25, 0.25, 0.25]]])
+    draft = torch.tensor([[0]])
+    # exact: p(0) = 0.1, r = 0.15 rejects; delta = 0.1 adds p(1) + p(2) = 0.1 -> 0.2 > 0.15 accepts
+    r, s = torch.tensor([[0.15]]), torch.tensor([0.5])
+    assert int(lantern_verify(draft, None, p, table, r, s, delta=0.0).num_accepted) == 0
+    assert int(lantern_verify(draft, None, p, table, r, s, delta=0.1).num_accepted) == 1
+    # delta = 0.07 keeps only neighbour 1 (c_1 = 0.05, c_2 = 0.10 > 0.07): p~ = 0.15, r = 0.15 rejects
+    v = lantern_verify(draft, None, p, table, r, s, delta=0.07)
+    assert int(v.num_accepted) == 0
+    # on rejection x and A = {1} are zeroed: the residual draw can only give 2 or 3
+    for u in torch.linspace(0, 0.999, 20):
+        tok = int(lantern_verify(draft, None, p, table, r, u.view(1), delta=0.07).tokens[0, 0])
+        assert tok in (2, 3)
+    # greedy: p(0) + 0.1 = 0.2 < max p = 0.8 rejects; delta = 0.7 never reaches 0.8 either (c_3 = 0.9 > 0.7)
+    greedy = lantern_greedy_verify(draft, p, table, delta=0.7)
+    assert int(greedy.num_accepted) == 0 and int(greedy.tokens[0, 0]) == 3
+    p_flat = torch.tensor([[[0.30, 0.30, 0.30, 0.10], [0.25, 0.25, 0.25, 0.25]]])
+    accepted = lantern_greedy_verify(draft, p_flat, table, delta=0.3)  # 0.3 + 0.3 >= 0.3
+    assert int(accepted.num_accepted) == 1
+
+
+def test_gsd_accepts_on_the_cluster_mass():
+    table = neighbour_table(torch.tensor([[0.0], [1.0], [2.0], [3.0]]), 2)  # 0 -> [1, 2]
+    p = torch.tensor([[[0.05, 0.40, 0.05, 0.50], [0.25, 0.25, 0.25, 0.25]]])
+    q = torch.tensor([[[0.60, 0.10, 0.10, 0.20]]])
+    draft, r, s = torch.tensor([[0]]), torch.tensor([[0.5]]), torch.tensor([0.3])
+    # exact: p/q = 0.05/0.6 rejects r = 0.5; cluster {0, 1, 2} (both neighbours in the top 3 of p):
+    # p(C) / q(C) = 0.5 / 0.8 = 0.625 > 0.5 accepts
+    assert int(speculative_verify(draft, q, p, r, s).num_accepted) == 0
+    assert int(gsd_verify(draft, q, p, table, r, s, top_m=3).num_accepted) == 1
+    # top_m = 1 keeps only code 3 as likely: the cluster is {0} and GSD is exact again
+    v = gsd_verify(draft, q, p, table, r, s, top_m=1)
+    assert int(v.num_accepted) == 0 and int(v.tokens[0, 0]) in (1, 3)  # residual max(0, p - q) = (0, .3, 0, .3)
+
+
+def test_bound_arguments_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one"):
+        relaxed_mass(torch.ones(1, 4) / 4, torch.tensor([0]), torch.zeros(4, 2, dtype=torch.long), delta=0.1, lam=2.0)
