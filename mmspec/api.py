@@ -45,6 +45,7 @@ def generate(
     seed: int | None = None,
     *,
     acceptance: str | None = None,
+    rule_kwargs: dict[str, Any] | None = None,
     num_draft_tokens: int | None = None,
     eos_token_id: int | list[int] | None = None,
     **model_inputs: Any,
@@ -61,7 +62,11 @@ def generate(
         max_new_tokens: generation stops after this many new tokens ...
         do_sample, temperature, top_k, top_p: ... or, when sampling, with this distribution.
         seed: seeds every random number of the call (drafts, acceptance, residual draws).
-        acceptance: "auto" (greedy / speculative sampling), "typical" (lossy, Medusa's rule).
+        acceptance: "auto" (greedy / speculative sampling), "typical" (lossy, Medusa's rule),
+            "lantern" / "lantern++" / "gsd" (lossy, relaxed for image tokens; see
+            :mod:`mmspec.core.relaxed`).
+        rule_kwargs: the rule's parameters (typical: posterior_threshold, posterior_alpha;
+            lantern: neighbours [V, k] and delta; lantern++: neighbours and lam; gsd: neighbours, top_m).
         num_draft_tokens: K, overriding the drafter's default.
         eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
         **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
@@ -90,5 +95,6 @@ def generate(
         eos_token_ids=eos,
         generator=make_generator(seed, adapter.device),
         acceptance=acceptance,
+        rule_kwargs=rule_kwargs,
     )
     return GenerateOutput(sequences=state.tokens, stats=stats)

@@ -79,3 +79,16 @@ def test_cli_writes_images_grid_and_acceptance_map(model_dir, tmp_path, capsys):
     for name in ("image-0.png", "baseline-0.png", "acceptance-0.png", "grid.png"):
         assert (out / name).is_file()
     assert main(["t2i", "  ", "--model", str(model_dir), "--out", str(out)]) == 2
+
+
+def test_relaxed_methods_report_their_bounds(model_dir):
+    exact = mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=0.0, neighbours_k=4, window=3)
+    r = exact("a red circle", do_sample=False, compare_baseline=True, seed=1)
+    assert torch.equal(r.tokens, r.baseline_tokens)  # delta = 0: greedy LANTERN is greedy decoding
+    assert r.stats.config["acceptance"] == "lantern" and r.stats.config["delta"] == 0.0 and r.stats.config["neighbours_k"] == 4
+    for method, key in (("lantern", "delta"), ("lantern++", "lam"), ("gsd", "top_m")):
+        pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, neighbours_k=4, window=3)
+        stats = pipe("a red circle", seed=2).stats
+        assert stats.config["acceptance"] == method and key in stats.config and stats.tokens == 16
+    with pytest.raises(ValueError, match="need delta >= 0"):
+        mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=-1)

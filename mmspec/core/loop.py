@@ -13,6 +13,7 @@ import torch
 
 from .cache import SequenceState
 from .drafter import Draft, DraftContext, Drafter
+from .relaxed import gsd_verify, lantern_greedy_verify, lantern_verify
 from .sampling import SamplingConfig, logits_to_probs
 from .stats import SpecStats
 from .target import Target, TargetOutput
@@ -27,7 +28,10 @@ from .verify import (
 )
 
 #: acceptance rules the loop can apply; "auto" = greedy without sampling, speculative with it.
-ACCEPTANCE_RULES = ("auto", "greedy", "speculative", "typical")
+#: The relaxed image-token rules (mmspec.core.relaxed) take rule_kwargs: neighbours [V, k] and
+#: delta (lantern), lam (lantern++) or top_m (gsd).
+RELAXED_RULES = ("lantern", "lantern++", "gsd")
+ACCEPTANCE_RULES = ("auto", "greedy", "speculative", "typical", *RELAXED_RULES)
 
 
 def _verify(
@@ -41,11 +45,25 @@ def _verify(
     """Apply the acceptance rule to one draft. target_logits: [1, K+1, V]."""
     if acceptance == "greedy":
         return greedy_verify(draft.tokens, target_logits)
+    if acceptance in RELAXED_RULES and not sampling.do_sample:  # greedy LANTERN / LANTERN++
+        probs, neighbours = target_logits.float().softmax(-1), rule_kwargs["neighbours"]
+        if acceptance == "lantern++":
+            return lantern_greedy_verify(draft.tokens, probs, neighbours, delta=None, lam=rule_kwargs["lam"])
+        return lantern_greedy_verify(draft.tokens, probs, neighbours, delta=rule_kwargs["delta"])
     target_probs = logits_to_probs(target_logits, sampling)
     k = draft.length
     uniforms = torch.rand(1, k + 1, generator=generator, device=generator.device).to(target_probs.device)
     if acceptance == "typical":
         return typical_verify(draft.tokens, target_probs, uniforms[:, k], **rule_kwargs)
+    if acceptance == "lantern":
+        return lantern_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
+                              uniforms[:, k], delta=rule_kwargs["delta"])
+    if acceptance == "lantern++":
+        return lantern_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
+                              uniforms[:, k], delta=None, lam=rule_kwargs["lam"])
+    if acceptance == "gsd":
+        return gsd_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
+                          uniforms[:, k], top_m=rule_kwargs.get("top_m", 50))
     return speculative_verify(draft.tokens, draft.probs, target_probs, uniforms[:, :k], uniforms[:, k])
 
 
@@ -67,7 +85,8 @@ def _tree_step(
     """
     tree = draft.tree
     if acceptance not in ("greedy", "speculative"):
-        raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees; use 'greedy' or 'speculative'")
+        raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees yet; use 'greedy' or "
+                         "'speculative', or a linear drafter")
     rooted = tree.prepend_root(state.tokens[0, -1])
     out = target.forward(state, rooted.tokens.to(state.tokens.device).unsqueeze(0), hidden_layer=hidden_layer, tree=rooted)
     if acceptance == "greedy":
@@ -88,6 +107,8 @@ def resolve_acceptance(acceptance: str | None, sampling: SamplingConfig) -> str:
         raise ValueError(f"unknown acceptance rule {acceptance!r}; choose one of {ACCEPTANCE_RULES}")
     if acceptance == "auto":
         return "speculative" if sampling.do_sample else "greedy"
+    if acceptance == "gsd" and not sampling.do_sample:
+        raise ValueError("acceptance='gsd' is a sampling rule; use do_sample=True (or 'lantern' for greedy decoding)")
     if acceptance in ("speculative", "typical") and not sampling.do_sample:
         raise ValueError(f"acceptance={acceptance!r} needs do_sample=True; greedy decoding uses acceptance='greedy'")
     if acceptance == "greedy" and sampling.do_sample:
@@ -125,8 +146,9 @@ def speculative_decode(
         max_new_tokens: hard cap on generated tokens.
         eos_token_ids: generation stops after the first of these (the EOS is kept).
         generator: source of every random number of the generation.
-        acceptance: "auto" | "greedy" | "speculative" | "typical".
-        rule_kwargs: extra parameters of the rule (typical: posterior_threshold, posterior_alpha).
+        acceptance: "auto" | "greedy" | "speculative" | "typical" | "lantern" | "lantern++" | "gsd".
+        rule_kwargs: extra parameters of the rule (typical: posterior_threshold, posterior_alpha;
+            lantern: neighbours, delta; lantern++: neighbours, lam; gsd: neighbours, top_m).
     Returns:
         The final state (``state.tokens`` is [1, prompt + new]) and the statistics.
     """
@@ -137,6 +159,8 @@ def speculative_decode(
         generator = torch.Generator(device=target.device)
     eos = frozenset(int(t) for t in eos_token_ids)
     stats = SpecStats(method=drafter.name if drafter else "ar", config={"acceptance": acceptance})
+    for name, value in (rule_kwargs or {}).items():  # the rule's parameters (a neighbour table by its width)
+        stats.config["neighbours_k" if name == "neighbours" else name] = value.shape[1] if name == "neighbours" else value
     started = time.perf_counter()
 
     with torch.inference_mode():

@@ -10,8 +10,11 @@ same way (``t2i.json`` names the tokenizer and draft directories).
 
 Methods (:data:`METHODS`): ``ar``; ``spec`` (speculative sampling with the draft generator);
 ``sjd`` (speculative Jacobi decoding, ``init`` = random | horizontal | vertical); ``sjd-coupled``
-(SJD whose redrafts are maximally coupled with the previous iterate). All are lossless: greedy
-variants reproduce AR token for token, sampling variants sample AR's distribution.
+(SJD whose redrafts are maximally coupled with the previous iterate). These are lossless: greedy
+variants reproduce AR token for token, sampling variants sample AR's distribution. ``lantern``,
+``lantern++`` and ``gsd`` verify the draft generator's tokens with the relaxed rules of
+:mod:`mmspec.core.relaxed` (lossy, bounded; neighbour tables from the tokenizer's codebook, cached
+next to it).
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ METHODS = {
     "spec": "speculative sampling with the small draft generator",
     "sjd": "speculative Jacobi decoding (training-free)",
     "sjd-coupled": "SJD with maximally coupled redrafts (training-free)",
+    "lantern": "draft generator + LANTERN relaxed acceptance (lossy, TV <= delta)",
+    "lantern++": "draft generator + LANTERN++ relaxed acceptance (lossy, p~(x) <= lam p(x))",
+    "gsd": "draft generator + grouped speculative decoding acceptance (lossy)",
 }
+#: methods that verify with a relaxed (lossy) rule of mmspec.core.relaxed
+RELAXED_METHODS = ("lantern", "lantern++", "gsd")
 MODEL_FILE = "t2i.json"
 
 
@@ -118,8 +126,11 @@ class TextToImagePipeline:
         model: None (the embedded default), or a directory with ``t2i.json`` (see the module doc).
         method: one of :data:`METHODS`, optionally with its init after a colon ("sjd:vertical").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
-        window: SJD's window L / spec's draft length K (default 16 for SJD, 4 for spec).
+        window: SJD's window L / the draft generator's draft length K (default 16 for SJD, 4 otherwise).
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
+        neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
+        delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
+            probability cut for cluster members.
     Raises:
         ValueError: an unknown method or init, a model directory without an image tokenizer.
         FileNotFoundError: missing model files.
@@ -132,10 +143,16 @@ class TextToImagePipeline:
     task = "text-to-image"
 
     def __init__(self, model: str | Path | None = None, method: str = "sjd", device: str = "auto", *,
-                 window: int | None = None, init: str | None = None, trust_remote_code: bool = False) -> None:
+                 window: int | None = None, init: str | None = None, neighbours_k: int = 1000, delta: float = 0.1,
+                 lam: float = 10.0, top_m: int = 50, trust_remote_code: bool = False) -> None:
         self.device = resolve_device(device)
         self.method, self.init = self._parse_method(method, init)
         self.window = window
+        if delta < 0 or lam < 1 or neighbours_k < 1 or top_m < 1:
+            raise ValueError(f"need delta >= 0, lam >= 1, neighbours_k >= 1, top_m >= 1 (got {delta}, {lam}, {neighbours_k}, {top_m})")
+        self.relaxed = {"lantern": {"delta": delta}, "lantern++": {"lam": lam}, "gsd": {"top_m": top_m}}
+        self.neighbours_k = neighbours_k
+        self._neighbours = None
         self.model_dir = Path(model).expanduser() if model is not None else default_t2i_dir()
         self._load(self.model_dir)
 
@@ -168,6 +185,7 @@ class TextToImagePipeline:
         self.tokenizer = VQImageTokenizer(VQTokenizer.from_pretrained(directory / manifest["vq"]).to(self.device))
         self.text_encoder = shared_text_encoder(manifest.get("text_encoder_layers", 8), self.device)
         self.draft_dir = directory / manifest["draft"] if manifest.get("draft") else None
+        self.tokenizer_dir = directory / manifest["vq"]
         self._draft_model = None
         self.target = LlamaGenTarget(self.generator)
         if self.tokenizer.grid != self.target.grid or self.tokenizer.vocab_size != self.target.vocab_size:
@@ -179,7 +197,7 @@ class TextToImagePipeline:
         name, init = self._parse_method(method, None) if method else (self.method, self.init)
         if name == "ar":
             return None
-        if name == "spec":
+        if name == "spec" or name in RELAXED_METHODS:
             if self._draft_model is None:
                 from ..modeling.llamagen import LlamaGenModel
 
@@ -188,6 +206,19 @@ class TextToImagePipeline:
                 self._draft_model = LlamaGenModel.from_pretrained(self.draft_dir, dtype=torch.float32).to(self.device)
             return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.window or 4)
         return JacobiDrafter(self.window or 16, init=init, coupled=name == "sjd-coupled")
+
+    def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
+        """(acceptance rule, its parameters) of ``method``: the relaxed rules need the codebook's
+        neighbour table (built once, cached in the tokenizer's directory)."""
+        name = self._parse_method(method, None)[0] if method else self.method
+        if name not in RELAXED_METHODS:
+            return None, None
+        if self._neighbours is None:
+            from ..core.relaxed import cached_neighbour_table
+
+            self._neighbours = cached_neighbour_table(self.tokenizer.codebook_embeddings().cpu(), self.neighbours_k,
+                                                      self.tokenizer_dir).to(self.device)
+        return name, {"neighbours": self._neighbours, **self.relaxed[name]}
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """prompt -> caption features [1, P, C]."""
@@ -198,9 +229,10 @@ class TextToImagePipeline:
     def _run(self, method: str | None, caption: torch.Tensor, seeds: list[int], progress, **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
         started = time.perf_counter()
         runs, tokens, maps = [], [], []
+        acceptance, rule_kwargs = self.acceptance(method)
         for seed in seeds:
             out = generate(self.target, drafter=self.make_drafter(method), max_new_tokens=self.target.num_image_tokens,
-                           seed=seed, caption=caption, **sampling)
+                           seed=seed, caption=caption, acceptance=acceptance, rule_kwargs=rule_kwargs, **sampling)
             runs.append(out.stats)
             tokens.append(out.sequences[0, caption.shape[1]:])
             maps.append(torch.tensor(out.stats.step_of_token()))
