@@ -113,8 +113,8 @@ def summarise(results: dict, methods: list[str], prompts: list[str], references:
             for r in range(rounds):
                 grids = torch.tensor([runs[f"{method}|{i}|{r}"]["grid"] for i in range(len(prompts))])
                 images = pipe.decode(grids)
-                per_round_fd.append(frechet_clip_distance(metric, images, references))
-                per_round_score.append(prompt_score(metric, images, prompts))
+                per_round_fd.append(frechet_clip_distance(images, references, model=metric))
+                per_round_score.append(prompt_score(images, prompts, model=metric))
             row.update(fd=sum(per_round_fd) / rounds, fd_rounds=per_round_fd,
                        prompt_score=sum(per_round_score) / rounds, prompt_score_rounds=per_round_score)
         summary[method] = row

@@ -260,6 +260,7 @@ class VQTokenizer(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=1))
         save_file({k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
+        (directory / WEIGHTS_FILE).chmod(0o644)  # safetensors writes owner-only files
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "VQTokenizer":
