@@ -17,7 +17,7 @@ from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 4, 2, 3, 8
 GUIDANCE, TEMPERATURE, TOP_K = 2.0, 1.2, 3
-RUNS = 2500
+RUNS = 2000
 
 
 def tiny_generator(seed: int, dim: int = 32) -> LlamaGenTarget:
@@ -93,7 +93,7 @@ def joint(target):
     return exact_joint(target)
 
 
-@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:random", "sjd-coupled:vertical", "draft"])
+@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:horizontal", "draft"])
 def test_sampling_methods_sample_the_guided_distribution(target, joint, spec):
     counts = {}
     accepted = 0
