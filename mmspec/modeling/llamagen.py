@@ -22,13 +22,14 @@ an optional additive attention mask [B, 1, n, cache + n] carries token trees.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .persistence import load_model, save_model
 
 CONFIG_FILE = "llamagen_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -251,24 +252,11 @@ class LlamaGenModel(nn.Module):
 
     # ---- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=1))
-        save_file({k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
-        (directory / WEIGHTS_FILE).chmod(0o644)  # safetensors writes owner-only files
+        save_model(self, self.config, directory, CONFIG_FILE, WEIGHTS_FILE, dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaGenModel":
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / CONFIG_FILE).exists():
-            raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an mmspec LlamaGen directory?")
-        model = cls(LlamaGenConfig(**json.loads((directory / CONFIG_FILE).read_text())))
-        model.load_state_dict(load_file(directory / WEIGHTS_FILE))
-        return model.to(dtype).eval()
+        return load_model(cls, LlamaGenConfig, directory, CONFIG_FILE, WEIGHTS_FILE, dtype, "LlamaGen")
 
     @classmethod
     def load_official(cls, checkpoint: str | Path, config: LlamaGenConfig) -> "LlamaGenModel":

@@ -17,13 +17,14 @@ f = 2 ** (len(ch_mult) - 1); codes are vectors of ``codebook_embed_dim`` on the 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .persistence import load_model, save_model
 
 CONFIG_FILE = "vq_config.json"
 WEIGHTS_FILE = "vq.safetensors"
@@ -249,29 +250,16 @@ class VQTokenizer(nn.Module):
         return self.decode_codes(self.quantize.lookup(indices)).clamp(-1, 1)
 
     def codebook_embeddings(self) -> torch.Tensor:
-        """[V, d] the code vectors (for neighbour tables, :mod:`mmspec.core.neighbours`)."""
+        """[V, d] the code vectors (for neighbour tables, :func:`mmspec.core.relaxed.neighbour_table`)."""
         return self.quantize.codebook().detach()
 
     # ---- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: torch.dtype = torch.float16) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=1))
-        save_file({k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
-        (directory / WEIGHTS_FILE).chmod(0o644)  # safetensors writes owner-only files
+        save_model(self, self.config, directory, CONFIG_FILE, WEIGHTS_FILE, dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "VQTokenizer":
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / CONFIG_FILE).exists():
-            raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an mmspec VQ tokenizer directory?")
-        model = cls(VQConfig(**json.loads((directory / CONFIG_FILE).read_text())))
-        model.load_state_dict(load_file(directory / WEIGHTS_FILE))
-        return model.to(dtype).eval()
+        return load_model(cls, VQConfig, directory, CONFIG_FILE, WEIGHTS_FILE, dtype, "VQ tokenizer")
 
     @classmethod
     def load_official(cls, checkpoint: str | Path, config: VQConfig | None = None) -> "VQTokenizer":

@@ -1,31 +1,27 @@
-"""``mmspec train WHAT``: training recipes (bf16 on CPU, resumable)."""
+"""``mmspec train WHAT``: training recipes (CPU or GPU, resumable)."""
 
 from __future__ import annotations
 
 
+#: recipe name -> (module in mmspec.train, help)
+RECIPES = {
+    "captioner": ("captioner", "the embedded captioner's vision encoder + connector"),
+    "caption-draft": ("caption_draft", "the captioner's small text-only draft model (SPD)"),
+    "drafter": ("drafter", "a trained drafter (EAGLE head) by self-distillation on a target"),
+    "eval-captioner": ("eval_captioner", "validation metrics of the captioner, per family"),
+    "vq": ("vq", "the embedded text-to-image model's VQ tokenizer"),
+    "t2i": ("t2i", "the embedded text-to-image generator (or its draft: --preset draft)"),
+    "clip": ("clip", "the text-to-image metric model (a small CLIP on rendered scenes)"),
+}
+
+
 def add_parser(subparsers) -> None:
+    import importlib
+
     train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
-    from . import caption_draft, captioner, clip, drafter, eval_captioner, t2i, vq
-
-    parser = recipes.add_parser("captioner", help="the embedded captioner's vision encoder + connector")
-    captioner.add_arguments(parser)
-    parser.set_defaults(handler=captioner.run)
-    parser = recipes.add_parser("caption-draft", help="the captioner's small text-only draft model (SPD)")
-    caption_draft.add_arguments(parser)
-    parser.set_defaults(handler=caption_draft.run)
-    parser = recipes.add_parser("drafter", help="a trained drafter (EAGLE head) by self-distillation on a target")
-    drafter.add_arguments(parser)
-    parser.set_defaults(handler=drafter.run)
-    parser = recipes.add_parser("eval-captioner", help="validation metrics of the captioner, per family")
-    eval_captioner.add_arguments(parser)
-    parser.set_defaults(handler=eval_captioner.run)
-    parser = recipes.add_parser("vq", help="the embedded text-to-image model's VQ tokenizer")
-    vq.add_arguments(parser)
-    parser.set_defaults(handler=vq.run)
-    parser = recipes.add_parser("t2i", help="the embedded text-to-image generator (or its draft: --preset draft)")
-    t2i.add_arguments(parser)
-    parser.set_defaults(handler=t2i.run)
-    parser = recipes.add_parser("clip", help="the text-to-image metric model (a small CLIP on rendered scenes)")
-    clip.add_arguments(parser)
-    parser.set_defaults(handler=clip.run)
+    for name, (module_name, help_text) in RECIPES.items():
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        parser = recipes.add_parser(name, help=help_text)
+        module.add_arguments(parser)
+        parser.set_defaults(handler=module.run)
