@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "spec"])
 def test_greedy_methods_reproduce_ar_images(model_dir, method):
-    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4)
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
     r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, num_images=2, seed=3)
     assert len(r.images) == 2 and r.images[0].size == (8, 8)
     assert torch.equal(r.tokens, r.baseline_tokens)
@@ -82,12 +82,12 @@ def test_cli_writes_images_grid_and_acceptance_map(model_dir, tmp_path, capsys):
 
 
 def test_relaxed_methods_report_their_bounds(model_dir):
-    exact = mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=0.0, neighbours_k=4, window=3)
+    exact = mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=0.0, neighbours_k=4, num_draft_tokens=3)
     r = exact("a red circle", do_sample=False, compare_baseline=True, seed=1)
     assert torch.equal(r.tokens, r.baseline_tokens)  # delta = 0: greedy LANTERN is greedy decoding
     assert r.stats.config["acceptance"] == "lantern" and r.stats.config["delta"] == 0.0 and r.stats.config["neighbours_k"] == 4
     for method, key in (("lantern", "delta"), ("lantern++", "lam"), ("gsd", "top_m")):
-        pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, neighbours_k=4, window=3)
+        pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, neighbours_k=4, num_draft_tokens=3)
         stats = pipe("a red circle", seed=2).stats
         assert stats.config["acceptance"] == method and key in stats.config and stats.tokens == 16
     with pytest.raises(ValueError, match="need delta >= 0"):

@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=float, default=3.0)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=None, help="default: the full codebook")
-    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--window", type=int, default=16, help="SJD's window L")
+    parser.add_argument("--num-draft-tokens", type=int, default=4, help="the draft generator's K (spec, lantern, ...)")
+    parser.add_argument("--delta", type=float, default=0.1, help="LANTERN's TV bound")
+    parser.add_argument("--lam", type=float, default=10.0, help="LANTERN++'s ratio bound")
+    parser.add_argument("--neighbours-k", type=int, default=100, help="codebook neighbours per code (LANTERN's k)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
@@ -55,12 +59,14 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     methods = [m for m in args.methods.split(",") if m]
-    pipe = TextToImagePipeline(model=args.model, method="ar", window=args.window, device="cpu")
+    pipe = TextToImagePipeline(model=args.model, method="ar", window=args.window, num_draft_tokens=args.num_draft_tokens,
+                               device="cpu", delta=args.delta,
+                               lam=args.lam, neighbours_k=args.neighbours_k)
     prompts, references = bench_prompts(args.prompts, size=pipe.tokenizer.vq.config.image_size)
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
-            "top_k": args.top_k, "window": args.window, "prompts": args.prompts, "rounds": args.rounds,
+            "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta, "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
@@ -76,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
                     key = f"{method}|{i}|{round_}"
                     if key in runs:
                         continue
+                    acceptance, rule_kwargs = pipe.acceptance(method)
                     out = generate(pipe.target, drafter=pipe.make_drafter(method), max_new_tokens=pipe.target.num_image_tokens,
-                                   seed=i + 1000 * round_, caption=caption, **sampling)
+                                   seed=i + 1000 * round_, caption=caption, acceptance=acceptance, rule_kwargs=rule_kwargs,
+                                   **sampling)
                     s = out.stats
                     runs[key] = {"time": s.wall_time_s, "tokens": s.new_tokens, "forwards": s.target_forwards,
                                  "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,
@@ -123,7 +131,7 @@ def summarise(results: dict, methods: list[str], prompts: list[str], references:
 
 def markdown_table(summary: dict, meta: dict) -> str:
     lines = [f"{meta['prompts']} prompts x {meta['rounds']} rounds, CFG {meta['guidance_scale']}, temperature "
-             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, window {meta['window']}, {meta['threads']} thread(s)", "",
+             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {meta['window']}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)", "",
              "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
              "|---|---|---|---|---|---|"]
     for method, row in summary.items():

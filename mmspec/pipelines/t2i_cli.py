@@ -21,7 +21,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("prompt")
     cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v})" for k, v in METHODS.items()) + "; sjd[:init]")
     cmd.add_argument("--init", default=None, help="SJD init: random | horizontal | vertical")
-    cmd.add_argument("--window", type=int, default=None, help="SJD window L / spec draft length K")
+    cmd.add_argument("--window", type=int, default=None, help="SJD's window L (default 16)")
+    cmd.add_argument("--num-draft-tokens", type=int, default=None, help="the draft generator's K (spec, lantern, ...; default 4)")
     cmd.add_argument("--model", default=None, help="model directory (default: the embedded models/t2i)")
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1)
@@ -66,6 +67,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, init=args.init, window=args.window,
+                           num_draft_tokens=args.num_draft_tokens,
                            device=args.device)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,

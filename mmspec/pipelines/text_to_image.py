@@ -126,7 +126,8 @@ class TextToImagePipeline:
         model: None (the embedded default), or a directory with ``t2i.json`` (see the module doc).
         method: one of :data:`METHODS`, optionally with its init after a colon ("sjd:vertical").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
-        window: SJD's window L / the draft generator's draft length K (default 16 for SJD, 4 otherwise).
+        window: SJD's window L (default 16).
+        num_draft_tokens: the draft generator's draft length K (spec and the relaxed methods; default 4).
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
         delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
@@ -143,11 +144,11 @@ class TextToImagePipeline:
     task = "text-to-image"
 
     def __init__(self, model: str | Path | None = None, method: str = "sjd", device: str = "auto", *,
-                 window: int | None = None, init: str | None = None, neighbours_k: int = 1000, delta: float = 0.1,
+                 window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None, neighbours_k: int = 1000, delta: float = 0.1,
                  lam: float = 10.0, top_m: int = 50, trust_remote_code: bool = False) -> None:
         self.device = resolve_device(device)
         self.method, self.init = self._parse_method(method, init)
-        self.window = window
+        self.window, self.num_draft_tokens = window, num_draft_tokens
         if delta < 0 or lam < 1 or neighbours_k < 1 or top_m < 1:
             raise ValueError(f"need delta >= 0, lam >= 1, neighbours_k >= 1, top_m >= 1 (got {delta}, {lam}, {neighbours_k}, {top_m})")
         self.relaxed = {"lantern": {"delta": delta}, "lantern++": {"lam": lam}, "gsd": {"top_m": top_m}}
@@ -204,7 +205,7 @@ class TextToImagePipeline:
                 if self.draft_dir is None:
                     raise ValueError(f"method 'spec' needs a draft generator; {self.model_dir / MODEL_FILE} names none")
                 self._draft_model = LlamaGenModel.from_pretrained(self.draft_dir, dtype=torch.float32).to(self.device)
-            return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.window or 4)
+            return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.num_draft_tokens or 4)
         return JacobiDrafter(self.window or 16, init=init, coupled=name == "sjd-coupled")
 
     def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
