@@ -135,8 +135,8 @@ def markdown_table(summary: dict, meta: dict) -> str:
              "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
              "|---|---|---|---|---|---|"]
     for method, row in summary.items():
-        fd = f"{row['fd']:.1f} ({', '.join(f'{v:.1f}' for v in row['fd_rounds'])})" if "fd" in row else "-"
-        score = (f"{row['prompt_score']:.2f} ({', '.join(f'{v:.2f}' for v in row['prompt_score_rounds'])})"
+        fd = f"{row['fd']:.3f} ({', '.join(f'{v:.3f}' for v in row['fd_rounds'])})" if "fd" in row else "-"
+        score = (f"{row['prompt_score']:.1f} ({', '.join(f'{v:.1f}' for v in row['prompt_score_rounds'])})"
                  if "prompt_score" in row else "-")
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
         lines.append(f"| {method} | {row['step_compression']:.2f}x | {speedup} | {row['tau']:.2f} | {fd} | {score} |")

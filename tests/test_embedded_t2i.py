@@ -1,0 +1,36 @@
+"""The embedded text-to-image model (models/t2i + t2i-vq + t2i-draft, text encoder = the installed
+SmolLM2's first layers) through the pipeline: lossless greedy methods, SJD's step compression, and
+prompt following as judged by the project's metric CLIP (models/t2i-clip)."""
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.metrics.image_quality import load_metric_clip, prompt_scores
+
+pytestmark = pytest.mark.slow  # loads the real SmolLM2 weights (text encoder)
+
+
+@pytest.mark.parametrize("method", ["sjd:vertical", "sjd-coupled:random", "spec"])
+def test_greedy_methods_reproduce_ar_on_the_embedded_model(method):
+    pipe = mmspec.pipeline("text-to-image", method=method)
+    r = pipe("A blue square on a plain white background.", do_sample=False, compare_baseline=True, seed=0)
+    assert torch.equal(r.tokens, r.baseline_tokens)
+    assert r.stats.tokens == 256 and r.stats.step_compression > 1.0
+
+
+def test_sjd_compresses_sampling_steps():
+    pipe = mmspec.pipeline("text-to-image", method="sjd-coupled:vertical")
+    r = pipe("A large red circle on a plain beige background.", seed=1, num_images=2)
+    assert r.stats.step_compression > 1.8  # measured ~2.9 (docs/benchmarks.md)
+
+
+def test_images_follow_their_prompts():
+    """Each image must match its own prompt better than the other prompts, per the metric CLIP."""
+    pipe = mmspec.pipeline("text-to-image", method="sjd-coupled:vertical")
+    prompts = ["A large red circle on a plain white background.", "A large blue square on a plain beige background.",
+               "A large green triangle on a plain light blue background.", "A large yellow star on a plain light gray background."]
+    images = [pipe(p, seed=3).images[0] for p in prompts]
+    metric = load_metric_clip()
+    scores = torch.stack([prompt_scores(images, [p] * len(images), model=metric) for p in prompts])  # [prompt, image]
+    assert int((scores.argmax(0) == torch.arange(4)).sum()) >= 3, scores
