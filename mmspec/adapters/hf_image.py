@@ -447,7 +447,18 @@ class ChameleonImageTarget(_VocabularyImageTarget):
 
 
 # ================================================================================ tokenizers
-class JanusImageTokenizer:
+class _ImageTokensEncoder:
+    """``encode`` for the transformers VQ models whose ``encode`` returns ``image_tokens``."""
+
+    vq: nn.Module
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        out = self.vq.encode(images.to(next(self.vq.parameters()).dtype))
+        return out.image_tokens.view(images.shape[0], -1)
+
+
+class JanusImageTokenizer(_ImageTokensEncoder):
     """:class:`~mmspec.adapters.image_gen.ImageTokenizer` over ``JanusVQVAE`` (a Janus model or its
     ``model.model.vqmodel``)."""
 
@@ -457,10 +468,6 @@ class JanusImageTokenizer:
         side = vq.config.num_patches
         self.grid = (side, side)
 
-    @torch.no_grad()
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        out = self.vq.encode(images.to(next(self.vq.parameters()).dtype))
-        return out.image_tokens.view(images.shape[0], -1)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -560,7 +567,7 @@ class ChameleonVQDecoder(nn.Module):
         return self.conv_out(hidden * torch.sigmoid(hidden))
 
 
-class ChameleonImageTokenizer:
+class ChameleonImageTokenizer(_ImageTokensEncoder):
     """:class:`~mmspec.adapters.image_gen.ImageTokenizer` over ``ChameleonVQVAE`` plus a
     :class:`ChameleonVQDecoder` (needed by ``decode`` only; transformers ships no VQGAN decoder)."""
 
@@ -571,10 +578,6 @@ class ChameleonImageTokenizer:
         side = vq.config.resolution // 2 ** (len(vq.config.channel_multiplier) - 1)
         self.grid = (side, side)
 
-    @torch.no_grad()
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        out = self.vq.encode(images.to(next(self.vq.parameters()).dtype))
-        return out.image_tokens.view(images.shape[0], -1)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
