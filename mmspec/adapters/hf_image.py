@@ -468,7 +468,6 @@ class JanusImageTokenizer(_ImageTokensEncoder):
         side = vq.config.num_patches
         self.grid = (side, side)
 
-
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vq.decode(tokens.long()).float()
@@ -577,7 +576,6 @@ class ChameleonImageTokenizer(_ImageTokensEncoder):
         self.vocab_size = vq.config.num_embeddings
         side = vq.config.resolution // 2 ** (len(vq.config.channel_multiplier) - 1)
         self.grid = (side, side)
-
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
