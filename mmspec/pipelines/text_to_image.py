@@ -48,6 +48,10 @@ METHODS = {
 #: methods that verify with a relaxed (lossy) rule of mmspec.core.relaxed
 RELAXED_METHODS = ("lantern", "lantern++", "gsd")
 MODEL_FILE = "t2i.json"
+#: SJD's default window L (plain, coupled): measured on the embedded model on a 2-core CPU, plain SJD
+#: is faster at L = 8 (1.57x vs 1.41x at 16) and coupled SJD at L = 16 (2.14x vs 1.87x at 8);
+#: docs/benchmarks.md
+DEFAULT_WINDOW = {False: 8, True: 16}
 
 
 def default_t2i_dir() -> Path:
@@ -126,7 +130,7 @@ class TextToImagePipeline:
         model: None (the embedded default), or a directory with ``t2i.json`` (see the module doc).
         method: one of :data:`METHODS`, optionally with its init after a colon ("sjd:vertical").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
-        window: SJD's window L (default 16).
+        window: SJD's window L (default 8 for plain SJD, 16 for coupled SJD: :data:`DEFAULT_WINDOW`).
         num_draft_tokens: the draft generator's draft length K (spec and the relaxed methods; default 4).
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
@@ -206,7 +210,8 @@ class TextToImagePipeline:
                     raise ValueError(f"method 'spec' needs a draft generator; {self.model_dir / MODEL_FILE} names none")
                 self._draft_model = LlamaGenModel.from_pretrained(self.draft_dir, dtype=torch.float32).to(self.device)
             return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.num_draft_tokens or 4)
-        return JacobiDrafter(self.window or 16, init=init, coupled=name == "sjd-coupled")
+        coupled = name == "sjd-coupled"
+        return JacobiDrafter(self.window or DEFAULT_WINDOW[coupled], init=init, coupled=coupled)
 
     def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
         """(acceptance rule, its parameters) of ``method``: the relaxed rules need the codebook's
