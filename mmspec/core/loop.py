@@ -34,6 +34,13 @@ RELAXED_RULES = ("lantern", "lantern++", "gsd")
 ACCEPTANCE_RULES = ("auto", "greedy", "speculative", "typical", *RELAXED_RULES)
 
 
+def _lantern_bound(acceptance: str, rule_kwargs: dict[str, Any]) -> dict[str, float | None]:
+    """LANTERN's additive bound (delta) or LANTERN++'s ratio bound (lam), as the rules' keywords."""
+    if acceptance == "lantern++":
+        return {"delta": None, "lam": rule_kwargs["lam"]}
+    return {"delta": rule_kwargs["delta"]}
+
+
 def _verify(
     acceptance: str,
     draft: Draft,
@@ -46,21 +53,16 @@ def _verify(
     if acceptance == "greedy":
         return greedy_verify(draft.tokens, target_logits)
     if acceptance in RELAXED_RULES and not sampling.do_sample:  # greedy LANTERN / LANTERN++
-        probs, neighbours = target_logits.float().softmax(-1), rule_kwargs["neighbours"]
-        if acceptance == "lantern++":
-            return lantern_greedy_verify(draft.tokens, probs, neighbours, delta=None, lam=rule_kwargs["lam"])
-        return lantern_greedy_verify(draft.tokens, probs, neighbours, delta=rule_kwargs["delta"])
+        return lantern_greedy_verify(draft.tokens, target_logits.float().softmax(-1), rule_kwargs["neighbours"],
+                                     **_lantern_bound(acceptance, rule_kwargs))
     target_probs = logits_to_probs(target_logits, sampling)
     k = draft.length
     uniforms = torch.rand(1, k + 1, generator=generator, device=generator.device).to(target_probs.device)
     if acceptance == "typical":
         return typical_verify(draft.tokens, target_probs, uniforms[:, k], **rule_kwargs)
-    if acceptance == "lantern":
+    if acceptance in ("lantern", "lantern++"):
         return lantern_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
-                              uniforms[:, k], delta=rule_kwargs["delta"])
-    if acceptance == "lantern++":
-        return lantern_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
-                              uniforms[:, k], delta=None, lam=rule_kwargs["lam"])
+                              uniforms[:, k], **_lantern_bound(acceptance, rule_kwargs))
     if acceptance == "gsd":
         return gsd_verify(draft.tokens, draft.probs, target_probs, rule_kwargs["neighbours"], uniforms[:, :k],
                           uniforms[:, k], top_m=rule_kwargs.get("top_m", 50))
@@ -159,8 +161,11 @@ def speculative_decode(
         generator = torch.Generator(device=target.device)
     eos = frozenset(int(t) for t in eos_token_ids)
     stats = SpecStats(method=drafter.name if drafter else "ar", config={"acceptance": acceptance})
-    for name, value in (rule_kwargs or {}).items():  # the rule's parameters (a neighbour table by its width)
-        stats.config["neighbours_k" if name == "neighbours" else name] = value.shape[1] if name == "neighbours" else value
+    for name, value in (rule_kwargs or {}).items():  # the rule's parameters; a neighbour table by its width
+        if name == "neighbours":
+            stats.config["neighbours_k"] = value.shape[1]
+        else:
+            stats.config[name] = value
     started = time.perf_counter()
 
     with torch.inference_mode():
