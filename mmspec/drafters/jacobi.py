@@ -159,7 +159,3 @@ class CoupledJacobiDrafter(JacobiDrafter):
 
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None) -> None:
         super().__init__(num_draft_tokens, init=init, coupled=True, grid_width=grid_width)
-
-    @classmethod
-    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "CoupledJacobiDrafter":
-        return cls(num_draft_tokens or 16, init=arg or "random")
