@@ -54,19 +54,18 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import generate
     from ..pipelines.text_to_image import TextToImagePipeline
 
     torch.set_num_threads(args.threads)
     methods = [m for m in args.methods.split(",") if m]
     pipe = TextToImagePipeline(model=args.model, method="ar", window=args.window, num_draft_tokens=args.num_draft_tokens,
-                               device="cpu", delta=args.delta,
-                               lam=args.lam, neighbours_k=args.neighbours_k)
+                               device="cpu", delta=args.delta, lam=args.lam, neighbours_k=args.neighbours_k)
     prompts, references = bench_prompts(args.prompts, size=pipe.tokenizer.vq.config.image_size)
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
-            "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta, "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
+            "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
+            "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
@@ -75,17 +74,14 @@ def run(args: argparse.Namespace) -> int:
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)
     captions = [pipe.encode_prompt(p) for p in prompts]
     with torch.inference_mode():
-        generate(pipe.target, drafter=pipe.make_drafter("sjd"), max_new_tokens=32, seed=0, caption=captions[0], **sampling)
+        pipe.generate_tokens(captions[0], 0, "sjd", max_new_tokens=32, **sampling)  # warm-up
         for round_ in range(args.rounds):
             for i, caption in enumerate(captions):
                 for method in methods:
                     key = f"{method}|{i}|{round_}"
                     if key in runs:
                         continue
-                    acceptance, rule_kwargs = pipe.acceptance(method)
-                    out = generate(pipe.target, drafter=pipe.make_drafter(method), max_new_tokens=pipe.target.num_image_tokens,
-                                   seed=i + 1000 * round_, caption=caption, acceptance=acceptance, rule_kwargs=rule_kwargs,
-                                   **sampling)
+                    out = pipe.generate_tokens(caption, i + 1000 * round_, method, **sampling)
                     s = out.stats
                     runs[key] = {"time": s.wall_time_s, "tokens": s.new_tokens, "forwards": s.target_forwards,
                                  "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,

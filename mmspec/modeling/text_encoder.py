@@ -43,7 +43,7 @@ class SmolTextEncoder(nn.Module):
         """captions (B strings) + null caption [P, C] -> features [B, P, C] (float32).
 
         Captions longer than P tokens keep their first P tokens."""
-        if any(not c.strip() for c in captions):
+        if any(not isinstance(c, str) or not c.strip() for c in captions):
             raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle on a white background'")
         positions = null_caption.shape[0]
         ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"][:positions] for c in captions]

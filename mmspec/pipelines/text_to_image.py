@@ -68,9 +68,10 @@ class TextToImageStats(DictAccess):
         method: the method's name; config: its settings (window, init, ...).
         images: images generated; tokens: image tokens generated in total.
         target_forwards: target forwards in total (prefills included).
-        step_compression: tokens / verification forwards (AR = 1.0; the figure SJD reports).
+        step_compression: tokens / target forwards (AR = 1.0; the figure SJD reports).
         tau: mean tokens committed per verification step.
-        wall_time_s: generation wall time (text encoding + decoding + pixel decoding).
+        wall_time_s: wall time of the token generation (the prompt encoding and the pixel decoding,
+            the same for every method, are not included).
         speedup: baseline wall time / wall time, with ``compare_baseline``.
         per_image: each image's SpecStats as a dict.
     """
@@ -90,9 +91,9 @@ class TextToImageStats(DictAccess):
     @classmethod
     def collect(cls, method: str, runs: list[SpecStats], wall_time_s: float) -> "TextToImageStats":
         tokens = sum(s.new_tokens for s in runs)
-        steps = sum(s.verify_steps + 1 for s in runs)  # the prefill yields the first token
+        forwards = sum(s.target_forwards for s in runs)  # the prefill (which yields token 1) included
         return cls(method=method, config=dict(runs[0].config) if runs else {}, images=len(runs), tokens=tokens,
-                   target_forwards=sum(s.target_forwards for s in runs), step_compression=tokens / max(steps, 1),
+                   target_forwards=forwards, step_compression=tokens / max(forwards, 1),
                    tau=sum(s.mean_accepted_length for s in runs) / max(len(runs), 1), wall_time_s=wall_time_s,
                    per_image=[s.to_dict() for s in runs])
 
@@ -207,7 +208,7 @@ class TextToImagePipeline:
                 from ..modeling.llamagen import LlamaGenModel
 
                 if self.draft_dir is None:
-                    raise ValueError(f"method 'spec' needs a draft generator; {self.model_dir / MODEL_FILE} names none")
+                    raise ValueError(f"method {name!r} needs a draft generator; {self.model_dir / MODEL_FILE} names none")
                 self._draft_model = LlamaGenModel.from_pretrained(self.draft_dir, dtype=torch.float32).to(self.device)
             return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.num_draft_tokens or 4)
         coupled = name == "sjd-coupled"
@@ -228,17 +229,22 @@ class TextToImagePipeline:
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """prompt -> caption features [1, P, C]."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle on a white background'")
         return self.text_encoder.encode([prompt], self.generator.cls_embedding.uncond_embedding.detach())
+
+    def generate_tokens(self, caption: torch.Tensor, seed: int, method: str | None = None,
+                        max_new_tokens: int | None = None, **sampling):
+        """One image's tokens with ``method`` (default: the pipeline's): its drafter, its acceptance
+        rule and parameters, through :func:`mmspec.generate`. Returns the GenerateOutput."""
+        acceptance, rule_kwargs = self.acceptance(method)
+        return generate(self.target, drafter=self.make_drafter(method), seed=seed, caption=caption,
+                        max_new_tokens=max_new_tokens or self.target.num_image_tokens, acceptance=acceptance,
+                        rule_kwargs=rule_kwargs, **sampling)
 
     def _run(self, method: str | None, caption: torch.Tensor, seeds: list[int], progress, **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
         started = time.perf_counter()
         runs, tokens, maps = [], [], []
-        acceptance, rule_kwargs = self.acceptance(method)
         for seed in seeds:
-            out = generate(self.target, drafter=self.make_drafter(method), max_new_tokens=self.target.num_image_tokens,
-                           seed=seed, caption=caption, acceptance=acceptance, rule_kwargs=rule_kwargs, **sampling)
+            out = self.generate_tokens(caption, seed, method, **sampling)
             runs.append(out.stats)
             tokens.append(out.sequences[0, caption.shape[1]:])
             maps.append(torch.tensor(out.stats.step_of_token()))
@@ -274,7 +280,7 @@ class TextToImagePipeline:
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         bar = _progress_bar(num_images * (2 if compare_baseline else 1)) if progress else None
         if compare_baseline:  # warm-up, so neither side pays first-call costs
-            generate(self.target, drafter=self.make_drafter(), max_new_tokens=8, seed=0, caption=caption, **sampling)
+            self.generate_tokens(caption, 0, max_new_tokens=8, **sampling)
         runs, tokens, maps, seconds = self._run(None, caption, seeds, bar, **sampling)
         stats = TextToImageStats.collect(self.method, runs, seconds)
         output = TextToImageOutput(self.decode(tokens), tokens, maps, stats)
