@@ -20,14 +20,13 @@ starts from a trained draft (e.g. the reference-trained one).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from ..modeling.captioner import build_processor, models_dir
-from .checkpoint import TrainingRun
+from .checkpoint import TrainingRun, warmup_cosine
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -165,7 +164,7 @@ def run(args) -> int:
         batch = [train[i] for i in torch.randint(len(train), (args.batch_size - from_distilled,), generator=generator).tolist()]
         batch += [distilled[i] for i in torch.randint(max(1, len(distilled)), (from_distilled,), generator=generator).tolist()]
         ids, labels = collate(batch)
-        lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = warmup_cosine(step, args.steps, args.lr, warmup=100, floor=0.1)
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):

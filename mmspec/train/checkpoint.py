@@ -8,7 +8,9 @@ card). Rerunning the same command resumes from the last checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -79,3 +81,17 @@ class TrainingRun:
         if self.out_of_time:
             print("time limit reached; rerun the same command to resume", flush=True)
         return self.out_of_time
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, threads: int, save_every: int = 100) -> None:
+    """The arguments a recipe passes to its :class:`TrainingRun`: --save-every, --threads, --time-limit."""
+    parser.add_argument("--save-every", type=int, default=save_every)
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
+
+
+def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float = 0.0) -> float:
+    """Learning rate at ``step``: linear warm-up over ``warmup`` steps times a cosine from 1 to
+    ``floor`` over ``total`` steps: peak * min(1, (step + 1) / warmup) * (floor + (1 - floor) * (1 + cos(pi step / total)) / 2)."""
+    return peak * min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / total)))
+

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..metrics.image_quality import CompactTokenizer, MetricCLIP, clip_config
 from ..modeling.captioner import models_dir
-from .checkpoint import TrainingRun
+from .checkpoint import TrainingRun, add_run_arguments
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -51,9 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-layers", type=int, default=4)
     parser.add_argument("--head-width", type=int, default=64)
     parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--save-every", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--time-limit", type=float, default=None)
+    add_run_arguments(parser, threads=1)
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, save_draft_vocabulary
 from ..modeling.captioner import models_dir
-from .checkpoint import TrainingRun
+from .checkpoint import TrainingRun, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -227,7 +227,7 @@ def run(args) -> int:
     while run.step < args.steps:
         step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
-        lr = args.lr * min(1.0, (step + 1) / 50) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from ..modeling.captioner import models_dir
 from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer
-from .checkpoint import TrainingRun
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 from .t2i_data import cache_root, scene_pool, to_model_range
 
 PRESETS = {
@@ -49,9 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, default=24000)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--cfg-dropout", type=float, default=0.1)
-    parser.add_argument("--save-every", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--time-limit", type=float, default=None)
+    add_run_arguments(parser, threads=2)
 
 
 @torch.no_grad()
@@ -100,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         step = run_state.step
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        lr = warmup_cosine(step, args.steps, args.lr, args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(grids), (args.batch_size,), generator=generator)

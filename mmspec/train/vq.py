@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 import torch.nn.functional as F
 
 from ..modeling.captioner import models_dir
 from ..modeling.vq import VQConfig, VQTokenizer
-from .checkpoint import TrainingRun
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -39,9 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--z-channels", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--restart-every", type=int, default=100)
-    parser.add_argument("--save-every", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--time-limit", type=float, default=None)
+    add_run_arguments(parser, threads=2)
 
 
 def vq_losses(model: VQTokenizer, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -94,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     last_used = torch.zeros(config.codebook_size, dtype=torch.long)
     model.train()
     while run_state.step < args.steps:
-        lr = args.lr * min(1.0, (run_state.step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * run_state.step / args.steps))
+        lr = warmup_cosine(run_state.step, args.steps, args.lr, warmup=100)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)])
