@@ -11,7 +11,6 @@ never draws.
 
 from __future__ import annotations
 
-import os
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -30,7 +29,10 @@ def _render(args: tuple[str, int, int]) -> tuple[np.ndarray, list[str]]:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("MMSPEC_CACHE", Path.home() / ".cache" / "mmspec")) / "t2i-data"
+    """``$MMSPEC_CACHE/t2i-data`` (see :func:`mmspec.hub.cache_dir`)."""
+    from ..hub import cache_dir
+
+    return cache_dir() / "t2i-data"
 
 
 def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int = 2) -> tuple[torch.Tensor, list[list[str]]]:
