@@ -112,6 +112,19 @@ def _mid(channels: int) -> nn.ModuleList:
     return nn.ModuleList([ResnetBlock(channels, channels), AttnBlock(channels), ResnetBlock(channels, channels)])
 
 
+def _run_level(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """One resolution level of the encoder or decoder: its residual blocks (each followed by its
+    attention block, at the levels that have them), then its down- or upsampling, if any."""
+    for i, res in enumerate(block.res):
+        h = res(h)
+        if len(block.attn) > 0:
+            h = block.attn[i](h)
+    for resample in ("downsample", "upsample"):
+        if hasattr(block, resample):
+            h = getattr(block, resample)(h)
+    return h
+
+
 class Encoder(nn.Module):
     def __init__(self, ch: int, ch_mult: list[int], num_res_blocks: int, z_channels: int) -> None:
         super().__init__()
@@ -136,12 +149,7 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn) > 0:
-                    h = block.attn[i](h)
-            if hasattr(block, "downsample"):
-                h = block.downsample(h)
+            h = _run_level(block, h)
         for layer in self.mid:
             h = layer(h)
         return self.conv_out(F.silu(self.norm_out(h)))
@@ -173,12 +181,7 @@ class Decoder(nn.Module):
         for layer in self.mid:
             h = layer(h)
         for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn) > 0:
-                    h = block.attn[i](h)
-            if hasattr(block, "upsample"):
-                h = block.upsample(h)
+            h = _run_level(block, h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
