@@ -132,11 +132,7 @@ class Attention(nn.Module):
         if c.kv_heads != c.n_head:
             k = k.repeat_interleave(c.n_head // c.kv_heads, 1)
             v = v.repeat_interleave(c.n_head // c.kv_heads, 1)
-        causal = mask is None and n > 1
-        if causal and k.shape[2] != n:  # a chain appended to a cache: position i sees cache + inputs <= i
-            mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - n)
-            causal = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1)
         return self.wo(out.transpose(1, 2).reshape(b, n, c.dim))
 
 
@@ -229,7 +225,7 @@ class LlamaGenModel(nn.Module):
             caption: [B, P, C] caption features (prefill; P = cls_token_num).
             past_key_values: a transformers Cache or None (training: full causal attention).
             attention_mask: bool [B or 1, 1, q, cache + q] (True = attend) for token trees; None =
-                causal.
+                causal (built once here for all layers when inputs follow a cache).
             positions: LongTensor [q] sequence positions of the q inputs (rotary table rows); default
                 the next q positions after the cache.
         """
@@ -245,6 +241,9 @@ class LlamaGenModel(nn.Module):
         if int(positions.max()) >= self.max_length:
             raise ValueError(f"position {int(positions.max())} beyond the model's {self.max_length} positions")
         rope = self.rope[positions]
+        n = x.shape[1]
+        if attention_mask is None and start > 0 and n > 1:  # a chain after the cache: input i sees cache + inputs <= i
+            attention_mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
         for layer in self.layers:
             x = layer(x, rope, past_key_values, attention_mask)
         x = self.norm(x)
