@@ -116,3 +116,91 @@ def test_gsd_accepts_on_the_cluster_mass():
 def test_bound_arguments_are_exclusive():
     with pytest.raises(ValueError, match="exactly one"):
         relaxed_mass(torch.ones(1, 4) / 4, torch.tensor([0]), torch.zeros(4, 2, dtype=torch.long), delta=0.1, lam=2.0)
+
+
+# ---- LANTERN on token trees ------------------------------------------------------------------
+from mmspec.core.relaxed import tree_lantern_greedy_verify, tree_lantern_verify  # noqa: E402
+from mmspec.core.tree import TokenTree  # noqa: E402
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("bound", [{"delta": 0.2}, {"delta": None, "lam": 3.0}])
+def test_chain_tree_lantern_equals_linear_lantern(deterministic, bound):
+    gen = torch.Generator().manual_seed(3)
+    batch, k, vocab = 64, 4, 20
+    table = neighbour_table(torch.randn(vocab, 3, generator=gen), 6)
+    p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=gen) * 2, -1)
+    q = None if deterministic else torch.softmax(torch.randn(batch, k, vocab, generator=gen), -1)
+    draft = torch.randint(vocab, (batch, k), generator=gen)
+    r, s = torch.rand(batch, k, generator=gen), torch.rand(batch, generator=gen)
+    tree = TokenTree(draft, torch.arange(-1, k - 1), probs=q)
+    linear = lantern_verify(draft, q, p, table, r, s, **bound)
+    on_tree = tree_lantern_verify(tree, p, table, r, s, **bound)
+    assert torch.equal(on_tree.num_accepted, linear.num_accepted) and torch.equal(on_tree.tokens, linear.tokens)
+    assert torch.equal(tree_lantern_greedy_verify(tree, p, table, **bound).tokens,
+                       lantern_greedy_verify(draft, p, table, **bound).tokens)
+
+
+def _relaxed_output(p, x, table, delta):
+    """The exact output of one deterministic child x under LANTERN: (P(accept), the residual)."""
+    relaxed, in_a = relaxed_mass(p, torch.tensor(x), table, delta=delta)
+    residual = p.clone()
+    residual[table[x][in_a]] = 0.0
+    residual[x] = 0.0
+    return float(relaxed), residual / residual.sum()
+
+
+def _first_token_frequencies(delta, seed=0, runs=40000):
+    """A deterministic two-child tree (EAGLE-2's q = 1) verified ``runs`` times: frequencies of the
+    first committed token, the distribution the rule should give, and the target p."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 12
+    p_row = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, -1)
+    table = neighbour_table(torch.randn(vocab, 2, generator=gen), 5)
+    first, second = p_row.topk(2).indices.flip(0).tolist()  # the second most likely first
+    tree = TokenTree(torch.tensor([first, second]), torch.tensor([-1, -1]))
+    p = p_row.expand(runs, 3, vocab).contiguous()
+    out = tree_lantern_verify(tree, p, table, torch.rand(runs, 2, generator=gen), torch.rand(runs, generator=gen), delta=delta)
+    a1, residual1 = _relaxed_output(p_row, first, table, delta)
+    a2, residual2 = _relaxed_output(residual1, second, table, delta)
+    expected = (1 - a1) * (1 - a2) * residual2
+    expected[first] += a1
+    expected[second] += (1 - a1) * a2
+    return torch.bincount(out.tokens[:, 0], minlength=vocab).float() / runs, expected, p_row
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.05, 0.2, 0.4])
+def test_tree_lantern_output_distribution_and_tv_bound(delta):
+    freq, expected, p = _first_token_frequencies(delta)
+    assert 0.5 * float((freq - expected).abs().sum()) < 0.01  # sampling noise at 40000 runs is ~0.005
+    assert 0.5 * float((expected - p).abs().sum()) <= delta + 1e-6
+    if delta == 0.0:
+        torch.testing.assert_close(expected, p)  # exact speculative sampling over the tree
+
+
+def test_loop_runs_lantern_on_a_dynamic_tree():
+    from mmspec.core.loop import _tree_step
+    from mmspec.core.drafter import Draft
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.core.target import TargetOutput
+
+    vocab = 8
+    table = neighbour_table(torch.arange(vocab, dtype=torch.float)[:, None], 2)
+
+    class Fixed:  # a target whose every row puts 0.3 on token 1 and 0.6 on its neighbour 2
+        def forward(self, state, tokens, hidden_layer=None, tree=None):
+            probs = torch.full((vocab,), 0.1 / (vocab - 2))
+            probs[1], probs[2] = 0.3, 0.6
+            return TargetOutput(probs.log().expand(1, tokens.shape[1], vocab).clone())
+
+    class State:
+        tokens = torch.tensor([[0]])
+
+    tree = TokenTree(torch.tensor([1, 1]), torch.tensor([-1, 0]))  # a chain 1 -> 1
+    sampling = SamplingConfig(do_sample=False)
+    kwargs = {"neighbours": table, "delta": 0.7}  # p~(1) = 0.3 + 0.6 >= max p: accepted greedily
+    verification, _ = _tree_step("lantern", Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None, kwargs)
+    assert int(verification.num_accepted[0]) == 2
+    kwargs["delta"] = 0.5  # A is empty (0.6 > 0.5): 0.3 < 0.6, rejected
+    verification, _ = _tree_step("lantern", Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None, kwargs)
+    assert int(verification.num_accepted[0]) == 0 and int(verification.tokens[0, 0]) == 2

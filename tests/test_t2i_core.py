@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 import mmspec
 from mmspec.adapters.image_gen import LlamaGenTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import JacobiDrafter, ModelDrafter
+from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, ImageEagleHead, JacobiDrafter, ModelDrafter
+from mmspec.drafters.image_eagle import ImageEagleConfig
 from mmspec.drafters.jacobi import coupled_redraft
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
@@ -36,6 +37,20 @@ def target():
 
 
 CAPTION = torch.randn(1, PREFIX, CAPTION_DIM, generator=torch.Generator().manual_seed(3))
+
+
+def make_drafter(target, spec):
+    """A fresh drafter: "draft" (a smaller generator), "eagle" / "eagle2" (random image EAGLE head
+    over both guidance rows) or a spec string."""
+    if spec == "draft":
+        return ModelDrafter(tiny_generator(1, dim=16), num_draft_tokens=3)
+    if spec in ("eagle", "eagle2"):
+        torch.manual_seed(5)
+        head = ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=(SIDE, SIDE))).eval()
+        if spec == "eagle":
+            return ImageEagleDrafter(target, head, num_draft_tokens=3)
+        return ImageEagle2Drafter(target, head, depth=3, top_k=2, num_nodes=5)
+    return spec
 
 
 def generate(target, drafter, seed, do_sample=True, k=3):
@@ -65,9 +80,9 @@ def test_guided_logits_combine_both_halves(target):
     assert state.cache.layers[0].keys.shape[0] == 2  # both halves live in one cache
 
 
-@pytest.mark.parametrize("spec", ["sjd:random", "sjd:horizontal", "sjd:vertical", "sjd-coupled:vertical", "draft"])
+@pytest.mark.parametrize("spec", ["sjd:random", "sjd:horizontal", "sjd:vertical", "sjd-coupled:vertical", "draft", "eagle", "eagle2"])
 def test_greedy_methods_equal_ar(target, spec):
-    drafter = ModelDrafter(tiny_generator(1, dim=16)) if spec == "draft" else spec
+    drafter = make_drafter(target, spec)
     ar = generate(target, None, 0, do_sample=False)
     out = generate(target, drafter, 0, do_sample=False)
     assert torch.equal(out.sequences, ar.sequences)
@@ -93,12 +108,12 @@ def joint(target):
     return exact_joint(target)
 
 
-@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:horizontal", "draft"])
+@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:horizontal", "draft", "eagle", "eagle2"])
 def test_sampling_methods_sample_the_guided_distribution(target, joint, spec):
     counts = {}
     accepted = 0
     for seed in range(RUNS):
-        drafter = ModelDrafter(tiny_generator(1, dim=16), num_draft_tokens=3) if spec == "draft" else spec
+        drafter = make_drafter(target, spec)
         out = generate(target, drafter, seed)
         accepted += out.stats.accepted
         grid = tuple(out.sequences[0, PREFIX:].tolist())

@@ -8,6 +8,7 @@ import torch
 
 import mmspec
 from mmspec.cli import main
+from mmspec.drafters.image_eagle import ImageEagleConfig, ImageEagleHead
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from mmspec.modeling.vq import VQConfig, VQTokenizer
 
@@ -25,11 +26,13 @@ def model_dir(tmp_path_factory):
         config = LlamaGenConfig(dim=dim, n_layer=2, n_head=2, vocab_size=16, cls_token_num=6, caption_dim=576, block_size=16,
                                 multiple_of=32, rope_prefix="identity")
         LlamaGenModel(config).save(root / name, dtype=torch.float32)
-    (root / "gen" / "t2i.json").write_text(json.dumps({"vq": "../vq", "draft": "../draft", "text_encoder_layers": 2}))
+    ImageEagleHead(ImageEagleConfig(dim=64, n_head=2, grid=(4, 4))).save(root / "eagle", dtype=torch.float32)
+    (root / "gen" / "t2i.json").write_text(json.dumps({"vq": "../vq", "draft": "../draft", "eagle": "../eagle",
+                                                       "text_encoder_layers": 2}))
     return root / "gen"
 
 
-@pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "spec"])
+@pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "spec", "eagle", "eagle2"])
 def test_greedy_methods_reproduce_ar_images(model_dir, method):
     pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
     r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, num_images=2, seed=3)
@@ -86,9 +89,12 @@ def test_relaxed_methods_report_their_bounds(model_dir):
     r = exact("a red circle", do_sample=False, compare_baseline=True, seed=1)
     assert torch.equal(r.tokens, r.baseline_tokens)  # delta = 0: greedy LANTERN is greedy decoding
     assert r.stats.config["acceptance"] == "lantern" and r.stats.config["delta"] == 0.0 and r.stats.config["neighbours_k"] == 4
-    for method, key in (("lantern", "delta"), ("lantern++", "lam"), ("gsd", "top_m")):
+    for method, key in (("lantern", "delta"), ("lantern++", "lam"), ("gsd", "top_m"), ("lantern:draft", "delta"),
+                        ("lantern++:eagle2", "lam")):
         pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, neighbours_k=4, num_draft_tokens=3)
         stats = pipe("a red circle", seed=2).stats
-        assert stats.config["acceptance"] == method and key in stats.config and stats.tokens == 16
+        assert stats.config["acceptance"] == method.split(":")[0] and key in stats.config and stats.tokens == 16
+        drafter = {"lantern:draft": "draft-model", "lantern++:eagle2": "image-eagle2"}.get(method, "image-eagle")
+        assert stats.config["drafter"] == drafter  # the model's EAGLE head unless told otherwise
     with pytest.raises(ValueError, match="need delta >= 0"):
         mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=-1)

@@ -100,8 +100,8 @@ class TransformersImageTarget(GuidedImageTarget):
     """Shared machinery of the transformers image targets.
 
     A family provides ``_prompt_rows`` (conditional and unconditional prompt ids), ``_embed_ids``
-    (prompt ids -> embeddings), ``_embed_codes`` (VQ codes -> input embeddings), ``backbone`` (the
-    decoder stack, called with ``inputs_embeds``) and ``_code_logits`` (last hidden states ->
+    (prompt ids -> embeddings), ``embed_codes`` (VQ codes -> input embeddings), ``backbone`` (the
+    decoder stack, called with ``inputs_embeds``) and ``code_logits`` (last hidden states ->
     logits over the codebook).
     """
 
@@ -114,10 +114,10 @@ class TransformersImageTarget(GuidedImageTarget):
     def _embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     # ---- shared -------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class TransformersImageTarget(GuidedImageTarget):
         out = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                             past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state
-        return self._code_logits(hidden), (hidden if want_hidden else None)
+        return self.code_logits(hidden), (hidden if want_hidden else None)
 
     def _attention_inputs(self, cache, num_tokens: int, mask: torch.Tensor | None, positions: torch.Tensor):
         """The attention mask and position ids of ``num_tokens`` inputs after the cache, with the
@@ -169,7 +169,7 @@ class TransformersImageTarget(GuidedImageTarget):
 
     def _forward_halves(self, tokens, cache, mask, positions, want_hidden):
         attention_mask, position_ids = self._attention_inputs(cache, tokens.shape[1], mask, positions)
-        return self._run(self._embed_codes(tokens), cache, attention_mask, position_ids, want_hidden)
+        return self._run(self.embed_codes(tokens), cache, attention_mask, position_ids, want_hidden)
 
 
 # ======================================================================================= Janus
@@ -220,10 +220,10 @@ class JanusImageTarget(TransformersImageTarget):
     def _embed_ids(self, ids):
         return self.model.get_input_embeddings()(ids)
 
-    def _embed_codes(self, codes):
+    def embed_codes(self, codes):
         return self.model.prepare_embeddings_for_image_generation(codes)
 
-    def _code_logits(self, hidden):
+    def code_logits(self, hidden):
         return self.model.model.generation_head(hidden)
 
 
@@ -256,10 +256,10 @@ class _VocabularyImageTarget(TransformersImageTarget):
             return tensor.narrow(0, self._first_code_id, self.vocab_size)
         return tensor.index_select(0, self._code_ids(torch.arange(self.vocab_size, device=tensor.device)))
 
-    def _embed_codes(self, codes):
+    def embed_codes(self, codes):
         return self._embed_ids(self._code_ids(codes))
 
-    def _code_logits(self, hidden):
+    def code_logits(self, hidden):
         logits = hidden @ self._code_rows(self.lm_head.weight).T
         return logits if self.lm_head.bias is None else logits + self._code_rows(self.lm_head.bias)
 

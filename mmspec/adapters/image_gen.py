@@ -10,7 +10,9 @@ Two adapter interfaces:
   classifier-free guidance: every forward runs the conditional and the unconditional sequence as
   one batch of two (one KV cache of batch 2, so :class:`~mmspec.core.cache.SequenceState` rolls both
   halves back together) and returns the guided logits u + g (c - u) [1, n, V] that every acceptance
-  rule sees. Subclasses implement ``_prefill_halves`` and ``_forward_halves``.
+  rule sees. Subclasses implement ``_prefill_halves`` and ``_forward_halves``, and expose the
+  generator's own image-token embedding (``embed_codes``) and codebook head (``code_logits``), which
+  feature-level drafters (:mod:`mmspec.drafters.image_eagle`) share.
 """
 
 from __future__ import annotations
@@ -97,6 +99,14 @@ class GuidedImageTarget:
     def num_image_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """LongTensor [B, n] image codes -> the generator's input embeddings [B, n, D]."""
+        raise NotImplementedError
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [B, n, D] (the head's input) -> logits over the codebook [B, n, V]."""
+        raise NotImplementedError
+
     def _guide(self, logits: torch.Tensor, guidance_scale: float | None) -> torch.Tensor:
         """[rows, n, V] -> [1, n, V] guided logits (float32)."""
         logits = logits.float()
@@ -112,26 +122,26 @@ class GuidedImageTarget:
         cache = make_cache(self.cache_config)
         prefix_tokens, logits, hidden = self._prefill_halves(model_inputs, rows, cache, hidden_layer is not None)
         state = GuidedState(prefix_tokens, cache, prompt_length=prefix_tokens.shape[1], guidance_scale=guidance_scale)
-        return state, TargetOutput(self._guide(logits, guidance_scale), None if hidden is None else hidden[:1])
+        return state, TargetOutput(self._guide(logits, guidance_scale), hidden)
 
     def forward(
         self, state: GuidedState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
     ) -> TargetOutput:
-        """Append image tokens [1, n] to both halves; guided logits [1, n, V] (and the conditional
-        half's hidden states [1, n, D] with ``hidden_layer``). With ``tree`` the n tokens form a
-        token tree (tree attention mask, positions by depth)."""
+        """Append image tokens [1, n] to both halves; guided logits [1, n, V] (and with ``hidden_layer``
+        the last hidden states of every row, [R, n, D]: R = 2 with guidance, conditional row first).
+        With ``tree`` the n tokens form a token tree (tree attention mask, positions by depth)."""
         rows = 1 if state.guidance_scale is None else 2
         prefix = state.cache_length
         if tree is None:
             mask, positions = None, torch.arange(prefix, prefix + tokens.shape[1], device=self.device)
         else:
-            if prefix + tree.size > self.max_length:
-                raise ValueError(f"a tree of {tree.size} nodes after {prefix} positions exceeds the model's {self.max_length}")
+            if prefix + tree.max_depth > self.max_length:  # positions go by depth; the cache itself grows
+                raise ValueError(f"a tree of depth {tree.max_depth} after {prefix} positions exceeds the model's {self.max_length}")
             mask = tree_attention_mask(tree, prefix, dtype=self.dtype, device=self.device)
             positions = tree_position_ids(tree, prefix, device=self.device)[0]
         logits, hidden = self._forward_halves(tokens.to(self.device).expand(rows, -1), state.cache, mask, positions,
                                               hidden_layer is not None)
-        return TargetOutput(self._guide(logits, state.guidance_scale), None if hidden is None else hidden[:1])
+        return TargetOutput(self._guide(logits, state.guidance_scale), hidden)
 
 
 class LlamaGenTarget(GuidedImageTarget):
@@ -149,6 +159,12 @@ class LlamaGenTarget(GuidedImageTarget):
         self.grid = grid or (side, side)
         self.max_length = model.max_length
         self.cache_config = None  # a plain DynamicCache of PreallocatedLayers
+
+    def embed_codes(self, codes):
+        return self.model.tok_embeddings(codes)
+
+    def code_logits(self, hidden):
+        return self.model.output(hidden).float()
 
     def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
         caption = model_inputs.get("caption")

@@ -28,7 +28,10 @@ DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:ra
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma list: ar, spec, sjd[:init], sjd-coupled[:init]")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help="comma list: ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "
+                             "lantern|lantern++|gsd[:draft|eagle|eagle2] with optional /k=K/delta=D/lam=L/top_m=M "
+                             "(e.g. lantern:eagle/k=300/delta=0.2)")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--guidance-scale", type=float, default=3.0)
@@ -72,20 +75,21 @@ def run(args: argparse.Namespace) -> int:
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)
-    captions = [pipe.encode_prompt(p) for p in prompts]
+    prompt_inputs = [pipe.prompt_inputs(p) for p in prompts]
+    n = pipe.target.num_image_tokens
     with torch.inference_mode():
-        pipe.generate_tokens(captions[0], 0, "sjd", max_new_tokens=32, **sampling)  # warm-up
+        pipe.generate_tokens(prompt_inputs[0], 0, "sjd", max_new_tokens=32, **sampling)  # warm-up
         for round_ in range(args.rounds):
-            for i, caption in enumerate(captions):
+            for i, model_inputs in enumerate(prompt_inputs):
                 for method in methods:
                     key = f"{method}|{i}|{round_}"
                     if key in runs:
                         continue
-                    out = pipe.generate_tokens(caption, i + 1000 * round_, method, **sampling)
+                    out = pipe.generate_tokens(model_inputs, i + 1000 * round_, configure(pipe, method, args), **sampling)
                     s = out.stats
                     runs[key] = {"time": s.wall_time_s, "tokens": s.new_tokens, "forwards": s.target_forwards,
                                  "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,
-                                 "grid": out.sequences[0, caption.shape[1]:].tolist()}
+                                 "grid": out.sequences[0, -n:].tolist()}
                     save_results(path, results)
                 print(f"round {round_} prompt {i + 1}/{len(prompts)} done", flush=True)
     summary = summarise(results, methods, prompts, references, pipe, quality=not args.no_quality)
@@ -96,6 +100,20 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
     return 0
+
+
+def configure(pipe, spec: str, args: argparse.Namespace) -> str:
+    """Set the relaxed rules' parameters of a method spec "name[:arg][/k=K][/delta=D][/lam=L][/top_m=M]"
+    (defaults: the command line's) on ``pipe`` -> the method "name[:arg]"."""
+    method, *settings = spec.split("/")
+    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": 50}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key not in values:
+            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam or top_m")
+        values[key] = float(value) if key in ("delta", "lam") else int(value)
+    pipe.set_relaxation(neighbours_k=values["k"], delta=values["delta"], lam=values["lam"], top_m=values["top_m"])
+    return method
 
 
 def summarise(results: dict, methods: list[str], prompts: list[str], references: torch.Tensor, pipe, quality: bool) -> dict:

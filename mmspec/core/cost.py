@@ -28,21 +28,28 @@ from .cache import crop_cache
 _CURVES: dict[tuple, dict[int, float]] = {}
 
 
-def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 200, repeats: int = 5) -> dict[int, float]:
-    """Median seconds of one target forward over n new tokens after ``context`` cached tokens.
+def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 200, repeats: int = 5,
+                              model_inputs: dict | None = None) -> dict[int, float]:
+    """Median seconds of one target forward over n new tokens after a cached prompt: ``context``
+    random tokens, or ``model_inputs`` (the prompt a generation prefilled, for targets whose
+    prompt is not token ids, such as the guided image targets).
 
     Args:
-        target: a :class:`~mmspec.core.target.Target` whose ``model`` is a transformers model.
+        target: a :class:`~mmspec.core.target.Target`.
         sizes: the n to measure.
     Returns:
         {n: seconds}.
     """
     high = min(20000, target.vocab_size)  # ordinary tokens of any vocabulary
     device = target.device
-    ids = torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(device)
+    if model_inputs is None:
+        model_inputs = {"input_ids": torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(device)}
     curve = {}
     with torch.inference_mode():
-        state, _ = target.prefill({"input_ids": ids})
+        state, _ = target.prefill(model_inputs)
+        context = state.cache_length
+        room = getattr(target, "max_length", None)  # positions left after the prompt (image grids are short)
+        sizes = [n for n in sizes if room is None or context + n <= room] or [1]
         for n in sizes:
             tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
             times = []
@@ -59,12 +66,12 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
     return curve
 
 
-def cached_verification_cost(target) -> dict[int, float]:
+def cached_verification_cost(target, model_inputs: dict | None = None) -> dict[int, float]:
     """:func:`measure_verification_cost` once per model, device, dtype and thread count."""
     model = target.model
-    key = (id(model), str(target.device), str(model.dtype), torch.get_num_threads())
+    key = (id(model), str(target.device), str(next(model.parameters()).dtype), torch.get_num_threads())
     if key not in _CURVES:
-        _CURVES[key] = measure_verification_cost(target)
+        _CURVES[key] = measure_verification_cost(target, model_inputs=model_inputs)
     return _CURVES[key]
 
 

@@ -13,7 +13,7 @@ import torch
 
 from .cache import SequenceState
 from .drafter import Draft, DraftContext, Drafter
-from .relaxed import gsd_verify, lantern_greedy_verify, lantern_verify
+from .relaxed import gsd_verify, lantern_greedy_verify, lantern_verify, tree_lantern_greedy_verify, tree_lantern_verify
 from .sampling import SamplingConfig, logits_to_probs
 from .stats import SpecStats
 from .target import Target, TargetOutput
@@ -77,6 +77,7 @@ def _tree_step(
     sampling: SamplingConfig,
     generator: torch.Generator,
     hidden_layer: int | None,
+    rule_kwargs: dict[str, Any],
 ) -> tuple[TreeVerification, TargetOutput]:
     """Verify a tree draft: one target forward over [pending, node_0 .. node_{N-1}] with the tree
     attention mask, then the tree rule. Draws N + 1 uniforms like a linear draft of N tokens (a
@@ -86,18 +87,26 @@ def _tree_step(
         The verification and the target output restricted to [pending, accepted path].
     """
     tree = draft.tree
-    if acceptance not in ("greedy", "speculative"):
-        raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees yet; use 'greedy' or "
-                         "'speculative', or a linear drafter")
+    if acceptance not in ("greedy", "speculative", "lantern", "lantern++"):
+        raise ValueError(f"acceptance={acceptance!r} is not implemented for token trees; use 'greedy', "
+                         "'speculative', 'lantern' or 'lantern++', or a linear drafter")
     rooted = tree.prepend_root(state.tokens[0, -1])
     out = target.forward(state, rooted.tokens.to(state.tokens.device).unsqueeze(0), hidden_layer=hidden_layer, tree=rooted)
+    relaxed = acceptance in RELAXED_RULES
     if acceptance == "greedy":
         verification = tree_greedy_verify(tree, out.logits)
+    elif relaxed and not sampling.do_sample:
+        verification = tree_lantern_greedy_verify(tree, out.logits.float().softmax(-1), rule_kwargs["neighbours"],
+                                                  **_lantern_bound(acceptance, rule_kwargs))
     else:
         target_probs = logits_to_probs(out.logits, sampling)
         n = tree.size
         uniforms = torch.rand(1, n + 1, generator=generator, device=generator.device).to(target_probs.device)
-        verification = tree_speculative_verify(tree, target_probs, uniforms[:, :n], uniforms[:, n])
+        if relaxed:
+            verification = tree_lantern_verify(tree, target_probs, rule_kwargs["neighbours"], uniforms[:, :n], uniforms[:, n],
+                                               **_lantern_bound(acceptance, rule_kwargs))
+        else:
+            verification = tree_speculative_verify(tree, target_probs, uniforms[:, :n], uniforms[:, n])
     rows = torch.cat([verification.path.new_zeros(1), verification.path[0, : int(verification.num_accepted[0])] + 1])
     hidden = None if out.hidden_states is None else out.hidden_states[:, rows]
     return verification, TargetOutput(out.logits[:, rows], hidden)
@@ -197,7 +206,8 @@ def speculative_decode(
                 path, positions = None, k
             else:
                 # 3'. A token tree: one forward with the tree attention mask, then walk the tree.
-                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, hidden_layer)
+                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, hidden_layer,
+                                                rule_kwargs or {})
                 path, positions = verification.path[0, : int(verification.num_accepted[0])], draft.tree.max_depth
                 stats.tree_nodes += k
             num_accepted = int(verification.num_accepted[0])

@@ -174,3 +174,74 @@ def gsd_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, tar
     next_token = _residual_draw(target_probs[rows, num_accepted], q_rows[rows, num_accepted], cluster[rows, num_accepted],
                                 sample_uniforms)
     return _assemble(draft_tokens, num_accepted, next_token)
+
+
+def tree_lantern_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tensor, accept_uniforms: torch.Tensor,
+                        sample_uniforms: torch.Tensor, delta: float | None = 0.1, lam: float | None = None):
+    """LANTERN / LANTERN++ on a token tree (the multi-draft walk of
+    :func:`~mmspec.core.verify.tree_speculative_verify` with the relaxed test).
+
+    At a row with current distribution p (the target's, then the residual after each rejected
+    sibling) and children x_1, x_2, ... in try order:
+        accept x_j iff r_j < min(1, p~(x_j) / q_j(x_j)), p~ = :func:`relaxed_mass` under p;
+        on rejection p <- norm(max(0, p' - q_j)), p' = p with x_j and its set A_j zeroed.
+    Dynamic trees (``tree.probs is None``, EAGLE-2) use q_j = one-hot(x_j): x_j is accepted with
+    probability p~(x_j). Each row's output moves at most delta of mass (a mixture of distributions
+    each within delta of its residual), so TV(output, p) <= delta per position as in the linear rule.
+    A chain-shaped tree gives :func:`lantern_verify` exactly.
+
+    Args:
+        tree: TokenTree, tokens [N] or [B, N], probs [N, V] / [B, N, V] or None.
+        target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
+        neighbours: LongTensor [V, k]; accept_uniforms [B, N]; sample_uniforms [B].
+    """
+    from .verify import _first_accepted_child, _tree_assemble, _walk
+
+    batch, _, vocab = target_probs.shape
+    device = target_probs.device
+    tokens = tree.tokens.to(device).expand(batch, tree.size)
+    weights = target_probs.clone()  # unnormalised residual per row
+    mass = torch.ones(batch, target_probs.shape[1], 1, dtype=target_probs.dtype, device=device)
+    accept = torch.zeros(batch, tree.size, dtype=torch.bool, device=device)
+    relaxing = not (delta == 0 or lam == 1)
+    for nodes, rows in tree.sibling_groups():
+        nodes, rows = nodes.to(device), rows.to(device)
+        x = tokens[:, nodes]  # [B, n]
+        if tree.probs is None:
+            q = torch.nn.functional.one_hot(x, vocab).to(target_probs.dtype)
+        else:
+            q = tree.probs.to(device=device, dtype=target_probs.dtype).expand(batch, tree.size, vocab)[:, nodes]
+        p = weights[:, rows] / mass[:, rows]  # exactly target_probs until a row's first rejection
+        relaxed, in_a = relaxed_mass(p, x, neighbours, delta=delta, lam=lam)
+        accept[:, nodes] = accept_uniforms[:, nodes] * q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < relaxed
+        zeroed = torch.zeros_like(p, dtype=torch.bool)
+        if relaxing:
+            zeroed.scatter_(-1, neighbours.to(device)[x], in_a).scatter_(-1, x.unsqueeze(-1), True)
+        p_masked = p.masked_fill(zeroed, 0.0)
+        residual = (p_masked - q).clamp_(min=0.0)
+        for fallback in (p_masked, p):  # an empty residual is never sampled; keep it well defined
+            residual = torch.where(residual.sum(-1, keepdim=True) <= 0, fallback, residual)
+        weights[:, rows] = residual
+        mass[:, rows] = residual.sum(-1, keepdim=True)
+    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
+    next_token = sample_from_probs(weights[torch.arange(batch, device=device), stop_row], sample_uniforms)
+    return _tree_assemble(tree, path, num_accepted, next_token)
+
+
+def tree_lantern_greedy_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tensor,
+                               delta: float | None = 0.1, lam: float | None = None):
+    """Greedy LANTERN on a tree: from the root follow the first child x with p(x) + c_{|A|} >= max p
+    of its parent's row; at the first row without one emit argmax p. A chain gives
+    :func:`lantern_greedy_verify`. target_probs: [B, N+1, V]."""
+    from .verify import _first_accepted_child, _tree_assemble, _walk
+
+    device = target_probs.device
+    batch = target_probs.shape[0]
+    tokens = tree.tokens.to(device).expand(batch, tree.size)
+    parent_rows = (tree.parents + 1).to(device)
+    parent_probs = target_probs[:, parent_rows]  # [B, N, V]
+    relaxed, _ = relaxed_mass(parent_probs, tokens, neighbours, delta=delta, lam=lam)
+    accept = relaxed >= parent_probs.max(-1).values
+    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
+    next_token = target_probs.argmax(-1).gather(1, stop_row.unsqueeze(1)).squeeze(1)
+    return _tree_assemble(tree, path, num_accepted, next_token)

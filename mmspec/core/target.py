@@ -17,7 +17,8 @@ class TargetOutput:
 
     Attributes:
         logits: [1, n, V] next-token logits for each of the n input positions.
-        hidden_states: [1, n, H] last hidden states (before the LM head), when asked for.
+        hidden_states: [R, n, H] last hidden states (before the LM head), when asked for; R = 1, or
+            the rows of a classifier-free-guided image target (conditional first).
     """
 
     logits: torch.Tensor

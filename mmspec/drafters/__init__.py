@@ -8,6 +8,7 @@ from torch import nn
 
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
 from .eagle import Eagle2Drafter, EagleDrafter, EagleHead
+from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter, ImageEagleHead
 from .jacobi import CoupledJacobiDrafter, JacobiDrafter
 from .kangaroo import KangarooAdapter, KangarooDrafter
 from .layer_skip import LayerSkipDrafter
@@ -17,7 +18,7 @@ from .prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CoupledJacobiDrafter", "DraftHeads", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "EagleHead", "HydraDrafter", "KangarooAdapter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
+    "CoupledJacobiDrafter", "DraftHeads", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "EagleHead", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "ImageEagleHead", "KangarooAdapter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

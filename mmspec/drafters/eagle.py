@@ -108,8 +108,9 @@ class EagleHead(OneLayerHead):
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """features, token_embeds: [B, n, H]; position_ids: [B, n]; attention_mask: None (causal) or
-        a 4-D additive mask [B, 1, n, cached + n] -> predicted next features [B, n, H]."""
+        """features: [B, n, H]; token_embeds: [B or 1, n, H]; position_ids: [1, n]; attention_mask:
+        None (causal) or a 4-D additive mask [1, 1, n, cached + n] -> predicted next features [B, n, H]."""
+        token_embeds = token_embeds.expand(features.shape[0], -1, -1)
         return self.run_decoder(self.fc(torch.cat([token_embeds, features], dim=-1)), cache, position_ids, attention_mask)
 
 
@@ -131,11 +132,11 @@ class EagleDrafter(Drafter):
                  draft_vocabulary: torch.Tensor | None = None) -> None:
         super().__init__(num_draft_tokens)
         self.head = head
-        self.embed = target_model.get_input_embeddings()
-        self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
+        self.embed, self.lm_head = self._target_parts(target_model, draft_vocabulary)
         self.cache = None
-        self.fed = 0  # pairs (f_t, x_{t+1}) for t < fed are in the head's cache
-        self.features: torch.Tensor | None = None  # target features of positions fed, fed + 1, ...
+        self.fed = 0  # pairs (f_t, x_{t+1}) for position_base <= t < fed are in the head's cache
+        self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
+        self.features: torch.Tensor | None = None  # target features [R, n, H] of positions fed, fed + 1, ...
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
@@ -150,6 +151,20 @@ class EagleDrafter(Drafter):
         self.fed = 0
         self.features = None
 
+    @staticmethod
+    def _target_parts(target_model: nn.Module, draft_vocabulary: torch.Tensor | None):
+        """(the target's token embedding, its LM head restricted to the draft vocabulary)."""
+        return target_model.get_input_embeddings(), DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
+
+    @property
+    def head_cache_length(self) -> int:
+        return self.fed - self.position_base
+
+    def _draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Predicted features [R, n, H] -> draft logits [n, N] (R = 1 here; the image drafter
+        combines its guidance rows)."""
+        return self.lm_head(predicted[0])
+
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
         """Keep the target features of the committed inputs (the prefill's whole prompt, or the
         pending token + the accepted drafts)."""
@@ -157,13 +172,14 @@ class EagleDrafter(Drafter):
         self.features = new if self.features is None else torch.cat([self.features, new], dim=1)
 
     def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Feed pairs (features [1, n, H], next tokens [1, n]) at positions start.. -> predicted features [1, n, H]."""
+        """Feed pairs (features [R, n, H], next tokens [1, n]) at positions start.. -> predicted features [R, n, H]."""
+        start -= self.position_base
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None]
         return self.head(features, self.embed(tokens), self.cache, positions)
 
     def _catch_up(self, state: SequenceState) -> torch.Tensor:
         """Feed the committed pairs not yet in the head's cache (features of positions fed .. L-2,
-        tokens fed+1 .. L-1) -> the predicted feature after the last committed token [1, 1, H]."""
+        tokens fed+1 .. L-1) -> the predicted feature after the last committed token [R, 1, H]."""
         length = state.tokens.shape[1]
         pending = length - 1 - self.fed
         predicted = self._step(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.fed)[:, -1:]
@@ -177,13 +193,13 @@ class EagleDrafter(Drafter):
         predicted = self._catch_up(state)
         tokens, probs = [], []
         for i in range(k):
-            choice, q = self.lm_head.pick(self, self.lm_head(predicted[:, -1]))
+            choice, q = self.lm_head.pick(self, self._draft_logits(predicted[:, -1:]))
             tokens.append(choice.view(1, 1))
             probs.append(q)
             if i + 1 < k:
                 predicted = self._step(predicted, tokens[-1], self.fed + 1 + i)
                 self.forwards += 1
-        crop_cache(self.cache, self.fed)  # the drafted pairs are not committed
+        crop_cache(self.cache, self.head_cache_length)  # the drafted pairs are not committed
         return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
 
     def describe(self) -> dict:
@@ -235,7 +251,7 @@ class Eagle2Drafter(EagleDrafter):
         self.calibration, self.verified_depth_sums = DepthCalibration(self.depth), None
         self.layer_seconds = None  # timed afresh per generation, like the rest of the drafter state
         if self.num_nodes == "auto":
-            self.cost_model = CostModel(cached_verification_cost(context.target))
+            self.cost_model = CostModel(cached_verification_cost(context.target, context.model_inputs))
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
         super().on_verified(num_drafted, num_accepted, target_output)
@@ -259,24 +275,25 @@ class Eagle2Drafter(EagleDrafter):
         def child_probs(candidates: TokenTree, nodes: torch.Tensor) -> torch.Tensor:
             nodes = nodes.tolist()
             parents = candidates.parents[nodes].tolist()
-            features = torch.stack([root_feature[0, 0] if p < 0 else outputs[p] for p in parents])[None]
+            features = torch.stack([root_feature[:, 0] if p < 0 else outputs[p] for p in parents], dim=1)
             tokens = self.lm_head.tokens(candidates.tokens[nodes].to(state.tokens.device))[None]
             depths = candidates.depth[nodes].to(tokens.device)
             ancestors = candidates.ancestor_matrix()
-            cached = self.fed + len(fed_nodes)
+            committed = self.head_cache_length
+            cached = committed + len(fed_nodes)
             allowed = torch.ones((len(nodes), cached + len(nodes)), dtype=torch.bool)
             if fed_nodes:
-                allowed[:, self.fed : cached] = ancestors[nodes][:, fed_nodes]
+                allowed[:, committed:cached] = ancestors[nodes][:, fed_nodes]
             allowed[:, cached:] = torch.eye(len(nodes), dtype=torch.bool)
             dtype = root_feature.dtype
             mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-            predicted = self.head(features, self.embed(tokens), self.cache, (self.fed + depths - 1)[None],
+            predicted = self.head(features, self.embed(tokens), self.cache, (committed + depths - 1)[None],
                                   attention_mask=mask[None, None].to(tokens.device))
             self.forwards += 1
             fed_nodes.extend(nodes)
-            for node, feature in zip(nodes, predicted[0]):
-                outputs[node] = feature
-            return torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
+            for node, feature in zip(nodes, predicted.unbind(1)):
+                outputs[node] = feature  # [R, H]
+            return torch.softmax(self._draft_logits(predicted).float(), dim=-1)
 
         last_call: list[float] = []
 
@@ -294,13 +311,13 @@ class Eagle2Drafter(EagleDrafter):
             rho = float(self.calibration.factors()[len(last_call) + 1])  # the layer about to be drafted
             return rho * math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
 
-        root_probs = torch.softmax(self.lm_head(root_feature[0, 0]).float(), dim=-1)
+        root_probs = torch.softmax(self._draft_logits(root_feature)[0].float(), dim=-1)
         auto = self.num_nodes == "auto"
         tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes,
                             expand_while=worth_another_layer if auto else None)
         self.drafted_depths.append(tree.max_depth)
-        crop_cache(self.cache, self.fed)
-        tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(self.lm_head.weight.device)))  # draft indices -> ids
+        crop_cache(self.cache, self.head_cache_length)
+        tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(state.tokens.device)))  # draft indices -> ids
         if auto:
             order = torch.argsort(-tree.scores, stable=True)  # ancestor-closed prefixes
             gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]

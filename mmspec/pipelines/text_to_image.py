@@ -41,17 +41,35 @@ METHODS = {
     "spec": "speculative sampling with the small draft generator",
     "sjd": "speculative Jacobi decoding (training-free)",
     "sjd-coupled": "SJD with maximally coupled redrafts (training-free)",
-    "lantern": "draft generator + LANTERN relaxed acceptance (lossy, TV <= delta)",
-    "lantern++": "draft generator + LANTERN++ relaxed acceptance (lossy, p~(x) <= lam p(x))",
-    "gsd": "draft generator + grouped speculative decoding acceptance (lossy)",
+    "eagle": "EAGLE chain drafts from the image EAGLE head (exact)",
+    "eagle2": "EAGLE-2 dynamic trees from the image EAGLE head (exact)",
+    "lantern": "LANTERN relaxed acceptance of a drafter's tokens (lossy, TV <= delta)",
+    "lantern++": "LANTERN++ relaxed acceptance (lossy, p~(x) <= lam p(x))",
+    "gsd": "grouped speculative decoding acceptance (lossy)",
 }
 #: methods that verify with a relaxed (lossy) rule of mmspec.core.relaxed
 RELAXED_METHODS = ("lantern", "lantern++", "gsd")
+#: what proposes the tokens of a relaxed method (``drafter=``): the draft generator, or the image
+#: EAGLE head in chains or EAGLE-2 trees (gsd takes linear drafts only). Default: "eagle" when the
+#: model has an image EAGLE head, else "draft".
+RELAXED_DRAFTERS = ("draft", "eagle", "eagle2")
 MODEL_FILE = "t2i.json"
 #: SJD's default window L (plain, coupled): measured on the embedded model on a 2-core CPU, plain SJD
 #: is faster at L = 8 (1.57x vs 1.41x at 16) and coupled SJD at L = 16 (2.14x vs 1.87x at 8);
 #: docs/benchmarks.md
 DEFAULT_WINDOW = {False: 8, True: 16}
+#: transformers families by config.model_type -> the class to load
+TRANSFORMERS_FAMILIES = {
+    "janus": "JanusForConditionalGeneration",
+    "emu3": "Emu3ForConditionalGeneration",
+    "chameleon": "ChameleonForConditionalGeneration",
+}
+
+
+def _looks_local(model: str | Path) -> bool:
+    """A directory, or a path (absolute, ~ or ./-relative) rather than a hub id "org/name"."""
+    text = str(model)
+    return isinstance(model, Path) or Path(text).expanduser().is_dir() or text.startswith(("/", "~", "."))
 
 
 def default_t2i_dir() -> Path:
@@ -128,17 +146,35 @@ class TextToImagePipeline:
     """``mmspec.pipeline("text-to-image", model=None, method="sjd", ...)``.
 
     Args:
-        model: None (the embedded default), or a directory with ``t2i.json`` (see the module doc).
-        method: one of :data:`METHODS`, optionally with its init after a colon ("sjd:vertical").
+        model: None (the embedded default); a directory with ``t2i.json`` (mmspec's LlamaGen-style
+            layout, see the module doc); or a transformers Janus / Emu3 / Chameleon (Anole) model:
+            a local path, a hub id, or the loaded model.
+        method: one of :data:`METHODS`, optionally with an argument after a colon: SJD's init
+            ("sjd:vertical") or a relaxed method's drafter ("lantern:eagle2").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
+        processor: for transformers models, what turns a prompt into the model's inputs: a
+            processor or tokenizer (default: the one saved with the model), or a callable
+            prompt -> dict of model inputs.
+        image_tokenizer: override the image tokenizer (e.g. Chameleon's
+            :class:`~mmspec.adapters.hf_image.ChameleonImageTokenizer` with its VQGAN decoder).
+        grid: Emu3's (rows, columns) of codes (its processor's ``image_sizes``; default 90 x 90).
+        draft: the draft generator of ``spec`` / ``drafter="draft"``: a model of the target's family
+            (path or model; default: the one ``t2i.json`` names).
+        eagle_head: the image EAGLE head (``mmspec train image-drafter``) of ``eagle``, ``eagle2``
+            and the relaxed methods (default: the one ``t2i.json`` names).
+        drafter: who proposes for the relaxed methods: "draft" | "eagle" | "eagle2"
+            (:data:`RELAXED_DRAFTERS`; default "eagle" when the model has an image EAGLE head, else
+            "draft").
         window: SJD's window L (default 8 for plain SJD, 16 for coupled SJD: :data:`DEFAULT_WINDOW`).
-        num_draft_tokens: the draft generator's draft length K (spec and the relaxed methods; default 4).
+        num_draft_tokens: draft length K (chains) or tree depth (eagle2); defaults 4 and 6.
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
         delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
             probability cut for cluster members.
+        trust_remote_code: passed to transformers when loading a model by path or id.
     Raises:
-        ValueError: an unknown method or init, a model directory without an image tokenizer.
+        ValueError: an unknown method, init or drafter, a model without an image tokenizer, an
+            unsupported model family.
         FileNotFoundError: missing model files.
     Example:
         >>> t2i = mmspec.pipeline("text-to-image", method="sjd")
@@ -148,33 +184,55 @@ class TextToImagePipeline:
 
     task = "text-to-image"
 
-    def __init__(self, model: str | Path | None = None, method: str = "sjd", device: str = "auto", *,
-                 window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None, neighbours_k: int = 1000, delta: float = 0.1,
-                 lam: float = 10.0, top_m: int = 50, trust_remote_code: bool = False) -> None:
+    def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *, processor: Any = None,
+                 image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: str | Path | None = None, drafter: str | None = None,
+                 window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None,
+                 neighbours_k: int = 1000, delta: float = 0.1, lam: float = 10.0, top_m: int = 50,
+                 trust_remote_code: bool = False) -> None:
         self.device = resolve_device(device)
-        self.method, self.init = self._parse_method(method, init)
+        self.method, self.init, self.drafter = self._parse_method(method, init, drafter)
         self.window, self.num_draft_tokens = window, num_draft_tokens
-        if delta < 0 or lam < 1 or neighbours_k < 1 or top_m < 1:
-            raise ValueError(f"need delta >= 0, lam >= 1, neighbours_k >= 1, top_m >= 1 (got {delta}, {lam}, {neighbours_k}, {top_m})")
-        self.relaxed = {"lantern": {"delta": delta}, "lantern++": {"lam": lam}, "gsd": {"top_m": top_m}}
-        self.neighbours_k = neighbours_k
-        self._neighbours = None
-        self.model_dir = Path(model).expanduser() if model is not None else default_t2i_dir()
-        self._load(self.model_dir)
+        self.relaxed: dict[str, dict[str, float]] = {}
+        self.neighbours_k, self._neighbours = None, None
+        self.set_relaxation(neighbours_k=neighbours_k, delta=delta, lam=lam, top_m=top_m)
+        self._head = None
+        self._draft_target = None
+        self.trust_remote_code = trust_remote_code
+        if model is None or (isinstance(model, (str, Path)) and (Path(model).expanduser() / MODEL_FILE).is_file()):
+            self._load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir())
+        elif isinstance(model, (str, Path)) and _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
+            raise FileNotFoundError(f"{model} is not a text-to-image model directory (no {MODEL_FILE} and no "
+                                    "transformers config.json); pass model=None for the embedded default")
+        else:
+            self._load_transformers(model, processor, {} if grid is None else {"grid": tuple(grid)})
+        if image_tokenizer is not None:
+            self.tokenizer = image_tokenizer
+        self.draft_source = draft if draft is not None else self.draft_source
+        self.eagle_dir = Path(eagle_head).expanduser() if eagle_head is not None else self.eagle_dir
+        if (self.tokenizer.grid != self.target.grid or self.tokenizer.vocab_size != self.target.vocab_size):
+            raise ValueError(f"the generator ({self.target.grid}, {self.target.vocab_size} codes) and the tokenizer "
+                             f"({self.tokenizer.grid}, {self.tokenizer.vocab_size} codes) do not match")
 
     @staticmethod
-    def _parse_method(method: str, init: str | None) -> tuple[str, str]:
+    def _parse_method(method: str, init: str | None, drafter: str | None = None) -> tuple[str, str, str]:
         name, _, arg = (method or "").partition(":")
         if name not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} (e.g. 'sjd:vertical')")
-        init = init or arg or "random"
+        if arg and not (name.startswith("sjd") or name in RELAXED_METHODS):
+            raise ValueError(f"method {name!r} takes no ':{arg}' argument")
+        init = init or (arg if name.startswith("sjd") else None) or "random"
         if init not in INIT_STRATEGIES:
             raise ValueError(f"unknown SJD init {init!r}; choose one of {INIT_STRATEGIES}")
-        if arg and not name.startswith("sjd"):
-            raise ValueError(f"method {name!r} takes no ':{arg}' argument")
-        return name, init
+        drafter = drafter or (arg if name in RELAXED_METHODS else None) or None
+        if drafter is not None and drafter not in RELAXED_DRAFTERS:
+            raise ValueError(f"unknown drafter {drafter!r} for {name!r}; choose one of {RELAXED_DRAFTERS}")
+        if name == "gsd" and drafter == "eagle2":
+            raise ValueError("gsd verifies linear drafts; use drafter='eagle' or 'draft' (or method 'lantern' on trees)")
+        return name, init, drafter
 
-    def _load(self, directory: Path) -> None:
+    # ---- loading ------------------------------------------------------------------------------
+    def _load_mmspec(self, directory: Path) -> None:
+        """mmspec's layout: LlamaGen-style generator + VQ tokenizer + SmolLM2 text encoder."""
         from ..modeling.llamagen import LlamaGenModel
         from ..modeling.vq import VQTokenizer
 
@@ -186,37 +244,130 @@ class TextToImagePipeline:
         manifest = json.loads(manifest_path.read_text())
         if "vq" not in manifest:
             raise ValueError(f"{manifest_path} names no image tokenizer ('vq'); a text-to-image model needs one")
-        dtype = torch.float32
-        self.generator = LlamaGenModel.from_pretrained(directory, dtype=dtype).to(self.device)
+        self.model_dir = directory
+        self.generator = LlamaGenModel.from_pretrained(directory, dtype=torch.float32).to(self.device)
         self.tokenizer = VQImageTokenizer(VQTokenizer.from_pretrained(directory / manifest["vq"]).to(self.device))
         self.text_encoder = shared_text_encoder(manifest.get("text_encoder_layers", 8), self.device)
-        self.draft_dir = directory / manifest["draft"] if manifest.get("draft") else None
-        self.tokenizer_dir = directory / manifest["vq"]
-        self._draft_model = None
+        self.draft_source = directory / manifest["draft"] if manifest.get("draft") else None
+        self.eagle_dir = directory / manifest["eagle"] if manifest.get("eagle") else None
+        self.neighbour_dir = directory / manifest["vq"]
         self.target = LlamaGenTarget(self.generator)
-        if self.tokenizer.grid != self.target.grid or self.tokenizer.vocab_size != self.target.vocab_size:
-            raise ValueError(f"the generator ({self.target.grid}, {self.target.vocab_size} codes) and the tokenizer "
-                             f"({self.tokenizer.grid}, {self.tokenizer.vocab_size} codes) do not match")
+        uncond = self.generator.cls_embedding.uncond_embedding.detach()
+        self._prompt_inputs = lambda prompt: {"caption": self.text_encoder.encode([prompt], uncond)}
+
+    def _load_transformers(self, model: Any, processor: Any, family_kwargs: dict) -> None:
+        """A transformers Janus / Emu3 / Chameleon model (object, path or hub id)."""
+        import transformers
+
+        from ..adapters.hf_image import SUPPORTED_FAMILIES, image_target_for, image_tokenizer_for
+        from ..hub import cache_dir
+
+        source = model
+        if isinstance(model, (str, Path)):
+            config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=self.trust_remote_code)
+            family = TRANSFORMERS_FAMILIES.get(config.model_type)
+            if family is None:
+                raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "
+                                 f"supported: mmspec's t2i layout, {', '.join(SUPPORTED_FAMILIES)}")
+            model = getattr(transformers, family).from_pretrained(str(model), dtype=torch.float32,
+                                                                  trust_remote_code=self.trust_remote_code)
+            model = model.to(self.device).eval()
+        self.model_dir = Path(source).expanduser() if isinstance(source, (str, Path)) else None
+        self._family_kwargs = family_kwargs
+        self.target = image_target_for(model, **family_kwargs)
+        self.generator = model
+        self.tokenizer = image_tokenizer_for(model, **family_kwargs)  # Chameleon's decodes only with a VQGAN decoder
+        self.draft_source = None
+        self.eagle_dir = None
+        local = self.model_dir is not None and self.model_dir.is_dir()
+        self.neighbour_dir = self.model_dir if local else cache_dir() / "neighbours" / type(model).__name__
+        self._prompt_inputs = self._transformers_prompts(processor if processor is not None else source, model)
+
+    def _transformers_prompts(self, processor: Any, model) -> Any:
+        """prompt -> model inputs: with the family's processor (Janus' image generation mode, Emu3's
+        image prefix), a plain tokenizer, or the user's function."""
+        if isinstance(processor, (str, Path)):
+            import transformers
+
+            for auto in (transformers.AutoProcessor, transformers.AutoTokenizer):
+                try:
+                    processor = auto.from_pretrained(str(processor), trust_remote_code=self.trust_remote_code)
+                    break
+                except (OSError, ValueError, TypeError, KeyError):
+                    processor = None if auto is transformers.AutoTokenizer else processor
+        if processor is None or not callable(processor):
+            raise ValueError("a transformers text-to-image model needs processor=...: its processor, a tokenizer, or a "
+                             "function prompt -> model inputs (none was found with the model)")
+        if not hasattr(processor, "tokenizer") and not hasattr(processor, "encode"):
+            return processor  # the user's function
+        family = model.config.model_type
+        extra = {"generation_mode": "image"} if family == "janus" else {"return_for_image_generation": True} if family == "emu3" else {}
+        is_processor = hasattr(processor, "tokenizer")
+
+        def prompt_inputs(prompt: str) -> dict:
+            encoded = processor(text=[prompt], return_tensors="pt", **extra) if is_processor else processor(prompt, return_tensors="pt")
+            keep = ("input_ids", "image_sizes", "negative_input_ids")
+            return {k: v.to(self.device) for k, v in encoded.items() if k in keep}
+
+        return prompt_inputs
+
+    # ---- methods ------------------------------------------------------------------------------
+    def _draft_generator(self):
+        """The draft generator as a Target (loaded once)."""
+        if self._draft_target is None:
+            from ..modeling.llamagen import LlamaGenModel
+
+            source = self.draft_source
+            if source is None:
+                raise ValueError(f"method {self.method!r} needs a draft generator: pass draft=... (a smaller model of the "
+                                 f"target's family){' or name one in t2i.json' if isinstance(self.target, LlamaGenTarget) else ''}")
+            if isinstance(self.target, LlamaGenTarget):
+                model = source if isinstance(source, torch.nn.Module) else LlamaGenModel.from_pretrained(source, dtype=torch.float32)
+                self._draft_target = LlamaGenTarget(model.to(self.device))
+            else:
+                from ..adapters.hf_image import image_target_for
+
+                if not isinstance(source, torch.nn.Module):
+                    import transformers
+
+                    source = getattr(transformers, type(self.generator).__name__).from_pretrained(
+                        str(source), dtype=torch.float32, trust_remote_code=self.trust_remote_code)
+                self._draft_target = image_target_for(source.to(self.device).eval(), **self._family_kwargs)
+        return self._draft_target
+
+    def _eagle_head(self):
+        from ..drafters.image_eagle import ImageEagleHead
+
+        if self.eagle_dir is None:
+            raise ValueError("this method drafts with an image EAGLE head: pass eagle_head=DIR (train one with "
+                             "`mmspec train image-drafter --model ...`)")
+        if self._head is None:
+            self._head = ImageEagleHead.load(self.eagle_dir, self.target)
+        return self._head
 
     def make_drafter(self, method: str | None = None) -> Drafter | None:
         """A fresh drafter for ``method`` (default: the pipeline's)."""
-        name, init = self._parse_method(method, None) if method else (self.method, self.init)
+        from ..drafters.image_eagle import ImageEagle2Drafter, ImageEagleDrafter
+
+        name, init, drafter = self._parse_method(method, None, None if method else self.drafter) if method else (self.method, self.init, self.drafter)
         if name == "ar":
             return None
-        if name == "spec" or name in RELAXED_METHODS:
-            if self._draft_model is None:
-                from ..modeling.llamagen import LlamaGenModel
-
-                if self.draft_dir is None:
-                    raise ValueError(f"method {name!r} needs a draft generator; {self.model_dir / MODEL_FILE} names none")
-                self._draft_model = LlamaGenModel.from_pretrained(self.draft_dir, dtype=torch.float32).to(self.device)
-            return ModelDrafter(LlamaGenTarget(self._draft_model), num_draft_tokens=self.num_draft_tokens or 4)
+        if name in RELAXED_METHODS:
+            kind = drafter or ("eagle" if self.eagle_dir is not None else "draft")
+        else:
+            kind = {"spec": "draft", "eagle": "eagle", "eagle2": "eagle2"}.get(name)
+        if kind == "draft":
+            return ModelDrafter(self._draft_generator(), num_draft_tokens=self.num_draft_tokens or 4)
+        if kind == "eagle":
+            return ImageEagleDrafter(self.target, self._eagle_head(), num_draft_tokens=self.num_draft_tokens or 4)
+        if kind == "eagle2":
+            return ImageEagle2Drafter(self.target, self._eagle_head(), depth=self.num_draft_tokens or 6, max_nodes=48)
         coupled = name == "sjd-coupled"
         return JacobiDrafter(self.window or DEFAULT_WINDOW[coupled], init=init, coupled=coupled)
 
     def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
         """(acceptance rule, its parameters) of ``method``: the relaxed rules need the codebook's
-        neighbour table (built once, cached in the tokenizer's directory)."""
+        neighbour table (built once, cached next to the tokenizer)."""
         name = self._parse_method(method, None)[0] if method else self.method
         if name not in RELAXED_METHODS:
             return None, None
@@ -224,29 +375,44 @@ class TextToImagePipeline:
             from ..core.relaxed import cached_neighbour_table
 
             self._neighbours = cached_neighbour_table(self.tokenizer.codebook_embeddings().cpu(), self.neighbours_k,
-                                                      self.tokenizer_dir).to(self.device)
+                                                      self.neighbour_dir).to(self.device)
         return name, {"neighbours": self._neighbours, **self.relaxed[name]}
 
-    def encode_prompt(self, prompt: str) -> torch.Tensor:
-        """prompt -> caption features [1, P, C]."""
-        return self.text_encoder.encode([prompt], self.generator.cls_embedding.uncond_embedding.detach())
+    def set_relaxation(self, neighbours_k: int | None = None, delta: float | None = None, lam: float | None = None,
+                       top_m: int | None = None) -> None:
+        """Change the relaxed rules' parameters (LANTERN's k and delta, LANTERN++'s lam, GSD's top_m)."""
+        current = {"delta": 0.1, "lam": 10.0, "top_m": 50, **{k: v for rule in self.relaxed.values() for k, v in rule.items()}}
+        delta, lam, top_m = (current[k] if v is None else v for k, v in (("delta", delta), ("lam", lam), ("top_m", top_m)))
+        neighbours_k = neighbours_k or self.neighbours_k
+        if delta < 0 or lam < 1 or neighbours_k < 1 or top_m < 1:
+            raise ValueError(f"need delta >= 0, lam >= 1, neighbours_k >= 1, top_m >= 1 (got {delta}, {lam}, {neighbours_k}, {top_m})")
+        self.relaxed = {"lantern": {"delta": delta}, "lantern++": {"lam": lam}, "gsd": {"top_m": top_m}}
+        if neighbours_k != self.neighbours_k:
+            self.neighbours_k, self._neighbours = neighbours_k, None
 
-    def generate_tokens(self, caption: torch.Tensor, seed: int, method: str | None = None,
+    def prompt_inputs(self, prompt: str) -> dict[str, Any]:
+        """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle above a blue square'")
+        return self._prompt_inputs(prompt)
+
+    def generate_tokens(self, model_inputs: dict[str, Any], seed: int, method: str | None = None,
                         max_new_tokens: int | None = None, **sampling):
         """One image's tokens with ``method`` (default: the pipeline's): its drafter, its acceptance
         rule and parameters, through :func:`mmspec.generate`. Returns the GenerateOutput."""
         acceptance, rule_kwargs = self.acceptance(method)
-        return generate(self.target, drafter=self.make_drafter(method), seed=seed, caption=caption,
+        return generate(self.target, drafter=self.make_drafter(method), seed=seed,
                         max_new_tokens=max_new_tokens or self.target.num_image_tokens, acceptance=acceptance,
-                        rule_kwargs=rule_kwargs, **sampling)
+                        rule_kwargs=rule_kwargs, **model_inputs, **sampling)
 
-    def _run(self, method: str | None, caption: torch.Tensor, seeds: list[int], progress, **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
+    def _run(self, method: str | None, model_inputs: dict, seeds: list[int], progress, **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
         started = time.perf_counter()
         runs, tokens, maps = [], [], []
+        n = self.target.num_image_tokens
         for seed in seeds:
-            out = self.generate_tokens(caption, seed, method, **sampling)
+            out = self.generate_tokens(model_inputs, seed, method, **sampling)
             runs.append(out.stats)
-            tokens.append(out.sequences[0, caption.shape[1]:])
+            tokens.append(out.sequences[0, -n:])
             maps.append(torch.tensor(out.stats.step_of_token()))
             if progress is not None:
                 progress.update(1)
@@ -274,18 +440,18 @@ class TextToImagePipeline:
             raise ValueError(f"guidance_scale must be >= 1 (got {guidance_scale}); 1 means no guidance")
         if num_images < 1:
             raise ValueError(f"num_images must be >= 1, got {num_images}")
-        caption = self.encode_prompt(prompt)
+        model_inputs = self.prompt_inputs(prompt)
         base_seed = 0 if seed is None else seed
         seeds = [base_seed + i for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         bar = _progress_bar(num_images * (2 if compare_baseline else 1)) if progress else None
         if compare_baseline:  # warm-up, so neither side pays first-call costs
-            self.generate_tokens(caption, 0, max_new_tokens=8, **sampling)
-        runs, tokens, maps, seconds = self._run(None, caption, seeds, bar, **sampling)
+            self.generate_tokens(model_inputs, 0, max_new_tokens=min(8, self.target.num_image_tokens), **sampling)
+        runs, tokens, maps, seconds = self._run(None, model_inputs, seeds, bar, **sampling)
         stats = TextToImageStats.collect(self.method, runs, seconds)
         output = TextToImageOutput(self.decode(tokens), tokens, maps, stats)
         if compare_baseline:
-            base_runs, base_tokens, _, base_seconds = self._run("ar", caption, seeds, bar, **sampling)
+            base_runs, base_tokens, _, base_seconds = self._run("ar", model_inputs, seeds, bar, **sampling)
             output.baseline_stats = TextToImageStats.collect("ar", base_runs, base_seconds)
             output.baseline_images, output.baseline_tokens = self.decode(base_tokens), base_tokens
             stats.baseline_wall_time_s = base_seconds
