@@ -13,7 +13,7 @@ from mmspec.adapters.image_gen import LlamaGenTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, ImageEagleHead, JacobiDrafter, ModelDrafter
 from mmspec.drafters.image_eagle import ImageEagleConfig
-from mmspec.drafters.jacobi import coupled_redraft
+from mmspec.drafters.jacobi import ProactiveJacobiDrafter, coupled_redraft
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 4, 2, 3, 8
@@ -44,6 +44,8 @@ def make_drafter(target, spec):
     over both guidance rows) or a spec string."""
     if spec == "draft":
         return ModelDrafter(tiny_generator(1, dim=16), num_draft_tokens=3)
+    if spec == "pac":  # window 3 of a 4-token grid: a 2-candidate tree at the first carried position
+        return ProactiveJacobiDrafter(3, branches=3, depth=1)
     if spec in ("eagle", "eagle2"):
         torch.manual_seed(5)
         head = ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=(SIDE, SIDE))).eval()
@@ -80,7 +82,8 @@ def test_guided_logits_combine_both_halves(target):
     assert state.cache.layers[0].keys.shape[0] == 2  # both halves live in one cache
 
 
-@pytest.mark.parametrize("spec", ["sjd:random", "sjd:horizontal", "sjd:vertical", "sjd-coupled:vertical", "draft", "eagle", "eagle2"])
+@pytest.mark.parametrize("spec", ["sjd:random", "sjd:horizontal", "sjd:vertical", "sjd-coupled:vertical", "draft", "eagle", "eagle2",
+                                  "pac"])
 def test_greedy_methods_equal_ar(target, spec):
     drafter = make_drafter(target, spec)
     ar = generate(target, None, 0, do_sample=False)
@@ -108,7 +111,7 @@ def joint(target):
     return exact_joint(target)
 
 
-@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:horizontal", "draft", "eagle", "eagle2"])
+@pytest.mark.parametrize("spec", ["sjd:random", "sjd:vertical", "sjd-coupled:horizontal", "draft", "eagle", "eagle2", "pac"])
 def test_sampling_methods_sample_the_guided_distribution(target, joint, spec):
     counts = {}
     accepted = 0

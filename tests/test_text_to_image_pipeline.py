@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
     return root / "gen"
 
 
-@pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "spec", "eagle", "eagle2"])
+@pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "sjd-pac", "spec", "eagle", "eagle2"])
 def test_greedy_methods_reproduce_ar_images(model_dir, method):
     pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
     r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, num_images=2, seed=3)

@@ -97,6 +97,12 @@ class Drafter(ABC):
         feature drafter sees the same layout in both cases; ``num_drafted`` is the node count.
         """
 
+    def on_tree_verified(self, path: torch.Tensor, tree_output: TargetOutput) -> None:
+        """Called after a tree draft's verification, before :meth:`on_verified`, with the accepted
+        path (node indices [num_accepted]) and the whole forward [root, node_0 .. node_{N-1}]
+        (``tree_output.logits`` [1, N + 1, V]), for drafters that reuse the rows of nodes off the
+        accepted path (SJD-PAC's carried drafts)."""
+
     def describe(self) -> dict[str, Any]:
         """Settings shown in ``SpecStats.config``."""
         return {"drafter": self.name, "num_draft_tokens": self.num_draft_tokens}

@@ -78,13 +78,14 @@ def _tree_step(
     generator: torch.Generator,
     hidden_layer: int | None,
     rule_kwargs: dict[str, Any],
-) -> tuple[TreeVerification, TargetOutput]:
+) -> tuple[TreeVerification, TargetOutput, TargetOutput]:
     """Verify a tree draft: one target forward over [pending, node_0 .. node_{N-1}] with the tree
     attention mask, then the tree rule. Draws N + 1 uniforms like a linear draft of N tokens (a
     chain-shaped tree consumes the same numbers and gives the same tokens).
 
     Returns:
-        The verification and the target output restricted to [pending, accepted path].
+        The verification, the target output restricted to [pending, accepted path], and the whole
+        output [root, node_0 .. node_{N-1}].
     """
     tree = draft.tree
     if acceptance not in ("greedy", "speculative", "lantern", "lantern++"):
@@ -109,7 +110,7 @@ def _tree_step(
             verification = tree_speculative_verify(tree, target_probs, uniforms[:, :n], uniforms[:, n])
     rows = torch.cat([verification.path.new_zeros(1), verification.path[0, : int(verification.num_accepted[0])] + 1])
     hidden = None if out.hidden_states is None else out.hidden_states[:, rows]
-    return verification, TargetOutput(out.logits[:, rows], hidden)
+    return verification, TargetOutput(out.logits[:, rows], hidden), out
 
 
 def resolve_acceptance(acceptance: str | None, sampling: SamplingConfig) -> str:
@@ -206,7 +207,7 @@ def speculative_decode(
                 path, positions = None, k
             else:
                 # 3'. A token tree: one forward with the tree attention mask, then walk the tree.
-                verification, out = _tree_step(acceptance, target, state, draft, sampling, generator, hidden_layer,
+                verification, out, tree_out = _tree_step(acceptance, target, state, draft, sampling, generator, hidden_layer,
                                                 rule_kwargs or {})
                 path, positions = verification.path[0, : int(verification.num_accepted[0])], draft.tree.max_depth
                 stats.tree_nodes += k
@@ -220,6 +221,8 @@ def speculative_decode(
             generated += len(committed)
             stats.record_step(positions, num_accepted, len(committed))
             if drafter is not None:
+                if draft.tree is not None:
+                    drafter.on_tree_verified(path, tree_out)
                 drafter.on_verified(k, num_accepted, out)
 
     stats.new_tokens = generated

@@ -33,6 +33,7 @@ from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.sampling import logits_to_probs, sample_from_probs
 from ..core.target import TargetOutput
+from ..core.tree import TokenTree
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical")
 
@@ -87,6 +88,7 @@ class JacobiDrafter(Drafter):
         super().start(context, state)
         self.carried_tokens = state.tokens.new_empty(0)
         self.carried_probs = None
+        self.carried_logits = None
         self.last_draft = None
         if self.grid_width is None and self.init == "vertical":
             grid = getattr(context.target, "grid", None)
@@ -127,22 +129,32 @@ class JacobiDrafter(Drafter):
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
         # rows num_accepted + 1 .. K of the forward predict the positions after the committed token
-        logits = target_output.logits[0, num_accepted + 1 : num_drafted + 1]
+        draft = self.last_draft
+        self._carry(target_output.logits[0, num_accepted + 1 : num_drafted + 1], draft.tokens[0, num_accepted + 1 :],
+                    None if draft.probs is None else draft.probs[0, num_accepted + 1 :])
+
+    def _carry(self, logits: torch.Tensor, old_tokens: torch.Tensor, old_probs: torch.Tensor | None) -> None:
+        """Next iteration's drafts from this forward's rows past the committed token.
+
+        Args:
+            logits: [m, V] the rows predicting positions c + 1 .. c + m (c = the last committed).
+            old_tokens, old_probs: [m - 1] and [m - 1, V] the drafts this window held at positions
+                c + 1 .. c + m - 1 and their q (the coupling keeps them when it can).
+        """
         sampling = self.context.sampling
         if not sampling.do_sample:
             self.carried_tokens, self.carried_probs = logits.argmax(-1), None
+            self.carried_logits = logits
             return
         new_probs = logits_to_probs(logits, sampling)
         m = new_probs.shape[0]
         gen = self.context.generator
         if self.coupled and m:
-            # rows j < K had a draft at their position: draft token j of the verified window
             old = m - 1  # the last row predicts a position the window did not reach
             uniforms = torch.rand(m, 2, generator=gen, device=gen.device).to(new_probs.device)
-            old_tokens = self.last_draft.tokens[0, num_accepted + 1 :].to(new_probs.device)
-            old_probs = self.last_draft.probs[0, num_accepted + 1 :].to(new_probs.device)
             tokens = torch.empty(m, dtype=torch.long, device=new_probs.device)
-            tokens[:old] = coupled_redraft(old_tokens, old_probs, new_probs[:old], uniforms[:old])
+            tokens[:old] = coupled_redraft(old_tokens.to(new_probs.device), old_probs.to(new_probs.device), new_probs[:old],
+                                           uniforms[:old])
             tokens[old:] = sample_from_probs(new_probs[old:], uniforms[old:, 1])
         else:
             uniforms = torch.rand(m, generator=gen, device=gen.device).to(new_probs.device)
@@ -159,3 +171,126 @@ class CoupledJacobiDrafter(JacobiDrafter):
 
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None) -> None:
         super().__init__(num_draft_tokens, init=init, coupled=True, grid_width=grid_width)
+
+
+@register_drafter("sjd-pac")
+class ProactiveJacobiDrafter(CoupledJacobiDrafter):
+    """SJD-PAC (Kang et al., 2026): coupled SJD whose continuation past a rejection is the coupling
+    above (adaptive continuation: a carried draft is kept with probability min(1, P_t / P_{t-1})),
+    plus proactive drafting: the first ``depth`` positions of the window become a small tree with
+    ``branches`` candidates per position.
+
+    At window position d <= depth the candidates are the carried draft x_0 (q = its P_t) and
+    ``branches - 1`` more drawn without replacement from the same P_t: x_j ~ q_j = P_t with
+    x_0 .. x_{j-1} zeroed, renormalised (greedy: the next argmaxes). Every node of depth d - 1
+    gets these children; the carried chain continues below the first candidates. The tree has at
+    most the window's L nodes (the chain shortens by the extra nodes) and is verified in one
+    forward by the multi-draft rule (:func:`~mmspec.core.verify.tree_speculative_verify`): each
+    sibling's q is the distribution it was drawn from given the earlier siblings, so the output is
+    exactly the target's. Positions without a carried distribution (fresh inits) get no extras.
+
+    After verification the next drafts come from the rows of the line of first candidates below the
+    last accepted node (the chain the window would have been), coupled as in SJD.
+
+    Args:
+        num_draft_tokens: the window L (nodes per forward).
+        branches: candidates per tree position (K); depth: tree positions (D).
+    """
+
+    def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None,
+                 branches: int = 2, depth: int = 2) -> None:
+        super().__init__(num_draft_tokens, init=init, grid_width=grid_width)
+        if branches < 1 or depth < 0:
+            raise ValueError(f"need branches >= 1 and depth >= 0 (got {branches}, {depth})")
+        self.branches, self.depth = branches, depth
+        self.first_child: list[int] = []  # per tree row (parent + 1): its candidate-0 child, or -1
+        self.tree_logits: torch.Tensor | None = None
+        self.accepted_path: list[int] = []
+        self.tree_steps = 0
+
+    def start(self, context: DraftContext, state: SequenceState) -> None:
+        super().start(context, state)
+        self.first_child, self.tree_logits, self.accepted_path, self.tree_steps = [], None, [], 0
+
+    def _candidates(self, position: int, first: torch.Tensor, first_q: torch.Tensor | None):
+        """(tokens [b], q rows [b, V] or None) at a carried window position: the carried token,
+        then more without replacement from its distribution."""
+        tokens, rows = [first], [first_q]
+        if self.carried_probs is None:  # greedy: the next argmaxes of the carried row
+            for token in self.carried_logits[position].topk(self.branches).indices:
+                if len(tokens) < self.branches and int(token) not in [int(t) for t in tokens]:
+                    tokens.append(token)
+            return torch.stack(tokens), None
+        base = self.carried_probs[position]
+        gen = self.context.generator
+        left = base.clone()
+        for _ in range(self.branches - 1):
+            left[tokens[-1]] = 0.0
+            if float(left.sum()) <= 0:
+                break
+            q = left / left.sum()
+            u = torch.rand(1, generator=gen, device=gen.device).to(q.device)
+            tokens.append(sample_from_probs(q, u[0]))
+            rows.append(q)
+        return torch.stack(tokens), torch.stack(rows)
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        chain = super().propose(state, max_tokens)
+        k, carried = chain.length, self.carried_tokens.shape[0]
+        extra = lambda depth: sum(self.branches ** d - 1 for d in range(1, depth + 1))  # noqa: E731 (nodes beyond a chain)
+        window = self.num_draft_tokens
+        depth = 0  # tree positions: carried ones, while the tree's main line still fits in the window
+        while self.branches > 1 and depth < min(self.depth, carried, k) and window - extra(depth + 1) >= depth + 1:
+            depth += 1
+        if depth == 0:
+            return chain
+        length = min(k, window - extra(depth))  # the main line; with the extra nodes at most L nodes
+        tokens, parents, rows, first_child = [], [], [], []
+        chain_probs = None if chain.probs is None else chain.probs[0]
+        level = [-1]  # nodes of the previous depth; level[0] is on the main line
+        for d in range(depth):
+            options, q = self._candidates(d, chain.tokens[0, d], None if chain_probs is None else chain_probs[d])
+            next_level = []
+            for parent in level:
+                for j in range(options.shape[0]):
+                    next_level.append(len(tokens))
+                    tokens.append(options[j])
+                    parents.append(parent)
+                    rows.append(None if q is None else q[j])
+            level = next_level
+        main = level[0]
+        for d in range(depth, length):  # the chain continues below the main line
+            tokens.append(chain.tokens[0, d])
+            parents.append(main)
+            rows.append(None if chain_probs is None else chain_probs[d])
+            main = len(tokens) - 1
+        parents_t = torch.tensor(parents)
+        first_child = [-1] * (len(tokens) + 1)  # index parent + 1 (0 = the root)
+        for node in range(len(tokens) - 1, -1, -1):
+            first_child[parents[node] + 1] = node  # the lowest-index child: candidate 0
+        self.first_child = first_child
+        tree = TokenTree(torch.stack(tokens), parents_t, None if rows[0] is None else torch.stack(rows))
+        self.last_draft = Draft.from_tree(tree)
+        self.tree_steps += 1
+        return self.last_draft
+
+    def on_tree_verified(self, path: torch.Tensor, tree_output: TargetOutput) -> None:
+        self.tree_logits, self.accepted_path = tree_output.logits[0], path.tolist()
+
+    def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
+        draft = self.last_draft
+        if draft is None or draft.tree is None:
+            return super().on_verified(num_drafted, num_accepted, target_output)
+        tree = draft.tree
+        last = self.accepted_path[num_accepted - 1] if num_accepted else -1
+        line = []
+        node = self.first_child[last + 1]
+        while node >= 0:
+            line.append(node)
+            node = self.first_child[node + 1]
+        logits = self.tree_logits[[n + 1 for n in line]]
+        old = line[1:]
+        self._carry(logits, tree.tokens[old], None if tree.probs is None else tree.probs[old])
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "branches": self.branches, "tree_depth": self.depth, "tree_steps": self.tree_steps}

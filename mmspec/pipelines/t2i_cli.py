@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("prompt")
     cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v})" for k, v in METHODS.items()) + "; sjd[:init]")
     cmd.add_argument("--init", default=None, help="SJD init: random | horizontal | vertical")
-    cmd.add_argument("--window", type=int, default=None, help="SJD's window L (default 8 for sjd, 16 for sjd-coupled)")
+    cmd.add_argument("--window", type=int, default=None, help="SJD's window L (default 8 for sjd, 16 for sjd-coupled and sjd-pac)")
     cmd.add_argument("--num-draft-tokens", type=int, default=None, help="the draft generator's K (spec, lantern, ...; default 4)")
     cmd.add_argument("--model", default=None, help="an mmspec t2i directory (default: the embedded models/t2i), or a "
                      "transformers Janus / Emu3 / Chameleon path or hub id")

@@ -5,16 +5,19 @@ The pipeline composes a text encoder (prompt -> conditioning), an image-token ge
 one cache), a method (a drafter + the core's acceptance rule) and the image tokenizer (tokens ->
 pixels). ``model=None`` is the embedded default in ``models/``: ``t2i`` (LlamaGen-style generator,
 text encoder = the first layers of the installed SmolLM2), ``t2i-vq`` (its VQ tokenizer) and
-``t2i-draft`` (the small draft generator of ``method="spec"``); a path is a directory laid out the
-same way (``t2i.json`` names the tokenizer and draft directories).
+``t2i-draft`` (the small draft generator of ``method="spec"``) and ``t2i-eagle`` (the image EAGLE
+head); a path is a directory laid out the same way (``t2i.json`` names the tokenizer, draft and head
+directories). ``model`` may also be a transformers Janus, Emu3 or Chameleon / Anole model (path,
+hub id or object, :mod:`mmspec.adapters.hf_image`); its processor turns prompts into input ids.
 
 Methods (:data:`METHODS`): ``ar``; ``spec`` (speculative sampling with the draft generator);
 ``sjd`` (speculative Jacobi decoding, ``init`` = random | horizontal | vertical); ``sjd-coupled``
-(SJD whose redrafts are maximally coupled with the previous iterate). These are lossless: greedy
-variants reproduce AR token for token, sampling variants sample AR's distribution. ``lantern``,
-``lantern++`` and ``gsd`` verify the draft generator's tokens with the relaxed rules of
-:mod:`mmspec.core.relaxed` (lossy, bounded; neighbour tables from the tokenizer's codebook, cached
-next to it).
+(SJD whose redrafts are maximally coupled with the previous iterate); ``sjd-pac`` (coupled SJD with
+a small candidate tree at the window's start); ``eagle`` / ``eagle2`` (the image EAGLE head's chains
+/ dynamic trees). These are lossless: greedy variants reproduce AR token for token, sampling
+variants sample AR's distribution. ``lantern``, ``lantern++`` and ``gsd`` verify a drafter's tokens
+(the EAGLE head's, or the draft generator's) with the relaxed rules of :mod:`mmspec.core.relaxed`
+(lossy, bounded; neighbour tables from the tokenizer's codebook, cached next to it).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..adapters.image_gen import LlamaGenTarget, VQImageTokenizer
 from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import Drafter, JacobiDrafter, ModelDrafter
-from ..drafters.jacobi import INIT_STRATEGIES
+from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
 from ..textgen import resolve_device
 
 #: method -> what it is (shown by the CLI)
@@ -41,6 +44,7 @@ METHODS = {
     "spec": "speculative sampling with the small draft generator",
     "sjd": "speculative Jacobi decoding (training-free)",
     "sjd-coupled": "SJD with maximally coupled redrafts (training-free)",
+    "sjd-pac": "coupled SJD + proactive drafting: a small candidate tree at the window's start (training-free)",
     "eagle": "EAGLE chain drafts from the image EAGLE head (exact)",
     "eagle2": "EAGLE-2 dynamic trees from the image EAGLE head (exact)",
     "lantern": "LANTERN relaxed acceptance of a drafter's tokens (lossy, TV <= delta)",
@@ -54,10 +58,10 @@ RELAXED_METHODS = ("lantern", "lantern++", "gsd")
 #: model has an image EAGLE head, else "draft".
 RELAXED_DRAFTERS = ("draft", "eagle", "eagle2")
 MODEL_FILE = "t2i.json"
-#: SJD's default window L (plain, coupled): measured on the embedded model on a 2-core CPU, plain SJD
-#: is faster at L = 8 (1.57x vs 1.41x at 16) and coupled SJD at L = 16 (2.14x vs 1.87x at 8);
+#: SJD's default window L per method: measured on the embedded model on a 2-core CPU, plain SJD is
+#: faster at L = 8 (1.57x vs 1.41x at 16) and coupled SJD at L = 16 (2.14x vs 1.87x at 8);
 #: docs/benchmarks.md
-DEFAULT_WINDOW = {False: 8, True: 16}
+DEFAULT_WINDOW = {"sjd": 8, "sjd-coupled": 16, "sjd-pac": 16}
 #: transformers families by config.model_type -> the class to load
 TRANSFORMERS_FAMILIES = {
     "janus": "JanusForConditionalGeneration",
@@ -165,12 +169,13 @@ class TextToImagePipeline:
         drafter: who proposes for the relaxed methods: "draft" | "eagle" | "eagle2"
             (:data:`RELAXED_DRAFTERS`; default "eagle" when the model has an image EAGLE head, else
             "draft").
-        window: SJD's window L (default 8 for plain SJD, 16 for coupled SJD: :data:`DEFAULT_WINDOW`).
+        window: SJD's window L (default 8 for sjd, 16 for sjd-coupled and sjd-pac: :data:`DEFAULT_WINDOW`).
         num_draft_tokens: draft length K (chains) or tree depth (eagle2); defaults 4 and 6.
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
         delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
             probability cut for cluster members.
+        pac_branches, pac_depth: SJD-PAC's candidates per tree position and tree positions.
         trust_remote_code: passed to transformers when loading a model by path or id.
     Raises:
         ValueError: an unknown method, init or drafter, a model without an image tokenizer, an
@@ -188,10 +193,11 @@ class TextToImagePipeline:
                  image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: str | Path | None = None, drafter: str | None = None,
                  window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None,
                  neighbours_k: int = 1000, delta: float = 0.1, lam: float = 10.0, top_m: int = 50,
-                 trust_remote_code: bool = False) -> None:
+                 pac_branches: int = 2, pac_depth: int = 2, trust_remote_code: bool = False) -> None:
         self.device = resolve_device(device)
         self.method, self.init, self.drafter = self._parse_method(method, init, drafter)
         self.window, self.num_draft_tokens = window, num_draft_tokens
+        self.pac_branches, self.pac_depth = pac_branches, pac_depth
         self.relaxed: dict[str, dict[str, float]] = {}
         self.neighbours_k, self._neighbours = None, None
         self.set_relaxation(neighbours_k=neighbours_k, delta=delta, lam=lam, top_m=top_m)
@@ -362,8 +368,10 @@ class TextToImagePipeline:
             return ImageEagleDrafter(self.target, self._eagle_head(), num_draft_tokens=self.num_draft_tokens or 4)
         if kind == "eagle2":
             return ImageEagle2Drafter(self.target, self._eagle_head(), depth=self.num_draft_tokens or 6, max_nodes=48)
-        coupled = name == "sjd-coupled"
-        return JacobiDrafter(self.window or DEFAULT_WINDOW[coupled], init=init, coupled=coupled)
+        window = self.window or DEFAULT_WINDOW[name]
+        if name == "sjd-pac":
+            return ProactiveJacobiDrafter(window, init=init, branches=self.pac_branches, depth=self.pac_depth)
+        return JacobiDrafter(window, init=init, coupled=name == "sjd-coupled")
 
     def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
         """(acceptance rule, its parameters) of ``method``: the relaxed rules need the codebook's
