@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
+    parser.add_argument("--plot", default=None, help="write the speed / quality trade-off (speedup vs FD) as a PNG")
     parser.add_argument("--no-quality", action="store_true", help="skip the metric-CLIP scores")
 
 
@@ -99,7 +100,37 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
+    if args.plot:
+        plot_tradeoff(summary, args.plot)
     return 0
+
+
+def plot_tradeoff(summary: dict, path: str) -> None:
+    """Latency speedup (x) against Frechet CLIP distance (y, lower is better) per method, with AR's
+    round-to-round FD range as the noise band."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("--plot needs matplotlib: pip install 'mmspec[bench]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {m: r for m, r in summary.items() if r.get("speedup") and "fd" in r}
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    if "ar" in rows:
+        low, high = min(rows["ar"]["fd_rounds"]), max(rows["ar"]["fd_rounds"])
+        axes.axhspan(low, high, color="0.85", label="AR, FD range over rounds")
+    for method, row in rows.items():
+        lossy = method.split(":")[0].split("/")[0] in ("lantern", "lantern++", "gsd")
+        axes.scatter(row["speedup"], row["fd"], marker="o" if lossy else "s", color="tab:red" if lossy else "tab:blue")
+        axes.annotate(method, (row["speedup"], row["fd"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axes.set_xlabel("latency speedup over AR (side by side)")
+    axes.set_ylabel("Frechet CLIP distance to references (lower is better)")
+    axes.set_title("Text-to-image: speed vs quality (squares exact, dots relaxed)")
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def configure(pipe, spec: str, args: argparse.Namespace) -> str:

@@ -9,7 +9,7 @@ The draft is a 2-layer Llama (width 192, 3 heads, 1 KV head; 9.9M parameters, 19
 SmolLM2's tokenizer (+ the captioner's 3 image tokens). Its tied embedding starts from the top-192
 principal components of SmolLM2's embedding matrix. Training data: the (prompt, answer) pairs of
 the caption data's train split, formatted exactly as the draft sees them at generation time,
-cross-entropy on the answer tokens (AdamW, bf16 autocast over fp32 weights). Resumable.
+cross-entropy on the answer tokens (AdamW, fp32 weights; bf16 autocast where bf16 is fast). Resumable.
 
 ``--self-distill DIR`` (repeatable) adds the captioner's own greedy answers (the caches of
 ``mmspec train drafter --target captioner``): half of every batch is then drawn from them, since
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..hub import fast_bf16
 from ..modeling.captioner import build_processor, models_dir
 from .checkpoint import TrainingRun, warmup_cosine
 from .data import FAMILIES, make_sample
@@ -167,7 +168,7 @@ def run(args) -> int:
         lr = warmup_cosine(step, args.steps, args.lr, warmup=100, floor=0.1)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
             loss = answer_loss(model, ids, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -175,7 +176,7 @@ def run(args) -> int:
         optimizer.zero_grad(set_to_none=True)
         run.step += 1
         if run.should_save(100, args.steps):
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
                 held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
                 distilled_held = answer_loss(model, *collate(distilled_held_out)).item() if distilled_held_out else None
             run.record(loss=loss.item(), held_out_loss=held,

@@ -7,7 +7,7 @@ on the target's own outputs and hidden states (self-distillation), bf16 on CPU, 
    last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
 2. Training: the EAGLE head (:class:`mmspec.drafters.eagle.EagleHead`) reads pairs
    (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
-   x_{t+2}) on the answer positions, AdamW on fp32 weights under bf16 autocast. ``--init`` starts
+   x_{t+2}) on the answer positions, AdamW on fp32 weights (bf16 autocast where bf16 is fast). ``--init`` starts
    from another head (e.g. the SmolLM2 head for the captioner, whose decoder is SmolLM2).
    Medusa / Hydra heads (:mod:`mmspec.drafters.medusa`): head i reads f_t (Hydra: and the
    embeddings of x_{t+1} .. x_{t+1+i}, teacher-forced) and is trained with CE against x_{t+2+i},
@@ -28,6 +28,7 @@ from ..drafters.eagle import EagleHead
 from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, save_draft_vocabulary
+from ..hub import fast_bf16
 from ..modeling.captioner import models_dir
 from .checkpoint import TrainingRun, warmup_cosine
 
@@ -230,7 +231,7 @@ def run(args) -> int:
         lr = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
             loss, _ = loss_of(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
         loss.backward()
@@ -240,7 +241,7 @@ def run(args) -> int:
         run.step += 1
         if run.should_save(100, args.steps):
             head.eval()
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
                 scores = [loss_of(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
             head.train()
             entry = run.record(loss=loss.item(), held_out_loss=sum(s[0].item() for s in scores) / len(scores),
