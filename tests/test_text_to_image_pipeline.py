@@ -98,3 +98,21 @@ def test_relaxed_methods_report_their_bounds(model_dir):
         assert stats.config["drafter"] == drafter  # the model's EAGLE head unless told otherwise
     with pytest.raises(ValueError, match="need delta >= 0"):
         mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=-1)
+
+
+def test_bench_method_settings(model_dir):
+    from argparse import Namespace
+
+    from mmspec.bench.t2i import configure
+
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="ar")
+    args = Namespace(neighbours_k=100, delta=0.1, lam=10.0)
+    assert configure(pipe, "lantern:eagle2/k=7/delta=0.3", args) == "lantern:eagle2"
+    assert pipe.neighbours_k == 7 and pipe.relaxed["lantern"] == {"delta": 0.3}
+    stats = pipe.generate_tokens(pipe.prompt_inputs("a red circle"), 0, "lantern:eagle2", do_sample=True,
+                                 guidance_scale=2.0).stats
+    assert stats.config["neighbours_k"] == 7 and stats.config["delta"] == 0.3 and stats.config["drafter"] == "image-eagle2"
+    configure(pipe, "lantern++", args)  # back to the command line's values
+    assert pipe.neighbours_k == 100 and pipe.relaxed["lantern++"] == {"lam": 10.0}
+    with pytest.raises(ValueError, match="unknown setting"):
+        configure(pipe, "lantern/x=1", args)
