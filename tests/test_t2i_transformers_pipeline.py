@@ -129,7 +129,7 @@ def test_recipe_trains_a_head_that_serves_lantern_in_one_call(checkpoints, tmp_p
     assert json.loads((out / "eval.json").read_text())["step"] == 4
     r = mmspec.pipeline("text-to-image", model=str(target_dir), method="lantern:eagle2", eagle_head=str(out),
                         neighbours_k=4)(PROMPT, seed=0, guidance_scale=2.0)
-    assert r.stats.config["drafter"] == "image-eagle2" and r.stats.config["delta"] == 0.1
+    assert r.stats.config["drafter"] == "image-eagle2" and r.stats.config["delta"] == 0.05
     assert len(r.images) == 1
 
 

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "
                              "lantern|lantern++|gsd[:draft|eagle|eagle2] with optional /k=K/delta=D/lam=L/top_m=M "
-                             "(e.g. lantern:eagle/k=300/delta=0.2)")
+                             "(e.g. lantern:eagle/k=300/delta=0.2), sjd-pac[:init] with optional /branches=B/depth=D")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--guidance-scale", type=float, default=3.0)
@@ -134,16 +134,18 @@ def plot_tradeoff(summary: dict, path: str) -> None:
 
 
 def configure(pipe, spec: str, args: argparse.Namespace) -> str:
-    """Set the relaxed rules' parameters of a method spec "name[:arg][/k=K][/delta=D][/lam=L][/top_m=M]"
-    (defaults: the command line's) on ``pipe`` -> the method "name[:arg]"."""
+    """Set the parameters of a method spec "name[:arg][/k=K][/delta=D][/lam=L][/top_m=M]" (relaxed
+    rules; defaults: the command line's) or "sjd-pac[:init][/branches=B][/depth=D]" (defaults 2, 1)
+    on ``pipe`` -> the method "name[:arg]"."""
     method, *settings = spec.split("/")
-    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": 50}
+    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": 50, "branches": 2, "depth": 1}
     for setting in settings:
         key, _, value = setting.partition("=")
         if key not in values:
-            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam or top_m")
+            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam, top_m (relaxed) or branches, depth (sjd-pac)")
         values[key] = float(value) if key in ("delta", "lam") else int(value)
     pipe.set_relaxation(neighbours_k=values["k"], delta=values["delta"], lam=values["lam"], top_m=values["top_m"])
+    pipe.pac_branches, pipe.pac_depth = values["branches"], values["depth"]
     return method
 
 

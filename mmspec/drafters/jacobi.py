@@ -178,7 +178,7 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
     """SJD-PAC (Kang et al., 2026): coupled SJD whose continuation past a rejection is the coupling
     above (adaptive continuation: a carried draft is kept with probability min(1, P_t / P_{t-1})),
     plus proactive drafting: the first ``depth`` positions of the window become a small tree with
-    ``branches`` candidates per position.
+    ``branches`` candidates per position (defaults 2 and 1).
 
     At window position d <= depth the candidates are the carried draft x_0 (q = its P_t) and
     ``branches - 1`` more drawn without replacement from the same P_t: x_j ~ q_j = P_t with
@@ -190,7 +190,9 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
     exactly the target's. Positions without a carried distribution (fresh inits) get no extras.
 
     After verification the next drafts come from the rows of the line of first candidates below the
-    last accepted node (the chain the window would have been), coupled as in SJD.
+    last accepted node, continued by the main line's deeper nodes when that line ends inside the
+    tree (their rows were computed after other candidates, but a draft only needs q = the
+    distribution it was drawn from), coupled as in SJD.
 
     Args:
         num_draft_tokens: the window L (nodes per forward).
@@ -198,7 +200,7 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
     """
 
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None,
-                 branches: int = 2, depth: int = 2) -> None:
+                 branches: int = 2, depth: int = 1) -> None:
         super().__init__(num_draft_tokens, init=init, grid_width=grid_width)
         if branches < 1 or depth < 0:
             raise ValueError(f"need branches >= 1 and depth >= 0 (got {branches}, {depth})")
@@ -283,14 +285,22 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
             return super().on_verified(num_drafted, num_accepted, target_output)
         tree = draft.tree
         last = self.accepted_path[num_accepted - 1] if num_accepted else -1
-        line = []
-        node = self.first_child[last + 1]
-        while node >= 0:
-            line.append(node)
-            node = self.first_child[node + 1]
+        line = self._first_children(last)
+        # below a side branch the tree stops at its depth: the main line's deeper drafts still serve
+        deepest = int(tree.depth[line[-1]]) if line else (int(tree.depth[last]) if last >= 0 else 0)
+        line += [n for n in self._first_children(-1) if int(tree.depth[n]) > deepest]
         logits = self.tree_logits[[n + 1 for n in line]]
         old = line[1:]
         self._carry(logits, tree.tokens[old], None if tree.probs is None else tree.probs[old])
+
+    def _first_children(self, node: int) -> list[int]:
+        """The line of candidate-0 children below ``node`` (-1 = the root)."""
+        line = []
+        node = self.first_child[node + 1]
+        while node >= 0:
+            line.append(node)
+            node = self.first_child[node + 1]
+        return line
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "branches": self.branches, "tree_depth": self.depth, "tree_steps": self.tree_steps}

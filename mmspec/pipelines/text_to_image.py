@@ -174,8 +174,11 @@ class TextToImagePipeline:
         init: SJD's initialisation of new window positions: "random" | "horizontal" | "vertical".
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
         delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
-            probability cut for cluster members.
-        pac_branches, pac_depth: SJD-PAC's candidates per tree position and tree positions.
+            probability cut for cluster members. Defaults k = 100, delta = 0.05: the recommended
+            setting on the embedded model (the largest measured relaxation whose Frechet distance
+            and prompt score stayed within AR's run-to-run spread; docs/benchmarks.md).
+        pac_branches, pac_depth: SJD-PAC's candidates per tree position and tree positions (2 and
+            1: the faster of the measured sizes on the embedded model, docs/benchmarks.md).
         trust_remote_code: passed to transformers when loading a model by path or id.
     Raises:
         ValueError: an unknown method, init or drafter, a model without an image tokenizer, an
@@ -192,8 +195,8 @@ class TextToImagePipeline:
     def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *, processor: Any = None,
                  image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: str | Path | None = None, drafter: str | None = None,
                  window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None,
-                 neighbours_k: int = 1000, delta: float = 0.1, lam: float = 10.0, top_m: int = 50,
-                 pac_branches: int = 2, pac_depth: int = 2, trust_remote_code: bool = False) -> None:
+                 neighbours_k: int = 100, delta: float = 0.05, lam: float = 10.0, top_m: int = 50,
+                 pac_branches: int = 2, pac_depth: int = 1, trust_remote_code: bool = False) -> None:
         self.device = resolve_device(device)
         self.method, self.init, self.drafter = self._parse_method(method, init, drafter)
         self.window, self.num_draft_tokens = window, num_draft_tokens
@@ -389,7 +392,7 @@ class TextToImagePipeline:
     def set_relaxation(self, neighbours_k: int | None = None, delta: float | None = None, lam: float | None = None,
                        top_m: int | None = None) -> None:
         """Change the relaxed rules' parameters (LANTERN's k and delta, LANTERN++'s lam, GSD's top_m)."""
-        current = {"delta": 0.1, "lam": 10.0, "top_m": 50, **{k: v for rule in self.relaxed.values() for k, v in rule.items()}}
+        current = {k: v for rule in self.relaxed.values() for k, v in rule.items()}
         delta, lam, top_m = (current[k] if v is None else v for k, v in (("delta", delta), ("lam", lam), ("top_m", top_m)))
         neighbours_k = neighbours_k or self.neighbours_k
         if delta < 0 or lam < 1 or neighbours_k < 1 or top_m < 1:
