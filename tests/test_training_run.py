@@ -33,3 +33,16 @@ def test_training_run_time_limit(tmp_path):
     run.started -= 1.0
     assert run.out_of_time and run.stop_if_out_of_time() and run.should_save(100, 10)
     assert not TrainingRun(tmp_path, argparse.Namespace(), time_limit=None).out_of_time
+
+
+def test_resume_into_loads_named_state_dicts(tmp_path):
+    args = argparse.Namespace(steps=4)
+    layer = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    assert TrainingRun(tmp_path, args).resume_into(model=layer, optimizer=optimizer) is None
+    run = TrainingRun(tmp_path, args)
+    run.step = 3
+    run.save(model=layer.state_dict(), optimizer=optimizer.state_dict(), extra=torch.ones(1))
+    fresh = torch.nn.Linear(2, 2)
+    rest = TrainingRun(tmp_path, args).resume_into(model=fresh, optimizer=torch.optim.SGD(fresh.parameters(), lr=0.1))
+    assert set(rest) == {"extra"} and torch.equal(fresh.weight, layer.weight)

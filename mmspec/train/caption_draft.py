@@ -154,10 +154,7 @@ def run(args) -> int:
         model = build_draft(processor.tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     run = TrainingRun(out, args, args.time_limit)
-    state = run.resume()
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    run.resume_into(model=model, optimizer=optimizer)
     while run.step < args.steps:
         step = run.step
         generator = torch.Generator().manual_seed(step)

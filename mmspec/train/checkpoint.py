@@ -45,6 +45,25 @@ class TrainingRun:
         print(f"resuming at step {self.step}", flush=True)
         return state
 
+    def resume_into(self, **stateful: Any) -> dict[str, Any] | None:
+        """:meth:`resume`, loading each keyword's saved state dict into it (a module or optimizer
+        saved under that name) -> the checkpoint's other entries, or None on a fresh start."""
+        state = self.resume()
+        if state is None:
+            return None
+        for name, target in stateful.items():
+            target.load_state_dict(state.pop(name))
+        return state
+
+    def optimizer_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, parameters, max_norm: float = 1.0) -> None:
+        """One update: zero the gradients, backpropagate ``loss``, clip the gradient norm of
+        ``parameters`` to ``max_norm``, step the optimizer; then count the step."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        optimizer.step()
+        self.step += 1
+
     @property
     def minutes(self) -> float:
         """Training minutes over all invocations."""

@@ -119,13 +119,9 @@ def run(args: argparse.Namespace) -> int:
         text_features = F.normalize(metric.encode_text(metric.tokenizer(texts)), dim=-1)
         scale = model.logit_scale.exp()
         loss = loss_fn(image_features, text_features, scale)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        run_state.optimizer_step(loss, optimizer, model.parameters())
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
-        run_state.step += 1
         if run_state.step % 10 == 0 or run_state.step == 1:
             run_state.record(loss=loss.item(), temperature=scale.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):

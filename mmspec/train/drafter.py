@@ -221,10 +221,7 @@ def run(args) -> int:
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     run = TrainingRun(out, args, args.time_limit)
-    state = run.resume()
-    if state is not None:
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
+    run.resume_into(head=head, optimizer=optimizer)
     while run.step < args.steps:
         step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))

@@ -201,10 +201,7 @@ def run(args: argparse.Namespace) -> int:
           f"{len(codes)} sequences", flush=True)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     run_state = TrainingRun(out, args, args.time_limit)
-    saved = run_state.resume()
-    if saved:
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
+    run_state.resume_into(head=head, optimizer=optimizer)
     generator = torch.Generator().manual_seed(run_state.step)
     head.train()
     while run_state.step < args.steps:
@@ -213,11 +210,7 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         rows = torch.randint(len(codes), (args.batch_size,), generator=generator)
         loss, metrics = head_loss(head, target, codes[rows], features[rows], args.guidance, args.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        run_state.step += 1
+        run_state.optimizer_step(loss, optimizer, head.parameters())
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr, **metrics)
         if run_state.should_save(args.save_every, args.steps):

@@ -85,10 +85,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"generator ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     run_state = TrainingRun(out, args, args.time_limit)
-    saved = run_state.resume()
-    if saved:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+    run_state.resume_into(model=model, optimizer=optimizer)
     manifest = {"vq": os.path.relpath(Path(args.vq).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
     if args.preset == "target":
         manifest["draft"] = args.draft
@@ -108,11 +105,7 @@ def run(args: argparse.Namespace) -> int:
         caption = torch.where(drop[:, None, None], model.null_caption(args.batch_size), caption)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
             loss = generator_loss(model, grids[rows], caption)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        run_state.step += 1
+        run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):

@@ -79,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
     model = VQTokenizer(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.5, 0.9), weight_decay=0.0)
     run_state = TrainingRun(args.out, args, args.time_limit)
-    saved = run_state.resume()
-    if saved:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+    run_state.resume_into(model=model, optimizer=optimizer)
     train_images, _ = scene_pool("train", args.images, size=args.image_size)
     val_images, _ = scene_pool("validation", 200, size=args.image_size)
     print(f"VQ tokenizer: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
@@ -96,11 +93,7 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)])
         loss, parts, indices = vq_losses(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        run_state.step += 1
+        run_state.optimizer_step(loss, optimizer, model.parameters())
         last_used[indices.flatten().unique()] = run_state.step
         if run_state.step % args.restart_every == 0:
             dead = (last_used < run_state.step - args.restart_every).nonzero().flatten()
