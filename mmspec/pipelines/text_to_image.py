@@ -175,8 +175,8 @@ class TextToImagePipeline:
         neighbours_k: codebook neighbours kept per code for the relaxed rules (LANTERN's k).
         delta: LANTERN's total-variation bound; lam: LANTERN++'s ratio bound; top_m: GSD's
             probability cut for cluster members. Defaults k = 100, delta = 0.05: the recommended
-            setting on the embedded model (the largest measured relaxation whose Frechet distance
-            and prompt score stayed within AR's run-to-run spread; docs/benchmarks.md).
+            setting on the embedded model (the largest relaxation measured at k = 100 whose Frechet
+            distance and prompt score stayed within AR's run-to-run spread; docs/benchmarks.md).
         pac_branches, pac_depth: SJD-PAC's candidates per tree position and tree positions (2 and
             1: the faster of the measured sizes on the embedded model, docs/benchmarks.md).
         trust_remote_code: passed to transformers when loading a model by path or id.
@@ -193,7 +193,8 @@ class TextToImagePipeline:
     task = "text-to-image"
 
     def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *, processor: Any = None,
-                 image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: str | Path | None = None, drafter: str | None = None,
+                 image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
+                 eagle_head: str | Path | None = None, drafter: str | None = None,
                  window: int | None = None, num_draft_tokens: int | None = None, init: str | None = None,
                  neighbours_k: int = 100, delta: float = 0.05, lam: float = 10.0, top_m: int = 50,
                  pac_branches: int = 2, pac_depth: int = 1, trust_remote_code: bool = False) -> None:
@@ -218,7 +219,7 @@ class TextToImagePipeline:
             self.tokenizer = image_tokenizer
         self.draft_source = draft if draft is not None else self.draft_source
         self.eagle_dir = Path(eagle_head).expanduser() if eagle_head is not None else self.eagle_dir
-        if (self.tokenizer.grid != self.target.grid or self.tokenizer.vocab_size != self.target.vocab_size):
+        if self.tokenizer.grid != self.target.grid or self.tokenizer.vocab_size != self.target.vocab_size:
             raise ValueError(f"the generator ({self.target.grid}, {self.target.vocab_size} codes) and the tokenizer "
                              f"({self.tokenizer.grid}, {self.tokenizer.vocab_size} codes) do not match")
 
@@ -296,14 +297,7 @@ class TextToImagePipeline:
         """prompt -> model inputs: with the family's processor (Janus' image generation mode, Emu3's
         image prefix), a plain tokenizer, or the user's function."""
         if isinstance(processor, (str, Path)):
-            import transformers
-
-            for auto in (transformers.AutoProcessor, transformers.AutoTokenizer):
-                try:
-                    processor = auto.from_pretrained(str(processor), trust_remote_code=self.trust_remote_code)
-                    break
-                except (OSError, ValueError, TypeError, KeyError):
-                    processor = None if auto is transformers.AutoTokenizer else processor
+            processor = self._load_processor(str(processor))
         if processor is None or not callable(processor):
             raise ValueError("a transformers text-to-image model needs processor=...: its processor, a tokenizer, or a "
                              "function prompt -> model inputs (none was found with the model)")
@@ -319,6 +313,17 @@ class TextToImagePipeline:
             return {k: v.to(self.device) for k, v in encoded.items() if k in keep}
 
         return prompt_inputs
+
+    def _load_processor(self, source: str) -> Any:
+        """The processor saved at ``source``, else its tokenizer, else None."""
+        import transformers
+
+        for auto in (transformers.AutoProcessor, transformers.AutoTokenizer):
+            try:
+                return auto.from_pretrained(source, trust_remote_code=self.trust_remote_code)
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+        return None
 
     # ---- methods ------------------------------------------------------------------------------
     def _draft_generator(self):
@@ -358,7 +363,7 @@ class TextToImagePipeline:
         """A fresh drafter for ``method`` (default: the pipeline's)."""
         from ..drafters.image_eagle import ImageEagle2Drafter, ImageEagleDrafter
 
-        name, init, drafter = self._parse_method(method, None, None if method else self.drafter) if method else (self.method, self.init, self.drafter)
+        name, init, drafter = self._parse_method(method, None) if method else (self.method, self.init, self.drafter)
         if name == "ar":
             return None
         if name in RELAXED_METHODS:
