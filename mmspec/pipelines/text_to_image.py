@@ -17,7 +17,8 @@ a small candidate tree at the window's start); ``eagle`` / ``eagle2`` (the image
 / dynamic trees). These are lossless: greedy variants reproduce AR token for token, sampling
 variants sample AR's distribution. ``lantern``, ``lantern++`` and ``gsd`` verify a drafter's tokens
 (the EAGLE head's, or the draft generator's) with the relaxed rules of :mod:`mmspec.core.relaxed`
-(lossy, bounded; neighbour tables from the tokenizer's codebook, cached next to it).
+(lossy, bounded; neighbour tables from the tokenizer's codebook, cached under
+``$MMSPEC_CACHE/neighbours`` by a hash of the codebook).
 """
 
 from __future__ import annotations
@@ -260,7 +261,6 @@ class TextToImagePipeline:
         self.text_encoder = shared_text_encoder(manifest.get("text_encoder_layers", 8), self.device)
         self.draft_source = directory / manifest["draft"] if manifest.get("draft") else None
         self.eagle_dir = directory / manifest["eagle"] if manifest.get("eagle") else None
-        self.neighbour_dir = directory / manifest["vq"]
         self.target = LlamaGenTarget(self.generator)
         uncond = self.generator.cls_embedding.uncond_embedding.detach()
         self._prompt_inputs = lambda prompt: {"caption": self.text_encoder.encode([prompt], uncond)}
@@ -270,7 +270,6 @@ class TextToImagePipeline:
         import transformers
 
         from ..adapters.hf_image import SUPPORTED_FAMILIES, image_target_for, image_tokenizer_for
-        from ..hub import cache_dir
 
         source = model
         if isinstance(model, (str, Path)):
@@ -289,8 +288,6 @@ class TextToImagePipeline:
         self.tokenizer = image_tokenizer_for(model, **family_kwargs)  # Chameleon's decodes only with a VQGAN decoder
         self.draft_source = None
         self.eagle_dir = None
-        local = self.model_dir is not None and self.model_dir.is_dir()
-        self.neighbour_dir = self.model_dir if local else cache_dir() / "neighbours" / type(model).__name__
         self._prompt_inputs = self._transformers_prompts(processor if processor is not None else source, model)
 
     def _transformers_prompts(self, processor: Any, model) -> Any:
@@ -383,15 +380,17 @@ class TextToImagePipeline:
 
     def acceptance(self, method: str | None = None) -> tuple[str | None, dict | None]:
         """(acceptance rule, its parameters) of ``method``: the relaxed rules need the codebook's
-        neighbour table (built once, cached next to the tokenizer)."""
+        neighbour table (built once per process; on disk under ``$MMSPEC_CACHE/neighbours``, named by
+        k and a hash of the codebook, so the model directories stay read-only)."""
         name = self._parse_method(method, None)[0] if method else self.method
         if name not in RELAXED_METHODS:
             return None, None
         if self._neighbours is None:
             from ..core.relaxed import cached_neighbour_table
+            from ..hub import cache_dir
 
             self._neighbours = cached_neighbour_table(self.tokenizer.codebook_embeddings().cpu(), self.neighbours_k,
-                                                      self.neighbour_dir).to(self.device)
+                                                      cache_dir() / "neighbours").to(self.device)
         return name, {"neighbours": self._neighbours, **self.relaxed[name]}
 
     def set_relaxation(self, neighbours_k: int | None = None, delta: float | None = None, lam: float | None = None,
