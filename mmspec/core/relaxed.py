@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .sampling import sample_from_probs
-from .verify import Verification, _accepted_prefix_length, _assemble
+from .verify import Verification, _accepted_prefix_length, _assemble, _first_accepted_child, _tree_assemble, _walk
 
 
 def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
@@ -94,15 +94,19 @@ def relaxed_mass(target_probs: torch.Tensor, tokens: torch.Tensor, neighbours: t
     return p_x + (p_near * in_a).sum(-1), in_a
 
 
+def _residual(p: torch.Tensor, q: torch.Tensor, zeroed: torch.Tensor) -> torch.Tensor:
+    """The unnormalised residual max(0, p' - q) with p' = p without the ``zeroed`` tokens; p', then
+    p, wherever a candidate is empty (an empty residual is never sampled; it stays well defined)."""
+    p_masked = p.masked_fill(zeroed, 0.0)
+    residual = (p_masked - q).clamp_(min=0.0)
+    for fallback in (p_masked, p):
+        residual = torch.where(residual.sum(-1, keepdim=True) <= 0, fallback, residual)
+    return residual
+
+
 def _residual_draw(p_next: torch.Tensor, q_next: torch.Tensor, zeroed: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Draw from norm(max(0, p' - q)) with p' = p without the ``zeroed`` tokens; fall back to p',
-    then to p, whenever a candidate is empty."""
-    p_masked = p_next.masked_fill(zeroed, 0.0)
-    residual = (p_masked - q_next).clamp_(min=0.0)
-    for fallback in (p_masked, p_next):
-        empty = residual.sum(-1, keepdim=True) <= 0
-        residual = torch.where(empty, fallback, residual)
-    return sample_from_probs(residual, uniforms)
+    """Draw from :func:`_residual`."""
+    return sample_from_probs(_residual(p_next, q_next, zeroed), uniforms)
 
 
 def _draft_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, vocab: int, dtype) -> torch.Tensor:
@@ -195,8 +199,6 @@ def tree_lantern_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tens
         target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
         neighbours: LongTensor [V, k]; accept_uniforms [B, N]; sample_uniforms [B].
     """
-    from .verify import _first_accepted_child, _tree_assemble, _walk
-
     batch, _, vocab = target_probs.shape
     device = target_probs.device
     tokens = tree.tokens.to(device).expand(batch, tree.size)
@@ -217,10 +219,7 @@ def tree_lantern_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tens
         zeroed = torch.zeros_like(p, dtype=torch.bool)
         if relaxing:
             zeroed.scatter_(-1, neighbours.to(device)[x], in_a).scatter_(-1, x.unsqueeze(-1), True)
-        p_masked = p.masked_fill(zeroed, 0.0)
-        residual = (p_masked - q).clamp_(min=0.0)
-        for fallback in (p_masked, p):  # an empty residual is never sampled; keep it well defined
-            residual = torch.where(residual.sum(-1, keepdim=True) <= 0, fallback, residual)
+        residual = _residual(p, q, zeroed)
         weights[:, rows] = residual
         mass[:, rows] = residual.sum(-1, keepdim=True)
     path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
@@ -233,8 +232,6 @@ def tree_lantern_greedy_verify(tree, target_probs: torch.Tensor, neighbours: tor
     """Greedy LANTERN on a tree: from the root follow the first child x with p(x) + c_{|A|} >= max p
     of its parent's row; at the first row without one emit argmax p. A chain gives
     :func:`lantern_greedy_verify`. target_probs: [B, N+1, V]."""
-    from .verify import _first_accepted_child, _tree_assemble, _walk
-
     device = target_probs.device
     batch = target_probs.shape[0]
     tokens = tree.tokens.to(device).expand(batch, tree.size)
