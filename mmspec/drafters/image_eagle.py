@@ -32,7 +32,7 @@ from torch import nn
 
 from ..core.cache import SequenceState
 from ..core.sampling import cfg_combine
-from ..modeling.llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, rope_table_2d
+from ..modeling.llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, chain_mask_after_cache, rope_table_2d
 from ..core.drafter import register_drafter
 from .eagle import Eagle2Drafter, EagleDrafter
 from .vocab import DraftLMHead
@@ -78,10 +78,8 @@ class ImageEagleHead(nn.Module):
         indices of the codes; attention_mask: None (causal after the cache) or additive
         [1, 1, n, cached + n] -> predicted features [R, n, D]."""
         x = self.fc(torch.cat([token_embeds.expand(features.shape[0], -1, -1), features], dim=-1))
-        n = x.shape[1]
-        start = cache.get_seq_length() if cache is not None else 0
-        if attention_mask is None and start > 0 and n > 1:
-            attention_mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        if attention_mask is None:
+            attention_mask = chain_mask_after_cache(x.shape[1], cache.get_seq_length() if cache is not None else 0, x.device)
         return self.norm(self.block(x, self.rope[position_ids.reshape(-1)], cache, attention_mask))
 
     def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **card) -> None:
@@ -140,6 +138,8 @@ class _GuidedDrafting:
     """What the image drafters change in EAGLE: the target's code embedding and codebook head, the
     head's cache starting at the first image position, drafting from the guided logits."""
 
+    guidance_scale: float | None = None  # the generation's, set in start()
+
     @staticmethod
     def _target_parts(target, draft_vocabulary):
         if draft_vocabulary is not None:
@@ -153,20 +153,19 @@ class _GuidedDrafting:
 
     def _draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(predicted).float()  # [R, n, V]
-        if getattr(self, "guidance_scale", None) is None or logits.shape[0] == 1:
+        if self.guidance_scale is None or logits.shape[0] == 1:
             return logits[0]
         return cfg_combine(logits[0], logits[1], self.guidance_scale)
 
     @classmethod
     def _head(cls, target, arg: str | None) -> ImageEagleHead:
-        path = arg or getattr(target, "image_drafter_dir", None)
-        if path is None:
+        if not arg:
             raise ValueError(f"no image EAGLE head for {type(target).__name__}; pass '{cls.name}:PATH' with one "
                              "trained by `mmspec train image-drafter`")
-        return ImageEagleHead.load(path, target)
+        return ImageEagleHead.load(arg, target)
 
     def describe(self) -> dict:
-        return {**super().describe(), "guided_drafts": getattr(self, "guidance_scale", None) is not None}
+        return {**super().describe(), "guided_drafts": self.guidance_scale is not None}
 
 
 @register_drafter("image-eagle")

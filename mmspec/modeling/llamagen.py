@@ -104,6 +104,15 @@ def rope_table_2d(config: LlamaGenConfig) -> torch.Tensor:
     return torch.cat([prefix, image])
 
 
+def chain_mask_after_cache(num_inputs: int, cached: int, device) -> torch.Tensor | None:
+    """Boolean attention mask [n, cached + n] (True = attend) of a chain of n inputs appended to
+    ``cached`` positions: input i sees the cache and inputs <= i. None where SDPA's own causal flag
+    is right (no cache) or no mask is needed (one input)."""
+    if cached == 0 or num_inputs <= 1:
+        return None
+    return torch.ones(num_inputs, cached + num_inputs, dtype=torch.bool, device=device).tril(cached)
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """x [B, n, H, hd], table [n, hd/2, 2] -> x with consecutive dimension pairs rotated."""
     pairs = x.float().reshape(*x.shape[:-1], -1, 2)
@@ -241,9 +250,8 @@ class LlamaGenModel(nn.Module):
         if int(positions.max()) >= self.max_length:
             raise ValueError(f"position {int(positions.max())} beyond the model's {self.max_length} positions")
         rope = self.rope[positions]
-        n = x.shape[1]
-        if attention_mask is None and start > 0 and n > 1:  # a chain after the cache: input i sees cache + inputs <= i
-            attention_mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        if attention_mask is None:  # built once here for every layer
+            attention_mask = chain_mask_after_cache(x.shape[1], start, x.device)
         for layer in self.layers:
             x = layer(x, rope, past_key_values, attention_mask)
         x = self.norm(x)

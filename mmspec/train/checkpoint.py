@@ -113,4 +113,3 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float 
     """Learning rate at ``step``: linear warm-up over ``warmup`` steps times a cosine from 1 to
     ``floor`` over ``total`` steps: peak * min(1, (step + 1) / warmup) * (floor + (1 - floor) * (1 + cos(pi step / total)) / 2)."""
     return peak * min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / total)))
-
