@@ -135,10 +135,14 @@ def plot_tradeoff(summary: dict, path: str) -> None:
 
 def configure(pipe, spec: str, args: argparse.Namespace) -> str:
     """Set the parameters of a method spec "name[:arg][/k=K][/delta=D][/lam=L][/top_m=M]" (relaxed
-    rules; defaults: the command line's) or "sjd-pac[:init][/branches=B][/depth=D]" (defaults 2, 1)
-    on ``pipe`` -> the method "name[:arg]"."""
+    rules; defaults: the command line's, top_m the pipeline's) or "sjd-pac[:init][/branches=B][/depth=D]"
+    (defaults: the pipeline's) on ``pipe`` -> the method "name[:arg]"."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(type(pipe)).parameters.items()}
     method, *settings = spec.split("/")
-    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": 50, "branches": 2, "depth": 1}
+    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": defaults["top_m"],
+              "branches": defaults["pac_branches"], "depth": defaults["pac_depth"]}
     for setting in settings:
         key, _, value = setting.partition("=")
         if key not in values:
