@@ -15,7 +15,7 @@ import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.core.drafter import Draft, Drafter
 from mmspec.core.sampling import logits_to_probs, sample_from_probs
-from mmspec.core.tree import TokenTree, dynamic_tree, tree_attention_mask, tree_position_ids
+from mmspec.core.tree import TokenTree, dynamic_tree, sampled_dynamic_tree, tree_attention_mask, tree_position_ids
 from mmspec.core.verify import (
     PAD,
     greedy_verify,
@@ -300,6 +300,65 @@ def test_wrong_residual_is_detected():
     pvalue = chisquare(counts[support].numpy(), (exact[support] / exact[support].sum() * N_TRIALS).numpy()).pvalue
     assert pvalue < 1e-12
     assert 0.5 * (counts / N_TRIALS - exact).abs().sum().item() > 0.02
+
+
+def _sampled_tree_counts(trials, claim_unrenormalised=False):
+    """First-two-token histogram of trees grown by sampled_dynamic_tree (children drawn from q
+    without replacement) and verified by the multi-draft rule, against the exact law."""
+    g, p1, p2, q1, q2 = _distribution_setup(seed=2)
+    counts = torch.zeros(VOCAB_D**2, dtype=torch.float64)
+    accepted = torch.zeros(3)
+    for _ in range(trials):
+        tree = sampled_dynamic_tree(q1, lambda candidates, nodes: q2[candidates.tokens[nodes]], depth=2, top_k=3,
+                                    num_nodes=6, generator=g)
+        probs = tree.probs
+        if claim_unrenormalised:  # the rule told each sibling's parent q instead of its own q_j
+            probs = torch.stack([q1 if int(parent) < 0 else q2[tree.tokens[parent]] for parent in tree.parents])
+        target = torch.cat([p1[None], p2[tree.tokens]])[None]
+        v = tree_speculative_verify(TokenTree(tree.tokens, tree.parents, probs), target, torch.rand(1, tree.size, generator=g),
+                                    torch.rand(1, generator=g))
+        accepted[int(v.num_accepted)] += 1
+        counts += _two_token_counts(g, p1, p2, None, target, v)
+    return counts, (p1[:, None] * p2).flatten().double(), accepted
+
+
+def test_sampled_dynamic_tree_shape_and_rows():
+    g, _, _, q1, q2 = _distribution_setup(seed=3)
+    tree = sampled_dynamic_tree(q1, lambda candidates, nodes: q2[candidates.tokens[nodes]], depth=3, top_k=3, num_nodes=7, generator=g)
+    assert 3 < tree.size <= 7 and tree.max_depth == 3 and (tree.parents < torch.arange(tree.size)).all()
+    for parent in range(-1, tree.size):
+        kids = tree.children(parent)
+        q = q1 if parent < 0 else q2[tree.tokens[parent]]
+        assert len(set(tree.tokens[kids].tolist())) == len(kids)  # without replacement
+        for j, kid in enumerate(kids):  # q_j = q without the earlier siblings, renormalised
+            expected = q.clone()
+            expected[tree.tokens[kids[:j]]] = 0
+            assert torch.allclose(tree.probs[kid], expected / expected.sum(), atol=1e-6)
+            # a slot's value is fixed before its token is drawn: V(parent) * (j-th largest q)
+            base = 0.0 if parent < 0 else float(tree.scores[parent])
+            assert float(tree.scores[kid]) == pytest.approx(base + math.log(float(q.sort(descending=True).values[j])), abs=1e-5)
+    # open_slot closes a layer, expand_while stops the growth
+    seen = []
+    small = sampled_dynamic_tree(q1, lambda candidates, nodes: q2[candidates.tokens[nodes]], depth=3, top_k=3, num_nodes=7, generator=g,
+                                 open_slot=lambda value, depth: seen.append(depth) or len(seen) <= 2, expand_while=lambda best: False)
+    assert small.size == 2 and small.max_depth == 1 and seen == [1, 1, 1]
+
+
+@pytest.mark.parametrize("claim_unrenormalised", [False, True])
+def test_sampled_dynamic_tree_preserves_target_distribution(claim_unrenormalised):
+    """Sampled trees are exact; and the test has power: telling the rule each sibling's parent q
+    (siblings drawn without replacement, q_j not renormalised) is caught."""
+    trials = 8000
+    counts, exact, accepted = _sampled_tree_counts(trials, claim_unrenormalised)
+    support = exact > 0
+    pvalue = chisquare(counts[support].numpy(), (exact[support] / exact[support].sum() * trials).numpy()).pvalue
+    tv = 0.5 * (counts / trials - exact).abs().sum().item()
+    if claim_unrenormalised:
+        assert pvalue < 1e-6 and tv > 0.03, (pvalue, tv)
+    else:
+        assert counts[~support].sum() == 0
+        assert accepted[2] > 2000 and accepted[1] > 2000  # deep paths and siblings were used
+        assert pvalue > 1e-4 and tv < 0.025, (pvalue, tv)
 
 
 # target forward over a tree + compaction ----------------------------------------------------------

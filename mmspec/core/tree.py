@@ -278,6 +278,99 @@ def dynamic_tree(
     return TokenTree(tokens, parents, scores=scores).select(kept)
 
 
+def sampled_dynamic_tree(
+    root_probs: torch.Tensor,
+    child_probs: ChildProbs,
+    depth: int,
+    top_k: int,
+    num_nodes: int,
+    generator: torch.Generator,
+    open_slot: Callable[[float, int], bool] | None = None,
+    expand_while: Callable[[float], bool] | None = None,
+) -> TokenTree:
+    """A dynamic draft tree for sampling: EAGLE-2's best-first growth with children *drawn* from q.
+
+    Under sampling a deterministic top-k child x is accepted with probability p(x), a child drawn
+    from q with sum_x min(p(x), q(x)) (p ~ q makes that close to 1), so this tree keeps the drafts
+    of sampled chains and adds siblings. The children of node u are a sample without replacement
+    from q_u (Gumbel-top-m): child j is drawn from q_u with children 1..j-1 removed and
+    renormalised, and that row is stored as its q_j, which is what the multi-draft rule of
+    :func:`mmspec.core.verify.tree_speculative_verify` needs (reject x_j: p <- norm(max(0, p - q_j))).
+
+    Exactness needs every inclusion decision to be a stopping rule: whether slot j of u (its j-th
+    child) is opened may depend on anything drawn before, never on the token it will hold. So a
+    slot's value is fixed before its token is drawn,
+
+        log V(u, j) = log V(u) + log q_u,(j)     (q_u,(j): the j-th largest probability of q_u),
+
+    slots are opened per layer best first (at most ``top_k`` per layer, siblings in order), every
+    opened node stays, and the next layer expands all of them. (EAGLE-2's rerank of drawn
+    candidates would let a node's own token decide whether it is kept.)
+
+    Args:
+        root_probs: [V] q after the committed tokens.
+        child_probs: as for :func:`dynamic_tree`: ``(candidates, nodes) -> [n, V]`` q after each node.
+        depth: maximum number of layers.
+        top_k: slots considered per parent and opened per layer.
+        num_nodes: maximum nodes in the tree.
+        generator: randomness of the draws.
+        open_slot: optional ``(log V, depth) -> bool`` asked before each slot is opened (in order
+            of decreasing V within a layer); False closes the layer.
+        expand_while: as for :func:`dynamic_tree`, asked before each layer after the first.
+    Returns:
+        TokenTree with ``probs`` [N, V] (each node's q_j) and ``scores`` = log V.
+    """
+    if depth < 1 or top_k < 1 or num_nodes < 1:
+        raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
+    device = root_probs.device
+    all_tokens, all_parents, all_probs, all_scores = [], [], [], []
+    parents = torch.tensor([ROOT])  # the layer's nodes to expand (ROOT for layer 1)
+    parent_scores = torch.zeros(1, device=device)
+    probs = root_probs.float().unsqueeze(0)  # [n, V] q after each of them
+    count = 0
+    for layer in range(depth):
+        if layer:
+            if not len(parents) or (expand_while is not None and not expand_while(float(parent_scores.max()))):
+                break
+            candidates = TokenTree(torch.cat(all_tokens), torch.cat(all_parents), scores=torch.cat(all_scores))
+            probs = child_probs(candidates, parents).float()
+        k = min(top_k, probs.shape[-1])
+        values = parent_scores.unsqueeze(1) + probs.topk(k, dim=-1).values.clamp_min(0).log()  # [n, k], V of slot (u, j)
+        order = torch.argsort(-values.flatten(), stable=True)[: min(top_k, num_nodes - count)]  # ties: parent, then j
+        opened = torch.zeros(len(parents), dtype=torch.long)  # slots opened per parent (a prefix of j)
+        for slot in order.tolist():
+            value = float(values.flatten()[slot])
+            if value == float("-inf") or (open_slot is not None and not open_slot(value, layer + 1)):
+                break
+            opened[slot // k] += 1
+        if not int(opened.sum()):
+            break
+        layer_tokens, layer_parents, layer_probs, layer_scores = [], [], [], []
+        for row in torch.nonzero(opened).flatten().tolist():
+            m = int(opened[row])
+            q = probs[row]
+            uniforms = torch.rand(q.shape, generator=generator, device=generator.device).to(device).clamp_(1e-20, 1 - 1e-7)
+            drawn = (q.log() - (-uniforms.log()).log()).topk(m).indices  # a sample without replacement, in draw order
+            removed = torch.zeros_like(q)
+            for j, token in enumerate(drawn.tolist()):
+                layer_probs.append(q.masked_fill(removed.bool(), 0.0) / (1.0 - float(q[removed.bool()].sum())))
+                removed[token] = 1.0
+            layer_tokens.append(drawn)
+            layer_parents.append(torch.full((m,), int(parents[row]), dtype=torch.long))
+            layer_scores.append(values[row, :m])
+        new_nodes = torch.arange(count, count + int(opened.sum()))
+        count += len(new_nodes)
+        all_tokens.append(torch.cat(layer_tokens))
+        all_parents.append(torch.cat(layer_parents))
+        all_probs.append(torch.stack(layer_probs))
+        all_scores.append(torch.cat(layer_scores))
+        parents, parent_scores = new_nodes, all_scores[-1]
+    if not count:
+        return TokenTree(root_probs.new_empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
+                         probs=root_probs.new_empty(0, root_probs.shape[-1]), scores=root_probs.new_empty(0))
+    return TokenTree(torch.cat(all_tokens), torch.cat(all_parents), probs=torch.cat(all_probs), scores=torch.cat(all_scores))
+
+
 def tree_attention_mask(
     tree: TokenTree, prefix_length: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
 ) -> torch.Tensor:

@@ -32,7 +32,8 @@ from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.cost import CostModel, DepthCalibration, cached_verification_cost
 from ..core.target import TargetOutput
-from ..core.tree import TokenTree, dynamic_tree
+from ..core.sampling import logits_to_probs
+from ..core.tree import TokenTree, dynamic_tree, sampled_dynamic_tree
 from .shipped import shipped_drafter_dir
 from .vocab import DraftLMHead, load_draft_vocabulary
 
@@ -215,6 +216,15 @@ class Eagle2Drafter(EagleDrafter):
     (:func:`mmspec.core.tree.dynamic_tree`), verify the tree in one target forward. The tree is
     deterministic (q = 1 per node), so sampling stays exact with the multi-draft rule.
 
+    Under sampling (``sampled_children=None`` follows the generation's ``do_sample``) a top-k
+    child x is accepted with probability p(x) only, so the children are instead drawn from the
+    head's q at the generation's temperature / top-k / top-p, without replacement, and accepted
+    with sum min(p, q) (:func:`mmspec.core.tree.sampled_dynamic_tree`: the slots' values are fixed
+    before their tokens are drawn and nothing drawn is dropped, which keeps the rule exact).
+    With ``num_nodes="auto"`` each slot is opened only while it raises the expected tokens per
+    second, (1 + G + g) / (C(n + 2) + t) > (1 + G) / (C(n + 1) + t), with G the calibrated gains of
+    the n nodes opened, g = rho_d V of the slot and t the drafting time so far.
+
     ``num_nodes="auto"`` (hardware-aware): grow up to ``max_nodes`` candidates, then keep the n most
     confident that maximise expected tokens per second, (1 + sum of the kept nodes' V) / (C(n + 1)
     + drafting time), with C the target's verification cost curve measured on this device
@@ -233,11 +243,13 @@ class Eagle2Drafter(EagleDrafter):
     """
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
-                 num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None) -> None:
+                 num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
+                 sampled_children: bool | None = None) -> None:
         super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary)
         if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
             raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
         self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k, num_nodes, max_nodes
+        self.sampled_children = sampled_children
         self.cost_model: CostModel | None = None
         self.chosen_nodes: list[int] = []
         self.drafted_depths: list[int] = []
@@ -268,9 +280,15 @@ class Eagle2Drafter(EagleDrafter):
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         started = time.perf_counter()
         depth = min(self.depth, max_tokens)
+        sampling = self.context.sampling
+        sampled = sampling.do_sample if self.sampled_children is None else self.sampled_children
         root_feature = self._catch_up(state)
         fed_nodes: list[int] = []  # candidate indices in the head cache after the committed pairs
         outputs: dict[int, torch.Tensor] = {}  # candidate -> predicted feature [H]
+
+        def draft_probs(predicted: torch.Tensor) -> torch.Tensor:
+            logits = self._draft_logits(predicted)
+            return logits_to_probs(logits, sampling) if sampled else torch.softmax(logits.float(), dim=-1)
 
         def child_probs(candidates: TokenTree, nodes: torch.Tensor) -> torch.Tensor:
             nodes = nodes.tolist()
@@ -293,7 +311,7 @@ class Eagle2Drafter(EagleDrafter):
             fed_nodes.extend(nodes)
             for node, feature in zip(nodes, predicted.unbind(1)):
                 outputs[node] = feature  # [R, H]
-            return torch.softmax(self._draft_logits(predicted).float(), dim=-1)
+            return draft_probs(predicted)
 
         last_call: list[float] = []
 
@@ -311,18 +329,36 @@ class Eagle2Drafter(EagleDrafter):
             rho = float(self.calibration.factors()[len(last_call) + 1])  # the layer about to be drafted
             return rho * math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
 
-        root_probs = torch.softmax(self._draft_logits(root_feature)[0].float(), dim=-1)
+        opened = {"nodes": 0, "gain": 0.0}
+
+        def worth_opening(log_value: float, node_depth: int) -> bool:
+            """The marginal rule of the class docstring, for one more node of a sampled tree."""
+            gain = float(self.calibration.factors()[node_depth]) * math.exp(log_value)
+            spent, n, total = time.perf_counter() - started, opened["nodes"], 1 + opened["gain"]
+            if (total + gain) * (self.cost_model.forward_cost(n + 1) + spent) <= total * (self.cost_model.forward_cost(n + 2) + spent):
+                return False
+            opened["nodes"], opened["gain"] = n + 1, opened["gain"] + gain
+            return True
+
+        root_probs = draft_probs(root_feature)[0]
         auto = self.num_nodes == "auto"
-        tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=self.max_nodes if auto else self.num_nodes,
-                            expand_while=worth_another_layer if auto else None)
+        size = self.max_nodes if auto else self.num_nodes
+        expand_while = worth_another_layer if auto else None
+        if sampled:
+            tree = sampled_dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
+                                        generator=self.context.generator, open_slot=worth_opening if auto else None,
+                                        expand_while=expand_while)
+        else:
+            tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size, expand_while=expand_while)
         self.drafted_depths.append(tree.max_depth)
         crop_cache(self.cache, self.head_cache_length)
-        tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(state.tokens.device)))  # draft indices -> ids
+        tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(state.tokens.device)),  # draft indices -> ids
+                                   probs=None if tree.probs is None else self.lm_head.full(tree.probs))
         if auto:
-            order = torch.argsort(-tree.scores, stable=True)  # ancestor-closed prefixes
-            gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
-            n = self.cost_model.best_size(gains, time.perf_counter() - started)
-            tree = tree.select(order[:n].cpu())
+            if not sampled:  # keep the n most confident nodes (ancestor-closed prefixes) that pay
+                order = torch.argsort(-tree.scores, stable=True)
+                gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
+                tree = tree.select(order[: self.cost_model.best_size(gains, time.perf_counter() - started)].cpu())
             sums = torch.zeros(tree.max_depth + 1)
             self.verified_depth_sums = sums.index_add_(0, tree.depth, tree.scores.exp().float().cpu())
         self.chosen_nodes.append(tree.size)
@@ -333,5 +369,6 @@ class Eagle2Drafter(EagleDrafter):
     def describe(self) -> dict:
         chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1),
                   "mean_depth_drafted": round(sum(self.drafted_depths) / len(self.drafted_depths), 1)} if self.chosen_nodes else {}
-        return {**super().describe(), "tree": "dynamic", "depth": self.depth, "top_k": self.top_k,
+        sampled = self.sampled_children if self.sampled_children is not None or self.context is None else self.context.sampling.do_sample
+        return {**super().describe(), "tree": "dynamic, sampled children" if sampled else "dynamic", "depth": self.depth, "top_k": self.top_k,
                 "num_nodes": self.num_nodes, **chosen}
