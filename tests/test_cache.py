@@ -79,3 +79,31 @@ def test_state_rejects_bad_rollback():
         state.rollback(2)
     with pytest.raises(ValueError):
         SequenceState(torch.zeros(2, 5, dtype=torch.long), state.cache, prompt_length=3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_token_forward_logits_equal_the_models_own(family):
+    """Several tokens go through the base model and the adapter's own LM-head product; the logits
+    (and hidden states) equal the model's own forward on the same inputs, for every family."""
+    case = make_tiny(family)
+    target = TransformersTarget(case.model)
+    tokens = torch.randint(5, 50, (1, 4), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        state, _ = target.prefill(case.inputs)
+        assert target.own_lm_head is True
+        length = state.cache_length
+        ours = target.forward(state, tokens, hidden_layer=-1)
+        crop_cache(state.cache, length)
+        target.own_lm_head = False  # the model's own forward, as for one token
+        theirs = target.forward(state, tokens, hidden_layer=-1)
+    torch.testing.assert_close(ours.logits.float(), theirs.logits.float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours.hidden_states, theirs.hidden_states)
+
+
+def test_soft_capped_logits_keep_the_models_own_head():
+    case = make_tiny("llama")
+    case.model.config.final_logit_softcapping = 30.0  # a family whose logits are not a plain product
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        target.prefill(case.inputs)
+    assert target.own_lm_head is False

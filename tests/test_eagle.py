@@ -180,3 +180,25 @@ def test_trained_kangaroo_adapter_drafts_the_target(tiny, records, tmp_path):
     assert after > before + 0.3, (before, after)
     adapter.save(tmp_path / "k", exit_layer=1)
     assert acceptance(KangarooAdapter.load(tmp_path / "k", model)) == after
+
+
+def test_kl_term_matches_the_target_distribution(tiny, records):
+    """eagle_loss's KL(p || q) term: zero for a head that predicts the target's own next features
+    (q = p), positive otherwise, and computed on the draft vocabulary's rows when one is given."""
+    model = tiny.model
+    embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    batch = collate(records[:4])
+    exact = batch["features"].float()[:, 1:]
+    noisy = exact + 3.0 * torch.randn(exact.shape, generator=torch.Generator().manual_seed(0))
+    for predicted, kl_is_zero in ((exact, True), (noisy, False)):
+        def head(features, token_embeds, cache, positions, predicted=predicted):
+            assert features.shape[1] == positions.shape[1] == predicted.shape[1]
+            return predicted
+        base, _ = eagle_loss(head, embed, lm_head, batch)
+        full, _ = eagle_loss(head, embed, lm_head, batch, kl_weight=1.0)
+        restricted, _ = eagle_loss(head, embed, lm_head, batch, kl_weight=1.0, draft_vocabulary=torch.arange(10, 60))
+        if kl_is_zero:
+            assert full.item() == pytest.approx(base.item(), abs=1e-5) and restricted.item() == pytest.approx(base.item(), abs=1e-5)
+        else:
+            assert full.item() > base.item() + 1e-3 and restricted.item() > base.item() + 1e-4
+            assert restricted.item() != pytest.approx(full.item(), abs=1e-4)

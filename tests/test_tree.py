@@ -334,9 +334,10 @@ def test_sampled_dynamic_tree_shape_and_rows():
             expected = q.clone()
             expected[tree.tokens[kids[:j]]] = 0
             assert torch.allclose(tree.probs[kid], expected / expected.sum(), atol=1e-6)
-            # a slot's value is fixed before its token is drawn: V(parent) * (j-th largest q)
+            # a slot's value is fixed before its token is drawn: V(parent) (times the j-th largest q for j >= 2)
             base = 0.0 if parent < 0 else float(tree.scores[parent])
-            assert float(tree.scores[kid]) == pytest.approx(base + math.log(float(q.sort(descending=True).values[j])), abs=1e-5)
+            factor = 1.0 if j == 0 else float(q.sort(descending=True).values[j])
+            assert float(tree.scores[kid]) == pytest.approx(base + math.log(factor), abs=1e-5)
     # open_slot closes a layer, expand_while stops the growth
     seen = []
     small = sampled_dynamic_tree(q1, lambda candidates, nodes: q2[candidates.tokens[nodes]], depth=3, top_k=3, num_nodes=7, generator=g,

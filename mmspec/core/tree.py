@@ -301,9 +301,12 @@ def sampled_dynamic_tree(
     child) is opened may depend on anything drawn before, never on the token it will hold. So a
     slot's value is fixed before its token is drawn,
 
-        log V(u, j) = log V(u) + log q_u,(j)     (q_u,(j): the j-th largest probability of q_u),
+        V(u, 1) = V(u),    V(u, j) = V(u) q_u,(j) for j >= 2    (q_u,(j): the j-th largest of q_u):
 
-    slots are opened per layer best first (at most ``top_k`` per layer, siblings in order), every
+    a first child drawn from q is accepted with probability sum min(p, q), which is 1 when q is
+    right (a drafter scales V per depth by the acceptance it observes; EAGLE-2's top-k
+    confidence q_u,(1) would badly understate a flat but accurate q), and a sibling only
+    matters where p has mass q missed, guessed here as the top-k tree's confidence. Slots are opened per layer best first (at most ``top_k`` per layer, siblings in order), every
     opened node stays, and the next layer expands all of them. (EAGLE-2's rerank of drawn
     candidates would let a node's own token decide whether it is kept.)
 
@@ -335,7 +338,9 @@ def sampled_dynamic_tree(
             candidates = TokenTree(torch.cat(all_tokens), torch.cat(all_parents), scores=torch.cat(all_scores))
             probs = child_probs(candidates, parents).float()
         k = min(top_k, probs.shape[-1])
-        values = parent_scores.unsqueeze(1) + probs.topk(k, dim=-1).values.clamp_min(0).log()  # [n, k], V of slot (u, j)
+        top = probs.topk(k, dim=-1).values
+        top[:, 0] = (top[:, 0] > 0).float()  # the first child: V(u) (the slot is empty only if q is)
+        values = parent_scores.unsqueeze(1) + top.clamp_min(0).log()  # [n, k], log V of slot (u, j)
         order = torch.argsort(-values.flatten(), stable=True)[: min(top_k, num_nodes - count)]  # ties: parent, then j
         opened = torch.zeros(len(parents), dtype=torch.long)  # slots opened per parent (a prefix of j)
         for slot in order.tolist():

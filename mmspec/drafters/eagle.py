@@ -315,41 +315,39 @@ class Eagle2Drafter(EagleDrafter):
 
         last_call: list[float] = []
 
-        def worth_another_layer(best_log_value: float) -> bool:
-            """V_max * C(1) > c_layer, c_layer = the time between two calls (a layer's head
-            forward + tree bookkeeping), a running mean. Layers 2 and 3 are always drafted, so
-            c_layer keeps being measured (a one-off stall cannot stop the trees for good)."""
+        def time_layer() -> int:
+            """Update c_layer, the running mean time between two layer expansions (a layer's head
+            forward + tree bookkeeping); returns the layers timed in this step so far."""
             now = time.perf_counter()
             if last_call:
                 seconds = now - last_call[-1]
                 self.layer_seconds = seconds if self.layer_seconds is None else 0.8 * self.layer_seconds + 0.2 * seconds
             last_call.append(now)
-            if len(last_call) <= 2:
+            return len(last_call)
+
+        def worth_another_layer(best_log_value: float) -> bool:
+            """V_max * C(1) > c_layer. Layers 2 and 3 are always drafted, so c_layer keeps being
+            measured (a one-off stall cannot stop the trees for good)."""
+            calls = time_layer()
+            if calls <= 2:
                 return True
-            rho = float(self.calibration.factors()[len(last_call) + 1])  # the layer about to be drafted
+            rho = float(self.calibration.factors()[calls + 1])  # the layer about to be drafted
             return rho * math.exp(best_log_value) * self.cost_model.forward_cost(1) > self.layer_seconds
-
-        opened = {"nodes": 0, "gain": 0.0}
-
-        def worth_opening(log_value: float, node_depth: int) -> bool:
-            """The marginal rule of the class docstring, for one more node of a sampled tree."""
-            gain = float(self.calibration.factors()[node_depth]) * math.exp(log_value)
-            spent, n, total = time.perf_counter() - started, opened["nodes"], 1 + opened["gain"]
-            if (total + gain) * (self.cost_model.forward_cost(n + 1) + spent) <= total * (self.cost_model.forward_cost(n + 2) + spent):
-                return False
-            opened["nodes"], opened["gain"] = n + 1, opened["gain"] + gain
-            return True
 
         root_probs = draft_probs(root_feature)[0]
         auto = self.num_nodes == "auto"
         size = self.max_nodes if auto else self.num_nodes
-        expand_while = worth_another_layer if auto else None
-        if sampled:
-            tree = sampled_dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
-                                        generator=self.context.generator, open_slot=worth_opening if auto else None,
-                                        expand_while=expand_while)
+        if not sampled:
+            tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
+                                expand_while=worth_another_layer if auto else None)
         else:
-            tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size, expand_while=expand_while)
+            open_slot = None
+            if auto:
+                depth = self._chain_depth(depth, time.perf_counter() - started)
+                open_slot = self._sibling_rule(depth, started)
+            tree = sampled_dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
+                                        generator=self.context.generator, open_slot=open_slot,
+                                        expand_while=(lambda best: time_layer() > 0) if auto else None)  # depth planned; layers timed
         self.drafted_depths.append(tree.max_depth)
         crop_cache(self.cache, self.head_cache_length)
         tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(state.tokens.device)),  # draft indices -> ids
@@ -365,6 +363,42 @@ class Eagle2Drafter(EagleDrafter):
         if tree.size == 0:
             return Draft(tokens=state.tokens.new_empty((1, 0)))
         return Draft.from_tree(tree)
+
+    def _chain_depth(self, max_depth: int, spent: float) -> int:
+        """Sampled trees: the depth D of the first-child chain, fixed before anything is drawn.
+
+        A first child has V = V(parent), so the chain's expected accepted tokens are the calibrated
+        rho_1 + ... + rho_D; D maximises (1 + sum_{d <= D} rho_d) / (C(D + 1) + (D - 1) c_layer + t).
+        At least 1, so the calibration keeps seeing evidence."""
+        rho = self.calibration.factors()
+        layer = self.layer_seconds or 0.0
+        best, best_speed, gain = 1, 0.0, 1.0
+        for d in range(1, max_depth + 1):
+            gain += float(rho[d])
+            speed = gain / (self.cost_model.forward_cost(d + 1) + (d - 1) * layer + spent)
+            if speed > best_speed:
+                best, best_speed = d, speed
+        return best
+
+    def _sibling_rule(self, chain_depth: int, started: float):
+        """``open_slot`` for :func:`sampled_dynamic_tree`: the chain's first children (V = 1) are
+        opened as planned; any other slot only while it raises the expected tokens per second of
+        the whole planned tree, (1 + G + g) / (C(n + 2) + t) > (1 + G) / (C(n + 1) + t), with n and G
+        the nodes and calibrated gains opened or still planned, g = rho_d V and t the time so far."""
+        rho = self.calibration.factors()
+        planned = {"nodes": chain_depth, "gain": float(rho[1 : chain_depth + 1].sum())}
+
+        def open_slot(log_value: float, node_depth: int) -> bool:
+            if log_value == 0.0:  # the chain (V = 1 only there)
+                return node_depth <= chain_depth
+            gain = float(rho[node_depth]) * math.exp(log_value)
+            n, total, spent = planned["nodes"], 1 + planned["gain"], time.perf_counter() - started
+            if (total + gain) * (self.cost_model.forward_cost(n + 1) + spent) <= total * (self.cost_model.forward_cost(n + 2) + spent):
+                return False
+            planned["nodes"], planned["gain"] = n + 1, planned["gain"] + gain
+            return True
+
+        return open_slot
 
     def describe(self) -> dict:
         chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1),

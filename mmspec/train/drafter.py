@@ -3,12 +3,17 @@ on the target's own outputs and hidden states (self-distillation), bf16 on CPU, 
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
    SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, its own
-   greedy answers to the caption train split's images and prompts. Either way the target's
-   last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
+   answers to the caption train split's images and prompts, greedy or (``--sample-temperature T``)
+   sampled at temperature T, which is what a drafter used under sampling has to predict. Either
+   way the target's last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
 2. Training: the EAGLE head (:class:`mmspec.drafters.eagle.EagleHead`) reads pairs
    (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
    x_{t+2}) on the answer positions, AdamW on fp32 weights (bf16 autocast where bf16 is fast). ``--init`` starts
    from another head (e.g. the SmolLM2 head for the captioner, whose decoder is SmolLM2).
+   ``--kl-weight w`` adds w KL(p || q) on the draft vocabulary: p = softmax(LMHead(f_{t+1})), the
+   target's own next-token distribution (from the stored feature), q the head's. Under sampling a
+   draft is accepted with sum min(p, q) = 1 - TV(p, q), so matching the whole distribution, not
+   only its argmax, is what raises acceptance at temperature 1.
    Medusa / Hydra heads (:mod:`mmspec.drafters.medusa`): head i reads f_t (Hydra: and the
    embeddings of x_{t+1} .. x_{t+1+i}, teacher-forced) and is trained with CE against x_{t+2+i},
    weighted 0.8^i, on the same cached features.
@@ -27,8 +32,8 @@ import torch
 from ..drafters.eagle import EagleHead
 from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
-from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, save_draft_vocabulary
-from ..hub import fast_bf16
+from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
+from ..hub import fast_bf16, resolve_dtype
 from ..modeling.captioner import models_dir
 from .checkpoint import TrainingRun, warmup_cosine
 
@@ -47,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", type=int, default=0,
                         help="start after this many sequences of the prompt / sample stream (to build a second, disjoint --data cache)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
+    parser.add_argument("--sample-temperature", type=float, default=0.0,
+                        help="captioner data: sample its answers at this temperature (0 = greedy answers)")
+    parser.add_argument("--kl-weight", type=float, default=0.0,
+                        help="EAGLE: weight of KL(target || head) on the draft vocabulary (for drafting under sampling)")
     parser.add_argument("--init", default=None, help="start from this head directory")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="draft from the N most frequent tokens of the data (FR-Spec; 0 = the whole vocabulary)")
@@ -59,14 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_target(name: str):
-    """-> (model, tokenizer or processor) in bf16."""
+    """-> (model, tokenizer or processor) in bf16 where bf16 is fast, else fp32."""
+    dtype = resolve_dtype("auto")
     if name == "smollm2":
         from ..hub import load_causal_lm
 
-        return load_causal_lm("smollm2", dtype=torch.bfloat16)
+        return load_causal_lm("smollm2", dtype=dtype)
     from ..modeling.captioner import load_default_captioner
 
-    return load_default_captioner(dtype=torch.bfloat16)
+    return load_default_captioner(dtype=dtype)
 
 
 def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int = 64) -> None:
@@ -88,8 +98,9 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
             from .eval_captioner import caption
 
             samples = [make_sample(FAMILIES[i % len(FAMILIES)], "train", i // len(FAMILIES)) for i in range(first, first + count)]
-            # the captioner's own greedy answers, which are what its drafter will have to predict
-            answers = [caption(model, tokenizer_or_processor, s.image, s.prompt, max_new_tokens=args.max_new_tokens) for s in samples]
+            # the captioner's own answers, which are what its drafter will have to predict
+            answers = [caption(model, tokenizer_or_processor, s.image, s.prompt, max_new_tokens=args.max_new_tokens,
+                               temperature=args.sample_temperature, seed=first + i) for i, s in enumerate(samples)]
             records = selfdistill.extract_caption_features(model, tokenizer_or_processor, [(s.image, s.prompt, a) for s, a in zip(samples, answers)])
         selfdistill.save_chunk(data_dir, index, records)
         print(f"data chunk {index + 1}/{total}: {count} sequences in {time.time() - started:.0f} s", flush=True)
@@ -111,24 +122,34 @@ def collate(records) -> dict[str, torch.Tensor]:
 
 
 def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
-               ce_positions: int | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
+               ce_positions: int | None = None, generator: torch.Generator | None = None,
+               kl_weight: float = 0.0, draft_vocabulary: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Pairs t = 0..L-2: (f_t, x_{t+1}) -> f^_{t+1}; regression on positions whose token x_{t+1} is
     learnt, CE of x_{t+2} where that token is learnt (on a random ``ce_positions`` of them: the
-    49k-row LM head is most of a step's cost). Returns (loss, top-1 accuracy of x_{t+2})."""
+    49k-row LM head is most of a step's cost), and with ``kl_weight`` > 0 that weight times
+    KL(p || q) over ``draft_vocabulary`` (the rows the drafter scores) on the same positions,
+    p = softmax(LMHead(f_{t+1})) renormalised there, q = softmax(LMHead(f^_{t+1})).
+    Returns (loss, top-1 accuracy of x_{t+2})."""
     ids, learn, features = batch["ids"], batch["learn"], batch["features"].float()
     positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
     predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
     regress = learn[:, 1:]
     feature_loss = torch.nn.functional.smooth_l1_loss(predicted[regress].float(), features[:, 1:][regress])
     classify = learn[:, 2:]
-    chosen, targets = predicted[:, :-1][classify], ids[:, 2:][classify]
+    chosen, targets, teacher = predicted[:, :-1][classify], ids[:, 2:][classify], features[:, 1:-1][classify]
     if ce_positions is not None and len(targets) > ce_positions:
         keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
-        chosen, targets = chosen[keep], targets[keep]
+        chosen, targets, teacher = chosen[keep], targets[keep], teacher[keep]
     logits = chosen @ lm_head.T
     token_loss = torch.nn.functional.cross_entropy(logits.float(), targets)
     accuracy = (logits.argmax(-1) == targets).float().mean().item()
-    return feature_loss + 0.1 * token_loss, accuracy
+    loss = feature_loss + 0.1 * token_loss
+    if kl_weight:
+        rows = lm_head if draft_vocabulary is None else lm_head[draft_vocabulary]
+        log_q = torch.log_softmax((chosen @ rows.T).float(), dim=-1)
+        log_p = torch.log_softmax((teacher @ rows.T).float(), dim=-1)
+        loss = loss + kl_weight * torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    return loss, accuracy
 
 
 def heads_loss(heads: DraftHeads, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
@@ -207,7 +228,10 @@ def run(args) -> int:
 
     if args.method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
-        loss_of = eagle_loss
+        draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
+
+        def loss_of(head, embed, lm_head, batch, *rest):
+            return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
     elif args.method == "kangaroo":
         head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
         final_norm = text_decoder(model).norm

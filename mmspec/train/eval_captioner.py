@@ -48,11 +48,13 @@ def caption_scores(references: dict[int, list[str]], candidates: dict[int, list[
     return {"bleu4": bleu[3], "cider": cider}
 
 
-def caption(model, processor, image, prompt: str, max_new_tokens: int = 48) -> str:
+def caption(model, processor, image, prompt: str, max_new_tokens: int = 48, temperature: float = 0.0, seed: int = 0) -> str:
+    """The captioner's answer: greedy, or sampled at ``temperature`` > 0 with ``seed``."""
     content = [{"type": "text", "text": prompt}] if image is None else [{"type": "image"}, {"type": "text", "text": prompt}]
     text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
     inputs = processor(text=[text], images=None if image is None else [[image]], return_tensors="pt")
-    out = generate(model, max_new_tokens=max_new_tokens, **inputs)
+    sampling = {"do_sample": True, "temperature": temperature, "seed": seed} if temperature > 0 else {}
+    out = generate(model, max_new_tokens=max_new_tokens, **sampling, **inputs)
     return processor.tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
