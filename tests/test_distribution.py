@@ -31,18 +31,18 @@ PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
 TEMPERATURE, TOP_K = 1.3, 7
 
 
-def eagle_drafter(model, tree=False, draft_vocabulary=None, sampled_children=None):
+def eagle_drafter(model, tree=False, draft_vocabulary=None, sampled_children=None, num_nodes=6):
     """An EAGLE head (random weights) on the target's features: a chain drafted from a real
     distribution q (zero outside ``draft_vocabulary`` when given), or (tree) an EAGLE-2 dynamic
     tree, its children drawn from q without replacement (or, ``sampled_children=False``, the
-    top-k tree with q = 1 per node)."""
+    top-k tree with q = 1 per node); ``num_nodes="auto"`` sizes it by the measured cost curve."""
     from mmspec.adapters.hf import text_decoder
     from mmspec.drafters import Eagle2Drafter, EagleDrafter, EagleHead
 
     torch.manual_seed(5)
     head = EagleHead(text_decoder(model).config).eval()
     if tree:
-        return Eagle2Drafter(model, head, depth=2, top_k=3, num_nodes=6, draft_vocabulary=draft_vocabulary,
+        return Eagle2Drafter(model, head, depth=2, top_k=3, num_nodes=num_nodes, draft_vocabulary=draft_vocabulary,
                              sampled_children=sampled_children)
     return EagleDrafter(model, head, num_draft_tokens=2, draft_vocabulary=draft_vocabulary)
 
@@ -94,12 +94,13 @@ DRAFT_VOCABULARY = torch.tensor([7, 1, 3, 5, 9, 2])  # a frequency-ranked subset
 
 
 @pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle (draft vocabulary)", "eagle2",
-                                     "eagle2 (draft vocabulary)", "eagle2 (top-k children)", "hydra", "kangaroo"])
+                                     "eagle2 (draft vocabulary)", "eagle2 (top-k children)", "eagle2 (auto size)", "hydra", "kangaroo"])
 def test_loop_samples_target_distribution(target, drafter):
     spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True),
             "eagle (draft vocabulary)": lambda: eagle_drafter(target, draft_vocabulary=DRAFT_VOCABULARY),
             "eagle2 (draft vocabulary)": lambda: eagle_drafter(target, tree=True, draft_vocabulary=DRAFT_VOCABULARY),
             "eagle2 (top-k children)": lambda: eagle_drafter(target, tree=True, sampled_children=False),
+            "eagle2 (auto size)": lambda: eagle_drafter(target, tree=True, num_nodes="auto"),
             "hydra": lambda: hydra_drafter(target), "kangaroo": lambda: kangaroo_drafter(target)}.get(drafter, lambda: drafter)()
     exact = exact_marginals(target)
     counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)

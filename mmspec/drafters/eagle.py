@@ -256,11 +256,16 @@ class Eagle2Drafter(EagleDrafter):
         self.layer_seconds: float | None = None  # running mean time of drafting one tree layer
         self.calibration = DepthCalibration(depth)
         self.verified_depth_sums: torch.Tensor | None = None  # sum of V per depth of the tree in verification
+        # sampled trees: siblings (children after a node's first) are calibrated apart from the chain
+        self.sibling_calibration = DepthCalibration(1)
+        self.verified_siblings: tuple[set[int], float] | None = None  # (sibling nodes, sum of their V)
+        self.sibling_accepted = False
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
         self.calibration, self.verified_depth_sums = DepthCalibration(self.depth), None
+        self.sibling_calibration, self.verified_siblings = DepthCalibration(1), None
         self.layer_seconds = None  # timed afresh per generation, like the rest of the drafter state
         if self.num_nodes == "auto":
             self.cost_model = CostModel(cached_verification_cost(context.target, context.model_inputs))
@@ -269,7 +274,12 @@ class Eagle2Drafter(EagleDrafter):
         super().on_verified(num_drafted, num_accepted, target_output)
         if self.verified_depth_sums is not None and num_drafted:
             self.calibration.update(self.verified_depth_sums, num_accepted)
-        self.verified_depth_sums = None
+        if self.verified_siblings is not None and self.verified_siblings[1] > 0:
+            self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
+        self.verified_depth_sums, self.verified_siblings = None, None
+
+    def on_tree_verified(self, path: torch.Tensor, tree_output: TargetOutput) -> None:
+        self.sibling_accepted = self.verified_siblings is not None and any(int(n) in self.verified_siblings[0] for n in path)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle2Drafter":
@@ -357,8 +367,12 @@ class Eagle2Drafter(EagleDrafter):
                 order = torch.argsort(-tree.scores, stable=True)
                 gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
                 tree = tree.select(order[: self.cost_model.best_size(gains, time.perf_counter() - started)].cpu())
-            sums = torch.zeros(tree.max_depth + 1)
-            self.verified_depth_sums = sums.index_add_(0, tree.depth, tree.scores.exp().float().cpu())
+            values = tree.scores.exp().float().cpu()
+            if sampled:  # the chain of first children per depth; the siblings apart
+                siblings = {kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:]}
+                self.verified_siblings = (siblings, float(values[sorted(siblings)].sum()) if siblings else 0.0)
+                values[sorted(siblings)] = 0.0
+            self.verified_depth_sums = torch.zeros(tree.max_depth + 1).index_add_(0, tree.depth, values)
         self.chosen_nodes.append(tree.size)
         if tree.size == 0:
             return Draft(tokens=state.tokens.new_empty((1, 0)))
@@ -384,14 +398,17 @@ class Eagle2Drafter(EagleDrafter):
         """``open_slot`` for :func:`sampled_dynamic_tree`: the chain's first children (V = 1) are
         opened as planned; any other slot only while it raises the expected tokens per second of
         the whole planned tree, (1 + G + g) / (C(n + 2) + t) > (1 + G) / (C(n + 1) + t), with n and G
-        the nodes and calibrated gains opened or still planned, g = rho_d V and t the time so far."""
+        the nodes and calibrated gains opened or still planned, g = rho V and t the time so far.
+        Off-chain slots (siblings and their subtrees) have their own calibration: how often the
+        accepted path left the chain through a sibling, per unit of sibling V drafted."""
         rho = self.calibration.factors()
+        rho_sibling = float(self.sibling_calibration.factors()[1])
         planned = {"nodes": chain_depth, "gain": float(rho[1 : chain_depth + 1].sum())}
 
         def open_slot(log_value: float, node_depth: int) -> bool:
             if log_value == 0.0:  # the chain (V = 1 only there)
                 return node_depth <= chain_depth
-            gain = float(rho[node_depth]) * math.exp(log_value)
+            gain = rho_sibling * math.exp(log_value)
             n, total, spent = planned["nodes"], 1 + planned["gain"], time.perf_counter() - started
             if (total + gain) * (self.cost_model.forward_cost(n + 1) + spent) <= total * (self.cost_model.forward_cost(n + 2) + spent):
                 return False
