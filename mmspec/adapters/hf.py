@@ -108,7 +108,7 @@ class TransformersTarget:
             )
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.own_lm_head: bool | None = None  # decided at the first prefill, see _multi_token_logits
+        self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
 
     def _plain_lm_head(self) -> bool:
         """True when the model's logits are its output embedding applied to the base model's last

@@ -221,9 +221,9 @@ class Eagle2Drafter(EagleDrafter):
     head's q at the generation's temperature / top-k / top-p, without replacement, and accepted
     with sum min(p, q) (:func:`mmspec.core.tree.sampled_dynamic_tree`: the slots' values are fixed
     before their tokens are drawn and nothing drawn is dropped, which keeps the rule exact).
-    With ``num_nodes="auto"`` each slot is opened only while it raises the expected tokens per
-    second, (1 + G + g) / (C(n + 2) + t) > (1 + G) / (C(n + 1) + t), with G the calibrated gains of
-    the n nodes opened, g = rho_d V of the slot and t the drafting time so far.
+    With ``num_nodes="auto"`` the depth of the first-child chain is planned before anything is
+    drawn (:meth:`_chain_depth`) and every other slot is opened only while it raises the expected
+    tokens per second (:meth:`_sibling_rule`).
 
     ``num_nodes="auto"`` (hardware-aware): grow up to ``max_nodes`` candidates, then keep the n most
     confident that maximise expected tokens per second, (1 + sum of the kept nodes' V) / (C(n + 1)
@@ -278,6 +278,12 @@ class Eagle2Drafter(EagleDrafter):
             self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
         self.verified_depth_sums, self.verified_siblings = None, None
 
+    def _samples_children(self) -> bool:
+        """Whether this generation's trees are sampled: ``sampled_children``, else ``do_sample``."""
+        if self.sampled_children is not None:
+            return self.sampled_children
+        return self.context is not None and self.context.sampling.do_sample
+
     def on_tree_verified(self, path: torch.Tensor, tree_output: TargetOutput) -> None:
         self.sibling_accepted = self.verified_siblings is not None and any(int(n) in self.verified_siblings[0] for n in path)
 
@@ -290,8 +296,7 @@ class Eagle2Drafter(EagleDrafter):
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         started = time.perf_counter()
         depth = min(self.depth, max_tokens)
-        sampling = self.context.sampling
-        sampled = sampling.do_sample if self.sampled_children is None else self.sampled_children
+        sampling, sampled = self.context.sampling, self._samples_children()
         root_feature = self._catch_up(state)
         fed_nodes: list[int] = []  # candidate indices in the head cache after the committed pairs
         outputs: dict[int, torch.Tensor] = {}  # candidate -> predicted feature [H]
@@ -420,6 +425,5 @@ class Eagle2Drafter(EagleDrafter):
     def describe(self) -> dict:
         chosen = {"mean_tree_nodes": round(sum(self.chosen_nodes) / len(self.chosen_nodes), 1),
                   "mean_depth_drafted": round(sum(self.drafted_depths) / len(self.drafted_depths), 1)} if self.chosen_nodes else {}
-        sampled = self.sampled_children if self.sampled_children is not None or self.context is None else self.context.sampling.do_sample
-        return {**super().describe(), "tree": "dynamic, sampled children" if sampled else "dynamic", "depth": self.depth, "top_k": self.top_k,
+        return {**super().describe(), "tree": "dynamic, sampled children" if self._samples_children() else "dynamic", "depth": self.depth, "top_k": self.top_k,
                 "num_nodes": self.num_nodes, **chosen}
