@@ -15,7 +15,7 @@ import torch
 
 from mmspec.drafters.eagle import EagleHead
 from mmspec.drafters.vocab import load_draft_vocabulary
-from mmspec.train.drafter import collate, load_target
+from mmspec.train.drafter import collate, eagle_teacher_forced, load_target
 from mmspec.train.selfdistill import load_chunks
 
 
@@ -32,17 +32,13 @@ def main(data: str, heads: list[str]) -> None:
         accepted, agree, positions = 0.0, 0.0, 0
         with torch.no_grad():
             for start in range(0, len(held_out), 8):
-                batch = collate(held_out[start : start + 8])
-                ids, features = batch["ids"], batch["features"].float()
-                steps = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
-                predicted = head(features[:, :-1], embed[ids[:, 1:]], None, steps)
-                answer = batch["learn"][:, 2:]
-                p = torch.softmax(features[:, 1:-1][answer] @ lm_head.T, -1)
+                _, (predicted, teacher, _) = eagle_teacher_forced(head, embed, collate(held_out[start : start + 8]))
+                p = torch.softmax(teacher @ lm_head.T, -1)
                 q = torch.zeros_like(p)
-                q[:, slice(None) if vocabulary is None else vocabulary] = torch.softmax(predicted[:, :-1][answer] @ rows.T, -1)
+                q[:, slice(None) if vocabulary is None else vocabulary] = torch.softmax(predicted @ rows.T, -1)
                 accepted += torch.minimum(p, q).sum().item()
                 agree += (q.argmax(-1) == p.argmax(-1)).sum().item()
-                positions += int(answer.sum())
+                positions += len(teacher)
         print(f"{path}: acceptance at temperature 1 {accepted / positions:.3f}, top-1 agreement {agree / positions:.3f} ({positions} positions)")
 
 

@@ -306,8 +306,9 @@ def sampled_dynamic_tree(
     a first child drawn from q is accepted with probability sum min(p, q), which is 1 when q is
     right (a drafter scales V per depth by the acceptance it observes; EAGLE-2's top-k
     confidence q_u,(1) would badly understate a flat but accurate q), and a sibling only
-    matters where p has mass q missed, guessed here as the top-k tree's confidence. Slots are opened per layer best first (at most ``top_k`` per layer, siblings in order), every
-    opened node stays, and the next layer expands all of them. (EAGLE-2's rerank of drawn
+    matters where p has mass q missed, guessed here as the top-k tree's confidence. Slots are
+    opened per layer best first (at most ``top_k`` per layer, siblings in order), every opened node
+    stays, and the next layer expands all of them. (EAGLE-2's rerank of drawn
     candidates would let a node's own token decide whether it is kept.)
 
     Args:
@@ -341,10 +342,11 @@ def sampled_dynamic_tree(
         top = probs.topk(k, dim=-1).values
         top[:, 0] = (top[:, 0] > 0).float()  # the first child: V(u) (the slot is empty only if q is)
         values = parent_scores.unsqueeze(1) + top.clamp_min(0).log()  # [n, k], log V of slot (u, j)
+        flat = values.flatten().tolist()
         order = torch.argsort(-values.flatten(), stable=True)[: min(top_k, num_nodes - count)]  # ties: parent, then j
         opened = torch.zeros(len(parents), dtype=torch.long)  # slots opened per parent (a prefix of j)
         for slot in order.tolist():
-            value = float(values.flatten()[slot])
+            value = flat[slot]
             if value == float("-inf") or (open_slot is not None and not open_slot(value, layer + 1)):
                 break
             opened[slot // k] += 1
@@ -357,7 +359,7 @@ def sampled_dynamic_tree(
             uniforms = torch.rand(q.shape, generator=generator, device=generator.device).to(device).clamp_(1e-20, 1 - 1e-7)
             drawn = (q.log() - (-uniforms.log()).log()).topk(m).indices  # a sample without replacement, in draw order
             removed = torch.zeros_like(q)
-            for j, token in enumerate(drawn.tolist()):
+            for token in drawn.tolist():
                 layer_probs.append(q.masked_fill(removed.bool(), 0.0) / (1.0 - float(q[removed.bool()].sum())))
                 removed[token] = 1.0
             layer_tokens.append(drawn)

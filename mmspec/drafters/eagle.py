@@ -374,9 +374,9 @@ class Eagle2Drafter(EagleDrafter):
                 tree = tree.select(order[: self.cost_model.best_size(gains, time.perf_counter() - started)].cpu())
             values = tree.scores.exp().float().cpu()
             if sampled:  # the chain of first children per depth; the siblings apart
-                siblings = {kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:]}
-                self.verified_siblings = (siblings, float(values[sorted(siblings)].sum()) if siblings else 0.0)
-                values[sorted(siblings)] = 0.0
+                siblings = sorted(kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:])
+                self.verified_siblings = (set(siblings), float(values[siblings].sum()))
+                values[siblings] = 0.0
             self.verified_depth_sums = torch.zeros(tree.max_depth + 1).index_add_(0, tree.depth, values)
         self.chosen_nodes.append(tree.size)
         if tree.size == 0:

@@ -167,11 +167,7 @@ def run(args) -> int:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
             loss = answer_loss(model, ids, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        run.step += 1
+        run.optimizer_step(loss, optimizer, model.parameters())
         if run.should_save(100, args.steps):
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
                 held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4

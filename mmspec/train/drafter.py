@@ -121,6 +121,18 @@ def collate(records) -> dict[str, torch.Tensor]:
     return {"ids": ids, "learn": learn, "features": features, "shallow": shallow}
 
 
+def eagle_teacher_forced(head: EagleHead, embed: torch.Tensor, batch: dict[str, torch.Tensor]):
+    """The head over a batch's pairs t = 0..L-2, (f_t, x_{t+1}) -> f^_{t+1}, teacher-forced.
+
+    Returns predicted [B, L-1, H] and, on the n positions whose token x_{t+2} is learnt, the rows
+    (f^_{t+1} [n, H], the target's own f_{t+1} [n, H], x_{t+2} [n])."""
+    ids, features = batch["ids"], batch["features"].float()
+    positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
+    predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
+    classify = batch["learn"][:, 2:]
+    return predicted, (predicted[:, :-1][classify], features[:, 1:-1][classify], ids[:, 2:][classify])
+
+
 def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
                ce_positions: int | None = None, generator: torch.Generator | None = None,
                kl_weight: float = 0.0, draft_vocabulary: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
@@ -130,13 +142,9 @@ def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batc
     KL(p || q) over ``draft_vocabulary`` (the rows the drafter scores) on the same positions,
     p = softmax(LMHead(f_{t+1})) renormalised there, q = softmax(LMHead(f^_{t+1})).
     Returns (loss, top-1 accuracy of x_{t+2})."""
-    ids, learn, features = batch["ids"], batch["learn"], batch["features"].float()
-    positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
-    predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
-    regress = learn[:, 1:]
+    predicted, (chosen, teacher, targets) = eagle_teacher_forced(head, embed, batch)
+    features, regress = batch["features"].float(), batch["learn"][:, 1:]
     feature_loss = torch.nn.functional.smooth_l1_loss(predicted[regress].float(), features[:, 1:][regress])
-    classify = learn[:, 2:]
-    chosen, targets, teacher = predicted[:, :-1][classify], ids[:, 2:][classify], features[:, 1:-1][classify]
     if ce_positions is not None and len(targets) > ce_positions:
         keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
         chosen, targets, teacher = chosen[keep], targets[keep], teacher[keep]
@@ -255,11 +263,7 @@ def run(args) -> int:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
             loss, _ = loss_of(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        run.step += 1
+        run.optimizer_step(loss, optimizer, head.parameters())
         if run.should_save(100, args.steps):
             head.eval()
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
