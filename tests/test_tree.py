@@ -76,6 +76,17 @@ def test_attention_mask_and_positions():
     assert tree_position_ids(rooted, 10).tolist() == [[10, 11, 11, 12, 12, 13]]
 
 
+def test_ancestor_matrix_matches_paths_on_random_trees():
+    generator = torch.Generator().manual_seed(0)
+    for size in (1, 7, 40):
+        parents = [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(size)]
+        tree = TokenTree(torch.arange(size), torch.tensor(parents))
+        expected = torch.zeros(size, size, dtype=torch.bool)
+        for node in range(size):
+            expected[node, tree.path_to(node)] = True
+        assert torch.equal(tree.ancestor_matrix(), expected)
+
+
 def _brute_force_top(root_probs, table, depth, top_k):
     """Every candidate EAGLE-2 creates, by plain recursion over paths: {path: log score}."""
     def top(probs):

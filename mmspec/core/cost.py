@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -84,6 +84,7 @@ class CostModel:
     """
 
     curve: dict[int, float]
+    _costs: list[float] = field(default_factory=list, init=False, repr=False)
 
     def forward_cost(self, m: int) -> float:
         points = sorted(self.curve.items())
@@ -104,7 +105,9 @@ class CostModel:
             drafting_time: seconds the drafter spent on this step.
         """
         gains = torch.cat([expected_gain.new_zeros(1), expected_gain.float().cumsum(0)]).cpu() + 1
-        costs = torch.tensor([self.forward_cost(n + 1) for n in range(len(gains))]) + drafting_time
+        while len(self._costs) < len(gains):  # C(1), C(2), ... interpolated once per size
+            self._costs.append(self.forward_cost(len(self._costs) + 1))
+        costs = torch.tensor(self._costs[: len(gains)]) + drafting_time
         return int(torch.argmax(gains / costs))
 
 

@@ -12,6 +12,7 @@ from .cache import SequenceState
 from .sampling import SamplingConfig, logits_to_probs, sample_from_probs
 from .target import Target, TargetOutput
 from .tree import TokenTree
+from .verify import exact_argmax
 
 
 @dataclass
@@ -115,7 +116,7 @@ class Drafter(ABC):
         """
         sampling = self.context.sampling
         if not sampling.do_sample:
-            return logits.argmax(-1), None
+            return exact_argmax(logits), None
         probs = logits_to_probs(logits, sampling)
         uniform = torch.rand(1, generator=self.context.generator, device=self.context.generator.device)
         return sample_from_probs(probs, uniform.to(probs.device)), probs

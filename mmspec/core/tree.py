@@ -136,11 +136,10 @@ class TokenTree:
 
     def ancestor_matrix(self) -> torch.Tensor:
         """BoolTensor [N, N]: A[i, j] = node j is node i or one of its ancestors."""
-        n = self.size
-        matrix = torch.eye(n, dtype=torch.bool)
-        for i, parent in enumerate(self.parents.tolist()):
-            if parent != ROOT:
-                matrix[i] |= matrix[parent]  # parents come first, so their rows are complete
+        matrix = torch.eye(self.size, dtype=torch.bool)
+        for level in range(2, self.max_depth + 1):  # one vectorised update per depth, shallow first
+            nodes = torch.nonzero(self.depth == level).flatten()
+            matrix[nodes] |= matrix[self.parents[nodes]]  # the parents' rows are complete already
         return matrix
 
     def is_chain(self) -> bool:

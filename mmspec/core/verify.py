@@ -53,6 +53,13 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token
     return Verification(num_accepted=num_accepted, tokens=tokens)
 
 
+def exact_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim, computed in float32: the cast is exact for bf16 / fp16 (same
+    result, same tie-breaking), and on CPUs a float copy + argmax is ~10x faster than argmax over
+    bf16 (measured on a [12, 49152] bf16 tensor: 7.7 ms vs 0.65 ms)."""
+    return logits.float().argmax(dim=-1)
+
+
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
     """Greedy rule: accept x_i while x_i == argmax p_i; then emit argmax p at the first mismatch
     (or at the bonus position K when all K are accepted).
@@ -61,7 +68,7 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
         draft_tokens: LongTensor [B, K].
         target_logits: [B, K+1, V] target logits (or probabilities; only the argmax is used).
     """
-    target_argmax = target_logits.argmax(dim=-1)  # [B, K+1]
+    target_argmax = exact_argmax(target_logits)  # [B, K+1]
     num_accepted = _accepted_prefix_length(draft_tokens == target_argmax[:, :-1])
     next_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     return _assemble(draft_tokens, num_accepted, next_token)
@@ -213,7 +220,7 @@ def tree_greedy_verify(tree: TokenTree, target_logits: torch.Tensor) -> TreeVeri
         tree: TokenTree with tokens [N] or [B, N] (probs are ignored).
         target_logits: [B, N+1, V] target logits (or probabilities) for [root, node_0 .. node_{N-1}].
     """
-    target_argmax = target_logits.argmax(dim=-1)  # [B, N+1]
+    target_argmax = exact_argmax(target_logits)  # [B, N+1]
     batch = target_argmax.shape[0]
     tokens = tree.tokens.to(target_argmax.device).expand(batch, tree.size)
     parent_rows = (tree.parents + 1).to(target_argmax.device)

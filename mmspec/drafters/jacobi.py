@@ -34,6 +34,7 @@ from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.sampling import logits_to_probs, sample_from_probs
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree
+from ..core.verify import exact_argmax
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical")
 
@@ -143,7 +144,7 @@ class JacobiDrafter(Drafter):
         """
         sampling = self.context.sampling
         if not sampling.do_sample:
-            self.carried_tokens, self.carried_probs = logits.argmax(-1), None
+            self.carried_tokens, self.carried_probs = exact_argmax(logits), None
             self.carried_logits = logits
             return
         new_probs = logits_to_probs(logits, sampling)
