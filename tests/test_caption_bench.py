@@ -36,8 +36,9 @@ def test_summary_shape_and_greedy_exactness(bench_run, capsys):
         for family, row in table.items():
             assert list(row) == methods
             assert row["ar"]["S"] == pytest.approx(1.0) and row["ar"]["tau"] == pytest.approx(1.0)
+            assert row["ar"]["S_token"] == pytest.approx(1.0)
             for method in methods[1:]:
-                assert row[method]["S"] > 0 and 1.0 <= row[method]["tau"] <= 9
+                assert row[method]["S"] > 0 and row[method]["S_token"] > 0 and 1.0 <= row[method]["tau"] <= 9
                 if temperature == "0" and family != "mean":
                     assert row[method]["exact"] == "2/2"  # fp32 greedy: identical to AR
     runs = json.loads(results.read_text())["runs"]
@@ -113,3 +114,11 @@ def test_task_filter_draws_only_those_kinds():
     assert [index for _, index, _, _ in everything] == [0, 1, 2]
     with pytest.raises(ValueError, match="unknown task kinds"):
         bench_items(["scenes"], 1, tasks="essay")
+
+
+def test_per_token_speedup_divides_time_per_token():
+    from mmspec.bench.caption import _per_token_speedup
+
+    ar = {"all_seconds": 4.0, "all_tokens": 40}  # 0.1 s per token
+    method = {"all_seconds": 1.5, "all_tokens": 30}  # 0.05 s per token, shorter captions
+    assert _per_token_speedup(ar, method) == pytest.approx(2.0)

@@ -169,36 +169,50 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
     summary = {}
     for temperature in temperatures:
         table = summary[f"{temperature:g}"] = {}
-        totals = {m: [0.0, 0.0] for m in methods}
+        totals = {m: {"seconds": 0.0, "base": 0.0, "all_seconds": 0.0, "all_tokens": 0} for m in methods}
         for family, family_indices in indices.items():
             row = table[family] = {}
             base_total = 0.0
-            per_method = {m: {"seconds": 0.0, "tau": [], "acceptance": [], "exact": 0} for m in methods}
+            per_method = {m: {"seconds": 0.0, "tau": [], "acceptance": [], "exact": 0, "all_seconds": 0.0, "all_tokens": 0} for m in methods}
             for index in family_indices:
-                def median(method):
-                    return statistics.median(runs[f"{temperature:g}/{family}/{index}/{method}/{r}"]["seconds"] for r in range(1, repeats + 1))
-                base = median("ar")
+                def rounds(method):
+                    return [runs[f"{temperature:g}/{family}/{index}/{method}/{r}"] for r in range(1, repeats + 1)]
+
+                base = statistics.median(record["seconds"] for record in rounds("ar"))
                 base_total += base
                 ar_tokens = runs[f"{temperature:g}/{family}/{index}/ar/1"]["tokens"]
                 for method in methods:
                     record = runs[f"{temperature:g}/{family}/{index}/{method}/1"]
                     cell = per_method[method]
-                    cell["seconds"] += median(method)
+                    cell["seconds"] += statistics.median(r["seconds"] for r in rounds(method))
+                    cell["all_seconds"] += sum(r["seconds"] for r in rounds(method))
+                    cell["all_tokens"] += sum(len(r["tokens"]) for r in rounds(method))
                     cell["tau"].append(record["tau"])
                     if record["acceptance"] is not None:
                         cell["acceptance"].append(record["acceptance"])
                     cell["exact"] += record["tokens"] == ar_tokens
             for method, cell in per_method.items():
                 row[method] = {
-                    "S": base_total / cell["seconds"], "tau": statistics.mean(cell["tau"]),
+                    "S": base_total / cell["seconds"], "S_token": _per_token_speedup(per_method["ar"], cell),
+                    "tau": statistics.mean(cell["tau"]),
                     "acceptance": statistics.mean(cell["acceptance"]) if cell["acceptance"] else None,
                     "exact": f"{cell['exact']}/{len(family_indices)}", "seconds": cell["seconds"],
                 }
-                totals[method][0] += cell["seconds"]
-                totals[method][1] += base_total
-        table["mean"] = {m: {"S": totals[m][1] / totals[m][0],
+                total = totals[method]
+                total["seconds"] += cell["seconds"]
+                total["base"] += base_total
+                total["all_seconds"] += cell["all_seconds"]
+                total["all_tokens"] += cell["all_tokens"]
+        table["mean"] = {m: {"S": totals[m]["base"] / totals[m]["seconds"], "S_token": _per_token_speedup(totals["ar"], totals[m]),
                              "tau": statistics.mean(table[f][m]["tau"] for f in indices)} for m in methods}
     return summary
+
+
+def _per_token_speedup(ar: dict, method: dict) -> float:
+    """AR's seconds per generated token over the method's, over every measured round. Under
+    sampling each method draws its own captions, whose lengths differ from AR's, so a ratio of
+    whole-caption times mixes speed with length; the per-token ratio does not (prefill included)."""
+    return (ar["all_seconds"] / max(1, ar["all_tokens"])) / (method["all_seconds"] / max(1, method["all_tokens"]))
 
 
 def render_tables(summary: dict, meta: dict) -> str:
@@ -209,7 +223,9 @@ def render_tables(summary: dict, meta: dict) -> str:
         lines += [
             f"\n**Temperature {temperature}** ({meta['model']}, {meta['dtype']}, {meta['threads']} thread(s), "
             f"{meta['per_family']} test items per family ({meta.get('tasks', 'all')} tasks), median of {meta['repeats']} interleaved rounds; "
-            "cell = S / tau; exact = greedy outputs identical to AR)\n",
+            + ("cell = S / tau; exact = greedy outputs identical to AR)\n" if temperature == "0" else
+               "cell = S / tau / S per token: sampled captions differ in length, so S per token = AR's seconds per token "
+               "over the method's, over every round)\n"),
             "| family | " + " | ".join(methods) + " |",
             "|---" * (len(methods) + 1) + "|",
         ]
@@ -220,6 +236,8 @@ def render_tables(summary: dict, meta: dict) -> str:
                 text = f"{cell['S']:.2f} / {cell['tau']:.2f}"
                 if temperature == "0" and "exact" in cell and method != "ar":
                     text += f" ({cell['exact']})"
+                if temperature != "0":
+                    text += f" / {cell['S_token']:.2f}"
                 cells.append(text)
             lines.append(f"| {family} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
