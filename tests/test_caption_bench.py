@@ -122,3 +122,13 @@ def test_per_token_speedup_divides_time_per_token():
     ar = {"all_seconds": 4.0, "all_tokens": 40}  # 0.1 s per token
     method = {"all_seconds": 1.5, "all_tokens": 30}  # 0.05 s per token, shorter captions
     assert _per_token_speedup(ar, method) == pytest.approx(2.0)
+
+
+def test_text_bench_overall_table_sums_times():
+    from mmspec.bench.text import overall_table
+
+    cells = {("qa", "ar"): (2.0, 2.0, 1.0), ("qa", "eagle"): (1.0, 2.0, 3.0),
+             ("math", "ar"): (6.0, 6.0, 1.0), ("math", "eagle"): (2.0, 6.0, 4.0)}
+    lines = overall_table(cells, ["ar", "eagle"], ["qa", "math", "rag"], "bf16")
+    assert lines[1] == "| method | qa | math | overall |"  # types without runs are left out
+    assert lines[-1] == "| eagle | 2.00 / 3.00 | 3.00 / 4.00 | 2.67 |"  # overall = (2 + 6) / (1 + 2)

@@ -210,6 +210,7 @@ def render_tables(results: dict, methods: list[str], prompt_types: list[str], dt
             "| prompt type | method | time (s) | S | S_hf | tau | accept | exact |",
             "|---|---|---|---|---|---|---|---|",
         ]
+        cells: dict[tuple[str, str], tuple[float, float, float | None]] = {}
         for ptype in prompt_types:
             for method in methods:
                 per_prompt = []
@@ -237,4 +238,30 @@ def render_tables(results: dict, methods: list[str], prompt_types: list[str], dt
                 exact = sum(sum(p[5]) for p in per_prompt)
                 total = sum(len(p[5]) for p in per_prompt)
                 lines.append(f"| {ptype} | {method} | {time_s:.2f} | {speedup:.2f} | {s_hf} | {tau} | {accept} | {exact}/{total} |")
+                cells[ptype, method] = (time_s, sum(p[1] for p in per_prompt), statistics.mean(taus) if taus else None)
+        lines += overall_table(cells, methods, prompt_types, dtype_name)
     return "\n".join(lines) + "\n"
+
+
+def overall_table(cells: dict, methods: list[str], prompt_types: list[str], dtype_name: str) -> list[str]:
+    """The seeds' LLM-table layout: one row per method, S / tau per prompt type and overall
+    (S overall = AR's summed median time over the method's, over every prompt).
+
+    Args:
+        cells: {(prompt type, method): (method seconds, AR seconds, mean tau or None)}.
+    """
+    types = [t for t in prompt_types if any((t, m) in cells for m in methods)]
+    lines = [f"\n**{dtype_name}, overall** (cell = S / tau; overall S = summed AR time over summed method time)\n",
+             "| method | " + " | ".join(types) + " | overall |", "|---" * (len(types) + 2) + "|"]
+    for method in methods:
+        row, spent, base = [], 0.0, 0.0
+        for ptype in types:
+            if (ptype, method) not in cells:
+                row.append("-")
+                continue
+            seconds, ar_seconds, tau = cells[ptype, method]
+            spent, base = spent + seconds, base + ar_seconds
+            row.append(f"{ar_seconds / seconds:.2f}" + (f" / {tau:.2f}" if tau is not None else ""))
+        if spent:
+            lines.append(f"| {method} | " + " | ".join(row) + f" | {base / spent:.2f} |")
+    return lines
