@@ -62,3 +62,17 @@ def test_depth_calibration_tracks_observed_acceptance():
     shallow = DepthCalibration(max_depth=3)
     shallow.update(torch.tensor([0.0, 0.5]), accepted_length=0)  # a depth-1 tree leaves depths 2-3 alone
     assert shallow.factors()[2] == 1 and shallow.factors()[1] < 1
+
+
+def test_chain_acceptance_is_a_product_of_conditional_rates():
+    from mmspec.core.cost import ChainAcceptance
+
+    chain = ChainAcceptance(max_depth=4, decay=0.5)
+    assert chain.survival().tolist() == [1.0, 1.0, 1.0, 1.0, 1.0]  # trusted until evidence arrives
+    chain.update(drafted_depth=4, accepted_length=1)  # depth 1 accepted, depth 2 rejected; 3, 4 not reached
+    assert chain.rates.tolist() == [1.0, 1.0, 0.5, 1.0, 1.0]
+    assert chain.survival().tolist() == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.5])
+    chain.update(drafted_depth=2, accepted_length=0)  # a shallow step: only depth 1 is reached
+    assert chain.rates.tolist() == [1.0, 0.5, 0.5, 1.0, 1.0]
+    # the deeper rates keep their conditional values, so the plan can grow again
+    assert chain.survival()[4] == pytest.approx(0.25)

@@ -144,3 +144,35 @@ class DepthCalibration:
         old = 1 - self.decay
         self.predicted[depths] = self.decay * self.predicted[depths] + old * depth_sums[1:].float()
         self.accepted[depths] = self.decay * self.accepted[depths] + old * (depths <= accepted_length).float()
+
+
+class ChainAcceptance:
+    """Online estimate of how far a drafted chain is accepted, P(accepted >= d) for d = 1 .. D.
+
+    It is kept as conditional rates a_d = P(draft d accepted | drafts 1 .. d-1 accepted), each a
+    running mean updated only by steps that reached depth d (drafted it with 1 .. d-1 accepted):
+
+        P(accepted >= d) = a_1 a_2 ... a_d.
+
+    Unlike a running mean of P(accepted >= d) per depth, a depth that a shallow plan stops drafting
+    keeps a sensible estimate (its conditional rate, not a product frozen at a bad moment), so a
+    plan shortened by a run of rejections can grow again.
+
+    Args:
+        max_depth: deepest draft position tracked.
+        decay: running-mean weight of the past per step that reached the depth.
+    """
+
+    def __init__(self, max_depth: int, decay: float = 0.8) -> None:
+        self.rates = torch.ones(max_depth + 1)  # index = depth; index 0 unused
+        self.decay = decay
+
+    def survival(self) -> torch.Tensor:
+        """[max_depth + 1]: entry d = P(accepted >= d) (entry 0 = 1)."""
+        return torch.cat([torch.ones(1), self.rates[1:].clamp(0.02, 1.0).cumprod(0)])
+
+    def update(self, drafted_depth: int, accepted_length: int) -> None:
+        """One verified chain (or tree) of depth ``drafted_depth`` whose accepted path has length
+        ``accepted_length``: depths 1 .. min(drafted, accepted + 1) were reached."""
+        for depth in range(1, min(drafted_depth, accepted_length + 1, len(self.rates) - 1) + 1):
+            self.rates[depth] = self.decay * self.rates[depth] + (1 - self.decay) * float(accepted_length >= depth)

@@ -30,7 +30,7 @@ from torch import nn
 from ..adapters.hf import text_decoder
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, Drafter, register_drafter
-from ..core.cost import CostModel, DepthCalibration, cached_verification_cost
+from ..core.cost import ChainAcceptance, CostModel, DepthCalibration, cached_verification_cost
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, sampled_dynamic_tree
@@ -256,6 +256,7 @@ class Eagle2Drafter(EagleDrafter):
         self.layer_seconds: float | None = None  # running mean time of drafting one tree layer
         self.calibration = DepthCalibration(depth)
         self.verified_depth_sums: torch.Tensor | None = None  # sum of V per depth of the tree in verification
+        self.chain_acceptance = ChainAcceptance(depth)  # sampled trees: how far the first-child chain is accepted
         # sampled trees: siblings (children after a node's first) are calibrated apart from the chain
         self.sibling_calibration = DepthCalibration(1)
         self.verified_siblings: tuple[set[int], float] | None = None  # (sibling nodes, sum of their V)
@@ -265,6 +266,7 @@ class Eagle2Drafter(EagleDrafter):
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
         self.calibration, self.verified_depth_sums = DepthCalibration(self.depth), None
+        self.chain_acceptance = ChainAcceptance(self.depth)
         self.sibling_calibration, self.verified_siblings = DepthCalibration(1), None
         self.layer_seconds = None  # timed afresh per generation, like the rest of the drafter state
         if self.num_nodes == "auto":
@@ -274,8 +276,10 @@ class Eagle2Drafter(EagleDrafter):
         super().on_verified(num_drafted, num_accepted, target_output)
         if self.verified_depth_sums is not None and num_drafted:
             self.calibration.update(self.verified_depth_sums, num_accepted)
-        if self.verified_siblings is not None and self.verified_siblings[1] > 0:
-            self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
+        if self.verified_siblings is not None:
+            self.chain_acceptance.update(self.drafted_depths[-1], num_accepted)
+            if self.verified_siblings[1] > 0:
+                self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
         self.verified_depth_sums, self.verified_siblings = None, None
 
     def _samples_children(self) -> bool:
@@ -373,11 +377,11 @@ class Eagle2Drafter(EagleDrafter):
                 gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
                 tree = tree.select(order[: self.cost_model.best_size(gains, time.perf_counter() - started)].cpu())
             values = tree.scores.exp().float().cpu()
-            if sampled:  # the chain of first children per depth; the siblings apart
+            if sampled:  # the chain of first children (ChainAcceptance); the siblings apart
                 siblings = sorted(kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:])
                 self.verified_siblings = (set(siblings), float(values[siblings].sum()))
-                values[siblings] = 0.0
-            self.verified_depth_sums = torch.zeros(tree.max_depth + 1).index_add_(0, tree.depth, values)
+            else:
+                self.verified_depth_sums = torch.zeros(tree.max_depth + 1).index_add_(0, tree.depth, values)
         self.chosen_nodes.append(tree.size)
         if tree.size == 0:
             return Draft(tokens=state.tokens.new_empty((1, 0)))
@@ -386,10 +390,11 @@ class Eagle2Drafter(EagleDrafter):
     def _chain_depth(self, max_depth: int, spent: float) -> int:
         """Sampled trees: the depth D of the first-child chain, fixed before anything is drawn.
 
-        A first child has V = V(parent), so the chain's expected accepted tokens are the calibrated
-        rho_1 + ... + rho_D; D maximises (1 + sum_{d <= D} rho_d) / (C(D + 1) + (D - 1) c_layer + t).
-        At least 1, so the calibration keeps seeing evidence."""
-        rho = self.calibration.factors()
+        The chain's expected accepted tokens are s_1 + ... + s_D with s_d = P(accepted >= d) as
+        observed so far (:class:`~mmspec.core.cost.ChainAcceptance`); D maximises
+        (1 + sum_{d <= D} s_d) / (C(D + 1) + (D - 1) c_layer + t). At least 1, so the estimate
+        keeps seeing evidence."""
+        rho = self.chain_acceptance.survival()
         layer = self.layer_seconds or 0.0
         best, best_speed, gain = 1, 0.0, 1.0
         for d in range(1, max_depth + 1):
@@ -406,7 +411,7 @@ class Eagle2Drafter(EagleDrafter):
         the nodes and calibrated gains opened or still planned, g = rho V and t the time so far.
         Off-chain slots (siblings and their subtrees) have their own calibration: how often the
         accepted path left the chain through a sibling, per unit of sibling V drafted."""
-        rho = self.calibration.factors()
+        rho = self.chain_acceptance.survival()
         rho_sibling = float(self.sibling_calibration.factors()[1])
         planned = {"nodes": chain_depth, "gain": float(rho[1 : chain_depth + 1].sum())}
 
