@@ -64,18 +64,27 @@ class TokenTree:
             raise ValueError(
                 f"probs must be [*tokens.shape, V], got {tuple(self.probs.shape)} for tokens {tuple(self.tokens.shape)}"
             )
-        parents = self.parents.tolist()
-        depth = []
-        for i, parent in enumerate(parents):
-            if not -1 <= parent < i:
-                raise ValueError(f"node {i} has parent {parent}; nodes must be topologically ordered (-1 <= parent < index)")
-            depth.append(1 if parent == ROOT else depth[parent] + 1)
-        self.depth = torch.tensor(depth, dtype=torch.long)
-        # Children of each input row (row 0 = the root, row 1 + i = node i), in try order.
-        self._children: list[list[int]] = [[] for _ in range(n + 1)]
-        for i, parent in enumerate(parents):
-            self._children[parent + 1].append(i)
+        misplaced = (self.parents < ROOT) | (self.parents >= torch.arange(n))
+        if bool(misplaced.any()):
+            i = int(torch.nonzero(misplaced)[0])
+            raise ValueError(f"node {i} has parent {int(self.parents[i])}; nodes must be topologically ordered (-1 <= parent < index)")
+        # depth by walking all nodes' ancestors at once: one vectorised step per tree level
+        self.depth = torch.ones(n, dtype=torch.long)
+        ancestor = self.parents
+        while bool((ancestor != ROOT).any()):
+            above = ancestor != ROOT
+            self.depth += above
+            ancestor = torch.where(above, self.parents[ancestor.clamp(min=0)], ancestor)
+        self._children: list[list[int]] | None = None  # built on first use (children, sibling_groups)
         self._groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def _child_lists(self) -> list[list[int]]:
+        """Children of each input row (row 0 = the root, row 1 + i = node i), in try order."""
+        if self._children is None:
+            self._children = [[] for _ in range(self.size + 1)]
+            for i, parent in enumerate(self.parents.tolist()):
+                self._children[parent + 1].append(i)
+        return self._children
 
     # structure ------------------------------------------------------------------------------
     @property
@@ -90,7 +99,7 @@ class TokenTree:
 
     def children(self, node: int) -> list[int]:
         """Children of ``node`` (-1: of the root), in the order verification tries them."""
-        return list(self._children[node + 1])
+        return list(self._child_lists()[node + 1])
 
     def select(self, nodes: torch.Tensor) -> "TokenTree":
         """The sub-tree of ``nodes`` (LongTensor [n], ancestor-closed: every kept node's parent is
@@ -128,8 +137,9 @@ class TokenTree:
         """
         if self._groups is None:
             groups = []
-            for rank in range(max(map(len, self._children))):
-                nodes = torch.tensor([kids[rank] for kids in self._children if len(kids) > rank], dtype=torch.long)
+            children = self._child_lists()
+            for rank in range(max(map(len, children))):
+                nodes = torch.tensor([kids[rank] for kids in children if len(kids) > rank], dtype=torch.long)
                 groups.append((nodes, self.parents[nodes] + 1))
             self._groups = groups
         return self._groups
