@@ -182,11 +182,12 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                 base_total += base
                 ar_tokens = runs[f"{temperature:g}/{family}/{index}/ar/1"]["tokens"]
                 for method in methods:
-                    record = runs[f"{temperature:g}/{family}/{index}/{method}/1"]
+                    measured = rounds(method)
+                    record = measured[0]
                     cell = per_method[method]
-                    cell["seconds"] += statistics.median(r["seconds"] for r in rounds(method))
-                    cell["all_seconds"] += sum(r["seconds"] for r in rounds(method))
-                    cell["all_tokens"] += sum(len(r["tokens"]) for r in rounds(method))
+                    cell["seconds"] += statistics.median(r["seconds"] for r in measured)
+                    cell["all_seconds"] += sum(r["seconds"] for r in measured)
+                    cell["all_tokens"] += sum(len(r["tokens"]) for r in measured)
                     cell["tau"].append(record["tau"])
                     if record["acceptance"] is not None:
                         cell["acceptance"].append(record["acceptance"])
@@ -198,11 +199,9 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                     "acceptance": statistics.mean(cell["acceptance"]) if cell["acceptance"] else None,
                     "exact": f"{cell['exact']}/{len(family_indices)}", "seconds": cell["seconds"],
                 }
-                total = totals[method]
-                total["seconds"] += cell["seconds"]
-                total["base"] += base_total
-                total["all_seconds"] += cell["all_seconds"]
-                total["all_tokens"] += cell["all_tokens"]
+                totals[method]["base"] += base_total
+                for key in ("seconds", "all_seconds", "all_tokens"):
+                    totals[method][key] += cell[key]
         table["mean"] = {m: {"S": totals[m]["base"] / totals[m]["seconds"], "S_token": _per_token_speedup(totals["ar"], totals[m]),
                              "tau": statistics.mean(table[f][m]["tau"] for f in indices)} for m in methods}
     return summary

@@ -71,10 +71,11 @@ class TokenTree:
         # depth by walking all nodes' ancestors at once: one vectorised step per tree level
         self.depth = torch.ones(n, dtype=torch.long)
         ancestor = self.parents
-        while bool((ancestor != ROOT).any()):
-            above = ancestor != ROOT
+        above = ancestor != ROOT
+        while bool(above.any()):
             self.depth += above
             ancestor = torch.where(above, self.parents[ancestor.clamp(min=0)], ancestor)
+            above = ancestor != ROOT
         self._children: list[list[int]] | None = None  # built on first use (children, sibling_groups)
         self._groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 

@@ -234,8 +234,9 @@ class Eagle2Drafter(EagleDrafter):
     forward, C(1)) is expected to repay the time the layer costs (c_layer: head forward + tree
     bookkeeping, timed as it runs); the mean depth drafted is in the stats. Both use the confidences
     calibrated per depth against the acceptance observed so far in the generation
-    (:class:`mmspec.core.cost.DepthCalibration`): the head is trained on greedy outputs, so under
-    sampling its V overstates acceptance.
+    (:class:`mmspec.core.cost.DepthCalibration`). Sampled trees plan their first-child chain from
+    the observed conditional acceptance per depth instead (:class:`mmspec.core.cost.ChainAcceptance`,
+    :meth:`_chain_depth`).
 
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
     predicted feature at its parent and its own token, and attends to the committed pairs and its
