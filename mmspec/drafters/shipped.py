@@ -35,7 +35,7 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
     Raises:
         ValueError: the model is not one of mmspec's embedded models, or nothing is shipped for it.
     """
-    from ..modeling.captioner import models_dir
+    from ..hub import models_dir
 
     names = embedded_names(model)
     for name in names:

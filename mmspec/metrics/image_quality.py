@@ -42,7 +42,7 @@ PAD_ID, UNK_ID = 0, 1  # compact token ids; the kept BPE tokens follow from 2 in
 
 
 def default_metric_dir() -> Path:
-    from ..modeling.captioner import models_dir
+    from ..hub import models_dir
 
     return models_dir() / "t2i-clip"
 

@@ -11,10 +11,11 @@ is assembled at load time from them and the installed SmolLM2 weights. The proce
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
+
+from ..hub import models_dir
 
 IMAGE_SIZE = 128
 PATCH_SIZE = 16
@@ -33,11 +34,6 @@ CHAT_TEMPLATE = (
     "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
     "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def models_dir() -> Path:
-    """Top-level ``models/`` of the repository (override with $MMSPEC_MODELS_DIR)."""
-    return Path(os.environ.get("MMSPEC_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
 
 
 def default_captioner_dir() -> Path:

@@ -36,7 +36,8 @@ from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
 from ..hub import resolve_dtype
-from ..textgen import generate_with_baseline, resolve_device
+from ..api import generate_with_baseline
+from ..hub import resolve_device
 from .images import ImageInput, load_image
 
 DEFAULT_PROMPT = "Describe the image."

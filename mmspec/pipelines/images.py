@@ -175,3 +175,9 @@ def _wide_mode_to_uint8(image: Image.Image) -> np.ndarray:
         return _from_16bit(values)
     span = max(high - low, 1e-12)
     return np.rint((values.astype(np.float64) - low) * (255.0 / span)).astype(np.uint8)
+
+
+def to_pil(images) -> list[Image.Image]:
+    """float [B, 3, H, W] in [-1, 1] -> PIL images."""
+    array = ((images.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in array]

@@ -37,7 +37,7 @@ from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import Drafter, JacobiDrafter, ModelDrafter
 from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
-from ..textgen import resolve_device
+from ..hub import resolve_device
 
 #: method -> what it is (shown by the CLI)
 METHODS = {
@@ -78,7 +78,7 @@ def _looks_local(model: str | Path) -> bool:
 
 
 def default_t2i_dir() -> Path:
-    from ..modeling.captioner import models_dir
+    from ..hub import models_dir
 
     return models_dir() / "t2i"
 
@@ -434,7 +434,7 @@ class TextToImagePipeline:
         return runs, torch.stack(tokens), torch.stack(maps).view(len(seeds), *self.target.grid), time.perf_counter() - started
 
     def decode(self, tokens: torch.Tensor) -> list:
-        from ..train.t2i_data import to_pil
+        from .images import to_pil
 
         return to_pil(self.tokenizer.decode(tokens.to(self.device)))
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from ..hub import fast_bf16
-from ..modeling.captioner import build_processor, models_dir
+from ..hub import models_dir
+from ..modeling.captioner import build_processor
 from .checkpoint import TrainingRun, warmup_cosine
 from .data import FAMILIES, make_sample
 

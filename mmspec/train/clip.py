@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics.image_quality import CompactTokenizer, MetricCLIP, clip_config
-from ..modeling.captioner import models_dir
+from ..hub import models_dir
 from .checkpoint import TrainingRun, add_run_arguments
 from .t2i_data import scene_pool, to_model_range
 

@@ -34,7 +34,7 @@ from ..drafters.kangaroo import KangarooAdapter
 from ..drafters.medusa import DraftHeads
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import fast_bf16, resolve_dtype
-from ..modeling.captioner import models_dir
+from ..hub import models_dir
 from .checkpoint import TrainingRun, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")

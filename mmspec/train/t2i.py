@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..hub import fast_bf16
-from ..modeling.captioner import models_dir
+from ..hub import models_dir
 from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer

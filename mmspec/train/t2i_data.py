@@ -63,11 +63,3 @@ def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int
 def to_model_range(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B, 3, H, W] -> float [B, 3, H, W] in [-1, 1]."""
     return images.float() / 127.5 - 1.0
-
-
-def to_pil(images: torch.Tensor) -> list:
-    """float [B, 3, H, W] in [-1, 1] -> PIL images."""
-    from PIL import Image
-
-    array = ((images.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
-    return [Image.fromarray(a) for a in array]

@@ -18,7 +18,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from ..modeling.captioner import models_dir
+from ..hub import models_dir
 from ..modeling.vq import VQConfig, VQTokenizer
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 from .t2i_data import scene_pool, to_model_range

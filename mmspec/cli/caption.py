@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from .captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
-from .images import open_image_file
+from ..pipelines.captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
+from ..pipelines.images import open_image_file
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
 
 def add_parser(subparsers) -> None:
-    from ..cli_args import add_model_args, add_sampling_args
+    from .args import add_model_args, add_sampling_args
 
     cap = subparsers.add_parser("caption", help="caption images (or ask about them) with a drafter, and show the speed")
     cap.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, WebP, TIFF, ...)")

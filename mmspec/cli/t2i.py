@@ -15,7 +15,7 @@ import torch
 
 
 def add_parser(subparsers) -> None:
-    from .text_to_image import METHODS
+    from ..pipelines.text_to_image import METHODS
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
     cmd.add_argument("prompt")

@@ -7,10 +7,10 @@ import argparse
 import importlib
 import sys
 
-from .hub import MissingDependencyError
+from ..hub import MissingDependencyError
 
 #: modules that define a subcommand, in the order of ``mmspec --help``
-SUBCOMMAND_MODULES = ("mmspec.textgen", "mmspec.pipelines.caption_cli", "mmspec.pipelines.t2i_cli", "mmspec.bench.cli", "mmspec.train.cli")
+SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.bench.cli", "mmspec.train.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Text generation from the command line (``mmspec generate``) on a causal LM such as SmolLM2."""
+"""``mmspec generate``: text generation from the command line on a causal LM such as SmolLM2."""
 
 from __future__ import annotations
 
@@ -7,40 +7,13 @@ from pathlib import Path
 
 import torch
 
-from .api import GenerateOutput, generate
-from .drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
-from .hub import load_causal_lm
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def chat_inputs(tokenizer, prompt: str, raw: bool = False) -> dict[str, torch.Tensor]:
-    """Tokenise a user message ([1, L] tensors), wrapped in the chat template unless ``raw``."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty; give the text to respond to")
-    if raw or tokenizer.chat_template is None:
-        return dict(tokenizer(prompt, return_tensors="pt"))
-    messages = [{"role": "user", "content": prompt}]
-    return dict(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True))
-
-
-def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **kwargs) -> tuple[GenerateOutput, GenerateOutput]:
-    """Run plain AR decoding and the drafter on the same inputs in one process (after a short warm-up)
-    and set ``stats.speedup`` = baseline wall time / method wall time on the method's output."""
-    if warmup:
-        generate(model, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs)
-    baseline = generate(model, drafter=None, **kwargs, **inputs)
-    method = generate(model, drafter=drafter, **kwargs, **inputs)
-    method.stats.speedup = baseline.stats.wall_time_s / method.stats.wall_time_s
-    return method, baseline
+from ..api import chat_inputs, generate, generate_with_baseline
+from ..drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
+from ..hub import load_causal_lm, resolve_device
 
 
 def add_parser(subparsers) -> None:
-    from .cli_args import add_model_args, add_sampling_args
+    from .args import add_model_args, add_sampling_args
 
     gen = subparsers.add_parser("generate", help="generate text from a prompt with a drafter, and show the speed")
     gen.add_argument("prompt", help="the user message (wrapped in the model's chat template unless --raw)")
