@@ -180,6 +180,7 @@ def test_tree_lantern_output_distribution_and_tv_bound(delta):
 
 def test_loop_runs_lantern_on_a_dynamic_tree():
     from mmspec.core.loop import _tree_step
+    from mmspec.core.rules import resolve_rule
     from mmspec.core.drafter import Draft
     from mmspec.core.sampling import SamplingConfig
     from mmspec.core.target import TargetOutput
@@ -198,9 +199,9 @@ def test_loop_runs_lantern_on_a_dynamic_tree():
 
     tree = TokenTree(torch.tensor([1, 1]), torch.tensor([-1, 0]))  # a chain 1 -> 1
     sampling = SamplingConfig(do_sample=False)
-    kwargs = {"neighbours": table, "delta": 0.7}  # p~(1) = 0.3 + 0.6 >= max p: accepted greedily
-    verification, _, _ = _tree_step("lantern", Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None, kwargs)
+    rule = resolve_rule("lantern", sampling, {"neighbours": table, "delta": 0.7})  # p~(1) = 0.3 + 0.6 >= max p: accepted
+    verification, _, _ = _tree_step(rule, Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None)
     assert int(verification.num_accepted[0]) == 2
-    kwargs["delta"] = 0.5  # A is empty (0.6 > 0.5): 0.3 < 0.6, rejected
-    verification, _, _ = _tree_step("lantern", Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None, kwargs)
+    rule = resolve_rule("lantern", sampling, {"neighbours": table, "delta": 0.5})  # A is empty (0.6 > 0.5): 0.3 < 0.6, rejected
+    verification, _, _ = _tree_step(rule, Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None)
     assert int(verification.num_accepted[0]) == 0 and int(verification.tokens[0, 0]) == 2

@@ -595,13 +595,6 @@ def test_chain_tree_drafts_reproduce_linear_sampling():
     assert linear.stats.accepted == chain.stats.accepted
 
 
-def test_typical_acceptance_with_tree_fails_loudly():
-    case = make_tiny("llama")
-    with pytest.raises(ValueError, match="token trees"):
-        mmspec.generate(case.model, drafter=TreeModelDrafter(case.model), max_new_tokens=4, do_sample=True,
-                        acceptance="typical", **case.inputs)
-
-
 # end to end: the loop with stochastic and deterministic trees samples the target's distribution ----
 def test_loop_with_trees_samples_target_distribution():
     from test_distribution import NEW, PROMPT, TEMPERATURE, TOP_K, VOCAB, exact_marginals, tiny_llama

@@ -59,11 +59,11 @@ def test_speculative_deterministic_draft_residual_excludes_draft():
 def test_typical_threshold():
     # position 0: peaked p -> threshold eps; the draft has p = 0.05 < 0.09 -> rejected
     probs = torch.tensor([[[0.95, 0.05, 0, 0], [0.25, 0.25, 0.25, 0.25]]])
-    v = typical_verify(torch.tensor([[1]]), probs, torch.tensor([0.0]))
+    v = typical_verify(torch.tensor([[1]]), probs, torch.tensor([0.0]), posterior_threshold=0.09, posterior_alpha=0.3)
     assert v.num_accepted.tolist() == [0] and v.tokens.tolist() == [[0, PAD]]
     # uniform p: threshold = min(0.09, 0.3 * exp(-ln 4)) = 0.075 < 0.25 -> accepted
     probs = torch.tensor([[[0.25, 0.25, 0.25, 0.25], [0, 0, 1.0, 0]]])
-    v = typical_verify(torch.tensor([[3]]), probs, torch.tensor([0.5]))
+    v = typical_verify(torch.tensor([[3]]), probs, torch.tensor([0.5]), posterior_threshold=0.09, posterior_alpha=0.3)
     assert v.tokens.tolist() == [[3, 2]]
 
 

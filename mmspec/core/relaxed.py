@@ -3,7 +3,7 @@
 Visual AR models spread probability over many interchangeable codes; these rules accept a draft
 when the target's mass *near* it (in the tokenizer's latent space) is high enough. They are lossy
 by design, with the loss bounded in total variation. Pure functions like :mod:`mmspec.core.verify`:
-no model, no cache, randomness passed in. Formulas: ../shared/algorithms.md.
+no model, no cache, randomness passed in. Formulas: docs/usage.md (acceptance rules) and the papers below.
 
 Neighbour tables (:func:`neighbour_table`): for a codebook E [V, d], row v lists the k codes
 nearest to v by L2 distance, nearest first, v itself excluded.
@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from .sampling import sample_from_probs
-from .verify import Verification, _accepted_prefix_length, _assemble, _first_accepted_child, _tree_assemble, _walk
+from .verify import (TreeVerification, Verification, _accepted_prefix_length, _assemble, _first_accepted_child,
+                     _tree_assemble, _walk)
 
 
 def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
@@ -120,7 +121,7 @@ def _draft_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, vo
 
 def lantern_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                    neighbours: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
-                   delta: float | None = 0.1, lam: float | None = None) -> Verification:
+                   delta: float | None = None, lam: float | None = None) -> Verification:
     """LANTERN (``delta``) / LANTERN++ (``lam``, pass delta=None) on a linear draft.
 
     Shapes as :func:`~mmspec.core.verify.speculative_verify`: draft_tokens [B, K], draft_probs
@@ -146,7 +147,7 @@ def lantern_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
 
 
 def lantern_greedy_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, neighbours: torch.Tensor,
-                          delta: float | None = 0.1, lam: float | None = None) -> Verification:
+                          delta: float | None = None, lam: float | None = None) -> Verification:
     """Greedy LANTERN: accept x while p(x) + c_{|A|} >= max p; then emit argmax p.
 
     target_probs: [B, K+1, V] the target's (un-truncated) distributions."""
@@ -157,19 +158,33 @@ def lantern_greedy_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor
     return _assemble(draft_tokens, num_accepted, argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1))
 
 
+def gsd_cluster(p: torch.Tensor, tokens: torch.Tensor, neighbours: torch.Tensor, top_m: int) -> torch.Tensor:
+    """GSD's cluster C of each drafted token: {x} plus those of x's neighbours among the ``top_m``
+    most likely codes of p.
+
+    Args:
+        p: [..., V] the distribution the draft is tested against; tokens: LongTensor [...] the drafts x;
+        neighbours: LongTensor [V, k].
+    Returns:
+        BoolTensor [..., V], True on C.
+    """
+    near = neighbours.to(tokens.device)[tokens]  # [..., k]
+    top = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, p.topk(min(top_m, p.shape[-1]), dim=-1).indices, True)
+    cluster = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, near, top.gather(-1, near))
+    return cluster.scatter_(-1, tokens.unsqueeze(-1), True)
+
+
 def gsd_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                neighbours: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
-               top_m: int = 50) -> Verification:
+               *, top_m: int) -> Verification:
     """Grouped speculative decoding: accept x iff r < min(1, p(C) / q(C)) with C = {x} plus x's
-    neighbours among the target's ``top_m`` most likely codes. Shapes as :func:`lantern_verify`."""
+    neighbours among the target's ``top_m`` most likely codes (:func:`gsd_cluster`); on rejection
+    draw from norm(max(0, p - q)) with C zeroed. Shapes as :func:`lantern_verify`."""
     batch, k = draft_tokens.shape
     vocab = target_probs.shape[-1]
     p = target_probs[:, :k]
-    near = neighbours.to(draft_tokens.device)[draft_tokens]  # [B, K, k]
-    top = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, p.topk(min(top_m, vocab), dim=-1).indices, True)
     cluster = torch.zeros_like(target_probs, dtype=torch.bool)
-    cluster[:, :k].scatter_(-1, near, top.gather(-1, near))
-    cluster[:, :k].scatter_(-1, draft_tokens.unsqueeze(-1), True)
+    cluster[:, :k] = gsd_cluster(p, draft_tokens, neighbours, top_m)
     q_rows = _draft_rows(draft_tokens, draft_probs, vocab, target_probs.dtype)
     p_cluster = (p * cluster[:, :k]).sum(-1)
     q_cluster = (q_rows[:, :k] * cluster[:, :k]).sum(-1)
@@ -180,8 +195,48 @@ def gsd_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, tar
     return _assemble(draft_tokens, num_accepted, next_token)
 
 
+def _tree_multi_draft(tree, target_probs: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
+                      test) -> TreeVerification:
+    """The multi-draft walk of the relaxed tree rules (that of
+    :func:`~mmspec.core.verify.tree_speculative_verify`, with a relaxed test).
+
+    At a row with current distribution p (the target's, then the residual after each rejected
+    sibling) and children x_1, x_2, ... in try order, ``test`` gives per child the mass a and the
+    denominator b of its acceptance ratio and the tokens Z zeroed on rejection: x_j is accepted iff
+    r_j * b < a, i.e. r_j < min(1, a / b); on rejection p <- norm(max(0, p' - q_j)), p' = p without
+    Z. After the walk the corrected / bonus token is drawn from the stop row's current distribution.
+
+    Args:
+        tree: TokenTree, tokens [N] or [B, N], probs [N, V] / [B, N, V] or None (q_j = one-hot(x_j)).
+        target_probs: [B, N+1, V]; accept_uniforms: [B, N]; sample_uniforms: [B].
+        test: (p [B, n, V], x [B, n], q [B, n, V]) -> (a [B, n], b [B, n], Z [B, n, V] bool).
+    """
+    batch, _, vocab = target_probs.shape
+    device = target_probs.device
+    tokens = tree.tokens.to(device).expand(batch, tree.size)
+    weights = target_probs.clone()  # unnormalised residual per row
+    mass = torch.ones(batch, target_probs.shape[1], 1, dtype=target_probs.dtype, device=device)
+    accept = torch.zeros(batch, tree.size, dtype=torch.bool, device=device)
+    for nodes, rows in tree.sibling_groups():
+        nodes, rows = nodes.to(device), rows.to(device)
+        x = tokens[:, nodes]  # [B, n]
+        if tree.probs is None:
+            q = torch.nn.functional.one_hot(x, vocab).to(target_probs.dtype)
+        else:
+            q = tree.probs.to(device=device, dtype=target_probs.dtype).expand(batch, tree.size, vocab)[:, nodes]
+        p = weights[:, rows] / mass[:, rows]  # exactly target_probs until a row's first rejection
+        numerator, denominator, zeroed = test(p, x, q)
+        accept[:, nodes] = accept_uniforms[:, nodes] * denominator < numerator
+        residual = _residual(p, q, zeroed)
+        weights[:, rows] = residual
+        mass[:, rows] = residual.sum(-1, keepdim=True)
+    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
+    next_token = sample_from_probs(weights[torch.arange(batch, device=device), stop_row], sample_uniforms)
+    return _tree_assemble(tree, path, num_accepted, next_token)
+
+
 def tree_lantern_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tensor, accept_uniforms: torch.Tensor,
-                        sample_uniforms: torch.Tensor, delta: float | None = 0.1, lam: float | None = None):
+                        sample_uniforms: torch.Tensor, delta: float | None = None, lam: float | None = None) -> TreeVerification:
     """LANTERN / LANTERN++ on a token tree (the multi-draft walk of
     :func:`~mmspec.core.verify.tree_speculative_verify` with the relaxed test).
 
@@ -199,36 +254,42 @@ def tree_lantern_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tens
         target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
         neighbours: LongTensor [V, k]; accept_uniforms [B, N]; sample_uniforms [B].
     """
-    batch, _, vocab = target_probs.shape
-    device = target_probs.device
-    tokens = tree.tokens.to(device).expand(batch, tree.size)
-    weights = target_probs.clone()  # unnormalised residual per row
-    mass = torch.ones(batch, target_probs.shape[1], 1, dtype=target_probs.dtype, device=device)
-    accept = torch.zeros(batch, tree.size, dtype=torch.bool, device=device)
     relaxing = not (delta == 0 or lam == 1)
-    for nodes, rows in tree.sibling_groups():
-        nodes, rows = nodes.to(device), rows.to(device)
-        x = tokens[:, nodes]  # [B, n]
-        if tree.probs is None:
-            q = torch.nn.functional.one_hot(x, vocab).to(target_probs.dtype)
-        else:
-            q = tree.probs.to(device=device, dtype=target_probs.dtype).expand(batch, tree.size, vocab)[:, nodes]
-        p = weights[:, rows] / mass[:, rows]  # exactly target_probs until a row's first rejection
+
+    def test(p, x, q):
         relaxed, in_a = relaxed_mass(p, x, neighbours, delta=delta, lam=lam)
-        accept[:, nodes] = accept_uniforms[:, nodes] * q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < relaxed
         zeroed = torch.zeros_like(p, dtype=torch.bool)
         if relaxing:
-            zeroed.scatter_(-1, neighbours.to(device)[x], in_a).scatter_(-1, x.unsqueeze(-1), True)
-        residual = _residual(p, q, zeroed)
-        weights[:, rows] = residual
-        mass[:, rows] = residual.sum(-1, keepdim=True)
-    path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
-    next_token = sample_from_probs(weights[torch.arange(batch, device=device), stop_row], sample_uniforms)
-    return _tree_assemble(tree, path, num_accepted, next_token)
+            zeroed.scatter_(-1, neighbours.to(x.device)[x], in_a).scatter_(-1, x.unsqueeze(-1), True)
+        return relaxed, q.gather(-1, x.unsqueeze(-1)).squeeze(-1), zeroed
+
+    return _tree_multi_draft(tree, target_probs, accept_uniforms, sample_uniforms, test)
+
+
+def tree_gsd_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tensor, accept_uniforms: torch.Tensor,
+                    sample_uniforms: torch.Tensor, *, top_m: int):
+    """GSD on a token tree: the multi-draft walk (:func:`tree_lantern_verify`'s) with GSD's test.
+
+    At a row with current distribution p and children x_1, x_2, ... in try order, C_j =
+    :func:`gsd_cluster` (p, x_j): accept x_j iff r_j < min(1, p(C_j) / q_j(C_j)); on rejection
+    p <- norm(max(0, p' - q_j)), p' = p with C_j zeroed. Deterministic trees (``tree.probs is
+    None``) use q_j = one-hot(x_j), so q_j(C_j) = 1. A chain-shaped tree gives :func:`gsd_verify`
+    exactly (same uniforms, same tokens).
+
+    Args:
+        tree: TokenTree, tokens [N] or [B, N], probs [N, V] / [B, N, V] or None.
+        target_probs: [B, N+1, V]; neighbours: LongTensor [V, k]; accept_uniforms [B, N]; sample_uniforms [B].
+    """
+
+    def test(p, x, q):
+        cluster = gsd_cluster(p, x, neighbours, top_m)
+        return (p * cluster).sum(-1), (q * cluster).sum(-1), cluster
+
+    return _tree_multi_draft(tree, target_probs, accept_uniforms, sample_uniforms, test)
 
 
 def tree_lantern_greedy_verify(tree, target_probs: torch.Tensor, neighbours: torch.Tensor,
-                               delta: float | None = 0.1, lam: float | None = None):
+                               delta: float | None = None, lam: float | None = None):
     """Greedy LANTERN on a tree: from the root follow the first child x with p(x) + c_{|A|} >= max p
     of its parent's row; at the first row without one emit argmax p. A chain gives
     :func:`lantern_greedy_verify`. target_probs: [B, N+1, V]."""

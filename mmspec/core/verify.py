@@ -4,10 +4,12 @@ Every rule takes K drafted tokens per row and the target's K+1 next-token distri
 i scores the token that follows draft i-1; position K is the bonus position) and returns a
 :class:`Verification`: how many drafts were accepted and the tokens to commit, i.e. the accepted
 drafts followed by one corrected (on rejection) or bonus (all accepted) token, padded with -1.
-The tree rules (:func:`tree_greedy_verify`, :func:`tree_speculative_verify`) take a token tree
-instead of K tokens and also return the accepted node path (:class:`TreeVerification`).
+The tree rules (:func:`tree_greedy_verify`, :func:`tree_speculative_verify`,
+:func:`tree_typical_verify`) take a token tree instead of K tokens and also return the accepted
+node path (:class:`TreeVerification`). :mod:`mmspec.core.rules` wraps each rule in a registered
+class with its parameters; the loop calls those.
 
-Notation (../shared/algorithms.md): p = target distribution, q = draft distribution after the
+Notation (docs/design.md): p = target distribution, q = draft distribution after the
 same transform, x = drafted token, r ~ U(0, 1).
 
 No rule touches a model, a cache or a global random state; none calls ``.item()``.
@@ -124,12 +126,19 @@ def speculative_verify(
     return _assemble(draft_tokens, num_accepted, next_token)
 
 
+def _typical_threshold(target_probs: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
+    """min(eps, delta * exp(-H(p))) per row: [..., V] -> [...]."""
+    entropy = -(target_probs * target_probs.clamp_min(1e-30).log()).sum(-1)
+    return torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+
+
 def typical_verify(
     draft_tokens: torch.Tensor,
     target_probs: torch.Tensor,
     sample_uniforms: torch.Tensor,
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
+    *,
+    posterior_threshold: float,
+    posterior_alpha: float,
 ) -> Verification:
     """Typical acceptance (Medusa, Cai et al. 2024). Lossy: the output is *not* distributed as p.
 
@@ -143,8 +152,7 @@ def typical_verify(
     """
     k = draft_tokens.shape[1]
     probs = target_probs[:, :k]
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [B, K]
-    threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+    threshold = _typical_threshold(probs, posterior_threshold, posterior_alpha)  # [B, K]
     p_of_draft = probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     num_accepted = _accepted_prefix_length(p_of_draft > threshold)
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
@@ -287,4 +295,52 @@ def tree_speculative_verify(
     path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
     rows_index = torch.arange(batch, device=device)
     next_token = sample_from_probs(residual[rows_index, stop_row], sample_uniforms)
+    return _tree_assemble(tree, path, num_accepted, next_token)
+
+
+def tree_typical_verify(
+    tree: TokenTree,
+    target_probs: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    *,
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> TreeVerification:
+    """Typical acceptance on a token tree, as Medusa verifies its candidate tree. Lossy.
+
+    Node i (token x_i, parent row r) passes iff p_r(x_i) > min(eps, delta * exp(-H(p_r))). Among the
+    nodes whose whole root path passes, the deepest is chosen (Medusa takes the candidate with the
+    longest accepted prefix; ties go to the earliest node, i.e. the first in try order), and the
+    token after it is sampled from p at that node's row (the bonus/corrected token). Unlike the
+    first-accepted-child walk of the exact rules this can skip a passing child whose subtree is
+    shallower. With a chain-shaped tree this is :func:`typical_verify`.
+
+    Args:
+        tree: TokenTree with tokens [N] or [B, N] (probs are ignored: the rule looks at p only).
+        target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
+        sample_uniforms: [B] one U(0, 1) per row for the token after the path.
+    """
+    batch = target_probs.shape[0]
+    device = target_probs.device
+    tokens = tree.tokens.to(device).expand(batch, tree.size)
+    parent_rows = (tree.parents + 1).to(device)
+    threshold = _typical_threshold(target_probs, posterior_threshold, posterior_alpha)  # [B, N+1]
+    p_of_node = target_probs[:, parent_rows].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    passes = p_of_node > threshold[:, parent_rows]
+    on_path = tree.ancestor_matrix().to(device)  # [N, N]: j is i or an ancestor of i
+    path_passes = ~((~passes).unsqueeze(1) & on_path).any(-1)  # [B, N]
+    depth = torch.where(path_passes, tree.depth.to(device), 0)
+    if tree.size:
+        best = depth.argmax(dim=1)  # the first deepest passing node
+        num_accepted = depth.gather(1, best.unsqueeze(1)).squeeze(1)
+        # its path, shallow first: the nodes on it ordered by depth, PAD beyond num_accepted
+        members = on_path[best] & (num_accepted > 0).unsqueeze(1)  # [B, N]
+        order = torch.where(members, tree.depth.to(device), tree.max_depth + 1).argsort(dim=1, stable=True)
+        path = torch.where(torch.arange(tree.max_depth, device=device) < num_accepted.unsqueeze(1),
+                           order[:, : tree.max_depth], PAD)
+        stop_row = torch.where(num_accepted > 0, best + 1, 0)
+    else:
+        num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
+        path, stop_row = num_accepted.new_zeros(batch, 0), num_accepted
+    next_token = sample_from_probs(target_probs[torch.arange(batch, device=device), stop_row], sample_uniforms)
     return _tree_assemble(tree, path, num_accepted, next_token)
