@@ -34,10 +34,34 @@ def models_dir() -> Path:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch.device."""
+    """"auto" -> cuda when available, else cpu; anything else as torch.device, checked to exist here.
+
+    Raises:
+        ValueError: not a device name ("bogus"), or a device this machine does not have ("cuda"
+            without a GPU or with a CPU-only torch build, "cuda:3" on a one-GPU machine, "mps"
+            off Apple silicon); the message says what to pass instead.
+    """
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {str(device)!r}; use auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cpu":
+        return resolved
+    backend = getattr(torch, resolved.type, None) if resolved.type != "mps" else torch.backends.mps
+    if backend is None or not hasattr(backend, "is_available"):
+        raise ValueError(f"device {str(device)!r} is not supported; use auto, cpu, cuda or cuda:N")
+    if not backend.is_available():
+        raise ValueError(
+            f"device {str(device)!r} is not available on this machine (torch {torch.__version__} finds no "
+            f"{resolved.type} device); use cpu, or auto to take a GPU only when there is one"
+        )
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if resolved.index is not None and resolved.index >= count:
+        raise ValueError(f"device {str(device)!r} does not exist: this machine has {count} {resolved.type} device(s), "
+                         f"{resolved.type}:0 to {resolved.type}:{count - 1}")
+    return resolved
 
 
 def _package_dir(package: str, install_hint: str) -> Path:

@@ -43,3 +43,52 @@ def test_unknown_drafter_name_is_a_clear_error(capsys):
     assert main(["generate", "hi", "--drafter", "nonsense", "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err
     assert "unknown drafter 'nonsense'" in err and "Traceback" not in err
+
+
+NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["generate", "hi", "--device", "bogus"], "unknown device 'bogus'"),
+        pytest.param(["generate", "hi", "--device", "cuda"], "device 'cuda' is not available", marks=NO_GPU),
+        (["caption", "missing.png", "--device", "bogus"], "unknown device 'bogus'"),
+        pytest.param(["caption", "missing.png", "--device", "cuda:0"], "not available", marks=NO_GPU),
+        (["t2i", "a red circle", "--device", "bogus"], "unknown device 'bogus'"),
+        pytest.param(["t2i", "a red circle", "--device", "cuda"], "not available", marks=NO_GPU),
+        (["t2i", "a red circle", "--threads", "-1"], "--threads must be at least 1"),
+        (["bench", "caption", "--threads", "0"], "--threads must be at least 1"),
+        (["bench", "text", "--threads", "-1"], "--threads must be at least 1"),
+        (["train", "drafter", "--threads", "0"], "--threads must be at least 1"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["caption", "missing.png", "--max-new-tokens", "-2"], "--max-new-tokens must be at least 1"),
+        (["generate", "hi", "--do-sample", "--temperature", "0"], "temperature must be > 0"),
+        (["generate", "hi", "--num-draft-tokens", "0"], "--num-draft-tokens must be at least 1"),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_bench_output_files_are_checked_before_the_benchmark(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["bench", "caption", "--markdown", str(blocker / "tables.md")]) == 2
+    assert f"{blocker} is a file, not a directory" in capsys.readouterr().err
+    assert main(["bench", "text", "--results", str(tmp_path)]) == 2
+    assert "is a directory; give a file name" in capsys.readouterr().err
+
+
+def test_bad_generate_arguments_fail_before_the_model_loads(capsys, monkeypatch):
+    import mmspec.cli.generate as generate_cli
+
+    monkeypatch.setattr(generate_cli, "load_causal_lm", lambda *a, **k: pytest.fail("loaded the model"))
+    assert main(["generate", "hi", "--drafter", "nonsense"]) == 2
+    assert "unknown drafter 'nonsense'" in capsys.readouterr().err
+    assert main(["generate", "  ", "--drafter", "ar"]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
+    assert main(["generate", "hi", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens must be at least 1" in capsys.readouterr().err

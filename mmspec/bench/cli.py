@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+#: output files of the text and caption suites, checked before the model loads (cli.args.check_args)
+OUTPUT_ARGS = {"results": "file", "markdown": "file"}
+
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
@@ -12,10 +15,10 @@ def add_parser(subparsers) -> None:
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
-    text_parser.set_defaults(handler=text.run)
+    text_parser.set_defaults(handler=text.run, output_args=OUTPUT_ARGS)
     caption_parser = suites.add_parser("caption", help="a captioning VLM (default: the embedded captioner): AR vs drafters per task family")
     caption.add_arguments(caption_parser)
-    caption_parser.set_defaults(handler=caption.run)
+    caption_parser.set_defaults(handler=caption.run, output_args=OUTPUT_ARGS)
     t2i_parser = suites.add_parser("t2i", help="text-to-image: AR vs spec, SJD (each init), coupled SJD on the embedded model")
     t2i.add_arguments(t2i_parser)
     t2i_parser.set_defaults(handler=t2i.run)

@@ -8,6 +8,7 @@ import importlib
 import sys
 
 from ..hub import MissingDependencyError
+from .args import check_args
 
 #: modules that define a subcommand, in the order of ``mmspec --help``
 SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.bench.cli", "mmspec.train.cli")
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*(argv or sys.argv[1:]), "--help"])
         return 0
     try:
+        check_args(args)  # device, counts, output paths: before any model loads
         return handler(args)
     except (ValueError, OSError, MissingDependencyError) as error:
         # user errors (bad arguments, files or model ids that cannot be found): one line, no traceback

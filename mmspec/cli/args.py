@@ -19,3 +19,54 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
     parser.add_argument("--model", default=default_model, help=f"built-in name, local path or hub id (default: {shown})")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast: GPU, CPU with AMX; else fp32) | bf16 | fp32 | fp16")
+
+
+#: integer options that must be >= 1 when given, wherever a subcommand has them
+POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Check the options every subcommand shares, before anything loads; raise ValueError with
+    one line that says what to pass instead.
+
+    Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
+    options of :data:`POSITIVE_INTS`, the sampling options, and the output paths the subcommand
+    names in its ``output_args`` default ({attribute: "file" | "dir"}).
+    """
+    from ..hub import resolve_device
+
+    if getattr(args, "device", None) is not None:
+        resolve_device(args.device)
+    for name in POSITIVE_INTS:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if hasattr(args, "do_sample"):
+        from ..core.sampling import SamplingConfig
+
+        SamplingConfig(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    for name, kind in getattr(args, "output_args", {}).items():
+        if getattr(args, name, None) is not None:
+            check_output_path(getattr(args, name), kind, f"--{name.replace('_', '-')}")
+
+
+def check_output_path(path: str, kind: str, option: str) -> None:
+    """Whether ``path`` can be written as a ``kind`` ("file" or "dir"): not the wrong kind where it
+    exists, and its nearest existing parent is a writable directory (missing parents are created
+    by the writers). Raises ValueError naming ``option`` otherwise."""
+    import os
+    from pathlib import Path
+
+    target = Path(path).expanduser()
+    if target.exists():
+        if kind == "file" and target.is_dir():
+            raise ValueError(f"{option} {path} is a directory; give a file name")
+        if kind == "dir" and not target.is_dir():
+            raise ValueError(f"{option} {path} is a file; give a directory")
+    parent = target if target.exists() else target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{option} {path}: {parent} is not writable; choose another location")

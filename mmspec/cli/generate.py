@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import chat_inputs, generate, generate_with_baseline
+from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline
 from ..drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
 from ..hub import load_causal_lm, resolve_device
 
@@ -28,16 +28,18 @@ def add_parser(subparsers) -> None:
 
 
 def run_generate_command(args) -> int:
+    check_text_prompt(args.prompt)  # this and the drafter before anything loads
+    drafter = args.drafter
+    draft_dir = drafter not in NO_DRAFTER and not is_drafter_spec(drafter)
+    if draft_dir and not Path(drafter).expanduser().is_dir():
+        raise ValueError(
+            f"unknown drafter {drafter!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
+            "'ar', or a draft model directory"
+        )
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
-    drafter = args.drafter
-    if drafter not in NO_DRAFTER and not is_drafter_spec(drafter):
-        if not Path(drafter).expanduser().is_dir():
-            raise ValueError(
-                f"unknown drafter {drafter!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
-                "'ar', or a draft model directory"
-            )
+    if draft_dir:
         drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,

@@ -25,4 +25,5 @@ def add_parser(subparsers) -> None:
         module = importlib.import_module(f"{__package__}.{module_name}")
         parser = recipes.add_parser(name, help=help_text)
         module.add_arguments(parser)
-        parser.set_defaults(handler=module.run)
+        # --out is checked before training starts (cli.args.check_args); eval-captioner writes a file
+        parser.set_defaults(handler=module.run, output_args={"out": "file" if name == "eval-captioner" else "dir"})
