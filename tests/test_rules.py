@@ -146,6 +146,19 @@ def test_typical_and_gsd_run_on_trees_in_the_loop():
         assert torch.equal(out.sequences, again.sequences)
 
 
+def test_medusa_with_its_own_rule():
+    """Medusa's setting: typical acceptance on the heads' static tree."""
+    from test_conformance import random_heads
+
+    from mmspec.drafters import MedusaDrafter
+
+    case = make_tiny("llama")
+    drafter = MedusaDrafter(case.model, random_heads(case.model, "medusa"))
+    out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=12, do_sample=True, seed=0, acceptance="typical",
+                          eos_token_id=[], **case.inputs)
+    assert out.stats.new_tokens == 12 and out.stats.tree_nodes > 0 and out.stats.config["tree"] == "static"
+
+
 def test_a_rule_without_a_tree_form_refuses_trees():
     from test_tree import TreeModelDrafter
 
