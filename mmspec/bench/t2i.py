@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..pipelines.t2i_components import T2IComponents
+from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
 from .results import save_results
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
@@ -38,10 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=None, help="default: the full codebook")
     parser.add_argument("--window", type=int, default=16, help="SJD's window L")
-    parser.add_argument("--num-draft-tokens", type=int, default=4, help="the draft generator's K (spec, lantern, ...)")
+    parser.add_argument("--num-draft-tokens", type=int, default=4, help="a chain's draft length K, or EAGLE-2's tree depth")
     parser.add_argument("--delta", type=float, default=0.1, help="LANTERN's TV bound")
-    parser.add_argument("--lam", type=float, default=10.0, help="LANTERN++'s ratio bound")
-    parser.add_argument("--neighbours-k", type=int, default=100, help="codebook neighbours per code (LANTERN's k)")
+    parser.add_argument("--lam", type=float, default=None, help="LANTERN++'s ratio bound (default: the method's)")
+    parser.add_argument("--neighbours-k", type=int, default=None,
+                        help="codebook neighbours per code, LANTERN's k (default: the method's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
@@ -58,13 +61,11 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.text_to_image import TextToImagePipeline
-
+    specs = [m for m in args.methods.split(",") if m]
+    methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     torch.set_num_threads(args.threads)
-    methods = [m for m in args.methods.split(",") if m]
-    pipe = TextToImagePipeline(model=args.model, method="ar", window=args.window, num_draft_tokens=args.num_draft_tokens,
-                               device="cpu", delta=args.delta, lam=args.lam, neighbours_k=args.neighbours_k)
-    prompts, references = bench_prompts(args.prompts, size=pipe.tokenizer.vq.config.image_size)
+    components = T2IComponents.from_pretrained(args.model, device="cpu")
+    prompts, references = bench_prompts(args.prompts, size=components.tokenizer.vq.config.image_size)
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
@@ -76,24 +77,24 @@ def run(args: argparse.Namespace) -> int:
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)
-    prompt_inputs = [pipe.prompt_inputs(p) for p in prompts]
-    n = pipe.target.num_image_tokens
+    prompt_inputs = [components.prompt_inputs(p) for p in prompts]
+    n = components.target.num_image_tokens
     with torch.inference_mode():
-        pipe.generate_tokens(prompt_inputs[0], 0, "sjd", max_new_tokens=32, **sampling)  # warm-up
+        make_method("sjd").generate(components, prompt_inputs[0], 0, max_new_tokens=32, **sampling)  # warm-up
         for round_ in range(args.rounds):
             for i, model_inputs in enumerate(prompt_inputs):
-                for method in methods:
-                    key = f"{method}|{i}|{round_}"
+                for spec, method in methods.items():
+                    key = f"{spec}|{i}|{round_}"
                     if key in runs:
                         continue
-                    out = pipe.generate_tokens(model_inputs, i + 1000 * round_, configure(pipe, method, args), **sampling)
+                    out = method.generate(components, model_inputs, i + 1000 * round_, **sampling)
                     s = out.stats
                     runs[key] = {"time": s.wall_time_s, "tokens": s.new_tokens, "forwards": s.target_forwards,
                                  "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,
                                  "grid": out.sequences[0, -n:].tolist()}
                     save_results(path, results)
                 print(f"round {round_} prompt {i + 1}/{len(prompts)} done", flush=True)
-    summary = summarise(results, methods, prompts, references, pipe, quality=not args.no_quality)
+    summary = summarise(results, methods, prompts, references, components, quality=not args.no_quality)
     results["summary"] = summary
     save_results(path, results)
     table = markdown_table(summary, meta)
@@ -121,7 +122,7 @@ def plot_tradeoff(summary: dict, path: str) -> None:
         low, high = min(rows["ar"]["fd_rounds"]), max(rows["ar"]["fd_rounds"])
         axes.axhspan(low, high, color="0.85", label="AR, FD range over rounds")
     for method, row in rows.items():
-        lossy = method.split(":")[0].split("/")[0] in ("lantern", "lantern++", "gsd")
+        lossy = not row["exact"]
         axes.scatter(row["speedup"], row["fd"], marker="o" if lossy else "s", color="tab:red" if lossy else "tab:blue")
         axes.annotate(method, (row["speedup"], row["fd"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     axes.set_xlabel("latency speedup over AR (side by side)")
@@ -133,27 +134,34 @@ def plot_tradeoff(summary: dict, path: str) -> None:
     plt.close(figure)
 
 
-def configure(pipe, spec: str, args: argparse.Namespace) -> str:
-    """Set the parameters of a method spec "name[:arg][/k=K][/delta=D][/lam=L][/top_m=M]" (relaxed
-    rules; defaults: the command line's, top_m the pipeline's) or "sjd-pac[:init][/branches=B][/depth=D]"
-    (defaults: the pipeline's) on ``pipe`` -> the method "name[:arg]"."""
-    import inspect
-
-    defaults = {name: p.default for name, p in inspect.signature(type(pipe)).parameters.items()}
-    method, *settings = spec.split("/")
-    values = {"k": args.neighbours_k, "delta": args.delta, "lam": args.lam, "top_m": defaults["top_m"],
-              "branches": defaults["pac_branches"], "depth": defaults["pac_depth"]}
-    for setting in settings:
-        key, _, value = setting.partition("=")
-        if key not in values:
-            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam, top_m (relaxed) or branches, depth (sjd-pac)")
-        values[key] = float(value) if key in ("delta", "lam") else int(value)
-    pipe.set_relaxation(neighbours_k=values["k"], delta=values["delta"], lam=values["lam"], top_m=values["top_m"])
-    pipe.pac_branches, pipe.pac_depth = values["branches"], values["depth"]
-    return method
+#: short keys of a method spec's settings -> their names in SETTINGS (any name of SETTINGS works too)
+SPEC_KEYS = {"k": "neighbours_k", "branches": "pac_branches", "depth": "pac_depth"}
 
 
-def summarise(results: dict, methods: list[str], prompts: list[str], references: torch.Tensor, pipe, quality: bool) -> dict:
+def configure(spec: str, args: argparse.Namespace) -> T2IMethod:
+    """A method spec "name[:arg][/key=value...]" -> the method. Keys: k, delta, lam, top_m (relaxed
+    rules), branches, depth (sjd-pac), or any setting's name; unset ones take the command line's
+    --window, --num-draft-tokens, --neighbours-k, --delta and --lam, else the method's defaults."""
+    method, *pairs = spec.split("/")
+    settings = {"window": args.window, "num_draft_tokens": args.num_draft_tokens, "neighbours_k": args.neighbours_k,
+                "delta": args.delta, "lam": args.lam}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        name = SPEC_KEYS.get(key, key)
+        if name not in SETTINGS:
+            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam, top_m (relaxed) or branches, "
+                             "depth (sjd-pac)")
+        try:
+            settings[name] = SETTINGS[name].kind(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r} in {spec!r}: {name} must be {SETTINGS[name].needs}") from None
+    return make_method(method, **settings)
+
+
+def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], references: torch.Tensor,
+              components: T2IComponents, quality: bool) -> dict:
+    """Per method spec: time, step compression, tau, speedup over AR, whether it is exact, and with
+    ``quality`` the Frechet CLIP distance and prompt score per round."""
     runs, rounds = results["runs"], results["meta"]["rounds"]
     ar_time = sum(runs[f"ar|{i}|{r}"]["time"] for i in range(len(prompts)) for r in range(rounds)) if "ar" in methods else None
     metric = None
@@ -162,16 +170,17 @@ def summarise(results: dict, methods: list[str], prompts: list[str], references:
 
         metric = load_metric_clip()
     summary = {}
-    for method in methods:
+    for method, settings in methods.items():
         cells = [runs[f"{method}|{i}|{r}"] for r in range(rounds) for i in range(len(prompts))]
         time_ = sum(c["time"] for c in cells)
         row = {"time_s": time_, "step_compression": sum(c["tokens"] for c in cells) / sum(c["forwards"] for c in cells),
-               "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None}
+               "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None,
+               "exact": settings.exact}
         if metric is not None:
             per_round_fd, per_round_score = [], []
             for r in range(rounds):
                 grids = torch.tensor([runs[f"{method}|{i}|{r}"]["grid"] for i in range(len(prompts))])
-                images = pipe.decode(grids)
+                images = components.decode(grids)
                 per_round_fd.append(frechet_clip_distance(images, references, model=metric))
                 per_round_score.append(prompt_score(images, prompts, model=metric))
             row.update(fd=sum(per_round_fd) / rounds, fd_rounds=per_round_fd,

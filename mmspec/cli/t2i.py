@@ -15,24 +15,20 @@ import torch
 
 
 def add_parser(subparsers) -> None:
-    from ..pipelines.text_to_image import METHODS
+    from ..pipelines.t2i_methods import METHODS, SETTINGS
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
     cmd.add_argument("prompt")
-    cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v})" for k, v in METHODS.items()) + "; sjd[:init]")
-    cmd.add_argument("--init", default=None, help="SJD init: random | horizontal | vertical")
-    cmd.add_argument("--window", type=int, default=None, help="SJD's window L (default 8 for sjd, 16 for sjd-coupled and sjd-pac)")
-    cmd.add_argument("--num-draft-tokens", type=int, default=None, help="the draft generator's K (spec, lantern, ...; default 4)")
+    cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v.description})" for k, v in METHODS.items())
+                     + "; sjd[:init], lantern[:drafter]")
+    for name, setting in SETTINGS.items():  # the methods' settings; unset = the method's default
+        cmd.add_argument(f"--{name.replace('_', '-')}", type=setting.kind, default=None,
+                         help=f"{setting.help} (default: the method's)")
     cmd.add_argument("--model", default=None, help="an mmspec t2i directory (default: the embedded models/t2i), or a "
                      "transformers Janus / Emu3 / Chameleon path or hub id")
     cmd.add_argument("--processor", default=None, help="transformers models: the processor / tokenizer (default: the model's)")
-    cmd.add_argument("--drafter", default=None, help="who drafts for lantern / lantern++ / gsd: draft | eagle | eagle2")
     cmd.add_argument("--eagle-head", default=None, help="image EAGLE head directory (mmspec train image-drafter)")
     cmd.add_argument("--draft", default=None, help="draft generator (path) for spec / --drafter draft")
-    cmd.add_argument("--neighbours-k", type=int, default=100, help="LANTERN's k (codebook neighbours per code)")
-    cmd.add_argument("--delta", type=float, default=0.05, help="LANTERN's total-variation bound")
-    cmd.add_argument("--lam", type=float, default=10.0, help="LANTERN++'s ratio bound")
-    cmd.add_argument("--top-m", type=int, default=50, help="GSD's probability cut")
     cmd.add_argument("--trust-remote-code", action="store_true")
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1)
@@ -46,7 +42,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--no-progress", action="store_true")
     cmd.add_argument("--json", action="store_true")
-    cmd.set_defaults(handler=run)
+    cmd.set_defaults(handler=run, output_args={"out": "dir"})
 
 
 def acceptance_picture(step_map: torch.Tensor, size: int):
@@ -73,13 +69,19 @@ def side_by_side(rows: list[list], cell: int):
 
 def run(args) -> int:
     import mmspec
+    from ..pipelines.t2i_methods import SETTINGS
+    from ..pipelines.t2i_components import check_prompt
+    from ..pipelines.text_to_image import check_call_arguments
 
+    # every argument is checked before the model loads (--threads and --out by mmspec.cli.args.check_args)
+    check_prompt(args.prompt)
+    check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, init=args.init, window=args.window,
-                           num_draft_tokens=args.num_draft_tokens, device=args.device, processor=args.processor,
-                           drafter=args.drafter, eagle_head=args.eagle_head, draft=args.draft, neighbours_k=args.neighbours_k,
-                           delta=args.delta, lam=args.lam, top_m=args.top_m, trust_remote_code=args.trust_remote_code)
+    settings = {name: getattr(args, name) for name in SETTINGS}
+    pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=args.device,
+                           processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
+                           trust_remote_code=args.trust_remote_code, **settings)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json)

@@ -1,0 +1,331 @@
+"""Text-to-image methods: each a class (its drafter, its acceptance rule, its defaults), registered
+by name in :data:`METHODS`.
+
+A method is built from a spec string and settings, ``make_method("sjd:vertical", window=8)``;
+every setting is checked against :data:`SETTINGS` when the method is built, before any model loads.
+The pipeline, ``mmspec bench t2i`` and the CLI all go through this registry, so none of them
+compares method names.
+
+Exact methods (greedy variants reproduce AR token for token, sampling variants sample AR's
+distribution): ``ar``; ``spec`` (speculative sampling with the draft generator); ``sjd``
+(speculative Jacobi decoding, ``init`` = random | horizontal | vertical); ``sjd-coupled`` (SJD
+whose redrafts are maximally coupled with the previous iterate); ``sjd-pac`` (coupled SJD with a
+small candidate tree at the window's start); ``eagle`` / ``eagle2`` (the image EAGLE head's chains /
+dynamic trees). Relaxed (lossy, bounded): ``lantern``, ``lantern++`` and ``gsd`` verify the tokens
+of another method's drafter (``drafter=`` draft | eagle | eagle2) with the rules of
+:mod:`mmspec.core.relaxed`, against neighbour tables of the tokenizer's codebook.
+
+Adding a method is one class and its registration::
+
+    @register_method
+    class MyMethod(T2IMethod):
+        name = "mine"
+        description = "what it does (shown by the CLI)"
+        defaults = {"num_draft_tokens": 4}          # the settings it reads (names of SETTINGS)
+
+        def build_drafter(self, components):         # components: T2IComponents
+            return MyDrafter(components.target, self.settings["num_draft_tokens"])
+
+(``rule`` and :meth:`T2IMethod.rule_kwargs` choose a lossy acceptance rule; a new setting is one
+more :data:`SETTINGS` entry, which also gives ``mmspec t2i`` its option.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import torch
+
+from ..api import GenerateOutput, generate
+from ..core.rules import RULES
+from ..drafters import Drafter, JacobiDrafter, ModelDrafter
+from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
+
+if TYPE_CHECKING:
+    from .t2i_components import T2IComponents
+
+
+#: stands in for a rule's codebook neighbour table when only its other parameters are checked
+#: (the real table is built from the codebook once the model is loaded)
+_NEIGHBOURS_STAND_IN = torch.zeros(1, 1, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting that methods read.
+
+    Attributes:
+        kind: int | float | str (a command-line value is parsed with it).
+        help: what the setting does (the CLI's help).
+        valid: value -> whether it is allowed; needs: what a valid value is, for the error line.
+        rule: the acceptance rule (of :data:`mmspec.core.rules.RULES`) whose parameter this is:
+            the rule's ``Params`` check it, and give the relaxed methods its default.
+    """
+
+    kind: type
+    help: str
+    valid: Callable[[Any], bool] | None = None
+    needs: str = ""
+    rule: str | None = None
+
+    def check(self, name: str, value: Any) -> None:
+        """Raise one ValueError line unless ``value`` is a valid value of setting ``name``."""
+        if self.rule is not None:
+            params = RULES[self.rule].Params
+            stand_in = {"neighbours": _NEIGHBOURS_STAND_IN} if "neighbours" in {f.name for f in fields(params)} else {}
+            params(**stand_in, **{name: value}).validate(self.rule)
+            return
+        typed = {int: isinstance(value, Integral), float: isinstance(value, Real), str: isinstance(value, str)}[self.kind]
+        if not (typed and self.valid(value)):
+            raise ValueError(f"{name} must be {self.needs} ({self.help}), got {value!r}")
+
+
+def _at_least(low: int) -> Callable[[Any], bool]:
+    return lambda value: value >= low
+
+
+#: who proposes the tokens of a relaxed method (``drafter=``) -> the exact method whose drafter it is
+PROPOSERS = {"draft": "spec", "eagle": "eagle", "eagle2": "eagle2"}
+
+#: every setting a method may read; None (or absent) means the method's default
+SETTINGS: dict[str, Setting] = {
+    "window": Setting(int, "SJD's window L", _at_least(1), "an integer >= 1"),
+    "init": Setting(str, "SJD's initialisation of new window positions", lambda v: v in INIT_STRATEGIES,
+                    f"one of {', '.join(INIT_STRATEGIES)}"),
+    "num_draft_tokens": Setting(int, "a chain's draft length K, or EAGLE-2's tree depth", _at_least(1), "an integer >= 1"),
+    "drafter": Setting(str, "who drafts for the relaxed methods; default eagle when the model has an image EAGLE head",
+                       lambda v: v in PROPOSERS, f"one of {', '.join(PROPOSERS)}"),
+    "neighbours_k": Setting(int, "codebook neighbours per code, LANTERN's k", _at_least(1), "an integer >= 1"),
+    "delta": Setting(float, "LANTERN's total-variation bound", rule="lantern"),
+    "lam": Setting(float, "LANTERN++'s ratio bound", rule="lantern++"),
+    "top_m": Setting(int, "GSD's probability cut", rule="gsd"),
+    "pac_branches": Setting(int, "SJD-PAC's candidates per tree position", _at_least(1), "an integer >= 1"),
+    "pac_depth": Setting(int, "SJD-PAC's tree positions", _at_least(0), "an integer >= 0"),
+}
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    """Raise one ValueError line for an unknown setting or an invalid value (None = default)."""
+    for name, value in settings.items():
+        if name not in SETTINGS:
+            raise ValueError(f"unknown method setting {name!r}; known: {', '.join(SETTINGS)}")
+        if value is not None:
+            SETTINGS[name].check(name, value)
+
+
+class T2IMethod:
+    """A text-to-image method: a drafter (:meth:`build_drafter`) verified by an acceptance rule
+    (:attr:`rule`, :meth:`rule_kwargs`).
+
+    Args:
+        arg: the spec's argument ("sjd:vertical" -> "vertical"): the value of :attr:`argument`
+            unless that setting is given by keyword.
+        **settings: any of :data:`SETTINGS`; the method keeps those in :attr:`defaults`, None
+            meaning the default.
+    Attributes:
+        settings: the method's settings (its :attr:`defaults`, updated by the given values).
+    Raises:
+        ValueError: an unknown or invalid setting, an argument the method does not take.
+    """
+
+    #: registry name and what it is (shown by the CLI)
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: the setting a spec's ":arg" gives (None: the method takes no argument)
+    argument: ClassVar[str | None] = None
+    #: the acceptance rule of mmspec.generate (None: "auto", exact greedy / speculative sampling)
+    rule: ClassVar[str | None] = None
+    #: whether the output is AR's (token for token greedily, in distribution when sampling)
+    exact: ClassVar[bool] = True
+    #: whether the drafter proposes token trees
+    drafts_trees: ClassVar[bool] = False
+    #: the settings this method reads, with their defaults
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        if arg:
+            if self.argument is None:
+                raise ValueError(f"method {self.name!r} takes no ':{arg}' argument")
+            settings = {**settings, self.argument: settings.get(self.argument) or arg}
+        check_settings(settings)
+        self.settings = {name: default if settings.get(name) is None else settings[name]
+                         for name, default in self.defaults.items()}
+
+    def build_drafter(self, components: "T2IComponents") -> Drafter | None:
+        """A fresh drafter over ``components`` (None: plain AR decoding)."""
+        return None
+
+    def rule_kwargs(self, components: "T2IComponents") -> dict[str, Any] | None:
+        """The acceptance rule's parameters (None for the exact rules)."""
+        return None
+
+    def generate(self, components: "T2IComponents", model_inputs: dict[str, Any], seed: int,
+                 max_new_tokens: int | None = None, **sampling: Any) -> GenerateOutput:
+        """One image's tokens through :func:`mmspec.generate`: ``sequences[0, -N:]`` are the
+        N = rows * columns codes. ``model_inputs``: the components' prompt inputs; ``sampling``:
+        do_sample, temperature, top_k, top_p, guidance_scale."""
+        return generate(components.target, drafter=self.build_drafter(components), seed=seed,
+                        max_new_tokens=max_new_tokens or components.target.num_image_tokens, acceptance=self.rule,
+                        rule_kwargs=self.rule_kwargs(components), **model_inputs, **sampling)
+
+
+#: method name -> its class
+METHODS: dict[str, type[T2IMethod]] = {}
+
+
+def register_method(cls: type[T2IMethod]) -> type[T2IMethod]:
+    """Class decorator: register ``cls`` under ``cls.name``."""
+    if not cls.name or not cls.description:
+        raise ValueError(f"{cls.__name__} needs a name and a description to be registered")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def make_method(spec: str, **settings: Any) -> T2IMethod:
+    """``"name[:arg]"`` and settings -> the method (every setting checked)."""
+    name, _, arg = (spec or "").partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {spec!r}; choose one of {', '.join(METHODS)} (e.g. 'sjd:vertical')")
+    return METHODS[name](arg or None, **settings)
+
+
+@register_method
+class AutoregressiveMethod(T2IMethod):
+    name = "ar"
+    description = "plain autoregressive decoding (the baseline)"
+
+
+@register_method
+class DraftModelMethod(T2IMethod):
+    name = "spec"
+    description = "speculative sampling with the small draft generator"
+    defaults = {"num_draft_tokens": 4}
+
+    def build_drafter(self, components):
+        return ModelDrafter(components.draft_target(), num_draft_tokens=self.settings["num_draft_tokens"])
+
+
+@register_method
+class JacobiMethod(T2IMethod):
+    """SJD's window default: measured on the embedded model on a 2-core CPU, plain SJD is faster at
+    L = 8 (1.57x vs 1.41x at 16), coupled SJD at L = 16 (2.14x vs 1.87x at 8); docs/benchmarks.md."""
+
+    name = "sjd"
+    description = "speculative Jacobi decoding (training-free)"
+    argument = "init"
+    defaults = {"window": 8, "init": "random"}
+    coupled: ClassVar[bool] = False
+
+    def build_drafter(self, components):
+        return JacobiDrafter(self.settings["window"], init=self.settings["init"], coupled=self.coupled)
+
+
+@register_method
+class CoupledJacobiMethod(JacobiMethod):
+    name = "sjd-coupled"
+    description = "SJD with maximally coupled redrafts (training-free)"
+    defaults = {**JacobiMethod.defaults, "window": 16}
+    coupled = True
+
+
+@register_method
+class ProactiveJacobiMethod(CoupledJacobiMethod):
+    """SJD-PAC's tree size default (2 candidates at 1 position): the faster of the measured sizes on
+    the embedded model, docs/benchmarks.md."""
+
+    name = "sjd-pac"
+    description = "coupled SJD + proactive drafting: a small candidate tree at the window's start (training-free)"
+    defaults = {**CoupledJacobiMethod.defaults, "pac_branches": 2, "pac_depth": 1}
+    drafts_trees = True
+
+    def build_drafter(self, components):
+        s = self.settings
+        return ProactiveJacobiDrafter(s["window"], init=s["init"], branches=s["pac_branches"], depth=s["pac_depth"])
+
+
+@register_method
+class EagleMethod(T2IMethod):
+    name = "eagle"
+    description = "EAGLE chain drafts from the image EAGLE head (exact)"
+    defaults = {"num_draft_tokens": 4}
+
+    def build_drafter(self, components):
+        from ..drafters.image_eagle import ImageEagleDrafter
+
+        return ImageEagleDrafter(components.target, components.eagle_head_model(),
+                                 num_draft_tokens=self.settings["num_draft_tokens"])
+
+
+@register_method
+class Eagle2Method(T2IMethod):
+    name = "eagle2"
+    description = "EAGLE-2 dynamic trees from the image EAGLE head (exact)"
+    defaults = {"num_draft_tokens": 6}  # the tree depth
+    drafts_trees = True
+    max_nodes: ClassVar[int] = 48
+
+    def build_drafter(self, components):
+        from ..drafters.image_eagle import ImageEagle2Drafter
+
+        return ImageEagle2Drafter(components.target, components.eagle_head_model(),
+                                  depth=self.settings["num_draft_tokens"], max_nodes=self.max_nodes)
+
+
+class RelaxedMethod(T2IMethod):
+    """A lossy rule of :data:`mmspec.core.rules.RULES` over the drafts of another method's drafter
+    (:data:`PROPOSERS`; default: the image EAGLE head's chains when the model has one, else the
+    draft generator). The rule reads the codebook's neighbour table (k = ``neighbours_k``; default
+    100) and its bound :attr:`bound`, whose default is the rule's (LANTERN's delta = 0.05 at k = 100
+    is the recommended setting on the embedded model: the largest relaxation whose Frechet distance
+    and prompt score stayed within AR's run-to-run spread; docs/benchmarks.md). A subclass names
+    ``rule`` and ``bound``; its :attr:`defaults` follow from them."""
+
+    argument = "drafter"
+    exact = False
+    #: the rule's bound (a name of SETTINGS and a field of the rule's Params)
+    bound: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = {"drafter": None, "num_draft_tokens": None, "neighbours_k": 100,
+                        cls.bound: getattr(RULES[cls.rule].Params, cls.bound)}
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        super().__init__(arg, **settings)
+        kind = self.settings["drafter"]
+        if kind is not None and METHODS[PROPOSERS[kind]].drafts_trees and not RULES[self.rule].supports_tree():
+            raise ValueError(f"{self.name} verifies linear drafts only; use drafter='eagle' or 'draft'")
+
+    def proposer(self, components: "T2IComponents") -> T2IMethod:
+        """The exact method whose drafter proposes."""
+        kind = self.settings["drafter"] or ("eagle" if components.eagle_head is not None else "draft")
+        return METHODS[PROPOSERS[kind]](num_draft_tokens=self.settings["num_draft_tokens"])
+
+    def build_drafter(self, components):
+        return self.proposer(components).build_drafter(components)
+
+    def rule_kwargs(self, components):
+        return {"neighbours": components.neighbours(self.settings["neighbours_k"]), self.bound: self.settings[self.bound]}
+
+
+@register_method
+class LanternMethod(RelaxedMethod):
+    name = rule = "lantern"
+    description = "LANTERN relaxed acceptance of a drafter's tokens (lossy, TV <= delta)"
+    bound = "delta"
+
+
+@register_method
+class LanternPlusMethod(RelaxedMethod):
+    name = rule = "lantern++"
+    description = "LANTERN++ relaxed acceptance (lossy, p~(x) <= lam p(x))"
+    bound = "lam"
+
+
+@register_method
+class GroupedMethod(RelaxedMethod):
+    name = rule = "gsd"
+    description = "grouped speculative decoding acceptance (lossy)"
+    bound = "top_m"

@@ -1,0 +1,143 @@
+"""Text-to-image methods as registered classes, and the checks that run before any model loads
+(no model is loaded here: every bad value must be refused before the model path is even read)."""
+
+import pytest
+
+import mmspec
+from mmspec.cli import main
+from mmspec.pipelines.t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
+from mmspec.pipelines.text_to_image import check_call_arguments
+
+MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-image model directory"
+
+
+def test_methods_hold_their_defaults_and_arguments():
+    assert make_method("sjd").settings == {"window": 8, "init": "random"}
+    assert make_method("sjd-coupled:vertical").settings == {"window": 16, "init": "vertical"}
+    assert make_method("sjd:vertical", init="horizontal").settings["init"] == "horizontal"  # the keyword wins
+    assert make_method("sjd-pac", pac_depth=2).settings == {"window": 16, "init": "random", "pac_branches": 2,
+                                                            "pac_depth": 2}
+    lantern = make_method("lantern:eagle2", window=3, delta=0.2)  # settings of other methods are ignored
+    assert lantern.settings == {"drafter": "eagle2", "num_draft_tokens": None, "neighbours_k": 100, "delta": 0.2}
+    assert lantern.rule == "lantern" and not lantern.exact and make_method("eagle2").exact
+    assert make_method("ar").build_drafter(None) is None and make_method("ar").rule_kwargs(None) is None
+
+
+def test_relaxed_defaults_come_from_the_rules():
+    from mmspec.core.rules import RULES
+
+    for spec, bound in (("lantern", "delta"), ("lantern++", "lam"), ("gsd", "top_m")):
+        assert make_method(spec).settings[bound] == getattr(RULES[spec].Params(), bound)
+    assert make_method("gsd:eagle2").settings["drafter"] == "eagle2"  # GSD verifies trees too
+
+
+def test_a_rule_without_tree_form_refuses_tree_drafters():
+    from mmspec.core.rules import RULES, AcceptanceRule, GsdParams, GsdRule, register_rule
+    from mmspec.pipelines.t2i_methods import RelaxedMethod
+
+    @register_rule
+    class LinearGsd(GsdRule):
+        name = "test-linear-gsd"
+        verify_tree = AcceptanceRule.verify_tree  # the base class's: no tree form
+
+    try:
+        assert not LinearGsd.supports_tree() and LinearGsd.Params is GsdParams
+
+        class LinearMethod(RelaxedMethod):
+            name = rule = "test-linear-gsd"
+            description = "a test method"
+            bound = "top_m"
+
+        assert LinearMethod("eagle").settings["top_m"] == 50
+        with pytest.raises(ValueError, match="verifies linear drafts only; use drafter='eagle' or 'draft'"):
+            LinearMethod("eagle2")
+    finally:
+        del RULES["test-linear-gsd"]
+
+
+@pytest.mark.parametrize("spec, settings, message", [
+    ("lantern", {"delta": float("nan")}, "delta must be a finite number >= 0"),
+    ("lantern", {"delta": 1.5}, "delta must be a finite number >= 0 and <= 1"),
+    ("lantern++", {"lam": float("nan")}, "lam must be a finite number >= 1"),
+    ("lantern++", {"lam": float("inf")}, "lam must be a finite number >= 1"),
+    ("sjd", {"window": 0}, "window must be an integer >= 1"),
+    ("lantern", {"neighbours_k": 0}, "neighbours_k must be an integer >= 1"),
+    ("sjd", {"window": 2.5}, "window must be an integer"),
+    ("gsd", {"top_m": 0}, "top_m must be an integer >= 1"),
+    ("lantern:medusa", {}, "drafter must be one of draft, eagle, eagle2"),
+    ("sjd:diagonal", {}, "init must be one of random, horizontal, vertical"),
+    ("eagle:x", {}, "takes no ':x' argument"),
+    ("diffusion", {}, "unknown method"),
+    ("sjd", {"windows": 4}, "unknown method setting 'windows'"),
+])
+def test_bad_settings_are_one_clear_error(spec, settings, message):
+    with pytest.raises(ValueError, match=message):
+        make_method(spec, **settings)
+
+
+def test_the_pipeline_checks_settings_before_loading_the_model():
+    for settings in ({"window": 0}, {"delta": float("nan")}, {"neighbours_k": 0}):
+        with pytest.raises(ValueError, match="must be"):
+            mmspec.pipeline("text-to-image", model=MISSING, method="lantern", **settings)
+    with pytest.raises(FileNotFoundError):  # good settings: the model path is read
+        mmspec.pipeline("text-to-image", model=MISSING, method="lantern", window=4)
+
+
+@pytest.mark.parametrize("guidance", [float("nan"), float("inf"), 0.5])
+def test_guidance_scale_must_be_finite(guidance):
+    with pytest.raises(ValueError, match="guidance_scale must be a finite number >= 1"):
+        check_call_arguments(guidance)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--guidance-scale", "nan"], "guidance_scale must be a finite number"),
+    (["--guidance-scale", "inf"], "guidance_scale must be a finite number"),
+    (["--method", "lantern", "--delta", "nan"], "delta must be a finite number"),
+    (["--method", "lantern++", "--lam", "nan"], "lam must be a finite number"),
+    (["--window", "0"], "window must be an integer >= 1"),
+    (["--method", "lantern", "--neighbours-k", "0"], "neighbours_k must be an integer >= 1"),
+    (["--threads", "-1"], "--threads must be"),
+    (["--num-images", "0"], "num_images must be an integer >= 1"),
+    (["--temperature", "0"], "temperature must be > 0"),
+])
+def test_cli_refuses_bad_numbers_before_loading(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["t2i", "a red circle", "--model", MISSING, "--out", str(out), *argv]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("mmspec: error:") and message in error and "\n" not in error
+    assert not out.exists()  # nothing was written (a NaN guidance scale used to write a grey image)
+
+
+def test_cli_checks_the_output_directory_first(tmp_path, capsys):
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"not a directory")
+    for out in (taken, taken / "sub"):
+        assert main(["t2i", "a red circle", "--model", MISSING, "--out", str(out)]) == 2
+        assert "--out" in capsys.readouterr().err
+    assert taken.read_bytes() == b"not a directory"
+
+
+def test_cli_has_an_option_per_setting():
+    from mmspec.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["t2i", "x", "--pac-branches", "3", "--top-m", "7", "--drafter", "draft"])
+    assert (args.pac_branches, args.top_m, args.drafter, args.window) == (3, 7, "draft", None)
+    assert set(SETTINGS) <= set(vars(args))
+
+
+def test_adding_a_method_is_one_class_and_its_registration():
+    @register_method
+    class Twice(T2IMethod):
+        name = "test-twice"
+        description = "a test method"
+        defaults = {"num_draft_tokens": 2}
+
+    try:
+        method = make_method("test-twice", num_draft_tokens=5)
+        assert isinstance(method, Twice) and method.settings == {"num_draft_tokens": 5}
+        from mmspec.cli import build_parser
+
+        assert "test-twice (a test method)" in build_parser()._subparsers._group_actions[0].choices["t2i"].format_help()
+    finally:
+        del METHODS["test-twice"]
