@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mmspec.drafters.eagle import EagleHead
+from mmspec.modeling.heads import EagleHead
 from mmspec.drafters.vocab import load_draft_vocabulary
 from mmspec.train.drafter import collate, eagle_teacher_forced, load_target
 from mmspec.train.selfdistill import load_chunks

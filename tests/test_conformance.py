@@ -9,8 +9,8 @@ from tiny_models import FAMILIES, make_text_only_draft, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import text_decoder
-from mmspec.drafters import (DraftHeads, Eagle2Drafter, EagleDrafter, EagleHead, HydraDrafter, KangarooAdapter, KangarooDrafter,
-                             MedusaDrafter, ModelDrafter)
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, HydraDrafter, KangarooDrafter, MedusaDrafter, ModelDrafter
+from mmspec.modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 
 K = 4
 MAX_NEW = 1 + 3 * (K + 1)  # the prefill token, then three full verification steps

@@ -7,7 +7,8 @@ from tiny_models import make_tiny
 import mmspec
 from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.core.cost import CostModel, measure_verification_cost
-from mmspec.drafters import Eagle2Drafter, EagleHead
+from mmspec.drafters import Eagle2Drafter
+from mmspec.modeling.heads import EagleHead
 
 
 def test_forward_cost_interpolates_and_extrapolates():

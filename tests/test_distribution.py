@@ -37,7 +37,8 @@ def eagle_drafter(model, tree=False, draft_vocabulary=None, sampled_children=Non
     tree, its children drawn from q without replacement (or, ``sampled_children=False``, the
     top-k tree with q = 1 per node); ``num_nodes="auto"`` sizes it by the measured cost curve."""
     from mmspec.adapters.hf import text_decoder
-    from mmspec.drafters import Eagle2Drafter, EagleDrafter, EagleHead
+    from mmspec.drafters import Eagle2Drafter, EagleDrafter
+    from mmspec.modeling.heads import EagleHead
 
     torch.manual_seed(5)
     head = EagleHead(text_decoder(model).config).eval()
@@ -49,7 +50,8 @@ def eagle_drafter(model, tree=False, draft_vocabulary=None, sampled_children=Non
 
 def hydra_drafter(model):
     """Hydra heads (random weights around the identity): a static tree, q = 1 per node."""
-    from mmspec.drafters import DraftHeads, HydraDrafter
+    from mmspec.drafters import HydraDrafter
+    from mmspec.modeling.heads import DraftHeads
 
     torch.manual_seed(6)
     heads = DraftHeads(model.get_output_embeddings().weight.shape[1], num_heads=2, kind="hydra")
@@ -62,7 +64,8 @@ def hydra_drafter(model):
 def kangaroo_drafter(model):
     """The target's first layer + a random adapter, sampled drafts (q = the shallow model's)."""
     from mmspec.adapters.hf import text_decoder
-    from mmspec.drafters import KangarooAdapter, KangarooDrafter
+    from mmspec.drafters import KangarooDrafter
+    from mmspec.modeling.heads import KangarooAdapter
 
     torch.manual_seed(9)
     return KangarooDrafter(model, KangarooAdapter(text_decoder(model).config).eval(), exit_layer=1, num_draft_tokens=2, stop_threshold=0.0)

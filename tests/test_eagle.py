@@ -8,7 +8,8 @@ from tiny_models import make_tiny
 
 import mmspec
 from mmspec.adapters.hf import text_decoder
-from mmspec.drafters import EagleDrafter, EagleHead
+from mmspec.drafters import EagleDrafter
+from mmspec.modeling.heads import EagleHead
 from mmspec.train.drafter import collate, eagle_loss
 
 
@@ -119,7 +120,8 @@ def test_eagle2_tree_scores_equal_sequential_head_runs(tiny):
 def test_trained_heads_draft_the_target(tiny, records, kind, tmp_path):
     """Medusa / Hydra heads trained on the target's own greedy continuations raise acceptance;
     save/load keeps them; output stays identical to AR."""
-    from mmspec.drafters import DraftHeads, HydraDrafter, MedusaDrafter
+    from mmspec.drafters import HydraDrafter, MedusaDrafter
+    from mmspec.modeling.heads import DraftHeads
     from mmspec.train.drafter import heads_loss
 
     model = tiny.model
@@ -153,7 +155,8 @@ def test_trained_heads_draft_the_target(tiny, records, kind, tmp_path):
 def test_trained_kangaroo_adapter_drafts_the_target(tiny, records, tmp_path):
     """The adapter over the first layer's normalised states, trained on the target's own greedy
     continuations, raises acceptance; output identical to AR; save/load keeps it."""
-    from mmspec.drafters import KangarooAdapter, KangarooDrafter
+    from mmspec.drafters import KangarooDrafter
+    from mmspec.modeling.heads import KangarooAdapter
     from mmspec.train.drafter import kangaroo_loss
 
     model = tiny.model

@@ -11,9 +11,9 @@ from scipy.stats import chisquare
 import mmspec
 from mmspec.adapters.image_gen import LlamaGenTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, ImageEagleHead, JacobiDrafter, ModelDrafter
-from mmspec.drafters.image_eagle import ImageEagleConfig
+from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, JacobiDrafter, ModelDrafter
 from mmspec.drafters.jacobi import ProactiveJacobiDrafter, coupled_redraft
+from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 4, 2, 3, 8

@@ -7,18 +7,18 @@ from typing import Any
 from torch import nn
 
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
-from .eagle import Eagle2Drafter, EagleDrafter, EagleHead
-from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter, ImageEagleHead
+from .eagle import Eagle2Drafter, EagleDrafter
+from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter
 from .jacobi import CoupledJacobiDrafter, JacobiDrafter
-from .kangaroo import KangarooAdapter, KangarooDrafter
+from .kangaroo import KangarooDrafter
 from .layer_skip import LayerSkipDrafter
-from .medusa import DraftHeads, HydraDrafter, MedusaDrafter
+from .medusa import HydraDrafter, MedusaDrafter
 from .model import ModelDrafter, SpdDrafter
 from .prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CoupledJacobiDrafter", "DraftHeads", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "EagleHead", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "ImageEagleHead", "KangarooAdapter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
+    "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

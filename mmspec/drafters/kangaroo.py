@@ -11,7 +11,8 @@ The adapter (one decoder layer of the target's family + norm, with its own KV ca
 committed shallow states; the paper's adapter is attention + norms) is trained to make the shallow
 states readable by the LM head (``mmspec train drafter --method kangaroo``). Drafting stops early
 when the draft's top-1 probability falls below ``stop_threshold`` (the paper's dynamic draft
-length), which only changes speed, never the output.
+length), which only changes speed, never the output. The adapter is
+:class:`mmspec.modeling.heads.KangarooAdapter`.
 """
 
 from __future__ import annotations
@@ -23,20 +24,9 @@ from ..adapters.hf import text_decoder, truncated_decoder
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
-from .eagle import OneLayerHead
+from ..modeling.heads import KangarooAdapter
 from .shipped import shipped_drafter_dir
 from .vocab import DraftLMHead, load_draft_vocabulary
-
-
-class KangarooAdapter(OneLayerHead):
-    """The adapter: shallow states [B, n, H] -> states the LM head reads [B, n, H]."""
-
-    method = "kangaroo"
-    config_file = "kangaroo_config.json"
-    weights_file = "kangaroo_adapter.safetensors"
-
-    def forward(self, shallow: torch.Tensor, cache, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.run_decoder(shallow, cache, position_ids, None)
 
 
 @register_drafter("kangaroo")

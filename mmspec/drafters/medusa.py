@@ -10,13 +10,11 @@ pending token x_{t+1}), head i = 1..M predicts x_{t+1+i}:
 Medusa heads see only f_t; Hydra heads also see the tokens drafted before them (their path in the
 tree), which is what makes them sequentially dependent and more accurate. LMHead and e(.) are the
 target's (shared). Trained on the target's own outputs: ``mmspec train drafter --method medusa|hydra``.
-Drafts are deterministic top-k picks (q = 1 per node), so sampling stays exact.
+Drafts are deterministic top-k picks (q = 1 per node), so sampling stays exact. The heads are
+:class:`mmspec.modeling.heads.DraftHeads`.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,11 +23,9 @@ from ..core.cache import SequenceState
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree
+from ..modeling.heads import DraftHeads
 from .shipped import shipped_drafter_dir
 from .vocab import DraftLMHead, load_draft_vocabulary
-
-HEADS_CONFIG = "heads_config.json"
-HEADS_WEIGHTS = "heads.safetensors"
 
 #: a sparse static tree for 4 heads (Medusa-style: more children where the heads are confident):
 #: path (a, b, ...) = a-th choice of head 1, then b-th choice of head 2, ...
@@ -39,68 +35,6 @@ DEFAULT_TREE = [
     (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
     (0, 0, 0, 0), (0, 0, 0, 1), (0, 1, 0, 0),
 ]
-
-
-class ResidualBlock(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)  # a head starts as the identity: LMHead(f) = the target's next token
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x))
-
-
-class DraftHeads(nn.Module):
-    """M Medusa (``kind="medusa"``) or Hydra (``kind="hydra"``) heads of width H."""
-
-    def __init__(self, hidden_size: int, num_heads: int = 4, kind: str = "medusa") -> None:
-        super().__init__()
-        if kind not in ("medusa", "hydra"):
-            raise ValueError(f"kind must be 'medusa' or 'hydra', got {kind!r}")
-        self.hidden_size, self.num_heads, self.kind = hidden_size, num_heads, kind
-        self.blocks = nn.ModuleList(ResidualBlock(hidden_size) for _ in range(num_heads))
-        if kind == "hydra":
-            # input: [f; e(x_{t+1}); ...; e(x_{t+i})]; starts as "look at f only"
-            self.inputs = nn.ModuleList(nn.Linear((i + 2) * hidden_size, hidden_size, bias=False) for i in range(num_heads))
-            for projection in self.inputs:
-                with torch.no_grad():
-                    projection.weight.zero_()
-                    projection.weight[:, :hidden_size] = torch.eye(hidden_size)
-
-    def head_state(self, i: int, features: torch.Tensor, prefix_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Head i (0-based, predicts x_{t+2+i}) on features [..., H] and, for Hydra, the embeddings of
-        x_{t+1} .. x_{t+1+i} as prefix_embeds [..., i+1, H] -> [..., H] (apply the LM head next)."""
-        if self.kind == "hydra":
-            features = self.inputs[i](torch.cat([features, prefix_embeds.flatten(-2)], dim=-1))
-        return self.blocks[i](features)
-
-    def save(self, directory: str | Path, **card) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / HEADS_WEIGHTS))
-        config = {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads}
-        (directory / HEADS_CONFIG).write_text(json.dumps({**config, **card}, indent=1))
-
-    @classmethod
-    def load(cls, directory: str | Path, target_model: nn.Module, kind: str) -> "DraftHeads":
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / HEADS_CONFIG).is_file():
-            raise FileNotFoundError(f"no {kind} heads in {directory} ({HEADS_CONFIG} missing); train them with `mmspec train drafter --method {kind}`")
-        config = json.loads((directory / HEADS_CONFIG).read_text())
-        if config["kind"] != kind:
-            raise ValueError(f"{directory} holds {config['kind']} heads, not {kind}")
-        width = target_model.get_output_embeddings().weight.shape[1]
-        if config["hidden_size"] != width:
-            raise ValueError(f"the heads in {directory} have width {config['hidden_size']}, the target {width}")
-        heads = cls(config["hidden_size"], config["num_heads"], kind)
-        heads.load_state_dict(load_file(str(directory / HEADS_WEIGHTS)))
-        param = next(target_model.parameters())
-        return heads.to(device=param.device, dtype=param.dtype).eval()
 
 
 class _HeadsDrafter(Drafter):
@@ -124,7 +58,7 @@ class _HeadsDrafter(Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None):
-        path = arg or shipped_drafter_dir(target.model, cls.kind, HEADS_CONFIG)
+        path = arg or shipped_drafter_dir(target.model, cls.kind, DraftHeads.config_file)
         drafter = cls(target.model, DraftHeads.load(path, target.model, cls.kind), draft_vocabulary=load_draft_vocabulary(path))
         if num_draft_tokens:
             drafter.paths = [p for p in drafter.paths if len(p) <= num_draft_tokens]

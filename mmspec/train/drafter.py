@@ -6,7 +6,7 @@ on the target's own outputs and hidden states (self-distillation), bf16 on CPU, 
    answers to the caption train split's images and prompts, greedy or (``--sample-temperature T``)
    sampled at temperature T, which is what a drafter used under sampling has to predict. Either
    way the target's last hidden states are stored (bf16), see :mod:`mmspec.train.selfdistill`.
-2. Training: the EAGLE head (:class:`mmspec.drafters.eagle.EagleHead`) reads pairs
+2. Training: the EAGLE head (:class:`mmspec.modeling.heads.EagleHead`) reads pairs
    (f_t, x_{t+1}) and predicts f_{t+1}; loss = SmoothL1(f^_{t+1}, f_{t+1}) + 0.1 CE(LMHead(f^_{t+1}),
    x_{t+2}) on the answer positions, AdamW on fp32 weights (bf16 autocast where bf16 is fast). ``--init`` starts
    from another head (e.g. the SmolLM2 head for the captioner, whose decoder is SmolLM2).
@@ -29,9 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.eagle import EagleHead
-from ..drafters.kangaroo import KangarooAdapter
-from ..drafters.medusa import DraftHeads
+from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import fast_bf16, resolve_dtype
 from ..hub import models_dir

@@ -1,0 +1,242 @@
+"""The trained parts of mmspec's feature-level drafters (the drafting logic is in
+:mod:`mmspec.drafters`):
+
+- :class:`EagleHead` (EAGLE, Li et al., 2024): at position t, from the target's last hidden state
+  f_t [H] and the embedding of the next token e(x_{t+1}),
+  ``f^_{t+1} = Norm(Layer(W_fc [e(x_{t+1}); f_t]))`` with one decoder layer of the target's family.
+- :class:`KangarooAdapter` (Kangaroo, Liu et al., 2024): one decoder layer + norm turning the
+  target's shallow states s_t into states its LM head reads.
+- :class:`DraftHeads` (Medusa, Cai et al., 2024; Hydra, Ankner et al., 2024): head i predicts
+  x_{t+2+i} from ``h_i = f_t + SiLU(W_i f_t + b_i)`` (Medusa) or from
+  ``g_i = U_i [f_t; e(x_{t+1}); ...; e(x_{t+1+i})]``, ``h_i = g_i + SiLU(W_i g_i + b_i)`` (Hydra).
+- :class:`ImageEagleHead`: EAGLE's head for image-token generators, one LlamaGen block whose rotary
+  embedding turns with the code's (row, column) on the grid.
+
+Every head reuses the target's token embedding and LM head (never stored) and is saved as a JSON
+config + safetensors weights through :mod:`mmspec.modeling.persistence`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, chain_mask_after_cache, rope_table_2d
+from .persistence import load_weights, read_config, save_module
+
+
+def _place_like(module: nn.Module, target_model: nn.Module) -> nn.Module:
+    """``module`` on the device and in the dtype of ``target_model``'s parameters."""
+    param = next(target_model.parameters())
+    return module.to(device=param.device, dtype=param.dtype)
+
+
+# ============================================================================ one decoder layer
+class OneLayerHead(nn.Module):
+    """One decoder layer of the target's family (+ its final norm) reading embeddings: the trained
+    part of feature-level drafters. Subclasses define what goes in.
+
+    Args:
+        text_config: the target decoder's config (its family, width, heads, rope); the head uses
+            one layer of it and no vocabulary of its own.
+    """
+
+    method = "eagle"
+    config_file = "eagle_config.json"
+    weights_file = "eagle_head.safetensors"
+
+    def __init__(self, text_config) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        config = copy.deepcopy(text_config)
+        config.num_hidden_layers = 1
+        config.vocab_size = 1  # inputs arrive as embeddings; the target's embedding table is shared
+        config.pad_token_id = None
+        if hasattr(config, "layer_types") and config.layer_types:
+            config.layer_types = config.layer_types[:1]
+        self.config = config
+        self.decoder = AutoModel.from_config(config)
+
+    def run_decoder(self, inputs: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """inputs [B, n, H] -> the layer's normed outputs [B, n, H]."""
+        return self.decoder(inputs_embeds=inputs, past_key_values=cache, position_ids=position_ids,
+                            attention_mask=attention_mask, use_cache=cache is not None).last_hidden_state
+
+    def save(self, directory: str | Path, **card) -> None:
+        """Write the head (its weights in their current dtype) and ``card`` (extra JSON fields)."""
+        save_module(self, directory, {"text_config": self.config.to_dict(), **card}, self.config_file, self.weights_file)
+
+    @classmethod
+    def load(cls, directory: str | Path, target_model: nn.Module):
+        """Load a head saved by :meth:`save` for ``target_model`` (checks the widths match)."""
+        saved = read_config(directory, cls.config_file,
+                            f"no {cls.method} head in {directory} ({cls.config_file} missing); "
+                            f"train one with `mmspec train drafter --method {cls.method}`")["text_config"]
+        target_config = target_model.config.get_text_config(decoder=True)
+        if saved["hidden_size"] != target_config.hidden_size:
+            raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
+        return _place_like(load_weights(cls(target_config), directory, cls.weights_file), target_model)
+
+
+class EagleHead(OneLayerHead):
+    """fc [2H -> H] over [token embedding; target feature], then the decoder layer and norm."""
+
+    def __init__(self, text_config) -> None:
+        super().__init__(text_config)
+        hidden = self.config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features: [B, n, H]; token_embeds: [B or 1, n, H]; position_ids: [1, n]; attention_mask:
+        None (causal) or a 4-D additive mask [1, 1, n, cached + n] -> predicted next features [B, n, H]."""
+        token_embeds = token_embeds.expand(features.shape[0], -1, -1)
+        return self.run_decoder(self.fc(torch.cat([token_embeds, features], dim=-1)), cache, position_ids, attention_mask)
+
+
+class KangarooAdapter(OneLayerHead):
+    """The adapter: shallow states [B, n, H] -> states the LM head reads [B, n, H]."""
+
+    method = "kangaroo"
+    config_file = "kangaroo_config.json"
+    weights_file = "kangaroo_adapter.safetensors"
+
+    def forward(self, shallow: torch.Tensor, cache, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.run_decoder(shallow, cache, position_ids, None)
+
+
+# ============================================================================== Medusa / Hydra
+class ResidualBlock(nn.Module):
+    """x [..., H] -> x + SiLU(W x + b); W starts at zero (the identity)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)  # a head starts as the identity: LMHead(f) = the target's next token
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class DraftHeads(nn.Module):
+    """M Medusa (``kind="medusa"``) or Hydra (``kind="hydra"``) heads of width H."""
+
+    config_file = "heads_config.json"
+    weights_file = "heads.safetensors"
+
+    def __init__(self, hidden_size: int, num_heads: int = 4, kind: str = "medusa") -> None:
+        super().__init__()
+        if kind not in ("medusa", "hydra"):
+            raise ValueError(f"kind must be 'medusa' or 'hydra', got {kind!r}")
+        self.hidden_size, self.num_heads, self.kind = hidden_size, num_heads, kind
+        self.blocks = nn.ModuleList(ResidualBlock(hidden_size) for _ in range(num_heads))
+        if kind == "hydra":
+            # input: [f; e(x_{t+1}); ...; e(x_{t+i})]; starts as "look at f only"
+            self.inputs = nn.ModuleList(nn.Linear((i + 2) * hidden_size, hidden_size, bias=False) for i in range(num_heads))
+            for projection in self.inputs:
+                with torch.no_grad():
+                    projection.weight.zero_()
+                    projection.weight[:, :hidden_size] = torch.eye(hidden_size)
+
+    def head_state(self, i: int, features: torch.Tensor, prefix_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Head i (0-based, predicts x_{t+2+i}) on features [..., H] and, for Hydra, the embeddings of
+        x_{t+1} .. x_{t+1+i} as prefix_embeds [..., i+1, H] -> [..., H] (apply the LM head next)."""
+        if self.kind == "hydra":
+            features = self.inputs[i](torch.cat([features, prefix_embeds.flatten(-2)], dim=-1))
+        return self.blocks[i](features)
+
+    def save(self, directory: str | Path, **card) -> None:
+        """Write the heads (weights in their current dtype) and ``card`` (extra JSON fields)."""
+        config = {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads}
+        save_module(self, directory, {**config, **card}, self.config_file, self.weights_file)
+
+    @classmethod
+    def load(cls, directory: str | Path, target_model: nn.Module, kind: str) -> "DraftHeads":
+        """Load ``kind`` heads saved by :meth:`save` for ``target_model`` (checks kind and width)."""
+        config = read_config(directory, cls.config_file, f"no {kind} heads in {directory} ({cls.config_file} missing); "
+                                                         f"train them with `mmspec train drafter --method {kind}`")
+        if config["kind"] != kind:
+            raise ValueError(f"{directory} holds {config['kind']} heads, not {kind}")
+        width = target_model.get_output_embeddings().weight.shape[1]
+        if config["hidden_size"] != width:
+            raise ValueError(f"the heads in {directory} have width {config['hidden_size']}, the target {width}")
+        heads = cls(config["hidden_size"], config["num_heads"], kind)
+        return _place_like(load_weights(heads, directory, cls.weights_file), target_model)
+
+
+# =================================================================================== image EAGLE
+@dataclass
+class ImageEagleConfig:
+    """dim: the target's hidden size; grid: its (rows, columns) of codes."""
+
+    dim: int
+    n_head: int
+    grid: tuple[int, int]
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def block_config(self) -> LlamaGenConfig:
+        side = max(self.grid)
+        return LlamaGenConfig(dim=self.dim, n_layer=1, n_head=self.n_head, vocab_size=1, cls_token_num=0, caption_dim=1,
+                              block_size=side * side, rope_base=self.rope_base, norm_eps=self.norm_eps, rope_prefix="identity")
+
+
+def target_width(target) -> int:
+    """The hidden size of a guided image target (the width of its code embeddings)."""
+    probe = torch.zeros(1, 1, dtype=torch.long, device=target.device)
+    return int(target.embed_codes(probe).shape[-1])
+
+
+class ImageEagleHead(nn.Module):
+    """fc [2D -> D] over [code embedding; target feature], one LlamaGen block, a norm:
+
+        f^_i = Norm(Block(W_fc [e(x_i); f_{i-1}]))
+
+    with the block's rotary embedding at code i's (row, column)."""
+
+    config_file = "image_eagle_config.json"
+    weights_file = "image_eagle_head.safetensors"
+
+    def __init__(self, config: ImageEagleConfig) -> None:
+        super().__init__()
+        self.config = config
+        block_config = config.block_config()
+        self.fc = nn.Linear(2 * config.dim, config.dim, bias=True)
+        self.block = TransformerBlock(block_config, 0)
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        rows, columns = config.grid
+        side = max(rows, columns)
+        cells = torch.arange(rows * columns)
+        self.register_buffer("rope", rope_table_2d(block_config)[(cells // columns) * side + cells % columns], persistent=False)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features: [R, n, D]; token_embeds: [R or 1, n, D]; position_ids: [1, n] or [n] grid
+        indices of the codes; attention_mask: None (causal after the cache) or additive
+        [1, 1, n, cached + n] -> predicted features [R, n, D]."""
+        x = self.fc(torch.cat([token_embeds.expand(features.shape[0], -1, -1), features], dim=-1))
+        if attention_mask is None:
+            attention_mask = chain_mask_after_cache(x.shape[1], cache.get_seq_length() if cache is not None else 0, x.device)
+        return self.norm(self.block(x, self.rope[position_ids.reshape(-1)], cache, attention_mask))
+
+    def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **card) -> None:
+        """Write the head in ``dtype`` and ``card`` (extra JSON fields)."""
+        save_module(self, directory, {**asdict(self.config), **card}, self.config_file, self.weights_file, dtype)
+
+    @classmethod
+    def load(cls, directory: str | Path, target) -> "ImageEagleHead":
+        """Load a head for ``target`` (a GuidedImageTarget); checks width and grid."""
+        saved = read_config(directory, cls.config_file, f"no image EAGLE head in {directory} ({cls.config_file} missing); "
+                                                        "train one with `mmspec train image-drafter`")
+        config = ImageEagleConfig(dim=saved["dim"], n_head=saved["n_head"], grid=tuple(saved["grid"]),
+                                  rope_base=saved.get("rope_base", 10000.0), norm_eps=saved.get("norm_eps", 1e-5))
+        width = target_width(target)
+        if config.dim != width or config.grid != tuple(target.grid):
+            raise ValueError(f"the image EAGLE head in {directory} is for width {config.dim} and grid {config.grid}; "
+                             f"the target has width {width} and grid {tuple(target.grid)}")
+        return load_weights(cls(config), directory, cls.weights_file, device=target.device, dtype=target.dtype)
