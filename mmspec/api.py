@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import operator
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch import nn
 
 from .adapters.hf import TransformersTarget
 from .core.loop import speculative_decode
@@ -70,40 +76,148 @@ def generate(
         num_draft_tokens: K, overriding the drafter's default.
         eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
         **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
-            processor outputs.
+            processor outputs -- inputs of the model's ``forward`` (anything else is refused).
     Returns:
         GenerateOutput with ``.sequences`` [1, L + new] and ``.stats``.
     Raises:
-        ValueError: batch size > 1, an empty or padded prompt, an unsupported model, or a
-            drafter/rule combination that cannot work.
+        ValueError: batch size > 1, an empty or padded prompt, token ids outside the vocabulary,
+            an attention_mask of another shape than input_ids, a prompt longer than the model's
+            context, a keyword that is neither a parameter here nor a model input, a
+            max_new_tokens / num_draft_tokens that is not a positive integer, an unsupported
+            model, or a drafter/rule combination that cannot work.
+    Warns:
+        UserWarning: prompt + max_new_tokens may run past the model's context.
+
+    A model in training mode is switched to eval mode for the call (no dropout) and back after.
     Example:
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
     adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
+    max_new_tokens = _count("max_new_tokens", max_new_tokens)
+    if num_draft_tokens is not None:
+        num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
+    if isinstance(adapter, TransformersTarget):
+        check_model_inputs(adapter, model_inputs, max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     if eos_token_id is None:
         eos = getattr(adapter, "eos_token_ids", [])
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    state, stats = speculative_decode(
-        adapter,
-        model_inputs,
-        resolve_drafter(drafter, adapter, num_draft_tokens),
-        sampling,
-        max_new_tokens,
-        eos_token_ids=eos,
-        generator=make_generator(seed, adapter.device),
-        acceptance=acceptance,
-        rule_kwargs=rule_kwargs,
-    )
+    resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
+    with eval_mode(adapter, drafter, resolved):  # dropout off for the call, training flags restored after
+        state, stats = speculative_decode(
+            adapter,
+            model_inputs,
+            resolved,
+            sampling,
+            max_new_tokens,
+            eos_token_ids=eos,
+            generator=make_generator(seed, adapter.device),
+            acceptance=acceptance,
+            rule_kwargs=rule_kwargs,
+        )
     return GenerateOutput(sequences=state.tokens, stats=stats)
+
+
+#: model inputs mmspec sets itself (the KV cache, positions, which logits to keep)
+MANAGED_INPUTS = ("past_key_values", "use_cache", "logits_to_keep", "cache_position", "position_ids", "inputs_embeds", "labels")
+
+
+def _count(name: str, value: Any) -> int:
+    """``value`` as an int >= 1 (Python or numpy integers, 0-d integer tensors); ValueError otherwise."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        count = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})") from None
+    if count < 1:
+        raise ValueError(f"{name} must be >= 1, got {count}")
+    return count
+
+
+def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any], max_new_tokens: int) -> None:
+    """Check a transformers model's prompt before the prefill; raise ValueError saying what to do.
+
+    Args:
+        adapter: the target.
+        model_inputs: input_ids [1, L], attention_mask [1, L] (optional) and, for VLMs, the
+            processor's other outputs (pixel_values, image_sizes, pixel_attention_mask, ...).
+        max_new_tokens: the token budget (a warning when L + max_new_tokens exceeds the context).
+    Raises:
+        ValueError: a keyword that is neither a generate parameter nor a named input of the
+            model's forward (or one mmspec manages: :data:`MANAGED_INPUTS`), token ids outside the
+            input embedding, an attention_mask shaped unlike input_ids, or L > the model's context.
+    """
+    input_ids = adapter.check_inputs(model_inputs)
+    model = adapter.model
+    accepted = [name for name, p in inspect.signature(model.forward).parameters.items()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in MANAGED_INPUTS]
+    for name in model_inputs:
+        if name in MANAGED_INPUTS:
+            raise ValueError(f"{name} is managed by mmspec.generate; pass only the prompt (input_ids, attention_mask, "
+                             "and the processor's image inputs)")
+        if name not in accepted:
+            known = [p for p in inspect.signature(generate).parameters if p not in ("target", "model_inputs")] + accepted
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; model inputs of {type(model).__name__}: {', '.join(accepted)}"
+            raise ValueError(f"unknown argument {name!r}: not a parameter of mmspec.generate nor an input of "
+                             f"{type(model).__name__}.forward{hint}")
+    vocab = model.get_input_embeddings().num_embeddings
+    outside = (input_ids < 0) | (input_ids >= vocab)
+    if adapter.image_token_id is not None:
+        outside &= input_ids != adapter.image_token_id
+    if bool(outside.any()):
+        raise ValueError(f"input_ids holds token id {int(input_ids[outside][0])}, outside the model's vocabulary "
+                         f"(0 to {vocab - 1}); tokenise with this model's own tokenizer or processor")
+    mask = model_inputs.get("attention_mask")
+    if mask is not None and tuple(mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {list(mask.shape)} but input_ids {list(input_ids.shape)}; pass "
+                         "the tokenizer's attention_mask unchanged, or none (an unpadded prompt needs none)")
+    config = getattr(model.config, "text_config", None) or model.config
+    context = getattr(config, "max_position_embeddings", None)
+    length = input_ids.shape[1]
+    if context is not None and length > context:
+        raise ValueError(f"the prompt has {length} tokens, more than {type(model).__name__}'s context of {context}; "
+                         "shorten it (or use a smaller image resolution)")
+    if context is not None and length + max_new_tokens > context:
+        warnings.warn(f"prompt ({length} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
+                      f"{context}: tokens past position {context} are unreliable; lower max_new_tokens to "
+                      f"{context - length}", stacklevel=3)
+
+
+def _modules(obj: Any) -> list[nn.Module]:
+    """``obj`` if it is a module, else the modules among its attributes (a target's model, a drafter's heads)."""
+    if isinstance(obj, nn.Module):
+        return [obj]
+    return [value for value in getattr(obj, "__dict__", {}).values() if isinstance(value, nn.Module)]
+
+
+@contextmanager
+def eval_mode(*objects: Any) -> Iterator[None]:
+    """Put every module of ``objects`` (see :func:`_modules`) in eval mode for the block, then
+    give each submodule back the training flag it had."""
+    training = [m for obj in objects for top in _modules(obj) for m in top.modules() if m.training]
+    for module in training:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module in training:
+            module.training = True
+
+
+def check_text_prompt(prompt: str) -> str:
+    """Raise ValueError for an empty or whitespace-only text prompt; return it unchanged otherwise."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give the text to respond to")
+    return prompt
 
 
 def chat_inputs(tokenizer, prompt: str, raw: bool = False) -> dict[str, torch.Tensor]:
     """Tokenise a user message ([1, L] tensors), wrapped in the chat template unless ``raw``."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty; give the text to respond to")
+    check_text_prompt(prompt)
     if raw or tokenizer.chat_template is None:
         return dict(tokenizer(prompt, return_tensors="pt"))
     messages = [{"role": "user", "content": prompt}]

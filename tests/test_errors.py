@@ -110,3 +110,75 @@ def test_typical_acceptance_runs_and_is_marked(llama):
     out = mmspec.generate(llama.model, drafter=make_text_only_draft(llama.vocab_size), acceptance="typical",
                           do_sample=True, seed=0, max_new_tokens=8, **llama.inputs)
     assert out.stats.config["acceptance"] == "typical" and out.stats.new_tokens == 8
+
+
+@pytest.mark.parametrize("bad_id", [-1, 10_000])
+def test_token_ids_outside_the_vocabulary(llama, bad_id):
+    ids = llama.inputs["input_ids"].clone()
+    ids[0, 1] = bad_id
+    with pytest.raises(ValueError, match=f"token id {bad_id}, outside the model's vocabulary"):
+        mmspec.generate(llama.model, input_ids=ids)
+
+
+def test_attention_mask_of_another_length(llama):
+    ids = llama.inputs["input_ids"]
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        mmspec.generate(llama.model, input_ids=ids, attention_mask=torch.ones(1, ids.shape[1] - 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("value", [2.5, "8", True, None])
+def test_max_new_tokens_must_be_an_integer(llama, value):
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        mmspec.generate(llama.model, max_new_tokens=value, **llama.inputs)
+
+
+def test_integer_like_max_new_tokens_still_work(llama):
+    import numpy as np
+
+    for value in (np.int64(3), torch.tensor(3)):
+        assert mmspec.generate(llama.model, max_new_tokens=value, **llama.inputs).stats.new_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"max_new_token": 4}, "unknown argument 'max_new_token'.*did you mean 'max_new_tokens'"),
+        ({"num_beams": 2}, "unknown argument 'num_beams'"),
+        ({"past_key_values": None}, "managed by mmspec"),
+    ],
+)
+def test_unknown_keyword_arguments(llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mmspec.generate(llama.model, **kwargs, **llama.inputs)
+
+
+def test_model_inputs_of_a_vlm_are_accepted(llava):
+    out = mmspec.generate(llava.model, max_new_tokens=2, vision_feature_layer=-1, **llava.inputs)
+    assert out.stats.new_tokens == 2
+
+
+def test_prompt_longer_than_the_context(llama):
+    context = llama.model.config.max_position_embeddings
+    long_ids = llama.inputs["input_ids"][:, :1].repeat(1, context + 1)
+    with pytest.raises(ValueError, match=f"more than .*context of {context}"):
+        mmspec.generate(llama.model, input_ids=long_ids)
+    with pytest.warns(UserWarning, match="exceeds the model's context"):
+        mmspec.generate(llama.model, input_ids=long_ids[:, : context - 1], max_new_tokens=3)
+
+
+def test_training_mode_is_off_for_the_call_and_restored(llama):
+    reference = mmspec.generate(llama.model, drafter="prompt-lookup", max_new_tokens=8, **llama.inputs).sequences
+    for module in llama.model.modules():  # dropout that would change every forward in training mode
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.9
+    llama.model.train()
+    llama.model.lm_head.eval()  # a mixed state, to be restored module by module
+    try:
+        out = mmspec.generate(llama.model, drafter="prompt-lookup", max_new_tokens=8, **llama.inputs)
+        assert torch.equal(out.sequences, reference)
+        assert llama.model.training and llama.model.model.training and not llama.model.lm_head.training
+    finally:
+        llama.model.eval()
+        for module in llama.model.modules():
+            if hasattr(module, "attention_dropout"):
+                module.attention_dropout = 0.0
