@@ -8,7 +8,7 @@ import torch
 
 import mmspec
 from mmspec.cli import main
-from mmspec.drafters.image_eagle import ImageEagleConfig, ImageEagleHead
+from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from mmspec.modeling.vq import VQConfig, VQTokenizer
 
@@ -52,7 +52,10 @@ def test_sampling_reports_its_speed(model_dir):
 
 @pytest.mark.parametrize("call, message", [
     (lambda p: p(""), "empty prompt"),
-    (lambda p: p("a circle", guidance_scale=0.5), "guidance_scale must be >= 1"),
+    (lambda p: p("a circle", guidance_scale=0.5), "guidance_scale must be a finite number >= 1"),
+    (lambda p: p("a circle", guidance_scale=float("nan")), "guidance_scale must be a finite number >= 1"),
+    (lambda p: p("a circle", guidance_scale=float("inf")), "guidance_scale must be a finite number >= 1"),
+    (lambda p: p("a circle", num_images=0), "num_images must be an integer >= 1"),
 ])
 def test_bad_inputs(model_dir, call, message):
     pipe = mmspec.pipeline("text-to-image", model=model_dir, method="sjd")
@@ -63,7 +66,7 @@ def test_bad_inputs(model_dir, call, message):
 def test_bad_models_and_methods(model_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown method"):
         mmspec.pipeline("text-to-image", model=model_dir, method="diffusion")
-    with pytest.raises(ValueError, match="unknown SJD init"):
+    with pytest.raises(ValueError, match="init must be one of"):
         mmspec.pipeline("text-to-image", model=model_dir, method="sjd:diagonal")
     (tmp_path / "t2i.json").write_text("{}")
     with pytest.raises(ValueError, match="no image tokenizer"):
@@ -96,7 +99,7 @@ def test_relaxed_methods_report_their_bounds(model_dir):
         assert stats.config["acceptance"] == method.split(":")[0] and key in stats.config and stats.tokens == 16
         drafter = {"lantern:draft": "draft-model", "lantern++:eagle2": "image-eagle2"}.get(method, "image-eagle")
         assert stats.config["drafter"] == drafter  # the model's EAGLE head unless told otherwise
-    with pytest.raises(ValueError, match="need delta >= 0"):
+    with pytest.raises(ValueError, match="delta must be a finite number >= 0"):
         mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=-1)
 
 
@@ -104,15 +107,35 @@ def test_bench_method_settings(model_dir):
     from argparse import Namespace
 
     from mmspec.bench.t2i import configure
+    from mmspec.pipelines.t2i_components import T2IComponents
 
-    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="ar")
-    args = Namespace(neighbours_k=100, delta=0.1, lam=10.0)
-    assert configure(pipe, "lantern:eagle2/k=7/delta=0.3", args) == "lantern:eagle2"
-    assert pipe.neighbours_k == 7 and pipe.relaxed["lantern"] == {"delta": 0.3}
-    stats = pipe.generate_tokens(pipe.prompt_inputs("a red circle"), 0, "lantern:eagle2", do_sample=True,
-                                 guidance_scale=2.0).stats
+    args = Namespace(window=16, num_draft_tokens=4, neighbours_k=None, delta=0.1, lam=None)
+    method = configure("lantern:eagle2/k=7/delta=0.3", args)
+    assert method.settings == {"drafter": "eagle2", "num_draft_tokens": 4, "neighbours_k": 7, "delta": 0.3}
+    components = T2IComponents.from_pretrained(model_dir)
+    stats = method.generate(components, components.prompt_inputs("a red circle"), 0, do_sample=True,
+                            guidance_scale=2.0).stats
     assert stats.config["neighbours_k"] == 7 and stats.config["delta"] == 0.3 and stats.config["drafter"] == "image-eagle2"
-    configure(pipe, "lantern++", args)  # back to the command line's values
-    assert pipe.neighbours_k == 100 and pipe.relaxed["lantern++"] == {"lam": 10.0}
+    assert configure("lantern++", args).settings["lam"] == 10.0  # unset: the method's default
+    assert configure("sjd:vertical", args).settings == {"window": 16, "init": "vertical"}  # the command line's window
+    assert configure("sjd-pac/branches=3/depth=2", args).settings["pac_branches"] == 3
     with pytest.raises(ValueError, match="unknown setting"):
-        configure(pipe, "lantern/x=1", args)
+        configure("lantern/x=1", args)
+    with pytest.raises(ValueError, match="k='many' in 'lantern/k=many' is not a valid int"):
+        configure("lantern/k=many", args)
+    with pytest.raises(ValueError, match="delta must be a finite number"):
+        configure("lantern/delta=nan", args)
+
+
+def test_pipeline_on_shared_components(model_dir):
+    """The pipeline over components loaded once (as the bench and the recipe share them): same
+    seed, same images as a pipeline that loads the model itself."""
+    from mmspec.pipelines.t2i_components import T2IComponents
+
+    components = T2IComponents.from_pretrained(model_dir)
+    shared = mmspec.pipeline("text-to-image", components=components, method="sjd", window=4)
+    own = mmspec.pipeline("text-to-image", model=model_dir, method="sjd", window=4)
+    assert shared.target is components.target
+    assert torch.equal(shared("a green star", seed=5).tokens, own("a green star", seed=5).tokens)
+    with pytest.raises(ValueError, match="either model=... or components=..."):
+        mmspec.pipeline("text-to-image", model=model_dir, components=components)

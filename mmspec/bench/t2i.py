@@ -154,7 +154,7 @@ def configure(spec: str, args: argparse.Namespace) -> T2IMethod:
         try:
             settings[name] = SETTINGS[name].kind(value)
         except ValueError:
-            raise ValueError(f"{key}={value!r} in {spec!r}: {name} must be {SETTINGS[name].needs}") from None
+            raise ValueError(f"{key}={value!r} in {spec!r} is not a valid {SETTINGS[name].kind.__name__}") from None
     return make_method(method, **settings)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ import torch
 from ..core.sampling import SamplingConfig
 from ..core.stats import DictAccess, SpecStats
 from .t2i_components import T2IComponents
-from .t2i_methods import METHODS, SETTINGS, T2IMethod, check_settings, make_method, register_method
+from .t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
 __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutput", "TextToImagePipeline",
            "TextToImageStats", "check_call_arguments", "make_method", "register_method"]
@@ -39,7 +39,7 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
     """Check a pipeline call's arguments (one ValueError line each) -> their SamplingConfig.
 
     Cheap, so callers (the CLI) can check before loading a model."""
-    if not isinstance(guidance_scale, (int, float)) or not math.isfinite(guidance_scale) or guidance_scale < 1:
+    if not isinstance(guidance_scale, Real) or not math.isfinite(guidance_scale) or guidance_scale < 1:
         raise ValueError(f"guidance_scale must be a finite number >= 1 (got {guidance_scale}); 1 means no guidance")
     if not isinstance(num_images, Integral) or num_images < 1:
         raise ValueError(f"num_images must be an integer >= 1, got {num_images}")
@@ -147,7 +147,6 @@ class TextToImagePipeline:
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
                  grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: Any = None,
                  trust_remote_code: bool = False, **settings: Any) -> None:
-        check_settings(settings)
         self.settings = settings
         self.method = make_method(method, **settings)  # every setting checked before anything loads
         if components is None:

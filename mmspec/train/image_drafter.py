@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.sampling import SamplingConfig, cfg_combine, logits_to_probs
-from ..drafters.image_eagle import ImageEagleConfig, ImageEagleHead, target_width
+from ..modeling.heads import ImageEagleConfig, ImageEagleHead, target_width
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 
 
@@ -156,11 +156,11 @@ def _setup(model: str | None, processor: str | None, trust_remote_code: bool):
     """(target, prompt -> model inputs, mmspec's own generator or None, the model's name) of any
     model the text-to-image pipeline loads."""
     from ..adapters.image_gen import LlamaGenTarget
-    from ..pipelines.text_to_image import TextToImagePipeline
+    from ..pipelines.t2i_components import T2IComponents
 
-    pipe = TextToImagePipeline(model, method="ar", device="cpu", processor=processor, trust_remote_code=trust_remote_code)
-    own = pipe.generator if isinstance(pipe.target, LlamaGenTarget) else None
-    return pipe.target, pipe.prompt_inputs, own, str(pipe.model_dir)
+    components = T2IComponents.from_pretrained(model, device="cpu", processor=processor, trust_remote_code=trust_remote_code)
+    own = components.generator if isinstance(components.target, LlamaGenTarget) else None
+    return components.target, components.prompt_inputs, own, str(components.model_dir)
 
 
 def _prompts(split: str, n: int, start: int) -> list[str]:
