@@ -139,5 +139,7 @@ def test_adding_a_method_is_one_class_and_its_registration():
         from mmspec.cli import build_parser
 
         assert "test-twice (a test method)" in build_parser()._subparsers._group_actions[0].choices["t2i"].format_help()
+        with pytest.raises(ValueError, match="already registered"):
+            register_method(Twice)
     finally:
         del METHODS["test-twice"]

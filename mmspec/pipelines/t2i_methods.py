@@ -179,6 +179,8 @@ def register_method(cls: type[T2IMethod]) -> type[T2IMethod]:
     """Class decorator: register ``cls`` under ``cls.name``."""
     if not cls.name or not cls.description:
         raise ValueError(f"{cls.__name__} needs a name and a description to be registered")
+    if cls.name in METHODS:
+        raise ValueError(f"a text-to-image method named {cls.name!r} is already registered")
     METHODS[cls.name] = cls
     return cls
 
