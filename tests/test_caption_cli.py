@@ -87,6 +87,20 @@ def test_empty_prompt_exits_before_loading(capsys, images, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
+        (["--drafter", "medusa-9"], "unknown drafter 'medusa-9'"),
+        (["--drafter", "/nonexistent/draft"], "draft model directory not found"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--device", "bogus"], "unknown device 'bogus'"),
+    ],
+)
+def test_bad_options_exit_before_loading(capsys, images, tmp_path, extra, message):
+    code, _, err = run(capsys, images[0], "--model", str(tmp_path / "no-model"), *extra)
+    assert code == 2 and message in err and "model directory not found: " + str(tmp_path) not in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
         (["--model", "/nonexistent/model"], "model directory not found: /nonexistent/model"),
         (["--drafter", "medusa-9"], "unknown drafter"),
         (["--dtype", "fp8"], "unknown dtype"),

@@ -315,3 +315,18 @@ def test_too_large_images(tmp_path):
         load_image(wide)
     with pytest.raises(ValueError, match="too large.*megapixels"):
         load_image(Image.new("1", (8200, 8200)))  # 67 megapixels, 8 MB in mode "1"
+
+
+@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3", "mistral3"])
+def test_prompt_mentioning_image_tokens_still_captions_the_one_image(family, tmp_path_factory, photo):
+    """A literal ``<image>`` (or the family's own image token) in the prompt made the processor look
+    for a second image, so every caption failed; now the text is escaped and the image captioned."""
+    captioner = mmspec.pipeline("image-captioning", model=cached_tiny_checkpoint(family, tmp_path_factory), dtype="fp32")
+    image_token = captioner.target.image_token_id
+    expected = int((captioner.preprocess(photo, "What is it?")["input_ids"] == image_token).sum())
+    for token in ["<image>", *captioner.image_tokens]:
+        prompt = f"What is in the {token}? Answer about {token}."
+        inputs = captioner.preprocess(photo, prompt)
+        assert int((inputs["input_ids"] == image_token).sum()) == expected
+        r = captioner(photo, prompt=prompt, max_new_tokens=2)
+        assert r.prompt == prompt and r.stats.new_tokens == 2

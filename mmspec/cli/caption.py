@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..pipelines.captioning import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
+from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
+                                   check_prompt)
 from ..pipelines.images import open_image_file
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
@@ -90,8 +91,9 @@ def format_result(path: str, result: CaptionOutput, half_precision: bool = False
 
 
 def run_caption_command(args) -> int:
-    if args.prompt is not None:
-        check_prompt(args.prompt)  # before any loading
+    if args.prompt is not None:  # before any loading
+        check_prompt(args.prompt)
+    check_drafter_name(args.drafter)
     records: list[dict[str, Any]] = [{"path": path} for path in args.images]
 
     def fail(record: dict[str, Any], error: Exception, progress: Progress | None = None) -> None:

@@ -88,6 +88,57 @@ def check_prompt(prompt: str) -> str:
     return prompt
 
 
+#: inserted after the first character of an image token in a prompt: invisible, and the processor
+#: no longer finds the token there (U+2060 WORD JOINER)
+WORD_JOINER = "\u2060"
+
+
+def image_token_strings(processor: Any, image_token_id: int | None = None) -> list[str]:
+    """The strings a VLM processor expands or counts as image slots (``<image>``, ``[IMG]``,
+    ``<start_of_image>``, ``<image_soft_token>``, ``<fake_token_around_image>``, ...): the image /
+    video ``*_token`` attributes of the processor and its tokenizer, and the token of
+    ``image_token_id``; longest first."""
+    values = set()
+    for owner in (processor, getattr(processor, "tokenizer", None)):
+        for name in dir(owner) if owner is not None else ():
+            if name.endswith("_token") and any(word in name for word in ("image", "img", "video", "boi", "eoi")):
+                values.add(getattr(owner, name, None))
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if image_token_id is not None and hasattr(tokenizer, "convert_ids_to_tokens"):
+        values.add(tokenizer.convert_ids_to_tokens(image_token_id))
+    return sorted((v for v in values if isinstance(v, str) and len(v) > 1), key=len, reverse=True)
+
+
+def escape_image_tokens(prompt: str, tokens: Sequence[str]) -> str:
+    """``prompt`` with every string of ``tokens`` (:func:`image_token_strings`) broken by an
+    invisible character, so a prompt that *mentions* ``<image>`` asks about the one image instead
+    of making the processor look for a second (which failed for every image). Other text is unchanged."""
+    for token in tokens:
+        prompt = prompt.replace(token, token[0] + WORD_JOINER + token[1:])
+    return prompt
+
+
+def check_drafter_name(drafter: str | os.PathLike) -> Path | None:
+    """A ``drafter=`` string checked without loading anything: None for "auto", "ar" and specs,
+    else the draft model directory it names.
+
+    Raises:
+        ValueError: an unknown drafter name.
+        FileNotFoundError: a path that is not a directory.
+    """
+    if drafter == "auto" or drafter in NO_DRAFTER or is_drafter_spec(drafter):
+        return None
+    path = Path(drafter).expanduser()
+    if not path.is_dir():
+        if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
+            raise ValueError(
+                f"unknown drafter {drafter!r}; use 'auto', one of {spec_drafter_names()} "
+                "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
+            )
+        raise FileNotFoundError(f"draft model directory not found: {drafter}")
+    return path
+
+
 def load_captioning_model(
     name_or_path: str | os.PathLike, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
 ) -> tuple[nn.Module, Any]:
@@ -215,6 +266,7 @@ class ImageCaptioningPipeline:
         if getattr(self.processor, "image_processor", None) is None:
             raise ValueError(f"the processor {type(self.processor).__name__} cannot process images")
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.image_tokens = image_token_strings(self.processor, self.target.image_token_id)
         eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
         self.eos_token_ids = [t for t in eos if t is not None]
         self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
@@ -253,14 +305,7 @@ class ImageCaptioningPipeline:
         if drafter in NO_DRAFTER:
             name = "ar"
         elif isinstance(drafter, (str, os.PathLike)) and not is_drafter_spec(drafter):
-            path = Path(drafter).expanduser()
-            if not path.is_dir():
-                if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
-                    raise ValueError(
-                        f"unknown drafter {drafter!r}; use 'auto', one of {spec_drafter_names()} "
-                        "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
-                    )
-                raise FileNotFoundError(f"draft model directory not found: {drafter}")
+            path = check_drafter_name(drafter)
             name = f"draft model {drafter}"
             drafter = load_draft_model(path, self.model.device, self.model.dtype)
         elif isinstance(drafter, nn.Module):
@@ -282,7 +327,7 @@ class ImageCaptioningPipeline:
                 f"the processor of {self.model.name_or_path or type(self.model).__name__} has no chat template; "
                 "set processor.chat_template (see the model card for the prompt format)"
             )
-        message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": escape_image_tokens(prompt, self.image_tokens)}]}]
         text = self.processor.apply_chat_template(message, add_generation_prompt=True)
         inputs = self.processor(text=[text], images=[pil], return_tensors="pt")
         return {
