@@ -22,12 +22,9 @@ from transformers import (
 from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
 
 import mmspec
-from mmspec.adapters.hf_image import (
-    ChameleonVQDecoder,
-    Emu3State,
-    image_target_for,
-    image_tokenizer_for,
-)
+from mmspec.adapters.image import image_target_for, image_tokenizer_for
+from mmspec.adapters.image.chameleon import ChameleonVQDecoder
+from mmspec.adapters.image.emu3 import Emu3State
 from mmspec.core.loop import speculative_decode
 from mmspec.core.sampling import SamplingConfig, cfg_combine
 from mmspec.core.tree import TokenTree

@@ -5,19 +5,20 @@ Two adapter interfaces:
 * :class:`ImageTokenizer` — encode images to a token grid, decode a grid to images, and expose the
   codebook (for neighbour tables). Implemented by :class:`VQImageTokenizer` (mmspec's LlamaGen-style
   :class:`~mmspec.modeling.vq.VQTokenizer`) and by the transformers adapters in
-  :mod:`mmspec.adapters.hf_image` (Janus, Emu3, Chameleon VQ models).
+  :mod:`mmspec.adapters.image` (Janus, Emu3, Chameleon VQ models).
 * :class:`GuidedImageTarget` — a :class:`~mmspec.core.target.Target` over image tokens with
   classifier-free guidance: every forward runs the conditional and the unconditional sequence as
   one batch of two (one KV cache of batch 2, so :class:`~mmspec.core.cache.SequenceState` rolls both
   halves back together) and returns the guided logits u + g (c - u) [1, n, V] that every acceptance
-  rule sees. Subclasses implement ``_prefill_halves`` and ``_forward_halves``, and expose the
+  rule sees. Subclasses implement ``_prefill_halves`` (-> :class:`HalvesPrefill`) and
+  ``_forward_halves`` (which receives the sequence's state), and expose the
   generator's own image-token embedding (``embed_codes``) and codebook head (``code_logits``), which
   feature-level drafters (:mod:`mmspec.drafters.image_eagle`) share.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -71,9 +72,27 @@ class GuidedState(SequenceState):
     """A sequence with classifier-free guidance: its cache holds two rows (conditional,
     unconditional) that share ``tokens``; ``guidance_scale`` None means a single unguided row."""
 
-    def __init__(self, tokens, cache, prompt_length, guidance_scale: float | None, position_offset: int = 0):
-        super().__init__(tokens, cache, prompt_length, position_offset)
+    def __init__(self, tokens, cache, prompt_length, guidance_scale: float | None, position_offset: int = 0,
+                 row_padding: torch.Tensor | None = None):
+        super().__init__(tokens, cache, prompt_length, position_offset, row_padding)
         self.guidance_scale = guidance_scale
+
+
+class HalvesPrefill(NamedTuple):
+    """What a guided target's ``_prefill_halves`` returns.
+
+    Attributes:
+        tokens: LongTensor [1, P] the sequence's prompt tokens (the conditional row's).
+        logits: [R, 1, V] the rows' logits at the last prompt position.
+        hidden: [R, 1, D] their last hidden states, or None when not asked for.
+        row_padding: LongTensor [R] left padding of each row's prompt, or None when the rows
+            have equal lengths (see :class:`~mmspec.core.cache.SequenceState`).
+    """
+
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    hidden: torch.Tensor | None
+    row_padding: torch.Tensor | None = None
 
 
 class GuidedImageTarget:
@@ -120,9 +139,10 @@ class GuidedImageTarget:
             raise ValueError(f"guidance_scale must be >= 1 (got {guidance_scale}); use None to switch guidance off")
         rows = 1 if guidance_scale is None else 2
         cache = make_cache(self.cache_config)
-        prefix_tokens, logits, hidden = self._prefill_halves(model_inputs, rows, cache, hidden_layer is not None)
-        state = GuidedState(prefix_tokens, cache, prompt_length=prefix_tokens.shape[1], guidance_scale=guidance_scale)
-        return state, TargetOutput(self._guide(logits, guidance_scale), hidden)
+        prefill = self._prefill_halves(model_inputs, rows, cache, hidden_layer is not None)
+        state = GuidedState(prefill.tokens, cache, prompt_length=prefill.tokens.shape[1], guidance_scale=guidance_scale,
+                            row_padding=prefill.row_padding)
+        return state, TargetOutput(self._guide(prefill.logits, guidance_scale), prefill.hidden)
 
     def forward(
         self, state: GuidedState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
@@ -139,7 +159,7 @@ class GuidedImageTarget:
                 raise ValueError(f"a tree of depth {tree.max_depth} after {prefix} positions exceeds the model's {self.max_length}")
             mask = tree_attention_mask(tree, prefix, dtype=self.dtype, device=self.device)
             positions = tree_position_ids(tree, prefix, device=self.device)[0]
-        logits, hidden = self._forward_halves(tokens.to(self.device).expand(rows, -1), state.cache, mask, positions,
+        logits, hidden = self._forward_halves(tokens.to(self.device).expand(rows, -1), state, mask, positions,
                                               hidden_layer is not None)
         return TargetOutput(self._guide(logits, state.guidance_scale), hidden)
 
@@ -179,11 +199,11 @@ class LlamaGenTarget(GuidedImageTarget):
         out = self.model(caption=caption, past_key_values=cache, output_hidden_states=want_hidden)
         prefix = torch.zeros(1, caption.shape[1], dtype=torch.long, device=self.device)
         hidden = None if out.hidden_states is None else out.hidden_states[:, -1:]
-        return prefix, out.logits[:, -1:], hidden
+        return HalvesPrefill(prefix, out.logits[:, -1:], hidden)
 
-    def _forward_halves(self, tokens, cache, mask, positions, want_hidden):
+    def _forward_halves(self, tokens, state, mask, positions, want_hidden):
         if mask is not None:
             mask = mask > torch.finfo(mask.dtype).min / 2  # additive -> boolean (True = attend)
-        out = self.model(tokens, past_key_values=cache, attention_mask=mask, positions=positions,
+        out = self.model(tokens, past_key_values=state.cache, attention_mask=mask, positions=positions,
                          output_hidden_states=want_hidden)
         return out.logits, out.hidden_states

@@ -173,15 +173,21 @@ class SequenceState:
         prompt_length: number of prompt tokens at the start of ``tokens``.
         position_offset: position id of token i is i + position_offset (0 for all supported
             families; models whose multimodal positions are shifted set it at prefill).
+        row_padding: LongTensor [R] or None: for a cache of R rows whose prompts differ in length
+            (a guided image sequence's conditional and unconditional prompts), the pad entries at
+            the start of each row, masked out of every attention; fixed at prefill (rollback never
+            reaches into the prompt).
     """
 
-    def __init__(self, tokens: torch.Tensor, cache: Cache, prompt_length: int, position_offset: int = 0):
+    def __init__(self, tokens: torch.Tensor, cache: Cache, prompt_length: int, position_offset: int = 0,
+                 row_padding: torch.Tensor | None = None):
         if tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"SequenceState holds one sequence [1, L], got shape {tuple(tokens.shape)}")
         self.tokens = tokens
         self.cache = cache
         self.prompt_length = prompt_length
         self.position_offset = position_offset
+        self.row_padding = row_padding
 
     @property
     def length(self) -> int:

@@ -12,7 +12,7 @@ and the codebook's neighbour tables. :meth:`T2IComponents.from_pretrained` loads
   ``vq``, the ``draft`` and the ``eagle`` head directories relative to it, and
   ``text_encoder_layers``);
 * a transformers Janus, Emu3 or Chameleon / Anole model: a local path, a hub id or the loaded
-  model (:mod:`mmspec.adapters.hf_image`); its processor turns prompts into input ids.
+  model (:mod:`mmspec.adapters.image`); its processor turns prompts into input ids.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class T2IComponents:
             processor: transformers models: a processor or tokenizer (default: the one saved with
                 the model), or a callable prompt -> dict of model inputs.
             image_tokenizer: overrides the image tokenizer (e.g. Chameleon's
-                :class:`~mmspec.adapters.hf_image.ChameleonImageTokenizer` with its VQGAN decoder).
+                :class:`~mmspec.adapters.image.chameleon.ChameleonImageTokenizer` with its VQGAN decoder).
             grid: Emu3's (rows, columns) of codes (default 90 x 90).
             draft, eagle_head: override the draft generator and the EAGLE head ``t2i.json`` names.
             trust_remote_code: passed to transformers.
@@ -223,7 +223,7 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
     """A transformers Janus / Emu3 / Chameleon model (object, path or hub id)."""
     import transformers
 
-    from ..adapters.hf_image import SUPPORTED_FAMILIES, image_target_for, image_tokenizer_for
+    from ..adapters.image import SUPPORTED_FAMILIES, image_target_for, image_tokenizer_for
 
     source = model
     if isinstance(model, (str, Path)):
