@@ -1,6 +1,8 @@
 """Ladder levels 3-5 and 7: every supported architecture, every drafter, against transformers.
 
 Tiny random models of each family (configs built in tiny_models.py, never downloaded), fp32.
+Pixtral appears twice: inside Mistral3 (``mistral3``) and in Pixtral-12B's own layout, transformers'
+LLaVA class with a Pixtral vision tower (``pixtral``).
 """
 
 import pytest

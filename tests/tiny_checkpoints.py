@@ -178,6 +178,22 @@ def _mistral3_model(vocab_size, ids):
     ))
 
 
+# -- Pixtral-12B: LLaVA with a Pixtral tower, longest edge 16 px, patch 4, no merge -> up to 4x4 [IMG] --
+def _pixtral_llava_processor(tokenizer, template):
+    image_processor = PixtralImageProcessor(size={"longest_edge": 16}, patch_size=4)
+    return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
+                            spatial_merge_size=1, chat_template=template)
+
+
+def _pixtral_model(vocab_size, ids):
+    return LlavaForConditionalGeneration(LlavaConfig(
+        vision_config=PixtralVisionConfig(**vision_kwargs(image_size=16, patch_size=4)),
+        text_config=text_config(MistralConfig, vocab_size=vocab_size, sliding_window=None),
+        image_token_index=ids["[IMG]"], vision_feature_select_strategy="full", vision_feature_layer=-1,
+        projector_hidden_act="gelu", multimodal_projector_bias=True,
+    ))
+
+
 # -- Idefics3 / SmolVLM: one un-split 32 px image, patch 4, pixel shuffle 2 -> 16 image tokens ------
 def _idefics_like(processor_cls, image_processor_cls, config_cls, vision_config_cls, model_cls, **processor_extra):
     def processor(tokenizer, template):
@@ -228,6 +244,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
     "mistral3": FamilySpec(("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]", _pixtral_processor, _mistral3_model),
+    "pixtral": FamilySpec(("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]", _pixtral_llava_processor, _pixtral_model),
     "idefics3": FamilySpec(IDEFICS_TOKENS, "<image>", *_idefics3),
     "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
     "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,

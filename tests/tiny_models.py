@@ -78,7 +78,7 @@ from transformers.image_processing_utils import select_best_resolution
 from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
 from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
 
-FAMILIES: tuple[str, ...] = ("llama", "llava", "llava_next", "mistral3", "idefics3", "smolvlm", "gemma3")
+FAMILIES: tuple[str, ...] = ("llama", "llava", "llava_next", "mistral3", "pixtral", "idefics3", "smolvlm", "gemma3")
 
 # ---------------------------------------------------------------------------
 # Shared token ids and sizes
@@ -90,7 +90,7 @@ N_TEXT_BEFORE, N_TEXT_AFTER = 7, 6  # text tokens before (after BOS) / after the
 
 # Family-specific special tokens (all inside the vocabulary).
 IMAGE_ID = 500  # the image placeholder token, for every VLM family
-IMG_BREAK_ID, IMG_END_ID = 501, 502  # pixtral / mistral3
+IMG_BREAK_ID, IMG_END_ID = 501, 502  # pixtral (LLaVA and Mistral3 layouts)
 FAKE_AROUND_IMAGE_ID, GLOBAL_IMG_ID = 503, 504  # idefics3 / smolvlm
 BOI_ID, EOI_ID, NEWLINE2_ID = 505, 506, 507  # gemma3: <start_of_image>, <end_of_image>, "\n\n"
 
@@ -297,6 +297,34 @@ def _build_mistral3(gen: torch.Generator):
     return model, inputs
 
 
+def _build_pixtral(gen: torch.Generator):
+    """Pixtral-12B's layout: transformers' LLaVA class with a Pixtral vision tower (patch 4, no
+    patch merger), a Mistral decoder, all of the tower's features ("full" strategy, last layer).
+    A 16x12 image gives a 4x3 grid of [IMG] tokens, each row closed by [IMG_BREAK] and the last by
+    [IMG_END] (as PixtralProcessor)."""
+    patch = 4
+    height, width = 16, 12
+    rows, cols = height // patch, width // patch
+    image_block = ([IMAGE_ID] * cols + [IMG_BREAK_ID]) * rows
+    image_block[-1] = IMG_END_ID
+    config = LlavaConfig(
+        vision_config=PixtralVisionConfig(**_vision_kwargs(image_size=max(height, width), patch_size=patch)),
+        text_config=MistralConfig(**_text_kwargs(sliding_window=None)),
+        image_token_index=IMAGE_ID,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        projector_hidden_act="gelu",
+        multimodal_projector_bias=True,
+    )
+    model = LlavaForConditionalGeneration(config)
+    inputs = {
+        "input_ids": _prompt(gen, image_block),
+        "pixel_values": _pixels(gen, 1, 3, height, width),
+        "image_sizes": torch.tensor([[height, width]], dtype=torch.long),
+    }
+    return model, inputs
+
+
 def _idefics_like(config_cls, vision_config_cls, model_cls):
     """Builder for Idefics3 / SmolVLM (identical layout): SigLIP-like tower on a 32px image,
     patch 4 -> 64 patches, pixel-shuffle scale 2 -> 16 tokens, single un-split image:
@@ -362,6 +390,7 @@ _BUILDERS: dict[str, Builder] = {
     "llava": _build_llava,
     "llava_next": _build_llava_next,
     "mistral3": _build_mistral3,
+    "pixtral": _build_pixtral,
     "idefics3": _idefics_like(Idefics3Config, Idefics3VisionConfig, Idefics3ForConditionalGeneration),
     "smolvlm": _idefics_like(SmolVLMConfig, SmolVLMVisionConfig, SmolVLMForConditionalGeneration),
     "gemma3": _build_gemma3,
