@@ -163,34 +163,36 @@ def _llava_next_model(vocab_size, ids):
     ))
 
 
-# -- Mistral3 / Pixtral: longest edge 32 px, patch 4, 2x2 merge -> up to 4x4 [IMG] + breaks --------
-def _pixtral_processor(tokenizer, template):
-    image_processor = PixtralImageProcessor(size={"longest_edge": 32}, patch_size=4)
-    return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
-                            spatial_merge_size=2, chat_template=template)
+# -- Pixtral towers: PixtralProcessor, patch 4; [IMG] rows closed by [IMG_BREAK], the last by [IMG_END] --
+def _pixtral_processor(longest_edge: int, merge: int):
+    """A processor factory: images scaled to ``longest_edge`` px, ``merge`` x ``merge`` patches per token."""
+
+    def processor(tokenizer, template):
+        image_processor = PixtralImageProcessor(size={"longest_edge": longest_edge}, patch_size=4)
+        return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
+                                spatial_merge_size=merge, chat_template=template)
+
+    return processor
 
 
+def _pixtral_parts(image_size: int, vocab_size: int) -> dict:
+    """The Pixtral vision tower and Mistral decoder configs both Pixtral layouts share."""
+    return dict(vision_config=PixtralVisionConfig(**vision_kwargs(image_size=image_size, patch_size=4)),
+                text_config=text_config(MistralConfig, vocab_size=vocab_size, sliding_window=None))
+
+
+# Mistral3: longest edge 32 px, 2x2 merge -> up to 4x4 [IMG] + breaks
 def _mistral3_model(vocab_size, ids):
     return Mistral3ForConditionalGeneration(Mistral3Config(
-        vision_config=PixtralVisionConfig(**vision_kwargs(image_size=32, patch_size=4)),
-        text_config=text_config(MistralConfig, vocab_size=vocab_size, sliding_window=None),
-        image_token_index=ids["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1,
+        **_pixtral_parts(32, vocab_size), image_token_index=ids["[IMG]"], spatial_merge_size=2, vision_feature_layer=-1,
     ))
 
 
-# -- Pixtral-12B: LLaVA with a Pixtral tower, longest edge 16 px, patch 4, no merge -> up to 4x4 [IMG] --
-def _pixtral_llava_processor(tokenizer, template):
-    image_processor = PixtralImageProcessor(size={"longest_edge": 16}, patch_size=4)
-    return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=4,
-                            spatial_merge_size=1, chat_template=template)
-
-
+# Pixtral-12B: transformers' LLaVA class with the Pixtral tower, longest edge 16 px, no merge -> up to 4x4 [IMG]
 def _pixtral_model(vocab_size, ids):
     return LlavaForConditionalGeneration(LlavaConfig(
-        vision_config=PixtralVisionConfig(**vision_kwargs(image_size=16, patch_size=4)),
-        text_config=text_config(MistralConfig, vocab_size=vocab_size, sliding_window=None),
-        image_token_index=ids["[IMG]"], vision_feature_select_strategy="full", vision_feature_layer=-1,
-        projector_hidden_act="gelu", multimodal_projector_bias=True,
+        **_pixtral_parts(16, vocab_size), image_token_index=ids["[IMG]"], vision_feature_select_strategy="full",
+        vision_feature_layer=-1, projector_hidden_act="gelu", multimodal_projector_bias=True,
     ))
 
 
@@ -218,6 +220,7 @@ _smolvlm = _idefics_like(SmolVLMProcessor, SmolVLMImageProcessor, SmolVLMConfig,
 _idefics3 = _idefics_like(Idefics3Processor, Idefics3ImageProcessor, Idefics3Config, Idefics3VisionConfig,
                           Idefics3ForConditionalGeneration)
 IDEFICS_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>")
+PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 
 
 # -- Gemma3: SigLIP on 32 px, patch 4 -> 8x8 patches avg-pooled to 16 soft tokens -----------------
@@ -243,8 +246,8 @@ def _gemma3_model(vocab_size, ids):
 FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
-    "mistral3": FamilySpec(("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]", _pixtral_processor, _mistral3_model),
-    "pixtral": FamilySpec(("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]", _pixtral_llava_processor, _pixtral_model),
+    "mistral3": FamilySpec(PIXTRAL_TOKENS, "[IMG]", _pixtral_processor(32, merge=2), _mistral3_model),
+    "pixtral": FamilySpec(PIXTRAL_TOKENS, "[IMG]", _pixtral_processor(16, merge=1), _pixtral_model),
     "idefics3": FamilySpec(IDEFICS_TOKENS, "<image>", *_idefics3),
     "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
     "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,

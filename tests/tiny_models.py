@@ -272,57 +272,55 @@ def _build_llava_next(gen: torch.Generator):
     return model, inputs
 
 
+def _pixtral_parts(image_size: int, patch: int) -> dict:
+    """The Pixtral vision tower and Mistral decoder configs of both Pixtral layouts."""
+    return dict(vision_config=PixtralVisionConfig(**_vision_kwargs(image_size=image_size, patch_size=patch)),
+                text_config=MistralConfig(**_text_kwargs(sliding_window=None)))
+
+
+def _pixtral_inputs(gen: torch.Generator, height: int, width: int, pixels_per_token: int) -> dict[str, torch.Tensor]:
+    """An image of height x width pixels as PixtralProcessor lays it out: a grid of [IMG] tokens
+    (one per ``pixels_per_token``-pixel square), each row closed by [IMG_BREAK] and the last by [IMG_END]."""
+    rows, cols = height // pixels_per_token, width // pixels_per_token
+    image_block = ([IMAGE_ID] * cols + [IMG_BREAK_ID]) * rows
+    image_block[-1] = IMG_END_ID
+    return {
+        "input_ids": _prompt(gen, image_block),
+        "pixel_values": _pixels(gen, 1, 3, height, width),
+        "image_sizes": torch.tensor([[height, width]], dtype=torch.long),
+    }
+
+
 def _build_mistral3(gen: torch.Generator):
     """Mistral3: Pixtral tower (patch 4) + 2x2 patch merger. A 32x24 image gives a 4x3 grid of
     [IMG] tokens, each row closed by [IMG_BREAK] and the last by [IMG_END] (as PixtralProcessor)."""
     patch, merge = 4, 2
     height, width = 32, 24
-    rows, cols = height // (patch * merge), width // (patch * merge)
-    image_block = ([IMAGE_ID] * cols + [IMG_BREAK_ID]) * rows
-    image_block[-1] = IMG_END_ID
     config = Mistral3Config(
-        vision_config=PixtralVisionConfig(**_vision_kwargs(image_size=max(height, width), patch_size=patch)),
-        text_config=MistralConfig(**_text_kwargs(sliding_window=None)),
+        **_pixtral_parts(max(height, width), patch),
         image_token_index=IMAGE_ID,
         spatial_merge_size=merge,
         vision_feature_layer=-1,
         tie_word_embeddings=False,
     )
-    model = Mistral3ForConditionalGeneration(config)
-    inputs = {
-        "input_ids": _prompt(gen, image_block),
-        "pixel_values": _pixels(gen, 1, 3, height, width),
-        "image_sizes": torch.tensor([[height, width]], dtype=torch.long),
-    }
-    return model, inputs
+    return Mistral3ForConditionalGeneration(config), _pixtral_inputs(gen, height, width, patch * merge)
 
 
 def _build_pixtral(gen: torch.Generator):
     """Pixtral-12B's layout: transformers' LLaVA class with a Pixtral vision tower (patch 4, no
     patch merger), a Mistral decoder, all of the tower's features ("full" strategy, last layer).
-    A 16x12 image gives a 4x3 grid of [IMG] tokens, each row closed by [IMG_BREAK] and the last by
-    [IMG_END] (as PixtralProcessor)."""
+    A 16x12 image gives a 4x3 grid of [IMG] tokens with the same breaks as Mistral3's."""
     patch = 4
     height, width = 16, 12
-    rows, cols = height // patch, width // patch
-    image_block = ([IMAGE_ID] * cols + [IMG_BREAK_ID]) * rows
-    image_block[-1] = IMG_END_ID
     config = LlavaConfig(
-        vision_config=PixtralVisionConfig(**_vision_kwargs(image_size=max(height, width), patch_size=patch)),
-        text_config=MistralConfig(**_text_kwargs(sliding_window=None)),
+        **_pixtral_parts(max(height, width), patch),
         image_token_index=IMAGE_ID,
         vision_feature_select_strategy="full",
         vision_feature_layer=-1,
         projector_hidden_act="gelu",
         multimodal_projector_bias=True,
     )
-    model = LlavaForConditionalGeneration(config)
-    inputs = {
-        "input_ids": _prompt(gen, image_block),
-        "pixel_values": _pixels(gen, 1, 3, height, width),
-        "image_sizes": torch.tensor([[height, width]], dtype=torch.long),
-    }
-    return model, inputs
+    return LlavaForConditionalGeneration(config), _pixtral_inputs(gen, height, width, patch)
 
 
 def _idefics_like(config_cls, vision_config_cls, model_cls):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .persistence import load_model, save_model
+from .persistence import DataclassModel
 
 CONFIG_FILE = "llamagen_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -197,12 +197,14 @@ class LlamaGenOutput:
     hidden_states: torch.Tensor | None = None  # [B, n, D], after the final norm
 
 
-class LlamaGenModel(nn.Module):
+class LlamaGenModel(DataclassModel, nn.Module):
     """forward(image_tokens [B, n], caption [B, P, C] | None, past_key_values, attention_mask)."""
 
+    config_class, config_file, weights_file, kind = LlamaGenConfig, CONFIG_FILE, WEIGHTS_FILE, "LlamaGen"
+    save_dtype, load_dtype = torch.bfloat16, torch.bfloat16
+
     def __init__(self, config: LlamaGenConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.cls_embedding = CaptionEmbedder(config)
         self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layer))
@@ -256,14 +258,6 @@ class LlamaGenModel(nn.Module):
             x = layer(x, rope, past_key_values, attention_mask)
         x = self.norm(x)
         return LlamaGenOutput(self.output(x).float(), x if output_hidden_states else None)
-
-    # ---- persistence -------------------------------------------------------------------------
-    def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        save_model(self, self.config, directory, CONFIG_FILE, WEIGHTS_FILE, dtype)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaGenModel":
-        return load_model(cls, LlamaGenConfig, directory, CONFIG_FILE, WEIGHTS_FILE, dtype, "LlamaGen")
 
     @classmethod
     def load_official(cls, checkpoint: str | Path, config: LlamaGenConfig) -> "LlamaGenModel":

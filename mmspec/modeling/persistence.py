@@ -1,8 +1,8 @@
 """Saving and loading mmspec's own model classes: a JSON config + safetensors weights.
 
 :func:`save_module` / :func:`read_config` / :func:`load_weights` are the one implementation every
-mmspec model and draft head uses; :func:`save_model` / :func:`load_model` wrap them for classes
-whose config is a dataclass.
+mmspec model and draft head uses; :class:`DataclassModel` wraps them for models whose config is a
+dataclass.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -52,12 +52,29 @@ def load_weights(module: nn.Module, directory: str | Path, weights_file: str, de
     return module.to(device=device, dtype=dtype).eval()
 
 
-def save_model(model: nn.Module, config, directory: str | Path, config_file: str, weights_file: str, dtype: torch.dtype) -> None:
-    """Write ``config`` (a dataclass) as JSON and the state dict in ``dtype`` as safetensors."""
-    save_module(model, directory, asdict(config), config_file, weights_file, dtype)
+class DataclassModel:
+    """``save`` / ``from_pretrained`` for an ``nn.Module`` built as ``cls(config)`` from a dataclass
+    config (mix in before ``nn.Module``). Subclasses set ``config_class``, ``config_file``,
+    ``weights_file``, ``kind`` (for messages) and the default dtypes."""
 
+    config_class: ClassVar[type]
+    config_file: ClassVar[str]
+    weights_file: ClassVar[str]
+    kind: ClassVar[str]
+    save_dtype: ClassVar[torch.dtype] = torch.bfloat16
+    load_dtype: ClassVar[torch.dtype] = torch.bfloat16
 
-def load_model(cls, config_cls, directory: str | Path, config_file: str, weights_file: str, dtype: torch.dtype, what: str):
-    """``cls(config_cls(**config))`` with the saved weights, in ``dtype`` and eval mode."""
-    config = read_config(directory, config_file, f"{directory} has no {config_file}; is it an mmspec {what} directory?")
-    return load_weights(cls(config_cls(**config)), directory, weights_file, dtype=dtype)
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+
+    def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the config as JSON and the weights in ``dtype`` (default ``save_dtype``)."""
+        save_module(self, directory, asdict(self.config), self.config_file, self.weights_file, dtype or self.save_dtype)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype | None = None):
+        """The model saved by :meth:`save`, in ``dtype`` (default ``load_dtype``) and eval mode."""
+        config = read_config(directory, cls.config_file,
+                             f"{directory} has no {cls.config_file}; is it an mmspec {cls.kind} directory?")
+        return load_weights(cls(cls.config_class(**config)), directory, cls.weights_file, dtype=dtype or cls.load_dtype)

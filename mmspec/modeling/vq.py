@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .persistence import load_model, save_model
+from .persistence import DataclassModel
 
 CONFIG_FILE = "vq_config.json"
 WEIGHTS_FILE = "vq.safetensors"
@@ -216,12 +216,14 @@ class VectorQuantizer(nn.Module):
         return self.codebook()[indices].permute(0, 3, 1, 2).contiguous()
 
 
-class VQTokenizer(nn.Module):
+class VQTokenizer(DataclassModel, nn.Module):
     """encode: images [B, 3, H, W] in [-1, 1] -> token grid [B, H/f, W/f]; decode: the reverse."""
 
+    config_class, config_file, weights_file, kind = VQConfig, CONFIG_FILE, WEIGHTS_FILE, "VQ tokenizer"
+    save_dtype, load_dtype = torch.float16, torch.float32
+
     def __init__(self, config: VQConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.encoder = Encoder(config.ch, config.encoder_ch_mult, config.num_res_blocks, config.z_channels)
         self.decoder = Decoder(config.ch, config.decoder_ch_mult, config.num_res_blocks, config.z_channels)
         self.quantize = VectorQuantizer(config.codebook_size, config.codebook_embed_dim, config.codebook_l2_norm)
@@ -255,14 +257,6 @@ class VQTokenizer(nn.Module):
     def codebook_embeddings(self) -> torch.Tensor:
         """[V, d] the code vectors (for neighbour tables, :func:`mmspec.core.relaxed.neighbour_table`)."""
         return self.quantize.codebook().detach()
-
-    # ---- persistence -------------------------------------------------------------------------
-    def save(self, directory: str | Path, dtype: torch.dtype = torch.float16) -> None:
-        save_model(self, self.config, directory, CONFIG_FILE, WEIGHTS_FILE, dtype)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "VQTokenizer":
-        return load_model(cls, VQConfig, directory, CONFIG_FILE, WEIGHTS_FILE, dtype, "VQ tokenizer")
 
     @classmethod
     def load_official(cls, checkpoint: str | Path, config: VQConfig | None = None) -> "VQTokenizer":
