@@ -77,3 +77,25 @@ def test_chain_acceptance_is_a_product_of_conditional_rates():
     assert chain.rates.tolist() == [1.0, 0.5, 0.5, 1.0, 1.0]
     # the deeper rates keep their conditional values, so the plan can grow again
     assert chain.survival()[4] == pytest.approx(0.25)
+
+
+def test_tree_budgets_timed_by_a_clock_or_counted():
+    """The timed budget reads its clock (c_layer a running mean of the gaps between layers, t the
+    time since the step began); the nominal one counts head forwards in units of C(1)."""
+    from mmspec.drafters.tree_budget import NominalBudget, TimedBudget, budget_class
+
+    ticks = iter([10.0, 10.5, 11.0, 12.0, 13.0])
+    timed = TimedBudget(CostModel({1: 1.0, 8: 2.0}), clock=lambda: next(ticks))
+    timed.begin_step()  # 10.0
+    assert timed.layer_done() == 1 and timed.layer_cost is None  # 10.5: the first layer starts
+    assert timed.layer_done() == 2 and timed.layer_cost == pytest.approx(0.5)  # 11.0
+    assert timed.layer_done() == 3 and timed.layer_cost == pytest.approx(0.8 * 0.5 + 0.2 * 1.0)  # 12.0
+    assert timed.spent() == pytest.approx(3.0)  # 13.0
+    nominal = NominalBudget(CostModel({1: 1.0, 64: 2.0}), layer_cost=0.1)
+    nominal.begin_step()
+    assert nominal.spent() == pytest.approx(0.1)  # the catch-up forward
+    nominal.layer_done(), nominal.layer_done()
+    assert nominal.spent() == pytest.approx(0.3) and nominal.describe() == {"tree_budget": "nominal", "layer_cost_c1": 0.1}
+    assert budget_class("auto", samples=True) is NominalBudget and budget_class("auto", samples=False) is TimedBudget
+    with pytest.raises(ValueError, match="unknown tree budget"):
+        budget_class("fast", samples=False)
