@@ -19,7 +19,7 @@ from test_hf_image_adapters import (
 )
 
 import mmspec
-from mmspec.adapters.hf_image import ChameleonImageTokenizer, ChameleonVQDecoder
+from mmspec.adapters.image.chameleon import ChameleonImageTokenizer, ChameleonVQDecoder
 from mmspec.cli import main
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 
