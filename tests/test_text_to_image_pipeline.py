@@ -139,3 +139,16 @@ def test_pipeline_on_shared_components(model_dir):
     assert torch.equal(shared("a green star", seed=5).tokens, own("a green star", seed=5).tokens)
     with pytest.raises(ValueError, match="either model=... or components=..."):
         mmspec.pipeline("text-to-image", model=model_dir, components=components)
+
+
+def test_bench_runs_methods_on_shared_components(model_dir, tmp_path, capsys):
+    results = tmp_path / "t2i.json"
+    code = main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd:vertical,lantern:draft/k=4",
+                 "--prompts", "2", "--rounds", "1", "--window", "4", "--threads", "1", "--no-quality",
+                 "--results", str(results)])
+    assert code == 0
+    summary = json.loads(results.read_text())["summary"]
+    assert summary["ar"]["exact"] and not summary["lantern:draft/k=4"]["exact"]
+    assert summary["sjd:vertical"]["speedup"] > 0 and "| lantern:draft/k=4 |" in capsys.readouterr().out
+    assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,lantern/delta=nan",
+                 "--results", str(tmp_path / "other.json")]) == 2  # refused before the model loads

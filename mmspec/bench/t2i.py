@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_inputs = [components.prompt_inputs(p) for p in prompts]
     n = components.target.num_image_tokens
     with torch.inference_mode():
-        make_method("sjd").generate(components, prompt_inputs[0], 0, max_new_tokens=32, **sampling)  # warm-up
+        make_method("sjd").generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)  # warm-up
         for round_ in range(args.rounds):
             for i, model_inputs in enumerate(prompt_inputs):
                 for spec, method in methods.items():
@@ -170,22 +170,22 @@ def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], 
 
         metric = load_metric_clip()
     summary = {}
-    for method, settings in methods.items():
-        cells = [runs[f"{method}|{i}|{r}"] for r in range(rounds) for i in range(len(prompts))]
+    for spec, method in methods.items():
+        cells = [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(len(prompts))]
         time_ = sum(c["time"] for c in cells)
         row = {"time_s": time_, "step_compression": sum(c["tokens"] for c in cells) / sum(c["forwards"] for c in cells),
                "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None,
-               "exact": settings.exact}
+               "exact": method.exact}
         if metric is not None:
             per_round_fd, per_round_score = [], []
             for r in range(rounds):
-                grids = torch.tensor([runs[f"{method}|{i}|{r}"]["grid"] for i in range(len(prompts))])
+                grids = torch.tensor([runs[f"{spec}|{i}|{r}"]["grid"] for i in range(len(prompts))])
                 images = components.decode(grids)
                 per_round_fd.append(frechet_clip_distance(images, references, model=metric))
                 per_round_score.append(prompt_score(images, prompts, model=metric))
             row.update(fd=sum(per_round_fd) / rounds, fd_rounds=per_round_fd,
                        prompt_score=sum(per_round_score) / rounds, prompt_score_rounds=per_round_score)
-        summary[method] = row
+        summary[spec] = row
     return summary
 
 
