@@ -63,7 +63,7 @@ def check_output_path(path: str, kind: str, option: str) -> None:
             raise ValueError(f"{option} {path} is a directory; give a file name")
         if kind == "dir" and not target.is_dir():
             raise ValueError(f"{option} {path} is a file; give a directory")
-    parent = target if target.exists() else target.parent
+    parent = target if target.is_dir() else target.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
