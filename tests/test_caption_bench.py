@@ -4,6 +4,7 @@ draft path, resumption."""
 import json
 
 import pytest
+import torch
 from tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
 
 from mmspec.bench.caption import parse_method
@@ -94,13 +95,44 @@ def test_write_drafters_file_feeds_auto(bench_run, tmp_path, capsys):
     argv[argv.index("--model") + 1] = str(model_dir)
     argv[argv.index("--results") + 1] = str(tmp_path / "results.json")
     assert main(argv + ["--write-drafters-file"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    entries = json.loads((model_dir / "mmspec_drafters.json").read_text())
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert f"wrote {model_dir / 'mmspec_drafters.json'}; docs/captioning.md quotes it as" in captured.err
+    table = json.loads((model_dir / "mmspec_drafters.json").read_text())
+    entries = table["drafters"]
     assert [e["drafter"] for e in entries][:2] == ["prompt-lookup", "layer-skip:1"] and entries[0]["num_draft_tokens"] == 3
     assert entries[1]["speedup"] == round(summary["0"]["mean"]["layer-skip:1"]["S"], 3)
+    assert entries[1]["sampled_speedup_per_token"] == round(summary["1"]["mean"]["layer-skip:1"]["S_token"], 3)
+    machine = table["machine"]  # what the numbers depend on, recorded by the benchmark itself
+    assert machine["threads"] == 1 and machine["dtype"] == "float32" and machine["torch"] == torch.__version__
+    assert machine["cpu"] and isinstance(machine["cpu_flags"], list) and machine["device"] == "cpu"
+    assert table["benchmark"]["max_new_tokens"] == 8 and table["sampled_temperature"] == 1.0
     best = max(entries, key=lambda e: e["speedup"])
     captioner = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
-    assert f"{best['speedup']:.2f}x" in captioner.drafter_reason
+    assert f"{best['speedup']:.2f}x on float32, 1 thread" in captioner.drafter_reason
+
+
+def test_write_drafters_file_is_checked_before_measuring(bench_run, tmp_path, capsys):
+    argv, _ = bench_run
+    argv = list(argv)
+    argv[argv.index("--temperatures") + 1] = "1"
+    argv[argv.index("--results") + 1] = str(tmp_path / "results.json")
+    assert main(argv + ["--write-drafters-file"]) == 2
+    assert "needs a local model directory" in capsys.readouterr().err and not (tmp_path / "results.json").exists()
+
+
+def test_docs_quote_the_shipped_auto_table():
+    """docs/captioning.md says what drafter="auto" picks for the embedded captioner in the words
+    describe_auto_table makes from models/smolcap/mmspec_drafters.json, so the two cannot drift."""
+    from pathlib import Path
+
+    from mmspec.hub import models_dir
+    from mmspec.pipelines.captioning import describe_auto_table, read_auto_table
+
+    table = read_auto_table(models_dir() / "smolcap")
+    assert table["machine"] and table["written_by"].startswith("mmspec bench caption")
+    docs = (Path(__file__).parents[1] / "docs" / "captioning.md").read_text()
+    assert describe_auto_table(models_dir() / "smolcap") in " ".join(docs.split())
 
 
 def test_task_filter_draws_only_those_kinds():

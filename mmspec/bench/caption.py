@@ -17,6 +17,7 @@ draft tokens.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import statistics
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
-from .results import save_results
+from .results import machine_info, save_results
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
 
@@ -51,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     parser.add_argument("--write-drafters-file", action="store_true",
-                        help="record each drafter's temperature-0 speedup in the model directory's mmspec_drafters.json (read by drafter='auto')")
+                        help="write the model directory's mmspec_drafters.json, the table drafter='auto' reads: each drafter's "
+                             "speedup at temperature 0 (and per token at the other temperature), with this machine")
 
 
 def parse_method(method: str) -> tuple[str, int | None]:
@@ -90,13 +92,17 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
 def run(args) -> int:
     from ..pipelines.captioning import ImageCaptioningPipeline
 
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    if args.write_drafters_file:  # before anything is measured
+        from ..modeling.captioner import default_captioner_dir
+
+        check_drafters_file_target(args.model or default_captioner_dir(), [f"{t:g}" for t in temperatures])
     torch.set_num_threads(args.threads)
     results_path = Path(args.results)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.setdefault("runs", {})
     methods = args.methods.split(",")
     families = args.families.split(",")
-    temperatures = [float(t) for t in args.temperatures.split(",")]
     model_name = args.model or "embedded captioner (models/smolcap)"
     if results.get("meta", {}).get("model", model_name) != model_name:
         raise ValueError(f"{results_path} holds runs of {results['meta']['model']}; pass another --results file")
@@ -133,7 +139,11 @@ def run(args) -> int:
     results["summary"] = summary
     save_results(results_path, results)
     if args.write_drafters_file:
-        print(f"wrote {write_drafters_file(pipe.model_dir, summary, methods)}", file=sys.stderr)
+        from ..pipelines.captioning import describe_auto_table
+
+        machine = machine_info(str(pipe.dtype).removeprefix("torch."), args.threads)
+        path = write_drafters_file(pipe.model_dir, summary, methods, results["meta"], machine)
+        print(f"wrote {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     tables = render_tables(summary, results["meta"])
     if args.markdown:
         Path(args.markdown).write_text(tables)
@@ -141,24 +151,45 @@ def run(args) -> int:
     return 0
 
 
-def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str]) -> Path:
-    """model_dir/mmspec_drafters.json: every drafter's mean speedup over AR at temperature 0."""
+def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str], meta: dict, machine: dict) -> Path:
+    """model_dir/mmspec_drafters.json, the table drafter="auto" reads: every drafter's mean speedup
+    over AR at temperature 0 ("speedup") and, when a temperature > 0 was measured, its per-token
+    speedup there ("sampled_speedup_per_token"), with the machine (:func:`machine_info`) and the
+    benchmark's settings. Written only by this benchmark, so the file never holds a number it did
+    not measure."""
     from ..pipelines.captioning import DRAFTERS_FILE
 
-    if model_dir is None or "0" not in summary:
-        raise ValueError("--write-drafters-file needs a local model directory and temperature 0 in --temperatures")
+    check_drafters_file_target(model_dir, list(summary))
+    sampled = next((t for t in summary if t != "0"), None)
     entries = []
     for method in methods:
         spec, k = parse_method(method)
         if spec == "ar":
             continue
         entry = {"drafter": spec, "speedup": round(summary["0"]["mean"][method]["S"], 3)}
+        if sampled is not None:
+            entry["sampled_speedup_per_token"] = round(summary[sampled]["mean"][method]["S_token"], 3)
         if k is not None:
             entry["num_draft_tokens"] = k
         entries.append(entry)
+    table = {
+        "written_by": "mmspec bench caption --write-drafters-file (do not edit: rerun the benchmark)",
+        "measured": datetime.date.today().isoformat(),
+        "machine": machine,
+        "benchmark": {key: meta[key] for key in ("command", "per_family", "tasks", "max_new_tokens", "repeats")},
+        **({"sampled_temperature": float(sampled)} if sampled is not None else {}),
+        "drafters": entries,
+    }
     path = Path(model_dir) / DRAFTERS_FILE
-    path.write_text(json.dumps(entries, indent=1) + "\n")
+    path.write_text(json.dumps(table, indent=1) + "\n")
     return path
+
+
+def check_drafters_file_target(model_dir: str | Path | None, temperatures: list[str]) -> None:
+    """--write-drafters-file needs a local model directory and temperature 0 (checked before the benchmark)."""
+    if model_dir is None or not Path(model_dir).expanduser().is_dir() or "0" not in temperatures:
+        raise ValueError("--write-drafters-file needs a local model directory (--model DIR, or the embedded captioner) "
+                         "and temperature 0 in --temperatures")
 
 
 def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]], repeats: int) -> dict:

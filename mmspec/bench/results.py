@@ -11,3 +11,28 @@ def save_results(path: Path, results: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results))
     tmp.replace(path)
+
+
+#: CPU flags that decide which dtype is fast (bf16 matmuls: AVX512-BF16 or AMX; else fp32 on AVX2)
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
+    """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
+    ("cpu" or the GPU's name), "threads", "dtype", "torch", "transformers"}."""
+    import platform
+
+    import torch
+    import transformers
+
+    cpu, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in f if ":" in line)}
+        cpu = info.get("model name") or cpu
+        flags = [flag for flag in SPEED_FLAGS if flag in info.get("flags", "").split()]
+    except OSError:
+        pass
+    name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
+    return {"cpu": cpu, "cpu_flags": flags, "device": name, "threads": threads, "dtype": dtype,
+            "torch": torch.__version__, "transformers": transformers.__version__}

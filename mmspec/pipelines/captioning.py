@@ -7,9 +7,11 @@ processor's model inputs, decode with :func:`mmspec.generate`, detokenise. With
 
 ``drafter="auto"`` chooses as follows:
 
-1. If the model directory holds ``mmspec_drafters.json`` -- a list of
-   ``{"drafter": <spec or path>, "speedup": <float>}`` entries measured by a benchmark (optionally
-   with ``"num_draft_tokens": K``) -- the entry with the highest ``speedup`` is used. ``drafter`` is
+1. If the model directory holds ``mmspec_drafters.json`` -- written by ``mmspec bench caption
+   --write-drafters-file``: the machine it was measured on and a list ``"drafters"`` of
+   ``{"drafter": <spec or path>, "speedup": <float>}`` entries (optionally with
+   ``"num_draft_tokens": K``; a bare list of entries is read too) -- the entry with the highest
+   ``speedup`` is used. ``drafter`` is
    a spec ("prompt-lookup", "prompt-lookup:10", "layer-skip:8", "ar") or the path of a draft model
    directory, relative to the model directory (a text-only causal LM sharing the target's
    tokenizer: the SPD setting; or a smaller VLM of a supported family).
@@ -177,25 +179,80 @@ def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch
     return auto.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
-def read_drafters_file(model_dir: str | os.PathLike) -> list[dict[str, Any]] | None:
-    """The entries of ``model_dir/mmspec_drafters.json`` (None if there is no such file).
+def read_auto_table(model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``model_dir/mmspec_drafters.json`` (None if there is no such file): the table drafter="auto"
+    reads, written by ``mmspec bench caption --write-drafters-file``.
 
+    Returns:
+        {"drafters": [{"drafter": str, "speedup": float, ...}], "machine": {...} | None, ...}: the
+        file's object, or ``{"drafters": <list>, "machine": None}`` for a bare list of entries
+        (a file written by hand or by an older mmspec).
     Raises:
-        ValueError: the file is not a list of ``{"drafter": str, "speedup": number}`` objects.
+        ValueError: the file is not such an object or list (entries need "drafter" and "speedup").
     """
     path = Path(model_dir) / DRAFTERS_FILE
     if not path.is_file():
         return None
     try:
-        entries = json.loads(path.read_text())
+        table = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if isinstance(table, list):
+        table = {"drafters": table, "machine": None}
+    entries = table.get("drafters") if isinstance(table, dict) else None
     if not isinstance(entries, list) or not entries or not all(
         isinstance(e, dict) and isinstance(e.get("drafter"), str) and isinstance(e.get("speedup"), (int, float))
         for e in entries
     ):
-        raise ValueError(f'{path} must be a non-empty list of {{"drafter": "<spec or path>", "speedup": <number>}}')
-    return entries
+        raise ValueError(f'{path} must hold a non-empty list "drafters" of {{"drafter": "<spec or path>", "speedup": <number>}} '
+                         "(write it with mmspec bench caption --write-drafters-file)")
+    table.setdefault("machine", None)
+    return table
+
+
+def read_drafters_file(model_dir: str | os.PathLike) -> list[dict[str, Any]] | None:
+    """The drafter entries of :func:`read_auto_table` (None if there is no file)."""
+    table = read_auto_table(model_dir)
+    return None if table is None else table["drafters"]
+
+
+def describe_machine(machine: dict[str, Any] | None) -> str:
+    """A table's "machine" record -> "bfloat16, 1 thread, AMD EPYC with avx512f avx512_bf16, torch 2.14.1"."""
+    if not machine:
+        return "machine not recorded"
+    cpu = machine.get("cpu", "CPU not recorded")
+    flags = machine.get("cpu_flags")
+    if flags:
+        cpu += f" with {' '.join(flags)}"
+    threads = machine.get("threads")
+    parts = [str(machine.get("dtype", "dtype not recorded")),
+             f"{threads} thread{'s' if threads != 1 else ''}" if threads else "threads not recorded",
+             cpu if machine.get("device", "cpu") == "cpu" else str(machine["device"]),
+             f"torch {machine.get('torch', 'not recorded')}"]
+    return ", ".join(parts)
+
+
+def describe_auto_table(model_dir: str | os.PathLike) -> str:
+    """One sentence on what drafter="auto" picks for the model in ``model_dir`` and why, made from
+    its drafters file only (docs/captioning.md quotes the embedded captioner's; a test keeps them equal)."""
+    table = read_auto_table(model_dir)
+    if table is None:
+        return f'`drafter="auto"` uses `{AUTO_FALLBACK}` (no {DRAFTERS_FILE} beside the model).'
+    entries = table["drafters"]
+    best = max(entries, key=lambda e: e["speedup"])
+    text = (f'`drafter="auto"` picks `{best["drafter"]}`: {best["speedup"]:.2f}x over plain decoding at temperature 0, '
+            f"measured on {describe_machine(table['machine'])}.")
+    sampled = [e for e in entries if isinstance(e.get("sampled_speedup_per_token"), (int, float))]
+    if sampled:
+        fastest = max(sampled, key=lambda e: e["sampled_speedup_per_token"])
+        temperature = table.get("sampled_temperature")
+        text += (f" At temperature {temperature:g}" if isinstance(temperature, (int, float)) else " When sampling")
+        text += (f", `{fastest['drafter']}` is the fastest "
+                 f"per token: {fastest['sampled_speedup_per_token']:.2f}x")
+        if fastest is not best and best in sampled:
+            text += f" (`{best['drafter']}` {best['sampled_speedup_per_token']:.2f}x)"
+        text += "; pass it by name when sampling."
+    return text
 
 
 def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any], str]:
@@ -203,13 +260,14 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
 
     Returns:
         (entry, reason): ``entry`` has "drafter" (a spec, or a path relative to ``model_dir``) and
-        optionally "num_draft_tokens"; ``reason`` says how it was chosen.
+        optionally "num_draft_tokens"; ``reason`` says how it was chosen, and on what machine.
     """
-    entries = read_drafters_file(model_dir) if model_dir is not None else None
-    if not entries:
+    table = read_auto_table(model_dir) if model_dir is not None else None
+    if table is None:
         return {"drafter": AUTO_FALLBACK}, f"auto: no {DRAFTERS_FILE} beside the model, training-free default"
-    best = max(entries, key=lambda e: e["speedup"])
-    return best, f"auto: highest measured speedup ({best['speedup']:.2f}x) in {DRAFTERS_FILE}"
+    best = max(table["drafters"], key=lambda e: e["speedup"])
+    return best, (f"auto: highest measured speedup ({best['speedup']:.2f}x on {describe_machine(table['machine'])}) "
+                  f"in {DRAFTERS_FILE}")
 
 
 class ImageCaptioningPipeline:
