@@ -116,7 +116,8 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> str:
 def load_causal_lm(
     name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu"
 ):
-    """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode.
+    """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode,
+    on ``device`` (see :func:`resolve_device`; "auto" works too).
 
     ``dtype="auto"`` picks bfloat16 where it is fast (GPUs, CPUs with AMX / AVX512-BF16), else
     float32; pass torch.float32 for
@@ -125,6 +126,7 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = resolve_device(device)  # a device this machine lacks fails here, before any loading
     path = resolve_checkpoint(name_or_path)
     dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()

@@ -182,3 +182,23 @@ def test_training_mode_is_off_for_the_call_and_restored(llama):
         for module in llama.model.modules():
             if hasattr(module, "attention_dropout"):
                 module.attention_dropout = 0.0
+
+
+@pytest.mark.parametrize("device,match", [("bogus", "unknown device 'bogus'"), ("meta", "not supported")])
+def test_devices_that_do_not_exist(device, match):
+    from mmspec.hub import load_causal_lm, resolve_device
+
+    with pytest.raises(ValueError, match=match):
+        resolve_device(device)
+    with pytest.raises(ValueError, match=match):
+        load_causal_lm("/nonexistent/model", device=device)
+    with pytest.raises(ValueError, match=match):
+        mmspec.pipeline("image-captioning", model="/nonexistent/model", device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_without_a_gpu_says_what_to_pass():
+    from mmspec.hub import resolve_device
+
+    with pytest.raises(ValueError, match="not available on this machine.*use cpu, or auto"):
+        resolve_device("cuda")
