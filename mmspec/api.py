@@ -158,7 +158,7 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
         if name in MANAGED_INPUTS:
             raise ValueError(f"{name} is managed by mmspec.generate; pass only the prompt (input_ids, attention_mask, "
                              "and the processor's image inputs)")
-        if name not in accepted:
+        if name not in accepted and "input_ids" in accepted:  # (a forward that names no inputs cannot tell)
             known = [p for p in inspect.signature(generate).parameters if p not in ("target", "model_inputs")] + accepted
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; model inputs of {type(model).__name__}: {', '.join(accepted)}"
