@@ -4,7 +4,7 @@ Items: the first ``--per-family`` test-split samples of each of the six families
 :mod:`mmspec.train.data` (scenes ~ MMT, counting ~ SEED, text ~ OCRBench, charts ~ ChartQA,
 math ~ MathVista, photos ~ ScienceQA-style captions), each with its own prompt (caption, short
 answer or detailed description). Protocol as ``mmspec bench text``
-(../shared/bench-protocol.md): one process, methods interleaved over ``--repeats`` rounds after a
+(docs/benchmarks.md, "How a figure is measured"): one process, methods interleaved over ``--repeats`` rounds after a
 warm-up round, medians per item; a family's S is the sum of AR's median times over the sum of the
 method's; tau = tokens per verification step. At temperature 1 every method uses the same seed
 per item and round. Results are checkpointed after every measurement (rerun to resume).

@@ -2,7 +2,7 @@
 
 Prompts: the first caption of the first ``--prompts`` scenes of the **test** split of
 :mod:`mmspec.train.t2i_data` (object combinations the training split never draws); their rendered
-scenes are the reference set of the Frechet distance. Protocol (../shared/bench-protocol.md):
+scenes are the reference set of the Frechet distance. Protocol (docs/benchmarks.md, "How a figure is measured"):
 one process, a warm-up generation, then for every prompt and round each method in turn with the
 same seed (prompt index + 1000 * round); per method the sums of wall times give the latency
 speedup S = sum(AR time) / sum(method time); step compression = image tokens / target forwards.

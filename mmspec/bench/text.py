@@ -1,6 +1,6 @@
 """``mmspec bench text``: training-free drafters on a real causal LM (SmolLM2-135M-Instruct).
 
-Protocol (../shared/bench-protocol.md): every method runs on the same prompts, same model, same
+Protocol (docs/benchmarks.md, "How a figure is measured"): every method runs on the same prompts, same model, same
 dtype and threads, in one process; the methods are interleaved (A B C ... A B C ...) over
 ``--repeats`` rounds after a warm-up round, and each figure is the median over rounds. Speedups are
 ratios of those medians: against our own AR loop (same cache, same sampling path) and against
