@@ -61,6 +61,19 @@ def test_parameters_are_validated(name, kwargs, match):
         resolve_rule(name, SAMPLE, kwargs)
 
 
+def test_scalar_values_are_checked_without_a_table():
+    """A setting (``mmspec t2i --delta``) is checked before the model, and so its neighbour
+    table, exists: check_values checks the scalars alone, validate adds the table."""
+    params = RULES["lantern"].Params(delta=0.2)
+    params.check_values("lantern")
+    with pytest.raises(ValueError, match="needs rule_kwargs"):
+        params.validate("lantern")
+    with pytest.raises(ValueError, match="delta must be"):
+        RULES["lantern"].Params(delta=2.0).check_values("lantern")
+    with pytest.raises(ValueError, match="top_m must be"):
+        RULES["gsd"].Params(top_m=0).check_values("gsd")
+
+
 def test_defaults_live_in_the_parameters():
     rule = resolve_rule("gsd", SAMPLE, {"neighbours": TABLE})
     assert rule.describe() == {"acceptance": "gsd", "neighbours_k": 3, "top_m": 50}

@@ -63,11 +63,16 @@ def _number(rule: str, name: str, value: Any, low: float, high: float = math.inf
 
 @dataclass(frozen=True, eq=False)
 class RuleParams:
-    """A rule's parameters (none). Subclasses add fields with defaults and check them in
-    :meth:`validate`; ``rule`` is the rule's name for the messages."""
+    """A rule's parameters (none). Subclasses add fields with defaults and check their scalar
+    values in :meth:`check_values`; ``rule`` is the rule's name for the messages."""
 
     def validate(self, rule: str) -> None:
-        pass
+        """Check every parameter (raise one ValueError line)."""
+        self.check_values(rule)
+
+    def check_values(self, rule: str) -> None:
+        """Check the scalar parameters only: what a setting can be checked for before a model
+        (and the tables built from it) is loaded."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly values for the stats' config (a neighbour table by its width k)."""
@@ -89,7 +94,7 @@ class TypicalParams(RuleParams):
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
 
-    def validate(self, rule: str) -> None:
+    def check_values(self, rule: str) -> None:
         _number(rule, "posterior_threshold", self.posterior_threshold, 0.0, 1.0, low_open=True)
         _number(rule, "posterior_alpha", self.posterior_alpha, 0.0)
 
@@ -109,6 +114,7 @@ class NeighbourParams(RuleParams):
         if table.dim() != 2 or table.shape[1] < 1 or table.dtype != torch.long:
             raise ValueError(f"acceptance={rule!r}: neighbours must be a LongTensor [V, k] with k >= 1, "
                              f"got {table.dtype} {tuple(table.shape)}")
+        self.check_values(rule)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,8 +125,7 @@ class LanternParams(NeighbourParams):
 
     delta: float = 0.05
 
-    def validate(self, rule: str) -> None:
-        super().validate(rule)
+    def check_values(self, rule: str) -> None:
         _number(rule, "delta", self.delta, 0.0, 1.0)
 
     def bound(self) -> dict[str, float | None]:
@@ -133,8 +138,7 @@ class LanternPlusPlusParams(NeighbourParams):
 
     lam: float = 10.0
 
-    def validate(self, rule: str) -> None:
-        super().validate(rule)
+    def check_values(self, rule: str) -> None:
         _number(rule, "lam", self.lam, 1.0)
 
     def bound(self) -> dict[str, float | None]:
@@ -148,8 +152,7 @@ class GsdParams(NeighbourParams):
 
     top_m: int = 50
 
-    def validate(self, rule: str) -> None:
-        super().validate(rule)
+    def check_values(self, rule: str) -> None:
         _number(rule, "top_m", self.top_m, 1.0, integer=True)
 
 

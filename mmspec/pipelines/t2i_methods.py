@@ -32,11 +32,10 @@ more :data:`SETTINGS` entry, which also gives ``mmspec t2i`` its option.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import torch
 
 from ..api import GenerateOutput, generate
 from ..core.rules import RULES
@@ -45,11 +44,6 @@ from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
 
 if TYPE_CHECKING:
     from .t2i_components import T2IComponents
-
-
-#: stands in for a rule's codebook neighbour table when only its other parameters are checked
-#: (the real table is built from the codebook once the model is loaded)
-_NEIGHBOURS_STAND_IN = torch.zeros(1, 1, dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -73,9 +67,7 @@ class Setting:
     def check(self, name: str, value: Any) -> None:
         """Raise one ValueError line unless ``value`` is a valid value of setting ``name``."""
         if self.rule is not None:
-            params = RULES[self.rule].Params
-            stand_in = {"neighbours": _NEIGHBOURS_STAND_IN} if "neighbours" in {f.name for f in fields(params)} else {}
-            params(**stand_in, **{name: value}).validate(self.rule)
+            RULES[self.rule].Params(**{name: value}).check_values(self.rule)
             return
         typed = {int: isinstance(value, Integral), float: isinstance(value, Real), str: isinstance(value, str)}[self.kind]
         if not (typed and self.valid(value)):
