@@ -96,6 +96,7 @@ def test_tree_budgets_timed_by_a_clock_or_counted():
     assert nominal.spent() == pytest.approx(0.1)  # the catch-up forward
     nominal.layer_done(), nominal.layer_done()
     assert nominal.spent() == pytest.approx(0.3) and nominal.describe() == {"tree_budget": "nominal", "layer_cost_c1": 0.1}
-    assert budget_class("auto", samples=True) is NominalBudget and budget_class("auto", samples=False) is TimedBudget
+    assert budget_class("auto", output_follows_draft=True) is NominalBudget
+    assert budget_class("auto", output_follows_draft=False) is TimedBudget
     with pytest.raises(ValueError, match="unknown tree budget"):
-        budget_class("fast", samples=False)
+        budget_class("fast", output_follows_draft=False)

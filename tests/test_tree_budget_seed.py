@@ -111,3 +111,22 @@ def test_a_budget_can_be_chosen_by_name():
     assert runs[0].stats.config["mean_tree_nodes"] == runs[1].stats.config["mean_tree_nodes"]  # greedy too: no clock
     with pytest.raises(ValueError, match="budget"):
         Eagle2Drafter(case.model, head, budget="fastest")
+
+
+def test_greedy_lantern_auto_tree_does_not_read_the_clock(monkeypatch):
+    """Greedy LANTERN accepts drafted neighbours the target would not have chosen, so the tree's
+    shape changes the image: its auto-sized tree takes the nominal budget, and the same inputs
+    give the same image whatever the clock reads."""
+    from mmspec.core.relaxed import neighbour_table
+
+    target, head, caption = image_case()
+    table = neighbour_table(torch.randn(CODES, 4, generator=torch.Generator().manual_seed(1)), 4)  # a stand-in codebook
+    outputs = []
+    for noise in range(3):
+        noisy_clock(monkeypatch, noise)
+        drafter = ImageEagle2Drafter(target, head, depth=4, top_k=3, max_nodes=24)
+        out = mmspec.generate(target, drafter=drafter, max_new_tokens=SIDE * SIDE, acceptance="lantern",
+                              rule_kwargs={"neighbours": table, "delta": 0.3}, caption=caption, guidance_scale=2.0)
+        outputs.append(out.sequences)
+        assert out.stats.config["tree_budget"] == "nominal"
+    assert all(torch.equal(outputs[0], other) for other in outputs[1:])

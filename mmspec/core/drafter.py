@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
@@ -13,6 +13,9 @@ from .sampling import SamplingConfig, logits_to_probs, sample_from_probs
 from .target import Target, TargetOutput
 from .tree import TokenTree
 from .verify import exact_argmax
+
+if TYPE_CHECKING:
+    from .rules import AcceptanceRule
 
 
 @dataclass
@@ -48,12 +51,21 @@ class Draft:
 
 @dataclass
 class DraftContext:
-    """What a drafter is given once per generation, after the target's prefill."""
+    """What a drafter is given once per generation, after the target's prefill (``rule``: the
+    acceptance rule that will verify its drafts; None means exact)."""
 
     target: Target
     sampling: SamplingConfig
     generator: torch.Generator
     model_inputs: dict[str, Any]
+    rule: AcceptanceRule | None = None
+
+    @property
+    def output_follows_draft(self) -> bool:
+        """Whether what is drafted can change the output: under sampling (the draft decides which
+        random numbers are drawn) or with a lossy rule (it accepts drafted tokens the target would
+        not have chosen). Exact greedy decoding gives the target's tokens whatever is drafted."""
+        return self.sampling.do_sample or (self.rule is not None and not self.rule.lossless)
 
 
 class Drafter(ABC):

@@ -111,7 +111,7 @@ def speculative_decode(
         state.tokens = torch.cat([state.tokens, first.tokens[:, :1]], dim=1)
         generated = 1
         if drafter is not None:
-            drafter.start(DraftContext(target, sampling, generator, model_inputs), state)
+            drafter.start(DraftContext(target, sampling, generator, model_inputs, rule), state)
             stats.config.update(drafter.describe())
             if drafter.requires_target_hidden:
                 drafter.on_verified(0, 0, prefill_out)

@@ -150,7 +150,8 @@ class Eagle2Drafter(EagleDrafter):
     verification cost. ``budget`` names where C, the cost of a tree layer and the drafting time
     come from (:mod:`mmspec.drafters.tree_budget`): ``"timed"`` (measured on this device, the
     layers timed as they run), ``"nominal"`` (a deterministic cost model), or ``"auto"``: nominal
-    when the generation samples, so that a seed reproduces its output, timed for greedy decoding.
+    when the tree can change the output (sampling, or a lossy rule such as LANTERN), so that a seed
+    reproduces it, timed for exact greedy decoding.
     The stats report the budget and the mean tree size and depth chosen.
 
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
@@ -187,7 +188,7 @@ class Eagle2Drafter(EagleDrafter):
         self.chosen_nodes, self.drafted_depths = [], []
         self.policy = None
         if self.num_nodes == "auto":
-            budget = budget_class(self.budget, context.sampling.do_sample).for_generation(context, self.relative_layer_cost)
+            budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost)
             self.policy = TreeBudgetPolicy(budget, self.depth)
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:

@@ -16,10 +16,11 @@ and t; the drafter asks it, never the clock:
   (parameters one target forward reads) (decoding at batch 1 is bound by reading the weights), and
   t = c_layer per head forward of the step. The same inputs always give the same tree.
 
-Under sampling the tree's shape decides which random numbers are drawn, so a seeded generation is
-reproducible only when the size does not depend on the clock: EAGLE-2's default ``budget="auto"``
-takes the nominal budget whenever the generation samples and the timed one for greedy decoding
-(whose output is the target's whatever the tree). Budgets are registered by name (:data:`BUDGETS`).
+Under sampling the tree's shape decides which random numbers are drawn, and under a lossy rule
+(LANTERN, GSD) which relaxed tokens are accepted, so such a generation is reproducible only when
+the size does not depend on the clock: EAGLE-2's default ``budget="auto"`` takes the nominal
+budget whenever the generation samples or its rule is lossy, and the timed one for exact greedy
+decoding (whose output is the target's whatever the tree). Budgets are registered by name (:data:`BUDGETS`).
 """
 
 from __future__ import annotations
@@ -157,15 +158,16 @@ class NominalBudget(TreeBudget):
         return {**super().describe(), "layer_cost_c1": round(self.layer_cost, 4)}
 
 
-def budget_class(name: str, samples: bool) -> type[TreeBudget]:
-    """The budget called ``name``; ``"auto"``: nominal when the generation ``samples`` (its random
-    draws follow the tree), else timed.
+def budget_class(name: str, output_follows_draft: bool) -> type[TreeBudget]:
+    """The budget called ``name``; ``"auto"``: nominal when the tree's shape can change the output
+    (:attr:`mmspec.core.drafter.DraftContext.output_follows_draft`: sampling, or a lossy rule), so
+    that a seed reproduces it; else (exact greedy decoding) timed.
 
     Raises:
         ValueError: an unknown name.
     """
     if name == "auto":
-        name = "nominal" if samples else "timed"
+        name = "nominal" if output_follows_draft else "timed"
     if name not in BUDGETS:
         raise ValueError(f"unknown tree budget {name!r}; use 'auto' or one of {sorted(BUDGETS)}")
     return BUDGETS[name]
