@@ -8,7 +8,7 @@ import operator
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -99,6 +99,8 @@ def generate(
         num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
     if isinstance(adapter, TransformersTarget):
         check_model_inputs(adapter, model_inputs, max_new_tokens)
+    elif getattr(adapter, "input_names", None) is not None:
+        check_keywords(model_inputs, adapter.input_names, f"{type(adapter).__name__}.prefill")
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     if eos_token_id is None:
         eos = getattr(adapter, "eos_token_ids", [])
@@ -137,6 +139,21 @@ def _count(name: str, value: Any) -> int:
     return count
 
 
+def check_keywords(model_inputs: dict[str, Any], accepted: Sequence[str] | None, where: str) -> None:
+    """Raise one ValueError line for the first keyword of ``model_inputs`` that mmspec manages
+    (:data:`MANAGED_INPUTS`) or that ``where`` (a model's forward, a target's prefill) does not
+    take (``accepted``; None: unknown), with the closest name it does take."""
+    for name in model_inputs:
+        if name in MANAGED_INPUTS:
+            raise ValueError(f"{name} is managed by mmspec.generate; pass only the prompt (input_ids, attention_mask, "
+                             "and the processor's image inputs)")
+        if accepted is not None and name not in accepted:
+            known = [p for p in inspect.signature(generate).parameters if p not in ("target", "model_inputs")] + list(accepted)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; its inputs: {', '.join(accepted)}"
+            raise ValueError(f"unknown argument {name!r}: not a parameter of mmspec.generate nor an input of {where}{hint}")
+
+
 def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any], max_new_tokens: int) -> None:
     """Check a transformers model's prompt before the prefill; raise ValueError saying what to do.
 
@@ -154,16 +171,8 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
     model = adapter.model
     accepted = [name for name, p in inspect.signature(model.forward).parameters.items()
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in MANAGED_INPUTS]
-    for name in model_inputs:
-        if name in MANAGED_INPUTS:
-            raise ValueError(f"{name} is managed by mmspec.generate; pass only the prompt (input_ids, attention_mask, "
-                             "and the processor's image inputs)")
-        if name not in accepted and "input_ids" in accepted:  # (a forward that names no inputs cannot tell)
-            known = [p for p in inspect.signature(generate).parameters if p not in ("target", "model_inputs")] + accepted
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; model inputs of {type(model).__name__}: {', '.join(accepted)}"
-            raise ValueError(f"unknown argument {name!r}: not a parameter of mmspec.generate nor an input of "
-                             f"{type(model).__name__}.forward{hint}")
+    # (a generic *args / **kwargs forward names no inputs: only the managed ones can be refused)
+    check_keywords(model_inputs, accepted if "input_ids" in accepted else None, f"{type(model).__name__}.forward")
     vocab = model.get_input_embeddings().num_embeddings
     outside = (input_ids < 0) | (input_ids >= vocab)
     if adapter.image_token_id is not None:

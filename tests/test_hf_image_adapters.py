@@ -312,3 +312,12 @@ def test_prompt_errors():
     chameleon = setup("chameleon")[2]
     with pytest.raises(ValueError, match="input images"):
         chameleon.prefill({"input_ids": torch.tensor([[1, 10, 4, 11]]), "guidance_scale": GUIDANCE})
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3", "chameleon"])
+def test_unknown_keywords_are_refused_before_the_prefill(name):
+    family, _, target = setup(name)
+    with pytest.raises(ValueError, match="unknown argument 'guidance'.*did you mean 'guidance_scale'"):
+        mmspec.generate(target, max_new_tokens=2, guidance=3.0, **inputs(family, None))
+    with pytest.raises(ValueError, match="managed by mmspec"):
+        mmspec.generate(target, max_new_tokens=2, past_key_values=None, **inputs(family, None))

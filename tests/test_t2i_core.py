@@ -153,3 +153,8 @@ def test_vertical_init_copies_the_row_above(target):
 def test_sjd_rejects_unknown_init():
     with pytest.raises(ValueError, match="unknown SJD init"):
         JacobiDrafter(init="diagonal")
+
+
+def test_llamagen_target_refuses_unknown_keywords(target):
+    with pytest.raises(ValueError, match="unknown argument 'negative_caption'.*LlamaGenTarget.prefill"):
+        mmspec.generate(target, max_new_tokens=2, caption=CAPTION, negative_caption=CAPTION)

@@ -18,7 +18,7 @@ Two adapter interfaces:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
@@ -105,6 +105,8 @@ class GuidedImageTarget:
 
     vocab_size: int
     grid: tuple[int, int]
+    #: the model_inputs prefill reads (mmspec.generate refuses any other keyword)
+    input_names: ClassVar[tuple[str, ...]] = ("guidance_scale",)
 
     @property
     def device(self) -> torch.device:
@@ -170,6 +172,8 @@ class LlamaGenTarget(GuidedImageTarget):
     model_inputs: ``caption`` [1, P, C] caption features (from the generator's text encoder),
     ``guidance_scale``. The unconditional half is the model's null caption.
     """
+
+    input_names = ("caption", "guidance_scale")
 
     def __init__(self, model, grid: tuple[int, int] | None = None) -> None:
         self.model = model

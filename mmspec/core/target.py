@@ -36,6 +36,8 @@ class Target(Protocol):
     ``hidden_layer`` asks for hidden states too: None = none, -1 = the last (the LM head's input),
     i = the output of the first i decoder layers (0 = the embeddings).
     Rolling back is the state's job (:class:`SequenceState`), never the model's.
+    A target may name the ``model_inputs`` its prefill reads in ``input_names`` (a tuple);
+    ``mmspec.generate`` then refuses any other keyword before the prefill.
     """
 
     device: torch.device

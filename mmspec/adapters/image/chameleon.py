@@ -37,6 +37,8 @@ class ChameleonImageTarget(VocabularyImageTarget):
         boi_token_id, bos_token_id: override the vocabulary's ``<racm3:break>`` / ``<s>``.
     """
 
+    input_names = VocabularyImageTarget.input_names + ("pixel_values",)  # refused with the reason in _prompt_rows
+
     def __init__(self, model, boi_token_id: int | None = None, bos_token_id: int | None = None) -> None:
         self.model = model
         self.config = model.config

@@ -68,6 +68,7 @@ class TransformersImageTarget(GuidedImageTarget):
     """
 
     backbone: nn.Module
+    input_names = ("input_ids", "attention_mask", "guidance_scale")
 
     # ---- family hooks -------------------------------------------------------------------------
     def _prompt_rows(self, model_inputs: dict[str, Any], rows: int) -> list[torch.Tensor]:
