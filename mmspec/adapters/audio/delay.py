@@ -1,0 +1,258 @@
+"""Delay-pattern codec language models (MusicGen / Parler-TTS / Dia layout) as a core Target.
+
+A delay-pattern model predicts one token per codebook at every step: step t's input is the sum of
+the K codebook embeddings of step t - 1's tokens, and its K heads give K distributions
+p_k(. | steps < t), k = 0..K-1, **conditionally independent given the earlier steps**. Codebook k
+at step t holds audio frame t - k - 1 (the "delay"), so steps t <= k and, for an audio of F frames,
+steps t > k + F hold a fixed pad token in codebook k.
+
+The core verifies one token stream. This adapter flattens the steps codebook by codebook:
+sub-token i of the stream is codebook ``i % K`` of step ``i // K`` (the prompt is step 0, the
+begin frame). Under the flattened order the target's factorisation is exact:
+
+    P(step t) = prod_k p_k(x_{t,k} | steps < t) = prod_k P(x_{t,k} | stream before it),
+
+because p_k does not depend on the codebooks of its own step. So the stream is an ordinary
+autoregressive sequence whose next-token distribution at sub-token (t, k) is p_k(. | steps < t),
+and every rule of the core (speculative sampling, greedy, trees aside) keeps the joint
+distribution of the frames exactly the target's. A drafted frame is thereby accepted or corrected
+codebook by codebook: the first rejected codebook k is resampled from norm(max(0, p_k - q_k)), and
+the rest of that step (whose distributions are already known, p_{k'}(. | steps < t)) comes from
+the next verification without another model forward.
+
+Forced positions (the pads of the delay pattern) get logits that put all mass on the pad token,
+so every drafter that uses the same adapter proposes them and every rule accepts them.
+
+The model's KV cache is kept in steps; :class:`StepCache` presents it to the core in sub-tokens
+(``get_seq_length`` / ``crop``), so the core's :class:`~mmspec.core.cache.SequenceState`, its
+commit / rollback and the draft-model drafter work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache
+
+from ...core.cache import SequenceState, crop_cache, make_cache
+from ...core.target import TargetOutput
+from ...core.tree import TokenTree
+
+
+class StepModel(Protocol):
+    """A delay-pattern LM, one step at a time (per family: :class:`MusicgenSteps`).
+
+    Attributes:
+        num_codebooks: K.
+        codebook_size: codes per codebook (the heads' output size).
+        pad_token_id: the delay pattern's pad / begin token (may be >= codebook_size).
+    """
+
+    num_codebooks: int
+    codebook_size: int
+    pad_token_id: int
+
+    def new_cache(self) -> Any:
+        """An empty KV cache (cropped in steps)."""
+
+    def forward_steps(self, steps: torch.Tensor, cache: Any, conditioning: dict[str, Any],
+                      want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """steps LongTensor [n, K] (appended after the cache) -> logits [n, K, codebook_size] of
+        the following steps, and the last hidden states [n, D] when ``want_hidden``."""
+
+
+class MusicgenSteps:
+    """transformers' ``MusicgenForCausalLM`` (the MusicGen / Parler-TTS decoder), conditioned by
+    ``encoder_hidden_states`` [1, T, D] (text encoder output, already projected to the decoder's
+    width) through cross-attention."""
+
+    def __init__(self, model) -> None:
+        config = model.config
+        if getattr(config, "audio_channels", 1) != 1:
+            raise ValueError("stereo MusicGen (audio_channels=2) is not supported; use a mono checkpoint")
+        self.model = model
+        self.num_codebooks = config.num_codebooks
+        self.codebook_size = config.vocab_size
+        self.pad_token_id = model.generation_config.decoder_start_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = config.pad_token_id
+
+    def new_cache(self):
+        return EncoderDecoderCache(make_cache(self.model.config), DynamicCache(config=self.model.config))
+
+    def forward_steps(self, steps, cache, conditioning, want_hidden):
+        out = self.model(input_ids=steps.T.contiguous(), past_key_values=cache, use_cache=True,
+                         encoder_hidden_states=conditioning.get("encoder_hidden_states"),
+                         encoder_attention_mask=conditioning.get("encoder_attention_mask"),
+                         output_hidden_states=want_hidden)
+        logits = out.logits.view(self.num_codebooks, steps.shape[0], -1).transpose(0, 1)  # [n, K, V]
+        hidden = out.hidden_states[-1][0] if want_hidden else None
+        return logits, hidden
+
+
+class StepCache:
+    """The model's step cache seen by the core as a cache of sub-tokens, with what else one
+    generation's steps depend on.
+
+    Attributes:
+        model_cache: the model's KV cache, one entry per step fed.
+        num_codebooks: K.
+        num_frames: F, the audio frames of this generation (the delay pattern's end).
+        conditioning: the model's conditioning inputs (e.g. ``encoder_hidden_states``).
+        stream: LongTensor [n] the sub-tokens consumed (what a token cache would hold).
+        step_logits: step_logits[t] [K, codebook_size] the distributions of step t, computed when
+            step t - 1 was fed (index 0 unused); valid for t <= steps in ``model_cache``.
+        step_hidden: the matching last hidden states [D] (None unless a drafter asked for them).
+    """
+
+    def __init__(self, model_cache: Any, num_codebooks: int, num_frames: int, conditioning: dict[str, Any]) -> None:
+        self.model_cache = model_cache
+        self.num_codebooks = num_codebooks
+        self.num_frames = num_frames
+        self.conditioning = conditioning
+        self.stream = torch.empty(0, dtype=torch.long)
+        self.step_logits: list[torch.Tensor | None] = [None]
+        self.step_hidden: list[torch.Tensor | None] = [None]
+
+    @property
+    def steps_cached(self) -> int:
+        return self.model_cache.get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.stream.shape[0]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` sub-tokens; the model cache keeps only the steps
+        still complete, and with them the step distributions they produced."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
+        self.stream = self.stream[: self.stream.shape[0] + tokens_to_remove]
+        complete = self.stream.shape[0] // self.num_codebooks
+        if self.steps_cached > complete:
+            crop_cache(self.model_cache, complete)
+        del self.step_logits[self.steps_cached + 1 :]
+        del self.step_hidden[self.steps_cached + 1 :]
+
+    def is_free(self, step: int, codebook: int) -> bool:
+        """Whether codebook ``codebook`` of step ``step`` (>= 1) is sampled (else it is the pad)."""
+        return codebook + 1 <= step <= codebook + self.num_frames
+
+
+class DelayPatternTarget:
+    """A delay-pattern codec LM as the core's :class:`~mmspec.core.target.Target` (module doc).
+
+    model_inputs: ``num_frames`` (F, the audio frames to generate: the stream then holds
+    (F + K - 1) * K sub-tokens after the begin frame, the last steps' finished codebooks padded as
+    MusicGen's ``build_delay_pattern_mask`` does), the model's conditioning (``encoder_hidden_states``
+    [1, T, D], ``encoder_attention_mask`` [1, T]).
+
+    Args:
+        model: a ``MusicgenForCausalLM``, or a :class:`StepModel`.
+    """
+
+    input_names: ClassVar[tuple[str, ...]] = ("num_frames", "encoder_hidden_states", "encoder_attention_mask")
+
+    def __init__(self, model) -> None:
+        self.steps = model if hasattr(model, "forward_steps") else _step_model_for(model)
+        self.num_codebooks = self.steps.num_codebooks
+        self.pad_token_id = self.steps.pad_token_id
+        self.vocab_size = max(self.steps.codebook_size, self.pad_token_id + 1)
+
+    @property
+    def model(self):
+        return getattr(self.steps, "model", self.steps)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def stream_length(self, num_frames: int) -> int:
+        """Generated sub-tokens for an audio of ``num_frames`` frames: (F + K - 1) steps of K."""
+        return (num_frames + self.num_codebooks - 1) * self.num_codebooks
+
+    # ---- the core's Target ---------------------------------------------------------------------
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
+        num_frames = model_inputs.get("num_frames")
+        if num_frames is None or isinstance(num_frames, bool) or int(num_frames) != num_frames or num_frames < 1:
+            raise ValueError(f"num_frames must be a positive integer (audio frames to generate), got {num_frames!r}")
+        if hidden_layer not in (None, -1):
+            raise ValueError("delay-pattern targets give the last hidden states only (hidden_layer=-1)")
+        conditioning = {name: value.to(self.device) for name, value in model_inputs.items()
+                        if name != "num_frames" and value is not None}
+        cache = StepCache(self.steps.new_cache(), self.num_codebooks, int(num_frames), conditioning)
+        begin = torch.full((1, self.num_codebooks), self.pad_token_id, dtype=torch.long, device=self.device)
+        state = SequenceState(begin, cache, prompt_length=self.num_codebooks)
+        self._consume(cache, begin[0], hidden_layer is not None)
+        logits, hidden = self._next_distributions(cache, [self.num_codebooks], hidden_layer is not None)
+        return state, TargetOutput(logits[None], None if hidden is None else hidden[None])
+
+    def forward(self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None,
+                tree: TokenTree | None = None) -> TargetOutput:
+        if tree is not None:
+            raise ValueError("token trees are not supported on delay-pattern targets: a tree node would have to "
+                             "carry a partial step; use a chain drafter")
+        if tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError(f"tokens must be [1, n], got {tuple(tokens.shape)}")
+        cache, want_hidden = state.cache, hidden_layer is not None
+        start = cache.get_seq_length()
+        self._consume(cache, tokens[0].to(self.device), want_hidden)
+        logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden)
+        return TargetOutput(logits[None], None if hidden is None else hidden[None])
+
+    # ---- the flattened stream -------------------------------------------------------------------
+    def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
+        """Append sub-tokens [n] to the stream and feed the model every step they complete."""
+        k = self.num_codebooks
+        cache.stream = torch.cat([cache.stream.to(tokens.device), tokens])
+        complete, fed = cache.stream.shape[0] // k, cache.steps_cached
+        if complete > fed:
+            steps = cache.stream[fed * k : complete * k].view(-1, k)
+            logits, hidden = self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden)
+            cache.step_logits.extend(logits.float().unbind(0))
+            cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * steps.shape[0])
+
+    def _next_distributions(self, cache: StepCache, indices, want_hidden: bool):
+        """Logits [n, V] of the stream's sub-tokens at ``indices`` (each in a step already
+        predicted), delay pattern applied; the hidden states [n, D] that predicted them."""
+        rows, hidden = [], []
+        for index in indices:
+            step, codebook = divmod(index, self.num_codebooks)
+            rows.append(self._constrain(cache, cache.step_logits[step][codebook], step, codebook))
+            hidden.append(cache.step_hidden[step])
+        if not want_hidden:
+            return torch.stack(rows), None
+        if any(h is None for h in hidden):
+            raise ValueError("hidden states were asked for after steps fed without them; ask from the prefill on")
+        return torch.stack(rows), torch.stack(hidden)
+
+    def _constrain(self, cache: StepCache, logits: torch.Tensor, step: int, codebook: int) -> torch.Tensor:
+        """The head's logits [codebook_size] -> [V]: -inf on the pad where the step is free; all
+        mass on the pad where the delay pattern forces it."""
+        out = torch.full((self.vocab_size,), -torch.inf, device=logits.device)
+        if cache.is_free(step, codebook):
+            out[: logits.shape[0]] = logits
+        else:
+            out[self.pad_token_id] = 0.0
+        return out
+
+    def codes(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F] (the delay undone)."""
+        k = self.num_codebooks
+        steps = new_tokens.reshape(-1, k)
+        frames = steps.shape[0] - k + 1
+        if frames < 1:
+            raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame ({k} codebooks)")
+        return torch.stack([steps[c : c + frames, c] for c in range(k)])
+
+
+#: transformers class name -> its StepModel
+STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps}
+
+
+def _step_model_for(model) -> StepModel:
+    family = STEP_MODELS.get(type(model).__name__)
+    if family is None:
+        raise ValueError(f"{type(model).__name__} is not a supported delay-pattern codec LM; supported: "
+                         f"{', '.join(STEP_MODELS)} (or pass a StepModel)")
+    return family(model)
