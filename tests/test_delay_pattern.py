@@ -91,10 +91,10 @@ def test_stream_logits_match_full_forwards_and_survive_rollback(model):
     target = DelayPatternTarget(model)
     frames = 4
     gen = torch.Generator().manual_seed(0)
-    stream = torch.randint(0, CODES, (target.stream_length(frames),), generator=gen)
+    stream = target.stream_ids(torch.randint(0, CODES, (K, frames), generator=gen))
 
     def full(stream):
-        steps = torch.cat([torch.full((K,), PAD), stream]).view(-1, K).T
+        steps = target.model_ids(torch.cat([torch.full((K,), target.pad_id), stream]).view(-1, K)).T
         return model(input_ids=steps, encoder_hidden_states=ENCODER).logits.view(K, steps.shape[1], -1)
 
     state, first = target.prefill({"num_frames": frames, "encoder_hidden_states": ENCODER})
@@ -104,25 +104,26 @@ def test_stream_logits_match_full_forwards_and_survive_rollback(model):
     reference = full(stream)
     for i in range(stream.shape[0]):
         step, codebook = divmod(i + K, K)
+        own = slice(codebook * CODES, (codebook + 1) * CODES)
         if state.cache.is_free(step, codebook):
-            assert torch.allclose(logits[i, :CODES], reference[codebook, step - 1], atol=1e-5)
-            assert logits[i, PAD] == -torch.inf
+            assert torch.allclose(logits[i, own], reference[codebook, step - 1], atol=1e-5)
+            assert torch.isinf(logits[i]).sum() == target.vocab_size - CODES  # only its codebook's codes
         else:
-            assert logits[i].argmax() == PAD and torch.isinf(logits[i, :CODES]).all()
+            assert logits[i].argmax() == target.pad_id and torch.isinf(logits[i]).sum() == target.vocab_size - 1
     # roll back to mid-step 2 (sub-token 1 of step 2) and continue differently
     keep = K + K + 1
     state.tokens = torch.cat([state.tokens[:, :K], stream[None]], dim=1)
     state.rollback(keep + 1)
     assert state.cache.get_seq_length() == keep and state.cache.steps_cached == keep // K
-    changed = stream.clone()
-    changed[keep - K :] = torch.randint(0, CODES, (changed.shape[0] - keep + K,), generator=gen)
-    changed[keep - K] = stream[keep - K]  # the pending token stays
+    changed = target.stream_ids(torch.randint(0, CODES, (K, frames), generator=gen))
+    changed[: keep - K + 1] = stream[: keep - K + 1]  # the committed tokens and the pending one stay
     out = target.forward(state, changed[None, keep - K : -1])
     reference = full(changed)
     for j, i in enumerate(range(keep - K + 1, changed.shape[0])):
         step, codebook = divmod(i + K, K)
         if state.cache.is_free(step, codebook):
-            assert torch.allclose(out.logits[0, j, :CODES], reference[codebook, step - 1], atol=1e-5)
+            own = slice(codebook * CODES, (codebook + 1) * CODES)
+            assert torch.allclose(out.logits[0, j, own], reference[codebook, step - 1], atol=1e-5)
 
 
 def test_bad_inputs(model):
@@ -158,11 +159,7 @@ def exact_joint(target):
     joint = {}
     with torch.no_grad():
         for codes in itertools.product(range(SMALL_CODES), repeat=SMALL_K * FRAMES):
-            grid = torch.tensor(codes).view(SMALL_K, FRAMES)
-            steps = torch.full((length // SMALL_K, SMALL_K), SMALL_CODES)  # pads
-            for c in range(SMALL_K):
-                steps[c : c + FRAMES, c] = grid[c]
-            stream = steps.flatten()
+            stream = target.stream_ids(torch.tensor(codes).view(SMALL_K, FRAMES))
             state, first = target.prefill({"num_frames": FRAMES})
             rest = target.forward(state, stream[None, :-1])
             probs = logits_to_probs(torch.cat([first.logits, rest.logits], dim=1)[0], config)

@@ -20,8 +20,12 @@ codebook by codebook: the first rejected codebook k is resampled from norm(max(0
 the rest of that step (whose distributions are already known, p_{k'}(. | steps < t)) comes from
 the next verification without another model forward.
 
-Forced positions (the pads of the delay pattern) get logits that put all mass on the pad token,
-so every drafter that uses the same adapter proposes them and every rule accepts them.
+Stream ids are offset per codebook: code c of codebook k is id ``k * C + c`` (C codes per codebook),
+and ``K * C`` is the pad. Each position's logits are -inf outside its codebook's range, so drafters
+and rules need nothing codebook-specific, n-gram lookups match codebook by codebook, and a codebook
+neighbour table (LANTERN on audio codes) is one [K * C, k] table over the stream's vocabulary.
+Forced positions (the pads of the delay pattern) put all mass on the pad, so every drafter that
+uses the same adapter proposes them and every rule accepts them.
 
 The model's KV cache is kept in steps; :class:`StepCache` presents it to the core in sub-tokens
 (``get_seq_length`` / ``crop``), so the core's :class:`~mmspec.core.cache.SequenceState`, its
@@ -156,8 +160,10 @@ class DelayPatternTarget:
     def __init__(self, model) -> None:
         self.steps = model if hasattr(model, "forward_steps") else _step_model_for(model)
         self.num_codebooks = self.steps.num_codebooks
-        self.pad_token_id = self.steps.pad_token_id
-        self.vocab_size = max(self.steps.codebook_size, self.pad_token_id + 1)
+        self.codebook_size = self.steps.codebook_size
+        self.pad_id = self.num_codebooks * self.codebook_size  # the stream's pad
+        self.vocab_size = self.pad_id + 1
+        self._offsets = torch.arange(self.num_codebooks) * self.codebook_size
 
     @property
     def model(self):
@@ -166,6 +172,14 @@ class DelayPatternTarget:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def stream_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """Audio codes [K, F] -> the generated stream [(F + K - 1) * K] (delayed, offset, padded)."""
+        k, frames = codes.shape
+        steps = torch.full((frames + k - 1, k), self.pad_id, dtype=torch.long, device=codes.device)
+        for c in range(k):
+            steps[c : c + frames, c] = codes[c] + c * self.codebook_size
+        return steps.flatten()
 
     def stream_length(self, num_frames: int) -> int:
         """Generated sub-tokens for an audio of ``num_frames`` frames: (F + K - 1) steps of K."""
@@ -181,7 +195,7 @@ class DelayPatternTarget:
         conditioning = {name: value.to(self.device) for name, value in model_inputs.items()
                         if name != "num_frames" and value is not None}
         cache = StepCache(self.steps.new_cache(), self.num_codebooks, int(num_frames), conditioning)
-        begin = torch.full((1, self.num_codebooks), self.pad_token_id, dtype=torch.long, device=self.device)
+        begin = torch.full((1, self.num_codebooks), self.pad_id, dtype=torch.long, device=self.device)
         state = SequenceState(begin, cache, prompt_length=self.num_codebooks)
         self._consume(cache, begin[0], hidden_layer is not None)
         logits, hidden = self._next_distributions(cache, [self.num_codebooks], hidden_layer is not None)
@@ -207,7 +221,7 @@ class DelayPatternTarget:
         cache.stream = torch.cat([cache.stream.to(tokens.device), tokens])
         complete, fed = cache.stream.shape[0] // k, cache.steps_cached
         if complete > fed:
-            steps = cache.stream[fed * k : complete * k].view(-1, k)
+            steps = self.model_ids(cache.stream[fed * k : complete * k].view(-1, k))
             logits, hidden = self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden)
             cache.step_logits.extend(logits.float().unbind(0))
             cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * steps.shape[0])
@@ -227,19 +241,29 @@ class DelayPatternTarget:
         return torch.stack(rows), torch.stack(hidden)
 
     def _constrain(self, cache: StepCache, logits: torch.Tensor, step: int, codebook: int) -> torch.Tensor:
-        """The head's logits [codebook_size] -> [V]: -inf on the pad where the step is free; all
-        mass on the pad where the delay pattern forces it."""
+        """The head's logits [C] -> [V]: the codebook's range where the step is free (-inf
+        elsewhere); all mass on the pad where the delay pattern forces it."""
         out = torch.full((self.vocab_size,), -torch.inf, device=logits.device)
         if cache.is_free(step, codebook):
-            out[: logits.shape[0]] = logits
+            start = codebook * self.codebook_size
+            out[start : start + self.codebook_size] = logits
         else:
-            out[self.pad_token_id] = 0.0
+            out[self.pad_id] = 0.0
         return out
 
+    def model_ids(self, steps: torch.Tensor) -> torch.Tensor:
+        """Stream ids [n, K] -> the model's input ids [n, K]: codes, and the model's own pad for the
+        stream's pad and for any id outside its codebook's range (a draft such id can only be
+        rejected, since the target gives it probability 0, so what follows it is never used)."""
+        codes = steps - self._offsets.to(steps.device)
+        valid = (codes >= 0) & (codes < self.codebook_size)
+        return torch.where(valid, codes, self.steps.pad_token_id)
+
     def codes(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F] (the delay undone)."""
+        """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F] (the delay and the
+        codebook offsets undone)."""
         k = self.num_codebooks
-        steps = new_tokens.reshape(-1, k)
+        steps = new_tokens.reshape(-1, k) - self._offsets.to(new_tokens.device)
         frames = steps.shape[0] - k + 1
         if frames < 1:
             raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame ({k} codebooks)")
