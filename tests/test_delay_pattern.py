@@ -105,7 +105,7 @@ def test_stream_logits_match_full_forwards_and_survive_rollback(model):
     for i in range(stream.shape[0]):
         step, codebook = divmod(i + K, K)
         own = slice(codebook * CODES, (codebook + 1) * CODES)
-        if state.cache.is_free(step, codebook):
+        if state.cache.position(i + K) == "free":
             assert torch.allclose(logits[i, own], reference[codebook, step - 1], atol=1e-5)
             assert torch.isinf(logits[i]).sum() == target.vocab_size - CODES  # only its codebook's codes
         else:
@@ -121,15 +121,17 @@ def test_stream_logits_match_full_forwards_and_survive_rollback(model):
     reference = full(changed)
     for j, i in enumerate(range(keep - K + 1, changed.shape[0])):
         step, codebook = divmod(i + K, K)
-        if state.cache.is_free(step, codebook):
+        if state.cache.position(i + K) == "free":
             own = slice(codebook * CODES, (codebook + 1) * CODES)
             assert torch.allclose(out.logits[0, j, own], reference[codebook, step - 1], atol=1e-5)
 
 
 def test_bad_inputs(model):
     target = DelayPatternTarget(model)
-    with pytest.raises(ValueError, match="num_frames must be a positive integer"):
+    with pytest.raises(ValueError, match="does not end the audio itself: pass num_frames"):
         mmspec.generate(target, max_new_tokens=6)
+    with pytest.raises(ValueError, match="num_frames must be a positive integer"):
+        mmspec.generate(target, max_new_tokens=6, num_frames=0)
     with pytest.raises(ValueError, match="unknown argument 'encoder_states'"):
         mmspec.generate(target, max_new_tokens=6, num_frames=2, encoder_states=ENCODER)
     with pytest.raises(ValueError, match="token trees are not supported"):

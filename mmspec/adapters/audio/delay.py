@@ -49,16 +49,22 @@ class StepModel(Protocol):
 
     Attributes:
         num_codebooks: K.
-        codebook_size: codes per codebook (the heads' output size).
+        codebook_size: outputs per head (codes, and the end code if any).
         pad_token_id: the delay pattern's pad / begin token (may be >= codebook_size).
+        end_code: None, or the code (< codebook_size) that codebook 0 emits at the step after the
+            last audio frame: the audio's length is then the model's choice.
     """
 
     num_codebooks: int
     codebook_size: int
     pad_token_id: int
+    end_code: int | None
 
     def new_cache(self) -> Any:
         """An empty KV cache (cropped in steps)."""
+
+    def start(self, cache: Any, conditioning: dict[str, Any]) -> int:
+        """Feed what precedes the steps (a text prefix) into ``cache``; return its cache entries."""
 
     def forward_steps(self, steps: torch.Tensor, cache: Any, conditioning: dict[str, Any],
                       want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -81,9 +87,14 @@ class MusicgenSteps:
         self.pad_token_id = model.generation_config.decoder_start_token_id
         if self.pad_token_id is None:
             self.pad_token_id = config.pad_token_id
+        self.end_code = None  # MusicGen generates a fixed number of frames
+        self.input_names = ("encoder_hidden_states", "encoder_attention_mask")
 
     def new_cache(self):
         return EncoderDecoderCache(make_cache(self.model.config), DynamicCache(config=self.model.config))
+
+    def start(self, cache, conditioning) -> int:
+        return 0  # the conditioning enters through cross-attention
 
     def forward_steps(self, steps, cache, conditioning, want_hidden):
         out = self.model(input_ids=steps.T.contiguous(), past_key_values=cache, use_cache=True,
@@ -100,31 +111,45 @@ class StepCache:
     generation's steps depend on.
 
     Attributes:
-        model_cache: the model's KV cache, one entry per step fed.
+        model_cache: the model's KV cache: ``prefix_length`` entries, then one per step fed.
         num_codebooks: K.
-        num_frames: F, the audio frames of this generation (the delay pattern's end).
+        num_frames: F, the audio frames of this generation, or None when the model ends the audio
+            itself (codebook 0's end code, :attr:`end_index`).
         conditioning: the model's conditioning inputs (e.g. ``encoder_hidden_states``).
         stream: LongTensor [n] the sub-tokens consumed (what a token cache would hold).
-        step_logits: step_logits[t] [K, codebook_size] the distributions of step t, computed when
-            step t - 1 was fed (index 0 unused); valid for t <= steps in ``model_cache``.
+        end_index: the stream index of the end code, or None.
+        step_logits: step_logits[t] [K, C] the distributions of step t, computed when step t - 1
+            was fed (index 0 unused); valid for t <= :attr:`steps_cached`.
         step_hidden: the matching last hidden states [D] (None unless a drafter asked for them).
     """
 
-    def __init__(self, model_cache: Any, num_codebooks: int, num_frames: int, conditioning: dict[str, Any]) -> None:
+    def __init__(self, model_cache: Any, num_codebooks: int, num_frames: int | None, conditioning: dict[str, Any],
+                 prefix_length: int = 0, end_id: int | None = None) -> None:
         self.model_cache = model_cache
         self.num_codebooks = num_codebooks
         self.num_frames = num_frames
         self.conditioning = conditioning
+        self.prefix_length = prefix_length
+        self.end_id = end_id
+        self.end_index: int | None = None
         self.stream = torch.empty(0, dtype=torch.long)
         self.step_logits: list[torch.Tensor | None] = [None]
         self.step_hidden: list[torch.Tensor | None] = [None]
 
     @property
     def steps_cached(self) -> int:
-        return self.model_cache.get_seq_length()
+        return self.model_cache.get_seq_length() - self.prefix_length
 
     def get_seq_length(self) -> int:
         return self.stream.shape[0]
+
+    def append(self, tokens: torch.Tensor) -> None:
+        """Consume sub-tokens [n] (noting the first end code on codebook 0)."""
+        start = self.stream.shape[0]
+        self.stream = torch.cat([self.stream.to(tokens.device), tokens])
+        if self.end_id is not None and self.end_index is None:
+            ends = ((tokens == self.end_id).nonzero().flatten() + start).tolist()
+            self.end_index = next((i for i in ends if i % self.num_codebooks == 0), None)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last ``-tokens_to_remove`` sub-tokens; the model cache keeps only the steps
@@ -132,38 +157,59 @@ class StepCache:
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
         self.stream = self.stream[: self.stream.shape[0] + tokens_to_remove]
+        if self.end_index is not None and self.end_index >= self.stream.shape[0]:
+            self.end_index = None
         complete = self.stream.shape[0] // self.num_codebooks
         if self.steps_cached > complete:
-            crop_cache(self.model_cache, complete)
+            crop_cache(self.model_cache, self.prefix_length + complete)
         del self.step_logits[self.steps_cached + 1 :]
         del self.step_hidden[self.steps_cached + 1 :]
 
-    def is_free(self, step: int, codebook: int) -> bool:
-        """Whether codebook ``codebook`` of step ``step`` (>= 1) is sampled (else it is the pad)."""
-        return codebook + 1 <= step <= codebook + self.num_frames
+    def position(self, index: int) -> str:
+        """What stream position ``index`` (step index // K, codebook index % K) holds, from the
+        sub-tokens before it: "free" (sampled; on codebook 0 the end code may be), "pad" (forced by
+        the delay pattern) or "stop" (the stream is over)."""
+        step, codebook = divmod(index, self.num_codebooks)
+        frames = self.num_frames
+        if self.end_index is not None and self.end_index < index:
+            end_step = self.end_index // self.num_codebooks
+            if codebook == 0 and step >= end_step + max(self.num_codebooks - 1, 1):
+                return "stop"
+            frames = end_step - 1
+        elif frames is None:
+            return "free" if step >= codebook + 1 else "pad"
+        if frames is not None and self.end_id is None and step > frames + self.num_codebooks - 1:
+            return "stop"
+        return "free" if codebook + 1 <= step <= codebook + frames else "pad"
 
 
 class DelayPatternTarget:
     """A delay-pattern codec LM as the core's :class:`~mmspec.core.target.Target` (module doc).
 
     model_inputs: ``num_frames`` (F, the audio frames to generate: the stream then holds
-    (F + K - 1) * K sub-tokens after the begin frame, the last steps' finished codebooks padded as
-    MusicGen's ``build_delay_pattern_mask`` does), the model's conditioning (``encoder_hidden_states``
-    [1, T, D], ``encoder_attention_mask`` [1, T]).
+    (F + K - 1) steps after the begin step, the last steps' finished codebooks padded as MusicGen's
+    ``build_delay_pattern_mask`` does; optional for a model with an end code, which then decides
+    the length) and the model's conditioning (MusicGen: ``encoder_hidden_states`` [1, T, D],
+    ``encoder_attention_mask`` [1, T]; the embedded codec LM: ``phoneme_ids`` [1, P]).
+
+    The stream's ids: codebook k's code c is ``k * C + c`` (C = the heads' outputs), then the pad
+    ``K * C`` and the stop id ``K * C + 1`` (:attr:`eos_token_ids`), emitted where the audio is over.
 
     Args:
-        model: a ``MusicgenForCausalLM``, or a :class:`StepModel`.
+        model: a ``MusicgenForCausalLM``, an mmspec ``CodecLM``, or a :class:`StepModel`.
     """
-
-    input_names: ClassVar[tuple[str, ...]] = ("num_frames", "encoder_hidden_states", "encoder_attention_mask")
 
     def __init__(self, model) -> None:
         self.steps = model if hasattr(model, "forward_steps") else _step_model_for(model)
         self.num_codebooks = self.steps.num_codebooks
         self.codebook_size = self.steps.codebook_size
-        self.pad_id = self.num_codebooks * self.codebook_size  # the stream's pad
-        self.vocab_size = self.pad_id + 1
+        self.end_code = self.steps.end_code
+        self.pad_id = self.num_codebooks * self.codebook_size
+        self.stop_id = self.pad_id + 1
+        self.vocab_size = self.pad_id + 2
+        self.eos_token_ids = [self.stop_id]
         self._offsets = torch.arange(self.num_codebooks) * self.codebook_size
+        self.input_names = ("num_frames", *getattr(self.steps, "input_names", ()))
 
     @property
     def model(self):
@@ -174,11 +220,14 @@ class DelayPatternTarget:
         return next(self.model.parameters()).device
 
     def stream_ids(self, codes: torch.Tensor) -> torch.Tensor:
-        """Audio codes [K, F] -> the generated stream [(F + K - 1) * K] (delayed, offset, padded)."""
+        """Audio codes [K, F] -> the generated stream [(F + K - 1) * K] (delayed, offset, padded;
+        for a model with an end code, the end code in codebook 0 of step F + 1)."""
         k, frames = codes.shape
         steps = torch.full((frames + k - 1, k), self.pad_id, dtype=torch.long, device=codes.device)
         for c in range(k):
             steps[c : c + frames, c] = codes[c] + c * self.codebook_size
+        if self.end_code is not None:
+            steps[frames, 0] = self.end_code
         return steps.flatten()
 
     def stream_length(self, num_frames: int) -> int:
@@ -188,13 +237,19 @@ class DelayPatternTarget:
     # ---- the core's Target ---------------------------------------------------------------------
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
         num_frames = model_inputs.get("num_frames")
-        if num_frames is None or isinstance(num_frames, bool) or int(num_frames) != num_frames or num_frames < 1:
+        if num_frames is None and self.end_code is None:
+            raise ValueError(f"{type(self.model).__name__} does not end the audio itself: pass num_frames, a positive "
+                             "integer (audio frames to generate)")
+        if num_frames is not None and (isinstance(num_frames, bool) or int(num_frames) != num_frames or num_frames < 1):
             raise ValueError(f"num_frames must be a positive integer (audio frames to generate), got {num_frames!r}")
         if hidden_layer not in (None, -1):
             raise ValueError("delay-pattern targets give the last hidden states only (hidden_layer=-1)")
         conditioning = {name: value.to(self.device) for name, value in model_inputs.items()
                         if name != "num_frames" and value is not None}
-        cache = StepCache(self.steps.new_cache(), self.num_codebooks, int(num_frames), conditioning)
+        model_cache = self.steps.new_cache()
+        prefix = self.steps.start(model_cache, conditioning)
+        cache = StepCache(model_cache, self.num_codebooks, None if num_frames is None else int(num_frames), conditioning,
+                          prefix_length=prefix, end_id=self.end_code)
         begin = torch.full((1, self.num_codebooks), self.pad_id, dtype=torch.long, device=self.device)
         state = SequenceState(begin, cache, prompt_length=self.num_codebooks)
         self._consume(cache, begin[0], hidden_layer is not None)
@@ -218,7 +273,7 @@ class DelayPatternTarget:
     def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
         """Append sub-tokens [n] to the stream and feed the model every step they complete."""
         k = self.num_codebooks
-        cache.stream = torch.cat([cache.stream.to(tokens.device), tokens])
+        cache.append(tokens)
         complete, fed = cache.stream.shape[0] // k, cache.steps_cached
         if complete > fed:
             steps = self.model_ids(cache.stream[fed * k : complete * k].view(-1, k))
@@ -232,7 +287,7 @@ class DelayPatternTarget:
         rows, hidden = [], []
         for index in indices:
             step, codebook = divmod(index, self.num_codebooks)
-            rows.append(self._constrain(cache, cache.step_logits[step][codebook], step, codebook))
+            rows.append(self._constrain(cache.position(index), cache.step_logits[step][codebook], codebook))
             hidden.append(cache.step_hidden[step])
         if not want_hidden:
             return torch.stack(rows), None
@@ -240,15 +295,17 @@ class DelayPatternTarget:
             raise ValueError("hidden states were asked for after steps fed without them; ask from the prefill on")
         return torch.stack(rows), torch.stack(hidden)
 
-    def _constrain(self, cache: StepCache, logits: torch.Tensor, step: int, codebook: int) -> torch.Tensor:
-        """The head's logits [C] -> [V]: the codebook's range where the step is free (-inf
-        elsewhere); all mass on the pad where the delay pattern forces it."""
+    def _constrain(self, position: str, logits: torch.Tensor, codebook: int) -> torch.Tensor:
+        """The head's logits [C] -> [V]: the codebook's range at a free position (-inf elsewhere,
+        and on the end code except in codebook 0); all mass on the pad or the stop id otherwise."""
         out = torch.full((self.vocab_size,), -torch.inf, device=logits.device)
-        if cache.is_free(step, codebook):
+        if position == "free":
             start = codebook * self.codebook_size
             out[start : start + self.codebook_size] = logits
+            if self.end_code is not None and codebook > 0:
+                out[start + self.end_code] = -torch.inf
         else:
-            out[self.pad_id] = 0.0
+            out[self.pad_id if position == "pad" else self.stop_id] = 0.0
         return out
 
     def model_ids(self, steps: torch.Tensor) -> torch.Tensor:
@@ -260,18 +317,30 @@ class DelayPatternTarget:
         return torch.where(valid, codes, self.steps.pad_token_id)
 
     def codes(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F] (the delay and the
-        codebook offsets undone)."""
+        """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F]: the delay and the
+        codebook offsets undone, up to the end code (or the last complete frame) and no stop."""
         k = self.num_codebooks
-        steps = new_tokens.reshape(-1, k) - self._offsets.to(new_tokens.device)
+        stream = new_tokens.flatten()
+        stream = stream[: stream.shape[0] // k * k]
+        steps = stream.view(-1, k) - self._offsets.to(stream.device)
         frames = steps.shape[0] - k + 1
+        if self.end_code is not None:
+            ends = (steps[:, 0] == self.end_code).nonzero()
+            if len(ends):
+                frames = int(ends[0])
         if frames < 1:
             raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame ({k} codebooks)")
         return torch.stack([steps[c : c + frames, c] for c in range(k)])
 
 
-#: transformers class name -> its StepModel
-STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps}
+def _codec_lm_steps(model):
+    from ...modeling.codec_lm import CodecLMSteps
+
+    return CodecLMSteps(model)
+
+
+#: model class name -> its StepModel
+STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps, "CodecLM": _codec_lm_steps}
 
 
 def _step_model_for(model) -> StepModel:

@@ -1,0 +1,124 @@
+"""The embedded voice's codec LM (phoneme prefix + delay-pattern steps with an end code) through
+the delay-pattern target: the training layout and the inference stream agree (a tiny model fitted
+to one utterance regenerates it and stops by itself, with every chain drafter), and sampled streams
+of variable length follow the target's distribution exactly (ladder levels 2-3)."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import mmspec
+from mmspec.adapters.audio.delay import DelayPatternTarget
+from mmspec.core.sampling import SamplingConfig, logits_to_probs
+from mmspec.drafters import ModelDrafter
+from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps
+
+PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
+
+
+def tiny(seed, codebooks=3, codes=8, layers=2, dim=32):
+    torch.manual_seed(seed)
+    config = CodecLMConfig(text_vocab=12, num_codebooks=codebooks, codebook_size=codes, dim=dim, layers=layers, heads=2,
+                           ffn=64, max_positions=128)
+    return CodecLM(config).eval()
+
+
+def test_training_layout_matches_the_stream():
+    model = tiny(0)
+    target = DelayPatternTarget(model)
+    codes = torch.randint(0, 8, (3, 5), generator=torch.Generator().manual_seed(0))
+    steps, targets = delayed_steps(codes, model.config)
+    stream = target.stream_ids(codes)
+    # the training inputs after the begin step are the stream's steps (model ids), then the end step
+    assert torch.equal(steps[1:], target.model_ids(stream.view(-1, 3)))
+    assert targets[5, 0] == model.config.end_code and (targets[6:, 0] == -100).all()
+    assert torch.equal(target.codes(stream), codes)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """A tiny codec LM trained until it reproduces one utterance greedily."""
+    model = tiny(1).train()
+    codes = torch.randint(0, 8, (3, 6), generator=torch.Generator().manual_seed(1))
+    steps, targets = delayed_steps(codes, model.config)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = model.loss(PHONEMES, torch.ones_like(PHONEMES), steps[None], torch.ones(1, steps.shape[0], dtype=torch.long),
+                          targets[None])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    assert loss.item() < 0.05
+    return model.eval(), codes
+
+
+@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd"])
+def test_a_fitted_model_says_its_utterance_and_stops(fitted, drafter):
+    model, codes = fitted
+    target = DelayPatternTarget(model)
+    out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, phoneme_ids=PHONEMES)
+    generated = out.sequences[0, 3:]
+    assert generated[-1] == target.stop_id and out.stats.new_tokens == target.stream_length(6) + 1
+    assert torch.equal(target.codes(generated), codes)
+
+
+def test_bad_phonemes(fitted):
+    target = DelayPatternTarget(fitted[0])
+    with pytest.raises(ValueError, match="needs phoneme_ids"):
+        mmspec.generate(target, max_new_tokens=10)
+    with pytest.raises(ValueError, match=r"phoneme_ids must lie in \[0, 12\)"):
+        mmspec.generate(target, max_new_tokens=10, phoneme_ids=torch.tensor([[3, 40]]))
+
+
+# ---- sampling with a model-chosen length ------------------------------------------------------------
+K2, C2, BUDGET, RUNS = 2, 2, 8, 3000
+TEMPERATURE = 1.0
+
+
+def small(seed, layers=2):
+    model = tiny(seed, codebooks=K2, codes=C2, layers=layers)
+    with torch.no_grad():
+        model.heads.weight.mul_(8.0)
+    return DelayPatternTarget(model)
+
+
+def exact_streams(target):
+    """Probability of every generated stream (up to BUDGET sub-tokens or the stop id)."""
+    config = SamplingConfig(do_sample=True, temperature=TEMPERATURE)
+    out = {}
+
+    def walk(prefix, p):
+        if prefix and (prefix[-1] == target.stop_id or len(prefix) == BUDGET):
+            out[tuple(prefix)] = p
+            return
+        state, first = target.prefill({"phoneme_ids": PHONEMES})
+        logits = first.logits if not prefix else target.forward(state, torch.tensor([prefix])).logits[:, -1:]
+        probs = logits_to_probs(logits[0, -1], config)
+        for token in probs.nonzero().flatten().tolist():
+            walk(prefix + [token], p * float(probs[token]))
+
+    with torch.no_grad():
+        walk([], 1.0)
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["draft", "sjd"])
+def test_sampled_streams_follow_the_target(drafter):
+    target = small(2)
+    exact = exact_streams(target)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
+    assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
+    counts, accepted = {}, 0
+    for seed in range(RUNS):
+        d = ModelDrafter(small(3, layers=1), num_draft_tokens=3) if drafter == "draft" else drafter
+        out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, phoneme_ids=PHONEMES, do_sample=True,
+                              temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
+        accepted += out.stats.accepted
+        key = tuple(out.sequences[0, K2:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    assert accepted > 300
+    assert set(counts) <= set(exact)
+    big = [s for s, p in exact.items() if p * RUNS >= 5]
+    observed = [counts.get(s, 0) for s in big] + [RUNS - sum(counts.get(s, 0) for s in big)]
+    expected = [exact[s] * RUNS for s in big] + [RUNS - sum(exact[s] * RUNS for s in big)]
+    assert chisquare(observed, expected).pvalue > 1e-4
