@@ -49,7 +49,8 @@ class CodecLMConfig:
 
         return LlamaConfig(vocab_size=1, hidden_size=self.dim, intermediate_size=self.ffn, num_hidden_layers=self.layers,
                            num_attention_heads=self.heads, num_key_value_heads=self.heads,
-                           max_position_embeddings=self.max_positions, rms_norm_eps=1e-5, attn_implementation="sdpa")
+                           max_position_embeddings=self.max_positions, rms_norm_eps=1e-5, attn_implementation="sdpa",
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 class CodecLM(DataclassModel, nn.Module):

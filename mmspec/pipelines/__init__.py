@@ -15,9 +15,10 @@ from .captioning import CaptionOutput, ImageCaptioningPipeline
 PIPELINES: dict[str, str] = {
     "image-captioning": "mmspec.pipelines.captioning:ImageCaptioningPipeline",
     "text-to-image": "mmspec.pipelines.text_to_image:TextToImagePipeline",
+    "text-to-speech": "mmspec.pipelines.text_to_speech:TextToSpeechPipeline",
 }
 #: tasks of the design that have no pipeline yet
-PLANNED_TASKS = ("text-to-speech",)
+PLANNED_TASKS: tuple[str, ...] = ()
 
 
 def register_pipeline(task: str, target: str) -> None:
@@ -29,8 +30,9 @@ def pipeline(task: str, **kwargs: Any):
     """Build the pipeline of ``task``.
 
     Args:
-        task: "image-captioning" (see :class:`ImageCaptioningPipeline` for its arguments) or
-            "text-to-image" (:class:`~mmspec.pipelines.text_to_image.TextToImagePipeline`).
+        task: "image-captioning" (see :class:`ImageCaptioningPipeline` for its arguments),
+            "text-to-image" (:class:`~mmspec.pipelines.text_to_image.TextToImagePipeline`) or
+            "text-to-speech" (:class:`~mmspec.pipelines.text_to_speech.TextToSpeechPipeline`).
         **kwargs: the pipeline's arguments (model=None, drafter="auto", device="auto", dtype="auto", ...).
     Raises:
         ValueError: an unknown task (the message lists the known ones).

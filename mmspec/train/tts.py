@@ -1,0 +1,123 @@
+"""``mmspec train tts``: the embedded voice's codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`),
+teacher-forced on the speech shards of ``mmspec train speech-data`` encoded by the embedded codec
+(``mmspec train codec``). ``--preset draft`` trains the small draft LM for ``spec`` on the same
+data. Resumable: rerun the same command.
+
+The phoneme ids are the Piper voice's (its espeak-ng front end), so ``mmspec tts`` turns new text
+into the same ids with the same voice package. Codes are computed once per codec and cached next
+to the shards (``DATA/codes-<codec hash>.pt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..hub import models_dir
+from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps
+from ..modeling.mel_codec import MelRVQCodec
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .codec import iter_utterances
+
+PRESETS = {
+    "target": {"dim": 256, "layers": 6, "heads": 4, "ffn": 768},
+    "draft": {"dim": 128, "layers": 2, "heads": 2, "ffn": 384},
+}
+TEXT_VOCAB = 256  # Piper's phoneme ids (en_US voices use < 160)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
+    parser.add_argument("--codec", default=None, help="codec directory (default: models/tts-codec)")
+    parser.add_argument("--out", default=None, help="default: models/tts (models/tts-draft for --preset draft)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
+    parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=200)
+    add_run_arguments(parser, threads=2, save_every=100)
+
+
+def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, split: str) -> list[dict]:
+    """Every utterance of ``split`` as {"text", "phonemes" [P], "codes" [K, F]}, encoded once and
+    cached per codec (the cache is rebuilt when new shards appear)."""
+    digest = hashlib.sha1((codec_dir / codec.weights_file).read_bytes()).hexdigest()[:10]
+    shards = sorted(Path(data).glob(f"{split}-*.pt"))
+    path = Path(data) / f"codes-{split}-{digest}.pt"
+    if path.exists():
+        saved = torch.load(path, weights_only=True)
+        if saved["shards"] == len(shards):
+            return saved["items"]
+    items = [{"text": text, "phonemes": ids, "codes": codec.encode(audio)}
+             for text, ids, audio, _ in iter_utterances(data, split)]
+    torch.save({"shards": len(shards), "items": items}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return items
+
+
+def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]:
+    """Left-pad the phonemes, right-pad the delayed steps; targets -100 on padding."""
+    phonemes = max(len(i["phonemes"]) for i in items)
+    delayed = [delayed_steps(i["codes"], config) for i in items]
+    steps = max(s.shape[0] for s, _ in delayed)
+    k = config.num_codebooks
+    batch = {"phonemes": torch.zeros(len(items), phonemes, dtype=torch.long),
+             "text_mask": torch.zeros(len(items), phonemes, dtype=torch.long),
+             "steps": torch.full((len(items), steps, k), config.pad_code, dtype=torch.long),
+             "step_mask": torch.zeros(len(items), steps, dtype=torch.long),
+             "targets": torch.full((len(items), steps, k), -100, dtype=torch.long)}
+    for row, (item, (s, t)) in enumerate(zip(items, delayed)):
+        p = len(item["phonemes"])
+        batch["phonemes"][row, phonemes - p :] = item["phonemes"]
+        batch["text_mask"][row, phonemes - p :] = 1
+        batch["steps"][row, : s.shape[0]] = s
+        batch["step_mask"][row, : s.shape[0]] = 1
+        batch["targets"][row, : t.shape[0]] = t
+    return batch
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    codec_dir = Path(args.codec or models_dir() / "tts-codec")
+    out = Path(args.out or models_dir() / ("tts" if args.preset == "target" else "tts-draft"))
+    codec = MelRVQCodec.from_pretrained(codec_dir)
+    items = encoded_utterances(args.data, codec_dir, codec, "train")
+    longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
+    if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
+        raise SystemExit(f"mmspec: error: phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
+    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
+                           codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
+    model = CodecLM(config)
+    print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
+          flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    run_state = TrainingRun(out, args, args.time_limit)
+    run_state.resume_into(model=model, optimizer=optimizer)
+    manifest = {"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "voice": "en_US-joe-medium (piper-tts)",
+                "draft": "../tts-draft" if args.preset == "target" else None}
+    (out / "tts.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-speech pipeline
+    generator = torch.Generator().manual_seed(run_state.step)
+    model.train()
+    while run_state.step < args.steps:
+        lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
+        batch = collate([items[r] for r in rows], config)
+        loss = model.loss(**batch)
+        run_state.optimizer_step(loss, optimizer, model.parameters())
+        if run_state.step % 20 == 0:
+            run_state.record(loss=loss.item(), lr=lr)
+        if run_state.should_save(args.save_every, args.steps):
+            model.save(out)
+            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+        if run_state.stop_if_out_of_time():
+            break
+    return 0
