@@ -1,0 +1,25 @@
+"""Audio adapters for text-to-speech.
+
+- :mod:`~mmspec.adapters.audio.codec`: neural audio codecs (transformers' EnCodec, DAC, Mimi) behind
+  one :class:`Codec` interface (waveform <-> codes [codebooks, frames], codebook embeddings for
+  acoustic neighbour tables), registered by name in :data:`CODECS`; WAV I/O and log-mel helpers.
+- :mod:`~mmspec.adapters.audio.delay`: delay-pattern codec language models (MusicGen / Parler-TTS
+  layout) as a core Target (import it from its module).
+"""
+
+from .codec import (
+    CODECS,
+    Codec,
+    DacCodec,
+    EncodecCodec,
+    MimiCodec,
+    codec_for,
+    load_codec,
+    log_mel,
+    read_wav,
+    register_codec,
+    write_wav,
+)
+
+__all__ = ["CODECS", "Codec", "DacCodec", "EncodecCodec", "MimiCodec", "codec_for", "load_codec", "log_mel",
+           "read_wav", "register_codec", "write_wav"]

@@ -1,0 +1,119 @@
+"""``mmspec bench tts``: every text-to-speech method on held-out sentences, side by side.
+
+Sentences: the first ``--sentences`` of the test split of :mod:`mmspec.train.data.sentences`
+(never drawn for training). Each method says each sentence once per round with the same seed as
+AR, methods interleaved per sentence after a warm-up (the bench protocol); times are sums over
+every sentence and round, speedup = AR's time / the method's. Columns: speedup, tau (stream
+sub-tokens per verification), real-time factor (generation seconds / audio seconds), and the word
+error rate of Whisper tiny.en on the method's audio (``--no-quality`` skips it). Results are
+checkpointed in ``--results`` after every measurement: rerun to resume, or with a complete file to
+re-derive the table without measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from .results import machine_info, save_results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..pipelines.tts_methods import METHODS
+
+    parser.add_argument("--model", default=None, help="TTS model directory (default: the embedded voice)")
+    parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
+    parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--results", default="bench-out/tts.json")
+    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import mmspec
+    from ..pipelines.tts_methods import make_method
+    from ..train.data.sentences import sentence
+
+    specs = [m for m in args.methods.split(",") if m]
+    for spec in specs:
+        make_method(spec)  # checked before the model loads
+    torch.set_num_threads(args.threads)
+    texts = [sentence("test", i) for i in range(args.sentences)]
+    pipes = {spec: mmspec.pipeline("text-to-speech", model=args.model, method=spec) for spec in specs}
+    path = Path(args.results)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
+            "max_seconds": args.max_seconds,
+            "model": args.model or "embedded (models/tts)", "machine": machine_info("float32", args.threads)}
+    if results.get("meta", meta) != meta:
+        raise ValueError(f"{path} holds results of other settings; pass another --results file")
+    results["meta"] = meta
+    runs = results.setdefault("runs", {})
+    sampling = {"do_sample": not args.greedy, "temperature": args.temperature, "max_seconds": args.max_seconds}
+    first = next(iter(pipes.values()))
+    todo = [(r, i) for r in range(args.rounds) for i in range(len(texts))
+            if any(f"{spec}|{i}|{r}" not in runs for spec in specs)]
+    if todo:
+        first(texts[0], **{**sampling, "max_seconds": min(1.0, args.max_seconds)})  # warm-up
+    for round_, i in todo:
+        for spec, pipe in pipes.items():
+            key = f"{spec}|{i}|{round_}"
+            if key in runs:
+                continue
+            out = pipe(texts[i], seed=i + 1000 * round_, **sampling)
+            s = out.stats
+            runs[key] = {"time": s.wall_time_s, "seconds": s.seconds, "tau": s.tau, "frames": s.frames,
+                         "codes": out.codes.tolist()}
+            save_results(path, results)
+        print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
+    summary = summarise(results, specs, texts, first, quality=not args.no_quality)
+    results["summary"] = summary
+    save_results(path, results)
+    table = markdown_table(summary, meta)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return 0
+
+
+def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool) -> dict:
+    """Per method: time, audio seconds, speedup over AR, tau, real-time factor and, with
+    ``quality``, the WER of every round's audio (decoded from the stored codes)."""
+    runs, rounds = results["runs"], results["meta"]["rounds"]
+    cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(len(texts))] for spec in specs}
+    ar_time = sum(c["time"] for c in cells["ar"]) if "ar" in cells else None
+    summary = {}
+    for spec in specs:
+        time_ = sum(c["time"] for c in cells[spec])
+        seconds = sum(c["seconds"] for c in cells[spec])
+        row = {"time_s": time_, "audio_s": seconds, "speedup": ar_time / time_ if ar_time else None,
+               "tau": sum(c["tau"] for c in cells[spec]) / len(cells[spec]), "rtf": time_ / max(seconds, 1e-9)}
+        if quality:
+            from ..metrics.speech import transcribe, word_error_rate
+
+            rate = pipe.sampling_rate
+            hypotheses = [transcribe(pipe.components.waveform(torch.tensor(c["codes"]))[0], rate) for c in cells[spec]]
+            row["wer"] = word_error_rate([t for _ in range(rounds) for t in texts], hypotheses)
+        summary[spec] = row
+    return summary
+
+
+def markdown_table(summary: dict, meta: dict) -> str:
+    m = meta["machine"]
+    mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
+    lines = [f"{meta['sentences']} held-out sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
+             f"{m['cpu']} ({' '.join(m['cpu_flags'])}), torch {m['torch']}", "",
+             "| method | speedup | tau | real-time factor | WER |", "|---|---|---|---|---|"]
+    for spec, row in summary.items():
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        wer = f"{100 * row['wer']:.1f} %" if "wer" in row else "-"
+        lines.append(f"| {spec} | {speedup} | {row['tau']:.2f} | {row['rtf']:.3f} | {wer} |")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""The text-to-speech pipeline and ``mmspec tts`` on a tiny random model directory (codec LM + draft
++ mel codec, character front end): every method runs, greedy methods give plain decoding's codes,
+the baseline comparison, the WAV / spectrogram outputs, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.adapters.audio.codec import read_wav
+from mmspec.adapters.audio.phonemes import CharacterPhonemizer
+from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
+from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
+from mmspec.pipelines.tts_methods import METHODS
+
+K, CODES = 3, 8
+
+
+def tiny_lm(seed, layers):
+    torch.manual_seed(seed)
+    config = CodecLMConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=K, codebook_size=CODES, dim=32,
+                           layers=layers, heads=2, ffn=64, max_positions=256)
+    model = CodecLM(config)
+    with torch.no_grad():
+        model.heads.weight.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tts")
+    tiny_lm(0, 2).save(root / "tts", dtype=torch.float32)
+    tiny_lm(1, 1).save(root / "tts-draft", dtype=torch.float32)
+    codec = MelRVQCodec(MelCodecConfig(num_codebooks=K, codebook_size=CODES, griffin_lim_iters=4))
+    codec.codebooks.normal_(generator=torch.Generator().manual_seed(0))
+    codec.codebooks[0] -= 4.0  # a quiet log-mel level
+    codec.save(root / "tts-codec")
+    (root / "tts" / "tts.json").write_text(json.dumps({"codec": "../tts-codec", "phonemizer": "characters",
+                                                        "draft": "../tts-draft"}))
+    return root / "tts"
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_greedy_methods_give_plain_decodings_codes(model_dir, method):
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method=method)
+    out = tts("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
+    assert torch.equal(out.codes, out.baseline_codes)
+    assert out.audio.dtype == torch.float32 and out.audio.shape[0] == 1 and out.audio.shape[1] > 0
+    assert out.sampling_rate == 22050 and out.stats.frames == out.codes.shape[1] > 0
+    assert out.stats.speedup > 0 and out.stats.real_time_factor > 0 and out.stats.method == method
+
+
+def test_sampling_is_seeded(model_dir):
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+    first, second = (tts("two blue hearts.", seed=7, max_seconds=0.4) for _ in range(2))
+    assert torch.equal(first.codes, second.codes) and torch.equal(first.audio, second.audio)
+
+
+@pytest.mark.parametrize("kwargs,call,match", [
+    ({}, {"text": "  "}, "the text is empty"),
+    ({}, {"text": "caf\u00e9"}, "characters this model cannot say"),
+    ({}, {"text": "hi", "max_seconds": 0}, "max_seconds must be a positive number"),
+    ({}, {"text": "hi", "max_seconds": 60}, "exceed the model's 256 positions"),
+    ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
+])
+def test_bad_input(model_dir, kwargs, call, match):
+    with pytest.raises(ValueError, match=match):
+        tts = mmspec.pipeline("text-to-speech", model=model_dir, **kwargs)
+        tts(**call)
+
+
+def test_a_directory_without_a_manifest_or_a_draft(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="has no tts.json"):
+        mmspec.pipeline("text-to-speech", model=tmp_path)
+    manifest = json.loads((model_dir / "tts.json").read_text())
+    no_draft = tmp_path / "tts"
+    CodecLM.from_pretrained(model_dir).save(no_draft, dtype=torch.float32)
+    (no_draft / "tts.json").write_text(json.dumps({**manifest, "codec": str(model_dir.parent / "tts-codec"), "draft": None}))
+    with pytest.raises(ValueError, match="no draft codec LM"):
+        mmspec.pipeline("text-to-speech", model=no_draft, method="spec")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "mmspec", "tts", *args], capture_output=True, text=True)
+
+
+def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
+    out = tmp_path / "say" / "x.wav"
+    result = _cli("a green ring.", "--model", str(model_dir), "--out", str(out), "--method", "sjd", "--max-seconds", "0.4",
+                  "--compare-baseline", "--json", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["stats"]["speedup"] > 0 and record["stats"]["method"] == "sjd"
+    audio, rate = read_wav(out)
+    assert rate == 22050 and audio.shape[-1] > 1000
+    assert out.with_suffix(".png").stat().st_size > 1000 and (tmp_path / "say" / "x-baseline.wav").exists()
+    again = tmp_path / "again.wav"
+    assert _cli("a green ring.", "--model", str(model_dir), "--out", str(again), "--method", "sjd", "--max-seconds", "0.4",
+                "--seed", "3").returncode == 0
+    assert torch.equal(read_wav(again)[0], audio)  # the same seed, the same audio
+
+
+@pytest.mark.parametrize("args,match", [
+    (["", "--out", "x.wav"], "the text is empty"),
+    (["hi", "--temperature", "nan"], "temperature"),
+    (["hi", "--model", "/nonexistent"], "has no tts.json"),
+])
+def test_cli_errors_are_one_line(args, match, tmp_path):
+    result = _cli(*args, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and match in result.stderr, result.stderr
+
+
+def test_bench_measures_every_method_and_rederives_from_its_results(model_dir, tmp_path):
+    results, table = tmp_path / "tts.json", tmp_path / "tts.md"
+    args = ["bench", "tts", "--model", str(model_dir), "--sentences", "2", "--rounds", "1", "--no-quality", "--max-seconds", "0.4",
+            "--greedy", "--results", str(results), "--markdown", str(table)]
+    run = subprocess.run([sys.executable, "-m", "mmspec", *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(results.read_text())["summary"]
+    assert set(summary) == {"ar", "spec", "prompt-lookup", "sjd"} and summary["ar"]["speedup"] == 1.0
+    first = table.read_text()
+    assert "| spec |" in first and "held-out sentences" in first
+    again = subprocess.run([sys.executable, "-m", "mmspec", *args], capture_output=True, text=True)
+    assert again.returncode == 0 and table.read_text() == first and "sentence 1/2 done" not in again.stdout
