@@ -19,6 +19,7 @@ Saved as ``mel_codec.json`` + ``mel_codec.safetensors`` (the centroids [K, C, D]
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,30 +59,30 @@ class MelRVQCodec(DataclassModel, nn.Module):
     config_file = "mel_codec.json"
     weights_file = "mel_codec.safetensors"
     kind = "mel codec"
-    save_dtype = torch.float32
+    save_dtype = torch.float16  # centroids of log-mel values: fp16 keeps them to ~1e-3 relative
     load_dtype = torch.float32
 
     def __init__(self, config: MelCodecConfig) -> None:
         super().__init__(config)
         self.register_buffer("codebooks", torch.zeros(config.num_codebooks, config.codebook_size, config.dim))
-        self._mel = None
-        self._inverse = None
+        self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
 
     # ---- features ----------------------------------------------------------------------------
     def _transforms(self):
-        if self._mel is None:
+        """(MelSpectrogram, (InverseMelScale, GriffinLim)) with the codec's settings."""
+        if not self._audio_transforms:
             import torchaudio
 
             c = self.config
-            self._mel = torchaudio.transforms.MelSpectrogram(
+            self._audio_transforms["mel"] = torchaudio.transforms.MelSpectrogram(
                 sample_rate=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_length, n_mels=c.n_mels, f_max=c.f_max,
                 power=1.0, norm="slaney", mel_scale="slaney")
-            self._inverse = (
+            self._audio_transforms["inverse"] = (
                 torchaudio.transforms.InverseMelScale(n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate,
                                                       f_max=c.f_max, norm="slaney", mel_scale="slaney"),
                 torchaudio.transforms.GriffinLim(n_fft=c.n_fft, hop_length=c.hop_length, n_iter=c.griffin_lim_iters,
                                                  power=1.0))
-        return self._mel, self._inverse
+        return self._audio_transforms["mel"], self._audio_transforms["inverse"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:
         """Mono audio [samples] (float, at ``sample_rate``) -> stacked log-mel vectors [T, D]."""
@@ -102,7 +103,8 @@ class MelRVQCodec(DataclassModel, nn.Module):
         with torch.random.fork_rng():
             torch.manual_seed(0)  # Griffin-Lim starts from a random phase: the same codes give the same audio
             audio = griffin_lim(inverse_mel(mel).clamp_min(0))
-        return audio[: frames * c.hop_length]
+        audio = audio[: frames * c.hop_length]  # (the inverse STFT gives (frames - 1) * hop samples)
+        return torch.nn.functional.pad(audio, (0, frames * c.hop_length - audio.shape[0]))
 
     # ---- quantisation ------------------------------------------------------------------------
     def quantise(self, vectors: torch.Tensor) -> torch.Tensor:

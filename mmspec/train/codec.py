@@ -85,7 +85,7 @@ def run(args) -> None:
     print(f"fitted on {seconds / 60:.1f} min ({sum(v.shape[0] for v in vectors)} vectors) in {fit_s:.0f} s; "
           f"residual MSE per stage: {', '.join(f'{e:.3f}' for e in errors)}", flush=True)
     codec.save(args.out)
-    metrics = evaluate(codec, args.data, args.eval_sentences)
+    metrics = evaluate(MelRVQCodec.from_pretrained(args.out), args.data, args.eval_sentences)  # what ships (fp16)
     print(json.dumps({k: v for k, v in metrics.items() if k != "examples"}), flush=True)
     record = {"command": "mmspec train codec " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                           if k not in ("handler", "output_args", "command", "recipe")),
