@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
-    manifest = {"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "voice": "en_US-joe-medium (piper-tts)",
+    manifest = {"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium",
                 "draft": "../tts-draft" if args.preset == "target" else None}
     (out / "tts.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-speech pipeline
     generator = torch.Generator().manual_seed(run_state.step)
