@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from .drafter import Draft
+from .registry import class_registrar
 from .relaxed import (gsd_verify, lantern_greedy_verify, lantern_verify, tree_gsd_verify, tree_lantern_greedy_verify,
                       tree_lantern_verify)
 from .sampling import SamplingConfig, logits_to_probs
@@ -218,12 +219,8 @@ class AcceptanceRule:
 RULES: dict[str, type[AcceptanceRule]] = {}
 
 
-def register_rule(cls: type[AcceptanceRule]) -> type[AcceptanceRule]:
-    """Class decorator: make ``cls`` available as ``acceptance=cls.name``."""
-    if cls.name in RULES or cls.name == AUTO:
-        raise ValueError(f"an acceptance rule named {cls.name!r} is already registered")
-    RULES[cls.name] = cls
-    return cls
+#: class decorator: make ``cls`` available as ``acceptance=cls.name``
+register_rule = class_registrar(RULES, "acceptance rule", reserved=(AUTO,))
 
 
 @register_rule

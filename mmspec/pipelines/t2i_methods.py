@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 
 from ..api import GenerateOutput, generate
+from ..core.registry import class_registrar
 from ..core.rules import RULES
 from ..drafters import Drafter, JacobiDrafter, ModelDrafter
 from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
@@ -167,14 +168,8 @@ class T2IMethod:
 METHODS: dict[str, type[T2IMethod]] = {}
 
 
-def register_method(cls: type[T2IMethod]) -> type[T2IMethod]:
-    """Class decorator: register ``cls`` under ``cls.name``."""
-    if not cls.name or not cls.description:
-        raise ValueError(f"{cls.__name__} needs a name and a description to be registered")
-    if cls.name in METHODS:
-        raise ValueError(f"a text-to-image method named {cls.name!r} is already registered")
-    METHODS[cls.name] = cls
-    return cls
+#: class decorator: register ``cls`` under ``cls.name``
+register_method = class_registrar(METHODS, "text-to-image method", required=("name", "description"))
 
 
 def make_method(spec: str, **settings: Any) -> T2IMethod:

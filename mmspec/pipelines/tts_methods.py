@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..core.registry import class_registrar
 from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter
 
 if TYPE_CHECKING:
@@ -57,13 +58,8 @@ class TTSMethod:
 METHODS: dict[str, type[TTSMethod]] = {}
 
 
-def register_method(cls: type[TTSMethod]) -> type[TTSMethod]:
-    if not cls.name or not cls.description:
-        raise ValueError(f"{cls.__name__} needs a name and a description to be registered")
-    if cls.name in METHODS:
-        raise ValueError(f"a text-to-speech method named {cls.name!r} is already registered")
-    METHODS[cls.name] = cls
-    return cls
+#: class decorator: register ``cls`` under ``cls.name``
+register_method = class_registrar(METHODS, "text-to-speech method", required=("name", "description"))
 
 
 def make_method(name: str, **settings: Any) -> TTSMethod:

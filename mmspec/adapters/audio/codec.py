@@ -47,18 +47,16 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from ...core.registry import class_registrar
+
 # ---- registry ---------------------------------------------------------------------------------
 
 #: codec name -> codec class (each wraps one transformers model class)
 CODECS: dict[str, type[Codec]] = {}
 
 
-def register_codec(cls: type[Codec]) -> type[Codec]:
-    """Class decorator: make ``cls`` the codec of models of ``cls.model_class`` (see :func:`codec_for`)."""
-    if cls.name in CODECS:
-        raise ValueError(f"a codec named {cls.name!r} is already registered")
-    CODECS[cls.name] = cls
-    return cls
+#: class decorator: make ``cls`` the codec of models of ``cls.model_class`` (see :func:`codec_for`)
+register_codec = class_registrar(CODECS, "codec", required=("name", "model_class"))
 
 
 def supported_models() -> str:
