@@ -205,3 +205,58 @@ def test_loop_runs_lantern_on_a_dynamic_tree():
     rule = resolve_rule("lantern", sampling, {"neighbours": table, "delta": 0.5})  # A is empty (0.6 > 0.5): 0.3 < 0.6, rejected
     verification, _, _ = _tree_step(rule, Fixed(), State(), Draft.from_tree(tree), sampling, torch.Generator(), None)
     assert int(verification.num_accepted[0]) == 0 and int(verification.tokens[0, 0]) == 2
+
+
+# VADUSA's top-k tolerance -------------------------------------------------------------------------------
+from mmspec.core.relaxed import topk_tolerance_verify  # noqa: E402
+from mmspec.core.verify import greedy_verify  # noqa: E402
+
+
+def test_topk_tolerance_hand_built():
+    p = torch.tensor([[[0.5, 0.3, 0.15, 0.05, 0.0],
+                       [0.1, 0.6, 0.2, 0.1, 0.0],
+                       [0.0, 0.0, 0.0, 0.0, 1.0]]])
+    draft = torch.tensor([[2, 0]])  # rank 3 at position 0, rank 2 (tied) at position 1
+    assert int(topk_tolerance_verify(draft, p, top_k=2, sample_uniforms=None).num_accepted[0]) == 0
+    out = topk_tolerance_verify(draft, p, top_k=3, sample_uniforms=None)
+    assert out.tokens.tolist() == [[2, 0, 4]]  # both inside the top 3, then the bonus argmax
+    out = topk_tolerance_verify(torch.tensor([[4, 1]]), p, top_k=5, sample_uniforms=torch.tensor([0.99]))
+    assert out.tokens.tolist() == [[3, -1, -1]]  # p(4) = 0 is never accepted; the draw from p at u = 0.99
+    assert int(out.num_accepted[0]) == 0
+
+
+def test_topk_tolerance_with_k_1_is_greedy():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        p = torch.softmax(torch.randn(1, 5, 7, generator=g) * 2, -1)
+        draft = torch.randint(0, 7, (1, 4), generator=g)
+        draft[0, :2] = p[0, :2].argmax(-1)
+        a = topk_tolerance_verify(draft, p, top_k=1, sample_uniforms=None)
+        b = greedy_verify(draft, p)
+        assert torch.equal(a.tokens, b.tokens)
+
+
+def test_topk_tolerance_in_the_loop_stays_in_the_target_top_k():
+    """Through mmspec.generate: every accepted draft token is in the target's top k at its position
+    (checked against the target's own distributions)."""
+    import mmspec
+    from tiny_models import make_tiny
+
+    case = make_tiny("llama")
+    from mmspec.drafters import ModelDrafter
+
+    drafter = ModelDrafter(case.model, num_draft_tokens=4)  # draws from p at a low temperature: mostly its top 3
+    out = mmspec.generate(case.model, drafter=drafter, acceptance="topk-tolerance", rule_kwargs={"top_k": 3},
+                          max_new_tokens=32, do_sample=True, temperature=0.02, seed=0, **case.inputs)
+    prompt = case.inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        logits = case.model(out.sequences.clone()).logits[0, prompt - 1 : -1]  # each new token's distribution
+    ranks = (logits > logits.gather(-1, out.sequences[0, prompt:, None])).sum(-1)  # 0 = the most likely
+    drafted, position = [], 1  # new token 0 came from the prefill; each step commits accepted drafts + one draw
+    for committed in out.stats.committed_per_step:
+        drafted += range(position, position + committed - 1)
+        position += committed
+    assert out.stats.config["acceptance"] == "topk-tolerance" and len(drafted) == out.stats.accepted > 0
+    assert int(ranks[drafted].max()) < 3
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
+        mmspec.generate(case.model, acceptance="topk-tolerance", rule_kwargs={"top_k": 0}, max_new_tokens=2, **case.inputs)

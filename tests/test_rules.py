@@ -19,12 +19,12 @@ TABLE = neighbour_table(torch.arange(16, dtype=torch.float)[:, None], 3)
 
 
 def test_registry_declares_every_rule():
-    assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd"} <= set(RULES)
+    assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd", "topk-tolerance"} <= set(RULES)
     for name, rule in RULES.items():
         assert rule.name == name and issubclass(rule.Params, RuleParams) and rule.sampling in ("greedy", "sampling", "either")
         assert rule.supports_tree(), name  # every built-in rule has a tree form
     assert RULES["greedy"].lossless and RULES["speculative"].lossless
-    assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd"))
+    assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd", "topk-tolerance"))
 
 
 def test_auto_and_modes():
@@ -97,6 +97,18 @@ def test_typical_on_a_chain_is_the_linear_rule():
     linear = typical_verify(draft, p, s, **kw)
     tree = tree_typical_verify(TokenTree.chain(draft), p, s, **kw)
     assert linear.num_accepted.float().mean() > 0.3  # the case accepts something
+    assert torch.equal(linear.tokens, tree.tokens) and torch.equal(linear.num_accepted, tree.num_accepted)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_topk_tolerance_on_a_chain_is_the_linear_rule(greedy):
+    from mmspec.core.relaxed import topk_tolerance_verify, tree_topk_tolerance_verify
+
+    draft, _, p, _, s = _random_case(1)
+    s = None if greedy else s
+    linear = topk_tolerance_verify(draft, p, top_k=4, sample_uniforms=s)
+    tree = tree_topk_tolerance_verify(TokenTree.chain(draft), p, top_k=4, sample_uniforms=s)
+    assert linear.num_accepted.float().mean() > 0.3
     assert torch.equal(linear.tokens, tree.tokens) and torch.equal(linear.num_accepted, tree.num_accepted)
 
 

@@ -1,4 +1,5 @@
-"""Relaxed acceptance for image tokens: LANTERN, LANTERN++ and grouped speculative decoding (GSD).
+"""Relaxed acceptance for image and audio tokens: LANTERN, LANTERN++, grouped speculative decoding
+(GSD) and VADUSA's top-k tolerance.
 
 Visual AR models spread probability over many interchangeable codes; these rules accept a draft
 when the target's mass *near* it (in the tokenizer's latent space) is high enough. They are lossy
@@ -17,6 +18,11 @@ LANTERN++: the bound is multiplicative, c_j <= (lambda - 1) p(x), i.e. p~(x) <= 
 GSD (grouped speculative decoding): C = {x} plus those of x's k neighbours that are among the
     target's ``top_m`` most likely codes (near in embedding and in probability); accept iff
     r < min(1, p(C) / q(C)); on rejection draw from norm(max(0, p - q)) with C zeroed.
+Top-k tolerance (VADUSA, Li et al. 2024, for speech tokens): accept x_i while p_i(x_i) > 0 and x_i
+    is among the k most likely tokens of p_i; the first other position gets a token drawn from p
+    (argmax p when greedy). Lossy with no TV bound: an accepted token follows the drafter, not p,
+    within the target's top k (the support top-k sampling would use); k = 1 under greedy decoding
+    is exact greedy.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 
 from .sampling import sample_from_probs
 from .verify import (TreeVerification, Verification, _accepted_prefix_length, _assemble, _first_accepted_child,
-                     _tree_assemble, _walk)
+                     _node_tokens_and_parent_rows, _tree_assemble, _walk, deepest_passing_path, exact_argmax)
 
 
 def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
@@ -303,3 +309,37 @@ def tree_lantern_greedy_verify(tree, target_probs: torch.Tensor, neighbours: tor
     path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
     next_token = target_probs.argmax(-1).gather(1, stop_row.unsqueeze(1)).squeeze(1)
     return _tree_assemble(tree, path, num_accepted, next_token)
+
+
+def topk_tolerance_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, *, top_k: int,
+                          sample_uniforms: torch.Tensor | None) -> Verification:
+    """VADUSA's tolerance rule (module doc).
+
+    Args:
+        draft_tokens: LongTensor [B, K].
+        target_probs: [B, K+1, V] the target's distributions.
+        top_k: how many of the target's most likely tokens a draft may be among.
+        sample_uniforms: [B] one U(0, 1) per row for the token at the first non-accepted (or bonus)
+            position; None: greedy (that token is argmax p).
+    """
+    batch, k = draft_tokens.shape
+    num_accepted = _accepted_prefix_length(_in_top_k(target_probs[:, :k], draft_tokens, top_k))
+    p_next = target_probs[torch.arange(batch, device=draft_tokens.device), num_accepted]
+    next_token = exact_argmax(p_next) if sample_uniforms is None else sample_from_probs(p_next, sample_uniforms)
+    return _assemble(draft_tokens, num_accepted, next_token)
+
+
+def _in_top_k(p: torch.Tensor, tokens: torch.Tensor, top_k: int) -> torch.Tensor:
+    """p [B, n, V], tokens [B, n] -> [B, n] bool: p(token) > 0 and the token among p's top_k."""
+    best = p.topk(min(top_k, p.shape[-1]), dim=-1).indices
+    return (best == tokens.unsqueeze(-1)).any(-1) & (p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0)
+
+
+def tree_topk_tolerance_verify(tree, target_probs: torch.Tensor, *, top_k: int,
+                               sample_uniforms: torch.Tensor | None) -> TreeVerification:
+    """Top-k tolerance on a token tree (VADUSA verifies a sparse tree this way): a node passes when
+    its token is in the top k of its parent row; the deepest fully passing path is taken
+    (:func:`~mmspec.core.verify.deepest_passing_path`). On a chain this is :func:`topk_tolerance_verify`."""
+    tokens, parent_rows = _node_tokens_and_parent_rows(tree, target_probs)
+    passes = _in_top_k(target_probs[:, parent_rows], tokens, top_k)
+    return deepest_passing_path(tree, passes, target_probs, sample_uniforms)

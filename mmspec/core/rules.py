@@ -37,8 +37,8 @@ import torch
 
 from .drafter import Draft
 from .registry import class_registrar
-from .relaxed import (gsd_verify, lantern_greedy_verify, lantern_verify, tree_gsd_verify, tree_lantern_greedy_verify,
-                      tree_lantern_verify)
+from .relaxed import (gsd_verify, lantern_greedy_verify, lantern_verify, topk_tolerance_verify, tree_gsd_verify,
+                      tree_lantern_greedy_verify, tree_lantern_verify, tree_topk_tolerance_verify)
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TokenTree
 from .verify import (TreeVerification, Verification, greedy_verify, speculative_verify, tree_greedy_verify,
@@ -144,6 +144,17 @@ class LanternPlusPlusParams(NeighbourParams):
 
     def bound(self) -> dict[str, float | None]:
         return {"delta": None, "lam": self.lam}
+
+
+@dataclass(frozen=True, eq=False)
+class TopKToleranceParams(RuleParams):
+    """VADUSA's tolerance: a draft is accepted while it is among the target's ``top_k`` most
+    likely tokens."""
+
+    top_k: int = 5
+
+    def check_values(self, rule: str) -> None:
+        _number(rule, "top_k", self.top_k, 1.0, integer=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,6 +340,28 @@ class GsdRule(AcceptanceRule):
         n = tree.size
         return tree_gsd_verify(tree, logits_to_probs(target_logits, sampling), self.params.neighbours, uniforms[:, :n],
                                uniforms[:, n], top_m=self.params.top_m)
+
+
+@register_rule
+class TopKToleranceRule(AcceptanceRule):
+    """VADUSA's top-k tolerance (lossy): accept drafts among the target's top k; on trees the
+    deepest path of such tokens."""
+
+    name = "topk-tolerance"
+    Params = TopKToleranceParams
+    lossless = False
+
+    @staticmethod
+    def _probs(target_logits, sampling, uniforms):
+        return target_logits.float().softmax(-1) if uniforms is None else logits_to_probs(target_logits, sampling)
+
+    def verify(self, draft, target_logits, sampling, uniforms):
+        return topk_tolerance_verify(draft.tokens, self._probs(target_logits, sampling, uniforms), top_k=self.params.top_k,
+                                     sample_uniforms=None if uniforms is None else uniforms[:, draft.length])
+
+    def verify_tree(self, tree, target_logits, sampling, uniforms):
+        return tree_topk_tolerance_verify(tree, self._probs(target_logits, sampling, uniforms), top_k=self.params.top_k,
+                                          sample_uniforms=None if uniforms is None else uniforms[:, tree.size])
 
 
 def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConfig,

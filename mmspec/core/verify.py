@@ -320,13 +320,26 @@ def tree_typical_verify(
         target_probs: [B, N+1, V] target distributions for [root, node_0 .. node_{N-1}].
         sample_uniforms: [B] one U(0, 1) per row for the token after the path.
     """
-    batch = target_probs.shape[0]
-    device = target_probs.device
-    tokens = tree.tokens.to(device).expand(batch, tree.size)
-    parent_rows = (tree.parents + 1).to(device)
+    tokens, parent_rows = _node_tokens_and_parent_rows(tree, target_probs)
     threshold = _typical_threshold(target_probs, posterior_threshold, posterior_alpha)  # [B, N+1]
     p_of_node = target_probs[:, parent_rows].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    passes = p_of_node > threshold[:, parent_rows]
+    return deepest_passing_path(tree, p_of_node > threshold[:, parent_rows], target_probs, sample_uniforms)
+
+
+def _node_tokens_and_parent_rows(tree: TokenTree, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nodes' tokens [B, N] and, per node, the row of target_probs [B, N+1, V] that predicts it."""
+    device = target_probs.device
+    return tree.tokens.to(device).expand(target_probs.shape[0], tree.size), (tree.parents + 1).to(device)
+
+
+def deepest_passing_path(tree: TokenTree, passes: torch.Tensor, target_probs: torch.Tensor,
+                         sample_uniforms: torch.Tensor | None) -> TreeVerification:
+    """Among the nodes whose whole root path passes (``passes`` [B, N] bool per node), the deepest
+    (ties: the earliest node); the token after it is drawn from p at its row (argmax p when
+    ``sample_uniforms`` is None). The tree form of the lossy rules that test each token on its own
+    (Medusa's typical acceptance, VADUSA's top-k tolerance)."""
+    batch = target_probs.shape[0]
+    device = target_probs.device
     on_path = tree.ancestor_matrix().to(device)  # [N, N]: j is i or an ancestor of i
     path_passes = ~((~passes).unsqueeze(1) & on_path).any(-1)  # [B, N]
     depth = torch.where(path_passes, tree.depth.to(device), 0)
@@ -342,5 +355,6 @@ def tree_typical_verify(
     else:
         num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
         path, stop_row = num_accepted.new_zeros(batch, 0), num_accepted
-    next_token = sample_from_probs(target_probs[torch.arange(batch, device=device), stop_row], sample_uniforms)
+    row = target_probs[torch.arange(batch, device=device), stop_row]
+    next_token = exact_argmax(row) if sample_uniforms is None else sample_from_probs(row, sample_uniforms)
     return _tree_assemble(tree, path, num_accepted, next_token)
