@@ -43,7 +43,7 @@ def model_dir(tmp_path_factory):
     return root / "tts"
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.exact])
 def test_greedy_methods_give_plain_decodings_codes(model_dir, method):
     tts = mmspec.pipeline("text-to-speech", model=model_dir, method=method)
     out = tts("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
@@ -51,6 +51,33 @@ def test_greedy_methods_give_plain_decodings_codes(model_dir, method):
     assert out.audio.dtype == torch.float32 and out.audio.shape[0] == 1 and out.audio.shape[1] > 0
     assert out.sampling_rate == 22050 and out.stats.frames == out.codes.shape[1] > 0
     assert out.stats.speedup > 0 and out.stats.real_time_factor > 0 and out.stats.method == method
+
+
+@pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
+                                                                  ("lantern", {"delta": 0.0}, {"delta": 0.5})])
+def test_tolerant_methods(model_dir, method, exact_setting, relaxed_setting):
+    """With no tolerance they are greedy decoding; with some they run and say they are lossy (the
+    rules themselves are tested in test_relaxed.py / test_rules.py)."""
+    exact = mmspec.pipeline("text-to-speech", model=model_dir, method=method, **exact_setting)
+    out = exact("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
+    assert torch.equal(out.codes, out.baseline_codes)
+    tolerant = mmspec.pipeline("text-to-speech", model=model_dir, method=method, **relaxed_setting)
+    relaxed = tolerant("a red star.", do_sample=False, max_seconds=0.4)
+    assert relaxed.stats.config["exact"] is False and relaxed.stats.config["acceptance"] == METHODS[method].rule
+    assert relaxed.codes.shape[0] == K and relaxed.audio.shape[1] == relaxed.codes.shape[1] * 512
+
+
+def test_the_neighbour_table_stays_inside_each_codebook(model_dir):
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="lantern")
+    c = tts.components
+    table = c.neighbours(3)
+    width = c.target.codebook_size
+    assert table.shape == (c.target.vocab_size, 3)
+    codes = torch.arange(K * width)
+    codes = codes[codes % width < CODES]  # the codes proper (width = CODES + the end code)
+    assert ((table[codes] // width) == (codes // width)[:, None]).all() and (table[codes] != codes[:, None]).all()
+    assert (table[codes] % width < CODES).all()  # a code's neighbours are codes, never the end code
+    assert (table[K * width :] == torch.arange(K * width, c.target.vocab_size)[:, None]).all()
 
 
 def test_sampling_is_seeded(model_dir):
@@ -65,6 +92,8 @@ def test_sampling_is_seeded(model_dir):
     ({}, {"text": "hi", "max_seconds": 0}, "max_seconds must be a positive number"),
     ({}, {"text": "hi", "max_seconds": 60}, "exceed the model's 256 positions"),
     ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
+    ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
+    ({"method": "spec", "top_k": 3}, None, "method 'spec' takes no setting 'top_k'"),
 ])
 def test_bad_input(model_dir, kwargs, call, match):
     with pytest.raises(ValueError, match=match):

@@ -24,6 +24,9 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--model", default=None, help="an mmspec TTS model directory (default: the embedded voice, models/tts)")
     cmd.add_argument("--num-draft-tokens", type=int, default=None, help="draft length in stream sub-tokens "
                      "(default: the method's, a whole number of steps)")
+    cmd.add_argument("--accept-top-k", type=int, default=None, help="spec-topk: accept a drafted code among the "
+                     "target's top k (default: the method's)")
+    cmd.add_argument("--delta", type=float, default=None, help="lantern: total-variation bound per code (default: the method's)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--temperature", type=float, default=1.0)
     cmd.add_argument("--top-k", type=int, default=None)
@@ -67,8 +70,9 @@ def run(args) -> int:
     SamplingConfig(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k)  # checks the values
     if args.threads:
         torch.set_num_threads(args.threads)
+    settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
-                           num_draft_tokens=args.num_draft_tokens)
+                           num_draft_tokens=args.num_draft_tokens, **settings)
     result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                   max_seconds=args.max_seconds, compare_baseline=args.compare_baseline)
     out = Path(args.out)

@@ -77,6 +77,21 @@ class TTSComponents:
             self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device))
         return self._draft
 
+    def neighbours(self, k: int) -> torch.Tensor:
+        """A codebook neighbour table over the stream's ids, LongTensor [V, k]: each code's k nearest
+        codes of its own codebook (the codec's centroids, L2); the end code, pad and stop ids are
+        their own neighbours (never relaxed). k is at most C - 1."""
+        from ..core.relaxed import neighbour_table
+
+        target, books = self.target, self.codec.codebooks  # [K, C, D]
+        k = min(k, books.shape[1] - 1)
+        width = target.codebook_size  # C codes (+ the end code) per codebook in the stream
+        table = torch.arange(target.vocab_size)[:, None].repeat(1, k)
+        for index, book in enumerate(books):
+            start = index * width
+            table[start : start + book.shape[0]] = neighbour_table(book, k) + start
+        return table.to(self.device)
+
     def waveform(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, F] -> float32 audio [1, samples]."""
         return self.codec.decode(codes.cpu())[None].float()
@@ -132,13 +147,16 @@ class TextToSpeechPipeline:
         model: a TTS model directory (None: the embedded voice).
         method: a name of :data:`METHODS` or a :class:`TTSMethod`.
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
+        **rule_settings: a tolerant method's rule parameters (``top_k`` for spec-topk, ``delta`` for
+            lantern).
     """
 
     def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
-                 num_draft_tokens: int | None = None) -> None:
-        self.method = method if isinstance(method, TTSMethod) else make_method(method, num_draft_tokens=num_draft_tokens)
+                 num_draft_tokens: int | None = None, **rule_settings: Any) -> None:
+        self.method = (method if isinstance(method, TTSMethod)
+                       else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
         self.components = TTSComponents.from_pretrained(model, device)
-        if isinstance(self.method, METHODS["spec"]):
+        if isinstance(self.method, METHODS["spec"]):  # (and the tolerant methods over its drafts)
             self.components.draft_target()  # a missing draft is an error now, not at the first call
 
     @property
@@ -149,7 +167,7 @@ class TextToSpeechPipeline:
                   sampling: dict[str, Any]) -> GenerateOutput:
         c = self.components
         return generate(c.target, drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed,
-                        phoneme_ids=ids, **sampling)
+                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), phoneme_ids=ids, **sampling)
 
     def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0,

@@ -10,6 +10,14 @@ Lossless (greedy: the codes of plain decoding; sampling: its distribution):
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
 - ``sjd``: speculative Jacobi decoding over the code stream (training-free).
 
+Tolerant (lossy), over the draft codec LM's chains:
+
+- ``spec-topk``: VADUSA's tolerance rule (a drafted code is accepted while it is among the
+  target's ``top_k`` most likely codes at its position; no TV bound); VADUSA's own drafter (Medusa
+  heads on a sparse tree) is not trained here yet;
+- ``lantern``: LANTERN on audio codes, neighbours from the codec's codebook vectors (each
+  codebook's k nearest codes), TV <= delta per code.
+
 Add one with a :class:`TTSMethod` subclass and :func:`register_method`.
 """
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.registry import class_registrar
+from ..core.rules import RULES
 from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter
 
 if TYPE_CHECKING:
@@ -35,14 +44,23 @@ class TTSMethod:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     rule: ClassVar[str | None] = None
+    #: the rule's parameters this method sets (besides any table), with their defaults
+    rule_defaults: ClassVar[dict[str, Any]] = {}
     exact: ClassVar[bool] = True
     #: default draft length in steps (K sub-tokens each)
     draft_steps: ClassVar[int] = 0
 
-    def __init__(self, num_draft_tokens: int | None = None) -> None:
+    def __init__(self, num_draft_tokens: int | None = None, **rule_settings: Any) -> None:
         if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
             raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
         self.num_draft_tokens = num_draft_tokens
+        unknown = set(rule_settings) - set(self.rule_defaults)
+        if unknown:
+            raise ValueError(f"method {self.name!r} takes no setting {sorted(unknown)[0]!r}"
+                             + (f"; its settings: {', '.join(self.rule_defaults)}" if self.rule_defaults else ""))
+        self.rule_settings = {**self.rule_defaults, **{k: v for k, v in rule_settings.items() if v is not None}}
+        if self.rule is not None:  # the rule's own checks of its scalar parameters, before any model loads
+            RULES[self.rule].Params(**self.rule_settings).check_values(self.rule)
 
     def draft_length(self, components: "TTSComponents") -> int:
         return self.num_draft_tokens or self.draft_steps * components.target.num_codebooks
@@ -50,8 +68,12 @@ class TTSMethod:
     def build_drafter(self, components: "TTSComponents") -> Drafter | None:
         return None
 
+    def rule_kwargs(self, components: "TTSComponents") -> dict[str, Any] | None:
+        """The acceptance rule's parameters (None for the exact rules)."""
+        return dict(self.rule_settings) if self.rule is not None else None
+
     def describe(self) -> dict[str, Any]:
-        return {"method": self.name, "exact": self.exact, "num_draft_tokens": self.num_draft_tokens}
+        return {"method": self.name, "exact": self.exact, "num_draft_tokens": self.num_draft_tokens, **self.rule_settings}
 
 
 #: method name -> class
@@ -102,3 +124,25 @@ class JacobiMethod(TTSMethod):
 
     def build_drafter(self, components):
         return JacobiDrafter(self.draft_length(components))
+
+
+@register_method
+class TopKTolerantMethod(DraftModelMethod):
+    name = "spec-topk"
+    description = "the draft codec LM under VADUSA's top-k tolerance (lossy)"
+    rule = "topk-tolerance"
+    rule_defaults = {"top_k": 3}
+    exact = False
+
+
+@register_method
+class LanternMethod(DraftModelMethod):
+    name = "lantern"
+    description = "the draft codec LM under LANTERN with the codec's code neighbours (lossy, TV <= delta per code)"
+    rule = "lantern"
+    rule_defaults = {"delta": 0.1}
+    exact = False
+    neighbours_k: ClassVar[int] = 8
+
+    def rule_kwargs(self, components):
+        return {**self.rule_settings, "neighbours": components.neighbours(self.neighbours_k)}
