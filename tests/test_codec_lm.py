@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 import mmspec
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import ModelDrafter
+from mmspec.drafters import ModelDrafter, StepCompletionDrafter
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps
 
 PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
@@ -52,12 +52,16 @@ def fitted():
     return model.eval(), codes
 
 
-@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd"])
+@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd", "step"])
 def test_a_fitted_model_says_its_utterance_and_stops(fitted, drafter):
     model, codes = fitted
     target = DelayPatternTarget(model)
+    if drafter == "step":
+        drafter = StepCompletionDrafter()
     out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, phoneme_ids=PHONEMES)
     generated = out.sequences[0, 3:]
+    if isinstance(drafter, StepCompletionDrafter):  # one verification per step: 6 frames + 3 delay steps
+        assert out.stats.verify_steps == 6 + 3 - 1 and out.stats.accepted == out.stats.drafted
     assert generated[-1] == target.stop_id and out.stats.new_tokens == target.stream_length(6) + 1
     assert torch.equal(target.codes(generated), codes)
 
@@ -102,7 +106,7 @@ def exact_streams(target):
     return out
 
 
-@pytest.mark.parametrize("drafter", ["draft", "sjd"])
+@pytest.mark.parametrize("drafter", ["draft", "sjd", "step"])
 def test_sampled_streams_follow_the_target(drafter):
     target = small(2)
     exact = exact_streams(target)
@@ -110,13 +114,14 @@ def test_sampled_streams_follow_the_target(drafter):
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
     counts, accepted = {}, 0
     for seed in range(RUNS):
-        d = ModelDrafter(small(3, layers=1), num_draft_tokens=3) if drafter == "draft" else drafter
+        d = {"draft": lambda: ModelDrafter(small(3, layers=1), num_draft_tokens=3),
+             "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, phoneme_ids=PHONEMES, do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
         accepted += out.stats.accepted
         key = tuple(out.sequences[0, K2:].tolist())
         counts[key] = counts.get(key, 0) + 1
-    assert accepted > 300
+    assert accepted > 300 or (drafter == "step" and accepted > 0)  # step drafts exist only mid-step
     assert set(counts) <= set(exact)
     big = [s for s, p in exact.items() if p * RUNS >= 5]
     observed = [counts.get(s, 0) for s in big] + [RUNS - sum(counts.get(s, 0) for s in big)]

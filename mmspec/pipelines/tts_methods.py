@@ -4,7 +4,9 @@ and ``mmspec bench tts``): a drafter over the codec LM's flattened code stream
 
 Lossless (greedy: the codes of plain decoding; sampling: its distribution):
 
-- ``ar``: plain decoding, one step's codebook at a time (one model forward per step);
+- ``ar``: plain decoding: one model forward per step, its K codes drawn at once
+  (:class:`~mmspec.drafters.steps.StepCompletionDrafter`: the rest of a step comes from the
+  target's own known distributions, q = p, always accepted);
 - ``spec``: speculative sampling with the small draft codec LM (``mmspec train tts --preset
   draft``), drafting whole steps;
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.registry import class_registrar
 from ..core.rules import RULES
-from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter
+from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter, StepCompletionDrafter
 
 if TYPE_CHECKING:
     from .text_to_speech import TTSComponents
@@ -93,7 +95,10 @@ def make_method(name: str, **settings: Any) -> TTSMethod:
 @register_method
 class AutoregressiveMethod(TTSMethod):
     name = "ar"
-    description = "plain autoregressive decoding (the baseline)"
+    description = "plain autoregressive decoding, a whole step per model forward (the baseline)"
+
+    def build_drafter(self, components):
+        return StepCompletionDrafter()
 
 
 @register_method

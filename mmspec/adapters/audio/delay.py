@@ -269,6 +269,22 @@ class DelayPatternTarget:
         logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden)
         return TargetOutput(logits[None], None if hidden is None else hidden[None])
 
+    def known_distributions(self, state: SequenceState) -> torch.Tensor:
+        """Logits [n, V] of the next sub-tokens whose distributions are already known without a
+        model forward: the rest of the current step (n = 0 when the next sub-token starts a step,
+        whose distribution needs the pending step fed first)."""
+        cache, following = state.cache, state.length  # the next sub-token's stream index
+        if following % self.num_codebooks == 0:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        end = (following // self.num_codebooks + 1) * self.num_codebooks
+        # the positions' masks read the stream before them, pending token included; it does not
+        # complete a step here, so appending and cropping it again feeds nothing
+        cache.append(state.tokens[0, -1:].to(self.device))
+        try:
+            return self._next_distributions(cache, range(following, end), False)[0]
+        finally:
+            cache.crop(-1)
+
     # ---- the flattened stream -------------------------------------------------------------------
     def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
         """Append sub-tokens [n] to the stream and feed the model every step they complete."""
