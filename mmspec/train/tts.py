@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--init", default=None, help="start from this codec LM's weights (e.g. the shipped models/tts, "
+                        "when its train_state.pt, which is not shipped, is gone); the step count restarts")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -94,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
     config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
                            codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
     model = CodecLM(config)
+    if args.init:
+        start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
+        if start.config != config:
+            raise SystemExit(f"mmspec: error: {args.init} is a codec LM of another shape ({start.config}); pass the "
+                             f"matching --preset")
+        model.load_state_dict(start.state_dict())
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
