@@ -75,7 +75,7 @@ def test_bad_phonemes(fitted):
 
 
 # ---- sampling with a model-chosen length ------------------------------------------------------------
-K2, C2, BUDGET, RUNS = 2, 2, 8, 3000
+K2, C2, BUDGET, RUNS = 2, 2, 8, 2000
 TEMPERATURE = 1.0
 
 
