@@ -43,11 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from ..train.data.sentences import sentence
 
     specs = [m for m in args.methods.split(",") if m]
-    for spec in specs:
-        make_method(spec)  # checked before the model loads
+    methods = {spec: make_method(spec) for spec in specs}  # checked before the model loads
     torch.set_num_threads(args.threads)
     texts = [sentence("test", i) for i in range(args.sentences)]
-    pipes = {spec: mmspec.pipeline("text-to-speech", model=args.model, method=spec) for spec in specs}
+    pipe = mmspec.pipeline("text-to-speech", model=args.model)  # one model for every method
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
@@ -58,23 +57,23 @@ def run(args: argparse.Namespace) -> int:
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     sampling = {"do_sample": not args.greedy, "temperature": args.temperature, "max_seconds": args.max_seconds}
-    first = next(iter(pipes.values()))
     todo = [(r, i) for r in range(args.rounds) for i in range(len(texts))
             if any(f"{spec}|{i}|{r}" not in runs for spec in specs)]
     if todo:
-        first(texts[0], **{**sampling, "max_seconds": min(1.0, args.max_seconds)})  # warm-up
+        for method in methods.values():  # warm-up: every method's models once
+            pipe(texts[0], method=method, **{**sampling, "max_seconds": min(1.0, args.max_seconds)})
     for round_, i in todo:
-        for spec, pipe in pipes.items():
+        for spec, method in methods.items():
             key = f"{spec}|{i}|{round_}"
             if key in runs:
                 continue
-            out = pipe(texts[i], seed=i + 1000 * round_, **sampling)
+            out = pipe(texts[i], seed=i + 1000 * round_, method=method, **sampling)
             s = out.stats
             runs[key] = {"time": s.wall_time_s, "seconds": s.seconds, "tau": s.tau, "frames": s.frames,
                          "codes": out.codes.tolist()}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
-    summary = summarise(results, specs, texts, first, quality=not args.no_quality)
+    summary = summarise(results, specs, texts, pipe, quality=not args.no_quality)
     results["summary"] = summary
     save_results(path, results)
     table = markdown_table(summary, meta)

@@ -46,12 +46,12 @@ def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import torchaudio
 
-    mel = torchaudio.transforms.MelSpectrogram(sample_rate=sampling_rate, n_fft=1024, hop_length=256, n_mels=80)
+    from ..adapters.audio.codec import log_mel
+
     figure, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 * len(panels)), squeeze=False)
     for axis, (title, audio) in zip(axes[:, 0], panels):
-        axis.imshow(mel(audio[0]).clamp_min(1e-5).log10(), origin="lower", aspect="auto", cmap="magma")
+        axis.imshow(log_mel(audio[0], sampling_rate), origin="lower", aspect="auto", cmap="magma")
         axis.set_title(title, fontsize=9)
         axis.set_ylabel("mel bin")
     axes[-1, 0].set_xlabel(f"frame ({sampling_rate // 256} per second)")

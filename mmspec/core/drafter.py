@@ -122,16 +122,16 @@ class Drafter(ABC):
 
     # helpers for drafters that run a network -------------------------------------------------
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Choose the next draft token from logits [1, V] with the generation's sampling settings.
+        """Choose one draft token per row of logits [n, V] with the generation's sampling settings.
 
-        Returns the token [1] and, when sampling, the draft distribution q [1, V] it was drawn from.
+        Returns the tokens [n] and, when sampling, the draft distributions q [n, V] they were drawn from.
         """
         sampling = self.context.sampling
         if not sampling.do_sample:
             return exact_argmax(logits), None
         probs = logits_to_probs(logits, sampling)
-        uniform = torch.rand(1, generator=self.context.generator, device=self.context.generator.device)
-        return sample_from_probs(probs, uniform.to(probs.device)), probs
+        uniforms = torch.rand(logits.shape[0], generator=self.context.generator, device=self.context.generator.device)
+        return sample_from_probs(probs, uniforms.to(probs.device)), probs
 
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {}

@@ -10,12 +10,8 @@ of one loop iteration per codebook. It is the ``ar`` method of the text-to-speec
 
 from __future__ import annotations
 
-import torch
-
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, Drafter, register_drafter
-from ..core.sampling import logits_to_probs, sample_from_probs
-from ..core.verify import exact_argmax
 
 
 @register_drafter("step-completion")
@@ -34,11 +30,5 @@ class StepCompletionDrafter(Drafter):
         super().start(context, state)
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        logits = self.context.target.known_distributions(state)[:max_tokens]
-        sampling = self.context.sampling
-        if not sampling.do_sample:
-            return Draft(tokens=exact_argmax(logits)[None])
-        probs = logits_to_probs(logits, sampling)
-        generator = self.context.generator
-        uniforms = torch.rand(probs.shape[0], generator=generator, device=generator.device).to(probs.device)
-        return Draft(tokens=sample_from_probs(probs, uniforms)[None], probs=probs[None])
+        tokens, probs = self._pick(self.context.target.known_distributions(state)[:max_tokens])
+        return Draft(tokens=tokens[None], probs=None if probs is None else probs[None])

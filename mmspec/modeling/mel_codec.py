@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapters.audio.codec import log_mel
 from .persistence import DataclassModel
 
 
@@ -68,25 +69,24 @@ class MelRVQCodec(DataclassModel, nn.Module):
         self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
 
     # ---- features ----------------------------------------------------------------------------
-    def _transforms(self):
-        """(MelSpectrogram, (InverseMelScale, GriffinLim)) with the codec's settings."""
+    def _inverse(self):
+        """(InverseMelScale, GriffinLim) with the codec's settings (the same mel filters as
+        :func:`~mmspec.adapters.audio.codec.log_mel`)."""
         if not self._audio_transforms:
             import torchaudio
 
             c = self.config
-            self._audio_transforms["mel"] = torchaudio.transforms.MelSpectrogram(
-                sample_rate=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_length, n_mels=c.n_mels, f_max=c.f_max,
-                power=1.0, norm="slaney", mel_scale="slaney")
             self._audio_transforms["inverse"] = (
                 torchaudio.transforms.InverseMelScale(n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate,
                                                       f_max=c.f_max, norm="slaney", mel_scale="slaney"),
                 torchaudio.transforms.GriffinLim(n_fft=c.n_fft, hop_length=c.hop_length, n_iter=c.griffin_lim_iters,
                                                  power=1.0))
-        return self._audio_transforms["mel"], self._audio_transforms["inverse"]
+        return self._audio_transforms["inverse"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:
         """Mono audio [samples] (float, at ``sample_rate``) -> stacked log-mel vectors [T, D]."""
-        mel = self._transforms()[0](audio.float()).clamp_min(self.config.log_floor).log()  # [n_mels, frames]
+        c = self.config
+        mel = log_mel(audio, c.sample_rate, c.n_mels, c.n_fft, c.hop_length, c.f_max, c.log_floor)  # [n_mels, frames]
         frames = mel.shape[1] // self.config.stack * self.config.stack
         return mel[:, :frames].T.reshape(-1, self.config.dim)
 
@@ -96,7 +96,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
         frames = vectors.shape[0] * c.stack
         if frames == 0:
             return torch.zeros(0)
-        inverse_mel, griffin_lim = self._transforms()[1]
+        inverse_mel, griffin_lim = self._inverse()
         mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
         short = max(0, c.n_fft // c.hop_length + 1 - frames)  # Griffin-Lim's padding needs a few frames
         mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)

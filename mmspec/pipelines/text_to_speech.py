@@ -171,12 +171,14 @@ class TextToSpeechPipeline:
 
     def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0,
-                 compare_baseline: bool = False) -> TextToSpeechOutput:
-        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used.
+                 compare_baseline: bool = False, method: TTSMethod | None = None) -> TextToSpeechOutput:
+        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used. ``method``
+        overrides the pipeline's for this call (the benchmark runs every method on one model).
 
         Raises:
             ValueError: empty text, text the front end cannot say, a bad max_seconds.
         """
+        method = method or self.method
         if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or max_seconds <= 0:
             raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
         c = self.components
@@ -191,12 +193,12 @@ class TextToSpeechPipeline:
         if compare_baseline:
             self._generate(make_method("ar"), ids, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
             baseline = self._generate(make_method("ar"), ids, budget, seed, sampling)
-        out = self._generate(self.method, ids, budget, seed, sampling)
+        out = self._generate(method, ids, budget, seed, sampling)
         codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
         audio = c.waveform(codes)
         seconds = codes.shape[1] / c.codec.config.frame_rate
         s = out.stats
-        stats = TextToSpeechStats(method=self.method.name, config={**self.method.describe(), **s.config},
+        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
                                   real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())

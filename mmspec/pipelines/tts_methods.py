@@ -48,9 +48,14 @@ class TTSMethod:
     rule: ClassVar[str | None] = None
     #: the rule's parameters this method sets (besides any table), with their defaults
     rule_defaults: ClassVar[dict[str, Any]] = {}
+    #: whether the output is plain decoding's (derived from the rule)
     exact: ClassVar[bool] = True
     #: default draft length in steps (K sub-tokens each)
     draft_steps: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.exact = cls.rule is None or RULES[cls.rule].lossless
 
     def __init__(self, num_draft_tokens: int | None = None, **rule_settings: Any) -> None:
         if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
@@ -137,7 +142,6 @@ class TopKTolerantMethod(DraftModelMethod):
     description = "the draft codec LM under VADUSA's top-k tolerance (lossy)"
     rule = "topk-tolerance"
     rule_defaults = {"top_k": 3}
-    exact = False
 
 
 @register_method
@@ -146,7 +150,6 @@ class LanternMethod(DraftModelMethod):
     description = "the draft codec LM under LANTERN with the codec's code neighbours (lossy, TV <= delta per code)"
     rule = "lantern"
     rule_defaults = {"delta": 0.1}
-    exact = False
     neighbours_k: ClassVar[int] = 8
 
     def rule_kwargs(self, components):

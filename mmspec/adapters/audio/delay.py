@@ -42,6 +42,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from ...core.cache import SequenceState, crop_cache, make_cache
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree
+from ...modeling.codec_lm import CodecLMSteps
 
 
 class StepModel(Protocol):
@@ -349,14 +350,8 @@ class DelayPatternTarget:
         return torch.stack([steps[c : c + frames, c] for c in range(k)])  # [K, 0] when the model ended at once
 
 
-def _codec_lm_steps(model):
-    from ...modeling.codec_lm import CodecLMSteps
-
-    return CodecLMSteps(model)
-
-
 #: model class name -> its StepModel
-STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps, "CodecLM": _codec_lm_steps}
+STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps, "CodecLM": CodecLMSteps}
 
 
 def _step_model_for(model) -> StepModel:
