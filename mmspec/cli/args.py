@@ -22,7 +22,7 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
 
 
 #: integer options that must be >= 1 when given, wherever a subcommand has them
-POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family")
+POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from ..hub import MissingDependencyError
+
 WHISPER_RATE = 16000
 
 
@@ -22,7 +24,7 @@ def _require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise SystemExit(f"mmspec: error: speech metrics need {module!r}; run bash scripts/install.sh") from None
+        raise MissingDependencyError(f"speech metrics need {module!r}; run bash scripts/install.sh") from None
 
 
 @lru_cache(maxsize=1)

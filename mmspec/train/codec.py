@@ -16,10 +16,10 @@ from ..modeling.mel_codec import MelCodecConfig, MelRVQCodec
 
 
 def speech_shards(data: str | Path, split: str) -> list[Path]:
-    """The shard files of ``split`` in ``data`` (sorted); SystemExit when there are none."""
+    """The shard files of ``split`` in ``data`` (sorted); ValueError when there are none."""
     shards = sorted(Path(data).glob(f"{split}-*.pt"))
     if not shards:
-        raise SystemExit(f"mmspec: error: no {split} shards in {data}; run mmspec train speech-data --out {data} "
+        raise ValueError(f"no {split} shards in {data}; run mmspec train speech-data --out {data} "
                          f"--split {split} first")
     return shards
 
@@ -74,7 +74,7 @@ def run(args) -> None:
     vectors, seconds = [], 0.0
     for _, _, audio, rate in iter_utterances(args.data, "train"):
         if rate != config.sample_rate:
-            raise SystemExit(f"mmspec: error: the shards are at {rate} Hz, the codec at {config.sample_rate} Hz")
+            raise ValueError(f"the shards are at {rate} Hz, the codec at {config.sample_rate} Hz")
         vectors.append(codec.features(audio))
         seconds += audio.shape[0] / rate
         if seconds >= args.minutes * 60:

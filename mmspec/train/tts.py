@@ -92,14 +92,14 @@ def run(args: argparse.Namespace) -> int:
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
-        raise SystemExit(f"mmspec: error: phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
+        raise ValueError(f"phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
     config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
                            codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
     model = CodecLM(config)
     if args.init:
         start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
         if start.config != config:
-            raise SystemExit(f"mmspec: error: {args.init} is a codec LM of another shape ({start.config}); pass the "
+            raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
                              f"matching --preset")
         model.load_state_dict(start.state_dict())
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "

