@@ -1,7 +1,8 @@
 """The embedded voice's codec LM (phoneme prefix + delay-pattern steps with an end code) through
 the delay-pattern target: the training layout and the inference stream agree (a tiny model fitted
 to one utterance regenerates it and stops by itself, with every chain drafter), and sampled streams
-of variable length follow the target's distribution exactly (ladder levels 2-3)."""
+of variable length follow the target's distribution exactly (ladder levels 2-3); the same for the
+aligned codec LM (durations per phoneme as an input), whose alignment rows are checked by hand."""
 
 import pytest
 import torch
@@ -11,16 +12,49 @@ import mmspec
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import ModelDrafter, StepCompletionDrafter
-from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps
+from mmspec.modeling.codec_lm import TIMING_BUCKETS, CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 
 PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
+DURATIONS = torch.tensor([[1, 2, 0, 2, 1]])  # 6 frames (phoneme 3 is skipped)
 
 
-def tiny(seed, codebooks=3, codes=8, layers=2, dim=32):
+def tiny(seed, codebooks=3, codes=8, layers=2, dim=32, aligned=False):
     torch.manual_seed(seed)
     config = CodecLMConfig(text_vocab=12, num_codebooks=codebooks, codebook_size=codes, dim=dim, layers=layers, heads=2,
-                           ffn=64, max_positions=128)
+                           ffn=64, max_positions=128, aligned=aligned)
     return CodecLM(config).eval()
+
+
+def inputs(model):
+    return {"phoneme_ids": PHONEMES, **({"durations": DURATIONS} if model.config.aligned else {})}
+
+
+def test_alignment_rows_by_hand():
+    rows = frame_alignment(PHONEMES[0], DURATIONS[0], torch.arange(8), end_id=12)
+    b = TIMING_BUCKETS
+    expected = [[5, 9, 0, b + 0],  # frame 0: phoneme 5 (1 frame); two frames ahead: 9
+                [9, 7, 0, b + 1],  # frame 1: 9, first of 2
+                [9, 7, 1, b + 0],
+                [7, 2, 0, b + 1],  # 3 is skipped (0 frames)
+                [7, 12, 1, b + 0],  # two ahead is past the end
+                [2, 12, 0, b + 0],
+                [12, 12, 0, b + 0],  # past the last frame: the end id
+                [12, 12, 0, b + 0]]
+    assert rows.tolist() == expected
+    long = frame_alignment(torch.tensor([4]), torch.tensor([20]), torch.tensor([15]), end_id=12)
+    assert long.tolist() == [[4, 4, b - 1, b + 4]]  # spent 15 and left 4 are clipped to the buckets
+
+
+def test_predicted_durations_round_on_the_running_sum():
+    model = tiny(0, aligned=True)
+    with torch.no_grad():
+        model.durations.out.weight.zero_()
+        model.durations.out.bias.fill_(float(torch.log1p(torch.tensor(1.4))))  # 1.4 frames per phoneme
+    frames = model.predict_durations(PHONEMES)
+    assert frames.tolist() == [[1, 2, 1, 2, 1]] and int(frames.sum()) == round(5 * 1.4)
+    assert int(model.predict_durations(PHONEMES, speed=2.0).sum()) == round(5 * 0.7)
+    with pytest.raises(ValueError, match="not aligned"):
+        tiny(0).predict_durations(PHONEMES)
 
 
 def test_training_layout_matches_the_stream():
@@ -35,18 +69,23 @@ def test_training_layout_matches_the_stream():
     assert torch.equal(target.codes(stream), codes)
 
 
-@pytest.fixture(scope="module")
-def fitted():
-    """A tiny codec LM trained until it reproduces one utterance greedily."""
-    model = tiny(1).train()
+@pytest.fixture(scope="module", params=[False, True], ids=["unaligned", "aligned"])
+def fitted(request):
+    """A tiny codec LM (unaligned / aligned) trained until it reproduces one utterance greedily."""
+    model = tiny(1, aligned=request.param).train()
     codes = torch.randint(0, 8, (3, 6), generator=torch.Generator().manual_seed(1))
     steps, targets = delayed_steps(codes, model.config)
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    extra = {}
+    if model.config.aligned:
+        extra = {"alignment": frame_alignment(PHONEMES[0], DURATIONS[0], torch.arange(steps.shape[0]), 12)[None],
+                 "durations": DURATIONS}
     for _ in range(150):
-        loss = model.loss(PHONEMES, torch.ones_like(PHONEMES), steps[None], torch.ones(1, steps.shape[0], dtype=torch.long),
-                          targets[None])
+        losses = model.loss(PHONEMES, torch.ones_like(PHONEMES), steps[None], torch.ones(1, steps.shape[0], dtype=torch.long),
+                            targets[None], **extra)
+        loss = losses["codes"]
         optimiser.zero_grad()
-        loss.backward()
+        sum(losses.values()).backward()
         optimiser.step()
     assert loss.item() < 0.05
     return model.eval(), codes
@@ -58,7 +97,7 @@ def test_a_fitted_model_says_its_utterance_and_stops(fitted, drafter):
     target = DelayPatternTarget(model)
     if drafter == "step":
         drafter = StepCompletionDrafter()
-    out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, phoneme_ids=PHONEMES)
+    out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, **inputs(model))
     generated = out.sequences[0, 3:]
     if isinstance(drafter, StepCompletionDrafter):  # one verification per step: 6 frames + 3 delay steps
         assert out.stats.verify_steps == 6 + 3 - 1 and out.stats.accepted == out.stats.drafted
@@ -72,6 +111,14 @@ def test_bad_phonemes(fitted):
         mmspec.generate(target, max_new_tokens=10)
     with pytest.raises(ValueError, match=r"phoneme_ids must lie in \[0, 12\)"):
         mmspec.generate(target, max_new_tokens=10, phoneme_ids=torch.tensor([[3, 40]]))
+    if fitted[0].config.aligned:
+        for durations in (None, torch.tensor([[1, 2]]), torch.tensor([[1, 2, 0, -1, 1]]), torch.zeros(1, 5, dtype=torch.long),
+                          DURATIONS.float()):
+            with pytest.raises(ValueError, match="needs durations, a LongTensor"):
+                mmspec.generate(target, max_new_tokens=10, phoneme_ids=PHONEMES, durations=durations)
+    else:
+        with pytest.raises(ValueError, match="durations"):  # an unaligned target takes none
+            mmspec.generate(target, max_new_tokens=10, phoneme_ids=PHONEMES, durations=DURATIONS)
 
 
 # ---- sampling with a model-chosen length ------------------------------------------------------------
@@ -79,8 +126,8 @@ K2, C2, BUDGET, RUNS = 2, 2, 8, 2000
 TEMPERATURE = 1.0
 
 
-def small(seed, layers=2):
-    model = tiny(seed, codebooks=K2, codes=C2, layers=layers)
+def small(seed, layers=2, aligned=False):
+    model = tiny(seed, codebooks=K2, codes=C2, layers=layers, aligned=aligned)
     with torch.no_grad():
         model.heads.weight.mul_(8.0)
     return DelayPatternTarget(model)
@@ -95,7 +142,7 @@ def exact_streams(target):
         if prefix and (prefix[-1] == target.stop_id or len(prefix) == BUDGET):
             out[tuple(prefix)] = p
             return
-        state, first = target.prefill({"phoneme_ids": PHONEMES})
+        state, first = target.prefill(inputs(target.model))
         logits = first.logits if not prefix else target.forward(state, torch.tensor([prefix])).logits[:, -1:]
         probs = logits_to_probs(logits[0, -1], config)
         for token in probs.nonzero().flatten().tolist():
@@ -106,17 +153,17 @@ def exact_streams(target):
     return out
 
 
-@pytest.mark.parametrize("drafter", ["draft", "sjd", "step"])
-def test_sampled_streams_follow_the_target(drafter):
-    target = small(2)
+@pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True)])
+def test_sampled_streams_follow_the_target(drafter, aligned):
+    target = small(2, aligned=aligned)
     exact = exact_streams(target)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
     counts, accepted = {}, 0
     for seed in range(RUNS):
-        d = {"draft": lambda: ModelDrafter(small(3, layers=1), num_draft_tokens=3),
+        d = {"draft": lambda: ModelDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
-        out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, phoneme_ids=PHONEMES, do_sample=True,
+        out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
         accepted += out.stats.accepted
         key = tuple(out.sequences[0, K2:].tolist())

