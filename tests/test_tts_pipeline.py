@@ -1,5 +1,5 @@
-"""The text-to-speech pipeline and ``mmspec tts`` on a tiny random model directory (codec LM + draft
-+ mel codec, character front end): every method runs, greedy methods give plain decoding's codes,
+"""The text-to-speech pipeline and ``mmspec tts`` on a tiny random model directory (aligned codec LM +
+draft + mel codec, character front end; an unaligned one too): every method runs, greedy methods give plain decoding's codes,
 the baseline comparison, the WAV / spectrogram outputs, and one-line errors."""
 
 import json
@@ -19,21 +19,19 @@ from mmspec.pipelines.tts_methods import METHODS
 K, CODES = 3, 8
 
 
-def tiny_lm(seed, layers):
+def tiny_lm(seed, layers, aligned=True):
     torch.manual_seed(seed)
     config = CodecLMConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=K, codebook_size=CODES, dim=32,
-                           layers=layers, heads=2, ffn=64, max_positions=256)
+                           layers=layers, heads=2, ffn=64, max_positions=256, aligned=aligned)
     model = CodecLM(config)
     with torch.no_grad():
         model.heads.weight.mul_(4.0)
     return model
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tts")
-    tiny_lm(0, 2).save(root / "tts", dtype=torch.float32)
-    tiny_lm(1, 1).save(root / "tts-draft", dtype=torch.float32)
+def make_model_dir(root, aligned):
+    tiny_lm(0, 2, aligned).save(root / "tts", dtype=torch.float32)
+    tiny_lm(1, 1, aligned).save(root / "tts-draft", dtype=torch.float32)
     codec = MelRVQCodec(MelCodecConfig(num_codebooks=K, codebook_size=CODES, griffin_lim_iters=4))
     codec.codebooks.normal_(generator=torch.Generator().manual_seed(0))
     codec.codebooks[0] -= 4.0  # a quiet log-mel level
@@ -43,9 +41,20 @@ def model_dir(tmp_path_factory):
     return root / "tts"
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tts"), aligned=True)
+
+
+@pytest.fixture(scope="module")
+def unaligned_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tts-unaligned"), aligned=False)
+
+
+@pytest.mark.parametrize("layout", ["model_dir", "unaligned_dir"])
 @pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.exact])
-def test_greedy_methods_give_plain_decodings_codes(model_dir, method):
-    tts = mmspec.pipeline("text-to-speech", model=model_dir, method=method)
+def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
+    tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method=method)
     out = tts("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
     assert torch.equal(out.codes, out.baseline_codes)
     assert out.audio.dtype == torch.float32 and out.audio.shape[0] == 1 and out.audio.shape[1] > 0
@@ -90,6 +99,7 @@ def test_sampling_is_seeded(model_dir):
     ({}, {"text": "  "}, "the text is empty"),
     ({}, {"text": "caf\u00e9"}, "characters this model cannot say"),
     ({}, {"text": "hi", "max_seconds": 0}, "max_seconds must be a positive number"),
+    ({}, {"text": "hi", "speed": float("nan")}, "speed must be a positive number"),
     ({}, {"text": "hi", "max_seconds": 60}, "exceed the model's 256 positions"),
     ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
     ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
@@ -99,6 +109,14 @@ def test_bad_input(model_dir, kwargs, call, match):
     with pytest.raises(ValueError, match=match):
         tts = mmspec.pipeline("text-to-speech", model=model_dir, **kwargs)
         tts(**call)
+
+
+def test_speed_scales_an_aligned_models_durations(model_dir, unaligned_dir):
+    c = mmspec.pipeline("text-to-speech", model=model_dir).components
+    normal, fast = (int(c.model_inputs("a red star.", speed)["durations"].sum()) for speed in (1.0, 2.0))
+    assert normal > 0 and abs(fast - normal / 2) <= 1
+    with pytest.raises(ValueError, match="speed needs an aligned codec LM"):
+        mmspec.pipeline("text-to-speech", model=unaligned_dir)("hi", speed=2.0)
 
 
 def test_a_directory_without_a_manifest_or_a_draft(model_dir, tmp_path):
@@ -135,6 +153,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
 @pytest.mark.parametrize("args,match", [
     (["", "--out", "x.wav"], "the text is empty"),
     (["hi", "--temperature", "nan"], "temperature"),
+    (["hi", "--speed", "0"], "--speed must be a positive number"),
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
 ])
 def test_cli_errors_are_one_line(args, match, tmp_path):

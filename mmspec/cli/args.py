@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
 
 #: integer options that must be >= 1 when given, wherever a subcommand has them
 POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences")
+#: number options that must be finite and > 0 when given
+POSITIVE_NUMBERS = ("max_seconds", "speed")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -30,7 +33,7 @@ def check_args(args: argparse.Namespace) -> None:
     one line that says what to pass instead.
 
     Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
-    options of :data:`POSITIVE_INTS`, the sampling options, and the output paths the subcommand
+    options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS`, the sampling options, and the output paths the subcommand
     names in its ``output_args`` default ({attribute: "file" | "dir"}).
     """
     from ..hub import resolve_device
@@ -41,6 +44,10 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for name in POSITIVE_NUMBERS:
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if hasattr(args, "do_sample"):
         from ..core.sampling import SamplingConfig
 

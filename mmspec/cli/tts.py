@@ -32,6 +32,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--top-k", type=int, default=None)
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     cmd.add_argument("--max-seconds", type=float, default=20.0)
+    cmd.add_argument("--speed", type=float, default=1.0, help="speaking rate of an aligned model (2.0: twice as fast)")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
     cmd.add_argument("--device", default="auto")
@@ -74,7 +75,7 @@ def run(args) -> int:
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, **settings)
     result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                  max_seconds=args.max_seconds, compare_baseline=args.compare_baseline)
+                  max_seconds=args.max_seconds, speed=args.speed, compare_baseline=args.compare_baseline)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_wav(out, result.audio, result.sampling_rate)

@@ -69,6 +69,15 @@ class TTSComponents:
             raise ValueError(f"the text front end gave id {int(ids.max())}, beyond this model's {vocab}")
         return ids[None].to(self.device)
 
+    def model_inputs(self, text: str, speed: float = 1.0) -> dict[str, torch.Tensor]:
+        """text -> the codec LM's inputs: ``phoneme_ids`` [1, P] and, for an aligned model, the
+        ``durations`` [1, P] its duration predictor gives at ``speed`` (shared with the draft)."""
+        lm = self.target.model
+        if speed != 1.0 and not lm.config.aligned:
+            raise ValueError("speed needs an aligned codec LM (one with a duration predictor); this one sets its own pace")
+        ids = self.phonemes(text)
+        return {"phoneme_ids": ids, **({"durations": lm.predict_durations(ids, speed)} if lm.config.aligned else {})}
+
     def draft_target(self) -> DelayPatternTarget:
         if self.draft_dir is None:
             raise ValueError("this model has no draft codec LM (tts.json 'draft'); train one with mmspec train tts "
@@ -163,26 +172,29 @@ class TextToSpeechPipeline:
     def sampling_rate(self) -> int:
         return self.components.codec.config.sample_rate
 
-    def _generate(self, method: TTSMethod, ids: torch.Tensor, max_new_tokens: int, seed: int,
+    def _generate(self, method: TTSMethod, inputs: dict[str, torch.Tensor], max_new_tokens: int, seed: int,
                   sampling: dict[str, Any]) -> GenerateOutput:
         c = self.components
         return generate(c.target, drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed,
-                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), phoneme_ids=ids, **sampling)
+                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), **inputs, **sampling)
 
     def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0,
+                 top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
                  compare_baseline: bool = False, method: TTSMethod | None = None) -> TextToSpeechOutput:
-        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used. ``method``
-        overrides the pipeline's for this call (the benchmark runs every method on one model).
+        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used. ``speed``
+        scales an aligned model's speaking rate (2.0: twice as fast). ``method`` overrides the
+        pipeline's for this call (the benchmark runs every method on one model).
 
         Raises:
-            ValueError: empty text, text the front end cannot say, a bad max_seconds.
+            ValueError: empty text, text the front end cannot say, a bad max_seconds or speed.
         """
         method = method or self.method
-        if not isinstance(max_seconds, (int, float)) or not math.isfinite(max_seconds) or max_seconds <= 0:
-            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
+        for name, value in (("max_seconds", max_seconds), ("speed", speed)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         c = self.components
-        ids = c.phonemes(text)
+        inputs = c.model_inputs(text, speed)
+        ids = inputs["phoneme_ids"]
         frames = int(max_seconds * c.codec.config.frame_rate)
         if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
             raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} positions; "
@@ -191,9 +203,9 @@ class TextToSpeechPipeline:
         sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
         baseline = None
         if compare_baseline:
-            self._generate(make_method("ar"), ids, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
-            baseline = self._generate(make_method("ar"), ids, budget, seed, sampling)
-        out = self._generate(method, ids, budget, seed, sampling)
+            self._generate(make_method("ar"), inputs, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
+            baseline = self._generate(make_method("ar"), inputs, budget, seed, sampling)
+        out = self._generate(method, inputs, budget, seed, sampling)
         codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
         audio = c.waveform(codes)
         seconds = codes.shape[1] / c.codec.config.frame_rate

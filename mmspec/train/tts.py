@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         new_parts = ("durations.", "align_")
         if unexpected or any(not name.startswith(new_parts) for name in missing):
             raise ValueError(f"{args.init} does not fit this codec LM (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        with torch.no_grad():  # the new alignment inputs start at zero: the model starts as the one it came from
+            for name, parameter in model.named_parameters():
+                if name.startswith("align_"):
+                    parameter.zero_()
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
