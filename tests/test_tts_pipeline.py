@@ -76,6 +76,14 @@ def test_tolerant_methods(model_dir, method, exact_setting, relaxed_setting):
     assert relaxed.codes.shape[0] == K and relaxed.audio.shape[1] == relaxed.codes.shape[1] * 512
 
 
+def test_group_acceptance_runs_greedy_and_sampled(model_dir):
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="pcg")
+    for sample in (False, True):
+        out = tts("a red star.", do_sample=sample, max_seconds=0.4)
+        assert out.stats.config["exact"] is False and out.stats.config["acceptance"] == "group"
+        assert out.codes.shape[0] == K and out.audio.shape[1] == out.codes.shape[1] * 512
+
+
 def test_the_neighbour_table_stays_inside_each_codebook(model_dir):
     tts = mmspec.pipeline("text-to-speech", model=model_dir, method="lantern")
     c = tts.components

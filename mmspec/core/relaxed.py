@@ -23,6 +23,18 @@ Top-k tolerance (VADUSA, Li et al. 2024, for speech tokens): accept x_i while p_
     (argmax p when greedy). Lossy with no TV bound: an accepted token follows the drafter, not p,
     within the target's top k (the support top-k sampling would use); k = 1 under greedy decoding
     is exact greedy.
+Group acceptance (PCG, principled coarse-graining, arXiv 2511.13732; :class:`TokenGroups`,
+    :func:`group_verify`): overlapping groups G_c = {c} + c's neighbours, one per token; each
+    token's mass is split evenly over the m(x) groups that hold it, w(x, g) = 1 / m(x), giving
+    coarse distributions P(g) = sum_x p(x) w(x, g) and Q(g) likewise. The drafted token x names a
+    group g ~ w(x, .) (so g ~ Q), accepted iff r < min(1, P(g) / Q(g)): speculative sampling on the
+    group variable, whose output group is therefore distributed exactly as P. Accepted, x stands
+    for its group; rejected, g' ~ norm(max(0, P - Q)) and y ~ p(. | g') = p(y) w(y, g') / P(g'). The
+    token distribution this keeps (derived, tested in tests/test_relaxed.py) is
+        p_out(y) = sum_g [ min(P, Q)(g) q(y | g) + (P(g) - min(P, Q)(g)) p(y | g) ],
+    with q(y | g) = q(y) w(y, g) / Q(g): p where the draft matches the target within every group,
+    and TV(p_out, p) <= sum_g min(P, Q)(g) TV(q(. | g), p(. | g)). Groups of one token give exact
+    speculative sampling. Greedy: accept x iff it shares a group with argmax p.
 """
 
 from __future__ import annotations
@@ -309,6 +321,87 @@ def tree_lantern_greedy_verify(tree, target_probs: torch.Tensor, neighbours: tor
     path, num_accepted, stop_row = _walk(tree, _first_accepted_child(tree, accept))
     next_token = target_probs.argmax(-1).gather(1, stop_row.unsqueeze(1)).squeeze(1)
     return _tree_assemble(tree, path, num_accepted, next_token)
+
+
+class TokenGroups:
+    """PCG's overlapping acoustic-similarity groups over a vocabulary of V tokens, built from a
+    neighbour table [V, k]: group c = {c} + c's neighbours (duplicates counted once).
+
+    Attributes:
+        members: LongTensor [V + 1, k + 1], group c's tokens (V = none, a padding token of mass 0;
+            group V is the empty group none).
+        count: [V] m(x), the groups holding token x (>= 1: its own).
+        groups_of: LongTensor [V, max m], the groups holding x (V = none, padding).
+    """
+
+    def __init__(self, neighbours: torch.Tensor) -> None:
+        vocab = neighbours.shape[0]
+        members = torch.cat([torch.arange(vocab, device=neighbours.device)[:, None], neighbours], dim=1).sort(dim=1).values
+        repeated = torch.zeros_like(members, dtype=torch.bool)
+        repeated[:, 1:] = members[:, 1:] == members[:, :-1]
+        members = members.masked_fill(repeated, vocab)
+        valid = members < vocab
+        tokens = members[valid]
+        groups = torch.arange(vocab, device=members.device)[:, None].expand_as(members)[valid]
+        order = torch.argsort(tokens, stable=True)
+        tokens, groups = tokens[order], groups[order]
+        count = torch.bincount(tokens, minlength=vocab)
+        slot = torch.arange(tokens.shape[0], device=tokens.device) - (count.cumsum(0) - count)[tokens]
+        self.groups_of = torch.full((vocab, int(count.max())), vocab, dtype=torch.long, device=members.device)
+        self.groups_of[tokens, slot] = groups
+        self.count = count.float()
+        self.members = torch.cat([members, members.new_full((1, members.shape[1]), vocab)])  # + the group none
+        self.vocab = vocab
+
+    def coarse(self, probs: torch.Tensor) -> torch.Tensor:
+        """[..., V] token probabilities -> [..., V + 1] group probabilities (the last: none, 0)."""
+        share = torch.cat([probs / self.count.to(probs), probs.new_zeros(*probs.shape[:-1], 1)], dim=-1)
+        return share[..., self.members.to(probs.device)].sum(-1)
+
+    def expand(self, group_weights: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """Token weights of "draw g from ``group_weights`` [..., V + 1], then y ~ p(. | g)":
+        p(y) / m(y) * sum_{g holds y} weight(g) / P(g), unnormalised [..., V]."""
+        coarse = self.coarse(probs)
+        per_group = torch.where(coarse > 0, group_weights / coarse.clamp_min(1e-30), 0.0)
+        return probs / self.count.to(probs) * per_group[..., self.groups_of.to(probs.device)].sum(-1)
+
+
+def group_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                 groups: TokenGroups, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> Verification:
+    """PCG group acceptance (module doc). Shapes as :func:`lantern_verify`: draft_tokens [B, K],
+    draft_probs [B, K, V] or None (one-hot), target_probs [B, K + 1, V], accept_uniforms [B, K],
+    sample_uniforms [B].
+
+    One uniform u per draft picks x's group and decides it: with m = m(x), j = floor(u m) is
+    uniform over x's groups and u m - j is a fresh uniform independent of j.
+    """
+    batch, k = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    q_rows = _draft_rows(draft_tokens, draft_probs, vocab, target_probs.dtype)
+    big_p, big_q = groups.coarse(target_probs), groups.coarse(q_rows)  # [B, K + 1, V + 1]
+    m = groups.count.to(accept_uniforms.device)[draft_tokens]
+    scaled = accept_uniforms.double() * m
+    pick = scaled.floor().clamp_max(m - 1)
+    group = groups.groups_of.to(draft_tokens.device)[draft_tokens, pick.long()]  # [B, K]
+    p_group = big_p[:, :k].gather(-1, group[..., None])[..., 0]
+    q_group = big_q[:, :k].gather(-1, group[..., None])[..., 0]
+    num_accepted = _accepted_prefix_length((scaled - pick) * q_group < p_group)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p_next, residual = target_probs[rows, num_accepted], (big_p - big_q).clamp_min(0)[rows, num_accepted]
+    weights = groups.expand(residual, p_next)
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, p_next)  # the bonus row: q = 0, so p itself
+    return _assemble(draft_tokens, num_accepted, sample_from_probs(weights, sample_uniforms))
+
+
+def group_greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, groups: TokenGroups) -> Verification:
+    """Greedy PCG: accept x while it shares a group with the target's argmax; then the argmax."""
+    best = exact_argmax(target_logits)  # [B, K + 1]
+    k = draft_tokens.shape[1]
+    shared = groups.members.to(draft_tokens.device)[groups.groups_of.to(draft_tokens.device)[best[:, :k]]]  # [B, K, m, k+1]
+    accept = (shared == draft_tokens[..., None, None]).flatten(2).any(-1)
+    num_accepted = _accepted_prefix_length(accept)
+    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+    return _assemble(draft_tokens, num_accepted, best[rows, num_accepted])
 
 
 def topk_tolerance_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, *, top_k: int,

@@ -37,8 +37,9 @@ import torch
 
 from .drafter import Draft
 from .registry import class_registrar
-from .relaxed import (gsd_verify, lantern_greedy_verify, lantern_verify, topk_tolerance_verify, tree_gsd_verify,
-                      tree_lantern_greedy_verify, tree_lantern_verify, tree_topk_tolerance_verify)
+from .relaxed import (TokenGroups, group_greedy_verify, group_verify, gsd_verify, lantern_greedy_verify, lantern_verify,
+                      topk_tolerance_verify, tree_gsd_verify, tree_lantern_greedy_verify, tree_lantern_verify,
+                      tree_topk_tolerance_verify)
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TokenTree
 from .verify import (TreeVerification, Verification, greedy_verify, speculative_verify, tree_greedy_verify,
@@ -362,6 +363,28 @@ class TopKToleranceRule(AcceptanceRule):
     def verify_tree(self, tree, target_logits, sampling, uniforms):
         return tree_topk_tolerance_verify(tree, self._probs(target_logits, sampling, uniforms), top_k=self.params.top_k,
                                           sample_uniforms=None if uniforms is None else uniforms[:, tree.size])
+
+
+@register_rule
+class GroupRule(AcceptanceRule):
+    """PCG group acceptance (lossy at token level, exact over overlapping acoustic-similarity
+    groups built from ``neighbours``: :func:`~mmspec.core.relaxed.group_verify`); greedy: accept a
+    draft sharing a group with the argmax."""
+
+    name = "group"
+    Params = NeighbourParams
+    lossless = False
+
+    def __init__(self, params: RuleParams | None = None) -> None:
+        super().__init__(params)
+        self.groups = TokenGroups(self.params.neighbours)
+
+    def verify(self, draft, target_logits, sampling, uniforms):
+        if uniforms is None:
+            return group_greedy_verify(draft.tokens, target_logits, self.groups)
+        k = draft.length
+        return group_verify(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), self.groups,
+                            uniforms[:, :k], uniforms[:, k])
 
 
 def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConfig,

@@ -18,7 +18,11 @@ Tolerant (lossy), over the draft codec LM's chains:
   target's ``top_k`` most likely codes at its position; no TV bound); VADUSA's own drafter (Medusa
   heads on a sparse tree) is not trained here yet;
 - ``lantern``: LANTERN on audio codes, neighbours from the codec's codebook vectors (each
-  codebook's k nearest codes), TV <= delta per code.
+  codebook's k nearest codes), TV <= delta per code;
+- ``pcg``: group acceptance in the manner of principled coarse-graining: overlapping groups of
+  acoustically close codes (each code and its 3 nearest in the codec's codebook), speculative
+  sampling on the group variable (exact over groups; a token-level bound in
+  :mod:`mmspec.core.relaxed`).
 
 Add one with a :class:`TTSMethod` subclass and :func:`register_method`.
 """
@@ -154,3 +158,12 @@ class LanternMethod(DraftModelMethod):
 
     def rule_kwargs(self, components):
         return {**self.rule_settings, "neighbours": components.neighbours(self.neighbours_k)}
+
+
+@register_method
+class GroupMethod(LanternMethod):
+    name = "pcg"
+    description = "the draft codec LM under PCG group acceptance over groups of acoustically close codes (lossy)"
+    rule = "group"
+    rule_defaults = {}
+    neighbours_k = 3
