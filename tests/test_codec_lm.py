@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 import mmspec
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import ModelDrafter, StepCompletionDrafter
+from mmspec.drafters import CodecMedusaDrafter, ModelDrafter, StepAwareDrafter, StepCompletionDrafter
+from mmspec.modeling.heads import DraftHeads
 from mmspec.modeling.codec_lm import TIMING_BUCKETS, CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 
 PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
@@ -91,12 +92,21 @@ def fitted(request):
     return model.eval(), codes
 
 
-@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd", "step"])
+def random_heads(seed, dim=32, heads=2):
+    torch.manual_seed(seed)
+    return DraftHeads(dim, heads, "medusa")
+
+
+@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd", "step", "step-aware", "medusa"])
 def test_a_fitted_model_says_its_utterance_and_stops(fitted, drafter):
     model, codes = fitted
     target = DelayPatternTarget(model)
     if drafter == "step":
         drafter = StepCompletionDrafter()
+    elif drafter == "step-aware":  # an untrained draft: its steps are mostly rejected, the known codes never
+        drafter = StepAwareDrafter(DelayPatternTarget(tiny(5, layers=1, aligned=model.config.aligned)), num_draft_tokens=5)
+    elif drafter == "medusa":  # untrained heads
+        drafter = CodecMedusaDrafter(random_heads(6))
     out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, **inputs(model))
     generated = out.sequences[0, 3:]
     if isinstance(drafter, StepCompletionDrafter):  # one verification per step: 6 frames + 3 delay steps
@@ -153,7 +163,8 @@ def exact_streams(target):
     return out
 
 
-@pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True)])
+@pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
+                                             ("step-aware", True), ("medusa", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
     target = small(2, aligned=aligned)
     exact = exact_streams(target)
@@ -162,6 +173,8 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
     counts, accepted = {}, 0
     for seed in range(RUNS):
         d = {"draft": lambda: ModelDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
+             "step-aware": lambda: StepAwareDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
+             "medusa": lambda: CodecMedusaDrafter(random_heads(3), num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)

@@ -13,6 +13,7 @@ import mmspec
 from mmspec.adapters.audio.codec import read_wav
 from mmspec.adapters.audio.phonemes import CharacterPhonemizer
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
+from mmspec.modeling.heads import DraftHeads
 from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
 from mmspec.pipelines.tts_methods import METHODS
 
@@ -32,12 +33,14 @@ def tiny_lm(seed, layers, aligned=True):
 def make_model_dir(root, aligned):
     tiny_lm(0, 2, aligned).save(root / "tts", dtype=torch.float32)
     tiny_lm(1, 1, aligned).save(root / "tts-draft", dtype=torch.float32)
+    torch.manual_seed(2)
+    DraftHeads(32, 2, "medusa").save(root / "tts-medusa")
     codec = MelRVQCodec(MelCodecConfig(num_codebooks=K, codebook_size=CODES, griffin_lim_iters=4))
     codec.codebooks.normal_(generator=torch.Generator().manual_seed(0))
     codec.codebooks[0] -= 4.0  # a quiet log-mel level
     codec.save(root / "tts-codec")
     (root / "tts" / "tts.json").write_text(json.dumps({"codec": "../tts-codec", "phonemizer": "characters",
-                                                        "draft": "../tts-draft"}))
+                                                        "draft": "../tts-draft", "medusa": "../tts-medusa"}))
     return root / "tts"
 
 
@@ -63,6 +66,7 @@ def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
 
 
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
+                                                                  ("vadusa", {"top_k": 1}, {"top_k": 4}),
                                                                   ("lantern", {"delta": 0.0}, {"delta": 0.5})])
 def test_tolerant_methods(model_dir, method, exact_setting, relaxed_setting):
     """With no tolerance they are greedy decoding; with some they run and say they are lossy (the
@@ -133,9 +137,12 @@ def test_a_directory_without_a_manifest_or_a_draft(model_dir, tmp_path):
     manifest = json.loads((model_dir / "tts.json").read_text())
     no_draft = tmp_path / "tts"
     CodecLM.from_pretrained(model_dir).save(no_draft, dtype=torch.float32)
-    (no_draft / "tts.json").write_text(json.dumps({**manifest, "codec": str(model_dir.parent / "tts-codec"), "draft": None}))
+    (no_draft / "tts.json").write_text(json.dumps({**manifest, "codec": str(model_dir.parent / "tts-codec"), "draft": None,
+                                                   "medusa": None}))
     with pytest.raises(ValueError, match="no draft codec LM"):
         mmspec.pipeline("text-to-speech", model=no_draft, method="spec")
+    with pytest.raises(ValueError, match="no Medusa heads"):
+        mmspec.pipeline("text-to-speech", model=no_draft, method="vadusa")
 
 
 def _cli(*args):

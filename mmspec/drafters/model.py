@@ -61,9 +61,12 @@ class ModelDrafter(Drafter):
         self._vocab_pad = target.vocab_size - self.draft.vocab_size
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        k = min(self.num_draft_tokens, max_tokens)
+        return self.continue_after(state.new_tokens, min(self.num_draft_tokens, max_tokens))
+
+    def continue_after(self, generated: torch.Tensor, k: int) -> Draft:
+        """Draft ``k`` tokens after the target's generated tokens ``generated`` [1, n]."""
         # What the draft must condition on: its own prompt + everything generated so far.
-        sequence = torch.cat([self.prompt, state.new_tokens.to(self.prompt.device)], dim=1)
+        sequence = torch.cat([self.prompt, generated.to(self.prompt.device)], dim=1)
         # Keep the cached prefix that still agrees (rejected drafts fall away); feed the rest.
         keep = min(common_prefix_length(self.state.tokens[0], sequence[0]), sequence.shape[1] - 1)
         crop_cache(self.state.cache, keep)

@@ -173,33 +173,56 @@ class CodecLM(DataclassModel, nn.Module):
         c = self.config
         return self.heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
 
-    def loss(self, phonemes: torch.Tensor, text_mask: torch.Tensor, steps: torch.Tensor, step_mask: torch.Tensor,
-             targets: torch.Tensor, alignment: torch.Tensor | None = None,
-             durations: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Teacher-forced losses: {"codes": cross-entropy, "durations": the duration predictor's
-        MSE on log(1 + frames) (aligned models)}.
+    def get_output_embeddings(self) -> nn.Linear:
+        """The K heads as one linear [K * (C + 1), D] (what Medusa heads on this LM read through)."""
+        return self.heads
+
+    def step_logits(self, phonemes: torch.Tensor, text_mask: torch.Tensor, steps: torch.Tensor, step_mask: torch.Tensor,
+                    alignment: torch.Tensor | None = None, return_hidden: bool = False):
+        """Teacher-forced logits of the steps that follow ``steps`` -> [B, S, K, C + 1] (and the last
+        hidden states [B, S, D] with ``return_hidden``).
 
         Args:
             phonemes: [B, P] left-padded phoneme ids; text_mask [B, P] (1 = real).
             steps: [B, S, K] input steps (begin step first); step_mask [B, S] (1 = real).
-            targets: [B, S, K] the next step's codes, -100 where nothing is predicted (pads of the
-                delay pattern, padding).
             alignment: [B, S, 4] :func:`frame_alignment` rows of the steps (aligned models).
-            durations: [B, P] frames per phoneme, aligned with ``phonemes`` (aligned models).
         """
         step_embeds = self.embed_steps(steps)
-        losses = {}
         if self.config.aligned:
             step_embeds = step_embeds + self.embed_alignment(alignment)
-            predicted = self.durations(phonemes, text_mask)
-            error = (predicted.float() - torch.log1p(durations.float())) ** 2
-            losses["durations"] = (error * text_mask).sum() / text_mask.sum()
         embeds = torch.cat([self.embed_text(phonemes), step_embeds], dim=1)
         mask = torch.cat([text_mask, torch.ones_like(text_mask[:, :1]), step_mask], dim=1)
         positions = (mask.cumsum(1) - 1).clamp_min(0)
-        logits, _ = self(embeds, attention_mask=mask, position_ids=positions)
-        logits = logits[:, phonemes.shape[1] + 1 :]
-        losses["codes"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+        logits, hidden = self(embeds, attention_mask=mask, position_ids=positions)
+        first = phonemes.shape[1] + 1
+        return (logits[:, first:], hidden[:, first:]) if return_hidden else logits[:, first:]
+
+    def loss(self, phonemes: torch.Tensor, text_mask: torch.Tensor, steps: torch.Tensor, step_mask: torch.Tensor,
+             targets: torch.Tensor, alignment: torch.Tensor | None = None, durations: torch.Tensor | None = None,
+             teacher: "CodecLM | None" = None) -> dict[str, torch.Tensor]:
+        """Teacher-forced losses: {"codes": the cross-entropy with the data's next codes, or with a
+        ``teacher`` codec LM the distillation loss KL(teacher || self) per predicted code (what
+        a draft for speculative sampling should minimise: its acceptance is 1 - TV), "durations":
+        the duration predictor's MSE on log(1 + frames) (aligned models)}.
+
+        Args: as :meth:`step_logits`, and targets [B, S, K] the next step's codes, -100 where
+        nothing is predicted (pads of the delay pattern, padding); durations [B, P] frames per
+        phoneme, aligned with ``phonemes`` (aligned models).
+        """
+        losses = {}
+        if self.config.aligned:
+            predicted = self.durations(phonemes, text_mask)
+            error = (predicted.float() - torch.log1p(durations.float())) ** 2
+            losses["durations"] = (error * text_mask).sum() / text_mask.sum()
+        logits = self.step_logits(phonemes, text_mask, steps, step_mask, alignment).float()
+        if teacher is None:
+            losses["codes"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            return losses
+        with torch.no_grad():
+            reference = teacher.step_logits(phonemes, text_mask, steps, step_mask, alignment).float().log_softmax(-1)
+        kl = (reference.exp() * (reference - logits.log_softmax(-1))).sum(-1)  # [B, S, K]
+        valid = targets != -100
+        losses["codes"] = (kl * valid).sum() / valid.sum()
         return losses
 
 

@@ -3,7 +3,7 @@
 A model directory (``model=None``: the embedded voice in ``models/tts``) holds ``tts.json``
 (``codec``: the codec directory, relative; ``phonemizer``: the text front end of
 :data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
-null) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
+null; ``medusa``: the Medusa heads' directory, optional) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
 LM's code stream through :func:`mmspec.generate` with the method's drafter
 (:mod:`~mmspec.pipelines.tts_methods`) -> codes [K, F] -> the codec's waveform.
 """
@@ -25,6 +25,7 @@ from ..api import GenerateOutput, generate
 from ..core.stats import DictAccess
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
+from ..modeling.heads import DraftHeads
 from ..modeling.mel_codec import MelRVQCodec
 from .tts_methods import METHODS, TTSMethod, make_method
 
@@ -37,10 +38,11 @@ class TTSComponents:
     """A TTS model's parts: the code-stream target, the codec, the text front end, the draft."""
 
     def __init__(self, target: DelayPatternTarget, codec: MelRVQCodec, phonemizer: str, draft_dir: Path | None,
-                 device: torch.device) -> None:
+                 device: torch.device, medusa_dir: Path | None = None) -> None:
         self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
-        self.draft_dir, self.device = draft_dir, device
+        self.draft_dir, self.medusa_dir, self.device = draft_dir, medusa_dir, device
         self._draft: DelayPatternTarget | None = None
+        self._medusa: DraftHeads | None = None
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto") -> "TTSComponents":
@@ -57,9 +59,10 @@ class TTSComponents:
         if (codec.config.num_codebooks, codec.config.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
             raise ValueError(f"the codec ({codec.config.num_codebooks} x {codec.config.codebook_size}) does not match the "
                              f"LM's codebooks ({lm.config.num_codebooks} x {lm.config.codebook_size})")
-        draft = manifest.get("draft")
+        draft, medusa = manifest.get("draft"), manifest.get("medusa")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
-        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev)
+        medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
+        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir)
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -85,6 +88,14 @@ class TTSComponents:
         if self._draft is None:
             self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device))
         return self._draft
+
+    def medusa_heads(self) -> DraftHeads:
+        if self.medusa_dir is None:
+            raise ValueError("this model has no Medusa heads (tts.json 'medusa'); train them with mmspec train tts-drafter, "
+                             "or use method='spec'")
+        if self._medusa is None:
+            self._medusa = DraftHeads.load(self.medusa_dir, self.target.model, "medusa")
+        return self._medusa
 
     def neighbours(self, k: int) -> torch.Tensor:
         """A codebook neighbour table over the stream's ids, LongTensor [V, k]: each code's k nearest
@@ -165,8 +176,7 @@ class TextToSpeechPipeline:
         self.method = (method if isinstance(method, TTSMethod)
                        else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
         self.components = TTSComponents.from_pretrained(model, device)
-        if isinstance(self.method, METHODS["spec"]):  # (and the tolerant methods over its drafts)
-            self.components.draft_target()  # a missing draft is an error now, not at the first call
+        self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
     @property
     def sampling_rate(self) -> int:

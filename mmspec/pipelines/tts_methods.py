@@ -8,15 +8,20 @@ Lossless (greedy: the codes of plain decoding; sampling: its distribution):
   (:class:`~mmspec.drafters.steps.StepCompletionDrafter`: the rest of a step comes from the
   target's own known distributions, q = p, always accepted);
 - ``spec``: speculative sampling with the small draft codec LM (``mmspec train tts --preset
-  draft``), drafting whole steps;
+  draft``), drafting whole steps after the current step's known codes
+  (:class:`~mmspec.drafters.steps.StepAwareDrafter`);
+- ``medusa``: Medusa heads on the codec LM's last hidden state (``mmspec train tts-drafter``),
+  drafting a chain of whole steps after the current step's known codes
+  (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
 - ``sjd``: speculative Jacobi decoding over the code stream (training-free).
 
 Tolerant (lossy), over the draft codec LM's chains:
 
 - ``spec-topk``: VADUSA's tolerance rule (a drafted code is accepted while it is among the
-  target's ``top_k`` most likely codes at its position; no TV bound); VADUSA's own drafter (Medusa
-  heads on a sparse tree) is not trained here yet;
+  target's ``top_k`` most likely codes at its position; no TV bound) over the draft LM's chains;
+- ``vadusa``: the same rule over Medusa heads, as VADUSA does (its sparse tree does not fit the
+  delay layout, which verifies chains only: the heads' top-1 chain);
 - ``lantern``: LANTERN on audio codes, neighbours from the codec's codebook vectors (each
   codebook's k nearest codes), TV <= delta per code;
 - ``pcg``: group acceptance in the manner of principled coarse-graining: overlapping groups of
@@ -33,7 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.registry import class_registrar
 from ..core.rules import RULES
-from ..drafters import Drafter, JacobiDrafter, ModelDrafter, PromptLookupDrafter, StepCompletionDrafter
+from ..drafters import (CodecMedusaDrafter, Drafter, JacobiDrafter, PromptLookupDrafter, StepAwareDrafter,
+                        StepCompletionDrafter)
 
 if TYPE_CHECKING:
     from .text_to_speech import TTSComponents
@@ -79,6 +85,9 @@ class TTSMethod:
     def build_drafter(self, components: "TTSComponents") -> Drafter | None:
         return None
 
+    def check_components(self, components: "TTSComponents") -> None:
+        """Raise ValueError when the model lacks a part the method needs (at pipeline construction)."""
+
     def rule_kwargs(self, components: "TTSComponents") -> dict[str, Any] | None:
         """The acceptance rule's parameters (None for the exact rules)."""
         return dict(self.rule_settings) if self.rule is not None else None
@@ -117,7 +126,22 @@ class DraftModelMethod(TTSMethod):
     draft_steps = 3
 
     def build_drafter(self, components):
-        return ModelDrafter(components.draft_target(), num_draft_tokens=self.draft_length(components))
+        return StepAwareDrafter(components.draft_target(), num_draft_tokens=self.draft_length(components))
+
+    def check_components(self, components):
+        components.draft_target()
+
+
+@register_method
+class MedusaMethod(TTSMethod):
+    name = "medusa"
+    description = "Medusa heads on the codec LM's last hidden state (a chain of whole steps; mmspec train tts-drafter)"
+
+    def build_drafter(self, components):
+        return CodecMedusaDrafter(components.medusa_heads(), num_draft_tokens=self.num_draft_tokens)
+
+    def check_components(self, components):
+        components.medusa_heads()
 
 
 @register_method
@@ -167,3 +191,11 @@ class GroupMethod(LanternMethod):
     rule = "group"
     rule_defaults = {}
     neighbours_k = 3
+
+
+@register_method
+class VadusaMethod(MedusaMethod):
+    name = "vadusa"
+    description = "VADUSA: Medusa heads under the top-k tolerance rule (lossy; a chain, as the delay layout takes no tree)"
+    rule = "topk-tolerance"
+    rule_defaults = {"top_k": 3}

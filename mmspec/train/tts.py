@@ -1,7 +1,8 @@
 """``mmspec train tts``: the embedded voice's codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`),
 teacher-forced on the speech shards of ``mmspec train speech-data`` encoded by the embedded codec
 (``mmspec train codec``). ``--preset draft`` trains the small draft LM for ``spec`` on the same
-data. Resumable: rerun the same command.
+data, from the data's codes or (``--distil-from models/tts``) by distillation from the target.
+Resumable: rerun the same command.
 
 The phoneme ids are the Piper voice's (its espeak-ng front end), so ``mmspec tts`` turns new text
 into the same ids with the same voice package. Codes are computed once per codec and cached next
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", default=None, help="start from this codec LM's weights (e.g. the shipped models/tts, "
                         "when its train_state.pt, which is not shipped, is gone; an unaligned one gives an aligned model "
                         "its shared parts); the step count restarts")
+    parser.add_argument("--distil-from", default=None, help="train by distillation from this codec LM (e.g. models/tts "
+                        "for the draft): KL(teacher || model) per code instead of the data's codes")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -130,15 +133,23 @@ def run(args: argparse.Namespace) -> int:
             for name, parameter in model.named_parameters():
                 if name.startswith("align_"):
                     parameter.zero_()
+    teacher = None
+    if args.distil_from:
+        teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).eval()
+        shape = ("text_vocab", "num_codebooks", "codebook_size", "aligned")
+        if any(getattr(teacher.config, name) != getattr(config, name) for name in shape):
+            raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(shape)} from this codec LM")
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
-    manifest = {"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium",
-                "draft": "../tts-draft" if args.preset == "target" else None}
-    (out / "tts.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-speech pipeline
+    manifest_path = out / "tts.json"  # read by the text-to-speech pipeline; other keys (medusa) are kept
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium",
+                     "draft": "../tts-draft" if args.preset == "target" else None})
+    manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()
     while run_state.step < args.steps:
@@ -147,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
-        losses = model.loss(**batch)
+        losses = model.loss(**batch, teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
-        if run_state.step % 20 == 0:
+        if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()
                                 for name, value in losses.items()}, lr=lr)
         if run_state.should_save(args.save_every, args.steps):

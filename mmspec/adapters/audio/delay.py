@@ -286,6 +286,15 @@ class DelayPatternTarget:
         finally:
             cache.crop(-1)
 
+    def draft_logits(self, state: SequenceState, first_step: int, step_logits: torch.Tensor) -> torch.Tensor:
+        """A drafter's guesses for whole steps -> stream logits [n * K, V]: ``step_logits`` [n, K, C]
+        for steps ``first_step`` .. ``first_step + n - 1``, the delay pattern applied as the stream
+        stands now (an end code among the guesses is not followed: drafts need not be exact)."""
+        cache, k = state.cache, self.num_codebooks
+        return torch.stack([self._constrain(cache.position(step * k + codebook), step_logits[row, codebook], codebook)
+                            for row, step in enumerate(range(first_step, first_step + step_logits.shape[0]))
+                            for codebook in range(k)])
+
     # ---- the flattened stream -------------------------------------------------------------------
     def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
         """Append sub-tokens [n] to the stream and feed the model every step they complete."""

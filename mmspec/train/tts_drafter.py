@@ -1,0 +1,102 @@
+"""``mmspec train tts-drafter``: Medusa heads for a codec LM (methods ``medusa`` and ``vadusa`` of
+the text-to-speech pipeline), by self-distillation on the frozen target.
+
+On the speech shards' teacher-forced steps, the target gives its last hidden states f_t and its
+distributions p_{t+1} of every next step; head i (0-based) reads f_t and learns the target's own
+distribution of step t + 2 + i, KL(p_{t+2+i} || Heads(f_t + SiLU(W_i f_t + b_i))) per code, the
+K output heads shared with the target (Medusa-2's self-distillation: the heads learn what the
+target would say, which is what their acceptance depends on). Resumable: rerun the same command.
+The target's tts.json gains ``"medusa"`` so the pipeline finds the heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..hub import models_dir
+from ..modeling.codec_lm import CodecLM
+from ..modeling.heads import DraftHeads
+from ..modeling.mel_codec import MelRVQCodec
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .tts import collate, encoded_utterances
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=None, help="the codec LM directory (default: models/tts)")
+    parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
+    parser.add_argument("--codec", default=None, help="codec directory (default: the target's, from its tts.json)")
+    parser.add_argument("--out", default=None, help="default: models/tts-medusa")
+    parser.add_argument("--heads", type=int, default=3, help="Medusa heads (steps drafted beyond the target's own)")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    add_run_arguments(parser, threads=2, save_every=100)
+
+
+def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean over heads and predicted codes of KL(target's step t + 2 + i || head i at t)."""
+    inputs = {name: batch[name] for name in ("phonemes", "text_mask", "steps", "step_mask", "alignment") if name in batch}
+    with torch.no_grad():
+        logits, hidden = target.step_logits(**inputs, return_hidden=True)
+        reference = logits.float().log_softmax(-1)  # [B, S, K, C + 1]: row t is step t + 1
+    valid = batch["targets"] != -100  # [B, S, K]
+    shape = logits.shape
+    losses = []
+    for i in range(heads.num_heads):
+        shift = i + 1
+        if shape[1] <= shift:
+            break
+        guess = target.heads(heads.head_state(i, hidden[:, :-shift])).view(shape[0], shape[1] - shift, *shape[2:])
+        teacher = reference[:, shift:]
+        kl = (teacher.exp() * (teacher - guess.float().log_softmax(-1))).sum(-1)
+        mask = valid[:, shift:]
+        losses.append((kl * mask).sum() / mask.sum().clamp_min(1))
+    return torch.stack(losses).mean()
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    target_dir = Path(args.target or models_dir() / "tts")
+    out = Path(args.out or models_dir() / "tts-medusa")
+    if args.heads < 1:
+        raise ValueError(f"--heads must be at least 1, got {args.heads}")
+    target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    manifest_path = target_dir / "tts.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    codec_dir = Path(args.codec) if args.codec else target_dir / manifest.get("codec", "../tts-codec")
+    codec = MelRVQCodec.from_pretrained(codec_dir)
+    items = encoded_utterances(args.data, codec_dir, codec, "train")
+    heads = DraftHeads(target.config.dim, args.heads, "medusa")
+    print(f"{args.heads} Medusa heads on {target_dir} ({sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M "
+          f"parameters), {len(items)} utterances", flush=True)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    run_state = TrainingRun(out, args, args.time_limit)
+    run_state.resume_into(heads=heads, optimizer=optimizer)
+    generator = torch.Generator().manual_seed(run_state.step)
+    while run_state.step < args.steps:
+        lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
+        loss = heads_loss(heads, target, collate([items[r] for r in rows], target.config))
+        run_state.optimizer_step(loss, optimizer, heads.parameters())
+        if run_state.step % 20 == 0 or run_state.step == args.steps:
+            run_state.record(loss=loss.item(), lr=lr)
+        if run_state.should_save(args.save_every, args.steps):
+            heads.save(out, target=os.path.relpath(target_dir.resolve(), out.resolve()))
+            run_state.save(heads=heads.state_dict(), optimizer=optimizer.state_dict())
+        if run_state.stop_if_out_of_time():
+            break
+    if manifest_path.is_file():
+        manifest["medusa"] = os.path.relpath(out.resolve(), target_dir.resolve())
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+    return 0

@@ -1,0 +1,96 @@
+"""``mmspec train tts`` on tiny synthetic speech shards (no Piper): the aligned codec LM trains with
+its duration loss, starts from an unaligned model (--init), distils from a teacher
+(--distil-from), and bad data or a mismatched teacher is one clear error; the frame durations."""
+
+import json
+
+import pytest
+import torch
+
+from mmspec.cli import main
+from mmspec.modeling.codec_lm import CodecLM
+from mmspec.modeling.heads import DraftHeads
+from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
+from mmspec.train.tts import TEXT_VOCAB, frame_durations
+
+RATE, K, CODES = 22050, 3, 8
+
+
+def test_frame_durations_give_each_frame_to_the_phoneme_at_its_centre():
+    samples = torch.tensor([256, 0, 768, 512, 1024])  # 10 frames of 256 samples in all; 512 per codec frame
+    frames = frame_durations(samples, 5, 512)  # centres 128, 640, 1152, 1664, 2176
+    assert frames.tolist() == [1, 0, 1, 1, 2] and int(frames.sum()) == 5
+    assert frame_durations(samples, 7, 512).tolist() == [1, 0, 1, 1, 4]  # frames past the end: the last phoneme
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speech")
+    gen = torch.Generator().manual_seed(0)
+    data, items = root / "data", {"texts": [], "phoneme_ids": [], "audio": [], "samples_per_phoneme": []}
+    data.mkdir()
+    for i in range(6):
+        phonemes = torch.randint(0, 40, (7,), generator=gen)
+        spent = torch.randint(1, 5, (7,), generator=gen) * 256
+        items["texts"].append(f"sentence {i}")
+        items["phoneme_ids"].append(phonemes)
+        items["samples_per_phoneme"].append(spent)
+        items["audio"].append((torch.randn(int(spent.sum()), generator=gen) * 3000).to(torch.int16))
+    torch.save({**items, "sample_rate": RATE, "first_index": 0}, data / "train-00000.pt")
+    old = root / "old"
+    old.mkdir()
+    torch.save({**{k: v for k, v in items.items() if k != "samples_per_phoneme"}, "sample_rate": RATE, "first_index": 0},
+               old / "train-00000.pt")
+    codec = MelRVQCodec(MelCodecConfig(num_codebooks=K, codebook_size=CODES, griffin_lim_iters=4))
+    codec.codebooks.normal_(generator=gen)
+    codec.save(root / "codec")
+    return root
+
+
+def train(root, out, *extra):
+    return main(["train", "tts", "--data", str(root / "data"), "--codec", str(root / "codec"), "--out", str(out),
+                 "--preset", "draft", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--threads", "1", *extra])
+
+
+@pytest.fixture(scope="module")
+def unaligned(shards):
+    """An unaligned codec LM of the draft preset's shape."""
+    from mmspec.modeling.codec_lm import CodecLMConfig
+    from mmspec.train.tts import PRESETS
+
+    torch.manual_seed(0)
+    settings = {**PRESETS["draft"], "aligned": False}
+    CodecLM(CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=K, codebook_size=CODES, **settings)).save(shards / "unaligned")
+    return shards / "unaligned"
+
+
+def test_training_an_aligned_codec_lm_from_an_unaligned_one_and_distilling(shards, unaligned):
+    assert train(shards, shards / "first") == 0
+    first = CodecLM.from_pretrained(shards / "first")
+    assert first.config.aligned and first.config.text_vocab == TEXT_VOCAB and first.config.num_codebooks == K
+    log = json.loads((shards / "first" / "training.json").read_text())["log"]
+    assert log and all("durations_loss" in entry and "loss" in entry for entry in log)
+    # an unaligned model of the same shape gives the aligned one its shared parts; the alignment inputs start at 0
+    assert train(shards, shards / "second", "--init", str(unaligned), "--steps", "1", "--lr", "1e-9") == 0
+    second, source = CodecLM.from_pretrained(shards / "second"), CodecLM.from_pretrained(unaligned)
+    torch.testing.assert_close(second.heads.weight, source.heads.weight, atol=1e-3, rtol=0)
+    assert second.align_phoneme.weight.abs().max() < 1e-3
+    assert train(shards, shards / "distilled", "--distil-from", str(shards / "first")) == 0
+    log = json.loads((shards / "distilled" / "training.json").read_text())["log"]
+    assert log[-1]["loss"] >= 0.0  # a KL divergence
+    # Medusa heads by self-distillation; the target's tts.json then names them
+    assert main(["train", "tts-drafter", "--target", str(shards / "first"), "--data", str(shards / "data"), "--codec",
+                 str(shards / "codec"), "--out", str(shards / "medusa"), "--heads", "2", "--steps", "2", "--batch-size",
+                 "2", "--threads", "1"]) == 0
+    heads = DraftHeads.load(shards / "medusa", first, "medusa")
+    assert heads.num_heads == 2 and json.loads((shards / "medusa" / "training.json").read_text())["log"][-1]["loss"] >= 0
+    assert json.loads((shards / "first" / "tts.json").read_text())["medusa"] == "../medusa"
+
+
+def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
+    assert main(["train", "tts", "--data", str(shards / "old"), "--codec", str(shards / "codec"), "--out",
+                 str(shards / "x"), "--preset", "draft", "--steps", "1"]) == 2
+    assert "has no phoneme durations" in capsys.readouterr().err
+    assert train(shards, shards / "y", "--distil-from", str(unaligned)) == 2
+    err = capsys.readouterr().err
+    assert "--distil-from" in err and "differs in" in err and err.count("\n") == 1
