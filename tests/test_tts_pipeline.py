@@ -188,3 +188,32 @@ def test_bench_measures_every_method_and_rederives_from_its_results(model_dir, t
     assert "| spec |" in first and "held-out sentences" in first
     again = subprocess.run([sys.executable, "-m", "mmspec", *args], capture_output=True, text=True)
     assert again.returncode == 0 and table.read_text() == first and "sentence 1/2 done" not in again.stdout
+
+
+@pytest.mark.parametrize("family", ["encodec", "dac", "mimi"])
+def test_transformers_codecs_run_every_lossless_method(family, tmp_path):
+    """A model directory whose tts.json names a transformers EnCodec / DAC / Mimi checkpoint: every
+    lossless method gives plain decoding's codes, and the audio comes out at the codec's rate."""
+    from test_codecs import RATE, tiny_dac, tiny_encodec, tiny_mimi
+
+    from mmspec.adapters.audio.codec import load_codec
+
+    build = {"encodec": tiny_encodec, "dac": tiny_dac, "mimi": tiny_mimi}[family]
+    build().save_pretrained(tmp_path / "codec")
+    codec = load_codec(tmp_path / "codec")
+    for name, layers in (("tts", 2), ("tts-draft", 1)):
+        torch.manual_seed(layers)
+        config = CodecLMConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=codec.num_codebooks,
+                               codebook_size=codec.codebook_size, dim=32, layers=layers, heads=2, ffn=64, max_positions=256,
+                               aligned=True)
+        CodecLM(config).save(tmp_path / name, dtype=torch.float32)
+    torch.manual_seed(3)
+    DraftHeads(32, 2, "medusa").save(tmp_path / "tts-medusa")
+    (tmp_path / "tts" / "tts.json").write_text(json.dumps({"codec": "../codec", "phonemizer": "characters",
+                                                            "draft": "../tts-draft", "medusa": "../tts-medusa"}))
+    frames = 12
+    for method in [name for name, cls in METHODS.items() if cls.exact]:
+        tts = mmspec.pipeline("text-to-speech", model=tmp_path / "tts", method=method)
+        out = tts("a red star.", do_sample=False, max_seconds=frames / codec.frame_rate, compare_baseline=True)
+        assert torch.equal(out.codes, out.baseline_codes), method
+        assert out.sampling_rate == RATE and out.audio.shape[0] == codec.channels and out.audio.shape[1] > 0

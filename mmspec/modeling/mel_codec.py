@@ -129,6 +129,27 @@ class MelRVQCodec(DataclassModel, nn.Module):
         """Codes [K, T] -> audio [samples]."""
         return self.waveform(self.dequantise(codes))
 
+    # the read side of mmspec.adapters.audio.codec.Codec, so pipelines take either
+    @property
+    def sampling_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        return self.config.frame_rate
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.config.num_codebooks
+
+    @property
+    def codebook_size(self) -> int:
+        return self.config.codebook_size
+
+    def codebook_embeddings(self) -> torch.Tensor:
+        """[K, C, D] the centroids (a frame's vector is the sum of its K codes' rows)."""
+        return self.codebooks.float()
+
     @torch.no_grad()
     def fit(self, vectors: torch.Tensor, iterations: int = 25, seed: int = 0) -> list[float]:
         """Fit every stage by k-means (k-means++ seeding) on the previous stages' residuals of

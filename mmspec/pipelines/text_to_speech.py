@@ -34,10 +34,25 @@ __all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeli
 MANIFEST = "tts.json"
 
 
-class TTSComponents:
-    """A TTS model's parts: the code-stream target, the codec, the text front end, the draft."""
+def load_tts_codec(directory: Path, codec: str | None):
+    """A model directory's codec: ``codec`` (tts.json) is a directory relative to it holding
+    mmspec's mel codec or a transformers EnCodec / DAC / Mimi checkpoint
+    (:func:`mmspec.adapters.audio.codec.load_codec`), or a hub id of one."""
+    if not codec:
+        raise ValueError(f"{directory / MANIFEST} names no codec; add \"codec\": a codec directory or hub id")
+    local = directory / codec
+    if (local / MelRVQCodec.config_file).is_file():
+        return MelRVQCodec.from_pretrained(local)
+    from ..adapters.audio.codec import load_codec
 
-    def __init__(self, target: DelayPatternTarget, codec: MelRVQCodec, phonemizer: str, draft_dir: Path | None,
+    return load_codec(local if local.is_dir() else codec)
+
+
+class TTSComponents:
+    """A TTS model's parts: the code-stream target, the codec (mmspec's mel codec or any codec of
+    :mod:`mmspec.adapters.audio.codec`), the text front end, the draft model and Medusa heads."""
+
+    def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None) -> None:
         self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
         self.draft_dir, self.medusa_dir, self.device = draft_dir, medusa_dir, device
@@ -55,9 +70,9 @@ class TTSComponents:
         manifest = json.loads(manifest_path.read_text())
         dev = resolve_device(device)
         lm = CodecLM.from_pretrained(directory).to(dev)
-        codec = MelRVQCodec.from_pretrained(directory / manifest["codec"])
-        if (codec.config.num_codebooks, codec.config.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
-            raise ValueError(f"the codec ({codec.config.num_codebooks} x {codec.config.codebook_size}) does not match the "
+        codec = load_tts_codec(directory, manifest.get("codec"))
+        if (codec.num_codebooks, codec.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
+            raise ValueError(f"the codec ({codec.num_codebooks} x {codec.codebook_size}) does not match the "
                              f"LM's codebooks ({lm.config.num_codebooks} x {lm.config.codebook_size})")
         draft, medusa = manifest.get("draft"), manifest.get("medusa")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
@@ -103,7 +118,7 @@ class TTSComponents:
         their own neighbours (never relaxed). k is at most C - 1."""
         from ..core.relaxed import neighbour_table
 
-        target, books = self.target, self.codec.codebooks  # [K, C, D]
+        target, books = self.target, self.codec.codebook_embeddings()  # [K, C, D]
         k = min(k, books.shape[1] - 1)
         width = target.codebook_size  # C codes (+ the end code) per codebook in the stream
         table = torch.arange(target.vocab_size)[:, None].repeat(1, k)
@@ -113,8 +128,10 @@ class TTSComponents:
         return table.to(self.device)
 
     def waveform(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [K, F] -> float32 audio [1, samples]."""
-        return self.codec.decode(codes.cpu())[None].float()
+        """codes [K, F] -> float32 audio [channels, samples] (mmspec's mel codec is mono and gives
+        [samples]; the transformers codecs give [channels, samples])."""
+        audio = self.codec.decode(codes.to(getattr(self.codec, "device", "cpu"))).float().cpu()
+        return audio if audio.dim() == 2 else audio[None]
 
 
 @dataclass
@@ -180,7 +197,7 @@ class TextToSpeechPipeline:
 
     @property
     def sampling_rate(self) -> int:
-        return self.components.codec.config.sample_rate
+        return self.components.codec.sampling_rate
 
     def _generate(self, method: TTSMethod, inputs: dict[str, torch.Tensor], max_new_tokens: int, seed: int,
                   sampling: dict[str, Any]) -> GenerateOutput:
@@ -205,7 +222,7 @@ class TextToSpeechPipeline:
         c = self.components
         inputs = c.model_inputs(text, speed)
         ids = inputs["phoneme_ids"]
-        frames = int(max_seconds * c.codec.config.frame_rate)
+        frames = int(max_seconds * c.codec.frame_rate)
         if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
             raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} positions; "
                              "say a shorter sentence or lower max_seconds")
@@ -218,7 +235,7 @@ class TextToSpeechPipeline:
         out = self._generate(method, inputs, budget, seed, sampling)
         codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
         audio = c.waveform(codes)
-        seconds = codes.shape[1] / c.codec.config.frame_rate
+        seconds = codes.shape[1] / c.codec.frame_rate
         s = out.stats
         stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,

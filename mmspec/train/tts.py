@@ -129,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
         new_parts = ("durations.", "align_")
         if unexpected or any(not name.startswith(new_parts) for name in missing):
             raise ValueError(f"{args.init} does not fit this codec LM (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        with torch.no_grad():  # the new alignment inputs start at zero: the model starts as the one it came from
+        with torch.no_grad():  # new alignment inputs start at zero: the model starts as the one it came from
             for name, parameter in model.named_parameters():
-                if name.startswith("align_"):
+                if name in missing and name.startswith("align_"):
                     parameter.zero_()
     teacher = None
     if args.distil_from:
