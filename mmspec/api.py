@@ -8,7 +8,7 @@ import operator
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -54,6 +54,7 @@ def generate(
     rule_kwargs: dict[str, Any] | None = None,
     num_draft_tokens: int | None = None,
     eos_token_id: int | list[int] | None = None,
+    on_step: Callable[[int], None] | None = None,
     **model_inputs: Any,
 ) -> GenerateOutput:
     """Generate with speculative decoding; output identical (greedy) or identically distributed
@@ -75,6 +76,8 @@ def generate(
             lantern: neighbours [V, k] and delta; lantern++: neighbours and lam; gsd: neighbours, top_m).
         num_draft_tokens: K, overriding the drafter's default.
         eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
+        on_step: called after every verification step with the number of tokens generated so far
+            (a progress bar; its time counts in the stats' wall time).
         **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
             processor outputs -- inputs of the model's ``forward`` (anything else is refused).
     Returns:
@@ -118,6 +121,7 @@ def generate(
             generator=make_generator(seed, adapter.device),
             acceptance=acceptance,
             rule_kwargs=rule_kwargs,
+            on_step=on_step,
         )
     return GenerateOutput(sequences=state.tokens, stats=stats)
 

@@ -101,6 +101,14 @@ def test_the_neighbour_table_stays_inside_each_codebook(model_dir):
     assert (table[K * width :] == torch.arange(K * width, c.target.vocab_size)[:, None]).all()
 
 
+def test_progress_reports_steps_as_they_are_committed(model_dir):
+    seen = []
+    out = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")("a red star.", max_seconds=0.4,
+                                                                          progress=seen.append)
+    assert seen and seen == sorted(seen) and len(seen) == out.stats.generation["verify_steps"]
+    assert seen[-1] >= out.stats.frames  # steps, with the delay pattern's last K - 1 steps
+
+
 def test_sampling_is_seeded(model_dir):
     tts = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
     first, second = (tts("two blue hearts.", seed=7, max_seconds=0.4) for _ in range(2))

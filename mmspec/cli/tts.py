@@ -8,6 +8,7 @@ spectrogram of the method's audio, with AR's above it under ``--compare-baseline
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -61,6 +62,18 @@ def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling
     plt.close(figure)
 
 
+def progress_bar(frames: int):
+    """A tqdm bar of generated frames on stderr when it is a terminal (None otherwise; the bar's
+    cap is --max-seconds, an aligned model usually ends sooner)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=frames, unit="frame", file=sys.stderr, leave=False)
+
+
 def run(args) -> int:
     import mmspec
     from ..adapters.audio.codec import write_wav
@@ -74,8 +87,14 @@ def run(args) -> int:
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, **settings)
-    result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                  max_seconds=args.max_seconds, speed=args.speed, compare_baseline=args.compare_baseline)
+    bar = progress_bar(int(args.max_seconds * pipe.components.codec.frame_rate))
+    try:
+        result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                      seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
+                      compare_baseline=args.compare_baseline, progress=bar and (lambda done: bar.update(done - bar.n)))
+    finally:
+        if bar is not None:
+            bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_wav(out, result.audio, result.sampling_rate)

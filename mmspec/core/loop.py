@@ -7,7 +7,7 @@ method share one KV cache implementation and one sampling path.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -72,6 +72,7 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     acceptance: str | AcceptanceRule | None = None,
     rule_kwargs: dict[str, Any] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> tuple[SequenceState, SpecStats]:
     """Generate up to ``max_new_tokens`` tokens for one prompt.
 
@@ -88,6 +89,7 @@ def speculative_decode(
             "typical", "lantern", "lantern++", "gsd", ...), "auto"/None (greedy or speculative by
             ``sampling``), or an :class:`~mmspec.core.rules.AcceptanceRule` instance.
         rule_kwargs: the named rule's parameters (the fields of its ``Params``).
+        on_step: called with the number of tokens generated so far after every verification step.
     Returns:
         The final state (``state.tokens`` is [1, prompt + new]) and the statistics.
     """
@@ -141,6 +143,8 @@ def speculative_decode(
             state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device), path=path)
             generated += len(committed)
             stats.record_step(positions, num_accepted, len(committed))
+            if on_step is not None:
+                on_step(generated)
             if drafter is not None:
                 if draft.tree is not None:
                     drafter.on_tree_verified(path, tree_out)

@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -200,17 +200,20 @@ class TextToSpeechPipeline:
         return self.components.codec.sampling_rate
 
     def _generate(self, method: TTSMethod, inputs: dict[str, torch.Tensor], max_new_tokens: int, seed: int,
-                  sampling: dict[str, Any]) -> GenerateOutput:
+                  sampling: dict[str, Any], progress: Callable[[int], None] | None = None) -> GenerateOutput:
         c = self.components
+        on_step = None if progress is None else (lambda generated: progress(generated // c.target.num_codebooks))
         return generate(c.target, drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed,
-                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), **inputs, **sampling)
+                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), on_step=on_step, **inputs, **sampling)
 
     def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
-                 compare_baseline: bool = False, method: TTSMethod | None = None) -> TextToSpeechOutput:
+                 compare_baseline: bool = False, method: TTSMethod | None = None,
+                 progress: Callable[[int], None] | None = None) -> TextToSpeechOutput:
         """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used. ``speed``
         scales an aligned model's speaking rate (2.0: twice as fast). ``method`` overrides the
-        pipeline's for this call (the benchmark runs every method on one model).
+        pipeline's for this call (the benchmark runs every method on one model). ``progress`` is
+        called with the steps (frames, roughly) generated so far by the method's run.
 
         Raises:
             ValueError: empty text, text the front end cannot say, a bad max_seconds or speed.
@@ -232,7 +235,7 @@ class TextToSpeechPipeline:
         if compare_baseline:
             self._generate(make_method("ar"), inputs, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
             baseline = self._generate(make_method("ar"), inputs, budget, seed, sampling)
-        out = self._generate(method, inputs, budget, seed, sampling)
+        out = self._generate(method, inputs, budget, seed, sampling, progress)
         codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
         audio = c.waveform(codes)
         seconds = codes.shape[1] / c.codec.frame_rate
