@@ -187,3 +187,12 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
     observed = [counts.get(s, 0) for s in big] + [RUNS - sum(counts.get(s, 0) for s in big)]
     expected = [exact[s] * RUNS for s in big] + [RUNS - sum(exact[s] * RUNS for s in big)]
     assert chisquare(observed, expected).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("drafter", [None, "sjd"])
+def test_an_aligned_model_says_exactly_its_durations_frames(drafter):
+    """Even untrained and sampled, the audio lasts the durations' total (no early or late end)."""
+    target = DelayPatternTarget(tiny(8, aligned=True))
+    for seed in range(3):
+        out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, do_sample=True, seed=seed, **inputs(target.model))
+        assert target.codes(out.sequences[0, 3:]).shape[1] == int(DURATIONS.sum())

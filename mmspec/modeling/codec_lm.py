@@ -18,7 +18,8 @@ still left for the current phoneme (:func:`frame_alignment`). The codes stay aut
 on a few hours of speech does not learn reliably (the unaligned embedded voice stayed unintelligible
 after an hour of training: docs/speech.md). The durations are an input of the generation
 (``durations`` [1, P] frames per phoneme id), shared by the target and its draft, so they are fixed
-before decoding and every speculative rule stays exact.
+before decoding and every speculative rule stays exact; their total F fixes the audio's length
+(:func:`end_at`: codebook 0's end code is ruled out before step F + 1 and certain there).
 
 The backbone is transformers' ``LlamaModel`` (RMSNorm, rotary positions, SwiGLU) driven by
 ``inputs_embeds``, so its KV cache is a transformers ``Cache`` the core rolls back.
@@ -243,6 +244,18 @@ def delayed_steps(codes: torch.Tensor, config: CodecLMConfig) -> tuple[torch.Ten
     return steps[:-1], targets
 
 
+def end_at(logits: torch.Tensor, steps: torch.Tensor, frames: int, end_code: int) -> torch.Tensor:
+    """Step logits [n, K, C + 1] of steps ``steps`` [n] with codebook 0's end code ruled out where
+    it holds a frame (step <= F) and certain at step F + 1 (the aligned model's length is the
+    durations' total F)."""
+    logits = logits.clone()
+    logits[steps <= frames, 0, end_code] = -torch.inf
+    last = steps == frames + 1
+    logits[last, 0, :end_code] = -torch.inf
+    logits[last, 0, end_code + 1 :] = -torch.inf
+    return logits
+
+
 class CodecLMSteps:
     """:class:`CodecLM` as a delay-pattern :class:`~mmspec.adapters.audio.delay.StepModel`: the
     phoneme prefix is fed once at the start, then steps."""
@@ -283,7 +296,11 @@ class CodecLMSteps:
             phonemes = conditioning["phoneme_ids"][0]
             first = cache.get_seq_length() - phonemes.shape[0] - 1  # the step index of steps[0]
             index = torch.arange(first, first + steps.shape[0], device=steps.device)
-            features = frame_alignment(phonemes, conditioning["durations"][0], index, self.model.separator)
+            durations = conditioning["durations"][0]
+            features = frame_alignment(phonemes, durations, index, self.model.separator)
             embeds = embeds + self.model.embed_alignment(features[None])
         logits, hidden = self.model(embeds, past_key_values=cache)
-        return logits[0], hidden[0] if want_hidden else None
+        logits = logits[0]
+        if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
+            logits = end_at(logits, index + 1, int(durations.sum()), self.end_code)
+        return logits, hidden[0] if want_hidden else None
