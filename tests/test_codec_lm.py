@@ -26,8 +26,8 @@ def tiny(seed, codebooks=3, codes=8, layers=2, dim=32, aligned=False):
     return CodecLM(config).eval()
 
 
-def inputs(model):
-    return {"phoneme_ids": PHONEMES, **({"durations": DURATIONS} if model.config.aligned else {})}
+def inputs(model, durations=DURATIONS):
+    return {"phoneme_ids": PHONEMES, **({"durations": durations} if model.config.aligned else {})}
 
 
 def test_alignment_rows_by_hand():
@@ -133,6 +133,7 @@ def test_bad_phonemes(fitted):
 
 # ---- sampling with a model-chosen length ------------------------------------------------------------
 K2, C2, BUDGET, RUNS = 2, 2, 8, 2000
+SHORT = torch.tensor([[1, 1, 0, 0, 0]])  # 2 frames: an aligned stream ends (at its durations) within BUDGET
 TEMPERATURE = 1.0
 
 
@@ -152,7 +153,7 @@ def exact_streams(target):
         if prefix and (prefix[-1] == target.stop_id or len(prefix) == BUDGET):
             out[tuple(prefix)] = p
             return
-        state, first = target.prefill(inputs(target.model))
+        state, first = target.prefill(inputs(target.model, SHORT))
         logits = first.logits if not prefix else target.forward(state, torch.tensor([prefix])).logits[:, -1:]
         probs = logits_to_probs(logits[0, -1], config)
         for token in probs.nonzero().flatten().tolist():
@@ -176,7 +177,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "step-aware": lambda: StepAwareDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
              "medusa": lambda: CodecMedusaDrafter(random_heads(3), num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
-        out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model), do_sample=True,
+        out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
         accepted += out.stats.accepted
         key = tuple(out.sequences[0, K2:].tolist())

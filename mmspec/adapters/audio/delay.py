@@ -3,8 +3,9 @@
 A delay-pattern model predicts one token per codebook at every step: step t's input is the sum of
 the K codebook embeddings of step t - 1's tokens, and its K heads give K distributions
 p_k(. | steps < t), k = 0..K-1, **conditionally independent given the earlier steps**. Codebook k
-at step t holds audio frame t - k - 1 (the "delay"), so steps t <= k and, for an audio of F frames,
-steps t > k + F hold a fixed pad token in codebook k.
+at step t holds audio frame t - 1 - d_k (the delay d_k: MusicGen / Parler-TTS d_k = k, Dia its
+config's ``delay_pattern``, e.g. [0, 8, 9, ..., 15]), so steps t <= d_k and, for an audio of F
+frames, steps t > d_k + F hold fixed tokens in codebook k (:class:`DelayPattern` says which).
 
 The core verifies one token stream. This adapter flattens the steps codebook by codebook:
 sub-token i of the stream is codebook ``i % K`` of step ``i // K`` (the prompt is step 0, the
@@ -24,8 +25,8 @@ Stream ids are offset per codebook: code c of codebook k is id ``k * C + c`` (C 
 and ``K * C`` is the pad. Each position's logits are -inf outside its codebook's range, so drafters
 and rules need nothing codebook-specific, n-gram lookups match codebook by codebook, and a codebook
 neighbour table (LANTERN on audio codes) is one [K * C, k] table over the stream's vocabulary.
-Forced positions (the pads of the delay pattern) put all mass on the pad, so every drafter that
-uses the same adapter proposes them and every rule accepts them.
+Forced positions (the pads of the delay pattern, and Dia's delayed end codes) put all mass on one
+id, so every drafter that uses the same adapter proposes them and every rule accepts them.
 
 The model's KV cache is kept in steps; :class:`StepCache` presents it to the core in sub-tokens
 (``get_seq_length`` / ``crop``), so the core's :class:`~mmspec.core.cache.SequenceState`, its
@@ -34,6 +35,7 @@ commit / rollback and the draft-model drafter work unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -43,17 +45,32 @@ from ...core.cache import SequenceState, crop_cache, make_cache
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree
 from ...modeling.codec_lm import CodecLMSteps
+from .dia import DiaSteps
 
 
 class StepModel(Protocol):
-    """A delay-pattern LM, one step at a time (per family: :class:`MusicgenSteps`).
+    """A delay-pattern LM, one step at a time (per family: :class:`MusicgenSteps`,
+    :class:`~mmspec.adapters.audio.dia.DiaSteps`, :class:`~mmspec.modeling.codec_lm.CodecLMSteps`).
 
     Attributes:
         num_codebooks: K.
         codebook_size: outputs per head (codes, and the end code if any).
-        pad_token_id: the delay pattern's pad / begin token (may be >= codebook_size).
+        pad_token_id: the model's input for the pads of the delay pattern (and for the begin step
+            and the pads before a codebook's first frame, unless ``begin_token_id`` says otherwise);
+            may be >= codebook_size.
         end_code: None, or the code (< codebook_size) that codebook 0 emits at the step after the
             last audio frame: the audio's length is then the model's choice.
+
+    Optional attributes (absent: the MusicGen layout):
+        delays: tuple of K ints, codebook k's delay d_k (codebook k holds frame t - 1 - d_k at
+            step t; d_0 = 0); absent: ``tuple(range(K))``.
+        begin_token_id: the model's input for the begin step and for the pads before each
+            codebook's first frame (Dia's BOS); absent: ``pad_token_id``.
+        delayed_end: True (Dia): codebook 0's end code at step F + 1 is repeated in codebook k at
+            step F + 1 + d_k (then pads), and ``num_frames`` F forces that end code at step F + 1
+            (the length limit); absent / False: only codebook 0 holds the end code, the other
+            codebooks are padded after their last frame, and ``num_frames`` just pads after F frames.
+        input_names: the conditioning inputs :meth:`start` / :meth:`forward_steps` read.
     """
 
     num_codebooks: int
@@ -65,12 +82,14 @@ class StepModel(Protocol):
         """An empty KV cache (cropped in steps)."""
 
     def start(self, cache: Any, conditioning: dict[str, Any]) -> int:
-        """Feed what precedes the steps (a text prefix) into ``cache``; return its cache entries."""
+        """Feed what precedes the steps (a text prefix) into ``cache`` (and put what the steps
+        need, e.g. encoder states, into ``conditioning``); return its cache entries."""
 
     def forward_steps(self, steps: torch.Tensor, cache: Any, conditioning: dict[str, Any],
                       want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """steps LongTensor [n, K] (appended after the cache) -> logits [n, K, codebook_size] of
-        the following steps, and the last hidden states [n, D] when ``want_hidden``."""
+        """steps LongTensor [n, K] (the model's input ids, appended after the cache) -> logits
+        [n, K, codebook_size] of the following steps, and the last hidden states [n, D] when
+        ``want_hidden``."""
 
 
 class MusicgenSteps:
@@ -107,31 +126,93 @@ class MusicgenSteps:
         return logits, hidden
 
 
+@dataclass(frozen=True)
+class DelayPattern:
+    """What each position of a delay-pattern stream holds: the one place that decides it.
+
+    Step t >= 1 holds, in codebook k, audio frame t - 1 - d_k (``first_step(k) = 1 + d_k``); an
+    audio of F frames ends, when the model has an end code, with that code in codebook 0 at step
+    F + 1 (and with ``delayed_end``, in codebook k at step F + 1 + d_k). Every other position of the
+    audio's steps is a pad; the stream is over after :meth:`last_step`.
+
+    Attributes:
+        delays: (d_0, ..., d_{K-1}), non-negative, d_0 = 0.
+        end_code: the model's end code, or None.
+        delayed_end: see :class:`StepModel`.
+    """
+
+    delays: tuple[int, ...]
+    end_code: int | None = None
+    delayed_end: bool = False
+
+    def __post_init__(self) -> None:
+        if (not self.delays or self.delays[0] != 0
+                or any(isinstance(d, bool) or int(d) != d or d < 0 for d in self.delays)):
+            raise ValueError(f"delays must be non-negative integers, the first 0 (codebook 0 undelayed); "
+                             f"got {self.delays}")
+        if self.delayed_end and self.end_code is None:
+            raise ValueError("delayed_end needs an end code")
+
+    def first_step(self, codebook: int) -> int:
+        """The step of codebook ``codebook``'s first frame."""
+        return 1 + self.delays[codebook]
+
+    def last_step(self, frames: int, ended: bool) -> int:
+        """The last step holding anything but pads for an audio of ``frames`` frames, its end
+        code(s) included when ``ended``."""
+        last = frames + max(self.delays)
+        if ended:
+            last = max(last, frames + 1 + (max(self.delays) if self.delayed_end else 0))
+        return last
+
+    def kind(self, step: int, codebook: int, frames: int | None, ended: bool) -> str:
+        """What (``step``, ``codebook``) holds: "free" (a frame's code, sampled; on codebook 0 the
+        model's end code may be), "pad", "end" (forced: the end code) or "stop" (the stream is over).
+
+        Args:
+            frames: the audio's frame count F, or None while the model may still end it.
+            ended: F is marked by the end code (emitted by the model, or forced by the length
+                limit with ``delayed_end``); False with an F from ``num_frames`` otherwise.
+        """
+        first = self.first_step(codebook)
+        if frames is None:
+            return "free" if step >= first else "pad"
+        if (ended or self.end_code is None) and step > self.last_step(frames, ended):
+            return "stop"
+        if first <= step < first + frames:
+            return "free"
+        if ended and step == first + frames and (codebook == 0 or self.delayed_end):
+            return "end"
+        return "pad"
+
+
 class StepCache:
     """The model's step cache seen by the core as a cache of sub-tokens, with what else one
     generation's steps depend on.
 
     Attributes:
         model_cache: the model's KV cache: ``prefix_length`` entries, then one per step fed.
-        num_codebooks: K.
-        num_frames: F, the audio frames of this generation, or None when the model ends the audio
+        pattern: the :class:`DelayPattern` (K = ``len(pattern.delays)`` codebooks).
+        num_frames: F, the audio frames of this generation (with ``pattern.delayed_end``, at
+            most F: the end code is forced after them), or None when the model ends the audio
             itself (codebook 0's end code, :attr:`end_index`).
         conditioning: the model's conditioning inputs (e.g. ``encoder_hidden_states``).
         stream: LongTensor [n] the sub-tokens consumed (what a token cache would hold).
-        end_index: the stream index of the end code, or None.
+        end_index: the stream index of the end code in codebook 0, or None.
         step_logits: step_logits[t] [K, C] the distributions of step t, computed when step t - 1
             was fed (index 0 unused); valid for t <= :attr:`steps_cached`.
         step_hidden: the matching last hidden states [D] (None unless a drafter asked for them).
     """
 
-    def __init__(self, model_cache: Any, num_codebooks: int, num_frames: int | None, conditioning: dict[str, Any],
-                 prefix_length: int = 0, end_id: int | None = None) -> None:
+    def __init__(self, model_cache: Any, pattern: DelayPattern, num_frames: int | None, conditioning: dict[str, Any],
+                 prefix_length: int = 0) -> None:
         self.model_cache = model_cache
-        self.num_codebooks = num_codebooks
+        self.pattern = pattern
+        self.num_codebooks = len(pattern.delays)
         self.num_frames = num_frames
         self.conditioning = conditioning
         self.prefix_length = prefix_length
-        self.end_id = end_id
+        self.end_id = pattern.end_code  # codebook 0's stream id of the end code (its offset is 0)
         self.end_index: int | None = None
         self.stream = torch.empty(0, dtype=torch.long)
         self.step_logits: list[torch.Tensor | None] = [None]
@@ -168,36 +249,33 @@ class StepCache:
 
     def position(self, index: int) -> str:
         """What stream position ``index`` (step index // K, codebook index % K) holds, from the
-        sub-tokens before it: "free" (sampled; on codebook 0 the end code may be), "pad" (forced by
-        the delay pattern) or "stop" (the stream is over)."""
+        sub-tokens before it (:meth:`DelayPattern.kind`): "free", "pad", "end" or "stop"."""
         step, codebook = divmod(index, self.num_codebooks)
-        frames = self.num_frames
         if self.end_index is not None and self.end_index < index:
-            end_step = self.end_index // self.num_codebooks
-            if codebook == 0 and step >= end_step + max(self.num_codebooks - 1, 1):
-                return "stop"
-            frames = end_step - 1
-        elif frames is None:
-            return "free" if step >= codebook + 1 else "pad"
-        if frames is not None and self.end_id is None and step > frames + self.num_codebooks - 1:
-            return "stop"
-        return "free" if codebook + 1 <= step <= codebook + frames else "pad"
+            frames, ended = self.end_index // self.num_codebooks - 1, True
+        elif self.num_frames is not None:
+            frames, ended = self.num_frames, self.pattern.delayed_end
+        else:
+            frames, ended = None, False
+        return self.pattern.kind(step, codebook, frames, ended)
 
 
 class DelayPatternTarget:
     """A delay-pattern codec LM as the core's :class:`~mmspec.core.target.Target` (module doc).
 
     model_inputs: ``num_frames`` (F, the audio frames to generate: the stream then holds
-    (F + K - 1) steps after the begin step, the last steps' finished codebooks padded as MusicGen's
-    ``build_delay_pattern_mask`` does; optional for a model with an end code, which then decides
-    the length) and the model's conditioning (MusicGen: ``encoder_hidden_states`` [1, T, D],
-    ``encoder_attention_mask`` [1, T]; the embedded codec LM: ``phoneme_ids`` [1, P]).
+    :meth:`stream_length` sub-tokens after the begin step, the finished codebooks padded as
+    MusicGen's ``build_delay_pattern_mask`` does; optional for a model with an end code, which then
+    decides the length, F being at most a limit for Dia) and the model's conditioning (MusicGen:
+    ``encoder_hidden_states`` [1, T, D], ``encoder_attention_mask`` [1, T]; the embedded codec LM:
+    ``phoneme_ids`` [1, P]; Dia: ``input_ids`` [1, T], ``attention_mask``, ``guidance_scale``).
 
     The stream's ids: codebook k's code c is ``k * C + c`` (C = the heads' outputs), then the pad
     ``K * C`` and the stop id ``K * C + 1`` (:attr:`eos_token_ids`), emitted where the audio is over.
 
     Args:
-        model: a ``MusicgenForCausalLM``, an mmspec ``CodecLM``, or a :class:`StepModel`.
+        model: a ``MusicgenForCausalLM``, a ``DiaForConditionalGeneration``, an mmspec ``CodecLM``,
+            or a :class:`StepModel`.
     """
 
     def __init__(self, model) -> None:
@@ -205,6 +283,11 @@ class DelayPatternTarget:
         self.num_codebooks = self.steps.num_codebooks
         self.codebook_size = self.steps.codebook_size
         self.end_code = self.steps.end_code
+        delays = tuple(getattr(self.steps, "delays", None) or range(self.num_codebooks))
+        if len(delays) != self.num_codebooks:
+            raise ValueError(f"{len(delays)} delays for {self.num_codebooks} codebooks")
+        self.pattern = DelayPattern(delays, self.end_code, bool(getattr(self.steps, "delayed_end", False)))
+        self.delays = delays
         self.pad_id = self.num_codebooks * self.codebook_size
         self.stop_id = self.pad_id + 1
         self.vocab_size = self.pad_id + 2
@@ -221,19 +304,25 @@ class DelayPatternTarget:
         return next(self.model.parameters()).device
 
     def stream_ids(self, codes: torch.Tensor) -> torch.Tensor:
-        """Audio codes [K, F] -> the generated stream [(F + K - 1) * K] (delayed, offset, padded;
-        for a model with an end code, the end code in codebook 0 of step F + 1)."""
+        """Audio codes [K, F] -> the generated stream [:meth:`stream_length` (F)] (delayed, offset,
+        padded; for a model with an end code, ended by it)."""
         k, frames = codes.shape
-        steps = torch.full((frames + k - 1, k), self.pad_id, dtype=torch.long, device=codes.device)
-        for c in range(k):
-            steps[c : c + frames, c] = codes[c] + c * self.codebook_size
-        if self.end_code is not None:
-            steps[frames, 0] = self.end_code
-        return steps.flatten()
+        ended = self.end_code is not None
+        ids = []
+        for step in range(1, self.pattern.last_step(frames, ended) + 1):
+            for c in range(k):
+                kind = self.pattern.kind(step, c, frames, ended)
+                if kind == "free":
+                    ids.append(int(codes[c, step - self.pattern.first_step(c)]) + c * self.codebook_size)
+                else:
+                    ids.append(c * self.codebook_size + self.end_code if kind == "end" else self.pad_id)
+        return torch.tensor(ids, dtype=torch.long, device=codes.device)
 
     def stream_length(self, num_frames: int) -> int:
-        """Generated sub-tokens for an audio of ``num_frames`` frames: (F + K - 1) steps of K."""
-        return (num_frames + self.num_codebooks - 1) * self.num_codebooks
+        """Generated sub-tokens for an audio of ``num_frames`` frames (its end code included, for a
+        model with one): the steps up to :meth:`DelayPattern.last_step`, K sub-tokens each (the
+        stop id follows when the model has an end code)."""
+        return self.pattern.last_step(num_frames, self.end_code is not None) * self.num_codebooks
 
     # ---- the core's Target ---------------------------------------------------------------------
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
@@ -245,12 +334,12 @@ class DelayPatternTarget:
             raise ValueError(f"num_frames must be a positive integer (audio frames to generate), got {num_frames!r}")
         if hidden_layer not in (None, -1):
             raise ValueError("delay-pattern targets give the last hidden states only (hidden_layer=-1)")
-        conditioning = {name: value.to(self.device) for name, value in model_inputs.items()
-                        if name != "num_frames" and value is not None}
+        conditioning = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
+                        for name, value in model_inputs.items() if name != "num_frames" and value is not None}
         model_cache = self.steps.new_cache()
         prefix = self.steps.start(model_cache, conditioning)
-        cache = StepCache(model_cache, self.num_codebooks, None if num_frames is None else int(num_frames), conditioning,
-                          prefix_length=prefix, end_id=self.end_code)
+        cache = StepCache(model_cache, self.pattern, None if num_frames is None else int(num_frames), conditioning,
+                          prefix_length=prefix)
         begin = torch.full((1, self.num_codebooks), self.pad_id, dtype=torch.long, device=self.device)
         state = SequenceState(begin, cache, prompt_length=self.num_codebooks)
         self._consume(cache, begin[0], hidden_layer is not None)
@@ -302,7 +391,7 @@ class DelayPatternTarget:
         cache.append(tokens)
         complete, fed = cache.stream.shape[0] // k, cache.steps_cached
         if complete > fed:
-            steps = self.model_ids(cache.stream[fed * k : complete * k].view(-1, k))
+            steps = self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed)
             logits, hidden = self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden)
             cache.step_logits.extend(logits.float().unbind(0))
             cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * steps.shape[0])
@@ -323,24 +412,32 @@ class DelayPatternTarget:
 
     def _constrain(self, position: str, logits: torch.Tensor, codebook: int) -> torch.Tensor:
         """The head's logits [C] -> [V]: the codebook's range at a free position (-inf elsewhere,
-        and on the end code except in codebook 0); all mass on the pad or the stop id otherwise."""
+        and on the end code except in codebook 0); all mass on one id otherwise: the pad, the
+        codebook's end code ("end") or the stop id."""
         out = torch.full((self.vocab_size,), -torch.inf, device=logits.device)
+        start = codebook * self.codebook_size
         if position == "free":
-            start = codebook * self.codebook_size
             out[start : start + self.codebook_size] = logits
             if self.end_code is not None and codebook > 0:
                 out[start + self.end_code] = -torch.inf
         else:
-            out[self.pad_id if position == "pad" else self.stop_id] = 0.0
+            forced = {"pad": self.pad_id, "stop": self.stop_id}.get(position)
+            out[start + self.end_code if forced is None else forced] = 0.0  # "end": the codebook's end code
         return out
 
-    def model_ids(self, steps: torch.Tensor) -> torch.Tensor:
-        """Stream ids [n, K] -> the model's input ids [n, K]: codes, and the model's own pad for the
-        stream's pad and for any id outside its codebook's range (a draft such id can only be
-        rejected, since the target gives it probability 0, so what follows it is never used)."""
+    def model_ids(self, steps: torch.Tensor, first_step: int = 0) -> torch.Tensor:
+        """Stream ids [n, K] of steps ``first_step`` .. ``first_step + n - 1`` -> the model's input
+        ids [n, K]: codes (end codes included), and for the stream's pad and any id outside its
+        codebook's range the model's begin token up to the codebook's delay (step t <= d_k) and
+        its pad after (a draft such id can only be rejected, since the target gives it
+        probability 0, so what follows it is never used)."""
         codes = steps - self._offsets.to(steps.device)
         valid = (codes >= 0) & (codes < self.codebook_size)
-        return torch.where(valid, codes, self.steps.pad_token_id)
+        step = torch.arange(first_step, first_step + steps.shape[0], device=steps.device)[:, None]
+        before = step <= torch.tensor(self.delays, device=steps.device)
+        filler = torch.where(before, getattr(self.steps, "begin_token_id", self.steps.pad_token_id),
+                             self.steps.pad_token_id)
+        return torch.where(valid, codes, filler)
 
     def codes(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F]: the delay and the
@@ -348,19 +445,19 @@ class DelayPatternTarget:
         k = self.num_codebooks
         stream = new_tokens.flatten()
         stream = stream[: stream.shape[0] // k * k]
-        steps = stream.view(-1, k) - self._offsets.to(stream.device)
-        frames = steps.shape[0] - k + 1
+        steps = stream.view(-1, k) - self._offsets.to(stream.device)  # row r: step r + 1
+        frames = steps.shape[0] - max(self.delays)
         if self.end_code is not None:
             ends = (steps[:, 0] == self.end_code).nonzero()
             if len(ends):
                 frames = int(ends[0])
         if frames < 0:
-            raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame ({k} codebooks)")
-        return torch.stack([steps[c : c + frames, c] for c in range(k)])  # [K, 0] when the model ended at once
+            raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame (delays {list(self.delays)})")
+        return torch.stack([steps[d : d + frames, c] for c, d in enumerate(self.delays)])  # [K, 0]: ended at once
 
 
 #: model class name -> its StepModel
-STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps, "CodecLM": CodecLMSteps}
+STEP_MODELS = {"MusicgenForCausalLM": MusicgenSteps, "DiaForConditionalGeneration": DiaSteps, "CodecLM": CodecLMSteps}
 
 
 def _step_model_for(model) -> StepModel:
