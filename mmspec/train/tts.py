@@ -113,6 +113,13 @@ def run(args: argparse.Namespace) -> int:
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     out = Path(args.out or models_dir() / ("tts" if args.preset == "target" else "tts-draft"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
+    teacher = None
+    if args.distil_from:  # checked before the data is encoded
+        teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).eval()
+        expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codec.config.num_codebooks,
+                    "codebook_size": codec.config.codebook_size, "aligned": PRESETS[args.preset]["aligned"]}
+        if any(getattr(teacher.config, name) != value for name, value in expected.items()):
+            raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(expected)} from this codec LM")
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
@@ -133,12 +140,6 @@ def run(args: argparse.Namespace) -> int:
             for name, parameter in model.named_parameters():
                 if name in missing and name.startswith("align_"):
                     parameter.zero_()
-    teacher = None
-    if args.distil_from:
-        teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).eval()
-        shape = ("text_vocab", "num_codebooks", "codebook_size", "aligned")
-        if any(getattr(teacher.config, name) != getattr(config, name) for name in shape):
-            raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(shape)} from this codec LM")
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
