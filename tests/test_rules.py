@@ -19,12 +19,13 @@ TABLE = neighbour_table(torch.arange(16, dtype=torch.float)[:, None], 3)
 
 
 def test_registry_declares_every_rule():
-    assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd", "topk-tolerance"} <= set(RULES)
+    assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"} <= set(RULES)
+    chain_only = {"group"}  # PCG's group acceptance: a multi-draft tree walk over overlapping groups is not derived
     for name, rule in RULES.items():
         assert rule.name == name and issubclass(rule.Params, RuleParams) and rule.sampling in ("greedy", "sampling", "either")
-        assert rule.supports_tree(), name  # every built-in rule has a tree form
+        assert rule.supports_tree() != (name in chain_only), name  # every other built-in rule has a tree form
     assert RULES["greedy"].lossless and RULES["speculative"].lossless
-    assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd", "topk-tolerance"))
+    assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"))
 
 
 def test_auto_and_modes():

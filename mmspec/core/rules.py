@@ -369,7 +369,8 @@ class TopKToleranceRule(AcceptanceRule):
 class GroupRule(AcceptanceRule):
     """PCG group acceptance (lossy at token level, exact over overlapping acoustic-similarity
     groups built from ``neighbours``: :func:`~mmspec.core.relaxed.group_verify`); greedy: accept a
-    draft sharing a group with the argmax."""
+    draft sharing a group with the argmax. Chains only: a tree form (a multi-draft walk over
+    overlapping groups) is not derived."""
 
     name = "group"
     Params = NeighbourParams
