@@ -86,7 +86,9 @@ class TTSMethod:
         return None
 
     def check_components(self, components: "TTSComponents") -> None:
-        """Raise ValueError when the model lacks a part the method needs (at pipeline construction)."""
+        """Raise ValueError when the model lacks a part the method needs (at pipeline construction):
+        building the drafter loads (and caches) what it reads."""
+        self.build_drafter(components)
 
     def rule_kwargs(self, components: "TTSComponents") -> dict[str, Any] | None:
         """The acceptance rule's parameters (None for the exact rules)."""
@@ -128,9 +130,6 @@ class DraftModelMethod(TTSMethod):
     def build_drafter(self, components):
         return StepAwareDrafter(components.draft_target(), num_draft_tokens=self.draft_length(components))
 
-    def check_components(self, components):
-        components.draft_target()
-
 
 @register_method
 class MedusaMethod(TTSMethod):
@@ -139,9 +138,6 @@ class MedusaMethod(TTSMethod):
 
     def build_drafter(self, components):
         return CodecMedusaDrafter(components.medusa_heads(), num_draft_tokens=self.num_draft_tokens)
-
-    def check_components(self, components):
-        components.medusa_heads()
 
 
 @register_method
