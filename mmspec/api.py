@@ -18,6 +18,7 @@ from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
 from .drafters import resolve_drafter
+from .modeling.fast_linear import OptimizeReport, optimize
 
 
 @dataclass
@@ -200,18 +201,30 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
                       f"{context - length}", stacklevel=3)
 
 
-def _modules(obj: Any) -> list[nn.Module]:
-    """``obj`` if it is a module, else the modules among its attributes (a target's model, a drafter's heads)."""
+def component_modules(obj: Any, depth: int = 2) -> list[nn.Module]:
+    """The modules of ``obj`` (a module; or a target / drafter: the modules among its attributes,
+    and theirs, ``depth`` levels down: a draft model inside its drafter's target adapter)."""
     if isinstance(obj, nn.Module):
         return [obj]
-    return [value for value in getattr(obj, "__dict__", {}).values() if isinstance(value, nn.Module)]
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, torch.Tensor)):
+        return []
+    return [m for value in getattr(obj, "__dict__", {}).values() for m in component_modules(value, depth - 1)]
+
+
+def optimize_components(*objects: Any, kernel: str = "auto") -> OptimizeReport:
+    """:func:`mmspec.optimize` on every module of ``objects`` (a model, a drafter, a target) ->
+    one report (the kernel that ran, linears replaced and left over all of them)."""
+    reports = [optimize(module, kernel) for obj in objects for module in component_modules(obj)]
+    kernels = [r.kernel for r in reports if r.kernel != "none"]
+    return OptimizeReport(kernels[0] if kernels else "none", sum(r.replaced for r in reports),
+                          sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""))
 
 
 @contextmanager
 def eval_mode(*objects: Any) -> Iterator[None]:
-    """Put every module of ``objects`` (see :func:`_modules`) in eval mode for the block, then
-    give each submodule back the training flag it had."""
-    training = [m for obj in objects for top in _modules(obj) for m in top.modules() if m.training]
+    """Put every module of ``objects`` (see :func:`component_modules`, one level down) in eval
+    mode for the block, then give each submodule back the training flag it had."""
+    training = [m for obj in objects for top in component_modules(obj, 1) for m in top.modules() if m.training]
     for module in training:
         module.training = False
     try:

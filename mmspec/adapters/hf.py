@@ -124,7 +124,10 @@ class TransformersTarget:
         For a few rows this is the fast layout on CPUs: BLAS streams W [V, H] once in its stored
         order, while ``nn.Linear``'s hidden W^T takes a small-M GEMM path that costs about twice a
         one-row GEMV (measured here on a 49152 x 576 head: 1 row 8.3 ms; 2-8 rows 19-22 ms with
-        F.linear, 5-9 ms this way)."""
+        F.linear, 5-9 ms this way). A head of another class (mmspec.optimize's few-row linear, a
+        quantised layer) is called as it is."""
+        if type(lm_head) is not nn.Linear:
+            return lm_head(hidden)
         logits = torch.mm(lm_head.weight, hidden[0].T).T.unsqueeze(0)
         return logits if lm_head.bias is None else logits + lm_head.bias
 

@@ -11,7 +11,7 @@ OUTPUT_ARGS = {"results": "file", "markdown": "file"}
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
-    from . import caption, t2i, text, tts
+    from . import caption, cost, t2i, text, tts
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
@@ -22,6 +22,9 @@ def add_parser(subparsers) -> None:
     t2i_parser = suites.add_parser("t2i", help="text-to-image: AR vs spec, SJD (each init), coupled SJD on the embedded model")
     t2i.add_arguments(t2i_parser)
     t2i_parser.set_defaults(handler=t2i.run)
+    cost_parser = suites.add_parser("cost", help="the verification cost curve C(n)/C(1), by part, as loaded and optimized")
+    cost.add_arguments(cost_parser)
+    cost_parser.set_defaults(handler=cost.run, output_args=OUTPUT_ARGS)
     tts_parser = suites.add_parser("tts", help="text-to-speech: every method on held-out sentences, speed and WER")
     tts.add_arguments(tts_parser)
     tts_parser.set_defaults(handler=tts.run, output_args=OUTPUT_ARGS)

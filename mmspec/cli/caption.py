@@ -112,10 +112,11 @@ def run_caption_command(args) -> int:
     todo = [r for r in records if "error" not in r]
     if todo:
         captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=args.device,
-                                            dtype=args.dtype, num_draft_tokens=args.num_draft_tokens)
+                                            dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize)
         if not args.json:
+            linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
             print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "
-                  f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}")
+                  f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}")
         progress = Progress(len(todo))
         try:
             for record in todo:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline
+from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
 from ..drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
 from ..hub import load_causal_lm, resolve_device
 
@@ -41,6 +41,7 @@ def run_generate_command(args) -> int:
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     if draft_dir:
         drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)
+    linears = optimize_components(model, drafter if draft_dir else None).kernel if args.optimize else "as loaded"
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens,
@@ -52,6 +53,7 @@ def run_generate_command(args) -> int:
         out = generate(model, drafter=drafter, **kwargs, **inputs)
     prompt_len = inputs["input_ids"].shape[1]
     text = tokenizer.decode(out.sequences[0, prompt_len:], skip_special_tokens=True)
+    out.stats.config["linears"] = linears
     result = {"text": text, "stats": out.stats.to_dict()}
     if baseline is not None:
         result["baseline_text"] = tokenizer.decode(baseline.sequences[0, prompt_len:], skip_special_tokens=True)

@@ -38,7 +38,7 @@ from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
 from ..hub import resolve_dtype
-from ..api import generate_with_baseline
+from ..api import generate_with_baseline, optimize_components
 from ..hub import resolve_device
 from .images import ImageInput, load_image
 
@@ -288,6 +288,10 @@ class ImageCaptioningPipeline:
         prompt: the prompt used when a call gives none.
         num_draft_tokens: K, overriding the drafter's default.
         trust_remote_code: passed to transformers' ``from_pretrained`` (off by default).
+        optimize: replace the fp32 CPU linears of the model and its drafter by few-row linears
+            (:func:`mmspec.optimize`; outputs unchanged up to fp32 rounding, a verification over a
+            few tokens much cheaper); stats.config["linears"] says which kernel ran. False opts out.
+            A loaded ``model`` passed in is left as it is (call :func:`mmspec.optimize` on it).
     Raises:
         ValueError: an unsupported model, an unknown drafter, an invalid drafters file.
         FileNotFoundError: the model or draft model cannot be found.
@@ -310,6 +314,7 @@ class ImageCaptioningPipeline:
         prompt: str = DEFAULT_PROMPT,
         num_draft_tokens: int | None = None,
         trust_remote_code: bool = False,
+        optimize: bool = True,
     ) -> None:
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
@@ -328,6 +333,8 @@ class ImageCaptioningPipeline:
         eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
         self.eos_token_ids = [t for t in eos if t is not None]
         self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
+        # a model the pipeline loaded (a loaded one passed in is the caller's: mmspec.optimize(model) does it)
+        self.optimization = optimize_components(self.model, self.drafter) if optimize and not isinstance(model, nn.Module) else None
         self._warmed_up = False
 
     # -- construction ------------------------------------------------------------------------------
@@ -399,7 +406,8 @@ class ImageCaptioningPipeline:
         return self.tokenizer.decode(sequences[0, prompt_length:], skip_special_tokens=True).strip()
 
     def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
-        stats.config.update(drafter=drafter_name, drafter_choice=reason)
+        stats.config.update(drafter=drafter_name, drafter_choice=reason, dtype=str(self.dtype).removeprefix("torch."),
+                            linears=self.optimization.kernel if self.optimization else "as loaded")
         return stats
 
     # -- calls -------------------------------------------------------------------------------------

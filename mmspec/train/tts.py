@@ -1,6 +1,6 @@
 """``mmspec train tts``: the embedded voice's codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`),
 teacher-forced on the speech shards of ``mmspec train speech-data`` encoded by the embedded codec
-(``mmspec train codec``). ``--preset draft`` trains the small draft LM for ``spec`` on the same
+(``mmspec train codec``); fp32 weights, bf16 autocast where bf16 is fast. ``--preset draft`` trains the small draft LM for ``spec`` on the same
 data, from the data's codes or (``--distil-from models/tts``) by distillation from the target.
 Resumable: rerun the same command.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import models_dir
+from ..hub import fast_bf16, models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
-        losses = model.loss(**batch, teacher=teacher)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):  # fp32 weights, bf16 matmuls where fast
+            losses = model.loss(**batch, teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()

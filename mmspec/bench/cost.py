@@ -1,0 +1,227 @@
+"""``mmspec bench cost``: the verification cost curve C(n) / C(1) of a target, and where it goes.
+
+C(n) is the median time of one target forward over n new tokens after a cached prompt
+(:func:`~mmspec.core.cost.measure_verification_cost`): what verifying n - 1 draft tokens costs
+against one plain decoding step. Every speculative speedup is capped by it: a step that commits
+tau tokens gains at most tau / (C(n) / C(1)).
+
+Each n is also split by part, timed by forward hooks on the model's modules (a second pass, so the
+hooks' own cost never enters C(n)):
+
+- ``attn linears``: the q / k / v / o projections (linears under an attention module);
+- ``attention``: the rest of the attention modules (rotary embedding, scores, softmax, cache);
+- ``mlp linears``: the other linears of the decoder layers (gate / up / down);
+- ``lm head``: the output projection(s) (``lm_head``, or a codec LM's ``heads``);
+- ``norms``: RMSNorm / LayerNorm modules;
+- ``vision``: a VLM's vision tower and connector (zero after the prefill);
+- ``other``: the rest of the timed forward: the adapter and framework overhead (masks, position
+  ids, cache bookkeeping, the Python between modules) and the hooks' own cost.
+
+Runs ``--variants plain,optimized`` side by side in one process: the same model as loaded and
+after :func:`mmspec.optimize` (few-row linears; the outputs' equality is tested in
+tests/test_optimize.py). Results go to ``--results`` (JSON, with the machine) and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..core.cache import crop_cache
+from ..core.cost import measure_verification_cost
+from .results import machine_info, save_results
+
+PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
+MODELS = ("captioner", "smollm2", "t2i")
+VARIANTS = ("plain", "optimized")
+_VISION = ("vision", "connector", "multi_modal_projector", "visual")
+_ATTENTION = ("attn", "attention")
+_HEADS = ("lm_head", "heads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="captioner",
+                        help=f"{' | '.join(MODELS)} (embedded), or a causal LM's path / hub id")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32,48,64", help="comma list of n (new tokens)")
+    parser.add_argument("--variants", default="plain,optimized", help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--no-parts", action="store_true", help="skip the per-part breakdown")
+    parser.add_argument("--results", default="bench-out/cost.json")
+    parser.add_argument("--markdown", default=None)
+
+
+def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """The sizes and variants, checked before anything loads."""
+    try:
+        sizes = [int(n) for n in args.sizes.split(",") if n]
+    except ValueError:
+        raise ValueError(f"--sizes must be a comma list of positive integers, got {args.sizes!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes must be a comma list of positive integers, got {args.sizes!r}")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"--variants must be a comma list of {', '.join(VARIANTS)}, got {args.variants!r}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be a positive integer, got {args.repeats}")
+    return sorted(set([1, *sizes])), variants
+
+
+def load_target(name: str, dtype: str):
+    """-> (target, model inputs of its prompt or None for random context, the module to optimise)."""
+    if name == "captioner":
+        from ..pipelines.captioning import ImageCaptioningPipeline
+        from ..train.data import FAMILIES, make_sample
+
+        pipe = ImageCaptioningPipeline(model=None, drafter="ar", device="cpu", dtype=dtype)
+        sample = make_sample(FAMILIES[0], "test", 0)  # a test-split item of the captioner's data
+        inputs = pipe.preprocess(sample.image, sample.prompt)
+        return pipe.target, inputs, pipe.model
+    if name == "t2i":
+        from ..pipelines.text_to_image import TextToImagePipeline
+
+        pipe = TextToImagePipeline(model=None, method="ar", device="cpu")
+        inputs = {**pipe.prompt_inputs("a red circle above a blue square"), "guidance_scale": 3.0}
+        return pipe.target, inputs, pipe.target.model
+    from ..adapters.hf import TransformersTarget
+    from ..hub import load_causal_lm, resolve_dtype
+
+    model, _ = load_causal_lm(name, dtype=resolve_dtype(dtype))
+    return TransformersTarget(model), None, model
+
+
+def part_of(name: str, module: nn.Module) -> str | None:
+    """The part a module's own time belongs to (None: its children say)."""
+    *outer, last = name.lower().split(".")
+    vision = [any(key in component for key in _VISION) for component in (*outer, last)]
+    if any(vision):  # the vision tower's root holds all of its time
+        return "vision" if not any(vision[:-1]) else None
+    if isinstance(module, nn.Linear):
+        if last in _HEADS:
+            return "lm head"
+        return "attn linears" if any(key in component for component in outer for key in _ATTENTION) else "mlp linears"
+    if "norm" in type(module).__name__.lower():
+        return "norms"
+    if any(key in last for key in _ATTENTION) and any(True for _ in module.children()):
+        return "attention"
+    return None
+
+
+@contextmanager
+def part_timer(model: nn.Module):
+    """Forward hooks that add each classified module's time (minus the classified modules inside
+    it) to its part -> the dict {part: seconds} they fill."""
+    totals = dict.fromkeys(PARTS, 0.0)
+    stack: list[list] = []  # [part, start, time of classified children]
+    handles = []
+
+    def pre(part):
+        def hook(module, args):
+            stack.append([part, time.perf_counter(), 0.0])
+        return hook
+
+    def post(module, args, output):
+        part, start, inner = stack.pop()
+        spent = time.perf_counter() - start
+        totals[part] += spent - inner
+        if stack:
+            stack[-1][2] += spent
+
+    for name, module in model.named_modules():
+        part = part_of(name, module)
+        if part is not None:
+            handles += [module.register_forward_pre_hook(pre(part)), module.register_forward_hook(post)]
+    try:
+        yield totals
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def measure_parts(target, model: nn.Module, sizes: list[int], model_inputs, repeats: int) -> dict[int, dict[str, float]]:
+    """{n: {part: median seconds}} of one forward over n new tokens (the rest of the forward's
+    time is "other"). Where the adapter projects several tokens' hidden states itself
+    (:meth:`TransformersTarget._project`, outside the head module), that projection is timed
+    alone on the same shapes and moved from "other" to "lm head"."""
+    high = min(20000, target.vocab_size)
+    if model_inputs is None:
+        model_inputs = {"input_ids": torch.randint(0, high, (1, 200), generator=torch.Generator().manual_seed(0))}
+    out = {}
+    with torch.inference_mode():
+        state, _ = target.prefill(model_inputs)
+        context = state.cache_length
+        for n in sizes:
+            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n))
+            samples = []
+            for _ in range(repeats + 1):
+                with part_timer(model) as totals:
+                    started = time.perf_counter()
+                    target.forward(state, tokens)
+                    total = time.perf_counter() - started
+                crop_cache(state.cache, context)
+                if totals["lm head"] == 0 and getattr(target, "own_lm_head", False):
+                    head = model.get_output_embeddings()
+                    hidden = torch.randn(1, n, head.weight.shape[1], dtype=head.weight.dtype)
+                    started = time.perf_counter()
+                    target._project(head, hidden)
+                    totals["lm head"] = time.perf_counter() - started
+                samples.append({**totals, "other": total - sum(v for k, v in totals.items() if k != "other")})
+            out[n] = {part: statistics.median(s[part] for s in samples[1:]) for part in PARTS}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..modeling.fast_linear import optimize
+
+    sizes, variants = check(args)
+    torch.set_num_threads(args.threads)
+    target, inputs, model = load_target(args.model, args.dtype)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats,
+                        "machine": machine_info(dtype, args.threads)}, "variants": {}}
+    for variant in variants:  # plain first: optimize() changes the model in place
+        if variant == "optimized":
+            optimize(model)
+        curve = measure_verification_cost(target, sizes, repeats=args.repeats, model_inputs=inputs)
+        record = {"ms": {str(n): t * 1000 for n, t in curve.items()}}
+        if not args.no_parts:
+            parts = measure_parts(target, model, list(curve), inputs, args.repeats)
+            record["parts_ms"] = {str(n): {p: t * 1000 for p, t in v.items()} for n, v in parts.items()}
+        results["variants"][variant] = record
+        save_results(Path(args.results), results)
+    table = markdown_table(results)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(table + "\n")
+    return 0
+
+
+def markdown_table(results: dict) -> str:
+    meta = results["meta"]
+    m = meta["machine"]
+    lines = [f"Verification cost curve of `{meta['model']}` ({m['dtype']}, {m['threads']} thread(s), {m['cpu']} "
+             f"({' '.join(m['cpu_flags'])}), torch {m['torch']}; median of {meta['repeats']})"]
+    for variant, record in results["variants"].items():
+        ms = record["ms"]
+        c1 = ms["1"]
+        lines += ["", f"**{variant}** (C(1) = {c1:.1f} ms)", "",
+                  "| n | C(n) ms | C(n)/C(1) | " + " | ".join(PARTS) + " |",
+                  "|---|---|---|" + "---|" * len(PARTS)]
+        for n, t in ms.items():
+            parts = record.get("parts_ms", {}).get(n)
+            cells = [f"{parts[p]:.1f}" for p in PARTS] if parts else ["-"] * len(PARTS)
+            lines.append(f"| {n} | {t:.1f} | {t / c1:.2f} | " + " | ".join(cells) + " |")
+    if {"plain", "optimized"} <= set(results["variants"]):
+        plain, fast = results["variants"]["plain"]["ms"], results["variants"]["optimized"]["ms"]
+        lines += ["", "optimized / plain: " + ", ".join(f"n={n} {fast[n] / plain[n]:.2f}" for n in plain if n in fast)]
+    return "\n".join(lines)

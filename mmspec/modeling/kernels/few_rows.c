@@ -1,0 +1,82 @@
+/* y[M, N] = x[M, K] W[N, K]^T (+ b[N]) for few rows M, fp32, AVX2 + FMA.
+ *
+ * MKL / oneDNN take a GEMV path for M = 1 and a GEMM path for M >= 2 whose cost on a CPU barely
+ * depends on M up to ~8 but is ~2x the GEMV's: a verification forward over a few draft tokens
+ * then costs ~1.6x a one-token step. Here each 4-row block of W is loaded once (from memory or
+ * L3 into L1) and used for every row of x while it is in L1, so M <= 16 rows cost about what the
+ * weight's streaming costs, until the FMAs take over.
+ *
+ * Every output is summed in the same order whatever M and the row's place (8-lane partial sums
+ * over k in steps of 8, one horizontal sum, the scalar tail of K, then the bias): the result of a
+ * row is bitwise the same alone or among others (batch invariance), so verifying n tokens gives
+ * exactly the logits a one-token step would.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* the scalar tail k in [k8, K) of one dot product, added after the vector part */
+static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, float sum) {
+    for (int64_t k = k8; k < K; k++) sum += w[k] * x[k];
+    return sum;
+}
+
+#define MB 4 /* rows of x per block */
+#define NB 3 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 16 AVX2 registers */
+
+/* rows [m0, m0 + mb) of x (mb <= MB) against W rows [n0, n0 + nb) (nb <= NB); inlined with
+ * constant mb and nb, so the accumulators stay in registers */
+static inline __attribute__((always_inline)) void block(const float *x, const float *w, const float *b, float *y,
+                                                        int64_t m0, const int mb, int64_t n0, const int nb,
+                                                        int64_t N, int64_t K) {
+    const int64_t k8 = K & ~(int64_t)7;
+    __m256 acc[MB][NB];
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8) {
+        __m256 wv[NB];
+        for (int j = 0; j < nb; j++) wv[j] = _mm256_loadu_ps(w + (n0 + j) * K + k);
+        for (int i = 0; i < mb; i++) {
+            __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
+            for (int j = 0; j < nb; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) {
+            float s = tail(w + (n0 + j) * K, x + (m0 + i) * K, k8, K, hsum(acc[i][j]));
+            y[(m0 + i) * N + n0 + j] = b ? s + b[n0 + j] : s;
+        }
+}
+
+/* every row of x against W rows [n0, n0 + nb) */
+static inline __attribute__((always_inline)) void rows(const float *x, const float *w, const float *b, float *y,
+                                                       int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) {
+    int64_t m = 0;
+    for (; m + MB <= M; m += MB) block(x, w, b, y, m, MB, n0, nb, N, K);
+    switch (M - m) {
+        case 3: block(x, w, b, y, m, 3, n0, nb, N, K); break;
+        case 2: block(x, w, b, y, m, 2, n0, nb, N, K); break;
+        case 1: block(x, w, b, y, m, 1, n0, nb, N, K); break;
+        default: break;
+    }
+}
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: all contiguous fp32. threads: OpenMP threads. */
+void few_rows_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                     int threads) {
+    const int64_t blocks = (N + NB - 1) / NB;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t n0 = blk * NB;
+        if (n0 + NB <= N)
+            rows(x, w, b, y, M, n0, NB, N, K);
+        else
+            for (int64_t n = n0; n < N; n++) rows(x, w, b, y, M, n, 1, N, K);
+    }
+}

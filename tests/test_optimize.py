@@ -1,0 +1,100 @@
+"""mmspec.optimize: few-row linears give the untransformed model's outputs (every supported family),
+the C kernel is exact to fp32 rounding and batch-invariant, and the transform is explicit."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tiny_models import FAMILIES, make_tiny
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget
+from mmspec.modeling.fast_linear import FewRowLinear, KernelUnavailable, few_rows_linear, load_kernel, optimize
+
+try:
+    load_kernel()
+    KERNELS = ["c", "transposed"]
+except KernelUnavailable as why:  # a machine without AVX2 / a C compiler: the torch form only
+    KERNELS = [pytest.param("c", marks=pytest.mark.skip(reason=str(why))), "transposed"]
+needs_kernel = pytest.mark.skipif(KERNELS[0] != "c", reason="the C kernel cannot be built here")
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k,bias", [(13, 37, True), (64, 64, False), (1537, 576, True), (5, 3, True)])
+def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias):
+    gen = torch.Generator().manual_seed(n)
+    weight, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(16, k, generator=gen)
+    out = few_rows_linear(x, weight, b)
+    reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=1e-5)
+    for rows in (1, 2, 3, 7, 16):  # a row's result does not depend on its neighbours
+        assert torch.equal(few_rows_linear(x[:rows], weight, b), out[:rows])
+    assert torch.equal(few_rows_linear(x[9:10], weight, b), out[9:10])
+    assert not torch.equal(out, F.linear(x, weight.roll(1, 0), b))  # negative control: a wrong weight differs
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_few_row_linear_keeps_parameters_and_leaves_the_rest_to_f_linear(kernel):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8, bias=False))
+    model[2].weight = nn.Parameter(torch.randn(8, 40))
+    reference = copy.deepcopy(model)
+    keys, weight = set(model.state_dict()), model[0].weight
+    report = optimize(model, kernel=kernel, max_rows=4)
+    assert (report.kernel, report.replaced, report.skipped) == (kernel, 2, 0)
+    assert isinstance(model[0], FewRowLinear) and model[0].weight is weight and set(model.state_dict()) == keys
+    assert optimize(model, kernel=kernel).replaced == 0  # idempotent
+    with torch.no_grad():
+        for rows in (1, 3, 4, 5, 9):  # 5, 9: more than max_rows take F.linear
+            x = torch.randn(1, rows, 24)
+            torch.testing.assert_close(model(x), reference(x), atol=1e-5, rtol=1e-5)
+    x = torch.randn(3, 24, requires_grad=True)  # gradients: F.linear, so training works
+    model(x).sum().backward()
+    assert x.grad is not None and model[0].weight.grad is not None
+
+
+def test_only_fp32_cpu_linears_of_exactly_that_class_are_replaced():
+    class Quantised(nn.Linear):
+        pass
+
+    model = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4).to(torch.bfloat16), "c": Quantised(4, 4)})
+    report = optimize(model, kernel="transposed")
+    assert (report.replaced, report.skipped) == (1, 2)
+    assert type(model["b"]) is nn.Linear and type(model["c"]) is Quantised
+    assert "1 replaced (transposed kernel), 2 left" in report.summary()
+    assert optimize(nn.Sequential(nn.ReLU())).kernel == "none"
+
+
+@pytest.mark.parametrize("kwargs,match", [({"kernel": "cuda"}, "unknown kernel 'cuda'"), ({"max_rows": 0}, "max_rows must be"),
+                                          ({"max_rows": True}, "max_rows must be")])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        optimize(nn.Linear(2, 2), **kwargs)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_verifies_as_before(family, kernel):
+    """Prefill (many rows: F.linear), then a verification forward over 6 tokens (few rows: the
+    kernel): the logits match the untransformed model's, and greedy speculative decoding still
+    gives plain decoding's tokens."""
+    case = make_tiny(family)
+    plain = case.model
+    fast = copy.deepcopy(plain)
+    report = optimize(fast, kernel=kernel)
+    assert report.replaced > 0
+    tokens = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        outputs = []
+        for model in (plain, fast):
+            target = TransformersTarget(model)
+            state, first = target.prefill(case.inputs)
+            outputs.append((first.logits, target.forward(state, tokens).logits))
+    torch.testing.assert_close(outputs[1][0], outputs[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[1][1], outputs[0][1], atol=1e-4, rtol=1e-4)
+    ar = mmspec.generate(plain, max_new_tokens=12, **case.inputs)
+    spec = mmspec.generate(fast, drafter="prompt-lookup", max_new_tokens=12, **case.inputs)
+    assert torch.equal(spec.sequences, ar.sequences)
