@@ -172,10 +172,11 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
     counts, accepted = {}, 0
+    draft, heads = small(3, layers=1, aligned=aligned), random_heads(3)  # built once, a new drafter per run
     for seed in range(RUNS):
-        d = {"draft": lambda: ModelDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
-             "step-aware": lambda: StepAwareDrafter(small(3, layers=1, aligned=aligned), num_draft_tokens=3),
-             "medusa": lambda: CodecMedusaDrafter(random_heads(3), num_draft_tokens=3),
+        d = {"draft": lambda: ModelDrafter(draft, num_draft_tokens=3),
+             "step-aware": lambda: StepAwareDrafter(draft, num_draft_tokens=3),
+             "medusa": lambda: CodecMedusaDrafter(heads, num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)

@@ -82,7 +82,7 @@ def load_target(name: str, dtype: str):
         from ..pipelines.captioning import ImageCaptioningPipeline
         from ..train.data import FAMILIES, make_sample
 
-        pipe = ImageCaptioningPipeline(model=None, drafter="ar", device="cpu", dtype=dtype)
+        pipe = ImageCaptioningPipeline(model=None, drafter="ar", device="cpu", dtype=dtype, optimize=False)
         sample = make_sample(FAMILIES[0], "test", 0)  # a test-split item of the captioner's data
         inputs = pipe.preprocess(sample.image, sample.prompt)
         return pipe.target, inputs, pipe.model

@@ -205,7 +205,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 16) -> Opti
     return OptimizeReport(chosen, len(candidates), skipped, reason)
 
 
-if __name__ == "__main__":  # python -m mmspec.modeling.fast_linear: build the kernel now (scripts/install.sh)
+def build() -> None:
+    """Build the C kernel now and say where it is, or why not (scripts/install.sh calls this)."""
     try:
         print(f"few-row kernel: {load_kernel()._name}")
     except KernelUnavailable as error:

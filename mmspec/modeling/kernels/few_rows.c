@@ -2,9 +2,11 @@
  *
  * MKL / oneDNN take a GEMV path for M = 1 and a GEMM path for M >= 2 whose cost on a CPU barely
  * depends on M up to ~8 but is ~2x the GEMV's: a verification forward over a few draft tokens
- * then costs ~1.6x a one-token step. Here each 4-row block of W is loaded once (from memory or
- * L3 into L1) and used for every row of x while it is in L1, so M <= 16 rows cost about what the
- * weight's streaming costs, until the FMAs take over.
+ * then costs ~1.6x a one-token step. Here each 2-row block of W is loaded once (from memory or
+ * L3 into L1) and used for every row of x while it is in L1, and the next block is prefetched
+ * while this one computes (a model's weights come from DRAM: without the prefetch, fewer loads are
+ * in flight as M grows and M = 4 cost 1.7x M = 1). So a few rows cost about what streaming the
+ * weight costs, until the FMAs take over (measured in docs/benchmarks.md).
  *
  * Every output is summed in the same order whatever M and the row's place (8-lane partial sums
  * over k in steps of 8, one horizontal sum, the scalar tail of K, then the bias): the result of a
@@ -28,18 +30,24 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
 }
 
 #define MB 4 /* rows of x per block */
-#define NB 3 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 16 AVX2 registers */
+#define NB 2 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 11 AVX2 registers */
 
 /* rows [m0, m0 + mb) of x (mb <= MB) against W rows [n0, n0 + nb) (nb <= NB); inlined with
- * constant mb and nb, so the accumulators stay in registers */
+ * constant mb and nb, so the accumulators stay in registers. While it computes, it prefetches the
+ * floats [pf0, pf1) of the following block (each pass over this block a share of it, so that
+ * memory is busy during every pass, not only the first) */
 static inline __attribute__((always_inline)) void block(const float *x, const float *w, const float *b, float *y,
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
-                                                        int64_t N, int64_t K) {
+                                                        int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
     const int64_t k8 = K & ~(int64_t)7;
+    const float *next = w + (n0 + nb) * K; /* the following block: contiguous after this one */
     __m256 acc[MB][NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < k8; k += 8) {
+        if ((k & 15) == 0 && k8 > 0) /* this k's share of the prefetch range, one cache line per 16 floats */
+            for (int64_t p = pf0 + (pf1 - pf0) * k / k8; p < pf0 + (pf1 - pf0) * (k + 16) / k8 && p < pf1; p += 16)
+                _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
         __m256 wv[NB];
         for (int j = 0; j < nb; j++) wv[j] = _mm256_loadu_ps(w + (n0 + j) * K + k);
         for (int i = 0; i < mb; i++) {
@@ -57,12 +65,15 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
 /* every row of x against W rows [n0, n0 + nb) */
 static inline __attribute__((always_inline)) void rows(const float *x, const float *w, const float *b, float *y,
                                                        int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) {
-    int64_t m = 0;
-    for (; m + MB <= M; m += MB) block(x, w, b, y, m, MB, n0, nb, N, K);
+    const int64_t passes = (M + MB - 1) / MB, ahead = (int64_t)nb * K;
+    int64_t m = 0, pass = 0;
+    for (; m + MB <= M; m += MB, pass++)
+        block(x, w, b, y, m, MB, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);
+    const int64_t pf0 = ahead * pass / passes, pf1 = ahead;
     switch (M - m) {
-        case 3: block(x, w, b, y, m, 3, n0, nb, N, K); break;
-        case 2: block(x, w, b, y, m, 2, n0, nb, N, K); break;
-        case 1: block(x, w, b, y, m, 1, n0, nb, N, K); break;
+        case 3: block(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;
+        case 2: block(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;
+        case 1: block(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;
         default: break;
     }
 }
