@@ -20,8 +20,10 @@ libraries replace modules: the model's own forward methods are untouched. A few-
 - ``"transposed"``: ``(W x^T)^T`` through PyTorch (the GEMM with the weight as the left operand:
   MKL's fast path for few columns; 2-4 rows measured at 1.3-1.6x less than ``F.linear``).
 
-Other inputs (the prefill's many rows, training, bf16 / fp16 weights, CUDA) take ``F.linear``: on
-a CPU with AVX512-BF16 or AMX, oneDNN's bf16 few-row path is already flat. ``kernel="auto"`` takes
+On a CPU with AVX512-BF16 the C kernel also serves bf16 linears (``vdpbf16ps``, fp32 sums rounded
+to bf16 once, batch-invariant too): oneDNN's bf16 path is flat in the row count but streams the
+weights at about half the speed. Other inputs (the prefill's many rows, training, fp16 weights,
+CUDA) take ``F.linear``. ``kernel="auto"`` takes
 ``"c"`` where it can be built and loaded (x86-64 with AVX2 and FMA, a C compiler), else
 ``"transposed"``, and :func:`optimize` returns which (:class:`OptimizeReport`; pipelines put it in
 their stats).
@@ -30,6 +32,7 @@ their stats).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -53,12 +56,14 @@ class KernelUnavailable(RuntimeError):
     """The C kernel cannot be built or loaded on this machine (the message says why)."""
 
 
-def cpu_flags() -> set[str]:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags (read once)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split()[2:])
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
     except OSError:
-        return set()
+        return frozenset()
 
 
 def cache_dir() -> Path:
@@ -90,27 +95,50 @@ def load_kernel() -> ctypes.CDLL:
                 raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
             built.replace(path)
     library = ctypes.CDLL(str(path))
-    library.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    library.few_rows_linear.restype = None
+    for function in (library.few_rows_linear, library.few_rows_linear_bf16):
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        function.restype = None
     _LIBRARY = library
     return library
 
 
+def bf16_kernel_available() -> bool:
+    """Whether the CPU runs the bf16 kernel (AVX512-BF16)."""
+    return "avx512_bf16" in cpu_flags()
+
+
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] fp32 CPU, weight [N, K], bias [N] -> x W^T + b [..., N] through the C kernel
-    (rows summed in one fixed order: batch-invariant, see the module doc)."""
+    """x [..., K], weight [N, K], bias [N] (fp32, or bf16 on an AVX512-BF16 CPU; CPU tensors) ->
+    x W^T + b [..., N] in their dtype through the C kernel (rows summed in one fixed order:
+    batch-invariant, see the module doc; bf16: fp32 sums rounded to bf16 once, as F.linear does)."""
     library = load_kernel()
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if weight.dtype == torch.bfloat16:
+        if not bf16_kernel_available():
+            raise KernelUnavailable("the bf16 few-row kernel needs a CPU with AVX512-BF16")
+        function = library.few_rows_linear_bf16
+    elif weight.dtype == torch.float32:
+        function = library.few_rows_linear
+    else:
+        raise ValueError(f"the few-row kernel takes float32 or bfloat16 weights, got {weight.dtype}")
+    rows = x.reshape(-1, x.shape[-1]).to(weight.dtype).contiguous()
     weight = weight.contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
-    library.few_rows_linear(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
-                            out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=weight.dtype)
+    function(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.to(weight.dtype).contiguous().data_ptr(),
+             out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:
+    """The weight dtypes ``kernel`` serves on this machine."""
+    if kernel == "c" and bf16_kernel_available():
+        return (torch.float32, torch.bfloat16)
+    return (torch.float32,)
+
+
 class FewRowLinear(nn.Linear):
-    """An ``nn.Linear`` whose forward over at most ``max_rows`` rows (fp32, CPU, no gradient
-    needed) takes a few-row path (module doc); anything else is ``F.linear``.
+    """An ``nn.Linear`` whose forward over at most ``max_rows`` rows (in a dtype of
+    :func:`kernel_dtypes`, CPU, no gradient needed) takes a few-row path (module doc); anything
+    else is ``F.linear``.
 
     Attributes:
         kernel: "c" or "transposed".
@@ -122,10 +150,11 @@ class FewRowLinear(nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: ties and state dict kept
         self.kernel, self.max_rows = kernel, max_rows
+        self.dtypes = kernel_dtypes(kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        few = (1 <= rows <= self.max_rows and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+        few = (1 <= rows <= self.max_rows and x.dtype == self.weight.dtype and x.dtype in self.dtypes
                and x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
         if not few:
             return F.linear(x, self.weight, self.bias)
@@ -160,6 +189,8 @@ class OptimizeReport:
 
 def choose_kernel(kernel: str) -> tuple[str, str]:
     """``kernel`` ("auto" | "c" | "transposed") -> (the kernel, why "auto" did not take "c")."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
     if kernel != "auto":
         if kernel == "c":
             load_kernel()  # raises with the reason
@@ -172,7 +203,8 @@ def choose_kernel(kernel: str) -> tuple[str, str]:
 
 
 def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 16) -> OptimizeReport:
-    """Replace ``model``'s fp32 CPU ``nn.Linear`` modules (exactly that class) by
+    """Replace ``model``'s CPU ``nn.Linear`` modules (exactly that class) whose dtype the kernel
+    serves (:func:`kernel_dtypes`: fp32; bf16 too with the C kernel on an AVX512-BF16 CPU) by
     :class:`FewRowLinear` in place (module doc). Idempotent: a FewRowLinear is left as it is.
 
     Args:
@@ -188,18 +220,17 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 16) -> Opti
     """
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
+    chosen, reason = choose_kernel(kernel)
+    dtypes = kernel_dtypes(chosen)
     candidates, skipped = [], 0
     for parent in model.modules():
         for name, child in parent.named_children():
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            if type(child) is nn.Linear and child.weight.dtype in dtypes and child.weight.device.type == "cpu":
                 candidates.append((parent, name, child))
             elif isinstance(child, nn.Linear) and not isinstance(child, FewRowLinear):
                 skipped += 1
     if not candidates:
-        return OptimizeReport("none", 0, skipped)
-    chosen, reason = choose_kernel(kernel)
+        return OptimizeReport("none", 0, skipped, reason)
     for parent, name, child in candidates:
         setattr(parent, name, FewRowLinear(child, chosen, max_rows))
     return OptimizeReport(chosen, len(candidates), skipped, reason)

@@ -30,6 +30,7 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
 }
 
 #define MB 4 /* rows of x per block */
+#define AHEAD 1 /* the block prefetched: the next one */
 #define NB 2 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 11 AVX2 registers */
 
 /* rows [m0, m0 + mb) of x (mb <= MB) against W rows [n0, n0 + nb) (nb <= NB); inlined with
@@ -40,14 +41,15 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
                                                         int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
     const int64_t k8 = K & ~(int64_t)7;
-    const float *next = w + (n0 + nb) * K; /* the following block: contiguous after this one */
+    const float *next = w + (n0 + AHEAD * nb) * K; /* the block AHEAD blocks on (W's rows are contiguous) */
     __m256 acc[MB][NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
+    /* the prefetch range spread evenly over the k steps: `per` floats (whole 64-byte lines) per step */
+    const int64_t steps = k8 / 8, per = steps ? ((pf1 - pf0 + steps * 16 - 1) / (steps * 16)) * 16 : 0;
+    int64_t p = pf0;
     for (int64_t k = 0; k < k8; k += 8) {
-        if ((k & 15) == 0 && k8 > 0) /* this k's share of the prefetch range, one cache line per 16 floats */
-            for (int64_t p = pf0 + (pf1 - pf0) * k / k8; p < pf0 + (pf1 - pf0) * (k + 16) / k8 && p < pf1; p += 16)
-                _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
         __m256 wv[NB];
         for (int j = 0; j < nb; j++) wv[j] = _mm256_loadu_ps(w + (n0 + j) * K + k);
         for (int i = 0; i < mb; i++) {
@@ -89,5 +91,84 @@ void few_rows_linear(const float *x, const float *w, const float *b, float *y, i
             rows(x, w, b, y, M, n0, NB, N, K);
         else
             for (int64_t n = n0; n < N; n++) rows(x, w, b, y, M, n, 1, N, K);
+    }
+}
+
+/* ---- bf16: the same blocking on AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in fp32) ----
+ *
+ * x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16 (uint16_t bit patterns); sums in fp32
+ * in one fixed order per output (32-lane pair sums over k in steps of 32, one horizontal sum, the
+ * scalar tail of K, the bias), then rounded to nearest-even bf16: batch-invariant like the fp32
+ * kernel. Compiled for AVX512-BF16 whatever the build machine; called only where the CPU has it.
+ */
+#define BF_MB 4
+#define BF_NB 4 /* 16 accumulators + 4 weights + 1 input of the 32 zmm registers */
+#define BF16_TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+
+static inline float bf16_to_float(uint16_t v) {
+    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
+    return c.f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    union { float f; uint32_t u; } c = {.f = f};
+    if ((c.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((c.u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
+}
+
+static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
+    const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t n0,
+    const int nb, int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
+    const int64_t k32 = K & ~(int64_t)31;
+    const uint16_t *next = w + (n0 + AHEAD * nb) * K;
+    __m512 acc[BF_MB][BF_NB];
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
+    const int64_t steps = k32 / 32, per = steps ? ((pf1 - pf0 + steps * 32 - 1) / (steps * 32)) * 32 : 0;
+    int64_t p = pf0;
+    for (int64_t k = 0; k < k32; k += 32) { /* one 64-byte line of each row per step */
+        for (int64_t q = 0; q < per && p < pf1; q += 32, p += 32) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        __m512bh wv[BF_NB];
+        for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(w + (n0 + j) * K + k));
+        for (int i = 0; i < mb; i++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + (m0 + i) * K + k));
+            for (int j = 0; j < nb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) {
+            float s = _mm512_reduce_add_ps(acc[i][j]);
+            for (int64_t k = k32; k < K; k++) s += bf16_to_float(w[(n0 + j) * K + k]) * bf16_to_float(x[(m0 + i) * K + k]);
+            if (b) s += bf16_to_float(b[n0 + j]);
+            y[(m0 + i) * N + n0 + j] = float_to_bf16(s);
+        }
+}
+
+static inline BF16_TARGET __attribute__((always_inline)) void bf_rows(
+    const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t n0, const int nb,
+    int64_t N, int64_t K) {
+    const int64_t passes = (M + BF_MB - 1) / BF_MB, ahead = (int64_t)nb * K;
+    int64_t m = 0, pass = 0;
+    for (; m + BF_MB <= M; m += BF_MB, pass++)
+        bf_block(x, w, b, y, m, BF_MB, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);
+    const int64_t pf0 = ahead * pass / passes, pf1 = ahead;
+    switch (M - m) {
+        case 3: bf_block(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;
+        case 2: bf_block(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;
+        case 1: bf_block(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;
+        default: break;
+    }
+}
+
+BF16_TARGET void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                      int64_t N, int64_t K, int threads) {
+    const int64_t blocks = (N + BF_NB - 1) / BF_NB;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t n0 = blk * BF_NB;
+        if (n0 + BF_NB <= N)
+            bf_rows(x, w, b, y, M, n0, BF_NB, N, K);
+        else
+            for (int64_t n = n0; n < N; n++) bf_rows(x, w, b, y, M, n, 1, N, K);
     }
 }
