@@ -328,3 +328,15 @@ def test_prompt_mentioning_image_tokens_still_captions_the_one_image(family, tmp
         assert int((inputs["input_ids"] == image_token).sum()) == expected
         r = captioner(photo, prompt=prompt, max_new_tokens=2)
         assert r.prompt == prompt and r.stats.new_tokens == 2
+
+
+def test_linears_are_optimized_at_load_unless_opted_out(smolvlm, smolvlm_dir, photo):
+    from mmspec.modeling.fast_linear import FewRowLinear
+
+    kernel = smolvlm.optimization.kernel
+    assert kernel in ("c", "transposed") and smolvlm.optimization.replaced > 0
+    assert any(isinstance(m, FewRowLinear) for m in smolvlm.model.modules())
+    assert smolvlm(photo, max_new_tokens=4).stats.config["linears"] == kernel
+    plain = mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", optimize=False)
+    assert plain.optimization is None and not any(isinstance(m, FewRowLinear) for m in plain.model.modules())
+    assert plain(photo, max_new_tokens=4).stats.config["linears"] == "as loaded"

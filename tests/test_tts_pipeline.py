@@ -225,3 +225,16 @@ def test_transformers_codecs_run_every_lossless_method(family, tmp_path):
         out = tts("a red star.", do_sample=False, max_seconds=frames / codec.frame_rate, compare_baseline=True)
         assert torch.equal(out.codes, out.baseline_codes), method
         assert out.sampling_rate == RATE and out.audio.shape[0] == codec.channels and out.audio.shape[1] > 0
+
+
+def test_linears_are_optimized_at_load_unless_opted_out(model_dir):
+    from mmspec.modeling.fast_linear import FewRowLinear
+
+    fast = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+    out = fast("a red star.", max_seconds=0.3)
+    assert out.stats.config["linears"] in ("c", "transposed")
+    draft = fast.components.draft_target().model  # loaded for spec, optimized as it loaded
+    assert any(isinstance(m, FewRowLinear) for m in draft.modules())
+    plain = mmspec.pipeline("text-to-speech", model=model_dir, method="spec", optimize=False)
+    assert plain("a red star.", max_seconds=0.3).stats.config["linears"] == "as loaded"
+    assert not any(isinstance(m, FewRowLinear) for m in plain.components.target.model.modules())

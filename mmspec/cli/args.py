@@ -20,8 +20,12 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
     parser.add_argument("--model", default=default_model, help=f"built-in name, local path or hub id (default: {shown})")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast: GPU, CPU with AMX; else fp32) | bf16 | fp32 | fp16")
+    add_optimize_arg(parser)
+
+
+def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-optimize", dest="optimize", action="store_false",
-                        help="keep the model's fp32 linears as loaded (default: few-row linears, mmspec.optimize)")
+                        help="keep the model's linears as loaded (default: few-row linears, mmspec.optimize)")
 
 
 #: integer options that must be >= 1 when given, wherever a subcommand has them

@@ -16,6 +16,7 @@ import torch
 
 def add_parser(subparsers) -> None:
     from ..pipelines.t2i_methods import METHODS, SETTINGS
+    from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
     cmd.add_argument("prompt")
@@ -30,6 +31,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--eagle-head", default=None, help="image EAGLE head directory (mmspec train image-drafter)")
     cmd.add_argument("--draft", default=None, help="draft generator (path) for spec / --drafter draft")
     cmd.add_argument("--trust-remote-code", action="store_true")
+    add_optimize_arg(cmd)
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1)
     cmd.add_argument("--seed", type=int, default=0)
@@ -81,7 +83,7 @@ def run(args) -> int:
     settings = {name: getattr(args, name) for name in SETTINGS}
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=args.device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
-                           trust_remote_code=args.trust_remote_code, **settings)
+                           trust_remote_code=args.trust_remote_code, optimize=args.optimize, **settings)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json)

@@ -16,6 +16,7 @@ import torch
 
 def add_parser(subparsers) -> None:
     from ..pipelines.tts_methods import METHODS
+    from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
     cmd.add_argument("text")
@@ -37,6 +38,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
     cmd.add_argument("--device", default="auto")
+    add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(handler=run, output_args={"out": "file"})
@@ -86,7 +88,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
-                           num_draft_tokens=args.num_draft_tokens, **settings)
+                           num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, **settings)
     bar = progress_bar(int(args.max_seconds * pipe.components.codec.frame_rate))
     try:
         result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,

@@ -236,6 +236,20 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 16) -> Opti
     return OptimizeReport(chosen, len(candidates), skipped, reason)
 
 
+class OptimizesOnLoad:
+    """For objects that load networks as they are needed (a pipeline's components): with
+    ``optimize`` true, :meth:`prepare` applies :func:`optimize` to each, and ``linears`` keeps the
+    kernel that ran ("as loaded" while none did), for the stats."""
+
+    optimize: bool = False
+    linears: str = "as loaded"
+
+    def prepare(self, network: nn.Module) -> None:
+        if self.optimize:
+            kernel = optimize(network).kernel
+            self.linears = kernel if kernel != "none" else self.linears
+
+
 def build() -> None:
     """Build the C kernel now and say where it is, or why not (scripts/install.sh calls this)."""
     try:

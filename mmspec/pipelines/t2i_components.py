@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ..adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
+from ..modeling.fast_linear import OptimizesOnLoad
 from ..hub import resolve_device
 
 MODEL_FILE = "t2i.json"
@@ -66,7 +67,7 @@ def shared_text_encoder(num_layers: int, device: torch.device):
 
 
 @dataclass
-class T2IComponents:
+class T2IComponents(OptimizesOnLoad):
     """A text-to-image model as components (see the module doc).
 
     Attributes:
@@ -83,6 +84,8 @@ class T2IComponents:
             (:meth:`eagle_head_model` loads it once).
         model_dir: where the model was loaded from (None for a model object).
         load_draft: the family's loader, draft source (path or model) -> GuidedImageTarget.
+        optimize: apply :func:`mmspec.optimize` to each network as it loads (the generator, the
+            draft, the EAGLE head); ``linears`` says which kernel ran ("as loaded" without).
     """
 
     target: GuidedImageTarget
@@ -92,12 +95,14 @@ class T2IComponents:
     eagle_head: Any = None
     model_dir: Path | None = None
     load_draft: Callable[[Any], GuidedImageTarget] | None = None
+    optimize: bool = False
+    linears: str = "as loaded"
     _neighbours: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
                         image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
-                        eagle_head: Any = None, trust_remote_code: bool = False) -> "T2IComponents":
+                        eagle_head: Any = None, trust_remote_code: bool = False, optimize: bool = True) -> "T2IComponents":
         """Load a model's components.
 
         Args:
@@ -111,6 +116,8 @@ class T2IComponents:
             grid: Emu3's (rows, columns) of codes (default 90 x 90).
             draft, eagle_head: override the draft generator and the EAGLE head ``t2i.json`` names.
             trust_remote_code: passed to transformers.
+            optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`; a model
+                object passed in is the caller's and left as it is).
         Raises:
             FileNotFoundError: a path that is no text-to-image model.
             ValueError: an unsupported family, a manifest without tokenizer, a tokenizer that does
@@ -136,6 +143,8 @@ class T2IComponents:
         if tokenizer.grid != target.grid or tokenizer.vocab_size != target.vocab_size:
             raise ValueError(f"the generator ({target.grid}, {target.vocab_size} codes) and the tokenizer "
                              f"({tokenizer.grid}, {tokenizer.vocab_size} codes) do not match")
+        components.optimize = optimize and not isinstance(model, torch.nn.Module)
+        components.prepare(target.model)
         return components
 
     @property
@@ -155,7 +164,10 @@ class T2IComponents:
             raise ValueError(f"this method needs a draft generator: pass draft=... (a smaller model of the target's "
                              f"family){named}")
         if not isinstance(self.draft, GuidedImageTarget):
+            loaded_here = not isinstance(self.draft, torch.nn.Module)
             self.draft = self.load_draft(self.draft)
+            if loaded_here:
+                self.prepare(self.draft.model)
         return self.draft
 
     def eagle_head_model(self):
@@ -167,6 +179,7 @@ class T2IComponents:
                              "`mmspec train image-drafter --model ...`)")
         if not isinstance(self.eagle_head, ImageEagleHead):
             self.eagle_head = ImageEagleHead.load(self.eagle_head, self.target)
+            self.prepare(self.eagle_head)
         return self.eagle_head
 
     def neighbours(self, k: int) -> torch.Tensor:

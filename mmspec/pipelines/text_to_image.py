@@ -123,6 +123,8 @@ class TextToImagePipeline:
             ("sjd:vertical") or a relaxed method's drafter ("lantern:eagle2").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
         components: already loaded components (instead of ``model`` and its loading arguments).
+        optimize: few-row linears for the networks the pipeline loads (:func:`mmspec.optimize`;
+            ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
         **settings: the methods' settings (:data:`~mmspec.pipelines.t2i_methods.SETTINGS`; each
             method reads its own, with its own defaults): ``window`` (SJD's L; 8 for sjd, 16 for
             sjd-coupled and sjd-pac), ``init`` ("random" | "horizontal" | "vertical"),
@@ -146,13 +148,13 @@ class TextToImagePipeline:
     def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *,
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
                  grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: Any = None,
-                 trust_remote_code: bool = False, **settings: Any) -> None:
+                 trust_remote_code: bool = False, optimize: bool = True, **settings: Any) -> None:
         self.settings = settings
         self.method = make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
             components = T2IComponents.from_pretrained(model, device, processor=processor, image_tokenizer=image_tokenizer,
                                                        grid=grid, draft=draft, eagle_head=eagle_head,
-                                                       trust_remote_code=trust_remote_code)
+                                                       trust_remote_code=trust_remote_code, optimize=optimize)
         elif model is not None:
             raise ValueError("pass either model=... or components=..., not both")
         self.components = components
@@ -225,6 +227,7 @@ class TextToImagePipeline:
             self.method.generate(self.components, model_inputs, 0, min(8, self.target.num_image_tokens), **sampling)
         runs, tokens, maps, seconds = self._run(self.method, model_inputs, seeds, bar, **sampling)
         stats = TextToImageStats.collect(self.method.name, runs, seconds)
+        stats.config["linears"] = self.components.linears
         output = TextToImageOutput(self.decode(tokens), tokens, maps, stats)
         if compare_baseline:
             base_runs, base_tokens, _, base_seconds = self._run(baseline, model_inputs, seeds, bar, **sampling)

@@ -23,6 +23,7 @@ from ..adapters.audio.delay import DelayPatternTarget
 from ..adapters.audio.phonemes import make_phonemizer
 from ..api import GenerateOutput, generate
 from ..core.stats import DictAccess
+from ..modeling.fast_linear import OptimizesOnLoad
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads
@@ -48,19 +49,21 @@ def load_tts_codec(directory: Path, codec: str | None):
     return load_codec(local if local.is_dir() else codec)
 
 
-class TTSComponents:
+class TTSComponents(OptimizesOnLoad):
     """A TTS model's parts: the code-stream target, the codec (mmspec's mel codec or any codec of
     :mod:`mmspec.adapters.audio.codec`), the text front end, the draft model and Medusa heads."""
 
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
-                 device: torch.device, medusa_dir: Path | None = None) -> None:
+                 device: torch.device, medusa_dir: Path | None = None, optimize: bool = False) -> None:
         self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
         self.draft_dir, self.medusa_dir, self.device = draft_dir, medusa_dir, device
         self._draft: DelayPatternTarget | None = None
         self._medusa: DraftHeads | None = None
+        self.optimize, self.linears = optimize, "as loaded"  # which few-row kernel ran (mmspec.optimize)
+        self.prepare(target.model)
 
     @classmethod
-    def from_pretrained(cls, model: str | Path | None = None, device: str = "auto") -> "TTSComponents":
+    def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
         directory = Path(model) if model is not None else models_dir() / "tts"
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
@@ -77,7 +80,7 @@ class TTSComponents:
         draft, medusa = manifest.get("draft"), manifest.get("medusa")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
-        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir)
+        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize)
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -102,6 +105,7 @@ class TTSComponents:
                              "--preset draft, or use method='prompt-lookup' or 'sjd'")
         if self._draft is None:
             self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device))
+            self.prepare(self._draft.model)
         return self._draft
 
     def medusa_heads(self) -> DraftHeads:
@@ -110,6 +114,7 @@ class TTSComponents:
                              "or use method='spec'")
         if self._medusa is None:
             self._medusa = DraftHeads.load(self.medusa_dir, self.target.model, "medusa")
+            self.prepare(self._medusa)
         return self._medusa
 
     def neighbours(self, k: int) -> torch.Tensor:
@@ -184,15 +189,17 @@ class TextToSpeechPipeline:
         model: a TTS model directory (None: the embedded voice).
         method: a name of :data:`METHODS` or a :class:`TTSMethod`.
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
+        optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;
+            ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
         **rule_settings: a tolerant method's rule parameters (``top_k`` for spec-topk, ``delta`` for
             lantern).
     """
 
     def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
-                 num_draft_tokens: int | None = None, **rule_settings: Any) -> None:
+                 num_draft_tokens: int | None = None, optimize: bool = True, **rule_settings: Any) -> None:
         self.method = (method if isinstance(method, TTSMethod)
                        else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
-        self.components = TTSComponents.from_pretrained(model, device)
+        self.components = TTSComponents.from_pretrained(model, device, optimize)
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
     @property
@@ -240,7 +247,7 @@ class TextToSpeechPipeline:
         audio = c.waveform(codes)
         seconds = codes.shape[1] / c.codec.frame_rate
         s = out.stats
-        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config},
+        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, "linears": c.linears},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
                                   real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())
