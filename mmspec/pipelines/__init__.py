@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from .captioning import CaptionOutput, ImageCaptioningPipeline
+from .presets import from_preset
 
 #: task name -> "module:class" of its pipeline
 PIPELINES: dict[str, str] = {
@@ -40,11 +41,23 @@ def pipeline(task: str, **kwargs: Any):
         >>> cap = mmspec.pipeline("image-captioning", drafter="auto")
         >>> cap("photo.jpg").text
     """
+    return pipeline_class(task)(**kwargs)
+
+
+def pipeline_class(task: str) -> type:
+    """The pipeline class registered as ``task`` (imported now).
+
+    Raises:
+        ValueError: an unknown task (the message lists the known ones).
+    """
     if task not in PIPELINES:
         planned = f" ({task!r} is planned but not available yet)" if task in PLANNED_TASKS else ""
         raise ValueError(f"unknown task {task!r}{planned}; known tasks: {', '.join(sorted(PIPELINES))}")
     module, _, name = PIPELINES[task].partition(":")
-    return getattr(importlib.import_module(module), name)(**kwargs)
+    return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["PIPELINES", "CaptionOutput", "ImageCaptioningPipeline", "pipeline", "register_pipeline"]
+pipeline.from_preset = from_preset  # mmspec.pipeline.from_preset("caption-embedded"), as diffusers' from_pretrained
+
+__all__ = ["PIPELINES", "CaptionOutput", "ImageCaptioningPipeline", "from_preset", "pipeline", "pipeline_class",
+           "register_pipeline"]

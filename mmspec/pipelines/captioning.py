@@ -24,6 +24,7 @@ every result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -338,6 +339,19 @@ class ImageCaptioningPipeline:
         self._warmed_up = False
 
     # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def check_arguments(cls, **init: Any) -> None:
+        """Check construction arguments without loading anything (presets): names, the drafter
+        name, the prompt, dtype and device. Raises ValueError / TypeError / FileNotFoundError."""
+        args = inspect.signature(cls.__init__).bind(None, **init)
+        args.apply_defaults()
+        values = args.arguments
+        check_prompt(values["prompt"])
+        if isinstance(values["drafter"], (str, os.PathLike)):
+            check_drafter_name(values["drafter"])
+        device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]
+        resolve_dtype(values["dtype"], device)
+
     def _load(self, model, processor, trust_remote_code: bool) -> tuple[nn.Module, Any, Path | None]:
         """-> (model, processor, directory that may hold the drafters file)."""
         if model is None:

@@ -17,6 +17,7 @@ tokenizer's codebook, cached under ``$MMSPEC_CACHE/neighbours`` by a hash of the
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.stats import DictAccess, SpecStats
+from ..hub import resolve_device
 from .t2i_components import T2IComponents
 from .t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
@@ -158,6 +160,15 @@ class TextToImagePipeline:
         elif model is not None:
             raise ValueError("pass either model=... or components=..., not both")
         self.components = components
+
+    @classmethod
+    def check_arguments(cls, **init: Any) -> None:
+        """Check construction arguments without loading anything (presets): names, the method and
+        its settings, the device. Raises ValueError / TypeError."""
+        args = inspect.signature(cls.__init__).bind(None, **init)
+        args.apply_defaults()
+        make_method(args.arguments["method"], **args.arguments["settings"])
+        resolve_device(args.arguments["device"])
 
     @property
     def target(self):

@@ -11,6 +11,7 @@ LM's code stream through :func:`mmspec.generate` with the method's drafter
 from __future__ import annotations
 
 import json
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -201,6 +202,17 @@ class TextToSpeechPipeline:
                        else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
         self.components = TTSComponents.from_pretrained(model, device, optimize)
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
+
+    @classmethod
+    def check_arguments(cls, **init: Any) -> None:
+        """Check construction arguments without loading anything (presets): names, the method and
+        its settings, the device. Raises ValueError / TypeError."""
+        args = inspect.signature(cls.__init__).bind(None, **init)
+        args.apply_defaults()
+        method = args.arguments["method"]
+        if not isinstance(method, TTSMethod):
+            make_method(method, num_draft_tokens=args.arguments["num_draft_tokens"], **args.arguments["rule_settings"])
+        resolve_device(args.arguments["device"])
 
     @property
     def sampling_rate(self) -> int:

@@ -1,0 +1,94 @@
+"""Presets (pipelines/*.toml): every shipped one is checked up to its weights; from_preset and
+mmspec run build and run them; bad presets give one line that says what to change."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_checkpoints import cached_tiny_checkpoint
+
+import mmspec
+from mmspec.cli import main
+from mmspec.pipelines.presets import Preset, load_preset, preset_names
+
+SHIPPED = preset_names()
+
+
+def test_the_shipped_presets_cover_every_task():
+    assert {load_preset(name).task for name in SHIPPED} == {"image-captioning", "text-to-image", "text-to-speech"}
+    assert {"caption-embedded", "caption-llava", "caption-smolvlm", "caption-pixtral", "t2i-sjd", "t2i-lantern",
+            "tts-embedded"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_preset_passes_its_checks(name):
+    preset = load_preset(name)
+    assert preset.description and preset.name == name
+    preset.check()  # names against the pipeline's signatures, drafter / method and settings, dtype, device
+
+
+@pytest.fixture
+def write(tmp_path):
+    def write(text, name="p"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        return path
+    return write
+
+
+@pytest.mark.parametrize("text,match", [
+    ('task = "image-captioning"\ncolour = 1', r"unknown key\(s\) \['colour'\]"),
+    ('task = "image-to-video"', "task must be one of"),
+    ('task = "image-captioning"\n[init]\ndraftr = "auto"', r"unknown \[init\] key\(s\) \['draftr'\]"),
+    ('task = "image-captioning"\n[call]\nmax_tokens = 3', r"unknown \[call\] key\(s\) \['max_tokens'\]"),
+    ('task = "image-captioning"\n[init]\ndrafter = "eagel"', "unknown drafter 'eagel'"),
+    ('task = "image-captioning"\n[init]\ndtype = "fp8"', "unknown dtype 'fp8'"),
+    ('task = "text-to-image"\n[init]\nmethod = "sjd"\nwindow = 0', "window"),
+    ('task = "text-to-speech"\n[init]\nmethod = "fast"', "unknown method 'fast'"),
+    ('task = "image-captioning"\n[init', "not valid TOML"),
+])
+def test_bad_presets_say_what_to_change(write, text, match):
+    with pytest.raises(ValueError, match=match) as error:
+        load_preset(write(text)).check()
+    assert "\n" not in str(error.value) and str(error.value).startswith("preset ")
+
+
+def test_an_unknown_name_lists_the_presets():
+    with pytest.raises(FileNotFoundError, match="no preset 'nope'; use one of caption-embedded"):
+        load_preset("nope")
+
+
+def test_from_preset_applies_call_defaults_that_a_call_overrides(write, tmp_path_factory):
+    model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    path = write(f'task = "image-captioning"\n[init]\nmodel = "{model}"\ndrafter = "prompt-lookup"\ndtype = "fp32"\n'
+                 '[call]\nmax_new_tokens = 3\nprompt = "What is this?"')
+    pipe = mmspec.pipeline.from_preset(path)
+    image = Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8))
+    assert pipe(image).stats.new_tokens == 3 and pipe(image).prompt == "What is this?"
+    assert pipe(image, max_new_tokens=5).stats.new_tokens == 5
+    assert pipe.chosen_drafter == "prompt-lookup"  # the pipeline's attributes
+    assert mmspec.pipeline.from_preset(path, drafter="ar").chosen_drafter == "ar"  # overrides [init]
+
+
+def test_mmspec_run_every_task(tmp_path, capsys):
+    image = tmp_path / "x.png"
+    Image.fromarray(np.full((48, 48, 3), 200, dtype=np.uint8)).save(image)
+    assert main(["run", "caption-embedded", str(image), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert records[0]["input"] == str(image) and records[0]["text"] and records[0]["stats"]["new_tokens"] > 0
+    out = tmp_path / "out"
+    assert main(["run", "t2i-sjd", "a red circle", "--out", str(out), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert Image.open(records[0]["images"][0]).size[0] > 0 and records[0]["stats"]["method"] == "sjd"
+    assert main(["run", "tts-embedded", "two blue hearts.", "--out", str(out)]) == 0
+    assert (out / "000.wav").stat().st_size > 1000 and "real-time factor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,match", [(["nope", "x"], "no preset 'nope'"),
+                                        (["caption-embedded", "missing.png"], "image file(s) not found: missing.png"),
+                                        (["t2i-sjd", "x", "--device", "tpu"], "device")])
+def test_run_errors_are_one_line(args, match, capsys):
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and match in err
