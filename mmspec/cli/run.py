@@ -21,54 +21,34 @@ def add_parser(subparsers) -> None:
     cmd.set_defaults(handler=run)
 
 
-def _caption(pipe, inputs, args) -> list[dict]:
+def _caption(pipe, index: int, path: str, args) -> tuple[dict, str]:
     from ..pipelines.images import load_image
 
-    images = [load_image(path) for path in inputs]  # every file checked before the first caption
-    records = []
-    for path, image in zip(inputs, images):
-        result = pipe(image, seed=args.seed)
-        records.append({"input": path, "text": result.text, "stats": result.stats.to_dict()})
-        if not args.json:
-            print(f"{path}: {result.text}\n  {result.stats.summary()}")
-    return records
+    result = pipe(load_image(path), seed=args.seed)
+    return {"text": result.text, "stats": result.stats.to_dict()}, f"{path}: {result.text}\n  {result.stats.summary()}"
 
 
-def _draw(pipe, inputs, args) -> list[dict]:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for index, prompt in enumerate(inputs):
-        result = pipe(prompt, seed=args.seed)
-        paths = []
-        for image_index, image in enumerate(result.images):
-            paths.append(str(out / f"{index:03d}-{image_index}.png"))
-            image.save(paths[-1])
-        records.append({"input": prompt, "images": paths, "stats": result.stats.to_dict()})
-        if not args.json:
-            print(f"{prompt!r} -> {', '.join(paths)}\n  {result.stats.summary()}")
-    return records
+def _draw(pipe, index: int, prompt: str, args) -> tuple[dict, str]:
+    result = pipe(prompt, seed=args.seed)
+    paths = [str(Path(args.out) / f"{index:03d}-{i}.png") for i in range(len(result.images))]
+    for image, path in zip(result.images, paths):
+        image.save(path)
+    return {"images": paths, "stats": result.stats.to_dict()}, f"{prompt!r} -> {', '.join(paths)}\n  {result.stats.summary()}"
 
 
-def _say(pipe, inputs, args) -> list[dict]:
+def _say(pipe, index: int, text: str, args) -> tuple[dict, str]:
     from ..adapters.audio.codec import write_wav
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for index, text in enumerate(inputs):
-        result = pipe(text, seed=args.seed)
-        path = out / f"{index:03d}.wav"
-        write_wav(path, result.audio, result.sampling_rate)
-        s = result.stats
-        records.append({"input": text, "audio": str(path), "stats": s.to_dict()})
-        if not args.json:
-            print(f"{text!r} -> {path}\n  {s.method}: {s.seconds:.2f} s of audio in {s.wall_time_s:.2f} s "
-                  f"(real-time factor {s.real_time_factor:.2f}, tau {s.tau:.2f})")
-    return records
+    result = pipe(text, seed=args.seed)
+    path = Path(args.out) / f"{index:03d}.wav"
+    write_wav(path, result.audio, result.sampling_rate)
+    s = result.stats
+    return {"audio": str(path), "stats": s.to_dict()}, (
+        f"{text!r} -> {path}\n  {s.method}: {s.seconds:.2f} s of audio in {s.wall_time_s:.2f} s "
+        f"(real-time factor {s.real_time_factor:.2f}, tau {s.tau:.2f})")
 
 
-#: task -> how its inputs are run
+#: task -> how one input is run: (pipeline, index, input, args) -> (its record, the line to print)
 RUNNERS = {"image-captioning": _caption, "text-to-image": _draw, "text-to-speech": _say}
 
 
@@ -83,7 +63,14 @@ def run(args) -> int:
         if missing:
             raise ValueError(f"image file(s) not found: {', '.join(missing)}")
     pipe = from_preset(preset.path, **({} if args.device is None else {"device": args.device}))  # checked, then loaded
-    records = RUNNERS[preset.task](pipe, args.inputs, args)
+    if preset.task != "image-captioning":
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    records = []
+    for index, item in enumerate(args.inputs):
+        record, line = RUNNERS[preset.task](pipe, index, item, args)
+        records.append({"input": item, **record})
+        if not args.json:
+            print(line)
     if args.json:
         print(json.dumps(records, indent=2))
     return 0
