@@ -134,3 +134,14 @@ def test_pixels_encoded_once(case):
     finally:
         handle.remove()
     assert out.stats.target_forwards > 2 and len(calls) == 1
+
+
+def test_stats_time_the_drafter():
+    case = make_tiny("llama")
+    spec = mmspec.generate(case.model, drafter=ModelDrafter(make_text_only_draft(), num_draft_tokens=3), max_new_tokens=12,
+                           **case.inputs).stats
+    assert 0 < spec.draft_time_s < spec.wall_time_s and spec.draft_ms_per_step == pytest.approx(
+        1000 * spec.draft_time_s / spec.verify_steps)
+    assert "drafting" in spec.summary() and spec.to_dict()["draft_ms_per_step"] == spec.draft_ms_per_step
+    ar = mmspec.generate(case.model, max_new_tokens=12, **case.inputs).stats
+    assert ar.draft_time_s == 0 and "drafting" not in ar.summary()

@@ -121,7 +121,12 @@ def speculative_decode(
         while not done:
             # 2. Draft at most what the token budget can still use (the bonus token is free).
             budget = max_new_tokens - generated - 1
-            draft = drafter.propose(state, budget) if drafter is not None and budget > 0 else empty_draft
+            if drafter is not None and budget > 0:
+                drafting = time.perf_counter()
+                draft = drafter.propose(state, budget)
+                stats.draft_time_s += time.perf_counter() - drafting
+            else:
+                draft = empty_draft
             k = draft.length
             if draft.tree is None:
                 # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
@@ -146,9 +151,11 @@ def speculative_decode(
             if on_step is not None:
                 on_step(generated)
             if drafter is not None:
+                drafting = time.perf_counter()
                 if draft.tree is not None:
                     drafter.on_tree_verified(path, tree_out)
                 drafter.on_verified(k, num_accepted, out)
+                stats.draft_time_s += time.perf_counter() - drafting
 
     stats.new_tokens = generated
     stats.draft_forwards = drafter.forwards if drafter is not None else 0

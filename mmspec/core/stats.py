@@ -45,6 +45,8 @@ class SpecStats(DictAccess):
         committed_per_step: tokens committed by each verification step, in order (the prefill's
             first token is not listed), so token i's step is recoverable (see :meth:`step_of_token`).
         wall_time_s: wall time of the whole call (prefill included).
+        draft_time_s: of which in the drafter (proposing, and updating itself after each
+            verification); host time (on CUDA, kernels still queued are not counted).
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
         config: the method's chosen settings (draft length, rule, ...).
     """
@@ -61,6 +63,7 @@ class SpecStats(DictAccess):
     accepted_per_position: list[int] = field(default_factory=list)
     committed_per_step: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
+    draft_time_s: float = 0.0
     speedup: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -84,6 +87,11 @@ class SpecStats(DictAccess):
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time_s if self.wall_time_s else 0.0
+
+    @property
+    def draft_ms_per_step(self) -> float:
+        """Drafting time per verification step, in milliseconds."""
+        return 1000 * self.draft_time_s / self.verify_steps if self.verify_steps else 0.0
 
     def step_of_token(self) -> list[int]:
         """For each generated token, the verification step that committed it (0 = the prefill)."""
@@ -116,6 +124,7 @@ class SpecStats(DictAccess):
             acceptance_rate=self.acceptance_rate,
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_second=self.tokens_per_second,
+            draft_ms_per_step=self.draft_ms_per_step,
         )
         return out
 
@@ -129,6 +138,8 @@ class SpecStats(DictAccess):
             f"({self.tokens_per_second:.1f} tok/s), tau {self.mean_accepted_length:.2f}, "
             f"acceptance {self.acceptance_rate:.0%}, {self.target_forwards} target forwards"
         )
+        if self.draft_time_s:
+            line += f", drafting {self.draft_ms_per_step:.1f} ms/step ({self.draft_time_s / self.wall_time_s:.0%})"
         if self.speedup is not None:
             line += f", speedup {self.speedup:.2f}x"
         return line
