@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
-from .results import machine_info, save_results
+from .results import add_device_args, machine_info, save_results
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
 
@@ -48,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     parser.add_argument("--threads", type=int, default=2)
+    add_device_args(parser)
     parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
@@ -109,11 +109,12 @@ def run(args) -> int:
     results["meta"] = {
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
-        "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
         "command": "mmspec bench caption " + " ".join(
-            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads")),
+            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device")),
     }
-    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device="cpu", dtype=args.dtype)
+    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize)
+    results["meta"].update(machine=machine_info(str(pipe.dtype).removeprefix("torch."), args.threads, args.device),
+                           linears=pipe.optimization.kernel if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
     items = bench_items(families, args.per_family, args.tasks)
     for family, index, image, prompt in items:
@@ -141,7 +142,7 @@ def run(args) -> int:
     if args.write_drafters_file:
         from ..pipelines.captioning import describe_auto_table
 
-        machine = machine_info(str(pipe.dtype).removeprefix("torch."), args.threads)
+        machine = results["meta"]["machine"]
         path = write_drafters_file(pipe.model_dir, summary, methods, results["meta"], machine)
         print(f"wrote {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     tables = render_tables(summary, results["meta"])

@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{' | '.join(MODELS)} (embedded), or a causal LM's path / hub id")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (the curve is timed with the device "
+                        "synchronised; the per-part split is CPU-only)")
     parser.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32,48,64", help="comma list of n (new tokens)")
     parser.add_argument("--variants", default="plain,optimized", help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--repeats", type=int, default=9)
@@ -76,26 +78,26 @@ def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     return sorted(set([1, *sizes])), variants
 
 
-def load_target(name: str, dtype: str):
+def load_target(name: str, dtype: str, device: str = "cpu"):
     """-> (target, model inputs of its prompt or None for random context, the module to optimise)."""
     if name == "captioner":
         from ..pipelines.captioning import ImageCaptioningPipeline
         from ..train.data import FAMILIES, make_sample
 
-        pipe = ImageCaptioningPipeline(model=None, drafter="ar", device="cpu", dtype=dtype, optimize=False)
+        pipe = ImageCaptioningPipeline(model=None, drafter="ar", device=device, dtype=dtype, optimize=False)
         sample = make_sample(FAMILIES[0], "test", 0)  # a test-split item of the captioner's data
         inputs = pipe.preprocess(sample.image, sample.prompt)
         return pipe.target, inputs, pipe.model
     if name == "t2i":
         from ..pipelines.text_to_image import TextToImagePipeline
 
-        pipe = TextToImagePipeline(model=None, method="ar", device="cpu")
+        pipe = TextToImagePipeline(model=None, method="ar", device=device, optimize=False)
         inputs = {**pipe.prompt_inputs("a red circle above a blue square"), "guidance_scale": 3.0}
         return pipe.target, inputs, pipe.target.model
     from ..adapters.hf import TransformersTarget
     from ..hub import load_causal_lm, resolve_dtype
 
-    model, _ = load_causal_lm(name, dtype=resolve_dtype(dtype))
+    model, _ = load_causal_lm(name, dtype=resolve_dtype(dtype, device), device=device)
     return TransformersTarget(model), None, model
 
 
@@ -184,16 +186,16 @@ def run(args: argparse.Namespace) -> int:
 
     sizes, variants = check(args)
     torch.set_num_threads(args.threads)
-    target, inputs, model = load_target(args.model, args.dtype)
+    target, inputs, model = load_target(args.model, args.dtype, args.device)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats,
-                        "machine": machine_info(dtype, args.threads)}, "variants": {}}
+                        "machine": machine_info(dtype, args.threads, args.device)}, "variants": {}}
     for variant in variants:  # plain first: optimize() changes the model in place
         if variant == "optimized":
             optimize(model)
         curve = measure_verification_cost(target, sizes, repeats=args.repeats, model_inputs=inputs)
         record = {"ms": {str(n): t * 1000 for n, t in curve.items()}}
-        if not args.no_parts:
+        if not args.no_parts and target.device.type == "cpu":
             parts = measure_parts(target, model, list(curve), inputs, args.repeats)
             record["parts_ms"] = {str(n): {p: t * 1000 for p, t in v.items()} for n, v in parts.items()}
         results["variants"][variant] = record

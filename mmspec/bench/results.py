@@ -17,6 +17,13 @@ def save_results(path: Path, results: dict) -> None:
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
+def add_device_args(parser) -> None:
+    """``--device`` (default cpu) and ``--no-optimize``, shared by the benchmarks that build a pipeline."""
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (timed with the device synchronised)")
+    parser.add_argument("--no-optimize", dest="optimize", action="store_false",
+                        help="measure the models' linears as loaded (default: few-row linears, mmspec.optimize)")
+
+
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
     ("cpu" or the GPU's name), "threads", "dtype", "torch", "transformers"}."""

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import torch
 
 from ..pipelines.t2i_components import T2IComponents
 from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
-from .results import save_results
+from .results import add_device_args, machine_info, save_results
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
 
@@ -46,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbours-k", type=int, default=None,
                         help="codebook neighbours per code, LANTERN's k (default: the method's)")
     parser.add_argument("--threads", type=int, default=2)
+    add_device_args(parser)
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--plot", default=None, help="write the speed / quality trade-off (speedup vs FD) as a PNG")
@@ -64,14 +64,14 @@ def run(args: argparse.Namespace) -> int:
     specs = [m for m in args.methods.split(",") if m]
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     torch.set_num_threads(args.threads)
-    components = T2IComponents.from_pretrained(args.model, device="cpu")
+    components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize)
     prompts, references = bench_prompts(args.prompts, size=components.tokenizer.vq.config.image_size)
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
             "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
-            "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+            "machine": machine_info("float32", args.threads, args.device), "linears": components.linears}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
     results["meta"] = meta

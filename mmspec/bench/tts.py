@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .results import machine_info, save_results
+from .results import add_device_args, machine_info, save_results
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
     parser.add_argument("--threads", type=int, default=1)
+    add_device_args(parser)
     parser.add_argument("--results", default="bench-out/tts.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en)")
@@ -46,12 +47,13 @@ def run(args: argparse.Namespace) -> int:
     methods = {spec: make_method(spec) for spec in specs}  # checked before the model loads
     torch.set_num_threads(args.threads)
     texts = [sentence("test", i) for i in range(args.sentences)]
-    pipe = mmspec.pipeline("text-to-speech", model=args.model)  # one model for every method
+    pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize)  # one model for every method
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
-            "model": args.model or "embedded (models/tts)", "machine": machine_info("float32", args.threads)}
+            "model": args.model or "embedded (models/tts)", "machine": machine_info("float32", args.threads, args.device),
+            "linears": pipe.components.linears}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
     results["meta"] = meta
