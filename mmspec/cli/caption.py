@@ -2,9 +2,15 @@
 
 Every image is checked (exists, is an image, not too large) before the model loads; an image
 that fails is reported on stderr and skipped, the others are still captioned, and the exit code
-is 2 at the end. With ``--json`` stdout holds one JSON list, one object per image in the order
+is 2 at the end (0 with ``--out``, where a failure is an ``{"path", "error"}`` record). With ``--json`` stdout holds one JSON list, one object per image in the order
 given: ``{"path", "text", "prompt", "stats", "baseline_text", "baseline_stats",
 "identical_to_baseline"}``, or ``{"path", "error"}`` for an image that failed.
+
+Inputs may be files, folders (their images, recursively) and globs. With ``--out FILE.jsonl`` the
+same records stream to the file as they finish (a progress bar shows images/s, tokens/s and the
+running speedup), a killed run resumes where it stopped, and ``accelerate launch -m mmspec caption
+... --out FILE.jsonl`` shards the inputs over processes and gathers one file in input order
+(:mod:`mmspec.cli.dataset`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
                                    check_prompt)
 from ..pipelines.images import open_image_file
+from .dataset import ShardedResults, expand_images
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
@@ -27,7 +34,10 @@ def add_parser(subparsers) -> None:
     from .args import add_model_args, add_sampling_args
 
     cap = subparsers.add_parser("caption", help="caption images (or ask about them) with a drafter, and show the speed")
-    cap.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, WebP, TIFF, ...)")
+    cap.add_argument("images", nargs="+", metavar="IMAGE",
+                     help="image files (PNG, JPEG, WebP, TIFF, ...), folders of them, or globs ('photos/**/*.jpg')")
+    cap.add_argument("--out", default=None, metavar="FILE.jsonl",
+                     help="stream one JSON record per image to this file; rerun to resume (accelerate launch: one file)")
     cap.add_argument("--prompt", default=None, help=f'the instruction or question (default: "{DEFAULT_PROMPT}")')
     cap.add_argument("--drafter", default="auto",
                      help="auto (the model's benchmarked best, else prompt-lookup) | ar | prompt-lookup[:K] | "
@@ -37,30 +47,41 @@ def add_parser(subparsers) -> None:
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
     add_sampling_args(cap)
-    cap.set_defaults(handler=run_caption_command)
+    cap.set_defaults(handler=run_caption_command, output_args={"out": "file"})
 
 
 class Progress:
-    """A progress bar on stderr for more than one image (tqdm when installed, else "[i/n] path"
-    lines); ``write`` prints without breaking the bar."""
+    """A progress bar on stderr (tqdm when installed, else "[i/n] path" lines) for more than one
+    image, or always (``always``: dataset runs): items/s, and the running tokens/s and speedup
+    over plain decoding (when baselines run); ``write`` prints without breaking the bar."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, always: bool = False) -> None:
         try:
             from tqdm.auto import tqdm
         except ImportError:
             tqdm = None
         self.total, self.done = total, 0
-        self.bar = tqdm(total=total, file=sys.stderr, unit="image", leave=False) if tqdm and total > 1 else None
+        self.tokens = self.seconds = self.baseline_seconds = 0.0
+        show = total > 1 or always
+        self.bar = tqdm(total=total, file=sys.stderr, unit="image", leave=False) if tqdm and show else None
+        self.lines = show
 
     def start(self, path: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(path, refresh=True)
-        elif self.total > 1:
+        if self.bar is None and self.lines:
             print(f"[{self.done + 1}/{self.total}] {path}", file=sys.stderr)
 
-    def step(self) -> None:
+    def step(self, stats=None) -> None:
         self.done += 1
+        if stats is not None:
+            self.tokens += stats.new_tokens
+            self.seconds += stats.wall_time_s
+            if stats.speedup:
+                self.baseline_seconds += stats.wall_time_s * stats.speedup
         if self.bar is not None:
+            postfix = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else ""
+            if self.baseline_seconds:
+                postfix += f", {self.baseline_seconds / self.seconds:.2f}x over plain decoding"
+            self.bar.set_postfix_str(postfix, refresh=False)
             self.bar.update(1)
 
     def write(self, text: str, file=None) -> None:
@@ -94,15 +115,23 @@ def run_caption_command(args) -> int:
     if args.prompt is not None:  # before any loading
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)
-    records: list[dict[str, Any]] = [{"path": path} for path in args.images]
+    paths = expand_images(args.images)
+    results = ShardedResults(args.out, paths, key="path") if args.out else None
+    records: list[dict[str, Any]] = [{"path": path} for path in (results.todo if results else paths)]
+    progress: Progress | None = None
 
-    def fail(record: dict[str, Any], error: Exception, progress: Progress | None = None) -> None:
+    def finish(record: dict[str, Any]) -> None:
+        if results is not None:
+            results.write(record)
+
+    def fail(record: dict[str, Any], error: Exception) -> None:
         record["error"] = str(error)
         message = f"mmspec: error: {error}"
         if progress is not None:
             progress.write(message, file=sys.stderr)
         else:
             print(message, file=sys.stderr)
+        finish(record)
 
     for record in records:  # cheap header checks, so bad paths fail before the model loads
         try:
@@ -110,14 +139,17 @@ def run_caption_command(args) -> int:
         except IMAGE_ERRORS as error:
             fail(record, error)
     todo = [r for r in records if "error" not in r]
+    quiet = args.json or results is not None  # a dataset run shows the progress bar, then one line
     if todo:
-        captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=args.device,
+        device = results.process.device if results and results.process.device and args.device == "auto" else args.device
+        captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=device,
                                             dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize)
         if not args.json:
             linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
             print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "
-                  f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}")
-        progress = Progress(len(todo))
+                  f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}",
+                  file=sys.stderr if results is not None else sys.stdout)
+        progress = Progress(len(todo), always=results is not None)
         try:
             for record in todo:
                 progress.start(record["path"])
@@ -126,14 +158,21 @@ def run_caption_command(args) -> int:
                                        do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                        top_p=args.top_p, seed=args.seed, compare_baseline=args.compare_baseline)
                 except IMAGE_ERRORS as error:  # e.g. a file truncated after its header
-                    fail(record, error, progress)
+                    fail(record, error)
                 else:
                     record.update(result.to_dict())
-                    if not args.json:
+                    finish(record)
+                    progress.step(result.stats)
+                    if not quiet:
                         progress.write(format_result(record["path"], result, captioner.dtype in (torch.bfloat16, torch.float16)))
-                progress.step()
         finally:
             progress.close()
+    errors = sum("error" in r for r in records)
+    if results is not None:
+        records = results.finish()
+        if not args.json:
+            captioned = sum("error" not in r for r in todo)
+            print(f"{args.out}: {len(records)} of {len(paths)} inputs done; this run captioned {captioned}, {errors} error(s)")
     if args.json:
         print(json.dumps(records, indent=2))
-    return 2 if any("error" in r for r in records) else 0
+    return 2 if errors and results is None else 0  # a dataset run keeps its errors as records

@@ -1,0 +1,109 @@
+"""Captioning at dataset scale: folders and globs, JSONL results streamed and resumed, inputs
+sharded over processes (accelerate) and gathered into one file in input order."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_checkpoints import cached_tiny_checkpoint
+
+from mmspec.cli import main
+from mmspec.cli.dataset import ShardedResults, expand_images, read_records
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "images"
+    (root / "sub").mkdir(parents=True)
+    for i, name in enumerate(["b.png", "a.jpg", "sub/c.png", "sub/d.webp"]):
+        Image.fromarray(np.full((24, 24, 3), 40 * i, dtype=np.uint8)).save(root / name)
+    (root / "notes.txt").write_text("not an image")
+    (root / "sub" / "broken.png").write_text("not an image either")
+    return root
+
+
+def test_inputs_expand_from_files_folders_and_globs(folder):
+    assert expand_images([str(folder)]) == [str(folder / n) for n in ("a.jpg", "b.png", "sub/broken.png", "sub/c.png", "sub/d.webp")]
+    assert expand_images([str(folder / "sub" / "*.png"), str(folder / "b.png"), str(folder / "sub" / "c.png")]) == [
+        str(folder / "sub" / "broken.png"), str(folder / "sub" / "c.png"), str(folder / "b.png")]  # each once, in order
+    with pytest.raises(ValueError, match="matches no file"):
+        expand_images([str(folder / "*.gif")])
+    (folder / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no images"):
+        expand_images([str(folder / "empty")])
+
+
+def test_a_line_cut_short_is_dropped(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"path": "a", "text": "x"}\n{"path": "b", "te')
+    assert list(read_records(path, "path")) == ["a"] and path.read_text() == '{"path": "a", "text": "x"}\n'
+
+
+class FakeProcess:
+    def __init__(self, rank, world):
+        self.rank, self.world, self.device = rank, world, None
+
+    def wait(self):
+        pass
+
+
+def test_shards_are_disjoint_resumable_and_merged_in_input_order(tmp_path):
+    inputs = [f"img{i}" for i in range(7)]
+    out = tmp_path / "out.jsonl"
+    ranks = [ShardedResults(out, inputs, "path", FakeProcess(r, 3)) for r in range(3)]
+    assert [r.todo for r in ranks] == [["img0", "img3", "img6"], ["img1", "img4"], ["img2", "img5"]]
+    for r in ranks[1:]:
+        for x in r.todo:
+            r.write({"path": x, "text": x.upper()})
+        r.finish()  # not rank 0: nothing merged yet
+    ranks[0].write({"path": "img0", "text": "IMG0"})  # ... and rank 0 is killed here
+    again = ShardedResults(out, inputs, "path", FakeProcess(0, 3))
+    assert again.todo == ["img3", "img6"]  # nothing recomputed
+    for x in again.todo:
+        again.write({"path": x, "text": x.upper()})
+    records = again.finish()
+    assert [r["path"] for r in records] == inputs and not list(tmp_path.glob("out.jsonl.rank-*"))
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == [x.upper() for x in inputs]
+
+
+def caption_args(folder, model, out):
+    return ["caption", str(folder), "--out", str(out), "--model", str(model), "--drafter", "prompt-lookup",
+            "--dtype", "fp32", "--max-new-tokens", "4", "--device", "cpu"]
+
+
+def test_a_dataset_run_streams_records_and_resumes(folder, tmp_path, tmp_path_factory, capsys):
+    model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    out = tmp_path / "captions.jsonl"
+    assert main(caption_args(folder, model, out)) == 0  # a broken image is a record, not a failure
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["path"] for r in records] == expand_images([str(folder)])
+    assert "error" in records[2] and all(r["stats"]["new_tokens"] == 4 for i, r in enumerate(records) if i != 2)
+    assert "5 of 5 inputs done; this run captioned 4, 1 error(s)" in capsys.readouterr().out
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:2]) + lines[3][:20])  # killed while writing the fourth record
+    assert main(caption_args(folder, model, out)) == 0
+    assert "this run captioned 2, 1 error(s)" in capsys.readouterr().out  # the third (error) and the rest
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["path"], r.get("text"), r.get("error")) for r in again] == [
+        (r["path"], r.get("text"), r.get("error")) for r in records]  # the same file, nothing lost
+
+
+def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_factory):
+    """accelerate launch (its torchrun launcher; the processes run on the CPU over gloo)."""
+    model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert main(caption_args(folder, model, one)) == 0
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29517",
+                           "-m", "mmspec", *caption_args(folder, model, two)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    texts = [[(r["path"], r.get("text"), r.get("error")) for r in map(json.loads, f.read_text().splitlines())] for f in (one, two)]
+    assert texts[0] == texts[1] and len(texts[0]) == 5
+    assert not list(tmp_path.glob("two.jsonl.rank-*"))
