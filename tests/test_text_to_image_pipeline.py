@@ -87,6 +87,24 @@ def test_cli_writes_images_grid_and_acceptance_map(model_dir, tmp_path, capsys):
     assert main(["t2i", "  ", "--model", str(model_dir), "--out", str(out)]) == 2
 
 
+def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "out"
+    prompts.write_text("a red circle\n\na blue star\nthree green squares\n")
+    args = ["t2i", "--prompts", str(prompts), "--model", str(model_dir), "--out", str(out), "--greedy", "--no-progress"]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["a red circle", "a blue star", "three green squares"]
+    assert all((out / f"{r['id']}-0.png").is_file() and r["stats"]["tokens"] == 16 for r in records)
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text(lines[0] + lines[1][:10])  # killed while writing the second
+    capsys.readouterr()
+    assert main(args) == 0 and "3 of 3 prompts done; this run drew 2" in capsys.readouterr().out
+    again = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["images"] for r in again] == [r["images"] for r in records]
+    assert main(["t2i", "a red circle", "--prompts", str(prompts), "--model", str(model_dir)]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
 def test_relaxed_methods_report_their_bounds(model_dir):
     exact = mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=0.0, neighbours_k=4, num_draft_tokens=3)
     r = exact("a red circle", do_sample=False, compare_baseline=True, seed=1)

@@ -19,7 +19,10 @@ def add_parser(subparsers) -> None:
     from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
-    cmd.add_argument("prompt")
+    cmd.add_argument("prompt", nargs="?", default=None, help="the prompt (or --prompts FILE)")
+    cmd.add_argument("--prompts", default=None, metavar="FILE",
+                     help="one prompt per line: images go to --out as NNNNNN-I.png, one JSON record per prompt to "
+                          "OUT/results.jsonl as they finish; rerun to resume; accelerate launch shards the prompts")
     cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v.description})" for k, v in METHODS.items())
                      + "; sjd[:init], lantern[:drafter]")
     for name, setting in SETTINGS.items():  # the methods' settings; unset = the method's default
@@ -69,6 +72,45 @@ def side_by_side(rows: list[list], cell: int):
     return sheet
 
 
+def read_prompts(path: str) -> list[str]:
+    """A prompts file -> its non-empty lines, stripped."""
+    try:
+        prompts = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError as error:
+        raise ValueError(f"cannot read --prompts {path}: {error.strerror}") from None
+    if not prompts:
+        raise ValueError(f"--prompts {path} holds no prompt (one per line)")
+    return prompts
+
+
+def run_prompts_file(pipe, prompts: list[str], args) -> int:
+    """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded)."""
+    from tqdm.auto import tqdm
+
+    from .dataset import ShardedResults
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = [f"{i:06d}" for i in range(len(prompts))]
+    results = ShardedResults(out / "results.jsonl", ids, key="id")
+    bar = tqdm(results.todo, unit="prompt", leave=False, disable=args.no_progress or args.json)
+    for key in bar:
+        prompt = prompts[int(key)]
+        result = pipe(prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
+                      do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                      compare_baseline=args.compare_baseline, progress=False)
+        paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
+        for image, path in zip(result.images, paths):
+            image.save(path)
+        results.write({"id": key, "prompt": prompt, "images": paths, "stats": result.stats.to_dict()})
+    records = results.finish()
+    if args.json:
+        print(json.dumps(records, indent=2))
+    else:
+        print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew {len(results.todo)}")
+    return 0
+
+
 def run(args) -> int:
     import mmspec
     from ..pipelines.t2i_methods import SETTINGS
@@ -76,7 +118,11 @@ def run(args) -> int:
     from ..pipelines.text_to_image import check_call_arguments
 
     # every argument is checked before the model loads (--threads and --out by mmspec.cli.args.check_args)
-    check_prompt(args.prompt)
+    if (args.prompt is None) == (args.prompts is None):
+        raise ValueError("pass a prompt or --prompts FILE (one prompt per line), not both")
+    prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
+    for prompt in prompts:
+        check_prompt(prompt)
     check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,6 +130,8 @@ def run(args) -> int:
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=args.device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
                            trust_remote_code=args.trust_remote_code, optimize=args.optimize, **settings)
+    if args.prompts:
+        return run_prompts_file(pipe, prompts, args)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json)
