@@ -68,6 +68,10 @@ def test_training_layout_matches_the_stream():
     assert torch.equal(steps[1:], target.model_ids(stream.view(-1, 3)))
     assert targets[5, 0] == model.config.end_code and (targets[6:, 0] == -100).all()
     assert torch.equal(target.codes(stream), codes)
+    # cut by the token budget right after the end code (codebooks 1, 2 still owe frames 4 and 3-4):
+    # the audio is the frames every codebook holds
+    cut = stream[: 6 * 3]  # steps 1..6: codebook 0's end code sits in step 6
+    assert torch.equal(target.codes(cut), codes[:, :4])
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unaligned", "aligned"])

@@ -441,16 +441,17 @@ class DelayPatternTarget:
 
     def codes(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """The generated stream [S * K] (or [1, S * K]) -> audio codes [K, F]: the delay and the
-        codebook offsets undone, up to the end code (or the last complete frame) and no stop."""
+        codebook offsets undone, up to the end code or the last frame every codebook holds (a
+        stream cut by the token budget), whichever comes first, and no stop."""
         k = self.num_codebooks
         stream = new_tokens.flatten()
         stream = stream[: stream.shape[0] // k * k]
         steps = stream.view(-1, k) - self._offsets.to(stream.device)  # row r: step r + 1
-        frames = steps.shape[0] - max(self.delays)
+        frames = steps.shape[0] - max(self.delays)  # the frames every codebook holds
         if self.end_code is not None:
             ends = (steps[:, 0] == self.end_code).nonzero()
-            if len(ends):
-                frames = int(ends[0])
+            if len(ends):  # a stream cut short by the token budget may end before its delayed codebooks do
+                frames = min(frames, int(ends[0]))
         if frames < 0:
             raise ValueError(f"a stream of {steps.shape[0]} steps holds no complete frame (delays {list(self.delays)})")
         return torch.stack([steps[d : d + frames, c] for c, d in enumerate(self.delays)])  # [K, 0]: ended at once
