@@ -12,7 +12,9 @@ libraries replace modules: the model's own forward methods are untouched. A few-
 ``max_rows`` rows, no gradient needed) then goes through one of:
 
 - ``"c"``: a small C kernel (``kernels/few_rows.c``, AVX2 + FMA, OpenMP over output blocks) that
-  loads each block of W once and uses it for every row while it is in L1. It is compiled with the
+  loads each block of W once, uses it for every row while it is in L1, and prefetches the next
+  block meanwhile (a model's weights stream from DRAM: one 1536 x 576 fp32 linear, 1 thread,
+  F.linear / kernel: M=1 315 / 136 us, M=4 384 / 161 us, M=8 450 / 298 us). It is compiled with the
   machine's C compiler on first use (``scripts/install.sh`` builds it at install) into
   ``$MMSPEC_CACHE`` (default ``~/.cache/mmspec``). Its sums run in one fixed order per output, so
   a row's result is bitwise the same alone or among others: verification gives exactly the logits
