@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .dataset import ProcessState, ShardedResults
+
 
 def add_parser(subparsers) -> None:
     from ..pipelines.t2i_methods import METHODS, SETTINGS
@@ -83,16 +85,14 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def run_prompts_file(pipe, prompts: list[str], args) -> int:
+def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | None = None) -> int:
     """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded)."""
     from tqdm.auto import tqdm
-
-    from .dataset import ShardedResults
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ids = [f"{i:06d}" for i in range(len(prompts))]
-    results = ShardedResults(out / "results.jsonl", ids, key="id")
+    results = ShardedResults(out / "results.jsonl", ids, key="id", process=process)
     bar = tqdm(results.todo, unit="prompt", leave=False, disable=args.no_progress or args.json)
     for key in bar:
         prompt = prompts[int(key)]
@@ -127,11 +127,13 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {name: getattr(args, name) for name in SETTINGS}
-    pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=args.device,
+    process = ProcessState() if args.prompts else None  # under accelerate: this process's rank and device
+    device = process.device if process and process.device and args.device == "auto" else args.device
+    pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
                            trust_remote_code=args.trust_remote_code, optimize=args.optimize, **settings)
     if args.prompts:
-        return run_prompts_file(pipe, prompts, args)
+        return run_prompts_file(pipe, prompts, args, process)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json)
