@@ -10,7 +10,7 @@ from tiny_checkpoints import cached_tiny_checkpoint
 
 import mmspec
 from mmspec.cli import main
-from mmspec.pipelines.presets import Preset, load_preset, preset_names
+from mmspec.pipelines.presets import load_preset, preset_names
 
 SHIPPED = preset_names()
 

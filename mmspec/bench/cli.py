@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 #: output files of the text and caption suites, checked before the model loads (cli.args.check_args)
 OUTPUT_ARGS = {"results": "file", "markdown": "file"}
 

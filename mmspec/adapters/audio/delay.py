@@ -36,7 +36,7 @@ commit / rollback and the draft-model drafter work unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
