@@ -141,7 +141,7 @@ def run_caption_command(args) -> int:
     todo = [r for r in records if "error" not in r]
     quiet = args.json or results is not None  # a dataset run shows the progress bar, then one line
     if todo:
-        device = results.process.device if results and results.process.device and args.device == "auto" else args.device
+        device = results.process.device_for(args.device) if results else args.device
         captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=device,
                                             dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize)
         if not args.json:

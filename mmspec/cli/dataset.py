@@ -80,6 +80,10 @@ class ProcessState:
         self.rank = self._state.process_index if self._state else 0
         self.world = self._state.num_processes if self._state else 1
 
+    def device_for(self, requested: str) -> str:
+        """The device to load on: this process's own for "auto" under accelerate, else ``requested``."""
+        return self.device if self.device and requested == "auto" else requested
+
     def wait(self) -> None:
         if self._state is not None:
             self._state.wait_for_everyone()

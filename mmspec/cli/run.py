@@ -53,7 +53,9 @@ RUNNERS = {"image-captioning": _caption, "text-to-image": _draw, "text-to-speech
 
 
 def run(args) -> int:
-    from ..pipelines.presets import from_preset, load_preset
+    from dataclasses import replace
+
+    from ..pipelines.presets import load_preset
 
     preset = load_preset(args.preset)
     if preset.task not in RUNNERS:
@@ -62,7 +64,9 @@ def run(args) -> int:
         missing = [p for p in args.inputs if not Path(p).is_file()]
         if missing:
             raise ValueError(f"image file(s) not found: {', '.join(missing)}")
-    pipe = from_preset(preset.path, **({} if args.device is None else {"device": args.device}))  # checked, then loaded
+    if args.device is not None:
+        preset = replace(preset, init={**preset.init, "device": args.device})
+    pipe = preset.build()  # checked, then loaded
     if preset.task != "image-captioning":
         Path(args.out).mkdir(parents=True, exist_ok=True)
     records = []

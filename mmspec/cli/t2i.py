@@ -128,7 +128,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     settings = {name: getattr(args, name) for name in SETTINGS}
     process = ProcessState() if args.prompts else None  # under accelerate: this process's rank and device
-    device = process.device if process and process.device and args.device == "auto" else args.device
+    device = process.device_for(args.device) if process else args.device
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
                            trust_remote_code=args.trust_remote_code, optimize=args.optimize, **settings)

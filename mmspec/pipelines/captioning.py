@@ -24,7 +24,6 @@ every result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -340,12 +339,10 @@ class ImageCaptioningPipeline:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def check_arguments(cls, **init: Any) -> None:
-        """Check construction arguments without loading anything (presets): names, the drafter
-        name, the prompt, dtype and device. Raises ValueError / TypeError / FileNotFoundError."""
-        args = inspect.signature(cls.__init__).bind(None, **init)
-        args.apply_defaults()
-        values = args.arguments
+    def check_arguments(cls, values: dict[str, Any]) -> None:
+        """Check construction arguments (all of ``__init__``'s, bound) without loading anything
+        (presets): the drafter name, the prompt, dtype and device. Raises ValueError /
+        FileNotFoundError."""
         check_prompt(values["prompt"])
         if isinstance(values["drafter"], (str, os.PathLike)):
             check_drafter_name(values["drafter"])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,8 @@ class Preset:
     def check(self) -> None:
         """Everything that can be checked without the weights: argument names against the
         pipeline's ``__init__`` and ``__call__``, then the pipeline's own pre-load checks
-        (``check_arguments``: drafter / method names and settings, dtype, device).
+        (``check_arguments``, given the bound ``__init__`` arguments with their defaults: drafter /
+        method names and settings, dtype, device).
 
         Raises:
             ValueError: one line naming the preset and what to change.
@@ -79,9 +80,16 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown [{section}] key(s) {unknown} for {cls.__name__}; "
                                  f"use {', '.join(allowed)}")
         try:
-            cls.check_arguments(**self.init)
+            arguments = inspect.signature(cls.__init__).bind(None, **self.init)
+            arguments.apply_defaults()
+            cls.check_arguments(arguments.arguments)
         except (ValueError, TypeError, FileNotFoundError) as error:
             raise ValueError(f"preset {self.name}: {error}") from None
+
+    def build(self) -> "PresetPipeline":
+        """:meth:`check`, then the pipeline (its weights load now)."""
+        self.check()
+        return PresetPipeline(self, self.pipeline_class()(**self.init))
 
 
 def load_preset(name_or_path: str | os.PathLike) -> Preset:
@@ -137,6 +145,4 @@ def from_preset(name_or_path: str | os.PathLike, **overrides: Any) -> PresetPipe
     """Build the pipeline a preset describes (checked first, see :meth:`Preset.check`);
     ``overrides`` replace the preset's ``[init]`` arguments (e.g. ``device="cuda"``)."""
     preset = load_preset(name_or_path)
-    preset = Preset(preset.task, preset.path, preset.description, {**preset.init, **overrides}, preset.call)
-    preset.check()
-    return PresetPipeline(preset, preset.pipeline_class()(**preset.init))
+    return replace(preset, init={**preset.init, **overrides}).build()

@@ -26,8 +26,8 @@ from typing import Any, Callable
 import torch
 
 from ..adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ..modeling.fast_linear import OptimizesOnLoad
 from ..hub import resolve_device
+from ..modeling.fast_linear import OptimizesOnLoad
 
 MODEL_FILE = "t2i.json"
 #: transformers families by config.model_type -> the class to load

@@ -17,7 +17,6 @@ tokenizer's codebook, cached under ``$MMSPEC_CACHE/neighbours`` by a hash of the
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -162,13 +161,11 @@ class TextToImagePipeline:
         self.components = components
 
     @classmethod
-    def check_arguments(cls, **init: Any) -> None:
-        """Check construction arguments without loading anything (presets): names, the method and
-        its settings, the device. Raises ValueError / TypeError."""
-        args = inspect.signature(cls.__init__).bind(None, **init)
-        args.apply_defaults()
-        make_method(args.arguments["method"], **args.arguments["settings"])
-        resolve_device(args.arguments["device"])
+    def check_arguments(cls, values: dict[str, Any]) -> None:
+        """Check construction arguments (all of ``__init__``'s, bound) without loading anything
+        (presets): the method and its settings, the device. Raises ValueError / TypeError."""
+        make_method(values["method"], **values["settings"])
+        resolve_device(values["device"])
 
     @property
     def target(self):

@@ -11,7 +11,6 @@ LM's code stream through :func:`mmspec.generate` with the method's drafter
 from __future__ import annotations
 
 import json
-import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,9 +23,9 @@ from ..adapters.audio.delay import DelayPatternTarget
 from ..adapters.audio.phonemes import make_phonemizer
 from ..api import GenerateOutput, generate
 from ..core.stats import DictAccess
-from ..modeling.fast_linear import OptimizesOnLoad
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
+from ..modeling.fast_linear import OptimizesOnLoad
 from ..modeling.heads import DraftHeads
 from ..modeling.mel_codec import MelRVQCodec
 from .tts_methods import METHODS, TTSMethod, make_method
@@ -204,15 +203,12 @@ class TextToSpeechPipeline:
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
     @classmethod
-    def check_arguments(cls, **init: Any) -> None:
-        """Check construction arguments without loading anything (presets): names, the method and
-        its settings, the device. Raises ValueError / TypeError."""
-        args = inspect.signature(cls.__init__).bind(None, **init)
-        args.apply_defaults()
-        method = args.arguments["method"]
-        if not isinstance(method, TTSMethod):
-            make_method(method, num_draft_tokens=args.arguments["num_draft_tokens"], **args.arguments["rule_settings"])
-        resolve_device(args.arguments["device"])
+    def check_arguments(cls, values: dict[str, Any]) -> None:
+        """Check construction arguments (all of ``__init__``'s, bound) without loading anything
+        (presets): the method and its settings, the device. Raises ValueError / TypeError."""
+        if not isinstance(values["method"], TTSMethod):
+            make_method(values["method"], num_draft_tokens=values["num_draft_tokens"], **values["rule_settings"])
+        resolve_device(values["device"])
 
     @property
     def sampling_rate(self) -> int:
