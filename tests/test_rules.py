@@ -20,11 +20,14 @@ TABLE = neighbour_table(torch.arange(16, dtype=torch.float)[:, None], 3)
 
 def test_registry_declares_every_rule():
     assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"} <= set(RULES)
-    chain_only = {"group"}  # PCG's group acceptance: a multi-draft tree walk over overlapping groups is not derived
+    # PCG's group acceptance: a multi-draft tree walk over overlapping groups is not derived; CSpD:
+    # continuous drafts are linear
+    chain_only = {"group", "cspd"}
     for name, rule in RULES.items():
         assert rule.name == name and issubclass(rule.Params, RuleParams) and rule.sampling in ("greedy", "sampling", "either")
         assert rule.supports_tree() != (name in chain_only), name  # every other built-in rule has a tree form
-    assert RULES["greedy"].lossless and RULES["speculative"].lossless
+    assert RULES["greedy"].lossless and RULES["speculative"].lossless and RULES["cspd"].lossless
+    assert [name for name, rule in RULES.items() if rule.continuous] == ["cspd"]
     assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"))
 
 

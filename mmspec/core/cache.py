@@ -208,6 +208,10 @@ class SequenceState:
         first = (self.cache_length if start is None else start) + self.position_offset
         return torch.arange(first, first + num_tokens, device=self.tokens.device).unsqueeze(0)
 
+    def verification_inputs(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        """The next forward's inputs [1, 1 + K]: the pending token, then the drafts [1, K]."""
+        return torch.cat([self.tokens[:, -1:], draft_tokens.to(self.tokens.device)], dim=1)
+
     def compact(self, path: torch.Tensor) -> None:
         """Keep the accepted path of a tree verification forward in the cache.
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 
 from .cache import SequenceState
+from .continuous import FinalStep
 from .sampling import SamplingConfig, logits_to_probs, sample_from_probs
 from .target import Target, TargetOutput
 from .tree import TokenTree
@@ -29,11 +30,15 @@ class Draft:
             deterministic draft (q = 1 on the drafted token).
         tree: None for a linear draft; else the TokenTree proposed (build the draft with
             :meth:`from_tree`). The loop verifies it in one forward with a tree attention mask.
+        trajectory: for continuous tokens (``tokens`` [1, k, D] float), the final steps of the
+            drafter's diffusion chains (:class:`~mmspec.core.continuous.FinalStep` [1, k]), which
+            take the place of ``probs``.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     tree: TokenTree | None = None
+    trajectory: FinalStep | None = None
 
     @classmethod
     def from_tree(cls, tree: TokenTree) -> "Draft":

@@ -54,12 +54,15 @@ def _tree_step(
     return verification, TargetOutput(out.logits[:, rows], hidden), out
 
 
-def _truncate_at_stop(new_tokens: list[int], eos_token_ids: Sequence[int], budget: int) -> tuple[list[int], bool]:
-    """Cut a step's tokens at the first EOS (kept, as transformers does) and at the token budget."""
-    for i, token in enumerate(new_tokens[:budget]):
-        if token in eos_token_ids:
-            return new_tokens[: i + 1], True
-    return new_tokens[:budget], len(new_tokens) >= budget
+def _truncate_at_stop(new_tokens: torch.Tensor, eos_token_ids: frozenset[int], budget: int) -> tuple[torch.Tensor, bool]:
+    """Cut a step's tokens [1, n] (or continuous [1, n, D]) at the first EOS (kept, as transformers
+    does) and at the token budget; also say whether generation is done."""
+    kept = new_tokens[:, :budget]
+    if eos_token_ids and kept.dim() == 2:
+        for i, token in enumerate(kept[0].tolist()):
+            if token in eos_token_ids:
+                return kept[:, : i + 1], True
+    return kept, new_tokens.shape[1] >= budget
 
 
 def speculative_decode(
@@ -95,7 +98,7 @@ def speculative_decode(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    rule = resolve_rule(acceptance, sampling, rule_kwargs)
+    rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=getattr(target, "continuous", False))
     if generator is None:
         generator = torch.Generator(device=target.device)
     eos = frozenset(int(t) for t in eos_token_ids)
@@ -107,10 +110,11 @@ def speculative_decode(
         hidden_layer = drafter.target_hidden_layer if drafter is not None and drafter.requires_target_hidden else None
         state, prefill_out = target.prefill(model_inputs, hidden_layer=hidden_layer)
         stats.target_forwards = 1
-        empty_draft = Draft(tokens=state.tokens.new_empty((1, 0)))
-        first = rule.verify(empty_draft, prefill_out.logits, sampling, _uniforms(generator, sampling, 0, prefill_out.logits.device))
-        _, done = _truncate_at_stop(first.tokens[0, :1].tolist(), eos, max_new_tokens)
-        state.tokens = torch.cat([state.tokens, first.tokens[:, :1]], dim=1)
+        empty_draft = Draft(tokens=state.tokens[:, :0])
+        first = rule.verify_output(empty_draft, prefill_out, sampling, _uniforms(generator, sampling, 0, prefill_out.device), generator)
+        first.record(stats)
+        _, done = _truncate_at_stop(first.tokens[:, :1], eos, max_new_tokens)
+        state.tokens = torch.cat([state.tokens, first.tokens[:, :1].to(state.tokens)], dim=1)
         generated = 1
         if drafter is not None:
             drafter.start(DraftContext(target, sampling, generator, model_inputs, rule), state)
@@ -130,9 +134,8 @@ def speculative_decode(
             k = draft.length
             if draft.tree is None:
                 # 3. Verify: one target forward over [pending token, d_1 .. d_K] gives K+1 distributions.
-                inputs = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens.device)], dim=1)
-                out = target.forward(state, inputs, hidden_layer=hidden_layer)
-                verification = rule.verify(draft, out.logits, sampling, _uniforms(generator, sampling, k, out.logits.device))
+                out = target.forward(state, state.verification_inputs(draft.tokens), hidden_layer=hidden_layer)
+                verification = rule.verify_output(draft, out, sampling, _uniforms(generator, sampling, k, out.device), generator)
                 path, positions = None, k
             else:
                 # 3'. A token tree: one forward with the tree attention mask, then walk the tree.
@@ -141,13 +144,12 @@ def speculative_decode(
                 stats.tree_nodes += k
             num_accepted = int(verification.num_accepted[0])
             # 4. Stop at EOS / the budget exactly where AR decoding would have stopped.
-            committed, done = _truncate_at_stop(
-                verification.tokens[0, : num_accepted + 1].tolist(), eos, max_new_tokens - generated
-            )
+            committed, done = _truncate_at_stop(verification.tokens[:, : num_accepted + 1], eos, max_new_tokens - generated)
             # 5. Commit and roll back everything the rejected drafts left in the state.
-            state.commit(torch.tensor([committed], dtype=state.tokens.dtype, device=state.tokens.device), path=path)
-            generated += len(committed)
-            stats.record_step(positions, num_accepted, len(committed))
+            state.commit(committed.to(state.tokens), path=path)
+            generated += committed.shape[1]
+            verification.record(stats)
+            stats.record_step(positions, num_accepted, committed.shape[1])
             if on_step is not None:
                 on_step(generated)
             if drafter is not None:

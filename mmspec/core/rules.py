@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .continuous import cspd_verify
 from .drafter import Draft
 from .registry import class_registrar
 from .relaxed import (TokenGroups, group_greedy_verify, group_verify, gsd_verify, lantern_greedy_verify, lantern_verify,
@@ -182,6 +183,8 @@ class AcceptanceRule:
     sampling: ClassVar[str] = EITHER
     lossless: ClassVar[bool] = True
     sampling_hint: ClassVar[str] = ""
+    #: verifies continuous tokens (a :class:`~mmspec.core.continuous.ContinuousOutput`) instead of logits
+    continuous: ClassVar[bool] = False
 
     def __init__(self, params: RuleParams | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -218,6 +221,12 @@ class AcceptanceRule:
                uniforms: torch.Tensor | None) -> Verification:
         """Linear form. target_logits: [1, K+1, V]; uniforms: [1, K+1] under sampling, else None."""
         raise NotImplementedError
+
+    def verify_output(self, draft: Draft, target_output: Any, sampling: SamplingConfig, uniforms: torch.Tensor | None,
+                      generator: torch.Generator) -> Verification:
+        """What the loop calls: the linear form on the target's output (its logits for a discrete
+        rule; a continuous rule reads the final steps and may draw from ``generator``)."""
+        return self.verify(draft, target_output.logits, sampling, uniforms)
 
     def verify_tree(self, tree: TokenTree, target_logits: torch.Tensor, sampling: SamplingConfig,
                     uniforms: torch.Tensor | None) -> TreeVerification:
@@ -388,16 +397,54 @@ class GroupRule(AcceptanceRule):
                             uniforms[:, :k], uniforms[:, k])
 
 
+@dataclass(frozen=True, eq=False)
+class CSpDParams(RuleParams):
+    """Continuous speculative decoding: ``trajectory_jacobian`` multiplies the exact ratio by the
+    paper's prod_t sqrt|Sigma_t^q| / sqrt|Sigma_t^p| (not exact when the heads learn their variances);
+    ``max_tries``: residual proposals per rejection before the target's own sample stands in."""
+
+    trajectory_jacobian: bool = False
+    max_tries: int = 4096
+
+    def check_values(self, rule: str) -> None:
+        if not isinstance(self.trajectory_jacobian, bool):
+            raise ValueError(f"acceptance={rule!r}: trajectory_jacobian must be True or False, got {self.trajectory_jacobian!r}")
+        _number(rule, "max_tries", self.max_tries, 1.0, integer=True)
+
+
+@register_rule
+class CSpDRule(AcceptanceRule):
+    """Continuous speculative decoding (Wang et al. 2024): accept a drafted continuous token with
+    probability min(1, p(x | E) / q(x | E)) of the two final-step Gaussians under shared chain noise
+    E; on rejection draw from norm(max(0, p - q)) by acceptance-rejection with p as proposal
+    (:func:`mmspec.core.continuous.cspd_verify`)."""
+
+    name = "cspd"
+    Params = CSpDParams
+    sampling = SAMPLING
+    continuous = True
+    sampling_hint = "continuous tokens are drawn by a diffusion chain, which always samples"
+
+    def verify(self, draft, target_logits, sampling, uniforms):
+        raise ValueError("acceptance='cspd' verifies continuous tokens; use it with a continuous-token target (MAR)")
+
+    def verify_output(self, draft, target_output, sampling, uniforms, generator):
+        return cspd_verify(draft.trajectory, target_output.steps, uniforms, generator,
+                           self.params.trajectory_jacobian, self.params.max_tries)
+
+
 def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConfig,
-                 rule_kwargs: dict[str, Any] | None = None) -> AcceptanceRule:
+                 rule_kwargs: dict[str, Any] | None = None, continuous: bool = False) -> AcceptanceRule:
     """The rule instance for ``acceptance`` under ``sampling``.
 
     Args:
         acceptance: a rule name of :data:`RULES`, "auto"/None (greedy without sampling,
             speculative with it), or a rule instance.
         rule_kwargs: the rule's parameters (its ``Params`` fields); not allowed with an instance.
+        continuous: the target emits continuous tokens ("auto" is then "cspd").
     Raises:
-        ValueError: an unknown name, a bad parameter, or a decoding mode the rule does not support.
+        ValueError: an unknown name, a bad parameter, a decoding mode the rule does not support, or
+            a rule for the other kind of token.
     """
     if isinstance(acceptance, AcceptanceRule):
         if rule_kwargs:
@@ -406,9 +453,13 @@ def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConf
     else:
         name = acceptance or AUTO
         if name == AUTO:
-            name = SpeculativeRule.name if sampling.do_sample else GreedyRule.name
+            name = CSpDRule.name if continuous else SpeculativeRule.name if sampling.do_sample else GreedyRule.name
         if name not in RULES:
             raise ValueError(f"unknown acceptance rule {name!r}; choose one of {(AUTO, *RULES)}")
         rule = RULES[name].from_kwargs(**(rule_kwargs or {}))
+    if rule.continuous != continuous:
+        kind = "continuous" if continuous else "discrete"
+        allowed = [name for name, cls in RULES.items() if cls.continuous == continuous]
+        raise ValueError(f"acceptance={rule.name!r} does not verify {kind} tokens; choose one of {allowed}")
     rule.check_mode(sampling)
     return rule

@@ -24,6 +24,10 @@ class TargetOutput:
     logits: torch.Tensor
     hidden_states: torch.Tensor | None = None
 
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
 
 class Target(Protocol):
     """A model the speculative loop can verify with.

@@ -38,6 +38,9 @@ class Verification:
     num_accepted: torch.Tensor
     tokens: torch.Tensor
 
+    def record(self, stats) -> None:
+        """Add what this verification reports beyond acceptance to ``stats`` (a SpecStats; nothing here)."""
+
 
 def _accepted_prefix_length(accept: torch.Tensor) -> torch.Tensor:
     """[B, K] bool -> [B] number of leading True values."""
