@@ -135,6 +135,13 @@ class MaskedARState:
     def new_tokens(self) -> torch.Tensor:
         return self.tokens
 
+    def with_condition(self, condition: Any) -> "MaskedARState":
+        """The same sequence (tokens, order, noise shared, not copied) under another model's
+        conditioning: what a draft model reads."""
+        view = MaskedARState.__new__(MaskedARState)
+        view.order, view.noise, view.tokens, view.condition = self.order, self.noise, self.tokens, condition
+        return view
+
     def verification_inputs(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """What the target's forward reads besides the state: the drafts [1, K, D] themselves."""
         return draft_tokens
@@ -238,12 +245,13 @@ def sample_residual(target: FinalStep, draft: FinalStep, generator: torch.Genera
     return out.to(target.mean.dtype), tries, pending
 
 
-def cspd_verify(draft: FinalStep, target: FinalStep, uniforms: torch.Tensor, generator: torch.Generator,
+def cspd_verify(draft: FinalStep | None, target: FinalStep, uniforms: torch.Tensor, generator: torch.Generator,
                 trajectory_jacobian: bool = False, max_tries: int = 4096) -> ContinuousVerification:
     """Continuous speculative sampling of K drafted tokens per row.
 
     Args:
-        draft: [B, K] final steps of the draft's chains; ``draft.sample`` are the drafted tokens.
+        draft: [B, K] final steps of the draft's chains; ``draft.sample`` are the drafted tokens
+            (None: no draft, K = 0; the token is the target's own sample).
         target: [B, K + 1] the target's final steps with the same noise (position K: the bonus).
         uniforms: [B, K + 1] r per draft position (the last one unused: the bonus token is the
             target's own sample).
@@ -252,6 +260,10 @@ def cspd_verify(draft: FinalStep, target: FinalStep, uniforms: torch.Tensor, gen
     Returns:
         :class:`ContinuousVerification`.
     """
+    if draft is None:
+        batch = target.mean.shape[0]
+        return ContinuousVerification(num_accepted=torch.zeros(batch, dtype=torch.long, device=target.mean.device),
+                                      tokens=target.sample[:, :1])
     batch, k = draft.mean.shape[:2]
     tokens_in = draft.sample
     log_ratio = cspd_log_ratio(tokens_in, draft, target[:, :k], trajectory_jacobian)

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
+from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
 from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter
 from .jacobi import CoupledJacobiDrafter, JacobiDrafter
@@ -19,7 +20,7 @@ from .steps import CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 
