@@ -24,12 +24,17 @@ from .modeling.fast_linear import OptimizeReport, optimize
 @dataclass
 class GenerateOutput(DictAccess):
     """Attributes:
-    sequences: LongTensor [1, prompt + new], the layout transformers' ``generate()`` returns.
+    sequences: LongTensor [1, prompt + new], the layout transformers' ``generate()`` returns
+        (continuous tokens: [1, new, D]).
     stats: the generation's SpecStats.
+    token_steps: LongTensor [new] the verification step that committed each token, where the
+        tokens were reordered after generation (a MAR image in raster order); None: in order
+        (``stats.step_of_token()``).
     """
 
     sequences: torch.Tensor
     stats: SpecStats
+    token_steps: torch.Tensor | None = None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

@@ -123,11 +123,11 @@ def test_key_mask_equals_dropping_unknown_tokens():
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("guidance", [1.0, 2.5])
-def test_self_draft_reproduces_ar(guidance):
+@pytest.mark.parametrize("attention,guidance", [("bidirectional", 1.0), ("bidirectional", 2.5), ("causal", 2.5)])
+def test_self_draft_reproduces_ar(attention, guidance):
     """With the target as its own draft, every drafted token is the target's own sample under the
     same noise: all accepted, and the image equals plain decoding's token for token."""
-    target = MARTarget(tiny_mar(2))
+    target = MARTarget(tiny_mar(2, attention=attention))
     inputs = target.prepare_inputs(torch.Generator().manual_seed(1), labels=torch.tensor([3]), guidance_scale=guidance)
     ar, ar_stats = speculative_decode(target, inputs, None, SAMPLE, target.config.seq_len, generator=torch.Generator().manual_seed(2))
     spec, stats = speculative_decode(target, inputs, MARDrafter(target.model, 4, prefill_fraction=0.1), SAMPLE,
@@ -154,6 +154,26 @@ def test_cspd_with_a_different_draft():
     assert latents.shape == (1, 4, 8, 8) and torch.equal(latents[0, :, 0, 1], state.tokens[0, 1])
 
 
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_one_forward_equals_separate_contexts(attention):
+    """The verification forward (K + 1 contexts) and a parallel step (k queries on one prefix) give
+    each query the condition it gets alone."""
+    target = MARTarget(tiny_mar(7, attention=attention))
+    inputs = target.prepare_inputs(torch.Generator().manual_seed(3), labels=torch.tensor([4]), guidance_scale=1.5)
+    state, _ = target.prefill(inputs)
+    state.commit(torch.randn(1, 5, 4))
+    drafts = torch.randn(1, 3, 4)
+    index = torch.arange(5, 9)
+    together = target.conditions(state, drafts, index, index)
+    alone = torch.cat([target.conditions(state, drafts[:, :i], index[i : i + 1], index[i : i + 1]).view(2, 1, -1)
+                       for i in range(4)], dim=1).view(8, -1)
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)
+    shared = target.conditions(state, None, index, torch.full_like(index, 5))
+    single = torch.cat([target.conditions(state, None, index[i : i + 1], index[:1]).view(2, 1, -1) for i in range(4)], 1)
+    torch.testing.assert_close(shared, single.view(8, -1), rtol=1e-4, atol=1e-5)
+    assert target.parallel_step(state, 4).sample.shape == (1, 4, 4)
+
+
 def test_rollback_and_errors():
     target = MARTarget(tiny_mar(5))
     inputs = target.prepare_inputs(torch.Generator().manual_seed(1), labels=torch.tensor([0]))
@@ -176,3 +196,35 @@ def test_rollback_and_errors():
         speculative_decode(target, inputs, None, SamplingConfig(do_sample=False), 8)
     with pytest.raises(ValueError, match="class-conditioned"):
         target.model.buffer(text=torch.zeros(1, 2, 8))
+
+
+def tiny_components(attention: str = "causal"):
+    from mmspec.pipelines.mar_components import MARComponents
+
+    target = MARTarget(tiny_mar(8, attention=attention, class_num=0, text_dim=6))
+    vae = KLAutoencoder(KLConfig(resolution=32, ch=32, ch_mult=[1, 2, 2], num_res_blocks=1, attn_resolutions=[8], embed_dim=4))
+    encode = lambda prompt: {"text": torch.full((1, 3, 6), float(len(prompt)) / 10)}
+    return MARComponents(target=target, autoencoder=vae.eval(), encode=encode,
+                         draft=MARTarget(tiny_mar(9, attention=attention, class_num=0, text_dim=6)))
+
+
+def test_text_to_image_pipeline_with_a_mar():
+    from mmspec.pipelines.text_to_image import TextToImagePipeline
+
+    components = tiny_components()
+    cspd = TextToImagePipeline(components=components, method="cspd", num_draft_tokens=3)
+    out = cspd("a red circle", seed=5, guidance_scale=2.0, compare_baseline=True)
+    assert out.tokens.shape == (1, 64, 4) and out.images[0].size == (32, 32)
+    assert out.stats.method == "cspd" and out.stats.config["acceptance"] == "cspd" and out.stats.speedup is not None
+    assert out.accepted_map.shape == (1, 8, 8) and int(out.accepted_map.max()) == out.stats.per_image[0]["verify_steps"]
+    ar = TextToImagePipeline(components=components, method="ar")("a red circle", seed=5, guidance_scale=2.0)
+    torch.testing.assert_close(ar.tokens, out.baseline_tokens)  # same seed, same order and noise: the same AR image
+    parallel = TextToImagePipeline(components=components, method="mar-parallel:4")("a red circle", seed=5, guidance_scale=2.0)
+    assert parallel.stats.target_forwards == 4 and parallel.tokens.shape == (1, 64, 4)
+    assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd"):
+        TextToImagePipeline(components=components, method="sjd")
+    with pytest.raises(ValueError, match="keep do_sample=True"):
+        cspd("a red circle", do_sample=False)
+    with pytest.raises(ValueError, match="takes the number of steps"):
+        TextToImagePipeline(components=components, method="mar-parallel:fast")

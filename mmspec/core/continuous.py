@@ -160,28 +160,6 @@ class MaskedARState:
             raise ValueError(f"rollback length {length} outside [0, {self.length}]")
         self.tokens = self.tokens[:, :length]
 
-    def canvas(self, extra: torch.Tensor | None = None, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """The grid as the transformer reads it, for ``rows`` contexts: context i (0-based) knows the
-        committed tokens and the first i of ``extra`` [1, K, D].
-
-        Returns:
-            tokens [rows, N, D] (zeros where unknown) and known [rows, N] bool.
-        """
-        k = 0 if extra is None else extra.shape[1]
-        if rows > k + 1:
-            raise ValueError(f"{rows} contexts need at least {rows - 1} extra tokens, got {k}")
-        n, dim = self.length, self.tokens.shape[2]
-        seq = self.tokens if extra is None else torch.cat([self.tokens, extra.to(self.tokens)], dim=1)
-        grid = seq.new_zeros(rows, self.num_positions, dim)
-        known = torch.zeros(rows, self.num_positions, dtype=torch.bool, device=seq.device)
-        count = torch.arange(rows, device=seq.device) + n  # tokens context i knows
-        rank = torch.arange(seq.shape[1], device=seq.device)
-        take = rank.unsqueeze(0) < count.unsqueeze(1)  # [rows, n + k]
-        positions = self.order[: seq.shape[1]].to(seq.device)
-        grid[:, positions] = torch.where(take.unsqueeze(-1), seq.expand(rows, -1, -1), grid[:, positions])
-        known[:, positions] = take
-        return grid, known
-
 
 def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """log N(x; mean, diag(std^2)) summed over the last dim: [..., D] -> [...] (float64)."""

@@ -14,6 +14,13 @@ condition slots (``class_emb`` rows, or ``fake_latent`` for the unconditional ha
 Attention is bidirectional: a position's conditional depends on the *set* of known tokens. Unknown
 tokens are excluded as attention keys in the encoder instead of being dropped from the sequence
 (identical outputs for the known tokens, static shapes for any number of contexts at once).
+
+``attention="causal"`` (our variant, same parameters): the tokens sit in the sequence in generation
+order, token r attends the buffer and tokens <= r, and each position to predict is a query slot
+(``mask_token`` + its position embedding) attending the buffer, the first ``prefix`` tokens and
+itself. One forward then gives the conditions of any set of (position, prefix) pairs: the K + 1
+verification contexts of a speculative step, MAR's k-tokens-per-step parallel decoding (k queries
+on one prefix), and, in training, every token of an image at once (as a causal LM trains).
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from .diffusion import DiffusionSchedule
+
+
+#: "bidirectional": MAR's (a position's condition depends on the set of known tokens);
+#: "causal": the same layers and names, with attention causal in generation order (see MARModel)
+ATTENTION = ("bidirectional", "causal")
 
 
 @dataclass
@@ -55,6 +67,11 @@ class MARConfig:
     num_train_steps: int = 1000
     num_sampling_steps: int = 100
     noise_schedule: str = "cosine"
+    attention: str = "bidirectional"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
     @property
     def seq_h(self) -> int:
@@ -278,6 +295,46 @@ class MARModel(nn.Module):
             x = block(x)
         x = self.decoder_norm(x)[:, c.buffer_size:]
         return x + self.diffusion_pos_embed_learned
+
+    def causal_contexts(self, tokens: torch.Tensor, positions: torch.Tensor, query_positions: torch.Tensor,
+                        query_prefix: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+        """Conditions under ``attention="causal"``.
+
+        Args:
+            tokens: [R, M, D] known tokens in generation order; positions: LongTensor [R, M] their grid
+                positions.
+            query_positions: LongTensor [R, Q] positions to predict; query_prefix: LongTensor [Q]
+                how many of the M tokens each query sees.
+            buffer: [R, buffer_size, E].
+        Returns:
+            z: [R, Q, W].
+        """
+        c = self.config
+        rows, m = tokens.shape[:2]
+        q, b = query_positions.shape[1], c.buffer_size
+        device = tokens.device
+        # attention masks: buffer -> buffer; token r -> buffer + tokens <= r; query j -> buffer + tokens < prefix_j + itself
+        total = b + m + q
+        allowed = torch.zeros(total, total, dtype=torch.bool, device=device)
+        allowed[:, :b] = True
+        rank = torch.arange(m, device=device)
+        allowed[b : b + m, b : b + m] = rank[None, :] <= rank[:, None]
+        allowed[b + m :, b : b + m] = rank[None, :] < query_prefix.to(device)[:, None]
+        allowed[b + m :, b + m :] = torch.eye(q, dtype=torch.bool, device=device)
+        enc_pos = self.encoder_pos_embed_learned[0]
+        x = self.z_proj(tokens.to(self.z_proj.weight.dtype)) + enc_pos[b + positions]
+        x = self.z_proj_ln(torch.cat([buffer.to(x.dtype) + enc_pos[:b], x], dim=1))
+        enc_mask = allowed[: b + m, : b + m]
+        for block in self.encoder_blocks:
+            x = block(x, enc_mask)
+        dec_pos = self.decoder_pos_embed_learned[0]
+        x = self.decoder_embed(self.encoder_norm(x))
+        x = x + torch.cat([dec_pos[:b].expand(rows, -1, -1), dec_pos[b + positions]], dim=1)
+        queries = self.mask_token.to(x.dtype) + dec_pos[b + query_positions]
+        x = torch.cat([x, queries], dim=1)
+        for block in self.decoder_blocks:
+            x = block(x, allowed)
+        return self.decoder_norm(x)[:, b + m :] + self.diffusion_pos_embed_learned[0, query_positions]
 
     # persistence ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

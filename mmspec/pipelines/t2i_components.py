@@ -30,6 +30,7 @@ from ..hub import resolve_device
 from ..modeling.fast_linear import OptimizesOnLoad
 
 MODEL_FILE = "t2i.json"
+MAR_FILE = "mar.json"
 #: transformers families by config.model_type -> the class to load
 TRANSFORMERS_FAMILIES = {
     "janus": "JanusForConditionalGeneration",
@@ -98,6 +99,8 @@ class T2IComponents(OptimizesOnLoad):
     optimize: bool = False
     linears: str = "as loaded"
     _neighbours: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: discrete image tokens (MARComponents: continuous)
+    continuous = False
 
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
@@ -118,6 +121,8 @@ class T2IComponents(OptimizesOnLoad):
             trust_remote_code: passed to transformers.
             optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`; a model
                 object passed in is the caller's and left as it is).
+            A directory with ``mar.json``, or ``"mar"`` (the embedded default ``models/mar``), loads
+            a continuous-token model's :class:`~mmspec.pipelines.mar_components.MARComponents`.
         Raises:
             FileNotFoundError: a path that is no text-to-image model.
             ValueError: an unsupported family, a manifest without tokenizer, a tokenizer that does
@@ -125,6 +130,17 @@ class T2IComponents(OptimizesOnLoad):
         """
         device = resolve_device(device)
         local = isinstance(model, (str, Path))
+        if model == "mar" or (local and (Path(model).expanduser() / MAR_FILE).is_file()):
+            from .mar_components import MARComponents, default_mar_dir
+
+            directory = default_mar_dir() if model == "mar" else Path(model).expanduser()
+            if not (directory / MAR_FILE).is_file():
+                raise FileNotFoundError(f"{directory} holds no {MAR_FILE}: train the embedded MAR with `mmspec train kl` "
+                                        "and `mmspec train mar`")
+            components = MARComponents.load(directory, device, optimize and not isinstance(model, torch.nn.Module))
+            if draft is not None:
+                components.draft = draft
+            return components
         if model is None or (local and (Path(model).expanduser() / MODEL_FILE).is_file()):
             components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device)
         elif local and _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
@@ -193,6 +209,15 @@ class T2IComponents(OptimizesOnLoad):
             table = cached_neighbour_table(self.tokenizer.codebook_embeddings().cpu(), k, cache_dir() / "neighbours")
             self._neighbours[k] = table.to(self.target.device)
         return self._neighbours[k]
+
+    def generate_tokens(self, drafter, acceptance: str | None, rule_kwargs: dict | None, model_inputs: dict[str, Any],
+                        seed: int, max_new_tokens: int | None = None, **sampling: Any):
+        """One image's tokens through :func:`mmspec.generate`: ``sequences[0, -N:]`` are the
+        N = rows * columns codes. ``sampling``: do_sample, temperature, top_k, top_p, guidance_scale."""
+        from ..api import generate
+
+        return generate(self.target, drafter=drafter, seed=seed, max_new_tokens=max_new_tokens or self.target.num_image_tokens,
+                        acceptance=acceptance, rule_kwargs=rule_kwargs, **model_inputs, **sampling)
 
     def decode(self, tokens: torch.Tensor) -> list:
         """LongTensor [B, rows * columns] image tokens -> B PIL images."""

@@ -37,10 +37,10 @@ from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 
-from ..api import GenerateOutput, generate
+from ..api import GenerateOutput
 from ..core.registry import class_registrar
 from ..core.rules import RULES
-from ..drafters import Drafter, JacobiDrafter, ModelDrafter
+from ..drafters import Drafter, JacobiDrafter, MARDrafter, ModelDrafter
 from ..drafters.jacobi import INIT_STRATEGIES, ProactiveJacobiDrafter
 
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ SETTINGS: dict[str, Setting] = {
     "top_m": Setting(int, "GSD's probability cut", rule="gsd"),
     "pac_branches": Setting(int, "SJD-PAC's candidates per tree position", _at_least(1), "an integer >= 1"),
     "pac_depth": Setting(int, "SJD-PAC's tree positions", _at_least(0), "an integer >= 0"),
+    "prefill_fraction": Setting(float, "CSpD's share of tokens the target generates alone first",
+                                lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "num_iter": Setting(int, "MAR's parallel decoding steps", _at_least(1), "an integer >= 1"),
 }
 
 
@@ -136,6 +139,8 @@ class T2IMethod:
     drafts_trees: ClassVar[bool] = False
     #: the settings this method reads, with their defaults
     defaults: ClassVar[dict[str, Any]] = {}
+    #: the token kind it works with: False discrete, True continuous (MAR), None either
+    continuous: ClassVar[bool | None] = False
 
     def __init__(self, arg: str | None = None, **settings: Any) -> None:
         if arg:
@@ -154,14 +159,22 @@ class T2IMethod:
         """The acceptance rule's parameters (None for the exact rules)."""
         return None
 
+    def check_components(self, components) -> None:
+        """Refuse a model of the other token kind (one ValueError line)."""
+        if self.continuous is not None and self.continuous != components.continuous:
+            fits = [name for name, cls in METHODS.items() if cls.continuous in (None, components.continuous)]
+            kind = "continuous-token (MAR)" if components.continuous else "discrete-token"
+            raise ValueError(f"method {self.name!r} does not work with a {kind} model; choose one of {', '.join(fits)}")
+
     def generate(self, components: "T2IComponents", model_inputs: dict[str, Any], seed: int,
                  max_new_tokens: int | None = None, **sampling: Any) -> GenerateOutput:
-        """One image's tokens through :func:`mmspec.generate`: ``sequences[0, -N:]`` are the
-        N = rows * columns codes. ``model_inputs``: the components' prompt inputs; ``sampling``:
-        do_sample, temperature, top_k, top_p, guidance_scale."""
-        return generate(components.target, drafter=self.build_drafter(components), seed=seed,
-                        max_new_tokens=max_new_tokens or components.target.num_image_tokens, acceptance=self.rule,
-                        rule_kwargs=self.rule_kwargs(components), **model_inputs, **sampling)
+        """One image's tokens through :func:`mmspec.generate` (the components'
+        ``generate_tokens``): ``sequences[0, -N:]`` are the N = rows * columns tokens.
+        ``model_inputs``: the components' prompt inputs; ``sampling``: do_sample, temperature,
+        top_k, top_p, guidance_scale."""
+        self.check_components(components)
+        return components.generate_tokens(self.build_drafter(components), self.rule, self.rule_kwargs(components),
+                                          model_inputs, seed, max_new_tokens, **sampling)
 
 
 #: method name -> its class
@@ -183,7 +196,8 @@ def make_method(spec: str, **settings: Any) -> T2IMethod:
 @register_method
 class AutoregressiveMethod(T2IMethod):
     name = "ar"
-    description = "plain autoregressive decoding (the baseline)"
+    description = "plain autoregressive decoding, one token per step (the baseline)"
+    continuous = None
 
 
 @register_method
@@ -318,3 +332,34 @@ class GroupedMethod(RelaxedMethod):
     name = rule = "gsd"
     description = "grouped speculative decoding acceptance (lossy)"
     bound = "top_m"
+
+
+@register_method
+class CSpDMethod(T2IMethod):
+    name = "cspd"
+    description = "continuous speculative decoding with the draft MAR (continuous-token models)"
+    rule = "cspd"
+    continuous = True
+    defaults = {"num_draft_tokens": 4, "prefill_fraction": 0.05}
+
+    def build_drafter(self, components):
+        return MARDrafter(components.draft_target(), self.settings["num_draft_tokens"], self.settings["prefill_fraction"])
+
+
+@register_method
+class MARParallelMethod(T2IMethod):
+    name = "mar-parallel"
+    description = "MAR's own decoding: num_iter steps, several independent tokens each (continuous-token models; lossy)"
+    argument = "num_iter"
+    continuous = True
+    exact = False
+    defaults = {"num_iter": 16}
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        if arg is not None and not arg.isdigit():
+            raise ValueError(f"mar-parallel takes the number of steps, e.g. 'mar-parallel:16', got {arg!r}")
+        super().__init__(None, **{**settings, "num_iter": settings.get("num_iter") or (int(arg) if arg else None)})
+
+    def generate(self, components, model_inputs, seed, max_new_tokens=None, **sampling):
+        self.check_components(components)
+        return components.generate_parallel(self.settings["num_iter"], model_inputs, seed, **sampling)

@@ -158,6 +158,7 @@ class TextToImagePipeline:
                                                        trust_remote_code=trust_remote_code, optimize=optimize)
         elif model is not None:
             raise ValueError("pass either model=... or components=..., not both")
+        self.method.check_components(components)
         self.components = components
 
     @classmethod
@@ -202,7 +203,7 @@ class TextToImagePipeline:
             out = method.generate(self.components, model_inputs, seed, **sampling)
             runs.append(out.stats)
             tokens.append(out.sequences[0, -n:])
-            maps.append(torch.tensor(out.stats.step_of_token()))
+            maps.append(out.token_steps if out.token_steps is not None else torch.tensor(out.stats.step_of_token()))
             if progress is not None:
                 progress.update(1)
         return runs, torch.stack(tokens), torch.stack(maps).view(len(seeds), *self.target.grid), time.perf_counter() - started

@@ -11,6 +11,8 @@ RECIPES = {
     "eval-captioner": ("eval_captioner", "validation metrics of the captioner, per family"),
     "vq": ("vq", "the embedded text-to-image model's VQ tokenizer"),
     "t2i": ("t2i", "the embedded text-to-image generator (or its draft: --preset draft)"),
+    "kl": ("kl", "the embedded continuous-token (MAR) generator's KL autoencoder"),
+    "mar": ("mar", "the embedded continuous-token (MAR) generator (or its draft: --preset draft)"),
     "image-drafter": ("image_drafter", "an EAGLE head for a text-to-image generator (both guidance rows)"),
     "clip": ("clip", "the text-to-image metric model (a small CLIP on rendered scenes)"),
     "speech-data": ("speech_data", "real speech for the embedded voice (the Piper voice over the sentence grammar)"),

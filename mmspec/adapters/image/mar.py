@@ -39,13 +39,13 @@ class MARTarget:
 
     ``model_inputs`` (:meth:`prepare_inputs` builds them): ``labels`` LongTensor [1] or ``text``
     [1, L, text_dim] (+ ``text_mask`` [1, L]), ``order`` LongTensor [N], ``noise`` [N, S + 1, D],
-    ``temperature`` (tau) and ``guidance_scale`` (classifier-free guidance w >= 1 on the heads'
+    ``chain_temperature`` (tau, scaling every reverse step's std) and ``guidance_scale`` (classifier-free guidance w >= 1 on the heads'
     eps: eps = eps_u + w (eps_c - eps_u); the variance from the conditional row, as MAR does).
     """
 
     continuous = True
     vocab_size = None
-    input_names = ("labels", "text", "text_mask", "order", "noise", "temperature", "guidance_scale")
+    input_names = ("labels", "text", "text_mask", "order", "noise", "chain_temperature", "guidance_scale")
 
     def __init__(self, model: MARModel) -> None:
         self.model = model.eval()
@@ -60,19 +60,27 @@ class MARTarget:
         """[N, S + 1, D] of one generation's noise."""
         return (self.config.seq_len, self.model.schedule.sampling_steps + 1, self.config.token_embed_dim)
 
-    def prepare_inputs(self, generator: torch.Generator, order: str = "random", temperature: float = 1.0,
+    @property
+    def num_image_tokens(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.config.seq_h, self.config.seq_h)
+
+    def prepare_inputs(self, generator: torch.Generator, order: str = "random", chain_temperature: float = 1.0,
                        guidance_scale: float = 1.0, **condition: Any) -> dict[str, Any]:
         """Draw the generation order and every token's chain noise from ``generator``."""
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 for a diffusion head, got {temperature}")
+        if not chain_temperature > 0:
+            raise ValueError(f"temperature must be > 0 for a diffusion head, got {chain_temperature}")
         if guidance_scale < 1:
             raise ValueError(f"guidance_scale must be >= 1, got {guidance_scale}")
         n = self.config.seq_len
         perm = torch.randperm(n, generator=generator, device=generator.device) if order == "random" else torch.arange(n)
         noise = torch.randn(self.noise_shape, generator=generator, device=generator.device)
-        return {"order": perm.to(self.device), "noise": noise.to(self.device), "temperature": float(temperature),
+        return {"order": perm.to(self.device), "noise": noise.to(self.device), "chain_temperature": float(chain_temperature),
                 "guidance_scale": float(guidance_scale), **condition}
 
     def condition(self, model_inputs: dict[str, Any]) -> MARCondition:
@@ -81,7 +89,7 @@ class MARTarget:
             buffer = self.model.buffer(model_inputs.get("labels"), model_inputs.get("text"), model_inputs.get("text_mask"))
             guidance = float(model_inputs.get("guidance_scale", 1.0))
             uncond = self.model.buffer() if guidance != 1.0 else None
-        return MARCondition(buffer, uncond, guidance, float(model_inputs.get("temperature", 1.0)))
+        return MARCondition(buffer, uncond, guidance, float(model_inputs.get("chain_temperature", 1.0)))
 
     def _head(self, guidance: float):
         net = self.model.diffloss.net
@@ -97,28 +105,63 @@ class MARTarget:
 
         return guided
 
+    def _buffers(self, cond: MARCondition, rows: int) -> torch.Tensor:
+        buffer = cond.buffer.expand(rows, -1, -1)
+        if cond.uncond_buffer is None:
+            return buffer
+        return torch.cat([buffer, cond.uncond_buffer.expand(rows, -1, -1)])
+
+    def conditions(self, state: MaskedARState, extra: torch.Tensor | None, index: torch.Tensor,
+                   prefix: torch.Tensor) -> torch.Tensor:
+        """The diffusion conditions z [G * Q, W] (G = 2 with guidance, conditional rows first) of the
+        tokens at ``order[index]`` (LongTensor [Q]), query j conditioned on the first ``prefix[j]``
+        tokens of (committed tokens, then ``extra`` [1, k, D])."""
+        cond: MARCondition = state.condition
+        seq = state.tokens if extra is None else torch.cat([state.tokens, extra.to(state.tokens)], dim=1)
+        positions = state.order[index]
+        groups = 1 if cond.uncond_buffer is None else 2
+        with torch.inference_mode():
+            if self.config.attention == "causal":
+                rows = groups
+                z = self.model.causal_contexts(seq.expand(rows, -1, -1), state.order[: seq.shape[1]].expand(rows, -1),
+                                               positions.expand(rows, -1), prefix, self._buffers(cond, 1))
+                return z.reshape(rows * len(index), -1)
+            # bidirectional: one context row per distinct prefix (one row when every query shares it)
+            shared = bool((prefix == prefix[0]).all())
+            prefixes = prefix[:1] if shared else prefix
+            rows = prefixes.shape[0]
+            grid = seq.new_zeros(rows, state.num_positions, seq.shape[2])
+            known = torch.zeros(rows, state.num_positions, dtype=torch.bool, device=seq.device)
+            take = torch.arange(seq.shape[1], device=seq.device)[None] < prefixes[:, None]
+            order = state.order[: seq.shape[1]]
+            grid[:, order] = torch.where(take.unsqueeze(-1), seq.expand(rows, -1, -1), grid[:, order])
+            known[:, order] = take
+            z = self.model.contexts(grid.repeat(groups, 1, 1), known.repeat(groups, 1), self._buffers(cond, rows))
+            row = torch.arange(groups * rows, device=z.device).repeat_interleave(len(index) if shared else 1)
+            return z[row, positions.repeat(groups)]
+
+    def sample(self, state: MaskedARState, z: torch.Tensor, index: torch.Tensor) -> FinalStep:
+        """Run the head's chains for the tokens at ``order[index]`` with their noise: FinalStep [1, Q]."""
+        cond: MARCondition = state.condition
+        with torch.inference_mode():
+            return sample_chain(self._head(cond.guidance_scale), self.model.schedule, z, state.noise[index], cond.temperature)
+
     def final_steps(self, state: MaskedARState, extra: torch.Tensor | None, first: int = 0) -> ContinuousOutput:
         """The final steps of positions ``order[n + first .. n + k]`` (n committed, k = extra's length):
         context i knows the committed tokens and ``extra[:, :i]``."""
-        cond: MARCondition = state.condition
         k = 0 if extra is None else extra.shape[1]
         n = state.length
         if n + k >= state.num_positions:
             raise ValueError(f"no position left to predict after {n} + {k} tokens of {state.num_positions}")
-        grid, known = state.canvas(extra, rows=k + 1)
-        grid, known = grid[first:], known[first:]
-        rows = grid.shape[0]
-        buffer = cond.buffer.expand(rows, -1, -1)
-        if cond.uncond_buffer is not None:
-            grid, known = torch.cat([grid, grid]), torch.cat([known, known])
-            buffer = torch.cat([buffer, cond.uncond_buffer.expand(rows, -1, -1)])
-        with torch.inference_mode():
-            z = self.model.contexts(grid, known, buffer)  # [R(2), N, W]
-            index = torch.arange(n + first, n + k + 1, device=z.device)
-            positions = state.order[index]
-            z = z[torch.arange(z.shape[0], device=z.device), positions.repeat(z.shape[0] // rows)]
-            steps = sample_chain(self._head(cond.guidance_scale), self.model.schedule, z, state.noise[index], cond.temperature)
-        return ContinuousOutput(steps)
+        index = torch.arange(n + first, n + k + 1, device=state.order.device)
+        return ContinuousOutput(self.sample(state, self.conditions(state, extra, index, index), index))
+
+    def parallel_step(self, state: MaskedARState, count: int) -> FinalStep:
+        """MAR's own decoding step: the next ``count`` tokens, all conditioned on the committed ones
+        (independent given them), in one forward."""
+        n = state.length
+        index = torch.arange(n, min(n + count, state.num_positions), device=state.order.device)
+        return self.sample(state, self.conditions(state, None, index, torch.full_like(index, n)), index)
 
     # the core's Target interface -------------------------------------------------------------
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[MaskedARState, ContinuousOutput]:

@@ -1,0 +1,132 @@
+"""``mmspec train mar``: the embedded continuous-token (MAR-style) text-to-image generator and its
+small draft (``--preset draft``), for ``method="cspd"``.
+
+Recipe: the trained KL autoencoder (``mmspec train kl``) turns the rendered training scenes into
+8 x 8 grids of 16-channel latents once (posterior means times the scale factor; cached). The model
+is :class:`~mmspec.modeling.mar.MARModel` with ``attention="causal"``: each step draws a random
+generation order per image, and one forward trains every token at once, token j predicted from the
+first ``j - m_j`` tokens of the order (m_j uniform in [0, --max-parallel), so MAR's k-tokens-per-step
+decoding is trained too) with MAR's diffusion loss (eps MSE + the learned variance's bound),
+``--diffusion-repeat`` noise draws per token. Captions are encoded by the frozen text encoder of
+the embedded text-to-image model (first 8 SmolLM2 layers, 40 positions) into the 40 buffer slots;
+10 % become the unconditional buffer (classifier-free guidance). AdamW, cosine; rerunning resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..hub import fast_bf16, models_dir
+from ..modeling.kl_vae import KLAutoencoder
+from ..modeling.mar import MARConfig, MARModel
+from ..modeling.text_encoder import SmolTextEncoder
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .t2i_data import cache_root, scene_pool, to_model_range
+
+PRESETS = {
+    "target": dict(encoder_embed_dim=256, encoder_depth=4, encoder_num_heads=4, decoder_embed_dim=256, decoder_depth=4,
+                   decoder_num_heads=4, diffloss_d=3, diffloss_w=256),
+    "draft": dict(encoder_embed_dim=128, encoder_depth=1, encoder_num_heads=2, decoder_embed_dim=128, decoder_depth=1,
+                  decoder_num_heads=2, diffloss_d=2, diffloss_w=128),
+}
+TEXT_ENCODER_LAYERS = 8
+CAPTION_POSITIONS = 40
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
+    parser.add_argument("--out", default=None, help="default: models/mar (target) or models/mar-draft (draft)")
+    parser.add_argument("--kl", default=str(models_dir() / "mar-kl"), help="the trained KL autoencoder directory")
+    parser.add_argument("--draft", default="../mar-draft", help="the draft's directory, relative to --out (mar.json)")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--images", type=int, default=24000)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--cfg-dropout", type=float, default=0.1)
+    parser.add_argument("--max-parallel", type=int, default=4, help="largest k of k-tokens-per-step decoding trained")
+    parser.add_argument("--diffusion-repeat", type=int, default=4, help="noise draws per token per step (MAR: 4)")
+    parser.add_argument("--sampling-steps", type=int, default=50, help="reverse diffusion steps at generation")
+    add_run_arguments(parser, threads=1)
+
+
+@torch.no_grad()
+def latent_tokens(vae: KLAutoencoder, kl_dir: Path, split: str, n: int, size: int) -> torch.Tensor:
+    """[n, h * w, C] scaled latent means of the split's first n scenes, raster order (cached)."""
+    stamp = int((kl_dir / "kl.safetensors").stat().st_mtime)
+    path = cache_root() / f"kl-latents-{split}-{n}-{size}-{stamp}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    images, _ = scene_pool(split, n, size=size)
+    latents = torch.cat([vae.encode(to_model_range(images[i : i + 200])) for i in range(0, n, 200)])
+    tokens = latents.flatten(2).transpose(1, 2).contiguous()
+    torch.save(tokens, path)
+    return tokens
+
+
+def mar_loss(model: MARModel, tokens: torch.Tensor, buffer: torch.Tensor, max_parallel: int, repeat: int,
+             generator: torch.Generator) -> torch.Tensor:
+    """Diffusion loss of every token [B, N, D] in a random order per image (causal MAR)."""
+    batch, n, dim = tokens.shape
+    order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1)
+    seq = torch.gather(tokens, 1, order.unsqueeze(-1).expand(-1, -1, dim))
+    back = torch.randint(max_parallel, (n,), generator=generator)
+    prefix = (torch.arange(n) - back).clamp(min=0)
+    z = model.causal_contexts(seq, order, order, prefix, buffer)  # [B, N, W]
+    x0 = seq.reshape(-1, dim).repeat(repeat, 1)
+    cond = z.reshape(batch * n, -1).repeat(repeat, 1)
+    return model.schedule.training_loss(model.diffloss.net, x0, cond, generator)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = Path(args.out or models_dir() / ("mar" if args.preset == "target" else "mar-draft"))
+    vae = KLAutoencoder.from_pretrained(args.kl)
+    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS)
+    tokens = latent_tokens(vae, Path(args.kl), "train", args.images, args.image_size)
+    _, captions = scene_pool("train", args.images, size=args.image_size)
+    config = MARConfig(img_size=args.image_size, vae_stride=vae.config.stride, patch_size=1, vae_embed_dim=vae.config.embed_dim,
+                       buffer_size=CAPTION_POSITIONS, class_num=0, text_dim=text_encoder.feature_dim,
+                       num_sampling_steps=args.sampling_steps, attention="causal", **PRESETS[args.preset])
+    model = MARModel(config)
+    print(f"MAR ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{config.seq_len} tokens of {config.token_embed_dim} channels", flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.02)
+    run_state = TrainingRun(out, args, args.time_limit)
+    run_state.resume_into(model=model, optimizer=optimizer)
+    manifest = {"kl": os.path.relpath(Path(args.kl).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
+    if args.preset == "target":
+        manifest["draft"] = args.draft
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mar.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-image pipeline
+    null_text = torch.zeros(CAPTION_POSITIONS, text_encoder.feature_dim)
+    generator = torch.Generator().manual_seed(run_state.step)
+    model.train()
+    while run_state.step < args.steps:
+        lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
+        picks = torch.randint(100, (args.batch_size,), generator=generator).tolist()
+        texts = [captions[r][p % len(captions[r])] for r, p in zip(rows.tolist(), picks)]
+        buffer = model.buffer(text=text_encoder.encode(texts, null_text))
+        drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
+        buffer = torch.where(drop[:, None, None], model.buffer().expand_as(buffer), buffer)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
+            loss = mar_loss(model, tokens[rows], buffer, args.max_parallel, args.diffusion_repeat, generator)
+        run_state.optimizer_step(loss, optimizer, model.parameters())
+        if run_state.step % 20 == 0:
+            run_state.record(loss=loss.item(), lr=lr)
+        if run_state.should_save(args.save_every, args.steps):
+            model.save(out)
+            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+        if run_state.stop_if_out_of_time():
+            break
+    return 0
