@@ -25,14 +25,26 @@ from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
 from .results import add_device_args, machine_info, save_results
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
+#: a continuous-token (MAR) model's: one token per step, MAR's own parallel decoding, CSpD
+MAR_METHODS = "ar,mar-parallel:8,mar-parallel:16,mar-parallel:32,cspd/num_draft_tokens=2,cspd/num_draft_tokens=4,cspd/num_draft_tokens=8"
+
+
+def is_mar(model) -> bool:
+    """Whether ``model`` names a continuous-token (MAR) model: "mar" or a directory with mar.json."""
+    from ..pipelines.t2i_components import MAR_FILE
+
+    return model == "mar" or (model is not None and (Path(model).expanduser() / MAR_FILE).is_file())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help="comma list: ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "
+    parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i; "
+                        "'mar': the embedded continuous-token model)")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma list (default: {DEFAULT_METHODS}; for a MAR: {MAR_METHODS}): "
+                             "ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "
                              "lantern|lantern++|gsd[:draft|eagle|eagle2] with optional /k=K/delta=D/lam=L/top_m=M "
-                             "(e.g. lantern:eagle/k=300/delta=0.2), sjd-pac[:init] with optional /branches=B/depth=D")
+                             "(e.g. lantern:eagle/k=300/delta=0.2), sjd-pac[:init] with optional /branches=B/depth=D; for a MAR: "
+                             "mar-parallel:N, cspd with optional /num_draft_tokens=K/prefill_fraction=F")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--guidance-scale", type=float, default=3.0)
@@ -61,11 +73,14 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> int:
-    specs = [m for m in args.methods.split(",") if m]
+    listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
+    specs = [m for m in listed.split(",") if m]
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     torch.set_num_threads(args.threads)
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize)
-    prompts, references = bench_prompts(args.prompts, size=components.tokenizer.vq.config.image_size)
+    for method in methods.values():
+        method.check_components(components)
+    prompts, references = bench_prompts(args.prompts, size=components.image_size)
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
@@ -80,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_inputs = [components.prompt_inputs(p) for p in prompts]
     n = components.target.num_image_tokens
     with torch.inference_mode():
-        make_method("sjd").generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)  # warm-up
+        make_method("ar").generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)  # warm-up
         for round_ in range(args.rounds):
             for i, model_inputs in enumerate(prompt_inputs):
                 for spec, method in methods.items():
@@ -144,13 +159,13 @@ def configure(spec: str, args: argparse.Namespace) -> T2IMethod:
     --window, --num-draft-tokens, --neighbours-k, --delta and --lam, else the method's defaults."""
     method, *pairs = spec.split("/")
     settings = {"window": args.window, "num_draft_tokens": args.num_draft_tokens, "neighbours_k": args.neighbours_k,
-                "delta": args.delta, "lam": args.lam}
+                "delta": args.delta, "lam": args.lam, "prefill_fraction": None, "num_iter": None}
     for pair in pairs:
         key, _, value = pair.partition("=")
         name = SPEC_KEYS.get(key, key)
         if name not in SETTINGS:
-            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam, top_m (relaxed) or branches, "
-                             "depth (sjd-pac)")
+            raise ValueError(f"unknown setting {key!r} in {spec!r}; use k, delta, lam, top_m (relaxed), branches, "
+                             "depth (sjd-pac), num_draft_tokens, prefill_fraction (cspd)")
         try:
             settings[name] = SETTINGS[name].kind(value)
         except ValueError:

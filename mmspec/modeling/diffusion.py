@@ -46,6 +46,7 @@ def _linear_betas(num_steps: int) -> torch.Tensor:
 
 
 SCHEDULES = {"cosine": _cosine_betas, "linear": _linear_betas}
+SPACINGS = ("even", "trailing")
 
 
 class DiffusionSchedule:
@@ -54,10 +55,14 @@ class DiffusionSchedule:
     Args:
         num_train_steps: T of training (MAR: 1000).
         schedule: "cosine" (MAR) or "linear".
-        sampling_steps: S reverse steps at sampling (MAR: 100), evenly spaced over the T.
+        sampling_steps: S reverse steps at sampling (MAR: 100).
+        spacing: which S of the T timesteps: "even" (ADM / MAR: round(i (T - 1) / (S - 1)), the last
+            step from t = 0) or "trailing" (round((i + 1) T / S) - 1: the last step leaves from
+            t = T / S - 1, so its Gaussian, the one CSpD compares, is wider).
     """
 
-    def __init__(self, num_train_steps: int = 1000, schedule: str = "cosine", sampling_steps: int = 100) -> None:
+    def __init__(self, num_train_steps: int = 1000, schedule: str = "cosine", sampling_steps: int = 100,
+                 spacing: str = "even") -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown noise schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
         if not 1 <= sampling_steps <= num_train_steps:
@@ -65,15 +70,19 @@ class DiffusionSchedule:
         self.num_train_steps, self.schedule, self.sampling_steps = num_train_steps, schedule, sampling_steps
         betas = SCHEDULES[schedule](num_train_steps)
         self.train_abar = torch.cumprod(1 - betas, 0)
-        # respacing: keep S timesteps evenly spaced over [0, T - 1] (ADM's space_timesteps with one section)
-        stride = (num_train_steps - 1) / max(sampling_steps - 1, 1)
-        kept = sorted({round(i * stride) for i in range(sampling_steps)})
+        if spacing not in SPACINGS:
+            raise ValueError(f"unknown timestep spacing {spacing!r}; choose one of {SPACINGS}")
+        if spacing == "even":  # ADM's space_timesteps with one section
+            stride = (num_train_steps - 1) / max(sampling_steps - 1, 1)
+            kept = sorted({round(i * stride) for i in range(sampling_steps)})
+        else:
+            kept = sorted({round((i + 1) * num_train_steps / sampling_steps) - 1 for i in range(sampling_steps)})
         self.timesteps = torch.tensor(kept, dtype=torch.long)  # respaced index -> training timestep
         abar = self.train_abar[self.timesteps]
         abar_prev = torch.cat([abar.new_ones(1), abar[:-1]])
         beta = 1 - abar / abar_prev
         posterior_var = beta * (1 - abar_prev) / (1 - abar)
-        # log beta~ is 0 at the first step (log 0): use the next step's value, as ADM clips it
+        # beta~ is 0 at the last reverse step (log 0): use the next step's value, as ADM clips it
         self.log_beta = beta.log().float()
         self.log_posterior_var = torch.cat([posterior_var[1:2], posterior_var[1:]]).log().float()
         self.sqrt_recip_abar = (1 / abar).sqrt().float()

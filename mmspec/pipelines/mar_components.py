@@ -88,6 +88,10 @@ class MARComponents(OptimizesOnLoad):
     def generator(self) -> torch.nn.Module:
         return self.target.model
 
+    @property
+    def image_size(self) -> int:
+        return self.autoencoder.config.resolution
+
     def prompt_inputs(self, prompt: str) -> dict[str, Any]:
         from .t2i_components import check_prompt
 

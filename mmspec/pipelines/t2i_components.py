@@ -168,6 +168,11 @@ class T2IComponents(OptimizesOnLoad):
         """The generator model itself (mmspec's LlamaGenModel, or the transformers model)."""
         return self.target.model
 
+    @property
+    def image_size(self) -> int:
+        """Side of the images in pixels (mmspec's VQ tokenizer)."""
+        return self.tokenizer.vq.config.image_size
+
     def prompt_inputs(self, prompt: str) -> dict[str, Any]:
         """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
         check_prompt(prompt)
