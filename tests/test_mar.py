@@ -228,3 +228,38 @@ def test_text_to_image_pipeline_with_a_mar():
         cspd("a red circle", do_sample=False)
     with pytest.raises(ValueError, match="takes the number of steps"):
         TextToImagePipeline(components=components, method="mar-parallel:fast")
+
+
+@pytest.fixture(scope="module")
+def mar_dir(tmp_path_factory):
+    """A tiny text-conditioned MAR + draft + KL autoencoder saved in the embedded layout."""
+    import json
+
+    root = tmp_path_factory.mktemp("mar")
+    for name, seed in (("mar", 10), ("mar-draft", 11)):
+        tiny_mar(seed, attention="causal", class_num=0, text_dim=576, buffer_size=40, img_size=32, vae_stride=4).save(root / name)
+    vae = KLAutoencoder(KLConfig(resolution=32, ch=32, ch_mult=[1, 2, 2], num_res_blocks=1, attn_resolutions=[8], embed_dim=4))
+    vae.save(root / "kl")
+    (root / "mar" / "mar.json").write_text(json.dumps({"kl": "../kl", "draft": "../mar-draft", "text_encoder_layers": 2}))
+    return root / "mar"
+
+
+def test_cli_and_bench_with_a_mar_directory(mar_dir, tmp_path, capsys):
+    import json
+
+    from mmspec.cli import main
+
+    out = tmp_path / "images"
+    assert main(["t2i", "a red circle", "--model", str(mar_dir), "--method", "cspd", "--num-draft-tokens", "3",
+                 "--compare-baseline", "--out", str(out), "--json", "--no-optimize"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["stats"]["method"] == "cspd" and record["stats"]["tokens"] == 64 and (out / "grid.png").is_file()
+    assert main(["t2i", "a red circle", "--model", str(mar_dir), "--method", "sjd", "--out", str(out)]) == 2
+    assert "choose one of ar, cspd, mar-parallel" in capsys.readouterr().err
+    results = tmp_path / "bench.json"
+    assert main(["bench", "t2i", "--model", str(mar_dir), "--methods", "ar,mar-parallel:4,cspd/num_draft_tokens=2",
+                 "--prompts", "2", "--rounds", "1", "--threads", "1", "--no-quality", "--results", str(results)]) == 0
+    summary = json.loads(results.read_text())["summary"]
+    assert set(summary) == {"ar", "mar-parallel:4", "cspd/num_draft_tokens=2"}
+    assert summary["ar"]["step_compression"] == 1.0 and summary["mar-parallel:4"]["step_compression"] == 16.0
+    assert summary["cspd/num_draft_tokens=2"]["exact"] and not summary["mar-parallel:4"]["exact"]
