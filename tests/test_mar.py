@@ -263,3 +263,18 @@ def test_cli_and_bench_with_a_mar_directory(mar_dir, tmp_path, capsys):
     assert set(summary) == {"ar", "mar-parallel:4", "cspd/num_draft_tokens=2"}
     assert summary["ar"]["step_compression"] == 1.0 and summary["mar-parallel:4"]["step_compression"] == 16.0
     assert summary["cspd/num_draft_tokens=2"]["exact"] and not summary["mar-parallel:4"]["exact"]
+
+
+def test_precomputed_chain_equals_the_plain_head():
+    """The head's chain() (adaLN modulations for all steps up front) gives the forward's outputs."""
+    from mmspec.modeling.diffusion import GuidedHead, sample_chain
+
+    model = tiny_mar(12)
+    net, schedule = model.diffloss.net, model.schedule
+    z = torch.randn(6, 32)
+    noise = torch.randn(3, schedule.sampling_steps + 1, 4)
+    with torch.no_grad():
+        fast = sample_chain(GuidedHead(net, 2.0), schedule, z, noise)
+        plain = sample_chain(lambda x, t, c: GuidedHead(net, 2.0)(x, t, c), schedule, z, noise)
+    for name in ("mean", "std", "sample", "log_scale"):
+        torch.testing.assert_close(getattr(fast, name), getattr(plain, name), rtol=1e-5, atol=1e-5)

@@ -26,8 +26,32 @@ import torch
 
 from ..core.continuous import FinalStep
 
-#: net(x_t [M, D], timesteps LongTensor [M] (training-schedule indices), condition [M, C]) -> [M, 2D]
+#: net(x_t [M, D], timesteps LongTensor [M] (training-schedule indices), condition [M, C]) -> [M, 2D];
+#: a head may also offer ``chain(condition [M, C], timesteps [S]) -> step(x_t [M, D], index) -> [M, 2D]``
 HeadNet = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class GuidedHead:
+    """Classifier-free guidance on a head's eps: eps = eps_u + w (eps_c - eps_u), the variance output
+    from the conditional rows (MAR's rule). The condition holds the conditional rows [M, C], then
+    the unconditional [M, C]; x_t [M, D] is shared by both."""
+
+    def __init__(self, net: HeadNet, scale: float) -> None:
+        self.net, self.scale = net, scale
+
+    def _combine(self, out: torch.Tensor, dim: int) -> torch.Tensor:
+        cond, uncond = out.chunk(2)
+        eps = uncond[:, :dim] + self.scale * (cond[:, :dim] - uncond[:, :dim])
+        return torch.cat([eps, cond[:, dim:]], dim=-1)
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        return self._combine(self.net(torch.cat([x, x]), torch.cat([t, t]), condition), x.shape[-1])
+
+    def chain(self, condition: torch.Tensor, timesteps: torch.Tensor):
+        if not hasattr(self.net, "chain"):
+            return lambda x, index: self(x, timesteps[index].expand(x.shape[0]), condition)
+        inner = self.net.chain(condition, timesteps)
+        return lambda x, index: self._combine(inner(torch.cat([x, x]), index), x.shape[-1])
 
 
 def _cosine_betas(num_steps: int, max_beta: float = 0.999) -> torch.Tensor:
@@ -162,9 +186,13 @@ def sample_chain(net: HeadNet, schedule: DiffusionSchedule, condition: torch.Ten
     x = noise[:, 0].float()
     log_scale = x.new_zeros(x.shape[0])
     timesteps = schedule.timesteps.to(x.device)
+    if hasattr(net, "chain"):  # a head that precomputes what does not depend on x_t (MAR's adaLN modulations)
+        step = net.chain(condition, timesteps)
+    else:
+        def step(x_t: torch.Tensor, index: int) -> torch.Tensor:
+            return net(x_t, timesteps[index].expand(x_t.shape[0]), condition)
     for j, index in enumerate(range(steps - 1, -1, -1), start=1):
-        t = timesteps[index].expand(x.shape[0])
-        mean, std = schedule.step_gaussian(net(x, t, condition), x, index)
+        mean, std = schedule.step_gaussian(step(x, index), x, index)
         std = std * temperature
         if index > 0:
             x = mean + std * noise[:, j]

@@ -200,6 +200,30 @@ class SimpleMLPAdaLN(nn.Module):
             h = block(h, y)
         return self.final_layer(h, y).float()
 
+    def chain(self, z: torch.Tensor, timesteps: torch.Tensor):
+        """A reverse chain's step function, same outputs as :meth:`forward`: every adaLN
+        modulation depends on (t, z) only, so all of them, for all S steps, come from one batched
+        product per layer up front; a step then runs the input projection, the blocks' MLPs and the
+        output layer only.
+
+        Args:
+            z: [M, C] conditions; timesteps: LongTensor [S] training timesteps (respaced index -> t).
+        Returns:
+            step(x_t [M, D], index) -> [M, 2D], index the respaced step.
+        """
+        y = F.silu(self.time_embed(timesteps)[:, None] + self.cond_embed(z.to(self.cond_embed.weight.dtype))[None])
+        blocks = [(block, block.adaLN_modulation[1](y).chunk(3, dim=-1)) for block in self.res_blocks]  # [S, M, W] each
+        final_shift, final_scale = self.final_layer.adaLN_modulation[1](y).chunk(2, dim=-1)
+
+        def step(x: torch.Tensor, index: int) -> torch.Tensor:
+            h = self.input_proj(x.to(self.input_proj.weight.dtype))
+            for block, (shift, scale, gate) in blocks:
+                h = h + gate[index] * block.mlp(_modulate(block.in_ln(h), shift[index], scale[index]))
+            out = _modulate(self.final_layer.norm_final(h), final_shift[index], final_scale[index])
+            return self.final_layer.linear(out).float()
+
+        return step
+
 
 class DiffLoss(nn.Module):
     """Holds ``net`` (the official ``diffloss.net.*`` names); the schedule lives in :mod:`.diffusion`."""

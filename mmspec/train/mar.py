@@ -84,6 +84,15 @@ def mar_loss(model: MARModel, tokens: torch.Tensor, buffer: torch.Tensor, max_pa
     return model.schedule.training_loss(model.diffloss.net, x0, cond, generator)
 
 
+@torch.no_grad()
+def validation_loss(model: MARModel, tokens: torch.Tensor, buffers: torch.Tensor, max_parallel: int) -> float:
+    """The training loss on held-out scenes with fixed orders, times and noise (comparable across saves)."""
+    model.eval()
+    loss = mar_loss(model, tokens, buffers, max_parallel, 1, torch.Generator().manual_seed(0)).item()
+    model.train()
+    return loss
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -107,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "mar.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-image pipeline
     null_text = torch.zeros(CAPTION_POSITIONS, text_encoder.feature_dim)
+    val_tokens = latent_tokens(vae, Path(args.kl), "validation", 64, args.image_size)
+    val_text = text_encoder.encode([c[0] for c in scene_pool("validation", 64, size=args.image_size)[1]], null_text)
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()
     while run_state.step < args.steps:
@@ -125,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
+            run_state.record(val_loss=validation_loss(model, val_tokens, model.buffer(text=val_text), args.max_parallel))
             model.save(out)
             run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...core.continuous import ContinuousOutput, FinalStep, MaskedARState
-from ...modeling.diffusion import sample_chain
+from ...modeling.diffusion import GuidedHead, sample_chain
 from ...modeling.mar import MARModel
 
 ORDERS = ("random", "raster")
@@ -93,17 +93,7 @@ class MARTarget:
 
     def _head(self, guidance: float):
         net = self.model.diffloss.net
-        if guidance == 1.0:
-            return net
-
-        def guided(x, t, z):  # z: [2M, W], conditional rows first
-            out = net(torch.cat([x, x]), torch.cat([t, t]), z)
-            cond, uncond = out.chunk(2)
-            dim = x.shape[-1]
-            eps = uncond[:, :dim] + guidance * (cond[:, :dim] - uncond[:, :dim])
-            return torch.cat([eps, cond[:, dim:]], dim=-1)
-
-        return guided
+        return net if guidance == 1.0 else GuidedHead(net, guidance)
 
     def _buffers(self, cond: MARCondition, rows: int) -> torch.Tensor:
         buffer = cond.buffer.expand(rows, -1, -1)
