@@ -137,6 +137,21 @@ def test_self_draft_reproduces_ar(attention, guidance):
     torch.testing.assert_close(spec.tokens, ar.tokens, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_parallel_drafts(attention):
+    """A parallel draft (all K from the committed tokens) is verified exactly too; with the target as
+    its own parallel drafter, the first draft of every step is the target's own sample, hence accepted."""
+    target = MARTarget(tiny_mar(13, attention=attention))
+    inputs = target.prepare_inputs(torch.Generator().manual_seed(2), labels=torch.tensor([5]), guidance_scale=2.0)
+    state, stats = speculative_decode(target, inputs, MARDrafter(target, 4, prefill_fraction=0.1, parallel=True), SAMPLE,
+                                      64, generator=torch.Generator().manual_seed(0))
+    assert state.tokens.shape == (1, 64, 4) and stats.draft_forwards == stats.verify_steps - 7
+    assert stats.accepted_per_position[0] == stats.drafted_per_position[0]
+    other, _ = speculative_decode(target, inputs, MARDrafter(tiny_mar(14, attention=attention), 3, parallel=True), SAMPLE,
+                                  64, generator=torch.Generator().manual_seed(0))
+    assert other.tokens.shape == (1, 64, 4) and bool(torch.isfinite(other.tokens).all())
+
+
 def test_cspd_with_a_different_draft():
     target = MARTarget(tiny_mar(3))
     inputs = target.prepare_inputs(torch.Generator().manual_seed(1), order="raster", labels=torch.tensor([1]))
@@ -219,10 +234,12 @@ def test_text_to_image_pipeline_with_a_mar():
     assert out.accepted_map.shape == (1, 8, 8) and int(out.accepted_map.max()) == out.stats.per_image[0]["verify_steps"]
     ar = TextToImagePipeline(components=components, method="ar")("a red circle", seed=5, guidance_scale=2.0)
     torch.testing.assert_close(ar.tokens, out.baseline_tokens)  # same seed, same order and noise: the same AR image
+    selfdraft = TextToImagePipeline(components=components, method="cspd-self")("a red circle", seed=5, guidance_scale=2.0)
+    assert selfdraft.stats.config["parallel"] and selfdraft.stats.tau > 1.0
     parallel = TextToImagePipeline(components=components, method="mar-parallel:4")("a red circle", seed=5, guidance_scale=2.0)
     assert parallel.stats.target_forwards == 4 and parallel.tokens.shape == (1, 64, 4)
     assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd"):
+    with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd, cspd-self"):
         TextToImagePipeline(components=components, method="sjd")
     with pytest.raises(ValueError, match="keep do_sample=True"):
         cspd("a red circle", do_sample=False)
@@ -255,7 +272,7 @@ def test_cli_and_bench_with_a_mar_directory(mar_dir, tmp_path, capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["stats"]["method"] == "cspd" and record["stats"]["tokens"] == 64 and (out / "grid.png").is_file()
     assert main(["t2i", "a red circle", "--model", str(mar_dir), "--method", "sjd", "--out", str(out)]) == 2
-    assert "choose one of ar, cspd, mar-parallel" in capsys.readouterr().err
+    assert "choose one of ar, cspd, cspd-self, mar-parallel" in capsys.readouterr().err
     results = tmp_path / "bench.json"
     assert main(["bench", "t2i", "--model", str(mar_dir), "--methods", "ar,mar-parallel:4,cspd/num_draft_tokens=2",
                  "--prompts", "2", "--rounds", "1", "--threads", "1", "--no-quality", "--results", str(results)]) == 0

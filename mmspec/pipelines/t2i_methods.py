@@ -99,6 +99,9 @@ SETTINGS: dict[str, Setting] = {
     "prefill_fraction": Setting(float, "CSpD's share of tokens the target generates alone first",
                                 lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "num_iter": Setting(int, "MAR's parallel decoding steps", _at_least(1), "an integer >= 1"),
+    "draft_mode": Setting(str, "how CSpD's draft MAR proposes K tokens: one at a time (sequential, the paper's) or "
+                          "all from the committed tokens in one step (parallel)", lambda v: v in ("sequential", "parallel"),
+                          "sequential or parallel"),
 }
 
 
@@ -340,10 +343,25 @@ class CSpDMethod(T2IMethod):
     description = "continuous speculative decoding with the draft MAR (continuous-token models)"
     rule = "cspd"
     continuous = True
+    defaults = {"num_draft_tokens": 4, "prefill_fraction": 0.05, "draft_mode": "sequential"}
+
+    def build_drafter(self, components):
+        return MARDrafter(components.draft_target(), self.settings["num_draft_tokens"], self.settings["prefill_fraction"],
+                          parallel=self.settings["draft_mode"] == "parallel")
+
+
+@register_method
+class SelfCSpDMethod(T2IMethod):
+    name = "cspd-self"
+    description = ("continuous speculative decoding drafted by the target's own parallel step, exact, no draft "
+                   "model (continuous-token models)")
+    rule = "cspd"
+    continuous = True
     defaults = {"num_draft_tokens": 4, "prefill_fraction": 0.05}
 
     def build_drafter(self, components):
-        return MARDrafter(components.draft_target(), self.settings["num_draft_tokens"], self.settings["prefill_fraction"])
+        return MARDrafter(components.target, self.settings["num_draft_tokens"], self.settings["prefill_fraction"],
+                          parallel=True)
 
 
 @register_method
