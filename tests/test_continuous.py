@@ -170,8 +170,7 @@ def test_wrong_ratios_fail(dim):
     reference = target_tokens(dim, seed=4)
     draft, target, g = chains(dim, ROWS, 3)
     d, t = one_token(draft, target)
-    tempered = [FinalStep(s.mean, s.std * 42, s.sample, s.log_scale) for s in (d, t)]
-    out = cspd_verify(*tempered, torch.rand(ROWS, 2, generator=g), g)
+    out = cspd_verify(d, t, torch.rand(ROWS, 2, generator=g), g, exponent_temperature=42.0)
     assert max_ks(out.tokens[:, 0], reference) > 2 * CRITICAL
     tokens, _ = cspd_tokens(dim, seed=3, trajectory_jacobian=True)
     assert max_ks(tokens, reference) > CRITICAL  # rejected at alpha = 1e-4 (measured: 0.044 in 1-D, 0.034 in 2-D)

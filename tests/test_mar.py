@@ -234,12 +234,15 @@ def test_text_to_image_pipeline_with_a_mar():
     assert out.accepted_map.shape == (1, 8, 8) and int(out.accepted_map.max()) == out.stats.per_image[0]["verify_steps"]
     ar = TextToImagePipeline(components=components, method="ar")("a red circle", seed=5, guidance_scale=2.0)
     torch.testing.assert_close(ar.tokens, out.baseline_tokens)  # same seed, same order and noise: the same AR image
+    tempered = TextToImagePipeline(components=components, method="cspd-tempered", num_draft_tokens=3)("a red circle", seed=5,
+                                                                                                   guidance_scale=2.0)
+    assert tempered.stats.config["acceptance"] == "cspd-tempered" and tempered.stats.config["exponent_temperature"] == 42.0
     selfdraft = TextToImagePipeline(components=components, method="cspd-self")("a red circle", seed=5, guidance_scale=2.0)
     assert selfdraft.stats.config["parallel"] and selfdraft.stats.tau > 1.0
     parallel = TextToImagePipeline(components=components, method="mar-parallel:4")("a red circle", seed=5, guidance_scale=2.0)
     assert parallel.stats.target_forwards == 4 and parallel.tokens.shape == (1, 64, 4)
     assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd, cspd-self"):
+    with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd, cspd-tempered, cspd-self"):
         TextToImagePipeline(components=components, method="sjd")
     with pytest.raises(ValueError, match="keep do_sample=True"):
         cspd("a red circle", do_sample=False)
@@ -272,7 +275,7 @@ def test_cli_and_bench_with_a_mar_directory(mar_dir, tmp_path, capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["stats"]["method"] == "cspd" and record["stats"]["tokens"] == 64 and (out / "grid.png").is_file()
     assert main(["t2i", "a red circle", "--model", str(mar_dir), "--method", "sjd", "--out", str(out)]) == 2
-    assert "choose one of ar, cspd, cspd-self, mar-parallel" in capsys.readouterr().err
+    assert "choose one of ar, cspd, cspd-tempered, cspd-self, mar-parallel" in capsys.readouterr().err
     results = tmp_path / "bench.json"
     assert main(["bench", "t2i", "--model", str(mar_dir), "--methods", "ar,mar-parallel:4,cspd/num_draft_tokens=2",
                  "--prompts", "2", "--rounds", "1", "--threads", "1", "--no-quality", "--results", str(results)]) == 0

@@ -22,12 +22,13 @@ def test_registry_declares_every_rule():
     assert {"greedy", "speculative", "typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"} <= set(RULES)
     # PCG's group acceptance: a multi-draft tree walk over overlapping groups is not derived; CSpD:
     # continuous drafts are linear
-    chain_only = {"group", "cspd"}
+    chain_only = {"group", "cspd", "cspd-tempered"}
     for name, rule in RULES.items():
         assert rule.name == name and issubclass(rule.Params, RuleParams) and rule.sampling in ("greedy", "sampling", "either")
         assert rule.supports_tree() != (name in chain_only), name  # every other built-in rule has a tree form
     assert RULES["greedy"].lossless and RULES["speculative"].lossless and RULES["cspd"].lossless
-    assert [name for name, rule in RULES.items() if rule.continuous] == ["cspd"]
+    assert [name for name, rule in RULES.items() if rule.continuous] == ["cspd", "cspd-tempered"]
+    assert not RULES["cspd-tempered"].lossless
     assert not any(RULES[name].lossless for name in ("typical", "lantern", "lantern++", "gsd", "topk-tolerance", "group"))
 
 

@@ -138,7 +138,8 @@ def test_adding_a_method_is_one_class_and_its_registration():
         assert isinstance(method, Twice) and method.settings == {"num_draft_tokens": 5}
         from mmspec.cli import build_parser
 
-        assert "test-twice (a test method)" in build_parser()._subparsers._group_actions[0].choices["t2i"].format_help()
+        help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["t2i"].format_help().split())  # unwrapped
+        assert "test-twice (a test method)" in help_text
         with pytest.raises(ValueError, match="already registered"):
             register_method(Twice)
     finally:

@@ -27,7 +27,8 @@ from .results import add_device_args, machine_info, save_results
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
 #: a continuous-token (MAR) model's: one token per step, MAR's own parallel decoding, CSpD
 MAR_METHODS = ("ar,mar-parallel:8,mar-parallel:16,mar-parallel:32,cspd/num_draft_tokens=4,"
-               "cspd/num_draft_tokens=4/draft_mode=parallel,cspd-self/num_draft_tokens=4,cspd-self/num_draft_tokens=8")
+               "cspd/num_draft_tokens=4/draft_mode=parallel,cspd-tempered/num_draft_tokens=4,"
+               "cspd-tempered/num_draft_tokens=4/draft_mode=parallel,cspd-self/num_draft_tokens=4,cspd-self/num_draft_tokens=8")
 
 
 def is_mar(model) -> bool:

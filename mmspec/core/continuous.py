@@ -167,13 +167,18 @@ def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor)
     return (-0.5 * z.pow(2) - std.double().log() - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-def cspd_log_ratio(tokens: torch.Tensor, draft: FinalStep, target: FinalStep, trajectory_jacobian: bool = False) -> torch.Tensor:
+def cspd_log_ratio(tokens: torch.Tensor, draft: FinalStep, target: FinalStep, trajectory_jacobian: bool = False,
+                   exponent_temperature: float = 1.0) -> torch.Tensor:
     """log of the acceptance ratio of drafted tokens [B, K, D]: [B, K].
 
     Exact form: log p(x | E) - log q(x | E) with the two final-step Gaussians.
     ``trajectory_jacobian``: the paper's eq. 9, adding sum_{t >= 2} (log sigma_t^q - log sigma_t^p).
+    ``exponent_temperature`` T > 1 (lossy): both Gaussians' quadratic terms divided by T^2, as the
+    released CSpD code does with T = 42.
     """
-    ratio = gaussian_log_density(tokens, target.mean, target.std) - gaussian_log_density(tokens, draft.mean, draft.std)
+    # stretching both stds by T divides the quadratic terms by T^2; the normalisers' ratio is unchanged
+    ratio = (gaussian_log_density(tokens, target.mean, target.std * exponent_temperature)
+             - gaussian_log_density(tokens, draft.mean, draft.std * exponent_temperature))
     if trajectory_jacobian:
         ratio = ratio + (draft.log_scale.double() - target.log_scale.double())
     return ratio
@@ -224,7 +229,8 @@ def sample_residual(target: FinalStep, draft: FinalStep, generator: torch.Genera
 
 
 def cspd_verify(draft: FinalStep | None, target: FinalStep, uniforms: torch.Tensor, generator: torch.Generator,
-                trajectory_jacobian: bool = False, max_tries: int = 4096) -> ContinuousVerification:
+                trajectory_jacobian: bool = False, max_tries: int = 4096,
+                exponent_temperature: float = 1.0) -> ContinuousVerification:
     """Continuous speculative sampling of K drafted tokens per row.
 
     Args:
@@ -235,6 +241,8 @@ def cspd_verify(draft: FinalStep | None, target: FinalStep, uniforms: torch.Tens
             target's own sample).
         generator: randomness of the residual sampler.
         trajectory_jacobian: use the paper's ratio (eq. 9) instead of the exact one.
+        exponent_temperature: T > 1 tempers the ratio's exponent (lossy; the residual stays
+            norm(max(0, p - q))).
     Returns:
         :class:`ContinuousVerification`.
     """
@@ -244,7 +252,7 @@ def cspd_verify(draft: FinalStep | None, target: FinalStep, uniforms: torch.Tens
                                       tokens=target.sample[:, :1])
     batch, k = draft.mean.shape[:2]
     tokens_in = draft.sample
-    log_ratio = cspd_log_ratio(tokens_in, draft, target[:, :k], trajectory_jacobian)
+    log_ratio = cspd_log_ratio(tokens_in, draft, target[:, :k], trajectory_jacobian, exponent_temperature)
     accept = uniforms[:, :k].double().log() < log_ratio  # r < min(1, ratio)
     num_accepted = accept.long().cumprod(-1).sum(-1)
     rows = torch.arange(batch, device=num_accepted.device)

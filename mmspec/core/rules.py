@@ -433,6 +433,31 @@ class CSpDRule(AcceptanceRule):
                            self.params.trajectory_jacobian, self.params.max_tries)
 
 
+@dataclass(frozen=True, eq=False)
+class TemperedCSpDParams(CSpDParams):
+    """The released CSpD code's relaxation: the ratio's exponent divided by ``exponent_temperature``^2
+    (42 there). Lossy, with no stated bound: the benchmark measures what it costs in quality."""
+
+    exponent_temperature: float = 42.0
+
+    def check_values(self, rule: str) -> None:
+        super().check_values(rule)
+        _number(rule, "exponent_temperature", self.exponent_temperature, 1.0)
+
+
+@register_rule
+class TemperedCSpDRule(CSpDRule):
+    """CSpD with a tempered exponent, as the released code runs it (lossy)."""
+
+    name = "cspd-tempered"
+    Params = TemperedCSpDParams
+    lossless = False
+
+    def verify_output(self, draft, target_output, sampling, uniforms, generator):
+        return cspd_verify(draft.trajectory, target_output.steps, uniforms, generator, self.params.trajectory_jacobian,
+                           self.params.max_tries, self.params.exponent_temperature)
+
+
 def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConfig,
                  rule_kwargs: dict[str, Any] | None = None, continuous: bool = False) -> AcceptanceRule:
     """The rule instance for ``acceptance`` under ``sampling``.

@@ -99,6 +99,8 @@ SETTINGS: dict[str, Setting] = {
     "prefill_fraction": Setting(float, "CSpD's share of tokens the target generates alone first",
                                 lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "num_iter": Setting(int, "MAR's parallel decoding steps", _at_least(1), "an integer >= 1"),
+    "exponent_temperature": Setting(float, "cspd-tempered's exponent temperature (the released CSpD code's 42)",
+                                    rule="cspd-tempered"),
     "draft_mode": Setting(str, "how CSpD's draft MAR proposes K tokens: one at a time (sequential, the paper's) or "
                           "all from the committed tokens in one step (parallel)", lambda v: v in ("sequential", "parallel"),
                           "sequential or parallel"),
@@ -348,6 +350,18 @@ class CSpDMethod(T2IMethod):
     def build_drafter(self, components):
         return MARDrafter(components.draft_target(), self.settings["num_draft_tokens"], self.settings["prefill_fraction"],
                           parallel=self.settings["draft_mode"] == "parallel")
+
+
+@register_method
+class TemperedCSpDMethod(CSpDMethod):
+    name = "cspd-tempered"
+    description = ("CSpD with the released code's tempered exponent (lossy; continuous-token models)")
+    rule = "cspd-tempered"
+    exact = False
+    defaults = {**CSpDMethod.defaults, "exponent_temperature": 42.0}
+
+    def rule_kwargs(self, components):
+        return {"exponent_temperature": self.settings["exponent_temperature"]}
 
 
 @register_method
