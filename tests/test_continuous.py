@@ -239,3 +239,14 @@ def test_rule_registry_and_state():
     assert state.length == 1
     with pytest.raises(ValueError, match="linear"):
         state.commit(torch.zeros(1, 1, 2), path=torch.tensor([0]))
+
+
+def test_clip_denoised_bounds_the_predicted_x0():
+    """Near t = T, abar ~ 2e-9 turns an eps error into a huge x0_hat; the clamp bounds it."""
+    schedule = DiffusionSchedule(1000, "cosine", 50, clip_denoised=2.0)
+    plain = DiffusionSchedule(1000, "cosine", 50)
+    x = torch.randn(4, 3)
+    out = torch.cat([x + 0.05, torch.zeros(4, 3)], dim=-1)  # an eps off by 0.05 at the first reverse step
+    wild, _ = plain.step_gaussian(out, x, 49)
+    tame, _ = schedule.step_gaussian(out, x, 49)
+    assert wild.abs().max() > 10 and tame.abs().max() < 2.0 * float(schedule.coef_x0[49]) + x.abs().max() * float(schedule.coef_xt[49]) + 1e-4

@@ -83,15 +83,20 @@ class DiffusionSchedule:
         spacing: which S of the T timesteps: "even" (ADM / MAR: round(i (T - 1) / (S - 1)), the last
             step from t = 0) or "trailing" (round((i + 1) T / S) - 1: the last step leaves from
             t = T / S - 1, so its Gaussian, the one CSpD compares, is wider).
+        clip_denoised: clamp each step's predicted x_0 to [-c, c] (ADM's clip_denoised, with the
+            data's range c). Near t = T of the cosine schedule abar is ~2e-9, so x0_hat carries the
+            eps error times ~2e4; MAR runs unclipped, which needs an eps error far below a small
+            model's. None: no clamp.
     """
 
     def __init__(self, num_train_steps: int = 1000, schedule: str = "cosine", sampling_steps: int = 100,
-                 spacing: str = "even") -> None:
+                 spacing: str = "even", clip_denoised: float | None = None) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown noise schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
         if not 1 <= sampling_steps <= num_train_steps:
             raise ValueError(f"sampling_steps must be in [1, {num_train_steps}], got {sampling_steps}")
         self.num_train_steps, self.schedule, self.sampling_steps = num_train_steps, schedule, sampling_steps
+        self.clip_denoised = clip_denoised
         betas = SCHEDULES[schedule](num_train_steps)
         self.train_abar = torch.cumprod(1 - betas, 0)
         if spacing not in SPACINGS:
@@ -125,6 +130,8 @@ class DiffusionSchedule:
         dim = x_t.shape[-1]
         eps, v = net_out[:, :dim].float(), net_out[:, dim:].float()
         x0 = self.sqrt_recip_abar[index] * x_t - self.sqrt_recipm1_abar[index] * eps
+        if self.clip_denoised is not None:
+            x0 = x0.clamp(-self.clip_denoised, self.clip_denoised)
         mean = self.coef_x0[index] * x0 + self.coef_xt[index] * x_t
         frac = (v + 1) / 2
         log_var = frac * self.log_beta[index] + (1 - frac) * self.log_posterior_var[index]

@@ -68,6 +68,7 @@ class MARConfig:
     num_sampling_steps: int = 100
     noise_schedule: str = "cosine"
     sampling_spacing: str = "even"
+    clip_denoised: float | None = None
     attention: str = "bidirectional"
 
     def __post_init__(self) -> None:
@@ -257,7 +258,8 @@ class MARModel(nn.Module):
         self.decoder_norm = nn.LayerNorm(dec, eps=1e-6)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len, dec))
         self.diffloss = DiffLoss(c)
-        self.schedule = DiffusionSchedule(c.num_train_steps, c.noise_schedule, c.num_sampling_steps, c.sampling_spacing)
+        self.schedule = DiffusionSchedule(c.num_train_steps, c.noise_schedule, c.num_sampling_steps, c.sampling_spacing,
+                                          c.clip_denoised)
         for p in (self.fake_latent, self.mask_token, self.encoder_pos_embed_learned, self.decoder_pos_embed_learned,
                   self.diffusion_pos_embed_learned):
             nn.init.normal_(p, std=0.02)
