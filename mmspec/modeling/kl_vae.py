@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm
+from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm, _run_level
 
 
 @dataclass
@@ -60,17 +60,6 @@ def _level(blocks: list[nn.Module], attns: list[nn.Module]) -> nn.Module:
     return level
 
 
-def _run(level: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    for i, block in enumerate(level.block):
-        h = block(h)
-        if len(level.attn):
-            h = level.attn[i](h)
-    for resample in ("downsample", "upsample"):
-        if hasattr(level, resample):
-            h = getattr(level, resample)(h)
-    return h
-
-
 class KLEncoder(nn.Module):
     def __init__(self, c: KLConfig) -> None:
         super().__init__()
@@ -93,7 +82,7 @@ class KLEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for level in self.down:
-            h = _run(level, h)
+            h = _run_level(level, h, "block")
         return self.conv_out(F.silu(self.norm_out(_run_mid(self.mid, h))))
 
 
@@ -121,7 +110,7 @@ class KLDecoder(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = _run_mid(self.mid, self.conv_in(z))
         for level in reversed(self.up):
-            h = _run(level, h)
+            h = _run_level(level, h, "block")
         return self.conv_out(F.silu(self.norm_out(h)))
 
 

@@ -112,10 +112,11 @@ def _mid(channels: int) -> nn.ModuleList:
     return nn.ModuleList([ResnetBlock(channels, channels), AttnBlock(channels), ResnetBlock(channels, channels)])
 
 
-def _run_level(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """One resolution level of the encoder or decoder: its residual blocks (each followed by its
-    attention block, at the levels that have them), then its down- or upsampling, if any."""
-    for i, res in enumerate(block.res):
+def _run_level(block: nn.Module, h: torch.Tensor, blocks: str = "res") -> torch.Tensor:
+    """One resolution level of the encoder or decoder: its residual blocks (attribute ``blocks``:
+    LlamaGen's "res", LDM's "block"), each followed by its attention block at the levels that have
+    them, then its down- or upsampling, if any."""
+    for i, res in enumerate(getattr(block, blocks)):
         h = res(h)
         if len(block.attn) > 0:
             h = block.attn[i](h)
