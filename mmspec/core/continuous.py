@@ -25,12 +25,12 @@ factor as an option (``trajectory_jacobian=True``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-from .verify import Verification
+from .verify import Verification, _assemble
 
 
 @dataclass
@@ -50,18 +50,21 @@ class FinalStep:
     sample: torch.Tensor
     log_scale: torch.Tensor
 
+    def _map(self, fn) -> "FinalStep":
+        """The same transform of every field (they share the [B, K] leading axes)."""
+        return FinalStep(*(fn(getattr(self, f.name)) for f in fields(self)))
+
     def __getitem__(self, index) -> "FinalStep":
         """Slice the K axis (and rows): ``step[:, :k]``."""
-        index = index if isinstance(index, tuple) else (index,)
-        return FinalStep(self.mean[index], self.std[index], self.sample[index], self.log_scale[index])
+        return self._map(lambda t: t[index])
 
     def pick(self, rows: torch.Tensor, positions: torch.Tensor) -> "FinalStep":
         """Position ``positions[m]`` of row ``rows[m]`` for each m: a FinalStep [M, 1]."""
-        return FinalStep(*(getattr(self, name)[rows, positions].unsqueeze(1) for name in ("mean", "std", "sample", "log_scale")))
+        return self._map(lambda t: t[rows, positions].unsqueeze(1))
 
     @classmethod
     def cat(cls, steps: list["FinalStep"], dim: int = 1) -> "FinalStep":
-        return cls(*(torch.cat([getattr(s, name) for s in steps], dim=dim) for name in ("mean", "std", "sample", "log_scale")))
+        return cls(*(torch.cat([getattr(s, f.name) for s in steps], dim=dim) for f in fields(cls)))
 
     @property
     def length(self) -> int:
@@ -86,8 +89,9 @@ class ContinuousOutput:
 class ContinuousVerification(Verification):
     """Verification of continuous drafts: ``tokens`` [B, K + 1, D] (accepted drafts, the corrected or
     bonus token, zeros after), ``residual_tries`` [B] proposals the residual sampler drew, and
-    ``residual_capped`` [B] rows where it gave up after ``max_tries`` (that row's token is then the
-    target's own sample: not exact; counted in the stats)."""
+    ``residual_capped`` [B] rows where it gave up after ``max_tries`` (that row's token is then its
+    last proposal, a draw from the target's final step rather than from the residual: not exact;
+    counted in the stats)."""
 
     residual_tries: torch.Tensor | None = None
     residual_capped: torch.Tensor | None = None
@@ -267,9 +271,6 @@ def cspd_verify(draft: FinalStep | None, target: FinalStep, uniforms: torch.Tens
         resampled, tries[rejected], capped[rejected] = sample_residual(p, q, generator, log_factor, max_tries)
         next_token = next_token.clone()
         next_token[rejected] = resampled
-    positions = torch.arange(k + 1, device=num_accepted.device)
-    padded = torch.cat([tokens_in, torch.zeros_like(tokens_in[:, :1])], dim=1)
-    n = num_accepted[:, None, None]
-    tokens = torch.where(positions[None, :, None] < n, padded, torch.zeros_like(padded))
-    tokens = torch.where(positions[None, :, None] == n, next_token[:, None], tokens)
-    return ContinuousVerification(num_accepted=num_accepted, tokens=tokens, residual_tries=tries, residual_capped=capped)
+    assembled = _assemble(tokens_in, num_accepted, next_token, pad=0.0)
+    return ContinuousVerification(num_accepted=num_accepted, tokens=assembled.tokens, residual_tries=tries,
+                                  residual_capped=capped)

@@ -401,7 +401,8 @@ class GroupRule(AcceptanceRule):
 class CSpDParams(RuleParams):
     """Continuous speculative decoding: ``trajectory_jacobian`` multiplies the exact ratio by the
     paper's prod_t sqrt|Sigma_t^q| / sqrt|Sigma_t^p| (not exact when the heads learn their variances);
-    ``max_tries``: residual proposals per rejection before the target's own sample stands in."""
+    ``max_tries``: residual proposals per rejection before the last proposal (a draw from the
+    target's final step) stands in."""
 
     trajectory_jacobian: bool = False
     max_tries: int = 4096
@@ -429,8 +430,8 @@ class CSpDRule(AcceptanceRule):
         raise ValueError("acceptance='cspd' verifies continuous tokens; use it with a continuous-token target (MAR)")
 
     def verify_output(self, draft, target_output, sampling, uniforms, generator):
-        return cspd_verify(draft.trajectory, target_output.steps, uniforms, generator,
-                           self.params.trajectory_jacobian, self.params.max_tries)
+        return cspd_verify(draft.trajectory, target_output.steps, uniforms, generator, self.params.trajectory_jacobian,
+                           self.params.max_tries, getattr(self.params, "exponent_temperature", 1.0))
 
 
 @dataclass(frozen=True, eq=False)
@@ -452,10 +453,6 @@ class TemperedCSpDRule(CSpDRule):
     name = "cspd-tempered"
     Params = TemperedCSpDParams
     lossless = False
-
-    def verify_output(self, draft, target_output, sampling, uniforms, generator):
-        return cspd_verify(draft.trajectory, target_output.steps, uniforms, generator, self.params.trajectory_jacobian,
-                           self.params.max_tries, self.params.exponent_temperature)
 
 
 def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConfig,

@@ -47,13 +47,17 @@ def _accepted_prefix_length(accept: torch.Tensor) -> torch.Tensor:
     return accept.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> Verification:
-    """Accepted drafts, the next token at position num_accepted, PAD after it."""
-    batch, k = draft_tokens.shape
-    positions = torch.arange(k + 1, device=draft_tokens.device).expand(batch, k + 1)
-    padded_draft = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), PAD)], dim=1)
-    n = num_accepted.unsqueeze(1)
-    tokens = torch.where(positions < n, padded_draft, torch.full_like(padded_draft, PAD))
+def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor,
+              pad: float = PAD) -> Verification:
+    """Accepted drafts, the next token at position num_accepted, ``pad`` after it.
+
+    draft_tokens: [B, K] token ids, or [B, K, D] continuous tokens (then next_token is [B, D])."""
+    batch, k = draft_tokens.shape[:2]
+    trailing = draft_tokens.shape[2:]
+    positions = torch.arange(k + 1, device=draft_tokens.device).view(1, k + 1, *(1,) * len(trailing))
+    padded_draft = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1, *trailing), pad)], dim=1)
+    n = num_accepted.view(batch, 1, *(1,) * len(trailing))
+    tokens = torch.where(positions < n, padded_draft, torch.full_like(padded_draft, pad))
     tokens = torch.where(positions == n, next_token.unsqueeze(1), tokens)
     return Verification(num_accepted=num_accepted, tokens=tokens)
 

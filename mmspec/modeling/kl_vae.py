@@ -13,14 +13,13 @@ official KL-16) so that its std is about 1, and divides by it before decoding.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .persistence import DataclassModel
 from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm, _run_level
 
 
@@ -114,12 +113,14 @@ class KLDecoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
-class KLAutoencoder(nn.Module):
+class KLAutoencoder(DataclassModel, nn.Module):
     """image [B, 3, H, W] in [-1, 1] <-> latents [B, embed_dim, H / stride, W / stride]."""
 
+    config_class, config_file, weights_file, kind = KLConfig, "kl_config.json", "kl.safetensors", "KL autoencoder"
+    save_dtype, load_dtype = torch.float32, torch.float32
+
     def __init__(self, config: KLConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.encoder, self.decoder = KLEncoder(config), KLDecoder(config)
         self.quant_conv = nn.Conv2d(2 * config.embed_dim, 2 * config.embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(config.embed_dim, config.embed_dim, 1)
@@ -139,25 +140,6 @@ class KLAutoencoder(nn.Module):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Scaled latents -> images in about [-1, 1]."""
         return self.decoder(self.post_quant_conv(latents / self.config.scale))
-
-    def save(self, directory: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "kl_config.json").write_text(json.dumps(asdict(self.config), indent=1))
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / "kl.safetensors"))
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "KLAutoencoder":
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / "kl_config.json").is_file():
-            raise FileNotFoundError(f"{directory} holds no kl_config.json; pass a directory saved by KLAutoencoder.save")
-        model = cls(KLConfig(**json.loads((directory / "kl_config.json").read_text())))
-        model.load_state_dict(load_file(str(directory / "kl.safetensors")))
-        return model.to(dtype).eval()
 
     def load_official(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the official KL-16 state dict (``torch.load(path, weights_only=True)["model"]``);

@@ -25,16 +25,15 @@ on one prefix), and, in training, every token of an image at once (as a causal L
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .diffusion import DiffusionSchedule
+from .persistence import DataclassModel
 
 
 #: "bidirectional": MAR's (a position's condition depends on the set of known tokens);
@@ -234,12 +233,15 @@ class DiffLoss(nn.Module):
         self.net = SimpleMLPAdaLN(config.token_embed_dim, config.diffloss_w, config.decoder_embed_dim, config.diffloss_d)
 
 
-class MARModel(nn.Module):
+class MARModel(DataclassModel, nn.Module):
     """The MAR transformer and its diffusion head (see the module docstring for the layout)."""
 
+    config_class, config_file, weights_file, kind = MARConfig, "mar_config.json", "mar.safetensors", "MAR"
+    save_dtype, load_dtype = torch.float32, torch.float32
+
     def __init__(self, config: MARConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         enc, dec = c.encoder_embed_dim, c.decoder_embed_dim
         if c.text_dim:
             self.text_proj = nn.Linear(c.text_dim, enc)
@@ -362,26 +364,6 @@ class MARModel(nn.Module):
         for block in self.decoder_blocks:
             x = block(x, allowed)
         return self.decoder_norm(x)[:, b + m :] + self.diffusion_pos_embed_learned[0, query_positions]
-
-    # persistence ------------------------------------------------------------------------------
-    def save(self, directory: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "mar_config.json").write_text(json.dumps(asdict(self.config), indent=1))
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / "mar.safetensors"))
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "MARModel":
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / "mar_config.json").is_file():
-            raise FileNotFoundError(f"{directory} holds no mar_config.json; pass a directory saved by MARModel.save")
-        model = cls(MARConfig(**json.loads((directory / "mar_config.json").read_text())))
-        model.load_state_dict(load_file(str(directory / "mar.safetensors")))
-        return model.to(dtype).eval()
 
     def load_official(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load an official checkpoint's state dict ("model" or "model_ema" of checkpoint-last.pth,

@@ -152,9 +152,10 @@ class MARComponents(OptimizesOnLoad):
         steps: list[int] = []
         for i in range(num_iter):
             # MAR's schedule: after step i, floor(N cos(pi/2 (i + 1) / num_iter)) tokens stay unknown
-            remaining = math.floor(n * math.cos(math.pi / 2 * (i + 1) / num_iter))
-            count = max(1, n - state.length - max(remaining, 0)) if i < num_iter - 1 else n - state.length
-            count = min(count, n - state.length)
+            # (none after the last); every step predicts at least one token while any is left
+            unknown_after = 0 if i == num_iter - 1 else max(math.floor(n * math.cos(math.pi / 2 * (i + 1) / num_iter)), 0)
+            left = n - state.length
+            count = min(max(1, left - unknown_after), left)
             if count <= 0:
                 continue
             state.commit(self.target.parallel_step(state, count).sample)
@@ -170,7 +171,5 @@ class MARComponents(OptimizesOnLoad):
         """[B, N, D] tokens in raster order -> B PIL images."""
         from .images import to_pil
 
-        c = self.target.config
-        latents = tokens.transpose(1, 2).reshape(tokens.shape[0], c.vae_embed_dim, c.seq_h, c.seq_h)
         with torch.inference_mode():
-            return to_pil(self.autoencoder.decode(latents.to(self.target.device)))
+            return to_pil(self.autoencoder.decode(self.target.unpatchify(tokens.to(self.target.device))))

@@ -137,7 +137,7 @@ class T2IComponents(OptimizesOnLoad):
             if not (directory / MAR_FILE).is_file():
                 raise FileNotFoundError(f"{directory} holds no {MAR_FILE}: train the embedded MAR with `mmspec train kl` "
                                         "and `mmspec train mar`")
-            components = MARComponents.load(directory, device, optimize and not isinstance(model, torch.nn.Module))
+            components = MARComponents.load(directory, device, optimize)
             if draft is not None:
                 components.draft = draft
             return components

@@ -172,11 +172,14 @@ class MARTarget:
             raise ValueError("continuous drafts are linear; a MAR target verifies no token trees")
         return self.final_steps(state, tokens)
 
-    def unpatchify(self, tokens: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        """Tokens [1, N, D] in generation ``order`` -> latents [1, C, h, w] for the autoencoder."""
+    def unpatchify(self, tokens: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens [B, N, D] (raster order; in generation ``order`` when given) -> latents
+        [B, C, h, w] for the autoencoder (MAR's unpatchify)."""
         c = self.config
-        grid = torch.zeros_like(tokens)
-        grid[:, order] = tokens
+        if order is not None:
+            raster = torch.zeros_like(tokens)
+            raster[:, order] = tokens
+            tokens = raster
         p, h = c.patch_size, c.seq_h
-        x = grid.view(1, h, h, c.vae_embed_dim, p, p).permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(1, c.vae_embed_dim, h * p, h * p)
+        x = tokens.reshape(tokens.shape[0], h, h, c.vae_embed_dim, p, p).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(tokens.shape[0], c.vae_embed_dim, h * p, h * p)
