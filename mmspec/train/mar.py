@@ -26,7 +26,7 @@ from ..modeling.kl_vae import KLAutoencoder
 from ..modeling.mar import MARConfig, MARModel
 from ..modeling.text_encoder import SmolTextEncoder
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
-from .t2i_data import cache_root, scene_pool, to_model_range
+from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
     "target": dict(encoder_embed_dim=256, encoder_depth=4, encoder_num_heads=4, decoder_embed_dim=256, decoder_depth=4,
@@ -125,8 +125,7 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
-        picks = torch.randint(100, (args.batch_size,), generator=generator).tolist()
-        texts = [captions[r][p % len(captions[r])] for r, p in zip(rows.tolist(), picks)]
+        texts = pick_captions(captions, rows, generator)
         buffer = model.buffer(text=text_encoder.encode(texts, null_text))
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
         buffer = torch.where(drop[:, None, None], model.buffer().expand_as(buffer), buffer)

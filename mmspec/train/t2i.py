@@ -26,7 +26,7 @@ from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
-from .t2i_data import cache_root, scene_pool, to_model_range
+from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
     "target": dict(dim=256, n_layer=6, n_head=4),
@@ -98,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(grids), (args.batch_size,), generator=generator)
-        picks = torch.randint(100, (args.batch_size,), generator=generator).tolist()
-        texts = [captions[r][p % len(captions[r])] for r, p in zip(rows.tolist(), picks)]
+        texts = pick_captions(captions, rows, generator)
         caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach())
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
         caption = torch.where(drop[:, None, None], model.null_caption(args.batch_size), caption)

@@ -63,3 +63,9 @@ def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int
 def to_model_range(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B, 3, H, W] -> float [B, 3, H, W] in [-1, 1]."""
     return images.float() / 127.5 - 1.0
+
+
+def pick_captions(captions: list[list[str]], rows: torch.Tensor, generator: torch.Generator) -> list[str]:
+    """One of each row's captions (short captions and the detailed description), drawn uniformly."""
+    picks = torch.randint(100, (len(rows),), generator=generator).tolist()
+    return [captions[r][p % len(captions[r])] for r, p in zip(rows.tolist(), picks)]
