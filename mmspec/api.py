@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import operator
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from .adapters.hf import TransformersTarget
+from .core.batch import batch_stats, batched_decode
 from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
@@ -30,11 +33,14 @@ class GenerateOutput(DictAccess):
     token_steps: LongTensor [new] the verification step that committed each token, where the
         tokens were reordered after generation (a MAR image in raster order); None: in order
         (``stats.step_of_token()``).
+    row_stats: for a batch (B > 1 prompts), each row's SpecStats; ``stats`` then holds the
+        batch's totals (:func:`mmspec.core.batch.batch_stats`).
     """
 
     sequences: torch.Tensor
     stats: SpecStats
     token_steps: torch.Tensor | None = None
+    row_stats: list[SpecStats] | None = None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
@@ -83,13 +89,16 @@ def generate(
         num_draft_tokens: K, overriding the drafter's default.
         eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
         on_step: called after every verification step with the number of tokens generated so far
-            (a progress bar; its time counts in the stats' wall time).
+            (a progress bar; its time counts in the stats' wall time; batch size 1 only).
         **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
             processor outputs -- inputs of the model's ``forward`` (anything else is refused).
+            B > 1 prompts: input_ids [B, L] left-padded with their attention_mask [B, L], as
+            transformers' generate takes them (see :func:`generate_rows`).
     Returns:
-        GenerateOutput with ``.sequences`` [1, L + new] and ``.stats``.
+        GenerateOutput with ``.sequences`` [1, L + new] and ``.stats`` (for B > 1: [B, L + max
+        new], each row right-padded with the pad token, ``.row_stats`` per row).
     Raises:
-        ValueError: batch size > 1, an empty or padded prompt, token ids outside the vocabulary,
+        ValueError: an empty prompt, a padded batch-1 prompt, a right-padded batch, token ids outside the vocabulary,
             an attention_mask of another shape than input_ids, a prompt longer than the model's
             context, a keyword that is neither a parameter here nor a model input, a
             max_new_tokens / num_draft_tokens that is not a positive integer, an unsupported
@@ -106,6 +115,11 @@ def generate(
     max_new_tokens = _count("max_new_tokens", max_new_tokens)
     if num_draft_tokens is not None:
         num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
+    input_ids = model_inputs.get("input_ids")
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
+        return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
+                             top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
+                             num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id, padded_like=model_inputs)
     if isinstance(adapter, TransformersTarget):
         check_model_inputs(adapter, model_inputs, max_new_tokens)
     elif getattr(adapter, "input_names", None) is not None:
@@ -130,6 +144,110 @@ def generate(
             on_step=on_step,
         )
     return GenerateOutput(sequences=state.tokens, stats=stats)
+
+
+def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    """A batch of prompts (input_ids [B, L], left-padded, attention_mask [B, L]; other tensors
+    [B, ...]) -> B batch-1 prompts without their padding. Raises ValueError saying what to do."""
+    input_ids = model_inputs["input_ids"]
+    size = input_ids.shape[0]
+    mask = model_inputs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    if tuple(mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {list(mask.shape)} but input_ids {list(input_ids.shape)}; pass the "
+                         "tokenizer's attention_mask unchanged")
+    mask = mask.bool()
+    if bool((mask[:, :-1] & ~mask[:, 1:]).any()):
+        raise ValueError("the batch is right-padded; pad on the left (tokenizer.padding_side = 'left'), as for "
+                         "transformers' generate")
+    rows = []
+    for b in range(size):
+        row = {}
+        for name, value in model_inputs.items():
+            if name == "input_ids":
+                row[name] = input_ids[b : b + 1, mask[b]]
+            elif name == "attention_mask":
+                continue
+            elif isinstance(value, torch.Tensor):
+                if value.dim() == 0 or value.shape[0] != size:
+                    raise ValueError(f"{name} has shape {list(value.shape)}, not one entry per prompt ({size}); "
+                                     "for prompts with several images each, call mmspec.generate once per prompt")
+                row[name] = value[b : b + 1]
+            else:
+                row[name] = value
+        rows.append(row)
+    return rows
+
+
+def generate_rows(
+    target,
+    rows: Sequence[dict[str, Any]],
+    drafter=None,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    *,
+    acceptance: str | None = None,
+    rule_kwargs: dict[str, Any] | None = None,
+    num_draft_tokens: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    on_row_done: Callable | None = None,
+    padded_like: dict[str, Any] | None = None,
+) -> GenerateOutput:
+    """Batched speculative decoding of B prompts (:func:`mmspec.core.batch.batched_decode`).
+
+    Each row is one batch-1 prompt (a dict as :func:`generate` takes it). Every row gets its own
+    drafter (a copy of ``drafter``, :meth:`~mmspec.drafters.Drafter.for_batch`) and its own
+    generator seeded with ``seed``, so row b's output is the output of
+    ``generate(..., seed=seed, **rows[b])``: the same tokens under greedy decoding and the same
+    random numbers under sampling. Other arguments as in :func:`generate`.
+
+    Args:
+        on_row_done: called with each row's :class:`~mmspec.core.batch.RowResult` as it finishes.
+        padded_like: the left-padded batch the rows came from: ``sequences`` then keeps its
+            layout ([B, L + max new]); without it, rows are left-padded to the longest.
+    Returns:
+        GenerateOutput: ``sequences`` [B, L + max new] (right-padded with the model's pad token),
+        ``stats`` the batch's totals (its tokens_per_second is the throughput), ``row_stats``.
+    """
+    adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
+    max_new_tokens = _count("max_new_tokens", max_new_tokens)
+    if not rows:
+        raise ValueError("no prompts given")
+    if isinstance(adapter, TransformersTarget):
+        for row in rows:
+            check_model_inputs(adapter, row, max_new_tokens)
+    sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+    if eos_token_id is None:
+        eos = getattr(adapter, "eos_token_ids", [])
+    else:
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
+    drafters = [None if resolved is None else copy.copy(resolved).for_batch() for _ in rows]
+    if seed is None:
+        seed = int(torch.randint(2**62, (1,)))
+    generators = [make_generator(seed, adapter.device) for _ in rows]
+    started = time.perf_counter()
+    with eval_mode(adapter, drafter, resolved):
+        results, forwards = batched_decode(adapter, rows, drafters, sampling, max_new_tokens, generators, eos,
+                                           acceptance=acceptance, rule_kwargs=rule_kwargs, on_row_done=on_row_done)
+    wall = time.perf_counter() - started
+    pad = getattr(getattr(adapter, "model", None), "generation_config", None)
+    pad = getattr(pad, "pad_token_id", None)
+    pad = int(pad if pad is not None else (eos[0] if eos else 0))
+    prompts = padded_like["input_ids"] if padded_like is not None else None
+    width = prompts.shape[1] if prompts is not None else max(len(row["input_ids"][0]) for row in rows)
+    new = [r.tokens[0, rows[r.index]["input_ids"].shape[1] :] for r in results]
+    sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)
+    for b, row in enumerate(rows):
+        prompt = prompts[b] if prompts is not None else row["input_ids"][0]
+        sequences[b, width - len(prompt) : width] = prompt
+        sequences[b, width : width + len(new[b])] = new[b]
+    row_stats = [r.stats for r in results]
+    return GenerateOutput(sequences=sequences, stats=batch_stats(row_stats, wall, forwards), row_stats=row_stats)
 
 
 #: model inputs mmspec sets itself (the KV cache, positions, which logits to keep)

@@ -18,12 +18,6 @@ def llava():
     return make_tiny("llava")
 
 
-def test_batch_larger_than_one(llama):
-    ids = llama.inputs["input_ids"].repeat(2, 1)
-    with pytest.raises(ValueError, match="batch size 1"):
-        mmspec.generate(llama.model, drafter="prompt-lookup", input_ids=ids)
-
-
 @pytest.mark.parametrize(
     "inputs,match",
     [

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.batch import BatchState
 from ..core.cache import SequenceState, make_cache
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -119,7 +120,7 @@ class TransformersTarget:
 
     @staticmethod
     def _project(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """logits [1, n, V] = hidden [1, n, H] W^T (+ b), computed as (W hidden^T)^T.
+        """logits [B, n, V] = hidden [B, n, H] W^T (+ b), computed as (W hidden^T)^T.
 
         For a few rows this is the fast layout on CPUs: BLAS streams W [V, H] once in its stored
         order, while ``nn.Linear``'s hidden W^T takes a small-M GEMM path that costs about twice a
@@ -128,7 +129,7 @@ class TransformersTarget:
         quantised layer) is called as it is."""
         if type(lm_head) is not nn.Linear:
             return lm_head(hidden)
-        logits = torch.mm(lm_head.weight, hidden[0].T).T.unsqueeze(0)
+        logits = torch.mm(lm_head.weight, hidden.flatten(0, 1).T).T.view(*hidden.shape[:2], -1)
         return logits if lm_head.bias is None else logits + lm_head.bias
 
     @property
@@ -222,6 +223,29 @@ class TransformersTarget:
             past_key_values=state.cache,
             attention_mask=attention_mask,
             position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=hidden_layer is not None,
+        )
+        logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
+        return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
+        """Prefill B prompts (each as :meth:`prefill` takes it), one at a time, and stack their
+        caches into one batch (:class:`~mmspec.core.batch.BatchState`); each row's TargetOutput."""
+        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
+        return BatchState.stack(states, self.device), list(outputs)
+
+    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
+        """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).
+
+        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions.
+        """
+        several = tokens.shape[1] > 1 and self.own_lm_head
+        out = (self.model.base_model if several else self.model)(
+            input_ids=tokens.to(self.device),
+            past_key_values=state.cache,
+            attention_mask=state.attention_mask(tokens.shape[1]),
+            position_ids=state.position_ids(tokens.shape[1]),
             use_cache=True,
             output_hidden_states=hidden_layer is not None,
         )

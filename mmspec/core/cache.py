@@ -77,6 +77,35 @@ class PreallocatedLayer(DynamicLayer):
         if self._key_buffer is not None:
             self._refresh_views()
 
+    @classmethod
+    def from_tensors(cls, keys: torch.Tensor, values: torch.Tensor) -> "PreallocatedLayer":
+        """A layer holding ``keys`` / ``values`` [B, H, length, D] (copied into its buffers)."""
+        layer = cls()
+        layer.update(keys, values)
+        return layer
+
+    def gather_slots(self, index: torch.Tensor) -> None:
+        """Row b keeps its entries ``index[b]`` (LongTensor [B, m]), moved to slots [0, m) in place;
+        the length becomes m (batched decoding: drop the slots of rejected drafts, per row)."""
+        if not self.is_initialized or self._length == 0:
+            return
+        m = index.shape[1]
+        full = index.to(self._key_buffer.device)[:, None, :, None].expand(-1, self._key_buffer.shape[1], -1, self._key_buffer.shape[-1])
+        # gather copies first, so overlapping source and destination ranges are safe
+        self._key_buffer[..., :m, :] = self._key_buffer[..., : self._length, :].gather(-2, full)
+        self._value_buffer[..., :m, :] = self._value_buffer[..., : self._length, :].gather(-2, full)
+        self._length = m
+        self._refresh_views()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows ``rows`` (LongTensor [B']), in this order."""
+        if not self.is_initialized or self._key_buffer is None:
+            return
+        rows = rows.to(self._key_buffer.device)
+        self._key_buffer = self._key_buffer.index_select(0, rows)
+        self._value_buffer = self._value_buffer.index_select(0, rows)
+        self._refresh_views()
+
     def compact(self, start: int, indices: torch.Tensor) -> None:
         """Keep positions [0, start) and then ``start + indices`` (LongTensor [m]), moved to
         [start, start + m) in place; the length becomes start + m. See :func:`compact_cache`."""
@@ -143,6 +172,42 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
         layer.values = layer.values.index_select(-2, keep)
         if isinstance(layer, DynamicSlidingWindowLayer):
             layer.cumulative_length = layer.keys.shape[-2]
+
+
+def batch_layers(cache: Cache) -> list[PreallocatedLayer]:
+    """The layers of a cache batched decoding can hold rows of: all full-attention
+    (:class:`PreallocatedLayer`); ValueError for anything else (sliding windows, static caches)."""
+    kinds = {type(layer).__name__ for layer in cache.layers if not isinstance(layer, PreallocatedLayer)}
+    if kinds:
+        raise ValueError(f"batched decoding needs full-attention cache layers; this model has {', '.join(sorted(kinds))} "
+                         "(sliding-window attention): decode it with batch size 1")
+    return list(cache.layers)
+
+
+def stack_caches(caches: list[Cache]) -> tuple[DynamicCache, torch.Tensor]:
+    """One cache of B rows from B one-row caches of lengths n_b, left-padded to max n_b.
+
+    Returns:
+        The cache (every layer a PreallocatedLayer [B, H, C, D]) and ``valid`` BoolTensor [B, C]:
+        which slots hold row b's entries (its last n_b; the pad slots before them are zeros).
+    """
+    per_cache = [batch_layers(cache) for cache in caches]
+    lengths = [cache.get_seq_length() for cache in caches]
+    width = max(lengths)
+    layers = []
+    for parts in zip(*per_cache):
+        keys = parts[0].keys.new_zeros((len(parts), *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
+        values = parts[0].values.new_zeros((len(parts), *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
+        for b, (layer, n) in enumerate(zip(parts, lengths)):
+            keys[b, ..., width - n :, :] = layer.keys[0]
+            values[b, ..., width - n :, :] = layer.values[0]
+        layers.append(PreallocatedLayer.from_tensors(keys, values))
+    stacked = DynamicCache()
+    stacked.layers = layers
+    stacked.layer_class_to_replicate = None
+    slots = torch.arange(width)
+    valid = slots[None, :] >= width - torch.tensor(lengths)[:, None]
+    return stacked, valid
 
 
 def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:

@@ -90,6 +90,8 @@ class Drafter(ABC):
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
     #: (the LM head's input), i = the output of the first i decoder layers
     target_hidden_layer: int = -1
+    #: why this drafter cannot draft for one row of a batch (None: it can), see :meth:`for_batch`
+    batch_size_one_reason: ClassVar[str | None] = None
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
@@ -120,6 +122,15 @@ class Drafter(ABC):
         path (node indices [num_accepted]) and the whole forward [root, node_0 .. node_{N-1}]
         (``tree_output.logits`` [1, N + 1, V]), for drafters that reuse the rows of nodes off the
         accepted path (SJD-PAC's carried drafts)."""
+
+    def for_batch(self) -> "Drafter":
+        """A drafter for one row of batched decoding (:mod:`mmspec.core.batch`), which reads only
+        its row's tokens (``state.tokens``, no target cache) and proposes chains: this one, or a
+        chain-drafting variant. Call it on a copy per row. Raises ValueError where it cannot."""
+        if self.batch_size_one_reason:
+            raise ValueError(f"the {self.name} drafter {self.batch_size_one_reason}, so it runs at batch size 1; "
+                             "for batches use eagle, medusa, hydra, a draft model or prompt-lookup")
+        return self
 
     def describe(self) -> dict[str, Any]:
         """Settings shown in ``SpecStats.config``."""

@@ -48,6 +48,8 @@ class SpecStats(DictAccess):
         draft_time_s: of which in the drafter (proposing, and updating itself after each
             verification); host time (on CUDA, kernels still queued are not counted).
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
+        rows: sequences counted (B for a batch's totals, :func:`mmspec.core.batch.batch_stats`:
+            each row's first token comes from its prefill, not from a verification step).
         config: the method's chosen settings (draft length, rule, ...).
     """
 
@@ -65,6 +67,7 @@ class SpecStats(DictAccess):
     wall_time_s: float = 0.0
     draft_time_s: float = 0.0
     speedup: float | None = None
+    rows: int = 1
     config: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -72,7 +75,7 @@ class SpecStats(DictAccess):
         """tau: tokens committed per verification step (AR = 1.0, all-accepted K drafts = K + 1)."""
         if not self.verify_steps:
             return float(self.new_tokens)
-        return (self.new_tokens - 1) / self.verify_steps
+        return (self.new_tokens - self.rows) / self.verify_steps
 
     @property
     def acceptance_rate(self) -> float:

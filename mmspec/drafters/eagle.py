@@ -159,6 +159,8 @@ class Eagle2Drafter(EagleDrafter):
     tree ancestors (a 4-D mask over the head's cache).
     """
 
+    batch_size_one_reason = "grows token trees (use eagle, its chain form, in batches)"
+
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
                  sampled_children: bool | None = None, budget: str = "auto") -> None:

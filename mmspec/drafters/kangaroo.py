@@ -40,6 +40,8 @@ class KangarooDrafter(Drafter):
     draft_vocabulary: token ids to draft from (:mod:`mmspec.drafters.vocab`), or None for all.
     """
 
+    batch_size_one_reason = "drafts through the target's own KV cache"
+
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,

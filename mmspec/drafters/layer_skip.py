@@ -26,6 +26,8 @@ class LayerSkipDrafter(Drafter):
     num_draft_tokens: K.
     """
 
+    batch_size_one_reason = "drafts through the target's own KV cache"
+
     def __init__(self, target_model: torch.nn.Module, num_layers: int, num_draft_tokens: int = 4) -> None:
         super().__init__(num_draft_tokens)
         self.num_layers = num_layers

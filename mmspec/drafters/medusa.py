@@ -16,6 +16,8 @@ Drafts are deterministic top-k picks (q = 1 per node), so sampling stays exact. 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -90,6 +92,13 @@ class _HeadsDrafter(Drafter):
                     if len(p) == depth and p[:-1] == parent:
                         token_of[p] = choices[row, p[-1]]
         return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([token_of[p] for p in paths])))
+
+    def for_batch(self) -> "_HeadsDrafter":
+        """The heads without a tree: the top-1 chain, one token per head (what batched rows verify)."""
+        chain = copy.copy(self)
+        chain.paths = [(0,) * depth for depth in range(1, max(len(p) for p in self.paths) + 1)]
+        chain.top_k = 1
+        return chain
 
     def describe(self) -> dict:
         return {**super().describe(), "tree": "static", "tree_nodes": len(self.paths), "heads": self.heads.num_heads,
