@@ -13,7 +13,7 @@ import mmspec
 from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.api import generate_rows, split_rows
 from mmspec.core.batch import BatchState
-from mmspec.drafters import EagleDrafter, HydraDrafter, MedusaDrafter
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, HydraDrafter, MedusaDrafter
 from mmspec.modeling.heads import DraftHeads, EagleHead
 
 MAX_NEW = 18
@@ -51,6 +51,7 @@ def _drafter(model, name):
         "draft-model": lambda: _near_copy(model, 0.3),
         "independent-draft": lambda: make_text_only_draft("llama"),
         "eagle": lambda: EagleDrafter(model, EagleHead(text_decoder(model).config).eval(), num_draft_tokens=3),
+        "eagle2": lambda: Eagle2Drafter(model, EagleHead(text_decoder(model).config).eval()),
         "medusa": lambda: MedusaDrafter(model, DraftHeads(width, num_heads=4, kind="medusa").eval()),
         "hydra": lambda: HydraDrafter(model, DraftHeads(width, num_heads=4, kind="hydra").eval()),
     }
@@ -76,7 +77,7 @@ def _rows_equal_batch_one(model, prompts, drafter, monkeypatch, do_sample, eos=N
 
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "draft-model", "independent-draft", "eagle", "medusa", "hydra"])
+@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "draft-model", "independent-draft", "eagle", "eagle2", "medusa", "hydra"])
 def test_rows_equal_their_batch_one_generation(tiny, prompts, name, do_sample, monkeypatch):
     drafter = _drafter(tiny.model, name)
     batch, accepted = _rows_equal_batch_one(tiny.model, prompts, drafter, monkeypatch, do_sample, slack=2)
@@ -178,9 +179,15 @@ def test_bad_batches(tiny, inputs, match):
         mmspec.generate(tiny.model, max_new_tokens=4, **inputs)
 
 
-@pytest.mark.parametrize("drafter,match", [("layer-skip:1", "target's own KV cache"), ("eagle2", "token trees")])
-def test_batch_size_one_drafters_say_so(tiny, drafter, match):
-    if drafter == "eagle2":
-        drafter = mmspec.drafters.Eagle2Drafter(tiny.model, EagleHead(text_decoder(tiny.model).config).eval())
-    with pytest.raises(ValueError, match=match):
-        mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=4, input_ids=torch.ones(2, 3, dtype=torch.long))
+def test_batch_size_one_drafters_say_so(tiny):
+    with pytest.raises(ValueError, match="layer-skip drafter drafts through the target's own KV cache"):
+        mmspec.generate(tiny.model, drafter="layer-skip:1", max_new_tokens=4, input_ids=torch.ones(2, 3, dtype=torch.long))
+
+
+def test_tree_drafters_draft_their_chain_in_a_batch(tiny):
+    head = EagleHead(text_decoder(tiny.model).config).eval()
+    chain = Eagle2Drafter(tiny.model, head).for_batch()
+    assert type(chain) is EagleDrafter and chain.head is head and chain.num_draft_tokens == Eagle2Drafter.batch_chain_tokens
+    width = tiny.model.get_output_embeddings().weight.shape[1]
+    medusa = MedusaDrafter(tiny.model, DraftHeads(width, num_heads=4, kind="medusa")).for_batch()
+    assert medusa.paths == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]

@@ -93,6 +93,23 @@ def test_a_dataset_run_streams_records_and_resumes(folder, tmp_path, tmp_path_fa
         (r["path"], r.get("text"), r.get("error")) for r in records]  # the same file, nothing lost
 
 
+def test_batched_dataset_run_equals_the_one_by_one_run(folder, tmp_path, tmp_path_factory, capsys):
+    """--batch-size 3: the same records as batch size 1; an image truncated after its header (it
+    passes the check before loading, fails in decoding) is an error record, its batch-mates still
+    get their captions."""
+    model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    data = (folder / "b.png").read_bytes()
+    (folder / "sub" / "e.png").write_bytes(data[: len(data) // 2])
+    one, batched = tmp_path / "one.jsonl", tmp_path / "batched.jsonl"
+    assert main(caption_args(folder, model, one)) == 0
+    assert main([*caption_args(folder, model, batched), "--batch-size", "3"]) == 0
+    capsys.readouterr()
+    rows = [[(r["path"], r.get("text"), "error" in r) for r in map(json.loads, f.read_text().splitlines())] for f in (one, batched)]
+    assert rows[0] == rows[1] and sum(error for *_, error in rows[0]) == 2
+    stats = [json.loads(line)["stats"] for line in batched.read_text().splitlines() if "stats" in line]
+    assert [s["config"].get("batch_size", 1) for s in stats] == [3, 3, 3, 1]  # a, b, c batched; d alone (e failed)
+
+
 def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_factory):
     """accelerate launch (its torchrun launcher; the processes run on the CPU over gloo)."""
     model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)

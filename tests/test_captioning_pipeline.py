@@ -74,6 +74,26 @@ def test_list_in_list_out_in_order(smolvlm, photo, tmp_path):
     assert results[2].text == smolvlm(gray, max_new_tokens=4).text
 
 
+@pytest.mark.parametrize("family", ["smolvlm", "llava"])
+def test_batches_give_the_batch_one_captions(family, tmp_path_factory, photo):
+    """batch_size=3 over 4 images of different sizes (prompts of different lengths): the captions,
+    greedy and seeded-sampled, are those of batch size 1; the baseline runs batched too."""
+    captioner = mmspec.pipeline("image-captioning", model=cached_tiny_checkpoint(family, tmp_path_factory), dtype="fp32")
+    rng = np.random.default_rng(1)
+    images = [photo, rng.integers(0, 256, (64, 32, 3), dtype=np.uint8), photo.rotate(90, expand=True),
+              rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)]
+    for options in ({}, {"do_sample": True, "seed": 4}):
+        one = captioner(images, max_new_tokens=NEW_TOKENS, **options)
+        batched = captioner(images, max_new_tokens=NEW_TOKENS, batch_size=3, compare_baseline=True, **options)
+        assert [r.text for r in batched] == [r.text for r in one]
+        assert [r.stats.new_tokens for r in batched] == [r.stats.new_tokens for r in one]
+        assert [r.stats.config["batch_size"] for r in batched] == [3, 3, 3, 1]
+        assert all(r.identical_to_baseline for r in batched) or options
+        assert all(r.stats.speedup > 0 for r in batched)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        captioner(images, batch_size=0)
+
+
 def test_prompt_default_and_override(smolvlm_dir, photo):
     captioner = mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", prompt="What is this?")
     assert captioner(photo, max_new_tokens=2).prompt == "What is this?"

@@ -44,6 +44,8 @@ def add_parser(subparsers) -> None:
                           "layer-skip:N | a draft model directory")
     cap.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
     cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
+    cap.add_argument("--batch-size", type=int, default=1,
+                     help="images decoded together (each caption equals its batch-size-1 caption; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
     add_sampling_args(cap)
@@ -70,13 +72,16 @@ class Progress:
         if self.bar is None and self.lines:
             print(f"[{self.done + 1}/{self.total}] {path}", file=sys.stderr)
 
-    def step(self, stats=None) -> None:
+    def step(self, stats=None, seconds: float | None = None) -> None:
+        """One item done; ``seconds``: its share of the time (default its own wall time; an
+        item of a batch: the batch's wall time / its size)."""
         self.done += 1
         if stats is not None:
+            seconds = stats.wall_time_s if seconds is None else seconds
             self.tokens += stats.new_tokens
-            self.seconds += stats.wall_time_s
+            self.seconds += seconds
             if stats.speedup:
-                self.baseline_seconds += stats.wall_time_s * stats.speedup
+                self.baseline_seconds += seconds * stats.speedup
         if self.bar is not None:
             postfix = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else ""
             if self.baseline_seconds:
@@ -150,21 +155,41 @@ def run_caption_command(args) -> int:
                   f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}",
                   file=sys.stderr if results is not None else sys.stdout)
         progress = Progress(len(todo), always=results is not None)
-        try:
-            for record in todo:
+        options = dict(prompt=args.prompt, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                       compare_baseline=args.compare_baseline)
+
+        def done(record: dict[str, Any], result: CaptionOutput, seconds: float | None = None) -> None:
+            record.update(result.to_dict())
+            finish(record)
+            progress.step(result.stats, seconds)
+            if not quiet:
+                progress.write(format_result(record["path"], result, captioner.dtype in (torch.bfloat16, torch.float16)))
+
+        def one_by_one(chunk: list[dict[str, Any]]) -> None:
+            for record in chunk:
                 progress.start(record["path"])
                 try:
-                    result = captioner(record["path"], prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                                       do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-                                       top_p=args.top_p, seed=args.seed, compare_baseline=args.compare_baseline)
+                    result = captioner(record["path"], **options)
                 except IMAGE_ERRORS as error:  # e.g. a file truncated after its header
                     fail(record, error)
                 else:
-                    record.update(result.to_dict())
-                    finish(record)
-                    progress.step(result.stats)
-                    if not quiet:
-                        progress.write(format_result(record["path"], result, captioner.dtype in (torch.bfloat16, torch.float16)))
+                    done(record, result)
+
+        try:
+            for start in range(0, len(todo), args.batch_size):
+                chunk = todo[start : start + args.batch_size]
+                if len(chunk) == 1:
+                    one_by_one(chunk)
+                    continue
+                progress.start(chunk[0]["path"])
+                try:
+                    results_of_chunk = captioner([r["path"] for r in chunk], batch_size=len(chunk), **options)
+                except IMAGE_ERRORS:  # one unreadable image: the others still get their (identical) captions
+                    one_by_one(chunk)
+                    continue
+                for record, result in zip(chunk, results_of_chunk):
+                    done(record, result, result.stats.config["batch_wall_time_s"] / len(chunk))
         finally:
             progress.close()
     errors = sum("error" in r for r in records)

@@ -52,9 +52,11 @@ class EagleDrafter(Drafter):
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,
                  draft_vocabulary: torch.Tensor | None = None) -> None:
-        super().__init__(num_draft_tokens)
-        self.head = head
-        self.embed, self.lm_head = self._target_parts(target_model, draft_vocabulary)
+        self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens)
+
+    def _setup(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int) -> None:
+        Drafter.__init__(self, num_draft_tokens)
+        self.head, self.embed, self.lm_head = head, embed, lm_head
         self.cache = None
         self.fed = 0  # pairs (f_t, x_{t+1}) for position_base <= t < fed are in the head's cache
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
@@ -159,7 +161,8 @@ class Eagle2Drafter(EagleDrafter):
     tree ancestors (a 4-D mask over the head's cache).
     """
 
-    batch_size_one_reason = "grows token trees (use eagle, its chain form, in batches)"
+    #: K of the chain form a batch row drafts with (:meth:`for_batch`)
+    batch_chain_tokens = 5
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
@@ -179,6 +182,13 @@ class Eagle2Drafter(EagleDrafter):
         self.policy: TreeBudgetPolicy | None = None  # num_nodes="auto": this generation's size policy
         self.chosen_nodes: list[int] = []
         self.drafted_depths: list[int] = []
+
+    def for_batch(self) -> EagleDrafter:
+        """Its chain form for a batch row: EAGLE with the same head, ``batch_chain_tokens`` per step
+        (trees need batch size 1)."""
+        chain = EagleDrafter.__new__(EagleDrafter)
+        chain._setup(self.head, self.embed, self.lm_head, self.batch_chain_tokens)
+        return chain
 
     @staticmethod
     def _target_parameters(target_model: nn.Module) -> int:

@@ -38,7 +38,7 @@ from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
 from ..hub import resolve_dtype
-from ..api import generate_with_baseline, optimize_components
+from ..api import generate_rows, generate_with_baseline, optimize_components
 from ..hub import resolve_device
 from .images import ImageInput, load_image
 
@@ -434,9 +434,9 @@ class ImageCaptioningPipeline:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        batch_size: int = 1,
     ) -> CaptionOutput | list[CaptionOutput]:
-        """Caption one image, or a list of images (one after the other, not batched: mmspec decodes
-        one sequence at a time).
+        """Caption one image, or a list of images (``batch_size`` at a time).
 
         Args:
             images: a PIL image, a path, a numpy array [H, W(, 3|4)] -- or a list/tuple of them.
@@ -447,7 +447,12 @@ class ImageCaptioningPipeline:
             seed: seeds each caption's randomness (every image of a list gets the same seed, so a
                 caption does not depend on its position in the list).
             compare_baseline: also run plain AR decoding on the same inputs and set
-                ``stats.speedup`` = baseline wall time / speculative wall time.
+                ``stats.speedup`` = baseline wall time / speculative wall time (of the whole batch).
+            batch_size: images of a list decoded together (:mod:`mmspec.core.batch`): each caption
+                is the one batch size 1 gives (same tokens, same seed), its ``stats`` are its own
+                row's (``wall_time_s``: until the row finished; ``config["batch_wall_time_s"]``:
+                the batch's). Tree drafters draft their chain form in a batch (EAGLE-2 -> EAGLE,
+                Medusa / Hydra -> the top-1 chain); layer-skip and Kangaroo need batch size 1.
         Returns:
             A CaptionOutput, or a list of them (one per image, same order) for a list input.
         Raises:
@@ -455,11 +460,43 @@ class ImageCaptioningPipeline:
             FileNotFoundError: an image path that does not exist.
         """
         prompt = check_prompt(self.default_prompt if prompt is None else prompt)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                       top_k=top_k, top_p=top_p, seed=seed, eos_token_id=self.eos_token_ids)
-        if isinstance(images, (list, tuple)):
+        if not isinstance(images, (list, tuple)):
+            return self._caption(images, prompt, compare_baseline, kwargs)
+        if batch_size == 1:
             return [self._caption(image, prompt, compare_baseline, kwargs) for image in images]
-        return self._caption(images, prompt, compare_baseline, kwargs)
+        return [result for start in range(0, len(images), batch_size)
+                for result in self._caption_batch(images[start : start + batch_size], prompt, compare_baseline, kwargs)]
+
+    def _caption_batch(self, images: Sequence[ImageInput], prompt: str, compare_baseline: bool, kwargs: dict) -> list[CaptionOutput]:
+        rows = [self.preprocess(image, prompt) for image in images]  # every image checked before decoding
+        if compare_baseline and not self._warmed_up:
+            generate_rows(self.target, rows[:2], drafter=self.drafter, **{**kwargs, "max_new_tokens": 4})
+            self._warmed_up = True
+        out = generate_rows(self.target, rows, drafter=self.drafter, **kwargs)
+        baseline = generate_rows(self.target, rows, drafter=None, **kwargs) if compare_baseline else None
+        width = max(row["input_ids"].shape[1] for row in rows)
+
+        def rows_of(output) -> list[tuple[torch.Tensor, SpecStats]]:
+            """Each row's tokens [1, width + new] and stats (the batch's wall time noted)."""
+            for stats in output.row_stats:
+                stats.config["batch_wall_time_s"] = output.stats.wall_time_s
+            return [(output.sequences[b : b + 1, : width + s.new_tokens], s) for b, s in enumerate(output.row_stats)]
+
+        method_rows = rows_of(out)
+        results = [CaptionOutput(text=self._decode(tokens, width), prompt=prompt,
+                                 stats=self._annotate(stats, self.chosen_drafter, self.drafter_reason))
+                   for tokens, stats in method_rows]
+        if baseline is not None:
+            for result, (tokens, _), (base_tokens, base_stats) in zip(results, method_rows, rows_of(baseline)):
+                result.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
+                result.baseline_text = self._decode(base_tokens, width)
+                result.baseline_stats = self._annotate(base_stats, "ar", "baseline")
+                result.identical_to_baseline = bool(torch.equal(tokens, base_tokens))
+        return results
 
     def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict) -> CaptionOutput:
         inputs = self.preprocess(image, prompt)
