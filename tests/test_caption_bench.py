@@ -164,3 +164,35 @@ def test_text_bench_overall_table_sums_times():
     lines = overall_table(cells, ["ar", "eagle"], ["qa", "math", "rag"], "bf16")
     assert lines[1] == "| method | qa | math | overall |"  # types without runs are left out
     assert lines[-1] == "| eagle | 2.00 / 3.00 | 3.00 / 4.00 | 2.67 |"  # overall = (2 + 6) / (1 + 2)
+
+
+def test_throughput_at_several_batch_sizes(tmp_path, tmp_path_factory, capsys):
+    """--batch-sizes: one pass per (temperature, batch size, method, round); every row of a batched
+    pass equals the batch-size-1 pass (greedy and sampled); tables and crossover are printed."""
+    checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    results = tmp_path / "throughput.json"
+    argv = ["bench", "caption", "--model", str(checkpoint), "--methods", "ar,prompt-lookup@3", "--families", "scenes,text",
+            "--per-family", "2", "--repeats", "1", "--temperatures", "0,1", "--max-new-tokens", "8", "--dtype", "fp32",
+            "--threads", "1", "--results", str(results), "--batch-sizes", "1,3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| batch | ar | prompt-lookup@3 |" in out and "Crossover" in out
+    data = json.loads(results.read_text())
+    assert len(data["throughput"]) == 2 * 2 * 2 * 2  # temperatures x batch sizes x rounds x methods
+    for t in ("0", "1"):
+        for method in ("ar", "prompt-lookup@3"):
+            row = data["throughput_summary"][t]["3"][method]
+            assert row["rows_identical"] is True and row["items_per_s"] > 0
+        assert data["throughput_summary"][t]["1"]["ar"]["speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("extra,message", [(["--batch-sizes", "1,0"], "comma list of positive integers"),
+                                           (["--batch-sizes", "2", "--methods", "prompt-lookup"], "include ar"),
+                                           (["--batch-sizes", "2", "--methods", "ar,layer-skip:1"], "batch size 1")])
+def test_bad_throughput_options_are_one_line_errors(tmp_path, tmp_path_factory, capsys, extra, message):
+    checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    argv = ["bench", "caption", "--model", str(checkpoint), "--families", "scenes", "--per-family", "1", "--dtype", "fp32",
+            "--results", str(tmp_path / "x.json"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

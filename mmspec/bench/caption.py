@@ -17,6 +17,7 @@ draft tokens.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import statistics
@@ -27,6 +28,7 @@ import torch
 
 from ..api import generate
 from .results import add_device_args, machine_info, save_results
+from .throughput import measure_throughput, parse_batch_sizes, render_throughput, summarise_throughput
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
 
@@ -47,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",
+                        help="measure throughput instead: all items decoded B at a time, per batch size (items/s, "
+                             "tokens/s, crossover); see mmspec.bench.throughput")
     add_device_args(parser)
     parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
@@ -93,6 +98,9 @@ def run(args) -> int:
     from ..pipelines.captioning import ImageCaptioningPipeline
 
     temperatures = [float(t) for t in args.temperatures.split(",")]
+    batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+    if batch_sizes and "ar" not in args.methods.split(","):
+        raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     if args.write_drafters_file:  # before anything is measured
         from ..modeling.captioner import default_captioner_dir
 
@@ -110,13 +118,16 @@ def run(args) -> int:
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
         "command": "mmspec bench caption " + " ".join(
-            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device")),
+            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device", "batch_sizes")
+            if getattr(args, k) is not None),
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize)
     results["meta"].update(machine=machine_info(str(pipe.dtype).removeprefix("torch."), args.threads, args.device),
                            linears=pipe.optimization.kernel if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
     items = bench_items(families, args.per_family, args.tasks)
+    if batch_sizes:
+        return run_throughput(args, results, results_path, pipe, drafters, items, batch_sizes, temperatures)
     for family, index, image, prompt in items:
         inputs = pipe.preprocess(image, prompt)
         for temperature in temperatures:
@@ -146,6 +157,27 @@ def run(args) -> int:
         path = write_drafters_file(pipe.model_dir, summary, methods, results["meta"], machine)
         print(f"wrote {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     tables = render_tables(summary, results["meta"])
+    if args.markdown:
+        Path(args.markdown).write_text(tables)
+    print(json.dumps(summary, indent=1) if args.json else tables)
+    return 0
+
+
+def run_throughput(args, results: dict, results_path: Path, pipe, drafters: dict, items: list, batch_sizes: list[int],
+                   temperatures: list[float]) -> int:
+    """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the benchmark's items."""
+    for drafter in drafters.values():  # a drafter that needs batch size 1 says so before anything runs
+        if drafter is not None:
+            copy.copy(drafter).for_batch()
+    rows = [pipe.preprocess(image, prompt) for _, _, image, prompt in items]
+    runs = results.setdefault("throughput", {})
+    measure_throughput(pipe.target, rows, drafters, batch_sizes, temperatures, args.repeats, args.max_new_tokens,
+                       pipe.eos_token_ids, runs, lambda: save_results(results_path, results))
+    methods = list(drafters)
+    summary = summarise_throughput(runs, methods, batch_sizes, temperatures, args.repeats)
+    results["throughput_summary"] = summary
+    save_results(results_path, results)
+    tables = render_throughput(summary, methods, results["meta"])
     if args.markdown:
         Path(args.markdown).write_text(tables)
     print(json.dumps(summary, indent=1) if args.json else tables)

@@ -1,0 +1,142 @@
+"""Throughput at several batch sizes (``mmspec bench caption --batch-sizes 1,4,16``).
+
+The benchmark's items are decoded B at a time (:func:`mmspec.api.generate_rows`; the last batch
+may be smaller) by plain AR decoding and by each method. One measurement is one pass over all
+items: its wall time gives items/s and tokens/s. Methods are interleaved within each round, after a
+warm-up round (round 0), and the median over rounds is kept. Every row of a pass uses the same
+seed (``1000 + round``), so each row equals its batch-1 output, greedy or sampled; the summary
+checks this against the B = 1 pass of the same method and round (``rows_identical``).
+
+Speedup at B = AR's median pass time at B over the method's: where it falls below 1 the batch is
+past the method's crossover, because the rows' verification forwards fill the hardware that
+drafting was using for free at B = 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any, Callable
+
+from ..api import generate_rows
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]; ValueError saying what to pass otherwise."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--batch-sizes takes a comma list of positive integers (e.g. 1,4,16), got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-sizes takes a comma list of positive integers (e.g. 1,4,16), got {text!r}")
+    return sizes
+
+
+def measure_throughput(
+    target,
+    rows: list[dict[str, Any]],
+    drafters: dict[str, Any],
+    batch_sizes: list[int],
+    temperatures: list[float],
+    repeats: int,
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    runs: dict[str, dict],
+    save: Callable[[], None],
+) -> None:
+    """Fill ``runs`` (resumable: keys already there are skipped) with one pass per
+    "T/B/method/round": {"seconds", "tokens", "items", "steps", "tokens_per_row"}; ``save`` after each."""
+    for temperature in temperatures:
+        for size in batch_sizes:
+            for round_index in range(repeats + 1):
+                for method, drafter in drafters.items():
+                    key = f"{temperature:g}/{size}/{method}/{round_index}"
+                    if key in runs:
+                        continue
+                    seconds, tokens, steps, per_row = 0.0, 0, 0, []
+                    for start in range(0, len(rows), size):
+                        batch = rows[start : start + size]
+                        out = generate_rows(target, batch, drafter=drafter, max_new_tokens=max_new_tokens,
+                                            do_sample=temperature > 0, temperature=temperature or 1.0,
+                                            seed=1000 + round_index, eos_token_id=eos_token_ids)
+                        seconds += out.stats.wall_time_s
+                        tokens += out.stats.new_tokens
+                        steps += out.stats.verify_steps
+                        width = max(row["input_ids"].shape[1] for row in batch)
+                        per_row += [out.sequences[b, width : width + s.new_tokens].tolist() for b, s in enumerate(out.row_stats)]
+                    runs[key] = {"seconds": seconds, "tokens": tokens, "items": len(rows), "steps": steps, "tokens_per_row": per_row}
+                    save()
+                    print(f"{key}: {seconds:.2f}s, {len(rows) / seconds:.2f} items/s, {tokens / seconds:.1f} tok/s",
+                          file=sys.stderr, flush=True)
+
+
+def summarise_throughput(runs: dict[str, dict], methods: list[str], batch_sizes: list[int], temperatures: list[float],
+                         repeats: int) -> dict:
+    """{T: {B: {method: {"items_per_s", "tokens_per_s", "tau", "speedup" (over AR at B),
+    "over_ar_batch_1", "rows_identical" (every row's tokens equal to the B = 1 pass of the same
+    method and round, or None where B = 1 is not measured)}}}} from the medians over rounds 1.."""
+    summary: dict = {}
+    for temperature in temperatures:
+        t = f"{temperature:g}"
+        for size in batch_sizes:
+            def passes(method: str, b: int = size) -> list[dict]:
+                return [runs[k] for r in range(1, repeats + 1) if (k := f"{t}/{b}/{method}/{r}") in runs]
+
+            ar = passes("ar")
+            ar_one = passes("ar", 1) if 1 in batch_sizes else []
+            for method in methods:
+                done = passes(method)
+                if not done:
+                    continue
+                seconds = statistics.median(p["seconds"] for p in done)
+                row = {"items_per_s": done[0]["items"] / seconds, "tokens_per_s": statistics.median(p["tokens"] / p["seconds"] for p in done),
+                       "tau": sum(p["tokens"] - p["items"] for p in done) / max(1, sum(p["steps"] for p in done)),
+                       "speedup": statistics.median(p["seconds"] for p in ar) / seconds if ar else None,
+                       "over_ar_batch_1": statistics.median(p["seconds"] for p in ar_one) / seconds if ar_one else None,
+                       "rows_identical": None}
+                if size != 1 and 1 in batch_sizes:
+                    one = passes(method, 1)
+                    row["rows_identical"] = all(a["tokens_per_row"] == b["tokens_per_row"] for a, b in zip(done, one)) if one else None
+                summary.setdefault(t, {}).setdefault(str(size), {})[method] = row
+    return summary
+
+
+def crossover(summary_at_t: dict, method: str) -> int | None:
+    """The smallest measured batch size at which ``method`` is no faster than AR (None: faster at all)."""
+    for size, rows in sorted(summary_at_t.items(), key=lambda item: int(item[0])):
+        speedup = rows.get(method, {}).get("speedup")
+        if speedup is not None and speedup <= 1.0:
+            return int(size)
+    return None
+
+
+def render_throughput(summary: dict, methods: list[str], meta: dict) -> str:
+    """Markdown tables: per temperature, batch size x method -> items/s, tokens/s, speedup over AR
+    at the same batch size, and the crossover batch size per method."""
+    machine = meta.get("machine", {})
+    lines = [f"Throughput, {meta.get('model')}; {machine.get('cpu')} ({', '.join(machine.get('cpu_flags', []))}), "
+             f"{machine.get('threads')} thread(s), {machine.get('dtype')}, linears {meta.get('linears')}.", ""]
+    for t, by_size in summary.items():
+        lines += [f"Temperature {t}: items/s, tokens/s and speedup over AR at the same batch size "
+                  "(in brackets: over AR at batch size 1).", "",
+                  "| batch | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for size, rows in sorted(by_size.items(), key=lambda item: int(item[0])):
+            cells = []
+            for method in methods:
+                r = rows.get(method)
+                if r is None:
+                    cells.append("-")
+                    continue
+                cell = f"{r['items_per_s']:.2f} it/s, {r['tokens_per_s']:.0f} tok/s"
+                if r["speedup"] is not None and method != "ar":
+                    cell += f", {r['speedup']:.2f}x"
+                if r["over_ar_batch_1"] is not None:
+                    cell += f" ({r['over_ar_batch_1']:.2f}x)"
+                if r["rows_identical"] is False:
+                    cell += " [rows differ from B=1]"
+                cells.append(cell)
+            lines.append(f"| {size} | " + " | ".join(cells) + " |")
+        found = {m: crossover(by_size, m) for m in methods if m != "ar"}
+        lines += ["", "Crossover (smallest batch size where the method is no faster than AR): "
+                  + ", ".join(f"{m}: {c if c is not None else 'beyond ' + str(max(int(s) for s in by_size))}" for m, c in found.items()), ""]
+    return "\n".join(lines)
