@@ -188,7 +188,7 @@ def generate_rows(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     *,
     acceptance: str | None = None,
     rule_kwargs: dict[str, Any] | None = None,
@@ -201,8 +201,8 @@ def generate_rows(
 
     Each row is one batch-1 prompt (a dict as :func:`generate` takes it). Every row gets its own
     drafter (a copy of ``drafter``, :meth:`~mmspec.drafters.Drafter.for_batch`) and its own
-    generator seeded with ``seed``, so row b's output is the output of
-    ``generate(..., seed=seed, **rows[b])``: the same tokens under greedy decoding and the same
+    generator seeded with ``seed`` (or ``seed[b]``: one per row), so row b's output is the output
+    of ``generate(..., seed=seed, **rows[b])``: the same tokens under greedy decoding and the same
     random numbers under sampling. Other arguments as in :func:`generate`.
 
     Args:
@@ -217,9 +217,11 @@ def generate_rows(
     max_new_tokens = _count("max_new_tokens", max_new_tokens)
     if not rows:
         raise ValueError("no prompts given")
-    if isinstance(adapter, TransformersTarget):
-        for row in rows:
+    for row in rows:
+        if isinstance(adapter, TransformersTarget):
             check_model_inputs(adapter, row, max_new_tokens)
+        elif getattr(adapter, "input_names", None) is not None:
+            check_keywords(row, adapter.input_names, f"{type(adapter).__name__}.prefill")
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     if eos_token_id is None:
         eos = getattr(adapter, "eos_token_ids", [])
@@ -229,7 +231,10 @@ def generate_rows(
     drafters = [None if resolved is None else copy.copy(resolved).for_batch() for _ in rows]
     if seed is None:
         seed = int(torch.randint(2**62, (1,)))
-    generators = [make_generator(seed, adapter.device) for _ in rows]
+    seeds = [seed] * len(rows) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(rows):
+        raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts; pass one seed, or one per prompt")
+    generators = [make_generator(s, adapter.device) for s in seeds]
     started = time.perf_counter()
     with eval_mode(adapter, drafter, resolved):
         results, forwards = batched_decode(adapter, rows, drafters, sampling, max_new_tokens, generators, eos,
@@ -238,12 +243,11 @@ def generate_rows(
     pad = getattr(getattr(adapter, "model", None), "generation_config", None)
     pad = getattr(pad, "pad_token_id", None)
     pad = int(pad if pad is not None else (eos[0] if eos else 0))
-    prompts = padded_like["input_ids"] if padded_like is not None else None
-    width = prompts.shape[1] if prompts is not None else max(len(row["input_ids"][0]) for row in rows)
-    new = [r.tokens[0, rows[r.index]["input_ids"].shape[1] :] for r in results]
+    prompts = padded_like["input_ids"] if padded_like is not None else [r.tokens[0, : r.prompt_length] for r in results]
+    width = max(len(prompt) for prompt in prompts)
+    new = [r.tokens[0, r.prompt_length :] for r in results]
     sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)
-    for b, row in enumerate(rows):
-        prompt = prompts[b] if prompts is not None else row["input_ids"][0]
+    for b, prompt in enumerate(prompts):
         sequences[b, width - len(prompt) : width] = prompt
         sequences[b, width : width + len(new[b])] = new[b]
     row_stats = [r.stats for r in results]

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
+from ..core.batch import BatchState
 from ..core.cache import SequenceState, make_cache
 from ..core.sampling import cfg_combine
 from ..core.target import TargetOutput
@@ -204,6 +205,33 @@ class LlamaGenTarget(GuidedImageTarget):
         prefix = torch.zeros(1, caption.shape[1], dtype=torch.long, device=self.device)
         hidden = None if out.hidden_states is None else out.hidden_states[:, -1:]
         return HalvesPrefill(prefix, out.logits[:, -1:], hidden)
+
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
+        """Prefill B prompts one at a time and stack them (each sequence's R = 1 or 2 guided cache
+        rows kept together): see :class:`~mmspec.core.batch.BatchState`. Every prompt must use
+        the same ``guidance_scale``."""
+        scales = {inputs.get("guidance_scale") for inputs in rows}
+        if len(scales) > 1:
+            raise ValueError(f"a batch shares one guidance_scale, got {sorted(scales, key=str)}")
+        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
+        return BatchState.stack(states, self.device), list(outputs)
+
+    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
+        """Append image tokens [B, n] to every sequence (both guided rows); guided logits [B, n, V],
+        hidden states [B R, n, D] (each sequence's rows together, conditional first)."""
+        rows, n = state.rows_per_item, tokens.shape[1]
+        mask = state.attention_mask(n).bool()[:, None, None, :].expand(-1, 1, n, -1).clone()
+        mask[..., -n:] &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+        # a row whose draft is shorter than the batch's is padded; those inputs' outputs are ignored,
+        # and near the end of the image their positions may pass the last one: clamp them
+        positions = state.position_ids(n).clamp(max=self.max_length - 1)
+        out = self.model(tokens.to(self.device).repeat_interleave(rows, dim=0), past_key_values=state.cache,
+                         attention_mask=mask.repeat_interleave(rows, dim=0), positions=positions.repeat_interleave(rows, dim=0),
+                         output_hidden_states=hidden_layer is not None)
+        logits = out.logits.view(-1, rows, n, out.logits.shape[-1])
+        guidance_scale = state.rows[0].guidance_scale
+        guided = logits[:, 0].float() if guidance_scale is None else cfg_combine(logits[:, 0].float(), logits[:, 1].float(), guidance_scale)
+        return TargetOutput(guided, out.hidden_states)
 
     def _forward_halves(self, tokens, state, mask, positions, want_hidden):
         if mask is not None:

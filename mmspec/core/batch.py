@@ -23,6 +23,7 @@ padding) and their caches stacked, left-padded.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -46,9 +47,10 @@ class BatchState:
     of row b's tokens but the last (its pending token), in order.
 
     Attributes:
-        rows: one :class:`SequenceState` per active row (tokens and prompt length; no cache of
-            its own: it is what the row's drafter reads).
-        cache: the target's KV cache, batch dimension = active rows.
+        rows: one :class:`SequenceState` per active row (a copy of its batch-1 state without the
+            cache: tokens, prompt length and the rest, what the row's drafter reads).
+        cache: the target's KV cache, batch dimension = active rows x ``rows_per_item`` (a guided
+            image sequence has two cache rows, conditional and unconditional).
         valid: BoolTensor [B, C] on the cache's device.
         ids: the active rows' indices in the caller's batch.
         slack: invalid slots (beyond the longest row) tolerated before they are squeezed out.
@@ -56,20 +58,33 @@ class BatchState:
 
     slack = 32
 
-    def __init__(self, rows: list[SequenceState], cache, valid: torch.Tensor) -> None:
+    def __init__(self, rows: list[SequenceState], cache, valid: torch.Tensor, rows_per_item: int = 1) -> None:
         if valid.shape != (len(rows), cache.get_seq_length()):
             raise ValueError(f"valid {tuple(valid.shape)} does not match {len(rows)} rows x {cache.get_seq_length()} slots")
         self.rows = rows
         self.cache = cache
         self.valid = valid
+        self.rows_per_item = rows_per_item
         self.ids = list(range(len(rows)))
 
     @classmethod
     def stack(cls, states: Sequence[SequenceState], device: torch.device) -> "BatchState":
         """B one-row states (each after its own prefill) -> one batch (their caches left-padded)."""
+        if any(s.row_padding is not None for s in states):
+            raise ValueError("batched decoding needs the rows of a sequence to share their prompt length "
+                             "(no row_padding); decode this model with batch size 1")
         cache, valid = stack_caches([s.cache for s in states])
-        rows = [SequenceState(s.tokens, None, s.prompt_length, s.position_offset) for s in states]
-        return cls(rows, cache, valid.to(device))
+        rows = []
+        for s in states:
+            row = copy.copy(s)
+            row.cache = None
+            rows.append(row)
+        return cls(rows, cache, valid.to(device), rows_per_item=batch_layers(states[0].cache)[0].keys.shape[0])
+
+    def cache_rows(self, items: torch.Tensor) -> torch.Tensor:
+        """LongTensor [B'] item positions -> their cache rows [B' R] (each item's R rows in order)."""
+        r = self.rows_per_item
+        return (items[:, None] * r + torch.arange(r, device=items.device)[None, :]).flatten()
 
     @property
     def size(self) -> int:
@@ -122,6 +137,7 @@ class BatchState:
         pads = width - counts
         j = torch.arange(width, device=self.valid.device)[None, :]
         index = torch.where(j >= pads[:, None], order.gather(1, (j - pads[:, None]).clamp(min=0)), 0)
+        index = index.repeat_interleave(self.rows_per_item, dim=0)
         for layer in batch_layers(self.cache):
             layer.gather_slots(index)
         self.valid = j >= pads[:, None]
@@ -132,7 +148,7 @@ class BatchState:
             return
         index = torch.tensor(positions, dtype=torch.long)
         for layer in batch_layers(self.cache):
-            layer.select_rows(index)
+            layer.select_rows(self.cache_rows(index))
         self.valid = self.valid[index.to(self.valid.device)]
         self.rows = [self.rows[i] for i in positions]
         self.ids = [self.ids[i] for i in positions]
@@ -156,17 +172,20 @@ class BatchTarget(Protocol):
 
 @dataclass
 class RowResult:
-    """One row of a batched generation: tokens [1, L_b] (prompt + new), its stats (wall time: from
-    the batch's start until this row finished), and its index in the batch."""
+    """One row of a batched generation: tokens [1, L_b] (its prompt_length prompt tokens, then the
+    new ones), its stats (wall time: from the batch's start until this row finished), and its
+    index in the batch."""
 
     index: int
     tokens: torch.Tensor
     stats: SpecStats
+    prompt_length: int
 
 
-def _row_output(out: TargetOutput, b: int, n: int) -> TargetOutput:
-    """Row b's first n positions of a batched output, in the batch-1 layout ([1, n, ...])."""
-    hidden = None if out.hidden_states is None else out.hidden_states[b : b + 1, :n]
+def _row_output(out: TargetOutput, b: int, n: int, rows_per_item: int) -> TargetOutput:
+    """Row b's first n positions of a batched output, in the batch-1 layout (logits [1, n, V],
+    hidden states [R, n, H])."""
+    hidden = None if out.hidden_states is None else out.hidden_states[b * rows_per_item : (b + 1) * rows_per_item, :n]
     return TargetOutput(out.logits[b : b + 1, :n], hidden)
 
 
@@ -232,6 +251,7 @@ def batched_decode(
         forwards += len(rows_inputs)
         generated = [1] * state.size
         finished = []
+        rows_per_item = state.rows_per_item
         for b, (row, out) in enumerate(zip(state.rows, first_outputs)):
             stats[b].target_forwards = 1
             empty = Draft(tokens=row.tokens[:, :0])
@@ -256,7 +276,7 @@ def batched_decode(
                 stats[b].new_tokens = generated[p]
                 stats[b].config["batch_size"] = len(rows_inputs)
                 stats[b].wall_time_s = time.perf_counter() - started
-                results[b] = RowResult(b, state.rows[p].tokens, stats[b])
+                results[b] = RowResult(b, state.rows[p].tokens, stats[b], state.rows[p].prompt_length)
                 if on_row_done is not None:
                     on_row_done(results[b])
             positions = set(positions)
@@ -283,7 +303,7 @@ def batched_decode(
             committed_rows, done_rows = [], []
             for p, draft in enumerate(drafts):
                 b, k = state.ids[p], draft.length
-                row_out = _row_output(out, p, k + 1)
+                row_out = _row_output(out, p, k + 1, rows_per_item)
                 verification = rule.verify_output(draft, row_out, sampling, _uniforms(generators[b], sampling, k, out.device), generators[b])
                 num_accepted = int(verification.num_accepted[0])
                 committed, done = _truncate_at_stop(verification.tokens[:, : num_accepted + 1], eos, max_new_tokens - generated[p])

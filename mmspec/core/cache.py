@@ -185,22 +185,24 @@ def batch_layers(cache: Cache) -> list[PreallocatedLayer]:
 
 
 def stack_caches(caches: list[Cache]) -> tuple[DynamicCache, torch.Tensor]:
-    """One cache of B rows from B one-row caches of lengths n_b, left-padded to max n_b.
+    """One cache from B caches of R rows each (R = 2 for a guided image sequence) and lengths n_b,
+    left-padded to max n_b: sequence b's rows become rows [b R, (b + 1) R).
 
     Returns:
-        The cache (every layer a PreallocatedLayer [B, H, C, D]) and ``valid`` BoolTensor [B, C]:
-        which slots hold row b's entries (its last n_b; the pad slots before them are zeros).
+        The cache (every layer a PreallocatedLayer [B R, H, C, D]) and ``valid`` BoolTensor [B, C]:
+        which slots hold sequence b's entries (its last n_b; the pad slots before them are zeros).
     """
     per_cache = [batch_layers(cache) for cache in caches]
     lengths = [cache.get_seq_length() for cache in caches]
     width = max(lengths)
     layers = []
     for parts in zip(*per_cache):
-        keys = parts[0].keys.new_zeros((len(parts), *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
-        values = parts[0].values.new_zeros((len(parts), *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
+        rows = parts[0].keys.shape[0]
+        keys = parts[0].keys.new_zeros((len(parts) * rows, *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
+        values = parts[0].values.new_zeros((len(parts) * rows, *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
         for b, (layer, n) in enumerate(zip(parts, lengths)):
-            keys[b, ..., width - n :, :] = layer.keys[0]
-            values[b, ..., width - n :, :] = layer.values[0]
+            keys[b * rows : (b + 1) * rows, ..., width - n :, :] = layer.keys
+            values[b * rows : (b + 1) * rows, ..., width - n :, :] = layer.values
         layers.append(PreallocatedLayer.from_tensors(keys, values))
     stacked = DynamicCache()
     stacked.layers = layers

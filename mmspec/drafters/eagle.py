@@ -20,6 +20,7 @@ committed tokens arrive with every verification (``requires_target_hidden``). Th
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -161,8 +162,9 @@ class Eagle2Drafter(EagleDrafter):
     tree ancestors (a 4-D mask over the head's cache).
     """
 
-    #: K of the chain form a batch row drafts with (:meth:`for_batch`)
+    #: K of the chain form a batch row drafts with, and its class (:meth:`for_batch`)
     batch_chain_tokens = 5
+    chain_class: ClassVar[type] = EagleDrafter
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
@@ -184,9 +186,9 @@ class Eagle2Drafter(EagleDrafter):
         self.drafted_depths: list[int] = []
 
     def for_batch(self) -> EagleDrafter:
-        """Its chain form for a batch row: EAGLE with the same head, ``batch_chain_tokens`` per step
-        (trees need batch size 1)."""
-        chain = EagleDrafter.__new__(EagleDrafter)
+        """Its chain form for a batch row: EAGLE (``chain_class``) with the same head,
+        ``batch_chain_tokens`` per step (trees need batch size 1)."""
+        chain = self.chain_class.__new__(self.chain_class)
         chain._setup(self.head, self.embed, self.lm_head, self.batch_chain_tokens)
         return chain
 

@@ -110,6 +110,8 @@ class ImageEagle2Drafter(_GuidedDrafting, Eagle2Drafter):
     :class:`~mmspec.drafters.eagle.Eagle2Drafter`; ``num_nodes="auto"`` sizes them by a
     :class:`~mmspec.drafters.tree_budget.TreeBudgetPolicy`, deterministically when sampling): ``ImageEagle2Drafter(target, head, depth=6, top_k=8)``."""
 
+    chain_class = ImageEagleDrafter
+
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "ImageEagle2Drafter":
         return cls(target, cls._head(target, arg), depth=num_draft_tokens or 6, max_nodes=48)

@@ -200,6 +200,8 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
         branches: candidates per tree position (K); depth: tree positions (D).
     """
 
+    batch_size_one_reason = "drafts token trees (its proactive branches); sjd-coupled is its chain form"
+
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None,
                  branches: int = 2, depth: int = 1) -> None:
         super().__init__(num_draft_tokens, init=init, grid_width=grid_width)

@@ -114,9 +114,11 @@ def chain_mask_after_cache(num_inputs: int, cached: int, device) -> torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x [B, n, H, hd], table [n, hd/2, 2] -> x with consecutive dimension pairs rotated."""
+    """x [B, n, H, hd], table [n, hd/2, 2] (or [B, n, hd/2, 2]: each row at its own positions) ->
+    x with consecutive dimension pairs rotated."""
     pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    table = table if table.dim() == 4 else table[None]
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
     rotated = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], -1)
     return rotated.flatten(-2).type_as(x)
 
@@ -235,9 +237,9 @@ class LlamaGenModel(DataclassModel, nn.Module):
             image_tokens: LongTensor [B, n] (or None / empty with a caption: prefill only).
             caption: [B, P, C] caption features (prefill; P = cls_token_num).
             past_key_values: a transformers Cache or None (training: full causal attention).
-            attention_mask: bool [B or 1, 1, q, cache + q] (True = attend) for token trees; None =
+            attention_mask: bool [B or 1, 1, q, cache + q] (True = attend) for token trees and batches; None =
                 causal (built once here for all layers when inputs follow a cache).
-            positions: LongTensor [q] sequence positions of the q inputs (rotary table rows); default
+            positions: LongTensor [q] (or [B, q]) sequence positions of the q inputs (rotary table rows); default
                 the next q positions after the cache.
         """
         parts = []
