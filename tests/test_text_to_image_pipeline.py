@@ -170,3 +170,34 @@ def test_bench_runs_methods_on_shared_components(model_dir, tmp_path, capsys):
     assert summary["sjd:vertical"]["speedup"] > 0 and "| lantern:draft/k=4 |" in capsys.readouterr().out
     assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,lantern/delta=nan",
                  "--results", str(tmp_path / "other.json")]) == 2  # refused before the model loads
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd", "eagle", "eagle2", "lantern"])
+def test_batched_images_equal_batch_one(model_dir, method):
+    """batch_size=3 over 4 images (seeds s..s+3): the tokens of batch size 1, sampled with guidance
+    (EAGLE-2 drafts its chain in a batch, other random numbers: compared greedy, where both are AR's)."""
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3, neighbours_k=4)
+    sample = method != "eagle2"
+    one = pipe("a red circle above a blue square", num_images=4, seed=5, do_sample=sample)
+    batched = pipe("a red circle above a blue square", num_images=4, seed=5, batch_size=3, compare_baseline=True, do_sample=sample)
+    assert torch.equal(one.tokens, batched.tokens) and batched.accepted_map.shape == (4, 4, 4)
+    assert [r["config"]["batch_size"] for r in batched.stats.per_image] == [3, 3, 3, 1]
+    assert batched.stats.speedup > 0 and batched.baseline_tokens.shape == one.tokens.shape
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        pipe("a circle", batch_size=0)
+
+
+def test_bench_throughput_and_cli_batch_size(model_dir, tmp_path, capsys):
+    results = tmp_path / "t2i-throughput.json"
+    assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd,lantern", "--prompts", "3", "--rounds", "1",
+                 "--window", "4", "--threads", "1", "--batch-sizes", "1,3", "--results", str(results)]) == 0
+    assert "| batch | ar | sjd | lantern |" in capsys.readouterr().out
+    summary = json.loads(results.read_text())["throughput_summary"]["1"]
+    assert all(summary["3"][m]["rows_identical"] for m in ("ar", "sjd", "lantern"))
+    assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd-pac", "--batch-sizes", "2",
+                 "--results", str(tmp_path / "pac.json")]) == 2
+    assert "proactive branches" in capsys.readouterr().err
+    out = tmp_path / "cli"
+    assert main(["t2i", "a green star", "--model", str(model_dir), "--num-images", "3", "--batch-size", "2",
+                 "--out", str(out), "--json"]) == 0
+    assert len(list(out.glob("*.png"))) >= 3

@@ -171,10 +171,11 @@ def run_throughput(args, results: dict, results_path: Path, pipe, drafters: dict
             copy.copy(drafter).for_batch()
     rows = [pipe.preprocess(image, prompt) for _, _, image, prompt in items]
     runs = results.setdefault("throughput", {})
-    measure_throughput(pipe.target, rows, drafters, batch_sizes, temperatures, args.repeats, args.max_new_tokens,
-                       pipe.eos_token_ids, runs, lambda: save_results(results_path, results))
+    settings = {f"{t:g}": dict(do_sample=t > 0, temperature=t or 1.0, eos_token_id=pipe.eos_token_ids) for t in temperatures}
+    measure_throughput(pipe.target, rows, {m: {"drafter": d} for m, d in drafters.items()}, batch_sizes, settings,
+                       args.repeats, args.max_new_tokens, runs, lambda: save_results(results_path, results))
     methods = list(drafters)
-    summary = summarise_throughput(runs, methods, batch_sizes, temperatures, args.repeats)
+    summary = summarise_throughput(runs, methods, batch_sizes, list(settings), args.repeats)
     results["throughput_summary"] = summary
     save_results(results_path, results)
     tables = render_throughput(summary, methods, results["meta"])

@@ -23,6 +23,7 @@ import torch
 from ..pipelines.t2i_components import T2IComponents
 from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
 from .results import add_device_args, machine_info, save_results
+from .throughput import measure_throughput, parse_batch_sizes, render_throughput, summarise_throughput
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
 #: a continuous-token (MAR) model's: one token per step, MAR's own parallel decoding, CSpD
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbours-k", type=int, default=None,
                         help="codebook neighbours per code, LANTERN's k (default: the method's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",
+                        help="measure throughput instead: the prompts decoded B at a time, per batch size (items/s, "
+                             "tokens/s, crossover; no quality scores); see mmspec.bench.throughput")
     add_device_args(parser)
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
@@ -78,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
     specs = [m for m in listed.split(",") if m]
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
+    batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+    if batch_sizes and "ar" not in methods:
+        raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     torch.set_num_threads(args.threads)
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize)
     for method in methods.values():
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)
     prompt_inputs = [components.prompt_inputs(p) for p in prompts]
     n = components.target.num_image_tokens
+    if batch_sizes:
+        return run_throughput(args, results, path, components, methods, prompt_inputs, batch_sizes)
     with torch.inference_mode():
         make_method("ar").generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)  # warm-up
         for round_ in range(args.rounds):
@@ -120,6 +129,32 @@ def run(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(table + "\n")
     if args.plot:
         plot_tradeoff(summary, args.plot)
+    return 0
+
+
+def run_throughput(args, results: dict, path: Path, components, methods: dict, prompt_inputs: list, batch_sizes: list[int]) -> int:
+    """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the prompts (each row one prompt,
+    guided, sampled at the benchmark's temperature and top-k)."""
+    options = {}
+    for spec, method in methods.items():
+        drafter = method.build_drafter(components)
+        if drafter is not None:  # a drafter that needs batch size 1 says so before anything runs
+            drafter.for_batch()
+        options[spec] = {"drafter": drafter, "acceptance": method.rule, "rule_kwargs": method.rule_kwargs(components)}
+    rows = [{**inputs, "guidance_scale": args.guidance_scale} for inputs in prompt_inputs]
+    label = f"{args.temperature:g}"
+    settings = {label: dict(do_sample=True, temperature=args.temperature, top_k=args.top_k)}
+    runs = results.setdefault("throughput", {})
+    with torch.inference_mode():
+        measure_throughput(components.target, rows, options, batch_sizes, settings, args.rounds,
+                           components.target.num_image_tokens, runs, lambda: save_results(path, results))
+    summary = summarise_throughput(runs, list(methods), batch_sizes, [label], args.rounds)
+    results["throughput_summary"] = summary
+    save_results(path, results)
+    table = render_throughput(summary, list(methods), {"model": args.model or "embedded text-to-image model (models/t2i)", **results["meta"]})
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
     return 0
 
 

@@ -35,34 +35,38 @@ def parse_batch_sizes(text: str) -> list[int]:
 def measure_throughput(
     target,
     rows: list[dict[str, Any]],
-    drafters: dict[str, Any],
+    methods: dict[str, dict[str, Any]],
     batch_sizes: list[int],
-    temperatures: list[float],
+    settings: dict[str, dict[str, Any]],
     repeats: int,
     max_new_tokens: int,
-    eos_token_ids: list[int],
     runs: dict[str, dict],
     save: Callable[[], None],
 ) -> None:
     """Fill ``runs`` (resumable: keys already there are skipped) with one pass per
-    "T/B/method/round": {"seconds", "tokens", "items", "steps", "tokens_per_row"}; ``save`` after each."""
-    for temperature in temperatures:
+    "setting/B/method/round": {"seconds", "tokens", "items", "steps", "tokens_per_row"}; ``save`` after each.
+
+    Args:
+        methods: name -> :func:`~mmspec.api.generate_rows` arguments of the method (drafter,
+            acceptance, rule_kwargs).
+        settings: label (e.g. the temperature) -> the sampling arguments every method runs with.
+    """
+    for label, sampling in settings.items():
         for size in batch_sizes:
             for round_index in range(repeats + 1):
-                for method, drafter in drafters.items():
-                    key = f"{temperature:g}/{size}/{method}/{round_index}"
+                for method, options in methods.items():
+                    key = f"{label}/{size}/{method}/{round_index}"
                     if key in runs:
                         continue
                     seconds, tokens, steps, per_row = 0.0, 0, 0, []
                     for start in range(0, len(rows), size):
                         batch = rows[start : start + size]
-                        out = generate_rows(target, batch, drafter=drafter, max_new_tokens=max_new_tokens,
-                                            do_sample=temperature > 0, temperature=temperature or 1.0,
-                                            seed=1000 + round_index, eos_token_id=eos_token_ids)
+                        out = generate_rows(target, batch, max_new_tokens=max_new_tokens, seed=1000 + round_index,
+                                            **options, **sampling)
                         seconds += out.stats.wall_time_s
                         tokens += out.stats.new_tokens
                         steps += out.stats.verify_steps
-                        width = max(row["input_ids"].shape[1] for row in batch)
+                        width = out.sequences.shape[1] - max(s.new_tokens for s in out.row_stats)
                         per_row += [out.sequences[b, width : width + s.new_tokens].tolist() for b, s in enumerate(out.row_stats)]
                     runs[key] = {"seconds": seconds, "tokens": tokens, "items": len(rows), "steps": steps, "tokens_per_row": per_row}
                     save()
@@ -70,14 +74,13 @@ def measure_throughput(
                           file=sys.stderr, flush=True)
 
 
-def summarise_throughput(runs: dict[str, dict], methods: list[str], batch_sizes: list[int], temperatures: list[float],
+def summarise_throughput(runs: dict[str, dict], methods: list[str], batch_sizes: list[int], labels: list[str],
                          repeats: int) -> dict:
-    """{T: {B: {method: {"items_per_s", "tokens_per_s", "tau", "speedup" (over AR at B),
+    """{setting: {B: {method: {"items_per_s", "tokens_per_s", "tau", "speedup" (over AR at B),
     "over_ar_batch_1", "rows_identical" (every row's tokens equal to the B = 1 pass of the same
     method and round, or None where B = 1 is not measured)}}}} from the medians over rounds 1.."""
     summary: dict = {}
-    for temperature in temperatures:
-        t = f"{temperature:g}"
+    for t in labels:
         for size in batch_sizes:
             def passes(method: str, b: int = size) -> list[dict]:
                 return [runs[k] for r in range(1, repeats + 1) if (k := f"{t}/{b}/{method}/{r}") in runs]
@@ -110,14 +113,14 @@ def crossover(summary_at_t: dict, method: str) -> int | None:
     return None
 
 
-def render_throughput(summary: dict, methods: list[str], meta: dict) -> str:
-    """Markdown tables: per temperature, batch size x method -> items/s, tokens/s, speedup over AR
+def render_throughput(summary: dict, methods: list[str], meta: dict, label: str = "Temperature") -> str:
+    """Markdown tables: per setting (``label`` and its value), batch size x method -> items/s, tokens/s, speedup over AR
     at the same batch size, and the crossover batch size per method."""
     machine = meta.get("machine", {})
     lines = [f"Throughput, {meta.get('model')}; {machine.get('cpu')} ({', '.join(machine.get('cpu_flags', []))}), "
              f"{machine.get('threads')} thread(s), {machine.get('dtype')}, linears {meta.get('linears')}.", ""]
     for t, by_size in summary.items():
-        lines += [f"Temperature {t}: items/s, tokens/s and speedup over AR at the same batch size "
+        lines += [f"{label} {t}: items/s, tokens/s and speedup over AR at the same batch size "
                   "(in brackets: over AR at batch size 1).", "",
                   "| batch | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
         for size, rows in sorted(by_size.items(), key=lambda item: int(item[0])):

@@ -39,6 +39,8 @@ def add_parser(subparsers) -> None:
     add_optimize_arg(cmd)
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1)
+    cmd.add_argument("--batch-size", type=int, default=1,
+                     help="images of a prompt decoded together (each equals its batch-size-1 image; LlamaGen-style models)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--guidance-scale", type=float, default=3.0)
     cmd.add_argument("--temperature", type=float, default=1.0)
@@ -98,7 +100,7 @@ def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | Non
         prompt = prompts[int(key)]
         result = pipe(prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                       do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                      compare_baseline=args.compare_baseline, progress=False)
+                      compare_baseline=args.compare_baseline, progress=False, batch_size=args.batch_size)
         paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
         for image, path in zip(result.images, paths):
             image.save(path)
@@ -136,7 +138,8 @@ def run(args) -> int:
         return run_prompts_file(pipe, prompts, args, process)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                  compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json)
+                  compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json,
+                  batch_size=args.batch_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cell = max(128, result.images[0].width)

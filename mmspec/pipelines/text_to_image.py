@@ -194,18 +194,25 @@ class TextToImagePipeline:
         rule and parameters, through :func:`mmspec.generate`. Returns the GenerateOutput."""
         return self.method_for(method).generate(self.components, model_inputs, seed, max_new_tokens, **sampling)
 
-    def _run(self, method: T2IMethod, model_inputs: dict, seeds: list[int], progress,
+    def _run(self, method: T2IMethod, model_inputs: dict, seeds: list[int], progress, batch_size: int = 1,
              **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
         started = time.perf_counter()
         runs, tokens, maps = [], [], []
         n = self.target.num_image_tokens
-        for seed in seeds:
-            out = method.generate(self.components, model_inputs, seed, **sampling)
-            runs.append(out.stats)
-            tokens.append(out.sequences[0, -n:])
-            maps.append(out.token_steps if out.token_steps is not None else torch.tensor(out.stats.step_of_token()))
+        for start in range(0, len(seeds), batch_size):
+            chunk = seeds[start : start + batch_size]
+            if batch_size == 1:
+                out = method.generate(self.components, model_inputs, chunk[0], **sampling)
+                rows = [(out.sequences[0, -n:], out.stats, out.token_steps)]
+            else:
+                out = method.generate_batch(self.components, model_inputs, chunk, **sampling)
+                rows = [(out.sequences[b, -n:], stats, None) for b, stats in enumerate(out.row_stats)]
+            for row_tokens, stats, steps in rows:
+                runs.append(stats)
+                tokens.append(row_tokens)
+                maps.append(steps if steps is not None else torch.tensor(stats.step_of_token()))
             if progress is not None:
-                progress.update(1)
+                progress.update(len(chunk))
         return runs, torch.stack(tokens), torch.stack(maps).view(len(seeds), *self.target.grid), time.perf_counter() - started
 
     def decode(self, tokens: torch.Tensor) -> list:
@@ -215,8 +222,8 @@ class TextToImagePipeline:
     @torch.inference_mode()
     def __call__(self, prompt: str, *, guidance_scale: float = 3.0, seed: int | None = None, num_images: int = 1,
                  do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 compare_baseline: bool = False, progress: bool = False) -> TextToImageOutput:
-        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i).
+                 compare_baseline: bool = False, progress: bool = False, batch_size: int = 1) -> TextToImageOutput:
+        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i), ``batch_size`` at a time.
 
         Args:
             guidance_scale: classifier-free guidance g >= 1 (logits = u + g (c - u)).
@@ -224,8 +231,13 @@ class TextToImagePipeline:
                 sampling at temperature 1.0, CFG 3.0).
             compare_baseline: also run AR with the same seeds (``baseline_images``, ``stats.speedup``).
             progress: show a progress bar over images.
+            batch_size: images decoded together (:mod:`mmspec.core.batch`; LlamaGen-style models):
+                image i is the one batch size 1 gives with seed + i. EAGLE-2 drafts its chain in a
+                batch; SJD-PAC, the transformers families and MAR models need batch size 1.
         """
         check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         model_inputs = self.prompt_inputs(prompt)
         base_seed = 0 if seed is None else seed
         seeds = [base_seed + i for i in range(num_images)]
@@ -234,12 +246,12 @@ class TextToImagePipeline:
         baseline = make_method("ar")
         if compare_baseline:  # warm-up, so neither side pays first-call costs
             self.method.generate(self.components, model_inputs, 0, min(8, self.target.num_image_tokens), **sampling)
-        runs, tokens, maps, seconds = self._run(self.method, model_inputs, seeds, bar, **sampling)
+        runs, tokens, maps, seconds = self._run(self.method, model_inputs, seeds, bar, batch_size, **sampling)
         stats = TextToImageStats.collect(self.method.name, runs, seconds)
         stats.config["linears"] = self.components.linears
         output = TextToImageOutput(self.decode(tokens), tokens, maps, stats)
         if compare_baseline:
-            base_runs, base_tokens, _, base_seconds = self._run(baseline, model_inputs, seeds, bar, **sampling)
+            base_runs, base_tokens, _, base_seconds = self._run(baseline, model_inputs, seeds, bar, batch_size, **sampling)
             output.baseline_stats = TextToImageStats.collect(baseline.name, base_runs, base_seconds)
             output.baseline_images, output.baseline_tokens = self.decode(base_tokens), base_tokens
             stats.baseline_wall_time_s = base_seconds
