@@ -3,6 +3,9 @@ generator + draft; the text encoder is the installed SmolLM2's first layers)."""
 
 import json
 
+import numpy as np
+from PIL import Image
+
 import pytest
 import torch
 
@@ -201,3 +204,28 @@ def test_bench_throughput_and_cli_batch_size(model_dir, tmp_path, capsys):
     assert main(["t2i", "a green star", "--model", str(model_dir), "--num-images", "3", "--batch-size", "2",
                  "--out", str(out), "--json"]) == 0
     assert len(list(out.glob("*.png"))) >= 3
+
+
+def test_a_list_of_prompts_in_batches(model_dir, tmp_path, capsys):
+    """A list of prompts gives one output per prompt, the same images at batch size 1 and 4 (rows
+    of different prompts decoded together); the prompts file does the same with --batch-size."""
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="sjd", window=4)
+    prompts = ["a red circle", "a blue star", "three green squares"]
+    one = pipe(prompts, num_images=2, seed=1)
+    batched = pipe(prompts, num_images=2, seed=1, batch_size=4)
+    assert len(one) == len(batched) == 3
+    for a, b, prompt in zip(one, batched, prompts):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tokens, pipe(prompt, num_images=2, seed=1).tokens)
+    with pytest.raises(ValueError, match="no prompts"):
+        pipe([])
+    file, out = tmp_path / "prompts.txt", tmp_path / "out"
+    file.write_text("\n".join(prompts) + "\n")
+    for folder, extra in ((out / "one", []), (out / "batched", ["--batch-size", "2"])):
+        assert main(["t2i", "--prompts", str(file), "--model", str(model_dir), "--out", str(folder), "--no-progress",
+                     "--method", "sjd", "--window", "4", *extra]) == 0
+    capsys.readouterr()
+    grids = [[json.loads(line)["stats"]["tokens"] for line in (out / name / "results.jsonl").read_text().splitlines()]
+             for name in ("one", "batched")]
+    assert grids[0] == grids[1] == [16, 16, 16]
+    pixels = [[np.asarray(Image.open(out / name / f"{i:06d}-0.png")) for i in range(3)] for name in ("one", "batched")]
+    assert all(np.array_equal(a, b) for a, b in zip(*pixels))

@@ -40,7 +40,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1)
     cmd.add_argument("--batch-size", type=int, default=1,
-                     help="images of a prompt decoded together (each equals its batch-size-1 image; LlamaGen-style models)")
+                     help="images decoded together, across the prompts of --prompts too (each equals its batch-size-1 "
+                          "image up to float rounding; LlamaGen-style models)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--guidance-scale", type=float, default=3.0)
     cmd.add_argument("--temperature", type=float, default=1.0)
@@ -88,23 +89,28 @@ def read_prompts(path: str) -> list[str]:
 
 
 def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | None = None) -> int:
-    """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded)."""
+    """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded);
+    with --batch-size B, the images of B / num-images prompts at a time are decoded together."""
     from tqdm.auto import tqdm
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ids = [f"{i:06d}" for i in range(len(prompts))]
     results = ShardedResults(out / "results.jsonl", ids, key="id", process=process)
-    bar = tqdm(results.todo, unit="prompt", leave=False, disable=args.no_progress or args.json)
-    for key in bar:
-        prompt = prompts[int(key)]
-        result = pipe(prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
-                      do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                      compare_baseline=args.compare_baseline, progress=False, batch_size=args.batch_size)
-        paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
-        for image, path in zip(result.images, paths):
-            image.save(path)
-        results.write({"id": key, "prompt": prompt, "images": paths, "stats": result.stats.to_dict()})
+    group = max(1, args.batch_size // args.num_images)
+    bar = tqdm(total=len(results.todo), unit="prompt", leave=False, disable=args.no_progress or args.json)
+    for start in range(0, len(results.todo), group):
+        keys = results.todo[start : start + group]
+        outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
+                       num_images=args.num_images, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                       compare_baseline=args.compare_baseline, progress=False, batch_size=args.batch_size)
+        for key, result in zip(keys, outputs):
+            paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
+            for image, path in zip(result.images, paths):
+                image.save(path)
+            results.write({"id": key, "prompt": prompts[int(key)], "images": paths, "stats": result.stats.to_dict()})
+        bar.update(len(keys))
+    bar.close()
     records = results.finish()
     if args.json:
         print(json.dumps(records, indent=2))

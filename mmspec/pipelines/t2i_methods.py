@@ -181,15 +181,15 @@ class T2IMethod:
         return components.generate_tokens(self.build_drafter(components), self.rule, self.rule_kwargs(components),
                                           model_inputs, seed, max_new_tokens, **sampling)
 
-    def generate_batch(self, components: "T2IComponents", model_inputs: dict[str, Any], seeds: list[int],
+    def generate_batch(self, components: "T2IComponents", model_inputs: list[dict[str, Any]], seeds: list[int],
                        max_new_tokens: int | None = None, **sampling: Any) -> GenerateOutput:
-        """len(seeds) images of one prompt decoded together (:func:`mmspec.api.generate_rows`):
-        row b equals :meth:`generate` with ``seeds[b]``; ``sequences[b, -N:]`` are its tokens."""
+        """Images decoded together (:func:`mmspec.api.generate_rows`), row b from ``model_inputs[b]``
+        with ``seeds[b]``: row b equals :meth:`generate`; ``sequences[b, -N:]`` are its tokens."""
         from ..api import generate_rows
 
         self.check_components(components)
         guidance = {"guidance_scale": sampling.pop("guidance_scale", None)}
-        return generate_rows(components.target, [{**model_inputs, **guidance} for _ in seeds], drafter=self.build_drafter(components),
+        return generate_rows(components.target, [{**inputs, **guidance} for inputs in model_inputs], drafter=self.build_drafter(components),
                              seed=seeds, max_new_tokens=max_new_tokens or components.target.num_image_tokens,
                              acceptance=self.rule, rule_kwargs=self.rule_kwargs(components), **sampling)
 

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -194,36 +194,42 @@ class TextToImagePipeline:
         rule and parameters, through :func:`mmspec.generate`. Returns the GenerateOutput."""
         return self.method_for(method).generate(self.components, model_inputs, seed, max_new_tokens, **sampling)
 
-    def _run(self, method: T2IMethod, model_inputs: dict, seeds: list[int], progress, batch_size: int = 1,
-             **sampling) -> tuple[list[SpecStats], torch.Tensor, torch.Tensor, float]:
-        started = time.perf_counter()
-        runs, tokens, maps = [], [], []
+    def _run(self, method: T2IMethod, jobs: list[tuple[dict, int]], progress, batch_size: int = 1,
+             **sampling) -> tuple[list[SpecStats], list[torch.Tensor], list[torch.Tensor], list[float]]:
+        """Decode each job (model inputs, seed), ``batch_size`` at a time -> per job its stats, tokens
+        [N], step map [N] and seconds (a batch's wall time shared equally by its rows)."""
+        runs, tokens, maps, seconds = [], [], [], []
         n = self.target.num_image_tokens
-        for start in range(0, len(seeds), batch_size):
-            chunk = seeds[start : start + batch_size]
+        for start in range(0, len(jobs), batch_size):
+            chunk = jobs[start : start + batch_size]
+            started = time.perf_counter()
             if batch_size == 1:
-                out = method.generate(self.components, model_inputs, chunk[0], **sampling)
+                out = method.generate(self.components, chunk[0][0], chunk[0][1], **sampling)
                 rows = [(out.sequences[0, -n:], out.stats, out.token_steps)]
             else:
-                out = method.generate_batch(self.components, model_inputs, chunk, **sampling)
+                out = method.generate_batch(self.components, [inputs for inputs, _ in chunk], [seed for _, seed in chunk], **sampling)
                 rows = [(out.sequences[b, -n:], stats, None) for b, stats in enumerate(out.row_stats)]
+            share = (time.perf_counter() - started) / len(chunk)
             for row_tokens, stats, steps in rows:
                 runs.append(stats)
                 tokens.append(row_tokens)
-                maps.append(steps if steps is not None else torch.tensor(stats.step_of_token()))
+                maps.append((steps if steps is not None else torch.tensor(stats.step_of_token())).view(*self.target.grid))
+                seconds.append(share)
             if progress is not None:
                 progress.update(len(chunk))
-        return runs, torch.stack(tokens), torch.stack(maps).view(len(seeds), *self.target.grid), time.perf_counter() - started
+        return runs, tokens, maps, seconds
 
     def decode(self, tokens: torch.Tensor) -> list:
         """LongTensor [B, rows * columns] -> B PIL images."""
         return self.components.decode(tokens)
 
     @torch.inference_mode()
-    def __call__(self, prompt: str, *, guidance_scale: float = 3.0, seed: int | None = None, num_images: int = 1,
+    def __call__(self, prompt: str | Sequence[str], *, guidance_scale: float = 3.0, seed: int | None = None, num_images: int = 1,
                  do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 compare_baseline: bool = False, progress: bool = False, batch_size: int = 1) -> TextToImageOutput:
-        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i), ``batch_size`` at a time.
+                 compare_baseline: bool = False, progress: bool = False,
+                 batch_size: int = 1) -> TextToImageOutput | list[TextToImageOutput]:
+        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i), or for each prompt
+        of a list (one output per prompt, in order), ``batch_size`` images at a time.
 
         Args:
             guidance_scale: classifier-free guidance g >= 1 (logits = u + g (c - u)).
@@ -231,34 +237,46 @@ class TextToImagePipeline:
                 sampling at temperature 1.0, CFG 3.0).
             compare_baseline: also run AR with the same seeds (``baseline_images``, ``stats.speedup``).
             progress: show a progress bar over images.
-            batch_size: images decoded together (:mod:`mmspec.core.batch`; LlamaGen-style models):
-                image i is the one batch size 1 gives with seed + i. EAGLE-2 drafts its chain in a
-                batch; SJD-PAC, the transformers families and MAR models need batch size 1.
+            batch_size: images decoded together, across the prompts of a list too
+                (:mod:`mmspec.core.batch`; LlamaGen-style models): each image is the one batch size 1
+                gives with its seed, up to float rounding (a batch verifies its rows in one wider
+                forward). A batch's wall time is shared equally by its images. EAGLE-2 drafts its
+                chain in a batch; SJD-PAC, the transformers families and MAR models need batch size 1.
         """
         check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        model_inputs = self.prompt_inputs(prompt)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts:
+            raise ValueError("no prompts given")
+        inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding
         base_seed = 0 if seed is None else seed
-        seeds = [base_seed + i for i in range(num_images)]
+        jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        bar = _progress_bar(num_images * (2 if compare_baseline else 1)) if progress else None
+        bar = _progress_bar(len(jobs) * (2 if compare_baseline else 1)) if progress else None
         baseline = make_method("ar")
         if compare_baseline:  # warm-up, so neither side pays first-call costs
-            self.method.generate(self.components, model_inputs, 0, min(8, self.target.num_image_tokens), **sampling)
-        runs, tokens, maps, seconds = self._run(self.method, model_inputs, seeds, bar, batch_size, **sampling)
-        stats = TextToImageStats.collect(self.method.name, runs, seconds)
-        stats.config["linears"] = self.components.linears
-        output = TextToImageOutput(self.decode(tokens), tokens, maps, stats)
+            self.method.generate(self.components, inputs[0], 0, min(8, self.target.num_image_tokens), **sampling)
+        runs, tokens, maps, seconds = self._run(self.method, jobs, bar, batch_size, **sampling)
         if compare_baseline:
-            base_runs, base_tokens, _, base_seconds = self._run(baseline, model_inputs, seeds, bar, batch_size, **sampling)
-            output.baseline_stats = TextToImageStats.collect(baseline.name, base_runs, base_seconds)
-            output.baseline_images, output.baseline_tokens = self.decode(base_tokens), base_tokens
-            stats.baseline_wall_time_s = base_seconds
-            stats.speedup = base_seconds / seconds
+            base_runs, base_tokens, _, base_seconds = self._run(baseline, jobs, bar, batch_size, **sampling)
+        outputs = []
+        for i in range(len(prompts)):
+            part = slice(i * num_images, (i + 1) * num_images)
+            stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
+            stats.config["linears"] = self.components.linears
+            image_tokens = torch.stack(tokens[part])
+            output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
+            if compare_baseline:
+                output.baseline_stats = TextToImageStats.collect(baseline.name, base_runs[part], sum(base_seconds[part]))
+                output.baseline_tokens = torch.stack(base_tokens[part])
+                output.baseline_images = self.decode(output.baseline_tokens)
+                stats.baseline_wall_time_s = output.baseline_stats.wall_time_s
+                stats.speedup = stats.baseline_wall_time_s / stats.wall_time_s
+            outputs.append(output)
         if bar is not None:
             bar.close()
-        return output
+        return outputs[0] if isinstance(prompt, str) else outputs
 
 
 def _progress_bar(total: int):
