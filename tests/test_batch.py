@@ -13,8 +13,8 @@ import mmspec
 from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.api import generate_rows, split_rows
 from mmspec.core.batch import BatchState
-from mmspec.drafters import Eagle2Drafter, EagleDrafter, HydraDrafter, MedusaDrafter
-from mmspec.modeling.heads import DraftHeads, EagleHead
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, KangarooDrafter, HydraDrafter, MedusaDrafter
+from mmspec.modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 
 MAX_NEW = 18
 
@@ -52,6 +52,9 @@ def _drafter(model, name):
         "independent-draft": lambda: make_text_only_draft("llama"),
         "eagle": lambda: EagleDrafter(model, EagleHead(text_decoder(model).config).eval(), num_draft_tokens=3),
         "eagle2": lambda: Eagle2Drafter(model, EagleHead(text_decoder(model).config).eval()),
+        "layer-skip": lambda: "layer-skip:1",
+        "kangaroo": lambda: KangarooDrafter(model, KangarooAdapter(text_decoder(model).config).eval(), exit_layer=1,
+                                            num_draft_tokens=3, stop_threshold=0.003),  # stops at varying lengths
         "medusa": lambda: MedusaDrafter(model, DraftHeads(width, num_heads=4, kind="medusa").eval()),
         "hydra": lambda: HydraDrafter(model, DraftHeads(width, num_heads=4, kind="hydra").eval()),
     }
@@ -77,7 +80,7 @@ def _rows_equal_batch_one(model, prompts, drafter, monkeypatch, do_sample, eos=N
 
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "draft-model", "independent-draft", "eagle", "eagle2", "medusa", "hydra"])
+@pytest.mark.parametrize("name", ["ar", "prompt-lookup", "draft-model", "independent-draft", "eagle", "eagle2", "layer-skip", "kangaroo", "medusa", "hydra"])
 def test_rows_equal_their_batch_one_generation(tiny, prompts, name, do_sample, monkeypatch):
     drafter = _drafter(tiny.model, name)
     batch, accepted = _rows_equal_batch_one(tiny.model, prompts, drafter, monkeypatch, do_sample, slack=2)
@@ -177,11 +180,6 @@ def test_split_rows_strips_left_padding():
 def test_bad_batches(tiny, inputs, match):
     with pytest.raises(ValueError, match=match):
         mmspec.generate(tiny.model, max_new_tokens=4, **inputs)
-
-
-def test_batch_size_one_drafters_say_so(tiny):
-    with pytest.raises(ValueError, match="layer-skip drafter drafts through the target's own KV cache"):
-        mmspec.generate(tiny.model, drafter="layer-skip:1", max_new_tokens=4, input_ids=torch.ones(2, 3, dtype=torch.long))
 
 
 def test_tree_drafters_draft_their_chain_in_a_batch(tiny):

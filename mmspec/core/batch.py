@@ -239,6 +239,8 @@ def batched_decode(
     eos = frozenset(int(t) for t in eos_token_ids)
     started = time.perf_counter()
     stats = [SpecStats(method=d.name if d else "ar", config=rule.describe()) for d in drafters]
+    if len({type(d) for d in drafters if d is not None}) > 1:
+        raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
     hidden_layers = {d.target_hidden_layer for d in drafters if d is not None and d.requires_target_hidden}
     if len(hidden_layers) > 1:
         raise ValueError("the rows' drafters read different target layers; use one kind of drafter per batch")
@@ -287,16 +289,17 @@ def batched_decode(
         retire(finished)
         while state.size:
             # 1. every row drafts what its budget can still use
-            drafts = []
-            for p, row in enumerate(state.rows):
-                b, budget = state.ids[p], max_new_tokens - generated[p] - 1
-                drafter = drafters[b]
-                if drafter is not None and budget > 0:
-                    drafting = time.perf_counter()
-                    drafts.append(_linear(drafter.propose(row, budget)))
-                    stats[b].draft_time_s += time.perf_counter() - drafting
-                else:
-                    drafts.append(Draft(tokens=row.tokens[:, :0]))
+            drafts = [Draft(tokens=row.tokens[:, :0]) for row in state.rows]
+            drafting = [p for p in range(state.size) if drafters[state.ids[p]] is not None and max_new_tokens - generated[p] > 1]
+            if drafting:
+                started_drafting = time.perf_counter()
+                row_drafters = [drafters[state.ids[p]] for p in drafting]
+                proposed = type(row_drafters[0]).propose_rows(row_drafters, state, drafting,
+                                                              [max_new_tokens - generated[p] - 1 for p in drafting])
+                share = (time.perf_counter() - started_drafting) / len(drafting)
+                for p, draft in zip(drafting, proposed):
+                    drafts[p] = _linear(draft)
+                    stats[state.ids[p]].draft_time_s += share
             # 2. one forward verifies every row
             out = target.forward_rows(state, state.verification_inputs([d.tokens for d in drafts]), hidden_layer=hidden_layer)
             forwards += 1

@@ -16,6 +16,7 @@ from .tree import TokenTree
 from .verify import exact_argmax
 
 if TYPE_CHECKING:
+    from .batch import BatchState
     from .rules import AcceptanceRule
 
 
@@ -131,6 +132,15 @@ class Drafter(ABC):
             raise ValueError(f"the {self.name} drafter {self.batch_size_one_reason}, so it runs at batch size 1; "
                              "for batches use eagle, medusa, hydra, a draft model or prompt-lookup")
         return self
+
+    @classmethod
+    def propose_rows(cls, drafters: list["Drafter"], state: "BatchState", positions: list[int],
+                     budgets: list[int]) -> list[Draft]:
+        """Drafts for rows ``positions`` of a batch (``drafters[i]`` is row ``positions[i]``'s, each
+        proposing at most ``budgets[i]`` tokens). Default: each row on its own (:meth:`propose` on its
+        row's tokens); a drafter that reads the target's cache overrides this to draft every row
+        in one batched forward per draft token."""
+        return [d.propose(state.rows[p], budget) for d, p, budget in zip(drafters, positions, budgets)]
 
     def describe(self) -> dict[str, Any]:
         """Settings shown in ``SpecStats.config``."""

@@ -40,8 +40,6 @@ class KangarooDrafter(Drafter):
     draft_vocabulary: token ids to draft from (:mod:`mmspec.drafters.vocab`), or None for all.
     """
 
-    batch_size_one_reason = "drafts through the target's own KV cache"
-
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,
@@ -108,6 +106,45 @@ class KangarooDrafter(Drafter):
         crop_cache(target_cache, committed)  # the target's first layers are back to the committed prefix
         crop_cache(self.cache, committed)
         return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+
+    @classmethod
+    def propose_rows(cls, drafters: list["KangarooDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
+        """Every row of a batch drafts at once: one shallow forward over [B, 1] per draft token
+        through the shared cache's first l layers, then each drafting row's own adapter (its own
+        cache), LM head and generator, exactly as :meth:`propose`; a row stops at its own budget or
+        when its draft's top-1 probability falls below ``stop_threshold``."""
+        first = drafters[0]
+        lengths = {p: min(d.num_draft_tokens, budget) for d, p, budget in zip(drafters, positions, budgets)}
+        for d in drafters:
+            if d.states.shape[1]:
+                d._adapt(d.states)  # committed shallow states enter each row's adapter cache
+                d.states = d.states[:, :0]
+        committed = state.cache.get_seq_length()
+        target_cache = layer_prefix_view(state.cache, first.exit_layer)
+        token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
+        picked: dict[int, list] = {p: [] for p in positions}
+        drafting = set(positions)
+        for step in range(max(lengths.values())):
+            mask = torch.cat([state.valid, state.valid.new_ones(state.size, step + 1)], dim=1).long()
+            shallow = first.shallow(input_ids=token, past_key_values=target_cache, attention_mask=mask, use_cache=True,
+                                    position_ids=state.position_ids(1) + step).last_hidden_state  # [B, 1, H]
+            token = token.clone()
+            for d, p in zip(drafters, positions):
+                if p not in drafting or step >= lengths[p]:
+                    continue
+                logits = d.lm_head(d._adapt(shallow[p : p + 1])[:, -1])
+                d.forwards += 1
+                choice, q = d.lm_head.pick(d, logits)
+                token[p, 0] = choice[0]
+                picked[p].append((choice.view(1, 1), q))
+                if torch.softmax(logits.float(), -1).max() < d.stop_threshold:
+                    drafting.discard(p)
+        crop_cache(target_cache, committed)  # the target's first layers are back to the committed slots
+        for d, p in zip(drafters, positions):
+            crop_cache(d.cache, state.rows[p].length - 1)
+        return [Draft(tokens=torch.cat([t for t, _ in picked[p]], dim=1),
+                      probs=torch.stack([q for _, q in picked[p]], dim=1) if picked[p][0][1] is not None else None)
+                for p in positions]
 
     def describe(self) -> dict:
         return {**super().describe(), "exit_layer": self.exit_layer, "stop_threshold": self.stop_threshold,

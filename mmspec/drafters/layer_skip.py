@@ -26,8 +26,6 @@ class LayerSkipDrafter(Drafter):
     num_draft_tokens: K.
     """
 
-    batch_size_one_reason = "drafts through the target's own KV cache"
-
     def __init__(self, target_model: torch.nn.Module, num_layers: int, num_draft_tokens: int = 4) -> None:
         super().__init__(num_draft_tokens)
         self.num_layers = num_layers
@@ -61,6 +59,35 @@ class LayerSkipDrafter(Drafter):
             tokens=torch.cat(tokens, dim=1),
             probs=torch.stack(probs, dim=1) if probs[0] is not None else None,
         )
+
+    @classmethod
+    def propose_rows(cls, drafters: list["LayerSkipDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
+        """Every row of a batch drafts through the shared cache's first N layers at once: one
+        truncated forward over [B, 1] per draft token (the rows' attention masks and positions as
+        in verification); row ``positions[i]`` takes ``min(K, budgets[i])`` tokens, drawn with its
+        own generator exactly as :meth:`propose` draws them, and the others' outputs are ignored."""
+        first = drafters[0]
+        lengths = {p: min(d.num_draft_tokens, budget) for d, p, budget in zip(drafters, positions, budgets)}
+        committed = state.cache.get_seq_length()
+        cache = layer_prefix_view(state.cache, first.num_layers)
+        token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
+        picked: dict[int, list] = {p: [] for p in positions}
+        for step in range(max(lengths.values())):
+            mask = torch.cat([state.valid, state.valid.new_ones(state.size, step + 1)], dim=1).long()
+            hidden = first.decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
+                                   position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
+            logits = first.lm_head(hidden[:, -1])  # [B, V]
+            token = token.clone()
+            for d, p in zip(drafters, positions):
+                if step < lengths[p]:
+                    d.forwards += 1
+                    choice, q = d._pick(logits[p : p + 1])
+                    token[p, 0] = choice[0]
+                    picked[p].append((choice.view(1, 1), q))
+        crop_cache(cache, committed)  # the target's first N layers are back to the committed slots
+        return [Draft(tokens=torch.cat([t for t, _ in picked[p]], dim=1),
+                      probs=torch.stack([q for _, q in picked[p]], dim=1) if picked[p][0][1] is not None else None)
+                for p in positions]
 
     def describe(self) -> dict:
         return {**super().describe(), "num_layers": self.num_layers}
