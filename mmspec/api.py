@@ -120,15 +120,9 @@ def generate(
         return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id, padded_like=model_inputs)
-    if isinstance(adapter, TransformersTarget):
-        check_model_inputs(adapter, model_inputs, max_new_tokens)
-    elif getattr(adapter, "input_names", None) is not None:
-        check_keywords(model_inputs, adapter.input_names, f"{type(adapter).__name__}.prefill")
+    check_target_inputs(adapter, model_inputs, max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-    if eos_token_id is None:
-        eos = getattr(adapter, "eos_token_ids", [])
-    else:
-        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    eos = stop_tokens(adapter, eos_token_id)
     resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
     with eval_mode(adapter, drafter, resolved):  # dropout off for the call, training flags restored after
         state, stats = speculative_decode(
@@ -144,6 +138,22 @@ def generate(
             on_step=on_step,
         )
     return GenerateOutput(sequences=state.tokens, stats=stats)
+
+
+def check_target_inputs(adapter, model_inputs: dict[str, Any], max_new_tokens: int) -> None:
+    """A prompt's checks before the prefill: a transformers model's (:func:`check_model_inputs`),
+    or the keywords another target's prefill names (``input_names``)."""
+    if isinstance(adapter, TransformersTarget):
+        check_model_inputs(adapter, model_inputs, max_new_tokens)
+    elif getattr(adapter, "input_names", None) is not None:
+        check_keywords(model_inputs, adapter.input_names, f"{type(adapter).__name__}.prefill")
+
+
+def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
+    """The stop tokens: ``eos_token_id`` as a list, or by default the target's own."""
+    if eos_token_id is None:
+        return list(getattr(adapter, "eos_token_ids", []))
+    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
 
 
 def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -215,18 +225,14 @@ def generate_rows(
     """
     adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
     max_new_tokens = _count("max_new_tokens", max_new_tokens)
+    if num_draft_tokens is not None:
+        num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
     if not rows:
         raise ValueError("no prompts given")
     for row in rows:
-        if isinstance(adapter, TransformersTarget):
-            check_model_inputs(adapter, row, max_new_tokens)
-        elif getattr(adapter, "input_names", None) is not None:
-            check_keywords(row, adapter.input_names, f"{type(adapter).__name__}.prefill")
+        check_target_inputs(adapter, row, max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-    if eos_token_id is None:
-        eos = getattr(adapter, "eos_token_ids", [])
-    else:
-        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    eos = stop_tokens(adapter, eos_token_id)
     resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
     drafters = [None if resolved is None else copy.copy(resolved).for_batch() for _ in rows]
     if seed is None:

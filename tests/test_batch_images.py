@@ -4,6 +4,7 @@ a draft generator, the image EAGLE head (and EAGLE-2's chain form) and LANTERN's
 
 import pytest
 import torch
+from tiny_models import tiny_llamagen
 
 import mmspec
 from mmspec.adapters.image_gen import LlamaGenTarget
@@ -12,19 +13,12 @@ from mmspec.core.batch import BatchState
 from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, JacobiDrafter, ModelDrafter
 from mmspec.drafters.jacobi import CoupledJacobiDrafter, ProactiveJacobiDrafter
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
-from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 16, 4, 3, 8
 
 
 def tiny_generator(seed: int, dim: int = 32) -> LlamaGenTarget:
-    torch.manual_seed(seed)
-    config = LlamaGenConfig(dim=dim, n_layer=2, n_head=2, vocab_size=VOCAB, cls_token_num=PREFIX, caption_dim=CAPTION_DIM,
-                            block_size=SIDE * SIDE, multiple_of=16, rope_prefix="identity")
-    model = LlamaGenModel(config).eval()
-    with torch.no_grad():
-        model.output.weight.mul_(4.0)
-    return LlamaGenTarget(model)
+    return tiny_llamagen(seed, dim, VOCAB, SIDE, PREFIX, CAPTION_DIM, sharpen=4.0)
 
 
 @pytest.fixture(scope="module")

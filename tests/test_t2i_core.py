@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny_models import tiny_llamagen
 
 import mmspec
 from mmspec.adapters.image_gen import LlamaGenTarget
@@ -14,7 +15,6 @@ from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter, JacobiDrafter, ModelDrafter
 from mmspec.drafters.jacobi import ProactiveJacobiDrafter, coupled_redraft
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
-from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 4, 2, 3, 8
 GUIDANCE, TEMPERATURE, TOP_K = 2.0, 1.2, 3
@@ -22,13 +22,7 @@ RUNS = 2000
 
 
 def tiny_generator(seed: int, dim: int = 32) -> LlamaGenTarget:
-    torch.manual_seed(seed)
-    config = LlamaGenConfig(dim=dim, n_layer=2, n_head=2, vocab_size=VOCAB, cls_token_num=PREFIX, caption_dim=CAPTION_DIM,
-                            block_size=SIDE * SIDE, multiple_of=16, rope_prefix="identity")
-    model = LlamaGenModel(config).eval()
-    with torch.no_grad():
-        model.output.weight.mul_(6.0)  # sharper, more varied distributions
-    return LlamaGenTarget(model)
+    return tiny_llamagen(seed, dim, VOCAB, SIDE, PREFIX, CAPTION_DIM)
 
 
 @pytest.fixture(scope="module")

@@ -475,3 +475,19 @@ def _self_check(max_new_tokens: int = 12) -> None:
 
 if __name__ == "__main__":
     _self_check()
+
+
+def tiny_llamagen(seed: int, dim: int = 32, vocab: int = 4, side: int = 2, prefix: int = 3, caption_dim: int = 8,
+                  sharpen: float = 6.0):
+    """A tiny random LlamaGen-style generator (2 layers, ``side`` x ``side`` codes of ``vocab``) as a
+    guided image target; its output weights scaled by ``sharpen`` for sharper, more varied distributions."""
+    from mmspec.adapters.image_gen import LlamaGenTarget
+    from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
+
+    torch.manual_seed(seed)
+    config = LlamaGenConfig(dim=dim, n_layer=2, n_head=2, vocab_size=vocab, cls_token_num=prefix, caption_dim=caption_dim,
+                            block_size=side * side, multiple_of=16, rope_prefix="identity")
+    model = LlamaGenModel(config).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(sharpen)
+    return LlamaGenTarget(model)
