@@ -321,3 +321,32 @@ def test_unknown_keywords_are_refused_before_the_prefill(name):
         mmspec.generate(target, max_new_tokens=2, guidance=3.0, **inputs(family, None))
     with pytest.raises(ValueError, match="managed by mmspec"):
         mmspec.generate(target, max_new_tokens=2, past_key_values=None, **inputs(family, None))
+
+
+@pytest.mark.parametrize("name", ["janus", "chameleon"])
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_batched_rows_equal_batch_one(name, do_sample, monkeypatch):
+    """Batches of a transformers image family (the unconditional row's shorter prompt padded per
+    cache row): each row equals its batch-1 generation, for AR and SJD, with the cache squeezed."""
+    from mmspec.api import generate_rows
+    from mmspec.core.batch import BatchState
+    from mmspec.drafters import JacobiDrafter
+
+    monkeypatch.setattr(BatchState, "slack", 1)
+    family, _, target = setup(name)
+    prompts = [family.prompt, family.prompt[:2] + [13, 14, 15], family.prompt[:3]]
+    rows = [{"input_ids": torch.tensor([p]), "guidance_scale": GUIDANCE} for p in prompts]
+    for drafter in (None, JacobiDrafter(3)):
+        options = dict(max_new_tokens=target.num_image_tokens, do_sample=do_sample, temperature=1.3)
+        batch = generate_rows(target, rows, drafter=drafter, seed=[4, 5, 6], **options)
+        for b, row in enumerate(rows):
+            single = mmspec.generate(target, drafter=drafter, seed=4 + b, **options, **row)
+            assert torch.equal(batch.sequences[b, -target.num_image_tokens :], single.sequences[0, -target.num_image_tokens :])
+
+
+def test_emu3_says_it_needs_batch_size_one():
+    from mmspec.api import generate_rows
+
+    family, _, target = setup("emu3")
+    with pytest.raises(ValueError, match="end-of-line token"):
+        generate_rows(target, [inputs(family, GUIDANCE)] * 2, max_new_tokens=4)

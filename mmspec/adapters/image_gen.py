@@ -108,6 +108,8 @@ class GuidedImageTarget:
     grid: tuple[int, int]
     #: the model_inputs prefill reads (mmspec.generate refuses any other keyword)
     input_names: ClassVar[tuple[str, ...]] = ("guidance_scale",)
+    #: why this family cannot decode in batches (None: it can, :meth:`forward_rows`)
+    batch_size_one_reason: ClassVar[str | None] = None
 
     @property
     def device(self) -> torch.device:
@@ -167,6 +169,39 @@ class GuidedImageTarget:
         return TargetOutput(self._guide(logits, state.guidance_scale), hidden)
 
 
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
+        """Prefill B prompts one at a time and stack them (each sequence's R = 1 or 2 guided cache
+        rows kept together): see :class:`~mmspec.core.batch.BatchState`. Every prompt must use
+        the same ``guidance_scale``."""
+        scales = {inputs.get("guidance_scale") for inputs in rows}
+        if len(scales) > 1:
+            raise ValueError(f"a batch shares one guidance_scale, got {sorted(scales, key=str)}")
+        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
+        return BatchState.stack(states, self.device), list(outputs)
+
+    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
+        """Append image tokens [B, n] to every sequence (both guided rows); guided logits [B, n, V],
+        hidden states [B R, n, D] (each sequence's rows together, conditional first)."""
+        rows, n = state.rows_per_item, tokens.shape[1]
+        mask = state.attention_mask(n).bool()[:, None, None, :].expand(-1, 1, n, -1).clone()
+        mask[..., -n:] &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+        # a row whose draft is shorter than the batch's is padded; those inputs' outputs are ignored,
+        # and near the end of the image their positions may pass the last one: clamp them
+        positions = state.position_ids(n).clamp(max=self.max_length - 1)
+        logits, hidden = self._forward_rows(tokens.to(self.device).repeat_interleave(rows, dim=0), state, mask, positions,
+                                            hidden_layer is not None)
+        logits = logits.view(-1, rows, n, logits.shape[-1])
+        guidance_scale = state.rows[0].guidance_scale
+        guided = logits[:, 0].float() if guidance_scale is None else cfg_combine(logits[:, 0].float(), logits[:, 1].float(), guidance_scale)
+        return TargetOutput(guided, hidden)
+
+    def _forward_rows(self, tokens, state, mask, positions, want_hidden):
+        """One forward of every cache row of a batch: image tokens [B R, n], boolean mask
+        [B R, 1, n, C + n] (True = attend), positions [B R, n] -> (logits [B R, n, V], last hidden
+        states [B R, n, D] or None)."""
+        raise NotImplementedError(f"{type(self).__name__} decodes one sequence at a time; use batch size 1")
+
+
 class LlamaGenTarget(GuidedImageTarget):
     """mmspec's LlamaGen-style generator (:class:`~mmspec.modeling.llamagen.LlamaGenModel`).
 
@@ -206,32 +241,10 @@ class LlamaGenTarget(GuidedImageTarget):
         hidden = None if out.hidden_states is None else out.hidden_states[:, -1:]
         return HalvesPrefill(prefix, out.logits[:, -1:], hidden)
 
-    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
-        """Prefill B prompts one at a time and stack them (each sequence's R = 1 or 2 guided cache
-        rows kept together): see :class:`~mmspec.core.batch.BatchState`. Every prompt must use
-        the same ``guidance_scale``."""
-        scales = {inputs.get("guidance_scale") for inputs in rows}
-        if len(scales) > 1:
-            raise ValueError(f"a batch shares one guidance_scale, got {sorted(scales, key=str)}")
-        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
-        return BatchState.stack(states, self.device), list(outputs)
-
-    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
-        """Append image tokens [B, n] to every sequence (both guided rows); guided logits [B, n, V],
-        hidden states [B R, n, D] (each sequence's rows together, conditional first)."""
-        rows, n = state.rows_per_item, tokens.shape[1]
-        mask = state.attention_mask(n).bool()[:, None, None, :].expand(-1, 1, n, -1).clone()
-        mask[..., -n:] &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
-        # a row whose draft is shorter than the batch's is padded; those inputs' outputs are ignored,
-        # and near the end of the image their positions may pass the last one: clamp them
-        positions = state.position_ids(n).clamp(max=self.max_length - 1)
-        out = self.model(tokens.to(self.device).repeat_interleave(rows, dim=0), past_key_values=state.cache,
-                         attention_mask=mask.repeat_interleave(rows, dim=0), positions=positions.repeat_interleave(rows, dim=0),
-                         output_hidden_states=hidden_layer is not None)
-        logits = out.logits.view(-1, rows, n, out.logits.shape[-1])
-        guidance_scale = state.rows[0].guidance_scale
-        guided = logits[:, 0].float() if guidance_scale is None else cfg_combine(logits[:, 0].float(), logits[:, 1].float(), guidance_scale)
-        return TargetOutput(guided, out.hidden_states)
+    def _forward_rows(self, tokens, state, mask, positions, want_hidden):
+        out = self.model(tokens, past_key_values=state.cache, attention_mask=mask, positions=positions,
+                         output_hidden_states=want_hidden)
+        return out.logits, out.hidden_states
 
     def _forward_halves(self, tokens, state, mask, positions, want_hidden):
         if mask is not None:

@@ -43,15 +43,16 @@ class BatchState:
     """The rows of a batch between target forwards.
 
     Invariant between steps: ``rows[b].tokens`` [1, L_b] holds row b's prompt and committed tokens;
-    the shared cache holds C slots per row, of which ``valid[b]`` marks exactly the L_b - 1 entries
-    of row b's tokens but the last (its pending token), in order.
+    the shared cache holds C slots per cache row, of which ``valid`` marks, for each of row b's
+    cache rows, exactly the entries of its tokens but the last (its pending token), in order (less
+    the row's own prompt padding: a guided sequence's unconditional prompt may be shorter).
 
     Attributes:
         rows: one :class:`SequenceState` per active row (a copy of its batch-1 state without the
             cache: tokens, prompt length and the rest, what the row's drafter reads).
         cache: the target's KV cache, batch dimension = active rows x ``rows_per_item`` (a guided
             image sequence has two cache rows, conditional and unconditional).
-        valid: BoolTensor [B, C] on the cache's device.
+        valid: BoolTensor [B R, C] on the cache's device (R = ``rows_per_item``).
         ids: the active rows' indices in the caller's batch.
         slack: invalid slots (beyond the longest row) tolerated before they are squeezed out.
     """
@@ -59,8 +60,9 @@ class BatchState:
     slack = 32
 
     def __init__(self, rows: list[SequenceState], cache, valid: torch.Tensor, rows_per_item: int = 1) -> None:
-        if valid.shape != (len(rows), cache.get_seq_length()):
-            raise ValueError(f"valid {tuple(valid.shape)} does not match {len(rows)} rows x {cache.get_seq_length()} slots")
+        if valid.shape != (len(rows) * rows_per_item, cache.get_seq_length()):
+            raise ValueError(f"valid {tuple(valid.shape)} does not match {len(rows) * rows_per_item} cache rows x "
+                             f"{cache.get_seq_length()} slots")
         self.rows = rows
         self.cache = cache
         self.valid = valid
@@ -70,10 +72,7 @@ class BatchState:
     @classmethod
     def stack(cls, states: Sequence[SequenceState], device: torch.device) -> "BatchState":
         """B one-row states (each after its own prefill) -> one batch (their caches left-padded)."""
-        if any(s.row_padding is not None for s in states):
-            raise ValueError("batched decoding needs the rows of a sequence to share their prompt length "
-                             "(no row_padding); decode this model with batch size 1")
-        cache, valid = stack_caches([s.cache for s in states])
+        cache, valid = stack_caches([s.cache for s in states], [s.row_padding for s in states])
         rows = []
         for s in states:
             row = copy.copy(s)
@@ -91,13 +90,13 @@ class BatchState:
         return len(self.rows)
 
     def position_ids(self, num_tokens: int) -> torch.Tensor:
-        """LongTensor [B, num_tokens]: each row's next positions (its valid entries so far onward)."""
+        """LongTensor [B R, num_tokens]: each cache row's next positions (its valid entries so far onward)."""
         start = self.valid.sum(dim=1, keepdim=True) + self.rows[0].position_offset
         return start + torch.arange(num_tokens, device=self.valid.device)[None, :]
 
     def attention_mask(self, num_tokens: int) -> torch.Tensor:
-        """LongTensor [B, C + num_tokens]: the valid slots, then the new inputs."""
-        return torch.cat([self.valid, self.valid.new_ones(self.size, num_tokens)], dim=1).long()
+        """LongTensor [B R, C + num_tokens]: each cache row's valid slots, then the new inputs."""
+        return torch.cat([self.valid, self.valid.new_ones(self.valid.shape[0], num_tokens)], dim=1).long()
 
     def verification_inputs(self, drafts: Sequence[torch.Tensor]) -> torch.Tensor:
         """[B, 1 + K]: each row's pending token and drafts [1, k_b], padded with the pending token."""
@@ -112,7 +111,7 @@ class BatchState:
         """After a forward over [B, n]: append each row's committed tokens [1, m_b] and keep, of the
         n new slots, the first m_b (its pending token and its m_b - 1 accepted drafts)."""
         n = self.cache.get_seq_length() - self.valid.shape[1]
-        kept = torch.tensor([c.shape[1] for c in committed], device=self.valid.device)
+        kept = torch.tensor([c.shape[1] for c in committed], device=self.valid.device).repeat_interleave(self.rows_per_item)
         self.valid = torch.cat([self.valid, torch.arange(n, device=self.valid.device)[None, :] < kept[:, None]], dim=1)
         for row, tokens in zip(self.rows, committed):
             row.tokens = torch.cat([row.tokens, tokens.to(row.tokens)], dim=1)
@@ -132,12 +131,11 @@ class BatchState:
         width = int(counts.max())
         if self.valid.shape[1] - width <= self.slack:
             return
-        # row b's valid slots, in order, right-aligned in [0, width); pad slots point at slot 0
+        # each cache row's valid slots, in order, right-aligned in [0, width); pad slots point at slot 0
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)  # valid slots first, in order
         pads = width - counts
         j = torch.arange(width, device=self.valid.device)[None, :]
         index = torch.where(j >= pads[:, None], order.gather(1, (j - pads[:, None]).clamp(min=0)), 0)
-        index = index.repeat_interleave(self.rows_per_item, dim=0)
         for layer in batch_layers(self.cache):
             layer.gather_slots(index)
         self.valid = j >= pads[:, None]
@@ -146,9 +144,9 @@ class BatchState:
         """Keep the active rows at ``positions`` (of ``range(size)``), dropping the others."""
         if len(positions) == self.size:
             return
-        index = torch.tensor(positions, dtype=torch.long)
+        index = self.cache_rows(torch.tensor(positions, dtype=torch.long))
         for layer in batch_layers(self.cache):
-            layer.select_rows(self.cache_rows(index))
+            layer.select_rows(index)
         self.valid = self.valid[index.to(self.valid.device)]
         self.rows = [self.rows[i] for i in positions]
         self.ids = [self.ids[i] for i in positions]
@@ -233,6 +231,9 @@ def batched_decode(
                          f"(got {len(drafters)} and {len(generators)})")
     if getattr(target, "continuous", False) or not hasattr(target, "forward_rows"):
         raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
+    if getattr(target, "batch_size_one_reason", None):
+        raise ValueError(f"{type(target).__name__} {target.batch_size_one_reason}, so it decodes one sequence at a time; "
+                         "use batch size 1")
     if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
         raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
     rule = resolve_rule(acceptance, sampling, rule_kwargs)

@@ -184,13 +184,17 @@ def batch_layers(cache: Cache) -> list[PreallocatedLayer]:
     return list(cache.layers)
 
 
-def stack_caches(caches: list[Cache]) -> tuple[DynamicCache, torch.Tensor]:
+def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None = None) -> tuple[DynamicCache, torch.Tensor]:
     """One cache from B caches of R rows each (R = 2 for a guided image sequence) and lengths n_b,
     left-padded to max n_b: sequence b's rows become rows [b R, (b + 1) R).
 
+    Args:
+        paddings: per cache, None or LongTensor [R]: pad entries at the start of each of its rows
+            (``SequenceState.row_padding``), which stay invalid.
     Returns:
-        The cache (every layer a PreallocatedLayer [B R, H, C, D]) and ``valid`` BoolTensor [B, C]:
-        which slots hold sequence b's entries (its last n_b; the pad slots before them are zeros).
+        The cache (every layer a PreallocatedLayer [B R, H, C, D]) and ``valid`` BoolTensor [B R, C]:
+        which slots hold each cache row's entries (its last n_b, less its own padding; the pad slots
+        before them are zeros).
     """
     per_cache = [batch_layers(cache) for cache in caches]
     lengths = [cache.get_seq_length() for cache in caches]
@@ -207,8 +211,11 @@ def stack_caches(caches: list[Cache]) -> tuple[DynamicCache, torch.Tensor]:
     stacked = DynamicCache()
     stacked.layers = layers
     stacked.layer_class_to_replicate = None
-    slots = torch.arange(width)
-    valid = slots[None, :] >= width - torch.tensor(lengths)[:, None]
+    rows = layers[0].keys.shape[0] // len(caches)
+    paddings = paddings or [None] * len(caches)
+    first = torch.cat([width - n + (torch.zeros(rows, dtype=torch.long) if pad is None else pad.cpu().long())
+                       for n, pad in zip(lengths, paddings)])
+    valid = torch.arange(width)[None, :] >= first[:, None]
     return stacked, valid
 
 

@@ -125,7 +125,7 @@ class KangarooDrafter(Drafter):
         picked: dict[int, list] = {p: [] for p in positions}
         drafting = set(positions)
         for step in range(max(lengths.values())):
-            mask = torch.cat([state.valid, state.valid.new_ones(state.size, step + 1)], dim=1).long()
+            mask = state.attention_mask(step + 1)
             shallow = first.shallow(input_ids=token, past_key_values=target_cache, attention_mask=mask, use_cache=True,
                                     position_ids=state.position_ids(1) + step).last_hidden_state  # [B, 1, H]
             token = token.clone()

@@ -73,7 +73,7 @@ class LayerSkipDrafter(Drafter):
         token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
         picked: dict[int, list] = {p: [] for p in positions}
         for step in range(max(lengths.values())):
-            mask = torch.cat([state.valid, state.valid.new_ones(state.size, step + 1)], dim=1).long()
+            mask = state.attention_mask(step + 1)
             hidden = first.decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
                                    position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
             logits = first.lm_head(hidden[:, -1])  # [B, V]

@@ -134,6 +134,10 @@ class TransformersImageTarget(GuidedImageTarget):
         attention_mask, position_ids = self._attention_inputs(state, tokens.shape[1], mask, positions)
         return self._run(self.embed_codes(tokens), state.cache, attention_mask, position_ids, want_hidden)
 
+    def _forward_rows(self, tokens, state, mask, positions, want_hidden):
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(~mask, torch.finfo(self.dtype).min)
+        return self._run(self.embed_codes(tokens), state.cache, additive, positions, want_hidden)
+
 
 class VocabularyImageTarget(TransformersImageTarget):
     """Families whose image tokens are text-vocabulary ids (``vocabulary_mapping.img2bpe``)."""

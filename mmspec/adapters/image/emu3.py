@@ -83,6 +83,8 @@ class Emu3ImageTarget(VocabularyImageTarget):
             default 1:1 size, :data:`EMU3_DEFAULT_GRID`).
     """
 
+    batch_size_one_reason = "inserts an end-of-line token into the cache after every image row"
+
     input_names = VocabularyImageTarget.input_names + ("negative_input_ids", "negative_attention_mask", "image_sizes")
 
     def __init__(self, model, grid: tuple[int, int] | None = None) -> None:
