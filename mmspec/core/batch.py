@@ -12,10 +12,12 @@ drafter — and shares only the target's forward. A step:
    :class:`BatchState` marks the others invalid (masked out of every later attention) and squeezes
    them out when enough have gathered; rows that stop leave the batch.
 
-A row's tokens and random numbers are exactly those of a batch-1 generation of its prompt with
-the same seed: nothing of another row enters its attention, its rule or its generator. Its logits
-equal the batch-1 logits up to floating-point summation order (bitwise where the linears go
-through ``mmspec.optimize``'s batch-invariant kernel and attention reduces in the same order).
+A row draws exactly the random numbers of a batch-1 generation of its prompt with the same seed,
+and nothing of another row enters its attention, its rule or its generator, so its tokens are the
+batch-1 tokens whenever its logits are. Its logits equal the batch-1 logits up to floating-point
+summation order (a wider forward; the tests' tiny models give identical rows): in bf16, or where a
+sampled draw sits on a rounding-level difference, a row can part from batch 1
+(docs/benchmarks.md measures how often).
 
 Prompts are prefilled one row at a time (the batch-1 prefill; images of different sizes need no
 padding) and their caches stacked, left-padded.
@@ -158,7 +160,8 @@ class BatchTarget(Protocol):
 
     ``prefill_rows`` prefills each prompt (one dict of model inputs per row) and returns the
     stacked :class:`BatchState` and each row's TargetOutput ([1, 1, V]); ``forward_rows`` appends
-    ``tokens`` [B, n] to every row and returns logits [B, n, V] (and hidden states [B, n, H]).
+    ``tokens`` [B, n] to every row and returns logits [B, n, V] (and hidden states [B R, n, H], R
+    cache rows per sequence). A target that cannot names why in ``batch_size_one_reason``.
     """
 
     device: torch.device
@@ -214,7 +217,7 @@ def batched_decode(
     """Generate up to ``max_new_tokens`` for each of B prompts, verifying all rows in one forward.
 
     Args:
-        target: a :class:`BatchTarget` (``TransformersTarget``).
+        target: a :class:`BatchTarget` (``TransformersTarget``, a guided image target).
         rows_inputs: B prompts, each as the target's batch-1 prefill takes it.
         drafters: one drafter per row (separate instances: each keeps its row's state, see
             :meth:`Drafter.for_batch`), or None for plain AR rows.
@@ -236,12 +239,12 @@ def batched_decode(
                          "use batch size 1")
     if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
         raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
+    if len({type(d) for d in drafters if d is not None}) > 1:
+        raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
     rule = resolve_rule(acceptance, sampling, rule_kwargs)
     eos = frozenset(int(t) for t in eos_token_ids)
     started = time.perf_counter()
     stats = [SpecStats(method=d.name if d else "ar", config=rule.describe()) for d in drafters]
-    if len({type(d) for d in drafters if d is not None}) > 1:
-        raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
     hidden_layers = {d.target_hidden_layer for d in drafters if d is not None and d.requires_target_hidden}
     if len(hidden_layers) > 1:
         raise ValueError("the rows' drafters read different target layers; use one kind of drafter per batch")
