@@ -3,6 +3,7 @@ draft path, resumption."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
@@ -195,3 +196,34 @@ def test_bad_throughput_options_are_one_line_errors(tmp_path, tmp_path_factory, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_throughput_table_feeds_auto_for_batches(tmp_path, tmp_path_factory, capsys):
+    """--batch-sizes --write-drafters-file adds the "batches" table; drafter="auto" then decodes a
+    batch with the fastest method measured at the largest batch size <= it (plain decoding included)."""
+    import shutil
+
+    import mmspec
+    from mmspec.pipelines.captioning import choose_batch_drafter
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(cached_tiny_checkpoint("smolvlm", tmp_path_factory), model_dir)
+    argv = ["bench", "caption", "--model", str(model_dir), "--methods", "ar,prompt-lookup@3", "--families", "scenes,text",
+            "--per-family", "2", "--repeats", "1", "--temperatures", "0", "--max-new-tokens", "8", "--dtype", "fp32",
+            "--threads", "1", "--results", str(tmp_path / "throughput.json"), "--batch-sizes", "1,3", "--write-drafters-file"]
+    assert main(argv) == 0
+    assert "In batches it picks" in capsys.readouterr().err
+    table = json.loads((model_dir / "mmspec_drafters.json").read_text())
+    assert {(e["batch_size"], e["drafter"]) for e in table["batches"]} == {(1, "ar"), (1, "prompt-lookup"), (3, "ar"), (3, "prompt-lookup")}
+    assert [e["drafter"] for e in table["drafters"]] == ["prompt-lookup"] and table["batches_measured"]["machine"]["threads"] == 1
+    best3 = max((e for e in table["batches"] if e["batch_size"] == 3), key=lambda e: e["speedup"])
+    assert choose_batch_drafter(model_dir, 2)[0] == max((e for e in table["batches"] if e["batch_size"] == 1),
+                                                       key=lambda e: e["speedup"])["drafter"]
+    assert choose_batch_drafter(model_dir, 8)[0] == best3["drafter"]
+    captioner = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (24, 24, 3), dtype=np.uint8) for _ in range(3)]
+    results = captioner(images, batch_size=3, max_new_tokens=4)
+    assert all(r.stats.config["drafter_choice"].startswith("auto for batch size 3: highest measured throughput at batch size 3")
+               for r in results)
+    assert results[0].stats.config["drafter"] == best3["drafter"]

@@ -178,6 +178,11 @@ def run_throughput(args, results: dict, results_path: Path, pipe, drafters: dict
     summary = summarise_throughput(runs, methods, batch_sizes, list(settings), args.repeats)
     results["throughput_summary"] = summary
     save_results(results_path, results)
+    if args.write_drafters_file:
+        from ..pipelines.captioning import describe_auto_table
+
+        path = write_batch_table(pipe.model_dir, summary, methods, results["meta"])
+        print(f"wrote the batches of {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     tables = render_throughput(summary, methods, results["meta"])
     if args.markdown:
         Path(args.markdown).write_text(tables)
@@ -215,6 +220,41 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
         "drafters": entries,
     }
     path = Path(model_dir) / DRAFTERS_FILE
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return path
+
+
+def write_batch_table(model_dir: Path | None, summary: dict, methods: list[str], meta: dict) -> Path:
+    """Add the ``"batches"`` table to model_dir/mmspec_drafters.json: every method's speedup over
+    AR at each measured batch size at temperature 0 (AR itself 1.0), which drafter="auto" reads for
+    batches (:func:`~mmspec.pipelines.captioning.choose_batch_drafter`), with the machine and command.
+    The file's batch-1 ``"drafters"`` entries are kept; a new file takes them from the batch-size-1 pass."""
+    from ..pipelines.captioning import DRAFTERS_FILE
+
+    path = Path(model_dir) / DRAFTERS_FILE
+    at_zero = summary["0"]
+    batches = []
+    for size, rows in sorted(at_zero.items(), key=lambda item: int(item[0])):
+        for method in methods:
+            spec, k = parse_method(method)
+            if rows.get(method, {}).get("speedup") is None:
+                continue
+            entry = {"batch_size": int(size), "drafter": spec, "speedup": round(rows[method]["speedup"], 3),
+                     "items_per_s": round(rows[method]["items_per_s"], 3)}
+            if k is not None:
+                entry["num_draft_tokens"] = k
+            batches.append(entry)
+    table = json.loads(path.read_text()) if path.is_file() else None
+    if table is None:
+        if "1" not in at_zero:
+            raise ValueError(f"{path} does not exist yet: include batch size 1 in --batch-sizes (or write the batch-1 "
+                             "table first, without --batch-sizes)")
+        table = {"written_by": "mmspec bench caption --write-drafters-file (do not edit: rerun the benchmark)",
+                 "measured": datetime.date.today().isoformat(), "machine": meta["machine"],
+                 "drafters": [{"drafter": e["drafter"], "speedup": e["speedup"], **({"num_draft_tokens": e["num_draft_tokens"]}
+                              if "num_draft_tokens" in e else {})} for e in batches if e["batch_size"] == 1 and e["drafter"] != "ar"]}
+    table["batches"] = batches
+    table["batches_measured"] = {"date": datetime.date.today().isoformat(), "machine": meta["machine"], "command": meta["command"]}
     path.write_text(json.dumps(table, indent=1) + "\n")
     return path
 

@@ -252,6 +252,14 @@ def describe_auto_table(model_dir: str | os.PathLike) -> str:
         if fastest is not best and best in sampled:
             text += f" (`{best['drafter']}` {best['sampled_speedup_per_token']:.2f}x)"
         text += "; pass it by name when sampling."
+    sizes = sorted({e["batch_size"] for e in table.get("batches", []) if e["batch_size"] > 1})
+    if sizes:
+        picks = []
+        for size in sizes:
+            best = max((e for e in table["batches"] if e["batch_size"] == size), key=lambda e: e["speedup"])
+            picks.append(f"`{best['drafter']}` from batch size {size} ({best['speedup']:.2f}x plain decoding's throughput there)")
+        machine = (table.get("batches_measured") or {}).get("machine", table["machine"])
+        text += f" In batches it picks {', '.join(picks)}, measured on {describe_machine(machine)}."
     return text
 
 
@@ -268,6 +276,26 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
     best = max(table["drafters"], key=lambda e: e["speedup"])
     return best, (f"auto: highest measured speedup ({best['speedup']:.2f}x on {describe_machine(table['machine'])}) "
                   f"in {DRAFTERS_FILE}")
+
+
+def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int) -> tuple[str, int | None, str] | None:
+    """drafter="auto" for a batch: the method with the highest measured throughput at the largest
+    batch size <= ``batch_size`` of the drafters file's ``"batches"`` table (written by
+    ``mmspec bench caption --batch-sizes ... --write-drafters-file``), which may be "ar".
+
+    Returns:
+        (spec, num_draft_tokens or None, reason), or None when the file measured no such batch size.
+    """
+    table = read_auto_table(model_dir) if model_dir is not None else None
+    entries = [e for e in (table or {}).get("batches", []) if e.get("batch_size", batch_size + 1) <= batch_size]
+    if not entries:
+        return None
+    size = max(e["batch_size"] for e in entries)
+    best = max((e for e in entries if e["batch_size"] == size), key=lambda e: e["speedup"])
+    machine = (table.get("batches_measured") or {}).get("machine", table["machine"])
+    reason = (f"auto for batch size {batch_size}: highest measured throughput at batch size {size} ({best['speedup']:.2f}x "
+              f"plain decoding's there, on {describe_machine(machine)}) in {DRAFTERS_FILE}")
+    return best["drafter"], best.get("num_draft_tokens"), reason
 
 
 class ImageCaptioningPipeline:
@@ -332,7 +360,9 @@ class ImageCaptioningPipeline:
         self.image_tokens = image_token_strings(self.processor, self.target.image_token_id)
         eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
         self.eos_token_ids = [t for t in eos if t is not None]
+        self.auto = isinstance(drafter, str) and drafter == "auto"
         self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
+        self._batch_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per measured batch choice
         # a model the pipeline loaded (a loaded one passed in is the caller's: mmspec.optimize(model) does it)
         self.optimization = optimize_components(self.model, self.drafter) if optimize and not isinstance(model, nn.Module) else None
         self._warmed_up = False
@@ -387,6 +417,22 @@ class ImageCaptioningPipeline:
         elif isinstance(drafter, nn.Module):
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
         return resolve_drafter(drafter, self.target, num_draft_tokens), name, reason
+
+    def batch_drafter(self, batch_size: int) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
+        fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
+        measured one."""
+        choice = choose_batch_drafter(self.model_dir, batch_size) if self.auto and batch_size > 1 else None
+        if choice is None:
+            return self.drafter, self.chosen_drafter, self.drafter_reason
+        spec, k, reason = choice
+        if (spec, k) not in self._batch_drafters:
+            drafter, name, _ = self.resolve_drafter(spec, k)
+            if self.optimization is not None:
+                optimize_components(drafter)
+            self._batch_drafters[spec, k] = drafter, name
+        drafter, name = self._batch_drafters[spec, k]
+        return drafter, name, reason
 
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
@@ -452,7 +498,9 @@ class ImageCaptioningPipeline:
                 is the one batch size 1 gives (same tokens, same seed), its ``stats`` are its own
                 row's (``wall_time_s``: until the row finished; ``config["batch_wall_time_s"]``:
                 the batch's). Tree drafters draft their chain form in a batch (EAGLE-2 -> EAGLE,
-                Medusa / Hydra -> the top-1 chain); layer-skip and Kangaroo need batch size 1.
+                Medusa / Hydra -> the top-1 chain). With drafter="auto" and a drafters file that
+                measured batches, a batch uses the fastest method measured at the largest batch size
+                <= its size, plain decoding included (``stats.config["drafter_choice"]`` says so).
         Returns:
             A CaptionOutput, or a list of them (one per image, same order) for a list input.
         Raises:
@@ -473,10 +521,11 @@ class ImageCaptioningPipeline:
 
     def _caption_batch(self, images: Sequence[ImageInput], prompt: str, compare_baseline: bool, kwargs: dict) -> list[CaptionOutput]:
         rows = [self.preprocess(image, prompt) for image in images]  # every image checked before decoding
+        drafter, drafter_name, reason = self.batch_drafter(len(rows))
         if compare_baseline and not self._warmed_up:
-            generate_rows(self.target, rows[:2], drafter=self.drafter, **{**kwargs, "max_new_tokens": 4})
+            generate_rows(self.target, rows[:2], drafter=drafter, **{**kwargs, "max_new_tokens": 4})
             self._warmed_up = True
-        out = generate_rows(self.target, rows, drafter=self.drafter, **kwargs)
+        out = generate_rows(self.target, rows, drafter=drafter, **kwargs)
         baseline = generate_rows(self.target, rows, drafter=None, **kwargs) if compare_baseline else None
         width = max(row["input_ids"].shape[1] for row in rows)
 
@@ -487,8 +536,7 @@ class ImageCaptioningPipeline:
             return [(output.sequences[b : b + 1, : width + s.new_tokens], s) for b, s in enumerate(output.row_stats)]
 
         method_rows = rows_of(out)
-        results = [CaptionOutput(text=self._decode(tokens, width), prompt=prompt,
-                                 stats=self._annotate(stats, self.chosen_drafter, self.drafter_reason))
+        results = [CaptionOutput(text=self._decode(tokens, width), prompt=prompt, stats=self._annotate(stats, drafter_name, reason))
                    for tokens, stats in method_rows]
         if baseline is not None:
             for result, (tokens, _), (base_tokens, base_stats) in zip(results, method_rows, rows_of(baseline)):
