@@ -117,6 +117,8 @@ def generate(
         num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
+        if on_step is not None:
+            raise ValueError("on_step follows one sequence; for a batch, pass on_row_done to mmspec.api.generate_rows")
         return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id, padded_like=model_inputs)

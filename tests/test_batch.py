@@ -175,6 +175,7 @@ def test_split_rows_strips_left_padding():
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])}, "right-padded"),
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "pixel_values": torch.zeros(3, 4)}, "one entry per prompt"),
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 4)}, "attention_mask has shape"),
+        ({"input_ids": torch.ones(2, 3, dtype=torch.long), "on_step": print}, "on_row_done"),
     ],
 )
 def test_bad_batches(tiny, inputs, match):
