@@ -25,6 +25,7 @@ from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..modeling.heads import KangarooAdapter
+from .layer_skip import draft_rows_through_target_cache
 from .shipped import shipped_drafter_dir
 from .vocab import DraftLMHead, load_draft_vocabulary
 
@@ -110,41 +111,29 @@ class KangarooDrafter(Drafter):
     @classmethod
     def propose_rows(cls, drafters: list["KangarooDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
         """Every row of a batch drafts at once: one shallow forward over [B, 1] per draft token
-        through the shared cache's first l layers, then each drafting row's own adapter (its own
-        cache), LM head and generator, exactly as :meth:`propose`; a row stops at its own budget or
-        when its draft's top-1 probability falls below ``stop_threshold``."""
-        first = drafters[0]
-        lengths = {p: min(d.num_draft_tokens, budget) for d, p, budget in zip(drafters, positions, budgets)}
+        through the shared cache's first l layers (:func:`draft_rows_through_target_cache`), then
+        each drafting row's own adapter (its own cache), LM head and generator, exactly as
+        :meth:`propose`; a row stops at its budget or when its top-1 probability is below ``stop_threshold``."""
         for d in drafters:
             if d.states.shape[1]:
                 d._adapt(d.states)  # committed shallow states enter each row's adapter cache
                 d.states = d.states[:, :0]
-        committed = state.cache.get_seq_length()
-        target_cache = layer_prefix_view(state.cache, first.exit_layer)
-        token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
-        picked: dict[int, list] = {p: [] for p in positions}
-        drafting = set(positions)
-        for step in range(max(lengths.values())):
-            mask = state.attention_mask(step + 1)
-            shallow = first.shallow(input_ids=token, past_key_values=target_cache, attention_mask=mask, use_cache=True,
-                                    position_ids=state.position_ids(1) + step).last_hidden_state  # [B, 1, H]
-            token = token.clone()
-            for d, p in zip(drafters, positions):
-                if p not in drafting or step >= lengths[p]:
-                    continue
-                logits = d.lm_head(d._adapt(shallow[p : p + 1])[:, -1])
+
+        def next_tokens(shallow: torch.Tensor, drafting: list[int]) -> list[tuple]:
+            picks = []
+            for i in drafting:
+                d = drafters[i]
+                logits = d.lm_head(d._adapt(shallow[positions[i] : positions[i] + 1])[:, -1])
                 d.forwards += 1
-                choice, q = d.lm_head.pick(d, logits)
-                token[p, 0] = choice[0]
-                picked[p].append((choice.view(1, 1), q))
-                if torch.softmax(logits.float(), -1).max() < d.stop_threshold:
-                    drafting.discard(p)
-        crop_cache(target_cache, committed)  # the target's first layers are back to the committed slots
+                picks.append((*d.lm_head.pick(d, logits), bool(torch.softmax(logits.float(), -1).max() < d.stop_threshold)))
+            return picks
+
+        lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        drafts = draft_rows_through_target_cache(state, positions, lengths, drafters[0].exit_layer, drafters[0].shallow,
+                                                 next_tokens)
         for d, p in zip(drafters, positions):
-            crop_cache(d.cache, state.rows[p].length - 1)
-        return [Draft(tokens=torch.cat([t for t, _ in picked[p]], dim=1),
-                      probs=torch.stack([q for _, q in picked[p]], dim=1) if picked[p][0][1] is not None else None)
-                for p in positions]
+            crop_cache(d.cache, state.rows[p].length - 1)  # each adapter cache back to its row's committed states
+        return drafts
 
     def describe(self) -> dict:
         return {**super().describe(), "exit_layer": self.exit_layer, "stop_threshold": self.stop_threshold,

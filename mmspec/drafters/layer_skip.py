@@ -62,32 +62,60 @@ class LayerSkipDrafter(Drafter):
 
     @classmethod
     def propose_rows(cls, drafters: list["LayerSkipDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
-        """Every row of a batch drafts through the shared cache's first N layers at once: one
-        truncated forward over [B, 1] per draft token (the rows' attention masks and positions as
-        in verification); row ``positions[i]`` takes ``min(K, budgets[i])`` tokens, drawn with its
-        own generator exactly as :meth:`propose` draws them, and the others' outputs are ignored."""
+        """Every row of a batch drafts through the shared cache's first N layers at once
+        (:func:`draft_rows_through_target_cache`): the LM head over the drafting rows, then each
+        row's own pick (its generator), exactly as :meth:`propose` draws."""
         first = drafters[0]
-        lengths = {p: min(d.num_draft_tokens, budget) for d, p, budget in zip(drafters, positions, budgets)}
-        committed = state.cache.get_seq_length()
-        cache = layer_prefix_view(state.cache, first.num_layers)
-        token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
-        picked: dict[int, list] = {p: [] for p in positions}
-        for step in range(max(lengths.values())):
-            mask = state.attention_mask(step + 1)
-            hidden = first.decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
-                                   position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
-            logits = first.lm_head(hidden[:, -1])  # [B, V]
-            token = token.clone()
-            for d, p in zip(drafters, positions):
-                if step < lengths[p]:
-                    d.forwards += 1
-                    choice, q = d._pick(logits[p : p + 1])
-                    token[p, 0] = choice[0]
-                    picked[p].append((choice.view(1, 1), q))
-        crop_cache(cache, committed)  # the target's first N layers are back to the committed slots
-        return [Draft(tokens=torch.cat([t for t, _ in picked[p]], dim=1),
-                      probs=torch.stack([q for _, q in picked[p]], dim=1) if picked[p][0][1] is not None else None)
-                for p in positions]
+
+        def next_tokens(hidden: torch.Tensor, drafting: list[int]) -> list[tuple]:
+            logits = first.lm_head(hidden[[positions[i] for i in drafting], -1])  # [drafting rows, V]
+            picks = []
+            for row, i in enumerate(drafting):
+                drafters[i].forwards += 1
+                picks.append((*drafters[i]._pick(logits[row : row + 1]), False))
+            return picks
+
+        lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        return draft_rows_through_target_cache(state, positions, lengths, first.num_layers, first.decoder, next_tokens)
 
     def describe(self) -> dict:
         return {**super().describe(), "num_layers": self.num_layers}
+
+
+def draft_rows_through_target_cache(state, positions: list[int], lengths: list[int], num_layers: int, decoder,
+                                    next_tokens) -> list[Draft]:
+    """Self-speculative drafting for the rows of a batch (:class:`~mmspec.core.batch.BatchState`)
+    through the target's own first ``num_layers`` cache layers: one ``decoder`` forward over [B, 1]
+    per draft token with the rows' attention masks and positions, appended to those layers and
+    cropped off at the end.
+
+    Args:
+        positions, lengths: the drafting rows and the most tokens each may draft.
+        next_tokens: (hidden [B, 1, H], indices i into ``positions`` of the rows still drafting) ->
+            for each, (token [1], its draft distribution [1, V] or None, whether the row stops here).
+            Rows not drafting get their previous token again; their outputs are ignored.
+    Returns:
+        One Draft per row of ``positions``.
+    """
+    committed = state.cache.get_seq_length()
+    cache = layer_prefix_view(state.cache, num_layers)
+    token = torch.stack([row.tokens[0, -1:] for row in state.rows])  # [B, 1]
+    picked: list[list] = [[] for _ in positions]
+    drafting = list(range(len(positions)))
+    for step in range(max(lengths)):
+        drafting = [i for i in drafting if step < lengths[i]]
+        if not drafting:
+            break
+        hidden = decoder(input_ids=token, past_key_values=cache, attention_mask=state.attention_mask(step + 1),
+                         position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
+        token = token.clone()
+        stopped = set()
+        for i, (choice, q, stop) in zip(drafting, next_tokens(hidden, drafting)):
+            token[positions[i], 0] = choice[0]
+            picked[i].append((choice.view(1, 1), q))
+            if stop:
+                stopped.add(i)
+        drafting = [i for i in drafting if i not in stopped]
+    crop_cache(cache, committed)  # the target's first layers are back to the committed slots
+    return [Draft(tokens=torch.cat([t for t, _ in rows], dim=1),
+                  probs=torch.stack([q for _, q in rows], dim=1) if rows[0][1] is not None else None) for rows in picked]
