@@ -190,3 +190,41 @@ def test_tree_drafters_draft_their_chain_in_a_batch(tiny):
     width = tiny.model.get_output_embeddings().weight.shape[1]
     medusa = MedusaDrafter(tiny.model, DraftHeads(width, num_heads=4, kind="medusa")).for_batch()
     assert medusa.paths == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("name", ["eagle", "layer-skip", "kangaroo"])
+def test_batched_drafting_equals_row_by_row_drafting(tiny, prompts, name):
+    """The drafters that draft all rows in one forward per token (Drafter.propose_rows overrides)
+    give each row the tokens and draft distributions its own propose() gives, sampled."""
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.rules import resolve_rule
+    from mmspec.core.sampling import SamplingConfig
+
+    resolved = mmspec.drafters.resolve_drafter(_drafter(tiny.model, name), TransformersTarget(tiny.model), 4)
+    if name == "eagle":  # a sharper head: drafts that move with any error in positions or masks
+        with torch.no_grad():
+            for p in resolved.head.parameters():
+                p.mul_(3.0)
+    target = TransformersTarget(tiny.model)
+    sampling = SamplingConfig(do_sample=True, temperature=0.7)
+    rows = [{"input_ids": p[None]} for p in prompts]
+    hidden_layer = resolved.target_hidden_layer if resolved.requires_target_hidden else None
+    with torch.inference_mode():
+        state, outputs = target.prefill_rows(rows, hidden_layer=hidden_layer)
+        singles = [target.prefill(r, hidden_layer=hidden_layer) for r in rows]
+        batch_drafters, row_drafters = [], []
+        for b, (row, out) in enumerate(zip(state.rows, outputs)):
+            row.tokens = torch.cat([row.tokens, torch.tensor([[9]])], dim=1)
+            singles[b][0].tokens = row.tokens.clone()
+            for group, view in ((batch_drafters, row), (row_drafters, singles[b][0])):
+                d = copy.copy(resolved).for_batch()
+                d.start(DraftContext(target, sampling, torch.Generator().manual_seed(b), rows[b], resolve_rule(None, sampling)), view)
+                if d.requires_target_hidden:
+                    d.on_verified(0, 0, out)
+                group.append(d)
+        budgets = [4, 2, 4, 3, 1]
+        batched = type(resolved).propose_rows(batch_drafters, state, list(range(len(rows))), budgets)
+        for b, (d, (single, _)) in enumerate(zip(row_drafters, singles)):
+            own = d.propose(single, budgets[b])
+            assert torch.equal(batched[b].tokens, own.tokens), (name, b)
+            torch.testing.assert_close(batched[b].probs, own.probs, rtol=1e-4, atol=1e-6)

@@ -174,10 +174,12 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
             layer.cumulative_length = layer.keys.shape[-2]
 
 
-def batch_layers(cache: Cache) -> list[PreallocatedLayer]:
+def batch_layers(cache: Cache, stacked: bool = True) -> list[DynamicLayer]:
     """The layers of a cache batched decoding can hold rows of: all full-attention
-    (:class:`PreallocatedLayer`); ValueError for anything else (sliding windows, static caches)."""
-    kinds = {type(layer).__name__ for layer in cache.layers if not isinstance(layer, PreallocatedLayer)}
+    (:class:`PreallocatedLayer`; with ``stacked=False``, a cache to stack, any full-attention
+    ``DynamicLayer``); ValueError for anything else (sliding windows, static caches)."""
+    kinds = {type(layer).__name__ for layer in cache.layers
+             if not (isinstance(layer, PreallocatedLayer) or not stacked and type(layer) is DynamicLayer)}
     if kinds:
         raise ValueError(f"batched decoding needs full-attention cache layers; this model has {', '.join(sorted(kinds))} "
                          "(sliding-window attention): decode it with batch size 1")
@@ -196,7 +198,7 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
         which slots hold each cache row's entries (its last n_b, less its own padding; the pad slots
         before them are zeros).
     """
-    per_cache = [batch_layers(cache) for cache in caches]
+    per_cache = [batch_layers(cache, stacked=False) for cache in caches]
     lengths = [cache.get_seq_length() for cache in caches]
     width = max(lengths)
     layers = []

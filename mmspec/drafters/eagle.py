@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder
-from ..core.cache import SequenceState, crop_cache
+from ..core.cache import SequenceState, crop_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
@@ -126,6 +126,40 @@ class EagleDrafter(Drafter):
                 self.forwards += 1
         crop_cache(self.cache, self.head_cache_length)  # the drafted pairs are not committed
         return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+
+    @classmethod
+    def propose_rows(cls, drafters: list["EagleDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
+        """The rows of a batch draft together: each row feeds its committed pairs to its own head
+        cache (:meth:`_catch_up`, ragged), then every further draft token is one head forward over
+        all drafting rows, on a stacked copy of their head caches (a 2-D mask over its slots, each
+        row at its own positions), and one draft LM head over them; each row picks with its own
+        generator, as :meth:`propose` does. Image heads (their own attention) go row by row."""
+        if not isinstance(drafters[0].head, EagleHead):
+            return super().propose_rows(drafters, state, positions, budgets)
+        lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        predicted = torch.cat([d._catch_up(state.rows[p]) for d, p in zip(drafters, positions)])  # [n, 1, H]
+        first = drafters[0]
+        cache, valid = stack_caches([d.cache for d in drafters])
+        valid = valid.to(predicted.device)
+        starts = torch.tensor([[d.fed + 1 - d.position_base] for d in drafters], device=predicted.device)
+        picked: list[list] = [[] for _ in drafters]
+        drafting = list(range(len(drafters)))
+        tokens = torch.zeros(len(drafters), 1, dtype=torch.long, device=predicted.device)
+        for i in range(max(lengths)):
+            drafting = [j for j in drafting if i < lengths[j]]
+            logits = first._draft_logits(predicted[drafting, -1:].transpose(0, 1))  # [drafting rows, N]
+            for row, j in enumerate(drafting):
+                choice, q = drafters[j].lm_head.pick(drafters[j], logits[row : row + 1])
+                picked[j].append((choice.view(1, 1), q))
+                tokens[j, 0] = choice[0]
+            if not any(i + 1 < lengths[j] for j in drafting):
+                break
+            mask = torch.cat([valid, valid.new_ones(len(drafters), i + 1)], dim=1).long()
+            predicted = first.head(predicted, first.embed(tokens), cache, starts + i, mask)
+            for j in drafting:
+                drafters[j].forwards += i + 1 < lengths[j]
+        return [Draft(tokens=torch.cat([t for t, _ in rows], dim=1),
+                      probs=torch.stack([q for _, q in rows], dim=1) if rows[0][1] is not None else None) for rows in picked]
 
     def describe(self) -> dict:
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size}
