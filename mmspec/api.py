@@ -111,17 +111,15 @@ def generate(
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
-    adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
-    max_new_tokens = _count("max_new_tokens", max_new_tokens)
-    if num_draft_tokens is not None:
-        num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
+    adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
         if on_step is not None:
             raise ValueError("on_step follows one sequence; for a batch, pass on_row_done to mmspec.api.generate_rows")
         return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
-                             num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id, padded_like=model_inputs)
+                             num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id,
+                             padded_prompts=model_inputs["input_ids"])
     check_target_inputs(adapter, model_inputs, max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     eos = stop_tokens(adapter, eos_token_id)
@@ -140,6 +138,14 @@ def generate(
             on_step=on_step,
         )
     return GenerateOutput(sequences=state.tokens, stats=stats)
+
+
+def _prepare(target, max_new_tokens: Any, num_draft_tokens: Any) -> tuple[Any, int, int | None]:
+    """The call's target adapter and its checked counts (ValueError for a count that is not a
+    positive integer)."""
+    adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
+    return (adapter, _count("max_new_tokens", max_new_tokens),
+            None if num_draft_tokens is None else _count("num_draft_tokens", num_draft_tokens))
 
 
 def check_target_inputs(adapter, model_inputs: dict[str, Any], max_new_tokens: int) -> None:
@@ -207,7 +213,7 @@ def generate_rows(
     num_draft_tokens: int | None = None,
     eos_token_id: int | list[int] | None = None,
     on_row_done: Callable | None = None,
-    padded_like: dict[str, Any] | None = None,
+    padded_prompts: torch.Tensor | None = None,
 ) -> GenerateOutput:
     """Batched speculative decoding of B prompts (:func:`mmspec.core.batch.batched_decode`).
 
@@ -219,16 +225,13 @@ def generate_rows(
 
     Args:
         on_row_done: called with each row's :class:`~mmspec.core.batch.RowResult` as it finishes.
-        padded_like: the left-padded batch the rows came from: ``sequences`` then keeps its
-            layout ([B, L + max new]); without it, rows are left-padded to the longest.
+        padded_prompts: the left-padded input_ids [B, L] the rows came from: ``sequences`` then
+            keeps their layout ([B, L + max new]); without them, rows are left-padded to the longest.
     Returns:
         GenerateOutput: ``sequences`` [B, L + max new] (right-padded with the model's pad token),
         ``stats`` the batch's totals (its tokens_per_second is the throughput), ``row_stats``.
     """
-    adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
-    max_new_tokens = _count("max_new_tokens", max_new_tokens)
-    if num_draft_tokens is not None:
-        num_draft_tokens = _count("num_draft_tokens", num_draft_tokens)
+    adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     if not rows:
         raise ValueError("no prompts given")
     for row in rows:
@@ -251,7 +254,7 @@ def generate_rows(
     pad = getattr(getattr(adapter, "model", None), "generation_config", None)
     pad = getattr(pad, "pad_token_id", None)
     pad = int(pad if pad is not None else (eos[0] if eos else 0))
-    prompts = padded_like["input_ids"] if padded_like is not None else [r.tokens[0, : r.prompt_length] for r in results]
+    prompts = padded_prompts if padded_prompts is not None else [r.tokens[0, : r.prompt_length] for r in results]
     width = max(len(prompt) for prompt in prompts)
     new = [r.tokens[0, r.prompt_length :] for r in results]
     sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)

@@ -214,38 +214,31 @@ class TransformersTarget:
             prefix = state.cache_length
             attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
             position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
-        # One token: the model's own forward (what plain AR decoding runs). Several: the base
-        # model, then the LM head in the layout that is fast for few rows (_project), when the
-        # first prefill showed it gives the model's logits.
-        several = tokens.shape[1] > 1 and self.own_lm_head
-        out = (self.model.base_model if several else self.model)(
-            input_ids=tokens,
-            past_key_values=state.cache,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            output_hidden_states=hidden_layer is not None,
-        )
-        logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
-        return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
+        return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
         """Prefill B prompts (each as :meth:`prefill` takes it), one at a time, and stack their
-        caches into one batch (:class:`~mmspec.core.batch.BatchState`); each row's TargetOutput."""
-        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
-        return BatchState.stack(states, self.device), list(outputs)
+        caches into one batch (:meth:`BatchState.prefill`); each row's TargetOutput."""
+        return BatchState.prefill(self, rows, hidden_layer)
 
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).
 
         Rows see only their own valid cache slots (a 2-D attention mask) at their own positions.
         """
+        n = tokens.shape[1]
+        return self._run(tokens.to(self.device), state.cache, state.attention_mask(n), state.position_ids(n), hidden_layer)
+
+    def _run(self, tokens: torch.Tensor, cache, attention_mask, position_ids: torch.Tensor, hidden_layer: int | None) -> TargetOutput:
+        """One forward appending ``tokens`` [B, n] to ``cache``. One token: the model's own forward
+        (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
+        is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
         out = (self.model.base_model if several else self.model)(
-            input_ids=tokens.to(self.device),
-            past_key_values=state.cache,
-            attention_mask=state.attention_mask(tokens.shape[1]),
-            position_ids=state.position_ids(tokens.shape[1]),
+            input_ids=tokens,
+            past_key_values=cache,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
             use_cache=True,
             output_hidden_states=hidden_layer is not None,
         )

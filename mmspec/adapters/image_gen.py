@@ -168,7 +168,6 @@ class GuidedImageTarget:
                                               hidden_layer is not None)
         return TargetOutput(self._guide(logits, state.guidance_scale), hidden)
 
-
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
         """Prefill B prompts one at a time and stack them (each sequence's R = 1 or 2 guided cache
         rows kept together): see :class:`~mmspec.core.batch.BatchState`. Every prompt must use
@@ -176,8 +175,7 @@ class GuidedImageTarget:
         scales = {inputs.get("guidance_scale") for inputs in rows}
         if len(scales) > 1:
             raise ValueError(f"a batch shares one guidance_scale, got {sorted(scales, key=str)}")
-        states, outputs = zip(*(self.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
-        return BatchState.stack(states, self.device), list(outputs)
+        return BatchState.prefill(self, rows, hidden_layer)
 
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append image tokens [B, n] to every sequence (both guided rows); guided logits [B, n, V],

@@ -17,7 +17,6 @@ draft tokens.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import statistics
@@ -28,7 +27,7 @@ import torch
 
 from ..api import generate
 from .results import add_device_args, machine_info, save_results
-from .throughput import measure_throughput, parse_batch_sizes, render_throughput, summarise_throughput
+from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
 
@@ -166,24 +165,16 @@ def run(args) -> int:
 def run_throughput(args, results: dict, results_path: Path, pipe, drafters: dict, items: list, batch_sizes: list[int],
                    temperatures: list[float]) -> int:
     """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the benchmark's items."""
-    for drafter in drafters.values():  # a drafter that needs batch size 1 says so before anything runs
-        if drafter is not None:
-            copy.copy(drafter).for_batch()
     rows = [pipe.preprocess(image, prompt) for _, _, image, prompt in items]
-    runs = results.setdefault("throughput", {})
     settings = {f"{t:g}": dict(do_sample=t > 0, temperature=t or 1.0, eos_token_id=pipe.eos_token_ids) for t in temperatures}
-    measure_throughput(pipe.target, rows, {m: {"drafter": d} for m, d in drafters.items()}, batch_sizes, settings,
-                       args.repeats, args.max_new_tokens, runs, lambda: save_results(results_path, results))
     methods = list(drafters)
-    summary = summarise_throughput(runs, methods, batch_sizes, list(settings), args.repeats)
-    results["throughput_summary"] = summary
-    save_results(results_path, results)
+    summary, tables = throughput_tables(pipe.target, rows, {m: {"drafter": d} for m, d in drafters.items()}, batch_sizes,
+                                        settings, args.repeats, args.max_new_tokens, results, results_path, results["meta"])
     if args.write_drafters_file:
         from ..pipelines.captioning import describe_auto_table
 
         path = write_batch_table(pipe.model_dir, summary, methods, results["meta"])
         print(f"wrote the batches of {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
-    tables = render_throughput(summary, methods, results["meta"])
     if args.markdown:
         Path(args.markdown).write_text(tables)
     print(json.dumps(summary, indent=1) if args.json else tables)

@@ -23,7 +23,7 @@ import torch
 from ..pipelines.t2i_components import T2IComponents
 from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
 from .results import add_device_args, machine_info, save_results
-from .throughput import measure_throughput, parse_batch_sizes, render_throughput, summarise_throughput
+from .throughput import parse_batch_sizes, throughput_tables
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
 #: a continuous-token (MAR) model's: one token per step, MAR's own parallel decoding, CSpD
@@ -135,23 +135,13 @@ def run(args: argparse.Namespace) -> int:
 def run_throughput(args, results: dict, path: Path, components, methods: dict, prompt_inputs: list, batch_sizes: list[int]) -> int:
     """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the prompts (each row one prompt,
     guided, sampled at the benchmark's temperature and top-k)."""
-    options = {}
-    for spec, method in methods.items():
-        drafter = method.build_drafter(components)
-        if drafter is not None:  # a drafter that needs batch size 1 says so before anything runs
-            drafter.for_batch()
-        options[spec] = {"drafter": drafter, "acceptance": method.rule, "rule_kwargs": method.rule_kwargs(components)}
+    options = {spec: {"drafter": method.build_drafter(components), "acceptance": method.rule,
+                      "rule_kwargs": method.rule_kwargs(components)} for spec, method in methods.items()}
     rows = [{**inputs, "guidance_scale": args.guidance_scale} for inputs in prompt_inputs]
-    label = f"{args.temperature:g}"
-    settings = {label: dict(do_sample=True, temperature=args.temperature, top_k=args.top_k)}
-    runs = results.setdefault("throughput", {})
-    with torch.inference_mode():
-        measure_throughput(components.target, rows, options, batch_sizes, settings, args.rounds,
-                           components.target.num_image_tokens, runs, lambda: save_results(path, results))
-    summary = summarise_throughput(runs, list(methods), batch_sizes, [label], args.rounds)
-    results["throughput_summary"] = summary
-    save_results(path, results)
-    table = render_throughput(summary, list(methods), {"model": args.model or "embedded text-to-image model (models/t2i)", **results["meta"]})
+    settings = {f"{args.temperature:g}": dict(do_sample=True, temperature=args.temperature, top_k=args.top_k)}
+    meta = {"model": args.model or "embedded text-to-image model (models/t2i)", **results["meta"]}
+    _, table = throughput_tables(components.target, rows, options, batch_sizes, settings, args.rounds,
+                                 components.target.num_image_tokens, results, path, meta)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")

@@ -14,11 +14,13 @@ drafting was using for free at B = 1.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 from typing import Any, Callable
 
 from ..api import generate_rows
+from .results import save_results
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -72,6 +74,25 @@ def measure_throughput(
                     save()
                     print(f"{key}: {seconds:.2f}s, {len(rows) / seconds:.2f} items/s, {tokens / seconds:.1f} tok/s",
                           file=sys.stderr, flush=True)
+
+
+def throughput_tables(target, rows: list[dict[str, Any]], methods: dict[str, dict[str, Any]], batch_sizes: list[int],
+                      settings: dict[str, dict[str, Any]], repeats: int, max_new_tokens: int, results: dict, path,
+                      meta: dict) -> tuple[dict, str]:
+    """A benchmark's ``--batch-sizes`` run: check every method's drafter can run in a batch (one
+    error line before anything is measured), :func:`measure_throughput` into ``results["throughput"]``
+    (saved to ``path`` after each pass), then the summary (stored as ``results["throughput_summary"]``)
+    and its Markdown tables (:func:`render_throughput` with ``meta``)."""
+    for options in methods.values():
+        if options.get("drafter") is not None:
+            copy.copy(options["drafter"]).for_batch()
+    runs = results.setdefault("throughput", {})
+    measure_throughput(target, rows, methods, batch_sizes, settings, repeats, max_new_tokens, runs,
+                       lambda: save_results(path, results))
+    summary = summarise_throughput(runs, list(methods), batch_sizes, list(settings), repeats)
+    results["throughput_summary"] = summary
+    save_results(path, results)
+    return summary, render_throughput(summary, list(methods), meta)
 
 
 def summarise_throughput(runs: dict[str, dict], methods: list[str], batch_sizes: list[int], labels: list[str],

@@ -72,6 +72,13 @@ class BatchState:
         self.ids = list(range(len(rows)))
 
     @classmethod
+    def prefill(cls, target, rows: Sequence[dict[str, Any]], hidden_layer: int | None = None) -> tuple["BatchState", list[TargetOutput]]:
+        """Prefill each prompt with the target's own batch-1 ``prefill`` and stack the states: the
+        batch and each row's TargetOutput ([1, 1, V])."""
+        states, outputs = zip(*(target.prefill(inputs, hidden_layer=hidden_layer) for inputs in rows))
+        return cls.stack(states, target.device), list(outputs)
+
+    @classmethod
     def stack(cls, states: Sequence[SequenceState], device: torch.device) -> "BatchState":
         """B one-row states (each after its own prefill) -> one batch (their caches left-padded)."""
         cache, valid = stack_caches([s.cache for s in states], [s.row_padding for s in states])

@@ -49,6 +49,12 @@ class Draft:
         probs = None if tree.probs is None else tree.probs.unsqueeze(0)
         return cls(tokens=tree.tokens.unsqueeze(0), probs=probs, tree=tree)
 
+    @classmethod
+    def chain(cls, tokens: list[torch.Tensor], probs: list[torch.Tensor | None]) -> "Draft":
+        """A linear draft from its tokens drafted one by one ([1, 1] each) and the distributions
+        they were drawn from ([1, V] each, or None each for a deterministic draft)."""
+        return cls(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+
     @property
     def length(self) -> int:
         """Tokens drafted (nodes, for a tree)."""

@@ -125,7 +125,7 @@ class EagleDrafter(Drafter):
                 predicted = self._step(predicted, tokens[-1], self.fed + 1 + i)
                 self.forwards += 1
         crop_cache(self.cache, self.head_cache_length)  # the drafted pairs are not committed
-        return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+        return Draft.chain(tokens, probs)
 
     @classmethod
     def propose_rows(cls, drafters: list["EagleDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
@@ -158,8 +158,7 @@ class EagleDrafter(Drafter):
             predicted = first.head(predicted, first.embed(tokens), cache, starts + i, mask)
             for j in drafting:
                 drafters[j].forwards += i + 1 < lengths[j]
-        return [Draft(tokens=torch.cat([t for t, _ in rows], dim=1),
-                      probs=torch.stack([q for _, q in rows], dim=1) if rows[0][1] is not None else None) for rows in picked]
+        return [Draft.chain(*zip(*rows)) for rows in picked]
 
     def describe(self) -> dict:
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size}

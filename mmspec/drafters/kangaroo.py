@@ -106,7 +106,7 @@ class KangarooDrafter(Drafter):
                 break
         crop_cache(target_cache, committed)  # the target's first layers are back to the committed prefix
         crop_cache(self.cache, committed)
-        return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
+        return Draft.chain(tokens, probs)
 
     @classmethod
     def propose_rows(cls, drafters: list["KangarooDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:

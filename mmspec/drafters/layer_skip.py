@@ -55,10 +55,7 @@ class LayerSkipDrafter(Drafter):
             tokens.append(token)
             probs.append(q)
         crop_cache(cache, committed)  # the target's first N layers are back to the committed prefix
-        return Draft(
-            tokens=torch.cat(tokens, dim=1),
-            probs=torch.stack(probs, dim=1) if probs[0] is not None else None,
-        )
+        return Draft.chain(tokens, probs)
 
     @classmethod
     def propose_rows(cls, drafters: list["LayerSkipDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
@@ -117,5 +114,4 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
                 stopped.add(i)
         drafting = [i for i in drafting if i not in stopped]
     crop_cache(cache, committed)  # the target's first layers are back to the committed slots
-    return [Draft(tokens=torch.cat([t for t, _ in rows], dim=1),
-                  probs=torch.stack([q for _, q in rows], dim=1) if rows[0][1] is not None else None) for rows in picked]
+    return [Draft.chain(*zip(*rows)) for rows in picked]
