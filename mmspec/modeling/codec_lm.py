@@ -291,16 +291,24 @@ class CodecLMSteps:
         return embeds.shape[1]
 
     def forward_steps(self, steps, cache, conditioning, want_hidden):
-        embeds = self.model.embed_steps(steps[None])
+        first = cache.get_seq_length() - conditioning["phoneme_ids"].shape[1] - 1  # the step index of steps[0]
+        logits, hidden = self.forward_step_rows(steps[None], [first], cache, [conditioning], want_hidden)
+        return logits[0], hidden[0] if want_hidden else None
+
+    def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
+                          position_ids=None):
+        """B rows of steps at once (batched decoding, :mod:`mmspec.core.batch`): steps [B, n, K],
+        row b's first step index ``first_steps[b]`` and its ``conditionings[b]``, appended after
+        ``cache`` (B rows) under a 2-D ``attention_mask`` [B, C + n] at ``position_ids`` [B, n] ->
+        logits [B, n, K, codebook_size], last hidden states [B, n, D] (or None)."""
+        embeds = self.model.embed_steps(steps)
+        index = torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device)
         if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
-            phonemes = conditioning["phoneme_ids"][0]
-            first = cache.get_seq_length() - phonemes.shape[0] - 1  # the step index of steps[0]
-            index = torch.arange(first, first + steps.shape[0], device=steps.device)
-            durations = conditioning["durations"][0]
-            features = frame_alignment(phonemes, durations, index, self.model.separator)
-            embeds = embeds + self.model.embed_alignment(features[None])
-        logits, hidden = self.model(embeds, past_key_values=cache)
-        logits = logits[0]
+            features = torch.stack([frame_alignment(c["phoneme_ids"][0], c["durations"][0], i, self.model.separator)
+                                    for c, i in zip(conditionings, index)])
+            embeds = embeds + self.model.embed_alignment(features)
+        logits, hidden = self.model(embeds, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids)
         if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
-            logits = end_at(logits, index + 1, int(durations.sum()), self.end_code)
-        return logits, hidden[0] if want_hidden else None
+            logits = torch.stack([end_at(row, i + 1, int(c["durations"].sum()), self.end_code)
+                                  for row, i, c in zip(logits, index, conditionings)])
+        return logits, hidden if want_hidden else None

@@ -21,8 +21,8 @@ import torch
 
 from ..adapters.audio.delay import DelayPatternTarget
 from ..adapters.audio.phonemes import make_phonemizer
-from ..api import GenerateOutput, generate
-from ..core.stats import DictAccess
+from ..api import generate, generate_rows
+from ..core.stats import DictAccess, SpecStats
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
 from ..modeling.fast_linear import OptimizesOnLoad
@@ -214,55 +214,85 @@ class TextToSpeechPipeline:
     def sampling_rate(self) -> int:
         return self.components.codec.sampling_rate
 
-    def _generate(self, method: TTSMethod, inputs: dict[str, torch.Tensor], max_new_tokens: int, seed: int,
-                  sampling: dict[str, Any], progress: Callable[[int], None] | None = None) -> GenerateOutput:
+    def _generate(self, method: TTSMethod, inputs: list[dict[str, torch.Tensor]], max_new_tokens: int, seed: int,
+                  sampling: dict[str, Any], progress: Callable[[int], None] | None = None) -> list[tuple[torch.Tensor, SpecStats]]:
+        """Each generation's new stream sub-tokens and stats: one generation, or a batch of them
+        verified together (:func:`mmspec.api.generate_rows`; each row as its own generation)."""
         c = self.components
-        on_step = None if progress is None else (lambda generated: progress(generated // c.target.num_codebooks))
-        return generate(c.target, drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed,
-                        acceptance=method.rule, rule_kwargs=method.rule_kwargs(c), on_step=on_step, **inputs, **sampling)
+        settings = dict(drafter=method.build_drafter(c), max_new_tokens=max_new_tokens, seed=seed, acceptance=method.rule,
+                        rule_kwargs=method.rule_kwargs(c), **sampling)
+        k = c.target.num_codebooks
+        if len(inputs) == 1:
+            on_step = None if progress is None else (lambda generated: progress(generated // k))
+            out = generate(c.target, on_step=on_step, **settings, **inputs[0])
+            return [(out.sequences[0, k:], out.stats)]
+        out = generate_rows(c.target, inputs, **settings)
+        return [(out.sequences[b, k : k + s.new_tokens], s) for b, s in enumerate(out.row_stats)]
 
-    def __call__(self, text: str, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+    def __call__(self, text: str | list[str], do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
                  compare_baseline: bool = False, method: TTSMethod | None = None,
-                 progress: Callable[[int], None] | None = None) -> TextToSpeechOutput:
-        """Say ``text``. Sampling (temperature 1) is the default, as codec LMs are used. ``speed``
-        scales an aligned model's speaking rate (2.0: twice as fast). ``method`` overrides the
-        pipeline's for this call (the benchmark runs every method on one model). ``progress`` is
-        called with the steps (frames, roughly) generated so far by the method's run.
+                 progress: Callable[[int], None] | None = None,
+                 batch_size: int = 1) -> TextToSpeechOutput | list[TextToSpeechOutput]:
+        """Say ``text``, or each text of a list (one output per text, in order). Sampling
+        (temperature 1) is the default, as codec LMs are used. ``speed`` scales an aligned model's
+        speaking rate (2.0: twice as fast). ``method`` overrides the pipeline's for this call (the
+        benchmark runs every method on one model). ``progress`` is called with the steps (frames,
+        roughly) generated so far by the method's run (batch size 1).
+
+        ``batch_size``: texts of a list decoded together (:mod:`mmspec.core.batch`), each one
+        verified as its own generation: the codes of the text said alone with the same ``seed``
+        (every text gets it). A row's ``stats.wall_time_s`` runs from its batch's start until it
+        finished; with ``compare_baseline``, plain decoding runs the same batches.
 
         Raises:
-            ValueError: empty text, text the front end cannot say, a bad max_seconds or speed.
+            ValueError: empty text, text the front end cannot say, a bad max_seconds, speed or batch_size.
         """
         method = method or self.method
         for name, value in (("max_seconds", max_seconds), ("speed", speed)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
-        inputs = c.model_inputs(text, speed)
-        ids = inputs["phoneme_ids"]
         frames = int(max_seconds * c.codec.frame_rate)
-        if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
-            raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} positions; "
-                             "say a shorter sentence or lower max_seconds")
+        inputs = [c.model_inputs(t, speed) for t in texts]  # every text checked before decoding
+        for ids in (i["phoneme_ids"] for i in inputs):
+            if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
+                raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} "
+                                 "positions; say a shorter sentence or lower max_seconds")
         budget = c.target.stream_length(frames) + 1
         sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-        baseline = None
-        if compare_baseline:
-            self._generate(make_method("ar"), inputs, min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
-            baseline = self._generate(make_method("ar"), inputs, budget, seed, sampling)
-        out = self._generate(method, inputs, budget, seed, sampling, progress)
-        codes = c.target.codes(out.sequences[0, c.target.num_codebooks :])
-        audio = c.waveform(codes)
+        results = []
+        for first in range(0, len(texts), batch_size):
+            chunk = inputs[first : first + batch_size]
+            baseline = None
+            if compare_baseline:
+                self._generate(make_method("ar"), chunk[:1], min(budget, 8 * c.target.num_codebooks), seed, sampling)  # warm-up
+                baseline = self._generate(make_method("ar"), chunk, budget, seed, sampling)
+            runs = self._generate(method, chunk, budget, seed, sampling, progress)
+            for row, (tokens, stats) in enumerate(runs):
+                results.append(self._output(method, texts[first + row], tokens, stats, baseline and baseline[row]))
+        return results[0] if isinstance(text, str) else results
+
+    def _output(self, method: TTSMethod, text: str, tokens: torch.Tensor, s: SpecStats,
+                baseline: tuple[torch.Tensor, SpecStats] | None) -> TextToSpeechOutput:
+        """One generation's stream -> codes, waveform and stats (and the baseline's)."""
+        c = self.components
+        codes = c.target.codes(tokens)
         seconds = codes.shape[1] / c.codec.frame_rate
-        s = out.stats
         stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, "linears": c.linears},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
                                   real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())
-        result = TextToSpeechOutput(text=text, audio=audio, sampling_rate=self.sampling_rate, codes=codes, stats=stats)
+        result = TextToSpeechOutput(text=text, audio=c.waveform(codes), sampling_rate=self.sampling_rate, codes=codes,
+                                    stats=stats)
         if baseline is not None:
-            stats.baseline_wall_time_s = baseline.stats.wall_time_s
-            stats.speedup = baseline.stats.wall_time_s / s.wall_time_s
-            result.baseline_codes = c.target.codes(baseline.sequences[0, c.target.num_codebooks :])
+            stats.baseline_wall_time_s = baseline[1].wall_time_s
+            stats.speedup = baseline[1].wall_time_s / s.wall_time_s
+            result.baseline_codes = c.target.codes(baseline[0])
             result.baseline_audio = c.waveform(result.baseline_codes)
         return result

@@ -35,13 +35,15 @@ commit / rollback and the draft-model drafter work unchanged.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from ...core.cache import SequenceState, crop_cache, make_cache
+from ...core.batch import BatchState
+from ...core.cache import SequenceState, crop_cache, make_cache, stack_caches
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree
 from ...modeling.codec_lm import CodecLMSteps
@@ -91,6 +93,10 @@ class StepModel(Protocol):
         [n, K, codebook_size] of the following steps, and the last hidden states [n, D] when
         ``want_hidden``."""
 
+    # optional, for batched decoding (absent: the target decodes one sequence at a time):
+    # forward_step_rows(steps [B, n, K], first_steps, cache, conditionings, want_hidden, attention_mask,
+    #                   position_ids) -> (logits [B, n, K, codebook_size], hidden [B, n, D] or None)
+
 
 class MusicgenSteps:
     """transformers' ``MusicgenForCausalLM`` (the MusicGen / Parler-TTS decoder), conditioned by
@@ -109,6 +115,9 @@ class MusicgenSteps:
             self.pad_token_id = config.pad_token_id
         self.end_code = None  # MusicGen generates a fixed number of frames
         self.input_names = ("encoder_hidden_states", "encoder_attention_mask")
+
+    #: (its decoder takes no position_ids: a row's positions would follow the shared cache's slots)
+    batch_size_one_reason = "numbers positions by cache slot (its decoder takes no position ids)"
 
     def new_cache(self):
         return EncoderDecoderCache(make_cache(self.model.config), DynamicCache(config=self.model.config))
@@ -260,6 +269,56 @@ class StepCache:
         return self.pattern.kind(step, codebook, frames, ended)
 
 
+class _RowSteps:
+    """One row's share of a batch's model cache, as its :class:`StepCache` sees it: the entries
+    it holds (its prefix and the steps fed). Cropping it releases the row's last slots
+    (:meth:`DelayBatchState.release`)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+
+
+class DelayBatchState(BatchState):
+    """A batch of delay-pattern generations (:meth:`DelayPatternTarget.prefill_rows`).
+
+    Each row keeps its :class:`StepCache` (``rows[b].cache``: its stream, step distributions and
+    delay-pattern positions, read by the step drafters) whose model cache is a :class:`_RowSteps`
+    count; the model's KV cache holds one slot per fed step (and the prefix), shared by the rows,
+    ``valid`` marking each row's. A row whose stream is cropped gives back its last steps' slots.
+    """
+
+    @classmethod
+    def stack(cls, states: Sequence[SequenceState], device: torch.device) -> "DelayBatchState":
+        cache, valid = stack_caches([s.cache.model_cache for s in states])
+        rows = []
+        for s in states:
+            row = copy.copy(s)
+            row.cache = copy.copy(s.cache)
+            row.cache.model_cache = _RowSteps(s.cache.model_cache.get_seq_length())
+            rows.append(row)
+        return cls(rows, cache, valid.to(device))
+
+    def release(self) -> None:
+        """Keep, of each row's valid slots, only the first it still holds (after its stream was cropped)."""
+        held = torch.tensor([row.cache.model_cache.length for row in self.rows], device=self.valid.device)
+        self.valid &= self.valid.cumsum(dim=1) <= held[:, None]
+
+    def commit(self, committed: Sequence[torch.Tensor]) -> None:
+        """After :meth:`DelayPatternTarget.forward_rows` appended n sub-tokens to every row: keep
+        the first m_b (the pending token and the accepted drafts) of row b's, and their steps."""
+        for row, tokens in zip(self.rows, committed):
+            row.cache.crop(row.tokens.shape[1] - 1 + tokens.shape[1] - row.cache.get_seq_length())
+            row.tokens = torch.cat([row.tokens, tokens.to(row.tokens)], dim=1)
+        self.release()
+        self._squeeze()
+
+
 class DelayPatternTarget:
     """A delay-pattern codec LM as the core's :class:`~mmspec.core.target.Target` (module doc).
 
@@ -358,6 +417,54 @@ class DelayPatternTarget:
         self._consume(cache, tokens[0].to(self.device), want_hidden)
         logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden)
         return TargetOutput(logits[None], None if hidden is None else hidden[None])
+
+    @property
+    def batch_size_one_reason(self) -> str | None:
+        """Why this target cannot decode a batch (the step model's reason), or None: the step model
+        runs rows together (``forward_step_rows``)."""
+        if hasattr(self.steps, "forward_step_rows"):
+            return None
+        reason = getattr(self.steps, "batch_size_one_reason", "has no forward_step_rows")
+        return f"over {type(self.model).__name__}, which {reason}"
+
+    def prefill_rows(self, rows: Sequence[dict[str, Any]], hidden_layer: int | None = None) -> tuple[DelayBatchState, list[TargetOutput]]:
+        """Prefill B generations (each as :meth:`prefill` takes its inputs) one at a time and stack
+        them (:class:`DelayBatchState`); each row's TargetOutput."""
+        return DelayBatchState.prefill(self, rows, hidden_layer)
+
+    def forward_rows(self, state: DelayBatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
+        """Append sub-tokens [B, n] to every row's stream; logits [B, n, V] (hidden [B, n, D]).
+
+        Row b's newly completed steps (s_b of them, from 0 to n / K + 1) run in one model forward
+        over [B, max s_b, K], each row attending to its own valid slots at its own positions; the
+        padding steps of shorter rows are never valid.
+        """
+        k, want_hidden = self.num_codebooks, hidden_layer is not None
+        starts, firsts, steps = [], [], []
+        for row, row_tokens in zip(state.rows, tokens.to(self.device)):
+            cache = row.cache
+            starts.append(cache.get_seq_length())
+            cache.append(row_tokens)
+            complete, fed = cache.stream.shape[0] // k, cache.steps_cached
+            firsts.append(fed)
+            steps.append(self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed))
+        counts = torch.tensor([s.shape[0] for s in steps], device=state.valid.device)
+        width = int(counts.max())
+        if width:
+            padded = torch.stack([torch.cat([s, s.new_full((width - s.shape[0], k), self.steps.pad_token_id)]) for s in steps])
+            logits, hidden = self.steps.forward_step_rows(
+                padded, firsts, state.cache, [row.cache.conditioning for row in state.rows], want_hidden,
+                attention_mask=state.attention_mask(width), position_ids=state.position_ids(width))
+            state.valid = torch.cat([state.valid, torch.arange(width, device=counts.device)[None, :] < counts[:, None]], dim=1)
+            for b, (row, count) in enumerate(zip(state.rows, counts.tolist())):
+                row.cache.model_cache.length += count
+                row.cache.step_logits.extend(logits[b, :count].float().unbind(0))
+                row.cache.step_hidden.extend(hidden[b, :count].unbind(0) if want_hidden else [None] * count)
+        n = tokens.shape[1]
+        rows = [self._next_distributions(row.cache, range(start + 1, start + n + 1), want_hidden)
+                for row, start in zip(state.rows, starts)]
+        logits = torch.stack([r[0] for r in rows])
+        return TargetOutput(logits, torch.stack([r[1] for r in rows]) if want_hidden else None)
 
     def known_distributions(self, state: SequenceState) -> torch.Tensor:
         """Logits [n, V] of the next sub-tokens whose distributions are already known without a

@@ -61,6 +61,8 @@ class DiaSteps:
     """
 
     input_names = ("input_ids", "attention_mask", "guidance_scale", "guidance_top_k")
+    #: (its cross-attention caches hold each row's encoded text, of each row's own length)
+    batch_size_one_reason = "attends to each row's encoded text through cross-attention caches that mmspec does not stack"
 
     def __init__(self, model) -> None:
         config, decoder = model.config, model.config.decoder_config
