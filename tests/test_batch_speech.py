@@ -8,16 +8,19 @@ import sys
 
 import pytest
 import torch
+from test_bark import HISTORY, PADDED, SEMANTIC_OUT, TEXT, coarse_config, semantic_config, tiny_stage
 from test_codec_lm import random_heads, tiny
 from test_delay_pattern import tiny_musicgen
 from test_tts_pipeline import make_model_dir
 
 import mmspec
+from mmspec.adapters.audio.bark import BarkCoarseTarget, BarkSemanticTarget
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.api import generate_rows
 from mmspec.core.batch import BatchState
 from mmspec.drafters import CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 from mmspec.pipelines.tts_methods import METHODS
+from transformers import BarkCoarseConfig, BarkCoarseModel, BarkSemanticConfig, BarkSemanticModel
 
 ROWS = [  # phoneme ids [1, P] and durations [1, P] (frames): 6, 2, 9 and 4 frames
     (torch.tensor([[5, 9, 3, 7, 2]]), torch.tensor([[1, 2, 0, 2, 1]])),
@@ -138,3 +141,30 @@ def test_musicgen_refuses_batches_in_one_line():
     target = DelayPatternTarget(tiny_musicgen(0))
     with pytest.raises(ValueError, match=r"MusicgenForCausalLM, which numbers positions by cache slot .* use batch size 1"):
         generate_rows(target, [{"num_frames": 4}, {"num_frames": 5}], max_new_tokens=20)
+
+
+@pytest.mark.parametrize("drafter", [None, "prompt-lookup", "sjd"])
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_bark_semantic_rows_equal_their_batch_one_generation(monkeypatch, drafter, do_sample):
+    """Bark's semantic stage (its processors: suppression, min_eos_p) in a batch: texts of different
+    lengths, with and without a speaker prompt, each row equal to its own generation."""
+    monkeypatch.setattr(BatchState, "slack", 0)
+    model = tiny_stage(BarkSemanticModel, BarkSemanticConfig, 0, block_size=64, input_vocab_size=64, output_vocab_size=24)
+    target = BarkSemanticTarget(model, semantic_config())
+    rows = [{"input_ids": TEXT}, {"input_ids": PADDED[0], "attention_mask": PADDED[1]},
+            {"input_ids": TEXT[:, :2], "history_prompt": HISTORY}, {"input_ids": TEXT.flip(1)}]
+    seeds = [1, 2, 3, 4]
+    batch = generate_rows(target, rows, drafter=drafter, max_new_tokens=20, do_sample=do_sample, seed=seeds)
+    width = target.prompt_length
+    for b, row in enumerate(rows):
+        alone = mmspec.generate(target, drafter=drafter, max_new_tokens=20, do_sample=do_sample, seed=seeds[b], **row)
+        new = alone.sequences[0, width:]
+        assert torch.equal(batch.sequences[b, width : width + len(new)], new), f"row {b}"
+    assert len({s.new_tokens for s in batch.row_stats}) > 1 or not do_sample
+
+
+def test_bark_coarse_refuses_batches_in_one_line():
+    model = tiny_stage(BarkCoarseModel, BarkCoarseConfig, 1, block_size=64, input_vocab_size=32, output_vocab_size=32)
+    target = BarkCoarseTarget(model, semantic_config(), coarse_config(), codebook_size=4)
+    with pytest.raises(ValueError, match="sliding window .* use batch size 1"):
+        generate_rows(target, [{"semantic_output": SEMANTIC_OUT}] * 2, max_new_tokens=8)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .results import add_device_args, machine_info, save_results
+from .throughput import parse_batch_sizes, throughput_tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default="bench-out/tts.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en)")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="measure throughput instead: the sentences said B at a time, per batch size (items/s, "
+                             "stream tokens/s, crossover; no WER); see mmspec.bench.throughput")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
     specs = [m for m in args.methods.split(",") if m]
     methods = {spec: make_method(spec) for spec in specs}  # checked before the model loads
+    batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+    if batch_sizes and "ar" not in methods:
+        raise ValueError("--batch-sizes compares every method with plain decoding: include ar in --methods")
     torch.set_num_threads(args.threads)
     texts = [sentence("test", i) for i in range(args.sentences)]
     pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize)  # one model for every method
@@ -53,10 +60,12 @@ def run(args: argparse.Namespace) -> int:
     meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts)", "machine": machine_info("float32", args.threads, args.device),
-            "linears": pipe.components.linears}
+            "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
     results["meta"] = meta
+    if batch_sizes:
+        return run_throughput(args, results, path, pipe.components, methods, texts, batch_sizes)
     runs = results.setdefault("runs", {})
     sampling = {"do_sample": not args.greedy, "temperature": args.temperature, "max_seconds": args.max_seconds}
     todo = [(r, i) for r in range(args.rounds) for i in range(len(texts))
@@ -79,6 +88,23 @@ def run(args: argparse.Namespace) -> int:
     results["summary"] = summary
     save_results(path, results)
     table = markdown_table(summary, meta)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return 0
+
+
+def run_throughput(args, results: dict, path: Path, components, methods: dict, texts: list[str], batch_sizes: list[int]) -> int:
+    """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the sentences (each row one
+    sentence, at most ``--max-seconds`` of audio); tokens are stream sub-tokens."""
+    options = {spec: {"drafter": method.build_drafter(components), "acceptance": method.rule,
+                      "rule_kwargs": method.rule_kwargs(components)} for spec, method in methods.items()}
+    label = "0 (greedy)" if args.greedy else f"{args.temperature:g}"
+    settings = {label: dict(do_sample=not args.greedy, temperature=args.temperature)}
+    budget = components.target.stream_length(int(args.max_seconds * components.codec.frame_rate)) + 1
+    meta = {**results["meta"], "model": args.model or "embedded voice (models/tts)"}
+    _, table = throughput_tables(components.target, [components.model_inputs(t) for t in texts], options, batch_sizes,
+                                 settings, args.rounds, budget, results, path, meta)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")

@@ -239,11 +239,11 @@ def batched_decode(
     if len(drafters) != len(rows_inputs) or len(generators) != len(rows_inputs):
         raise ValueError(f"{len(rows_inputs)} rows need as many drafters and generators "
                          f"(got {len(drafters)} and {len(generators)})")
-    if getattr(target, "continuous", False) or not hasattr(target, "forward_rows"):
-        raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
     if getattr(target, "batch_size_one_reason", None):
         raise ValueError(f"{type(target).__name__} {target.batch_size_one_reason}, so it decodes one sequence at a time; "
                          "use batch size 1")
+    if getattr(target, "continuous", False) or not hasattr(target, "forward_rows"):
+        raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
     if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
         raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
     if len({type(d) for d in drafters if d is not None}) > 1:

@@ -60,6 +60,7 @@ from transformers.models.bark.generation_configuration_bark import (
     BarkSemanticGenerationConfig,
 )
 
+from ...core.batch import BatchState
 from ...core.cache import SequenceState, crop_cache, make_cache
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -262,6 +263,30 @@ class BarkSemanticTarget:
         hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
         return TargetOutput(self.constrain(out.logits[0])[None], hidden)
 
+    # ---- batches (mmspec.core.batch) ------------------------------------------------------------
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
+        """Prefill B texts (each as :meth:`prefill` takes its inputs), one at a time, and stack
+        them: every row's prompt is the same L + 1 positions, so no row is padded."""
+        return BatchState.prefill(self, rows, hidden_layer)
+
+    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
+        """Append ``tokens`` [B, n] to every row; logits [B, n, V] (hidden [B, n, H]): each row
+        attends to its valid cache slots (a 2-D mask, which Bark's attention combines with its own
+        causal mask) at its own positions (``state.position_ids``)."""
+        _check_hidden_layer(hidden_layer, self.model.config.num_layers)
+        if tokens.dim() != 2 or tokens.shape[0] != state.size or bool(((tokens < 0) | (tokens >= self.vocab_size)).any()):
+            raise ValueError(f"tokens must be [{state.size}, n] ids in [0, {self.vocab_size}), got {tuple(tokens.shape)}")
+        b, n = tokens.shape
+        positions = state.position_ids(n)
+        if int(positions.max()) >= self.block_size:
+            raise ValueError(f"{int(positions.max()) + 1} positions exceed Bark's block_size of {self.block_size}: lower "
+                             f"max_new_tokens to at most {self.block_size - self.prompt_length + 1}")
+        out = self.model(input_ids=tokens.to(self.device), past_key_values=state.cache, use_cache=True,
+                         attention_mask=state.attention_mask(n).to(self.device), position_ids=positions.to(self.device),
+                         output_hidden_states=hidden_layer is not None, return_dict=True)
+        hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
+        return TargetOutput(self.constrain(out.logits.flatten(0, 1)).view(b, n, -1), hidden)
+
     # ---- output --------------------------------------------------------------------------------
     def semantic_output(self, sequences: torch.Tensor) -> torch.Tensor:
         """``mmspec.generate(...).sequences`` [1, prompt + n] -> the semantic tokens [1, n] (EOS
@@ -375,6 +400,8 @@ class BarkCoarseTarget:
     """
 
     input_names = ("semantic_output", "history_prompt")
+    #: (a row's cache is a sliding window of Bark's, re-prefilled at each window's start)
+    batch_size_one_reason = "re-prefills a sliding window of each row's own at Bark's window boundaries"
 
     def __init__(self, model, semantic_generation_config: BarkSemanticGenerationConfig | None = None,
                  coarse_generation_config: BarkCoarseGenerationConfig | None = None, codebook_size: int = 1024) -> None:
