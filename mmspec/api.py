@@ -30,9 +30,9 @@ class GenerateOutput(DictAccess):
     sequences: LongTensor [1, prompt + new], the layout transformers' ``generate()`` returns
         (continuous tokens: [1, new, D]).
     stats: the generation's SpecStats.
-    token_steps: LongTensor [new] the verification step that committed each token, where the
-        tokens were reordered after generation (a MAR image in raster order); None: in order
-        (``stats.step_of_token()``).
+    token_steps: LongTensor [new] (a batch: [B, new]) the verification step that committed each
+        token, where the tokens were reordered after generation (a MAR image in raster order);
+        None: in order (``stats.step_of_token()``).
     row_stats: for a batch (B > 1 prompts), each row's SpecStats; ``stats`` then holds the
         batch's totals (:func:`mmspec.core.batch.batch_stats`).
     """
@@ -251,16 +251,21 @@ def generate_rows(
         results, forwards = batched_decode(adapter, rows, drafters, sampling, max_new_tokens, generators, eos,
                                            acceptance=acceptance, rule_kwargs=rule_kwargs, on_row_done=on_row_done)
     wall = time.perf_counter() - started
-    pad = getattr(getattr(adapter, "model", None), "generation_config", None)
-    pad = getattr(pad, "pad_token_id", None)
-    pad = int(pad if pad is not None else (eos[0] if eos else 0))
-    prompts = padded_prompts if padded_prompts is not None else [r.tokens[0, : r.prompt_length] for r in results]
-    width = max(len(prompt) for prompt in prompts)
     new = [r.tokens[0, r.prompt_length :] for r in results]
-    sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)
-    for b, prompt in enumerate(prompts):
-        sequences[b, width - len(prompt) : width] = prompt
-        sequences[b, width : width + len(new[b])] = new[b]
+    if new[0].dim() == 2:  # continuous tokens [n, D] (no prompt tokens): zeros after a row's last
+        sequences = new[0].new_zeros(len(rows), max(len(n) for n in new), new[0].shape[1])
+        for b, tokens in enumerate(new):
+            sequences[b, : len(tokens)] = tokens
+    else:
+        pad = getattr(getattr(adapter, "model", None), "generation_config", None)
+        pad = getattr(pad, "pad_token_id", None)
+        pad = int(pad if pad is not None else (eos[0] if eos else 0))
+        prompts = padded_prompts if padded_prompts is not None else [r.tokens[0, : r.prompt_length] for r in results]
+        width = max(len(prompt) for prompt in prompts)
+        sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)
+        for b, prompt in enumerate(prompts):
+            sequences[b, width - len(prompt) : width] = prompt
+            sequences[b, width : width + len(new[b])] = new[b]
     row_stats = [r.stats for r in results]
     return GenerateOutput(sequences=sequences, stats=batch_stats(row_stats, wall, forwards), row_stats=row_stats)
 
@@ -287,7 +292,7 @@ def check_keywords(model_inputs: dict[str, Any], accepted: Sequence[str] | None,
     (:data:`MANAGED_INPUTS`) or that ``where`` (a model's forward, a target's prefill) does not
     take (``accepted``; None: unknown), with the closest name it does take."""
     for name in model_inputs:
-        if name in MANAGED_INPUTS:
+        if name in MANAGED_INPUTS and (accepted is None or name not in accepted):  # (a MAR's class labels are its input)
             raise ValueError(f"{name} is managed by mmspec.generate; pass only the prompt (input_ids, attention_mask, "
                              "and the processor's image inputs)")
         if accepted is not None and name not in accepted:

@@ -134,14 +134,20 @@ def run(args: argparse.Namespace) -> int:
 
 def run_throughput(args, results: dict, path: Path, components, methods: dict, prompt_inputs: list, batch_sizes: list[int]) -> int:
     """``--batch-sizes``: :mod:`mmspec.bench.throughput` over the prompts (each row one prompt,
-    guided, sampled at the benchmark's temperature and top-k)."""
-    options = {spec: {"drafter": method.build_drafter(components), "acceptance": method.rule,
-                      "rule_kwargs": method.rule_kwargs(components)} for spec, method in methods.items()}
-    rows = [{**inputs, "guidance_scale": args.guidance_scale} for inputs in prompt_inputs]
-    settings = {f"{args.temperature:g}": dict(do_sample=True, temperature=args.temperature, top_k=args.top_k)}
+    guided, sampled at the benchmark's temperature and top-k), each batch decoded by the method's
+    ``generate_batch`` (every row with the pass's seed): token models, MAR models and MAR's own
+    parallel decoding alike."""
+    options = {spec: {"drafter": method.build_drafter(components)} if method.name != "mar-parallel" else {}
+               for spec, method in methods.items()}
+    settings = {f"{args.temperature:g}": dict(do_sample=True, temperature=args.temperature, top_k=args.top_k,
+                                              guidance_scale=args.guidance_scale)}
     meta = {"model": args.model or "embedded text-to-image model (models/t2i)", **results["meta"]}
-    _, table = throughput_tables(components.target, rows, options, batch_sizes, settings, args.rounds,
-                                 components.target.num_image_tokens, results, path, meta)
+
+    def decode(spec: str, batch: list, seed: int, **sampling):
+        return methods[spec].generate_batch(components, batch, [seed] * len(batch), **sampling)
+
+    _, table = throughput_tables(components.target, prompt_inputs, options, batch_sizes, settings, args.rounds,
+                                 components.target.num_image_tokens, results, path, meta, decode=decode)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")

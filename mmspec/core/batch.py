@@ -190,13 +190,6 @@ class RowResult:
     prompt_length: int
 
 
-def _row_output(out: TargetOutput, b: int, n: int, rows_per_item: int) -> TargetOutput:
-    """Row b's first n positions of a batched output, in the batch-1 layout (logits [1, n, V],
-    hidden states [R, n, H])."""
-    hidden = None if out.hidden_states is None else out.hidden_states[b * rows_per_item : (b + 1) * rows_per_item, :n]
-    return TargetOutput(out.logits[b : b + 1, :n], hidden)
-
-
 def _linear(draft: Draft) -> Draft:
     """A draft as a linear chain: a chain-shaped tree (each node the child of the one before) is
     verified exactly like the linear draft of its tokens; any other tree needs batch size 1."""
@@ -242,13 +235,13 @@ def batched_decode(
     if getattr(target, "batch_size_one_reason", None):
         raise ValueError(f"{type(target).__name__} {target.batch_size_one_reason}, so it decodes one sequence at a time; "
                          "use batch size 1")
-    if getattr(target, "continuous", False) or not hasattr(target, "forward_rows"):
+    if not hasattr(target, "forward_rows"):
         raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
     if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
         raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
     if len({type(d) for d in drafters if d is not None}) > 1:
         raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
-    rule = resolve_rule(acceptance, sampling, rule_kwargs)
+    rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=getattr(target, "continuous", False))
     eos = frozenset(int(t) for t in eos_token_ids)
     started = time.perf_counter()
     stats = [SpecStats(method=d.name if d else "ar", config=rule.describe()) for d in drafters]
@@ -317,7 +310,7 @@ def batched_decode(
             committed_rows, done_rows = [], []
             for p, draft in enumerate(drafts):
                 b, k = state.ids[p], draft.length
-                row_out = _row_output(out, p, k + 1, rows_per_item)
+                row_out = out.row(p, k + 1, rows_per_item)
                 verification = rule.verify_output(draft, row_out, sampling, _uniforms(generators[b], sampling, k, out.device), generators[b])
                 num_accepted = int(verification.num_accepted[0])
                 committed, done = _truncate_at_stop(verification.tokens[:, : num_accepted + 1], eos, max_new_tokens - generated[p])

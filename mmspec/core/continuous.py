@@ -84,6 +84,10 @@ class ContinuousOutput:
     def device(self) -> torch.device:
         return self.steps.mean.device
 
+    def row(self, b: int, n: int, rows_per_item: int = 1) -> "ContinuousOutput":
+        """Row b's first n positions of a batched output ([B, Q] final steps) -> [1, n]."""
+        return ContinuousOutput(self.steps[b : b + 1, :n])
+
 
 @dataclass
 class ContinuousVerification(Verification):
@@ -163,6 +167,39 @@ class MaskedARState:
         if not 0 <= length <= self.length:
             raise ValueError(f"rollback length {length} outside [0, {self.length}]")
         self.tokens = self.tokens[:, :length]
+
+
+class MaskedARBatch:
+    """Several masked-AR sequences decoded together (:mod:`mmspec.core.batch`): there is no cache
+    to share, so the batch is its rows; a target's ``forward_rows`` reads them all in one forward.
+
+    Attributes:
+        rows: the active rows' :class:`MaskedARState`; ids: their indices in the caller's batch.
+    """
+
+    rows_per_item = 1
+
+    def __init__(self, rows: list[MaskedARState]) -> None:
+        self.rows = rows
+        self.ids = list(range(len(rows)))
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def verification_inputs(self, drafts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each row's drafts [1, k_b, D], unpadded (the rows' queries are concatenated, not stacked)."""
+        return list(drafts)
+
+    def commit(self, committed: list[torch.Tensor]) -> None:
+        """Append each row's committed tokens [1, m_b, D]."""
+        for row, tokens in zip(self.rows, committed):
+            row.commit(tokens)
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep the active rows at ``positions`` (of ``range(size)``), dropping the others."""
+        self.rows = [self.rows[i] for i in positions]
+        self.ids = [self.ids[i] for i in positions]
 
 
 def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

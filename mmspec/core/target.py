@@ -28,6 +28,12 @@ class TargetOutput:
     def device(self) -> torch.device:
         return self.logits.device
 
+    def row(self, b: int, n: int, rows_per_item: int = 1) -> "TargetOutput":
+        """Row b's first n positions of a batched output (logits [B, n', V], hidden states
+        [B R, n', H]) in the batch-1 layout: logits [1, n, V], hidden states [R, n, H]."""
+        hidden = None if self.hidden_states is None else self.hidden_states[b * rows_per_item : (b + 1) * rows_per_item, :n]
+        return TargetOutput(self.logits[b : b + 1, :n], hidden)
+
 
 class Target(Protocol):
     """A model the speculative loop can verify with.

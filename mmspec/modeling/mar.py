@@ -333,7 +333,7 @@ class MARModel(DataclassModel, nn.Module):
             tokens: [R, M, D] known tokens in generation order; positions: LongTensor [R, M] their grid
                 positions.
             query_positions: LongTensor [R, Q] positions to predict; query_prefix: LongTensor [Q]
-                how many of the M tokens each query sees.
+                (or [R, Q]: per row) how many of the M tokens each query sees.
             buffer: [R, buffer_size, E].
         Returns:
             z: [R, Q, W].
@@ -342,18 +342,21 @@ class MARModel(DataclassModel, nn.Module):
         rows, m = tokens.shape[:2]
         q, b = query_positions.shape[1], c.buffer_size
         device = tokens.device
-        # attention masks: buffer -> buffer; token r -> buffer + tokens <= r; query j -> buffer + tokens < prefix_j + itself
+        # attention masks [1 or R, T, T]: buffer -> buffer; token r -> buffer + tokens <= r;
+        # query j -> buffer + tokens < prefix_j + itself
+        prefix = query_prefix.to(device).view(-1, q)
         total = b + m + q
-        allowed = torch.zeros(total, total, dtype=torch.bool, device=device)
-        allowed[:, :b] = True
+        allowed = torch.zeros(prefix.shape[0], total, total, dtype=torch.bool, device=device)
+        allowed[:, :, :b] = True
         rank = torch.arange(m, device=device)
-        allowed[b : b + m, b : b + m] = rank[None, :] <= rank[:, None]
-        allowed[b + m :, b : b + m] = rank[None, :] < query_prefix.to(device)[:, None]
-        allowed[b + m :, b + m :] = torch.eye(q, dtype=torch.bool, device=device)
+        allowed[:, b : b + m, b : b + m] = rank[None, :] <= rank[:, None]
+        allowed[:, b + m :, b : b + m] = rank[None, None, :] < prefix[:, :, None]
+        allowed[:, b + m :, b + m :] = torch.eye(q, dtype=torch.bool, device=device)
+        allowed = allowed[:, None]  # [1 or R, 1, T, T]: one mask per row, shared by the heads
         enc_pos = self.encoder_pos_embed_learned[0]
         x = self.z_proj(tokens.to(self.z_proj.weight.dtype)) + enc_pos[b + positions]
         x = self.z_proj_ln(torch.cat([buffer.to(x.dtype) + enc_pos[:b], x], dim=1))
-        enc_mask = allowed[: b + m, : b + m]
+        enc_mask = allowed[..., : b + m, : b + m]
         for block in self.encoder_blocks:
             x = block(x, enc_mask)
         dec_pos = self.decoder_pos_embed_learned[0]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from ..adapters.image.mar import MARTarget
-from ..api import GenerateOutput, generate, make_generator
+from ..api import GenerateOutput, generate, generate_rows, make_generator
 from ..core.stats import SpecStats
 from ..modeling.fast_linear import OptimizesOnLoad
 from ..modeling.kl_vae import KLAutoencoder
@@ -134,38 +134,74 @@ class MARComponents(OptimizesOnLoad):
                        do_sample=True, acceptance=acceptance, rule_kwargs=rule_kwargs, **inputs)
         return self._raster(out.sequences, out.stats.step_of_token(), inputs["order"], out.stats)
 
+    def generate_token_rows(self, drafter, acceptance: str | None, rule_kwargs: dict | None,
+                            model_inputs: list[dict[str, Any]], seeds: list[int], max_new_tokens: int | None = None,
+                            do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+                            top_p: float | None = None, guidance_scale: float | None = None) -> GenerateOutput:
+        """Images decoded together (:func:`mmspec.api.generate_rows`), row b from ``model_inputs[b]``
+        with ``seeds[b]`` (its order, noise and generator): row b is :meth:`generate_tokens`'s image.
+        ``sequences`` [B, N, D] in raster order; ``row_stats`` per image."""
+        check_continuous_sampling(do_sample, top_k, top_p)
+        rows = [self._inputs(inputs, seed, temperature, guidance_scale or 1.0) for inputs, seed in zip(model_inputs, seeds)]
+        out = generate_rows(self.target, rows, drafter=drafter, seed=list(seeds), do_sample=True, acceptance=acceptance,
+                            rule_kwargs=rule_kwargs, max_new_tokens=max_new_tokens or self.target.num_image_tokens)
+        rasters = [self._raster(out.sequences[b : b + 1, : s.new_tokens], s.step_of_token(), row["order"], s)
+                   for b, (s, row) in enumerate(zip(out.row_stats, rows))]
+        return GenerateOutput(sequences=torch.cat([r.sequences for r in rasters]), stats=out.stats, row_stats=out.row_stats,
+                              token_steps=torch.stack([r.token_steps for r in rasters]))
+
     def generate_parallel(self, num_iter: int, model_inputs: dict[str, Any], seed: int, do_sample: bool = True,
                           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                           guidance_scale: float | None = None) -> GenerateOutput:
         """MAR's own decoding: ``num_iter`` steps, step i predicting the tokens its cosine schedule
         gives (all tokens of a step independent given the earlier ones), with the same order and
         noise as :meth:`generate_tokens` for the seed."""
+        return self._parallel(num_iter, [model_inputs], [seed], do_sample, temperature, top_k, top_p, guidance_scale)[0][0]
+
+    def generate_parallel_rows(self, num_iter: int, model_inputs: list[dict[str, Any]], seeds: list[int],
+                               do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+                               top_p: float | None = None, guidance_scale: float | None = None) -> GenerateOutput:
+        """:meth:`generate_parallel` of several images at once, each step one forward and one batch of
+        chains for all of them: row b is ``generate_parallel(num_iter, model_inputs[b], seeds[b])``'s
+        image. ``sequences`` [B, N, D] in raster order; ``row_stats`` per image."""
+        rasters, stats = self._parallel(num_iter, model_inputs, seeds, do_sample, temperature, top_k, top_p, guidance_scale)
+        return GenerateOutput(sequences=torch.cat([r.sequences for r in rasters]), stats=stats,
+                              row_stats=[r.stats for r in rasters], token_steps=torch.stack([r.token_steps for r in rasters]))
+
+    def _parallel(self, num_iter, model_inputs, seeds, do_sample, temperature, top_k, top_p,
+                  guidance_scale) -> tuple[list[GenerateOutput], SpecStats]:
+        """MAR's decoding of B images together: each image's raster output, and the batch's stats."""
         import math
         import time
 
+        from ..core.batch import batch_stats
+        from ..core.continuous import MaskedARBatch
+
         check_continuous_sampling(do_sample, top_k, top_p)
-        inputs = self._inputs(model_inputs, seed, temperature, guidance_scale or 1.0)
+        rows = [self._inputs(inputs, seed, temperature, guidance_scale or 1.0) for inputs, seed in zip(model_inputs, seeds)]
         n = self.target.num_image_tokens
-        stats = SpecStats(method=f"mar-parallel:{num_iter}", config={"num_iter": num_iter})
+        counts: list[int] = []
         started = time.perf_counter()
-        state, _ = self.target.prefill(inputs)
-        steps: list[int] = []
+        batch = MaskedARBatch([self.target._state(row, None) for row in rows])
         for i in range(num_iter):
             # MAR's schedule: after step i, floor(N cos(pi/2 (i + 1) / num_iter)) tokens stay unknown
             # (none after the last); every step predicts at least one token while any is left
             unknown_after = 0 if i == num_iter - 1 else max(math.floor(n * math.cos(math.pi / 2 * (i + 1) / num_iter)), 0)
-            left = n - state.length
+            left = n - batch.rows[0].length
             count = min(max(1, left - unknown_after), left)
             if count <= 0:
                 continue
-            state.commit(self.target.parallel_step(state, count).sample)
-            steps.extend([len(stats.committed_per_step)] * count)
-            stats.committed_per_step.append(count)
-            stats.target_forwards += 1
-        stats.new_tokens = n
-        stats.verify_steps = max(len(stats.committed_per_step) - 1, 0)
-        stats.wall_time_s = time.perf_counter() - started
-        return self._raster(state.tokens, steps, inputs["order"], stats)
+            batch.commit([step.sample for step in self.target.parallel_step_rows(batch.rows, [count] * len(rows))])
+            counts.append(count)
+        wall = time.perf_counter() - started
+        steps = [step for step, count in enumerate(counts) for _ in range(count)]  # the step that made each token
+        outputs = []
+        for row, inputs in zip(batch.rows, rows):
+            stats = SpecStats(method=f"mar-parallel:{num_iter}", config={"num_iter": num_iter}, new_tokens=n,
+                              verify_steps=max(len(counts) - 1, 0), target_forwards=len(counts),
+                              committed_per_step=list(counts), wall_time_s=wall)
+            outputs.append(self._raster(row.tokens, steps, inputs["order"], stats))
+        return outputs, batch_stats([o.stats for o in outputs], wall, len(counts))
 
     def decode(self, tokens: torch.Tensor) -> list:
         """[B, N, D] tokens in raster order -> B PIL images."""

@@ -188,6 +188,9 @@ class T2IMethod:
         from ..api import generate_rows
 
         self.check_components(components)
+        if components.continuous:  # a MAR draws each image's order and noise from its seed first
+            return components.generate_token_rows(self.build_drafter(components), self.rule, self.rule_kwargs(components),
+                                                  model_inputs, seeds, max_new_tokens, **sampling)
         guidance = {"guidance_scale": sampling.pop("guidance_scale", None)}
         return generate_rows(components.target, [{**inputs, **guidance} for inputs in model_inputs], drafter=self.build_drafter(components),
                              seed=seeds, max_new_tokens=max_new_tokens or components.target.num_image_tokens,
@@ -407,3 +410,7 @@ class MARParallelMethod(T2IMethod):
     def generate(self, components, model_inputs, seed, max_new_tokens=None, **sampling):
         self.check_components(components)
         return components.generate_parallel(self.settings["num_iter"], model_inputs, seed, **sampling)
+
+    def generate_batch(self, components, model_inputs, seeds, max_new_tokens=None, **sampling):
+        self.check_components(components)
+        return components.generate_parallel_rows(self.settings["num_iter"], model_inputs, seeds, **sampling)

@@ -208,7 +208,8 @@ class TextToImagePipeline:
                 rows = [(out.sequences[0, -n:], out.stats, out.token_steps)]
             else:
                 out = method.generate_batch(self.components, [inputs for inputs, _ in chunk], [seed for _, seed in chunk], **sampling)
-                rows = [(out.sequences[b, -n:], stats, None) for b, stats in enumerate(out.row_stats)]
+                rows = [(out.sequences[b, -n:], stats, None if out.token_steps is None else out.token_steps[b])
+                        for b, stats in enumerate(out.row_stats)]
             share = (time.perf_counter() - started) / len(chunk)
             for row_tokens, stats, steps in rows:
                 runs.append(stats)
@@ -238,10 +239,10 @@ class TextToImagePipeline:
             compare_baseline: also run AR with the same seeds (``baseline_images``, ``stats.speedup``).
             progress: show a progress bar over images.
             batch_size: images decoded together, across the prompts of a list too
-                (:mod:`mmspec.core.batch`; LlamaGen-style, Janus, Chameleon): each image is the one batch size 1
+                (:mod:`mmspec.core.batch`; LlamaGen-style, Janus, Chameleon, MAR): each image is the one batch size 1
                 gives with its seed, up to float rounding (a batch verifies its rows in one wider
                 forward). A batch's wall time is shared equally by its images. EAGLE-2 drafts its
-                chain in a batch; SJD-PAC, Emu3 and MAR models need batch size 1.
+                chain in a batch; SJD-PAC and Emu3 need batch size 1.
         """
         check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...core.continuous import ContinuousOutput, FinalStep, MaskedARState
+from ...core.continuous import ContinuousOutput, FinalStep, MaskedARBatch, MaskedARState
 from ...modeling.diffusion import GuidedHead, sample_chain
 from ...modeling.mar import MARModel
 
@@ -106,35 +106,72 @@ class MARTarget:
         """The diffusion conditions z [G * Q, W] (G = 2 with guidance, conditional rows first) of the
         tokens at ``order[index]`` (LongTensor [Q]), query j conditioned on the first ``prefix[j]``
         tokens of (committed tokens, then ``extra`` [1, k, D])."""
-        cond: MARCondition = state.condition
-        seq = state.tokens if extra is None else torch.cat([state.tokens, extra.to(state.tokens)], dim=1)
-        positions = state.order[index]
-        groups = 1 if cond.uncond_buffer is None else 2
+        return self.conditions_rows([state], [extra], [index], [prefix])
+
+    def conditions_rows(self, states: list[MaskedARState], extras: list[torch.Tensor | None],
+                        indexes: list[torch.Tensor], prefixes: list[torch.Tensor]) -> torch.Tensor:
+        """:meth:`conditions` of several sequences in one transformer forward: z [G * M, W], M = the
+        sequences' queries in order (all conditional rows, then all unconditional ones, as
+        :class:`~mmspec.modeling.diffusion.GuidedHead` takes them)."""
+        conds: list[MARCondition] = [s.condition for s in states]
+        groups = 1 if conds[0].uncond_buffer is None else 2
+        seqs = [s.tokens if e is None else torch.cat([s.tokens, e.to(s.tokens)], dim=1) for s, e in zip(states, extras)]
+        buffers = torch.cat([c.buffer for c in conds] + [c.uncond_buffer for c in conds if groups == 2])
         with torch.inference_mode():
             if self.config.attention == "causal":
-                rows = groups
-                z = self.model.causal_contexts(seq.expand(rows, -1, -1), state.order[: seq.shape[1]].expand(rows, -1),
-                                               positions.expand(rows, -1), prefix, self._buffers(cond, 1))
-                return z.reshape(rows * len(index), -1)
-            # bidirectional: one context row per distinct prefix (one row when every query shares it)
-            shared = bool((prefix == prefix[0]).all())
-            prefixes = prefix[:1] if shared else prefix
-            rows = prefixes.shape[0]
-            grid = seq.new_zeros(rows, state.num_positions, seq.shape[2])
-            known = torch.zeros(rows, state.num_positions, dtype=torch.bool, device=seq.device)
-            take = torch.arange(seq.shape[1], device=seq.device)[None] < prefixes[:, None]
-            order = state.order[: seq.shape[1]]
-            grid[:, order] = torch.where(take.unsqueeze(-1), seq.expand(rows, -1, -1), grid[:, order])
-            known[:, order] = take
-            z = self.model.contexts(grid.repeat(groups, 1, 1), known.repeat(groups, 1), self._buffers(cond, rows))
-            row = torch.arange(groups * rows, device=z.device).repeat_interleave(len(index) if shared else 1)
-            return z[row, positions.repeat(groups)]
+                # one row per sequence, padded to the longest (pad tokens come after every prefix; pad queries are dropped)
+                b, m, q = len(states), max(x.shape[1] for x in seqs), max(len(i) for i in indexes)
+                tokens = seqs[0].new_zeros(b, m, seqs[0].shape[2])
+                order = torch.zeros(b, m, dtype=torch.long, device=tokens.device)
+                queries = torch.zeros(b, q, dtype=torch.long, device=tokens.device)
+                prefix = torch.zeros(b, q, dtype=torch.long, device=tokens.device)
+                for r, (state, seq, index, pre) in enumerate(zip(states, seqs, indexes, prefixes)):
+                    tokens[r, : seq.shape[1]] = seq[0]
+                    order[r, : seq.shape[1]] = state.order[: seq.shape[1]]
+                    queries[r, : len(index)] = state.order[index]
+                    prefix[r, : len(index)] = pre
+                z = self.model.causal_contexts(tokens.repeat(groups, 1, 1), order.repeat(groups, 1),
+                                               queries.repeat(groups, 1), prefix.repeat(groups, 1), buffers)
+                real = (torch.arange(q, device=z.device)[None, :] < torch.tensor([len(i) for i in indexes], device=z.device)[:, None])
+                return z[real.repeat(groups, 1)]
+            # bidirectional: one context row per distinct prefix of each sequence (one row when its queries share it)
+            grids, knowns, rows_of, where = [], [], [], []
+            for state, seq, index, pre in zip(states, seqs, indexes, prefixes):
+                shared = bool((pre == pre[0]).all())
+                contexts = pre[:1] if shared else pre
+                grid = seq.new_zeros(len(contexts), state.num_positions, seq.shape[2])
+                known = torch.zeros(len(contexts), state.num_positions, dtype=torch.bool, device=seq.device)
+                take = torch.arange(seq.shape[1], device=seq.device)[None] < contexts[:, None]
+                order = state.order[: seq.shape[1]]
+                grid[:, order] = torch.where(take.unsqueeze(-1), seq.expand(len(contexts), -1, -1), grid[:, order])
+                known[:, order] = take
+                first = sum(g.shape[0] for g in grids)
+                rows_of.append(first + (torch.zeros_like(index) if shared else torch.arange(len(index), device=index.device)))
+                where.append(state.order[index])
+                grids.append(grid)
+                knowns.append(known)
+            grid, known = torch.cat(grids), torch.cat(knowns)
+            contexts = grid.shape[0]
+            context_buffers = torch.cat([conds[i].buffer.expand(g.shape[0], -1, -1) for i, g in enumerate(grids)]
+                                        + [conds[i].uncond_buffer.expand(g.shape[0], -1, -1) for i, g in enumerate(grids) if groups == 2])
+            z = self.model.contexts(grid.repeat(groups, 1, 1), known.repeat(groups, 1), context_buffers)
+            row, position = torch.cat(rows_of).to(z.device), torch.cat(where).to(z.device)
+            return torch.cat([z[row + g * contexts, position] for g in range(groups)])
 
     def sample(self, state: MaskedARState, z: torch.Tensor, index: torch.Tensor) -> FinalStep:
         """Run the head's chains for the tokens at ``order[index]`` with their noise: FinalStep [1, Q]."""
-        cond: MARCondition = state.condition
+        return self.sample_rows([state], z, [index])
+
+    def sample_rows(self, states: list[MaskedARState], z: torch.Tensor, indexes: list[torch.Tensor]) -> FinalStep:
+        """:meth:`sample` of several sequences' queries (z from :meth:`conditions_rows`) in one batch of
+        chains, each token with its own sequence's noise: FinalStep [1, M]. The sequences share the
+        guidance scale and the chain's temperature (one head)."""
+        cond: MARCondition = states[0].condition
+        if any((s.condition.guidance_scale, s.condition.temperature) != (cond.guidance_scale, cond.temperature) for s in states):
+            raise ValueError("the rows of a batch must share the guidance scale and the temperature (one diffusion head)")
+        noise = torch.cat([s.noise[i] for s, i in zip(states, indexes)])
         with torch.inference_mode():
-            return sample_chain(self._head(cond.guidance_scale), self.model.schedule, z, state.noise[index], cond.temperature)
+            return sample_chain(self._head(cond.guidance_scale), self.model.schedule, z, noise, cond.temperature)
 
     def final_steps(self, state: MaskedARState, extra: torch.Tensor | None, first: int = 0) -> ContinuousOutput:
         """The final steps of positions ``order[n + first .. n + k]`` (n committed, k = extra's length):
@@ -149,12 +186,18 @@ class MARTarget:
     def parallel_step(self, state: MaskedARState, count: int) -> FinalStep:
         """MAR's own decoding step: the next ``count`` tokens, all conditioned on the committed ones
         (independent given them), in one forward."""
-        n = state.length
-        index = torch.arange(n, min(n + count, state.num_positions), device=state.order.device)
-        return self.sample(state, self.conditions(state, None, index, torch.full_like(index, n)), index)
+        return self.parallel_step_rows([state], [count])[0]
+
+    def parallel_step_rows(self, states: list[MaskedARState], counts: list[int]) -> list[FinalStep]:
+        """:meth:`parallel_step` of several sequences in one forward and one batch of chains."""
+        indexes = [torch.arange(s.length, min(s.length + c, s.num_positions), device=s.order.device)
+                   for s, c in zip(states, counts)]
+        steps = self.sample_rows(states, self.conditions_rows(states, [None] * len(states), indexes,
+                                                              [torch.full_like(i, s.length) for s, i in zip(states, indexes)]), indexes)
+        return _split(steps, [len(i) for i in indexes])
 
     # the core's Target interface -------------------------------------------------------------
-    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[MaskedARState, ContinuousOutput]:
+    def _state(self, model_inputs: dict[str, Any], hidden_layer: int | None) -> MaskedARState:
         if hidden_layer is not None:
             raise ValueError("a MAR target gives no hidden states; use a drafter that does not need them")
         for name in ("order", "noise"):
@@ -162,8 +205,11 @@ class MARTarget:
                 raise ValueError(f"model_inputs lacks {name!r}; build them with MARTarget.prepare_inputs")
         if tuple(model_inputs["noise"].shape) != self.noise_shape:
             raise ValueError(f"noise must be {self.noise_shape} for this model, got {tuple(model_inputs['noise'].shape)}")
-        state = MaskedARState(model_inputs["order"], model_inputs["noise"], self.condition(model_inputs),
-                              self.config.token_embed_dim)
+        return MaskedARState(model_inputs["order"], model_inputs["noise"], self.condition(model_inputs),
+                             self.config.token_embed_dim)
+
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[MaskedARState, ContinuousOutput]:
+        state = self._state(model_inputs, hidden_layer)
         return state, self.final_steps(state, None)
 
     def forward(self, state: MaskedARState, tokens: torch.Tensor, hidden_layer: int | None = None, tree=None) -> ContinuousOutput:
@@ -171,6 +217,31 @@ class MARTarget:
         if tree is not None:
             raise ValueError("continuous drafts are linear; a MAR target verifies no token trees")
         return self.final_steps(state, tokens)
+
+    # batches (mmspec.core.batch) ----------------------------------------------------------------
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[MaskedARBatch, list[ContinuousOutput]]:
+        """B generations' first tokens in one forward: the batch and each row's output ([1, 1])."""
+        states = [self._state(inputs, hidden_layer) for inputs in rows]
+        batch = MaskedARBatch(states)
+        out = self.forward_rows(batch, [s.tokens for s in states])
+        return batch, [out.row(b, 1) for b in range(len(states))]
+
+    def forward_rows(self, state: MaskedARBatch, tokens: list[torch.Tensor], hidden_layer: int | None = None) -> ContinuousOutput:
+        """Verify each row's drafts ``tokens[b]`` [1, k_b, D] (:meth:`MaskedARBatch.verification_inputs`)
+        in one transformer forward and one batch of chains: final steps [B, max k_b + 1] (row b's
+        first k_b + 1 are :meth:`forward`'s; the rest repeat its last)."""
+        if hidden_layer is not None:
+            raise ValueError("a MAR target gives no hidden states; use a drafter that does not need them")
+        rows = state.rows
+        for row, drafts in zip(rows, tokens):
+            if row.length + drafts.shape[1] >= row.num_positions:
+                raise ValueError(f"no position left to predict after {row.length} + {drafts.shape[1]} tokens of {row.num_positions}")
+        indexes = [torch.arange(r.length, r.length + d.shape[1] + 1, device=r.order.device) for r, d in zip(rows, tokens)]
+        extras = [d if d.shape[1] else None for d in tokens]
+        steps = _split(self.sample_rows(rows, self.conditions_rows(rows, extras, indexes, indexes), indexes),
+                       [len(i) for i in indexes])
+        width = max(s.length for s in steps)
+        return ContinuousOutput(FinalStep.cat([FinalStep.cat([s] + [s[:, -1:]] * (width - s.length)) for s in steps], dim=0))
 
     def unpatchify(self, tokens: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens [B, N, D] (raster order; in generation ``order`` when given) -> latents
@@ -183,3 +254,9 @@ class MARTarget:
         p, h = c.patch_size, c.seq_h
         x = tokens.reshape(tokens.shape[0], h, h, c.vae_embed_dim, p, p).permute(0, 3, 1, 4, 2, 5)
         return x.reshape(tokens.shape[0], c.vae_embed_dim, h * p, h * p)
+
+
+def _split(steps: FinalStep, sizes: list[int]) -> list[FinalStep]:
+    """FinalStep [1, sum sizes] -> one FinalStep [1, size] per size, in order."""
+    bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+    return [steps[:, a:b] for a, b in zip(bounds, bounds[1:])]
