@@ -192,7 +192,7 @@ def test_tree_drafters_draft_their_chain_in_a_batch(tiny):
     assert medusa.paths == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
 
 
-@pytest.mark.parametrize("name", ["eagle", "layer-skip", "kangaroo"])
+@pytest.mark.parametrize("name", ["eagle", "layer-skip", "kangaroo", "draft-model", "independent-draft"])
 def test_batched_drafting_equals_row_by_row_drafting(tiny, prompts, name):
     """The drafters that draft all rows in one forward per token (Drafter.propose_rows overrides)
     give each row the tokens and draft distributions its own propose() gives, sampled."""
@@ -223,8 +223,14 @@ def test_batched_drafting_equals_row_by_row_drafting(tiny, prompts, name):
                     d.on_verified(0, 0, out)
                 group.append(d)
         budgets = [4, 2, 4, 3, 1]
-        batched = type(resolved).propose_rows(batch_drafters, state, list(range(len(rows))), budgets)
-        for b, (d, (single, _)) in enumerate(zip(row_drafters, singles)):
-            own = d.propose(single, budgets[b])
-            assert torch.equal(batched[b].tokens, own.tokens), (name, b)
-            torch.testing.assert_close(batched[b].probs, own.probs, rtol=1e-4, atol=1e-6)
+        for accepted in ([1, 2, 0, 3, 1], None):  # a second round: each row accepted some drafts, its correction next
+            batched = type(resolved).propose_rows(batch_drafters, state, list(range(len(rows))), budgets)
+            for b, (d, (single, _)) in enumerate(zip(row_drafters, singles)):
+                own = d.propose(single, budgets[b])
+                assert torch.equal(batched[b].tokens, own.tokens), (name, b)
+                torch.testing.assert_close(batched[b].probs, own.probs, rtol=1e-4, atol=1e-6)
+            if accepted is None or name not in ("draft-model", "independent-draft"):
+                break  # (the drafters with target caches of their own)
+            for b, (row, (single, _)) in enumerate(zip(state.rows, singles)):
+                row.tokens = torch.cat([row.tokens, batched[b].tokens[:, : accepted[b]], torch.tensor([[11 + b]])], dim=1)
+                single.tokens = row.tokens.clone()

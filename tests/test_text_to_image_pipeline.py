@@ -108,6 +108,35 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path):
+    """accelerate launch shards the prompts over 2 CPU processes (gloo) and gathers one results file
+    in prompt order: the same records and images as one process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\na blue star\nthree green squares\na yellow moon\n")
+    args = lambda out: ["t2i", "--prompts", str(prompts), "--model", str(model_dir), "--out", str(out), "--seed", "3",
+                        "--no-progress", "--threads", "1"]
+    assert main(args(tmp_path / "one")) == 0
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29518",
+                           "-m", "mmspec", *args(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [[json.loads(line) for line in (tmp_path / run / "results.jsonl").read_text().splitlines()] for run in ("one", "two")]
+    assert [r["prompt"] for r in records[1]] == ["a red circle", "a blue star", "three green squares", "a yellow moon"]
+    names = [[(r["id"], r["prompt"], [Path(i).name for i in r["images"]]) for r in run] for run in records]
+    assert names[0] == names[1]
+    for r in records[0]:
+        for image in r["images"]:
+            name = Path(image).name
+            assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    assert not list((tmp_path / "two").glob("results.jsonl.rank-*"))
+
+
 def test_relaxed_methods_report_their_bounds(model_dir):
     exact = mmspec.pipeline("text-to-image", model=model_dir, method="lantern", delta=0.0, neighbours_k=4, num_draft_tokens=3)
     r = exact("a red circle", do_sample=False, compare_baseline=True, seed=1)

@@ -169,6 +169,12 @@ class BatchTarget(Protocol):
     stacked :class:`BatchState` and each row's TargetOutput ([1, 1, V]); ``forward_rows`` appends
     ``tokens`` [B, n] to every row and returns logits [B, n, V] (and hidden states [B R, n, H], R
     cache rows per sequence). A target that cannot names why in ``batch_size_one_reason``.
+
+    Other states fit the same loop when they offer ``rows``, ``ids``, ``size``, ``rows_per_item``,
+    ``verification_inputs``, ``commit`` and ``keep`` (a delay-pattern codec LM's
+    ``DelayBatchState``; :class:`~mmspec.core.continuous.MaskedARBatch` for continuous tokens, whose
+    ``forward_rows`` takes each row's drafts and returns a ``ContinuousOutput``); the loop reads
+    row b of an output with its ``row(b, n, rows_per_item)``.
     """
 
     device: torch.device

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..adapters.hf import TransformersTarget
+from ..core.batch import BatchState
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 
@@ -63,30 +64,71 @@ class ModelDrafter(Drafter):
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         return self.continue_after(state.new_tokens, min(self.num_draft_tokens, max_tokens))
 
-    def continue_after(self, generated: torch.Tensor, k: int) -> Draft:
-        """Draft ``k`` tokens after the target's generated tokens ``generated`` [1, n]."""
-        # What the draft must condition on: its own prompt + everything generated so far.
+    def _catch_up(self, generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring the draft's cache up to its prompt + the target's generated tokens [1, n]: keep the
+        cached prefix that still agrees (rejected drafts fall away), feed the rest. -> (that
+        sequence [1, L], the draft's logits after it [1, V])."""
         sequence = torch.cat([self.prompt, generated.to(self.prompt.device)], dim=1)
-        # Keep the cached prefix that still agrees (rejected drafts fall away); feed the rest.
         keep = min(common_prefix_length(self.state.tokens[0], sequence[0]), sequence.shape[1] - 1)
         crop_cache(self.state.cache, keep)
-        feed = sequence[:, keep:]
-        tokens, probs = [], []
-        for _ in range(k):
-            logits = self.draft.forward(self.state, feed).logits[:, -1]
-            self.forwards += 1
-            choice, q = self._pick(logits)
-            feed = choice.view(1, 1)
-            tokens.append(feed)
-            probs.append(q)
-        drafted = torch.cat(tokens, dim=1)
-        self.state.tokens = torch.cat([sequence, drafted[:, :-1]], dim=1)  # what the cache now holds
-        if probs[0] is None:
-            return Draft(tokens=drafted)
-        q = torch.stack(probs, dim=1)
+        logits = self.draft.forward(self.state, sequence[:, keep:]).logits[:, -1]
+        self.forwards += 1
+        return sequence, logits
+
+    def _draft(self, picked: list[tuple[torch.Tensor, torch.Tensor | None]]) -> Draft:
+        """The draft of the chosen tokens ([1] each) and their draft distributions (padded to the
+        target's vocabulary)."""
+        tokens = torch.cat([choice.view(1, 1) for choice, _ in picked], dim=1)
+        if picked[0][1] is None:
+            return Draft(tokens=tokens)
+        q = torch.stack([q for _, q in picked], dim=1)
         if self._vocab_pad:
             q = torch.nn.functional.pad(q, (0, self._vocab_pad))
-        return Draft(tokens=drafted, probs=q)
+        return Draft(tokens=tokens, probs=q)
+
+    def continue_after(self, generated: torch.Tensor, k: int) -> Draft:
+        """Draft ``k`` tokens after the target's generated tokens ``generated`` [1, n]."""
+        sequence, logits = self._catch_up(generated)
+        picked = []
+        for i in range(k):
+            picked.append(self._pick(logits))
+            if i + 1 < k:
+                logits = self.draft.forward(self.state, picked[-1][0].view(1, 1)).logits[:, -1]
+                self.forwards += 1
+        self.state.tokens = torch.cat([sequence, self._draft(picked).tokens[:, :-1]], dim=1)  # what the cache now holds
+        return self._draft(picked)
+
+    @classmethod
+    def propose_rows(cls, drafters: list["ModelDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
+        """The rows of a batch draft together: each row catches its own draft cache up (ragged: one
+        forward per row), then every further draft token is one forward of the draft model over all
+        drafting rows, on a stacked copy of their caches (:class:`~mmspec.core.batch.BatchState`:
+        a 2-D mask, each row at its own positions); each row picks with its own generator, as
+        :meth:`propose` does, and its own cache keeps only the caught-up sequence (the next call
+        feeds whatever of the draft was accepted). Drafts of other targets (a codec LM, an image
+        generator) go row by row."""
+        if type(drafters[0]).propose is not ModelDrafter.propose or not all(
+                type(d.draft) is TransformersTarget for d in drafters):
+            return super().propose_rows(drafters, state, positions, budgets)
+        lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        caught = [d._catch_up(state.rows[p].new_tokens) for d, p in zip(drafters, positions)]
+        for d, (sequence, _) in zip(drafters, caught):
+            d.state.tokens = sequence
+        logits = torch.cat([row_logits for _, row_logits in caught])  # [rows, V]
+        batch = BatchState.stack([d.state for d in drafters], drafters[0].draft.device)
+        picked: list[list] = [[] for _ in drafters]
+        for i in range(max(lengths)):
+            for j, d in enumerate(drafters):
+                if i < lengths[j]:
+                    picked[j].append(d._pick(logits[j : j + 1]))
+            if not any(i + 1 < k for k in lengths):
+                break
+            chosen = torch.stack([rows[min(i, len(rows) - 1)][0].view(1) for rows in picked])  # [rows, 1]
+            logits = drafters[0].draft.forward_rows(batch, chosen).logits[:, -1]
+            batch.commit([c.view(1, 1) for c in chosen])
+            for j, d in enumerate(drafters):
+                d.forwards += i + 1 < lengths[j]
+        return [d._draft(rows) for d, rows in zip(drafters, picked)]
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output) -> None:
         if self.schedule == "heuristic" and num_drafted:
