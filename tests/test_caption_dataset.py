@@ -124,3 +124,13 @@ def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_fact
     texts = [[(r["path"], r.get("text"), r.get("error")) for r in map(json.loads, f.read_text().splitlines())] for f in (one, two)]
     assert texts[0] == texts[1] and len(texts[0]) == 5
     assert not list(tmp_path.glob("two.jsonl.rank-*"))
+
+
+def test_progress_shows_the_running_tokens_per_second_and_speedup():
+    from mmspec.cli.dataset import Progress
+
+    bar = Progress(3, always=True, unit="prompt", show=False)
+    bar.step(100, 2.0, 1.5)  # plain decoding took 3 s for this item
+    bar.step(50, 1.0, 3.0)  # and 3 s for this one
+    assert bar.summary() == "50.0 tok/s, 2.00x over plain decoding" and bar.done == 2
+    assert Progress(2).summary() == ""

@@ -25,7 +25,7 @@ import torch
 from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
                                    check_prompt)
 from ..pipelines.images import open_image_file
-from .dataset import ShardedResults, expand_images
+from .dataset import Progress, ShardedResults, expand_images
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
@@ -50,55 +50,6 @@ def add_parser(subparsers) -> None:
     add_model_args(cap, default_model=None)
     add_sampling_args(cap)
     cap.set_defaults(handler=run_caption_command, output_args={"out": "file"})
-
-
-class Progress:
-    """A progress bar on stderr (tqdm when installed, else "[i/n] path" lines) for more than one
-    image, or always (``always``: dataset runs): items/s, and the running tokens/s and speedup
-    over plain decoding (when baselines run); ``write`` prints without breaking the bar."""
-
-    def __init__(self, total: int, always: bool = False) -> None:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            tqdm = None
-        self.total, self.done = total, 0
-        self.tokens = self.seconds = self.baseline_seconds = 0.0
-        show = total > 1 or always
-        self.bar = tqdm(total=total, file=sys.stderr, unit="image", leave=False) if tqdm and show else None
-        self.lines = show
-
-    def start(self, path: str) -> None:
-        if self.bar is None and self.lines:
-            print(f"[{self.done + 1}/{self.total}] {path}", file=sys.stderr)
-
-    def step(self, stats=None, seconds: float | None = None) -> None:
-        """One item done; ``seconds``: its share of the time (default its own wall time; an
-        item of a batch: the batch's wall time / its size)."""
-        self.done += 1
-        if stats is not None:
-            seconds = stats.wall_time_s if seconds is None else seconds
-            self.tokens += stats.new_tokens
-            self.seconds += seconds
-            if stats.speedup:
-                self.baseline_seconds += seconds * stats.speedup
-        if self.bar is not None:
-            postfix = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else ""
-            if self.baseline_seconds:
-                postfix += f", {self.baseline_seconds / self.seconds:.2f}x over plain decoding"
-            self.bar.set_postfix_str(postfix, refresh=False)
-            self.bar.update(1)
-
-    def write(self, text: str, file=None) -> None:
-        file = file or sys.stdout
-        if self.bar is not None:
-            self.bar.write(text, file=file)
-        else:
-            print(text, file=file)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def format_result(path: str, result: CaptionOutput, half_precision: bool = False) -> str:
@@ -154,7 +105,7 @@ def run_caption_command(args) -> int:
             print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "
                   f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}",
                   file=sys.stderr if results is not None else sys.stdout)
-        progress = Progress(len(todo), always=results is not None)
+        progress = Progress(len(todo), always=results is not None, unit="image")
         options = dict(prompt=args.prompt, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        compare_baseline=args.compare_baseline)
@@ -162,7 +113,8 @@ def run_caption_command(args) -> int:
         def done(record: dict[str, Any], result: CaptionOutput, seconds: float | None = None) -> None:
             record.update(result.to_dict())
             finish(record)
-            progress.step(result.stats, seconds)
+            progress.step(result.stats.new_tokens, result.stats.wall_time_s if seconds is None else seconds,
+                          result.stats.speedup)
             if not quiet:
                 progress.write(format_result(record["path"], result, captioner.dtype in (torch.bfloat16, torch.float16)))
 

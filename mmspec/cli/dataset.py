@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -138,3 +139,54 @@ class ShardedResults:
                 part.unlink()
         self.process.wait()
         return ordered
+
+
+class Progress:
+    """A progress bar on stderr (tqdm when installed, else "[i/n] item" lines) for more than one
+    item, or always (``always``: dataset runs): items/s, and the running tokens/s and speedup
+    over plain decoding (when baselines run); ``write`` prints without breaking the bar."""
+
+    def __init__(self, total: int, always: bool = False, unit: str = "item", show: bool = True) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            tqdm = None
+        self.total, self.done = total, 0
+        self.tokens = self.seconds = self.baseline_seconds = 0.0
+        show = show and (total > 1 or always)
+        self.bar = tqdm(total=total, file=sys.stderr, unit=unit, leave=False) if tqdm and show else None
+        self.lines = show
+
+    def start(self, path: str) -> None:
+        if self.bar is None and self.lines:
+            print(f"[{self.done + 1}/{self.total}] {path}", file=sys.stderr)
+
+    def step(self, tokens: int = 0, seconds: float = 0.0, speedup: float | None = None, count: int = 1) -> None:
+        """``count`` items done, with their tokens and time (an item of a batch: its share of the
+        batch's wall time), and the speedup over plain decoding when a baseline ran."""
+        self.done += count
+        self.tokens += tokens
+        self.seconds += seconds
+        if speedup:
+            self.baseline_seconds += seconds * speedup
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.summary(), refresh=False)
+            self.bar.update(count)
+
+    def summary(self) -> str:
+        """The running tokens/s and speedup over plain decoding so far (what the bar shows)."""
+        text = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else ""
+        if self.baseline_seconds:
+            text += f", {self.baseline_seconds / self.seconds:.2f}x over plain decoding"
+        return text
+
+    def write(self, text: str, file=None) -> None:
+        file = file or sys.stdout
+        if self.bar is not None:
+            self.bar.write(text, file=file)
+        else:
+            print(text, file=file)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .dataset import ProcessState, ShardedResults
+from .dataset import ProcessState, Progress, ShardedResults
 
 
 def add_parser(subparsers) -> None:
@@ -91,14 +91,13 @@ def read_prompts(path: str) -> list[str]:
 def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | None = None) -> int:
     """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded);
     with --batch-size B, the images of B / num-images prompts at a time are decoded together."""
-    from tqdm.auto import tqdm
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ids = [f"{i:06d}" for i in range(len(prompts))]
     results = ShardedResults(out / "results.jsonl", ids, key="id", process=process)
     group = max(1, args.batch_size // args.num_images)
-    bar = tqdm(total=len(results.todo), unit="prompt", leave=False, disable=args.no_progress or args.json)
+    bar = Progress(len(results.todo), always=True, unit="prompt", show=not (args.no_progress or args.json))
     for start in range(0, len(results.todo), group):
         keys = results.todo[start : start + group]
         outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
@@ -109,7 +108,7 @@ def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | Non
             for image, path in zip(result.images, paths):
                 image.save(path)
             results.write({"id": key, "prompt": prompts[int(key)], "images": paths, "stats": result.stats.to_dict()})
-        bar.update(len(keys))
+            bar.step(result.stats.tokens, result.stats.wall_time_s, result.stats.speedup)
     bar.close()
     records = results.finish()
     if args.json:
