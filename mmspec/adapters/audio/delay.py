@@ -440,26 +440,19 @@ class DelayPatternTarget:
         padding steps of shorter rows are never valid.
         """
         k, want_hidden = self.num_codebooks, hidden_layer is not None
-        starts, firsts, steps = [], [], []
-        for row, row_tokens in zip(state.rows, tokens.to(self.device)):
-            cache = row.cache
-            starts.append(cache.get_seq_length())
-            cache.append(row_tokens)
-            complete, fed = cache.stream.shape[0] // k, cache.steps_cached
-            firsts.append(fed)
-            steps.append(self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed))
+        starts = [row.cache.get_seq_length() for row in state.rows]
+        firsts, steps = zip(*(self._append(row.cache, row_tokens) for row, row_tokens in zip(state.rows, tokens.to(self.device))))
         counts = torch.tensor([s.shape[0] for s in steps], device=state.valid.device)
         width = int(counts.max())
         if width:
             padded = torch.stack([torch.cat([s, s.new_full((width - s.shape[0], k), self.steps.pad_token_id)]) for s in steps])
             logits, hidden = self.steps.forward_step_rows(
-                padded, firsts, state.cache, [row.cache.conditioning for row in state.rows], want_hidden,
+                padded, list(firsts), state.cache, [row.cache.conditioning for row in state.rows], want_hidden,
                 attention_mask=state.attention_mask(width), position_ids=state.position_ids(width))
             state.valid = torch.cat([state.valid, torch.arange(width, device=counts.device)[None, :] < counts[:, None]], dim=1)
             for b, (row, count) in enumerate(zip(state.rows, counts.tolist())):
                 row.cache.model_cache.length += count
-                row.cache.step_logits.extend(logits[b, :count].float().unbind(0))
-                row.cache.step_hidden.extend(hidden[b, :count].unbind(0) if want_hidden else [None] * count)
+                self._record(row.cache, logits[b, :count], hidden[b, :count] if want_hidden else None)
         n = tokens.shape[1]
         rows = [self._next_distributions(row.cache, range(start + 1, start + n + 1), want_hidden)
                 for row, start in zip(state.rows, starts)]
@@ -492,16 +485,25 @@ class DelayPatternTarget:
                             for codebook in range(k)])
 
     # ---- the flattened stream -------------------------------------------------------------------
-    def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
-        """Append sub-tokens [n] to the stream and feed the model every step they complete."""
+    def _append(self, cache: StepCache, tokens: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Append sub-tokens [n] to the stream -> (the index of the first step not yet fed, the
+        model's input ids [s, K] of the s steps the stream now completes after it)."""
         k = self.num_codebooks
         cache.append(tokens)
         complete, fed = cache.stream.shape[0] // k, cache.steps_cached
-        if complete > fed:
-            steps = self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed)
-            logits, hidden = self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden)
-            cache.step_logits.extend(logits.float().unbind(0))
-            cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * steps.shape[0])
+        return fed, self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed)
+
+    @staticmethod
+    def _record(cache: StepCache, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Keep the distributions [s, K, C] (and hidden states [s, D]) the fed steps predicted."""
+        cache.step_logits.extend(logits.float().unbind(0))
+        cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * logits.shape[0])
+
+    def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
+        """Append sub-tokens [n] to the stream and feed the model every step they complete."""
+        _, steps = self._append(cache, tokens)
+        if steps.shape[0]:
+            self._record(cache, *self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden))
 
     def _next_distributions(self, cache: StepCache, indices, want_hidden: bool):
         """Logits [n, V] of the stream's sub-tokens at ``indices`` (each in a step already
