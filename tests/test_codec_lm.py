@@ -11,8 +11,8 @@ from scipy.stats import chisquare
 import mmspec
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import CodecMedusaDrafter, ModelDrafter, StepAwareDrafter, StepCompletionDrafter
-from mmspec.modeling.heads import DraftHeads
+from mmspec.drafters import CodecEagleDrafter, CodecMedusaDrafter, ModelDrafter, StepAwareDrafter, StepCompletionDrafter
+from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.codec_lm import TIMING_BUCKETS, CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 
 PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
@@ -169,7 +169,7 @@ def exact_streams(target):
 
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
-                                             ("step-aware", True), ("medusa", True)])
+                                             ("step-aware", True), ("medusa", True), ("eagle", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
     target = small(2, aligned=aligned)
     exact = exact_streams(target)
@@ -177,10 +177,13 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
     counts, accepted = {}, 0
     draft, heads = small(3, layers=1, aligned=aligned), random_heads(3)  # built once, a new drafter per run
+    torch.manual_seed(4)
+    eagle = EagleHead(target.model.backbone.config).eval()
     for seed in range(RUNS):
         d = {"draft": lambda: ModelDrafter(draft, num_draft_tokens=3),
              "step-aware": lambda: StepAwareDrafter(draft, num_draft_tokens=3),
              "medusa": lambda: CodecMedusaDrafter(heads, num_draft_tokens=3),
+             "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)

@@ -13,7 +13,7 @@ import mmspec
 from mmspec.adapters.audio.codec import read_wav
 from mmspec.adapters.audio.phonemes import CharacterPhonemizer
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
-from mmspec.modeling.heads import DraftHeads
+from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
 from mmspec.pipelines.tts_methods import METHODS
 
@@ -35,12 +35,14 @@ def make_model_dir(root, aligned):
     tiny_lm(1, 1, aligned).save(root / "tts-draft", dtype=torch.float32)
     torch.manual_seed(2)
     DraftHeads(32, 2, "medusa").save(root / "tts-medusa")
+    EagleHead(CodecLM.from_pretrained(root / "tts").backbone.config).save(root / "tts-eagle")
     codec = MelRVQCodec(MelCodecConfig(num_codebooks=K, codebook_size=CODES, griffin_lim_iters=4))
     codec.codebooks.normal_(generator=torch.Generator().manual_seed(0))
     codec.codebooks[0] -= 4.0  # a quiet log-mel level
     codec.save(root / "tts-codec")
     (root / "tts" / "tts.json").write_text(json.dumps({"codec": "../tts-codec", "phonemizer": "characters",
-                                                        "draft": "../tts-draft", "medusa": "../tts-medusa"}))
+                                                        "draft": "../tts-draft", "medusa": "../tts-medusa",
+                                                        "eagle": "../tts-eagle"}))
     return root / "tts"
 
 
@@ -218,7 +220,8 @@ def test_transformers_codecs_run_every_lossless_method(family, tmp_path):
     torch.manual_seed(3)
     DraftHeads(32, 2, "medusa").save(tmp_path / "tts-medusa")
     (tmp_path / "tts" / "tts.json").write_text(json.dumps({"codec": "../codec", "phonemizer": "characters",
-                                                            "draft": "../tts-draft", "medusa": "../tts-medusa"}))
+                                                            "draft": "../tts-draft", "medusa": "../tts-medusa",
+                                                        "eagle": "../tts-eagle"}))
     frames = 12
     for method in [name for name, cls in METHODS.items() if cls.exact]:
         tts = mmspec.pipeline("text-to-speech", model=tmp_path / "tts", method=method)

@@ -9,7 +9,7 @@ import torch
 
 from mmspec.cli import main
 from mmspec.modeling.codec_lm import CodecLM
-from mmspec.modeling.heads import DraftHeads
+from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
 from mmspec.train.tts import TEXT_VOCAB, frame_durations
 
@@ -85,6 +85,33 @@ def test_training_an_aligned_codec_lm_from_an_unaligned_one_and_distilling(shard
     heads = DraftHeads.load(shards / "medusa", first, "medusa")
     assert heads.num_heads == 2 and json.loads((shards / "medusa" / "training.json").read_text())["log"][-1]["loss"] >= 0
     assert json.loads((shards / "first" / "tts.json").read_text())["medusa"] == "../medusa"
+    # an EAGLE head the same way; the pipeline's method "eagle" finds it through tts.json
+    assert main(["train", "tts-drafter", "--kind", "eagle", "--target", str(shards / "first"), "--data",
+                 str(shards / "data"), "--codec", str(shards / "codec"), "--out", str(shards / "eagle"), "--steps", "2",
+                 "--batch-size", "2", "--threads", "1"]) == 0
+    head = EagleHead.load(shards / "eagle", first.backbone)
+    assert head.config.hidden_size == first.config.dim and head.config.num_hidden_layers == 1
+    assert json.loads((shards / "eagle" / "training.json").read_text())["log"][-1]["loss"] >= 0
+    assert json.loads((shards / "first" / "tts.json").read_text())["eagle"] == "../eagle"
+
+
+def test_grown_depth_computes_the_same_function():
+    """grow_depth (--preset deep --init a trained target): each layer repeated, the copies' output
+    projections zeroed, so the deeper model starts as exactly the model it came from."""
+    from dataclasses import replace
+
+    from mmspec.modeling.codec_lm import CodecLMConfig
+    from mmspec.train.tts import PRESETS, grow_depth
+
+    torch.manual_seed(3)
+    small = CodecLM(CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=K, codebook_size=CODES, **PRESETS["draft"])).eval()
+    deep = CodecLM(replace(small.config, layers=2 * small.config.layers)).eval()
+    assert deep.load_state_dict(grow_depth(small.state_dict(), small.config.layers, deep.config.layers), strict=True)
+    embeds = torch.randn(2, 7, small.config.dim)
+    torch.testing.assert_close(deep(embeds)[0], small(embeds)[0])
+    layers = deep.backbone.layers
+    assert not layers[1].self_attn.o_proj.weight.any() and not layers[1].mlp.down_proj.weight.any()
+    assert torch.equal(layers[1].self_attn.q_proj.weight, layers[0].self_attn.q_proj.weight)
 
 
 def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):

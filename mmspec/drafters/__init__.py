@@ -16,11 +16,11 @@ from .layer_skip import LayerSkipDrafter
 from .medusa import HydraDrafter, MedusaDrafter
 from .model import ModelDrafter, SpdDrafter
 from .prompt_lookup import PromptLookupDrafter
-from .steps import CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
+from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 
 __all__ = [
     "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

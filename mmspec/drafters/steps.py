@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.cache import SequenceState
+from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from .model import ModelDrafter
 
@@ -123,3 +123,84 @@ class CodecMedusaDrafter(Drafter):
 
     def describe(self) -> dict:
         return {**super().describe(), "heads": self.heads.num_heads, "tree": "chain"}
+
+
+@register_drafter("codec-eagle")
+class CodecEagleDrafter(Drafter):
+    """EAGLE (Li et al., 2024) on a delay-pattern codec LM whose K output heads are one linear and
+    whose step model gives its step inputs (the embedded :class:`~mmspec.modeling.codec_lm.CodecLM`),
+    drafting a chain of whole steps.
+
+    The head works a step at a time: with f_{t-1} the target's last hidden state after step t - 1
+    and E_t the LM's input for step t (its K codes' embeddings and alignment),
+    f^_t = Head(W_fc [E_t; f_{t-1}]) (one decoder layer, :class:`~mmspec.modeling.heads.EagleHead`),
+    and Heads(f^_t) [K, C] is step t + 1. The draft is the rest of the pending token's step a from
+    the target's known distributions (q = p), then steps a + 1, a + 2, ...: step a + 1 + i from
+    f^_{a+i}, fed back with the drafted step's input. Drawn from the head's distributions under
+    sampling (q = theirs: exact), their argmax under greedy decoding. The head keeps a cache of the
+    committed steps' pairs (E_t, f_{t-1}), read from the target's step cache (``step_hidden``).
+
+    Args:
+        head: the trained :class:`~mmspec.modeling.heads.EagleHead` (width D of the codec LM).
+        num_draft_tokens: draft length in stream sub-tokens (None: the rest of the step, then
+            ``draft_steps`` whole steps).
+    """
+
+    requires_target_hidden = True
+
+    def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3) -> None:
+        super().__init__(num_draft_tokens or 1)
+        self.head, self.fixed_length, self.draft_steps = head, num_draft_tokens, draft_steps
+
+    def start(self, context, state: SequenceState) -> None:
+        _needs_steps(context)
+        target = context.target
+        output = getattr(target.model, "get_output_embeddings", lambda: None)()
+        if output is None or output.in_features != self.head.config.hidden_size or not hasattr(target.steps, "step_inputs"):
+            raise ValueError(f"a codec EAGLE head needs a codec LM whose heads are one linear of width "
+                             f"{self.head.config.hidden_size} and that gives its step inputs (the embedded CodecLM)")
+        super().start(context, state)
+        self.output, self.cache, self.fed = output, make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
+        k = target.num_codebooks
+        self.num_draft_tokens = self.fixed_length or k - 1 + self.draft_steps * k
+
+    def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
+        """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
+        target = self.context.target
+        steps = target.model_ids(stream.view(-1, target.num_codebooks), first_step=first)
+        return target.steps.step_inputs(steps[None], [first], [state.cache.conditioning])[0]
+
+    def _run(self, features: torch.Tensor, inputs: torch.Tensor, first: int) -> torch.Tensor:
+        """Pairs (inputs [1, n, D], features [1, n, D]) at steps first .. first + n - 1 -> f^ [1, n, D]."""
+        positions = torch.arange(first, first + inputs.shape[1], device=inputs.device)[None]
+        self.forwards += 1
+        return self.head(features, inputs, self.cache, positions)
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        target, k = self.context.target, self.context.target.num_codebooks
+        limit = min(self.num_draft_tokens, max_tokens)
+        known, known_q = self._pick(target.known_distributions(state)[:limit])
+        steps = -(-(limit - known.shape[0]) // k)  # whole steps still wanted
+        if steps <= 0:
+            return Draft(tokens=known[None], probs=None if known_q is None else known_q[None])
+        a = (state.length - 1) // k  # the pending token's step, completed by the known codes
+        stream = torch.cat([state.tokens[0], known.to(state.tokens.device)])
+        hidden = state.cache.step_hidden  # hidden[t] = f_{t-1}
+        if a > self.fed:  # the committed steps' pairs the head has not seen
+            self._run(torch.stack(hidden[self.fed : a])[None], self._step_inputs(state, stream[self.fed * k : a * k], self.fed),
+                      self.fed)
+            self.fed = a
+        committed = self.cache.get_seq_length()
+        feature, step, tokens, probs = hidden[a][None, None], stream[a * k : (a + 1) * k], [known], [known_q]
+        for i in range(steps):
+            feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
+            guesses = self.output(feature[0]).view(1, k, -1)
+            step, q = self._pick(target.draft_logits(state, a + 1 + i, guesses))
+            tokens.append(step.to(known.device))
+            probs.append(q)
+        crop_cache(self.cache, committed)  # the drafted steps are not committed
+        tokens = torch.cat(tokens)[:limit][None]
+        return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([p.to(known_q) for p in probs])[:limit][None])
+
+    def describe(self) -> dict:
+        return {**super().describe(), "head_layers": 1, "tree": "chain"}

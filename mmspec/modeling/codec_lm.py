@@ -167,6 +167,12 @@ class CodecLM(DataclassModel, nn.Module):
         """Steps [B, n, K] (codes, end code, pad code) -> summed embeddings [B, n, D]."""
         return sum(table(steps[..., k]) for k, table in enumerate(self.code_embeddings))
 
+    def step_embeddings(self, steps: torch.Tensor, alignment: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM's inputs of steps [B, n, K] (and, for an aligned model, their :func:`frame_alignment`
+        rows [B, n, 4]) -> [B, n, D]."""
+        embeds = self.embed_steps(steps)
+        return embeds + self.embed_alignment(alignment) if self.config.aligned else embeds
+
     def forward(self, embeds, past_key_values=None, attention_mask=None, position_ids=None):
         out = self.backbone(inputs_embeds=embeds, past_key_values=past_key_values, attention_mask=attention_mask,
                             position_ids=position_ids, use_cache=past_key_values is not None)
@@ -188,10 +194,7 @@ class CodecLM(DataclassModel, nn.Module):
             steps: [B, S, K] input steps (begin step first); step_mask [B, S] (1 = real).
             alignment: [B, S, 4] :func:`frame_alignment` rows of the steps (aligned models).
         """
-        step_embeds = self.embed_steps(steps)
-        if self.config.aligned:
-            step_embeds = step_embeds + self.embed_alignment(alignment)
-        embeds = torch.cat([self.embed_text(phonemes), step_embeds], dim=1)
+        embeds = torch.cat([self.embed_text(phonemes), self.step_embeddings(steps, alignment)], dim=1)
         mask = torch.cat([text_mask, torch.ones_like(text_mask[:, :1]), step_mask], dim=1)
         positions = (mask.cumsum(1) - 1).clamp_min(0)
         logits, hidden = self(embeds, attention_mask=mask, position_ids=positions)
@@ -295,18 +298,23 @@ class CodecLMSteps:
         logits, hidden = self.forward_step_rows(steps[None], [first], cache, [conditioning], want_hidden)
         return logits[0], hidden[0] if want_hidden else None
 
+    def step_inputs(self, steps: torch.Tensor, first_steps: list[int], conditionings: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM's inputs [B, n, D] of steps [B, n, K] (model ids), row b's first at step index
+        ``first_steps[b]`` under ``conditionings[b]``, and those step indices [B, n]."""
+        index = torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device)
+        alignment = None
+        if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
+            alignment = torch.stack([frame_alignment(c["phoneme_ids"][0], c["durations"][0], i, self.model.separator)
+                                     for c, i in zip(conditionings, index)])
+        return self.model.step_embeddings(steps, alignment), index
+
     def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
                           position_ids=None):
         """B rows of steps at once (batched decoding, :mod:`mmspec.core.batch`): steps [B, n, K],
         row b's first step index ``first_steps[b]`` and its ``conditionings[b]``, appended after
         ``cache`` (B rows) under a 2-D ``attention_mask`` [B, C + n] at ``position_ids`` [B, n] ->
         logits [B, n, K, codebook_size], last hidden states [B, n, D] (or None)."""
-        embeds = self.model.embed_steps(steps)
-        index = torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device)
-        if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
-            features = torch.stack([frame_alignment(c["phoneme_ids"][0], c["durations"][0], i, self.model.separator)
-                                    for c, i in zip(conditionings, index)])
-            embeds = embeds + self.model.embed_alignment(features)
+        embeds, index = self.step_inputs(steps, first_steps, conditionings)
         logits, hidden = self.model(embeds, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids)
         if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
             logits = torch.stack([end_at(row, i + 1, int(c["durations"].sum()), self.end_code)

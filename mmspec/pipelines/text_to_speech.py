@@ -3,7 +3,7 @@
 A model directory (``model=None``: the embedded voice in ``models/tts``) holds ``tts.json``
 (``codec``: the codec directory, relative; ``phonemizer``: the text front end of
 :data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
-null; ``medusa``: the Medusa heads' directory, optional) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
+null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
 LM's code stream through :func:`mmspec.generate` with the method's drafter
 (:mod:`~mmspec.pipelines.tts_methods`) -> codes [K, F] -> the codec's waveform.
 """
@@ -26,7 +26,7 @@ from ..core.stats import DictAccess, SpecStats
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
 from ..modeling.fast_linear import OptimizesOnLoad
-from ..modeling.heads import DraftHeads
+from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.mel_codec import MelRVQCodec
 from .tts_methods import METHODS, TTSMethod, make_method
 
@@ -54,11 +54,13 @@ class TTSComponents(OptimizesOnLoad):
     :mod:`mmspec.adapters.audio.codec`), the text front end, the draft model and Medusa heads."""
 
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
-                 device: torch.device, medusa_dir: Path | None = None, optimize: bool = False) -> None:
+                 device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
+                 eagle_dir: Path | None = None) -> None:
         self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
-        self.draft_dir, self.medusa_dir, self.device = draft_dir, medusa_dir, device
+        self.draft_dir, self.medusa_dir, self.eagle_dir, self.device = draft_dir, medusa_dir, eagle_dir, device
         self._draft: DelayPatternTarget | None = None
         self._medusa: DraftHeads | None = None
+        self._eagle: EagleHead | None = None
         self.optimize, self.linears = optimize, "as loaded"  # which few-row kernel ran (mmspec.optimize)
         self.prepare(target.model)
 
@@ -77,10 +79,11 @@ class TTSComponents(OptimizesOnLoad):
         if (codec.num_codebooks, codec.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
             raise ValueError(f"the codec ({codec.num_codebooks} x {codec.codebook_size}) does not match the "
                              f"LM's codebooks ({lm.config.num_codebooks} x {lm.config.codebook_size})")
-        draft, medusa = manifest.get("draft"), manifest.get("medusa")
+        draft, medusa, eagle = manifest.get("draft"), manifest.get("medusa"), manifest.get("eagle")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
-        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize)
+        eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
+        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir)
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -116,6 +119,15 @@ class TTSComponents(OptimizesOnLoad):
             self._medusa = DraftHeads.load(self.medusa_dir, self.target.model, "medusa")
             self.prepare(self._medusa)
         return self._medusa
+
+    def eagle_head(self) -> EagleHead:
+        if self.eagle_dir is None:
+            raise ValueError("this model has no EAGLE head (tts.json 'eagle'); train one with mmspec train tts-drafter "
+                             "--kind eagle, or use method='medusa'")
+        if self._eagle is None:
+            self._eagle = EagleHead.load(self.eagle_dir, self.target.model.backbone).eval()
+            self.prepare(self._eagle)
+        return self._eagle
 
     def neighbours(self, k: int) -> torch.Tensor:
         """A codebook neighbour table over the stream's ids, LongTensor [V, k]: each code's k nearest

@@ -13,6 +13,9 @@ Lossless (greedy: the codes of plain decoding; sampling: its distribution):
 - ``medusa``: Medusa heads on the codec LM's last hidden state (``mmspec train tts-drafter``),
   drafting a chain of whole steps after the current step's known codes
   (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
+- ``eagle``: EAGLE's one-layer head on the codec LM's last hidden state and step inputs
+  (``mmspec train tts-drafter --kind eagle``), the same chain, step by step
+  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`);
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
 - ``sjd``: speculative Jacobi decoding over the code stream (training-free).
 
@@ -38,8 +41,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.registry import class_registrar
 from ..core.rules import RULES
-from ..drafters import (CodecMedusaDrafter, Drafter, JacobiDrafter, PromptLookupDrafter, StepAwareDrafter,
-                        StepCompletionDrafter)
+from ..drafters import (CodecEagleDrafter, CodecMedusaDrafter, Drafter, JacobiDrafter, PromptLookupDrafter,
+                        StepAwareDrafter, StepCompletionDrafter)
 
 if TYPE_CHECKING:
     from .text_to_speech import TTSComponents
@@ -138,6 +141,16 @@ class MedusaMethod(TTSMethod):
 
     def build_drafter(self, components):
         return CodecMedusaDrafter(components.medusa_heads(), num_draft_tokens=self.num_draft_tokens)
+
+
+@register_method
+class EagleMethod(TTSMethod):
+    name = "eagle"
+    description = ("EAGLE: a one-layer head on the codec LM's last hidden state and step inputs drafts whole steps "
+                   "(a chain; mmspec train tts-drafter --kind eagle)")
+
+    def build_drafter(self, components):
+        return CodecEagleDrafter(components.eagle_head(), num_draft_tokens=self.num_draft_tokens)
 
 
 @register_method

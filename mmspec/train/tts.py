@@ -29,6 +29,8 @@ from .codec import iter_utterances
 PRESETS = {
     "target": {"dim": 256, "layers": 6, "heads": 4, "ffn": 768, "aligned": True},
     "draft": {"dim": 128, "layers": 2, "heads": 2, "ffn": 384, "aligned": True},
+    # the target's width, twice its depth: grown from a trained target with --init (see grow_depth)
+    "deep": {"dim": 256, "layers": 12, "heads": 4, "ffn": 768, "aligned": True},
 }
 TEXT_VOCAB = 256  # Piper's phoneme ids (en_US voices use < 160)
 
@@ -107,11 +109,32 @@ def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]
     return batch
 
 
+def grow_depth(state: dict[str, torch.Tensor], layers: int, new_layers: int) -> dict[str, torch.Tensor]:
+    """A state dict of ``layers`` decoder layers -> one of ``new_layers`` (a multiple): old layer i
+    becomes layers i r .. i r + r - 1 (r = new_layers / layers), and every copy but the first has
+    its residual branches' output projections (attention ``o_proj``, MLP ``down_proj``) zeroed, so
+    it adds nothing to the residual stream: the grown model computes exactly the old one's function
+    and training starts where the old one stopped (block expansion, as in LLaMA Pro)."""
+    if new_layers == layers:
+        return state
+    r, out = new_layers // layers, {}
+    for name, value in state.items():
+        parts = name.split(".layers.", 1)
+        if len(parts) == 1:
+            out[name] = value
+            continue
+        index, rest = parts[1].split(".", 1)
+        for copy in range(r):
+            zero = copy > 0 and rest.endswith(("o_proj.weight", "down_proj.weight"))
+            out[f"{parts[0]}.layers.{int(index) * r + copy}.{rest}"] = torch.zeros_like(value) if zero else value.clone()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
-    out = Path(args.out or models_dir() / ("tts" if args.preset == "target" else "tts-draft"))
+    out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
     teacher = None
     if args.distil_from:  # checked before the data is encoded
@@ -129,10 +152,12 @@ def run(args: argparse.Namespace) -> int:
     model = CodecLM(config)
     if args.init:
         start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
-        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions) != config:
+        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers) != config \
+                or config.layers % start.config.layers:
             raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
-                             f"matching --preset")
-        missing, unexpected = model.load_state_dict(start.state_dict(), strict=False)
+                             f"matching --preset (or one of the same width and a multiple of its depth)")
+        missing, unexpected = model.load_state_dict(grow_depth(start.state_dict(), start.config.layers, config.layers),
+                                                    strict=False)
         new_parts = ("durations.", "align_")
         if unexpected or any(not name.startswith(new_parts) for name in missing):
             raise ValueError(f"{args.init} does not fit this codec LM (missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -149,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     manifest_path = out / "tts.json"  # read by the text-to-speech pipeline; other keys (medusa) are kept
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium",
-                     "draft": "../tts-draft" if args.preset == "target" else None})
+                     "draft": "../tts-draft" if args.preset != "draft" else None})
     manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()

@@ -1,12 +1,21 @@
-"""``mmspec train tts-drafter``: Medusa heads for a codec LM (methods ``medusa`` and ``vadusa`` of
-the text-to-speech pipeline), by self-distillation on the frozen target.
+"""``mmspec train tts-drafter``: the trained drafters of a codec LM, by self-distillation on the
+frozen target: Medusa heads (``--kind medusa``: methods ``medusa`` and ``vadusa`` of the
+text-to-speech pipeline) or an EAGLE head (``--kind eagle``: method ``eagle``).
 
 On the speech shards' teacher-forced steps, the target gives its last hidden states f_t and its
-distributions p_{t+1} of every next step; head i (0-based) reads f_t and learns the target's own
-distribution of step t + 2 + i, KL(p_{t+2+i} || Heads(f_t + SiLU(W_i f_t + b_i))) per code, the
-K output heads shared with the target (Medusa-2's self-distillation: the heads learn what the
-target would say, which is what their acceptance depends on). Resumable: rerun the same command.
-The target's tts.json gains ``"medusa"`` so the pipeline finds the heads.
+distributions p_{t+1} of every next step.
+
+- Medusa head i (0-based) reads f_t and learns the target's own distribution of step t + 2 + i,
+  KL(p_{t+2+i} || Heads(f_t + SiLU(W_i f_t + b_i))) per code, the K output heads shared with the
+  target (Medusa-2's self-distillation: the heads learn what the target would say, which is what
+  their acceptance depends on).
+- The EAGLE head reads (E_t, f_{t-1}), E_t the LM's input of step t, and predicts f^_t, trained as
+  EAGLE is: SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)) per code (the KL in place of
+  EAGLE's cross-entropy with the data's tokens: self-distillation, as above), causally over a
+  whole utterance's steps (positions = step indices, as the drafter runs it).
+
+Resumable: rerun the same command. The target's tts.json gains ``"medusa"`` / ``"eagle"`` so the
+pipeline finds the drafter.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import torch
 
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
-from ..modeling.heads import DraftHeads
+from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
 from .tts import collate, encoded_utterances
@@ -30,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="the codec LM directory (default: models/tts)")
     parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
     parser.add_argument("--codec", default=None, help="codec directory (default: the target's, from its tts.json)")
-    parser.add_argument("--out", default=None, help="default: models/tts-medusa")
+    parser.add_argument("--kind", choices=("medusa", "eagle"), default="medusa")
+    parser.add_argument("--out", default=None, help="default: models/tts-medusa (models/tts-eagle for --kind eagle)")
     parser.add_argument("--heads", type=int, default=3, help="Medusa heads (steps drafted beyond the target's own)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -60,11 +70,31 @@ def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor
     return torch.stack(losses).mean()
 
 
+def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)), f^_t = Head(E_t, f_{t-1}), over steps
+    t = 1 .. S - 1 (module doc); padded steps and codes without a target excluded."""
+    inputs = {name: batch[name] for name in ("phonemes", "text_mask", "steps", "step_mask", "alignment") if name in batch}
+    with torch.no_grad():
+        logits, hidden = target.step_logits(**inputs, return_hidden=True)  # row t: f_t and step t + 1
+        reference = logits.float().log_softmax(-1)
+        embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
+    steps = hidden.shape[1]
+    positions = torch.arange(1, steps)[None]
+    predicted = head(hidden[:, :-1], embeds[:, 1:], None, positions)  # f^_t for t = 1 .. S - 1
+    real = batch["step_mask"][:, 1:].bool()
+    regression = torch.nn.functional.smooth_l1_loss(predicted[real], hidden[:, 1:][real])
+    guess = target.heads(predicted).view(*logits[:, 1:].shape).float().log_softmax(-1)
+    teacher = reference[:, 1:]
+    kl = (teacher.exp() * (teacher - guess)).sum(-1)
+    valid = (batch["targets"][:, 1:] != -100) & real[..., None]
+    return regression + 0.1 * (kl * valid).sum() / valid.sum().clamp_min(1)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     target_dir = Path(args.target or models_dir() / "tts")
-    out = Path(args.out or models_dir() / "tts-medusa")
+    out = Path(args.out or models_dir() / f"tts-{args.kind}")
     if args.heads < 1:
         raise ValueError(f"--heads must be at least 1, got {args.heads}")
     target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -75,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
     codec_dir = Path(args.codec) if args.codec else target_dir / manifest.get("codec", "../tts-codec")
     codec = MelRVQCodec.from_pretrained(codec_dir)
     items = encoded_utterances(args.data, codec_dir, codec, "train")
-    heads = DraftHeads(target.config.dim, args.heads, "medusa")
-    print(f"{args.heads} Medusa heads on {target_dir} ({sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M "
+    if args.kind == "eagle":
+        heads, loss_of = EagleHead(target.backbone.config), eagle_loss
+        what = "an EAGLE head"
+    else:
+        heads, loss_of = DraftHeads(target.config.dim, args.heads, "medusa"), heads_loss
+        what = f"{args.heads} Medusa heads"
+    print(f"{what} on {target_dir} ({sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M "
           f"parameters), {len(items)} utterances", flush=True)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     run_state = TrainingRun(out, args, args.time_limit)
@@ -87,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
-        loss = heads_loss(heads, target, collate([items[r] for r in rows], target.config))
+        loss = loss_of(heads, target, collate([items[r] for r in rows], target.config))
         run_state.optimizer_step(loss, optimizer, heads.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)
@@ -97,6 +132,6 @@ def run(args: argparse.Namespace) -> int:
         if run_state.stop_if_out_of_time():
             break
     if manifest_path.is_file():
-        manifest["medusa"] = os.path.relpath(out.resolve(), target_dir.resolve())
+        manifest[args.kind] = os.path.relpath(out.resolve(), target_dir.resolve())
         manifest_path.write_text(json.dumps(manifest, indent=1))
     return 0
