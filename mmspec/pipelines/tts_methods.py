@@ -26,7 +26,8 @@ Tolerant (lossy), over the draft codec LM's chains:
 - ``vadusa``: the same rule over Medusa heads, as VADUSA does (its sparse tree does not fit the
   delay layout, which verifies chains only: the heads' top-1 chain);
 - ``lantern``: LANTERN on audio codes, neighbours from the codec's codebook vectors (each
-  codebook's k nearest codes), TV <= delta per code;
+  codebook's k nearest codes), TV <= delta per code; ``medusa-lantern``: the same rule over the
+  Medusa heads' chains (drafts that cost no model forward);
 - ``pcg``: group acceptance in the manner of principled coarse-graining: overlapping groups of
   acoustically close codes (each code and its 3 nearest in the codec's codebook), speculative
   sampling on the group variable (exact over groups; a token-level bound in
@@ -191,6 +192,15 @@ class LanternMethod(DraftModelMethod):
 
     def rule_kwargs(self, components):
         return {**self.rule_settings, "neighbours": components.neighbours(self.neighbours_k)}
+
+
+@register_method
+class MedusaLanternMethod(LanternMethod):
+    name = "medusa-lantern"
+    description = "the Medusa heads' chains under LANTERN with the codec's code neighbours (lossy, TV <= delta per code)"
+
+    def build_drafter(self, components):
+        return MedusaMethod.build_drafter(self, components)
 
 
 @register_method
