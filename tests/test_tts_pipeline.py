@@ -219,9 +219,10 @@ def test_transformers_codecs_run_every_lossless_method(family, tmp_path):
         CodecLM(config).save(tmp_path / name, dtype=torch.float32)
     torch.manual_seed(3)
     DraftHeads(32, 2, "medusa").save(tmp_path / "tts-medusa")
+    EagleHead(CodecLM.from_pretrained(tmp_path / "tts").backbone.config).save(tmp_path / "tts-eagle")
     (tmp_path / "tts" / "tts.json").write_text(json.dumps({"codec": "../codec", "phonemizer": "characters",
                                                             "draft": "../tts-draft", "medusa": "../tts-medusa",
-                                                        "eagle": "../tts-eagle"}))
+                                                            "eagle": "../tts-eagle"}))
     frames = 12
     for method in [name for name, cls in METHODS.items() if cls.exact]:
         tts = mmspec.pipeline("text-to-speech", model=tmp_path / "tts", method=method)
