@@ -137,8 +137,7 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, p
     guided, sampled at the benchmark's temperature and top-k), each batch decoded by the method's
     ``generate_batch`` (every row with the pass's seed): token models, MAR models and MAR's own
     parallel decoding alike."""
-    options = {spec: {"drafter": method.build_drafter(components)} if method.name != "mar-parallel" else {}
-               for spec, method in methods.items()}
+    options = {spec: {"drafter": method.build_drafter(components)} for spec, method in methods.items()}
     settings = {f"{args.temperature:g}": dict(do_sample=True, temperature=args.temperature, top_k=args.top_k,
                                               guidance_scale=args.guidance_scale)}
     meta = {"model": args.model or "embedded text-to-image model (models/t2i)", **results["meta"]}

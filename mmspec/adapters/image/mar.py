@@ -176,12 +176,20 @@ class MARTarget:
     def final_steps(self, state: MaskedARState, extra: torch.Tensor | None, first: int = 0) -> ContinuousOutput:
         """The final steps of positions ``order[n + first .. n + k]`` (n committed, k = extra's length):
         context i knows the committed tokens and ``extra[:, :i]``."""
-        k = 0 if extra is None else extra.shape[1]
-        n = state.length
-        if n + k >= state.num_positions:
-            raise ValueError(f"no position left to predict after {n} + {k} tokens of {state.num_positions}")
-        index = torch.arange(n + first, n + k + 1, device=state.order.device)
-        return ContinuousOutput(self.sample(state, self.conditions(state, extra, index, index), index))
+        return ContinuousOutput(self._final_steps_rows([state], [extra], [first])[0])
+
+    def _final_steps_rows(self, states: list[MaskedARState], extras: list[torch.Tensor | None],
+                          firsts: list[int]) -> list[FinalStep]:
+        """:meth:`final_steps` of several sequences (``extras[b]`` None or [1, k_b, D]) in one
+        transformer forward and one batch of chains: FinalStep [1, k_b + 1 - first_b] each."""
+        indexes = []
+        for state, extra, first in zip(states, extras, firsts):
+            n, k = state.length, 0 if extra is None else extra.shape[1]
+            if n + k >= state.num_positions:
+                raise ValueError(f"no position left to predict after {n} + {k} tokens of {state.num_positions}")
+            indexes.append(torch.arange(n + first, n + k + 1, device=state.order.device))
+        steps = self.sample_rows(states, self.conditions_rows(states, extras, indexes, indexes), indexes)
+        return _split(steps, [len(i) for i in indexes])
 
     def parallel_step(self, state: MaskedARState, count: int) -> FinalStep:
         """MAR's own decoding step: the next ``count`` tokens, all conditioned on the committed ones
@@ -232,14 +240,7 @@ class MARTarget:
         first k_b + 1 are :meth:`forward`'s; the rest repeat its last)."""
         if hidden_layer is not None:
             raise ValueError("a MAR target gives no hidden states; use a drafter that does not need them")
-        rows = state.rows
-        for row, drafts in zip(rows, tokens):
-            if row.length + drafts.shape[1] >= row.num_positions:
-                raise ValueError(f"no position left to predict after {row.length} + {drafts.shape[1]} tokens of {row.num_positions}")
-        indexes = [torch.arange(r.length, r.length + d.shape[1] + 1, device=r.order.device) for r, d in zip(rows, tokens)]
-        extras = [d if d.shape[1] else None for d in tokens]
-        steps = _split(self.sample_rows(rows, self.conditions_rows(rows, extras, indexes, indexes), indexes),
-                       [len(i) for i in indexes])
+        steps = self._final_steps_rows(state.rows, [d if d.shape[1] else None for d in tokens], [0] * state.size)
         width = max(s.length for s in steps)
         return ContinuousOutput(FinalStep.cat([FinalStep.cat([s] + [s[:, -1:]] * (width - s.length)) for s in steps], dim=0))
 
