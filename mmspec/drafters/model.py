@@ -78,13 +78,10 @@ class ModelDrafter(Drafter):
     def _draft(self, picked: list[tuple[torch.Tensor, torch.Tensor | None]]) -> Draft:
         """The draft of the chosen tokens ([1] each) and their draft distributions (padded to the
         target's vocabulary)."""
-        tokens = torch.cat([choice.view(1, 1) for choice, _ in picked], dim=1)
-        if picked[0][1] is None:
-            return Draft(tokens=tokens)
-        q = torch.stack([q for _, q in picked], dim=1)
-        if self._vocab_pad:
-            q = torch.nn.functional.pad(q, (0, self._vocab_pad))
-        return Draft(tokens=tokens, probs=q)
+        draft = Draft.chain([choice.view(1, 1) for choice, _ in picked], [q for _, q in picked])
+        if draft.probs is not None and self._vocab_pad:
+            draft.probs = torch.nn.functional.pad(draft.probs, (0, self._vocab_pad))
+        return draft
 
     def continue_after(self, generated: torch.Tensor, k: int) -> Draft:
         """Draft ``k`` tokens after the target's generated tokens ``generated`` [1, n]."""
@@ -95,8 +92,9 @@ class ModelDrafter(Drafter):
             if i + 1 < k:
                 logits = self.draft.forward(self.state, picked[-1][0].view(1, 1)).logits[:, -1]
                 self.forwards += 1
-        self.state.tokens = torch.cat([sequence, self._draft(picked).tokens[:, :-1]], dim=1)  # what the cache now holds
-        return self._draft(picked)
+        draft = self._draft(picked)
+        self.state.tokens = torch.cat([sequence, draft.tokens[:, :-1]], dim=1)  # what the cache now holds
+        return draft
 
     @classmethod
     def propose_rows(cls, drafters: list["ModelDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:

@@ -68,101 +68,127 @@ class StepAwareDrafter(ModelDrafter):
         return Draft(tokens=tokens, probs=torch.cat([known_q[None].to(more.probs), more.probs], dim=1))
 
 
-@register_drafter("codec-medusa")
-class CodecMedusaDrafter(Drafter):
-    """Medusa heads (:class:`~mmspec.modeling.heads.DraftHeads`, kind "medusa") on a delay-pattern
-    codec LM whose K output heads are one linear (``get_output_embeddings``, the embedded
-    :class:`~mmspec.modeling.codec_lm.CodecLM`), drafting a chain.
+class _CodecHeadDrafter(Drafter):
+    """A drafter of whole steps through a codec LM's own K output heads (one linear,
+    ``get_output_embeddings``: the embedded :class:`~mmspec.modeling.codec_lm.CodecLM`): the rest
+    of the pending token's step a from the target's known distributions (q = p), then steps
+    a + 1, a + 2, ... from the subclass's head (:meth:`_steps`), codebook by codebook; drawn from
+    the head's distributions under sampling (q = theirs: exact), their argmax under greedy
+    decoding. A chain: the delay layout verifies no token trees.
 
-    With f the target's last hidden state at the last verified position (the state whose heads
-    gave step a, the pending token's step), Medusa head i = 0..M-1 gives step a + 1 + i:
-    logits_i = Heads(f + SiLU(W_i f + b_i)) [K, C + 1]. The draft is the rest of step a from the
-    target's known distributions (q = p), then steps a + 1, a + 2, ... from the heads, codebook by
-    codebook; drawn from the heads' distributions under sampling (q = theirs: exact), their argmax
-    under greedy decoding. A tree (Medusa's, VADUSA's sparse one) does not fit the delay layout
-    (:class:`~mmspec.adapters.audio.delay.DelayPatternTarget` refuses trees), so the chain is
-    Medusa's top-1 path.
+    Args:
+        num_draft_tokens: draft length in stream sub-tokens (None: the rest of the step, then
+            ``draft_steps`` whole steps).
     """
 
     requires_target_hidden = True
+    #: what the target must be, said when it is not (formatted with the head's ``width``)
+    needs = "a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
-    def __init__(self, heads, num_draft_tokens: int | None = None) -> None:
+    def __init__(self, width: int, num_draft_tokens: int | None, draft_steps: int) -> None:
         super().__init__(num_draft_tokens or 1)
-        self.heads = heads
-        self.fixed_length = num_draft_tokens
-        self.feature: torch.Tensor | None = None
+        self.width, self.fixed_length, self.draft_steps = width, num_draft_tokens, draft_steps
+
+    def _fits(self, target) -> bool:
+        return True
 
     def start(self, context, state: SequenceState) -> None:
         _needs_steps(context)
         output = getattr(context.target.model, "get_output_embeddings", lambda: None)()
-        if output is None or output.in_features != self.heads.hidden_size:
-            raise ValueError(f"codec Medusa heads need a codec LM whose heads are one linear of width "
-                             f"{self.heads.hidden_size} (the embedded CodecLM)")
+        if output is None or output.in_features != self.width or not self._fits(context.target):
+            raise ValueError(self.needs.format(width=self.width))
         super().start(context, state)
-        self.output, self.feature = output, None
+        self.output = output
         k = context.target.num_codebooks
-        self.num_draft_tokens = self.fixed_length or k - 1 + self.heads.num_heads * k
+        self.num_draft_tokens = self.fixed_length or k - 1 + self.draft_steps * k
+
+    def _steps(self, state: SequenceState, known: torch.Tensor, more: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """At least ``more`` codes of the steps after the pending token's (completed by ``known``)
+        where the head gives them: codes [m] and the distributions [m, V] they were drawn from
+        (None: argmax); the draft keeps the first ``more``."""
+        raise NotImplementedError
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        limit = min(self.num_draft_tokens, max_tokens)
+        known, known_q = self._pick(self.context.target.known_distributions(state)[:limit])
+        more = limit - known.shape[0]
+        if more <= 0:
+            return Draft(tokens=known[None], probs=None if known_q is None else known_q[None])
+        tokens, probs = self._steps(state, known, more)
+        tokens = torch.cat([known, tokens[:more].to(known.device)])[None]
+        return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([known_q, probs[:more].to(known_q)])[None])
+
+
+@register_drafter("codec-medusa")
+class CodecMedusaDrafter(_CodecHeadDrafter):
+    """Medusa heads (:class:`~mmspec.modeling.heads.DraftHeads`, kind "medusa") on a delay-pattern
+    codec LM (:class:`_CodecHeadDrafter`).
+
+    With f the target's last hidden state at the last verified position (the state whose heads
+    gave step a, the pending token's step), Medusa head i = 0..M-1 gives step a + 1 + i:
+    logits_i = Heads(f + SiLU(W_i f + b_i)) [K, C + 1]. A tree (Medusa's, VADUSA's sparse one)
+    does not fit the delay layout (:class:`~mmspec.adapters.audio.delay.DelayPatternTarget` refuses
+    trees), so the chain is Medusa's top-1 path.
+    """
+
+    needs = "codec Medusa heads need a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
+
+    def __init__(self, heads, num_draft_tokens: int | None = None) -> None:
+        super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads)
+        self.heads = heads
+        self.feature: torch.Tensor | None = None
+
+    def start(self, context, state: SequenceState) -> None:
+        super().start(context, state)
+        self.feature = None
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output) -> None:
         self.feature = target_output.hidden_states[0, -1 if self.feature is None and not num_drafted else num_accepted]
 
-    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        target, k = self.context.target, self.context.target.num_codebooks
-        limit = min(self.num_draft_tokens, max_tokens)
-        known, known_q = self._pick(target.known_distributions(state)[:limit])
-        steps = -(-(limit - known.shape[0]) // k)  # whole steps still wanted, at most one per head
-        if steps <= 0:
-            return Draft(tokens=known[None], probs=None if known_q is None else known_q[None])
-        states = torch.stack([self.heads.head_state(i, self.feature) for i in range(min(steps, self.heads.num_heads))])
+    def _steps(self, state, known, more):
+        k = self.context.target.num_codebooks
+        steps = min(-(-more // k), self.heads.num_heads)  # whole steps still wanted, at most one per head
+        states = torch.stack([self.heads.head_state(i, self.feature) for i in range(steps)])
         self.forwards += 1
-        guesses = self.output(states).view(states.shape[0], k, -1)
+        guesses = self.output(states).view(steps, k, -1)
         first = (state.length - 1) // k + 1  # the step after the pending token's
-        tokens, probs = self._pick(target.draft_logits(state, first, guesses)[: limit - known.shape[0]])
-        tokens = torch.cat([known, tokens.to(known.device)])[None]
-        return Draft(tokens=tokens, probs=None if probs is None else torch.cat([known_q, probs.to(known_q)])[None])
+        return self._pick(self.context.target.draft_logits(state, first, guesses)[:more])
 
     def describe(self) -> dict:
         return {**super().describe(), "heads": self.heads.num_heads, "tree": "chain"}
 
 
 @register_drafter("codec-eagle")
-class CodecEagleDrafter(Drafter):
-    """EAGLE (Li et al., 2024) on a delay-pattern codec LM whose K output heads are one linear and
-    whose step model gives its step inputs (the embedded :class:`~mmspec.modeling.codec_lm.CodecLM`),
-    drafting a chain of whole steps.
+class CodecEagleDrafter(_CodecHeadDrafter):
+    """EAGLE (Li et al., 2024) on a delay-pattern codec LM whose step model also gives its step
+    inputs (:class:`_CodecHeadDrafter`; the embedded :class:`~mmspec.modeling.codec_lm.CodecLM`).
 
     The head works a step at a time: with f_{t-1} the target's last hidden state after step t - 1
     and E_t the LM's input for step t (its K codes' embeddings and alignment),
     f^_t = Head(W_fc [E_t; f_{t-1}]) (one decoder layer, :class:`~mmspec.modeling.heads.EagleHead`),
-    and Heads(f^_t) [K, C] is step t + 1. The draft is the rest of the pending token's step a from
-    the target's known distributions (q = p), then steps a + 1, a + 2, ...: step a + 1 + i from
-    f^_{a+i}, fed back with the drafted step's input. Drawn from the head's distributions under
-    sampling (q = theirs: exact), their argmax under greedy decoding. The head keeps a cache of the
-    committed steps' pairs (E_t, f_{t-1}), read from the target's step cache (``step_hidden``).
+    and Heads(f^_t) [K, C] is step t + 1. After the pending token's step a (completed by the known
+    codes), step a + 1 + i comes from f^_{a+i}, fed back with the drafted step's input. The head
+    keeps a cache of the committed steps' pairs (E_t, f_{t-1}), read from the target's step cache
+    (``step_hidden``).
 
     Args:
         head: the trained :class:`~mmspec.modeling.heads.EagleHead` (width D of the codec LM).
-        num_draft_tokens: draft length in stream sub-tokens (None: the rest of the step, then
-            ``draft_steps`` whole steps).
+        num_draft_tokens, draft_steps: as :class:`_CodecHeadDrafter`'s.
     """
 
-    requires_target_hidden = True
+    needs = ("a codec EAGLE head needs a codec LM whose heads are one linear of width {width} and that gives its "
+             "step inputs (the embedded CodecLM)")
 
     def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3) -> None:
-        super().__init__(num_draft_tokens or 1)
-        self.head, self.fixed_length, self.draft_steps = head, num_draft_tokens, draft_steps
+        super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps)
+        self.head = head
+
+    def _fits(self, target) -> bool:
+        return hasattr(target.steps, "step_inputs")
 
     def start(self, context, state: SequenceState) -> None:
-        _needs_steps(context)
-        target = context.target
-        output = getattr(target.model, "get_output_embeddings", lambda: None)()
-        if output is None or output.in_features != self.head.config.hidden_size or not hasattr(target.steps, "step_inputs"):
-            raise ValueError(f"a codec EAGLE head needs a codec LM whose heads are one linear of width "
-                             f"{self.head.config.hidden_size} and that gives its step inputs (the embedded CodecLM)")
         super().start(context, state)
-        self.output, self.cache, self.fed = output, make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
-        k = target.num_codebooks
-        self.num_draft_tokens = self.fixed_length or k - 1 + self.draft_steps * k
+        self.cache, self.fed = make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
 
     def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
         """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
@@ -176,13 +202,9 @@ class CodecEagleDrafter(Drafter):
         self.forwards += 1
         return self.head(features, inputs, self.cache, positions)
 
-    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+    def _steps(self, state, known, more):
         target, k = self.context.target, self.context.target.num_codebooks
-        limit = min(self.num_draft_tokens, max_tokens)
-        known, known_q = self._pick(target.known_distributions(state)[:limit])
-        steps = -(-(limit - known.shape[0]) // k)  # whole steps still wanted
-        if steps <= 0:
-            return Draft(tokens=known[None], probs=None if known_q is None else known_q[None])
+        steps = -(-more // k)  # whole steps: each is fed back whole
         a = (state.length - 1) // k  # the pending token's step, completed by the known codes
         stream = torch.cat([state.tokens[0], known.to(state.tokens.device)])
         hidden = state.cache.step_hidden  # hidden[t] = f_{t-1}
@@ -191,16 +213,15 @@ class CodecEagleDrafter(Drafter):
                       self.fed)
             self.fed = a
         committed = self.cache.get_seq_length()
-        feature, step, tokens, probs = hidden[a][None, None], stream[a * k : (a + 1) * k], [known], [known_q]
+        feature, step, tokens, probs = hidden[a][None, None], stream[a * k : (a + 1) * k], [], []
         for i in range(steps):
             feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
             guesses = self.output(feature[0]).view(1, k, -1)
             step, q = self._pick(target.draft_logits(state, a + 1 + i, guesses))
-            tokens.append(step.to(known.device))
+            tokens.append(step)
             probs.append(q)
         crop_cache(self.cache, committed)  # the drafted steps are not committed
-        tokens = torch.cat(tokens)[:limit][None]
-        return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([p.to(known_q) for p in probs])[:limit][None])
+        return torch.cat(tokens), None if probs[0] is None else torch.cat(probs)
 
     def describe(self) -> dict:
         return {**super().describe(), "head_layers": 1, "tree": "chain"}
