@@ -49,12 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, threads=2, save_every=100)
 
 
+@torch.no_grad()
+def teacher_forced(target: CodecLM, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The frozen target on a collated batch: logits [B, S, K, C + 1] (row t: step t + 1), last
+    hidden states [B, S, D] (row t: f_t) and the logits' log-probabilities in fp32."""
+    inputs = {name: batch[name] for name in ("phonemes", "text_mask", "steps", "step_mask", "alignment") if name in batch}
+    logits, hidden = target.step_logits(**inputs, return_hidden=True)
+    return logits, hidden, logits.float().log_softmax(-1)
+
+
 def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean over heads and predicted codes of KL(target's step t + 2 + i || head i at t)."""
-    inputs = {name: batch[name] for name in ("phonemes", "text_mask", "steps", "step_mask", "alignment") if name in batch}
-    with torch.no_grad():
-        logits, hidden = target.step_logits(**inputs, return_hidden=True)
-        reference = logits.float().log_softmax(-1)  # [B, S, K, C + 1]: row t is step t + 1
+    logits, hidden, reference = teacher_forced(target, batch)
     valid = batch["targets"] != -100  # [B, S, K]
     shape = logits.shape
     losses = []
@@ -73,10 +79,8 @@ def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor
 def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)), f^_t = Head(E_t, f_{t-1}), over steps
     t = 1 .. S - 1 (module doc); padded steps and codes without a target excluded."""
-    inputs = {name: batch[name] for name in ("phonemes", "text_mask", "steps", "step_mask", "alignment") if name in batch}
+    logits, hidden, reference = teacher_forced(target, batch)
     with torch.no_grad():
-        logits, hidden = target.step_logits(**inputs, return_hidden=True)  # row t: f_t and step t + 1
-        reference = logits.float().log_softmax(-1)
         embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
     steps = hidden.shape[1]
     positions = torch.arange(1, steps)[None]
