@@ -61,6 +61,8 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["bench", "caption", "--threads", "0"], "--threads must be at least 1"),
         (["bench", "text", "--threads", "-1"], "--threads must be at least 1"),
         (["train", "drafter", "--threads", "0"], "--threads must be at least 1"),
+        (["train", "tts-drafter", "--kind", "eagle", "--steps", "-1"], "--steps must be at least 1"),
+        (["train", "tts", "--save-every", "0"], "--save-every must be at least 1"),
         (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["caption", "missing.png", "--max-new-tokens", "-2"], "--max-new-tokens must be at least 1"),
         (["generate", "hi", "--do-sample", "--temperature", "0"], "temperature must be > 0"),

@@ -29,7 +29,8 @@ def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
 
 
 #: integer options that must be >= 1 when given, wherever a subcommand has them
-POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences", "batch_size")
+POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences", "batch_size",
+                 "steps", "save_every")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed")
 
