@@ -65,7 +65,7 @@ def unaligned(shards):
 
 
 def test_training_an_aligned_codec_lm_from_an_unaligned_one_and_distilling(shards, unaligned):
-    assert train(shards, shards / "first") == 0
+    assert train(shards, shards / "first", "--input-noise", "0.25") == 0
     first = CodecLM.from_pretrained(shards / "first")
     assert first.config.aligned and first.config.text_vocab == TEXT_VOCAB and first.config.num_codebooks == K
     log = json.loads((shards / "first" / "training.json").read_text())["log"]
@@ -95,6 +95,23 @@ def test_training_an_aligned_codec_lm_from_an_unaligned_one_and_distilling(shard
     assert json.loads((shards / "first" / "tts.json").read_text())["eagle"] == "../eagle"
 
 
+def test_input_noise_replaces_only_codes_at_its_rate():
+    """--input-noise: a fraction of the input codes become random codes; the begin, end and pad
+    ids stay, and rate 0 changes nothing."""
+    from mmspec.train.tts import noisy_steps
+
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 64, (4, 300, 8), generator=gen)
+    special = torch.rand(codes.shape, generator=gen) < 0.2
+    steps = torch.where(special, 64 + torch.randint(0, 2, codes.shape, generator=gen), codes)  # 64 end, 65 pad
+    assert torch.equal(noisy_steps(steps, 0.0, 64, gen), steps)
+    noisy = noisy_steps(steps, 0.25, 64, gen)
+    assert torch.equal(noisy[special], steps[special])
+    changed = (noisy != steps)[~special].float().mean().item()
+    assert abs(changed - 0.25 * 63 / 64) < 0.02  # a drawn code may equal the old one
+    assert int(noisy[~special].max()) < 64 and int(noisy.min()) >= 0
+
+
 def test_grown_depth_computes_the_same_function():
     """grow_depth (--preset deep --init a trained target): each layer repeated, the copies' output
     projections zeroed, so the deeper model starts as exactly the model it came from."""
@@ -121,3 +138,8 @@ def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
     assert train(shards, shards / "y", "--distil-from", str(unaligned)) == 2
     err = capsys.readouterr().err
     assert "--distil-from" in err and "differs in" in err and err.count("\n") == 1
+    for rate in ("1", "-0.1"):
+        assert train(shards, shards / "z", "--input-noise", rate) == 2
+        err = capsys.readouterr().err
+        assert "--input-noise must lie in [0, 1)" in err and err.count("\n") == 1
+    assert not (shards / "z").exists()

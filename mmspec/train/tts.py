@@ -49,7 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "its shared parts); the step count restarts")
     parser.add_argument("--distil-from", default=None, help="train by distillation from this codec LM (e.g. models/tts "
                         "for the draft): KL(teacher || model) per code instead of the data's codes")
+    parser.add_argument("--input-noise", type=float, default=0.0,
+                        help="replace this fraction of the input steps' codes by random codes (targets stay clean), "
+                        "so that the model leans on the phonemes rather than on its own code history, as Tacotron's "
+                        "pre-net dropout does; 0.25 for the shipped voice")
     add_run_arguments(parser, threads=2, save_every=100)
+
+
+def noisy_steps(steps: torch.Tensor, rate: float, codebook_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Input steps [B, S, K] with each codec code (ids < ``codebook_size``: not the begin, end or
+    pad ids) replaced, with probability ``rate``, by a uniformly drawn code. Teacher forcing
+    shows a codec LM the data's codes, so it can predict the next step from them alone and learn to
+    ignore the phonemes (measured on the embedded voice: docs/speech.md); noisy history makes the
+    phonemes the reliable input."""
+    if rate <= 0:
+        return steps
+    swap = (steps < codebook_size) & (torch.rand(steps.shape, generator=generator) < rate)
+    return torch.where(swap, torch.randint(codebook_size, steps.shape, generator=generator), steps)
 
 
 def frame_durations(samples_per_phoneme: torch.Tensor, num_frames: int, samples_per_frame: int) -> torch.Tensor:
@@ -131,6 +147,8 @@ def grow_depth(state: dict[str, torch.Tensor], layers: int, new_layers: int) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.input_noise < 1:
+        raise ValueError(f"--input-noise must lie in [0, 1), got {args.input_noise}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
@@ -184,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
+        batch["steps"] = noisy_steps(batch["steps"], args.input_noise, config.codebook_size, generator)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):  # fp32 weights, bf16 matmuls where fast
             losses = model.loss(**batch, teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
