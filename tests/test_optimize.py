@@ -11,7 +11,8 @@ from tiny_models import FAMILIES, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
-from mmspec.modeling.fast_linear import FewRowLinear, KernelUnavailable, few_rows_linear, load_kernel, optimize
+from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, few_rows_linear, fp32_variants, load_kernel,
+                                         optimize)
 
 try:
     load_kernel()
@@ -22,18 +23,29 @@ needs_kernel = pytest.mark.skipif(KERNELS[0] != "c", reason="the C kernel cannot
 
 
 @needs_kernel
-@pytest.mark.parametrize("n,k,bias", [(13, 37, True), (64, 64, False), (1537, 576, True), (5, 3, True)])
-def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias):
+@pytest.mark.parametrize("variant", ["avx2", "avx512"])
+@pytest.mark.parametrize("n,k,bias", [(13, 37, True), (64, 64, False), (1537, 576, True), (5, 3, True), (9, 1000, True)])
+def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias, variant):
+    if variant not in fp32_variants():
+        pytest.skip(f"this CPU runs the fp32 kernels {fp32_variants()}")
     gen = torch.Generator().manual_seed(n)
     weight, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if bias else None
     x = torch.randn(16, k, generator=gen)
-    out = few_rows_linear(x, weight, b)
+    out = few_rows_linear(x, weight, b, variant=variant)
     reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
     torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=1e-5)
-    for rows in (1, 2, 3, 7, 16):  # a row's result does not depend on its neighbours
-        assert torch.equal(few_rows_linear(x[:rows], weight, b), out[:rows])
-    assert torch.equal(few_rows_linear(x[9:10], weight, b), out[9:10])
+    for rows in (1, 2, 3, 5, 7, 16):  # a row's result does not depend on its neighbours
+        assert torch.equal(few_rows_linear(x[:rows], weight, b, variant=variant), out[:rows])
+    assert torch.equal(few_rows_linear(x[9:10], weight, b, variant=variant), out[9:10])
     assert not torch.equal(out, F.linear(x, weight.roll(1, 0), b))  # negative control: a wrong weight differs
+
+
+@needs_kernel
+def test_the_default_fp32_kernel_is_the_widest_the_cpu_runs():
+    x, weight = torch.randn(3, 40), torch.randn(17, 40)
+    assert torch.equal(few_rows_linear(x, weight), few_rows_linear(x, weight, variant=fp32_variants()[0]))
+    with pytest.raises(KernelUnavailable, match="does not run here"):
+        few_rows_linear(x, weight, variant="sse")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -11,7 +11,8 @@ parameters (no copy; tied weights stay tied; the state dict is unchanged), the w
 libraries replace modules: the model's own forward methods are untouched. A few-row input (at most
 ``max_rows`` rows, no gradient needed) then goes through one of:
 
-- ``"c"``: a small C kernel (``kernels/few_rows.c``, AVX2 + FMA, OpenMP over output blocks) that
+- ``"c"``: a small C kernel (``kernels/few_rows.c``, AVX2 + FMA, or AVX-512 where the CPU has it;
+  OpenMP over output blocks) that
   loads each block of W once, uses it for every row while it is in L1, and prefetches the next
   block meanwhile (a model's weights stream from DRAM: one 1536 x 576 fp32 linear, 1 thread,
   F.linear / kernel: M=1 315 / 136 us, M=4 384 / 161 us, M=8 450 / 298 us). It is compiled with the
@@ -97,7 +98,7 @@ def load_kernel() -> ctypes.CDLL:
                 raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
             built.replace(path)
     library = ctypes.CDLL(str(path))
-    for function in (library.few_rows_linear, library.few_rows_linear_bf16):
+    for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16):
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = None
     _LIBRARY = library
@@ -109,17 +110,29 @@ def bf16_kernel_available() -> bool:
     return "avx512_bf16" in cpu_flags()
 
 
-def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp32_variants() -> tuple[str, ...]:
+    """The fp32 kernels this CPU runs, the default first: "avx512" (16 lanes, where the CPU has
+    AVX-512F), "avx2"."""
+    return ("avx512", "avx2") if "avx512f" in cpu_flags() else ("avx2",)
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    variant: str | None = None) -> torch.Tensor:
     """x [..., K], weight [N, K], bias [N] (fp32, or bf16 on an AVX512-BF16 CPU; CPU tensors) ->
     x W^T + b [..., N] in their dtype through the C kernel (rows summed in one fixed order:
-    batch-invariant, see the module doc; bf16: fp32 sums rounded to bf16 once, as F.linear does)."""
+    batch-invariant, see the module doc; bf16: fp32 sums rounded to bf16 once, as F.linear does).
+    ``variant``: the fp32 kernel, one of :func:`fp32_variants` (default: its first; the two sum
+    in different orders, so one machine keeps to one)."""
     library = load_kernel()
     if weight.dtype == torch.bfloat16:
         if not bf16_kernel_available():
             raise KernelUnavailable("the bf16 few-row kernel needs a CPU with AVX512-BF16")
         function = library.few_rows_linear_bf16
     elif weight.dtype == torch.float32:
-        function = library.few_rows_linear
+        variants = fp32_variants()
+        if variant not in (None, *variants):
+            raise KernelUnavailable(f"the fp32 few-row kernel {variant!r} does not run here; this CPU runs {variants}")
+        function = library.few_rows_linear_avx512 if (variant or variants[0]) == "avx512" else library.few_rows_linear
     else:
         raise ValueError(f"the few-row kernel takes float32 or bfloat16 weights, got {weight.dtype}")
     rows = x.reshape(-1, x.shape[-1]).to(weight.dtype).contiguous()

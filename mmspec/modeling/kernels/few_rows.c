@@ -64,35 +64,78 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
         }
 }
 
-/* every row of x against W rows [n0, n0 + nb) */
-static inline __attribute__((always_inline)) void rows(const float *x, const float *w, const float *b, float *y,
-                                                       int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) {
-    const int64_t passes = (M + MB - 1) / MB, ahead = (int64_t)nb * K;
-    int64_t m = 0, pass = 0;
-    for (; m + MB <= M; m += MB, pass++)
-        block(x, w, b, y, m, MB, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);
-    const int64_t pf0 = ahead * pass / passes, pf1 = ahead;
-    switch (M - m) {
-        case 3: block(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;
-        case 2: block(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;
-        case 1: block(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;
-        default: break;
+/* Every row of x against W rows [n0, n0 + nb): blocks of MBV rows, then the remaining 1-3, each
+ * pass prefetching its share of the next weight block; and the exported entry point, OpenMP over
+ * blocks of NBV weight rows. One definition for each kernel below (its block function BLOCK). */
+#define ROWS_AND_ENTRY(NAME, T, BLOCK, MBV, NBV, TARGET)                                                       \
+    static inline TARGET __attribute__((always_inline)) void NAME##_rows(                                      \
+        const T *x, const T *w, const T *b, T *y, int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) { \
+        const int64_t passes = (M + MBV - 1) / MBV, ahead = (int64_t)nb * K;                                    \
+        int64_t m = 0, pass = 0;                                                                                \
+        for (; m + MBV <= M; m += MBV, pass++)                                                                  \
+            BLOCK(x, w, b, y, m, MBV, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);        \
+        const int64_t pf0 = ahead * pass / passes, pf1 = ahead;                                                 \
+        switch (M - m) {                                                                                        \
+            case 3: BLOCK(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;                                     \
+            case 2: BLOCK(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;                                     \
+            case 1: BLOCK(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;                                     \
+            default: break;                                                                                     \
+        }                                                                                                       \
+    }                                                                                                           \
+    TARGET void NAME(const T *x, const T *w, const T *b, T *y, int64_t M, int64_t N, int64_t K, int threads) {   \
+        const int64_t blocks = (N + NBV - 1) / NBV;                                                             \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                       \
+        for (int64_t blk = 0; blk < blocks; blk++) {                                                            \
+            const int64_t n0 = blk * NBV;                                                                       \
+            if (n0 + NBV <= N)                                                                                  \
+                NAME##_rows(x, w, b, y, M, n0, NBV, N, K);                                                      \
+            else                                                                                                \
+                for (int64_t n = n0; n < N; n++) NAME##_rows(x, w, b, y, M, n, 1, N, K);                        \
+        }                                                                                                       \
     }
-}
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]: all contiguous fp32. threads: OpenMP threads. */
-void few_rows_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
-                     int threads) {
-    const int64_t blocks = (N + NB - 1) / NB;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t n0 = blk * NB;
-        if (n0 + NB <= N)
-            rows(x, w, b, y, M, n0, NB, N, K);
-        else
-            for (int64_t n = n0; n < N; n++) rows(x, w, b, y, M, n, 1, N, K);
+ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, )
+
+/* ---- fp32 on AVX-512: the same blocking with 16-lane vectors ----
+ *
+ * The AVX2 kernel's FMAs bind from ~6 rows on (8 lanes, 16 registers); AVX-512 doubles the lanes and
+ * the registers (4 x 4 accumulators). Each output is summed in one fixed order too (16-lane partial
+ * sums over k in steps of 16, one horizontal sum, the scalar tail, the bias): batch-invariant. Its
+ * sums differ in order from the AVX2 kernel's, so a machine uses one of the two for every call.
+ * Compiled for AVX-512F whatever the build machine; called only where the CPU has it.
+ */
+#define ZF_MB 4
+#define ZF_NB 4 /* 16 accumulators + 4 weights + 1 input of the 32 zmm registers */
+#define AVX512_TARGET __attribute__((target("avx512f")))
+
+static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
+    const float *x, const float *w, const float *b, float *y, int64_t m0, const int mb, int64_t n0, const int nb,
+    int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
+    const int64_t k16 = K & ~(int64_t)15;
+    const float *next = w + (n0 + AHEAD * nb) * K;
+    __m512 acc[ZF_MB][ZF_NB];
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
+    const int64_t steps = k16 / 16, per = steps ? ((pf1 - pf0 + steps * 16 - 1) / (steps * 16)) * 16 : 0;
+    int64_t p = pf0;
+    for (int64_t k = 0; k < k16; k += 16) { /* one 64-byte line of each weight row per step */
+        for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        __m512 wv[ZF_NB];
+        for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(w + (n0 + j) * K + k);
+        for (int i = 0; i < mb; i++) {
+            __m512 xv = _mm512_loadu_ps(x + (m0 + i) * K + k);
+            for (int j = 0; j < nb; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
     }
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) {
+            float s = tail(w + (n0 + j) * K, x + (m0 + i) * K, k16, K, _mm512_reduce_add_ps(acc[i][j]));
+            y[(m0 + i) * N + n0 + j] = b ? s + b[n0 + j] : s;
+        }
 }
+
+ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, AVX512_TARGET)
 
 /* ---- bf16: the same blocking on AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in fp32) ----
  *
@@ -144,31 +187,4 @@ static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
         }
 }
 
-static inline BF16_TARGET __attribute__((always_inline)) void bf_rows(
-    const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t n0, const int nb,
-    int64_t N, int64_t K) {
-    const int64_t passes = (M + BF_MB - 1) / BF_MB, ahead = (int64_t)nb * K;
-    int64_t m = 0, pass = 0;
-    for (; m + BF_MB <= M; m += BF_MB, pass++)
-        bf_block(x, w, b, y, m, BF_MB, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);
-    const int64_t pf0 = ahead * pass / passes, pf1 = ahead;
-    switch (M - m) {
-        case 3: bf_block(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;
-        case 2: bf_block(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;
-        case 1: bf_block(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;
-        default: break;
-    }
-}
-
-BF16_TARGET void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                                      int64_t N, int64_t K, int threads) {
-    const int64_t blocks = (N + BF_NB - 1) / BF_NB;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t n0 = blk * BF_NB;
-        if (n0 + BF_NB <= N)
-            bf_rows(x, w, b, y, M, n0, BF_NB, N, K);
-        else
-            for (int64_t n = n0; n < N; n++) bf_rows(x, w, b, y, M, n, 1, N, K);
-    }
-}
+ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARGET)
