@@ -65,7 +65,7 @@ def unaligned(shards):
 
 
 def test_training_an_aligned_codec_lm_from_an_unaligned_one_and_distilling(shards, unaligned):
-    assert train(shards, shards / "first", "--input-noise", "0.25") == 0
+    assert train(shards, shards / "first", "--input-noise", "0.25", "--prefix-dropout", "0.5") == 0
     first = CodecLM.from_pretrained(shards / "first")
     assert first.config.aligned and first.config.text_vocab == TEXT_VOCAB and first.config.num_codebooks == K
     log = json.loads((shards / "first" / "training.json").read_text())["log"]
@@ -112,6 +112,32 @@ def test_input_noise_replaces_only_codes_at_its_rate():
     assert int(noisy[~special].max()) < 64 and int(noisy.min()) >= 0
 
 
+def test_prefix_dropout_hides_the_phonemes_from_the_steps_only():
+    """CodecLM.loss(text_hidden=...): a hidden row's steps see no phoneme (as if its prefix were
+    masked out), the other rows and the duration loss are unchanged."""
+    from mmspec.modeling.codec_lm import CodecLMConfig
+    from mmspec.train.tts import PRESETS, collate
+
+    torch.manual_seed(4)
+    model = CodecLM(CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=K, codebook_size=CODES, **PRESETS["draft"])).eval()
+    gen = torch.Generator().manual_seed(4)
+    items = [{"phonemes": torch.randint(0, 40, (6,), generator=gen), "codes": torch.randint(0, CODES, (K, 9), generator=gen),
+              "durations": torch.tensor([2, 1, 2, 1, 2, 1])} for _ in range(2)]
+    batch = collate(items, model.config)
+    hidden = torch.tensor([True, False])
+    with torch.no_grad():
+        plain, dropped = model.loss(**batch), model.loss(**batch, text_hidden=hidden)
+        masked = model.step_logits(batch["phonemes"], batch["text_mask"] * torch.tensor([[0], [1]]), batch["steps"],
+                                   batch["step_mask"], batch["alignment"])
+        logits = model.step_logits(batch["phonemes"], batch["text_mask"], batch["steps"], batch["step_mask"], batch["alignment"])
+    torch.testing.assert_close(dropped["durations"], plain["durations"])
+    assert not torch.allclose(dropped["codes"], plain["codes"])
+    assert not torch.allclose(masked[0], logits[0]) and torch.allclose(masked[1], logits[1], atol=1e-6)
+    targets = batch["targets"]
+    expected = torch.nn.functional.cross_entropy(masked.reshape(-1, masked.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(dropped["codes"], expected)
+
+
 def test_grown_depth_computes_the_same_function():
     """grow_depth (--preset deep --init a trained target): each layer repeated, the copies' output
     projections zeroed, so the deeper model starts as exactly the model it came from."""
@@ -138,8 +164,9 @@ def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
     assert train(shards, shards / "y", "--distil-from", str(unaligned)) == 2
     err = capsys.readouterr().err
     assert "--distil-from" in err and "differs in" in err and err.count("\n") == 1
-    for rate in ("1", "-0.1"):
-        assert train(shards, shards / "z", "--input-noise", rate) == 2
-        err = capsys.readouterr().err
-        assert "--input-noise must lie in [0, 1)" in err and err.count("\n") == 1
+    for option in ("--input-noise", "--prefix-dropout"):
+        for rate in ("1", "-0.1"):
+            assert train(shards, shards / "z", option, rate) == 2
+            err = capsys.readouterr().err
+            assert f"{option} must lie in [0, 1)" in err and err.count("\n") == 1
     assert not (shards / "z").exists()

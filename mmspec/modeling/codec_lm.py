@@ -203,7 +203,7 @@ class CodecLM(DataclassModel, nn.Module):
 
     def loss(self, phonemes: torch.Tensor, text_mask: torch.Tensor, steps: torch.Tensor, step_mask: torch.Tensor,
              targets: torch.Tensor, alignment: torch.Tensor | None = None, durations: torch.Tensor | None = None,
-             teacher: "CodecLM | None" = None) -> dict[str, torch.Tensor]:
+             teacher: "CodecLM | None" = None, text_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Teacher-forced losses: {"codes": the cross-entropy with the data's next codes, or with a
         ``teacher`` codec LM the distillation loss KL(teacher || self) per predicted code (what
         a draft for speculative sampling should minimise: its acceptance is 1 - TV), "durations":
@@ -211,14 +211,17 @@ class CodecLM(DataclassModel, nn.Module):
 
         Args: as :meth:`step_logits`, and targets [B, S, K] the next step's codes, -100 where
         nothing is predicted (pads of the delay pattern, padding); durations [B, P] frames per
-        phoneme, aligned with ``phonemes`` (aligned models).
+        phoneme, aligned with ``phonemes`` (aligned models); text_hidden [B] bool: rows whose
+        phonemes the steps do not attend to (prefix dropout: an aligned model then has only its
+        alignment inputs; the duration predictor still reads them).
         """
         losses = {}
         if self.config.aligned:
             predicted = self.durations(phonemes, text_mask)
             error = (predicted.float() - torch.log1p(durations.float())) ** 2
             losses["durations"] = (error * text_mask).sum() / text_mask.sum()
-        logits = self.step_logits(phonemes, text_mask, steps, step_mask, alignment).float()
+        seen = text_mask if text_hidden is None else text_mask * (~text_hidden)[:, None]
+        logits = self.step_logits(phonemes, seen, steps, step_mask, alignment).float()
         if teacher is None:
             losses["codes"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
             return losses

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace this fraction of the input steps' codes by random codes (targets stay clean), "
                         "so that the model leans on the phonemes rather than on its own code history, as Tacotron's "
                         "pre-net dropout does; 0.25 for the shipped voice")
+    parser.add_argument("--prefix-dropout", type=float, default=0.0,
+                        help="hide the phoneme prefix from attention in this fraction of the rows (an aligned model then "
+                        "reads the phonemes only from its alignment inputs, so it learns to use them)")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -147,8 +150,11 @@ def grow_depth(state: dict[str, torch.Tensor], layers: int, new_layers: int) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.input_noise < 1:
-        raise ValueError(f"--input-noise must lie in [0, 1), got {args.input_noise}")
+    for name in ("input_noise", "prefix_dropout"):
+        if not 0 <= getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {getattr(args, name)}")
+    if args.prefix_dropout and not PRESETS[args.preset]["aligned"]:
+        raise ValueError("--prefix-dropout needs an aligned codec LM (its alignment inputs carry the phonemes)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
@@ -203,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
         batch["steps"] = noisy_steps(batch["steps"], args.input_noise, config.codebook_size, generator)
+        if args.prefix_dropout:
+            batch["text_hidden"] = torch.rand(args.batch_size, generator=generator) < args.prefix_dropout
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):  # fp32 weights, bf16 matmuls where fast
             losses = model.loss(**batch, teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
