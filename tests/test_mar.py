@@ -223,7 +223,7 @@ def tiny_components(attention: str = "causal"):
                          draft=MARTarget(tiny_mar(9, attention=attention, class_num=0, text_dim=6)))
 
 
-def test_text_to_image_pipeline_with_a_mar():
+def test_text_to_image_pipeline_with_a_mar(tmp_path):
     from mmspec.pipelines.text_to_image import TextToImagePipeline
 
     components = tiny_components()
@@ -244,6 +244,12 @@ def test_text_to_image_pipeline_with_a_mar():
     assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd, cspd-tempered, cspd-self"):
         TextToImagePipeline(components=components, method="sjd")
+    broken = tmp_path / "broken-mar"  # a discrete-token method is refused before the model loads
+    broken.mkdir()
+    (broken / "mar.json").write_text("not json")
+    for model in (broken, str(broken)):
+        with pytest.raises(ValueError, match="method 'sjd' does not work with a continuous-token"):
+            TextToImagePipeline(model=model, method="sjd")
     with pytest.raises(ValueError, match="keep do_sample=True"):
         cspd("a red circle", do_sample=False)
     with pytest.raises(ValueError, match="takes the number of steps"):

@@ -102,6 +102,12 @@ class T2IComponents(OptimizesOnLoad):
     #: discrete image tokens (MARComponents: continuous)
     continuous = False
 
+    @staticmethod
+    def names_continuous(model: Any) -> bool:
+        """Whether ``model`` names a continuous-token (MAR) model, read without loading it:
+        ``"mar"`` or a directory with ``mar.json`` (what :meth:`from_pretrained` loads as one)."""
+        return model == "mar" or (isinstance(model, (str, Path)) and (Path(model).expanduser() / MAR_FILE).is_file())
+
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
                         image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
@@ -130,7 +136,7 @@ class T2IComponents(OptimizesOnLoad):
         """
         device = resolve_device(device)
         local = isinstance(model, (str, Path))
-        if model == "mar" or (local and (Path(model).expanduser() / MAR_FILE).is_file()):
+        if cls.names_continuous(model):
             from .mar_components import MARComponents, default_mar_dir
 
             directory = default_mar_dir() if model == "mar" else Path(model).expanduser()

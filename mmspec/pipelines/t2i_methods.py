@@ -166,9 +166,14 @@ class T2IMethod:
 
     def check_components(self, components) -> None:
         """Refuse a model of the other token kind (one ValueError line)."""
-        if self.continuous is not None and self.continuous != components.continuous:
-            fits = [name for name, cls in METHODS.items() if cls.continuous in (None, components.continuous)]
-            kind = "continuous-token (MAR)" if components.continuous else "discrete-token"
+        self.check_kind(components.continuous)
+
+    def check_kind(self, continuous: bool) -> None:
+        """Refuse a model whose tokens are (``continuous``) or are not continuous, when this
+        method is for the other kind (one ValueError line naming the methods that fit)."""
+        if self.continuous is not None and self.continuous != continuous:
+            fits = [name for name, cls in METHODS.items() if cls.continuous in (None, continuous)]
+            kind = "continuous-token (MAR)" if continuous else "discrete-token"
             raise ValueError(f"method {self.name!r} does not work with a {kind} model; choose one of {', '.join(fits)}")
 
     def generate(self, components: "T2IComponents", model_inputs: dict[str, Any], seed: int,

@@ -153,6 +153,8 @@ class TextToImagePipeline:
         self.settings = settings
         self.method = make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
+            if T2IComponents.names_continuous(model):  # checked before the model loads
+                self.method.check_kind(True)
             components = T2IComponents.from_pretrained(model, device, processor=processor, image_tokenizer=image_tokenizer,
                                                        grid=grid, draft=draft, eagle_head=eagle_head,
                                                        trust_remote_code=trust_remote_code, optimize=optimize)
