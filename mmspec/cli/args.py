@@ -33,6 +33,8 @@ POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "pe
                  "steps", "save_every")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed")
+#: number options that are a fraction of something: in [0, 1) when given
+FRACTIONS = ("input_noise", "prefix_dropout")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -40,7 +42,7 @@ def check_args(args: argparse.Namespace) -> None:
     one line that says what to pass instead.
 
     Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
-    options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS`, the sampling options, and the output paths the subcommand
+    options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, the sampling options, and the output paths the subcommand
     names in its ``output_args`` default ({attribute: "file" | "dir"}).
     """
     from ..hub import resolve_device
@@ -55,6 +57,10 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    for name in FRACTIONS:
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {value}")
     if hasattr(args, "do_sample"):
         from ..core.sampling import SamplingConfig
 

@@ -110,6 +110,7 @@ def bf16_kernel_available() -> bool:
     return "avx512_bf16" in cpu_flags()
 
 
+@functools.cache
 def fp32_variants() -> tuple[str, ...]:
     """The fp32 kernels this CPU runs, the default first: "avx512" (16 lanes, where the CPU has
     AVX-512F), "avx2"."""

@@ -150,11 +150,6 @@ def grow_depth(state: dict[str, torch.Tensor], layers: int, new_layers: int) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("input_noise", "prefix_dropout"):
-        if not 0 <= getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {getattr(args, name)}")
-    if args.prefix_dropout and not PRESETS[args.preset]["aligned"]:
-        raise ValueError("--prefix-dropout needs an aligned codec LM (its alignment inputs carry the phonemes)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
