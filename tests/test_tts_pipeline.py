@@ -242,3 +242,33 @@ def test_linears_are_optimized_at_load_unless_opted_out(model_dir):
     plain = mmspec.pipeline("text-to-speech", model=model_dir, method="spec", optimize=False)
     assert plain("a red star.", max_seconds=0.3).stats.config["linears"] == "as loaded"
     assert not any(isinstance(m, FewRowLinear) for m in plain.components.target.model.modules())
+
+
+def test_the_default_temperature_is_the_models(model_dir):
+    """tts.json's "temperature" is the pipeline's default (recorded in the stats); an explicit one wins."""
+    import shutil
+
+    cold = model_dir.parent / "tts-cold"
+    if not cold.exists():
+        shutil.copytree(model_dir, cold)
+        manifest = json.loads((cold / "tts.json").read_text())
+        (cold / "tts.json").write_text(json.dumps({**manifest, "temperature": 0.5}))
+    said = dict(seed=1, max_seconds=0.4)
+    out = mmspec.pipeline("text-to-speech", model=cold)("a red star.", **said)
+    assert out.stats.config["temperature"] == 0.5
+    plain = mmspec.pipeline("text-to-speech", model=model_dir)
+    assert torch.equal(out.codes, plain("a red star.", temperature=0.5, **said).codes)
+    default = plain("a red star.", **said)
+    assert default.stats.config["temperature"] == 1.0 and not torch.equal(out.codes, default.codes)
+
+
+@pytest.mark.parametrize("value", [0, -1, "hot", True])
+def test_a_bad_default_temperature_is_refused_before_loading(model_dir, value):
+    import shutil
+
+    bad = model_dir.parent / f"tts-bad-{value}"
+    shutil.copytree(model_dir, bad, dirs_exist_ok=True)
+    manifest = json.loads((bad / "tts.json").read_text())
+    (bad / "tts.json").write_text(json.dumps({**manifest, "temperature": value}))
+    with pytest.raises(ValueError, match='"temperature" must be a positive number'):
+        mmspec.pipeline("text-to-speech", model=bad)

@@ -4,8 +4,11 @@ Sentences: the first ``--sentences`` of the test split of :mod:`mmspec.train.dat
 (never drawn for training). Each method says each sentence once per round with the same seed as
 AR, methods interleaved per sentence after a warm-up (the bench protocol); times are sums over
 every sentence and round, speedup = AR's time / the method's. Columns: speedup, tau (stream
-sub-tokens per verification), real-time factor (generation seconds / audio seconds), and the word
-error rate of Whisper tiny.en on the method's audio (``--no-quality`` skips it). Results are
+sub-tokens per verification), real-time factor (generation seconds / audio seconds), the word
+error rate of Whisper tiny.en on the method's audio and its speaker similarity to a reference
+(Resemblyzer; by default the Piper voice the embedded model learned from, saying the same sentence
+without its sampling noise, so the reference is the same every run),
+each also per round, the run-to-run spread (``--no-quality`` skips both). Results are
 checkpointed in ``--results`` after every measurement: rerun to resume, or with a complete file to
 re-derive the table without measuring.
 """
@@ -36,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_args(parser)
     parser.add_argument("--results", default="bench-out/tts.json")
     parser.add_argument("--markdown", default=None)
-    parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en)")
+    parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en) and speaker similarity")
+    parser.add_argument("--speaker-reference", default="piper",
+                        help="speaker similarity against: 'piper' (the Piper voice en_US-joe-medium saying each sentence: "
+                             "the embedded voice's source), a WAV file (one reference for every sentence), or 'none'")
     parser.add_argument("--batch-sizes", default=None,
                         help="measure throughput instead: the sentences said B at a time, per batch size (items/s, "
                              "stream tokens/s, crossover; no WER); see mmspec.bench.throughput")
@@ -48,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from ..train.data.sentences import sentence
 
     specs = [m for m in args.methods.split(",") if m]
+    reference = args.speaker_reference
+    if reference not in ("piper", "none") and not Path(reference).is_file():
+        raise ValueError(f"--speaker-reference takes 'piper', 'none' or a WAV file; {reference!r} is none of them")
     methods = {spec: make_method(spec) for spec in specs}  # checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
@@ -84,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
                          "codes": out.codes.tolist()}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
-    summary = summarise(results, specs, texts, pipe, quality=not args.no_quality)
+    references = None
+    if not args.no_quality and reference != "none":
+        references, results["reference_rows"] = speaker_references(reference, texts, pipe)
+    summary = summarise(results, specs, texts, pipe, quality=not args.no_quality, references=references)
     results["summary"] = summary
     save_results(path, results)
-    table = markdown_table(summary, meta)
+    table = markdown_table(summary, meta, results.get("reference_rows", {}))
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
@@ -111,11 +123,40 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, t
     return 0
 
 
-def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool) -> dict:
+def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[torch.Tensor], dict]:
+    """One speaker embedding [256] per sentence: of the Piper voice saying it (``"piper"``), or of
+    one WAV file for all. With Piper, also the rows that bound the methods' quality: Piper's own
+    WER, and the WER and speaker similarity of Piper's audio through the model's codec."""
+    from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
+
+    if reference != "piper":
+        import soundfile
+
+        audio, rate = soundfile.read(reference, dtype="float32", always_2d=True)
+        return [speaker_embedding(torch.from_numpy(audio.mean(axis=1)), rate)] * len(texts), {}
+    from ..train.speech_data import load_voice, synthesise
+
+    voice = load_voice()
+    rate, codec_rate = voice.config.sample_rate, pipe.sampling_rate
+    source = [synthesise(voice, text, noise=False)[1].float() / 32768 for text in texts]
+    coded = [pipe.components.waveform(pipe.components.codec.encode(a, rate))[0] for a in source]
+    embeddings = [speaker_embedding(a, rate) for a in source]
+    sims = [float(speaker_embedding(a, codec_rate) @ e) for a, e in zip(coded, embeddings)]
+    rows = {"piper (the reference)": {"wer": word_error_rate(texts, [transcribe(a, rate) for a in source])},
+            "piper through the codec": {"wer": word_error_rate(texts, [transcribe(a, codec_rate) for a in coded]),
+                                        "speaker_similarity": sum(sims) / len(sims)}}
+    return embeddings, rows
+
+
+def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool,
+              references: list[torch.Tensor] | None = None) -> dict:
     """Per method: time, audio seconds, speedup over AR, tau, real-time factor and, with
-    ``quality``, the WER of every round's audio (decoded from the stored codes)."""
+    ``quality``, the WER of every round's audio (decoded from the stored codes), overall and per
+    round, and with ``references`` (a speaker embedding per sentence) the mean speaker similarity,
+    overall and per round."""
     runs, rounds = results["runs"], results["meta"]["rounds"]
-    cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(len(texts))] for spec in specs}
+    n = len(texts)
+    cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(n)] for spec in specs}
     ar_time = sum(c["time"] for c in cells["ar"]) if "ar" in cells else None
     summary = {}
     for spec in specs:
@@ -124,23 +165,40 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
         row = {"time_s": time_, "audio_s": seconds, "speedup": ar_time / time_ if ar_time else None,
                "tau": sum(c["tau"] for c in cells[spec]) / len(cells[spec]), "rtf": time_ / max(seconds, 1e-9)}
         if quality:
-            from ..metrics.speech import transcribe, word_error_rate
+            from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
 
             rate = pipe.sampling_rate
-            hypotheses = [transcribe(pipe.components.waveform(torch.tensor(c["codes"]))[0], rate) for c in cells[spec]]
+            audio = [pipe.components.waveform(torch.tensor(c["codes"]))[0] for c in cells[spec]]
+            hypotheses = [transcribe(a, rate) for a in audio]
             row["wer"] = word_error_rate([t for _ in range(rounds) for t in texts], hypotheses)
+            row["wer_rounds"] = [word_error_rate(texts, hypotheses[r * n:(r + 1) * n]) for r in range(rounds)]
+            if references is not None:
+                sims = [float(speaker_embedding(a, rate) @ references[k % n]) for k, a in enumerate(audio)]
+                row["speaker_similarity"] = sum(sims) / len(sims)
+                row["speaker_similarity_rounds"] = [sum(sims[r * n:(r + 1) * n]) / n for r in range(rounds)]
         summary[spec] = row
     return summary
 
 
-def markdown_table(summary: dict, meta: dict) -> str:
+def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
+    return f"{fmt.format(value)} ({', '.join(fmt.format(v) for v in rounds)})" if len(rounds) > 1 else fmt.format(value)
+
+
+def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None) -> str:
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
     lines = [f"{meta['sentences']} held-out sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
              f"{m['cpu']} ({' '.join(m['cpu_flags'])}), torch {m['torch']}", "",
-             "| method | speedup | tau | real-time factor | WER |", "|---|---|---|---|---|"]
+             "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
+             "|---|---|---|---|---|---|"]
     for spec, row in summary.items():
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-        wer = f"{100 * row['wer']:.1f} %" if "wer" in row else "-"
-        lines.append(f"| {spec} | {speedup} | {row['tau']:.2f} | {row['rtf']:.3f} | {wer} |")
+        wer = (_with_rounds(100 * row["wer"], [100 * w for w in row.get("wer_rounds", [])], "{:.1f}") + " %"
+               if "wer" in row else "-")
+        sim = (_with_rounds(row["speaker_similarity"], row["speaker_similarity_rounds"], "{:.3f}")
+               if "speaker_similarity" in row else "-")
+        lines.append(f"| {spec} | {speedup} | {row['tau']:.2f} | {row['rtf']:.3f} | {wer} | {sim} |")
+    for name, row in (reference_rows or {}).items():
+        sim = f"{row['speaker_similarity']:.3f}" if "speaker_similarity" in row else "1 (itself)"
+        lines.append(f"| {name} | - | - | - | {100 * row['wer']:.1f} % | {sim} |")
     return "\n".join(lines)

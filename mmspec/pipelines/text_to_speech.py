@@ -3,7 +3,9 @@
 A model directory (``model=None``: the embedded voice in ``models/tts``) holds ``tts.json``
 (``codec``: the codec directory, relative; ``phonemizer``: the text front end of
 :data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
-null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
+null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional; ``temperature``:
+the model's default sampling temperature, 1 if absent, as a transformers generation config gives
+one) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
 LM's code stream through :func:`mmspec.generate` with the method's drafter
 (:mod:`~mmspec.pipelines.tts_methods`) -> codes [K, F] -> the codec's waveform.
 """
@@ -55,8 +57,9 @@ class TTSComponents(OptimizesOnLoad):
 
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
-                 eagle_dir: Path | None = None) -> None:
+                 eagle_dir: Path | None = None, temperature: float = 1.0) -> None:
         self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
+        self.temperature = temperature  # the model's default sampling temperature
         self.draft_dir, self.medusa_dir, self.eagle_dir, self.device = draft_dir, medusa_dir, eagle_dir, device
         self._draft: DelayPatternTarget | None = None
         self._medusa: DraftHeads | None = None
@@ -73,6 +76,9 @@ class TTSComponents(OptimizesOnLoad):
                     "docs/speech.md)") if model is None else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory?"
             raise ValueError(hint)
         manifest = json.loads(manifest_path.read_text())
+        temperature = manifest.get("temperature", 1.0)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+            raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
         lm = CodecLM.from_pretrained(directory).to(dev)
         codec = load_tts_codec(directory, manifest.get("codec"))
@@ -83,7 +89,8 @@ class TTSComponents(OptimizesOnLoad):
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
         eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
-        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir)
+        return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir,
+                   float(temperature))
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -241,13 +248,14 @@ class TextToSpeechPipeline:
         out = generate_rows(c.target, inputs, **settings)
         return [(out.sequences[b, k : k + s.new_tokens], s) for b, s in enumerate(out.row_stats)]
 
-    def __call__(self, text: str | list[str], do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+    def __call__(self, text: str | list[str], do_sample: bool = True, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
                  compare_baseline: bool = False, method: TTSMethod | None = None,
                  progress: Callable[[int], None] | None = None,
                  batch_size: int = 1) -> TextToSpeechOutput | list[TextToSpeechOutput]:
-        """Say ``text``, or each text of a list (one output per text, in order). Sampling
-        (temperature 1) is the default, as codec LMs are used. ``speed`` scales an aligned model's
+        """Say ``text``, or each text of a list (one output per text, in order). Sampling is the
+        default, as codec LMs are used, at the model's temperature (``temperature=None``: its
+        tts.json's, 0.7 for the embedded voice, as Bark samples; else 1). ``speed`` scales an aligned model's
         speaking rate (2.0: twice as fast). ``method`` overrides the pipeline's for this call (the
         benchmark runs every method on one model). ``progress`` is called with the steps (frames,
         roughly) generated so far by the method's run (batch size 1).
@@ -277,6 +285,7 @@ class TextToSpeechPipeline:
                 raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} "
                                  "positions; say a shorter sentence or lower max_seconds")
         budget = c.target.stream_length(frames) + 1
+        temperature = c.temperature if temperature is None else temperature
         sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
         results = []
         for first in range(0, len(texts), batch_size):
@@ -287,16 +296,18 @@ class TextToSpeechPipeline:
                 baseline = self._generate(make_method("ar"), chunk, budget, seed, sampling)
             runs = self._generate(method, chunk, budget, seed, sampling, progress)
             for row, (tokens, stats) in enumerate(runs):
-                results.append(self._output(method, texts[first + row], tokens, stats, baseline and baseline[row]))
+                results.append(self._output(method, texts[first + row], tokens, stats, baseline and baseline[row], sampling))
         return results[0] if isinstance(text, str) else results
 
     def _output(self, method: TTSMethod, text: str, tokens: torch.Tensor, s: SpecStats,
-                baseline: tuple[torch.Tensor, SpecStats] | None) -> TextToSpeechOutput:
-        """One generation's stream -> codes, waveform and stats (and the baseline's)."""
+                baseline: tuple[torch.Tensor, SpecStats] | None, sampling: dict) -> TextToSpeechOutput:
+        """One generation's stream -> codes, waveform and stats (and the baseline's); ``sampling``
+        (do_sample, temperature, top_k, top_p as used) goes into the stats' config."""
         c = self.components
         codes = c.target.codes(tokens)
         seconds = codes.shape[1] / c.codec.frame_rate
-        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, "linears": c.linears},
+        used = {name: value for name, value in sampling.items() if value is not None}
+        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, **used, "linears": c.linears},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
                                   real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())

