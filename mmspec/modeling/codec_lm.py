@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .hf_compat import cache_kwargs
 from .persistence import DataclassModel
 
 
@@ -174,8 +175,8 @@ class CodecLM(DataclassModel, nn.Module):
         return embeds + self.embed_alignment(alignment) if self.config.aligned else embeds
 
     def forward(self, embeds, past_key_values=None, attention_mask=None, position_ids=None):
-        out = self.backbone(inputs_embeds=embeds, past_key_values=past_key_values, attention_mask=attention_mask,
-                            position_ids=position_ids, use_cache=past_key_values is not None)
+        out = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=past_key_values is not None, **cache_kwargs(self.backbone, past_key_values))
         hidden = out.last_hidden_state
         c = self.config
         return self.heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .hf_compat import cache_kwargs
 from .llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, chain_mask_after_cache, rope_table_2d
 from .persistence import load_weights, read_config, save_module
 
@@ -64,8 +65,8 @@ class OneLayerHead(nn.Module):
 
     def run_decoder(self, inputs: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """inputs [B, n, H] -> the layer's normed outputs [B, n, H]."""
-        return self.decoder(inputs_embeds=inputs, past_key_values=cache, position_ids=position_ids,
-                            attention_mask=attention_mask, use_cache=cache is not None).last_hidden_state
+        return self.decoder(inputs_embeds=inputs, position_ids=position_ids, attention_mask=attention_mask,
+                            use_cache=cache is not None, **cache_kwargs(self.decoder, cache)).last_hidden_state
 
     def save(self, directory: str | Path, **card) -> None:
         """Write the head (its weights in their current dtype) and ``card`` (extra JSON fields)."""
