@@ -258,3 +258,22 @@ def test_a_list_of_prompts_in_batches(model_dir, tmp_path, capsys):
     assert grids[0] == grids[1] == [16, 16, 16]
     pixels = [[np.asarray(Image.open(out / name / f"{i:06d}-0.png")) for i in range(3)] for name in ("one", "batched")]
     assert all(np.array_equal(a, b) for a, b in zip(*pixels))
+
+
+@pytest.mark.parametrize("method", ["sjd", "spec", "eagle2"])
+def test_bfloat16_generator_stays_exact_in_its_dtype(model_dir, method):
+    """dtype="bfloat16": the generator and draft load in bf16, greedy methods give the bf16 AR image,
+    and the stats say the dtype."""
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3, dtype="bfloat16")
+    assert next(pipe.components.generator.parameters()).dtype == torch.bfloat16
+    r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, seed=3)
+    assert torch.equal(r.tokens, r.baseline_tokens) and r.stats.config["dtype"] == "bfloat16"
+    default = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
+    assert default("a circle", do_sample=False).stats.config["dtype"] == "float32"
+
+
+def test_bad_dtypes_are_refused_before_loading(model_dir):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        mmspec.pipeline("text-to-image", model=model_dir, dtype="int8")
+    with pytest.raises(ValueError, match="MAR models run in float32 only"):
+        mmspec.pipeline("text-to-image", model="mar", method="ar", dtype="bfloat16")

@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbours-k", type=int, default=None,
                         help="codebook neighbours per code, LANTERN's k (default: the method's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the generator's weights: float32 | bfloat16 | auto (not MAR)")
     parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",
                         help="measure throughput instead: the prompts decoded B at a time, per batch size (items/s, "
                              "tokens/s, crossover; no quality scores); see mmspec.bench.throughput")
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     torch.set_num_threads(args.threads)
-    components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize)
+    components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype)
     for method in methods.values():
         method.check_components(components)
     prompts, references = bench_prompts(args.prompts, size=components.image_size)
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
             "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
-            "machine": machine_info("float32", args.threads, args.device), "linears": components.linears}
+            "machine": machine_info(str(components.dtype).removeprefix("torch."), args.threads, args.device),
+            "linears": components.linears}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
     results["meta"] = meta

@@ -55,6 +55,9 @@ class MARComponents(OptimizesOnLoad):
         order: the generation order, "random" (MAR) or "raster".
     """
 
+    #: MAR runs in float32 only (the diffusion chain's last steps have std ~0.006)
+    dtype = torch.float32
+
     target: MARTarget
     autoencoder: KLAutoencoder
     encode: Callable[[str], dict[str, Any]]

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ..adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ..hub import resolve_device
+from ..hub import resolve_device, resolve_dtype
 from ..modeling.fast_linear import OptimizesOnLoad
 
 MODEL_FILE = "t2i.json"
@@ -98,6 +98,7 @@ class T2IComponents(OptimizesOnLoad):
     load_draft: Callable[[Any], GuidedImageTarget] | None = None
     optimize: bool = False
     linears: str = "as loaded"
+    dtype: torch.dtype = torch.float32
     _neighbours: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     #: discrete image tokens (MARComponents: continuous)
     continuous = False
@@ -111,7 +112,8 @@ class T2IComponents(OptimizesOnLoad):
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
                         image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
-                        eagle_head: Any = None, trust_remote_code: bool = False, optimize: bool = True) -> "T2IComponents":
+                        eagle_head: Any = None, trust_remote_code: bool = False, optimize: bool = True,
+                        dtype: str | torch.dtype = "float32") -> "T2IComponents":
         """Load a model's components.
 
         Args:
@@ -127,6 +129,9 @@ class T2IComponents(OptimizesOnLoad):
             trust_remote_code: passed to transformers.
             optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`; a model
                 object passed in is the caller's and left as it is).
+            dtype: the generator's and its draft's weights (float32 by default; "auto" = bfloat16
+                where the machine computes it fast, :func:`mmspec.hub.resolve_dtype`). The text
+                encoder and the image tokenizer stay float32; MAR models run in float32 only.
             A directory with ``mar.json``, or ``"mar"`` (the embedded default ``models/mar``), loads
             a continuous-token model's :class:`~mmspec.pipelines.mar_components.MARComponents`.
         Raises:
@@ -135,8 +140,12 @@ class T2IComponents(OptimizesOnLoad):
                 not match the generator, a transformers model without processor.
         """
         device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
         local = isinstance(model, (str, Path))
         if cls.names_continuous(model):
+            if dtype != torch.float32:
+                raise ValueError(f"MAR models run in float32 only; drop dtype={dtype} (the diffusion chain's small "
+                                 "variances need it)")
             from .mar_components import MARComponents, default_mar_dir
 
             directory = default_mar_dir() if model == "mar" else Path(model).expanduser()
@@ -148,13 +157,13 @@ class T2IComponents(OptimizesOnLoad):
                 components.draft = draft
             return components
         if model is None or (local and (Path(model).expanduser() / MODEL_FILE).is_file()):
-            components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device)
+            components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device, dtype)
         elif local and _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
             raise FileNotFoundError(f"{model} is not a text-to-image model directory (no {MODEL_FILE} and no "
                                     "transformers config.json); pass model=None for the embedded default")
         else:
             components = _load_transformers(model, device, processor, {} if grid is None else {"grid": tuple(grid)},
-                                            trust_remote_code)
+                                            trust_remote_code, dtype)
         if image_tokenizer is not None:
             components.tokenizer = image_tokenizer
         if draft is not None:
@@ -237,7 +246,7 @@ class T2IComponents(OptimizesOnLoad):
         return to_pil(self.tokenizer.decode(tokens.to(self.target.device)))
 
 
-def _load_mmspec(directory: Path, device: torch.device) -> T2IComponents:
+def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype) -> T2IComponents:
     """mmspec's layout: LlamaGen-style generator + VQ tokenizer + SmolLM2 text encoder."""
     from ..modeling.llamagen import LlamaGenModel
     from ..modeling.vq import VQTokenizer
@@ -250,12 +259,12 @@ def _load_mmspec(directory: Path, device: torch.device) -> T2IComponents:
     manifest = json.loads(manifest_path.read_text())
     if "vq" not in manifest:
         raise ValueError(f"{manifest_path} names no image tokenizer ('vq'); a text-to-image model needs one")
-    generator = LlamaGenModel.from_pretrained(directory, dtype=torch.float32).to(device)
+    generator = LlamaGenModel.from_pretrained(directory, dtype=dtype).to(device)
     text_encoder = shared_text_encoder(manifest.get("text_encoder_layers", 8), device)
     uncond = generator.cls_embedding.uncond_embedding.detach()
 
     def load_draft(source) -> LlamaGenTarget:
-        model = source if isinstance(source, torch.nn.Module) else LlamaGenModel.from_pretrained(source, dtype=torch.float32)
+        model = source if isinstance(source, torch.nn.Module) else LlamaGenModel.from_pretrained(source, dtype=dtype)
         return LlamaGenTarget(model.to(device))
 
     return T2IComponents(
@@ -264,11 +273,11 @@ def _load_mmspec(directory: Path, device: torch.device) -> T2IComponents:
         encode=lambda prompt: {"caption": text_encoder.encode([prompt], uncond)},
         draft=directory / manifest["draft"] if manifest.get("draft") else None,
         eagle_head=directory / manifest["eagle"] if manifest.get("eagle") else None,
-        model_dir=directory, load_draft=load_draft)
+        model_dir=directory, load_draft=load_draft, dtype=dtype)
 
 
 def _load_transformers(model: Any, device: torch.device, processor: Any, family_kwargs: dict,
-                       trust_remote_code: bool) -> T2IComponents:
+                       trust_remote_code: bool, dtype: torch.dtype) -> T2IComponents:
     """A transformers Janus / Emu3 / Chameleon model (object, path or hub id)."""
     import transformers
 
@@ -281,13 +290,13 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         if family is None:
             raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "
                              f"supported: mmspec's t2i layout, {', '.join(SUPPORTED_FAMILIES)}")
-        model = getattr(transformers, family).from_pretrained(str(model), dtype=torch.float32,
+        model = getattr(transformers, family).from_pretrained(str(model), dtype=dtype,
                                                               trust_remote_code=trust_remote_code)
         model = model.to(device).eval()
 
     def load_draft(draft) -> GuidedImageTarget:
         if not isinstance(draft, torch.nn.Module):
-            draft = type(model).from_pretrained(str(draft), dtype=torch.float32, trust_remote_code=trust_remote_code)
+            draft = type(model).from_pretrained(str(draft), dtype=dtype, trust_remote_code=trust_remote_code)
         return image_target_for(draft.to(device).eval(), **family_kwargs)
 
     if isinstance(processor if processor is not None else source, (str, Path)):
@@ -296,7 +305,8 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         target=image_target_for(model, **family_kwargs),
         tokenizer=image_tokenizer_for(model, **family_kwargs),  # Chameleon's decodes only with a VQGAN decoder
         encode=_prompt_encoder(processor, model.config.model_type, device),
-        model_dir=Path(source).expanduser() if isinstance(source, (str, Path)) else None, load_draft=load_draft)
+        model_dir=Path(source).expanduser() if isinstance(source, (str, Path)) else None, load_draft=load_draft,
+        dtype=next(model.parameters()).dtype)
 
 
 def _prompt_encoder(processor: Any, family: str, device: torch.device) -> Callable[[str], dict]:

@@ -27,7 +27,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.stats import DictAccess, SpecStats
-from ..hub import resolve_device
+from ..hub import resolve_device, resolve_dtype
 from .t2i_components import T2IComponents
 from .t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
@@ -126,6 +126,10 @@ class TextToImagePipeline:
         components: already loaded components (instead of ``model`` and its loading arguments).
         optimize: few-row linears for the networks the pipeline loads (:func:`mmspec.optimize`;
             ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
+        dtype: the generator's (and draft's) weights: "float32" (default), "bfloat16", or "auto"
+            (bfloat16 where the machine computes it fast: GPUs, CPUs with AMX / AVX-512 BF16);
+            ``stats.config["dtype"]`` says which. Lossless methods stay exact against plain
+            decoding in the same dtype.
         **settings: the methods' settings (:data:`~mmspec.pipelines.t2i_methods.SETTINGS`; each
             method reads its own, with its own defaults): ``window`` (SJD's L; 8 for sjd, 16 for
             sjd-coupled and sjd-pac), ``init`` ("random" | "horizontal" | "vertical"),
@@ -149,7 +153,8 @@ class TextToImagePipeline:
     def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *,
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
                  grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: Any = None,
-                 trust_remote_code: bool = False, optimize: bool = True, **settings: Any) -> None:
+                 trust_remote_code: bool = False, optimize: bool = True, dtype: str | torch.dtype = "float32",
+                 **settings: Any) -> None:
         self.settings = settings
         self.method = make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
@@ -157,7 +162,7 @@ class TextToImagePipeline:
                 self.method.check_kind(True)
             components = T2IComponents.from_pretrained(model, device, processor=processor, image_tokenizer=image_tokenizer,
                                                        grid=grid, draft=draft, eagle_head=eagle_head,
-                                                       trust_remote_code=trust_remote_code, optimize=optimize)
+                                                       trust_remote_code=trust_remote_code, optimize=optimize, dtype=dtype)
         elif model is not None:
             raise ValueError("pass either model=... or components=..., not both")
         self.method.check_components(components)
@@ -169,6 +174,7 @@ class TextToImagePipeline:
         (presets): the method and its settings, the device. Raises ValueError / TypeError."""
         make_method(values["method"], **values["settings"])
         resolve_device(values["device"])
+        resolve_dtype(values["dtype"])
 
     @property
     def target(self):
@@ -268,6 +274,7 @@ class TextToImagePipeline:
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
             stats.config["linears"] = self.components.linears
+            stats.config["dtype"] = str(self.components.dtype).removeprefix("torch.")
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:
