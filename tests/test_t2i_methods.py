@@ -13,9 +13,9 @@ MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-
 
 def test_methods_hold_their_defaults_and_arguments():
     assert make_method("sjd").settings == {"window": 8, "init": "random"}
-    assert make_method("sjd-coupled:vertical").settings == {"window": 16, "init": "vertical"}
+    assert make_method("sjd-coupled:vertical").settings == {"window": 8, "init": "vertical"}
     assert make_method("sjd:vertical", init="horizontal").settings["init"] == "horizontal"  # the keyword wins
-    assert make_method("sjd-pac", pac_depth=2).settings == {"window": 16, "init": "random", "pac_branches": 2,
+    assert make_method("sjd-pac", pac_depth=2).settings == {"window": 8, "init": "random", "pac_branches": 2,
                                                             "pac_depth": 2}
     lantern = make_method("lantern:eagle2", window=3, delta=0.2)  # settings of other methods are ignored
     assert lantern.settings == {"drafter": "eagle2", "num_draft_tokens": None, "neighbours_k": 100, "delta": 0.2}

@@ -237,8 +237,11 @@ class DraftModelMethod(T2IMethod):
 
 @register_method
 class JacobiMethod(T2IMethod):
-    """SJD's window default: measured on the embedded model on a 2-core CPU, plain SJD is faster at
-    L = 8 (1.57x vs 1.41x at 16), coupled SJD at L = 16 (2.14x vs 1.87x at 8); docs/benchmarks.md."""
+    """SJD's window default L = 8, for coupled SJD and its proactive variant too: on the embedded
+    model with few-row linears (2-core AVX-512 CPU, 1 thread, side by side) a verification of
+    2 (L + 1) rows stays within the kernel's 24 rows at L = 8 and falls back to ``F.linear`` at 16:
+    coupled SJD 1.46x over AR at 8 against 1.10x at 16, sjd-pac 1.23x against 0.97x
+    (docs/benchmarks.md; before the kernel, coupled SJD had been faster at 16)."""
 
     name = "sjd"
     description = "speculative Jacobi decoding (training-free)"
@@ -254,7 +257,6 @@ class JacobiMethod(T2IMethod):
 class CoupledJacobiMethod(JacobiMethod):
     name = "sjd-coupled"
     description = "SJD with maximally coupled redrafts (training-free)"
-    defaults = {**JacobiMethod.defaults, "window": 16}
     coupled = True
 
 
