@@ -37,6 +37,11 @@ __all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeli
 MANIFEST = "tts.json"
 
 
+def _positive_number(value) -> bool:
+    """A finite int or float > 0 (not a bool): what max_seconds, speed and a temperature must be."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def load_tts_codec(directory: Path, codec: str | None):
     """A model directory's codec: ``codec`` (tts.json) is a directory relative to it holding
     mmspec's mel codec or a transformers EnCodec / DAC / Mimi checkpoint
@@ -77,7 +82,7 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(hint)
         manifest = json.loads(manifest_path.read_text())
         temperature = manifest.get("temperature", 1.0)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
         lm = CodecLM.from_pretrained(directory).to(dev)
@@ -270,7 +275,7 @@ class TextToSpeechPipeline:
         """
         method = method or self.method
         for name, value in (("max_seconds", max_seconds), ("speed", speed)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if not _positive_number(value):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
