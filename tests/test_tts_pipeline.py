@@ -13,6 +13,7 @@ import mmspec
 from mmspec.adapters.audio.codec import read_wav
 from mmspec.adapters.audio.phonemes import CharacterPhonemizer
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
+from mmspec.modeling.codec_nar import CodecNAR, CodecNARConfig
 from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
 from mmspec.pipelines.tts_methods import METHODS
@@ -20,9 +21,9 @@ from mmspec.pipelines.tts_methods import METHODS
 K, CODES = 3, 8
 
 
-def tiny_lm(seed, layers, aligned=True):
+def tiny_lm(seed, layers, aligned=True, codebooks=K):
     torch.manual_seed(seed)
-    config = CodecLMConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=K, codebook_size=CODES, dim=32,
+    config = CodecLMConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=codebooks, codebook_size=CODES, dim=32,
                            layers=layers, heads=2, ffn=64, max_positions=256, aligned=aligned)
     model = CodecLM(config)
     with torch.no_grad():
@@ -30,9 +31,11 @@ def tiny_lm(seed, layers, aligned=True):
     return model
 
 
-def make_model_dir(root, aligned):
-    tiny_lm(0, 2, aligned).save(root / "tts", dtype=torch.float32)
-    tiny_lm(1, 1, aligned).save(root / "tts-draft", dtype=torch.float32)
+def make_model_dir(root, aligned, valle=False):
+    """A voice directory; ``valle``: its LMs stream codebook 0 alone and a NAR stage adds the rest."""
+    codebooks = 1 if valle else K
+    tiny_lm(0, 2, aligned, codebooks).save(root / "tts", dtype=torch.float32)
+    tiny_lm(1, 1, aligned, codebooks).save(root / "tts-draft", dtype=torch.float32)
     torch.manual_seed(2)
     DraftHeads(32, 2, "medusa").save(root / "tts-medusa")
     EagleHead(CodecLM.from_pretrained(root / "tts").backbone.config).save(root / "tts-eagle")
@@ -40,9 +43,14 @@ def make_model_dir(root, aligned):
     codec.codebooks.normal_(generator=torch.Generator().manual_seed(0))
     codec.codebooks[0] -= 4.0  # a quiet log-mel level
     codec.save(root / "tts-codec")
-    (root / "tts" / "tts.json").write_text(json.dumps({"codec": "../tts-codec", "phonemizer": "characters",
-                                                        "draft": "../tts-draft", "medusa": "../tts-medusa",
-                                                        "eagle": "../tts-eagle"}))
+    manifest = {"codec": "../tts-codec", "phonemizer": "characters", "draft": "../tts-draft", "medusa": "../tts-medusa",
+                "eagle": "../tts-eagle"}
+    if valle:
+        torch.manual_seed(3)
+        CodecNAR(CodecNARConfig(text_vocab=CharacterPhonemizer.vocab_size, num_codebooks=K, codebook_size=CODES, dim=32,
+                                layers=1, heads=2, ffn=64, max_positions=256)).save(root / "tts-nar")
+        manifest["nar"] = "../tts-nar"
+    (root / "tts" / "tts.json").write_text(json.dumps(manifest))
     return root / "tts"
 
 
@@ -56,7 +64,12 @@ def unaligned_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tts-unaligned"), aligned=False)
 
 
-@pytest.mark.parametrize("layout", ["model_dir", "unaligned_dir"])
+@pytest.fixture(scope="module")
+def valle_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tts-valle"), aligned=True, valle=True)
+
+
+@pytest.mark.parametrize("layout", ["model_dir", "unaligned_dir", "valle_dir"])
 @pytest.mark.parametrize("method", [name for name, cls in METHODS.items() if cls.exact])
 def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
     tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method=method)
@@ -70,9 +83,11 @@ def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("vadusa", {"top_k": 1}, {"top_k": 4}),
                                                                   ("lantern", {"delta": 0.0}, {"delta": 0.5})])
-def test_tolerant_methods(model_dir, method, exact_setting, relaxed_setting):
+@pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
+def test_tolerant_methods(request, layout, method, exact_setting, relaxed_setting):
     """With no tolerance they are greedy decoding; with some they run and say they are lossy (the
     rules themselves are tested in test_relaxed.py / test_rules.py)."""
+    model_dir = request.getfixturevalue(layout)
     exact = mmspec.pipeline("text-to-speech", model=model_dir, method=method, **exact_setting)
     out = exact("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
     assert torch.equal(out.codes, out.baseline_codes)
@@ -90,17 +105,19 @@ def test_group_acceptance_runs_greedy_and_sampled(model_dir):
         assert out.codes.shape[0] == K and out.audio.shape[1] == out.codes.shape[1] * 512
 
 
-def test_the_neighbour_table_stays_inside_each_codebook(model_dir):
-    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="lantern")
+@pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
+def test_the_neighbour_table_stays_inside_each_codebook(request, layout):
+    tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="lantern")
     c = tts.components
     table = c.neighbours(3)
     width = c.target.codebook_size
     assert table.shape == (c.target.vocab_size, 3)
-    codes = torch.arange(K * width)
+    codes = torch.arange(c.target.num_codebooks * width)
     codes = codes[codes % width < CODES]  # the codes proper (width = CODES + the end code)
     assert ((table[codes] // width) == (codes // width)[:, None]).all() and (table[codes] != codes[:, None]).all()
     assert (table[codes] % width < CODES).all()  # a code's neighbours are codes, never the end code
-    assert (table[K * width :] == torch.arange(K * width, c.target.vocab_size)[:, None]).all()
+    books = c.target.num_codebooks * width
+    assert (table[books:] == torch.arange(books, c.target.vocab_size)[:, None]).all()
 
 
 def test_progress_reports_steps_as_they_are_committed(model_dir):
@@ -272,3 +289,42 @@ def test_a_bad_default_temperature_is_refused_before_loading(model_dir, value):
     (bad / "tts.json").write_text(json.dumps({**manifest, "temperature": value}))
     with pytest.raises(ValueError, match='"temperature" must be a positive number'):
         mmspec.pipeline("text-to-speech", model=bad)
+
+
+def test_a_valle_voice_streams_codebook_0_and_its_nar_stage_adds_the_rest(valle_dir):
+    tts = mmspec.pipeline("text-to-speech", model=valle_dir, method="spec")
+    c = tts.components
+    assert c.target.num_codebooks == 1 and c.nar is not None
+    out = tts("a red star.", max_seconds=0.4, seed=3, compare_baseline=True)
+    assert out.codes.shape == (K, out.stats.frames) and out.baseline_codes.shape[0] == K
+    inputs = c.model_inputs("a red star.")
+    assert torch.equal(out.codes, c.nar.complete(out.codes[0], inputs["phoneme_ids"][0], inputs["durations"][0]))
+    s = out.stats  # the NAR stage's time is part of the wall time, the stream's alone in generation
+    assert 0 < s.nar_time_s < s.wall_time_s and s.wall_time_s == pytest.approx(s.generation["wall_time_s"] + s.nar_time_s)
+    assert s.speedup == pytest.approx(s.baseline_wall_time_s / s.wall_time_s)
+
+
+def test_a_nar_stage_needs_an_aligned_codebook_0_lm(model_dir, valle_dir, tmp_path):
+    import shutil
+
+    voice = tmp_path / "voice"
+    shutil.copytree(model_dir.parent, voice)  # a delay-pattern voice over every codebook ...
+    shutil.copytree(valle_dir.parent / "tts-nar", voice / "tts-nar")
+    manifest = json.loads((voice / "tts" / "tts.json").read_text())
+    (voice / "tts" / "tts.json").write_text(json.dumps({**manifest, "nar": "../tts-nar"}))  # ... naming a NAR stage
+    with pytest.raises(ValueError, match="not an aligned LM over codebook 0"):
+        mmspec.pipeline("text-to-speech", model=voice / "tts")
+
+
+def test_bench_gives_a_valle_voices_stream_speedup_beside_the_whole(valle_dir, tmp_path):
+    results = tmp_path / "tts.json"
+    run = subprocess.run([sys.executable, "-m", "mmspec", "bench", "tts", "--model", str(valle_dir), "--methods", "ar,spec",
+                          "--sentences", "1", "--rounds", "1", "--no-quality", "--max-seconds", "0.4", "--greedy", "--results",
+                          str(results)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(results.read_text())
+    runs, summary = data["runs"], data["summary"]
+    ar, spec = runs["ar|0|0"], runs["spec|0|0"]
+    assert ar["nar_time"] > 0 and len(ar["codes"]) == K
+    assert summary["spec"]["stream_speedup"] == pytest.approx((ar["time"] - ar["nar_time"]) / (spec["time"] - spec["nar_time"]))
+    assert summary["ar"]["stream_speedup"] == pytest.approx(1.0) and "(stream " in run.stdout

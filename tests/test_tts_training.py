@@ -170,3 +170,30 @@ def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
             err = capsys.readouterr().err
             assert f"{option} must lie in [0, 1)" in err and err.count("\n") == 1
     assert not (shards / "z").exists()
+
+
+def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
+    from mmspec.modeling.codec_nar import CodecNAR
+
+    assert train(shards, shards / "ar-full") == 0
+    assert train(shards, shards / "stage", "--codebooks", "1", "--init", str(shards / "ar-full"), "--input-noise", "0.25") == 0
+    stage, full = CodecLM.from_pretrained(shards / "stage"), CodecLM.from_pretrained(shards / "ar-full")
+    assert stage.config.num_codebooks == 1 and stage.heads.weight.shape[0] == CODES + 1
+    assert len(stage.code_embeddings) == 1 and len(full.code_embeddings) == K
+    assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
+                 str(shards / "nar"), "--voice", str(shards / "stage"), "--dim", "32", "--layers", "1", "--steps", "3",
+                 "--batch-size", "2", "--threads", "1"]) == 0
+    nar = CodecNAR.from_pretrained(shards / "nar")
+    assert nar.config.num_codebooks == K and nar.config.codebook_size == CODES and nar.config.dim == 32
+    assert json.loads((shards / "stage" / "tts.json").read_text())["nar"] == "../nar"
+    assert json.loads((shards / "nar" / "training.json").read_text())["log"][-1]["loss"] > 0
+
+
+def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
+    assert train(shards, shards / "w", "--codebooks", str(K + 1)) == 2
+    err = capsys.readouterr().err
+    assert f"--codebooks must lie in [1, {K}]" in err and err.count("\n") == 1
+    assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
+                 str(shards / "v"), "--voice", str(shards / "nowhere"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "has no tts.json" in err and err.count("\n") == 1

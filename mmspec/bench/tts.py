@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             out = pipe(texts[i], seed=i + 1000 * round_, method=method, **sampling)
             s = out.stats
-            runs[key] = {"time": s.wall_time_s, "seconds": s.seconds, "tau": s.tau, "frames": s.frames,
-                         "codes": out.codes.tolist()}
+            runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "seconds": s.seconds, "tau": s.tau,
+                         "frames": s.frames, "codes": out.codes.tolist()}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
     references = None
@@ -150,7 +150,8 @@ def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[tor
 
 def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool,
               references: list[torch.Tensor] | None = None) -> dict:
-    """Per method: time, audio seconds, speedup over AR, tau, real-time factor and, with
+    """Per method: time, audio seconds, speedup over AR (and, for a VALL-E-style voice, that of
+    the code stream alone, its NAR stage's time left out), tau, real-time factor and, with
     ``quality``, the WER of every round's audio (decoded from the stored codes), overall and per
     round, and with ``references`` (a speaker embedding per sentence) the mean speaker similarity,
     overall and per round."""
@@ -158,12 +159,17 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
     n = len(texts)
     cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(n)] for spec in specs}
     ar_time = sum(c["time"] for c in cells["ar"]) if "ar" in cells else None
+    ar_nar = sum(c.get("nar_time", 0.0) for c in cells["ar"]) if "ar" in cells else 0.0
     summary = {}
     for spec in specs:
         time_ = sum(c["time"] for c in cells[spec])
+        nar = sum(c.get("nar_time", 0.0) for c in cells[spec])
         seconds = sum(c["seconds"] for c in cells[spec])
         row = {"time_s": time_, "audio_s": seconds, "speedup": ar_time / time_ if ar_time else None,
                "tau": sum(c["tau"] for c in cells[spec]) / len(cells[spec]), "rtf": time_ / max(seconds, 1e-9)}
+        if nar > 0:
+            row["nar_time_s"] = nar
+            row["stream_speedup"] = (ar_time - ar_nar) / (time_ - nar) if ar_time else None
         if quality:
             from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
 
@@ -193,6 +199,8 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
              "|---|---|---|---|---|---|"]
     for spec, row in summary.items():
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        if row.get("stream_speedup"):
+            speedup += f" (stream {row['stream_speedup']:.2f}x)"
         wer = (_with_rounds(100 * row["wer"], [100 * w for w in row.get("wer_rounds", [])], "{:.1f}") + " %"
                if "wer" in row else "-")
         sim = (_with_rounds(row["speaker_similarity"], row["speaker_similarity_rounds"], "{:.3f}")

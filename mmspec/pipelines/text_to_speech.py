@@ -5,9 +5,12 @@ A model directory (``model=None``: the embedded voice in ``models/tts``) holds `
 :data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
 null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional; ``temperature``:
 the model's default sampling temperature, 1 if absent, as a transformers generation config gives
-one) and the codec LM (:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the
-LM's code stream through :func:`mmspec.generate` with the method's drafter
-(:mod:`~mmspec.pipelines.tts_methods`) -> codes [K, F] -> the codec's waveform.
+one; ``nar``: a VALL-E-style voice's non-autoregressive stage, optional) and the codec LM
+(:class:`~mmspec.modeling.codec_lm.CodecLM`). Text -> front-end ids -> the LM's code stream through
+:func:`mmspec.generate` with the method's drafter (:mod:`~mmspec.pipelines.tts_methods`) -> codes
+[K, F] -> the codec's waveform. A VALL-E-style voice's LM streams codebook 0 alone, and its NAR stage
+(:class:`~mmspec.modeling.codec_nar.CodecNAR`) fills in codebooks 1 .. K-1 from it, deterministically,
+so every method's output distribution is still plain decoding's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..api import generate, generate_rows
 from ..core.stats import DictAccess, SpecStats
 from ..hub import models_dir, resolve_device
 from ..modeling.codec_lm import CodecLM
+from ..modeling.codec_nar import CodecNAR
 from ..modeling.fast_linear import OptimizesOnLoad
 from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.mel_codec import MelRVQCodec
@@ -40,6 +44,20 @@ MANIFEST = "tts.json"
 def _positive_number(value) -> bool:
     """A finite int or float > 0 (not a bool): what max_seconds, speed and a temperature must be."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def load_nar_stage(directory: Path, nar: str | None, lm: CodecLM, device: torch.device) -> CodecNAR | None:
+    """A VALL-E-style voice's NAR stage (tts.json ``nar``, a directory relative to the voice), or
+    None; its LM must stream codebook 0 alone and be aligned (the stage reads the durations)."""
+    if not nar:
+        return None
+    if lm.config.num_codebooks != 1 or not lm.config.aligned:
+        raise ValueError(f"{directory / MANIFEST} names a NAR stage, but its codec LM is not an aligned LM over codebook 0 "
+                         "alone (mmspec train tts --codebooks 1)")
+    stage = CodecNAR.from_pretrained(directory / nar).to(device)
+    if stage.config.codebook_size != lm.config.codebook_size:
+        raise ValueError(f"the NAR stage's codebooks have {stage.config.codebook_size} codes, the LM's {lm.config.codebook_size}")
+    return stage
 
 
 def load_tts_codec(directory: Path, codec: str | None):
@@ -58,12 +76,13 @@ def load_tts_codec(directory: Path, codec: str | None):
 
 class TTSComponents(OptimizesOnLoad):
     """A TTS model's parts: the code-stream target, the codec (mmspec's mel codec or any codec of
-    :mod:`mmspec.adapters.audio.codec`), the text front end, the draft model and Medusa heads."""
+    :mod:`mmspec.adapters.audio.codec`), the text front end, the draft model and Medusa heads, and
+    a VALL-E-style voice's NAR stage (``nar``)."""
 
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
-                 eagle_dir: Path | None = None, temperature: float = 1.0) -> None:
-        self.target, self.codec, self.phonemizer_name = target, codec, phonemizer
+                 eagle_dir: Path | None = None, temperature: float = 1.0, nar: CodecNAR | None = None) -> None:
+        self.target, self.codec, self.phonemizer_name, self.nar = target, codec, phonemizer, nar
         self.temperature = temperature  # the model's default sampling temperature
         self.draft_dir, self.medusa_dir, self.eagle_dir, self.device = draft_dir, medusa_dir, eagle_dir, device
         self._draft: DelayPatternTarget | None = None
@@ -71,6 +90,8 @@ class TTSComponents(OptimizesOnLoad):
         self._eagle: EagleHead | None = None
         self.optimize, self.linears = optimize, "as loaded"  # which few-row kernel ran (mmspec.optimize)
         self.prepare(target.model)
+        if nar is not None:
+            self.prepare(nar)
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
@@ -87,15 +108,17 @@ class TTSComponents(OptimizesOnLoad):
         dev = resolve_device(device)
         lm = CodecLM.from_pretrained(directory).to(dev)
         codec = load_tts_codec(directory, manifest.get("codec"))
-        if (codec.num_codebooks, codec.codebook_size) != (lm.config.num_codebooks, lm.config.codebook_size):
+        nar = load_nar_stage(directory, manifest.get("nar"), lm, dev)
+        books = (nar or lm).config
+        if (codec.num_codebooks, codec.codebook_size) != (books.num_codebooks, books.codebook_size):
             raise ValueError(f"the codec ({codec.num_codebooks} x {codec.codebook_size}) does not match the "
-                             f"LM's codebooks ({lm.config.num_codebooks} x {lm.config.codebook_size})")
+                             f"{'NAR stage' if nar else 'LM'}'s codebooks ({books.num_codebooks} x {books.codebook_size})")
         draft, medusa, eagle = manifest.get("draft"), manifest.get("medusa"), manifest.get("eagle")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
         eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
         return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir,
-                   float(temperature))
+                   float(temperature), nar)
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -147,7 +170,8 @@ class TTSComponents(OptimizesOnLoad):
         their own neighbours (never relaxed). k is at most C - 1."""
         from ..core.relaxed import neighbour_table
 
-        target, books = self.target, self.codec.codebook_embeddings()  # [K, C, D]
+        target = self.target  # (a VALL-E-style voice streams codebook 0 alone)
+        books = self.codec.codebook_embeddings()[: target.num_codebooks]  # [K, C, D]
         k = min(k, books.shape[1] - 1)
         width = target.codebook_size  # C codes (+ the end code) per codebook in the stream
         table = torch.arange(target.vocab_size)[:, None].repeat(1, k)
@@ -155,6 +179,17 @@ class TTSComponents(OptimizesOnLoad):
             start = index * width
             table[start : start + book.shape[0]] = neighbour_table(book, k) + start
         return table.to(self.device)
+
+    def all_codes(self, tokens: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
+        """A generation's new stream sub-tokens -> (the codec's codes [K, F], seconds the NAR stage
+        took: 0 without one). A VALL-E-style voice's stream is codebook 0; its NAR stage fills in
+        the rest from it and the alignment (``inputs``: the phoneme ids and durations it was given)."""
+        codes = self.target.codes(tokens)
+        if self.nar is None:
+            return codes, 0.0
+        start = time.perf_counter()
+        codes = self.nar.complete(codes[0], inputs["phoneme_ids"][0], inputs["durations"][0])
+        return codes, time.perf_counter() - start
 
     def waveform(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, F] -> float32 audio [channels, samples] (mmspec's mel codec is mono and gives
@@ -173,8 +208,10 @@ class TextToSpeechStats(DictAccess):
         target_forwards: verification steps + the prefill (plain decoding verifies every stream
             sub-token, but runs the codec LM once per step of K sub-tokens).
         tau: stream sub-tokens committed per verification step (plain decoding: 1).
-        wall_time_s: the code generation's wall time (text front end and waveform decoding, the
-            same for every method, not included).
+        wall_time_s: the code generation's wall time, a VALL-E-style voice's NAR stage included
+            (text front end and waveform decoding, the same for every method, not included).
+        nar_time_s: of which the NAR stage (0 without one); ``generation["wall_time_s"]`` is the
+            code stream's alone.
         real_time_factor: wall_time_s / seconds of audio.
         speedup: the baseline's wall time / wall_time_s, with ``compare_baseline``.
     """
@@ -186,6 +223,7 @@ class TextToSpeechStats(DictAccess):
     target_forwards: int = 0
     tau: float = 0.0
     wall_time_s: float = 0.0
+    nar_time_s: float = 0.0
     real_time_factor: float = 0.0
     speedup: float | None = None
     baseline_wall_time_s: float | None = None
@@ -301,26 +339,29 @@ class TextToSpeechPipeline:
                 baseline = self._generate(make_method("ar"), chunk, budget, seed, sampling)
             runs = self._generate(method, chunk, budget, seed, sampling, progress)
             for row, (tokens, stats) in enumerate(runs):
-                results.append(self._output(method, texts[first + row], tokens, stats, baseline and baseline[row], sampling))
+                results.append(self._output(method, texts[first + row], chunk[row], tokens, stats, baseline and baseline[row],
+                                            sampling))
         return results[0] if isinstance(text, str) else results
 
-    def _output(self, method: TTSMethod, text: str, tokens: torch.Tensor, s: SpecStats,
+    def _output(self, method: TTSMethod, text: str, inputs: dict[str, torch.Tensor], tokens: torch.Tensor, s: SpecStats,
                 baseline: tuple[torch.Tensor, SpecStats] | None, sampling: dict) -> TextToSpeechOutput:
-        """One generation's stream -> codes, waveform and stats (and the baseline's); ``sampling``
-        (do_sample, temperature, top_k, top_p as used) goes into the stats' config."""
+        """One generation (of ``inputs``)'s stream -> codes, waveform and stats (and the
+        baseline's); ``sampling`` (do_sample, temperature, top_k, top_p as used) goes into the
+        stats' config."""
         c = self.components
-        codes = c.target.codes(tokens)
+        codes, nar_s = c.all_codes(tokens, inputs)
         seconds = codes.shape[1] / c.codec.frame_rate
         used = {name: value for name, value in sampling.items() if value is not None}
+        wall = s.wall_time_s + nar_s
         stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, **used, "linears": c.linears},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
-                                  tau=s.mean_accepted_length, wall_time_s=s.wall_time_s,
-                                  real_time_factor=s.wall_time_s / max(seconds, 1e-9), generation=s.to_dict())
+                                  tau=s.mean_accepted_length, wall_time_s=wall, nar_time_s=nar_s,
+                                  real_time_factor=wall / max(seconds, 1e-9), generation=s.to_dict())
         result = TextToSpeechOutput(text=text, audio=c.waveform(codes), sampling_rate=self.sampling_rate, codes=codes,
                                     stats=stats)
         if baseline is not None:
-            stats.baseline_wall_time_s = baseline[1].wall_time_s
-            stats.speedup = baseline[1].wall_time_s / s.wall_time_s
-            result.baseline_codes = c.target.codes(baseline[0])
+            result.baseline_codes, baseline_nar_s = c.all_codes(baseline[0], inputs)
+            stats.baseline_wall_time_s = baseline[1].wall_time_s + baseline_nar_s
+            stats.speedup = stats.baseline_wall_time_s / wall
             result.baseline_audio = c.waveform(result.baseline_codes)
         return result

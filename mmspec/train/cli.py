@@ -18,6 +18,7 @@ RECIPES = {
     "speech-data": ("speech_data", "real speech for the embedded voice (the Piper voice over the sentence grammar)"),
     "codec": ("codec", "the embedded voice's codec (residual k-means over log-mel frames) and its round-trip WER"),
     "tts": ("tts", "the embedded voice's codec LM (or its draft: --preset draft)"),
+    "tts-nar": ("tts_nar", "the non-autoregressive stage of a VALL-E-style voice (codebooks 1.. from codebook 0)"),
     "tts-drafter": ("tts_drafter", "Medusa heads for a codec LM (methods medusa, vadusa) by self-distillation"),
 }
 

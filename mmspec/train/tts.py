@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace this fraction of the input steps' codes by random codes (targets stay clean), "
                         "so that the model leans on the phonemes rather than on its own code history, as Tacotron's "
                         "pre-net dropout does; 0.25 for the shipped voice")
+    parser.add_argument("--codebooks", type=int, default=None,
+                        help="model only the codec's first N codebooks (default: all); 1 is the autoregressive stage of a "
+                        "VALL-E-style voice, whose other codebooks come from mmspec train tts-nar")
     parser.add_argument("--prefix-dropout", type=float, default=0.0,
                         help="hide the phoneme prefix from attention in this fraction of the rows (an aligned model then "
                         "reads the phonemes only from its alignment inputs, so it learns to use them)")
@@ -104,7 +107,7 @@ def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]
     """Left-pad the phonemes, right-pad the delayed steps; targets -100 on padding; the steps'
     alignment rows and the durations for an aligned model."""
     phonemes = max(len(i["phonemes"]) for i in items)
-    delayed = [delayed_steps(i["codes"], config) for i in items]
+    delayed = [delayed_steps(i["codes"][: config.num_codebooks], config) for i in items]
     steps = max(s.shape[0] for s, _ in delayed)
     k = config.num_codebooks
     batch = {"phonemes": torch.zeros(len(items), phonemes, dtype=torch.long),
@@ -149,16 +152,31 @@ def grow_depth(state: dict[str, torch.Tensor], layers: int, new_layers: int) -> 
     return out
 
 
+def first_codebooks(state: dict[str, torch.Tensor], codebooks: int, outputs: int) -> dict[str, torch.Tensor]:
+    """A codec LM's state dict -> that of one over its first ``codebooks`` codebooks: their input
+    embeddings and output heads (``outputs`` = C + 1 rows per codebook) are kept, the rest dropped,
+    so a VALL-E-style AR stage starts from a trained delay-pattern voice."""
+    out = {}
+    for name, value in state.items():
+        if name.startswith("code_embeddings.") and int(name.split(".")[1]) >= codebooks:
+            continue
+        out[name] = value[: codebooks * outputs] if name == "heads.weight" else value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
+    codebooks = args.codebooks or codec.config.num_codebooks
+    if not 1 <= codebooks <= codec.config.num_codebooks:
+        raise ValueError(f"--codebooks must lie in [1, {codec.config.num_codebooks}] (the codec's), got {codebooks}")
     teacher = None
     if args.distil_from:  # checked before the data is encoded
         teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).eval()
-        expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codec.config.num_codebooks,
+        expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codebooks,
                     "codebook_size": codec.config.codebook_size, "aligned": PRESETS[args.preset]["aligned"]}
         if any(getattr(teacher.config, name) != value for name, value in expected.items()):
             raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(expected)} from this codec LM")
@@ -166,17 +184,18 @@ def run(args: argparse.Namespace) -> int:
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
         raise ValueError(f"phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
-    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
+    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codebooks,
                            codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
     model = CodecLM(config)
     if args.init:
         start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
-        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers) != config \
+        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers,
+                   num_codebooks=min(start.config.num_codebooks, codebooks)) != config \
                 or config.layers % start.config.layers:
             raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
                              f"matching --preset (or one of the same width and a multiple of its depth)")
-        missing, unexpected = model.load_state_dict(grow_depth(start.state_dict(), start.config.layers, config.layers),
-                                                    strict=False)
+        state = first_codebooks(start.state_dict(), codebooks, config.codebook_size + 1)
+        missing, unexpected = model.load_state_dict(grow_depth(state, start.config.layers, config.layers), strict=False)
         new_parts = ("durations.", "align_")
         if unexpected or any(not name.startswith(new_parts) for name in missing):
             raise ValueError(f"{args.init} does not fit this codec LM (missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -192,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
     run_state.resume_into(model=model, optimizer=optimizer)
     manifest_path = out / "tts.json"  # read by the text-to-speech pipeline; other keys (medusa) are kept
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium",
-                     "draft": "../tts-draft" if args.preset != "draft" else None})
+    manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium"})
+    manifest.setdefault("draft", "../tts-draft" if args.preset != "draft" else None)  # (a voice's own choice is kept)
     manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()

@@ -1,0 +1,107 @@
+"""The non-autoregressive stage of a VALL-E-style voice: codebooks 1 .. K-1 from codebook 0.
+
+VALL-E splits a residual codec's K codebooks between two models: an autoregressive LM over
+codebook 0 alone (the stream that carries what is said and when; here a
+:class:`~mmspec.modeling.codec_lm.CodecLM` with ``num_codebooks=1``) and a non-autoregressive model
+that fills in the finer codebooks given the whole of codebook 0. Speculative decoding then verifies
+one code per position of a single stream, the layout where a drafted position is one code rather
+than a frame of K codes (docs/speech.md says why the delay layout defeats it).
+
+VALL-E's NAR stage makes one pass per codebook (codebook k from codebooks < k). This one makes a
+single pass for all of them, as the last iteration of SoundStorm does, because its cost is paid
+by every method alike and would otherwise rival the AR stage on a CPU:
+
+    p(x_{1..K-1, f} | x_0, text) = prod_k Cat(x_{k, f}; softmax(W_k h_f)),  h = Encoder(E_0(x_0) + A + P)
+
+with a bidirectional transformer encoder over the frames (E_0: codebook-0 embeddings, A: the
+frame's :func:`~mmspec.modeling.codec_lm.frame_alignment` embeddings, P: learned positions).
+Generation takes each code's argmax (VALL-E's NAR decodes greedily too), so the stage is a
+deterministic function of codebook 0 and the alignment: every method of the AR stage gets the
+same fine codebooks for the same codebook 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .codec_lm import TIMING_BUCKETS, frame_alignment
+from .persistence import DataclassModel
+
+
+@dataclass
+class CodecNARConfig:
+    text_vocab: int = 256
+    num_codebooks: int = 8  # all of the codec's, codebook 0 included (the input)
+    codebook_size: int = 256
+    dim: int = 256
+    layers: int = 4
+    heads: int = 4
+    ffn: int = 768
+    max_positions: int = 1024
+
+
+class CodecNAR(DataclassModel, nn.Module):
+    """forward(codes0 [B, F], alignment [B, F, 4], mask [B, F] or None) -> logits
+    [B, F, K - 1, C] of codebooks 1 .. K-1; :meth:`complete` fills in one utterance."""
+
+    config_class = CodecNARConfig
+    config_file = "codec_nar.json"
+    weights_file = "codec_nar.safetensors"
+    kind = "codec NAR stage"
+    save_dtype = torch.bfloat16
+    load_dtype = torch.float32
+
+    def __init__(self, config: CodecNARConfig) -> None:
+        super().__init__(config)
+        if config.num_codebooks < 2:
+            raise ValueError("a NAR stage needs a codec of at least 2 codebooks")
+        self.code_embeddings = nn.Embedding(config.codebook_size, config.dim)
+        self.positions = nn.Embedding(config.max_positions, config.dim)
+        self.align_phoneme = nn.Embedding(config.text_vocab + 1, config.dim)  # + the end (separator)
+        self.align_ahead = nn.Embedding(config.text_vocab + 1, config.dim)
+        self.align_timing = nn.Embedding(2 * TIMING_BUCKETS, config.dim)
+        layer = nn.TransformerEncoderLayer(config.dim, config.heads, config.ffn, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
+        self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
+
+    def forward(self, codes0: torch.Tensor, alignment: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        frames = codes0.shape[1]
+        if frames > self.config.max_positions:
+            raise ValueError(f"{frames} frames exceed the NAR stage's {self.config.max_positions} positions")
+        x = (self.code_embeddings(codes0) + self.positions(torch.arange(frames, device=codes0.device))
+             + self.align_phoneme(alignment[..., 0]) + self.align_ahead(alignment[..., 1])
+             + self.align_timing(alignment[..., 2]) + self.align_timing(alignment[..., 3]))
+        hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
+        c = self.config
+        return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
+
+    def loss(self, codes: torch.Tensor, alignment: torch.Tensor, mask: torch.Tensor,
+             inputs0: torch.Tensor | None = None) -> torch.Tensor:
+        """Cross-entropy of codebooks 1 .. K-1 over the real frames.
+
+        Args: codes [B, K, F] (padding anywhere mask is 0), alignment [B, F, 4], mask [B, F];
+            inputs0 [B, F]: the codebook-0 input when it differs from ``codes[:, 0]`` (noisy input).
+        """
+        logits = self(codes[:, 0] if inputs0 is None else inputs0, alignment, mask).float()  # [B, F, K-1, C]
+        targets = codes[:, 1:].transpose(1, 2).masked_fill(~mask.bool()[..., None], -100)  # [B, F, K-1]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+    @torch.no_grad()
+    def complete(self, codes0: torch.Tensor, phonemes: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
+        """One utterance's codebook 0 -> all of its codes.
+
+        Args: codes0 [F] (codes < C), phonemes [P] and durations [P] (frames per phoneme: the
+            alignment the AR stage was given).
+        Returns: LongTensor [K, F], row 0 = ``codes0``, rows 1.. the argmax codes.
+        """
+        frames = codes0.shape[0]
+        if frames == 0:
+            return codes0.new_zeros(self.config.num_codebooks, 0)
+        alignment = frame_alignment(phonemes, durations, torch.arange(frames, device=codes0.device), self.config.text_vocab)
+        fine = self(codes0[None], alignment[None])[0].argmax(-1)  # [F, K-1]
+        return torch.cat([codes0[None], fine.T], dim=0)

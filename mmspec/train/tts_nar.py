@@ -1,0 +1,103 @@
+"""``mmspec train tts-nar``: the non-autoregressive stage of a VALL-E-style voice
+(:class:`~mmspec.modeling.codec_nar.CodecNAR`: codebooks 1 .. K-1 from codebook 0 and the phoneme
+alignment), on the speech shards of ``mmspec train speech-data`` encoded by the voice's codec.
+Codebook 0's inputs are made noisy as the AR stage's are (``--input-noise``: a fraction replaced by
+random codes, targets clean), so that sampled codebook-0 streams, not only recorded ones, get fine
+codebooks that follow the phonemes. Resumable: rerun the same command. ``--voice`` (the AR stage's
+directory, a codec LM over codebook 0) gains ``"nar"`` in its tts.json so the pipeline runs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..hub import fast_bf16
+from ..modeling.codec_lm import frame_alignment
+from ..modeling.codec_nar import CodecNAR, CodecNARConfig
+from ..modeling.mel_codec import MelRVQCodec
+from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
+    parser.add_argument("--codec", default=None, help="codec directory (default: models/tts-codec)")
+    parser.add_argument("--out", required=True, help="the NAR stage's directory (e.g. models/tts-valle-nar)")
+    parser.add_argument("--voice", default=None, help="the AR stage's directory (a codec LM over codebook 0, mmspec train "
+                        "tts --codebooks 1): its tts.json gets \"nar\"")
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--input-noise", type=float, default=0.1, help="fraction of codebook-0 input codes replaced by "
+                        "random codes")
+    add_run_arguments(parser, threads=1, save_every=100)
+
+
+def collate(items: list[dict], config: CodecNARConfig) -> dict[str, torch.Tensor]:
+    """Right-padded codes [B, K, F], alignment rows [B, F, 4] and the frame mask [B, F]."""
+    frames = max(i["codes"].shape[1] for i in items)
+    batch = {"codes": torch.zeros(len(items), config.num_codebooks, frames, dtype=torch.long),
+             "alignment": torch.zeros(len(items), frames, 4, dtype=torch.long),
+             "mask": torch.zeros(len(items), frames, dtype=torch.bool)}
+    for row, item in enumerate(items):
+        f = item["codes"].shape[1]
+        batch["codes"][row, :, :f] = item["codes"]
+        batch["mask"][row, :f] = True
+        batch["alignment"][row] = frame_alignment(item["phonemes"], item["durations"], torch.arange(frames), TEXT_VOCAB)
+    return batch
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..hub import models_dir
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    voice = Path(args.voice) if args.voice else None
+    if voice is not None and not (voice / "tts.json").is_file():
+        raise ValueError(f"--voice {voice} has no tts.json; train the AR stage first (mmspec train tts --codebooks 1)")
+    codec_dir = Path(args.codec or models_dir() / "tts-codec")
+    codec = MelRVQCodec.from_pretrained(codec_dir)
+    out = Path(args.out)
+    items = encoded_utterances(args.data, codec_dir, codec, "train")
+    longest = max(i["codes"].shape[1] for i in items)
+    config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
+                            codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
+                            heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest))
+    model = CodecNAR(config)
+    print(f"codec NAR stage: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(items)} utterances",
+          flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    run_state = TrainingRun(out, args, args.time_limit)
+    run_state.resume_into(model=model, optimizer=optimizer)
+    if voice is not None:
+        manifest = json.loads((voice / "tts.json").read_text())
+        manifest["nar"] = os.path.relpath(out.resolve(), voice.resolve())
+        (voice / "tts.json").write_text(json.dumps(manifest, indent=1))
+    generator = torch.Generator().manual_seed(run_state.step)
+    model.train()
+    while run_state.step < args.steps:
+        lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
+        batch = collate([items[r] for r in rows], config)
+        inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
+            loss = model.loss(**batch, inputs0=inputs0)
+        run_state.optimizer_step(loss, optimizer, model.parameters())
+        if run_state.step % 20 == 0 or run_state.step == args.steps:
+            run_state.record(loss=loss.item(), lr=lr)
+        if run_state.should_save(args.save_every, args.steps):
+            model.save(out)
+            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+        if run_state.stop_if_out_of_time():
+            break
+    return 0
