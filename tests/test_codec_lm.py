@@ -141,8 +141,8 @@ SHORT = torch.tensor([[1, 1, 0, 0, 0]])  # 2 frames: an aligned stream ends (at 
 TEMPERATURE = 1.0
 
 
-def small(seed, layers=2, aligned=False):
-    model = tiny(seed, codebooks=K2, codes=C2, layers=layers, aligned=aligned)
+def small(seed, layers=2, aligned=False, codebooks=K2):
+    model = tiny(seed, codebooks=codebooks, codes=C2, layers=layers, aligned=aligned)
     with torch.no_grad():
         model.heads.weight.mul_(8.0)
     return DelayPatternTarget(model)
@@ -169,9 +169,10 @@ def exact_streams(target):
 
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
-                                             ("step-aware", True), ("medusa", True), ("eagle", True)])
+                                             ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
-    target = small(2, aligned=aligned)
+    """medusa-tree: a single-stream LM (a VALL-E-style AR stage) verifying Medusa's static tree."""
+    target = small(2, aligned=aligned, codebooks=1 if drafter == "medusa-tree" else K2)
     exact = exact_streams(target)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
@@ -183,12 +184,14 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
         d = {"draft": lambda: ModelDrafter(draft, num_draft_tokens=3),
              "step-aware": lambda: StepAwareDrafter(draft, num_draft_tokens=3),
              "medusa": lambda: CodecMedusaDrafter(heads, num_draft_tokens=3),
+             "medusa-tree": lambda: CodecMedusaDrafter(heads),
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
         accepted += out.stats.accepted
-        key = tuple(out.sequences[0, K2:].tolist())
+        assert (out.stats.tree_nodes > 0) == (drafter == "medusa-tree")
+        key = tuple(out.sequences[0, target.num_codebooks:].tolist())
         counts[key] = counts.get(key, 0) + 1
     assert accepted > 300 or (drafter == "step" and accepted > 0)  # step drafts exist only mid-step
     assert set(counts) <= set(exact)
@@ -205,3 +208,48 @@ def test_an_aligned_model_says_exactly_its_durations_frames(drafter):
     for seed in range(3):
         out = mmspec.generate(target, drafter=drafter, max_new_tokens=200, do_sample=True, seed=seed, **inputs(target.model))
         assert target.codes(out.sequences[0, 3:]).shape[1] == int(DURATIONS.sum())
+
+
+def test_a_tree_forward_gives_each_node_its_paths_chain_logits_and_keeps_the_accepted_path():
+    """On a single-stream LM every node of a token tree gets the logits a chain forward over its
+    path gives, and committing a path leaves the state a chain over it would have left."""
+    from mmspec.core.tree import TokenTree
+
+    target = DelayPatternTarget(tiny(5, codebooks=1, aligned=True))
+    assert target.supports_trees and not DelayPatternTarget(tiny(5, aligned=True)).supports_trees
+    prompt, pending = [1, 4], 6  # committed codes, then the pending one
+    paths = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    tree = TokenTree.from_paths(paths, torch.tensor([2, 7, 0, 3, 5, 1]))
+
+    def chain_state(tokens):
+        state, _ = target.prefill(inputs(target.model))
+        out = target.forward(state, torch.tensor([tokens]), hidden_layer=-1)
+        return state, out
+
+    state, _ = chain_state(prompt)
+    state.commit(torch.tensor([prompt + [pending]]))
+    rooted = tree.prepend_root(pending)
+    out = target.forward(state, rooted.tokens[None], hidden_layer=-1, tree=rooted)
+    assert out.logits.shape == (1, tree.size + 1, target.vocab_size)
+    for node in range(tree.size + 1):
+        path = rooted.path_to(node)
+        _, chain = chain_state(prompt + [int(rooted.tokens[i]) for i in path])
+        torch.testing.assert_close(out.logits[0, node], chain.logits[0, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.hidden_states[0, node], chain.hidden_states[0, -1], atol=1e-4, rtol=1e-4)
+    accepted = torch.tensor([1, 4])  # nodes (1,) and (1, 0): codes 7, 5
+    state.commit(torch.tensor([[7, 5, 3]]), path=accepted)
+    reference, _ = chain_state(prompt + [pending, 7, 5])
+    reference.commit(torch.tensor([prompt + [pending, 7, 5, 3]]))
+    mine, theirs = state.cache, reference.cache
+    assert torch.equal(mine.stream, theirs.stream) and mine.steps_cached == theirs.steps_cached
+    for table in ("step_logits", "step_hidden"):  # what each kept step predicted (the EAGLE drafter reads f_t)
+        rows = [(a, b) for a, b in zip(getattr(mine, table), getattr(theirs, table)) if b is not None]
+        assert len(getattr(mine, table)) == len(getattr(theirs, table)) and len(rows) >= 4  # the path's among them
+        for a, b in rows:
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    after = target.forward(state, torch.tensor([[3, 2]]))
+    torch.testing.assert_close(after.logits, target.forward(reference, torch.tensor([[3, 2]])).logits, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="several codebooks"):
+        several = DelayPatternTarget(tiny(5, aligned=True))
+        state, _ = several.prefill(inputs(several.model))
+        several.forward(state, rooted.tokens[None], tree=rooted)

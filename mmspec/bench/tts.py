@@ -28,7 +28,7 @@ from .throughput import parse_batch_sizes, throughput_tables
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..pipelines.tts_methods import METHODS
 
-    parser.add_argument("--model", default=None, help="TTS model directory (default: the embedded voice)")
+    parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: delay (the default) or valle")
     parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
     parser.add_argument("--sentences", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)

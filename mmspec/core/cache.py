@@ -301,7 +301,11 @@ class SequenceState:
         """
         if self.cache_length < self.length:
             raise ValueError(f"compact needs the tree forward's entries in the cache ({self.cache_length} < {self.length})")
-        compact_cache(self.cache, self.length, path)
+        own = getattr(self.cache, "compact_tree", None)  # a target's own cache (e.g. a codec LM's step cache)
+        if own is not None:
+            own(self.length, path)
+        else:
+            compact_cache(self.cache, self.length, path)
 
     def commit(self, new_tokens: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """Append accepted tokens [1, m] and drop every speculative cache entry beyond them.

@@ -19,6 +19,8 @@ import torch
 
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.tree import TokenTree
+from .medusa import DEFAULT_TREE
 from .model import ModelDrafter
 
 
@@ -126,21 +128,50 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
 
     With f the target's last hidden state at the last verified position (the state whose heads
     gave step a, the pending token's step), Medusa head i = 0..M-1 gives step a + 1 + i:
-    logits_i = Heads(f + SiLU(W_i f + b_i)) [K, C + 1]. A tree (Medusa's, VADUSA's sparse one)
-    does not fit the delay layout (:class:`~mmspec.adapters.audio.delay.DelayPatternTarget` refuses
-    trees), so the chain is Medusa's top-1 path.
+    logits_i = Heads(f + SiLU(W_i f + b_i)) [K, C + 1].
+
+    On a single-stream LM (K = 1, a VALL-E-style voice's AR stage, where the target verifies token
+    trees) the draft is Medusa's sparse static tree: path (a, b, ...) takes head 0's a-th most
+    likely code, then head 1's b-th, ... (``tree_paths``, default :data:`~mmspec.drafters.medusa.DEFAULT_TREE`
+    cut to the heads' depth and to ``num_draft_tokens``); its nodes are deterministic picks
+    (q = 1), which the speculative rule's multi-draft form keeps exact. Several codebooks do not
+    fit a tree (a node would carry a partial step), so there the draft is the chain of the heads'
+    own draws (the top-1 path under greedy decoding).
     """
 
     needs = "codec Medusa heads need a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
-    def __init__(self, heads, num_draft_tokens: int | None = None) -> None:
+    def __init__(self, heads, num_draft_tokens: int | None = None, tree_paths=None) -> None:
         super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads)
         self.heads = heads
         self.feature: torch.Tensor | None = None
+        paths = [tuple(p) for p in (tree_paths or DEFAULT_TREE)]
+        limit = min(heads.num_heads, num_draft_tokens or heads.num_heads)
+        self.tree_paths = [p for p in paths if len(p) <= limit]
+        self.paths: list[tuple[int, ...]] | None = None  # the tree in use (None: a chain)
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.feature = None
+        self.paths = self.tree_paths if getattr(context.target, "supports_trees", False) and self.tree_paths else None
+
+    def for_batch(self) -> "CodecMedusaDrafter":
+        """The chain form (batched rows verify no trees); call it on a copy."""
+        chain = super().for_batch()
+        chain.tree_paths = []
+        return chain
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        if self.paths is None:
+            return super().propose(state, max_tokens)
+        paths = [p for p in self.paths if len(p) <= max_tokens]
+        depth = max(len(p) for p in paths)
+        states = torch.stack([self.heads.head_state(i, self.feature) for i in range(depth)])
+        self.forwards += 1
+        guesses = self.output(states).view(depth, 1, -1)  # steps a + 1 .. a + depth (K = 1: a = length - 1)
+        top = self.context.target.draft_logits(state, state.length, guesses).topk(1 + max(p[-1] for p in paths), dim=-1)
+        tokens = torch.stack([top.indices[len(p) - 1, p[-1]] for p in paths])
+        return Draft.from_tree(TokenTree.from_paths(paths, tokens))
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output) -> None:
         self.feature = target_output.hidden_states[0, -1 if self.feature is None and not num_drafted else num_accepted]
@@ -155,7 +186,8 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
         return self._pick(self.context.target.draft_logits(state, first, guesses)[:more])
 
     def describe(self) -> dict:
-        return {**super().describe(), "heads": self.heads.num_heads, "tree": "chain"}
+        tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
+        return {**super().describe(), "heads": self.heads.num_heads, **tree}
 
 
 @register_drafter("codec-eagle")

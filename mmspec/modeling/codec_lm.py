@@ -302,10 +302,13 @@ class CodecLMSteps:
         logits, hidden = self.forward_step_rows(steps[None], [first], cache, [conditioning], want_hidden)
         return logits[0], hidden[0] if want_hidden else None
 
-    def step_inputs(self, steps: torch.Tensor, first_steps: list[int], conditionings: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_inputs(self, steps: torch.Tensor, first_steps: list[int], conditionings: list[dict],
+                    step_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The LM's inputs [B, n, D] of steps [B, n, K] (model ids), row b's first at step index
-        ``first_steps[b]`` under ``conditionings[b]``, and those step indices [B, n]."""
-        index = torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device)
+        ``first_steps[b]`` under ``conditionings[b]``, and those step indices [B, n] (given as
+        ``step_index`` [B, n] when they do not follow each other: a token tree's nodes, by depth)."""
+        index = step_index if step_index is not None else (
+            torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device))
         alignment = None
         if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
             alignment = torch.stack([frame_alignment(c["phoneme_ids"][0], c["durations"][0], i, self.model.separator)
@@ -313,12 +316,13 @@ class CodecLMSteps:
         return self.model.step_embeddings(steps, alignment), index
 
     def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
-                          position_ids=None):
+                          position_ids=None, step_index=None):
         """B rows of steps at once (batched decoding, :mod:`mmspec.core.batch`): steps [B, n, K],
         row b's first step index ``first_steps[b]`` and its ``conditionings[b]``, appended after
         ``cache`` (B rows) under a 2-D ``attention_mask`` [B, C + n] at ``position_ids`` [B, n] ->
-        logits [B, n, K, codebook_size], last hidden states [B, n, D] (or None)."""
-        embeds, index = self.step_inputs(steps, first_steps, conditionings)
+        logits [B, n, K, codebook_size], last hidden states [B, n, D] (or None). A token tree
+        (one row): a 4-D additive mask [1, 1, n, C + n] and ``step_index`` [1, n], each node's step."""
+        embeds, index = self.step_inputs(steps, first_steps, conditionings, step_index)
         logits, hidden = self.model(embeds, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids)
         if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
             logits = torch.stack([end_at(row, i + 1, int(c["durations"].sum()), self.end_code)

@@ -39,6 +39,8 @@ from .tts_methods import METHODS, TTSMethod, make_method
 __all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeline", "TextToSpeechStats"]
 
 MANIFEST = "tts.json"
+#: names of the embedded voices (``model=`` / ``--model``) -> their directory under models/
+EMBEDDED_VOICES = {"delay": "tts", "valle": "tts-valle"}
 
 
 def _positive_number(value) -> bool:
@@ -95,11 +97,16 @@ class TTSComponents(OptimizesOnLoad):
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
-        directory = Path(model) if model is not None else models_dir() / "tts"
+        if model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists()):
+            directory = models_dir() / EMBEDDED_VOICES[model or "delay"]
+        else:
+            directory = Path(model)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
-            hint = ("the embedded voice is not in this checkout (train it: mmspec train speech-data, codec, tts; "
-                    "docs/speech.md)") if model is None else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory?"
+            embedded = model is None or model in EMBEDDED_VOICES
+            hint = (f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)" if embedded
+                    else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
+                    f"{', '.join(EMBEDDED_VOICES)})?")
             raise ValueError(hint)
         manifest = json.loads(manifest_path.read_text())
         temperature = manifest.get("temperature", 1.0)
@@ -248,7 +255,9 @@ class TextToSpeechPipeline:
     """``mmspec.pipeline("text-to-speech", model=None, method="ar", device="auto")``.
 
     Args:
-        model: a TTS model directory (None: the embedded voice).
+        model: a TTS model directory, or the name of an embedded voice: None or "delay" (the default,
+            models/tts: a delay-pattern codec LM over all 8 codebooks), "valle" (models/tts-valle: an LM over
+            codebook 0 and a NAR stage for the rest).
         method: a name of :data:`METHODS` or a :class:`TTSMethod`.
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
         optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;

@@ -43,9 +43,9 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from ...core.batch import BatchState
-from ...core.cache import SequenceState, crop_cache, make_cache, stack_caches
+from ...core.cache import SequenceState, compact_cache, crop_cache, make_cache, stack_caches
 from ...core.target import TargetOutput
-from ...core.tree import TokenTree
+from ...core.tree import TokenTree, tree_attention_mask
 from ...modeling.codec_lm import CodecLMSteps
 from .dia import DiaSteps
 
@@ -256,12 +256,31 @@ class StepCache:
         del self.step_logits[self.steps_cached + 1 :]
         del self.step_hidden[self.steps_cached + 1 :]
 
-    def position(self, index: int) -> str:
+    def compact_tree(self, start: int, indices: torch.Tensor) -> None:
+        """Keep sub-tokens [0, start) and then ``start + indices`` (a tree forward's accepted path,
+        :meth:`~mmspec.core.cache.SequenceState.compact`), with their model-cache entries and step
+        distributions, as a chain over the path would have left them. Single-stream (K = 1) only:
+        there every sub-token is a step, so a tree node is one model-cache entry."""
+        if self.num_codebooks != 1:
+            raise ValueError("only a single-stream (one codebook) step cache holds token trees")
+        indices = indices.to(torch.long)
+        kept = self.stream[start + indices.to(self.stream.device)]
+        compact_cache(self.model_cache, self.prefix_length + start, indices)
+        for table in (self.step_logits, self.step_hidden):  # table[t]: what step t - 1 predicted
+            table[start + 1 :] = [table[start + 1 + int(i)] for i in indices]
+        self.stream, end_index = self.stream[:start], self.end_index
+        self.end_index = end_index if end_index is not None and end_index < start else None
+        self.append(kept)
+
+    def position(self, index: int, end_index: int | None | bool = False) -> str:
         """What stream position ``index`` (step index // K, codebook index % K) holds, from the
-        sub-tokens before it (:meth:`DelayPattern.kind`): "free", "pad", "end" or "stop"."""
+        sub-tokens before it (:meth:`DelayPattern.kind`): "free", "pad", "end" or "stop".
+        ``end_index``: the stream index of codebook 0's end code on a tree path, or None (no end
+        code), in place of the stream's own (False)."""
         step, codebook = divmod(index, self.num_codebooks)
-        if self.end_index is not None and self.end_index < index:
-            frames, ended = self.end_index // self.num_codebooks - 1, True
+        end_index = self.end_index if end_index is False else end_index
+        if end_index is not None and end_index < index:
+            frames, ended = end_index // self.num_codebooks - 1, True
         elif self.num_frames is not None:
             frames, ended = self.num_frames, self.pattern.delayed_end
         else:
@@ -407,16 +426,55 @@ class DelayPatternTarget:
 
     def forward(self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None,
                 tree: TokenTree | None = None) -> TargetOutput:
-        if tree is not None:
-            raise ValueError("token trees are not supported on delay-pattern targets: a tree node would have to "
-                             "carry a partial step; use a chain drafter")
         if tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"tokens must be [1, n], got {tuple(tokens.shape)}")
+        if tree is not None:
+            return self._forward_tree(state, tokens[0].to(self.device), tree, hidden_layer is not None)
         cache, want_hidden = state.cache, hidden_layer is not None
         start = cache.get_seq_length()
         self._consume(cache, tokens[0].to(self.device), want_hidden)
         logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden)
         return TargetOutput(logits[None], None if hidden is None else hidden[None])
+
+    @property
+    def supports_trees(self) -> bool:
+        """Token trees verify only on a single stream (K = 1: a VALL-E-style AR stage), where a node
+        is a whole step, and through a step model that takes tree masks (``forward_step_rows``)."""
+        return self.num_codebooks == 1 and hasattr(self.steps, "forward_step_rows")
+
+    def _forward_tree(self, state: SequenceState, tokens: torch.Tensor, tree: TokenTree, want_hidden: bool) -> TargetOutput:
+        """A tree forward over [pending, node_0 .. node_{N-1}] (``tree`` rooted at the pending
+        token): node j at depth d_j (the root 0) is step ``start + d_j``, fed at that step's
+        position and alignment, attending to the cache and its ancestors; every node is appended
+        (the core's commit compacts the accepted path, :meth:`StepCache.compact_tree`). Logits
+        [1, N + 1, V]: node j's next position, its path's end code (if any) deciding what it holds."""
+        if not self.supports_trees:
+            raise ValueError("token trees are not supported on delay-pattern targets of several codebooks: a tree node "
+                             "would have to carry a partial step; use a chain drafter (trees need a single-stream LM, "
+                             "e.g. a VALL-E-style voice)")
+        if tree.size != tokens.shape[0]:
+            raise ValueError(f"tree has {tree.size} nodes for {tokens.shape[0]} input tokens")
+        cache = state.cache
+        start = cache.get_seq_length()  # the root's stream index (= its step: K = 1)
+        depth = (tree.depth - 1).to(self.device)  # the root 0
+        cache.stream = torch.cat([cache.stream.to(tokens.device), tokens])  # (end codes on a branch: per node, below)
+        steps = self.model_ids(tokens[:, None], first_step=start)  # (K = 1: the root's step is >= 1)
+        index = start + depth
+        dtype = next(self.model.parameters()).dtype
+        mask = tree_attention_mask(tree, cache.model_cache.get_seq_length(), dtype=dtype, device=self.device)
+        logits, hidden = self.steps.forward_step_rows(steps[None], [start], cache.model_cache, [cache.conditioning], want_hidden,
+                                                      attention_mask=mask, position_ids=(cache.prefix_length + index)[None],
+                                                      step_index=index[None])
+        self._record(cache, logits[0], hidden[0] if want_hidden else None)
+        ends: list[int | None] = []  # per node: the stream index of an end code on its path, itself included
+        for j, parent in enumerate(tree.parents.tolist()):
+            end = cache.end_index if parent < 0 else ends[parent]
+            if end is None and int(tokens[j]) == self.pattern.end_code:
+                end = start + int(depth[j])
+            ends.append(end)
+        rows = [self._constrain(cache.position(start + int(depth[j]) + 1, ends[j]), cache.step_logits[start + 1 + j][0], 0)
+                for j in range(tree.size)]
+        return TargetOutput(torch.stack(rows)[None], hidden if want_hidden else None)
 
     @property
     def batch_size_one_reason(self) -> str | None:
