@@ -92,6 +92,22 @@ def frame_alignment(phonemes: torch.Tensor, durations: torch.Tensor, steps: torc
     return torch.stack([ids[current], ids[ahead], spent.clamp(0, top), left.clamp(0, top) + TIMING_BUCKETS], dim=-1)
 
 
+class AlignmentInputs:
+    """The embeddings of :func:`frame_alignment` rows, for an ``nn.Module`` (mix in before it): the
+    phoneme at the frame, the phoneme two frames ahead (each over ``text_vocab`` ids + the end) and
+    the two timing buckets; :meth:`embed_alignment` sums them."""
+
+    def add_alignment_inputs(self, text_vocab: int, dim: int) -> None:
+        self.align_phoneme = nn.Embedding(text_vocab + 1, dim)  # + the end (separator)
+        self.align_ahead = nn.Embedding(text_vocab + 1, dim)
+        self.align_timing = nn.Embedding(2 * TIMING_BUCKETS, dim)
+
+    def embed_alignment(self, features: torch.Tensor) -> torch.Tensor:
+        """:func:`frame_alignment` rows [B, n, 4] -> [B, n, D]."""
+        return (self.align_phoneme(features[..., 0]) + self.align_ahead(features[..., 1])
+                + self.align_timing(features[..., 2]) + self.align_timing(features[..., 3]))
+
+
 class DurationPredictor(nn.Module):
     """FastSpeech 2's variance predictor: phoneme ids [B, P] (mask [B, P]) -> log(1 + frames) [B, P]
     (two conv1d(kernel 3) + ReLU + LayerNorm + dropout blocks, then a linear)."""
@@ -112,7 +128,7 @@ class DurationPredictor(nn.Module):
         return self.out(x)[..., 0]
 
 
-class CodecLM(DataclassModel, nn.Module):
+class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
     """forward(embeds [B, n, D], past_key_values, attention_mask, position_ids) -> (logits
     [B, n, K, C + 1], last hidden [B, n, D]); :meth:`embed_text`, :meth:`embed_steps` build the
     inputs."""
@@ -136,18 +152,11 @@ class CodecLM(DataclassModel, nn.Module):
         self.heads = nn.Linear(config.dim, config.num_codebooks * (config.codebook_size + 1), bias=False)
         if config.aligned:
             self.durations = DurationPredictor(config.text_vocab, config.dim)
-            self.align_phoneme = nn.Embedding(config.text_vocab + 1, config.dim)  # + the end (separator)
-            self.align_ahead = nn.Embedding(config.text_vocab + 1, config.dim)
-            self.align_timing = nn.Embedding(2 * TIMING_BUCKETS, config.dim)
+            self.add_alignment_inputs(config.text_vocab, config.dim)
 
     @property
     def separator(self) -> int:
         return self.config.text_vocab
-
-    def embed_alignment(self, features: torch.Tensor) -> torch.Tensor:
-        """:func:`frame_alignment` rows [B, n, 4] -> [B, n, D]."""
-        return (self.align_phoneme(features[..., 0]) + self.align_ahead(features[..., 1])
-                + self.align_timing(features[..., 2]) + self.align_timing(features[..., 3]))
 
     @torch.no_grad()
     def predict_durations(self, phonemes: torch.Tensor, speed: float = 1.0) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .codec_lm import TIMING_BUCKETS, frame_alignment
+from .codec_lm import AlignmentInputs, frame_alignment
 from .persistence import DataclassModel
 
 
@@ -44,7 +44,7 @@ class CodecNARConfig:
     max_positions: int = 1024
 
 
-class CodecNAR(DataclassModel, nn.Module):
+class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
     """forward(codes0 [B, F], alignment [B, F, 4], mask [B, F] or None) -> logits
     [B, F, K - 1, C] of codebooks 1 .. K-1; :meth:`complete` fills in one utterance."""
 
@@ -61,9 +61,7 @@ class CodecNAR(DataclassModel, nn.Module):
             raise ValueError("a NAR stage needs a codec of at least 2 codebooks")
         self.code_embeddings = nn.Embedding(config.codebook_size, config.dim)
         self.positions = nn.Embedding(config.max_positions, config.dim)
-        self.align_phoneme = nn.Embedding(config.text_vocab + 1, config.dim)  # + the end (separator)
-        self.align_ahead = nn.Embedding(config.text_vocab + 1, config.dim)
-        self.align_timing = nn.Embedding(2 * TIMING_BUCKETS, config.dim)
+        self.add_alignment_inputs(config.text_vocab, config.dim)
         layer = nn.TransformerEncoderLayer(config.dim, config.heads, config.ffn, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
@@ -74,8 +72,7 @@ class CodecNAR(DataclassModel, nn.Module):
         if frames > self.config.max_positions:
             raise ValueError(f"{frames} frames exceed the NAR stage's {self.config.max_positions} positions")
         x = (self.code_embeddings(codes0) + self.positions(torch.arange(frames, device=codes0.device))
-             + self.align_phoneme(alignment[..., 0]) + self.align_ahead(alignment[..., 1])
-             + self.align_timing(alignment[..., 2]) + self.align_timing(alignment[..., 3]))
+             + self.embed_alignment(alignment))
         hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
         c = self.config
         return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
