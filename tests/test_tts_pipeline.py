@@ -328,3 +328,15 @@ def test_bench_gives_a_valle_voices_stream_speedup_beside_the_whole(valle_dir, t
     assert ar["nar_time"] > 0 and len(ar["codes"]) == K
     assert summary["spec"]["stream_speedup"] == pytest.approx((ar["time"] - ar["nar_time"]) / (spec["time"] - spec["nar_time"]))
     assert summary["ar"]["stream_speedup"] == pytest.approx(1.0) and "(stream " in run.stdout
+
+
+def test_method_specs_carry_their_settings():
+    from mmspec.pipelines.tts_methods import make_method
+
+    assert make_method("vadusa:top_k=5").rule_settings == {"top_k": 5}
+    assert make_method("lantern:delta=0.25").rule_settings["delta"] == 0.25
+    assert make_method("medusa:num_draft_tokens=2").num_draft_tokens == 2
+    for bad, match in (("vadusa:top_k", "settings are key=number"), ("vadusa:top_k=many", "settings are key=number"),
+                       ("vadusa:delta=0.1", "takes no setting 'delta'"), ("lantern:delta=2.0", "delta must be")):
+        with pytest.raises(ValueError, match=match):
+            make_method(bad)

@@ -28,7 +28,7 @@ from .throughput import parse_batch_sizes, throughput_tables
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..pipelines.tts_methods import METHODS
 
-    parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: delay (the default) or valle")
+    parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: valle (the default) or delay")
     parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
     parser.add_argument("--sentences", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
-            "model": args.model or "embedded (models/tts)", "machine": machine_info("float32", args.threads, args.device),
+            "model": args.model or "embedded (models/tts-valle)", "machine": machine_info("float32", args.threads, args.device),
             "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
@@ -114,7 +114,7 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, t
     label = "0 (greedy)" if args.greedy else f"{args.temperature:g}"
     settings = {label: dict(do_sample=not args.greedy, temperature=args.temperature)}
     budget = components.target.stream_length(int(args.max_seconds * components.codec.frame_rate)) + 1
-    meta = {**results["meta"], "model": args.model or "embedded voice (models/tts)"}
+    meta = {**results["meta"], "model": args.model or "embedded voice (models/tts-valle)"}
     _, table = throughput_tables(components.target, [components.model_inputs(t) for t in texts], options, batch_sizes,
                                  settings, args.rounds, budget, results, path, meta)
     print(table)

@@ -23,8 +23,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--out", default="tts.wav", help="output WAV file")
     cmd.add_argument("--method", default="ar", choices=list(METHODS),
                      help=" | ".join(f"{k} ({v.description})" for k, v in METHODS.items()))
-    cmd.add_argument("--model", default=None, help="an mmspec TTS model directory, or an embedded voice: delay (the "
-                     "default, models/tts) or valle (models/tts-valle)")
+    cmd.add_argument("--model", default=None, help="an mmspec TTS model directory, or an embedded voice: valle (the "
+                     "default, models/tts-valle) or delay (models/tts)")
     cmd.add_argument("--num-draft-tokens", type=int, default=None, help="draft length in stream sub-tokens "
                      "(default: the method's, a whole number of steps)")
     cmd.add_argument("--accept-top-k", type=int, default=None, help="spec-topk: accept a drafted code among the "

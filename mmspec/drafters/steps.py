@@ -20,7 +20,6 @@ import torch
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.tree import TokenTree
-from .medusa import DEFAULT_TREE
 from .model import ModelDrafter
 
 
@@ -121,6 +120,13 @@ class _CodecHeadDrafter(Drafter):
         return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([known_q, probs[:more].to(known_q)])[None])
 
 
+#: Medusa's sparse tree for a single-stream codec LM (9 nodes for 4 heads; path (a, b, ...) = head
+#: 0's a-th choice, then head 1's b-th, ...): on the VALL-E-style voice (temperature 1, one core) it
+#: beat trees of 4, 6, 12 and 17 nodes side by side (docs/benchmarks.md): a tiny LM's forward grows
+#: with its rows, so nodes that are rarely accepted cost more than they bring
+CODEC_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)]
+
+
 @register_drafter("codec-medusa")
 class CodecMedusaDrafter(_CodecHeadDrafter):
     """Medusa heads (:class:`~mmspec.modeling.heads.DraftHeads`, kind "medusa") on a delay-pattern
@@ -132,8 +138,9 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
 
     On a single-stream LM (K = 1, a VALL-E-style voice's AR stage, where the target verifies token
     trees) the draft is Medusa's sparse static tree: path (a, b, ...) takes head 0's a-th most
-    likely code, then head 1's b-th, ... (``tree_paths``, default :data:`~mmspec.drafters.medusa.DEFAULT_TREE`
-    cut to the heads' depth and to ``num_draft_tokens``); its nodes are deterministic picks
+    likely code, then head 1's b-th, ... (``tree_paths``, default :data:`CODEC_TREE` and, for more
+    than 4 heads, the top-1 chain on to the last head; cut to the heads' depth and to
+    ``num_draft_tokens``); its nodes are deterministic picks
     (q = 1), which the speculative rule's multi-draft form keeps exact. Several codebooks do not
     fit a tree (a node would carry a partial step), so there the draft is the chain of the heads'
     own draws (the top-1 path under greedy decoding).
@@ -145,8 +152,8 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
         super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads)
         self.heads = heads
         self.feature: torch.Tensor | None = None
-        paths = [tuple(p) for p in (tree_paths or DEFAULT_TREE)]
         limit = min(heads.num_heads, num_draft_tokens or heads.num_heads)
+        paths = [tuple(p) for p in tree_paths] if tree_paths else CODEC_TREE + [(0,) * d for d in range(5, limit + 1)]
         self.tree_paths = [p for p in paths if len(p) <= limit]
         self.paths: list[tuple[int, ...]] | None = None  # the tree in use (None: a chain)
 

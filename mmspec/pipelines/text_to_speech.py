@@ -1,6 +1,7 @@
 """Text-to-speech with codec-token LMs: ``mmspec.pipeline("text-to-speech", model=..., method=...)``.
 
-A model directory (``model=None``: the embedded voice in ``models/tts``) holds ``tts.json``
+A model directory (``model=None``: the embedded VALL-E-style voice in ``models/tts-valle``;
+``model="delay"``: the delay-pattern one in ``models/tts``) holds ``tts.json``
 (``codec``: the codec directory, relative; ``phonemizer``: the text front end of
 :data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
 null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional; ``temperature``:
@@ -40,7 +41,8 @@ __all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeli
 
 MANIFEST = "tts.json"
 #: names of the embedded voices (``model=`` / ``--model``) -> their directory under models/
-EMBEDDED_VOICES = {"delay": "tts", "valle": "tts-valle"}
+EMBEDDED_VOICES = {"valle": "tts-valle", "delay": "tts"}
+DEFAULT_VOICE = "valle"  # the more intelligible one, and the one speculation speeds up (docs/benchmarks.md)
 
 
 def _positive_number(value) -> bool:
@@ -98,7 +100,7 @@ class TTSComponents(OptimizesOnLoad):
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
         if model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists()):
-            directory = models_dir() / EMBEDDED_VOICES[model or "delay"]
+            directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE]
         else:
             directory = Path(model)
         manifest_path = directory / MANIFEST
@@ -255,9 +257,9 @@ class TextToSpeechPipeline:
     """``mmspec.pipeline("text-to-speech", model=None, method="ar", device="auto")``.
 
     Args:
-        model: a TTS model directory, or the name of an embedded voice: None or "delay" (the default,
-            models/tts: a delay-pattern codec LM over all 8 codebooks), "valle" (models/tts-valle: an LM over
-            codebook 0 and a NAR stage for the rest).
+        model: a TTS model directory, or the name of an embedded voice: None or "valle" (the default,
+            models/tts-valle: an LM over codebook 0 and a NAR stage for the rest), "delay" (models/tts:
+            a delay-pattern codec LM over all 8 codebooks).
         method: a name of :data:`METHODS` or a :class:`TTSMethod`.
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
         optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;

@@ -110,9 +110,21 @@ METHODS: dict[str, type[TTSMethod]] = {}
 register_method = class_registrar(METHODS, "text-to-speech method", required=("name", "description"))
 
 
-def make_method(name: str, **settings: Any) -> TTSMethod:
+def make_method(spec: str, **settings: Any) -> TTSMethod:
+    """``"name[:key=value[:key=value]]"`` and settings -> the method (every setting checked), e.g.
+    ``make_method("vadusa:top_k=5")`` (how ``mmspec bench tts --methods`` names a method with its
+    settings) or ``make_method("lantern", delta=0.2)``."""
+    name, *pairs = (spec or "").split(":")
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {spec!r}; choose one of {', '.join(METHODS)} (settings as 'vadusa:top_k=5')")
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        try:
+            settings[key] = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            raise ValueError(f"method {spec!r}: settings are key=number, e.g. 'vadusa:top_k=5' or 'lantern:delta=0.2'") from None
+        if not key or not equals:
+            raise ValueError(f"method {spec!r}: settings are key=number, e.g. 'vadusa:top_k=5' or 'lantern:delta=0.2'")
     return METHODS[name](**settings)
 
 
