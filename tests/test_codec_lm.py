@@ -169,10 +169,12 @@ def exact_streams(target):
 
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
-                                             ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True)])
+                                             ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True),
+                                             ("sjd-single", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
-    """medusa-tree: a single-stream LM (a VALL-E-style AR stage) verifying Medusa's static tree."""
-    target = small(2, aligned=aligned, codebooks=1 if drafter == "medusa-tree" else K2)
+    """medusa-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying Medusa's
+    static tree / SJD's window."""
+    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "sjd-single") else K2)
     exact = exact_streams(target)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
@@ -185,6 +187,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "step-aware": lambda: StepAwareDrafter(draft, num_draft_tokens=3),
              "medusa": lambda: CodecMedusaDrafter(heads, num_draft_tokens=3),
              "medusa-tree": lambda: CodecMedusaDrafter(heads),
+             "sjd-single": lambda: "sjd",
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,

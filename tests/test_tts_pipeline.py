@@ -340,3 +340,13 @@ def test_method_specs_carry_their_settings():
                        ("vadusa:delta=0.1", "takes no setting 'delta'"), ("lantern:delta=2.0", "delta must be")):
         with pytest.raises(ValueError, match=match):
             make_method(bad)
+
+
+def test_sjd_drafts_a_window_of_codes_on_a_single_stream(model_dir, valle_dir):
+    for directory, window in ((model_dir, 2 * K), (valle_dir, 12)):  # 2 steps; 12 codes (docs/benchmarks.md)
+        tts = mmspec.pipeline("text-to-speech", model=directory, method="sjd")
+        assert tts.method.draft_length(tts.components) == window
+        out = tts("a red star.", max_seconds=0.4, seed=2)
+        assert out.stats.config["num_draft_tokens"] == window and out.stats.frames > 0  # what the drafter ran
+    tts = mmspec.pipeline("text-to-speech", model=valle_dir, method="sjd", num_draft_tokens=3)
+    assert tts.method.draft_length(tts.components) == 3
