@@ -140,8 +140,8 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
     trees) the draft is Medusa's sparse static tree: path (a, b, ...) takes head 0's a-th most
     likely code, then head 1's b-th, ... (``tree_paths``, default :data:`CODEC_TREE` and, for more
     than 4 heads, the top-1 chain on to the last head; cut to the heads' depth and to
-    ``num_draft_tokens``); its nodes are deterministic picks
-    (q = 1), which the speculative rule's multi-draft form keeps exact. Several codebooks do not
+    ``num_draft_tokens``); its nodes are deterministic picks (q = 1), which the speculative rule's
+    multi-draft form keeps exact. Several codebooks do not
     fit a tree (a node would carry a partial step), so there the draft is the chain of the heads'
     own draws (the top-1 path under greedy decoding).
     """

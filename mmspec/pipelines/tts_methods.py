@@ -125,11 +125,11 @@ def make_method(spec: str, **settings: Any) -> TTSMethod:
     for pair in pairs:
         key, equals, value = pair.partition("=")
         try:
+            if not key or not equals:
+                raise ValueError
             settings[key] = float(value) if "." in value or "e" in value.lower() else int(value)
         except ValueError:
             raise ValueError(f"method {spec!r}: settings are key=number, e.g. 'vadusa:top_k=5' or 'lantern:delta=0.2'") from None
-        if not key or not equals:
-            raise ValueError(f"method {spec!r}: settings are key=number, e.g. 'vadusa:top_k=5' or 'lantern:delta=0.2'")
     return METHODS[name](**settings)
 
 
