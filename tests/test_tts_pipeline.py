@@ -82,6 +82,7 @@ def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
 
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("vadusa", {"top_k": 1}, {"top_k": 4}),
+                                                                  ("sjd-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("lantern", {"delta": 0.0}, {"delta": 0.5})])
 @pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
 def test_tolerant_methods(request, layout, method, exact_setting, relaxed_setting):
