@@ -150,6 +150,11 @@ def fast_bf16(device: str | torch.device = "cpu") -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (what stats and benchmark results record)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device = "cpu") -> torch.dtype:
     """A dtype name -> torch.dtype; "auto" = bfloat16 where it is fast (:func:`fast_bf16`), else float32."""
     if isinstance(dtype, torch.dtype):

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..api import generate
+from ..hub import dtype_name
 from .results import add_device_args, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
@@ -121,7 +122,7 @@ def run(args) -> int:
             if getattr(args, k) is not None),
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize)
-    results["meta"].update(machine=machine_info(str(pipe.dtype).removeprefix("torch."), args.threads, args.device),
+    results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.kernel if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
     items = bench_items(families, args.per_family, args.tasks)

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
+from ..hub import dtype_name
 from .results import machine_info, save_results
 
 PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     sizes, variants = check(args)
     torch.set_num_threads(args.threads)
     target, inputs, model = load_target(args.model, args.dtype, args.device)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = dtype_name(next(model.parameters()).dtype)
     results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats,
                         "machine": machine_info(dtype, args.threads, args.device)}, "variants": {}}
     for variant in variants:  # plain first: optimize() changes the model in place

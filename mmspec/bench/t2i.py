@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..hub import dtype_name
 from ..pipelines.t2i_components import T2IComponents
 from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
 from .results import add_device_args, machine_info, save_results
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
             "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
-            "machine": machine_info(str(components.dtype).removeprefix("torch."), args.threads, args.device),
+            "machine": machine_info(dtype_name(components.dtype), args.threads, args.device),
             "linears": components.linears}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")

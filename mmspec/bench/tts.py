@@ -130,10 +130,10 @@ def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[tor
     from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
 
     if reference != "piper":
-        import soundfile
+        from ..adapters.audio.codec import read_wav
 
-        audio, rate = soundfile.read(reference, dtype="float32", always_2d=True)
-        return [speaker_embedding(torch.from_numpy(audio.mean(axis=1)), rate)] * len(texts), {}
+        audio, rate = read_wav(reference)
+        return [speaker_embedding(audio.mean(0), rate)] * len(texts), {}
     from ..train.speech_data import load_voice, synthesise
 
     voice = load_voice()

@@ -37,7 +37,7 @@ from ..adapters.hf import VLM_FAMILIES, TransformersTarget
 from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
-from ..hub import resolve_dtype
+from ..hub import dtype_name, resolve_dtype
 from ..api import generate_rows, generate_with_baseline, optimize_components
 from ..hub import resolve_device
 from .images import ImageInput, load_image
@@ -463,7 +463,7 @@ class ImageCaptioningPipeline:
         return self.tokenizer.decode(sequences[0, prompt_length:], skip_special_tokens=True).strip()
 
     def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
-        stats.config.update(drafter=drafter_name, drafter_choice=reason, dtype=str(self.dtype).removeprefix("torch."),
+        stats.config.update(drafter=drafter_name, drafter_choice=reason, dtype=dtype_name(self.dtype),
                             linears=self.optimization.kernel if self.optimization else "as loaded")
         return stats
 

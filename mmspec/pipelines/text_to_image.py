@@ -27,7 +27,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.stats import DictAccess, SpecStats
-from ..hub import resolve_device, resolve_dtype
+from ..hub import dtype_name, resolve_device, resolve_dtype
 from .t2i_components import T2IComponents
 from .t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
@@ -274,7 +274,7 @@ class TextToImagePipeline:
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
             stats.config["linears"] = self.components.linears
-            stats.config["dtype"] = str(self.components.dtype).removeprefix("torch.")
+            stats.config["dtype"] = dtype_name(self.components.dtype)
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:

@@ -99,13 +99,10 @@ class TTSComponents(OptimizesOnLoad):
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
-        if model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists()):
-            directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE]
-        else:
-            directory = Path(model)
+        embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
+        directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
-            embedded = model is None or model in EMBEDDED_VOICES
             hint = (f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)" if embedded
                     else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
                     f"{', '.join(EMBEDDED_VOICES)})?")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import fast_bf16
+from ..hub import fast_bf16, models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
@@ -56,8 +56,6 @@ def collate(items: list[dict], config: CodecNARConfig) -> dict[str, torch.Tensor
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import models_dir
-
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     voice = Path(args.voice) if args.voice else None
