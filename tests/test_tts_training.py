@@ -190,9 +190,10 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
 
 
 def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
-    assert train(shards, shards / "w", "--codebooks", str(K + 1)) == 2
-    err = capsys.readouterr().err
-    assert f"--codebooks must lie in [1, {K}]" in err and err.count("\n") == 1
+    for bad in (str(K + 1), "0"):
+        assert train(shards, shards / "w", "--codebooks", bad) == 2
+        err = capsys.readouterr().err
+        assert f"--codebooks must lie in [1, {K}]" in err and err.count("\n") == 1
     assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
                  str(shards / "v"), "--voice", str(shards / "nowhere"), "--steps", "1"]) == 2
     err = capsys.readouterr().err

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
-    codebooks = args.codebooks or codec.config.num_codebooks
+    codebooks = codec.config.num_codebooks if args.codebooks is None else args.codebooks
     if not 1 <= codebooks <= codec.config.num_codebooks:
         raise ValueError(f"--codebooks must lie in [1, {codec.config.num_codebooks}] (the codec's), got {codebooks}")
     teacher = None
