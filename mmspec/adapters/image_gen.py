@@ -23,7 +23,8 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 import torch
 
 from ..core.batch import BatchState
-from ..core.cache import SequenceState, make_cache
+from ..core.cache import SequenceState, StaticKVCache, make_cache
+from ..core.captured import DEFAULT_BUCKETS, GraphRunner
 from ..core.sampling import cfg_combine
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -138,12 +139,16 @@ class GuidedImageTarget:
             return logits[:1]
         return cfg_combine(logits[:1], logits[1:2], guidance_scale)
 
+    def new_cache(self, rows: int):
+        """The KV cache of a new sequence of ``rows`` cache rows."""
+        return make_cache(self.cache_config)
+
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[GuidedState, TargetOutput]:
         guidance_scale = model_inputs.get("guidance_scale")
         if guidance_scale is not None and guidance_scale < 1:
             raise ValueError(f"guidance_scale must be >= 1 (got {guidance_scale}); use None to switch guidance off")
         rows = 1 if guidance_scale is None else 2
-        cache = make_cache(self.cache_config)
+        cache = self.new_cache(rows)
         prefill = self._prefill_halves(model_inputs, rows, cache, hidden_layer is not None)
         state = GuidedState(prefill.tokens, cache, prompt_length=prefill.tokens.shape[1], guidance_scale=guidance_scale,
                             row_padding=prefill.row_padding)
@@ -205,11 +210,20 @@ class LlamaGenTarget(GuidedImageTarget):
 
     model_inputs: ``caption`` [1, P, C] caption features (from the generator's text encoder),
     ``guidance_scale``. The unconditional half is the model's null caption.
+
+    Args:
+        captured: verify through captured forwards (:mod:`mmspec.core.captured`): a static KV cache of
+            max_length + the largest bucket slots, inputs padded to a bucket, and on CUDA one graph
+            per bucket, replayed with one launch. Chains and trees alike (the tree's mask goes into
+            the static mask). A captured target decodes one sequence at a time (the graphs own its
+            KV buffers: a new prefill ends the previous sequence) and no batches.
+        buckets: the padded forward sizes (inputs per forward) that are captured.
     """
 
     input_names = ("caption", "guidance_scale")
 
-    def __init__(self, model, grid: tuple[int, int] | None = None) -> None:
+    def __init__(self, model, grid: tuple[int, int] | None = None, captured: bool = False,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         self.model = model
         self.config = model.config
         self.vocab_size = model.config.vocab_size
@@ -217,12 +231,64 @@ class LlamaGenTarget(GuidedImageTarget):
         self.grid = grid or (side, side)
         self.max_length = model.max_length
         self.cache_config = None  # a plain DynamicCache of PreallocatedLayers
+        self.captured, self.buckets = captured, tuple(buckets)
+        self._static: dict[int, tuple[StaticKVCache, GraphRunner]] = {}  # per cache rows, built at first use
 
     def embed_codes(self, codes):
         return self.model.tok_embeddings(codes)
 
     def code_logits(self, hidden):
         return self.model.output(hidden).float()
+
+    def _static_runner(self, rows: int) -> tuple[StaticKVCache, GraphRunner]:
+        if rows not in self._static:
+            c, device = self.config, self.device
+            capacity = self.max_length + self.buckets[-1]  # padded inputs write past the sequence
+            cache = StaticKVCache(c.n_layer, (rows, c.kv_heads, capacity, c.head_dim), self.dtype, device)
+
+            def buffers(b: int) -> dict[str, torch.Tensor]:
+                mask = torch.zeros(1, 1, b, capacity, dtype=torch.bool, device=device)
+                mask[..., 0] = True  # every query sees a slot: no all-masked row, no NaN in any buffer
+                return {"tokens": torch.zeros(rows, b, dtype=torch.long, device=device),
+                        "positions": torch.zeros(b, dtype=torch.long, device=device), "mask": mask,
+                        "slots": torch.arange(self.max_length, self.max_length + b, device=device)}
+
+            def forward(tokens, positions, mask, slots):
+                cache.slots = slots
+                out = self.model(tokens, past_key_values=cache, attention_mask=mask, positions=positions,
+                                 output_hidden_states=True)
+                return out.logits, out.hidden_states
+
+            self._static[rows] = (cache, GraphRunner(forward, buffers, self.buckets, device))
+        return self._static[rows]
+
+    @staticmethod
+    def _fill_mask(mask: torch.Tensor, cached: int, block: torch.Tensor) -> None:
+        """mask [1, 1, b, capacity] <- the first n queries see the cache and ``block`` [n, n] among
+        themselves; padded queries see slot 0 only."""
+        n = block.shape[0]
+        mask.zero_()
+        mask[..., :n, :cached] = True
+        mask[0, 0, :n, cached : cached + n] = block
+        mask[..., n:, 0] = True
+
+    def new_cache(self, rows):
+        if not self.captured:
+            return super().new_cache(rows)
+        cache, _ = self._static_runner(rows)
+        cache.length, cache.owner = 0, None
+        return cache
+
+    def prefill(self, model_inputs, hidden_layer=None):
+        state, out = super().prefill(model_inputs, hidden_layer)
+        if self.captured:
+            state.cache.owner = state  # the sequence that holds the static buffers now
+        return state, out
+
+    def prefill_rows(self, rows, hidden_layer=None):
+        if self.captured:
+            raise ValueError("a captured LlamaGen target decodes one image at a time; use batch_size=1 or captured=False")
+        return super().prefill_rows(rows, hidden_layer)
 
     def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
         caption = model_inputs.get("caption")
@@ -234,8 +300,15 @@ class LlamaGenTarget(GuidedImageTarget):
         caption = caption.to(self.device)
         if rows == 2:
             caption = torch.cat([caption, self.model.null_caption(1).to(caption)])
-        out = self.model(caption=caption, past_key_values=cache, output_hidden_states=want_hidden)
-        prefix = torch.zeros(1, caption.shape[1], dtype=torch.long, device=self.device)
+        mask, length = None, caption.shape[1]
+        if isinstance(cache, StaticKVCache):  # eager, into the static buffers
+            cache.slots = torch.arange(length, device=self.device)
+            mask = torch.zeros(1, 1, length, cache.capacity, dtype=torch.bool, device=self.device)
+            self._fill_mask(mask, 0, torch.ones(length, length, dtype=torch.bool, device=self.device).tril())
+        out = self.model(caption=caption, past_key_values=cache, attention_mask=mask, output_hidden_states=want_hidden)
+        if isinstance(cache, StaticKVCache):
+            cache.length = length
+        prefix = torch.zeros(1, length, dtype=torch.long, device=self.device)
         hidden = None if out.hidden_states is None else out.hidden_states[:, -1:]
         return HalvesPrefill(prefix, out.logits[:, -1:], hidden)
 
@@ -247,6 +320,34 @@ class LlamaGenTarget(GuidedImageTarget):
     def _forward_halves(self, tokens, state, mask, positions, want_hidden):
         if mask is not None:
             mask = mask > torch.finfo(mask.dtype).min / 2  # additive -> boolean (True = attend)
+        if self.captured:
+            return self._forward_captured(tokens, state, mask, positions, want_hidden)
         out = self.model(tokens, past_key_values=state.cache, attention_mask=mask, positions=positions,
                          output_hidden_states=want_hidden)
         return out.logits, out.hidden_states
+
+    def _forward_captured(self, tokens, state, mask, positions, want_hidden):
+        """One padded forward through the bucket's graph: tokens [R, n], boolean tree mask
+        [1, 1, n, L + n] or None (a chain), positions [n] -> (logits [R, n, V], hidden [R, n, D] or None)."""
+        cache = state.cache
+        if getattr(cache, "owner", None) is not state:
+            raise ValueError("this captured target has started another sequence since; a captured target decodes "
+                             "one sequence at a time")
+        rows, n = tokens.shape
+        cached = cache.length
+        if mask is None and cached + n > self.max_length:
+            raise ValueError(f"position {cached + n - 1} beyond the model's {self.max_length} positions")
+        _, runner = self._static_runner(rows)
+        b = runner.bucket(n)
+        buffers = runner.buffers[b]
+        buffers["tokens"].zero_()
+        buffers["tokens"][:, :n] = tokens
+        buffers["positions"].zero_()
+        buffers["positions"][:n] = positions
+        torch.arange(cached, cached + b, out=buffers["slots"])
+        block = (torch.ones(n, n, dtype=torch.bool, device=self.device).tril() if mask is None
+                 else mask[0, 0, :, cached:])
+        self._fill_mask(buffers["mask"], cached, block)
+        logits, hidden = runner.run(b)
+        cache.length = cached + n
+        return logits[:, :n].clone(), hidden[:, :n].clone() if want_hidden else None

@@ -37,7 +37,7 @@ from torch import nn
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
-from .results import machine_info, save_results
+from .results import machine_info, machine_line, save_results
 
 PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
 MODELS = ("captioner", "smollm2", "t2i")
@@ -212,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
 def markdown_table(results: dict) -> str:
     meta = results["meta"]
     m = meta["machine"]
-    lines = [f"Verification cost curve of `{meta['model']}` ({m['dtype']}, {m['threads']} thread(s), {m['cpu']} "
-             f"({' '.join(m['cpu_flags'])}), torch {m['torch']}; median of {meta['repeats']})"]
+    lines = [f"Verification cost curve of `{meta['model']}` ({m['dtype']}, {m['threads']} thread(s), {machine_line(m)}, "
+             f"torch {m['torch']}; median of {meta['repeats']})"]
     for variant, record in results["variants"].items():
         ms = record["ms"]
         c1 = ms["1"]

@@ -24,6 +24,14 @@ def add_device_args(parser) -> None:
                         help="measure the models' linears as loaded (default: few-row linears, mmspec.optimize)")
 
 
+def machine_line(machine: dict) -> str:
+    """A results file's "machine" record -> "AMD EPYC (avx2 avx512f)", or on a GPU
+    "NVIDIA H100 80GB HBM3 (host: Intel Xeon)": what a table's numbers were measured on."""
+    cpu = f"{machine.get('cpu')} ({' '.join(machine.get('cpu_flags', []))})"
+    device = machine.get("device", "cpu")
+    return cpu if device == "cpu" else f"{device} (host: {machine.get('cpu')})"
+
+
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
     ("cpu" or the GPU's name), "threads", "dtype", "torch", "transformers"}."""

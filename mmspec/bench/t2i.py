@@ -23,7 +23,7 @@ import torch
 from ..hub import dtype_name
 from ..pipelines.t2i_components import T2IComponents
 from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
-from .results import add_device_args, machine_info, save_results
+from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure throughput instead: the prompts decoded B at a time, per batch size (items/s, "
                              "tokens/s, crossover; no quality scores); see mmspec.bench.throughput")
     add_device_args(parser)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="verify through CUDA graphs (the embedded LlamaGen-style layout on --device cuda, batch size 1)")
     parser.add_argument("--results", default="bench-out/t2i.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--plot", default=None, help="write the speed / quality trade-off (speedup vs FD) as a PNG")
@@ -88,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     torch.set_num_threads(args.threads)
-    components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype)
+    components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,
+                                               cuda_graphs=args.cuda_graphs)
     for method in methods.values():
         method.check_components(components)
     prompts, references = bench_prompts(args.prompts, size=components.image_size)
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
             "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
             "machine": machine_info(dtype_name(components.dtype), args.threads, args.device),
-            "linears": components.linears}
+            "linears": components.linears, "cuda_graphs": args.cuda_graphs}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")
     results["meta"] = meta
@@ -241,7 +244,8 @@ def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], 
 
 def markdown_table(summary: dict, meta: dict) -> str:
     lines = [f"{meta['prompts']} prompts x {meta['rounds']} rounds, CFG {meta['guidance_scale']}, temperature "
-             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {meta['window']}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)", "",
+             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {meta['window']}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)"
+             + (", CUDA graphs" if meta.get("cuda_graphs") else "") + (f", {meta['machine']['dtype']}, {machine_line(meta['machine'])}" if "machine" in meta else ""), "",
              "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
              "|---|---|---|---|---|---|"]
     for method, row in summary.items():

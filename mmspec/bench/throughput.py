@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..api import generate_rows
-from .results import save_results
+from .results import machine_line, save_results
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -154,7 +154,7 @@ def render_throughput(summary: dict, methods: list[str], meta: dict, label: str 
     """Markdown tables: per setting (``label`` and its value), batch size x method -> items/s, tokens/s, speedup over AR
     at the same batch size, and the crossover batch size per method."""
     machine = meta.get("machine", {})
-    lines = [f"Throughput, {meta.get('model')}; {machine.get('cpu')} ({', '.join(machine.get('cpu_flags', []))}), "
+    lines = [f"Throughput, {meta.get('model')}; {machine_line(machine)}, "
              f"{machine.get('threads')} thread(s), {machine.get('dtype')}, linears {meta.get('linears')}.", ""]
     for t, by_size in summary.items():
         lines += [f"{label} {t}: items/s, tokens/s and speedup over AR at the same batch size "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .results import add_device_args, machine_info, save_results
+from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 
@@ -194,7 +194,7 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
     lines = [f"{meta['sentences']} held-out sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
-             f"{m['cpu']} ({' '.join(m['cpu_flags'])}), torch {m['torch']}", "",
+             f"{machine_line(m)}, torch {m['torch']}", "",
              "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
              "|---|---|---|---|---|---|"]
     for spec, row in summary.items():

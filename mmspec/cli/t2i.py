@@ -49,6 +49,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run AR with the same seeds; report the speedup")
     cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--cuda-graphs", action="store_true",
+                     help="verify through CUDA graphs (the embedded LlamaGen-style layout on a CUDA device)")
     cmd.add_argument("--dtype", default="float32", help="the generator's weights: float32 (default) | bfloat16 | auto "
                      "(bfloat16 where fast: GPU, CPU with AMX / AVX-512 BF16); not MAR")
     cmd.add_argument("--threads", type=int, default=None)
@@ -140,7 +142,8 @@ def run(args) -> int:
     device = process.device_for(args.device) if process else args.device
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
-                           trust_remote_code=args.trust_remote_code, optimize=args.optimize, dtype=args.dtype, **settings)
+                           trust_remote_code=args.trust_remote_code, optimize=args.optimize, dtype=args.dtype,
+                           cuda_graphs=args.cuda_graphs, **settings)
     if args.prompts:
         return run_prompts_file(pipe, prompts, args, process)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,

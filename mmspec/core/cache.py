@@ -326,3 +326,53 @@ class SequenceState:
             raise ValueError(f"rollback length {length} outside [{self.prompt_length}, {self.length}]")
         self.tokens = self.tokens[:, :length]
         crop_cache(self.cache, min(self.cache_length, length - 1))
+
+
+class StaticKVCache:
+    """A KV cache of fixed buffers, for captured (CUDA-graph) forwards whose tensors never move.
+
+    Every layer's keys and values live in buffers [R, H, capacity, D] allocated once. A forward
+    writes its q inputs' entries at the slots in ``slots`` (LongTensor [q], a buffer its caller
+    fills before the forward) and attends over the whole capacity, under a mask that hides every
+    slot at or past the sequence (the caller's); ``length`` is host bookkeeping that the caller
+    advances after a forward, so rollback (``crop``) moves a number and copies nothing. It offers
+    what :class:`SequenceState` and the models use: ``get_seq_length``, ``crop``, ``update`` and
+    ``compact_tree`` (tree verification).
+
+    Args:
+        layers: number of attention layers.
+        shape: (R, H, capacity, D) of each layer's buffers.
+    """
+
+    def __init__(self, layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)
+        self.length = 0
+        self.owner = None  # the sequence state that holds the buffers now (its target sets it)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write [R, H, q, D] entries at ``slots``; return the layer's whole buffers [R, H, capacity, D]."""
+        self.keys[layer_idx].index_copy_(2, self.slots, key_states)
+        self.values[layer_idx].index_copy_(2, self.slots, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (transformers' convention: a non-positive count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
+        self.length = max(0, self.length + tokens_to_remove)
+
+    def compact_tree(self, start: int, path: torch.Tensor) -> None:
+        """Keep slots [0, start) and then ``start + path`` (LongTensor [m]), moved to [start, start + m)."""
+        keep = start + path.to(self.keys[0].device, torch.long)
+        for buffer in (*self.keys, *self.values):
+            buffer[:, :, start : start + keep.shape[0]] = buffer.index_select(2, keep)
+        self.length = start + keep.shape[0]

@@ -251,7 +251,9 @@ class LlamaGenModel(DataclassModel, nn.Module):
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         if positions is None:
             positions = torch.arange(start, start + x.shape[1], device=x.device)
-        if int(positions.max()) >= self.max_length:
+        # (no host sync while a CUDA graph is captured: a captured caller checks positions itself)
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and int(positions.max()) >= self.max_length:
             raise ValueError(f"position {int(positions.max())} beyond the model's {self.max_length} positions")
         rope = self.rope[positions]
         if attention_mask is None:  # built once here for every layer

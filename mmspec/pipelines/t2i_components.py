@@ -113,7 +113,7 @@ class T2IComponents(OptimizesOnLoad):
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
                         image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
                         eagle_head: Any = None, trust_remote_code: bool = False, optimize: bool = True,
-                        dtype: str | torch.dtype = "float32") -> "T2IComponents":
+                        dtype: str | torch.dtype = "float32", cuda_graphs: bool = False) -> "T2IComponents":
         """Load a model's components.
 
         Args:
@@ -132,6 +132,9 @@ class T2IComponents(OptimizesOnLoad):
             dtype: the generator's and its draft's weights (float32 by default; "auto" = bfloat16
                 where the machine computes it fast, :func:`mmspec.hub.resolve_dtype`). The text
                 encoder and the image tokenizer stay float32; MAR models run in float32 only.
+            cuda_graphs: the generator and its draft verify through CUDA graphs
+                (:class:`~mmspec.adapters.image_gen.LlamaGenTarget` ``captured``): mmspec's
+                LlamaGen-style layout on a CUDA device only.
             A directory with ``mar.json``, or ``"mar"`` (the embedded default ``models/mar``), loads
             a continuous-token model's :class:`~mmspec.pipelines.mar_components.MARComponents`.
         Raises:
@@ -142,6 +145,10 @@ class T2IComponents(OptimizesOnLoad):
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         local = isinstance(model, (str, Path))
+        mmspec_layout = model is None or (local and (Path(model).expanduser() / MODEL_FILE).is_file())
+        if cuda_graphs and (device.type != "cuda" or not mmspec_layout):
+            raise ValueError("cuda_graphs needs a CUDA device and mmspec's LlamaGen-style layout (the embedded model or a "
+                             f"t2i.json directory), got device {device} and model {model!r}; drop cuda_graphs")
         if cls.names_continuous(model):
             if dtype != torch.float32:
                 raise ValueError(f"MAR models run in float32 only; drop dtype={dtype} (the diffusion chain's small "
@@ -156,8 +163,9 @@ class T2IComponents(OptimizesOnLoad):
             if draft is not None:
                 components.draft = draft
             return components
-        if model is None or (local and (Path(model).expanduser() / MODEL_FILE).is_file()):
-            components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device, dtype)
+        if mmspec_layout:
+            components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device, dtype,
+                                      cuda_graphs)
         elif local and _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
             raise FileNotFoundError(f"{model} is not a text-to-image model directory (no {MODEL_FILE} and no "
                                     "transformers config.json); pass model=None for the embedded default")
@@ -246,7 +254,7 @@ class T2IComponents(OptimizesOnLoad):
         return to_pil(self.tokenizer.decode(tokens.to(self.target.device)))
 
 
-def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype) -> T2IComponents:
+def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, captured: bool = False) -> T2IComponents:
     """mmspec's layout: LlamaGen-style generator + VQ tokenizer + SmolLM2 text encoder."""
     from ..modeling.llamagen import LlamaGenModel
     from ..modeling.vq import VQTokenizer
@@ -265,10 +273,10 @@ def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype) -> T
 
     def load_draft(source) -> LlamaGenTarget:
         model = source if isinstance(source, torch.nn.Module) else LlamaGenModel.from_pretrained(source, dtype=dtype)
-        return LlamaGenTarget(model.to(device))
+        return LlamaGenTarget(model.to(device), captured=captured)
 
     return T2IComponents(
-        target=LlamaGenTarget(generator),
+        target=LlamaGenTarget(generator, captured=captured),
         tokenizer=VQImageTokenizer(VQTokenizer.from_pretrained(directory / manifest["vq"]).to(device)),
         encode=lambda prompt: {"caption": text_encoder.encode([prompt], uncond)},
         draft=directory / manifest["draft"] if manifest.get("draft") else None,

@@ -130,6 +130,9 @@ class TextToImagePipeline:
             (bfloat16 where the machine computes it fast: GPUs, CPUs with AMX / AVX-512 BF16);
             ``stats.config["dtype"]`` says which. Lossless methods stay exact against plain
             decoding in the same dtype.
+        cuda_graphs: verify (and draft with a draft generator) through CUDA graphs, one per padded
+            forward size (:mod:`mmspec.core.captured`): the embedded LlamaGen-style layout on a CUDA
+            device, one image at a time; ``stats.config["cuda_graphs"]`` says whether it ran.
         **settings: the methods' settings (:data:`~mmspec.pipelines.t2i_methods.SETTINGS`; each
             method reads its own, with its own defaults): ``window`` (SJD's L; 8 for sjd, 16 for
             sjd-coupled and sjd-pac), ``init`` ("random" | "horizontal" | "vertical"),
@@ -154,7 +157,7 @@ class TextToImagePipeline:
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
                  grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: Any = None,
                  trust_remote_code: bool = False, optimize: bool = True, dtype: str | torch.dtype = "float32",
-                 **settings: Any) -> None:
+                 cuda_graphs: bool = False, **settings: Any) -> None:
         self.settings = settings
         self.method = make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
@@ -162,7 +165,8 @@ class TextToImagePipeline:
                 self.method.check_kind(True)
             components = T2IComponents.from_pretrained(model, device, processor=processor, image_tokenizer=image_tokenizer,
                                                        grid=grid, draft=draft, eagle_head=eagle_head,
-                                                       trust_remote_code=trust_remote_code, optimize=optimize, dtype=dtype)
+                                                       trust_remote_code=trust_remote_code, optimize=optimize, dtype=dtype,
+                                                       cuda_graphs=cuda_graphs)
         elif model is not None:
             raise ValueError("pass either model=... or components=..., not both")
         self.method.check_components(components)
@@ -275,6 +279,7 @@ class TextToImagePipeline:
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
             stats.config["linears"] = self.components.linears
             stats.config["dtype"] = dtype_name(self.components.dtype)
+            stats.config["cuda_graphs"] = bool(getattr(self.components.target, "captured", False))
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:

