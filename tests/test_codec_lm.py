@@ -12,6 +12,7 @@ import mmspec
 from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import CodecEagleDrafter, CodecMedusaDrafter, ModelDrafter, StepAwareDrafter, StepCompletionDrafter
+from mmspec.drafters.steps import CODEC_TREE
 from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.codec_lm import TIMING_BUCKETS, CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 
@@ -170,11 +171,11 @@ def exact_streams(target):
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
                                              ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True),
-                                             ("sjd-single", True)])
+                                             ("eagle-tree", True), ("sjd-single", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
-    """medusa-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying Medusa's
-    static tree / SJD's window."""
-    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "sjd-single") else K2)
+    """medusa-tree / eagle-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying
+    Medusa's or EAGLE's static tree / SJD's window."""
+    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "eagle-tree", "sjd-single") else K2)
     exact = exact_streams(target)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
@@ -189,11 +190,12 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "medusa-tree": lambda: CodecMedusaDrafter(heads),
              "sjd-single": lambda: "sjd",
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
+             "eagle-tree": lambda: CodecEagleDrafter(eagle, tree_paths=CODEC_TREE),
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
         accepted += out.stats.accepted
-        assert (out.stats.tree_nodes > 0) == (drafter == "medusa-tree")
+        assert (out.stats.tree_nodes > 0) == (drafter in ("medusa-tree", "eagle-tree"))
         key = tuple(out.sequences[0, target.num_codebooks:].tolist())
         counts[key] = counts.get(key, 0) + 1
     assert accepted > 300 or (drafter == "step" and accepted > 0)  # step drafts exist only mid-step
@@ -256,3 +258,44 @@ def test_a_tree_forward_gives_each_node_its_paths_chain_logits_and_keeps_the_acc
         several = DelayPatternTarget(tiny(5, aligned=True))
         state, _ = several.prefill(inputs(several.model))
         several.forward(state, rooted.tokens[None], tree=rooted)
+
+
+@torch.no_grad()
+def test_eagle_tree_nodes_are_what_the_head_gives_along_their_paths():
+    """On a single stream, the EAGLE tree's head features at each node equal those of feeding the
+    node's ancestors one by one as a chain (causal, its own cache), and each node is the code the
+    head ranks where its path says: the batched tree forwards see exactly their ancestors, at their
+    steps' positions."""
+    from mmspec.core.cache import crop_cache
+    from mmspec.core.drafter import DraftContext
+
+    target = DelayPatternTarget(tiny(2, codebooks=1, codes=8, aligned=True))
+    torch.manual_seed(4)
+    head = EagleHead(target.model.backbone.config).eval()
+    state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
+    for token in (5, 0, 3):  # plain decoding of forced codes: the head catches up with committed steps
+        target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
+        state.commit(torch.tensor([[token]]))
+    context = DraftContext(target, SamplingConfig(do_sample=False), torch.Generator(), {})
+    drafter, chain = CodecEagleDrafter(head, tree_paths=CODEC_TREE), CodecEagleDrafter(head)
+    drafter.start(context, state)
+    chain.start(context, state)
+    seen = []  # (step, features [m, D]) each time the tree ranks children
+    ranks = drafter._children
+    drafter._children = lambda state, step, features, width: seen.append((step, features)) or ranks(state, step, features, width)
+    tree, paths = drafter.propose(state, 8).tree, drafter.paths
+    assert tree.size == len(paths) == 9 and drafter.describe()["tree"] == "static" and chain.paths is None
+    a = state.length - 1
+    parents = [()] + [p for p in paths if any(q[:-1] == p for q in paths)]  # the root, then each depth's frontier
+    assert [step for step, _ in seen] == [a + 1 + depth for depth in range(len(seen))]
+    features = dict(zip(parents, torch.cat([f for _, f in seen])))
+    for node, path in enumerate(paths):
+        feature = chain._feed_root(state, state.tokens[0], a)  # the committed pairs (first time) and step a's
+        committed = chain.cache.get_seq_length() - 1
+        for depth in range(1, len(path)):
+            code = tree.tokens[paths.index(path[:depth])].view(1)
+            feature = chain._run(feature, chain._step_inputs(state, code, a + depth), a + depth)
+        crop_cache(chain.cache, committed)
+        torch.testing.assert_close(features[path[:-1]], feature[0, 0], atol=1e-5, rtol=1e-5)
+        ranked = ranks(state, a + len(path), feature[0], 3)[0]
+        assert int(tree.tokens[node]) == int(ranked[path[-1]]), path

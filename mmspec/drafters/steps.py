@@ -210,17 +210,32 @@ class CodecEagleDrafter(_CodecHeadDrafter):
     keeps a cache of the committed steps' pairs (E_t, f_{t-1}), read from the target's step cache
     (``step_hidden``).
 
+    On a single-stream LM (K = 1, where the target verifies token trees) it can draft a static
+    tree instead (``tree_paths``, e.g. :data:`CODEC_TREE`; path (a, b, ...) = the a-th most likely
+    code of the head's first step, then the b-th of the step the head predicts after that code, ...).
+    The head runs once per tree depth over that depth's nodes that have children: node p reads
+    f^ of its parent (f^_a at the root) and its own code's input, at its step's position, and
+    attends to the committed pairs and its ancestors (a 4-D mask over the head's cache), as
+    EAGLE-2 expands its tree. The nodes are deterministic picks (q = 1), which the speculative
+    rule's multi-draft form keeps exact. In batches, and with several codebooks, it drafts the chain.
+    The chain is the default: on the embedded VALL-E-style voice the 9-node tree raised tau from
+    2.90 to 3.04 but cost more than that (1.05x against the chain's 1.37x, docs/benchmarks.md).
+
     Args:
         head: the trained :class:`~mmspec.modeling.heads.EagleHead` (width D of the codec LM).
         num_draft_tokens, draft_steps: as :class:`_CodecHeadDrafter`'s.
+        tree_paths: the single-stream tree (empty: the chain).
     """
 
     needs = ("a codec EAGLE head needs a codec LM whose heads are one linear of width {width} and that gives its "
              "step inputs (the embedded CodecLM)")
 
-    def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3) -> None:
+    def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3, tree_paths=()) -> None:
         super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps)
         self.head = head
+        paths = [tuple(p) for p in tree_paths]
+        self.tree_paths = [p for p in paths if len(p) <= (num_draft_tokens or len(max(paths, key=len, default=())))]
+        self.paths: list[tuple[int, ...]] | None = None  # the tree in use (None: a chain)
 
     def _fits(self, target) -> bool:
         return hasattr(target.steps, "step_inputs")
@@ -228,6 +243,13 @@ class CodecEagleDrafter(_CodecHeadDrafter):
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.cache, self.fed = make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
+        self.paths = self.tree_paths if getattr(context.target, "supports_trees", False) and self.tree_paths else None
+
+    def for_batch(self) -> "CodecEagleDrafter":
+        """The chain form (batched rows verify no trees); call it on a copy."""
+        chain = super().for_batch()
+        chain.tree_paths = []
+        return chain
 
     def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
         """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
@@ -235,26 +257,37 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         steps = target.model_ids(stream.view(-1, target.num_codebooks), first_step=first)
         return target.steps.step_inputs(steps[None], [first], [state.cache.conditioning])[0]
 
-    def _run(self, features: torch.Tensor, inputs: torch.Tensor, first: int) -> torch.Tensor:
-        """Pairs (inputs [1, n, D], features [1, n, D]) at steps first .. first + n - 1 -> f^ [1, n, D]."""
-        positions = torch.arange(first, first + inputs.shape[1], device=inputs.device)[None]
+    def _run(self, features: torch.Tensor, inputs: torch.Tensor, first: int, mask: torch.Tensor | None = None,
+             same_step: bool = False) -> torch.Tensor:
+        """Pairs (inputs [1, n, D], features [1, n, D]) at steps first .. first + n - 1 (all at step
+        ``first`` with ``same_step``: tree siblings) -> f^ [1, n, D]."""
+        n = inputs.shape[1]
+        positions = (torch.full((n,), first) if same_step else torch.arange(first, first + n)).to(inputs.device)[None]
         self.forwards += 1
-        return self.head(features, inputs, self.cache, positions)
+        return self.head(features, inputs, self.cache, positions, mask)
+
+    def _feed_root(self, state: SequenceState, stream: torch.Tensor, a: int) -> torch.Tensor:
+        """One head forward over the committed steps' pairs it has not seen and the pending step a's
+        (stream ids ``stream`` hold step a's codes) -> f^_a [1, 1, D]. The cache keeps the
+        committed pairs (up to step a - 1) and, until the caller crops it, step a's."""
+        hidden, k = state.cache.step_hidden, self.context.target.num_codebooks  # hidden[t] = f_{t-1}
+        first = self.fed
+        out = self._run(torch.stack(hidden[first : a + 1])[None], self._step_inputs(state, stream[first * k : (a + 1) * k], first),
+                        first)
+        self.fed = a
+        return out[:, -1:]
 
     def _steps(self, state, known, more):
         target, k = self.context.target, self.context.target.num_codebooks
         steps = -(-more // k)  # whole steps: each is fed back whole
         a = (state.length - 1) // k  # the pending token's step, completed by the known codes
         stream = torch.cat([state.tokens[0], known.to(state.tokens.device)])
-        hidden = state.cache.step_hidden  # hidden[t] = f_{t-1}
-        if a > self.fed:  # the committed steps' pairs the head has not seen
-            self._run(torch.stack(hidden[self.fed : a])[None], self._step_inputs(state, stream[self.fed * k : a * k], self.fed),
-                      self.fed)
-            self.fed = a
-        committed = self.cache.get_seq_length()
-        feature, step, tokens, probs = hidden[a][None, None], stream[a * k : (a + 1) * k], [], []
+        feature = self._feed_root(state, stream, a)
+        committed = self.cache.get_seq_length() - 1  # step a's pair is not committed yet
+        tokens, probs = [], []
         for i in range(steps):
-            feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
+            if i:
+                feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
             guesses = self.output(feature[0]).view(1, k, -1)
             step, q = self._pick(target.draft_logits(state, a + 1 + i, guesses))
             tokens.append(step)
@@ -262,5 +295,53 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         crop_cache(self.cache, committed)  # the drafted steps are not committed
         return torch.cat(tokens), None if probs[0] is None else torch.cat(probs)
 
+    def _node_inputs(self, state: SequenceState, codes: torch.Tensor, step: int) -> torch.Tensor:
+        """Codes [m] of m tree nodes, all at ``step`` (K = 1) -> the LM's inputs [1, m, D]."""
+        target = self.context.target
+        ids = target.model_ids(codes.view(-1, 1), first_step=step)  # K = 1: ids depend on the step only at step 0
+        index = torch.full((1, codes.shape[0]), step, device=ids.device)
+        return target.steps.step_inputs(ids[None], [step], [state.cache.conditioning], step_index=index)[0]
+
+    def _children(self, state, step: int, features: torch.Tensor, width: int) -> torch.Tensor:
+        """f^ [m, D] of m nodes -> the ``width`` most likely codes of each one's next step [m, width]."""
+        guesses = self.output(features)  # [m, C] (K = 1)
+        logits = torch.stack([self.context.target.draft_logits(state, step, g.view(1, 1, -1))[0] for g in guesses])
+        return logits.topk(width, dim=-1).indices
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        if self.paths is None:
+            return super().propose(state, max_tokens)
+        paths = [p for p in self.paths if len(p) <= max_tokens]
+        a = state.length - 1  # K = 1: the pending token is step a
+        root = self._feed_root(state, state.tokens[0], a)
+        committed = self.cache.get_seq_length() - 1
+        width = 1 + max(p[-1] for p in paths)
+        features = {(): root[0, 0]}  # f^ after feeding each node (the root: f^_a)
+        codes = {(i,): c for i, c in enumerate(self._children(state, a + 1, root[0], width)[0])}
+        fed: list[tuple[int, ...]] = []  # the tree nodes in the head's cache, in order
+        base = self.cache.get_seq_length()  # the committed pairs and the root's
+        for depth in range(1, max(len(p) for p in paths)):
+            frontier = [p for p in paths if len(p) == depth and any(len(q) == depth + 1 and q[:depth] == p for q in paths)]
+            if not frontier:
+                break
+            cached = self.cache.get_seq_length()
+            mask = torch.full((1, 1, len(frontier), cached + len(frontier)), torch.finfo(root.dtype).min, device=root.device)
+            mask[..., :base] = 0
+            for j, p in enumerate(frontier):
+                for i, q in enumerate(fed):
+                    if p[: len(q)] == q:
+                        mask[0, 0, j, base + i] = 0
+                mask[0, 0, j, cached + j] = 0
+            inputs = self._node_inputs(state, torch.stack([codes[p] for p in frontier]), a + depth)
+            out = self._run(torch.stack([features[p[:-1]] for p in frontier])[None], inputs, a + depth, mask, same_step=True)
+            children = self._children(state, a + depth + 1, out[0], width)
+            for j, p in enumerate(frontier):
+                features[p] = out[0, j]
+                codes.update({p + (i,): children[j, i] for i in range(width)})
+            fed += frontier
+        crop_cache(self.cache, committed)  # the drafted nodes are not committed
+        return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([codes[p] for p in paths])))
+
     def describe(self) -> dict:
-        return {**super().describe(), "head_layers": 1, "tree": "chain"}
+        tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
+        return {**super().describe(), "head_layers": 1, **tree}

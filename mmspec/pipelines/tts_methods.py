@@ -11,11 +11,12 @@ Lossless (greedy: the codes of plain decoding; sampling: its distribution):
   draft``), drafting whole steps after the current step's known codes
   (:class:`~mmspec.drafters.steps.StepAwareDrafter`);
 - ``medusa``: Medusa heads on the codec LM's last hidden state (``mmspec train tts-drafter``),
-  drafting a chain of whole steps after the current step's known codes
-  (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
+  drafting a chain of whole steps after the current step's known codes, or a static token tree on
+  a single-stream LM (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
 - ``eagle``: EAGLE's one-layer head on the codec LM's last hidden state and step inputs
-  (``mmspec train tts-drafter --kind eagle``), the same chain, step by step
-  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`);
+  (``mmspec train tts-drafter --kind eagle``), the same chain step by step
+  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`); ``eagle-tree``: the head grows Medusa's
+  static tree instead on a single-stream LM, one head forward per depth;
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
 - ``sjd``: speculative Jacobi decoding over the code stream (training-free).
 
@@ -44,6 +45,7 @@ from ..core.registry import class_registrar
 from ..core.rules import RULES
 from ..drafters import (CodecEagleDrafter, CodecMedusaDrafter, Drafter, JacobiDrafter, PromptLookupDrafter,
                         StepAwareDrafter, StepCompletionDrafter)
+from ..drafters.steps import CODEC_TREE
 
 if TYPE_CHECKING:
     from .text_to_speech import TTSComponents
@@ -155,7 +157,8 @@ class DraftModelMethod(TTSMethod):
 @register_method
 class MedusaMethod(TTSMethod):
     name = "medusa"
-    description = "Medusa heads on the codec LM's last hidden state (a chain of whole steps; mmspec train tts-drafter)"
+    description = ("Medusa heads on the codec LM's last hidden state (a chain of whole steps; a static tree on a "
+                   "single-stream LM; mmspec train tts-drafter)")
 
     def build_drafter(self, components):
         return CodecMedusaDrafter(components.medusa_heads(), num_draft_tokens=self.num_draft_tokens)
@@ -166,9 +169,19 @@ class EagleMethod(TTSMethod):
     name = "eagle"
     description = ("EAGLE: a one-layer head on the codec LM's last hidden state and step inputs drafts whole steps "
                    "(a chain; mmspec train tts-drafter --kind eagle)")
+    #: the single-stream tree the head grows (empty: the chain)
+    tree_paths: ClassVar[list[tuple[int, ...]]] = []
 
     def build_drafter(self, components):
-        return CodecEagleDrafter(components.eagle_head(), num_draft_tokens=self.num_draft_tokens)
+        return CodecEagleDrafter(components.eagle_head(), num_draft_tokens=self.num_draft_tokens, tree_paths=self.tree_paths)
+
+
+@register_method
+class EagleTreeMethod(EagleMethod):
+    name = "eagle-tree"
+    description = ("EAGLE's head growing Medusa's 9-node static tree on a single-stream LM, one head forward per depth "
+                   "(the chain elsewhere)")
+    tree_paths = CODEC_TREE
 
 
 @register_method
