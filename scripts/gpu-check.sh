@@ -24,6 +24,8 @@ select=${TESTS_K:-}
 [ -f models/smolcap/vision_connector.safetensors ] || select="${select:+($select) and }not embedded_captioner"
 [ -n "$select" ] && tests+=(-k "$select")
 steps=${STEPS:-tests cost t2i graphs throughput}
+quality=()  # FD and prompt score need open_clip; without it the grids are kept and can be scored elsewhere
+"$py" -c "import open_clip" 2>/dev/null || { quality=(--no-quality); echo "no open_clip here: bench t2i runs --no-quality"; }
 bench() { timeout "$1" "$py" -m mmspec bench "${@:2}"; echo "exit $? after: bench ${*:2}"; }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -32,12 +34,13 @@ bench() { timeout "$1" "$py" -m mmspec bench "${@:2}"; echo "exit $? after: benc
 for step in $steps; do
   start=$(date +%s)
   case $step in
-    tests) timeout ${TESTS_LIMIT:-120} "$py" -m pytest -m gpu -q -p no:cacheprovider -rs "${tests[@]}" 2>&1 | tail -40 ;;
+    tests) timeout ${TESTS_LIMIT:-240} "$py" -m pytest -m gpu -q -p no:cacheprovider -rs "${tests[@]}" 2>&1 | tail -40 ;;
     cost) for dtype in bf16 fp32; do
             bench 45 cost --model t2i --device cuda --dtype $dtype --sizes 1,2,4,8,16,32,64 --repeats 20 --results "$OUT/cost-t2i-$dtype.json"
           done ;;
     t2i) bench 150 t2i --device cuda --prompts 4 --rounds 2 --threads 4 \
-           --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i.json" --markdown "$OUT/t2i.md" ;;
+           --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 "${quality[@]}" --results "$OUT/t2i.json" \
+           --markdown "$OUT/t2i.md" ;;
     graphs) bench 90 t2i --device cuda --cuda-graphs --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality \
               --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i-graphs.json"
             bench 60 t2i --device cuda --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality --methods ar,sjd \
