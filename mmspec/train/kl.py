@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..hub import models_dir
 from ..modeling.kl_vae import KLAutoencoder, KLConfig
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def kl_losses(model: KLAutoencoder, images: torch.Tensor, kl_weight: float,
               generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
     mean, logvar = model.posterior(images)
-    z = mean + (0.5 * logvar).exp() * torch.randn(mean.shape, generator=generator)
+    z = mean + (0.5 * logvar).exp() * torch.randn(mean.shape, generator=generator).to(mean.device)
     recon = model.decoder(model.post_quant_conv(z))
     l1, l2 = F.l1_loss(recon, images), F.mse_loss(recon, images)
     kl = 0.5 * (mean.pow(2) + logvar.exp() - 1 - logvar).sum((1, 2, 3)).mean()
@@ -54,7 +54,7 @@ def evaluate(model: KLAutoencoder, images: torch.Tensor, batch_size: int = 50) -
     model.eval()
     squared, latents = [], []
     for start in range(0, len(images), batch_size):
-        x = to_model_range(images[start : start + batch_size])
+        x = to_model_range(images[start : start + batch_size]).to(next(model.parameters()).device)
         mean, _ = model.posterior(x)
         latents.append(mean.flatten())
         recon = model.decoder(model.post_quant_conv(mean))
@@ -67,9 +67,10 @@ def evaluate(model: KLAutoencoder, images: torch.Tensor, batch_size: int = 50) -
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     config = KLConfig(resolution=args.image_size, ch=args.ch, ch_mult=args.ch_mult, num_res_blocks=args.num_res_blocks,
                       attn_resolutions=[args.image_size // 2 ** (len(args.ch_mult) - 1)], embed_dim=args.embed_dim, scale=1.0)
-    model = KLAutoencoder(config)
+    model = KLAutoencoder(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.5, 0.9), weight_decay=0.0)
     run_state = TrainingRun(args.out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, warmup=100)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)])
+        batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)]).to(device)
         loss, parts = kl_losses(model, batch, args.kl_weight, generator)
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from ..hub import fast_bf16, models_dir
+from ..hub import models_dir
 from ..modeling.kl_vae import KLAutoencoder
 from ..modeling.mar import MARConfig, MARModel
 from ..modeling.text_encoder import SmolTextEncoder
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
 from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
@@ -74,10 +74,10 @@ def mar_loss(model: MARModel, tokens: torch.Tensor, buffer: torch.Tensor, max_pa
              generator: torch.Generator) -> torch.Tensor:
     """Diffusion loss of every token [B, N, D] in a random order per image (causal MAR)."""
     batch, n, dim = tokens.shape
-    order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1)
+    order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1).to(tokens.device)
     seq = torch.gather(tokens, 1, order.unsqueeze(-1).expand(-1, -1, dim))
     back = torch.randint(max_parallel, (n,), generator=generator)
-    prefix = (torch.arange(n) - back).clamp(min=0)
+    prefix = (torch.arange(n) - back).clamp(min=0).to(tokens.device)
     z = model.causal_contexts(seq, order, order, prefix, buffer)  # [B, N, W]
     x0 = seq.reshape(-1, dim).repeat(repeat, 1)
     cond = z.reshape(batch * n, -1).repeat(repeat, 1)
@@ -96,15 +96,16 @@ def validation_loss(model: MARModel, tokens: torch.Tensor, buffers: torch.Tensor
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     out = Path(args.out or models_dir() / ("mar" if args.preset == "target" else "mar-draft"))
     vae = KLAutoencoder.from_pretrained(args.kl)
-    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS)
+    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS).to(device)
     tokens = latent_tokens(vae, Path(args.kl), "train", args.images, args.image_size)
     _, captions = scene_pool("train", args.images, size=args.image_size)
     config = MARConfig(img_size=args.image_size, vae_stride=vae.config.stride, patch_size=1, vae_embed_dim=vae.config.embed_dim,
                        buffer_size=CAPTION_POSITIONS, class_num=0, text_dim=text_encoder.feature_dim,
                        num_sampling_steps=args.sampling_steps, attention="causal", **PRESETS[args.preset])
-    model = MARModel(config)
+    model = MARModel(config).to(device)
     print(f"MAR ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{config.seq_len} tokens of {config.token_embed_dim} channels", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.02)
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "mar.json").write_text(json.dumps(manifest, indent=1))  # read by the text-to-image pipeline
     null_text = torch.zeros(CAPTION_POSITIONS, text_encoder.feature_dim)
-    val_tokens = latent_tokens(vae, Path(args.kl), "validation", 64, args.image_size)
+    val_tokens = latent_tokens(vae, Path(args.kl), "validation", 64, args.image_size).to(device)
     val_text = text_encoder.encode([c[0] for c in scene_pool("validation", 64, size=args.image_size)[1]], null_text)
     generator = torch.Generator().manual_seed(run_state.step)
     model.train()
@@ -128,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
         texts = pick_captions(captions, rows, generator)
         buffer = model.buffer(text=text_encoder.encode(texts, null_text))
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
-        buffer = torch.where(drop[:, None, None], model.buffer().expand_as(buffer), buffer)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-            loss = mar_loss(model, tokens[rows], buffer, args.max_parallel, args.diffusion_repeat, generator)
+        buffer = torch.where(drop[:, None, None].to(device), model.buffer().expand_as(buffer), buffer)
+        with autocast(device):
+            loss = mar_loss(model, tokens[rows].to(device), buffer, args.max_parallel, args.diffusion_repeat, generator)
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr)

@@ -20,12 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..hub import fast_bf16
 from ..hub import models_dir
 from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
 from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
@@ -74,14 +73,15 @@ def generator_loss(model: LlamaGenModel, tokens: torch.Tensor, caption: torch.Te
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     out = Path(args.out or models_dir() / ("t2i" if args.preset == "target" else "t2i-draft"))
     vq = VQTokenizer.from_pretrained(args.vq)
-    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS)
+    text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS).to(device)
     grids = token_grids(vq, Path(args.vq), "train", args.images, args.image_size)
     _, captions = scene_pool("train", args.images, size=args.image_size)
     config = LlamaGenConfig(**PRESETS[args.preset], vocab_size=vq.vocab_size, cls_token_num=CAPTION_POSITIONS,
                             caption_dim=text_encoder.feature_dim, block_size=grids.shape[1], rope_prefix="identity")
-    model = LlamaGenModel(config)
+    model = LlamaGenModel(config).to(device)
     print(f"generator ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     run_state = TrainingRun(out, args, args.time_limit)
@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
         texts = pick_captions(captions, rows, generator)
         caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach())
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
-        caption = torch.where(drop[:, None, None], model.null_caption(args.batch_size), caption)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-            loss = generator_loss(model, grids[rows], caption)
+        caption = torch.where(drop[:, None, None].to(device), model.null_caption(args.batch_size), caption)
+        with autocast(device):
+            loss = generator_loss(model, grids[rows].to(device), caption)
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr)

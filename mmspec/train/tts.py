@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from ..hub import fast_bf16, models_dir
+from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
 from .codec import iter_utterances
 
 PRESETS = {
@@ -167,6 +167,7 @@ def first_codebooks(state: dict[str, torch.Tensor], codebooks: int, outputs: int
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--codebooks must lie in [1, {codec.config.num_codebooks}] (the codec's), got {codebooks}")
     teacher = None
     if args.distil_from:  # checked before the data is encoded
-        teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).eval()
+        teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).to(device).eval()
         expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codebooks,
                     "codebook_size": codec.config.codebook_size, "aligned": PRESETS[args.preset]["aligned"]}
         if any(getattr(teacher.config, name) != value for name, value in expected.items()):
@@ -206,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"codec LM ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(items)} utterances, {sum(i['codes'].shape[1] for i in items) / codec.config.frame_rate / 3600:.2f} h",
           flush=True)
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
@@ -225,8 +227,8 @@ def run(args: argparse.Namespace) -> int:
         batch["steps"] = noisy_steps(batch["steps"], args.input_noise, config.codebook_size, generator)
         if args.prefix_dropout:
             batch["text_hidden"] = torch.rand(args.batch_size, generator=generator) < args.prefix_dropout
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):  # fp32 weights, bf16 matmuls where fast
-            losses = model.loss(**batch, teacher=teacher)
+        with autocast(device):  # fp32 weights, bf16 matmuls where fast
+            losses = model.loss(**{name: value.to(device) for name, value in batch.items()}, teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()

@@ -31,7 +31,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
 from .tts import collate, encoded_utterances
 
 
@@ -83,7 +83,7 @@ def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor])
     with torch.no_grad():
         embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
     steps = hidden.shape[1]
-    positions = torch.arange(1, steps)[None]
+    positions = torch.arange(1, steps, device=hidden.device)[None]
     predicted = head(hidden[:, :-1], embeds[:, 1:], None, positions)  # f^_t for t = 1 .. S - 1
     real = batch["step_mask"][:, 1:].bool()
     regression = torch.nn.functional.smooth_l1_loss(predicted[real], hidden[:, 1:][real])
@@ -97,11 +97,12 @@ def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor])
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     target_dir = Path(args.target or models_dir() / "tts")
     out = Path(args.out or models_dir() / f"tts-{args.kind}")
     if args.heads < 1:
         raise ValueError(f"--heads must be at least 1, got {args.heads}")
-    target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     manifest_path = target_dir / "tts.json"
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         what = f"{args.heads} Medusa heads"
     print(f"{what} on {target_dir} ({sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M "
           f"parameters), {len(items)} utterances", flush=True)
+    heads.to(device)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(heads=heads, optimizer=optimizer)
@@ -126,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
-        loss = loss_of(heads, target, collate([items[r] for r in rows], target.config))
+        batch = collate([items[r] for r in rows], target.config)
+        loss = loss_of(heads, target, {name: value.to(device) for name, value in batch.items()})
         run_state.optimizer_step(loss, optimizer, heads.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from ..hub import fast_bf16, models_dir
+from ..hub import models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
 
@@ -58,6 +58,7 @@ def collate(items: list[dict], config: CodecNARConfig) -> dict[str, torch.Tensor
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     voice = Path(args.voice) if args.voice else None
     if voice is not None and not (voice / "tts.json").is_file():
         raise ValueError(f"--voice {voice} has no tts.json; train the AR stage first (mmspec train tts --codebooks 1)")
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
                             codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
                             heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest))
-    model = CodecNAR(config)
+    model = CodecNAR(config).to(device)
     print(f"codec NAR stage: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(items)} utterances",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-            loss = model.loss(**batch, inputs0=inputs0)
+        with autocast(device):
+            loss = model.loss(**{name: value.to(device) for name, value in batch.items()}, inputs0=inputs0.to(device))
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)

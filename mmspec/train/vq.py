@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..hub import models_dir
 from ..modeling.vq import VQConfig, VQTokenizer
-from .checkpoint import TrainingRun, add_run_arguments, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -58,9 +58,10 @@ def vq_losses(model: VQTokenizer, images: torch.Tensor) -> tuple[torch.Tensor, d
 def evaluate(model: VQTokenizer, images: torch.Tensor, batch_size: int = 50) -> dict[str, float]:
     """Reconstruction PSNR (dB, images in [0, 1]) and codebook usage on ``images`` (uint8)."""
     model.eval()
-    squared, used = [], torch.zeros(model.vocab_size, dtype=torch.bool)
+    device = next(model.parameters()).device
+    squared, used = [], torch.zeros(model.vocab_size, dtype=torch.bool, device=device)
     for start in range(0, len(images), batch_size):
-        x = to_model_range(images[start : start + batch_size])
+        x = to_model_range(images[start : start + batch_size]).to(device)
         indices = model.encode(x)
         recon = model.decode(indices).float()
         used[indices.flatten()] = True
@@ -73,10 +74,11 @@ def evaluate(model: VQTokenizer, images: torch.Tensor, batch_size: int = 50) -> 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = train_device(args)
     config = VQConfig(codebook_size=args.codebook_size, codebook_embed_dim=args.codebook_dim, ch=args.ch,
                       encoder_ch_mult=args.ch_mult, decoder_ch_mult=args.ch_mult, num_res_blocks=args.num_res_blocks,
                       z_channels=args.z_channels, image_size=args.image_size)
-    model = VQTokenizer(config)
+    model = VQTokenizer(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.5, 0.9), weight_decay=0.0)
     run_state = TrainingRun(args.out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
@@ -85,13 +87,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"VQ tokenizer: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
           f"{config.grid_size}x{config.grid_size} tokens per image", flush=True)
     generator = torch.Generator().manual_seed(run_state.step)
-    last_used = torch.zeros(config.codebook_size, dtype=torch.long)
+    last_used = torch.zeros(config.codebook_size, dtype=torch.long, device=device)
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, warmup=100)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)])
+        batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)]).to(device)
         loss, parts, indices = vq_losses(model, batch)
         run_state.optimizer_step(loss, optimizer, model.parameters())
         last_used[indices.flatten().unique()] = run_state.step
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             if len(dead):
                 with torch.no_grad():
                     latents = model.encode_latents(batch).float().permute(0, 2, 3, 1).reshape(-1, config.codebook_embed_dim)
-                    pick = latents[torch.randint(len(latents), (len(dead),), generator=generator)]
+                    pick = latents[torch.randint(len(latents), (len(dead),), generator=generator).to(device)]
                     model.quantize.embedding.weight.data[dead] = pick + 0.01 * torch.randn_like(pick)
                 last_used[dead] = run_state.step
             run_state.record(loss=loss.item(), **parts, restarted=len(dead), lr=lr)
