@@ -75,20 +75,27 @@ class _CodecHeadDrafter(Drafter):
     of the pending token's step a from the target's known distributions (q = p), then steps
     a + 1, a + 2, ... from the subclass's head (:meth:`_steps`), codebook by codebook; drawn from
     the head's distributions under sampling (q = theirs: exact), their argmax under greedy
-    decoding. A chain: the delay layout verifies no token trees.
+    decoding: a chain, since the delay layout verifies no token trees. A subclass with static token
+    trees (``tree_paths``) drafts them where the target verifies trees (a single-stream LM, batch
+    size 1; ``self.paths`` is the tree in use, None for the chain).
 
     Args:
         num_draft_tokens: draft length in stream sub-tokens (None: the rest of the step, then
             ``draft_steps`` whole steps).
+        tree_paths: the single-stream tree's paths (empty: chains only); those deeper than
+            ``max_depth`` are dropped.
     """
 
     requires_target_hidden = True
     #: what the target must be, said when it is not (formatted with the head's ``width``)
     needs = "a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
-    def __init__(self, width: int, num_draft_tokens: int | None, draft_steps: int) -> None:
+    def __init__(self, width: int, num_draft_tokens: int | None, draft_steps: int, tree_paths=(),
+                 max_depth: int | None = None) -> None:
         super().__init__(num_draft_tokens or 1)
         self.width, self.fixed_length, self.draft_steps = width, num_draft_tokens, draft_steps
+        self.tree_paths = [tuple(p) for p in tree_paths if max_depth is None or len(p) <= max_depth]
+        self.paths: list[tuple[int, ...]] | None = None
 
     def _fits(self, target) -> bool:
         return True
@@ -102,6 +109,17 @@ class _CodecHeadDrafter(Drafter):
         self.output = output
         k = context.target.num_codebooks
         self.num_draft_tokens = self.fixed_length or k - 1 + self.draft_steps * k
+        self.paths = self.tree_paths if getattr(context.target, "supports_trees", False) and self.tree_paths else None
+
+    def for_batch(self) -> "_CodecHeadDrafter":
+        """The chain form (batched rows verify no trees); call it on a copy."""
+        chain = super().for_batch()
+        chain.tree_paths = []
+        return chain
+
+    def describe(self) -> dict:
+        tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
+        return {**super().describe(), **tree}
 
     def _steps(self, state: SequenceState, known: torch.Tensor, more: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """At least ``more`` codes of the steps after the pending token's (completed by ``known``)
@@ -149,24 +167,15 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
     needs = "codec Medusa heads need a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
     def __init__(self, heads, num_draft_tokens: int | None = None, tree_paths=None) -> None:
-        super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads)
+        limit = min(heads.num_heads, num_draft_tokens or heads.num_heads)
+        paths = tree_paths or CODEC_TREE + [(0,) * d for d in range(5, limit + 1)]
+        super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads, paths, limit)
         self.heads = heads
         self.feature: torch.Tensor | None = None
-        limit = min(heads.num_heads, num_draft_tokens or heads.num_heads)
-        paths = [tuple(p) for p in tree_paths] if tree_paths else CODEC_TREE + [(0,) * d for d in range(5, limit + 1)]
-        self.tree_paths = [p for p in paths if len(p) <= limit]
-        self.paths: list[tuple[int, ...]] | None = None  # the tree in use (None: a chain)
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.feature = None
-        self.paths = self.tree_paths if getattr(context.target, "supports_trees", False) and self.tree_paths else None
-
-    def for_batch(self) -> "CodecMedusaDrafter":
-        """The chain form (batched rows verify no trees); call it on a copy."""
-        chain = super().for_batch()
-        chain.tree_paths = []
-        return chain
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         if self.paths is None:
@@ -193,8 +202,7 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
         return self._pick(self.context.target.draft_logits(state, first, guesses)[:more])
 
     def describe(self) -> dict:
-        tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
-        return {**super().describe(), "heads": self.heads.num_heads, **tree}
+        return {**super().describe(), "heads": self.heads.num_heads}
 
 
 @register_drafter("codec-eagle")
@@ -219,7 +227,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
     EAGLE-2 expands its tree. The nodes are deterministic picks (q = 1), which the speculative
     rule's multi-draft form keeps exact. In batches, and with several codebooks, it drafts the chain.
     The chain is the default: on the embedded VALL-E-style voice the 9-node tree raised tau from
-    2.90 to 3.04 but cost more than that (1.05x against the chain's 1.37x, docs/benchmarks.md).
+    2.90 to 3.04 but cost more than that (1.13x against the chain's 1.43x, docs/benchmarks.md).
 
     Args:
         head: the trained :class:`~mmspec.modeling.heads.EagleHead` (width D of the codec LM).
@@ -231,11 +239,8 @@ class CodecEagleDrafter(_CodecHeadDrafter):
              "step inputs (the embedded CodecLM)")
 
     def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3, tree_paths=()) -> None:
-        super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps)
+        super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps, tree_paths, num_draft_tokens)
         self.head = head
-        paths = [tuple(p) for p in tree_paths]
-        self.tree_paths = [p for p in paths if len(p) <= (num_draft_tokens or len(max(paths, key=len, default=())))]
-        self.paths: list[tuple[int, ...]] | None = None  # the tree in use (None: a chain)
 
     def _fits(self, target) -> bool:
         return hasattr(target.steps, "step_inputs")
@@ -243,13 +248,6 @@ class CodecEagleDrafter(_CodecHeadDrafter):
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.cache, self.fed = make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
-        self.paths = self.tree_paths if getattr(context.target, "supports_trees", False) and self.tree_paths else None
-
-    def for_batch(self) -> "CodecEagleDrafter":
-        """The chain form (batched rows verify no trees); call it on a copy."""
-        chain = super().for_batch()
-        chain.tree_paths = []
-        return chain
 
     def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
         """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
@@ -343,5 +341,4 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([codes[p] for p in paths])))
 
     def describe(self) -> dict:
-        tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
-        return {**super().describe(), "head_layers": 1, **tree}
+        return {**super().describe(), "head_layers": 1}
