@@ -31,9 +31,9 @@ import torch
 
 from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
-from ..hub import fast_bf16, resolve_dtype
+from ..hub import resolve_dtype
 from ..hub import models_dir
-from .checkpoint import TrainingRun, warmup_cosine
+from .checkpoint import TrainingRun, autocast, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ce-positions", type=int, default=512, help="positions per batch that get the CE term")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
+    parser.add_argument("--device", default="cpu", help="where the head trains: cpu | cuda | cuda:N | auto (the "
+                        "self-distillation data is made on the CPU)")
 
 
 def load_target(name: str):
@@ -125,7 +127,7 @@ def eagle_teacher_forced(head: EagleHead, embed: torch.Tensor, batch: dict[str, 
     Returns predicted [B, L-1, H] and, on the n positions whose token x_{t+2} is learnt, the rows
     (f^_{t+1} [n, H], the target's own f_{t+1} [n, H], x_{t+2} [n])."""
     ids, features = batch["ids"], batch["features"].float()
-    positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
+    positions = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)
     predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
     classify = batch["learn"][:, 2:]
     return predicted, (predicted[:, :-1][classify], features[:, 1:-1][classify], ids[:, 2:][classify])
@@ -144,7 +146,7 @@ def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batc
     features, regress = batch["features"].float(), batch["learn"][:, 1:]
     feature_loss = torch.nn.functional.smooth_l1_loss(predicted[regress].float(), features[:, 1:][regress])
     if ce_positions is not None and len(targets) > ce_positions:
-        keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+        keep = torch.randperm(len(targets), generator=generator)[:ce_positions].to(targets.device)
         chosen, targets, teacher = chosen[keep], targets[keep], teacher[keep]
     logits = chosen @ lm_head.T
     token_loss = torch.nn.functional.cross_entropy(logits.float(), targets)
@@ -176,7 +178,7 @@ def heads_loss(heads: DraftHeads, embed: torch.Tensor, lm_head: torch.Tensor, ba
         if heads.kind == "hydra":
             prefix = torch.stack([ids[:, 1 + j : 1 + j + span] for j in range(i + 1)], dim=-1)[valid]  # [n, i+1]
         if ce_positions is not None and len(targets) > ce_positions:
-            keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+            keep = torch.randperm(len(targets), generator=generator)[:ce_positions].to(targets.device)
             chosen, targets = chosen[keep], targets[keep]
             prefix = prefix[keep] if prefix is not None else None
         state = heads.head_state(i, chosen, embed[prefix] if prefix is not None else None)
@@ -193,11 +195,11 @@ def kangaroo_loss(adapter: KangarooAdapter, final_norm, lm_head: torch.Tensor, b
     Returns (loss, top-1 accuracy)."""
     ids, learn = batch["ids"], batch["learn"]
     shallow = final_norm(batch["shallow"].to(lm_head.dtype)).float()
-    positions = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    positions = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
     states = adapter(shallow, None, positions)[:, :-1][learn[:, 1:]]
     targets = ids[:, 1:][learn[:, 1:]]
     if ce_positions is not None and len(targets) > ce_positions:
-        keep = torch.randperm(len(targets), generator=generator)[:ce_positions]
+        keep = torch.randperm(len(targets), generator=generator)[:ce_positions].to(targets.device)
         states, targets = states[keep], targets[keep]
     logits = states @ lm_head.T
     return torch.nn.functional.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean().item()
@@ -219,6 +221,7 @@ def run(args) -> int:
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
     torch.set_num_threads(args.threads)
+    device = train_device(args)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
     model, tokenizer_or_processor = load_target(args.target)
@@ -228,19 +231,20 @@ def run(args) -> int:
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
-    embed = model.get_input_embeddings().weight.detach()
-    lm_head = model.get_output_embeddings().weight.detach()
+    embed = model.get_input_embeddings().weight.detach().to(device)
+    lm_head = model.get_output_embeddings().weight.detach().to(device)
     from ..adapters.hf import text_decoder
 
     if args.method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
+        draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
 
         def loss_of(head, embed, lm_head, batch, *rest):
             return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
     elif args.method == "kangaroo":
         head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
-        final_norm = text_decoder(model).norm
+        final_norm = copy.deepcopy(text_decoder(model).norm).to(device)
 
         def loss_of(adapter, embed, lm_head, batch, *rest):
             return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
@@ -248,8 +252,12 @@ def run(args) -> int:
         head = (DraftHeads.load(args.init, model, args.method) if args.init
                 else DraftHeads(embed.shape[1], args.num_heads, args.method)).float()
         loss_of = heads_loss
-    head.train()
+    head.to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+
+    def on_device(records) -> dict[str, torch.Tensor]:
+        return {name: None if value is None else value.to(device) for name, value in collate(records).items()}
+
     run = TrainingRun(out, args, args.time_limit)
     run.resume_into(head=head, optimizer=optimizer)
     while run.step < args.steps:
@@ -258,14 +266,14 @@ def run(args) -> int:
         lr = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-            loss, _ = loss_of(head, embed, lm_head, collate([train[i] for i in order.tolist()]),
+        with autocast(device):
+            loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
         run.optimizer_step(loss, optimizer, head.parameters())
         if run.should_save(100, args.steps):
             head.eval()
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-                scores = [loss_of(head, embed, lm_head, collate(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
+            with torch.no_grad(), autocast(device):
+                scores = [loss_of(head, embed, lm_head, on_device(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
             head.train()
             entry = run.record(loss=loss.item(), held_out_loss=sum(s[0].item() for s in scores) / len(scores),
                                held_out_top1=sum(s[1] for s in scores) / len(scores))
