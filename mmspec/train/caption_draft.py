@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ..hub import fast_bf16
 from ..hub import models_dir
 from ..modeling.captioner import build_processor
-from .checkpoint import TrainingRun, warmup_cosine
+from .checkpoint import TrainingRun, autocast, train_device, warmup_cosine
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -46,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (batches are drawn on the CPU)")
 
 
 def draft_prompt_text(processor, prompt: str) -> str:
@@ -126,6 +126,7 @@ def answer_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def run(args) -> int:
     torch.set_num_threads(args.threads)
+    device = train_device(args)
     out = Path(args.out)
     processor = build_processor()
     cache = Path(args.cache)
@@ -153,8 +154,13 @@ def run(args) -> int:
         model = LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32)
     else:
         model = build_draft(processor.tokenizer)
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     run = TrainingRun(out, args, args.time_limit)
+
+    def on_device(pairs) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(t.to(device) for t in collate(pairs))
+
     run.resume_into(model=model, optimizer=optimizer)
     while run.step < args.steps:
         step = run.step
@@ -162,17 +168,17 @@ def run(args) -> int:
         from_distilled = args.batch_size // 2 if distilled else 0
         batch = [train[i] for i in torch.randint(len(train), (args.batch_size - from_distilled,), generator=generator).tolist()]
         batch += [distilled[i] for i in torch.randint(max(1, len(distilled)), (from_distilled,), generator=generator).tolist()]
-        ids, labels = collate(batch)
+        ids, labels = on_device(batch)
         lr = warmup_cosine(step, args.steps, args.lr, warmup=100, floor=0.1)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
+        with autocast(device):
             loss = answer_loss(model, ids, labels)
         run.optimizer_step(loss, optimizer, model.parameters())
         if run.should_save(100, args.steps):
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16()):
-                held = sum(answer_loss(model, *collate(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
-                distilled_held = answer_loss(model, *collate(distilled_held_out)).item() if distilled_held_out else None
+            with torch.no_grad(), autocast(device):
+                held = sum(answer_loss(model, *on_device(held_out[i : i + 128])).item() for i in range(0, 512, 128)) / 4
+                distilled_held = answer_loss(model, *on_device(distilled_held_out)).item() if distilled_held_out else None
             run.record(loss=loss.item(), held_out_loss=held,
                        **({"held_out_self_distilled_loss": distilled_held} if distilled_held is not None else {}))
             run.save(model=model.state_dict(), optimizer=optimizer.state_dict())
