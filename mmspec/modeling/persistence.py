@@ -24,7 +24,7 @@ def save_module(module: nn.Module, directory: str | Path, config: dict[str, Any]
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in module.state_dict().items()}
+    tensors = {k: (v.detach() if dtype is None else v.detach().to(dtype)).contiguous() for k, v in module.state_dict().items()}
     save_file(tensors, str(directory / weights_file))
     (directory / weights_file).chmod(0o644)  # safetensors writes owner-only files
     (directory / config_file).write_text(json.dumps(config, indent=1))

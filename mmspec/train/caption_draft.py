@@ -27,7 +27,7 @@ import torch
 
 from ..hub import models_dir
 from ..modeling.captioner import build_processor
-from .checkpoint import TrainingRun, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (batches are drawn on the CPU)")
+    add_device_argument(parser)
 
 
 def draft_prompt_text(processor, prompt: str) -> str:
@@ -159,7 +159,7 @@ def run(args) -> int:
     run = TrainingRun(out, args, args.time_limit)
 
     def on_device(pairs) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(t.to(device) for t in collate(pairs))
+        return to_device(collate(pairs), device)
 
     run.resume_into(model=model, optimizer=optimizer)
     while run.step < args.steps:

@@ -28,7 +28,7 @@ import torch
 
 from ..modeling.captioner import WEIGHTS_FILE, build_captioner, default_captioner_dir, save_trained
 from ..modeling.lora import add_lora
-from .checkpoint import STATE_FILE, TrainingRun, train_device
+from .checkpoint import STATE_FILE, TrainingRun, add_device_argument, to_device, train_device
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=0, help="data-generation processes")
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (the data loader runs on the CPU)")
+    add_device_argument(parser)
     parser.add_argument("--reader-layers", type=int, default=0,
                         help="stage 1: cut the decoder to its first N layers and train them too (0 = full frozen decoder)")
     parser.add_argument("--reader-lr", type=float, default=1e-4, help="learning rate of the reader layers (stage 1)")
@@ -199,8 +199,7 @@ def run(args) -> int:
     for samples in loader:
         if run.step >= args.steps:
             break
-        batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
-                 for name, value in build_batch(processor, samples).items()}
+        batch = to_device(build_batch(processor, samples), device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.step, args) * group["lr_scale"]
         loss = answer_loss(model, batch, vocabulary)

@@ -29,6 +29,21 @@ def train_device(args: Any) -> torch.device:
     return resolve_device(getattr(args, "device", "cpu"))
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """A batch (a tensor, or a dict / tuple / list of them; other values such as None kept) with
+    every tensor moved to ``device``."""
+    if isinstance(batch, dict):
+        return {name: to_device(value, device) for name, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch.to(device) if isinstance(batch, torch.Tensor) else batch
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--device (:func:`train_device`)."""
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (batches are drawn on the CPU)")
+
+
 def autocast(device: torch.device):
     """bf16 autocast where bf16 matmuls are fast on ``device`` (fp32 weights; :func:`mmspec.hub.fast_bf16`)."""
     from ..hub import fast_bf16
@@ -123,7 +138,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, threads: int, save_every:
     and --device (:func:`train_device`)."""
     parser.add_argument("--save-every", type=int, default=save_every)
     parser.add_argument("--threads", type=int, default=threads)
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (the batches are drawn on the CPU)")
+    add_device_argument(parser)
     parser.add_argument("--time-limit", type=float, default=None, help="stop (after a checkpoint) after this many minutes")
 
 

@@ -33,7 +33,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
-from .checkpoint import TrainingRun, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -63,8 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ce-positions", type=int, default=512, help="positions per batch that get the CE term")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
-    parser.add_argument("--device", default="cpu", help="where the head trains: cpu | cuda | cuda:N | auto (the "
-                        "self-distillation data is made on the CPU)")
+    add_device_argument(parser)  # the self-distillation data is made on the CPU, the head trains on the device
 
 
 def load_target(name: str):
@@ -256,7 +255,7 @@ def run(args) -> int:
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
 
     def on_device(records) -> dict[str, torch.Tensor]:
-        return {name: None if value is None else value.to(device) for name, value in collate(records).items()}
+        return to_device(collate(records), device)
 
     run = TrainingRun(out, args, args.time_limit)
     run.resume_into(head=head, optimizer=optimizer)

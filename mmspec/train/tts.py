@@ -23,7 +23,7 @@ import torch
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, to_device, train_device, warmup_cosine
 from .codec import iter_utterances
 
 PRESETS = {
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prefix_dropout:
             batch["text_hidden"] = torch.rand(args.batch_size, generator=generator) < args.prefix_dropout
         with autocast(device):  # fp32 weights, bf16 matmuls where fast
-            losses = model.loss(**{name: value.to(device) for name, value in batch.items()}, teacher=teacher)
+            losses = model.loss(**to_device(batch, device), teacher=teacher)
         run_state.optimizer_step(sum(losses.values()), optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()

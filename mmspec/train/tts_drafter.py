@@ -31,7 +31,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
 from .tts import collate, encoded_utterances
 
 
@@ -128,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
-        batch = collate([items[r] for r in rows], target.config)
-        loss = loss_of(heads, target, {name: value.to(device) for name, value in batch.items()})
+        loss = loss_of(heads, target, to_device(collate([items[r] for r in rows], target.config), device))
         run_state.optimizer_step(loss, optimizer, heads.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)

@@ -20,7 +20,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, to_device, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
         with autocast(device):
-            loss = model.loss(**{name: value.to(device) for name, value in batch.items()}, inputs0=inputs0.to(device))
+            loss = model.loss(**to_device(batch, device), inputs0=inputs0.to(device))
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)
