@@ -9,6 +9,26 @@
 # from source: the speech extra brings the same module as webrtcvad-wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The venv (a CUDA build of torch) takes ~7.5 GB. Where the project's disk has less than 10 GB free
+# and /dev/shm (RAM-backed) has room, the venv goes there and .venv links to it; it lasts until
+# reboot. Downloads are not cached, so nothing is written twice.
+export PIP_NO_CACHE_DIR=1
+need_kb=$((10 * 1024 * 1024))
+if [ ! -e .venv ]; then
+  free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+  if [ "$free_kb" -lt "$need_kb" ]; then
+    shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+    if [ "${shm_kb:-0}" -lt "$need_kb" ]; then
+      echo "install: .venv needs ~10 GB free; this disk has $((free_kb / 1048576)) GB and /dev/shm $((${shm_kb:-0} / 1048576)) GB: free some space and rerun" >&2
+      exit 1
+    fi
+    venv_dir=$(mktemp -d /dev/shm/mmspec-venv.XXXXXX)
+    python3 -m venv "$venv_dir"
+    ln -s "$venv_dir" .venv
+    export TMPDIR=/dev/shm
+    echo "install: only $((free_kb / 1048576)) GB free on this disk, so the venv goes to $venv_dir (RAM-backed) and .venv links to it" >&2
+  fi
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
