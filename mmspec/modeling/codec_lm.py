@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .hf_compat import cache_kwargs
+from .lean import lean_forward, lean_supported
 from .persistence import DataclassModel
 
 
@@ -139,6 +140,9 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
     kind = "codec LM"
     save_dtype = torch.bfloat16
     load_dtype = torch.float32
+    #: the backbone runs through :func:`~mmspec.modeling.lean.lean_forward` where it applies
+    #: (equal outputs, less framework work per step); False: transformers' forward
+    lean = True
 
     def __init__(self, config: CodecLMConfig) -> None:
         super().__init__(config)
@@ -184,9 +188,12 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
         return embeds + self.embed_alignment(alignment) if self.config.aligned else embeds
 
     def forward(self, embeds, past_key_values=None, attention_mask=None, position_ids=None):
-        out = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=past_key_values is not None, **cache_kwargs(self.backbone, past_key_values))
-        hidden = out.last_hidden_state
+        if self.lean and lean_supported(self.backbone, attention_mask):
+            hidden = lean_forward(self.backbone, embeds, past_key_values, position_ids, attention_mask)
+        else:
+            hidden = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+                                   use_cache=past_key_values is not None,
+                                   **cache_kwargs(self.backbone, past_key_values)).last_hidden_state
         c = self.config
         return self.heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
 

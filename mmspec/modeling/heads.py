@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .hf_compat import cache_kwargs
+from .lean import lean_forward, lean_supported
 from .llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, chain_mask_after_cache, rope_table_2d
 from .persistence import load_weights, read_config, save_module
 
@@ -49,6 +50,9 @@ class OneLayerHead(nn.Module):
     method = "eagle"
     config_file = "eagle_config.json"
     weights_file = "eagle_head.safetensors"
+    #: run the layer through :func:`~mmspec.modeling.lean.lean_forward` where it applies (a Llama
+    #: layer: ~3x cheaper per call at these widths, equal outputs); False: transformers' forward
+    lean = True
 
     def __init__(self, text_config) -> None:
         super().__init__()
@@ -65,6 +69,8 @@ class OneLayerHead(nn.Module):
 
     def run_decoder(self, inputs: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """inputs [B, n, H] -> the layer's normed outputs [B, n, H]."""
+        if self.lean and lean_supported(self.decoder, attention_mask):
+            return lean_forward(self.decoder, inputs, cache, position_ids, attention_mask)
         return self.decoder(inputs_embeds=inputs, position_ids=position_ids, attention_mask=attention_mask,
                             use_cache=cache is not None, **cache_kwargs(self.decoder, cache)).last_hidden_state
 

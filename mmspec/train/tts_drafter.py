@@ -11,7 +11,8 @@ distributions p_{t+1} of every next step.
   their acceptance depends on).
 - The EAGLE head reads (E_t, f_{t-1}), E_t the LM's input of step t, and predicts f^_t, trained as
   EAGLE is: SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)) per code (the KL in place of
-  EAGLE's cross-entropy with the data's tokens: self-distillation, as above), causally over a
+  EAGLE's cross-entropy with the data's tokens: self-distillation, as above; ``--kl-weight``
+  sets the 0.1), causally over a
   whole utterance's steps (positions = step indices, as the drafter runs it).
 
 Resumable: rerun the same command. The target's tts.json gains ``"medusa"`` / ``"eagle"`` so the
@@ -21,6 +22,7 @@ pipeline finds the drafter.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from pathlib import Path
@@ -46,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--kl-weight", type=float, default=0.1,
+                        help="EAGLE: weight of the KL term against the feature regression (EAGLE's 0.1; more "
+                             "weight fits the head's distributions, which acceptance at temperature 1 depends on)")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -76,9 +81,10 @@ def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor
     return torch.stack(losses).mean()
 
 
-def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)), f^_t = Head(E_t, f_{t-1}), over steps
-    t = 1 .. S - 1 (module doc); padded steps and codes without a target excluded."""
+def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor], kl_weight: float = 0.1) -> torch.Tensor:
+    """SmoothL1(f^_t, f_t) + w KL(p_{t+1} || Heads(f^_t)), f^_t = Head(E_t, f_{t-1}), over steps
+    t = 1 .. S - 1 (module doc; w = ``kl_weight``, EAGLE's 0.1); padded steps and codes without a
+    target excluded."""
     logits, hidden, reference = teacher_forced(target, batch)
     with torch.no_grad():
         embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
@@ -91,7 +97,7 @@ def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor])
     teacher = reference[:, 1:]
     kl = (teacher.exp() * (teacher - guess)).sum(-1)
     valid = (batch["targets"][:, 1:] != -100) & real[..., None]
-    return regression + 0.1 * (kl * valid).sum() / valid.sum().clamp_min(1)
+    return regression + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     codec = MelRVQCodec.from_pretrained(codec_dir)
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     if args.kind == "eagle":
-        heads, loss_of = EagleHead(target.backbone.config), eagle_loss
+        heads = EagleHead(target.backbone.config)
+        loss_of = functools.partial(eagle_loss, kl_weight=args.kl_weight)
         what = "an EAGLE head"
     else:
         heads, loss_of = DraftHeads(target.config.dim, args.heads, "medusa"), heads_loss

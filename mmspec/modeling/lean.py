@@ -1,0 +1,95 @@
+"""A lean forward of transformers' ``LlamaModel`` for the few-token steps of speculative decoding.
+
+A transformers decoder forward over 1-8 tokens of a small model is mostly framework work: mask
+construction, output capturing, keyword plumbing and per-layer wrappers cost more than the
+arithmetic (the codec EAGLE head's one layer of width 256: ~0.6 ms a call on one CPU core, of which
+SDPA and the linears are ~0.15 ms). :func:`lean_forward` runs the same model's own submodules
+(its norms, projections, MLP and rotary embedding, so ``mmspec.optimize``'s few-row linears and
+the weights are the model's) through the Llama decoder's arithmetic with nothing around it:
+
+    h = x + W_o Attn(RoPE(W_q RMSNorm(x)), RoPE(W_k RMSNorm(x)), W_v RMSNorm(x))
+    x' = h + W_down (act(W_gate RMSNorm(h)) * W_up RMSNorm(h)),   output RMSNorm(x_L)
+
+with the keys and values appended to the model's cache (``cache.update``), so rollback, cropping
+and tree compaction (:mod:`mmspec.core.cache`) work on it unchanged. It takes the masks mmspec's
+drafters and targets pass: none (causal after the cache) or a 4-D additive or boolean mask
+[B or 1, 1, n, cached + n]. :func:`lean_supported` says which models and masks it covers; the
+callers fall back to the transformers forward elsewhere (2-D padding masks, other families,
+sliding windows). Tests: tests/test_lean.py (equal to the transformers forward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+#: the attention implementations whose arithmetic the lean forward reproduces
+_ATTENTION = ("sdpa", "eager", None)
+
+
+def lean_supported(model: nn.Module, attention_mask: torch.Tensor | None = None) -> bool:
+    """True when :func:`lean_forward` computes ``model``'s forward: a transformers ``LlamaModel``
+    (full attention, no dropout, the default rotary embedding) and a mask that is None or 4-D."""
+    from transformers import LlamaModel
+
+    if type(model) is not LlamaModel or attention_mask is not None and attention_mask.dim() != 4:
+        return False
+    config = model.config
+    return (getattr(config, "_attn_implementation", None) in _ATTENTION and not getattr(config, "attention_dropout", 0.0)
+            and getattr(model.rotary_emb, "rope_type", "default") == "default"
+            and all(t == "full_attention" for t in (getattr(config, "layer_types", None) or ["full_attention"])))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE: x [B, heads, n, d] turned by cos, sin [B, 1, n, d]: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``model(inputs_embeds=embeds, ...).last_hidden_state`` for a model :func:`lean_supported` accepts.
+
+    Args:
+        model: a transformers ``LlamaModel``.
+        embeds: [B, n, H] inputs.
+        cache: a transformers ``Cache`` (``mmspec.core.cache.make_cache``) the new keys and values
+            are appended to, or None.
+        position_ids: [B or 1, n] (default: cached length + 0 .. n - 1).
+        attention_mask: None (causal after the cache) or 4-D [B or 1, 1, n, cached + n], additive
+            (0 / -inf) or boolean (True: attend).
+
+    Returns:
+        The normed last hidden states [B, n, H].
+    """
+    batch, n, _ = embeds.shape
+    cached = cache.get_seq_length() if cache is not None else 0
+    if position_ids is None:
+        position_ids = torch.arange(cached, cached + n, device=embeds.device)[None]
+    cos, sin = model.rotary_emb(embeds, position_ids)
+    cos, sin = cos[:, None], sin[:, None]
+    mask, causal = attention_mask, False
+    if mask is None and n > 1:
+        if cached:
+            mask = torch.ones(n, cached + n, dtype=torch.bool, device=embeds.device).tril(cached)
+        else:
+            causal = True
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    x = embeds
+    for index, layer in enumerate(model.layers[: config.num_hidden_layers]):
+        attn, mlp = layer.self_attn, layer.mlp
+        h = layer.input_layernorm(x)
+        q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
+        k = rotate(attn.k_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2), cos, sin)
+        v = attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(k, v, index)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=attn.scaling,
+                                           enable_gqa=kv_heads != heads)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, n, heads * head_dim))
+        h = layer.post_attention_layernorm(x)
+        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+    return model.norm(x)
