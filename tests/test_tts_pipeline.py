@@ -80,6 +80,26 @@ def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
     assert out.stats.speedup > 0 and out.stats.real_time_factor > 0 and out.stats.method == method
 
 
+@pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
+@pytest.mark.parametrize("method", ["spec", "medusa", "eagle", "sjd"])
+def test_bfloat16_codec_lms_keep_exact_methods_exact(request, layout, method):
+    """dtype="bfloat16": the codec LMs' step models (and the heads that follow them) run in bf16,
+    the duration predictor in fp32, and greedy exact methods give bf16 plain decoding's codes."""
+    tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method=method, dtype="bfloat16")
+    out = tts("a red star.", do_sample=False, max_seconds=0.4, compare_baseline=True)
+    assert torch.equal(out.codes, out.baseline_codes) and out.stats.config["dtype"] == "bfloat16"
+    lm = tts.components.target.model
+    assert lm.backbone.norm.weight.dtype == lm.heads.weight.dtype == torch.bfloat16
+    assert {p.dtype for p in lm.durations.parameters()} == {torch.float32}
+    drafter_dtypes = {"spec": lambda c: c.draft_target().model.heads.weight.dtype,
+                      "medusa": lambda c: c.medusa_heads().blocks[0].linear.weight.dtype,
+                      "eagle": lambda c: c.eagle_head().fc.weight.dtype}
+    if method in drafter_dtypes:
+        assert drafter_dtypes[method](tts.components) == torch.bfloat16
+    float32 = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="ar")
+    assert float32("a red star.", do_sample=False, max_seconds=0.4).stats.config["dtype"] == "float32"
+
+
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("vadusa", {"top_k": 1}, {"top_k": 4}),
                                                                   ("sjd-topk", {"top_k": 1}, {"top_k": 4}),
@@ -144,6 +164,7 @@ def test_sampling_is_seeded(model_dir):
     ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
     ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
     ({"method": "spec", "top_k": 3}, None, "method 'spec' takes no setting 'top_k'"),
+    ({"dtype": "float8"}, None, "unknown dtype 'float8'"),
 ])
 def test_bad_input(model_dir, kwargs, call, match):
     with pytest.raises(ValueError, match=match):
@@ -198,6 +219,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
     (["hi", "--temperature", "nan"], "temperature"),
     (["hi", "--speed", "0"], "--speed must be a positive number"),
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
+    (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
 ])
 def test_cli_errors_are_one_line(args, match, tmp_path):
     result = _cli(*args, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..hub import dtype_name
+
 from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
@@ -37,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
     parser.add_argument("--threads", type=int, default=1)
     add_device_args(parser)
+    parser.add_argument("--dtype", default="float32", help="the codec LMs' weights: float32 | bfloat16 | auto")
     parser.add_argument("--results", default="bench-out/tts.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en) and speaker similarity")
@@ -63,12 +66,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--batch-sizes compares every method with plain decoding: include ar in --methods")
     torch.set_num_threads(args.threads)
     texts = [sentence("test", i) for i in range(args.sentences)]
-    pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize)  # one model for every method
+    pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize,
+                           dtype=args.dtype)  # one model for every method
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
-            "model": args.model or "embedded (models/tts-valle)", "machine": machine_info("float32", args.threads, args.device),
+            "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),
             "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
     if results.get("meta", meta) != meta:
         raise ValueError(f"{path} holds results of other settings; pass another --results file")

@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
     cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--dtype", default="float32", help="the codec LMs' weights: float32 (default) | bfloat16 | auto "
+                     "(bfloat16 where fast: GPU, CPU with AMX / AVX-512 BF16)")
     add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
@@ -91,7 +93,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
-                           num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, **settings)
+                           num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
     bar = progress_bar(int(args.max_seconds * pipe.components.codec.frame_rate))
     try:
         result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,

@@ -162,6 +162,14 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
     def separator(self) -> int:
         return self.config.text_vocab
 
+    def cast_steps(self, dtype: torch.dtype) -> "CodecLM":
+        """The step model (embeddings, backbone, heads) in ``dtype``, in place; the duration
+        predictor stays float32, so a sentence's frame count is the same in every dtype."""
+        self.to(dtype)
+        if self.config.aligned:
+            self.durations.float()
+        return self
+
     @torch.no_grad()
     def predict_durations(self, phonemes: torch.Tensor, speed: float = 1.0) -> torch.Tensor:
         """Phoneme ids [1, P] -> frames per phoneme LongTensor [1, P] (``speed`` > 1 speaks faster),

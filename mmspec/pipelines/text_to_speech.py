@@ -29,7 +29,7 @@ from ..adapters.audio.delay import DelayPatternTarget
 from ..adapters.audio.phonemes import make_phonemizer
 from ..api import generate, generate_rows
 from ..core.stats import DictAccess, SpecStats
-from ..hub import models_dir, resolve_device
+from ..hub import dtype_name, models_dir, resolve_device, resolve_dtype
 from ..modeling.codec_lm import CodecLM
 from ..modeling.codec_nar import CodecNAR
 from ..modeling.fast_linear import OptimizesOnLoad
@@ -85,8 +85,10 @@ class TTSComponents(OptimizesOnLoad):
 
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
-                 eagle_dir: Path | None = None, temperature: float = 1.0, nar: CodecNAR | None = None) -> None:
+                 eagle_dir: Path | None = None, temperature: float = 1.0, nar: CodecNAR | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.target, self.codec, self.phonemizer_name, self.nar = target, codec, phonemizer, nar
+        self.dtype = dtype  # the codec LMs' step models (and so their heads); front end, NAR stage, codec: float32
         self.temperature = temperature  # the model's default sampling temperature
         self.draft_dir, self.medusa_dir, self.eagle_dir, self.device = draft_dir, medusa_dir, eagle_dir, device
         self._draft: DelayPatternTarget | None = None
@@ -98,7 +100,8 @@ class TTSComponents(OptimizesOnLoad):
             self.prepare(nar)
 
     @classmethod
-    def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True) -> "TTSComponents":
+    def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True,
+                        dtype: str | torch.dtype = "float32") -> "TTSComponents":
         embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
         directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
         manifest_path = directory / MANIFEST
@@ -112,7 +115,8 @@ class TTSComponents(OptimizesOnLoad):
         if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
-        lm = CodecLM.from_pretrained(directory).to(dev)
+        dtype = resolve_dtype(dtype, dev)
+        lm = CodecLM.from_pretrained(directory).to(dev).cast_steps(dtype)
         codec = load_tts_codec(directory, manifest.get("codec"))
         nar = load_nar_stage(directory, manifest.get("nar"), lm, dev)
         books = (nar or lm).config
@@ -124,7 +128,7 @@ class TTSComponents(OptimizesOnLoad):
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
         eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
         return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir,
-                   float(temperature), nar)
+                   float(temperature), nar, dtype)
 
     def phonemes(self, text: str) -> torch.Tensor:
         """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
@@ -148,7 +152,7 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError("this model has no draft codec LM (tts.json 'draft'); train one with mmspec train tts "
                              "--preset draft, or use method='prompt-lookup' or 'sjd'")
         if self._draft is None:
-            self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device))
+            self._draft = DelayPatternTarget(CodecLM.from_pretrained(self.draft_dir).to(self.device).cast_steps(self.dtype))
             self.prepare(self._draft.model)
         return self._draft
 
@@ -261,24 +265,32 @@ class TextToSpeechPipeline:
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
         optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;
             ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
+        dtype: the codec LMs' weights (the target's, the draft's, and so their heads'): "float32"
+            (default), "bfloat16", or "auto" (bfloat16 where it is fast: a GPU, a CPU with AMX or
+            AVX512-BF16). The text front end, duration predictor, NAR stage and codec stay float32.
+            ``stats.config["dtype"]`` says which; exact methods stay exact against plain decoding in
+            the same dtype.
         **rule_settings: a tolerant method's rule parameters (``top_k`` for spec-topk, ``delta`` for
             lantern).
     """
 
     def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
-                 num_draft_tokens: int | None = None, optimize: bool = True, **rule_settings: Any) -> None:
+                 num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "float32",
+                 **rule_settings: Any) -> None:
         self.method = (method if isinstance(method, TTSMethod)
                        else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
-        self.components = TTSComponents.from_pretrained(model, device, optimize)
+        resolve_dtype(dtype)
+        self.components = TTSComponents.from_pretrained(model, device, optimize, dtype)
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
     @classmethod
     def check_arguments(cls, values: dict[str, Any]) -> None:
         """Check construction arguments (all of ``__init__``'s, bound) without loading anything
-        (presets): the method and its settings, the device. Raises ValueError / TypeError."""
+        (presets): the method and its settings, the device and dtype. Raises ValueError / TypeError."""
         if not isinstance(values["method"], TTSMethod):
             make_method(values["method"], num_draft_tokens=values["num_draft_tokens"], **values["rule_settings"])
         resolve_device(values["device"])
+        resolve_dtype(values["dtype"])
 
     @property
     def sampling_rate(self) -> int:
@@ -361,7 +373,8 @@ class TextToSpeechPipeline:
         seconds = codes.shape[1] / c.codec.frame_rate
         used = {name: value for name, value in sampling.items() if value is not None}
         wall = s.wall_time_s + nar_s
-        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, **used, "linears": c.linears},
+        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, **used, "linears": c.linears,
+                                                                            "dtype": dtype_name(c.dtype)},
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=wall, nar_time_s=nar_s,
                                   real_time_factor=wall / max(seconds, 1e-9), generation=s.to_dict())
