@@ -96,8 +96,17 @@ def test_bfloat16_codec_lms_keep_exact_methods_exact(request, layout, method):
                       "eagle": lambda c: c.eagle_head().fc.weight.dtype}
     if method in drafter_dtypes:
         assert drafter_dtypes[method](tts.components) == torch.bfloat16
-    float32 = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="ar")
+    float32 = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="ar", dtype="float32")
     assert float32("a red star.", do_sample=False, max_seconds=0.4).stats.config["dtype"] == "float32"
+    assert float32.components.target.model.heads.weight.dtype == torch.float32
+
+
+def test_the_default_dtype_is_auto(model_dir):
+    from mmspec.hub import dtype_name, fast_bf16
+
+    out = mmspec.pipeline("text-to-speech", model=model_dir)("a red star.", do_sample=False, max_seconds=0.2)
+    assert out.stats.config["dtype"] == ("bfloat16" if fast_bf16("cpu") else "float32") == dtype_name(
+        mmspec.pipeline("text-to-speech", model=model_dir).components.target.model.heads.weight.dtype)
 
 
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),

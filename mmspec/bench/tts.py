@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
     parser.add_argument("--threads", type=int, default=1)
     add_device_args(parser)
-    parser.add_argument("--dtype", default="float32", help="the codec LMs' weights: float32 | bfloat16 | auto")
+    parser.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (bfloat16 where fast) | float32 | bfloat16")
     parser.add_argument("--results", default="bench-out/tts.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en) and speaker similarity")

@@ -40,8 +40,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
     cmd.add_argument("--device", default="auto")
-    cmd.add_argument("--dtype", default="float32", help="the codec LMs' weights: float32 (default) | bfloat16 | auto "
-                     "(bfloat16 where fast: GPU, CPU with AMX / AVX-512 BF16)")
+    cmd.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (default: bfloat16 where fast, a GPU "
+                     "or a CPU with AMX / AVX-512 BF16; else float32) | float32 | bfloat16")
     add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")

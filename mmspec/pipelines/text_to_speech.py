@@ -101,7 +101,7 @@ class TTSComponents(OptimizesOnLoad):
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True,
-                        dtype: str | torch.dtype = "float32") -> "TTSComponents":
+                        dtype: str | torch.dtype = "auto") -> "TTSComponents":
         embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
         directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
         manifest_path = directory / MANIFEST
@@ -265,9 +265,10 @@ class TextToSpeechPipeline:
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
         optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;
             ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
-        dtype: the codec LMs' weights (the target's, the draft's, and so their heads'): "float32"
-            (default), "bfloat16", or "auto" (bfloat16 where it is fast: a GPU, a CPU with AMX or
-            AVX512-BF16). The text front end, duration predictor, NAR stage and codec stay float32.
+        dtype: the codec LMs' weights (the target's, the draft's, and so their heads'): "auto" (the
+            default: bfloat16 where it is fast, a GPU or a CPU with AMX or AVX512-BF16, else
+            float32; on the embedded voice bf16 reads as well as fp32, docs/benchmarks.md),
+            "float32" or "bfloat16". The text front end, duration predictor, NAR stage and codec stay float32.
             ``stats.config["dtype"]`` says which; exact methods stay exact against plain decoding in
             the same dtype.
         **rule_settings: a tolerant method's rule parameters (``top_k`` for spec-topk, ``delta`` for
@@ -275,7 +276,7 @@ class TextToSpeechPipeline:
     """
 
     def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
-                 num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "float32",
+                 num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "auto",
                  **rule_settings: Any) -> None:
         self.method = (method if isinstance(method, TTSMethod)
                        else make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings))
