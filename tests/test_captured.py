@@ -11,7 +11,8 @@ import mmspec
 from mmspec.adapters.image_gen import LlamaGenTarget
 from mmspec.core.captured import GraphRunner
 from mmspec.core.tree import TokenTree
-from mmspec.drafters import ImageEagle2Drafter
+from mmspec.drafters import ImageEagle2Drafter, ImageEagleDrafter
+from mmspec.drafters.image_eagle import CapturedHeadChain
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 
 VOCAB, SIDE, PREFIX, CAPTION_DIM = 16, 4, 3, 8
@@ -68,18 +69,60 @@ def test_tree_forward_and_compaction_give_the_plain_logits():
     torch.testing.assert_close(after[1].logits, after[0].logits, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("drafter", [None, "sjd", "prompt-lookup", "eagle2"])
+def head(seed=5):
+    torch.manual_seed(seed)
+    return ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=(SIDE, SIDE))).eval()
+
+
+@pytest.mark.parametrize("drafter", [None, "sjd", "prompt-lookup", "eagle", "eagle2"])
 def test_greedy_decoding_is_token_identical(drafter):
     plain, captured = pair(buckets=(1, 2, 4, 8, 16))
-    outs = []
+    outs, drafters = [], []
     for target in (plain, captured):
         d = drafter
+        if drafter == "eagle":
+            d = ImageEagleDrafter(target, head(), num_draft_tokens=3)
         if drafter == "eagle2":
-            torch.manual_seed(5)
-            head = ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=(SIDE, SIDE))).eval()
-            d = ImageEagle2Drafter(target, head, depth=3, top_k=2, num_nodes=6)
-        outs.append(mmspec.generate(target, drafter=d, max_new_tokens=SIDE * SIDE, do_sample=False, **INPUTS).sequences)
+            d = ImageEagle2Drafter(target, head(), depth=3, top_k=2, num_nodes=6)
+        drafters.append(d)
+        out = mmspec.generate(target, drafter=d, max_new_tokens=SIDE * SIDE, do_sample=False, **INPUTS)
+        outs.append(out.sequences)
+        if drafter == "eagle":  # the chain drafts through captured head forwards for the captured target only
+            assert out.stats.config["captured_head"] is (target is captured)
     assert torch.equal(outs[1], outs[0])
+
+
+def test_sampled_eagle_chains_repeat_the_plain_drafters_draws():
+    """Under sampling with one seed, the captured head's drafts (and so every draw) are the plain
+    head's: the same tokens and the same acceptance counts."""
+    plain, captured = pair(buckets=(1, 2, 4, 8, 16))
+    outs = [mmspec.generate(t, drafter=ImageEagleDrafter(t, head(), num_draft_tokens=3), max_new_tokens=SIDE * SIDE,
+                            do_sample=True, seed=11, **INPUTS) for t in (plain, captured)]
+    assert torch.equal(outs[1].sequences, outs[0].sequences)
+    assert outs[1].stats.accepted_per_position == outs[0].stats.accepted_per_position
+
+
+@torch.no_grad()
+def test_captured_head_forwards_equal_the_heads_own():
+    """Chain forwards through padded buckets, a crop (rejected drafts) and more forwards: the same
+    predicted features as the head with a plain cache."""
+    from mmspec.core.cache import crop_cache, make_cache
+
+    h, plain = head(), tiny_llamagen(0, 32, VOCAB, SIDE, PREFIX, CAPTION_DIM)
+    chain = CapturedHeadChain(h, plain.embed_codes, 2, (1, 2, 4, 8), torch.device("cpu"), torch.float32)
+    cache = make_cache(None)
+    features = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(0))
+    codes = torch.randint(VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    start = 0
+    for n, keep in ((3, 3), (1, 4), (5, 6), (2, 8)):  # buckets 4, 1, 8, 2; crop 3 after the 5
+        got = chain(features[:, start : start + n], codes[:, start : start + n], start)
+        want = h(features[:, start : start + n], plain.embed_codes(codes[:, start : start + n]), cache,
+                 torch.arange(start, start + n)[None])
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        crop_cache(chain.cache, keep)
+        crop_cache(cache, keep)
+        start = keep
+    assert chain.cache.get_seq_length() == cache.get_seq_length() == 8
 
 
 def test_one_sequence_at_a_time_and_no_batches():

@@ -129,7 +129,22 @@ def test_captured_graphs_give_the_eager_logits_for_chains_and_trees():
     torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["sjd", "eagle2", "spec"])
+def test_captured_eagle_head_replays_graphs_and_gives_the_eager_tokens():
+    from test_captured import INPUTS, SIDE, head, pair
+
+    from mmspec.drafters import ImageEagleDrafter
+
+    plain, captured = pair(buckets=(1, 2, 4, 8, 16))
+    plain.model.cuda()
+    outs = []
+    for target in (plain, captured):
+        drafter = ImageEagleDrafter(target, head().cuda(), num_draft_tokens=3)
+        outs.append(mmspec.generate(target, drafter=drafter, max_new_tokens=SIDE * SIDE, do_sample=False, **INPUTS))
+    assert outs[1].stats.config["captured_head"] and drafter.chain.runner.captured  # one CUDA graph per bucket
+    assert torch.equal(outs[1].sequences.cpu(), outs[0].sequences.cpu())
+
+
+@pytest.mark.parametrize("method", ["sjd", "eagle", "eagle2", "spec"])
 def test_text_to_image_with_cuda_graphs_equals_its_plain_decoding(method):
     t2i = mmspec.pipeline("text-to-image", method=method, device="cuda", dtype="fp32", cuda_graphs=True)
     out = t2i("a red circle", seed=0, do_sample=False, compare_baseline=True)

@@ -24,7 +24,7 @@ import torch
 
 from ..core.batch import BatchState
 from ..core.cache import SequenceState, StaticKVCache, make_cache
-from ..core.captured import DEFAULT_BUCKETS, GraphRunner
+from ..core.captured import DEFAULT_BUCKETS, GraphRunner, fill_static_mask
 from ..core.sampling import cfg_combine
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -262,16 +262,6 @@ class LlamaGenTarget(GuidedImageTarget):
             self._static[rows] = (cache, GraphRunner(forward, buffers, self.buckets, device))
         return self._static[rows]
 
-    @staticmethod
-    def _fill_mask(mask: torch.Tensor, cached: int, block: torch.Tensor) -> None:
-        """mask [1, 1, b, capacity] <- the first n queries see the cache and ``block`` [n, n] among
-        themselves; padded queries see slot 0 only."""
-        n = block.shape[0]
-        mask.zero_()
-        mask[..., :n, :cached] = True
-        mask[0, 0, :n, cached : cached + n] = block
-        mask[..., n:, 0] = True
-
     def new_cache(self, rows):
         if not self.captured:
             return super().new_cache(rows)
@@ -304,7 +294,7 @@ class LlamaGenTarget(GuidedImageTarget):
         if isinstance(cache, StaticKVCache):  # eager, into the static buffers
             cache.slots = torch.arange(length, device=self.device)
             mask = torch.zeros(1, 1, length, cache.capacity, dtype=torch.bool, device=self.device)
-            self._fill_mask(mask, 0, torch.ones(length, length, dtype=torch.bool, device=self.device).tril())
+            fill_static_mask(mask, 0, torch.ones(length, length, dtype=torch.bool, device=self.device).tril())
         out = self.model(caption=caption, past_key_values=cache, attention_mask=mask, output_hidden_states=want_hidden)
         if isinstance(cache, StaticKVCache):
             cache.length = length
@@ -347,7 +337,7 @@ class LlamaGenTarget(GuidedImageTarget):
         torch.arange(cached, cached + b, out=buffers["slots"])
         block = (torch.ones(n, n, dtype=torch.bool, device=self.device).tril() if mask is None
                  else mask[0, 0, :, cached:])
-        self._fill_mask(buffers["mask"], cached, block)
+        fill_static_mask(buffers["mask"], cached, block)
         logits, hidden = runner.run(b)
         cache.length = cached + n
         return logits[:, :n].clone(), hidden[:, :n].clone() if want_hidden else None

@@ -21,6 +21,18 @@ import torch
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def fill_static_mask(mask: torch.Tensor, cached: int, block: torch.Tensor) -> None:
+    """A full-capacity boolean mask buffer [1, 1, b, capacity] (True = attend) <- the first n
+    queries see the ``cached`` positions and ``block`` [n, n] among themselves (a chain: its lower
+    triangle; a tree: its ancestor mask); the b - n padded queries see slot 0 only (no all-masked
+    row, so no NaN anywhere in the buffers)."""
+    n = block.shape[0]
+    mask.zero_()
+    mask[..., :n, :cached] = True
+    mask[0, 0, :n, cached : cached + n] = block
+    mask[..., n:, 0] = True
+
+
 class GraphRunner:
     """Runs ``forward(**buffers) -> tuple of tensors`` over static buffers, one graph per bucket.
 

@@ -16,7 +16,8 @@ from the guided logits u + g (c - u), the distribution the target verifies. Trai
 (``mmspec train image-drafter``) uses sequences the generator sampled itself with guidance, and
 their features on both rows (:mod:`mmspec.train.image_drafter`).
 
-``ImageEagleDrafter`` drafts a chain of K codes; ``ImageEagle2Drafter`` grows EAGLE-2's dynamic
+``ImageEagleDrafter`` drafts a chain of K codes (for a captured target, :mod:`mmspec.core.captured`,
+through captured head forwards too: :class:`CapturedHeadChain`); ``ImageEagle2Drafter`` grows EAGLE-2's dynamic
 tree (q = 1 per node), verified exactly or with LANTERN on trees
 (:func:`mmspec.core.relaxed.tree_lantern_verify`). The head is
 :class:`mmspec.modeling.heads.ImageEagleHead`.
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.cache import SequenceState
+from ..core.cache import SequenceState, StaticKVCache
+from ..core.captured import GraphRunner, fill_static_mask
 from ..core.drafter import register_drafter
 from ..core.sampling import cfg_combine
 from ..modeling.heads import ImageEagleHead, target_width
@@ -94,14 +96,93 @@ class _GuidedDrafting:
         return {**super().describe(), "guided_drafts": self.guidance_scale is not None}
 
 
+class CapturedHeadChain:
+    """The image EAGLE head's chain forwards over static buffers: one CUDA graph per padded input
+    size on a GPU (:class:`~mmspec.core.captured.GraphRunner`; eager on a CPU, so the path is
+    testable anywhere), as a captured target verifies. Its :class:`~mmspec.core.cache.StaticKVCache`
+    is the drafter's head cache (``crop`` moves a length).
+
+    Args:
+        head: the :class:`ImageEagleHead`; embed: the target's code embedding.
+        rows: the feature rows (2 under classifier-free guidance).
+        buckets: the padded forward sizes (the target's).
+    """
+
+    def __init__(self, head: ImageEagleHead, embed, rows: int, buckets: tuple[int, ...], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        block = head.config.block_config()
+        cells = head.config.grid[0] * head.config.grid[1]
+        capacity = cells + buckets[-1]  # padded inputs write past the last cell
+        self.cache = StaticKVCache(1, (rows, block.kv_heads, capacity, block.head_dim), dtype, device)
+
+        def buffers(b: int) -> dict[str, torch.Tensor]:
+            mask = torch.zeros(1, 1, b, capacity, dtype=torch.bool, device=device)
+            mask[..., 0] = True
+            return {"features": torch.zeros(rows, b, head.config.dim, dtype=dtype, device=device),
+                    "codes": torch.zeros(1, b, dtype=torch.long, device=device),
+                    "positions": torch.zeros(b, dtype=torch.long, device=device), "mask": mask,
+                    "slots": torch.arange(cells, cells + b, device=device)}
+
+        def forward(features, codes, positions, mask, slots):
+            self.cache.slots = slots
+            return (head(features, embed(codes), self.cache, positions, mask),)
+
+        self.runner = GraphRunner(forward, buffers, buckets, device)
+
+    def __call__(self, features: torch.Tensor, codes: torch.Tensor, start: int) -> torch.Tensor:
+        """Pairs (features [R, n, D], codes [1, n]) at head positions start .. start + n - 1,
+        appended to the cache -> predicted features [R, n, D]."""
+        n, cached = codes.shape[1], self.cache.length
+        b = self.runner.bucket(n)
+        buffers = self.runner.buffers[b]
+        buffers["features"].zero_()
+        buffers["features"][:, :n] = features
+        buffers["codes"].zero_()
+        buffers["codes"][:, :n] = codes
+        buffers["positions"].zero_()  # padded inputs at cell 0 (a valid rotary row)
+        torch.arange(start, start + n, out=buffers["positions"][:n])
+        torch.arange(cached, cached + b, out=buffers["slots"])
+        fill_static_mask(buffers["mask"], cached, torch.ones(n, n, dtype=torch.bool, device=codes.device).tril())
+        (predicted,) = self.runner.run(b)
+        self.cache.length = cached + n
+        return predicted[:, :n].clone()
+
+
 @register_drafter("image-eagle")
 class ImageEagleDrafter(_GuidedDrafting, EagleDrafter):
     """EAGLE chain drafts (K codes) for a :class:`~mmspec.adapters.image_gen.GuidedImageTarget`:
-    ``ImageEagleDrafter(target, head, num_draft_tokens=4)``."""
+    ``ImageEagleDrafter(target, head, num_draft_tokens=4)``. For a captured target (``captured``:
+    CUDA graphs) the head's forwards are captured too (:class:`CapturedHeadChain`, one per row
+    count, built at first use)."""
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "ImageEagleDrafter":
         return cls(target, cls._head(target, arg), num_draft_tokens or 4)
+
+    def _setup(self, *args) -> None:
+        super()._setup(*args)
+        self.chain: CapturedHeadChain | None = None  # the captured forwards in use (a captured target)
+        self._chains: dict[int, CapturedHeadChain] = {}  # per feature rows
+
+    def start(self, context, state: SequenceState) -> None:
+        super().start(context, state)
+        self.chain = None
+        target = context.target
+        if getattr(target, "captured", False):
+            rows = state.cache.keys[0].shape[0]
+            if rows not in self._chains:
+                self._chains[rows] = CapturedHeadChain(self.head, self.embed, rows, target.buckets, target.device, target.dtype)
+            self.chain = self._chains[rows]
+            self.cache = self.chain.cache
+            self.cache.length = 0
+
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        if self.chain is None:
+            return super()._step(features, tokens, start)
+        return self.chain(features, tokens, start - self.position_base)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "captured_head": self.chain is not None}
 
 
 @register_drafter("image-eagle2")
