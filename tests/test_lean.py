@@ -120,3 +120,16 @@ def test_codec_lm_and_eagle_head_lean_equal_transformers():
         results.append((logits, hidden, step_logits, step_hidden, guess, more))
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_narrow_eagle_head_saves_and_loads_its_own_mlp_width(tmp_path):
+    """EagleHead(config, intermediate_size): the layer's MLP width is the head's own, and load
+    rebuilds it from the saved config (the target's width elsewhere)."""
+    target = llama()
+    head = EagleHead(target.config, intermediate_size=16)
+    assert head.decoder.layers[0].mlp.gate_proj.out_features == 16
+    head.save(tmp_path)
+    loaded = EagleHead.load(tmp_path, target)
+    assert loaded.decoder.layers[0].mlp.gate_proj.out_features == 16
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
+    assert EagleHead(target.config).decoder.layers[0].mlp.gate_proj.out_features == 48

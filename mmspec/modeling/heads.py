@@ -45,6 +45,8 @@ class OneLayerHead(nn.Module):
     Args:
         text_config: the target decoder's config (its family, width, heads, rope); the head uses
             one layer of it and no vocabulary of its own.
+        intermediate_size: the layer's MLP width (default: the target's); a narrower MLP reads
+            fewer weight bytes per drafted token.
     """
 
     method = "eagle"
@@ -54,12 +56,14 @@ class OneLayerHead(nn.Module):
     #: layer: ~3x cheaper per call at these widths, equal outputs); False: transformers' forward
     lean = True
 
-    def __init__(self, text_config) -> None:
+    def __init__(self, text_config, intermediate_size: int | None = None) -> None:
         super().__init__()
         from transformers import AutoModel
 
         config = copy.deepcopy(text_config)
         config.num_hidden_layers = 1
+        if intermediate_size is not None:
+            config.intermediate_size = intermediate_size
         config.vocab_size = 1  # inputs arrive as embeddings; the target's embedding table is shared
         config.pad_token_id = None
         if hasattr(config, "layer_types") and config.layer_types:
@@ -87,14 +91,15 @@ class OneLayerHead(nn.Module):
         target_config = target_model.config.get_text_config(decoder=True)
         if saved["hidden_size"] != target_config.hidden_size:
             raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
-        return _place_like(load_weights(cls(target_config), directory, cls.weights_file), target_model)
+        head = cls(target_config, saved.get("intermediate_size", target_config.intermediate_size))
+        return _place_like(load_weights(head, directory, cls.weights_file), target_model)
 
 
 class EagleHead(OneLayerHead):
     """fc [2H -> H] over [token embedding; target feature], then the decoder layer and norm."""
 
-    def __init__(self, text_config) -> None:
-        super().__init__(text_config)
+    def __init__(self, text_config, intermediate_size: int | None = None) -> None:
+        super().__init__(text_config, intermediate_size)
         hidden = self.config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
 

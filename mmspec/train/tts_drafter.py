@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl-weight", type=float, default=0.1,
                         help="EAGLE: weight of the KL term against the feature regression (EAGLE's 0.1; more "
                              "weight fits the head's distributions, which acceptance at temperature 1 depends on)")
+    parser.add_argument("--ffn", type=int, default=None,
+                        help="EAGLE: the head layer's MLP width (default: the target's); narrower reads fewer bytes a draft")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     codec = MelRVQCodec.from_pretrained(codec_dir)
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     if args.kind == "eagle":
-        heads = EagleHead(target.backbone.config)
+        heads = EagleHead(target.backbone.config, args.ffn)
         loss_of = functools.partial(eagle_loss, kl_weight=args.kl_weight)
         what = "an EAGLE head"
     else:
