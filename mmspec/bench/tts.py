@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from ..hub import dtype_name
-
 from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 

@@ -374,8 +374,8 @@ class TextToSpeechPipeline:
         seconds = codes.shape[1] / c.codec.frame_rate
         used = {name: value for name, value in sampling.items() if value is not None}
         wall = s.wall_time_s + nar_s
-        stats = TextToSpeechStats(method=method.name, config={**method.describe(), **s.config, **used, "linears": c.linears,
-                                                                            "dtype": dtype_name(c.dtype)},
+        config = {**method.describe(), **s.config, **used, "linears": c.linears, "dtype": dtype_name(c.dtype)}
+        stats = TextToSpeechStats(method=method.name, config=config,
                                   frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
                                   tau=s.mean_accepted_length, wall_time_s=wall, nar_time_s=nar_s,
                                   real_time_factor=wall / max(seconds, 1e-9), generation=s.to_dict())

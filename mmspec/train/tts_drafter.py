@@ -10,10 +10,10 @@ distributions p_{t+1} of every next step.
   target (Medusa-2's self-distillation: the heads learn what the target would say, which is what
   their acceptance depends on).
 - The EAGLE head reads (E_t, f_{t-1}), E_t the LM's input of step t, and predicts f^_t, trained as
-  EAGLE is: SmoothL1(f^_t, f_t) + 0.1 KL(p_{t+1} || Heads(f^_t)) per code (the KL in place of
-  EAGLE's cross-entropy with the data's tokens: self-distillation, as above; ``--kl-weight``
-  sets the 0.1), causally over a
-  whole utterance's steps (positions = step indices, as the drafter runs it).
+  EAGLE is: SmoothL1(f^_t, f_t) + w KL(p_{t+1} || Heads(f^_t)) per code (the KL in place of
+  EAGLE's cross-entropy with the data's tokens: self-distillation, as above; w = ``--kl-weight``,
+  EAGLE's 0.1 by default), causally over a whole utterance's steps (positions = step indices, as
+  the drafter runs it); ``--ffn`` narrows the head layer's MLP.
 
 Resumable: rerun the same command. The target's tts.json gains ``"medusa"`` / ``"eagle"`` so the
 pipeline finds the drafter.
