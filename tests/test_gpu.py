@@ -116,7 +116,7 @@ def test_captured_graphs_give_the_eager_logits_for_chains_and_trees():
     plain, captured = pair()
     plain.model.cuda()
     states = [t.prefill(INPUTS)[0] for t in (plain, captured)]
-    assert captured._static[2][1].captured  # one CUDA graph per bucket
+    assert captured._static[2].runner.captured  # one CUDA graph per bucket
     for state in states:
         state.commit(torch.tensor([[7]], device="cuda"))
     for n in (3, 6, 1):
@@ -140,7 +140,7 @@ def test_captured_eagle_head_replays_graphs_and_gives_the_eager_tokens():
     for target in (plain, captured):
         drafter = ImageEagleDrafter(target, head().cuda(), num_draft_tokens=3)
         outs.append(mmspec.generate(target, drafter=drafter, max_new_tokens=SIDE * SIDE, do_sample=False, **INPUTS))
-    assert outs[1].stats.config["captured_head"] and drafter.chain.runner.captured  # one CUDA graph per bucket
+    assert outs[1].stats.config["captured_head"] and drafter.chain.forward.runner.captured  # one CUDA graph per bucket
     assert torch.equal(outs[1].sequences.cpu(), outs[0].sequences.cpu())
 
 

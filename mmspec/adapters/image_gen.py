@@ -24,7 +24,7 @@ import torch
 
 from ..core.batch import BatchState
 from ..core.cache import SequenceState, StaticKVCache, make_cache
-from ..core.captured import DEFAULT_BUCKETS, GraphRunner, fill_static_mask
+from ..core.captured import DEFAULT_BUCKETS, StaticForward, fill_static_mask
 from ..core.sampling import cfg_combine
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -232,7 +232,7 @@ class LlamaGenTarget(GuidedImageTarget):
         self.max_length = model.max_length
         self.cache_config = None  # a plain DynamicCache of PreallocatedLayers
         self.captured, self.buckets = captured, tuple(buckets)
-        self._static: dict[int, tuple[StaticKVCache, GraphRunner]] = {}  # per cache rows, built at first use
+        self._static: dict[int, StaticForward] = {}  # per cache rows, built at first use
 
     def embed_codes(self, codes):
         return self.model.tok_embeddings(codes)
@@ -240,32 +240,30 @@ class LlamaGenTarget(GuidedImageTarget):
     def code_logits(self, hidden):
         return self.model.output(hidden).float()
 
-    def _static_runner(self, rows: int) -> tuple[StaticKVCache, GraphRunner]:
+    def _static_forward(self, rows: int) -> StaticForward:
+        """The captured forward of ``rows`` cache rows (built at first use): its static KV cache
+        holds max_length + the largest bucket slots."""
         if rows not in self._static:
             c, device = self.config, self.device
-            capacity = self.max_length + self.buckets[-1]  # padded inputs write past the sequence
-            cache = StaticKVCache(c.n_layer, (rows, c.kv_heads, capacity, c.head_dim), self.dtype, device)
+            cache = StaticKVCache(c.n_layer, (rows, c.kv_heads, self.max_length + self.buckets[-1], c.head_dim), self.dtype,
+                                  device)
 
-            def buffers(b: int) -> dict[str, torch.Tensor]:
-                mask = torch.zeros(1, 1, b, capacity, dtype=torch.bool, device=device)
-                mask[..., 0] = True  # every query sees a slot: no all-masked row, no NaN in any buffer
+            def inputs(b: int) -> dict[str, torch.Tensor]:
                 return {"tokens": torch.zeros(rows, b, dtype=torch.long, device=device),
-                        "positions": torch.zeros(b, dtype=torch.long, device=device), "mask": mask,
-                        "slots": torch.arange(self.max_length, self.max_length + b, device=device)}
+                        "positions": torch.zeros(b, dtype=torch.long, device=device)}
 
-            def forward(tokens, positions, mask, slots):
-                cache.slots = slots
+            def forward(tokens, positions, mask):
                 out = self.model(tokens, past_key_values=cache, attention_mask=mask, positions=positions,
                                  output_hidden_states=True)
                 return out.logits, out.hidden_states
 
-            self._static[rows] = (cache, GraphRunner(forward, buffers, self.buckets, device))
+            self._static[rows] = StaticForward(forward, inputs, cache, self.buckets, device)
         return self._static[rows]
 
     def new_cache(self, rows):
         if not self.captured:
             return super().new_cache(rows)
-        cache, _ = self._static_runner(rows)
+        cache = self._static_forward(rows).cache
         cache.length, cache.owner = 0, None
         return cache
 
@@ -327,17 +325,6 @@ class LlamaGenTarget(GuidedImageTarget):
         cached = cache.length
         if mask is None and cached + n > self.max_length:
             raise ValueError(f"position {cached + n - 1} beyond the model's {self.max_length} positions")
-        _, runner = self._static_runner(rows)
-        b = runner.bucket(n)
-        buffers = runner.buffers[b]
-        buffers["tokens"].zero_()
-        buffers["tokens"][:, :n] = tokens
-        buffers["positions"].zero_()
-        buffers["positions"][:n] = positions
-        torch.arange(cached, cached + b, out=buffers["slots"])
-        block = (torch.ones(n, n, dtype=torch.bool, device=self.device).tril() if mask is None
-                 else mask[0, 0, :, cached:])
-        fill_static_mask(buffers["mask"], cached, block)
-        logits, hidden = runner.run(b)
-        cache.length = cached + n
-        return logits[:, :n].clone(), hidden[:, :n].clone() if want_hidden else None
+        block = None if mask is None else mask[0, 0, :, cached:]
+        logits, hidden = self._static_forward(rows)(n, block, tokens=tokens, positions=positions)
+        return logits, hidden if want_hidden else None

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from .cache import StaticKVCache
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -93,3 +95,57 @@ class GraphRunner:
             self.graphs[b].replay()
             return self.outputs[b]
         return self.forward(**self.buffers[b])
+
+
+class StaticForward:
+    """A forward over a :class:`~mmspec.core.cache.StaticKVCache`, padded to a bucket and run by a
+    :class:`GraphRunner`: what a captured target's verification and a captured drafter head share.
+
+    Each call pads its n inputs into the bucket's buffers (a [b] buffer along its only dim, an
+    [R, b, ...] buffer along dim 1), writes them at cache slots cached .. cached + b - 1 under a
+    full-capacity mask (:func:`fill_static_mask`: the cache and a chain's or tree's block), runs the
+    bucket and advances the cache's length by n.
+
+    Args:
+        forward: ``forward(mask=..., **inputs)`` -> a tuple of outputs [R, b, ...]; it reads the
+            cache (``cache.slots`` is set to the bucket's slots before it runs).
+        make_inputs: bucket size b -> {name: zero buffer} of the forward's padded inputs.
+        cache: the static KV cache; its last ``buckets[-1]`` slots are never part of a sequence
+            (padded inputs write there while graphs are captured).
+        buckets, device: as :class:`GraphRunner`'s.
+    """
+
+    def __init__(self, forward: Callable[..., tuple[torch.Tensor, ...]], make_inputs: Callable[[int], dict[str, torch.Tensor]],
+                 cache: StaticKVCache, buckets: tuple[int, ...], device: torch.device) -> None:
+        capacity, scratch = cache.capacity, cache.capacity - buckets[-1]
+
+        def buffers(b: int) -> dict[str, torch.Tensor]:
+            mask = torch.zeros(1, 1, b, capacity, dtype=torch.bool, device=device)
+            mask[..., 0] = True  # every query sees a slot: no all-masked row, no NaN in any buffer
+            return {**make_inputs(b), "mask": mask, "slots": torch.arange(scratch, scratch + b, device=device)}
+
+        def run(mask, slots, **inputs):
+            cache.slots = slots
+            return forward(mask=mask, **inputs)
+
+        self.cache = cache
+        self.runner = GraphRunner(run, buffers, buckets, device)
+
+    def __call__(self, n: int, block: torch.Tensor | None = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """n inputs (each [n] or [R, n, ...], named as ``make_inputs``'s buffers) attending to the
+        cache and, among themselves, to ``block`` [n, n] (None: a chain) -> the outputs [R, n, ...]
+        (copies: the buffers are reused by the next call)."""
+        cached = self.cache.length
+        b = self.runner.bucket(n)
+        buffers = self.runner.buffers[b]
+        for name, value in inputs.items():
+            buffer = buffers[name]
+            buffer.zero_()
+            buffer.narrow(0 if buffer.dim() == 1 else 1, 0, n).copy_(value)
+        torch.arange(cached, cached + b, out=buffers["slots"])
+        if block is None:
+            block = torch.ones(n, n, dtype=torch.bool, device=buffers["mask"].device).tril()
+        fill_static_mask(buffers["mask"], cached, block)
+        outputs = self.runner.run(b)
+        self.cache.length = cached + n
+        return tuple(output[:, :n].clone() for output in outputs)

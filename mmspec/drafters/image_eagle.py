@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..core.cache import SequenceState, StaticKVCache
-from ..core.captured import GraphRunner, fill_static_mask
+from ..core.captured import StaticForward
 from ..core.drafter import register_drafter
 from ..core.sampling import cfg_combine
 from ..modeling.heads import ImageEagleHead, target_width
@@ -98,7 +98,7 @@ class _GuidedDrafting:
 
 class CapturedHeadChain:
     """The image EAGLE head's chain forwards over static buffers: one CUDA graph per padded input
-    size on a GPU (:class:`~mmspec.core.captured.GraphRunner`; eager on a CPU, so the path is
+    size on a GPU (:class:`~mmspec.core.captured.StaticForward`; eager on a CPU, so the path is
     testable anywhere), as a captured target verifies. Its :class:`~mmspec.core.cache.StaticKVCache`
     is the drafter's head cache (``crop`` moves a length).
 
@@ -111,41 +111,25 @@ class CapturedHeadChain:
     def __init__(self, head: ImageEagleHead, embed, rows: int, buckets: tuple[int, ...], device: torch.device,
                  dtype: torch.dtype) -> None:
         block = head.config.block_config()
-        cells = head.config.grid[0] * head.config.grid[1]
-        capacity = cells + buckets[-1]  # padded inputs write past the last cell
+        capacity = head.config.grid[0] * head.config.grid[1] + buckets[-1]
         self.cache = StaticKVCache(1, (rows, block.kv_heads, capacity, block.head_dim), dtype, device)
 
-        def buffers(b: int) -> dict[str, torch.Tensor]:
-            mask = torch.zeros(1, 1, b, capacity, dtype=torch.bool, device=device)
-            mask[..., 0] = True
+        def inputs(b: int) -> dict[str, torch.Tensor]:
             return {"features": torch.zeros(rows, b, head.config.dim, dtype=dtype, device=device),
                     "codes": torch.zeros(1, b, dtype=torch.long, device=device),
-                    "positions": torch.zeros(b, dtype=torch.long, device=device), "mask": mask,
-                    "slots": torch.arange(cells, cells + b, device=device)}
+                    "positions": torch.zeros(b, dtype=torch.long, device=device)}  # padded inputs at cell 0
 
-        def forward(features, codes, positions, mask, slots):
-            self.cache.slots = slots
+        def forward(features, codes, positions, mask):
             return (head(features, embed(codes), self.cache, positions, mask),)
 
-        self.runner = GraphRunner(forward, buffers, buckets, device)
+        self.forward = StaticForward(forward, inputs, self.cache, buckets, device)
 
     def __call__(self, features: torch.Tensor, codes: torch.Tensor, start: int) -> torch.Tensor:
         """Pairs (features [R, n, D], codes [1, n]) at head positions start .. start + n - 1,
         appended to the cache -> predicted features [R, n, D]."""
-        n, cached = codes.shape[1], self.cache.length
-        b = self.runner.bucket(n)
-        buffers = self.runner.buffers[b]
-        buffers["features"].zero_()
-        buffers["features"][:, :n] = features
-        buffers["codes"].zero_()
-        buffers["codes"][:, :n] = codes
-        buffers["positions"].zero_()  # padded inputs at cell 0 (a valid rotary row)
-        torch.arange(start, start + n, out=buffers["positions"][:n])
-        torch.arange(cached, cached + b, out=buffers["slots"])
-        fill_static_mask(buffers["mask"], cached, torch.ones(n, n, dtype=torch.bool, device=codes.device).tril())
-        (predicted,) = self.runner.run(b)
-        self.cache.length = cached + n
-        return predicted[:, :n].clone()
+        n = codes.shape[1]
+        positions = torch.arange(start, start + n, device=codes.device)
+        return self.forward(n, features=features, codes=codes, positions=positions)[0]
 
 
 @register_drafter("image-eagle")
