@@ -412,6 +412,27 @@ def tree_attention_mask(
     return mask.view(1, 1, n, prefix_length + n).to(device or tree.tokens.device)
 
 
+def expansion_mask(ancestors: torch.Tensor, committed: int, fed: list[int], nodes: list[int], dtype: torch.dtype,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Additive 4-D mask of a drafter head's forward that expands a tree a depth at a time (EAGLE-2):
+    its cache holds ``committed`` positions and then the tree nodes ``fed`` earlier, in that order;
+    the forward feeds ``nodes``. Node i sees the committed positions, the fed nodes that are its
+    ancestors, and itself.
+
+    Args:
+        ancestors: BoolTensor [N, N] over the tree's node indices (:meth:`TokenTree.ancestor_matrix`).
+    Returns:
+        [1, 1, len(nodes), committed + len(fed) + len(nodes)], 0 where visible, finfo(dtype).min elsewhere.
+    """
+    cached = committed + len(fed)
+    allowed = torch.ones((len(nodes), cached + len(nodes)), dtype=torch.bool)
+    if fed:
+        allowed[:, committed:cached] = ancestors[nodes][:, fed]
+    allowed[:, cached:] = torch.eye(len(nodes), dtype=torch.bool)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
 def tree_position_ids(tree: TokenTree, start: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Position ids of the nodes: start + depth - 1, so the root's children sit at ``start``.
 

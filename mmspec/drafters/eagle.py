@@ -30,7 +30,7 @@ from ..core.cache import SequenceState, crop_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
-from ..core.tree import TokenTree, dynamic_tree, sampled_dynamic_tree
+from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
 from ..modeling.heads import EagleHead
 from .shipped import shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
@@ -302,17 +302,10 @@ class Eagle2Drafter(EagleDrafter):
             features = torch.stack([root_feature[:, 0] if p < 0 else outputs[p] for p in parents], dim=1)
             tokens = self.lm_head.tokens(candidates.tokens[nodes].to(state.tokens.device))[None]
             depths = candidates.depth[nodes].to(tokens.device)
-            ancestors = candidates.ancestor_matrix()
             committed = self.head_cache_length
-            cached = committed + len(fed_nodes)
-            allowed = torch.ones((len(nodes), cached + len(nodes)), dtype=torch.bool)
-            if fed_nodes:
-                allowed[:, committed:cached] = ancestors[nodes][:, fed_nodes]
-            allowed[:, cached:] = torch.eye(len(nodes), dtype=torch.bool)
-            dtype = root_feature.dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            mask = expansion_mask(candidates.ancestor_matrix(), committed, fed_nodes, nodes, root_feature.dtype, tokens.device)
             predicted = self.head(features, self.embed(tokens), self.cache, (committed + depths - 1)[None],
-                                  attention_mask=mask[None, None].to(tokens.device))
+                                  attention_mask=mask)
             self.forwards += 1
             fed_nodes.extend(nodes)
             for node, feature in zip(nodes, predicted.unbind(1)):

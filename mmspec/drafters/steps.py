@@ -19,7 +19,7 @@ import torch
 
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
-from ..core.tree import TokenTree
+from ..core.tree import TokenTree, expansion_mask
 from .model import ModelDrafter
 
 
@@ -316,27 +316,23 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         width = 1 + max(p[-1] for p in paths)
         features = {(): root[0, 0]}  # f^ after feeding each node (the root: f^_a)
         codes = {(i,): c for i, c in enumerate(self._children(state, a + 1, root[0], width)[0])}
-        fed: list[tuple[int, ...]] = []  # the tree nodes in the head's cache, in order
+        index = {p: i for i, p in enumerate(paths)}
+        ancestors = torch.tensor([[p[: len(q)] == q for q in paths] for p in paths])  # [i, j]: paths[j] is a prefix of paths[i]
+        fed: list[int] = []  # the tree nodes in the head's cache, in order
         base = self.cache.get_seq_length()  # the committed pairs and the root's
         for depth in range(1, max(len(p) for p in paths)):
             frontier = [p for p in paths if len(p) == depth and any(len(q) == depth + 1 and q[:depth] == p for q in paths)]
             if not frontier:
                 break
-            cached = self.cache.get_seq_length()
-            mask = torch.full((1, 1, len(frontier), cached + len(frontier)), torch.finfo(root.dtype).min, device=root.device)
-            mask[..., :base] = 0
-            for j, p in enumerate(frontier):
-                for i, q in enumerate(fed):
-                    if p[: len(q)] == q:
-                        mask[0, 0, j, base + i] = 0
-                mask[0, 0, j, cached + j] = 0
+            nodes = [index[p] for p in frontier]
+            mask = expansion_mask(ancestors, base, fed, nodes, root.dtype, root.device)
             inputs = self._node_inputs(state, torch.stack([codes[p] for p in frontier]), a + depth)
             out = self._run(torch.stack([features[p[:-1]] for p in frontier])[None], inputs, a + depth, mask, same_step=True)
             children = self._children(state, a + depth + 1, out[0], width)
             for j, p in enumerate(frontier):
                 features[p] = out[0, j]
                 codes.update({p + (i,): children[j, i] for i in range(width)})
-            fed += frontier
+            fed += nodes
         crop_cache(self.cache, committed)  # the drafted nodes are not committed
         return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([codes[p] for p in paths])))
 
