@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -110,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or models_dir() / f"tts-{args.kind}")
     if args.heads < 1:
         raise ValueError(f"--heads must be at least 1, got {args.heads}")
+    if args.ffn is not None and args.ffn < 1:
+        raise ValueError(f"--ffn must be at least 1, got {args.ffn}")
+    if not math.isfinite(args.kl_weight) or args.kl_weight < 0:
+        raise ValueError(f"--kl-weight must be a finite number >= 0, got {args.kl_weight}")
     target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
