@@ -359,8 +359,10 @@ def optimize_components(*objects: Any, kernel: str = "auto") -> OptimizeReport:
     one report (the kernel that ran, linears replaced and left over all of them)."""
     reports = [optimize(module, kernel) for obj in objects for module in component_modules(obj)]
     kernels = [r.kernel for r in reports if r.kernel != "none"]
+    variants = dict.fromkeys(v for r in reports if r.variants for v in r.variants.split(", "))
     return OptimizeReport(kernels[0] if kernels else "none", sum(r.replaced for r in reports),
-                          sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""))
+                          sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""),
+                          ", ".join(variants))
 
 
 @contextmanager

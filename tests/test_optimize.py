@@ -11,8 +11,8 @@ from tiny_models import FAMILIES, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
-from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, few_rows_linear, fp32_variants, load_kernel,
-                                         optimize)
+from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, few_rows_linear, fp32_variants,
+                                         load_kernel, optimize)
 
 try:
     load_kernel()
@@ -46,6 +46,54 @@ def test_the_default_fp32_kernel_is_the_widest_the_cpu_runs():
     assert torch.equal(few_rows_linear(x, weight), few_rows_linear(x, weight, variant=fp32_variants()[0]))
     with pytest.raises(KernelUnavailable, match="does not run here"):
         few_rows_linear(x, weight, variant="sse")
+
+
+@needs_kernel
+@pytest.mark.parametrize("variant", ["amx", "avx512bf16"])
+@pytest.mark.parametrize("n,k,bias", [(13, 38, True), (64, 64, False), (1537, 576, True), (40, 70, True), (9, 1001, True)])
+def test_the_bf16_kernels_are_a_linear_and_batch_invariant(n, k, bias, variant):
+    """bf16 weights and rows: fp32 sums rounded to bf16 once (within one bf16 rounding of the exact
+    product), and a row's result the same alone or among up to 33 others (AMX: two 16-row passes
+    and a 1-row one; 16-output tiles and the outputs short of one; K off the 32-wide chunks; odd K)."""
+    if variant not in bf16_variants():
+        pytest.skip(f"this machine runs the bf16 kernels {bf16_variants()}")
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    x = torch.randn(33, k, generator=gen).bfloat16()
+    out = few_rows_linear(x, weight, b, variant=variant)
+    assert out.dtype == torch.bfloat16 and out.shape == (33, n)
+    reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=2 ** -8)
+    for rows in (1, 2, 5, 15, 16, 17, 32):
+        assert torch.equal(few_rows_linear(x[:rows], weight, b, variant=variant), out[:rows])
+    assert torch.equal(few_rows_linear(x[20:21], weight, b, variant=variant), out[20:21])
+    assert not torch.equal(out, few_rows_linear(x, weight.roll(1, 0), b, variant=variant))  # negative control
+
+
+@needs_kernel
+def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
+    """The default bf16 kernel is the first of bf16_variants(); MMSPEC_BF16_KERNEL puts another
+    first, and a kernel the machine does not run is refused in one line."""
+    if not bf16_variants():
+        pytest.skip("no AVX512-BF16 here")
+    x, weight = torch.randn(3, 64).bfloat16(), torch.randn(20, 64).bfloat16()
+    assert torch.equal(few_rows_linear(x, weight), few_rows_linear(x, weight, variant=bf16_variants()[0]))
+    model = nn.Sequential(nn.Linear(64, 20)).to(torch.bfloat16)
+    report = optimize(model, kernel="c")
+    assert report.variants == f"bf16 {bf16_variants()[0]}" and report.label == f"c (bf16 {bf16_variants()[0]})"
+    try:
+        for wanted in bf16_variants():
+            monkeypatch.setenv("MMSPEC_BF16_KERNEL", wanted)
+            bf16_variants.cache_clear()
+            assert bf16_variants()[0] == wanted
+        monkeypatch.setenv("MMSPEC_BF16_KERNEL", "sse")
+        bf16_variants.cache_clear()
+        with pytest.raises(KernelUnavailable, match="MMSPEC_BF16_KERNEL='sse': this machine runs the bf16 kernels"):
+            bf16_variants()
+    finally:
+        monkeypatch.delenv("MMSPEC_BF16_KERNEL")
+        bf16_variants.cache_clear()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

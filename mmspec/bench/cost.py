@@ -92,7 +92,7 @@ def load_target(name: str, dtype: str, device: str = "cpu"):
     if name == "t2i":
         from ..pipelines.text_to_image import TextToImagePipeline
 
-        pipe = TextToImagePipeline(model=None, method="ar", device=device, optimize=False)
+        pipe = TextToImagePipeline(model=None, method="ar", device=device, dtype=dtype, optimize=False)
         inputs = {**pipe.prompt_inputs("a red circle above a blue square"), "guidance_scale": 3.0}
         return pipe.target, inputs, pipe.target.model
     from ..adapters.hf import TransformersTarget

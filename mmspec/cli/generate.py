@@ -41,7 +41,7 @@ def run_generate_command(args) -> int:
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     if draft_dir:
         drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)
-    linears = optimize_components(model, drafter if draft_dir else None).kernel if args.optimize else "as loaded"
+    linears = optimize_components(model, drafter if draft_dir else None).label if args.optimize else "as loaded"
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens,

@@ -464,7 +464,7 @@ class ImageCaptioningPipeline:
 
     def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
         stats.config.update(drafter=drafter_name, drafter_choice=reason, dtype=dtype_name(self.dtype),
-                            linears=self.optimization.kernel if self.optimization else "as loaded")
+                            linears=self.optimization.label if self.optimization else "as loaded")
         return stats
 
     # -- calls -------------------------------------------------------------------------------------

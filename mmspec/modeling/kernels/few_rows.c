@@ -188,3 +188,142 @@ static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
 }
 
 ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARGET)
+
+/* ---- bf16 on AMX: W's 16-output blocks as tiles against the rows of x ----
+ *
+ * On a CPU with AMX-BF16 one tile instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile by a
+ * 32 x 16 one into 16 x 16 fp32 sums. Here the weight is the left operand, loaded straight from its
+ * rows (tile A: 16 outputs x 32 k, stride K), and x the right one (tile B: 16 k-pairs x M rows, x
+ * repacked once per call into that pair layout), so C = W_blk x^T holds 16 outputs for up to 16
+ * rows and the weight is read once for all of them: up to 16 rows cost what one costs while the
+ * weight streams from memory, and the arithmetic of 18-36 rows of a cache-resident model is ~16x
+ * the vector kernel's. Each output is summed in one fixed order whatever M (k in chunks of 32 in
+ * the tile unit, then the scalar tail of K, then the bias), then rounded to nearest-even bf16: a
+ * row's result is bitwise the same alone or among others. The order differs from the AVX512-BF16
+ * kernel's, so a machine uses one of the two for every call. Rows beyond 16 take a second pass
+ * over the same weight block (then in L2). A block of fewer than 16 outputs at the end of W takes
+ * the AVX512-BF16 block (fixed per output too). Linux grants a process the tile state on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM): few_rows_amx_init() asks and returns 0 where granted.
+ */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11 /* no AMX intrinsics: the entry says so */
+int few_rows_amx_init(void) { return -1; }
+void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                         int64_t K, int threads, uint16_t *xp) {
+    (void)xp;
+    few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
+}
+#else
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+int few_rows_amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* tmm0, tmm1: C of the even and odd k chunks (16 outputs x mc rows, fp32); tmm2, tmm3: B of those
+ * chunks (16 k-pairs x mc rows); tmm4, tmm5: A of those chunks (16 outputs x 32 k). Two chains, so
+ * that one chunk's weight loads while the other's product runs. */
+static AMX_TARGET void amx_configure(int mc) {
+    tile_config cfg = {0};
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)(mc * 4);
+    for (int t = 4; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* rows [m0, m0 + mc) (mc <= 16) against outputs [n0, n0 + 16): xp holds those rows' pairs per k
+ * chunk. Each output: (even-chunk sum + odd-chunk sum), the scalar tail of K, the bias. While it
+ * computes, it prefetches the next block's weight (one line of each of its 16 rows per chunk). */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
+    const uint16_t *x, const uint16_t *xp, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int mc,
+    int64_t n0, int64_t N, int64_t K, int prefetch) {
+    const int64_t chunks = K / 32, k32 = chunks * 32;
+    const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
+    float c[2][16][16];
+    _tile_zero(0);
+    _tile_zero(1);
+    int64_t kc = 0;
+    for (; kc + 1 < chunks; kc += 2) {
+        if (prefetch)
+            for (int i = 0; i < 16; i++) {
+                _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + i * K + kc * 32 + 32), _MM_HINT_T0);
+            }
+        _tile_loadd(4, blk + kc * 32, K * 2);
+        _tile_loadd(2, xp + kc * 16 * mc * 2, mc * 4);
+        _tile_loadd(5, blk + kc * 32 + 32, K * 2);
+        _tile_loadd(3, xp + (kc + 1) * 16 * mc * 2, mc * 4);
+        _tile_dpbf16ps(0, 4, 2);
+        _tile_dpbf16ps(1, 5, 3);
+    }
+    if (kc < chunks) {
+        if (prefetch)
+            for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
+        _tile_loadd(4, blk + kc * 32, K * 2);
+        _tile_loadd(2, xp + kc * 16 * mc * 2, mc * 4);
+        _tile_dpbf16ps(0, 4, 2);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    /* column m of the stored tiles is row m's 16 outputs: gathered, summed, rounded, stored at once */
+    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    __m512 bias = _mm512_setzero_ps();
+    if (b) bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + n0))), 16));
+    for (int m = 0; m < mc; m++) {
+        __m512 s = _mm512_add_ps(_mm512_i32gather_ps(column, &c[0][0][m], 4), _mm512_i32gather_ps(column, &c[1][0][m], 4));
+        if (k32 < K) {
+            float t[16];
+            _mm512_storeu_ps(t, s);
+            for (int i = 0; i < 16; i++)
+                for (int64_t k = k32; k < K; k++) t[i] += bf16_to_float(w[(n0 + i) * K + k]) * bf16_to_float(x[(m0 + m) * K + k]);
+            s = _mm512_loadu_ps(t);
+        }
+        if (b) s = _mm512_add_ps(s, bias);
+        _mm256_storeu_si256((__m256i *)(y + (m0 + m) * N + n0), (__m256i)_mm512_cvtneps_pbh(s));
+    }
+}
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16; xp: scratch of M * K bf16 */
+AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                    int64_t N, int64_t K, int threads, uint16_t *xp) {
+    if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
+        few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
+        return;
+    }
+    const int64_t chunks = K / 32, blocks = N / 16, passes = (M + 15) / 16;
+    /* xp[pass][kc][r][m][t] = x[pass * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc, rows of the pass */
+    for (int64_t pass = 0; pass < passes; pass++) {
+        const int64_t m0 = pass * 16, mc = M - m0 < 16 ? M - m0 : 16;
+        uint32_t *dst = (uint32_t *)(xp + m0 * K);
+        for (int64_t m = 0; m < mc; m++) {
+            const uint32_t *src = (const uint32_t *)(x + (m0 + m) * K); /* K even: a row's pairs */
+            for (int64_t kc = 0; kc < chunks; kc++)
+                for (int r = 0; r < 16; r++) dst[(kc * 16 + r) * mc + m] = src[kc * 16 + r];
+        }
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int configured = -1;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++)
+            for (int64_t pass = 0; pass < passes; pass++) {
+                const int64_t m0 = pass * 16;
+                const int mc = (int)(M - m0 < 16 ? M - m0 : 16);
+                if (mc != configured) amx_configure(mc), configured = mc;
+                amx_block(x, xp + m0 * K, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
+            }
+        if (configured >= 0) _tile_release();
+    }
+    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
+        few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
+}
+#endif
