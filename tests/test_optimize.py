@@ -82,6 +82,9 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     model = nn.Sequential(nn.Linear(64, 20)).to(torch.bfloat16)
     report = optimize(model, kernel="c")
     assert report.variants == f"bf16 {bf16_variants()[0]}" and report.label == f"c (bf16 {bf16_variants()[0]})"
+    assert model[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)  # AMX stays ahead of F.linear to 64 rows
+    fp32 = nn.Sequential(nn.Linear(64, 20))
+    assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}" and fp32[0].max_rows == 24
     try:
         for wanted in bf16_variants():
             monkeypatch.setenv("MMSPEC_BF16_KERNEL", wanted)

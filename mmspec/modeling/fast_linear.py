@@ -266,7 +266,16 @@ def choose_kernel(kernel: str) -> tuple[str, str]:
         return "transposed", str(error)
 
 
-def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 24) -> OptimizeReport:
+def default_max_rows(kernel: str, dtype: torch.dtype) -> int:
+    """Rows up to which a linear of ``dtype`` takes ``kernel``'s few-row path by default: 64 for the
+    AMX kernel (faster than ``F.linear`` at every count up to 64 measured, from DRAM and from
+    cache: docs/benchmarks.md), else 24 (the vector kernels measured faster up to 24 rows with
+    weights streamed from memory, slower at 32)."""
+    amx = kernel == "c" and dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)
+    return 64 if amx else 24
+
+
+def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None) -> OptimizeReport:
     """Replace ``model``'s CPU ``nn.Linear`` modules (exactly that class) whose dtype the kernel
     serves (:func:`kernel_dtypes`: fp32; bf16 too with the C kernel on an AVX512-BF16 CPU) by
     :class:`FewRowLinear` in place (module doc). Idempotent: a FewRowLinear is left as it is.
@@ -275,17 +284,17 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 24) -> Opti
         model: any module (a transformers model, a drafter head, an mmspec model).
         kernel: "auto" | "c" | "transposed".
         max_rows: rows up to which the few-row path is taken (a verification's tokens, times 2
-            under classifier-free guidance, or a tree's nodes); more go to ``F.linear``. 24: with
-            weights streamed from memory the kernel measured faster up to 24 rows and slower at 32
-            (docs/benchmarks.md); on the embedded text-to-image model, SJD's 18-row verification
-            took 0.93 s per image through it against 1.13 s with F.linear.
+            under classifier-free guidance, or a tree's nodes); more go to ``F.linear``. None:
+            :func:`default_max_rows` per linear (24; 64 for bf16 linears on the AMX kernel). On the
+            embedded text-to-image model, SJD's 18-row verification took 0.93 s per image through
+            the fp32 kernel against 1.13 s with F.linear.
     Returns:
         :class:`OptimizeReport`.
     Raises:
         ValueError: an unknown kernel or a max_rows < 1.
         KernelUnavailable: ``kernel="c"`` on a machine that cannot build or load it.
     """
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
     chosen, reason = choose_kernel(kernel)
     dtypes = kernel_dtypes(chosen)
@@ -299,7 +308,7 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int = 24) -> Opti
     if not candidates:
         return OptimizeReport("none", 0, skipped, reason)
     for parent, name, child in candidates:
-        setattr(parent, name, FewRowLinear(child, chosen, max_rows))
+        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype)))
     variants = ""
     if chosen == "c":
         replaced = {child.weight.dtype for _, _, child in candidates}

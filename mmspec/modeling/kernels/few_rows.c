@@ -200,8 +200,8 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARG
  * the vector kernel's. Each output is summed in one fixed order whatever M (k in chunks of 32 in
  * the tile unit, then the scalar tail of K, then the bias), then rounded to nearest-even bf16: a
  * row's result is bitwise the same alone or among others. The order differs from the AVX512-BF16
- * kernel's, so a machine uses one of the two for every call. Rows beyond 16 take a second pass
- * over the same weight block (then in L2). A block of fewer than 16 outputs at the end of W takes
+ * kernel's, so a machine uses one of the two for every call. Rows go in passes of 32 (two tiles of
+ * 16); rows beyond 32 take another pass over the same weight block (then in L2). A block of fewer than 16 outputs at the end of W takes
  * the AVX512-BF16 block (fixed per output too). Linux grants a process the tile state on request
  * (arch_prctl ARCH_REQ_XCOMP_PERM): few_rows_amx_init() asks and returns 0 where granted.
  */
@@ -228,52 +228,29 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* tmm0, tmm1: C of the even and odd k chunks (16 outputs x mc rows, fp32); tmm2, tmm3: B of those
- * chunks (16 k-pairs x mc rows); tmm4, tmm5: A of those chunks (16 outputs x 32 k). Two chains, so
- * that one chunk's weight loads while the other's product runs. */
-static AMX_TARGET void amx_configure(int mc) {
+/* Rows go in passes of up to 32, two groups of up to 16 (g = 0, 1). tmm0 + g, tmm2 + g: C of group g
+ * for the even and the odd k chunks (16 outputs x mc_g rows, fp32); tmm4, tmm5: A of the even and
+ * odd chunk (16 outputs x 32 k); tmm6 + g: B of group g (16 k-pairs x mc_g rows). Each output of
+ * every row: (even-chunk sum + odd-chunk sum), whatever the group and the pass: batch-invariant. */
+static AMX_TARGET void amx_configure(int mc0, int mc1) {
     tile_config cfg = {0};
     cfg.palette = 1;
-    for (int t = 0; t < 4; t++) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)(mc * 4);
-    for (int t = 4; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    const int mc[2] = {mc0, mc1};
+    for (int g = 0; g < 2; g++)
+        if (mc[g]) {
+            cfg.rows[g] = cfg.rows[2 + g] = cfg.rows[6 + g] = 16;
+            cfg.colsb[g] = cfg.colsb[2 + g] = cfg.colsb[6 + g] = (uint16_t)(mc[g] * 4);
+        }
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 64;
     _tile_loadconfig(&cfg);
 }
 
-/* rows [m0, m0 + mc) (mc <= 16) against outputs [n0, n0 + 16): xp holds those rows' pairs per k
- * chunk. Each output: (even-chunk sum + odd-chunk sum), the scalar tail of K, the bias. While it
- * computes, it prefetches the next block's weight (one line of each of its 16 rows per chunk). */
-static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
-    const uint16_t *x, const uint16_t *xp, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int mc,
-    int64_t n0, int64_t N, int64_t K, int prefetch) {
-    const int64_t chunks = K / 32, k32 = chunks * 32;
-    const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
-    float c[2][16][16];
-    _tile_zero(0);
-    _tile_zero(1);
-    int64_t kc = 0;
-    for (; kc + 1 < chunks; kc += 2) {
-        if (prefetch)
-            for (int i = 0; i < 16; i++) {
-                _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
-                _mm_prefetch((const char *)(next + i * K + kc * 32 + 32), _MM_HINT_T0);
-            }
-        _tile_loadd(4, blk + kc * 32, K * 2);
-        _tile_loadd(2, xp + kc * 16 * mc * 2, mc * 4);
-        _tile_loadd(5, blk + kc * 32 + 32, K * 2);
-        _tile_loadd(3, xp + (kc + 1) * 16 * mc * 2, mc * 4);
-        _tile_dpbf16ps(0, 4, 2);
-        _tile_dpbf16ps(1, 5, 3);
-    }
-    if (kc < chunks) {
-        if (prefetch)
-            for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
-        _tile_loadd(4, blk + kc * 32, K * 2);
-        _tile_loadd(2, xp + kc * 16 * mc * 2, mc * 4);
-        _tile_dpbf16ps(0, 4, 2);
-    }
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    /* column m of the stored tiles is row m's 16 outputs: gathered, summed, rounded, stored at once */
+/* C of one group (even + odd sums, the scalar tail of K, the bias) -> y rows [m0, m0 + mc), outputs
+ * [n0, n0 + 16): column m of the stored tiles is row m's 16 outputs, gathered and rounded at once */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_store(
+    float c[2][16][16], const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int mc,
+    int64_t n0, int64_t N, int64_t K) {
+    const int64_t k32 = K / 32 * 32;
     const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
     __m512 bias = _mm512_setzero_ps();
@@ -292,6 +269,55 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     }
 }
 
+/* one k chunk of group G with A in tile TA: B of the chunk into TB, then the product into TC (tile
+ * numbers are literals: the intrinsics name the registers) */
+#define AMX_CHUNK(G, TB, TA, TC, kc)                                   \
+    do {                                                               \
+        _tile_loadd(TB, xp[G] + (kc) * 16 * mc[G] * 2, mc[G] * 4);     \
+        _tile_dpbf16ps(TC, TA, TB);                                    \
+    } while (0)
+
+/* one pass's rows (group 0: mc[0] <= 16 rows at xp[0], group 1: mc[1] <= 16 at xp[1], maybe 0)
+ * against outputs [n0, n0 + 16). While it computes, it prefetches the next block's weight (one line
+ * of each of its 16 rows per chunk). */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
+    const uint16_t *x, const uint16_t *const xp[2], const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0,
+    const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch) {
+    const int64_t chunks = K / 32;
+    const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
+    float c[2][2][16][16];
+    _tile_zero(0);
+    _tile_zero(2);
+    if (mc[1]) {
+        _tile_zero(1);
+        _tile_zero(3);
+    }
+    for (int64_t kc = 0; kc < chunks; kc += 2) {
+        const int odd = kc + 1 < chunks;
+        if (prefetch)
+            for (int i = 0; i < 16; i++) {
+                _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
+                if (odd) _mm_prefetch((const char *)(next + i * K + kc * 32 + 32), _MM_HINT_T0);
+            }
+        _tile_loadd(4, blk + kc * 32, K * 2);
+        if (odd) _tile_loadd(5, blk + kc * 32 + 32, K * 2);
+        AMX_CHUNK(0, 6, 4, 0, kc);
+        if (mc[1]) AMX_CHUNK(1, 7, 4, 1, kc);
+        if (odd) {
+            AMX_CHUNK(0, 6, 5, 2, kc + 1);
+            if (mc[1]) AMX_CHUNK(1, 7, 5, 3, kc + 1);
+        }
+    }
+    _tile_stored(0, c[0][0], 64);
+    _tile_stored(2, c[0][1], 64);
+    amx_store(c[0], x, w, b, y, m0, mc[0], n0, N, K);
+    if (mc[1]) {
+        _tile_stored(1, c[1][0], 64);
+        _tile_stored(3, c[1][1], 64);
+        amx_store(c[1], x, w, b, y, m0 + 16, mc[1], n0, N, K);
+    }
+}
+
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16; xp: scratch of M * K bf16 */
 AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
                                     int64_t N, int64_t K, int threads, uint16_t *xp) {
@@ -299,10 +325,10 @@ AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const 
         few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
         return;
     }
-    const int64_t chunks = K / 32, blocks = N / 16, passes = (M + 15) / 16;
-    /* xp[pass][kc][r][m][t] = x[pass * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc, rows of the pass */
-    for (int64_t pass = 0; pass < passes; pass++) {
-        const int64_t m0 = pass * 16, mc = M - m0 < 16 ? M - m0 : 16;
+    const int64_t chunks = K / 32, blocks = N / 16, groups = (M + 15) / 16, passes = (groups + 1) / 2;
+    /* xp[group][kc][r][m][t] = x[group * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc for a group's rows */
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t m0 = g * 16, mc = M - m0 < 16 ? M - m0 : 16;
         uint32_t *dst = (uint32_t *)(xp + m0 * K);
         for (int64_t m = 0; m < mc; m++) {
             const uint32_t *src = (const uint32_t *)(x + (m0 + m) * K); /* K even: a row's pairs */
@@ -312,16 +338,18 @@ AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const 
     }
 #pragma omp parallel num_threads(threads)
     {
-        int configured = -1;
+        int configured[2] = {-1, -1};
 #pragma omp for schedule(static)
         for (int64_t blk = 0; blk < blocks; blk++)
             for (int64_t pass = 0; pass < passes; pass++) {
-                const int64_t m0 = pass * 16;
-                const int mc = (int)(M - m0 < 16 ? M - m0 : 16);
-                if (mc != configured) amx_configure(mc), configured = mc;
-                amx_block(x, xp + m0 * K, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
+                const int64_t m0 = pass * 32;
+                const int mc[2] = {(int)(M - m0 < 16 ? M - m0 : 16), (int)(M - m0 <= 16 ? 0 : M - m0 < 32 ? M - m0 - 16 : 16)};
+                if (mc[0] != configured[0] || mc[1] != configured[1])
+                    amx_configure(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
+                const uint16_t *const groups_xp[2] = {xp + m0 * K, xp + (m0 + 16) * K};
+                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
             }
-        if (configured >= 0) _tile_release();
+        if (configured[0] >= 0) _tile_release();
     }
     for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
         few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
