@@ -133,3 +133,63 @@ def test_a_narrow_eagle_head_saves_and_loads_its_own_mlp_width(tmp_path):
     assert loaded.decoder.layers[0].mlp.gate_proj.out_features == 16
     torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
     assert EagleHead(target.config).decoder.layers[0].mlp.gate_proj.out_features == 48
+
+
+def test_lean_states_keep_the_hidden_states_transformers_outputs():
+    """lean_states(hidden_layer=i) is transformers' hidden_states[i]: 0 the inputs, i after i
+    layers, -1 the normed output."""
+    from mmspec.modeling.lean import lean_states
+
+    model = llama(layers=3)
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        want = model(inputs_embeds=x, output_hidden_states=True).hidden_states
+        for index in (0, 1, 2, 3, -1):
+            last, kept = lean_states(model, x, hidden_layer=index)
+            torch.testing.assert_close(kept, want[index], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(last, want[-1], rtol=1e-5, atol=1e-5)
+        assert lean_states(model, x)[1] is None
+        assert not torch.allclose(lean_states(model, x, hidden_layer=1)[1], want[2])  # negative control
+        with pytest.raises(IndexError):
+            lean_states(model, x, hidden_layer=4)
+
+
+@pytest.mark.parametrize("family", ["llama", "smolvlm", "llava"])
+def test_transformers_target_steps_run_lean_with_the_models_logits(family):
+    """A Llama-decoder target's steps, chains, trees and hidden states through the lean path equal
+    the model's own forward (target.lean = False), and greedy speculative decoding is unchanged."""
+    import mmspec
+    from tiny_models import make_tiny
+
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.tree import TokenTree
+
+    case = make_tiny(family)
+    target = TransformersTarget(case.model)
+    assert type(target.lean_decoder).__name__ == "LlamaModel"
+    tokens = torch.randint(3, 400, (1, 5), generator=torch.Generator().manual_seed(0))
+    tree = TokenTree(tokens=tokens[0, :4], parents=torch.tensor([-1, 0, 0, 1]))
+    results = []
+    for lean in (False, True):
+        target.lean = lean
+        with torch.inference_mode():
+            state, _ = target.prefill(case.inputs, hidden_layer=-1)
+            step = target.forward(state, tokens[:, :1], hidden_layer=-1)
+            chain = target.forward(state, tokens[:, 1:5], hidden_layer=1)
+            crop_cache(state.cache, state.cache.get_seq_length() - 4)  # the chain rejected
+            branch = target.forward(state, tokens[:, :4], tree=tree)
+        results.append([step.logits, step.hidden_states, chain.logits, chain.hidden_states, branch.logits])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    target.lean = True
+    ar = mmspec.generate(case.model, max_new_tokens=10, **case.inputs)
+    spec = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=10, **case.inputs)
+    assert torch.equal(spec.sequences, ar.sequences)
+
+
+def test_other_decoders_keep_the_models_forward():
+    from tiny_models import make_tiny
+
+    from mmspec.adapters.hf import TransformersTarget
+
+    assert TransformersTarget(make_tiny("gemma3").model).lean_decoder is None  # not a LlamaModel

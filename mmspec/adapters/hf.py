@@ -18,6 +18,7 @@ from ..core.batch import BatchState
 from ..core.cache import SequenceState, make_cache
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
+from ..modeling.lean import lean_states, lean_supported
 
 #: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
 #: rollback needs no multimodal position bookkeeping.
@@ -82,11 +83,20 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
 class TransformersTarget:
     """A transformers model behind the core's :class:`~mmspec.core.target.Target` interface.
 
+    Decoding steps and verifications (token ids after the prefill) of a model whose text decoder
+    is a transformers ``LlamaModel`` with a plain LM head (SmolLM2, the embedded captioner, SmolVLM,
+    LLaVA-1.5) run through :func:`~mmspec.modeling.lean.lean_states`: the model's own modules
+    without transformers' per-call work (the embedded captioner's step 42 -> 38 ms, bf16, one
+    core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
+    families take the model's forward. ``lean = False`` opts out.
+
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
     Raises:
         ValueError: for encoder-decoder models and unsupported multimodal families.
     """
+
+    lean = True
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config
@@ -110,6 +120,12 @@ class TransformersTarget:
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
+        try:
+            decoder = text_decoder(model) if self._plain_lm_head() else None
+        except ValueError:  # no decoder layers where mmspec looks: the model's own forward
+            decoder = None
+        #: the Llama decoder that steps run through lean_states, or None (the model's own forward)
+        self.lean_decoder = decoder if decoder is not None and lean_supported(decoder) else None
 
     def _plain_lm_head(self) -> bool:
         """True when the model's logits are its output embedding applied to the base model's last
@@ -234,6 +250,11 @@ class TransformersTarget:
         (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
+        decoder = self.lean_decoder if self.lean else None
+        if decoder is not None and lean_supported(decoder, attention_mask):
+            hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
+            head = self.model.get_output_embeddings()
+            return TargetOutput(self._project(head, hidden) if several else head(hidden), kept)
         out = (self.model.base_model if several else self.model)(
             input_ids=tokens,
             past_key_values=cache,

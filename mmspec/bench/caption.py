@@ -123,7 +123,7 @@ def run(args) -> int:
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize)
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
-                           linears=pipe.optimization.kernel if pipe.optimization else "as loaded")
+                           linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
     items = bench_items(families, args.per_family, args.tasks)
     if batch_sizes:

@@ -50,7 +50,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``model(inputs_embeds=embeds, ...).last_hidden_state`` for a model :func:`lean_supported` accepts.
+    """``model(inputs_embeds=embeds, ...).last_hidden_state`` for a model :func:`lean_supported`
+    accepts (:func:`lean_states` without a kept layer)."""
+    return lean_states(model, embeds, cache, position_ids, attention_mask)[0]
+
+
+def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, hidden_layer: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The normed last hidden states and, with ``hidden_layer``, transformers'
+    ``output_hidden_states=True`` entry of that index (0: the inputs, i: after i layers, -1 or the
+    layer count: the normed output).
 
     Args:
         model: a transformers ``LlamaModel``.
@@ -61,8 +71,10 @@ def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_id
         attention_mask: None (causal after the cache) or 4-D [B or 1, 1, n, cached + n], additive
             (0 / -inf) or boolean (True: attend).
 
+        hidden_layer: the hidden states to keep as well, or None.
+
     Returns:
-        The normed last hidden states [B, n, H].
+        (the normed last hidden states [B, n, H], the kept hidden states [B, n, H] or None).
     """
     batch, n, _ = embeds.shape
     cached = cache.get_seq_length() if cache is not None else 0
@@ -79,8 +91,12 @@ def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_id
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    x = embeds
-    for index, layer in enumerate(model.layers[: config.num_hidden_layers]):
+    layers = config.num_hidden_layers
+    keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
+    x, kept = embeds, None
+    for index, layer in enumerate(model.layers[:layers]):
+        if index == keep:
+            kept = x
         attn, mlp = layer.self_attn, layer.mlp
         h = layer.input_layernorm(x)
         q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
@@ -93,4 +109,5 @@ def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_id
         x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, n, heads * head_dim))
         h = layer.post_attention_layernorm(x)
         x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
-    return model.norm(x)
+    x = model.norm(x)
+    return x, x if keep == layers else kept
