@@ -299,3 +299,23 @@ def test_eagle_tree_nodes_are_what_the_head_gives_along_their_paths():
         torch.testing.assert_close(features[path[:-1]], feature[0, 0], atol=1e-5, rtol=1e-5)
         ranked = ranks(state, a + len(path), feature[0], 3)[0]
         assert int(tree.tokens[node]) == int(ranked[path[-1]]), path
+
+
+def test_alignment_rows_come_from_a_table_equal_to_frame_alignment():
+    """CodecLMSteps looks a step's alignment up in a per-utterance table: the same rows as
+    frame_alignment for every frame and past the last one, rebuilt for new durations."""
+    from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, CodecLMSteps, frame_alignment
+
+    steps_model = CodecLMSteps(CodecLM(CodecLMConfig(text_vocab=20, num_codebooks=1, codebook_size=8, dim=16, layers=1,
+                                                     heads=2, ffn=16, aligned=True)))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        count = int(torch.randint(1, 8, (), generator=gen))
+        phonemes = torch.randint(0, 20, (1, count), generator=gen)
+        durations = torch.randint(0, 4, (1, count), generator=gen)
+        durations[0, 0] += 1
+        index = torch.arange(0, int(durations.sum()) + 5)
+        want = frame_alignment(phonemes[0], durations[0], index, steps_model.model.separator)
+        conditioning = {"phoneme_ids": phonemes, "durations": durations}
+        assert torch.equal(steps_model.alignment_rows(conditioning, index), want)
+        assert torch.equal(steps_model.alignment_rows(conditioning, index.flip(0)), want.flip(0))  # the cached table

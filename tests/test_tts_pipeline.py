@@ -285,7 +285,7 @@ def test_linears_are_optimized_at_load_unless_opted_out(model_dir):
 
     fast = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
     out = fast("a red star.", max_seconds=0.3)
-    assert out.stats.config["linears"] in ("c", "transposed")
+    assert out.stats.config["linears"].split(" (")[0] in ("c", "transposed")  # with the variants, e.g. "c (bf16 amx)"
     draft = fast.components.draft_target().model  # loaded for spec, optimized as it loaded
     assert any(isinstance(m, FewRowLinear) for m in draft.modules())
     plain = mmspec.pipeline("text-to-speech", model=model_dir, method="spec", optimize=False)

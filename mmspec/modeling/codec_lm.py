@@ -299,6 +299,23 @@ class CodecLMSteps:
         self.pad_token_id = config.pad_code
         self.end_code = config.end_code
         self.input_names = ("phoneme_ids", "durations") if config.aligned else ("phoneme_ids",)
+        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(durations) -> (durations, alignment table)
+
+    def alignment_rows(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
+        """:func:`frame_alignment` rows of steps ``index`` [n] under ``conditioning``, looked up in a
+        table of every frame of the utterance built once per conditioning (a step past the last
+        frame has the row of the frame after it: end ids, zero timings)."""
+        durations = conditioning["durations"]
+        entry = self._tables.get(id(durations))
+        if entry is None or entry[0] is not durations:
+            if len(self._tables) >= 64:  # utterances decoded earlier
+                self._tables.clear()
+            frames = int(durations.sum())
+            table = frame_alignment(conditioning["phoneme_ids"][0], durations[0],
+                                    torch.arange(frames + 1, device=durations.device), self.model.separator)
+            entry = self._tables[id(durations)] = (durations, table)
+        table = entry[1]
+        return table[index.clamp(0, table.shape[0] - 1)]
 
     def new_cache(self):
         from ..core.cache import make_cache
@@ -335,8 +352,7 @@ class CodecLMSteps:
             torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device))
         alignment = None
         if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
-            alignment = torch.stack([frame_alignment(c["phoneme_ids"][0], c["durations"][0], i, self.model.separator)
-                                     for c, i in zip(conditionings, index)])
+            alignment = torch.stack([self.alignment_rows(c, i) for c, i in zip(conditionings, index)])
         return self.model.step_embeddings(steps, alignment), index
 
     def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
