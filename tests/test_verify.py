@@ -156,3 +156,23 @@ def test_rules_are_pure_functions_of_their_uniforms():
     a = speculative_verify(d, q, p, u, s)
     b = speculative_verify(d, q, p, u.clone(), s.clone())
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_exact_argmax_is_argmax_with_its_tie_breaking(dtype):
+    """exact_argmax (and greedy logits_to_probs) pick argmax's index: the first of tied maxima."""
+    from mmspec.core.sampling import SamplingConfig, logits_to_probs
+    from mmspec.core.verify import exact_argmax
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        logits = torch.randn(2, 5, 1031, generator=gen).to(dtype)
+        if trial % 2:  # tied maxima at random places
+            top = logits.amax(-1, keepdim=True)
+            logits.scatter_(-1, torch.randint(0, 1031, (2, 5, 3), generator=gen), top.expand(-1, -1, 3))
+        want = logits.float().argmax(-1)
+        assert torch.equal(exact_argmax(logits), want)
+        assert torch.equal(logits_to_probs(logits, SamplingConfig(do_sample=False)).argmax(-1), want)
+    tied = torch.zeros(1, 8, dtype=dtype)
+    tied[0, 3] = tied[0, 6] = 1
+    assert int(exact_argmax(tied)) == 3  # the first of the tie, not the last

@@ -63,10 +63,10 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token
 
 
 def exact_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim, computed in float32: the cast is exact for bf16 / fp16 (same
-    result, same tie-breaking), and on CPUs a float copy + argmax is ~10x faster than argmax over
-    bf16 (measured on a [12, 49152] bf16 tensor: 7.7 ms vs 0.65 ms)."""
-    return logits.float().argmax(dim=-1)
+    """argmax over the last dim (the first of tied maxima, as ``argmax``), through ``max``: on CPUs
+    ``argmax`` over bf16 is slow, and ``max`` needs no float copy (a [20, 49152] bf16 tensor, one
+    core: argmax 3.3 ms, float copy + argmax 1.6 ms, max 0.73 ms; tests/test_verify.py checks ties)."""
+    return logits.max(dim=-1).indices
 
 
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
