@@ -227,3 +227,21 @@ def test_throughput_table_feeds_auto_for_batches(tmp_path, tmp_path_factory, cap
     assert all(r.stats.config["drafter_choice"].startswith("auto for batch size 3: highest measured throughput at batch size 3")
                for r in results)
     assert results[0].stats.config["drafter"] == best3["drafter"]
+
+
+def test_bench_drafters_are_optimized_as_the_pipeline_optimizes_its_own(bench_run, tmp_path):
+    """The bench measures a drafter as `mmspec caption --drafter` runs it: its networks' linears
+    few-row when the pipeline's are, as loaded with --no-optimize."""
+    import mmspec
+    from mmspec.api import component_modules
+    from mmspec.bench.caption import drafter_for
+    from mmspec.modeling.fast_linear import FewRowLinear
+
+    checkpoint = bench_run[0][bench_run[0].index("--model") + 1]
+    draft = bench_run[0][bench_run[0].index("--methods") + 1].split("spd:")[1]
+    for optimize in (True, False):
+        pipe = mmspec.pipeline("image-captioning", model=checkpoint, dtype="fp32", optimize=optimize)
+        drafter = drafter_for(pipe, f"spd:{draft}")
+        modules = [m for module in component_modules(drafter) for m in module.modules()]
+        assert modules and any(isinstance(m, FewRowLinear) for m in modules) == optimize
+    assert drafter_for(pipe, "ar") is None

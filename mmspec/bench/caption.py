@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import generate
+from ..api import generate, optimize_components
 from ..hub import dtype_name
 from .results import add_device_args, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
@@ -68,9 +68,15 @@ def parse_method(method: str) -> tuple[str, int | None]:
 
 
 def drafter_for(pipe, method: str):
-    """A method name -> the drafter object the pipeline's generate call takes (None for ar)."""
+    """A method name -> the drafter object the pipeline's generate call takes (None for ar), its
+    networks optimized as the pipeline optimizes its own (``mmspec caption --drafter`` runs them so)."""
     spec, k = parse_method(method)
-    return None if spec == "ar" else pipe.resolve_drafter(spec, k)[0]
+    if spec == "ar":
+        return None
+    drafter = pipe.resolve_drafter(spec, k)[0]
+    if pipe.optimization is not None:
+        optimize_components(drafter)
+    return drafter
 
 
 def bench_items(families: list[str], per_family: int, tasks: str = "all") -> list[tuple[str, int, object, str]]:
