@@ -104,11 +104,10 @@ def load_kernel() -> ctypes.CDLL:
                 raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
             built.replace(path)
     library = ctypes.CDLL(str(path))
-    for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16):
+    for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16,
+                     library.few_rows_linear_amx):
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        function.restype = None
-    library.few_rows_linear_amx.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p]
-    library.few_rows_linear_amx.restype = None
+        function.restype = ctypes.c_int if function is library.few_rows_linear_amx else None
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
     _LIBRARY = library
     return library
@@ -160,30 +159,48 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     ``variant``: the kernel for the weight's dtype, one of :func:`fp32_variants` or
     :func:`bf16_variants` (default: its first; the kernels of a dtype sum in different orders, so
     one machine keeps to one)."""
+    function = _kernel_function(weight.dtype, variant)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype != weight.dtype or not rows.is_contiguous():
+        rows = rows.to(weight.dtype).contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and (bias.dtype != weight.dtype or not bias.is_contiguous()):
+        bias = bias.to(weight.dtype).contiguous()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=weight.dtype)
+    status = function(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                      rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+    if status:  # (the AMX kernel's scratch for the repacked rows)
+        raise MemoryError(f"the few-row kernel could not allocate {rows.numel() * 2} bytes of scratch")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+_FUNCTIONS: dict[tuple[torch.dtype, str | None], object] = {}
+
+
+def _kernel_function(dtype: torch.dtype, variant: str | None):
+    """The C entry point for weights of ``dtype`` and ``variant`` (resolved once per pair)."""
+    if variant is None:  # the default: the first of the dtype's variants (cached per process)
+        variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants() if dtype == torch.float32 else ()
+        variant = variants[0] if variants else None
+    function = _FUNCTIONS.get((dtype, variant))
+    if function is not None:
+        return function
     library = load_kernel()
-    if weight.dtype == torch.bfloat16:
+    if dtype == torch.bfloat16:
         variants, kind = bf16_variants(), "bf16"
         if not variants:
             raise KernelUnavailable("the bf16 few-row kernel needs a CPU with AVX512-BF16")
-    elif weight.dtype == torch.float32:
+    elif dtype == torch.float32:
         variants, kind = fp32_variants(), "fp32"
     else:
-        raise ValueError(f"the few-row kernel takes float32 or bfloat16 weights, got {weight.dtype}")
+        raise ValueError(f"the few-row kernel takes float32 or bfloat16 weights, got {dtype}")
     if variant not in (None, *variants):
         raise KernelUnavailable(f"the {kind} few-row kernel {variant!r} does not run here; this machine runs {variants}")
-    variant = variant or variants[0]
-    rows = x.reshape(-1, x.shape[-1]).to(weight.dtype).contiguous()
-    weight = weight.contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=weight.dtype)
-    args = (rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.to(weight.dtype).contiguous().data_ptr(),
-            out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
-    if variant == "amx":
-        scratch = torch.empty_like(rows)  # the rows repacked in pairs
-        library.few_rows_linear_amx(*args, scratch.data_ptr())
-    else:
-        {"avx512": library.few_rows_linear_avx512, "avx2": library.few_rows_linear,
-         "avx512bf16": library.few_rows_linear_bf16}[variant](*args)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    function = _FUNCTIONS[dtype, variant] = {
+        "avx2": library.few_rows_linear, "avx512": library.few_rows_linear_avx512,
+        "avx512bf16": library.few_rows_linear_bf16, "amx": library.few_rows_linear_amx}[variant]
+    return function
 
 
 def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:
@@ -211,17 +228,18 @@ class FewRowLinear(nn.Linear):
         self.dtypes = kernel_dtypes(kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
         rows = x.numel() // max(1, x.shape[-1])
-        few = (1 <= rows <= self.max_rows and x.dtype == self.weight.dtype and x.dtype in self.dtypes
-               and x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
+        few = (1 <= rows <= self.max_rows and x.dtype == weight.dtype and x.dtype in self.dtypes
+               and x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
         if not few:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, bias)
         if self.kernel == "c":
-            return few_rows_linear(x, self.weight, self.bias)
+            return few_rows_linear(x, weight, bias)
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.mm(self.weight, flat.T).T
-        if self.bias is not None:
-            out = out + self.bias
+        out = torch.mm(weight, flat.T).T
+        if bias is not None:
+            out = out + bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -210,10 +210,10 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARG
 
 #if defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11 /* no AMX intrinsics: the entry says so */
 int few_rows_amx_init(void) { return -1; }
-void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
-                         int64_t K, int threads, uint16_t *xp) {
-    (void)xp;
-    few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
+int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                        int64_t K, int threads) {
+    (void)x, (void)w, (void)b, (void)y, (void)M, (void)N, (void)K, (void)threads;
+    return -2; /* never called: few_rows_amx_init() said no */
 }
 #else
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
@@ -318,13 +318,31 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     }
 }
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16; xp: scratch of M * K bf16 */
-AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                                    int64_t N, int64_t K, int threads, uint16_t *xp) {
+#include <stdlib.h>
+
+/* The calling thread's scratch for the repacked rows, grown as needed and kept (no allocation per
+ * call); NULL where it cannot grow. */
+static uint16_t *amx_scratch(size_t count) {
+    static __thread uint16_t *buffer = NULL;
+    static __thread size_t capacity = 0;
+    if (count > capacity) {
+        uint16_t *grown = realloc(buffer, count * sizeof(uint16_t));
+        if (!grown) return NULL;
+        buffer = grown, capacity = count;
+    }
+    return buffer;
+}
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16. Returns 0, or -1 where the scratch
+ * cannot be allocated (nothing computed). */
+AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                   int64_t N, int64_t K, int threads) {
     if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
         few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
-        return;
+        return 0;
     }
+    uint16_t *xp = amx_scratch((size_t)(M * K));
+    if (!xp) return -1;
     const int64_t chunks = K / 32, blocks = N / 16, groups = (M + 15) / 16, passes = (groups + 1) / 2;
     /* xp[group][kc][r][m][t] = x[group * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc for a group's rows */
     for (int64_t g = 0; g < groups; g++) {
@@ -353,5 +371,6 @@ AMX_TARGET void few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const 
     }
     for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
         few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
+    return 0;
 }
 #endif
