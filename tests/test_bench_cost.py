@@ -60,4 +60,5 @@ def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
         assert set(saved["variants"][variant]["parts_ms"]["4"]) == set(PARTS)
     text = table.read_text()
     assert "**optimized**" in text and "optimized / plain: n=1" in text and "| 4 |" in text
+    assert saved["meta"]["lean"] and "counted in `other`" in text  # a Llama model steps through the lean forward
     torch.set_num_threads(2)  # the command set one thread

@@ -189,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     target, inputs, model = load_target(args.model, args.dtype, args.device)
     dtype = dtype_name(next(model.parameters()).dtype)
-    results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats,
+    lean = getattr(target, "lean", False) and getattr(target, "lean_decoder", None) is not None
+    results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats, "lean": lean,
                         "machine": machine_info(dtype, args.threads, args.device)}, "variants": {}}
     for variant in variants:  # plain first: optimize() changes the model in place
         if variant == "optimized":
@@ -214,6 +215,9 @@ def markdown_table(results: dict) -> str:
     m = meta["machine"]
     lines = [f"Verification cost curve of `{meta['model']}` ({m['dtype']}, {m['threads']} thread(s), {machine_line(m)}, "
              f"torch {m['torch']}; median of {meta['repeats']})"]
+    if meta.get("lean"):
+        lines.append("The steps run through the lean forward (mmspec.modeling.lean), which calls no attention module: "
+                     "the attention's arithmetic (RoPE, SDPA, the cache update) is counted in `other`.")
     for variant, record in results["variants"].items():
         ms = record["ms"]
         c1 = ms["1"]
