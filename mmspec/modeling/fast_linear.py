@@ -27,12 +27,13 @@ On a CPU with AVX512-BF16 the C kernel also serves bf16 linears (``vdpbf16ps``, 
 to bf16 once, batch-invariant too): oneDNN's bf16 path is flat in the row count but streams the
 weights at about half the speed. On a CPU with AMX-BF16 (Intel Sapphire Rapids and later) bf16
 linears take AMX tiles instead (``tdpbf16ps``: the weight as 16 x 32 tiles straight from its rows,
-the input rows repacked into pairs): flat up to 16 rows whether the weight streams from memory or
-sits in cache (one 1536 x 576 bf16 linear from DRAM, 1 thread: M=1 69 us, M=8 89 us, M=16 112 us,
-against 70 / 166 / 316 us for ``vdpbf16ps`` and ~180-215 us for ``F.linear``). Each bf16 kernel
-is batch-invariant on its own; their sums differ in order, so a process uses one for every call:
-the first of :func:`bf16_variants`, or the one named by ``MMSPEC_BF16_KERNEL`` (amx | avx512bf16). Other inputs (the prefill's many rows, training, fp16 weights,
-CUDA) take ``F.linear``. ``kernel="auto"`` takes
+the input rows repacked into pairs): within 1.3x of one row up to 16 rows when the weight streams
+from memory (one 1536 x 576 bf16 linear from DRAM, 1 thread, M = 1 / 8 / 16: 123 / 167 / 158 us,
+against 117 / 221 / 351 us for ``vdpbf16ps`` and 264 / 281 / 271 us for ``F.linear``;
+docs/results/few-rows-amx-bf16.json). Each bf16 kernel is batch-invariant on its own; their sums
+differ in order, so a process uses one for every call: the first of :func:`bf16_variants`, or the
+one named by ``MMSPEC_BF16_KERNEL`` (amx | avx512bf16). Other inputs (the prefill's many rows,
+training, fp16 weights, CUDA) take ``F.linear``. ``kernel="auto"`` takes
 ``"c"`` where it can be built and loaded (x86-64 with AVX2 and FMA, a C compiler), else
 ``"transposed"``, and :func:`optimize` returns which (:class:`OptimizeReport`; pipelines put it in
 their stats).
@@ -128,7 +129,7 @@ def bf16_variants() -> tuple[str, ...]:
     ``MMSPEC_BF16_KERNEL`` (one of :data:`BF16_VARIANTS`) puts that one first.
 
     Raises:
-        KernelUnavailable: ``MMSPEC_BF16_KERNEL`` names a kernel this machine does not run.
+        ValueError: ``MMSPEC_BF16_KERNEL`` names a kernel this machine does not run.
     """
     if not bf16_kernel_available():
         return ()
@@ -138,8 +139,8 @@ def bf16_variants() -> tuple[str, ...]:
     wanted = os.environ.get("MMSPEC_BF16_KERNEL", "")
     if wanted:
         if wanted not in variants:
-            raise KernelUnavailable(f"MMSPEC_BF16_KERNEL={wanted!r}: this machine runs the bf16 kernels {variants}; "
-                                    "name one of them or unset it")
+            raise ValueError(f"MMSPEC_BF16_KERNEL={wanted!r}: this machine runs the bf16 kernels {variants}; "
+                             "name one of them or unset it")
         variants = (wanted, *(v for v in variants if v != wanted))
     return variants
 
