@@ -86,8 +86,8 @@ class TransformersTarget:
     Decoding steps and verifications (token ids after the prefill) of a model whose text decoder
     is a transformers ``LlamaModel`` with a plain LM head (SmolLM2, the embedded captioner, SmolVLM,
     LLaVA-1.5) run through :func:`~mmspec.modeling.lean.lean_states`: the model's own modules
-    without transformers' per-call work (the embedded captioner's step 42 -> 38 ms, bf16, one
-    core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
+    without transformers' per-call work (the embedded captioner's plain decoding 39.2 -> 35.9 ms a
+    token, bf16, one core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
     families take the model's forward. ``lean = False`` opts out.
 
     Args:

@@ -15,8 +15,10 @@ with the keys and values appended to the model's cache (``cache.update``), so ro
 and tree compaction (:mod:`mmspec.core.cache`) work on it unchanged. It takes the masks mmspec's
 drafters and targets pass: none (causal after the cache) or a 4-D additive or boolean mask
 [B or 1, 1, n, cached + n]. :func:`lean_supported` says which models and masks it covers; the
-callers fall back to the transformers forward elsewhere (2-D padding masks, other families,
-sliding windows). Tests: tests/test_lean.py (equal to the transformers forward).
+callers (the codec LM, the EAGLE-family heads, and ``TransformersTarget``'s steps of a Llama
+decoder, through :func:`lean_states`, which also keeps the hidden states of any layer) fall back to
+the transformers forward elsewhere (2-D padding masks, other families, sliding windows). Tests:
+tests/test_lean.py (equal to the transformers forward).
 """
 
 from __future__ import annotations
@@ -70,7 +72,6 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         position_ids: [B or 1, n] (default: cached length + 0 .. n - 1).
         attention_mask: None (causal after the cache) or 4-D [B or 1, 1, n, cached + n], additive
             (0 / -inf) or boolean (True: attend).
-
         hidden_layer: the hidden states to keep as well, or None.
 
     Returns:
