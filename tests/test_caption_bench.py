@@ -245,3 +245,38 @@ def test_bench_drafters_are_optimized_as_the_pipeline_optimizes_its_own(bench_ru
         modules = [m for module in component_modules(drafter) for m in module.modules()]
         assert modules and any(isinstance(m, FewRowLinear) for m in modules) == optimize
     assert drafter_for(pipe, "ar") is None
+
+
+def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_path_factory):
+    """With a drafters file that measured a temperature > 0, drafter="auto" decodes greedy captions
+    with the fastest entry at temperature 0 and sampled ones with the fastest per token there; a
+    path in an entry (alone or as a spec's argument) is relative to the model directory."""
+    import shutil
+
+    import mmspec
+    from mmspec.bench.caption import file_spec
+    from mmspec.pipelines.captioning import choose_sampling_drafter
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(cached_tiny_checkpoint("smolvlm", tmp_path_factory), model_dir)
+    draft = save_tiny_draft(tmp_path / "draft", vocab_size=len(AutoTokenizer.from_pretrained(model_dir)))
+    assert file_spec(f"spd:{draft}", model_dir) == "spd:../draft" and file_spec("prompt-lookup", model_dir) == "prompt-lookup"
+    table = {"machine": {"dtype": "float32", "threads": 1}, "sampled_temperature": 1.0, "drafters": [
+        {"drafter": "prompt-lookup", "speedup": 2.0, "sampled_speedup_per_token": 0.9},
+        {"drafter": "spd:../draft", "speedup": 1.0, "sampled_speedup_per_token": 1.5}]}
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
+    assert choose_sampling_drafter(model_dir)[0] == "spd:../draft"
+    captioner = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
+    image = np.random.default_rng(0).integers(0, 256, (24, 24, 3), dtype=np.uint8)
+    greedy = captioner(image, max_new_tokens=4)
+    sampled = captioner(image, max_new_tokens=4, do_sample=True, seed=0, compare_baseline=True)
+    assert greedy.stats.config["drafter"] == "prompt-lookup"
+    assert sampled.stats.config["drafter"] == "spd:../draft"
+    assert sampled.stats.config["drafter_choice"].startswith("auto when sampling: highest measured speedup per token at temperature 1")
+    assert sampled.baseline_stats.config["drafter"] == "ar" and sampled.stats.speedup is not None
+    given = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="prompt-lookup")
+    assert given(image, max_new_tokens=4, do_sample=True, seed=0).stats.config["drafter"] == "prompt-lookup"  # a named drafter stays
+    del table["drafters"][1]["sampled_speedup_per_token"], table["drafters"][0]["sampled_speedup_per_token"]
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
+    assert choose_sampling_drafter(model_dir) is None  # nothing measured when sampling: the temperature-0 choice

@@ -125,3 +125,6 @@ def test_a_differing_half_precision_caption_is_explained():
     assert "--dtype fp32" in format_result("x.png", result, half_precision=True)
     result.identical_to_baseline = True
     assert "--dtype fp32" not in format_result("x.png", result, half_precision=True)
+    result.identical_to_baseline, stats.config["acceptance"] = False, "speculative"  # a sampled caption
+    text = format_result("x.png", result, half_precision=True)
+    assert "keeps plain decoding's distribution, not its random draws" in text and "--dtype fp32" not in text

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -203,7 +204,7 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
         spec, k = parse_method(method)
         if spec == "ar":
             continue
-        entry = {"drafter": spec, "speedup": round(summary["0"]["mean"][method]["S"], 3)}
+        entry = {"drafter": file_spec(spec, Path(model_dir)), "speedup": round(summary["0"]["mean"][method]["S"], 3)}
         if sampled is not None:
             entry["sampled_speedup_per_token"] = round(summary[sampled]["mean"][method]["S_token"], 3)
         if k is not None:
@@ -218,8 +219,21 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
         "drafters": entries,
     }
     path = Path(model_dir) / DRAFTERS_FILE
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    if isinstance(earlier, dict) and "batches" in earlier:  # the batch table, measured by its own run, is kept
+        table.update(batches=earlier["batches"], batches_measured=earlier.get("batches_measured"))
     path.write_text(json.dumps(table, indent=1) + "\n")
     return path
+
+
+def file_spec(spec: str, model_dir: Path) -> str:
+    """A drafter spec as the drafters file records it: a path (the spec itself, or its argument:
+    "eagle:models/smolcap-eagle-t1") relative to the model directory, which the pipeline resolves."""
+    name, _, arg = spec.partition(":")
+    for path, rebuild in ((spec, lambda rel: rel), (arg, lambda rel: f"{name}:{rel}")):
+        if path and Path(path).is_dir():
+            return rebuild(os.path.relpath(Path(path).resolve(), Path(model_dir).resolve()))
+    return spec
 
 
 def write_batch_table(model_dir: Path | None, summary: dict, methods: list[str], meta: dict) -> Path:

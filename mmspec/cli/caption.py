@@ -61,7 +61,9 @@ def format_result(path: str, result: CaptionOutput, half_precision: bool = False
         same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
         lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")
         lines.append(f"  output {same} plain decoding; speedup {result.stats.speedup:.2f}x")
-        if not result.identical_to_baseline and half_precision:
+        if not result.identical_to_baseline and result.stats.config.get("acceptance", "greedy") != "greedy":
+            lines.append("  (sampling: speculative sampling keeps plain decoding's distribution, not its random draws)")
+        elif not result.identical_to_baseline and half_precision:
             lines.append("  (half precision rounds a forward over several tokens differently from one-token forwards, "
                          "so near-ties can flip; --dtype fp32 gives token-identical output, see docs/usage.md)")
     return "\n".join(lines)

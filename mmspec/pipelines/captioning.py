@@ -18,6 +18,12 @@ processor's model inputs, decode with :func:`mmspec.generate`, detokenise. With
 2. Otherwise "prompt-lookup": training-free, never slower than a few percent, and captions often
    repeat words of the prompt and of themselves.
 
+When sampling (``do_sample=True``), a file that measured a temperature > 0 (entries with
+``"sampled_speedup_per_token"``) gives the entry fastest per token there instead (a head trained
+for sampling accepts more of the target's samples than the greedy-trained one); batches use the
+file's ``"batches"`` table (:func:`choose_batch_drafter`). A drafter path in the file, alone or as
+a spec's argument ("eagle:../smolcap-eagle-t1"), is relative to the model directory.
+
 The choice and why are recorded in ``pipeline.chosen_drafter`` / ``pipeline.drafter_reason`` and in
 every result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
 """
@@ -251,7 +257,7 @@ def describe_auto_table(model_dir: str | os.PathLike) -> str:
                  f"per token: {fastest['sampled_speedup_per_token']:.2f}x")
         if fastest is not best and best in sampled:
             text += f" (`{best['drafter']}` {best['sampled_speedup_per_token']:.2f}x)"
-        text += "; pass it by name when sampling."
+        text += "; auto uses it when sampling."
     sizes = sorted({e["batch_size"] for e in table.get("batches", []) if e["batch_size"] > 1})
     if sizes:
         picks = []
@@ -276,6 +282,25 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
     best = max(table["drafters"], key=lambda e: e["speedup"])
     return best, (f"auto: highest measured speedup ({best['speedup']:.2f}x on {describe_machine(table['machine'])}) "
                   f"in {DRAFTERS_FILE}")
+
+
+def choose_sampling_drafter(model_dir: str | os.PathLike | None) -> tuple[str, int | None, str] | None:
+    """drafter="auto" when sampling: the entry of the drafters file with the highest per-token
+    speedup at its sampled temperature (``"sampled_speedup_per_token"``).
+
+    Returns:
+        (spec, num_draft_tokens or None, reason), or None when the file measured no temperature > 0.
+    """
+    table = read_auto_table(model_dir) if model_dir is not None else None
+    sampled = [e for e in (table or {}).get("drafters", []) if isinstance(e.get("sampled_speedup_per_token"), (int, float))]
+    if not sampled:
+        return None
+    best = max(sampled, key=lambda e: e["sampled_speedup_per_token"])
+    temperature = table.get("sampled_temperature")
+    at = f"temperature {temperature:g}" if isinstance(temperature, (int, float)) else "its sampled temperature"
+    reason = (f"auto when sampling: highest measured speedup per token at {at} ({best['sampled_speedup_per_token']:.2f}x "
+              f"on {describe_machine(table['machine'])}) in {DRAFTERS_FILE}")
+    return best["drafter"], best.get("num_draft_tokens"), reason
 
 
 def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int) -> tuple[str, int | None, str] | None:
@@ -362,7 +387,7 @@ class ImageCaptioningPipeline:
         self.eos_token_ids = [t for t in eos if t is not None]
         self.auto = isinstance(drafter, str) and drafter == "auto"
         self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
-        self._batch_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per measured batch choice
+        self._auto_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per measured batch / sampling choice
         # a model the pipeline loaded (a loaded one passed in is the caller's: mmspec.optimize(model) does it)
         self.optimization = optimize_components(self.model, self.drafter) if optimize and not isinstance(model, nn.Module) else None
         self._warmed_up = False
@@ -401,12 +426,9 @@ class ImageCaptioningPipeline:
         reason = "given"
         if isinstance(drafter, str) and drafter == "auto":
             entry, reason = choose_auto_drafter(self.model_dir)
-            drafter = entry["drafter"]
+            drafter = self._table_spec(entry["drafter"])
             if num_draft_tokens is None:
                 num_draft_tokens = entry.get("num_draft_tokens")
-            relative = self.model_dir / drafter if self.model_dir is not None else None
-            if relative is not None and relative.is_dir():
-                drafter = str(relative)
         name = drafter.name if isinstance(drafter, Drafter) else str(drafter)
         if drafter in NO_DRAFTER:
             name = "ar"
@@ -418,21 +440,44 @@ class ImageCaptioningPipeline:
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
         return resolve_drafter(drafter, self.target, num_draft_tokens), name, reason
 
+    def _table_spec(self, spec: str) -> str:
+        """A drafters-file entry with its path (the entry itself, or a spec's argument) made
+        relative to the model directory, where that directory holds it."""
+        if self.model_dir is None:
+            return spec
+        if (self.model_dir / spec).is_dir():
+            return str(self.model_dir / spec)
+        name, _, arg = spec.partition(":")
+        if arg and is_drafter_spec(spec) and (self.model_dir / arg).is_dir():
+            return f"{name}:{self.model_dir / arg}"
+        return spec
+
+    def _auto_drafter(self, choice: tuple[str, int | None, str] | None) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) of a drafters-file choice (spec, K, reason), built once (and
+        optimized as the pipeline's own); the pipeline's own drafter when there is no choice."""
+        if choice is None:
+            return self.drafter, self.chosen_drafter, self.drafter_reason
+        spec, k, reason = choice
+        if (spec, k) not in self._auto_drafters:
+            resolved = self._table_spec(spec)
+            drafter, name, _ = self.resolve_drafter(resolved, k)
+            if self.optimization is not None:
+                optimize_components(drafter)
+            self._auto_drafters[spec, k] = drafter, name if resolved == spec else spec  # the file's name for a path
+        drafter, name = self._auto_drafters[spec, k]
+        return drafter, name, reason
+
     def batch_drafter(self, batch_size: int) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
         fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
         measured one."""
-        choice = choose_batch_drafter(self.model_dir, batch_size) if self.auto and batch_size > 1 else None
-        if choice is None:
-            return self.drafter, self.chosen_drafter, self.drafter_reason
-        spec, k, reason = choice
-        if (spec, k) not in self._batch_drafters:
-            drafter, name, _ = self.resolve_drafter(spec, k)
-            if self.optimization is not None:
-                optimize_components(drafter)
-            self._batch_drafters[spec, k] = drafter, name
-        drafter, name = self._batch_drafters[spec, k]
-        return drafter, name, reason
+        return self._auto_drafter(choose_batch_drafter(self.model_dir, batch_size) if self.auto and batch_size > 1 else None)
+
+    def sampling_drafter(self) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) for one sampled caption: the pipeline's own, or with
+        drafter="auto" the fastest per token at the drafters file's sampled temperature
+        (:func:`choose_sampling_drafter`) when it measured one."""
+        return self._auto_drafter(choose_sampling_drafter(self.model_dir) if self.auto else None)
 
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
@@ -549,15 +594,17 @@ class ImageCaptioningPipeline:
     def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict) -> CaptionOutput:
         inputs = self.preprocess(image, prompt)
         prompt_length = inputs["input_ids"].shape[1]
+        drafter, drafter_name, reason = self.sampling_drafter() if kwargs["do_sample"] else (
+            self.drafter, self.chosen_drafter, self.drafter_reason)
         if not compare_baseline:
-            out = generate(self.target, drafter=self.drafter, **kwargs, **inputs)
-            stats = self._annotate(out.stats, self.chosen_drafter, self.drafter_reason)
+            out = generate(self.target, drafter=drafter, **kwargs, **inputs)
+            stats = self._annotate(out.stats, drafter_name, reason)
             return CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats, prompt=prompt)
-        out, baseline = generate_with_baseline(self.target, self.drafter, inputs, warmup=not self._warmed_up, **kwargs)
+        out, baseline = generate_with_baseline(self.target, drafter, inputs, warmup=not self._warmed_up, **kwargs)
         self._warmed_up = True
         return CaptionOutput(
             text=self._decode(out.sequences, prompt_length),
-            stats=self._annotate(out.stats, self.chosen_drafter, self.drafter_reason),
+            stats=self._annotate(out.stats, drafter_name, reason),
             baseline_text=self._decode(baseline.sequences, prompt_length),
             baseline_stats=self._annotate(baseline.stats, "ar", "baseline"),
             identical_to_baseline=bool(torch.equal(out.sequences, baseline.sequences)),
