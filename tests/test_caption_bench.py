@@ -277,6 +277,10 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     assert sampled.baseline_stats.config["drafter"] == "ar" and sampled.stats.speedup is not None
     given = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="prompt-lookup")
     assert given(image, max_new_tokens=4, do_sample=True, seed=0).stats.config["drafter"] == "prompt-lookup"  # a named drafter stays
+    table["drafters"][0]["sampled_speedup_per_token"] = 2.5  # the temperature-0 pick is fastest when sampling too
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
+    same = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
+    assert same.sampling_drafter()[0] is same.drafter  # reused, not built a second time
     del table["drafters"][1]["sampled_speedup_per_token"], table["drafters"][0]["sampled_speedup_per_token"]
     (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
     assert choose_sampling_drafter(model_dir) is None  # nothing measured when sampling: the temperature-0 choice

@@ -119,14 +119,11 @@ def bf16_kernel_available() -> bool:
     return "avx512_bf16" in cpu_flags()
 
 
-BF16_VARIANTS = ("amx", "avx512bf16")
-
-
 @functools.cache
 def bf16_variants() -> tuple[str, ...]:
     """The bf16 kernels this process runs, the default first: "amx" (where the CPU has AMX-BF16
     and Linux grants the process the tile state), "avx512bf16"; () without AVX512-BF16.
-    ``MMSPEC_BF16_KERNEL`` (one of :data:`BF16_VARIANTS`) puts that one first.
+    ``MMSPEC_BF16_KERNEL`` (amx | avx512bf16) puts that one first.
 
     Raises:
         ValueError: ``MMSPEC_BF16_KERNEL`` names a kernel this machine does not run.

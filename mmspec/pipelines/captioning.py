@@ -386,8 +386,8 @@ class ImageCaptioningPipeline:
         eos = self.target.eos_token_ids or [self.tokenizer.eos_token_id]
         self.eos_token_ids = [t for t in eos if t is not None]
         self.auto = isinstance(drafter, str) and drafter == "auto"
+        self._auto_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per drafters-file choice (spec, K)
         self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
-        self._auto_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per measured batch / sampling choice
         # a model the pipeline loaded (a loaded one passed in is the caller's: mmspec.optimize(model) does it)
         self.optimization = optimize_components(self.model, self.drafter) if optimize and not isinstance(model, nn.Module) else None
         self._warmed_up = False
@@ -423,12 +423,13 @@ class ImageCaptioningPipeline:
 
     def resolve_drafter(self, drafter: Any, num_draft_tokens: int | None = None) -> tuple[Drafter | None, str, str]:
         """-> (the Drafter passed to generate, or None for plain AR; its name; how it was chosen)."""
-        reason = "given"
+        reason, auto_key = "given", None
         if isinstance(drafter, str) and drafter == "auto":
             entry, reason = choose_auto_drafter(self.model_dir)
             drafter = self._table_spec(entry["drafter"])
             if num_draft_tokens is None:
                 num_draft_tokens = entry.get("num_draft_tokens")
+            auto_key = entry["drafter"], num_draft_tokens
         name = drafter.name if isinstance(drafter, Drafter) else str(drafter)
         if drafter in NO_DRAFTER:
             name = "ar"
@@ -438,7 +439,10 @@ class ImageCaptioningPipeline:
             drafter = load_draft_model(path, self.model.device, self.model.dtype)
         elif isinstance(drafter, nn.Module):
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
-        return resolve_drafter(drafter, self.target, num_draft_tokens), name, reason
+        resolved = resolve_drafter(drafter, self.target, num_draft_tokens)
+        if auto_key is not None:  # a batch or sampling choice of the same entry reuses it (_auto_drafter)
+            self._auto_drafters[auto_key] = resolved, name
+        return resolved, name, reason
 
     def _table_spec(self, spec: str) -> str:
         """A drafters-file entry with its path (the entry itself, or a spec's argument) made

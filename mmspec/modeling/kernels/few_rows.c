@@ -201,10 +201,11 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARG
  * the tile unit, then the scalar tail of K, then the bias), then rounded to nearest-even bf16: a
  * row's result is bitwise the same alone or among others. The order differs from the AVX512-BF16
  * kernel's, so a machine uses one of the two for every call. Rows go in passes of 32 (two tiles of
- * 16); rows beyond 32 take another pass over the same weight block (then in L2). A block of fewer than 16 outputs at the end of W takes
- * the AVX512-BF16 block (fixed per output too). Linux grants a process the tile state on request
+ * 16); rows beyond 32 take another pass over the same weight block (then in L2). A block of fewer
+ * than 16 outputs at the end of W takes the AVX512-BF16 block (fixed per output too). Linux grants a process the tile state on request
  * (arch_prctl ARCH_REQ_XCOMP_PERM): few_rows_amx_init() asks and returns 0 where granted.
  */
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -317,8 +318,6 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
         amx_store(c[1], x, w, b, y, m0 + 16, mc[1], n0, N, K);
     }
 }
-
-#include <stdlib.h>
 
 /* The calling thread's scratch for the repacked rows, grown as needed and kept (no allocation per
  * call); NULL where it cannot grow. */
