@@ -34,7 +34,8 @@ def machine_line(machine: dict) -> str:
 
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
-    ("cpu" or the GPU's name), "threads", "dtype", "torch", "transformers"}."""
+    ("cpu" or the GPU's name), "threads", "dtype", "attention" (the decoding steps' attention:
+    "c", the batch-invariant kernel, or "sdpa"), "torch", "transformers"}."""
     import platform
 
     import torch
@@ -48,6 +49,9 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
         flags = [flag for flag in SPEED_FLAGS if flag in info.get("flags", "").split()]
     except OSError:
         pass
+    from ..modeling.attention import attention_backend
+
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
     return {"cpu": cpu, "cpu_flags": flags, "device": name, "threads": threads, "dtype": dtype,
+            "attention": "sdpa" if name != "cpu" else attention_backend(),
             "torch": torch.__version__, "transformers": transformers.__version__}

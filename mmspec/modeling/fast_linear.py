@@ -57,7 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 KERNELS = ("auto", "c", "transposed")
-SOURCE = Path(__file__).with_name("kernels") / "few_rows.c"
+#: the C sources of the kernel library: the few-row linears and the batch-invariant attention
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c"))
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _LIBRARY: ctypes.CDLL | None = None
 
@@ -94,13 +95,13 @@ def load_kernel() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise KernelUnavailable("the few-row C kernel needs a C compiler (gcc); install it, or use kernel='transposed'")
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / f"few_rows-{digest}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: atomic
             built = Path(tmp) / path.name
-            result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True, text=True)
             if result.returncode != 0:
                 raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
             built.replace(path)
@@ -110,6 +111,9 @@ def load_kernel() -> ctypes.CDLL:
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = ctypes.c_int if function is library.few_rows_linear_amx else None
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
+    for function in (library.few_rows_attention, library.few_rows_attention_avx512):
+        function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
+        function.restype = ctypes.c_int
     _LIBRARY = library
     return library
 

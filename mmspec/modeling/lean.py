@@ -12,7 +12,9 @@ the weights are the model's) through the Llama decoder's arithmetic with nothing
     x' = h + W_down (act(W_gate RMSNorm(h)) * W_up RMSNorm(h)),   output RMSNorm(x_L)
 
 with the keys and values appended to the model's cache (``cache.update``), so rollback, cropping
-and tree compaction (:mod:`mmspec.core.cache`) work on it unchanged. It takes the masks mmspec's
+and tree compaction (:mod:`mmspec.core.cache`) work on it unchanged, and Attn through
+:func:`mmspec.modeling.attention.attend` (on a CPU every query row alone: a verification's rows get
+bitwise the outputs of one-token steps). It takes the masks mmspec's
 drafters and targets pass: none (causal after the cache) or a 4-D additive or boolean mask
 [B or 1, 1, n, cached + n]. :func:`lean_supported` says which models and masks it covers; the
 callers (the codec LM, the EAGLE-family heads, and ``TransformersTarget``'s steps of a Llama
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from .attention import attend
 
 #: the attention implementations whose arithmetic the lean forward reproduces
 _ATTENTION = ("sdpa", "eager", None)
@@ -83,12 +86,6 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         position_ids = torch.arange(cached, cached + n, device=embeds.device)[None]
     cos, sin = model.rotary_emb(embeds, position_ids)
     cos, sin = cos[:, None], sin[:, None]
-    mask, causal = attention_mask, False
-    if mask is None and n > 1:
-        if cached:
-            mask = torch.ones(n, cached + n, dtype=torch.bool, device=embeds.device).tril(cached)
-        else:
-            causal = True
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -105,9 +102,8 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         v = attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, index)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=attn.scaling,
-                                           enable_gqa=kv_heads != heads)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, n, heads * head_dim))
+        o = attend(q, k, v, attention_mask, attn.scaling)  # [B, n, heads, head_dim]
+        x = x + attn.o_proj(o.reshape(batch, n, heads * head_dim))
         h = layer.post_attention_layernorm(x)
         x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
     x = model.norm(x)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attend
 from .persistence import DataclassModel
 
 CONFIG_FILE = "llamagen_config.json"
@@ -140,11 +141,8 @@ class Attention(nn.Module):
         v = v.view(b, n, c.kv_heads, c.head_dim).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        if c.kv_heads != c.n_head:
-            k = k.repeat_interleave(c.n_head // c.kv_heads, 1)
-            v = v.repeat_interleave(c.n_head // c.kv_heads, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1)
-        return self.wo(out.transpose(1, 2).reshape(b, n, c.dim))
+        out = attend(q, k, v, mask)  # [b, n, heads, head_dim]
+        return self.wo(out.reshape(b, n, c.dim))
 
 
 class FeedForward(nn.Module):

@@ -1,0 +1,229 @@
+/* Batch-invariant attention for the few-query steps of speculative decoding (fp32 or bf16).
+ *
+ * out[b, i, h] = sum_j softmax_j(scale q[b, h, i] . k[b, g(h), j]) v[b, g(h), j] over the keys j
+ * query i may see (g(h) = h / (H / Hkv): grouped-query attention).
+ *
+ * Why not SDPA: a verification forward must give each query row exactly what a one-token step
+ * gives it, or greedy speculative decoding stops being plain decoding. PyTorch's CPU attention
+ * blocks its work by the number of queries, so in bf16 a chain of n tokens gets logits up to 0.75
+ * away from n one-token steps (the embedded captioner). Here every query row is computed alone,
+ * by the same operations in the same order whatever the other rows, the mask layout or the number
+ * of threads:
+ *   1. the keys it may see, in increasing cache order (a tree node: the prefix, then its
+ *      ancestors; a one-token step: every cached key) are listed: its "compact" keys 0 .. m-1;
+ *   2. score_c = scale * (q . k_c): 16-lane products summed over d in chunks of 16, then the 16
+ *      lanes halved four times (the same network for every key);
+ *   3. e_c = exp(score_c - max) (a vector polynomial, the same result in every lane), summed in 16
+ *      lanes by compact index, the lanes halved as in 2;
+ *   4. out = (sum_c e_c v_c, in compact order) / sum, rounded once to the output dtype.
+ * A tree node whose ancestors sit at other cache slots than the same tokens would in a chain gets
+ * the same compact list, hence bitwise the same output. Written with GCC vector extensions and no
+ * fused multiply-adds (-ffp-contract=off), so the AVX-512 and AVX2 builds compute the same values.
+ */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC optimize("fp-contract=fast") /* a * b + c fused: the same in the AVX-512 and AVX2 (FMA) builds */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+typedef uint32_t u16x32 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+/* 16 floats from p (the first `count` of them; the rest 0) */
+static inline __attribute__((always_inline)) v16 load_f32(const float *p, int64_t count) {
+    v16 v = {0};
+    if (count >= 16) memcpy(&v, p, sizeof v);
+    else for (int64_t l = 0; l < count; l++) v[l] = p[l];
+    return v;
+}
+
+static inline __attribute__((always_inline)) v16 load_bf16(const uint16_t *p, int64_t count) {
+    u16x16 h = {0};
+    if (count >= 16) memcpy(&h, p, sizeof h);
+    else for (int64_t l = 0; l < count; l++) h[l] = p[l];
+    u16x32 w = __builtin_convertvector(h, u16x32) << 16;
+    v16 v;
+    memcpy(&v, &w, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) v16 load_row(const void *p, int64_t offset, int64_t count, int bf16) {
+    return bf16 ? load_bf16((const uint16_t *)p + offset, count) : load_f32((const float *)p + offset, count);
+}
+
+/* the 16 lanes summed: halves added four times (one network for every caller) */
+static inline __attribute__((always_inline)) float lane_sum(v16 v) {
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 a, b;
+    memcpy(&a, &v, 32), memcpy(&b, (char *)&v + 32, 32);
+    v8 s8 = a + b;
+    v4 c, d;
+    memcpy(&c, &s8, 16), memcpy(&d, (char *)&s8 + 16, 16);
+    v4 s4 = c + d;
+    float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+    return s2a + s2b;
+}
+
+/* e^x for x <= 0 (lanes below -87.3 give 0): Cephes' expf, n = round(x / ln 2), r = x - n ln 2,
+ * a degree-6 polynomial; the same operations in every lane */
+static inline __attribute__((always_inline)) v16 vexp(v16 x) {
+    const i16 under = x < -87.3f; /* lanes of -1 where x < -87.3 */
+    i16 xb;
+    memcpy(&xb, &x, sizeof xb);
+    const v16 floor_value = (v16){0} - 87.3f;
+    i16 fb;
+    memcpy(&fb, &floor_value, sizeof fb);
+    xb = (xb & ~under) | (fb & under);
+    v16 xc;
+    memcpy(&xc, &xb, sizeof xc);
+    v16 fx = xc * 1.44269504088896341f - 0.5f; /* x <= 0: round to nearest = truncate(x / ln2 - 0.5) */
+    i16 n = __builtin_convertvector(fx, i16);
+    v16 nf = __builtin_convertvector(n, v16);
+    v16 r = xc - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    v16 y = p * (r * r) + r + 1.0f;
+    i16 bits = (n + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    y = y * scale;
+    i16 yb;
+    memcpy(&yb, &y, sizeof yb);
+    yb = yb & ~under;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+static inline __attribute__((always_inline)) uint16_t to_bf16(float f) {
+    union { float f; uint32_t u; } c = {.f = f};
+    if ((c.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((c.u >> 16) | 0x40);
+    return (uint16_t)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
+}
+
+/* The rows of one batch entry b and one key-value head g: the `group` query heads that share it
+ * times the n queries, R rows (r = head_in_group * n + i). Each key and value is converted once
+ * and used by every row that may see it, in increasing key order, so each row's arithmetic is the
+ * one-row arithmetic of the module comment. Scratch: scores [R, L + 16], top / total / count [R],
+ * q [R, chunks] and acc [R, chunks] vectors. */
+static inline __attribute__((always_inline)) void attend_group(
+    const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t b, int64_t g, int64_t group,
+    int64_t H, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h,
+    int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16, float *scores, float *top, float *total,
+    int64_t *count, v16 *qv, v16 *acc) {
+    const int64_t R = group * n, chunks = (d + 15) / 16, stride = L + 16, width = bf16 ? 2 : 4;
+    const char *kb = (const char *)k + (b * ks_b + g * ks_h) * width, *vb = (const char *)v + (b * ks_b + g * ks_h) * width;
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = g * group + r / n, i = r % n;
+        const char *qr = (const char *)q + (b * qs_b + h * qs_h + i * qs_n) * width;
+        for (int64_t t = 0; t < chunks; t++) qv[r * chunks + t] = load_row(qr, t * 16, d - t * 16, bf16);
+        top[r] = -3.0e38f, count[r] = 0;
+    }
+    const uint8_t *mrow = mask ? mask + b * ms_b : NULL;
+    v16 kv[16]; /* d <= 256 */
+    for (int64_t j = 0; j < L; j++) { /* scores, compact per row */
+        for (int64_t t = 0; t < chunks; t++) kv[t] = load_row(kb + j * ks_l * width, t * 16, d - t * 16, bf16);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t i = r % n;
+            if (mrow ? !mrow[i * ms_n + j] : j > L - n + i) continue;
+            const v16 *qr = qv + r * chunks;
+            v16 s = qr[0] * kv[0];
+            for (int64_t t = 1; t < chunks; t++) s = s + qr[t] * kv[t];
+            const float score = lane_sum(s) * scale;
+            scores[r * stride + count[r]++] = score;
+            top[r] = score > top[r] ? score : top[r];
+        }
+    }
+    for (int64_t r = 0; r < R; r++) { /* e = exp(score - top), summed in 16 lanes by compact index */
+        float *row = scores + r * stride;
+        const int64_t padded = (count[r] + 15) & ~(int64_t)15;
+        for (int64_t c = count[r]; c < padded; c++) row[c] = -1.0e30f;
+        v16 sum = {0};
+        for (int64_t c = 0; c < padded; c += 16) {
+            v16 e = vexp(load_f32(row + c, 16) - top[r]);
+            sum = sum + e;
+            memcpy(row + c, &e, sizeof e);
+        }
+        total[r] = lane_sum(sum);
+        count[r] = 0;
+        for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = (v16){0};
+    }
+    for (int64_t j = 0; j < L; j++) { /* sum_c e_c v_c in compact order */
+        for (int64_t t = 0; t < chunks; t++) kv[t] = load_row(vb + j * ks_l * width, t * 16, d - t * 16, bf16);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t i = r % n;
+            if (mrow ? !mrow[i * ms_n + j] : j > L - n + i) continue;
+            const float e = scores[r * stride + count[r]++];
+            v16 *a = acc + r * chunks;
+            for (int64_t t = 0; t < chunks; t++) a[t] = a[t] + e * kv[t];
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = g * group + r / n, i = r % n;
+        char *o = (char *)out + (((b * n + i) * H + h) * d) * width;
+        for (int64_t t = 0; t < chunks; t++) {
+            const v16 value = count[r] ? acc[r * chunks + t] / total[r] : (v16){0}; /* no key: zeros (SDPA: NaN) */
+            const int64_t lanes = d - t * 16 < 16 ? d - t * 16 : 16;
+            if (bf16)
+                for (int64_t l = 0; l < lanes; l++) ((uint16_t *)o)[t * 16 + l] = to_bf16(value[l]);
+            else
+                for (int64_t l = 0; l < lanes; l++) ((float *)o)[t * 16 + l] = value[l];
+        }
+    }
+}
+
+/* q [B, H, n, d], k / v [B, Hkv, L, d] (element strides given; the last dimension contiguous),
+ * mask [B or 1, n, L] bytes (1: attend; stride ms_b = 0 broadcasts) or NULL: query i sees keys
+ * j <= L - n + i (a chain after the cache); out [B, n, H, d] contiguous. fp32 or bf16 (`bf16`).
+ * One thread: the rows are few. Returns 0, -1 where d > 256 or the scratch cannot be allocated. */
+static inline __attribute__((always_inline)) int attention_body(
+    const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H, int64_t Hkv,
+    int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l,
+    int64_t ms_b, int64_t ms_n, float scale, int bf16) {
+    if (d > 256 || d < 1 || Hkv < 1 || H % Hkv) return -1;
+    const int64_t group = H / Hkv, R = group * n, chunks = (d + 15) / 16;
+    float *scores = malloc((size_t)(R * (L + 16) + 2 * R) * sizeof(float));
+    int64_t *count = malloc((size_t)R * sizeof(int64_t));
+    v16 *vectors = aligned_alloc(64, (size_t)(2 * R * chunks) * sizeof(v16));
+    if (!scores || !count || !vectors) {
+        free(scores), free(count), free(vectors);
+        return -1;
+    }
+    /* the common head sizes compiled with d constant (unrolled, the key in registers); the same arithmetic */
+#define GROUPS(D, BF16)                                                                                                \
+    for (int64_t b = 0; b < B; b++)                                                                                    \
+        for (int64_t g = 0; g < Hkv; g++)                                                                              \
+            attend_group(q, k, v, mask, out, b, g, group, H, n, L, D, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n,   \
+                         scale, BF16, scores, scores + R * (L + 16), scores + R * (L + 16) + R, count, vectors,         \
+                         vectors + R * chunks)
+    if (d == 64 && bf16) GROUPS(64, 1);
+    else if (d == 64) GROUPS(64, 0);
+    else if (d == 128 && bf16) GROUPS(128, 1);
+    else if (d == 128) GROUPS(128, 0);
+    else GROUPS(d, bf16);
+#undef GROUPS
+    free(scores), free(count), free(vectors);
+    return 0;
+}
+
+__attribute__((target("avx512f"))) int few_rows_attention_avx512(
+    const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H, int64_t Hkv,
+    int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l,
+    int64_t ms_b, int64_t ms_n, float scale, int bf16) {
+    return attention_body(q, k, v, mask, out, B, H, Hkv, n, L, d, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n, scale,
+                          bf16);
+}
+
+int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
+                       int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
+                       int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16) {
+    return attention_body(q, k, v, mask, out, B, H, Hkv, n, L, d, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n, scale,
+                          bf16);
+}
