@@ -35,7 +35,8 @@ def machine_line(machine: dict) -> str:
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
     ("cpu" or the GPU's name), "threads", "dtype", "attention" (the decoding steps' attention:
-    "c", the batch-invariant kernel, or "sdpa"), "torch", "transformers"}."""
+    "c", the batch-invariant kernel, or "sdpa"), "layers" (decoder layers of few-row steps: "fused",
+    one C call each, or "modules"), "torch", "transformers"}."""
     import platform
 
     import torch
@@ -50,8 +51,10 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     except OSError:
         pass
     from ..modeling.attention import attention_backend
+    from ..modeling.fused import fused_enabled
 
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
     return {"cpu": cpu, "cpu_flags": flags, "device": name, "threads": threads, "dtype": dtype,
             "attention": "sdpa" if name != "cpu" else attention_backend(),
+            "layers": "fused" if name == "cpu" and fused_enabled() else "modules",
             "torch": torch.__version__, "transformers": transformers.__version__}

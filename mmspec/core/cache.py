@@ -77,6 +77,22 @@ class PreallocatedLayer(DynamicLayer):
         if self._key_buffer is not None:
             self._refresh_views()
 
+    def open_slots(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, count: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Reserve ``count`` positions after the cached ones for a writer that fills the buffers in
+        place (the fused layer kernel, :mod:`mmspec.modeling.fused`): -> (key buffer, value buffer
+        [B, heads, capacity, head_dim], the first new position). :meth:`close_slots` commits them."""
+        like = torch.empty(batch, heads, 0, head_dim, dtype=dtype)
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        self._reserve(like, like, self._length + count)
+        return self._key_buffer, self._value_buffer, self._length
+
+    def close_slots(self, count: int) -> None:
+        """The ``count`` positions :meth:`open_slots` reserved now hold keys and values."""
+        self._length += count
+        self._refresh_views()
+
     @classmethod
     def from_tensors(cls, keys: torch.Tensor, values: torch.Tensor) -> "PreallocatedLayer":
         """A layer holding ``keys`` / ``values`` [B, H, length, D] (copied into its buffers)."""

@@ -52,7 +52,7 @@ def attention_backend() -> str:
     return "c"
 
 
-def _kernel_mask(mask: torch.Tensor, batch: int, n: int, length: int) -> torch.Tensor | None:
+def kernel_mask(mask: torch.Tensor, batch: int, n: int, length: int) -> torch.Tensor | None:
     """A 2-D [n, L] or 4-D [B or 1, 1, n, L] mask, boolean (True: attend) or additive (0 / -inf)
     -> contiguous bool [B or 1, n, L]; None where its shape does not fit."""
     if mask.dim() == 2:
@@ -90,9 +90,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     length = k.shape[2]
     scale = dim**-0.5 if scale is None else float(scale)
     if _uses_kernel(q, k, v):
-        kernel_mask = None if mask is None else _kernel_mask(mask, batch, n, length)
-        if mask is None or kernel_mask is not None:
-            return few_rows_attention(q, k, v, kernel_mask, scale)
+        kernel_mask_ = None if mask is None else kernel_mask(mask, batch, n, length)
+        if mask is None or kernel_mask_ is not None:
+            return few_rows_attention(q, k, v, kernel_mask_, scale)
     causal = False
     if mask is None and n > 1:
         if length > n:

@@ -58,7 +58,9 @@ from torch import nn
 
 KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library: the few-row linears and the batch-invariant attention
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c"))
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c", "layer.c"))
+#: the headers they include (part of the build's digest)
+HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16.h",))
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _LIBRARY: ctypes.CDLL | None = None
 
@@ -95,7 +97,7 @@ def load_kernel() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise KernelUnavailable("the few-row C kernel needs a C compiler (gcc); install it, or use kernel='transposed'")
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / f"few_rows-{digest}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

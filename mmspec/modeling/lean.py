@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import attend
+from .attention import attend, kernel_mask
+from .fused import fused_layer, fused_plans
 
 #: the attention implementations whose arithmetic the lean forward reproduces
 _ATTENTION = ("sdpa", "eager", None)
@@ -91,6 +92,17 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = config.num_hidden_layers
     keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
+    plans = fused_plans(model.layers[:layers], cache, batch * n, embeds.dtype, embeds.device)
+    mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
+    if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
+        x, kept, rows = embeds.reshape(batch * n, -1).clone(), None, cos.shape[0] > 1
+        cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()
+        for index, plan in enumerate(plans):
+            if index == keep:
+                kept = x.view(batch, n, -1).clone()
+            fused_layer(plan, x, batch, n, cos, sin, n * head_dim if rows else 0, cache.layers[index], mask)
+        x = model.norm(x.view(batch, n, -1))
+        return x, x if keep == layers else kept
     x, kept = embeds, None
     for index, layer in enumerate(model.layers[:layers]):
         if index == keep:
@@ -108,3 +120,4 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
     x = model.norm(x)
     return x, x if keep == layers else kept
+

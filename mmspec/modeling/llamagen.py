@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend
+from .attention import attend, kernel_mask
+from .fused import fused_layer, fused_plans
 from .persistence import DataclassModel
 
 CONFIG_FILE = "llamagen_config.json"
@@ -256,8 +257,18 @@ class LlamaGenModel(DataclassModel, nn.Module):
         rope = self.rope[positions]
         if attention_mask is None:  # built once here for every layer
             attention_mask = chain_mask_after_cache(x.shape[1], start, x.device)
-        for layer in self.layers:
-            x = layer(x, rope, past_key_values, attention_mask)
+        batch, n, _ = x.shape
+        plans = fused_plans(self.layers, past_key_values, batch * n, x.dtype, x.device)
+        mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, start + n)
+        if plans is not None and (attention_mask is None or mask is not None):  # whole layers in C
+            flat, table = x.reshape(batch * n, -1).clone(), rope.float().contiguous()
+            stride = n * self.config.head_dim if table.dim() == 4 else 0
+            for plan, layer_cache in zip(plans, past_key_values.layers):
+                fused_layer(plan, flat, batch, n, table, None, stride, layer_cache, mask)
+            x = flat.view(batch, n, -1)
+        else:
+            for layer in self.layers:
+                x = layer(x, rope, past_key_values, attention_mask)
         x = self.norm(x)
         return LlamaGenOutput(self.output(x).float(), x if output_hidden_states else None)
 

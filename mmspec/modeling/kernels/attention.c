@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 typedef uint32_t u16x32 __attribute__((vector_size(64)));
@@ -67,6 +69,27 @@ static inline __attribute__((always_inline)) float lane_sum(v16 v) {
     return s2a + s2b;
 }
 
+/* lane_sum of 16 vectors at once: out[l] = lane_sum(a[l]) for a given in the slot order PERM
+ * (a[k] holds key PERM[k]; PERM is its own inverse). Each key's lanes are added by the same four
+ * halvings as lane_sum, in the same order, so a key's sum does not depend on its slot. */
+static const int PERM[16] = {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15};
+
+static inline __attribute__((always_inline)) v16 lane_sums(const v16 *a) {
+    const i16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const i16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const i16 lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const i16 hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    const i16 lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const i16 hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    const i16 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const i16 odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16 b[8], c[4], d[2];
+    for (int p = 0; p < 8; p++) b[p] = __builtin_shuffle(a[2 * p], a[2 * p + 1], lo8) + __builtin_shuffle(a[2 * p], a[2 * p + 1], hi8);
+    for (int p = 0; p < 4; p++) c[p] = __builtin_shuffle(b[2 * p], b[2 * p + 1], lo4) + __builtin_shuffle(b[2 * p], b[2 * p + 1], hi4);
+    for (int p = 0; p < 2; p++) d[p] = __builtin_shuffle(c[2 * p], c[2 * p + 1], lo2) + __builtin_shuffle(c[2 * p], c[2 * p + 1], hi2);
+    return __builtin_shuffle(d[0], d[1], even) + __builtin_shuffle(d[0], d[1], odd);
+}
+
 /* e^x for x <= 0 (lanes below -87.3 give 0): Cephes' expf, n = round(x / ln 2), r = x - n ln 2,
  * a degree-6 polynomial; the same operations in every lane */
 static inline __attribute__((always_inline)) v16 vexp(v16 x) {
@@ -102,11 +125,6 @@ static inline __attribute__((always_inline)) v16 vexp(v16 x) {
     return y;
 }
 
-static inline __attribute__((always_inline)) uint16_t to_bf16(float f) {
-    union { float f; uint32_t u; } c = {.f = f};
-    if ((c.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((c.u >> 16) | 0x40);
-    return (uint16_t)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
-}
 
 /* The rows of one batch entry b and one key-value head g: the `group` query heads that share it
  * times the n queries, R rows (r = head_in_group * n + i). Each key and value is converted once
@@ -127,18 +145,32 @@ static inline __attribute__((always_inline)) void attend_group(
         top[r] = -3.0e38f, count[r] = 0;
     }
     const uint8_t *mrow = mask ? mask + b * ms_b : NULL;
-    v16 kv[16]; /* d <= 256 */
-    for (int64_t j = 0; j < L; j++) { /* scores, compact per row */
-        for (int64_t t = 0; t < chunks; t++) kv[t] = load_row(kb + j * ks_l * width, t * 16, d - t * 16, bf16);
+    v16 kv[16], block[16 * 16]; /* d <= 256; 16 keys' chunks */
+    for (int64_t j0 = 0; j0 < L; j0 += 16) { /* scores of 16 keys at a time, compact per row */
+        const int64_t keys = L - j0 < 16 ? L - j0 : 16;
+        for (int64_t slot = 0; slot < 16; slot++)
+            for (int64_t t = 0; t < chunks; t++)
+                block[slot * chunks + t] = PERM[slot] < keys
+                    ? load_row(kb + (j0 + PERM[slot]) * ks_l * width, t * 16, d - t * 16, bf16) : (v16){0};
         for (int64_t r = 0; r < R; r++) {
-            const int64_t i = r % n;
-            if (mrow ? !mrow[i * ms_n + j] : j > L - n + i) continue;
+            const int64_t i = r % n, last = mrow ? L : L - n + i; /* keys beyond `last` are masked */
+            if (!mrow && j0 > last) continue;
             const v16 *qr = qv + r * chunks;
-            v16 s = qr[0] * kv[0];
-            for (int64_t t = 1; t < chunks; t++) s = s + qr[t] * kv[t];
-            const float score = lane_sum(s) * scale;
-            scores[r * stride + count[r]++] = score;
-            top[r] = score > top[r] ? score : top[r];
+            v16 dots[16];
+            for (int64_t slot = 0; slot < 16; slot++) {
+                const v16 *kr = block + slot * chunks;
+                v16 s = qr[0] * kr[0];
+                for (int64_t t = 1; t < chunks; t++) s = s + qr[t] * kr[t];
+                dots[slot] = s;
+            }
+            const v16 sums = lane_sums(dots) * scale;
+            for (int64_t jj = 0; jj < keys; jj++) {
+                const int64_t j = j0 + jj;
+                if (mrow ? !mrow[i * ms_n + j] : j > last) continue;
+                const float score = sums[jj];
+                scores[r * stride + count[r]++] = score;
+                top[r] = score > top[r] ? score : top[r];
+            }
         }
     }
     for (int64_t r = 0; r < R; r++) { /* e = exp(score - top), summed in 16 lanes by compact index */
@@ -172,7 +204,7 @@ static inline __attribute__((always_inline)) void attend_group(
             const v16 value = count[r] ? acc[r * chunks + t] / total[r] : (v16){0}; /* no key: zeros (SDPA: NaN) */
             const int64_t lanes = d - t * 16 < 16 ? d - t * 16 : 16;
             if (bf16)
-                for (int64_t l = 0; l < lanes; l++) ((uint16_t *)o)[t * 16 + l] = to_bf16(value[l]);
+                for (int64_t l = 0; l < lanes; l++) ((uint16_t *)o)[t * 16 + l] = float_to_bf16(value[l]);
             else
                 for (int64_t l = 0; l < lanes; l++) ((float *)o)[t * 16 + l] = value[l];
         }

@@ -14,6 +14,8 @@
  * exactly the logits a one-token step would.
  */
 #include <immintrin.h>
+
+#include "bf16.h"
 #include <stdint.h>
 
 static inline float hsum(__m256 v) {
@@ -148,16 +150,6 @@ ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, AVX512_TAR
 #define BF_NB 4 /* 16 accumulators + 4 weights + 1 input of the 32 zmm registers */
 #define BF16_TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 
-static inline float bf16_to_float(uint16_t v) {
-    union { uint32_t u; float f; } c = {.u = (uint32_t)v << 16};
-    return c.f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    union { float f; uint32_t u; } c = {.f = f};
-    if ((c.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((c.u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
-}
 
 static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
     const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t n0,

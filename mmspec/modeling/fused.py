@@ -1,0 +1,213 @@
+"""Whole decoder layers in one C call (``kernels/layer.c``) for the decoding steps of small models.
+
+A decoding step of the embedded voices or text-to-image generator (width 256, six layers) is not
+arithmetic: each layer is ~25 PyTorch calls (norms, seven projections, rotary embedding, cache
+update, attention, activation, residuals) of 10-40 us each, ~370 us a layer on one core, of which
+the arithmetic is a few percent. :func:`fused_layer` runs a layer whose projections are few-row
+linears (:func:`mmspec.optimize`, kernel "c") in one call of the same library, with the same
+batch-invariant pieces (the few-row kernels, :mod:`mmspec.modeling.attention`), so verifications
+still get exactly the outputs of one-token steps:
+
+    h = x + W_o Attn(RoPE(W_q N1(x)), RoPE(W_k N1(x)), W_v N1(x))
+    x' = h + W_down (SiLU(W_gate N2(h)) * W_up N2(h))
+
+in the model's dtype with PyTorch's roundings (fp32 norm statistics; bf16 after each product, sum and
+activation). Two layouts: transformers' ``LlamaDecoderLayer`` (rotate-half rotary embedding, the
+lean forward of :mod:`mmspec.modeling.lean`) and mmspec's LlamaGen ``TransformerBlock`` (fused
+``wqkv``, consecutive-pair rotary table). :func:`layer_plan` says whether a layer qualifies (CPU,
+fp32 or bf16, its seven projections few-row linears of one dtype, SiLU, no MLP bias); the callers
+fall back to their PyTorch path otherwise, and for more rows than the few-row linears take (the
+same boundary as before: those go to ``F.linear``). ``MMSPEC_FUSED=0`` turns it off per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..core.cache import PreallocatedLayer
+from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, fp32_variants, load_kernel
+
+_LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3}
+
+
+class LayerSpec(ctypes.Structure):
+    """The C ``LayerSpec`` (kernels/layer.c): what does not change from call to call."""
+
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("norm1", "norm2", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo",
+                                                      "wg", "wu", "wd")]
+                + [(name, ctypes.c_int64) for name in ("D", "H", "Hkv", "hd", "I")]
+                + [(name, ctypes.c_float) for name in ("eps1", "eps2", "scale")]
+                + [(name, ctypes.c_int) for name in ("rope", "bf16", "linear", "wide")])
+
+
+@functools.cache
+def _function():
+    library = load_kernel()
+    function = library.lean_layer
+    function.argtypes = ([ctypes.POINTER(LayerSpec), ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                          ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                         + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int])
+    function.restype = ctypes.c_int
+    return function
+
+
+@functools.cache
+def fused_enabled() -> bool:
+    """``MMSPEC_FUSED`` unset or 1: on (where the kernels build); 0: off.
+
+    Raises:
+        ValueError: another value.
+    """
+    value = os.environ.get("MMSPEC_FUSED", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"MMSPEC_FUSED={value!r}: set 1 (fused layers, the default) or 0 (PyTorch's modules)")
+    if value == "0":
+        return False
+    from .attention import attention_backend
+
+    return attention_backend() == "c"  # the layer's attention is the batch-invariant kernel
+
+
+@dataclass
+class LayerPlan:
+    """A layer's C spec, the tensors it points into (kept alive) and the row limit of its linears."""
+
+    spec: LayerSpec
+    keep: tuple
+    max_rows: int
+    dtype: torch.dtype
+    kv_heads: int
+    head_dim: int
+
+
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layer -> (probe, plan)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _parts(layer: nn.Module):
+    """(norm1, norm2, [q, k, v] or [qkv], o, gate, up, down, eps1, eps2, heads, kv heads, head dim, scale, rope)
+    of a supported layer layout, or None."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from .llamagen import TransformerBlock
+
+    if type(layer) is LlamaDecoderLayer:
+        attn, mlp, config = layer.self_attn, layer.mlp, layer.self_attn.config
+        if not isinstance(mlp.act_fn, nn.SiLU) and type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+            return None
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, [attn.q_proj, attn.k_proj, attn.v_proj],
+                attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, layer.input_layernorm.variance_epsilon,
+                layer.post_attention_layernorm.variance_epsilon, heads, config.num_key_value_heads, head_dim, attn.scaling, 0)
+    if type(layer) is TransformerBlock:
+        c = layer.attention.config
+        return (layer.attention_norm.weight, layer.ffn_norm.weight, [layer.attention.wqkv], layer.attention.wo,
+                layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2, layer.attention_norm.eps,
+                layer.ffn_norm.eps, c.n_head, c.kv_heads, c.head_dim, c.head_dim**-0.5, 1)
+    return None
+
+
+def _probe(layer: nn.Module):
+    """What a cached plan was built for: the first projection's class, weight pointer and dtype
+    (``mmspec.optimize`` replaces the module, ``model.to`` moves the weight)."""
+    first = getattr(getattr(layer, "self_attn", None), "q_proj", None) or getattr(getattr(layer, "attention", None), "wqkv", None)
+    weight = getattr(first, "weight", None)
+    return None if weight is None else (type(first), weight.data_ptr(), weight.dtype, weight.device)
+
+
+def layer_plan(layer: nn.Module) -> LayerPlan | None:
+    """The layer's plan (built at first use, rebuilt when its projections changed), or None where
+    it does not qualify (module doc)."""
+    probe = _probe(layer)
+    cached = _PLANS.get(layer)
+    if cached is not None and cached[0] == probe:
+        return cached[1]
+    plan = _build(layer)
+    _PLANS[layer] = (probe, plan)
+    return plan
+
+
+def _build(layer: nn.Module) -> LayerPlan | None:
+    parts = _parts(layer)
+    if parts is None:
+        return None
+    norm1, norm2, qkv, o, gate, up, down, eps1, eps2, heads, kv_heads, head_dim, scale, rope = parts
+    linears = [*qkv, o, gate, up, down]
+    dtype = norm1.dtype
+    if (dtype not in (torch.float32, torch.bfloat16) or norm2.dtype != dtype or norm1.device.type != "cpu"
+            or any(type(m) is not FewRowLinear or m.kernel != "c" or m.weight.dtype != dtype or not m.weight.is_contiguous()
+                   for m in linears)
+            or any(m.bias is not None for m in (gate, up, down)) or head_dim % 2 or head_dim > 512):
+        return None
+    variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants()
+    if not variants:
+        return None
+    if len(qkv) == 1:  # LlamaGen's fused projection: q, k and v are consecutive row blocks of one weight
+        weight, size = qkv[0].weight, heads * head_dim * norm1.shape[0]
+        element = weight.element_size()
+        q_ptr, k_ptr = weight.data_ptr(), weight.data_ptr() + size * element
+        v_ptr = k_ptr + kv_heads * head_dim * norm1.shape[0] * element
+        biases = (None, None, None)
+        if qkv[0].bias is not None:
+            return None
+    else:
+        q_ptr, k_ptr, v_ptr = (m.weight.data_ptr() for m in qkv)
+        biases = tuple(_ptr(m.bias) for m in qkv)
+    spec = LayerSpec(norm1=norm1.data_ptr(), norm2=norm2.data_ptr(), wq=q_ptr, wk=k_ptr, wv=v_ptr, wo=o.weight.data_ptr(),
+                     bq=biases[0], bk=biases[1], bv=biases[2], bo=_ptr(o.bias), wg=gate.weight.data_ptr(),
+                     wu=up.weight.data_ptr(), wd=down.weight.data_ptr(), D=norm1.shape[0], H=heads, Hkv=kv_heads,
+                     hd=head_dim, I=gate.out_features, eps1=eps1, eps2=eps2, scale=scale, rope=rope,
+                     bf16=int(dtype == torch.bfloat16), linear=_LINEAR_CODES[variants[0]],
+                     wide=int("avx512f" in cpu_flags()))
+    keep = (norm1, norm2, *(m.weight for m in linears), *(m.bias for m in linears if m.bias is not None))
+    return LayerPlan(spec, keep, min(m.max_rows for m in linears), dtype, kv_heads, head_dim)
+
+
+def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> list[LayerPlan] | None:
+    """The plans of ``layers`` where a forward over ``rows`` rows (batch x tokens) can run them
+    fused: gradients off, a CPU, a cache whose layers are :class:`PreallocatedLayer`, every layer
+    qualifying in ``dtype`` and the rows within its linears' limit; else None."""
+    if cache is None or device.type != "cpu" or torch.is_grad_enabled() or not fused_enabled():
+        return None
+    cached = getattr(cache, "layers", ())
+    if len(cached) < len(layers) or any(type(c) is not PreallocatedLayer for c in cached[: len(layers)]):
+        return None
+    plans = [layer_plan(layer) for layer in layers]
+    if any(p is None or p.max_rows < rows or p.dtype != dtype for p in plans):
+        return None
+    return plans
+
+
+def fused_layer(plan: LayerPlan, x: torch.Tensor, batch: int, n: int, cos: torch.Tensor, sin: torch.Tensor | None,
+                rope_stride: int, cache_layer, mask: torch.Tensor | None) -> None:
+    """Run the layer over ``x`` [B n, D] (contiguous, the plan's dtype) in place.
+
+    Args:
+        cos, sin: transformers' rotary inputs [1 or B, n, hd] (model dtype), or LlamaGen's table
+            [1 or B, n, hd / 2, 2] as ``cos`` (fp32) and None; ``rope_stride`` elements between
+            batch entries (0: shared).
+        cache_layer: the layer's :class:`~mmspec.core.cache.PreallocatedLayer` (n positions appended).
+        mask: None (a chain after the cache) or bool [1 or B, n, cached + n] contiguous.
+
+    Raises:
+        MemoryError: the kernel could not allocate its scratch.
+    """
+    keys, values, cached = cache_layer.open_slots(batch, plan.kv_heads, plan.head_dim, plan.dtype, n)
+    mask_b, mask_n = (0, 0) if mask is None else (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1))
+    status = _function()(ctypes.byref(plan.spec), x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
+                         keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached,
+                         None if mask is None else mask.data_ptr(), mask_b, mask_n, torch.get_num_threads())
+    if status:
+        raise MemoryError("the fused layer kernel could not allocate its scratch")
+    cache_layer.close_slots(n)

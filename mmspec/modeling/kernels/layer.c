@@ -1,0 +1,290 @@
+/* One Llama decoder layer over a few rows, in one call (fp32 or bf16):
+ *
+ *   h = x + W_o Attn(RoPE(W_q N1(x)), RoPE(W_k N1(x)), W_v N1(x))      N(x) = w * (x / rms(x))
+ *   x' = h + W_down (SiLU(W_gate N2(h)) * W_up N2(h))
+ *
+ * A decoding step of a small model (the embedded voices and text-to-image generator: width 256, six
+ * layers) is not arithmetic but ~25 PyTorch calls per layer of 10-40 us each; here the layer's
+ * norms, projections (the few-row kernels of few_rows.c), rotary embedding, KV-cache write,
+ * attention (attention.c) and MLP run in C. Every step is row-wise or one of those batch-invariant
+ * kernels, so the rows of a verification get bitwise what one-token steps get. Roundings follow
+ * PyTorch's modules in the model's dtype: bf16 results after each product, sum and activation
+ * (norm: fp32 statistics, the normalised row rounded, then times the weight; SiLU in fp32, rounded).
+ */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+
+/* the few-row kernels (few_rows.c) and the attention (attention.c) of the same library */
+void few_rows_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K, int threads);
+void few_rows_linear_avx512(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                            int threads);
+void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                          int64_t K, int threads);
+int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                        int64_t K, int threads);
+int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
+                       int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
+                       int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16);
+int few_rows_attention_avx512(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B,
+                              int64_t H, int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h,
+                              int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale,
+                              int bf16);
+
+/* What does not change from call to call (built once per layer by mmspec.modeling.fused) */
+typedef struct {
+    const void *norm1, *norm2;                 /* [D] */
+    const void *wq, *wk, *wv, *wo;             /* [H hd, D], [Hkv hd, D], [Hkv hd, D], [D, H hd] */
+    const void *bq, *bk, *bv, *bo;             /* biases or NULL */
+    const void *wg, *wu, *wd;                  /* [I, D], [I, D], [D, I] */
+    int64_t D, H, Hkv, hd, I;
+    float eps1, eps2, scale;
+    int rope;      /* 0: rotate-half with cos / sin [., n, hd] in the model dtype (transformers' Llama);
+                      1: consecutive pairs with an fp32 table [., n, hd / 2, 2] (LlamaGen) */
+    int bf16;      /* the model dtype: 1 bf16, 0 fp32 */
+    int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx (bf16) */
+    int wide;      /* the attention build: 1 AVX-512 */
+} LayerSpec;
+
+/* 8-lane vectors (one AVX2 register): the element-wise work of the layer */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t i8v __attribute__((vector_size(32)));
+typedef uint32_t u8v __attribute__((vector_size(32)));
+typedef uint16_t h8v __attribute__((vector_size(16)));
+
+/* element i of a model-dtype array, a value rounded to the model dtype, and stores */
+static inline float get(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void put(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = float_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+static inline float round_to(float v, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
+
+static inline v8 ld(const void *p, int64_t i, int bf16) {
+    v8 v;
+    if (bf16) {
+        h8v h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        u8v w = __builtin_convertvector(h, u8v) << 16;
+        memcpy(&v, &w, sizeof v);
+    } else {
+        memcpy(&v, (const float *)p + i, sizeof v);
+    }
+    return v;
+}
+
+/* the bf16 bit patterns of 8 floats, rounded to nearest-even (float_to_bf16 without its NaN case) */
+static inline u8v bf16_bits(v8 v) {
+    u8v u;
+    memcpy(&u, &v, sizeof u);
+    return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+}
+
+static inline v8 vround(v8 v, int bf16) {
+    if (!bf16) return v;
+    u8v u = bf16_bits(v) << 16;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static inline void st(void *p, int64_t i, v8 v, int bf16) {
+    if (bf16) {
+        h8v h = __builtin_convertvector(bf16_bits(v), h8v);
+        memcpy((uint16_t *)p + i, &h, sizeof h);
+    } else {
+        memcpy((float *)p + i, &v, sizeof v);
+    }
+}
+
+/* e^x, x clamped to [-87.3, 88.3] (Cephes' expf: n = round(x / ln 2), a degree-6 polynomial) */
+static inline v8 vexp8(v8 x) {
+    const v8 lo = (v8){0} - 87.3f, hi = (v8){0} + 88.3f;
+    i8v below = x < lo, above = x > hi;
+    i8v xb, lb, hb;
+    memcpy(&xb, &x, sizeof xb), memcpy(&lb, &lo, sizeof lb), memcpy(&hb, &hi, sizeof hb);
+    xb = (xb & ~below & ~above) | (lb & below) | (hb & above);
+    memcpy(&x, &xb, sizeof x);
+    v8 fx = x * 1.44269504088896341f;
+    i8v negative = fx < 0;
+    v8 half = (v8){0} + 0.5f;
+    i8v hbits, nbits;
+    memcpy(&hbits, &half, sizeof hbits);
+    nbits = hbits | (negative & (i8v){0} + (int32_t)0x80000000); /* +-0.5 toward fx's sign */
+    memcpy(&half, &nbits, sizeof half);
+    i8v n = __builtin_convertvector(fx + half, i8v);
+    v8 nf = __builtin_convertvector(n, v8);
+    v8 r = x - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    v8 p = (v8){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    v8 y = p * (r * r) + r + 1.0f;
+    i8v bits = (n + 127) << 23;
+    v8 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
+                  int threads) {
+    switch (s->linear) {
+    case 0: few_rows_linear(x, w, b, y, M, N, K, threads); return 0;
+    case 1: few_rows_linear_avx512(x, w, b, y, M, N, K, threads); return 0;
+    case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
+    default: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
+    }
+}
+
+/* out [M, D] = w * (x / sqrt(mean(x^2) + eps)): fp32 statistics (8 lanes, then the lanes in
+ * order), the normalised row rounded to the model dtype, then the product with the weight rounded */
+static void rms_norm(const void *x, const void *w, void *out, int64_t M, int64_t D, float eps, int bf16) {
+    const int64_t D8 = D & ~(int64_t)7;
+    for (int64_t m = 0; m < M; m++) {
+        v8 acc = {0};
+        for (int64_t i = 0; i < D8; i += 8) {
+            const v8 v = ld(x, m * D + i, bf16);
+            acc = acc + v * v;
+        }
+        float sum = 0.0f;
+        for (int l = 0; l < 8; l++) sum += acc[l];
+        for (int64_t i = D8; i < D; i++) sum += get(x, m * D + i, bf16) * get(x, m * D + i, bf16);
+        const float r = 1.0f / sqrtf(sum / (float)D + eps);
+        for (int64_t i = 0; i < D8; i += 8)
+            st(out, m * D + i, ld(w, i, bf16) * vround(ld(x, m * D + i, bf16) * r, bf16), bf16);
+        for (int64_t i = D8; i < D; i++)
+            put(out, m * D + i, get(w, i, bf16) * round_to(get(x, m * D + i, bf16) * r, bf16), bf16);
+    }
+}
+
+/* y = x + y rounded, over `count` elements (the residual), into x */
+static void add_into(void *x, const void *y, int64_t count, int bf16) {
+    const int64_t c8 = count & ~(int64_t)7;
+    for (int64_t e = 0; e < c8; e += 8) st(x, e, ld(x, e, bf16) + ld(y, e, bf16), bf16);
+    for (int64_t e = c8; e < count; e++) put(x, e, get(x, e, bf16) + get(y, e, bf16), bf16);
+}
+
+/* g = SiLU(g) rounded, times u, rounded: SiLU(a) = a / (1 + e^-a) in fp32 */
+static void silu_times(void *g, const void *u, int64_t count, int bf16) {
+    const int64_t c8 = count & ~(int64_t)7;
+    for (int64_t e = 0; e < c8; e += 8) {
+        const v8 a = ld(g, e, bf16);
+        const v8 act = vround(a / (1.0f + vexp8(-a)), bf16);
+        st(g, e, act * ld(u, e, bf16), bf16);
+    }
+    for (int64_t e = c8; e < count; e++) {
+        const float a = get(g, e, bf16);
+        v8 one = {0};
+        one[0] = -a;
+        const float act = round_to(a / (1.0f + vexp8(one)[0]), bf16);
+        put(g, e, act * get(u, e, bf16), bf16);
+    }
+}
+
+/* rows [M = B n, heads hd] in place: the rotary embedding of each row's position */
+static void rotate(const LayerSpec *s, void *t, int64_t B, int64_t n, int64_t heads, const void *cos, const void *sin,
+                   int64_t rope_b) {
+    const int64_t hd = s->hd, half = hd / 2;
+    const int bf16 = s->bf16;
+    float row[512];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t base = ((b * n + i) * heads + h) * hd, hd8 = hd & ~(int64_t)7;
+                for (int64_t e = 0; e < hd8; e += 8) {
+                    const v8 v = ld(t, base + e, bf16);
+                    memcpy(row + e, &v, sizeof v);
+                }
+                for (int64_t e = hd8; e < hd; e++) row[e] = get(t, base + e, bf16);
+                if (s->rope == 0) { /* x cos + rotate_half(x) sin, each product and the sum rounded */
+                    const int64_t r = b * rope_b + i * hd;
+                    if (half % 8 == 0) {
+                        for (int64_t e = 0; e < hd; e += 8) {
+                            v8 x, rot;
+                            memcpy(&x, row + e, sizeof x);
+                            memcpy(&rot, row + (e < half ? e + half : e - half), sizeof rot);
+                            if (e < half) rot = -rot;
+                            const v8 a = vround(x * ld(cos, r + e, bf16), bf16), c = vround(rot * ld(sin, r + e, bf16), bf16);
+                            st(t, base + e, a + c, bf16);
+                        }
+                    } else {
+                        for (int64_t e = 0; e < hd; e++) {
+                            const float rot = e < half ? -row[e + half] : row[e - half];
+                            const float a = round_to(row[e] * get(cos, r + e, bf16), bf16);
+                            const float c = round_to(rot * get(sin, r + e, bf16), bf16);
+                            put(t, base + e, a + c, bf16);
+                        }
+                    }
+                } else { /* pairs (x0, x1) -> (x0 c - x1 s, x1 c + x0 s) in fp32, rounded once */
+                    const float *table = (const float *)cos + b * rope_b + i * hd;
+                    int64_t p = 0;
+                    for (; 2 * p + 8 <= hd; p += 4) { /* four pairs at a time: the same products and sums */
+                        v8 x, cs;
+                        memcpy(&x, row + 2 * p, sizeof x);
+                        memcpy(&cs, table + 2 * p, sizeof cs);
+                        const i8v even = {0, 0, 2, 2, 4, 4, 6, 6}, odd = {1, 1, 3, 3, 5, 5, 7, 7};
+                        const v8 x0 = __builtin_shuffle(x, even), x1 = __builtin_shuffle(x, odd);
+                        const v8 c = __builtin_shuffle(cs, even), sn = __builtin_shuffle(cs, odd);
+                        const v8 first = x0 * c - x1 * sn, second = x1 * c + x0 * sn;
+                        st(t, base + 2 * p, __builtin_shuffle(first, second, (i8v){0, 9, 2, 11, 4, 13, 6, 15}), bf16);
+                    }
+                    for (; p < half; p++) {
+                        const float c = table[2 * p], sn = table[2 * p + 1], x0 = row[2 * p], x1 = row[2 * p + 1];
+                        put(t, base + 2 * p, x0 * c - x1 * sn, bf16);
+                        put(t, base + 2 * p + 1, x1 * c + x0 * sn, bf16);
+                    }
+                }
+            }
+}
+
+/* x [B n, D] in place. cos / sin: the rotary inputs of the n rows (row stride rope_b between batch
+ * entries, 0 to share); kbuf / vbuf: the layer's key / value buffers [B, Hkv, capacity, hd] (strides
+ * ks_*), whose positions [cached, cached + n) this call writes; mask: NULL (a chain after the cache)
+ * or bytes [B or 1, n, cached + n]. Returns 0, or -1 (scratch not allocated, or a kernel failed). */
+int lean_layer(const LayerSpec *s, void *x, int64_t B, int64_t n, const void *cos, const void *sin, int64_t rope_b,
+               void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, const uint8_t *mask,
+               int64_t ms_b, int64_t ms_n, int threads) {
+    const int64_t M = B * n, D = s->D, H = s->H, Hkv = s->Hkv, hd = s->hd, I = s->I, width = s->bf16 ? 2 : 4;
+    const int bf16 = s->bf16;
+    if (hd > 512) return -1;
+    char *scratch = malloc((size_t)(M * (2 * D + 2 * H * hd + 2 * Hkv * hd + 2 * I)) * width);
+    if (!scratch) return -1;
+    char *h = scratch, *q = h + M * D * width, *k = q + M * H * hd * width, *v = k + M * Hkv * hd * width;
+    char *o = v + M * Hkv * hd * width, *g = o + M * H * hd * width, *u = g + M * I * width, *y = u + M * I * width;
+    int status = 0;
+    rms_norm(x, s->norm1, h, M, D, s->eps1, bf16);
+    status |= linear(s, h, s->wq, s->bq, q, M, H * hd, D, threads);
+    status |= linear(s, h, s->wk, s->bk, k, M, Hkv * hd, D, threads);
+    status |= linear(s, h, s->wv, s->bv, v, M, Hkv * hd, D, threads);
+    rotate(s, q, B, n, H, cos, sin, rope_b);
+    rotate(s, k, B, n, Hkv, cos, sin, rope_b);
+    for (int64_t b = 0; b < B; b++) /* the new keys and values into the cache buffers */
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t g2 = 0; g2 < Hkv; g2++) {
+                const int64_t dst = (b * ks_b + g2 * ks_h + (cached + i) * ks_l) * width, src = (((b * n + i) * Hkv) + g2) * hd * width;
+                memcpy((char *)kbuf + dst, k + src, (size_t)(hd * width));
+                memcpy((char *)vbuf + dst, v + src, (size_t)(hd * width));
+            }
+    const int64_t L = cached + n;
+    if (!status)
+        status = (s->wide ? few_rows_attention_avx512 : few_rows_attention)(
+            q, kbuf, vbuf, mask, o, B, H, Hkv, n, L, hd, n * H * hd, hd, H * hd, ks_b, ks_h, ks_l, ms_b, ms_n, s->scale, bf16);
+    status |= linear(s, o, s->wo, s->bo, y, M, D, H * hd, threads);
+    add_into(x, y, M * D, bf16);
+    rms_norm(x, s->norm2, h, M, D, s->eps2, bf16);
+    status |= linear(s, h, s->wg, NULL, g, M, I, D, threads);
+    status |= linear(s, h, s->wu, NULL, u, M, I, D, threads);
+    silu_times(g, u, M * I, bf16);
+    status |= linear(s, g, s->wd, NULL, y, M, D, I, threads);
+    add_into(x, y, M * D, bf16);
+    free(scratch);
+    return status ? -1 : 0;
+}

@@ -1,0 +1,157 @@
+"""Whole decoder layers in one C call (mmspec.modeling.fused): they compute the PyTorch layers'
+forward (transformers' Llama layer with and without grouped heads and attention biases, mmspec's
+LlamaGen block) over chains and tree masks, their verification rows are bitwise one-token steps,
+and they step aside where they do not apply (gradients, MMSPEC_FUSED=0, linears as loaded, no
+cache) or when the weights moved."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+from mmspec.core.cache import crop_cache, make_cache
+from mmspec.modeling import fused
+from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, load_kernel, optimize
+from mmspec.modeling.fused import fused_enabled, fused_plans, layer_plan
+from mmspec.modeling.lean import lean_forward
+
+try:
+    load_kernel()
+    BUILT = True
+except KernelUnavailable:
+    BUILT = False
+pytestmark = pytest.mark.skipif(not BUILT, reason="the C kernels cannot be built here")
+DTYPES = [torch.float32] + ([torch.bfloat16] if bf16_kernel_available() else [])
+TOLERANCE = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+
+
+def llama(dtype, kv_heads=4, bias=False, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=1, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, attention_bias=bias, attn_implementation="sdpa")
+    model = LlamaModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model = model.to(dtype)
+    optimize(model)
+    return model
+
+
+def script(model, forward):
+    """A prefill, one step, a chain, a tree with an additive mask: the outputs of each."""
+    dtype = next(model.parameters()).dtype
+    x = torch.randn(1, 24, model.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cache, outs = make_cache(model.config), []
+    with torch.inference_mode():
+        outs.append(forward(x[:, :12], cache, None, None))
+        outs.append(forward(x[:, 12:13], cache, torch.tensor([[12]]), None))
+        outs.append(forward(x[:, 13:17], cache, torch.arange(13, 17)[None], None))
+        crop_cache(cache, 14)
+        allowed = torch.zeros(4, 18, dtype=torch.bool)
+        allowed[:, :14] = True
+        for node, path in enumerate([[0], [1], [0, 2], [0, 2, 3]]):
+            allowed[node, [14 + p for p in path]] = True
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        outs.append(forward(x[:, 17:21], cache, torch.tensor([[14, 14, 15, 16]]), mask))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("kv_heads,bias", [(4, False), (2, True)], ids=["mha", "gqa-bias"])
+def test_fused_llama_layers_compute_the_pytorch_layers(monkeypatch, dtype, kv_heads, bias):
+    model = llama(dtype, kv_heads, bias)
+    assert all(layer_plan(layer) is not None for layer in model.layers)
+    calls = []
+    real = fused.fused_layer
+    monkeypatch.setattr("mmspec.modeling.lean.fused_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m))
+    assert len(calls) == 4 * 2  # prefill (12 rows), step, chain, tree: every layer fused
+    monkeypatch.setenv("MMSPEC_FUSED", "0")
+    fused_enabled.cache_clear()
+    try:
+        want = script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m))
+    finally:
+        monkeypatch.delenv("MMSPEC_FUSED")
+        fused_enabled.cache_clear()
+    assert len(calls) == 8
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_fused_verification_rows_are_one_token_steps(dtype):
+    model = llama(dtype, kv_heads=2)
+    x = torch.randn(1, 30, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+    with torch.inference_mode():
+        cache = make_cache(model.config)
+        lean_forward(model, x[:, :22], cache)
+        chain = lean_forward(model, x[:, 22:], cache)
+        cache = make_cache(model.config)
+        lean_forward(model, x[:, :22], cache)
+        steps = torch.cat([lean_forward(model, x[:, i : i + 1], cache) for i in range(22, 30)], dim=1)
+        assert fused_plans(model.layers, cache, 8, dtype, x.device) is not None
+    assert torch.equal(chain, steps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_fused_llamagen_blocks_compute_the_pytorch_blocks(monkeypatch, dtype):
+    from tiny_models import tiny_llamagen
+
+    model = tiny_llamagen(0, dim=96, vocab=16, side=4).model.to(dtype)
+    optimize(model)
+    caption = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, 16, (2, 7), generator=torch.Generator().manual_seed(3))
+
+    def run():
+        cache = make_cache(None)
+        with torch.inference_mode():
+            model(caption=caption, past_key_values=cache)
+            return [model(tokens[:, :1], past_key_values=cache).logits, model(tokens[:, 1:], past_key_values=cache).logits]
+
+    assert all(layer_plan(layer) is not None for layer in model.layers)
+    calls = []
+    real = fused.fused_layer
+    monkeypatch.setattr("mmspec.modeling.llamagen.fused_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = run()
+    monkeypatch.setenv("MMSPEC_FUSED", "0")
+    fused_enabled.cache_clear()
+    try:
+        want = run()
+    finally:
+        monkeypatch.delenv("MMSPEC_FUSED")
+        fused_enabled.cache_clear()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOLERANCE[dtype])
+    assert len(calls) == 2 * 2  # the step and the chain through both blocks (the prefill before any cache layer)
+
+
+def test_fused_layers_step_aside(monkeypatch):
+    model = llama(torch.float32)
+    cache = make_cache(model.config)
+    with torch.inference_mode():
+        lean_forward(model, torch.randn(1, 5, 64), cache)
+        assert fused_plans(model.layers, cache, 4, torch.float32, torch.device("cpu")) is not None
+        assert fused_plans(model.layers, cache, 25, torch.float32, torch.device("cpu")) is None  # beyond max_rows
+        assert fused_plans(model.layers, None, 1, torch.float32, torch.device("cpu")) is None
+        assert fused_plans(model.layers, cache, 1, torch.bfloat16, torch.device("cpu")) is None
+    assert fused_plans(model.layers, cache, 1, torch.float32, torch.device("cpu")) is None  # gradients on
+    assert layer_plan(llama(torch.float32).layers[0].__class__(model.config, 0).eval()) is None  # nn.Linear as loaded
+    monkeypatch.setenv("MMSPEC_FUSED", "yes")
+    fused_enabled.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="MMSPEC_FUSED='yes'"):
+            fused_enabled()
+    finally:
+        monkeypatch.delenv("MMSPEC_FUSED")
+        fused_enabled.cache_clear()
+
+
+def test_a_plan_follows_the_weights():
+    model = llama(torch.float32)
+    first = layer_plan(model.layers[0])
+    assert layer_plan(model.layers[0]) is first
+    if bf16_kernel_available():
+        model.to(torch.bfloat16)  # new weight storage: a new plan in the new dtype
+        again = layer_plan(model.layers[0])
+        assert again is not first and again.dtype == torch.bfloat16
