@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder
-from ..core.cache import SequenceState, crop_cache, stack_caches
+from ..core.cache import SequenceState, crop_cache, make_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
@@ -69,10 +69,8 @@ class EagleDrafter(Drafter):
         return cls(target.model, EagleHead.load(path, target.model), num_draft_tokens or 5, load_draft_vocabulary(path))
 
     def start(self, context, state: SequenceState) -> None:
-        from transformers import DynamicCache
-
         super().start(context, state)
-        self.cache = DynamicCache()
+        self.cache = make_cache(None)  # preallocated layers: in-place appends, fused head layers
         self.fed = 0
         self.features = None
 

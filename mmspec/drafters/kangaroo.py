@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder, truncated_decoder
-from ..core.cache import SequenceState, crop_cache, layer_prefix_view
+from ..core.cache import SequenceState, crop_cache, layer_prefix_view, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..modeling.heads import KangarooAdapter
@@ -67,10 +67,8 @@ class KangarooDrafter(Drafter):
         return cls(target.model, adapter, exit_layer, num_draft_tokens or 6, draft_vocabulary=load_draft_vocabulary(path))
 
     def start(self, context, state: SequenceState) -> None:
-        from transformers import DynamicCache
-
         super().start(context, state)
-        self.cache = DynamicCache()
+        self.cache = make_cache(None)  # preallocated layers: in-place appends, fused head layers
         self.states = None
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
