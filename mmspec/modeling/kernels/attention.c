@@ -164,19 +164,22 @@ static inline __attribute__((always_inline)) void attend_group(
                 dots[slot] = s;
             }
             const v16 sums = lane_sums(dots) * scale;
+            float *row = scores + r * stride, best = top[r];
+            int64_t c = count[r];
             for (int64_t jj = 0; jj < keys; jj++) {
                 const int64_t j = j0 + jj;
                 if (mrow ? !mrow[i * ms_n + j] : j > last) continue;
                 const float score = sums[jj];
-                scores[r * stride + count[r]++] = score;
-                top[r] = score > top[r] ? score : top[r];
+                row[c++] = score;
+                best = score > best ? score : best;
             }
+            count[r] = c, top[r] = best;
         }
     }
     for (int64_t r = 0; r < R; r++) { /* e = exp(score - top), summed in 16 lanes by compact index */
         float *row = scores + r * stride;
-        const int64_t padded = (count[r] + 15) & ~(int64_t)15;
-        for (int64_t c = count[r]; c < padded; c++) row[c] = -1.0e30f;
+        const int64_t m = count[r], padded = (m + 15) & ~(int64_t)15, i = r % n, last = mrow ? L - 1 : L - n + i;
+        for (int64_t c = m; c < padded; c++) row[c] = -1.0e30f;
         v16 sum = {0};
         for (int64_t c = 0; c < padded; c += 16) {
             v16 e = vexp(load_f32(row + c, 16) - top[r]);
@@ -184,15 +187,15 @@ static inline __attribute__((always_inline)) void attend_group(
             memcpy(row + c, &e, sizeof e);
         }
         total[r] = lane_sum(sum);
-        count[r] = 0;
+        /* back to key order in place (compact index <= key index): e_j, 0 where the row does not see j */
+        for (int64_t j = L - 1, c = m - 1; j >= 0; j--)
+            row[j] = (mrow ? mrow[i * ms_n + j] : j <= last) ? row[c--] : 0.0f;
         for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = (v16){0};
     }
-    for (int64_t j = 0; j < L; j++) { /* sum_c e_c v_c in compact order */
+    for (int64_t j = 0; j < L; j++) { /* sum_j e_j v_j in key order: the compact order, with exact zeros between */
         for (int64_t t = 0; t < chunks; t++) kv[t] = load_row(vb + j * ks_l * width, t * 16, d - t * 16, bf16);
         for (int64_t r = 0; r < R; r++) {
-            const int64_t i = r % n;
-            if (mrow ? !mrow[i * ms_n + j] : j > L - n + i) continue;
-            const float e = scores[r * stride + count[r]++];
+            const float e = scores[r * stride + j];
             v16 *a = acc + r * chunks;
             for (int64_t t = 0; t < chunks; t++) a[t] = a[t] + e * kv[t];
         }
