@@ -7,17 +7,12 @@ with exactly the logits of one-token steps."""
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_support import BUILT, needs_kernel
 
 from mmspec.modeling import attention
 from mmspec.modeling.attention import attend, attention_backend, few_rows_attention
-from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, cpu_flags, load_kernel, optimize
+from mmspec.modeling.fast_linear import bf16_kernel_available, cpu_flags, optimize
 
-try:
-    load_kernel()
-    BUILT = True
-except KernelUnavailable:
-    BUILT = False
-needs_kernel = pytest.mark.skipif(not BUILT, reason="the C kernels cannot be built here")
 VARIANTS = ["avx2"] + (["avx512"] if "avx512f" in cpu_flags() else [])
 
 

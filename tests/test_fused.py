@@ -10,16 +10,13 @@ from transformers import LlamaConfig, LlamaModel
 
 from mmspec.core.cache import crop_cache, make_cache
 from mmspec.modeling import fused
-from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, load_kernel, optimize
+from kernel_support import needs_kernel
+
+from mmspec.modeling.fast_linear import bf16_kernel_available, optimize
 from mmspec.modeling.fused import fused_enabled, fused_plans, layer_plan
 from mmspec.modeling.lean import lean_forward
 
-try:
-    load_kernel()
-    BUILT = True
-except KernelUnavailable:
-    BUILT = False
-pytestmark = pytest.mark.skipif(not BUILT, reason="the C kernels cannot be built here")
+pytestmark = needs_kernel
 DTYPES = [torch.float32] + ([torch.bfloat16] if bf16_kernel_available() else [])
 TOLERANCE = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 

@@ -60,7 +60,7 @@ KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library: the few-row linears and the batch-invariant attention
 SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c", "layer.c"))
 #: the headers they include (part of the build's digest)
-HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16.h",))
+HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16.h", "vmath.h"))
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _LIBRARY: ctypes.CDLL | None = None
 

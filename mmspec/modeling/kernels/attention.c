@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vmath.h"
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
@@ -105,19 +106,8 @@ static inline __attribute__((always_inline)) v16 vexp(v16 x) {
     v16 fx = xc * 1.44269504088896341f - 0.5f; /* x <= 0: round to nearest = truncate(x / ln2 - 0.5) */
     i16 n = __builtin_convertvector(fx, i16);
     v16 nf = __builtin_convertvector(n, v16);
-    v16 r = xc - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    v16 p = (v16){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v16 y = p * (r * r) + r + 1.0f;
-    i16 bits = (n + 127) << 23;
-    v16 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    y = y * scale;
+    v16 y;
+    CEPHES_EXP(v16, i16, xc, n, nf, y);
     i16 yb;
     memcpy(&yb, &y, sizeof yb);
     yb = yb & ~under;

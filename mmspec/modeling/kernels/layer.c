@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vmath.h"
 
 /* the few-row kernels (few_rows.c) and the attention (attention.c) of the same library */
 void few_rows_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K, int threads);
@@ -119,19 +120,9 @@ static inline v8 vexp8(v8 x) {
     memcpy(&half, &nbits, sizeof half);
     i8v n = __builtin_convertvector(fx + half, i8v);
     v8 nf = __builtin_convertvector(n, v8);
-    v8 r = x - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    v8 p = (v8){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v8 y = p * (r * r) + r + 1.0f;
-    i8v bits = (n + 127) << 23;
-    v8 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
+    v8 y;
+    CEPHES_EXP(v8, i8v, x, n, nf, y);
+    return y;
 }
 
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
