@@ -299,12 +299,11 @@ class CodecLMSteps:
         self.pad_token_id = config.pad_code
         self.end_code = config.end_code
         self.input_names = ("phoneme_ids", "durations") if config.aligned else ("phoneme_ids",)
-        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(durations) -> (durations, alignment table)
+        self._tables: dict[int, tuple] = {}  # id(durations) -> (durations, alignment rows, their embeddings)
 
-    def alignment_rows(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
-        """:func:`frame_alignment` rows of steps ``index`` [n] under ``conditioning``, looked up in a
-        table of every frame of the utterance built once per conditioning (a step past the last
-        frame has the row of the frame after it: end ids, zero timings)."""
+    def _table(self, conditioning: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(durations, :func:`frame_alignment` rows [F + 1, 4] of every frame of the utterance and
+        the one after it, their embeddings [F + 1, D]), built once per conditioning."""
         durations = conditioning["durations"]
         entry = self._tables.get(id(durations))
         if entry is None or entry[0] is not durations:
@@ -313,9 +312,21 @@ class CodecLMSteps:
             frames = int(durations.sum())
             table = frame_alignment(conditioning["phoneme_ids"][0], durations[0],
                                     torch.arange(frames + 1, device=durations.device), self.model.separator)
-            entry = self._tables[id(durations)] = (durations, table)
-        table = entry[1]
+            entry = self._tables[id(durations)] = (durations, table, self.model.embed_alignment(table))
+        return entry
+
+    def alignment_rows(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
+        """:func:`frame_alignment` rows of steps ``index`` [n] under ``conditioning``, looked up in a
+        table of every frame of the utterance built once per conditioning (a step past the last
+        frame has the row of the frame after it: end ids, zero timings)."""
+        table = self._table(conditioning)[1]
         return table[index.clamp(0, table.shape[0] - 1)]
+
+    def alignment_embeddings(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
+        """``model.embed_alignment`` of :meth:`alignment_rows` [n, D], from the utterance's table of
+        embedded rows (the same sums, computed once per frame)."""
+        embedded = self._table(conditioning)[2]
+        return embedded[index.clamp(0, embedded.shape[0] - 1)]
 
     def new_cache(self):
         from ..core.cache import make_cache
@@ -350,10 +361,10 @@ class CodecLMSteps:
         ``step_index`` [B, n] when they do not follow each other: a token tree's nodes, by depth)."""
         index = step_index if step_index is not None else (
             torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device))
-        alignment = None
+        embeds = self.model.embed_steps(steps)
         if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
-            alignment = torch.stack([self.alignment_rows(c, i) for c, i in zip(conditionings, index)])
-        return self.model.step_embeddings(steps, alignment), index
+            embeds = embeds + torch.stack([self.alignment_embeddings(c, i) for c, i in zip(conditionings, index)])
+        return embeds, index
 
     def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
                           position_ids=None, step_index=None):
