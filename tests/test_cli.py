@@ -100,3 +100,27 @@ def test_bad_generate_arguments_fail_before_the_model_loads(capsys, monkeypatch)
     assert "prompt is empty" in capsys.readouterr().err
     assert main(["generate", "hi", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variable,value,match", [("MMSPEC_ATTENTION", "flash", "name one of c, sdpa"),
+                                                  ("MMSPEC_FUSED", "yes", "set 1"),
+                                                  ("MMSPEC_BF16_KERNEL", "sse", "MMSPEC_BF16_KERNEL='sse'")])
+def test_bad_kernel_environment_is_one_line_before_loading(monkeypatch, capsys, variable, value, match):
+    from mmspec.modeling.attention import attention_backend
+    from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants
+    from mmspec.modeling.fused import fused_enabled
+
+    if variable == "MMSPEC_BF16_KERNEL" and not bf16_kernel_available():
+        pytest.skip("without AVX512-BF16 no bf16 kernel is chosen")
+    caches = (attention_backend, fused_enabled, bf16_variants)
+    monkeypatch.setenv(variable, value)
+    for cache in caches:
+        cache.cache_clear()
+    try:  # a missing image: it would fail later, so the environment is checked first
+        assert main(["caption", "no-such-image.png"]) == 2
+    finally:
+        monkeypatch.delenv(variable)
+        for cache in caches:
+            cache.cache_clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]

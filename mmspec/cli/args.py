@@ -41,12 +41,17 @@ def check_args(args: argparse.Namespace) -> None:
     """Check the options every subcommand shares, before anything loads; raise ValueError with
     one line that says what to pass instead.
 
-    Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
+    Checked first: the kernel environment variables (``MMSPEC_ATTENTION``, ``MMSPEC_FUSED``,
+    ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
     options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, the sampling options, and the output paths the subcommand
     names in its ``output_args`` default ({attribute: "file" | "dir"}).
     """
     from ..hub import resolve_device
+    from ..modeling.attention import attention_backend
+    from ..modeling.fast_linear import bf16_variants
+    from ..modeling.fused import fused_enabled
 
+    attention_backend(), fused_enabled(), bf16_variants()  # MMSPEC_ATTENTION / _FUSED / _BF16_KERNEL: one line each
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
     for name in POSITIVE_INTS:
