@@ -120,4 +120,3 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
     x = model.norm(x)
     return x, x if keep == layers else kept
-
