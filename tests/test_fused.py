@@ -152,3 +152,16 @@ def test_a_plan_follows_the_weights():
         model.to(torch.bfloat16)  # new weight storage: a new plan in the new dtype
         again = layer_plan(model.layers[0])
         assert again is not first and again.dtype == torch.bfloat16
+
+
+def test_a_cache_of_another_shape_is_refused():
+    """The kernel writes into the cache's buffers: a cache of other rows or dtype is an error, not a write."""
+    model = llama(torch.float32)
+    plan = layer_plan(model.layers[0])
+    cache = make_cache(model.config)
+    with torch.inference_mode():
+        lean_forward(model, torch.randn(2, 3, 64), cache)  # two rows cached
+        x = torch.randn(1, 64)
+        cos, sin = torch.ones(1, 1, 16), torch.zeros(1, 1, 16)
+        with pytest.raises(ValueError, match="the cache holds keys"):
+            fused.fused_layer(plan, x, 1, 1, cos, sin, 0, cache.layers[0], None)

@@ -201,9 +201,13 @@ def fused_layer(plan: LayerPlan, x: torch.Tensor, batch: int, n: int, cos: torch
         mask: None (a chain after the cache) or bool [1 or B, n, cached + n] contiguous.
 
     Raises:
+        ValueError: the cache's buffers are not this layer's shape or dtype.
         MemoryError: the kernel could not allocate its scratch.
     """
     keys, values, cached = cache_layer.open_slots(batch, plan.kv_heads, plan.head_dim, plan.dtype, n)
+    if keys.shape[0] != batch or keys.shape[1] != plan.kv_heads or keys.shape[3] != plan.head_dim or keys.dtype != plan.dtype:
+        raise ValueError(f"the cache holds keys {tuple(keys.shape)} {keys.dtype}, not this layer's "
+                         f"[{batch}, {plan.kv_heads}, ., {plan.head_dim}] {plan.dtype}")  # (the kernel writes into it)
     mask_b, mask_n = (0, 0) if mask is None else (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1))
     status = _function()(ctypes.byref(plan.spec), x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
                          keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached,
