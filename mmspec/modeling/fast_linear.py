@@ -354,8 +354,8 @@ class OptimizesOnLoad:
 
 
 def build() -> None:
-    """Build the C kernel now and say where it is, or why not (scripts/install.sh calls this)."""
+    """Build the C kernels now and say where they are, or why not (scripts/install.sh calls this)."""
     try:
-        print(f"few-row kernel: {load_kernel()._name}")
+        print(f"C kernels (few-row linears, attention, fused layers): {load_kernel()._name}")
     except KernelUnavailable as error:
         print(f"few-row kernel not built ({error}); mmspec.optimize will use the transposed form", file=sys.stderr)
