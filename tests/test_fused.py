@@ -148,10 +148,20 @@ def test_a_plan_follows_the_weights():
     model = llama(torch.float32)
     first = layer_plan(model.layers[0])
     assert layer_plan(model.layers[0]) is first
+    cache = make_cache(model.config)
+    with torch.inference_mode():
+        lean_forward(model, torch.randn(1, 3, 64), cache)
+        stack = fused_plans(model.layers, cache, 1, torch.float32, torch.device("cpu"))
+        assert stack[0] is first and fused_plans(model.layers, cache, 1, torch.float32, torch.device("cpu")) == stack
     if bf16_kernel_available():
-        model.to(torch.bfloat16)  # new weight storage: a new plan in the new dtype
+        model.to(torch.bfloat16)  # new weight storage: new plans in the new dtype, for the layer and the stack
         again = layer_plan(model.layers[0])
         assert again is not first and again.dtype == torch.bfloat16
+        cache = make_cache(model.config)
+        with torch.inference_mode():
+            lean_forward(model, torch.randn(1, 3, 64).bfloat16(), cache)
+            plans = fused_plans(model.layers, cache, 1, torch.bfloat16, torch.device("cpu"))
+        assert plans is not None and all(p.dtype == torch.bfloat16 for p in plans)
 
 
 def test_a_cache_of_another_shape_is_refused():

@@ -183,9 +183,25 @@ def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.devi
     cached = getattr(cache, "layers", ())
     if len(cached) < len(layers) or any(type(c) is not PreallocatedLayer for c in cached[: len(layers)]):
         return None
-    plans = [layer_plan(layer) for layer in layers]
+    plans = _stack_plans(layers)
     if any(p is None or p.max_rows < rows or p.dtype != dtype for p in plans):
         return None
+    return plans
+
+
+_STACKS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layers -> (probes, plans)
+
+
+def _stack_plans(layers) -> list:
+    """:func:`layer_plan` of every layer, kept per layer stack and checked against its first and
+    last layers' projections (``mmspec.optimize`` and ``model.to`` change all of them): two probes a
+    forward instead of one per layer."""
+    probes = (len(layers), _probe(layers[0]), _probe(layers[-1])) if len(layers) else (0,)
+    entry = _STACKS.get(layers)
+    if entry is not None and entry[0] == probes:
+        return entry[1]
+    plans = [layer_plan(layer) for layer in layers]
+    _STACKS[layers] = (probes, plans)
     return plans
 
 

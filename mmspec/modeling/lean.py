@@ -92,7 +92,8 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = config.num_hidden_layers
     keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
-    plans = fused_plans(model.layers[:layers], cache, batch * n, embeds.dtype, embeds.device)
+    stack = model.layers if layers == len(model.layers) else model.layers[:layers]
+    plans = fused_plans(stack, cache, batch * n, embeds.dtype, embeds.device)
     mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
     if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
         x, kept, rows = embeds.reshape(batch * n, -1).clone(), None, cos.shape[0] > 1
