@@ -82,10 +82,11 @@ class PreallocatedLayer(DynamicLayer):
         """Reserve ``count`` positions after the cached ones for a writer that fills the buffers in
         place (the fused layer kernel, :mod:`mmspec.modeling.fused`): -> (key buffer, value buffer
         [B, heads, capacity, head_dim], the first new position). :meth:`close_slots` commits them."""
-        like = torch.empty(batch, heads, 0, head_dim, dtype=dtype)
-        if not self.is_initialized:
-            self.lazy_initialization(like, like)
-        self._reserve(like, like, self._length + count)
+        if self._key_buffer is None or self._length + count > self._key_buffer.shape[-2]:  # (else room already)
+            like = torch.empty(batch, heads, 0, head_dim, dtype=dtype)
+            if not self.is_initialized:
+                self.lazy_initialization(like, like)
+            self._reserve(like, like, self._length + count)
         return self._key_buffer, self._value_buffer, self._length
 
     def close_slots(self, count: int) -> None:

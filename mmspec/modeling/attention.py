@@ -29,6 +29,8 @@ from .fast_linear import KernelUnavailable, cpu_flags, load_kernel
 
 #: the values of MMSPEC_ATTENTION
 BACKENDS = ("c", "sdpa")
+#: the largest head dimension the kernel takes (kernels/attention.c)
+MAX_HEAD_DIM = 256
 
 
 @functools.cache
@@ -64,9 +66,17 @@ def kernel_mask(mask: torch.Tensor, batch: int, n: int, length: int) -> torch.Te
     return mask[:, 0].contiguous()
 
 
+def mask_strides(mask: torch.Tensor | None) -> tuple[int, int]:
+    """The kernels' (batch, query) element strides of a :func:`kernel_mask` mask (0: shared by
+    the batch; (0, 0) for none)."""
+    if mask is None:
+        return 0, 0
+    return (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
+
+
 def _uses_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and k.dtype == q.dtype == v.dtype
-            and q.shape[-1] <= 256 and q.shape[1] % k.shape[1] == 0 and k.shape == v.shape
+            and q.shape[-1] <= MAX_HEAD_DIM and q.shape[1] % k.shape[1] == 0 and k.shape == v.shape
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and k.stride() == v.stride()
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             and attention_backend() == "c")
@@ -90,9 +100,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     length = k.shape[2]
     scale = dim**-0.5 if scale is None else float(scale)
     if _uses_kernel(q, k, v):
-        kernel_mask_ = None if mask is None else kernel_mask(mask, batch, n, length)
-        if mask is None or kernel_mask_ is not None:
-            return few_rows_attention(q, k, v, kernel_mask_, scale)
+        allowed = None if mask is None else kernel_mask(mask, batch, n, length)
+        if mask is None or allowed is not None:
+            return few_rows_attention(q, k, v, allowed, scale)
     causal = False
     if mask is None and n > 1:
         if length > n:
@@ -117,7 +127,7 @@ def few_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         variant = "avx512" if "avx512f" in cpu_flags() else "avx2"
     function = library.few_rows_attention_avx512 if variant == "avx512" else library.few_rows_attention
     out = torch.empty(batch, n, heads, dim, dtype=q.dtype)
-    mask_b, mask_n = (0, 0) if mask is None else (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1))
+    mask_b, mask_n = mask_strides(mask)
     status = function(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(), out.data_ptr(),
                       batch, heads, kv_heads, n, length, dim, q.stride(0), q.stride(1), q.stride(2),
                       k.stride(0), k.stride(1), k.stride(2), mask_b, mask_n, scale, int(q.dtype == torch.bfloat16))

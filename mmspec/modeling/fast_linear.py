@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 KERNELS = ("auto", "c", "transposed")
-#: the C sources of the kernel library: the few-row linears and the batch-invariant attention
+#: the C sources of the kernel library: the few-row linears, the batch-invariant attention, fused layers
 SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c", "layer.c"))
 #: the headers they include (part of the build's digest)
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16.h", "vmath.h"))

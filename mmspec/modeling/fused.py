@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..core.cache import PreallocatedLayer
+from .attention import MAX_HEAD_DIM, mask_strides
 from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, fp32_variants, load_kernel
 
 _LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3}
@@ -148,7 +149,7 @@ def _build(layer: nn.Module) -> LayerPlan | None:
     if (dtype not in (torch.float32, torch.bfloat16) or norm2.dtype != dtype or norm1.device.type != "cpu"
             or any(type(m) is not FewRowLinear or m.kernel != "c" or m.weight.dtype != dtype or not m.weight.is_contiguous()
                    for m in linears)
-            or any(m.bias is not None for m in (gate, up, down)) or head_dim % 2 or head_dim > 512):
+            or any(m.bias is not None for m in (gate, up, down)) or head_dim % 2 or head_dim > MAX_HEAD_DIM):
         return None
     variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants()
     if not variants:
@@ -224,7 +225,7 @@ def fused_layer(plan: LayerPlan, x: torch.Tensor, batch: int, n: int, cos: torch
     if keys.shape[0] != batch or keys.shape[1] != plan.kv_heads or keys.shape[3] != plan.head_dim or keys.dtype != plan.dtype:
         raise ValueError(f"the cache holds keys {tuple(keys.shape)} {keys.dtype}, not this layer's "
                          f"[{batch}, {plan.kv_heads}, ., {plan.head_dim}] {plan.dtype}")  # (the kernel writes into it)
-    mask_b, mask_n = (0, 0) if mask is None else (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1))
+    mask_b, mask_n = mask_strides(mask)
     status = _function()(ctypes.byref(plan.spec), x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
                          keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached,
                          None if mask is None else mask.data_ptr(), mask_b, mask_n, torch.get_num_threads())

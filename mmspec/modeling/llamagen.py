@@ -255,18 +255,18 @@ class LlamaGenModel(DataclassModel, nn.Module):
         if not capturing and int(positions.max()) >= self.max_length:
             raise ValueError(f"position {int(positions.max())} beyond the model's {self.max_length} positions")
         rope = self.rope[positions]
-        if attention_mask is None:  # built once here for every layer
-            attention_mask = chain_mask_after_cache(x.shape[1], start, x.device)
         batch, n, _ = x.shape
         plans = fused_plans(self.layers, past_key_values, batch * n, x.dtype, x.device)
         mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, start + n)
-        if plans is not None and (attention_mask is None or mask is not None):  # whole layers in C
+        if plans is not None and (attention_mask is None or mask is not None):  # whole layers in C (None: a chain)
             flat, table = x.reshape(batch * n, -1).clone(), rope.float().contiguous()
             stride = n * self.config.head_dim if table.dim() == 4 else 0
             for plan, layer_cache in zip(plans, past_key_values.layers):
                 fused_layer(plan, flat, batch, n, table, None, stride, layer_cache, mask)
             x = flat.view(batch, n, -1)
         else:
+            if attention_mask is None:  # built once here for every layer
+                attention_mask = chain_mask_after_cache(x.shape[1], start, x.device)
             for layer in self.layers:
                 x = layer(x, rope, past_key_values, attention_mask)
         x = self.norm(x)

@@ -245,7 +245,7 @@ int lean_layer(const LayerSpec *s, void *x, int64_t B, int64_t n, const void *co
                int64_t ms_b, int64_t ms_n, int threads) {
     const int64_t M = B * n, D = s->D, H = s->H, Hkv = s->Hkv, hd = s->hd, I = s->I, width = s->bf16 ? 2 : 4;
     const int bf16 = s->bf16;
-    if (hd > 512) return -1;
+    if (hd > 256) return -1; /* the attention's limit */
     char *scratch = malloc((size_t)(M * (2 * D + 2 * H * hd + 2 * Hkv * hd + 2 * I)) * width);
     if (!scratch) return -1;
     char *h = scratch, *q = h + M * D * width, *k = q + M * H * hd * width, *v = k + M * Hkv * hd * width;
