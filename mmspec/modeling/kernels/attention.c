@@ -116,26 +116,52 @@ static inline __attribute__((always_inline)) v16 vexp(v16 x) {
 }
 
 
+/* lanes of `a` where `take` is set replaced by those of `b` (bitwise: no arithmetic) */
+static inline __attribute__((always_inline)) v16 select16(i16 take, v16 a, v16 b) {
+    i16 ab, bb;
+    memcpy(&ab, &a, sizeof ab), memcpy(&bb, &b, sizeof bb);
+    ab = (ab & ~take) | (bb & take);
+    memcpy(&a, &ab, sizeof a);
+    return a;
+}
+
+/* 16 mask bytes: 1 when all are set, -1 when none of the first `keys` is, else 0 */
+static inline __attribute__((always_inline)) int mask_block(const uint8_t *m, int64_t keys) {
+    if (keys == 16) {
+        uint64_t lo, hi;
+        memcpy(&lo, m, 8), memcpy(&hi, m + 8, 8);
+        if (lo == 0x0101010101010101ull && hi == 0x0101010101010101ull) return 1;
+        return lo == 0 && hi == 0 ? -1 : 0;
+    }
+    for (int64_t j = 0; j < keys; j++)
+        if (m[j]) return 0;
+    return -1;
+}
+
 /* The rows of one batch entry b and one key-value head g: the `group` query heads that share it
- * times the n queries, R rows (r = head_in_group * n + i). Each key and value is converted once
- * and used by every row that may see it, in increasing key order, so each row's arithmetic is the
- * one-row arithmetic of the module comment. Scratch: scores [R, L + 16], top / total / count [R],
- * q [R, chunks] and acc [R, chunks] vectors. */
+ * times the n queries, R rows (r = head_in_group * n + i). Keys and values are converted 16 at a
+ * time and used by every row that may see them, in increasing key order, so each row's arithmetic
+ * is the one-row arithmetic of the module comment. A row that sees a whole block of 16 keys (a
+ * chain's cached keys, a tree node's prefix) stores its 16 scores at once; the others place them
+ * one by one. Values: each row adds e_j v_j for j up to the last key it sees (exact zeros for the
+ * keys it does not see in between), its accumulator held in registers over a block.
+ * Scratch: scores [R, L + 16], top / total [R], count / prefix / last [R], q / acc / top [R, .] vectors. */
 static inline __attribute__((always_inline)) void attend_group(
     const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t b, int64_t g, int64_t group,
     int64_t H, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h,
     int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16, float *scores, float *top, float *total,
-    int64_t *count, v16 *qv, v16 *acc) {
+    int64_t *count, int64_t *prefix, int64_t *last_key, v16 *qv, v16 *acc, v16 *topv) {
     const int64_t R = group * n, chunks = (d + 15) / 16, stride = L + 16, width = bf16 ? 2 : 4;
     const char *kb = (const char *)k + (b * ks_b + g * ks_h) * width, *vb = (const char *)v + (b * ks_b + g * ks_h) * width;
     for (int64_t r = 0; r < R; r++) {
         const int64_t h = g * group + r / n, i = r % n;
         const char *qr = (const char *)q + (b * qs_b + h * qs_h + i * qs_n) * width;
         for (int64_t t = 0; t < chunks; t++) qv[r * chunks + t] = load_row(qr, t * 16, d - t * 16, bf16);
-        top[r] = -3.0e38f, count[r] = 0;
+        top[r] = -3.0e38f, count[r] = 0, prefix[r] = 0, last_key[r] = -1;
+        topv[r] = (v16){0} - 3.0e38f;
     }
     const uint8_t *mrow = mask ? mask + b * ms_b : NULL;
-    v16 kv[16], block[16 * 16]; /* d <= 256; 16 keys' chunks */
+    v16 block[16 * 16]; /* d <= 256; 16 keys' (then values') chunks */
     for (int64_t j0 = 0; j0 < L; j0 += 16) { /* scores of 16 keys at a time, compact per row */
         const int64_t keys = L - j0 < 16 ? L - j0 : 16;
         for (int64_t slot = 0; slot < 16; slot++)
@@ -143,8 +169,16 @@ static inline __attribute__((always_inline)) void attend_group(
                 block[slot * chunks + t] = PERM[slot] < keys
                     ? load_row(kb + (j0 + PERM[slot]) * ks_l * width, t * 16, d - t * 16, bf16) : (v16){0};
         for (int64_t r = 0; r < R; r++) {
-            const int64_t i = r % n, last = mrow ? L : L - n + i; /* keys beyond `last` are masked */
-            if (!mrow && j0 > last) continue;
+            const int64_t i = r % n, last = mrow ? L : L - n + i; /* chain: keys beyond `last` are masked */
+            const uint8_t *seen = mrow ? mrow + i * ms_n : NULL;
+            int whole;
+            if (seen) {
+                whole = mask_block(seen + j0, keys);
+                if (whole < 0) continue;
+            } else {
+                if (j0 > last) continue;
+                whole = keys == 16 && j0 + 15 <= last;
+            }
             const v16 *qr = qv + r * chunks;
             v16 dots[16];
             for (int64_t slot = 0; slot < 16; slot++) {
@@ -154,40 +188,64 @@ static inline __attribute__((always_inline)) void attend_group(
                 dots[slot] = s;
             }
             const v16 sums = lane_sums(dots) * scale;
-            float *row = scores + r * stride, best = top[r];
+            float *row = scores + r * stride;
             int64_t c = count[r];
+            if (whole > 0) {
+                memcpy(row + c, &sums, sizeof sums);
+                topv[r] = select16(sums > topv[r], topv[r], sums);
+                if (c == j0) prefix[r] = j0 + 16; /* compact index = key index so far */
+                count[r] = c + 16, last_key[r] = j0 + 15;
+                continue;
+            }
+            float best = top[r];
             for (int64_t jj = 0; jj < keys; jj++) {
                 const int64_t j = j0 + jj;
-                if (mrow ? !mrow[i * ms_n + j] : j > last) continue;
+                if (seen ? !seen[j] : j > last) continue;
                 const float score = sums[jj];
                 row[c++] = score;
                 best = score > best ? score : best;
+                last_key[r] = j;
             }
             count[r] = c, top[r] = best;
         }
     }
     for (int64_t r = 0; r < R; r++) { /* e = exp(score - top), summed in 16 lanes by compact index */
-        float *row = scores + r * stride;
-        const int64_t m = count[r], padded = (m + 15) & ~(int64_t)15, i = r % n, last = mrow ? L - 1 : L - n + i;
+        float *row = scores + r * stride, best = top[r];
+        for (int l = 0; l < 16; l++) best = topv[r][l] > best ? topv[r][l] : best;
+        const int64_t m = count[r], padded = (m + 15) & ~(int64_t)15, i = r % n;
         for (int64_t c = m; c < padded; c++) row[c] = -1.0e30f;
         v16 sum = {0};
         for (int64_t c = 0; c < padded; c += 16) {
-            v16 e = vexp(load_f32(row + c, 16) - top[r]);
+            v16 e = vexp(load_f32(row + c, 16) - best);
             sum = sum + e;
             memcpy(row + c, &e, sizeof e);
         }
         total[r] = lane_sum(sum);
-        /* back to key order in place (compact index <= key index): e_j, 0 where the row does not see j */
-        for (int64_t j = L - 1, c = m - 1; j >= 0; j--)
-            row[j] = (mrow ? mrow[i * ms_n + j] : j <= last) ? row[c--] : 0.0f;
+        if (mrow) /* back to key order in place after the prefix (compact index <= key index): 0 where unseen */
+            for (int64_t j = last_key[r], c = m - 1; j >= prefix[r]; j--)
+                row[j] = mrow[i * ms_n + j] ? row[c--] : 0.0f;
         for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = (v16){0};
     }
-    for (int64_t j = 0; j < L; j++) { /* sum_j e_j v_j in key order: the compact order, with exact zeros between */
-        for (int64_t t = 0; t < chunks; t++) kv[t] = load_row(vb + j * ks_l * width, t * 16, d - t * 16, bf16);
+    for (int64_t j0 = 0; j0 < L; j0 += 16) { /* sum_j e_j v_j in key order, 16 values at a time */
+        const int64_t keys = L - j0 < 16 ? L - j0 : 16;
+        int64_t needed = 0; /* values of the block some row sees */
         for (int64_t r = 0; r < R; r++) {
-            const float e = scores[r * stride + j];
-            v16 *a = acc + r * chunks;
-            for (int64_t t = 0; t < chunks; t++) a[t] = a[t] + e * kv[t];
+            const int64_t end = last_key[r] - j0 + 1;
+            needed = end > needed ? end : needed;
+        }
+        if (needed <= 0) continue;
+        needed = needed < keys ? needed : keys;
+        for (int64_t jj = 0; jj < needed; jj++)
+            for (int64_t t = 0; t < chunks; t++) block[jj * chunks + t] = load_row(vb + (j0 + jj) * ks_l * width, t * 16, d - t * 16, bf16);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t end = last_key[r] - j0 + 1 < needed ? last_key[r] - j0 + 1 : needed;
+            if (end <= 0) continue;
+            const float *e = scores + r * stride + j0;
+            v16 a[16];
+            for (int64_t t = 0; t < chunks; t++) a[t] = acc[r * chunks + t];
+            for (int64_t jj = 0; jj < end; jj++)
+                for (int64_t t = 0; t < chunks; t++) a[t] = a[t] + e[jj] * block[jj * chunks + t];
+            for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = a[t];
         }
     }
     for (int64_t r = 0; r < R; r++) {
@@ -215,8 +273,8 @@ static inline __attribute__((always_inline)) int attention_body(
     if (d > 256 || d < 1 || Hkv < 1 || H % Hkv) return -1;
     const int64_t group = H / Hkv, R = group * n, chunks = (d + 15) / 16;
     float *scores = malloc((size_t)(R * (L + 16) + 2 * R) * sizeof(float));
-    int64_t *count = malloc((size_t)R * sizeof(int64_t));
-    v16 *vectors = aligned_alloc(64, (size_t)(2 * R * chunks) * sizeof(v16));
+    int64_t *count = malloc((size_t)(3 * R) * sizeof(int64_t));
+    v16 *vectors = aligned_alloc(64, (size_t)(2 * R * chunks + R) * sizeof(v16));
     if (!scores || !count || !vectors) {
         free(scores), free(count), free(vectors);
         return -1;
@@ -226,8 +284,8 @@ static inline __attribute__((always_inline)) int attention_body(
     for (int64_t b = 0; b < B; b++)                                                                                    \
         for (int64_t g = 0; g < Hkv; g++)                                                                              \
             attend_group(q, k, v, mask, out, b, g, group, H, n, L, D, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n,   \
-                         scale, BF16, scores, scores + R * (L + 16), scores + R * (L + 16) + R, count, vectors,         \
-                         vectors + R * chunks)
+                         scale, BF16, scores, scores + R * (L + 16), scores + R * (L + 16) + R, count, count + R,         \
+                         count + 2 * R, vectors, vectors + R * chunks, vectors + 2 * R * chunks)
     if (d == 64 && bf16) GROUPS(64, 1);
     else if (d == 64) GROUPS(64, 0);
     else if (d == 128 && bf16) GROUPS(128, 1);
