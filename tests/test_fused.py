@@ -60,10 +60,10 @@ def test_fused_llama_layers_compute_the_pytorch_layers(monkeypatch, dtype, kv_he
     model = llama(dtype, kv_heads, bias)
     assert all(layer_plan(layer) is not None for layer in model.layers)
     calls = []
-    real = fused.fused_layer
-    monkeypatch.setattr("mmspec.modeling.lean.fused_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = fused.fused_layers
+    monkeypatch.setattr("mmspec.modeling.lean.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m))
-    assert len(calls) == 4 * 2  # prefill (12 rows), step, chain, tree: every layer fused
+    assert len(calls) == 4  # prefill (12 rows), step, chain, tree: each one call for the stack
     monkeypatch.setenv("MMSPEC_FUSED", "0")
     fused_enabled.cache_clear()
     try:
@@ -71,7 +71,7 @@ def test_fused_llama_layers_compute_the_pytorch_layers(monkeypatch, dtype, kv_he
     finally:
         monkeypatch.delenv("MMSPEC_FUSED")
         fused_enabled.cache_clear()
-    assert len(calls) == 8
+    assert len(calls) == 4
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
 
@@ -108,8 +108,8 @@ def test_fused_llamagen_blocks_compute_the_pytorch_blocks(monkeypatch, dtype):
 
     assert all(layer_plan(layer) is not None for layer in model.layers)
     calls = []
-    real = fused.fused_layer
-    monkeypatch.setattr("mmspec.modeling.llamagen.fused_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = fused.fused_layers
+    monkeypatch.setattr("mmspec.modeling.llamagen.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = run()
     monkeypatch.setenv("MMSPEC_FUSED", "0")
     fused_enabled.cache_clear()
@@ -120,7 +120,7 @@ def test_fused_llamagen_blocks_compute_the_pytorch_blocks(monkeypatch, dtype):
         fused_enabled.cache_clear()
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
-    assert len(calls) == 2 * 2  # the step and the chain through both blocks (the prefill before any cache layer)
+    assert len(calls) == 2  # the step and the chain, each one call for both blocks (the prefill before any cache layer)
 
 
 def test_fused_layers_step_aside(monkeypatch):
@@ -174,4 +174,51 @@ def test_a_cache_of_another_shape_is_refused():
         x = torch.randn(1, 64)
         cos, sin = torch.ones(1, 1, 16), torch.zeros(1, 1, 16)
         with pytest.raises(ValueError, match="the cache holds keys"):
-            fused.fused_layer(plan, x, 1, 1, cos, sin, 0, cache.layers[0], None)
+            fused.fused_layers(fused.PlanStack([plan]), x, 1, 1, cos, sin, 0, cache.layers, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_fused_stack_keeps_any_layers_states(dtype):
+    """lean_states' kept hidden states (the stack run in two calls around them) and its normed output
+    (the final norm in C) are the module path's."""
+    from mmspec.modeling.lean import lean_states
+
+    model = llama(dtype)
+    x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(5)).to(dtype)
+
+    def run(layer):
+        cache = make_cache(model.config)
+        with torch.inference_mode():
+            lean_states(model, x[:, :6], cache)
+            return lean_states(model, x[:, 6:], cache, hidden_layer=layer)
+
+    for layer in (0, 1, 2, -1):
+        got = run(layer)
+        fused_enabled.cache_clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("MMSPEC_FUSED", "0")
+            fused_enabled.cache_clear()
+            want = run(layer)
+        fused_enabled.cache_clear()
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **TOLERANCE[dtype])
+        assert torch.equal(got[0], run(None)[0])
+        if layer in (2, -1):
+            assert torch.equal(got[1], got[0])
+
+
+def test_rotary_table_is_the_rotary_module():
+    """lean's rotary table gives bitwise what the model's rotary module gives, for contiguous
+    positions after a cache, explicit positions, and after it grew."""
+    from mmspec.modeling.lean import rotary
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model = llama(torch.float32).to(dtype)
+        x = torch.randn(2, 5, 64).to(dtype)
+        for cached in (0, 3, 250, 700):
+            want = model.rotary_emb(x, torch.arange(cached, cached + 5)[None])
+            got = rotary(model, x, cached, None)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        positions = torch.tensor([[7, 7, 8, 9, 1000], [0, 1, 2, 3, 4]])
+        want = model.rotary_emb(x, positions)
+        assert all(torch.equal(a, b) for a, b in zip(rotary(model, x, 0, positions), want))

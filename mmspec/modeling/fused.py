@@ -51,10 +51,11 @@ class LayerSpec(ctypes.Structure):
 @functools.cache
 def _function():
     library = load_kernel()
-    function = library.lean_layer
-    function.argtypes = ([ctypes.POINTER(LayerSpec), ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                          ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-                         + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int])
+    function = library.lean_layers
+    function.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                         + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                                    ctypes.c_float, ctypes.c_int])
     function.restype = ctypes.c_int
     return function
 
@@ -175,7 +176,15 @@ def _build(layer: nn.Module) -> LayerPlan | None:
     return LayerPlan(spec, keep, min(m.max_rows for m in linears), dtype, kv_heads, head_dim)
 
 
-def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> list[LayerPlan] | None:
+class PlanStack(list):
+    """The :class:`LayerPlan` of each layer of a stack (a list), with their specs as one C array."""
+
+    def __init__(self, plans: list[LayerPlan]) -> None:
+        super().__init__(plans)
+        self.specs = (LayerSpec * len(plans))(*(p.spec for p in plans)) if plans and None not in plans else None
+
+
+def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> PlanStack | None:
     """The plans of ``layers`` where a forward over ``rows`` rows (batch x tokens) can run them
     fused: gradients off, a CPU, a cache whose layers are :class:`PreallocatedLayer`, every layer
     qualifying in ``dtype`` and the rows within its linears' limit; else None."""
@@ -185,7 +194,7 @@ def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.devi
     if len(cached) < len(layers) or any(type(c) is not PreallocatedLayer for c in cached[: len(layers)]):
         return None
     plans = _stack_plans(layers)
-    if any(p is None or p.max_rows < rows or p.dtype != dtype for p in plans):
+    if plans.specs is None or any(p.max_rows < rows or p.dtype != dtype for p in plans):
         return None
     return plans
 
@@ -193,7 +202,7 @@ def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.devi
 _STACKS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layers -> (probes, plans)
 
 
-def _stack_plans(layers) -> list:
+def _stack_plans(layers) -> PlanStack:
     """:func:`layer_plan` of every layer, kept per layer stack and checked against its first and
     last layers' projections (``mmspec.optimize`` and ``model.to`` change all of them): two probes a
     forward instead of one per layer."""
@@ -201,34 +210,46 @@ def _stack_plans(layers) -> list:
     entry = _STACKS.get(layers)
     if entry is not None and entry[0] == probes:
         return entry[1]
-    plans = [layer_plan(layer) for layer in layers]
+    plans = PlanStack([layer_plan(layer) for layer in layers])
     _STACKS[layers] = (probes, plans)
     return plans
 
 
-def fused_layer(plan: LayerPlan, x: torch.Tensor, batch: int, n: int, cos: torch.Tensor, sin: torch.Tensor | None,
-                rope_stride: int, cache_layer, mask: torch.Tensor | None) -> None:
-    """Run the layer over ``x`` [B n, D] (contiguous, the plan's dtype) in place.
+def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: torch.Tensor, sin: torch.Tensor | None,
+                 rope_stride: int, cache_layers, mask: torch.Tensor | None, norm: torch.Tensor | None = None,
+                 eps: float = 0.0, start: int = 0, stop: int | None = None) -> None:
+    """Run the layers ``start .. stop`` of ``plans`` (default all) over ``x`` [B n, D] (contiguous,
+    the plans' dtype) in place, in one C call, and then, with ``norm`` [D] (the model's final
+    RMSNorm weight, the plans' dtype), that norm.
 
     Args:
         cos, sin: transformers' rotary inputs [1 or B, n, hd] (model dtype), or LlamaGen's table
             [1 or B, n, hd / 2, 2] as ``cos`` (fp32) and None; ``rope_stride`` elements between
             batch entries (0: shared).
-        cache_layer: the layer's :class:`~mmspec.core.cache.PreallocatedLayer` (n positions appended).
+        cache_layers: the stack's :class:`~mmspec.core.cache.PreallocatedLayer` (n positions
+            appended to each run).
         mask: None (a chain after the cache) or bool [1 or B, n, cached + n] contiguous.
 
     Raises:
-        ValueError: the cache's buffers are not this layer's shape or dtype.
+        ValueError: a cache layer's buffers are not the layers' shape or dtype, or not all one shape.
         MemoryError: the kernel could not allocate its scratch.
     """
-    keys, values, cached = cache_layer.open_slots(batch, plan.kv_heads, plan.head_dim, plan.dtype, n)
-    if keys.shape[0] != batch or keys.shape[1] != plan.kv_heads or keys.shape[3] != plan.head_dim or keys.dtype != plan.dtype:
+    stop = len(plans) if stop is None else stop
+    first, count, layers = plans[start], stop - start, cache_layers[start:stop]
+    slots = [layer.open_slots(batch, first.kv_heads, first.head_dim, first.dtype, n) for layer in layers]
+    keys, _, cached = slots[0]
+    if keys.shape[0] != batch or keys.shape[1] != first.kv_heads or keys.shape[3] != first.head_dim or keys.dtype != first.dtype:
         raise ValueError(f"the cache holds keys {tuple(keys.shape)} {keys.dtype}, not this layer's "
-                         f"[{batch}, {plan.kv_heads}, ., {plan.head_dim}] {plan.dtype}")  # (the kernel writes into it)
+                         f"[{batch}, {first.kv_heads}, ., {first.head_dim}] {first.dtype}")  # (the kernel writes into it)
+    if any(k.shape != keys.shape or k.dtype != keys.dtype or start != cached for k, _, start in slots[1:]):
+        raise ValueError("the cache's layers hold buffers of different shapes or lengths")
     mask_b, mask_n = mask_strides(mask)
-    status = _function()(ctypes.byref(plan.spec), x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
-                         keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached,
-                         None if mask is None else mask.data_ptr(), mask_b, mask_n, torch.get_num_threads())
+    pointers = ctypes.c_void_p * count
+    status = _function()(ctypes.addressof(plans.specs) + start * ctypes.sizeof(LayerSpec), count, x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
+                         pointers(*(k.data_ptr() for k, _, _ in slots)), pointers(*(v.data_ptr() for _, v, _ in slots)),
+                         keys.stride(0), keys.stride(1), keys.stride(2), cached, None if mask is None else mask.data_ptr(),
+                         mask_b, mask_n, _ptr(norm), eps, torch.get_num_threads())
     if status:
         raise MemoryError("the fused layer kernel could not allocate its scratch")
-    cache_layer.close_slots(n)
+    for layer in layers:
+        layer.close_slots(n)

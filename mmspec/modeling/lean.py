@@ -25,11 +25,13 @@ tests/test_lean.py (equal to the transformers forward).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import fused_layer, fused_plans
+from .fused import fused_layers, fused_plans
 
 #: the attention implementations whose arithmetic the lean forward reproduces
 _ATTENTION = ("sdpa", "eager", None)
@@ -52,6 +54,30 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """RoPE: x [B, heads, n, d] turned by cos, sin [B, 1, n, d]: x cos + rotate_half(x) sin."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+_ROTARY: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # rotary module -> (key, cos, sin)
+
+
+def rotary(model: nn.Module, embeds: torch.Tensor, cached: int, position_ids: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.rotary_emb(embeds, position_ids)`` -> cos, sin [B or 1, n, head_dim] (contiguous),
+    looked up in a table of every position up to the largest asked for so far (built by one call
+    of the rotary module, grown by doubling). The same values: each position's angles are one
+    product inv_freq * position, and cos / sin are element-wise (``position_ids`` None: the n
+    positions after ``cached``)."""
+    module = model.rotary_emb
+    n = embeds.shape[1]
+    last = cached + n if position_ids is None else int(position_ids.max()) + 1
+    key = (module.inv_freq.data_ptr(), embeds.dtype, embeds.device)
+    entry = _ROTARY.get(module)
+    if entry is None or entry[0] != key or entry[1].shape[1] < last:
+        size = max(last, 2 * entry[1].shape[1] if entry is not None and entry[0] == key else 0, 256)
+        cos, sin = module(embeds[:1, :1].expand(1, size, -1), torch.arange(size, device=embeds.device)[None])
+        entry = _ROTARY[module] = (key, cos.contiguous(), sin.contiguous())
+    if position_ids is None:
+        return entry[1][:, cached : cached + n], entry[2][:, cached : cached + n]
+    return entry[1][0][position_ids], entry[2][0][position_ids]
 
 
 def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
@@ -83,10 +109,7 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     """
     batch, n, _ = embeds.shape
     cached = cache.get_seq_length() if cache is not None else 0
-    if position_ids is None:
-        position_ids = torch.arange(cached, cached + n, device=embeds.device)[None]
-    cos, sin = model.rotary_emb(embeds, position_ids)
-    cos, sin = cos[:, None], sin[:, None]
+    cos, sin = rotary(model, embeds, cached, position_ids)
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -96,14 +119,19 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     plans = fused_plans(stack, cache, batch * n, embeds.dtype, embeds.device)
     mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
     if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
-        x, kept, rows = embeds.reshape(batch * n, -1).clone(), None, cos.shape[0] > 1
-        cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()
-        for index, plan in enumerate(plans):
-            if index == keep:
-                kept = x.view(batch, n, -1).clone()
-            fused_layer(plan, x, batch, n, cos, sin, n * head_dim if rows else 0, cache.layers[index], mask)
-        x = model.norm(x.view(batch, n, -1))
+        x, kept = embeds.reshape(batch * n, -1).clone(), None
+        rope_stride = n * head_dim if cos.shape[0] > 1 else 0
+        norm = model.norm.weight if model.norm.weight.dtype == x.dtype else None
+        split = keep if keep is not None and keep < layers else 0  # the layers before the kept states, then the rest
+        if split:
+            fused_layers(plans, x, batch, n, cos, sin, rope_stride, cache.layers, mask, stop=split)
+        if keep is not None and keep < layers:
+            kept = x.view(batch, n, -1).clone()
+        fused_layers(plans, x, batch, n, cos, sin, rope_stride, cache.layers, mask, norm, model.norm.variance_epsilon,
+                     start=split)
+        x = x.view(batch, n, -1) if norm is not None else model.norm(x.view(batch, n, -1))
         return x, x if keep == layers else kept
+    cos, sin = cos[:, None], sin[:, None]
     x, kept = embeds, None
     for index, layer in enumerate(model.layers[:layers]):
         if index == keep:

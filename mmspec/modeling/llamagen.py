@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import fused_layer, fused_plans
+from .fused import fused_layers, fused_plans
 from .persistence import DataclassModel
 
 CONFIG_FILE = "llamagen_config.json"
@@ -261,8 +261,7 @@ class LlamaGenModel(DataclassModel, nn.Module):
         if plans is not None and (attention_mask is None or mask is not None):  # whole layers in C (None: a chain)
             flat, table = x.reshape(batch * n, -1).clone(), rope.float().contiguous()
             stride = n * self.config.head_dim if table.dim() == 4 else 0
-            for plan, layer_cache in zip(plans, past_key_values.layers):
-                fused_layer(plan, flat, batch, n, table, None, stride, layer_cache, mask)
+            fused_layers(plans, flat, batch, n, table, None, stride, past_key_values.layers, mask)
             x = flat.view(batch, n, -1)
         else:
             if attention_mask is None:  # built once here for every layer
