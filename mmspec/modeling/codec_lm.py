@@ -186,8 +186,11 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
         return self.text_embeddings(torch.cat([phonemes, sep], dim=1))
 
     def embed_steps(self, steps: torch.Tensor) -> torch.Tensor:
-        """Steps [B, n, K] (codes, end code, pad code) -> summed embeddings [B, n, D]."""
-        return sum(table(steps[..., k]) for k, table in enumerate(self.code_embeddings))
+        """Steps [B, n, K] (codes, end code, pad code) -> summed embeddings [B, n, D] (in codebook order)."""
+        embeds = self.code_embeddings[0](steps[..., 0])
+        for k in range(1, len(self.code_embeddings)):
+            embeds = embeds + self.code_embeddings[k](steps[..., k])
+        return embeds
 
     def step_embeddings(self, steps: torch.Tensor, alignment: torch.Tensor | None = None) -> torch.Tensor:
         """The LM's inputs of steps [B, n, K] (and, for an aligned model, their :func:`frame_alignment`
@@ -280,10 +283,15 @@ def end_at(logits: torch.Tensor, steps: torch.Tensor, frames: int, end_code: int
     it holds a frame (step <= F) and certain at step F + 1 (the aligned model's length is the
     durations' total F)."""
     logits = logits.clone()
-    logits[steps <= frames, 0, end_code] = -torch.inf
-    last = steps == frames + 1
-    logits[last, 0, :end_code] = -torch.inf
-    logits[last, 0, end_code + 1 :] = -torch.inf
+    index = steps.tolist()
+    before = [row for row, step in enumerate(index) if step <= frames]
+    if len(before) == len(index):
+        logits[:, 0, end_code] = -torch.inf
+    elif before:
+        logits[before, 0, end_code] = -torch.inf
+    for row in (row for row, step in enumerate(index) if step == frames + 1):
+        logits[row, 0, :end_code] = -torch.inf
+        logits[row, 0, end_code + 1 :] = -torch.inf
     return logits
 
 
@@ -359,11 +367,19 @@ class CodecLMSteps:
         """The LM's inputs [B, n, D] of steps [B, n, K] (model ids), row b's first at step index
         ``first_steps[b]`` under ``conditionings[b]``, and those step indices [B, n] (given as
         ``step_index`` [B, n] when they do not follow each other: a token tree's nodes, by depth)."""
-        index = step_index if step_index is not None else (
-            torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(steps.shape[1], device=steps.device))
+        batch, n = steps.shape[:2]
+        if step_index is not None:
+            index = step_index
+        elif batch == 1:
+            index = torch.arange(first_steps[0], first_steps[0] + n, device=steps.device)[None]
+        else:
+            index = torch.tensor(first_steps, device=steps.device)[:, None] + torch.arange(n, device=steps.device)
         embeds = self.model.embed_steps(steps)
         if self.model.config.aligned:  # (an unaligned draft of an aligned target ignores the durations)
-            embeds = embeds + torch.stack([self.alignment_embeddings(c, i) for c, i in zip(conditionings, index)])
+            if batch == 1:
+                embeds = embeds + self.alignment_embeddings(conditionings[0], index[0])
+            else:
+                embeds = embeds + torch.stack([self.alignment_embeddings(c, i) for c, i in zip(conditionings, index)])
         return embeds, index
 
     def forward_step_rows(self, steps, first_steps, cache, conditionings, want_hidden, attention_mask=None,
@@ -376,6 +392,6 @@ class CodecLMSteps:
         embeds, index = self.step_inputs(steps, first_steps, conditionings, step_index)
         logits, hidden = self.model(embeds, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids)
         if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
-            logits = torch.stack([end_at(row, i + 1, int(c["durations"].sum()), self.end_code)
+            logits = torch.stack([end_at(row, i + 1, self._table(c)[1].shape[0] - 1, self.end_code)
                                   for row, i, c in zip(logits, index, conditionings)])
         return logits, hidden if want_hidden else None

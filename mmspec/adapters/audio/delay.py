@@ -472,9 +472,10 @@ class DelayPatternTarget:
             if end is None and int(tokens[j]) == self.pattern.end_code:
                 end = start + int(depth[j])
             ends.append(end)
-        rows = [self._constrain(cache.position(start + int(depth[j]) + 1, ends[j]), cache.step_logits[start + 1 + j][0], 0)
-                for j in range(tree.size)]
-        return TargetOutput(torch.stack(rows)[None], hidden if want_hidden else None)
+        depths = depth.tolist()
+        rows = self._constrain([cache.position(start + depths[j] + 1, ends[j]) for j in range(tree.size)],
+                               torch.stack(cache.step_logits[start + 1 : start + 1 + tree.size])[:, 0], [0] * tree.size)
+        return TargetOutput(rows[None], hidden if want_hidden else None)
 
     @property
     def batch_size_one_reason(self) -> str | None:
@@ -538,9 +539,9 @@ class DelayPatternTarget:
         for steps ``first_step`` .. ``first_step + n - 1``, the delay pattern applied as the stream
         stands now (an end code among the guesses is not followed: drafts need not be exact)."""
         cache, k = state.cache, self.num_codebooks
-        return torch.stack([self._constrain(cache.position(step * k + codebook), step_logits[row, codebook], codebook)
-                            for row, step in enumerate(range(first_step, first_step + step_logits.shape[0]))
-                            for codebook in range(k)])
+        indices = range(first_step * k, (first_step + step_logits.shape[0]) * k)
+        return self._constrain([cache.position(index) for index in indices], step_logits.reshape(-1, step_logits.shape[-1]),
+                               [index % k for index in indices])
 
     # ---- the flattened stream -------------------------------------------------------------------
     def _append(self, cache: StepCache, tokens: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -566,30 +567,45 @@ class DelayPatternTarget:
     def _next_distributions(self, cache: StepCache, indices, want_hidden: bool):
         """Logits [n, V] of the stream's sub-tokens at ``indices`` (each in a step already
         predicted), delay pattern applied; the hidden states [n, D] that predicted them."""
-        rows, hidden = [], []
-        for index in indices:
-            step, codebook = divmod(index, self.num_codebooks)
-            rows.append(self._constrain(cache.position(index), cache.step_logits[step][codebook], codebook))
-            hidden.append(cache.step_hidden[step])
+        k = self.num_codebooks
+        indices = list(indices)
+        steps = [index // k for index in indices]
+        codebooks = [index % k for index in indices]
+        rows = self._constrain([cache.position(index) for index in indices],
+                               torch.stack([cache.step_logits[step][codebook] for step, codebook in zip(steps, codebooks)]),
+                               codebooks)
         if not want_hidden:
-            return torch.stack(rows), None
+            return rows, None
+        hidden = [cache.step_hidden[step] for step in steps]
         if any(h is None for h in hidden):
             raise ValueError("hidden states were asked for after steps fed without them; ask from the prefill on")
-        return torch.stack(rows), torch.stack(hidden)
+        return rows, torch.stack(hidden)
 
-    def _constrain(self, position: str, logits: torch.Tensor, codebook: int) -> torch.Tensor:
-        """The head's logits [C] -> [V]: the codebook's range at a free position (-inf elsewhere,
-        and on the end code except in codebook 0); all mass on one id otherwise: the pad, the
-        codebook's end code ("end") or the stop id."""
-        out = torch.full((self.vocab_size,), -torch.inf, device=logits.device)
-        start = codebook * self.codebook_size
-        if position == "free":
-            out[start : start + self.codebook_size] = logits
-            if self.end_code is not None and codebook > 0:
-                out[start + self.end_code] = -torch.inf
-        else:
-            forced = {"pad": self.pad_id, "stop": self.stop_id}.get(position)
-            out[start + self.end_code if forced is None else forced] = 0.0  # "end": the codebook's end code
+    def _constrain(self, positions: list[str], logits: torch.Tensor, codebooks: list[int]) -> torch.Tensor:
+        """The heads' logits [n, C] of n stream positions -> [n, V]: row r in its codebook's range
+        at a free position (-inf elsewhere, and on the end code except in codebook 0); all mass on
+        one id otherwise: the pad, the codebook's end code ("end") or the stop id. ``positions``:
+        each row's :meth:`StepCache.position`; ``codebooks``: each row's codebook."""
+        n, size = len(positions), self.codebook_size
+        out = torch.full((n, self.vocab_size), -torch.inf, device=logits.device)
+        if not n:
+            return out
+        free = [r for r, position in enumerate(positions) if position == "free"]
+        if len(free) == n and min(codebooks) == max(codebooks):  # one codebook: one slice
+            out[:, codebooks[0] * size : (codebooks[0] + 1) * size] = logits
+        elif free:
+            rows = torch.tensor(free, device=logits.device)
+            columns = torch.tensor([codebooks[r] * size for r in free], device=logits.device)[:, None]
+            out[rows[:, None], columns + torch.arange(size, device=logits.device)] = logits[rows].to(out.dtype)
+        if self.end_code is not None:
+            ended = [r for r in free if codebooks[r] > 0]  # only codebook 0 ends the audio
+            if ended:
+                out[ended, [codebooks[r] * size + self.end_code for r in ended]] = -torch.inf
+        forced = [r for r, position in enumerate(positions) if position != "free"]
+        if forced:
+            ids = [self.pad_id if positions[r] == "pad" else self.stop_id if positions[r] == "stop"
+                   else codebooks[r] * size + self.end_code for r in forced]  # "end": the codebook's end code
+            out[forced, ids] = 0.0
         return out
 
     def model_ids(self, steps: torch.Tensor, first_step: int = 0) -> torch.Tensor:
@@ -600,6 +616,8 @@ class DelayPatternTarget:
         probability 0, so what follows it is never used)."""
         codes = steps - self._offsets.to(steps.device)
         valid = (codes >= 0) & (codes < self.codebook_size)
+        if first_step > max(self.delays):  # past every codebook's delay: the filler is the pad
+            return torch.where(valid, codes, self.steps.pad_token_id)
         step = torch.arange(first_step, first_step + steps.shape[0], device=steps.device)[:, None]
         before = step <= torch.tensor(self.delays, device=steps.device)
         filler = torch.where(before, getattr(self.steps, "begin_token_id", self.steps.pad_token_id),
