@@ -85,6 +85,9 @@ def test_ancestor_matrix_matches_paths_on_random_trees():
         for node in range(size):
             expected[node, tree.path_to(node)] = True
         assert torch.equal(tree.ancestor_matrix(), expected)
+        nodes = torch.randperm(size, generator=generator)[: max(1, size // 3)].tolist()
+        columns = torch.randperm(size, generator=generator)[: max(1, size // 2)].tolist()
+        assert torch.equal(tree.ancestor_rows(nodes, columns), expected[nodes][:, columns])
 
 
 def _brute_force_top(root_probs, table, depth, top_k):
@@ -117,6 +120,8 @@ def test_dynamic_tree_keeps_best_cumulative_confidence(depth, top_k, num_nodes):
     def child_probs(candidates, nodes):
         calls.append(nodes.tolist())
         assert candidates.scores is not None and candidates.scores.shape == candidates.tokens.shape
+        # the depths the growing tree kept are the ones its parents give
+        assert torch.equal(candidates.depth, TokenTree(candidates.tokens, candidates.parents).depth)
         return table[candidates.tokens[nodes]]
 
     tree = dynamic_tree(root, child_probs, depth=depth, top_k=top_k, num_nodes=num_nodes)

@@ -153,6 +153,29 @@ class TokenTree:
             matrix[nodes] |= matrix[self.parents[nodes]]  # the parents' rows are complete already
         return matrix
 
+    def ancestor_rows(self, nodes: list[int], columns: list[int]) -> torch.Tensor:
+        """BoolTensor [len(nodes), len(columns)]: node ``columns[j]`` is ``nodes[i]`` or one of its
+        ancestors (the rows and columns of :meth:`ancestor_matrix` that a drafter's expansion needs,
+        walked up the parents: cheaper than the whole matrix for a few nodes)."""
+        parents, where = self.parents.tolist(), {node: j for j, node in enumerate(columns)}
+        rows = torch.zeros(len(nodes), len(columns), dtype=torch.bool)
+        for i, node in enumerate(nodes):
+            while node != ROOT:
+                if node in where:
+                    rows[i, where[node]] = True
+                node = parents[node]
+        return rows
+
+    @classmethod
+    def grown(cls, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+              scores: torch.Tensor | None = None) -> "TokenTree":
+        """A tree whose ``depth`` [N] its builder kept as it grew (parents [N] on the host and
+        topological by construction): none of the checks and depth walk of the constructor."""
+        tree = cls.__new__(cls)
+        tree.tokens, tree.parents, tree.probs, tree.scores, tree.depth = tokens, parents, None, scores, depth
+        tree._children = tree._groups = None
+        return tree
+
     def is_chain(self) -> bool:
         """True if every node's parent is the previous node (a linear draft)."""
         return torch.equal(self.parents, torch.arange(-1, self.size - 1))
@@ -266,18 +289,21 @@ def dynamic_tree(
         raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
     device = root_probs.device
     log_conf, tokens = torch.topk(root_probs.float().clamp_min(1e-30).log(), min(top_k, root_probs.shape[-1]))
-    all_tokens, all_parents, all_scores = [tokens], [torch.full_like(tokens, ROOT)], [log_conf]
+    all_tokens, all_parents, all_scores = [tokens], [torch.full_like(tokens, ROOT).cpu()], [log_conf]
+    all_depths = [torch.ones(tokens.shape[0], dtype=torch.long)]
     frontier = torch.arange(tokens.shape[0], device=device)  # nodes to expand next
     count = tokens.shape[0]
     for _ in range(depth - 1):
         if expand_while is not None and not expand_while(float(torch.cat(all_scores)[frontier].max())):
             break
-        candidates = TokenTree(torch.cat(all_tokens), torch.cat(all_parents), scores=torch.cat(all_scores))
+        depths = torch.cat(all_depths)
+        candidates = TokenTree.grown(torch.cat(all_tokens), torch.cat(all_parents), depths, torch.cat(all_scores))
         probs = child_probs(candidates, frontier.cpu())  # [n, V]
         child_log, child_tokens = torch.topk(probs.float().clamp_min(1e-30).log(), min(top_k, probs.shape[-1]), dim=-1)
         scores = (candidates.scores.to(device)[frontier].unsqueeze(1) + child_log).flatten()  # [n * k]
         all_tokens.append(child_tokens.flatten())
-        all_parents.append(frontier.repeat_interleave(child_tokens.shape[1]).to(torch.long))
+        all_parents.append(frontier.cpu().repeat_interleave(child_tokens.shape[1]).to(torch.long))
+        all_depths.append((depths[frontier.cpu()] + 1).repeat_interleave(child_tokens.shape[1]))
         all_scores.append(scores)
         best = torch.argsort(-scores, stable=True)[:top_k]
         frontier = count + best.sort().values
@@ -412,23 +438,24 @@ def tree_attention_mask(
     return mask.view(1, 1, n, prefix_length + n).to(device or tree.tokens.device)
 
 
-def expansion_mask(ancestors: torch.Tensor, committed: int, fed: list[int], nodes: list[int], dtype: torch.dtype,
+def expansion_mask(seen: torch.Tensor, committed: int, dtype: torch.dtype,
                    device: torch.device | str | None = None) -> torch.Tensor:
     """Additive 4-D mask of a drafter head's forward that expands a tree a depth at a time (EAGLE-2):
-    its cache holds ``committed`` positions and then the tree nodes ``fed`` earlier, in that order;
-    the forward feeds ``nodes``. Node i sees the committed positions, the fed nodes that are its
+    its cache holds ``committed`` positions and then the m tree nodes fed earlier, in that order;
+    the forward feeds n nodes. Node i sees the committed positions, the fed nodes that are its
     ancestors, and itself.
 
     Args:
-        ancestors: BoolTensor [N, N] over the tree's node indices (:meth:`TokenTree.ancestor_matrix`).
+        seen: BoolTensor [n, m]: fed node j is an ancestor of fed node i
+            (:meth:`TokenTree.ancestor_rows`).
     Returns:
-        [1, 1, len(nodes), committed + len(fed) + len(nodes)], 0 where visible, finfo(dtype).min elsewhere.
+        [1, 1, n, committed + m + n], 0 where visible, finfo(dtype).min elsewhere.
     """
-    cached = committed + len(fed)
-    allowed = torch.ones((len(nodes), cached + len(nodes)), dtype=torch.bool)
-    if fed:
-        allowed[:, committed:cached] = ancestors[nodes][:, fed]
-    allowed[:, cached:] = torch.eye(len(nodes), dtype=torch.bool)
+    n, fed = seen.shape
+    cached = committed + fed
+    allowed = torch.ones((n, cached + n), dtype=torch.bool)
+    allowed[:, committed:cached] = seen
+    allowed[:, cached:] = torch.eye(n, dtype=torch.bool)
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
 

@@ -301,7 +301,7 @@ class Eagle2Drafter(EagleDrafter):
             tokens = self.lm_head.tokens(candidates.tokens[nodes].to(state.tokens.device))[None]
             depths = candidates.depth[nodes].to(tokens.device)
             committed = self.head_cache_length
-            mask = expansion_mask(candidates.ancestor_matrix(), committed, fed_nodes, nodes, root_feature.dtype, tokens.device)
+            mask = expansion_mask(candidates.ancestor_rows(nodes, fed_nodes), committed, root_feature.dtype, tokens.device)
             predicted = self.head(features, self.embed(tokens), self.cache, (committed + depths - 1)[None],
                                   attention_mask=mask)
             self.forwards += 1

@@ -325,7 +325,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             if not frontier:
                 break
             nodes = [index[p] for p in frontier]
-            mask = expansion_mask(ancestors, base, fed, nodes, root.dtype, root.device)
+            mask = expansion_mask(ancestors[nodes][:, fed], base, root.dtype, root.device)
             inputs = self._node_inputs(state, torch.stack([codes[p] for p in frontier]), a + depth)
             out = self._run(torch.stack([features[p[:-1]] for p in frontier])[None], inputs, a + depth, mask, same_step=True)
             children = self._children(state, a + depth + 1, out[0], width)
