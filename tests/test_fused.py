@@ -222,3 +222,43 @@ def test_rotary_table_is_the_rotary_module():
         positions = torch.tensor([[7, 7, 8, 9, 1000], [0, 1, 2, 3, 4]])
         want = model.rotary_emb(x, positions)
         assert all(torch.equal(a, b) for a, b in zip(rotary(model, x, 0, positions), want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_image_eagle_head_runs_its_block_fused(monkeypatch, dtype):
+    """The image EAGLE head's LlamaGen block takes the fused stack once its cache holds preallocated
+    layers (chains and a tree expansion mask), with the module path's outputs."""
+    from mmspec.core.tree import expansion_mask
+    from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
+
+    torch.manual_seed(0)
+    head = ImageEagleHead(ImageEagleConfig(dim=64, n_head=2, grid=(4, 4))).eval().to(dtype)
+    optimize(head)
+
+    def run():
+        cache, outs = make_cache(None), []
+        g = torch.Generator().manual_seed(1)
+        f, e = torch.randn(2, 13, 64, generator=g).to(dtype), torch.randn(1, 13, 64, generator=g).to(dtype)
+        with torch.inference_mode():
+            outs.append(head(f[:, :6], e[:, :6], cache, torch.arange(6)[None]))
+            outs.append(head(f[:, 6:7], e[:, 6:7], cache, torch.tensor([[6]])))
+            outs.append(head(f[:, 7:10], e[:, 7:10], cache, torch.arange(7, 10)[None]))
+            seen = torch.tensor([[True, False], [False, True], [True, False]])  # cache entries 8, 9 as fed tree nodes
+            outs.append(head(f[:, 10:13], e[:, 10:13], cache, torch.tensor([[8, 8, 9]]), expansion_mask(seen, 8, dtype)))
+        return outs
+
+    calls = []
+    real = fused.fused_layers
+    monkeypatch.setattr("mmspec.modeling.heads.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = run()
+    assert len(calls) == 3  # every call after the first (which creates the cache's layers)
+    monkeypatch.setenv("MMSPEC_FUSED", "0")
+    fused_enabled.cache_clear()
+    try:
+        want = run()
+    finally:
+        monkeypatch.delenv("MMSPEC_FUSED")
+        fused_enabled.cache_clear()
+    assert len(calls) == 3
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOLERANCE[dtype])

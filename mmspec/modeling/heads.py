@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .attention import kernel_mask
+from .fused import fused_layers, fused_plans
 from .hf_compat import cache_kwargs
 from .lean import lean_forward, lean_supported
 from .llamagen import LlamaGenConfig, RMSNorm, TransformerBlock, chain_mask_after_cache, rope_table_2d
@@ -225,6 +227,8 @@ class ImageEagleHead(nn.Module):
         side = max(rows, columns)
         cells = torch.arange(rows * columns)
         self.register_buffer("rope", rope_table_2d(block_config)[(cells // columns) * side + cells % columns], persistent=False)
+        # the block as a one-layer stack for the fused layers (not registered: the block's parameters are its own)
+        object.__setattr__(self, "_stack", nn.ModuleList([self.block]))
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -232,9 +236,18 @@ class ImageEagleHead(nn.Module):
         indices of the codes; attention_mask: None (causal after the cache) or additive
         [1, 1, n, cached + n] -> predicted features [R, n, D]."""
         x = self.fc(torch.cat([token_embeds.expand(features.shape[0], -1, -1), features], dim=-1))
+        rope = self.rope[position_ids.reshape(-1)]
+        batch, n, _ = x.shape
+        cached = cache.get_seq_length() if cache is not None else 0
+        plans = fused_plans(self._stack, cache, batch * n, x.dtype, x.device)
+        mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
+        if plans is not None and (attention_mask is None or mask is not None):  # the block in C (None: a chain)
+            flat = x.reshape(batch * n, -1).contiguous()
+            fused_layers(plans, flat, batch, n, rope.float().contiguous(), None, 0, cache.layers, mask)
+            return self.norm(flat.view(batch, n, -1))
         if attention_mask is None:
-            attention_mask = chain_mask_after_cache(x.shape[1], cache.get_seq_length() if cache is not None else 0, x.device)
-        return self.norm(self.block(x, self.rope[position_ids.reshape(-1)], cache, attention_mask))
+            attention_mask = chain_mask_after_cache(n, cached, x.device)
+        return self.norm(self.block(x, rope, cache, attention_mask))
 
     def save(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **card) -> None:
         """Write the head in ``dtype`` and ``card`` (extra JSON fields)."""
