@@ -25,6 +25,16 @@ def test_greedy_accepts_matching_prefix_then_corrects():
     assert v.tokens.tolist() == [[3, 1, 5, PAD]]
 
 
+def test_speculative_with_nothing_drafted_draws_from_p():
+    """An empty draft (plain decoding): no acceptance, one token drawn from p by inversion with the
+    row's uniform (the CDF's first index whose cumulative mass exceeds u)."""
+    p = torch.tensor([[[0.1, 0.0, 0.5, 0.4]], [[0.0, 0.0, 0.0, 1.0]], [[0.25, 0.25, 0.25, 0.25]]])
+    for u, want in ((0.05, [0, 3, 0]), (0.1, [2, 3, 0]), (0.59, [2, 3, 2]), (0.61, [3, 3, 2]), (0.999, [3, 3, 3])):
+        v = speculative_verify(torch.empty(3, 0, dtype=torch.long), None, p, torch.empty(3, 0), torch.full((3,), u))
+        assert v.num_accepted.tolist() == [0, 0, 0] and v.tokens.dtype == torch.long
+        assert v.tokens.tolist() == [[t] for t in want], u
+
+
 def test_greedy_all_accepted_emits_bonus():
     v = greedy_verify(torch.tensor([[3, 1]]), one_hot_logits([3, 1, 2]))
     assert v.num_accepted.tolist() == [2] and v.tokens.tolist() == [[3, 1, 2]]

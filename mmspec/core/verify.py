@@ -107,6 +107,10 @@ def speculative_verify(
         sample_uniforms: [B] one U(0, 1) per row for drawing the corrected/bonus token.
     """
     batch, k = draft_tokens.shape
+    if k == 0:  # nothing drafted (plain decoding): the bonus token from p, as the general path draws it
+        next_token = sample_from_probs(target_probs[:, 0], sample_uniforms)
+        return Verification(num_accepted=torch.zeros(batch, dtype=torch.long, device=draft_tokens.device),
+                            tokens=next_token.unsqueeze(1))
     p_of_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
     if draft_probs is None:
         q_of_draft = torch.ones_like(p_of_draft)
