@@ -54,24 +54,33 @@ def script(model, forward):
     return outs
 
 
+def fused_and_modules(monkeypatch, where: str, run):
+    """``run()`` with the fused layers (counting the calls of ``fused_layers`` as ``where`` imports
+    it) and again with ``MMSPEC_FUSED=0`` -> (fused outputs, fused calls, module outputs)."""
+    calls = []
+    real = fused.fused_layers
+    monkeypatch.setattr(where, lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = run()
+    count = len(calls)
+    monkeypatch.setenv("MMSPEC_FUSED", "0")
+    fused_enabled.cache_clear()
+    try:
+        want = run()
+    finally:
+        monkeypatch.delenv("MMSPEC_FUSED")
+        fused_enabled.cache_clear()
+    assert len(calls) == count  # nothing fused with MMSPEC_FUSED=0
+    return got, count, want
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("kv_heads,bias", [(4, False), (2, True)], ids=["mha", "gqa-bias"])
 def test_fused_llama_layers_compute_the_pytorch_layers(monkeypatch, dtype, kv_heads, bias):
     model = llama(dtype, kv_heads, bias)
     assert all(layer_plan(layer) is not None for layer in model.layers)
-    calls = []
-    real = fused.fused_layers
-    monkeypatch.setattr("mmspec.modeling.lean.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m))
-    assert len(calls) == 4  # prefill (12 rows), step, chain, tree: each one call for the stack
-    monkeypatch.setenv("MMSPEC_FUSED", "0")
-    fused_enabled.cache_clear()
-    try:
-        want = script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m))
-    finally:
-        monkeypatch.delenv("MMSPEC_FUSED")
-        fused_enabled.cache_clear()
-    assert len(calls) == 4
+    got, calls, want = fused_and_modules(monkeypatch, "mmspec.modeling.lean.fused_layers",
+                                         lambda: script(model, lambda x, c, p, m: lean_forward(model, x, c, p, m)))
+    assert calls == 4  # prefill (12 rows), step, chain, tree: each one call for the stack
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
 
@@ -107,20 +116,10 @@ def test_fused_llamagen_blocks_compute_the_pytorch_blocks(monkeypatch, dtype):
             return [model(tokens[:, :1], past_key_values=cache).logits, model(tokens[:, 1:], past_key_values=cache).logits]
 
     assert all(layer_plan(layer) is not None for layer in model.layers)
-    calls = []
-    real = fused.fused_layers
-    monkeypatch.setattr("mmspec.modeling.llamagen.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = run()
-    monkeypatch.setenv("MMSPEC_FUSED", "0")
-    fused_enabled.cache_clear()
-    try:
-        want = run()
-    finally:
-        monkeypatch.delenv("MMSPEC_FUSED")
-        fused_enabled.cache_clear()
+    got, calls, want = fused_and_modules(monkeypatch, "mmspec.modeling.llamagen.fused_layers", run)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
-    assert len(calls) == 2  # the step and the chain, each one call for both blocks (the prefill before any cache layer)
+    assert calls == 2  # the step and the chain, each one call for both blocks (the prefill before any cache layer)
 
 
 def test_fused_layers_step_aside(monkeypatch):
@@ -178,7 +177,7 @@ def test_a_cache_of_another_shape_is_refused():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-def test_fused_stack_keeps_any_layers_states(dtype):
+def test_fused_stack_keeps_any_layers_states(monkeypatch, dtype):
     """lean_states' kept hidden states (the stack run in two calls around them) and its normed output
     (the final norm in C) are the module path's."""
     from mmspec.modeling.lean import lean_states
@@ -193,13 +192,8 @@ def test_fused_stack_keeps_any_layers_states(dtype):
             return lean_states(model, x[:, 6:], cache, hidden_layer=layer)
 
     for layer in (0, 1, 2, -1):
-        got = run(layer)
-        fused_enabled.cache_clear()
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("MMSPEC_FUSED", "0")
-            fused_enabled.cache_clear()
-            want = run(layer)
-        fused_enabled.cache_clear()
+        got, calls, want = fused_and_modules(monkeypatch, "mmspec.modeling.lean.fused_layers", lambda: run(layer))
+        assert calls == (3 if layer in (1,) else 2)  # the prefill, then the stack in one call or two around the kept layer
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, **TOLERANCE[dtype])
         assert torch.equal(got[0], run(None)[0])
@@ -247,18 +241,7 @@ def test_image_eagle_head_runs_its_block_fused(monkeypatch, dtype):
             outs.append(head(f[:, 10:13], e[:, 10:13], cache, torch.tensor([[8, 8, 9]]), expansion_mask(seen, 8, dtype)))
         return outs
 
-    calls = []
-    real = fused.fused_layers
-    monkeypatch.setattr("mmspec.modeling.heads.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = run()
-    assert len(calls) == 3  # every call after the first (which creates the cache's layers)
-    monkeypatch.setenv("MMSPEC_FUSED", "0")
-    fused_enabled.cache_clear()
-    try:
-        want = run()
-    finally:
-        monkeypatch.delenv("MMSPEC_FUSED")
-        fused_enabled.cache_clear()
-    assert len(calls) == 3
+    got, calls, want = fused_and_modules(monkeypatch, "mmspec.modeling.heads.fused_layers", run)
+    assert calls == 3  # every call after the first (which creates the cache's layers)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
