@@ -12,7 +12,7 @@ from mmspec.core.cache import crop_cache, make_cache
 from mmspec.modeling import fused
 from kernel_support import needs_kernel
 
-from mmspec.modeling.fast_linear import bf16_kernel_available, optimize
+from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants, optimize
 from mmspec.modeling.fused import fused_enabled, fused_plans, layer_plan
 from mmspec.modeling.lean import lean_forward
 
@@ -131,6 +131,16 @@ def test_fused_layers_step_aside(monkeypatch):
         assert fused_plans(model.layers, cache, 25, torch.float32, torch.device("cpu")) is None  # beyond max_rows
         assert fused_plans(model.layers, None, 1, torch.float32, torch.device("cpu")) is None
         assert fused_plans(model.layers, cache, 1, torch.bfloat16, torch.device("cpu")) is None
+    if bf16_variants()[:1] == ("amx",):  # on the AMX kernel a fused layer takes up to 128 rows (a prompt), as asked
+        model = llama(torch.bfloat16)
+        cache = make_cache(model.config)
+        with torch.inference_mode():
+            lean_forward(model, torch.randn(1, 100, 64).bfloat16(), cache)
+            assert fused_plans(model.layers, cache, 128, torch.bfloat16, torch.device("cpu")) is not None
+            assert fused_plans(model.layers, cache, 129, torch.bfloat16, torch.device("cpu")) is None
+        small = LlamaModel(model.config).eval().to(torch.bfloat16)
+        optimize(small, max_rows=8)  # a smaller limit asked for is kept
+        assert layer_plan(small.layers[0]).max_rows == 8
     assert fused_plans(model.layers, cache, 1, torch.float32, torch.device("cpu")) is None  # gradients on
     assert layer_plan(llama(torch.float32).layers[0].__class__(model.config, 0).eval()) is None  # nn.Linear as loaded
     monkeypatch.setenv("MMSPEC_FUSED", "yes")

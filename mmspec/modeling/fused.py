@@ -34,9 +34,14 @@ from torch import nn
 
 from ..core.cache import PreallocatedLayer
 from .attention import MAX_HEAD_DIM, mask_strides
-from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, fp32_variants, load_kernel
+from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel
 
 _LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3}
+#: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
+#: oneDNN's linears are faster (a 256 x 256 bf16 linear at 96 rows 28 against 34 us, 1536 x 576 251
+#: against 291 us, one core), but one C call saves a layer's ~25 module calls, which outweighs that
+#: up to 128 rows: the voice's 92-row prompt 8.3 -> 5.6 ms (docs/benchmarks.md)
+AMX_FUSED_ROWS = 128
 
 
 class LayerSpec(ctypes.Structure):
@@ -174,7 +179,10 @@ def _build(layer: nn.Module) -> LayerPlan | None:
                      bf16=int(dtype == torch.bfloat16), linear=_LINEAR_CODES[variants[0]],
                      wide=int("avx512f" in cpu_flags()))
     keep = (norm1, norm2, *(m.weight for m in linears), *(m.bias for m in linears if m.bias is not None))
-    return LayerPlan(spec, keep, min(m.max_rows for m in linears), dtype, kv_heads, head_dim)
+    rows = min(m.max_rows for m in linears)
+    if variants[0] == "amx" and rows >= default_max_rows("c", torch.bfloat16):  # (a smaller limit was asked for)
+        rows = max(rows, AMX_FUSED_ROWS)
+    return LayerPlan(spec, keep, rows, dtype, kv_heads, head_dim)
 
 
 class PlanStack(list):
