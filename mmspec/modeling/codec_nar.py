@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
 from .persistence import DataclassModel
 
@@ -100,5 +101,5 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
         if frames == 0:
             return codes0.new_zeros(self.config.num_codebooks, 0)
         alignment = frame_alignment(phonemes, durations, torch.arange(frames, device=codes0.device), self.config.text_vocab)
-        fine = self(codes0[None], alignment[None])[0].argmax(-1)  # [F, K-1]
+        fine = exact_argmax(self(codes0[None], alignment[None])[0])  # [F, K-1] (argmax over bf16 is slow on CPUs)
         return torch.cat([codes0[None], fine.T], dim=0)
