@@ -213,10 +213,10 @@ class JacobiTopKMethod(JacobiMethod):
     description = "SJD's window under VADUSA's top-k tolerance (lossy: a drafted code counts while it is among the target's top k)"
     rule = "topk-tolerance"
     rule_defaults = {"top_k": 5}
-    #: measured on the VALL-E-style voice at temperature 1 (docs/benchmarks.md): top-5 over 24 codes; with
-    #: fused layers windows of 12 / 16 / 24 / 32 codes gave 3.16x / 3.17x / 3.53x / 3.37x over plain decoding
-    #: (10 sentences x 2, one core); quality in docs/benchmarks.md
-    single_stream_tokens = 24
+    #: measured on the VALL-E-style voice at temperature 1 (docs/benchmarks.md): top-5 over 31 codes (with the
+    #: pending code, 32 rows: two full AMX tiles); windows of 20 / 24 / 28 / 31 codes gave 3.19x / 3.27x / 3.31x /
+    #: 3.35x over plain decoding's code stream (12 sentences x 2, one core); quality in docs/benchmarks.md
+    single_stream_tokens = 31
 
 
 @register_method
