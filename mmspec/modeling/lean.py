@@ -65,9 +65,14 @@ def rotary(model: nn.Module, embeds: torch.Tensor, cached: int, position_ids: to
     looked up in a table of every position up to the largest asked for so far (built by one call
     of the rotary module, grown by doubling). The same values: each position's angles are one
     product inv_freq * position, and cos / sin are element-wise (``position_ids`` None: the n
-    positions after ``cached``)."""
+    positions after ``cached``). Off the CPU the module itself, as before: the table's size would
+    need the positions on the host (a sync per step)."""
     module = model.rotary_emb
     n = embeds.shape[1]
+    if embeds.device.type != "cpu":
+        if position_ids is None:
+            position_ids = torch.arange(cached, cached + n, device=embeds.device)[None]
+        return module(embeds, position_ids)
     last = cached + n if position_ids is None else int(position_ids.max()) + 1
     key = (module.inv_freq.data_ptr(), embeds.dtype, embeds.device)
     entry = _ROTARY.get(module)
