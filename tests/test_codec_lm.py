@@ -301,9 +301,9 @@ def test_eagle_tree_nodes_are_what_the_head_gives_along_their_paths():
         assert int(tree.tokens[node]) == int(ranked[path[-1]]), path
 
 
-def test_alignment_rows_come_from_a_table_equal_to_frame_alignment():
-    """CodecLMSteps looks a step's alignment up in a per-utterance table: the same rows as
-    frame_alignment for every frame and past the last one, rebuilt for new durations."""
+def test_alignment_inputs_come_from_a_table_equal_to_frame_alignment():
+    """CodecLMSteps looks a step's alignment inputs up in a per-utterance table: the embeddings of
+    frame_alignment's rows for every frame and past the last one, rebuilt for new durations."""
     from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, CodecLMSteps, frame_alignment
 
     steps_model = CodecLMSteps(CodecLM(CodecLMConfig(text_vocab=20, num_codebooks=1, codebook_size=8, dim=16, layers=1,
@@ -315,7 +315,9 @@ def test_alignment_rows_come_from_a_table_equal_to_frame_alignment():
         durations = torch.randint(0, 4, (1, count), generator=gen)
         durations[0, 0] += 1
         index = torch.arange(0, int(durations.sum()) + 5)
-        want = frame_alignment(phonemes[0], durations[0], index, steps_model.model.separator)
+        rows = frame_alignment(phonemes[0], durations[0], index, steps_model.model.separator)
+        want = steps_model.model.embed_alignment(rows)
         conditioning = {"phoneme_ids": phonemes, "durations": durations}
-        assert torch.equal(steps_model.alignment_rows(conditioning, index), want)
-        assert torch.equal(steps_model.alignment_rows(conditioning, index.flip(0)), want.flip(0))  # the cached table
+        assert torch.equal(steps_model.alignment_embeddings(conditioning, index), want)
+        assert torch.equal(steps_model.alignment_embeddings(conditioning, index.flip(0)), want.flip(0))  # the cached table
+        assert steps_model.num_frames(conditioning) == int(durations.sum())

@@ -296,14 +296,14 @@ def dynamic_tree(
     for _ in range(depth - 1):
         if expand_while is not None and not expand_while(float(torch.cat(all_scores)[frontier].max())):
             break
-        depths = torch.cat(all_depths)
+        depths, expanded = torch.cat(all_depths), frontier.cpu()  # (the tree's structure stays on the host)
         candidates = TokenTree.grown(torch.cat(all_tokens), torch.cat(all_parents), depths, torch.cat(all_scores))
-        probs = child_probs(candidates, frontier.cpu())  # [n, V]
+        probs = child_probs(candidates, expanded)  # [n, V]
         child_log, child_tokens = torch.topk(probs.float().clamp_min(1e-30).log(), min(top_k, probs.shape[-1]), dim=-1)
         scores = (candidates.scores.to(device)[frontier].unsqueeze(1) + child_log).flatten()  # [n * k]
         all_tokens.append(child_tokens.flatten())
-        all_parents.append(frontier.cpu().repeat_interleave(child_tokens.shape[1]).to(torch.long))
-        all_depths.append((depths[frontier.cpu()] + 1).repeat_interleave(child_tokens.shape[1]))
+        all_parents.append(expanded.repeat_interleave(child_tokens.shape[1]).to(torch.long))
+        all_depths.append((depths[expanded] + 1).repeat_interleave(child_tokens.shape[1]))
         all_scores.append(scores)
         best = torch.argsort(-scores, stable=True)[:top_k]
         frontier = count + best.sort().values

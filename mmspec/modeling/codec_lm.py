@@ -323,16 +323,15 @@ class CodecLMSteps:
             entry = self._tables[id(durations)] = (durations, table, self.model.embed_alignment(table))
         return entry
 
-    def alignment_rows(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
-        """:func:`frame_alignment` rows of steps ``index`` [n] under ``conditioning``, looked up in a
-        table of every frame of the utterance built once per conditioning (a step past the last
-        frame has the row of the frame after it: end ids, zero timings)."""
-        table = self._table(conditioning)[1]
-        return table[index.clamp(0, table.shape[0] - 1)]
+    def num_frames(self, conditioning: dict) -> int:
+        """F, the utterance's frames (its durations' total), from its table."""
+        return self._table(conditioning)[1].shape[0] - 1
 
     def alignment_embeddings(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor:
-        """``model.embed_alignment`` of :meth:`alignment_rows` [n, D], from the utterance's table of
-        embedded rows (the same sums, computed once per frame)."""
+        """``model.embed_alignment`` of the :func:`frame_alignment` rows of steps ``index`` [n] under
+        ``conditioning`` -> [n, D], looked up in the utterance's table of embedded rows (built once
+        per conditioning; a step past the last frame has the row of the frame after it: end ids,
+        zero timings)."""
         embedded = self._table(conditioning)[2]
         return embedded[index.clamp(0, embedded.shape[0] - 1)]
 
@@ -392,6 +391,6 @@ class CodecLMSteps:
         embeds, index = self.step_inputs(steps, first_steps, conditionings, step_index)
         logits, hidden = self.model(embeds, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids)
         if self.model.config.aligned:  # the durations fix the length: the end code after the last frame, never before
-            logits = torch.stack([end_at(row, i + 1, self._table(c)[1].shape[0] - 1, self.end_code)
+            logits = torch.stack([end_at(row, i + 1, self.num_frames(c), self.end_code)
                                   for row, i, c in zip(logits, index, conditionings)])
         return logits, hidden if want_hidden else None

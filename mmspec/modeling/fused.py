@@ -17,8 +17,8 @@ activation). Two layouts: transformers' ``LlamaDecoderLayer`` (rotate-half rotar
 lean forward of :mod:`mmspec.modeling.lean`) and mmspec's LlamaGen ``TransformerBlock`` (fused
 ``wqkv``, consecutive-pair rotary table). :func:`layer_plan` says whether a layer qualifies (CPU,
 fp32 or bf16, its seven projections few-row linears of one dtype, SiLU, no MLP bias); the callers
-fall back to their PyTorch path otherwise, and for more rows than the few-row linears take (the
-same boundary as before: those go to ``F.linear``). ``MMSPEC_FUSED=0`` turns it off per process.
+fall back to their PyTorch path otherwise, and for more rows than a plan takes (its linears' limit,
+or :data:`AMX_FUSED_ROWS` on the AMX kernel). ``MMSPEC_FUSED=0`` turns it off per process.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def fused_enabled() -> bool:
 
 @dataclass
 class LayerPlan:
-    """A layer's C spec, the tensors it points into (kept alive) and the row limit of its linears."""
+    """A layer's C spec, the tensors it points into (kept alive) and the rows it takes (its linears'
+    limit, or :data:`AMX_FUSED_ROWS` on the AMX kernel)."""
 
     spec: LayerSpec
     keep: tuple
@@ -196,7 +197,7 @@ class PlanStack(list):
 def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> PlanStack | None:
     """The plans of ``layers`` where a forward over ``rows`` rows (batch x tokens) can run them
     fused: gradients off, a CPU, a cache whose layers are :class:`PreallocatedLayer`, every layer
-    qualifying in ``dtype`` and the rows within its linears' limit; else None."""
+    qualifying in ``dtype`` and the rows within its plan's limit; else None."""
     if cache is None or device.type != "cpu" or torch.is_grad_enabled() or not fused_enabled():
         return None
     cached = getattr(cache, "layers", ())
@@ -250,11 +251,12 @@ def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: tor
     if keys.shape[0] != batch or keys.shape[1] != first.kv_heads or keys.shape[3] != first.head_dim or keys.dtype != first.dtype:
         raise ValueError(f"the cache holds keys {tuple(keys.shape)} {keys.dtype}, not this layer's "
                          f"[{batch}, {first.kv_heads}, ., {first.head_dim}] {first.dtype}")  # (the kernel writes into it)
-    if any(k.shape != keys.shape or k.dtype != keys.dtype or start != cached for k, _, start in slots[1:]):
+    if any(k.shape != keys.shape or k.dtype != keys.dtype or length != cached for k, _, length in slots[1:]):
         raise ValueError("the cache's layers hold buffers of different shapes or lengths")
     mask_b, mask_n = mask_strides(mask)
     pointers = ctypes.c_void_p * count
-    status = _function()(ctypes.addressof(plans.specs) + start * ctypes.sizeof(LayerSpec), count, x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
+    specs = ctypes.addressof(plans.specs) + start * ctypes.sizeof(LayerSpec)
+    status = _function()(specs, count, x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
                          pointers(*(k.data_ptr() for k, _, _ in slots)), pointers(*(v.data_ptr() for _, v, _ in slots)),
                          keys.stride(0), keys.stride(1), keys.stride(2), cached, None if mask is None else mask.data_ptr(),
                          mask_b, mask_n, _ptr(norm), eps, torch.get_num_threads())
