@@ -35,6 +35,22 @@ def test_measured_curve_has_every_size():
     assert set(curve) == {1, 3} and all(t > 0 for t in curve.values())
 
 
+def test_measured_sizes_take_turns_after_the_prompt():
+    """Each round times every size once (a drift of the machine's speed falls on all of them), and
+    every forward starts from the prompt alone (the appended entries are dropped)."""
+    target = TransformersTarget(make_tiny("llama").model)
+    calls, forward = [], target.forward
+
+    def recording(state, tokens, *args, **kwargs):
+        calls.append((tokens.shape[1], state.cache_length))
+        return forward(state, tokens, *args, **kwargs)
+
+    target.forward = recording  # (an attribute of mmspec's own target object, for this test)
+    curve = measure_verification_cost(target, sizes=(1, 3, 2), context=8, repeats=2)
+    assert [n for n, _ in calls] == [1, 3, 2] * 3 and {length for _, length in calls} == {8}
+    assert list(curve) == [1, 3, 2]
+
+
 def test_eagle2_auto_tree_is_lossless_and_reports_its_choice():
     case = make_tiny("llama")
     torch.manual_seed(3)

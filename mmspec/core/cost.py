@@ -32,7 +32,9 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
                               model_inputs: dict | None = None) -> dict[int, float]:
     """Median seconds of one target forward over n new tokens after a cached prompt: ``context``
     random tokens, or ``model_inputs`` (the prompt a generation prefilled, for targets whose
-    prompt is not token ids, such as the guided image targets).
+    prompt is not token ids, such as the guided image targets). The sizes take turns, one forward
+    each per round (the first round a warm-up), so that a drift of the machine's speed during the
+    measurement falls on every n alike rather than on the last ones measured.
 
     Args:
         target: a :class:`~mmspec.core.target.Target`.
@@ -50,19 +52,20 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
         context = state.cache_length
         room = getattr(target, "max_length", None)  # positions left after the prompt (image grids are short)
         sizes = [n for n in sizes if room is None or context + n <= room] or [1]
-        for n in sizes:
-            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
-            times = []
-            for _ in range(repeats + 1):
+        tokens = {n: torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(device) for n in sizes}
+        times = {n: [] for n in sizes}
+        for _ in range(repeats + 1):  # the sizes in turn: a drift of the machine's speed falls on all of them alike
+            for n in sizes:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 started = time.perf_counter()
-                target.forward(state, tokens)
+                target.forward(state, tokens[n])
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - started)
+                times[n].append(time.perf_counter() - started)
                 crop_cache(state.cache, context)  # drop the n appended entries
-            curve[n] = statistics.median(times[1:])
+        for n in sizes:
+            curve[n] = statistics.median(times[n][1:])
     return curve
 
 

@@ -262,6 +262,41 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store(
     }
 }
 
+/* amx_store for a group of at least AMX_TRANSPOSE_ROWS rows and a K of whole 32-chunks (no scalar
+ * tail): the even and odd sums added as the stored tiles lie (16 outputs x 16 columns), that block
+ * transposed in registers (unpack, then 128-bit lane shuffles: 64 shuffles for the 16 x 16 block,
+ * where gathers take 2 x 16 loads per row), then per row the bias and the rounding. The same two
+ * additions per output in the same order: bitwise amx_store's. Fewer rows keep the gathers, which
+ * then cost less than the whole block's transpose. */
+#define AMX_TRANSPOSE_ROWS 8
+static inline AMX_TARGET __attribute__((always_inline)) void amx_store_whole(
+    float c[2][16][16], const uint16_t *b, uint16_t *y, int64_t m0, int mc, int64_t n0, int64_t N) {
+    __m512 r[16], a[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_add_ps(_mm512_load_ps(c[0][i]), _mm512_load_ps(c[1][i]));
+    for (int i = 0; i < 16; i += 2) /* a[i]: per 128-bit lane l, rows i, i+1 at columns 4l, 4l+1; a[i+1]: 4l+2, 4l+3 */
+        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int g = 0; g < 16; g += 4) { /* r[g + j]: per lane l, rows g .. g+3 at column 4l + j */
+        const __m512d e0 = _mm512_castps_pd(a[g]), e1 = _mm512_castps_pd(a[g + 1]);
+        const __m512d e2 = _mm512_castps_pd(a[g + 2]), e3 = _mm512_castps_pd(a[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(e0, e2)), r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(e0, e2));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(e1, e3)), r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(e1, e3));
+    }
+    __m512 bias = _mm512_setzero_ps();
+    if (b) bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + n0))), 16));
+    for (int j = 0; j < 4; j++) { /* the 4 x 4 transpose of 128-bit lanes among r[j], r[4+j], r[8+j], r[12+j]: columns 4l + j */
+        const __m512 c0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), c1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+        const __m512 c2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), c3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+        const __m512 t[4] = {_mm512_shuffle_f32x4(c0, c2, 0x88), _mm512_shuffle_f32x4(c0, c2, 0xDD),
+                             _mm512_shuffle_f32x4(c1, c3, 0x88), _mm512_shuffle_f32x4(c1, c3, 0xDD)};
+        for (int l = 0; l < 4; l++) {
+            const int m = 4 * l + j;
+            if (m < mc)
+                _mm256_storeu_si256((__m256i *)(y + (m0 + m) * N + n0),
+                                    (__m256i)_mm512_cvtneps_pbh(b ? _mm512_add_ps(t[l], bias) : t[l]));
+        }
+    }
+}
+
 /* one k chunk of group G with A in tile TA: B of the chunk into TB, then the product into TC (tile
  * numbers are literals: the intrinsics name the registers) */
 #define AMX_CHUNK(G, TB, TA, TC, kc)                                   \
@@ -278,7 +313,7 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch) {
     const int64_t chunks = K / 32;
     const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
-    float c[2][2][16][16];
+    float c[2][2][16][16] __attribute__((aligned(64)));
     _tile_zero(0);
     _tile_zero(2);
     if (mc[1]) {
@@ -301,13 +336,16 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
             if (mc[1]) AMX_CHUNK(1, 7, 5, 3, kc + 1);
         }
     }
+    const int whole = K % 32 == 0;
     _tile_stored(0, c[0][0], 64);
     _tile_stored(2, c[0][1], 64);
-    amx_store(c[0], x, w, b, y, m0, mc[0], n0, N, K);
+    if (whole && mc[0] >= AMX_TRANSPOSE_ROWS) amx_store_whole(c[0], b, y, m0, mc[0], n0, N);
+    else amx_store(c[0], x, w, b, y, m0, mc[0], n0, N, K);
     if (mc[1]) {
         _tile_stored(1, c[1][0], 64);
         _tile_stored(3, c[1][1], 64);
-        amx_store(c[1], x, w, b, y, m0 + 16, mc[1], n0, N, K);
+        if (whole && mc[1] >= AMX_TRANSPOSE_ROWS) amx_store_whole(c[1], b, y, m0 + 16, mc[1], n0, N);
+        else amx_store(c[1], x, w, b, y, m0 + 16, mc[1], n0, N, K);
     }
 }
 
