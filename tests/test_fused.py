@@ -211,6 +211,41 @@ def test_fused_stack_keeps_any_layers_states(monkeypatch, dtype):
             assert torch.equal(got[1], got[0])
 
 
+@pytest.mark.skipif(bf16_variants()[:1] != ("amx",), reason="long prompts are chunked on the AMX kernel only")
+def test_a_prompt_beyond_the_row_limit_runs_fused_in_chunks(monkeypatch):
+    """A 300-row causal prompt (AMX: 128 rows a call) runs through the fused stack in chunks of 128,
+    each after the earlier ones: bitwise the prompt given in those pieces, and within bf16 rounding of
+    the module path; its kept hidden states too; a tree mask beyond the limit stays on the modules."""
+    from mmspec.modeling.lean import lean_states
+
+    model = llama(torch.bfloat16)
+    x = torch.randn(1, 300, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+
+    def whole(layer=None):
+        cache = make_cache(model.config)
+        with torch.inference_mode():
+            return lean_states(model, x, cache, hidden_layer=layer), lean_states(model, x[:, :1], cache)[0]
+
+    (got, kept), after = whole(1)
+    pieces = make_cache(model.config)
+    with torch.inference_mode():
+        parts = [lean_states(model, x[:, a:b], pieces, hidden_layer=1) for a, b in ((0, 128), (128, 256), (256, 300))]
+        assert torch.equal(after, lean_states(model, x[:, :1], pieces)[0])  # the same cache after the prompt
+    assert torch.equal(got, torch.cat([p[0] for p in parts], 1)) and torch.equal(kept, torch.cat([p[1] for p in parts], 1))
+    fused_out, calls, modules = fused_and_modules(monkeypatch, "mmspec.modeling.lean.fused_layers", lambda: whole()[0][0])
+    assert calls == 4  # three chunks of the prompt (the whole stack each), then the one-row step
+    torch.testing.assert_close(fused_out, modules, **TOLERANCE[torch.bfloat16])
+    with torch.inference_mode():
+        cache = make_cache(model.config)
+        mask = torch.ones(1, 1, 130, 130, dtype=torch.bool).tril()
+        assert fused_plans(model.layers, cache, 130, torch.bfloat16, torch.device("cpu")) is None
+        calls = []
+        real = fused.fused_layers
+        monkeypatch.setattr("mmspec.modeling.lean.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+        lean_states(model, x[:, :130], cache, attention_mask=mask)
+        assert not calls
+
+
 def test_rotary_table_is_the_rotary_module():
     """lean's rotary table gives bitwise what the model's rotary module gives, for contiguous
     positions after a cache, explicit positions, and after it grew."""

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import fused_layers, fused_plans
+from .fused import AMX_FUSED_ROWS, fused_layers, fused_plans
 
 #: the attention implementations whose arithmetic the lean forward reproduces
 _ATTENTION = ("sdpa", "eager", None)
@@ -121,21 +121,30 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     layers = config.num_hidden_layers
     keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
     stack = model.layers if layers == len(model.layers) else model.layers[:layers]
-    plans = fused_plans(stack, cache, batch * n, embeds.dtype, embeds.device)
+    plans, chunk = fused_plans(stack, cache, batch * n, embeds.dtype, embeds.device), n or 1
+    if plans is None and batch == 1 and attention_mask is None and position_ids is None:
+        plans = fused_plans(stack, cache, 1, embeds.dtype, embeds.device)  # a long prompt, in chunks (AMX only)
+        chunk = min(p.max_rows for p in plans) if plans is not None else 0
+        plans = plans if chunk >= AMX_FUSED_ROWS else None
     mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
     if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
         x, kept = embeds.reshape(batch * n, -1).clone(), None
         rope_stride = n * head_dim if cos.shape[0] > 1 else 0
         norm = model.norm.weight if model.norm.weight.dtype == x.dtype else None
         split = keep if keep is not None and keep < layers else 0  # the layers before the kept states, then the rest
-        if split:
-            fused_layers(plans, x, batch, n, cos, sin, rope_stride, cache.layers, mask, stop=split)
         if keep is not None and keep < layers:
-            kept = x.view(batch, n, -1).clone()
-        fused_layers(plans, x, batch, n, cos, sin, rope_stride, cache.layers, mask, norm, model.norm.variance_epsilon,
-                     start=split)
+            kept = torch.empty_like(x)
+        for first in range(0, n, chunk):  # (one chunk but for a long causal prompt: its rows after the earlier ones)
+            last = min(first + chunk, n)
+            rows, c, s = x[first:last], cos[:, first:last], None if sin is None else sin[:, first:last]
+            if split:
+                fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, stop=split)
+            if kept is not None:
+                kept[first:last] = rows
+            fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, norm,
+                         model.norm.variance_epsilon, start=split)
         x = x.view(batch, n, -1) if norm is not None else model.norm(x.view(batch, n, -1))
-        return x, x if keep == layers else kept
+        return x, x if keep == layers else None if kept is None else kept.view(batch, n, -1)
     cos, sin = cos[:, None], sin[:, None]
     x, kept = embeds, None
     for index, layer in enumerate(model.layers[:layers]):
