@@ -223,6 +223,9 @@ def test_topk_tolerance_hand_built():
     out = topk_tolerance_verify(torch.tensor([[4, 1]]), p, top_k=5, sample_uniforms=torch.tensor([0.99]))
     assert out.tokens.tolist() == [[3, -1, -1]]  # p(4) = 0 is never accepted; the draw from p at u = 0.99
     assert int(out.num_accepted[0]) == 0
+    tied = torch.tensor([[[0.4, 0.2, 0.2, 0.2], [0.4, 0.2, 0.2, 0.2]]])  # token 3 ties with the 2nd most probable
+    assert int(topk_tolerance_verify(torch.tensor([[3]]), tied, top_k=2, sample_uniforms=None).num_accepted[0]) == 1
+    assert int(topk_tolerance_verify(torch.tensor([[3]]), tied, top_k=1, sample_uniforms=None).num_accepted[0]) == 0
 
 
 def test_topk_tolerance_with_k_1_is_greedy():

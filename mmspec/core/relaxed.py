@@ -19,7 +19,8 @@ GSD (grouped speculative decoding): C = {x} plus those of x's k neighbours that 
     target's ``top_m`` most likely codes (near in embedding and in probability); accept iff
     r < min(1, p(C) / q(C)); on rejection draw from norm(max(0, p - q)) with C zeroed.
 Top-k tolerance (VADUSA, Li et al. 2024, for speech tokens): accept x_i while p_i(x_i) > 0 and x_i
-    is among the k most likely tokens of p_i; the first other position gets a token drawn from p
+    is among the k most likely tokens of p_i (fewer than k tokens strictly more likely: a token tied
+    with the k-th passes); the first other position gets a token drawn from p
     (argmax p when greedy). Lossy with no TV bound: an accepted token follows the drafter, not p,
     within the target's top k (the support top-k sampling would use); k = 1 under greedy decoding
     is exact greedy.
@@ -423,9 +424,11 @@ def topk_tolerance_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor
 
 
 def _in_top_k(p: torch.Tensor, tokens: torch.Tensor, top_k: int) -> torch.Tensor:
-    """p [B, n, V], tokens [B, n] -> [B, n] bool: p(token) > 0 and the token among p's top_k."""
-    best = p.topk(min(top_k, p.shape[-1]), dim=-1).indices
-    return (best == tokens.unsqueeze(-1)).any(-1) & (p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0)
+    """p [B, n, V], tokens [B, n] -> [B, n] bool: p(token) > 0 and the token among p's top_k, that
+    is fewer than top_k tokens strictly more probable (a token tied with the k-th passes, where a
+    sort's order among equals would decide arbitrarily; one comparison instead of a top-k search)."""
+    chosen = p.gather(-1, tokens.unsqueeze(-1))  # [B, n, 1]
+    return ((p > chosen).sum(-1) < top_k) & (chosen.squeeze(-1) > 0)
 
 
 def tree_topk_tolerance_verify(tree, target_probs: torch.Tensor, *, top_k: int,
