@@ -12,7 +12,7 @@ from mmspec.core.cache import crop_cache, make_cache
 from mmspec.modeling import fused
 from kernel_support import needs_kernel
 
-from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants, optimize
+from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants, cpu_flags, optimize
 from mmspec.modeling.fused import fused_enabled, fused_plans, layer_plan
 from mmspec.modeling.lean import lean_forward
 
@@ -244,6 +244,37 @@ def test_a_prompt_beyond_the_row_limit_runs_fused_in_chunks(monkeypatch):
         monkeypatch.setattr("mmspec.modeling.lean.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
         lean_states(model, x[:, :130], cache, attention_mask=mask)
         assert not calls
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="the 16-lane element-wise path needs AVX-512")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_the_wide_build_is_bitwise_the_narrow_one(dtype):
+    """On an AVX-512 CPU a plan runs the 16-lane SiLU (and attention): bitwise what the 8-lane
+    code gives, over an MLP width with a tail of 8 (136) and rows of a prefill and a step."""
+    torch.manual_seed(2)
+    config = LlamaConfig(vocab_size=1, hidden_size=64, intermediate_size=136, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaModel(config).eval().to(dtype)
+    optimize(model)
+    x = torch.randn(1, 21, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+
+    def run():
+        cache = make_cache(model.config)
+        with torch.inference_mode():
+            return [lean_forward(model, x[:, :20], cache), lean_forward(model, x[:, 20:], cache)]
+
+    wide = run()
+    with torch.inference_mode():
+        specs = fused_plans(model.layers, make_cache(model.config), 1, dtype, torch.device("cpu")).specs
+    assert all(spec.wide for spec in specs)
+    try:
+        for spec in specs:
+            spec.wide = 0
+        narrow = run()
+    finally:
+        for spec in specs:
+            spec.wide = 1
+    assert all(torch.equal(a, b) for a, b in zip(wide, narrow))
 
 
 def test_rotary_table_is_the_rotary_module():

@@ -432,8 +432,8 @@ class DelayPatternTarget:
             return self._forward_tree(state, tokens[0].to(self.device), tree, hidden_layer is not None)
         cache, want_hidden = state.cache, hidden_layer is not None
         start = cache.get_seq_length()
-        self._consume(cache, tokens[0].to(self.device), want_hidden)
-        logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden)
+        fed = self._consume(cache, tokens[0].to(self.device), want_hidden)
+        logits, hidden = self._next_distributions(cache, range(start + 1, start + tokens.shape[1] + 1), want_hidden, fed)
         return TargetOutput(logits[None], None if hidden is None else hidden[None])
 
     @property
@@ -553,27 +553,37 @@ class DelayPatternTarget:
         return fed, self.model_ids(cache.stream[fed * k : complete * k].view(-1, k), first_step=fed)
 
     @staticmethod
-    def _record(cache: StepCache, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Keep the distributions [s, K, C] (and hidden states [s, D]) the fed steps predicted."""
-        cache.step_logits.extend(logits.float().unbind(0))
+    def _record(cache: StepCache, logits: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+        """Keep the distributions [s, K, C] (and hidden states [s, D]) the fed steps predicted;
+        returns them as kept (float32 [s, K, C])."""
+        logits = logits.float()
+        cache.step_logits.extend(logits.unbind(0))
         cache.step_hidden.extend(hidden.unbind(0) if hidden is not None else [None] * logits.shape[0])
+        return logits
 
-    def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> None:
-        """Append sub-tokens [n] to the stream and feed the model every step they complete."""
+    def _consume(self, cache: StepCache, tokens: torch.Tensor, want_hidden: bool) -> torch.Tensor | None:
+        """Append sub-tokens [n] to the stream and feed the model every step they complete ->
+        those steps' distributions as :meth:`_record` keeps them (None when no step completed)."""
         _, steps = self._append(cache, tokens)
-        if steps.shape[0]:
-            self._record(cache, *self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden))
+        if not steps.shape[0]:
+            return None
+        return self._record(cache, *self.steps.forward_steps(steps, cache.model_cache, cache.conditioning, want_hidden))
 
-    def _next_distributions(self, cache: StepCache, indices, want_hidden: bool):
+    def _next_distributions(self, cache: StepCache, indices, want_hidden: bool, fed: torch.Tensor | None = None):
         """Logits [n, V] of the stream's sub-tokens at ``indices`` (each in a step already
-        predicted), delay pattern applied; the hidden states [n, D] that predicted them."""
+        predicted), delay pattern applied; the hidden states [n, D] that predicted them. ``fed``:
+        the distributions the last :meth:`_consume` kept (a single stream whose ``indices`` are
+        exactly those steps reads them as they are, without restacking the kept rows)."""
         k = self.num_codebooks
         indices = list(indices)
         steps = [index // k for index in indices]
         codebooks = [index % k for index in indices]
-        rows = self._constrain([cache.position(index) for index in indices],
-                               torch.stack([cache.step_logits[step][codebook] for step, codebook in zip(steps, codebooks)]),
-                               codebooks)
+        last = len(cache.step_logits)
+        if k == 1 and fed is not None and fed.shape[0] == len(steps) and steps == list(range(last - len(steps), last)):
+            stacked = fed[:, 0]
+        else:
+            stacked = torch.stack([cache.step_logits[step][codebook] for step, codebook in zip(steps, codebooks)])
+        rows = self._constrain([cache.position(index) for index in indices], stacked, codebooks)
         if not want_hidden:
             return rows, None
         hidden = [cache.step_hidden[step] for step in steps]
