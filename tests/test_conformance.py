@@ -10,7 +10,7 @@ import torch
 from tiny_models import FAMILIES, make_text_only_draft, make_tiny
 
 import mmspec
-from mmspec.adapters.hf import text_decoder
+from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.drafters import Eagle2Drafter, EagleDrafter, HydraDrafter, KangarooDrafter, MedusaDrafter, ModelDrafter
 from mmspec.modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 
@@ -122,18 +122,39 @@ def test_seeded_sampling_is_deterministic(case):
 
 
 def test_pixels_encoded_once(case):
-    """The image goes through the vision encoder in the prefill only, never again while decoding."""
+    """The image goes through the vision encoder in the prefill only, never again while decoding
+    (a target's first prefill encodes it twice: through the model's forward, and again to check the
+    lean prefill's embeddings against it; every later prefill once)."""
     if not case.is_vlm:
         pytest.skip("text-only family")
     inner = case.model.model
     vision = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model")
     calls = []
     handle = vision.register_forward_hook(lambda *args: calls.append(1))
+    target = TransformersTarget(case.model)
     try:
-        out = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **case.inputs)
+        outs = [mmspec.generate(target, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **case.inputs) for _ in range(2)]
     finally:
         handle.remove()
-    assert out.stats.target_forwards > 2 and len(calls) == 1
+    first = 2 if target.lean_prefill else 1
+    assert all(out.stats.target_forwards > 2 for out in outs) and len(calls) == first + 1
+
+
+def test_lean_prefill_is_the_models_forward(case):
+    """Where the prompt's embeddings (image features merged) are the ones the model's forward feeds
+    its decoder, prompts run through the lean decoder: the last logits and every cached key are the
+    model's own (fp32); a family whose merge differs keeps the model's forward."""
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        state, out = target.prefill(case.inputs)
+        reference = case.model(**case.inputs, use_cache=True)
+    expected = {"llama", "llava", "llava_next", "smolvlm"}  # a Llama decoder and transformers' merge
+    assert target.lean_prefill == (case.family in expected)
+    torch.testing.assert_close(out.logits.float(), reference.logits[:, -1:].float(), rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(state.cache.layers, reference.past_key_values.layers):
+        torch.testing.assert_close(mine.keys[..., : state.cache_length, :], theirs.keys, rtol=1e-4, atol=1e-4)
+    again, _ = target.prefill(case.inputs)  # later prefills take the same path
+    assert again.cache_length == state.cache_length
 
 
 def test_stats_time_the_drafter():

@@ -9,6 +9,7 @@ a :class:`~mmspec.core.cache.SequenceState` created by :meth:`TransformersTarget
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -126,6 +127,9 @@ class TransformersTarget:
             decoder = None
         #: the Llama decoder that steps run through lean_states, or None (the model's own forward)
         self.lean_decoder = decoder if decoder is not None and lean_supported(decoder) else None
+        #: prompts through lean_states too (:meth:`prompt_embeds` gave the embeddings the model's own
+        #: forward feeds its decoder); decided at the first prefill, None before
+        self.lean_prefill: bool | None = None if self.lean_decoder is not None else False
 
     def _plain_lm_head(self) -> bool:
         """True when the model's logits are its output embedding applied to the base model's last
@@ -193,20 +197,64 @@ class TransformersTarget:
         return input_ids
 
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
+        """The prompt through the model, its cache and the last position's logits [1, 1, V] (with
+        ``hidden_layer``, that entry of the hidden states [1, L, H]). Where the decoder is a lean
+        one and :meth:`prompt_embeds` reproduces the embeddings the model's forward gives its
+        decoder (checked bitwise at the first prefill), the prompt runs through ``lean_states``
+        as the steps do (a VLM's image features merged first): the fused layers instead of the
+        model's modules, one logits row. Every prefill of a target takes the same path, the first
+        included (it is run again that way, its image encoded twice), so a seed gives the same
+        output on every call."""
         input_ids = self.check_inputs(model_inputs).to(self.device)
-        cache = make_cache(self.model.config)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
-        check_head = self.own_lm_head is None
+        if self.lean_prefill:
+            return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
+        cache = make_cache(self.model.config)
+        check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
-            output_hidden_states=hidden_layer is not None or check_head,
+            output_hidden_states=hidden_layer is not None or check_head or check_lean,
         )
         if check_head:  # the multi-token path reproduces the model's own logits, or stays off
             self.own_lm_head = self._plain_lm_head() and torch.allclose(
                 self._project(self.model.get_output_embeddings(), out.hidden_states[-1][:, -1:]).float(), out.logits[:, -1:].float(),
                 rtol=1e-3, atol=1e-4)
+        if check_lean:
+            embeds = self.prompt_embeds(input_ids, inputs)
+            self.lean_prefill = embeds is not None and torch.equal(embeds, out.hidden_states[0])
+            if self.lean_prefill:
+                return self._lean_prefill(input_ids, embeds, hidden_layer)
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """The decoder's input embeddings [1, L, H] of a prompt: its token embeddings, and for a VLM
+        the image features scattered over the image tokens as transformers' VLM forwards do (the
+        base model's ``get_image_features(..., return_dict=True).pooler_output`` and
+        ``get_placeholder_mask``, given the prompt's inputs that ``get_image_features`` names);
+        None for a VLM without that interface."""
+        embeds = self.lean_decoder.embed_tokens(input_ids)
+        pixels = {k: v for k, v in inputs.items() if k in PIXEL_INPUTS and v is not None}
+        if not pixels:
+            return embeds
+        base = self.model.base_model
+        features_of, mask_of = getattr(base, "get_image_features", None), getattr(base, "get_placeholder_mask", None)
+        if features_of is None or mask_of is None:
+            return None
+        names = inspect.signature(features_of).parameters
+        features = features_of(**{k: v for k, v in inputs.items() if k in names and k not in ("input_ids", "attention_mask")},
+                               return_dict=True).pooler_output
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        features = features.to(embeds.device, embeds.dtype)
+        return embeds.masked_scatter(mask_of(input_ids, inputs_embeds=embeds, image_features=features), features)
+
+    def _lean_prefill(self, input_ids: torch.Tensor, embeds: torch.Tensor, hidden_layer: int | None
+                      ) -> tuple[SequenceState, TargetOutput]:
+        cache = make_cache(self.model.config)
+        hidden, kept = lean_states(self.lean_decoder, embeds, cache, hidden_layer=hidden_layer)
+        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
+        return state, TargetOutput(self.model.get_output_embeddings()(hidden[:, -1:]), kept)
 
     def forward(
         self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None

@@ -66,10 +66,10 @@ def rotary(model: nn.Module, embeds: torch.Tensor, cached: int, position_ids: to
     of the rotary module, grown by doubling). The same values: each position's angles are one
     product inv_freq * position, and cos / sin are element-wise (``position_ids`` None: the n
     positions after ``cached``). Off the CPU the module itself, as before: the table's size would
-    need the positions on the host (a sync per step)."""
+    need the positions on the host (a sync per step); with gradients on too."""
     module = model.rotary_emb
     n = embeds.shape[1]
-    if embeds.device.type != "cpu":
+    if embeds.device.type != "cpu" or torch.is_grad_enabled():  # (a table made under inference_mode is no autograd input)
         if position_ids is None:
             position_ids = torch.arange(cached, cached + n, device=embeds.device)[None]
         return module(embeds, position_ids)
