@@ -22,6 +22,26 @@ def test_restricted_head_matches_the_full_head_on_its_rows():
     assert whole.size == 20 and torch.equal(whole.tokens(torch.tensor([4])), torch.tensor([4])) and whole.full(probs) is probs
 
 
+def test_restricted_head_of_an_optimized_head_takes_its_kernel():
+    """A few-row head (mmspec.optimize) gives the restricted head a few-row linear of the same
+    kernel over the copied rows: its logits are that kernel's on those rows; the whole head is
+    called as it is."""
+    from mmspec.modeling.fast_linear import FewRowLinear, optimize
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(64, 40, bias=False))
+    optimize(model, kernel="transposed")  # (the C kernel where it builds: same path, another product order)
+    lm_head, ids = model[0], torch.tensor([7, 3, 39, 0, 12])
+    head = DraftLMHead(lm_head, ids)
+    assert type(head.projection) is FewRowLinear and head.projection.kernel == lm_head.kernel
+    assert head.projection.weight.data_ptr() == head.weight.data_ptr()  # the copied rows, not another copy
+    hidden = torch.randn(1, 4, 64)
+    torch.testing.assert_close(head(hidden), lm_head(hidden)[..., ids])
+    assert torch.equal(head(hidden), torch.mm(head.weight, hidden[0].T).T[None])  # the transposed kernel's product
+    whole = DraftLMHead(lm_head)
+    assert whole.projection is lm_head and torch.equal(whole(hidden), lm_head(hidden))
+
+
 def test_frequent_tokens_are_counted_on_learnt_positions_only(tmp_path):
     records = [{"ids": torch.tensor([9, 9, 9, 1, 2, 2]), "learn": torch.tensor([False, False, False, True, True, True])},
                {"ids": torch.tensor([9, 2, 3]), "learn": torch.tensor([False, True, True])}]
