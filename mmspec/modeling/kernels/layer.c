@@ -48,14 +48,21 @@ typedef struct {
                       1: consecutive pairs with an fp32 table [., n, hd / 2, 2] (LlamaGen) */
     int bf16;      /* the model dtype: 1 bf16, 0 fp32 */
     int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx (bf16) */
-    int wide;      /* the attention build: 1 AVX-512 */
+    int wide;      /* the attention build and the SiLU's lanes: 1 AVX-512 (16 lanes) */
 } LayerSpec;
 
-/* 8-lane vectors (one AVX2 register): the element-wise work of the layer */
+/* 8-lane vectors (one AVX2 register): the element-wise work of the layer; 16-lane ones (AVX-512) for
+ * the SiLU where the CPU has them. Both widths get their helpers from one template: the same
+ * operations per element, so either width gives bitwise the same results. */
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t i8v __attribute__((vector_size(32)));
 typedef uint32_t u8v __attribute__((vector_size(32)));
 typedef uint16_t h8v __attribute__((vector_size(16)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+typedef uint16_t h16v __attribute__((vector_size(32)));
+#define WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 /* element i of a model-dtype array, a value rounded to the model dtype, and stores */
 static inline float get(const void *p, int64_t i, int bf16) {
@@ -67,63 +74,65 @@ static inline void put(void *p, int64_t i, float v, int bf16) {
 }
 static inline float round_to(float v, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
 
-static inline v8 ld(const void *p, int64_t i, int bf16) {
-    v8 v;
-    if (bf16) {
-        h8v h;
-        memcpy(&h, (const uint16_t *)p + i, sizeof h);
-        u8v w = __builtin_convertvector(h, u8v) << 16;
-        memcpy(&v, &w, sizeof v);
-    } else {
-        memcpy(&v, (const float *)p + i, sizeof v);
+/* For vectors VT (ints IT, unsigned UT, bf16 halves HT) and a target attribute ATTR, the helpers
+ * ld##W / st##W (model-dtype loads and stores), bf16_bits##W (the bf16 bit patterns, rounded to
+ * nearest-even: float_to_bf16 without its NaN case), vround##W (a value rounded to the model
+ * dtype) and vexp##W (e^x, x clamped to [-87.3, 88.3]: Cephes' expf, n = round(x / ln 2), a
+ * degree-6 polynomial). */
+#define VECTOR_HELPERS(W, VT, IT, UT, HT, ATTR)                                                              \
+    static inline ATTR VT ld##W(const void *p, int64_t i, int bf16) {                                        \
+        VT v;                                                                                                \
+        if (bf16) {                                                                                          \
+            HT h;                                                                                            \
+            memcpy(&h, (const uint16_t *)p + i, sizeof h);                                                   \
+            UT w = __builtin_convertvector(h, UT) << 16;                                                     \
+            memcpy(&v, &w, sizeof v);                                                                        \
+        } else {                                                                                             \
+            memcpy(&v, (const float *)p + i, sizeof v);                                                      \
+        }                                                                                                    \
+        return v;                                                                                            \
+    }                                                                                                        \
+    static inline ATTR UT bf16_bits##W(VT v) {                                                               \
+        UT u;                                                                                                \
+        memcpy(&u, &v, sizeof u);                                                                            \
+        return (u + 0x7fff + ((u >> 16) & 1)) >> 16;                                                         \
+    }                                                                                                        \
+    static inline ATTR VT vround##W(VT v, int bf16) {                                                        \
+        if (!bf16) return v;                                                                                 \
+        UT u = bf16_bits##W(v) << 16;                                                                        \
+        memcpy(&v, &u, sizeof v);                                                                            \
+        return v;                                                                                            \
+    }                                                                                                        \
+    static inline ATTR void st##W(void *p, int64_t i, VT v, int bf16) {                                      \
+        if (bf16) {                                                                                          \
+            HT h = __builtin_convertvector(bf16_bits##W(v), HT);                                             \
+            memcpy((uint16_t *)p + i, &h, sizeof h);                                                         \
+        } else {                                                                                             \
+            memcpy((float *)p + i, &v, sizeof v);                                                            \
+        }                                                                                                    \
+    }                                                                                                        \
+    static inline ATTR VT vexp##W(VT x) {                                                                    \
+        const VT lo = (VT){0} - 87.3f, hi = (VT){0} + 88.3f;                                                 \
+        IT below = x < lo, above = x > hi;                                                                   \
+        IT xb, lb, hb;                                                                                       \
+        memcpy(&xb, &x, sizeof xb), memcpy(&lb, &lo, sizeof lb), memcpy(&hb, &hi, sizeof hb);                \
+        xb = (xb & ~below & ~above) | (lb & below) | (hb & above);                                           \
+        memcpy(&x, &xb, sizeof x);                                                                           \
+        VT fx = x * 1.44269504088896341f;                                                                    \
+        IT negative = fx < 0;                                                                                \
+        VT half = (VT){0} + 0.5f;                                                                            \
+        IT hbits, nbits;                                                                                     \
+        memcpy(&hbits, &half, sizeof hbits);                                                                 \
+        nbits = hbits | (negative & (IT){0} + (int32_t)0x80000000); /* +-0.5 toward fx's sign */             \
+        memcpy(&half, &nbits, sizeof half);                                                                  \
+        IT n = __builtin_convertvector(fx + half, IT);                                                       \
+        VT nf = __builtin_convertvector(n, VT);                                                              \
+        VT y;                                                                                                \
+        CEPHES_EXP(VT, IT, x, n, nf, y);                                                                     \
+        return y;                                                                                            \
     }
-    return v;
-}
-
-/* the bf16 bit patterns of 8 floats, rounded to nearest-even (float_to_bf16 without its NaN case) */
-static inline u8v bf16_bits(v8 v) {
-    u8v u;
-    memcpy(&u, &v, sizeof u);
-    return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
-}
-
-static inline v8 vround(v8 v, int bf16) {
-    if (!bf16) return v;
-    u8v u = bf16_bits(v) << 16;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-
-static inline void st(void *p, int64_t i, v8 v, int bf16) {
-    if (bf16) {
-        h8v h = __builtin_convertvector(bf16_bits(v), h8v);
-        memcpy((uint16_t *)p + i, &h, sizeof h);
-    } else {
-        memcpy((float *)p + i, &v, sizeof v);
-    }
-}
-
-/* e^x, x clamped to [-87.3, 88.3] (Cephes' expf: n = round(x / ln 2), a degree-6 polynomial) */
-static inline v8 vexp8(v8 x) {
-    const v8 lo = (v8){0} - 87.3f, hi = (v8){0} + 88.3f;
-    i8v below = x < lo, above = x > hi;
-    i8v xb, lb, hb;
-    memcpy(&xb, &x, sizeof xb), memcpy(&lb, &lo, sizeof lb), memcpy(&hb, &hi, sizeof hb);
-    xb = (xb & ~below & ~above) | (lb & below) | (hb & above);
-    memcpy(&x, &xb, sizeof x);
-    v8 fx = x * 1.44269504088896341f;
-    i8v negative = fx < 0;
-    v8 half = (v8){0} + 0.5f;
-    i8v hbits, nbits;
-    memcpy(&hbits, &half, sizeof hbits);
-    nbits = hbits | (negative & (i8v){0} + (int32_t)0x80000000); /* +-0.5 toward fx's sign */
-    memcpy(&half, &nbits, sizeof half);
-    i8v n = __builtin_convertvector(fx + half, i8v);
-    v8 nf = __builtin_convertvector(n, v8);
-    v8 y;
-    CEPHES_EXP(v8, i8v, x, n, nf, y);
-    return y;
-}
+VECTOR_HELPERS(8, v8, i8v, u8v, h8v, )
+VECTOR_HELPERS(16, v16, i16v, u16v, h16v, WIDE_TARGET)
 
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
                   int threads) {
@@ -142,7 +151,7 @@ static void rms_norm(const void *x, const void *w, void *out, int64_t M, int64_t
     for (int64_t m = 0; m < M; m++) {
         v8 acc = {0};
         for (int64_t i = 0; i < D8; i += 8) {
-            const v8 v = ld(x, m * D + i, bf16);
+            const v8 v = ld8(x, m * D + i, bf16);
             acc = acc + v * v;
         }
         float sum = 0.0f;
@@ -150,7 +159,7 @@ static void rms_norm(const void *x, const void *w, void *out, int64_t M, int64_t
         for (int64_t i = D8; i < D; i++) sum += get(x, m * D + i, bf16) * get(x, m * D + i, bf16);
         const float r = 1.0f / sqrtf(sum / (float)D + eps);
         for (int64_t i = 0; i < D8; i += 8)
-            st(out, m * D + i, ld(w, i, bf16) * vround(ld(x, m * D + i, bf16) * r, bf16), bf16);
+            st8(out, m * D + i, ld8(w, i, bf16) * vround8(ld8(x, m * D + i, bf16) * r, bf16), bf16);
         for (int64_t i = D8; i < D; i++)
             put(out, m * D + i, get(w, i, bf16) * round_to(get(x, m * D + i, bf16) * r, bf16), bf16);
     }
@@ -159,7 +168,7 @@ static void rms_norm(const void *x, const void *w, void *out, int64_t M, int64_t
 /* y = x + y rounded, over `count` elements (the residual), into x */
 static void add_into(void *x, const void *y, int64_t count, int bf16) {
     const int64_t c8 = count & ~(int64_t)7;
-    for (int64_t e = 0; e < c8; e += 8) st(x, e, ld(x, e, bf16) + ld(y, e, bf16), bf16);
+    for (int64_t e = 0; e < c8; e += 8) st8(x, e, ld8(x, e, bf16) + ld8(y, e, bf16), bf16);
     for (int64_t e = c8; e < count; e++) put(x, e, get(x, e, bf16) + get(y, e, bf16), bf16);
 }
 
@@ -167,9 +176,9 @@ static void add_into(void *x, const void *y, int64_t count, int bf16) {
 static void silu_times(void *g, const void *u, int64_t count, int bf16) {
     const int64_t c8 = count & ~(int64_t)7;
     for (int64_t e = 0; e < c8; e += 8) {
-        const v8 a = ld(g, e, bf16);
-        const v8 act = vround(a / (1.0f + vexp8(-a)), bf16);
-        st(g, e, act * ld(u, e, bf16), bf16);
+        const v8 a = ld8(g, e, bf16);
+        const v8 act = vround8(a / (1.0f + vexp8(-a)), bf16);
+        st8(g, e, act * ld8(u, e, bf16), bf16);
     }
     for (int64_t e = c8; e < count; e++) {
         const float a = get(g, e, bf16);
@@ -180,72 +189,9 @@ static void silu_times(void *g, const void *u, int64_t count, int bf16) {
     }
 }
 
-/* silu_times over 16 lanes (AVX-512; the caller checks the CPU has it): the same operations per
- * element in the same order as the 8-lane loop (e^x, the division and each rounding are per lane),
- * so bitwise its results, at half the instructions; the SiLU's division and exponential are most
+/* silu_times over 16 lanes (AVX-512; the caller checks the CPU has it): bitwise its results (the same
+ * operations per element) at half the instructions; the SiLU's division and exponential are most
  * of a fused layer's element-wise time over a verification's rows. The tail takes silu_times. */
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-typedef uint32_t u16v __attribute__((vector_size(64)));
-typedef uint16_t h16v __attribute__((vector_size(32)));
-#define WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-static inline WIDE_TARGET v16 ld16(const void *p, int64_t i, int bf16) {
-    v16 v;
-    if (bf16) {
-        h16v h;
-        memcpy(&h, (const uint16_t *)p + i, sizeof h);
-        u16v w = __builtin_convertvector(h, u16v) << 16;
-        memcpy(&v, &w, sizeof v);
-    } else {
-        memcpy(&v, (const float *)p + i, sizeof v);
-    }
-    return v;
-}
-
-static inline WIDE_TARGET u16v bf16_bits16(v16 v) {
-    u16v u;
-    memcpy(&u, &v, sizeof u);
-    return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
-}
-
-static inline WIDE_TARGET v16 vround16(v16 v, int bf16) {
-    if (!bf16) return v;
-    u16v u = bf16_bits16(v) << 16;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-
-static inline WIDE_TARGET void st16(void *p, int64_t i, v16 v, int bf16) {
-    if (bf16) {
-        h16v h = __builtin_convertvector(bf16_bits16(v), h16v);
-        memcpy((uint16_t *)p + i, &h, sizeof h);
-    } else {
-        memcpy((float *)p + i, &v, sizeof v);
-    }
-}
-
-static inline WIDE_TARGET v16 vexp16(v16 x) { /* vexp8 on 16 lanes */
-    const v16 lo = (v16){0} - 87.3f, hi = (v16){0} + 88.3f;
-    i16v below = x < lo, above = x > hi;
-    i16v xb, lb, hb;
-    memcpy(&xb, &x, sizeof xb), memcpy(&lb, &lo, sizeof lb), memcpy(&hb, &hi, sizeof hb);
-    xb = (xb & ~below & ~above) | (lb & below) | (hb & above);
-    memcpy(&x, &xb, sizeof x);
-    v16 fx = x * 1.44269504088896341f;
-    i16v negative = fx < 0;
-    v16 half = (v16){0} + 0.5f;
-    i16v hbits, nbits;
-    memcpy(&hbits, &half, sizeof hbits);
-    nbits = hbits | (negative & (i16v){0} + (int32_t)0x80000000);
-    memcpy(&half, &nbits, sizeof half);
-    i16v n = __builtin_convertvector(fx + half, i16v);
-    v16 nf = __builtin_convertvector(n, v16);
-    v16 y;
-    CEPHES_EXP(v16, i16v, x, n, nf, y);
-    return y;
-}
-
 static WIDE_TARGET void silu_times_wide(void *g, const void *u, int64_t count, int bf16) {
     const int64_t c16 = count & ~(int64_t)15;
     for (int64_t e = 0; e < c16; e += 16) {
@@ -267,7 +213,7 @@ static void rotate(const LayerSpec *s, void *t, int64_t B, int64_t n, int64_t he
             for (int64_t h = 0; h < heads; h++) {
                 const int64_t base = ((b * n + i) * heads + h) * hd, hd8 = hd & ~(int64_t)7;
                 for (int64_t e = 0; e < hd8; e += 8) {
-                    const v8 v = ld(t, base + e, bf16);
+                    const v8 v = ld8(t, base + e, bf16);
                     memcpy(row + e, &v, sizeof v);
                 }
                 for (int64_t e = hd8; e < hd; e++) row[e] = get(t, base + e, bf16);
@@ -279,8 +225,8 @@ static void rotate(const LayerSpec *s, void *t, int64_t B, int64_t n, int64_t he
                             memcpy(&x, row + e, sizeof x);
                             memcpy(&rot, row + (e < half ? e + half : e - half), sizeof rot);
                             if (e < half) rot = -rot;
-                            const v8 a = vround(x * ld(cos, r + e, bf16), bf16), c = vround(rot * ld(sin, r + e, bf16), bf16);
-                            st(t, base + e, a + c, bf16);
+                            const v8 a = vround8(x * ld8(cos, r + e, bf16), bf16), c = vround8(rot * ld8(sin, r + e, bf16), bf16);
+                            st8(t, base + e, a + c, bf16);
                         }
                     } else {
                         for (int64_t e = 0; e < hd; e++) {
@@ -301,7 +247,7 @@ static void rotate(const LayerSpec *s, void *t, int64_t B, int64_t n, int64_t he
                         const v8 x0 = __builtin_shuffle(x, even), x1 = __builtin_shuffle(x, odd);
                         const v8 c = __builtin_shuffle(cs, even), sn = __builtin_shuffle(cs, odd);
                         const v8 first = x0 * c - x1 * sn, second = x1 * c + x0 * sn;
-                        st(t, base + 2 * p, __builtin_shuffle(first, second, (i8v){0, 9, 2, 11, 4, 13, 6, 15}), bf16);
+                        st8(t, base + 2 * p, __builtin_shuffle(first, second, (i8v){0, 9, 2, 11, 4, 13, 6, 15}), bf16);
                     }
                     for (; p < half; p++) {
                         const float c = table[2 * p], sn = table[2 * p + 1], x0 = row[2 * p], x1 = row[2 * p + 1];
