@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     target, inputs, model = load_target(args.model, args.dtype, args.device)
     dtype = dtype_name(next(model.parameters()).dtype)
     lean = getattr(target, "lean", False) and getattr(target, "lean_decoder", None) is not None
-    results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats, "lean": lean,
+    results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats, "lean": lean, "order": "turns",
                         "machine": machine_info(dtype, args.threads, args.device)}, "variants": {}}
     for variant in variants:  # plain first: optimize() changes the model in place
         if variant == "optimized":
@@ -214,7 +214,8 @@ def markdown_table(results: dict) -> str:
     meta = results["meta"]
     m = meta["machine"]
     lines = [f"Verification cost curve of `{meta['model']}` ({m['dtype']}, {m['threads']} thread(s), {machine_line(m)}, "
-             f"torch {m['torch']}; median of {meta['repeats']})"]
+             f"torch {m['torch']}; median of {meta['repeats']}"
+             + (", the sizes in turns each round)" if meta.get("order") == "turns" else ", one size after another)")]
     if meta.get("lean"):
         lines.append("The steps run through the lean forward (mmspec.modeling.lean), which calls no attention module: "
                      "the attention's arithmetic (RoPE, SDPA, the cache update) is counted in `other`.")
