@@ -61,4 +61,9 @@ def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
     text = table.read_text()
     assert "**optimized**" in text and "optimized / plain: n=1" in text and "| 4 |" in text
     assert saved["meta"]["lean"] and "counted in `other`" in text  # a Llama model steps through the lean forward
+    assert saved["meta"]["order"] == "turns" and "the sizes in turns each round" in text
+    from mmspec.bench.cost import markdown_table
+
+    del saved["meta"]["order"]  # a results file from before the sizes took turns says so
+    assert "one size after another" in markdown_table(saved)
     torch.set_num_threads(2)  # the command set one thread
