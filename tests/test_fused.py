@@ -189,11 +189,11 @@ def test_a_cache_of_another_shape_is_refused():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_fused_stack_keeps_any_layers_states(monkeypatch, dtype):
     """lean_states' kept hidden states (the stack run in two calls around them) and its normed output
-    (the final norm in C) are the module path's."""
+    (the final norm in C) are the module path's, for one sequence and for a batch of two."""
     from mmspec.modeling.lean import lean_states
 
     model = llama(dtype)
-    x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(5)).to(dtype)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(5)).to(dtype)
 
     def run(layer):
         cache = make_cache(model.config)
@@ -209,6 +209,13 @@ def test_fused_stack_keeps_any_layers_states(monkeypatch, dtype):
         assert torch.equal(got[0], run(None)[0])
         if layer in (2, -1):
             assert torch.equal(got[1], got[0])
+    one = x[1:]  # the batch's second sequence alone: its rows of the batch's kept states, bitwise
+    cache = make_cache(model.config)
+    with torch.inference_mode():
+        lean_states(model, one[:, :6], cache)
+        alone = lean_states(model, one[:, 6:], cache, hidden_layer=1)
+        both = run(1)
+    assert torch.equal(alone[0][0], both[0][1]) and torch.equal(alone[1][0], both[1][1])
 
 
 @pytest.mark.skipif(bf16_variants()[:1] != ("amx",), reason="long prompts are chunked on the AMX kernel only")

@@ -134,13 +134,13 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         split = keep if keep is not None and keep < layers else 0  # the layers before the kept states, then the rest
         if keep is not None and keep < layers:
             kept = torch.empty_like(x)
-        for first in range(0, n, chunk):  # (one chunk but for a long causal prompt: its rows after the earlier ones)
+        for first in range(0, n, chunk):  # (one chunk but for a long causal prompt of one row: its tokens in turn)
             last = min(first + chunk, n)
-            rows, c, s = x[first:last], cos[:, first:last], None if sin is None else sin[:, first:last]
+            rows, c, s = x[first * batch : last * batch], cos[:, first:last], None if sin is None else sin[:, first:last]
             if split:
                 fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, stop=split)
             if kept is not None:
-                kept[first:last] = rows
+                kept[first * batch : last * batch] = rows
             fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, norm,
                          model.norm.variance_epsilon, start=split)
         x = x.view(batch, n, -1) if norm is not None else model.norm(x.view(batch, n, -1))
