@@ -40,8 +40,14 @@ UNSUPPORTED_FAMILIES = {
 }
 
 PIXEL_INPUTS = ("pixel_values",)
+
 #: config fields of families whose logits are not a plain linear map of the last hidden state
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
+
+
+def _has_pixels(model_inputs: dict[str, Any]) -> bool:
+    """Whether a prompt carries an image (one of :data:`PIXEL_INPUTS`, not None)."""
+    return any(model_inputs.get(name) is not None for name in PIXEL_INPUTS)
 
 
 def _image_token_id(config) -> int | None:
@@ -184,7 +190,7 @@ class TransformersTarget:
             raise ValueError("the prompt is padded (attention_mask has zeros); with batch size 1, pass it unpadded")
         if self.is_vlm:
             has_image_tokens = self.image_token_id is not None and bool((input_ids == self.image_token_id).any())
-            has_pixels = any(model_inputs.get(name) is not None for name in PIXEL_INPUTS)
+            has_pixels = _has_pixels(model_inputs)
             if has_image_tokens and not has_pixels:
                 raise ValueError("the prompt has image tokens but no pixel_values; pass the processor's full output")
             if has_pixels and not has_image_tokens:
@@ -192,7 +198,7 @@ class TransformersTarget:
                     "pixel_values were given but the prompt has no image tokens; build the prompt with the "
                     "model's processor (it inserts the image tokens)"
                 )
-        elif any(model_inputs.get(name) is not None for name in PIXEL_INPUTS):
+        elif _has_pixels(model_inputs):
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
 
@@ -234,8 +240,7 @@ class TransformersTarget:
         ``get_placeholder_mask``, given the prompt's inputs that ``get_image_features`` names);
         None for a VLM without that interface."""
         embeds = self.lean_decoder.embed_tokens(input_ids)
-        pixels = {k: v for k, v in inputs.items() if k in PIXEL_INPUTS and v is not None}
-        if not pixels:
+        if not _has_pixels(inputs):
             return embeds
         base = self.model.base_model
         features_of, mask_of = getattr(base, "get_image_features", None), getattr(base, "get_placeholder_mask", None)

@@ -69,12 +69,12 @@ class DraftLMHead:
         self.weight = lm_head.weight if token_ids is None else lm_head.weight.detach()[self.token_ids].contiguous()
         bias = getattr(lm_head, "bias", None)
         self.bias = None if bias is None else (bias if token_ids is None else bias.detach()[self.token_ids])
-        #: the projection: the head itself, or for a restricted vocabulary a linear of the head's
-        #: class over the copied rows (a few-row linear when ``mmspec.optimize`` made the head one:
+        #: the projection: the head itself when it is a linear over all its rows, else a linear of the
+        #: head's class over ``weight`` (a few-row linear when ``mmspec.optimize`` made the head one:
         #: its kernel, not F.linear's small-M path, for the 1-8 rows a drafting step projects)
-        self.projection = lm_head if token_ids is None else self._restricted(lm_head)
+        self.projection = lm_head if token_ids is None and isinstance(lm_head, nn.Linear) else self._linear_over(lm_head)
 
-    def _restricted(self, lm_head: nn.Module) -> nn.Module:
+    def _linear_over(self, lm_head: nn.Module) -> nn.Module:
         projection = nn.Linear(self.weight.shape[1], self.weight.shape[0], bias=self.bias is not None, device="meta")
         projection.weight = nn.Parameter(self.weight, requires_grad=False)
         if self.bias is not None:
@@ -89,8 +89,6 @@ class DraftLMHead:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> draft logits [..., N] (column j is token ``tokens(j)``)."""
-        if self.token_ids is None and type(self.projection) is not FewRowLinear:
-            return nn.functional.linear(hidden, self.weight, self.bias)  # (a head of any class: its weight alone)
         return self.projection(hidden)
 
     def pick(self, drafter, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
