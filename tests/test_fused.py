@@ -328,3 +328,29 @@ def test_image_eagle_head_runs_its_block_fused(monkeypatch, dtype):
     assert calls == 3  # every call after the first (which creates the cache's layers)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
+
+
+@pytest.mark.skipif(bf16_variants()[:1] != ("amx",), reason="packed weights are read by the AMX kernel only")
+def test_packed_weights_give_the_strided_kernels_results_and_follow_updates():
+    """A bf16 stack optimized with packed weights (the AMX kernel's tile order) computes bitwise what
+    the same stack reading its weights in place computes, over a prefill, a step and a tree; after an
+    in-place update of one middle weight the packed plans are rebuilt (not a stale copy)."""
+    models = [llama(torch.bfloat16, kv_heads=2), llama(torch.bfloat16, kv_heads=2)]
+    for model, pack in zip(models, (True, False)):
+        optimize(model, pack=pack)  # (llama() optimized already: the modules keep their packing)
+        for m in model.modules():
+            if hasattr(m, "pack"):
+                m.pack = pack
+    for model, code in zip(models, (4, 3)):
+        with torch.inference_mode():
+            plans = fused_plans(model.layers, make_cache(model.config), 1, torch.bfloat16, torch.device("cpu"))
+        assert [p.spec.linear for p in plans] == [code] * len(plans)
+
+    def run(model):
+        return script(model, lambda x, cache, positions, mask: lean_forward(model, x, cache, positions, mask))
+
+    assert all(torch.equal(a, b) for a, b in zip(run(models[0]), run(models[1])))
+    for model in models:
+        with torch.no_grad():
+            model.layers[0].mlp.up_proj.weight.mul_(-1.5)  # in place: same storage, new version
+    assert all(torch.equal(a, b) for a, b in zip(run(models[0]), run(models[1])))

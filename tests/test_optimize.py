@@ -161,3 +161,25 @@ def test_every_family_verifies_as_before(family, kernel):
     ar = mmspec.generate(plain, max_new_tokens=12, **case.inputs)
     spec = mmspec.generate(fast, drafter="prompt-lookup", max_new_tokens=12, **case.inputs)
     assert torch.equal(spec.sequences, ar.sequences)
+
+
+@needs_kernel
+def test_a_packed_linear_is_bitwise_the_strided_one_and_follows_its_weight():
+    """FewRowLinear with pack=True reads its weight in the AMX tile order: bitwise the in-place
+    kernel's outputs at 1-40 rows; a weight whose shape cannot be packed (N % 16, K % 32) keeps the
+    in-place kernel; an in-place update of the weight is repacked before the next forward."""
+    if bf16_variants()[:1] != ("amx",):
+        pytest.skip("packed weights are read by the AMX kernel only")
+    torch.manual_seed(0)
+    for out_features, in_features, packs in [(96, 64, True), (100, 64, False), (96, 48, False)]:
+        linear = nn.Linear(in_features, out_features).to(torch.bfloat16)
+        packed, strided = FewRowLinear(linear, "c", 64, pack=True), FewRowLinear(linear, "c", 64, pack=False)
+        assert (packed.packed_weight() is not None) == packs
+        with torch.inference_mode():
+            for rows in (1, 7, 16, 40):
+                x = torch.randn(rows, in_features).bfloat16()
+                assert torch.equal(packed(x), strided(x))
+            with torch.no_grad():
+                linear.weight.mul_(-2)
+            x = torch.randn(5, in_features).bfloat16()
+            assert torch.equal(packed(x), strided(x))

@@ -80,7 +80,7 @@ class DraftLMHead:
         if self.bias is not None:
             projection.bias = nn.Parameter(self.bias, requires_grad=False)
         if isinstance(lm_head, FewRowLinear):
-            return FewRowLinear(projection, lm_head.kernel, lm_head.max_rows)
+            return FewRowLinear(projection, lm_head.kernel, lm_head.max_rows, lm_head.pack)
         return projection
 
     @property

@@ -34,9 +34,9 @@ from torch import nn
 
 from ..core.cache import PreallocatedLayer
 from .attention import MAX_HEAD_DIM, mask_strides
-from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel
+from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel, weight_version
 
-_LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3}
+_LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3, "amx packed": 4}
 #: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
 #: oneDNN's linears are faster (a 256 x 256 bf16 linear at 96 rows 28 against 34 us, 1536 x 576 251
 #: against 291 us, one core), but one C call saves a layer's ~25 module calls, which outweighs that
@@ -86,7 +86,9 @@ def fused_enabled() -> bool:
 @dataclass
 class LayerPlan:
     """A layer's C spec, the tensors it points into (kept alive) and the rows it takes (its linears'
-    limit, or :data:`AMX_FUSED_ROWS` on the AMX kernel)."""
+    limit, or :data:`AMX_FUSED_ROWS` on the AMX kernel). Where it points into packed copies of the
+    weights (:meth:`FewRowLinear.packed_weight`), ``weights`` are the weights they copy and
+    ``versions`` their version counters at packing: an in-place update makes the plan stale."""
 
     spec: LayerSpec
     keep: tuple
@@ -94,6 +96,11 @@ class LayerPlan:
     dtype: torch.dtype
     kv_heads: int
     head_dim: int
+    weights: tuple = ()
+    versions: tuple = ()
+
+    def fresh(self) -> bool:
+        return not self.weights or tuple(map(weight_version, self.weights)) == self.versions
 
 
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layer -> (probe, plan)
@@ -140,7 +147,7 @@ def layer_plan(layer: nn.Module) -> LayerPlan | None:
     it does not qualify (module doc)."""
     probe = _probe(layer)
     cached = _PLANS.get(layer)
-    if cached is not None and cached[0] == probe:
+    if cached is not None and cached[0] == probe and (cached[1] is None or cached[1].fresh()):
         return cached[1]
     plan = _build(layer)
     _PLANS[layer] = (probe, plan)
@@ -162,8 +169,16 @@ def _build(layer: nn.Module) -> LayerPlan | None:
     variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants()
     if not variants:
         return None
+    kernel = variants[0]
+    # the AMX kernel reads packed copies where every linear has one (a packed block of 16 rows starts
+    # where the row does in W, so LlamaGen's q, k and v blocks are found alike when 16 divides them)
+    packed = [m.packed_weight() for m in linears] if kernel == "amx" else [None]
+    if None not in packed and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0:
+        kernel, weights = "amx packed", packed
+    else:
+        packed, weights = [], [m.weight for m in linears]
     if len(qkv) == 1:  # LlamaGen's fused projection: q, k and v are consecutive row blocks of one weight
-        weight, size = qkv[0].weight, heads * head_dim * norm1.shape[0]
+        weight, size = weights[0], heads * head_dim * norm1.shape[0]
         element = weight.element_size()
         q_ptr, k_ptr = weight.data_ptr(), weight.data_ptr() + size * element
         v_ptr = k_ptr + kv_heads * head_dim * norm1.shape[0] * element
@@ -171,19 +186,21 @@ def _build(layer: nn.Module) -> LayerPlan | None:
         if qkv[0].bias is not None:
             return None
     else:
-        q_ptr, k_ptr, v_ptr = (m.weight.data_ptr() for m in qkv)
+        q_ptr, k_ptr, v_ptr = (w.data_ptr() for w in weights[:3])
         biases = tuple(_ptr(m.bias) for m in qkv)
-    spec = LayerSpec(norm1=norm1.data_ptr(), norm2=norm2.data_ptr(), wq=q_ptr, wk=k_ptr, wv=v_ptr, wo=o.weight.data_ptr(),
-                     bq=biases[0], bk=biases[1], bv=biases[2], bo=_ptr(o.bias), wg=gate.weight.data_ptr(),
-                     wu=up.weight.data_ptr(), wd=down.weight.data_ptr(), D=norm1.shape[0], H=heads, Hkv=kv_heads,
+    o_w, gate_w, up_w, down_w = weights[-4:]
+    spec = LayerSpec(norm1=norm1.data_ptr(), norm2=norm2.data_ptr(), wq=q_ptr, wk=k_ptr, wv=v_ptr, wo=o_w.data_ptr(),
+                     bq=biases[0], bk=biases[1], bv=biases[2], bo=_ptr(o.bias), wg=gate_w.data_ptr(),
+                     wu=up_w.data_ptr(), wd=down_w.data_ptr(), D=norm1.shape[0], H=heads, Hkv=kv_heads,
                      hd=head_dim, I=gate.out_features, eps1=eps1, eps2=eps2, scale=scale, rope=rope,
-                     bf16=int(dtype == torch.bfloat16), linear=_LINEAR_CODES[variants[0]],
+                     bf16=int(dtype == torch.bfloat16), linear=_LINEAR_CODES[kernel],
                      wide=int("avx512f" in cpu_flags()))
-    keep = (norm1, norm2, *(m.weight for m in linears), *(m.bias for m in linears if m.bias is not None))
+    keep = (norm1, norm2, *weights, *(m.bias for m in linears if m.bias is not None))
     rows = min(m.max_rows for m in linears)
     if variants[0] == "amx" and rows >= default_max_rows("c", torch.bfloat16):  # (a smaller limit was asked for)
         rows = max(rows, AMX_FUSED_ROWS)
-    return LayerPlan(spec, keep, rows, dtype, kv_heads, head_dim)
+    sources = tuple(m.weight for m in linears) if packed else ()
+    return LayerPlan(spec, keep, rows, dtype, kv_heads, head_dim, sources, tuple(map(weight_version, sources)))
 
 
 class PlanStack(list):
@@ -192,6 +209,12 @@ class PlanStack(list):
     def __init__(self, plans: list[LayerPlan]) -> None:
         super().__init__(plans)
         self.specs = (LayerSpec * len(plans))(*(p.spec for p in plans)) if plans and None not in plans else None
+        self.weights = tuple(w for p in plans if p is not None for w in p.weights)
+        self.versions = tuple(v for p in plans if p is not None for v in p.versions)
+
+    def fresh(self) -> bool:
+        """False once a weight the plans read a packed copy of was updated in place."""
+        return not self.weights or tuple(map(weight_version, self.weights)) == self.versions
 
 
 def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> PlanStack | None:
@@ -218,7 +241,7 @@ def _stack_plans(layers) -> PlanStack:
     forward instead of one per layer."""
     probes = (len(layers), _probe(layers[0]), _probe(layers[-1])) if len(layers) else (0,)
     entry = _STACKS.get(layers)
-    if entry is not None and entry[0] == probes:
+    if entry is not None and entry[0] == probes and entry[1].fresh():
         return entry[1]
     plans = PlanStack([layer_plan(layer) for layer in layers])
     _STACKS[layers] = (probes, plans)

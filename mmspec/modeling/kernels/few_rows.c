@@ -208,8 +208,13 @@ int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b,
     (void)x, (void)w, (void)b, (void)y, (void)M, (void)N, (void)K, (void)threads;
     return -2; /* never called: few_rows_amx_init() said no */
 }
+int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                               int64_t K, int threads) {
+    return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
+}
 #else
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#define PACKED_AHEAD 4096 /* bytes: 2, 4 and 8 KB measured alike */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -310,9 +315,11 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store_whole(
  * of each of its 16 rows per chunk). */
 static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     const uint16_t *x, const uint16_t *const xp[2], const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0,
-    const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch) {
+    const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch, const int packed) {
     const int64_t chunks = K / 32;
+    /* the block's chunk kc: rows n0 .. n0 + 15 at columns kc * 32 .. (stride K), or packed: 1 KB at blk + kc * 512 */
     const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
+    const int64_t step = packed ? 512 : 32, stride = packed ? 64 : K * 2;
     float c[2][2][16][16] __attribute__((aligned(64)));
     _tile_zero(0);
     _tile_zero(2);
@@ -322,13 +329,15 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     }
     for (int64_t kc = 0; kc < chunks; kc += 2) {
         const int odd = kc + 1 < chunks;
-        if (prefetch)
+        if (packed) /* the weight is one stream: the 2 KB (two chunks) PACKED_AHEAD bytes on; never faults */
+            for (int i = 0; i < 32; i++) _mm_prefetch((const char *)(blk + kc * 512) + PACKED_AHEAD + 64 * i, _MM_HINT_T0);
+        else if (prefetch)
             for (int i = 0; i < 16; i++) {
                 _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
                 if (odd) _mm_prefetch((const char *)(next + i * K + kc * 32 + 32), _MM_HINT_T0);
             }
-        _tile_loadd(4, blk + kc * 32, K * 2);
-        if (odd) _tile_loadd(5, blk + kc * 32 + 32, K * 2);
+        _tile_loadd(4, blk + kc * step, stride);
+        if (odd) _tile_loadd(5, blk + (kc + 1) * step, stride);
         AMX_CHUNK(0, 6, 4, 0, kc);
         if (mc[1]) AMX_CHUNK(1, 7, 4, 1, kc);
         if (odd) {
@@ -362,10 +371,11 @@ static uint16_t *amx_scratch(size_t count) {
     return buffer;
 }
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16. Returns 0, or -1 where the scratch
- * cannot be allocated (nothing computed). */
-AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                                   int64_t N, int64_t K, int threads) {
+/* x [M, K], w [N, K] (packed: the tile layout below), b [N] or NULL, y [M, N]: contiguous bf16.
+ * Returns 0, or -1 where the scratch cannot be allocated (nothing computed). */
+static inline AMX_TARGET __attribute__((always_inline)) int amx_linear(
+    const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N, int64_t K, int threads,
+    const int packed) {
     if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
         few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
         return 0;
@@ -394,12 +404,30 @@ AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const u
                 if (mc[0] != configured[0] || mc[1] != configured[1])
                     amx_configure(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
                 const uint16_t *const groups_xp[2] = {xp + m0 * K, xp + (m0 + 16) * K};
-                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
+                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks, packed);
             }
         if (configured[0] >= 0) _tile_release();
     }
-    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
+    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block (never packed) */
         few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
     return 0;
+}
+
+AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                   int64_t N, int64_t K, int threads) {
+    return amx_linear(x, w, b, y, M, N, K, threads, 0);
+}
+
+/* The same products from W packed in the order the tiles read it: wp[N / 16][K / 32][16][32], each
+ * chunk of a 16-output block one contiguous 1 KB tile (mmspec.modeling.fast_linear.pack_amx). The
+ * strided tile loads of W's rows read 16 lines 2K bytes apart per chunk, which the hardware
+ * prefetchers follow poorly; packed, the weight is one sequential stream, prefetched PACKED_AHEAD
+ * bytes ahead: a 1536 x 576 weight from L3 64-101 -> 61-67 us at 1-16 rows, the 49152 x 576 LM head
+ * from DRAM 4.9 -> 4.3 ms (docs/benchmarks.md). Bitwise the unpacked kernel's results (the same
+ * tiles in the same order). Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
+AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M,
+                                          int64_t N, int64_t K, int threads) {
+    if (N % 16 || K % 32) return -3;
+    return amx_linear(x, wp, b, y, M, N, K, threads, 1);
 }
 #endif
