@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mmspec.core.verify import PAD, greedy_verify, speculative_verify, typical_verify
+from mmspec.core.verify import PAD, exact_argmax, greedy_verify, speculative_verify, typical_verify
 
 NEG = float("-inf")
 
@@ -186,3 +186,25 @@ def test_exact_argmax_is_argmax_with_its_tie_breaking(dtype):
     tied = torch.zeros(1, 8, dtype=dtype)
     tied[0, 3] = tied[0, 6] = 1
     assert int(exact_argmax(tied)) == 3  # the first of the tie, not the last
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_c_row_argmax_is_max_indices(dtype):
+    """The C row argmax (registered with exact_argmax) gives max(dim=-1).indices: the first of tied
+    maxima (rounded rows tie often), an all -inf row, a row's first NaN, a row of equal values, a
+    maximum in the scalar tail, at widths around the 16-lane blocks."""
+    from mmspec.modeling.fast_linear import rows_argmax
+
+    generator = torch.Generator().manual_seed(0)
+    for width in (1, 7, 16, 33, 1000, 49152):
+        x = (4 * torch.randn(6, 3, width, generator=generator)).round().to(dtype)
+        x[1, 1] = float("-inf")
+        x[2, 2, width // 2] = float("nan")
+        x[2, 2, -1] = float("nan")
+        x[3, 0] = 1.0
+        x[4, 1, -1] = 100.0
+        indices = rows_argmax(x)
+        if indices is None:
+            pytest.skip("the C row argmax needs an AVX-512 CPU and the built kernels")
+        assert torch.equal(indices, x.max(dim=-1).indices)
+        assert torch.equal(exact_argmax(x), indices)

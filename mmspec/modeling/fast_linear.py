@@ -56,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.verify import ROW_ARGMAXES
+
 KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library: the few-row linears, the batch-invariant attention, fused layers
 SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c", "layer.c"))
@@ -113,6 +115,7 @@ def load_kernel() -> ctypes.CDLL:
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = ctypes.c_int if function in (library.few_rows_linear_amx, library.few_rows_linear_amx_packed) else None
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
+    library.rows_argmax.argtypes, library.rows_argmax.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p], None
     for function in (library.few_rows_attention, library.few_rows_attention_avx512):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
         function.restype = ctypes.c_int
@@ -237,6 +240,35 @@ def weight_version(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
+
+
+@functools.cache
+def _argmax_library() -> ctypes.CDLL | None:
+    """The kernel library where :func:`rows_argmax` runs (AVX-512, the kernels built), else None."""
+    if not {"avx512f", "avx512bw"} <= cpu_flags():
+        return None
+    try:
+        return load_kernel()
+    except KernelUnavailable:
+        return None
+
+
+def rows_argmax(logits: torch.Tensor) -> torch.Tensor | None:
+    """``logits.max(dim=-1).indices`` through the C kernel for a contiguous fp32 / bf16 CPU tensor
+    on an AVX-512 CPU where the kernels built (the first of tied maxima; a row's first NaN where it
+    has one); None elsewhere. Registered with :data:`mmspec.core.verify.ROW_ARGMAXES`."""
+    if (logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16) or not logits.is_contiguous()
+            or logits.dim() == 0 or logits.numel() == 0):
+        return None
+    library = _argmax_library()
+    if library is None:
+        return None
+    out = torch.empty(logits.shape[:-1], dtype=torch.long)
+    library.rows_argmax(logits.data_ptr(), out.numel(), logits.shape[-1], int(logits.dtype == torch.bfloat16), out.data_ptr())
+    return out
+
+
+ROW_ARGMAXES.append(rows_argmax)
 
 
 def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:

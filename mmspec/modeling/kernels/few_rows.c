@@ -431,3 +431,61 @@ AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp,
     return amx_linear(x, wp, b, y, M, N, K, threads, 1);
 }
 #endif
+
+/* ---- argmax over rows: out[r] = the first index of the largest of x[r, 0 .. V) (fp32 or bf16) ----
+ *
+ * What torch.max(dim=-1).indices gives, at ~memory speed (PyTorch's bf16 reduction over a [15,
+ * 49152] verification took ~0.55 ms on one core): 16 lanes keep their strictly-greater maxima
+ * (the first of ties within a lane), then the largest lane value with the smallest index among the
+ * lanes holding it. A row holding a NaN gives its first NaN (PyTorch's max propagates NaN). */
+#define ARGMAX_TARGET __attribute__((target("avx512f,avx512bw")))
+static inline ARGMAX_TARGET __m512 argmax_load(const void *x, int64_t i, int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)x + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))), 16));
+}
+
+static inline float argmax_get(const void *x, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const void *row = bf16 ? (const void *)((const uint16_t *)x + r * V) : (const void *)((const float *)x + r * V);
+        const int64_t V16 = V & ~(int64_t)15;
+        __m512 best = _mm512_set1_ps(-__builtin_inff());
+        __m512i where = _mm512_set1_epi32(-1), index = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        __mmask16 nan = 0;
+        for (int64_t i = 0; i < V16; i += 16) {
+            const __m512 v = argmax_load(row, i, bf16);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+            best = _mm512_mask_mov_ps(best, greater, v);
+            where = _mm512_mask_mov_epi32(where, greater, index);
+            index = _mm512_add_epi32(index, sixteen);
+        }
+        float lane_best[16];
+        int32_t lane_where[16];
+        _mm512_storeu_ps(lane_best, best);
+        _mm512_storeu_si512(lane_where, where);
+        float top = -__builtin_inff();
+        int64_t at = 0;
+        for (int l = 0; l < 16; l++) /* the largest lane maximum, the first index holding it */
+            if (lane_where[l] >= 0 && (lane_best[l] > top || (lane_best[l] == top && lane_where[l] < at)))
+                top = lane_best[l], at = lane_where[l];
+        for (int64_t i = V16; i < V; i++) {
+            const float v = argmax_get(row, i, bf16);
+            if (v != v) nan = 1;
+            else if (v > top) top = v, at = i;
+        }
+        if (nan) /* the first NaN */
+            for (int64_t i = 0; i < V; i++) {
+                const float v = argmax_get(row, i, bf16);
+                if (v != v) {
+                    at = i;
+                    break;
+                }
+            }
+        out[r] = at;
+    }
+}
