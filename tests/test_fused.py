@@ -354,3 +354,35 @@ def test_packed_weights_give_the_strided_kernels_results_and_follow_updates():
         with torch.no_grad():
             model.layers[0].mlp.up_proj.weight.mul_(-1.5)  # in place: same storage, new version
     assert all(torch.equal(a, b) for a, b in zip(run(models[0]), run(models[1])))
+
+
+def test_the_c_cache_compaction_is_the_layers_own():
+    """compact_cache through the C compaction (registered by mmspec.modeling.fused) leaves every
+    layer's keys, values and length as the layers' own compact does; indices that do not increase
+    strictly, or run past the cache, are left to the layers."""
+    from mmspec.core.cache import PreallocatedLayer, compact_cache
+    from mmspec.modeling.fused import compact_layers
+
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for indices in ([0], [0, 2, 5], [1, 3, 4, 7], [], [3]):
+            keys = [torch.randn(2, 3, 12, 8, generator=generator).to(dtype) for _ in range(4)]
+            values = [torch.randn(2, 3, 12, 8, generator=generator).to(dtype) for _ in range(4)]
+            caches = []
+            for _ in range(2):
+                cache = make_cache(LlamaConfig(num_hidden_layers=4, hidden_size=48, num_attention_heads=6, num_key_value_heads=3))
+                cache.layers = [PreallocatedLayer.from_tensors(k, v) for k, v in zip(keys, values)]
+                caches.append(cache)
+            moved = torch.tensor(indices, dtype=torch.long)
+            assert compact_layers(caches[0].layers, 3, moved)
+            for layer in caches[1].layers:
+                layer.compact(3, moved)
+            compact_cache(caches[0], 0, torch.arange(3 + len(indices)))  # (a no-op compaction, through the registry)
+            for a, b in zip(caches[0].layers, caches[1].layers):
+                assert a.get_seq_length() == b.get_seq_length() == 3 + len(indices)
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    cache = make_cache(LlamaConfig(num_hidden_layers=1, hidden_size=48, num_attention_heads=6, num_key_value_heads=3))
+    cache.layers = [PreallocatedLayer.from_tensors(torch.randn(1, 3, 6, 8), torch.randn(1, 3, 6, 8))]
+    assert not compact_layers(cache.layers, 1, torch.tensor([2, 2]))
+    assert not compact_layers(cache.layers, 1, torch.tensor([1, 5]))
+    assert cache.layers[0].get_seq_length() == 6

@@ -88,6 +88,7 @@ def test_ancestor_matrix_matches_paths_on_random_trees():
         nodes = torch.randperm(size, generator=generator)[: max(1, size // 3)].tolist()
         columns = torch.randperm(size, generator=generator)[: max(1, size // 2)].tolist()
         assert torch.equal(tree.ancestor_rows(nodes, columns), expected[nodes][:, columns])
+        assert torch.equal(tree.ancestor_rows([], columns), expected[[]][:, columns])
 
 
 def _brute_force_top(root_probs, table, depth, top_k):

@@ -89,6 +89,11 @@ class PreallocatedLayer(DynamicLayer):
             self._reserve(like, like, self._length + count)
         return self._key_buffer, self._value_buffer, self._length
 
+    def buffers(self) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """(key buffer, value buffer [B, H, capacity, D], the cached length): for a native writer
+        that moves entries in place and then sets the length with :meth:`crop`."""
+        return self._key_buffer, self._value_buffer, self._length
+
     def close_slots(self, count: int) -> None:
         """The ``count`` positions :meth:`open_slots` reserved now hold keys and values."""
         self._length += count
@@ -155,6 +160,12 @@ def crop_cache(cache: Cache, length: int) -> None:
         cache.crop(-excess)
 
 
+#: faster compactions a backend offers: ``fn(cache layers, start, indices) -> True`` where it did
+#: the whole compaction (every layer), False where it does not apply; tried in order by
+#: :func:`compact_cache` (:mod:`mmspec.modeling.fused` registers its C one)
+CACHE_COMPACTORS: list = []
+
+
 def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
     """Keep the first ``start`` cached positions and the positions ``start + indices``, in this
     order, contiguously; drop everything else (tree verification: keep the prefix and the accepted
@@ -170,6 +181,9 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
             gone, so positions no longer match indices) or a layer type without positions.
     """
     indices = indices.to(torch.long)
+    for compact in CACHE_COMPACTORS:
+        if compact(cache.layers, start, indices):
+            return
     for layer in cache.layers:
         if isinstance(layer, PreallocatedLayer):
             layer.compact(start, indices.to(layer._key_buffer.device) if layer._key_buffer is not None else indices)

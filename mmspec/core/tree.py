@@ -158,13 +158,13 @@ class TokenTree:
         ancestors (the rows and columns of :meth:`ancestor_matrix` that a drafter's expansion needs,
         walked up the parents: cheaper than the whole matrix for a few nodes)."""
         parents, where = self.parents.tolist(), {node: j for j, node in enumerate(columns)}
-        rows = torch.zeros(len(nodes), len(columns), dtype=torch.bool)
-        for i, node in enumerate(nodes):
+        rows = [[False] * len(columns) for _ in nodes]  # (host lists, one tensor at the end)
+        for row, node in zip(rows, nodes):
             while node != ROOT:
                 if node in where:
-                    rows[i, where[node]] = True
+                    row[where[node]] = True
                 node = parents[node]
-        return rows
+        return torch.tensor(rows, dtype=torch.bool).reshape(len(nodes), len(columns))
 
     @classmethod
     def grown(cls, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,

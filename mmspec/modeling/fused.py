@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.cache import PreallocatedLayer
+from ..core.cache import CACHE_COMPACTORS, PreallocatedLayer
 from .attention import MAX_HEAD_DIM, mask_strides
 from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel, weight_version
 
@@ -287,3 +287,46 @@ def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: tor
         raise MemoryError("the fused layer kernel could not allocate its scratch")
     for layer in layers:
         layer.close_slots(n)
+
+
+@functools.cache
+def _compact_function():
+    function = load_kernel().compact_rows
+    function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p, ctypes.c_int64]
+    function.restype = None
+    return function
+
+
+def compact_layers(layers, start: int, indices: torch.Tensor) -> bool:
+    """:func:`mmspec.core.cache.compact_cache` in one C call (``kernels/layer.c``): for caches whose
+    layers are all :class:`PreallocatedLayer` with contiguous CPU buffers of one shape and dtype,
+    and strictly increasing ``indices`` inside the cached length. The same moves as the layers' own
+    ``compact`` (30 layers of the captioner: ~0.7 ms of tensor operations -> ~20 us). False where it
+    does not apply (the caller compacts layer by layer)."""
+    if not layers or any(type(layer) is not PreallocatedLayer for layer in layers) or indices.device.type != "cpu" or not fused_enabled():
+        return False
+    first_keys, _, length = layers[0].buffers()
+    if first_keys is None or first_keys.device.type != "cpu":
+        return False
+    offsets = indices.tolist()
+    m = len(offsets)
+    if any(b <= a for a, b in zip(offsets, offsets[1:])) or (m and (offsets[0] < 0 or start + offsets[-1] >= length)):
+        return False
+    buffers = []
+    for layer in layers:
+        keys, values, cached = layer.buffers()
+        if (keys is None or cached != length or keys.shape != first_keys.shape or keys.dtype != first_keys.dtype
+                or not keys.is_contiguous() or values.shape != keys.shape or values.dtype != keys.dtype or not values.is_contiguous()):
+            return False
+        buffers += [keys.data_ptr(), values.data_ptr()]
+    batch, heads, capacity, head_dim = first_keys.shape
+    row = head_dim * first_keys.element_size()
+    moves = (ctypes.c_int64 * m)(*offsets)
+    _compact_function()((ctypes.c_void_p * len(buffers))(*buffers), len(buffers), batch * heads, capacity * row, row, start,
+                        moves, m)
+    for layer in layers:
+        layer.crop(start + m - length)
+    return True
+
+
+CACHE_COMPACTORS.append(compact_layers)

@@ -326,3 +326,17 @@ int lean_layers(const LayerSpec *specs, int64_t count, void *x, int64_t B, int64
     }
     return 0;
 }
+
+/* Tree verification's cache compaction for every layer at once: in each of `count` buffers [outer,
+ * capacity, row] (row bytes a position; `stride` bytes from one outer index to the next), the rows
+ * start + indices[i] move to start + i (i < m). indices increase strictly, so every row is read
+ * before a later move writes over it. */
+void compact_rows(void *const *buffers, int64_t count, int64_t outer, int64_t stride, int64_t row, int64_t start,
+                  const int64_t *indices, int64_t m) {
+    for (int64_t c = 0; c < count; c++)
+        for (int64_t o = 0; o < outer; o++) {
+            char *base = (char *)buffers[c] + o * stride + start * row;
+            for (int64_t i = 0; i < m; i++)
+                if (indices[i] != i) memcpy(base + i * row, base + indices[i] * row, (size_t)row);
+        }
+}
