@@ -100,7 +100,12 @@ class LayerPlan:
     versions: tuple = ()
 
     def fresh(self) -> bool:
-        return not self.weights or tuple(map(weight_version, self.weights)) == self.versions
+        return _unchanged(self.weights, self.versions)
+
+
+def _unchanged(weights: tuple, versions: tuple) -> bool:
+    """Whether none of ``weights`` was updated in place since ``versions`` were read."""
+    return not weights or tuple(map(weight_version, weights)) == versions
 
 
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layer -> (probe, plan)
@@ -214,7 +219,7 @@ class PlanStack(list):
 
     def fresh(self) -> bool:
         """False once a weight the plans read a packed copy of was updated in place."""
-        return not self.weights or tuple(map(weight_version, self.weights)) == self.versions
+        return _unchanged(self.weights, self.versions)
 
 
 def fused_plans(layers, cache, rows: int, dtype: torch.dtype, device: torch.device) -> PlanStack | None:

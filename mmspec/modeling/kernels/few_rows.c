@@ -422,9 +422,9 @@ AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const u
  * chunk of a 16-output block one contiguous 1 KB tile (mmspec.modeling.fast_linear.pack_amx). The
  * strided tile loads of W's rows read 16 lines 2K bytes apart per chunk, which the hardware
  * prefetchers follow poorly; packed, the weight is one sequential stream, prefetched PACKED_AHEAD
- * bytes ahead: a 1536 x 576 weight from L3 64-101 -> 61-67 us at 1-16 rows, the 49152 x 576 LM head
- * from DRAM 4.9 -> 4.3 ms (docs/benchmarks.md). Bitwise the unpacked kernel's results (the same
- * tiles in the same order). Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
+ * bytes ahead. Measured (docs/benchmarks.md): 16 rows of a 1536 x 576 weight from L2 or L3 ~30 %
+ * faster, one row or a weight from DRAM about the same. Bitwise the unpacked kernel's results (the
+ * same tiles in the same order). Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
 AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M,
                                           int64_t N, int64_t K, int threads) {
     if (N % 16 || K % 32) return -3;
