@@ -167,9 +167,10 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     :func:`bf16_variants` (default: its first; the kernels of a dtype sum in different orders, so
     one machine keeps to one). ``packed``: the weight as :func:`pack_amx` lays it out, read by the
     AMX kernel instead of ``weight`` (bitwise the same results)."""
-    function = _kernel_function(weight.dtype, variant) if packed is None else load_kernel().few_rows_linear_amx_packed
-    if packed is not None:
-        weight = packed.view(weight.shape)  # (the shape is all the kernel reads of it besides the data)
+    if packed is None:
+        function = _kernel_function(weight.dtype, variant)
+    else:
+        function, weight = load_kernel().few_rows_linear_amx_packed, packed.view(weight.shape)  # (the shape is all it reads of weight)
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype != weight.dtype or not rows.is_contiguous():
         rows = rows.to(weight.dtype).contiguous()

@@ -174,14 +174,13 @@ def _build(layer: nn.Module) -> LayerPlan | None:
     variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants()
     if not variants:
         return None
-    kernel = variants[0]
+    kernel, weights = variants[0], [m.weight for m in linears]
     # the AMX kernel reads packed copies where every linear has one (a packed block of 16 rows starts
     # where the row does in W, so LlamaGen's q, k and v blocks are found alike when 16 divides them)
-    packed = [m.packed_weight() for m in linears] if kernel == "amx" else [None]
-    if None not in packed and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0:
-        kernel, weights = "amx packed", packed
-    else:
-        packed, weights = [], [m.weight for m in linears]
+    if kernel == "amx" and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0:
+        packed = [m.packed_weight() for m in linears]
+        if None not in packed:
+            kernel, weights = "amx packed", packed
     if len(qkv) == 1:  # LlamaGen's fused projection: q, k and v are consecutive row blocks of one weight
         weight, size = weights[0], heads * head_dim * norm1.shape[0]
         element = weight.element_size()
@@ -204,7 +203,7 @@ def _build(layer: nn.Module) -> LayerPlan | None:
     rows = min(m.max_rows for m in linears)
     if variants[0] == "amx" and rows >= default_max_rows("c", torch.bfloat16):  # (a smaller limit was asked for)
         rows = max(rows, AMX_FUSED_ROWS)
-    sources = tuple(m.weight for m in linears) if packed else ()
+    sources = tuple(m.weight for m in linears) if kernel == "amx packed" else ()
     return LayerPlan(spec, keep, rows, dtype, kv_heads, head_dim, sources, tuple(map(weight_version, sources)))
 
 

@@ -201,6 +201,11 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARG
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* 16 bf16 values at p as fp32 (AVX-512F; inlined into the AMX kernel and the row argmax) */
+static inline __attribute__((target("avx512f"), always_inline)) __m512 load_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
 #if defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11 /* no AMX intrinsics: the entry says so */
 int few_rows_amx_init(void) { return -1; }
 int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
@@ -252,7 +257,7 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store(
     const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
     __m512 bias = _mm512_setzero_ps();
-    if (b) bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + n0))), 16));
+    if (b) bias = load_bf16x16(b + n0);
     for (int m = 0; m < mc; m++) {
         __m512 s = _mm512_add_ps(_mm512_i32gather_ps(column, &c[0][0][m], 4), _mm512_i32gather_ps(column, &c[1][0][m], 4));
         if (k32 < K) {
@@ -287,7 +292,7 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store_whole(
         r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(e1, e3)), r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(e1, e3));
     }
     __m512 bias = _mm512_setzero_ps();
-    if (b) bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + n0))), 16));
+    if (b) bias = load_bf16x16(b + n0);
     for (int j = 0; j < 4; j++) { /* the 4 x 4 transpose of 128-bit lanes among r[j], r[4+j], r[8+j], r[12+j]: columns 4l + j */
         const __m512 c0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), c1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
         const __m512 c2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), c3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
@@ -440,8 +445,7 @@ AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp,
  * lanes holding it. A row holding a NaN gives its first NaN (PyTorch's max propagates NaN). */
 #define ARGMAX_TARGET __attribute__((target("avx512f,avx512bw")))
 static inline ARGMAX_TARGET __m512 argmax_load(const void *x, int64_t i, int bf16) {
-    if (!bf16) return _mm512_loadu_ps((const float *)x + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))), 16));
+    return bf16 ? load_bf16x16((const uint16_t *)x + i) : _mm512_loadu_ps((const float *)x + i);
 }
 
 static inline float argmax_get(const void *x, int64_t i, int bf16) {
