@@ -171,11 +171,17 @@ def exact_streams(target):
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
                                              ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True),
-                                             ("eagle-tree", True), ("sjd-single", True)])
+                                             ("eagle-tree", True), ("sjd-single", True), ("eagle-fused", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
     """medusa-tree / eagle-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying
-    Medusa's or EAGLE's static tree / SJD's window."""
-    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "eagle-tree", "sjd-single") else K2)
+    Medusa's or EAGLE's static tree / SJD's window; eagle-fused: EAGLE's chain on a single stream
+    through the fused C chain (few-row linears)."""
+    fused = drafter == "eagle-fused"
+    if fused and not _fused_chain_runs(torch.float32):
+        pytest.skip("the fused kernels do not run here")
+    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "eagle-tree", "sjd-single", "eagle-fused") else K2)
+    if fused:
+        mmspec.optimize(target.model, kernel="c")
     exact = exact_streams(target)
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4)
     assert any(s[-1] == target.stop_id for s in exact)  # some streams end by themselves
@@ -183,6 +189,16 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
     draft, heads = small(3, layers=1, aligned=aligned), random_heads(3)  # built once, a new drafter per run
     torch.manual_seed(4)
     eagle = EagleHead(target.model.backbone.config).eval()
+    chains = []  # eagle-fused: whether each draft came from the C chain
+    if fused:
+        mmspec.optimize(eagle, kernel="c")
+
+    def fused_eagle():
+        d = CodecEagleDrafter(eagle, num_draft_tokens=3)
+        steps = d._fused_steps
+        d._fused_steps = lambda *args: chains.append(steps(*args)) or chains[-1]
+        return d
+
     for seed in range(RUNS):
         d = {"draft": lambda: ModelDrafter(draft, num_draft_tokens=3),
              "step-aware": lambda: StepAwareDrafter(draft, num_draft_tokens=3),
@@ -191,6 +207,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "sjd-single": lambda: "sjd",
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
              "eagle-tree": lambda: CodecEagleDrafter(eagle, tree_paths=CODEC_TREE),
+             "eagle-fused": fused_eagle,
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
@@ -199,6 +216,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
         key = tuple(out.sequences[0, target.num_codebooks:].tolist())
         counts[key] = counts.get(key, 0) + 1
     assert accepted > 300 or (drafter == "step" and accepted > 0)  # step drafts exist only mid-step
+    assert not fused or (len(chains) > RUNS and all(c is not None for c in chains))
     assert set(counts) <= set(exact)
     big = [s for s, p in exact.items() if p * RUNS >= 5]
     observed = [counts.get(s, 0) for s in big] + [RUNS - sum(counts.get(s, 0) for s in big)]
@@ -321,3 +339,89 @@ def test_alignment_inputs_come_from_a_table_equal_to_frame_alignment():
         assert torch.equal(steps_model.alignment_embeddings(conditioning, index), want)
         assert torch.equal(steps_model.alignment_embeddings(conditioning, index.flip(0)), want.flip(0))  # the cached table
         assert steps_model.num_frames(conditioning) == int(durations.sum())
+
+
+def _fused_chain_runs(dtype) -> bool:
+    from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, load_kernel
+    from mmspec.modeling.fused import fused_enabled
+
+    try:
+        load_kernel()
+    except KernelUnavailable:
+        return False
+    return fused_enabled() and (dtype == torch.float32 or bf16_kernel_available())
+
+
+def _fused_eagle_models(target_model, dtype):
+    """A one-codebook target and an EAGLE head whose linears are few-row linears (the fused chain's)."""
+    target = DelayPatternTarget(target_model.to(dtype))
+    torch.manual_seed(4)
+    head = EagleHead(target.model.backbone.config).eval().to(dtype)
+    for model in (target.model, head):
+        assert mmspec.optimize(model, kernel="c").replaced > 0
+    return target, head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("aligned,do_sample", [(True, True), (True, False), (False, True)])
+@torch.no_grad()
+def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, aligned, do_sample):
+    """On a one-codebook LM whose head and projections run fused, the C chain (the root's pairs,
+    then per code the output head, the draw and the next head forward in one call) drafts the
+    Python loop's codes with its q (float rounding) from the same generator, and leaves the head's
+    cache as the loop does, step after step."""
+    from mmspec.core.drafter import DraftContext
+
+    if not _fused_chain_runs(dtype):
+        pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
+    target, head = _fused_eagle_models(tiny(2, codebooks=1, codes=8, aligned=aligned), dtype)
+    state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
+    drafters, contexts = [], []
+    for _ in range(2):
+        context = DraftContext(target, SamplingConfig(do_sample=do_sample, temperature=0.9), torch.Generator().manual_seed(7), {})
+        drafters.append(CodecEagleDrafter(head, num_draft_tokens=4))
+        contexts.append(context)
+    fused, loop = drafters
+    chain_calls, fused_steps = [], fused._fused_steps
+    fused._fused_steps = lambda *args: chain_calls.append(fused_steps(*args)) or chain_calls[-1]
+    loop._fused_steps = lambda *args: None  # the Python loop
+    for step, token in enumerate((5, 0, 3, 7, 1)):
+        target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
+        state.commit(torch.tensor([[token]]))
+        if step == 1:  # the heads first catch up on two committed steps and the pending one
+            for drafter, context in zip(drafters, contexts):
+                drafter.start(context, state)
+        if step >= 1:
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
+            if do_sample:
+                assert mine.probs.shape == theirs.probs.shape
+                torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+            else:
+                assert mine.probs is None and theirs.probs is None
+            assert fused.cache.get_seq_length() == loop.cache.get_seq_length() and fused.fed == loop.fed
+            length = fused.cache.get_seq_length()
+            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+    assert len(chain_calls) == 4 and all(call is not None for call in chain_calls)
+
+
+@pytest.mark.parametrize("top_k", [None, 3])
+@torch.no_grad()
+def test_the_fused_eagle_chain_steps_aside_where_it_does_not_apply(top_k):
+    """Top-k sampling (the chain draws by temperature only) and a target of several codebooks go
+    through the Python loop."""
+    from mmspec.core.drafter import DraftContext
+
+    if not _fused_chain_runs(torch.float32):
+        pytest.skip("the fused kernels do not run here")
+    codebooks = 1 if top_k else 2
+    target, head = _fused_eagle_models(tiny(2, codebooks=codebooks, codes=8, aligned=True), torch.float32)
+    state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
+    for token in (5, 0, 3, 7)[: 2 * codebooks]:
+        target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
+        state.commit(torch.tensor([[token]]))
+    drafter = CodecEagleDrafter(head, num_draft_tokens=3)
+    drafter.start(DraftContext(target, SamplingConfig(do_sample=True, top_k=top_k), torch.Generator().manual_seed(0), {}), state)
+    calls, fused_steps = [], drafter._fused_steps
+    drafter._fused_steps = lambda *args: calls.append(fused_steps(*args)) or calls[-1]
+    assert drafter.propose(state, 8).tokens.shape[1] == 3 and calls and calls[-1] is None

@@ -159,6 +159,8 @@ class Drafter(ABC):
         Returns the tokens [n] and, when sampling, the draft distributions q [n, V] they were drawn from.
         """
         sampling = self.context.sampling
+        if not logits.shape[0]:  # (nothing to draw: no tensor work)
+            return logits.new_empty(0, dtype=torch.long), logits.new_empty(logits.shape, dtype=torch.float32) if sampling.do_sample else None
         if not sampling.do_sample:
             return exact_argmax(logits), None
         probs = logits_to_probs(logits, sampling)

@@ -20,6 +20,8 @@ import torch
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.tree import TokenTree, expansion_mask
+from ..modeling.fused import fused_plans, head_chain, linear_operand
+from ..modeling.lean import lean_supported, rotary
 from .model import ModelDrafter
 
 
@@ -248,6 +250,8 @@ class CodecEagleDrafter(_CodecHeadDrafter):
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.cache, self.fed = make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
+        self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
+        self.code_table: torch.Tensor | None = None  # its code inputs [C, D] (a one-codebook LM)
 
     def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
         """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
@@ -275,11 +279,60 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         self.fed = a
         return out[:, -1:]
 
+    def _chain_plans(self):
+        """The head layer's fused plans where :meth:`_fused_steps` runs (checked once a generation:
+        one codebook, the head a fused Llama layer, ``fc`` and the output head few-row linears), else None."""
+        target, decoder = self.context.target, self.head.decoder
+        dtype = decoder.norm.weight.dtype
+        if (target.num_codebooks != 1 or not hasattr(target.steps, "code_inputs") or not self.head.lean
+                or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(self.head.fc, dtype) is None
+                or linear_operand(self.output, dtype) is None):
+            return None
+        ids = target.model_ids(torch.arange(self.output.out_features)[:, None].to(self.output.weight.device), first_step=1)
+        self.code_table = target.steps.code_inputs(ids[:, 0]).contiguous()  # (steps >= 1 map codes alike)
+        return fused_plans(decoder.layers, self.cache, 1, dtype, self.output.weight.device)
+
+    def _fused_steps(self, state: SequenceState, stream: torch.Tensor, a: int, steps: int):
+        """:meth:`_steps`' chain in one C call (:func:`mmspec.modeling.fused.head_chain`: the root's
+        pairs, then per code the output head, the draw and the next head forward) where it runs
+        (:meth:`_chain_plans`, greedy or temperature-only sampling, every drafted position free):
+        the same codes and q as the loop (the same kernels and draws; the softmax in C, so q within
+        float rounding) -> (codes [steps], q [steps, V] or None), or None."""
+        if self.chain_plans is False:
+            self.chain_plans = self._chain_plans()
+        plans, sampling, target = self.chain_plans, self.context.sampling, self.context.target
+        first = self.fed
+        codes, n0 = stream[first : a + 1], a - first + 1
+        if (plans is None or n0 > plans[0].max_rows or not plans.fresh()
+                or (sampling.do_sample and (sampling.top_k or (sampling.top_p or 1.0) < 1.0 or not sampling.temperature > 0))
+                or any(state.cache.position(index) != "free" for index in range(a + 1, a + 1 + steps))
+                or int(codes.min()) < 0 or int(codes.max()) >= self.code_table.shape[0]):  # (a stream id that is no code)
+            return None
+        decoder = self.head.decoder
+        align = target.steps.alignment_rows(state.cache.conditioning, torch.arange(first, a + steps))
+        cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)
+        uniforms = probs = None
+        if sampling.do_sample:
+            generator = self.context.generator
+            uniforms = torch.rand(steps, generator=generator, device=generator.device).cpu()
+            probs = torch.zeros(steps, target.vocab_size)
+        codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
+                           self.output, codes.contiguous(), torch.stack(state.cache.step_hidden[first : a + 1]), self.code_table,
+                           None if align is None else align.contiguous(), cos[0], sin[0], steps,
+                           sampling.temperature if sampling.do_sample else 0.0, uniforms, probs,
+                           keep=n0 - 1)  # step a's pair is not committed yet
+        self.fed = a
+        self.forwards += steps
+        return codes, probs
+
     def _steps(self, state, known, more):
         target, k = self.context.target, self.context.target.num_codebooks
         steps = -(-more // k)  # whole steps: each is fed back whole
         a = (state.length - 1) // k  # the pending token's step, completed by the known codes
         stream = torch.cat([state.tokens[0], known.to(state.tokens.device)])
+        fused = self._fused_steps(state, stream, a, steps)
+        if fused is not None:
+            return fused
         feature = self._feed_root(state, stream, a)
         committed = self.cache.get_seq_length() - 1  # step a's pair is not committed yet
         tokens, probs = [], []

@@ -294,6 +294,82 @@ def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: tor
 
 
 @functools.cache
+def _chain_function():
+    function = load_kernel().head_chain
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = ([pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, int64,
+                          pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer] + [int64] * 5
+                         + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_int])
+    function.restype = ctypes.c_int
+    return function
+
+
+def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | None:
+    """(the few-row kernel's code, the weight's address) through which a fused call reads
+    ``linear`` in ``dtype`` (its packed copy where the AMX kernel has one), or None where it cannot:
+    not a :class:`FewRowLinear` on the C kernel with a contiguous CPU weight (and bias) of ``dtype``."""
+    if (type(linear) is not FewRowLinear or linear.kernel != "c" or linear.weight.dtype != dtype or linear.weight.device.type != "cpu"
+            or not linear.weight.is_contiguous()
+            or (linear.bias is not None and (linear.bias.dtype != dtype or not linear.bias.is_contiguous()))):
+        return None
+    variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants() if dtype == torch.float32 else ()
+    if not variants:
+        return None
+    packed = linear.packed_weight() if variants[0] == "amx" else None
+    return (_LINEAR_CODES["amx packed"], packed.data_ptr()) if packed is not None else (_LINEAR_CODES[variants[0]], linear.weight.data_ptr())
+
+
+def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
+               codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, cos: torch.Tensor,
+               sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None,
+               keep: int | None = None) -> torch.Tensor:
+    """A one-layer feature head's chain of ``k`` draft codes in one C call (``head_chain`` in
+    ``kernels/layer.c``): feed the pairs, then per code the output projection, the draw, and the
+    next pair through ``fc``, the layer and its final norm (EAGLE: f^ = N(Layer(W_fc [e(x); f]))):
+
+        f^ = last row of N(Layer(fc([e(codes); features])));  for i < k: x_i ~ softmax(output(f^) / T);
+        f^ = N(Layer(fc([e(x_i); f^])))            with e(c) = table[c] + align[position]
+
+    Args:
+        plans: the head's one-layer :class:`PlanStack` (:func:`fused_plans`).
+        cache_layer: its cache layer; the first ``keep`` pairs fed (default all) stay in it, the drafted
+            codes' do not.
+        norm, eps: the head's final RMSNorm. fc, output: [2D -> D] and [D -> C] linears
+            (:func:`linear_operand` accepts them: the caller checks).
+        codes: LongTensor [n0] (n0 >= 1, each < C) and features [n0, D]: the pairs to feed.
+        table: [C, D] each code's input; align: [n0 + k - 1, D] added to the inputs of the positions
+            fed (the pairs', then the drafted codes'), or None.
+        cos, sin: rotary rows [n0 + k - 1, hd] of those positions.
+        temperature: the draws' T; 0: the first argmax (no ``probs``).
+        uniforms: float32 [k], one number in [0, 1) per draw (sampling); probs: float32 [k, V >= C]
+            zeros, whose first C columns receive the draws' distributions.
+    Returns:
+        LongTensor [k]: the codes.
+    """
+    dtype, n0 = plans[0].dtype, codes.shape[0]
+    width, hd, rows = plans[0].spec.D, plans[0].head_dim, codes.shape[0] + k - 1
+    operands = ((features, [n0, width]), (table, [output.out_features, width]), (align, [rows, width]), (cos, [rows, hd]),
+                (sin, [rows, hd]))
+    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
+    if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
+            or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
+        raise ValueError(f"head_chain needs fused fc and output linears, codes a LongTensor [n0 >= 1] and features, table, "
+                         f"align, cos, sin contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
+    keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, rows)
+    tokens = torch.empty(k, dtype=torch.long)
+    status = _chain_function()(
+        ctypes.addressof(plans.specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
+        _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
+        _ptr(align), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        keys.stride(2), cached, k, temperature, _ptr(uniforms), tokens.data_ptr(), _ptr(probs),
+        0 if probs is None else probs.stride(0), torch.get_num_threads())
+    if status:
+        raise MemoryError("the fused head chain could not allocate its scratch")
+    cache_layer.close_slots(n0 if keep is None else keep)
+    return tokens
+
+
+@functools.cache
 def _compact_function():
     function = load_kernel().compact_rows
     function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p, ctypes.c_int64]

@@ -136,15 +136,20 @@ static inline float round_to(float v, int bf16) { return bf16 ? bf16_to_float(fl
 VECTOR_HELPERS(8, v8, i8v, u8v, h8v, )
 VECTOR_HELPERS(16, v16, i16v, u16v, h16v, WIDE_TARGET)
 
-static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
-                  int threads) {
-    switch (s->linear) {
+/* y [M, N] = x [M, K] W^T + b through the few-row kernel `kind` (LayerSpec.linear's codes) */
+static int linear_kind(int kind, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
+                       int threads) {
+    switch (kind) {
     case 0: few_rows_linear(x, w, b, y, M, N, K, threads); return 0;
     case 1: few_rows_linear_avx512(x, w, b, y, M, N, K, threads); return 0;
     case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
     case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
-    default: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the spec's weights packed */
+    default: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
     }
+}
+static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
+                  int threads) {
+    return linear_kind(s->linear, x, w, b, y, M, N, K, threads);
 }
 
 /* out [M, D] = w * (x / sqrt(mean(x^2) + eps)): fp32 statistics (8 lanes, then the lanes in
@@ -339,4 +344,84 @@ void compact_rows(void *const *buffers, int64_t count, int64_t outer, int64_t st
             for (int64_t i = 0; i < m; i++)
                 if (indices[i] != i) memcpy(base + i * row, base + indices[i] * row, (size_t)row);
         }
+}
+
+/* A one-layer feature head's draft chain in one call (EAGLE on a single-stream codec LM:
+ * mmspec.drafters.steps.CodecEagleDrafter), what its Python loop does with ~40 tensor calls a code:
+ *
+ *   feed the n0 pairs [e(c_j); f_j]:  f = N(Layer(W_fc [e(c_j); f_j] + b_fc)),  f^ = its last row
+ *   for i < k:  logits = W_out f^ + b_out [C];  x_i ~ softmax(logits / T) (T <= 0: the first argmax)
+ *               if i + 1 < k:  f^ = N(Layer(W_fc [e(x_i); f^] + b_fc))  at the next position
+ *
+ * with e(c) = table[c] + align[row] (the position's row, rounded as one tensor addition; table[c]
+ * alone where align is NULL). s: the head layer's spec; norm / eps: its final norm; fc_* / out_*:
+ * weight, bias (or NULL) and the few-row kernel code of each projection (LayerSpec.linear's codes; 4
+ * reads a packed weight); C: the output's width; codes [n0] (< C) and features [n0, D]: the pairs to
+ * feed; table [C, D]; align [n0 + k - 1, D] or NULL, and cos / sin [n0 + k - 1, hd]: the rows of the
+ * positions fed (the pairs', then the drafted codes'); kbuf / vbuf: the head's cache buffers (room
+ * for n0 + k - 1 positions after `cached`, which this call writes and the caller keeps or drops). The
+ * draws' distributions go to probs [k, probs_stride] (columns < C; the fp32 softmax of logits / T),
+ * the codes to tokens [k]: the first index whose cumulative probability (double, in order) exceeds
+ * uniforms[i] x the total, as mmspec.core.sampling.sample_from_probs draws. Returns 0, or -1 (no
+ * scratch, or a kernel failed). */
+int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
+               const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
+               int64_t n0, const void *table, const void *align, const void *cos, const void *sin, void *kbuf, void *vbuf,
+               int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature, const float *uniforms,
+               int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
+    const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
+    const int bf16 = s->bf16;
+    if (n0 < 1 || k < 1) return -1;
+    char *scratch = malloc((size_t)((3 * n0 * D + C) * width) + (size_t)C * sizeof(float));
+    if (!scratch) return -1;
+    char *x = scratch, *h = x + 2 * n0 * row_bytes, *logits = h + n0 * row_bytes;
+    float *row = (float *)(logits + C * width);
+    void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
+    for (int64_t j = 0; j < n0; j++) { /* the pairs [e(c_j); f_j] */
+        memcpy(x + 2 * j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
+        if (align) add_into(x + 2 * j * row_bytes, (const char *)align + j * row_bytes, D, bf16);
+        memcpy(x + (2 * j + 1) * row_bytes, (const char *)features + j * row_bytes, (size_t)row_bytes);
+    }
+    int status = linear_kind(fc_kind, x, fc_w, fc_b, h, n0, D, 2 * D, threads);
+    if (!status)
+        status = lean_layers(s, 1, h, 1, n0, cos, sin, 0, kbufs, vbufs, ks_b, ks_h, ks_l, cached, NULL, 0, 0, norm, eps, threads);
+    char *feature = h + (n0 - 1) * row_bytes; /* f^: the last row fed */
+    for (int64_t i = 0; i < k && !status; i++) {
+        status = linear_kind(out_kind, feature, out_w, out_b, logits, 1, C, D, threads);
+        int64_t best = 0;
+        if (temperature <= 0.0f) { /* greedy: the first maximum */
+            float top = get(logits, 0, bf16);
+            for (int64_t c = 1; c < C; c++)
+                if (get(logits, c, bf16) > top) top = get(logits, c, bf16), best = c;
+        } else {
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t c = 0; c < C; c++) row[c] = get(logits, c, bf16) / temperature, top = row[c] > top ? row[c] : top;
+            for (int64_t c = 0; c < C; c++) row[c] = expf(row[c] - top), total += row[c];
+            float *q = probs + i * probs_stride;
+            double cdf = 0.0, sum = 0.0;
+            for (int64_t c = 0; c < C; c++) q[c] = row[c] / total, sum += (double)q[c];
+            const double threshold = (double)uniforms[i] * sum;
+            best = C - 1;
+            for (int64_t c = 0; c < C; c++) {
+                cdf += (double)q[c];
+                if (cdf > threshold) {
+                    best = c;
+                    break;
+                }
+            }
+        }
+        tokens[i] = best;
+        if (i + 1 == k || status) break;
+        const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
+        memcpy(x, (const char *)table + best * row_bytes, (size_t)row_bytes);
+        if (align) add_into(x, (const char *)align + at * row_bytes, D, bf16);
+        memcpy(x + row_bytes, feature, (size_t)row_bytes);
+        status = linear_kind(fc_kind, x, fc_w, fc_b, h, 1, D, 2 * D, threads);
+        if (!status)
+            status = lean_layers(s, 1, h, 1, 1, (const char *)cos + rope_row, sin ? (const char *)sin + rope_row : NULL, 0,
+                                 kbufs, vbufs, ks_b, ks_h, ks_l, cached + at, NULL, 0, 0, norm, eps, threads);
+        feature = h;
+    }
+    free(scratch);
+    return status ? -1 : 0;
 }
