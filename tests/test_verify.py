@@ -208,3 +208,38 @@ def test_the_c_row_argmax_is_max_indices(dtype):
             pytest.skip("the C row argmax needs an AVX-512 CPU and the built kernels")
         assert torch.equal(indices, x.max(dim=-1).indices)
         assert torch.equal(exact_argmax(x), indices)
+
+
+def test_the_c_speculative_rule_is_the_pytorch_rule_bitwise(monkeypatch):
+    """The C speculative rule (registered with speculative_verify) accepts and draws exactly what the
+    PyTorch path does: sampled and one-hot drafts, rows accepted whole (the bonus from p), rejected
+    at once, a residual left empty (q = p: the draw falls back to p), a batch of rows, and the draws'
+    uniforms at the edges of [0, 1)."""
+    from mmspec.core import verify
+    from mmspec.modeling.fast_linear import speculative_rows
+
+    generator = torch.Generator().manual_seed(0)
+    cases = 0
+    for trial in range(300):
+        batch, k, vocab = 1 + trial % 3, trial % 6, (3, 17, 1027)[trial % 3]  # (k = 0: plain decoding)
+        p = torch.softmax(3 * torch.randn(batch, k + 1, vocab, generator=generator), -1)
+        q = torch.softmax(3 * torch.randn(batch, k, vocab, generator=generator), -1) if trial % 4 else None
+        if q is not None and trial % 5 == 0:
+            q = p[:, :k].clone()  # q = p: every draft is accepted or the residual is empty
+        tokens = (torch.multinomial(q.view(-1, vocab), 1).view(batch, k) if q is not None
+                  else torch.randint(vocab, (batch, k), generator=generator))
+        accept = torch.rand(batch, k, generator=generator) if trial % 7 else torch.zeros(batch, k)
+        sample = torch.rand(batch, generator=generator) if trial % 11 else torch.full((batch,), 0.9999999)
+        fast = speculative_rows(tokens, q, p, accept, sample, verify.PAD)
+        if fast is None:
+            pytest.skip("the C kernels did not build here")
+        with monkeypatch.context() as m:
+            m.setattr(verify, "SPECULATIVE_KERNELS", [])
+            reference = verify.speculative_verify(tokens, q, p, accept, sample)
+        assert torch.equal(fast[0], reference.num_accepted) and torch.equal(fast[1], reference.tokens), trial
+        chosen = verify.speculative_verify(tokens, q, p, accept, sample)  # through the registry
+        assert torch.equal(chosen.tokens, reference.tokens)
+        cases += int(k > 0 and bool((reference.num_accepted < k).any()))
+    assert cases > 50  # rejections were among the cases
+    bad = torch.tensor([[5]])
+    assert speculative_rows(bad, None, torch.full((1, 2, 3), 1 / 3), torch.zeros(1, 1), torch.zeros(1), verify.PAD) is None

@@ -66,6 +66,10 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token
 #: faster row argmaxes a backend offers (``fn(logits) -> indices, or None where it does not apply``),
 #: tried in order by :func:`exact_argmax`; :mod:`mmspec.modeling.fast_linear` registers its C kernel
 ROW_ARGMAXES: list[Callable[[torch.Tensor], torch.Tensor | None]] = []
+#: backends of :func:`speculative_verify` (the same arguments and pad -> (num_accepted [B], tokens
+#: [B, K + 1]) bitwise as its PyTorch path gives them, or None where one does not apply), tried in
+#: order; :mod:`mmspec.modeling.fast_linear` registers its C kernel
+SPECULATIVE_KERNELS: list[Callable[..., tuple[torch.Tensor, torch.Tensor] | None]] = []
 
 
 def exact_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -119,6 +123,10 @@ def speculative_verify(
         sample_uniforms: [B] one U(0, 1) per row for drawing the corrected/bonus token.
     """
     batch, k = draft_tokens.shape
+    for kernel in SPECULATIVE_KERNELS:
+        verified = kernel(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, PAD)
+        if verified is not None:
+            return Verification(num_accepted=verified[0], tokens=verified[1])
     if k == 0:  # nothing drafted (plain decoding): the bonus token from p, as the general path draws it
         next_token = sample_from_probs(target_probs[:, 0], sample_uniforms)
         return Verification(num_accepted=torch.zeros(batch, dtype=torch.long, device=draft_tokens.device),

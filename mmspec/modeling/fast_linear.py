@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.verify import ROW_ARGMAXES
+from ..core.verify import ROW_ARGMAXES, SPECULATIVE_KERNELS
 
 KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library: the few-row linears, the batch-invariant attention, fused layers
@@ -116,6 +116,8 @@ def load_kernel() -> ctypes.CDLL:
         function.restype = ctypes.c_int if function in (library.few_rows_linear_amx, library.few_rows_linear_amx_packed) else None
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
     library.rows_argmax.argtypes, library.rows_argmax.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p], None
+    library.speculative_rows.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
+    library.speculative_rows.restype = ctypes.c_int
     for function in (library.few_rows_attention, library.few_rows_attention_avx512):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
         function.restype = ctypes.c_int
@@ -270,6 +272,34 @@ def rows_argmax(logits: torch.Tensor) -> torch.Tensor | None:
 
 
 ROW_ARGMAXES.append(rows_argmax)
+
+
+def speculative_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, pad: int
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`mmspec.core.verify.speculative_verify` in one C call (``speculative_rows`` in
+    ``kernels/few_rows.c``: the same fp32 products and comparisons, the same double cumulative sums):
+    -> (num_accepted [B], tokens [B, K + 1]) for contiguous fp32 CPU tensors where the kernels built;
+    None elsewhere (or for a draft token outside the vocabulary: the PyTorch path reports it).
+    Registered with :data:`mmspec.core.verify.SPECULATIVE_KERNELS`."""
+    tensors = (target_probs, accept_uniforms, sample_uniforms) + (() if draft_probs is None else (draft_probs,))
+    if (draft_tokens.device.type != "cpu" or draft_tokens.dtype != torch.long or not draft_tokens.is_contiguous()
+            or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)
+            or not isinstance(pad, int)):
+        return None
+    try:
+        library = load_kernel()
+    except KernelUnavailable:
+        return None
+    batch, k = draft_tokens.shape
+    accepted, tokens = torch.empty(batch, dtype=torch.long), torch.empty(batch, k + 1, dtype=torch.long)
+    status = library.speculative_rows(target_probs.data_ptr(), None if draft_probs is None else draft_probs.data_ptr(),
+                                      draft_tokens.data_ptr(), accept_uniforms.data_ptr(), sample_uniforms.data_ptr(), batch, k,
+                                      target_probs.shape[-1], pad, accepted.data_ptr(), tokens.data_ptr())
+    return None if status else (accepted, tokens)
+
+
+SPECULATIVE_KERNELS.append(speculative_rows)
 
 
 def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:

@@ -493,3 +493,51 @@ ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16,
         out[r] = at;
     }
 }
+
+/* ---- speculative sampling's rule over B rows (mmspec.core.verify.speculative_verify, bitwise) ----
+ *
+ * p [B, K + 1, V], q [B, K, V] (NULL: deterministic drafts, q = one-hot), tokens [B, K], r [B, K],
+ * u [B] (fp32): accept x_i while r_i q_i(x_i) < p_i(x_i) (the product rounded to fp32); at the
+ * first rejection n (or n = K) draw the next token from max(0, p_n - q_n) (p_n where that is all
+ * zero; q_K = 0): the first index whose cumulative sum, in double and in order, exceeds u times the
+ * total (the last index if none). The same floats in the same order as the PyTorch path, in one
+ * call instead of ~30 tensor operations. Writes accepted [B] (n) and out [B, K + 1] (the accepted
+ * drafts, the drawn token at n, `pad` after it). Returns 0, or -1 for a draft token outside [0, V). */
+int speculative_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B,
+                     int64_t K, int64_t V, int64_t pad, int64_t *accepted, int64_t *out) {
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = 0;
+        for (; n < K; n++) {
+            const int64_t x = tokens[b * K + n];
+            if (x < 0 || x >= V) return -1;
+            const float qx = q ? q[(b * K + n) * V + x] : 1.0f, product = r[b * K + n] * qx;
+            if (!(product < p[(b * (K + 1) + n) * V + x])) break;
+        }
+        const float *pn = p + (b * (K + 1) + n) * V, *qn = n < K && q ? q + (b * K + n) * V : NULL;
+        const int64_t drafted = n < K && !q ? tokens[b * K + n] : -1; /* the one-hot draft's token */
+        int empty = 1;
+        for (int64_t i = 0; i < V && empty; i++) {
+            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+            if (d > 0.0f) empty = 0;
+        }
+        double total = 0.0;
+        for (int64_t i = 0; i < V; i++) {
+            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+            total += empty ? (double)pn[i] : (double)(d > 0.0f ? d : 0.0f);
+        }
+        const double threshold = (double)u[b] * total;
+        double cdf = 0.0;
+        int64_t at = V - 1;
+        for (int64_t i = 0; i < V; i++) {
+            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+            cdf += empty ? (double)pn[i] : (double)(d > 0.0f ? d : 0.0f);
+            if (cdf > threshold) {
+                at = i;
+                break;
+            }
+        }
+        accepted[b] = n;
+        for (int64_t i = 0; i <= K; i++) out[b * (K + 1) + i] = i < n ? tokens[b * K + i] : i == n ? at : pad;
+    }
+    return 0;
+}
