@@ -136,6 +136,8 @@ class _CodecHeadDrafter(Drafter):
         if more <= 0:
             return Draft(tokens=known[None], probs=None if known_q is None else known_q[None])
         tokens, probs = self._steps(state, known, more)
+        if not known.shape[0]:  # (a step starts here: the head's codes alone)
+            return Draft(tokens=tokens[None, :more].to(known.device), probs=None if probs is None else probs[None, :more])
         tokens = torch.cat([known, tokens[:more].to(known.device)])[None]
         return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([known_q, probs[:more].to(known_q)])[None])
 
@@ -309,7 +311,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
                 or int(codes.min()) < 0 or int(codes.max()) >= self.code_table.shape[0]):  # (a stream id that is no code)
             return None
         decoder = self.head.decoder
-        align = target.steps.alignment_rows(state.cache.conditioning, torch.arange(first, a + steps))
+        align = target.steps.alignment_table(state.cache.conditioning)
         cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)
         uniforms = probs = None
         if sampling.do_sample:
@@ -318,7 +320,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             probs = torch.zeros(steps, target.vocab_size)
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.output, codes.contiguous(), torch.stack(state.cache.step_hidden[first : a + 1]), self.code_table,
-                           None if align is None else align.contiguous(), cos[0], sin[0], steps,
+                           None if align is None else align.contiguous(), first, cos[0], sin[0], steps,
                            sampling.temperature if sampling.do_sample else 0.0, uniforms, probs,
                            keep=n0 - 1)  # step a's pair is not committed yet
         self.fed = a
@@ -329,7 +331,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         target, k = self.context.target, self.context.target.num_codebooks
         steps = -(-more // k)  # whole steps: each is fed back whole
         a = (state.length - 1) // k  # the pending token's step, completed by the known codes
-        stream = torch.cat([state.tokens[0], known.to(state.tokens.device)])
+        stream = torch.cat([state.tokens[0], known.to(state.tokens.device)]) if known.shape[0] else state.tokens[0]
         fused = self._fused_steps(state, stream, a, steps)
         if fused is not None:
             return fused

@@ -358,16 +358,16 @@ class CodecLMSteps:
 
     def code_inputs(self, ids: torch.Tensor) -> torch.Tensor:
         """Model ids [C] of a one-codebook LM -> their step embeddings [C, D] before the alignment:
-        step t's input for id c is ``code_inputs(ids)[c] + alignment_rows(conditioning, [t])[0]``
+        step t's input for id c is ``code_inputs(ids)[c]`` plus row t of :meth:`alignment_table`
         (an aligned LM; the embedding alone otherwise), the one addition :meth:`step_inputs` makes."""
         if self.num_codebooks != 1:
             raise ValueError(f"code_inputs is for a one-codebook LM; this one has {self.num_codebooks} codebooks")
         return self.model.embed_steps(ids.view(1, -1, 1))[0]
 
-    def alignment_rows(self, conditioning: dict, index: torch.Tensor) -> torch.Tensor | None:
-        """What :meth:`step_inputs` adds to the code embeddings of steps ``index`` [n]: [n, D], or
-        None for an unaligned LM."""
-        return self.alignment_embeddings(conditioning, index) if self.model.config.aligned else None
+    def alignment_table(self, conditioning: dict) -> torch.Tensor | None:
+        """What :meth:`step_inputs` adds to the code embeddings: row min(t, F) for step t, [F + 1, D]
+        (:meth:`alignment_embeddings`' table), or None for an unaligned LM."""
+        return self._table(conditioning)[2] if self.model.config.aligned else None
 
     def forward_steps(self, steps, cache, conditioning, want_hidden):
         first = cache.get_seq_length() - conditioning["phoneme_ids"].shape[1] - 1  # the step index of steps[0]

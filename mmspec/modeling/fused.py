@@ -298,7 +298,8 @@ def _chain_function():
     function = load_kernel().head_chain
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
     function.argtypes = ([pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, int64,
-                          pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer] + [int64] * 5
+                          pointer, pointer, int64, pointer, pointer, int64, int64, pointer, pointer, pointer, pointer]
+                         + [int64] * 5
                          + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_int])
     function.restype = ctypes.c_int
     return function
@@ -320,15 +321,15 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
 
 
 def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
-               codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, cos: torch.Tensor,
-               sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None,
-               keep: int | None = None) -> torch.Tensor:
+               codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, align_start: int,
+               cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None,
+               probs: torch.Tensor | None, keep: int | None = None) -> torch.Tensor:
     """A one-layer feature head's chain of ``k`` draft codes in one C call (``head_chain`` in
     ``kernels/layer.c``): feed the pairs, then per code the output projection, the draw, and the
     next pair through ``fc``, the layer and its final norm (EAGLE: f^ = N(Layer(W_fc [e(x); f]))):
 
         f^ = last row of N(Layer(fc([e(codes); features])));  for i < k: x_i ~ softmax(output(f^) / T);
-        f^ = N(Layer(fc([e(x_i); f^])))            with e(c) = table[c] + align[position]
+        f^ = N(Layer(fc([e(x_i); f^])))            with e(c) at the j-th position fed: table[c] + align[align_start + j]
 
     Args:
         plans: the head's one-layer :class:`PlanStack` (:func:`fused_plans`).
@@ -337,8 +338,8 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
         norm, eps: the head's final RMSNorm. fc, output: [2D -> D] and [D -> C] linears
             (:func:`linear_operand` accepts them: the caller checks).
         codes: LongTensor [n0] (n0 >= 1, each < C) and features [n0, D]: the pairs to feed.
-        table: [C, D] each code's input; align: [n0 + k - 1, D] added to the inputs of the positions
-            fed (the pairs', then the drafted codes'), or None.
+        table: [C, D] each code's input; align: [R, D] rows added to the inputs of the positions fed
+            (the pairs', then the drafted codes': row align_start + j, the last row past the end), or None.
         cos, sin: rotary rows [n0 + k - 1, hd] of those positions.
         temperature: the draws' T; 0: the first argmax (no ``probs``).
         uniforms: float32 [k], one number in [0, 1) per draw (sampling); probs: float32 [k, V >= C]
@@ -348,8 +349,8 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     """
     dtype, n0 = plans[0].dtype, codes.shape[0]
     width, hd, rows = plans[0].spec.D, plans[0].head_dim, codes.shape[0] + k - 1
-    operands = ((features, [n0, width]), (table, [output.out_features, width]), (align, [rows, width]), (cos, [rows, hd]),
-                (sin, [rows, hd]))
+    operands = ((features, [n0, width]), (table, [output.out_features, width]), (cos, [rows, hd]), (sin, [rows, hd]),
+                (align, [len(align) if align is not None and len(align) else 1, width]))
     fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
             or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
@@ -360,7 +361,7 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     status = _chain_function()(
         ctypes.addressof(plans.specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
-        _ptr(align), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        _ptr(align), align_start, 0 if align is None else len(align), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
         keys.stride(2), cached, k, temperature, _ptr(uniforms), tokens.data_ptr(), _ptr(probs),
         0 if probs is None else probs.stride(0), torch.get_num_threads())
     if status:

@@ -353,20 +353,25 @@ void compact_rows(void *const *buffers, int64_t count, int64_t outer, int64_t st
  *   for i < k:  logits = W_out f^ + b_out [C];  x_i ~ softmax(logits / T) (T <= 0: the first argmax)
  *               if i + 1 < k:  f^ = N(Layer(W_fc [e(x_i); f^] + b_fc))  at the next position
  *
- * with e(c) = table[c] + align[row] (the position's row, rounded as one tensor addition; table[c]
- * alone where align is NULL). s: the head layer's spec; norm / eps: its final norm; fc_* / out_*:
+ * with e(c) = table[c] + align[min(align_start + j, align_rows - 1)] for the j-th position fed (rounded
+ * as one tensor addition; table[c] alone where align is NULL). s: the head layer's spec; norm / eps: its final norm; fc_* / out_*:
  * weight, bias (or NULL) and the few-row kernel code of each projection (LayerSpec.linear's codes; 4
  * reads a packed weight); C: the output's width; codes [n0] (< C) and features [n0, D]: the pairs to
- * feed; table [C, D]; align [n0 + k - 1, D] or NULL, and cos / sin [n0 + k - 1, hd]: the rows of the
- * positions fed (the pairs', then the drafted codes'); kbuf / vbuf: the head's cache buffers (room
+ * feed; table [C, D]; align [align_rows, D] or NULL; cos / sin [n0 + k - 1, hd]: the rotary rows of
+ * the positions fed (the pairs', then the drafted codes'); kbuf / vbuf: the head's cache buffers (room
  * for n0 + k - 1 positions after `cached`, which this call writes and the caller keeps or drops). The
  * draws' distributions go to probs [k, probs_stride] (columns < C; the fp32 softmax of logits / T),
  * the codes to tokens [k]: the first index whose cumulative probability (double, in order) exceeds
  * uniforms[i] x the total, as mmspec.core.sampling.sample_from_probs draws. Returns 0, or -1 (no
  * scratch, or a kernel failed). */
+static inline const char *align_row(const void *align, int64_t row, int64_t rows, int64_t row_bytes) {
+    return (const char *)align + (row < rows ? row : rows - 1) * row_bytes;
+}
+
 int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
                const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
-               int64_t n0, const void *table, const void *align, const void *cos, const void *sin, void *kbuf, void *vbuf,
+               int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
+               const void *sin, void *kbuf, void *vbuf,
                int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature, const float *uniforms,
                int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
     const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
@@ -379,7 +384,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
     void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
     for (int64_t j = 0; j < n0; j++) { /* the pairs [e(c_j); f_j] */
         memcpy(x + 2 * j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
-        if (align) add_into(x + 2 * j * row_bytes, (const char *)align + j * row_bytes, D, bf16);
+        if (align) add_into(x + 2 * j * row_bytes, align_row(align, align_start + j, align_rows, row_bytes), D, bf16);
         memcpy(x + (2 * j + 1) * row_bytes, (const char *)features + j * row_bytes, (size_t)row_bytes);
     }
     int status = linear_kind(fc_kind, x, fc_w, fc_b, h, n0, D, 2 * D, threads);
@@ -414,7 +419,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
         if (i + 1 == k || status) break;
         const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
         memcpy(x, (const char *)table + best * row_bytes, (size_t)row_bytes);
-        if (align) add_into(x, (const char *)align + at * row_bytes, D, bf16);
+        if (align) add_into(x, align_row(align, align_start + at, align_rows, row_bytes), D, bf16);
         memcpy(x + row_bytes, feature, (size_t)row_bytes);
         status = linear_kind(fc_kind, x, fc_w, fc_b, h, 1, D, 2 * D, threads);
         if (!status)
