@@ -374,6 +374,22 @@ def test_method_specs_carry_their_settings():
             make_method(bad)
 
 
+def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_dir):
+    """On a single-stream voice EAGLE's chain is 6 codes, drafted by the fused C chain where the
+    kernels run (the stats say so); with several codebooks, 3 whole steps through the loop."""
+    from mmspec.modeling.fast_linear import KernelUnavailable, load_kernel
+    from mmspec.modeling.fused import fused_enabled
+
+    try:
+        fused = load_kernel() is not None and fused_enabled()
+    except KernelUnavailable:
+        fused = False
+    for directory, length in ((valle_dir, 6), (model_dir, K - 1 + 3 * K)):  # (the rest of a step, then 3 whole steps)
+        out = mmspec.pipeline("text-to-speech", model=directory, method="eagle")("a red star.", max_seconds=0.4, seed=1)
+        config = out.stats.config
+        assert config["num_draft_tokens"] == length and config.get("fused_chain", False) == (fused and directory == valle_dir)
+
+
 def test_sjd_drafts_a_window_of_codes_on_a_single_stream(model_dir, valle_dir):
     for directory, window in ((model_dir, 2 * K), (valle_dir, 12)):  # 2 steps; 12 codes (docs/benchmarks.md)
         tts = mmspec.pipeline("text-to-speech", model=directory, method="sjd")

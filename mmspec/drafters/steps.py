@@ -392,4 +392,5 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([codes[p] for p in paths])))
 
     def describe(self) -> dict:
-        return {**super().describe(), "head_layers": 1}
+        fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a chain was drafted)
+        return {**super().describe(), "head_layers": 1, **({"fused_chain": True} if fused and self.paths is None else {})}

@@ -15,7 +15,8 @@ Lossless (greedy: the codes of plain decoding; sampling: its distribution):
   a single-stream LM (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
 - ``eagle``: EAGLE's one-layer head on the codec LM's last hidden state and step inputs
   (``mmspec train tts-drafter --kind eagle``), the same chain step by step
-  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`); ``eagle-tree``: the head grows Medusa's
+  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`; on a single-stream LM 6 codes, drafted in
+  one C call where the head runs fused); ``eagle-tree``: the head grows Medusa's
   static tree instead on a single-stream LM, one head forward per depth;
 - ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
 - ``sjd``: speculative Jacobi decoding over the code stream (training-free).
@@ -171,9 +172,15 @@ class EagleMethod(TTSMethod):
                    "(a chain; mmspec train tts-drafter --kind eagle)")
     #: the single-stream tree the head grows (empty: the chain)
     tree_paths: ClassVar[list[tuple[int, ...]]] = []
+    #: codes a chain drafts on a single stream, where it drafts in one C call: on the embedded
+    #: VALL-E-style voice at temperature 1, 5 / 6 / 8 codes gave 1.82x / 1.85x / 1.84x against 1.68x
+    #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
+    single_stream_tokens = 6
 
     def build_drafter(self, components):
-        return CodecEagleDrafter(components.eagle_head(), num_draft_tokens=self.num_draft_tokens, tree_paths=self.tree_paths)
+        single = components.target.num_codebooks == 1 and not self.tree_paths
+        return CodecEagleDrafter(components.eagle_head(), tree_paths=self.tree_paths,
+                                 num_draft_tokens=self.num_draft_tokens or (self.single_stream_tokens if single else None))
 
 
 @register_method
