@@ -312,7 +312,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             return None
         decoder = self.head.decoder
         align = target.steps.alignment_table(state.cache.conditioning)
-        cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)
+        cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)  # (rows: their count)
         uniforms = probs = None
         if sampling.do_sample:
             generator = self.context.generator

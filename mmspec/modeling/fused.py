@@ -349,10 +349,12 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     """
     dtype, n0 = plans[0].dtype, codes.shape[0]
     width, hd, rows = plans[0].spec.D, plans[0].head_dim, codes.shape[0] + k - 1
+    align_rows = 0 if align is None else align.shape[0]
     operands = ((features, [n0, width]), (table, [output.out_features, width]), (cos, [rows, hd]), (sin, [rows, hd]),
-                (align, [len(align) if align is not None and len(align) else 1, width]))
+                (align, [align_rows, width]))
     fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
+            or (align is not None and not align_rows)
             or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
         raise ValueError(f"head_chain needs fused fc and output linears, codes a LongTensor [n0 >= 1] and features, table, "
                          f"align, cos, sin contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
@@ -361,9 +363,9 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     status = _chain_function()(
         ctypes.addressof(plans.specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
-        _ptr(align), align_start, 0 if align is None else len(align), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
-        keys.stride(2), cached, k, temperature, _ptr(uniforms), tokens.data_ptr(), _ptr(probs),
-        0 if probs is None else probs.stride(0), torch.get_num_threads())
+        _ptr(align), align_start, align_rows, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
+        keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms), tokens.data_ptr(),
+        _ptr(probs), 0 if probs is None else probs.stride(0), torch.get_num_threads())
     if status:
         raise MemoryError("the fused head chain could not allocate its scratch")
     cache_layer.close_slots(n0 if keep is None else keep)

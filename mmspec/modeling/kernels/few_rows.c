@@ -503,6 +503,11 @@ ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16,
  * total (the last index if none). The same floats in the same order as the PyTorch path, in one
  * call instead of ~30 tensor operations. Writes accepted [B] (n) and out [B, K + 1] (the accepted
  * drafts, the drawn token at n, `pad` after it). Returns 0, or -1 for a draft token outside [0, V). */
+static inline float residual_at(const float *pn, const float *qn, int64_t drafted, int64_t i) {
+    const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+    return d > 0.0f ? d : 0.0f; /* max(0, p - q), as clamp_(min=0) */
+}
+
 int speculative_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B,
                      int64_t K, int64_t V, int64_t pad, int64_t *accepted, int64_t *out) {
     for (int64_t b = 0; b < B; b++) {
@@ -516,21 +521,13 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
         const float *pn = p + (b * (K + 1) + n) * V, *qn = n < K && q ? q + (b * K + n) * V : NULL;
         const int64_t drafted = n < K && !q ? tokens[b * K + n] : -1; /* the one-hot draft's token */
         int empty = 1;
-        for (int64_t i = 0; i < V && empty; i++) {
-            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
-            if (d > 0.0f) empty = 0;
-        }
-        double total = 0.0;
-        for (int64_t i = 0; i < V; i++) {
-            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
-            total += empty ? (double)pn[i] : (double)(d > 0.0f ? d : 0.0f);
-        }
+        for (int64_t i = 0; i < V && empty; i++) empty = !(residual_at(pn, qn, drafted, i) > 0.0f);
+        double total = 0.0, cdf = 0.0;
+        for (int64_t i = 0; i < V; i++) total += empty ? (double)pn[i] : (double)residual_at(pn, qn, drafted, i);
         const double threshold = (double)u[b] * total;
-        double cdf = 0.0;
         int64_t at = V - 1;
         for (int64_t i = 0; i < V; i++) {
-            const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
-            cdf += empty ? (double)pn[i] : (double)(d > 0.0f ? d : 0.0f);
+            cdf += empty ? (double)pn[i] : (double)residual_at(pn, qn, drafted, i);
             if (cdf > threshold) {
                 at = i;
                 break;
