@@ -205,3 +205,108 @@ def test_kl_term_matches_the_target_distribution(tiny, records):
         else:
             assert full.item() > base.item() + 1e-3 and restricted.item() > base.item() + 1e-4
             assert restricted.item() != pytest.approx(full.item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
+def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
+    """Where the head and its projections run fused, EAGLE's chain in one C call (the committed
+    pairs, then per token the draft LM head, the pick and the next head forward) drafts the Python
+    loop's tokens from the same generator, with its q (float rounding), over a draft vocabulary or
+    the whole one, and leaves the head's cache as the loop does, verification after verification."""
+    import copy
+
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, load_kernel
+    from mmspec.modeling.fused import fused_enabled
+
+    try:
+        runs = load_kernel() is not None and fused_enabled() and (dtype == torch.float32 or bf16_kernel_available())
+    except KernelUnavailable:
+        runs = False
+    if not runs:
+        pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
+    model = copy.deepcopy(make_tiny("llama").model).to(dtype)
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(model).config).eval().to(dtype)
+    for module in (model, head):
+        assert mmspec.optimize(module, kernel="c").replaced > 0
+    words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
+    fused, loop = EagleDrafter(model, head, 4, words), EagleDrafter(model, head, 4, words)
+    chains, fused_chain = [], fused._fused_chain
+    fused._fused_chain = lambda *args: chains.append(fused_chain(*args)) or chains[-1]
+    loop._fused_chain = lambda *args: None  # the Python loop
+    target = TransformersTarget(model)
+    sampling = SamplingConfig(do_sample=do_sample, temperature=0.8)
+    with torch.inference_mode():
+        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        for drafter in (fused, loop):
+            drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
+            drafter.on_verified(0, 0, prefill)
+        for step in range(4):
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
+            if do_sample:
+                torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+            else:
+                assert mine.probs is None and theirs.probs is None
+            length = fused.cache.get_seq_length()
+            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=-1)
+            accepted = step % 3  # 0, 1, 2, 0 drafts kept, then the target's next token
+            state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
+            for drafter in (fused, loop):
+                drafter.on_verified(4, accepted, out)
+    assert len(chains) == 4 and chains[0] is None and all(chain is not None for chain in chains[1:])  # (the first builds the cache)
+
+
+def test_the_eagle_chain_feeds_each_drafted_pair_at_its_position(tiny):
+    """Chain drafting gives the head features of running the head from scratch over the whole
+    sequence of pairs (f_t, x_{t+1}) at positions t = 0, 1, ... with its own predictions fed back, as
+    it was trained: a drafted pair sits right after the committed ones (no gap), in the loop and in
+    batches. (Sharpened attention, so that a position off by one shows.)"""
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+
+    model = tiny.model
+    torch.manual_seed(2)
+    head = EagleHead(text_decoder(model).config).eval()
+    attention = head.decoder.layers[0].self_attn
+    with torch.no_grad():
+        attention.q_proj.weight.mul_(40.0), attention.k_proj.weight.mul_(40.0)
+    target = TransformersTarget(model)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    with torch.inference_mode():
+        state, prefill = target.prefill(tiny.inputs, hidden_layer=-1)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        features, tokens = prefill.hidden_states, state.tokens[:, 1:]
+        expected, predictions = [], []
+        for _ in range(4):  # from scratch: pairs 0 .. n-1 at positions 0 .. n-1
+            predicted = head(features, embed(tokens), None, torch.arange(tokens.shape[1])[None])[:, -1:]
+            predictions.append(predicted[0, 0])
+            expected.append(int(lm_head(predicted[0, 0]).argmax()))
+            features, tokens = torch.cat([features, predicted], dim=1), torch.cat([tokens, torch.tensor([[expected[-1]]])], dim=1)
+        for batch in (False, True):
+            drafter = EagleDrafter(model, head, 4)
+            drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), tiny.inputs), state)
+            drafter.on_verified(0, 0, prefill)
+            seen = []  # the last row of every head forward: f^ after the committed pairs, then after each drafted one
+            hook = head.register_forward_hook(lambda module, args, out: seen.append(out[0, -1]))
+            draft = EagleDrafter.propose_rows([drafter], _Rows(state), [0], [8])[0] if batch else drafter.propose(state, 8)
+            hook.remove()
+            assert draft.tokens[0].tolist() == expected, batch
+            assert len(seen) == 4
+            for mine, theirs in zip(seen, predictions):
+                torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+class _Rows:
+    """A batch of one row for propose_rows (its state's rows)."""
+
+    def __init__(self, state):
+        self.rows = [state]

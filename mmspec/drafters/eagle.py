@@ -31,7 +31,9 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
+from ..modeling.fused import fused_plans, head_chain, linear_operand
 from ..modeling.heads import EagleHead
+from ..modeling.lean import lean_supported, rotary
 from .shipped import shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -73,6 +75,7 @@ class EagleDrafter(Drafter):
         self.cache = make_cache(None)  # preallocated layers: in-place appends, fused head layers
         self.fed = 0
         self.features = None
+        self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
 
     @staticmethod
     def _target_parts(target_model: nn.Module, draft_vocabulary: torch.Tensor | None):
@@ -111,8 +114,55 @@ class EagleDrafter(Drafter):
         self.forwards += 1
         return predicted
 
+    def _chain_plans(self):
+        """The head layer's fused plans where :meth:`_fused_chain` runs (checked once a generation:
+        a Llama EagleHead drafting over one feature row (this class's draft logits), ``fc`` and the
+        draft LM head few-row linears, a plain embedding table in the head's dtype), else None."""
+        head, decoder = self.head, self.head.decoder
+        dtype = decoder.norm.weight.dtype
+        table = getattr(self.embed, "weight", None)
+        if (type(head) is not EagleHead or not head.lean or type(self)._draft_logits is not EagleDrafter._draft_logits
+                or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
+                or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(head.fc, dtype) is None
+                or linear_operand(self.lm_head.projection, dtype) is None):
+            return None
+        return fused_plans(decoder.layers, self.cache, 1, dtype, table.device)
+
+    def _fused_chain(self, state: SequenceState, k: int) -> Draft | None:
+        """:meth:`propose`'s chain in one C call (:func:`mmspec.modeling.fused.head_chain`: the
+        committed pairs the head has not seen, then per token the draft LM head, the pick and the
+        next head forward) where it runs (:meth:`_chain_plans`, greedy or temperature-only
+        sampling): the loop's tokens from the same generator, q within float rounding; else None."""
+        if self.chain_plans is False and self.cache.layers:  # (the head's cache layer exists after its first forward)
+            self.chain_plans = self._chain_plans()
+        plans, sampling = self.chain_plans or None, self.context.sampling
+        length = state.tokens.shape[1]
+        pending = length - 1 - self.fed
+        if (plans is None or not 1 <= pending <= plans[0].max_rows or not plans.fresh() or self.features.shape[0] != 1
+                or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu"
+                or (sampling.do_sample and (sampling.top_k or (sampling.top_p or 1.0) < 1.0 or not sampling.temperature > 0))):
+            return None
+        decoder, start = self.head.decoder, self.fed - self.position_base
+        cos, sin = rotary(decoder, self.features[:, :1].expand(1, pending + k - 1, -1), start, None)  # (rows: their count)
+        uniforms = probs = None
+        if sampling.do_sample:
+            generator = self.context.generator
+            uniforms = torch.rand(k, generator=generator, device=generator.device).cpu()
+            probs = torch.zeros(k, self.lm_head.size)
+        codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
+                           self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
+                           self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos[0], sin[0], k,
+                           sampling.temperature if sampling.do_sample else 0.0, uniforms, probs, ids=self.lm_head.token_ids)
+        self.features = self.features[:, pending:]
+        self.fed = length - 1
+        self.forwards += k
+        return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
+
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
+        fused = self._fused_chain(state, k)
+        if fused is not None:
+            return fused
         predicted = self._catch_up(state)
         tokens, probs = [], []
         for i in range(k):
@@ -120,7 +170,7 @@ class EagleDrafter(Drafter):
             tokens.append(choice.view(1, 1))
             probs.append(q)
             if i + 1 < k:
-                predicted = self._step(predicted, tokens[-1], self.fed + 1 + i)
+                predicted = self._step(predicted, tokens[-1], self.fed + i)  # pair (f^_t, x_{t+1}) at position t
                 self.forwards += 1
         crop_cache(self.cache, self.head_cache_length)  # the drafted pairs are not committed
         return Draft.chain(tokens, probs)
@@ -139,7 +189,7 @@ class EagleDrafter(Drafter):
         first = drafters[0]
         cache, valid = stack_caches([d.cache for d in drafters])
         valid = valid.to(predicted.device)
-        starts = torch.tensor([[d.fed + 1 - d.position_base] for d in drafters], device=predicted.device)
+        starts = torch.tensor([[d.fed - d.position_base] for d in drafters], device=predicted.device)
         picked: list[list] = [[] for _ in drafters]
         drafting = list(range(len(drafters)))
         tokens = torch.zeros(len(drafters), 1, dtype=torch.long, device=predicted.device)

@@ -300,7 +300,7 @@ def _chain_function():
     function.argtypes = ([pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, int64,
                           pointer, pointer, int64, pointer, pointer, int64, int64, pointer, pointer, pointer, pointer]
                          + [int64] * 5
-                         + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_int])
+                         + [ctypes.c_float, pointer, pointer, pointer, pointer, int64, ctypes.c_int])
     function.restype = ctypes.c_int
     return function
 
@@ -323,7 +323,7 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
 def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
                codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, align_start: int,
                cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None,
-               probs: torch.Tensor | None, keep: int | None = None) -> torch.Tensor:
+               probs: torch.Tensor | None, keep: int | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
     """A one-layer feature head's chain of ``k`` draft codes in one C call (``head_chain`` in
     ``kernels/layer.c``): feed the pairs, then per code the output projection, the draw, and the
     next pair through ``fc``, the layer and its final norm (EAGLE: f^ = N(Layer(W_fc [e(x); f]))):
@@ -337,8 +337,9 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
             codes' do not.
         norm, eps: the head's final RMSNorm. fc, output: [2D -> D] and [D -> C] linears
             (:func:`linear_operand` accepts them: the caller checks).
-        codes: LongTensor [n0] (n0 >= 1, each < C) and features [n0, D]: the pairs to feed.
-        table: [C, D] each code's input; align: [R, D] rows added to the inputs of the positions fed
+        codes: LongTensor [n0] (n0 >= 1; table rows) and features [n0, D]: the pairs to feed.
+        table: [T, D] the inputs: row c for output c, or row ``ids[c]`` (``ids``: LongTensor [C] of
+            table rows, a draft vocabulary's token ids); align: [R, D] rows added to the inputs of the positions fed
             (the pairs', then the drafted codes': row align_start + j, the last row past the end), or None.
         cos, sin: rotary rows [n0 + k - 1, hd] of those positions.
         temperature: the draws' T; 0: the first argmax (no ``probs``).
@@ -350,21 +351,24 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     dtype, n0 = plans[0].dtype, codes.shape[0]
     width, hd, rows = plans[0].spec.D, plans[0].head_dim, codes.shape[0] + k - 1
     align_rows = 0 if align is None else align.shape[0]
-    operands = ((features, [n0, width]), (table, [output.out_features, width]), (cos, [rows, hd]), (sin, [rows, hd]),
+    operands = ((features, [n0, width]), (table, [table.shape[0], width]), (cos, [rows, hd]), (sin, [rows, hd]),
                 (align, [align_rows, width]))
     fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
             or (align is not None and not align_rows)
+            or (table.shape[0] < output.out_features if ids is None
+                else ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,))
             or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
-        raise ValueError(f"head_chain needs fused fc and output linears, codes a LongTensor [n0 >= 1] and features, table, "
-                         f"align, cos, sin contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
+        raise ValueError(f"head_chain needs fused fc and output linears, codes a LongTensor [n0 >= 1], ids None or a LongTensor "
+                         f"[{output.out_features}] (else a table of as many rows) and features, table, align, cos, sin "
+                         f"contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
     keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, rows)
     tokens = torch.empty(k, dtype=torch.long)
     status = _chain_function()(
         ctypes.addressof(plans.specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
         _ptr(align), align_start, align_rows, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-        keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms), tokens.data_ptr(),
+        keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms), _ptr(ids), tokens.data_ptr(),
         _ptr(probs), 0 if probs is None else probs.stride(0), torch.get_num_threads())
     if status:
         raise MemoryError("the fused head chain could not allocate its scratch")

@@ -354,7 +354,8 @@ void compact_rows(void *const *buffers, int64_t count, int64_t outer, int64_t st
  *               if i + 1 < k:  f^ = N(Layer(W_fc [e(x_i); f^] + b_fc))  at the next position
  *
  * with e(c) = table[c] + align[min(align_start + j, align_rows - 1)] for the j-th position fed (rounded
- * as one tensor addition; table[c] alone where align is NULL). s: the head layer's spec; norm / eps: its final norm; fc_* / out_*:
+ * as one tensor addition; table[c] alone where align is NULL), and e(x_i) read at table row ids[x_i]
+ * where ids is not NULL (a draft vocabulary's token ids: the pairs' codes are table rows already). s: the head layer's spec; norm / eps: its final norm; fc_* / out_*:
  * weight, bias (or NULL) and the few-row kernel code of each projection (LayerSpec.linear's codes; 4
  * reads a packed weight); C: the output's width; codes [n0] (< C) and features [n0, D]: the pairs to
  * feed; table [C, D]; align [align_rows, D] or NULL; cos / sin [n0 + k - 1, hd]: the rotary rows of
@@ -373,7 +374,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
                int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
                const void *sin, void *kbuf, void *vbuf,
                int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature, const float *uniforms,
-               int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
+               const int64_t *ids, int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
     const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
     const int bf16 = s->bf16;
     if (n0 < 1 || k < 1) return -1;
@@ -418,7 +419,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
         tokens[i] = best;
         if (i + 1 == k || status) break;
         const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
-        memcpy(x, (const char *)table + best * row_bytes, (size_t)row_bytes);
+        memcpy(x, (const char *)table + (ids ? ids[best] : best) * row_bytes, (size_t)row_bytes);
         if (align) add_into(x, align_row(align, align_start + at, align_rows, row_bytes), D, bf16);
         memcpy(x + row_bytes, feature, (size_t)row_bytes);
         status = linear_kind(fc_kind, x, fc_w, fc_b, h, 1, D, 2 * D, threads);
