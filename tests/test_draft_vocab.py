@@ -42,6 +42,26 @@ def test_restricted_head_of_an_optimized_head_takes_its_kernel():
     assert whole.projection is lm_head and torch.equal(whole(hidden), lm_head(hidden))
 
 
+def test_optimizing_a_drafter_reaches_its_restricted_head():
+    """A head restricted before the target was optimized (a plain linear over the copied rows) is
+    replaced when the drafter is optimized (mmspec.optimize replaces children: the rows are held as
+    one), with the same logits up to the kernel's rounding."""
+    from types import SimpleNamespace
+
+    from mmspec.api import optimize_components
+    from mmspec.modeling.fast_linear import FewRowLinear
+
+    torch.manual_seed(1)
+    lm_head, ids = nn.Linear(64, 40, bias=False), torch.tensor([7, 3, 39, 0, 12])
+    drafter = SimpleNamespace(lm_head=DraftLMHead(lm_head, ids))
+    hidden = torch.randn(1, 4, 64)
+    before = drafter.lm_head(hidden)
+    assert type(drafter.lm_head.projection) is nn.Linear
+    assert optimize_components(drafter, kernel="transposed").replaced == 1
+    assert type(drafter.lm_head.projection) is FewRowLinear and drafter.lm_head.projection.weight.data_ptr() == drafter.lm_head.weight.data_ptr()
+    torch.testing.assert_close(drafter.lm_head(hidden), before)
+
+
 def test_frequent_tokens_are_counted_on_learnt_positions_only(tmp_path):
     records = [{"ids": torch.tensor([9, 9, 9, 1, 2, 2]), "learn": torch.tensor([False, False, False, True, True, True])},
                {"ids": torch.tensor([9, 2, 3]), "learn": torch.tensor([False, True, True])}]

@@ -54,6 +54,15 @@ def load_draft_vocabulary(directory: str | Path) -> torch.Tensor | None:
     return torch.tensor(json.loads(path.read_text())["token_ids"], dtype=torch.long) if path.is_file() else None
 
 
+class _Rows(nn.Module):
+    """A draft vocabulary's rows of the LM head as a child module (``mmspec.optimize`` replaces
+    children, so it reaches the linear through here)."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+
+
 class DraftLMHead:
     """The target's LM head restricted to a draft vocabulary (or the whole head when ``token_ids``
     is None). The restricted rows are copied once ([N, H]); the target's head is never changed.
@@ -69,10 +78,12 @@ class DraftLMHead:
         self.weight = lm_head.weight if token_ids is None else lm_head.weight.detach()[self.token_ids].contiguous()
         bias = getattr(lm_head, "bias", None)
         self.bias = None if bias is None else (bias if token_ids is None else bias.detach()[self.token_ids])
-        #: the projection: the head itself when it is a linear over all its rows, else a linear of the
-        #: head's class over ``weight`` (a few-row linear when ``mmspec.optimize`` made the head one:
-        #: its kernel, not F.linear's small-M path, for the 1-8 rows a drafting step projects)
-        self.projection = lm_head if token_ids is None and isinstance(lm_head, nn.Linear) else self._linear_over(lm_head)
+        #: the head itself when it is a linear over all its rows, else a module holding a linear over
+        #: ``weight`` as its child (a few-row linear when the head is one, or once ``mmspec.optimize``
+        #: reaches it through the drafter: its kernel, not F.linear's small-M path, for the 1-8 rows
+        #: a drafting step projects, and what a fused draft chain reads)
+        self.rows = None if token_ids is None and isinstance(lm_head, nn.Linear) else _Rows(self._linear_over(lm_head))
+        self.head = lm_head
 
     def _linear_over(self, lm_head: nn.Module) -> nn.Module:
         projection = nn.Linear(self.weight.shape[1], self.weight.shape[0], bias=self.bias is not None, device="meta")
@@ -82,6 +93,11 @@ class DraftLMHead:
         if isinstance(lm_head, FewRowLinear):
             return FewRowLinear(projection, lm_head.kernel, lm_head.max_rows, lm_head.pack)
         return projection
+
+    @property
+    def projection(self) -> nn.Module:
+        """The linear that gives the draft logits (the target's head, or the one over ``weight``)."""
+        return self.head if self.rows is None else self.rows.linear
 
     @property
     def size(self) -> int:
