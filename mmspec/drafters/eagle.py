@@ -118,11 +118,12 @@ class EagleDrafter(Drafter):
         """The head layer's fused plans where :meth:`_fused_chain` runs (checked once a generation:
         a Llama EagleHead drafting over one feature row (this class's draft logits), ``fc`` and the
         draft LM head few-row linears, a plain embedding table in the head's dtype), else None."""
-        head, decoder = self.head, self.head.decoder
+        head = self.head
+        if type(head) is not EagleHead or type(self)._draft_logits is not EagleDrafter._draft_logits:
+            return None  # (an image head: its own layer, guided logits)
+        decoder, table = head.decoder, getattr(self.embed, "weight", None)
         dtype = decoder.norm.weight.dtype
-        table = getattr(self.embed, "weight", None)
-        if (type(head) is not EagleHead or not head.lean or type(self)._draft_logits is not EagleDrafter._draft_logits
-                or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
+        if (not head.lean or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
                 or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(head.fc, dtype) is None
                 or linear_operand(self.lm_head.projection, dtype) is None):
             return None
@@ -133,7 +134,7 @@ class EagleDrafter(Drafter):
         committed pairs the head has not seen, then per token the draft LM head, the pick and the
         next head forward) where it runs (:meth:`_chain_plans`, greedy or temperature-only
         sampling): the loop's tokens from the same generator, q within float rounding; else None."""
-        if self.chain_plans is False and self.cache.layers:  # (the head's cache layer exists after its first forward)
+        if self.chain_plans is False and getattr(self.cache, "layers", None):  # (the head's cache layer exists after its first forward)
             self.chain_plans = self._chain_plans()
         plans, sampling = self.chain_plans or None, self.context.sampling
         length = state.tokens.shape[1]
