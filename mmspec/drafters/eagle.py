@@ -31,7 +31,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
-from ..modeling.fused import fused_plans, head_chain, linear_operand
+from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
 from .shipped import shipped_drafter_dir
@@ -140,20 +140,15 @@ class EagleDrafter(Drafter):
         length = state.tokens.shape[1]
         pending = length - 1 - self.fed
         if (plans is None or not 1 <= pending <= plans[0].max_rows or not plans.fresh() or self.features.shape[0] != 1
-                or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu"
-                or (sampling.do_sample and (sampling.top_k or (sampling.top_p or 1.0) < 1.0 or not sampling.temperature > 0))):
+                or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu" or not chain_samples(sampling)):
             return None
         decoder, start = self.head.decoder, self.fed - self.position_base
         cos, sin = rotary(decoder, self.features[:, :1].expand(1, pending + k - 1, -1), start, None)  # (rows: their count)
-        uniforms = probs = None
-        if sampling.do_sample:
-            generator = self.context.generator
-            uniforms = torch.rand(k, generator=generator, device=generator.device).cpu()
-            probs = torch.zeros(k, self.lm_head.size)
+        temperature, uniforms, probs = chain_draws(sampling, self.context.generator, k, self.lm_head.size)
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
                            self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos[0], sin[0], k,
-                           sampling.temperature if sampling.do_sample else 0.0, uniforms, probs, ids=self.lm_head.token_ids)
+                           temperature, uniforms, probs, ids=self.lm_head.token_ids)
         self.features = self.features[:, pending:]
         self.fed = length - 1
         self.forwards += k

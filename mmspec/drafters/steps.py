@@ -20,7 +20,7 @@ import torch
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.tree import TokenTree, expansion_mask
-from ..modeling.fused import fused_plans, head_chain, linear_operand
+from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, linear_operand
 from ..modeling.lean import lean_supported, rotary
 from .model import ModelDrafter
 
@@ -305,23 +305,17 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         plans, sampling, target = self.chain_plans, self.context.sampling, self.context.target
         first = self.fed
         codes, n0 = stream[first : a + 1], a - first + 1
-        if (plans is None or n0 > plans[0].max_rows or not plans.fresh()
-                or (sampling.do_sample and (sampling.top_k or (sampling.top_p or 1.0) < 1.0 or not sampling.temperature > 0))
+        if (plans is None or n0 > plans[0].max_rows or not plans.fresh() or not chain_samples(sampling)
                 or any(state.cache.position(index) != "free" for index in range(a + 1, a + 1 + steps))
                 or int(codes.min()) < 0 or int(codes.max()) >= self.code_table.shape[0]):  # (a stream id that is no code)
             return None
         decoder = self.head.decoder
         align = target.steps.alignment_table(state.cache.conditioning)
         cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)  # (rows: their count)
-        uniforms = probs = None
-        if sampling.do_sample:
-            generator = self.context.generator
-            uniforms = torch.rand(steps, generator=generator, device=generator.device).cpu()
-            probs = torch.zeros(steps, target.vocab_size)
+        temperature, uniforms, probs = chain_draws(sampling, self.context.generator, steps, target.vocab_size)
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.output, codes.contiguous(), torch.stack(state.cache.step_hidden[first : a + 1]), self.code_table,
-                           None if align is None else align.contiguous(), first, cos[0], sin[0], steps,
-                           sampling.temperature if sampling.do_sample else 0.0, uniforms, probs,
+                           None if align is None else align.contiguous(), first, cos[0], sin[0], steps, temperature, uniforms, probs,
                            keep=n0 - 1)  # step a's pair is not committed yet
         self.fed = a
         self.forwards += steps

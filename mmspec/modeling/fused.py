@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..core.cache import CACHE_COMPACTORS, PreallocatedLayer
+from ..core.sampling import SamplingConfig
 from .attention import MAX_HEAD_DIM, mask_strides
 from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel, weight_version
 
@@ -318,6 +319,21 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
         return None
     packed = linear.packed_weight() if variants[0] == "amx" else None
     return (_LINEAR_CODES["amx packed"], packed.data_ptr()) if packed is not None else (_LINEAR_CODES[variants[0]], linear.weight.data_ptr())
+
+
+def chain_samples(sampling: SamplingConfig) -> bool:
+    """Whether :func:`head_chain` draws as ``sampling`` asks: greedy, or a plain temperature (no
+    top-k / top-p)."""
+    return not sampling.do_sample or (not sampling.top_k and (sampling.top_p or 1.0) >= 1.0 and sampling.temperature > 0)
+
+
+def chain_draws(sampling: SamplingConfig, generator: torch.Generator, k: int, width: int):
+    """:func:`head_chain`'s draw arguments for ``k`` draws over ``width`` outputs under ``sampling``
+    (:func:`chain_samples` holds): (temperature, uniforms [k] from ``generator``, zeros [k, width]
+    for the distributions), or (0, None, None) for greedy picks."""
+    if not sampling.do_sample:
+        return 0.0, None, None
+    return sampling.temperature, torch.rand(k, generator=generator, device=generator.device).cpu(), torch.zeros(k, width)
 
 
 def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
