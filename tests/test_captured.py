@@ -102,6 +102,23 @@ def test_sampled_eagle_chains_repeat_the_plain_drafters_draws():
     assert outs[1].stats.accepted_per_position == outs[0].stats.accepted_per_position
 
 
+def test_eagle2_measures_its_tree_budget_on_the_live_sequence_of_a_captured_target():
+    """EAGLE-2's timed tree budget measures C(n) at the first generation of a model (a GPU check
+    found it prefilling a second sequence into the captured target's one static cache, which ended
+    the generation's own): measured on the live sequence, the generation goes on and its tokens
+    are the plain target's."""
+    from mmspec.core import cost
+
+    plain, captured = pair(buckets=(1, 2, 4, 8, 16, 32, 64))
+    outs = []
+    for target in (captured, plain):
+        cost._CURVES.clear()  # each target measures its own curve in the middle of its generation
+        drafter = ImageEagle2Drafter(target, head(), depth=3, top_k=2, num_nodes="auto", budget="timed")
+        outs.append(mmspec.generate(target, drafter=drafter, max_new_tokens=SIDE * SIDE, do_sample=False, **INPUTS))
+        assert len(cost._CURVES) == 1
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+
+
 @torch.no_grad()
 def test_captured_head_forwards_equal_the_heads_own():
     """Chain forwards through padded buckets, a crop (rejected drafts) and more forwards: the same

@@ -29,7 +29,7 @@ _CURVES: dict[tuple, dict[int, float]] = {}
 
 
 def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 200, repeats: int = 5,
-                              model_inputs: dict | None = None) -> dict[int, float]:
+                              model_inputs: dict | None = None, state=None) -> dict[int, float]:
     """Median seconds of one target forward over n new tokens after a cached prompt: ``context``
     random tokens, or ``model_inputs`` (the prompt a generation prefilled, for targets whose
     prompt is not token ids, such as the guided image targets). The sizes take turns, one forward
@@ -39,6 +39,10 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
     Args:
         target: a :class:`~mmspec.core.target.Target`.
         sizes: the n to measure.
+        state: a live sequence of ``target`` (its prompt prefilled, nothing verified yet) to measure
+            on instead of prefilling a new one; every measured forward is cropped away again, so the
+            sequence goes on unchanged. A target that holds one sequence at a time (captured
+            graphs over one static KV cache) can only be measured this way during a generation.
     Returns:
         {n: seconds}.
     """
@@ -48,7 +52,8 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
         model_inputs = {"input_ids": torch.randint(0, high, (1, context), generator=torch.Generator().manual_seed(0)).to(device)}
     curve = {}
     with torch.inference_mode():
-        state, _ = target.prefill(model_inputs)
+        if state is None:
+            state, _ = target.prefill(model_inputs)
         context = state.cache_length
         room = getattr(target, "max_length", None)  # positions left after the prompt (image grids are short)
         sizes = [n for n in sizes if room is None or context + n <= room] or [1]
@@ -69,12 +74,13 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
     return curve
 
 
-def cached_verification_cost(target, model_inputs: dict | None = None) -> dict[int, float]:
-    """:func:`measure_verification_cost` once per model, device, dtype and thread count."""
+def cached_verification_cost(target, model_inputs: dict | None = None, state=None) -> dict[int, float]:
+    """:func:`measure_verification_cost` once per model, device, dtype and thread count (on ``state``,
+    the generation's live sequence, where given)."""
     model = target.model
     key = (id(model), str(target.device), str(next(model.parameters()).dtype), torch.get_num_threads())
     if key not in _CURVES:
-        _CURVES[key] = measure_verification_cost(target, model_inputs=model_inputs)
+        _CURVES[key] = measure_verification_cost(target, model_inputs=model_inputs, state=state)
     return _CURVES[key]
 
 

@@ -279,7 +279,7 @@ class Eagle2Drafter(EagleDrafter):
         self.chosen_nodes, self.drafted_depths = [], []
         self.policy = None
         if self.num_nodes == "auto":
-            budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost)
+            budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost, state)
             self.policy = TreeBudgetPolicy(budget, self.depth)
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:

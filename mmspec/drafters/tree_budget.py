@@ -81,9 +81,10 @@ class TreeBudget:
         self.layers = 0  # layer expansions in the current step
 
     @classmethod
-    def for_generation(cls, context, relative_layer_cost: float) -> "TreeBudget":
-        """The budget of a generation (``context``: the drafter's DraftContext), given c_layer / C(1)
-        estimated from the parameter counts (used by the nominal budget)."""
+    def for_generation(cls, context, relative_layer_cost: float, state) -> "TreeBudget":
+        """The budget of a generation (``context``: the drafter's DraftContext; ``state``: its live
+        sequence, just prefilled), given c_layer / C(1) estimated from the parameter counts (used by
+        the nominal budget)."""
         raise NotImplementedError
 
     def begin_step(self) -> None:
@@ -122,8 +123,8 @@ class TimedBudget(TreeBudget):
         self.last_layer: float | None = None
 
     @classmethod
-    def for_generation(cls, context, relative_layer_cost: float) -> "TimedBudget":
-        return cls(CostModel(cached_verification_cost(context.target, context.model_inputs)))
+    def for_generation(cls, context, relative_layer_cost: float, state) -> "TimedBudget":
+        return cls(CostModel(cached_verification_cost(context.target, context.model_inputs, state)))
 
     def begin_step(self) -> None:
         super().begin_step()
@@ -147,7 +148,7 @@ class NominalBudget(TreeBudget):
     catch-up forward + its layer expansions so far)."""
 
     @classmethod
-    def for_generation(cls, context, relative_layer_cost: float) -> "NominalBudget":
+    def for_generation(cls, context, relative_layer_cost: float, state) -> "NominalBudget":
         curve = NOMINAL_CURVES.get(context.target.device.type, NOMINAL_CURVES["cpu"])
         return cls(CostModel(dict(curve)), relative_layer_cost)
 
