@@ -171,15 +171,17 @@ def exact_streams(target):
 
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
                                              ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True),
-                                             ("eagle-tree", True), ("sjd-single", True), ("eagle-fused", True)])
+                                             ("eagle-tree", True), ("sjd-single", True), ("eagle-fused", True),
+                                             ("eagle-fused-int8", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
     """medusa-tree / eagle-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying
     Medusa's or EAGLE's static tree / SJD's window; eagle-fused: EAGLE's chain on a single stream
-    through the fused C chain (few-row linears)."""
-    fused = drafter == "eagle-fused"
+    through the fused C chain (few-row linears); eagle-fused-int8: that chain on the head's int8
+    copy (its q are the int8 head's, which the rule reads)."""
+    fused = drafter.startswith("eagle-fused") if drafter else False
     if fused and not _fused_chain_runs(torch.float32):
         pytest.skip("the fused kernels do not run here")
-    target = small(2, aligned=aligned, codebooks=1 if drafter in ("medusa-tree", "eagle-tree", "sjd-single", "eagle-fused") else K2)
+    target = small(2, aligned=aligned, codebooks=1 if fused or drafter in ("medusa-tree", "eagle-tree", "sjd-single") else K2)
     if fused:
         mmspec.optimize(target.model, kernel="c")
     exact = exact_streams(target)
@@ -194,7 +196,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
         mmspec.optimize(eagle, kernel="c")
 
     def fused_eagle():
-        d = CodecEagleDrafter(eagle, num_draft_tokens=3)
+        d = CodecEagleDrafter(eagle, num_draft_tokens=3, int8_head=drafter == "eagle-fused-int8")
         steps = d._fused_steps
         d._fused_steps = lambda *args: chains.append(steps(*args)) or chains[-1]
         return d
@@ -208,6 +210,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
              "eagle-tree": lambda: CodecEagleDrafter(eagle, tree_paths=CODEC_TREE),
              "eagle-fused": fused_eagle,
+             "eagle-fused-int8": fused_eagle,
              "step": StepCompletionDrafter}.get(drafter, lambda: drafter)()
         out = mmspec.generate(target, drafter=d, max_new_tokens=BUDGET, **inputs(target.model, SHORT), do_sample=True,
                               temperature=TEMPERATURE, seed=seed, num_draft_tokens=3)
@@ -379,7 +382,7 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, aligned, do_sa
     drafters, contexts = [], []
     for _ in range(2):
         context = DraftContext(target, SamplingConfig(do_sample=do_sample, temperature=0.9), torch.Generator().manual_seed(7), {})
-        drafters.append(CodecEagleDrafter(head, num_draft_tokens=4))
+        drafters.append(CodecEagleDrafter(head, num_draft_tokens=4, int8_head=False))
         contexts.append(context)
     fused, loop = drafters
     chain_calls, fused_steps = [], fused._fused_steps
@@ -403,6 +406,59 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, aligned, do_sa
             length = fused.cache.get_seq_length()
             assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
     assert len(chain_calls) == 4 and all(call is not None for call in chain_calls)
+
+
+class _Int8Linear(torch.nn.Module):
+    """A linear through the int8 kernel (mmspec.modeling.fused.int8_linear): what the int8 chain
+    reads, as a module the Python loop can run."""
+
+    def __init__(self, linear):
+        from mmspec.modeling.fused import pack_int8
+
+        super().__init__()
+        self.blob, self.bias, self.out_features = pack_int8(linear.weight), linear.bias, linear.out_features
+
+    def forward(self, x):
+        from mmspec.modeling.fused import int8_linear
+
+        return int8_linear(x.reshape(-1, x.shape[-1]).contiguous(), self.blob, self.out_features, self.bias).view(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_the_int8_eagle_chain_drafts_what_the_loop_drafts_through_int8_linears(dtype):
+    """int8_head=True: the C chain reads the head's layer and fc as int8 (pack_int8); the Python
+    loop with those linears replaced by the int8 kernel as modules drafts the same codes with the
+    same q (float rounding), step after step, so the chain feeds every weight where it belongs."""
+    import copy
+
+    from mmspec.core.drafter import DraftContext
+
+    if not _fused_chain_runs(dtype):
+        pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
+    target, head = _fused_eagle_models(tiny(2, codebooks=1, codes=16, aligned=True), dtype)
+    quantized = copy.deepcopy(head)
+    for parent in [quantized] + list(quantized.decoder.layers[0].children()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, _Int8Linear(child))
+    state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
+    fused, loop = CodecEagleDrafter(head, num_draft_tokens=4, int8_head=True), CodecEagleDrafter(quantized, num_draft_tokens=4)
+    calls, fused_steps = [], fused._fused_steps
+    fused._fused_steps = lambda *args: calls.append(fused_steps(*args)) or calls[-1]
+    loop._fused_steps = lambda *args: None  # the Python loop
+    for step, token in enumerate((5, 0, 3, 7, 1)):
+        target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
+        state.commit(torch.tensor([[token]]))
+        if step == 1:
+            for drafter in (fused, loop):
+                drafter.start(DraftContext(target, SamplingConfig(do_sample=True, temperature=0.9), torch.Generator().manual_seed(7),
+                                           {}), state)
+        if step >= 1:
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens)
+            torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+    assert len(calls) == 4 and all(call is not None for call in calls) and fused.describe()["chain_int8"]
 
 
 @pytest.mark.parametrize("top_k", [None, 3])

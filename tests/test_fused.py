@@ -386,3 +386,59 @@ def test_the_c_cache_compaction_is_the_layers_own():
     assert not compact_layers(cache.layers, 1, torch.tensor([2, 2]))
     assert not compact_layers(cache.layers, 1, torch.tensor([1, 5]))
     assert cache.layers[0].get_seq_length() == 6
+
+
+def _int8_reference(x, weight, bias):
+    """x W^T + b with W quantised per output row and each row of x per row, both symmetric int8
+    (round to nearest even, clamped to +-127), the products summed exactly, then scaled in fp32."""
+    w, xf = weight.float(), x.float()
+    w_top, x_top = w.abs().amax(1), xf.abs().amax(1)
+    w_scale = torch.where(w_top > 0, w_top / 127, torch.ones_like(w_top))
+    x_scale = torch.where(x_top > 0, x_top / 127, torch.ones_like(x_top))
+    q = (w / w_scale[:, None]).round().clamp(-127, 127).long()
+    a = (xf / x_scale[:, None]).round().clamp(-127, 127).long()
+    y = (a @ q.T).float() * (x_scale[:, None] * w_scale[None, :])
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
+    """few_rows_linear_i8 (a drafter head's linears, fused.pack_int8's blob): bitwise the reference
+    above on its VNNI path and its scalar path, with and without a bias, a zero row, K not a
+    multiple of 16; within int8's error of the full-precision product."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, n, k in [(1, 16, 4), (3, 256, 512), (5, 768, 256), (2, 32, 12)]:
+        weight = torch.randn(n, k, generator=generator).to(dtype)
+        x = torch.randn(rows, k, generator=generator).to(dtype)
+        x[-1] = 0 if rows > 1 else x[-1]
+        blob = fused.pack_int8(weight)
+        assert blob.dtype == torch.uint8 and blob.numel() == n * k + 8 * n
+        for bias in (None, torch.randn(n, generator=generator).to(dtype)):
+            want = _int8_reference(x, weight, bias)
+            for fast in (False, True) if fused.int8_fast() else (False,):
+                got = fused.int8_linear(x, blob, n, bias, fast=fast)
+                assert got.dtype == dtype and torch.equal(got, want), (rows, n, k, fast)
+            exact = x.float() @ weight.float().T + (0 if bias is None else bias.float())
+            assert (got.float() - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+def test_an_int8_head_copy_follows_its_weights():
+    """fused.int8_head packs a head's layer and fc once, reuses the copy while the weights stay,
+    repacks after an in-place update, and declines projections the kernel cannot tile."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4)
+    layer, fc, output = LlamaDecoderLayer(config, 0).eval(), torch.nn.Linear(128, 64), torch.nn.Linear(64, 20)
+    for module in (layer, fc, output):
+        optimize(module, kernel="c")
+    plans = fused.PlanStack([layer_plan(layer)])
+    head = fused.int8_head(plans, layer, fc, output)
+    assert head is not None and len(head.keep) == 8 and head.output == fused.linear_operand(output, torch.float32)  # 20 rows: not int8
+    assert fused.int8_head(plans, layer, fc, output) is head
+    with torch.no_grad():
+        fc.weight.add_(1.0)
+    again = fused.int8_head(plans, layer, fc, output)
+    assert again is not head and torch.equal(again.keep[7], fused.pack_int8(fc.weight))
+    assert fused.int8_head(plans, layer, torch.nn.Linear(130, 64), output) is None  # K = 130: not a multiple of 4

@@ -114,6 +114,8 @@ def load_kernel() -> ctypes.CDLL:
                      library.few_rows_linear_amx, library.few_rows_linear_amx_packed):
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = ctypes.c_int if function in (library.few_rows_linear_amx, library.few_rows_linear_amx_packed) else None
+    library.few_rows_linear_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
+    library.few_rows_linear_i8.restype = ctypes.c_int
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
     library.rows_argmax.argtypes, library.rows_argmax.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p], None
     library.speculative_rows.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2

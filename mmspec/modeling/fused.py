@@ -321,6 +321,93 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
     return (_LINEAR_CODES["amx packed"], packed.data_ptr()) if packed is not None else (_LINEAR_CODES[variants[0]], linear.weight.data_ptr())
 
 
+def int8_fast() -> bool:
+    """Whether the int8 kernel (``few_rows_linear_i8``) has its AVX512-VNNI path here (else its
+    scalar loop, which gives the same numbers slower)."""
+    return "avx512_vnni" in cpu_flags()
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] (N % 16 == 0, K % 4 == 0) -> the int8 kernel's blob, uint8 [N K + 8 N]: the rows
+    quantised symmetrically per output, q[n] = round(W[n] / scale[n]) with scale[n] = max_k |W[n, k]|
+    / 127 (1 for a zero row), laid out [N / 16, K / 4, 16, 4] (16 outputs x 4 inputs: one
+    vpdpbusd operand); then scale (float32 [N]) and sum_k q[n, k] (int32 [N])."""
+    n, k = weight.shape
+    w = weight.detach().float().cpu()
+    top = w.abs().amax(1)
+    scale = torch.where(top > 0, top / 127, torch.ones_like(top))
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    blocks = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    parts = (blocks.view(-1).view(torch.uint8), scale.view(torch.uint8), q.sum(1, dtype=torch.int32).view(torch.uint8))
+    return torch.cat(parts)
+
+
+def _int8_code(dtype: torch.dtype, fast: bool) -> int:
+    """LayerSpec.linear's code of the int8 kernel for rows of ``dtype``: 5 / 6 (VNNI), 7 / 8 (scalar)."""
+    return (5 if dtype == torch.bfloat16 else 6) + (0 if fast else 2)
+
+
+def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+                fast: bool | None = None) -> torch.Tensor:
+    """x [M, K] (fp32 or bf16, contiguous CPU) -> x W^T + b [M, N] in x's dtype through the int8
+    kernel and a :func:`pack_int8` blob (``fast``: the VNNI path, default where the CPU has it)."""
+    function = load_kernel().few_rows_linear_i8
+    m, k = x.shape
+    out = torch.empty(m, out_features, dtype=x.dtype)
+    if function(x.data_ptr(), blob.data_ptr(), _ptr(bias), out.data_ptr(), m, out_features, k, int(x.dtype == torch.bfloat16),
+                int(int8_fast() if fast is None else fast)):
+        raise MemoryError("the int8 kernel could not allocate its scratch")
+    return out
+
+
+@dataclass
+class Int8Head:
+    """A one-layer head's specs with every projection (and ``fc``'s and the output's) read as int8
+    (:func:`int8_head`): ``specs`` the C array :func:`head_chain` takes instead of the plans', ``fc``
+    and ``output`` (kernel code, blob address), ``keep`` the blobs, ``versions`` the weights' at packing."""
+
+    specs: ctypes.Array
+    fc: tuple[int, int]
+    output: tuple[int, int]
+    keep: tuple
+    weights: tuple
+    versions: tuple
+
+
+_INT8: "weakref.WeakKeyDictionary[nn.Module, Int8Head]" = weakref.WeakKeyDictionary()  # fc -> its head's int8 copy
+
+
+def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Module, fast: bool | None = None
+              ) -> Int8Head | None:
+    """``plans``' one layer (``layer``, a Llama decoder layer), ``fc`` and ``output`` with int8
+    weights for :func:`head_chain` (built once per head and weights; ``fast``: the VNNI kernel, default
+    where the CPU has it), or None where a projection's shape does not fit the kernel (N % 16, K % 4;
+    ``output`` stays as it is where it does not)."""
+    parts = _parts(layer)
+    if len(plans) != 1 or parts is None or len(parts[2]) != 3:
+        return None
+    q, k, v = parts[2]
+    fits = lambda m: not (m.weight.shape[0] % 16 or m.weight.shape[1] % 4)  # noqa: E731
+    linears = (q, k, v, parts[3], parts[4], parts[5], parts[6], fc) + ((output,) if fits(output) else ())
+    if not all(map(fits, linears)):
+        return None
+    fast = int8_fast() if fast is None else fast
+    weights = tuple(m.weight for m in linears)
+    cached = _INT8.get(fc)
+    if cached is not None and cached.weights == weights and _unchanged(weights, cached.versions) and cached.fc[0] == _int8_code(
+            plans[0].dtype, fast):
+        return cached
+    blobs = tuple(pack_int8(w) for w in weights)
+    spec = LayerSpec.from_buffer_copy(plans[0].spec)
+    spec.wq, spec.wk, spec.wv, spec.wo, spec.wg, spec.wu, spec.wd = (b.data_ptr() for b in blobs[:7])
+    spec.linear = _int8_code(plans[0].dtype, fast)
+    out = (spec.linear, blobs[8].data_ptr()) if len(blobs) > 8 else linear_operand(output, plans[0].dtype)
+    head = Int8Head((LayerSpec * 1)(spec), (spec.linear, blobs[7].data_ptr()), out, blobs, weights,
+                    tuple(map(weight_version, weights)))
+    _INT8[fc] = head
+    return head
+
+
 def chain_samples(sampling: SamplingConfig) -> bool:
     """Whether :func:`head_chain` draws as ``sampling`` asks: greedy, or a plain temperature (no
     top-k / top-p)."""
@@ -339,7 +426,8 @@ def chain_draws(sampling: SamplingConfig, generator: torch.Generator, k: int, wi
 def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
                codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, align_start: int,
                cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None,
-               probs: torch.Tensor | None, keep: int | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+               probs: torch.Tensor | None, keep: int | None = None, ids: torch.Tensor | None = None,
+               int8: Int8Head | None = None) -> torch.Tensor:
     """A one-layer feature head's chain of ``k`` draft codes in one C call (``head_chain`` in
     ``kernels/layer.c``): feed the pairs, then per code the output projection, the draw, and the
     next pair through ``fc``, the layer and its final norm (EAGLE: f^ = N(Layer(W_fc [e(x); f]))):
@@ -361,6 +449,8 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
         temperature: the draws' T; 0: the first argmax (no ``probs``).
         uniforms: float32 [k], one number in [0, 1) per draw (sampling); probs: float32 [k, V >= C]
             zeros, whose first C columns receive the draws' distributions.
+        int8: the head's layer, ``fc`` and ``output`` read as int8 (:func:`int8_head`): a drafter's
+            own rounding, which the draws' distributions report.
     Returns:
         LongTensor [k]: the codes.
     """
@@ -380,8 +470,11 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
                          f"contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
     keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, rows)
     tokens = torch.empty(k, dtype=torch.long)
+    specs = plans.specs if int8 is None else int8.specs
+    if int8 is not None:
+        fc_operand, out_operand = int8.fc, int8.output
     status = _chain_function()(
-        ctypes.addressof(plans.specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
+        ctypes.addressof(specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
         _ptr(align), align_start, align_rows, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
         keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms), _ptr(ids), tokens.data_ptr(),

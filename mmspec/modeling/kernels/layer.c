@@ -30,6 +30,8 @@ int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b,
                         int64_t K, int threads);
 int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
                                int64_t N, int64_t K, int threads);
+int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K, int bf16,
+                       int vnni);
 int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
                        int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
                        int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16);
@@ -49,7 +51,8 @@ typedef struct {
     int rope;      /* 0: rotate-half with cos / sin [., n, hd] in the model dtype (transformers' Llama);
                       1: consecutive pairs with an fp32 table [., n, hd / 2, 2] (LlamaGen) */
     int bf16;      /* the model dtype: 1 bf16, 0 fp32 */
-    int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx, 4 amx on packed weights (bf16) */
+    int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx, 4 amx on packed weights (bf16);
+                      5-8 int8 weights (few_rows_linear_i8: a drafter's head) */
     int wide;      /* the attention build and the SiLU's lanes: 1 AVX-512 (16 lanes) */
 } LayerSpec;
 
@@ -144,7 +147,9 @@ static int linear_kind(int kind, const void *x, const void *w, const void *b, vo
     case 1: few_rows_linear_avx512(x, w, b, y, M, N, K, threads); return 0;
     case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
     case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
-    default: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
+    case 4: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
+    /* int8 weights (drafters): 5 bf16 / 6 fp32 rows through VNNI, 7 / 8 the same sums in scalar code */
+    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind == 5 || kind == 7, kind <= 6);
     }
 }
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
