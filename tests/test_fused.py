@@ -442,3 +442,11 @@ def test_an_int8_head_copy_follows_its_weights():
     again = fused.int8_head(plans, layer, fc, output)
     assert again is not head and torch.equal(again.keep[7], fused.pack_int8(fc.weight))
     assert fused.int8_head(plans, layer, torch.nn.Linear(130, 64), output) is None  # K = 130: not a multiple of 4
+
+
+def test_int8_linear_refuses_what_its_kernel_cannot_read():
+    blob = fused.pack_int8(torch.randn(16, 8))
+    for x, b in [(torch.randn(2, 8).double(), None), (torch.randn(8, 2).T, None), (torch.randn(2, 12), None),
+                 (torch.randn(2, 8), torch.randn(15))]:
+        with pytest.raises(ValueError, match="int8_linear needs"):
+            fused.int8_linear(x, blob, 16, b)

@@ -351,8 +351,13 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
                 fast: bool | None = None) -> torch.Tensor:
     """x [M, K] (fp32 or bf16, contiguous CPU) -> x W^T + b [M, N] in x's dtype through the int8
     kernel and a :func:`pack_int8` blob (``fast``: the VNNI path, default where the CPU has it)."""
-    function = load_kernel().few_rows_linear_i8
     m, k = x.shape
+    if (x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or not x.is_contiguous()
+            or blob.dtype != torch.uint8 or blob.numel() != out_features * (k + 8) or out_features % 16 or k % 4
+            or (bias is not None and (bias.dtype != x.dtype or bias.shape != (out_features,) or not bias.is_contiguous()))):
+        raise ValueError(f"int8_linear needs x [M, K] contiguous fp32 or bf16 on the CPU, a pack_int8 blob of an "
+                         f"[{out_features}, {k}] weight (N % 16 == 0, K % 4 == 0) and a bias [{out_features}] of x's dtype")
+    function = load_kernel().few_rows_linear_i8
     out = torch.empty(m, out_features, dtype=x.dtype)
     if function(x.data_ptr(), blob.data_ptr(), _ptr(bias), out.data_ptr(), m, out_features, k, int(x.dtype == torch.bfloat16),
                 int(int8_fast() if fast is None else fast)):
@@ -364,7 +369,8 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
 class Int8Head:
     """A one-layer head's specs with every projection (and ``fc``'s and the output's) read as int8
     (:func:`int8_head`): ``specs`` the C array :func:`head_chain` takes instead of the plans', ``fc``
-    and ``output`` (kernel code, blob address), ``keep`` the blobs, ``versions`` the weights' at packing."""
+    and ``output`` (kernel code, blob address), ``keep`` the blobs, ``weights`` the weights they
+    copy and ``versions`` theirs at packing."""
 
     specs: ctypes.Array
     fc: tuple[int, int]
