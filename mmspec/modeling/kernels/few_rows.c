@@ -547,72 +547,82 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
  * float scale [N], then int32 rowsum [N] = sum_k q[n, k]. Each row of x (model dtype: bf16 if `bf16`,
  * else fp32) is quantised symmetrically, s = max_k |x_k| / 127 (1 for a zero row), a_k = round(x_k / s)
  * (nearest even) in [-127, 127], and summed in int32 exactly as u8 a_k + 128 against q (AVX512-VNNI
- * vpdpbusd, 16 outputs a register, or a scalar loop: the same integers):
+ * vpdpbusd, 16 outputs a register, each block of 16 outputs read once for all the rows; or a scalar
+ * loop: the same integers):
  *     y[n] = (float)(sum_k (a_k + 128) q[n, k] - 128 rowsum[n]) * (s * scale[n]) + b[n]
  * in fp32, then rounded to the model dtype. Half the bytes of bf16 weights: a drafter's head fits the
  * L2 cache (the voice's EAGLE head: 1 MB). N % 16 == 0, K % 4 == 0. Returns 0, or -1 (no scratch). */
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
-static VNNI_TARGET void i8_sums_vnni(const uint8_t *a, const int8_t *q, int64_t N, int64_t K, int32_t *acc) {
+/* acc [M, N] = the int32 sums of the M quantised rows a [M, K] against q, block of 16 outputs by
+ * block: a block (16 K bytes) stays in L1 while every row passes over it */
+static VNNI_TARGET void i8_sums_vnni(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc) {
     const int64_t groups = K / 4;
     for (int64_t nb = 0; nb < N / 16; nb++) {
-        const int8_t *block = q + nb * groups * 64;
-        __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0; /* four chains: vpdpbusd's latency */
-        int64_t g = 0;
-        for (; g + 4 <= groups; g += 4) {
-            int32_t x0, x1, x2, x3;
-            memcpy(&x0, a + 4 * g, 4), memcpy(&x1, a + 4 * g + 4, 4), memcpy(&x2, a + 4 * g + 8, 4), memcpy(&x3, a + 4 * g + 12, 4);
-            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_loadu_si512(block + g * 64));
-            s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(x1), _mm512_loadu_si512(block + g * 64 + 64));
-            s2 = _mm512_dpbusd_epi32(s2, _mm512_set1_epi32(x2), _mm512_loadu_si512(block + g * 64 + 128));
-            s3 = _mm512_dpbusd_epi32(s3, _mm512_set1_epi32(x3), _mm512_loadu_si512(block + g * 64 + 192));
+        const int8_t *block = q + nb * K * 16;
+        for (int64_t m = 0; m < M; m++) {
+            const uint8_t *row = a + m * K;
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0; /* four chains: vpdpbusd's latency */
+            int64_t g = 0;
+            for (; g + 4 <= groups; g += 4) {
+                int32_t x0, x1, x2, x3;
+                memcpy(&x0, row + 4 * g, 4), memcpy(&x1, row + 4 * g + 4, 4), memcpy(&x2, row + 4 * g + 8, 4);
+                memcpy(&x3, row + 4 * g + 12, 4);
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_loadu_si512(block + g * 64));
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(x1), _mm512_loadu_si512(block + g * 64 + 64));
+                s2 = _mm512_dpbusd_epi32(s2, _mm512_set1_epi32(x2), _mm512_loadu_si512(block + g * 64 + 128));
+                s3 = _mm512_dpbusd_epi32(s3, _mm512_set1_epi32(x3), _mm512_loadu_si512(block + g * 64 + 192));
+            }
+            for (; g < groups; g++) {
+                int32_t x0;
+                memcpy(&x0, row + 4 * g, 4);
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_loadu_si512(block + g * 64));
+            }
+            _mm512_storeu_si512(acc + m * N + nb * 16, _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)));
         }
-        for (; g < groups; g++) {
-            int32_t x0;
-            memcpy(&x0, a + 4 * g, 4);
-            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_loadu_si512(block + g * 64));
-        }
-        _mm512_storeu_si512(acc + nb * 16, _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)));
     }
 }
-static void i8_sums_scalar(const uint8_t *a, const int8_t *q, int64_t N, int64_t K, int32_t *acc) {
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *block = q + (n / 16) * (K / 4) * 64 + (n % 16) * 4;
-        int32_t sum = 0;
-        for (int64_t k = 0; k < K; k++) sum += (int32_t)a[k] * block[(k / 4) * 64 + k % 4];
-        acc[n] = sum;
-    }
+static void i8_sums_scalar(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const int8_t *block = q + (n / 16) * K * 16 + (n % 16) * 4;
+            int32_t sum = 0;
+            for (int64_t k = 0; k < K; k++) sum += (int32_t)a[m * K + k] * block[(k / 4) * 64 + k % 4];
+            acc[m * N + n] = sum;
+        }
 }
 int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K, int bf16,
                        int vnni) {
     const int8_t *q = w;
     const float *scale = (const float *)(q + N * K);
     const int32_t *rowsum = (const int32_t *)(scale + N);
-    char *scratch = malloc((size_t)(K + 4 * N));
+    char *scratch = malloc((size_t)(M * K + 4 * M * N + 4 * M));
     if (!scratch) return -1;
     uint8_t *a = (uint8_t *)scratch;
-    int32_t *acc = (int32_t *)(scratch + K);
-    for (int64_t m = 0; m < M; m++) {
+    int32_t *acc = (int32_t *)(scratch + M * K);
+    float *steps = (float *)(acc + M * N);
+    for (int64_t m = 0; m < M; m++) { /* every row quantised first, so that each weight block is read once */
         float top = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
             top = fabsf(v) > top ? fabsf(v) : top;
         }
-        const float s = top > 0.0f ? top / 127.0f : 1.0f;
+        const float s = steps[m] = top > 0.0f ? top / 127.0f : 1.0f;
         for (int64_t k = 0; k < K; k++) {
             const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
             float r = nearbyintf(v / s);
             r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-            a[k] = (uint8_t)((int32_t)r + 128);
+            a[m * K + k] = (uint8_t)((int32_t)r + 128);
         }
-        if (vnni) i8_sums_vnni(a, q, N, K, acc);
-        else i8_sums_scalar(a, q, N, K, acc);
+    }
+    if (vnni) i8_sums_vnni(a, q, M, N, K, acc);
+    else i8_sums_scalar(a, q, M, N, K, acc);
+    for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
-            float v = (float)(acc[n] - 128 * rowsum[n]) * (s * scale[n]);
+            float v = (float)(acc[m * N + n] - 128 * rowsum[n]) * (steps[m] * scale[n]);
             if (b) v += bf16 ? bf16_to_float(((const uint16_t *)b)[n]) : ((const float *)b)[n];
             if (bf16) ((uint16_t *)y)[m * N + n] = float_to_bf16(v);
             else ((float *)y)[m * N + n] = v;
         }
-    }
     free(scratch);
     return 0;
 }
