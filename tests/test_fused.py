@@ -441,6 +441,9 @@ def test_an_int8_head_copy_follows_its_weights():
         fc.weight.add_(1.0)
     again = fused.int8_head(plans, layer, fc, output)
     assert again is not head and torch.equal(again.keep[7], fused.pack_int8(fc.weight))
+    layer.self_attn.q_proj.weight = torch.nn.Parameter(layer.self_attn.q_proj.weight.detach().clone() + 1)  # another tensor
+    third = fused.int8_head(plans, layer, fc, output)
+    assert third is not again and torch.equal(third.keep[0], fused.pack_int8(layer.self_attn.q_proj.weight))
     assert fused.int8_head(plans, layer, torch.nn.Linear(130, 64), output) is None  # K = 130: not a multiple of 4
 
 

@@ -400,8 +400,8 @@ def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Modu
     fast = int8_fast() if fast is None else fast
     weights = tuple(m.weight for m in linears)
     cached = _INT8.get(fc)
-    if cached is not None and cached.weights == weights and _unchanged(weights, cached.versions) and cached.fc[0] == _int8_code(
-            plans[0].dtype, fast):
+    if (cached is not None and len(cached.weights) == len(weights) and all(a is b for a, b in zip(cached.weights, weights))
+            and _unchanged(weights, cached.versions) and cached.fc[0] == _int8_code(plans[0].dtype, fast)):
         return cached
     blobs = tuple(pack_int8(w) for w in weights)
     spec = LayerSpec.from_buffer_copy(plans[0].spec)
@@ -465,7 +465,7 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     align_rows = 0 if align is None else align.shape[0]
     operands = ((features, [n0, width]), (table, [table.shape[0], width]), (cos, [rows, hd]), (sin, [rows, hd]),
                 (align, [align_rows, width]))
-    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
+    fc_operand, out_operand = (int8.fc, int8.output) if int8 is not None else (linear_operand(fc, dtype), linear_operand(output, dtype))
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
             or (align is not None and not align_rows)
             or (table.shape[0] < output.out_features if ids is None
@@ -477,8 +477,6 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, rows)
     tokens = torch.empty(k, dtype=torch.long)
     specs = plans.specs if int8 is None else int8.specs
-    if int8 is not None:
-        fc_operand, out_operand = int8.fc, int8.output
     status = _chain_function()(
         ctypes.addressof(specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
