@@ -373,38 +373,42 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, aligned, do_sa
     then per code the output head, the draw and the next head forward in one call) drafts the
     Python loop's codes with its q (float rounding) from the same generator, and leaves the head's
     cache as the loop does, step after step."""
-    from mmspec.core.drafter import DraftContext
-
     if not _fused_chain_runs(dtype):
         pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
     target, head = _fused_eagle_models(tiny(2, codebooks=1, codes=8, aligned=aligned), dtype)
     state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
-    drafters, contexts = [], []
-    for _ in range(2):
-        context = DraftContext(target, SamplingConfig(do_sample=do_sample, temperature=0.9), torch.Generator().manual_seed(7), {})
-        drafters.append(CodecEagleDrafter(head, num_draft_tokens=4, int8_head=False))
-        contexts.append(context)
-    fused, loop = drafters
+    fused, loop = (CodecEagleDrafter(head, num_draft_tokens=4, int8_head=False) for _ in range(2))
+    for mine, theirs in _side_by_side(target, state, fused, loop, SamplingConfig(do_sample=do_sample, temperature=0.9)):
+        assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
+        if do_sample:
+            assert mine.probs.shape == theirs.probs.shape
+            torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+        else:
+            assert mine.probs is None and theirs.probs is None
+        assert fused.cache.get_seq_length() == loop.cache.get_seq_length() and fused.fed == loop.fed
+        length = fused.cache.get_seq_length()
+        assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+
+
+def _side_by_side(target, state, fused, loop, sampling):
+    """The fused chain's drafter and the Python loop's (its chain call switched off) on one script:
+    commit steps 5, 0, 3, 7, 1; the drafters start after the second (the heads first catch up on two
+    committed steps and the pending one), each with its own generator of seed 7, and propose after
+    each step from then on. Yields (fused draft, loop draft) four times; checks that every fused
+    draft came from the C chain."""
+    from mmspec.core.drafter import DraftContext
+
     chain_calls, fused_steps = [], fused._fused_steps
     fused._fused_steps = lambda *args: chain_calls.append(fused_steps(*args)) or chain_calls[-1]
     loop._fused_steps = lambda *args: None  # the Python loop
     for step, token in enumerate((5, 0, 3, 7, 1)):
         target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
         state.commit(torch.tensor([[token]]))
-        if step == 1:  # the heads first catch up on two committed steps and the pending one
-            for drafter, context in zip(drafters, contexts):
-                drafter.start(context, state)
+        if step == 1:
+            for drafter in (fused, loop):
+                drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(7), {}), state)
         if step >= 1:
-            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
-            if do_sample:
-                assert mine.probs.shape == theirs.probs.shape
-                torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
-            else:
-                assert mine.probs is None and theirs.probs is None
-            assert fused.cache.get_seq_length() == loop.cache.get_seq_length() and fused.fed == loop.fed
-            length = fused.cache.get_seq_length()
-            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            yield fused.propose(state, 8), loop.propose(state, 8)
     assert len(chain_calls) == 4 and all(call is not None for call in chain_calls)
 
 
@@ -432,8 +436,6 @@ def test_the_int8_eagle_chain_drafts_what_the_loop_drafts_through_int8_linears(d
     same q (float rounding), step after step, so the chain feeds every weight where it belongs."""
     import copy
 
-    from mmspec.core.drafter import DraftContext
-
     if not _fused_chain_runs(dtype):
         pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
     target, head = _fused_eagle_models(tiny(2, codebooks=1, codes=16, aligned=True), dtype)
@@ -444,21 +446,10 @@ def test_the_int8_eagle_chain_drafts_what_the_loop_drafts_through_int8_linears(d
                 setattr(parent, name, _Int8Linear(child))
     state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
     fused, loop = CodecEagleDrafter(head, num_draft_tokens=4, int8_head=True), CodecEagleDrafter(quantized, num_draft_tokens=4)
-    calls, fused_steps = [], fused._fused_steps
-    fused._fused_steps = lambda *args: calls.append(fused_steps(*args)) or calls[-1]
-    loop._fused_steps = lambda *args: None  # the Python loop
-    for step, token in enumerate((5, 0, 3, 7, 1)):
-        target.forward(state, state.tokens[:, -1:], hidden_layer=-1)
-        state.commit(torch.tensor([[token]]))
-        if step == 1:
-            for drafter in (fused, loop):
-                drafter.start(DraftContext(target, SamplingConfig(do_sample=True, temperature=0.9), torch.Generator().manual_seed(7),
-                                           {}), state)
-        if step >= 1:
-            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens)
-            torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
-    assert len(calls) == 4 and all(call is not None for call in calls) and fused.describe()["chain_int8"]
+    for mine, theirs in _side_by_side(target, state, fused, loop, SamplingConfig(do_sample=True, temperature=0.9)):
+        assert torch.equal(mine.tokens, theirs.tokens)
+        torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+    assert fused.describe()["chain_int8"]
 
 
 @pytest.mark.parametrize("top_k", [None, 3])
