@@ -207,18 +207,11 @@ def test_kl_term_matches_the_target_distribution(tiny, records):
             assert restricted.item() != pytest.approx(full.item(), abs=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
-def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
-    """Where the head and its projections run fused, EAGLE's chain in one C call (the committed
-    pairs, then per token the draft LM head, the pick and the next head forward) drafts the Python
-    loop's tokens from the same generator, with its q (float rounding), over a draft vocabulary or
-    the whole one, and leaves the head's cache as the loop does, verification after verification."""
+def _fused_model_and_head(dtype):
+    """A copy of the tiny Llama and a random EAGLE head in ``dtype``, both through
+    ``mmspec.optimize`` (few-row C linears), where the fused kernels run (else the test skips)."""
     import copy
 
-    from mmspec.adapters.hf import TransformersTarget
-    from mmspec.core.drafter import DraftContext
-    from mmspec.core.sampling import SamplingConfig
     from mmspec.modeling.fast_linear import KernelUnavailable, bf16_kernel_available, load_kernel
     from mmspec.modeling.fused import fused_enabled
 
@@ -233,6 +226,21 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
     head = EagleHead(text_decoder(model).config).eval().to(dtype)
     for module in (model, head):
         assert mmspec.optimize(module, kernel="c").replaced > 0
+    return model, head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
+def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
+    """Where the head and its projections run fused, EAGLE's chain in one C call (the committed
+    pairs, then per token the draft LM head, the pick and the next head forward) drafts the Python
+    loop's tokens from the same generator, with its q (float rounding), over a draft vocabulary or
+    the whole one, and leaves the head's cache as the loop does, verification after verification."""
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+
+    model, head = _fused_model_and_head(dtype)
     words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
     fused, loop = EagleDrafter(model, head, 4, words), EagleDrafter(model, head, 4, words)
     chains, fused_chain = [], fused._fused_chain
@@ -262,6 +270,107 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
             for drafter in (fused, loop):
                 drafter.on_verified(4, accepted, out)
     assert len(chains) == 4 and chains[0] is None and all(chain is not None for chain in chains[1:])  # (the first builds the cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_nodes,vocabulary", [(40, False), (12, True), ("auto", True)])
+def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes, vocabulary):
+    """Where the head runs fused, EAGLE-2's top-k tree grows in one C call (the committed pairs,
+    then every layer's expansion over the frontier with its tree mask, the draft LM head, the
+    softmax and the top-k): the Python tree's nodes, parents and depths, its scores within float
+    rounding, and the head's cache as the Python tree leaves it, verification after verification;
+    with num_nodes="auto" (nominal budget) the same layers are grown, the rule asked between them.
+    (Attention sharpened, so that a wrong mask or position shows.)"""
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.drafters import Eagle2Drafter
+
+    model, head = _fused_model_and_head(dtype)
+    attention = head.decoder.layers[0].self_attn
+    with torch.no_grad():  # sharpened attention: a wrong mask or position shows in the scores
+        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
+    words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
+    fused, loop = (Eagle2Drafter(model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words, budget="nominal")
+                   for _ in range(2))
+    trees, fused_tree = [], fused._fused_tree
+    fused._fused_tree = lambda *args: trees.append(fused_tree(*args)) or trees[-1]
+    loop._fused_tree = lambda *args: None  # the Python tree
+    target = TransformersTarget(model)
+    with torch.inference_mode():
+        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        for drafter in (fused, loop):
+            drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), {}), state)
+            drafter.on_verified(0, 0, prefill)
+        for step in range(4):
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None)
+            if mine.tree is not None:
+                assert torch.equal(mine.tree.parents, theirs.tree.parents)
+                torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
+            assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards
+            length = fused.cache.get_seq_length()
+            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            tree, path = mine.tree, []  # accept along the first children
+            while tree is not None and len(path) < step % 3 and tree.children(path[-1] if path else -1):
+                path.append(tree.children(path[-1] if path else -1)[0])
+            drafted = mine.tokens[0, path]
+            out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
+            state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
+            for drafter in (fused, loop):
+                drafter.on_verified(mine.length, len(path), out)
+    assert len(trees) == 4 and trees[0] is None and all(tree is not None for tree in trees[1:])  # (the first builds the cache)
+    assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)  # (a random head: auto keeps none)
+
+
+def test_the_fused_tree_asks_its_rule_between_layers_and_passes_on_what_it_raises(monkeypatch):
+    """head_tree's ``expand_while`` is asked with the best log V of the nodes about to be expanded,
+    before every layer after the first: False stops the growth there; an exception raised in it
+    comes out of the C call as itself."""
+    import mmspec.drafters.eagle as eagle_module
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.drafters import Eagle2Drafter
+
+    model, head = _fused_model_and_head(torch.float32)
+    drafter = Eagle2Drafter(model, head, depth=5, top_k=2, num_nodes=30)  # (no policy: the rule below is the only one)
+    target = TransformersTarget(model)
+    asked, answers, real = [], [], eagle_module.head_tree
+
+    def rule(best):
+        asked.append(best)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(eagle_module, "head_tree", lambda *args, expand_while=None, **kwargs: real(*args, expand_while=rule, **kwargs))
+    with torch.inference_mode():
+        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), {}), state)
+        drafter.on_verified(0, 0, prefill)
+        first = drafter.propose(state, 8).tree  # (builds the head's cache: the Python tree)
+        assert first.max_depth == 5 and not asked
+
+        def commit_one(drafted: int) -> None:  # (the target's next token, no draft accepted)
+            out = target.forward(state, state.verification_inputs(state.tokens[:, :0]), hidden_layer=-1)
+            state.commit(out.logits[:, :1].argmax(-1))
+            drafter.on_verified(drafted, 0, out)
+
+        commit_one(first.size)
+        answers[:] = [True, True, False]
+        tree = drafter.propose(state, 8).tree
+        assert tree.max_depth == 3 and len(asked) == 3 and drafter.drafted_depths[-1] == 3
+        assert asked[0] == pytest.approx(float(tree.scores[tree.depth == 1].max()), abs=1e-6)
+        assert asked[1] == pytest.approx(float(tree.scores[tree.depth == 2].max()), abs=1e-6)
+        commit_one(tree.size)
+        answers[:] = [True, KeyError("from the rule")]
+        with pytest.raises(KeyError, match="from the rule"):
+            drafter.propose(state, 8)
 
 
 def test_the_eagle_chain_feeds_each_drafted_pair_at_its_position(tiny):

@@ -102,6 +102,12 @@ class TokenTree:
         """Children of ``node`` (-1: of the root), in the order verification tries them."""
         return list(self._child_lists()[node + 1])
 
+    def best(self, num_nodes: int) -> "TokenTree":
+        """EAGLE-2's rerank: the ``num_nodes`` nodes of highest ``scores``, ties to the earlier
+        node. A dynamic tree's log V never rises along a path and parents come before their
+        children, so the set is ancestor-closed."""
+        return self.select(torch.argsort(-self.scores, stable=True)[:num_nodes])
+
     def select(self, nodes: torch.Tensor) -> "TokenTree":
         """The sub-tree of ``nodes`` (LongTensor [n], ancestor-closed: every kept node's parent is
         kept), in the original node order."""
@@ -248,6 +254,15 @@ class TokenTree:
 ChildProbs = Callable[[TokenTree, torch.Tensor], torch.Tensor]
 
 
+def _top_log(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log q, index) of the k largest q of each row of probs [..., V], largest first, ties to the
+    lower index (a stable sort: ``torch.topk`` leaves the order of ties open, and a bf16 head's
+    probabilities tie often), q floored at 1e-30 before the log."""
+    values, indices = torch.sort(probs.float().clamp_min(1e-30).log(), dim=-1, descending=True, stable=True)
+    k = min(k, probs.shape[-1])
+    return values[..., :k], indices[..., :k]
+
+
 def dynamic_tree(
     root_probs: torch.Tensor,
     child_probs: ChildProbs,
@@ -288,7 +303,7 @@ def dynamic_tree(
     if depth < 1 or top_k < 1 or num_nodes < 1:
         raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
     device = root_probs.device
-    log_conf, tokens = torch.topk(root_probs.float().clamp_min(1e-30).log(), min(top_k, root_probs.shape[-1]))
+    log_conf, tokens = _top_log(root_probs, top_k)
     all_tokens, all_parents, all_scores = [tokens], [torch.full_like(tokens, ROOT).cpu()], [log_conf]
     all_depths = [torch.ones(tokens.shape[0], dtype=torch.long)]
     frontier = torch.arange(tokens.shape[0], device=device)  # nodes to expand next
@@ -299,7 +314,7 @@ def dynamic_tree(
         depths, expanded = torch.cat(all_depths), frontier.cpu()  # (the tree's structure stays on the host)
         candidates = TokenTree.grown(torch.cat(all_tokens), torch.cat(all_parents), depths, torch.cat(all_scores))
         probs = child_probs(candidates, expanded)  # [n, V]
-        child_log, child_tokens = torch.topk(probs.float().clamp_min(1e-30).log(), min(top_k, probs.shape[-1]), dim=-1)
+        child_log, child_tokens = _top_log(probs, top_k)
         scores = (candidates.scores.to(device)[frontier].unsqueeze(1) + child_log).flatten()  # [n * k]
         all_tokens.append(child_tokens.flatten())
         all_parents.append(expanded.repeat_interleave(child_tokens.shape[1]).to(torch.long))
@@ -308,10 +323,7 @@ def dynamic_tree(
         best = torch.argsort(-scores, stable=True)[:top_k]
         frontier = count + best.sort().values
         count += scores.shape[0]
-    tokens, parents, scores = torch.cat(all_tokens), torch.cat(all_parents).cpu(), torch.cat(all_scores)
-    # Rerank: highest score first, ties to the earlier (shallower) node, so the set is ancestor-closed.
-    kept = torch.argsort(-scores, stable=True)[:num_nodes]
-    return TokenTree(tokens, parents, scores=scores).select(kept)
+    return TokenTree(torch.cat(all_tokens), torch.cat(all_parents).cpu(), scores=torch.cat(all_scores)).best(num_nodes)
 
 
 def sampled_dynamic_tree(

@@ -31,7 +31,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
-from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, linear_operand
+from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
 from .shipped import shipped_drafter_dir
@@ -134,25 +134,42 @@ class EagleDrafter(Drafter):
         committed pairs the head has not seen, then per token the draft LM head, the pick and the
         next head forward) where it runs (:meth:`_chain_plans`, greedy or temperature-only
         sampling): the loop's tokens from the same generator, q within float rounding; else None."""
-        if self.chain_plans is False and getattr(self.cache, "layers", None):  # (the head's cache layer exists after its first forward)
-            self.chain_plans = self._chain_plans()
-        plans, sampling = self.chain_plans or None, self.context.sampling
-        length = state.tokens.shape[1]
-        pending = length - 1 - self.fed
-        if (plans is None or not 1 <= pending <= plans[0].max_rows or not plans.fresh() or self.features.shape[0] != 1
-                or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu" or not chain_samples(sampling)):
+        if not chain_samples(self.context.sampling):
             return None
-        decoder, start = self.head.decoder, self.fed - self.position_base
-        cos, sin = rotary(decoder, self.features[:, :1].expand(1, pending + k - 1, -1), start, None)  # (rows: their count)
-        temperature, uniforms, probs = chain_draws(sampling, self.context.generator, k, self.lm_head.size)
+        fused = self._fused_inputs(state, k - 1)
+        if fused is None:
+            return None
+        plans, pending, cos, sin = fused
+        temperature, uniforms, probs = chain_draws(self.context.sampling, self.context.generator, k, self.lm_head.size)
+        decoder = self.head.decoder
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
-                           self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos[0], sin[0], k,
+                           self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos, sin, k,
                            temperature, uniforms, probs, ids=self.lm_head.token_ids)
-        self.features = self.features[:, pending:]
-        self.fed = length - 1
+        self._fed_pairs(state, pending)
         self.forwards += k
         return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
+
+    def _fused_inputs(self, state: SequenceState, ahead: int, rows: int = 1):
+        """(the head's plans, the pending pairs n0, rotary rows cos / sin [n0 + ahead, hd] from the
+        first pending position) for a fused C call (:meth:`_fused_chain`, EAGLE-2's tree) where it
+        runs (:meth:`_chain_plans`, CPU, one feature row, n0 and ``rows`` within the plans' rows),
+        else None."""
+        if self.chain_plans is False and getattr(self.cache, "layers", None):  # (the head's cache layer exists after its first forward)
+            self.chain_plans = self._chain_plans()
+        plans = self.chain_plans or None
+        pending = state.tokens.shape[1] - 1 - self.fed
+        if (plans is None or not 1 <= pending <= plans[0].max_rows or rows > plans[0].max_rows or not plans.fresh()
+                or self.features.shape[0] != 1 or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu"):
+            return None
+        start = self.fed - self.position_base
+        cos, sin = rotary(self.head.decoder, self.features[:, :1].expand(1, pending + ahead, -1), start, None)  # (rows: their count)
+        return plans, pending, cos[0], sin[0]
+
+    def _fed_pairs(self, state: SequenceState, pending: int) -> None:
+        """Record that a fused call fed the ``pending`` committed pairs into the head's cache."""
+        self.features = self.features[:, pending:]
+        self.fed = state.tokens.shape[1] - 1
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
@@ -332,6 +349,11 @@ class Eagle2Drafter(EagleDrafter):
             policy.begin_step()
         depth = min(self.depth, max_tokens)
         sampling, sampled = self.context.sampling, self._samples_children()
+        size = self.max_nodes if policy is not None else self.num_nodes
+        if not sampled:
+            grown = self._fused_tree(state, depth, policy)
+            if grown is not None:
+                return self._settled(grown.best(size), policy, sampled, state)
         root_feature = self._catch_up(state)
         fed_nodes: list[int] = []  # candidate indices in the head cache after the committed pairs
         outputs: dict[int, torch.Tensor] = {}  # candidate -> predicted feature [H]
@@ -357,7 +379,6 @@ class Eagle2Drafter(EagleDrafter):
             return draft_probs(predicted)
 
         root_probs = draft_probs(root_feature)[0]
-        size = self.max_nodes if policy is not None else self.num_nodes
         expand_while = policy.expand_while(sampled) if policy is not None else None
         if not sampled:
             tree = dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
@@ -369,8 +390,30 @@ class Eagle2Drafter(EagleDrafter):
                 open_slot = policy.sibling_rule(depth)
             tree = sampled_dynamic_tree(root_probs, child_probs, depth=depth, top_k=self.top_k, num_nodes=size,
                                         generator=self.context.generator, open_slot=open_slot, expand_while=expand_while)
-        self.drafted_depths.append(tree.max_depth)
         crop_cache(self.cache, self.head_cache_length)
+        return self._settled(tree, policy, sampled, state)
+
+    def _fused_tree(self, state: SequenceState, depth: int, policy: TreeBudgetPolicy | None) -> TokenTree | None:
+        """The top-k tree's growth in one C call (:func:`mmspec.modeling.fused.head_tree`: the
+        committed pairs the head has not seen, then every layer's expansion) where it runs
+        (:meth:`_fused_inputs`), as candidates before the rerank; else None."""
+        fused = self._fused_inputs(state, depth - 1, self.top_k)
+        if fused is None:
+            return None
+        plans, pending, cos, sin = fused
+        decoder = self.head.decoder
+        grown = head_tree(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
+                          self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
+                          self.features[0, :pending].contiguous(), self.embed.weight, cos, sin, depth, self.top_k,
+                          expand_while=policy.expand_while(False) if policy is not None else None, ids=self.lm_head.token_ids)
+        self._fed_pairs(state, pending)
+        self.forwards += grown.layers
+        return TokenTree(grown.tokens, grown.parents, scores=grown.scores)
+
+    def _settled(self, tree: TokenTree, policy: TreeBudgetPolicy | None, sampled: bool, state: SequenceState) -> Draft:
+        """The grown tree (draft vocabulary codes) as this step's draft: target ids, and the nodes
+        the policy keeps."""
+        self.drafted_depths.append(tree.max_depth)
         tree = dataclasses.replace(tree, tokens=self.lm_head.tokens(tree.tokens.to(state.tokens.device)),  # draft indices -> ids
                                    probs=None if tree.probs is None else self.lm_head.full(tree.probs))
         if policy is not None:

@@ -429,6 +429,32 @@ def chain_draws(sampling: SamplingConfig, generator: torch.Generator, k: int, wi
     return sampling.temperature, torch.rand(k, generator=generator, device=generator.device).cpu(), torch.zeros(k, width)
 
 
+def _head_operands(caller: str, plans: PlanStack, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
+                   table: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: int, ids: torch.Tensor | None,
+                   int8: "Int8Head | None", align: torch.Tensor | None = None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (kernel code, weight address) of ``fc`` and ``output`` for :func:`head_chain` /
+    :func:`head_tree` (``int8``'s where given), after checking their operands.
+
+    Raises:
+        ValueError: a linear the fused call cannot read, or an operand of the wrong shape or dtype.
+    """
+    dtype, n0 = plans[0].dtype, codes.shape[0]
+    width, hd = plans[0].spec.D, plans[0].head_dim
+    align_rows = 0 if align is None else align.shape[0]
+    operands = ((features, [n0, width]), (table, [table.shape[0], width]), (cos, [rows, hd]), (sin, [rows, hd]),
+                (align, [align_rows, width]))
+    fc_operand, out_operand = (int8.fc, int8.output) if int8 is not None else (linear_operand(fc, dtype), linear_operand(output, dtype))
+    if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
+            or (align is not None and not align_rows)
+            or (table.shape[0] < output.out_features if ids is None
+                else ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,))
+            or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
+        raise ValueError(f"{caller} needs fused fc and output linears, codes a LongTensor [n0 >= 1], ids None or a LongTensor "
+                         f"[{output.out_features}] (else a table of as many rows) and features, table, align, cos, sin "
+                         f"contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
+    return fc_operand, out_operand
+
+
 def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
                codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, align_start: int,
                cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None,
@@ -460,20 +486,10 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     Returns:
         LongTensor [k]: the codes.
     """
-    dtype, n0 = plans[0].dtype, codes.shape[0]
-    width, hd, rows = plans[0].spec.D, plans[0].head_dim, codes.shape[0] + k - 1
-    align_rows = 0 if align is None else align.shape[0]
-    operands = ((features, [n0, width]), (table, [table.shape[0], width]), (cos, [rows, hd]), (sin, [rows, hd]),
-                (align, [align_rows, width]))
-    fc_operand, out_operand = (int8.fc, int8.output) if int8 is not None else (linear_operand(fc, dtype), linear_operand(output, dtype))
-    if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
-            or (align is not None and not align_rows)
-            or (table.shape[0] < output.out_features if ids is None
-                else ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,))
-            or any(t is not None and (list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous()) for t, shape in operands)):
-        raise ValueError(f"head_chain needs fused fc and output linears, codes a LongTensor [n0 >= 1], ids None or a LongTensor "
-                         f"[{output.out_features}] (else a table of as many rows) and features, table, align, cos, sin "
-                         f"contiguous {dtype} tensors of shapes {[shape for _, shape in operands]}")
+    n0, rows = codes.shape[0], codes.shape[0] + k - 1
+    fc_operand, out_operand = _head_operands("head_chain", plans, fc, output, codes, features, table, cos, sin, rows, ids, int8,
+                                             align)
+    dtype, hd, align_rows = plans[0].dtype, plans[0].head_dim, 0 if align is None else align.shape[0]
     keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, rows)
     tokens = torch.empty(k, dtype=torch.long)
     specs = plans.specs if int8 is None else int8.specs
@@ -487,6 +503,91 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
         raise MemoryError("the fused head chain could not allocate its scratch")
     cache_layer.close_slots(n0 if keep is None else keep)
     return tokens
+
+
+_EXPAND_RULE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_float)
+
+
+@functools.cache
+def _tree_function():
+    function = load_kernel().head_tree
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = ([pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, int64,
+                          pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
+                         + [int64] * 6 + [_EXPAND_RULE] + [pointer] * 5 + [ctypes.c_int])
+    function.restype = ctypes.c_int
+    return function
+
+
+@dataclass
+class GrownTree:
+    """:func:`head_tree`'s candidates in creation order: ``tokens`` (output codes) and ``parents``
+    (LongTensor [n], -1 for the root's children), ``scores`` (float32 [n], log V) and the number of
+    tree ``layers`` grown."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    scores: torch.Tensor
+    layers: int
+
+
+def head_tree(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module,
+              codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int,
+              top_k: int, expand_while=None, ids: torch.Tensor | None = None, int8: Int8Head | None = None) -> GrownTree:
+    """EAGLE-2's top-k dynamic tree (:func:`mmspec.core.tree.dynamic_tree`'s growth, before its
+    rerank) from a one-layer feature head in one C call (``head_tree`` in ``kernels/layer.c``):
+    feed the pairs as :func:`head_chain` does, then per layer expand the ``top_k`` best nodes of the
+    last one by log V (V = product of the head's probabilities q = softmax(output(f^)) along the
+    path), each node fed at depth d reading [e(x_u); f^(parent)] at the position after the pairs
+    plus d - 1 and seeing the committed pairs, its fed ancestors and itself:
+
+        V(child c of u) = V(u) q_u(c),  q_u = softmax(W_out N(Layer(W_fc [e(x_u); f^(parent u)])))
+
+    The pairs fed stay in ``cache_layer``, the tree's nodes do not.
+
+    Args:
+        plans, cache_layer, norm, eps, fc, output, codes, features, table, ids, int8: as :func:`head_chain`'s.
+        cos, sin: rotary rows [n0 + depth - 1, hd] of the positions after the cache's.
+        depth: the deepest layer; top_k: nodes expanded per layer and children per node.
+        expand_while: None or ``(best log V of the nodes about to be expanded) -> bool``, asked
+            before every layer after the first (False stops the growth).
+    Returns:
+        :class:`GrownTree` (at most top_k + (depth - 1) top_k^2 candidates).
+    """
+    n0 = codes.shape[0]
+    fc_operand, out_operand = _head_operands("head_tree", plans, fc, output, codes, features, table, cos, sin,
+                                             n0 + depth - 1, ids, int8)
+    if depth < 1 or top_k < 1:
+        raise ValueError(f"head_tree needs depth >= 1 and top_k >= 1, got {depth} and {top_k}")
+    dtype, hd, k = plans[0].dtype, plans[0].head_dim, min(top_k, output.out_features)
+    keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, n0 + (depth - 1) * k)
+    capacity = k + (depth - 1) * k * k
+    tokens, parents = torch.empty(capacity, dtype=torch.long), torch.empty(capacity, dtype=torch.long)
+    scores, counts = torch.empty(capacity), torch.zeros(2, dtype=torch.long)
+    raised: list[BaseException] = []
+
+    def rule(best: float) -> int:
+        try:
+            return int(bool(expand_while(best)))
+        except BaseException as error:  # (raised again below: an exception cannot cross the C frames)
+            raised.append(error)
+            return 0
+
+    specs = plans.specs if int8 is None else int8.specs
+    status = _tree_function()(
+        ctypes.addressof(specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
+        _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
+        _ptr(ids), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        keys.stride(2), cached, depth, top_k, _EXPAND_RULE(rule) if expand_while is not None else _EXPAND_RULE(),
+        tokens.data_ptr(), parents.data_ptr(), scores.data_ptr(), counts.data_ptr(), counts[1:].data_ptr(),
+        torch.get_num_threads())
+    cache_layer.close_slots(n0)
+    if raised:
+        raise raised[0]
+    if status:
+        raise MemoryError("the fused head tree could not allocate its scratch")
+    count = int(counts[0])
+    return GrownTree(tokens[:count], parents[:count], scores[:count], int(counts[1]))
 
 
 @functools.cache

@@ -374,6 +374,25 @@ static inline const char *align_row(const void *align, int64_t row, int64_t rows
     return (const char *)align + (row < rows ? row : rows - 1) * row_bytes;
 }
 
+/* The pairs [e(c_j); f_j] (j < n0) through fc, the head layer and its norm: h [n0, D] <- the head's
+ * outputs (x: scratch [n0, 2 D]), the layer's keys and values at positions cached .. cached + n0 - 1. */
+static int feed_pairs(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
+                      const int64_t *codes, const void *features, int64_t n0, const void *table, const void *align,
+                      int64_t align_start, int64_t align_rows, const void *cos, const void *sin, void *kbuf, void *vbuf,
+                      int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, char *x, char *h, int threads) {
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
+    for (int64_t j = 0; j < n0; j++) {
+        memcpy(x + 2 * j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
+        if (align) add_into(x + 2 * j * row_bytes, align_row(align, align_start + j, align_rows, row_bytes), D, s->bf16);
+        memcpy(x + (2 * j + 1) * row_bytes, (const char *)features + j * row_bytes, (size_t)row_bytes);
+    }
+    int status = linear_kind(fc_kind, x, fc_w, fc_b, h, n0, D, 2 * D, threads);
+    if (!status)
+        status = lean_layers(s, 1, h, 1, n0, cos, sin, 0, kbufs, vbufs, ks_b, ks_h, ks_l, cached, NULL, 0, 0, norm, eps, threads);
+    return status;
+}
+
 int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
                const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
                int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
@@ -388,14 +407,8 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
     char *x = scratch, *h = x + 2 * n0 * row_bytes, *logits = h + n0 * row_bytes;
     float *row = (float *)(logits + C * width);
     void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
-    for (int64_t j = 0; j < n0; j++) { /* the pairs [e(c_j); f_j] */
-        memcpy(x + 2 * j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
-        if (align) add_into(x + 2 * j * row_bytes, align_row(align, align_start + j, align_rows, row_bytes), D, bf16);
-        memcpy(x + (2 * j + 1) * row_bytes, (const char *)features + j * row_bytes, (size_t)row_bytes);
-    }
-    int status = linear_kind(fc_kind, x, fc_w, fc_b, h, n0, D, 2 * D, threads);
-    if (!status)
-        status = lean_layers(s, 1, h, 1, n0, cos, sin, 0, kbufs, vbufs, ks_b, ks_h, ks_l, cached, NULL, 0, 0, norm, eps, threads);
+    int status = feed_pairs(s, norm, eps, fc_w, fc_b, fc_kind, codes, features, n0, table, align, align_start, align_rows, cos,
+                            sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached, x, h, threads);
     char *feature = h + (n0 - 1) * row_bytes; /* f^: the last row fed */
     for (int64_t i = 0; i < k && !status; i++) {
         status = linear_kind(out_kind, feature, out_w, out_b, logits, 1, C, D, threads);
@@ -433,6 +446,127 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
                                  kbufs, vbufs, ks_b, ks_h, ks_l, cached + at, NULL, 0, 0, norm, eps, threads);
         feature = h;
     }
+    free(scratch);
+    return status ? -1 : 0;
+}
+
+/* The k most probable outputs of logits [C] (model dtype): their indices, most probable first (ties:
+ * the lower index), and log q of each, q = softmax(logits) in fp32 (floored at 1e-30 as the Python
+ * tree does before its log). k <= C. */
+static void top_log_probs(const void *logits, int64_t C, int bf16, int64_t k, int64_t *index, float *logq) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t c = 0; c < C; c++) top = fmaxf(top, get(logits, c, bf16));
+    for (int64_t c = 0; c < C; c++) total += expf(get(logits, c, bf16) - top);
+    int64_t have = 0;
+    for (int64_t c = 0; c < C; c++) { /* insertion into the sorted first `have` (strictly greater moves up) */
+        const float v = get(logits, c, bf16);
+        if (have == k && !(v > get(logits, index[k - 1], bf16))) continue;
+        int64_t at = have < k ? have++ : k - 1;
+        while (at > 0 && v > get(logits, index[at - 1], bf16)) index[at] = index[at - 1], at--;
+        index[at] = c;
+    }
+    for (int64_t j = 0; j < k; j++) logq[j] = logf(fmaxf(expf(get(logits, index[j], bf16) - top) / total, 1e-30f));
+}
+
+/* EAGLE-2's top-k dynamic draft tree (mmspec.core.tree.dynamic_tree) grown by a one-layer feature
+ * head in one call: what the Python tree does with ~60 tensor calls a layer.
+ *
+ *   feed the n0 pairs as head_chain does; f^ = the last row; layer 1: the k = min(top_k, C) most
+ *   probable codes of softmax(W_out f^ + b_out), log V = log q;
+ *   layer d = 2 .. depth: while expand(max log V of the frontier) (NULL: always), feed the frontier
+ *   (the k best of layer d - 1 by log V, ties to the earlier candidate; nodes in creation order):
+ *   node u's input [e(x_u); f^(parent u)] at position cached + n0 + d - 2 (its rotary row n0 + d - 2),
+ *   seeing the committed positions, the fed nodes that are its ancestors and itself; each fed node
+ *   contributes its k most probable codes c as candidates with log V = log V(u) + log q_u(c).
+ *
+ * Candidates are written in creation order to tokens (codes < C), parents (-1: the root) and scores
+ * (log V) [top_k + (depth - 1) top_k^2 at most]; *count gets their number, *layers the layers grown.
+ * The fed nodes' keys and values sit after position cached + n0 of kbuf / vbuf (room for n0 + (depth
+ * - 1) top_k positions), which the caller drops. cos / sin: rotary rows [n0 + depth - 1, hd] of the
+ * positions cached .. cached + n0 + depth - 2. Other arguments as head_chain's (no align). Returns 0,
+ * or -1 (no scratch, or a kernel failed). */
+typedef int (*expand_rule)(float best_log_value);
+
+int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
+              const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
+              int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin, void *kbuf, void *vbuf,
+              int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t depth, int64_t top_k, expand_rule expand,
+              int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers, int threads) {
+    const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
+    const int64_t rope_bytes = hd * (s->rope ? 4 : width), k = top_k < C ? top_k : C, fed_max = (depth - 1) * k;
+    const int bf16 = s->bf16;
+    if (n0 < 1 || depth < 1 || k < 1) return -1;
+    const int64_t rows = n0 > k ? n0 : k, mask_cols = cached + n0 + fed_max;
+    /* x [rows, 2D] | h [rows, D] | fed features [fed_max + 1, D] (row 0: f^) | logits [k, C] | rotary
+     * [2, k, hd] | mask [k, mask_cols] | fed slot of each candidate, frontier, scratch indices */
+    const size_t bytes = (size_t)((3 * rows + fed_max + 1) * row_bytes + k * C * width + 2 * k * rope_bytes + k * mask_cols)
+                         + (size_t)(top_k + fed_max * k + 3 * k) * sizeof(int64_t) + (size_t)k * sizeof(float);
+    char *scratch = malloc(bytes);
+    if (!scratch) return -1;
+    char *x = scratch, *h = x + 2 * rows * row_bytes, *feats = h + rows * row_bytes, *logits = feats + (fed_max + 1) * row_bytes;
+    char *rot_c = logits + k * C * width, *rot_s = rot_c + k * rope_bytes;
+    uint8_t *mask = (uint8_t *)(rot_s + k * rope_bytes);
+    int64_t *slot = (int64_t *)(mask + k * mask_cols), *frontier = slot + top_k + fed_max * k, *index = frontier + k;
+    float *logq = (float *)(index + 2 * k);
+    void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
+    int status = feed_pairs(s, norm, eps, fc_w, fc_b, fc_kind, codes, features, n0, table, NULL, 0, 0, cos, sin, kbuf, vbuf,
+                            ks_b, ks_h, ks_l, cached, x, h, threads);
+    memcpy(feats, h + (n0 - 1) * row_bytes, (size_t)row_bytes); /* f^ after the committed pairs */
+    if (!status) status = linear_kind(out_kind, feats, out_w, out_b, logits, 1, C, D, threads);
+    int64_t total = 0, fed = 0, grown = 0, width_now = 0;
+    if (!status) {
+        top_log_probs(logits, C, bf16, k, index, logq);
+        for (int64_t j = 0; j < k; j++) tokens[j] = index[j], parents[j] = -1, scores[j] = logq[j], slot[j] = -1, frontier[j] = j;
+        total = width_now = k, grown = 1;
+    }
+    for (int64_t d = 2; d <= depth && !status; d++) {
+        float best = -INFINITY;
+        for (int64_t i = 0; i < width_now; i++) best = fmaxf(best, scores[frontier[i]]);
+        if (expand && !expand(best)) break;
+        const int64_t n = width_now, seen = cached + n0 + fed, cols = seen + n;
+        memset(mask, 0, (size_t)(n * cols));
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t u = frontier[i], parent = parents[u];
+            memcpy(x + 2 * i * row_bytes, (const char *)table + (ids ? ids[tokens[u]] : tokens[u]) * row_bytes, (size_t)row_bytes);
+            memcpy(x + (2 * i + 1) * row_bytes, feats + (parent < 0 ? 0 : 1 + slot[parent]) * row_bytes, (size_t)row_bytes);
+            memcpy(rot_c + i * rope_bytes, (const char *)cos + (n0 + d - 2) * rope_bytes, (size_t)rope_bytes);
+            if (sin) memcpy(rot_s + i * rope_bytes, (const char *)sin + (n0 + d - 2) * rope_bytes, (size_t)rope_bytes);
+            uint8_t *m = mask + i * cols;
+            memset(m, 1, (size_t)(cached + n0));
+            for (int64_t a = parent; a >= 0; a = parents[a]) m[cached + n0 + slot[a]] = 1;
+            m[seen + i] = 1;
+        }
+        status = linear_kind(fc_kind, x, fc_w, fc_b, h, n, D, 2 * D, threads);
+        if (!status)
+            status = lean_layers(s, 1, h, 1, n, rot_c, sin ? rot_s : NULL, 0, kbufs, vbufs, ks_b, ks_h, ks_l, seen, mask, 0, cols,
+                                 norm, eps, threads);
+        if (!status) status = linear_kind(out_kind, h, out_w, out_b, logits, n, C, D, threads);
+        if (status) break;
+        const int64_t first = total;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t u = frontier[i];
+            slot[u] = fed + i;
+            memcpy(feats + (1 + fed + i) * row_bytes, h + i * row_bytes, (size_t)row_bytes);
+            top_log_probs(logits + i * C * width, C, bf16, k, index, logq);
+            for (int64_t j = 0; j < k; j++, total++)
+                tokens[total] = index[j], parents[total] = u, scores[total] = scores[u] + logq[j], slot[total] = -1;
+        }
+        fed += n, grown = d;
+        /* the next frontier: the k best of this layer's candidates (ties: the earlier), in creation order */
+        width_now = total - first < k ? total - first : k;
+        for (int64_t i = 0; i < width_now; i++) {
+            int64_t pick = -1;
+            for (int64_t c = first; c < total; c++) {
+                int taken = 0;
+                for (int64_t j = 0; j < i; j++) taken |= frontier[j] == c;
+                if (!taken && (pick < 0 || scores[c] > scores[pick])) pick = c;
+            }
+            int64_t at = i;
+            while (at > 0 && frontier[at - 1] > pick) frontier[at] = frontier[at - 1], at--;
+            frontier[at] = pick;
+        }
+    }
+    *count = total, *layers = grown;
     free(scratch);
     return status ? -1 : 0;
 }
