@@ -114,20 +114,24 @@ class EagleDrafter(Drafter):
         self.forwards += 1
         return predicted
 
-    def _chain_plans(self):
-        """The head layer's fused plans where :meth:`_fused_chain` runs (checked once a generation:
-        a Llama EagleHead drafting over one feature row (this class's draft logits), ``fc`` and the
-        draft LM head few-row linears, a plain embedding table in the head's dtype), else None."""
+    def _fusable(self) -> bool:
+        """Whether the head can run fused (checked once a generation): a Llama EagleHead drafting
+        over one feature row (this class's draft logits), ``fc`` and the draft LM head few-row
+        linears, a plain embedding table in the head's dtype."""
         head = self.head
         if type(head) is not EagleHead or type(self)._draft_logits is not EagleDrafter._draft_logits:
-            return None  # (an image head: its own layer, guided logits)
+            return False  # (an image head: its own layer, guided logits)
         decoder, table = head.decoder, getattr(self.embed, "weight", None)
         dtype = decoder.norm.weight.dtype
-        if (not head.lean or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
-                or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(head.fc, dtype) is None
-                or linear_operand(self.lm_head.projection, dtype) is None):
-            return None
-        return fused_plans(decoder.layers, self.cache, 1, dtype, table.device)
+        return not (not head.lean or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
+                    or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(head.fc, dtype) is None
+                    or linear_operand(self.lm_head.projection, dtype) is None)
+
+    def _chain_plans(self):
+        """The head layer's fused plans where the fused calls run (:meth:`_fusable`, its cache's
+        layer made), else None."""
+        decoder = self.head.decoder
+        return fused_plans(decoder.layers, self.cache, 1, decoder.norm.weight.dtype, self.embed.weight.device) if self._fusable() else None
 
     def _fused_chain(self, state: SequenceState, k: int) -> Draft | None:
         """:meth:`propose`'s chain in one C call (:func:`mmspec.modeling.fused.head_chain`: the
@@ -155,10 +159,19 @@ class EagleDrafter(Drafter):
         first pending position) for a fused C call (:meth:`_fused_chain`, EAGLE-2's tree) where it
         runs (:meth:`_chain_plans`, CPU, one feature row, n0 and ``rows`` within the plans' rows),
         else None."""
-        if self.chain_plans is False and getattr(self.cache, "layers", None):  # (the head's cache layer exists after its first forward)
+        pending = state.tokens.shape[1] - 1 - self.fed
+        if self.chain_plans is False and not self._fusable():
+            self.chain_plans = None
+        if (pending > 1 and self.chain_plans is not None and state.tokens.device.type == "cpu"
+                and (not getattr(self.cache, "layers", None) or (self.chain_plans and pending > self.chain_plans[0].max_rows))):
+            # the first step (the head's cache layer is made by its first forward) or too many pairs:
+            # all but the last pair through the head's module forward, the last one in the fused call
+            self._step(self.features[:, : pending - 1], state.tokens[:, self.fed + 1 : self.fed + pending], self.fed)
+            self.features, self.fed, pending = self.features[:, pending - 1 :], self.fed + pending - 1, 1
+            self.forwards += 1
+        if self.chain_plans is False and getattr(self.cache, "layers", None):
             self.chain_plans = self._chain_plans()
         plans = self.chain_plans or None
-        pending = state.tokens.shape[1] - 1 - self.fed
         if (plans is None or not 1 <= pending <= plans[0].max_rows or rows > plans[0].max_rows or not plans.fresh()
                 or self.features.shape[0] != 1 or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu"):
             return None
