@@ -15,6 +15,7 @@ from mmspec.drafters import CodecEagleDrafter, CodecMedusaDrafter, ModelDrafter,
 from mmspec.drafters.steps import CODEC_TREE
 from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.codec_lm import TIMING_BUCKETS, CodecLM, CodecLMConfig, delayed_steps, frame_alignment
+from kernel_support import Int8Linear
 
 PHONEMES = torch.tensor([[5, 9, 3, 7, 2]])
 DURATIONS = torch.tensor([[1, 2, 0, 2, 1]])  # 6 frames (phoneme 3 is skipped)
@@ -412,22 +413,6 @@ def _side_by_side(target, state, fused, loop, sampling):
     assert len(chain_calls) == 4 and all(call is not None for call in chain_calls)
 
 
-class _Int8Linear(torch.nn.Module):
-    """A linear through the int8 kernel (mmspec.modeling.fused.int8_linear): what the int8 chain
-    reads, as a module the Python loop can run."""
-
-    def __init__(self, linear):
-        from mmspec.modeling.fused import pack_int8
-
-        super().__init__()
-        self.blob, self.bias, self.out_features = pack_int8(linear.weight), linear.bias, linear.out_features
-
-    def forward(self, x):
-        from mmspec.modeling.fused import int8_linear
-
-        return int8_linear(x.reshape(-1, x.shape[-1]).contiguous(), self.blob, self.out_features, self.bias).view(*x.shape[:-1], -1)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
 def test_the_int8_eagle_chain_drafts_what_the_loop_drafts_through_int8_linears(dtype):
@@ -443,7 +428,7 @@ def test_the_int8_eagle_chain_drafts_what_the_loop_drafts_through_int8_linears(d
     for parent in [quantized] + list(quantized.decoder.layers[0].children()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, _Int8Linear(child))
+                setattr(parent, name, Int8Linear(child))
     state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
     fused, loop = CodecEagleDrafter(head, num_draft_tokens=4, int8_head=True), CodecEagleDrafter(quantized, num_draft_tokens=4)
     for mine, theirs in _side_by_side(target, state, fused, loop, SamplingConfig(do_sample=True, temperature=0.9)):

@@ -4,6 +4,7 @@ test_distribution.py.)"""
 
 import pytest
 import torch
+from kernel_support import Int8Linear
 from tiny_models import make_tiny
 
 import mmspec
@@ -242,7 +243,7 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
 
     model, head = _fused_model_and_head(dtype)
     words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
-    fused, loop = EagleDrafter(model, head, 4, words), EagleDrafter(model, head, 4, words)
+    fused, loop = EagleDrafter(model, head, 4, words, int8_head=False), EagleDrafter(model, head, 4, words, int8_head=False)
     chains, fused_chain = [], fused._fused_chain
     fused._fused_chain = lambda *args: chains.append(fused_chain(*args)) or chains[-1]
     loop._fused_chain = lambda *args: None  # the Python loop
@@ -291,8 +292,8 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     with torch.no_grad():  # sharpened attention: a wrong mask or position shows in the scores
         attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
     words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
-    fused, loop = (Eagle2Drafter(model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words, budget="nominal")
-                   for _ in range(2))
+    fused, loop = (Eagle2Drafter(model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words, budget="nominal",
+                                 int8_head=False) for _ in range(2))
     trees, fused_tree = [], fused._fused_tree
     fused._fused_tree = lambda *args: trees.append(fused_tree(*args)) or trees[-1]
     loop._fused_tree = lambda *args: None  # the Python tree
@@ -325,6 +326,56 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)  # (a random head: auto keeps none)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int8_head_drafts_what_the_loop_drafts_through_int8_linears(dtype):
+    """int8_head=True: the fused chain and EAGLE-2's fused tree read the head's layer and fc as int8
+    (pack_int8; the draft LM head over 21 rows is not a 16-row multiple and stays as it is); the
+    Python loop and tree with those linears replaced by the int8 kernel as modules draft the same
+    tokens (chain: sampled, with the same q within float rounding; tree, fp32: the same nodes, scores
+    within rounding), step after step."""
+    import copy
+
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.drafters import Eagle2Drafter
+
+    model, head = _fused_model_and_head(dtype)
+    quantized = copy.deepcopy(head)
+    for parent in [quantized] + list(quantized.decoder.layers[0].children()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    words = torch.arange(0, 63, 3)
+    target = TransformersTarget(model)
+    for tree in (False, True) if dtype == torch.float32 else (False,):  # (a random bf16 head's flat top-k reorders on a rounding)
+        if tree:
+            fused = Eagle2Drafter(model, head, depth=4, top_k=3, num_nodes=30, draft_vocabulary=words, int8_head=True)
+            loop = Eagle2Drafter(model, quantized, depth=4, top_k=3, num_nodes=30, draft_vocabulary=words)
+        else:
+            fused, loop = EagleDrafter(model, head, 4, words, int8_head=True), EagleDrafter(model, quantized, 4, words)
+        sampling = SamplingConfig(do_sample=not tree, temperature=0.8)
+        with torch.inference_mode():
+            state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+            state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            for drafter in (fused, loop):
+                drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
+                drafter.on_verified(0, 0, prefill)
+            for step in range(3):
+                mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+                assert torch.equal(mine.tokens, theirs.tokens), (tree, step)
+                if tree:
+                    torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=2e-3, rtol=1e-3)
+                else:
+                    torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-3, rtol=1e-2)  # (a row rounded at a quantisation step moves q a little)
+                drafted = mine.tokens[0, :0]  # (no draft accepted: the target's next token)
+                out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
+                state.commit(out.logits[:, :1].argmax(-1))
+                for drafter in (fused, loop):
+                    drafter.on_verified(mine.length, 0, out)
+        assert fused.describe()["head_int8"] and not loop.describe().get("head_int8")
+
+
 def test_the_fused_tree_asks_its_rule_between_layers_and_passes_on_what_it_raises(monkeypatch):
     """head_tree's ``expand_while`` is asked with the best log V of the nodes about to be expanded,
     before every layer after the first: False stops the growth there; an exception raised in it
@@ -336,7 +387,7 @@ def test_the_fused_tree_asks_its_rule_between_layers_and_passes_on_what_it_raise
     from mmspec.drafters import Eagle2Drafter
 
     model, head = _fused_model_and_head(torch.float32)
-    drafter = Eagle2Drafter(model, head, depth=5, top_k=2, num_nodes=30)  # (no policy: the rule below is the only one)
+    drafter = Eagle2Drafter(model, head, depth=5, top_k=2, num_nodes=30, int8_head=False)  # (no policy: the rule below is the only one)
     target = TransformersTarget(model)
     asked, answers, real = [], [], eagle_module.head_tree
 

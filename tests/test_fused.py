@@ -404,10 +404,11 @@ def _int8_reference(x, weight, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
     """few_rows_linear_i8 (a drafter head's linears, fused.pack_int8's blob): bitwise the reference
-    above on its VNNI path and its scalar path, with and without a bias, a zero row, K not a
-    multiple of 16; within int8's error of the full-precision product."""
+    above on its VNNI path, its AMX-INT8 path (K % 64 == 0: tiles; else VNNI) and its scalar path,
+    with and without a bias, a zero row, K not a multiple of 16, more than 16 rows and an odd count
+    of 16-output blocks; within int8's error of the full-precision product."""
     generator = torch.Generator().manual_seed(0)
-    for rows, n, k in [(1, 16, 4), (3, 256, 512), (5, 768, 256), (2, 32, 12)]:
+    for rows, n, k in [(1, 16, 4), (3, 256, 512), (5, 768, 256), (2, 32, 12), (19, 48, 192)]:
         weight = torch.randn(n, k, generator=generator).to(dtype)
         x = torch.randn(rows, k, generator=generator).to(dtype)
         x[-1] = 0 if rows > 1 else x[-1]
@@ -415,9 +416,10 @@ def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
         assert blob.dtype == torch.uint8 and blob.numel() == n * k + 8 * n
         for bias in (None, torch.randn(n, generator=generator).to(dtype)):
             want = _int8_reference(x, weight, bias)
-            for fast in (False, True) if fused.int8_fast() else (False,):
-                got = fused.int8_linear(x, blob, n, bias, fast=fast)
-                assert got.dtype == dtype and torch.equal(got, want), (rows, n, k, fast)
+            for fast, amx in [(False, False)] + [(True, False)] * fused.int8_fast() + [(True, True)] * fused.int8_amx():
+                fused.int8_linear(1 - x, blob, n, None, fast=fast, amx=amx)  # (other sums first: a reused scratch's stale ones cannot pass)
+                got = fused.int8_linear(x, blob, n, bias, fast=fast, amx=amx)
+                assert got.dtype == dtype and torch.equal(got, want), (rows, n, k, fast, amx)
             exact = x.float() @ weight.float().T + (0 if bias is None else bias.float())
             assert (got.float() - exact).abs().max() < 0.05 * exact.abs().max()
 

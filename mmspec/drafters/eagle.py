@@ -31,7 +31,7 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
-from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, linear_operand
+from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
 from .shipped import shipped_drafter_dir
@@ -49,17 +49,25 @@ class EagleDrafter(Drafter):
         num_draft_tokens: K.
         draft_vocabulary: LongTensor [N] of token ids to draft from (:mod:`mmspec.drafters.vocab`;
             shipped next to the head), or None for the whole vocabulary.
+        int8_head: the fused calls (chain, EAGLE-2's tree) read the head's layer and ``fc`` as int8
+            weights (:func:`mmspec.modeling.fused.int8_head`): half the bytes, and on AMX-INT8 tiles
+            rows nearly free. The drafts are the int8 head's (its q where they are sampled), so
+            decoding stays exact. None (default): where the int8 kernel sums by AMX-INT8
+            (:func:`mmspec.modeling.fused.int8_amx`).
     """
 
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,
-                 draft_vocabulary: torch.Tensor | None = None) -> None:
-        self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens)
+                 draft_vocabulary: torch.Tensor | None = None, int8_head: bool | None = None) -> None:
+        self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens, int8_head)
 
-    def _setup(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int) -> None:
+    def _setup(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int,
+               int8: bool | None = None) -> None:
         Drafter.__init__(self, num_draft_tokens)
         self.head, self.embed, self.lm_head = head, embed, lm_head
+        self.int8 = int8_amx() if int8 is None else int8
+        self.chain_int8 = None  # the int8 copy the fused calls read (where self.int8)
         self.cache = None
         self.fed = 0  # pairs (f_t, x_{t+1}) for position_base <= t < fed are in the head's cache
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
@@ -130,8 +138,12 @@ class EagleDrafter(Drafter):
     def _chain_plans(self):
         """The head layer's fused plans where the fused calls run (:meth:`_fusable`, its cache's
         layer made), else None."""
+        if not self._fusable():
+            return None
         decoder = self.head.decoder
-        return fused_plans(decoder.layers, self.cache, 1, decoder.norm.weight.dtype, self.embed.weight.device) if self._fusable() else None
+        plans = fused_plans(decoder.layers, self.cache, 1, decoder.norm.weight.dtype, self.embed.weight.device)
+        self.chain_int8 = int8_head(plans, decoder.layers[0], self.head.fc, self.lm_head.projection) if plans is not None and self.int8 else None
+        return plans
 
     def _fused_chain(self, state: SequenceState, k: int) -> Draft | None:
         """:meth:`propose`'s chain in one C call (:func:`mmspec.modeling.fused.head_chain`: the
@@ -149,7 +161,7 @@ class EagleDrafter(Drafter):
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
                            self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos, sin, k,
-                           temperature, uniforms, probs, ids=self.lm_head.token_ids)
+                           temperature, uniforms, probs, ids=self.lm_head.token_ids, int8=self.chain_int8)
         self._fed_pairs(state, pending)
         self.forwards += k
         return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
@@ -235,7 +247,9 @@ class EagleDrafter(Drafter):
         return [Draft.chain(*zip(*rows)) for rows in picked]
 
     def describe(self) -> dict:
-        return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size}
+        fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a step was drafted)
+        return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size,
+                **({"fused_head": True, "head_int8": self.chain_int8 is not None} if fused else {})}
 
 
 @register_drafter("eagle2")
@@ -275,8 +289,8 @@ class Eagle2Drafter(EagleDrafter):
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
-                 sampled_children: bool | None = None, budget: str = "auto") -> None:
-        super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary)
+                 sampled_children: bool | None = None, budget: str = "auto", int8_head: bool | None = None) -> None:
+        super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary, int8_head=int8_head)
         if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
             raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
         if budget != "auto" and budget not in BUDGETS:
@@ -296,7 +310,7 @@ class Eagle2Drafter(EagleDrafter):
         """Its chain form for a batch row: EAGLE (``chain_class``) with the same head,
         ``batch_chain_tokens`` per step (trees need batch size 1)."""
         chain = self.chain_class.__new__(self.chain_class)
-        chain._setup(self.head, self.embed, self.lm_head, self.batch_chain_tokens)
+        chain._setup(self.head, self.embed, self.lm_head, self.batch_chain_tokens, self.int8)
         return chain
 
     @staticmethod
@@ -418,7 +432,8 @@ class Eagle2Drafter(EagleDrafter):
         grown = head_tree(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                           self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
                           self.features[0, :pending].contiguous(), self.embed.weight, cos, sin, depth, self.top_k,
-                          expand_while=policy.expand_while(False) if policy is not None else None, ids=self.lm_head.token_ids)
+                          expand_while=policy.expand_while(False) if policy is not None else None, ids=self.lm_head.token_ids,
+                          int8=self.chain_int8)
         self._fed_pairs(state, pending)
         self.forwards += grown.layers
         return TokenTree(grown.tokens, grown.parents, scores=grown.scores)

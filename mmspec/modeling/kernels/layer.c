@@ -148,8 +148,9 @@ static int linear_kind(int kind, const void *x, const void *w, const void *b, vo
     case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
     case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
     case 4: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
-    /* int8 weights (drafters): 5 bf16 / 6 fp32 rows through VNNI, 7 / 8 the same sums in scalar code */
-    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind == 5 || kind == 7, kind <= 6);
+    /* int8 weights (drafters): 5 bf16 / 6 fp32 rows through VNNI, 7 / 8 the same sums in scalar code,
+       9 / 10 by AMX-INT8 tiles */
+    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, kind >= 9 ? 2 : kind <= 6);
     }
 }
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
