@@ -329,7 +329,8 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_int8_head_drafts_what_the_loop_drafts_through_int8_linears(dtype):
     """int8_head=True: the fused chain and EAGLE-2's fused tree read the head's layer and fc as int8
-    (pack_int8; the draft LM head over 21 rows is not a 16-row multiple and stays as it is); the
+    (pack_int8; the draft LM heads over 21 and 22 rows are not 16-row multiples and stay as they are,
+    each drafter reading its own though the head's int8 copy is shared); the
     Python loop and tree with those linears replaced by the int8 kernel as modules draft the same
     tokens (chain: sampled, with the same q within float rounding; tree, fp32: the same nodes, scores
     within rounding), step after step."""
@@ -346,14 +347,16 @@ def test_the_int8_head_drafts_what_the_loop_drafts_through_int8_linears(dtype):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 setattr(parent, name, Int8Linear(child))
-    words = torch.arange(0, 63, 3)
-    target = TransformersTarget(model)
+    target, drafters = TransformersTarget(model), []  # (every drafter kept: the tree's head copy must not read the chain's LM head)
     for tree in (False, True) if dtype == torch.float32 else (False,):  # (a random bf16 head's flat top-k reorders on a rounding)
         if tree:
+            words = torch.arange(1, 67, 3)  # 22 rows, another draft LM head over the same head
             fused = Eagle2Drafter(model, head, depth=4, top_k=3, num_nodes=30, draft_vocabulary=words, int8_head=True)
             loop = Eagle2Drafter(model, quantized, depth=4, top_k=3, num_nodes=30, draft_vocabulary=words)
         else:
+            words = torch.arange(0, 63, 3)
             fused, loop = EagleDrafter(model, head, 4, words, int8_head=True), EagleDrafter(model, quantized, 4, words)
+        drafters.append(fused)
         sampling = SamplingConfig(do_sample=not tree, temperature=0.8)
         with torch.inference_mode():
             state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)

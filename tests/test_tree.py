@@ -188,6 +188,30 @@ def test_greedy_tree_rejects_every_child():
     assert v.tokens.tolist() == [[5, PAD, PAD, PAD]]
 
 
+def test_greedy_tree_walks_one_host_tree_as_the_tensor_rule_does():
+    """One tree on the CPU takes the host walk: the tensor rule's path, tokens and count (the same
+    tree verified twice in a batch of two rows takes the tensor rule) on random trees and targets
+    built to accept deep paths, shallow ones and none."""
+    gen = torch.Generator().manual_seed(0)
+    depths = set()
+    for trial in range(200):
+        n = int(torch.randint(1, 30, (1,), generator=gen))
+        parents = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n)]
+        tree = TokenTree(torch.randint(0, 5, (n,), generator=gen), torch.tensor(parents))
+        argmax = torch.randint(0, 5, (n + 1,), generator=gen)
+        if trial % 2:  # follow a random root-to-leaf path: make its tokens the argmaxes
+            node = n - 1
+            while node >= 0:
+                argmax[parents[node] + 1] = tree.tokens[node]
+                node = parents[node]
+        logits = torch.nn.functional.one_hot(argmax, 5).float()[None]
+        host, tensor = tree_greedy_verify(tree, logits), tree_greedy_verify(tree, logits.expand(2, -1, -1))
+        assert torch.equal(host.num_accepted, tensor.num_accepted[:1]) and torch.equal(host.path, tensor.path[:1])
+        assert torch.equal(host.tokens, tensor.tokens[:1])
+        depths.add(int(host.num_accepted))
+    assert 0 in depths and max(depths) >= 4
+
+
 def test_speculative_tree_accepts_deep_path_then_bonus():
     # root -> 4: node 0 (token 3, p = 0) is rejected, its sibling node 1 (token 4) accepted;
     # node 1 -> 5 accepts node 4; node 4 is a leaf whose row gives the bonus token 1

@@ -64,18 +64,12 @@ class TokenTree:
             raise ValueError(
                 f"probs must be [*tokens.shape, V], got {tuple(self.probs.shape)} for tokens {tuple(self.tokens.shape)}"
             )
-        misplaced = (self.parents < ROOT) | (self.parents >= torch.arange(n))
-        if bool(misplaced.any()):
-            i = int(torch.nonzero(misplaced)[0])
-            raise ValueError(f"node {i} has parent {int(self.parents[i])}; nodes must be topologically ordered (-1 <= parent < index)")
-        # depth by walking all nodes' ancestors at once: one vectorised step per tree level
-        self.depth = torch.ones(n, dtype=torch.long)
-        ancestor = self.parents
-        above = ancestor != ROOT
-        while bool(above.any()):
-            self.depth += above
-            ancestor = torch.where(above, self.parents[ancestor.clamp(min=0)], ancestor)
-            above = ancestor != ROOT
+        depth: list[int] = []  # on host lists (a tree has tens of nodes): parents come before their children
+        for i, parent in enumerate(self.parents.tolist()):
+            if not ROOT <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}; nodes must be topologically ordered (-1 <= parent < index)")
+            depth.append(1 if parent == ROOT else depth[parent] + 1)
+        self.depth = torch.tensor(depth, dtype=torch.long)
         self._children: list[list[int]] | None = None  # built on first use (children, sibling_groups)
         self._groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 

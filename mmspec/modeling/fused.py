@@ -362,7 +362,7 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
     its sums by AMX-INT8 tiles, default where :func:`int8_amx`; the same numbers every way)."""
     m, k = x.shape
     fast = int8_fast() if fast is None else fast
-    amx = fast and (int8_amx() if amx is None else amx)
+    amx = fast and int8_amx() and (amx is None or amx)
     if (x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or not x.is_contiguous()
             or blob.dtype != torch.uint8 or blob.numel() != out_features * (k + 8) or out_features % 16 or k % 4
             or (bias is not None and (bias.dtype != x.dtype or bias.shape != (out_features,) or not bias.is_contiguous()))):
@@ -380,12 +380,13 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
 class Int8Head:
     """A one-layer head's specs with every projection (and ``fc``'s and the output's) read as int8
     (:func:`int8_head`): ``specs`` the C array :func:`head_chain` takes instead of the plans', ``fc``
-    and ``output`` (kernel code, blob address), ``keep`` the blobs, ``weights`` the weights they
-    copy and ``versions`` theirs at packing."""
+    and ``output`` (kernel code, blob address; ``output`` None where the output linear is read as it
+    is, by the caller's module: a copy cached per ``fc`` must not hold another drafter's output),
+    ``keep`` the blobs, ``weights`` the weights they copy and ``versions`` theirs at packing."""
 
     specs: ctypes.Array
     fc: tuple[int, int]
-    output: tuple[int, int]
+    output: tuple[int, int] | None
     keep: tuple
     weights: tuple
     versions: tuple
@@ -418,7 +419,7 @@ def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Modu
     spec = LayerSpec.from_buffer_copy(plans[0].spec)
     spec.wq, spec.wk, spec.wv, spec.wo, spec.wg, spec.wu, spec.wd = (b.data_ptr() for b in blobs[:7])
     spec.linear = _int8_code(plans[0].dtype, fast)
-    out = (spec.linear, blobs[8].data_ptr()) if len(blobs) > 8 else linear_operand(output, plans[0].dtype)
+    out = (spec.linear, blobs[8].data_ptr()) if len(blobs) > 8 else None  # (None: the caller reads ``output`` as it is)
     head = Int8Head((LayerSpec * 1)(spec), (spec.linear, blobs[7].data_ptr()), out, blobs, weights,
                     tuple(map(weight_version, weights)))
     _INT8[fc] = head
@@ -454,7 +455,8 @@ def _head_operands(caller: str, plans: PlanStack, fc: nn.Module, output: nn.Modu
     align_rows = 0 if align is None else align.shape[0]
     operands = ((features, [n0, width]), (table, [table.shape[0], width]), (cos, [rows, hd]), (sin, [rows, hd]),
                 (align, [align_rows, width]))
-    fc_operand, out_operand = (int8.fc, int8.output) if int8 is not None else (linear_operand(fc, dtype), linear_operand(output, dtype))
+    fc_operand = int8.fc if int8 is not None else linear_operand(fc, dtype)
+    out_operand = int8.output if int8 is not None and int8.output is not None else linear_operand(output, dtype)
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
             or (align is not None and not align_rows)
             or (table.shape[0] < output.out_features if ids is None
