@@ -408,7 +408,7 @@ def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
     with and without a bias, a zero row, K not a multiple of 16, more than 16 rows and an odd count
     of 16-output blocks; within int8's error of the full-precision product."""
     generator = torch.Generator().manual_seed(0)
-    for rows, n, k in [(1, 16, 4), (3, 256, 512), (5, 768, 256), (2, 32, 12), (19, 48, 192)]:
+    for rows, n, k in [(1, 16, 4), (3, 256, 512), (5, 768, 256), (2, 32, 12), (19, 48, 192), (1, 32, 128)]:
         weight = torch.randn(n, k, generator=generator).to(dtype)
         x = torch.randn(rows, k, generator=generator).to(dtype)
         x[-1] = 0 if rows > 1 else x[-1]

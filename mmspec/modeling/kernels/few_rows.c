@@ -548,8 +548,8 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
  * else fp32) is quantised symmetrically, s = max_k |x_k| / 127 (1 for a zero row), a_k = round(x_k / s)
  * (nearest even) in [-127, 127], and summed in int32 exactly as u8 a_k + 128 against q (AVX512-VNNI
  * vpdpbusd, 16 outputs a register, each block of 16 outputs read once for all the rows; `vnni` 2:
- * AMX-INT8 tiles where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 0: a scalar loop; the same
- * integers every way):
+ * AMX-INT8 tiles for two rows or more where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 0: a scalar
+ * loop; the same integers every way):
  *     y[n] = (float)(sum_k (a_k + 128) q[n, k] - 128 rowsum[n]) * (s * scale[n]) + b[n]
  * in fp32, then rounded to the model dtype. Half the bytes of bf16 weights: a drafter's head fits the
  * L2 cache (the voice's EAGLE head: 1 MB). N % 16 == 0, K % 4 == 0. Returns 0, or -1 (no scratch). */
@@ -634,10 +634,11 @@ static AMX_I8_TARGET void i8_sums_amx(const uint8_t *a, const int8_t *q, int64_t
 }
 #endif
 
-/* the fast paths' sums: AMX-INT8 tiles (vnni 2, K % 64 == 0) or VNNI */
+/* the fast paths' sums: AMX-INT8 tiles (vnni 2, K % 64 == 0, two rows or more: for one row the tile
+ * set-up costs ~0.5 us more than VNNI's loop) or VNNI */
 static void i8_sums_wide(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc, int vnni) {
 #if !(defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11)
-    if (vnni == 2 && K % 64 == 0) {
+    if (vnni == 2 && K % 64 == 0 && M > 1) {
         i8_sums_amx(a, q, M, N, K, acc);
         return;
     }
