@@ -230,6 +230,20 @@ def _fused_model_and_head(dtype):
     return model, head
 
 
+def _started(target, drafters, sampling=None):
+    """Prefill the tiny prompt (its first token committed) and start every drafter on it, each with
+    a generator seeded 3; returns the sequence state (inside inference mode)."""
+    from mmspec.core.drafter import DraftContext
+    from mmspec.core.sampling import SamplingConfig
+
+    state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+    state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    for drafter in drafters:
+        drafter.start(DraftContext(target, sampling or SamplingConfig(), torch.Generator().manual_seed(3), {}), state)
+        drafter.on_verified(0, 0, prefill)
+    return state
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
 def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
@@ -238,7 +252,6 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
     loop's tokens from the same generator, with its q (float rounding), over a draft vocabulary or
     the whole one, and leaves the head's cache as the loop does, verification after verification."""
     from mmspec.adapters.hf import TransformersTarget
-    from mmspec.core.drafter import DraftContext
     from mmspec.core.sampling import SamplingConfig
 
     model, head = _fused_model_and_head(dtype)
@@ -250,11 +263,7 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
     target = TransformersTarget(model)
     sampling = SamplingConfig(do_sample=do_sample, temperature=0.8)
     with torch.inference_mode():
-        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
-        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        for drafter in (fused, loop):
-            drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
-            drafter.on_verified(0, 0, prefill)
+        state = _started(target, (fused, loop), sampling)
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
             assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
@@ -283,8 +292,6 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     with num_nodes="auto" (nominal budget) the same layers are grown, the rule asked between them.
     (Attention sharpened, so that a wrong mask or position shows.)"""
     from mmspec.adapters.hf import TransformersTarget
-    from mmspec.core.drafter import DraftContext
-    from mmspec.core.sampling import SamplingConfig
     from mmspec.drafters import Eagle2Drafter
 
     model, head = _fused_model_and_head(dtype)
@@ -299,11 +306,7 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     loop._fused_tree = lambda *args: None  # the Python tree
     target = TransformersTarget(model)
     with torch.inference_mode():
-        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
-        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        for drafter in (fused, loop):
-            drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), {}), state)
-            drafter.on_verified(0, 0, prefill)
+        state = _started(target, (fused, loop))
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
             assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None)
@@ -337,7 +340,6 @@ def test_the_int8_head_drafts_what_the_loop_drafts_through_int8_linears(dtype):
     import copy
 
     from mmspec.adapters.hf import TransformersTarget
-    from mmspec.core.drafter import DraftContext
     from mmspec.core.sampling import SamplingConfig
     from mmspec.drafters import Eagle2Drafter
 
@@ -359,11 +361,7 @@ def test_the_int8_head_drafts_what_the_loop_drafts_through_int8_linears(dtype):
         drafters.append(fused)
         sampling = SamplingConfig(do_sample=not tree, temperature=0.8)
         with torch.inference_mode():
-            state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
-            state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-            for drafter in (fused, loop):
-                drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
-                drafter.on_verified(0, 0, prefill)
+            state = _started(target, (fused, loop), sampling)
             for step in range(3):
                 mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
                 assert torch.equal(mine.tokens, theirs.tokens), (tree, step)
@@ -385,8 +383,6 @@ def test_the_fused_tree_asks_its_rule_between_layers_and_passes_on_what_it_raise
     comes out of the C call as itself."""
     import mmspec.drafters.eagle as eagle_module
     from mmspec.adapters.hf import TransformersTarget
-    from mmspec.core.drafter import DraftContext
-    from mmspec.core.sampling import SamplingConfig
     from mmspec.drafters import Eagle2Drafter
 
     model, head = _fused_model_and_head(torch.float32)
@@ -403,10 +399,7 @@ def test_the_fused_tree_asks_its_rule_between_layers_and_passes_on_what_it_raise
 
     monkeypatch.setattr(eagle_module, "head_tree", lambda *args, expand_while=None, **kwargs: real(*args, expand_while=rule, **kwargs))
     with torch.inference_mode():
-        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
-        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        drafter.start(DraftContext(target, SamplingConfig(), torch.Generator(), {}), state)
-        drafter.on_verified(0, 0, prefill)
+        state = _started(target, (drafter,))
         answers[:] = [True] * 4
         first = drafter.propose(state, 8).tree
         assert first.max_depth == 5 and len(asked) == 4
