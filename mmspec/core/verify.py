@@ -252,10 +252,10 @@ def _tree_assemble(tree: TokenTree, path: torch.Tensor, num_accepted: torch.Tens
 def _host_greedy_walk(tree: TokenTree, target_argmax: torch.Tensor) -> TreeVerification:
     """:func:`tree_greedy_verify` for one tree whose argmaxes [1, N+1] are on the host: the same
     walk over Python lists (a few microseconds, where the tensor form is ~40 small operations)."""
-    argmax, tokens, children = target_argmax[0].tolist(), tree.tokens.tolist(), tree._child_lists()
+    argmax, tokens = target_argmax[0].tolist(), tree.tokens.tolist()
     path, row = [], 0
     while True:
-        child = next((c for c in children[row] if tokens[c] == argmax[row]), None)
+        child = next((c for c in tree.children(row - 1) if tokens[c] == argmax[row]), None)
         if child is None:
             break
         path.append(child)

@@ -143,10 +143,8 @@ class EagleDrafter(Drafter):
                     or linear_operand(self.lm_head.projection, dtype) is None)
 
     def _chain_plans(self):
-        """The head layer's fused plans where the fused calls run (:meth:`_fusable`, its cache's
-        layer made), else None."""
-        if not self._fusable():
-            return None
+        """The head layer's fused plans (the head :meth:`_fusable`, checked by the caller, and its
+        cache's layer made), else None."""
         decoder = self.head.decoder
         plans = fused_plans(decoder.layers, self.cache, 1, decoder.norm.weight.dtype, self.embed.weight.device)
         self.chain_int8 = int8_head(plans, decoder.layers[0], self.head.fc, self.lm_head.projection) if plans is not None and self.int8 else None

@@ -352,7 +352,7 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 def _int8_code(dtype: torch.dtype, fast: bool) -> int:
     """LayerSpec.linear's code of the int8 kernel for rows of ``dtype``: 5 / 6 (VNNI), 9 / 10 (AMX-INT8
     where :func:`int8_amx`), 7 / 8 (scalar, ``fast`` False)."""
-    return (5 if dtype == torch.bfloat16 else 6) + (0 if not fast else 4 if int8_amx() else 0) + (0 if fast else 2)
+    return (5 if dtype == torch.bfloat16 else 6) + (2 if not fast else 4 if int8_amx() else 0)
 
 
 def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,

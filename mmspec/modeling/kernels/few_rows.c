@@ -446,11 +446,12 @@ AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp,
  * (the first of ties within a lane), then the largest lane value with the smallest index among the
  * lanes holding it. A row holding a NaN gives its first NaN (PyTorch's max propagates NaN). */
 #define ARGMAX_TARGET __attribute__((target("avx512f,avx512bw")))
-static inline ARGMAX_TARGET __m512 argmax_load(const void *x, int64_t i, int bf16) {
+/* 16 elements (fp32 lanes), and one, of an fp32 or bf16 array (the row argmax, the int8 kernel) */
+static inline ARGMAX_TARGET __m512 load16(const void *x, int64_t i, int bf16) {
     return bf16 ? load_bf16x16((const uint16_t *)x + i) : _mm512_loadu_ps((const float *)x + i);
 }
 
-static inline float argmax_get(const void *x, int64_t i, int bf16) {
+static inline float value_at(const void *x, int64_t i, int bf16) {
     return bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
@@ -463,7 +464,7 @@ ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16,
         const __m512i sixteen = _mm512_set1_epi32(16);
         __mmask16 nan = 0;
         for (int64_t i = 0; i < V16; i += 16) {
-            const __m512 v = argmax_load(row, i, bf16);
+            const __m512 v = load16(row, i, bf16);
             nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
             best = _mm512_mask_mov_ps(best, greater, v);
@@ -480,13 +481,13 @@ ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16,
             if (lane_where[l] >= 0 && (lane_best[l] > top || (lane_best[l] == top && lane_where[l] < at)))
                 top = lane_best[l], at = lane_where[l];
         for (int64_t i = V16; i < V; i++) {
-            const float v = argmax_get(row, i, bf16);
+            const float v = value_at(row, i, bf16);
             if (v != v) nan = 1;
             else if (v > top) top = v, at = i;
         }
         if (nan) /* the first NaN */
             for (int64_t i = 0; i < V; i++) {
-                const float v = argmax_get(row, i, bf16);
+                const float v = value_at(row, i, bf16);
                 if (v != v) {
                     at = i;
                     break;
@@ -647,38 +648,44 @@ static void i8_sums_wide(const uint8_t *a, const int8_t *q, int64_t M, int64_t N
     i8_sums_vnni(a, q, M, N, K, acc);
 }
 
-static inline VNNI_TARGET __m512 i8_load16(const void *x, int64_t i, int bf16) {
-    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))), 16))
-                : _mm512_loadu_ps((const float *)x + i);
+/* max(top, |x[m, k]|) over k in [k0, K) */
+static float i8_top(const void *x, int bf16, int64_t m, int64_t K, int64_t k0, float top) {
+    for (int64_t k = k0; k < K; k++) {
+        const float v = value_at(x, m * K + k, bf16);
+        top = fabsf(v) > top ? fabsf(v) : top;
+    }
+    return top;
 }
 
-/* each row of x [M, K]: steps[m] = max |x| / 127 (1 for a zero row), a = round(x / step) (nearest
- * even) clamped to [-127, 127], + 128 as u8; 16 lanes, the tail of K as the scalar loop */
+/* a row's step: max |x| / 127, 1 for a zero row */
+static inline float i8_step(float top) { return top > 0.0f ? top / 127.0f : 1.0f; }
+
+/* a[m, k] = round(x[m, k] / s) (nearest even) clamped to [-127, 127], + 128, for k in [k0, K) */
+static void i8_codes(const void *x, int bf16, int64_t m, int64_t K, int64_t k0, float s, uint8_t *a) {
+    for (int64_t k = k0; k < K; k++) {
+        float r = nearbyintf(value_at(x, m * K + k, bf16) / s);
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        a[m * K + k] = (uint8_t)((int32_t)r + 128);
+    }
+}
+
+/* each row of x [M, K]: steps[m] = i8_step(max |x|), a = i8_codes; 16 lanes, the tail of K as the
+ * scalar loop */
 static VNNI_TARGET void i8_quantise_wide(const void *x, int bf16, int64_t M, int64_t K, uint8_t *a, float *steps) {
     const int64_t K16 = K & ~(int64_t)15;
     const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
     for (int64_t m = 0; m < M; m++) {
         __m512 top16 = _mm512_setzero_ps();
-        for (int64_t k = 0; k < K16; k += 16) top16 = _mm512_max_ps(top16, _mm512_abs_ps(i8_load16(x, m * K + k, bf16)));
-        float top = _mm512_reduce_max_ps(top16);
-        for (int64_t k = K16; k < K; k++) {
-            const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-            top = fabsf(v) > top ? fabsf(v) : top;
-        }
-        const float s = steps[m] = top > 0.0f ? top / 127.0f : 1.0f;
+        for (int64_t k = 0; k < K16; k += 16) top16 = _mm512_max_ps(top16, _mm512_abs_ps(load16(x, m * K + k, bf16)));
+        const float s = steps[m] = i8_step(i8_top(x, bf16, m, K, K16, _mm512_reduce_max_ps(top16)));
         const __m512 step = _mm512_set1_ps(s);
         for (int64_t k = 0; k < K16; k += 16) {
-            __m512 r = _mm512_roundscale_ps(_mm512_div_ps(i8_load16(x, m * K + k, bf16), step), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 r = _mm512_roundscale_ps(_mm512_div_ps(load16(x, m * K + k, bf16), step), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
             const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(128));
             _mm_storeu_si128((__m128i *)(a + m * K + k), _mm512_cvtepi32_epi8(u));
         }
-        for (int64_t k = K16; k < K; k++) {
-            const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-            float r = nearbyintf(v / s);
-            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-            a[m * K + k] = (uint8_t)((int32_t)r + 128);
-        }
+        i8_codes(x, bf16, m, K, K16, s, a);
     }
 }
 
@@ -692,7 +699,7 @@ static VNNI_TARGET void i8_output_wide(const int32_t *acc, const int32_t *rowsum
             const __m512i sums = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n),
                                                   _mm512_slli_epi32(_mm512_loadu_si512(rowsum + n), 7));
             __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(step, _mm512_loadu_ps(scale + n)));
-            if (b) v = _mm512_add_ps(v, i8_load16(b, n, bf16));
+            if (b) v = _mm512_add_ps(v, load16(b, n, bf16));
             if (!bf16) {
                 _mm512_storeu_ps((float *)y + m * N + n, v);
                 continue;
@@ -725,24 +732,14 @@ int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int
         return 0;
     }
     for (int64_t m = 0; m < M; m++) { /* every row quantised first, so that each weight block is read once */
-        float top = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-            top = fabsf(v) > top ? fabsf(v) : top;
-        }
-        const float s = steps[m] = top > 0.0f ? top / 127.0f : 1.0f;
-        for (int64_t k = 0; k < K; k++) {
-            const float v = bf16 ? bf16_to_float(((const uint16_t *)x)[m * K + k]) : ((const float *)x)[m * K + k];
-            float r = nearbyintf(v / s);
-            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-            a[m * K + k] = (uint8_t)((int32_t)r + 128);
-        }
+        steps[m] = i8_step(i8_top(x, bf16, m, K, 0, 0.0f));
+        i8_codes(x, bf16, m, K, 0, steps[m], a);
     }
     i8_sums_scalar(a, q, M, N, K, acc);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             float v = (float)(acc[m * N + n] - 128 * rowsum[n]) * (steps[m] * scale[n]);
-            if (b) v += bf16 ? bf16_to_float(((const uint16_t *)b)[n]) : ((const float *)b)[n];
+            if (b) v += value_at(b, n, bf16);
             if (bf16) ((uint16_t *)y)[m * N + n] = float_to_bf16(v);
             else ((float *)y)[m * N + n] = v;
         }
