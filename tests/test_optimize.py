@@ -12,7 +12,7 @@ from tiny_models import FAMILIES, make_tiny
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, few_rows_linear, fp32_variants,
-                                         load_kernel, optimize)
+                                         load_kernel, optimize, pack_amx)
 
 try:
     load_kernel()
@@ -69,6 +69,25 @@ def test_the_bf16_kernels_are_a_linear_and_batch_invariant(n, k, bias, variant):
         assert torch.equal(few_rows_linear(x[:rows], weight, b, variant=variant), out[:rows])
     assert torch.equal(few_rows_linear(x[20:21], weight, b, variant=variant), out[20:21])
     assert not torch.equal(out, few_rows_linear(x, weight.roll(1, 0), b, variant=variant))  # negative control
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k,bias", [(16, 32, False), (48, 96, True), (1536, 576, True), (576, 1536, False)])
+def test_the_packed_amx_kernel_gives_the_strided_kernels_results(n, k, bias):
+    """Packed (pack_amx: W as the tiles' right operand, the rows read in place as the left), the AMX
+    kernel gives bitwise what it gives reading W in place (W the left operand, the rows repacked),
+    for every row count: one group, two, a pass of 32 and the rows after it."""
+    if bf16_variants()[:1] != ("amx",):
+        pytest.skip("packed weights are read by the AMX kernel only")
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    x = torch.randn(70, k, generator=gen).bfloat16()
+    packed = pack_amx(weight)
+    assert packed.shape == (n // 16, k // 32, 16, 16, 2) and not torch.equal(packed.flatten(), weight.flatten())
+    for rows in (1, 2, 7, 16, 17, 31, 32, 33, 48, 70):
+        assert torch.equal(few_rows_linear(x[:rows], weight, b, packed=packed), few_rows_linear(x[:rows], weight, b, variant="amx"))
+    assert not torch.equal(few_rows_linear(x, weight, b, packed=pack_amx(weight.roll(1, 1))), few_rows_linear(x, weight, b))
 
 
 @needs_kernel

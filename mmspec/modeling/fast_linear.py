@@ -232,11 +232,13 @@ def packable(weight: torch.Tensor) -> bool:
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] -> the AMX kernel's packed layout [N / 16, K / 32, 16, 32] (contiguous): each
-    32-column chunk of each 16-row block is the 1 KB tile the kernel loads, in the order it loads
-    them, so the weight streams from memory as one sequence (``kernels/few_rows.c``)."""
+    """W [N, K] -> the AMX kernel's packed layout [N / 16, K / 32, 16, 16, 2] (contiguous): each
+    32-column chunk of each 16-row block is the 1 KB tile the kernel loads as the right operand
+    of its tile product (row r: for each of the 16 outputs the pair of columns 2r, 2r + 1), in the
+    order it loads them, so the weight streams from memory as one sequence and the rows of x are
+    read in place as the left operand (``kernels/few_rows.c``)."""
     n, k = weight.shape
-    return weight.detach().view(n // 16, 16, k // 32, 32).transpose(1, 2).contiguous()
+    return weight.detach().view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 
 def weight_version(tensor: torch.Tensor) -> int | None:

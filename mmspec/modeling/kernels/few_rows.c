@@ -322,11 +322,10 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store_whole(
  * of each of its 16 rows per chunk). */
 static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     const uint16_t *x, const uint16_t *const xp[2], const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0,
-    const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch, const int packed) {
+    const int mc[2], int64_t n0, int64_t N, int64_t K, int prefetch) {
     const int64_t chunks = K / 32;
-    /* the block's chunk kc: rows n0 .. n0 + 15 at columns kc * 32 .. (stride K), or packed: 1 KB at blk + kc * 512 */
+    /* the block's chunk kc: rows n0 .. n0 + 15 at columns kc * 32 .. (stride K) */
     const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
-    const int64_t step = packed ? 512 : 32, stride = packed ? 64 : K * 2;
     float c[2][2][16][16] __attribute__((aligned(64)));
     _tile_zero(0);
     _tile_zero(2);
@@ -336,15 +335,13 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     }
     for (int64_t kc = 0; kc < chunks; kc += 2) {
         const int odd = kc + 1 < chunks;
-        if (packed) /* the weight is one stream: the 2 KB (two chunks) PACKED_AHEAD bytes on; never faults */
-            for (int i = 0; i < 32; i++) _mm_prefetch((const char *)(blk + kc * 512) + PACKED_AHEAD + 64 * i, _MM_HINT_T0);
-        else if (prefetch)
+        if (prefetch)
             for (int i = 0; i < 16; i++) {
                 _mm_prefetch((const char *)(next + i * K + kc * 32), _MM_HINT_T0);
                 if (odd) _mm_prefetch((const char *)(next + i * K + kc * 32 + 32), _MM_HINT_T0);
             }
-        _tile_loadd(4, blk + kc * step, stride);
-        if (odd) _tile_loadd(5, blk + (kc + 1) * step, stride);
+        _tile_loadd(4, blk + kc * 32, K * 2);
+        if (odd) _tile_loadd(5, blk + kc * 32 + 32, K * 2);
         AMX_CHUNK(0, 6, 4, 0, kc);
         if (mc[1]) AMX_CHUNK(1, 7, 4, 1, kc);
         if (odd) {
@@ -378,11 +375,10 @@ static uint16_t *amx_scratch(size_t count) {
     return buffer;
 }
 
-/* x [M, K], w [N, K] (packed: the tile layout below), b [N] or NULL, y [M, N]: contiguous bf16.
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16.
  * Returns 0, or -1 where the scratch cannot be allocated (nothing computed). */
-static inline AMX_TARGET __attribute__((always_inline)) int amx_linear(
-    const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N, int64_t K, int threads,
-    const int packed) {
+AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                   int64_t N, int64_t K, int threads) {
     if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
         few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
         return 0;
@@ -411,31 +407,122 @@ static inline AMX_TARGET __attribute__((always_inline)) int amx_linear(
                 if (mc[0] != configured[0] || mc[1] != configured[1])
                     amx_configure(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
                 const uint16_t *const groups_xp[2] = {xp + m0 * K, xp + (m0 + 16) * K};
-                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks, packed);
+                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
             }
         if (configured[0] >= 0) _tile_release();
     }
-    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block (never packed) */
+    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
         few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
     return 0;
 }
 
-AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                                   int64_t N, int64_t K, int threads) {
-    return amx_linear(x, w, b, y, M, N, K, threads, 0);
+/* ---- the same products from W packed for the tiles, the rows of x the tile rows ----
+ *
+ * Packed (mmspec.modeling.fast_linear.pack_amx), W is laid out as the right operand of the tile
+ * product: wp[N / 16][K / 32][16][16][2], the chunk kc of the 16-output block n0 one contiguous
+ * 1 KB tile whose row r holds, for each output n, the pair W[n0 + n, kc * 32 + 2r .. 2r + 1]. The
+ * rows of x are then the left operand, read in place (16 rows x 32 k, stride K): C = x_grp W_blk^T
+ * holds each row's 16 outputs as y lays them out, so there is no repacking of x and no transpose
+ * of C, and a product over mc rows costs the tile unit mc tile rows (one row: a sixteenth of the
+ * unpacked kernel's, whose left operand is always 16 outputs). The weight is one sequential
+ * stream, prefetched PACKED_AHEAD bytes ahead. Each output is summed as the unpacked kernel sums
+ * it (the even chunks' sum plus the odd chunks' sum, then the bias; a tile product adds each pair
+ * x_2k w_2k + x_2k+1 w_2k+1 in the order of k whichever operand is which), so the results are
+ * bitwise the unpacked kernel's (tests/test_fused.py), whatever M. Measured (docs/benchmarks.md):
+ * a 1536 x 576 weight from memory, one core, 1 / 16 / 32 / 34 rows 213 / 216 / 269 / 318 us
+ * unpacked-style, 147 / 169 / 221 / 256 us here.
+ *
+ * Tiles: tmm0 + g, tmm2 + g: C of group g (up to 16 rows) for the even and the odd chunks; tmm4 +
+ * g: the group's rows of the chunk (A); tmm6, tmm7: W's even and odd chunk (B). */
+static AMX_TARGET void amx_configure_rows(int mc0, int mc1) {
+    tile_config cfg = {0};
+    cfg.palette = 1;
+    const int mc[2] = {mc0, mc1};
+    for (int g = 0; g < 2; g++)
+        if (mc[g]) {
+            cfg.rows[g] = cfg.rows[2 + g] = cfg.rows[4 + g] = (uint8_t)mc[g];
+            cfg.colsb[g] = cfg.colsb[2 + g] = cfg.colsb[4 + g] = 64;
+        }
+    cfg.rows[6] = cfg.rows[7] = 16, cfg.colsb[6] = cfg.colsb[7] = 64;
+    _tile_loadconfig(&cfg);
 }
 
-/* The same products from W packed in the order the tiles read it: wp[N / 16][K / 32][16][32], each
- * chunk of a 16-output block one contiguous 1 KB tile (mmspec.modeling.fast_linear.pack_amx). The
- * strided tile loads of W's rows read 16 lines 2K bytes apart per chunk, which the hardware
- * prefetchers follow poorly; packed, the weight is one sequential stream, prefetched PACKED_AHEAD
- * bytes ahead. Measured (docs/benchmarks.md): 16 rows of a 1536 x 576 weight from L2 or L3 ~30 %
- * faster, one row or a weight from DRAM about the same. Bitwise the unpacked kernel's results (the
- * same tiles in the same order). Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
+/* a group's stored C (even, odd: [mc][16] fp32) -> y rows [m0, m0 + mc), outputs [n0, n0 + 16) */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_store_rows(
+    const float *even, const float *odd, const uint16_t *b, uint16_t *y, int64_t m0, int mc, int64_t n0, int64_t N) {
+    const __m512 bias = b ? load_bf16x16(b + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < mc; m++) {
+        __m512 s = _mm512_add_ps(_mm512_load_ps(even + 16 * m), _mm512_load_ps(odd + 16 * m));
+        if (b) s = _mm512_add_ps(s, bias);
+        _mm256_storeu_si256((__m256i *)(y + (m0 + m) * N + n0), (__m256i)_mm512_cvtneps_pbh(s));
+    }
+}
+
+/* rows [m0, m0 + mc[0] + mc[1]) (two groups, the second maybe empty) against the packed block at
+ * wb (outputs [n0, n0 + 16)); the weight prefetched on the first pass over it */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_block_packed(
+    const uint16_t *x, const uint16_t *wb, const uint16_t *b, uint16_t *y, int64_t m0, const int mc[2], int64_t n0,
+    int64_t N, int64_t K, int prefetch) {
+    const int64_t chunks = K / 32, stride = K * 2;
+    const uint16_t *x0 = x + m0 * K, *x1 = x + (m0 + 16) * K;
+    float c[4][16][16] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(2);
+    if (mc[1]) {
+        _tile_zero(1);
+        _tile_zero(3);
+    }
+    for (int64_t kc = 0; kc < chunks; kc += 2) {
+        const int odd = kc + 1 < chunks;
+        if (prefetch) /* 2 KB (two chunks) PACKED_AHEAD bytes on; never faults */
+            for (int i = 0; i < 32; i++) _mm_prefetch((const char *)(wb + kc * 512) + PACKED_AHEAD + 64 * i, _MM_HINT_T0);
+        _tile_loadd(6, wb + kc * 512, 64);
+        if (odd) _tile_loadd(7, wb + kc * 512 + 512, 64);
+        _tile_loadd(4, x0 + kc * 32, stride);
+        _tile_dpbf16ps(0, 4, 6);
+        if (mc[1]) {
+            _tile_loadd(5, x1 + kc * 32, stride);
+            _tile_dpbf16ps(1, 5, 6);
+        }
+        if (odd) {
+            _tile_loadd(4, x0 + kc * 32 + 32, stride);
+            _tile_dpbf16ps(2, 4, 7);
+            if (mc[1]) {
+                _tile_loadd(5, x1 + kc * 32 + 32, stride);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(2, c[2], 64);
+    amx_store_rows(c[0][0], c[2][0], b, y, m0, mc[0], n0, N);
+    if (mc[1]) {
+        _tile_stored(1, c[1], 64);
+        _tile_stored(3, c[3], 64);
+        amx_store_rows(c[1][0], c[3][0], b, y, m0 + 16, mc[1], n0, N);
+    }
+}
+
+/* Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
 AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M,
                                           int64_t N, int64_t K, int threads) {
     if (N % 16 || K % 32) return -3;
-    return amx_linear(x, wp, b, y, M, N, K, threads, 1);
+    const int64_t blocks = N / 16, passes = (M + 31) / 32;
+#pragma omp parallel num_threads(threads)
+    {
+        int configured[2] = {-1, -1};
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++)
+            for (int64_t pass = 0; pass < passes; pass++) {
+                const int64_t m0 = pass * 32;
+                const int mc[2] = {(int)(M - m0 < 16 ? M - m0 : 16), (int)(M - m0 <= 16 ? 0 : M - m0 < 32 ? M - m0 - 16 : 16)};
+                if (mc[0] != configured[0] || mc[1] != configured[1])
+                    amx_configure_rows(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
+                amx_block_packed(x, wp + blk * 16 * K, b, y, m0, mc, blk * 16, N, K, pass == 0);
+            }
+        if (configured[0] >= 0) _tile_release();
+    }
+    return 0;
 }
 #endif
 
