@@ -136,18 +136,14 @@ def load_causal_lm(
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether bfloat16 matmuls are fast on ``device``: any CUDA device, or a CPU with AMX or
-    AVX512-BF16 (on a CPU with AVX2 only, PyTorch's bf16 matmul is ~200x slower than fp32)."""
+    AVX512-BF16 (on a CPU with AVX2 only, PyTorch's bf16 matmul is ~200x slower than fp32; the
+    flags as :func:`mmspec.modeling.fast_linear.cpu_flags` gives them, ``MMSPEC_CPU_FLAGS`` heeded)."""
+    from .modeling.fast_linear import cpu_flags
+
     device = torch.device(device)
     if device.type == "cuda":
         return True
-    if device.type != "cpu":
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return device.type == "cpu" and bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def dtype_name(dtype: torch.dtype) -> str:

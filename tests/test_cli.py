@@ -104,7 +104,8 @@ def test_bad_generate_arguments_fail_before_the_model_loads(capsys, monkeypatch)
 
 @pytest.mark.parametrize("variable,value,match", [("MMSPEC_ATTENTION", "flash", "name one of c, sdpa"),
                                                   ("MMSPEC_FUSED", "yes", "set 1"),
-                                                  ("MMSPEC_BF16_KERNEL", "sse", "MMSPEC_BF16_KERNEL='sse'")])
+                                                  ("MMSPEC_BF16_KERNEL", "sse", "MMSPEC_BF16_KERNEL='sse'"),
+                                                  ("MMSPEC_CPU_FLAGS", "avx2,no_such_flag", "names flags this CPU lacks (no_such_flag)")])
 def test_bad_kernel_environment_is_one_line_before_loading(monkeypatch, capsys, variable, value, match):
     from mmspec.modeling.attention import attention_backend
     from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants

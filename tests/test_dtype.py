@@ -20,14 +20,48 @@ def test_auto_dtype_follows_the_hardware(monkeypatch):
 def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
     import builtins
 
+    from mmspec.modeling.fast_linear import machine_cpu_flags
+
     real_open = builtins.open
 
     def fake_cpuinfo(flags):
         path = tmp_path / "cpuinfo"
         path.write_text(f"processor : 0\nflags\t\t: fpu {flags}\n")
+        machine_cpu_flags.cache_clear()
         return lambda name, *a, **k: real_open(path if name == "/proc/cpuinfo" else name, *a, **k)
 
-    monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx avx2 fma"))
-    assert not hub.fast_bf16("cpu")
-    monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx2 avx512f amx_bf16 amx_tile"))
-    assert hub.fast_bf16("cpu")
+    try:
+        monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx avx2 fma"))
+        assert not hub.fast_bf16("cpu")
+        monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx2 avx512f amx_bf16 amx_tile"))
+        assert hub.fast_bf16("cpu")
+        monkeypatch.setenv("MMSPEC_CPU_FLAGS", "avx2,avx512f")  # run as a CPU without the bf16 units
+        assert not hub.fast_bf16("cpu")
+        monkeypatch.setenv("MMSPEC_CPU_FLAGS", "avx2,avx512_bf16")
+        with pytest.raises(ValueError, match=r"MMSPEC_CPU_FLAGS='avx2,avx512_bf16' names flags this CPU lacks \(avx512_bf16\)"):
+            hub.fast_bf16("cpu")
+    finally:
+        monkeypatch.undo()
+        machine_cpu_flags.cache_clear()
+
+
+def test_cpu_flags_emulate_an_avx2_cpu():
+    """MMSPEC_CPU_FLAGS=avx2,fma on a CPU with more: the "auto" dtype, the kernels and the benchmark
+    record are an AVX2-only CPU's (a fresh process: the kernel choices are made once per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mmspec.modeling.fast_linear import machine_cpu_flags
+
+    if not {"avx2", "fma"} <= machine_cpu_flags():
+        pytest.skip("needs a CPU with AVX2 and FMA")
+    code = ("import json, torch; from mmspec import hub; from mmspec.bench.results import machine_info; "
+            "from mmspec.modeling.fast_linear import bf16_variants, fp32_variants; "
+            "print(json.dumps([str(hub.resolve_dtype('auto')), fp32_variants(), bf16_variants(), machine_info('float32', 1)]))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MMSPEC_CPU_FLAGS": "avx2,fma"},
+                         capture_output=True, text=True, check=True).stdout
+    dtype, fp32, bf16, machine = json.loads(out.strip().splitlines()[-1])
+    assert dtype == "torch.float32" and fp32 == ["avx2"] and bf16 == []
+    assert machine["cpu_flags"] == ["avx2"] and "avx2" in machine["emulated_from"]

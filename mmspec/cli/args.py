@@ -41,17 +41,17 @@ def check_args(args: argparse.Namespace) -> None:
     """Check the options every subcommand shares, before anything loads; raise ValueError with
     one line that says what to pass instead.
 
-    Checked first: the kernel environment variables (``MMSPEC_ATTENTION``, ``MMSPEC_FUSED``,
-    ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
+    Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
+    ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
     options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, the sampling options, and the output paths the subcommand
     names in its ``output_args`` default ({attribute: "file" | "dir"}).
     """
     from ..hub import resolve_device
     from ..modeling.attention import attention_backend
-    from ..modeling.fast_linear import KernelUnavailable, bf16_variants
+    from ..modeling.fast_linear import KernelUnavailable, bf16_variants, cpu_flags
     from ..modeling.fused import fused_enabled
 
-    attention_backend(), fused_enabled()  # MMSPEC_ATTENTION / MMSPEC_FUSED: one line each
+    cpu_flags(), attention_backend(), fused_enabled()  # MMSPEC_CPU_FLAGS / MMSPEC_ATTENTION / MMSPEC_FUSED: one line each
     try:
         bf16_variants()  # MMSPEC_BF16_KERNEL
     except KernelUnavailable:  # no kernel to choose: the pipelines say which linears they run
