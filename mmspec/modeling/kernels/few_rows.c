@@ -186,7 +186,8 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_block, BF_MB, BF_NB, BF16_TARG
 /* ---- bf16 on AMX: W's 16-output blocks as tiles against the rows of x ----
  *
  * On a CPU with AMX-BF16 one tile instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile by a
- * 32 x 16 one into 16 x 16 fp32 sums. Here the weight is the left operand, loaded straight from its
+ * 32 x 16 one into 16 x 16 fp32 sums. Reading W in place (few_rows_linear_amx; packed weights take
+ * the kernel further below, with the operands' roles swapped), the weight is the left operand, loaded straight from its
  * rows (tile A: 16 outputs x 32 k, stride K), and x the right one (tile B: 16 k-pairs x M rows, x
  * repacked once per call into that pair layout), so C = W_blk x^T holds 16 outputs for up to 16
  * rows and the weight is read once for all of them: up to 16 rows cost what one costs while the
