@@ -404,7 +404,7 @@ def _int8_reference(x, weight, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
     """few_rows_linear_i8 (a drafter head's linears, fused.pack_int8's blob): bitwise the reference
-    above on its VNNI path, its AMX-INT8 path (K % 64 == 0: tiles; else VNNI) and its scalar path,
+    above on every path the CPU runs (VNNI, AMX-INT8 tiles where K % 64 == 0, AVX2, scalar),
     with and without a bias, a zero row, K not a multiple of 16, more than 16 rows and an odd count
     of 16-output blocks; within int8's error of the full-precision product."""
     generator = torch.Generator().manual_seed(0)
@@ -416,10 +416,10 @@ def test_the_int8_kernel_sums_the_quantised_products_exactly(dtype):
         assert blob.dtype == torch.uint8 and blob.numel() == n * k + 8 * n
         for bias in (None, torch.randn(n, generator=generator).to(dtype)):
             want = _int8_reference(x, weight, bias)
-            for fast, amx in [(False, False)] + [(True, False)] * fused.int8_fast() + [(True, True)] * fused.int8_amx():
-                fused.int8_linear(1 - x, blob, n, None, fast=fast, amx=amx)  # (other sums first: a reused scratch's stale ones cannot pass)
-                got = fused.int8_linear(x, blob, n, bias, fast=fast, amx=amx)
-                assert got.dtype == dtype and torch.equal(got, want), (rows, n, k, fast, amx)
+            for path in fused.int8_paths():
+                fused.int8_linear(1 - x, blob, n, None, path=path)  # (other sums first: a reused scratch's stale ones cannot pass)
+                got = fused.int8_linear(x, blob, n, bias, path=path)
+                assert got.dtype == dtype and torch.equal(got, want), (rows, n, k, path)
             exact = x.float() @ weight.float().T + (0 if bias is None else bias.float())
             assert (got.float() - exact).abs().max() < 0.05 * exact.abs().max()
 
@@ -455,3 +455,5 @@ def test_int8_linear_refuses_what_its_kernel_cannot_read():
                  (torch.randn(2, 8), torch.randn(15))]:
         with pytest.raises(ValueError, match="int8_linear needs"):
             fused.int8_linear(x, blob, 16, b)
+    with pytest.raises(ValueError, match=r"int8 path 'sse' does not run here; this CPU runs \("):
+        fused.int8_linear(torch.randn(2, 8), blob, 16, path="sse")

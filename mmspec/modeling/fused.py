@@ -322,8 +322,7 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
 
 
 def int8_fast() -> bool:
-    """Whether the int8 kernel (``few_rows_linear_i8``) has its AVX512-VNNI path here (else its
-    scalar loop, which gives the same numbers slower)."""
+    """Whether the int8 kernel (``few_rows_linear_i8``) has its AVX512-VNNI path here."""
     return "avx512_vnni" in cpu_flags()
 
 
@@ -332,6 +331,19 @@ def int8_amx() -> bool:
     """Whether the int8 kernel's fast path sums by AMX-INT8 tiles here (AVX512-VNNI and AMX-INT8,
     and Linux grants the tile state): the same integers as VNNI's, ~3x faster at 8-16 rows."""
     return int8_fast() and {"amx_int8", "amx_tile"} <= cpu_flags() and load_kernel().few_rows_amx_init() == 0
+
+
+#: the int8 kernel's ways to sum, as its C entry names them (its ``vnni`` argument); the numbers are
+#: the same every way
+INT8_PATHS = {"scalar": 0, "vnni": 1, "amx": 2, "avx2": 3}
+
+
+def int8_paths() -> tuple[str, ...]:
+    """The int8 kernel's paths this CPU runs, the default first: "amx" (AMX-INT8 tiles, two rows or
+    more; one row goes through VNNI), "vnni" (AVX512-VNNI), "avx2" (vpmaddwd over int16, for CPUs
+    without VNNI), "scalar"."""
+    paths = ("amx",) * int8_amx() + ("vnni",) * int8_fast() + ("avx2",) * ("avx2" in cpu_flags())
+    return (*paths, "scalar")
 
 
 def pack_int8(weight: torch.Tensor) -> torch.Tensor:
@@ -349,20 +361,29 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _int8_code(dtype: torch.dtype, fast: bool) -> int:
-    """LayerSpec.linear's code of the int8 kernel for rows of ``dtype``: 5 / 6 (VNNI), 9 / 10 (AMX-INT8
-    where :func:`int8_amx`), 7 / 8 (scalar, ``fast`` False)."""
-    return (5 if dtype == torch.bfloat16 else 6) + (2 if not fast else 4 if int8_amx() else 0)
+def _int8_code(dtype: torch.dtype, path: str) -> int:
+    """LayerSpec.linear's code of the int8 kernel for rows of ``dtype`` summed the way ``path``
+    (:data:`INT8_PATHS`) names: 5 / 6 VNNI, 7 / 8 scalar, 9 / 10 AMX-INT8, 11 / 12 AVX2."""
+    return (5 if dtype == torch.bfloat16 else 6) + {"vnni": 0, "scalar": 2, "amx": 4, "avx2": 6}[path]
+
+
+def _int8_path(path: str | None) -> str:
+    """``path`` checked against :func:`int8_paths` (None: its first)."""
+    paths = int8_paths()
+    if path is None:
+        return paths[0]
+    if path not in paths:
+        raise ValueError(f"int8 path {path!r} does not run here; this CPU runs {paths}")
+    return path
 
 
 def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
-                fast: bool | None = None, amx: bool | None = None) -> torch.Tensor:
+                path: str | None = None) -> torch.Tensor:
     """x [M, K] (fp32 or bf16, contiguous CPU) -> x W^T + b [M, N] in x's dtype through the int8
-    kernel and a :func:`pack_int8` blob (``fast``: the VNNI path, default where the CPU has it; ``amx``:
-    its sums by AMX-INT8 tiles, default where :func:`int8_amx`; the same numbers every way)."""
+    kernel and a :func:`pack_int8` blob, summed the way ``path`` names (:func:`int8_paths`; default:
+    the fastest here; the same numbers every way)."""
     m, k = x.shape
-    fast = int8_fast() if fast is None else fast
-    amx = fast and int8_amx() and (amx is None or amx)
+    path = _int8_path(path)
     if (x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or not x.is_contiguous()
             or blob.dtype != torch.uint8 or blob.numel() != out_features * (k + 8) or out_features % 16 or k % 4
             or (bias is not None and (bias.dtype != x.dtype or bias.shape != (out_features,) or not bias.is_contiguous()))):
@@ -371,7 +392,7 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
     function = load_kernel().few_rows_linear_i8
     out = torch.empty(m, out_features, dtype=x.dtype)
     if function(x.data_ptr(), blob.data_ptr(), _ptr(bias), out.data_ptr(), m, out_features, k, int(x.dtype == torch.bfloat16),
-                2 if amx else int(fast)):
+                INT8_PATHS[path]):
         raise MemoryError("the int8 kernel could not allocate its scratch")
     return out
 
@@ -395,12 +416,12 @@ class Int8Head:
 _INT8: "weakref.WeakKeyDictionary[nn.Module, Int8Head]" = weakref.WeakKeyDictionary()  # fc -> its head's int8 copy
 
 
-def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Module, fast: bool | None = None
+def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Module, path: str | None = None
               ) -> Int8Head | None:
     """``plans``' one layer (``layer``, a Llama decoder layer), ``fc`` and ``output`` with int8
-    weights for :func:`head_chain` (built once per head and weights; ``fast``: the VNNI kernel, default
-    where the CPU has it), or None where a projection's shape does not fit the kernel (N % 16, K % 4;
-    ``output`` stays as it is where it does not)."""
+    weights for :func:`head_chain` (built once per head and weights; ``path``: how the kernel sums,
+    :func:`int8_paths`, default the fastest here), or None where a projection's shape does not fit
+    the kernel (N % 16, K % 4; ``output`` stays as it is where it does not)."""
     parts = _parts(layer)
     if len(plans) != 1 or parts is None or len(parts[2]) != 3:
         return None
@@ -409,16 +430,16 @@ def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Modu
     linears = (q, k, v, parts[3], parts[4], parts[5], parts[6], fc) + ((output,) if fits(output) else ())
     if not all(map(fits, linears)):
         return None
-    fast = int8_fast() if fast is None else fast
+    code = _int8_code(plans[0].dtype, _int8_path(path))
     weights = tuple(m.weight for m in linears)
     cached = _INT8.get(fc)
     if (cached is not None and len(cached.weights) == len(weights) and all(a is b for a, b in zip(cached.weights, weights))
-            and _unchanged(weights, cached.versions) and cached.fc[0] == _int8_code(plans[0].dtype, fast)):
+            and _unchanged(weights, cached.versions) and cached.fc[0] == code):
         return cached
     blobs = tuple(pack_int8(w) for w in weights)
     spec = LayerSpec.from_buffer_copy(plans[0].spec)
     spec.wq, spec.wk, spec.wv, spec.wo, spec.wg, spec.wu, spec.wd = (b.data_ptr() for b in blobs[:7])
-    spec.linear = _int8_code(plans[0].dtype, fast)
+    spec.linear = code
     out = (spec.linear, blobs[8].data_ptr()) if len(blobs) > 8 else None  # (None: the caller reads ``output`` as it is)
     head = Int8Head((LayerSpec * 1)(spec), (spec.linear, blobs[7].data_ptr()), out, blobs, weights,
                     tuple(map(weight_version, weights)))

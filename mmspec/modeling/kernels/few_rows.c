@@ -376,47 +376,6 @@ static uint16_t *amx_scratch(size_t count) {
     return buffer;
 }
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16.
- * Returns 0, or -1 where the scratch cannot be allocated (nothing computed). */
-AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                                   int64_t N, int64_t K, int threads) {
-    if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
-        few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
-        return 0;
-    }
-    uint16_t *xp = amx_scratch((size_t)(M * K));
-    if (!xp) return -1;
-    const int64_t chunks = K / 32, blocks = N / 16, groups = (M + 15) / 16, passes = (groups + 1) / 2;
-    /* xp[group][kc][r][m][t] = x[group * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc for a group's rows */
-    for (int64_t g = 0; g < groups; g++) {
-        const int64_t m0 = g * 16, mc = M - m0 < 16 ? M - m0 : 16;
-        uint32_t *dst = (uint32_t *)(xp + m0 * K);
-        for (int64_t m = 0; m < mc; m++) {
-            const uint32_t *src = (const uint32_t *)(x + (m0 + m) * K); /* K even: a row's pairs */
-            for (int64_t kc = 0; kc < chunks; kc++)
-                for (int r = 0; r < 16; r++) dst[(kc * 16 + r) * mc + m] = src[kc * 16 + r];
-        }
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        int configured[2] = {-1, -1};
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < blocks; blk++)
-            for (int64_t pass = 0; pass < passes; pass++) {
-                const int64_t m0 = pass * 32;
-                const int mc[2] = {(int)(M - m0 < 16 ? M - m0 : 16), (int)(M - m0 <= 16 ? 0 : M - m0 < 32 ? M - m0 - 16 : 16)};
-                if (mc[0] != configured[0] || mc[1] != configured[1])
-                    amx_configure(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
-                const uint16_t *const groups_xp[2] = {xp + m0 * K, xp + (m0 + 16) * K};
-                amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
-            }
-        if (configured[0] >= 0) _tile_release();
-    }
-    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
-        few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
-    return 0;
-}
-
 /* ---- the same products from W packed for the tiles, the rows of x the tile rows ----
  *
  * Packed (mmspec.modeling.fast_linear.pack_amx), W is laid out as the right operand of the tile
@@ -504,10 +463,17 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block_packed(
     }
 }
 
-/* Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
-AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M,
-                                          int64_t N, int64_t K, int threads) {
-    if (N % 16 || K % 32) return -3;
+/* rows [m0, m0 + 32) of M as the two groups of a pass (up to 16 rows each, the second maybe empty) */
+static inline void amx_pass_rows(int64_t M, int64_t m0, int mc[2]) {
+    mc[0] = (int)(M - m0 < 16 ? M - m0 : 16);
+    mc[1] = (int)(M - m0 <= 16 ? 0 : M - m0 < 32 ? M - m0 - 16 : 16);
+}
+
+/* every 16-output block of W against every pass of 32 rows, the blocks shared out among the
+ * threads: packed (the kernel above), or in place with the rows repacked into xp */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_blocks(
+    const uint16_t *x, const uint16_t *xp, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+    int64_t K, int threads, const int packed) {
     const int64_t blocks = N / 16, passes = (M + 31) / 32;
 #pragma omp parallel num_threads(threads)
     {
@@ -516,13 +482,56 @@ AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp,
         for (int64_t blk = 0; blk < blocks; blk++)
             for (int64_t pass = 0; pass < passes; pass++) {
                 const int64_t m0 = pass * 32;
-                const int mc[2] = {(int)(M - m0 < 16 ? M - m0 : 16), (int)(M - m0 <= 16 ? 0 : M - m0 < 32 ? M - m0 - 16 : 16)};
-                if (mc[0] != configured[0] || mc[1] != configured[1])
-                    amx_configure_rows(mc[0], mc[1]), configured[0] = mc[0], configured[1] = mc[1];
-                amx_block_packed(x, wp + blk * 16 * K, b, y, m0, mc, blk * 16, N, K, pass == 0);
+                int mc[2];
+                amx_pass_rows(M, m0, mc);
+                if (mc[0] != configured[0] || mc[1] != configured[1]) {
+                    if (packed) amx_configure_rows(mc[0], mc[1]);
+                    else amx_configure(mc[0], mc[1]);
+                    configured[0] = mc[0], configured[1] = mc[1];
+                }
+                if (packed) {
+                    amx_block_packed(x, w + blk * 16 * K, b, y, m0, mc, blk * 16, N, K, pass == 0);
+                } else {
+                    const uint16_t *const groups_xp[2] = {xp + m0 * K, xp + (m0 + 16) * K};
+                    amx_block(x, groups_xp, w, b, y, m0, mc, blk * 16, N, K, pass == 0 && blk + 1 < blocks);
+                }
             }
         if (configured[0] >= 0) _tile_release();
     }
+}
+
+/* Needs N % 16 == 0 and K % 32 == 0 (returns -3 otherwise). */
+AMX_TARGET int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M,
+                                          int64_t N, int64_t K, int threads) {
+    if (N % 16 || K % 32) return -3;
+    amx_blocks(x, NULL, wp, b, y, M, N, K, threads, 1);
+    return 0;
+}
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]: contiguous bf16.
+ * Returns 0, or -1 where the scratch cannot be allocated (nothing computed). */
+AMX_TARGET int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
+                                   int64_t N, int64_t K, int threads) {
+    if (K & 1) { /* x's pairs are read as 32-bit words: an odd K takes the AVX512-BF16 kernel (fixed per shape) */
+        few_rows_linear_bf16(x, w, b, y, M, N, K, threads);
+        return 0;
+    }
+    uint16_t *xp = amx_scratch((size_t)(M * K));
+    if (!xp) return -1;
+    const int64_t chunks = K / 32, blocks = N / 16, groups = (M + 15) / 16;
+    /* xp[group][kc][r][m][t] = x[group * 16 + m, kc * 32 + 2 r + t]: tile B of chunk kc for a group's rows */
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t m0 = g * 16, mc = M - m0 < 16 ? M - m0 : 16;
+        uint32_t *dst = (uint32_t *)(xp + m0 * K);
+        for (int64_t m = 0; m < mc; m++) {
+            const uint32_t *src = (const uint32_t *)(x + (m0 + m) * K); /* K even: a row's pairs */
+            for (int64_t kc = 0; kc < chunks; kc++)
+                for (int r = 0; r < 16; r++) dst[(kc * 16 + r) * mc + m] = src[kc * 16 + r];
+        }
+    }
+    amx_blocks(x, xp, w, b, y, M, N, K, threads, 0);
+    for (int64_t n = blocks * 16; n < N; n++) /* the last outputs short of a 16-block */
+        few_rows_linear_bf16_rows(x, w, b, y, M, n, 1, N, K);
     return 0;
 }
 #endif
@@ -637,8 +646,9 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
  * else fp32) is quantised symmetrically, s = max_k |x_k| / 127 (1 for a zero row), a_k = round(x_k / s)
  * (nearest even) in [-127, 127], and summed in int32 exactly as u8 a_k + 128 against q (AVX512-VNNI
  * vpdpbusd, 16 outputs a register, each block of 16 outputs read once for all the rows; `vnni` 2:
- * AMX-INT8 tiles for two rows or more where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 0: a scalar
- * loop; the same integers every way):
+ * AMX-INT8 tiles for two rows or more where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 3: AVX2's
+ * vpmaddwd over the weights widened to int16, for CPUs without VNNI; 0: a scalar loop; the same
+ * integers every way):
  *     y[n] = (float)(sum_k (a_k + 128) q[n, k] - 128 rowsum[n]) * (s * scale[n]) + b[n]
  * in fp32, then rounded to the model dtype. Half the bytes of bf16 weights: a drafter's head fits the
  * L2 cache (the voice's EAGLE head: 1 MB). N % 16 == 0, K % 4 == 0. Returns 0, or -1 (no scratch). */
@@ -668,6 +678,36 @@ static VNNI_TARGET void i8_sums_vnni(const uint8_t *a, const int8_t *q, int64_t 
                 s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_loadu_si512(block + g * 64));
             }
             _mm512_storeu_si512(acc + m * N + nb * 16, _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)));
+        }
+    }
+}
+/* The same int32 sums on AVX2 (no VNNI): a block's int8 bytes widened once to int16 in `wide`
+ * [K / 4][64] (the blob's order: 4 outputs x 4 k per 16 bytes), then per row and k-quad one vpmaddwd
+ * per 4 outputs against the quad's 4 u8 codes widened and repeated, (a0, a1, a2, a3) per 64 bits: its
+ * 32-bit lanes hold a0 q0 + a1 q1 and a2 q2 + a3 q3 of each output (at most 2 x 255 x 127, no
+ * saturation), added over the quads and then pairwise: exact integers, bitwise i8_sums_vnni's. */
+static void i8_sums_avx2(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc, int16_t *wide) {
+    const int64_t groups = K / 4;
+    for (int64_t nb = 0; nb < N / 16; nb++) {
+        const int8_t *block = q + nb * K * 16;
+        for (int64_t i = 0; i < groups * 4; i++)
+            _mm256_storeu_si256((__m256i *)(wide + 16 * i), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 16 * i))));
+        for (int64_t m = 0; m < M; m++) {
+            const uint8_t *row = a + m * K;
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0; /* outputs 0-3, 4-7, 8-11, 12-15 */
+            for (int64_t g = 0; g < groups; g++) {
+                int32_t codes;
+                memcpy(&codes, row + 4 * g, 4);
+                const __m256i x = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(codes)));
+                const int16_t *w = wide + 64 * g;
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(x, _mm256_loadu_si256((const __m256i *)w)));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(x, _mm256_loadu_si256((const __m256i *)(w + 16))));
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(x, _mm256_loadu_si256((const __m256i *)(w + 32))));
+                s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(x, _mm256_loadu_si256((const __m256i *)(w + 48))));
+            }
+            /* hadd per 128-bit lane: (o0, o1, o4, o5 | o2, o3, o6, o7); the 64-bit quarters reordered */
+            _mm256_storeu_si256((__m256i *)(acc + m * N + nb * 16), _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xD8));
+            _mm256_storeu_si256((__m256i *)(acc + m * N + nb * 16 + 8), _mm256_permute4x64_epi64(_mm256_hadd_epi32(s2, s3), 0xD8));
         }
     }
 }
@@ -807,12 +847,12 @@ int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int
     const int8_t *q = w;
     const float *scale = (const float *)(q + N * K);
     const int32_t *rowsum = (const int32_t *)(scale + N);
-    char *scratch = malloc((size_t)(M * K + 4 * M * N + 4 * M));
+    char *scratch = malloc((size_t)(M * K + 4 * M * N + 4 * M + (vnni == 3 ? 32 * K : 0)));
     if (!scratch) return -1;
     uint8_t *a = (uint8_t *)scratch;
     int32_t *acc = (int32_t *)(scratch + M * K);
     float *steps = (float *)(acc + M * N);
-    if (vnni) { /* the AVX-512 forms of the two loops below: the same operations per element */
+    if (vnni == 1 || vnni == 2) { /* the AVX-512 forms of the two loops below: the same operations per element */
         i8_quantise_wide(x, bf16, M, K, a, steps);
         i8_sums_wide(a, q, M, N, K, acc, vnni);
         i8_output_wide(acc, rowsum, steps, scale, b, y, M, N, bf16);
@@ -823,7 +863,10 @@ int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int
         steps[m] = i8_step(i8_top(x, bf16, m, K, 0, 0.0f));
         i8_codes(x, bf16, m, K, 0, steps[m], a);
     }
-    i8_sums_scalar(a, q, M, N, K, acc);
+    if (vnni == 3)
+        i8_sums_avx2(a, q, M, N, K, acc, (int16_t *)(steps + M));
+    else
+        i8_sums_scalar(a, q, M, N, K, acc);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             float v = (float)(acc[m * N + n] - 128 * rowsum[n]) * (steps[m] * scale[n]);

@@ -52,7 +52,7 @@ typedef struct {
                       1: consecutive pairs with an fp32 table [., n, hd / 2, 2] (LlamaGen) */
     int bf16;      /* the model dtype: 1 bf16, 0 fp32 */
     int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx, 4 amx on packed weights (bf16);
-                      5-8 int8 weights (few_rows_linear_i8: a drafter's head) */
+                      5-12 int8 weights (few_rows_linear_i8: a drafter's head) */
     int wide;      /* the attention build and the SiLU's lanes: 1 AVX-512 (16 lanes) */
 } LayerSpec;
 
@@ -149,8 +149,8 @@ static int linear_kind(int kind, const void *x, const void *w, const void *b, vo
     case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
     case 4: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
     /* int8 weights (drafters): 5 bf16 / 6 fp32 rows through VNNI, 7 / 8 the same sums in scalar code,
-       9 / 10 by AMX-INT8 tiles */
-    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, kind >= 9 ? 2 : kind <= 6);
+       9 / 10 by AMX-INT8 tiles, 11 / 12 by AVX2 */
+    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, kind >= 11 ? 3 : kind >= 9 ? 2 : kind <= 6);
     }
 }
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
