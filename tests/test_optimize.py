@@ -91,6 +91,18 @@ def test_the_packed_amx_kernel_gives_the_strided_kernels_results(n, k, bias):
 
 
 @needs_kernel
+def test_packed_weights_are_refused_where_the_amx_kernel_does_not_run(monkeypatch):
+    """few_rows_linear(packed=...) reads packed weights through the AMX kernel only: where the process
+    runs another bf16 kernel it says so (a tile instruction without the tile state would fault)."""
+    import mmspec.modeling.fast_linear as fast_linear
+
+    weight = torch.randn(16, 32).bfloat16()
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
+    with pytest.raises(KernelUnavailable, match="packed weights are read by the AMX kernel"):
+        fast_linear.few_rows_linear(torch.randn(2, 32).bfloat16(), weight, packed=pack_amx(weight))
+
+
+@needs_kernel
 def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     """The default bf16 kernel is the first of bf16_variants(); MMSPEC_BF16_KERNEL puts another
     first, and a kernel the machine does not run is refused in one line."""

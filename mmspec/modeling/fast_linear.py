@@ -193,6 +193,8 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     AMX kernel instead of ``weight`` (bitwise the same results)."""
     if packed is None:
         function = _kernel_function(weight.dtype, variant)
+    elif bf16_variants()[:1] != ("amx",):  # (the tile state is asked for there: without it a tile instruction faults)
+        raise KernelUnavailable("packed weights are read by the AMX kernel, which this process does not run")
     else:
         function, weight = load_kernel().few_rows_linear_amx_packed, packed.view(weight.shape)  # (the shape is all it reads of weight)
     rows = x.reshape(-1, x.shape[-1])
