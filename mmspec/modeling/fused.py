@@ -364,7 +364,7 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 def _int8_code(dtype: torch.dtype, path: str) -> int:
     """LayerSpec.linear's code of the int8 kernel for rows of ``dtype`` summed the way ``path``
     (:data:`INT8_PATHS`) names: 5 / 6 VNNI, 7 / 8 scalar, 9 / 10 AMX-INT8, 11 / 12 AVX2."""
-    return (5 if dtype == torch.bfloat16 else 6) + {"vnni": 0, "scalar": 2, "amx": 4, "avx2": 6}[path]
+    return {"vnni": 5, "scalar": 7, "amx": 9, "avx2": 11}[path] + (dtype != torch.bfloat16)
 
 
 def _int8_path(path: str | None) -> str:

@@ -310,6 +310,17 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_store_whole(
     }
 }
 
+/* C of group 0 (tmm0, tmm2: the even and odd chunks' sums) and, for two groups, of group 1 (tmm1, tmm3)
+ * set to zero: the same tiles in both kernels */
+static inline AMX_TARGET __attribute__((always_inline)) void amx_zero_sums(int two_groups) {
+    _tile_zero(0);
+    _tile_zero(2);
+    if (two_groups) {
+        _tile_zero(1);
+        _tile_zero(3);
+    }
+}
+
 /* one k chunk of group G with A in tile TA: B of the chunk into TB, then the product into TC (tile
  * numbers are literals: the intrinsics name the registers) */
 #define AMX_CHUNK(G, TB, TA, TC, kc)                                   \
@@ -328,12 +339,7 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block(
     /* the block's chunk kc: rows n0 .. n0 + 15 at columns kc * 32 .. (stride K) */
     const uint16_t *blk = w + n0 * K, *next = w + (n0 + 16) * K;
     float c[2][2][16][16] __attribute__((aligned(64)));
-    _tile_zero(0);
-    _tile_zero(2);
-    if (mc[1]) {
-        _tile_zero(1);
-        _tile_zero(3);
-    }
+    amx_zero_sums(mc[1] > 0);
     for (int64_t kc = 0; kc < chunks; kc += 2) {
         const int odd = kc + 1 < chunks;
         if (prefetch)
@@ -426,12 +432,7 @@ static inline AMX_TARGET __attribute__((always_inline)) void amx_block_packed(
     const int64_t chunks = K / 32, stride = K * 2;
     const uint16_t *x0 = x + m0 * K, *x1 = x + (m0 + 16) * K;
     float c[4][16][16] __attribute__((aligned(64)));
-    _tile_zero(0);
-    _tile_zero(2);
-    if (mc[1]) {
-        _tile_zero(1);
-        _tile_zero(3);
-    }
+    amx_zero_sums(mc[1] > 0);
     for (int64_t kc = 0; kc < chunks; kc += 2) {
         const int odd = kc + 1 < chunks;
         if (prefetch) /* 2 KB (two chunks) PACKED_AHEAD bytes on; never faults */
