@@ -108,12 +108,12 @@ def test_bad_generate_arguments_fail_before_the_model_loads(capsys, monkeypatch)
                                                   ("MMSPEC_CPU_FLAGS", "avx2,no_such_flag", "names flags this CPU lacks (no_such_flag)")])
 def test_bad_kernel_environment_is_one_line_before_loading(monkeypatch, capsys, variable, value, match):
     from mmspec.modeling.attention import attention_backend
-    from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants
+    from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants, cpu_flags
     from mmspec.modeling.fused import fused_enabled
 
     if variable == "MMSPEC_BF16_KERNEL" and not bf16_kernel_available():
         pytest.skip("without AVX512-BF16 no bf16 kernel is chosen")
-    caches = (attention_backend, fused_enabled, bf16_variants)
+    caches = (attention_backend, fused_enabled, bf16_variants, cpu_flags)
     monkeypatch.setenv(variable, value)
     for cache in caches:
         cache.cache_clear()

@@ -20,14 +20,14 @@ def test_auto_dtype_follows_the_hardware(monkeypatch):
 def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
     import builtins
 
-    from mmspec.modeling.fast_linear import machine_cpu_flags
+    from mmspec.modeling.fast_linear import cpu_flags, machine_cpu_flags
 
     real_open = builtins.open
 
     def fake_cpuinfo(flags):
         path = tmp_path / "cpuinfo"
         path.write_text(f"processor : 0\nflags\t\t: fpu {flags}\n")
-        machine_cpu_flags.cache_clear()
+        machine_cpu_flags.cache_clear(), cpu_flags.cache_clear()
         return lambda name, *a, **k: real_open(path if name == "/proc/cpuinfo" else name, *a, **k)
 
     try:
@@ -36,13 +36,15 @@ def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
         monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx2 avx512f amx_bf16 amx_tile"))
         assert hub.fast_bf16("cpu")
         monkeypatch.setenv("MMSPEC_CPU_FLAGS", "avx2,avx512f")  # run as a CPU without the bf16 units
+        cpu_flags.cache_clear()
         assert not hub.fast_bf16("cpu")
         monkeypatch.setenv("MMSPEC_CPU_FLAGS", "avx2,avx512_bf16")
+        cpu_flags.cache_clear()
         with pytest.raises(ValueError, match=r"MMSPEC_CPU_FLAGS='avx2,avx512_bf16' names flags this CPU lacks \(avx512_bf16\)"):
             hub.fast_bf16("cpu")
     finally:
         monkeypatch.undo()
-        machine_cpu_flags.cache_clear()
+        machine_cpu_flags.cache_clear(), cpu_flags.cache_clear()
 
 
 def test_cpu_flags_emulate_an_avx2_cpu():

@@ -81,10 +81,11 @@ def machine_cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU flags mmspec chooses its kernels and its "auto" dtype by: the machine's, or the
-    subset that ``MMSPEC_CPU_FLAGS`` names (comma-separated), so that one machine runs mmspec as
-    a CPU with fewer features would (``avx2,fma``: an AVX2-only CPU, float32 and the 8-lane
+    """The CPU flags mmspec chooses its kernels and its "auto" dtype by (read once per process, as
+    the kernel choices are made): the machine's, or the subset that ``MMSPEC_CPU_FLAGS`` names
+    (comma-separated), so that one machine runs mmspec as a CPU with fewer features would (``avx2,fma``: an AVX2-only CPU, float32 and the 8-lane
     kernels; with PyTorch's own ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` and
     ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for its operators).
 

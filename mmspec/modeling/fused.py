@@ -333,7 +333,7 @@ def int8_amx() -> bool:
     return int8_fast() and {"amx_int8", "amx_tile"} <= cpu_flags() and load_kernel().few_rows_amx_init() == 0
 
 
-#: the int8 kernel's ways to sum, as its C entry names them (its ``vnni`` argument); the numbers are
+#: the int8 kernel's ways to sum, as its C entry names them (its ``path`` argument); the numbers are
 #: the same every way
 INT8_PATHS = {"scalar": 0, "vnni": 1, "amx": 2, "avx2": 3}
 
@@ -363,8 +363,8 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 
 def _int8_code(dtype: torch.dtype, path: str) -> int:
     """LayerSpec.linear's code of the int8 kernel for rows of ``dtype`` summed the way ``path``
-    (:data:`INT8_PATHS`) names: 5 / 6 VNNI, 7 / 8 scalar, 9 / 10 AMX-INT8, 11 / 12 AVX2."""
-    return {"vnni": 5, "scalar": 7, "amx": 9, "avx2": 11}[path] + (dtype != torch.bfloat16)
+    (:data:`INT8_PATHS`) names: 5 + 2 path + 1 for fp32 rows (``kernels/layer.c`` reads it back)."""
+    return 5 + 2 * INT8_PATHS[path] + (dtype != torch.bfloat16)
 
 
 def _int8_path(path: str | None) -> str:

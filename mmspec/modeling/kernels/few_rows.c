@@ -646,10 +646,10 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
  * float scale [N], then int32 rowsum [N] = sum_k q[n, k]. Each row of x (model dtype: bf16 if `bf16`,
  * else fp32) is quantised symmetrically, s = max_k |x_k| / 127 (1 for a zero row), a_k = round(x_k / s)
  * (nearest even) in [-127, 127], and summed in int32 exactly as u8 a_k + 128 against q (AVX512-VNNI
- * vpdpbusd, 16 outputs a register, each block of 16 outputs read once for all the rows; `vnni` 2:
- * AMX-INT8 tiles for two rows or more where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 3: AVX2's
- * vpmaddwd over the weights widened to int16, for CPUs without VNNI; 0: a scalar loop; the same
- * integers every way):
+ * vpdpbusd, 16 outputs a register, each block of 16 outputs read once for all the rows), summed
+ * the way `path` names (mmspec.modeling.fused.INT8_PATHS): 1 VNNI; 2 AMX-INT8 tiles for two rows
+ * or more where K % 64 == 0, ~3x VNNI's speed at 8-16 rows; 3 AVX2's vpmaddwd over the weights
+ * widened to int16, for CPUs without VNNI; 0 a scalar loop; the same integers every way:
  *     y[n] = (float)(sum_k (a_k + 128) q[n, k] - 128 rowsum[n]) * (s * scale[n]) + b[n]
  * in fp32, then rounded to the model dtype. Half the bytes of bf16 weights: a drafter's head fits the
  * L2 cache (the voice's EAGLE head: 1 MB). N % 16 == 0, K % 4 == 0. Returns 0, or -1 (no scratch). */
@@ -764,16 +764,16 @@ static AMX_I8_TARGET void i8_sums_amx(const uint8_t *a, const int8_t *q, int64_t
 }
 #endif
 
-/* the fast paths' sums: AMX-INT8 tiles (vnni 2, K % 64 == 0, two rows or more: for one row the tile
+/* the fast paths' sums: AMX-INT8 tiles (path 2, K % 64 == 0, two rows or more: for one row the tile
  * set-up costs ~0.5 us more than VNNI's loop) or VNNI */
-static void i8_sums_wide(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc, int vnni) {
+static void i8_sums_wide(const uint8_t *a, const int8_t *q, int64_t M, int64_t N, int64_t K, int32_t *acc, int path) {
 #if !(defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11)
-    if (vnni == 2 && K % 64 == 0 && M > 1) {
+    if (path == 2 && K % 64 == 0 && M > 1) {
         i8_sums_amx(a, q, M, N, K, acc);
         return;
     }
 #endif
-    (void)vnni;
+    (void)path;
     i8_sums_vnni(a, q, M, N, K, acc);
 }
 
@@ -844,18 +844,18 @@ static VNNI_TARGET void i8_output_wide(const int32_t *acc, const int32_t *rowsum
 }
 
 int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K, int bf16,
-                       int vnni) {
+                       int path) {
     const int8_t *q = w;
     const float *scale = (const float *)(q + N * K);
     const int32_t *rowsum = (const int32_t *)(scale + N);
-    char *scratch = malloc((size_t)(M * K + 4 * M * N + 4 * M + (vnni == 3 ? 32 * K : 0)));
+    char *scratch = malloc((size_t)(M * K + 4 * M * N + 4 * M + (path == 3 ? 32 * K : 0)));
     if (!scratch) return -1;
     uint8_t *a = (uint8_t *)scratch;
     int32_t *acc = (int32_t *)(scratch + M * K);
     float *steps = (float *)(acc + M * N);
-    if (vnni == 1 || vnni == 2) { /* the AVX-512 forms of the two loops below: the same operations per element */
+    if (path == 1 || path == 2) { /* the AVX-512 forms of the two loops below: the same operations per element */
         i8_quantise_wide(x, bf16, M, K, a, steps);
-        i8_sums_wide(a, q, M, N, K, acc, vnni);
+        i8_sums_wide(a, q, M, N, K, acc, path);
         i8_output_wide(acc, rowsum, steps, scale, b, y, M, N, bf16);
         free(scratch);
         return 0;
@@ -864,7 +864,7 @@ int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int
         steps[m] = i8_step(i8_top(x, bf16, m, K, 0, 0.0f));
         i8_codes(x, bf16, m, K, 0, steps[m], a);
     }
-    if (vnni == 3)
+    if (path == 3)
         i8_sums_avx2(a, q, M, N, K, acc, (int16_t *)(steps + M));
     else
         i8_sums_scalar(a, q, M, N, K, acc);

@@ -31,7 +31,7 @@ int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b,
 int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
                                int64_t N, int64_t K, int threads);
 int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K, int bf16,
-                       int vnni);
+                       int path);
 int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
                        int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
                        int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16);
@@ -148,9 +148,9 @@ static int linear_kind(int kind, const void *x, const void *w, const void *b, vo
     case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
     case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
     case 4: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
-    /* int8 weights (drafters): 5 bf16 / 6 fp32 rows through VNNI, 7 / 8 the same sums in scalar code,
-       9 / 10 by AMX-INT8 tiles, 11 / 12 by AVX2 */
-    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, kind >= 11 ? 3 : kind >= 9 ? 2 : kind <= 6);
+    /* int8 weights (drafters): 5 + 2 path + (fp32 rows), path as few_rows_linear_i8 takes it (0 scalar,
+       1 VNNI, 2 AMX-INT8 tiles, 3 AVX2) */
+    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, (kind - 5) / 2);
     }
 }
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
