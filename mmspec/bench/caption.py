@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure throughput instead: all items decoded B at a time, per batch size (items/s, "
                              "tokens/s, crossover); see mmspec.bench.throughput")
     add_device_args(parser)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="run the target's forwards as CUDA graphs (--device cuda, batch size 1; every method, AR included)")
     parser.add_argument("--results", default="bench-out/caption.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
@@ -106,6 +108,8 @@ def run(args) -> int:
 
     temperatures = [float(t) for t in args.temperatures.split(",")]
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+    if batch_sizes and args.cuda_graphs:
+        raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-sizes or --cuda-graphs")
     if batch_sizes and "ar" not in args.methods.split(","):
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     if args.write_drafters_file:  # before anything is measured
@@ -126,9 +130,11 @@ def run(args) -> int:
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
         "command": "mmspec bench caption " + " ".join(
             f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device", "batch_sizes")
-            if getattr(args, k) is not None),
+            if getattr(args, k) is not None) + (" --cuda-graphs" if args.cuda_graphs else ""),
+        "cuda_graphs": args.cuda_graphs,
     }
-    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize)
+    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize,
+                                   cuda_graphs=args.cuda_graphs)
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}

@@ -48,6 +48,8 @@ def add_parser(subparsers) -> None:
                      help="images decoded together (each caption equals its batch-size-1 caption; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
+    cap.add_argument("--cuda-graphs", action="store_true",
+                     help="run the target's forwards as CUDA graphs (a CUDA device, one image at a time)")
     add_sampling_args(cap)
     cap.set_defaults(handler=run_caption_command, output_args={"out": "file"})
 
@@ -73,6 +75,8 @@ def run_caption_command(args) -> int:
     if args.prompt is not None:  # before any loading
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)
+    if args.cuda_graphs and args.batch_size > 1:
+        raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-size or --cuda-graphs")
     paths = expand_images(args.images)
     results = ShardedResults(args.out, paths, key="path") if args.out else None
     records: list[dict[str, Any]] = [{"path": path} for path in (results.todo if results else paths)]
@@ -101,7 +105,8 @@ def run_caption_command(args) -> int:
     if todo:
         device = results.process.device_for(args.device) if results else args.device
         captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=device,
-                                            dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize)
+                                            dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize,
+                                            cuda_graphs=args.cuda_graphs)
         if not args.json:
             linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
             print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..adapters.hf import VLM_FAMILIES, TransformersTarget
+from ..adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
 from ..api import generate
 from ..core.stats import DictAccess, SpecStats
 from ..drafters import NO_DRAFTER, Drafter, is_drafter_spec, resolve_drafter, spec_drafter_names
@@ -323,6 +323,12 @@ def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int) -
     return best["drafter"], best.get("num_draft_tokens"), reason
 
 
+def check_cuda_graphs(cuda_graphs: bool, device: torch.device) -> None:
+    """CUDA graphs need a CUDA device (checked before the model loads)."""
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, got {device}; pass device='cuda' or drop cuda_graphs")
+
+
 class ImageCaptioningPipeline:
     """Caption images (or answer a question about them) with speculative decoding.
 
@@ -345,6 +351,9 @@ class ImageCaptioningPipeline:
             (:func:`mmspec.optimize`; outputs unchanged up to fp32 rounding, a verification over a
             few tokens much cheaper); stats.config["linears"] says which kernel ran. False opts out.
             A loaded ``model`` passed in is left as it is (call :func:`mmspec.optimize` on it).
+        cuda_graphs: run the target's forwards as CUDA graphs, one per padded forward size
+            (:class:`~mmspec.adapters.hf.CapturedTransformersTarget`: a VLM over a Llama decoder, a
+            CUDA device, one image at a time); ``stats.config["cuda_graphs"]`` says whether it ran.
     Raises:
         ValueError: an unsupported model, an unknown drafter, an invalid drafters file.
         FileNotFoundError: the model or draft model cannot be found.
@@ -368,12 +377,14 @@ class ImageCaptioningPipeline:
         num_draft_tokens: int | None = None,
         trust_remote_code: bool = False,
         optimize: bool = True,
+        cuda_graphs: bool = False,
     ) -> None:
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        check_cuda_graphs(cuda_graphs, self.device)
         self.model, self.processor, self.model_dir = self._load(model, processor, trust_remote_code)
-        self.target = TransformersTarget(self.model)
+        self.target = CapturedTransformersTarget(self.model) if cuda_graphs else TransformersTarget(self.model)
         if not self.target.is_vlm:
             raise ValueError(
                 f"{type(self.model).__name__} is a text-only model; image captioning needs a VLM "
@@ -403,6 +414,7 @@ class ImageCaptioningPipeline:
             check_drafter_name(values["drafter"])
         device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]
         resolve_dtype(values["dtype"], device)
+        check_cuda_graphs(values["cuda_graphs"], device)
 
     def _load(self, model, processor, trust_remote_code: bool) -> tuple[nn.Module, Any, Path | None]:
         """-> (model, processor, directory that may hold the drafters file)."""
@@ -513,7 +525,8 @@ class ImageCaptioningPipeline:
 
     def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
         stats.config.update(drafter=drafter_name, drafter_choice=reason, dtype=dtype_name(self.dtype),
-                            linears=self.optimization.label if self.optimization else "as loaded")
+                            linears=self.optimization.label if self.optimization else "as loaded",
+                            cuda_graphs=bool(getattr(self.target, "captured", False)))
         return stats
 
     # -- calls -------------------------------------------------------------------------------------

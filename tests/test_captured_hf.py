@@ -1,0 +1,107 @@
+"""A transformers target with captured forwards (:class:`~mmspec.adapters.hf.CapturedTransformersTarget`):
+run eagerly over its static buffers on the CPU, the prompt, chains, rollbacks and trees give the
+plain target's logits and hidden states, and every drafter decodes the plain target's greedy tokens;
+what it does not cover is refused in one line (tests/test_gpu.py replays the graphs on CUDA)."""
+
+import pytest
+import torch
+from tiny_models import make_text_only_draft, make_tiny
+
+import mmspec
+from mmspec.adapters.hf import CapturedTransformersTarget, TransformersTarget, text_decoder
+from mmspec.core.tree import TokenTree
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, ModelDrafter
+from mmspec.modeling.heads import EagleHead
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def pair(family="llava"):
+    case = make_tiny(family)
+    return case, TransformersTarget(case.model), CapturedTransformersTarget(case.model, max_length=128, buckets=BUCKETS)
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "llava"])
+def test_prompt_chains_rollback_and_trees_give_the_plain_targets_outputs(family):
+    case, plain, captured = pair(family)
+    (p_state, p_out), (c_state, c_out) = plain.prefill(case.inputs, hidden_layer=-1), captured.prefill(case.inputs, hidden_layer=-1)
+    close(c_out.logits, p_out.logits)
+    close(c_out.hidden_states, p_out.hidden_states)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    for state in (p_state, c_state):
+        state.commit(tokens[:, :1])
+    for n in (3, 1, 6):  # buckets 4, 1, 8: padded inputs, then a rollback past them
+        p, c = plain.forward(p_state, tokens[:, :n], hidden_layer=2), captured.forward(c_state, tokens[:, :n], hidden_layer=2)
+        close(c.logits, p.logits)
+        close(c.hidden_states, p.hidden_states)
+        for state in (p_state, c_state):
+            state.rollback(state.length)
+    tree = TokenTree(torch.tensor([2, 5, 6, 1, 3]), torch.tensor([-1, -1, 0, 0, 2])).prepend_root(7)
+    outs = [t.forward(s, tree.tokens[None], tree=tree) for t, s in ((plain, p_state), (captured, c_state))]
+    close(outs[1].logits, outs[0].logits)
+    for state in (p_state, c_state):  # accept the path 0 -> 2 -> 4 and its bonus token
+        state.commit(torch.tensor([[2, 6, 3, 0]]), path=torch.tensor([0, 2, 4]))
+    after = [t.forward(s, torch.tensor([[0, 4]])) for t, s in ((plain, p_state), (captured, c_state))]
+    close(after[1].logits, after[0].logits)
+    assert c_state.cache_length == p_state.cache_length and not captured.captured
+
+
+def eagle(case, kind, device="cpu"):
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval().to(device)
+    if kind == "eagle":
+        return EagleDrafter(case.model, head, num_draft_tokens=4)
+    return Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8, budget="nominal")
+
+
+@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "draft", "eagle", "eagle2"])
+def test_greedy_decoding_is_the_plain_targets(drafter):
+    case, plain, captured = pair()
+    outs = []
+    for target in (plain, captured):
+        d = drafter
+        if drafter == "draft":
+            d = ModelDrafter(make_text_only_draft("llava"), num_draft_tokens=3)
+        elif drafter.startswith("eagle"):
+            d = eagle(case, drafter)
+        outs.append(mmspec.generate(target, drafter=d, max_new_tokens=24, **case.inputs))
+    assert torch.equal(outs[1].sequences, outs[0].sequences)
+    assert outs[1].stats.new_tokens == 24
+
+
+def test_sampling_repeats_the_plain_targets_draws():
+    case, plain, captured = pair()
+    outs = [mmspec.generate(t, drafter="prompt-lookup", max_new_tokens=16, do_sample=True, seed=5, **case.inputs)
+            for t in (plain, captured)]
+    assert torch.equal(outs[1].sequences, outs[0].sequences)
+
+
+@torch.no_grad()
+def test_what_it_does_not_cover_is_refused_in_one_line():
+    case, _, captured = pair()
+    first, _ = captured.prefill(case.inputs)
+    captured.prefill(case.inputs)  # a new sequence takes the static buffers
+    with pytest.raises(ValueError, match="started another sequence"):
+        captured.forward(first, torch.tensor([[1]]))
+    short = CapturedTransformersTarget(case.model, max_length=case.inputs["input_ids"].shape[1] + 2, buckets=BUCKETS)
+    state, _ = short.prefill(case.inputs)
+    with pytest.raises(ValueError, match="past this captured target's max_length"):
+        short.forward(state, torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match="pass a larger max_length"):
+        CapturedTransformersTarget(case.model, max_length=4).prefill(case.inputs)
+    with pytest.raises(ValueError, match="exceeds the largest captured size 32"):
+        captured.forward(captured.prefill(case.inputs)[0], torch.ones(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        captured.prefill_rows([case.inputs, case.inputs])
+    with pytest.raises(ValueError, match="drop cuda_graphs"):
+        CapturedTransformersTarget(make_tiny("gemma3").model)
+
+
+def test_the_pipeline_refuses_cuda_graphs_off_cuda_before_loading():
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
+        mmspec.pipeline("image-captioning", model="/nonexistent", device="cpu", cuda_graphs=True)
