@@ -42,6 +42,10 @@ UNSUPPORTED_FAMILIES = {
 
 PIXEL_INPUTS = ("pixel_values",)
 
+#: the padded forward sizes a :class:`CapturedTransformersTarget` captures: up to 128, so that
+#: EAGLE-2's largest tree (64 nodes) and its root fit
+CAPTURED_BUCKETS = (*DEFAULT_BUCKETS, 128)
+
 #: config fields of families whose logits are not a plain linear map of the last hidden state
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
 
@@ -362,12 +366,12 @@ class CapturedTransformersTarget(TransformersTarget):
         max_length: positions the static cache holds, prompt and generated tokens included (default:
             the model's ``max_position_embeddings``, at most 2048).
         buckets: the padded forward sizes that are captured, increasing (a verification over more
-            inputs than the largest is refused).
+            inputs than the largest is refused; default :data:`CAPTURED_BUCKETS`).
     Raises:
         ValueError: a model outside what is covered, or bad sizes.
     """
 
-    def __init__(self, model: nn.Module, max_length: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+    def __init__(self, model: nn.Module, max_length: int | None = None, buckets: tuple[int, ...] = CAPTURED_BUCKETS) -> None:
         super().__init__(model)
         if self.lean_decoder is None:
             raise ValueError(f"captured forwards need a Llama decoder with a plain LM head (mmspec's lean forward); "
