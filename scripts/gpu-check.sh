@@ -55,7 +55,7 @@ bench() { timeout "$1" "$py" -m mmspec bench "${@:2}"; echo "exit $? after: benc
 for step in $steps; do
   start=$(date +%s)
   case $step in
-    tests) timeout ${TESTS_LIMIT:-240} "$py" -m pytest -m gpu -q -p no:cacheprovider -rfEs --tb=short "${tests[@]}" 2>&1 | tail -40 ;;
+    tests) timeout ${TESTS_LIMIT:-240} "$py" -m pytest -m gpu -q -p no:cacheprovider -rfEs --tb=short "${tests[@]}" 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     cost) for dtype in bf16 fp32; do
             bench 45 cost --model t2i --device cuda --dtype $dtype --sizes 1,2,4,8,16,32,64 --repeats 20 --results "$OUT/cost-t2i-$dtype.json"
           done ;;
