@@ -180,9 +180,15 @@ class TreeBudgetPolicy:
 
     Top-k trees (greedy decisions, q = 1 per node):
 
-    - depth: another layer is drafted while rho_d V_max C(1) > c_layer, V_max the cumulative
-      confidence of the best node to expand (the token it may add saves about one target forward);
-      layers 2 and 3 are always drafted, so a timed c_layer keeps being measured;
+    - depth: another layer is drafted while rho_d V_max T_tok > c_layer + dC, V_max the cumulative
+      confidence of the best node to expand: the rho_d V_max tokens it may add are worth what a
+      token costs now, T_tok (a running mean of each step's (C(n + 1) + t) / tokens committed,
+      C(1) before the first step: a step that commits tau tokens for cost S takes S / tau a token,
+      so one more expected token per step saves S / tau, not one target forward), and cost the
+      layer's drafting time c_layer plus the verification of one more node, dC (the last verified
+      tree's (C(n + 1) - C(1)) / n). On a flat cost curve dC ~ 0; on a steep one (a CPU whose
+      FMAs bind from a few rows) it stops the growth where a node costs more than it brings.
+      Layers 2 and 3 are always drafted, so a timed c_layer keeps being measured;
     - size: of the grown candidates, the n most confident that maximise
       (1 + sum_{i <= n} rho_{d(i)} V_i) / (C(n + 1) + t) are kept.
 
@@ -208,6 +214,9 @@ class TreeBudgetPolicy:
         self.verified_depth_sums: torch.Tensor | None = None  # sum of V per depth of the tree in verification
         self.verified_siblings: tuple[set[int], float] | None = None  # (sibling nodes, sum of their V)
         self.sibling_accepted = False
+        self.token_cost: float | None = None  # T_tok: running mean of a step's cost per committed token
+        self.node_cost = 0.0  # dC: verification cost per node of the last verified tree
+        self.step_cost: float | None = None  # C(n + 1) + t of the tree in verification
 
     # ---- one tree step --------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -224,7 +233,8 @@ class TreeBudgetPolicy:
             if layers <= 2:
                 return True
             rho = float(self.calibration.factors()[layers + 1])  # the layer about to be drafted
-            return rho * math.exp(best_log_value) * self.budget.forward_cost(1) > self.budget.layer_cost
+            value = self.budget.forward_cost(1) if self.token_cost is None else self.token_cost
+            return rho * math.exp(best_log_value) * value > self.budget.layer_cost + self.node_cost
 
         return worth_another_layer
 
@@ -277,6 +287,10 @@ class TreeBudgetPolicy:
             order = torch.argsort(-tree.scores, stable=True)
             gains = tree.scores[order].exp().cpu() * self.calibration.factors()[tree.depth[order.cpu()]]
             tree = tree.select(order[: self.budget.best_size(gains)].cpu())
+        cost = self.budget.forward_cost
+        self.step_cost = cost(tree.size + 1) + self.budget.spent()
+        if tree.size:
+            self.node_cost = max(0.0, (cost(tree.size + 1) - cost(1)) / tree.size)
         values = tree.scores.exp().float().cpu()
         if sampled:  # the chain of first children (ChainAcceptance); the siblings apart
             siblings = sorted(kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:])
@@ -299,6 +313,10 @@ class TreeBudgetPolicy:
             if self.verified_siblings[1] > 0:
                 self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
         self.verified_depth_sums, self.verified_siblings = None, None
+        if self.step_cost is not None:
+            per_token = self.step_cost / (num_accepted + 1)
+            self.token_cost = per_token if self.token_cost is None else 0.7 * self.token_cost + 0.3 * per_token
+            self.step_cost = None
 
     def describe(self) -> dict:
         return self.budget.describe()
