@@ -100,6 +100,8 @@ def test_what_it_does_not_cover_is_refused_in_one_line():
         captured.prefill_rows([case.inputs, case.inputs])
     with pytest.raises(ValueError, match="drop cuda_graphs"):
         CapturedTransformersTarget(make_tiny("gemma3").model)
+    with pytest.raises(ValueError, match="increasing positive sizes"):
+        CapturedTransformersTarget(case.model, buckets=(4, 2))
 
 
 def test_the_pipeline_refuses_cuda_graphs_off_cuda_before_loading():

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..core.batch import BatchState
 from ..core.cache import SequenceState, StaticKVCache, make_cache
-from ..core.captured import DEFAULT_BUCKETS, StaticForward, fill_static_mask
+from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
@@ -380,8 +380,8 @@ class CapturedTransformersTarget(TransformersTarget):
         self.max_length = min(positions, 2048) if max_length is None else int(max_length)
         if self.max_length < 2:
             raise ValueError(f"max_length must be at least 2 positions, got {max_length}")
+        check_buckets(buckets)
         self.buckets = tuple(buckets)
-        self.lean_prefill = True
         self._cache: StaticKVCache | None = None
         self._static: dict[int | None, StaticForward] = {}  # hidden_layer -> its captured forward, built at first use
 

@@ -35,6 +35,12 @@ def fill_static_mask(mask: torch.Tensor, cached: int, block: torch.Tensor) -> No
     mask[..., n:, 0] = True
 
 
+def check_buckets(buckets: tuple[int, ...]) -> None:
+    """Raise ValueError unless ``buckets`` are increasing positive sizes."""
+    if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+        raise ValueError(f"buckets must be increasing positive sizes, got {buckets}")
+
+
 class GraphRunner:
     """Runs ``forward(**buffers) -> tuple of tensors`` over static buffers, one graph per bucket.
 
@@ -50,8 +56,7 @@ class GraphRunner:
 
     def __init__(self, forward: Callable[..., tuple[torch.Tensor, ...]], make_buffers: Callable[[int], dict[str, torch.Tensor]],
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, device: torch.device | str = "cpu", warmup: int = 2) -> None:
-        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
-            raise ValueError(f"buckets must be increasing positive sizes, got {buckets}")
+        check_buckets(buckets)
         self.forward, self.buckets = forward, tuple(buckets)
         self.device = torch.device(device)
         self.buffers = {b: make_buffers(b) for b in self.buckets}
