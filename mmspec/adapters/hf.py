@@ -280,10 +280,7 @@ class TransformersTarget:
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
-            if tree.size != tokens.shape[1] or tree.tokens.dim() != 1:
-                raise ValueError(
-                    f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {tokens.shape[1]} input tokens"
-                )
+            self._check_tree(tree, tokens.shape[1])
             self._check_tree_fits(state, tokens.shape[1])
             prefix = state.cache_length
             attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
@@ -323,6 +320,12 @@ class TransformersTarget:
         )
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    @staticmethod
+    def _check_tree(tree: TokenTree, num_tokens: int) -> None:
+        """A verification tree must be one tree over exactly the forward's inputs."""
+        if tree.size != num_tokens or tree.tokens.dim() != 1:
+            raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {num_tokens} input tokens")
 
     @staticmethod
     def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:
@@ -382,6 +385,7 @@ class CapturedTransformersTarget(TransformersTarget):
             raise ValueError(f"max_length must be at least 2 positions, got {max_length}")
         check_buckets(buckets)
         self.buckets = tuple(buckets)
+        self.lean_prefill = True  # every prompt goes into the static cache (:meth:`_lean_prefill`)
         self._cache: StaticKVCache | None = None
         self._static: dict[int | None, StaticForward] = {}  # hidden_layer -> its captured forward, built at first use
 
@@ -414,19 +418,22 @@ class CapturedTransformersTarget(TransformersTarget):
             self._static[hidden_layer] = StaticForward(forward, inputs, cache, self.buckets, device)
         return self._static[hidden_layer]
 
-    def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
-        """The prompt into the static cache (eagerly, the cache's earlier sequence ended); the last
-        position's logits [1, 1, V] and, with ``hidden_layer``, those states [1, L, H]."""
-        input_ids = self.check_inputs(model_inputs).to(self.device)
-        length = input_ids.shape[1]
-        if length >= self.max_length:
-            raise ValueError(f"the prompt has {length} tokens and this captured target holds {self.max_length} positions: "
-                             "pass a larger max_length")
-        inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
-        embeds = self.prompt_embeds(input_ids, inputs)
+    def check_inputs(self, model_inputs: dict[str, Any]) -> torch.Tensor:
+        """:meth:`TransformersTarget.check_inputs`, and a prompt shorter than ``max_length``."""
+        input_ids = super().check_inputs(model_inputs)
+        if input_ids.shape[1] >= self.max_length:
+            raise ValueError(f"the prompt has {input_ids.shape[1]} tokens and this captured target holds {self.max_length} "
+                             "positions: pass a larger max_length")
+        return input_ids
+
+    def _lean_prefill(self, input_ids: torch.Tensor, embeds: torch.Tensor | None, hidden_layer: int | None
+                      ) -> tuple[SequenceState, TargetOutput]:
+        """The prompt into the static cache (eagerly, the cache's earlier sequence ended): every
+        prefill of this target takes this path (``lean_prefill`` is set)."""
         if embeds is None:
             raise ValueError(f"{type(self.model).__name__} gives no image features mmspec can merge (get_image_features); "
                              "drop cuda_graphs")
+        length = input_ids.shape[1]
         cache = self._static_cache()
         cache.slots = torch.arange(length, device=self.device)
         mask = torch.zeros(1, 1, length, cache.capacity, dtype=torch.bool, device=self.device)
@@ -450,8 +457,7 @@ class CapturedTransformersTarget(TransformersTarget):
         if tree is None:
             positions, block = state.position_ids(n), None
         else:
-            if tree.size != n or tree.tokens.dim() != 1:
-                raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {n} input tokens")
+            self._check_tree(tree, n)
             positions = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
             block = tree.ancestor_matrix().to(self.device)
         outputs = self._static_forward(hidden_layer)(n, block, tokens=tokens.to(self.device), positions=positions)
