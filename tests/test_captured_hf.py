@@ -54,12 +54,14 @@ def test_prompt_chains_rollback_and_trees_give_the_plain_targets_outputs(family)
 def eagle(case, kind, device="cpu"):
     torch.manual_seed(1)
     head = EagleHead(text_decoder(case.model).config).eval().to(device)
+    if kind.startswith("eagle-"):  # "eagle-captured": EAGLE's whole step captured (eager on a CPU)
+        return EagleDrafter(case.model, head, num_draft_tokens=4, captured_head=True)
     if kind == "eagle":
         return EagleDrafter(case.model, head, num_draft_tokens=4)
     return Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8, budget="nominal")
 
 
-@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "draft", "eagle", "eagle2"])
+@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "draft", "eagle", "eagle2", "eagle-captured"])
 def test_greedy_decoding_is_the_plain_targets(drafter):
     case, plain, captured = pair()
     outs = []
@@ -72,6 +74,68 @@ def test_greedy_decoding_is_the_plain_targets(drafter):
         outs.append(mmspec.generate(target, drafter=d, max_new_tokens=24, **case.inputs))
     assert torch.equal(outs[1].sequences, outs[0].sequences)
     assert outs[1].stats.new_tokens == 24
+
+
+@pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
+def test_the_captured_eagle_step_drafts_what_the_loop_drafts(do_sample, vocabulary):
+    """EAGLE's whole drafting step over static buffers (:class:`CapturedEagleChain`: the committed
+    pairs, padded to a bucket, then K picks and head forwards with slots, positions and masks made
+    from (start, n) on the device) drafts the Python loop's tokens from the same generator, with
+    its q, and leaves the head's cache as the loop does, verification after verification; the
+    prompt's 9 pairs exceed the largest bucket (8), so its leading pair is fed eagerly first.
+    (Attention sharpened, so that a wrong mask, slot or position shows.)"""
+    from test_eagle import _started
+
+    from mmspec.core.sampling import SamplingConfig
+
+    case = make_tiny("llama")
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    attention = head.decoder.layers[0].self_attn
+    with torch.no_grad():
+        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
+    words = torch.arange(0, case.model.config.vocab_size, 3) if vocabulary else None
+    chained, loop = (EagleDrafter(case.model, head, 4, words, captured_head=flag) for flag in (True, False))
+    loop._fused_chain = lambda *args: None  # the Python loop
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        state = _started(target, (chained, loop), SamplingConfig(do_sample=do_sample, temperature=0.8))
+        chain = chained.captured_chain
+        assert chain is not None and chain.buckets == (1, 2, 4, 8) and loop.captured_chain is None
+        for step in range(5):
+            mine, theirs = chained.propose(state, 8 if step < 4 else 2), loop.propose(state, 8 if step < 4 else 2)
+            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4 if step < 4 else 2)
+            if do_sample:
+                torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+            else:
+                assert mine.probs is None and theirs.probs is None
+            length = loop.cache.get_seq_length()
+            assert chain.cache.length == length and chained.fed == loop.fed
+            torch.testing.assert_close(chain.cache.keys[0][..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=-1)
+            accepted = step % 3
+            state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
+            for drafter in (chained, loop):
+                drafter.on_verified(mine.tokens.shape[1], accepted, out)
+    assert chained.describe()["captured_head"] and "captured_head" not in loop.describe()
+
+
+@torch.no_grad()
+def test_the_captured_eagle_step_refuses_what_it_does_not_cover():
+    from mmspec.core.sampling import SamplingConfig
+    from mmspec.drafters.captured_chain import CapturedEagleChain
+
+    case, _, captured = pair("llama")
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    tree = Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8)
+    tree.captured_head = True
+    with pytest.raises(ValueError, match="captured_head covers EAGLE's chain over a text EagleHead, not Eagle2Drafter"):
+        mmspec.generate(captured, drafter=tree, max_new_tokens=4, **case.inputs)
+    drafter = EagleDrafter(case.model, head, num_draft_tokens=4)
+    chain = CapturedEagleChain(head, drafter.embed, drafter.lm_head, 4, SamplingConfig(), capacity=16)
+    with pytest.raises(ValueError, match="holds 16 head positions and this step needs 18; raise the captured target's max_length"):
+        chain(torch.zeros(1, 2, head.fc.out_features), torch.ones(1, 2, dtype=torch.long), 12, None)
 
 
 def test_sampling_repeats_the_plain_targets_draws():

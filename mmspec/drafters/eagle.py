@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder
-from ..core.cache import SequenceState, crop_cache, make_cache, stack_caches
+from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
@@ -34,6 +34,7 @@ from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
+from .captured_chain import CapturedEagleChain
 from .shipped import shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -55,13 +56,20 @@ class EagleDrafter(Drafter):
             decoding stays exact. None (default): :meth:`int8_default` (EAGLE's chain, one row a
             step: off, measured no faster on the captioner; EAGLE-2's trees: where the int8
             kernel sums by AMX-INT8, :func:`mmspec.modeling.fused.int8_amx`).
+        captured_head: run each drafting step as one captured graph
+            (:class:`~mmspec.drafters.captured_chain.CapturedEagleChain`). None (default): where the
+            target verifies from a static KV cache on a GPU (a ``CapturedTransformersTarget``);
+            True: over any target and device (a CPU runs the static buffers eagerly), refused for a
+            head it does not cover.
     """
 
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,
-                 draft_vocabulary: torch.Tensor | None = None, int8_head: bool | None = None) -> None:
+                 draft_vocabulary: torch.Tensor | None = None, int8_head: bool | None = None,
+                 captured_head: bool | None = None) -> None:
         self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens, int8_head)
+        self.captured_head = captured_head
 
     def _setup(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int,
                int8: bool | None = None) -> None:
@@ -73,6 +81,9 @@ class EagleDrafter(Drafter):
         self.fed = 0  # pairs (f_t, x_{t+1}) for position_base <= t < fed are in the head's cache
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
         self.features: torch.Tensor | None = None  # target features [R, n, H] of positions fed, fed + 1, ...
+        self.captured_head: bool | None = None  # (see the class's Args; __init__ sets it)
+        self._captured: dict[tuple, CapturedEagleChain] = {}  # (K, sampling, capacity) -> its captured step
+        self.captured_chain: CapturedEagleChain | None = None  # the captured step this generation drafts with, if any
 
     @staticmethod
     def int8_default() -> bool:
@@ -91,6 +102,30 @@ class EagleDrafter(Drafter):
         self.fed = 0
         self.features = None
         self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
+        self.captured_chain = self._captured_chain(state)
+        if self.captured_chain is not None:
+            self.captured_chain.cache.length = 0
+
+    def _captured_chain(self, state: SequenceState) -> CapturedEagleChain | None:
+        """This generation's captured drafting step (:attr:`captured_head`; built at first use
+        for each K, sampling and capacity), or None."""
+        wanted, static = self.captured_head, isinstance(state.cache, StaticKVCache)
+        covered = (type(self.head) is EagleHead and self.head.lean and lean_supported(self.head.decoder)
+                   and type(self)._draft_logits is EagleDrafter._draft_logits and type(self).propose is EagleDrafter.propose)
+        if wanted is None:
+            wanted = covered and static and state.cache.keys[0].is_cuda
+        if not wanted:
+            return None
+        if not covered:
+            raise ValueError(f"captured_head covers EAGLE's chain over a text EagleHead, not {type(self).__name__} "
+                             f"with {type(self.head).__name__}; pass captured_head=None or False")
+        config = self.head.decoder.config
+        capacity = state.cache.capacity if static else min(getattr(config, "max_position_embeddings", None) or 2048, 2048)
+        key = (self.num_draft_tokens, self.context.sampling, capacity)
+        if key not in self._captured:
+            self._captured[key] = CapturedEagleChain(self.head, self.embed, self.lm_head, self.num_draft_tokens,
+                                                     self.context.sampling, capacity)
+        return self._captured[key]
 
     @staticmethod
     def _target_parts(target_model: nn.Module, draft_vocabulary: torch.Tensor | None):
@@ -201,8 +236,23 @@ class EagleDrafter(Drafter):
         self.features = self.features[:, pending:]
         self.fed = state.tokens.shape[1] - 1
 
+    def _captured_step(self, state: SequenceState, k: int) -> Draft:
+        """:meth:`propose` through the captured step (:attr:`captured_chain`): it drafts K tokens, the first k kept."""
+        pending = state.tokens.shape[1] - 1 - self.fed
+        sampling = self.context.sampling
+        uniforms = None
+        if sampling.do_sample:
+            generator = self.context.generator
+            uniforms = torch.rand(self.num_draft_tokens, generator=generator, device=generator.device)
+        codes, probs = self.captured_chain(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.head_cache_length, uniforms)
+        self._fed_pairs(state, pending)
+        self.forwards += self.num_draft_tokens
+        return Draft(tokens=self.lm_head.tokens(codes[:k])[None], probs=None if probs is None else self.lm_head.full(probs[:k])[None])
+
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
+        if self.captured_chain is not None:
+            return self._captured_step(state, k)
         fused = self._fused_chain(state, k)
         if fused is not None:
             return fused
@@ -254,6 +304,7 @@ class EagleDrafter(Drafter):
     def describe(self) -> dict:
         fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a step was drafted)
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size,
+                **({"captured_head": True} if getattr(self, "captured_chain", None) is not None else {}),
                 **({"fused_head": True, "head_int8": self.chain_int8 is not None} if fused else {})}
 
 
