@@ -121,14 +121,15 @@ def test_tree_budgets_timed_by_a_clock_or_counted():
 def test_another_tree_layer_must_repay_its_drafting_and_verification_at_the_current_cost_per_token():
     """EAGLE-2's depth rule: before any step a token is worth C(1) and a node's verification is
     free (rho V C(1) > c_layer); once a step is verified, a token is worth that step's cost per
-    committed token and a node costs the verified tree's mean verification cost per node, so on a
+    committed token and a node costs what one more node adds to the verified tree's forward,
+    C(n + 2) - C(n + 1) (not the tree's mean per node, which a convex curve understates), so on a
     steep cost curve a confidence that paid before no longer does."""
     import math
 
     from mmspec.core.tree import TokenTree
     from mmspec.drafters.tree_budget import NominalBudget, TreeBudgetPolicy
 
-    curve = CostModel({1: 1.0, 9: 3.0})  # a CPU whose FMAs bind: 0.25 C(1) a row
+    curve = CostModel({1: 1.0, 4: 1.15, 16: 4.15})  # a CPU whose FMAs bind from 4 rows: then 0.25 C(1) a row
     policy = TreeBudgetPolicy(NominalBudget(curve, layer_cost=0.05), max_depth=8)
 
     def third_layer_drafted(value: float) -> bool:
@@ -141,8 +142,9 @@ def test_another_tree_layer_must_repay_its_drafting_and_verification_at_the_curr
     tree = TokenTree(torch.arange(8), torch.tensor([-1, 0, 1, 2, 3, 4, 5, 6]), scores=torch.linspace(-0.1, -3.0, 8))
     kept = policy.settle(tree, sampled=False)
     policy.on_verified(kept.max_depth, kept.size, num_accepted=3)
-    per_node = (curve.forward_cost(kept.size + 1) - 1.0) / kept.size
-    assert policy.node_cost == pytest.approx(per_node) and per_node > 0.2
+    per_node = curve.forward_cost(kept.size + 2) - curve.forward_cost(kept.size + 1)
+    assert policy.node_cost == pytest.approx(0.25) == pytest.approx(per_node)
+    assert (curve.forward_cost(kept.size + 1) - 1.0) / kept.size < 0.2  # the tree's mean per node: less
     step = curve.forward_cost(kept.size + 1) + 0.05 * 4  # the verification; the catch-up forward and 3 layers drafted
     assert policy.token_cost == pytest.approx(step / 4)
     assert not third_layer_drafted(0.1)  # 0.1 T_tok < 0.05 + dC

@@ -185,9 +185,11 @@ class TreeBudgetPolicy:
       token costs now, T_tok (a running mean of each step's (C(n + 1) + t) / tokens committed,
       C(1) before the first step: a step that commits tau tokens for cost S takes S / tau a token,
       so one more expected token per step saves S / tau, not one target forward), and cost the
-      layer's drafting time c_layer plus the verification of one more node, dC (the last verified
-      tree's (C(n + 1) - C(1)) / n). On a flat cost curve dC ~ 0; on a steep one (a CPU whose
-      FMAs bind from a few rows) it stops the growth where a node costs more than it brings.
+      layer's drafting time c_layer plus the verification of one more node, dC = C(n + 2) - C(n + 1)
+      at the last verified tree's n nodes (the marginal cost: on a CPU whose FMAs bind from a few
+      rows the curve is convex, flat to ~4 rows, then ~0.2 C(1) a row, and the tree's mean per node
+      understates what one more costs). On a flat cost curve dC ~ 0; on a steep one it stops the
+      growth where a node costs more than it brings.
       Layers 2 and 3 are always drafted, so a timed c_layer keeps being measured;
     - size: of the grown candidates, the n most confident that maximise
       (1 + sum_{i <= n} rho_{d(i)} V_i) / (C(n + 1) + t) are kept.
@@ -215,7 +217,7 @@ class TreeBudgetPolicy:
         self.verified_siblings: tuple[set[int], float] | None = None  # (sibling nodes, sum of their V)
         self.sibling_accepted = False
         self.token_cost: float | None = None  # T_tok: running mean of a step's cost per committed token
-        self.node_cost = 0.0  # dC: verification cost per node of the last verified tree
+        self.node_cost = 0.0  # dC: what one more node adds to the last verified tree's forward
         self.step_cost: float | None = None  # C(n + 1) + t of the tree in verification
 
     # ---- one tree step --------------------------------------------------------------------------
@@ -289,8 +291,7 @@ class TreeBudgetPolicy:
             tree = tree.select(order[: self.budget.best_size(gains)].cpu())
         cost = self.budget.forward_cost
         self.step_cost = cost(tree.size + 1) + self.budget.spent()
-        if tree.size:
-            self.node_cost = max(0.0, (cost(tree.size + 1) - cost(1)) / tree.size)
+        self.node_cost = max(0.0, cost(tree.size + 2) - cost(tree.size + 1))
         values = tree.scores.exp().float().cpu()
         if sampled:  # the chain of first children (ChainAcceptance); the siblings apart
             siblings = sorted(kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:])
