@@ -468,3 +468,23 @@ class _Rows:
 
     def __init__(self, state):
         self.rows = [state]
+
+
+def test_eagle2_branching_is_chosen_by_device_and_mode_unless_given():
+    """top_k=None: 4 for greedy trees on a CPU target (measured faster there), 8 for sampled trees
+    (and on GPUs); a given top_k is kept; a bad one is refused in one line."""
+    from mmspec.drafters import Eagle2Drafter
+
+    case = make_tiny("llama")
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    chosen = {}
+    for name, top_k, sample in (("greedy", None, False), ("sampled", None, True), ("given", 6, False)):
+        drafter = Eagle2Drafter(case.model, head, depth=3, top_k=top_k)
+        out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=6, do_sample=sample, seed=0, **case.inputs)
+        chosen[name] = out.stats.config["top_k"]
+    assert chosen == {"greedy": 4, "sampled": 8, "given": 6}
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="top_k must be a positive int or None"):
+            Eagle2Drafter(case.model, head, top_k=bad)
+

@@ -312,7 +312,8 @@ class EagleDrafter(Drafter):
 class Eagle2Drafter(EagleDrafter):
     """EAGLE-2 (Li et al., 2024): the EAGLE head grows a context-aware dynamic tree.
 
-    Expand the ``top_k`` most confident nodes per layer for ``depth`` layers (confidence = product
+    Expand the ``top_k`` most confident nodes per layer (``top_k=None``, the default: 4 for greedy
+    trees on a CPU target, else 8; :attr:`cpu_top_k`) for ``depth`` layers (confidence = product
     of the head's probabilities along the path), keep the ``num_nodes`` best of all candidates
     (:func:`mmspec.core.tree.dynamic_tree`), verify the tree in one target forward. The tree is
     deterministic (q = 1 per node), so sampling stays exact with the multi-draft rule.
@@ -342,8 +343,14 @@ class Eagle2Drafter(EagleDrafter):
     #: K of the chain form a batch row drafts with, and its class (:meth:`for_batch`)
     batch_chain_tokens = 5
     chain_class: ClassVar[type] = EagleDrafter
+    #: ``top_k=None``: the branching of greedy (top-k) trees on a CPU target, and elsewhere. On CPUs
+    #: a tree layer's rows cost arithmetic and 4 measured faster than 8 (the embedded captioner,
+    #: greedy: an AVX2 core 2.22-2.25x against 2.11x on validation items, Zen 1 1.41x against
+    #: 1.37x, AMX the same tau at 4 to 10; docs/benchmarks.md); sampled trees and GPUs keep 8
+    cpu_top_k: ClassVar[int] = 4
+    default_top_k: ClassVar[int] = 8
 
-    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int = 8,
+    def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int | None = None,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
                  sampled_children: bool | None = None, budget: str = "auto", int8_head: bool | None = None) -> None:
         super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary, int8_head=int8_head)
@@ -351,7 +358,10 @@ class Eagle2Drafter(EagleDrafter):
             raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
         if budget != "auto" and budget not in BUDGETS:
             raise ValueError(f"unknown tree budget {budget!r}; use 'auto' or one of {sorted(BUDGETS)}")
-        self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k, num_nodes, max_nodes
+        if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+            raise ValueError(f"top_k must be a positive int or None (chosen by device), got {top_k!r}")
+        self.top_k_option = top_k
+        self.depth, self.top_k, self.num_nodes, self.max_nodes = depth, top_k or self.default_top_k, num_nodes, max_nodes
         self.sampled_children = sampled_children
         self.budget = budget
         # c_layer / C(1) for the nominal budget: the parameters one tree layer reads (head + draft
@@ -383,6 +393,9 @@ class Eagle2Drafter(EagleDrafter):
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
+        if self.top_k_option is None:
+            cpu_greedy = context.target.device.type == "cpu" and not self._samples_children()
+            self.top_k = self.cpu_top_k if cpu_greedy else self.default_top_k
         self.policy = None
         if self.num_nodes == "auto":
             budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost, state)

@@ -176,6 +176,7 @@ class ImageEagle2Drafter(_GuidedDrafting, Eagle2Drafter):
     :class:`~mmspec.drafters.tree_budget.TreeBudgetPolicy`, deterministically when sampling): ``ImageEagle2Drafter(target, head, depth=6, top_k=8)``."""
 
     chain_class = ImageEagleDrafter
+    cpu_top_k = 8  # (the image heads' settings were measured at 8 on CPUs)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "ImageEagle2Drafter":
