@@ -54,14 +54,13 @@ def test_prompt_chains_rollback_and_trees_give_the_plain_targets_outputs(family)
 def eagle(case, kind, device="cpu"):
     torch.manual_seed(1)
     head = EagleHead(text_decoder(case.model).config).eval().to(device)
-    if kind.startswith("eagle-"):  # "eagle-captured": EAGLE's whole step captured (eager on a CPU)
-        return EagleDrafter(case.model, head, num_draft_tokens=4, captured_head=True)
-    if kind == "eagle":
-        return EagleDrafter(case.model, head, num_draft_tokens=4)
-    return Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8, budget="nominal")
+    captured = True if kind.endswith("-captured") else None  # the whole step captured (eager on a CPU)
+    if kind.startswith("eagle2"):
+        return Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8, budget="nominal", captured_head=captured)
+    return EagleDrafter(case.model, head, num_draft_tokens=4, captured_head=captured)
 
 
-@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "draft", "eagle", "eagle2", "eagle-captured"])
+@pytest.mark.parametrize("drafter", ["ar", "prompt-lookup", "draft", "eagle", "eagle2", "eagle-captured", "eagle2-captured"])
 def test_greedy_decoding_is_the_plain_targets(drafter):
     case, plain, captured = pair()
     outs = []
@@ -120,6 +119,50 @@ def test_the_captured_eagle_step_drafts_what_the_loop_drafts(do_sample, vocabula
     assert chained.describe()["captured_head"] and "captured_head" not in loop.describe()
 
 
+@pytest.mark.parametrize("num_nodes,vocabulary", [(40, False), (12, True)])
+def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vocabulary):
+    """EAGLE-2's greedy tree over static buffers (:class:`CapturedEagle2Tree`: the catch-up, then
+    every expansion's frontier fed at its slots under a mask of the committed slots, its fed
+    ancestors and itself, built on the device) grows the Python tree's nodes, parents and depths
+    with its scores, and leaves the head's committed pairs as the Python tree does, verification
+    after verification; a step allowed fewer layers keeps the layers it may verify.
+    (Attention sharpened, so that a wrong mask, slot or position shows.)"""
+    from test_eagle import _started
+
+    case = make_tiny("llama")
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    attention = head.decoder.layers[0].self_attn
+    with torch.no_grad():
+        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
+    words = torch.arange(0, case.model.config.vocab_size, 3) if vocabulary else None
+    captured, loop = (Eagle2Drafter(case.model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words,
+                                    captured_head=flag) for flag in (True, False))
+    loop._fused_tree = lambda *args: None  # the Python tree
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        state = _started(target, (captured, loop))
+        assert captured.captured_chain is not None and captured.captured_chain.buckets == (1, 2, 4, 8)
+        for step in range(4):
+            allowed = 8 if step < 3 else 2
+            mine, theirs = captured.propose(state, allowed), loop.propose(state, allowed)
+            assert torch.equal(mine.tokens, theirs.tokens) and torch.equal(mine.tree.parents, theirs.tree.parents)
+            torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
+            assert captured.drafted_depths == loop.drafted_depths and mine.tree.max_depth <= min(4, allowed)
+            length = loop.cache.get_seq_length()
+            assert captured.captured_chain.cache.length == length and captured.fed == loop.fed
+            torch.testing.assert_close(captured.captured_chain.cache.keys[0][..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            tree, path = mine.tree, []  # accept along the first children
+            while len(path) < step % 3 and tree.children(path[-1] if path else -1):
+                path.append(tree.children(path[-1] if path else -1)[0])
+            drafted = mine.tokens[0, path]
+            out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
+            state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
+            for drafter in (captured, loop):
+                drafter.on_verified(mine.length, len(path), out)
+    assert captured.describe()["captured_head"]
+
+
 @torch.no_grad()
 def test_the_captured_eagle_step_refuses_what_it_does_not_cover():
     from mmspec.core.sampling import SamplingConfig
@@ -128,10 +171,10 @@ def test_the_captured_eagle_step_refuses_what_it_does_not_cover():
     case, _, captured = pair("llama")
     torch.manual_seed(1)
     head = EagleHead(text_decoder(case.model).config).eval()
-    tree = Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8)
-    tree.captured_head = True
-    with pytest.raises(ValueError, match="captured_head covers EAGLE's chain over a text EagleHead, not Eagle2Drafter"):
-        mmspec.generate(captured, drafter=tree, max_new_tokens=4, **case.inputs)
+    tree = Eagle2Drafter(case.model, head, depth=3, top_k=3, num_nodes=8, captured_head=True)
+    with pytest.raises(ValueError, match="captured_head covers EAGLE's chain and EAGLE-2's greedy trees over a text "
+                                         "EagleHead, not Eagle2Drafter with EagleHead here"):
+        mmspec.generate(captured, drafter=tree, max_new_tokens=4, do_sample=True, **case.inputs)  # (sampled trees)
     drafter = EagleDrafter(case.model, head, num_draft_tokens=4)
     chain = CapturedEagleChain(head, drafter.embed, drafter.lm_head, 4, SamplingConfig(), capacity=16)
     with pytest.raises(ValueError, match="holds 16 head positions and this step needs 18; raise the captured target's max_length"):

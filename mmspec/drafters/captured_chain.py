@@ -1,4 +1,5 @@
-"""EAGLE's whole drafting step captured: one CUDA graph per padded count of committed pairs.
+"""EAGLE's drafting step and EAGLE-2's greedy tree captured: one CUDA graph per padded count of
+committed pairs.
 
 An EAGLE drafting step (:class:`~mmspec.drafters.eagle.EagleDrafter`) feeds the head the n
 committed pairs it has not seen (1 .. K + 1 after a verification), then K times projects the
@@ -18,6 +19,11 @@ replace before any real input can see them. The head's KV cache is a
 :class:`~mmspec.core.cache.StaticKVCache` whose length is the committed pairs: the drafted pairs are
 never committed, so nothing is rolled back. On a CPU the same buffers run eagerly
 (:class:`~mmspec.core.captured.GraphRunner`), which is how the tests check the path.
+
+EAGLE-2's greedy tree (:class:`CapturedEagle2Tree`) is the same catch-up followed by all of
+``dynamic_tree``'s expansions: each feeds the frontier's top_k nodes at consecutive slots after the
+committed ones, under a mask of the committed slots, the node's fed ancestors (an ancestry matrix
+grown on the device) and itself.
 """
 
 from __future__ import annotations
@@ -42,14 +48,16 @@ class CapturedEagleChain:
         num_draft_tokens: K, drafted by every call.
         sampling: the generation's settings (greedy picks, or ``logits_to_probs`` + a uniform each).
         capacity: head positions a sequence may reach (the committed pairs plus the K drafted).
-        buckets: the padded counts of committed pairs; those up to the first >= K + 1 are kept (a
-            longer catch-up, the prompt's, runs its leading pairs eagerly first).
+        buckets: the padded counts of committed pairs; those up to the first >= ``most_pending``
+            (default K + 1) are kept (a longer catch-up, the prompt's, runs its leading pairs
+            eagerly first).
     """
 
     def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int, sampling: SamplingConfig,
-                 capacity: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+                 capacity: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS, most_pending: int | None = None) -> None:
         k = num_draft_tokens
-        limit = next((b for b in buckets if b >= k + 1), buckets[-1])
+        most_pending = k + 1 if most_pending is None else most_pending  # committed pairs after a verification, at most
+        limit = next((b for b in buckets if b >= most_pending), buckets[-1])
         self.buckets = tuple(b for b in buckets if b <= limit)
         self.head, self.embed, self.lm_head, self.k, self.sampling = head, embed, lm_head, k, sampling
         self.capacity = capacity
@@ -108,6 +116,12 @@ class CapturedEagleChain:
         Raises:
             ValueError: a sequence longer than ``capacity``.
         """
+        outputs = self._run(features, tokens, start, uniforms)
+        return outputs[0], outputs[1] if len(outputs) > 1 else None
+
+    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int, uniforms: torch.Tensor | None
+             ) -> tuple[torch.Tensor, ...]:
+        """The committed pairs into their bucket's buffers, then its replay -> copies of its outputs."""
         n = tokens.shape[1]
         if start + n + self.k > self.capacity:
             raise ValueError(f"the captured EAGLE chain holds {self.capacity} head positions and this step needs "
@@ -127,4 +141,78 @@ class CapturedEagleChain:
             buffers["uniforms"].copy_(uniforms)
         outputs = self.runner.run(b)
         self.cache.length = start + n
-        return outputs[0].clone(), outputs[1].clone() if len(outputs) > 1 else None
+        return tuple(output.clone() for output in outputs)
+
+
+class CapturedEagle2Tree(CapturedEagleChain):
+    """EAGLE-2's greedy (top-k) tree grown in one graph replay per step, as
+    :func:`~mmspec.core.tree.dynamic_tree` grows it without an early stop: after the catch-up
+    (:class:`CapturedEagleChain`'s), the root's top_k tokens are layer 1, and each of the
+    ``depth - 1`` expansions feeds the top_k frontier nodes of the last layer to the head (node j
+    at slot b + (e - 1) top_k + j, b = s + n, position b + depth - 1, seeing the committed slots,
+    its fed ancestors and itself), takes each one's top_k children by log q (a stable sort, as
+    ``dynamic_tree``), scores them log V = log V(parent) + log q, and keeps the top_k of those as
+    the next frontier (in creation order). The host reads the candidates (tokens [C], parents [C],
+    log V [C], C = top_k + (depth - 1) top_k^2) and reranks them.
+
+    Args:
+        depth, top_k: the tree's layers and branching (fixed: a graph has static shapes).
+        the rest: as :class:`CapturedEagleChain`'s (its K is unused: ``depth``).
+    """
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, depth: int, top_k: int, capacity: int,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+        self.depth, self.top_k = depth, min(top_k, lm_head.size)  # (a draft vocabulary smaller than top_k: all of it)
+        fed = (depth - 1) * self.top_k  # nodes fed to the head: they take the slots a chain's drafts would
+        super().__init__(head, embed, lm_head, fed, SamplingConfig(), capacity, buckets, most_pending=depth + 1)
+
+    def _top_log(self, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted features [1, m, H] -> the top_k (log q [m, top_k], draft indices [m, top_k])
+        of each row, as ``dynamic_tree`` ranks them."""
+        probs = torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
+        values, indices = torch.sort(probs.clamp_min(1e-30).log(), dim=-1, descending=True, stable=True)
+        return values[:, : self.top_k], indices[:, : self.top_k]
+
+    def _chain(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, uniforms: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+        """The captured growth over one bucket's buffers -> (draft indices [C], parents [C], log V [C])."""
+        k, device = self.top_k, tokens.device
+        start, count = where[0], where[1]
+        base = start + count  # the first slot after the committed pairs
+        rows = torch.arange(tokens.shape[1], device=device)
+        root = self._feed(features, tokens, start + rows).index_select(1, where[1:] - 1)  # [1, 1, H]
+        scores, codes = self._top_log(root)  # layer 1: [1, k] each
+        all_codes, all_scores = [codes[0]], [scores[0]]
+        all_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+        frontier, frontier_scores = torch.arange(k, device=device), scores[0]  # candidate indices, log V
+        parent_features = root.expand(1, k, -1)  # each frontier node's parent's predicted feature
+        parent_rows = torch.zeros(k, dtype=torch.long, device=device)  # ... and its row of the fed ancestry
+        fed = self.slot_ids.new_zeros(k, 0, dtype=torch.bool)  # [k, fed so far]: fed node j is an ancestor
+        total = k
+        for e in range(1, self.depth):
+            slots = base + (e - 1) * k + torch.arange(k, device=device)
+            seen = torch.cat([fed.index_select(0, parent_rows), torch.eye(k, dtype=torch.bool, device=device)], dim=1)
+            column = self.slot_ids - base  # slot -> its fed node (inside 0 .. e k - 1)
+            inside = (column >= 0) & (column < seen.shape[1])
+            mask = (self.slot_ids < base) | seen.gather(1, column.clamp(0, seen.shape[1] - 1)[None].expand(k, -1)) & inside
+            self.cache.slots = slots
+            node_codes = torch.cat(all_codes).index_select(0, frontier)
+            predicted = self.head(parent_features, self.embed(self.lm_head.tokens(node_codes))[None], self.cache,
+                                  (base + e - 1).view(1, 1).expand(1, k), attention_mask=mask[None, None])
+            child_log, child_codes = self._top_log(predicted)  # [k, k]
+            child_scores = (frontier_scores[:, None] + child_log).flatten()
+            all_codes.append(child_codes.flatten())
+            all_parents.append(frontier.repeat_interleave(k))
+            all_scores.append(child_scores)
+            best = torch.sort(torch.argsort(-child_scores, stable=True)[:k]).values  # the next frontier, in creation order
+            frontier, frontier_scores = total + best, child_scores.index_select(0, best)
+            parent_features, parent_rows = predicted.index_select(1, best // k), best // k
+            fed = seen
+            total += k * k
+        return torch.cat(all_codes), torch.cat(all_parents), torch.cat(all_scores)
+
+    @torch.no_grad()
+    def grow(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Feed the committed pairs (as :meth:`CapturedEagleChain.__call__`) and grow the tree ->
+        (draft indices [C], parents [C], log V [C])."""
+        return self._run(features, tokens, start, None)

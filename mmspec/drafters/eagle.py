@@ -34,7 +34,7 @@ from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
-from .captured_chain import CapturedEagleChain
+from .captured_chain import CapturedEagle2Tree, CapturedEagleChain
 from .shipped import shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -57,7 +57,8 @@ class EagleDrafter(Drafter):
             step: off, measured no faster on the captioner; EAGLE-2's trees: where the int8
             kernel sums by AMX-INT8, :func:`mmspec.modeling.fused.int8_amx`).
         captured_head: run each drafting step as one captured graph
-            (:class:`~mmspec.drafters.captured_chain.CapturedEagleChain`). None (default): where the
+            (:class:`~mmspec.drafters.captured_chain.CapturedEagleChain`; EAGLE-2's greedy trees:
+            ``CapturedEagle2Tree``). None (default): where the
             target verifies from a static KV cache on a GPU (a ``CapturedTransformersTarget``);
             True: over any target and device (a CPU runs the static buffers eagerly), refused for a
             head it does not cover.
@@ -82,7 +83,7 @@ class EagleDrafter(Drafter):
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
         self.features: torch.Tensor | None = None  # target features [R, n, H] of positions fed, fed + 1, ...
         self.captured_head: bool | None = None  # (see the class's Args; __init__ sets it)
-        self._captured: dict[tuple, CapturedEagleChain] = {}  # (K, sampling, capacity) -> its captured step
+        self._captured: dict[tuple, CapturedEagleChain] = {}  # (kind, shape, sampling, capacity) -> its captured step
         self.captured_chain: CapturedEagleChain | None = None  # the captured step this generation drafts with, if any
 
     @staticmethod
@@ -108,24 +109,33 @@ class EagleDrafter(Drafter):
 
     def _captured_chain(self, state: SequenceState) -> CapturedEagleChain | None:
         """This generation's captured drafting step (:attr:`captured_head`; built at first use
-        for each K, sampling and capacity), or None."""
+        for each shape, sampling and capacity: :meth:`_capture`), or None."""
         wanted, static = self.captured_head, isinstance(state.cache, StaticKVCache)
-        covered = (type(self.head) is EagleHead and self.head.lean and lean_supported(self.head.decoder)
-                   and type(self)._draft_logits is EagleDrafter._draft_logits and type(self).propose is EagleDrafter.propose)
+        head = self.head
+        covered = (type(head) is EagleHead and head.lean and lean_supported(head.decoder)
+                   and type(self)._draft_logits is EagleDrafter._draft_logits and self._captures())
         if wanted is None:
             wanted = covered and static and state.cache.keys[0].is_cuda
         if not wanted:
             return None
         if not covered:
-            raise ValueError(f"captured_head covers EAGLE's chain over a text EagleHead, not {type(self).__name__} "
-                             f"with {type(self.head).__name__}; pass captured_head=None or False")
-        config = self.head.decoder.config
-        capacity = state.cache.capacity if static else min(getattr(config, "max_position_embeddings", None) or 2048, 2048)
-        key = (self.num_draft_tokens, self.context.sampling, capacity)
+            raise ValueError(f"captured_head covers EAGLE's chain and EAGLE-2's greedy trees over a text EagleHead, not "
+                             f"{type(self).__name__} with {type(head).__name__} here; pass captured_head=None or False")
+        capacity = state.cache.capacity if static else min(getattr(head.decoder.config, "max_position_embeddings", None) or 2048, 2048)
+        key, build = self._capture(capacity)
         if key not in self._captured:
-            self._captured[key] = CapturedEagleChain(self.head, self.embed, self.lm_head, self.num_draft_tokens,
-                                                     self.context.sampling, capacity)
+            self._captured[key] = build()
         return self._captured[key]
+
+    def _captures(self) -> bool:
+        """Whether this drafter's steps, as configured for this generation, can run captured."""
+        return type(self).propose is EagleDrafter.propose
+
+    def _capture(self, capacity: int):
+        """(the key, a builder) of the captured step this generation needs."""
+        key = ("chain", self.num_draft_tokens, self.context.sampling, capacity)
+        return key, lambda: CapturedEagleChain(self.head, self.embed, self.lm_head, self.num_draft_tokens, self.context.sampling,
+                                               capacity)
 
     @staticmethod
     def _target_parts(target_model: nn.Module, draft_vocabulary: torch.Tensor | None):
@@ -335,6 +345,10 @@ class Eagle2Drafter(EagleDrafter):
     reproduces it, timed for exact greedy decoding.
     The stats report the budget and the mean tree size and depth chosen.
 
+    Over a target that verifies through CUDA graphs (``captured_head``, as :class:`EagleDrafter`'s)
+    a greedy tree grows in one graph replay (:class:`~mmspec.drafters.captured_chain.CapturedEagle2Tree`):
+    every layer (a graph cannot stop early), then the rerank as above.
+
     Each expansion runs the head once over the layer's frontier nodes: node i reads the head's
     predicted feature at its parent and its own token, and attends to the committed pairs and its
     tree ancestors (a 4-D mask over the head's cache).
@@ -352,8 +366,10 @@ class Eagle2Drafter(EagleDrafter):
 
     def __init__(self, target_model: nn.Module, head: EagleHead, depth: int = 8, top_k: int | None = None,
                  num_nodes: int | str = "auto", max_nodes: int = 64, draft_vocabulary: torch.Tensor | None = None,
-                 sampled_children: bool | None = None, budget: str = "auto", int8_head: bool | None = None) -> None:
-        super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary, int8_head=int8_head)
+                 sampled_children: bool | None = None, budget: str = "auto", int8_head: bool | None = None,
+                 captured_head: bool | None = None) -> None:
+        super().__init__(target_model, head, num_draft_tokens=depth, draft_vocabulary=draft_vocabulary, int8_head=int8_head,
+                         captured_head=captured_head)
         if num_nodes != "auto" and not (isinstance(num_nodes, int) and num_nodes >= 1):
             raise ValueError(f"num_nodes must be a positive int or 'auto', got {num_nodes!r}")
         if budget != "auto" and budget not in BUDGETS:
@@ -391,15 +407,22 @@ class Eagle2Drafter(EagleDrafter):
         return forward_parameters(text_decoder(target_model)) + target_model.get_output_embeddings().weight.numel()
 
     def start(self, context, state: SequenceState) -> None:
+        if self.top_k_option is None:  # (before the captured step is chosen: its shape)
+            sampled = context.sampling.do_sample if self.sampled_children is None else self.sampled_children
+            self.top_k = self.cpu_top_k if context.target.device.type == "cpu" and not sampled else self.default_top_k
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
-        if self.top_k_option is None:
-            cpu_greedy = context.target.device.type == "cpu" and not self._samples_children()
-            self.top_k = self.cpu_top_k if cpu_greedy else self.default_top_k
         self.policy = None
         if self.num_nodes == "auto":
             budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost, state)
             self.policy = TreeBudgetPolicy(budget, self.depth)
+
+    def _captures(self) -> bool:
+        return type(self).propose is Eagle2Drafter.propose and not self._samples_children()
+
+    def _capture(self, capacity: int):
+        key = ("tree", self.depth, self.top_k, capacity)
+        return key, lambda: CapturedEagle2Tree(self.head, self.embed, self.lm_head, self.depth, self.top_k, capacity)
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
         super().on_verified(num_drafted, num_accepted, target_output)
@@ -453,7 +476,7 @@ class Eagle2Drafter(EagleDrafter):
         sampling, sampled = self.context.sampling, self._samples_children()
         size = self.max_nodes if policy is not None else self.num_nodes
         if not sampled:
-            grown = self._fused_tree(state, depth, policy)
+            grown = self._captured_tree(state, depth) if self.captured_chain is not None else self._fused_tree(state, depth, policy)
             if grown is not None:
                 return self._settled(grown.best(size), policy, sampled, state)
         root_feature = self._catch_up(state)
@@ -494,6 +517,17 @@ class Eagle2Drafter(EagleDrafter):
                                         generator=self.context.generator, open_slot=open_slot, expand_while=expand_while)
         crop_cache(self.cache, self.head_cache_length)
         return self._settled(tree, policy, sampled, state)
+
+    def _captured_tree(self, state: SequenceState, depth: int) -> TokenTree:
+        """The top-k tree's growth as one graph replay (:class:`CapturedEagle2Tree`: every layer,
+        no early stop), its layers below ``depth`` dropped, as candidates before the rerank."""
+        pending = state.tokens.shape[1] - 1 - self.fed
+        codes, parents, scores = self.captured_chain.grow(self.features[:, :pending], state.tokens[:, self.fed + 1 :],
+                                                          self.head_cache_length)
+        self._fed_pairs(state, pending)
+        self.forwards += self.depth
+        tree = TokenTree(codes, parents.cpu(), scores=scores)
+        return tree if depth >= self.depth else tree.select(torch.nonzero(tree.depth <= depth).flatten())
 
     def _fused_tree(self, state: SequenceState, depth: int, policy: TreeBudgetPolicy | None) -> TokenTree | None:
         """The top-k tree's growth in one C call (:func:`mmspec.modeling.fused.head_tree`: the
