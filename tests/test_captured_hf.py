@@ -75,6 +75,18 @@ def test_greedy_decoding_is_the_plain_targets(drafter):
     assert outs[1].stats.new_tokens == 24
 
 
+def sharp_head(vocabulary: bool):
+    """The tiny Llama, a random EAGLE head whose attention is sharpened (so that a wrong mask, slot
+    or position shows in its outputs) and a draft vocabulary (every third id) or None."""
+    case = make_tiny("llama")
+    torch.manual_seed(1)
+    head = EagleHead(text_decoder(case.model).config).eval()
+    attention = head.decoder.layers[0].self_attn
+    with torch.no_grad():
+        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
+    return case, head, torch.arange(0, case.model.config.vocab_size, 3) if vocabulary else None
+
+
 @pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
 def test_the_captured_eagle_step_drafts_what_the_loop_drafts(do_sample, vocabulary):
     """EAGLE's whole drafting step over static buffers (:class:`CapturedEagleChain`: the committed
@@ -82,18 +94,12 @@ def test_the_captured_eagle_step_drafts_what_the_loop_drafts(do_sample, vocabula
     from (start, n) on the device) drafts the Python loop's tokens from the same generator, with
     its q, and leaves the head's cache as the loop does, verification after verification; the
     prompt's 9 pairs exceed the largest bucket (8), so its leading pair is fed eagerly first.
-    (Attention sharpened, so that a wrong mask, slot or position shows.)"""
+    """
     from test_eagle import _started
 
     from mmspec.core.sampling import SamplingConfig
 
-    case = make_tiny("llama")
-    torch.manual_seed(1)
-    head = EagleHead(text_decoder(case.model).config).eval()
-    attention = head.decoder.layers[0].self_attn
-    with torch.no_grad():
-        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
-    words = torch.arange(0, case.model.config.vocab_size, 3) if vocabulary else None
+    case, head, words = sharp_head(vocabulary)
     chained, loop = (EagleDrafter(case.model, head, 4, words, captured_head=flag) for flag in (True, False))
     loop._fused_chain = lambda *args: None  # the Python loop
     target = TransformersTarget(case.model)
@@ -126,16 +132,10 @@ def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vo
     ancestors and itself, built on the device) grows the Python tree's nodes, parents and depths
     with its scores, and leaves the head's committed pairs as the Python tree does, verification
     after verification; a step allowed fewer layers keeps the layers it may verify.
-    (Attention sharpened, so that a wrong mask, slot or position shows.)"""
+    """
     from test_eagle import _started
 
-    case = make_tiny("llama")
-    torch.manual_seed(1)
-    head = EagleHead(text_decoder(case.model).config).eval()
-    attention = head.decoder.layers[0].self_attn
-    with torch.no_grad():
-        attention.q_proj.weight.mul_(8.0), attention.k_proj.weight.mul_(8.0)
-    words = torch.arange(0, case.model.config.vocab_size, 3) if vocabulary else None
+    case, head, words = sharp_head(vocabulary)
     captured, loop = (Eagle2Drafter(case.model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words,
                                     captured_head=flag) for flag in (True, False))
     loop._fused_tree = lambda *args: None  # the Python tree
