@@ -248,7 +248,7 @@ class TokenTree:
 ChildProbs = Callable[[TokenTree, torch.Tensor], torch.Tensor]
 
 
-def _top_log(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_log(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log q, index) of the k largest q of each row of probs [..., V], largest first, ties to the
     lower index (a stable sort: ``torch.topk`` leaves the order of ties open, and a bf16 head's
     probabilities tie often), q floored at 1e-30 before the log."""
@@ -297,7 +297,7 @@ def dynamic_tree(
     if depth < 1 or top_k < 1 or num_nodes < 1:
         raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
     device = root_probs.device
-    log_conf, tokens = _top_log(root_probs, top_k)
+    log_conf, tokens = top_log(root_probs, top_k)
     all_tokens, all_parents, all_scores = [tokens], [torch.full_like(tokens, ROOT).cpu()], [log_conf]
     all_depths = [torch.ones(tokens.shape[0], dtype=torch.long)]
     frontier = torch.arange(tokens.shape[0], device=device)  # nodes to expand next
@@ -308,7 +308,7 @@ def dynamic_tree(
         depths, expanded = torch.cat(all_depths), frontier.cpu()  # (the tree's structure stays on the host)
         candidates = TokenTree.grown(torch.cat(all_tokens), torch.cat(all_parents), depths, torch.cat(all_scores))
         probs = child_probs(candidates, expanded)  # [n, V]
-        child_log, child_tokens = _top_log(probs, top_k)
+        child_log, child_tokens = top_log(probs, top_k)
         scores = (candidates.scores.to(device)[frontier].unsqueeze(1) + child_log).flatten()  # [n * k]
         all_tokens.append(child_tokens.flatten())
         all_parents.append(expanded.repeat_interleave(child_tokens.shape[1]).to(torch.long))

@@ -34,6 +34,7 @@ from torch import nn
 from ..core.cache import StaticKVCache
 from ..core.captured import DEFAULT_BUCKETS, GraphRunner
 from ..core.sampling import SamplingConfig, logits_to_probs, sample_from_probs
+from ..core.tree import top_log
 from ..core.verify import exact_argmax
 from ..modeling.heads import EagleHead
 from .vocab import DraftLMHead
@@ -168,10 +169,8 @@ class CapturedEagle2Tree(CapturedEagleChain):
 
     def _top_log(self, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted features [1, m, H] -> the top_k (log q [m, top_k], draft indices [m, top_k])
-        of each row, as ``dynamic_tree`` ranks them."""
-        probs = torch.softmax(self.lm_head(predicted[0]).float(), dim=-1)
-        values, indices = torch.sort(probs.clamp_min(1e-30).log(), dim=-1, descending=True, stable=True)
-        return values[:, : self.top_k], indices[:, : self.top_k]
+        of each row, as ``dynamic_tree`` ranks them (:func:`~mmspec.core.tree.top_log`)."""
+        return top_log(torch.softmax(self.lm_head(predicted[0]).float(), dim=-1), self.top_k)
 
     def _chain(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, uniforms: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:

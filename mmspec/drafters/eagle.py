@@ -408,8 +408,8 @@ class Eagle2Drafter(EagleDrafter):
 
     def start(self, context, state: SequenceState) -> None:
         if self.top_k_option is None:  # (before the captured step is chosen: its shape)
-            sampled = context.sampling.do_sample if self.sampled_children is None else self.sampled_children
-            self.top_k = self.cpu_top_k if context.target.device.type == "cpu" and not sampled else self.default_top_k
+            cpu_greedy = context.target.device.type == "cpu" and not self._samples_children(context)
+            self.top_k = self.cpu_top_k if cpu_greedy else self.default_top_k
         super().start(context, state)
         self.chosen_nodes, self.drafted_depths = [], []
         self.policy = None
@@ -429,11 +429,13 @@ class Eagle2Drafter(EagleDrafter):
         if self.policy is not None and self.drafted_depths:
             self.policy.on_verified(self.drafted_depths[-1], num_drafted, num_accepted)
 
-    def _samples_children(self) -> bool:
-        """Whether this generation's trees are sampled: ``sampled_children``, else ``do_sample``."""
+    def _samples_children(self, context=None) -> bool:
+        """Whether this generation's trees are sampled: ``sampled_children``, else ``do_sample`` (of
+        ``context``, default the drafter's)."""
         if self.sampled_children is not None:
             return self.sampled_children
-        return self.context is not None and self.context.sampling.do_sample
+        context = context or self.context
+        return context is not None and context.sampling.do_sample
 
     def on_tree_verified(self, path: torch.Tensor, tree_output: TargetOutput) -> None:
         if self.policy is not None:
