@@ -105,8 +105,8 @@ def test_the_captured_eagle_step_drafts_what_the_loop_drafts(do_sample, vocabula
     target = TransformersTarget(case.model)
     with torch.inference_mode():
         state = _started(target, (chained, loop), SamplingConfig(do_sample=do_sample, temperature=0.8))
-        chain = chained.captured_chain
-        assert chain is not None and chain.buckets == (1, 2, 4, 8) and loop.captured_chain is None
+        chain = chained.captured_step
+        assert chain is not None and chain.buckets == (1, 2, 4, 8) and loop.captured_step is None
         for step in range(5):
             mine, theirs = chained.propose(state, 8 if step < 4 else 2), loop.propose(state, 8 if step < 4 else 2)
             assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4 if step < 4 else 2)
@@ -142,7 +142,7 @@ def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vo
     target = TransformersTarget(case.model)
     with torch.inference_mode():
         state = _started(target, (captured, loop))
-        assert captured.captured_chain is not None and captured.captured_chain.buckets == (1, 2, 4, 8)
+        assert captured.captured_step is not None and captured.captured_step.buckets == (1, 2, 4, 8)
         for step in range(4):
             allowed = 8 if step < 3 else 2
             mine, theirs = captured.propose(state, allowed), loop.propose(state, allowed)
@@ -150,8 +150,8 @@ def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vo
             torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
             assert captured.drafted_depths == loop.drafted_depths and mine.tree.max_depth <= min(4, allowed)
             length = loop.cache.get_seq_length()
-            assert captured.captured_chain.cache.length == length and captured.fed == loop.fed
-            torch.testing.assert_close(captured.captured_chain.cache.keys[0][..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            assert captured.captured_step.cache.length == length and captured.fed == loop.fed
+            torch.testing.assert_close(captured.captured_step.cache.keys[0][..., :length, :], loop.cache.layers[0].keys[..., :length, :])
             tree, path = mine.tree, []  # accept along the first children
             while len(path) < step % 3 and tree.children(path[-1] if path else -1):
                 path.append(tree.children(path[-1] if path else -1)[0])

@@ -196,7 +196,7 @@ def test_eagles_step_replays_one_graph_over_a_captured_transformers_target(kind)
     reference = mmspec.generate(plain, drafter="ar", max_new_tokens=24, **inputs).sequences.cpu()
     drafter = eagle(case, kind, "cuda")
     out = mmspec.generate(captured, drafter=drafter, max_new_tokens=24, **inputs)
-    assert out.stats.config["captured_head"] and drafter.captured_chain.runner.captured  # one CUDA graph per bucket
+    assert out.stats.config["captured_head"] and drafter.captured_step.runner.captured  # one CUDA graph per bucket
     assert torch.equal(out.sequences.cpu(), reference)
     sampled = [mmspec.generate(captured, drafter=drafter, max_new_tokens=24, do_sample=True, seed=3, **inputs).sequences.cpu()
                for _ in range(2)]

@@ -40,43 +40,45 @@ from ..modeling.heads import EagleHead
 from .vocab import DraftLMHead
 
 
-class CapturedEagleChain:
-    """EAGLE's drafting step (catch-up + K picks) over static buffers, one graph per bucket.
+class CapturedHeadStep:
+    """What EAGLE's captured chain and EAGLE-2's captured tree share: the head's StaticKVCache
+    (its length = the committed pairs), the committed pairs' catch-up padded to a bucket, and one
+    graph per bucket (:class:`~mmspec.core.captured.GraphRunner`) over the buffers
+    ``features`` [1, b, H], ``tokens`` [1, b] and ``where`` = (s, n), plus a subclass's own
+    (:meth:`_buffers`). A subclass defines :meth:`_step` (the captured function) over them.
 
     Args:
         head: the :class:`EagleHead` (one Llama decoder layer, one feature row).
         embed: the target's token embedding; lm_head: the draft LM head.
-        num_draft_tokens: K, drafted by every call.
-        sampling: the generation's settings (greedy picks, or ``logits_to_probs`` + a uniform each).
-        capacity: head positions a sequence may reach (the committed pairs plus the K drafted).
+        drafted: head slots a step writes after the committed pairs (a chain's K, a tree's fed nodes).
+        capacity: head positions a sequence may reach (the committed pairs plus the drafted).
         buckets: the padded counts of committed pairs; those up to the first >= ``most_pending``
-            (default K + 1) are kept (a longer catch-up, the prompt's, runs its leading pairs
-            eagerly first).
+            are kept (a longer catch-up, the prompt's, runs its leading pairs eagerly first).
     """
 
-    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int, sampling: SamplingConfig,
-                 capacity: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS, most_pending: int | None = None) -> None:
-        k = num_draft_tokens
-        most_pending = k + 1 if most_pending is None else most_pending  # committed pairs after a verification, at most
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, drafted: int, capacity: int,
+                 buckets: tuple[int, ...], most_pending: int) -> None:
         limit = next((b for b in buckets if b >= most_pending), buckets[-1])
         self.buckets = tuple(b for b in buckets if b <= limit)
-        self.head, self.embed, self.lm_head, self.k, self.sampling = head, embed, lm_head, k, sampling
-        self.capacity = capacity
+        self.head, self.embed, self.lm_head, self.drafted, self.capacity = head, embed, lm_head, drafted, capacity
         config = head.decoder.config
         weight = head.fc.weight
-        device, dtype, width = weight.device, weight.dtype, config.hidden_size
-        head_dim = getattr(config, "head_dim", None) or width // config.num_attention_heads
-        shape = (1, config.num_key_value_heads, capacity + self.buckets[-1] + k, head_dim)
-        self.cache = StaticKVCache(1, shape, dtype, device)
-        self.slot_ids = torch.arange(self.cache.capacity, device=device)
+        self.device, self.dtype, self.width = weight.device, weight.dtype, config.hidden_size
+        head_dim = getattr(config, "head_dim", None) or self.width // config.num_attention_heads
+        shape = (1, config.num_key_value_heads, capacity + self.buckets[-1] + drafted, head_dim)
+        self.cache = StaticKVCache(1, shape, self.dtype, self.device)
+        self.slot_ids = torch.arange(self.cache.capacity, device=self.device)
+        self.runner = GraphRunner(self._step, self._buffers, self.buckets, self.device)
 
-        def buffers(b: int) -> dict[str, torch.Tensor]:
-            return {"features": torch.zeros(1, b, width, dtype=dtype, device=device),
-                    "tokens": torch.zeros(1, b, dtype=torch.long, device=device),
-                    "where": torch.tensor([0, 1], device=device),  # (s, n)
-                    "uniforms": torch.zeros(k, device=device)}
+    def _buffers(self, b: int) -> dict[str, torch.Tensor]:
+        """Bucket b's static inputs: the committed pairs, padded, and (s, n)."""
+        return {"features": torch.zeros(1, b, self.width, dtype=self.dtype, device=self.device),
+                "tokens": torch.zeros(1, b, dtype=torch.long, device=self.device),
+                "where": torch.tensor([0, 1], device=self.device)}
 
-        self.runner = GraphRunner(self._chain, buffers, self.buckets, device)
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, **extra: torch.Tensor
+              ) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Pairs (features [1, m, H], tokens [1, m]) written at head ``slots`` [m] (their positions
@@ -85,6 +87,61 @@ class CapturedEagleChain:
         mask = (self.slot_ids[None] <= slots[:, None])[None, None]  # [1, 1, m, capacity]
         return self.head(features, self.embed(tokens), self.cache, slots[None], attention_mask=mask)
 
+    def _catch_up(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        """The bucket's committed pairs fed at slots s .. -> the feature predicted after the last
+        real one, f^ [1, 1, H] (the padded rows' writes are overwritten before anything reads them)."""
+        rows = torch.arange(tokens.shape[1], device=tokens.device)
+        return self._feed(features, tokens, where[0] + rows).index_select(1, where[1:] - 1)
+
+    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int, **extra: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The committed pairs (and ``extra`` buffers' contents) into their bucket's buffers, then
+        its replay -> copies of its outputs; the cache's length becomes start + n.
+
+        Raises:
+            ValueError: a sequence longer than ``capacity``.
+        """
+        n = tokens.shape[1]
+        if start + n + self.drafted > self.capacity:
+            raise ValueError(f"the captured EAGLE step holds {self.capacity} head positions and this step needs "
+                             f"{start + n + self.drafted}; raise the captured target's max_length")
+        largest = self.buckets[-1]
+        if n > largest:  # (the prompt's pairs: all but the last bucket's worth eagerly)
+            m = n - largest
+            self._feed(features[:, :m], tokens[:, :m], torch.arange(start, start + m, device=tokens.device))
+            features, tokens, start, n = features[:, m:], tokens[:, m:], start + m, largest
+        b = self.runner.bucket(n)
+        buffers = self.runner.buffers[b]
+        for name, value in (("features", features), ("tokens", tokens)):
+            buffers[name].zero_()
+            buffers[name][:, :n].copy_(value)
+        buffers["where"].copy_(torch.tensor([start, n]))
+        for name, value in extra.items():
+            buffers[name].copy_(value)
+        outputs = self.runner.run(b)
+        self.cache.length = start + n
+        return tuple(output.clone() for output in outputs)
+
+
+class CapturedEagleChain(CapturedHeadStep):
+    """EAGLE's drafting step (catch-up + K picks) over static buffers, one graph per bucket.
+
+    Args:
+        num_draft_tokens: K, drafted by every call.
+        sampling: the generation's settings (greedy picks, or ``logits_to_probs`` + a uniform each,
+            from the bucket's ``uniforms`` [K] buffer).
+        most_pending: committed pairs after a verification, at most (default K + 1).
+        the rest: as :class:`CapturedHeadStep`'s.
+    """
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int, sampling: SamplingConfig,
+                 capacity: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS, most_pending: int | None = None) -> None:
+        self.k, self.sampling = num_draft_tokens, sampling
+        super().__init__(head, embed, lm_head, num_draft_tokens, capacity, buckets,
+                         num_draft_tokens + 1 if most_pending is None else most_pending)
+
+    def _buffers(self, b: int) -> dict[str, torch.Tensor]:
+        return {**super()._buffers(b), "uniforms": torch.zeros(self.k, device=self.device)}
+
     def _pick(self, logits: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft logits [1, N] -> (draft index [1], q [1, N] when sampling)."""
         if not self.sampling.do_sample:
@@ -92,19 +149,18 @@ class CapturedEagleChain:
         probs = logits_to_probs(logits, self.sampling)
         return sample_from_probs(probs, uniform), probs
 
-    def _chain(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, uniforms: torch.Tensor
-               ) -> tuple[torch.Tensor, ...]:
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, uniforms: torch.Tensor
+              ) -> tuple[torch.Tensor, ...]:
         """The captured step over one bucket's buffers -> (draft indices [K], and q [K, N] when sampling)."""
-        start, count = where[0], where[1]
-        rows = torch.arange(tokens.shape[1], device=tokens.device)
-        predicted = self._feed(features, tokens, start + rows).index_select(1, where[1:] - 1)  # f^ after the last pair
+        predicted = self._catch_up(features, tokens, where)  # f^ after the last pair
+        after = where[0] + where[1]  # the first slot after the committed pairs
         codes, probs = [], []
         for i in range(self.k):
             code, q = self._pick(self.lm_head(predicted[0]), uniforms[i : i + 1])
             codes.append(code)
             probs.append(q)
             if i + 1 < self.k:
-                predicted = self._feed(predicted, self.lm_head.tokens(code)[None], (start + count + i).view(1))
+                predicted = self._feed(predicted, self.lm_head.tokens(code)[None], (after + i).view(1))
         return (torch.cat(codes),) if probs[0] is None else (torch.cat(codes), torch.cat(probs))
 
     @torch.no_grad()
@@ -117,35 +173,11 @@ class CapturedEagleChain:
         Raises:
             ValueError: a sequence longer than ``capacity``.
         """
-        outputs = self._run(features, tokens, start, uniforms)
+        outputs = self._run(features, tokens, start, **({} if uniforms is None else {"uniforms": uniforms}))
         return outputs[0], outputs[1] if len(outputs) > 1 else None
 
-    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int, uniforms: torch.Tensor | None
-             ) -> tuple[torch.Tensor, ...]:
-        """The committed pairs into their bucket's buffers, then its replay -> copies of its outputs."""
-        n = tokens.shape[1]
-        if start + n + self.k > self.capacity:
-            raise ValueError(f"the captured EAGLE chain holds {self.capacity} head positions and this step needs "
-                             f"{start + n + self.k}; raise the captured target's max_length")
-        largest = self.buckets[-1]
-        if n > largest:  # (the prompt's pairs: all but the last bucket's worth eagerly)
-            m = n - largest
-            self._feed(features[:, :m], tokens[:, :m], torch.arange(start, start + m, device=tokens.device))
-            features, tokens, start, n = features[:, m:], tokens[:, m:], start + m, largest
-        b = self.runner.bucket(n)
-        buffers = self.runner.buffers[b]
-        for name, value in (("features", features), ("tokens", tokens)):
-            buffers[name].zero_()
-            buffers[name][:, :n].copy_(value)
-        buffers["where"].copy_(torch.tensor([start, n]))
-        if uniforms is not None:
-            buffers["uniforms"].copy_(uniforms)
-        outputs = self.runner.run(b)
-        self.cache.length = start + n
-        return tuple(output.clone() for output in outputs)
 
-
-class CapturedEagle2Tree(CapturedEagleChain):
+class CapturedEagle2Tree(CapturedHeadStep):
     """EAGLE-2's greedy (top-k) tree grown in one graph replay per step, as
     :func:`~mmspec.core.tree.dynamic_tree` grows it without an early stop: after the catch-up
     (:class:`CapturedEagleChain`'s), the root's top_k tokens are layer 1, and each of the
@@ -158,28 +190,25 @@ class CapturedEagle2Tree(CapturedEagleChain):
 
     Args:
         depth, top_k: the tree's layers and branching (fixed: a graph has static shapes).
-        the rest: as :class:`CapturedEagleChain`'s (its K is unused: ``depth``).
+        the rest: as :class:`CapturedHeadStep`'s.
     """
 
     def __init__(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, depth: int, top_k: int, capacity: int,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         self.depth, self.top_k = depth, min(top_k, lm_head.size)  # (a draft vocabulary smaller than top_k: all of it)
         fed = (depth - 1) * self.top_k  # nodes fed to the head: they take the slots a chain's drafts would
-        super().__init__(head, embed, lm_head, fed, SamplingConfig(), capacity, buckets, most_pending=depth + 1)
+        super().__init__(head, embed, lm_head, fed, capacity, buckets, most_pending=depth + 1)
 
     def _top_log(self, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted features [1, m, H] -> the top_k (log q [m, top_k], draft indices [m, top_k])
         of each row, as ``dynamic_tree`` ranks them (:func:`~mmspec.core.tree.top_log`)."""
         return top_log(torch.softmax(self.lm_head(predicted[0]).float(), dim=-1), self.top_k)
 
-    def _chain(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor, uniforms: torch.Tensor
-               ) -> tuple[torch.Tensor, ...]:
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The captured growth over one bucket's buffers -> (draft indices [C], parents [C], log V [C])."""
         k, device = self.top_k, tokens.device
-        start, count = where[0], where[1]
-        base = start + count  # the first slot after the committed pairs
-        rows = torch.arange(tokens.shape[1], device=device)
-        root = self._feed(features, tokens, start + rows).index_select(1, where[1:] - 1)  # [1, 1, H]
+        base = where[0] + where[1]  # the first slot after the committed pairs
+        root = self._catch_up(features, tokens, where)  # [1, 1, H]
         scores, codes = self._top_log(root)  # layer 1: [1, k] each
         all_codes, all_scores = [codes[0]], [scores[0]]
         all_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
@@ -214,4 +243,4 @@ class CapturedEagle2Tree(CapturedEagleChain):
     def grow(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Feed the committed pairs (as :meth:`CapturedEagleChain.__call__`) and grow the tree ->
         (draft indices [C], parents [C], log V [C])."""
-        return self._run(features, tokens, start, None)
+        return self._run(features, tokens, start)

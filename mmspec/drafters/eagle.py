@@ -34,7 +34,7 @@ from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
 from ..modeling.heads import EagleHead
 from ..modeling.lean import lean_supported, rotary
-from .captured_chain import CapturedEagle2Tree, CapturedEagleChain
+from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
 from .shipped import shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -83,8 +83,8 @@ class EagleDrafter(Drafter):
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
         self.features: torch.Tensor | None = None  # target features [R, n, H] of positions fed, fed + 1, ...
         self.captured_head: bool | None = None  # (see the class's Args; __init__ sets it)
-        self._captured: dict[tuple, CapturedEagleChain] = {}  # (kind, shape, sampling, capacity) -> its captured step
-        self.captured_chain: CapturedEagleChain | None = None  # the captured step this generation drafts with, if any
+        self._captured_steps: dict[tuple, CapturedHeadStep] = {}  # (kind, shape, sampling, capacity) -> its captured step
+        self.captured_step: CapturedHeadStep | None = None  # the captured step this generation drafts with, if any
 
     @staticmethod
     def int8_default() -> bool:
@@ -103,11 +103,11 @@ class EagleDrafter(Drafter):
         self.fed = 0
         self.features = None
         self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
-        self.captured_chain = self._captured_chain(state)
-        if self.captured_chain is not None:
-            self.captured_chain.cache.length = 0
+        self.captured_step = self._choose_captured(state)
+        if self.captured_step is not None:
+            self.captured_step.cache.length = 0
 
-    def _captured_chain(self, state: SequenceState) -> CapturedEagleChain | None:
+    def _choose_captured(self, state: SequenceState) -> CapturedHeadStep | None:
         """This generation's captured drafting step (:attr:`captured_head`; built at first use
         for each shape, sampling and capacity: :meth:`_capture`), or None."""
         wanted, static = self.captured_head, isinstance(state.cache, StaticKVCache)
@@ -123,9 +123,9 @@ class EagleDrafter(Drafter):
                              f"{type(self).__name__} with {type(head).__name__} here; pass captured_head=None or False")
         capacity = state.cache.capacity if static else min(getattr(head.decoder.config, "max_position_embeddings", None) or 2048, 2048)
         key, build = self._capture(capacity)
-        if key not in self._captured:
-            self._captured[key] = build()
-        return self._captured[key]
+        if key not in self._captured_steps:
+            self._captured_steps[key] = build()
+        return self._captured_steps[key]
 
     def _captures(self) -> bool:
         """Whether this drafter's steps, as configured for this generation, can run captured."""
@@ -246,23 +246,23 @@ class EagleDrafter(Drafter):
         self.features = self.features[:, pending:]
         self.fed = state.tokens.shape[1] - 1
 
-    def _captured_step(self, state: SequenceState, k: int) -> Draft:
-        """:meth:`propose` through the captured step (:attr:`captured_chain`): it drafts K tokens, the first k kept."""
+    def _propose_captured(self, state: SequenceState, k: int) -> Draft:
+        """:meth:`propose` through the captured step (:attr:`captured_step`): it drafts K tokens, the first k kept."""
         pending = state.tokens.shape[1] - 1 - self.fed
         sampling = self.context.sampling
         uniforms = None
         if sampling.do_sample:
             generator = self.context.generator
             uniforms = torch.rand(self.num_draft_tokens, generator=generator, device=generator.device)
-        codes, probs = self.captured_chain(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.head_cache_length, uniforms)
+        codes, probs = self.captured_step(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.head_cache_length, uniforms)
         self._fed_pairs(state, pending)
         self.forwards += self.num_draft_tokens
         return Draft(tokens=self.lm_head.tokens(codes[:k])[None], probs=None if probs is None else self.lm_head.full(probs[:k])[None])
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
-        if self.captured_chain is not None:
-            return self._captured_step(state, k)
+        if self.captured_step is not None:
+            return self._propose_captured(state, k)
         fused = self._fused_chain(state, k)
         if fused is not None:
             return fused
@@ -314,7 +314,7 @@ class EagleDrafter(Drafter):
     def describe(self) -> dict:
         fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a step was drafted)
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size,
-                **({"captured_head": True} if getattr(self, "captured_chain", None) is not None else {}),
+                **({"captured_head": True} if getattr(self, "captured_step", None) is not None else {}),
                 **({"fused_head": True, "head_int8": self.chain_int8 is not None} if fused else {})}
 
 
@@ -478,7 +478,7 @@ class Eagle2Drafter(EagleDrafter):
         sampling, sampled = self.context.sampling, self._samples_children()
         size = self.max_nodes if policy is not None else self.num_nodes
         if not sampled:
-            grown = self._captured_tree(state, depth) if self.captured_chain is not None else self._fused_tree(state, depth, policy)
+            grown = self._captured_tree(state, depth) if self.captured_step is not None else self._fused_tree(state, depth, policy)
             if grown is not None:
                 return self._settled(grown.best(size), policy, sampled, state)
         root_feature = self._catch_up(state)
@@ -524,7 +524,7 @@ class Eagle2Drafter(EagleDrafter):
         """The top-k tree's growth as one graph replay (:class:`CapturedEagle2Tree`: every layer,
         no early stop), its layers below ``depth`` dropped, as candidates before the rerank."""
         pending = state.tokens.shape[1] - 1 - self.fed
-        codes, parents, scores = self.captured_chain.grow(self.features[:, :pending], state.tokens[:, self.fed + 1 :],
+        codes, parents, scores = self.captured_step.grow(self.features[:, :pending], state.tokens[:, self.fed + 1 :],
                                                           self.head_cache_length)
         self._fed_pairs(state, pending)
         self.forwards += self.depth
