@@ -151,6 +151,33 @@ def test_auto_without_file_is_prompt_lookup(smolvlm):
     assert smolvlm.chosen_drafter == "prompt-lookup" and "no mmspec_drafters.json" in smolvlm.drafter_reason
 
 
+@pytest.mark.parametrize("measured_on, graphs", [("cpu", False), ("NVIDIA H100 80GB HBM3", False), ("NVIDIA H100 80GB HBM3", True)])
+def test_auto_says_when_its_file_measured_another_device(tmp_path, measured_on, graphs):
+    from mmspec.pipelines.captioning import choose_auto_drafter, choose_batch_drafter, choose_sampling_drafter
+
+    machine = {"cpu": "AMD EPYC", "device": measured_on, "threads": 1, "dtype": "float32"}
+    (tmp_path / DRAFTERS_FILE).write_text(json.dumps({
+        "machine": machine, "benchmark": {"cuda_graphs": graphs}, "sampled_temperature": 1.0,
+        "drafters": [{"drafter": "eagle", "speedup": 1.5, "sampled_speedup_per_token": 1.2}],
+        "batches": [{"batch_size": 4, "drafter": "ar", "speedup": 1.0}]}))
+    measured = ("cpu" if measured_on == "cpu" else "cuda", graphs)
+    for runs_on in [("cpu", False), ("cuda", False), ("cuda", True)]:
+        reasons = [choose_auto_drafter(tmp_path, runs_on)[1], choose_sampling_drafter(tmp_path, runs_on)[2]]
+        if runs_on == measured:
+            assert not any("measured on cpu" in r or "measured on cuda" in r for r in reasons)
+            continue
+        way = measured[0] + (" with CUDA graphs" if graphs else "")
+        here = runs_on[0] + (" with CUDA graphs" if runs_on[1] else "")
+        flags = f"--device {runs_on[0]}" + (" --cuda-graphs" if runs_on[1] else "")
+        for reason in reasons:
+            assert reason.endswith(f"; measured on {way}, not on this pipeline's {here}: `mmspec bench caption {flags} "
+                                   "--write-drafters-file` measures it there")
+        assert choose_auto_drafter(tmp_path, runs_on)[0]["drafter"] == "eagle"  # the file's choice, said to be from elsewhere
+    if measured_on == "cpu":  # (the batch table: a CPU's, read on a GPU)
+        assert choose_batch_drafter(tmp_path, 4, ("cuda", False))[2].endswith(
+            "not on this pipeline's cuda: `mmspec bench caption --device cuda --write-drafters-file` measures it there")
+
+
 @pytest.mark.parametrize("content", ["not json", "[]", '[{"drafter": "prompt-lookup"}]', '{"drafter": "ar"}'])
 def test_invalid_drafters_file_is_a_clear_error(smolvlm_dir, tmp_path, content):
     checkpoint = checkpoint_with_drafters(smolvlm_dir, tmp_path, [])

@@ -220,7 +220,8 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
         "written_by": "mmspec bench caption --write-drafters-file (do not edit: rerun the benchmark)",
         "measured": datetime.date.today().isoformat(),
         "machine": machine,
-        "benchmark": {key: meta[key] for key in ("command", "per_family", "tasks", "max_new_tokens", "repeats")},
+        "benchmark": {**{key: meta[key] for key in ("command", "per_family", "tasks", "max_new_tokens", "repeats")},
+                      "cuda_graphs": bool(meta.get("cuda_graphs"))},
         **({"sampled_temperature": float(sampled)} if sampled is not None else {}),
         "drafters": entries,
     }

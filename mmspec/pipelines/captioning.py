@@ -269,9 +269,28 @@ def describe_auto_table(model_dir: str | os.PathLike) -> str:
     return text
 
 
-def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any], str]:
+def measured_elsewhere(table: dict[str, Any], machine: dict[str, Any] | None, runs_on: tuple[str, bool] | None) -> str:
+    """The clause a choice's reason gets where the drafters file measured another way of running
+    than the pipeline's, ``runs_on`` = (device type, CUDA graphs): the speedups of drafters over
+    plain decoding differ most between a CPU, a GPU and a GPU with CUDA graphs (docs/benchmarks.md).
+    "" where they match, or where the file or the caller does not say."""
+    if runs_on is None or not machine or "device" not in machine:
+        return ""
+    measured = ("cpu" if machine["device"] == "cpu" else "cuda", bool((table.get("benchmark") or {}).get("cuda_graphs")))
+    if measured == tuple(runs_on):
+        return ""
+    way = lambda device, graphs: device + (" with CUDA graphs" if graphs else "")
+    device, graphs = runs_on
+    return (f"; measured on {way(*measured)}, not on this pipeline's {way(device, graphs)}: `mmspec bench caption "
+            f"--device {device}{' --cuda-graphs' if graphs else ''} --write-drafters-file` measures it there")
+
+
+def choose_auto_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[str, bool] | None = None) -> tuple[dict[str, Any], str]:
     """drafter="auto": the fastest benchmarked entry of the model's drafters file, else prompt lookup.
 
+    Args:
+        runs_on: (device type, CUDA graphs) of the pipeline, to say in the reason when the file
+            measured another (:func:`measured_elsewhere`); the choice is the file's either way.
     Returns:
         (entry, reason): ``entry`` has "drafter" (a spec, or a path relative to ``model_dir``) and
         optionally "num_draft_tokens"; ``reason`` says how it was chosen, and on what machine.
@@ -281,12 +300,14 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None) -> tuple[dict[str, 
         return {"drafter": AUTO_FALLBACK}, f"auto: no {DRAFTERS_FILE} beside the model, training-free default"
     best = max(table["drafters"], key=lambda e: e["speedup"])
     return best, (f"auto: highest measured speedup ({best['speedup']:.2f}x on {describe_machine(table['machine'])}) "
-                  f"in {DRAFTERS_FILE}")
+                  f"in {DRAFTERS_FILE}{measured_elsewhere(table, table['machine'], runs_on)}")
 
 
-def choose_sampling_drafter(model_dir: str | os.PathLike | None) -> tuple[str, int | None, str] | None:
+def choose_sampling_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[str, bool] | None = None
+                            ) -> tuple[str, int | None, str] | None:
     """drafter="auto" when sampling: the entry of the drafters file with the highest per-token
-    speedup at its sampled temperature (``"sampled_speedup_per_token"``).
+    speedup at its sampled temperature (``"sampled_speedup_per_token"``); ``runs_on`` as
+    :func:`choose_auto_drafter`'s.
 
     Returns:
         (spec, num_draft_tokens or None, reason), or None when the file measured no temperature > 0.
@@ -299,14 +320,16 @@ def choose_sampling_drafter(model_dir: str | os.PathLike | None) -> tuple[str, i
     temperature = table.get("sampled_temperature")
     at = f"temperature {temperature:g}" if isinstance(temperature, (int, float)) else "its sampled temperature"
     reason = (f"auto when sampling: highest measured speedup per token at {at} ({best['sampled_speedup_per_token']:.2f}x "
-              f"on {describe_machine(table['machine'])}) in {DRAFTERS_FILE}")
+              f"on {describe_machine(table['machine'])}) in {DRAFTERS_FILE}{measured_elsewhere(table, table['machine'], runs_on)}")
     return best["drafter"], best.get("num_draft_tokens"), reason
 
 
-def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int) -> tuple[str, int | None, str] | None:
+def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int, runs_on: tuple[str, bool] | None = None
+                         ) -> tuple[str, int | None, str] | None:
     """drafter="auto" for a batch: the method with the highest measured throughput at the largest
     batch size <= ``batch_size`` of the drafters file's ``"batches"`` table (written by
-    ``mmspec bench caption --batch-sizes ... --write-drafters-file``), which may be "ar".
+    ``mmspec bench caption --batch-sizes ... --write-drafters-file``), which may be "ar";
+    ``runs_on`` as :func:`choose_auto_drafter`'s.
 
     Returns:
         (spec, num_draft_tokens or None, reason), or None when the file measured no such batch size.
@@ -319,7 +342,8 @@ def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int) -
     best = max((e for e in entries if e["batch_size"] == size), key=lambda e: e["speedup"])
     machine = (table.get("batches_measured") or {}).get("machine", table["machine"])
     reason = (f"auto for batch size {batch_size}: highest measured throughput at batch size {size} ({best['speedup']:.2f}x "
-              f"plain decoding's there, on {describe_machine(machine)}) in {DRAFTERS_FILE}")
+              f"plain decoding's there, on {describe_machine(machine)}) in {DRAFTERS_FILE}"
+              f"{measured_elsewhere({}, machine, runs_on)}")
     return best["drafter"], best.get("num_draft_tokens"), reason
 
 
@@ -433,11 +457,16 @@ class ImageCaptioningPipeline:
         local = Path(str(model)).expanduser()
         return loaded, processor, local if local.is_dir() else None
 
+    @property
+    def runs_on(self) -> tuple[str, bool]:
+        """(device type, CUDA graphs): the way of running a drafters file's speedups depend on."""
+        return self.device.type, bool(getattr(self.target, "captured", False))
+
     def resolve_drafter(self, drafter: Any, num_draft_tokens: int | None = None) -> tuple[Drafter | None, str, str]:
         """-> (the Drafter passed to generate, or None for plain AR; its name; how it was chosen)."""
         reason, auto_key = "given", None
         if isinstance(drafter, str) and drafter == "auto":
-            entry, reason = choose_auto_drafter(self.model_dir)
+            entry, reason = choose_auto_drafter(self.model_dir, self.runs_on)
             drafter = self._table_spec(entry["drafter"])
             if num_draft_tokens is None:
                 num_draft_tokens = entry.get("num_draft_tokens")
@@ -487,13 +516,13 @@ class ImageCaptioningPipeline:
         """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
         fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
         measured one."""
-        return self._auto_drafter(choose_batch_drafter(self.model_dir, batch_size) if self.auto and batch_size > 1 else None)
+        return self._auto_drafter(choose_batch_drafter(self.model_dir, batch_size, self.runs_on) if self.auto and batch_size > 1 else None)
 
     def sampling_drafter(self) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for one sampled caption: the pipeline's own, or with
         drafter="auto" the fastest per token at the drafters file's sampled temperature
         (:func:`choose_sampling_drafter`) when it measured one."""
-        return self._auto_drafter(choose_sampling_drafter(self.model_dir) if self.auto else None)
+        return self._auto_drafter(choose_sampling_drafter(self.model_dir, self.runs_on) if self.auto else None)
 
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
