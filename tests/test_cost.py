@@ -81,6 +81,44 @@ def test_depth_calibration_tracks_observed_acceptance():
     assert shallow.factors()[2] == 1 and shallow.factors()[1] < 1
 
 
+def test_path_calibration_conditions_each_depth_on_the_one_above():
+    """q = 0.9 per depth while only the first token is ever accepted: r_1 -> 1/0.9, r_2 -> 0 (its
+    floor 0.05), so rho_2 and rho_3 (products) fall to ~0.06 although depth 3 was never reached; a rejection at depth 1
+    moves r_1 only, and accepted steps that stop at depth 2 bring rho_3 back (a per-depth mean of
+    acceptance keeps it low: the trees that no longer reach depth 3 never update it)."""
+    from mmspec.core.cost import DepthCalibration, PathCalibration
+
+    overconfident = PathCalibration(max_depth=3, decay=0.5)
+    assert torch.equal(overconfident.factors(), torch.ones(4))
+    for _ in range(40):
+        overconfident.update(torch.tensor([0.0, 0.9, 0.9, 0.0]), accepted_length=1)  # depth 2 verified and rejected
+    rho = overconfident.factors()
+    assert rho[1] == pytest.approx(1 / 0.9, rel=1e-3) and rho[2] == pytest.approx(0.05 / 0.9, rel=1e-3)
+    assert rho[3] == pytest.approx(rho[2])  # r_2 at its floor, r_3 = 1
+    assert overconfident.accepted[3] == 1 and overconfident.predicted[3] == 1  # never reached: untouched
+
+    path, per_depth = PathCalibration(max_depth=3, decay=0.5), DepthCalibration(max_depth=3, decay=0.5)
+    path.update(torch.tensor([0.0, 0.9]), accepted_length=0)  # a three-deep chain rejected at its first token
+    per_depth.update(torch.tensor([0.0, 0.9, 0.8, 0.7]), accepted_length=0)
+    assert path.factors()[3] == pytest.approx(path.factors()[1]) and path.factors()[1] < 1  # only r_1 moved
+    low = float(per_depth.factors()[3])
+    for _ in range(10):  # then two-node chains, both accepted
+        path.update(torch.tensor([0.0, 0.95, 0.95, 0.0]), accepted_length=2)
+        per_depth.update(torch.tensor([0.0, 0.95, 0.95]), accepted_length=2)
+    assert float(per_depth.factors()[3]) == low < 0.6  # frozen
+    assert float(path.factors()[3]) > 0.95  # r_1, r_2 restored, r_3 untouched
+
+
+def test_path_sums_are_the_children_of_the_accepted_path():
+    from mmspec.core.cost import PathCalibration
+
+    parents = torch.tensor([-1, -1, 0, 0, 2])
+    log_v = torch.tensor([0.9, 0.05, 0.9 * 0.6, 0.9 * 0.3, 0.9 * 0.6 * 0.5]).log()
+    sums = PathCalibration.path_sums(parents, log_v, [0, 2])  # nodes 0 then 2 accepted
+    assert torch.allclose(sums, torch.tensor([0.0, 0.95, 0.9, 0.5]))  # depth 3: node 2's only child, q = 0.5
+    assert torch.allclose(PathCalibration.path_sums(parents, log_v, []), torch.tensor([0.0, 0.95]))
+
+
 def test_chain_acceptance_is_a_product_of_conditional_rates():
     from mmspec.core.cost import ChainAcceptance
 

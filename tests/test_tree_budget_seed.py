@@ -130,3 +130,25 @@ def test_greedy_lantern_auto_tree_does_not_read_the_clock(monkeypatch):
         outputs.append(out.sequences)
         assert out.stats.config["tree_budget"] == "nominal"
     assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+
+
+def test_greedy_trees_carry_their_calibration_across_generations_and_sampled_trees_do_not():
+    """Exact greedy decoding's output does not depend on the tree, so a drafter's next generation
+    starts from the confidences' calibration its last one left (a caption's first steps no longer
+    trust the head afresh); a sampled generation starts from rho = 1, so a seed still reproduces it."""
+    case, head = text_case()
+    with torch.no_grad():
+        head.decoder.norm.weight.mul_(30.0)  # a confident head: trees are kept, and rejected
+    reference = mmspec.generate(case.model, max_new_tokens=16, **case.inputs)
+    drafter = Eagle2Drafter(case.model, head, depth=4, top_k=3, max_nodes=20)
+    mmspec.generate(case.model, drafter=drafter, max_new_tokens=16, **case.inputs)
+    learned = drafter.policy.calibration
+    assert not torch.equal(learned.factors(), torch.ones(5))  # the first generation saw evidence
+    second = mmspec.generate(case.model, drafter=drafter, max_new_tokens=16, **case.inputs)
+    assert drafter.policy.calibration is learned and torch.equal(second.sequences, reference.sequences)
+    sampled = [mmspec.generate(case.model, drafter=drafter, max_new_tokens=16, do_sample=True, seed=3, **case.inputs)
+               for _ in range(2)]
+    assert drafter.policy.calibration is not learned and torch.equal(sampled[0].sequences, sampled[1].sequences)
+    drafter.carry_calibration = False
+    mmspec.generate(case.model, drafter=drafter, max_new_tokens=16, **case.inputs)
+    assert drafter.policy.calibration is not learned

@@ -155,6 +155,67 @@ class DepthCalibration:
         self.accepted[depths] = self.decay * self.accepted[depths] + old * (depths <= accepted_length).float()
 
 
+class PathCalibration:
+    """Online calibration of a greedy tree drafter's confidences, each depth given the one above.
+
+    In a greedy (deterministic) draft tree a node is accepted iff its parent was and its token is
+    the target's choice there; the drafter's confidence in that is the node's conditional
+    q_i = V_i / V_parent(i) (EAGLE-2's cumulative confidences V). Per depth
+
+        r_d = EMA(1[accepted >= d]) / EMA(sum of q over the verified children of the accepted node at depth d - 1),
+        rho_d = r_1 r_2 ... r_d,     gain_i = rho_{d(i)} V_i,
+
+    each r_d's running means (both starting at 1: trusted until evidence arrives) updated only by
+    the steps whose accepted path reached depth d - 1 and verified children there. Against a
+    running mean of 1[accepted >= d] over one of sum V per depth (:class:`DepthCalibration`), a
+    rejection at depth 1 no longer lowers the depths below it on its own, and a depth the trees
+    stop reaching cannot stay frozen low: there, one step rejected at depth 1 set rho_3 ~ 0.3, the
+    next trees kept two nodes (both accepted, step after step) and never verified depth 3 again;
+    here that step lowers r_1 only, which the accepted steps after it restore.
+
+    Args:
+        max_depth: deepest tree layer tracked.
+        decay: EMA weight of the past per update of a depth.
+    """
+
+    def __init__(self, max_depth: int, decay: float = 0.7) -> None:
+        self.predicted = torch.ones(max_depth + 1)
+        self.accepted = torch.ones(max_depth + 1)
+        self.decay = decay
+
+    def factors(self) -> torch.Tensor:
+        """rho [max_depth + 1] (index = depth; index 0 is 1): the products of r_1 .. r_d, each r
+        and each product clamped to [0.05, 2]."""
+        rates = (self.accepted / self.predicted).clamp(0.05, 2.0)
+        rates[0] = 1.0
+        return rates.cumprod(0).clamp(0.05, 2.0)
+
+    def update(self, conditional_sums: torch.Tensor, accepted_length: int) -> None:
+        """conditional_sums: [D + 1], at d the sum of q over the verified children of the accepted
+        path's node at depth d - 1 (the root's at d = 1), 0 where it had none or the path stopped
+        above d - 1; accepted_length: draft tokens accepted."""
+        old = 1 - self.decay
+        for d in range(1, min(len(conditional_sums) - 1, accepted_length + 1, len(self.predicted) - 1) + 1):
+            total = float(conditional_sums[d])
+            if total <= 0:
+                continue
+            self.predicted[d] = self.decay * self.predicted[d] + old * total
+            self.accepted[d] = self.decay * self.accepted[d] + old * float(accepted_length >= d)
+
+    @staticmethod
+    def path_sums(parents: torch.Tensor, log_values: torch.Tensor, path: list[int]) -> torch.Tensor:
+        """A verified greedy tree (parents [N], -1 = the root; log V [N]) and its accepted path (node
+        indices, depth 1 first) -> the conditional sums :meth:`update` reads, [len(path) + 2]."""
+        sums = torch.zeros(len(path) + 2)
+        parents, log_values = parents.cpu(), log_values.float().cpu()
+        above = [-1] + list(path)
+        for d, parent in enumerate(above, start=1):
+            children = parents == parent
+            base = 0.0 if parent < 0 else float(log_values[parent])
+            sums[d] = float((log_values[children] - base).exp().sum())
+        return sums
+
+
 class ChainAcceptance:
     """Online estimate of how far a drafted chain is accepted, P(accepted >= d) for d = 1 .. D.
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder
+from ..core.cost import PathCalibration
 from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
@@ -385,6 +386,8 @@ class Eagle2Drafter(EagleDrafter):
         width = head.fc.out_features
         self.relative_layer_cost = (forward_parameters(head) + self.lm_head.size * width) / self._target_parameters(target_model)
         self.policy: TreeBudgetPolicy | None = None  # num_nodes="auto": this generation's size policy
+        self.carry_calibration = True  # (see start)
+        self.carried_calibrations: dict[tuple, PathCalibration] = {}  # (target model, depth, top_k) -> its calibration
         self.chosen_nodes: list[int] = []
         self.drafted_depths: list[int] = []
 
@@ -415,7 +418,17 @@ class Eagle2Drafter(EagleDrafter):
         self.policy = None
         if self.num_nodes == "auto":
             budget = budget_class(self.budget, context.output_follows_draft).for_generation(context, self.relative_layer_cost, state)
-            self.policy = TreeBudgetPolicy(budget, self.depth)
+            self.policy = TreeBudgetPolicy(budget, self.depth, self._calibration(context))
+
+    def _calibration(self, context) -> PathCalibration | None:
+        """The confidences' calibration this generation's top-k trees start from: where the tree
+        cannot change the output (exact greedy decoding), the one the drafter's earlier generations
+        of the same target and tree shape left, so that a caption's first steps do not trust the head's
+        confidences afresh; else None (a new one: a seed reproduces a sampled output)."""
+        if not self.carry_calibration or context.output_follows_draft or self._samples_children(context):
+            return None
+        key = (id(context.target.model), self.depth, self.top_k)
+        return self.carried_calibrations.setdefault(key, PathCalibration(self.depth))
 
     def _captures(self) -> bool:
         return type(self).propose is Eagle2Drafter.propose and not self._samples_children()

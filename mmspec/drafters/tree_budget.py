@@ -32,7 +32,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from ..core.cost import ChainAcceptance, CostModel, DepthCalibration, cached_verification_cost
+from ..core.cost import ChainAcceptance, CostModel, DepthCalibration, PathCalibration, cached_verification_cost
 from ..core.tree import TokenTree
 
 #: name -> budget class (:func:`register_budget`)
@@ -194,8 +194,8 @@ class TreeBudgetPolicy:
     - size: of the grown candidates, the n most confident that maximise
       (1 + sum_{i <= n} rho_{d(i)} V_i) / (C(n + 1) + t) are kept.
 
-    rho_d calibrates the confidences per depth against the acceptance observed so far
-    (:class:`~mmspec.core.cost.DepthCalibration`).
+    rho_d calibrates the confidences per depth against the acceptance observed so far, each depth
+    given the one above (:class:`~mmspec.core.cost.PathCalibration`).
 
     Sampled trees (children drawn from q; whether a slot opens may not depend on its token):
 
@@ -206,14 +206,16 @@ class TreeBudgetPolicy:
     Args:
         budget: C(m), c_layer and t.
         max_depth: the deepest tree layer.
+        calibration: the top-k trees' rho to start from and update (default: a new one, rho = 1).
     """
 
-    def __init__(self, budget: TreeBudget, max_depth: int) -> None:
+    def __init__(self, budget: TreeBudget, max_depth: int, calibration: PathCalibration | None = None) -> None:
         self.budget = budget
-        self.calibration = DepthCalibration(max_depth)
+        self.calibration = PathCalibration(max_depth) if calibration is None else calibration
         self.chain_acceptance = ChainAcceptance(max_depth)  # sampled trees: how far the first-child chain is accepted
         self.sibling_calibration = DepthCalibration(1)  # sampled trees: siblings apart from the chain
-        self.verified_depth_sums: torch.Tensor | None = None  # sum of V per depth of the tree in verification
+        self.verified_tree: TokenTree | None = None  # the top-k tree in verification
+        self.path_sums: torch.Tensor | None = None  # its PathCalibration sums, once its accepted path is known
         self.verified_siblings: tuple[set[int], float] | None = None  # (sibling nodes, sum of their V)
         self.sibling_accepted = False
         self.token_cost: float | None = None  # T_tok: running mean of a step's cost per committed token
@@ -292,28 +294,29 @@ class TreeBudgetPolicy:
         cost = self.budget.forward_cost
         self.step_cost = cost(tree.size + 1) + self.budget.spent()
         self.node_cost = max(0.0, cost(tree.size + 2) - cost(tree.size + 1))
-        values = tree.scores.exp().float().cpu()
         if sampled:  # the chain of first children (ChainAcceptance); the siblings apart
             siblings = sorted(kid for parent in range(-1, tree.size) for kid in tree.children(parent)[1:])
-            self.verified_siblings = (set(siblings), float(values[siblings].sum()))
+            self.verified_siblings = (set(siblings), float(tree.scores.exp().float().cpu()[siblings].sum()))
         else:
-            self.verified_depth_sums = torch.zeros(tree.max_depth + 1).index_add_(0, tree.depth, values)
+            self.verified_tree = tree
         return tree
 
     # ---- feedback -------------------------------------------------------------------------------
     def on_tree_verified(self, path: torch.Tensor) -> None:
         """path: LongTensor [n] accepted node indices of the verified tree."""
+        if self.verified_tree is not None:
+            self.path_sums = PathCalibration.path_sums(self.verified_tree.parents, self.verified_tree.scores, path.tolist())
         self.sibling_accepted = self.verified_siblings is not None and any(int(n) in self.verified_siblings[0] for n in path)
 
     def on_verified(self, drafted_depth: int, num_drafted: int, num_accepted: int) -> None:
         """Update the calibrations with a verified tree of depth ``drafted_depth``."""
-        if self.verified_depth_sums is not None and num_drafted:
-            self.calibration.update(self.verified_depth_sums, num_accepted)
+        if self.path_sums is not None and num_drafted:
+            self.calibration.update(self.path_sums, num_accepted)
         if self.verified_siblings is not None:
             self.chain_acceptance.update(drafted_depth, num_accepted)
             if self.verified_siblings[1] > 0:
                 self.sibling_calibration.update(torch.tensor([0.0, self.verified_siblings[1]]), int(self.sibling_accepted))
-        self.verified_depth_sums, self.verified_siblings = None, None
+        self.verified_tree, self.path_sums, self.verified_siblings = None, None, None
         if self.step_cost is not None:
             per_token = self.step_cost / (num_accepted + 1)
             self.token_cost = per_token if self.token_cost is None else 0.7 * self.token_cost + 0.3 * per_token
