@@ -427,7 +427,7 @@ class Eagle2Drafter(EagleDrafter):
         confidences afresh; else None (a new one: a seed reproduces a sampled output)."""
         if not self.carry_calibration or context.output_follows_draft or self._samples_children(context):
             return None
-        key = (id(context.target.model), self.depth, self.top_k)
+        key = (id(getattr(context.target, "model", context.target)), self.depth, self.top_k)
         return self.carried_calibrations.setdefault(key, PathCalibration(self.depth))
 
     def _captures(self) -> bool:
