@@ -168,10 +168,10 @@ class PathCalibration:
     each r_d's running means (both starting at 1: trusted until evidence arrives) updated only by
     the steps whose accepted path reached depth d - 1 and verified children there. Against a
     running mean of 1[accepted >= d] over one of sum V per depth (:class:`DepthCalibration`), a
-    rejection at depth 1 no longer lowers the depths below it on its own, and a depth the trees
-    stop reaching cannot stay frozen low: there, one step rejected at depth 1 set rho_3 ~ 0.3, the
-    next trees kept two nodes (both accepted, step after step) and never verified depth 3 again;
-    here that step lowers r_1 only, which the accepted steps after it restore.
+    rejection at depth 1 no longer lowers the depths below it on its own, so a depth the trees
+    stop reaching does not stay low: there, two steps rejected at their first token set rho_3 ~ 0.3
+    in one caption, and the trees of two nodes that followed, accepted whole, no longer verified
+    depth 3 to raise it; here such a step lowers r_1 only, which the accepted steps after it restore.
 
     Args:
         max_depth: deepest tree layer tracked.

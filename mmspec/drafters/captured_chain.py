@@ -180,7 +180,7 @@ class CapturedEagleChain(CapturedHeadStep):
 class CapturedEagle2Tree(CapturedHeadStep):
     """EAGLE-2's greedy (top-k) tree grown in one graph replay per step, as
     :func:`~mmspec.core.tree.dynamic_tree` grows it without an early stop: after the catch-up
-    (:class:`CapturedEagleChain`'s), the root's top_k tokens are layer 1, and each of the
+    (:class:`CapturedHeadStep`'s), the root's top_k tokens are layer 1, and each of the
     ``depth - 1`` expansions feeds the top_k frontier nodes of the last layer to the head (node j
     at slot b + (e - 1) top_k + j, b = s + n, position b + depth - 1, seeing the committed slots,
     its fed ancestors and itself), takes each one's top_k children by log q (a stable sort, as
