@@ -133,7 +133,7 @@ def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vo
     with its scores, and leaves the head's committed pairs as the Python tree does, verification
     after verification; a step allowed fewer layers keeps the layers it may verify.
     """
-    from test_eagle import _started
+    from test_eagle import _accept_first_children, _started
 
     case, head, words = sharp_head(vocabulary)
     captured, loop = (Eagle2Drafter(case.model, head, depth=4, top_k=3, num_nodes=num_nodes, draft_vocabulary=words,
@@ -152,14 +152,7 @@ def test_the_captured_eagle2_tree_grows_what_the_python_tree_grows(num_nodes, vo
             length = loop.cache.get_seq_length()
             assert captured.captured_step.cache.length == length and captured.fed == loop.fed
             torch.testing.assert_close(captured.captured_step.cache.keys[0][..., :length, :], loop.cache.layers[0].keys[..., :length, :])
-            tree, path = mine.tree, []  # accept along the first children
-            while len(path) < step % 3 and tree.children(path[-1] if path else -1):
-                path.append(tree.children(path[-1] if path else -1)[0])
-            drafted = mine.tokens[0, path]
-            out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
-            state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
-            for drafter in (captured, loop):
-                drafter.on_verified(mine.length, len(path), out)
+            _accept_first_children(target, state, mine, step % 3, (captured, loop))
     assert captured.describe()["captured_head"]
 
 

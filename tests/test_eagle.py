@@ -244,6 +244,19 @@ def _started(target, drafters, sampling=None):
     return state
 
 
+def _accept_first_children(target, state, draft, most, drafters):
+    """Verify a tree ``draft`` as if up to ``most`` of its first children were accepted (fewer where
+    the line ends), commit them and the target's next token, and tell every drafter."""
+    tree, path = draft.tree, []
+    while tree is not None and len(path) < most and tree.children(path[-1] if path else -1):
+        path.append(tree.children(path[-1] if path else -1)[0])
+    drafted = draft.tokens[0, path]
+    out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
+    state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
+    for drafter in drafters:
+        drafter.on_verified(draft.length, len(path), out)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
 def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
@@ -317,14 +330,7 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
             length = fused.cache.get_seq_length()
             assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
             assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
-            tree, path = mine.tree, []  # accept along the first children
-            while tree is not None and len(path) < step % 3 and tree.children(path[-1] if path else -1):
-                path.append(tree.children(path[-1] if path else -1)[0])
-            drafted = mine.tokens[0, path]
-            out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
-            state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
-            for drafter in (fused, loop):
-                drafter.on_verified(mine.length, len(path), out)
+            _accept_first_children(target, state, mine, step % 3, (fused, loop))
     assert len(trees) == 4 and all(tree is not None for tree in trees)  # (the first: the prompt's pairs but the last fed first)
     assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)  # (a random head: auto keeps none)
 
