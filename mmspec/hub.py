@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .cpu import cpu_flags
+
 SMOLLM2 = "smollm2-135m-instruct"
 ALIASES = {"smollm2": SMOLLM2, "smollm2-135m": SMOLLM2, "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -137,9 +139,7 @@ def load_causal_lm(
 def fast_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether bfloat16 matmuls are fast on ``device``: any CUDA device, or a CPU with AMX or
     AVX512-BF16 (on a CPU with AVX2 only, PyTorch's bf16 matmul is ~200x slower than fp32; the
-    flags as :func:`mmspec.modeling.fast_linear.cpu_flags` gives them, ``MMSPEC_CPU_FLAGS`` heeded)."""
-    from .modeling.fast_linear import cpu_flags
-
+    flags as :func:`mmspec.cpu.cpu_flags` gives them, ``MMSPEC_CPU_FLAGS`` heeded)."""
     device = torch.device(device)
     if device.type == "cuda":
         return True

@@ -25,7 +25,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .fast_linear import KernelUnavailable, cpu_flags, load_kernel
+from ..cpu import cpu_flags
+from .fast_linear import KernelUnavailable, load_kernel
 
 #: the values of MMSPEC_ATTENTION
 BACKENDS = ("c", "sdpa")

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.verify import ROW_ARGMAXES, SPECULATIVE_KERNELS
+from ..cpu import cpu_flags, machine_cpu_flags  # (re-exported: their home before mmspec.cpu)
 
 KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library: the few-row linears, the batch-invariant attention, fused layers
@@ -69,37 +70,6 @@ _LIBRARY: ctypes.CDLL | None = None
 
 class KernelUnavailable(RuntimeError):
     """The C kernel cannot be built or loaded on this machine (the message says why)."""
-
-
-@functools.cache
-def machine_cpu_flags() -> frozenset[str]:
-    """The CPU's flags as /proc/cpuinfo lists them (read once; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
-    except OSError:
-        return frozenset()
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU flags mmspec chooses its kernels and its "auto" dtype by (read once per process, as
-    the kernel choices are made): the machine's, or the subset that ``MMSPEC_CPU_FLAGS`` names
-    (comma-separated), so that one machine runs mmspec as a CPU with fewer features would (``avx2,fma``: an AVX2-only CPU, float32 and the 8-lane
-    kernels; with PyTorch's own ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` and
-    ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for its operators).
-
-    Raises:
-        ValueError: ``MMSPEC_CPU_FLAGS`` names a flag this CPU lacks.
-    """
-    wanted = os.environ.get("MMSPEC_CPU_FLAGS")
-    if wanted is None:
-        return machine_cpu_flags()
-    named = frozenset(wanted.replace(",", " ").split())
-    if missing := named - machine_cpu_flags():
-        raise ValueError(f"MMSPEC_CPU_FLAGS={wanted!r} names flags this CPU lacks ({', '.join(sorted(missing))}); "
-                         "name a subset of its flags (e.g. avx2,fma) or unset it")
-    return named
 
 
 def cache_dir() -> Path:

@@ -27,6 +27,7 @@ import ctypes
 import functools
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,9 @@ from torch import nn
 
 from ..core.cache import CACHE_COMPACTORS, PreallocatedLayer
 from ..core.sampling import SamplingConfig
+from ..cpu import cpu_flags
 from .attention import MAX_HEAD_DIM, mask_strides
-from .fast_linear import FewRowLinear, bf16_variants, cpu_flags, default_max_rows, fp32_variants, load_kernel, weight_version
+from .fast_linear import FewRowLinear, bf16_variants, default_max_rows, fp32_variants, load_kernel, weight_version
 
 _LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3, "amx packed": 4}
 #: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
@@ -116,28 +118,49 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+#: layer class -> the function giving a layer of it as :func:`_parts` returns it (or None where that
+#: layer does not qualify). A model module registers its own layer class (:func:`register_layout`),
+#: so that this module, beneath the models that call it, never imports them.
+LAYOUTS: dict[type, Callable[[nn.Module], tuple | None]] = {}
+
+
+def register_layout(cls: type) -> Callable[[Callable[[nn.Module], tuple | None]], Callable[[nn.Module], tuple | None]]:
+    """A decorator registering its function as the layout of the layers of class ``cls`` exactly
+    (a subclass may lay out its parts otherwise: it registers its own).
+
+    Raises:
+        ValueError: ``cls`` has a layout already.
+    """
+    def register(parts: Callable[[nn.Module], tuple | None]) -> Callable[[nn.Module], tuple | None]:
+        if cls in LAYOUTS:
+            raise ValueError(f"a fused-layer layout for {cls.__qualname__} is already registered")
+        LAYOUTS[cls] = parts
+        return parts
+
+    return register
+
+
+def _llama_parts(layer: nn.Module):
+    """transformers' ``LlamaDecoderLayer`` as :func:`_parts` gives it (None for an activation other than SiLU)."""
+    attn, mlp, config = layer.self_attn, layer.mlp, layer.self_attn.config
+    if not isinstance(mlp.act_fn, nn.SiLU) and type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+        return None
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, [attn.q_proj, attn.k_proj, attn.v_proj],
+            attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, layer.input_layernorm.variance_epsilon,
+            layer.post_attention_layernorm.variance_epsilon, heads, config.num_key_value_heads, head_dim, attn.scaling, 0)
+
+
 def _parts(layer: nn.Module):
     """(norm1, norm2, [q, k, v] or [qkv], o, gate, up, down, eps1, eps2, heads, kv heads, head dim, scale, rope)
-    of a supported layer layout, or None."""
+    of a supported layer layout (transformers' Llama layer, or a class in :data:`LAYOUTS`), or None."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from .llamagen import TransformerBlock
-
     if type(layer) is LlamaDecoderLayer:
-        attn, mlp, config = layer.self_attn, layer.mlp, layer.self_attn.config
-        if not isinstance(mlp.act_fn, nn.SiLU) and type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
-            return None
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, [attn.q_proj, attn.k_proj, attn.v_proj],
-                attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, layer.input_layernorm.variance_epsilon,
-                layer.post_attention_layernorm.variance_epsilon, heads, config.num_key_value_heads, head_dim, attn.scaling, 0)
-    if type(layer) is TransformerBlock:
-        c = layer.attention.config
-        return (layer.attention_norm.weight, layer.ffn_norm.weight, [layer.attention.wqkv], layer.attention.wo,
-                layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2, layer.attention_norm.eps,
-                layer.ffn_norm.eps, c.n_head, c.kv_heads, c.head_dim, c.head_dim**-0.5, 1)
-    return None
+        return _llama_parts(layer)
+    parts = LAYOUTS.get(type(layer))
+    return None if parts is None else parts(layer)
 
 
 def _probe(layer: nn.Module):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import fused_layers, fused_plans
+from .fused import fused_layers, fused_plans, register_layout
 from .persistence import DataclassModel
 
 CONFIG_FILE = "llamagen_config.json"
@@ -168,6 +168,16 @@ class TransformerBlock(nn.Module):
     def forward(self, x, rope, cache=None, mask=None):
         x = x + self.attention(self.attention_norm(x), rope, cache, mask)
         return x + self.feed_forward(self.ffn_norm(x))
+
+
+@register_layout(TransformerBlock)
+def _block_parts(layer: TransformerBlock) -> tuple:
+    """The block as the fused layer reads it (:func:`mmspec.modeling.fused.register_layout`): one
+    fused qkv projection, consecutive-pair rotary embedding (rope 1)."""
+    c = layer.attention.config
+    return (layer.attention_norm.weight, layer.ffn_norm.weight, [layer.attention.wqkv], layer.attention.wo,
+            layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2, layer.attention_norm.eps,
+            layer.ffn_norm.eps, c.n_head, c.kv_heads, c.head_dim, c.head_dim**-0.5, 1)
 
 
 class CaptionMLP(nn.Module):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters.audio.codec import log_mel
+from .spectrogram import log_mel
 from .persistence import DataclassModel
 
 
@@ -71,7 +71,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
     # ---- features ----------------------------------------------------------------------------
     def _inverse(self):
         """(InverseMelScale, GriffinLim) with the codec's settings (the same mel filters as
-        :func:`~mmspec.adapters.audio.codec.log_mel`)."""
+        :func:`~mmspec.modeling.spectrogram.log_mel`)."""
         if not self._audio_transforms:
             import torchaudio
 

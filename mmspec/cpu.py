@@ -1,0 +1,43 @@
+"""The CPU's feature flags, as mmspec chooses its kernels and its "auto" dtype by them.
+
+A module of its own beneath everything that asks (:mod:`mmspec.hub` for the "auto" dtype,
+:mod:`mmspec.modeling` for the C kernels, :mod:`mmspec.bench` for the machine record): reading
+/proc/cpuinfo needs nothing of mmspec, and the hub sits below the modeling layer, so the flags
+cannot live in :mod:`mmspec.modeling.fast_linear` (which re-exports them under their old names).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+
+@functools.cache
+def machine_cpu_flags() -> frozenset[str]:
+    """The CPU's flags as /proc/cpuinfo lists them (read once; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
+    except OSError:
+        return frozenset()
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU flags mmspec chooses its kernels and its "auto" dtype by (read once per process, as
+    the kernel choices are made): the machine's, or the subset that ``MMSPEC_CPU_FLAGS`` names
+    (comma-separated), so that one machine runs mmspec as a CPU with fewer features would (``avx2,fma``: an AVX2-only CPU, float32 and the 8-lane
+    kernels; with PyTorch's own ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` and
+    ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for its operators).
+
+    Raises:
+        ValueError: ``MMSPEC_CPU_FLAGS`` names a flag this CPU lacks.
+    """
+    wanted = os.environ.get("MMSPEC_CPU_FLAGS")
+    if wanted is None:
+        return machine_cpu_flags()
+    named = frozenset(wanted.replace(",", " ").split())
+    if missing := named - machine_cpu_flags():
+        raise ValueError(f"MMSPEC_CPU_FLAGS={wanted!r} names flags this CPU lacks ({', '.join(sorted(missing))}); "
+                         "name a subset of its flags (e.g. avx2,fma) or unset it")
+    return named
