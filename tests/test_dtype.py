@@ -31,6 +31,7 @@ def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
         return lambda name, *a, **k: real_open(path if name == "/proc/cpuinfo" else name, *a, **k)
 
     try:
+        monkeypatch.delenv("MMSPEC_CPU_FLAGS", raising=False)  # (the made-up CPUs' own flags, whatever the run narrows them to)
         monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx avx2 fma"))
         assert not hub.fast_bf16("cpu")
         monkeypatch.setattr(builtins, "open", fake_cpuinfo("avx2 avx512f amx_bf16 amx_tile"))

@@ -457,3 +457,48 @@ def test_int8_linear_refuses_what_its_kernel_cannot_read():
             fused.int8_linear(x, blob, 16, b)
     with pytest.raises(ValueError, match=r"int8 path 'sse' does not run here; this CPU runs \("):
         fused.int8_linear(torch.randn(2, 8), blob, 16, path="sse")
+
+
+def _c_enum(header: str, name: str) -> dict[str, int]:
+    """``enum name { A = 0, B = 1, ... };`` of the C header -> {A: 0, B: 1} (each member with its value written out)."""
+    import re
+
+    body = re.search(r"enum\s+" + name + r"\s*\{(.*?)\};", header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return {member: int(value) for member, value in re.findall(r"(\w+)\s*=\s*(\d+)", body)}
+
+
+def test_the_kernel_ids_are_the_c_enums():
+    """mmspec.modeling.kernel_ids mirrors kernels/kernels.h's enums name by name and value by value,
+    so that Python and C mean the same kernel by a number; LayerSpec's ctypes fields are the C
+    struct's, in its order."""
+    import re
+    from pathlib import Path
+
+    from mmspec.modeling.kernel_ids import Int8Path, LinearKernel
+
+    header = (Path(fused.__file__).with_name("kernels") / "kernels.h").read_text()
+    assert _c_enum(header, "linear_kernel") == {f"LINEAR_{k.name}": k.value for k in LinearKernel}
+    assert _c_enum(header, "i8_path") == {f"I8_PATH_{p.name}": p.value for p in Int8Path}
+    struct = re.search(r"typedef struct \{(.*?)\} LayerSpec;", header, re.S).group(1)
+    struct = re.sub(r"/\*.*?\*/", "", struct, flags=re.S)
+    fields = [name for declaration in struct.split(";") if declaration.strip()
+              for name in re.findall(r"\*?\s*(\w+)\s*(?:,|$)", declaration.strip())]
+    assert fields == [name for name, _ in fused.LayerSpec._fields_]
+    # the names the rest of mmspec uses map onto them: every variant, and the int8 ids the C switch reads back
+    assert [LinearKernel.variant(v) for v in ("avx2", "avx512", "avx512bf16", "amx", "amx packed")] == list(LinearKernel)[:5]
+    assert fused.INT8_PATHS == {"scalar": 0, "vnni": 1, "amx": 2, "avx2": 3}
+    for path in Int8Path:
+        for bf16 in (True, False):
+            code = LinearKernel.int8(path, bf16)
+            assert ((code - LinearKernel.I8) // 2, (code - LinearKernel.I8) % 2 == 0) == (path, bf16)
+
+
+@needs_kernel
+def test_every_kernel_entry_is_exported():
+    """Each kernel id's C entry (kernel_ids) is a symbol of the built library."""
+    from mmspec.modeling.fast_linear import load_kernel
+    from mmspec.modeling.kernel_ids import LinearKernel
+
+    library = load_kernel()
+    assert all(hasattr(library, kernel.entry) for kernel in LinearKernel)

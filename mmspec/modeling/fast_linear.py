@@ -11,7 +11,7 @@ parameters (no copy; tied weights stay tied; the state dict is unchanged), the w
 libraries replace modules: the model's own forward methods are untouched. A few-row input (at most
 ``max_rows`` rows, no gradient needed) then goes through one of:
 
-- ``"c"``: a small C kernel (``kernels/few_rows.c``, AVX2 + FMA, or AVX-512 where the CPU has it;
+- ``"c"``: a small C kernel (``kernels/linear_fp32.c``, AVX2 + FMA, or AVX-512 where the CPU has it;
   OpenMP over output blocks) that
   loads each block of W once, uses it for every row while it is in L1, and prefetches the next
   block meanwhile (a model's weights stream from DRAM: one 1536 x 576 fp32 linear, 1 thread,
@@ -58,12 +58,17 @@ from torch import nn
 
 from ..core.verify import ROW_ARGMAXES, SPECULATIVE_KERNELS
 from ..cpu import cpu_flags, machine_cpu_flags  # (re-exported: their home before mmspec.cpu)
+from .kernel_ids import LinearKernel
 
 KERNELS = ("auto", "c", "transposed")
-#: the C sources of the kernel library: the few-row linears, the batch-invariant attention, fused layers
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("few_rows.c", "attention.c", "layer.c"))
-#: the headers they include (part of the build's digest)
-HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16.h", "vmath.h"))
+#: the C sources of the kernel library, every ``.c`` file of ``kernels/`` (sorted: the build's digest
+#: and link order are the same on every machine): the few-row linears (``linear_fp32.c``,
+#: ``linear_bf16.c``, ``linear_int8.c``), the rows' argmax and speculative rule (``verify.c``), the
+#: batch-invariant attention (``attention.c``), fused layers (``layer.c``)
+SOURCES = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.c")))
+#: the headers they include (part of the build's digest): ``kernels.h`` declares every entry point,
+#: the kernel ids and the fused layer's spec
+HEADERS = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.h")))
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _LIBRARY: ctypes.CDLL | None = None
 
@@ -205,9 +210,7 @@ def _kernel_function(dtype: torch.dtype, variant: str | None):
         raise ValueError(f"the few-row kernel takes float32 or bfloat16 weights, got {dtype}")
     if variant not in (None, *variants):
         raise KernelUnavailable(f"the {kind} few-row kernel {variant!r} does not run here; this machine runs {variants}")
-    function = _FUNCTIONS[dtype, variant] = {
-        "avx2": library.few_rows_linear, "avx512": library.few_rows_linear_avx512,
-        "avx512bf16": library.few_rows_linear_bf16, "amx": library.few_rows_linear_amx}[variant]
+    function = _FUNCTIONS[dtype, variant] = getattr(library, LinearKernel.variant(variant).entry)
     return function
 
 
@@ -229,7 +232,7 @@ def pack_amx(weight: torch.Tensor) -> torch.Tensor:
     32-column chunk of each 16-row block is the 1 KB tile the kernel loads as the right operand
     of its tile product (row r: for each of the 16 outputs the pair of columns 2r, 2r + 1), in the
     order it loads them, so the weight streams from memory as one sequence and the rows of x are
-    read in place as the left operand (``kernels/few_rows.c``)."""
+    read in place as the left operand (``kernels/linear_bf16.c``)."""
     n, k = weight.shape
     return weight.detach().view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
 
@@ -275,7 +278,7 @@ def speculative_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
                      accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, pad: int
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`mmspec.core.verify.speculative_verify` in one C call (``speculative_rows`` in
-    ``kernels/few_rows.c``: the same fp32 products and comparisons, the same double cumulative sums):
+    ``kernels/verify.c``: the same fp32 products and comparisons, the same double cumulative sums):
     -> (num_accepted [B], tokens [B, K + 1]) for contiguous fp32 CPU tensors where the kernels built;
     None elsewhere (or for a draft token outside the vocabulary: the PyTorch path reports it).
     Registered with :data:`mmspec.core.verify.SPECULATIVE_KERNELS`."""

@@ -38,8 +38,8 @@ from ..core.sampling import SamplingConfig
 from ..cpu import cpu_flags
 from .attention import MAX_HEAD_DIM, mask_strides
 from .fast_linear import FewRowLinear, bf16_variants, default_max_rows, fp32_variants, load_kernel, weight_version
+from .kernel_ids import Int8Path, LinearKernel
 
-_LINEAR_CODES = {"avx2": 0, "avx512": 1, "avx512bf16": 2, "amx": 3, "amx packed": 4}
 #: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
 #: oneDNN's linears are faster (a 256 x 256 bf16 linear at 96 rows 28 against 34 us, 1536 x 576 251
 #: against 291 us, one core), but one C call saves a layer's ~25 module calls, which outweighs that
@@ -221,7 +221,7 @@ def _build(layer: nn.Module) -> LayerPlan | None:
                      bq=biases[0], bk=biases[1], bv=biases[2], bo=_ptr(o.bias), wg=gate_w.data_ptr(),
                      wu=up_w.data_ptr(), wd=down_w.data_ptr(), D=norm1.shape[0], H=heads, Hkv=kv_heads,
                      hd=head_dim, I=gate.out_features, eps1=eps1, eps2=eps2, scale=scale, rope=rope,
-                     bf16=int(dtype == torch.bfloat16), linear=_LINEAR_CODES[kernel],
+                     bf16=int(dtype == torch.bfloat16), linear=LinearKernel.variant(kernel),
                      wide=int("avx512f" in cpu_flags()))
     keep = (norm1, norm2, *weights, *(m.bias for m in linears if m.bias is not None))
     rows = min(m.max_rows for m in linears)
@@ -341,7 +341,8 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
     if not variants:
         return None
     packed = linear.packed_weight() if variants[0] == "amx" else None
-    return (_LINEAR_CODES["amx packed"], packed.data_ptr()) if packed is not None else (_LINEAR_CODES[variants[0]], linear.weight.data_ptr())
+    return ((LinearKernel.AMX_PACKED, packed.data_ptr()) if packed is not None
+            else (LinearKernel.variant(variants[0]), linear.weight.data_ptr()))
 
 
 def int8_fast() -> bool:
@@ -356,9 +357,9 @@ def int8_amx() -> bool:
     return int8_fast() and {"amx_int8", "amx_tile"} <= cpu_flags() and load_kernel().few_rows_amx_init() == 0
 
 
-#: the int8 kernel's ways to sum, as its C entry names them (its ``path`` argument); the numbers are
-#: the same every way
-INT8_PATHS = {"scalar": 0, "vnni": 1, "amx": 2, "avx2": 3}
+#: the int8 kernel's ways to sum by name -> its ``path`` argument (:class:`~mmspec.modeling.kernel_ids.Int8Path`,
+#: the C ``enum i8_path``); the numbers are the same every way
+INT8_PATHS = {path.label: path for path in Int8Path}
 
 
 def int8_paths() -> tuple[str, ...]:
@@ -386,8 +387,8 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 
 def _int8_code(dtype: torch.dtype, path: str) -> int:
     """LayerSpec.linear's code of the int8 kernel for rows of ``dtype`` summed the way ``path``
-    (:data:`INT8_PATHS`) names: 5 + 2 path + 1 for fp32 rows (``kernels/layer.c`` reads it back)."""
-    return 5 + 2 * INT8_PATHS[path] + (dtype != torch.bfloat16)
+    (:data:`INT8_PATHS`) names (:meth:`~mmspec.modeling.kernel_ids.LinearKernel.int8`)."""
+    return LinearKernel.int8(INT8_PATHS[path], dtype == torch.bfloat16)
 
 
 def _int8_path(path: str | None) -> str:

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 #include "vmath.h"
 
 typedef float v16 __attribute__((vector_size(64)));

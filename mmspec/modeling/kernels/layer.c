@@ -5,7 +5,7 @@
  *
  * A decoding step of a small model (the embedded voices and text-to-image generator: width 256, six
  * layers) is not arithmetic but ~25 PyTorch calls per layer of 10-40 us each; here the layer's
- * norms, projections (the few-row kernels of few_rows.c), rotary embedding, KV-cache write,
+ * norms, projections (the few-row kernels of linear_*.c), rotary embedding, KV-cache write,
  * attention (attention.c) and MLP run in C. Every step is row-wise or one of those batch-invariant
  * kernels, so the rows of a verification get bitwise what one-token steps get. Roundings follow
  * PyTorch's modules in the model's dtype: bf16 results after each product, sum and activation
@@ -18,43 +18,8 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 #include "vmath.h"
-
-/* the few-row kernels (few_rows.c) and the attention (attention.c) of the same library */
-void few_rows_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K, int threads);
-void few_rows_linear_avx512(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
-                            int threads);
-void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
-                          int64_t K, int threads);
-int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
-                        int64_t K, int threads);
-int few_rows_linear_amx_packed(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M,
-                               int64_t N, int64_t K, int threads);
-int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K, int bf16,
-                       int path);
-int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
-                       int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
-                       int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16);
-int few_rows_attention_avx512(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B,
-                              int64_t H, int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h,
-                              int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale,
-                              int bf16);
-
-/* What does not change from call to call (built once per layer by mmspec.modeling.fused) */
-typedef struct {
-    const void *norm1, *norm2;                 /* [D] */
-    const void *wq, *wk, *wv, *wo;             /* [H hd, D], [Hkv hd, D], [Hkv hd, D], [D, H hd] */
-    const void *bq, *bk, *bv, *bo;             /* biases or NULL */
-    const void *wg, *wu, *wd;                  /* [I, D], [I, D], [D, I] */
-    int64_t D, H, Hkv, hd, I;
-    float eps1, eps2, scale;
-    int rope;      /* 0: rotate-half with cos / sin [., n, hd] in the model dtype (transformers' Llama);
-                      1: consecutive pairs with an fp32 table [., n, hd / 2, 2] (LlamaGen) */
-    int bf16;      /* the model dtype: 1 bf16, 0 fp32 */
-    int linear;    /* the few-row kernel: 0 avx2, 1 avx512 (fp32); 2 avx512bf16, 3 amx, 4 amx on packed weights (bf16);
-                      5-12 int8 weights (few_rows_linear_i8: a drafter's head) */
-    int wide;      /* the attention build and the SiLU's lanes: 1 AVX-512 (16 lanes) */
-} LayerSpec;
 
 /* 8-lane vectors (one AVX2 register): the element-wise work of the layer; 16-lane ones (AVX-512) for
  * the SiLU where the CPU has them. Both widths get their helpers from one template: the same
@@ -139,18 +104,17 @@ static inline float round_to(float v, int bf16) { return bf16 ? bf16_to_float(fl
 VECTOR_HELPERS(8, v8, i8v, u8v, h8v, )
 VECTOR_HELPERS(16, v16, i16v, u16v, h16v, WIDE_TARGET)
 
-/* y [M, N] = x [M, K] W^T + b through the few-row kernel `kind` (LayerSpec.linear's codes) */
+/* y [M, N] = x [M, K] W^T + b through the few-row kernel `kind` (an enum linear_kernel) */
 static int linear_kind(int kind, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
                        int threads) {
     switch (kind) {
-    case 0: few_rows_linear(x, w, b, y, M, N, K, threads); return 0;
-    case 1: few_rows_linear_avx512(x, w, b, y, M, N, K, threads); return 0;
-    case 2: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
-    case 3: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
-    case 4: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
-    /* int8 weights (drafters): 5 + 2 path + (fp32 rows), path as few_rows_linear_i8 takes it (0 scalar,
-       1 VNNI, 2 AMX-INT8 tiles, 3 AVX2) */
-    default: return few_rows_linear_i8(x, w, b, y, M, N, K, kind % 2, (kind - 5) / 2);
+    case LINEAR_AVX2: few_rows_linear(x, w, b, y, M, N, K, threads); return 0;
+    case LINEAR_AVX512: few_rows_linear_avx512(x, w, b, y, M, N, K, threads); return 0;
+    case LINEAR_AVX512BF16: few_rows_linear_bf16(x, w, b, y, M, N, K, threads); return 0;
+    case LINEAR_AMX: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
+    case LINEAR_AMX_PACKED: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
+    /* int8 weights (drafters): LINEAR_I8 + 2 path + (fp32 rows), path an enum i8_path */
+    default: return few_rows_linear_i8(x, w, b, y, M, N, K, (kind - LINEAR_I8) % 2 == 0, (kind - LINEAR_I8) / 2);
     }
 }
 static int linear(const LayerSpec *s, const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N, int64_t K,
@@ -486,8 +450,6 @@ static void top_log_probs(const void *logits, int64_t C, int bf16, int64_t k, in
  * - 1) top_k positions), which the caller drops. cos / sin: rotary rows [n0 + depth - 1, hd] of the
  * positions cached .. cached + n0 + depth - 2. Other arguments as head_chain's (no align). Returns 0,
  * or -1 (no scratch, or a kernel failed). */
-typedef int (*expand_rule)(float best_log_value);
-
 int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
               const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
               int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin, void *kbuf, void *vbuf,

@@ -1,0 +1,74 @@
+/* What the few-row linear kernels (linear_fp32.c, linear_bf16.c, linear_int8.c) and the row helpers
+ * (verify.c) share: the row-blocking template of the vector kernels, bf16 loads into 16 fp32 lanes,
+ * the AMX tile configuration. Internal to those files (static inline: each file its own copy, the
+ * same instructions); the entry points they export are declared in kernels.h. */
+#ifndef MMSPEC_FEW_ROWS_H
+#define MMSPEC_FEW_ROWS_H
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "bf16.h"
+
+/* whether the compiler has the AMX intrinsics (GCC 11 or later); without them the AMX entries say
+ * so (few_rows_amx_init() returns -1) and the int8 kernel sums by VNNI instead of tiles */
+#if defined(__clang__) || !defined(__GNUC__) || __GNUC__ < 11
+#define MMSPEC_HAVE_AMX 0
+#else
+#define MMSPEC_HAVE_AMX 1
+#endif
+
+#define AHEAD 1 /* the block prefetched: the next one */
+
+/* Every row of x against W rows [n0, n0 + nb): blocks of MBV rows, then the remaining 1-3, each
+ * pass prefetching its share of the next weight block; and the exported entry point, OpenMP over
+ * blocks of NBV weight rows. One definition for each vector kernel of linear_fp32.c and linear_bf16.c
+ * (its block function BLOCK). */
+#define ROWS_AND_ENTRY(NAME, T, BLOCK, MBV, NBV, TARGET)                                                       \
+    static inline TARGET __attribute__((always_inline)) void NAME##_rows(                                      \
+        const T *x, const T *w, const T *b, T *y, int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) { \
+        const int64_t passes = (M + MBV - 1) / MBV, ahead = (int64_t)nb * K;                                    \
+        int64_t m = 0, pass = 0;                                                                                \
+        for (; m + MBV <= M; m += MBV, pass++)                                                                  \
+            BLOCK(x, w, b, y, m, MBV, n0, nb, N, K, ahead * pass / passes, ahead * (pass + 1) / passes);        \
+        const int64_t pf0 = ahead * pass / passes, pf1 = ahead;                                                 \
+        switch (M - m) {                                                                                        \
+            case 3: BLOCK(x, w, b, y, m, 3, n0, nb, N, K, pf0, pf1); break;                                     \
+            case 2: BLOCK(x, w, b, y, m, 2, n0, nb, N, K, pf0, pf1); break;                                     \
+            case 1: BLOCK(x, w, b, y, m, 1, n0, nb, N, K, pf0, pf1); break;                                     \
+            default: break;                                                                                     \
+        }                                                                                                       \
+    }                                                                                                           \
+    TARGET void NAME(const T *x, const T *w, const T *b, T *y, int64_t M, int64_t N, int64_t K, int threads) {   \
+        const int64_t blocks = (N + NBV - 1) / NBV;                                                             \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                       \
+        for (int64_t blk = 0; blk < blocks; blk++) {                                                            \
+            const int64_t n0 = blk * NBV;                                                                       \
+            if (n0 + NBV <= N)                                                                                  \
+                NAME##_rows(x, w, b, y, M, n0, NBV, N, K);                                                      \
+            else                                                                                                \
+                for (int64_t n = n0; n < N; n++) NAME##_rows(x, w, b, y, M, n, 1, N, K);                        \
+        }                                                                                                       \
+    }
+
+/* 16 bf16 values at p as fp32 (AVX-512F; inlined into the AMX kernel, the row argmax, the int8 kernel) */
+static inline __attribute__((target("avx512f"), always_inline)) __m512 load_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+#define ARGMAX_TARGET __attribute__((target("avx512f,avx512bw")))
+/* 16 elements (fp32 lanes), and one, of an fp32 or bf16 array (the row argmax, the int8 kernel) */
+static inline ARGMAX_TARGET __m512 load16(const void *x, int64_t i, int bf16) {
+    return bf16 ? load_bf16x16((const uint16_t *)x + i) : _mm512_loadu_ps((const float *)x + i);
+}
+
+static inline float value_at(const void *x, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* AMX's tile configuration (ldtilecfg's 64-byte operand, palette 1) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+#endif
