@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.sampling import logits_to_probs, sample_from_probs
@@ -62,7 +63,7 @@ def coupled_redraft(old_tokens: torch.Tensor, old_probs: torch.Tensor, new_probs
 
 
 @register_drafter("sjd")
-class JacobiDrafter(Drafter):
+class JacobiDrafter(BatchDrafting, Drafter):
     """Args:
         num_draft_tokens: the window L (tokens verified per forward).
         init: how new window positions are initialised, one of :data:`INIT_STRATEGIES`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..adapters.hf import TransformersTarget
-from ..core.batch import BatchState
+from ..core.batch import BatchDrafting, BatchState
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 
@@ -22,7 +22,7 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 @register_drafter("draft-model")
-class ModelDrafter(Drafter):
+class ModelDrafter(BatchDrafting, Drafter):
     """Draft with a smaller model that shares the target's tokenizer.
 
     Args:
