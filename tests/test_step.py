@@ -15,8 +15,8 @@ from mmspec.core.sampling import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.core.step import (StepResult, append_tokens, empty_draft, first_token, settle, truncate_at_stop, uniforms,
                               verify_chain)
-from mmspec.core.target import (TargetOutput, batch_size_one_reason, eos_token_ids, input_names, is_continuous,
-                                max_length)
+from mmspec.core.target import (MultiStepTarget, TargetOutput, batch_size_one_reason, eos_token_ids, image_grid,
+                                input_names, is_continuous, max_length, sees_images)
 from mmspec.core.verify import Verification
 
 GREEDY = SamplingConfig()
@@ -197,18 +197,25 @@ class _Full:
     eos_token_ids = (5, 6)
     max_length = 64
     batch_size_one_reason = "numbers positions by slot"
+    grid = (4, 6)
+    is_vlm = True
+
+    def known_distributions(self, state):
+        return torch.zeros(1)
 
 
 def test_capabilities_default_for_a_target_without_them():
     bare = _Bare()
     assert (is_continuous(bare), input_names(bare), eos_token_ids(bare), max_length(bare), batch_size_one_reason(bare)) \
         == (False, None, [], None, None)
+    assert (image_grid(bare), sees_images(bare), isinstance(bare, MultiStepTarget)) == (None, False, False)
 
 
 def test_capabilities_read_from_a_target_that_declares_them():
     full = _Full()
     assert (is_continuous(full), input_names(full), eos_token_ids(full), max_length(full), batch_size_one_reason(full)) \
         == (True, ("caption",), [5, 6], 64, "numbers positions by slot")
+    assert (image_grid(full), sees_images(full), isinstance(full, MultiStepTarget)) == ((4, 6), True, True)
 
 
 # the drafter registry ---------------------------------------------------------------------------

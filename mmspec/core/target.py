@@ -144,3 +144,35 @@ def batch_size_one_reason(target: object) -> str | None:
     """Why ``target`` decodes one sequence at a time although it may have row forwards, or None
     (default) when it gives no reason."""
     return (target.batch_size_one_reason or None) if isinstance(target, RowsRefused) else None
+
+
+@runtime_checkable
+class ImageGrid(Protocol):
+    """An image-token target: its tokens fill a (rows, columns) grid in raster order."""
+
+    grid: tuple[int, int]
+
+
+def image_grid(target: object) -> tuple[int, int] | None:
+    """The (rows, columns) of ``target``'s token grid, or None (default) for a target without one."""
+    return target.grid if isinstance(target, ImageGrid) else None
+
+
+@runtime_checkable
+class VisionLanguage(Protocol):
+    """A target (or draft model) that says whether its prompt holds image tokens (``is_vlm``)."""
+
+    is_vlm: bool
+
+
+def sees_images(model: object) -> bool:
+    """Whether ``model``'s prompt holds image tokens (default: False, a text model)."""
+    return isinstance(model, VisionLanguage) and bool(model.is_vlm)
+
+
+@runtime_checkable
+class MultiStepTarget(Protocol):
+    """A target generating several tokens per step (a delay-pattern codec LM), some of whose
+    distributions are known before the step (``known_distributions``: forced or fixed tokens)."""
+
+    def known_distributions(self, state: SequenceState) -> torch.Tensor: ...

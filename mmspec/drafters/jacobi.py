@@ -33,7 +33,7 @@ from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.sampling import logits_to_probs, sample_from_probs
-from ..core.target import TargetOutput
+from ..core.target import TargetOutput, image_grid
 from ..core.tree import TokenTree
 from ..core.verify import exact_argmax
 
@@ -93,7 +93,7 @@ class JacobiDrafter(BatchDrafting, Drafter):
         self.carried_logits = None
         self.last_draft = None
         if self.grid_width is None and self.init == "vertical":
-            grid = getattr(context.target, "grid", None)
+            grid = image_grid(context.target)
             if grid is None:
                 raise ValueError("SJD's vertical init needs the image grid width: pass grid_width=... "
                                  "or use a target with a `grid` (an image-token model)")

@@ -20,6 +20,7 @@ import torch
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.target import MultiStepTarget
 from ..core.tree import TokenTree, expansion_mask
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, int8_fast, int8_head, linear_operand
 from ..modeling.lean import lean_supported, rotary
@@ -27,7 +28,7 @@ from .model import ModelDrafter
 
 
 def _needs_steps(context) -> None:
-    if not hasattr(context.target, "known_distributions"):
+    if not isinstance(context.target, MultiStepTarget):
         raise ValueError(f"this drafter needs a multi-token-step target (a delay-pattern codec LM), "
                          f"not {type(context.target).__name__}")
 
