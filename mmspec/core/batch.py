@@ -177,6 +177,7 @@ class BatchDrafting:
             see :meth:`for_batch`.
     """
 
+    name: ClassVar[str]  # (the drafter's, read in messages; declared only)
     batch_size_one_reason: ClassVar[str | None] = None
 
     def for_batch(self) -> Drafter:
