@@ -124,6 +124,12 @@ class RowTarget(Protocol):
     every row and returns logits [B, n, V] (and hidden states [B R, n, H], R cache rows per
     sequence). A target whose class has these but cannot use them for a given model names why in
     ``batch_size_one_reason`` (:func:`batch_size_one_reason`).
+
+    Other states fit the same loop when they offer ``rows``, ``ids``, ``size``, ``rows_per_item``,
+    ``verification_inputs``, ``commit`` and ``keep`` (a delay-pattern codec LM's
+    ``DelayBatchState``; :class:`~mmspec.core.continuous.MaskedARBatch` for continuous tokens, whose
+    ``forward_rows`` takes each row's drafts and returns a ``ContinuousOutput``); the loop reads
+    row b of an output with its ``row(b, n, rows_per_item)``.
     """
 
     device: torch.device
