@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from .adapters.hf import TransformersTarget
-from .core.batch import batch_stats, batched_decode
+from .core.batch import batch_stats, batched_decode, row_drafter
 from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
+from .core.target import eos_token_ids, input_names
 from .drafters import resolve_drafter
 from .modeling.fast_linear import OptimizeReport, optimize
 
@@ -153,14 +154,14 @@ def check_target_inputs(adapter, model_inputs: dict[str, Any], max_new_tokens: i
     or the keywords another target's prefill names (``input_names``)."""
     if isinstance(adapter, TransformersTarget):
         check_model_inputs(adapter, model_inputs, max_new_tokens)
-    elif getattr(adapter, "input_names", None) is not None:
-        check_keywords(model_inputs, adapter.input_names, f"{type(adapter).__name__}.prefill")
+    elif input_names(adapter) is not None:
+        check_keywords(model_inputs, input_names(adapter), f"{type(adapter).__name__}.prefill")
 
 
 def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
     """The stop tokens: ``eos_token_id`` as a list, or by default the target's own."""
     if eos_token_id is None:
-        return list(getattr(adapter, "eos_token_ids", []))
+        return eos_token_ids(adapter)
     return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
 
 
@@ -218,7 +219,7 @@ def generate_rows(
     """Batched speculative decoding of B prompts (:func:`mmspec.core.batch.batched_decode`).
 
     Each row is one batch-1 prompt (a dict as :func:`generate` takes it). Every row gets its own
-    drafter (a copy of ``drafter``, :meth:`~mmspec.drafters.Drafter.for_batch`) and its own
+    drafter (a copy of ``drafter``, :func:`~mmspec.core.batch.row_drafter`) and its own
     generator seeded with ``seed`` (or ``seed[b]``: one per row), so row b's output is the output
     of ``generate(..., seed=seed, **rows[b])``: the same tokens under greedy decoding and the same
     random numbers under sampling. Other arguments as in :func:`generate`.
@@ -239,7 +240,7 @@ def generate_rows(
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     eos = stop_tokens(adapter, eos_token_id)
     resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
-    drafters = [None if resolved is None else copy.copy(resolved).for_batch() for _ in rows]
+    drafters = [None if resolved is None else row_drafter(copy.copy(resolved)) for _ in rows]
     if seed is None:
         seed = int(torch.randint(2**62, (1,)))
     seeds = [seed] * len(rows) if isinstance(seed, int) else list(seed)

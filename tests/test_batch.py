@@ -194,7 +194,7 @@ def test_tree_drafters_draft_their_chain_in_a_batch(tiny):
 
 @pytest.mark.parametrize("name", ["eagle", "layer-skip", "kangaroo", "draft-model", "independent-draft"])
 def test_batched_drafting_equals_row_by_row_drafting(tiny, prompts, name):
-    """The drafters that draft all rows in one forward per token (Drafter.propose_rows overrides)
+    """The drafters that draft all rows in one forward per token (BatchDrafting.propose_rows overrides)
     give each row the tokens and draft distributions its own propose() gives, sampled."""
     from mmspec.core.drafter import DraftContext
     from mmspec.core.rules import resolve_rule

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..api import generate_rows
+from ..core.batch import row_drafter
 from .results import machine_line, save_results
 
 
@@ -89,7 +90,7 @@ def throughput_tables(target, rows: list[dict[str, Any]], methods: dict[str, dic
     :func:`measure_throughput` takes it), whatever it reads."""
     for options in methods.values():
         if options.get("drafter") is not None:
-            copy.copy(options["drafter"]).for_batch()
+            row_drafter(copy.copy(options["drafter"]))
     if decode is None:
         def decode(method: str, batch: list, seed: int, **sampling):
             return generate_rows(target, batch, max_new_tokens=max_new_tokens, seed=seed, **methods[method], **sampling)

@@ -28,17 +28,18 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
 from .cache import SequenceState, batch_layers, crop_cache, stack_caches
-from .drafter import Draft, DraftContext, Drafter
-from .loop import _truncate_at_stop, _uniforms
+from .draft import Draft
+from .drafter import DraftContext, Drafter
 from .rules import resolve_rule
 from .sampling import SamplingConfig
 from .stats import SpecStats
-from .target import TargetOutput
+from .step import append_tokens, empty_draft, finish_stats, first_token, settle, start_drafter, verify_chain
+from .target import RowTarget, TargetOutput, batch_size_one_reason, is_continuous
 
 
 class BatchState:
@@ -123,7 +124,7 @@ class BatchState:
         kept = torch.tensor([c.shape[1] for c in committed], device=self.valid.device).repeat_interleave(self.rows_per_item)
         self.valid = torch.cat([self.valid, torch.arange(n, device=self.valid.device)[None, :] < kept[:, None]], dim=1)
         for row, tokens in zip(self.rows, committed):
-            row.tokens = torch.cat([row.tokens, tokens.to(row.tokens)], dim=1)
+            row.tokens = append_tokens(row.tokens, tokens)
         self._squeeze()
 
     def _squeeze(self) -> None:
@@ -162,26 +163,62 @@ class BatchState:
         self._squeeze()
 
 
-class BatchTarget(Protocol):
-    """What batched decoding needs of a target, besides the core's Target interface.
+#: what batched decoding needs of a target (:class:`~mmspec.core.target.RowTarget`; the name it had here)
+BatchTarget = RowTarget
 
-    ``prefill_rows`` prefills each prompt (one dict of model inputs per row) and returns the
-    stacked :class:`BatchState` and each row's TargetOutput ([1, 1, V]); ``forward_rows`` appends
-    ``tokens`` [B, n] to every row and returns logits [B, n, V] (and hidden states [B R, n, H], R
-    cache rows per sequence). A target that cannot names why in ``batch_size_one_reason``.
 
-    Other states fit the same loop when they offer ``rows``, ``ids``, ``size``, ``rows_per_item``,
-    ``verification_inputs``, ``commit`` and ``keep`` (a delay-pattern codec LM's
-    ``DelayBatchState``; :class:`~mmspec.core.continuous.MaskedARBatch` for continuous tokens, whose
-    ``forward_rows`` takes each row's drafts and returns a ``ContinuousOutput``); the loop reads
-    row b of an output with its ``row(b, n, rows_per_item)``.
+class BatchDrafting:
+    """The batch-drafting protocol: a mixin giving a :class:`~mmspec.core.drafter.Drafter` what
+    batched decoding asks of the drafters of its rows (every drafter of :mod:`mmspec.drafters`
+    has it; a drafter without it drafts each row on its own, as this mixin does by default).
+
+    Attributes:
+        batch_size_one_reason: why this drafter cannot draft for one row of a batch (None: it can),
+            see :meth:`for_batch`.
     """
 
-    device: torch.device
+    name: ClassVar[str]  # (the drafter's, read in messages; declared only)
+    batch_size_one_reason: ClassVar[str | None] = None
 
-    def prefill_rows(self, rows: Sequence[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]: ...
+    def for_batch(self) -> Drafter:
+        """A drafter for one row of batched decoding, which reads only its row's tokens
+        (``state.tokens``, no target cache) and proposes chains: this one, or a chain-drafting
+        variant. Call it on a copy per row. Raises ValueError where it cannot."""
+        if self.batch_size_one_reason:
+            raise ValueError(f"the {self.name} drafter {self.batch_size_one_reason}, so it runs at batch size 1; "
+                             "for batches use eagle, medusa, hydra, a draft model or prompt-lookup")
+        return self
 
-    def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput: ...
+    @classmethod
+    def propose_rows(cls, drafters: list[Drafter], state: BatchState, positions: list[int],
+                     budgets: list[int]) -> list[Draft]:
+        """Drafts for rows ``positions`` of a batch (``drafters[i]`` is row ``positions[i]``'s, each
+        proposing at most ``budgets[i]`` tokens). Default: each row on its own
+        (:func:`propose_each_row`); a drafter that reads the target's cache overrides this to draft
+        every row in one batched forward per draft token."""
+        return propose_each_row(drafters, state, positions, budgets)
+
+
+def propose_each_row(drafters: Sequence[Drafter], state: BatchState, positions: Sequence[int],
+                     budgets: Sequence[int]) -> list[Draft]:
+    """Each drafter's :meth:`~mmspec.core.drafter.Drafter.propose` on its row's tokens
+    (``state.rows[p]``): a list of drafts, one per position."""
+    return [d.propose(state.rows[p], budget) for d, p, budget in zip(drafters, positions, budgets)]
+
+
+def row_drafter(drafter: Drafter) -> Drafter:
+    """The drafter for one row of a batch made from ``drafter`` (call it on a copy per row): its
+    :meth:`BatchDrafting.for_batch`, or ``drafter`` itself for a drafter without the batch protocol."""
+    return drafter.for_batch() if isinstance(drafter, BatchDrafting) else drafter
+
+
+def propose_rows(drafters: list[Drafter], state: BatchState, positions: list[int], budgets: list[int]) -> list[Draft]:
+    """Drafts for rows ``positions`` of a batch, whose drafters are all of one kind: that kind's
+    :meth:`BatchDrafting.propose_rows`, or each row on its own."""
+    kind = type(drafters[0])
+    if issubclass(kind, BatchDrafting):
+        return kind.propose_rows(drafters, state, positions, budgets)
+    return propose_each_row(drafters, state, positions, budgets)
 
 
 @dataclass
@@ -226,7 +263,7 @@ def batched_decode(
         target: a :class:`BatchTarget` (``TransformersTarget``, a guided image target).
         rows_inputs: B prompts, each as the target's batch-1 prefill takes it.
         drafters: one drafter per row (separate instances: each keeps its row's state, see
-            :meth:`Drafter.for_batch`), or None for plain AR rows.
+            :func:`row_drafter`), or None for plain AR rows.
         sampling, max_new_tokens, eos_token_ids, acceptance, rule_kwargs: as in
             :func:`~mmspec.core.loop.speculative_decode`, for every row.
         generators: one per row; row b draws exactly the random numbers a batch-1 generation
@@ -238,16 +275,16 @@ def batched_decode(
     if len(drafters) != len(rows_inputs) or len(generators) != len(rows_inputs):
         raise ValueError(f"{len(rows_inputs)} rows need as many drafters and generators "
                          f"(got {len(drafters)} and {len(generators)})")
-    if getattr(target, "batch_size_one_reason", None):
-        raise ValueError(f"{type(target).__name__} {target.batch_size_one_reason}, so it decodes one sequence at a time; "
-                         "use batch size 1")
-    if not hasattr(target, "forward_rows"):
+    reason = batch_size_one_reason(target)
+    if reason:
+        raise ValueError(f"{type(target).__name__} {reason}, so it decodes one sequence at a time; use batch size 1")
+    if not isinstance(target, RowTarget):
         raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
     if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
         raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
     if len({type(d) for d in drafters if d is not None}) > 1:
         raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
-    rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=getattr(target, "continuous", False))
+    rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=is_continuous(target))
     eos = frozenset(int(t) for t in eos_token_ids)
     started = time.perf_counter()
     stats = [SpecStats(method=d.name if d else "ar", config=rule.describe()) for d in drafters]
@@ -259,6 +296,7 @@ def batched_decode(
     forwards = 0
 
     with torch.inference_mode():
+        # 1. prefill every row (each with the batch-1 prefill); each row's first token as at batch 1
         state, first_outputs = target.prefill_rows(rows_inputs, hidden_layer=hidden_layer)
         forwards += len(rows_inputs)
         generated = [1] * state.size
@@ -266,28 +304,20 @@ def batched_decode(
         rows_per_item = state.rows_per_item
         for b, (row, out) in enumerate(zip(state.rows, first_outputs)):
             stats[b].target_forwards = 1
-            empty = Draft(tokens=row.tokens[:, :0])
-            first = rule.verify_output(empty, out, sampling, _uniforms(generators[b], sampling, 0, out.device), generators[b])
-            first.record(stats[b])
-            _, done = _truncate_at_stop(first.tokens[:, :1], eos, max_new_tokens)
-            row.tokens = torch.cat([row.tokens, first.tokens[:, :1].to(row.tokens)], dim=1)
+            first = first_token(rule, out, row.tokens, sampling, generators[b], eos, max_new_tokens)
+            first.record(stats[b], None)
+            row.tokens = append_tokens(row.tokens, first.committed)
             if drafters[b] is not None:
-                drafters[b].start(DraftContext(target, sampling, generators[b], rows_inputs[b], rule), row)
-                stats[b].config.update(drafters[b].describe())
-                if drafters[b].requires_target_hidden:
-                    drafters[b].on_verified(0, 0, out)
-            if done:
+                context = DraftContext(target, sampling, generators[b], rows_inputs[b], rule)
+                start_drafter(drafters[b], context, row, out, stats[b])
+            if first.done:
                 finished.append(b)
 
         def retire(positions: list[int]) -> None:
             for p in positions:
                 b = state.ids[p]
-                if drafters[b] is not None:
-                    stats[b].draft_forwards = drafters[b].forwards
-                    stats[b].config.update(drafters[b].describe())
-                stats[b].new_tokens = generated[p]
+                finish_stats(stats[b], drafters[b], generated[p], started)
                 stats[b].config["batch_size"] = len(rows_inputs)
-                stats[b].wall_time_s = time.perf_counter() - started
                 results[b] = RowResult(b, state.rows[p].tokens, stats[b], state.rows[p].prompt_length)
                 if on_row_done is not None:
                     on_row_done(results[b])
@@ -298,39 +328,35 @@ def batched_decode(
 
         retire(finished)
         while state.size:
-            # 1. every row drafts what its budget can still use
-            drafts = [Draft(tokens=row.tokens[:, :0]) for row in state.rows]
+            # 2. every row drafts what its budget can still use
+            drafts = [empty_draft(row.tokens) for row in state.rows]
             drafting = [p for p in range(state.size) if drafters[state.ids[p]] is not None and max_new_tokens - generated[p] > 1]
             if drafting:
                 started_drafting = time.perf_counter()
-                row_drafters = [drafters[state.ids[p]] for p in drafting]
-                proposed = type(row_drafters[0]).propose_rows(row_drafters, state, drafting,
-                                                              [max_new_tokens - generated[p] - 1 for p in drafting])
+                proposed = propose_rows([drafters[state.ids[p]] for p in drafting], state, drafting,
+                                        [max_new_tokens - generated[p] - 1 for p in drafting])
                 share = (time.perf_counter() - started_drafting) / len(drafting)
                 for p, draft in zip(drafting, proposed):
                     drafts[p] = _linear(draft)
                     stats[state.ids[p]].draft_time_s += share
-            # 2. one forward verifies every row
+            # 3. one forward verifies every row; each row's step as at batch 1
             out = target.forward_rows(state, state.verification_inputs([d.tokens for d in drafts]), hidden_layer=hidden_layer)
             forwards += 1
             committed_rows, done_rows = [], []
             for p, draft in enumerate(drafts):
                 b, k = state.ids[p], draft.length
                 row_out = out.row(p, k + 1, rows_per_item)
-                verification = rule.verify_output(draft, row_out, sampling, _uniforms(generators[b], sampling, k, out.device), generators[b])
-                num_accepted = int(verification.num_accepted[0])
-                committed, done = _truncate_at_stop(verification.tokens[:, : num_accepted + 1], eos, max_new_tokens - generated[p])
-                generated[p] += committed.shape[1]
-                verification.record(stats[b])
-                stats[b].record_step(k, num_accepted, committed.shape[1])
+                step = settle(verify_chain(rule, draft, row_out, sampling, generators[b]), eos, max_new_tokens - generated[p])
+                generated[p] += step.length
+                step.record(stats[b], k)
                 if drafters[b] is not None:
-                    drafting = time.perf_counter()
-                    drafters[b].on_verified(k, num_accepted, row_out)
-                    stats[b].draft_time_s += time.perf_counter() - drafting
-                committed_rows.append(committed)
-                if done:
+                    drafting_started = time.perf_counter()
+                    drafters[b].on_verified(k, step.num_accepted, row_out)
+                    stats[b].draft_time_s += time.perf_counter() - drafting_started
+                committed_rows.append(step.committed)
+                if step.done:
                     done_rows.append(p)
-            # 3. commit every row, then let the finished ones go
+            # 4. commit every row, then let the finished ones go
             state.commit(committed_rows)
             retire(done_rows)
     return results, forwards

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import crop_cache
+from .target import max_length
 
 #: curves measured in this process, by (model id, device, dtype, threads)
 _CURVES: dict[tuple, dict[int, float]] = {}
@@ -55,7 +56,7 @@ def measure_verification_cost(target, sizes=(1, 2, 4, 8, 16, 32, 64), context: i
         if state is None:
             state, _ = target.prefill(model_inputs)
         context = state.cache_length
-        room = getattr(target, "max_length", None)  # positions left after the prompt (image grids are short)
+        room = max_length(target)  # positions left after the prompt (image grids are short)
         sizes = [n for n in sizes if room is None or context + n <= room] or [1]
         tokens = {n: torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(device) for n in sizes}
         times = {n: [] for n in sizes}

@@ -9,56 +9,14 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 
 from .cache import SequenceState
-from .continuous import FinalStep
+from .draft import Draft
+from .registry import class_registrar
 from .sampling import SamplingConfig, logits_to_probs, sample_from_probs
 from .target import Target, TargetOutput
-from .tree import TokenTree
 from .verify import exact_argmax
 
 if TYPE_CHECKING:
-    from .batch import BatchState
     from .rules import AcceptanceRule
-
-
-@dataclass
-class Draft:
-    """A linear draft, or a token tree.
-
-    Attributes:
-        tokens: LongTensor [1, k] proposed continuation (k may be 0: the step is then plain AR);
-            for a tree, its N node tokens in node order.
-        probs: [1, k, V] the distributions the tokens were sampled from, or None for a
-            deterministic draft (q = 1 on the drafted token).
-        tree: None for a linear draft; else the TokenTree proposed (build the draft with
-            :meth:`from_tree`). The loop verifies it in one forward with a tree attention mask.
-        trajectory: for continuous tokens (``tokens`` [1, k, D] float), the final steps of the
-            drafter's diffusion chains (:class:`~mmspec.core.continuous.FinalStep` [1, k]), which
-            take the place of ``probs``.
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    tree: TokenTree | None = None
-    trajectory: FinalStep | None = None
-
-    @classmethod
-    def from_tree(cls, tree: TokenTree) -> "Draft":
-        """A tree draft (tree.tokens [N], tree.probs [N, V] or None)."""
-        if tree.tokens.dim() != 1:
-            raise ValueError(f"a tree draft holds one tree, tokens [N]; got shape {tuple(tree.tokens.shape)}")
-        probs = None if tree.probs is None else tree.probs.unsqueeze(0)
-        return cls(tokens=tree.tokens.unsqueeze(0), probs=probs, tree=tree)
-
-    @classmethod
-    def chain(cls, tokens: list[torch.Tensor], probs: list[torch.Tensor | None]) -> "Draft":
-        """A linear draft from its tokens drafted one by one ([1, 1] each) and the distributions
-        they were drawn from ([1, V] each, or None each for a deterministic draft)."""
-        return cls(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if probs[0] is not None else None)
-
-    @property
-    def length(self) -> int:
-        """Tokens drafted (nodes, for a tree)."""
-        return self.tokens.shape[1]
 
 
 @dataclass
@@ -97,8 +55,6 @@ class Drafter(ABC):
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
     #: (the LM head's input), i = the output of the first i decoder layers
     target_hidden_layer: int = -1
-    #: why this drafter cannot draft for one row of a batch (None: it can), see :meth:`for_batch`
-    batch_size_one_reason: ClassVar[str | None] = None
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
@@ -130,24 +86,6 @@ class Drafter(ABC):
         (``tree_output.logits`` [1, N + 1, V]), for drafters that reuse the rows of nodes off the
         accepted path (SJD-PAC's carried drafts)."""
 
-    def for_batch(self) -> "Drafter":
-        """A drafter for one row of batched decoding (:mod:`mmspec.core.batch`), which reads only
-        its row's tokens (``state.tokens``, no target cache) and proposes chains: this one, or a
-        chain-drafting variant. Call it on a copy per row. Raises ValueError where it cannot."""
-        if self.batch_size_one_reason:
-            raise ValueError(f"the {self.name} drafter {self.batch_size_one_reason}, so it runs at batch size 1; "
-                             "for batches use eagle, medusa, hydra, a draft model or prompt-lookup")
-        return self
-
-    @classmethod
-    def propose_rows(cls, drafters: list["Drafter"], state: "BatchState", positions: list[int],
-                     budgets: list[int]) -> list[Draft]:
-        """Drafts for rows ``positions`` of a batch (``drafters[i]`` is row ``positions[i]``'s, each
-        proposing at most ``budgets[i]`` tokens). Default: each row on its own (:meth:`propose` on its
-        row's tokens); a drafter that reads the target's cache overrides this to draft every row
-        in one batched forward per draft token."""
-        return [d.propose(state.rows[p], budget) for d, p, budget in zip(drafters, positions, budgets)]
-
     def describe(self) -> dict[str, Any]:
         """Settings shown in ``SpecStats.config``."""
         return {"drafter": self.name, "num_draft_tokens": self.num_draft_tokens}
@@ -168,15 +106,18 @@ class Drafter(ABC):
         return sample_from_probs(probs, uniforms.to(probs.device)), probs
 
 
-DRAFTERS: dict[str, Callable[..., Drafter]] = {}
+DRAFTERS: dict[str, type[Drafter]] = {}
+
+_register = class_registrar(DRAFTERS, "drafter")
 
 
-def register_drafter(name: str):
-    """Class decorator: make a drafter constructible by name (``"name"`` or ``"name:arg"``)."""
+def register_drafter(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
+    """Class decorator: make a drafter constructible by name (``"name"`` or ``"name:arg"``); a
+    name already taken is refused (ValueError), as in every registry of
+    :func:`~mmspec.core.registry.class_registrar`."""
 
-    def wrap(cls):
+    def wrap(cls: type[Drafter]) -> type[Drafter]:
         cls.name = name
-        DRAFTERS[name] = cls
-        return cls
+        return _register(cls)
 
     return wrap

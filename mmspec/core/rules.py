@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from .continuous import cspd_verify
-from .drafter import Draft
+from .draft import Draft
 from .registry import class_registrar
 from .relaxed import (TokenGroups, group_greedy_verify, group_verify, gsd_verify, lantern_greedy_verify, lantern_verify,
                       topk_tolerance_verify, tree_gsd_verify, tree_lantern_greedy_verify, tree_lantern_verify,

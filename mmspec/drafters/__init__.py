@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
 from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
@@ -19,7 +20,7 @@ from .prompt_lookup import PromptLookupDrafter
 from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 
 __all__ = [
-    "DRAFTERS", "Draft", "DraftContext", "Drafter", "register_drafter",
+    "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
     "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]

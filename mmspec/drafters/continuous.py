@@ -22,13 +22,15 @@ import math
 import torch
 
 from ..adapters.image.mar import MARTarget
+from ..core.batch import BatchDrafting
 from ..core.continuous import FinalStep, MaskedARState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
+from ..core.target import is_continuous
 from ..modeling.mar import MARModel
 
 
 @register_drafter("mar-draft")
-class MARDrafter(Drafter):
+class MARDrafter(BatchDrafting, Drafter):
     """Draft continuous tokens with a smaller MAR.
 
     Args:
@@ -52,7 +54,7 @@ class MARDrafter(Drafter):
     def start(self, context: DraftContext, state: MaskedARState) -> None:
         super().start(context, state)
         target = context.target
-        if not getattr(target, "continuous", False):
+        if not is_continuous(target):
             raise ValueError("mar-draft drafts continuous tokens; its target must be a continuous-token model (MAR)")
         if tuple(self.draft.noise_shape) != tuple(target.noise_shape):
             raise ValueError(f"the draft MAR's grid, token width and sampling steps {self.draft.noise_shape} must "

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder
+from ..core.batch import BatchDrafting
 from ..core.cost import PathCalibration
 from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
 from ..core.drafter import Draft, Drafter, register_drafter
@@ -42,7 +43,7 @@ from .vocab import DraftLMHead, load_draft_vocabulary
 
 
 @register_drafter("eagle")
-class EagleDrafter(Drafter):
+class EagleDrafter(BatchDrafting, Drafter):
     """Chain drafting with an EAGLE head (K tokens per step).
 
     Args:

@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.sampling import logits_to_probs, sample_from_probs
-from ..core.target import TargetOutput
+from ..core.target import TargetOutput, image_grid
 from ..core.tree import TokenTree
 from ..core.verify import exact_argmax
 
@@ -62,7 +63,7 @@ def coupled_redraft(old_tokens: torch.Tensor, old_probs: torch.Tensor, new_probs
 
 
 @register_drafter("sjd")
-class JacobiDrafter(Drafter):
+class JacobiDrafter(BatchDrafting, Drafter):
     """Args:
         num_draft_tokens: the window L (tokens verified per forward).
         init: how new window positions are initialised, one of :data:`INIT_STRATEGIES`.
@@ -92,7 +93,7 @@ class JacobiDrafter(Drafter):
         self.carried_logits = None
         self.last_draft = None
         if self.grid_width is None and self.init == "vertical":
-            grid = getattr(context.target, "grid", None)
+            grid = image_grid(context.target)
             if grid is None:
                 raise ValueError("SJD's vertical init needs the image grid width: pass grid_width=... "
                                  "or use a target with a `grid` (an image-token model)")

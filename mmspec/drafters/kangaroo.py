@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..adapters.hf import text_decoder, truncated_decoder
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
@@ -31,7 +32,7 @@ from .vocab import DraftLMHead, load_draft_vocabulary
 
 
 @register_drafter("kangaroo")
-class KangarooDrafter(Drafter):
+class KangarooDrafter(BatchDrafting, Drafter):
     """Args:
     target_model: the transformers target (its first ``exit_layer`` layers and LM head are used).
     adapter: a trained :class:`KangarooAdapter`.

@@ -14,12 +14,13 @@ from __future__ import annotations
 import torch
 
 from ..adapters.hf import text_decoder, truncated_decoder
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
 
 
 @register_drafter("layer-skip")
-class LayerSkipDrafter(Drafter):
+class LayerSkipDrafter(BatchDrafting, Drafter):
     """Args:
     target_model: the target transformers model (its modules are shared, never copied).
     num_layers: N, layers run by the draft (spec ``"layer-skip:N"``).

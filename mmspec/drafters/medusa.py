@@ -21,6 +21,7 @@ import copy
 import torch
 from torch import nn
 
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
@@ -39,7 +40,7 @@ DEFAULT_TREE = [
 ]
 
 
-class _HeadsDrafter(Drafter):
+class _HeadsDrafter(BatchDrafting, Drafter):
     """Shared by Medusa and Hydra: a static tree of top-k head choices after the pending token."""
 
     requires_target_hidden = True

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..adapters.hf import TransformersTarget
-from ..core.batch import BatchState
+from ..core.batch import BatchDrafting, BatchState
 from ..core.cache import SequenceState, crop_cache
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
+from ..core.target import sees_images
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -22,7 +23,7 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 @register_drafter("draft-model")
-class ModelDrafter(Drafter):
+class ModelDrafter(BatchDrafting, Drafter):
     """Draft with a smaller model that shares the target's tokenizer.
 
     Args:
@@ -54,7 +55,7 @@ class ModelDrafter(Drafter):
             )
         self.num_draft_tokens = self.initial_draft_tokens
         inputs = context.model_inputs
-        if getattr(target, "is_vlm", False) and not getattr(self.draft, "is_vlm", False):
+        if sees_images(target) and not sees_images(self.draft):
             inputs = {"input_ids": target.text_only_ids(inputs["input_ids"])}  # SPD: no image tokens
         self.state, _ = self.draft.prefill(inputs)  # the cache holds the whole draft prompt
         self.forwards = 1
@@ -137,7 +138,7 @@ class ModelDrafter(Drafter):
             **super().describe(),
             "draft_model": type(self.draft.model).__name__,
             "schedule": self.schedule,
-            "sees_image": getattr(self.draft, "is_vlm", False),
+            "sees_image": sees_images(self.draft),
         }
 
 

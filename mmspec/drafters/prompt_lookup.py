@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 
@@ -41,7 +42,7 @@ class NgramIndex:
 
 
 @register_drafter("prompt-lookup")
-class PromptLookupDrafter(Drafter):
+class PromptLookupDrafter(BatchDrafting, Drafter):
     """Training-free, deterministic (q = None): drafts are copies from the prompt and the output.
 
     Args:

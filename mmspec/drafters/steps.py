@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.target import MultiStepTarget
 from ..core.tree import TokenTree, expansion_mask
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, int8_fast, int8_head, linear_operand
 from ..modeling.lean import lean_supported, rotary
@@ -26,13 +28,13 @@ from .model import ModelDrafter
 
 
 def _needs_steps(context) -> None:
-    if not hasattr(context.target, "known_distributions"):
+    if not isinstance(context.target, MultiStepTarget):
         raise ValueError(f"this drafter needs a multi-token-step target (a delay-pattern codec LM), "
                          f"not {type(context.target).__name__}")
 
 
 @register_drafter("step-completion")
-class StepCompletionDrafter(Drafter):
+class StepCompletionDrafter(BatchDrafting, Drafter):
     """Needs a target with ``known_distributions(state) -> logits [n, V]``."""
 
     name = "step-completion"
@@ -71,7 +73,7 @@ class StepAwareDrafter(ModelDrafter):
         return Draft(tokens=tokens, probs=torch.cat([known_q[None].to(more.probs), more.probs], dim=1))
 
 
-class _CodecHeadDrafter(Drafter):
+class _CodecHeadDrafter(BatchDrafting, Drafter):
     """A drafter of whole steps through a codec LM's own K output heads (one linear,
     ``get_output_embeddings``: the embedded :class:`~mmspec.modeling.codec_lm.CodecLM`): the rest
     of the pending token's step a from the target's known distributions (q = p), then steps

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..core.cost import ChainAcceptance, CostModel, DepthCalibration, PathCalibration, cached_verification_cost
+from ..core.registry import class_registrar
 from ..core.tree import TokenTree
 
 #: name -> budget class (:func:`register_budget`)
@@ -46,11 +47,15 @@ NOMINAL_CURVES = {
 }
 
 
+_register = class_registrar(BUDGETS, "tree budget", reserved=("auto",))
+
+
 def register_budget(name: str) -> Callable[[type["TreeBudget"]], type["TreeBudget"]]:
+    """Class decorator: the budget ``cls`` under ``name`` (a name taken, or "auto", is refused)."""
+
     def register(cls: type[TreeBudget]) -> type[TreeBudget]:
         cls.name = name
-        BUDGETS[name] = cls
-        return cls
+        return _register(cls)
 
     return register
 
