@@ -75,6 +75,18 @@ def test_captioning_drafter_specs_are_checked_before_anything_loads(spec, messag
         mmspec.pipeline("image-captioning", model="/nonexistent/vlm", drafter=spec)
 
 
+def test_a_drafters_file_path_reads_relative_to_the_model_in_either_form(tmp_path):
+    from mmspec.pipelines.captioning import ImageCaptioningPipeline
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "head").mkdir()
+    pipe = object.__new__(ImageCaptioningPipeline)  # no model: only the drafters file's directory
+    pipe.model_dir = tmp_path / "model"
+    expected = f"eagle:{tmp_path / 'model' / '../head'}"
+    assert pipe._table_spec("eagle:../head") == pipe._table_spec("eagle:path=../head") == expected
+    assert pipe._table_spec("prompt-lookup:10") == "prompt-lookup:10" and pipe._table_spec("ar") == "ar"
+
+
 # -- the Method base and its registry --------------------------------------------------------------
 SETTINGS = {
     "num_draft_tokens": Setting(int, "K", at_least(1), "an integer >= 1"),
@@ -294,6 +306,20 @@ def test_progress_is_one_callable_and_true_is_a_bar(token_pipe, capsys):
         token_pipe([[1, 2, 3]], progress="yes")
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         token_pipe([[1, 2, 3]], batch_size=0)
+
+
+def test_the_older_registration_still_imports_on_first_use():
+    from mmspec.pipelines import TASK_MODULES, pipeline_class
+
+    with pytest.warns(DeprecationWarning, match="decorate a Pipeline subclass"):
+        register_pipeline("test-older-task", "mmspec.pipelines.text_to_speech:TextToSpeechPipeline")
+    try:
+        assert pipeline_class("test-older-task").task == "text-to-speech"
+        with pytest.raises(ValueError, match="already registered"), pytest.warns(DeprecationWarning):
+            register_pipeline("test-older-task", "x:Y")
+    finally:
+        del TASK_MODULES["test-older-task"]
+        PIPELINES.pop("test-older-task", None)
 
 
 def test_the_pipelines_share_the_base():

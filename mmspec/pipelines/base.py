@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
 from ..core.registry import class_registrar
@@ -44,7 +45,7 @@ ProgressCallback = Callable[[int], None]
 #: task name -> its pipeline class (registered when its module is imported)
 PIPELINES: dict[str, type["Pipeline"]] = {}
 #: the built-in tasks -> the module that registers each, imported on first use (so a task's
-#: dependencies load only when it is used)
+#: dependencies load only when it is used); "module:Class" for a class registered the older way
 TASK_MODULES: dict[str, str] = {
     "image-captioning": "mmspec.pipelines.captioning",
     "text-to-image": "mmspec.pipelines.text_to_image",
@@ -56,12 +57,22 @@ PLANNED_TASKS: tuple[str, ...] = ()
 _register = class_registrar(PIPELINES, "task pipeline", required=("name", "task"))
 
 
-def register_pipeline(cls: type["Pipeline"]) -> type["Pipeline"]:
+def register_pipeline(cls: type["Pipeline"] | str, target: str | None = None) -> type["Pipeline"] | None:
     """Class decorator: register a :class:`Pipeline` subclass as ``cls.task``.
+
+    The older form ``register_pipeline(task, "module:Class")`` still registers a class (taking the
+    pipeline's keyword arguments) to import on first use; it is deprecated.
 
     Raises:
         ValueError: no ``task``, or a task already registered.
     """
+    if isinstance(cls, str):
+        warnings.warn("register_pipeline(task, 'module:Class') is deprecated; decorate a Pipeline subclass with "
+                      "@register_pipeline", DeprecationWarning, stacklevel=2)
+        if cls in PIPELINES or cls in TASK_MODULES:
+            raise ValueError(f"a task pipeline named {cls!r} is already registered")
+        TASK_MODULES[cls] = str(target)
+        return None
     return _register(cls)
 
 
@@ -77,7 +88,10 @@ def pipeline_class(task: str) -> type["Pipeline"]:
         ValueError: an unknown task (the message lists the known ones).
     """
     if task not in PIPELINES and task in TASK_MODULES:
-        importlib.import_module(TASK_MODULES[task])
+        module, _, name = TASK_MODULES[task].partition(":")
+        imported = importlib.import_module(module)
+        if name:  # the older "module:Class" registration
+            PIPELINES.setdefault(task, getattr(imported, name))
     if task not in PIPELINES:
         planned = f" ({task!r} is planned but not available yet)" if task in PLANNED_TASKS else ""
         raise ValueError(f"unknown task {task!r}{planned}; known tasks: {', '.join(known_tasks())}")

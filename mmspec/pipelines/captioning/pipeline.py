@@ -194,9 +194,11 @@ class ImageCaptioningPipeline(Pipeline):
             return spec
         if (self.model_dir / spec).is_dir():
             return str(self.model_dir / spec)
-        name, _, arg = spec.partition(":")
-        if arg and is_caption_spec(spec) and (self.model_dir / arg).is_dir():
-            return f"{name}:{self.model_dir / arg}"
+        if is_caption_spec(spec):  # "eagle:../dir" or "eagle:path=../dir"
+            method = make_caption_method(spec)
+            value = method.settings.get(method.argument) if method.argument else None
+            if isinstance(value, str) and (self.model_dir / value).is_dir():
+                return f"{method.name}:{self.model_dir / value}"
         return spec
 
     def _auto_drafter(self, choice: tuple[str, int | None, str] | None) -> tuple[Drafter | None, str, str]:
