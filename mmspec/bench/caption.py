@@ -28,6 +28,7 @@ import torch
 
 from ..api import generate, optimize_components
 from ..hub import dtype_name
+from ..pipelines.methods import split_specs
 from .results import add_device_args, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
@@ -110,7 +111,7 @@ def run(args) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and args.cuda_graphs:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-sizes or --cuda-graphs")
-    if batch_sizes and "ar" not in args.methods.split(","):
+    if batch_sizes and "ar" not in split_specs(args.methods):
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     if args.write_drafters_file:  # before anything is measured
         from ..modeling.captioner import default_captioner_dir
@@ -120,7 +121,7 @@ def run(args) -> int:
     results_path = Path(args.results)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.setdefault("runs", {})
-    methods = args.methods.split(",")
+    methods = split_specs(args.methods)
     families = args.families.split(",")
     model_name = args.model or "embedded captioner (models/smolcap)"
     if results.get("meta", {}).get("model", model_name) != model_name:

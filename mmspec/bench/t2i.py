@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from ..hub import dtype_name
-from ..pipelines.t2i_components import T2IComponents
-from ..pipelines.t2i_methods import SETTINGS, T2IMethod, make_method
+from ..pipelines.text_to_image.components import T2IComponents
+from ..pipelines.methods import split_specs
+from ..pipelines.text_to_image.methods import SETTINGS, T2IMethod, make_method
 from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
@@ -35,7 +36,7 @@ MAR_METHODS = ("ar,mar-parallel:8,mar-parallel:16,mar-parallel:32,cspd/num_draft
 
 def is_mar(model) -> bool:
     """Whether ``model`` names a continuous-token (MAR) model: "mar" or a directory with mar.json."""
-    from ..pipelines.t2i_components import MAR_FILE
+    from ..pipelines.text_to_image.components import MAR_FILE
 
     return model == "mar" or (model is not None and (Path(model).expanduser() / MAR_FILE).is_file())
 
@@ -84,7 +85,7 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 def run(args: argparse.Namespace) -> int:
     listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
-    specs = [m for m in listed.split(",") if m]
+    specs = split_specs(listed)
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:

@@ -28,7 +28,7 @@ from .throughput import parse_batch_sizes, throughput_tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..pipelines.tts_methods import METHODS
+    from ..pipelines.text_to_speech.methods import METHODS
 
     parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: valle (the default) or delay")
     parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
@@ -53,10 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import mmspec
-    from ..pipelines.tts_methods import make_method
+    from ..pipelines.methods import split_specs
+    from ..pipelines.text_to_speech.methods import make_method
     from ..train.data.sentences import sentence
 
-    specs = [m for m in args.methods.split(",") if m]
+    specs = split_specs(args.methods)
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
         raise ValueError(f"--speaker-reference takes 'piper', 'none' or a WAV file; {reference!r} is none of them")

@@ -17,7 +17,7 @@ from .dataset import ProcessState, Progress, ShardedResults
 
 
 def add_parser(subparsers) -> None:
-    from ..pipelines.t2i_methods import METHODS, SETTINGS
+    from ..pipelines.text_to_image.methods import METHODS, SETTINGS
     from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
@@ -25,8 +25,9 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--prompts", default=None, metavar="FILE",
                      help="one prompt per line: images go to --out as NNNNNN-I.png, one JSON record per prompt to "
                           "OUT/results.jsonl as they finish; rerun to resume; accelerate launch shards the prompts")
-    cmd.add_argument("--method", default="sjd", help=" | ".join(f"{k} ({v.description})" for k, v in METHODS.items())
-                     + "; sjd[:init], lantern[:drafter]")
+    cmd.add_argument("--method", default="sjd", help=METHODS.help()
+                     + "; a spec name[:key=value,...] (sjd:init=vertical,window=4) or the short forms sjd[:init], "
+                     "lantern[:drafter], mar-parallel[:num_iter]")
     for name, setting in SETTINGS.items():  # the methods' settings; unset = the method's default
         cmd.add_argument(f"--{name.replace('_', '-')}", type=setting.kind, default=None,
                          help=f"{setting.help} (default: the method's)")
@@ -124,8 +125,8 @@ def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | Non
 
 def run(args) -> int:
     import mmspec
-    from ..pipelines.t2i_methods import SETTINGS
-    from ..pipelines.t2i_components import check_prompt
+    from ..pipelines.text_to_image.methods import SETTINGS
+    from ..pipelines.text_to_image.prompts import check_prompt
     from ..pipelines.text_to_image import check_call_arguments
 
     # every argument is checked before the model loads (--threads and --out by mmspec.cli.args.check_args)

@@ -15,14 +15,14 @@ import torch
 
 
 def add_parser(subparsers) -> None:
-    from ..pipelines.tts_methods import METHODS
+    from ..pipelines.text_to_speech.methods import METHODS
     from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
     cmd.add_argument("text")
     cmd.add_argument("--out", default="tts.wav", help="output WAV file")
-    cmd.add_argument("--method", default="ar", choices=list(METHODS),
-                     help=" | ".join(f"{k} ({v.description})" for k, v in METHODS.items()))
+    cmd.add_argument("--method", default="ar",
+                     help=METHODS.help() + "; settings as name:key=value,... (e.g. vadusa:top_k=5)")
     cmd.add_argument("--model", default=None, help="an mmspec TTS model directory, or an embedded voice: valle (the "
                      "default, models/tts-valle) or delay (models/tts)")
     cmd.add_argument("--num-draft-tokens", type=int, default=None, help="draft length in stream sub-tokens "
@@ -68,18 +68,6 @@ def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling
     plt.close(figure)
 
 
-def progress_bar(frames: int):
-    """A tqdm bar of generated frames on stderr when it is a terminal (None otherwise; the bar's
-    cap is --max-seconds, an aligned model usually ends sooner)."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=frames, unit="frame", file=sys.stderr, leave=False)
-
-
 def run(args) -> int:
     import mmspec
     from ..adapters.audio.codec import write_wav
@@ -94,18 +82,15 @@ def run(args) -> int:
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
-    bar = progress_bar(int(args.max_seconds * pipe.components.codec.frame_rate))
-    try:
-        result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                      seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
-                      compare_baseline=args.compare_baseline, progress=bar and (lambda done: bar.update(done - bar.n)))
-    finally:
-        if bar is not None:
-            bar.close()
+    # a bar of generated frames on stderr when it is a terminal (capped at --max-seconds; an aligned
+    # model usually ends sooner)
+    result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                  seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
+                  compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_wav(out, result.audio, result.sampling_rate)
-    panels = [(f"{args.method}: {args.text}", result.audio)]
+    panels = [(f"{args.method}: {args.text}", result.audio)]  # the method as given (its spec)
     if result.baseline_audio is not None:
         write_wav(out.with_name(out.stem + "-baseline.wav"), result.baseline_audio, result.sampling_rate)
         panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))

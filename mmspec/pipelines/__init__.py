@@ -1,30 +1,21 @@
 """Task pipelines: ``mmspec.pipeline(task, **kwargs)`` composes a model, its processor and a drafter.
 
-Tasks are registered by name in :data:`PIPELINES` (task -> "module:Class", imported on first use,
-so a task's optional dependencies load only when it is used).
+Every task is a :class:`~mmspec.pipelines.base.Pipeline` registered by name in :data:`PIPELINES`
+(:func:`register_pipeline`); the built-in tasks' modules are imported on first use
+(:data:`~mmspec.pipelines.base.TASK_MODULES`), so a task's optional dependencies load only when it
+is used. Each task is a subpackage -- ``captioning/``, ``text_to_image/``, ``text_to_speech/`` --
+of ``components.py`` (its model's parts), ``methods.py`` (its methods on the shared
+:class:`~mmspec.pipelines.methods.Method` base) and ``pipeline.py``.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from .base import PIPELINES, PLANNED_TASKS, TASK_MODULES, Pipeline, known_tasks, pipeline_class, register_pipeline
 from .captioning import CaptionOutput, ImageCaptioningPipeline
+from .methods import Method, MethodRegistry, Setting, parse_spec
 from .presets import from_preset
-
-#: task name -> "module:class" of its pipeline
-PIPELINES: dict[str, str] = {
-    "image-captioning": "mmspec.pipelines.captioning:ImageCaptioningPipeline",
-    "text-to-image": "mmspec.pipelines.text_to_image:TextToImagePipeline",
-    "text-to-speech": "mmspec.pipelines.text_to_speech:TextToSpeechPipeline",
-}
-#: tasks of the design that have no pipeline yet
-PLANNED_TASKS: tuple[str, ...] = ()
-
-
-def register_pipeline(task: str, target: str) -> None:
-    """Register ``target`` ("module:Class", the class taking the pipeline's keyword arguments) as ``task``."""
-    PIPELINES[task] = target
 
 
 def pipeline(task: str, **kwargs: Any):
@@ -44,20 +35,8 @@ def pipeline(task: str, **kwargs: Any):
     return pipeline_class(task)(**kwargs)
 
 
-def pipeline_class(task: str) -> type:
-    """The pipeline class registered as ``task`` (imported now).
-
-    Raises:
-        ValueError: an unknown task (the message lists the known ones).
-    """
-    if task not in PIPELINES:
-        planned = f" ({task!r} is planned but not available yet)" if task in PLANNED_TASKS else ""
-        raise ValueError(f"unknown task {task!r}{planned}; known tasks: {', '.join(sorted(PIPELINES))}")
-    module, _, name = PIPELINES[task].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 pipeline.from_preset = from_preset  # mmspec.pipeline.from_preset("caption-embedded"), as diffusers' from_pretrained
 
-__all__ = ["PIPELINES", "CaptionOutput", "ImageCaptioningPipeline", "from_preset", "pipeline", "pipeline_class",
-           "register_pipeline"]
+__all__ = ["PIPELINES", "PLANNED_TASKS", "TASK_MODULES", "CaptionOutput", "ImageCaptioningPipeline", "Method",
+           "MethodRegistry", "Pipeline", "Setting", "from_preset", "known_tasks", "parse_spec", "pipeline",
+           "pipeline_class", "register_pipeline"]

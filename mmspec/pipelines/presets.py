@@ -57,7 +57,7 @@ class Preset:
         return self.path.stem
 
     def pipeline_class(self) -> type:
-        from . import pipeline_class
+        from .base import pipeline_class
 
         return pipeline_class(self.task)
 
@@ -110,13 +110,13 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"preset {path}: not valid TOML ({error})") from None
-    from . import PIPELINES
+    from .base import known_tasks
 
     unknown = [k for k in data if k not in KEYS]
     if unknown:
         raise ValueError(f"preset {path.stem}: unknown key(s) {unknown}; a preset has {', '.join(KEYS)}")
-    if data.get("task") not in PIPELINES:
-        raise ValueError(f"preset {path.stem}: task must be one of {', '.join(sorted(PIPELINES))}, got {data.get('task')!r}")
+    if data.get("task") not in known_tasks():
+        raise ValueError(f"preset {path.stem}: task must be one of {', '.join(known_tasks())}, got {data.get('task')!r}")
     for section in SECTIONS:
         if not isinstance(data.get(section, {}), dict):
             raise ValueError(f"preset {path.stem}: [{section}] must be a table of arguments")

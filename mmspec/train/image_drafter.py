@@ -156,7 +156,7 @@ def _setup(model: str | None, processor: str | None, trust_remote_code: bool, de
     """(target, prompt -> model inputs, mmspec's own generator or None, the model's name) of any
     model the text-to-image pipeline loads."""
     from ..adapters.image_gen import LlamaGenTarget
-    from ..pipelines.t2i_components import T2IComponents
+    from ..pipelines.text_to_image.components import T2IComponents
 
     components = T2IComponents.from_pretrained(model, device=device, processor=processor, trust_remote_code=trust_remote_code)
     own = components.generator if isinstance(components.target, LlamaGenTarget) else None

@@ -1,10 +1,10 @@
 """Text-to-image with discrete image tokens: ``mmspec.pipeline("text-to-image", method=...)``.
 
-The pipeline composes a model's components (:class:`~mmspec.pipelines.t2i_components.T2IComponents`:
+The pipeline composes a model's components (:class:`~mmspec.pipelines.text_to_image.components.T2IComponents`:
 the image-token generator behind :class:`~mmspec.adapters.image_gen.GuidedImageTarget`, with
 classifier-free guidance on both halves of one cache; the prompt encoder; the image tokenizer,
 tokens -> pixels; the draft generator and image EAGLE head) with a method
-(:mod:`mmspec.pipelines.t2i_methods`: a drafter and the core's acceptance rule, registered by name).
+(:mod:`mmspec.pipelines.text_to_image.methods`: a drafter and the core's acceptance rule, registered by name).
 ``model=None`` is the embedded default in ``models/``; a path is a directory laid out the same way
 (``t2i.json``), or a transformers Janus, Emu3 or Chameleon / Anole model (path, hub id or object).
 
@@ -25,11 +25,12 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core.sampling import SamplingConfig
-from ..core.stats import DictAccess, SpecStats
-from ..hub import dtype_name, resolve_device, resolve_dtype
-from .t2i_components import T2IComponents
-from .t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
+from ...core.sampling import SamplingConfig
+from ...core.stats import DictAccess, SpecStats
+from ...hub import dtype_name, resolve_device, resolve_dtype
+from ..base import Pipeline, ProgressCallback, register_pipeline
+from .components import T2IComponents
+from .methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
 __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutput", "TextToImagePipeline",
            "TextToImageStats", "check_call_arguments", "make_method", "register_method"]
@@ -112,7 +113,8 @@ class TextToImageOutput(DictAccess):
     baseline_stats: TextToImageStats | None = None
 
 
-class TextToImagePipeline:
+@register_pipeline
+class TextToImagePipeline(Pipeline):
     """``mmspec.pipeline("text-to-image", model=None, method="sjd", ...)``.
 
     Args:
@@ -120,8 +122,9 @@ class TextToImagePipeline:
             Janus / Emu3 / Chameleon (Anole) model: a local path, a hub id, or the loaded model
             (see :meth:`T2IComponents.from_pretrained`, which also takes ``processor``,
             ``image_tokenizer``, ``grid``, ``draft``, ``eagle_head`` and ``trust_remote_code``).
-        method: a name of :data:`METHODS`, optionally with its argument after a colon: SJD's init
-            ("sjd:vertical") or a relaxed method's drafter ("lantern:eagle2").
+        method: a spec of :data:`METHODS` in the one syntax, ``name[:key=value,...]``
+            ("sjd:init=vertical,window=4"), or its short form: SJD's init ("sjd:vertical"), a
+            relaxed method's drafter ("lantern:eagle2"), MAR's steps ("mar-parallel:16").
         device: "auto" | "cpu" | "cuda" | "cuda:N".
         components: already loaded components (instead of ``model`` and its loading arguments).
         optimize: few-row linears for the networks the pipeline loads (:func:`mmspec.optimize`;
@@ -133,7 +136,7 @@ class TextToImagePipeline:
         cuda_graphs: verify (and draft with a draft generator) through CUDA graphs, one per padded
             forward size (:mod:`mmspec.core.captured`): the embedded LlamaGen-style layout on a CUDA
             device, one image at a time; ``stats.config["cuda_graphs"]`` says whether it ran.
-        **settings: the methods' settings (:data:`~mmspec.pipelines.t2i_methods.SETTINGS`; each
+        **settings: the methods' settings (:data:`~mmspec.pipelines.text_to_image.methods.SETTINGS`; each
             method reads its own, with its own defaults): ``window`` (SJD's L; 8 for sjd, 16 for
             sjd-coupled and sjd-pac), ``init`` ("random" | "horizontal" | "vertical"),
             ``num_draft_tokens`` (K of chains: 4; EAGLE-2's depth: 6), ``drafter`` (who drafts for
@@ -152,6 +155,7 @@ class TextToImagePipeline:
     """
 
     task = "text-to-image"
+    methods = METHODS
 
     def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *,
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
@@ -159,7 +163,7 @@ class TextToImagePipeline:
                  trust_remote_code: bool = False, optimize: bool = True, dtype: str | torch.dtype = "float32",
                  cuda_graphs: bool = False, **settings: Any) -> None:
         self.settings = settings
-        self.method = make_method(method, **settings)  # every setting checked before anything loads
+        self.method = self.make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
             if T2IComponents.names_continuous(model):  # checked before the model loads
                 self.method.check_kind(True)
@@ -194,7 +198,7 @@ class TextToImagePipeline:
         """``method`` (a spec string, with the pipeline's settings; default: the pipeline's method)."""
         if method is None or isinstance(method, T2IMethod):
             return method or self.method
-        return make_method(method, **self.settings)
+        return self.make_method(method, **self.settings)
 
     def prompt_inputs(self, prompt: str) -> dict[str, Any]:
         """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
@@ -206,14 +210,14 @@ class TextToImagePipeline:
         rule and parameters, through :func:`mmspec.generate`. Returns the GenerateOutput."""
         return self.method_for(method).generate(self.components, model_inputs, seed, max_new_tokens, **sampling)
 
-    def _run(self, method: T2IMethod, jobs: list[tuple[dict, int]], progress, batch_size: int = 1,
+    def _run(self, method: T2IMethod, jobs: list[tuple[dict, int]], advance=None, batch_size: int = 1,
              **sampling) -> tuple[list[SpecStats], list[torch.Tensor], list[torch.Tensor], list[float]]:
         """Decode each job (model inputs, seed), ``batch_size`` at a time -> per job its stats, tokens
-        [N], step map [N] and seconds (a batch's wall time shared equally by its rows)."""
+        [N], step map [N] and seconds (a batch's wall time shared equally by its rows);
+        ``advance(n)`` after each chunk of n images."""
         runs, tokens, maps, seconds = [], [], [], []
         n = self.target.num_image_tokens
-        for start in range(0, len(jobs), batch_size):
-            chunk = jobs[start : start + batch_size]
+        for _, chunk in self.chunks(jobs, batch_size):
             started = time.perf_counter()
             if batch_size == 1:
                 out = method.generate(self.components, chunk[0][0], chunk[0][1], **sampling)
@@ -228,8 +232,8 @@ class TextToImagePipeline:
                 tokens.append(row_tokens)
                 maps.append((steps if steps is not None else torch.tensor(stats.step_of_token())).view(*self.target.grid))
                 seconds.append(share)
-            if progress is not None:
-                progress.update(len(chunk))
+            if advance is not None:
+                advance(len(chunk))
         return runs, tokens, maps, seconds
 
     def decode(self, tokens: torch.Tensor) -> list:
@@ -239,7 +243,7 @@ class TextToImagePipeline:
     @torch.inference_mode()
     def __call__(self, prompt: str | Sequence[str], *, guidance_scale: float = 3.0, seed: int | None = None, num_images: int = 1,
                  do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 compare_baseline: bool = False, progress: bool = False,
+                 compare_baseline: bool = False, progress: bool | ProgressCallback | None = False,
                  batch_size: int = 1) -> TextToImageOutput | list[TextToImageOutput]:
         """Generate ``num_images`` images for ``prompt`` (image i uses seed + i), or for each prompt
         of a list (one output per prompt, in order), ``batch_size`` images at a time.
@@ -249,7 +253,8 @@ class TextToImagePipeline:
             do_sample, temperature, top_k, top_p: the sampling of image tokens (official defaults:
                 sampling at temperature 1.0, CFG 3.0).
             compare_baseline: also run AR with the same seeds (``baseline_images``, ``stats.speedup``).
-            progress: show a progress bar over images.
+            progress: called with the number of images done (the baseline's included) after each
+                batch; True shows a terminal bar over images.
             batch_size: images decoded together, across the prompts of a list too
                 (:mod:`mmspec.core.batch`; LlamaGen-style, Janus, Chameleon, MAR): each image is the one batch size 1
                 gives with its seed, up to float rounding (a batch verifies its rows in one wider
@@ -257,8 +262,7 @@ class TextToImagePipeline:
                 chain in a batch; SJD-PAC and Emu3 need batch size 1.
         """
         check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.check_batch_size(batch_size)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts:
             raise ValueError("no prompts given")
@@ -266,20 +270,30 @@ class TextToImagePipeline:
         base_seed = 0 if seed is None else seed
         jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        bar = _progress_bar(len(jobs) * (2 if compare_baseline else 1)) if progress else None
-        baseline = make_method("ar")
-        if compare_baseline:  # warm-up, so neither side pays first-call costs
-            self.method.generate(self.components, inputs[0], 0, min(8, self.target.num_image_tokens), **sampling)
-        runs, tokens, maps, seconds = self._run(self.method, jobs, bar, batch_size, **sampling)
-        if compare_baseline:
-            base_runs, base_tokens, _, base_seconds = self._run(baseline, jobs, bar, batch_size, **sampling)
+        report, close = self.progress_reporter(progress, len(jobs) * (2 if compare_baseline else 1), "image")
+        done = [0]  # images so far, the baseline's included
+
+        def advance(count: int) -> None:
+            done[0] += count
+            report(done[0])
+
+        baseline = self.make_method("ar")
+        try:
+            (runs, tokens, maps, seconds), base = self.with_baseline(
+                lambda: self._run(self.method, jobs, report and advance, batch_size, **sampling),
+                (lambda: self._run(baseline, jobs, report and advance, batch_size, **sampling)) if compare_baseline else None,
+                warm_up=lambda: self.method.generate(self.components, inputs[0], 0, min(8, self.target.num_image_tokens),
+                                                     **sampling),
+                key=self.method.name)
+        finally:
+            close()
+        if base is not None:
+            base_runs, base_tokens, _, base_seconds = base
         outputs = []
         for i in range(len(prompts)):
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
-            stats.config["linears"] = self.components.linears
-            stats.config["dtype"] = dtype_name(self.components.dtype)
-            stats.config["cuda_graphs"] = bool(getattr(self.components.target, "captured", False))
+            stats.config.update(self.run_config())
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:
@@ -289,14 +303,9 @@ class TextToImagePipeline:
                 stats.baseline_wall_time_s = output.baseline_stats.wall_time_s
                 stats.speedup = stats.baseline_wall_time_s / stats.wall_time_s
             outputs.append(output)
-        if bar is not None:
-            bar.close()
         return outputs[0] if isinstance(prompt, str) else outputs
 
-
-def _progress_bar(total: int):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm comes with transformers; stay silent without it
-        return None
-    return tqdm(total=total, unit="image")
+    def run_config(self) -> dict[str, Any]:
+        """The linears' kernel, the dtype and whether CUDA graphs ran (every result's stats.config)."""
+        return {"linears": self.components.linears, "dtype": dtype_name(self.components.dtype),
+                "cuda_graphs": bool(getattr(self.components.target, "captured", False))}

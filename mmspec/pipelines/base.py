@@ -1,0 +1,191 @@
+"""The ``Pipeline`` base every task pipeline shares, and the registry of tasks.
+
+A task is a :class:`Pipeline` subclass registered by its ``task`` name (:func:`register_pipeline`,
+a class registrar: a taken name is one ValueError line). What the base holds, so each task only
+says what is its own:
+
+- :meth:`Pipeline.check_arguments`: the construction arguments checked before any model loads
+  (presets and the CLI call it too);
+- :attr:`Pipeline.methods`: the task's :class:`~mmspec.pipelines.methods.MethodRegistry`, and
+  :meth:`Pipeline.make_method` (one spec syntax);
+- :meth:`Pipeline.with_baseline`: warm-up once, plain decoding, then the method, in one call (the
+  same way for every task, so ``stats.speedup`` compares like with like);
+- :meth:`Pipeline.chunks` / :meth:`Pipeline.check_batch_size`: inputs decoded ``batch_size`` at a time;
+- :meth:`Pipeline.progress_reporter`: progress through one callback type, :data:`ProgressCallback`
+  (``progress=True``: a terminal bar);
+- :meth:`Pipeline.run_config`: what every result's ``stats.config`` records about how it ran.
+
+Adding a task is an adapter (its model as the core's target), a components class (its parts,
+loaded once), a method registry and one registration::
+
+    @register_pipeline
+    class VideoTokensPipeline(Pipeline):
+        task = "video-tokens"
+        methods = VIDEO_METHODS
+        ...
+
+``tests/test_pipeline_base.py`` builds such a task in a few lines.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
+
+from ..core.registry import class_registrar
+from .methods import Method, MethodRegistry
+
+R = TypeVar("R")
+
+#: progress of a call: called with the units done so far (captions, images, frames)
+ProgressCallback = Callable[[int], None]
+
+#: task name -> its pipeline class (registered when its module is imported)
+PIPELINES: dict[str, type["Pipeline"]] = {}
+#: the built-in tasks -> the module that registers each, imported on first use (so a task's
+#: dependencies load only when it is used); "module:Class" for a class registered the older way
+TASK_MODULES: dict[str, str] = {
+    "image-captioning": "mmspec.pipelines.captioning",
+    "text-to-image": "mmspec.pipelines.text_to_image",
+    "text-to-speech": "mmspec.pipelines.text_to_speech",
+}
+#: tasks of the design that have no pipeline yet
+PLANNED_TASKS: tuple[str, ...] = ()
+
+_register = class_registrar(PIPELINES, "task pipeline", required=("name", "task"))
+
+
+def register_pipeline(cls: type["Pipeline"] | str, target: str | None = None) -> type["Pipeline"] | None:
+    """Class decorator: register a :class:`Pipeline` subclass as ``cls.task``.
+
+    The older form ``register_pipeline(task, "module:Class")`` still registers a class (taking the
+    pipeline's keyword arguments) to import on first use; it is deprecated.
+
+    Raises:
+        ValueError: no ``task``, or a task already registered.
+    """
+    if isinstance(cls, str):
+        warnings.warn("register_pipeline(task, 'module:Class') is deprecated; decorate a Pipeline subclass with "
+                      "@register_pipeline", DeprecationWarning, stacklevel=2)
+        if cls in PIPELINES or cls in TASK_MODULES:
+            raise ValueError(f"a task pipeline named {cls!r} is already registered")
+        TASK_MODULES[cls] = str(target)
+        return None
+    return _register(cls)
+
+
+def known_tasks() -> list[str]:
+    """Every task, registered or built in (not imported yet), sorted."""
+    return sorted(set(PIPELINES) | set(TASK_MODULES))
+
+
+def pipeline_class(task: str) -> type["Pipeline"]:
+    """The pipeline class registered as ``task`` (a built-in task's module imported now).
+
+    Raises:
+        ValueError: an unknown task (the message lists the known ones).
+    """
+    if task not in PIPELINES and task in TASK_MODULES:
+        module, _, name = TASK_MODULES[task].partition(":")
+        imported = importlib.import_module(module)
+        if name:  # the older "module:Class" registration
+            PIPELINES.setdefault(task, getattr(imported, name))
+    if task not in PIPELINES:
+        planned = f" ({task!r} is planned but not available yet)" if task in PLANNED_TASKS else ""
+        raise ValueError(f"unknown task {task!r}{planned}; known tasks: {', '.join(known_tasks())}")
+    return PIPELINES[task]
+
+
+class Pipeline:
+    """Base of the task pipelines (see the module doc).
+
+    A subclass sets :attr:`task` (its registry name) and :attr:`methods`, implements
+    :meth:`check_arguments` and ``__call__``, and uses the helpers below.
+    """
+
+    #: the task's name in :data:`PIPELINES` (``mmspec.pipeline(task)``)
+    task: ClassVar[str] = ""
+    #: the task's methods (named by a spec in the one syntax)
+    methods: ClassVar[MethodRegistry | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.task  # the registry's key
+
+    # -- before anything loads ---------------------------------------------------------------------
+    @classmethod
+    def check_arguments(cls, values: dict[str, Any]) -> None:
+        """Check construction arguments (all of ``__init__``'s, bound with their defaults) without
+        loading anything; raise one ValueError line. Presets and the CLI call it first."""
+
+    @classmethod
+    def make_method(cls, spec: str | Method, **settings: Any) -> Method:
+        """A spec of the task's methods (``name[:key=value,...]``) -> the method, every setting
+        checked; a Method passes through."""
+        if isinstance(spec, Method):
+            return spec
+        if cls.methods is None:
+            raise ValueError(f"the {cls.task} pipeline has no methods to name")
+        return cls.methods.make(spec, **settings)
+
+    @staticmethod
+    def check_batch_size(batch_size: Any) -> int:
+        """Raise one ValueError line unless ``batch_size`` is a positive integer."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return batch_size
+
+    # -- calls -----------------------------------------------------------------------------------
+    @staticmethod
+    def chunks(items: Sequence[R], batch_size: int) -> Iterator[tuple[int, Sequence[R]]]:
+        """(first index, items[first : first + batch_size]) for each chunk, in order."""
+        for first in range(0, len(items), batch_size):
+            yield first, items[first : first + batch_size]
+
+    def with_baseline(self, method: Callable[[], R], baseline: Callable[[], R] | None,
+                      warm_up: Callable[[], Any] | None = None, key: Any = None) -> tuple[R, R | None]:
+        """Run ``method`` and, unless ``baseline`` is None, plain decoding on the same inputs in
+        the same call: a short ``warm_up`` first (once per pipeline and ``key``, so that neither
+        side pays first-call costs), then the baseline, then the method.
+
+        Returns:
+            (the method's result, the baseline's or None).
+        """
+        if baseline is None:
+            return method(), None
+        warmed = self.__dict__.setdefault("_warmed_up_for", set())
+        if warm_up is not None and key not in warmed:
+            warm_up()
+            warmed.add(key)
+        base = baseline()
+        return method(), base
+
+    @staticmethod
+    def progress_reporter(progress: bool | ProgressCallback | None, total: int, unit: str
+                          ) -> tuple[ProgressCallback | None, Callable[[], None]]:
+        """``progress`` as (callback or None, close): a callable is used as it is; True is a
+        terminal bar of ``total`` ``unit`` s on stderr (tqdm, which comes with transformers;
+        nothing without it); False / None report nothing.
+
+        Raises:
+            TypeError: anything else.
+        """
+        if progress is None or progress is False:
+            return None, lambda: None
+        if progress is True:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # stay silent without tqdm
+                return None, lambda: None
+            bar = tqdm(total=total, unit=unit, file=sys.stderr)
+            return (lambda done: bar.update(done - bar.n)), bar.close
+        if callable(progress):
+            return progress, lambda: None
+        raise TypeError(f"progress must be a callable (done) -> None, True (a terminal bar) or False, got {progress!r}")
+
+    def run_config(self) -> dict[str, Any]:
+        """What every result's ``stats.config`` records about how this pipeline runs (kernels,
+        dtype, CUDA graphs)."""
+        return {}

@@ -1,0 +1,186 @@
+"""Captioning drafters as methods of the shared :class:`~mmspec.pipelines.methods.Method` base:
+the spec a user gives (``drafter="prompt-lookup:10"``, ``"layer-skip:layers=8"``,
+``"eagle2:DIR"``, ``"ar"``) is parsed and checked here, in the one spec syntax, before anything
+loads; :meth:`CaptionMethod.build_drafter` then builds the drafter through
+:func:`mmspec.drafters.resolve_drafter` from the short form (:meth:`CaptionMethod.drafter_spec`),
+so a spec's drafter is exactly the one the drafter registry makes of it.
+
+A drafter of :mod:`mmspec.drafters` that can be named by a spec and has no class here is a
+:class:`DrafterSpecMethod`: its one setting, ``arg``, is passed to the drafter as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...drafters import NO_DRAFTER, Drafter, resolve_drafter, spec_drafter_names
+from ..methods import Method, MethodRegistry, Setting, at_least, parse_spec
+
+#: every setting a captioning drafter may read
+SETTINGS: dict[str, Setting] = {
+    "num_draft_tokens": Setting(int, "K, the tokens drafted per step (prompt lookup's)", at_least(1), "an integer >= 1"),
+    "layers": Setting(int, "the target's first layers that draft (layer skip)", at_least(1), "an integer >= 1"),
+    "path": Setting(str, "the trained drafter's directory (default: the one shipped with the model)"),
+    "arg": Setting(str, "the drafter's spec argument, passed on as it is"),
+}
+
+#: drafter name -> its class (more names: every spec drafter of mmspec.drafters, :func:`caption_method_class`)
+METHODS = MethodRegistry("captioning drafter", example="layer-skip:8")
+register_method = METHODS.register
+
+
+class CaptionMethod(Method):
+    """A captioning drafter named by a spec; the rule is the generation's ``acceptance`` (greedy
+    or speculative sampling: exact)."""
+
+    SETTINGS = SETTINGS
+    registry = METHODS
+
+    def drafter_spec(self) -> str:
+        """The short form the drafter registry reads: ``"prompt-lookup:10"``, ``"eagle:DIR"``, ``"ar"``."""
+        value = self.settings.get(self.argument) if self.argument else None
+        return self.name if value is None else f"{self.name}:{value}"
+
+    def build_drafter(self, target: Any, num_draft_tokens: int | None = None) -> Drafter | None:
+        """The drafter over ``target`` (a TransformersTarget; None: plain decoding), with
+        ``num_draft_tokens`` as the drafter's default K where the spec does not set it."""
+        return resolve_drafter(self.drafter_spec(), target, num_draft_tokens)
+
+
+@register_method
+class PlainDecoding(CaptionMethod):
+    name = "ar"
+    aliases = ("none",)
+    description = "no drafter: plain autoregressive decoding"
+
+
+@register_method
+class PromptLookup(CaptionMethod):
+    name = "prompt-lookup"
+    description = "n-gram lookup in the prompt and the caption so far (training-free)"
+    argument = "num_draft_tokens"
+    defaults = {"num_draft_tokens": None}
+
+
+@register_method
+class LayerSkip(CaptionMethod):
+    name = "layer-skip"
+    description = "the target's first layers and its LM head draft (training-free)"
+    argument = "layers"
+    defaults = {"layers": None}
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        super().__init__(arg, **settings)
+        if self.settings["layers"] is None:
+            raise ValueError('layer-skip needs the number of layers, e.g. drafter="layer-skip:8"')
+
+
+class TrainedDrafter(CaptionMethod):
+    """A drafter with trained weights: its directory is the argument (default: the one shipped
+    beside the model, :mod:`mmspec.drafters.shipped`)."""
+
+    argument = "path"
+    defaults = {"path": None}
+
+
+@register_method
+class Eagle(TrainedDrafter):
+    name = "eagle"
+    description = "EAGLE head chains"
+
+
+@register_method
+class Eagle2(TrainedDrafter):
+    name = "eagle2"
+    description = "EAGLE-2 dynamic trees from the EAGLE head"
+
+
+@register_method
+class Medusa(TrainedDrafter):
+    name = "medusa"
+    description = "Medusa heads' static tree"
+
+
+@register_method
+class Hydra(TrainedDrafter):
+    name = "hydra"
+    description = "Hydra heads' static tree"
+
+
+@register_method
+class Kangaroo(TrainedDrafter):
+    name = "kangaroo"
+    description = "Kangaroo: the target's shallow layers and a trained adapter"
+
+
+@register_method
+class SmallDraft(TrainedDrafter):
+    name = "spd"
+    description = "a text-only draft LM of the captioner (SPD)"
+
+
+class DrafterSpecMethod(CaptionMethod):
+    """A spec drafter of :mod:`mmspec.drafters` without a class here: its argument goes to the
+    drafter's ``from_spec`` as it is."""
+
+    argument = "arg"
+    defaults = {"arg": None}
+    _made: ClassVar[dict[str, type["DrafterSpecMethod"]]] = {}
+
+    @classmethod
+    def named(cls, name: str) -> type["DrafterSpecMethod"]:
+        """The class of spec drafter ``name`` (made once)."""
+        if name not in cls._made:
+            cls._made[name] = type(f"DrafterSpec[{name}]", (cls,), {"name": name, "description": f"the {name} drafter"})
+        return cls._made[name]
+
+
+def caption_method_class(name: str) -> type[CaptionMethod] | None:
+    """The class of drafter ``name`` (a registered method, an alias, or any spec drafter of
+    :mod:`mmspec.drafters`), None when there is none."""
+    found = METHODS.get(name) or METHODS.aliases().get(name)
+    if found is None and name in spec_drafter_names():
+        found = DrafterSpecMethod.named(name)
+    return found
+
+
+def is_caption_spec(drafter: Any) -> bool:
+    """Whether ``drafter`` is a spec string naming a drafter (else it may be a path)."""
+    return isinstance(drafter, str) and caption_method_class(drafter.partition(":")[0].strip()) is not None
+
+
+def make_caption_method(spec: str, **settings: Any) -> CaptionMethod:
+    """A drafter spec (``"prompt-lookup:10"``, ``"layer-skip:layers=8"``) -> its method, every
+    setting checked (one ValueError line)."""
+    parsed = parse_spec(spec)
+    cls = caption_method_class(parsed.name)
+    if cls is None:
+        raise ValueError(f"unknown drafter {spec!r}; use 'auto', one of {spec_drafter_names()} "
+                         "(e.g. 'layer-skip:8'), 'ar', or a draft model directory")
+    return cls.from_spec(parsed, **settings)
+
+
+def check_drafter_name(drafter: str | os.PathLike) -> Path | None:
+    """A ``drafter=`` string checked without loading anything: None for "auto", "ar" and specs
+    (their settings checked), else the draft model directory it names.
+
+    Raises:
+        ValueError: an unknown drafter name, a bad setting of a spec.
+        FileNotFoundError: a path that is not a directory.
+    """
+    if drafter == "auto" or drafter in NO_DRAFTER:
+        return None
+    if is_caption_spec(drafter):
+        make_caption_method(drafter)
+        return None
+    path = Path(drafter).expanduser()
+    if not path.is_dir():
+        if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
+            raise ValueError(
+                f"unknown drafter {drafter!r}; use 'auto', one of {spec_drafter_names()} "
+                "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
+            )
+        raise FileNotFoundError(f"draft model directory not found: {drafter}")
+    return path

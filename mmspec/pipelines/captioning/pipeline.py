@@ -1,0 +1,381 @@
+"""Image captioning / VQA with speculative decoding: ``mmspec.pipeline("image-captioning")``.
+
+The pipeline only composes: load a VLM and its processor, turn (image, prompt) into the
+processor's model inputs, decode with :func:`mmspec.generate`, detokenise. With
+``compare_baseline=True`` plain AR decoding runs in the same call (after a short warm-up), so
+``stats.speedup`` compares like with like.
+
+``drafter="auto"`` reads the model's table of benchmarked drafters
+(:mod:`mmspec.pipelines.captioning.auto_drafter`); a drafter path in the file, alone or as a
+spec's argument ("eagle:../smolcap-eagle-t1"), is relative to the model directory. The choice and
+why are recorded in ``pipeline.chosen_drafter`` / ``pipeline.drafter_reason`` and in every
+result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ...api import generate, generate_rows, optimize_components
+from ...core.stats import DictAccess, SpecStats
+from ...drafters import NO_DRAFTER, Drafter, resolve_drafter
+from ...hub import dtype_name, resolve_device, resolve_dtype
+from ..base import Pipeline, ProgressCallback, register_pipeline
+from ..images import ImageInput, load_image
+from .auto_drafter import choose_auto_drafter, choose_batch_drafter, choose_sampling_drafter
+from .components import CaptioningComponents, check_cuda_graphs, escape_image_tokens, load_draft_model
+from .methods import METHODS, check_drafter_name, is_caption_spec, make_caption_method
+
+DEFAULT_PROMPT = "Describe the image."
+
+
+@dataclass
+class CaptionOutput(DictAccess):
+    """One caption.
+
+    Attributes:
+        text: the caption (new tokens decoded without special tokens, stripped).
+        stats: the speculative generation's SpecStats; ``stats.speedup`` is set when a baseline
+            ran, ``stats.config["drafter"]`` names the drafter used.
+        baseline_text: plain AR decoding's caption (None unless ``compare_baseline``).
+        baseline_stats: plain AR decoding's SpecStats (None unless ``compare_baseline``).
+        identical_to_baseline: whether the two token sequences are equal (None unless
+            ``compare_baseline``; True for greedy decoding, up to float rounding in bf16).
+        prompt: the user prompt the caption answers.
+    """
+
+    text: str
+    stats: SpecStats
+    baseline_text: str | None = None
+    baseline_stats: SpecStats | None = None
+    identical_to_baseline: bool | None = None
+    prompt: str = DEFAULT_PROMPT
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the stats become dicts (with tau, acceptance rate, tokens/s)."""
+        return {
+            "text": self.text,
+            "prompt": self.prompt,
+            "stats": self.stats.to_dict(),
+            "baseline_text": self.baseline_text,
+            "baseline_stats": self.baseline_stats.to_dict() if self.baseline_stats is not None else None,
+            "identical_to_baseline": self.identical_to_baseline,
+        }
+
+
+def check_prompt(prompt: str) -> str:
+    """Raise ValueError for an empty or whitespace-only prompt; return it unchanged otherwise."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"the prompt is empty ({prompt!r}); give the question or instruction about the image")
+    return prompt
+
+
+@register_pipeline
+class ImageCaptioningPipeline(Pipeline):
+    """Caption images (or answer a question about them) with speculative decoding.
+
+    Args:
+        model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
+            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3); or a
+            loaded transformers VLM (then pass ``processor`` too; it is used as it is, on its own
+            device and in its own dtype).
+        drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
+            the path of a draft model directory, a loaded draft model, or a
+            :class:`~mmspec.drafters.Drafter`.
+        device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
+        dtype: "auto" (bfloat16 where it is fast: GPUs, CPUs with AMX; else float32), "bf16", "fp16", "fp32" or a torch.dtype. Use fp32 for token-exact
+            comparison with plain decoding.
+        processor: the processor of a loaded ``model`` (ignored otherwise).
+        prompt: the prompt used when a call gives none.
+        num_draft_tokens: K, overriding the drafter's default.
+        trust_remote_code: passed to transformers' ``from_pretrained`` (off by default).
+        optimize: replace the fp32 CPU linears of the model and its drafter by few-row linears
+            (:func:`mmspec.optimize`; outputs unchanged up to fp32 rounding, a verification over a
+            few tokens much cheaper); stats.config["linears"] says which kernel ran. False opts out.
+            A loaded ``model`` passed in is left as it is (call :func:`mmspec.optimize` on it).
+        cuda_graphs: run the target's forwards as CUDA graphs, one per padded forward size
+            (:class:`~mmspec.adapters.hf.CapturedTransformersTarget`: a VLM over a Llama decoder, a
+            CUDA device, one image at a time); ``stats.config["cuda_graphs"]`` says whether it ran.
+    Raises:
+        ValueError: an unsupported model, an unknown drafter, an invalid drafters file.
+        FileNotFoundError: the model or draft model cannot be found.
+    Example:
+        >>> cap = mmspec.pipeline("image-captioning", model="path/to/llava-1.5-7b-hf")
+        >>> r = cap("photo.jpg", compare_baseline=True)
+        >>> print(r.text, r.stats.speedup)
+    """
+
+    task = "image-captioning"
+    methods = METHODS
+
+    def __init__(
+        self,
+        model: str | os.PathLike | nn.Module | None = None,
+        drafter: Any = "auto",
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        *,
+        processor: Any = None,
+        prompt: str = DEFAULT_PROMPT,
+        num_draft_tokens: int | None = None,
+        trust_remote_code: bool = False,
+        optimize: bool = True,
+        cuda_graphs: bool = False,
+    ) -> None:
+        # every argument checked before the model loads
+        self.check_arguments(dict(prompt=prompt, drafter=drafter, device=device, dtype=dtype, cuda_graphs=cuda_graphs))
+        self.default_prompt = check_prompt(prompt)
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        check_cuda_graphs(cuda_graphs, self.device)
+        self.components = CaptioningComponents.load(model, self.device, self.dtype, processor=processor,
+                                                    trust_remote_code=trust_remote_code, cuda_graphs=cuda_graphs)
+        c = self.components  # its parts as the pipeline's attributes, as before
+        self.model, self.processor, self.model_dir, self.target = c.model, c.processor, c.model_dir, c.target
+        self.tokenizer, self.image_tokens, self.eos_token_ids = c.tokenizer, c.image_tokens, c.eos_token_ids
+        self.auto = isinstance(drafter, str) and drafter == "auto"
+        self._auto_drafters: dict[tuple, tuple] = {}  # drafter="auto": the drafter per drafters-file choice (spec, K)
+        self.drafter, self.chosen_drafter, self.drafter_reason = self.resolve_drafter(drafter, num_draft_tokens)
+        # a model the pipeline loaded (a loaded one passed in is the caller's: mmspec.optimize(model) does it)
+        self.optimization = optimize_components(self.model, self.drafter) if optimize and not isinstance(model, nn.Module) else None
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def check_arguments(cls, values: dict[str, Any]) -> None:
+        """Check construction arguments (all of ``__init__``'s, bound) without loading anything
+        (presets): the drafter name, the prompt, dtype and device. Raises ValueError /
+        FileNotFoundError."""
+        check_prompt(values["prompt"])
+        if isinstance(values["drafter"], (str, os.PathLike)):
+            check_drafter_name(values["drafter"])
+        device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]
+        resolve_dtype(values["dtype"], device)
+        check_cuda_graphs(values["cuda_graphs"], device)
+
+    @property
+    def runs_on(self) -> tuple[str, bool]:
+        """(device type, CUDA graphs): the way of running a drafters file's speedups depend on."""
+        return self.device.type, bool(getattr(self.target, "captured", False))
+
+    def resolve_drafter(self, drafter: Any, num_draft_tokens: int | None = None) -> tuple[Drafter | None, str, str]:
+        """-> (the Drafter passed to generate, or None for plain AR; its name; how it was chosen)."""
+        reason, auto_key = "given", None
+        if isinstance(drafter, str) and drafter == "auto":
+            entry, reason = choose_auto_drafter(self.model_dir, self.runs_on)
+            drafter = self._table_spec(entry["drafter"])
+            if num_draft_tokens is None:
+                num_draft_tokens = entry.get("num_draft_tokens")
+            auto_key = entry["drafter"], num_draft_tokens
+        name = drafter.name if isinstance(drafter, Drafter) else str(drafter)
+        if drafter in NO_DRAFTER:
+            name = "ar"
+        elif is_caption_spec(drafter):  # checked, then the drafter registry's short form
+            drafter = make_caption_method(drafter).drafter_spec()
+        elif isinstance(drafter, (str, os.PathLike)):
+            path = check_drafter_name(drafter)
+            name = f"draft model {drafter}"
+            drafter = load_draft_model(path, self.model.device, self.model.dtype)
+        elif isinstance(drafter, nn.Module):
+            name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
+        resolved = resolve_drafter(drafter, self.target, num_draft_tokens)
+        if auto_key is not None:  # a batch or sampling choice of the same entry reuses it (_auto_drafter)
+            self._auto_drafters[auto_key] = resolved, name
+        return resolved, name, reason
+
+    def _table_spec(self, spec: str) -> str:
+        """A drafters-file entry with its path (the entry itself, or a spec's argument) made
+        relative to the model directory, where that directory holds it."""
+        if self.model_dir is None:
+            return spec
+        if (self.model_dir / spec).is_dir():
+            return str(self.model_dir / spec)
+        if is_caption_spec(spec):  # "eagle:../dir" or "eagle:path=../dir"
+            method = make_caption_method(spec)
+            value = method.settings.get(method.argument) if method.argument else None
+            if isinstance(value, str) and (self.model_dir / value).is_dir():
+                return f"{method.name}:{self.model_dir / value}"
+        return spec
+
+    def _auto_drafter(self, choice: tuple[str, int | None, str] | None) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) of a drafters-file choice (spec, K, reason), built once (and
+        optimized as the pipeline's own); the pipeline's own drafter when there is no choice."""
+        if choice is None:
+            return self.drafter, self.chosen_drafter, self.drafter_reason
+        spec, k, reason = choice
+        if (spec, k) not in self._auto_drafters:
+            resolved = self._table_spec(spec)
+            drafter, name, _ = self.resolve_drafter(resolved, k)
+            if self.optimization is not None:
+                optimize_components(drafter)
+            self._auto_drafters[spec, k] = drafter, name if resolved == spec else spec  # the file's name for a path
+        drafter, name = self._auto_drafters[spec, k]
+        return drafter, name, reason
+
+    def batch_drafter(self, batch_size: int) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
+        fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
+        measured one."""
+        return self._auto_drafter(choose_batch_drafter(self.model_dir, batch_size, self.runs_on) if self.auto and batch_size > 1 else None)
+
+    def sampling_drafter(self) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) for one sampled caption: the pipeline's own, or with
+        drafter="auto" the fastest per token at the drafters file's sampled temperature
+        (:func:`choose_sampling_drafter`) when it measured one."""
+        return self._auto_drafter(choose_sampling_drafter(self.model_dir, self.runs_on) if self.auto else None)
+
+    # -- inputs and outputs ------------------------------------------------------------------------
+    def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
+        """(image, prompt) -> the processor's model inputs on the model's device.
+
+        The prompt is one user turn of the chat template: ``[image, prompt]``, then the assistant
+        turn is opened. Returns input_ids / attention_mask [1, L] and the family's pixel inputs
+        (e.g. pixel_values [1, C, H, W] or [1, n_images, C, H, W], image_sizes [1, 2],
+        pixel_attention_mask), floating-point tensors in the model's dtype.
+        """
+        pil = load_image(image)
+        if getattr(self.processor, "chat_template", None) is None:
+            raise ValueError(
+                f"the processor of {self.model.name_or_path or type(self.model).__name__} has no chat template; "
+                "set processor.chat_template (see the model card for the prompt format)"
+            )
+        message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": escape_image_tokens(prompt, self.image_tokens)}]}]
+        text = self.processor.apply_chat_template(message, add_generation_prompt=True)
+        inputs = self.processor(text=[text], images=[pil], return_tensors="pt")
+        return {
+            k: v.to(self.device, self.model.dtype) if v.is_floating_point() else v.to(self.device)
+            for k, v in inputs.items()
+            if isinstance(v, torch.Tensor)
+        }
+
+    def _decode(self, sequences: torch.Tensor, prompt_length: int) -> str:
+        """sequences [1, L + new] -> the new tokens' text, special tokens removed, stripped."""
+        return self.tokenizer.decode(sequences[0, prompt_length:], skip_special_tokens=True).strip()
+
+    def run_config(self) -> dict[str, Any]:
+        """The dtype, the linears' kernel and whether CUDA graphs ran (every result's stats.config)."""
+        return {"dtype": dtype_name(self.dtype), "linears": self.optimization.label if self.optimization else "as loaded",
+                "cuda_graphs": bool(getattr(self.target, "captured", False))}
+
+    def _annotate(self, stats: SpecStats, drafter_name: str, reason: str) -> SpecStats:
+        stats.config.update(drafter=drafter_name, drafter_choice=reason, **self.run_config())
+        return stats
+
+    # -- calls -------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        prompt: str | None = None,
+        max_new_tokens: int = 64,
+        do_sample: bool = False,
+        seed: int | None = None,
+        compare_baseline: bool = False,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        batch_size: int = 1,
+        progress: bool | ProgressCallback | None = None,
+    ) -> CaptionOutput | list[CaptionOutput]:
+        """Caption one image, or a list of images (``batch_size`` at a time).
+
+        Args:
+            images: a PIL image, a path, a numpy array [H, W(, 3|4)] -- or a list/tuple of them.
+            prompt: the instruction or question; None uses the pipeline's default prompt
+                ("Describe the image." unless set at construction).
+            max_new_tokens: the caption's token budget.
+            do_sample, temperature, top_k, top_p: sample instead of greedy decoding.
+            seed: seeds each caption's randomness (every image of a list gets the same seed, so a
+                caption does not depend on its position in the list).
+            compare_baseline: also run plain AR decoding on the same inputs and set
+                ``stats.speedup`` = baseline wall time / speculative wall time (of the whole batch).
+            batch_size: images of a list decoded together (:mod:`mmspec.core.batch`): each caption
+                is the one batch size 1 gives (same tokens, same seed), its ``stats`` are its own
+                row's (``wall_time_s``: until the row finished; ``config["batch_wall_time_s"]``:
+                the batch's). Tree drafters draft their chain form in a batch (EAGLE-2 -> EAGLE,
+                Medusa / Hydra -> the top-1 chain). With drafter="auto" and a drafters file that
+                measured batches, a batch uses the fastest method measured at the largest batch size
+                <= its size, plain decoding included (``stats.config["drafter_choice"]`` says so).
+            progress: called with the number of captions done after each caption (a batch: after
+                the batch); True shows a terminal bar.
+        Returns:
+            A CaptionOutput, or a list of them (one per image, same order) for a list input.
+        Raises:
+            ValueError: an empty prompt, an invalid image (too large, not an image file, bad array).
+            FileNotFoundError: an image path that does not exist.
+        """
+        prompt = check_prompt(self.default_prompt if prompt is None else prompt)
+        self.check_batch_size(batch_size)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed, eos_token_id=self.eos_token_ids)
+        single = not isinstance(images, (list, tuple))
+        items = [images] if single else images
+        report, close = self.progress_reporter(progress, len(items), "image")
+        results: list[CaptionOutput] = []
+        try:
+            for _, chunk in self.chunks(items, batch_size):
+                results += ([self._caption(chunk[0], prompt, compare_baseline, kwargs)] if batch_size == 1
+                            else self._caption_batch(chunk, prompt, compare_baseline, kwargs))
+                if report is not None:
+                    report(len(results))
+        finally:
+            close()
+        return results[0] if single else results
+
+    def _caption_batch(self, images: Sequence[ImageInput], prompt: str, compare_baseline: bool, kwargs: dict) -> list[CaptionOutput]:
+        rows = [self.preprocess(image, prompt) for image in images]  # every image checked before decoding
+        drafter, drafter_name, reason = self.batch_drafter(len(rows))
+        out, baseline = self.with_baseline(
+            lambda: generate_rows(self.target, rows, drafter=drafter, **kwargs),
+            (lambda: generate_rows(self.target, rows, drafter=None, **kwargs)) if compare_baseline else None,
+            warm_up=lambda: generate_rows(self.target, rows[:2], drafter=drafter, **{**kwargs, "max_new_tokens": 4}))
+        width = max(row["input_ids"].shape[1] for row in rows)
+
+        def rows_of(output) -> list[tuple[torch.Tensor, SpecStats]]:
+            """Each row's tokens [1, width + new] and stats (the batch's wall time noted)."""
+            for stats in output.row_stats:
+                stats.config["batch_wall_time_s"] = output.stats.wall_time_s
+            return [(output.sequences[b : b + 1, : width + s.new_tokens], s) for b, s in enumerate(output.row_stats)]
+
+        method_rows = rows_of(out)
+        results = [CaptionOutput(text=self._decode(tokens, width), prompt=prompt, stats=self._annotate(stats, drafter_name, reason))
+                   for tokens, stats in method_rows]
+        if baseline is not None:
+            for result, (tokens, _), (base_tokens, base_stats) in zip(results, method_rows, rows_of(baseline)):
+                result.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
+                result.baseline_text = self._decode(base_tokens, width)
+                result.baseline_stats = self._annotate(base_stats, "ar", "baseline")
+                result.identical_to_baseline = bool(torch.equal(tokens, base_tokens))
+        return results
+
+    def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict) -> CaptionOutput:
+        inputs = self.preprocess(image, prompt)
+        prompt_length = inputs["input_ids"].shape[1]
+        drafter, drafter_name, reason = self.sampling_drafter() if kwargs["do_sample"] else (
+            self.drafter, self.chosen_drafter, self.drafter_reason)
+        if not compare_baseline:
+            out = generate(self.target, drafter=drafter, **kwargs, **inputs)
+            stats = self._annotate(out.stats, drafter_name, reason)
+            return CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats, prompt=prompt)
+        out, baseline = self.with_baseline(
+            lambda: generate(self.target, drafter=drafter, **kwargs, **inputs),
+            lambda: generate(self.target, drafter=None, **kwargs, **inputs),
+            warm_up=lambda: generate(self.target, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs))
+        out.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
+        return CaptionOutput(
+            text=self._decode(out.sequences, prompt_length),
+            stats=self._annotate(out.stats, drafter_name, reason),
+            baseline_text=self._decode(baseline.sequences, prompt_length),
+            baseline_stats=self._annotate(baseline.stats, "ar", "baseline"),
+            identical_to_baseline=bool(torch.equal(out.sequences, baseline.sequences)),
+            prompt=prompt,
+        )
+
+    def __repr__(self) -> str:
+        name = getattr(self.model, "name_or_path", "") or type(self.model).__name__
+        return (f"ImageCaptioningPipeline(model={name!r}, drafter={self.chosen_drafter!r}, "
+                f"device={str(self.device)!r}, dtype={str(self.dtype).removeprefix('torch.')!r})")

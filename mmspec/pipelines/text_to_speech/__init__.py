@@ -1,0 +1,15 @@
+"""Text-to-speech with codec-token LMs: ``mmspec.pipeline("text-to-speech", method=...)``.
+
+- :mod:`.pipeline`: :class:`TextToSpeechPipeline`, its output and stats;
+- :mod:`.components`: :class:`TTSComponents` (code-stream target, codec, text front end, draft
+  codec LM, Medusa / EAGLE heads, NAR stage) and their loaders;
+- :mod:`.methods`: the methods, one class each, registered by name in :data:`METHODS`.
+"""
+
+from .components import DEFAULT_VOICE, EMBEDDED_VOICES, MANIFEST, TTSComponents, load_nar_stage, load_tts_codec
+from .methods import METHODS, TTSMethod, make_method, register_method
+from .pipeline import TextToSpeechOutput, TextToSpeechPipeline, TextToSpeechStats
+
+__all__ = ["DEFAULT_VOICE", "EMBEDDED_VOICES", "MANIFEST", "METHODS", "TTSComponents", "TTSMethod", "TextToSpeechOutput",
+           "TextToSpeechPipeline", "TextToSpeechStats", "load_nar_stage", "load_tts_codec", "make_method",
+           "register_method"]

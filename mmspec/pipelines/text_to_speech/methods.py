@@ -1,0 +1,267 @@
+"""Text-to-speech methods, registered by name (the same names in the pipeline, ``mmspec tts``
+and ``mmspec bench tts``): a drafter over the codec LM's flattened code stream
+(:class:`~mmspec.adapters.audio.delay.DelayPatternTarget`) and the core's acceptance rule.
+
+Lossless (greedy: the codes of plain decoding; sampling: its distribution):
+
+- ``ar``: plain decoding: one model forward per step, its K codes drawn at once
+  (:class:`~mmspec.drafters.steps.StepCompletionDrafter`: the rest of a step comes from the
+  target's own known distributions, q = p, always accepted);
+- ``spec``: speculative sampling with the small draft codec LM (``mmspec train tts --preset
+  draft``), drafting whole steps after the current step's known codes
+  (:class:`~mmspec.drafters.steps.StepAwareDrafter`);
+- ``medusa``: Medusa heads on the codec LM's last hidden state (``mmspec train tts-drafter``),
+  drafting a chain of whole steps after the current step's known codes, or a static token tree on
+  a single-stream LM (:class:`~mmspec.drafters.steps.CodecMedusaDrafter`);
+- ``eagle``: EAGLE's one-layer head on the codec LM's last hidden state and step inputs
+  (``mmspec train tts-drafter --kind eagle``), the same chain step by step
+  (:class:`~mmspec.drafters.steps.CodecEagleDrafter`; on a single-stream LM 6 codes, drafted in
+  one C call where the head runs fused); ``eagle-tree``: the head grows Medusa's
+  static tree instead on a single-stream LM, one head forward per depth;
+- ``prompt-lookup``: n-gram lookup in the generated codes (training-free);
+- ``sjd``: speculative Jacobi decoding over the code stream (training-free).
+
+Tolerant (lossy), over the draft codec LM's chains:
+
+- ``spec-topk``: VADUSA's tolerance rule (a drafted code is accepted while it is among the
+  target's ``top_k`` most likely codes at its position; no TV bound) over the draft LM's chains;
+- ``vadusa``: the same rule over Medusa heads, as VADUSA does (its sparse tree does not fit the
+  delay layout, which verifies chains only: the heads' top-1 chain);
+- ``lantern``: LANTERN on audio codes, neighbours from the codec's codebook vectors (each
+  codebook's k nearest codes), TV <= delta per code; ``medusa-lantern``: the same rule over the
+  Medusa heads' chains (drafts that cost no model forward);
+- ``pcg``: group acceptance in the manner of principled coarse-graining: overlapping groups of
+  acoustically close codes (each code and its 3 nearest in the codec's codebook), speculative
+  sampling on the group variable (exact over groups; a token-level bound in
+  :mod:`mmspec.core.relaxed`).
+
+Add one with a :class:`TTSMethod` subclass and :func:`register_method`; name one with its settings
+in the one spec syntax of :mod:`mmspec.pipelines.methods` (``vadusa:top_k=5``, ``lantern:delta=0.2``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ...drafters import (CodecEagleDrafter, CodecMedusaDrafter, Drafter, JacobiDrafter, PromptLookupDrafter,
+                        StepAwareDrafter, StepCompletionDrafter)
+from ...drafters.steps import CODEC_TREE
+from ..methods import Method, MethodRegistry, Setting, at_least
+
+if TYPE_CHECKING:
+    from .components import TTSComponents
+
+
+#: every setting a method may read (a method reads ``num_draft_tokens`` and its rule's parameters)
+SETTINGS: dict[str, Setting] = {
+    "num_draft_tokens": Setting(int, "draft length in stream sub-tokens (default: the method's, a whole number of steps)",
+                                at_least(1), "an integer >= 1"),
+    "top_k": Setting(int, "accept a drafted code among the target's top k (VADUSA's tolerance)", rule="topk-tolerance"),
+    "delta": Setting(float, "LANTERN's total-variation bound per code", rule="lantern"),
+}
+
+#: method name -> class
+METHODS = MethodRegistry("text-to-speech method", example="vadusa:top_k=5")
+
+#: class decorator: register ``cls`` under ``cls.name`` (a taken name is one ValueError line)
+register_method = METHODS.register
+
+
+class TTSMethod(Method):
+    """A drafter (:meth:`build_drafter`) over the code stream verified by a rule (:attr:`rule`,
+    None: exact): a :class:`~mmspec.pipelines.methods.Method` whose settings are
+    ``num_draft_tokens`` and its rule's parameters (:attr:`rule_defaults`). A setting the method
+    does not read is refused.
+
+    Args:
+        num_draft_tokens: draft length in stream sub-tokens (None: the method's default, a whole
+            number of steps).
+        **rule_settings: the rule's parameters (``top_k``, ``delta``), None meaning the default.
+    """
+
+    SETTINGS = SETTINGS
+    registry = METHODS
+    #: the rule's parameters this method sets (besides any table), with their defaults
+    rule_defaults: ClassVar[dict[str, Any]] = {}
+    #: default draft length in steps (K sub-tokens each)
+    draft_steps: ClassVar[int] = 0
+    #: default draft length in codes on a single-stream LM (K = 1, a VALL-E-style AR stage), where a
+    #: step is one code; None: ``draft_steps``
+    single_stream_tokens: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = {"num_draft_tokens": None, **cls.rule_defaults}
+
+    @property
+    def num_draft_tokens(self) -> int | None:
+        """The draft length asked for (None: the method's default)."""
+        return self.settings["num_draft_tokens"]
+
+    @property
+    def rule_settings(self) -> dict[str, Any]:
+        """The rule's parameters (its defaults updated by the given values)."""
+        return {name: self.settings[name] for name in self.rule_defaults}
+
+    def draft_length(self, components: "TTSComponents") -> int:
+        k = components.target.num_codebooks
+        return self.num_draft_tokens or (self.single_stream_tokens if k == 1 and self.single_stream_tokens
+                                         else self.draft_steps * k)
+
+    def build_drafter(self, components: "TTSComponents") -> Drafter | None:
+        return None
+
+    def check_components(self, components: "TTSComponents") -> None:
+        """Raise ValueError when the model lacks a part the method needs (at pipeline construction):
+        building the drafter loads (and caches) what it reads."""
+        self.build_drafter(components)
+
+    def rule_kwargs(self, components: "TTSComponents") -> dict[str, Any] | None:
+        """The acceptance rule's parameters (None for the exact rules)."""
+        return dict(self.rule_settings) if self.rule is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "exact": self.exact, "num_draft_tokens": self.num_draft_tokens, **self.rule_settings}
+
+
+def make_method(spec: str, **settings: Any) -> TTSMethod:
+    """``"name[:key=value,...]"`` and settings -> the method (every setting checked), e.g.
+    ``make_method("vadusa:top_k=5")`` (how ``mmspec bench tts --methods`` names a method with its
+    settings) or ``make_method("lantern", delta=0.2)``."""
+    return METHODS.make(spec, **settings)
+
+
+@register_method
+class AutoregressiveMethod(TTSMethod):
+    name = "ar"
+    description = "plain autoregressive decoding, a whole step per model forward (the baseline)"
+
+    def build_drafter(self, components):
+        return StepCompletionDrafter()
+
+
+@register_method
+class DraftModelMethod(TTSMethod):
+    name = "spec"
+    description = "speculative sampling with the small draft codec LM (whole steps drafted)"
+    draft_steps = 3
+
+    def build_drafter(self, components):
+        return StepAwareDrafter(components.draft_target(), num_draft_tokens=self.draft_length(components))
+
+
+@register_method
+class MedusaMethod(TTSMethod):
+    name = "medusa"
+    description = ("Medusa heads on the codec LM's last hidden state (a chain of whole steps; a static tree on a "
+                   "single-stream LM; mmspec train tts-drafter)")
+
+    def build_drafter(self, components):
+        return CodecMedusaDrafter(components.medusa_heads(), num_draft_tokens=self.num_draft_tokens)
+
+
+@register_method
+class EagleMethod(TTSMethod):
+    name = "eagle"
+    description = ("EAGLE: a one-layer head on the codec LM's last hidden state and step inputs drafts whole steps "
+                   "(a chain; mmspec train tts-drafter --kind eagle)")
+    #: the single-stream tree the head grows (empty: the chain)
+    tree_paths: ClassVar[list[tuple[int, ...]]] = []
+    #: codes a chain drafts on a single stream, where it drafts in one C call: on the embedded
+    #: VALL-E-style voice at temperature 1, 5 / 6 / 8 codes gave 1.82x / 1.85x / 1.84x against 1.68x
+    #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
+    single_stream_tokens = 6
+
+    def build_drafter(self, components):
+        single = components.target.num_codebooks == 1 and not self.tree_paths
+        return CodecEagleDrafter(components.eagle_head(), tree_paths=self.tree_paths,
+                                 num_draft_tokens=self.num_draft_tokens or (self.single_stream_tokens if single else None))
+
+
+@register_method
+class EagleTreeMethod(EagleMethod):
+    name = "eagle-tree"
+    description = ("EAGLE's head growing Medusa's 9-node static tree on a single-stream LM, one head forward per depth "
+                   "(the chain elsewhere)")
+    tree_paths = CODEC_TREE
+
+
+@register_method
+class PromptLookupMethod(TTSMethod):
+    name = "prompt-lookup"
+    description = "n-gram lookup in the generated codes (training-free)"
+    draft_steps = 2
+
+    def build_drafter(self, components):
+        return PromptLookupDrafter(num_draft_tokens=self.draft_length(components))
+
+
+@register_method
+class JacobiMethod(TTSMethod):
+    name = "sjd"
+    description = "speculative Jacobi decoding over the code stream (training-free)"
+    draft_steps = 2
+    #: a window of 12 codes on the VALL-E-style voice: 2 / 3 / 4 / 6 / 8 / 12 / 16 gave 1.48x / 1.75x / 1.91x /
+    #: 2.14x / 2.37x / 2.40x / 2.37x over plain decoding at temperature 1 (docs/benchmarks.md)
+    single_stream_tokens = 12
+
+    def build_drafter(self, components):
+        return JacobiDrafter(self.draft_length(components))
+
+
+@register_method
+class JacobiTopKMethod(JacobiMethod):
+    name = "sjd-topk"
+    description = "SJD's window under VADUSA's top-k tolerance (lossy: a drafted code counts while it is among the target's top k)"
+    rule = "topk-tolerance"
+    rule_defaults = {"top_k": 5}
+    #: measured on the VALL-E-style voice at temperature 1 (docs/benchmarks.md): top-5 over 31 codes (with the
+    #: pending code, 32 rows: two full AMX tiles); windows of 20 / 24 / 28 / 31 codes gave 3.19x / 3.27x / 3.31x /
+    #: 3.35x over plain decoding's code stream (12 sentences x 2, one core); quality in docs/benchmarks.md
+    single_stream_tokens = 31
+
+
+@register_method
+class TopKTolerantMethod(DraftModelMethod):
+    name = "spec-topk"
+    description = "the draft codec LM under VADUSA's top-k tolerance (lossy)"
+    rule = "topk-tolerance"
+    rule_defaults = {"top_k": 3}
+
+
+@register_method
+class LanternMethod(DraftModelMethod):
+    name = "lantern"
+    description = "the draft codec LM under LANTERN with the codec's code neighbours (lossy, TV <= delta per code)"
+    rule = "lantern"
+    rule_defaults = {"delta": 0.1}
+    neighbours_k: ClassVar[int] = 8
+
+    def rule_kwargs(self, components):
+        return {**self.rule_settings, "neighbours": components.neighbours(self.neighbours_k)}
+
+
+@register_method
+class MedusaLanternMethod(LanternMethod):
+    name = "medusa-lantern"
+    description = "the Medusa heads' chains under LANTERN with the codec's code neighbours (lossy, TV <= delta per code)"
+
+    def build_drafter(self, components):
+        return MedusaMethod.build_drafter(self, components)
+
+
+@register_method
+class GroupMethod(LanternMethod):
+    name = "pcg"
+    description = "the draft codec LM under PCG group acceptance over groups of acoustically close codes (lossy)"
+    rule = "group"
+    rule_defaults = {}
+    neighbours_k = 3
+
+
+@register_method
+class VadusaMethod(MedusaMethod):
+    name = "vadusa"
+    description = "VADUSA: Medusa heads under the top-k tolerance rule (lossy; a chain, as the delay layout takes no tree)"
+    rule = "topk-tolerance"
+    rule_defaults = {"top_k": 3}
