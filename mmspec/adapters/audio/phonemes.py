@@ -44,7 +44,11 @@ PHONEMIZERS: dict[str, Callable[[], Phonemizer]] = {}
 
 
 def register_phonemizer(name: str):
+    """A decorator registering a front end's factory as ``PHONEMIZERS[name]``; a taken name is
+    refused, as :func:`mmspec.core.registry.class_registrar` refuses one for classes."""
     def wrap(factory):
+        if name in PHONEMIZERS:
+            raise ValueError(f"a text front end named {name!r} is already registered")
         PHONEMIZERS[name] = factory
         return factory
 
