@@ -12,7 +12,6 @@ import base64
 import hmac
 import io
 import json
-import logging
 import re
 import time
 import uuid
@@ -30,7 +29,6 @@ from .errors import APIError
 from .inputs import parse_json
 from .tasks import CaptionService, ImageService, SpeechService, TaskService, pcm16, stats_summary, wav_bytes
 
-log = logging.getLogger("mmspec.serve")
 
 #: short task -> the service class answering it
 SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": ImageService, "tts": SpeechService}
@@ -123,25 +121,18 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse(APIError(400, f"invalid request: {error.errors()[:1]}").body(), status_code=400)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        """API key, body size limit, and no traceback ever reaching a client."""
-        try:
-            if request.url.path.startswith("/v1/"):
-                check_api_key(request, config)
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
-                raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
-                               code="body_too_large")
-            return await call_next(request)
-        except APIError as error:
-            return JSONResponse(error.body(), status_code=error.status)
-        except (ValueError, TypeError, FileNotFoundError) as error:  # the pipeline refused the input
-            return JSONResponse(APIError(400, str(error).splitlines()[0] if str(error) else type(error).__name__).body(),
-                                status_code=400)
-        except Exception:
-            log.exception("mmspec serve: %s %s failed", request.method, request.url.path)
-            return JSONResponse(APIError(500, "internal server error (see the server log)").body(), status_code=500)
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    @app.exception_handler(FileNotFoundError)
+    async def input_error(request: Request, error: Exception) -> JSONResponse:
+        """A pipeline refused a request's input: its one-line message, 400."""
+        message = (str(error).splitlines() or [type(error).__name__])[0]
+        return JSONResponse(APIError(400, message).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, error: Exception) -> JSONResponse:
+        """Anything else: a one-line 500 to the client (the server logs the traceback)."""
+        return JSONResponse(APIError(500, "internal server error (see the server log)").body(), status_code=500)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -154,8 +145,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                           for task, s in server.services.items()}}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
         """The served models, OpenAI's list shape."""
+        check_api_key(request, config)
         return {"object": "list", "data": [
             {"id": s.model_id, "object": "model", "created": int(server.started), "owned_by": "mmspec", "task": TASKS[task]}
             for task, s in server.services.items()]}
@@ -227,7 +219,13 @@ def preload(app: FastAPI) -> None:
 
 
 async def read_body(request: Request, config: ServeConfig) -> bytes:
-    """The body, refused with 413 as soon as it passes ``max_body_bytes`` (chunked bodies too)."""
+    """The API key checked, then the body, refused with 413 as soon as it passes ``max_body_bytes``
+    (a Content-Length over it before reading; chunked bodies while reading)."""
+    check_api_key(request, config)
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+        raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
+                       code="body_too_large")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

@@ -134,8 +134,8 @@ class Batcher:
             self.waiting -= 1
             if job.future.done() or (job.is_disconnected is not None and await _safe(job.is_disconnected)):
                 self.dropped += 1
-                if not job.future.done():
-                    job.future.cancel()
+                if not job.future.done():  # its handler answers no one; it ends without a traceback
+                    job.future.set_exception(APIError(499, "the client closed the request before it ran", code="client_closed"))
                 continue
             batch.append(job)
         return batch

@@ -194,7 +194,7 @@ class ImageService(TaskService):
         prompt = fields.text("prompt", self.config.max_prompt_chars, required=True)
         n = fields.integer("n", 1, 1, self.config.max_images)
         fields.refuse("response_format", ("b64_json",), "the server keeps no files; ask for b64_json")
-        fields.get("size", str)  # the model's native size is what it makes (see docs/serving.md)
+        fields.refuse("size", ("auto",), "the model makes images of its one native size; leave size out or send auto")
         method = fields.get("method", str)
         if method is not None and method != self.config.t2i_method:
             raise bad_request(f"this server runs text-to-image method {self.config.t2i_method!r} (--t2i-method); "
