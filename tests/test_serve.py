@@ -131,6 +131,14 @@ def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
     assert error["code"] == code and (param is None or error["param"] == param)
 
 
+def test_page_is_served(local):
+    """The demo page (its behaviour in a browser is not tested here; docs/serving.md)."""
+    page = local.get("/", headers={"Authorization": ""})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for path in ("/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech", "compare_baseline"):
+        assert path in page.text
+
+
 def test_limits_and_key_without_socket(local):
     big = {"model": "mmspec-caption", "messages": [{"role": "user", "content": "x" * 300_000}]}
     assert error_of(local.post("/v1/chat/completions", json=big), 413)["code"] == "body_too_large"

@@ -1,6 +1,6 @@
 """The FastAPI application: :func:`create_app` (no socket; ``mmspec serve`` runs it with uvicorn).
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+Routes: ``GET /`` (a demo page), ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/images/generations``, ``POST /v1/audio/speech`` (docs/serving.md). Every error answers
 an OpenAI-style JSON body (:mod:`mmspec.serve.errors`); a failing request never stops the server.
 """
@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import Batcher
@@ -133,6 +133,13 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def server_error(request: Request, error: Exception) -> JSONResponse:
         """Anything else: a one-line 500 to the client (the server logs the traceback)."""
         return JSONResponse(APIError(500, "internal server error (see the server log)").body(), status_code=500)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
+        from .page import PAGE
+
+        return HTMLResponse(PAGE)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
