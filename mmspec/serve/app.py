@@ -169,7 +169,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         batcher = server.batcher("caption")
         created, chat_id = int(time.time()), f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if parsed.stream:
-            return StreamingResponse(stream_chat(batcher, parsed, model, chat_id, created), media_type="text/event-stream",
+            batcher.check_room()  # a full queue answers 429 before the stream's 200
+            return StreamingResponse(stream_chat(batcher, parsed, model, chat_id, created, request.is_disconnected),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, request.is_disconnected)
         stats = output.stats
@@ -270,7 +272,8 @@ def caption_summary(output: Any, info: Any) -> dict[str, Any]:
     return stats_summary(output.stats, info.batch_size, info.queue_wait_s, extra)
 
 
-async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, created: int) -> AsyncIterator[str]:
+async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, created: int,
+                      is_disconnected: Any = None) -> AsyncIterator[str]:
     """Server-sent events of a chat completion: a role chunk, the caption in word pieces, a chunk
     with the finish reason and the ``mmspec`` stats, optionally a usage chunk, then ``[DONE]``.
 
@@ -285,7 +288,7 @@ async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, c
                       "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
 
     try:
-        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image)
+        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, is_disconnected)
     except APIError as error:
         yield event(error.body())
         yield "data: [DONE]\n\n"

@@ -85,11 +85,7 @@ class Batcher:
             APIError: 429 when ``max_queue`` jobs wait already; 503 when the server shuts down.
             Exception: what ``run_batch`` raised for this row.
         """
-        if self.task.done():
-            raise APIError(503, f"the {self.name} worker has stopped; the server is shutting down", code="shutting_down")
-        if self.waiting >= self.max_queue:
-            raise APIError(429, f"the {self.name} queue is full ({self.max_queue} requests wait); retry later",
-                           code="queue_full")
+        self.check_room()
         job = Job(key, item, self.loop.create_future(), is_disconnected)
         self.waiting += 1
         self.queue.put_nowait(job)
@@ -99,6 +95,15 @@ class Batcher:
             job.future.cancel()  # the handler was cancelled (client gone): the gatherer skips it
             raise
         # (waiting is decremented by the gatherer when the job starts or is dropped)
+
+    def check_room(self) -> None:
+        """Raise APIError 429 when ``max_queue`` jobs wait, 503 when the batcher has stopped (a
+        streaming handler calls it before it answers 200)."""
+        if self.task.done():
+            raise APIError(503, f"the {self.name} worker has stopped; the server is shutting down", code="shutting_down")
+        if self.waiting >= self.max_queue:
+            raise APIError(429, f"the {self.name} queue is full ({self.max_queue} requests wait); retry later",
+                           code="queue_full")
 
     async def _gather_forever(self) -> None:
         while True:
