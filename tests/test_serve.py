@@ -82,7 +82,7 @@ def post(base: str, path: str, body, key: str | None = KEY) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def local():
-    config = ServeConfig(tasks=("caption",), max_body_bytes=200_000, api_key=KEY)
+    config = ServeConfig(max_body_bytes=200_000, api_key=KEY)
     with TestClient(create_app(config)) as test_client:
         test_client.headers["Authorization"] = f"Bearer {KEY}"
         yield test_client
@@ -99,7 +99,7 @@ def test_health_and_models_without_socket(local):
     health = local.get("/health").json()
     assert health["status"] == "ok" and health["tasks"]["caption"]["loaded"] is False
     models = local.get("/v1/models").json()
-    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["mmspec-caption"]
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["mmspec-caption", "mmspec-t2i", "mmspec-tts"]
 
 
 @pytest.mark.parametrize("body, status, param, code", [
@@ -139,11 +139,34 @@ def test_page_is_served(local):
         assert path in page.text
 
 
+@pytest.mark.parametrize("path, body, param, code", [
+    ("/v1/images/generations", {"prompt": "x" * 5000}, "prompt", "too_long"),
+    ("/v1/images/generations", {"prompt": "   "}, "prompt", "empty_field"),
+    ("/v1/images/generations", {"prompt": "a red circle", "n": 0}, "n", "invalid_value"),
+    ("/v1/images/generations", {"prompt": "a red circle", "size": "1024x1024"}, "size", "unsupported"),
+    ("/v1/images/generations", {"prompt": "a red circle", "method": "ar"}, "method", "unsupported"),
+    ("/v1/images/generations", {"prompt": "a red circle", "guidance_scale": "high"}, "guidance_scale", "invalid_type"),
+    ("/v1/images/generations", {"prompt": "a red circle", "model": "mmspec-tts"}, "model", "wrong_endpoint"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy"}, "input", "missing_field"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "speed": 10}, "speed", "invalid_value"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "max_seconds": 1000}, "max_seconds",
+     "invalid_value"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "mmspec": []}, "mmspec", "invalid_type"),
+])
+def test_bad_image_and_speech_requests(local, path, body, param, code):
+    error = error_of(local.post(path, json=body), 400)
+    assert (error["param"], error["code"]) == (param, code)
+
+
+def test_task_not_served():
+    with TestClient(create_app(ServeConfig(tasks=("caption",)))) as only_captions:
+        assert error_of(only_captions.post("/v1/images/generations", json={"prompt": "a red circle"}), 404)["code"] == "task_not_served"
+
+
 def test_limits_and_key_without_socket(local):
     big = {"model": "mmspec-caption", "messages": [{"role": "user", "content": "x" * 300_000}]}
     assert error_of(local.post("/v1/chat/completions", json=big), 413)["code"] == "body_too_large"
     assert error_of(local.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer wrong"}), 401)["code"] == "invalid_api_key"
-    assert error_of(local.post("/v1/images/generations", json={"prompt": "a red circle"}), 404)["code"] == "task_not_served"
     assert local.get("/health").status_code == 200  # still up, no pipeline loaded by any of it
     assert local.get("/health").json()["tasks"]["caption"]["loaded"] is False
 
