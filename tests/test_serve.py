@@ -254,6 +254,19 @@ def test_greedy_answers_equal_alone_and_batched(live):
     assert max(r["mmspec"]["batch_size"] for r in together) >= 2  # they did run as a batch
 
 
+def test_seeded_sampled_captions_reproduce_under_load(live):
+    """drafter="auto" drafts batches with another drafter than a lone sampled caption, so seeded
+    sampled requests run alone: their seed gives the same answer however many arrive together."""
+    base = live[0]
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png"), "max_tokens": 6,
+            "temperature": 0.8, "seed": 3}
+    alone = post(base, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    with ThreadPoolExecutor(2) as pool:
+        together = [r.json() for r in pool.map(lambda _: post(base, "/v1/chat/completions", body), range(2))]
+    assert [r["choices"][0]["message"]["content"] for r in together] == [alone, alone]
+    assert [r["mmspec"]["batch_size"] for r in together] == [1, 1]
+
+
 def test_bad_request_then_good_one(live):
     base = live[0]
     assert post(base, "/v1/chat/completions", b'{"model": "mmspec-caption", "messages": [').status_code == 400

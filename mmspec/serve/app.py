@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import Batcher
@@ -164,7 +165,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         """An image and a question -> the caption / answer, whole or as server-sent events."""
         data = parse_json(await read_body(request, config))
         service = server.service_for(data.get("model"), "caption")
-        parsed = service.parse(data)
+        parsed = await run_in_threadpool(service.parse, data)  # decodes the image: off the event loop
         model = data["model"]
         batcher = server.batcher("caption")
         created, chat_id = int(time.time()), f"chatcmpl-{uuid.uuid4().hex[:24]}"

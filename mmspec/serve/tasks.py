@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+import uuid
 import wave
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
@@ -99,7 +100,7 @@ def mmspec_options(data: dict[str, Any]) -> Fields:
 
 @dataclass
 class ChatRequest:
-    key: tuple  # (prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare_baseline)
+    key: tuple  # (prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare_baseline, solo)
     image: Any  # PIL image
     stream: bool
     include_usage: bool
@@ -161,12 +162,16 @@ class CaptionService(TaskService):
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))
         stream = bool(fields.get("stream", bool, False))
         stream_options = Fields(fields.get("stream_options", dict, {}), "stream_options.")
+        # drafter="auto" drafts a sampled caption alone with the head trained for sampling and a batch
+        # with the batch table's drafter: both exact samples, but not the same tokens for one seed. A
+        # seeded sampled request runs alone so that its seed reproduces its answer.
+        solo = uuid.uuid4().hex if sampling["do_sample"] and seed is not None and self.config.caption_drafter == "auto" else None
         key = (prompt or None, max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"],
-               sampling["top_k"], seed, compare)
+               sampling["top_k"], seed, compare, solo)
         return ChatRequest(key, images[0], stream, bool(stream_options.get("include_usage", bool, False)))
 
     def run_batch(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
-        prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare = key
+        prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare, _ = key
         pipe = self.pipeline()
         outputs = pipe(list(items), prompt=prompt, max_new_tokens=max_tokens, do_sample=do_sample, seed=seed,
                        compare_baseline=compare, temperature=temperature, top_p=top_p, top_k=top_k, batch_size=len(items))
