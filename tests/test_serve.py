@@ -254,6 +254,28 @@ def test_greedy_answers_equal_alone_and_batched(live):
     assert max(r["mmspec"]["batch_size"] for r in together) >= 2  # they did run as a batch
 
 
+def test_mixed_tasks_at_once_none_lost(live):
+    """Two requests of each task at once: every one answered whole; speech batched equals alone
+    (the pipelines loading while another task decodes: see PIPELINE_LOCK)."""
+    base = live[0]
+    speech = {"model": "mmspec-tts", "voice": "alloy", "seed": 0, "max_seconds": 1.0}
+    requests = [("/v1/chat/completions", {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / name),
+                                          "max_tokens": 4, "temperature": 0}) for name in ("text.png", "scenes.png")]
+    requests += [("/v1/images/generations", {"prompt": prompt, "seed": 2}) for prompt in ("a red circle", "a blue square")]
+    requests += [("/v1/audio/speech", {**speech, "input": text}) for text in ("It is raining.", "There are seven squares.")]
+    alone = {text: post(base, "/v1/audio/speech", {**speech, "input": text}).content
+             for text in ("It is raining.", "There are seven squares.")}
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda r: post(base, *r), requests))
+    assert [a.status_code for a in answers] == [200] * len(requests)
+    assert all(a.json()["choices"][0]["message"]["content"] for a in answers[:2])
+    for answer in answers[2:4]:
+        assert Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][0]["b64_json"]))).format == "PNG"
+    assert [a.content for a in answers[4:]] == list(alone.values())
+    assert max(json.loads(a.headers["x-mmspec-stats"])["batch_size"] for a in answers[4:]) == 2
+    assert max(a.json()["mmspec"]["batch_size"] for a in answers[2:4]) == 2
+
+
 def test_seeded_sampled_captions_reproduce_under_load(live):
     """drafter="auto" drafts batches with another drafter than a lone sampled caption, so seeded
     sampled requests run alone: their seed gives the same answer however many arrive together."""

@@ -56,7 +56,7 @@ class Server:
             self._batchers, self._loop = {}, loop
         if task not in self._batchers:
             service = self.services[task]
-            batcher = Batcher(task, service.run_batch, self.config.max_batch_size, self.config.max_queue,
+            batcher = Batcher(task, service.call, self.config.max_batch_size, self.config.max_queue,
                               self.config.batch_wait_s, self._executors.get(task))
             self._executors[task] = batcher.executor
             self._batchers[task] = batcher
@@ -225,7 +225,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 def preload(app: FastAPI) -> None:
     """Load every served task's pipeline now (``mmspec serve --preload``). Raises APIError 503 on failure."""
     for service in app.state.server.services.values():
-        service.pipeline()
+        service.load()
 
 
 async def read_body(request: Request, config: ServeConfig) -> bytes:
