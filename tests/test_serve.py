@@ -158,6 +158,25 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
     assert (error["param"], error["code"]) == (param, code)
 
 
+def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
+    """--allow-local-files reads paths and file:// URLs, under --local-files-root only (no model loads)."""
+    from mmspec.serve.tasks import CaptionService
+
+    def request(url: str) -> dict:
+        return {"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]}
+
+    service = CaptionService(ServeConfig(tasks=("caption",), allow_local_files=True, local_files_root=str(SAMPLES)))
+    assert service.parse(request(str(SAMPLES / "photo.png"))).image.size[0] > 0
+    assert service.parse(request("file://" + str(SAMPLES / "text.png"))).image.mode == "RGB"
+    outside = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(outside)
+    for url in (str(outside), str(SAMPLES / ".." / "README.md"), str(SAMPLES / "missing.png")):
+        with pytest.raises(APIError) as refused:
+            service.parse(request(url))
+        assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
+
+
 def test_task_not_served():
     with TestClient(create_app(ServeConfig(tasks=("caption",)))) as only_captions:
         assert error_of(only_captions.post("/v1/images/generations", json={"prompt": "a red circle"}), 404)["code"] == "task_not_served"
