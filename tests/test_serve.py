@@ -177,6 +177,21 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
         assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
 
 
+def test_cli_options():
+    """mmspec serve's options -> a ServeConfig; hub ids and bad values refused before anything loads."""
+    from mmspec.cli import build_parser
+    from mmspec.serve.cli import config_from_args
+
+    args = build_parser().parse_args(["serve", "--tasks", "caption,tts", "--max-batch-size", "4", "--api-key", "k",
+                                      "--batch-wait-ms", "5"])
+    config = config_from_args(args)
+    assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
+    assert args.host == "127.0.0.1"
+    for bad in (["--caption-model", "org/not-here"], ["--tasks", "caption,video"], ["--max-queue", "0"], ["--port", "0"]):
+        with pytest.raises(ValueError):
+            config_from_args(build_parser().parse_args(["serve", *bad]))
+
+
 def test_task_not_served():
     with TestClient(create_app(ServeConfig(tasks=("caption",)))) as only_captions:
         assert error_of(only_captions.post("/v1/images/generations", json={"prompt": "a red circle"}), 404)["code"] == "task_not_served"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from .config import DEFAULT_MODEL_IDS, TASKS, ServeConfig
 
@@ -48,6 +49,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """The parsed options -> a checked ServeConfig (ValueError with one line on a bad value)."""
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
+    for flag, model in (("--caption-model", args.caption_model), ("--t2i-model", args.t2i_model), ("--tts-model", args.tts_model)):
+        check_local_model(flag, model)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     return ServeConfig(
         tasks=tasks, models={"caption": args.caption_model, "t2i": args.t2i_model, "tts": args.tts_model},
@@ -58,8 +61,19 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         local_files_root=args.local_files_root)
 
 
+def check_local_model(flag: str, model: str | None) -> None:
+    """The server downloads nothing: a model named with a path separator (a path, or a hub id such as
+    ``org/name``) must be a local directory; a bare name is an embedded model's. Raises ValueError."""
+    if model and ("/" in model or os.sep in model) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"{flag} {model}: no such local directory (mmspec serve downloads no models; "
+                         "download it first and pass its directory)")
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    # nothing from the model hub at serving time, whatever a pipeline might try (set before they import)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         import uvicorn
 
