@@ -32,7 +32,8 @@ def caption_body(uri: str, max_tokens: int) -> dict:
                                                       {"type": "text", "text": "Describe the image."}]}]}
 
 
-def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str) -> dict:
+def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str, batch_wait_s: float = 0.01,
+              drafter: str = "auto") -> dict:
     """One server with ``max_batch_size``; ``requests`` concurrent requests; the figures."""
     import httpx
     import uvicorn
@@ -40,7 +41,8 @@ def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str) -
     from .app import create_app
 
     uris = {name: "data:image/png;base64," + base64.b64encode((SAMPLES / name).read_bytes()).decode() for name in IMAGES}
-    app = create_app(ServeConfig(tasks=("caption",), dtype=dtype, max_batch_size=max_batch_size))
+    app = create_app(ServeConfig(tasks=("caption",), dtype=dtype, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
+                                 caption_drafter=drafter))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -68,7 +70,7 @@ def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str) -
         server.should_exit = True
         thread.join(30)
     latencies = sorted(r[2] for r in results)
-    return {"max_batch_size": max_batch_size, "requests": requests, "wall_s": round(wall, 2),
+    return {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1000, "drafter": drafter, "requests": requests, "wall_s": round(wall, 2),
             "requests_per_s": round(requests / wall, 3), "p50_s": round(statistics.median(latencies), 2),
             "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
             "batch_sizes": sorted({r[3] for r in results}), "identical_to_alone": all(r[1] == alone[r[0]] for r in results)}
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-wait-ms", type=float, default=10.0)
+    parser.add_argument("--drafter", default="auto", help="the captioner's drafter")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
     if args.threads:
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     for round_index in range(args.rounds):
         for size in (int(s) for s in args.batch_sizes.split(",")):
-            print(json.dumps({"round": round_index, **one_round(size, args.requests, args.max_tokens, args.dtype)}), flush=True)
+            print(json.dumps({"round": round_index, **one_round(size, args.requests, args.max_tokens, args.dtype,
+                                                                  args.batch_wait_ms / 1000, args.drafter)}), flush=True)
 
 
 if __name__ == "__main__":
