@@ -1,0 +1,321 @@
+"""The FastAPI application: :func:`create_app` (no socket; ``mmspec serve`` runs it with uvicorn).
+
+Routes: ``GET /`` (a demo page), ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/images/generations``, ``POST /v1/audio/speech`` (docs/serving.md). Every error answers
+an OpenAI-style JSON body (:mod:`mmspec.serve.errors`); a failing request never stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import io
+import json
+import re
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .batching import Batcher
+from .config import TASKS, ServeConfig
+from .errors import APIError
+from .inputs import parse_json
+from .tasks import CaptionService, ImageService, SpeechService, TaskService, pcm16, stats_summary, wav_bytes
+
+
+#: short task -> the service class answering it
+SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": ImageService, "tts": SpeechService}
+#: bytes of audio per streamed chunk
+AUDIO_CHUNK = 32 * 1024
+
+
+class Server:
+    """The app's state: the config, one service per task and, per event loop, one batcher per task."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.services: dict[str, TaskService] = {task: SERVICES[task](config) for task in config.tasks}
+        self.started = time.time()
+        self._batchers: dict[str, Batcher] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executors: dict[str, Any] = {}
+
+    def batcher(self, task: str) -> Batcher:
+        """The task's batcher in the running event loop (made on first use; a new loop -- a test
+        client's -- gets new ones, the worker threads and pipelines stay)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._batchers, self._loop = {}, loop
+        if task not in self._batchers:
+            service = self.services[task]
+            batcher = Batcher(task, service.call, self.config.max_batch_size, self.config.max_queue,
+                              self.config.batch_wait_s, self._executors.get(task))
+            self._executors[task] = batcher.executor
+            self._batchers[task] = batcher
+        return self._batchers[task]
+
+    def service_for(self, model: Any, task: str, required: bool = True) -> TaskService:
+        """The service a request's ``model`` names for ``task``: its id, the task's short name or
+        pipeline name. Raises APIError 404 for an unknown model, 400 for a missing one."""
+        if task not in self.services:
+            raise APIError(404, f"this server does not serve {TASKS[task]} (start it with --tasks including {task})",
+                           "model", "task_not_served")
+        if model is None and not required:
+            return self.services[task]
+        if model is None:
+            raise APIError(400, "'model' is required; GET /v1/models lists the served ones", "model", "missing_field")
+        if not isinstance(model, str):
+            raise APIError(400, f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
+        service = self.services.get(task)
+        if service is not None and model in (service.model_id, task, TASKS[task]):
+            return service
+        served = ", ".join(s.model_id for s in self.services.values()) or "none"
+        if any(model == s.model_id for s in self.services.values()):
+            raise APIError(400, f"the model {model!r} does not serve this endpoint", "model", "wrong_endpoint")
+        raise APIError(404, f"the model {model!r} does not exist here; served models: {served}", "model", "model_not_found")
+
+    async def close(self) -> None:
+        for batcher in self._batchers.values():
+            await batcher.close()
+        for executor in self._executors.values():
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def create_app(config: ServeConfig | None = None) -> FastAPI:
+    """A FastAPI app serving ``config`` (default: every task with its embedded default model).
+
+    Pipelines load on their task's first request (or at start-up with ``preload(app)``).
+    Example:
+        >>> from fastapi.testclient import TestClient
+        >>> with TestClient(create_app(ServeConfig(tasks=("caption",)))) as client:
+        ...     client.get("/health").json()["status"]
+        'ok'
+    """
+    config = config or ServeConfig()
+    server = Server(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await server.close()  # waiting jobs get 503; a batch already running finishes
+
+    app = FastAPI(title="mmspec", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(400, f"invalid request: {error.errors()[:1]}").body(), status_code=400)
+
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    @app.exception_handler(FileNotFoundError)
+    async def input_error(request: Request, error: Exception) -> JSONResponse:
+        """A pipeline refused a request's input: its one-line message, 400."""
+        message = (str(error).splitlines() or [type(error).__name__])[0]
+        return JSONResponse(APIError(400, message).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, error: Exception) -> JSONResponse:
+        """Anything else: a one-line 500 to the client (the server logs the traceback)."""
+        return JSONResponse(APIError(500, "internal server error (see the server log)").body(), status_code=500)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
+        from .page import PAGE
+
+        return HTMLResponse(PAGE)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths."""
+        batchers = server._batchers if server._loop is asyncio.get_running_loop() else {}
+        return {"status": "ok", "uptime_s": round(time.time() - server.started, 3),
+                "tasks": {task: {"model": s.model_id, "loaded": s.loaded, "load_error": s.load_error,
+                                 "waiting": batchers[task].waiting if task in batchers else 0,
+                                 "dropped": batchers[task].dropped if task in batchers else 0}
+                          for task, s in server.services.items()}}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        """The served models, OpenAI's list shape."""
+        check_api_key(request, config)
+        return {"object": "list", "data": [
+            {"id": s.model_id, "object": "model", "created": int(server.started), "owned_by": "mmspec", "task": TASKS[task]}
+            for task, s in server.services.items()]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """An image and a question -> the caption / answer, whole or as server-sent events."""
+        data = parse_json(await read_body(request, config))
+        service = server.service_for(data.get("model"), "caption")
+        parsed = await run_in_threadpool(service.parse, data)  # decodes the image: off the event loop
+        model = data["model"]
+        batcher = server.batcher("caption")
+        created, chat_id = int(time.time()), f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        if parsed.stream:
+            batcher.check_room()  # a full queue answers 429 before the stream's 200
+            return StreamingResponse(stream_chat(batcher, parsed, model, chat_id, created, request.is_disconnected),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, request.is_disconnected)
+        stats = output.stats
+        completion_tokens = int(getattr(stats, "new_tokens", 0))
+        return JSONResponse({
+            "id": chat_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text},
+                         "logprobs": None, "finish_reason": finish_reason(completion_tokens, parsed.key[1])}],
+            "usage": usage(prompt_tokens, completion_tokens),
+            "mmspec": caption_summary(output, info),
+        })
+
+    @app.post("/v1/images/generations")
+    async def images_generations(request: Request) -> JSONResponse:
+        """A prompt -> ``n`` PNG images as base64, with the method's stats."""
+        data = parse_json(await read_body(request, config))
+        key, prompt = server.service_for(data.get("model"), "t2i", required=False).parse(data)
+        output, info = await server.batcher("t2i").submit(key, prompt, request.is_disconnected)
+        return JSONResponse({
+            "created": int(time.time()),
+            "data": [{"b64_json": png_base64(image), "revised_prompt": None} for image in output.images],
+            "mmspec": stats_summary(output.stats, info.batch_size, info.queue_wait_s),
+        })
+
+    @app.post("/v1/audio/speech")
+    async def audio_speech(request: Request) -> Response:
+        """Text -> speech: a 16-bit mono WAV (or raw PCM), whole or in chunks; stats in a header."""
+        data = parse_json(await read_body(request, config))
+        service = server.service_for(data.get("model"), "tts")
+        key, text, fmt, stream = service.parse(data)
+        output, info = await server.batcher("tts").submit(key, text, request.is_disconnected)
+        pcm = pcm16(output.audio)
+        body = wav_bytes(pcm, output.sampling_rate) if fmt == "wav" else pcm
+        summary = stats_summary(output.stats, info.batch_size, info.queue_wait_s)
+        summary.pop("stats")
+        headers = {"X-Mmspec-Stats": json.dumps(summary), "X-Sampling-Rate": str(output.sampling_rate)}
+        media = "audio/wav" if fmt == "wav" else f"audio/L16; rate={output.sampling_rate}; channels=1"
+        if not stream:
+            return Response(body, media_type=media, headers=headers)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), AUDIO_CHUNK):
+                yield body[start : start + AUDIO_CHUNK]
+
+        return StreamingResponse(chunks(), media_type=media, headers=headers)
+
+    return app
+
+
+def preload(app: FastAPI) -> None:
+    """Load every served task's pipeline now (``mmspec serve --preload``). Raises APIError 503 on failure."""
+    for service in app.state.server.services.values():
+        service.load()
+
+
+async def read_body(request: Request, config: ServeConfig) -> bytes:
+    """The API key checked, then the body, refused with 413 as soon as it passes ``max_body_bytes``
+    (a Content-Length over it before reading; chunked bodies while reading)."""
+    check_api_key(request, config)
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+        raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
+                       code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > config.max_body_bytes:
+            raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
+                           code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_api_key(request: Request, config: ServeConfig) -> None:
+    """With an API key set: ``Authorization: Bearer <key>`` compared in constant time. Raises APIError 401."""
+    if config.api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), config.api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key")
+
+
+def finish_reason(completion_tokens: int, max_tokens: int) -> str:
+    return "length" if completion_tokens >= max_tokens else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def caption_summary(output: Any, info: Any) -> dict[str, Any]:
+    """The chat response's ``"mmspec"`` object (the baseline's caption and stats when compared)."""
+    extra = {}
+    if output.baseline_stats is not None:
+        extra = {"baseline_text": output.baseline_text, "identical_to_baseline": output.identical_to_baseline,
+                 "baseline_wall_time_s": output.baseline_stats.wall_time_s}
+    return stats_summary(output.stats, info.batch_size, info.queue_wait_s, extra)
+
+
+async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, created: int,
+                      is_disconnected: Any = None) -> AsyncIterator[str]:
+    """Server-sent events of a chat completion: a role chunk, the caption in word pieces, a chunk
+    with the finish reason and the ``mmspec`` stats, optionally a usage chunk, then ``[DONE]``.
+
+    The caption is decoded whole first (the pipelines return whole outputs), then sent piece by
+    piece. An error after the stream opened is sent as an ``{"error": ...}`` event.
+    """
+    def event(payload: dict[str, Any]) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        return event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+
+    try:
+        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, is_disconnected)
+    except APIError as error:
+        yield event(error.body())
+        yield "data: [DONE]\n\n"
+        return
+    except Exception as error:  # a pipeline error after the 200 went out
+        yield event(APIError(400 if isinstance(error, (ValueError, TypeError)) else 500, str(error)).body())
+        yield "data: [DONE]\n\n"
+        return
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in re.findall(r"\s*\S+", output.text):
+        yield chunk({"content": piece})
+    completion_tokens = int(getattr(output.stats, "new_tokens", 0))
+    yield chunk({}, finish_reason(completion_tokens, parsed.key[1]), mmspec=caption_summary(output, info))
+    if parsed.include_usage:
+        yield event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+                     "usage": usage(prompt_tokens, completion_tokens)})
+    yield "data: [DONE]\n\n"
+
+
+def png_base64(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

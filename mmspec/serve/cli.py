@@ -1,0 +1,95 @@
+"""``mmspec serve``: run the OpenAI-compatible server (docs/serving.md) with uvicorn.
+
+Binds 127.0.0.1 by default; ``--host 0.0.0.0`` exposes it (use ``--api-key`` then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .config import DEFAULT_MODEL_IDS, TASKS, ServeConfig
+
+
+def add_parser(subparsers) -> None:
+    cmd = subparsers.add_parser("serve", help="serve captioning, text-to-image and text-to-speech over an "
+                                "OpenAI-compatible HTTP API, batching concurrent requests")
+    cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks to serve: {', '.join(TASKS)}")
+    cmd.add_argument("--caption-model", default=None, help="a VLM directory (default: the embedded captioner, "
+                     f"model id {DEFAULT_MODEL_IDS['caption']})")
+    cmd.add_argument("--t2i-model", default=None, help=f"a text-to-image model (default: embedded, id {DEFAULT_MODEL_IDS['t2i']})")
+    cmd.add_argument("--tts-model", default=None, help=f"a TTS model directory or embedded voice (default: embedded, "
+                     f"id {DEFAULT_MODEL_IDS['tts']})")
+    cmd.add_argument("--caption-drafter", default="auto", help="the captioner's drafter (default: auto)")
+    cmd.add_argument("--t2i-method", default="sjd", help="the text-to-image method (default: sjd)")
+    cmd.add_argument("--tts-method", default="sjd", help="the text-to-speech method (default: sjd)")
+    cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (float32: greedy batch rows bit-equal "
+                     "to single requests)")
+    cmd.add_argument("--max-batch-size", type=int, default=8, help="requests of one task decoded together at most")
+    cmd.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with")
+    cmd.add_argument("--max-queue", type=int, default=64, help="waiting requests per task before 429 (default: 64)")
+    cmd.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024, help="largest request body (default: 20 MB)")
+    cmd.add_argument("--max-prompt-chars", type=int, default=4000)
+    cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request")
+    cmd.add_argument("--api-key", default=os.environ.get("MMSPEC_API_KEY"),
+                     help="require Authorization: Bearer KEY on /v1/* (default: $MMSPEC_API_KEY, else none)")
+    cmd.add_argument("--allow-local-files", action="store_true", help="let image_url name a file on this machine")
+    cmd.add_argument("--local-files-root", default=None, help="with --allow-local-files: only files under this folder")
+    cmd.add_argument("--preload", action="store_true", help="load every pipeline before accepting requests")
+    cmd.add_argument("--threads", type=int, default=None, help="torch threads")
+    cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    cmd.set_defaults(handler=run)
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The parsed options -> a checked ServeConfig (ValueError with one line on a bad value)."""
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
+    for flag, model in (("--caption-model", args.caption_model), ("--t2i-model", args.t2i_model), ("--tts-model", args.tts_model)):
+        check_local_model(flag, model)
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    return ServeConfig(
+        tasks=tasks, models={"caption": args.caption_model, "t2i": args.t2i_model, "tts": args.tts_model},
+        caption_drafter=args.caption_drafter, t2i_method=args.t2i_method, tts_method=args.tts_method,
+        device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_ms / 1000,
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
+        max_tokens_limit=args.max_tokens_limit, api_key=args.api_key, allow_local_files=args.allow_local_files,
+        local_files_root=args.local_files_root)
+
+
+def check_local_model(flag: str, model: str | None) -> None:
+    """The server downloads nothing: a model named with a path separator (a path, or a hub id such as
+    ``org/name``) must be a local directory; a bare name is an embedded model's. Raises ValueError."""
+    if model and ("/" in model or os.sep in model) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"{flag} {model}: no such local directory (mmspec serve downloads no models; "
+                         "download it first and pass its directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    # nothing from the model hub at serving time, whatever a pipeline might try (set before they import)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import uvicorn
+
+        from .app import create_app, preload
+    except ImportError as error:
+        from ..hub import MissingDependencyError
+
+        raise MissingDependencyError(f"mmspec serve needs FastAPI and uvicorn ({error}); pip install 'mmspec[serve]'") from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    app = create_app(config)
+    if args.preload:
+        preload(app)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        print(f"mmspec serve: warning: listening on {args.host} without --api-key")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    return 0

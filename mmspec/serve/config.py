@@ -1,0 +1,87 @@
+"""What ``mmspec serve`` serves and its limits: :class:`ServeConfig` (built by the CLI or by hand).
+
+Nothing here imports FastAPI, so ``mmspec --help`` works without the ``serve`` extra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: short task name (``--tasks``) -> the pipeline's task name (``mmspec.pipeline(task)``)
+TASKS: dict[str, str] = {"caption": "image-captioning", "t2i": "text-to-image", "tts": "text-to-speech"}
+#: short task name -> the model id a request names when the task runs an embedded default model
+DEFAULT_MODEL_IDS: dict[str, str] = {"caption": "mmspec-caption", "t2i": "mmspec-t2i", "tts": "mmspec-tts"}
+
+
+@dataclass
+class ServeConfig:
+    """Settings of one server.
+
+    Attributes:
+        tasks: the short task names served ("caption", "t2i", "tts"); pipelines load lazily, once
+            per task, on its first request.
+        models: short task -> model (a local directory or an embedded name); missing or None: the
+            task's embedded default.
+        caption_drafter: the captioning pipeline's ``drafter`` ("auto" by default).
+        t2i_method / tts_method: the text-to-image / text-to-speech pipelines' ``method``.
+        device / dtype: passed to every pipeline ("auto"; fp32 makes greedy batch rows bit-equal
+            to batch-1 rows, bf16 only up to rounding near ties).
+        max_batch_size: requests of one task gathered into one pipeline call at most.
+        batch_wait_s: how long the first request of a batch waits for others.
+        max_queue: requests waiting per task before new ones get 429.
+        max_body_bytes: largest request body (413 above).
+        max_prompt_chars: longest text prompt / speech input (400 above).
+        max_tokens_limit: largest ``max_tokens`` of a chat request.
+        max_images: largest ``n`` of an image request.
+        max_speech_seconds: longest speech generated per request.
+        api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        allow_local_files: let ``image_url`` name a file on the server's disk (off: data URIs only).
+        local_files_root: with ``allow_local_files``, only files under this folder (None: anywhere
+            the server's user may read).
+        pipeline_kwargs: short task -> extra keyword arguments of its pipeline (tests, presets).
+    """
+
+    tasks: tuple[str, ...] = ("caption", "t2i", "tts")
+    models: dict[str, str | None] = field(default_factory=dict)
+    caption_drafter: str = "auto"
+    t2i_method: str = "sjd"
+    tts_method: str = "sjd"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 8
+    batch_wait_s: float = 0.01
+    max_queue: int = 64
+    max_body_bytes: int = 20 * 1024 * 1024
+    max_prompt_chars: int = 4000
+    max_tokens_limit: int = 512
+    max_images: int = 4
+    max_speech_seconds: float = 20.0
+    api_key: str | None = None
+    allow_local_files: bool = False
+    local_files_root: str | None = None
+    pipeline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or not self.tasks:
+            raise ValueError(f"unknown task(s) {unknown or self.tasks!r}; serve some of: {', '.join(TASKS)}")
+        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_images"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (0 <= self.batch_wait_s <= 10):
+            raise ValueError(f"batch_wait_s must be between 0 and 10 seconds, got {self.batch_wait_s!r}")
+        if not self.max_speech_seconds > 0:
+            raise ValueError(f"max_speech_seconds must be positive, got {self.max_speech_seconds!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key is empty; give a key or leave it out")
+        if self.local_files_root is not None:
+            self.local_files_root = str(Path(self.local_files_root).resolve())
+
+    def model_id(self, task: str) -> str:
+        """The id ``/v1/models`` lists for ``task`` (the model as named, or the embedded default's id)."""
+        model = self.models.get(task)
+        return str(model) if model else DEFAULT_MODEL_IDS[task]

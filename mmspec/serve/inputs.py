@@ -1,0 +1,147 @@
+"""Request bodies -> checked pipeline arguments. Every refusal is a 4xx
+:class:`~mmspec.serve.errors.APIError` naming the field, raised before anything is queued.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from .config import ServeConfig
+from .errors import APIError, bad_request
+
+#: largest decoded image (pixels) accepted before the pipeline's own size checks
+MAX_IMAGE_PIXELS = 40_000_000
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object. Raises APIError 400 for malformed JSON or a non-object."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise bad_request(f"the request body is not valid JSON ({error})", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    return data
+
+
+class Fields:
+    """Typed access to a JSON object's fields: each getter refuses a wrong type or range in one line."""
+
+    def __init__(self, data: dict[str, Any], prefix: str = "") -> None:
+        self.data = data
+        self.prefix = prefix
+
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise bad_request(f"'{self._name(name)}' is required", self._name(name), "missing_field")
+            return default
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = " or ".join("number" if k is float else "integer" if k is int else "string" if k is str else
+                                "boolean" if k is bool else "object" if k is dict else "array" if k is list else k.__name__
+                                for k in kinds)
+            raise bad_request(f"'{self._name(name)}' must be {names}, got {type(value).__name__} {_short(value)}",
+                              self._name(name), "invalid_type")
+        return value
+
+    def integer(self, name: str, default: int | None = None, low: int | None = None, high: int | None = None) -> int | None:
+        value = self.get(name, int, default)
+        if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
+            raise bad_request(f"'{self._name(name)}' must be between {low} and {high}, got {value}", self._name(name))
+        return value
+
+    def number(self, name: str, default: float | None = None, low: float | None = None, high: float | None = None,
+               low_open: bool = False) -> float | None:
+        value = self.get(name, (int, float), default)
+        if value is None:
+            return None
+        value = float(value)
+        if not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) or (
+                high is not None and value > high):
+            bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+            raise bad_request(f"'{self._name(name)}' must be in {bound}, got {value}", self._name(name))
+        return value
+
+    def text(self, name: str, limit: int, default: str | None = None, *, required: bool = False) -> str | None:
+        value = self.get(name, str, default, required=required)
+        if value is None:
+            return None
+        if required and not value.strip():
+            raise bad_request(f"'{self._name(name)}' is empty", self._name(name), "empty_field")
+        if len(value) > limit:
+            raise bad_request(f"'{self._name(name)}' has {len(value)} characters; at most {limit} are accepted",
+                              self._name(name), "too_long")
+        return value
+
+    def refuse(self, name: str, allowed: tuple[Any, ...], why: str) -> None:
+        """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported)."""
+        if name in self.data and self.data[name] not in allowed:
+            raise bad_request(f"'{self._name(name)}' = {_short(self.data[name])} is not supported: {why}",
+                              self._name(name), "unsupported")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def decode_image(url: str, config: ServeConfig, param: str) -> Image.Image:
+    """An ``image_url`` -> a loaded RGB PIL image.
+
+    Accepted: ``data:image/...;base64,...`` URIs; with ``allow_local_files``, a path or ``file://``
+    URL (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
+    Raises:
+        APIError: 400 for a remote URL, a local file without the flag, bad base64, not an image.
+    """
+    if url.startswith(("http://", "https://", "ftp://")):
+        raise bad_request("remote image URLs are not fetched; send the image inline as a data: URI (base64)", param,
+                          "remote_url_refused")
+    if url.startswith("data:"):
+        header, comma, payload = url.partition(",")
+        if not comma or ";base64" not in header:
+            raise bad_request("a data URI image must be base64: data:image/png;base64,<data>", param, "invalid_image")
+        if not header[5:].startswith("image/"):
+            raise bad_request(f"the data URI's type {header[5:].split(';')[0]!r} is not an image type", param, "invalid_image")
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("the data URI's base64 payload does not decode", param, "invalid_image") from None
+        return _open_image(io.BytesIO(raw), param)
+    if not config.allow_local_files:
+        raise bad_request("image_url must be a data: URI; local files are read only when the server runs with "
+                          "--allow-local-files", param, "local_files_refused")
+    path = Path(url.removeprefix("file://")).expanduser().resolve()
+    if config.local_files_root is not None and not path.is_relative_to(config.local_files_root):
+        raise bad_request(f"local files are read only under {config.local_files_root}", param, "local_files_refused")
+    if not path.is_file():
+        raise bad_request(f"no image file at {path}", param, "file_not_found")
+    return _open_image(path, param)
+
+
+def _open_image(source: io.BytesIO | os.PathLike, param: str) -> Image.Image:
+    try:
+        with Image.open(source) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise bad_request(f"the image is {width}x{height}; at most {MAX_IMAGE_PIXELS} pixels are accepted", param,
+                                  "image_too_large")
+            image.load()
+            return image.convert("RGB")
+    except APIError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise bad_request(f"the image could not be read as an image ({type(error).__name__})", param, "invalid_image") from None

@@ -1,0 +1,397 @@
+"""``mmspec serve``: the OpenAI-compatible server over the embedded models (docs/serving.md).
+
+One app with all three tasks runs on a real uvicorn server on a free loopback port for the whole
+module (the official ``openai`` client, streaming, concurrent requests); refusals that need no
+pipeline go through an in-process TestClient; the batcher is also tested alone with a fake pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import socket
+import threading
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from mmspec.serve import ServeConfig, create_app  # noqa: E402
+from mmspec.serve.batching import Batcher  # noqa: E402
+from mmspec.serve.errors import APIError  # noqa: E402
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+KEY = "test-key"
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def chat_messages(path: Path, question: str = "Describe the image.") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri(path)}},
+                                         {"type": "text", "text": question}]}]
+
+
+@pytest.fixture(scope="module")
+def live():
+    """A real server on a free port (fp32, so greedy batch rows are bit-equal to single requests)."""
+    config = ServeConfig(dtype="float32", max_batch_size=4, batch_wait_s=0.1, api_key=KEY, max_speech_seconds=2.0)
+    app = create_app(config)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    yield base, app
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=live[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def post(base: str, path: str, body, key: str | None = KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if isinstance(body, (bytes, str)):
+        return httpx.post(base + path, content=body, headers={**headers, "content-type": "application/json"}, timeout=120)
+    return httpx.post(base + path, json=body, headers=headers, timeout=120)
+
+
+# -- without a socket: refusals that load no pipeline --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local():
+    config = ServeConfig(max_body_bytes=200_000, api_key=KEY)
+    with TestClient(create_app(config)) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {KEY}"
+        yield test_client
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def test_health_and_models_without_socket(local):
+    health = local.get("/health").json()
+    assert health["status"] == "ok" and health["tasks"]["caption"]["loaded"] is False
+    models = local.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["mmspec-caption", "mmspec-t2i", "mmspec-tts"]
+
+
+@pytest.mark.parametrize("body, status, param, code", [
+    (b"{not json", 400, None, "invalid_json"),
+    (b"[1, 2]", 400, None, "invalid_json"),
+    ({"model": "gpt-4o", "messages": []}, 404, "model", "model_not_found"),
+    ({"messages": []}, 400, "model", "missing_field"),
+    ({"model": "mmspec-caption", "messages": "hello"}, 400, "messages", "invalid_type"),
+    ({"model": "mmspec-caption", "messages": [{"role": "system", "content": "be brief"}]}, 400, "messages[0].role", "unsupported"),
+    ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, 400, None, "remote_url_refused"),
+    ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": str(SAMPLES / "photo.png")}}]}]}, 400, None, "local_files_refused"),
+    ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"not a png").decode()}}]}]},
+     400, None, "invalid_image"),
+    ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]}, 400, None, "invalid_image"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": "8"}, 400, "max_tokens", "invalid_type"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 10**6}, 400, "max_tokens", "invalid_value"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "x" * 5000)}, 400, None, "too_long"),
+])
+def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
+    response = local.post("/v1/chat/completions", **({"content": body, "headers": {"content-type": "application/json"}}
+                                                      if isinstance(body, bytes) else {"json": body}))
+    error = error_of(response, status)
+    assert error["code"] == code and (param is None or error["param"] == param)
+
+
+def test_page_is_served(local):
+    """The demo page (its behaviour in a browser is not tested here; docs/serving.md)."""
+    page = local.get("/", headers={"Authorization": ""})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for path in ("/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech", "compare_baseline"):
+        assert path in page.text
+
+
+@pytest.mark.parametrize("path, body, param, code", [
+    ("/v1/images/generations", {"prompt": "x" * 5000}, "prompt", "too_long"),
+    ("/v1/images/generations", {"prompt": "   "}, "prompt", "empty_field"),
+    ("/v1/images/generations", {"prompt": "a red circle", "n": 0}, "n", "invalid_value"),
+    ("/v1/images/generations", {"prompt": "a red circle", "size": "1024x1024"}, "size", "unsupported"),
+    ("/v1/images/generations", {"prompt": "a red circle", "method": "ar"}, "method", "unsupported"),
+    ("/v1/images/generations", {"prompt": "a red circle", "guidance_scale": "high"}, "guidance_scale", "invalid_type"),
+    ("/v1/images/generations", {"prompt": "a red circle", "model": "mmspec-tts"}, "model", "wrong_endpoint"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy"}, "input", "missing_field"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "speed": 10}, "speed", "invalid_value"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "max_seconds": 1000}, "max_seconds",
+     "invalid_value"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "mmspec": []}, "mmspec", "invalid_type"),
+])
+def test_bad_image_and_speech_requests(local, path, body, param, code):
+    error = error_of(local.post(path, json=body), 400)
+    assert (error["param"], error["code"]) == (param, code)
+
+
+def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
+    """--allow-local-files reads paths and file:// URLs, under --local-files-root only (no model loads)."""
+    from mmspec.serve.tasks import CaptionService
+
+    def request(url: str) -> dict:
+        return {"model": "mmspec-caption", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]}
+
+    service = CaptionService(ServeConfig(tasks=("caption",), allow_local_files=True, local_files_root=str(SAMPLES)))
+    assert service.parse(request(str(SAMPLES / "photo.png"))).image.size[0] > 0
+    assert service.parse(request("file://" + str(SAMPLES / "text.png"))).image.mode == "RGB"
+    outside = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(outside)
+    for url in (str(outside), str(SAMPLES / ".." / "README.md"), str(SAMPLES / "missing.png")):
+        with pytest.raises(APIError) as refused:
+            service.parse(request(url))
+        assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
+
+
+def test_cli_options():
+    """mmspec serve's options -> a ServeConfig; hub ids and bad values refused before anything loads."""
+    from mmspec.cli import build_parser
+    from mmspec.serve.cli import config_from_args
+
+    args = build_parser().parse_args(["serve", "--tasks", "caption,tts", "--max-batch-size", "4", "--api-key", "k",
+                                      "--batch-wait-ms", "5"])
+    config = config_from_args(args)
+    assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
+    assert args.host == "127.0.0.1"
+    for bad in (["--caption-model", "org/not-here"], ["--tasks", "caption,video"], ["--max-queue", "0"], ["--port", "0"]):
+        with pytest.raises(ValueError):
+            config_from_args(build_parser().parse_args(["serve", *bad]))
+
+
+def test_task_not_served():
+    with TestClient(create_app(ServeConfig(tasks=("caption",)))) as only_captions:
+        assert error_of(only_captions.post("/v1/images/generations", json={"prompt": "a red circle"}), 404)["code"] == "task_not_served"
+
+
+def test_limits_and_key_without_socket(local):
+    big = {"model": "mmspec-caption", "messages": [{"role": "user", "content": "x" * 300_000}]}
+    assert error_of(local.post("/v1/chat/completions", json=big), 413)["code"] == "body_too_large"
+    assert error_of(local.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer wrong"}), 401)["code"] == "invalid_api_key"
+    assert local.get("/health").status_code == 200  # still up, no pipeline loaded by any of it
+    assert local.get("/health").json()["tasks"]["caption"]["loaded"] is False
+
+
+# -- the official openai client against the live server -------------------------------------------------
+
+def test_openai_chat_completion_with_stats(client):
+    response = client.chat.completions.create(
+        model="mmspec-caption", messages=chat_messages(SAMPLES / "photo.png"), max_tokens=8, temperature=0, seed=0,
+        extra_body={"mmspec": {"compare_baseline": True}})
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert response.usage.completion_tokens == 8 and response.usage.prompt_tokens > 0 and choice.finish_reason == "length"
+    stats = response.model_extra["mmspec"]
+    assert stats["tau"] >= 1.0 and 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["speedup"] > 0
+    assert stats["identical_to_baseline"] is True and stats["baseline_text"] == choice.message.content
+    json.dumps(stats)
+
+
+def test_openai_chat_stream_equals_whole(client):
+    kwargs = dict(model="mmspec-caption", messages=chat_messages(SAMPLES / "scenes.png"), max_tokens=8, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    pieces, finish, stats, usage = [], None, None, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+        stats = (chunk.model_extra or {}).get("mmspec", stats)
+    assert "".join(pieces) == whole and finish == "length"
+    assert stats["tau"] >= 1.0 and usage.completion_tokens == 8
+
+
+def test_openai_images_generate(client):
+    response = client.images.generate(model="mmspec-t2i", prompt="a red circle above a blue square", n=1,
+                                      response_format="b64_json", extra_body={"seed": 0})
+    image = Image.open(io.BytesIO(base64.b64decode(response.data[0].b64_json)))
+    assert image.format == "PNG" and image.size[0] > 0
+    assert response.model_extra["mmspec"]["tau"] >= 1.0
+
+
+def test_openai_audio_speech(client, live):
+    audio = client.audio.speech.create(model="mmspec-tts", voice="alloy", input="It is half past four.",
+                                       response_format="wav", extra_body={"seed": 0, "max_seconds": 1.5})
+    with wave.open(io.BytesIO(audio.content)) as wav:
+        assert wav.getnchannels() == 1 and wav.getsampwidth() == 2 and wav.getnframes() > 0
+        rate, frames = wav.getframerate(), wav.getnframes()
+    assert json.loads(audio.response.headers["x-mmspec-stats"])["tau"] >= 1.0
+    # the same request streamed as raw PCM: the same samples, in chunks
+    body = {"model": "mmspec-tts", "voice": "alloy", "input": "It is half past four.", "response_format": "pcm",
+            "seed": 0, "max_seconds": 1.5, "stream": True}
+    with httpx.stream("POST", live[0] + "/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=120) as streamed:
+        assert streamed.status_code == 200 and int(streamed.headers["x-sampling-rate"]) == rate
+        pcm = b"".join(streamed.iter_bytes())
+    assert len(pcm) == 2 * frames
+
+
+def test_openai_client_errors(client, live):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=chat_messages(SAMPLES / "photo.png"))
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=live[0] + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert [m.id for m in client.models.list()] == ["mmspec-caption", "mmspec-t2i", "mmspec-tts"]
+
+
+# -- batching and staying up -------------------------------------------------------------------------
+
+def test_greedy_answers_equal_alone_and_batched(live):
+    base = live[0]
+
+    def ask(name: str) -> dict:
+        body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / name, "What is shown?"), "max_tokens": 6,
+                "temperature": 0}
+        response = post(base, "/v1/chat/completions", body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    names = ["counting.png", "charts.png", "counting.png", "text.png"]
+    alone = {name: ask(name)["choices"][0]["message"]["content"] for name in set(names)}
+    with ThreadPoolExecutor(len(names)) as pool:
+        together = list(pool.map(ask, names))
+    assert [r["choices"][0]["message"]["content"] for r in together] == [alone[name] for name in names]
+    assert max(r["mmspec"]["batch_size"] for r in together) >= 2  # they did run as a batch
+
+
+def test_mixed_tasks_at_once_none_lost(live):
+    """Two requests of each task at once: every one answered whole; speech batched equals alone
+    (the pipelines loading while another task decodes: see PIPELINE_LOCK)."""
+    base = live[0]
+    speech = {"model": "mmspec-tts", "voice": "alloy", "seed": 0, "max_seconds": 1.0}
+    requests = [("/v1/chat/completions", {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / name),
+                                          "max_tokens": 4, "temperature": 0}) for name in ("text.png", "scenes.png")]
+    requests += [("/v1/images/generations", {"prompt": prompt, "seed": 2}) for prompt in ("a red circle", "a blue square")]
+    requests += [("/v1/audio/speech", {**speech, "input": text}) for text in ("It is raining.", "There are seven squares.")]
+    alone = {text: post(base, "/v1/audio/speech", {**speech, "input": text}).content
+             for text in ("It is raining.", "There are seven squares.")}
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda r: post(base, *r), requests))
+    assert [a.status_code for a in answers] == [200] * len(requests)
+    assert all(a.json()["choices"][0]["message"]["content"] for a in answers[:2])
+    for answer in answers[2:4]:
+        assert Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][0]["b64_json"]))).format == "PNG"
+    assert [a.content for a in answers[4:]] == list(alone.values())
+    assert max(json.loads(a.headers["x-mmspec-stats"])["batch_size"] for a in answers[4:]) == 2
+    assert max(a.json()["mmspec"]["batch_size"] for a in answers[2:4]) == 2
+
+
+def test_seeded_sampled_captions_reproduce_under_load(live):
+    """drafter="auto" drafts batches with another drafter than a lone sampled caption, so seeded
+    sampled requests run alone: their seed gives the same answer however many arrive together."""
+    base = live[0]
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png"), "max_tokens": 6,
+            "temperature": 0.8, "seed": 3}
+    alone = post(base, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    with ThreadPoolExecutor(2) as pool:
+        together = [r.json() for r in pool.map(lambda _: post(base, "/v1/chat/completions", body), range(2))]
+    assert [r["choices"][0]["message"]["content"] for r in together] == [alone, alone]
+    assert [r["mmspec"]["batch_size"] for r in together] == [1, 1]
+
+
+def test_bad_request_then_good_one(live):
+    base = live[0]
+    assert post(base, "/v1/chat/completions", b'{"model": "mmspec-caption", "messages": [').status_code == 400
+    assert post(base, "/v1/audio/speech", {"model": "mmspec-tts", "input": "", "voice": "alloy"}).status_code == 400
+    assert post(base, "/v1/audio/speech", {"model": "mmspec-tts", "input": "Hi.", "voice": "alloy",
+                                           "response_format": "mp3"}).status_code == 400
+    assert post(base, "/v1/images/generations", {"prompt": "x", "n": 99}).status_code == 400
+    assert post(base, "/v1/images/generations", {"prompt": "x", "response_format": "url"}).status_code == 400
+    assert post(base, "/v1/chat/completions", {}, key=None).status_code == 401
+    good = post(base, "/v1/images/generations", {"prompt": "a green triangle", "seed": 1})
+    assert good.status_code == 200 and good.json()["data"][0]["b64_json"]
+    assert httpx.get(base + "/health").json()["status"] == "ok"
+
+
+def test_request_of_a_client_gone_is_dropped(live):
+    """A caption request whose client hung up while an earlier batch ran never reaches the pipeline."""
+    base = live[0]
+    port = int(base.rsplit(":", 1)[1])
+    before = httpx.get(base + "/health").json()["tasks"]["caption"]["dropped"]
+    busy = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png", "Describe it."), "max_tokens": 24,
+            "temperature": 0}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, base, "/v1/chat/completions", busy)
+        time.sleep(0.3)  # the first batch is running now
+        body = json.dumps({**busy, "max_tokens": 5}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.1)
+        assert first.result().status_code == 200
+    deadline = time.time() + 20
+    while httpx.get(base + "/health").json()["tasks"]["caption"]["dropped"] == before:
+        assert time.time() < deadline, "the abandoned request was not dropped"
+        time.sleep(0.1)
+
+
+# -- the batcher alone (a fake pipeline) ---------------------------------------------------------------
+
+def test_batcher_gathers_by_key_refuses_when_full_and_drops_gone_clients():
+    calls = []
+
+    def run_batch(key, items):
+        calls.append((key, list(items)))
+        time.sleep(0.05)
+        return [ValueError("bad row") if item == "bad" else f"{key}:{item}" for item in items]
+
+    async def scenario():
+        batcher = Batcher("fake", run_batch, max_batch_size=3, max_queue=6, wait_s=0.02)
+
+        async def gone() -> bool:
+            return True
+
+        jobs = [asyncio.ensure_future(batcher.submit(key, item)) for key, item in
+                [("a", 1), ("b", 2), ("a", 3), ("a", 4), ("a", 5)]]
+        dropped = asyncio.ensure_future(batcher.submit("a", 6, is_disconnected=gone))
+        await asyncio.sleep(0)
+        with pytest.raises(APIError) as full:
+            await batcher.submit("a", 7)
+        assert full.value.status == 429
+        results = await asyncio.gather(*jobs)
+        assert [r for r, _ in results] == ["a:1", "b:2", "a:3", "a:4", "a:5"]
+        assert results[0][1].batch_size == 3  # 1, 3, 4 together; 2 alone (another key); 5 with 6 gone
+        with pytest.raises(ValueError):
+            await batcher.submit("c", "bad")
+        assert (await batcher.submit("c", "ok"))[0] == "c:ok"
+        with pytest.raises(APIError) as gone_error:
+            await dropped
+        assert gone_error.value.status == 499 and batcher.dropped == 1
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert [key for key, _ in calls[:3]] == ["a", "b", "a"] and calls[0][1] == [1, 3, 4] and calls[2][1] == [5]
