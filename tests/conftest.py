@@ -18,6 +18,56 @@ THREADS = max(1, min(2, torch.get_num_threads(), (os.cpu_count() or 1) // WORKER
 torch.set_num_threads(THREADS)
 
 
+# ---- pytest-xdist (``-n auto``; ``--dist loadgroup --no-loadscope-reorder`` in pyproject's addopts) -----
+#: modules whose tests are long Monte-Carlo runs and whose module fixtures are cheap (a tiny model, an
+#: enumerated joint): their tests are spread over the workers one by one
+SPREAD = {"test_distribution", "test_t2i_core", "test_delay_pattern", "test_codec_lm", "test_tree"}
+#: the longest modules, handed out first in this order (longest first), so no long unit starts last
+FIRST = ["test_distribution", "test_codec_lm", "test_t2i_core", "test_delay_pattern", "test_speech_metrics", "test_tree",
+         "test_embedded_captioner", "test_tts_pipeline", "test_smollm2", "test_captioner_model", "test_bench_cost",
+         "test_caption_dataset", "test_text_to_image_pipeline", "test_dia", "test_continuous"]
+#: session fixtures whose users form one group (one worker loads the model, once)
+SHARED_SESSION = {"smollm2"}
+
+
+def _xdist_group(item) -> str | None:
+    """The group (one worker, in order) of a test: the shared session fixture it uses, else its module
+    when it uses a module-scoped fixture of the tests (built once per worker that runs it); None:
+    the test runs on any worker."""
+    module = item.module.__name__
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return None
+    scopes = {name: defs[-1].scope for name, defs in fixtures.name2fixturedefs.items()
+              if Path(str(defs[-1].func.__code__.co_filename)).parent == Path(__file__).parent}
+    shared = sorted(name for name in scopes if name in SHARED_SESSION)
+    if shared:
+        return "+".join(shared)
+    if module in SPREAD or not any(scope in ("module", "session") for scope in scopes.values()):
+        return None
+    return module
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the tests run in file order, as collected
+    group_of = {}
+    for item in items:
+        group_of[item.nodeid] = _xdist_group(item)
+    # a module's tests follow its group: every test of a module that shares a session fixture joins it
+    module_group = {}
+    for item in items:
+        group = group_of[item.nodeid]
+        if group in SHARED_SESSION or (group and "+" in group):
+            module_group[item.module.__name__] = group
+    for item in items:
+        group = module_group.get(item.module.__name__, group_of[item.nodeid])
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(FIRST)))  # stable: file order within a module
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """A CLI run in this process sets torch's thread count (``--threads``): the next test starts with
