@@ -8,14 +8,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 
+#: threads per test process: the cores shared out over pytest-xdist's workers (one each when -n auto
+#: gives a worker per core), at most 2 (the tiny models gain nothing from more); under xdist the
+#: OpenMP / BLAS pools too (set before torch and numpy load), so two workers do not oversubscribe
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+THREADS = max(1, min(2, CORES // WORKERS))
+if WORKERS > 1:
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, str(THREADS))
+
 import pytest
 import torch
 
-#: torch threads per test process: the cores shared out over pytest-xdist's workers (one each when
-#: -n auto gives a worker per core), at most 2 (the tiny models gain nothing from more)
-WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-THREADS = max(1, min(2, torch.get_num_threads(), (os.cpu_count() or 1) // WORKERS))
-torch.set_num_threads(THREADS)
+torch.set_num_threads(min(THREADS, torch.get_num_threads()))
 
 
 # ---- pytest-xdist (``-n auto``; ``--dist loadgroup --no-loadscope-reorder`` in pyproject's addopts) -----
