@@ -36,6 +36,14 @@ FIRST = ["test_distribution", "test_codec_lm", "test_t2i_core", "test_delay_patt
 SHARED_SESSION = {"smollm2"}
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per CPU this process may run on, logical ones included (xdist's own
+    count takes physical cores where psutil is installed, which can be 1 on a 2-vCPU machine), at
+    most 8 (each worker holds its own models)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus))
+
+
 def _xdist_group(item) -> str | None:
     """The group (one worker, in order) of a test: the shared session fixture it uses, else its module
     when it uses a module-scoped fixture of the tests (built once per worker that runs it); None:
