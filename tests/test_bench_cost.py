@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from tiny_checkpoints import save_tiny_draft, smollm2_checkpoint
 from tiny_models import make_tiny
 from transformers import AutoTokenizer
@@ -66,4 +65,3 @@ def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
 
     del saved["meta"]["order"]  # a results file from before the sizes took turns says so
     assert "one size after another" in markdown_table(saved)
-    torch.set_num_threads(2)  # the command set one thread

@@ -110,14 +110,14 @@ def test_batched_dataset_run_equals_the_one_by_one_run(folder, tmp_path, tmp_pat
     assert [s["config"].get("batch_size", 1) for s in stats] == [3, 3, 3, 1]  # a, b, c batched; d alone (e failed)
 
 
-def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_factory):
+def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_factory, free_port):
     """accelerate launch (its torchrun launcher; the processes run on the CPU over gloo)."""
     model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     assert main(caption_args(folder, model, one)) == 0
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29517",
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port),
                            "-m", "mmspec", *caption_args(folder, model, two)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -23,26 +23,32 @@ def piper():
     return voice.config.sample_rate, texts, [synthesise(voice, t, noise=False)[1].float() / 32768 for t in texts]
 
 
+@pytest.fixture(scope="module")
+def shifted(piper):
+    """The two sentences' audio five semitones up (a voice that is not the speaker's)."""
+    rate, _, audio = piper
+    return [torchaudio.functional.pitch_shift(a[None], rate, 5)[0] for a in audio]
+
+
 def test_noise_free_piper_is_the_same_every_time(piper):
     rate, texts, audio = piper
     assert torch.equal(synthesise(load_voice(), texts[0], noise=False)[1].float() / 32768, audio[0])
 
 
-def test_speaker_similarity_tells_the_voice_from_a_pitch_shifted_copy(piper):
+def test_speaker_similarity_tells_the_voice_from_a_pitch_shifted_copy(piper, shifted):
     rate, _, (a, b) = piper
     same_speaker = speaker_similarity(a, rate, b, rate)  # other words, same voice
-    shifted = torchaudio.functional.pitch_shift(a[None], rate, 5)[0]
-    other_voice = speaker_similarity(shifted, rate, a, rate)  # same words, five semitones up
+    other_voice = speaker_similarity(shifted[0], rate, a, rate)  # same words, five semitones up
     assert same_speaker > 0.75 and other_voice < same_speaker - 0.2, (same_speaker, other_voice)
     assert speaker_similarity(a, rate, a, rate) == pytest.approx(1.0, abs=1e-5)
     assert speaker_embedding(a, rate).norm() == pytest.approx(1.0, abs=1e-5)
 
 
-def test_bench_summary_gives_wer_and_similarity_per_round(piper):
+def test_bench_summary_gives_wer_and_similarity_per_round(piper, shifted):
     """Round 0 says the reference audio itself, round 1 a pitch-shifted copy: similarity ~1 then
     clearly lower, and each round's WER of its own transcripts."""
     rate, texts, audio = piper
-    clips = audio + [torchaudio.functional.pitch_shift(a[None], rate, 5)[0] for a in audio]
+    clips = audio + shifted
     pipe = SimpleNamespace(sampling_rate=rate, components=SimpleNamespace(waveform=lambda codes: clips[int(codes[0, 0])][None]))
     runs = {f"ar|{i}|{r}": {"time": 1.0, "seconds": 2.0, "tau": 8.0, "codes": [[2 * r + i]]} for r in range(2) for i in range(2)}
     references = [speaker_embedding(a, rate) for a in audio]

@@ -33,20 +33,26 @@ def target():
 CAPTION = torch.randn(1, PREFIX, CAPTION_DIM, generator=torch.Generator().manual_seed(3))
 
 
-def make_drafter(target, spec):
-    """A fresh drafter: "draft" (a smaller generator), "eagle" / "eagle2" (random image EAGLE head
-    over both guidance rows) or a spec string."""
+def drafter_factory(target, spec):
+    """A function giving a fresh drafter per call, its model built once: "draft" (a smaller
+    generator), "eagle" / "eagle2" (random image EAGLE head over both guidance rows) or a spec string."""
     if spec == "draft":
-        return ModelDrafter(tiny_generator(1, dim=16), num_draft_tokens=3)
+        model = tiny_generator(1, dim=16)
+        return lambda: ModelDrafter(model, num_draft_tokens=3)
     if spec == "pac":  # window 3 of a 4-token grid: a 2-candidate tree at the first carried position
-        return ProactiveJacobiDrafter(3, branches=3, depth=1)
+        return lambda: ProactiveJacobiDrafter(3, branches=3, depth=1)
     if spec in ("eagle", "eagle2"):
         torch.manual_seed(5)
         head = ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=(SIDE, SIDE))).eval()
         if spec == "eagle":
-            return ImageEagleDrafter(target, head, num_draft_tokens=3)
-        return ImageEagle2Drafter(target, head, depth=3, top_k=2, num_nodes=5)
-    return spec
+            return lambda: ImageEagleDrafter(target, head, num_draft_tokens=3)
+        return lambda: ImageEagle2Drafter(target, head, depth=3, top_k=2, num_nodes=5)
+    return lambda: spec
+
+
+def make_drafter(target, spec):
+    """A fresh drafter (see :func:`drafter_factory`)."""
+    return drafter_factory(target, spec)()
 
 
 def generate(target, drafter, seed, do_sample=True, k=3):
@@ -109,9 +115,9 @@ def joint(target):
 def test_sampling_methods_sample_the_guided_distribution(target, joint, spec):
     counts = {}
     accepted = 0
+    new_drafter = drafter_factory(target, spec)  # models built once, a new drafter per run
     for seed in range(RUNS):
-        drafter = make_drafter(target, spec)
-        out = generate(target, drafter, seed)
+        out = generate(target, new_drafter(), seed)
         accepted += out.stats.accepted
         grid = tuple(out.sequences[0, PREFIX:].tolist())
         counts[grid] = counts.get(grid, 0) + 1

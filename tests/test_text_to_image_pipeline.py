@@ -108,7 +108,7 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
-def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path):
+def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path, free_port):
     """accelerate launch shards the prompts over 2 CPU processes (gloo) and gathers one results file
     in prompt order: the same records and images as one process."""
     import os
@@ -123,7 +123,7 @@ def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path):
     assert main(args(tmp_path / "one")) == 0
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29518",
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port),
                            "-m", "mmspec", *args(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     records = [[json.loads(line) for line in (tmp_path / run / "results.jsonl").read_text().splitlines()] for run in ("one", "two")]

@@ -5,6 +5,7 @@ the baseline comparison, the WAV / spectrogram outputs, and one-line errors."""
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import mmspec
 from mmspec.adapters.audio.codec import read_wav
 from mmspec.adapters.audio.phonemes import CharacterPhonemizer
+from mmspec.cli import main
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
 from mmspec.modeling.codec_nar import CodecNAR, CodecNARConfig
 from mmspec.modeling.heads import DraftHeads, EagleHead
@@ -203,14 +205,20 @@ def test_a_directory_without_a_manifest_or_a_draft(model_dir, tmp_path):
         mmspec.pipeline("text-to-speech", model=no_draft, method="vadusa")
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "mmspec", "tts", *args], capture_output=True, text=True)
+def _cli(capsys, *args):
+    """``mmspec tts ARGS`` in this process (the CLI's ``main``): (exit code, stdout, stderr)."""
+    code = main(["tts", *args])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
-def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
+def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path, capsys):
+    """The first run is a true ``python -m mmspec tts`` process (the entry point's smoke test); the
+    second, in this process, gives the same audio for the same seed."""
     out = tmp_path / "say" / "x.wav"
-    result = _cli("a green ring.", "--model", str(model_dir), "--out", str(out), "--method", "sjd", "--max-seconds", "0.4",
-                  "--compare-baseline", "--json", "--seed", "3")
+    result = subprocess.run([sys.executable, "-m", "mmspec", "tts", "a green ring.", "--model", str(model_dir), "--out", str(out),
+                             "--method", "sjd", "--max-seconds", "0.4", "--compare-baseline", "--json", "--seed", "3"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["stats"]["speedup"] > 0 and record["stats"]["method"] == "sjd"
@@ -218,7 +226,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
     assert rate == 22050 and audio.shape[-1] > 1000
     assert out.with_suffix(".png").stat().st_size > 1000 and (tmp_path / "say" / "x-baseline.wav").exists()
     again = tmp_path / "again.wav"
-    assert _cli("a green ring.", "--model", str(model_dir), "--out", str(again), "--method", "sjd", "--max-seconds", "0.4",
+    assert _cli(capsys, "a green ring.", "--model", str(model_dir), "--out", str(again), "--method", "sjd", "--max-seconds", "0.4",
                 "--seed", "3").returncode == 0
     assert torch.equal(read_wav(again)[0], audio)  # the same seed, the same audio
 
@@ -230,23 +238,23 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path):
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
     (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
 ])
-def test_cli_errors_are_one_line(args, match, tmp_path):
-    result = _cli(*args, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))
+def test_cli_errors_are_one_line(args, match, tmp_path, capsys):
+    result = _cli(capsys, *args, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and match in result.stderr, result.stderr
 
 
-def test_bench_measures_every_method_and_rederives_from_its_results(model_dir, tmp_path):
+def test_bench_measures_every_method_and_rederives_from_its_results(model_dir, tmp_path, capsys):
     results, table = tmp_path / "tts.json", tmp_path / "tts.md"
     args = ["bench", "tts", "--model", str(model_dir), "--sentences", "2", "--rounds", "1", "--no-quality", "--max-seconds", "0.4",
             "--greedy", "--results", str(results), "--markdown", str(table)]
-    run = subprocess.run([sys.executable, "-m", "mmspec", *args], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    assert main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
     summary = json.loads(results.read_text())["summary"]
     assert set(summary) == {"ar", "spec", "prompt-lookup", "sjd"} and summary["ar"]["speedup"] == 1.0
     first = table.read_text()
     assert "| spec |" in first and "held-out sentences" in first
-    again = subprocess.run([sys.executable, "-m", "mmspec", *args], capture_output=True, text=True)
-    assert again.returncode == 0 and table.read_text() == first and "sentence 1/2 done" not in again.stdout
+    assert main(args) == 0
+    assert table.read_text() == first and "sentence 1/2 done" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("family", ["encodec", "dac", "mimi"])
@@ -348,18 +356,18 @@ def test_a_nar_stage_needs_an_aligned_codebook_0_lm(model_dir, valle_dir, tmp_pa
         mmspec.pipeline("text-to-speech", model=voice / "tts")
 
 
-def test_bench_gives_a_valle_voices_stream_speedup_beside_the_whole(valle_dir, tmp_path):
+def test_bench_gives_a_valle_voices_stream_speedup_beside_the_whole(valle_dir, tmp_path, capsys):
     results = tmp_path / "tts.json"
-    run = subprocess.run([sys.executable, "-m", "mmspec", "bench", "tts", "--model", str(valle_dir), "--methods", "ar,spec",
-                          "--sentences", "1", "--rounds", "1", "--no-quality", "--max-seconds", "0.4", "--greedy", "--results",
-                          str(results)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    code = main(["bench", "tts", "--model", str(valle_dir), "--methods", "ar,spec", "--sentences", "1", "--rounds", "1",
+                 "--no-quality", "--max-seconds", "0.4", "--greedy", "--results", str(results)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
     data = json.loads(results.read_text())
     runs, summary = data["runs"], data["summary"]
     ar, spec = runs["ar|0|0"], runs["spec|0|0"]
     assert ar["nar_time"] > 0 and len(ar["codes"]) == K
     assert summary["spec"]["stream_speedup"] == pytest.approx((ar["time"] - ar["nar_time"]) / (spec["time"] - spec["nar_time"]))
-    assert summary["ar"]["stream_speedup"] == pytest.approx(1.0) and "(stream " in run.stdout
+    assert summary["ar"]["stream_speedup"] == pytest.approx(1.0) and "(stream " in stdout
 
 
 def test_method_specs_carry_their_settings():
