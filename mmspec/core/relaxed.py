@@ -41,6 +41,7 @@ Group acceptance (PCG, principled coarse-graining, arXiv 2511.13732; :class:`Tok
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -85,8 +86,9 @@ def cached_neighbour_table(codebook: torch.Tensor, k: int, directory: str | Path
         return torch.load(path, weights_only=True)
     table = neighbour_table(codebook, k)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(table, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # per process: workers building the same table at once
+    torch.save(table, tmp)
+    tmp.replace(path)
     return table
 
 

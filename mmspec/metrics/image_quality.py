@@ -28,6 +28,7 @@ tensors in the project's model range [-1, 1] (what the text-to-image pipeline de
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -213,9 +214,10 @@ class MetricCLIP:
                        **self.extra},
         }
         tensors = {k: v.detach().to(torch.float16).contiguous().clone() for k, v in self.model.state_dict().items()}
-        save_file(tensors, str(directory / (WEIGHTS_FILE + ".tmp")), metadata={"format": "pt"})
-        (directory / (WEIGHTS_FILE + ".tmp")).chmod(0o644)  # safetensors creates the file private
-        (directory / (WEIGHTS_FILE + ".tmp")).replace(directory / WEIGHTS_FILE)
+        tmp = directory / f"{WEIGHTS_FILE}.{os.getpid()}.tmp"  # per process: workers converting at once
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.chmod(0o644)  # safetensors creates the file private
+        tmp.replace(directory / WEIGHTS_FILE)
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
         return directory
 

@@ -11,6 +11,7 @@ never draws.
 
 from __future__ import annotations
 
+import os
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -55,8 +56,9 @@ def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int
     images = torch.from_numpy(np.stack([r[0] for r in rendered]))
     captions = [r[1] for r in rendered]
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"images": images, "captions": captions}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # per process: workers building the same file at once
+    torch.save({"images": images, "captions": captions}, tmp)
+    tmp.replace(path)
     return images, captions
 
 
