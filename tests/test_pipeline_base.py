@@ -231,7 +231,6 @@ class TokenOutput:
     baseline_tokens: torch.Tensor | None = None
 
 
-@register_pipeline
 class TokenContinuationPipeline(Pipeline):
     """Continue token prompts: ``mmspec.pipeline("test-token-continuation", method="lookup:4")``."""
 
@@ -272,8 +271,13 @@ class TokenContinuationPipeline(Pipeline):
 
 @pytest.fixture(scope="module")
 def token_pipe():
-    yield mmspec.pipeline("test-token-continuation", method="lookup:2")
-    del PIPELINES["test-token-continuation"]
+    # the one registration, here rather than at import: a module imported by every test worker must
+    # not leave a fourth task in the registry that other modules' tests list
+    register_pipeline(TokenContinuationPipeline)
+    try:
+        yield mmspec.pipeline("test-token-continuation", method="lookup:2")
+    finally:
+        del PIPELINES["test-token-continuation"]
 
 
 def test_a_fourth_task_is_components_methods_and_one_registration(token_pipe):
