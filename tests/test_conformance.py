@@ -123,21 +123,26 @@ def test_seeded_sampling_is_deterministic(case):
 
 def test_pixels_encoded_once(case):
     """The image goes through the vision encoder in the prefill only, never again while decoding
-    (a target's first prefill encodes it twice: through the model's forward, and again to check the
-    lean prefill's embeddings against it; every later prefill once)."""
+    (the first prefill over a model encodes it twice: through the model's forward, and again to
+    check the lean prefill's embeddings against it; every later prefill once, a new target's over
+    the same model included, as ``mmspec.generate(model, ...)`` makes one per call)."""
     if not case.is_vlm:
         pytest.skip("text-only family")
-    inner = case.model.model
+    fresh = make_tiny(case.family)  # a model no target has prefilled yet (the module's case is shared)
+    inner = fresh.model.model
     vision = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model")
     calls = []
     handle = vision.register_forward_hook(lambda *args: calls.append(1))
-    target = TransformersTarget(case.model)
+    target = TransformersTarget(fresh.model)
     try:
-        outs = [mmspec.generate(target, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **case.inputs) for _ in range(2)]
+        outs = [mmspec.generate(target, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **fresh.inputs) for _ in range(2)]
+        first = 2 if target.lean_prefill else 1
+        assert len(calls) == first + 1
+        again = mmspec.generate(fresh.model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **fresh.inputs)  # a new target
     finally:
         handle.remove()
-    first = 2 if target.lean_prefill else 1
-    assert all(out.stats.target_forwards > 2 for out in outs) and len(calls) == first + 1
+    assert all(out.stats.target_forwards > 2 for out in outs) and len(calls) == first + 2
+    assert torch.equal(again.sequences, outs[0].sequences)
 
 
 def test_lean_prefill_is_the_models_forward(case):

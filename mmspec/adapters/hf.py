@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -92,6 +93,13 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     return view
 
 
+#: the first prefill's checks (own_lm_head, lean_prefill) per model and :meth:`TransformersTarget._probe_key`:
+#: ``mmspec.generate`` wraps a model in a new target on every call, whose first prefill would otherwise
+#: run the prompt (and encode a VLM's image) twice again to repeat checks whose answers cannot change.
+#: Weak keys: the table keeps no model alive.
+_PROBED: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[bool, bool]]]" = weakref.WeakKeyDictionary()
+
+
 class TransformersTarget:
     """A transformers model behind the core's :class:`~mmspec.core.target.Target` interface.
 
@@ -141,6 +149,14 @@ class TransformersTarget:
         #: prompts through lean_states too (:meth:`prompt_embeds` gave the embeddings the model's own
         #: forward feeds its decoder); decided at the first prefill, None before
         self.lean_prefill: bool | None = None if self.lean_decoder is not None else False
+        known = _PROBED.get(model, {}).get(self._probe_key())
+        if known is not None:  # an earlier target over this model made the first prefill's checks
+            self.own_lm_head, self.lean_prefill = known
+
+    def _probe_key(self) -> tuple:
+        """What the first prefill's checks depend on besides the model: where and in what dtype it
+        runs, whether its logits are a plain product, whether a lean decoder exists."""
+        return self.device, self.model.dtype, self._plain_lm_head(), self.lean_decoder is not None
 
     def _plain_lm_head(self) -> bool:
         """True when the model's logits are its output embedding applied to the base model's last
@@ -213,9 +229,10 @@ class TransformersTarget:
         one and :meth:`prompt_embeds` reproduces the embeddings the model's forward gives its
         decoder (checked bitwise at the first prefill), the prompt runs through ``lean_states``
         as the steps do (a VLM's image features merged first): the fused layers instead of the
-        model's modules, one logits row. Every prefill of a target takes the same path, the first
-        included (it is run again that way, its image encoded twice), so a seed gives the same
-        output on every call."""
+        model's modules, one logits row. Every prefill over a model takes the same path, the first
+        included (it is run again that way, its image encoded twice; the checks' answers are kept
+        per model, so a later target over it, as ``mmspec.generate`` makes on every call, runs the
+        prompt once), so a seed gives the same output on every call."""
         input_ids = self.check_inputs(model_inputs).to(self.device)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
@@ -233,8 +250,9 @@ class TransformersTarget:
         if check_lean:
             embeds = self.prompt_embeds(input_ids, inputs)
             self.lean_prefill = embeds is not None and torch.equal(embeds, out.hidden_states[0])
-            if self.lean_prefill:
-                return self._lean_prefill(input_ids, embeds, hidden_layer)
+        _PROBED.setdefault(self.model, {})[self._probe_key()] = (self.own_lm_head, self.lean_prefill)
+        if check_lean and self.lean_prefill:
+            return self._lean_prefill(input_ids, embeds, hidden_layer)
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
 
