@@ -8,8 +8,13 @@ Captions (greedy on two samples, one sampled) under plain decoding and four draf
 under six methods and MAR under two, the embedded voice under six methods; fp32, one thread. Each entry is
 [caption text or sha256 of the pixels / samples, target forwards].
 """
-import hashlib, json, sys
-import numpy as np, torch
+import hashlib
+import json
+import sys
+
+import numpy as np
+import torch
+
 import mmspec
 
 torch.set_num_threads(1)
@@ -17,7 +22,6 @@ out = {}
 def h(a):
     return hashlib.sha256(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:16]
 
-cap = mmspec.pipeline("image-captioning", model=None, drafter=None, dtype="float32")
 for drafter in [None, "prompt-lookup", "eagle", "eagle2", "medusa"]:
     c = mmspec.pipeline("image-captioning", model=None, drafter=drafter, dtype="float32")
     for img in ["samples/photo.png", "samples/charts.png"]:
