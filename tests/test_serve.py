@@ -12,7 +12,6 @@ import base64
 import io
 import json
 import socket
-import threading
 import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from mmspec.serve import ServeConfig, create_app  # noqa: E402
+from mmspec.serve.background import serve_in_thread  # noqa: E402
 from mmspec.serve.batching import Batcher  # noqa: E402
 from mmspec.serve.errors import APIError  # noqa: E402
 
@@ -50,20 +50,8 @@ def live():
     """A real server on a free port (fp32, so greedy batch rows are bit-equal to single requests)."""
     config = ServeConfig(dtype="float32", max_batch_size=4, batch_wait_s=0.1, api_key=KEY, max_speech_seconds=2.0)
     app = create_app(config)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{port}"
-    yield base, app
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serve_in_thread(app) as base:
+        yield base, app
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import socket
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,23 +34,15 @@ def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str, b
               drafter: str = "auto") -> dict:
     """One server with ``max_batch_size``; ``requests`` concurrent requests; the figures."""
     import httpx
-    import uvicorn
 
     from .app import create_app
+    from .background import serve_in_thread
 
     uris = {name: "data:image/png;base64," + base64.b64encode((SAMPLES / name).read_bytes()).decode() for name in IMAGES}
     app = create_app(ServeConfig(tasks=("caption",), dtype=dtype, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
                                  caption_drafter=drafter))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    try:
+    with serve_in_thread(app) as base:
+        url = f"{base}/v1/chat/completions"
         alone = {name: httpx.post(url, json=caption_body(uris[name], max_tokens), timeout=600).json()
                  ["choices"][0]["message"]["content"] for name in IMAGES}
 
@@ -66,9 +56,6 @@ def one_round(max_batch_size: int, requests: int, max_tokens: int, dtype: str, b
         with ThreadPoolExecutor(requests) as pool:
             results = list(pool.map(ask, range(requests)))
         wall = time.perf_counter() - start
-    finally:
-        server.should_exit = True
-        thread.join(30)
     latencies = sorted(r[2] for r in results)
     return {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1000, "drafter": drafter, "requests": requests, "wall_s": round(wall, 2),
             "requests_per_s": round(requests / wall, 3), "p50_s": round(statistics.median(latencies), 2),
