@@ -214,3 +214,20 @@ def test_a_packed_linear_is_bitwise_the_strided_one_and_follows_its_weight():
                 linear.weight.mul_(-2)
             x = torch.randn(5, in_features).bfloat16()
             assert torch.equal(packed(x), strided(x))
+
+
+def test_an_unwritable_kernel_cache_means_the_pytorch_forms_with_a_note(tmp_path, monkeypatch):
+    """A read-only or missing HOME (here: a cache path under a plain file, which even root cannot
+    create) makes the kernels unavailable with a note naming MMSPEC_CACHE, not an OSError that ends
+    every command."""
+    import mmspec.modeling.fast_linear as fast_linear
+
+    if not {"avx2", "fma"} <= fast_linear.cpu_flags():
+        pytest.skip("no AVX2 + FMA: the kernels are unavailable before the cache is reached")
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(fast_linear, "_LIBRARY", None)
+    with pytest.raises(KernelUnavailable, match="cannot be written .*set MMSPEC_CACHE to a writable directory"):
+        load_kernel()
+    kernel, reason = fast_linear.choose_kernel("auto")
+    assert kernel == "transposed" and "MMSPEC_CACHE" in reason

@@ -34,6 +34,19 @@ def test_invalid_settings_raise():
         SamplingConfig(guidance_scale=0.5)
 
 
+@pytest.mark.parametrize("settings", [
+    {"do_sample": True, "temperature": float("inf")}, {"temperature": float("inf")}, {"temperature": float("nan")},
+    {"do_sample": True, "temperature": "hot"}, {"temperature": True}, {"top_k": 2.5}, {"top_k": "5"},
+    {"top_p": float("nan")}, {"guidance_scale": float("inf")},
+])
+def test_non_finite_or_non_numeric_settings_are_one_value_error(settings):
+    """Every task builds its sampling here, so an infinite temperature (noise for t2i, a crash in the
+    TTS NAR stage before) or a string is refused once, in one line naming the setting."""
+    (name,) = [key for key in settings if key != "do_sample"]
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        SamplingConfig(**settings)
+
+
 def test_cfg_combine():
     c, u = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
     assert cfg_combine(c, u, 3.0).tolist() == [4.0, -2.0]

@@ -9,6 +9,8 @@ with a uniform passed in, so the acceptance rules stay pure functions of their r
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +36,12 @@ class SamplingConfig:
     guidance_scale: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "guidance_scale"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number (got {value!r})")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
+            raise ValueError(f"top_k must be an integer (got {self.top_k!r})")
         if self.do_sample and not self.temperature > 0:
             raise ValueError(
                 f"temperature must be > 0 when sampling (got {self.temperature}); "

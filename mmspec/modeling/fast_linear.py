@@ -98,13 +98,17 @@ def load_kernel() -> ctypes.CDLL:
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / f"few_rows-{digest}.so"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: atomic
-            built = Path(tmp) / path.name
-            result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
-            built.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: atomic
+                built = Path(tmp) / path.name
+                result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True, text=True)
+                if result.returncode != 0:
+                    raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
+                built.replace(path)
+        except OSError as error:  # a read-only or missing HOME: the PyTorch forms run instead
+            raise KernelUnavailable(f"the C kernels' cache {path.parent} cannot be written ({error.strerror or error}); "
+                                    "set MMSPEC_CACHE to a writable directory to use them") from error
     library = ctypes.CDLL(str(path))
     for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16,
                      library.few_rows_linear_amx, library.few_rows_linear_amx_packed):
