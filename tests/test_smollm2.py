@@ -40,3 +40,17 @@ def test_sampling_is_seeded(smollm2, copy_prompt):
     a = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=12, do_sample=True, top_p=0.9, seed=3, **copy_prompt)
     b = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=12, do_sample=True, top_p=0.9, seed=3, **copy_prompt)
     assert torch.equal(a.sequences, b.sequences)
+
+
+def test_an_unwritable_cache_converts_for_the_run_only(tmp_path, monkeypatch, capsys):
+    """A read-only or missing HOME: SmolLM2 is converted into a scratch directory for this process
+    (once), with one note naming MMSPEC_CACHE, instead of an OSError that ends the command."""
+    from mmspec import hub
+
+    (tmp_path / "file").write_text("not a directory")  # a cache under a plain file: even root cannot create it
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(hub, "_UNCACHED", {})
+    path = hub.smollm2_checkpoint()
+    assert (path / "model.safetensors").exists() and "file" not in str(path)
+    assert "set MMSPEC_CACHE to a writable directory" in capsys.readouterr().err
+    assert hub.smollm2_checkpoint() == path and capsys.readouterr().err == ""  # converted once a process
