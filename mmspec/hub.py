@@ -104,16 +104,18 @@ def smollm2_checkpoint() -> Path:
     model = type(gguf_model)(config)
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
+    def save(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
     try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
+        save(partial)
     except OSError as error:  # a read-only or missing HOME: convert for this process only
         shutil.rmtree(partial, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix="mmspec-smollm2-"))
         atexit.register(shutil.rmtree, scratch, True)
-        model.save_pretrained(scratch)
-        tokenizer.save_pretrained(scratch)
+        save(scratch)
         print(f"mmspec: note: the cache {target.parent} cannot be written ({error.strerror or error}); SmolLM2 is "
               "converted for this run only: set MMSPEC_CACHE to a writable directory to keep it", file=sys.stderr)
         _UNCACHED[target] = scratch
