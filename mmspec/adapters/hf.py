@@ -22,9 +22,11 @@ from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
+from .mrope import MROPE_FAMILIES, position_scheme
 
-#: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
-#: rollback needs no multimodal position bookkeeping.
+#: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
+#: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
+#: positions equal to the token index.
 VLM_FAMILIES = {
     "llava": "LLaVA-1.5 / Pixtral (LlavaForConditionalGeneration)",
     "llava_next": "LLaVA-NeXT (LlavaNextForConditionalGeneration)",
@@ -32,16 +34,13 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    **MROPE_FAMILIES,
 }
 
 #: multimodal families known to need position bookkeeping mmspec does not implement yet.
-UNSUPPORTED_FAMILIES = {
-    "qwen2_vl": "uses 3-D M-RoPE positions",
-    "qwen2_5_vl": "uses 3-D M-RoPE positions",
-    "qwen3_vl": "uses 3-D M-RoPE positions",
-}
+UNSUPPORTED_FAMILIES: dict[str, str] = {}
 
-PIXEL_INPUTS = ("pixel_values",)
+PIXEL_INPUTS = ("pixel_values", "pixel_values_videos")
 
 #: the padded forward sizes a :class:`CapturedTransformersTarget` captures: up to 128, so that
 #: EAGLE-2's largest tree (64 nodes) and its root fit
@@ -138,6 +137,10 @@ class TransformersTarget:
                 f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
             )
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        #: how the prompt's positions are laid out and where later positions start (M-RoPE for Qwen-VL)
+        self.positions = position_scheme(config)
+        #: placeholder token id -> the pixel input filling its slots (image; video for Qwen-VL)
+        self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -210,15 +213,17 @@ class TransformersTarget:
         if mask is not None and not bool(mask.bool().all()):
             raise ValueError("the prompt is padded (attention_mask has zeros); with batch size 1, pass it unpadded")
         if self.is_vlm:
-            has_image_tokens = self.image_token_id is not None and bool((input_ids == self.image_token_id).any())
-            has_pixels = _has_pixels(model_inputs)
-            if has_image_tokens and not has_pixels:
-                raise ValueError("the prompt has image tokens but no pixel_values; pass the processor's full output")
-            if has_pixels and not has_image_tokens:
-                raise ValueError(
-                    "pixel_values were given but the prompt has no image tokens; build the prompt with the "
-                    "model's processor (it inserts the image tokens)"
-                )
+            for token, pixels in self.placeholders.items():
+                kind = "video" if "video" in pixels else "image"
+                has_tokens, has_pixels = bool((input_ids == token).any()), model_inputs.get(pixels) is not None
+                if has_tokens and not has_pixels:
+                    raise ValueError(f"the prompt has {kind} tokens but no {pixels}; pass the processor's full output")
+                if has_pixels and not has_tokens:
+                    raise ValueError(
+                        f"{pixels} were given but the prompt has no {kind} tokens; build the prompt with the "
+                        f"model's processor (it inserts the {kind} tokens)"
+                    )
+            self.positions.check(self.model, input_ids, model_inputs)
         elif _has_pixels(model_inputs):
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
@@ -239,6 +244,9 @@ class TransformersTarget:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
         cache = make_cache(self.model.config)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
+        prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
+        if prompt_positions is not None:  # (1-D families: the model's default)
+            inputs["position_ids"] = prompt_positions
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
             output_hidden_states=hidden_layer is not None or check_head or check_lean,
@@ -253,7 +261,7 @@ class TransformersTarget:
         _PROBED.setdefault(self.model, {})[self._probe_key()] = (self.own_lm_head, self.lean_prefill)
         if check_lean and self.lean_prefill:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
-        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
+        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1], position_offset=offset)
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
 
     def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
@@ -357,10 +365,12 @@ class TransformersTarget:
                 )
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""
-        if self.image_token_id is None:
+        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image (and video) tokens."""
+        placeholders = set(self.placeholders) | ({self.image_token_id} if self.image_token_id is not None else set())
+        if not placeholders:
             return input_ids
-        return input_ids[:, input_ids[0] != self.image_token_id]
+        keep = ~torch.isin(input_ids[0], torch.tensor(sorted(placeholders), device=input_ids.device))
+        return input_ids[:, keep]
 
 
 class CapturedTransformersTarget(TransformersTarget):
