@@ -89,15 +89,18 @@ def test_encoder_decoder_rejected():
 
 
 def test_unsupported_multimodal_family():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    """A multimodal family outside VLM_FAMILIES (PaliGemma: a bidirectional prefix) is refused in one line."""
+    from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
 
-    config = Qwen2VLConfig(
-        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2),
+    config = PaliGemmaConfig(
+        text_config=GemmaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=1, head_dim=16),
+        vision_config=SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         image_size=16, patch_size=8),
+        image_token_index=63,
     )
-    with pytest.raises(ValueError, match="M-RoPE"):
-        mmspec.generate(Qwen2VLForConditionalGeneration(config), input_ids=torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match="multimodal family mmspec does not support yet"):
+        mmspec.generate(PaliGemmaForConditionalGeneration(config), input_ids=torch.tensor([[1, 2]]))
 
 
 def test_typical_acceptance_runs_and_is_marked(llama):

@@ -7,7 +7,9 @@ chain and tree positions and rollback. Qwen2-VL and Qwen2.5-VL prompts carry an 
 """
 
 import copy
+import json
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -272,3 +274,47 @@ def test_mm_token_type_ids_are_optional():
     a = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=6, **case.inputs)
     b = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=6, **without)
     assert torch.equal(a.sequences, b.sequences)
+
+
+# the captioning pipeline and `mmspec caption` on a saved checkpoint with its processor -----------------------
+@pytest.fixture(scope="module")
+def qwen2_vl_dir(tmp_path_factory):
+    from tiny_checkpoints import cached_tiny_checkpoint
+
+    return cached_tiny_checkpoint("qwen2_vl", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    """Images of different sizes: different grids, prompt lengths and M-RoPE deltas."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((20, 30, 3), (32, 16, 3), (24, 24, 3))]
+
+
+def test_captioning_pipeline_batches_equal_transformers(qwen2_vl_dir, pictures):
+    """A Qwen2-VL checkpoint saved with save_pretrained and its processor: captions equal
+    transformers' generate on the processor's inputs, batched or not."""
+    captioner = mmspec.pipeline("image-captioning", model=qwen2_vl_dir, dtype="fp32", drafter="layer-skip:1")
+    one = captioner(pictures, max_new_tokens=6)
+    batched = captioner(pictures, max_new_tokens=6, batch_size=3)
+    assert [r.text for r in batched] == [r.text for r in one]
+    for picture, r in zip(pictures, one):
+        inputs = captioner.preprocess(picture, r.prompt)
+        assert "mm_token_type_ids" in inputs and "image_grid_thw" in inputs
+        out = captioner.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+        assert r.text == captioner.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def test_caption_cli(qwen2_vl_dir, pictures, tmp_path, capsys):
+    from mmspec.cli import main
+
+    path = tmp_path / "a.png"
+    pictures[0].save(path)
+    code = main(["caption", str(path), "--model", str(qwen2_vl_dir), "--dtype", "fp32", "--max-new-tokens", "5",
+                 "--compare-baseline", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err
+    result = json.loads(out)[0]
+    assert result["identical_to_baseline"] is True and result["stats"]["new_tokens"] == 5

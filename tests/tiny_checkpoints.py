@@ -243,6 +243,32 @@ def _gemma3_model(vocab_size, ids):
         boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
     ))
 
+# -- Qwen2-VL: 3-D M-RoPE; images resized to 16-32 px (multiples of patch 4 x merge 2), 2 x 2 patches per token --
+QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def _qwen2_vl_processor(tokenizer, template):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    sizes = dict(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=4, merge_size=2, temporal_patch_size=2)
+    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer,
+                            video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=template)
+
+
+def _qwen2_vl_model(vocab_size, ids):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    text = dict(vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    vision = dict(depth=2, embed_dim=VISION_HIDDEN, hidden_size=TEXT_HIDDEN, num_heads=4, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2, mlp_ratio=2)
+    return Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False))
+
+
 FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
@@ -252,6 +278,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
     "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,
                          named_tokens=GEMMA3_TOKENS),
+    "qwen2_vl": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen2_vl_processor, _qwen2_vl_model),
 }
 CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
 
