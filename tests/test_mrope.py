@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from test_conformance import random_eagle_head, random_kangaroo
 from test_tree import OracleTreeDrafter, TreeModelDrafter
 from tiny_models import make_text_only_draft
 from tiny_mrope import IMAGE_ID, MROPE_FAMILIES, VIDEO_ID, make_mrope, mrope_inputs
@@ -22,7 +23,7 @@ import mmspec
 from mmspec.adapters.hf import VLM_FAMILIES, TransformersTarget
 from mmspec.api import generate_rows
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
-from mmspec.drafters import MedusaDrafter, ModelDrafter
+from mmspec.drafters import Eagle2Drafter, EagleDrafter, KangarooDrafter, MedusaDrafter, ModelDrafter
 from mmspec.modeling.heads import DraftHeads
 
 K = 3
@@ -67,6 +68,11 @@ DRAFTERS = {
     "text-only draft (SPD)": lambda case: make_text_only_draft(case.vocab_size, seed=7),
     "VLM draft": lambda case: ModelDrafter(near_copy(case.model, 0.3), num_draft_tokens=K),
     "target as its own draft": lambda case: ModelDrafter(case.model, num_draft_tokens=K),
+    # heads on the target's features (random weights: few drafts accepted; the head keeps its own 1-D positions)
+    "eagle (random head)": lambda case: EagleDrafter(case.model, random_eagle_head(case.model), num_draft_tokens=K),
+    "eagle2 tree (random head)": lambda case: Eagle2Drafter(case.model, random_eagle_head(case.model), depth=K, top_k=3, num_nodes=8),
+    "kangaroo (random adapter)": lambda case: KangarooDrafter(case.model, random_kangaroo(case.model), exit_layer=1,
+                                                              num_draft_tokens=K, stop_threshold=0.0),
 }
 
 
@@ -318,3 +324,23 @@ def test_caption_cli(qwen2_vl_dir, pictures, tmp_path, capsys):
     assert code == 0 and "Traceback" not in err
     result = json.loads(out)[0]
     assert result["identical_to_baseline"] is True and result["stats"]["new_tokens"] == 5
+
+
+# the CUDA path (`pytest -m gpu`, skipped without a GPU) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", MROPE_FAMILIES)
+def test_greedy_on_cuda_equals_transformers_on_cuda(family):
+    case = make_mrope(family, video=family in VIDEO_FAMILIES)
+    model = case.model.cuda()
+    inputs = {k: v.cuda() for k, v in case.inputs.items()}
+    with torch.inference_mode():
+        reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    for drafter in ("layer-skip:1", ModelDrafter(near_copy(model, 0.3), num_draft_tokens=K)):
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, **inputs)
+        assert out.sequences.device.type == "cuda" and torch.equal(out.sequences, reference)
+    rows = [{k: v.cuda() for k, v in row.items()} for row in batch_prompts()]
+    batch = generate_rows(model, rows, drafter="prompt-lookup", max_new_tokens=MAX_NEW)
+    for b, row in enumerate(rows):
+        single = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **row)
+        assert torch.equal(batch.sequences[b, -MAX_NEW:], single.sequences[0, row["input_ids"].shape[1]:])
