@@ -117,7 +117,7 @@ def generate(
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
         if on_step is not None:
             raise ValueError("on_step follows one sequence; for a batch, pass on_row_done to mmspec.api.generate_rows")
-        return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
+        return generate_rows(adapter, split_rows(model_inputs, adapter), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id,
                              padded_prompts=model_inputs["input_ids"])
@@ -165,9 +165,11 @@ def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
     return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
 
 
-def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
+def split_rows(model_inputs: dict[str, Any], target=None) -> list[dict[str, Any]]:
     """A batch of prompts (input_ids [B, L], left-padded, attention_mask [B, L]; other tensors
-    [B, ...]) -> B batch-1 prompts without their padding. Raises ValueError saying what to do."""
+    [B, ...], those shaped like input_ids unpadded with it; inputs indexed by image rather than by
+    prompt, the Qwen-VL processors' flattened patches, split by ``target.split_items``) -> B batch-1
+    prompts without their padding. Raises ValueError saying what to do."""
     input_ids = model_inputs["input_ids"]
     size = input_ids.shape[0]
     mask = model_inputs.get("attention_mask")
@@ -179,19 +181,23 @@ def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
     if bool((mask[:, :-1] & ~mask[:, 1:]).any()):
         raise ValueError("the batch is right-padded; pad on the left (tokenizer.padding_side = 'left'), as for "
                          "transformers' generate")
+    ids = [input_ids[b : b + 1, mask[b]] for b in range(size)]
+    split_items = getattr(target, "split_items", None)
+    items = split_items(ids, model_inputs) if split_items is not None else {}
     rows = []
     for b in range(size):
-        row = {}
+        row = {"input_ids": ids[b]}
         for name, value in model_inputs.items():
-            if name == "input_ids":
-                row[name] = input_ids[b : b + 1, mask[b]]
-            elif name == "attention_mask":
+            if name in ("input_ids", "attention_mask"):
                 continue
+            if name in items:
+                if items[name][b] is not None:
+                    row[name] = items[name][b]
             elif isinstance(value, torch.Tensor):
                 if value.dim() == 0 or value.shape[0] != size:
                     raise ValueError(f"{name} has shape {list(value.shape)}, not one entry per prompt ({size}); "
                                      "for prompts with several images each, call mmspec.generate once per prompt")
-                row[name] = value[b : b + 1]
+                row[name] = value[b : b + 1, mask[b]] if tuple(value.shape) == tuple(input_ids.shape) else value[b : b + 1]
             else:
                 row[name] = value
         rows.append(row)

@@ -198,6 +198,38 @@ def test_batch_rows_equal_batch_one(family, name, do_sample):
         assert torch.equal(batch.sequences[1, -MAX_NEW:], reference[0, rows[1]["input_ids"].shape[1]:])
 
 
+def padded_batch(rows: list[dict]) -> dict:
+    """Rows as a Qwen processor batches them: input_ids, attention_mask, mm_token_type_ids [B, L]
+    left-padded; pixel_values and image_grid_thw of every image concatenated in row order."""
+    width = max(row["input_ids"].shape[1] for row in rows)
+
+    def pad(t):
+        return torch.cat([torch.zeros(1, width - t.shape[1], dtype=t.dtype), t], dim=1)
+
+    batch = {name: torch.cat([pad(row.get(name, torch.zeros_like(row["input_ids"]))) for row in rows])
+             for name in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    batch["attention_mask"] = torch.cat([pad(torch.ones_like(row["input_ids"])) for row in rows])
+    for name in ("pixel_values", "image_grid_thw"):
+        batch[name] = torch.cat([row[name] for row in rows if name in row])
+    return batch
+
+
+def test_a_processor_batch_splits_into_its_rows():
+    """mmspec.generate with input_ids [B, L] left-padded and the images' patches flattened over the
+    batch (the Qwen processors' layout): each row equals its own batch-1 generation."""
+    case = make_mrope("qwen2_vl")
+    rows = batch_prompts()
+    batch = padded_batch(rows)
+    out = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **batch)
+    assert torch.equal(out.sequences[:, : batch["input_ids"].shape[1]], batch["input_ids"])
+    for b, row in enumerate(rows):
+        single = mmspec.generate(case.model, drafter="prompt-lookup", max_new_tokens=MAX_NEW, **row)
+        assert torch.equal(out.sequences[b, -MAX_NEW:], single.sequences[0, row["input_ids"].shape[1]:]), b
+    bad = {**batch, "image_grid_thw": batch["image_grid_thw"][:1]}
+    with pytest.raises(ValueError, match="image_grid_thw does not match their placeholder tokens"):
+        mmspec.generate(case.model, max_new_tokens=2, **bad)
+
+
 # sampling ---------------------------------------------------------------------------------------------
 TEMPERATURE, TOP_K, NEW, RUNS = 1.5, 4, 3, 250
 

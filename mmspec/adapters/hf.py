@@ -313,6 +313,12 @@ class TransformersTarget:
             position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
 
+    def split_items(self, rows: list[torch.Tensor], model_inputs: dict[str, Any]) -> dict[str, list[Any]]:
+        """A batch's inputs indexed by image or video instead of by prompt, split per row (``rows``:
+        each prompt's unpadded input_ids [1, L_b]): name -> one value per row, None where a row
+        has none (:meth:`~mmspec.adapters.mrope.PositionScheme.split_items`; the Qwen-VL layout)."""
+        return self.positions.split_items(self.model, rows, model_inputs)
+
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
         """Prefill B prompts (each as :meth:`prefill` takes it), one at a time, and stack their
         caches into one batch (:meth:`BatchState.prefill`); each row's TargetOutput."""

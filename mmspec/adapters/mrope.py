@@ -83,6 +83,12 @@ class PositionScheme:
         the offset of every later position, ``position = cache index + offset``)."""
         raise NotImplementedError
 
+    def split_items(self, model: nn.Module, rows: list[torch.Tensor], inputs: dict[str, Any]) -> dict[str, list[Any]]:
+        """For a batch of prompts (``rows``: each row's unpadded input_ids [1, L_b]), the inputs that
+        are indexed by image or video rather than by prompt, split per row: name -> one value per
+        row (None: the row has none). Default: none (every pixel input has one entry per prompt)."""
+        return {}
+
 
 @register_position_scheme
 class IndexPositions(PositionScheme):
@@ -129,6 +135,43 @@ class MRopePositions(PositionScheme):
         if given is not None and tuple(given.shape) != tuple(input_ids.shape):
             raise ValueError(f"mm_token_type_ids has shape {list(given.shape)} but input_ids {list(input_ids.shape)}; "
                              "pass the processor's mm_token_type_ids unchanged (or none)")
+
+    def split_items(self, model, rows, inputs):
+        """The Qwen processors flatten a batch's patches: ``pixel_values`` [sum of patches, D] with
+        ``image_grid_thw`` [images, 3] (videos: ``pixel_values_videos``, ``video_grid_thw``,
+        ``second_per_grid_ts``). Image i has prod(grid_i) patches and prod(grid_i) / merge^2
+        placeholder tokens; the items go to the rows in order, each row taking the items whose
+        placeholders it holds. Raises ValueError when the placeholders and grids disagree."""
+        merge = model.config.vision_config.spatial_merge_size
+        split: dict[str, list[Any]] = {}
+        for attribute, pixels in self.placeholders.items():
+            grid_name, token = self.grids[pixels], getattr(model.config, attribute, None)
+            grids = inputs.get(grid_name)
+            if grids is None or token is None:
+                continue
+            tokens_per_item = (grids.prod(-1) // merge**2).tolist()
+            patches = [0, *grids.prod(-1).cumsum(0).tolist()]
+            extra = [name for name in ("second_per_grid_ts",) if pixels == "pixel_values_videos" and inputs.get(name) is not None]
+            item = 0
+            for name in (pixels, grid_name, *extra):
+                split[name] = []
+            for ids in rows:
+                need, first = int((ids == token).sum()), item
+                while need > 0 and item < len(tokens_per_item):
+                    need -= tokens_per_item[item]
+                    item += 1
+                if need != 0:
+                    raise ValueError(f"the prompts' {grid_name} does not match their placeholder tokens; pass the "
+                                     "processor's output for this batch unchanged")
+                taken = item > first
+                split[pixels].append(inputs[pixels][patches[first] : patches[item]] if taken else None)
+                split[grid_name].append(grids[first:item] if taken else None)
+                for name in extra:
+                    split[name].append(inputs[name][first:item] if taken else None)
+            if item != len(tokens_per_item):
+                raise ValueError(f"{grid_name} holds {len(tokens_per_item)} items but the prompts' placeholders only "
+                                 f"{item}; pass the processor's output for this batch unchanged")
+        return split
 
     def prompt_positions(self, model, input_ids, inputs):
         base = model.base_model
