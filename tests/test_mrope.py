@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 import mmspec
 from mmspec.adapters.hf import VLM_FAMILIES, TransformersTarget
+from mmspec.adapters.mrope import MRopePositions, register_position_scheme
 from mmspec.api import generate_rows
 from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import Eagle2Drafter, EagleDrafter, KangarooDrafter, MedusaDrafter, ModelDrafter
@@ -80,6 +81,8 @@ def test_families_are_supported():
     for family in MROPE_FAMILIES:
         assert family in VLM_FAMILIES
         assert TransformersTarget(make_mrope(family).model).positions.name == "mrope"
+    with pytest.raises(ValueError, match="a position scheme named 'mrope' is already registered"):
+        register_position_scheme(type("Again", (MRopePositions,), {"name": "mrope"}))
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
