@@ -3,7 +3,7 @@
 Tiny random models with sharpened attention (tests/tiny_mrope.py): a wrong position changes their
 greedy output (:func:`test_a_wrong_offset_changes_the_logits` shows it), so equality with
 transformers' ``generate`` checks the prompt's 3-D positions, the decode-phase delta, drafted
-chain and tree positions and rollback. Qwen2-VL and Qwen2.5-VL prompts carry an image and a video.
+chain and tree positions and rollback. The prompts carry an image and a video.
 """
 
 import copy
@@ -29,7 +29,7 @@ from mmspec.modeling.heads import DraftHeads
 
 K = 3
 MAX_NEW = 1 + 2 * (K + 1)  # the prefill token, then two full verification steps
-VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+VIDEO_FAMILIES = MROPE_FAMILIES
 
 
 @pytest.fixture(scope="module", params=MROPE_FAMILIES)
@@ -107,9 +107,11 @@ def test_prompt_positions_and_offset(case):
     # BOS + 5 words at 0..5, <vision_start> 6, image (1, 2, 3) merged at 7, the text after it at
     # 7 + max(2, 3) = 10: <vision_end> 10, then (no video) 4 words 11..14. With a video: <vision_start> 11,
     # video (2, 2, 2) merged at 12 (Qwen2.5-VL: t scaled by 4 tokens/s x 0.5 s, t in {12, 14}), the text
-    # after it at 12 + 2: <vision_end> 14, 2 + 4 words 15..20. The last is position L - 1 + delta.
+    # after it at 12 + 2: <vision_end> 14, 2 + 4 words 15..20. Qwen3-VL's frames: timestamp 11,
+    # <vision_start> 12, frame at 13, <vision_end> 15; timestamp 16, <vision_start> 17, frame at 18,
+    # <vision_end> 20, 2 + 4 words 21..26. The last is position L - 1 + delta.
     length = state.prompt_length
-    last = 20 if case.family in VIDEO_FAMILIES else 14
+    last = 26 if case.family.startswith("qwen3") else 20
     assert state.position_offset == last + 1 - length
     torch.testing.assert_close(out.logits[:, -1], theirs.logits[:, -1], rtol=1e-5, atol=1e-5)
 

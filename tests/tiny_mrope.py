@@ -8,8 +8,9 @@ t, h, w by ``mrope_section``); vision towers: 2 layers, hidden 32, patch 4, 2 x 
 Prompt layout (as the Qwen processors lay it out): ``BOS + 5 text + <vision_start> + image
 placeholders + <vision_end> + 4 text``; an image of 4 x 6 patches is 2 x 3 = 6 placeholder tokens,
 whose M-RoPE positions span max(2, 3) = 3 text positions, so the decode offset is -3.
-``video=True`` (Qwen2-VL, Qwen2.5-VL; Qwen3-VL's processor splits a video into timestamped frames)
-adds a video of 2 temporal patches of 4 x 4 after the image (8 video tokens), then 2 words.
+``video=True`` adds a video of 2 temporal patches of 4 x 4 after the image (8 video tokens), then
+2 words; for Qwen3-VL as its processor lays it out, each temporal patch in its own vision block
+after a one-token timestamp.
 ``mm_token_type_ids`` is included, as the processors return it (transformers' ``generate`` needs it).
 """
 
@@ -78,11 +79,12 @@ BUILDERS = {"qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3
 
 
 def mrope_inputs(gen: torch.Generator, video: bool = False, before: int = 5, after: int = 4,
-                 image_grid: tuple[int, int, int] | None = IMAGE_GRID, seconds_per_grid: float | None = None
-                 ) -> dict[str, torch.Tensor]:
+                 image_grid: tuple[int, int, int] | None = IMAGE_GRID, seconds_per_grid: float | None = None,
+                 timestamped_frames: bool = False) -> dict[str, torch.Tensor]:
     """A prompt as a Qwen processor returns it: ``BOS + before words + image + [video + 2 words] +
     after words`` (``image_grid`` None: no image; ``seconds_per_grid``: Qwen2.5-VL's
-    ``second_per_grid_ts`` for the video)."""
+    ``second_per_grid_ts`` for the video; ``timestamped_frames``: Qwen3-VL's video layout, each
+    temporal patch its own vision block after a one-token timestamp)."""
     def words(n):
         return torch.randint(TEXT_LOW, TEXT_HIGH, (n,), generator=gen).tolist()
 
@@ -90,7 +92,12 @@ def mrope_inputs(gen: torch.Generator, video: bool = False, before: int = 5, aft
         return [VISION_START_ID] + [token] * (grid[0] * grid[1] * grid[2] // MERGE**2) + [VISION_END_ID]
 
     ids = [BOS_ID] + words(before) + (block(IMAGE_ID, image_grid) if image_grid else [])
-    ids += (block(VIDEO_ID, VIDEO_GRID) + words(2) if video else []) + words(after)
+    if video and timestamped_frames:
+        frame = (1, *VIDEO_GRID[1:])
+        ids += [token for _ in range(VIDEO_GRID[0]) for token in words(1) + block(VIDEO_ID, frame)] + words(2)
+    elif video:
+        ids += block(VIDEO_ID, VIDEO_GRID) + words(2)
+    ids += words(after)
     input_ids = torch.tensor([ids])
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     if image_grid:
@@ -123,5 +130,6 @@ def make_mrope(family: str, seed: int = 0, video: bool = False) -> TinyCase:
     torch.manual_seed(seed)
     model = sharpen_attention(_finalize(BUILDERS[family]()))
     inputs = mrope_inputs(torch.Generator().manual_seed(seed + 100), video=video,
-                          seconds_per_grid=0.5 if video and family == "qwen2_5_vl" else None)
+                          seconds_per_grid=0.5 if video and family == "qwen2_5_vl" else None,
+                          timestamped_frames=family.startswith("qwen3"))
     return TinyCase(family=family, model=model, inputs=inputs, image_token_id=IMAGE_ID, is_vlm=True)
