@@ -182,6 +182,7 @@ def batch_prompts(seed: int = 3) -> list[dict]:
 @pytest.mark.parametrize("family,name,do_sample", [
     ("qwen2_vl", "prompt-lookup", False), ("qwen2_vl", "layer-skip:1", False), ("qwen2_vl", "VLM draft", False),
     ("qwen2_vl", "text-only draft (SPD)", True), ("qwen2_vl", "VLM draft", True),
+    ("qwen2_vl", "eagle (random head)", True), ("qwen2_vl", "kangaroo (random adapter)", False),
     ("qwen3_vl", "layer-skip:1", False), ("qwen3_vl", "VLM draft", True)])
 def test_batch_rows_equal_batch_one(family, name, do_sample):
     case = make_mrope(family)

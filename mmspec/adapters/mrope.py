@@ -176,7 +176,8 @@ class MRopePositions(PositionScheme):
     def prompt_positions(self, model, input_ids, inputs):
         base = model.base_model
         if inputs.get("image_grid_thw") is None and inputs.get("video_grid_thw") is None:
-            return None, 0  # text only: t = h = w = the token index, as the model's default
+            # text only: t = h = w = the token index (passed, so the model never reads its own rope_deltas)
+            return torch.arange(input_ids.shape[1], device=input_ids.device)[None], 0
         accepted = inspect.signature(base.get_rope_index).parameters
         extra = {k: v for k, v in inputs.items() if k in accepted and k not in ("input_ids", "mm_token_type_ids", "attention_mask")}
         positions, delta = base.get_rope_index(input_ids, mm_token_type_ids=self.token_types(model, input_ids, inputs), **extra)
