@@ -303,6 +303,9 @@ def test_bad_inputs_are_refused_in_one_line():
         ({k: v for k, v in inputs.items() if k != "image_grid_thw"}, "without image_grid_thw"),
         ({k: v for k, v in inputs.items() if k not in ("pixel_values_videos", "video_grid_thw")}, "video tokens but no pixel_values_videos"),
         ({**inputs, "mm_token_type_ids": inputs["mm_token_type_ids"][:, 1:]}, "mm_token_type_ids has shape"),
+        ({**inputs, "image_grid_thw": torch.tensor([[1, 4, 4]])}, "image_grid_thw covers 16 patches but pixel_values has 24 rows"),
+        ({**inputs, "input_ids": torch.where(inputs["input_ids"] == IMAGE_ID, IMAGE_ID - 100, inputs["input_ids"]).index_put(
+            (torch.tensor([0]), torch.tensor([7])), torch.tensor(IMAGE_ID))}, "the prompt has 1 image tokens but image_grid_thw needs 6"),
     ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):

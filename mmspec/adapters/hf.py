@@ -37,7 +37,8 @@ VLM_FAMILIES = {
     **MROPE_FAMILIES,
 }
 
-#: multimodal families known to need position bookkeeping mmspec does not implement yet.
+#: model_type -> why mmspec cannot serve that multimodal family yet (its refusal names the reason;
+#: other multimodal families outside :data:`VLM_FAMILIES` get a generic line). Empty at present.
 UNSUPPORTED_FAMILIES: dict[str, str] = {}
 
 PIXEL_INPUTS = ("pixel_values", "pixel_values_videos")
@@ -372,10 +373,9 @@ class TransformersTarget:
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image (and video) tokens."""
-        placeholders = set(self.placeholders) | ({self.image_token_id} if self.image_token_id is not None else set())
-        if not placeholders:
+        if not self.placeholders:
             return input_ids
-        keep = ~torch.isin(input_ids[0], torch.tensor(sorted(placeholders), device=input_ids.device))
+        keep = ~torch.isin(input_ids[0], torch.tensor(sorted(self.placeholders), device=input_ids.device))
         return input_ids[:, keep]
 
 

@@ -128,9 +128,24 @@ class MRopePositions(PositionScheme):
         return types
 
     def check(self, model, input_ids, inputs):
-        for pixels, grid in self.grids.items():
-            if inputs.get(pixels) is not None and inputs.get(grid) is None:
+        """Each pixel input comes with its grid, the grid's patches are the pixel rows, and the
+        prompt holds prod(grid) / merge^2 placeholders per image or video (checked before the
+        vision tower runs)."""
+        merge = model.config.vision_config.spatial_merge_size
+        for attribute, pixels in self.placeholders.items():
+            grid = self.grids[pixels]
+            if inputs.get(pixels) is None:
+                continue
+            if inputs.get(grid) is None:
                 raise ValueError(f"{pixels} were given without {grid}; pass the processor's full output")
+            grids, rows = inputs[grid], inputs[pixels].shape[0]
+            if int(grids.prod(-1).sum()) != rows:
+                raise ValueError(f"{grid} covers {int(grids.prod(-1).sum())} patches but {pixels} has {rows} rows; pass "
+                                 "the processor's output unchanged")
+            placeholders, expected = int((input_ids == getattr(model.config, attribute)).sum()), int((grids.prod(-1) // merge**2).sum())
+            if placeholders != expected:
+                raise ValueError(f"the prompt has {placeholders} {'video' if 'video' in pixels else 'image'} tokens but "
+                                 f"{grid} needs {expected}; build the prompt with the model's processor")
         given = inputs.get("mm_token_type_ids")
         if given is not None and tuple(given.shape) != tuple(input_ids.shape):
             raise ValueError(f"mm_token_type_ids has shape {list(given.shape)} but input_ids {list(input_ids.shape)}; "
