@@ -1,0 +1,230 @@
+"""LLaVA-OneVision (images and video), InternVL and Llama-3.2-Vision (Mllama) as targets.
+
+Tiny random models (tests/tiny_vlm_families.py, never downloaded), fp32. For each family: greedy
+output identical to transformers' ``generate`` with every chain drafter (prompt lookup, layer skip,
+a text-only draft model (SPD), the target drafting for itself with acceptance 1) and with token
+trees; batch rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image
+really reaches the output. Mllama also: its cross-attention (image) keys and values survive every
+rollback, tree compaction and layer-skip crop, and sampling follows the target's distribution
+(chi-square against exact marginals).
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from test_tree import OracleTreeDrafter, TreeModelDrafter
+from tiny_models import IMAGE_ID, TEXT_HIGH, TEXT_LOW, make_text_only_draft
+from tiny_vlm_families import FAMILIES, make_tiny_family
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget
+from mmspec.adapters.mllama import CrossAttentionCache, ImageKVLayer
+from mmspec.api import generate_rows
+from mmspec.core.tree import TokenTree
+from mmspec.drafters import ModelDrafter
+
+pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+
+K = 3
+MAX_NEW = 1 + 2 * (K + 1)  # the prefill's token, then two full verification steps
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def case(request):
+    return make_tiny_family(request.param)
+
+
+def reference(case, **kwargs):
+    with torch.inference_mode():
+        return case.model.generate(**{**case.inputs, **kwargs}, do_sample=False, max_new_tokens=MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def expected(case):
+    return reference(case)
+
+
+def chain_drafters(case):
+    # Mllama's layer 1 is its cross-attention layer: layer-skip:2 drafts through it and crops it
+    layers = 2 if case.family == "mllama" else 1
+    return {
+        "prompt-lookup": "prompt-lookup",
+        f"layer-skip:{layers}": f"layer-skip:{layers}",
+        "text-only draft (SPD)": make_text_only_draft(case.vocab_size, seed=7),
+        "same model": ModelDrafter(case.model, num_draft_tokens=K),
+    }
+
+
+def test_greedy_identical_to_transformers_with_every_chain_drafter(case, expected):
+    for name, drafter in chain_drafters(case).items():
+        out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **case.inputs)
+        assert torch.equal(out.sequences, expected), name
+        if name == "same model":  # the target drafting for itself: everything accepted, tau = K + 1
+            assert out.stats.acceptance_rate == 1.0 and out.stats.mean_accepted_length == K + 1
+            assert out.stats.config["sees_image"] is True
+        if name == "text-only draft (SPD)":
+            assert out.stats.config["sees_image"] is False
+
+
+def test_greedy_identical_with_token_trees(case, expected):
+    """Trees of several branches: verification under the ancestor mask, then compaction of the
+    accepted path (Mllama: of its self-attention layers only)."""
+    drafters = [OracleTreeDrafter(expected[0, case.prompt_len:].tolist(), case.vocab_size)]
+    if case.family == "mllama":
+        drafters.append(TreeModelDrafter(make_text_only_draft(case.vocab_size, seed=7)))
+    for drafter in drafters:
+        out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=MAX_NEW, **case.inputs)
+        assert torch.equal(out.sequences, expected), type(drafter).__name__
+        assert out.stats.tree_nodes > 0 and out.stats.new_tokens == MAX_NEW
+        if isinstance(drafter, OracleTreeDrafter):  # paths through other siblings were accepted
+            assert out.stats.mean_accepted_length > 1.5
+
+
+def test_the_image_reaches_the_output(case, expected):
+    """The tests above would pass for a model that ignored its image; this one does not."""
+    name = "pixel_values_videos" if "pixel_values_videos" in case.inputs else "pixel_values"
+    other = reference(case, **{name: torch.zeros_like(case.inputs[name])})
+    assert not torch.equal(other, expected)
+
+
+def _other_prompt(case, seed):
+    """``case``'s prompt with other text tokens and other pixels (same image layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(case.inputs)
+    ids = inputs["input_ids"].clone()
+    text = (ids >= TEXT_LOW) & (ids < TEXT_HIGH)
+    ids[text] = torch.randint(TEXT_LOW, TEXT_HIGH, (int(text.sum()),), generator=gen)
+    inputs["input_ids"] = ids
+    for name in ("pixel_values", "pixel_values_videos"):
+        if name in inputs:
+            inputs[name] = torch.randn(inputs[name].shape, generator=gen)
+    inputs.pop("attention_mask")
+    return inputs
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "internvl"])
+def test_batch_rows_equal_batch_one_rows(family):
+    """Rows of different prompts (for LLaVA-OneVision an image row and a video row, of other
+    lengths) decode together; each row is its batch-1 output (transformers' generate, which the
+    tests above equal), with prompt lookup (LLaVA-OneVision) or a draft model drafting all rows in
+    one forward (InternVL)."""
+    case = make_tiny_family(family)
+    rows = [_other_prompt(case, 1), {k: v for k, v in case.inputs.items() if k != "attention_mask"}]
+    if family == "llava_onevision":
+        # (the video case's model is built from the same seed: the same weights)
+        rows.append({k: v for k, v in make_tiny_family("llava_onevision_video").inputs.items() if k != "attention_mask"})
+    drafter = "prompt-lookup" if family == "llava_onevision" else make_text_only_draft(case.vocab_size, seed=7)
+    batch = generate_rows(case.model, rows, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K)
+    for b, row in enumerate(rows):
+        with torch.inference_mode():
+            single = case.model.generate(**row, do_sample=False, max_new_tokens=MAX_NEW)
+        assert torch.equal(batch.sequences[b, -MAX_NEW:], single[0, row["input_ids"].shape[1]:]), b
+
+
+def test_mllama_refuses_batches_in_one_line():
+    case = make_tiny_family("mllama")
+    rows = [{k: v for k, v in case.inputs.items() if k != "attention_mask"}] * 2
+    with pytest.raises(ValueError, match="cross-attention cache layers .* use batch size 1"):
+        generate_rows(case.model, rows, drafter="prompt-lookup", max_new_tokens=4)
+
+
+def test_mllama_image_keys_values_are_never_rolled_back():
+    """Crop (rollback) and tree compaction move only the self-attention layers; the cross-attention
+    layer keeps the keys/values of every image tile exactly as the prefill wrote them."""
+    case = make_tiny_family("mllama")
+    target = TransformersTarget(case.model)
+    cross = case.model.config.text_config.cross_attention_layers
+    with torch.inference_mode():
+        state, _ = target.prefill(case.inputs)
+        cache = state.cache
+        assert isinstance(cache, CrossAttentionCache) and all(isinstance(cache.layers[i], ImageKVLayer) for i in cross)
+        image_keys = [cache.layers[i].keys.clone() for i in cross]
+        assert image_keys[0].shape[-2] == 4 * (4 * 4 + 1)  # max tiles x (patches + class token)
+        prompt = state.length
+        state.tokens = torch.cat([state.tokens, torch.tensor([[7]])], dim=1)
+        target.forward(state, torch.tensor([[7, 8, 9, 10]]))
+        state.commit(torch.tensor([[8]]))  # one draft accepted: two of the four entries dropped
+        assert state.cache_length == prompt + 1 == state.length - 1
+        tree = TokenTree(torch.tensor([11, 12, 13, 14]), torch.tensor([-1, -1, 1, 2])).prepend_root(8)
+        target.forward(state, tree.tokens[None], tree=tree)
+        state.commit(torch.tensor([[12, 13, 14]]), path=torch.tensor([2, 3, 4]))
+        assert state.cache_length == state.length - 1
+        state.rollback(prompt + 1)  # back to the first generated token, the pending one
+        assert state.cache_length == prompt
+        for i, keys in zip(cross, image_keys):
+            assert torch.equal(cache.layers[i].keys, keys)
+        # the rolled-back state continues exactly as a fresh prefill does
+        fresh, _ = target.prefill(case.inputs)
+        fresh.tokens = torch.cat([fresh.tokens, torch.tensor([[7]])], dim=1)
+        inputs = torch.tensor([[7, 5, 6]])
+        assert torch.equal(target.forward(state, inputs).logits, target.forward(fresh, inputs).logits)
+
+
+def test_mllama_decoding_steps_take_the_prompts_last_mask_row():
+    """A step's cross_attention_mask is the prompt's last row once per token, as generate passes it."""
+    case = make_tiny_family("mllama")
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        state, _ = target.prefill(case.inputs)
+    step = target.family.step_inputs(state.cache, 3)["cross_attention_mask"]
+    assert torch.equal(step, case.inputs["cross_attention_mask"][:, -1:].expand(1, 3, 1, 4))
+
+
+def test_bad_inputs_are_refused_in_one_line():
+    mllama = make_tiny_family("mllama")
+    bad = dict(mllama.inputs, cross_attention_mask=mllama.inputs["cross_attention_mask"][:, :-1])
+    with pytest.raises(ValueError, match="cross_attention_mask has shape"):
+        mmspec.generate(mllama.model, max_new_tokens=2, **bad)
+    with pytest.raises(ValueError, match="need aspect_ratio_ids"):
+        mmspec.generate(mllama.model, max_new_tokens=2, **{k: v for k, v in mllama.inputs.items() if k != "aspect_ratio_ids"})
+    video = make_tiny_family("llava_onevision_video")
+    with pytest.raises(ValueError, match="video tokens but no pixel_values_videos"):
+        mmspec.generate(video.model, max_new_tokens=2, **{k: v for k, v in video.inputs.items() if k != "pixel_values_videos"})
+
+
+NEW, RUNS, TEMPERATURE, TOP_K = 3, 300, 1.5, 3
+
+
+def _exact_marginals(case):
+    """Exact marginal distribution of each of the NEW sampled tokens, by enumeration (a full
+    forward over prompt + prefix; Mllama's mask gains the prompt's last row per prefix token)."""
+    from mmspec.core.sampling import SamplingConfig, logits_to_probs
+
+    config = SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K)
+    prefixes, marginals = {(): 1.0}, []
+    with torch.inference_mode():
+        for _ in range(NEW):
+            marginal, following = torch.zeros(case.vocab_size, dtype=torch.float64), {}
+            for prefix, mass in prefixes.items():
+                inputs = dict(case.inputs, input_ids=torch.cat([case.inputs["input_ids"], torch.tensor([prefix], dtype=torch.long).view(1, -1)], 1))
+                inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+                mask = inputs["cross_attention_mask"]
+                inputs["cross_attention_mask"] = torch.cat([mask, mask[:, -1:].expand(1, len(prefix), -1, -1)], 1)
+                probs = logits_to_probs(case.model(**inputs).logits[0, -1], config).double()
+                marginal += mass * probs
+                following.update({prefix + (t,): mass * probs[t].item() for t in torch.nonzero(probs).flatten().tolist()})
+            marginals.append(marginal)
+            prefixes = following
+    return marginals
+
+
+def test_mllama_sampling_follows_the_target_distribution():
+    """Speculative sampling with layer skip through the cross-attention layer: each sampled
+    token's frequencies match the exact marginals (chi-square), with drafts both accepted and rejected."""
+    case = make_tiny_family("mllama")
+    exact = _exact_marginals(case)
+    counts = torch.zeros(NEW, case.vocab_size, dtype=torch.float64)
+    accepted = rejected = 0
+    for seed in range(RUNS):
+        out = mmspec.generate(case.model, drafter="layer-skip:2", max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
+                              top_k=TOP_K, seed=seed, num_draft_tokens=2, **case.inputs)
+        accepted += out.stats.accepted
+        rejected += out.stats.drafted - out.stats.accepted
+        for i, token in enumerate(out.sequences[0, case.prompt_len:].tolist()):
+            counts[i, token] += 1
+    assert accepted > 30 and rejected > 30  # both paths of the rule were taken
+    for i in range(NEW):
+        support = exact[i] > 0
+        assert counts[i][~support].sum() == 0
+        result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * RUNS).numpy())
+        assert result.pvalue > 1e-4, (i, counts[i][support], exact[i][support] * RUNS)
