@@ -2,8 +2,8 @@
 
 Tiny random models (tests/tiny_vlm_families.py, never downloaded), fp32. For each family: greedy
 output identical to transformers' ``generate`` with every chain drafter (prompt lookup, layer skip,
-a text-only draft model (SPD), the target drafting for itself with acceptance 1) and with token
-trees; batch rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image
+a text-only draft model (SPD), the target drafting for itself with acceptance 1), with token
+trees and with the head drafters (EAGLE, EAGLE-2, Medusa, Hydra, Kangaroo; random heads); batch rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image
 really reaches the output. Mllama also: its cross-attention (image) keys and values survive every
 rollback, tree compaction and layer-skip crop, and sampling follows the target's distribution
 (chi-square against exact marginals).
@@ -78,6 +78,29 @@ def test_greedy_identical_with_token_trees(case, expected):
         assert out.stats.tree_nodes > 0 and out.stats.new_tokens == MAX_NEW
         if isinstance(drafter, OracleTreeDrafter):  # paths through other siblings were accepted
             assert out.stats.mean_accepted_length > 1.5
+
+
+def test_greedy_identical_with_head_drafters(case, expected):
+    """The drafters that read the target's hidden states (random heads, as in test_conformance):
+    EAGLE (chain), EAGLE-2 (dynamic tree), Medusa and Hydra (static trees), Kangaroo (its early
+    exit and adapter; for Mllama the heads' decoder layer is a Llama layer of its widths)."""
+    if case.family == "llava_onevision_video":
+        pytest.skip("the image case covers the model; the video only changes the prefill")
+    from test_conformance import random_eagle_head, random_heads, random_kangaroo
+
+    from mmspec.drafters import Eagle2Drafter, EagleDrafter, HydraDrafter, KangarooDrafter, MedusaDrafter
+
+    model = case.model
+    drafters = {
+        "eagle": EagleDrafter(model, random_eagle_head(model), num_draft_tokens=K),
+        "eagle2": Eagle2Drafter(model, random_eagle_head(model), depth=K, top_k=3, num_nodes=8),
+        "medusa": MedusaDrafter(model, random_heads(model, "medusa")),
+        "hydra": HydraDrafter(model, random_heads(model, "hydra")),
+        "kangaroo": KangarooDrafter(model, random_kangaroo(model), exit_layer=1, num_draft_tokens=K, stop_threshold=0.0),
+    }
+    for name, drafter in drafters.items():
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, **case.inputs)
+        assert torch.equal(out.sequences, expected), name
 
 
 def test_the_image_reaches_the_output(case, expected):
