@@ -251,3 +251,19 @@ def test_mllama_sampling_follows_the_target_distribution():
         assert counts[i][~support].sum() == 0
         result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * RUNS).numpy())
         assert result.pvalue > 1e-4, (i, counts[i][support], exact[i][support] * RUNS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["llava_onevision", "llava_onevision_video", "internvl", "mllama"])
+def test_greedy_on_cuda_equals_transformers_on_the_cpu(family):
+    """The CUDA path (``pytest -m gpu``): the chain drafters give the CPU's tokens."""
+    case = make_tiny_family(family)
+    expected = reference(case)
+    model = case.model.cuda()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    for drafter in ("prompt-lookup", "layer-skip:2" if family == "mllama" else "layer-skip:1",
+                    ModelDrafter(make_text_only_draft(case.vocab_size, seed=7).cuda(), num_draft_tokens=K),
+                    ModelDrafter(model, num_draft_tokens=K)):
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
+        assert out.sequences.device.type == "cuda" and torch.equal(out.sequences.cpu(), expected), drafter
