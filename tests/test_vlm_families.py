@@ -193,6 +193,16 @@ def test_mllama_decoding_steps_take_the_prompts_last_mask_row():
     assert torch.equal(step, case.inputs["cross_attention_mask"][:, -1:].expand(1, 3, 1, 4))
 
 
+def test_mllama_prompt_without_an_image():
+    """No image: transformers skips the cross-attention layer (its cache stays empty), so does mmspec."""
+    case = make_tiny_family("mllama")
+    ids = case.inputs["input_ids"][:, case.inputs["input_ids"][0] != IMAGE_ID]
+    with torch.inference_mode():
+        expected = case.model.generate(input_ids=ids, do_sample=False, max_new_tokens=MAX_NEW)
+    out = mmspec.generate(case.model, drafter="layer-skip:2", input_ids=ids, max_new_tokens=MAX_NEW, num_draft_tokens=K)
+    assert torch.equal(out.sequences, expected)
+
+
 def test_bad_inputs_are_refused_in_one_line():
     mllama = make_tiny_family("mllama")
     bad = dict(mllama.inputs, cross_attention_mask=mllama.inputs["cross_attention_mask"][:, :-1])
@@ -203,6 +213,38 @@ def test_bad_inputs_are_refused_in_one_line():
     video = make_tiny_family("llava_onevision_video")
     with pytest.raises(ValueError, match="video tokens but no pixel_values_videos"):
         mmspec.generate(video.model, max_new_tokens=2, **{k: v for k, v in video.inputs.items() if k != "pixel_values_videos"})
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "internvl", "mllama"])
+def test_captioning_pipeline_and_cli_on_a_saved_checkpoint(family, tmp_path_factory, tmp_path, capsys):
+    """A checkpoint saved with save_pretrained plus its processor (the family's real processor at a
+    tiny resolution): the captioning pipeline's speculative captions equal its baseline's, alone and
+    in batches where the family has them (InternVL's images of
+    different aspect ratios give different numbers of tiles); ``mmspec caption --model DIR`` runs it."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    from tiny_checkpoints import cached_tiny_checkpoint
+
+    from mmspec.cli import main
+
+    directory = cached_tiny_checkpoint(family, tmp_path_factory)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 24, 3), (16, 48, 3))]
+    captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="prompt-lookup")
+    results = captioner(images, max_new_tokens=6, compare_baseline=True)
+    assert all(r.identical_to_baseline and r.stats.new_tokens == 6 for r in results)
+    if family == "mllama":
+        with pytest.raises(ValueError, match="use batch size 1"):
+            captioner(images, max_new_tokens=6, batch_size=2)
+    else:
+        batched = captioner(images, max_new_tokens=6, batch_size=2)
+        assert [r.text for r in batched] == [r.text for r in results]
+    images[0].save(tmp_path / "a.png")
+    code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
+                 "--drafter", "prompt-lookup", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == results[0].text
 
 
 NEW, RUNS, TEMPERATURE, TOP_K = 3, 300, 1.5, 3
