@@ -4,9 +4,9 @@ Tiny random models (tests/tiny_vlm_families.py, never downloaded), fp32. For eac
 output identical to transformers' ``generate`` with every chain drafter (prompt lookup, layer skip,
 a text-only draft model (SPD), the target drafting for itself with acceptance 1), with token
 trees and with the head drafters (EAGLE, EAGLE-2, Medusa, Hydra, Kangaroo; random heads); batch rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image
-really reaches the output. Mllama also: its cross-attention (image) keys and values survive every
-rollback, tree compaction and layer-skip crop, and sampling follows the target's distribution
-(chi-square against exact marginals).
+really reaches the output; sampling follows the target's distribution (chi-square against exact
+marginals); the captioning pipeline and ``mmspec caption`` run saved checkpoints. Mllama also: its
+cross-attention (image) keys and values survive every rollback, tree compaction and layer-skip crop.
 """
 
 import pytest
@@ -263,8 +263,9 @@ def _exact_marginals(case):
             for prefix, mass in prefixes.items():
                 inputs = dict(case.inputs, input_ids=torch.cat([case.inputs["input_ids"], torch.tensor([prefix], dtype=torch.long).view(1, -1)], 1))
                 inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-                mask = inputs["cross_attention_mask"]
-                inputs["cross_attention_mask"] = torch.cat([mask, mask[:, -1:].expand(1, len(prefix), -1, -1)], 1)
+                mask = inputs.get("cross_attention_mask")
+                if mask is not None:
+                    inputs["cross_attention_mask"] = torch.cat([mask, mask[:, -1:].expand(1, len(prefix), -1, -1)], 1)
                 probs = logits_to_probs(case.model(**inputs).logits[0, -1], config).double()
                 marginal += mass * probs
                 following.update({prefix + (t,): mass * probs[t].item() for t in torch.nonzero(probs).flatten().tolist()})
@@ -273,15 +274,18 @@ def _exact_marginals(case):
     return marginals
 
 
-def test_mllama_sampling_follows_the_target_distribution():
-    """Speculative sampling with layer skip through the cross-attention layer: each sampled
-    token's frequencies match the exact marginals (chi-square), with drafts both accepted and rejected."""
-    case = make_tiny_family("mllama")
+@pytest.mark.parametrize("family", ["mllama", "internvl"])
+def test_sampling_follows_the_target_distribution(family):
+    """Speculative sampling with layer skip (Mllama's through its cross-attention layer): each
+    sampled token's frequencies match the exact marginals (chi-square), with drafts both accepted
+    and rejected."""
+    case = make_tiny_family(family)
+    layers = 2 if family == "mllama" else 1
     exact = _exact_marginals(case)
     counts = torch.zeros(NEW, case.vocab_size, dtype=torch.float64)
     accepted = rejected = 0
     for seed in range(RUNS):
-        out = mmspec.generate(case.model, drafter="layer-skip:2", max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
+        out = mmspec.generate(case.model, drafter=f"layer-skip:{layers}", max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
                               top_k=TOP_K, seed=seed, num_draft_tokens=2, **case.inputs)
         accepted += out.stats.accepted
         rejected += out.stats.drafted - out.stats.accepted
