@@ -3,8 +3,9 @@
 Tiny random models (tests/tiny_vlm_families.py, never downloaded), fp32. For each family: greedy
 output identical to transformers' ``generate`` with every chain drafter (prompt lookup, layer skip,
 a text-only draft model (SPD), the target drafting for itself with acceptance 1), with token
-trees and with the head drafters (EAGLE, EAGLE-2, Medusa, Hydra, Kangaroo; random heads); batch rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image
-really reaches the output; sampling follows the target's distribution (chi-square against exact
+trees and with the head drafters (EAGLE, EAGLE-2, Medusa, Hydra, Kangaroo; random heads); batch
+rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image really
+reaches the output; sampling follows the target's distribution (chi-square against exact
 marginals); the captioning pipeline and ``mmspec caption`` run saved checkpoints. Mllama also: its
 cross-attention (image) keys and values survive every rollback, tree compaction and layer-skip crop.
 """
@@ -261,7 +262,8 @@ def _exact_marginals(case):
         for _ in range(NEW):
             marginal, following = torch.zeros(case.vocab_size, dtype=torch.float64), {}
             for prefix, mass in prefixes.items():
-                inputs = dict(case.inputs, input_ids=torch.cat([case.inputs["input_ids"], torch.tensor([prefix], dtype=torch.long).view(1, -1)], 1))
+                ids = torch.cat([case.inputs["input_ids"], torch.tensor([prefix], dtype=torch.long).view(1, -1)], 1)
+                inputs = dict(case.inputs, input_ids=ids)
                 inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
                 mask = inputs.get("cross_attention_mask")
                 if mask is not None:
