@@ -26,7 +26,8 @@ from .mrope import MROPE_FAMILIES, position_scheme
 
 #: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
 #: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
-#: positions equal to the token index.
+#: positions equal to the token index. A family whose steps need more than token ids and positions
+#: registers its :class:`FamilyHooks` (Mllama: :mod:`mmspec.adapters.mllama`).
 VLM_FAMILIES = {
     "llava": "LLaVA-1.5 / Pixtral (LlavaForConditionalGeneration)",
     "llava_next": "LLaVA-NeXT (LlavaNextForConditionalGeneration)",
@@ -34,6 +35,9 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    "llava_onevision": "LLaVA-OneVision (LlavaOnevisionForConditionalGeneration)",
+    "internvl": "InternVL (InternVLForConditionalGeneration)",
+    "mllama": "Llama-3.2-Vision (MllamaForConditionalGeneration)",
     **MROPE_FAMILIES,
 }
 
@@ -42,6 +46,42 @@ VLM_FAMILIES = {
 UNSUPPORTED_FAMILIES: dict[str, str] = {}
 
 PIXEL_INPUTS = ("pixel_values", "pixel_values_videos")
+
+
+class FamilyHooks:
+    """What a VLM family's sequence needs beyond token ids and positions; this base needs nothing.
+
+    A family module subclasses it and registers it under its ``model_type`` (:func:`register_family`).
+    """
+
+    #: why the family's rows cannot share a batch (None: they can)
+    batch_size_one_reason: str | None = None
+
+    def check_inputs(self, model_inputs: dict[str, Any], input_ids: torch.Tensor) -> None:
+        """Refuse a prompt the family cannot take (ValueError saying what to do), before any model work."""
+
+    def make_cache(self, config, model_inputs: dict[str, Any]):
+        """The empty cache a prompt ``model_inputs`` is prefilled into."""
+        return make_cache(config)
+
+    def step_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """Inputs besides ids, positions and mask that a forward of ``num_tokens`` tokens after the
+        prefill takes (as transformers' ``prepare_inputs_for_generation`` gives them)."""
+        return {}
+
+
+#: model_type -> the family's :class:`FamilyHooks` (the others get the base class's)
+FAMILY_HOOKS: dict[str, FamilyHooks] = {}
+
+
+def register_family(model_type: str):
+    """Class decorator: register a :class:`FamilyHooks` subclass for ``model_type`` (one of :data:`VLM_FAMILIES`)."""
+    def register(cls: type[FamilyHooks]) -> type[FamilyHooks]:
+        if model_type not in VLM_FAMILIES:
+            raise ValueError(f"{model_type!r} is not in VLM_FAMILIES; add it there first")
+        FAMILY_HOOKS[model_type] = cls()
+        return cls
+    return register
 
 #: the padded forward sizes a :class:`CapturedTransformersTarget` captures: up to 128, so that
 #: EAGLE-2's largest tree (64 nodes) and its root fit
@@ -140,8 +180,9 @@ class TransformersTarget:
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
         #: how the prompt's positions are laid out and where later positions start (M-RoPE for Qwen-VL)
         self.positions = position_scheme(config)
-        #: placeholder token id -> the pixel input filling its slots (image; video for Qwen-VL)
+        #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
         self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
+        self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -188,6 +229,11 @@ class TransformersTarget:
         return self.model.device
 
     @property
+    def batch_size_one_reason(self) -> str | None:
+        """Why this model's rows cannot share a batch (its family's), or None."""
+        return self.family.batch_size_one_reason
+
+    @property
     def eos_token_ids(self) -> list[int]:
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         if eos is None:
@@ -225,6 +271,7 @@ class TransformersTarget:
                         f"model's processor (it inserts the {kind} tokens)"
                     )
             self.positions.check(self.model, input_ids, model_inputs)
+            self.family.check_inputs(model_inputs, input_ids)
         elif _has_pixels(model_inputs):
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
@@ -243,7 +290,7 @@ class TransformersTarget:
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = make_cache(self.model.config)
+        cache = self.family.make_cache(self.model.config, inputs)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
         if prompt_positions is not None:  # (1-D families: the model's default)
@@ -338,7 +385,8 @@ class TransformersTarget:
         (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
-        decoder = self.lean_decoder if self.lean else None
+        extra = self.family.step_inputs(cache, tokens.shape[1])
+        decoder = self.lean_decoder if self.lean and not extra else None
         if decoder is not None and lean_supported(decoder, attention_mask):
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
             head = self.model.get_output_embeddings()
@@ -350,6 +398,7 @@ class TransformersTarget:
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=hidden_layer is not None,
+            **extra,
         )
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])

@@ -63,7 +63,9 @@ class PositionScheme:
     """
 
     name: ClassVar[str]
-    placeholders: ClassVar[dict[str, str]] = {"image_token_id": "pixel_values", "image_token_index": "pixel_values"}
+    placeholders: ClassVar[dict[str, str]] = {"image_token_id": "pixel_values", "image_token_index": "pixel_values",
+                                              "video_token_id": "pixel_values_videos",
+                                              "video_token_index": "pixel_values_videos"}
 
     def placeholder_ids(self, config) -> dict[int, str]:
         """Placeholder token id -> its pixel input, for the ids ``config`` sets."""
