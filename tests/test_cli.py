@@ -90,6 +90,9 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "Hello there.", "--method", "sjd", "--delta", "0.1"], "method 'sjd' takes no setting 'delta'"),
         (["caption", "missing.png", "--retry-errors"], "--retry-errors redoes the failed rows of an output file"),
         (["t2i", "a red circle", "--retry-errors"], "--retry-errors redoes the failed rows of --prompts"),
+        (["caption", "missing.png", "--drafter", "ar", "--num-draft-tokens", "4"],
+         "num_draft_tokens=4 is a drafter's draft length, but drafter='ar' is plain decoding"),
+        (["generate", "hi", "--drafter", "ar", "--num-draft-tokens", "4"], "drafter='ar' is plain decoding"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys):
