@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .adapters.hf import TransformersTarget
+from .core.arguments import check_argument_types
 from .core.batch import batch_stats, batched_decode, row_drafter
 from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
@@ -108,10 +109,13 @@ def generate(
         UserWarning: prompt + max_new_tokens may run past the model's context.
 
     A model in training mode is switched to eval mode for the call (no dropout) and back after.
+    The sampling arguments and ``seed`` are checked first, before any model work: a value of
+    another type (``temperature="hot"``, ``seed="x"``) is one ValueError line naming it.
     Example:
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
@@ -238,6 +242,9 @@ def generate_rows(
         GenerateOutput: ``sequences`` [B, L + max new] (right-padded with the model's pad token),
         ``stats`` the batch's totals (its tokens_per_second is the throughput), ``row_stats``.
     """
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
+        check_argument_types(generate, {"seed": one})  # an integer or None, one per row or one for all
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     if not rows:
         raise ValueError("no prompts given")

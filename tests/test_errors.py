@@ -75,6 +75,8 @@ def test_draft_with_larger_vocabulary(llama):
         ({"do_sample": True, "temperature": 0.0}, "temperature"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"num_draft_tokens": 0}, "num_draft_tokens"),
+        ({"seed": "x"}, r"seed must be an integer or None, got 'x' \(str\)"),  # issue 44: a TypeError deep inside
+        ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
     ],
 )
 def test_bad_settings(llama, kwargs, match):
@@ -199,3 +201,11 @@ def test_cuda_without_a_gpu_says_what_to_pass():
 
     with pytest.raises(ValueError, match="not available on this machine.*use cpu, or auto"):
         resolve_device("cuda")
+
+
+def test_batched_seeds_of_another_type(llama):
+    from mmspec.api import generate_rows
+
+    rows = [{"input_ids": llama.inputs["input_ids"]}] * 2
+    with pytest.raises(ValueError, match=r"seed must be an integer or None, got 'x' \(str\)"):
+        generate_rows(llama.model, rows, seed=[0, "x"])
