@@ -79,7 +79,7 @@ def test_server_killed_and_restarted_on_the_same_port():
     job = Job("tts", PATHS["tts"], json.dumps(speech_body(TEXTS[1], 0.5)))
     result = kill_and_restart_server(["--tasks", "tts", "--dtype", "float32", "--threads", "1"], job, timeout=120)
     assert result["same_answer_after_restart"] is True, result
-    assert result["in_flight"], result
+    assert result["in_flight"].endswith("no answer"), result  # half a second of speech takes longer than 20 ms
 
 
 # -- the fault list ------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """``python -m mmspec.serve.loadtest``: load and fault runs of ``mmspec serve`` on loopback.
 
-**Load.** For each max batch size (``--batch-sizes 1,8``: 1 is no batching), alternated over
-``--rounds``: a server in this process on a free loopback port; every distinct request once alone
-(the reference answers, and the warm-up that loads the pipelines); then ``--clients`` concurrent
-clients send ``--requests`` requests, mixing the tasks of ``--tasks`` in turn (greedy captions of
-the sample images, seeded images and speech). One JSON line per round: wall time, requests per
+**Load.** One server in this process on a free loopback port per max batch size
+(``--batch-sizes 1,8``: 1 is no batching); each first answers every distinct request once alone
+(the reference answers, and the warm-up that loads its pipelines); then, the servers taking turns
+over ``--rounds``, ``--clients`` concurrent clients send ``--requests`` requests, mixing the tasks
+of ``--tasks`` in turn (greedy captions of the sample images, seeded images and speech). One JSON
+line per round and server, then a Markdown table: wall time, requests per
 second, p50 / p99 latency (overall and per task), the server batch sizes seen, how many requests
 were lost (no 200 answer) and how many garbled (an answer other than the same request's alone).
 
@@ -32,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from .config import TASKS, ServeConfig
 
@@ -167,19 +168,34 @@ def run_load(base: str, jobs: Sequence[Job], clients: int, reference: dict[str, 
             "errors": [a.error for a in lost[:3]]}
 
 
-def one_round(max_batch_size: int, tasks: Sequence[str], clients: int, requests: int, max_tokens: int = 16,
-              max_seconds: float = 1.0, dtype: str = "float32", batch_wait_s: float = 0.01) -> dict[str, Any]:
-    """A fresh in-process server with ``max_batch_size``: the reference answers (warm-up), then the load."""
+def load_rounds(batch_sizes: Sequence[int], tasks: Sequence[str], clients: int, requests: int, rounds: int,
+                max_tokens: int = 16, max_seconds: float = 1.0, dtype: str = "float32",
+                batch_wait_s: float = 0.01) -> Iterator[dict[str, Any]]:
+    """One in-process server per max batch size, all started first; each sends every distinct
+    request alone (its reference answers, and the warm-up that loads its pipelines); then ``rounds``
+    rounds, the servers taking turns, each a :func:`run_load`. Yields one row per (round, size).
+
+    The servers stay up for the whole run, so their pipelines load once; an idle one costs nothing.
+    ``references_agree`` says whether the servers' lone answers were the same.
+    """
+    from contextlib import ExitStack
+
     from .app import create_app
     from .background import serve_in_thread
 
     jobs = mixed_jobs(requests, tasks, max_tokens, max_seconds)
-    app = create_app(ServeConfig(tasks=tuple(dict.fromkeys(tasks)), dtype=dtype, max_batch_size=max_batch_size,
-                                 batch_wait_s=batch_wait_s, max_queue=max(64, requests),
-                                 max_speech_seconds=max(max_seconds, 1.0)))
-    with serve_in_thread(app) as base:
-        reference = references(base, jobs)
-        return {"max_batch_size": max_batch_size, "batch_wait_ms": batch_wait_s * 1000, **run_load(base, jobs, clients, reference)}
+    with ExitStack() as stack:
+        bases, references_of = {}, {}
+        for size in batch_sizes:
+            config = ServeConfig(tasks=tuple(dict.fromkeys(tasks)), dtype=dtype, max_batch_size=size,
+                                 batch_wait_s=batch_wait_s, max_queue=max(64, requests), max_speech_seconds=max(max_seconds, 1.0))
+            bases[size] = stack.enter_context(serve_in_thread(create_app(config)))
+            references_of[size] = references(bases[size], jobs)
+        agree = all(answers == references_of[batch_sizes[0]] for answers in references_of.values())
+        for round_index in range(rounds):
+            for size in batch_sizes:
+                yield {"round": round_index, "max_batch_size": size, "batch_wait_ms": batch_wait_s * 1000,
+                       **run_load(bases[size], jobs, clients, references_of[size]), "references_agree": agree}
 
 
 # -- faults ------------------------------------------------------------------------------------------
@@ -266,7 +282,8 @@ def kill_and_restart_server(args: Sequence[str], job: Job, timeout: float = 300)
     SIGKILLed while it runs; restarted on the same port; ``job`` answered again.
 
     Returns:
-        port, the in-flight request's fate (an error, or an answer if it finished first), the
+        port, the in-flight request's fate ("closed, no answer", "connection reset, no answer", or
+        "answered before the kill: STATUS" when it was faster than the kill), the
         seconds each start took, and whether the answer after the restart equals the one before.
     Raises:
         RuntimeError: a start failed, or an answer other than the in-flight one failed.
@@ -280,12 +297,21 @@ def kill_and_restart_server(args: Sequence[str], job: Job, timeout: float = 300)
         before = send(base, job)
         if before.error is not None:
             raise RuntimeError(f"the first request failed: {before.error}")
-        with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(send, base, job)
-            time.sleep(min(0.5, before.latency_s / 2))  # well inside the request (it took latency_s alone)
+        # the same request again, over a raw socket so that the kill comes right after its last byte
+        # went out (the server is reading or decoding it): the client must see the connection end
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            body = job.body_json.encode()
+            conn.sendall(f"POST {job.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.02)
             server.send_signal(signal.SIGKILL)
             server.wait()
-            cut = in_flight.result(timeout=60)  # the kill answers the client at once (a reset), never hangs it
+            try:
+                received = conn.recv(65536)  # the kill ends the connection at once: never a hang (timeout 60 s)
+                status = received.split(b"\r\n")[0].decode(errors="replace")
+                in_flight = f"answered before the kill: {status}" if received else "closed, no answer"
+            except ConnectionResetError:
+                in_flight = "connection reset, no answer"
     finally:
         if server.poll() is None:
             server.kill()
@@ -304,7 +330,7 @@ def kill_and_restart_server(args: Sequence[str], job: Job, timeout: float = 300)
             server.wait()
     if after.error is not None:
         raise RuntimeError(f"the request after the restart failed: {after.error}")
-    return {"port": port, "in_flight": cut.error or "answered before the kill", "first_start_s": round(first_start_s, 2),
+    return {"port": port, "in_flight": in_flight, "first_start_s": round(first_start_s, 2),
             "restart_s": round(restart_s, 2), "same_answer_after_restart": after.answer == before.answer}
 
 
@@ -375,17 +401,16 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     rows = []
-    for round_index in range(0 if args.no_load else args.rounds):
-        for size in sizes:
-            row = {"round": round_index, **one_round(size, tasks, args.clients, args.requests, args.max_tokens,
-                                                     args.max_seconds, args.dtype, args.batch_wait_ms / 1000)}
+    if not args.no_load:
+        for row in load_rounds(sizes, tasks, args.clients, args.requests, args.rounds, args.max_tokens, args.max_seconds,
+                               args.dtype, args.batch_wait_ms / 1000):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if rows:
         print(table(rows), flush=True)
     if args.faults:
         print(json.dumps({"faults": fault_run(args.max_tokens, args.max_seconds, args.dtype)}), flush=True)
-    return 1 if any(row["lost"] or row["garbled"] for row in rows) else 0
+    return 1 if any(row["lost"] or row["garbled"] or not row["references_agree"] for row in rows) else 0
 
 
 if __name__ == "__main__":
