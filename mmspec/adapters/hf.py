@@ -32,6 +32,7 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    "gemma4": "Gemma 4 (Gemma4ForConditionalGeneration)",
 }
 
 #: multimodal families known to need position bookkeeping mmspec does not implement yet.
@@ -77,7 +78,10 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm).
 
     The view shares every parameter with ``decoder`` (no copy, no change to the original); only its
-    layer list and config differ.
+    layer list and config differ. A decoder whose per-layer input embeddings are packed over all its
+    layers (Gemma 4's ``hidden_size_per_layer_input``: one [L * d] row per token, reshaped by
+    ``num_hidden_layers``) keeps its layer count in the config; its forward runs the layers the list
+    holds.
     """
     total = len(decoder.layers)
     if not 1 <= num_layers < total:
@@ -86,7 +90,8 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     view._modules = dict(decoder._modules)
     view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])
     config = copy.copy(decoder.config)
-    config.num_hidden_layers = num_layers
+    if not getattr(config, "hidden_size_per_layer_input", 0):
+        config.num_hidden_layers = num_layers
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[:num_layers]
     view.config = config

@@ -1,0 +1,226 @@
+"""Gemma 4 as a target (sliding + full attention, KV-shared layers, per-layer input embeddings;
+the causal LM and the multimodal class) and Gemma 4's MTP assistant as a drafter.
+
+Every sequence here outgrows the tiny sliding window (8 positions), so each rejected draft rolls
+a full window back across its boundary (:class:`mmspec.core.cache.SlidingLayer`)."""
+
+import pytest
+import torch
+from test_dia import chi_square_pvalue
+from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config, Gemma4ForCausalLM,
+                          Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig, GenerationConfig)
+from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget
+from mmspec.core.cache import SlidingLayer
+from mmspec.core.drafter import DraftContext
+from mmspec.core.sampling import SamplingConfig
+from mmspec.drafters import AssistantDrafter, resolve_drafter
+
+VOCAB, WINDOW, HIDDEN = 96, 8, 32
+IMAGE, BOI, EOI = 90, 91, 92
+LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+#: what the assistant's cross-attention needs of the target: its KV heads and head sizes
+KV = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16, sliding_window=WINDOW)
+SPECIAL = dict(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+PROMPT = torch.tensor([[2, 17, 33, 5, 17, 33, 40, 41, 17, 33, 5, 60, 61]])  # 13 > WINDOW, with repeats for prompt lookup
+NEW = 24
+
+
+def text_config(layers=LAYERS, shared=2, **overrides):
+    """A tiny Gemma 4 decoder: sliding and full layers, the last ``shared`` reusing earlier layers'
+    keys and values, per-layer input embeddings, soft-capped logits (as the real checkpoints)."""
+    kwargs = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=len(layers), layer_types=list(layers),
+                  hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=shared,
+                  final_logit_softcapping=30.0, **KV, **SPECIAL)
+    kwargs.update(overrides)
+    return Gemma4TextConfig(**kwargs)
+
+
+def finish(model):
+    model.generation_config.eos_token_id = None  # fixed-length outputs
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def causal_lm(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return finish(Gemma4ForCausalLM(text_config(**overrides)))
+
+
+def assistant_model(seed=5, backbone=HIDDEN):
+    """A tiny random Gemma4AssistantForCausalLM over a target of hidden size ``backbone``."""
+    torch.manual_seed(seed)
+    config = Gemma4AssistantConfig(
+        text_config=Gemma4TextConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+                                     layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+                                     vocab_size_per_layer_input=0, **KV, **SPECIAL),
+        backbone_hidden_size=backbone)
+    model = Gemma4AssistantForCausalLM(config).eval()
+    model.generation_config.num_assistant_tokens = 4
+    return model
+
+
+def vlm(seed=0):
+    """Gemma4ForConditionalGeneration with a one-layer vision tower: a 4 x 4 patch image pooled
+    2 x 2 into 4 soft tokens, bidirectional attention over them (``use_bidirectional_attention="vision"``)."""
+    torch.manual_seed(seed)
+    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=8, patch_size=4, pooling_kernel_size=2, position_embedding_size=16)
+    config = Gemma4Config(text_config=text_config(layers=LAYERS[:4], shared=1, use_bidirectional_attention="vision"),
+                          vision_config=vision, audio_config=None, image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI,
+                          video_token_id=93, audio_token_id=94, boa_token_id=95, eoa_token_index=89)
+    return finish(Gemma4ForConditionalGeneration(config))
+
+
+def vlm_inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([[2, 10, 11, BOI, IMAGE, IMAGE, IMAGE, IMAGE, EOI, 12, 13, 10, 11, 14]])
+    positions = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="xy"), -1).reshape(1, 16, 2)
+    return {"input_ids": ids, "pixel_values": torch.rand(1, 16, 48, generator=gen), "image_position_ids": positions,
+            "mm_token_type_ids": (ids == IMAGE).long(), "attention_mask": torch.ones_like(ids)}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return causal_lm()
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    with torch.no_grad():
+        return target.generate(PROMPT, max_new_tokens=NEW, do_sample=False)
+
+
+def test_sliding_layer_rolls_back_across_its_window():
+    """SlidingLayer gives the model what transformers' own sliding layer gives it, and a rollback
+    after the window filled equals a layer that never saw the rolled-back positions."""
+    gen = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(1, 1, n, 2, generator=gen) for n in (3, 4, 2, 5, 1, 3)]
+    ours, theirs = SlidingLayer(4, slack=5), DynamicSlidingWindowLayer(4)
+    for chunk in chunks[:3]:
+        assert torch.equal(ours.update(chunk, -chunk)[0], theirs.update(chunk, -chunk)[0])
+        assert ours.get_mask_sizes(2) == theirs.get_mask_sizes(2)
+    ours.crop(-4)  # 9 positions, window full: back to 5 (two past the window's 3 kept)
+    fresh = DynamicSlidingWindowLayer(4)
+    fresh.update(torch.cat([chunks[0], chunks[1][..., :2, :]], dim=2), torch.zeros(1, 1, 5, 2))
+    assert ours.get_seq_length() == fresh.get_seq_length() == 5
+    for chunk in chunks[3:]:
+        assert torch.equal(ours.update(chunk, -chunk)[0], fresh.update(chunk, -chunk)[0])
+    with pytest.raises(ValueError, match="draft at most 5 tokens"):
+        ours.crop(-6)
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:3", "layer-skip:5", "draft model", "self", "assistant"])
+def test_greedy_equals_transformers_generate(target, reference, drafter):
+    """Every chain drafter gives transformers' greedy tokens across the sliding window; layer-skip:5
+    runs a KV-shared layer in the draft; the target drafting for itself accepts everything."""
+    spec = {"draft model": lambda: causal_lm(seed=1), "self": lambda: target,
+            "assistant": lambda: AssistantDrafter(assistant_model(), num_draft_tokens=3)}.get(drafter, lambda: drafter)()
+    out = mmspec.generate(target, drafter=spec, input_ids=PROMPT, max_new_tokens=NEW, num_draft_tokens=3)
+    assert torch.equal(out.sequences, reference)
+    if drafter == "self":
+        assert out.stats.acceptance_rate == 1.0
+    else:
+        assert out.stats.drafted > out.stats.accepted  # drafts were rejected: the window rolled back
+
+
+def test_assistant_drafts_what_transformers_drafts(target):
+    """The first round (after the prefill, the prompt past the window) drafts the tokens of
+    transformers' SinglePositionMultiTokenCandidateGenerator, and transformers' own assisted
+    generation with the same assistant gives the same greedy output as mmspec."""
+    assistant = assistant_model()
+    with torch.no_grad():
+        out = target(PROMPT, output_hidden_states=True, return_shared_kv_states=True)
+        first = out.logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([PROMPT, first], dim=1)
+        theirs = SinglePositionMultiTokenCandidateGenerator(assistant, target.get_input_embeddings(), GenerationConfig(max_length=99))
+        candidates, _ = theirs.get_candidates(sequence, {"attention_mask": torch.ones_like(sequence)}, out, False, 0)
+        assisted = target.generate(PROMPT, max_new_tokens=NEW, do_sample=False, assistant_model=assistant)
+    adapter = TransformersTarget(target)
+    with torch.inference_mode():
+        state, prefill = adapter.prefill({"input_ids": PROMPT}, hidden_layer=-1)
+        state.tokens = sequence
+        drafter = AssistantDrafter(assistant, num_draft_tokens=4)
+        drafter.start(DraftContext(adapter, SamplingConfig(), torch.Generator(), {"input_ids": PROMPT}), state)
+        drafter.on_verified(0, 0, prefill)
+        ours = drafter.propose(state, 4)
+    assert torch.equal(ours.tokens, candidates[:, sequence.shape[1]:])
+    mine = mmspec.generate(target, drafter=AssistantDrafter(assistant, 4), input_ids=PROMPT, max_new_tokens=NEW)
+    assert torch.equal(mine.sequences, assisted)
+
+
+def test_assistant_refuses_what_it_cannot_draft_for(target):
+    with pytest.raises(ValueError, match="hidden size 48"):
+        mmspec.generate(target, drafter=AssistantDrafter(assistant_model(backbone=48)), input_ids=PROMPT, max_new_tokens=4)
+    with pytest.raises(ValueError, match="Gemma4AssistantForCausalLM"):
+        AssistantDrafter(target)
+    with pytest.raises(ValueError, match='drafter="assistant:DIR"'):
+        resolve_drafter("assistant", TransformersTarget(target))
+
+
+def test_assistant_by_name_from_a_directory(target, tmp_path):
+    assistant_model().save_pretrained(tmp_path / "assistant")
+    drafter = resolve_drafter(f"assistant:{tmp_path / 'assistant'}", TransformersTarget(target), num_draft_tokens=2)
+    assert isinstance(drafter, AssistantDrafter) and drafter.num_draft_tokens == 2
+
+
+SAMPLED_NEW, RUNS, TOP_K = 3, 400, 4
+
+
+def exact_joint(model, prompt):
+    """Probabilities of every sampled continuation of SAMPLED_NEW tokens (enumerated)."""
+    from mmspec.core.sampling import logits_to_probs
+
+    config = SamplingConfig(do_sample=True, top_k=TOP_K)
+    joint = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(SAMPLED_NEW):
+            grown = {}
+            for prefix, mass in joint.items():
+                ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long).view(1, -1)], dim=1)
+                probs = logits_to_probs(model(ids).logits[0, -1], config).double()
+                for token in torch.nonzero(probs).flatten().tolist():
+                    grown[prefix + (token,)] = mass * probs[token].item()
+            joint = grown
+    return joint
+
+
+def test_sampling_follows_the_target_distribution(target):
+    """Speculative sampling with the assistant's sampled drafts (q from its logits, the same top-k
+    transform), past the window: the continuations' frequencies pass a chi-square test against
+    the enumerated joint; a draft from another model's joint does not."""
+    prompt = PROMPT[:, :11]
+    joint = exact_joint(target, prompt)
+    spec = AssistantDrafter(assistant_model(), 2)
+    counts, accepted = {}, 0
+    for seed in range(RUNS):
+        out = mmspec.generate(target, drafter=spec, input_ids=prompt, max_new_tokens=SAMPLED_NEW, do_sample=True,
+                              top_k=TOP_K, seed=seed, num_draft_tokens=2)
+        accepted += out.stats.accepted
+        key = tuple(out.sequences[0, prompt.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    assert accepted > 10  # the acceptance path ran (a random assistant: most drafts are rejected)
+    assert chi_square_pvalue(joint, counts) > 1e-4
+    assert chi_square_pvalue(exact_joint(causal_lm(seed=1), prompt), counts) < 1e-4  # the test can fail
+
+
+def test_batch_is_refused_in_one_line(target):
+    with pytest.raises(ValueError, match=r"\(sliding-window attention\): decode it with batch size 1"):
+        mmspec.generate(target, drafter="prompt-lookup", input_ids=torch.cat([PROMPT, PROMPT]), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:2", "self", "assistant"])
+def test_multimodal_greedy_with_an_image(drafter):
+    """Gemma4ForConditionalGeneration: the image encoded in the prefill, then text-only steps
+    across the window give transformers' greedy tokens."""
+    model, inputs = vlm(), vlm_inputs()
+    with torch.no_grad():
+        reference = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    spec = {"self": lambda: model, "assistant": lambda: AssistantDrafter(assistant_model(), 3)}.get(drafter, lambda: drafter)()
+    out = mmspec.generate(model, drafter=spec, max_new_tokens=16, num_draft_tokens=3, **inputs)
+    assert torch.equal(out.sequences, reference)
+    if drafter == "self":
+        assert out.stats.acceptance_rate == 1.0
