@@ -224,3 +224,44 @@ def test_multimodal_greedy_with_an_image(drafter):
     assert torch.equal(out.sequences, reference)
     if drafter == "self":
         assert out.stats.acceptance_rate == 1.0
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A saved Gemma 4 checkpoint with its processor (tests/tiny_checkpoints.py) and a tiny
+    assistant for it (its hidden size and vocabulary)."""
+    from tiny_checkpoints import TEXT_HIDDEN, cached_tiny_checkpoint
+
+    directory = cached_tiny_checkpoint("gemma4", tmp_path_factory)
+    vocab = Gemma4ForConditionalGeneration.config_class.from_pretrained(directory).text_config.vocab_size
+    torch.manual_seed(7)
+    assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(
+        text_config=Gemma4TextConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+                                     vocab_size_per_layer_input=0, vocab_size=vocab, **KV),
+        backbone_hidden_size=TEXT_HIDDEN)).eval()
+    assistant_dir = tmp_path_factory.mktemp("gemma4-assistant")
+    assistant.save_pretrained(assistant_dir)
+    return str(directory), str(assistant_dir)
+
+
+def test_captioning_pipeline_and_cli_with_the_assistant(checkpoint, tmp_path, capsys):
+    """``mmspec.pipeline("image-captioning", drafter="assistant:DIR")`` and ``mmspec caption
+    --drafter assistant:DIR`` on a saved checkpoint: the caption of plain decoding."""
+    from PIL import Image
+
+    from mmspec.cli import main
+
+    model_dir, assistant_dir = checkpoint
+    image = Image.new("RGB", (40, 30), (200, 30, 30))
+    captioner = mmspec.pipeline("image-captioning", model=model_dir, drafter=f"assistant:{assistant_dir}", dtype="fp32")
+    result = captioner(image, max_new_tokens=10, compare_baseline=True)
+    assert result.text == result.baseline_text and result.stats.new_tokens == 10
+    assert result.stats.config["drafter"] == f"assistant:{assistant_dir}" and result.stats.drafted > 0
+    image.save(tmp_path / "red.png")
+    code = main(["caption", str(tmp_path / "red.png"), "--model", model_dir, "--drafter", f"assistant:{assistant_dir}",
+                 "--dtype", "fp32", "--max-new-tokens", "6", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err and f'"drafter": "assistant:{assistant_dir}"' in out
+    with pytest.raises(ValueError, match='drafter="assistant:DIR"'):
+        mmspec.pipeline("image-captioning", model=model_dir, drafter="assistant", dtype="fp32")
