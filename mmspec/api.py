@@ -191,7 +191,8 @@ def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
                 if value.dim() == 0 or value.shape[0] != size:
                     raise ValueError(f"{name} has shape {list(value.shape)}, not one entry per prompt ({size}); "
                                      "for prompts with several images each, call mmspec.generate once per prompt")
-                row[name] = value[b : b + 1]
+                # a per-token input (token type ids) loses the row's padding as input_ids does
+                row[name] = value[b : b + 1, mask[b]] if tuple(value.shape[:2]) == tuple(input_ids.shape) else value[b : b + 1]
             else:
                 row[name] = value
         rows.append(row)

@@ -207,9 +207,31 @@ def test_sampling_follows_the_target_distribution(target):
     assert chi_square_pvalue(exact_joint(causal_lm(seed=1), prompt), counts) < 1e-4  # the test can fail
 
 
-def test_batch_is_refused_in_one_line(target):
-    with pytest.raises(ValueError, match=r"\(sliding-window attention\): decode it with batch size 1"):
-        mmspec.generate(target, drafter="prompt-lookup", input_ids=torch.cat([PROMPT, PROMPT]), max_new_tokens=4)
+SHORT = torch.tensor([[2, 9, 8, 7, 9, 8, 7, 50, 51, 9, 8]])  # 11 tokens, left-padded by 2 in the batch
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:3", "draft model", "self"])
+def test_batch_rows_equal_batch_one_rows(target, drafter):
+    """Two prompts of different lengths decode together (sliding layers stored whole, the window
+    applied by 4-D masks over each row's positions, whose slots have gaps): each row is its
+    batch-1 output, greedy and seeded-sampled."""
+    batch = torch.cat([PROMPT, torch.cat([torch.zeros(1, 2, dtype=torch.long), SHORT], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :2] = 0
+    spec = {"draft model": lambda: causal_lm(seed=1), "self": lambda: target}.get(drafter, lambda: drafter)()
+    for options in ({}, {"do_sample": True, "top_k": 5, "seed": 3}):
+        out = mmspec.generate(target, drafter=spec, input_ids=batch, attention_mask=mask, max_new_tokens=20,
+                              num_draft_tokens=3, **options)
+        for row, prompt in zip(out.sequences, (PROMPT, SHORT)):
+            alone = mmspec.generate(target, drafter=spec, input_ids=prompt, max_new_tokens=20, num_draft_tokens=3, **options)
+            assert torch.equal(row[-alone.sequences.shape[1]:], alone.sequences[0])
+    assert sum(s.drafted for s in out.row_stats) > 0
+
+
+def test_the_assistant_refuses_batches_in_one_line(target):
+    with pytest.raises(ValueError, match="the assistant drafter reads the target's sliding-window cache"):
+        mmspec.generate(target, drafter=AssistantDrafter(assistant_model()), input_ids=torch.cat([PROMPT, PROMPT]),
+                        max_new_tokens=4)
 
 
 @pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:2", "self", "assistant"])
@@ -265,3 +287,18 @@ def test_captioning_pipeline_and_cli_with_the_assistant(checkpoint, tmp_path, ca
     assert code == 0 and "Traceback" not in err and f'"drafter": "assistant:{assistant_dir}"' in out
     with pytest.raises(ValueError, match='drafter="assistant:DIR"'):
         mmspec.pipeline("image-captioning", model=model_dir, drafter="assistant", dtype="fp32")
+
+
+def test_captioning_batches_give_the_batch_one_captions(checkpoint):
+    """batch_size=2 over 3 images of different sizes (prompts of different lengths, every one past
+    the window): the captions of batch size 1, greedy and sampled."""
+    import numpy as np
+
+    captioner = mmspec.pipeline("image-captioning", model=checkpoint[0], drafter="prompt-lookup", dtype="fp32")
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((30, 40, 3), (64, 16, 3), (20, 20, 3))]
+    for options in ({}, {"do_sample": True, "seed": 4}):
+        one = captioner(images, max_new_tokens=8, **options)
+        batched = captioner(images, max_new_tokens=8, batch_size=2, **options)
+        assert [r.text for r in batched] == [r.text for r in one]
+        assert [r.stats.config["batch_size"] for r in batched] == [2, 2, 1]

@@ -238,11 +238,17 @@ class TransformersTarget:
         included (it is run again that way, its image encoded twice; the checks' answers are kept
         per model, so a later target over it, as ``mmspec.generate`` makes on every call, runs the
         prompt once), so a seed gives the same output on every call."""
+        return self._prefill(model_inputs, hidden_layer)
+
+    def _prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None, windows: bool = True
+                 ) -> tuple[SequenceState, TargetOutput]:
+        """:meth:`prefill`; ``windows=False`` keeps every position of sliding-window layers
+        (:func:`~mmspec.core.cache.make_cache`), for a batch's rows."""
         input_ids = self.check_inputs(model_inputs).to(self.device)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = make_cache(self.model.config)
+        cache = make_cache(self.model.config, windows=windows)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
@@ -311,17 +317,48 @@ class TransformersTarget:
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
-        """Prefill B prompts (each as :meth:`prefill` takes it), one at a time, and stack their
-        caches into one batch (:meth:`BatchState.prefill`); each row's TargetOutput."""
-        return BatchState.prefill(self, rows, hidden_layer)
+        """Prefill B prompts (each as :meth:`prefill` takes it, sliding-window layers keeping every
+        position), one at a time, and stack their caches into one batch (:meth:`BatchState.stack`);
+        each row's TargetOutput."""
+        states, outputs = zip(*(self._prefill(inputs, hidden_layer, windows=False) for inputs in rows))
+        return BatchState.stack(states, self.device), list(outputs)
 
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).
 
-        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions.
+        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions;
+        a model with sliding-window layers gets 4-D masks instead (:meth:`row_masks`).
         """
         n = tokens.shape[1]
-        return self._run(tokens.to(self.device), state.cache, state.attention_mask(n), state.position_ids(n), hidden_layer)
+        return self._run(tokens.to(self.device), state.cache, self.row_masks(state, n), state.position_ids(n), hidden_layer)
+
+    def row_masks(self, state: BatchState, num_tokens: int):
+        """The attention mask of a row forward of ``num_tokens`` inputs: the 2-D slot mask
+        (``state.attention_mask``), or for a model with sliding-window layers additive 4-D masks
+        [B, 1, n, C + n] over the rows' positions, since a row's valid slots have gaps (rejected
+        drafts) and the window counts positions, not slots. With p(j) the position of slot j (its
+        row's valid slots before it) and q(i) the position of input i:
+
+            full[b, i, j]    = 0 if slot j is valid for row b and p(j) <= q(i), else min
+            sliding[b, i, j] = full[b, i, j] where q(i) - p(j) < sliding_window, else min
+
+        One mask (sliding) where every layer slides; ``{"full_attention": full,
+        "sliding_attention": sliding}`` where both kinds are mixed, the mapping transformers'
+        hybrid models take in place of the masks they would build."""
+        flat = state.attention_mask(num_tokens)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return flat
+        visible = flat.bool()  # [B, C + n]
+        positions = visible.long().cumsum(dim=1) - 1  # the position of each valid slot, new inputs included
+        queries = positions[:, -num_tokens:]  # [B, n]
+        seen = visible[:, None, :] & (positions[:, None, :] <= queries[:, :, None])  # [B, n, C + n]
+        in_window = seen & (queries[:, :, None] - positions[:, None, :] < window)
+        dtype = self.model.dtype
+        full, sliding = (torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)[:, None]
+                         for m in (seen, in_window))
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def _run(self, tokens: torch.Tensor, cache, attention_mask, position_ids: torch.Tensor, hidden_layer: int | None) -> TargetOutput:
         """One forward appending ``tokens`` [B, n] to ``cache``. One token: the model's own forward

@@ -214,13 +214,18 @@ class SlidingLayer(DynamicSlidingWindowLayer):
         return self.keys[..., -count:, :], self.values[..., -count:, :]
 
 
-def make_cache(config) -> DynamicCache:
+def make_cache(config, windows: bool = True) -> DynamicCache:
     """A DynamicCache for ``config`` whose full-attention layers roll back by bookkeeping
     (:class:`PreallocatedLayer`) and whose sliding-window layers roll back across the window
-    (:class:`SlidingLayer`); other layers (KV-shared ones, which hold nothing) stay as they are."""
+    (:class:`SlidingLayer`); other layers (KV-shared ones, which hold nothing) stay as they are.
+
+    With ``windows=False`` the sliding-window layers keep every position too (PreallocatedLayer):
+    a batch's rows are stacked and their slots gathered, so the window is applied by the
+    attention mask instead (the target's row forward)."""
     cache = DynamicCache(config=config)
     if cache.layers:
         cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer
+                        or not windows and type(layer) is DynamicSlidingWindowLayer
                         else SlidingLayer.like(layer) if type(layer) is DynamicSlidingWindowLayer
                         else layer for layer in cache.layers]
     else:
@@ -287,13 +292,14 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
 def batch_layers(cache: Cache, stacked: bool = True) -> list[DynamicLayer]:
     """The layers of a cache batched decoding can hold rows of: all full-attention
     (:class:`PreallocatedLayer`; with ``stacked=False``, a cache to stack, any full-attention
-    ``DynamicLayer``); ValueError for anything else (sliding windows, static caches)."""
+    ``DynamicLayer``), KV-shared layers (which hold nothing) left out; ValueError for anything else
+    (windowed sliding layers, static caches)."""
     kinds = {type(layer).__name__ for layer in cache.layers
-             if not (isinstance(layer, PreallocatedLayer) or not stacked and type(layer) is DynamicLayer)}
+             if not (isinstance(layer, (PreallocatedLayer, DummyLayer)) or not stacked and type(layer) is DynamicLayer)}
     if kinds:
         raise ValueError(f"batched decoding needs full-attention cache layers; this model has {', '.join(sorted(kinds))} "
                          "(sliding-window attention): decode it with batch size 1")
-    return list(cache.layers)
+    return [layer for layer in cache.layers if not isinstance(layer, DummyLayer)]
 
 
 def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None = None) -> tuple[DynamicCache, torch.Tensor]:
@@ -312,7 +318,7 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
     lengths = [cache.get_seq_length() for cache in caches]
     width = max(lengths)
     layers = []
-    for parts in zip(*per_cache):
+    for parts in zip(*per_cache):  # (KV-shared layers are put back at their places below)
         rows = parts[0].keys.shape[0]
         keys = parts[0].keys.new_zeros((len(parts) * rows, *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
         values = parts[0].values.new_zeros((len(parts) * rows, *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
@@ -321,7 +327,8 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
             values[b * rows : (b + 1) * rows, ..., width - n :, :] = layer.values
         layers.append(PreallocatedLayer.from_tensors(keys, values))
     stacked = DynamicCache()
-    stacked.layers = layers
+    data = iter(layers)
+    stacked.layers = [DummyLayer() if isinstance(layer, DummyLayer) else next(data) for layer in caches[0].layers]
     stacked.layer_class_to_replicate = None
     rows = layers[0].keys.shape[0] // len(caches)
     paddings = paddings or [None] * len(caches)
