@@ -191,7 +191,7 @@ def exact_joint(model, prompt):
 def test_sampling_follows_the_target_distribution(target):
     """Speculative sampling with the assistant's sampled drafts (q from its logits, the same top-k
     transform), past the window: the continuations' frequencies pass a chi-square test against
-    the enumerated joint; a draft from another model's joint does not."""
+    the enumerated joint and fail one against another model's joint."""
     prompt = PROMPT[:, :11]
     joint = exact_joint(target, prompt)
     spec = AssistantDrafter(assistant_model(), 2)
@@ -302,3 +302,19 @@ def test_captioning_batches_give_the_batch_one_captions(checkpoint):
         batched = captioner(images, max_new_tokens=8, batch_size=2, **options)
         assert [r.text for r in batched] == [r.text for r in one]
         assert [r.stats.config["batch_size"] for r in batched] == [2, 2, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:3", "assistant"])
+def test_greedy_on_cuda_equals_the_cpu(target, reference, drafter):
+    """``pytest -m gpu``: Gemma 4 on CUDA (fp32) gives transformers' CPU greedy tokens across the
+    window with each drafter, and a batch of two rows gives the batch-1 rows."""
+    model = causal_lm().cuda()
+    spec = AssistantDrafter(assistant_model().cuda(), 3) if drafter == "assistant" else drafter
+    out = mmspec.generate(model, drafter=spec, input_ids=PROMPT.cuda(), max_new_tokens=NEW, num_draft_tokens=3)
+    assert out.sequences.device.type == "cuda" and torch.equal(out.sequences.cpu(), reference)
+    if drafter != "assistant":
+        batch = torch.cat([PROMPT, PROMPT]).cuda()
+        rows = mmspec.generate(model, drafter=spec, input_ids=batch, max_new_tokens=NEW, num_draft_tokens=3).sequences
+        assert torch.equal(rows.cpu(), torch.cat([reference, reference]))
