@@ -50,15 +50,19 @@ def causal_lm(seed=0, **overrides):
     return finish(Gemma4ForCausalLM(text_config(**overrides)))
 
 
-def assistant_model(seed=5, backbone=HIDDEN):
-    """A tiny random Gemma4AssistantForCausalLM over a target of hidden size ``backbone``."""
+def assistant_model(seed=5, backbone=HIDDEN, ordered=False):
+    """A tiny random Gemma4AssistantForCausalLM over a target of hidden size ``backbone``; with
+    ``ordered``, logits from its centroid-masked head (8 centroids of 12 tokens, the top 2 kept,
+    a random token ordering)."""
     torch.manual_seed(seed)
     config = Gemma4AssistantConfig(
         text_config=Gemma4TextConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2,
                                      layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
                                      vocab_size_per_layer_input=0, **KV, **SPECIAL),
-        backbone_hidden_size=backbone)
+        backbone_hidden_size=backbone, use_ordered_embeddings=ordered, num_centroids=8, centroid_intermediate_top_k=2)
     model = Gemma4AssistantForCausalLM(config).eval()
+    if ordered:
+        model.masked_embedding.token_ordering.copy_(torch.randperm(VOCAB))
     model.generation_config.num_assistant_tokens = 4
     return model
 
@@ -127,11 +131,13 @@ def test_greedy_equals_transformers_generate(target, reference, drafter):
         assert out.stats.drafted > out.stats.accepted  # drafts were rejected: the window rolled back
 
 
-def test_assistant_drafts_what_transformers_drafts(target):
+@pytest.mark.parametrize("ordered", [False, True])
+def test_assistant_drafts_what_transformers_drafts(target, ordered):
     """The first round (after the prefill, the prompt past the window) drafts the tokens of
     transformers' SinglePositionMultiTokenCandidateGenerator, and transformers' own assisted
-    generation with the same assistant gives the same greedy output as mmspec."""
-    assistant = assistant_model()
+    generation with the same assistant gives the same greedy output as mmspec; also with the
+    centroid-masked head (``use_ordered_embeddings``)."""
+    assistant = assistant_model(ordered=ordered)
     with torch.no_grad():
         out = target(PROMPT, output_hidden_states=True, return_shared_kv_states=True)
         first = out.logits[:, -1].argmax(-1, keepdim=True)
