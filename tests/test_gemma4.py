@@ -7,6 +7,7 @@ a full window back across its boundary (:class:`mmspec.core.cache.SlidingLayer`)
 import pytest
 import torch
 from test_dia import chi_square_pvalue
+from test_tree import OracleTreeDrafter
 from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config, Gemma4ForCausalLM,
                           Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig, GenerationConfig)
 from transformers.cache_utils import DynamicSlidingWindowLayer
@@ -15,6 +16,7 @@ from transformers.generation.candidate_generator import SinglePositionMultiToken
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.core.cache import SlidingLayer
+from mmspec.core.tree import TokenTree
 from mmspec.core.drafter import DraftContext
 from mmspec.core.sampling import SamplingConfig
 from mmspec.drafters import AssistantDrafter, resolve_drafter
@@ -73,7 +75,8 @@ def vlm(seed=0):
     torch.manual_seed(seed)
     vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                 num_key_value_heads=2, head_dim=8, patch_size=4, pooling_kernel_size=2, position_embedding_size=16)
-    config = Gemma4Config(text_config=text_config(layers=LAYERS[:4], shared=1, use_bidirectional_attention="vision"),
+    layers = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    config = Gemma4Config(text_config=text_config(layers=layers, shared=1, use_bidirectional_attention="vision"),
                           vision_config=vision, audio_config=None, image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI,
                           video_token_id=93, audio_token_id=94, boa_token_id=95, eoa_token_index=89)
     return finish(Gemma4ForConditionalGeneration(config))
@@ -171,6 +174,67 @@ def test_assistant_by_name_from_a_directory(target, tmp_path):
     assistant_model().save_pretrained(tmp_path / "assistant")
     drafter = resolve_drafter(f"assistant:{tmp_path / 'assistant'}", TransformersTarget(target), num_draft_tokens=2)
     assert isinstance(drafter, AssistantDrafter) and drafter.num_draft_tokens == 2
+
+
+def test_tree_verification_across_the_window(target, reference):
+    """Token trees past the sliding window (the sliding layers get the window form of the tree
+    mask, their kept positions are compacted to the accepted path): an oracle tree that hides the
+    greedy continuation at random siblings gives transformers' tokens, deep paths accepted; so
+    does the multimodal class."""
+    new_tokens = reference[0, PROMPT.shape[1]:].tolist()
+    out = mmspec.generate(target, drafter=OracleTreeDrafter(new_tokens, VOCAB, seed=1), input_ids=PROMPT, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, reference) and out.stats.accepted_per_position[2] > 0
+    model, inputs = vlm(), vlm_inputs()
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    drafter = OracleTreeDrafter(expected[0, inputs["input_ids"].shape[1]:].tolist(), VOCAB)
+    assert torch.equal(mmspec.generate(model, drafter=drafter, max_new_tokens=16, **inputs).sequences, expected)
+
+
+def test_tree_commit_equals_recomputation(target):
+    """After a tree forward past the window and the commit of a path through a second sibling, the
+    cache equals a fresh prefill of the committed tokens: every full layer's entries, every sliding
+    layer's last window - 1, the same length."""
+    adapter = TransformersTarget(target)
+    with torch.inference_mode():
+        state, _ = adapter.prefill({"input_ids": PROMPT})
+        state.tokens = torch.cat([PROMPT, torch.tensor([[7]])], dim=1)
+        tree = TokenTree.from_paths([(0,), (1,), (1, 0), (1, 1), (1, 1, 0)], [11, 12, 13, 14, 15])
+        rooted = tree.prepend_root(state.tokens[0, -1])
+        adapter.forward(state, rooted.tokens[None], tree=rooted)
+        state.commit(torch.tensor([[12, 14, 15, 16]]), path=torch.tensor([1, 3, 4]))
+        fresh, _ = adapter.prefill({"input_ids": state.tokens[:, :-1]})
+    assert state.cache_length == fresh.cache_length == state.length - 1
+    for mine, theirs in zip(state.cache.layers, fresh.cache.layers):
+        if isinstance(mine, SlidingLayer):
+            torch.testing.assert_close(mine.keys[..., -(WINDOW - 1):, :], theirs.keys[..., -(WINDOW - 1):, :], atol=1e-5, rtol=1e-4)
+        elif mine.keys is not None:
+            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-5, rtol=1e-4)
+
+
+def test_assistant_trees(target, reference):
+    """The assistant's static tree: one forward per depth over the nodes as a batch of queries; its
+    first-choice path is the chain the assistant drafts, and tree decoding gives transformers'
+    greedy tokens across the window."""
+    assistant = assistant_model()
+    tree_drafter = AssistantDrafter(assistant, tree_paths=AssistantDrafter.DEFAULT_TREE)
+    out = mmspec.generate(target, drafter=tree_drafter, input_ids=PROMPT, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, reference) and out.stats.tree_nodes > 0
+    adapter = TransformersTarget(target)
+    with torch.inference_mode():
+        state, prefill = adapter.prefill({"input_ids": PROMPT}, hidden_layer=-1)
+        state.tokens = reference[:, : PROMPT.shape[1] + 1]
+        drafts = []
+        for drafter in (AssistantDrafter(assistant, 4), tree_drafter):
+            drafter.start(DraftContext(adapter, SamplingConfig(), torch.Generator(), {"input_ids": PROMPT}), state)
+            drafter.on_verified(0, 0, prefill)
+            drafts.append(drafter.propose(state, 4))
+    chain, tree = drafts
+    first = [AssistantDrafter.DEFAULT_TREE.index((0,) * d) for d in range(1, 5)]
+    order = {p: i for i, p in enumerate(sorted(AssistantDrafter.DEFAULT_TREE, key=lambda p: (len(p), p)))}
+    assert tree.tokens[0, [order[AssistantDrafter.DEFAULT_TREE[i]] for i in first]].tolist() == chain.tokens[0].tolist()
+    with pytest.raises(ValueError, match="every prefix"):
+        AssistantDrafter(assistant, tree_paths=[(0, 0)])
 
 
 SAMPLED_NEW, RUNS, TOP_K = 3, 400, 4

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..core.batch import BatchState
-from ..core.cache import SequenceState, StaticKVCache, make_cache
+from ..core.cache import SequenceState, SlidingLayer, StaticKVCache, make_cache
 from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -302,18 +302,16 @@ class TransformersTarget:
 
         With ``tree`` (a TokenTree over exactly these n tokens) the inputs are a token tree rather
         than a chain: token i attends to the cache and to its tree ancestors and itself (a 4-D
-        additive ``attention_mask`` [1, 1, n, cache + n]) at position cache + depth_i - 1. All n
-        entries are appended to the cache; :meth:`SequenceState.commit` with the accepted path
-        compacts them.
+        additive ``attention_mask`` [1, 1, n, cache + n]; :meth:`tree_masks` for sliding-window
+        layers) at position cache + depth_i - 1. All n entries are appended to the cache;
+        :meth:`SequenceState.commit` with the accepted path compacts them.
         """
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
             self._check_tree(tree, tokens.shape[1])
-            self._check_tree_fits(state, tokens.shape[1])
-            prefix = state.cache_length
-            attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
-            position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
+            attention_mask = self.tree_masks(state, tree)
+            position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
@@ -387,16 +385,28 @@ class TransformersTarget:
         if tree.size != num_tokens or tree.tokens.dim() != 1:
             raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {num_tokens} input tokens")
 
-    @staticmethod
-    def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:
-        """One 4-D mask serves every layer, so sliding-window layers must still hold every position."""
-        for layer in state.cache.layers:
-            window = getattr(layer, "sliding_window", None)
-            if getattr(layer, "is_sliding", False) and window and state.cache_length + num_tokens > window - 1:
-                raise ValueError(
-                    f"tree verification over {state.cache_length + num_tokens} positions exceeds the model's "
-                    f"sliding window ({window}); use a linear drafter for sequences this long"
-                )
+    def tree_masks(self, state: SequenceState, tree: TokenTree):
+        """The attention mask of a tree forward after ``state``'s cache of c positions: the additive
+        tree mask [1, 1, n, c + n] (:func:`~mmspec.core.tree.tree_attention_mask`), and for a model
+        with sliding-window layers its window form over the keys those layers hand the model (the
+        last v = min(c, window - 1) cached positions of a :class:`~mmspec.core.cache.SlidingLayer`,
+        then the n nodes): node i at position P_i = c + depth_i - 1 sees key j at position p_j where
+        the tree mask lets it and P_i - p_j < window. As :meth:`row_masks`: one mask where every
+        layer slides, else ``{"full_attention": ..., "sliding_attention": ...}``."""
+        prefix, dtype = state.cache_length, self.model.dtype
+        full = tree_attention_mask(tree, prefix, dtype=dtype, device=self.device)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return full
+        windowed = next((layer for layer in state.cache.layers if isinstance(layer, SlidingLayer)), None)
+        visible = prefix if windowed is None else min(prefix, window - 1)
+        nodes = prefix + tree.depth.to(self.device) - 1  # [n]
+        keys = torch.cat([torch.arange(prefix - visible, prefix, device=self.device), nodes])
+        seen = full[0, 0, :, prefix - visible :] == 0
+        sliding = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~(seen & (nodes[:, None] - keys[None, :] < window)), torch.finfo(dtype).min)[None, None]
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""

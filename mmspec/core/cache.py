@@ -209,6 +209,22 @@ class SlidingLayer(DynamicSlidingWindowLayer):
         self.values = self.values[..., :kept, :]
         self.cumulative_length = length
 
+    def compact(self, start: int, indices: torch.Tensor) -> None:
+        """Keep positions [0, start) and then ``start + indices`` (LongTensor [m], increasing),
+        moved to [start, start + m): a tree forward's accepted path. ValueError where the kept
+        positions no longer reach back to ``start`` or too few would remain for the window (a tree
+        of more nodes than the slack)."""
+        first = self.cumulative_length - self.keys.shape[-2]  # the position of the first kept entry
+        kept = start - first
+        if kept < min(start, self.sliding_window - 1):
+            raise ValueError(f"cannot compact a sliding-window layer (window {self.sliding_window}) over a tree of "
+                             f"{self.cumulative_length - start} nodes: it keeps {self.slack} positions beyond the window; "
+                             "draft smaller trees")
+        keep = torch.cat([torch.arange(kept, device=self.keys.device), kept + indices.to(self.keys.device)])
+        self.keys = self.keys.index_select(-2, keep)
+        self.values = self.values.index_select(-2, keep)
+        self.cumulative_length = start + indices.shape[0]
+
     def window_states(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values [B, H, m, D] of the last m = min(count, kept) cached positions."""
         return self.keys[..., -count:, :], self.values[..., -count:, :]
@@ -271,6 +287,10 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
             layer.compact(start, indices.to(layer._key_buffer.device) if layer._key_buffer is not None else indices)
             continue
         if isinstance(layer, DummyLayer):  # a KV-shared layer: it holds nothing
+            continue
+        if isinstance(layer, SlidingLayer):
+            if layer.is_initialized:
+                layer.compact(start, indices)
             continue
         if not isinstance(layer, DynamicLayer):
             raise ValueError(f"cannot compact a {type(layer).__name__} cache layer")

@@ -26,9 +26,13 @@ verification forward's states at the new length, which after a rejection keeps t
 draft's entry at the bonus token's index; the first round's drafts are the same either way, and
 the output of exact decoding is the target's whatever is drafted.)
 
-Chains only: the target's tree verification of a sliding-window model is refused once the
-sequence outgrows the window (one 4-D tree mask serves every layer), so trees would not reach
-the sequences Gemma 4 captions.
+Trees (``tree_paths``, as Medusa's static trees: path (a, b, ...) = the a-th choice after the
+pending token, then its b-th choice, ...): the assistant has no cache of its own, so every node
+of a depth is one more query of one forward, the queries stacked along the batch dimension (each
+sees the same target keys and values; stacked along the sequence, transformers' assistant mask
+would give each query a different sliding window). Node tokens are top-k picks (q = 1 per node,
+exact under sampling by the tree rule); the target verifies the tree in one forward, its
+sliding-window layers included (:meth:`~mmspec.adapters.hf.TransformersTarget.tree_masks`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, SlidingLayer
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.target import TargetOutput
+from ..core.tree import TokenTree
 
 
 def store_layers(config) -> dict[str, int]:
@@ -61,7 +66,9 @@ class AssistantDrafter(BatchDrafting, Drafter):
     Args:
         assistant: a ``Gemma4AssistantForCausalLM`` whose ``backbone_hidden_size`` is the target's
             hidden size and whose vocabulary is the target's.
-        num_draft_tokens: K.
+        num_draft_tokens: K (a chain's length).
+        tree_paths: None (chains), or the paths of a static tree (e.g. :data:`DEFAULT_TREE`); its
+            depth becomes K.
     Raises:
         ValueError: a model that is not a Gemma 4 assistant (checked here), a target it does not
             fit (checked at :meth:`start`).
@@ -71,7 +78,19 @@ class AssistantDrafter(BatchDrafting, Drafter):
     target_hidden_layer = -1
     batch_size_one_reason = "reads the target's sliding-window cache, which batches do not hold"
 
-    def __init__(self, assistant: nn.Module, num_draft_tokens: int = 4) -> None:
+    #: a sparse static tree of 14 nodes, 4 deep (more children where the assistant is confident)
+    DEFAULT_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+                    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0)]
+
+    def __init__(self, assistant: nn.Module, num_draft_tokens: int = 4,
+                 tree_paths: list[tuple[int, ...]] | None = None) -> None:
+        self.tree_paths = None if tree_paths is None else [tuple(p) for p in tree_paths]
+        if self.tree_paths is not None:
+            known = set(self.tree_paths)
+            if not self.tree_paths or any(not p or p[:-1] and p[:-1] not in known for p in self.tree_paths):
+                raise ValueError("tree_paths must be non-empty paths whose every prefix is a path too, e.g. "
+                                 "[(0,), (1,), (0, 0)]")
+            num_draft_tokens = max(len(p) for p in self.tree_paths)
         super().__init__(num_draft_tokens)
         config = getattr(assistant, "config", None)
         if getattr(config, "model_type", None) != "gemma4_assistant":
@@ -132,30 +151,69 @@ class AssistantDrafter(BatchDrafting, Drafter):
                 states[layer_type] = (layer.keys, layer.values)
         return states
 
-    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        k = min(self.num_draft_tokens, max_tokens)
+    def _queries(self, state: SequenceState):
+        """-> run(tokens [m, 1], hidden [m, 1, H]) -> (logits [m, V], projected states [m, 1, H]):
+        m assistant queries at the pending position over the target's committed keys and values
+        (the batch dimension holds the queries)."""
         if self.hidden is None:
             raise ValueError("the assistant drafter has no target hidden state yet (start() and on_verified() first)")
         if state.cache_length != state.length - 1:
             raise ValueError(f"the target's cache holds {state.cache_length} positions, expected {state.length - 1}")
         shared = self.shared_states(state)
         full = shared.get("full_attention")
-        mask = None if full is None else torch.ones(1, full[0].shape[-2], dtype=torch.long, device=full[0].device)
-        position = torch.tensor([[state.length - 1 + state.position_offset]], device=state.tokens.device)
+        length = None if full is None else full[0].shape[-2]
+        position = state.length - 1 + state.position_offset
+
+        def run(tokens: torch.Tensor, hidden: torch.Tensor):
+            m = tokens.shape[0]
+            embeds = torch.cat([self.embed(tokens), hidden.to(self.embed.weight.dtype)], dim=-1)
+            kv = shared if m == 1 else {k: (key.expand(m, -1, -1, -1), value.expand(m, -1, -1, -1))
+                                        for k, (key, value) in shared.items()}
+            mask = None if length is None else torch.ones(m, length, dtype=torch.long, device=tokens.device)
+            out = self.assistant(inputs_embeds=embeds, position_ids=torch.full((m, 1), position, device=tokens.device),
+                                 shared_kv_states=kv, attention_mask=mask, use_cache=False)
+            self.forwards += 1
+            return out.logits[:, -1], out.last_hidden_state
+
+        return run
+
+    def propose(self, state: SequenceState, max_tokens: int) -> Draft:
+        run = self._queries(state)
+        if self.tree_paths is not None:
+            return self._tree(run, state, max_tokens)
         token, hidden = state.tokens[:, -1:], self.hidden
         tokens, probs = [], []
-        for _ in range(k):
-            embeds = torch.cat([self.embed(token), hidden.to(self.embed.weight.dtype)], dim=-1)
-            out = self.assistant(inputs_embeds=embeds, position_ids=position, shared_kv_states=shared,
-                                 attention_mask=mask, use_cache=False)
-            self.forwards += 1
-            choice, q = self._pick(out.logits[:, -1])
-            token, hidden = choice.view(1, 1), out.last_hidden_state
+        for _ in range(min(self.num_draft_tokens, max_tokens)):
+            logits, hidden = run(token, hidden)
+            choice, q = self._pick(logits)
+            token = choice.view(1, 1)
             tokens.append(token)
             probs.append(q)
         return Draft.chain(tokens, probs)
 
+    def _tree(self, run, state: SequenceState, max_tokens: int) -> Draft:
+        """The static tree's tokens, one assistant forward per depth: the query of node p reads
+        [E(token of p); the state of the query that chose p]; its top choices are p's children."""
+        paths = [p for p in self.tree_paths if len(p) <= max_tokens]
+        top_k = 1 + max(p[-1] for p in paths)
+        token_of: dict[tuple, torch.Tensor] = {}
+        parents, tokens, hidden = [()], state.tokens[:, -1:], self.hidden  # the root's query: the pending token
+        for depth in range(1, max(len(p) for p in paths) + 1):
+            logits, states = run(tokens, hidden)
+            choices = torch.topk(logits, top_k, dim=-1).indices  # [parents, k]
+            row_of = {parent: row for row, parent in enumerate(parents)}
+            for p in paths:
+                if len(p) == depth:
+                    token_of[p] = choices[row_of[p[:-1]], p[-1]]
+            parents = sorted({p[:-1] for p in paths if len(p) == depth + 1})
+            if not parents:
+                break
+            tokens = torch.stack([token_of[p] for p in parents]).view(-1, 1)
+            hidden = torch.cat([states[row_of[p[:-1]]][None] for p in parents])
+        return Draft.from_tree(TokenTree.from_paths(paths, torch.stack([token_of[p] for p in paths])))
+
     def describe(self) -> dict[str, Any]:
         config = self.assistant.config
+        tree = {} if self.tree_paths is None else {"tree": "static", "tree_nodes": len(self.tree_paths)}
         return {**super().describe(), "assistant_layers": config.get_text_config().num_hidden_layers,
-                "ordered_embeddings": bool(config.use_ordered_embeddings)}
+                "ordered_embeddings": bool(config.use_ordered_embeddings), **tree}
