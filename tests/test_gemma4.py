@@ -237,7 +237,7 @@ def test_assistant_trees(target, reference):
         AssistantDrafter(assistant, tree_paths=[(0, 0)])
 
 
-SAMPLED_NEW, RUNS, TOP_K = 3, 400, 4
+SAMPLED_NEW, RUNS, TOP_K = 3, 300, 4
 
 
 def exact_joint(model, prompt):
