@@ -52,7 +52,7 @@ def causal_lm(seed=0, **overrides):
     return finish(Gemma4ForCausalLM(text_config(**overrides)))
 
 
-def assistant_model(seed=5, backbone=HIDDEN, ordered=False):
+def assistant_model(seed=5, backbone=HIDDEN, ordered=False, **overrides):
     """A tiny random Gemma4AssistantForCausalLM over a target of hidden size ``backbone``; with
     ``ordered``, logits from its centroid-masked head (8 centroids of 12 tokens, the top 2 kept,
     a random token ordering)."""
@@ -60,7 +60,7 @@ def assistant_model(seed=5, backbone=HIDDEN, ordered=False):
     config = Gemma4AssistantConfig(
         text_config=Gemma4TextConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2,
                                      layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
-                                     vocab_size_per_layer_input=0, **KV, **SPECIAL),
+                                     vocab_size_per_layer_input=0, **{**KV, **overrides}, **SPECIAL),
         backbone_hidden_size=backbone, use_ordered_embeddings=ordered, num_centroids=8, centroid_intermediate_top_k=2)
     model = Gemma4AssistantForCausalLM(config).eval()
     if ordered:
@@ -166,6 +166,9 @@ def test_assistant_refuses_what_it_cannot_draft_for(target):
         mmspec.generate(target, drafter=AssistantDrafter(assistant_model(backbone=48)), input_ids=PROMPT, max_new_tokens=4)
     with pytest.raises(ValueError, match="Gemma4AssistantForCausalLM"):
         AssistantDrafter(target)
+    narrow = assistant_model(head_dim=8)
+    with pytest.raises(ValueError, match=r"sliding_attention layers do not fit the target's keys and values \(\(16, 1\)"):
+        mmspec.generate(target, drafter=AssistantDrafter(narrow), input_ids=PROMPT, max_new_tokens=4)
     with pytest.raises(ValueError, match='drafter="assistant:DIR"'):
         resolve_drafter("assistant", TransformersTarget(target))
 

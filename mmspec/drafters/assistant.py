@@ -61,7 +61,7 @@ def store_layers(config) -> dict[str, int]:
 
 @register_drafter("assistant")
 class AssistantDrafter(BatchDrafting, Drafter):
-    """Chain drafting with a Gemma 4 assistant over a Gemma 4 target (module doc).
+    """Chains or static trees drafted by a Gemma 4 assistant over a Gemma 4 target (module doc).
 
     Args:
         assistant: a ``Gemma4AssistantForCausalLM`` whose ``backbone_hidden_size`` is the target's
@@ -124,9 +124,16 @@ class AssistantDrafter(BatchDrafting, Drafter):
         if backbone != text_config.hidden_size:
             raise ValueError(f"this assistant was trained on a target of hidden size {backbone}; the target's is "
                              f"{text_config.hidden_size}: use the assistant made for this target")
-        vocab = self.assistant.config.get_text_config().vocab_size
-        if vocab != context.target.vocab_size:
-            raise ValueError(f"the assistant's vocabulary ({vocab}) is not the target's ({context.target.vocab_size})")
+        own = self.assistant.config.get_text_config()
+        if own.vocab_size != context.target.vocab_size:
+            raise ValueError(f"the assistant's vocabulary ({own.vocab_size}) is not the target's ({context.target.vocab_size})")
+        for layer_type in set(own.layer_types):  # its queries meet the target's keys: the same heads and sizes
+            mine = own.per_layer_config[own.layer_types.index(layer_type)]
+            theirs = None if layer_type not in self.stores else text_config.per_layer_config[self.stores[layer_type]]
+            if theirs is None or (mine.head_dim, mine.num_key_value_heads) != (theirs.head_dim, theirs.num_key_value_heads):
+                raise ValueError(f"the assistant's {layer_type} layers do not fit the target's keys and values "
+                                 f"({'none' if theirs is None else (theirs.head_dim, theirs.num_key_value_heads)} "
+                                 f"as (head_dim, KV heads)): use the assistant made for this target")
         self.embed = model.get_input_embeddings()
         self.hidden = None
 
