@@ -22,9 +22,12 @@ from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
+from .mrope import MROPE_FAMILIES, position_scheme
 
-#: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
-#: rollback needs no multimodal position bookkeeping.
+#: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
+#: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
+#: positions equal to the token index. A family whose steps need more than token ids and positions
+#: registers its :class:`FamilyHooks` (Mllama: :mod:`mmspec.adapters.mllama`).
 VLM_FAMILIES = {
     "llava": "LLaVA-1.5 / Pixtral (LlavaForConditionalGeneration)",
     "llava_next": "LLaVA-NeXT (LlavaNextForConditionalGeneration)",
@@ -33,16 +36,54 @@ VLM_FAMILIES = {
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
     "gemma4": "Gemma 4 (Gemma4ForConditionalGeneration)",
+    "llava_onevision": "LLaVA-OneVision (LlavaOnevisionForConditionalGeneration)",
+    "internvl": "InternVL (InternVLForConditionalGeneration)",
+    "mllama": "Llama-3.2-Vision (MllamaForConditionalGeneration)",
+    **MROPE_FAMILIES,
 }
 
-#: multimodal families known to need position bookkeeping mmspec does not implement yet.
-UNSUPPORTED_FAMILIES = {
-    "qwen2_vl": "uses 3-D M-RoPE positions",
-    "qwen2_5_vl": "uses 3-D M-RoPE positions",
-    "qwen3_vl": "uses 3-D M-RoPE positions",
-}
+#: model_type -> why mmspec cannot serve that multimodal family yet (its refusal names the reason;
+#: other multimodal families outside :data:`VLM_FAMILIES` get a generic line). Empty at present.
+UNSUPPORTED_FAMILIES: dict[str, str] = {}
 
-PIXEL_INPUTS = ("pixel_values",)
+PIXEL_INPUTS = ("pixel_values", "pixel_values_videos")
+
+
+class FamilyHooks:
+    """What a VLM family's sequence needs beyond token ids and positions; this base needs nothing.
+
+    A family module subclasses it and registers it under its ``model_type`` (:func:`register_family`).
+    """
+
+    #: why the family's rows cannot share a batch (None: they can)
+    batch_size_one_reason: str | None = None
+
+    def check_inputs(self, model_inputs: dict[str, Any], input_ids: torch.Tensor) -> None:
+        """Refuse a prompt the family cannot take (ValueError saying what to do), before any model work."""
+
+    def make_cache(self, config, model_inputs: dict[str, Any], windows: bool = True):
+        """The empty cache a prompt ``model_inputs`` is prefilled into (``windows=False``: sliding
+        layers keep every position, for a batch's rows; :func:`~mmspec.core.cache.make_cache`)."""
+        return make_cache(config, windows=windows)
+
+    def step_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """Inputs besides ids, positions and mask that a forward of ``num_tokens`` tokens after the
+        prefill takes (as transformers' ``prepare_inputs_for_generation`` gives them)."""
+        return {}
+
+
+#: model_type -> the family's :class:`FamilyHooks` (the others get the base class's)
+FAMILY_HOOKS: dict[str, FamilyHooks] = {}
+
+
+def register_family(model_type: str):
+    """Class decorator: register a :class:`FamilyHooks` subclass for ``model_type`` (one of :data:`VLM_FAMILIES`)."""
+    def register(cls: type[FamilyHooks]) -> type[FamilyHooks]:
+        if model_type not in VLM_FAMILIES:
+            raise ValueError(f"{model_type!r} is not in VLM_FAMILIES; add it there first")
+        FAMILY_HOOKS[model_type] = cls()
+        return cls
+    return register
 
 #: the padded forward sizes a :class:`CapturedTransformersTarget` captures: up to 128, so that
 #: EAGLE-2's largest tree (64 nodes) and its root fit
@@ -143,6 +184,11 @@ class TransformersTarget:
                 f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
             )
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        #: how the prompt's positions are laid out and where later positions start (M-RoPE for Qwen-VL)
+        self.positions = position_scheme(config)
+        #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
+        self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
+        self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -189,6 +235,11 @@ class TransformersTarget:
         return self.model.device
 
     @property
+    def batch_size_one_reason(self) -> str | None:
+        """Why this model's rows cannot share a batch (its family's), or None."""
+        return self.family.batch_size_one_reason
+
+    @property
     def eos_token_ids(self) -> list[int]:
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         if eos is None:
@@ -215,15 +266,18 @@ class TransformersTarget:
         if mask is not None and not bool(mask.bool().all()):
             raise ValueError("the prompt is padded (attention_mask has zeros); with batch size 1, pass it unpadded")
         if self.is_vlm:
-            has_image_tokens = self.image_token_id is not None and bool((input_ids == self.image_token_id).any())
-            has_pixels = _has_pixels(model_inputs)
-            if has_image_tokens and not has_pixels:
-                raise ValueError("the prompt has image tokens but no pixel_values; pass the processor's full output")
-            if has_pixels and not has_image_tokens:
-                raise ValueError(
-                    "pixel_values were given but the prompt has no image tokens; build the prompt with the "
-                    "model's processor (it inserts the image tokens)"
-                )
+            for token, pixels in self.placeholders.items():
+                kind = "video" if "video" in pixels else "image"
+                has_tokens, has_pixels = bool((input_ids == token).any()), model_inputs.get(pixels) is not None
+                if has_tokens and not has_pixels:
+                    raise ValueError(f"the prompt has {kind} tokens but no {pixels}; pass the processor's full output")
+                if has_pixels and not has_tokens:
+                    raise ValueError(
+                        f"{pixels} were given but the prompt has no {kind} tokens; build the prompt with the "
+                        f"model's processor (it inserts the {kind} tokens)"
+                    )
+            self.positions.check(self.model, input_ids, model_inputs)
+            self.family.check_inputs(model_inputs, input_ids)
         elif _has_pixels(model_inputs):
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
@@ -248,8 +302,11 @@ class TransformersTarget:
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = make_cache(self.model.config, windows=windows)
+        cache = self.family.make_cache(self.model.config, inputs, windows=windows)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
+        prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
+        if prompt_positions is not None:  # (1-D families: the model's default)
+            inputs["position_ids"] = prompt_positions
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
             output_hidden_states=hidden_layer is not None or check_head or check_lean,
@@ -264,7 +321,7 @@ class TransformersTarget:
         _PROBED.setdefault(self.model, {})[self._probe_key()] = (self.own_lm_head, self.lean_prefill)
         if check_lean and self.lean_prefill:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
-        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
+        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1], position_offset=offset)
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
 
     def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
@@ -313,6 +370,12 @@ class TransformersTarget:
             attention_mask = self.tree_masks(state, tree)
             position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
+
+    def split_items(self, rows: list[torch.Tensor], model_inputs: dict[str, Any]) -> dict[str, list[Any]]:
+        """A batch's inputs indexed by image or video instead of by prompt, split per row (``rows``:
+        each prompt's unpadded input_ids [1, L_b]): name -> one value per row, None where a row
+        has none (:meth:`~mmspec.adapters.mrope.PositionScheme.split_items`; the Qwen-VL layout)."""
+        return self.positions.split_items(self.model, rows, model_inputs)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
         """Prefill B prompts (each as :meth:`prefill` takes it, sliding-window layers keeping every
@@ -363,7 +426,8 @@ class TransformersTarget:
         (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
-        decoder = self.lean_decoder if self.lean else None
+        extra = self.family.step_inputs(cache, tokens.shape[1])
+        decoder = self.lean_decoder if self.lean and not extra else None
         if decoder is not None and lean_supported(decoder, attention_mask):
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
             head = self.model.get_output_embeddings()
@@ -375,6 +439,7 @@ class TransformersTarget:
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=hidden_layer is not None,
+            **extra,
         )
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
@@ -409,10 +474,11 @@ class TransformersTarget:
         return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""
-        if self.image_token_id is None:
+        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image (and video) tokens."""
+        if not self.placeholders:
             return input_ids
-        return input_ids[:, input_ids[0] != self.image_token_id]
+        keep = ~torch.isin(input_ids[0], torch.tensor(sorted(self.placeholders), device=input_ids.device))
+        return input_ids[:, keep]
 
 
 class CapturedTransformersTarget(TransformersTarget):

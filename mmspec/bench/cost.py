@@ -37,6 +37,7 @@ from torch import nn
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
+from ..cli.output import write_text
 from .results import machine_info, machine_line, save_results
 
 PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Writes the WAV (float32 mono at the codec's rate), ``<out>.png`` beside it (the log-mel
 spectrogram of the method's audio, with AR's above it under ``--compare-baseline``) and, with
-``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON.
+``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON. The files are
+written together once the run has finished, or none of them (:mod:`mmspec.cli.output`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from .output import OutputFiles
 
 
 def add_parser(subparsers) -> None:
@@ -45,7 +48,8 @@ def add_parser(subparsers) -> None:
     add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
-    cmd.set_defaults(handler=run, output_args={"out": "file"})
+    cmd.set_defaults(handler=run, output_args={"out": "file"},
+                     interrupted=lambda args, command: "nothing was saved (the files are written once the audio is done)")
 
 
 def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> None:
@@ -88,13 +92,14 @@ def run(args) -> int:
                   seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
                   compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_wav(out, result.audio, result.sampling_rate)
+    rate = result.sampling_rate
     panels = [(f"{args.method}: {args.text}", result.audio)]  # the method as given (its spec)
-    if result.baseline_audio is not None:
-        write_wav(out.with_name(out.stem + "-baseline.wav"), result.baseline_audio, result.sampling_rate)
-        panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
-    spectrogram_png(out.with_suffix(".png"), panels, result.sampling_rate)
+    with OutputFiles() as files:  # all of them or none
+        files.write(out, lambda path: write_wav(path, result.audio, rate))
+        if result.baseline_audio is not None:
+            files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
+            panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
+        files.write(out.with_suffix(".png"), lambda path: spectrogram_png(path, panels, rate))
     stats = result.stats
     record = {"text": args.text, "out": str(out), "stats": stats.to_dict()}
     if result.baseline_codes is not None:

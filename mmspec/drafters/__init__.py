@@ -29,6 +29,16 @@ __all__ = [
 NO_DRAFTER = (None, "ar", "none")
 
 
+def check_draft_length_use(spec: Any, num_draft_tokens: Any) -> None:
+    """Refuse a draft length K given with plain decoding (``spec`` in :data:`NO_DRAFTER`), which
+    drafts nothing and would ignore it (one ValueError line). For the user-facing entries (the
+    CLI, the captioning pipeline); :func:`resolve_drafter` itself takes K with None, as a baseline
+    run of the same settings does."""
+    if num_draft_tokens is not None and isinstance(spec, (str, type(None))) and spec in NO_DRAFTER:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} is a drafter's draft length, but drafter={spec!r} is "
+                         "plain decoding, which drafts nothing: drop it or name a drafter")
+
+
 def spec_drafter_names() -> list[str]:
     """Drafters that can be named by a spec string ("prompt-lookup", "layer-skip", ...)."""
     return sorted(name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec"))

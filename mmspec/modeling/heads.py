@@ -40,6 +40,23 @@ def _place_like(module: nn.Module, target_model: nn.Module) -> nn.Module:
 
 
 # ============================================================================ one decoder layer
+def _llama_layer_config(config):
+    """A LlamaConfig of ``config``'s widths, rotary and norm: the self-attention layer of a text model
+    that transformers' AutoModel cannot build on its own (Mllama's, whose self-attention layers are
+    Llama layers between its cross-attention ones)."""
+    from transformers import LlamaConfig
+
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "hidden_act",
+             "rms_norm_eps", "rope_parameters", "max_position_embeddings", "vocab_size", "head_dim")
+    fields = {name: getattr(config, name) for name in names if getattr(config, name, None) is not None}
+    return LlamaConfig(**fields, num_hidden_layers=1, tie_word_embeddings=False)
+
+
+#: text model_type -> the config of the one decoder layer an EAGLE / Kangaroo head builds for it,
+#: for text models AutoModel cannot build alone
+HEAD_LAYER_CONFIGS = {"mllama_text_model": _llama_layer_config}
+
+
 class OneLayerHead(nn.Module):
     """One decoder layer of the target's family (+ its final norm) reading embeddings: the trained
     part of feature-level drafters. Subclasses define what goes in.
@@ -63,6 +80,8 @@ class OneLayerHead(nn.Module):
         from transformers import AutoModel
 
         config = copy.deepcopy(text_config)
+        if getattr(config, "model_type", None) in HEAD_LAYER_CONFIGS:
+            config = HEAD_LAYER_CONFIGS[config.model_type](config)
         config.num_hidden_layers = 1
         if intermediate_size is not None:
             config.intermediate_size = intermediate_size
