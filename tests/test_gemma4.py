@@ -2,7 +2,8 @@
 the causal LM and the multimodal class) and Gemma 4's MTP assistant as a drafter.
 
 Every sequence here outgrows the tiny sliding window (8 positions), so each rejected draft rolls
-a full window back across its boundary (:class:`mmspec.core.cache.SlidingLayer`)."""
+a full window back across its boundary (:class:`mmspec.core.cache.SlidingLayer`), token trees are
+verified and compacted past it, and batch rows keep every position with the window as masks."""
 
 import pytest
 import torch
@@ -16,9 +17,9 @@ from transformers.generation.candidate_generator import SinglePositionMultiToken
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.core.cache import SlidingLayer
-from mmspec.core.tree import TokenTree
 from mmspec.core.drafter import DraftContext
 from mmspec.core.sampling import SamplingConfig
+from mmspec.core.tree import TokenTree
 from mmspec.drafters import AssistantDrafter, resolve_drafter
 
 VOCAB, WINDOW, HIDDEN = 96, 8, 32
