@@ -135,6 +135,19 @@ def test_greedy_equals_transformers_generate(target, reference, drafter):
         assert out.stats.drafted > out.stats.accepted  # drafts were rejected: the window rolled back
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle2", "kangaroo", "hydra"])
+def test_head_drafters_are_exact(target, reference, kind):
+    """Random EAGLE / EAGLE-2 (trees past the window) / Kangaroo / Hydra heads over Gemma 4 (their
+    one decoder layer: a Gemma 4 layer without KV sharing or per-layer inputs) give transformers'
+    greedy tokens."""
+    from test_distribution import eagle_drafter, hydra_drafter, kangaroo_drafter
+
+    make = {"eagle": eagle_drafter, "eagle2": lambda m: eagle_drafter(m, tree=True), "kangaroo": kangaroo_drafter,
+            "hydra": hydra_drafter}[kind]
+    out = mmspec.generate(target, drafter=make(target), input_ids=PROMPT, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, reference) and out.stats.drafted > 0
+
+
 @pytest.mark.parametrize("ordered", [False, True])
 def test_assistant_drafts_what_transformers_drafts(target, ordered):
     """The first round (after the prefill, the prompt past the window) drafts the tokens of
