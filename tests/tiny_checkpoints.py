@@ -35,6 +35,14 @@ from transformers import (
     Gemma3ImageProcessor,
     Gemma3Processor,
     Gemma3TextConfig,
+    Gemma4AudioFeatureExtractor,
+    Gemma4Config,
+    Gemma4ForConditionalGeneration,
+    Gemma4ImageProcessor,
+    Gemma4Processor,
+    Gemma4TextConfig,
+    Gemma4VideoProcessor,
+    Gemma4VisionConfig,
     CLIPVisionConfig,
     Idefics3Config,
     Idefics3ForConditionalGeneration,
@@ -243,6 +251,37 @@ def _gemma3_model(vocab_size, ids):
         boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
     ))
 
+# -- Gemma 4: patch 2, 2x2 pooling, at most 70 soft tokens (280 patches, an image of ~32 x 32 px) -----
+# (transformers 5.24's pooler keeps the padding patches instead of the image's when it does not
+# pool, so pooling 1 fails.) Gemma4Processor reads its image and audio tokens from tokenizer
+# attributes; sliding window 8, so that every caption outgrows it.
+GEMMA4_TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                 "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+
+
+def _gemma4_processor(tokenizer, template):
+    image_processor = Gemma4ImageProcessor(patch_size=2, pooling_kernel_size=2, max_soft_tokens=70)
+    return Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=image_processor,
+                           tokenizer=tokenizer, video_processor=Gemma4VideoProcessor(), image_seq_length=70,
+                           chat_template=template)
+
+
+def _gemma4_model(vocab_size, ids):
+    text = text_config(Gemma4TextConfig, vocab_size=vocab_size, num_hidden_layers=4, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, global_head_dim=16, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                       hidden_size_per_layer_input=4, vocab_size_per_layer_input=vocab_size, num_kv_shared_layers=1,
+                       final_logit_softcapping=30.0, use_bidirectional_attention="vision", tie_word_embeddings=True)
+    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=8, patch_size=2, pooling_kernel_size=2,
+                                position_embedding_size=64)
+    return Gemma4ForConditionalGeneration(Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=None, image_token_id=ids["<|image|>"],
+        boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"], audio_token_id=ids["<|audio|>"],
+        boa_token_id=ids["<|audio>"], eoa_token_index=ids["<audio|>"], video_token_id=ids["<|image|>"],
+    ))
+
+
 # -- Qwen2-VL: 3-D M-RoPE; images resized to 16-32 px (multiples of patch 4 x merge 2), 2 x 2 patches per token --
 QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
@@ -353,6 +392,8 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
     "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,
                          named_tokens=GEMMA3_TOKENS),
+    "gemma4": FamilySpec(tuple(GEMMA4_TOKENS.values()), "<|image|>", _gemma4_processor, _gemma4_model,
+                         named_tokens=GEMMA4_TOKENS),
     "qwen2_vl": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen2_vl_processor, _qwen2_vl_model),
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..core.batch import BatchState
-from ..core.cache import SequenceState, StaticKVCache, make_cache
+from ..core.cache import SequenceState, SlidingLayer, StaticKVCache, make_cache
 from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
@@ -35,6 +35,7 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    "gemma4": "Gemma 4 (Gemma4ForConditionalGeneration)",
     "llava_onevision": "LLaVA-OneVision (LlavaOnevisionForConditionalGeneration)",
     "internvl": "InternVL (InternVLForConditionalGeneration)",
     "mllama": "Llama-3.2-Vision (MllamaForConditionalGeneration)",
@@ -60,9 +61,10 @@ class FamilyHooks:
     def check_inputs(self, model_inputs: dict[str, Any], input_ids: torch.Tensor) -> None:
         """Refuse a prompt the family cannot take (ValueError saying what to do), before any model work."""
 
-    def make_cache(self, config, model_inputs: dict[str, Any]):
-        """The empty cache a prompt ``model_inputs`` is prefilled into."""
-        return make_cache(config)
+    def make_cache(self, config, model_inputs: dict[str, Any], windows: bool = True):
+        """The empty cache a prompt ``model_inputs`` is prefilled into (``windows=False``: sliding
+        layers keep every position, for a batch's rows; :func:`~mmspec.core.cache.make_cache`)."""
+        return make_cache(config, windows=windows)
 
     def step_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
         """Inputs besides ids, positions and mask that a forward of ``num_tokens`` tokens after the
@@ -117,7 +119,10 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm).
 
     The view shares every parameter with ``decoder`` (no copy, no change to the original); only its
-    layer list and config differ.
+    layer list and config differ. A decoder whose per-layer input embeddings are packed over all its
+    layers (Gemma 4's ``hidden_size_per_layer_input``: one [L * d] row per token, reshaped by
+    ``num_hidden_layers``) keeps its layer count in the config; its forward runs the layers the list
+    holds.
     """
     total = len(decoder.layers)
     if not 1 <= num_layers < total:
@@ -126,7 +131,8 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     view._modules = dict(decoder._modules)
     view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])
     config = copy.copy(decoder.config)
-    config.num_hidden_layers = num_layers
+    if not getattr(config, "hidden_size_per_layer_input", 0):
+        config.num_hidden_layers = num_layers
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[:num_layers]
     view.config = config
@@ -286,11 +292,17 @@ class TransformersTarget:
         included (it is run again that way, its image encoded twice; the checks' answers are kept
         per model, so a later target over it, as ``mmspec.generate`` makes on every call, runs the
         prompt once), so a seed gives the same output on every call."""
+        return self._prefill(model_inputs, hidden_layer)
+
+    def _prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None, windows: bool = True
+                 ) -> tuple[SequenceState, TargetOutput]:
+        """:meth:`prefill`; ``windows=False`` keeps every position of sliding-window layers
+        (:func:`~mmspec.core.cache.make_cache`), for a batch's rows."""
         input_ids = self.check_inputs(model_inputs).to(self.device)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = self.family.make_cache(self.model.config, inputs)
+        cache = self.family.make_cache(self.model.config, inputs, windows=windows)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
         if prompt_positions is not None:  # (1-D families: the model's default)
@@ -347,18 +359,16 @@ class TransformersTarget:
 
         With ``tree`` (a TokenTree over exactly these n tokens) the inputs are a token tree rather
         than a chain: token i attends to the cache and to its tree ancestors and itself (a 4-D
-        additive ``attention_mask`` [1, 1, n, cache + n]) at position cache + depth_i - 1. All n
-        entries are appended to the cache; :meth:`SequenceState.commit` with the accepted path
-        compacts them.
+        additive ``attention_mask`` [1, 1, n, cache + n]; :meth:`tree_masks` for sliding-window
+        layers) at position cache + depth_i - 1. All n entries are appended to the cache;
+        :meth:`SequenceState.commit` with the accepted path compacts them.
         """
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
             self._check_tree(tree, tokens.shape[1])
-            self._check_tree_fits(state, tokens.shape[1])
-            prefix = state.cache_length
-            attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
-            position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
+            attention_mask = self.tree_masks(state, tree)
+            position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
 
     def split_items(self, rows: list[torch.Tensor], model_inputs: dict[str, Any]) -> dict[str, list[Any]]:
@@ -368,17 +378,48 @@ class TransformersTarget:
         return self.positions.split_items(self.model, rows, model_inputs)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
-        """Prefill B prompts (each as :meth:`prefill` takes it), one at a time, and stack their
-        caches into one batch (:meth:`BatchState.prefill`); each row's TargetOutput."""
-        return BatchState.prefill(self, rows, hidden_layer)
+        """Prefill B prompts (each as :meth:`prefill` takes it, sliding-window layers keeping every
+        position), one at a time, and stack their caches into one batch (:meth:`BatchState.stack`);
+        each row's TargetOutput."""
+        states, outputs = zip(*(self._prefill(inputs, hidden_layer, windows=False) for inputs in rows))
+        return BatchState.stack(states, self.device), list(outputs)
 
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).
 
-        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions.
+        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions;
+        a model with sliding-window layers gets 4-D masks instead (:meth:`row_masks`).
         """
         n = tokens.shape[1]
-        return self._run(tokens.to(self.device), state.cache, state.attention_mask(n), state.position_ids(n), hidden_layer)
+        return self._run(tokens.to(self.device), state.cache, self.row_masks(state, n), state.position_ids(n), hidden_layer)
+
+    def row_masks(self, state: BatchState, num_tokens: int):
+        """The attention mask of a row forward of ``num_tokens`` inputs: the 2-D slot mask
+        (``state.attention_mask``), or for a model with sliding-window layers additive 4-D masks
+        [B, 1, n, C + n] over the rows' positions, since a row's valid slots have gaps (rejected
+        drafts) and the window counts positions, not slots. With p(j) the position of slot j (its
+        row's valid slots before it) and q(i) the position of input i:
+
+            full[b, i, j]    = 0 if slot j is valid for row b and p(j) <= q(i), else min
+            sliding[b, i, j] = full[b, i, j] where q(i) - p(j) < sliding_window, else min
+
+        One mask (sliding) where every layer slides; ``{"full_attention": full,
+        "sliding_attention": sliding}`` where both kinds are mixed, the mapping transformers'
+        hybrid models take in place of the masks they would build."""
+        flat = state.attention_mask(num_tokens)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return flat
+        visible = flat.bool()  # [B, C + n]
+        positions = visible.long().cumsum(dim=1) - 1  # the position of each valid slot, new inputs included
+        queries = positions[:, -num_tokens:]  # [B, n]
+        seen = visible[:, None, :] & (positions[:, None, :] <= queries[:, :, None])  # [B, n, C + n]
+        in_window = seen & (queries[:, :, None] - positions[:, None, :] < window)
+        dtype = self.model.dtype
+        full, sliding = (torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)[:, None]
+                         for m in (seen, in_window))
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def _run(self, tokens: torch.Tensor, cache, attention_mask, position_ids: torch.Tensor, hidden_layer: int | None) -> TargetOutput:
         """One forward appending ``tokens`` [B, n] to ``cache``. One token: the model's own forward
@@ -409,16 +450,28 @@ class TransformersTarget:
         if tree.size != num_tokens or tree.tokens.dim() != 1:
             raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {num_tokens} input tokens")
 
-    @staticmethod
-    def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:
-        """One 4-D mask serves every layer, so sliding-window layers must still hold every position."""
-        for layer in state.cache.layers:
-            window = getattr(layer, "sliding_window", None)
-            if getattr(layer, "is_sliding", False) and window and state.cache_length + num_tokens > window - 1:
-                raise ValueError(
-                    f"tree verification over {state.cache_length + num_tokens} positions exceeds the model's "
-                    f"sliding window ({window}); use a linear drafter for sequences this long"
-                )
+    def tree_masks(self, state: SequenceState, tree: TokenTree):
+        """The attention mask of a tree forward after ``state``'s cache of c positions: the additive
+        tree mask [1, 1, n, c + n] (:func:`~mmspec.core.tree.tree_attention_mask`), and for a model
+        with sliding-window layers its window form over the keys those layers hand the model (the
+        last v = min(c, window - 1) cached positions of a :class:`~mmspec.core.cache.SlidingLayer`,
+        then the n nodes): node i at position P_i = c + depth_i - 1 sees key j at position p_j where
+        the tree mask lets it and P_i - p_j < window. As :meth:`row_masks`: one mask where every
+        layer slides, else ``{"full_attention": ..., "sliding_attention": ...}``."""
+        prefix, dtype = state.cache_length, self.model.dtype
+        full = tree_attention_mask(tree, prefix, dtype=dtype, device=self.device)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return full
+        windowed = next((layer for layer in state.cache.layers if isinstance(layer, SlidingLayer)), None)
+        visible = prefix if windowed is None else min(prefix, window - 1)
+        nodes = prefix + tree.depth.to(self.device) - 1  # [n]
+        keys = torch.cat([torch.arange(prefix - visible, prefix, device=self.device), nodes])
+        seen = full[0, 0, :, prefix - visible :] == 0
+        sliding = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~(seen & (nodes[:, None] - keys[None, :] < window)), torch.finfo(dtype).min)[None, None]
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image (and video) tokens."""

@@ -95,7 +95,8 @@ class MllamaHooks(FamilyHooks):
         if model_inputs.get("pixel_values") is not None and model_inputs.get("aspect_ratio_ids") is None:
             raise ValueError("pixel_values need aspect_ratio_ids (and aspect_ratio_mask); pass the processor's full output")
 
-    def make_cache(self, config, model_inputs: dict[str, Any]) -> CrossAttentionCache:
+    def make_cache(self, config, model_inputs: dict[str, Any], windows: bool = True) -> CrossAttentionCache:
+        # (windows: Mllama's self-attention layers are all full attention, nothing to change)
         mask = model_inputs.get("cross_attention_mask")
         return CrossAttentionCache(config, None if mask is None else mask[:, -1:].clone())
 

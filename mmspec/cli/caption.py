@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
     cap.add_argument("--prompt", default=None, help=f'the instruction or question (default: "{DEFAULT_PROMPT}")')
     cap.add_argument("--drafter", default="auto",
                      help="auto (the model's benchmarked best, else prompt-lookup) | ar | prompt-lookup[:K] | "
-                          "layer-skip:N | eagle2[:DIR] | ... (a spec name[:key=value,...], e.g. layer-skip:layers=8) | "
+                          "layer-skip:N | eagle2[:DIR] | assistant:DIR (Gemma 4's) | ... (a spec name[:key=value,...], e.g. "
+                          "layer-skip:layers=8) | "
                           "a draft model directory")
     cap.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
     cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")

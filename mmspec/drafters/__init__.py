@@ -8,6 +8,7 @@ from torch import nn
 
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
+from .assistant import AssistantDrafter
 from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
 from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter
@@ -21,7 +22,7 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

@@ -52,9 +52,21 @@ def _llama_layer_config(config):
     return LlamaConfig(**fields, num_hidden_layers=1, tie_word_embeddings=False)
 
 
+def _gemma4_layer_config(config):
+    """Gemma 4's decoder config for one layer of its own: full attention (a one-layer Gemma 4 model
+    must end with a full-attention layer), no KV sharing (nothing to share with) and no per-layer
+    input embeddings (they are looked up by token id, which a head's inputs are not)."""
+    config = copy.deepcopy(config)
+    config.layer_types = ["full_attention"]
+    config.num_kv_shared_layers = 0
+    config.hidden_size_per_layer_input = 0
+    config.vocab_size_per_layer_input = 0
+    return config
+
+
 #: text model_type -> the config of the one decoder layer an EAGLE / Kangaroo head builds for it,
 #: for text models AutoModel cannot build alone
-HEAD_LAYER_CONFIGS = {"mllama_text_model": _llama_layer_config}
+HEAD_LAYER_CONFIGS = {"mllama_text_model": _llama_layer_config, "gemma4_text": _gemma4_layer_config}
 
 
 class OneLayerHead(nn.Module):
