@@ -22,6 +22,7 @@ from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
+from .recurrent import BATCHES_REFUSED, TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
 
 #: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
 #: rollback needs no multimodal position bookkeeping.
@@ -32,6 +33,7 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    "lfm2_vl": "LFM2-VL (Lfm2VlForConditionalGeneration; short-conv recurrent layers, adapters/recurrent.py)",
 }
 
 #: multimodal families known to need position bookkeeping mmspec does not implement yet.
@@ -110,6 +112,11 @@ class TransformersTarget:
     token, bf16, one core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
     families take the model's forward. ``lean = False`` opts out.
 
+    Hybrid recurrent decoders (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) keep their
+    recurrent layers in :class:`~mmspec.adapters.recurrent.RecurrentLayer` cache layers that roll
+    back with the KV cache; a verification over several tokens also keeps the layers' inputs for
+    that (:mod:`mmspec.adapters.recurrent`). They decode chains, one sequence at a time.
+
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
     Raises:
@@ -138,6 +145,11 @@ class TransformersTarget:
                 f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
             )
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        #: recurrent (linear-attention / convolution) layers: chains only, batch size 1
+        self.recurrent = has_recurrent_layers(config)
+        self.batch_size_one_reason = BATCHES_REFUSED if self.recurrent else None
+        if self.recurrent:
+            make_recurrent_cache(config, text_decoder(model))  # a mixer mmspec cannot roll back: refused here, once
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -237,7 +249,7 @@ class TransformersTarget:
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = make_cache(self.model.config)
+        cache = self._new_cache()
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
@@ -255,6 +267,13 @@ class TransformersTarget:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    def _new_cache(self):
+        """An empty cache for one sequence (:func:`~mmspec.core.cache.make_cache`, or with
+        rollback-able recurrent layers for a hybrid decoder)."""
+        if self.recurrent:
+            return make_recurrent_cache(self.model.config, text_decoder(self.model))
+        return make_cache(self.model.config)
 
     def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
         """The decoder's input embeddings [1, L, H] of a prompt: its token embeddings, and for a VLM
@@ -298,6 +317,8 @@ class TransformersTarget:
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
+            if self.recurrent:
+                raise ValueError(f"{type(self.model).__name__} {TREES_REFUSED}")
             self._check_tree(tree, tokens.shape[1])
             self._check_tree_fits(state, tokens.shape[1])
             prefix = state.cache_length
@@ -323,6 +344,7 @@ class TransformersTarget:
         (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
+        keep_inputs = self.recurrent and tokens.shape[1] > 1 and wants_layer_inputs(cache)  # for a rollback inside it
         decoder = self.lean_decoder if self.lean else None
         if decoder is not None and lean_supported(decoder, attention_mask):
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
@@ -334,8 +356,10 @@ class TransformersTarget:
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            output_hidden_states=hidden_layer is not None,
+            output_hidden_states=hidden_layer is not None or keep_inputs,
         )
+        if keep_inputs:
+            keep_layer_inputs(cache, out.hidden_states)
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
 

@@ -18,6 +18,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
+from .recurrent import Settling
+
 
 class PreallocatedLayer(DynamicLayer):
     """A full-attention KV layer with in-place appends and rollback by bookkeeping.
@@ -152,12 +154,17 @@ def make_cache(config) -> DynamicCache:
 
 
 def crop_cache(cache: Cache, length: int) -> None:
-    """Drop every cached position at index >= ``length``."""
+    """Drop every cached position at index >= ``length``. Recurrent layers (:mod:`mmspec.core.recurrent`)
+    are rewound to their states after ``length`` positions and settle there: what is kept counts as
+    committed, so their history since the previous commit goes (also when nothing is dropped)."""
     excess = cache.get_seq_length() - length
     if excess < 0:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if excess:
         cache.crop(-excess)
+    for layer in getattr(cache, "layers", ()):  # (StaticKVCache and a target's own caches have none)
+        if isinstance(layer, Settling):
+            layer.settle()
 
 
 #: faster compactions a backend offers: ``fn(cache layers, start, indices) -> True`` where it did
