@@ -34,7 +34,6 @@ decays the state at every position, padded or not), so rows would not equal batc
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,24 +42,25 @@ from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 from ..core.cache import make_cache
-from ..core.recurrent import Replay, Settling, StateHistory
+from ..core.recurrent import Segment, Settling, StateHistory
 
 TREES_REFUSED = ("has recurrent layers (linear attention / short convolutions) whose state follows one sequence: a token "
                  "tree would need a state per branch. Use a chain drafter (prompt-lookup, layer-skip:N, a draft model, eagle)")
 BATCHES_REFUSED = ("has recurrent layers (linear attention / short convolutions): a left-padded row's padding would decay "
                    "its recurrent state, so rows would differ from batch-1 rows")
 
-#: token-mixer class name -> factory(decoder layer) -> replay of its recurrent state; None for a
-#: short convolution with no recurrent state (the cache layer rewinds its window itself)
-MIXERS: dict[str, Callable[[nn.Module], Replay] | None] = {"Lfm2ShortConv": None}
+#: token-mixer class name -> the class of the group that replays the recurrent states of a cache's
+#: layers of that kind (``group.members``, ``group.replay(layer, segment, m)``); None for a short
+#: convolution with no recurrent state (the cache layer rewinds its window itself)
+MIXERS: dict[str, type | None] = {"Lfm2ShortConv": None}
 
 
 def register_mixer(*names: str):
-    """Register a replay factory for the token-mixer classes ``names``."""
-    def decorator(factory):
+    """Register a replay group class for the token-mixer classes ``names``."""
+    def decorator(group_class):
         for name in names:
-            MIXERS[name] = factory
-        return factory
+            MIXERS[name] = group_class
+        return group_class
     return decorator
 
 
@@ -71,39 +71,118 @@ def _window(conv: torch.Tensor | None, inputs: torch.Tensor, size: int) -> torch
     return F.pad(window, (size - window.shape[-1], 0)) if window.shape[-1] < size else window
 
 
-@register_mixer("Qwen3_5GatedDeltaNet")
-def gated_delta_replay(decoder_layer: nn.Module) -> Replay:
-    """The replay of a Qwen3.5 decoder layer's Gated DeltaNet state (module docstring): ``(states,
-    inputs, m) -> (conv window, S after m positions)``, with ``inputs`` the segment's ``conv``
-    [B, C, n] and ``hidden`` [B, n, H] (the layer's input hidden states)."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, torch_recurrent_gated_delta_rule
+def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> list[tuple]:
+    """The states of Gated DeltaNet layers after the first m positions of a forward, all layers in one
+    computation (the layers stacked; module docstring's replay).
 
-    mixer, norm = decoder_layer.linear_attn, decoder_layer.input_layernorm
+    Args:
+        entries: per layer (its decoder layer, its states before the forward (conv window [B, C, k]
+            or None, S [B, H_v, d_k, d_v] or None), the forward's ``conv`` inputs [B, C, n] and
+            ``hidden`` inputs [B, n, H]).
+    Returns:
+        Per layer (conv window [B, C, k], S [B, H_v, d_k, d_v] fp32).
 
-    def replay(states: tuple, inputs: dict, m: int) -> tuple:
-        conv, recurrent = states
+    Only what the state needs is computed: per layer its RMSNorm and gate projections (the model's
+    modules) give beta = sigmoid(b) and exp(g), g = -exp(A_log) softplus(a + dt_bias); stacked over
+    the layers, the depthwise convolution of the k and v channels (then the activation), k
+    L2-normalised (transformers' l2norm, eps 1e-6) and the state update of transformers' one-token
+    recurrence (``torch_recurrent_gated_delta_rule``) without its output (q and the attention output
+    are not needed; the large projections are not run again).
+    """
+    from transformers.activations import ACT2FN
+
+    mixers = [layer.linear_attn for layer, _, _ in entries]
+    first = mixers[0]
+    for mixer in mixers[1:]:  # one shape for all (true of every layer of one model)
+        if (mixer.key_dim, mixer.value_dim, mixer.num_v_heads, mixer.conv_kernel_size, mixer.activation) != (
+                first.key_dim, first.value_dim, first.num_v_heads, first.conv_kernel_size, first.activation):
+            raise ValueError("Gated DeltaNet layers of different shapes cannot be replayed together")
+    size, heads, key_heads, dk, dv = first.conv_kernel_size, first.num_v_heads, first.num_k_heads, first.head_k_dim, first.head_v_dim
+    news, fulls, betas, decays, starts = [], [], [], [], []
+    for (layer, (conv, recurrent), inputs), mixer in zip(entries, mixers):
         hidden = inputs.get("hidden")
         if hidden is None:
             raise ValueError("cannot replay a Gated DeltaNet state without the layer's inputs of that forward "
                              "(run it through mmspec's TransformersTarget)")
-        x = norm(hidden[:, :m])
         new = inputs["conv"][..., :m]
         full = new if conv is None else torch.cat([conv, new], dim=-1)
-        mixed = causal_conv1d_fn(full, mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, activation=mixer.activation)
-        mixed = mixed[..., -m:].transpose(1, 2)
-        query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-        b, _ = x.shape[:2]
-        query = query.reshape(b, m, -1, mixer.head_k_dim)
-        key = key.reshape(b, m, -1, mixer.head_k_dim)
-        value = value.reshape(b, m, -1, mixer.head_v_dim)
-        beta = mixer.in_proj_b(x).sigmoid()
-        g = -mixer.A_log.float().exp() * F.softplus(mixer.in_proj_a(x).float() + mixer.dt_bias)
-        _, state = torch_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=recurrent,
-                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
-        return _window(conv, new, mixer.conv_kernel_size), state
+        news.append(new)
+        fulls.append(F.pad(full[:, first.key_dim:], (max(0, size - full.shape[-1]), 0)))  # k, v channels [B, C', k' + m]
+        x = layer.input_layernorm(hidden[:, :m])
+        betas.append(mixer.in_proj_b(x).sigmoid().float())  # [B, m, H_v]
+        decays.append(-mixer.A_log.float().exp() * F.softplus(mixer.in_proj_a(x).float() + mixer.dt_bias))
+        starts.append(torch.zeros(hidden.shape[0], heads, dk, dv, device=hidden.device) if recurrent is None else recurrent.float())
+    b, layers, channels = news[0].shape[0], len(entries), fulls[0].shape[1]
+    weight = torch.cat([mixer.conv1d.weight[first.key_dim:] for mixer in mixers])  # [L C', 1, k]
+    bias = None if first.conv1d.bias is None else torch.cat([mixer.conv1d.bias[first.key_dim:] for mixer in mixers])
+    kv = F.conv1d(torch.cat(fulls, dim=1).to(weight.dtype), weight, bias, groups=weight.shape[0])[..., -m:]
+    kv = ACT2FN[first.activation](kv).to(news[0].dtype)  # [B, L C', m]
+    kv = kv.view(b, layers, channels, m).permute(1, 0, 3, 2)  # [L, B, m, C']
+    key = kv[..., : first.key_dim].reshape(layers, b, m, key_heads, dk).float()
+    key = key * torch.rsqrt((key * key).sum(dim=-1, keepdim=True) + 1e-6)
+    if heads != key_heads:
+        key = key.repeat_interleave(heads // key_heads, dim=3)
+    value = kv[..., first.key_dim:].reshape(layers, b, m, heads, dv).float()
+    # S_t = exp(g_t) S_{t-1} + k_t delta_t^T, delta_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t), on
+    # [L B H_v, d_k, d_v]: a GEMV and a rank-1 update per position, in place on a new tensor
+    rows = layers * b * heads
+    key = key.permute(0, 1, 3, 2, 4).reshape(rows, m, dk)
+    value = value.permute(0, 1, 3, 2, 4).reshape(rows, m, dv)
+    beta = torch.stack(betas).permute(0, 1, 3, 2).reshape(rows, m)
+    decay = torch.stack(decays).exp().permute(0, 1, 3, 2).reshape(rows, m)
+    state = torch.stack(starts).view(rows, dk, dv)
+    for t in range(m):
+        state = state * decay[:, t, None, None] if t == 0 else state.mul_(decay[:, t, None, None])
+        k_t = key[:, t, None, :]  # [rows, 1, d_k]
+        delta = (value[:, t, None, :] - torch.bmm(k_t, state)) * beta[:, t, None, None]  # [rows, 1, d_v]
+        state = state.baddbmm_(k_t.transpose(1, 2), delta)
+    state = state.view(layers, b, heads, dk, dv)
+    return [(_window(conv, new, size), state[i]) for i, ((_, (conv, _), _), new) in enumerate(zip(entries, news))]
 
-    replay.needs_hidden = True
-    return replay
+
+class Shared:
+    """A reference that a deep copy shares instead of copying (a model module held by a cache layer:
+    copying a cache must not copy the model)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __deepcopy__(self, memo) -> "Shared":
+        return self
+
+
+class DeltaGroup:
+    """The Gated DeltaNet layers of one cache, rewound together: a crop rewinds every layer in turn;
+    the first one to replay inside a forward computes the states of every member whose history holds
+    the same forward (:func:`delta_rule_states`, one computation over the stacked layers), the others
+    take theirs. A rollback then costs about one layer's Python instead of one per layer. (A deep
+    copy of the cache copies its group with it: the members are the copy's layers.)
+    """
+
+    def __init__(self) -> None:
+        self.members: list["RecurrentLayer"] = []
+        self.results: dict[int, tuple[int, tuple]] = {}  # id(segment inputs) -> (m, states)
+
+    def replay(self, layer: "RecurrentLayer", segment: Segment, m: int) -> tuple:
+        done = self.results.pop(id(segment.inputs), None)
+        if done is not None and done[0] == m:
+            return done[1]
+        self.results.clear()
+        entries, keys = [(layer.decoder_layer.value, segment.states, segment.inputs)], []
+        for other in self.members:
+            if other is layer:
+                continue
+            same = next((s for s in other.history.segments if (s.start, s.count) == (segment.start, segment.count)), None)
+            if same is not None and "hidden" in same.inputs:
+                entries.append((other.decoder_layer.value, same.states, same.inputs))
+                keys.append(id(same.inputs))
+        results = delta_rule_states(entries, m)
+        for key, result in zip(keys, results[1:]):
+            self.results[key] = (m, result)
+        return results[0]
+
+
+register_mixer("Qwen3_5GatedDeltaNet")(DeltaGroup)
 
 
 class RecurrentLayer(Settling, LinearAttentionLayer):
@@ -116,23 +195,28 @@ class RecurrentLayer(Settling, LinearAttentionLayer):
     the previous tensors stay intact as the history's start states, no copy made.
 
     Args:
-        replay: the layer's recurrent replay (:data:`MIXERS`), or None for a convolution only.
+        group: the replay group of the cache's layers of this kind (:data:`MIXERS`), or None for a
+            convolution only.
+        decoder_layer: the model's decoder layer this cache layer serves (with a group).
     """
 
-    def __init__(self, replay: Replay | None = None) -> None:
+    def __init__(self, group=None, decoder_layer: nn.Module | None = None) -> None:
         LinearAttentionLayer.__init__(self, number_of_states=1)
         self.record_past = True
-        self.mixer_replay = replay
-        self.needs_hidden = bool(getattr(replay, "needs_hidden", False))
+        self.group = group
+        self.decoder_layer = Shared(decoder_layer)
+        self.needs_hidden = group is not None
         self.history = StateHistory(self._replay)
+        if group is not None:
+            group.members.append(self)
 
-    def _replay(self, states: tuple, inputs: dict, m: int) -> tuple:
-        conv, recurrent = states
-        if recurrent is None or self.mixer_replay is None:
-            if recurrent is not None:
-                raise ValueError("this recurrent layer has no registered replay for its state")
-            return _window(conv, inputs["conv"][..., :m], self.conv_kernel_size[0]), None
-        return self.mixer_replay(states, inputs, m)
+    def _replay(self, segment: Segment, m: int) -> tuple:
+        conv, recurrent = segment.states
+        if self.group is not None:
+            return self.group.replay(self, segment, m)
+        if recurrent is not None:
+            raise ValueError("this recurrent layer has no registered replay for its state")
+        return _window(conv, segment.inputs["conv"][..., :m], self.conv_kernel_size[0]), None
 
     def _states(self) -> tuple:
         if not self.has_previous_state[0]:
@@ -194,14 +278,12 @@ def has_recurrent_layers(config) -> bool:
     return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers)
 
 
-def mixer_replay(decoder_layer: nn.Module, index: int) -> Replay | None:
-    """The registered replay of decoder layer ``index``'s token mixer (None: a convolution only).
-    Raises ValueError for a mixer mmspec cannot roll back."""
+def mixer_kind(decoder_layer: nn.Module, index: int) -> str:
+    """The registered token-mixer class name of decoder layer ``index`` (:data:`MIXERS`). Raises
+    ValueError for a mixer mmspec cannot roll back."""
     for module in decoder_layer.children():
-        name = type(module).__name__
-        if name in MIXERS:
-            factory = MIXERS[name]
-            return None if factory is None else factory(decoder_layer)
+        if type(module).__name__ in MIXERS:
+            return type(module).__name__
     kinds = ", ".join(type(m).__name__ for m in decoder_layer.children())
     raise ValueError(f"decoder layer {index} ({kinds}) has a recurrent state mmspec cannot roll back; "
                      f"supported token mixers: {', '.join(sorted(MIXERS))}")
@@ -209,11 +291,15 @@ def mixer_replay(decoder_layer: nn.Module, index: int) -> Replay | None:
 
 def make_recurrent_cache(config, decoder: nn.Module) -> DynamicCache:
     """:func:`mmspec.core.cache.make_cache` for a hybrid decoder (its ``layers`` in ``decoder``):
-    full-attention layers preallocated, recurrent layers :class:`RecurrentLayer` with their replays."""
+    full-attention layers preallocated, recurrent layers :class:`RecurrentLayer` with their replays
+    (one replay group per mixer kind and cache)."""
     cache = make_cache(config)
+    groups: dict[str, object] = {}
     for i, layer in enumerate(cache.layers):
         if type(layer) is LinearAttentionLayer:
-            cache.layers[i] = RecurrentLayer(mixer_replay(decoder.layers[i], i))
+            kind = mixer_kind(decoder.layers[i], i)
+            group = None if MIXERS[kind] is None else groups.setdefault(kind, MIXERS[kind]())
+            cache.layers[i] = RecurrentLayer(group, decoder.layers[i])
         elif isinstance(layer, LinearAttentionCacheLayerMixin):
             raise ValueError(f"cache layer {i} is a {type(layer).__name__} (recurrent and attention in one layer), "
                              "which mmspec cannot roll back")

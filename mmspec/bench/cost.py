@@ -17,6 +17,12 @@ hooks' own cost never enters C(n)):
 - ``other``: the rest of the timed forward: the adapter and framework overhead (masks, position
   ids, cache bookkeeping, the Python between modules) and the hooks' own cost.
 
+A hybrid recurrent target (Qwen3.5, LFM2: :mod:`mmspec.adapters.recurrent`) also gets what its
+rollback costs (:func:`measure_recurrent`): the same forward on transformers' own cache, which
+keeps no history and cannot roll back (C(n) minus it is the cost of keeping the states), and the
+time of the rollback to each kept length m < n of a forward over n (a replay of m positions of the
+recurrent layers), against C(n).
+
 Runs ``--variants plain,optimized`` side by side in one process: the same model as loaded and
 after :func:`mmspec.optimize` (few-row linears; the outputs' equality is tested in
 tests/test_optimize.py). Results go to ``--results`` (JSON, with the machine) and a markdown table.
@@ -182,6 +188,55 @@ def measure_parts(target, model: nn.Module, sizes: list[int], model_inputs, repe
     return out
 
 
+def measure_recurrent(target, model: nn.Module, sizes: list[int], model_inputs, repeats: int) -> dict:
+    """What a hybrid target's rollback costs, per verification size n (median seconds):
+
+    - ``bare``: the model's forward over n new tokens on transformers' ``DynamicCache`` (a deep
+      copy of the prefilled one each time, copied outside the timing): no history kept, no rollback
+      possible, the layers' inputs not returned;
+    - ``rollback``: {m: time of ``crop_cache`` back to m of the n positions} for m = 1, n // 2 and
+      n - 1 (a replay of m positions; m = n, a fully accepted chain, and m = 0 restore references),
+      each after a forward on a deep copy of the prefilled sequence (a rollback settles: it cannot
+      be undone, so every repeat starts from a copy).
+    """
+    import copy
+
+    from transformers import DynamicCache
+
+    high = min(20000, target.vocab_size)
+    if model_inputs is None:
+        model_inputs = {"input_ids": torch.randint(0, high, (1, 200), generator=torch.Generator().manual_seed(0))}
+    model_inputs = {k: (v.to(target.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
+    bare, rollback = {}, {}
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(**model_inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        context = cache.get_seq_length()
+        prefilled, _ = target.prefill(model_inputs)
+        for n in sizes:
+            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(target.device)
+            positions = torch.arange(context, context + n, device=target.device)[None]
+            times = []
+            for _ in range(repeats + 1):
+                fresh = copy.deepcopy(cache)
+                started = time.perf_counter()
+                model(input_ids=tokens, past_key_values=fresh, position_ids=positions, use_cache=True)
+                times.append(time.perf_counter() - started)
+            bare[n] = statistics.median(times[1:])
+            rollback[n] = {}
+            for m in sorted({1, n // 2, n - 1} - {0, n}):
+                times = []
+                for _ in range(repeats + 1):
+                    state = copy.copy(prefilled)
+                    state.cache = copy.deepcopy(prefilled.cache)
+                    target.forward(state, tokens)
+                    started = time.perf_counter()
+                    crop_cache(state.cache, context + m)
+                    times.append(time.perf_counter() - started)
+                rollback[n][m] = statistics.median(times[1:])
+    return {"bare": bare, "rollback": rollback}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..modeling.fast_linear import optimize
 
@@ -200,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_parts and target.device.type == "cpu":
             parts = measure_parts(target, model, list(curve), inputs, args.repeats)
             record["parts_ms"] = {str(n): {p: t * 1000 for p, t in v.items()} for n, v in parts.items()}
+        if getattr(target, "recurrent", False):
+            costs = measure_recurrent(target, model, list(curve), inputs, args.repeats)
+            record["bare_ms"] = {str(n): t * 1000 for n, t in costs["bare"].items()}
+            record["rollback_ms"] = {str(n): {str(m): t * 1000 for m, t in v.items()} for n, v in costs["rollback"].items()}
         results["variants"][variant] = record
         save_results(Path(args.results), results)
     table = markdown_table(results)
@@ -229,6 +288,16 @@ def markdown_table(results: dict) -> str:
             parts = record.get("parts_ms", {}).get(n)
             cells = [f"{parts[p]:.1f}" for p in PARTS] if parts else ["-"] * len(PARTS)
             lines.append(f"| {n} | {t:.1f} | {t / c1:.2f} | " + " | ".join(cells) + " |")
+        if "rollback_ms" in record:
+            lines += ["", f"**{variant}**, recurrent state (adapters/recurrent.py): `bare` = the model's forward on "
+                      "transformers' own cache (no history, no rollback); keeping = C(n) / bare - 1; rollback = "
+                      "crop_cache to m of the n positions (a replay of m positions; m = 1, n // 2, n - 1), the worst m's share of C(n)", "",
+                      "| n | C(n) ms | bare ms | keeping | rollback ms (m: ms) | worst / C(n) |", "|---|---|---|---|---|---|"]
+            for n, t in ms.items():
+                back = record["rollback_ms"].get(n, {})
+                worst = max(back.values(), default=0.0)
+                lines.append(f"| {n} | {t:.2f} | {record['bare_ms'][n]:.2f} | {t / record['bare_ms'][n] - 1:+.1%} | "
+                             + (", ".join(f"{m}: {v:.2f}" for m, v in back.items()) or "-") + f" | {worst / t:.1%} |")
     if {"plain", "optimized"} <= set(results["variants"]):
         plain, fast = results["variants"]["plain"]["ms"], results["variants"]["optimized"]["ms"]
         lines += ["", "optimized / plain: " + ", ".join(f"n={n} {fast[n] / plain[n]:.2f}" for n in plain if n in fast)]

@@ -10,8 +10,8 @@ many positions it appended and what a replay of part of it needs. Rewinding to l
 - at the start of a segment (the committed length after drafting, a rejected verification's
   pending token... any forward boundary): that segment's states, no arithmetic;
 - inside a segment (a verification of [pending, d_1 .. d_K] of which n drafts are accepted: the
-  cache keeps 1 + n of its K + 1 positions): the segment's states, then ``replay(states,
-  inputs, m)`` over its first m = t - start positions. The layer's owner gives ``replay``: for a
+  cache keeps 1 + n of its K + 1 positions): ``replay(segment, m)``, the segment's states
+  advanced over its first m = t - start positions. The layer's owner gives ``replay``: for a
   Gated DeltaNet layer the delta rule over the m positions' kept q / k / v / gates
   (:mod:`mmspec.adapters.recurrent`), the projections are not run again.
 
@@ -32,9 +32,9 @@ from typing import Any, Callable
 
 import torch
 
-#: ``replay(states, inputs, m) -> states``: a layer's states after the first m positions of a
-#: segment that started from ``states`` (``inputs``: the segment's kept inputs, as its owner filled them)
-Replay = Callable[[tuple, dict, int], tuple]
+#: ``replay(segment, m) -> states``: a layer's states after the first m positions of a segment
+#: (from its start ``states``, with its kept ``inputs``, as its owner filled them)
+Replay = Callable[["Segment", int], tuple]
 
 
 @dataclass
@@ -99,7 +99,7 @@ class StateHistory:
             raise ValueError(f"cannot roll a recurrent layer back inside a forward (to {m} of its {segment.count} positions): "
                              "its states are not replayable")
         else:
-            states = self.replay(segment.states, segment.inputs, m)
+            states = self.replay(segment, m)
         self.length = length
         self.settle()
         return states
