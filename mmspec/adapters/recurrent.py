@@ -71,7 +71,25 @@ def _window(conv: torch.Tensor | None, inputs: torch.Tensor, size: int) -> torch
     return F.pad(window, (size - window.shape[-1], 0)) if window.shape[-1] < size else window
 
 
-def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> list[tuple]:
+def _stacked(entries: list[tuple[nn.Module, tuple, dict]]) -> dict | None:
+    """The per-layer constants of Gated DeltaNet layers stacked over the layers, or None where a
+    module is not the plain kind whose arithmetic is stacked here (a replaced projection, another norm):
+    then each layer's own modules run."""
+    layers = [layer for layer, _, _ in entries]
+    mixers = [layer.linear_attn for layer in layers]
+    if not all(type(m.in_proj_a) is nn.Linear and type(m.in_proj_b) is nn.Linear and m.in_proj_a.bias is None
+               and m.in_proj_b.bias is None and type(layer.input_layernorm).__name__ == "Qwen3_5RMSNorm"
+               for m, layer in zip(mixers, layers)):
+        return None
+    return {"norm": torch.stack([layer.input_layernorm.weight.float() for layer in layers])[:, None, :],  # [L, 1, H]
+            "eps": layers[0].input_layernorm.eps,
+            # [L, H, 2 H_v] in fp32: a few-row bmm in bf16 takes a slow path on CPUs (~1 ms here)
+            "gates": torch.stack([torch.cat([m.in_proj_a.weight, m.in_proj_b.weight]).T.float() for m in mixers]),
+            "a": torch.stack([-m.A_log.float().exp() for m in mixers])[:, None, :],  # [L, 1, H_v]
+            "dt_bias": torch.stack([m.dt_bias for m in mixers])[:, None, :]}
+
+
+def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int, stacked: dict | None = None) -> list[tuple]:
     """The states of Gated DeltaNet layers after the first m positions of a forward, all layers in one
     computation (the layers stacked; module docstring's replay).
 
@@ -79,15 +97,16 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> l
         entries: per layer (its decoder layer, its states before the forward (conv window [B, C, k]
             or None, S [B, H_v, d_k, d_v] or None), the forward's ``conv`` inputs [B, C, n] and
             ``hidden`` inputs [B, n, H]).
+        stacked: :func:`_stacked` of the same layers (None: each layer's modules run).
     Returns:
         Per layer (conv window [B, C, k], S [B, H_v, d_k, d_v] fp32).
 
-    Only what the state needs is computed: per layer its RMSNorm and gate projections (the model's
-    modules) give beta = sigmoid(b) and exp(g), g = -exp(A_log) softplus(a + dt_bias); stacked over
-    the layers, the depthwise convolution of the k and v channels (then the activation), k
-    L2-normalised (transformers' l2norm, eps 1e-6) and the state update of transformers' one-token
-    recurrence (``torch_recurrent_gated_delta_rule``) without its output (q and the attention output
-    are not needed; the large projections are not run again).
+    Only what the state needs is computed: the layer's RMSNorm (Qwen3.5's: x / rms(x) (1 + w)) and
+    gate projections give beta = sigmoid(b) and exp(g), g = -exp(A_log) softplus(a + dt_bias); the
+    depthwise convolution of the k and v channels (then the activation), k L2-normalised
+    (transformers' l2norm, eps 1e-6) and the state update of transformers' one-token recurrence
+    (``torch_recurrent_gated_delta_rule``) without its output (q and the attention output are not
+    needed; the large projections are not run again).
     """
     from transformers.activations import ACT2FN
 
@@ -98,8 +117,8 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> l
                 first.key_dim, first.value_dim, first.num_v_heads, first.conv_kernel_size, first.activation):
             raise ValueError("Gated DeltaNet layers of different shapes cannot be replayed together")
     size, heads, key_heads, dk, dv = first.conv_kernel_size, first.num_v_heads, first.num_k_heads, first.head_k_dim, first.head_v_dim
-    news, fulls, betas, decays, starts = [], [], [], [], []
-    for (layer, (conv, recurrent), inputs), mixer in zip(entries, mixers):
+    news, fulls, hiddens, starts = [], [], [], []
+    for _, (conv, recurrent), inputs in entries:
         hidden = inputs.get("hidden")
         if hidden is None:
             raise ValueError("cannot replay a Gated DeltaNet state without the layer's inputs of that forward "
@@ -108,11 +127,23 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> l
         full = new if conv is None else torch.cat([conv, new], dim=-1)
         news.append(new)
         fulls.append(F.pad(full[:, first.key_dim:], (max(0, size - full.shape[-1]), 0)))  # k, v channels [B, C', k' + m]
-        x = layer.input_layernorm(hidden[:, :m])
-        betas.append(mixer.in_proj_b(x).sigmoid().float())  # [B, m, H_v]
-        decays.append(-mixer.A_log.float().exp() * F.softplus(mixer.in_proj_a(x).float() + mixer.dt_bias))
+        hiddens.append(hidden[:, :m])
         starts.append(torch.zeros(hidden.shape[0], heads, dk, dv, device=hidden.device) if recurrent is None else recurrent.float())
     b, layers, channels = news[0].shape[0], len(entries), fulls[0].shape[1]
+    if stacked is not None:  # every layer's norm and gate projections in one go
+        hidden = torch.stack(hiddens).flatten(1, 2)  # [L, B m, H]
+        x = hidden.float()
+        x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + stacked["eps"]) * (1.0 + stacked["norm"])).type_as(hidden)
+        a, gate_b = torch.bmm(x.float(), stacked["gates"]).split(heads, dim=-1)  # [L, B m, H_v] each (the norm's rounding kept)
+        beta = gate_b.sigmoid()
+        decay = (stacked["a"] * F.softplus(a + stacked["dt_bias"].float())).exp()
+    else:
+        betas, decays = [], []
+        for (layer, _, _), mixer, h in zip(entries, mixers, hiddens):
+            x = layer.input_layernorm(h)
+            betas.append(mixer.in_proj_b(x).sigmoid().float().flatten(0, 1))
+            decays.append((-mixer.A_log.float().exp() * F.softplus(mixer.in_proj_a(x).float() + mixer.dt_bias)).exp().flatten(0, 1))
+        beta, decay = torch.stack(betas), torch.stack(decays)
     weight = torch.cat([mixer.conv1d.weight[first.key_dim:] for mixer in mixers])  # [L C', 1, k]
     bias = None if first.conv1d.bias is None else torch.cat([mixer.conv1d.bias[first.key_dim:] for mixer in mixers])
     kv = F.conv1d(torch.cat(fulls, dim=1).to(weight.dtype), weight, bias, groups=weight.shape[0])[..., -m:]
@@ -128,8 +159,8 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int) -> l
     rows = layers * b * heads
     key = key.permute(0, 1, 3, 2, 4).reshape(rows, m, dk)
     value = value.permute(0, 1, 3, 2, 4).reshape(rows, m, dv)
-    beta = torch.stack(betas).permute(0, 1, 3, 2).reshape(rows, m)
-    decay = torch.stack(decays).exp().permute(0, 1, 3, 2).reshape(rows, m)
+    beta = beta.view(layers, b, m, heads).permute(0, 1, 3, 2).reshape(rows, m)
+    decay = decay.view(layers, b, m, heads).permute(0, 1, 3, 2).reshape(rows, m)
     state = torch.stack(starts).view(rows, dk, dv)
     for t in range(m):
         state = state * decay[:, t, None, None] if t == 0 else state.mul_(decay[:, t, None, None])
@@ -162,6 +193,8 @@ class DeltaGroup:
     def __init__(self) -> None:
         self.members: list["RecurrentLayer"] = []
         self.results: dict[int, tuple[int, tuple]] = {}  # id(segment inputs) -> (m, states)
+        #: (the decoder layers replayed together) -> _stacked of them; shared by deep copies of the cache
+        self.constants = Shared({})
 
     def replay(self, layer: "RecurrentLayer", segment: Segment, m: int) -> tuple:
         done = self.results.pop(id(segment.inputs), None)
@@ -176,7 +209,11 @@ class DeltaGroup:
             if same is not None and "hidden" in same.inputs:
                 entries.append((other.decoder_layer.value, same.states, same.inputs))
                 keys.append(id(same.inputs))
-        results = delta_rule_states(entries, m)
+        group = tuple(id(layer) for layer, _, _ in entries)
+        constants = self.constants.value
+        if group not in constants:  # (once per sequence and its copies: the weights are fixed while it decodes)
+            constants[group] = _stacked(entries)
+        results = delta_rule_states(entries, m, constants[group])
         for key, result in zip(keys, results[1:]):
             self.results[key] = (m, result)
         return results[0]
