@@ -266,3 +266,20 @@ def test_speculative_sampling_keeps_the_target_distribution():
     for i in range(NEW):
         result = chisquare(counts[i].numpy(), (exact[i] / exact[i].sum() * RUNS).numpy())
         assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)
+
+
+def test_bench_cost_measures_the_rollback():
+    """`mmspec bench cost` on a hybrid target: the bare forward and the rollback to each kept length
+    are measured and tabled (tiny model, one repeat: the figures exist and are positive)."""
+    from mmspec.bench.cost import markdown_table, measure_recurrent
+
+    model = tiny_qwen3_5()
+    target = TransformersTarget(model)
+    costs = measure_recurrent(target, model, [1, 3], inputs_of("qwen3_5"), repeats=1)
+    assert set(costs["kept"]) == set(costs["bare"]) == {1, 3} and min([*costs["kept"].values(), *costs["bare"].values()]) > 0
+    assert costs["rollback"][1] == {} and set(costs["rollback"][3]) == {1, 2} and min(costs["rollback"][3].values()) > 0
+    results = {"meta": {"model": "tiny", "repeats": 1, "machine": {"dtype": "fp32", "threads": 1, "cpu": "x", "torch": "x"}},
+               "variants": {"plain": {"ms": {"1": 2.0, "3": 3.0}, "kept_ms": {"1": 2.0, "3": 3.0}, "bare_ms": {"1": 2.0, "3": 2.5},
+                                      "rollback_ms": {"1": {}, "3": {"1": 0.1, "2": 0.3}}}}}
+    table = markdown_table(results)
+    assert "| 3 | 3.00 | 2.50 | +20.0% | 1: 0.10, 2: 0.30 | 10.0% |" in table

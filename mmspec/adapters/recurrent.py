@@ -14,15 +14,16 @@ Rewinding to an accepted length inside a verification forward of n = K + 1 posit
 states before it and replays the first m positions:
 
 - conv window: the last k columns of [window, conv inputs[:, :, :m]] (no arithmetic);
-- Gated DeltaNet (:func:`gated_delta_replay`): from the layer's input hidden states of those m
-  positions (the adapter keeps them from the verification forward, ``keep_layer_inputs``), its
+- Gated DeltaNet (:func:`delta_rule_states`): from the layer's input hidden states of those m
+  positions (the adapter keeps them from the verification forward, :func:`keep_layer_inputs`), its
   RMSNorm, the small gate projections a, b [H -> H_v] and the convolution of the kept conv inputs
-  give q, k, v, g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), then the delta rule
+  give k, v, g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), then the delta rule
 
       S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - k_t^T exp(g_t) S_{t-1}))^T,   t = 1 .. m
 
-  (transformers' ``torch_recurrent_gated_delta_rule``, the function its one-token decoding steps
-  run). The large projections (q/k/v, z, out) are not run again.
+  (the state update of transformers' ``torch_recurrent_gated_delta_rule``, the function its
+  one-token decoding steps run). The large projections (q/k/v, z, out) are not run again, and all
+  Gated DeltaNet layers of a cache replay in one stacked computation (:class:`DeltaGroup`).
 
 A forward of one token (plain steps, a drafter's steps on shared layers) ends on a segment boundary:
 rewinding there restores references, no arithmetic. The same holds for a fully accepted chain.

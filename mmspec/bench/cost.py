@@ -189,52 +189,54 @@ def measure_parts(target, model: nn.Module, sizes: list[int], model_inputs, repe
 
 
 def measure_recurrent(target, model: nn.Module, sizes: list[int], model_inputs, repeats: int) -> dict:
-    """What a hybrid target's rollback costs, per verification size n (median seconds):
+    """What a hybrid target's rollback costs, per verification size n (median seconds), measured in
+    turns on deep copies of one prefilled sequence (copied outside the timing; a rollback settles,
+    so every forward starts from a copy):
 
-    - ``bare``: the model's forward over n new tokens on transformers' ``DynamicCache`` (a deep
-      copy of the prefilled one each time, copied outside the timing): no history kept, no rollback
-      possible, the layers' inputs not returned;
+    - ``kept``: ``target.forward`` over n new tokens as decoding runs it (the recurrent layers
+      record their history, the layers' inputs are kept);
+    - ``bare``: the same ``target.forward`` on the cache transformers builds (``make_cache``: its
+      own recurrent layers, which keep no history and cannot roll back): kept / bare - 1 is what
+      keeping the states costs;
     - ``rollback``: {m: time of ``crop_cache`` back to m of the n positions} for m = 1, n // 2 and
-      n - 1 (a replay of m positions; m = n, a fully accepted chain, and m = 0 restore references),
-      each after a forward on a deep copy of the prefilled sequence (a rollback settles: it cannot
-      be undone, so every repeat starts from a copy).
+      n - 1 (a replay of m positions; m = n, a fully accepted chain, and m = 0 restore references).
     """
     import copy
 
-    from transformers import DynamicCache
+    from ..core.cache import SequenceState, make_cache
 
     high = min(20000, target.vocab_size)
     if model_inputs is None:
         model_inputs = {"input_ids": torch.randint(0, high, (1, 200), generator=torch.Generator().manual_seed(0))}
     model_inputs = {k: (v.to(target.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
-    bare, rollback = {}, {}
+    kept, bare, rollback = {}, {}, {}
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(**model_inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        context = cache.get_seq_length()
         prefilled, _ = target.prefill(model_inputs)
+        context = prefilled.cache_length
+        plain = make_cache(model.config)
+        model(**model_inputs, past_key_values=plain, use_cache=True, logits_to_keep=1)
         for n in sizes:
             tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(target.device)
-            positions = torch.arange(context, context + n, device=target.device)[None]
-            times = []
+            lengths = sorted({1, n // 2, n - 1} - {0, n}) or [n]
+            times = {"kept": [], "bare": [], **{m: [] for m in lengths}}
             for _ in range(repeats + 1):
-                fresh = copy.deepcopy(cache)
-                started = time.perf_counter()
-                model(input_ids=tokens, past_key_values=fresh, position_ids=positions, use_cache=True)
-                times.append(time.perf_counter() - started)
-            bare[n] = statistics.median(times[1:])
-            rollback[n] = {}
-            for m in sorted({1, n // 2, n - 1} - {0, n}):
-                times = []
-                for _ in range(repeats + 1):
+                for m in lengths:
                     state = copy.copy(prefilled)
                     state.cache = copy.deepcopy(prefilled.cache)
+                    started = time.perf_counter()
                     target.forward(state, tokens)
+                    times["kept"].append(time.perf_counter() - started)
                     started = time.perf_counter()
                     crop_cache(state.cache, context + m)
-                    times.append(time.perf_counter() - started)
-                rollback[n][m] = statistics.median(times[1:])
-    return {"bare": bare, "rollback": rollback}
+                    times[m].append(time.perf_counter() - started)
+                    other = SequenceState(prefilled.tokens, copy.deepcopy(plain), prefilled.prompt_length)
+                    started = time.perf_counter()
+                    target.forward(other, tokens)
+                    times["bare"].append(time.perf_counter() - started)
+            skip = len(lengths)  # the first round warms up
+            kept[n], bare[n] = statistics.median(times["kept"][skip:]), statistics.median(times["bare"][skip:])
+            rollback[n] = {m: statistics.median(times[m][1:]) for m in lengths if m < n}
+    return {"kept": kept, "bare": bare, "rollback": rollback}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
             record["parts_ms"] = {str(n): {p: t * 1000 for p, t in v.items()} for n, v in parts.items()}
         if getattr(target, "recurrent", False):
             costs = measure_recurrent(target, model, list(curve), inputs, args.repeats)
+            record["kept_ms"] = {str(n): t * 1000 for n, t in costs["kept"].items()}
             record["bare_ms"] = {str(n): t * 1000 for n, t in costs["bare"].items()}
             record["rollback_ms"] = {str(n): {str(m): t * 1000 for m, t in v.items()} for n, v in costs["rollback"].items()}
         results["variants"][variant] = record
@@ -289,15 +292,19 @@ def markdown_table(results: dict) -> str:
             cells = [f"{parts[p]:.1f}" for p in PARTS] if parts else ["-"] * len(PARTS)
             lines.append(f"| {n} | {t:.1f} | {t / c1:.2f} | " + " | ".join(cells) + " |")
         if "rollback_ms" in record:
-            lines += ["", f"**{variant}**, recurrent state (adapters/recurrent.py): `bare` = the model's forward on "
-                      "transformers' own cache (no history, no rollback); keeping = C(n) / bare - 1; rollback = "
-                      "crop_cache to m of the n positions (a replay of m positions; m = 1, n // 2, n - 1), the worst m's share of C(n)", "",
-                      "| n | C(n) ms | bare ms | keeping | rollback ms (m: ms) | worst / C(n) |", "|---|---|---|---|---|---|"]
-            for n, t in ms.items():
+            lines += ["", f"**{variant}**, recurrent state (adapters/recurrent.py), in turns on copies of one prefilled "
+                      "sequence: `kept` = the forward as decoding runs it (history recorded, layer inputs kept), `bare` = "
+                      "the same forward on transformers' own recurrent cache layers (no history, no rollback); keeping = "
+                      "kept / bare - 1; rollback = crop_cache to m of the n positions (a replay of m positions; m = 1, "
+                      "n // 2, n - 1) and the worst m's share of `kept`", "",
+                      "| n | kept ms | bare ms | keeping | rollback ms (m: ms) | worst rollback / kept |",
+                      "|---|---|---|---|---|---|"]
+            for n in ms:
+                k, b = record["kept_ms"][n], record["bare_ms"][n]
                 back = record["rollback_ms"].get(n, {})
                 worst = max(back.values(), default=0.0)
-                lines.append(f"| {n} | {t:.2f} | {record['bare_ms'][n]:.2f} | {t / record['bare_ms'][n] - 1:+.1%} | "
-                             + (", ".join(f"{m}: {v:.2f}" for m, v in back.items()) or "-") + f" | {worst / t:.1%} |")
+                lines.append(f"| {n} | {k:.2f} | {b:.2f} | {k / b - 1:+.1%} | "
+                             + (", ".join(f"{m}: {v:.2f}" for m, v in back.items()) or "-") + f" | {worst / k:.1%} |")
     if {"plain", "optimized"} <= set(results["variants"]):
         plain, fast = results["variants"]["plain"]["ms"], results["variants"]["optimized"]["ms"]
         lines += ["", "optimized / plain: " + ", ".join(f"n={n} {fast[n] / plain[n]:.2f}" for n in plain if n in fast)]
