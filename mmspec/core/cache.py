@@ -9,7 +9,9 @@ The KV cache is a transformers ``DynamicCache`` whose full-attention layers are 
 :class:`PreallocatedLayer`: keys and values live in a buffer that grows by doubling, appending
 writes in place and rollback only moves the length (gpt-fast's "write the next tokens at the right
 positions"), so a rejected draft costs no copy. Sliding-window layers keep transformers' own class
-and its ``crop``.
+and its ``crop``. Recurrent layers of hybrid decoders (linear attention, short convolutions) are
+cache layers with a :class:`~mmspec.core.recurrent.StateHistory` (``mmspec.adapters.recurrent``):
+the same ``crop`` rewinds their states to the kept length, and :func:`crop_cache` settles them.
 """
 
 from __future__ import annotations
