@@ -283,3 +283,10 @@ def test_bench_cost_measures_the_rollback():
                                       "rollback_ms": {"1": {}, "3": {"1": 0.1, "2": 0.3}}}}}
     table = markdown_table(results)
     assert "| 3 | 3.00 | 2.50 | +20.0% | 1: 0.10, 2: 0.30 | 10.0% |" in table
+
+
+def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
+    """Qwen3.5's first three layers are Gated DeltaNet: a draft of them alone has no attention layer
+    to count the cached positions."""
+    with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*needs more than 3 layers"):
+        mmspec.generate(tiny_qwen3_5(), drafter="layer-skip:2", max_new_tokens=4, **inputs_of("qwen3_5"))

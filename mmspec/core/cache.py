@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .recurrent import Settling
 
@@ -271,6 +271,10 @@ def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:
     """
     if num_layers > len(cache.layers):
         raise ValueError(f"cache has {len(cache.layers)} layers, cannot view the first {num_layers}")
+    if not any(isinstance(layer, CacheLayerMixin) for layer in cache.layers[:num_layers]):
+        attention = next((i for i, layer in enumerate(cache.layers) if isinstance(layer, CacheLayerMixin)), None)
+        raise ValueError(f"the first {num_layers} layers are all recurrent: no attention layer among them counts the cached "
+                         f"positions; a self-speculative draft needs more than {attention} layers (past the first attention layer)")
     view = DynamicCache()
     view.layer_class_to_replicate = None
     view.layers = list(cache.layers[:num_layers])
