@@ -193,30 +193,31 @@ class DeltaGroup:
 
     def __init__(self) -> None:
         self.members: list["RecurrentLayer"] = []
-        self.results: dict[int, tuple[int, tuple]] = {}  # id(segment inputs) -> (m, states)
+        #: id(a member's segment inputs) -> (those inputs (held, so the id stays theirs), m, its states)
+        self.results: dict[int, tuple[dict, int, tuple]] = {}
         #: (the decoder layers replayed together) -> _stacked of them; shared by deep copies of the cache
         self.constants = Shared({})
 
     def replay(self, layer: "RecurrentLayer", segment: Segment, m: int) -> tuple:
         done = self.results.pop(id(segment.inputs), None)
-        if done is not None and done[0] == m:
-            return done[1]
+        if done is not None and done[0] is segment.inputs and done[1] == m:
+            return done[2]
         self.results.clear()
-        entries, keys = [(layer.decoder_layer.value, segment.states, segment.inputs)], []
+        entries, others = [(layer.decoder_layer.value, segment.states, segment.inputs)], []
         for other in self.members:
             if other is layer:
                 continue
             same = next((s for s in other.history.segments if (s.start, s.count) == (segment.start, segment.count)), None)
             if same is not None and "hidden" in same.inputs:
                 entries.append((other.decoder_layer.value, same.states, same.inputs))
-                keys.append(id(same.inputs))
+                others.append(same.inputs)
         group = tuple(id(layer) for layer, _, _ in entries)
         constants = self.constants.value
         if group not in constants:  # (once per sequence and its copies: the weights are fixed while it decodes)
             constants[group] = _stacked(entries)
         results = delta_rule_states(entries, m, constants[group])
-        for key, result in zip(keys, results[1:]):
-            self.results[key] = (m, result)
+        for inputs, result in zip(others, results[1:]):
+            self.results[id(inputs)] = (inputs, m, result)
         return results[0]
 
 
