@@ -58,6 +58,29 @@ def tiny_qwen3_5(seed=0, vocab=64, layers=8):
     return _finish(Qwen3_5ForCausalLM(config), seed)
 
 
+def tiny_qwen3_5_moe(seed=0, vocab=64):
+    """Qwen3.5-MoE's text model: the same Gated DeltaNet / attention layout, sparse MLPs."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5MoeTextConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=8, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                                  linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                                  max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.1)
+    return _finish(Qwen3_5MoeForCausalLM(config), seed)
+
+
+def tiny_lfm2_moe(seed=0, vocab=64):
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    text = {k: v for k, v in _lfm2_text(vocab).items() if k != "full_attn_idxs"}
+    config = Lfm2MoeConfig(**text, moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                           layer_types=["conv", "full_attention", "conv", "full_attention"])
+    return _finish(Lfm2MoeForCausalLM(config), seed)
+
+
 def _lfm2_text(vocab):
     return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, full_attn_idxs=[1, 3], max_position_embeddings=128, tie_word_embeddings=False,
@@ -92,8 +115,10 @@ def inputs_of(family, prompt=PROMPT):
             "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool)}
 
 
-BUILD = {"qwen3_5": tiny_qwen3_5, "lfm2": tiny_lfm2, "lfm2_vl": tiny_lfm2_vl}
-SKIP_LAYERS = {"qwen3_5": 4, "lfm2": 2, "lfm2_vl": 2}  # past the first full-attention layer (layer-skip needs one)
+BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
+         "lfm2_vl": tiny_lfm2_vl}
+#: past the first full-attention layer (layer-skip needs one)
+SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
 
 
 @pytest.fixture(scope="module", params=list(BUILD))

@@ -53,7 +53,7 @@ BATCHES_REFUSED = ("has recurrent layers (linear attention / short convolutions)
 #: token-mixer class name -> the class of the group that replays the recurrent states of a cache's
 #: layers of that kind (``group.members``, ``group.replay(layer, segment, m)``); None for a short
 #: convolution with no recurrent state (the cache layer rewinds its window itself)
-MIXERS: dict[str, type | None] = {"Lfm2ShortConv": None}
+MIXERS: dict[str, type | None] = {"Lfm2ShortConv": None, "Lfm2MoeShortConv": None}
 
 
 def register_mixer(*names: str):
@@ -79,7 +79,7 @@ def _stacked(entries: list[tuple[nn.Module, tuple, dict]]) -> dict | None:
     layers = [layer for layer, _, _ in entries]
     mixers = [layer.linear_attn for layer in layers]
     if not all(type(m.in_proj_a) is nn.Linear and type(m.in_proj_b) is nn.Linear and m.in_proj_a.bias is None
-               and m.in_proj_b.bias is None and type(layer.input_layernorm).__name__ == "Qwen3_5RMSNorm"
+               and m.in_proj_b.bias is None and type(layer.input_layernorm).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")
                for m, layer in zip(mixers, layers)):
         return None
     return {"norm": torch.stack([layer.input_layernorm.weight.float() for layer in layers])[:, None, :],  # [L, 1, H]
@@ -221,7 +221,7 @@ class DeltaGroup:
         return results[0]
 
 
-register_mixer("Qwen3_5GatedDeltaNet")(DeltaGroup)
+register_mixer("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")(DeltaGroup)
 
 
 class RecurrentLayer(Settling, LinearAttentionLayer):
