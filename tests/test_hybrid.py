@@ -1,5 +1,6 @@
-"""Hybrid recurrent targets: Qwen3.5 (Gated DeltaNet + full attention), LFM2 and LFM2-VL (short
-convolutions + full attention), tiny random configs built here, fp32, one thread.
+"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention), LFM2,
+LFM2-MoE and LFM2-VL (short convolutions + full attention), tiny random configs built here, fp32,
+one thread.
 
 Ladder levels 2 (sampled distribution), 4 (greedy == transformers' generate with every chain
 drafter), 5 (self draft accepts everything) and 6 (rollback to every accepted length == a fresh
