@@ -134,8 +134,19 @@ def case(request):
 
 def drafters(family, model):
     draft = BUILD[family](1)  # another random model of the family: a draft that is often rejected
-    return {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
-            "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
+    from mmspec.adapters.hf import text_decoder
+    from mmspec.drafters import EagleDrafter, KangarooDrafter
+    from mmspec.modeling.heads import EagleHead, KangarooAdapter
+
+    specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
+             "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
+    if family == "qwen3_5":  # (LFM2's decoder names its final norm differently: the feature drafters do not run on it yet)
+        torch.manual_seed(3)
+        config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
+        specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
+        specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
+                                            num_draft_tokens=K, stop_threshold=0.0)
+    return specs
 
 
 def test_greedy_identical_to_transformers_with_every_chain_drafter(case):
