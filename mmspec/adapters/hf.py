@@ -23,6 +23,7 @@ from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
+from .recurrent import BATCHES_REFUSED, TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
 
 #: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
 #: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
@@ -40,6 +41,7 @@ VLM_FAMILIES = {
     "internvl": "InternVL (InternVLForConditionalGeneration)",
     "mllama": "Llama-3.2-Vision (MllamaForConditionalGeneration)",
     **MROPE_FAMILIES,
+    "lfm2_vl": "LFM2-VL (Lfm2VlForConditionalGeneration; short-conv recurrent layers, adapters/recurrent.py)",
 }
 
 #: model_type -> why mmspec cannot serve that multimodal family yet (its refusal names the reason;
@@ -156,6 +158,11 @@ class TransformersTarget:
     token, bf16, one core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
     families take the model's forward. ``lean = False`` opts out.
 
+    Hybrid recurrent decoders (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) keep their
+    recurrent layers in :class:`~mmspec.adapters.recurrent.RecurrentLayer` cache layers that roll
+    back with the KV cache; a verification over several tokens also keeps the layers' inputs for
+    that (:mod:`mmspec.adapters.recurrent`). They decode chains, one sequence at a time.
+
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
     Raises:
@@ -189,6 +196,10 @@ class TransformersTarget:
         #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
         self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
         self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
+        #: recurrent (linear-attention / convolution) layers: chains only, batch size 1
+        self.recurrent = has_recurrent_layers(config)
+        if self.recurrent:
+            make_recurrent_cache(config, text_decoder(model))  # a mixer mmspec cannot roll back: refused here, once
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -236,8 +247,8 @@ class TransformersTarget:
 
     @property
     def batch_size_one_reason(self) -> str | None:
-        """Why this model's rows cannot share a batch (its family's), or None."""
-        return self.family.batch_size_one_reason
+        """Why this model's rows cannot share a batch (recurrent layers', or its family's), or None."""
+        return BATCHES_REFUSED if self.recurrent else self.family.batch_size_one_reason
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -302,7 +313,7 @@ class TransformersTarget:
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = self.family.make_cache(self.model.config, inputs, windows=windows)
+        cache = self._new_cache(inputs, windows)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
         prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
         if prompt_positions is not None:  # (1-D families: the model's default)
@@ -323,6 +334,14 @@ class TransformersTarget:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1], position_offset=offset)
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    def _new_cache(self, inputs: dict[str, Any], windows: bool = True):
+        """An empty cache for one sequence: the family's (:meth:`FamilyHooks.make_cache`; ``windows=False``:
+        sliding layers keep every position, for a batch's rows), or with rollback-able recurrent
+        layers for a hybrid decoder."""
+        if self.recurrent:
+            return make_recurrent_cache(self.model.config, text_decoder(self.model))
+        return self.family.make_cache(self.model.config, inputs, windows=windows)
 
     def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
         """The decoder's input embeddings [1, L, H] of a prompt: its token embeddings, and for a VLM
@@ -366,6 +385,8 @@ class TransformersTarget:
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
+            if self.recurrent:
+                raise ValueError(f"{type(self.model).__name__} {TREES_REFUSED}")
             self._check_tree(tree, tokens.shape[1])
             attention_mask = self.tree_masks(state, tree)
             position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
@@ -427,6 +448,7 @@ class TransformersTarget:
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
         extra = self.family.step_inputs(cache, tokens.shape[1])
+        keep_inputs = self.recurrent and tokens.shape[1] > 1 and wants_layer_inputs(cache)  # for a rollback inside it
         decoder = self.lean_decoder if self.lean and not extra else None
         if decoder is not None and lean_supported(decoder, attention_mask):
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
@@ -438,9 +460,11 @@ class TransformersTarget:
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            output_hidden_states=hidden_layer is not None,
+            output_hidden_states=hidden_layer is not None or keep_inputs,
             **extra,
         )
+        if keep_inputs:
+            keep_layer_inputs(cache, out.hidden_states)
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
 

@@ -11,14 +11,19 @@ writes in place and rollback only moves the length (gpt-fast's "write the next t
 positions"), so a rejected draft costs no copy. Sliding-window layers become :class:`SlidingLayer`:
 transformers' window semantics (the model sees exactly the keys transformers' own
 ``DynamicSlidingWindowLayer`` would give it) with :data:`SLIDING_SLACK` older positions kept, so a
-rollback past the window restores the positions the window had dropped.
+rollback past the window restores the positions the window had dropped. Recurrent layers of hybrid decoders (linear attention,
+short convolutions) are cache layers with a :class:`~mmspec.core.recurrent.StateHistory`
+(``mmspec.adapters.recurrent``): the same ``crop`` rewinds their states to the kept length, and
+:func:`crop_cache` settles them.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+from .recurrent import Settling
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -250,12 +255,17 @@ def make_cache(config, windows: bool = True) -> DynamicCache:
 
 
 def crop_cache(cache: Cache, length: int) -> None:
-    """Drop every cached position at index >= ``length``."""
+    """Drop every cached position at index >= ``length``. Recurrent layers (:mod:`mmspec.core.recurrent`)
+    are rewound to their states after ``length`` positions and settle there: what is kept counts as
+    committed, so their history since the previous commit goes (also when nothing is dropped)."""
     excess = cache.get_seq_length() - length
     if excess < 0:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if excess:
         cache.crop(-excess)
+    for layer in getattr(cache, "layers", ()):  # (StaticKVCache and a target's own caches have none)
+        if isinstance(layer, Settling):
+            layer.settle()
 
 
 #: faster compactions a backend offers: ``fn(cache layers, start, indices) -> True`` where it did
@@ -368,6 +378,10 @@ def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:
     """
     if num_layers > len(cache.layers):
         raise ValueError(f"cache has {len(cache.layers)} layers, cannot view the first {num_layers}")
+    if not any(isinstance(layer, CacheLayerMixin) for layer in cache.layers[:num_layers]):
+        attention = next((i for i, layer in enumerate(cache.layers) if isinstance(layer, CacheLayerMixin)), None)
+        raise ValueError(f"the first {num_layers} layers are all recurrent: no attention layer among them counts the cached "
+                         f"positions; a self-speculative draft needs more than {attention} layers (past the first attention layer)")
     view = DynamicCache()
     view.layer_class_to_replicate = None
     view.layers = list(cache.layers[:num_layers])

@@ -100,7 +100,10 @@ class OneLayerHead(nn.Module):
         config.vocab_size = 1  # inputs arrive as embeddings; the target's embedding table is shared
         config.pad_token_id = None
         if hasattr(config, "layer_types") and config.layer_types:
-            config.layer_types = config.layer_types[:1]
+            # the family's first attention layer: a hybrid decoder's first layers are recurrent
+            # (Qwen3.5's Gated DeltaNet, LFM2's short convolutions), which a head cannot use
+            attention = [t for t in config.layer_types if t.endswith("attention") and t != "linear_attention"]
+            config.layer_types = (attention or config.layer_types)[:1]
         self.config = config
         self.decoder = AutoModel.from_config(config)
 
