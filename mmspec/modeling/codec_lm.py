@@ -202,10 +202,12 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
     def forward(self, embeds, past_key_values=None, attention_mask=None, position_ids=None):
         """embeds [B, n, D] after ``past_key_values`` -> (logits [B, n, K, C + 1], hidden [B, n, D]).
         ``attention_mask``: None (causal after the cache), a batch's 2-D padding mask [B, L], or a
-        4-D one [B or 1, 1, n, L]. The lean forward runs where it applies, a 2-D mask made 4-D for it
+        4-D one [B or 1, 1, n, L]. The lean forward runs where it applies; in batched decoding (a
+        cache; the new inputs are always valid slots) a 2-D mask is made 4-D for it
         (:func:`~mmspec.modeling.lean.padding_mask_4d`), so each row of a batch is computed alone and
-        equals its batch-1 forward bitwise, in bf16 too."""
-        if self.lean and attention_mask is not None and attention_mask.dim() == 2:
+        equals its batch-1 forward bitwise, in bf16 too. (Training's left-padded rows keep
+        transformers' forward: a padding query there may see no key at all.)"""
+        if self.lean and past_key_values is not None and attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = padding_mask_4d(attention_mask, embeds.shape[1])
         if self.lean and lean_supported(self.backbone, attention_mask):
             hidden = lean_forward(self.backbone, embeds, past_key_values, position_ids, attention_mask)

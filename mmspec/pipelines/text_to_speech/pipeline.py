@@ -187,8 +187,9 @@ class TextToSpeechPipeline(Pipeline):
 
         ``batch_size``: generations (texts, or the pieces of a split text) decoded together
         (:mod:`mmspec.core.batch`), each verified as its own generation: the codes of the text said
-        alone with the same ``seed`` (every text gets it), bitwise, in bf16 too (each batch row is
-        computed alone: the few-row kernels and the batch-invariant attention). A row's
+        alone with the same ``seed`` (every text gets it), bitwise; on a CPU with the C kernels in
+        bf16 too (each batch row is computed alone by the few-row kernels and the batch-invariant
+        attention; not where a row's draft is wider than the kernels' rows, nor on CUDA). A row's
         ``stats.wall_time_s`` runs from its batch's start until it finished; with
         ``compare_baseline``, plain decoding runs the same batches.
 
