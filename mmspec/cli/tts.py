@@ -52,8 +52,11 @@ def add_parser(subparsers) -> None:
                      interrupted=lambda args, command: "nothing was saved (the files are written once the audio is done)")
 
 
-def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> None:
-    """One log-mel panel per (title, audio [1, samples]), stacked."""
+def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> bytes:
+    """One log-mel panel per (title, audio [1, samples]), stacked -> the PNG file's bytes (rendered
+    before anything is written, so a failure leaves no partial output)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,8 +71,10 @@ def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling
         axis.set_ylabel("mel bin")
     axes[-1, 0].set_xlabel(f"frame ({sampling_rate // 256} per second)")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100)
     plt.close(figure)
+    return png.getvalue()
 
 
 def run(args) -> int:
@@ -77,8 +82,11 @@ def run(args) -> int:
     from ..adapters.audio.codec import write_wav
     from ..core.sampling import SamplingConfig
 
+    from ..pipelines.text_to_speech.components import check_speed
+
     if not args.text.strip():
         raise ValueError("the text is empty; pass a sentence to say")
+    check_speed(args.speed, "--speed")  # before the voice loads
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.threads:
@@ -94,12 +102,14 @@ def run(args) -> int:
     out = Path(args.out)
     rate = result.sampling_rate
     panels = [(f"{args.method}: {args.text}", result.audio)]  # the method as given (its spec)
+    if result.baseline_audio is not None:
+        panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
+    png = spectrogram_png(panels, rate)  # everything computed before the first file is written
     with OutputFiles() as files:  # all of them or none
         files.write(out, lambda path: write_wav(path, result.audio, rate))
         if result.baseline_audio is not None:
             files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
-            panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
-        files.write(out.with_suffix(".png"), lambda path: spectrogram_png(path, panels, rate))
+        files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
     stats = result.stats
     record = {"text": args.text, "out": str(out), "stats": stats.to_dict()}
     if result.baseline_codes is not None:
