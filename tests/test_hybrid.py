@@ -1,6 +1,6 @@
-"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention), LFM2,
-LFM2-MoE and LFM2-VL (short convolutions + full attention), tiny random configs built here, fp32,
-one thread.
+"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention; text models
+and the multimodal classes, whose prompts take 3-D M-RoPE positions), LFM2, LFM2-MoE and LFM2-VL
+(short convolutions + full attention), tiny random configs built here, fp32, one thread.
 
 Ladder levels 2 (sampled distribution), 4 (greedy == transformers' generate with every chain
 drafter), 5 (self draft accepts everything) and 6 (rollback to every accepted length == a fresh
@@ -103,10 +103,45 @@ def tiny_lfm2_vl(seed=0):
     return _finish(Lfm2VlForConditionalGeneration(config), seed)
 
 
+def tiny_qwen3_5_vl(seed=0, moe=False):
+    """Qwen3.5's multimodal class (``Qwen3_5ForConditionalGeneration``, or the MoE one) over a 4-layer
+    hybrid decoder (Gated DeltaNet, attention, Gated DeltaNet, attention) and a tiny Qwen3-VL-style
+    vision tower (tests/tiny_mrope.py's ids and patch sizes); M-RoPE on half of each head
+    (partial_rotary_factor 0.5: 4 rotary pairs split t, h, w = 2, 1, 1), attention sharpened so
+    that a wrong position changes the greedy output."""
+    from tiny_models import _finalize
+    from tiny_mrope import _IDS, _VISION, _text, sharpen_attention
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(_text([2, 1, 1]), hidden_size=32, intermediate_size=64, num_hidden_layers=4, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, initializer_range=0.1,
+                layer_types=["linear_attention", "full_attention"] * 2)
+    text["rope_parameters"]["partial_rotary_factor"] = 0.5
+    if moe:
+        text.update(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    vision = dict(_VISION, depth=1, hidden_size=32, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16)
+    config_class, model_class = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe
+                                 else (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
+    model = model_class(config_class(text_config=text, vision_config=vision, **_IDS))
+    model = sharpen_attention(_finalize(_finish(model, seed)))
+    return model
+
+
+def qwen3_5_vl_inputs():
+    """A Qwen processor's layout: text, an image of 1 x 4 x 6 patches (6 placeholders), a video of
+    two timestamped frames of 4 x 4 patches (4 placeholders each), text; ``mm_token_type_ids`` included."""
+    from tiny_mrope import mrope_inputs
+
+    return mrope_inputs(torch.Generator().manual_seed(100), video=True, timestamped_frames=True)
+
+
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 
 
 def inputs_of(family, prompt=PROMPT):
+    if family.endswith("_vl") and family.startswith("qwen"):
+        return qwen3_5_vl_inputs()
     ids = torch.tensor([prompt])
     if family != "lfm2_vl":
         return {"input_ids": ids}
@@ -116,10 +151,20 @@ def inputs_of(family, prompt=PROMPT):
             "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool)}
 
 
-BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
+BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_5_vl": tiny_qwen3_5_vl,
+         "qwen3_5_moe_vl": lambda seed=0: tiny_qwen3_5_vl(seed, moe=True), "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
          "lfm2_vl": tiny_lfm2_vl}
 #: past the first full-attention layer (layer-skip needs one)
-SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
+SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "qwen3_5_vl": 2, "qwen3_5_moe_vl": 2, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
+
+
+def extended(inputs, tokens):
+    """The prompt ``inputs`` followed by text ``tokens`` [1, n] (its per-token inputs grown to match)."""
+    grown = {**inputs, "input_ids": torch.cat([inputs["input_ids"], tokens], dim=1)}
+    for name, fill in (("attention_mask", 1), ("mm_token_type_ids", 0)):
+        if name in inputs:
+            grown[name] = torch.cat([inputs[name], torch.full_like(tokens, fill, dtype=inputs[name].dtype)], dim=1)
+    return grown
 
 
 @pytest.fixture(scope="module", params=list(BUILD))
@@ -140,7 +185,7 @@ def drafters(family, model):
 
     specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
              "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
-    if family == "qwen3_5":  # (LFM2's decoder names its final norm differently: the feature drafters do not run on it yet)
+    if family in ("qwen3_5", "qwen3_5_vl", "lfm2", "lfm2_vl"):  # (the MoE variants' heads are the same layers)
         torch.manual_seed(3)
         config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
         specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
@@ -192,7 +237,7 @@ def test_rollback_to_every_accepted_length_equals_a_fresh_prefill(case):
             prompt = state.cache_length
             target.forward(state, chain)
             crop_cache(state.cache, prompt + kept)
-            fresh, _ = target.prefill({**inputs, "input_ids": torch.cat([inputs["input_ids"], chain[:, :kept]], dim=1)})
+            fresh, _ = target.prefill(extended(inputs, chain[:, :kept]))
             assert state.cache_length == fresh.cache_length == prompt + kept
             for i, (ours, theirs) in enumerate(zip(_layer_states(state.cache), _layer_states(fresh.cache))):
                 for a, b in zip(ours, theirs):

@@ -109,12 +109,33 @@ def _image_token_id(config) -> int | None:
 
 
 def text_decoder(model: nn.Module) -> nn.Module:
-    """The module holding the decoder layers (``.layers``, ``.norm``, ``.embed_tokens``)."""
+    """The module holding the decoder layers (``.layers``, ``.embed_tokens`` and a final norm, :func:`final_norm`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     for candidate in (decoder, getattr(decoder, "language_model", None), getattr(model, "model", None)):
         if candidate is not None and isinstance(getattr(candidate, "layers", None), nn.ModuleList):
             return candidate
     raise ValueError(f"{type(model).__name__}: cannot find its text decoder layers")
+
+
+#: the attribute names transformers' text decoders give their final norm, tried in order (LFM2's
+#: decoder applies ``embedding_norm`` after its last layer; Phi's ``final_layernorm``)
+FINAL_NORM_NAMES = ("norm", "embedding_norm", "final_layernorm", "final_norm")
+
+
+def final_norm(decoder: nn.Module) -> nn.Module:
+    """The norm a text decoder (:func:`text_decoder`, or a head's one-layer decoder) applies after
+    its last layer: h_L -> norm(h_L), the states the LM head reads. Every drafter that needs it
+    (EAGLE's fused check, Kangaroo's shallow states, the heads' training) asks here.
+
+    Raises:
+        ValueError: the decoder has none of :data:`FINAL_NORM_NAMES`.
+    """
+    for name in FINAL_NORM_NAMES:
+        norm = getattr(decoder, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    raise ValueError(f"{type(decoder).__name__}: cannot find its final norm (looked for {', '.join(FINAL_NORM_NAMES)}); "
+                     "use a chain drafter without heads (prompt-lookup, layer-skip:N, a draft model)")
 
 
 def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
