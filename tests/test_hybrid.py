@@ -372,3 +372,29 @@ def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
     to count the cached positions."""
     with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*needs more than 3 layers"):
         mmspec.generate(tiny_qwen3_5(), drafter="layer-skip:2", max_new_tokens=4, **inputs_of("qwen3_5"))
+
+
+def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_factory, tmp_path, capsys):
+    """A tiny LFM2-VL saved with save_pretrained plus its real processor (tests/tiny_checkpoints.py):
+    the captioning pipeline's speculative captions equal its baseline's, a batch is refused in one
+    line, and ``mmspec caption --model DIR`` gives the pipeline's caption."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    from tiny_checkpoints import cached_tiny_checkpoint
+
+    from mmspec.cli import main
+
+    directory = cached_tiny_checkpoint("lfm2_vl", tmp_path_factory)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 24, 3), (16, 48, 3))]
+    captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="prompt-lookup")
+    results = captioner(images[:1], max_new_tokens=6, compare_baseline=True)
+    assert results[0].identical_to_baseline and results[0].stats.new_tokens == 6
+    with pytest.raises(ValueError, match="use batch size 1"):
+        captioner(images, max_new_tokens=6, batch_size=2)
+    images[0].save(tmp_path / "a.png")
+    code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
+                 "--drafter", "prompt-lookup", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == results[0].text

@@ -383,6 +383,31 @@ def _mllama_model(vocab_size, ids):
     return model
 
 
+# -- LFM2-VL: SigLIP2 (NaFlex) on 16-32 px images, patch 4, 2 x 2 pixel unshuffle, no tiling; LFM2 decoder ----------
+LFM2_VL_TOKENS = ("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>")
+
+
+def _lfm2_vl_processor(tokenizer, template):
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    image_processor = Lfm2VlImageProcessor(encoder_patch_size=4, min_image_tokens=2, max_image_tokens=16, tile_size=16,
+                                           do_image_splitting=False, downsample_factor=2)
+    return Lfm2VlProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+
+
+def _lfm2_vl_model(vocab_size, ids):
+    """Short-convolution layers 0 and 2, attention layers 1 and 3 (the hybrid layout of LFM2)."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    text = dict(model_type="lfm2", vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1, 3],
+                max_position_embeddings=2048, tie_word_embeddings=False)
+    vision = dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, patch_size=4, num_patches=64, num_channels=3)
+    return Lfm2VlForConditionalGeneration(Lfm2VlConfig(vision_config=vision, text_config=text, image_token_id=ids["<image>"],
+                                                       projector_hidden_size=32, downsample_factor=2, tie_word_embeddings=False))
+
+
 FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
@@ -401,6 +426,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "internvl": FamilySpec(tuple(INTERNVL_TOKENS.values()), "<IMG_CONTEXT>", _internvl_processor, _internvl_model,
                            named_tokens=INTERNVL_TOKENS),
     "mllama": FamilySpec(("<|image|>", "<|python_tag|>"), "<|image|>", _mllama_processor, _mllama_model),
+    "lfm2_vl": FamilySpec(LFM2_VL_TOKENS, "<image>", _lfm2_vl_processor, _lfm2_vl_model),
 }
 CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
 
