@@ -398,3 +398,23 @@ def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_fact
     code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
                  "--drafter", "prompt-lookup", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == results[0].text
+
+
+# the CUDA path (`pytest -m gpu`, skipped without a GPU) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", list(BUILD))
+def test_greedy_on_cuda_equals_transformers_on_cuda(family):
+    """Every hybrid family on CUDA (fp32; transformers' own recurrent kernels, or its reference ones
+    without flash-linear-attention): the chain drafters give transformers' greedy tokens, with
+    verifications cut inside their chains (the recurrent replay on the GPU)."""
+    model = BUILD[family](0).cuda()
+    inputs = {k: v.cuda() for k, v in inputs_of(family).items()}
+    with torch.inference_mode():
+        reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    partial = 0
+    for drafter in ("prompt-lookup", f"layer-skip:{SKIP_LAYERS[family]}", ModelDrafter(BUILD[family](1).cuda(), num_draft_tokens=K)):
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
+        assert out.sequences.device.type == "cuda" and torch.equal(out.sequences, reference), drafter
+        partial += 0 < out.stats.accepted < out.stats.drafted
+    assert partial
