@@ -185,12 +185,12 @@ def drafters(family, model):
 
     specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
              "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
-    if family in ("qwen3_5", "qwen3_5_vl", "lfm2", "lfm2_vl"):  # (the MoE variants' heads are the same layers)
-        torch.manual_seed(3)
-        config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
-        specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
-        specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
-                                            num_draft_tokens=K, stop_threshold=0.0)
+    torch.manual_seed(3)
+    config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
+    specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
+    # (Kangaroo normalises the shallow states with the decoder's final norm: LFM2's embedding_norm)
+    specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
+                                        num_draft_tokens=K, stop_threshold=0.0)
     return specs
 
 
