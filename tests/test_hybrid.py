@@ -185,6 +185,10 @@ def drafters(family, model):
 
     specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
              "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
+    if family.endswith("_vl"):  # a text-only hybrid draft over the same vocabulary (SPD: it sees the prompt without the image)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        specs["text-only draft (SPD)"] = ModelDrafter((tiny_lfm2 if family == "lfm2_vl" else tiny_qwen3_5)(1, vocab=vocab),
+                                                      num_draft_tokens=K)
     torch.manual_seed(3)
     config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
     specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
@@ -201,6 +205,8 @@ def test_greedy_identical_to_transformers_with_every_chain_drafter(case):
     for name, drafter in drafters(family, model).items():
         out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
         assert torch.equal(out.sequences, reference), name
+        if name == "text-only draft (SPD)":
+            assert out.stats.config["sees_image"] is False
         partial += 0 < out.stats.accepted < out.stats.drafted
     assert partial  # some verification was cut inside its chain: a rollback replayed the recurrent state
 
