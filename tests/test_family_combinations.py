@@ -58,7 +58,10 @@ HYBRID = ("qwen3_5_vl", "lfm2_vl")
 NO_GRAPHS = "captured forwards need a Llama decoder.*drop cuda_graphs"
 REFUSED = {
     # no trained head ships for a random model: the line names the drafter:PATH form and the training command
-    "eagle2 (name)": {family: "no trained eagle drafter.*pass drafter='eagle2:PATH'.*mmspec train drafter --method eagle" for family in BUILDERS},
+    "eagle2 (name)": {**{family: "no trained eagle drafter.*pass drafter='eagle2:PATH'.*mmspec train drafter --method eagle"
+                         for family in BUILDERS},
+                      # a recurrent target refuses the tree drafter before looking for its weights
+                      **{family: "a token tree would need a state per branch. Use a chain drafter" for family in HYBRID}},
     "eagle2 tree": {family: "a token tree would need a state per branch. Use a chain drafter" for family in HYBRID},
     "batch": {"mllama": "use batch size 1", **{family: "padding would decay its recurrent state.*use batch size 1" for family in HYBRID}},
     "cuda_graphs": {family: NO_GRAPHS for family in BUILDERS},

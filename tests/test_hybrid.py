@@ -295,8 +295,17 @@ def test_trees_are_refused_in_one_line():
 
     model = tiny_qwen3_5()
     heads = DraftHeads(model.config.hidden_size, num_heads=4, kind="medusa").eval()
+
+    class NoPrefill(TransformersTarget):
+        def prefill(self, *args, **kwargs):
+            raise AssertionError("the tree drafter is refused before the prefill")
+
+    target = NoPrefill(model)
     with pytest.raises(ValueError, match="a token tree would need a state per branch. Use a chain drafter"):
-        mmspec.generate(model, drafter=MedusaDrafter(model, heads), max_new_tokens=4, **inputs_of("qwen3_5"))
+        mmspec.generate(target, drafter=MedusaDrafter(model, heads), max_new_tokens=4, **inputs_of("qwen3_5"))
+    for name in ("eagle2", "medusa", "sjd-pac"):  # by name: before looking for trained weights
+        with pytest.raises(ValueError, match="a token tree would need a state per branch"):
+            mmspec.generate(model, drafter=name, max_new_tokens=4, **inputs_of("qwen3_5"))
 
 
 def test_batches_are_refused_in_one_line():

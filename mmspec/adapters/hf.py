@@ -267,6 +267,12 @@ class TransformersTarget:
         return self.model.device
 
     @property
+    def tree_refusal(self) -> str | None:
+        """Why this model cannot verify token trees (one line saying what to use instead), or None.
+        The loop asks before the prefill when the drafter drafts trees (``Drafter.drafts_trees``)."""
+        return f"{type(self.model).__name__} {TREES_REFUSED}" if self.recurrent else None
+
+    @property
     def batch_size_one_reason(self) -> str | None:
         """Why this model's rows cannot share a batch (recurrent layers', or its family's), or None."""
         return BATCHES_REFUSED if self.recurrent else self.family.batch_size_one_reason
@@ -406,8 +412,8 @@ class TransformersTarget:
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
-            if self.recurrent:
-                raise ValueError(f"{type(self.model).__name__} {TREES_REFUSED}")
+            if self.tree_refusal:  # (a tree from a drafter that does not declare drafts_trees)
+                raise ValueError(self.tree_refusal)
             self._check_tree(tree, tokens.shape[1])
             attention_mask = self.tree_masks(state, tree)
             position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)

@@ -57,6 +57,9 @@ def speculative_decode(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    refusal = getattr(target, "tree_refusal", None) if drafter is not None and drafter.drafts_trees else None
+    if refusal:  # before the prefill (a VLM's image encoding)
+        raise ValueError(refusal)
     rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=is_continuous(target))
     if generator is None:
         generator = torch.Generator(device=target.device)

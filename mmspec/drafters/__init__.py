@@ -74,5 +74,8 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
                 "a transformers draft model, a Drafter object, or None for plain decoding"
             )
         name, _, arg = spec.partition(":")
+        refusal = getattr(target, "tree_refusal", None) if DRAFTERS[name].drafts_trees else None
+        if refusal:  # before loading (or looking for) the drafter's weights
+            raise ValueError(refusal)
         return DRAFTERS[name].from_spec(target, arg or None, num_draft_tokens=num_draft_tokens)
     raise TypeError(f"drafter must be a name, a transformers model or a Drafter, got {type(spec).__name__}")

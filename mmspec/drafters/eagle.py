@@ -356,6 +356,8 @@ class Eagle2Drafter(EagleDrafter):
     tree ancestors (a 4-D mask over the head's cache).
     """
 
+    drafts_trees = True
+
     #: K of the chain form a batch row drafts with, and its class (:meth:`for_batch`)
     batch_chain_tokens = 5
     chain_class: ClassVar[type] = EagleDrafter
