@@ -1,6 +1,6 @@
-"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention), LFM2,
-LFM2-MoE and LFM2-VL (short convolutions + full attention), tiny random configs built here, fp32,
-one thread.
+"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention; text models
+and the multimodal classes, whose prompts take 3-D M-RoPE positions), LFM2, LFM2-MoE and LFM2-VL
+(short convolutions + full attention), tiny random configs built here, fp32, one thread.
 
 Ladder levels 2 (sampled distribution), 4 (greedy == transformers' generate with every chain
 drafter), 5 (self draft accepts everything) and 6 (rollback to every accepted length == a fresh
@@ -103,10 +103,45 @@ def tiny_lfm2_vl(seed=0):
     return _finish(Lfm2VlForConditionalGeneration(config), seed)
 
 
+def tiny_qwen3_5_vl(seed=0, moe=False):
+    """Qwen3.5's multimodal class (``Qwen3_5ForConditionalGeneration``, or the MoE one) over a 4-layer
+    hybrid decoder (Gated DeltaNet, attention, Gated DeltaNet, attention) and a tiny Qwen3-VL-style
+    vision tower (tests/tiny_mrope.py's ids and patch sizes); M-RoPE on half of each head
+    (partial_rotary_factor 0.5: 4 rotary pairs split t, h, w = 2, 1, 1), attention sharpened so
+    that a wrong position changes the greedy output."""
+    from tiny_models import _finalize
+    from tiny_mrope import _IDS, _VISION, _text, sharpen_attention
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(_text([2, 1, 1]), hidden_size=32, intermediate_size=64, num_hidden_layers=4, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, initializer_range=0.1,
+                layer_types=["linear_attention", "full_attention"] * 2)
+    text["rope_parameters"]["partial_rotary_factor"] = 0.5
+    if moe:
+        text.update(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    vision = dict(_VISION, depth=1, hidden_size=32, intermediate_size=64, out_hidden_size=32, num_position_embeddings=16)
+    config_class, model_class = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe
+                                 else (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
+    model = model_class(config_class(text_config=text, vision_config=vision, **_IDS))
+    model = sharpen_attention(_finalize(_finish(model, seed)))
+    return model
+
+
+def qwen3_5_vl_inputs():
+    """A Qwen processor's layout: text, an image of 1 x 4 x 6 patches (6 placeholders), a video of
+    two timestamped frames of 4 x 4 patches (4 placeholders each), text; ``mm_token_type_ids`` included."""
+    from tiny_mrope import mrope_inputs
+
+    return mrope_inputs(torch.Generator().manual_seed(100), video=True, timestamped_frames=True)
+
+
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 
 
 def inputs_of(family, prompt=PROMPT):
+    if family.endswith("_vl") and family.startswith("qwen"):
+        return qwen3_5_vl_inputs()
     ids = torch.tensor([prompt])
     if family != "lfm2_vl":
         return {"input_ids": ids}
@@ -116,10 +151,20 @@ def inputs_of(family, prompt=PROMPT):
             "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool)}
 
 
-BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
+BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_5_vl": tiny_qwen3_5_vl,
+         "qwen3_5_moe_vl": lambda seed=0: tiny_qwen3_5_vl(seed, moe=True), "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
          "lfm2_vl": tiny_lfm2_vl}
 #: past the first full-attention layer (layer-skip needs one)
-SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
+SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "qwen3_5_vl": 2, "qwen3_5_moe_vl": 2, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
+
+
+def extended(inputs, tokens):
+    """The prompt ``inputs`` followed by text ``tokens`` [1, n] (its per-token inputs grown to match)."""
+    grown = {**inputs, "input_ids": torch.cat([inputs["input_ids"], tokens], dim=1)}
+    for name, fill in (("attention_mask", 1), ("mm_token_type_ids", 0)):
+        if name in inputs:
+            grown[name] = torch.cat([inputs[name], torch.full_like(tokens, fill, dtype=inputs[name].dtype)], dim=1)
+    return grown
 
 
 @pytest.fixture(scope="module", params=list(BUILD))
@@ -140,12 +185,16 @@ def drafters(family, model):
 
     specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
              "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
-    if family == "qwen3_5":  # (LFM2's decoder names its final norm differently: the feature drafters do not run on it yet)
-        torch.manual_seed(3)
-        config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
-        specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
-        specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
-                                            num_draft_tokens=K, stop_threshold=0.0)
+    if family.endswith("_vl"):  # a text-only hybrid draft over the same vocabulary (SPD: it sees the prompt without the image)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        specs["text-only draft (SPD)"] = ModelDrafter((tiny_lfm2 if family == "lfm2_vl" else tiny_qwen3_5)(1, vocab=vocab),
+                                                      num_draft_tokens=K)
+    torch.manual_seed(3)
+    config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
+    specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
+    # (Kangaroo normalises the shallow states with the decoder's final norm: LFM2's embedding_norm)
+    specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
+                                        num_draft_tokens=K, stop_threshold=0.0)
     return specs
 
 
@@ -156,6 +205,8 @@ def test_greedy_identical_to_transformers_with_every_chain_drafter(case):
     for name, drafter in drafters(family, model).items():
         out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
         assert torch.equal(out.sequences, reference), name
+        if name == "text-only draft (SPD)":
+            assert out.stats.config["sees_image"] is False
         partial += 0 < out.stats.accepted < out.stats.drafted
     assert partial  # some verification was cut inside its chain: a rollback replayed the recurrent state
 
@@ -192,7 +243,7 @@ def test_rollback_to_every_accepted_length_equals_a_fresh_prefill(case):
             prompt = state.cache_length
             target.forward(state, chain)
             crop_cache(state.cache, prompt + kept)
-            fresh, _ = target.prefill({**inputs, "input_ids": torch.cat([inputs["input_ids"], chain[:, :kept]], dim=1)})
+            fresh, _ = target.prefill(extended(inputs, chain[:, :kept]))
             assert state.cache_length == fresh.cache_length == prompt + kept
             for i, (ours, theirs) in enumerate(zip(_layer_states(state.cache), _layer_states(fresh.cache))):
                 for a, b in zip(ours, theirs):
@@ -244,8 +295,17 @@ def test_trees_are_refused_in_one_line():
 
     model = tiny_qwen3_5()
     heads = DraftHeads(model.config.hidden_size, num_heads=4, kind="medusa").eval()
+
+    class NoPrefill(TransformersTarget):
+        def prefill(self, *args, **kwargs):
+            raise AssertionError("the tree drafter is refused before the prefill")
+
+    target = NoPrefill(model)
     with pytest.raises(ValueError, match="a token tree would need a state per branch. Use a chain drafter"):
-        mmspec.generate(model, drafter=MedusaDrafter(model, heads), max_new_tokens=4, **inputs_of("qwen3_5"))
+        mmspec.generate(target, drafter=MedusaDrafter(model, heads), max_new_tokens=4, **inputs_of("qwen3_5"))
+    for name in ("eagle2", "medusa", "sjd-pac"):  # by name: before looking for trained weights
+        with pytest.raises(ValueError, match="a token tree would need a state per branch"):
+            mmspec.generate(model, drafter=name, max_new_tokens=4, **inputs_of("qwen3_5"))
 
 
 def test_batches_are_refused_in_one_line():
@@ -327,3 +387,49 @@ def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
     to count the cached positions."""
     with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*needs more than 3 layers"):
         mmspec.generate(tiny_qwen3_5(), drafter="layer-skip:2", max_new_tokens=4, **inputs_of("qwen3_5"))
+
+
+def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_factory, tmp_path, capsys):
+    """A tiny LFM2-VL saved with save_pretrained plus its real processor (tests/tiny_checkpoints.py):
+    the captioning pipeline's speculative captions equal its baseline's, a batch is refused in one
+    line, and ``mmspec caption --model DIR`` gives the pipeline's caption."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    from tiny_checkpoints import cached_tiny_checkpoint
+
+    from mmspec.cli import main
+
+    directory = cached_tiny_checkpoint("lfm2_vl", tmp_path_factory)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 24, 3), (16, 48, 3))]
+    captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="prompt-lookup")
+    results = captioner(images[:1], max_new_tokens=6, compare_baseline=True)
+    assert results[0].identical_to_baseline and results[0].stats.new_tokens == 6
+    with pytest.raises(ValueError, match="use batch size 1"):
+        captioner(images, max_new_tokens=6, batch_size=2)
+    images[0].save(tmp_path / "a.png")
+    code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
+                 "--drafter", "prompt-lookup", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == results[0].text
+
+
+# the CUDA path (`pytest -m gpu`, skipped without a GPU) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", list(BUILD))
+def test_greedy_on_cuda_equals_transformers_on_cuda(family):
+    """Every hybrid family on CUDA (fp32; transformers' own recurrent kernels, or its reference ones
+    without flash-linear-attention): the chain drafters give transformers' greedy tokens, with
+    verifications cut inside their chains (the recurrent replay on the GPU)."""
+    model = BUILD[family](0).cuda()
+    inputs = {k: v.cuda() for k, v in inputs_of(family).items()}
+    with torch.inference_mode():
+        reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    partial = 0
+    for drafter in ("prompt-lookup", f"layer-skip:{SKIP_LAYERS[family]}", ModelDrafter(BUILD[family](1).cuda(), num_draft_tokens=K)):
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
+        assert out.sequences.device.type == "cuda" and torch.equal(out.sequences, reference), drafter
+        partial += 0 < out.stats.accepted < out.stats.drafted
+    assert partial

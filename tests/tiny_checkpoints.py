@@ -383,6 +383,57 @@ def _mllama_model(vocab_size, ids):
     return model
 
 
+# -- Qwen3.5: Qwen3-VL's processor (16-32 px, patch 4, 2 x 2 merge) over a hybrid decoder: Gated DeltaNet,
+#    attention, Gated DeltaNet, attention; 3-D M-RoPE on half of each head --------------------------------------
+def _qwen3_5_processor(tokenizer, template):
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    sizes = dict(patch_size=4, merge_size=2, temporal_patch_size=2)
+    return Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=16 * 16, max_pixels=32 * 32, **sizes),
+                            tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**sizes), chat_template=template)
+
+
+def _qwen3_5_model(vocab_size, ids):
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=4,
+                layer_types=["linear_attention", "full_attention"] * 2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                max_position_embeddings=2048, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5})
+    vision = dict(depth=1, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, num_heads=4, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=TEXT_HIDDEN, num_position_embeddings=64)
+    return Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False))
+
+
+# -- LFM2-VL: SigLIP2 (NaFlex) on 16-32 px images, patch 4, 2 x 2 pixel unshuffle, no tiling; LFM2 decoder ----------
+LFM2_VL_TOKENS = ("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>")
+
+
+def _lfm2_vl_processor(tokenizer, template):
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    image_processor = Lfm2VlImageProcessor(encoder_patch_size=4, min_image_tokens=2, max_image_tokens=16, tile_size=16,
+                                           do_image_splitting=False, downsample_factor=2)
+    return Lfm2VlProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+
+
+def _lfm2_vl_model(vocab_size, ids):
+    """Short-convolution layers 0 and 2, attention layers 1 and 3 (the hybrid layout of LFM2)."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    text = dict(model_type="lfm2", vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1, 3],
+                max_position_embeddings=2048, tie_word_embeddings=False)
+    vision = dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, patch_size=4, num_patches=64, num_channels=3)
+    return Lfm2VlForConditionalGeneration(Lfm2VlConfig(vision_config=vision, text_config=text, image_token_id=ids["<image>"],
+                                                       projector_hidden_size=32, downsample_factor=2, tie_word_embeddings=False))
+
+
 FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
@@ -401,6 +452,8 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "internvl": FamilySpec(tuple(INTERNVL_TOKENS.values()), "<IMG_CONTEXT>", _internvl_processor, _internvl_model,
                            named_tokens=INTERNVL_TOKENS),
     "mllama": FamilySpec(("<|image|>", "<|python_tag|>"), "<|image|>", _mllama_processor, _mllama_model),
+    "lfm2_vl": FamilySpec(LFM2_VL_TOKENS, "<image>", _lfm2_vl_processor, _lfm2_vl_model),
+    "qwen3_5": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen3_5_processor, _qwen3_5_model),
 }
 CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
 

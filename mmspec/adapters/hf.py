@@ -109,12 +109,33 @@ def _image_token_id(config) -> int | None:
 
 
 def text_decoder(model: nn.Module) -> nn.Module:
-    """The module holding the decoder layers (``.layers``, ``.norm``, ``.embed_tokens``)."""
+    """The module holding the decoder layers (``.layers``, ``.embed_tokens`` and a final norm, :func:`final_norm`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     for candidate in (decoder, getattr(decoder, "language_model", None), getattr(model, "model", None)):
         if candidate is not None and isinstance(getattr(candidate, "layers", None), nn.ModuleList):
             return candidate
     raise ValueError(f"{type(model).__name__}: cannot find its text decoder layers")
+
+
+#: the attribute names transformers' text decoders give their final norm, tried in order (LFM2's
+#: decoder applies ``embedding_norm`` after its last layer; Phi's ``final_layernorm``)
+FINAL_NORM_NAMES = ("norm", "embedding_norm", "final_layernorm", "final_norm")
+
+
+def final_norm(decoder: nn.Module) -> nn.Module:
+    """The norm a text decoder (:func:`text_decoder`, or a head's one-layer decoder) applies after
+    its last layer: h_L -> norm(h_L), the states the LM head reads. Every drafter that needs it
+    (EAGLE's fused check, Kangaroo's shallow states, the heads' training) asks here.
+
+    Raises:
+        ValueError: the decoder has none of :data:`FINAL_NORM_NAMES`.
+    """
+    for name in FINAL_NORM_NAMES:
+        norm = getattr(decoder, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    raise ValueError(f"{type(decoder).__name__}: cannot find its final norm (looked for {', '.join(FINAL_NORM_NAMES)}); "
+                     "use a chain drafter without heads (prompt-lookup, layer-skip:N, a draft model)")
 
 
 def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
@@ -244,6 +265,12 @@ class TransformersTarget:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def tree_refusal(self) -> str | None:
+        """Why this model cannot verify token trees (one line saying what to use instead), or None.
+        The loop asks before the prefill when the drafter drafts trees (``Drafter.drafts_trees``)."""
+        return f"{type(self.model).__name__} {TREES_REFUSED}" if self.recurrent else None
 
     @property
     def batch_size_one_reason(self) -> str | None:
@@ -385,8 +412,8 @@ class TransformersTarget:
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
-            if self.recurrent:
-                raise ValueError(f"{type(self.model).__name__} {TREES_REFUSED}")
+            if self.tree_refusal:  # (a tree from a drafter that does not declare drafts_trees)
+                raise ValueError(self.tree_refusal)
             self._check_tree(tree, tokens.shape[1])
             attention_mask = self.tree_masks(state, tree)
             position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)

@@ -12,7 +12,7 @@ length and so the next position, and a batch row keeps its own offset.
 Schemes are classes registered by name (:data:`POSITION_SCHEMES`) and picked by the config's
 ``model_type`` (:data:`FAMILY_SCHEMES`); a family not listed takes ``"index"``.
 
-M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE; Wang et al. 2024, "Qwen2-VL", section 2.1):
+M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE; Wang et al. 2024, "Qwen2-VL", section 2.1):
 the rotary angle of each head dimension pair is driven by one of three position components,
 temporal t, height h and width w (``rope_parameters["mrope_section"]`` splits the pairs). A text
 token has t = h = w = its text position; the tokens of an image of merged grid (T, H', W') starting
@@ -47,6 +47,9 @@ MROPE_FAMILIES = {
     "qwen2_5_vl": "Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration)",
     "qwen3_vl": "Qwen3-VL (Qwen3VLForConditionalGeneration)",
     "qwen3_vl_moe": "Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration)",
+    # hybrid recurrent decoders under the same vision tower and positions (adapters/recurrent.py rolls back their states)
+    "qwen3_5": "Qwen3.5 (Qwen3_5ForConditionalGeneration; Gated DeltaNet layers)",
+    "qwen3_5_moe": "Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration; Gated DeltaNet layers)",
 }
 
 #: model_type -> name of its scheme in :data:`POSITION_SCHEMES` (every other family: "index")

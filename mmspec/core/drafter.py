@@ -52,6 +52,9 @@ class Drafter(ABC):
 
     name: ClassVar[str] = "drafter"
     requires_target_hidden: ClassVar[bool] = False
+    #: proposes token trees at batch size 1 (``Draft.from_tree``): a target that cannot verify trees
+    #: (its ``tree_refusal``, e.g. recurrent layers) refuses the drafter before its prefill
+    drafts_trees: ClassVar[bool] = False
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
     #: (the LM head's input), i = the output of the first i decoder layers
     target_hidden_layer: int = -1

@@ -18,7 +18,7 @@ from .sampling import SamplingConfig
 from .stats import SpecStats
 from .step import (append_tokens, empty_draft, finish_stats, first_token, settle, start_drafter, truncate_at_stop,
                    uniforms, verify_chain, verify_tree)
-from .target import Target, is_continuous
+from .target import Target, is_continuous, tree_refusal
 
 #: the step's functions under their former private names (:mod:`mmspec.core.step`)
 _uniforms, _truncate_at_stop, _tree_step = uniforms, truncate_at_stop, verify_tree
@@ -57,6 +57,9 @@ def speculative_decode(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    refusal = tree_refusal(target) if drafter is not None and drafter.drafts_trees else None
+    if refusal:  # before the prefill (a VLM's image encoding)
+        raise ValueError(refusal)
     rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=is_continuous(target))
     if generator is None:
         generator = torch.Generator(device=target.device)

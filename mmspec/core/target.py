@@ -153,6 +153,20 @@ def batch_size_one_reason(target: object) -> str | None:
 
 
 @runtime_checkable
+class TreesRefused(Protocol):
+    """A target saying why it cannot verify token trees, in one line with what to use instead (None:
+    it verifies them). A drafter that drafts trees (``Drafter.drafts_trees``) is refused before the
+    prefill (:func:`tree_refusal`)."""
+
+    tree_refusal: str | None
+
+
+def tree_refusal(target: object) -> str | None:
+    """Why ``target`` cannot verify token trees, or None (default) when it gives no reason."""
+    return (target.tree_refusal or None) if isinstance(target, TreesRefused) else None
+
+
+@runtime_checkable
 class ImageGrid(Protocol):
     """An image-token target: its tokens fill a (rows, columns) grid in raster order."""
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
+from ..core.target import tree_refusal
 from .assistant import AssistantDrafter
 from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
@@ -74,5 +75,8 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
                 "a transformers draft model, a Drafter object, or None for plain decoding"
             )
         name, _, arg = spec.partition(":")
+        refusal = tree_refusal(target) if DRAFTERS[name].drafts_trees else None
+        if refusal:  # before loading (or looking for) the drafter's weights
+            raise ValueError(refusal)
         return DRAFTERS[name].from_spec(target, arg or None, num_draft_tokens=num_draft_tokens)
     raise TypeError(f"drafter must be a name, a transformers model or a Drafter, got {type(spec).__name__}")

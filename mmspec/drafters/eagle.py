@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..adapters.hf import text_decoder
+from ..adapters.hf import final_norm, text_decoder
 from ..core.batch import BatchDrafting
 from ..core.cost import PathCalibration
 from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
@@ -184,7 +184,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         if type(head) is not EagleHead or type(self)._draft_logits is not EagleDrafter._draft_logits:
             return False  # (an image head: its own layer, guided logits)
         decoder, table = head.decoder, getattr(self.embed, "weight", None)
-        dtype = decoder.norm.weight.dtype
+        dtype = final_norm(decoder).weight.dtype
         return not (not head.lean or type(self.embed) is not nn.Embedding or table.dtype != dtype or not table.is_contiguous()
                     or not lean_supported(decoder, None) or len(decoder.layers) != 1 or linear_operand(head.fc, dtype) is None
                     or linear_operand(self.lm_head.projection, dtype) is None)
@@ -355,6 +355,8 @@ class Eagle2Drafter(EagleDrafter):
     predicted feature at its parent and its own token, and attends to the committed pairs and its
     tree ancestors (a 4-D mask over the head's cache).
     """
+
+    drafts_trees = True
 
     #: K of the chain form a batch row drafts with, and its class (:meth:`for_batch`)
     batch_chain_tokens = 5

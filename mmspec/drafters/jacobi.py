@@ -201,6 +201,8 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
         branches: candidates per tree position (K); depth: tree positions (D).
     """
 
+    drafts_trees = True
+
     batch_size_one_reason = "drafts token trees (its proactive branches); sjd-coupled is its chain form"
 
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", grid_width: int | None = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..adapters.hf import text_decoder, truncated_decoder
+from ..adapters.hf import final_norm, text_decoder, truncated_decoder
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
@@ -51,7 +51,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
         self.exit_layer = self.target_hidden_layer = exit_layer
         decoder = text_decoder(target_model)
         self.shallow = truncated_decoder(decoder, exit_layer)  # ends with the final norm
-        self.final_norm = decoder.norm
+        self.final_norm = final_norm(decoder)
         self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
         self.stop_threshold = stop_threshold
         self.cache = None

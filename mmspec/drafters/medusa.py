@@ -44,6 +44,7 @@ class _HeadsDrafter(BatchDrafting, Drafter):
     """Shared by Medusa and Hydra: a static tree of top-k head choices after the pending token."""
 
     requires_target_hidden = True
+    drafts_trees = True
     kind = "medusa"
 
     def __init__(self, target_model: nn.Module, heads: DraftHeads, tree_paths=None, draft_vocabulary: torch.Tensor | None = None) -> None:

@@ -232,7 +232,7 @@ def run(args) -> int:
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)
-    from ..adapters.hf import text_decoder
+    from ..adapters.hf import final_norm as decoder_norm, text_decoder
 
     if args.method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
@@ -243,7 +243,7 @@ def run(args) -> int:
             return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
     elif args.method == "kangaroo":
         head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
-        final_norm = copy.deepcopy(text_decoder(model).norm).to(device)
+        final_norm = copy.deepcopy(decoder_norm(text_decoder(model))).to(device)
 
         def loss_of(adapter, embed, lm_head, batch, *rest):
             return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
