@@ -1,0 +1,105 @@
+"""``mmspec train drafter --target PATH --data DATA`` on tiny random saved targets: a text Llama
+with JSONL prompts (+ given responses) and a LLaVA VLM with a JSONL of images and prompts and no
+responses (self-distillation). The trained head loads back with ``drafter="eagle2:OUT"`` and its
+greedy output equals plain decoding; bad rows are counted; --resume continues the checkpoint."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from mmspec.cli import main as cli_main
+from tests.tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
+
+EOS = "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def text_target(tmp_path_factory) -> Path:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from mmspec.hub import smollm2_checkpoint
+
+    directory = tmp_path_factory.mktemp("tiny-text")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    save_tiny_draft(directory, len(tokenizer), seed=3)
+    model = LlamaForCausalLM.from_pretrained(directory)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(EOS)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def train(target: Path, data: Path, out: Path, *extra: str) -> int:
+    return cli_main(["train", "drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--dtype", "float32",
+                     "--draft-vocab", "0", "--batch-size", "4", "--lr", "3e-3", "--max-new-tokens", "6", "--log-every", "2",
+                     "--save-every", "4", "--held-out", "0.25", "--eval-examples", "2", *extra])
+
+
+def test_text_target_jsonl_with_bad_rows_and_resume(text_target, tmp_path, capsys):
+    rows = [{"prompt": f"Tell me about topic {i}.", **({"response": f"Topic {i} is fine."} if i % 2 else {})} for i in range(8)]
+    rows += [{"prompt": "  "}, "{not json", {"prompt": "x", "image": "missing.png"}]
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "4", "--method", "medusa") == 0
+    text = capsys.readouterr().out
+    assert "skipped 3 rows: 1 empty prompt, 1 missing image, 1 unreadable line" in text
+    assert "held-out tau of medusa:" in text
+    log = (out / "loss.csv").read_text().splitlines()
+    assert log[0].startswith("step,") and len(log) == 3  # steps 2 and 4
+    # a second run without --resume is refused; with it, training continues at step 4
+    assert train(text_target, data, out, "--steps", "6", "--method", "medusa") == 2
+    assert train(text_target, data, out, "--steps", "6", "--method", "medusa", "--resume") == 0
+    text = capsys.readouterr().out
+    assert "resuming at step 4" in text
+    assert json.loads((out / "training.json").read_text())["step"] == 6
+    assert len((out / "loss.csv").read_text().splitlines()) == 4
+
+
+def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
+    import mmspec
+    from mmspec.pipelines.captioning.components import load_captioning_model
+
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    images = tmp_path / "images"
+    images.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    for i in range(6):
+        pixels = (torch.rand(24, 24, 3, generator=generator) * 255).to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(images / f"{i}.png")
+    (images / "broken.png").write_bytes(b"not a png")
+    rows = [{"image": f"images/{i}.png", "prompt": "Describe the image."} for i in range(6)]
+    rows += [{"image": "images/broken.png", "prompt": "What is this?"}, {"prompt": "A question without an image."}]
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    out = tmp_path / "eagle"
+    assert train(target, data, out, "--steps", "6", "--method", "eagle", "--gen-batch", "4") == 0
+    text = capsys.readouterr().out
+    assert "skipped 1 rows: 1 unreadable image" in text
+    report = json.loads((out / "eval.json").read_text())
+    assert report["tau"] >= 1.0 and report["identical_to_target"] == "2/2"
+    # the saved head decodes exactly: greedy output identical to plain decoding
+    model, processor = load_captioning_model(target, torch.device("cpu"), torch.float32)
+    chat = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                                         add_generation_prompt=True)
+    inputs = dict(processor(text=[chat], images=[Image.open(images / "3.png").convert("RGB")], return_tensors="pt"))
+    plain = mmspec.generate(model, None, max_new_tokens=12, **inputs)
+    for spec in ("eagle", "eagle2"):
+        drafted = mmspec.generate(model, f"{spec}:{out}", max_new_tokens=12, **inputs)
+        assert torch.equal(drafted.sequences, plain.sequences)
+
+
+def test_bad_arguments(text_target, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": " "}])
+    assert train(text_target, data, tmp_path / "o", "--steps", "1") == 2
+    assert "holds no usable row" in capsys.readouterr().err
+    assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
+    assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
