@@ -95,6 +95,12 @@ def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
     for spec in ("eagle", "eagle2"):
         drafted = mmspec.generate(model, f"{spec}:{out}", max_new_tokens=12, **inputs)
         assert torch.equal(drafted.sequences, plain.sequences)
+    # and in the captioning pipeline for that target
+    from mmspec.pipelines.captioning import ImageCaptioningPipeline
+
+    captions = [ImageCaptioningPipeline(target, drafter=spec, device="cpu", dtype="float32")(images / "3.png", max_new_tokens=12)
+                for spec in (None, f"eagle2:{out}")]
+    assert captions[1].text == captions[0].text and captions[1].stats.mean_accepted_length >= 1.0
 
 
 def test_bad_arguments(text_target, tmp_path, capsys):
@@ -103,3 +109,28 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no usable row" in capsys.readouterr().err
     assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
+
+
+def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_port):
+    """accelerate launch --num_processes 2 (CPU, gloo) at the same global batch: each process takes
+    half of every step's sequences and the gradients are averaged, so the loss curve is the
+    one-process curve (sequences of one length here, so the mean of the two halves' means is the
+    mean over the batch)."""
+    import os
+    import subprocess
+    import sys
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)])
+    common = ["--data", str(data), "--dtype", "float32", "--draft-vocab", "0", "--batch-size", "4", "--lr", "3e-3",
+              "--max-new-tokens", "6", "--log-every", "1", "--steps", "5", "--held-out", "0", "--eval-examples", "0",
+              "--target", str(text_target), "--method", "eagle"]
+    assert cli_main(["train", "drafter", "--out", str(tmp_path / "one"), *common]) == 0
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port),
+                           "-m", "mmspec", "train", "drafter", "--out", str(tmp_path / "two"), *common],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    curves = [[e["loss"] for e in json.loads((tmp_path / name / "training.json").read_text())["log"]] for name in ("one", "two")]
+    assert len(curves[0]) == 5 and curves[0][-1] < curves[0][0]
+    assert curves[1] == pytest.approx(curves[0], rel=1e-3)
