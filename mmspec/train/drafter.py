@@ -414,8 +414,7 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
     from ..drafters import resolve_drafter
     from . import any_target
 
-    depth = args.num_heads if args.method in ("medusa", "hydra") else None  # the trees as deep as the heads
-    drafter = resolve_drafter(f"{EVAL_SPECS[args.method]}:{out}", target, depth)
+    drafter = resolve_drafter(f"{EVAL_SPECS[args.method]}:{out}", target)
     taus, same, compared = [], 0, 0
     for example, record in zip(held_examples, held_records):
         inputs = any_target.prompt_inputs(model, processor, is_vlm, example)
