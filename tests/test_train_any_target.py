@@ -139,6 +139,7 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
 
 
+@pytest.mark.slow  # ~35-45 s on 2 cores: two processes start and import torch + transformers
 def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_port):
     """accelerate launch --num_processes 2 (CPU, gloo) at the same global batch: each process takes
     half of every step's sequences and the gradients are averaged, so the loss curve is the

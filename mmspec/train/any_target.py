@@ -255,12 +255,18 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
     """Shard of ``examples`` (indices ``first``..): {"records": [...] each with its "index", "skipped": {reason: n}}."""
     skipped: dict[str, int] = {}
     prompts, indices = [], []
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or float("inf")
     for offset, example in enumerate(examples):
         try:
-            prompts.append(prompt_inputs(model, processor, is_vlm, example))
-            indices.append(first + offset)
+            inputs = prompt_inputs(model, processor, is_vlm, example)
         except ValueError as error:
             _count(skipped, str(error))
+            continue
+        if inputs["input_ids"].shape[1] >= context:
+            _count(skipped, "prompt longer than the context")
+            continue
+        prompts.append(inputs)
+        indices.append(first + offset)
     by_index = dict(zip(indices, prompts))
     todo = [i for i in indices if examples[i - first].response is None]
     answers = dict(zip(todo, self_distil(target, [by_index[i] for i in todo], [args.seed + i for i in todo],
@@ -269,10 +275,13 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
     for index in indices:
         example = examples[index - first]
         answer = answers[index] if example.response is None else response_ids(target, processor, example.response)
+        prompt = by_index[index]
         if len(answer) == 0:
             _count(skipped, "empty response")
             continue
-        prompt = by_index[index]
+        if prompt["input_ids"].shape[1] + len(answer) > context:
+            _count(skipped, "response past the context")
+            continue
         record = features(target, with_response(prompt, answer), prompt["input_ids"].shape[1], shallow_layer)
         record["index"] = torch.tensor(index)
         records.append(record)

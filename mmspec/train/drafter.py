@@ -1,5 +1,11 @@
-"""``mmspec train drafter --method eagle|medusa|hydra --target smollm2|captioner``: train a drafter
-on the target's own outputs and hidden states (self-distillation), bf16 on CPU, resumable.
+"""``mmspec train drafter --method eagle|medusa|hydra|kangaroo --target smollm2|captioner|PATH_OR_HUB_ID``:
+train a drafter on the target's own outputs and hidden states (self-distillation), resumable.
+
+Any target other than the two embedded recipes (a checkpoint directory or hub id of a causal LM or
+a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder or
+a saved ``datasets`` dataset) and ``--out DIR``: :func:`run_any_target`, with the data made by
+:mod:`mmspec.train.any_target`, data-parallel under ``accelerate launch``, a held-out tau at the
+end. The rest of this docstring describes the embedded recipes; the losses are shared.
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
    SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, its own
@@ -232,7 +238,7 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
 
 
-def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path, shallow_layer: int):
+def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path):
     """(the head to train, its loss function (head, embed, lm_head, batch, ce_positions?, generator?)
     -> (loss, top-1 accuracy)) for ``method``."""
     from ..adapters.hf import text_decoder
@@ -246,7 +252,7 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
     elif method == "kangaroo":
         head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
-        final_norm = copy.deepcopy(text_decoder(model).norm).float().to(device)
+        final_norm = copy.deepcopy(text_decoder(model).norm).to(device)
 
         def loss_of(adapter, embed, lm_head, batch, *rest):
             return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
@@ -320,7 +326,7 @@ def run_any_target(args) -> int:
     embed = model.get_input_embeddings().weight.detach().float().to(device)
     lm_head = model.get_output_embeddings().weight.detach().float().to(device)
     torch.manual_seed(args.seed)  # the same initial head in every process
-    head, loss_of = make_head(args.method, model, embed, args, device, out, shallow_layer or SHALLOW_LAYER)
+    head, loss_of = make_head(args.method, model, embed, args, device, out)
     head.to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     world = process.world
@@ -449,25 +455,7 @@ def run(args) -> int:
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)
-    from ..adapters.hf import text_decoder
-
-    if args.method == "eagle":
-        head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
-        draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
-        draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
-
-        def loss_of(head, embed, lm_head, batch, *rest):
-            return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
-    elif args.method == "kangaroo":
-        head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
-        final_norm = copy.deepcopy(text_decoder(model).norm).to(device)
-
-        def loss_of(adapter, embed, lm_head, batch, *rest):
-            return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
-    else:
-        head = (DraftHeads.load(args.init, model, args.method) if args.init
-                else DraftHeads(embed.shape[1], args.num_heads, args.method)).float()
-        loss_of = heads_loss
+    head, loss_of = make_head(args.method, model, embed, args, device, out)
     head.to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
 
@@ -486,7 +474,7 @@ def run(args) -> int:
             loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
         run.optimizer_step(loss, optimizer, head.parameters())
-        if run.should_save(100, args.steps):
+        if run.should_save(args.save_every, args.steps):
             head.eval()
             with torch.no_grad(), autocast(device):
                 scores = [loss_of(head, embed, lm_head, on_device(held_out[i : i + 16])) for i in range(0, len(held_out), 16)]
