@@ -137,6 +137,21 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no usable row" in capsys.readouterr().err
     assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_saved_dataset_without_datasets_says_what_to_install(tmp_path):
+    import importlib.util
+
+    from mmspec.train.any_target import read_examples
+
+    if importlib.util.find_spec("datasets") is not None:
+        pytest.skip("datasets is installed")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_info.json").write_text("{}")
+    with pytest.raises(ValueError, match="install the datasets package"):
+        read_examples(saved)
 
 
 @pytest.mark.slow  # ~35-45 s on 2 cores: two processes start and import torch + transformers

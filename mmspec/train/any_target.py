@@ -250,41 +250,43 @@ def features(target: TransformersTarget, full: dict[str, torch.Tensor], prompt_l
     return record
 
 
-def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], first: int, args, shallow_layer: int | None
-               ) -> dict[str, Any]:
-    """Shard of ``examples`` (indices ``first``..): {"records": [...] each with its "index", "skipped": {reason: n}}."""
+def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], first: int, args, shallow_layer: int | None,
+               progress=None) -> dict[str, Any]:
+    """Shard of ``examples`` (indices ``first``..), ``--gen-batch`` rows at a time (encoded, the
+    ones without a response answered together, teacher-forced; ``progress.step`` per group) ->
+    {"records": [...] each with its "index", "skipped": {reason: n}}."""
     skipped: dict[str, int] = {}
-    prompts, indices = [], []
-    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or float("inf")
-    for offset, example in enumerate(examples):
-        try:
-            inputs = prompt_inputs(model, processor, is_vlm, example)
-        except ValueError as error:
-            _count(skipped, str(error))
-            continue
-        if inputs["input_ids"].shape[1] >= context:
-            _count(skipped, "prompt longer than the context")
-            continue
-        prompts.append(inputs)
-        indices.append(first + offset)
-    by_index = dict(zip(indices, prompts))
-    todo = [i for i in indices if examples[i - first].response is None]
-    answers = dict(zip(todo, self_distil(target, [by_index[i] for i in todo], [args.seed + i for i in todo],
-                                          args.max_new_tokens, args.sample_temperature, args.gen_batch))) if todo else {}
     records = []
-    for index in indices:
-        example = examples[index - first]
-        answer = answers[index] if example.response is None else response_ids(target, processor, example.response)
-        prompt = by_index[index]
-        if len(answer) == 0:
-            _count(skipped, "empty response")
-            continue
-        if prompt["input_ids"].shape[1] + len(answer) > context:
-            _count(skipped, "response past the context")
-            continue
-        record = features(target, with_response(prompt, answer), prompt["input_ids"].shape[1], shallow_layer)
-        record["index"] = torch.tensor(index)
-        records.append(record)
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or float("inf")
+    for start in range(0, len(examples), args.gen_batch):
+        group = {}
+        for index in range(first + start, first + min(start + args.gen_batch, len(examples))):
+            try:
+                inputs = prompt_inputs(model, processor, is_vlm, examples[index - first])
+            except ValueError as error:
+                _count(skipped, str(error))
+                continue
+            if inputs["input_ids"].shape[1] >= context:
+                _count(skipped, "prompt longer than the context")
+                continue
+            group[index] = inputs
+        todo = [i for i in group if examples[i - first].response is None]
+        answers = dict(zip(todo, self_distil(target, [group[i] for i in todo], [args.seed + i for i in todo],
+                                              args.max_new_tokens, args.sample_temperature, args.gen_batch))) if todo else {}
+        for index, prompt in group.items():
+            example = examples[index - first]
+            answer = answers[index] if example.response is None else response_ids(target, processor, example.response)
+            if len(answer) == 0:
+                _count(skipped, "empty response")
+                continue
+            if prompt["input_ids"].shape[1] + len(answer) > context:
+                _count(skipped, "response past the context")
+                continue
+            record = features(target, with_response(prompt, answer), prompt["input_ids"].shape[1], shallow_layer)
+            record["index"] = torch.tensor(index)
+            records.append(record)
+        if progress is not None:
+            progress.step(count=min(args.gen_batch, len(examples) - start))
     return {"records": records, "skipped": skipped}
 
 
@@ -306,14 +308,15 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
         path.write_text(json.dumps(manifest, indent=1))
     count = (len(examples) + args.shard_size - 1) // args.shard_size
     mine = [s for s in range(count) if s % process.world == process.rank and not (data_dir / f"shard-{s:05d}.pt").exists()]
-    progress = Progress(len(mine), always=True, unit="shard", show=process.rank == 0 and bool(mine))
+    rows = sum(len(examples[s * args.shard_size : (s + 1) * args.shard_size]) for s in mine)
+    progress = Progress(rows, always=True, unit="row", show=process.rank == 0 and bool(mine))
     for shard in mine:
         first = shard * args.shard_size
-        made = make_shard(target, model, processor, is_vlm, examples[first : first + args.shard_size], first, args, shallow_layer)
+        made = make_shard(target, model, processor, is_vlm, examples[first : first + args.shard_size], first, args, shallow_layer,
+                          progress)
         tmp = data_dir / f"shard-{shard:05d}.tmp"
         torch.save(made, tmp)
         tmp.replace(data_dir / f"shard-{shard:05d}.pt")
-        progress.step()
     progress.close()
     process.wait()
     records, skipped = [], {}
