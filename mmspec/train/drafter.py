@@ -345,7 +345,7 @@ def run_any_target(args) -> int:
             return value
         import torch.distributed as dist
 
-        tensor = torch.tensor([value], dtype=torch.float64)
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)  # nccl reduces device tensors
         dist.all_reduce(tensor)
         return float(tensor) / world
 
