@@ -429,11 +429,14 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
         if example.response is None and args.sample_temperature == 0:
             compared += 1
             same += bool(torch.equal(result.sequences[0].cpu(), record["ids"]))
-    report = {"drafter": f"{EVAL_SPECS[args.method]}:{out}", "held_out_prompts": len(taus),
+    report = {"drafter": f"{EVAL_SPECS[args.method]}:{out}", "held_out_prompts": len(taus), "dtype": str(model.dtype),
               "tau": round(sum(taus) / len(taus), 3), "identical_to_target": f"{same}/{compared}" if compared else None}
     (out / "eval.json").write_text(json.dumps(report, indent=1))
+    # in bf16 / fp16 a near-tie can round differently in a one-token and a many-token forward, so
+    # the target's own answers and the verified ones may part there; fp32 is exact
+    note = "" if model.dtype == torch.float32 else f" ({report['dtype']}: near-ties may round differently; exact in float32)"
     print(f"held-out tau of {report['drafter']}: {report['tau']:.2f} over {len(taus)} prompts"
-          + (f"; greedy output identical to the target's own answers on {same}/{compared}" if compared else ""), flush=True)
+          + (f"; greedy output identical to the target's own answers on {same}/{compared}{note}" if compared else ""), flush=True)
     return report
 
 
