@@ -48,7 +48,9 @@ class _HeadsDrafter(BatchDrafting, Drafter):
     kind = "medusa"
 
     def __init__(self, target_model: nn.Module, heads: DraftHeads, tree_paths=None, draft_vocabulary: torch.Tensor | None = None) -> None:
-        paths = [tuple(p) for p in (tree_paths or DEFAULT_TREE)]
+        # the default tree is cut to the heads there are (heads trained with --num-heads < 4); a
+        # given tree deeper than the heads is an error
+        paths = [tuple(p) for p in tree_paths] if tree_paths else [tuple(p) for p in DEFAULT_TREE if len(p) <= heads.num_heads]
         depth = max(len(p) for p in paths)
         if depth > heads.num_heads:
             raise ValueError(f"the tree is {depth} deep but there are only {heads.num_heads} heads")

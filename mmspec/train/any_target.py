@@ -1,0 +1,328 @@
+"""Drafter training data for any supported target: ``mmspec train drafter --target PATH_OR_HUB_ID --data DATA``.
+
+DATA is one of
+- a JSONL file, one ``{"image"?: path relative to the file, "prompt": str, "response"?: str}`` a line;
+- a folder of images (every image under it, sorted; prompt = ``--prompt``, default "Describe the image.");
+- a ``datasets`` dataset saved with ``save_to_disk`` or ``.parquet`` files (needs the ``datasets``
+  package; its columns are ``image`` (a path or a PIL image), ``prompt``, ``response``).
+
+Bad rows are skipped and counted, never silently: an unreadable JSON line, an empty prompt, an
+image file that does not exist, an image that cannot be decoded, an image given to a text-only
+target. The counts are printed (and kept with the data shards, so a resumed run prints them too).
+
+Without a ``response`` the target writes it itself (self-distillation): its own plain decoding of
+the prompt (greedy, or sampled at ``--sample-temperature`` with a per-row seed), ``--gen-batch``
+rows at a time where the family decodes batches (:func:`mmspec.api.generate_rows`; one row at a
+time where :attr:`TransformersTarget.batch_size_one_reason` says it cannot). Then each sequence
+``prompt + response`` is run once through the target (:meth:`TransformersTarget.prefill` with
+``hidden_layer=-1``, the very features the drafters read at generation time) and stored as a
+record ``{"ids" [L], "learn" [L] (the response positions), "features" [L, H] bf16, "shallow"
+[L, H] bf16 (Kangaroo only)}``, ``--shard-size`` examples per shard file in the data cache
+(``OUT/data`` by default), so an interrupted run makes only the shards it lacks. Under
+``accelerate launch`` process r makes the shards s with s % n == r.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..adapters.hf import VLM_FAMILIES, TransformersTarget
+from ..pipelines.captioning import DEFAULT_PROMPT
+from ..pipelines.captioning.components import escape_image_tokens, image_token_strings
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Example:
+    """One training row: the prompt, the image file (or a PIL image from a dataset), the response (None: self-distil)."""
+
+    prompt: str
+    image: Any = None
+    response: str | None = None
+
+
+def _count(skipped: dict[str, int], reason: str) -> None:
+    skipped[reason] = skipped.get(reason, 0) + 1
+
+
+def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT) -> tuple[list[Example], dict[str, int]]:
+    """DATA (module doc) -> (the usable examples in order, {reason: rows skipped}).
+
+    Raises:
+        ValueError: DATA does not exist, is of no known form, holds no usable row, or is a
+            ``datasets`` dataset while ``datasets`` is not installed.
+    """
+    path = Path(data)
+    skipped: dict[str, int] = {}
+    if not path.exists():
+        raise ValueError(f"--data {data}: no such file or folder (give a JSONL file, an image folder or a saved dataset)")
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "state.json").exists()) or path.suffix == ".parquet" \
+            or (path.is_dir() and any(path.glob("*.parquet"))):
+        examples = _read_dataset(path, skipped)
+    elif path.is_dir():
+        images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        examples = [Example(default_prompt, image) for image in images]
+    elif path.suffix in (".jsonl", ".json"):
+        examples = []
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                _count(skipped, "unreadable line")
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
+                _count(skipped, "unreadable line")
+                continue
+            example = _checked(row.get("prompt") or "", row.get("image"), row.get("response"), path.parent, skipped)
+            if example is not None:
+                examples.append(example)
+    else:
+        raise ValueError(f"--data {data}: give a .jsonl file, a folder of images, or a datasets dataset (save_to_disk / .parquet)")
+    if not examples:
+        raise ValueError(f"--data {data} holds no usable row (skipped: {format_skipped(skipped) or 'none found'})")
+    return examples, skipped
+
+
+def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int]) -> Example | None:
+    if not prompt.strip():
+        _count(skipped, "empty prompt")
+        return None
+    if isinstance(image, str):
+        image = root / image
+        if not image.is_file():
+            _count(skipped, "missing image")
+            return None
+    if response is not None and (not isinstance(response, str) or not response.strip()):
+        response = None  # an empty response is written by the target
+    return Example(prompt, image, response)
+
+
+def _read_dataset(path: Path, skipped: dict[str, int]) -> list[Example]:
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"--data {path} is a datasets dataset; install the datasets package (pip install datasets) "
+                         "or export it as JSONL") from None
+    if path.suffix == ".parquet" or not ((path / "dataset_info.json").exists() or (path / "state.json").exists()):
+        files = [str(path)] if path.suffix == ".parquet" else sorted(str(p) for p in path.glob("*.parquet"))
+        table = datasets.load_dataset("parquet", data_files=files, split="train")
+    else:
+        table = datasets.load_from_disk(str(path))
+        if isinstance(table, datasets.DatasetDict):
+            table = table["train"] if "train" in table else next(iter(table.values()))
+    root = path.parent if path.suffix == ".parquet" else path
+    return [e for row in table if (e := _checked(row.get("prompt") or "", row.get("image"), row.get("response"), root, skipped))]
+
+
+def format_skipped(skipped: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+
+
+def split_held_out(count: int, fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices 0..count-1 -> (train, held_out): ``round(fraction * count)`` rows (at least one when
+    fraction > 0 and count > 1) chosen by a seeded permutation, both lists sorted."""
+    held = min(count - 1, max(1 if fraction > 0 else 0, round(fraction * count)))
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[held:]), sorted(order[:held])
+
+
+# ------------------------------------------------------------------------------------------- target
+def load_target(name: str, dtype: torch.dtype, device: torch.device):
+    """A local checkpoint or hub id -> (model, processor or tokenizer, is_vlm): a VLM of
+    :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer."""
+    from transformers import AutoConfig
+
+    from ..hub import load_causal_lm, resolve_checkpoint
+
+    source = resolve_checkpoint(name)
+    try:
+        model_type = AutoConfig.from_pretrained(source).model_type
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--target {name}: cannot load its config ({str(error).splitlines()[0]}); give a checkpoint "
+                         "directory or a hub id in the local cache") from None
+    if model_type in VLM_FAMILIES:
+        from ..pipelines.captioning.components import load_captioning_model
+
+        model, processor = load_captioning_model(source, device, dtype)
+        return model, processor, True
+    model, tokenizer = load_causal_lm(source, dtype=dtype, device=device)
+    return model, tokenizer, False
+
+
+def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str, torch.Tensor]:
+    """One example's prompt -> the target's batch-1 model inputs (the chat template's user turn,
+    with the image first for a VLM; pixel tensors in the model's dtype).
+
+    Raises:
+        ValueError: the image cannot be read, or an image was given to a text-only target.
+    """
+    from ..api import chat_inputs
+
+    if not is_vlm:
+        if example.image is not None:
+            raise ValueError("image given to a text-only target")
+        return chat_inputs(processor, example.prompt)
+    if getattr(processor, "chat_template", None) is None:
+        raise RuntimeError(f"the processor of {model.name_or_path} has no chat template; set processor.chat_template")
+    text = escape_image_tokens(example.prompt, image_token_strings(processor, getattr(model.config, "image_token_id", None)))
+    content = [{"type": "text", "text": text}]
+    images = None
+    if example.image is not None:
+        from PIL import Image
+
+        try:
+            image = example.image if isinstance(example.image, Image.Image) else Image.open(example.image)
+            images = [image.convert("RGB")]
+        except (OSError, ValueError):
+            raise ValueError("unreadable image") from None
+        content.insert(0, {"type": "image"})
+    chat = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    inputs = processor(text=[chat], images=images, return_tensors="pt") if images else processor(text=[chat], return_tensors="pt")
+    return {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def with_response(inputs: dict[str, torch.Tensor], response: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Batch-1 prompt inputs with ``response`` [n] appended to input_ids (attention_mask: ones;
+    other per-token inputs such as token_type_ids: zeros, text)."""
+    length = inputs["input_ids"].shape[1]
+    out = dict(inputs)
+    for name, value in inputs.items():
+        if value.dim() == 2 and value.shape == (1, length) and not value.is_floating_point():
+            tail = response[None].to(value) if name == "input_ids" else (
+                torch.ones if name == "attention_mask" else torch.zeros)(1, len(response), dtype=value.dtype)
+            out[name] = torch.cat([value, tail], dim=1)
+    return out
+
+
+def tokenizer_of(processor):
+    return getattr(processor, "tokenizer", processor)
+
+
+def response_ids(target: TransformersTarget, processor, text: str) -> torch.Tensor:
+    """A given response's token ids [n], closed with the target's first stop token."""
+    ids = tokenizer_of(processor)(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    eos = target.eos_token_ids
+    return torch.cat([ids, torch.tensor(eos[:1], dtype=torch.long)])
+
+
+def self_distil(target: TransformersTarget, rows: list[dict[str, torch.Tensor]], seeds: list[int], max_new_tokens: int,
+                temperature: float, batch: int) -> list[torch.Tensor]:
+    """The target's own responses [n_b] to ``rows`` (batch-1 prompt inputs): plain decoding,
+    greedy (temperature 0) or sampled with row b's seed ``seeds[b]``; ``batch`` rows at a time
+    where the target decodes batches."""
+    from ..api import generate_rows
+
+    batch = 1 if target.batch_size_one_reason else max(1, batch)
+    sampling = dict(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0)
+    answers: list[torch.Tensor] = [None] * len(rows)  # type: ignore[list-item]
+    for start in range(0, len(rows), batch):
+        part = rows[start : start + batch]
+
+        def keep(result, start=start):
+            answers[start + result.index] = result.tokens[0, result.prompt_length :].cpu()
+
+        generate_rows(target, part, None, max_new_tokens, seed=seeds[start : start + batch], on_row_done=keep, **sampling)
+    return answers
+
+
+def features(target: TransformersTarget, full: dict[str, torch.Tensor], prompt_length: int, shallow_layer: int | None
+             ) -> dict[str, torch.Tensor]:
+    """``prompt + response`` teacher-forced through the target -> a training record."""
+    ids = full["input_ids"][0]
+    learn = torch.zeros(len(ids), dtype=torch.bool)
+    learn[prompt_length:] = True
+    with torch.inference_mode():
+        _, out = target.prefill(full, hidden_layer=-1)
+        record = {"ids": ids.cpu(), "learn": learn, "features": out.hidden_states[0].to("cpu", torch.bfloat16)}
+        if shallow_layer is not None:
+            _, out = target.prefill(full, hidden_layer=shallow_layer)
+            record["shallow"] = out.hidden_states[0].to("cpu", torch.bfloat16)
+    return record
+
+
+def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], first: int, args, shallow_layer: int | None,
+               progress=None) -> dict[str, Any]:
+    """Shard of ``examples`` (indices ``first``..), ``--gen-batch`` rows at a time (encoded, the
+    ones without a response answered together, teacher-forced; ``progress.step`` per group) ->
+    {"records": [...] each with its "index", "skipped": {reason: n}}."""
+    skipped: dict[str, int] = {}
+    records = []
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or float("inf")
+    for start in range(0, len(examples), args.gen_batch):
+        group = {}
+        for index in range(first + start, first + min(start + args.gen_batch, len(examples))):
+            try:
+                inputs = prompt_inputs(model, processor, is_vlm, examples[index - first])
+            except ValueError as error:
+                _count(skipped, str(error))
+                continue
+            if inputs["input_ids"].shape[1] >= context:
+                _count(skipped, "prompt longer than the context")
+                continue
+            group[index] = inputs
+        todo = [i for i in group if examples[i - first].response is None]
+        answers = dict(zip(todo, self_distil(target, [group[i] for i in todo], [args.seed + i for i in todo],
+                                              args.max_new_tokens, args.sample_temperature, args.gen_batch))) if todo else {}
+        for index, prompt in group.items():
+            example = examples[index - first]
+            answer = answers[index] if example.response is None else response_ids(target, processor, example.response)
+            if len(answer) == 0:
+                _count(skipped, "empty response")
+                continue
+            if prompt["input_ids"].shape[1] + len(answer) > context:
+                _count(skipped, "response past the context")
+                continue
+            record = features(target, with_response(prompt, answer), prompt["input_ids"].shape[1], shallow_layer)
+            record["index"] = torch.tensor(index)
+            records.append(record)
+        if progress is not None:
+            progress.step(count=min(args.gen_batch, len(examples) - start))
+    return {"records": records, "skipped": skipped}
+
+
+def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Example], data_dir: Path, args,
+                   shallow_layer: int | None, process) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
+    """Make the shards this process lacks (module doc), wait for the others, load all ->
+    (records in example order, {reason: rows skipped while encoding})."""
+    from ..cli.dataset import Progress
+
+    manifest = {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
+                "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
+                "shallow_layer": shallow_layer, "dtype": str(model.dtype)}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / MANIFEST
+    if path.exists() and json.loads(path.read_text()) != manifest:
+        raise ValueError(f"the data cache {data_dir} was made with other settings ({path}); delete it or pass another --cache")
+    process.wait()
+    if process.rank == 0:
+        path.write_text(json.dumps(manifest, indent=1))
+    count = (len(examples) + args.shard_size - 1) // args.shard_size
+    mine = [s for s in range(count) if s % process.world == process.rank and not (data_dir / f"shard-{s:05d}.pt").exists()]
+    rows = sum(len(examples[s * args.shard_size : (s + 1) * args.shard_size]) for s in mine)
+    progress = Progress(rows, always=True, unit="row", show=process.rank == 0 and bool(mine))
+    for shard in mine:
+        first = shard * args.shard_size
+        made = make_shard(target, model, processor, is_vlm, examples[first : first + args.shard_size], first, args, shallow_layer,
+                          progress)
+        tmp = data_dir / f"shard-{shard:05d}.tmp"
+        torch.save(made, tmp)
+        tmp.replace(data_dir / f"shard-{shard:05d}.pt")
+    progress.close()
+    process.wait()
+    records, skipped = [], {}
+    for shard in range(count):
+        made = torch.load(data_dir / f"shard-{shard:05d}.pt", weights_only=True)
+        records += made["records"]
+        for reason, n in made["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    return records, skipped
