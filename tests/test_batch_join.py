@@ -11,7 +11,7 @@ import mmspec
 from mmspec.api import generate_rows
 from mmspec.core.batch import BatchState
 from mmspec.drafters import EagleDrafter
-from mmspec.adapters.hf import text_decoder
+from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.modeling.heads import EagleHead
 
 MAX_NEW = 14
@@ -95,3 +95,39 @@ def test_batch_of_admitted_rows_only_and_batch_one_streaming(tiny, prompts):
         generate_rows(tiny.model, [], max_new_tokens=4)
     with pytest.raises(ValueError, match="one seed"):
         generate_rows(tiny.model, [{"input_ids": prompts[0][None]}], seed=[1], admit=lambda: [])
+
+
+@pytest.mark.parametrize("family", ["llama", "smolvlm"])
+def test_equal_length_prompts_prefill_as_one_forward(family):
+    """Rows of one prompt length prefill as one [B, L] forward through the lean decoder: each row's
+    cache and first logits equal its batch-1 prefill bit for bit (fp32), and so do its tokens."""
+    case = make_tiny(family)
+    base = {k: v for k, v in case.inputs.items() if k != "attention_mask"}
+    gen = torch.Generator().manual_seed(2)
+    rows = []
+    for b in range(3):  # the same length, other text tokens (and for the VLM other pixels)
+        row = dict(base)
+        ids = row["input_ids"].clone()
+        text = ids >= 3
+        if family == "llama":
+            ids[text] = torch.randint(3, 400, (int(text.sum()),), generator=gen)
+        else:
+            row["pixel_values"] = row["pixel_values"] + 0.1 * b
+        row["input_ids"] = ids
+        rows.append(row)
+    target = TransformersTarget(case.model)
+    with torch.inference_mode():
+        singles = [target.prefill(r) for r in rows]
+        assert target.lean_prefill, "the tiny model should prefill through the lean decoder"
+        batch, outputs = target.prefill_rows(rows)
+    assert batch.valid.all() and batch.size == 3
+    for b, (state, out) in enumerate(singles):
+        assert torch.equal(outputs[b].logits, out.logits)
+        for layer, one in zip(batch.cache.layers, state.cache.layers):
+            assert torch.equal(layer.keys[b], one.keys[0]) and torch.equal(layer.values[b], one.values[0])
+    kwargs = dict(max_new_tokens=8, do_sample=True, seed=4)
+    together = generate_rows(case.model, rows, drafter="prompt-lookup:2", **kwargs)
+    for b, row in enumerate(rows):
+        alone = mmspec.generate(case.model, drafter="prompt-lookup:2", **kwargs, **row)
+        width = row["input_ids"].shape[1]
+        assert torch.equal(together.sequences[b, width : width + together.row_stats[b].new_tokens], alone.sequences[0, width:])
