@@ -448,3 +448,30 @@ def test_batcher_gathers_by_key_refuses_when_full_and_drops_gone_clients():
 
     asyncio.run(scenario())
     assert [key for key, _ in calls[:3]] == ["a", "b", "a"] and calls[0][1] == [1, 3, 4] and calls[2][1] == [5]
+
+
+# -- streaming text and chats, without a model ---------------------------------------------------------
+
+def test_text_pieces_join_to_the_whole_text():
+    """Each step's text goes out as soon as it is final: trailing spaces and a cut character wait."""
+    from mmspec.pipelines.captioning import TextPieces
+
+    vocab = {1: " A", 2: " red", 3: " ", 4: "\ufffd", 5: "é", 6: " car."}  # 4 then 5: one character in two tokens
+    pieces = TextPieces(lambda tokens: "".join(vocab[t] for t in tokens).replace("\ufffdé", "é"))
+    sent = [pieces.push(step) for step in ([1], [2, 3], [4], [5, 6])]
+    assert sent == ["A", " red", "", " é car."]
+    assert pieces.finish("A red é car.") == "" and "".join(sent) == "A red é car."
+
+
+@pytest.mark.parametrize("messages, images, match", [
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], [], "image part"),
+    ([{"role": "user", "content": [{"type": "image"}]}, {"role": "assistant", "content": "x"}], ["img"], "last message"),
+    ([{"role": "tool", "content": "x"}], [], "role"),
+    ([{"role": "assistant", "content": [{"type": "image"}]}, {"role": "user", "content": "x"}], ["img"], "user messages"),
+    ([{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}], ["img"], "2 image part"),
+])
+def test_conversation_refuses_what_the_template_cannot_take(messages, images, match):
+    from mmspec.pipelines.captioning import Conversation
+
+    with pytest.raises(ValueError, match=match):
+        Conversation(messages, images)

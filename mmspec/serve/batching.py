@@ -219,6 +219,8 @@ class Batcher:
             job.cancel.set()
             if job.info is not None and not job.future.done():
                 self.cancelled += 1
+            # no one awaits the job's result now: take it when it comes (no "never retrieved" warning)
+            job.future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def check_room(self) -> None:
         """Raise APIError 429 when ``max_queue`` jobs wait, 503 when the batcher has stopped (a

@@ -41,6 +41,10 @@ CHAT_UNSUPPORTED = {
 #: test found it; the pipelines alone are deterministic). Until that is understood in the library,
 #: the server does not overlap pipeline work; batching within a task is unaffected.
 PIPELINE_LOCK = threading.Lock()
+#: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
+#: no more rows (it ends as its rows finish, and the other task runs)
+LOCK_WAITERS = 0
+_WAITERS_LOCK = threading.Lock()
 
 
 class TaskService:
@@ -83,8 +87,18 @@ class TaskService:
 
     def call(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         """:meth:`run_batch` under :data:`PIPELINE_LOCK` (what the batcher's worker thread calls)."""
-        with PIPELINE_LOCK:
+        global LOCK_WAITERS
+        with _WAITERS_LOCK:
+            LOCK_WAITERS += 1
+        try:
+            PIPELINE_LOCK.acquire()
+        finally:
+            with _WAITERS_LOCK:
+                LOCK_WAITERS -= 1
+        try:
             return self.run_batch(key, items, rows)
+        finally:
+            PIPELINE_LOCK.release()
 
     def load(self) -> None:
         """Load the pipeline now, under :data:`PIPELINE_LOCK` (``--preload``)."""
@@ -258,6 +272,8 @@ class _RowsStream(CaptionStream):
         return self.rows[index].cancelled()
 
     def more(self) -> list[Any]:
+        if LOCK_WAITERS:  # another task waits for the pipelines: let this batch drain
+            return []
         return [self.conversation(item) for item, _ in self.rows.more()]
 
     def error(self, index: int, error: Exception) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -165,7 +165,7 @@ class CaptionStream:
             batched path even for one item (so that rows can join it).
     """
 
-    admits: ClassVar[bool] = False
+    admits: bool = False
 
     def text(self, index: int, piece: str) -> None:
         """Row ``index``'s new text after a verification step (the pieces, joined, are its final
@@ -496,7 +496,10 @@ class ImageCaptioningPipeline(Pipeline):
         items = list(images)
         rows = [self.preprocess(image, prompt) for image in items]  # every image checked before decoding
         drafter, drafter_name, reason = self.batch_drafter(len(rows))
-        texts = {first + b: stream.on_tokens(first + b) for b in range(len(rows))} if stream is not None else {}
+        # batch row -> its index in the call (joined items follow the call's; one that could not be
+        # prepared keeps its index and runs no row)
+        index = [first + b for b in range(len(rows))]
+        texts = {i: stream.on_tokens(i) for i in index} if stream is not None else {}
         outputs: dict[int, CaptionOutput] = {}
 
         def output_of(result: RowResult) -> CaptionOutput:
@@ -506,26 +509,30 @@ class ImageCaptioningPipeline(Pipeline):
 
         def on_row_done(result: RowResult) -> None:
             if not compare_baseline:  # (with a baseline, rows are finished once both ran)
-                outputs[result.index] = _finish(stream, first + result.index, output_of(result))
+                outputs[result.index] = _finish(stream, index[result.index], output_of(result))
+
+        offered = [len(rows)]  # items offered to this batch so far (joined or not)
 
         def admit() -> list[dict[str, Any]]:
             joined = []
             for item in stream.stream.more():
-                index = first + len(items)
+                at = first + offered[0]
+                offered[0] += 1
                 try:
                     row = self.preprocess(item, prompt)
                 except (ValueError, TypeError, OSError) as error:
-                    stream.stream.error(index, error)
+                    stream.stream.error(at, error)
                     continue
                 items.append(item)
-                texts[index] = stream.on_tokens(index)
+                index.append(at)
+                texts[at] = stream.on_tokens(at)
                 joined.append(row)
             return joined
 
         live = dict(
             on_row_done=on_row_done,
-            on_tokens=None if stream is None else (lambda b, tokens: texts[first + b](tokens)),
-            cancelled=None if stream is None else (lambda b: stream.stream.cancelled(first + b)),
+            on_tokens=None if stream is None else (lambda b, tokens: texts[index[b]](tokens)),
+            cancelled=None if stream is None else (lambda b: stream.stream.cancelled(index[b])),
             admit=admit if joins else None)
         out, baseline = self.with_baseline(
             lambda: generate_rows(self.target, rows, drafter=drafter, **kwargs, **live),
