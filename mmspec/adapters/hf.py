@@ -284,21 +284,6 @@ class TransformersTarget:
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
         return state, TargetOutput(self.model.get_output_embeddings()(hidden[:, -1:]), kept)
 
-    def _rows_embeds(self, ids: list[torch.Tensor], inputs: list[dict[str, Any]]) -> torch.Tensor:
-        """[B, L, H]: :meth:`prompt_embeds` of B prompts of one length L. Where every row's other
-        tensor inputs have one shape (images of one size and count), the rows stack and their
-        images are encoded in one call, the features scattered in row order as a VLM's batched
-        forward does; otherwise row by row."""
-        shapes = {tuple((k, tuple(v.shape)) for k, v in sorted(r.items()) if isinstance(v, torch.Tensor) and k != "input_ids")
-                  for r in inputs}
-        if len(shapes) == 1 and _has_pixels(inputs[0]):
-            stacked = {k: torch.cat([r[k] for r in inputs]) if isinstance(v, torch.Tensor) else v for k, v in inputs[0].items()}
-            stacked["input_ids"] = torch.cat(ids)
-            embeds = self.prompt_embeds(stacked["input_ids"], stacked)
-            if embeds is not None:
-                return embeds
-        return torch.cat([self.prompt_embeds(i, r) for i, r in zip(ids, inputs)])
-
     def forward(
         self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
     ) -> TargetOutput:
@@ -343,7 +328,7 @@ class TransformersTarget:
         if not (self.lean_prefill and len(rows) > 1 and len({i.shape[1] for i in ids}) == 1):
             return BatchState.prefill(self, rows, hidden_layer)
         inputs = [{k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
-        embeds = self._rows_embeds(ids, inputs)  # [B, L, H]
+        embeds = torch.cat([self.prompt_embeds(i, r) for i, r in zip(ids, inputs)])  # [B, L, H]
         cache = make_cache(self.model.config)
         hidden, kept = lean_states(self.lean_decoder, embeds, cache, hidden_layer=hidden_layer)
         head = self.model.get_output_embeddings()
