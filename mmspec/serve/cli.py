@@ -29,7 +29,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--device", default="auto")
     cmd.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (float32: greedy batch rows bit-equal "
                      "to single requests)")
-    cmd.add_argument("--max-batch-size", type=int, default=8, help="requests of one task decoded together at most")
+    cmd.add_argument("--max-batch-size", type=int, default=16, help="requests of one task decoded together at most (default: 16)")
     cmd.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with")
     cmd.add_argument("--max-queue", type=int, default=64, help="waiting requests per task before 429 (default: 64)")
     cmd.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024, help="largest request body (default: 20 MB)")

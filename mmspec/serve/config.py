@@ -53,7 +53,7 @@ class ServeConfig:
     tts_method: str = "sjd"
     device: str = "auto"
     dtype: str = "auto"
-    max_batch_size: int = 8
+    max_batch_size: int = 16
     batch_wait_s: float = 0.01
     max_queue: int = 64
     max_body_bytes: int = 20 * 1024 * 1024
