@@ -14,7 +14,7 @@ from mmspec.drafters import EagleDrafter
 from mmspec.adapters.hf import TransformersTarget, text_decoder
 from mmspec.modeling.heads import EagleHead
 
-MAX_NEW = 14
+MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def _alone(model, drafter, prompt, **kwargs):
     return out.sequences[0, len(prompt):]
 
 
-@pytest.mark.parametrize("name, do_sample", [("ar", True), ("prompt-lookup", False), ("eagle", False), ("eagle", True)])
+@pytest.mark.parametrize("name, do_sample", [("ar", True), ("prompt-lookup", False), ("eagle", True)])
 def test_rows_joining_and_cancelled_leave_the_others_unchanged(tiny, prompts, name, do_sample, monkeypatch):
     monkeypatch.setattr(BatchState, "slack", 2)  # squeeze often: joins meet squeezed caches
     drafter = _drafter(tiny.model, name)
