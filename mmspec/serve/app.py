@@ -172,7 +172,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         created, chat_id = int(time.time()), f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if parsed.stream:
             # (a full queue answers 429 here, before the stream's 200)
-            job = batcher.enqueue(parsed.key, parsed.item, request.is_disconnected, stream=True)
+            # (no is_disconnected: a streaming client that leaves ends the event stream, which cancels the job)
+            job = batcher.enqueue(parsed.key, parsed.item, stream=True)
             return StreamingResponse(stream_chat(batcher, job, parsed, model, chat_id, created),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

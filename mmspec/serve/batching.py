@@ -116,10 +116,19 @@ class Rows(list):
         room = batcher.max_batch_size - self.active
         if room <= 0 or batcher.waiting == 0 or batcher.task.done():
             return []
-        try:
-            jobs = asyncio.run_coroutine_threadsafe(batcher._take(self.key, room, self.active), batcher.loop).result(timeout=10)
-        except Exception:  # the loop is shutting down: no more joins
-            return []
+        # _take has no await: on the loop it runs whole or not at all, so a take that is given up
+        # (the loop closing) never loses jobs
+        taking = asyncio.run_coroutine_threadsafe(batcher._take(self.key, room, self.active), batcher.loop)
+        while True:
+            try:
+                jobs = taking.result(timeout=1.0)
+                break
+            except TimeoutError:
+                if batcher.task.done() or batcher.loop.is_closed():
+                    taking.cancel()
+                    return []
+            except Exception:  # the loop is shutting down: no more joins
+                return []
         rows = [Row(batcher, job) for job in jobs]
         self.extend(rows)
         self.active += len(rows)
@@ -260,17 +269,26 @@ class Batcher:
 
     async def _take(self, key: Hashable, room: int, active: int) -> list[Job]:
         """On the loop, for a running batch of ``key``: up to ``room`` waiting jobs of that key,
-        none behind an older job of another key (so every key gets its turn, in order)."""
+        none behind an older job of another key (so every key gets its turn, in order). No await
+        (see :meth:`Rows.more`): a client gone is seen by its cancel flag (its handler's check)."""
         while not self.queue.empty():
             self.pending.append(self.queue.get_nowait())
-        jobs = await self._choose(key, room, active, stop_at_other_key=True)
+        jobs = self._choose_now(key, room, active, stop_at_other_key=True)
         self.joined += len(jobs)
         return jobs
 
     async def _choose(self, key: Hashable, room: int, active: int, stop_at_other_key: bool) -> list[Job]:
         """Take up to ``room`` pending jobs of ``key`` off ``pending`` (in order; with
         ``stop_at_other_key``, only those before the first job of another key), dropping those
-        whose client is gone; each gets its BatchInfo."""
+        whose client is gone (asking each client); each gets its BatchInfo."""
+        for job in list(self.pending):
+            if job.key == key and job.is_disconnected is not None and not job.cancel.is_set() \
+                    and await _safe(job.is_disconnected):
+                job.cancel.set()
+        return self._choose_now(key, room, active, stop_at_other_key)
+
+    def _choose_now(self, key: Hashable, room: int, active: int, stop_at_other_key: bool) -> list[Job]:
+        """:meth:`_choose` without asking the clients (their cancel flags only)."""
         chosen, rest, blocked = [], deque(), False
         for job in self.pending:
             blocked = blocked or (stop_at_other_key and job.key != key)
@@ -279,7 +297,7 @@ class Batcher:
         batch = []
         for job in chosen:
             self.waiting -= 1
-            if job.future.done() or job.cancel.is_set() or (job.is_disconnected is not None and await _safe(job.is_disconnected)):
+            if job.future.done() or job.cancel.is_set():
                 self.dropped += 1
                 if not job.future.done():  # its handler answers no one; it ends without a traceback
                     job.future.set_exception(APIError(499, "the client closed the request before it ran", code="client_closed"))
