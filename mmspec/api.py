@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .adapters.hf import TransformersTarget
+from .core.arguments import check_argument_types
 from .core.batch import batch_stats, batched_decode, row_drafter
 from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
@@ -114,17 +115,20 @@ def generate(
         UserWarning: prompt + max_new_tokens may run past the model's context.
 
     A model in training mode is switched to eval mode for the call (no dropout) and back after.
+    The sampling arguments and ``seed`` are checked first, before any model work: a value of
+    another type (``temperature="hot"``, ``seed="x"``) is one ValueError line naming it.
     Example:
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
         if on_step is not None or on_tokens is not None or cancelled is not None:
             raise ValueError("on_step / on_tokens / cancelled follow one sequence; for a batch, pass on_row_done / "
                              "on_tokens / cancelled to mmspec.api.generate_rows")
-        return generate_rows(adapter, split_rows(model_inputs), drafter, max_new_tokens, do_sample, temperature, top_k,
+        return generate_rows(adapter, split_rows(model_inputs, adapter), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id,
                              padded_prompts=model_inputs["input_ids"])
@@ -174,9 +178,11 @@ def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
     return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
 
 
-def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
+def split_rows(model_inputs: dict[str, Any], target=None) -> list[dict[str, Any]]:
     """A batch of prompts (input_ids [B, L], left-padded, attention_mask [B, L]; other tensors
-    [B, ...]) -> B batch-1 prompts without their padding. Raises ValueError saying what to do."""
+    [B, ...], those shaped like input_ids unpadded with it; inputs indexed by image rather than by
+    prompt, the Qwen-VL processors' flattened patches, split by ``target.split_items``) -> B batch-1
+    prompts without their padding. Raises ValueError saying what to do."""
     input_ids = model_inputs["input_ids"]
     size = input_ids.shape[0]
     mask = model_inputs.get("attention_mask")
@@ -188,19 +194,23 @@ def split_rows(model_inputs: dict[str, Any]) -> list[dict[str, Any]]:
     if bool((mask[:, :-1] & ~mask[:, 1:]).any()):
         raise ValueError("the batch is right-padded; pad on the left (tokenizer.padding_side = 'left'), as for "
                          "transformers' generate")
+    ids = [input_ids[b : b + 1, mask[b]] for b in range(size)]
+    split_items = getattr(target, "split_items", None)
+    items = split_items(ids, model_inputs) if split_items is not None else {}
     rows = []
     for b in range(size):
-        row = {}
+        row = {"input_ids": ids[b]}
         for name, value in model_inputs.items():
-            if name == "input_ids":
-                row[name] = input_ids[b : b + 1, mask[b]]
-            elif name == "attention_mask":
+            if name in ("input_ids", "attention_mask"):
                 continue
+            if name in items:
+                if items[name][b] is not None:
+                    row[name] = items[name][b]
             elif isinstance(value, torch.Tensor):
                 if value.dim() == 0 or value.shape[0] != size:
                     raise ValueError(f"{name} has shape {list(value.shape)}, not one entry per prompt ({size}); "
                                      "for prompts with several images each, call mmspec.generate once per prompt")
-                row[name] = value[b : b + 1]
+                row[name] = value[b : b + 1, mask[b]] if tuple(value.shape) == tuple(input_ids.shape) else value[b : b + 1]
             else:
                 row[name] = value
         rows.append(row)
@@ -250,6 +260,9 @@ def generate_rows(
         GenerateOutput: ``sequences`` [B, L + max new] (right-padded with the model's pad token),
         ``stats`` the batch's totals (its tokens_per_second is the throughput), ``row_stats``.
     """
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
+        check_argument_types(generate, {"seed": one})  # an integer or None, one per row or one for all
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     if not rows and admit is None:
         raise ValueError("no prompts given")

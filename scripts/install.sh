@@ -9,6 +9,17 @@
 # from source: the speech extra brings the same module as webrtcvad-wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Headless chromium and its chromedriver: the demo page's test (tests/test_serve_browser.py) drives
+# them through selenium and is skipped without them. They are Debian packages, not pip ones, so they
+# come from apt -- only where this runs as root with apt-get (CI's clean Debian machine) and they are
+# not there yet; elsewhere install them yourself or let that test skip. ~40 s (~120 MB) when needed.
+if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null && ! { command -v chromium && command -v chromedriver; } > /dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  browser=(apt-get install -y -qq chromium chromium-driver)
+  # a fresh machine may have no package lists yet: update once, only if the first try fails
+  "${browser[@]}" > /dev/null 2>&1 || { apt-get update -qq > /dev/null 2>&1 && "${browser[@]}" > /dev/null 2>&1; } \
+    || echo "install: apt could not install chromium + chromium-driver; tests/test_serve_browser.py will be skipped" >&2
+fi
 # The venv (a CUDA build of torch) takes ~7.5 GB. Where the project's disk has less than 10 GB free
 # and /dev/shm (RAM-backed) has room, the venv goes there and .venv links to it; it lasts until
 # reboot. Downloads are not cached, so nothing is written twice.

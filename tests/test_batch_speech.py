@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from kernel_support import needs_kernel
 from test_bark import HISTORY, PADDED, SEMANTIC_OUT, TEXT, coarse_config, semantic_config, tiny_stage
 from test_codec_lm import random_heads, tiny
 from test_delay_pattern import tiny_musicgen
@@ -19,6 +20,7 @@ from mmspec.adapters.audio.delay import DelayPatternTarget
 from mmspec.api import generate_rows
 from mmspec.core.batch import BatchState
 from mmspec.drafters import CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
+from mmspec.modeling.fast_linear import bf16_kernel_available, optimize
 from mmspec.pipelines.tts_methods import METHODS
 from transformers import BarkCoarseConfig, BarkCoarseModel, BarkSemanticConfig, BarkSemanticModel
 
@@ -95,6 +97,38 @@ def test_batched_logits_equal_batch_one_logits(slack, monkeypatch):
         assert state.ids == [0, 2, 3]
         if slack == 0:
             assert state.valid.shape[1] == int(state.valid.sum(dim=1).max())
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if bf16_kernel_available() else []), ids=str)
+@pytest.mark.parametrize("width", [5, 17])
+def test_optimized_batch_rows_equal_batch_one_forwards_bitwise(dtype, width):
+    """Issue 44: with the few-row kernels (mmspec.optimize, as the pipeline loads a voice) every row
+    of a batched forward is bitwise its batch-1 forward, bf16 included, where transformers'
+    attention over the batch's 2-D padding mask rounded otherwise: the 2-D mask is made 4-D so each
+    row is attended alone, and 4 rows of 17 tokens (more than the kernels' rows) run in groups."""
+    model = tiny(19, codebooks=1, aligned=True).cast_steps(dtype)
+    optimize(model)
+    target = DelayPatternTarget(model)
+    gen = torch.Generator().manual_seed(3)
+    rows = [{"phoneme_ids": p, "durations": d * 3} for p, d in ROWS]
+    with torch.inference_mode():
+        state, _ = target.prefill_rows(rows, hidden_layer=-1)
+        for row in state.rows:
+            row.tokens = torch.cat([row.tokens, torch.tensor([[2]])], dim=1)  # each row's pending token
+        for step in range(3):
+            drafts = [torch.randint(0, 8, (1, width - 1), generator=gen) for _ in state.rows]
+            inputs = state.verification_inputs(drafts)
+            out = target.forward_rows(state, inputs, hidden_layer=-1)
+            for p, row in enumerate(state.rows):
+                single, _ = target.prefill(rows[state.ids[p]], hidden_layer=-1)
+                for t in range(1, row.tokens.shape[1] - 1):  # the committed tokens one at a time, as plain decoding
+                    target.forward(single, row.tokens[:, t : t + 1], hidden_layer=-1)
+                single.tokens = row.tokens[:, :-1]
+                expected = target.forward(single, inputs[p : p + 1], hidden_layer=-1)
+                assert torch.equal(out.logits[p : p + 1], expected.logits), f"step {step}, row {p}"
+                assert torch.equal(out.hidden_states[p : p + 1], expected.hidden_states), f"step {step}, row {p}"
+            state.commit([inputs[p : p + 1, 1 : 2 + (step + p) % 3] for p in range(state.size)])
 
 
 def test_the_batch_feeds_the_model_once_per_step():

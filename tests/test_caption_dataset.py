@@ -79,18 +79,42 @@ def caption_args(folder, model, out):
 def test_a_dataset_run_streams_records_and_resumes(folder, tmp_path, tmp_path_factory, capsys):
     model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
     out = tmp_path / "captions.jsonl"
-    assert main(caption_args(folder, model, out)) == 0  # a broken image is a record, not a failure
+    assert main(caption_args(folder, model, out)) == 2  # a broken image is a record; the run goes on, then exit 2
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["path"] for r in records] == expand_images([str(folder)])
     assert "error" in records[2] and all(r["stats"]["new_tokens"] == 4 for i, r in enumerate(records) if i != 2)
-    assert "5 of 5 inputs done; this run captioned 4, 1 error(s)" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "5 of 5 inputs done; this run captioned 4, 1 error(s)" in captured.out
+    assert captured.err.splitlines()[-1] == (f"mmspec: 1 of 5 rows failed; see their error field in {out}; "
+                                             "rerun with --retry-errors to redo only them")
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:2]) + lines[3][:20])  # killed while writing the fourth record
-    assert main(caption_args(folder, model, out)) == 0
+    assert main(caption_args(folder, model, out)) == 2
     assert "this run captioned 2, 1 error(s)" in capsys.readouterr().out  # the third (error) and the rest
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["path"], r.get("text"), r.get("error")) for r in again] == [
         (r["path"], r.get("text"), r.get("error")) for r in records]  # the same file, nothing lost
+
+
+def test_failed_rows_exit_2_and_retry_errors_redoes_only_them(folder, tmp_path, tmp_path_factory, capsys):
+    """Issue 44: with --out, failed rows exited 0 (2 with --json). One rule now: exit 2 while a row
+    of the file failed; --retry-errors reruns only the failed rows, keeping the done ones."""
+    model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    out = tmp_path / "captions.jsonl"
+    assert main(caption_args(folder, model, out)) == 2
+    assert main([*caption_args(folder, model, out), "--json"]) == 2  # the same rule with --json
+    before = {r["path"]: r for r in map(json.loads, out.read_text().splitlines())}
+    capsys.readouterr()
+    broken = folder / "sub" / "broken.png"
+    Image.fromarray(np.full((24, 24, 3), 7, dtype=np.uint8)).save(broken, format="PNG")  # the input is fixed
+    assert main(caption_args(folder, model, out)) == 2  # a resume keeps the failed record
+    assert "this run captioned 0, 0 error(s)" in capsys.readouterr().out
+    assert main([*caption_args(folder, model, out), "--retry-errors"]) == 0
+    captured = capsys.readouterr()
+    assert "this run captioned 1, 0 error(s) (retried 1 failed row(s))" in captured.out and "rows failed" not in captured.err
+    after = {r["path"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert list(after) == list(before) and "text" in after[str(broken)] and "error" not in after[str(broken)]
+    assert all(after[p] == before[p] for p in before if p != str(broken))  # done rows kept as they were
 
 
 def test_batched_dataset_run_equals_the_one_by_one_run(folder, tmp_path, tmp_path_factory, capsys):
@@ -101,8 +125,8 @@ def test_batched_dataset_run_equals_the_one_by_one_run(folder, tmp_path, tmp_pat
     data = (folder / "b.png").read_bytes()
     (folder / "sub" / "e.png").write_bytes(data[: len(data) // 2])
     one, batched = tmp_path / "one.jsonl", tmp_path / "batched.jsonl"
-    assert main(caption_args(folder, model, one)) == 0
-    assert main([*caption_args(folder, model, batched), "--batch-size", "3"]) == 0
+    assert main(caption_args(folder, model, one)) == 2  # rows failed: exit 2, as with --json
+    assert main([*caption_args(folder, model, batched), "--batch-size", "3"]) == 2
     capsys.readouterr()
     rows = [[(r["path"], r.get("text"), "error" in r) for r in map(json.loads, f.read_text().splitlines())] for f in (one, batched)]
     assert rows[0] == rows[1] and sum(error for *_, error in rows[0]) == 2
@@ -114,13 +138,13 @@ def test_two_processes_give_the_one_process_file(folder, tmp_path, tmp_path_fact
     """accelerate launch (its torchrun launcher; the processes run on the CPU over gloo)."""
     model = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    assert main(caption_args(folder, model, one)) == 0
+    assert main(caption_args(folder, model, one)) == 2  # broken.png failed
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port),
                            "-m", "mmspec", *caption_args(folder, model, two)], env=env, capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode != 0 and done.stderr.count("mmspec: 1 of 5 rows failed") == 1, done.stderr[-2000:]
     texts = [[(r["path"], r.get("text"), r.get("error")) for r in map(json.loads, f.read_text().splitlines())] for f in (one, two)]
     assert texts[0] == texts[1] and len(texts[0]) == 5
     assert not list(tmp_path.glob("two.jsonl.rank-*"))

@@ -73,6 +73,26 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["caption", "missing.png", "--max-new-tokens", "-2"], "--max-new-tokens must be at least 1"),
         (["generate", "hi", "--do-sample", "--temperature", "0"], "temperature must be > 0"),
         (["generate", "hi", "--num-draft-tokens", "0"], "--num-draft-tokens must be at least 1"),
+        # issue 44: output files that cannot be made (as root /proc passed the permission check), a
+        # setting the method does not use or cannot take, --retry-errors without an output file
+        (["tts", "Hello there.", "--out", "/proc/x.wav"], "--out /proc/x.wav: cannot create files in /proc"),
+        (["tts", "Hello there.", "--out", "/dev/full"], "--out /dev/full is not a regular file"),
+        (["t2i", "a red circle", "--out", "/proc/t2i"], "--out /proc/t2i: cannot create files in /proc"),
+        (["caption", "missing.png", "--out", "/proc/x.jsonl"], "--out /proc/x.jsonl: cannot create files in /proc"),
+        (["bench", "tts", "--results", "/proc/r.json"], "--results /proc/r.json: cannot create files in /proc"),
+        (["t2i", "a red circle", "--method", "cspd", "--window", "4"],
+         "method 'cspd' takes no setting 'window' (SJD's window L), got window=4"),
+        (["t2i", "a red circle", "--method", "mar-parallel", "--num-iter", "0"], "num_iter must be an integer >= 1"),
+        (["t2i", "a red circle", "--method", "mar-parallel:0"], "num_iter must be an integer >= 1"),
+        (["t2i", "a red circle", "--method", "sjd:num_iter=8"], "method 'sjd' takes no setting 'num_iter'"),
+        (["tts", "Hello there.", "--method", "ar", "--num-draft-tokens", "4"],
+         "method 'ar' takes no setting 'num_draft_tokens'"),
+        (["tts", "Hello there.", "--method", "sjd", "--delta", "0.1"], "method 'sjd' takes no setting 'delta'"),
+        (["caption", "missing.png", "--retry-errors"], "--retry-errors redoes the failed rows of an output file"),
+        (["t2i", "a red circle", "--retry-errors"], "--retry-errors redoes the failed rows of --prompts"),
+        (["caption", "missing.png", "--drafter", "ar", "--num-draft-tokens", "4"],
+         "num_draft_tokens=4 is a drafter's draft length, but drafter='ar' is plain decoding"),
+        (["generate", "hi", "--drafter", "ar", "--num-draft-tokens", "4"], "drafter='ar' is plain decoding"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys):
@@ -125,3 +145,15 @@ def test_bad_kernel_environment_is_one_line_before_loading(monkeypatch, capsys, 
             cache.cache_clear()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0]
+
+
+def test_a_preset_with_a_wrong_call_type_is_one_line(tmp_path, capsys):
+    """Issue 44: ``temperature = "hot"`` in a preset's [call] table was a TypeError from the sampling
+    code at the first call; now ``mmspec run`` refuses it before loading, naming file, key and type."""
+    preset = tmp_path / "hot.toml"
+    preset.write_text('task = "text-to-speech"\n[init]\nmethod = "ar"\n[call]\ntemperature = "hot"\n')
+    assert main(["run", str(preset), "Hello there.", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"mmspec: error: preset hot ({preset}): [call] temperature must be a number or None, "
+                   "got 'hot' (str)\n")
+    assert not (tmp_path / "out").exists()

@@ -413,6 +413,20 @@ def test_write_wav_refuses_bad_input(tmp_path):
         one_line(excinfo)
 
 
+@pytest.mark.parametrize("samples", [1, 256, 512, 513])
+def test_log_mel_of_a_clip_shorter_than_half_a_window(samples):
+    """Issue 44: a 512-sample clip (one codec frame) crashed the centred STFT's reflection padding;
+    a clip of at most n_fft / 2 samples is zero-padded first and keeps samples // hop + 1 frames."""
+    clip = 0.5 * torch.sin(torch.arange(samples) * 0.3)
+    mel = log_mel(clip, 22050)
+    assert mel.shape == (80, samples // 256 + 1) and torch.isfinite(mel).all()
+    if samples > 512:  # long enough: the transform as it always was
+        assert torch.equal(mel, torchaudio.transforms.MelSpectrogram(
+            sample_rate=22050, n_fft=1024, hop_length=256, n_mels=80, power=1.0, norm="slaney",
+            mel_scale="slaney")(clip).clamp_min(1e-5).log())
+    assert log_mel(torch.stack([clip, clip]), 22050).shape == (2, 80, samples // 256 + 1)
+
+
 def test_log_mel_shapes_and_the_peak_of_a_tone():
     rate, samples = 16000, 16000
     tone = 0.5 * torch.sin(2 * math.pi * 1000.0 * torch.arange(samples) / rate)

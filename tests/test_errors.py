@@ -75,6 +75,8 @@ def test_draft_with_larger_vocabulary(llama):
         ({"do_sample": True, "temperature": 0.0}, "temperature"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"num_draft_tokens": 0}, "num_draft_tokens"),
+        ({"seed": "x"}, r"seed must be an integer or None, got 'x' \(str\)"),  # issue 44: a TypeError deep inside
+        ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
     ],
 )
 def test_bad_settings(llama, kwargs, match):
@@ -89,15 +91,18 @@ def test_encoder_decoder_rejected():
 
 
 def test_unsupported_multimodal_family():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    """A multimodal family outside VLM_FAMILIES (PaliGemma: a bidirectional prefix) is refused in one line."""
+    from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
 
-    config = Qwen2VLConfig(
-        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2),
+    config = PaliGemmaConfig(
+        text_config=GemmaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=1, head_dim=16),
+        vision_config=SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         image_size=16, patch_size=8),
+        image_token_index=63,
     )
-    with pytest.raises(ValueError, match="M-RoPE"):
-        mmspec.generate(Qwen2VLForConditionalGeneration(config), input_ids=torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match="multimodal family mmspec does not support yet"):
+        mmspec.generate(PaliGemmaForConditionalGeneration(config), input_ids=torch.tensor([[1, 2]]))
 
 
 def test_typical_acceptance_runs_and_is_marked(llama):
@@ -196,3 +201,11 @@ def test_cuda_without_a_gpu_says_what_to_pass():
 
     with pytest.raises(ValueError, match="not available on this machine.*use cpu, or auto"):
         resolve_device("cuda")
+
+
+def test_batched_seeds_of_another_type(llama):
+    from mmspec.api import generate_rows
+
+    rows = [{"input_ids": llama.inputs["input_ids"]}] * 2
+    with pytest.raises(ValueError, match=r"seed must be an integer or None, got 'x' \(str\)"):
+        generate_rows(llama.model, rows, seed=[0, "x"])

@@ -12,6 +12,7 @@ from tiny_models import make_text_only_draft
 import mmspec
 from mmspec.pipelines import PIPELINES, Method, MethodRegistry, Pipeline, Setting, parse_spec, register_pipeline
 from mmspec.pipelines.methods import MethodSpec, at_least, split_specs
+from mmspec.pipelines.base import pipeline_class
 
 
 # -- the spec syntax -----------------------------------------------------------------------------
@@ -170,16 +171,22 @@ def test_bad_specs_are_one_line_naming_the_keys(spec, settings, message):
     assert "\n" not in str(error.value)
 
 
-def test_shared_settings_are_checked_and_ignored_by_the_methods_that_do_not_read_them():
-    class Shared(TokenMethod):
-        shared_settings = True
-        name, description, defaults = "shared", "test", {"mode": "fast"}
+def test_a_setting_the_method_does_not_read_is_refused_when_given():
+    """Issue 44: a setting of the table that the method does not read (window for cspd) was
+    ignored; now it is one line, for every method. None means unset and passes."""
 
-    assert Shared(num_draft_tokens=4).settings == {"mode": "fast"}
-    with pytest.raises(ValueError, match="num_draft_tokens must be"):
-        Shared(num_draft_tokens=0)
-    with pytest.raises(ValueError, match="unknown method setting 'depth'; known: num_draft_tokens, mode, top_k"):
-        Shared(depth=1)
+    class Reads(TokenMethod):
+        name, description, defaults = "reads-mode", "test", {"mode": "fast"}
+
+    assert Reads(num_draft_tokens=None).settings == {"mode": "fast"}
+    with pytest.raises(ValueError, match=r"method 'reads-mode' takes no setting 'num_draft_tokens' \(.*\), got "
+                                         r"num_draft_tokens=4; drop it .*its settings are key=value: mode"):
+        Reads(num_draft_tokens=4)
+    with pytest.raises(ValueError, match=r"takes no setting 'depth' \(known settings: num_draft_tokens, mode, top_k\)"):
+        Reads(depth=None)
+    with pytest.raises(ValueError, match="mode must be"):
+        Reads(mode=3)
+    assert Reads.reads({"mode": "slow", "num_draft_tokens": 4, "top_k": None}) == {"mode": "slow"}
 
 
 def test_a_taken_name_or_alias_is_refused():
@@ -348,3 +355,20 @@ def test_old_module_names_are_the_new_modules():
         with pytest.warns(DeprecationWarning, match=f"moved to mmspec.pipelines.{new}"):
             module = importlib.import_module(f"mmspec.pipelines.{old}")
         assert module is importlib.import_module(f"mmspec.pipelines.{new}")
+
+
+@pytest.mark.parametrize("task,inputs", [("image-captioning", "x.png"), ("text-to-image", "a red circle"),
+                                         ("text-to-speech", "Hello there.")])
+@pytest.mark.parametrize("kwargs,message", [
+    ({"temperature": "hot"}, r"temperature must be a number( or None)?, got 'hot' \(str\)"),
+    ({"seed": "x"}, r"seed must be an integer( or None)?, got 'x' \(str\)"),
+    ({"do_sample": "yes"}, r"do_sample must be True or False, got 'yes' \(str\)"),
+])
+def test_every_pipeline_call_checks_argument_types_before_any_model_work(task, inputs, kwargs, message):
+    """Issue 44: ``temperature="hot"`` was a TypeError from the sampling code. The check runs before
+    the call's body: here on a pipeline object that has loaded nothing."""
+    cls = pipeline_class(task)
+    bare = cls.__new__(cls)  # no components: any model work would fail with an AttributeError
+    with pytest.raises(ValueError, match=message) as error:
+        bare(inputs, **kwargs)
+    assert "\n" not in str(error.value)

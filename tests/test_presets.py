@@ -47,6 +47,12 @@ def write(tmp_path):
     ('task = "text-to-image"\n[init]\nmethod = "sjd"\nwindow = 0', "window"),
     ('task = "text-to-speech"\n[init]\nmethod = "fast"', "unknown method 'fast'"),
     ('task = "image-captioning"\n[init', "not valid TOML"),
+    # issue 44: [call] values are checked like [init] values, naming the file, the key and the type
+    ('task = "text-to-speech"\n[call]\ntemperature = "hot"',
+     r"preset p \(.*p\.toml\): \[call\] temperature must be a number or None, got 'hot' \(str\)"),
+    ('task = "text-to-image"\n[call]\nseed = "x"', r"\[call\] seed must be an integer or None, got 'x'"),
+    ('task = "image-captioning"\n[call]\ndo_sample = "yes"', r"\[call\] do_sample must be True or False"),
+    ('task = "text-to-speech"\n[init]\noptimize = 1', r"preset p \(.*p\.toml\): \[init\] optimize must be True or False"),
 ])
 def test_bad_presets_say_what_to_change(write, text, match):
     with pytest.raises(ValueError, match=match) as error:

@@ -17,7 +17,7 @@ def test_methods_hold_their_defaults_and_arguments():
     assert make_method("sjd:vertical", init="horizontal").settings["init"] == "horizontal"  # the keyword wins
     assert make_method("sjd-pac", pac_depth=2).settings == {"window": 8, "init": "random", "pac_branches": 2,
                                                             "pac_depth": 2}
-    lantern = make_method("lantern:eagle2", window=3, delta=0.2)  # settings of other methods are ignored
+    lantern = make_method("lantern:eagle2", window=None, delta=0.2)  # None: a setting not given
     assert lantern.settings == {"drafter": "eagle2", "num_draft_tokens": None, "neighbours_k": 100, "delta": 0.2}
     assert lantern.rule == "lantern" and not lantern.exact and make_method("eagle2").exact
     assert make_method("ar").build_drafter(None) is None and make_method("ar").rule_kwargs(None) is None
@@ -68,7 +68,7 @@ def test_a_rule_without_tree_form_refuses_tree_drafters():
     ("sjd:diagonal", {}, "init must be one of random, horizontal, vertical"),
     ("eagle:x", {}, "takes no ':x' argument"),
     ("diffusion", {}, "unknown method"),
-    ("sjd", {"windows": 4}, "unknown method setting 'windows'"),
+    ("sjd", {"windows": 4}, "method 'sjd' takes no setting 'windows' \\(known settings: window, "),
 ])
 def test_bad_settings_are_one_clear_error(spec, settings, message):
     with pytest.raises(ValueError, match=message):
@@ -76,11 +76,26 @@ def test_bad_settings_are_one_clear_error(spec, settings, message):
 
 
 def test_the_pipeline_checks_settings_before_loading_the_model():
-    for settings in ({"window": 0}, {"delta": float("nan")}, {"neighbours_k": 0}):
+    for settings in ({"num_draft_tokens": 0}, {"delta": float("nan")}, {"neighbours_k": 0}):
         with pytest.raises(ValueError, match="must be"):
             mmspec.pipeline("text-to-image", model=MISSING, method="lantern", **settings)
     with pytest.raises(FileNotFoundError):  # good settings: the model path is read
-        mmspec.pipeline("text-to-image", model=MISSING, method="lantern", window=4)
+        mmspec.pipeline("text-to-image", model=MISSING, method="lantern", neighbours_k=4)
+
+
+@pytest.mark.parametrize("method,settings,message", [
+    ("cspd", {"window": 4}, r"method 'cspd' takes no setting 'window' \(SJD's window L\), got window=4"),
+    ("ar", {"num_draft_tokens": 3}, "method 'ar' takes no setting 'num_draft_tokens'"),
+    ("sjd", {"num_iter": 8}, "method 'sjd' takes no setting 'num_iter'"),
+    ("mar-parallel", {"num_iter": 0}, "num_iter must be an integer >= 1"),
+    ("mar-parallel:0", {}, "num_iter must be an integer >= 1"),
+    ("cspd", {"prefill_fraction": 1.0}, r"prefill_fraction must be a number in \[0, 1\)"),
+])
+def test_settings_a_method_does_not_use_or_cannot_take_are_refused(method, settings, message):
+    """Issue 44: ``window`` with cspd was silently ignored; ``num_iter`` 0 must not fall back to 16."""
+    with pytest.raises(ValueError, match=message) as error:
+        mmspec.pipeline("text-to-image", model=MISSING, method=method, **settings)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("guidance", [float("nan"), float("inf"), 0.5])

@@ -22,6 +22,7 @@ import mmspec
 from mmspec.adapters.image.chameleon import ChameleonImageTokenizer, ChameleonVQDecoder
 from mmspec.cli import main
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
+from mmspec.pipelines.text_to_image import METHODS, SETTINGS
 
 torch.set_num_threads(1)
 WORDS = ["a", "red", "green", "blue", "circle", "square", "star", "above", "below", "big", "small"]
@@ -78,8 +79,10 @@ def make(checkpoints, family, method, tmp_path, **kwargs):
         model = tiny_chameleon()
         torch.manual_seed(0)
         extra["image_tokenizer"] = ChameleonImageTokenizer(model.model.vqmodel, ChameleonVQDecoder(model.config.vq_config).eval())
-    pipe = mmspec.pipeline("text-to-image", model=str(target_dir), method=method, draft=str(draft_dir), window=3,
-                           num_draft_tokens=3, **extra, **kwargs)
+    settings = METHODS.resolve(method.partition(":")[0]).reads({"window": 3, "num_draft_tokens": 3, **kwargs})
+    kwargs = {k: v for k, v in kwargs.items() if k not in SETTINGS}
+    pipe = mmspec.pipeline("text-to-image", model=str(target_dir), method=method, draft=str(draft_dir), **settings,
+                           **extra, **kwargs)
     if method.startswith(("eagle", "lantern", "gsd")) and "eagle_head" not in kwargs:
         torch.manual_seed(1)
         head = ImageEagleHead(ImageEagleConfig(dim=32, n_head=2, grid=pipe.target.grid))

@@ -14,6 +14,12 @@ from mmspec.cli import main
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from mmspec.modeling.vq import VQConfig, VQTokenizer
+from mmspec.pipelines.text_to_image import METHODS
+
+
+def own(method, **settings):
+    """The settings of ``settings`` that ``method`` (a spec) reads: a method refuses the others."""
+    return METHODS.resolve(method.partition(":")[0]).reads(settings)
 
 pytestmark = pytest.mark.slow  # loads the real SmolLM2 weights (text encoder)
 
@@ -37,7 +43,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("method", ["sjd", "sjd:vertical", "sjd-coupled", "sjd-pac", "spec", "eagle", "eagle2"])
 def test_greedy_methods_reproduce_ar_images(model_dir, method):
-    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, **own(method, window=4, num_draft_tokens=3))
     r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, num_images=2, seed=3)
     assert len(r.images) == 2 and r.images[0].size == (8, 8)
     assert torch.equal(r.tokens, r.baseline_tokens)
@@ -208,7 +214,8 @@ def test_bench_runs_methods_on_shared_components(model_dir, tmp_path, capsys):
 def test_batched_images_equal_batch_one(model_dir, method):
     """batch_size=3 over 4 images (seeds s..s+3): the tokens of batch size 1, sampled with guidance
     (EAGLE-2 drafts its chain in a batch, other random numbers: compared greedy, where both are AR's)."""
-    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3, neighbours_k=4)
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method,
+                           **own(method, window=4, num_draft_tokens=3, neighbours_k=4))
     sample = method != "eagle2"
     one = pipe("a red circle above a blue square", num_images=4, seed=5, do_sample=sample)
     batched = pipe("a red circle above a blue square", num_images=4, seed=5, batch_size=3, compare_baseline=True, do_sample=sample)
@@ -264,11 +271,12 @@ def test_a_list_of_prompts_in_batches(model_dir, tmp_path, capsys):
 def test_bfloat16_generator_stays_exact_in_its_dtype(model_dir, method):
     """dtype="bfloat16": the generator and draft load in bf16, greedy methods give the bf16 AR image,
     and the stats say the dtype."""
-    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3, dtype="bfloat16")
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method=method, dtype="bfloat16",
+                           **own(method, window=4, num_draft_tokens=3))
     assert next(pipe.components.generator.parameters()).dtype == torch.bfloat16
     r = pipe("a red circle above a blue square", do_sample=False, compare_baseline=True, seed=3)
     assert torch.equal(r.tokens, r.baseline_tokens) and r.stats.config["dtype"] == "bfloat16"
-    default = mmspec.pipeline("text-to-image", model=model_dir, method=method, window=4, num_draft_tokens=3)
+    default = mmspec.pipeline("text-to-image", model=model_dir, method=method, **own(method, window=4, num_draft_tokens=3))
     assert default("a circle", do_sample=False).stats.config["dtype"] == "float32"
 
 

@@ -14,6 +14,7 @@ import mmspec
 from mmspec.adapters.audio.codec import read_wav
 from mmspec.adapters.audio.phonemes import CharacterPhonemizer
 from mmspec.cli import main
+from mmspec.hub import models_dir
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
 from mmspec.modeling.codec_nar import CodecNAR, CodecNARConfig
 from mmspec.modeling.heads import DraftHeads, EagleHead
@@ -171,7 +172,10 @@ def test_sampling_is_seeded(model_dir):
     ({}, {"text": "caf\u00e9"}, "characters this model cannot say"),
     ({}, {"text": "hi", "max_seconds": 0}, "max_seconds must be a positive number"),
     ({}, {"text": "hi", "speed": float("nan")}, "speed must be a positive number"),
-    ({}, {"text": "hi", "max_seconds": 60}, "exceed the model's 256 positions"),
+    ({}, {"text": "hi.", "speed": 50}, "speed must be at most 4"),  # issue 44: a 512-sample clip crashed the CLI
+    ({}, {"text": "hi.", "speed": 100.0}, "speed must be at most 4"),
+    ({}, {"text": "ok.", "speed": 2.0}, "gets no audio frame; lower speed"),  # (the tiny voice gives it 0 frames)
+    ({}, {"text": "the red ball and " * 20}, "too long for the model's 256 positions even alone"),  # nothing to split at
     ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
     ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
     ({"method": "spec", "top_k": 3}, None, "method 'spec' takes no setting 'top_k'"),
@@ -181,6 +185,66 @@ def test_bad_input(model_dir, kwargs, call, match):
     with pytest.raises(ValueError, match=match):
         tts = mmspec.pipeline("text-to-speech", model=model_dir, **kwargs)
         tts(**call)
+
+
+def test_the_context_check_counts_an_aligned_voices_own_frames(model_dir, unaligned_dir):
+    """Issue 44: the context must hold the phoneme ids and the frames the generation can make: an
+    aligned voice's durations' total (known before decoding) under a long max_seconds, an
+    unaligned voice's whole budget."""
+    out = mmspec.pipeline("text-to-speech", model=model_dir)("hi.", max_seconds=60)  # 1 frame, not 2584
+    assert out.pieces == ["hi."] and out.stats.frames == 1
+    with pytest.raises(ValueError, match=r"'hi.' is too long for the model's 256 positions even alone .* lower max_seconds"):
+        mmspec.pipeline("text-to-speech", model=unaligned_dir)("hi.", max_seconds=60)
+
+
+SENTENCES = ["the green ball is under the small red table.", "two blue cubes sit on a big box.",
+             "a red star is left of the ring.", "put the small pink heart near it.",
+             "the yellow square is above the blue one.", "four green circles are on the right."]
+
+
+def test_a_text_too_long_for_the_context_is_said_sentence_by_sentence(model_dir):
+    """Issue 44: a paragraph whose phoneme ids and frames do not fit the context at once is said
+    one sentence at a time (each as said alone, with the same seed), the audio joined by pauses and
+    the stats summed; the same seed gives the same audio; its sentences batch like texts."""
+    from mmspec.pipelines.text_to_speech.pipeline import PAUSE_SECONDS
+
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+    paragraph = " ".join(SENTENCES)
+    c = tts.components
+    assert c.positions_needed(c.model_inputs(paragraph), 10**6) > c.max_positions  # it does not fit at once
+    out = tts(paragraph, seed=5)
+    assert out.pieces == SENTENCES
+    alone = [tts(sentence, seed=5) for sentence in SENTENCES]
+    pause = torch.zeros(1, round(PAUSE_SECONDS * out.sampling_rate))
+    joined = [part for a in alone for part in (a.audio, pause)][:-1]
+    assert torch.equal(out.audio, torch.cat(joined, dim=-1))  # every sentence's audio, in order
+    assert torch.equal(out.codes, torch.cat([a.codes for a in alone], dim=1))
+    assert out.stats.frames == sum(a.stats.frames for a in alone) > 0
+    assert out.stats.target_forwards == sum(a.stats.target_forwards for a in alone)
+    assert out.stats.seconds == pytest.approx(out.audio.shape[-1] / out.sampling_rate)
+    assert out.stats.generation["new_tokens"] == sum(a.stats.generation["new_tokens"] for a in alone)
+    assert torch.equal(tts(paragraph, seed=5).audio, out.audio)  # same seed, same output
+    batched = tts([paragraph, "a red star."], seed=5, batch_size=4)
+    assert torch.equal(batched[0].codes, out.codes) and torch.equal(batched[1].codes, tts("a red star.", seed=5).codes)
+    with_baseline = tts(paragraph, seed=5, compare_baseline=True)
+    assert with_baseline.baseline_codes.shape[1] == with_baseline.stats.frames and with_baseline.stats.speedup > 0
+
+
+def test_a_sentence_too_long_alone_is_said_clause_by_clause(model_dir):
+    tts = mmspec.pipeline("text-to-speech", model=model_dir)
+    clauses = [sentence[:-1] + "," for sentence in SENTENCES[:-1]] + [SENTENCES[-1]]
+    out = tts(" ".join(clauses), seed=2)
+    assert out.pieces == clauses and out.stats.frames == sum(tts(clause, seed=2).stats.frames for clause in clauses)
+
+
+@pytest.mark.skipif(not (models_dir() / "tts-valle" / "tts.json").is_file(), reason="no embedded voice")
+def test_the_embedded_voice_says_a_long_sentence_at_the_default_budget():
+    """Issue 44: 213 phoneme ids were refused at the default 20 s (213 + 861 budget frames > 1024
+    positions), though the sentence needs 207 frames."""
+    pytest.importorskip("piper")
+    text = "It costs $49.99 on 3/4/2025."
+    out = mmspec.pipeline("text-to-speech", method="ar", dtype="float32")(text, do_sample=False)
+    assert out.pieces == [text] and out.stats.frames > 150
 
 
 def test_speed_scales_an_aligned_models_durations(model_dir, unaligned_dir):
@@ -235,12 +299,42 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path, capsys):
     (["", "--out", "x.wav"], "the text is empty"),
     (["hi", "--temperature", "nan"], "temperature"),
     (["hi", "--speed", "0"], "--speed must be a positive number"),
+    (["There are seven blue squares.", "--speed", "50"], "--speed must be at most 4"),  # issue 44: a traceback
+    (["There are seven blue squares.", "--speed", "100"], "--speed must be at most 4"),
+    (["the red ball and " * 20], "too long for the model's 256 positions even alone"),
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
     (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
 ])
-def test_cli_errors_are_one_line(args, match, tmp_path, capsys):
-    result = _cli(capsys, *args, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))
+def test_cli_errors_are_one_line(args, match, model_dir, tmp_path, capsys):
+    model = [] if "--model" in args else ["--model", str(model_dir)]
+    result = _cli(capsys, *args, *model, *([] if "--out" in args else ["--out", str(tmp_path / "x.wav")]))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and match in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_says_a_one_frame_clip(model_dir, tmp_path, capsys):
+    """Issue 44: a 512-sample clip (one codec frame: "a red star." at speed 3 on the tiny voice)
+    gets its WAV, its spectrogram and its --json record."""
+    out = tmp_path / "x.wav"
+    result = _cli(capsys, "a red star.", "--model", str(model_dir), "--speed", "3", "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["stats"]["frames"] == 1
+    assert read_wav(out)[0].shape[-1] == 512 and out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_cli_writes_nothing_when_the_run_fails_before_its_end(model_dir, tmp_path, capsys, monkeypatch):
+    """Issue 44: the WAV was written before the spectrogram failed; now every output is computed
+    before the first file is written."""
+    import mmspec.cli.tts as tts_cli
+
+    def fails(*args):
+        raise ValueError("the spectrogram failed")
+
+    monkeypatch.setattr(tts_cli, "spectrogram_png", fails)
+    result = _cli(capsys, "a red star.", "--model", str(model_dir), "--out", str(tmp_path / "x.wav"), "--max-seconds", "0.4",
+                  "--json")
+    assert result.returncode == 2 and "the spectrogram failed" in result.stderr and result.stdout == ""
+    assert not list(tmp_path.iterdir())
 
 
 def test_bench_measures_every_method_and_rederives_from_its_results(model_dir, tmp_path, capsys):

@@ -35,6 +35,14 @@ from transformers import (
     Gemma3ImageProcessor,
     Gemma3Processor,
     Gemma3TextConfig,
+    Gemma4AudioFeatureExtractor,
+    Gemma4Config,
+    Gemma4ForConditionalGeneration,
+    Gemma4ImageProcessor,
+    Gemma4Processor,
+    Gemma4TextConfig,
+    Gemma4VideoProcessor,
+    Gemma4VisionConfig,
     CLIPVisionConfig,
     Idefics3Config,
     Idefics3ForConditionalGeneration,
@@ -243,6 +251,138 @@ def _gemma3_model(vocab_size, ids):
         boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
     ))
 
+# -- Gemma 4: patch 2, 2x2 pooling, at most 70 soft tokens (280 patches, an image of ~32 x 32 px) -----
+# (transformers 5.24's pooler keeps the padding patches instead of the image's when it does not
+# pool, so pooling 1 fails.) Gemma4Processor reads its image and audio tokens from tokenizer
+# attributes; sliding window 8, so that every caption outgrows it.
+GEMMA4_TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                 "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+
+
+def _gemma4_processor(tokenizer, template):
+    image_processor = Gemma4ImageProcessor(patch_size=2, pooling_kernel_size=2, max_soft_tokens=70)
+    return Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=image_processor,
+                           tokenizer=tokenizer, video_processor=Gemma4VideoProcessor(), image_seq_length=70,
+                           chat_template=template)
+
+
+def _gemma4_model(vocab_size, ids):
+    text = text_config(Gemma4TextConfig, vocab_size=vocab_size, num_hidden_layers=4, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, global_head_dim=16, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                       hidden_size_per_layer_input=4, vocab_size_per_layer_input=vocab_size, num_kv_shared_layers=1,
+                       final_logit_softcapping=30.0, use_bidirectional_attention="vision", tie_word_embeddings=True)
+    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=8, patch_size=2, pooling_kernel_size=2,
+                                position_embedding_size=64)
+    return Gemma4ForConditionalGeneration(Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=None, image_token_id=ids["<|image|>"],
+        boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"], audio_token_id=ids["<|audio|>"],
+        boa_token_id=ids["<|audio>"], eoa_token_index=ids["<audio|>"], video_token_id=ids["<|image|>"],
+    ))
+
+
+# -- Qwen2-VL: 3-D M-RoPE; images resized to 16-32 px (multiples of patch 4 x merge 2), 2 x 2 patches per token --
+QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def _qwen2_vl_processor(tokenizer, template):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    sizes = dict(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=4, merge_size=2, temporal_patch_size=2)
+    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer,
+                            video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=template)
+
+
+def _qwen2_vl_model(vocab_size, ids):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    text = dict(vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    vision = dict(depth=2, embed_dim=VISION_HIDDEN, hidden_size=TEXT_HIDDEN, num_heads=4, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2, mlp_ratio=2)
+    return Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False))
+
+
+# -- LLaVA-OneVision: SigLIP on 16 px tiles, patch 4, anyres over 16 px pinpoints; Qwen2 decoder ---
+def _onevision_processor(tokenizer, template):
+    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    image_processor = LlavaOnevisionImageProcessor(size={"height": 16, "width": 16}, image_grid_pinpoints=ONEVISION_PINPOINTS)
+    video_processor = LlavaOnevisionVideoProcessor(size={"height": 16, "width": 16})
+    return LlavaOnevisionProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                                   num_image_tokens=16, vision_feature_select_strategy="full", chat_template=template)
+
+
+ONEVISION_PINPOINTS = [[16, 16], [16, 32], [32, 16], [32, 32]]
+
+
+def _onevision_model(vocab_size, ids):
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config
+
+    return LlavaOnevisionForConditionalGeneration(LlavaOnevisionConfig(
+        vision_config=SiglipVisionConfig(**vision_kwargs(image_size=16, patch_size=4)),
+        text_config=text_config(Qwen2Config, vocab_size=vocab_size),
+        image_token_index=ids["<image>"], video_token_index=ids["<video>"], image_grid_pinpoints=ONEVISION_PINPOINTS,
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+    ))
+
+
+# -- InternVL: InternViT on 16 px tiles, patch 4, pixel shuffle 0.5 -> 4 tokens a tile; Qwen2 -------
+# InternVLProcessor reads its tokens from tokenizer attributes.
+INTERNVL_TOKENS = {"context_image_token": "<IMG_CONTEXT>", "start_image_token": "<img>", "end_image_token": "</img>",
+                   "video_token": "<video>"}
+
+
+def _internvl_processor(tokenizer, template):
+    from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+
+    image_processor = GotOcr2ImageProcessor(size={"height": 16, "width": 16}, crop_to_patches=True, min_patches=1, max_patches=4)
+    return InternVLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                             video_processor=InternVLVideoProcessor(size={"height": 16, "width": 16}),
+                             image_seq_length=4, chat_template=template)
+
+
+def _internvl_model(vocab_size, ids):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration, Qwen2Config
+    from transformers.models.internvl.configuration_internvl import InternVLVisionConfig
+
+    return InternVLForConditionalGeneration(InternVLConfig(
+        vision_config=InternVLVisionConfig(**vision_kwargs(image_size=16, patch_size=4)),
+        text_config=text_config(Qwen2Config, vocab_size=vocab_size),
+        image_token_id=ids["<IMG_CONTEXT>"], image_seq_length=4, downsample_ratio=0.5, tie_word_embeddings=False,
+    ))
+
+
+# -- Mllama: 16 px tiles (4 at most), patch 4; 3 text layers, layer 1 cross-attention (gates 1) ----
+def _mllama_processor(tokenizer, template):
+    from transformers import MllamaImageProcessor, MllamaProcessor
+
+    image_processor = MllamaImageProcessor(size={"height": 16, "width": 16}, max_image_tiles=4)
+    return MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+
+
+def _mllama_model(vocab_size, ids):
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+    from transformers.models.mllama.configuration_mllama import MllamaTextConfig, MllamaVisionConfig
+
+    vision = MllamaVisionConfig(hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, num_hidden_layers=2,
+                                num_global_layers=1, attention_heads=4, vision_output_dim=2 * VISION_HIDDEN, image_size=16,
+                                patch_size=4, max_num_tiles=4, intermediate_layers_indices=[0])
+    text = text_config(MllamaTextConfig, vocab_size=vocab_size, num_hidden_layers=3, cross_attention_layers=[1], pad_token_id=None,
+                       bos_token_id=0, eos_token_id=0)  # (in range; generation stops at the checkpoint's EOS)
+    del text.head_dim
+    model = MllamaForConditionalGeneration(MllamaConfig(vision_config=vision, text_config=text, image_token_index=ids["<|image|>"]))
+    with torch.no_grad():  # zero at initialisation: an untrained model would ignore the image
+        model.model.language_model.layers[1].cross_attn_attn_gate.fill_(1.0)
+        model.model.language_model.layers[1].cross_attn_mlp_gate.fill_(1.0)
+    return model
+
+
 FAMILY_SPECS: dict[str, FamilySpec] = {
     "llava": FamilySpec(("<image>",), "<image>", _llava_processor, _llava_model),
     "llava_next": FamilySpec(("<image>",), "<image>", _llava_next_processor, _llava_next_model),
@@ -252,6 +392,15 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "smolvlm": FamilySpec(IDEFICS_TOKENS, "<image>", *_smolvlm),
     "gemma3": FamilySpec(tuple(GEMMA3_TOKENS.values()), "<start_of_image>", _gemma3_processor, _gemma3_model,
                          named_tokens=GEMMA3_TOKENS),
+    "gemma4": FamilySpec(tuple(GEMMA4_TOKENS.values()), "<|image|>", _gemma4_processor, _gemma4_model,
+                         named_tokens=GEMMA4_TOKENS),
+    "qwen2_vl": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen2_vl_processor, _qwen2_vl_model),
+
+
+    "llava_onevision": FamilySpec(("<image>", "<video>"), "<image>", _onevision_processor, _onevision_model),
+    "internvl": FamilySpec(tuple(INTERNVL_TOKENS.values()), "<IMG_CONTEXT>", _internvl_processor, _internvl_model,
+                           named_tokens=INTERNVL_TOKENS),
+    "mllama": FamilySpec(("<|image|>", "<|python_tag|>"), "<|image|>", _mllama_processor, _mllama_model),
 }
 CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
 

@@ -17,14 +17,18 @@ import torch
 from torch import nn
 
 from ..core.batch import BatchState
-from ..core.cache import SequenceState, StaticKVCache, make_cache
+from ..core.cache import SequenceState, SlidingLayer, StaticKVCache, make_cache
 from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
 from ..core.target import TargetOutput
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
+from .mrope import MROPE_FAMILIES, position_scheme
+from .recurrent import BATCHES_REFUSED, TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
 
-#: model_type -> human name. Every family here uses 1-D positions equal to the token index, so
-#: rollback needs no multimodal position bookkeeping.
+#: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
+#: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
+#: positions equal to the token index. A family whose steps need more than token ids and positions
+#: registers its :class:`FamilyHooks` (Mllama: :mod:`mmspec.adapters.mllama`).
 VLM_FAMILIES = {
     "llava": "LLaVA-1.5 / Pixtral (LlavaForConditionalGeneration)",
     "llava_next": "LLaVA-NeXT (LlavaNextForConditionalGeneration)",
@@ -32,16 +36,56 @@ VLM_FAMILIES = {
     "idefics3": "Idefics3 (Idefics3ForConditionalGeneration)",
     "smolvlm": "SmolVLM (SmolVLMForConditionalGeneration)",
     "gemma3": "Gemma3 (Gemma3ForConditionalGeneration)",
+    "gemma4": "Gemma 4 (Gemma4ForConditionalGeneration)",
+    "llava_onevision": "LLaVA-OneVision (LlavaOnevisionForConditionalGeneration)",
+    "internvl": "InternVL (InternVLForConditionalGeneration)",
+    "mllama": "Llama-3.2-Vision (MllamaForConditionalGeneration)",
+    **MROPE_FAMILIES,
+    "lfm2_vl": "LFM2-VL (Lfm2VlForConditionalGeneration; short-conv recurrent layers, adapters/recurrent.py)",
 }
 
-#: multimodal families known to need position bookkeeping mmspec does not implement yet.
-UNSUPPORTED_FAMILIES = {
-    "qwen2_vl": "uses 3-D M-RoPE positions",
-    "qwen2_5_vl": "uses 3-D M-RoPE positions",
-    "qwen3_vl": "uses 3-D M-RoPE positions",
-}
+#: model_type -> why mmspec cannot serve that multimodal family yet (its refusal names the reason;
+#: other multimodal families outside :data:`VLM_FAMILIES` get a generic line). Empty at present.
+UNSUPPORTED_FAMILIES: dict[str, str] = {}
 
-PIXEL_INPUTS = ("pixel_values",)
+PIXEL_INPUTS = ("pixel_values", "pixel_values_videos")
+
+
+class FamilyHooks:
+    """What a VLM family's sequence needs beyond token ids and positions; this base needs nothing.
+
+    A family module subclasses it and registers it under its ``model_type`` (:func:`register_family`).
+    """
+
+    #: why the family's rows cannot share a batch (None: they can)
+    batch_size_one_reason: str | None = None
+
+    def check_inputs(self, model_inputs: dict[str, Any], input_ids: torch.Tensor) -> None:
+        """Refuse a prompt the family cannot take (ValueError saying what to do), before any model work."""
+
+    def make_cache(self, config, model_inputs: dict[str, Any], windows: bool = True):
+        """The empty cache a prompt ``model_inputs`` is prefilled into (``windows=False``: sliding
+        layers keep every position, for a batch's rows; :func:`~mmspec.core.cache.make_cache`)."""
+        return make_cache(config, windows=windows)
+
+    def step_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """Inputs besides ids, positions and mask that a forward of ``num_tokens`` tokens after the
+        prefill takes (as transformers' ``prepare_inputs_for_generation`` gives them)."""
+        return {}
+
+
+#: model_type -> the family's :class:`FamilyHooks` (the others get the base class's)
+FAMILY_HOOKS: dict[str, FamilyHooks] = {}
+
+
+def register_family(model_type: str):
+    """Class decorator: register a :class:`FamilyHooks` subclass for ``model_type`` (one of :data:`VLM_FAMILIES`)."""
+    def register(cls: type[FamilyHooks]) -> type[FamilyHooks]:
+        if model_type not in VLM_FAMILIES:
+            raise ValueError(f"{model_type!r} is not in VLM_FAMILIES; add it there first")
+        FAMILY_HOOKS[model_type] = cls()
+        return cls
+    return register
 
 #: the padded forward sizes a :class:`CapturedTransformersTarget` captures: up to 128, so that
 #: EAGLE-2's largest tree (64 nodes) and its root fit
@@ -77,7 +121,10 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm).
 
     The view shares every parameter with ``decoder`` (no copy, no change to the original); only its
-    layer list and config differ.
+    layer list and config differ. A decoder whose per-layer input embeddings are packed over all its
+    layers (Gemma 4's ``hidden_size_per_layer_input``: one [L * d] row per token, reshaped by
+    ``num_hidden_layers``) keeps its layer count in the config; its forward runs the layers the list
+    holds.
     """
     total = len(decoder.layers)
     if not 1 <= num_layers < total:
@@ -86,7 +133,8 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     view._modules = dict(decoder._modules)
     view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])
     config = copy.copy(decoder.config)
-    config.num_hidden_layers = num_layers
+    if not getattr(config, "hidden_size_per_layer_input", 0):
+        config.num_hidden_layers = num_layers
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[:num_layers]
     view.config = config
@@ -109,6 +157,11 @@ class TransformersTarget:
     without transformers' per-call work (the embedded captioner's plain decoding 39.2 -> 35.9 ms a
     token, bf16, one core; docs/benchmarks.md), the same logits. Batched rows (2-D padding masks) and other
     families take the model's forward. ``lean = False`` opts out.
+
+    Hybrid recurrent decoders (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) keep their
+    recurrent layers in :class:`~mmspec.adapters.recurrent.RecurrentLayer` cache layers that roll
+    back with the KV cache; a verification over several tokens also keeps the layers' inputs for
+    that (:mod:`mmspec.adapters.recurrent`). They decode chains, one sequence at a time.
 
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
@@ -138,6 +191,15 @@ class TransformersTarget:
                 f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
             )
         self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        #: how the prompt's positions are laid out and where later positions start (M-RoPE for Qwen-VL)
+        self.positions = position_scheme(config)
+        #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
+        self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
+        self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
+        #: recurrent (linear-attention / convolution) layers: chains only, batch size 1
+        self.recurrent = has_recurrent_layers(config)
+        if self.recurrent:
+            make_recurrent_cache(config, text_decoder(model))  # a mixer mmspec cannot roll back: refused here, once
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.own_lm_head: bool | None = None  # several-token forwards compute the LM head (_project); decided at the first prefill
         try:
@@ -184,6 +246,11 @@ class TransformersTarget:
         return self.model.device
 
     @property
+    def batch_size_one_reason(self) -> str | None:
+        """Why this model's rows cannot share a batch (recurrent layers', or its family's), or None."""
+        return BATCHES_REFUSED if self.recurrent else self.family.batch_size_one_reason
+
+    @property
     def eos_token_ids(self) -> list[int]:
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         if eos is None:
@@ -210,15 +277,18 @@ class TransformersTarget:
         if mask is not None and not bool(mask.bool().all()):
             raise ValueError("the prompt is padded (attention_mask has zeros); with batch size 1, pass it unpadded")
         if self.is_vlm:
-            has_image_tokens = self.image_token_id is not None and bool((input_ids == self.image_token_id).any())
-            has_pixels = _has_pixels(model_inputs)
-            if has_image_tokens and not has_pixels:
-                raise ValueError("the prompt has image tokens but no pixel_values; pass the processor's full output")
-            if has_pixels and not has_image_tokens:
-                raise ValueError(
-                    "pixel_values were given but the prompt has no image tokens; build the prompt with the "
-                    "model's processor (it inserts the image tokens)"
-                )
+            for token, pixels in self.placeholders.items():
+                kind = "video" if "video" in pixels else "image"
+                has_tokens, has_pixels = bool((input_ids == token).any()), model_inputs.get(pixels) is not None
+                if has_tokens and not has_pixels:
+                    raise ValueError(f"the prompt has {kind} tokens but no {pixels}; pass the processor's full output")
+                if has_pixels and not has_tokens:
+                    raise ValueError(
+                        f"{pixels} were given but the prompt has no {kind} tokens; build the prompt with the "
+                        f"model's processor (it inserts the {kind} tokens)"
+                    )
+            self.positions.check(self.model, input_ids, model_inputs)
+            self.family.check_inputs(model_inputs, input_ids)
         elif _has_pixels(model_inputs):
             raise ValueError(f"{type(self.model).__name__} is a text-only model; it cannot take pixel_values")
         return input_ids
@@ -233,12 +303,21 @@ class TransformersTarget:
         included (it is run again that way, its image encoded twice; the checks' answers are kept
         per model, so a later target over it, as ``mmspec.generate`` makes on every call, runs the
         prompt once), so a seed gives the same output on every call."""
+        return self._prefill(model_inputs, hidden_layer)
+
+    def _prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None, windows: bool = True
+                 ) -> tuple[SequenceState, TargetOutput]:
+        """:meth:`prefill`; ``windows=False`` keeps every position of sliding-window layers
+        (:func:`~mmspec.core.cache.make_cache`), for a batch's rows."""
         input_ids = self.check_inputs(model_inputs).to(self.device)
         inputs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
         if self.lean_prefill:
             return self._lean_prefill(input_ids, self.prompt_embeds(input_ids, inputs), hidden_layer)
-        cache = make_cache(self.model.config)
+        cache = self._new_cache(inputs, windows)
         check_head, check_lean = self.own_lm_head is None, self.lean_prefill is None
+        prompt_positions, offset = self.positions.prompt_positions(self.model, input_ids, inputs)
+        if prompt_positions is not None:  # (1-D families: the model's default)
+            inputs["position_ids"] = prompt_positions
         out = self.model(
             **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
             output_hidden_states=hidden_layer is not None or check_head or check_lean,
@@ -253,8 +332,16 @@ class TransformersTarget:
         _PROBED.setdefault(self.model, {})[self._probe_key()] = (self.own_lm_head, self.lean_prefill)
         if check_lean and self.lean_prefill:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
-        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1])
+        state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1], position_offset=offset)
         return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
+
+    def _new_cache(self, inputs: dict[str, Any], windows: bool = True):
+        """An empty cache for one sequence: the family's (:meth:`FamilyHooks.make_cache`; ``windows=False``:
+        sliding layers keep every position, for a batch's rows), or with rollback-able recurrent
+        layers for a hybrid decoder."""
+        if self.recurrent:
+            return make_recurrent_cache(self.model.config, text_decoder(self.model))
+        return self.family.make_cache(self.model.config, inputs, windows=windows)
 
     def prompt_embeds(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor | None:
         """The decoder's input embeddings [1, L, H] of a prompt: its token embeddings, and for a VLM
@@ -291,19 +378,25 @@ class TransformersTarget:
 
         With ``tree`` (a TokenTree over exactly these n tokens) the inputs are a token tree rather
         than a chain: token i attends to the cache and to its tree ancestors and itself (a 4-D
-        additive ``attention_mask`` [1, 1, n, cache + n]) at position cache + depth_i - 1. All n
-        entries are appended to the cache; :meth:`SequenceState.commit` with the accepted path
-        compacts them.
+        additive ``attention_mask`` [1, 1, n, cache + n]; :meth:`tree_masks` for sliding-window
+        layers) at position cache + depth_i - 1. All n entries are appended to the cache;
+        :meth:`SequenceState.commit` with the accepted path compacts them.
         """
         if tree is None:
             attention_mask, position_ids = None, state.position_ids(tokens.shape[1])
         else:
+            if self.recurrent:
+                raise ValueError(f"{type(self.model).__name__} {TREES_REFUSED}")
             self._check_tree(tree, tokens.shape[1])
-            self._check_tree_fits(state, tokens.shape[1])
-            prefix = state.cache_length
-            attention_mask = tree_attention_mask(tree, prefix, dtype=self.model.dtype, device=self.device)
-            position_ids = tree_position_ids(tree, prefix + state.position_offset, device=self.device)
+            attention_mask = self.tree_masks(state, tree)
+            position_ids = tree_position_ids(tree, state.cache_length + state.position_offset, device=self.device)
         return self._run(tokens, state.cache, attention_mask, position_ids, hidden_layer)
+
+    def split_items(self, rows: list[torch.Tensor], model_inputs: dict[str, Any]) -> dict[str, list[Any]]:
+        """A batch's inputs indexed by image or video instead of by prompt, split per row (``rows``:
+        each prompt's unpadded input_ids [1, L_b]): name -> one value per row, None where a row
+        has none (:meth:`~mmspec.adapters.mrope.PositionScheme.split_items`; the Qwen-VL layout)."""
+        return self.positions.split_items(self.model, rows, model_inputs)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
         """Prefill B prompts (each as :meth:`prefill` takes it) into one batch; each row's
@@ -317,7 +410,7 @@ class TransformersTarget:
         with the weights read once. Otherwise one prompt at a time, caches stacked
         (:meth:`BatchState.prefill`)."""
         if self.lean_prefill is None and rows:  # the first prefill over this model decides the path
-            state, out = self.prefill(rows[0], hidden_layer)
+            state, out = self._prefill(rows[0], hidden_layer, windows=False)
             rest, outputs = self.prefill_rows(rows[1:], hidden_layer) if len(rows) > 1 else (None, [])
             first = BatchState.stack([state], self.device)
             if rest is not None:
@@ -326,7 +419,8 @@ class TransformersTarget:
             return first, [out, *outputs]
         ids = [self.check_inputs(r).to(self.device) for r in rows]
         if not (self.lean_prefill and len(rows) > 1 and len({i.shape[1] for i in ids}) == 1):
-            return BatchState.prefill(self, rows, hidden_layer)
+            states, outputs = zip(*(self._prefill(inputs, hidden_layer, windows=False) for inputs in rows))
+            return BatchState.stack(states, self.device), list(outputs)
         inputs = [{k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
         embeds = torch.cat([self.prompt_embeds(i, r) for i, r in zip(ids, inputs)])  # [B, L, H]
         cache = make_cache(self.model.config)
@@ -343,17 +437,48 @@ class TransformersTarget:
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).
 
-        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions.
+        Rows see only their own valid cache slots (a 2-D attention mask) at their own positions;
+        a model with sliding-window layers gets 4-D masks instead (:meth:`row_masks`).
         """
         n = tokens.shape[1]
-        return self._run(tokens.to(self.device), state.cache, state.attention_mask(n), state.position_ids(n), hidden_layer)
+        return self._run(tokens.to(self.device), state.cache, self.row_masks(state, n), state.position_ids(n), hidden_layer)
+
+    def row_masks(self, state: BatchState, num_tokens: int):
+        """The attention mask of a row forward of ``num_tokens`` inputs: the 2-D slot mask
+        (``state.attention_mask``), or for a model with sliding-window layers additive 4-D masks
+        [B, 1, n, C + n] over the rows' positions, since a row's valid slots have gaps (rejected
+        drafts) and the window counts positions, not slots. With p(j) the position of slot j (its
+        row's valid slots before it) and q(i) the position of input i:
+
+            full[b, i, j]    = 0 if slot j is valid for row b and p(j) <= q(i), else min
+            sliding[b, i, j] = full[b, i, j] where q(i) - p(j) < sliding_window, else min
+
+        One mask (sliding) where every layer slides; ``{"full_attention": full,
+        "sliding_attention": sliding}`` where both kinds are mixed, the mapping transformers'
+        hybrid models take in place of the masks they would build."""
+        flat = state.attention_mask(num_tokens)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return flat
+        visible = flat.bool()  # [B, C + n]
+        positions = visible.long().cumsum(dim=1) - 1  # the position of each valid slot, new inputs included
+        queries = positions[:, -num_tokens:]  # [B, n]
+        seen = visible[:, None, :] & (positions[:, None, :] <= queries[:, :, None])  # [B, n, C + n]
+        in_window = seen & (queries[:, :, None] - positions[:, None, :] < window)
+        dtype = self.model.dtype
+        full, sliding = (torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)[:, None]
+                         for m in (seen, in_window))
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def _run(self, tokens: torch.Tensor, cache, attention_mask, position_ids: torch.Tensor, hidden_layer: int | None) -> TargetOutput:
         """One forward appending ``tokens`` [B, n] to ``cache``. One token: the model's own forward
         (what plain AR decoding runs). Several: the base model, then the LM head in the layout that
         is fast for few rows (_project), when the first prefill showed it gives the model's logits."""
         several = tokens.shape[1] > 1 and self.own_lm_head
-        decoder = self.lean_decoder if self.lean else None
+        extra = self.family.step_inputs(cache, tokens.shape[1])
+        keep_inputs = self.recurrent and tokens.shape[1] > 1 and wants_layer_inputs(cache)  # for a rollback inside it
+        decoder = self.lean_decoder if self.lean and not extra else None
         if decoder is not None and lean_supported(decoder, attention_mask):
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
             head = self.model.get_output_embeddings()
@@ -364,8 +489,11 @@ class TransformersTarget:
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            output_hidden_states=hidden_layer is not None,
+            output_hidden_states=hidden_layer is not None or keep_inputs,
+            **extra,
         )
+        if keep_inputs:
+            keep_layer_inputs(cache, out.hidden_states)
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
         return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
 
@@ -375,22 +503,35 @@ class TransformersTarget:
         if tree.size != num_tokens or tree.tokens.dim() != 1:
             raise ValueError(f"tree has {tree.size} nodes (tokens {tuple(tree.tokens.shape)}) for {num_tokens} input tokens")
 
-    @staticmethod
-    def _check_tree_fits(state: SequenceState, num_tokens: int) -> None:
-        """One 4-D mask serves every layer, so sliding-window layers must still hold every position."""
-        for layer in state.cache.layers:
-            window = getattr(layer, "sliding_window", None)
-            if getattr(layer, "is_sliding", False) and window and state.cache_length + num_tokens > window - 1:
-                raise ValueError(
-                    f"tree verification over {state.cache_length + num_tokens} positions exceeds the model's "
-                    f"sliding window ({window}); use a linear drafter for sequences this long"
-                )
+    def tree_masks(self, state: SequenceState, tree: TokenTree):
+        """The attention mask of a tree forward after ``state``'s cache of c positions: the additive
+        tree mask [1, 1, n, c + n] (:func:`~mmspec.core.tree.tree_attention_mask`), and for a model
+        with sliding-window layers its window form over the keys those layers hand the model (the
+        last v = min(c, window - 1) cached positions of a :class:`~mmspec.core.cache.SlidingLayer`,
+        then the n nodes): node i at position P_i = c + depth_i - 1 sees key j at position p_j where
+        the tree mask lets it and P_i - p_j < window. As :meth:`row_masks`: one mask where every
+        layer slides, else ``{"full_attention": ..., "sliding_attention": ...}``."""
+        prefix, dtype = state.cache_length, self.model.dtype
+        full = tree_attention_mask(tree, prefix, dtype=dtype, device=self.device)
+        config = self.model.config.get_text_config()
+        window, kinds = getattr(config, "sliding_window", None), set(getattr(config, "layer_types", None) or ["sliding_attention"])
+        if window is None or "sliding_attention" not in kinds:
+            return full
+        windowed = next((layer for layer in state.cache.layers if isinstance(layer, SlidingLayer)), None)
+        visible = prefix if windowed is None else min(prefix, window - 1)
+        nodes = prefix + tree.depth.to(self.device) - 1  # [n]
+        keys = torch.cat([torch.arange(prefix - visible, prefix, device=self.device), nodes])
+        seen = full[0, 0, :, prefix - visible :] == 0
+        sliding = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~(seen & (nodes[:, None] - keys[None, :] < window)), torch.finfo(dtype).min)[None, None]
+        return sliding if kinds == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
     def text_only_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image tokens."""
-        if self.image_token_id is None:
+        """The prompt a text-only draft sees (SPD): input_ids [1, L] without the image (and video) tokens."""
+        if not self.placeholders:
             return input_ids
-        return input_ids[:, input_ids[0] != self.image_token_id]
+        keep = ~torch.isin(input_ids[0], torch.tensor(sorted(self.placeholders), device=input_ids.device))
+        return input_ids[:, keep]
 
 
 class CapturedTransformersTarget(TransformersTarget):

@@ -29,6 +29,7 @@ import torch
 from ..api import generate, optimize_components
 from ..hub import dtype_name
 from ..pipelines.methods import split_specs
+from ..cli.output import write_text
 from .results import add_device_args, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
@@ -172,7 +173,7 @@ def run(args) -> int:
         print(f"wrote {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     tables = render_tables(summary, results["meta"])
     if args.markdown:
-        Path(args.markdown).write_text(tables)
+        write_text(args.markdown, tables)
     print(json.dumps(summary, indent=1) if args.json else tables)
     return 0
 
@@ -191,7 +192,7 @@ def run_throughput(args, results: dict, results_path: Path, pipe, drafters: dict
         path = write_batch_table(pipe.model_dir, summary, methods, results["meta"])
         print(f"wrote the batches of {path}; docs/captioning.md quotes it as:\n{describe_auto_table(path.parent)}", file=sys.stderr)
     if args.markdown:
-        Path(args.markdown).write_text(tables)
+        write_text(args.markdown, tables)
     print(json.dumps(summary, indent=1) if args.json else tables)
     return 0
 
@@ -230,7 +231,7 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     earlier = json.loads(path.read_text()) if path.is_file() else {}
     if isinstance(earlier, dict) and "batches" in earlier:  # the batch table, measured by its own run, is kept
         table.update(batches=earlier["batches"], batches_measured=earlier.get("batches_measured"))
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    write_text(path, json.dumps(table, indent=1) + "\n")
     return path
 
 
@@ -275,7 +276,7 @@ def write_batch_table(model_dir: Path | None, summary: dict, methods: list[str],
                               if "num_draft_tokens" in e else {})} for e in batches if e["batch_size"] == 1 and e["drafter"] != "ar"]}
     table["batches"] = batches
     table["batches_measured"] = {"date": datetime.date.today().isoformat(), "machine": meta["machine"], "command": meta["command"]}
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    write_text(path, json.dumps(table, indent=1) + "\n")
     return path
 
 

@@ -6,6 +6,12 @@ from __future__ import annotations
 OUTPUT_ARGS = {"results": "file", "markdown": "file"}
 
 
+def interrupted(args, command: str) -> str:
+    """What Ctrl-C leaves of a benchmark (the line mmspec prints): its results file, written after
+    every measurement, and how to resume."""
+    return f"the measurements finished so far are saved in {args.results}; rerun the same command to resume: {command}"
+
+
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
@@ -13,16 +19,16 @@ def add_parser(subparsers) -> None:
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
-    text_parser.set_defaults(handler=text.run, output_args=OUTPUT_ARGS)
+    text_parser.set_defaults(handler=text.run, output_args=OUTPUT_ARGS, interrupted=interrupted)
     caption_parser = suites.add_parser("caption", help="a captioning VLM (default: the embedded captioner): AR vs drafters per task family")
     caption.add_arguments(caption_parser)
-    caption_parser.set_defaults(handler=caption.run, output_args=OUTPUT_ARGS)
+    caption_parser.set_defaults(handler=caption.run, output_args=OUTPUT_ARGS, interrupted=interrupted)
     t2i_parser = suites.add_parser("t2i", help="text-to-image: AR vs spec, SJD (each init), coupled SJD on the embedded model")
     t2i.add_arguments(t2i_parser)
-    t2i_parser.set_defaults(handler=t2i.run)
+    t2i_parser.set_defaults(handler=t2i.run, output_args={**OUTPUT_ARGS, "plot": "file"}, interrupted=interrupted)
     cost_parser = suites.add_parser("cost", help="the verification cost curve C(n)/C(1), by part, as loaded and optimized")
     cost.add_arguments(cost_parser)
     cost_parser.set_defaults(handler=cost.run, output_args=OUTPUT_ARGS)
     tts_parser = suites.add_parser("tts", help="text-to-speech: every method on held-out sentences, speed and WER")
     tts.add_arguments(tts_parser)
-    tts_parser.set_defaults(handler=tts.run, output_args=OUTPUT_ARGS)
+    tts_parser.set_defaults(handler=tts.run, output_args=OUTPUT_ARGS, interrupted=interrupted)

@@ -17,6 +17,12 @@ hooks' own cost never enters C(n)):
 - ``other``: the rest of the timed forward: the adapter and framework overhead (masks, position
   ids, cache bookkeeping, the Python between modules) and the hooks' own cost.
 
+A hybrid recurrent target (Qwen3.5, LFM2: :mod:`mmspec.adapters.recurrent`) also gets what its
+rollback costs (:func:`measure_recurrent`): the same forward on transformers' own cache, which
+keeps no history and cannot roll back (C(n) minus it is the cost of keeping the states), and the
+time of the rollback to each kept length m < n of a forward over n (a replay of m positions of the
+recurrent layers), against C(n).
+
 Runs ``--variants plain,optimized`` side by side in one process: the same model as loaded and
 after :func:`mmspec.optimize` (few-row linears; the outputs' equality is tested in
 tests/test_optimize.py). Results go to ``--results`` (JSON, with the machine) and a markdown table.
@@ -37,6 +43,7 @@ from torch import nn
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
+from ..cli.output import write_text
 from .results import machine_info, machine_line, save_results
 
 PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
@@ -182,6 +189,57 @@ def measure_parts(target, model: nn.Module, sizes: list[int], model_inputs, repe
     return out
 
 
+def measure_recurrent(target, model: nn.Module, sizes: list[int], model_inputs, repeats: int) -> dict:
+    """What a hybrid target's rollback costs, per verification size n (median seconds), measured in
+    turns on deep copies of one prefilled sequence (copied outside the timing; a rollback settles,
+    so every forward starts from a copy):
+
+    - ``kept``: ``target.forward`` over n new tokens as decoding runs it (the recurrent layers
+      record their history, the layers' inputs are kept);
+    - ``bare``: the same ``target.forward`` on the cache transformers builds (``make_cache``: its
+      own recurrent layers, which keep no history and cannot roll back): kept / bare - 1 is what
+      keeping the states costs;
+    - ``rollback``: {m: time of ``crop_cache`` back to m of the n positions} for m = 1, n // 2 and
+      n - 1 (a replay of m positions; m = n, a fully accepted chain, and m = 0 restore references).
+    """
+    import copy
+
+    from ..core.cache import SequenceState, make_cache
+
+    high = min(20000, target.vocab_size)
+    if model_inputs is None:
+        model_inputs = {"input_ids": torch.randint(0, high, (1, 200), generator=torch.Generator().manual_seed(0))}
+    model_inputs = {k: (v.to(target.device) if isinstance(v, torch.Tensor) else v) for k, v in model_inputs.items()}
+    kept, bare, rollback = {}, {}, {}
+    with torch.inference_mode():
+        prefilled, _ = target.prefill(model_inputs)
+        context = prefilled.cache_length
+        plain = make_cache(model.config)
+        model(**model_inputs, past_key_values=plain, use_cache=True, logits_to_keep=1)
+        for n in sizes:
+            tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(target.device)
+            lengths = sorted({1, n // 2, n - 1} - {0, n}) or [n]
+            times = {"kept": [], "bare": [], **{m: [] for m in lengths}}
+            for _ in range(repeats + 1):
+                for m in lengths:
+                    state = copy.copy(prefilled)
+                    state.cache = copy.deepcopy(prefilled.cache)
+                    started = time.perf_counter()
+                    target.forward(state, tokens)
+                    times["kept"].append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    crop_cache(state.cache, context + m)
+                    times[m].append(time.perf_counter() - started)
+                    other = SequenceState(prefilled.tokens, copy.deepcopy(plain), prefilled.prompt_length)
+                    started = time.perf_counter()
+                    target.forward(other, tokens)
+                    times["bare"].append(time.perf_counter() - started)
+            skip = len(lengths)  # the first round warms up
+            kept[n], bare[n] = statistics.median(times["kept"][skip:]), statistics.median(times["bare"][skip:])
+            rollback[n] = {m: statistics.median(times[m][1:]) for m in lengths if m < n}
+    return {"kept": kept, "bare": bare, "rollback": rollback}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..modeling.fast_linear import optimize
 
@@ -200,13 +258,18 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_parts and target.device.type == "cpu":
             parts = measure_parts(target, model, list(curve), inputs, args.repeats)
             record["parts_ms"] = {str(n): {p: t * 1000 for p, t in v.items()} for n, v in parts.items()}
+        if getattr(target, "recurrent", False):
+            costs = measure_recurrent(target, model, list(curve), inputs, args.repeats)
+            record["kept_ms"] = {str(n): t * 1000 for n, t in costs["kept"].items()}
+            record["bare_ms"] = {str(n): t * 1000 for n, t in costs["bare"].items()}
+            record["rollback_ms"] = {str(n): {str(m): t * 1000 for m, t in v.items()} for n, v in costs["rollback"].items()}
         results["variants"][variant] = record
         save_results(Path(args.results), results)
     table = markdown_table(results)
     print(table)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     return 0
 
 
@@ -229,6 +292,20 @@ def markdown_table(results: dict) -> str:
             parts = record.get("parts_ms", {}).get(n)
             cells = [f"{parts[p]:.1f}" for p in PARTS] if parts else ["-"] * len(PARTS)
             lines.append(f"| {n} | {t:.1f} | {t / c1:.2f} | " + " | ".join(cells) + " |")
+        if "rollback_ms" in record:
+            lines += ["", f"**{variant}**, recurrent state (adapters/recurrent.py), in turns on copies of one prefilled "
+                      "sequence: `kept` = the forward as decoding runs it (history recorded, layer inputs kept), `bare` = "
+                      "the same forward on transformers' own recurrent cache layers (no history, no rollback); keeping = "
+                      "kept / bare - 1; rollback = crop_cache to m of the n positions (a replay of m positions; m = 1, "
+                      "n // 2, n - 1) and the worst m's share of `kept`", "",
+                      "| n | kept ms | bare ms | keeping | rollback ms (m: ms) | worst rollback / kept |",
+                      "|---|---|---|---|---|---|"]
+            for n in ms:
+                k, b = record["kept_ms"][n], record["bare_ms"][n]
+                back = record["rollback_ms"].get(n, {})
+                worst = max(back.values(), default=0.0)
+                lines.append(f"| {n} | {k:.2f} | {b:.2f} | {k / b - 1:+.1%} | "
+                             + (", ".join(f"{m}: {v:.2f}" for m, v in back.items()) or "-") + f" | {worst / k:.1%} |")
     if {"plain", "optimized"} <= set(results["variants"]):
         plain, fast = results["variants"]["plain"]["ms"], results["variants"]["optimized"]["ms"]
         lines += ["", "optimized / plain: " + ", ".join(f"n={n} {fast[n] / plain[n]:.2f}" for n in plain if n in fast)]

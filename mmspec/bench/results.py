@@ -7,10 +7,11 @@ from pathlib import Path
 
 
 def save_results(path: Path, results: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results))
-    tmp.replace(path)
+    """Write ``results`` as ``path`` whole (through mmspec.cli.output: a failure names the path,
+    and a failed write keeps the previous file)."""
+    from ..cli.output import write_text
+
+    write_text(path, json.dumps(results))
 
 
 #: CPU flags that decide which dtype is fast (bf16 matmuls: AVX512-BF16 or AMX; else fp32 on AVX2)

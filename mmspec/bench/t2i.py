@@ -22,8 +22,9 @@ import torch
 
 from ..hub import dtype_name
 from ..pipelines.text_to_image.components import T2IComponents
-from ..pipelines.methods import split_specs
-from ..pipelines.text_to_image.methods import SETTINGS, T2IMethod, make_method
+from ..pipelines.methods import parse_spec, split_specs
+from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
+from ..cli.output import write_output, write_text
 from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     table = markdown_table(summary, meta)
     print(table)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     if args.plot:
         plot_tradeoff(summary, args.plot)
     return 0
@@ -156,7 +157,7 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, p
                                  components.target.num_image_tokens, results, path, meta, decode=decode)
     print(table)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     return 0
 
 
@@ -184,21 +185,29 @@ def plot_tradeoff(summary: dict, path: str) -> None:
     axes.set_title("Text-to-image: speed vs quality (squares exact, dots relaxed)")
     axes.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    try:
+        write_output(path, lambda tmp: figure.savefig(tmp, dpi=120))
+    finally:
+        plt.close(figure)
 
 
 #: short keys of a method spec's settings -> their names in SETTINGS (any name of SETTINGS works too)
 SPEC_KEYS = {"k": "neighbours_k", "branches": "pac_branches", "depth": "pac_depth"}
 
 
+#: the run-wide settings of the command line, with the benchmark's defaults (each method of the run
+#: takes those it reads; a spec's own /key=value pairs are checked strictly)
+RUN_SETTINGS = ("window", "num_draft_tokens", "neighbours_k", "delta", "lam")
+
+
 def configure(spec: str, args: argparse.Namespace) -> T2IMethod:
     """A method spec "name[:arg][/key=value...]" -> the method. Keys: k, delta, lam, top_m (relaxed
-    rules), branches, depth (sjd-pac), or any setting's name; unset ones take the command line's
-    --window, --num-draft-tokens, --neighbours-k, --delta and --lam, else the method's defaults."""
+    rules), branches, depth (sjd-pac), or any setting's name (a key the method does not read is
+    refused); unset ones take the command line's --window, --num-draft-tokens, --neighbours-k,
+    --delta and --lam where the method reads them, else the method's defaults."""
     method, *pairs = spec.split("/")
-    settings = {"window": args.window, "num_draft_tokens": args.num_draft_tokens, "neighbours_k": args.neighbours_k,
-                "delta": args.delta, "lam": args.lam, "prefill_fraction": None, "num_iter": None}
+    run_wide = {name: getattr(args, name) for name in RUN_SETTINGS}
+    settings = METHODS.resolve(parse_spec(method).name).reads(run_wide)
     for pair in pairs:
         key, _, value = pair.partition("=")
         name = SPEC_KEYS.get(key, key)

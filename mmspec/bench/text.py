@@ -22,6 +22,7 @@ import torch
 
 from ..api import generate
 from ..core.cost import measure_verification_cost
+from ..cli.output import write_text
 from .results import save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
@@ -178,7 +179,7 @@ def run(args) -> int:
         del model
     tables = render_tables(results, methods, prompt_types, args.dtypes.split(","), args.repeats)
     if args.markdown:
-        Path(args.markdown).write_text(tables)
+        write_text(args.markdown, tables)
     print(json.dumps(results["meta"], indent=2) if args.json else tables)
     return 0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..hub import dtype_name
+from ..cli.output import write_text
 from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     table = markdown_table(summary, meta, results.get("reference_rows", {}))
     print(table)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     return 0
 
 
@@ -129,7 +130,7 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, t
                                  settings, args.rounds, budget, results, path, meta)
     print(table)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        write_text(args.markdown, table + "\n")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from ..hub import MissingDependencyError
@@ -25,20 +26,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
+INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``mmspec`` command; returns its exit status.
+
+    0: done. 2: a user error (a bad argument, a file that cannot be read or written, rows that
+    failed): one line ``mmspec: error: ...`` on stderr, no traceback. 130: interrupted (Ctrl-C):
+    one line saying what was saved and how to resume (the subcommand's ``interrupted(args,
+    command)`` default; "nothing was saved" without one).
+    """
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
-        parser.parse_args([*(argv or sys.argv[1:]), "--help"])
+        parser.parse_args([*argv, "--help"])
         return 0
     try:
         check_args(args)  # device, counts, output paths: before any model loads
         return handler(args)
     except (ValueError, OSError, MissingDependencyError) as error:
-        # user errors (bad arguments, files or model ids that cannot be found): one line, no traceback
+        # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
         print(f"mmspec: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"mmspec: interrupted; {interrupted_note(args, argv)}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def interrupted_note(args: argparse.Namespace, argv: list[str]) -> str:
+    """What an interrupted command saved and how to resume it, from the subcommand's
+    ``interrupted(args, command)`` (``command``: the command line to rerun)."""
+    note = getattr(args, "interrupted", None)
+    if note is None:
+        return "nothing was saved"
+    try:
+        return note(args, "mmspec " + shlex.join(argv))
+    except Exception as error:  # reading what was saved failed: say so, never a traceback here
+        return f"could not tell what was saved ({error})"
 
 
 if __name__ == "__main__":

@@ -81,10 +81,14 @@ def check_args(args: argparse.Namespace) -> None:
 
 def check_output_path(path: str, kind: str, option: str) -> None:
     """Whether ``path`` can be written as a ``kind`` ("file" or "dir"): not the wrong kind where it
-    exists, and its nearest existing parent is a writable directory (missing parents are created
-    by the writers). Raises ValueError naming ``option`` otherwise."""
+    exists (a file path that exists is a regular file, not a device), and its nearest existing
+    parent is a directory where a file can be created (tried; missing parents are created by the
+    writers). Raises ValueError naming ``option`` otherwise. Writing can still fail later (a full
+    disk): :mod:`mmspec.cli.output` then names the path in one line and leaves no partial file."""
     import os
     from pathlib import Path
+
+    import tempfile
 
     target = Path(path).expanduser()
     if target.exists():
@@ -92,6 +96,8 @@ def check_output_path(path: str, kind: str, option: str) -> None:
             raise ValueError(f"{option} {path} is a directory; give a file name")
         if kind == "dir" and not target.is_dir():
             raise ValueError(f"{option} {path} is a file; give a directory")
+        if kind == "file" and not target.is_file():
+            raise ValueError(f"{option} {path} is not a regular file (a device or a pipe); give a file name")
     parent = target if target.is_dir() else target.parent
     while not parent.exists():
         parent = parent.parent
@@ -99,3 +105,8 @@ def check_output_path(path: str, kind: str, option: str) -> None:
         raise ValueError(f"{option} {path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"{option} {path}: {parent} is not writable; choose another location")
+    try:  # as root os.access passes everywhere (/proc too): make (and remove) a file there
+        tempfile.NamedTemporaryFile(dir=parent, prefix=".mmspec-probe-").close()
+    except OSError as error:
+        raise ValueError(f"{option} {path}: cannot create files in {parent} ({error.strerror or error}); "
+                         "choose another location") from None

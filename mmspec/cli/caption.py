@@ -2,7 +2,8 @@
 
 Every image is checked (exists, is an image, not too large) before the model loads; an image
 that fails is reported on stderr and skipped, the others are still captioned, and the exit code
-is 2 at the end (0 with ``--out``, where a failure is an ``{"path", "error"}`` record). With ``--json`` stdout holds one JSON list, one object per image in the order
+is 2 at the end after one summary line, with or without ``--out`` (where a failure is an
+``{"path", "error"}`` record; ``--retry-errors`` redoes only those). With ``--json`` stdout holds one JSON list, one object per image in the order
 given: ``{"path", "text", "prompt", "stats", "baseline_text", "baseline_stats",
 "identical_to_baseline"}``, or ``{"path", "error"}`` for an image that failed.
 
@@ -24,8 +25,9 @@ import torch
 
 from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
                                    check_prompt)
+from ..drafters import check_draft_length_use
 from ..pipelines.images import open_image_file
-from .dataset import Progress, ShardedResults, expand_images
+from .dataset import Progress, ShardedResults, add_row_args, expand_images, failed_rows_exit, interrupted_rows
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
@@ -38,10 +40,12 @@ def add_parser(subparsers) -> None:
                      help="image files (PNG, JPEG, WebP, TIFF, ...), folders of them, or globs ('photos/**/*.jpg')")
     cap.add_argument("--out", default=None, metavar="FILE.jsonl",
                      help="stream one JSON record per image to this file; rerun to resume (accelerate launch: one file)")
+    add_row_args(cap)
     cap.add_argument("--prompt", default=None, help=f'the instruction or question (default: "{DEFAULT_PROMPT}")')
     cap.add_argument("--drafter", default="auto",
                      help="auto (the model's benchmarked best, else prompt-lookup) | ar | prompt-lookup[:K] | "
-                          "layer-skip:N | eagle2[:DIR] | ... (a spec name[:key=value,...], e.g. layer-skip:layers=8) | "
+                          "layer-skip:N | eagle2[:DIR] | assistant:DIR (Gemma 4's) | ... (a spec name[:key=value,...], e.g. "
+                          "layer-skip:layers=8) | "
                           "a draft model directory")
     cap.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
     cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
@@ -52,7 +56,14 @@ def add_parser(subparsers) -> None:
     cap.add_argument("--cuda-graphs", action="store_true",
                      help="run the target's forwards as CUDA graphs (a CUDA device, one image at a time)")
     add_sampling_args(cap)
-    cap.set_defaults(handler=run_caption_command, output_args={"out": "file"})
+    cap.set_defaults(handler=run_caption_command, output_args={"out": "file"}, interrupted=interrupted)
+
+
+def interrupted(args, command: str) -> str:
+    """What Ctrl-C leaves (the line mmspec prints): the rows of --out and how to resume."""
+    if args.out:
+        return interrupted_rows(args.out, "path", command)
+    return "nothing was saved (without --out the captions go to the screen only)"
 
 
 def format_result(path: str, result: CaptionOutput, half_precision: bool = False) -> str:
@@ -76,10 +87,13 @@ def run_caption_command(args) -> int:
     if args.prompt is not None:  # before any loading
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)
+    check_draft_length_use(args.drafter, args.num_draft_tokens)
+    if args.retry_errors and not args.out:
+        raise ValueError("--retry-errors redoes the failed rows of an output file: pass --out FILE.jsonl")
     if args.cuda_graphs and args.batch_size > 1:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-size or --cuda-graphs")
     paths = expand_images(args.images)
-    results = ShardedResults(args.out, paths, key="path") if args.out else None
+    results = ShardedResults(args.out, paths, key="path", retry_errors=args.retry_errors) if args.out else None
     records: list[dict[str, Any]] = [{"path": path} for path in (results.todo if results else paths)]
     progress: Progress | None = None
 
@@ -157,7 +171,11 @@ def run_caption_command(args) -> int:
         records = results.finish()
         if not args.json:
             captioned = sum("error" not in r for r in todo)
-            print(f"{args.out}: {len(records)} of {len(paths)} inputs done; this run captioned {captioned}, {errors} error(s)")
+            retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
+            print(f"{args.out}: {len(records)} of {len(paths)} inputs done; this run captioned {captioned}, "
+                  f"{errors} error(s){retried}")
     if args.json:
         print(json.dumps(records, indent=2))
-    return 2 if errors and results is None else 0  # a dataset run keeps its errors as records
+    where = args.out or ("the JSON records" if args.json else "the error lines above")
+    rank = results.process.rank if results is not None else 0
+    return failed_rows_exit(records, where, retry=results is not None, show=rank == 0)  # one rule, with or without --out

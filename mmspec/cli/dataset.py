@@ -7,6 +7,13 @@ appends its records to ``OUT.rank-r-of-n`` (or straight to ``OUT`` when alone). 
 is done, rank 0 merges the parts and what ``OUT`` already held into ``OUT``, in input order. A
 record is one JSON object per line with the input under ``key``; a line cut short by a kill is
 dropped, so its input runs again.
+
+One exit rule for every command that writes rows (``mmspec caption``, ``mmspec t2i --prompts``):
+a row that failed is a record with an ``error`` field, the run goes on with the other rows, and
+the command exits 2 when any row of its output failed, after one summary line ("N of M rows
+failed; see their error field in OUT"). ``--retry-errors`` redoes only the failed rows of an
+existing output file (the done rows are kept, as a resume keeps them). Ctrl-C leaves the rows
+finished so far in the file; the command says so and how to resume (:func:`interrupted_rows`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable
+
+from .output import OutputFiles, output_error
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -52,7 +61,10 @@ def read_records(path: Path, key: str) -> dict[str, dict[str, Any]]:
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     if len(complete) != len(data):
-        path.write_bytes(complete)  # a kill mid-line: that input runs again
+        try:
+            path.write_bytes(complete)  # a kill mid-line: that input runs again
+        except OSError as error:
+            raise output_error(path, error) from None
     records = {}
     for line in complete.decode().splitlines():
         if line.strip():
@@ -93,19 +105,33 @@ class ProcessState:
 class ShardedResults:
     """Results of ``inputs`` streamed to ``out`` (module doc).
 
+    Args:
+        retry_errors: redo the inputs whose record holds an ``error`` (``--retry-errors``); their
+            new records replace the failed ones. Without it a failed row counts as done.
     Attributes:
-        todo: this process's inputs that no file holds yet, in order.
-        done: the records already held (all processes' parts and ``out``).
+        todo: this process's inputs that no file holds yet (or whose record failed, with
+            ``retry_errors``), in order.
+        done: the records already held (all processes' parts and ``out``), less those retried.
+        retried: how many failed records of this process are run again.
+    Raises:
+        OutputError: the folder or a file cannot be made or written (one line naming the path).
     """
 
-    def __init__(self, out: str | os.PathLike, inputs: list[str], key: str, process: ProcessState | None = None) -> None:
+    def __init__(self, out: str | os.PathLike, inputs: list[str], key: str, process: ProcessState | None = None,
+                 retry_errors: bool = False) -> None:
         self.out, self.inputs, self.key = Path(out), inputs, key
         self.process = process or ProcessState()
-        self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise output_error(self.out, error) from None
         rank, world = self.process.rank, self.process.world
         self.part = self.out if world == 1 else self.out.with_name(f"{self.out.name}.rank-{rank}-of-{world}")
         self.done = {**read_records(self.out, key), **self._parts()}
         mine = [x for i, x in enumerate(inputs) if i % world == rank]
+        failed = {x for x in mine if "error" in self.done.get(x, {})} if retry_errors else set()
+        self.retried = len(failed)
+        self.done = {x: r for x, r in self.done.items() if x not in failed}
         self.todo = [x for x in mine if x not in self.done]
         self._file = None
 
@@ -117,10 +143,13 @@ class ShardedResults:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (flushed: a kill loses at most the line being written)."""
-        if self._file is None:
-            self._file = self.part.open("a")
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            if self._file is None:
+                self._file = self.part.open("a")
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as error:  # e.g. a full disk: the lines written so far stay (a rerun resumes)
+            raise output_error(self.part, error) from None
 
     def finish(self) -> list[dict[str, Any]]:
         """Close this process's part, wait for the others; rank 0 writes ``out`` in input order and
@@ -132,13 +161,57 @@ class ShardedResults:
         records = {**read_records(self.out, self.key), **parts}
         ordered = [records[x] for x in self.inputs if x in records]
         if self.process.rank == 0:  # input order (header failures were written first); parts of a killed run too
-            tmp = self.out.with_name(self.out.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in ordered))
-            tmp.replace(self.out)
+            with OutputFiles() as files:  # replaced whole, or kept as it was
+                files.write_text(self.out, "".join(json.dumps(r) + "\n" for r in ordered))
             for part in self.out.parent.glob(f"{glob.escape(self.out.name)}.rank-*-of-*"):
                 part.unlink()
         self.process.wait()
         return ordered
+
+
+def add_row_args(parser) -> None:
+    """``--retry-errors``, for every command that writes rows."""
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="redo only the rows of an existing output file that failed (their record has an \"error\"); "
+                             "done rows are kept")
+
+
+def failed_rows_exit(records: list[dict[str, Any]], where: str, retry: bool = True, show: bool = True) -> int:
+    """The exit rule of every command that writes rows (module doc): 0 when no record has an
+    ``error``, else 2 after one summary line on stderr ("N of M rows failed; see their error field
+    in WHERE", and how to redo them when ``retry``; ``show`` False: no line, as on the processes
+    of a sharded run other than rank 0, which all exit 2 too)."""
+    failed = sum("error" in r for r in records)
+    if not failed:
+        return 0
+    if not show:
+        return 2
+    redo = "; rerun with --retry-errors to redo only them" if retry else ""
+    print(f"mmspec: {failed} of {len(records)} rows failed; see their error field in {where}{redo}", file=sys.stderr)
+    return 2
+
+
+def count_rows(out: str | os.PathLike, key: str) -> int:
+    """The inputs with a complete record in ``out`` and its processes' parts (read only: what
+    Ctrl-C left)."""
+    out = Path(out)
+    done: set[Any] = set()
+    for path in [out, *out.parent.glob(f"{glob.escape(out.name)}.rank-*-of-*")]:
+        try:
+            data = path.read_bytes() if path.is_file() else b""
+        except OSError:
+            continue
+        for line in data[: data.rfind(b"\n") + 1].decode(errors="replace").splitlines():
+            try:
+                done.add(json.loads(line)[key])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return len(done)
+
+
+def interrupted_rows(out: str | os.PathLike, key: str, command: str) -> str:
+    """What Ctrl-C left of a run that streams rows to ``out``, and how to resume it (one line)."""
+    return f"{count_rows(out, key)} finished rows are saved in {out}; rerun the same command to resume: {command}"
 
 
 class Progress:

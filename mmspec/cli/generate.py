@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
-from ..drafters import NO_DRAFTER, is_drafter_spec, spec_drafter_names
+from ..drafters import NO_DRAFTER, check_draft_length_use, is_drafter_spec, spec_drafter_names
 from ..hub import load_causal_lm, resolve_device
 
 
@@ -30,6 +30,7 @@ def add_parser(subparsers) -> None:
 def run_generate_command(args) -> int:
     check_text_prompt(args.prompt)  # this and the drafter before anything loads
     drafter = args.drafter
+    check_draft_length_use(drafter, args.num_draft_tokens)
     draft_dir = drafter not in NO_DRAFTER and not is_drafter_spec(drafter)
     if draft_dir and not Path(drafter).expanduser().is_dir():
         raise ValueError(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .output import OutputFiles, write_output
+
 
 def add_parser(subparsers) -> None:
     from ..pipelines.presets import preset_names
@@ -18,7 +20,13 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--device", default=None, help="overrides the preset's device (auto | cpu | cuda | cuda:N)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--json", action="store_true", help="print one JSON list of results")
-    cmd.set_defaults(handler=run)
+    cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)
+
+
+def interrupted(args, command: str) -> str:
+    """What Ctrl-C leaves (the line mmspec prints)."""
+    return (f"the files of the inputs finished so far are in {args.out} (none partial); rerun with the remaining "
+            "inputs to finish")
 
 
 def _caption(pipe, index: int, path: str, args) -> tuple[dict, str]:
@@ -31,8 +39,9 @@ def _caption(pipe, index: int, path: str, args) -> tuple[dict, str]:
 def _draw(pipe, index: int, prompt: str, args) -> tuple[dict, str]:
     result = pipe(prompt, seed=args.seed)
     paths = [str(Path(args.out) / f"{index:03d}-{i}.png") for i in range(len(result.images))]
-    for image, path in zip(result.images, paths):
-        image.save(path)
+    with OutputFiles() as files:
+        for image, path in zip(result.images, paths):
+            files.write(path, lambda tmp, image=image: image.save(tmp))
     return {"images": paths, "stats": result.stats.to_dict()}, f"{prompt!r} -> {', '.join(paths)}\n  {result.stats.summary()}"
 
 
@@ -40,8 +49,7 @@ def _say(pipe, index: int, text: str, args) -> tuple[dict, str]:
     from ..adapters.audio.codec import write_wav
 
     result = pipe(text, seed=args.seed)
-    path = Path(args.out) / f"{index:03d}.wav"
-    write_wav(path, result.audio, result.sampling_rate)
+    path = write_output(Path(args.out) / f"{index:03d}.wav", lambda tmp: write_wav(tmp, result.audio, result.sampling_rate))
     s = result.stats
     return {"audio": str(path), "stats": s.to_dict()}, (
         f"{text!r} -> {path}\n  {s.method}: {s.seconds:.2f} s of audio in {s.wall_time_s:.2f} s "
@@ -66,9 +74,7 @@ def run(args) -> int:
             raise ValueError(f"image file(s) not found: {', '.join(missing)}")
     if args.device is not None:
         preset = replace(preset, init={**preset.init, "device": args.device})
-    pipe = preset.build()  # checked, then loaded
-    if preset.task != "image-captioning":
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+    pipe = preset.build()  # checked, then loaded (the output files are made by mmspec.cli.output)
     records = []
     for index, item in enumerate(args.inputs):
         record, line = RUNNERS[preset.task](pipe, index, item, args)

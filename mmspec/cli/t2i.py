@@ -3,17 +3,25 @@
 Writes ``DIR/image-<i>.png`` (and ``DIR/baseline-<i>.png`` with ``--compare-baseline``),
 ``DIR/grid.png`` (method vs AR side by side, with the acceptance map) and ``DIR/acceptance-<i>.png``:
 each token cell coloured by how many tokens its verification step committed (dark = one token, as
-AR would; bright = a long accepted run). ``--json`` prints the stats as JSON.
+AR would; bright = a long accepted run). ``--json`` prints the stats as JSON. The files are written
+together once the images are drawn, or none of them (:mod:`mmspec.cli.output`).
+
+With ``--prompts FILE`` one JSON record per prompt streams to ``OUT/results.jsonl`` (resumable,
+sharded under accelerate; :mod:`mmspec.cli.dataset`): a prompt the pipeline refuses becomes a
+record with an ``error`` field, the exit code is 2 when any row failed, and ``--retry-errors``
+redoes only those rows.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from .dataset import ProcessState, Progress, ShardedResults
+from .dataset import ProcessState, Progress, ShardedResults, add_row_args, failed_rows_exit, interrupted_rows
+from .output import OutputFiles
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +33,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--prompts", default=None, metavar="FILE",
                      help="one prompt per line: images go to --out as NNNNNN-I.png, one JSON record per prompt to "
                           "OUT/results.jsonl as they finish; rerun to resume; accelerate launch shards the prompts")
+    add_row_args(cmd)
     cmd.add_argument("--method", default="sjd", help=METHODS.help()
                      + "; a spec name[:key=value,...] (sjd:init=vertical,window=4) or the short forms sjd[:init], "
                      "lantern[:drafter], mar-parallel[:num_iter]")
@@ -57,7 +66,14 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--no-progress", action="store_true")
     cmd.add_argument("--json", action="store_true")
-    cmd.set_defaults(handler=run, output_args={"out": "dir"})
+    cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)
+
+
+def interrupted(args, command: str) -> str:
+    """What Ctrl-C leaves (the line mmspec prints): the rows of --prompts and how to resume."""
+    if args.prompts:
+        return interrupted_rows(Path(args.out) / "results.jsonl", "id", command)
+    return "nothing was saved (the images are written once they are all drawn)"
 
 
 def acceptance_picture(step_map: torch.Tensor, size: int):
@@ -98,29 +114,41 @@ def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | Non
     with --batch-size B, the images of B / num-images prompts at a time are decoded together."""
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     ids = [f"{i:06d}" for i in range(len(prompts))]
-    results = ShardedResults(out / "results.jsonl", ids, key="id", process=process)
+    results = ShardedResults(out / "results.jsonl", ids, key="id", process=process, retry_errors=args.retry_errors)
     group = max(1, args.batch_size // args.num_images)
     bar = Progress(len(results.todo), always=True, unit="prompt", show=not (args.no_progress or args.json))
-    for start in range(0, len(results.todo), group):
-        keys = results.todo[start : start + group]
-        outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
-                       num_images=args.num_images, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                       compare_baseline=args.compare_baseline, progress=False, batch_size=args.batch_size)
-        for key, result in zip(keys, outputs):
-            paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
-            for image, path in zip(result.images, paths):
-                image.save(path)
-            results.write({"id": key, "prompt": prompts[int(key)], "images": paths, "stats": result.stats.to_dict()})
-            bar.step(result.stats.tokens, result.stats.wall_time_s, result.stats.speedup)
-    bar.close()
+    try:
+        for start in range(0, len(results.todo), group):
+            keys = results.todo[start : start + group]
+            try:
+                outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
+                               num_images=args.num_images, do_sample=not args.greedy, temperature=args.temperature,
+                               top_k=args.top_k, compare_baseline=args.compare_baseline, progress=False,
+                               batch_size=args.batch_size)
+            except ValueError as error:  # a prompt the pipeline refuses: its rows fail, the others go on
+                for key in keys:
+                    results.write({"id": key, "prompt": prompts[int(key)], "error": str(error)})
+                    bar.write(f"mmspec: error: prompt {int(key) + 1}: {error}", file=sys.stderr)
+                bar.step(count=len(keys))
+                continue
+            for key, result in zip(keys, outputs):
+                paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
+                with OutputFiles() as files:  # a row's images, all or none, before its record
+                    for image, path in zip(result.images, paths):
+                        files.write(path, lambda tmp, image=image: image.save(tmp))
+                results.write({"id": key, "prompt": prompts[int(key)], "images": paths, "stats": result.stats.to_dict()})
+                bar.step(result.stats.tokens, result.stats.wall_time_s, result.stats.speedup)
+    finally:
+        bar.close()
     records = results.finish()
     if args.json:
         print(json.dumps(records, indent=2))
     else:
-        print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew {len(results.todo)}")
-    return 0
+        retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
+        print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew "
+              f"{len(results.todo)}{retried}")
+    return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0)
 
 
 def run(args) -> int:
@@ -132,6 +160,8 @@ def run(args) -> int:
     # every argument is checked before the model loads (--threads and --out by mmspec.cli.args.check_args)
     if (args.prompt is None) == (args.prompts is None):
         raise ValueError("pass a prompt or --prompts FILE (one prompt per line), not both")
+    if args.retry_errors and not args.prompts:
+        raise ValueError("--retry-errors redoes the failed rows of --prompts FILE's results.jsonl: pass --prompts")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     for prompt in prompts:
         check_prompt(prompt)
@@ -152,19 +182,19 @@ def run(args) -> int:
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json,
                   batch_size=args.batch_size)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cell = max(128, result.images[0].width)
     rows = []
-    for i, image in enumerate(result.images):
-        image.save(out / f"image-{i}.png")
-        accepted = acceptance_picture(result.accepted_map[i], cell)
-        accepted.save(out / f"acceptance-{i}.png")
-        row = [image, accepted]
-        if result.baseline_images is not None:
-            result.baseline_images[i].save(out / f"baseline-{i}.png")
-            row.insert(0, result.baseline_images[i])
-        rows.append(row)
-    side_by_side(rows, cell).save(out / "grid.png")
+    with OutputFiles() as files:  # every file of the run, or none
+        for i, image in enumerate(result.images):
+            files.write(out / f"image-{i}.png", image.save)
+            accepted = acceptance_picture(result.accepted_map[i], cell)
+            files.write(out / f"acceptance-{i}.png", accepted.save)
+            row = [image, accepted]
+            if result.baseline_images is not None:
+                files.write(out / f"baseline-{i}.png", result.baseline_images[i].save)
+                row.insert(0, result.baseline_images[i])
+            rows.append(row)
+        files.write(out / "grid.png", side_by_side(rows, cell).save)
     record = {"prompt": args.prompt, "out": str(out), "stats": result.stats.to_dict()}
     if result.baseline_stats is not None:
         record["baseline_stats"] = result.baseline_stats.to_dict()

@@ -2,7 +2,8 @@
 
 Writes the WAV (float32 mono at the codec's rate), ``<out>.png`` beside it (the log-mel
 spectrogram of the method's audio, with AR's above it under ``--compare-baseline``) and, with
-``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON.
+``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON. The files are
+written together once the run has finished, or none of them (:mod:`mmspec.cli.output`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from .output import OutputFiles
 
 
 def add_parser(subparsers) -> None:
@@ -45,11 +48,15 @@ def add_parser(subparsers) -> None:
     add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
-    cmd.set_defaults(handler=run, output_args={"out": "file"})
+    cmd.set_defaults(handler=run, output_args={"out": "file"},
+                     interrupted=lambda args, command: "nothing was saved (the files are written once the audio is done)")
 
 
-def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> None:
-    """One log-mel panel per (title, audio [1, samples]), stacked."""
+def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> bytes:
+    """One log-mel panel per (title, audio [1, samples]), stacked -> the PNG file's bytes (rendered
+    before anything is written, so a failure leaves no partial output)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,8 +71,10 @@ def spectrogram_png(path: Path, panels: list[tuple[str, torch.Tensor]], sampling
         axis.set_ylabel("mel bin")
     axes[-1, 0].set_xlabel(f"frame ({sampling_rate // 256} per second)")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100)
     plt.close(figure)
+    return png.getvalue()
 
 
 def run(args) -> int:
@@ -73,8 +82,11 @@ def run(args) -> int:
     from ..adapters.audio.codec import write_wav
     from ..core.sampling import SamplingConfig
 
+    from ..pipelines.text_to_speech.components import check_speed
+
     if not args.text.strip():
         raise ValueError("the text is empty; pass a sentence to say")
+    check_speed(args.speed, "--speed")  # before the voice loads
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.threads:
@@ -88,13 +100,16 @@ def run(args) -> int:
                   seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
                   compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_wav(out, result.audio, result.sampling_rate)
+    rate = result.sampling_rate
     panels = [(f"{args.method}: {args.text}", result.audio)]  # the method as given (its spec)
     if result.baseline_audio is not None:
-        write_wav(out.with_name(out.stem + "-baseline.wav"), result.baseline_audio, result.sampling_rate)
         panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
-    spectrogram_png(out.with_suffix(".png"), panels, result.sampling_rate)
+    png = spectrogram_png(panels, rate)  # everything computed before the first file is written
+    with OutputFiles() as files:  # all of them or none
+        files.write(out, lambda path: write_wav(path, result.audio, rate))
+        if result.baseline_audio is not None:
+            files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
+        files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
     stats = result.stats
     record = {"text": args.text, "out": str(out), "stats": stats.to_dict()}
     if result.baseline_codes is not None:

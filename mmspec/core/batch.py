@@ -106,8 +106,10 @@ class BatchState:
         return len(self.rows)
 
     def position_ids(self, num_tokens: int) -> torch.Tensor:
-        """LongTensor [B R, num_tokens]: each cache row's next positions (its valid entries so far onward)."""
-        start = self.valid.sum(dim=1, keepdim=True) + self.rows[0].position_offset
+        """LongTensor [B R, num_tokens]: each cache row's next positions (its valid entries so far
+        onward, plus its row's ``position_offset``: a Qwen-VL row's M-RoPE delta depends on its image)."""
+        offsets = torch.tensor([row.position_offset for row in self.rows], device=self.valid.device)
+        start = self.valid.sum(dim=1, keepdim=True) + offsets.repeat_interleave(self.rows_per_item)[:, None]
         return start + torch.arange(num_tokens, device=self.valid.device)[None, :]
 
     def attention_mask(self, num_tokens: int) -> torch.Tensor:

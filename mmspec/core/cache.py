@@ -8,15 +8,22 @@ position ids are not the token index — and :meth:`SequenceState.rollback` /
 The KV cache is a transformers ``DynamicCache`` whose full-attention layers are replaced by
 :class:`PreallocatedLayer`: keys and values live in a buffer that grows by doubling, appending
 writes in place and rollback only moves the length (gpt-fast's "write the next tokens at the right
-positions"), so a rejected draft costs no copy. Sliding-window layers keep transformers' own class
-and its ``crop``.
+positions"), so a rejected draft costs no copy. Sliding-window layers become :class:`SlidingLayer`:
+transformers' window semantics (the model sees exactly the keys transformers' own
+``DynamicSlidingWindowLayer`` would give it) with :data:`SLIDING_SLACK` older positions kept, so a
+rollback past the window restores the positions the window had dropped. Recurrent layers of hybrid decoders (linear attention,
+short convolutions) are cache layers with a :class:`~mmspec.core.recurrent.StateHistory`
+(``mmspec.adapters.recurrent``): the same ``crop`` rewinds their states to the kept length, and
+:func:`crop_cache` settles them.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+from .recurrent import Settling
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -141,23 +148,124 @@ class PreallocatedLayer(DynamicLayer):
         self._refresh_views()
 
 
-def make_cache(config) -> DynamicCache:
-    """A DynamicCache for ``config`` whose full-attention layers roll back by bookkeeping."""
+#: positions a :class:`SlidingLayer` keeps beyond its window: the longest rollback it can undo once
+#: the window is full (a verification's rejected drafts: K <= SLIDING_SLACK)
+SLIDING_SLACK = 64
+
+
+class SlidingLayer(DynamicSlidingWindowLayer):
+    """A sliding-window KV layer that can roll back across its window.
+
+    transformers' ``DynamicSlidingWindowLayer`` keeps the last ``window - 1`` positions, so once the
+    window is full a rejected draft cannot be cropped: the positions it pushed out are gone. This
+    layer keeps the last ``window - 1 + slack`` positions and hands the model what transformers'
+    layer would (the last ``window - 1`` cached positions and the new ones; the mask sizes are the
+    parent's), so attention is unchanged; ``crop(-r)`` with r <= slack then restores a state with
+    every position the window needs.
+
+    ``keys`` / ``values`` [B, H, kept, D] hold positions [cumulative_length - kept, cumulative_length).
+
+    Args:
+        sliding_window: the model's window w (a query at position p sees positions > p - w).
+        slack: positions kept beyond the window (default :data:`SLIDING_SLACK`).
+    """
+
+    def __init__(self, sliding_window: int, slack: int = SLIDING_SLACK, **kwargs) -> None:
+        super().__init__(sliding_window)
+        self.slack = slack
+
+    @classmethod
+    def like(cls, layer: DynamicSlidingWindowLayer) -> "SlidingLayer":
+        """A fresh SlidingLayer with ``layer``'s window (``layer`` must be empty)."""
+        if layer.is_initialized and layer.get_seq_length():
+            raise ValueError("SlidingLayer.like takes an empty sliding-window layer")
+        return cls(layer.sliding_window)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append [B, H, q, D]; return the keys and values the model attends to: the last
+        ``window - 1`` cached positions (fewer before the window fills) and the q new ones."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.keys = keys[..., -(self.sliding_window - 1 + self.slack):, :]
+        self.values = values[..., -(self.sliding_window - 1 + self.slack):, :]
+        visible = self.sliding_window - 1 + key_states.shape[-2]
+        return keys[..., -visible:, :], values[..., -visible:, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (a non-positive count). ValueError where
+        that would leave fewer than the ``window - 1`` positions the next query needs (a rollback
+        longer than the slack, once the window is full)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        removed = -tokens_to_remove
+        kept = self.keys.shape[-2] - removed
+        length = self.cumulative_length - removed
+        if removed > self.cumulative_length or kept < min(length, self.sliding_window - 1):
+            raise ValueError(
+                f"cannot roll a sliding-window layer (window {self.sliding_window}) back by {removed} positions: "
+                f"it keeps {self.slack} beyond the window; draft at most {self.slack} tokens a step"
+            )
+        self.keys = self.keys[..., :kept, :]
+        self.values = self.values[..., :kept, :]
+        self.cumulative_length = length
+
+    def compact(self, start: int, indices: torch.Tensor) -> None:
+        """Keep positions [0, start) and then ``start + indices`` (LongTensor [m], increasing),
+        moved to [start, start + m): a tree forward's accepted path. ValueError where the kept
+        positions no longer reach back to ``start`` or too few would remain for the window (a tree
+        of more nodes than the slack)."""
+        first = self.cumulative_length - self.keys.shape[-2]  # the position of the first kept entry
+        kept = start - first
+        if kept < min(start, self.sliding_window - 1):
+            raise ValueError(f"cannot compact a sliding-window layer (window {self.sliding_window}) over a tree of "
+                             f"{self.cumulative_length - start} nodes: it keeps {self.slack} positions beyond the window; "
+                             "draft smaller trees")
+        keep = torch.cat([torch.arange(kept, device=self.keys.device), kept + indices.to(self.keys.device)])
+        self.keys = self.keys.index_select(-2, keep)
+        self.values = self.values.index_select(-2, keep)
+        self.cumulative_length = start + indices.shape[0]
+
+    def window_states(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [B, H, m, D] of the last m = min(count, kept) cached positions."""
+        return self.keys[..., -count:, :], self.values[..., -count:, :]
+
+
+def make_cache(config, windows: bool = True) -> DynamicCache:
+    """A DynamicCache for ``config`` whose full-attention layers roll back by bookkeeping
+    (:class:`PreallocatedLayer`) and whose sliding-window layers roll back across the window
+    (:class:`SlidingLayer`); other layers (KV-shared ones, which hold nothing) stay as they are.
+
+    With ``windows=False`` the sliding-window layers keep every position too (PreallocatedLayer):
+    a batch's rows are stacked and their slots gathered, so the window is applied by the
+    attention mask instead (the target's row forward)."""
     cache = DynamicCache(config=config)
     if cache.layers:
-        cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer
+                        or not windows and type(layer) is DynamicSlidingWindowLayer
+                        else SlidingLayer.like(layer) if type(layer) is DynamicSlidingWindowLayer
+                        else layer for layer in cache.layers]
     else:
         cache.layer_class_to_replicate = PreallocatedLayer
     return cache
 
 
 def crop_cache(cache: Cache, length: int) -> None:
-    """Drop every cached position at index >= ``length``."""
+    """Drop every cached position at index >= ``length``. Recurrent layers (:mod:`mmspec.core.recurrent`)
+    are rewound to their states after ``length`` positions and settle there: what is kept counts as
+    committed, so their history since the previous commit goes (also when nothing is dropped)."""
     excess = cache.get_seq_length() - length
     if excess < 0:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if excess:
         cache.crop(-excess)
+    for layer in getattr(cache, "layers", ()):  # (StaticKVCache and a target's own caches have none)
+        if isinstance(layer, Settling):
+            layer.settle()
 
 
 #: faster compactions a backend offers: ``fn(cache layers, start, indices) -> True`` where it did
@@ -188,6 +296,12 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
         if isinstance(layer, PreallocatedLayer):
             layer.compact(start, indices.to(layer._key_buffer.device) if layer._key_buffer is not None else indices)
             continue
+        if isinstance(layer, DummyLayer):  # a KV-shared layer: it holds nothing
+            continue
+        if isinstance(layer, SlidingLayer):
+            if layer.is_initialized:
+                layer.compact(start, indices)
+            continue
         if not isinstance(layer, DynamicLayer):
             raise ValueError(f"cannot compact a {type(layer).__name__} cache layer")
         if not layer.is_initialized:
@@ -208,13 +322,14 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
 def batch_layers(cache: Cache, stacked: bool = True) -> list[DynamicLayer]:
     """The layers of a cache batched decoding can hold rows of: all full-attention
     (:class:`PreallocatedLayer`; with ``stacked=False``, a cache to stack, any full-attention
-    ``DynamicLayer``); ValueError for anything else (sliding windows, static caches)."""
+    ``DynamicLayer``), KV-shared layers (which hold nothing) left out; ValueError for anything else
+    (windowed sliding layers, static caches)."""
     kinds = {type(layer).__name__ for layer in cache.layers
-             if not (isinstance(layer, PreallocatedLayer) or not stacked and type(layer) is DynamicLayer)}
+             if not (isinstance(layer, (PreallocatedLayer, DummyLayer)) or not stacked and type(layer) is DynamicLayer)}
     if kinds:
         raise ValueError(f"batched decoding needs full-attention cache layers; this model has {', '.join(sorted(kinds))} "
                          "(sliding-window attention): decode it with batch size 1")
-    return list(cache.layers)
+    return [layer for layer in cache.layers if not isinstance(layer, DummyLayer)]
 
 
 def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None = None) -> tuple[DynamicCache, torch.Tensor]:
@@ -233,7 +348,7 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
     lengths = [cache.get_seq_length() for cache in caches]
     width = max(lengths)
     layers = []
-    for parts in zip(*per_cache):
+    for parts in zip(*per_cache):  # (KV-shared layers are put back at their places below)
         rows = parts[0].keys.shape[0]
         keys = parts[0].keys.new_zeros((len(parts) * rows, *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
         values = parts[0].values.new_zeros((len(parts) * rows, *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
@@ -242,7 +357,8 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
             values[b * rows : (b + 1) * rows, ..., width - n :, :] = layer.values
         layers.append(PreallocatedLayer.from_tensors(keys, values))
     stacked = DynamicCache()
-    stacked.layers = layers
+    data = iter(layers)
+    stacked.layers = [DummyLayer() if isinstance(layer, DummyLayer) else next(data) for layer in caches[0].layers]
     stacked.layer_class_to_replicate = None
     rows = layers[0].keys.shape[0] // len(caches)
     paddings = paddings or [None] * len(caches)
@@ -262,6 +378,10 @@ def layer_prefix_view(cache: Cache, num_layers: int) -> DynamicCache:
     """
     if num_layers > len(cache.layers):
         raise ValueError(f"cache has {len(cache.layers)} layers, cannot view the first {num_layers}")
+    if not any(isinstance(layer, CacheLayerMixin) for layer in cache.layers[:num_layers]):
+        attention = next((i for i, layer in enumerate(cache.layers) if isinstance(layer, CacheLayerMixin)), None)
+        raise ValueError(f"the first {num_layers} layers are all recurrent: no attention layer among them counts the cached "
+                         f"positions; a self-speculative draft needs more than {attention} layers (past the first attention layer)")
     view = DynamicCache()
     view.layer_class_to_replicate = None
     view.layers = list(cache.layers[:num_layers])

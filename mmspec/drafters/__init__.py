@@ -8,6 +8,7 @@ from torch import nn
 
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
+from .assistant import AssistantDrafter
 from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
 from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter
@@ -21,11 +22,21 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 
 NO_DRAFTER = (None, "ar", "none")
+
+
+def check_draft_length_use(spec: Any, num_draft_tokens: Any) -> None:
+    """Refuse a draft length K given with plain decoding (``spec`` in :data:`NO_DRAFTER`), which
+    drafts nothing and would ignore it (one ValueError line). For the user-facing entries (the
+    CLI, the captioning pipeline); :func:`resolve_drafter` itself takes K with None, as a baseline
+    run of the same settings does."""
+    if num_draft_tokens is not None and isinstance(spec, (str, type(None))) and spec in NO_DRAFTER:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} is a drafter's draft length, but drafter={spec!r} is "
+                         "plain decoding, which drafts nothing: drop it or name a drafter")
 
 
 def spec_drafter_names() -> list[str]:

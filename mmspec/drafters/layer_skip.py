@@ -74,14 +74,15 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
             return picks
 
         lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
-        return draft_rows_through_target_cache(state, positions, lengths, first.num_layers, first.decoder, next_tokens)
+        return draft_rows_through_target_cache(state, positions, lengths, first.num_layers, first.decoder, next_tokens,
+                                               getattr(first.context.target, "row_masks", None))
 
     def describe(self) -> dict:
         return {**super().describe(), "num_layers": self.num_layers}
 
 
 def draft_rows_through_target_cache(state, positions: list[int], lengths: list[int], num_layers: int, decoder,
-                                    next_tokens) -> list[Draft]:
+                                    next_tokens, row_masks=None) -> list[Draft]:
     """Self-speculative drafting for the rows of a batch (:class:`~mmspec.core.batch.BatchState`)
     through the target's own first ``num_layers`` cache layers: one ``decoder`` forward over [B, 1]
     per draft token with the rows' attention masks and positions, appended to those layers and
@@ -92,6 +93,9 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
         next_tokens: (hidden [B, 1, H], indices i into ``positions`` of the rows still drafting) ->
             for each, (token [1], its draft distribution [1, V] or None, whether the row stops here).
             Rows not drafting get their previous token again; their outputs are ignored.
+        row_masks: the target's ``row_masks(state, n)`` (the 4-D masks of a model with
+            sliding-window layers, whose window counts positions, not slots), or None: the 2-D
+            slot mask.
     Returns:
         One Draft per row of ``positions``.
     """
@@ -104,7 +108,10 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
         drafting = [i for i in drafting if step < lengths[i]]
         if not drafting:
             break
-        hidden = decoder(input_ids=token, past_key_values=cache, attention_mask=state.attention_mask(step + 1),
+        mask = state.attention_mask(step + 1) if row_masks is None else row_masks(state, step + 1)
+        if isinstance(mask, dict) or mask.dim() == 4:  # the last query row: the one input of this forward
+            mask = {k: m[:, :, -1:] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, :, -1:]
+        hidden = decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
                          position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
         token = token.clone()
         stopped = set()

@@ -10,7 +10,7 @@ import torch
 
 from ..adapters.hf import TransformersTarget
 from ..core.batch import BatchDrafting, BatchState
-from ..core.cache import SequenceState, crop_cache
+from ..core.cache import SequenceState, SlidingLayer, crop_cache
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
 from ..core.target import sees_images
 
@@ -105,9 +105,11 @@ class ModelDrafter(BatchDrafting, Drafter):
         a 2-D mask, each row at its own positions); each row picks with its own generator, as
         :meth:`propose` does, and its own cache keeps only the caught-up sequence (the next call
         feeds whatever of the draft was accepted). Drafts of other targets (a codec LM, an image
-        generator) go row by row."""
+        generator) and drafts with sliding-window layers (their windowed caches do not stack) go
+        row by row."""
         if type(drafters[0]).propose is not ModelDrafter.propose or not all(
-                type(d.draft) is TransformersTarget for d in drafters):
+                type(d.draft) is TransformersTarget for d in drafters) or any(
+                isinstance(layer, SlidingLayer) for layer in drafters[0].state.cache.layers):
             return super().propose_rows(drafters, state, positions, budgets)
         lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
         caught = [d._catch_up(state.rows[p].new_tokens) for d, p in zip(drafters, positions)]

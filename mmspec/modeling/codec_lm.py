@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fast_linear import FewRowLinear
 from .hf_compat import cache_kwargs
-from .lean import lean_forward, lean_supported
+from .lean import lean_forward, lean_supported, padding_mask_4d
 from .persistence import DataclassModel
 
 
@@ -199,6 +200,15 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
         return embeds + self.embed_alignment(alignment) if self.config.aligned else embeds
 
     def forward(self, embeds, past_key_values=None, attention_mask=None, position_ids=None):
+        """embeds [B, n, D] after ``past_key_values`` -> (logits [B, n, K, C + 1], hidden [B, n, D]).
+        ``attention_mask``: None (causal after the cache), a batch's 2-D padding mask [B, L], or a
+        4-D one [B or 1, 1, n, L]. The lean forward runs where it applies; in batched decoding (a
+        cache; the new inputs are always valid slots) a 2-D mask is made 4-D for it
+        (:func:`~mmspec.modeling.lean.padding_mask_4d`), so each row of a batch is computed alone and
+        equals its batch-1 forward bitwise, in bf16 too. (Training's left-padded rows keep
+        transformers' forward: a padding query there may see no key at all.)"""
+        if self.lean and past_key_values is not None and attention_mask is not None and attention_mask.dim() == 2:
+            attention_mask = padding_mask_4d(attention_mask, embeds.shape[1])
         if self.lean and lean_supported(self.backbone, attention_mask):
             hidden = lean_forward(self.backbone, embeds, past_key_values, position_ids, attention_mask)
         else:
@@ -206,7 +216,17 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
                                    use_cache=past_key_values is not None,
                                    **cache_kwargs(self.backbone, past_key_values)).last_hidden_state
         c = self.config
-        return self.heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
+        return self._heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
+
+    def _heads(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The heads over hidden [B, n, D]. A batch of more rows than a few-row head takes runs in
+        groups of whole batch entries (the kernel computes each row alone), so a batch row's logits
+        are its batch-1 forward's, bitwise, instead of oneDNN's, whose sums depend on the row count."""
+        batch, n = hidden.shape[:2]
+        limit = self.heads.max_rows if isinstance(self.heads, FewRowLinear) else None
+        if batch == 1 or limit is None or batch * n <= limit or n > limit:
+            return self.heads(hidden)
+        return torch.cat([self.heads(part) for part in hidden.split(max(1, limit // n))])
 
     def get_output_embeddings(self) -> nn.Linear:
         """The K heads as one linear [K * (C + 1), D] (what Medusa heads on this LM read through)."""

@@ -281,7 +281,8 @@ def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: tor
                  eps: float = 0.0, start: int = 0, stop: int | None = None) -> None:
     """Run the layers ``start .. stop`` of ``plans`` (default all) over ``x`` [B n, D] (contiguous,
     the plans' dtype) in place, in one C call, and then, with ``norm`` [D] (the model's final
-    RMSNorm weight, the plans' dtype), that norm.
+    RMSNorm weight, the plans' dtype), that norm. More rows than the plans take (B n > max_rows,
+    n <= max_rows) run in one call per group of floor(max_rows / n) batch entries, bitwise the same.
 
     Args:
         cos, sin: transformers' rotary inputs [1 or B, n, hd] (model dtype), or LlamaGen's table
@@ -307,12 +308,23 @@ def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: tor
     mask_b, mask_n = mask_strides(mask)
     pointers = ctypes.c_void_p * count
     specs = ctypes.addressof(plans.specs) + start * ctypes.sizeof(LayerSpec)
-    status = _function()(specs, count, x.data_ptr(), batch, n, cos.data_ptr(), _ptr(sin), rope_stride,
-                         pointers(*(k.data_ptr() for k, _, _ in slots)), pointers(*(v.data_ptr() for _, v, _ in slots)),
-                         keys.stride(0), keys.stride(1), keys.stride(2), cached, None if mask is None else mask.data_ptr(),
-                         mask_b, mask_n, _ptr(norm), eps, torch.get_num_threads())
-    if status:
-        raise MemoryError("the fused layer kernel could not allocate its scratch")
+    # a batch of more rows than the plans take runs in groups of whole batch entries (each row is
+    # computed alone by the kernel, so a group gives its rows bitwise what one call would): a
+    # batch row then gets its batch-1 forward however wide the batch is
+    group = max(1, min(p.max_rows for p in plans[start:stop]) // max(n, 1))
+    width, item = x.shape[-1], x.element_size()
+    for b0 in range(0, batch, group):
+        rows = min(group, batch - b0)
+        status = _function()(specs, count, x.data_ptr() + b0 * n * width * item, rows, n,
+                             cos.data_ptr() + b0 * rope_stride * cos.element_size(),
+                             None if sin is None else sin.data_ptr() + b0 * rope_stride * sin.element_size(), rope_stride,
+                             pointers(*(k.data_ptr() + b0 * k.stride(0) * k.element_size() for k, _, _ in slots)),
+                             pointers(*(v.data_ptr() + b0 * v.stride(0) * v.element_size() for _, v, _ in slots)),
+                             keys.stride(0), keys.stride(1), keys.stride(2), cached,
+                             None if mask is None else mask.data_ptr() + b0 * mask_b * mask.element_size(),
+                             mask_b, mask_n, _ptr(norm), eps, torch.get_num_threads())
+        if status:
+            raise MemoryError("the fused layer kernel could not allocate its scratch")
     for layer in layers:
         layer.close_slots(n)
 

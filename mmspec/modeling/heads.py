@@ -40,6 +40,35 @@ def _place_like(module: nn.Module, target_model: nn.Module) -> nn.Module:
 
 
 # ============================================================================ one decoder layer
+def _llama_layer_config(config):
+    """A LlamaConfig of ``config``'s widths, rotary and norm: the self-attention layer of a text model
+    that transformers' AutoModel cannot build on its own (Mllama's, whose self-attention layers are
+    Llama layers between its cross-attention ones)."""
+    from transformers import LlamaConfig
+
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "hidden_act",
+             "rms_norm_eps", "rope_parameters", "max_position_embeddings", "vocab_size", "head_dim")
+    fields = {name: getattr(config, name) for name in names if getattr(config, name, None) is not None}
+    return LlamaConfig(**fields, num_hidden_layers=1, tie_word_embeddings=False)
+
+
+def _gemma4_layer_config(config):
+    """Gemma 4's decoder config for one layer of its own: full attention (a one-layer Gemma 4 model
+    must end with a full-attention layer), no KV sharing (nothing to share with) and no per-layer
+    input embeddings (they are looked up by token id, which a head's inputs are not)."""
+    config = copy.deepcopy(config)
+    config.layer_types = ["full_attention"]
+    config.num_kv_shared_layers = 0
+    config.hidden_size_per_layer_input = 0
+    config.vocab_size_per_layer_input = 0
+    return config
+
+
+#: text model_type -> the config of the one decoder layer an EAGLE / Kangaroo head builds for it,
+#: for text models AutoModel cannot build alone
+HEAD_LAYER_CONFIGS = {"mllama_text_model": _llama_layer_config, "gemma4_text": _gemma4_layer_config}
+
+
 class OneLayerHead(nn.Module):
     """One decoder layer of the target's family (+ its final norm) reading embeddings: the trained
     part of feature-level drafters. Subclasses define what goes in.
@@ -63,13 +92,18 @@ class OneLayerHead(nn.Module):
         from transformers import AutoModel
 
         config = copy.deepcopy(text_config)
+        if getattr(config, "model_type", None) in HEAD_LAYER_CONFIGS:
+            config = HEAD_LAYER_CONFIGS[config.model_type](config)
         config.num_hidden_layers = 1
         if intermediate_size is not None:
             config.intermediate_size = intermediate_size
         config.vocab_size = 1  # inputs arrive as embeddings; the target's embedding table is shared
         config.pad_token_id = None
         if hasattr(config, "layer_types") and config.layer_types:
-            config.layer_types = config.layer_types[:1]
+            # the family's first attention layer: a hybrid decoder's first layers are recurrent
+            # (Qwen3.5's Gated DeltaNet, LFM2's short convolutions), which a head cannot use
+            attention = [t for t in config.layer_types if t.endswith("attention") and t != "linear_attention"]
+            config.layer_types = (attention or config.layer_types)[:1]
         self.config = config
         self.decoder = AutoModel.from_config(config)
 

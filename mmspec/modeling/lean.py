@@ -19,7 +19,9 @@ drafters and targets pass: none (causal after the cache) or a 4-D additive or bo
 [B or 1, 1, n, cached + n]. :func:`lean_supported` says which models and masks it covers; the
 callers (the codec LM, the EAGLE-family heads, and ``TransformersTarget``'s steps of a Llama
 decoder, through :func:`lean_states`, which also keeps the hidden states of any layer) fall back to
-the transformers forward elsewhere (2-D padding masks, other families, sliding windows). Tests:
+the transformers forward elsewhere (2-D padding masks, other families, sliding windows; a caller
+that wants a batch's rows computed alone turns its 2-D mask into the 4-D one with
+:func:`padding_mask_4d`, as the codec LM does). Tests:
 tests/test_lean.py (equal to the transformers forward).
 """
 
@@ -48,6 +50,25 @@ def lean_supported(model: nn.Module, attention_mask: torch.Tensor | None = None)
     return (getattr(config, "_attn_implementation", None) in _ATTENTION and not getattr(config, "attention_dropout", 0.0)
             and getattr(model.rotary_emb, "rope_type", "default") == "default"
             and all(t == "full_attention" for t in (getattr(config, "layer_types", None) or ["full_attention"])))
+
+
+def padding_mask_4d(attention_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """A transformers 2-D padding mask [B, L] (1: a slot the row holds; the last n columns are the
+    new inputs) -> the boolean 4-D mask [B, 1, n, L] it stands for, which :func:`lean_states`
+    takes: query i of row b attends to slot j iff ``attention_mask[b, j]`` and j <= L - n + i
+    (causal among the new inputs).
+
+    Why: batched decoding (:mod:`mmspec.core.batch`) passes the 2-D form, and a forward given it
+    goes through transformers' attention, whose sums over a row's keys run in an order that depends
+    on the other rows' padding; through this mask each row is attended alone by
+    :func:`mmspec.modeling.attention.attend`, so a batch row gets bitwise its batch-1 output (bf16
+    included: the issue-44 text-to-speech rows).
+    """
+    if attention_mask.dim() != 2 or not 0 < n <= attention_mask.shape[1]:
+        raise ValueError(f"a 2-D padding mask [B, L] with L >= n = {n} is needed, got {tuple(attention_mask.shape)}")
+    length = attention_mask.shape[1]
+    causal = torch.ones(n, length, dtype=torch.bool, device=attention_mask.device).tril(length - n)
+    return (attention_mask.bool()[:, None, :] & causal[None])[:, None]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -121,7 +142,8 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     layers = config.num_hidden_layers
     keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
     stack = model.layers if layers == len(model.layers) else model.layers[:layers]
-    plans, chunk = fused_plans(stack, cache, batch * n, embeds.dtype, embeds.device), n or 1
+    # a batch asks for plans that take one entry's n rows: fused_layers runs wider batches in groups
+    plans, chunk = fused_plans(stack, cache, n if batch > 1 else batch * n, embeds.dtype, embeds.device), n or 1
     if plans is None and batch == 1 and attention_mask is None and position_ids is None:
         plans = fused_plans(stack, cache, 1, embeds.dtype, embeds.device)  # a long prompt, in chunks (AMX only)
         chunk = min(p.max_rows for p in plans) if plans is not None else 0

@@ -32,10 +32,19 @@ def log_mel(waveform: torch.Tensor, rate: int, n_mels: int = 80, n_fft: int = 10
     Returns:
         float32 [n_mels, frames] for [samples], [channels, n_mels, frames] for [channels, samples];
         frames = samples // hop_length + 1 (centred frames).
+
+    Centred frames pad each end by n_fft / 2 reflected samples, which needs more than n_fft / 2
+    samples; a shorter clip (a sentence said very fast is one 512-sample codec frame) is first
+    padded with zeros to n_fft / 2 + 1 samples, and its frames are the first samples // hop_length
+    + 1 of that.
     """
     audio = torch.as_tensor(waveform).float()
     if audio.dim() not in (1, 2) or audio.shape[-1] == 0:
         raise ValueError(f"waveform must be a non-empty [samples] or [channels, samples], "
                          f"got shape {tuple(audio.shape)}")
     mel = _mel_transform(int(rate), n_mels, n_fft, hop_length, f_max).to(audio.device)
-    return mel(audio).clamp_min(floor).log()
+    samples, shortest = audio.shape[-1], n_fft // 2 + 1
+    if samples >= shortest:
+        return mel(audio).clamp_min(floor).log()
+    padded = torch.nn.functional.pad(audio, (0, shortest - samples))
+    return mel(padded)[..., : samples // hop_length + 1].clamp_min(floor).log()

@@ -6,6 +6,10 @@ says what is its own:
 
 - :meth:`Pipeline.check_arguments`: the construction arguments checked before any model loads
   (presets and the CLI call it too);
+- :meth:`Pipeline.check_call_arguments`: a call's plain arguments (numbers, flags, strings) checked
+  against ``__call__``'s annotations, one ValueError line (``temperature="hot"``, ``seed="x"``);
+  every subclass's ``__call__`` runs it first, before any model work, and presets check their
+  ``[call]`` tables with it;
 - :attr:`Pipeline.methods`: the task's :class:`~mmspec.pipelines.methods.MethodRegistry`, and
   :meth:`Pipeline.make_method` (one spec syntax);
 - :meth:`Pipeline.with_baseline`: warm-up once, plain decoding, then the method, in one call (the
@@ -29,11 +33,14 @@ loaded once), a method registry and one registration::
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import sys
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
+from ..core.arguments import check_argument_types
 from ..core.registry import class_registrar
 from .methods import Method, MethodRegistry
 
@@ -113,12 +120,23 @@ class Pipeline:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.name = cls.task  # the registry's key
+        call = cls.__dict__.get("__call__")
+        if call is not None:  # the class's own __call__: its arguments' types checked first
+            cls.__call__ = _checking_types(call)
 
     # -- before anything loads ---------------------------------------------------------------------
     @classmethod
     def check_arguments(cls, values: dict[str, Any]) -> None:
         """Check construction arguments (all of ``__init__``'s, bound with their defaults) without
         loading anything; raise one ValueError line. Presets and the CLI call it first."""
+
+    @classmethod
+    def check_call_arguments(cls, values: dict[str, Any], where: str = "") -> None:
+        """Check a call's arguments by name against ``__call__``'s annotations (those made of
+        int, float, bool, str and None; :func:`mmspec.core.arguments.check_argument_types`):
+        ``temperature="hot"`` is one ValueError line naming the argument and the type it takes.
+        ``where`` starts the line (a preset's name and file)."""
+        check_argument_types(cls.__call__, values, where)
 
     @classmethod
     def make_method(cls, spec: str | Method, **settings: Any) -> Method:
@@ -189,3 +207,20 @@ class Pipeline:
         """What every result's ``stats.config`` records about how this pipeline runs (kernels,
         dtype, CUDA graphs)."""
         return {}
+
+
+def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (a pipeline's ``__call__``) preceded by the check of its arguments' types
+    (:meth:`Pipeline.check_call_arguments`); its signature and docs are the original's."""
+    signature = inspect.signature(call)
+
+    @functools.wraps(call)
+    def checked(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # a wrong argument name or count: the call itself says it
+            return call(self, *args, **kwargs)
+        check_argument_types(call, {k: v for k, v in list(bound.arguments.items())[1:]})
+        return call(self, *args, **kwargs)
+
+    return checked

@@ -149,9 +149,9 @@ class Method:
         arg: the short form's value ("sjd:vertical" -> "vertical"): the value of :attr:`argument`
             unless that setting is given by keyword (text is parsed with the setting's type).
         **settings: settings of the task's table; the method keeps those in :attr:`defaults`
-            (None meaning the default). With :attr:`shared_settings`, a setting of the table that
-            the method does not read is checked and ignored (one set of settings serves every
-            method of a run); otherwise it is refused.
+            (None meaning the default, or unset). A setting the method does not read is refused
+            when it is given (not None), for every method: ``window`` for ``cspd`` is an error, not
+            a setting silently ignored; out-of-range values are refused by the table's rules.
     Attributes:
         settings: the method's settings (its :attr:`defaults`, updated by the given values).
     Raises:
@@ -181,8 +181,6 @@ class Method:
     SETTINGS: ClassVar[dict[str, Setting]] = {}
     #: the task's registry (set once on the task's base class)
     registry: ClassVar["MethodRegistry | None"] = None
-    #: keyword settings of the table that this method does not read are ignored (True) or refused
-    shared_settings: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -252,16 +250,28 @@ class Method:
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        """Raise one ValueError line for a setting the method does not take, or an invalid value
-        (None = the default)."""
+        """Raise one ValueError line for a setting that is not in the task's table, a setting the
+        method does not read given a value (None = unset: the callers that hold one set of options
+        for every method, the CLI and the pipelines, pass None for the options not given), or a
+        value out of its setting's range."""
         for name, value in settings.items():
+            if name not in cls.SETTINGS:
+                raise ValueError(f"method {cls.name!r} takes no setting {name!r} (known settings: "
+                                 f"{', '.join(cls.SETTINGS)}); {cls.settings_help()}")
             if name not in cls.defaults:
-                if not cls.shared_settings:
-                    raise ValueError(f"method {cls.name!r} takes no setting {name!r}; {cls.settings_help()}")
-                if name not in cls.SETTINGS:
-                    raise ValueError(f"unknown method setting {name!r}; known: {', '.join(cls.SETTINGS)}")
+                if value is None:
+                    continue
+                raise ValueError(f"method {cls.name!r} takes no setting {name!r} ({cls.SETTINGS[name].help}), got "
+                                 f"{name}={value!r}; drop it or choose a method that reads it; {cls.settings_help()}")
             if value is not None:
                 cls.SETTINGS[name].check(name, value)
+
+    @classmethod
+    def reads(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        """The given (not None) ``settings`` that this method reads: a run that applies one set of
+        options to several methods (a pipeline call naming another method, a benchmark) hands
+        each method its own, after checking that every option is read by some method."""
+        return {name: value for name, value in settings.items() if name in cls.defaults and value is not None}
 
     def spec(self) -> str:
         """This method as a spec in the one syntax: "sjd:window=8,init=random"."""

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.arguments import check_argument_types
+
 #: sections of a preset file, and its top-level keys
 SECTIONS = ("init", "call")
 KEYS = ("task", "description", *SECTIONS)
@@ -63,9 +65,11 @@ class Preset:
 
     def check(self) -> None:
         """Everything that can be checked without the weights: argument names against the
-        pipeline's ``__init__`` and ``__call__``, then the pipeline's own pre-load checks
-        (``check_arguments``, given the bound ``__init__`` arguments with their defaults: drafter /
-        method names and settings, dtype, device).
+        pipeline's ``__init__`` and ``__call__``, the ``[call]`` values' types against
+        ``__call__``'s annotations (``temperature = "hot"``: one line naming the preset file, the
+        key and the type it takes; :meth:`~mmspec.pipelines.base.Pipeline.check_call_arguments`),
+        then the pipeline's own pre-load checks (``check_arguments``, given the bound ``__init__``
+        arguments with their defaults: drafter / method names and settings, dtype, device).
 
         Raises:
             ValueError: one line naming the preset and what to change.
@@ -79,6 +83,8 @@ class Preset:
                 allowed = [k for k in parameters if k != "self" and parameters[k].kind is not inspect.Parameter.VAR_KEYWORD]
                 raise ValueError(f"preset {self.name}: unknown [{section}] key(s) {unknown} for {cls.__name__}; "
                                  f"use {', '.join(allowed)}")
+        check_argument_types(cls.__init__, self.init, where=f"preset {self.name} ({self.path}): [init] ")
+        cls.check_call_arguments(self.call, where=f"preset {self.name} ({self.path}): [call] ")
         try:
             arguments = inspect.signature(cls.__init__).bind(None, **self.init)
             arguments.apply_defaults()

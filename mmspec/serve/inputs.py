@@ -23,11 +23,19 @@ MAX_IMAGE_PIXELS = 40_000_000
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object. Raises APIError 400 for malformed JSON or a non-object."""
+    """The body as a JSON object. Raises APIError 400 for malformed JSON or a non-object.
+
+    Beyond syntax errors, Python's parser refuses integers of more than 4300 digits (ValueError) and
+    nesting deeper than the interpreter's recursion limit (RecursionError): both are the client's
+    fault, so both are a 400 here, not the 500 of an unexpected exception.
+    """
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise bad_request(f"the request body is not valid JSON ({error})", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON (nested too deeply)", code="invalid_json") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise bad_request(f"the request body is not valid JSON ({message})", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     return data

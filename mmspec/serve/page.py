@@ -14,6 +14,7 @@ PAGE = """<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>mmspec serve</title>
+<link rel="icon" href="data:,">
 <style>
   body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 1.5rem auto; padding: 0 1rem; color: #222; }
   section { border: 1px solid #ccc; border-radius: 6px; padding: 1rem; margin-bottom: 1rem; }
@@ -34,7 +35,8 @@ PAGE = """<!doctype html>
   <h2>Caption an image</h2>
   <div id="drop">Drop an image here or click to choose one<input id="file" type="file" accept="image/*" hidden></div>
   <img id="capimg" class="preview" alt="" hidden>
-  <p>Question: <input id="question" type="text" value="Describe the image."></p>
+  <p>Question: <input id="question" type="text" value="Describe the image."> max tokens
+     <input id="maxtokens" type="number" value="64" min="1" style="width:5rem"></p>
   <button id="capgo" disabled>Caption</button>
   <p id="captext"></p>
   <div id="capstats" class="stats"></div>
@@ -68,18 +70,34 @@ function headers() {
   return h;
 }
 function fmt(x, digits = 2) { return (x === null || x === undefined) ? "n/a" : Number(x).toFixed(digits); }
+function known(x) { return x !== null && x !== undefined; }
+// The method's stats on one line, plain decoding's (the same request decoded one token per
+// forward, run by compare_baseline) on the next, then the speedup: baseline time / method time.
+// The speech endpoint's header carries no baseline time, so it is speedup x method time there.
 function statsLine(s) {
-  const parts = [`method ${s.method}`, `tau ${fmt(s.tau)}`];
-  if (s.acceptance_rate !== null && s.acceptance_rate !== undefined) parts.push(`acceptance ${fmt(s.acceptance_rate)}`);
-  parts.push(`${fmt(s.wall_time_s)} s`);
-  if (s.baseline_wall_time_s !== undefined && s.baseline_wall_time_s !== null) parts.push(`plain decoding ${fmt(s.baseline_wall_time_s)} s`);
-  parts.push(`speedup ${s.speedup ? fmt(s.speedup) + "x" : "n/a"}`, `batch ${s.batch_size}`);
-  return parts.join(" | ");
+  const method = [`${s.method}: tau ${fmt(s.tau)}`];
+  if (known(s.acceptance_rate)) method.push(`acceptance ${fmt(s.acceptance_rate)}`);
+  method.push(`${fmt(s.wall_time_s)} s`, `batch ${s.batch_size}`);
+  let baseline = s.baseline_wall_time_s;
+  if (!known(baseline) && s.stats) baseline = s.stats.baseline_wall_time_s;
+  if (!known(baseline) && known(s.speedup) && known(s.wall_time_s)) baseline = s.speedup * s.wall_time_s;
+  const plain = known(baseline) ? `plain decoding: tau 1.00 | ${fmt(baseline)} s` : "plain decoding: not run";
+  return [method.join(" | "), plain, `speedup ${known(s.speedup) ? fmt(s.speedup) + "x" : "n/a"}`].join("\\n");
+}
+function showError(box, message) {
+  box.innerHTML = ""; const p = document.createElement("span"); p.className = "error"; p.textContent = message; box.appendChild(p);
 }
 async function fail(box, response) {
   let message = response.status + " " + response.statusText;
   try { message = (await response.json()).error.message; } catch (e) {}
-  box.innerHTML = ""; const p = document.createElement("span"); p.className = "error"; p.textContent = message; box.appendChild(p);
+  showError(box, message);
+}
+// A button's handler: disabled while it runs; anything thrown (the server gone, a bad answer) is shown in its box.
+function handler(button, box, run) {
+  $(button).onclick = async () => {
+    $(button).disabled = true;
+    try { await run(); } catch (e) { showError($(box), String(e)); } finally { $(button).disabled = false; }
+  };
 }
 async function loadModels() {
   try {
@@ -101,10 +119,11 @@ $("drop").ondragover = (e) => { e.preventDefault(); $("drop").classList.add("ove
 $("drop").ondragleave = () => $("drop").classList.remove("over");
 $("drop").ondrop = (e) => { e.preventDefault(); $("drop").classList.remove("over"); useFile(e.dataTransfer.files[0]); };
 
-$("capgo").onclick = async () => {
+handler("capgo", "capstats", async () => {
   await loadModels();
   $("captext").textContent = ""; $("capstats").textContent = "decoding...";
-  const body = {model: models["image-captioning"] || "caption", stream: true, temperature: 0, max_tokens: 64,
+  const body = {model: models["image-captioning"] || "caption", stream: true, temperature: 0,
+                max_tokens: Number($("maxtokens").value),
                 mmspec: {compare_baseline: true},
                 messages: [{role: "user", content: [{type: "image_url", image_url: {url: imageUri}},
                                                     {type: "text", text: $("question").value}]}]};
@@ -120,7 +139,7 @@ $("capgo").onclick = async () => {
       const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
       if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
       const event = JSON.parse(line.slice(6));
-      if (event.error) { $("capstats").textContent = event.error.message; continue; }
+      if (event.error) { showError($("capstats"), event.error.message); continue; }
       for (const choice of event.choices) $("captext").textContent += choice.delta.content || "";
       if (event.mmspec) {
         $("capstats").textContent = statsLine(event.mmspec) +
@@ -129,11 +148,11 @@ $("capgo").onclick = async () => {
       }
     }
   }
-};
+});
 
-$("imggo").onclick = async () => {
+handler("imggo", "imgstats", async () => {
   await loadModels();
-  $("imgstats").textContent = "generating...";
+  $("imgout").hidden = true; $("imgstats").textContent = "generating...";
   const body = {prompt: $("prompt").value, n: 1, seed: Number($("seed").value), response_format: "b64_json",
                 mmspec: {compare_baseline: true}};
   if (models["text-to-image"]) body.model = models["text-to-image"];
@@ -142,11 +161,11 @@ $("imggo").onclick = async () => {
   const out = await r.json();
   $("imgout").src = "data:image/png;base64," + out.data[0].b64_json; $("imgout").hidden = false;
   $("imgstats").textContent = statsLine(out.mmspec);
-};
+});
 
-$("ttsgo").onclick = async () => {
+handler("ttsgo", "ttsstats", async () => {
   await loadModels();
-  $("ttsstats").textContent = "speaking...";
+  $("audio").hidden = true; $("ttsstats").textContent = "speaking...";
   const body = {model: models["text-to-speech"] || "tts", input: $("say").value, voice: "default",
                 response_format: "wav", mmspec: {compare_baseline: true}};
   const r = await fetch("/v1/audio/speech", {method: "POST", headers: headers(), body: JSON.stringify(body)});
@@ -154,7 +173,7 @@ $("ttsgo").onclick = async () => {
   const stats = JSON.parse(r.headers.get("X-Mmspec-Stats") || "{}");
   $("audio").src = URL.createObjectURL(await r.blob()); $("audio").hidden = false;
   $("ttsstats").textContent = statsLine(stats);
-};
+});
 </script>
 </body>
 </html>

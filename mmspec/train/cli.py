@@ -33,4 +33,14 @@ def add_parser(subparsers) -> None:
         parser = recipes.add_parser(name, help=help_text)
         module.add_arguments(parser)
         # --out is checked before training starts (cli.args.check_args); eval-captioner writes a file
-        parser.set_defaults(handler=module.run, output_args={"out": "file" if name == "eval-captioner" else "dir"})
+        parser.set_defaults(handler=module.run, output_args={"out": "file" if name == "eval-captioner" else "dir"},
+                            interrupted=interrupted)
+
+
+def interrupted(args, command: str) -> str:
+    """What Ctrl-C leaves of a training run (the line mmspec prints): its checkpoints and how to resume."""
+    if args.recipe == "eval-captioner":
+        return "nothing was saved (the report is written at the end)"
+    every = f" (one every {args.save_every} steps)" if getattr(args, "save_every", None) else ""
+    return (f"the last checkpoint{every} and the data made so far are kept in {args.out}; rerun the same command to "
+            f"resume: {command}")

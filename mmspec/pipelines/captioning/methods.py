@@ -121,6 +121,20 @@ class SmallDraft(TrainedDrafter):
     description = "a text-only draft LM of the captioner (SPD)"
 
 
+@register_method
+class Assistant(CaptionMethod):
+    name = "assistant"
+    description = "Gemma 4's multi-token-prediction assistant (gemma4_assistant), drafting over the target's KV"
+    argument = "path"
+    defaults = {"path": None}
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        super().__init__(arg, **settings)
+        if self.settings["path"] is None:
+            raise ValueError('the assistant drafter needs its checkpoint: drafter="assistant:DIR" (a directory or hub id, '
+                             'e.g. google/gemma-4-e2b-it-assistant)')
+
+
 class DrafterSpecMethod(CaptionMethod):
     """A spec drafter of :mod:`mmspec.drafters` without a class here: its argument goes to the
     drafter's ``from_spec`` as it is."""

@@ -29,7 +29,7 @@ from torch import nn
 from ...api import generate, generate_rows, optimize_components
 from ...core.batch import RowResult
 from ...core.stats import DictAccess, SpecStats
-from ...drafters import NO_DRAFTER, Drafter, resolve_drafter
+from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
 from ..images import ImageInput, load_image
@@ -224,7 +224,7 @@ class ImageCaptioningPipeline(Pipeline):
 
     Args:
         model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
-            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3); or a
+            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL); or a
             loaded transformers VLM (then pass ``processor`` too; it is used as it is, on its own
             device and in its own dtype).
         drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
@@ -271,7 +271,8 @@ class ImageCaptioningPipeline(Pipeline):
         cuda_graphs: bool = False,
     ) -> None:
         # every argument checked before the model loads
-        self.check_arguments(dict(prompt=prompt, drafter=drafter, device=device, dtype=dtype, cuda_graphs=cuda_graphs))
+        self.check_arguments(dict(prompt=prompt, drafter=drafter, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                                  num_draft_tokens=num_draft_tokens))
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -291,9 +292,10 @@ class ImageCaptioningPipeline(Pipeline):
     @classmethod
     def check_arguments(cls, values: dict[str, Any]) -> None:
         """Check construction arguments (all of ``__init__``'s, bound) without loading anything
-        (presets): the drafter name, the prompt, dtype and device. Raises ValueError /
-        FileNotFoundError."""
+        (presets): the drafter name (and no draft length with plain decoding), the prompt, dtype
+        and device. Raises ValueError / FileNotFoundError."""
         check_prompt(values["prompt"])
+        check_draft_length_use(values["drafter"], values.get("num_draft_tokens"))
         if isinstance(values["drafter"], (str, os.PathLike)):
             check_drafter_name(values["drafter"])
         device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]

@@ -93,13 +93,14 @@ class T2IMethod(Method):
     :class:`~.components.T2IComponents` or :class:`~.mar_components.MARComponents`): a drafter
     (:meth:`build_drafter`) verified by an acceptance rule (:attr:`rule`, :meth:`rule_kwargs`).
 
-    Keyword settings are shared (:attr:`shared_settings`): the pipeline, the CLI and the benchmark
-    give one set of :data:`SETTINGS` to every method, and each reads its own.
+    A setting of :data:`SETTINGS` that the method does not read is refused when given (``cspd``
+    with ``window=4``); the CLI passes None for the options not given, and a pipeline call or a
+    benchmark that names several methods hands each the settings it reads
+    (:meth:`~mmspec.pipelines.methods.Method.reads`).
     """
 
     SETTINGS = SETTINGS
     registry = METHODS
-    shared_settings = True
     #: the token kind it works with: False discrete, True continuous (MAR), None either
     continuous: ClassVar[bool | None] = False
 

@@ -30,6 +30,7 @@ from ...core.stats import DictAccess, SpecStats
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
 from .components import T2IComponents
+from ..methods import parse_spec
 from .methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 
 __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutput", "TextToImagePipeline",
@@ -143,7 +144,9 @@ class TextToImagePipeline(Pipeline):
             the relaxed methods: "draft" | "eagle" | "eagle2"; default "eagle" when the model has
             an image EAGLE head, else "draft"), ``neighbours_k`` (100), ``delta`` (LANTERN, 0.05),
             ``lam`` (LANTERN++, 10), ``top_m`` (GSD, 50), ``pac_branches`` and ``pac_depth``
-            (SJD-PAC, 2 and 1). All are checked before the model loads.
+            (SJD-PAC, 2 and 1). All are checked before the model loads; a setting the method
+            does not read is refused (``method="cspd", window=4``). A call naming another method
+            (``method=``) hands it the pipeline's settings that it reads.
     Raises:
         ValueError: an unknown method, setting, init or drafter, an invalid value, a model without
             an image tokenizer, an unsupported model family.
@@ -195,10 +198,11 @@ class TextToImagePipeline(Pipeline):
         return self.components.tokenizer
 
     def method_for(self, method: str | T2IMethod | None = None) -> T2IMethod:
-        """``method`` (a spec string, with the pipeline's settings; default: the pipeline's method)."""
+        """``method`` (a spec string, with the pipeline's settings that it reads; default: the
+        pipeline's method)."""
         if method is None or isinstance(method, T2IMethod):
             return method or self.method
-        return self.make_method(method, **self.settings)
+        return self.make_method(method, **METHODS.resolve(parse_spec(method).name).reads(self.settings))
 
     def prompt_inputs(self, prompt: str) -> dict[str, Any]:
         """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""

@@ -35,9 +35,26 @@ EMBEDDED_VOICES = {"valle": "tts-valle", "delay": "tts"}
 DEFAULT_VOICE = "valle"  # the more intelligible one, and the one speculation speeds up (docs/benchmarks.md)
 
 
+#: the fastest speaking rate ``speed`` may ask of an aligned voice. The embedded voice's duration
+#: predictor gives about one frame (23 ms) per phoneme id at speed 1; at 4 three quarters of an
+#: ordinary sentence's ids already get no frame ("There are seven blue squares.": 46 of 61, 15
+#: frames), and at 50 the sentence is one frame of noise (issue 44)
+MAX_SPEED = 4.0
+
+
 def _positive_number(value) -> bool:
     """A finite int or float > 0 (not a bool): what max_seconds, speed and a temperature must be."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def check_speed(speed, name: str = "speed") -> None:
+    """``speed`` must be a positive number at most :data:`MAX_SPEED` (``name``: how the caller
+    spells it, "--speed" on the command line). Raises ValueError in one line."""
+    if not _positive_number(speed):
+        raise ValueError(f"{name} must be a positive number, got {speed!r}")
+    if speed > MAX_SPEED:
+        raise ValueError(f"{name} must be at most {MAX_SPEED:g} (a speaking rate: 2 is twice as fast), got {speed!r}; "
+                         "faster, most phonemes get no audio frame")
 
 
 def load_nar_stage(directory: Path, nar: str | None, lm: CodecLM, device: torch.device,
@@ -138,7 +155,31 @@ class TTSComponents(OptimizesOnLoad):
         if speed != 1.0 and not lm.config.aligned:
             raise ValueError("speed needs an aligned codec LM (one with a duration predictor); this one sets its own pace")
         ids = self.phonemes(text)
-        return {"phoneme_ids": ids, **({"durations": lm.predict_durations(ids, speed)} if lm.config.aligned else {})}
+        if not lm.config.aligned:
+            return {"phoneme_ids": ids}
+        durations = lm.predict_durations(ids, speed)
+        if int(durations.sum()) < 1:
+            raise ValueError(f"at speed {speed:g} the text {text!r} gets no audio frame; lower speed or say more")
+        return {"phoneme_ids": ids, "durations": durations}
+
+    @property
+    def max_positions(self) -> int:
+        """The codec LM's context: phoneme ids + separator + audio steps."""
+        return self.target.model.config.max_positions
+
+    def frames_needed(self, inputs: dict[str, torch.Tensor], frames: int) -> int:
+        """The audio frames a generation of ``inputs`` makes under a budget of ``frames``: an
+        aligned model's durations' total F (known before decoding) if smaller, else the budget
+        (an unaligned model ends itself, at the budget at the latest)."""
+        if "durations" in inputs:
+            return min(int(inputs["durations"].sum()), frames)
+        return frames
+
+    def positions_needed(self, inputs: dict[str, torch.Tensor], frames: int) -> int:
+        """The codec LM positions a generation of ``inputs`` under a budget of ``frames`` can fill:
+        P phoneme ids + :meth:`frames_needed` + K + 2 (the separator, the begin step, the delays and
+        the end step)."""
+        return inputs["phoneme_ids"].shape[1] + self.frames_needed(inputs, frames) + self.target.num_codebooks + 2
 
     def draft_target(self) -> DelayPatternTarget:
         if self.draft_dir is None:

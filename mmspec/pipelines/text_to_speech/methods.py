@@ -89,14 +89,17 @@ class TTSMethod(Method):
     #: step is one code; None: ``draft_steps``
     single_stream_tokens: ClassVar[int | None] = None
 
+    #: whether the method drafts, so reads ``num_draft_tokens`` (False: plain decoding, which refuses it)
+    drafts: ClassVar[bool] = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.defaults = {"num_draft_tokens": None, **cls.rule_defaults}
+        cls.defaults = {**({"num_draft_tokens": None} if cls.drafts else {}), **cls.rule_defaults}
 
     @property
     def num_draft_tokens(self) -> int | None:
-        """The draft length asked for (None: the method's default)."""
-        return self.settings["num_draft_tokens"]
+        """The draft length asked for (None: the method's default, or a method that does not draft)."""
+        return self.settings.get("num_draft_tokens")
 
     @property
     def rule_settings(self) -> dict[str, Any]:
@@ -135,6 +138,7 @@ def make_method(spec: str, **settings: Any) -> TTSMethod:
 class AutoregressiveMethod(TTSMethod):
     name = "ar"
     description = "plain autoregressive decoding, a whole step per model forward (the baseline)"
+    drafts = False
 
     def build_drafter(self, components):
         return StepCompletionDrafter()

@@ -10,6 +10,7 @@ plain decoding's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,13 +18,39 @@ from typing import Any, Callable
 import torch
 
 from ...api import generate, generate_rows
+from ...core.batch import batch_stats
 from ...core.stats import DictAccess, SpecStats
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
-from .components import TTSComponents, _positive_number
+from .components import MAX_SPEED, TTSComponents, _positive_number, check_speed
 from .methods import METHODS, TTSMethod, make_method
 
-__all__ = ["METHODS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeline", "TextToSpeechStats"]
+__all__ = ["MAX_SPEED", "METHODS", "PAUSE_SECONDS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeline", "TextToSpeechStats"]
+
+
+#: silence between the pieces of a text said as several generations (its sentences)
+PAUSE_SECONDS = 0.3
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` -> its sentences: split where white space follows . ! ? or an ellipsis (or one of
+    them and a closing quote or bracket), and at line breaks; empty pieces dropped. "$49.99" and
+    "3/4/2025." stay whole (no space after the inner periods)."""
+    return [piece.strip() for piece in re.split(r"(?<=[.!?\u2026])\s+|(?<=[.!?\u2026][\"')\]])\s+|\n+", text)
+            if piece and piece.strip()]
+
+
+def split_clauses(sentence: str) -> list[str]:
+    """A sentence -> its clauses: split after , ; : followed by white space."""
+    return [piece.strip() for piece in re.split(r"(?<=[,;:])\s+", sentence) if piece and piece.strip()]
+
+
+def _summed(stats: list[SpecStats]) -> SpecStats:
+    """One generation's stats, or the sum of a split text's generations (their wall times and
+    target forwards added, tau over all their steps)."""
+    if len(stats) == 1:
+        return stats[0]
+    return batch_stats(stats, sum(s.wall_time_s for s in stats), sum(s.target_forwards for s in stats))
 
 
 @dataclass
@@ -61,7 +88,9 @@ class TextToSpeechStats(DictAccess):
 @dataclass
 class TextToSpeechOutput(DictAccess):
     """audio: float32 [1, samples]; sampling_rate; codes [K, F]; stats; baseline_audio (with
-    ``compare_baseline``)."""
+    ``compare_baseline``); pieces: the texts said as separate generations (the text itself, or
+    its sentences / clauses where it did not fit the context at once: their codes back to back,
+    their audio joined by :data:`PAUSE_SECONDS` of silence)."""
 
     text: str
     audio: torch.Tensor
@@ -70,6 +99,7 @@ class TextToSpeechOutput(DictAccess):
     stats: TextToSpeechStats
     baseline_audio: torch.Tensor | None = None
     baseline_codes: torch.Tensor | None = None
+    pieces: list[str] = field(default_factory=list)
 
 
 @register_pipeline
@@ -142,77 +172,138 @@ class TextToSpeechPipeline(Pipeline):
         """Say ``text``, or each text of a list (one output per text, in order). Sampling is the
         default, as codec LMs are used, at the model's temperature (``temperature=None``: its
         tts.json's, 0.7 for the embedded voice, as Bark samples; else 1). ``speed`` scales an aligned model's
-        speaking rate (2.0: twice as fast). ``method`` (a TTSMethod or a spec) overrides the
+        speaking rate (2.0: twice as fast; at most :data:`~.components.MAX_SPEED`). ``method`` (a TTSMethod or a spec) overrides the
         pipeline's for this call (the benchmark runs every method on one model). ``progress`` is
         called with the steps (frames, roughly) generated so far by the method's run (batch size
         1); True shows a terminal bar of frames.
 
-        ``batch_size``: texts of a list decoded together (:mod:`mmspec.core.batch`), each one
-        verified as its own generation: the codes of the text said alone with the same ``seed``
-        (every text gets it). A row's ``stats.wall_time_s`` runs from its batch's start until it
-        finished; with ``compare_baseline``, plain decoding runs the same batches.
+        ``max_seconds`` caps each generation's audio. A text whose phoneme ids and audio frames do
+        not fit the codec LM's context together (an aligned voice's frames are its predicted
+        durations' total, known before decoding, when under the cap; an unaligned voice's, the cap)
+        is said as separate generations: its sentences, and a sentence that does not fit alone, its
+        clauses (split after , ; :), each with ``seed``; their audio is joined with a
+        :data:`PAUSE_SECONDS` pause (``output.pieces`` lists them). A clause that does not fit alone
+        is refused before anything is decoded.
+
+        ``batch_size``: generations (texts, or the pieces of a split text) decoded together
+        (:mod:`mmspec.core.batch`), each verified as its own generation: the codes of the text said
+        alone with the same ``seed`` (every text gets it), bitwise; on a CPU with the C kernels in
+        bf16 too (each batch row is computed alone by the few-row kernels and the batch-invariant
+        attention; not where a row's draft is wider than the kernels' rows, nor on CUDA). A row's
+        ``stats.wall_time_s`` runs from its batch's start until it finished; with
+        ``compare_baseline``, plain decoding runs the same batches.
 
         Raises:
-            ValueError: empty text, text the front end cannot say, a bad max_seconds, speed or batch_size.
+            ValueError: empty text, text the front end cannot say, a sentence too long for the
+                context even alone, a bad max_seconds, speed or batch_size.
         """
         method = self.make_method(method) if method is not None else self.method
-        for name, value in (("max_seconds", max_seconds), ("speed", speed)):
-            if not _positive_number(value):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if not _positive_number(max_seconds):
+            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
+        check_speed(speed)
         self.check_batch_size(batch_size)
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
         frames = int(max_seconds * c.codec.frame_rate)
-        inputs = [c.model_inputs(t, speed) for t in texts]  # every text checked before decoding
-        for ids in (i["phoneme_ids"] for i in inputs):
-            if ids.shape[1] + frames + c.target.num_codebooks + 2 > c.target.model.config.max_positions:
-                raise ValueError(f"text + {max_seconds} s exceed the model's {c.target.model.config.max_positions} "
-                                 "positions; say a shorter sentence or lower max_seconds")
+        # every text checked and split before decoding: (text index, piece, its inputs)
+        pieces = [(index, piece, inputs) for index, t in enumerate(texts) for piece, inputs in self._pieces(t, speed, frames)]
         budget = c.target.stream_length(frames) + 1
         temperature = c.temperature if temperature is None else temperature
         sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-        results = []
+        runs: list[tuple[torch.Tensor, SpecStats]] = []
+        baselines: list[tuple[torch.Tensor, SpecStats] | None] = []
         plain = self.make_method("ar")
-        report, close = self.progress_reporter(progress, frames, "frame")
+        report, close = self.progress_reporter(progress, sum(c.frames_needed(i, frames) for _, _, i in pieces), "frame")
+        done = 0
         try:
-            for first, chunk in self.chunks(inputs, batch_size):
-                runs, baseline = self.with_baseline(
-                    lambda: self._generate(method, chunk, budget, seed, sampling, report),
+            for _, chunk in self.chunks([inputs for _, _, inputs in pieces], batch_size):
+                shifted = None if report is None else (lambda steps, before=done: report(before + steps))
+                method_runs, baseline = self.with_baseline(
+                    lambda: self._generate(method, chunk, budget, seed, sampling, shifted),
                     (lambda: self._generate(plain, chunk, budget, seed, sampling)) if compare_baseline else None,
                     warm_up=lambda: self._generate(plain, chunk[:1], min(budget, 8 * c.target.num_codebooks), seed, sampling),
                     key=plain.name)
-                for row, (tokens, stats) in enumerate(runs):
-                    results.append(self._output(method, texts[first + row], chunk[row], tokens, stats,
-                                                baseline and baseline[row], sampling))
+                runs.extend(method_runs)
+                baselines.extend(baseline if baseline is not None else [None] * len(chunk))
+                done += sum(c.frames_needed(inputs, frames) for inputs in chunk)
         finally:
             close()
+        results = []
+        for index, t in enumerate(texts):
+            mine = [p for p, (owner, _, _) in enumerate(pieces) if owner == index]
+            results.append(self._output(method, t, [pieces[p][1] for p in mine], [pieces[p][2] for p in mine],
+                                        [runs[p] for p in mine], [baselines[p] for p in mine], sampling))
         return results[0] if isinstance(text, str) else results
 
-    def _output(self, method: TTSMethod, text: str, inputs: dict[str, torch.Tensor], tokens: torch.Tensor, s: SpecStats,
-                baseline: tuple[torch.Tensor, SpecStats] | None, sampling: dict) -> TextToSpeechOutput:
-        """One generation (of ``inputs``)'s stream -> codes, waveform and stats (and the
-        baseline's); ``sampling`` (do_sample, temperature, top_k, top_p as used) goes into the
-        stats' config."""
+    def _pieces(self, text: str, speed: float, frames: int) -> list[tuple[str, dict[str, torch.Tensor]]]:
+        """``text`` as the generations that say it, each (its text, its inputs) fitting the codec
+        LM's context under a budget of ``frames``: the whole text where it fits, else its
+        sentences, and a sentence that does not fit alone, its clauses. Raises ValueError (one
+        line) for a clause that does not fit alone."""
         c = self.components
-        codes, nar_s = c.all_codes(tokens, inputs)
-        seconds = codes.shape[1] / c.codec.frame_rate
+        whole = c.model_inputs(text, speed)
+        if c.positions_needed(whole, frames) <= c.max_positions:
+            return [(text, whole)]
+        pieces = []
+        for sentence in split_sentences(text):
+            inputs = c.model_inputs(sentence, speed)
+            if c.positions_needed(inputs, frames) <= c.max_positions:
+                pieces.append((sentence, inputs))
+                continue
+            for clause in split_clauses(sentence):
+                inputs = c.model_inputs(clause, speed)
+                needed = c.positions_needed(inputs, frames)
+                if needed > c.max_positions:
+                    shown = clause if len(clause) <= 60 else clause[:57] + "..."
+                    hint = ("say it faster (speed) or lower max_seconds" if "durations" in inputs
+                            else "lower max_seconds")
+                    raise ValueError(f"{shown!r} is too long for the model's {c.max_positions} positions even alone "
+                                     f"({inputs['phoneme_ids'].shape[1]} phoneme ids + {c.frames_needed(inputs, frames)} "
+                                     f"audio frames); shorten it or split it into sentences, or {hint}")
+                pieces.append((clause, inputs))
+        return pieces
+
+    def _output(self, method: TTSMethod, text: str, pieces: list[str], inputs: list[dict[str, torch.Tensor]],
+                runs: list[tuple[torch.Tensor, SpecStats]], baselines: list[tuple[torch.Tensor, SpecStats] | None],
+                sampling: dict) -> TextToSpeechOutput:
+        """One text's generations (one per piece: ``inputs[i]`` gave ``runs[i]``, the new stream
+        and its stats, and ``baselines[i]``) -> codes, waveform and stats (and the baseline's).
+        Several pieces: codes back to back [K, sum F_i], their waveforms joined by a
+        :data:`PAUSE_SECONDS` silence, stats summed (:func:`~mmspec.core.batch.batch_stats`).
+        ``sampling`` (do_sample, temperature, top_k, top_p as used) goes into the stats' config."""
+        c = self.components
+        codes, nar_s = zip(*(c.all_codes(tokens, i) for (tokens, _), i in zip(runs, inputs)))
+        audio = self._join([c.waveform(piece) for piece in codes])
+        generation = _summed([s for _, s in runs])
         used = {name: value for name, value in sampling.items() if value is not None}
-        wall = s.wall_time_s + nar_s
-        config = {**method.describe(), **s.config, **used, **self.run_config()}
-        stats = TextToSpeechStats(method=method.name, config=config,
-                                  frames=codes.shape[1], seconds=seconds, target_forwards=s.target_forwards,
-                                  tau=s.mean_accepted_length, wall_time_s=wall, nar_time_s=nar_s,
-                                  real_time_factor=wall / max(seconds, 1e-9), generation=s.to_dict())
-        result = TextToSpeechOutput(text=text, audio=c.waveform(codes), sampling_rate=self.sampling_rate, codes=codes,
-                                    stats=stats)
-        if baseline is not None:
-            result.baseline_codes, baseline_nar_s = c.all_codes(baseline[0], inputs)
-            stats.baseline_wall_time_s = baseline[1].wall_time_s + baseline_nar_s
+        wall = generation.wall_time_s + sum(nar_s)
+        seconds = audio.shape[-1] / self.sampling_rate if len(runs) > 1 else codes[0].shape[1] / c.codec.frame_rate
+        config = {**method.describe(), **generation.config, **used, **self.run_config()}
+        stats = TextToSpeechStats(method=method.name, config=config, frames=sum(piece.shape[1] for piece in codes),
+                                  seconds=seconds, target_forwards=generation.target_forwards,
+                                  tau=generation.mean_accepted_length, wall_time_s=wall, nar_time_s=sum(nar_s),
+                                  real_time_factor=wall / max(seconds, 1e-9), generation=generation.to_dict())
+        result = TextToSpeechOutput(text=text, audio=audio, sampling_rate=self.sampling_rate, codes=torch.cat(codes, dim=1),
+                                    stats=stats, pieces=list(pieces))
+        if baselines[0] is not None:
+            base_codes, base_nar_s = zip(*(c.all_codes(tokens, i) for (tokens, _), i in zip(baselines, inputs)))
+            result.baseline_codes = torch.cat(base_codes, dim=1)
+            stats.baseline_wall_time_s = _summed([s for _, s in baselines]).wall_time_s + sum(base_nar_s)
             stats.speedup = stats.baseline_wall_time_s / wall
-            result.baseline_audio = c.waveform(result.baseline_codes)
+            result.baseline_audio = self._join([c.waveform(piece) for piece in base_codes])
         return result
+
+    def _join(self, waveforms: list[torch.Tensor]) -> torch.Tensor:
+        """Waveforms [channels, samples_i] -> one, a :data:`PAUSE_SECONDS` silence between each two."""
+        if len(waveforms) == 1:
+            return waveforms[0]
+        pause = waveforms[0].new_zeros(waveforms[0].shape[0], round(PAUSE_SECONDS * self.sampling_rate))
+        joined = [waveforms[0]]
+        for waveform in waveforms[1:]:
+            joined += [pause, waveform]
+        return torch.cat(joined, dim=-1)
 
     def run_config(self) -> dict[str, Any]:
         """The linears' kernel and the codec LMs' dtype (every result's stats.config)."""

@@ -1,0 +1,190 @@
+"""The commands' output files (mmspec.cli.output) and their exit codes (issue 44): a file that cannot
+be opened or written is one line naming it, exit 2, with no partial file left; Ctrl-C is one line
+saying what was saved and how to resume, exit 130."""
+
+import json
+import shlex
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mmspec
+from mmspec.adapters.audio.codec import write_wav
+from mmspec.cli import build_parser, interrupted_note, main
+from mmspec.cli.output import OutputError, OutputFiles
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+def test_files_are_written_together_or_not_at_all(tmp_path):
+    (tmp_path / "a.txt").write_text("old")
+    with OutputFiles() as out:
+        out.write_text(tmp_path / "a.txt", "new")
+        out.write_json(tmp_path / "sub" / "b.json", {"x": 1})  # missing folders are made
+        assert (tmp_path / "a.txt").read_text() == "old"  # nothing in place before the block ends
+    assert (tmp_path / "a.txt").read_text() == "new" and json.loads((tmp_path / "sub" / "b.json").read_text()) == {"x": 1}
+
+    def fails(path):
+        path.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputError, match=f"^cannot write {tmp_path / 'c.txt'}: No space left on device$"):
+        with OutputFiles() as out:
+            out.write_text(tmp_path / "a.txt", "newer")
+            out.write(tmp_path / "c.txt", fails)
+    assert (tmp_path / "a.txt").read_text() == "new" and not (tmp_path / "c.txt").exists() and not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupt_or_a_failed_run_leaves_no_partial_file(tmp_path, error):
+    with pytest.raises(error):
+        with OutputFiles() as out:
+            out.write_text(tmp_path / "x.txt", "done")
+            raise error()
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_line_names_the_path_not_the_temporary_file(tmp_path):
+    """/proc takes no new files, yet os.access says it is writable to root: soundfile raised a raw
+    LibsndfileError; the writer's line names the path asked for."""
+    with pytest.raises(OutputError) as caught:
+        with OutputFiles() as out:
+            out.write("/proc/x.wav", lambda path: write_wav(path, torch.zeros(1, 100), 8000))
+    assert str(caught.value).startswith("cannot write /proc/x.wav: ") and ".partial-" not in str(caught.value)
+    with pytest.raises(OutputError, match="it is not a regular file"):
+        OutputFiles().write("/dev/null", lambda path: None)
+    with pytest.raises(OutputError, match="it is a directory"):
+        OutputFiles().write(tmp_path, lambda path: None)
+
+
+class FakeSpeech:
+    """A text-to-speech pipeline stand-in: one second of noise, as the real one returns it."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, text, **kwargs):
+        audio = torch.randn(1, 24000, generator=torch.Generator().manual_seed(0)) * 0.1
+        stats = SimpleNamespace(to_dict=lambda: {"method": "ar"}, speedup=None, seconds=1.0, wall_time_s=0.5,
+                                real_time_factor=0.5, tau=1.0)
+        return SimpleNamespace(audio=audio, sampling_rate=24000, baseline_audio=None, baseline_codes=None, stats=stats)
+
+
+def test_tts_writes_its_files_together_or_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mmspec, "pipeline", FakeSpeech)
+    assert main(["tts", "Hello there.", "--out", str(tmp_path / "ok.wav")]) == 0
+    assert (tmp_path / "ok.wav").stat().st_size > 1000 and (tmp_path / "ok.png").is_file()
+    (tmp_path / "x.png").mkdir()  # the spectrogram cannot be written: the WAV must not be left either
+    assert main(["tts", "Hello there.", "--out", str(tmp_path / "x.wav")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mmspec: error: cannot write {tmp_path / 'x.png'}: it is a directory; give a file name\n"
+    assert not (tmp_path / "x.wav").exists() and not leftovers(tmp_path)
+
+
+def test_a_write_that_fails_after_the_check_is_one_line(tmp_path, monkeypatch, capsys):
+    """As root, a check can pass where the write fails: the writer still gives one line, exit 2."""
+    import mmspec.cli.args
+
+    monkeypatch.setattr(mmspec, "pipeline", FakeSpeech)
+    monkeypatch.setattr(mmspec.cli.args, "check_output_path", lambda *args: None)
+    assert main(["tts", "Hello there.", "--out", "/proc/x.wav"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mmspec: error: cannot write /proc/x.wav: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed a KeyboardInterrupt traceback; now one line and exit 130."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((8, 8, 3), 50 * i, dtype=np.uint8)).save(images / f"{i}.png")
+
+    class Captioner:  # captions two images, then the user presses Ctrl-C
+        chosen_drafter, drafter_reason, dtype, device, optimization = "ar", "given", torch.float32, "cpu", None
+
+        def __init__(self, **kwargs):
+            self.calls = 0
+
+        def __call__(self, path, **options):
+            self.calls += 1
+            if self.calls > 2:
+                raise KeyboardInterrupt
+            stats = SimpleNamespace(new_tokens=3, wall_time_s=0.1, speedup=None)
+            return SimpleNamespace(stats=stats, to_dict=lambda: {"text": "a square", "stats": {}})
+
+    import mmspec.cli.caption
+
+    monkeypatch.setattr(mmspec.cli.caption, "ImageCaptioningPipeline", Captioner)
+    out = tmp_path / "captions.jsonl"
+    argv = ["caption", str(images), "--out", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"mmspec: interrupted; 2 finished rows are saved in {out}; rerun the same command to resume: "
+                       f"mmspec {shlex.join(argv)}")
+    assert "Traceback" not in "\n".join(err) and len(out.read_text().splitlines()) == 2
+
+    import mmspec.cli.generate
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmspec.cli.generate, "load_causal_lm", pressed)
+    assert main(["generate", "hi"]) == 130
+    assert capsys.readouterr().err == "mmspec: interrupted; nothing was saved\n"
+
+
+@pytest.mark.parametrize("argv,note", [
+    (["tts", "Hi."], "nothing was saved (the files are written once the audio is done)"),
+    (["generate", "hi"], "nothing was saved"),
+    (["t2i", "a red circle"], "nothing was saved (the images are written once they are all drawn)"),
+    (["t2i", "--prompts", "p.txt", "--out", "OUT"],
+     "0 finished rows are saved in OUT/results.jsonl; rerun the same command to resume: mmspec t2i --prompts p.txt --out OUT"),
+    (["bench", "tts", "--results", "r.json"],
+     "the measurements finished so far are saved in r.json; rerun the same command to resume: mmspec bench tts --results r.json"),
+    (["train", "tts", "--out", "OUT", "--save-every", "50"],
+     "the last checkpoint (one every 50 steps) and the data made so far are kept in OUT; rerun the same command to "
+     "resume: mmspec train tts --out OUT --save-every 50"),
+])
+def test_every_command_says_what_ctrl_c_leaves(argv, note, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert interrupted_note(build_parser().parse_args(argv), argv) == note
+
+
+def test_t2i_prompt_rows_follow_the_same_exit_rule(tmp_path, monkeypatch, capsys):
+    """mmspec t2i --prompts: a prompt the pipeline refuses is an error row, the others are drawn,
+    exit 2 with the summary line; --retry-errors redoes only that row."""
+    refused = {"a blue star"}
+    drawn = []
+
+    def pipeline(*args, **kwargs):
+        def call(prompts, **options):
+            if refused & set(prompts):
+                raise ValueError("the pipeline refuses this prompt")
+            drawn.extend(prompts)
+            stats = SimpleNamespace(tokens=16, wall_time_s=0.1, speedup=None, to_dict=lambda: {"tokens": 16})
+            return [SimpleNamespace(images=[Image.new("RGB", (8, 8), "red")], stats=stats) for _ in prompts]
+        return call
+
+    monkeypatch.setattr(mmspec, "pipeline", pipeline)
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "out"
+    prompts.write_text("a red circle\na blue star\na green square\n")
+    argv = ["t2i", "--prompts", str(prompts), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "mmspec: error: prompt 2: the pipeline refuses this prompt" in err
+    assert err.splitlines()[-1] == (f"mmspec: 1 of 3 rows failed; see their error field in {out / 'results.jsonl'}; "
+                                    "rerun with --retry-errors to redo only them")
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert ["error" in r for r in rows] == [False, True, False] and (out / "000002-0.png").is_file()
+    refused.clear()
+    drawn.clear()
+    assert main(argv) == 2 and drawn == []  # a resume keeps the failed row
+    assert main([*argv, "--retry-errors"]) == 0 and drawn == ["a blue star"]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["000000", "000001", "000002"] and not any("error" in r for r in rows)
+    assert not leftovers(out)

@@ -1,0 +1,329 @@
+"""Hybrid recurrent targets: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet + full attention), LFM2,
+LFM2-MoE and LFM2-VL (short convolutions + full attention), tiny random configs built here, fp32,
+one thread.
+
+Ladder levels 2 (sampled distribution), 4 (greedy == transformers' generate with every chain
+drafter), 5 (self draft accepts everything) and 6 (rollback to every accepted length == a fresh
+prefill of that prefix, every layer's state compared), plus the refusals (trees, batches) and the
+bound on what the state history holds.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (Lfm2Config, Lfm2ForCausalLM, Lfm2VlConfig, Lfm2VlForConditionalGeneration, Qwen3_5ForCausalLM,
+                          Qwen3_5TextConfig)
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget
+from mmspec.api import generate_rows
+from mmspec.adapters.recurrent import RecurrentLayer, held_bytes
+from mmspec.core.cache import PreallocatedLayer, crop_cache
+from mmspec.drafters import ModelDrafter
+
+K = 4
+MAX_NEW = 1 + 3 * (K + 1)
+IMAGE_TOKEN = 60
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The depthwise convolutions of these models wait on OpenMP barriers that cost tens of ms on a
+    shared 2-core machine; one thread keeps the file fast (and results do not depend on it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _finish(model, seed):
+    """Sharper, more varied next-token distributions than a random init gives (so drafts are both
+    accepted and rejected), no EOS."""
+    torch.manual_seed(seed + 100)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.copy_(torch.randn_like(head) * 0.5)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def tiny_qwen3_5(seed=0, vocab=64, layers=8):
+    """Qwen3.5's layout: every 4th layer full attention, the others Gated DeltaNet (2 layers: one of each)."""
+    torch.manual_seed(seed)
+    types = ["linear_attention", "full_attention"] if layers == 2 else None
+    config = Qwen3_5TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, layer_types=types,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_key_head_dim=8,
+                               linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                               max_position_embeddings=128, tie_word_embeddings=False,
+                               initializer_range=0.1)  # (at the default 0.02 a wrong recurrent state rarely moves an argmax)
+    return _finish(Qwen3_5ForCausalLM(config), seed)
+
+
+def tiny_qwen3_5_moe(seed=0, vocab=64):
+    """Qwen3.5-MoE's text model: the same Gated DeltaNet / attention layout, sparse MLPs."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5MoeTextConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=8, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                                  linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                                  max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.1)
+    return _finish(Qwen3_5MoeForCausalLM(config), seed)
+
+
+def tiny_lfm2_moe(seed=0, vocab=64):
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    text = {k: v for k, v in _lfm2_text(vocab).items() if k != "full_attn_idxs"}
+    config = Lfm2MoeConfig(**text, moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                           layer_types=["conv", "full_attention", "conv", "full_attention"])
+    return _finish(Lfm2MoeForCausalLM(config), seed)
+
+
+def _lfm2_text(vocab):
+    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, full_attn_idxs=[1, 3], max_position_embeddings=128, tie_word_embeddings=False,
+                initializer_range=0.3)  # (the default init repeats one token after a few)
+
+
+def tiny_lfm2(seed=0, vocab=64):
+    torch.manual_seed(seed)
+    return _finish(Lfm2ForCausalLM(Lfm2Config(**_lfm2_text(vocab))), seed)
+
+
+def tiny_lfm2_vl(seed=0):
+    torch.manual_seed(seed)
+    config = Lfm2VlConfig(
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, patch_size=4, num_patches=16, num_channels=3),
+        text_config=dict(model_type="lfm2", **_lfm2_text(64)), image_token_id=IMAGE_TOKEN, projector_hidden_size=32,
+        downsample_factor=2, tie_word_embeddings=False)
+    return _finish(Lfm2VlForConditionalGeneration(config), seed)
+
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+
+
+def inputs_of(family, prompt=PROMPT):
+    ids = torch.tensor([prompt])
+    if family != "lfm2_vl":
+        return {"input_ids": ids}
+    image = torch.full((1, 4), IMAGE_TOKEN)  # a 4x4-patch image, 2x2-downsampled: 4 image tokens
+    gen = torch.Generator().manual_seed(3)
+    return {"input_ids": torch.cat([ids[:, :2], image, ids[:, 2:]], dim=1), "pixel_values": torch.randn(1, 16, 48, generator=gen),
+            "spatial_shapes": torch.tensor([[4, 4]]), "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool)}
+
+
+BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "lfm2": tiny_lfm2, "lfm2_moe": tiny_lfm2_moe,
+         "lfm2_vl": tiny_lfm2_vl}
+#: past the first full-attention layer (layer-skip needs one)
+SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
+
+
+@pytest.fixture(scope="module", params=list(BUILD))
+def case(request):
+    family = request.param
+    model = BUILD[family](0)
+    inputs = inputs_of(family)
+    with torch.inference_mode():
+        reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    return family, model, inputs, reference
+
+
+def drafters(family, model):
+    draft = BUILD[family](1)  # another random model of the family: a draft that is often rejected
+    from mmspec.adapters.hf import text_decoder
+    from mmspec.drafters import EagleDrafter, KangarooDrafter
+    from mmspec.modeling.heads import EagleHead, KangarooAdapter
+
+    specs = {"ar": None, "prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
+             "draft model": ModelDrafter(draft, num_draft_tokens=K), "same model": ModelDrafter(model, num_draft_tokens=K)}
+    if family == "qwen3_5":  # (LFM2's decoder names its final norm differently: the feature drafters do not run on it yet)
+        torch.manual_seed(3)
+        config = text_decoder(model).config  # a head is one attention layer of the family (random weights here)
+        specs["eagle"] = EagleDrafter(model, EagleHead(config).eval(), num_draft_tokens=K)
+        specs["kangaroo"] = KangarooDrafter(model, KangarooAdapter(config).eval(), exit_layer=SKIP_LAYERS[family],
+                                            num_draft_tokens=K, stop_threshold=0.0)
+    return specs
+
+
+def test_greedy_identical_to_transformers_with_every_chain_drafter(case):
+    family, model, inputs, reference = case
+    assert len(set(reference[0, -MAX_NEW:].tolist())) > 3  # not a degenerate repetition
+    partial = 0
+    for name, drafter in drafters(family, model).items():
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
+        assert torch.equal(out.sequences, reference), name
+        partial += 0 < out.stats.accepted < out.stats.drafted
+    assert partial  # some verification was cut inside its chain: a rollback replayed the recurrent state
+
+
+def test_self_draft_accepts_everything(case):
+    family, model, inputs, reference = case
+    out = mmspec.generate(model, drafter=ModelDrafter(model, num_draft_tokens=K), max_new_tokens=MAX_NEW, **inputs)
+    assert torch.equal(out.sequences, reference)
+    assert out.stats.acceptance_rate == 1.0 and out.stats.mean_accepted_length == K + 1
+
+
+def _layer_states(cache):
+    """Every layer's state: (keys, values) of attention layers, (conv window, recurrent state) of recurrent ones."""
+    states = []
+    for layer in cache.layers:
+        if isinstance(layer, RecurrentLayer):
+            states.append((layer.conv_states[0], layer.recurrent_states[0]))
+        else:
+            assert isinstance(layer, PreallocatedLayer)
+            states.append((layer.keys, layer.values))
+    return states
+
+
+def test_rollback_to_every_accepted_length_equals_a_fresh_prefill(case):
+    """Verify a chain of K + 1 tokens, roll back to every length the loop can keep (0 .. K + 1 of
+    them), and compare every layer's state and the next forward's logits with a prefill of that prefix."""
+    family, model, inputs, _ = case
+    target = TransformersTarget(model)
+    chain = torch.tensor([[11, 3, 17, 4, 29]])
+    follow = torch.tensor([[8, 2]])
+    with torch.inference_mode():
+        for kept in range(K + 2):
+            state, _ = target.prefill(inputs)
+            prompt = state.cache_length
+            target.forward(state, chain)
+            crop_cache(state.cache, prompt + kept)
+            fresh, _ = target.prefill({**inputs, "input_ids": torch.cat([inputs["input_ids"], chain[:, :kept]], dim=1)})
+            assert state.cache_length == fresh.cache_length == prompt + kept
+            for i, (ours, theirs) in enumerate(zip(_layer_states(state.cache), _layer_states(fresh.cache))):
+                for a, b in zip(ours, theirs):
+                    assert (a is None) == (b is None), (kept, i)
+                    if a is not None:
+                        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-4), (kept, i)
+            assert held_bytes(state.cache) == 0  # the crop settled: nothing kept for rollback
+            ours, theirs = target.forward(state, follow).logits, target.forward(fresh, follow).logits
+            assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4), kept
+
+
+def test_rollback_reaches_only_the_positions_since_the_last_commit():
+    target = TransformersTarget(tiny_qwen3_5())
+    with torch.inference_mode():
+        state, _ = target.prefill(inputs_of("qwen3_5"))
+        prompt = state.cache_length
+        target.forward(state, torch.tensor([[1, 2, 3]]))
+        crop_cache(state.cache, prompt + 2)  # commits prompt + 2
+        target.forward(state, torch.tensor([[4]]))
+        with pytest.raises(ValueError, match="rolls back only within the positions since its last commit"):
+            crop_cache(state.cache, prompt + 1)
+
+
+def test_state_history_memory_is_bounded():
+    """What rollback keeps alive: per Gated DeltaNet layer and forward since the last commit, its
+    start states (conv window [1, C, k] and S [1, H_v, d_k, d_v] fp32) and its inputs (conv inputs
+    [1, C, n], layer inputs [1, n, H]); per short-conv layer the window and the conv inputs. Nothing
+    after a commit (docs/hybrid.md)."""
+    model = tiny_qwen3_5()
+    target = TransformersTarget(model)
+    mixer = model.model.layers[0].linear_attn
+    c, k, hidden = mixer.conv_dim, mixer.conv_kernel_size, model.config.hidden_size
+    s = mixer.num_v_heads * mixer.head_k_dim * mixer.head_v_dim
+    linear = sum(t == "linear_attention" for t in model.config.layer_types)
+    n = K + 1
+    with torch.inference_mode():
+        state, _ = target.prefill(inputs_of("qwen3_5"))
+        crop_cache(state.cache, state.cache_length)  # the prompt committed
+        assert held_bytes(state.cache) == 0
+        target.forward(state, torch.arange(n)[None])
+        assert held_bytes(state.cache) == linear * 4 * (c * k + s + n * (c + hidden))
+        crop_cache(state.cache, state.cache_length - 2)
+        assert held_bytes(state.cache) == 0
+
+
+def test_trees_are_refused_in_one_line():
+    from mmspec.drafters import MedusaDrafter
+    from mmspec.modeling.heads import DraftHeads
+
+    model = tiny_qwen3_5()
+    heads = DraftHeads(model.config.hidden_size, num_heads=4, kind="medusa").eval()
+    with pytest.raises(ValueError, match="a token tree would need a state per branch. Use a chain drafter"):
+        mmspec.generate(model, drafter=MedusaDrafter(model, heads), max_new_tokens=4, **inputs_of("qwen3_5"))
+
+
+def test_batches_are_refused_in_one_line():
+    model = tiny_lfm2()
+    rows = [inputs_of("lfm2"), inputs_of("lfm2", PROMPT[:-2])]
+    with pytest.raises(ValueError, match="padding would decay its recurrent state.*use batch size 1"):
+        generate_rows(model, rows, max_new_tokens=4)
+
+
+VOCAB, NEW, RUNS = 8, 3, 400
+TEMPERATURE = 1.3
+
+
+def exact_marginals(model, prompt):
+    """Exact marginal distribution of each of the NEW generated tokens: every prefix of each depth
+    in one batched forward."""
+    from mmspec.core.sampling import SamplingConfig, logits_to_probs
+
+    cfg = SamplingConfig(do_sample=True, temperature=TEMPERATURE)
+    prefixes, mass, marginals = torch.zeros(1, 0, dtype=torch.long), torch.ones(1, dtype=torch.float64), []
+    with torch.inference_mode():
+        for _ in range(NEW):
+            ids = torch.cat([prompt.expand(prefixes.shape[0], -1), prefixes], dim=1)
+            probs = logits_to_probs(model(ids).logits[:, -1], cfg).double()  # [prefixes, V]
+            joint = mass[:, None] * probs
+            marginals.append(joint.sum(0))
+            prefixes = torch.cat([prefixes.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(prefixes.shape[0])[:, None]], dim=1)
+            mass = joint.flatten()
+    return marginals
+
+
+def test_speculative_sampling_keeps_the_target_distribution():
+    """Level 2: a 2-layer Qwen3.5 (one Gated DeltaNet layer) sampled with a random Llama draft, one
+    draft token a step: a rejected draft rolls the recurrent state back inside the verification
+    (a replay) before the third token is drawn. Each new token's frequencies against the target's
+    exact marginals (chi-square)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = tiny_qwen3_5(0, vocab=VOCAB, layers=2)
+    torch.manual_seed(1)
+    draft = _finish(LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)), 1)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]])
+    exact = exact_marginals(target, prompt)
+    counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
+    drafted = accepted = 0
+    drafter = ModelDrafter(draft, num_draft_tokens=1)
+    for seed in range(RUNS):
+        out = mmspec.generate(target, drafter=drafter, max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE, seed=seed,
+                              input_ids=prompt)
+        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+        for i, token in enumerate(out.sequences[0, prompt.shape[1]:].tolist()):
+            counts[i, token] += 1
+    assert 0.1 * drafted < accepted < 0.9 * drafted, (accepted, drafted)  # accepted and rejected drafts
+    for i in range(NEW):
+        result = chisquare(counts[i].numpy(), (exact[i] / exact[i].sum() * RUNS).numpy())
+        assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)
+
+
+def test_bench_cost_measures_the_rollback():
+    """`mmspec bench cost` on a hybrid target: the bare forward and the rollback to each kept length
+    are measured and tabled (tiny model, one repeat: the figures exist and are positive)."""
+    from mmspec.bench.cost import markdown_table, measure_recurrent
+
+    model = tiny_qwen3_5()
+    target = TransformersTarget(model)
+    costs = measure_recurrent(target, model, [1, 3], inputs_of("qwen3_5"), repeats=1)
+    assert set(costs["kept"]) == set(costs["bare"]) == {1, 3} and min([*costs["kept"].values(), *costs["bare"].values()]) > 0
+    assert costs["rollback"][1] == {} and set(costs["rollback"][3]) == {1, 2} and min(costs["rollback"][3].values()) > 0
+    results = {"meta": {"model": "tiny", "repeats": 1, "machine": {"dtype": "fp32", "threads": 1, "cpu": "x", "torch": "x"}},
+               "variants": {"plain": {"ms": {"1": 2.0, "3": 3.0}, "kept_ms": {"1": 2.0, "3": 3.0}, "bare_ms": {"1": 2.0, "3": 2.5},
+                                      "rollback_ms": {"1": {}, "3": {"1": 0.1, "2": 0.3}}}}}
+    table = markdown_table(results)
+    assert "| 3 | 3.00 | 2.50 | +20.0% | 1: 0.10, 2: 0.30 | 10.0% |" in table
+
+
+def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
+    """Qwen3.5's first three layers are Gated DeltaNet: a draft of them alone has no attention layer
+    to count the cached positions."""
+    with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*needs more than 3 layers"):
+        mmspec.generate(tiny_qwen3_5(), drafter="layer-skip:2", max_new_tokens=4, **inputs_of("qwen3_5"))
