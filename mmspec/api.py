@@ -69,6 +69,8 @@ def generate(
     num_draft_tokens: int | None = None,
     eos_token_id: int | list[int] | None = None,
     on_step: Callable[[int], None] | None = None,
+    on_tokens: Callable[[torch.Tensor], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
     **model_inputs: Any,
 ) -> GenerateOutput:
     """Generate with speculative decoding; output identical (greedy) or identically distributed
@@ -92,6 +94,10 @@ def generate(
         eos_token_id: stop token(s); default: the model's generation_config.eos_token_id.
         on_step: called after every verification step with the number of tokens generated so far
             (a progress bar; its time counts in the stats' wall time; batch size 1 only).
+        on_tokens: called with each verification step's committed tokens [1, m] (and the first
+            token), as they come (streaming; batch size 1 only).
+        cancelled: called before every step; True stops the generation there with the tokens so
+            far (``stats.config["cancelled"]``; batch size 1 only).
         **model_inputs: the prompt: input_ids [1, L] and, for VLMs, pixel_values and the other
             processor outputs -- inputs of the model's ``forward`` (anything else is refused).
             B > 1 prompts: input_ids [B, L] left-padded with their attention_mask [B, L], as
@@ -119,8 +125,9 @@ def generate(
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
-        if on_step is not None:
-            raise ValueError("on_step follows one sequence; for a batch, pass on_row_done to mmspec.api.generate_rows")
+        if on_step is not None or on_tokens is not None or cancelled is not None:
+            raise ValueError("on_step / on_tokens / cancelled follow one sequence; for a batch, pass on_row_done / "
+                             "on_tokens / cancelled to mmspec.api.generate_rows")
         return generate_rows(adapter, split_rows(model_inputs, adapter), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id,
@@ -141,6 +148,8 @@ def generate(
             acceptance=acceptance,
             rule_kwargs=rule_kwargs,
             on_step=on_step,
+            on_tokens=on_tokens,
+            cancelled=cancelled,
         )
     return GenerateOutput(sequences=state.tokens, stats=stats)
 
@@ -225,6 +234,9 @@ def generate_rows(
     eos_token_id: int | list[int] | None = None,
     on_row_done: Callable | None = None,
     padded_prompts: torch.Tensor | None = None,
+    on_tokens: Callable[[int, torch.Tensor], None] | None = None,
+    cancelled: Callable[[int], bool] | None = None,
+    admit: Callable[[], Sequence[dict[str, Any]]] | None = None,
 ) -> GenerateOutput:
     """Batched speculative decoding of B prompts (:func:`mmspec.core.batch.batched_decode`).
 
@@ -236,6 +248,12 @@ def generate_rows(
 
     Args:
         on_row_done: called with each row's :class:`~mmspec.core.batch.RowResult` as it finishes.
+        on_tokens: called with (row index, tokens [1, m]) as each row commits tokens (streaming).
+        cancelled: called with a row's index before every step; True takes the row out of the
+            batch (its tokens so far; ``row_stats[b].config["cancelled"]``), the others unchanged.
+        admit: called before every step; the prompts it returns (dicts as ``rows``) join the
+            running batch (continuous batching), each with its own drafter copy and a generator
+            seeded with ``seed`` (one int), indexed after every row so far. ``rows`` may then be empty.
         padded_prompts: the left-padded input_ids [B, L] the rows came from: ``sequences`` then
             keeps their layout ([B, L + max new]); without them, rows are left-padded to the longest.
     Returns:
@@ -246,8 +264,10 @@ def generate_rows(
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
         check_argument_types(generate, {"seed": one})  # an integer or None, one per row or one for all
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
-    if not rows:
+    if not rows and admit is None:
         raise ValueError("no prompts given")
+    if admit is not None and (padded_prompts is not None or not (seed is None or isinstance(seed, int))):
+        raise ValueError("admit takes one seed (an int or None) and no padded_prompts")
     for row in rows:
         check_target_inputs(adapter, row, max_new_tokens)
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -260,14 +280,27 @@ def generate_rows(
     if len(seeds) != len(rows):
         raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts; pass one seed, or one per prompt")
     generators = [make_generator(s, adapter.device) for s in seeds]
+
+    def joining() -> list[tuple[dict[str, Any], Any, torch.Generator]]:
+        """The prompts ``admit`` gives now, checked, each with its drafter copy and generator."""
+        new = list(admit())
+        for row in new:
+            check_target_inputs(adapter, row, max_new_tokens)
+        return [(row, None if resolved is None else row_drafter(copy.copy(resolved)), make_generator(seed, adapter.device))
+                for row in new]
+
     started = time.perf_counter()
     with eval_mode(adapter, drafter, resolved):
         results, forwards = batched_decode(adapter, rows, drafters, sampling, max_new_tokens, generators, eos,
-                                           acceptance=acceptance, rule_kwargs=rule_kwargs, on_row_done=on_row_done)
+                                           acceptance=acceptance, rule_kwargs=rule_kwargs, on_row_done=on_row_done,
+                                           on_tokens=on_tokens, cancelled=cancelled,
+                                           admit=None if admit is None else joining)
     wall = time.perf_counter() - started
+    if not results:
+        raise ValueError("no prompts given (admit gave none)")
     new = [r.tokens[0, r.prompt_length :] for r in results]
     if new[0].dim() == 2:  # continuous tokens [n, D] (no prompt tokens): zeros after a row's last
-        sequences = new[0].new_zeros(len(rows), max(len(n) for n in new), new[0].shape[1])
+        sequences = new[0].new_zeros(len(results), max(len(n) for n in new), new[0].shape[1])
         for b, tokens in enumerate(new):
             sequences[b, : len(tokens)] = tokens
     else:
@@ -276,7 +309,7 @@ def generate_rows(
         pad = int(pad if pad is not None else (eos[0] if eos else 0))
         prompts = padded_prompts if padded_prompts is not None else [r.tokens[0, : r.prompt_length] for r in results]
         width = max(len(prompt) for prompt in prompts)
-        sequences = torch.full((len(rows), width + max(len(n) for n in new)), pad, dtype=torch.long)
+        sequences = torch.full((len(results), width + max(len(n) for n in new)), pad, dtype=torch.long)
         for b, prompt in enumerate(prompts):
             sequences[b, width - len(prompt) : width] = prompt
             sequences[b, width : width + len(new[b])] = new[b]

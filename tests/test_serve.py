@@ -96,7 +96,15 @@ def test_health_and_models_without_socket(local):
     ({"model": "gpt-4o", "messages": []}, 404, "model", "model_not_found"),
     ({"messages": []}, 400, "model", "missing_field"),
     ({"model": "mmspec-caption", "messages": "hello"}, 400, "messages", "invalid_type"),
-    ({"model": "mmspec-caption", "messages": [{"role": "system", "content": "be brief"}]}, 400, "messages[0].role", "unsupported"),
+    ({"model": "mmspec-caption", "messages": [{"role": "tool", "content": "be brief"}]}, 400, "messages[0].role", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png") + [{"role": "assistant", "content": "A sign."}]},
+     400, "messages[1].role", "unsupported"),
+    ({"model": "mmspec-caption", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+     400, "messages", "image_count"),
+    ({"model": "mmspec-caption", "messages": [{"role": "assistant", "content": chat_messages(SAMPLES / "text.png")[0]["content"]},
+                                              *chat_messages(SAMPLES / "text.png")]}, 400, "messages[0].content[0]", "unsupported"),
+    ({"model": "mmspec-caption", "messages": [{"role": "user", "content": chat_messages(SAMPLES / "text.png")[0]["content"] * 9}]},
+     400, "messages", "image_count"),
     ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, 400, None, "remote_url_refused"),
     ({"model": "mmspec-caption", "messages": [{"role": "user", "content": [
@@ -155,8 +163,8 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
             {"type": "image_url", "image_url": {"url": url}}]}]}
 
     service = CaptionService(ServeConfig(tasks=("caption",), allow_local_files=True, local_files_root=str(SAMPLES)))
-    assert service.parse(request(str(SAMPLES / "photo.png"))).image.size[0] > 0
-    assert service.parse(request("file://" + str(SAMPLES / "text.png"))).image.mode == "RGB"
+    assert service.parse(request(str(SAMPLES / "photo.png"))).item.images[0].size[0] > 0
+    assert service.parse(request("file://" + str(SAMPLES / "text.png"))).item.images[0].mode == "RGB"
     outside = tmp_path / "a.png"
     Image.new("RGB", (8, 8)).save(outside)
     for url in (str(outside), str(SAMPLES / ".." / "README.md"), str(SAMPLES / "missing.png")):
@@ -208,19 +216,44 @@ def test_openai_chat_completion_with_stats(client):
     json.dumps(stats)
 
 
-def test_openai_chat_stream_equals_whole(client):
-    kwargs = dict(model="mmspec-caption", messages=chat_messages(SAMPLES / "scenes.png"), max_tokens=8, temperature=0)
-    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+def _stream(client, **kwargs) -> tuple[list[str], str | None, dict, object]:
+    """A chat completion streamed with the openai client: (content pieces, finish reason, mmspec stats, usage)."""
     pieces, finish, stats, usage = [], None, None, None
     for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
-            pieces.append(choice.delta.content or "")
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
             finish = choice.finish_reason or finish
         stats = (chunk.model_extra or {}).get("mmspec", stats)
-    assert "".join(pieces) == whole and finish == "length"
-    assert stats["tau"] >= 1.0 and usage.completion_tokens == 8
+    return pieces, finish, stats, usage
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 5}], ids=["greedy", "seeded"])
+def test_openai_chat_stream_equals_whole(client, sampling):
+    """Token-by-token streaming: the deltas are the verification steps' accepted text (at most one
+    per step and one for the first token), and they join to the whole answer of the same request."""
+    kwargs = dict(model="mmspec-caption", messages=chat_messages(SAMPLES / "scenes.png"), max_tokens=10, **sampling)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    pieces, finish, stats, usage = _stream(client, **kwargs)
+    assert "".join(pieces) == whole and finish in ("length", "stop")
+    assert 2 <= len(pieces) <= stats["stats"]["verify_steps"] + 1  # one delta per step, not one per word
+    assert stats["tau"] >= 1.0 and usage.completion_tokens == stats["stats"]["new_tokens"]
+
+
+def test_openai_multi_turn_multi_image_chat(client):
+    """System / user / assistant turns over two images go through the captioner's chat template:
+    answered, both images counted in the prompt, the same answer alone and streamed."""
+    first, second = (chat_messages(SAMPLES / name, question)[0]["content"]
+                     for name, question in (("charts.png", "What is this?"), ("counting.png", "And this one?")))
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": first},
+                {"role": "assistant", "content": "A chart."}, {"role": "user", "content": second}]
+    kwargs = dict(model="mmspec-caption", messages=messages, max_tokens=8, temperature=0)
+    both = client.chat.completions.create(**kwargs)
+    # one image and "Describe the image." make a 32-token prompt; here two images of 16 tokens, four turns
+    assert both.choices[0].message.content and both.usage.prompt_tokens > 32 + 16 + 20
+    assert "".join(_stream(client, **kwargs)[0]) == both.choices[0].message.content
 
 
 def test_openai_images_generate(client):
@@ -325,6 +358,37 @@ def test_bad_request_then_good_one(live):
     assert httpx.get(base + "/health").json()["status"] == "ok"
 
 
+def test_rows_join_a_running_batch_and_a_gone_stream_leaves_it(live):
+    """Continuous batching and cancellation: requests arriving while a batch decodes join it between
+    steps; a streaming client that hangs up after its first delta leaves the batch (its row is
+    cancelled); the other rows answer what they answer alone, and the server keeps serving."""
+    base = live[0]
+    health = lambda: httpx.get(base + "/health").json()["tasks"]["caption"]  # noqa: E731
+    body = lambda name: {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / name, "Describe it in detail."),  # noqa: E731
+                         "max_tokens": 48, "temperature": 0}  # 44-60 tokens for these images: several steps
+    names = ["photo.png", "charts.png", "scenes.png"]
+    alone = {name: post(base, "/v1/chat/completions", body(name)).json()["choices"][0]["message"]["content"] for name in names}
+    before = health()
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(post, base, "/v1/chat/completions", body(names[0]))
+        time.sleep(0.3)  # the first batch decodes now: the next ones join it
+        later = [pool.submit(post, base, "/v1/chat/completions", body(name)) for name in names[1:]]
+        time.sleep(0.2)
+        with httpx.stream("POST", base + "/v1/chat/completions", json={**body("counting.png"), "stream": True},
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as gone:
+            for line in gone.iter_lines():  # the role chunk, then the first delta: hang up
+                if '"content": "' in line and '"content": ""' not in line:
+                    break
+        answers = [f.result() for f in [first, *later]]
+    assert [a.json()["choices"][0]["message"]["content"] for a in answers] == [alone[n] for n in names]
+    deadline = time.time() + 20
+    while health()["cancelled"] == before["cancelled"]:
+        assert time.time() < deadline, "the hung-up stream's row was not cancelled"
+        time.sleep(0.1)
+    assert health()["joined"] > before["joined"]  # later requests joined a running batch
+    assert post(base, "/v1/chat/completions", body("text.png")).status_code == 200
+
+
 def test_request_of_a_client_gone_is_dropped(live):
     """A caption request whose client hung up while an earlier batch ran never reaches the pipeline."""
     base = live[0]
@@ -352,7 +416,7 @@ def test_request_of_a_client_gone_is_dropped(live):
 def test_batcher_gathers_by_key_refuses_when_full_and_drops_gone_clients():
     calls = []
 
-    def run_batch(key, items):
+    def run_batch(key, items, rows):
         calls.append((key, list(items)))
         time.sleep(0.05)
         return [ValueError("bad row") if item == "bad" else f"{key}:{item}" for item in items]
@@ -383,3 +447,30 @@ def test_batcher_gathers_by_key_refuses_when_full_and_drops_gone_clients():
 
     asyncio.run(scenario())
     assert [key for key, _ in calls[:3]] == ["a", "b", "a"] and calls[0][1] == [1, 3, 4] and calls[2][1] == [5]
+
+
+# -- streaming text and chats, without a model ---------------------------------------------------------
+
+def test_text_pieces_join_to_the_whole_text():
+    """Each step's text goes out as soon as it is final: trailing spaces and a cut character wait."""
+    from mmspec.pipelines.captioning import TextPieces
+
+    vocab = {1: " A", 2: " red", 3: " ", 4: "\ufffd", 5: "é", 6: " car."}  # 4 then 5: one character in two tokens
+    pieces = TextPieces(lambda tokens: "".join(vocab[t] for t in tokens).replace("\ufffdé", "é"))
+    sent = [pieces.push(step) for step in ([1], [2, 3], [4], [5, 6])]
+    assert sent == ["A", " red", "", " é car."]
+    assert pieces.finish("A red é car.") == "" and "".join(sent) == "A red é car."
+
+
+@pytest.mark.parametrize("messages, images, match", [
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], [], "image part"),
+    ([{"role": "user", "content": [{"type": "image"}]}, {"role": "assistant", "content": "x"}], ["img"], "last message"),
+    ([{"role": "tool", "content": "x"}], [], "role"),
+    ([{"role": "assistant", "content": [{"type": "image"}]}, {"role": "user", "content": "x"}], ["img"], "user messages"),
+    ([{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}], ["img"], "2 image part"),
+])
+def test_conversation_refuses_what_the_template_cannot_take(messages, images, match):
+    from mmspec.pipelines.captioning import Conversation
+
+    with pytest.raises(ValueError, match=match):
+        Conversation(messages, images)

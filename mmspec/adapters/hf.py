@@ -426,11 +426,40 @@ class TransformersTarget:
         return self.positions.split_items(self.model, rows, model_inputs)
 
     def prefill_rows(self, rows: list[dict[str, Any]], hidden_layer: int | None = None) -> tuple[BatchState, list[TargetOutput]]:
-        """Prefill B prompts (each as :meth:`prefill` takes it, sliding-window layers keeping every
-        position), one at a time, and stack their caches into one batch (:meth:`BatchState.stack`);
-        each row's TargetOutput."""
-        states, outputs = zip(*(self._prefill(inputs, hidden_layer, windows=False) for inputs in rows))
-        return BatchState.stack(states, self.device), list(outputs)
+        """Prefill B prompts (each as :meth:`prefill` takes it) into one batch; each row's
+        TargetOutput.
+
+        Where the prompt goes through the lean decoder (``lean_prefill``) and every prompt has one
+        length (a server's requests over one question and image size), the rows' embeddings
+        (:meth:`prompt_embeds`, each image encoded as at batch 1) run through the decoder as one
+        [B, L] forward: the same arithmetic per row as B batch-1 prefills (row-wise linears and
+        attention; tests/test_batch_join.py compares the caches and logits bit for bit in fp32),
+        with the weights read once. Otherwise one prompt at a time, caches stacked
+        (:meth:`BatchState.prefill`)."""
+        if self.lean_prefill is None and rows:  # the first prefill over this model decides the path
+            state, out = self._prefill(rows[0], hidden_layer, windows=False)
+            rest, outputs = self.prefill_rows(rows[1:], hidden_layer) if len(rows) > 1 else (None, [])
+            first = BatchState.stack([state], self.device)
+            if rest is not None:
+                first.join(rest)
+            first.ids = list(range(first.size))
+            return first, [out, *outputs]
+        ids = [self.check_inputs(r).to(self.device) for r in rows]
+        if not (self.lean_prefill and len(rows) > 1 and len({i.shape[1] for i in ids}) == 1):
+            states, outputs = zip(*(self._prefill(inputs, hidden_layer, windows=False) for inputs in rows))
+            return BatchState.stack(states, self.device), list(outputs)
+        inputs = [{k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
+        embeds = torch.cat([self.prompt_embeds(i, r) for i, r in zip(ids, inputs)])  # [B, L, H]
+        cache = make_cache(self.model.config)
+        hidden, kept = lean_states(self.lean_decoder, embeds, cache, hidden_layer=hidden_layer)
+        head = self.model.get_output_embeddings()
+        # the LM head row by row: one row is a matrix-vector product, as at batch 1 (a [B, H] product
+        # may round differently)
+        logits = torch.cat([head(hidden[b : b + 1, -1:]) for b in range(len(rows))])  # [B, 1, V]
+        states = [SequenceState(i.long(), None, prompt_length=i.shape[1]) for i in ids]
+        valid = torch.ones(len(rows), ids[0].shape[1], dtype=torch.bool, device=self.device)
+        outputs = [TargetOutput(logits[b : b + 1], None if kept is None else kept[b : b + 1]) for b in range(len(rows))]
+        return BatchState(states, cache, valid), outputs
 
     def forward_rows(self, state: BatchState, tokens: torch.Tensor, hidden_layer: int | None = None) -> TargetOutput:
         """Append ``tokens`` [B, n] to every row of a batch; logits [B, n, V] (hidden [B, n, H]).

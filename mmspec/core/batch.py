@@ -21,6 +21,12 @@ sampled draw sits on a rounding-level difference, a row can part from batch 1
 
 Prompts are prefilled one row at a time (the batch-1 prefill; images of different sizes need no
 padding) and their caches stacked, left-padded.
+
+Rows also join and leave between steps (continuous batching, what a server needs): ``admit``
+hands over new prompts, which are prefilled and joined to the running batch
+(:meth:`BatchState.join`); ``cancelled`` takes a row out before the next step, as a row that
+stopped leaves. Neither changes what the other rows compute: a row's tokens depend on its own
+prompt, drafter and generator only. ``on_tokens`` sees each row's committed tokens as they come.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from .cache import SequenceState, batch_layers, crop_cache, stack_caches
+from .cache import PreallocatedLayer, SequenceState, batch_layers, crop_cache, stack_caches
 from .draft import Draft
 from .drafter import DraftContext, Drafter
 from .rules import resolve_rule
@@ -164,6 +170,33 @@ class BatchState:
         self.ids = [self.ids[i] for i in positions]
         self._squeeze()
 
+    def join(self, other: "BatchState") -> None:
+        """Append the rows of ``other`` (a batch just prefilled, same target) after this batch's:
+        both caches are left-padded to the wider one, the padding invalid, so every row keeps its
+        entries, positions and mask; ``other.ids`` come along as they are."""
+        if other.rows_per_item != self.rows_per_item:
+            raise ValueError(f"cannot join a batch of {other.rows_per_item} cache rows per item to one of {self.rows_per_item}")
+        if not self.size:
+            self.rows, self.cache, self.valid, self.ids = list(other.rows), other.cache, other.valid, list(other.ids)
+            return
+        mine, theirs = self.valid.shape[1], other.valid.shape[1]
+        width = max(mine, theirs)
+        layers = []
+        for a, b in zip(batch_layers(self.cache), batch_layers(other.cache)):
+            parts = []
+            for tensors in ((a.keys, b.keys), (a.values, b.values)):
+                joined = tensors[0].new_zeros((tensors[0].shape[0] + tensors[1].shape[0], *tensors[0].shape[1:-2], width,
+                                               tensors[0].shape[-1]))
+                joined[: tensors[0].shape[0], ..., width - mine :, :] = tensors[0]
+                joined[tensors[0].shape[0] :, ..., width - theirs :, :] = tensors[1]
+                parts.append(joined)
+            layers.append(PreallocatedLayer.from_tensors(*parts))
+        self.cache.layers = layers
+        pad = lambda valid, n: torch.cat([valid.new_zeros(valid.shape[0], width - n), valid], dim=1)  # noqa: E731
+        self.valid = torch.cat([pad(self.valid, mine), pad(other.valid.to(self.valid.device), theirs)])
+        self.rows = self.rows + list(other.rows)
+        self.ids = self.ids + list(other.ids)
+
 
 #: what batched decoding needs of a target (:class:`~mmspec.core.target.RowTarget`; the name it had here)
 BatchTarget = RowTarget
@@ -226,13 +259,14 @@ def propose_rows(drafters: list[Drafter], state: BatchState, positions: list[int
 @dataclass
 class RowResult:
     """One row of a batched generation: tokens [1, L_b] (its prompt_length prompt tokens, then the
-    new ones), its stats (wall time: from the batch's start until this row finished), and its
-    index in the batch."""
+    new ones), its stats (wall time: from the batch's start, or its joining, until this row
+    finished), its index in the batch, and whether ``cancelled`` took it out before its end."""
 
     index: int
     tokens: torch.Tensor
     stats: SpecStats
     prompt_length: int
+    cancelled: bool = False
 
 
 def _linear(draft: Draft) -> Draft:
@@ -247,6 +281,11 @@ def _linear(draft: Draft) -> Draft:
     return Draft(tokens=draft.tokens, probs=draft.probs)
 
 
+#: a row joining a running batch (``admit``): its prompt (as the target's batch-1 prefill takes it),
+#: its own drafter instance (or None: plain AR) and its own generator
+NewRow = tuple[dict[str, Any], "Drafter | None", torch.Generator]
+
+
 def batched_decode(
     target: BatchTarget,
     rows_inputs: Sequence[dict[str, Any]],
@@ -258,12 +297,17 @@ def batched_decode(
     acceptance: str | None = None,
     rule_kwargs: dict[str, Any] | None = None,
     on_row_done: Callable[[RowResult], None] | None = None,
+    *,
+    on_tokens: Callable[[int, torch.Tensor], None] | None = None,
+    cancelled: Callable[[int], bool] | None = None,
+    admit: Callable[[], Sequence[NewRow]] | None = None,
 ) -> tuple[list[RowResult], int]:
     """Generate up to ``max_new_tokens`` for each of B prompts, verifying all rows in one forward.
 
     Args:
         target: a :class:`BatchTarget` (``TransformersTarget``, a guided image target).
-        rows_inputs: B prompts, each as the target's batch-1 prefill takes it.
+        rows_inputs: B prompts, each as the target's batch-1 prefill takes it (B >= 1; may be 0
+            with ``admit``).
         drafters: one drafter per row (separate instances: each keeps its row's state, see
             :func:`row_drafter`), or None for plain AR rows.
         sampling, max_new_tokens, eos_token_ids, acceptance, rule_kwargs: as in
@@ -271,56 +315,97 @@ def batched_decode(
         generators: one per row; row b draws exactly the random numbers a batch-1 generation
             with ``generators[b]`` would.
         on_row_done: called with each row's result as soon as it stops.
+        on_tokens: called with (row index, the tokens [1, m] it committed) after its first token
+            and after every verification step (streaming).
+        cancelled: called with a row's index before every step; True takes the row out of the
+            batch now (its result so far, ``cancelled=True``; the other rows go on unchanged).
+        admit: called before every step (and once at the start); the rows it returns join the
+            batch now, indexed after every row so far (prefilled with the target's batch-1
+            prefill, then :meth:`BatchState.join`). Decoding ends when no row is left and ``admit``
+            gives none.
     Returns:
-        The rows' results in input order, and the number of batched target forwards.
+        The rows' results in index order (joined rows after the first B), and the number of
+        batched target forwards (prefills counted one per row).
     """
     if len(drafters) != len(rows_inputs) or len(generators) != len(rows_inputs):
         raise ValueError(f"{len(rows_inputs)} rows need as many drafters and generators "
                          f"(got {len(drafters)} and {len(generators)})")
+    if not rows_inputs and admit is None:
+        raise ValueError("no prompts given")
     reason = batch_size_one_reason(target)
     if reason:
         raise ValueError(f"{type(target).__name__} {reason}, so it decodes one sequence at a time; use batch size 1")
     if not isinstance(target, RowTarget):
         raise ValueError(f"{type(target).__name__} decodes one sequence at a time; use batch size 1")
-    if len({id(d) for d in drafters if d is not None}) != sum(d is not None for d in drafters):
-        raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
-    if len({type(d) for d in drafters if d is not None}) > 1:
-        raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
     rule = resolve_rule(acceptance, sampling, rule_kwargs, continuous=is_continuous(target))
     eos = frozenset(int(t) for t in eos_token_ids)
-    started = time.perf_counter()
-    stats = [SpecStats(method=d.name if d else "ar", config=rule.describe()) for d in drafters]
-    hidden_layers = {d.target_hidden_layer for d in drafters if d is not None and d.requires_target_hidden}
-    if len(hidden_layers) > 1:
-        raise ValueError("the rows' drafters read different target layers; use one kind of drafter per batch")
-    hidden_layer = hidden_layers.pop() if hidden_layers else None
-    results: list[RowResult | None] = [None] * len(rows_inputs)
+    inputs, drafters, generators = list(rows_inputs), list(drafters), list(generators)
+    stats: list[SpecStats] = []
+    starts: list[float] = []
+    results: list[RowResult | None] = []
+    hidden: list[int | None] = []  # the target layer the rows' drafters read (one for the batch)
     forwards = 0
 
-    with torch.inference_mode():
-        # 1. prefill every row (each with the batch-1 prefill); each row's first token as at batch 1
-        state, first_outputs = target.prefill_rows(rows_inputs, hidden_layer=hidden_layer)
-        forwards += len(rows_inputs)
-        generated = [1] * state.size
-        finished = []
-        rows_per_item = state.rows_per_item
-        for b, (row, out) in enumerate(zip(state.rows, first_outputs)):
-            stats[b].target_forwards = 1
-            first = first_token(rule, out, row.tokens, sampling, generators[b], eos, max_new_tokens)
-            first.record(stats[b], None)
-            row.tokens = append_tokens(row.tokens, first.committed)
-            if drafters[b] is not None:
-                context = DraftContext(target, sampling, generators[b], rows_inputs[b], rule)
-                start_drafter(drafters[b], context, row, out, stats[b])
-            if first.done:
-                finished.append(b)
+    def check_rows(first: int) -> None:
+        """The rows from ``first`` on: own drafter instances of the batch's one kind and layer."""
+        ours = [d for d in drafters if d is not None]
+        if len({id(d) for d in ours}) != len(ours):
+            raise ValueError("each row needs its own drafter instance (copy.copy one per row)")
+        if len({type(d) for d in ours}) > 1:
+            raise ValueError("the rows' drafters are of different kinds; use one kind of drafter per batch")
+        layers = {d.target_hidden_layer for d in ours if d.requires_target_hidden}
+        if len(layers) > 1 or (hidden and layers and layers != {hidden[0]}):
+            raise ValueError("the rows' drafters read different target layers; use one kind of drafter per batch")
+        if not hidden:
+            hidden.append(layers.pop() if layers else None)
+        for d in drafters[first:]:
+            stats.append(SpecStats(method=d.name if d else "ar", config=rule.describe()))
+            starts.append(time.perf_counter())
+            results.append(None)
 
-        def retire(positions: list[int]) -> None:
+    check_rows(0)
+    hidden_layer = hidden[0]
+
+    with torch.inference_mode():
+        state: BatchState | None = None
+        generated: list[int] = []
+
+        def start(first: int) -> list[int]:
+            """Prefill rows ``first`` on (each with the batch-1 prefill) and join them to the batch;
+            each row's first token as at batch 1. -> the positions of rows already done."""
+            nonlocal state, forwards
+            new, outputs = target.prefill_rows(inputs[first:], hidden_layer=hidden_layer)
+            forwards += len(inputs) - first
+            new.ids = [first + i for i in range(new.size)]
+            offset = 0 if state is None else state.size
+            if state is None:
+                state = new
+            else:
+                state.join(new)
+            done = []
+            for i, (row, out) in enumerate(zip(new.rows, outputs)):
+                b = first + i
+                stats[b].target_forwards = 1
+                first_ = first_token(rule, out, row.tokens, sampling, generators[b], eos, max_new_tokens)
+                first_.record(stats[b], None)
+                row.tokens = append_tokens(row.tokens, first_.committed)
+                generated.append(1)
+                if on_tokens is not None:
+                    on_tokens(b, first_.committed)
+                if drafters[b] is not None:
+                    start_drafter(drafters[b], DraftContext(target, sampling, generators[b], inputs[b], rule), row, out, stats[b])
+                if first_.done:
+                    done.append(offset + i)
+            return done
+
+        def retire(positions: list[int], stopped: bool = False) -> None:
             for p in positions:
                 b = state.ids[p]
-                finish_stats(stats[b], drafters[b], generated[p], started)
-                stats[b].config["batch_size"] = len(rows_inputs)
-                results[b] = RowResult(b, state.rows[p].tokens, stats[b], state.rows[p].prompt_length)
+                finish_stats(stats[b], drafters[b], generated[p], starts[b])
+                stats[b].config["batch_size"] = len(inputs)
+                if stopped:
+                    stats[b].config["cancelled"] = True
+                results[b] = RowResult(b, state.rows[p].tokens, stats[b], state.rows[p].prompt_length, cancelled=stopped)
                 if on_row_done is not None:
                     on_row_done(results[b])
             positions = set(positions)
@@ -328,8 +413,31 @@ def batched_decode(
             generated[:] = [generated[p] for p in keep]
             state.keep(keep)
 
-        retire(finished)
-        while state.size:
+        def admit_rows() -> None:
+            """The rows ``admit`` hands over now, prefilled and joined (those done at once retired)."""
+            joining = list(admit()) if admit is not None else []
+            if not joining:
+                return
+            first = len(inputs)
+            for row_inputs, drafter, generator in joining:
+                inputs.append(row_inputs)
+                drafters.append(drafter)
+                generators.append(generator)
+            check_rows(first)
+            retire(start(first))
+
+        # 1. prefill every row (each with the batch-1 prefill); each row's first token as at batch 1
+        if inputs:
+            retire(start(0))
+        admit_rows()
+        while state is not None and state.size:
+            if cancelled is not None:
+                gone = [p for p in range(state.size) if cancelled(state.ids[p])]
+                if gone:
+                    retire(gone, stopped=True)
+                    if not state.size:
+                        admit_rows()
+                        continue
             # 2. every row drafts what its budget can still use
             drafts = [empty_draft(row.tokens) for row in state.rows]
             drafting = [p for p in range(state.size) if drafters[state.ids[p]] is not None and max_new_tokens - generated[p] > 1]
@@ -347,7 +455,7 @@ def batched_decode(
             committed_rows, done_rows = [], []
             for p, draft in enumerate(drafts):
                 b, k = state.ids[p], draft.length
-                row_out = out.row(p, k + 1, rows_per_item)
+                row_out = out.row(p, k + 1, state.rows_per_item)
                 step = settle(verify_chain(rule, draft, row_out, sampling, generators[b]), eos, max_new_tokens - generated[p])
                 generated[p] += step.length
                 step.record(stats[b], k)
@@ -358,9 +466,13 @@ def batched_decode(
                 committed_rows.append(step.committed)
                 if step.done:
                     done_rows.append(p)
-            # 4. commit every row, then let the finished ones go
+            # 4. commit every row, then let the finished ones go and the waiting ones in
             state.commit(committed_rows)
+            if on_tokens is not None:
+                for p, committed in enumerate(committed_rows):
+                    on_tokens(state.ids[p], committed)
             retire(done_rows)
+            admit_rows()
     return results, forwards
 
 

@@ -35,6 +35,9 @@ def speculative_decode(
     acceptance: str | AcceptanceRule | None = None,
     rule_kwargs: dict[str, Any] | None = None,
     on_step: Callable[[int], None] | None = None,
+    *,
+    on_tokens: Callable[[torch.Tensor], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> tuple[SequenceState, SpecStats]:
     """Generate up to ``max_new_tokens`` tokens for one prompt.
 
@@ -52,6 +55,10 @@ def speculative_decode(
             ``sampling``), or an :class:`~mmspec.core.rules.AcceptanceRule` instance.
         rule_kwargs: the named rule's parameters (the fields of its ``Params``).
         on_step: called with the number of tokens generated so far after every verification step.
+        on_tokens: called with the tokens [1, m] committed, after the first token and after every
+            verification step (streaming).
+        cancelled: called before every step; True stops the generation there (the tokens so far
+            are returned, ``stats.config["cancelled"]`` is True).
     Returns:
         The final state (``state.tokens`` is [1, prompt + new]) and the statistics.
     """
@@ -77,10 +84,15 @@ def speculative_decode(
         done = first.done
         state.tokens = append_tokens(state.tokens, first.committed)
         generated = 1
+        if on_tokens is not None:
+            on_tokens(first.committed)
         if drafter is not None:
             start_drafter(drafter, DraftContext(target, sampling, generator, model_inputs, rule), state, prefill_out, stats)
 
         while not done:
+            if cancelled is not None and cancelled():
+                stats.config["cancelled"] = True
+                break
             # 2. Draft at most what the token budget can still use (the bonus token is free).
             budget = max_new_tokens - generated - 1
             if drafter is not None and budget > 0:
@@ -108,6 +120,8 @@ def speculative_decode(
             state.commit(step.committed.to(state.tokens), path=path)
             generated += step.length
             step.record(stats, positions)
+            if on_tokens is not None:
+                on_tokens(step.committed)
             if on_step is not None:
                 on_step(generated)
             if drafter is not None:

@@ -12,7 +12,6 @@ import base64
 import hmac
 import io
 import json
-import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -57,7 +56,7 @@ class Server:
         if task not in self._batchers:
             service = self.services[task]
             batcher = Batcher(task, service.call, self.config.max_batch_size, self.config.max_queue,
-                              self.config.batch_wait_s, self._executors.get(task))
+                              self.config.batch_wait_s, self._executors.get(task), self.config.stream_stall_s)
             self._executors[task] = batcher.executor
             self._batchers[task] = batcher
         return self._batchers[task]
@@ -144,12 +143,13 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths."""
+        """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths, requests
+        dropped before their batch / cancelled inside it / joined into a running batch."""
         batchers = server._batchers if server._loop is asyncio.get_running_loop() else {}
         return {"status": "ok", "uptime_s": round(time.time() - server.started, 3),
                 "tasks": {task: {"model": s.model_id, "loaded": s.loaded, "load_error": s.load_error,
-                                 "waiting": batchers[task].waiting if task in batchers else 0,
-                                 "dropped": batchers[task].dropped if task in batchers else 0}
+                                 **{name: getattr(batchers[task], name) if task in batchers else 0
+                                    for name in ("waiting", "dropped", "cancelled", "joined")}}
                           for task, s in server.services.items()}}
 
     @app.get("/v1/models")
@@ -162,7 +162,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        """An image and a question -> the caption / answer, whole or as server-sent events."""
+        """A chat over images -> the answer, whole or as server-sent events (each verification
+        step's accepted text as one delta)."""
         data = parse_json(await read_body(request, config))
         service = server.service_for(data.get("model"), "caption")
         parsed = await run_in_threadpool(service.parse, data)  # decodes the image: off the event loop
@@ -170,17 +171,19 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         batcher = server.batcher("caption")
         created, chat_id = int(time.time()), f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if parsed.stream:
-            batcher.check_room()  # a full queue answers 429 before the stream's 200
-            return StreamingResponse(stream_chat(batcher, parsed, model, chat_id, created, request.is_disconnected),
+            # (a full queue answers 429 here, before the stream's 200)
+            # (no is_disconnected: a streaming client that leaves ends the event stream, which cancels the job)
+            job = batcher.enqueue(parsed.key, parsed.item, stream=True)
+            return StreamingResponse(stream_chat(batcher, job, parsed, model, chat_id, created),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, request.is_disconnected)
+        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.item, request.is_disconnected)
         stats = output.stats
         completion_tokens = int(getattr(stats, "new_tokens", 0))
         return JSONResponse({
             "id": chat_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text},
-                         "logprobs": None, "finish_reason": finish_reason(completion_tokens, parsed.key[1])}],
+                         "logprobs": None, "finish_reason": finish_reason(completion_tokens, parsed.key[0])}],
             "usage": usage(prompt_tokens, completion_tokens),
             "mmspec": caption_summary(output, info),
         })
@@ -273,13 +276,13 @@ def caption_summary(output: Any, info: Any) -> dict[str, Any]:
     return stats_summary(output.stats, info.batch_size, info.queue_wait_s, extra)
 
 
-async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, created: int,
-                      is_disconnected: Any = None) -> AsyncIterator[str]:
-    """Server-sent events of a chat completion: a role chunk, the caption in word pieces, a chunk
-    with the finish reason and the ``mmspec`` stats, optionally a usage chunk, then ``[DONE]``.
+async def stream_chat(batcher: Batcher, job: Any, parsed: Any, model: str, chat_id: str, created: int) -> AsyncIterator[str]:
+    """Server-sent events of a chat completion: a role chunk at once, then one chunk per
+    verification step's accepted text (as the batch decodes), then a chunk with the finish reason,
+    the ``mmspec`` stats and ``usage``, with ``include_usage`` OpenAI's usage chunk, then ``[DONE]``.
 
-    The caption is decoded whole first (the pipelines return whole outputs), then sent piece by
-    piece. An error after the stream opened is sent as an ``{"error": ...}`` event.
+    An error after the stream opened is sent as an ``{"error": ...}`` event. A client that goes
+    away ends this generator (Starlette cancels it): the job's row leaves its batch.
     """
     def event(payload: dict[str, Any]) -> str:
         return f"data: {json.dumps(payload)}\n\n"
@@ -288,21 +291,23 @@ async def stream_chat(batcher: Batcher, parsed: Any, model: str, chat_id: str, c
         return event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model,
                       "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
 
+    yield chunk({"role": "assistant", "content": ""})
+    async for piece in batcher.events(job):
+        yield chunk({"content": piece})
     try:
-        (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.image, is_disconnected)
+        (output, prompt_tokens), info = await job.future
     except APIError as error:
         yield event(error.body())
         yield "data: [DONE]\n\n"
         return
     except Exception as error:  # a pipeline error after the 200 went out
-        yield event(APIError(400 if isinstance(error, (ValueError, TypeError)) else 500, str(error)).body())
+        yield event(APIError(400 if isinstance(error, (ValueError, TypeError)) else 500,
+                             (str(error).splitlines() or [type(error).__name__])[0]).body())
         yield "data: [DONE]\n\n"
         return
-    yield chunk({"role": "assistant", "content": ""})
-    for piece in re.findall(r"\s*\S+", output.text):
-        yield chunk({"content": piece})
     completion_tokens = int(getattr(output.stats, "new_tokens", 0))
-    yield chunk({}, finish_reason(completion_tokens, parsed.key[1]), mmspec=caption_summary(output, info))
+    yield chunk({}, finish_reason(completion_tokens, parsed.key[0]), mmspec=caption_summary(output, info),
+                usage=usage(prompt_tokens, completion_tokens))
     if parsed.include_usage:
         yield event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
                      "usage": usage(prompt_tokens, completion_tokens)})

@@ -29,12 +29,15 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--device", default="auto")
     cmd.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (float32: greedy batch rows bit-equal "
                      "to single requests)")
-    cmd.add_argument("--max-batch-size", type=int, default=8, help="requests of one task decoded together at most")
+    cmd.add_argument("--max-batch-size", type=int, default=16, help="requests of one task decoded together at most (default: 16)")
     cmd.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with")
     cmd.add_argument("--max-queue", type=int, default=64, help="waiting requests per task before 429 (default: 64)")
     cmd.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024, help="largest request body (default: 20 MB)")
     cmd.add_argument("--max-prompt-chars", type=int, default=4000)
     cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request")
+    cmd.add_argument("--max-chat-images", type=int, default=8, help="most images in one chat request (default: 8)")
+    cmd.add_argument("--stream-stall-s", type=float, default=30.0,
+                     help="a streaming client that reads nothing this long is treated as gone (default: 30)")
     cmd.add_argument("--api-key", default=os.environ.get("MMSPEC_API_KEY"),
                      help="require Authorization: Bearer KEY on /v1/* (default: $MMSPEC_API_KEY, else none)")
     cmd.add_argument("--allow-local-files", action="store_true", help="let image_url name a file on this machine")
@@ -57,7 +60,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         caption_drafter=args.caption_drafter, t2i_method=args.t2i_method, tts_method=args.tts_method,
         device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_ms / 1000,
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
-        max_tokens_limit=args.max_tokens_limit, api_key=args.api_key, allow_local_files=args.allow_local_files,
+        max_tokens_limit=args.max_tokens_limit, max_chat_images=args.max_chat_images,
+        stream_stall_s=args.stream_stall_s, api_key=args.api_key, allow_local_files=args.allow_local_files,
         local_files_root=args.local_files_root)
 
 

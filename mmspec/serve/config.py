@@ -35,6 +35,9 @@ class ServeConfig:
         max_prompt_chars: longest text prompt / speech input (400 above).
         max_tokens_limit: largest ``max_tokens`` of a chat request.
         max_images: largest ``n`` of an image request.
+        max_chat_images: most images in one chat request.
+        stream_stall_s: a streaming client that reads nothing for this long while its text waits
+            is treated as gone (its row leaves the batch).
         max_speech_seconds: longest speech generated per request.
         api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
         allow_local_files: let ``image_url`` name a file on the server's disk (off: data URIs only).
@@ -50,13 +53,15 @@ class ServeConfig:
     tts_method: str = "sjd"
     device: str = "auto"
     dtype: str = "auto"
-    max_batch_size: int = 8
+    max_batch_size: int = 16
     batch_wait_s: float = 0.01
     max_queue: int = 64
     max_body_bytes: int = 20 * 1024 * 1024
     max_prompt_chars: int = 4000
     max_tokens_limit: int = 512
     max_images: int = 4
+    max_chat_images: int = 8
+    stream_stall_s: float = 30.0
     max_speech_seconds: float = 20.0
     api_key: str | None = None
     allow_local_files: bool = False
@@ -68,12 +73,15 @@ class ServeConfig:
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or not self.tasks:
             raise ValueError(f"unknown task(s) {unknown or self.tasks!r}; serve some of: {', '.join(TASKS)}")
-        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_images"):
+        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_images",
+                     "max_chat_images"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (0 <= self.batch_wait_s <= 10):
             raise ValueError(f"batch_wait_s must be between 0 and 10 seconds, got {self.batch_wait_s!r}")
+        if not self.stream_stall_s > 0:
+            raise ValueError(f"stream_stall_s must be positive, got {self.stream_stall_s!r}")
         if not self.max_speech_seconds > 0:
             raise ValueError(f"max_speech_seconds must be positive, got {self.max_speech_seconds!r}")
         if self.api_key is not None and not self.api_key:

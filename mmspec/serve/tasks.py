@@ -18,10 +18,13 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from ..pipelines.captioning import CaptionStream, Conversation
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
 from .inputs import Fields, decode_image
 
+#: the roles of a chat request's messages (OpenAI's "developer" is read as "system")
+CHAT_ROLES = ("system", "user", "assistant")
 #: the fields of a chat request that the server cannot honour, with why (absent or a default value is fine)
 CHAT_UNSUPPORTED = {
     "n": ((1,), "one caption per request; send several requests (they are batched)"),
@@ -38,6 +41,10 @@ CHAT_UNSUPPORTED = {
 #: test found it; the pipelines alone are deterministic). Until that is understood in the library,
 #: the server does not overlap pipeline work; batching within a task is unaffected.
 PIPELINE_LOCK = threading.Lock()
+#: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
+#: no more rows (it ends as its rows finish, and the other task runs)
+LOCK_WAITERS = 0
+_WAITERS_LOCK = threading.Lock()
 
 
 class TaskService:
@@ -78,18 +85,29 @@ class TaskService:
                         raise APIError(503, f"the {self.name} model could not be loaded ({error})", code="model_unavailable") from None
         return self._pipe
 
-    def call(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
+    def call(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         """:meth:`run_batch` under :data:`PIPELINE_LOCK` (what the batcher's worker thread calls)."""
-        with PIPELINE_LOCK:
-            return self.run_batch(key, items)
+        global LOCK_WAITERS
+        with _WAITERS_LOCK:
+            LOCK_WAITERS += 1
+        try:
+            PIPELINE_LOCK.acquire()
+        finally:
+            with _WAITERS_LOCK:
+                LOCK_WAITERS -= 1
+        try:
+            return self.run_batch(key, items, rows)
+        finally:
+            PIPELINE_LOCK.release()
 
     def load(self) -> None:
         """Load the pipeline now, under :data:`PIPELINE_LOCK` (``--preload``)."""
         with PIPELINE_LOCK:
             self.pipeline()
 
-    def run_batch(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
-        """Run rows sharing ``key`` as one pipeline call (worker thread; use :meth:`call`)."""
+    def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
+        """Run rows sharing ``key`` as one pipeline call (worker thread; use :meth:`call`);
+        ``rows``: the batcher's :class:`~mmspec.serve.batching.Rows` of the run (or None)."""
         raise NotImplementedError
 
     def _dtype_kwargs(self) -> dict[str, Any]:
@@ -118,14 +136,32 @@ def mmspec_options(data: dict[str, Any]) -> Fields:
 
 @dataclass
 class ChatRequest:
-    key: tuple  # (prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare_baseline, solo)
-    image: Any  # PIL image
+    key: tuple  # (max_tokens, do_sample, temperature, top_p, top_k, seed, compare_baseline, solo)
+    item: "ChatItem"
     stream: bool
     include_usage: bool
 
 
+@dataclass
+class ChatItem:
+    """One chat request's input: its messages (roles and parts, images as ``{"type": "image"}``)
+    and the decoded images, in order; made a captioning Conversation on the worker thread."""
+
+    messages: list[dict[str, Any]]
+    images: list[Any]
+    has_text: bool
+
+    def conversation(self, default_prompt: str) -> Any:
+        """The pipeline's Conversation (its default prompt appended to the last turn when no
+        message has text)."""
+        messages = [dict(m) for m in self.messages]
+        if not self.has_text:
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + [{"type": "text", "text": default_prompt}]}
+        return Conversation(messages, list(self.images))
+
+
 class CaptionService(TaskService):
-    """``POST /v1/chat/completions``: one image and a text question -> the caption / answer."""
+    """``POST /v1/chat/completions``: a chat over one or more images -> the assistant's answer."""
 
     name = "caption"
 
@@ -134,44 +170,61 @@ class CaptionService(TaskService):
                 "device": self.config.device, "dtype": self.config.dtype}
 
     def parse(self, data: dict[str, Any]) -> ChatRequest:
-        """Check a chat request: messages with exactly one image, the sampling fields."""
+        """Check a chat request: system / user / assistant messages, the last the user's, images
+        (``image_url`` parts of user messages, at least one in all), the sampling fields."""
         fields = Fields(data)
         for name, (allowed, why) in CHAT_UNSUPPORTED.items():
             fields.refuse(name, allowed + (None,), why)
         messages = fields.get("messages", list, required=True)
         if not messages:
-            raise bad_request("'messages' is empty; send one user message with an image", "messages", "empty_field")
-        texts, images = [], []
+            raise bad_request("'messages' is empty; send a user message with an image", "messages", "empty_field")
+        turns, images, chars = [], [], 0
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]", "invalid_type")
             role = message.get("role")
-            if role != "user":
-                raise bad_request(f"messages[{i}].role is {role!r}; only user messages are supported (one turn: "
-                                  "an image and a question, no system prompt or history)", f"messages[{i}].role", "unsupported")
+            if role == "developer":  # OpenAI's newer name for the system turn
+                role = "system"
+            if role not in CHAT_ROLES:
+                raise bad_request(f"messages[{i}].role is {role!r}; use system, user or assistant (tools are not "
+                                  "supported)", f"messages[{i}].role", "unsupported")
             content = message.get("content")
             parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
             if not isinstance(parts, list):
                 raise bad_request(f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content",
                                   "invalid_type")
+            out = []
             for j, part in enumerate(parts):
                 param = f"messages[{i}].content[{j}]"
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
-                    texts.append(Fields(part, param + ".").text("text", self.config.max_prompt_chars, required=True))
+                    text = Fields(part, param + ".").text("text", self.config.max_prompt_chars, required=role == "user")
+                    chars += len(text or "")
+                    if text:
+                        out.append({"type": "text", "text": text})
                 elif kind == "image_url":
+                    if role != "user":
+                        raise bad_request(f"{param} is an image in a {role} message; images go in user messages",
+                                          param, "unsupported")
                     url = part.get("image_url")
                     url = url.get("url") if isinstance(url, dict) else url
                     if not isinstance(url, str):
                         raise bad_request(f"{param}.image_url.url must be a string", f"{param}.image_url", "invalid_type")
                     images.append(decode_image(url, self.config, f"{param}.image_url"))
+                    if len(images) > self.config.max_chat_images:
+                        raise bad_request(f"more than {self.config.max_chat_images} images in one request "
+                                          "(--max-chat-images)", "messages", "image_count")
+                    out.append({"type": "image"})
                 else:
                     raise bad_request(f"{param} must be a text or image_url part", param, "invalid_type")
-        if len(images) != 1:
-            raise bad_request(f"send exactly one image (an image_url part); got {len(images)}", "messages", "image_count")
-        prompt = "\n".join(texts)
-        if len(prompt) > self.config.max_prompt_chars:
-            raise bad_request(f"the prompt has {len(prompt)} characters; at most {self.config.max_prompt_chars}",
+            turns.append({"role": role, "content": out})
+        if turns[-1]["role"] != "user":
+            raise bad_request(f"the last message is the {turns[-1]['role']}'s; end with a user message (the answer is "
+                              "the assistant's next turn)", f"messages[{len(turns) - 1}].role", "unsupported")
+        if not images:
+            raise bad_request("send at least one image (an image_url part in a user message)", "messages", "image_count")
+        if chars > self.config.max_prompt_chars:
+            raise bad_request(f"the messages have {chars} characters; at most {self.config.max_prompt_chars}",
                               "messages", "too_long")
         max_tokens = fields.integer("max_completion_tokens", None, 1, self.config.max_tokens_limit)
         max_tokens = fields.integer("max_tokens", max_tokens or 64, 1, self.config.max_tokens_limit)
@@ -184,20 +237,48 @@ class CaptionService(TaskService):
         # with the batch table's drafter: both exact samples, but not the same tokens for one seed. A
         # seeded sampled request runs alone so that its seed reproduces its answer.
         solo = uuid.uuid4().hex if sampling["do_sample"] and seed is not None and self.config.caption_drafter == "auto" else None
-        key = (prompt or None, max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"],
-               sampling["top_k"], seed, compare, solo)
-        return ChatRequest(key, images[0], stream, bool(stream_options.get("include_usage", bool, False)))
+        key = (max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], seed,
+               compare, solo)
+        item = ChatItem(turns, images, chars > 0)
+        return ChatRequest(key, item, stream, bool(stream_options.get("include_usage", bool, False)))
 
-    def run_batch(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
-        prompt, max_tokens, do_sample, temperature, top_p, top_k, seed, compare, _ = key
+    def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
+        """The batch as one pipeline call, each row answered as soon as it ends, its text streamed
+        to its row, rows of the key joining between steps (unless ``solo`` or compare_baseline)."""
+        max_tokens, do_sample, temperature, top_p, top_k, seed, compare, solo = key
         pipe = self.pipeline()
-        outputs = pipe(list(items), prompt=prompt, max_new_tokens=max_tokens, do_sample=do_sample, seed=seed,
-                       compare_baseline=compare, temperature=temperature, top_p=top_p, top_k=top_k, batch_size=len(items))
-        results = []
-        for image, output in zip(items, outputs):
-            prompt_tokens = int(pipe.preprocess(image, output.prompt)["input_ids"].shape[1])
-            results.append((output, prompt_tokens))
-        return results
+        stream = _RowsStream(rows, lambda item: item.conversation(pipe.default_prompt), joins=solo is None)
+        pipe([item.conversation(pipe.default_prompt) for item in items], max_new_tokens=max_tokens, do_sample=do_sample,
+             seed=seed, compare_baseline=compare, temperature=temperature, top_p=top_p, top_k=top_k,
+             batch_size=len(items), stream=stream)
+        return [stream.results.get(i, RuntimeError("the row did not run")) for i in range(len(rows))]
+
+
+class _RowsStream(CaptionStream):
+    """A pipeline call's stream -> the batcher's rows: text to each row's events, each output as
+    soon as its row ends, cancelled rows, waiting jobs of the key joining (``joins``)."""
+
+    def __init__(self, rows: Any, conversation: Any, joins: bool) -> None:
+        self.rows, self.conversation, self.admits, self.results = rows, conversation, joins, {}
+
+    def text(self, index: int, piece: str) -> None:
+        self.rows[index].text(piece)
+
+    def done(self, index: int, output: Any) -> None:
+        self.results[index] = (output, output.prompt_tokens)
+        self.rows.finish(index, self.results[index])
+
+    def cancelled(self, index: int) -> bool:
+        return self.rows[index].cancelled()
+
+    def more(self) -> list[Any]:
+        if LOCK_WAITERS:  # another task waits for the pipelines: let this batch drain
+            return []
+        return [self.conversation(item) for item, _ in self.rows.more()]
+
+    def error(self, index: int, error: Exception) -> None:
+        self.results[index] = error
+        self.rows.finish(index, error)
 
 
 # -- text-to-image ---------------------------------------------------------------------------------
@@ -229,7 +310,7 @@ class ImageService(TaskService):
         key = (n, seed, guidance, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], compare)
         return key, prompt
 
-    def run_batch(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
+    def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         n, seed, guidance, do_sample, temperature, top_p, top_k, compare = key
         return list(self.pipeline()(list(items), guidance_scale=guidance, seed=seed, num_images=n, do_sample=do_sample,
                                     temperature=temperature, top_k=top_k, top_p=top_p, compare_baseline=compare,
@@ -269,7 +350,7 @@ class SpeechService(TaskService):
                speed, compare)
         return key, text, fmt, stream
 
-    def run_batch(self, key: Hashable, items: Sequence[Any]) -> list[Any]:
+    def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         seed, do_sample, temperature, top_p, top_k, max_seconds, speed, compare = key
         return list(self.pipeline()(list(items), do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                     seed=seed, max_seconds=max_seconds, speed=speed, compare_baseline=compare,

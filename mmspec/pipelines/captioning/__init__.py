@@ -13,9 +13,10 @@ from .components import (WORD_JOINER, CaptioningComponents, check_cuda_graphs, e
                          load_captioning_model, load_draft_model)
 from .methods import (METHODS, CaptionMethod, caption_method_class, check_drafter_name, is_caption_spec,
                       make_caption_method)
-from .pipeline import DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_prompt
+from .pipeline import DEFAULT_PROMPT, CaptionOutput, CaptionStream, Conversation, ImageCaptioningPipeline, TextPieces, check_prompt
 
 __all__ = ["AUTO_FALLBACK", "DEFAULT_PROMPT", "DRAFTERS_FILE", "METHODS", "WORD_JOINER", "CaptionMethod", "CaptionOutput",
+           "CaptionStream", "Conversation", "TextPieces",
            "CaptioningComponents",
            "ImageCaptioningPipeline", "caption_method_class", "is_caption_spec", "make_caption_method",
            "check_cuda_graphs", "check_drafter_name", "check_prompt", "choose_auto_drafter", "choose_batch_drafter",

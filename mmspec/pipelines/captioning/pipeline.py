@@ -5,6 +5,11 @@ processor's model inputs, decode with :func:`mmspec.generate`, detokenise. With
 ``compare_baseline=True`` plain AR decoding runs in the same call (after a short warm-up), so
 ``stats.speedup`` compares like with like.
 
+A call can follow and steer its rows while they decode (:class:`CaptionStream`: each row's text
+as each verification step accepts it, rows cancelled between steps, rows joining a running batch),
+and an item can be a :class:`Conversation` (system / user / assistant turns over several images,
+through the processor's chat template) instead of an image.
+
 ``drafter="auto"`` reads the model's table of benchmarked drafters
 (:mod:`mmspec.pipelines.captioning.auto_drafter`); a drafter path in the file, alone or as a
 spec's argument ("eagle:../smolcap-eagle-t1"), is relative to the model directory. The choice and
@@ -16,12 +21,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ...api import generate, generate_rows, optimize_components
+from ...core.batch import RowResult
 from ...core.stats import DictAccess, SpecStats
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
 from ...hub import dtype_name, resolve_device, resolve_dtype
@@ -46,7 +52,8 @@ class CaptionOutput(DictAccess):
         baseline_stats: plain AR decoding's SpecStats (None unless ``compare_baseline``).
         identical_to_baseline: whether the two token sequences are equal (None unless
             ``compare_baseline``; True for greedy decoding, up to float rounding in bf16).
-        prompt: the user prompt the caption answers.
+        prompt: the user prompt the caption answers (a Conversation's last user text).
+        prompt_tokens: the model's prompt length in tokens (image tokens included).
     """
 
     text: str
@@ -55,17 +62,153 @@ class CaptionOutput(DictAccess):
     baseline_stats: SpecStats | None = None
     identical_to_baseline: bool | None = None
     prompt: str = DEFAULT_PROMPT
+    prompt_tokens: int | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a :class:`CaptionStream` stopped this caption before its end (``text`` holds what came)."""
+        return bool(self.stats.config.get("cancelled", False))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: the stats become dicts (with tau, acceptance rate, tokens/s)."""
         return {
             "text": self.text,
             "prompt": self.prompt,
+            "prompt_tokens": self.prompt_tokens,
             "stats": self.stats.to_dict(),
             "baseline_text": self.baseline_text,
             "baseline_stats": self.baseline_stats.to_dict() if self.baseline_stats is not None else None,
             "identical_to_baseline": self.identical_to_baseline,
         }
+
+
+#: the roles a :class:`Conversation` may use
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class Conversation:
+    """A chat about one or more images, as one item of a captioning call: the answer is the
+    assistant's next turn.
+
+    Attributes:
+        messages: ``[{"role": "system" | "user" | "assistant", "content": str | [part, ...]}]`` with
+            parts ``{"type": "text", "text": str}`` and ``{"type": "image"}`` (transformers' chat
+            shape); the last message is the user's. Rendered by the processor's chat template.
+        images: one image (a PIL image, path or array) per image part, in order; at least one.
+    Raises:
+        ValueError: another role, a last message that is not the user's, a part of another type,
+            image parts and images that do not match in number, no image, no text at all.
+    Example:
+        >>> cap(Conversation([{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+        ...                   {"type": "text", "text": "What differs?"}]}], [first, second]))
+    """
+
+    messages: list[dict[str, Any]]
+    images: list[Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.messages, list) or not self.messages:
+            raise ValueError("a Conversation needs a non-empty list of messages")
+        images = 0
+        for i, message in enumerate(self.messages):
+            role = message.get("role") if isinstance(message, dict) else None
+            if role not in CHAT_ROLES:
+                raise ValueError(f"message {i} has role {role!r}; use one of {', '.join(CHAT_ROLES)}")
+            content = message.get("content")
+            parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            if not isinstance(parts, list):
+                raise ValueError(f"message {i}'s content must be a string or a list of text / image parts")
+            for part in parts:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "image":
+                    if role != "user":
+                        raise ValueError(f"message {i} ({role}) has an image; images go in user messages")
+                    images += 1
+                elif kind != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"message {i} has a part {part!r}; parts are {{'type': 'text', 'text': ...}} or {{'type': 'image'}}")
+        if self.messages[-1].get("role") != "user":
+            raise ValueError("the last message must be the user's (the answer is the assistant's next turn)")
+        if not isinstance(self.images, (list, tuple)) or images != len(self.images) or not images:
+            raise ValueError(f"the messages have {images} image part(s) for {len(self.images) if isinstance(self.images, (list, tuple)) else '?'} "
+                             "image(s); give one image per {'type': 'image'} part, at least one")
+        if not self.prompt.strip() and not any(isinstance(m.get("content"), str) and m["content"].strip() for m in self.messages):
+            raise ValueError("the conversation has no text; ask something about the image(s)")
+
+    @property
+    def prompt(self) -> str:
+        """The last user message's text (what the answer answers)."""
+        content = self.messages[-1]["content"]
+        if isinstance(content, str):
+            return content
+        return "\n".join(part["text"] for part in content if part.get("type") == "text")
+
+    def escaped(self, image_tokens: Sequence[str]) -> list[dict[str, Any]]:
+        """The messages with every text's image-token strings escaped (:func:`escape_image_tokens`)
+        and string contents as one text part (how chat templates take images beside text)."""
+        out = []
+        for message in self.messages:
+            content = message["content"]
+            parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            out.append({"role": message["role"], "content": [
+                {"type": "text", "text": escape_image_tokens(part["text"], image_tokens)} if part["type"] == "text"
+                else {"type": "image"} for part in parts]})
+        return out
+
+
+class CaptionStream:
+    """Follows and steers a captioning call while it decodes (what a server gives each call);
+    override what you need. Row indices are the items' positions in the call, then joined items'.
+
+    Attributes:
+        admits: whether :meth:`more` may hand over items; the call then decodes through the
+            batched path even for one item (so that rows can join it).
+    """
+
+    admits: bool = False
+
+    def text(self, index: int, piece: str) -> None:
+        """Row ``index``'s new text after a verification step (the pieces, joined, are its final
+        ``text``; a step whose tokens end inside a character or in spaces sends them later)."""
+
+    def done(self, index: int, output: "CaptionOutput") -> None:
+        """Row ``index`` finished (or was cancelled): its output, before the call returns."""
+
+    def cancelled(self, index: int) -> bool:
+        """True takes row ``index`` out before its next step (its output holds the text so far)."""
+        return False
+
+    def more(self) -> list[Any]:
+        """Items (images or Conversations) that join the running batch now (continuous batching;
+        asked before every step while :attr:`admits`); each is indexed after every row so far."""
+        return []
+
+    def error(self, index: int, error: Exception) -> None:
+        """A joined item ``index`` that could not be prepared (a bad image): it does not run."""
+
+
+class TextPieces:
+    """A row's text as its tokens come: each :meth:`push` returns the new text since the last one,
+    such that the pieces joined equal the whole tokens' ``decode(...).strip()``. Text that may still
+    change is held back: trailing spaces (stripped at the end), a character cut in the middle
+    (U+FFFD), anything that is not an extension of what was sent."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode, self.tokens, self.sent = decode, [], ""
+
+    def push(self, tokens: Sequence[int]) -> str:
+        self.tokens += list(tokens)
+        text = self.decode(self.tokens).strip()
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
+
+    def finish(self, final: str) -> str:
+        """What is left of ``final`` (the row's whole text) after the pieces sent."""
+        piece = final[len(self.sent):] if final.startswith(self.sent) else ""
+        self.sent = final
+        return piece
 
 
 def check_prompt(prompt: str) -> str:
@@ -235,19 +378,28 @@ class ImageCaptioningPipeline(Pipeline):
         """(image, prompt) -> the processor's model inputs on the model's device.
 
         The prompt is one user turn of the chat template: ``[image, prompt]``, then the assistant
-        turn is opened. Returns input_ids / attention_mask [1, L] and the family's pixel inputs
+        turn is opened; a :class:`Conversation` (``prompt`` unused) is its messages through the chat
+        template, its images in order, then the assistant turn. Returns input_ids / attention_mask [1, L] and the family's pixel inputs
         (e.g. pixel_values [1, C, H, W] or [1, n_images, C, H, W], image_sizes [1, 2],
         pixel_attention_mask), floating-point tensors in the model's dtype.
         """
-        pil = load_image(image)
+        if isinstance(image, Conversation):
+            pils, message = [load_image(x) for x in image.images], image.escaped(self.image_tokens)
+        else:
+            pils = [load_image(image)]
+            message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": escape_image_tokens(prompt, self.image_tokens)}]}]
         if getattr(self.processor, "chat_template", None) is None:
             raise ValueError(
                 f"the processor of {self.model.name_or_path or type(self.model).__name__} has no chat template; "
                 "set processor.chat_template (see the model card for the prompt format)"
             )
-        message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": escape_image_tokens(prompt, self.image_tokens)}]}]
         text = self.processor.apply_chat_template(message, add_generation_prompt=True)
-        inputs = self.processor(text=[text], images=[pil], return_tensors="pt")
+        try:
+            inputs = self.processor(text=[text], images=pils, return_tensors="pt")
+        except (ValueError, TypeError, IndexError) as error:  # e.g. a family that takes one image per prompt
+            first = (str(error).splitlines() or [type(error).__name__])[0]
+            raise ValueError(f"the {type(self.processor).__name__} could not take this conversation "
+                             f"({len(pils)} image(s)): {first}") from None
         return {
             k: v.to(self.device, self.model.dtype) if v.is_floating_point() else v.to(self.device)
             for k, v in inputs.items()
@@ -270,7 +422,7 @@ class ImageCaptioningPipeline(Pipeline):
     # -- calls -------------------------------------------------------------------------------------
     def __call__(
         self,
-        images: ImageInput | Sequence[ImageInput],
+        images: ImageInput | Conversation | Sequence[ImageInput | Conversation],
         prompt: str | None = None,
         max_new_tokens: int = 64,
         do_sample: bool = False,
@@ -282,13 +434,15 @@ class ImageCaptioningPipeline(Pipeline):
         top_p: float | None = None,
         batch_size: int = 1,
         progress: bool | ProgressCallback | None = None,
+        stream: CaptionStream | None = None,
     ) -> CaptionOutput | list[CaptionOutput]:
         """Caption one image, or a list of images (``batch_size`` at a time).
 
         Args:
-            images: a PIL image, a path, a numpy array [H, W(, 3|4)] -- or a list/tuple of them.
+            images: a PIL image, a path, a numpy array [H, W(, 3|4)], a :class:`Conversation`
+                (a chat over several images) -- or a list/tuple of them.
             prompt: the instruction or question; None uses the pipeline's default prompt
-                ("Describe the image." unless set at construction).
+                ("Describe the image." unless set at construction). A Conversation brings its own.
             max_new_tokens: the caption's token budget.
             do_sample, temperature, top_k, top_p: sample instead of greedy decoding.
             seed: seeds each caption's randomness (every image of a list gets the same seed, so a
@@ -304,6 +458,10 @@ class ImageCaptioningPipeline(Pipeline):
                 <= its size, plain decoding included (``stats.config["drafter_choice"]`` says so).
             progress: called with the number of captions done after each caption (a batch: after
                 the batch); True shows a terminal bar.
+            stream: a :class:`CaptionStream`: each row's text as it is accepted, rows cancelled
+                between steps, items joining the running batch (with ``stream.admits``; not with
+                ``compare_baseline``, and only into the call's last batch). Joined items' outputs
+                follow the call's items in the returned list.
         Returns:
             A CaptionOutput, or a list of them (one per image, same order) for a list input.
         Raises:
@@ -312,29 +470,80 @@ class ImageCaptioningPipeline(Pipeline):
         """
         prompt = check_prompt(self.default_prompt if prompt is None else prompt)
         self.check_batch_size(batch_size)
+        if stream is not None and not isinstance(stream, CaptionStream):
+            raise TypeError(f"stream must be a CaptionStream, got {type(stream).__name__}")
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                       top_k=top_k, top_p=top_p, seed=seed, eos_token_id=self.eos_token_ids)
         single = not isinstance(images, (list, tuple))
-        items = [images] if single else images
+        items = [images] if single else list(images)
+        joins = stream is not None and stream.admits and not compare_baseline
+        rows = None if stream is None else _StreamedRows(stream, lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True))
         report, close = self.progress_reporter(progress, len(items), "image")
         results: list[CaptionOutput] = []
         try:
-            for _, chunk in self.chunks(items, batch_size):
-                results += ([self._caption(chunk[0], prompt, compare_baseline, kwargs)] if batch_size == 1
-                            else self._caption_batch(chunk, prompt, compare_baseline, kwargs))
+            for first, chunk in self.chunks(items, batch_size):
+                last = first + len(chunk) == len(items)
+                if batch_size == 1 and not (joins and last):
+                    results.append(self._caption(chunk[0], prompt, compare_baseline, kwargs, rows, first))
+                else:
+                    results += self._caption_batch(chunk, prompt, compare_baseline, kwargs, rows, first, joins and last)
                 if report is not None:
                     report(len(results))
         finally:
             close()
-        return results[0] if single else results
+        return results[0] if single and len(results) == 1 else results
 
-    def _caption_batch(self, images: Sequence[ImageInput], prompt: str, compare_baseline: bool, kwargs: dict) -> list[CaptionOutput]:
-        rows = [self.preprocess(image, prompt) for image in images]  # every image checked before decoding
+    def _caption_batch(self, images: Sequence[ImageInput], prompt: str, compare_baseline: bool, kwargs: dict,
+                       stream: "_StreamedRows | None" = None, first: int = 0, joins: bool = False) -> list[CaptionOutput]:
+        items = list(images)
+        rows = [self.preprocess(image, prompt) for image in items]  # every image checked before decoding
         drafter, drafter_name, reason = self.batch_drafter(len(rows))
+        # batch row -> its index in the call (joined items follow the call's; one that could not be
+        # prepared keeps its index and runs no row)
+        index = [first + b for b in range(len(rows))]
+        texts = {i: stream.on_tokens(i) for i in index} if stream is not None else {}
+        outputs: dict[int, CaptionOutput] = {}
+
+        def output_of(result: RowResult) -> CaptionOutput:
+            tokens = result.tokens
+            return CaptionOutput(text=self._decode(tokens, result.prompt_length), prompt=_prompt_of(items[result.index], prompt),
+                                 stats=self._annotate(result.stats, drafter_name, reason), prompt_tokens=result.prompt_length)
+
+        def on_row_done(result: RowResult) -> None:
+            if not compare_baseline:  # (with a baseline, rows are finished once both ran)
+                outputs[result.index] = _finish(stream, index[result.index], output_of(result))
+
+        offered = [len(rows)]  # items offered to this batch so far (joined or not)
+
+        def admit() -> list[dict[str, Any]]:
+            joined = []
+            for item in stream.stream.more():
+                at = first + offered[0]
+                offered[0] += 1
+                try:
+                    row = self.preprocess(item, prompt)
+                except (ValueError, TypeError, OSError) as error:
+                    stream.stream.error(at, error)
+                    continue
+                items.append(item)
+                index.append(at)
+                texts[at] = stream.on_tokens(at)
+                joined.append(row)
+            return joined
+
+        live = dict(
+            on_row_done=on_row_done,
+            on_tokens=None if stream is None else (lambda b, tokens: texts[index[b]](tokens)),
+            cancelled=None if stream is None else (lambda b: stream.stream.cancelled(index[b])),
+            admit=admit if joins else None)
         out, baseline = self.with_baseline(
-            lambda: generate_rows(self.target, rows, drafter=drafter, **kwargs),
+            lambda: generate_rows(self.target, rows, drafter=drafter, **kwargs, **live),
             (lambda: generate_rows(self.target, rows, drafter=None, **kwargs)) if compare_baseline else None,
             warm_up=lambda: generate_rows(self.target, rows[:2], drafter=drafter, **{**kwargs, "max_new_tokens": 4}))
+        if baseline is None:
+            for stats in out.row_stats:
+                stats.config["batch_wall_time_s"] = out.stats.wall_time_s
+            return [outputs[b] for b in range(len(out.row_stats))]
         width = max(row["input_ids"].shape[1] for row in rows)
 
         def rows_of(output) -> list[tuple[torch.Tensor, SpecStats]]:
@@ -343,41 +552,84 @@ class ImageCaptioningPipeline(Pipeline):
                 stats.config["batch_wall_time_s"] = output.stats.wall_time_s
             return [(output.sequences[b : b + 1, : width + s.new_tokens], s) for b, s in enumerate(output.row_stats)]
 
-        method_rows = rows_of(out)
-        results = [CaptionOutput(text=self._decode(tokens, width), prompt=prompt, stats=self._annotate(stats, drafter_name, reason))
-                   for tokens, stats in method_rows]
-        if baseline is not None:
-            for result, (tokens, _), (base_tokens, base_stats) in zip(results, method_rows, rows_of(baseline)):
-                result.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
-                result.baseline_text = self._decode(base_tokens, width)
-                result.baseline_stats = self._annotate(base_stats, "ar", "baseline")
-                result.identical_to_baseline = bool(torch.equal(tokens, base_tokens))
+        results = []
+        for b, ((tokens, stats), (base_tokens, base_stats)) in enumerate(zip(rows_of(out), rows_of(baseline))):
+            result = CaptionOutput(text=self._decode(tokens, width), prompt=_prompt_of(items[b], prompt),
+                                   stats=self._annotate(stats, drafter_name, reason), prompt_tokens=int(rows[b]["input_ids"].shape[1]),
+                                   baseline_text=self._decode(base_tokens, width),
+                                   baseline_stats=self._annotate(base_stats, "ar", "baseline"),
+                                   identical_to_baseline=bool(torch.equal(tokens, base_tokens)))
+            result.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
+            results.append(_finish(stream, first + b, result))
         return results
 
-    def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict) -> CaptionOutput:
+    def _caption(self, image: ImageInput, prompt: str, compare_baseline: bool, kwargs: dict,
+                 stream: "_StreamedRows | None" = None, index: int = 0) -> CaptionOutput:
         inputs = self.preprocess(image, prompt)
         prompt_length = inputs["input_ids"].shape[1]
         drafter, drafter_name, reason = self.sampling_drafter() if kwargs["do_sample"] else (
             self.drafter, self.chosen_drafter, self.drafter_reason)
+        live = {} if stream is None else dict(on_tokens=stream.on_tokens(index),
+                                              cancelled=lambda: stream.stream.cancelled(index))
+        question = _prompt_of(image, prompt)
         if not compare_baseline:
-            out = generate(self.target, drafter=drafter, **kwargs, **inputs)
+            out = generate(self.target, drafter=drafter, **kwargs, **live, **inputs)
             stats = self._annotate(out.stats, drafter_name, reason)
-            return CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats, prompt=prompt)
+            return _finish(stream, index, CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats,
+                                                                 prompt=question, prompt_tokens=prompt_length))
         out, baseline = self.with_baseline(
-            lambda: generate(self.target, drafter=drafter, **kwargs, **inputs),
+            lambda: generate(self.target, drafter=drafter, **kwargs, **live, **inputs),
             lambda: generate(self.target, drafter=None, **kwargs, **inputs),
             warm_up=lambda: generate(self.target, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs))
         out.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
-        return CaptionOutput(
+        return _finish(stream, index, CaptionOutput(
             text=self._decode(out.sequences, prompt_length),
             stats=self._annotate(out.stats, drafter_name, reason),
             baseline_text=self._decode(baseline.sequences, prompt_length),
             baseline_stats=self._annotate(baseline.stats, "ar", "baseline"),
             identical_to_baseline=bool(torch.equal(out.sequences, baseline.sequences)),
-            prompt=prompt,
-        )
+            prompt=question,
+            prompt_tokens=prompt_length,
+        ))
 
     def __repr__(self) -> str:
         name = getattr(self.model, "name_or_path", "") or type(self.model).__name__
         return (f"ImageCaptioningPipeline(model={name!r}, drafter={self.chosen_drafter!r}, "
                 f"device={str(self.device)!r}, dtype={str(self.dtype).removeprefix('torch.')!r})")
+
+
+class _StreamedRows:
+    """A call's :class:`CaptionStream` and each streamed row's :class:`TextPieces`."""
+
+    def __init__(self, stream: CaptionStream, decode: Callable[[list[int]], str]) -> None:
+        self.stream, self.decode, self.pieces = stream, decode, {}
+
+    def on_tokens(self, index: int) -> Callable[[torch.Tensor], None]:
+        """``on_tokens`` for row ``index``: its new text to ``stream.text``."""
+        pieces = self.pieces[index] = TextPieces(self.decode)
+
+        def on_tokens(tokens: torch.Tensor) -> None:
+            piece = pieces.push(tokens[0].tolist())
+            if piece:
+                self.stream.text(index, piece)
+
+        return on_tokens
+
+    def finish(self, index: int, output: CaptionOutput) -> None:
+        """The rest of row ``index``'s text, then its output."""
+        pieces = self.pieces.pop(index, None)
+        rest = pieces.finish(output.text) if pieces is not None else output.text
+        if rest:
+            self.stream.text(index, rest)
+        self.stream.done(index, output)
+
+
+def _finish(stream: _StreamedRows | None, index: int, output: CaptionOutput) -> CaptionOutput:
+    if stream is not None:
+        stream.finish(index, output)
+    return output
+
+
+def _prompt_of(item: Any, prompt: str) -> str:
+    """The question an item answers: a Conversation's last user text, else the call's prompt."""
+    return item.prompt if isinstance(item, Conversation) else prompt
