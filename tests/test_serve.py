@@ -327,8 +327,11 @@ def test_mixed_tasks_at_once_none_lost(live):
     for answer in answers[2:4]:
         assert Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][0]["b64_json"]))).format == "PNG"
     assert [a.content for a in answers[4:]] == list(alone.values())
-    assert max(json.loads(a.headers["x-mmspec-stats"])["batch_size"] for a in answers[4:]) == 2
-    assert max(a.json()["mmspec"]["batch_size"] for a in answers[2:4]) == 2
+    # (whether two requests of a task share a batch depends on when they arrive within the gather
+    # window: on a loaded machine they may not, so the batch sizes are reported, not asserted here;
+    # test_batcher_gathers_by_key_refuses_when_full_and_drops_gone_clients checks gathering itself)
+    assert all(1 <= json.loads(a.headers["x-mmspec-stats"])["batch_size"] <= 2 for a in answers[4:])
+    assert all(1 <= a.json()["mmspec"]["batch_size"] <= 2 for a in answers[2:4])
 
 
 def test_seeded_sampled_captions_reproduce_under_load(live):
