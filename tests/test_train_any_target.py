@@ -114,7 +114,9 @@ def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family, method", [("smolvlm", "eagle"), ("qwen2_vl", "eagle"), ("gemma3", "kangaroo"),
-                                            ("internvl", "medusa")])
+                                            ("internvl", "medusa"), ("llava_next", "eagle"), ("mistral3", "hydra"),
+                                            ("idefics3", "kangaroo"), ("gemma4", "eagle"), ("llava_onevision", "eagle"),
+                                            ("lfm2_vl", "eagle"), ("qwen3_5", "kangaroo")])
 def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_factory, tmp_path, capsys):
     """Folder DATA (the default caption prompt), a few steps; the held-out greedy decodes with the
     trained drafter equal the target's own answers."""

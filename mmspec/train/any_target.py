@@ -220,10 +220,13 @@ def self_distil(target: TransformersTarget, rows: list[dict[str, torch.Tensor]],
     """The target's own responses [n_b] to ``rows`` (batch-1 prompt inputs): plain decoding,
     greedy (temperature 0) or sampled with row b's seed ``seeds[b]``; ``batch`` rows at a time
     where the target decodes batches."""
-    from ..api import generate_rows
+    from ..api import generate, generate_rows
 
-    batch = 1 if target.batch_size_one_reason else max(1, batch)
     sampling = dict(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0)
+    if target.batch_size_one_reason:  # (Mllama, hybrid recurrent decoders): one sequence at a time
+        return [generate(target, None, max_new_tokens, seed=seed, **sampling, **row).sequences[0, row["input_ids"].shape[1]:].cpu()
+                for row, seed in zip(rows, seeds)]
+    batch = max(1, batch)
     answers: list[torch.Tensor] = [None] * len(rows)  # type: ignore[list-item]
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]

@@ -420,7 +420,12 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
     from ..drafters import resolve_drafter
     from . import any_target
 
-    drafter = resolve_drafter(f"{EVAL_SPECS[args.method]}:{out}", target)
+    from ..core.target import tree_refusal
+
+    # a target that verifies no trees (hybrid recurrent decoders) evaluates an EAGLE head as a chain;
+    # the line below names the spec used
+    spec = "eagle" if args.method == "eagle" and tree_refusal(target) else EVAL_SPECS[args.method]
+    drafter = resolve_drafter(f"{spec}:{out}", target)
     taus, same, compared = [], 0, 0
     for example, record in zip(held_examples, held_records):
         inputs = any_target.prompt_inputs(model, processor, is_vlm, example)
@@ -429,7 +434,7 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
         if example.response is None and args.sample_temperature == 0:
             compared += 1
             same += bool(torch.equal(result.sequences[0].cpu(), record["ids"]))
-    report = {"drafter": f"{EVAL_SPECS[args.method]}:{out}", "held_out_prompts": len(taus), "dtype": str(model.dtype),
+    report = {"drafter": f"{spec}:{out}", "held_out_prompts": len(taus), "dtype": str(model.dtype),
               "tau": round(sum(taus) / len(taus), 3), "identical_to_target": f"{same}/{compared}" if compared else None}
     (out / "eval.json").write_text(json.dumps(report, indent=1))
     # in bf16 / fp16 a near-tie can round differently in a one-token and a many-token forward, so
