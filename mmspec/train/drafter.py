@@ -39,7 +39,9 @@ TARGETS = ("smollm2", "captioner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="eagle", choices=["eagle", "medusa", "hydra", "kangaroo"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--method", default="eagle", choices=["eagle", "eagle3", "medusa", "hydra", "kangaroo"],
+                        help="drafter to train (EAGLE-2 uses the EAGLE head; eagle3: mmspec.train.eagle3)")
+    parser.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: unrolled steps of the training-time test")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2", choices=TARGETS)
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
@@ -219,6 +221,10 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
 def run(args) -> int:
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
+    if args.method == "eagle3":
+        from .eagle3 import run as run_eagle3
+
+        return run_eagle3(args)
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
