@@ -33,6 +33,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
+from .eagle3 import check_target as check_eagle3_target, train_head as train_eagle3
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
@@ -222,9 +223,7 @@ def run(args) -> int:
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
     if args.method == "eagle3":
-        from .eagle3 import run as run_eagle3
-
-        return run_eagle3(args)
+        check_eagle3_target(args.target)
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
@@ -235,6 +234,8 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
+    if args.method == "eagle3":
+        return train_eagle3(args, model, train, held_out, out, device)
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)

@@ -39,6 +39,16 @@ def draft_vocabulary(records, size: int, vocab_size: int) -> torch.Tensor:
     return ids
 
 
+def collate_ids(records) -> dict[str, torch.Tensor]:
+    """Records {"ids" [L_i], "learn" [L_i]} -> ids [B, L] (0-padded) and learn [B, L] (False on padding)."""
+    length = max(len(r["ids"]) for r in records)
+    ids = torch.zeros((len(records), length), dtype=torch.long)
+    learn = torch.zeros((len(records), length), dtype=torch.bool)
+    for row, r in enumerate(records):
+        ids[row, : len(r["ids"])], learn[row, : len(r["ids"])] = r["ids"], r["learn"]
+    return {"ids": ids, "learn": learn}
+
+
 @torch.no_grad()
 def target_states(model, ids: torch.Tensor, aux_layers: tuple[int, ...]) -> torch.Tensor:
     """Teacher-forced states of a text target: ids [B, L] -> the ``hidden_states`` entries
@@ -49,71 +59,87 @@ def target_states(model, ids: torch.Tensor, aux_layers: tuple[int, ...]) -> torc
     return select_hidden_states(out.hidden_states, tuple(aux_layers)).float()
 
 
-def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Tensor], states: torch.Tensor,
-                ttt_steps: int = 3) -> tuple[torch.Tensor, float]:
-    """The training-time-test loss over a batch (module docstring).
+def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head unrolled ``steps`` times over a batch as it drafts (the training-time test).
 
     Args:
-        head: the head being trained.
+        head: the head.
         embed: the target's input embedding table [V, H].
-        batch: ``ids`` [B, L] and ``learn`` [B, L] (:func:`mmspec.train.drafter.collate`).
-        states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`).
-        ttt_steps: unrolled steps K (1: plain teacher forcing).
+        ids: [B, L] token ids; states: the target's fused-layer states [B, L, 3 H].
+        steps: K (at most L - 2).
 
     Returns:
-        (sum_k 0.8^k CE_k, step 0's top-1 accuracy on the draft vocabulary).
+        K outputs s_k [B, L - 2, H]: s_k[:, t] reads (s_{k-1}[:, t] or fc(states[:, t]) for k = 0,
+        x_{t+k+1}) at position t + k, sees step 0's keys at positions <= t and steps 1..k's at t,
+        and predicts x_{t+k+2} (through :meth:`Eagle3Head.logits`; valid for t < L - 2 - k).
     """
-    ids, learn = batch["ids"], batch["learn"]
-    length = ids.shape[1]
-    to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
-    to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
-    n = length - 2  # queries t = 0 .. L-3 (step 0 predicts x_{t+2})
+    n = ids.shape[1] - 2
     features = states[:, :n].to(head.fc.weight.dtype)
     positions = torch.arange(n, device=ids.device)[None]
     causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
     diagonal = torch.eye(n, dtype=torch.bool, device=ids.device)
-    keys, values = [], []
-    total, accuracy = 0.0, 0.0
-    for k in range(min(ttt_steps, n)):
-        span = n - k  # positions t whose target x_{t+k+2} exists
+    keys, values, outputs = [], [], []
+    for k in range(min(steps, n)):
         tokens = ids[:, k + 1 : k + 1 + n]
+        if tokens.shape[1] < n:  # (the last steps' final positions have no next token: any id, never scored)
+            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], n - tokens.shape[1])], dim=1)
         q, key, value, residual = head.project(features, embed[tokens], positions + k)
         keys.append(key)
         values.append(value)
         visible = torch.cat([causal] + [diagonal] * k, dim=1)
         mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
-        s = head.finish(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, residual)
+        features = head.finish(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, residual)
+        outputs.append(features)
+    return outputs
+
+
+def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Tensor], states: torch.Tensor,
+                ttt_steps: int = 3) -> tuple[torch.Tensor, float]:
+    """The training-time-test loss over a batch (module docstring; :func:`unroll`).
+
+    Args:
+        head: the head being trained.
+        embed: the target's input embedding table [V, H].
+        batch: ``ids`` [B, L] and ``learn`` [B, L] (:func:`collate_ids`).
+        states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`).
+        ttt_steps: unrolled steps K (1: plain teacher forcing).
+
+    Returns:
+        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there).
+    """
+    ids, learn = batch["ids"], batch["learn"]
+    to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
+    total, accuracy = None, 0.0
+    for k, s in enumerate(unroll(head, embed, ids, states, ttt_steps)):
+        span = s.shape[1] - k  # positions t whose target x_{t+k+2} exists
         target = to_draft[ids[:, k + 2 : k + 2 + span]]
         use = learn[:, k + 2 : k + 2 + span] & (target >= 0)
-        if use.any():
-            logits = head.logits(s[:, :span][use]).float()
-            total = total + 0.8**k * F.cross_entropy(logits, target[use])
-            if k == 0:
-                accuracy = (logits.argmax(-1) == target[use]).float().mean().item()
-        features = s
-    return total if torch.is_tensor(total) else s.sum() * 0.0, accuracy
+        if not use.any():
+            continue
+        logits = head.logits(s[:, :span][use]).float()
+        term = 0.8**k * F.cross_entropy(logits, target[use])
+        total = term if total is None else total + term
+        if k == 0:
+            accuracy = (logits.argmax(-1) == target[use]).float().mean().item()
+    if total is None:
+        raise ValueError("no learnt token of the batch is in the draft vocabulary; nothing to train on")
+    return total, accuracy
 
 
-def run(args) -> int:
-    """``mmspec train drafter --method eagle3`` on the text targets of :mod:`mmspec.train.drafter`."""
-    from ..adapters.hf import text_decoder
-    from ..hub import models_dir
-    from .checkpoint import TrainingRun, autocast, to_device, train_device, warmup_cosine
-    from .drafter import collate, load_target, prepare_data
-    from .selfdistill import load_chunks
-
-    if args.target == "captioner":
-        raise SystemExit("error: --method eagle3 trains on text targets for now (--target smollm2): the captioner's cached "
+def check_target(name: str) -> None:
+    """Refuse a target EAGLE-3 cannot be trained for here yet (before any data is made)."""
+    if name == "captioner":
+        raise ValueError("--method eagle3 trains on text targets for now (--target smollm2): the captioner's cached "
                          "records keep no image inputs, which its three target layers need")
-    torch.set_num_threads(args.threads)
-    device = train_device(args)
-    out = Path(args.out or models_dir() / f"{args.target}-eagle3")
-    data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
-    model, tokenizer = load_target(args.target)
-    prepare_data(args, model, tokenizer, data_dir)
-    records = load_chunks(data_dir) + [r for directory in args.extra_data for r in load_chunks(Path(directory))]
-    held = min(64, len(records) // 8)
-    held_out, train = records[:held], records[held:]
+
+
+def train_head(args, model, train, held_out, out: Path, device: torch.device) -> int:
+    """``mmspec train drafter --method eagle3``: the head for ``model`` on the self-distillation
+    records ``train`` (``held_out`` scored at every checkpoint), saved in ``out`` (bf16)."""
+    from ..adapters.hf import text_decoder
+    from .checkpoint import TrainingRun, autocast, to_device, warmup_cosine
+
     text = text_decoder(model).config
     vocab = model.get_output_embeddings().weight.shape[0]
     if args.init:
@@ -126,7 +152,7 @@ def run(args) -> int:
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
 
     def loss_of(chosen):
-        batch = collate(chosen)
+        batch = collate_ids(chosen)
         states = target_states(model, batch["ids"], head.config.aux_layers)
         return eagle3_loss(head, embed, to_device(batch, device), states.to(device), args.ttt_steps)
 
