@@ -59,6 +59,29 @@ def test_target_returns_the_fused_layers(tiny):
     torch.testing.assert_close(step.hidden_states, torch.cat([full[i][:, -2:] for i in layers], dim=-1), rtol=1e-4, atol=1e-4)
 
 
+def test_fused_layers_keep_the_fused_states():
+    """lean_states with a tuple on the fused C path (a step after a prefill) keeps each layer's
+    input as transformers' hidden_states does (the fused layers run in segments between them)."""
+    from test_fused import llama
+
+    from mmspec.core.cache import make_cache
+    from mmspec.modeling.fused import fused_plans
+    from mmspec.modeling.lean import lean_states
+
+    model = llama(torch.float32)
+    x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(1))
+    layers = (2, 1, 0)
+    with torch.inference_mode():
+        want = model(inputs_embeds=x, output_hidden_states=True).hidden_states
+        cache = make_cache(model.config)
+        lean_states(model, x[:, :6], cache)
+        if fused_plans(model.layers, cache, 3, torch.float32, x.device) is None:
+            pytest.skip("the fused layers do not run on this CPU")
+        last, kept = lean_states(model, x[:, 6:], cache, hidden_layer=layers)
+    torch.testing.assert_close(kept, torch.cat([want[i][:, 6:] for i in layers], dim=-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last, want[-1][:, 6:], rtol=1e-4, atol=1e-4)
+
+
 def test_draft_vocabulary_maps(tiny):
     head = random_head(tiny.model, size=16)
     ids = head.token_ids
