@@ -242,3 +242,37 @@ def test_errors(tiny, tmp_path):
     if text_decoder(other.model).config.hidden_size != text_decoder(tiny.model).config.hidden_size:
         with pytest.raises(ValueError, match="width"):
             Eagle3Head.load(tmp_path / "h", other.model)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_batch_rows_equal_their_batch_one_generation(tiny, tree):
+    """In a batch each row drafts EAGLE-3 chains (a tree drafter's chain form: the same head) and
+    gets what its own generation gives, greedy and sampled."""
+    from mmspec.api import generate_rows
+
+    head = random_head(tiny.model, size=64)
+    drafter = Eagle3TreeDrafter(tiny.model, head, depth=3) if tree else Eagle3Drafter(tiny.model, head, num_draft_tokens=3)
+    chain = drafter.for_batch()
+    assert type(chain) is Eagle3Drafter and chain.head is head and chain.target_hidden_layer == head.config.aux_layers
+    ids = tiny.inputs["input_ids"][0]
+    prompts = [ids, ids[:5], torch.randint(3, 400, (9,), generator=torch.Generator().manual_seed(7))]
+    for do_sample in (False, True):
+        kwargs = dict(max_new_tokens=10, do_sample=do_sample, seed=11)
+        batch = generate_rows(tiny.model, [{"input_ids": p[None]} for p in prompts], drafter=drafter, **kwargs)
+        width = max(len(p) for p in prompts)
+        for b, prompt in enumerate(prompts):
+            single = mmspec.generate(tiny.model, drafter=drafter.for_batch(), input_ids=prompt[None], **kwargs)
+            new = single.sequences[0, len(prompt) :]
+            assert torch.equal(batch.sequences[b, width : width + len(new)], new), (do_sample, b)
+
+
+@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+def test_vlm_greedy_output_is_the_targets(family):
+    """Over a VLM the three target layers come from the model's forward with the image (prefill)
+    and its lean steps; the output stays plain decoding's."""
+    case = make_tiny(family)
+    reference = mmspec.generate(case.model, drafter=None, max_new_tokens=12, **case.inputs).sequences
+    head = random_head(case.model, size=64)
+    for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3)):
+        out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=12, **case.inputs)
+        assert torch.equal(out.sequences, reference)
