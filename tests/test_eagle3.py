@@ -238,6 +238,20 @@ def test_errors(tiny, tmp_path):
 
     random_head(tiny.model, size=8).save(tmp_path / "h")
     assert main(["export", "drafter", str(tmp_path / "nothing"), "--format", "vllm-eagle3", "--out", str(tmp_path / "o")]) == 2
+    head = random_head(tiny.model, size=8)  # an engine layout naming no target layers, without t2d (as some trainers write)
+    head.export(tmp_path / "bare", "vllm-eagle3", torch.float32)
+    config = json.loads((tmp_path / "bare" / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"]
+    (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
+    from safetensors.torch import save_file
+
+    tensors = load_file(str(tmp_path / "bare" / "model.safetensors"))
+    del tensors["t2d"]
+    save_file(tensors, str(tmp_path / "bare" / "model.safetensors"))
+    with pytest.raises(ValueError, match="names no target layers"):
+        Eagle3Head.load(tmp_path / "bare")
+    loaded = Eagle3Head.load(tmp_path / "bare", tiny.model)
+    assert loaded.config.aux_layers == head.config.aux_layers and torch.equal(loaded.t2d, head.t2d)
     other = make_tiny("idefics3")
     if text_decoder(other.model).config.hidden_size != text_decoder(tiny.model).config.hidden_size:
         with pytest.raises(ValueError, match="width"):

@@ -25,6 +25,7 @@ from torch import nn
 from ..core.drafter import register_drafter
 from ..modeling.eagle3 import Eagle3Head
 from .eagle import Eagle2Drafter, EagleDrafter
+from .tree_budget import forward_parameters
 from .vocab import DraftLMHead, _Rows
 
 
@@ -100,6 +101,8 @@ class Eagle3TreeDrafter(_Eagle3Parts, Eagle2Drafter):
         self._eagle3_head = head
         super().__init__(target_model, head, depth=depth, top_k=top_k, num_nodes=num_nodes, max_nodes=max_nodes,
                          sampled_children=sampled_children, budget=budget, int8_head=False, captured_head=False)
+        # c_layer / C(1): the head's parameters (its own LM head included) over a target forward's
+        self.relative_layer_cost = forward_parameters(head) / self._target_parameters(target_model)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3TreeDrafter":

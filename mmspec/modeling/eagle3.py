@@ -111,7 +111,7 @@ class Eagle3Config:
         return config
 
     @classmethod
-    def from_engine_config(cls, config: dict, target_layers: int) -> "Eagle3Config":
+    def from_engine_config(cls, config: dict, target_layers: int | None) -> "Eagle3Config":
         """Read an engine's ``config.json`` (:meth:`engine_config`'s, or an EAGLE-3 checkpoint trained
         elsewhere: the official repo's, SpecForge's). Layer ids as :meth:`engine_config` writes
         them; none given: :func:`default_aux_layers` of the target's ``target_layers``."""
@@ -121,8 +121,11 @@ class Eagle3Config:
             aux = tuple(config["eagle_aux_hidden_state_layer_ids"])
         elif (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
             aux = tuple(i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-        else:
+        elif target_layers:
             aux = default_aux_layers(target_layers)
+        else:
+            raise ValueError("this EAGLE-3 config names no target layers (eagle_aux_hidden_state_layer_ids); load it "
+                             "with its target, whose depth gives the default (2, L // 2, L - 3)")
         heads = config["num_attention_heads"]
         rope = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000.0
         return cls(hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"], num_attention_heads=heads,
@@ -332,7 +335,7 @@ class Eagle3Head(nn.Module):
             if not set(saved.get("architectures") or []) & set(ENGINE_ARCHITECTURES.values()):
                 raise ValueError(f"{directory}/config.json names {saved.get('architectures')}, not an EAGLE-3 head "
                                  f"({' or '.join(ENGINE_ARCHITECTURES.values())})")
-            config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else 0)
+            config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else None)
             weights = ENGINE_WEIGHTS_FILE
         else:
             raise FileNotFoundError(f"no EAGLE-3 head in {directory} ({CONFIG_FILE}, or config.json + model.safetensors, missing); "
