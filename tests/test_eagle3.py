@@ -290,3 +290,17 @@ def test_vlm_greedy_output_is_the_targets(family):
     for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3)):
         out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=12, **case.inputs)
         assert torch.equal(out.sequences, reference)
+
+
+def test_captured_target_returns_the_fused_layers():
+    """A target with captured forwards (static buffers, eager on a CPU) keys its forward by the
+    tuple and gives the plain target's output under EAGLE-3."""
+    from mmspec.adapters.hf import CapturedTransformersTarget
+
+    case = make_tiny("llama")
+    reference = mmspec.generate(case.model, drafter=None, max_new_tokens=12, **case.inputs).sequences
+    captured = CapturedTransformersTarget(case.model, max_length=128, buckets=(1, 2, 4, 8, 16, 32))
+    head = random_head(case.model, size=64)
+    for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3, num_nodes=8)):
+        out = mmspec.generate(captured, drafter=drafter, max_new_tokens=12, **case.inputs)
+        assert torch.equal(out.sequences, reference)
