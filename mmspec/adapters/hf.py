@@ -19,7 +19,7 @@ from torch import nn
 from ..core.batch import BatchState
 from ..core.cache import SequenceState, SlidingLayer, StaticKVCache, make_cache
 from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
-from ..core.target import TargetOutput
+from ..core.target import TargetOutput, select_hidden_states
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
@@ -322,7 +322,8 @@ class TransformersTarget:
 
     def prefill(self, model_inputs: dict[str, Any], hidden_layer: int | None = None) -> tuple[SequenceState, TargetOutput]:
         """The prompt through the model, its cache and the last position's logits [1, 1, V] (with
-        ``hidden_layer``, that entry of the hidden states [1, L, H]). Where the decoder is a lean
+        ``hidden_layer``, that entry of the hidden states [1, L, H], or a tuple's entries concatenated
+        [1, L, k H]). Where the decoder is a lean
         one and :meth:`prompt_embeds` reproduces the embeddings the model's forward gives its
         decoder (checked bitwise at the first prefill), the prompt runs through ``lean_states``
         as the steps do (a VLM's image features merged first): the fused layers instead of the
@@ -360,7 +361,7 @@ class TransformersTarget:
         if check_lean and self.lean_prefill:
             return self._lean_prefill(input_ids, embeds, hidden_layer)
         state = SequenceState(input_ids.long(), cache, prompt_length=input_ids.shape[1], position_offset=offset)
-        return state, TargetOutput(out.logits[:, -1:], None if hidden_layer is None else out.hidden_states[hidden_layer])
+        return state, TargetOutput(out.logits[:, -1:], select_hidden_states(out.hidden_states, hidden_layer))
 
     def _new_cache(self, inputs: dict[str, Any], windows: bool = True):
         """An empty cache for one sequence: the family's (:meth:`FamilyHooks.make_cache`; ``windows=False``:
@@ -522,7 +523,7 @@ class TransformersTarget:
         if keep_inputs:
             keep_layer_inputs(cache, out.hidden_states)
         logits = self._project(self.model.get_output_embeddings(), out.last_hidden_state) if several else out.logits
-        return TargetOutput(logits, None if hidden_layer is None else out.hidden_states[hidden_layer])
+        return TargetOutput(logits, select_hidden_states(out.hidden_states, hidden_layer))
 
     @staticmethod
     def _check_tree(tree: TokenTree, num_tokens: int) -> None:

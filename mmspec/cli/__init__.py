@@ -12,7 +12,7 @@ from ..hub import MissingDependencyError
 from .args import check_args
 
 #: modules that define a subcommand, in the order of ``mmspec --help``
-SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.serve.cli")
+SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

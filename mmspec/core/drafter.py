@@ -56,8 +56,9 @@ class Drafter(ABC):
     #: (its ``tree_refusal``, e.g. recurrent layers) refuses the drafter before its prefill
     drafts_trees: ClassVar[bool] = False
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
-    #: (the LM head's input), i = the output of the first i decoder layers
-    target_hidden_layer: int = -1
+    #: (the LM head's input), i = the output of the first i decoder layers; a tuple of such
+    #: indices: those states concatenated (EAGLE-3)
+    target_hidden_layer: int | tuple[int, ...] = -1
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:

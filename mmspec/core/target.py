@@ -44,7 +44,9 @@ class Target(Protocol):
     ``tree`` (a :class:`~mmspec.core.tree.TokenTree` over the n tokens) the inputs form a token tree
     (tree attention mask, positions by depth) instead of a chain.
     ``hidden_layer`` asks for hidden states too: None = none, -1 = the last (the LM head's input),
-    i = the output of the first i decoder layers (0 = the embeddings).
+    i = the output of the first i decoder layers (0 = the embeddings); a tuple of such indices
+    (EAGLE-3's low / middle / high layers) returns those states concatenated on the last axis
+    ([R, n, k H], in the tuple's order; :func:`select_hidden_states`).
     Rolling back is the state's job (:class:`SequenceState`), never the model's.
     A target may name the ``model_inputs`` its prefill reads in ``input_names`` (a tuple);
     ``mmspec.generate`` then refuses any other keyword before the prefill.
@@ -58,6 +60,18 @@ class Target(Protocol):
     def forward(
         self, state: SequenceState, tokens: torch.Tensor, hidden_layer: int | None = None, tree: TokenTree | None = None
     ) -> TargetOutput: ...
+
+
+def select_hidden_states(hidden_states: Sequence[torch.Tensor], hidden_layer: int | tuple[int, ...] | None
+                         ) -> torch.Tensor | None:
+    """The entry ``hidden_layer`` of transformers' ``output_hidden_states`` tuple (embeddings, then
+    each layer's output) [B, n, H], or for a tuple of indices their concatenation [B, n, k H];
+    None for None."""
+    if hidden_layer is None:
+        return None
+    if isinstance(hidden_layer, tuple):
+        return torch.cat([hidden_states[i] for i in hidden_layer], dim=-1)
+    return hidden_states[hidden_layer]
 
 
 # Optional capabilities: a target declares one by having the attribute; the core reads each

@@ -12,6 +12,7 @@ from ..core.target import tree_refusal
 from .assistant import AssistantDrafter
 from .continuous import MARDrafter
 from .eagle import Eagle2Drafter, EagleDrafter
+from .eagle3 import Eagle3Drafter, Eagle3TreeDrafter
 from .image_eagle import ImageEagle2Drafter, ImageEagleDrafter
 from .jacobi import CoupledJacobiDrafter, JacobiDrafter
 from .kangaroo import KangarooDrafter
@@ -23,7 +24,7 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
     "spec_drafter_names",
 ]
 

@@ -114,7 +114,7 @@ def lean_forward(model: nn.Module, embeds: torch.Tensor, cache=None, position_id
 
 
 def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, hidden_layer: int | None = None
+                attention_mask: torch.Tensor | None = None, hidden_layer: int | tuple[int, ...] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The normed last hidden states and, with ``hidden_layer``, transformers'
     ``output_hidden_states=True`` entry of that index (0: the inputs, i: after i layers, -1 or the
@@ -128,10 +128,12 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         position_ids: [B or 1, n] (default: cached length + 0 .. n - 1).
         attention_mask: None (causal after the cache) or 4-D [B or 1, 1, n, cached + n], additive
             (0 / -inf) or boolean (True: attend).
-        hidden_layer: the hidden states to keep as well, or None.
+        hidden_layer: the hidden states to keep as well, or None; a tuple of indices keeps each of
+            those entries, concatenated in the tuple's order (EAGLE-3's low / middle / high layers).
 
     Returns:
-        (the normed last hidden states [B, n, H], the kept hidden states [B, n, H] or None).
+        (the normed last hidden states [B, n, H], the kept hidden states [B, n, H] (a tuple of k
+        indices: [B, n, k H]) or None).
     """
     batch, n, _ = embeds.shape
     cached = cache.get_seq_length() if cache is not None else 0
@@ -140,7 +142,9 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = config.num_hidden_layers
-    keep = None if hidden_layer is None else range(layers + 1)[hidden_layer]  # IndexError for a layer out of range
+    wanted = None if hidden_layer is None else hidden_layer if isinstance(hidden_layer, tuple) else (hidden_layer,)
+    keep = None if wanted is None else [range(layers + 1)[i] for i in wanted]  # IndexError for a layer out of range
+    inner = sorted({i for i in keep or () if i < layers})  # the kept states before the final norm
     stack = model.layers if layers == len(model.layers) else model.layers[:layers]
     # a batch asks for plans that take one entry's n rows: fused_layers runs wider batches in groups
     plans, chunk = fused_plans(stack, cache, n if batch > 1 else batch * n, embeds.dtype, embeds.device), n or 1
@@ -153,25 +157,25 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         x, kept = embeds.reshape(batch * n, -1).clone(), None
         rope_stride = n * head_dim if cos.shape[0] > 1 else 0
         norm = model.norm.weight if model.norm.weight.dtype == x.dtype else None
-        split = keep if keep is not None and keep < layers else 0  # the layers before the kept states, then the rest
-        if keep is not None and keep < layers:
-            kept = torch.empty_like(x)
+        saved = {i: torch.empty_like(x) for i in inner}  # the layers up to each kept state, then the rest
         for first in range(0, n, chunk):  # (one chunk but for a long causal prompt of one row: its tokens in turn)
             last = min(first + chunk, n)
             rows, c, s = x[first * batch : last * batch], cos[:, first:last], None if sin is None else sin[:, first:last]
-            if split:
-                fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, stop=split)
-            if kept is not None:
-                kept[first * batch : last * batch] = rows
+            start = 0
+            for split in inner:
+                if split > start:
+                    fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, start=start, stop=split)
+                saved[split][first * batch : last * batch] = rows
+                start = split
             fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, norm,
-                         model.norm.variance_epsilon, start=split)
+                         model.norm.variance_epsilon, start=start)
         x = x.view(batch, n, -1) if norm is not None else model.norm(x.view(batch, n, -1))
-        return x, x if keep == layers else None if kept is None else kept.view(batch, n, -1)
+        return x, _kept(x, {i: t.view(batch, n, -1) for i, t in saved.items()}, keep, layers, isinstance(hidden_layer, tuple))
     cos, sin = cos[:, None], sin[:, None]
-    x, kept = embeds, None
+    x, saved = embeds, {}
     for index, layer in enumerate(model.layers[:layers]):
-        if index == keep:
-            kept = x
+        if index in inner:
+            saved[index] = x
         attn, mlp = layer.self_attn, layer.mlp
         h = layer.input_layernorm(x)
         q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
@@ -184,4 +188,15 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         h = layer.post_attention_layernorm(x)
         x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
     x = model.norm(x)
-    return x, x if keep == layers else kept
+    return x, _kept(x, saved, keep, layers, isinstance(hidden_layer, tuple))
+
+
+def _kept(last: torch.Tensor, saved: dict[int, torch.Tensor], keep: list[int] | None, layers: int, several: bool
+          ) -> torch.Tensor | None:
+    """:func:`lean_states`' kept states: entry i of ``keep`` is ``saved[i]`` (the input of layer i)
+    or ``last`` (the normed output, i = ``layers``); one tensor, or with ``several`` their
+    concatenation [B, n, k H]."""
+    if keep is None:
+        return None
+    states = [last if i == layers else saved[i] for i in keep]
+    return torch.cat(states, dim=-1) if several else states[0]

@@ -40,13 +40,16 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
+from .eagle3 import check_target as check_eagle3_target, train_head as train_eagle3
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="eagle", choices=["eagle", "medusa", "hydra", "kangaroo"], help="drafter to train (EAGLE-2 uses the EAGLE head)")
+    parser.add_argument("--method", default="eagle", choices=["eagle", "eagle3", "medusa", "hydra", "kangaroo"],
+                        help="drafter to train (EAGLE-2 uses the EAGLE head; eagle3: mmspec.train.eagle3)")
+    parser.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: unrolled steps of the training-time test")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2",
                         help="smollm2 | captioner (the embedded recipes), or any supported target: a checkpoint "
@@ -280,6 +283,9 @@ def run_any_target(args) -> int:
     from . import any_target
     from .selfdistill import SHALLOW_LAYER
 
+    if args.method == "eagle3":
+        raise ValueError("--method eagle3 trains for --target smollm2 so far; for your own model use --method eagle "
+                         "(eagle:DIR / eagle2:DIR), or train an EAGLE-3 head elsewhere and load it with eagle3:DIR")
     if not args.data:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder or a saved dataset)")
     if not args.out:
@@ -450,6 +456,8 @@ def run(args) -> int:
         return run_any_target(args)
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
+    if args.method == "eagle3":
+        check_eagle3_target(args.target)
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
@@ -460,6 +468,8 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
+    if args.method == "eagle3":
+        return train_eagle3(args, model, train, held_out, out, device)
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)

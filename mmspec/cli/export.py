@@ -1,0 +1,31 @@
+"""``mmspec export drafter SRC --format vllm-eagle3|sglang-eagle3 --out DIR``: write a trained
+EAGLE-3 head in the layout a serving engine loads (``config.json`` + ``model.safetensors``:
+:meth:`mmspec.modeling.eagle3.Eagle3Head.export`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..modeling.eagle3 import ENGINE_ARCHITECTURES, Eagle3Head
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def add_parser(subparsers) -> None:
+    export = subparsers.add_parser("export", help="write a trained drafter in a serving engine's format")
+    what = export.add_subparsers(dest="what", metavar="WHAT")
+    parser = what.add_parser("drafter", help="an EAGLE-3 head for vLLM or SGLang")
+    parser.add_argument("src", help="the head's directory (mmspec train drafter --method eagle3, or an engine layout)")
+    parser.add_argument("--format", required=True, choices=sorted(ENGINE_ARCHITECTURES), help="the engine's layout")
+    parser.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="weights' dtype in the export")
+    parser.set_defaults(handler=run, output_args={"out": "dir"})
+
+
+def run(args) -> int:
+    head = Eagle3Head.load(args.src)
+    out = head.export(args.out, args.format, DTYPES[args.dtype])
+    config = head.config
+    print(f"wrote {out}: {ENGINE_ARCHITECTURES[args.format]}, draft vocabulary {config.draft_vocab_size} of {config.vocab_size}, "
+          f"target layers {list(config.aux_layers)}")
+    return 0

@@ -1,0 +1,109 @@
+"""EAGLE-3 (Li et al., 2025): draft with a head fed by three target layers, over its own draft
+vocabulary (the head: :class:`mmspec.modeling.eagle3.Eagle3Head`).
+
+The drafting is EAGLE's (:mod:`mmspec.drafters.eagle`), with three differences:
+
+- the target returns its ``hidden_states`` entries ``aux_layers`` (low / middle / high),
+  concatenated ([R, n, 3 H]; ``target_hidden_layer`` is that tuple), which the head fuses by fc;
+- the head's step output s is both the next step's feature and, through its own norm and LM head
+  over N draft tokens, the draft logits (EAGLE's heads reuse the target's LM head);
+- draft index j is target id ``j + d2t[j]``: a drafted token is mapped to its target id and a
+  sampled draft's q [N] is spread onto the target's vocabulary, zero outside the draft vocabulary,
+  so the target's speculative rule sees a distribution over its own ids and stays exact (the
+  residual max(0, p - q) keeps the mass of the tokens the head cannot draft).
+
+``drafter="eagle3:DIR"`` drafts chains of K tokens; ``"eagle3-tree:DIR"`` grows EAGLE-2's dynamic
+trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.drafters.eagle.Eagle2Drafter`).
+DIR holds mmspec's layout (``mmspec train drafter --method eagle3``) or the vLLM / SGLang one
+(``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..core.drafter import register_drafter
+from ..modeling.eagle3 import Eagle3Head
+from .eagle import Eagle2Drafter, EagleDrafter
+from .tree_budget import forward_parameters
+from .vocab import DraftLMHead, _Rows
+
+
+class Eagle3LMHead(DraftLMHead):
+    """The head's norm + LM head over its N draft tokens, read through :class:`DraftLMHead`'s
+    interface: logits [..., N]; ``tokens`` maps indices to target ids (j + d2t[j]), ``full``
+    spreads q [..., N] onto the V target ids (zero elsewhere)."""
+
+    def __init__(self, head: Eagle3Head) -> None:
+        self.vocab_size = head.config.vocab_size
+        self.token_ids = head.token_ids
+        self.weight, self.bias = head.lm_head.weight, None
+        self.rows = _Rows(head.lm_head)
+        self.head = head.lm_head
+        self.norm = head.norm
+
+    def __call__(self, hidden):
+        """s [..., H] -> draft logits [..., N]."""
+        return self.projection(self.norm(hidden))
+
+
+class _Eagle3Parts:
+    """What the EAGLE-3 drafters change in EAGLE's: the target states asked for, the LM head."""
+
+    requires_target_hidden = True
+
+    @property
+    def target_hidden_layer(self) -> tuple[int, ...]:
+        """The target's ``hidden_states`` entries the head fuses (its ``aux_layers``)."""
+        return tuple(self.head.config.aux_layers)
+
+    def _target_parts(self, target_model: nn.Module, draft_vocabulary):
+        """(the target's token embedding, the head's own draft LM head)."""
+        return target_model.get_input_embeddings(), Eagle3LMHead(self._eagle3_head)
+
+    @staticmethod
+    def _load(target, arg: str | None, spec: str) -> Eagle3Head:
+        if not arg:
+            raise ValueError(f"no EAGLE-3 head is shipped for {type(target.model).__name__}; pass drafter='{spec}:PATH' with a "
+                             "trained one (`mmspec train drafter --method eagle3`, or a vLLM / SGLang EAGLE-3 directory)")
+        return Eagle3Head.load(arg, target.model)
+
+
+@register_drafter("eagle3")
+class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
+    """EAGLE-3 chains: K tokens a step, greedy or sampled (q: the head's, over target ids).
+
+    Args:
+        target_model: the transformers target (its input embeddings are used).
+        head: an :class:`Eagle3Head` for it.
+        num_draft_tokens: K.
+    """
+
+    def __init__(self, target_model: nn.Module, head: Eagle3Head, num_draft_tokens: int = 5) -> None:
+        self._eagle3_head = head
+        super().__init__(target_model, head, num_draft_tokens, int8_head=False, captured_head=False)
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3Drafter":
+        return cls(target.model, cls._load(target, arg, "eagle3"), num_draft_tokens or 5)
+
+
+@register_drafter("eagle3-tree")
+class Eagle3TreeDrafter(_Eagle3Parts, Eagle2Drafter):
+    """EAGLE-3 with EAGLE-2's dynamic trees (arguments as :class:`Eagle2Drafter`'s, less the
+    draft vocabulary, which is the head's)."""
+
+    chain_class = Eagle3Drafter
+
+    def __init__(self, target_model: nn.Module, head: Eagle3Head, depth: int = 8, top_k: int | None = None,
+                 num_nodes: int | str = "auto", max_nodes: int = 64, sampled_children: bool | None = None,
+                 budget: str = "auto") -> None:
+        self._eagle3_head = head
+        super().__init__(target_model, head, depth=depth, top_k=top_k, num_nodes=num_nodes, max_nodes=max_nodes,
+                         sampled_children=sampled_children, budget=budget, int8_head=False, captured_head=False)
+        # c_layer / C(1): the head's parameters (its own LM head included) over a target forward's
+        self.relative_layer_cost = forward_parameters(head) / self._target_parameters(target_model)
+
+    @classmethod
+    def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3TreeDrafter":
+        return cls(target.model, cls._load(target, arg, "eagle3-tree"), depth=num_draft_tokens or 8)

@@ -1,0 +1,375 @@
+"""The EAGLE-3 head (Li et al., 2025, arXiv 2503.01840) in the tensor layout vLLM and SGLang load.
+
+At position t the target's states of three layers (low / middle / high: transformers'
+``hidden_states`` entries ``aux_layers``, by default (2, L // 2, L - 3)) are fused into one
+feature, and one decoder layer reads it beside the embedding of the next token:
+
+    g_t = W_fc [a_t; b_t; c_t]                                      (fc: 3 H_t -> H, no bias)
+    u   = [RMSNorm_in(e(x_{t+1})); RMSNorm_hidden(g_t)]             (2 H: q / k / v read 2 H)
+    r   = g_t + W_o Attn(u)          (residual: g_t, or with ``norm_before_residual`` its norm)
+    s   = r + MLP(RMSNorm_post(r))                                  (the next step's feature)
+    logits_{t+2} = W_lm RMSNorm(s)          (draft vocabulary: N rows; target id = j + d2t[j])
+
+Drafting continues on the layer's own un-normed output s in place of g (no fc then). Unlike
+EAGLE-1/2 the head predicts tokens directly (no feature loss) over a reduced vocabulary of N
+frequent target tokens: ``d2t`` [N] (int64) maps draft index j to target id ``j + d2t[j]``,
+``t2d`` [V] (bool) marks the target ids inside the draft vocabulary. The token embedding is the
+target's (not stored).
+
+Parameter names are those of the EAGLE-3 checkpoints vLLM (``Eagle3LlamaForCausalLM``) and SGLang
+(``LlamaForCausalLMEagle3``) load: ``fc.weight``, ``midlayer.{input_layernorm, hidden_norm,
+post_attention_layernorm}.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``,
+``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
+:mod:`mmspec.drafters.eagle3` drafts with it; :mod:`mmspec.train.eagle3` trains it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .persistence import save_module
+
+#: mmspec's own files of an EAGLE-3 head
+CONFIG_FILE, WEIGHTS_FILE = "eagle3_config.json", "eagle3_head.safetensors"
+#: the serving engines' files and the architecture name each loads the head by
+ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE = "config.json", "model.safetensors"
+ENGINE_ARCHITECTURES = {"vllm-eagle3": "Eagle3LlamaForCausalLM", "sglang-eagle3": "LlamaForCausalLMEagle3"}
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low / middle / high layers as ``hidden_states`` indices: (2, L // 2, L - 3), the
+    engines' default, clamped into 0 .. L for shallow (test) targets."""
+    return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+
+
+@dataclass
+class Eagle3Config:
+    """The head's shapes. ``hidden_size`` H is the head's width (the target's embedding width),
+    ``target_hidden_size`` H_t the width of the fused target states, ``vocab_size`` V the target's,
+    ``draft_vocab_size`` N; ``aux_layers``: the target's ``hidden_states`` indices fused by fc."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layers: tuple[int, ...]
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    hidden_act: str = "silu"
+    norm_before_residual: bool = False
+
+    @classmethod
+    def for_target(cls, text_config, draft_vocab_size: int | None = None, aux_layers: tuple[int, ...] | None = None,
+                   intermediate_size: int | None = None) -> "Eagle3Config":
+        """A head for a transformers decoder config (its width, heads, rope base)."""
+        heads = text_config.num_attention_heads
+        rope = getattr(text_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        theta = theta or getattr(text_config, "rope_theta", None) or 10000.0
+        vocab = text_config.vocab_size
+        return cls(hidden_size=text_config.hidden_size, intermediate_size=intermediate_size or text_config.intermediate_size,
+                   num_attention_heads=heads, num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads, vocab_size=vocab,
+                   draft_vocab_size=draft_vocab_size or vocab, target_hidden_size=text_config.hidden_size,
+                   aux_layers=tuple(aux_layers or default_aux_layers(text_config.num_hidden_layers)),
+                   rms_norm_eps=getattr(text_config, "rms_norm_eps", 1e-6), rope_theta=float(theta),
+                   max_position_embeddings=getattr(text_config, "max_position_embeddings", 4096) or 4096,
+                   hidden_act=getattr(text_config, "hidden_act", "silu"))
+
+    # ------------------------------------------------------------------ the engines' config.json
+    def engine_config(self, fmt: str, dtype: torch.dtype) -> dict:
+        """The ``config.json`` of ``fmt`` (a key of :data:`ENGINE_ARCHITECTURES`): a one-layer Llama
+        config plus EAGLE-3's fields. Layer ids: vLLM reads top-level
+        ``eagle_aux_hidden_state_layer_ids`` as ``hidden_states`` indices (the state entering layer
+        i); SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` as layer *outputs* and adds 1."""
+        if fmt not in ENGINE_ARCHITECTURES:
+            raise ValueError(f"unknown export format {fmt!r}; use one of {sorted(ENGINE_ARCHITECTURES)}")
+        config = {"architectures": [ENGINE_ARCHITECTURES[fmt]], "model_type": "llama", "num_hidden_layers": 1,
+                  "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                  "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                  "head_dim": self.head_dim, "hidden_act": self.hidden_act, "rms_norm_eps": self.rms_norm_eps,
+                  "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
+                  "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+                  "target_hidden_size": self.target_hidden_size, "norm_before_residual": self.norm_before_residual,
+                  "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch.")}
+        if fmt == "vllm-eagle3":
+            config["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
+        else:
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layers],
+                                      "use_aux_hidden_state": True}
+        return config
+
+    @classmethod
+    def from_engine_config(cls, config: dict, target_layers: int | None) -> "Eagle3Config":
+        """Read an engine's ``config.json`` (:meth:`engine_config`'s, or an EAGLE-3 checkpoint trained
+        elsewhere: the official repo's, SpecForge's). Layer ids as :meth:`engine_config` writes
+        them; none given: :func:`default_aux_layers` of the target's ``target_layers``."""
+        if config.get("num_hidden_layers", 1) != 1:
+            raise ValueError(f"this EAGLE-3 head has {config['num_hidden_layers']} layers; mmspec runs one-layer heads")
+        if config.get("eagle_aux_hidden_state_layer_ids"):
+            aux = tuple(config["eagle_aux_hidden_state_layer_ids"])
+        elif (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+            aux = tuple(i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        elif target_layers:
+            aux = default_aux_layers(target_layers)
+        else:
+            raise ValueError("this EAGLE-3 config names no target layers (eagle_aux_hidden_state_layer_ids); load it "
+                             "with its target, whose depth gives the default (2, L // 2, L - 3)")
+        heads = config["num_attention_heads"]
+        rope = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+        return cls(hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"], num_attention_heads=heads,
+                   num_key_value_heads=config.get("num_key_value_heads") or heads,
+                   head_dim=config.get("head_dim") or config["hidden_size"] // heads, vocab_size=config["vocab_size"],
+                   draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
+                   target_hidden_size=config.get("target_hidden_size") or config["hidden_size"], aux_layers=aux,
+                   rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(rope),
+                   max_position_embeddings=config.get("max_position_embeddings", 4096),
+                   hidden_act=config.get("hidden_act", "silu"), norm_before_residual=bool(config.get("norm_before_residual", False)))
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * w, computed in fp32 (Llama's)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, self.heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, self.kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, self.kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * c.head_dim, c.hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.act = getattr(F, c.hidden_act if c.hidden_act != "swish" else "silu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    """The one decoder layer (``midlayer.*``)."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class Eagle3Head(nn.Module):
+    """fc, the mid layer, norm and the draft LM head (see the module docstring for the formula).
+
+    Args:
+        config: the head's :class:`Eagle3Config`.
+    """
+
+    method = "eagle3"
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        if 3 * config.target_hidden_size == config.hidden_size:
+            raise ValueError("an EAGLE-3 head whose width is 3x the target's cannot tell fused target states from its own")
+        self.config = config
+        self.fc = nn.Linear(len(config.aux_layers) * config.target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = _MidLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.set_draft_vocabulary(torch.arange(config.draft_vocab_size))
+        inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    # ------------------------------------------------------------------ vocabulary maps
+    def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Set d2t / t2d for the draft vocabulary ``token_ids`` [N] (target ids, distinct; draft
+        index j is ``token_ids[j]``): d2t[j] = token_ids[j] - j, t2d[token_ids] = True."""
+        token_ids = token_ids.to(self.d2t.device, torch.long)
+        if token_ids.shape != self.d2t.shape or len(set(token_ids.tolist())) != len(token_ids):
+            raise ValueError(f"the draft vocabulary must be {self.d2t.shape[0]} distinct token ids, got {tuple(token_ids.shape)}")
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in 0 .. {self.config.vocab_size - 1}")
+        with torch.no_grad():
+            self.d2t.copy_(token_ids - torch.arange(len(token_ids), device=token_ids.device))
+            self.t2d.zero_()
+            self.t2d[token_ids] = True
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The target id of each draft index [N]: j + d2t[j]."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    # ------------------------------------------------------------------ forward
+    def fuse(self, states: torch.Tensor) -> torch.Tensor:
+        """Concatenated target states [..., 3 H_t] -> g [..., H] (fc)."""
+        return self.fc(states)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One head step.
+
+        Args:
+            features: [B, n, 3 H_t] concatenated target states (fused by fc first) or [B, n, H] the
+                head's own earlier outputs s.
+            token_embeds: [B or 1, n, H] embeddings of the next tokens.
+            cache: a transformers-style cache (``update(k, v, 0)``, ``get_seq_length()``) or None.
+            position_ids: [1, n] positions of the inputs.
+            attention_mask: None (causal after the cache) or additive [1 or B, 1, n, cached + n].
+
+        Returns:
+            s [B, n, H], the un-normed output (the next step's feature; logits: :meth:`logits`).
+        """
+        q, k, v, residual = self.project(features, token_embeds, position_ids)
+        batch, n = residual.shape[:2]
+        cached = 0
+        if cache is not None:
+            cached = cache.get_seq_length()
+            k, v = cache.update(k, v, 0)
+        if attention_mask is None:
+            visible = torch.ones(n, cached + n, dtype=torch.bool, device=q.device).tril(cached)
+            attention_mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
+        return self.finish(q, k, v, attention_mask, residual)
+
+    def project(self, features: torch.Tensor, token_embeds: torch.Tensor, position_ids: torch.Tensor):
+        """The layer up to attention: (q [B, heads, n, hd], k, v [B, kv heads, n, hd] rotated at
+        ``position_ids``, the residual [B, n, H]); features as :meth:`forward` takes them."""
+        if features.shape[-1] != self.config.hidden_size:
+            features = self.fuse(features)
+        batch, n, _ = features.shape
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        embeds = layer.input_layernorm(token_embeds.expand(batch, -1, -1))
+        normed = layer.hidden_norm(features)
+        residual = normed if self.config.norm_before_residual else features
+        u = torch.cat([embeds, normed], dim=-1)
+        angles = position_ids.to(self.inv_freq.device).float()[..., None] * self.inv_freq  # [1 or B, n, hd/2]
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        cos, sin = angles.cos().to(u.dtype), angles.sin().to(u.dtype)
+        q = _rotate(attn.q_proj(u).view(batch, n, attn.heads, attn.head_dim).transpose(1, 2), cos, sin)
+        k = _rotate(attn.k_proj(u).view(batch, n, attn.kv_heads, attn.head_dim).transpose(1, 2), cos, sin)
+        v = attn.v_proj(u).view(batch, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
+        return q, k, v, residual
+
+    def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor,
+               residual: torch.Tensor) -> torch.Tensor:
+        """Attention of q over keys / values k, v [B, kv heads, m, hd] under the additive mask
+        [.., n, m], then o_proj + residual and the MLP block -> s [B, n, H]."""
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        batch, n = residual.shape[:2]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.to(q.dtype), enable_gqa=attn.heads != attn.kv_heads)
+        r = residual + attn.o_proj(out.transpose(1, 2).reshape(batch, n, -1))
+        return r + layer.mlp(layer.post_attention_layernorm(r))
+
+    def logits(self, s: torch.Tensor) -> torch.Tensor:
+        """s [..., H] -> draft-vocabulary logits [..., N]."""
+        return self.lm_head(self.norm(s))
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | Path, **card) -> None:
+        """Write mmspec's layout (``eagle3_config.json`` + ``eagle3_head.safetensors``, the engines' tensor names)."""
+        config = asdict(self.config)
+        config["aux_layers"] = list(config["aux_layers"])
+        save_module(self, directory, {**config, **card}, CONFIG_FILE, WEIGHTS_FILE)
+
+    def export(self, directory: str | Path, fmt: str, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``)."""
+        config = self.config.engine_config(fmt, dtype)  # (checks fmt first)
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous().cpu()
+                   for name, t in self.state_dict().items()}
+        save_file(tensors, str(directory / ENGINE_WEIGHTS_FILE), metadata={"format": "pt"})
+        (directory / ENGINE_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, target_model: nn.Module | None = None) -> "Eagle3Head":
+        """Load a head from mmspec's layout or an engine's (``config.json`` + ``model.safetensors``,
+        as :meth:`export` writes it or EAGLE-3 training elsewhere does); with ``target_model``,
+        checked against its widths and vocabulary and placed like it."""
+        directory = Path(directory)
+        text = None if target_model is None else target_model.config.get_text_config(decoder=True)
+        if (directory / CONFIG_FILE).is_file():
+            saved = json.loads((directory / CONFIG_FILE).read_text())
+            names = set(Eagle3Config.__dataclass_fields__)
+            config = Eagle3Config(**{k: v for k, v in saved.items() if k in names})
+            config.aux_layers = tuple(config.aux_layers)
+            weights = WEIGHTS_FILE
+        elif (directory / ENGINE_CONFIG_FILE).is_file() and (directory / ENGINE_WEIGHTS_FILE).is_file():
+            saved = json.loads((directory / ENGINE_CONFIG_FILE).read_text())
+            if not set(saved.get("architectures") or []) & set(ENGINE_ARCHITECTURES.values()):
+                raise ValueError(f"{directory}/config.json names {saved.get('architectures')}, not an EAGLE-3 head "
+                                 f"({' or '.join(ENGINE_ARCHITECTURES.values())})")
+            config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else None)
+            weights = ENGINE_WEIGHTS_FILE
+        else:
+            raise FileNotFoundError(f"no EAGLE-3 head in {directory} ({CONFIG_FILE}, or config.json + model.safetensors, missing); "
+                                    "train one with `mmspec train drafter --method eagle3`")
+        if text is not None:
+            if config.hidden_size != text.hidden_size or config.target_hidden_size != text.hidden_size:
+                raise ValueError(f"the EAGLE-3 head in {directory} has width {config.hidden_size} over target states of width "
+                                 f"{config.target_hidden_size}; the target's is {text.hidden_size}")
+            if config.vocab_size != target_model.get_output_embeddings().weight.shape[0]:
+                raise ValueError(f"the EAGLE-3 head in {directory} maps to a vocabulary of {config.vocab_size}; the target has "
+                                 f"{target_model.get_output_embeddings().weight.shape[0]}")
+            if max(config.aux_layers) > text.num_hidden_layers:
+                raise ValueError(f"the EAGLE-3 head in {directory} reads target layers {config.aux_layers}; the target has "
+                                 f"{text.num_hidden_layers}")
+        head = cls(config)
+        _load_state(head, directory / weights)
+        if target_model is not None:
+            param = next(target_model.parameters())
+            head = head.to(device=param.device, dtype=param.dtype)
+        return head.eval()
+
+
+def _load_state(head: Eagle3Head, path: Path) -> None:
+    """Weights from ``path``: every parameter required; ``t2d`` rebuilt from ``d2t`` when absent,
+    a stored ``embed_tokens`` (some checkpoints carry the target's) ignored."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    state.pop("embed_tokens.weight", None)
+    if "d2t" not in state:
+        state["d2t"] = torch.zeros(head.config.draft_vocab_size, dtype=torch.long)  # the identity map: N = V
+    if "t2d" not in state:
+        t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(state["d2t"])) + state["d2t"]] = True
+        state["t2d"] = t2d
+    state["t2d"] = state["t2d"].bool()
+    head.load_state_dict(state)

@@ -1,0 +1,181 @@
+"""``mmspec train drafter --method eagle3``: the EAGLE-3 head (:class:`mmspec.modeling.eagle3.Eagle3Head`)
+trained with the training-time test (Li et al., 2025).
+
+Data: the self-distillation records of :mod:`mmspec.train.drafter` (the target's own answers); the
+three target states the head fuses are recomputed per batch by a teacher-forced target forward
+(:func:`target_states`), so the cached records need no extra fields. The draft vocabulary is the
+N most frequent answer tokens of the training records (:func:`draft_vocabulary`).
+
+Training-time test (:func:`eagle3_loss`): the head is unrolled ``ttt_steps`` times over a batch as
+it will draft. Step 0 at position t reads (g_t = fc(target states at t), x_{t+1}) and predicts
+x_{t+2}; step k reads (its own step-(k-1) output at t, x_{t+k+1}) at position t + k and predicts
+x_{t+k+2}, attending to step 0's keys at positions <= t and to its own earlier steps' keys at t
+(the diagonal): exactly what a chain drafted after the committed position t sees. Loss
+sum_k 0.8^k CE over the draft vocabulary (positions whose token is learnt and inside it).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from ..modeling.eagle3 import Eagle3Config, Eagle3Head
+
+
+def draft_vocabulary(records, size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` most frequent learnt tokens of ``records`` (most frequent first), padded with
+    the lowest unseen ids when the data has fewer distinct tokens -> LongTensor [size]."""
+    from ..drafters.vocab import frequent_tokens
+
+    size = min(size or vocab_size, vocab_size)
+    ids, _ = frequent_tokens(records, size)
+    if len(ids) < size:
+        seen = torch.zeros(vocab_size, dtype=torch.bool)
+        seen[ids] = True
+        ids = torch.cat([ids, torch.nonzero(~seen).flatten()[: size - len(ids)]])
+    return ids
+
+
+def collate_ids(records) -> dict[str, torch.Tensor]:
+    """Records {"ids" [L_i], "learn" [L_i]} -> ids [B, L] (0-padded) and learn [B, L] (False on padding)."""
+    length = max(len(r["ids"]) for r in records)
+    ids = torch.zeros((len(records), length), dtype=torch.long)
+    learn = torch.zeros((len(records), length), dtype=torch.bool)
+    for row, r in enumerate(records):
+        ids[row, : len(r["ids"])], learn[row, : len(r["ids"])] = r["ids"], r["learn"]
+    return {"ids": ids, "learn": learn}
+
+
+@torch.no_grad()
+def target_states(model, ids: torch.Tensor, aux_layers: tuple[int, ...]) -> torch.Tensor:
+    """Teacher-forced states of a text target: ids [B, L] -> the ``hidden_states`` entries
+    ``aux_layers`` concatenated [B, L, 3 H] (fp32)."""
+    from ..core.target import select_hidden_states
+
+    out = model(input_ids=ids, output_hidden_states=True)
+    return select_hidden_states(out.hidden_states, tuple(aux_layers)).float()
+
+
+def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head unrolled ``steps`` times over a batch as it drafts (the training-time test).
+
+    Args:
+        head: the head.
+        embed: the target's input embedding table [V, H].
+        ids: [B, L] token ids; states: the target's fused-layer states [B, L, 3 H].
+        steps: K (at most L - 2).
+
+    Returns:
+        K outputs s_k [B, L - 2, H]: s_k[:, t] reads (s_{k-1}[:, t] or fc(states[:, t]) for k = 0,
+        x_{t+k+1}) at position t + k, sees step 0's keys at positions <= t and steps 1..k's at t,
+        and predicts x_{t+k+2} (through :meth:`Eagle3Head.logits`; valid for t < L - 2 - k).
+    """
+    n = ids.shape[1] - 2
+    features = states[:, :n].to(head.fc.weight.dtype)
+    positions = torch.arange(n, device=ids.device)[None]
+    causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+    diagonal = torch.eye(n, dtype=torch.bool, device=ids.device)
+    keys, values, outputs = [], [], []
+    for k in range(min(steps, n)):
+        tokens = ids[:, k + 1 : k + 1 + n]
+        if tokens.shape[1] < n:  # (the last steps' final positions have no next token: any id, never scored)
+            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], n - tokens.shape[1])], dim=1)
+        q, key, value, residual = head.project(features, embed[tokens], positions + k)
+        keys.append(key)
+        values.append(value)
+        visible = torch.cat([causal] + [diagonal] * k, dim=1)
+        mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
+        features = head.finish(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, residual)
+        outputs.append(features)
+    return outputs
+
+
+def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Tensor], states: torch.Tensor,
+                ttt_steps: int = 3) -> tuple[torch.Tensor, float]:
+    """The training-time-test loss over a batch (module docstring; :func:`unroll`).
+
+    Args:
+        head: the head being trained.
+        embed: the target's input embedding table [V, H].
+        batch: ``ids`` [B, L] and ``learn`` [B, L] (:func:`collate_ids`).
+        states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`).
+        ttt_steps: unrolled steps K (1: plain teacher forcing).
+
+    Returns:
+        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there).
+    """
+    ids, learn = batch["ids"], batch["learn"]
+    to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
+    total, accuracy = None, 0.0
+    for k, s in enumerate(unroll(head, embed, ids, states, ttt_steps)):
+        span = s.shape[1] - k  # positions t whose target x_{t+k+2} exists
+        target = to_draft[ids[:, k + 2 : k + 2 + span]]
+        use = learn[:, k + 2 : k + 2 + span] & (target >= 0)
+        if not use.any():
+            continue
+        logits = head.logits(s[:, :span][use]).float()
+        term = 0.8**k * F.cross_entropy(logits, target[use])
+        total = term if total is None else total + term
+        if k == 0:
+            accuracy = (logits.argmax(-1) == target[use]).float().mean().item()
+    if total is None:
+        raise ValueError("no learnt token of the batch is in the draft vocabulary; nothing to train on")
+    return total, accuracy
+
+
+def check_target(name: str) -> None:
+    """Refuse a target EAGLE-3 cannot be trained for here yet (before any data is made)."""
+    if name == "captioner":
+        raise ValueError("--method eagle3 trains on text targets for now (--target smollm2): the captioner's cached "
+                         "records keep no image inputs, which its three target layers need")
+
+
+def train_head(args, model, train, held_out, out: Path, device: torch.device) -> int:
+    """``mmspec train drafter --method eagle3``: the head for ``model`` on the self-distillation
+    records ``train`` (``held_out`` scored at every checkpoint), saved in ``out`` (bf16)."""
+    from ..adapters.hf import text_decoder
+    from .checkpoint import TrainingRun, autocast, to_device, warmup_cosine
+
+    text = text_decoder(model).config
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if args.init:
+        head = Eagle3Head.load(args.init, model).float()
+    else:
+        head = Eagle3Head(Eagle3Config.for_target(text, draft_vocab_size=min(args.draft_vocab or vocab, vocab)))
+        head.set_draft_vocabulary(draft_vocabulary(train, head.config.draft_vocab_size, vocab))
+    head.to(device).train()
+    embed = model.get_input_embeddings().weight.detach().to(device)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+
+    def loss_of(chosen):
+        batch = collate_ids(chosen)
+        states = target_states(model, batch["ids"], head.config.aux_layers)
+        return eagle3_loss(head, embed, to_device(batch, device), states.to(device), args.ttt_steps)
+
+    run = TrainingRun(out, args, args.time_limit)
+    run.resume_into(head=head, optimizer=optimizer)
+    while run.step < args.steps:
+        step = run.step
+        order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
+        for group in optimizer.param_groups:
+            group["lr"] = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
+        with autocast(device):
+            loss, _ = loss_of([train[i] for i in order.tolist()])
+        run.optimizer_step(loss, optimizer, head.parameters())
+        if run.should_save(100, args.steps):
+            head.eval()
+            with torch.no_grad(), autocast(device):
+                scores = [loss_of(held_out[i : i + 16]) for i in range(0, len(held_out), 16)]
+            head.train()
+            entry = run.record(loss=loss.item(), held_out_loss=sum(s[0].item() for s in scores) / max(1, len(scores)),
+                               held_out_top1=sum(s[1] for s in scores) / max(1, len(scores)))
+            run.save(head=head.state_dict(), optimizer=optimizer.state_dict())
+            copy.deepcopy(head).to(torch.bfloat16).save(out, target=args.target, step=run.step, ttt_steps=args.ttt_steps,
+                                                        held_out_top1=entry["held_out_top1"])
+        if run.stop_if_out_of_time():
+            break
+    return 0

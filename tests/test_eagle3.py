@@ -1,0 +1,306 @@
+"""EAGLE-3: the target's fused layers, the draft vocabulary maps, greedy identity and the sampled
+distribution of chains and dynamic trees, the training-time test, export to vLLM / SGLang and back."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from scipy.stats import chisquare
+from test_distribution import NEW, PROMPT, TEMPERATURE, TOP_K, VOCAB, exact_marginals, tiny_llama
+from tiny_models import make_tiny
+
+import mmspec
+from mmspec.adapters.hf import TransformersTarget, text_decoder
+from mmspec.drafters import Eagle3Drafter, Eagle3TreeDrafter
+from mmspec.drafters.eagle3 import Eagle3LMHead
+from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+from mmspec.train.eagle3 import collate_ids, draft_vocabulary, eagle3_loss, target_states, unroll
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: one thread each (on a shared machine more threads only contend)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny("llama")
+
+
+def random_head(model, size=None, seed=0):
+    torch.manual_seed(seed)
+    config = text_decoder(model).config
+    head = Eagle3Head(Eagle3Config.for_target(config, draft_vocab_size=size or config.vocab_size)).eval()
+    if size:
+        head.set_draft_vocabulary(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size])
+    return head
+
+
+def test_target_returns_the_fused_layers(tiny):
+    """A tuple hidden_layer gives those hidden_states entries concatenated, on the lean path and
+    transformers' (a tree verification) alike."""
+    target = TransformersTarget(tiny.model)
+    layers = (2, 0, 1)
+    state, out = target.prefill(dict(tiny.inputs), hidden_layer=layers)
+    with torch.no_grad():
+        reference = tiny.model(**tiny.inputs, output_hidden_states=True).hidden_states
+    expected = torch.cat([reference[i] for i in layers], dim=-1)
+    assert out.hidden_states.shape == (1, tiny.prompt_len, 3 * text_decoder(tiny.model).config.hidden_size)
+    torch.testing.assert_close(out.hidden_states, expected, rtol=1e-4, atol=1e-4)
+    step = target.forward(state, torch.tensor([[5, 6]]), hidden_layer=layers)
+    with torch.no_grad():
+        ids = torch.cat([tiny.inputs["input_ids"], torch.tensor([[5, 6]])], dim=1)
+        full = tiny.model(input_ids=ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(step.hidden_states, torch.cat([full[i][:, -2:] for i in layers], dim=-1), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_layers_keep_the_fused_states():
+    """lean_states with a tuple on the fused C path (a step after a prefill) keeps each layer's
+    input as transformers' hidden_states does (the fused layers run in segments between them)."""
+    from test_fused import llama
+
+    from mmspec.core.cache import make_cache
+    from mmspec.modeling.fused import fused_plans
+    from mmspec.modeling.lean import lean_states
+
+    model = llama(torch.float32)
+    x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(1))
+    layers = (2, 1, 0)
+    with torch.inference_mode():
+        want = model(inputs_embeds=x, output_hidden_states=True).hidden_states
+        cache = make_cache(model.config)
+        lean_states(model, x[:, :6], cache)
+        if fused_plans(model.layers, cache, 3, torch.float32, x.device) is None:
+            pytest.skip("the fused layers do not run on this CPU")
+        last, kept = lean_states(model, x[:, 6:], cache, hidden_layer=layers)
+    torch.testing.assert_close(kept, torch.cat([want[i][:, 6:] for i in layers], dim=-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last, want[-1][:, 6:], rtol=1e-4, atol=1e-4)
+
+
+def test_draft_vocabulary_maps(tiny):
+    head = random_head(tiny.model, size=16)
+    ids = head.token_ids
+    assert torch.equal(ids, torch.arange(16) + head.d2t)  # draft j -> target j + d2t[j]
+    assert head.t2d.sum() == 16 and head.t2d[ids].all()
+    lm = Eagle3LMHead(head)
+    assert torch.equal(lm.tokens(torch.tensor([0, 5])), ids[[0, 5]])
+    q = torch.softmax(torch.randn(1, 16), dim=-1)
+    full = lm.full(q)
+    assert full.shape == (1, head.config.vocab_size) and torch.allclose(full[0, ids], q[0]) and full[0, ~head.t2d].eq(0).all()
+    with pytest.raises(ValueError, match="distinct"):
+        head.set_draft_vocabulary(torch.zeros(16, dtype=torch.long))
+
+
+def greedy_matches(tiny, head, tree, prompt=None):
+    """(whether EAGLE-3 greedy decoding gives plain decoding's output, tokens accepted)."""
+    inputs = tiny.inputs if prompt is None else {"input_ids": prompt}
+    reference = mmspec.generate(tiny.model, drafter=None, max_new_tokens=24, **inputs).sequences
+    drafter = (Eagle3TreeDrafter(tiny.model, head, depth=3, top_k=3, num_nodes=8) if tree
+               else Eagle3Drafter(tiny.model, head, num_draft_tokens=3))
+    out = mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=24, **inputs)
+    return torch.equal(out.sequences, reference), out.stats.accepted
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_greedy_output_is_the_targets(tiny, tree):
+    """A random head (draft vocabulary: 64 random ids); a trained one, whose drafts are accepted:
+    test_a_few_training_steps_lower_the_loss."""
+    assert greedy_matches(tiny, random_head(tiny.model, size=64), tree)[0]
+
+
+RUNS = 600
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_sampled_distribution_is_the_targets(tree):
+    """Chains (q over target ids, zero outside the draft vocabulary) and sampled dynamic trees keep
+    the target's distribution: chi-square against the exact marginals (test_distribution's model)."""
+    target = tiny_llama(0)
+    torch.manual_seed(5)
+    head = Eagle3Head(Eagle3Config.for_target(text_decoder(target).config, draft_vocab_size=6)).eval()
+    head.set_draft_vocabulary(torch.tensor([7, 1, 3, 5, 9, 2]))  # a q that is zero outside these ids
+    drafter = (Eagle3TreeDrafter(target, head, depth=2, top_k=3, num_nodes=6) if tree
+               else Eagle3Drafter(target, head, num_draft_tokens=2))
+    exact = exact_marginals(target)
+    counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
+    accepted = 0
+    for seed in range(RUNS):
+        out = mmspec.generate(target, drafter=drafter, max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
+                              top_k=TOP_K, seed=seed, input_ids=PROMPT)
+        accepted += out.stats.accepted
+        for i, token in enumerate(out.sequences[0, PROMPT.shape[1] :].tolist()):
+            counts[i, token] += 1
+    assert accepted > 50
+    for i in range(NEW):
+        support = exact[i] > 0
+        assert counts[i][~support].sum() == 0
+        result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * RUNS).numpy())
+        assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)
+
+
+@pytest.fixture(scope="module")
+def records(tiny):
+    """The tiny target's own greedy continuations of 12 prompts."""
+    records, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        for seed in range(12):
+            prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
+            ids = tiny.model.generate(input_ids=prompt, max_new_tokens=20, do_sample=False)[0]
+            learn = torch.zeros(len(ids), dtype=torch.bool)
+            learn[6:] = True
+            records.append({"ids": ids, "learn": learn})
+    torch.set_num_threads(threads)
+    return records
+
+
+def test_training_time_test_unrolls_as_the_drafter_drafts(tiny):
+    """Step 1 of the unrolled training forward at position t equals the head drafting after the
+    committed position t: step-0 pairs 0..t in its cache, then (s_0[t], x_{t+2}) at position t + 1."""
+    head = random_head(tiny.model, size=64)
+    ids = torch.randint(10, 400, (1, 12), generator=torch.Generator().manual_seed(3))
+    states = target_states(tiny.model, ids, head.config.aux_layers)
+    embed = tiny.model.get_input_embeddings().weight
+    with torch.no_grad():
+        s0, s1, s2 = unroll(head, embed, ids, states, 3)
+        t = 6
+        from mmspec.core.cache import make_cache
+
+        cache = make_cache(None)
+        first = head(states[:, : t + 1], embed[ids[:, 1 : t + 2]], cache, torch.arange(t + 1)[None])
+        torch.testing.assert_close(first[:, t], s0[:, t], rtol=1e-5, atol=1e-5)
+        second = head(first[:, t : t + 1], embed[ids[:, t + 2 : t + 3]], cache, torch.tensor([[t + 1]]))
+        torch.testing.assert_close(second[:, 0], s1[:, t], rtol=1e-5, atol=1e-5)
+        third = head(second, embed[ids[:, t + 3 : t + 4]], cache, torch.tensor([[t + 2]]))
+        torch.testing.assert_close(third[:, 0], s2[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_a_few_training_steps_lower_the_loss(tiny, records):
+    vocab = text_decoder(tiny.model).config.vocab_size
+    token_ids = draft_vocabulary(records, 96, vocab)
+    assert len(token_ids) == 96 and len(set(token_ids.tolist())) == 96
+    head = Eagle3Head(Eagle3Config.for_target(text_decoder(tiny.model).config, draft_vocab_size=96))
+    head.set_draft_vocabulary(token_ids)
+    embed = tiny.model.get_input_embeddings().weight.detach()
+    batch = collate_ids(records)
+    states = target_states(tiny.model, batch["ids"], head.config.aux_layers)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    first, _ = eagle3_loss(head, embed, batch, states, ttt_steps=3)
+    for _ in range(25):
+        loss, _ = eagle3_loss(head, embed, batch, states, ttt_steps=3)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    last, accuracy = eagle3_loss(head, embed, batch, states, ttt_steps=3)
+    assert last.item() < 0.7 * first.item(), (first.item(), last.item())
+    assert accuracy > 0.2
+    head.eval()
+    for tree in (False, True):  # the trained head's drafts are accepted, the output stays the target's
+        same, accepted = greedy_matches(tiny, head, tree, prompt=records[0]["ids"][None, :6])
+        assert same and accepted >= 5, (tree, accepted)
+
+
+@pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3"])
+def test_export_round_trip(tiny, tmp_path, fmt):
+    head = random_head(tiny.model, size=64, seed=4)
+    head.save(tmp_path / "own", target="tiny")
+    from mmspec.cli import main
+
+    assert main(["export", "drafter", str(tmp_path / "own"), "--format", fmt, "--out", str(tmp_path / fmt), "--dtype", "float32"]) == 0
+    config = json.loads((tmp_path / fmt / "config.json").read_text())
+    assert config["architectures"] == [{"vllm-eagle3": "Eagle3LlamaForCausalLM", "sglang-eagle3": "LlamaForCausalLMEagle3"}[fmt]]
+    assert config["draft_vocab_size"] == 64 and config["target_hidden_size"] == head.config.hidden_size
+    layers = config.get("eagle_aux_hidden_state_layer_ids") or [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    assert tuple(layers) == head.config.aux_layers
+    tensors = load_file(str(tmp_path / fmt / "model.safetensors"))
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(tensors)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * head.config.hidden_size
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    runs = {}
+    for name in ("own", fmt):
+        out = mmspec.generate(tiny.model, drafter=f"eagle3:{tmp_path / name}", max_new_tokens=12, do_sample=True, seed=3,
+                              num_draft_tokens=3, **tiny.inputs)
+        runs[name] = (out.sequences, out.stats.drafted_per_position, out.stats.accepted_per_position)
+    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(runs["own"], runs[fmt]))
+
+
+def test_errors(tiny, tmp_path):
+    with pytest.raises(ValueError, match="eagle3:PATH"):
+        mmspec.generate(tiny.model, drafter="eagle3", max_new_tokens=2, **tiny.inputs)
+    with pytest.raises(FileNotFoundError, match="mmspec train drafter --method eagle3"):
+        Eagle3Head.load(tmp_path)
+    from mmspec.cli import main
+
+    random_head(tiny.model, size=8).save(tmp_path / "h")
+    assert main(["export", "drafter", str(tmp_path / "nothing"), "--format", "vllm-eagle3", "--out", str(tmp_path / "o")]) == 2
+    head = random_head(tiny.model, size=8)  # an engine layout naming no target layers, without t2d (as some trainers write)
+    head.export(tmp_path / "bare", "vllm-eagle3", torch.float32)
+    config = json.loads((tmp_path / "bare" / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"]
+    (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
+    from safetensors.torch import save_file
+
+    tensors = load_file(str(tmp_path / "bare" / "model.safetensors"))
+    del tensors["t2d"]
+    save_file(tensors, str(tmp_path / "bare" / "model.safetensors"))
+    with pytest.raises(ValueError, match="names no target layers"):
+        Eagle3Head.load(tmp_path / "bare")
+    loaded = Eagle3Head.load(tmp_path / "bare", tiny.model)
+    assert loaded.config.aux_layers == head.config.aux_layers and torch.equal(loaded.t2d, head.t2d)
+    other = make_tiny("idefics3")
+    if text_decoder(other.model).config.hidden_size != text_decoder(tiny.model).config.hidden_size:
+        with pytest.raises(ValueError, match="width"):
+            Eagle3Head.load(tmp_path / "h", other.model)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_batch_rows_equal_their_batch_one_generation(tiny, tree):
+    """In a batch each row drafts EAGLE-3 chains (a tree drafter's chain form: the same head) and
+    gets what its own generation gives, greedy and sampled."""
+    from mmspec.api import generate_rows
+
+    head = random_head(tiny.model, size=64)
+    drafter = Eagle3TreeDrafter(tiny.model, head, depth=3) if tree else Eagle3Drafter(tiny.model, head, num_draft_tokens=3)
+    chain = drafter.for_batch()
+    assert type(chain) is Eagle3Drafter and chain.head is head and chain.target_hidden_layer == head.config.aux_layers
+    ids = tiny.inputs["input_ids"][0]
+    prompts = [ids, ids[:5], torch.randint(3, 400, (9,), generator=torch.Generator().manual_seed(7))]
+    for do_sample in (False, True):
+        kwargs = dict(max_new_tokens=10, do_sample=do_sample, seed=11)
+        batch = generate_rows(tiny.model, [{"input_ids": p[None]} for p in prompts], drafter=drafter, **kwargs)
+        width = max(len(p) for p in prompts)
+        for b, prompt in enumerate(prompts):
+            single = mmspec.generate(tiny.model, drafter=drafter.for_batch(), input_ids=prompt[None], **kwargs)
+            new = single.sequences[0, len(prompt) :]
+            assert torch.equal(batch.sequences[b, width : width + len(new)], new), (do_sample, b)
+
+
+@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+def test_vlm_greedy_output_is_the_targets(family):
+    """Over a VLM the three target layers come from the model's forward with the image (prefill)
+    and its lean steps; the output stays plain decoding's."""
+    case = make_tiny(family)
+    reference = mmspec.generate(case.model, drafter=None, max_new_tokens=12, **case.inputs).sequences
+    head = random_head(case.model, size=64)
+    for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3)):
+        out = mmspec.generate(case.model, drafter=drafter, max_new_tokens=12, **case.inputs)
+        assert torch.equal(out.sequences, reference)
+
+
+def test_captured_target_returns_the_fused_layers():
+    """A target with captured forwards (static buffers, eager on a CPU) keys its forward by the
+    tuple and gives the plain target's output under EAGLE-3."""
+    from mmspec.adapters.hf import CapturedTransformersTarget
+
+    case = make_tiny("llama")
+    reference = mmspec.generate(case.model, drafter=None, max_new_tokens=12, **case.inputs).sequences
+    captured = CapturedTransformersTarget(case.model, max_length=128, buckets=(1, 2, 4, 8, 16, 32))
+    head = random_head(case.model, size=64)
+    for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3, num_nodes=8)):
+        out = mmspec.generate(captured, drafter=drafter, max_new_tokens=12, **case.inputs)
+        assert torch.equal(out.sequences, reference)
