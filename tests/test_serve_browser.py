@@ -57,6 +57,7 @@ def page():
         driver = webdriver.Chrome(options=options, service=Service(DRIVER))
         try:
             driver.get(base + "/")
+            driver.find_element(By.ID, "key").send_keys(KEY)  # every test starts with the key typed (any order, any worker)
             yield driver
         finally:
             driver.quit()
@@ -77,12 +78,16 @@ def test_page_loads_without_script_errors(page):
 
 
 def test_a_missing_api_key_is_shown_as_the_error(page):
-    """Before the key is typed: the server's 401 message in the panel, in red, and no image."""
-    page.find_element(By.ID, "imggo").click()
-    error = wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#imgstats .error"), 10)[0]
-    assert "API key" in error.text
-    assert not page.find_element(By.ID, "imgout").is_displayed()
-    page.find_element(By.ID, "key").send_keys(KEY)
+    """Without the key: the server's 401 message in the panel, in red, and no image (the key is
+    typed again after, for the other tests)."""
+    page.find_element(By.ID, "key").clear()
+    try:
+        page.find_element(By.ID, "imggo").click()
+        error = wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#imgstats .error"), 10)[0]
+        assert "API key" in error.text
+        assert not page.find_element(By.ID, "imgout").is_displayed()
+    finally:
+        page.find_element(By.ID, "key").send_keys(KEY)
 
 
 def test_uploaded_or_dropped_image_captions_streaming_with_stats(page):
