@@ -19,6 +19,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from ..pipelines.captioning import CaptionStream, Conversation
+from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
 from .inputs import Fields, decode_image
@@ -339,7 +340,7 @@ class SpeechService(TaskService):
         fmt = fields.get("response_format", str, "wav")
         if fmt not in SPEECH_FORMATS:
             raise bad_request(f"response_format {fmt!r} is not supported; use wav or pcm", "response_format", "unsupported")
-        speed = fields.number("speed", 1.0, 0.25, 4.0)
+        speed = fields.number("speed", 1.0, 0.25, MAX_SPEED)  # OpenAI's range, 0.25 to 4 (the voice's MAX_SPEED)
         sampling = sampling_fields(fields, None)
         seed = fields.integer("seed", 0, 0, 2**31 - 1)
         max_seconds = fields.number("max_seconds", self.config.max_speech_seconds, 0.0, self.config.max_speech_seconds,
