@@ -37,6 +37,13 @@ class CaptionMethod(Method):
 
     SETTINGS = SETTINGS
     registry = METHODS
+    #: the one line refusing a spec without its argument, for methods that need one (None: optional)
+    missing_argument: ClassVar[str | None] = None
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        super().__init__(arg, **settings)
+        if self.missing_argument and self.settings[self.argument] is None:
+            raise ValueError(self.missing_argument)
 
     def drafter_spec(self) -> str:
         """The short form the drafter registry reads: ``"prompt-lookup:10"``, ``"eagle:DIR"``, ``"ar"``."""
@@ -70,11 +77,7 @@ class LayerSkip(CaptionMethod):
     description = "the target's first layers and its LM head draft (training-free)"
     argument = "layers"
     defaults = {"layers": None}
-
-    def __init__(self, arg: str | None = None, **settings: Any) -> None:
-        super().__init__(arg, **settings)
-        if self.settings["layers"] is None:
-            raise ValueError('layer-skip needs the number of layers, e.g. drafter="layer-skip:8"')
+    missing_argument = 'layer-skip needs the number of layers, e.g. drafter="layer-skip:8"'
 
 
 class TrainedDrafter(CaptionMethod):
@@ -127,12 +130,8 @@ class Assistant(CaptionMethod):
     description = "Gemma 4's multi-token-prediction assistant (gemma4_assistant), drafting over the target's KV"
     argument = "path"
     defaults = {"path": None}
-
-    def __init__(self, arg: str | None = None, **settings: Any) -> None:
-        super().__init__(arg, **settings)
-        if self.settings["path"] is None:
-            raise ValueError('the assistant drafter needs its checkpoint: drafter="assistant:DIR" (a directory or hub id, '
-                             'e.g. google/gemma-4-e2b-it-assistant)')
+    missing_argument = ('the assistant drafter needs its checkpoint: drafter="assistant:DIR" (a directory or hub id, '
+                        'e.g. google/gemma-4-e2b-it-assistant)')
 
 
 class DrafterSpecMethod(CaptionMethod):
