@@ -67,3 +67,19 @@ def test_bench_refuses_a_missing_speaker_reference(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mmspec", "bench", "tts", "--speaker-reference", str(tmp_path / "no.wav"),
                           "--results", str(tmp_path / "r.json")], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--speaker-reference" in run.stderr, run.stderr
+
+
+def test_bench_summary_gives_wer_per_source(piper):
+    """Sentence 0 (source "right") is said correctly, sentence 1 (source "wrong") with sentence 0's
+    audio: the per-source WERs tell them apart and the table lists both."""
+    rate, texts, audio = piper
+    pipe = SimpleNamespace(sampling_rate=rate, components=SimpleNamespace(waveform=lambda codes: audio[0][None]))
+    runs = {f"ar|{i}|0": {"time": 1.0, "seconds": 2.0, "tau": 8.0, "codes": [[0]]} for i in range(2)}
+    row = summarise({"runs": runs, "meta": {"rounds": 1}}, ["ar"], texts, pipe, quality=True,
+                    sources=["right", "wrong"])["ar"]
+    assert list(row["wer_by_source"]) == ["right", "wrong"]
+    assert row["wer_by_source"]["right"] <= 0.25 < 0.5 <= row["wer_by_source"]["wrong"]
+    meta = {"sentences": 2, "rounds": 1, "greedy": False, "temperature": 1.0, "text": "open",
+            "machine": {"threads": 1, "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+    table = markdown_table({"ar": row}, meta)
+    assert "held-out open sentences" in table and "| method | right | wrong |" in table

@@ -1,7 +1,10 @@
 """``mmspec bench tts``: every text-to-speech method on held-out sentences, side by side.
 
-Sentences: the first ``--sentences`` of the test split of :mod:`mmspec.train.data.sentences`
-(never drawn for training). Each method says each sentence once per round with the same seed as
+Sentences (``--text``, :data:`TEXTS`): ``grammar``, the first ``--sentences`` of the test split of
+:mod:`mmspec.train.data.sentences` (the voice's small world); ``open``, the test split of the
+open-domain corpus (:mod:`mmspec.train.data.open_text`, its sources taken in turn, the WER also
+given per source); ``handwritten``, the hand-written everyday sentences that no training source
+made (:mod:`mmspec.train.data.speech_test`). None is ever drawn for training. Each method says each sentence once per round with the same seed as
 AR, methods interleaved per sentence after a warm-up (the bench protocol: each method once, then
 every sentence once, so that no method pays a sentence's first-shape kernel builds); times are sums
 over every sentence and round, speedup = AR's time / the method's. Columns: speedup, tau (stream
@@ -28,12 +31,40 @@ from .results import add_device_args, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 
+def grammar_texts(n: int) -> list[tuple[str, str]]:
+    from ..train.data.sentences import sentence
+
+    return [("grammar", sentence("test", i)) for i in range(n)]
+
+
+def open_texts(n: int) -> list[tuple[str, str]]:
+    from ..train.data.open_text import open_corpus
+
+    return open_corpus("test", n)
+
+
+def handwritten_texts(n: int) -> list[tuple[str, str]]:
+    from ..train.data.speech_test import test_sentences
+
+    texts = test_sentences()
+    if n > len(texts):
+        raise ValueError(f"--sentences {n}: the hand-written test split has {len(texts)} sentences; pass at most that")
+    return [("handwritten", text) for text in texts[:n]]
+
+
+#: --text name -> n -> [(source, sentence)] of held-out sentences
+TEXTS = {"grammar": grammar_texts, "open": open_texts, "handwritten": handwritten_texts}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..pipelines.text_to_speech.methods import METHODS
 
     parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: valle (the default) or delay")
     parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
     parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument("--text", choices=sorted(TEXTS), default="grammar",
+                        help="held-out sentences: grammar (the voice's small world), open (the open-domain corpus' test "
+                        "split, WER per source too) or handwritten (everyday sentences no training source made)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--greedy", action="store_true")
@@ -56,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
     import mmspec
     from ..pipelines.methods import split_specs
     from ..pipelines.text_to_speech.methods import make_method
-    from ..train.data.sentences import sentence
-
     specs = split_specs(args.methods)
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
@@ -67,12 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with plain decoding: include ar in --methods")
     torch.set_num_threads(args.threads)
-    texts = [sentence("test", i) for i in range(args.sentences)]
+    sourced = TEXTS[args.text](args.sentences)
+    texts, sources = [text for _, text in sourced], [source for source, _ in sourced]
     pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize,
                            dtype=args.dtype)  # one model for every method
     path = Path(args.results)
     results = json.loads(path.read_text()) if path.exists() else {}
-    meta = {"sentences": args.sentences, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
+    meta = {"sentences": args.sentences, "text": args.text, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),
             "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
@@ -107,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     references = None
     if not args.no_quality and reference != "none":
         references, results["reference_rows"] = speaker_references(reference, texts, pipe)
-    summary = summarise(results, specs, texts, pipe, quality=not args.no_quality, references=references)
+    summary = summarise(results, specs, texts, pipe, quality=not args.no_quality, references=references, sources=sources)
     results["summary"] = summary
     save_results(path, results)
     table = markdown_table(summary, meta, results.get("reference_rows", {}))
@@ -160,12 +190,13 @@ def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[tor
 
 
 def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool,
-              references: list[torch.Tensor] | None = None) -> dict:
+              references: list[torch.Tensor] | None = None, sources: list[str] | None = None) -> dict:
     """Per method: time, audio seconds, speedup over AR (and, for a VALL-E-style voice, that of
     the code stream alone, its NAR stage's time left out), tau, real-time factor and, with
     ``quality``, the WER of every round's audio (decoded from the stored codes), overall and per
     round, and with ``references`` (a speaker embedding per sentence) the mean speaker similarity,
-    overall and per round."""
+    overall and per round; with ``sources`` (one name per sentence) naming more than one source, the
+    WER per source too."""
     runs, rounds = results["runs"], results["meta"]["rounds"]
     n = len(texts)
     cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(n)] for spec in specs}
@@ -189,6 +220,10 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
             hypotheses = [transcribe(a, rate) for a in audio]
             row["wer"] = word_error_rate([t for _ in range(rounds) for t in texts], hypotheses)
             row["wer_rounds"] = [word_error_rate(texts, hypotheses[r * n:(r + 1) * n]) for r in range(rounds)]
+            if sources and len(set(sources)) > 1:
+                row["wer_by_source"] = {
+                    name: word_error_rate(*zip(*[(texts[k % n], h) for k, h in enumerate(hypotheses) if sources[k % n] == name]))
+                    for name in dict.fromkeys(sources)}
             if references is not None:
                 sims = [float(speaker_embedding(a, rate) @ references[k % n]) for k, a in enumerate(audio)]
                 row["speaker_similarity"] = sum(sims) / len(sims)
@@ -204,7 +239,7 @@ def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
 def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None) -> str:
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
-    lines = [f"{meta['sentences']} held-out sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
+    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
              f"{machine_line(m)}, torch {m['torch']}", "",
              "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
              "|---|---|---|---|---|---|"]
@@ -220,4 +255,10 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     for name, row in (reference_rows or {}).items():
         sim = f"{row['speaker_similarity']:.3f}" if "speaker_similarity" in row else "1 (itself)"
         lines.append(f"| {name} | - | - | - | {100 * row['wer']:.1f} % | {sim} |")
+    by_source = {spec: row["wer_by_source"] for spec, row in summary.items() if "wer_by_source" in row}
+    if by_source:
+        names = list(next(iter(by_source.values())))
+        lines += ["", "WER per source:", "", "| method | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        lines += [f"| {spec} | " + " | ".join(f"{100 * wers[name]:.1f} %" for name in names) + " |"
+                  for spec, wers in by_source.items()]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ RECIPES = {
     "mar": ("mar", "the embedded continuous-token (MAR) generator (or its draft: --preset draft)"),
     "image-drafter": ("image_drafter", "an EAGLE head for a text-to-image generator (both guidance rows)"),
     "clip": ("clip", "the text-to-image metric model (a small CLIP on rendered scenes)"),
+    "open-text": ("open_text", "the SmolLM2-written sentences of the embedded voice's open-domain text"),
     "speech-data": ("speech_data", "real speech for the embedded voice (the Piper voice over the sentence grammar)"),
     "codec": ("codec", "the embedded voice's codec (residual k-means over log-mel frames) and its round-trip WER"),
     "tts": ("tts", "the embedded voice's codec LM (or its draft: --preset draft)"),

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..hub import MissingDependencyError
+from .data.open_text import SOURCES, open_corpus
 from .data.sentences import sentence
 
 
@@ -69,12 +70,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="runs/speech-data", help="shard directory")
     parser.add_argument("--split", default="train", choices=["train", "validation", "test"])
     parser.add_argument("--sentences", type=int, default=4096, help="sentences to synthesise in all")
+    parser.add_argument("--text", choices=["grammar", "open"], default="grammar",
+                        help="grammar: the voice's small world (mmspec/train/data/sentences.py); open: the open-domain "
+                        "corpus of mmspec/train/data/open_text.py")
+    parser.add_argument("--sources", default=",".join(SOURCES),
+                        help=f"with --text open: the comma-separated sources to draw from (of {', '.join(SOURCES)}); "
+                        "shards are named after them, so sources can be synthesised in separate runs into one --out")
     parser.add_argument("--shard-size", type=int, default=256)
     parser.add_argument("--worker", type=_worker, default=(0, 1), help="I/N: this process writes the shards whose index is I mod N "
                         "(run N processes, one per core)")
 
 
 def run(args) -> None:
+    sources = [name.strip() for name in args.sources.split(",") if name.strip()]
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown or not sources:
+        raise ValueError(f"--sources: unknown {unknown or 'empty list'}; use a comma-separated list of {', '.join(SOURCES)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     voice = load_voice()
@@ -83,15 +94,19 @@ def run(args) -> None:
                                                 "phoneme_id_map": voice.config.phoneme_id_map}, ensure_ascii=False))
     worker, workers = args.worker
     shards = (args.sentences + args.shard_size - 1) // args.shard_size
+    prefix, texts_of = args.split, lambda first, last: [sentence(args.split, i) for i in range(first, last)]
+    if args.text == "open":
+        corpus = [text for _, text in open_corpus(args.split, args.sentences, sources)]
+        prefix = f"{args.split}-open-{'+'.join(sources)}"
+        texts_of = lambda first, last: corpus[first:last]  # noqa: E731
     for shard in range(worker, shards, workers):
-        path = out / f"{args.split}-{shard:05d}.pt"
+        path = out / f"{prefix}-{shard:05d}.pt"
         if path.exists():
             continue
         started = time.time()
         first = shard * args.shard_size
         texts, ids, audio, durations = [], [], [], []
-        for index in range(first, min(first + args.shard_size, args.sentences)):
-            text = sentence(args.split, index)
+        for text in texts_of(first, min(first + args.shard_size, args.sentences)):
             phonemes, samples, spent = synthesise(voice, text)
             texts.append(text)
             ids.append(phonemes)

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--input-noise", type=float, default=0.1, help="fraction of codebook-0 input codes replaced by "
                         "random codes")
+    parser.add_argument("--init", default=None, help="start from this NAR stage's weights (e.g. the shipped "
+                        "models/tts-valle-nar, to fine-tune it on new speech); its width and depth are used, and the step "
+                        "count restarts")
     add_run_arguments(parser, threads=1, save_every=100)
 
 
@@ -67,10 +70,21 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(i["codes"].shape[1] for i in items)
-    config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
-                            codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
-                            heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest))
-    model = CodecNAR(config).to(device)
+    if args.init:
+        model = CodecNAR.from_pretrained(args.init, dtype=torch.float32)
+        config = model.config
+        if (config.num_codebooks, config.codebook_size) != (codec.config.num_codebooks, codec.config.codebook_size):
+            raise ValueError(f"--init {args.init} predicts {config.num_codebooks} codebooks of {config.codebook_size} "
+                             f"codes, the codec {codec_dir} has {codec.config.num_codebooks} of {codec.config.codebook_size}")
+        if config.max_positions < longest:
+            raise ValueError(f"--init {args.init} takes at most {config.max_positions} frames; the data's longest "
+                             f"utterance has {longest}: drop --init or shorten the data")
+        model = model.to(device)
+    else:
+        config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
+                                codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
+                                heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest))
+        model = CodecNAR(config).to(device)
     print(f"codec NAR stage: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(items)} utterances",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)

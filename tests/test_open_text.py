@@ -1,0 +1,83 @@
+"""The embedded voice's open-domain text (mmspec/train/data/open_text.py): its sources, their
+filters, the hash split, and ``mmspec train speech-data --text open``'s checks."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mmspec.train.data import open_text
+from mmspec.train.data.core import split_of
+from mmspec.train.data.open_text import SOURCES, clean_sentence, open_corpus, ordinal
+
+
+@pytest.mark.parametrize("reply, kept", [
+    ("I'm going to take the train to work tomorrow.", "I'm going to take the train to work tomorrow."),
+    ('"Your Italian pasta is one of my favorite dishes!" And more.', "Your Italian pasta is one of my favorite dishes!"),
+    ("Here's a sample sentence: the garden is full.", None),  # a meta-answer
+    ("The library of Eldrador is vast", None),  # no end punctuation
+    ("Hi.", None),  # too short
+    ("The caf\u00e9 opens at nine.", None),  # a character outside ALLOWED
+    ("the bus is late.", None),  # not a sentence start
+    ("Is the dentist open on Sunday?\n\nSure!", "Is the dentist open on Sunday?"),
+])
+def test_generated_replies_are_cut_to_one_plain_sentence(reply, kept):
+    assert clean_sentence(reply) == kept
+
+
+@pytest.mark.parametrize("n, text", [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"),
+                                     (13, "13th"), (21, "21st"), (22, "22nd"), (101, "101st"), (111, "111th")])
+def test_ordinal(n, text):
+    assert ordinal(n) == text
+
+
+def test_splits_are_disjoint_and_owned_by_the_hash():
+    train = {t for _, t in open_corpus("train", 600, ["numbers", "words", "fortunes", "smollm2"])}
+    test = {t for _, t in open_corpus("test", 200, ["numbers", "words", "fortunes", "smollm2"])}
+    assert train and test and not train & test
+    assert all(split_of(f"open|{t.lower()}") == "test" for t in test)
+
+
+def test_the_corpus_is_deterministic_and_follows_the_shares():
+    first = open_corpus("train", 400, ["numbers", "grammar"])
+    assert first == open_corpus("train", 400, ["numbers", "grammar"])
+    counts = {name: sum(source == name for source, _ in first) for name in ("numbers", "grammar")}
+    share = SOURCES["numbers"][1] / (SOURCES["numbers"][1] + SOURCES["grammar"][1])
+    assert abs(counts["numbers"] / 400 - share) < 0.01, counts
+
+
+def test_fortunes_and_words_are_parsed_from_their_files(tmp_path, monkeypatch):
+    (tmp_path / "fortunes").write_text("A banker lends you his umbrella when the sun is shining.\n\t\t-- Mark Twain\n%\n"
+                                       "Q: Why did the chicken cross the road?\n%\nToo short.\n")
+    words = tmp_path / "words"
+    words.write_text("apple\nBoston\nbanana's\ncherry\n")
+    monkeypatch.setattr(open_text, "FORTUNES", tmp_path)
+    monkeypatch.setattr(open_text, "WORDS", words)
+    every = [t for split in ("train", "validation", "test") for t in open_text.fortunes(split)]
+    assert sorted(every) == ["A banker lends you his umbrella when the sun is shining.",
+                             "Why did the chicken cross the road?"]
+    said = [t for split in ("train", "validation", "test") for t in open_text.words(split, count=50)]
+    assert said and all(("apple" in t) or ("cherry" in t) for t in said)
+    assert not any("Boston" in t or "banana" in t for t in said)
+
+
+def test_missing_system_sources_are_empty_not_errors(tmp_path, monkeypatch):
+    monkeypatch.setattr(open_text, "FORTUNES", tmp_path / "none")
+    monkeypatch.setattr(open_text, "WORDS", tmp_path / "none.txt")
+    assert open_text.fortunes("train") == [] and open_text.words("train") == []
+    with pytest.raises(ValueError, match="apt-get install fortunes-min wamerican"):
+        open_corpus("train", 10, ["fortunes", "words"])
+
+
+def test_the_generated_text_is_kept_in_the_package():
+    lines = open_text.SMOLLM2_TEXT.read_text().splitlines()
+    assert lines[0].startswith("# source: SmolLM2-135M-Instruct")
+    sentences = lines[1:]
+    assert len(sentences) >= 1000 and len({s.lower() for s in sentences}) == len(sentences)
+    assert all(clean_sentence(s) == s for s in sentences)
+
+
+def test_speech_data_refuses_an_unknown_source(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "mmspec", "train", "speech-data", "--text", "open", "--sources",
+                          "smollm2,poems", "--out", str(tmp_path / "d")], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "poems" in run.stderr, run.stderr
