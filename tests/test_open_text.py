@@ -81,3 +81,17 @@ def test_speech_data_refuses_an_unknown_source(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mmspec", "train", "speech-data", "--text", "open", "--sources",
                           "smollm2,poems", "--out", str(tmp_path / "d")], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "poems" in run.stderr, run.stderr
+
+
+def test_speech_data_report_counts_hours_words_and_phoneme_pairs(tmp_path):
+    import torch
+
+    from mmspec.train.speech_data import coverage
+
+    torch.save({"texts": ["The cat sat.", "The dog ran!"], "sample_rate": 100,
+                "phoneme_ids": [torch.tensor([1, 0, 5, 0, 6, 0, 2]), torch.tensor([1, 0, 5, 0, 7, 0, 2])],
+                "audio": [torch.zeros(180, dtype=torch.int16), torch.zeros(180, dtype=torch.int16)]},
+               tmp_path / "train-00000.pt")
+    report = coverage(tmp_path)
+    assert report == {"hours": pytest.approx(3.6 / 3600), "sentences": 2, "words": 6, "distinct_words": 5,
+                      "phoneme_ids": 5, "phoneme_id_pairs": 5}  # pairs (1,5) (5,6) (6,2) (5,7) (7,2), pads left out

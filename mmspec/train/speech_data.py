@@ -77,11 +77,42 @@ def add_arguments(parser) -> None:
                         help=f"with --text open: the comma-separated sources to draw from (of {', '.join(SOURCES)}); "
                         "shards are named after them, so sources can be synthesised in separate runs into one --out")
     parser.add_argument("--shard-size", type=int, default=256)
+    parser.add_argument("--report", action="store_true", help="synthesise nothing: print what the shards of --out "
+                        "and --split cover (hours, sentences, distinct words, phoneme ids and phoneme-id pairs)")
     parser.add_argument("--worker", type=_worker, default=(0, 1), help="I/N: this process writes the shards whose index is I mod N "
                         "(run N processes, one per core)")
 
 
+def coverage(data: str | Path, split: str = "train") -> dict:
+    """What the shards of ``split`` in ``data`` cover: hours of speech, sentences, words, distinct
+    words (lower case, punctuation stripped), distinct phoneme ids and distinct adjacent pairs of
+    phoneme ids (a proxy for the sound transitions the voice hears; Piper's pad id 0, which it puts
+    between every two phonemes, left out)."""
+    import re
+
+    from .codec import speech_shards
+
+    seconds, sentences, words, ids, pairs = 0.0, 0, 0, set(), set()
+    vocabulary = set()
+    for shard in speech_shards(data, split):
+        saved = torch.load(shard, weights_only=True)
+        seconds += sum(a.shape[0] for a in saved["audio"]) / saved["sample_rate"]
+        sentences += len(saved["texts"])
+        for text, phonemes in zip(saved["texts"], saved["phoneme_ids"]):
+            tokens = re.findall(r"[a-z0-9']+", text.lower())
+            words += len(tokens)
+            vocabulary.update(tokens)
+            row = [i for i in phonemes.tolist() if i != 0]
+            ids.update(row)
+            pairs.update(zip(row, row[1:]))
+    return {"hours": seconds / 3600, "sentences": sentences, "words": words, "distinct_words": len(vocabulary),
+            "phoneme_ids": len(ids), "phoneme_id_pairs": len(pairs)}
+
+
 def run(args) -> None:
+    if args.report:
+        print(json.dumps(coverage(args.out, args.split), indent=1))
+        return
     sources = [name.strip() for name in args.sources.split(",") if name.strip()]
     unknown = sorted(set(sources) - set(SOURCES))
     if unknown or not sources:
