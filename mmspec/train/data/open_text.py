@@ -80,6 +80,7 @@ STYLES = (
 )
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"\u201d]?\s+")
+_ABBREVIATIONS = ("mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "prof.", "vs.", "etc.", "e.g.", "i.e.")
 _BAD_WORDS = ("sentence", "here's", "here is", "rephrase", "example", "assistant", "i can't", "as an ai")
 
 
@@ -96,6 +97,8 @@ def clean_sentence(text: str) -> str | None:
         return None
     lowered = first.lower()
     if any(bad in lowered for bad in _BAD_WORDS) or not first[0].isupper():
+        return None
+    if lowered.endswith(_ABBREVIATIONS):  # cut inside "Mr. Smith ..." by the sentence split
         return None
     return first
 
