@@ -146,3 +146,15 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float 
     """Learning rate at ``step``: linear warm-up over ``warmup`` steps times a cosine from 1 to
     ``floor`` over ``total`` steps: peak * min(1, (step + 1) / warmup) * (floor + (1 - floor) * (1 + cos(pi step / total)) / 2)."""
     return peak * min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / total)))
+
+
+def draw_rows(lengths: list[int], batch_size: int, generator: torch.Generator, similar: bool = False) -> list[int]:
+    """The rows of one training batch: ``batch_size`` uniform draws, or with ``similar`` a run of
+    ``batch_size`` neighbours in length order (its start drawn uniformly), so that a batch of
+    utterances from 1 to 15 s is not padded to its longest row: the padding, and with it most of
+    a step's cost, shrinks, at the price of batches less mixed in length."""
+    if not similar or len(lengths) <= batch_size:
+        return torch.randint(len(lengths), (batch_size,), generator=generator).tolist()
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    start = int(torch.randint(len(lengths) - batch_size + 1, (1,), generator=generator))
+    return order[start:start + batch_size]

@@ -23,7 +23,7 @@ import torch
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
 from .codec import iter_utterances
 
 PRESETS = {
@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-dropout", type=float, default=0.0,
                         help="hide the phoneme prefix from attention in this fraction of the rows (an aligned model then "
                         "reads the phonemes only from its alignment inputs, so it learns to use them)")
+    parser.add_argument("--similar-lengths", action="store_true", help="batch utterances of similar length (neighbours "
+                        "in length order) instead of uniform draws: much less padding on data of mixed lengths")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -217,12 +219,13 @@ def run(args: argparse.Namespace) -> int:
     manifest.setdefault("draft", "../tts-draft" if args.preset != "draft" else None)  # (a voice's own choice is kept)
     manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
+    lengths = [len(i["phonemes"]) + i["codes"].shape[1] for i in items]
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
+        rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         batch["steps"] = noisy_steps(batch["steps"], args.input_noise, config.codebook_size, generator)
         if args.prefix_dropout:

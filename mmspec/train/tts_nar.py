@@ -20,7 +20,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
 
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", default=None, help="start from this NAR stage's weights (e.g. the shipped "
                         "models/tts-valle-nar, to fine-tune it on new speech); its width and depth are used, and the step "
                         "count restarts")
+    parser.add_argument("--similar-lengths", action="store_true", help="batch utterances of similar length (neighbours "
+                        "in length order) instead of uniform draws: much less padding on data of mixed lengths")
     add_run_arguments(parser, threads=1, save_every=100)
 
 
@@ -95,12 +97,13 @@ def run(args: argparse.Namespace) -> int:
         manifest["nar"] = os.path.relpath(out.resolve(), voice.resolve())
         (voice / "tts.json").write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
+    lengths = [i["codes"].shape[1] for i in items]
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
+        rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
         with autocast(device):
