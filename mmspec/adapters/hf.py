@@ -23,7 +23,7 @@ from ..core.target import TargetOutput, select_hidden_states
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
-from .recurrent import BATCHES_REFUSED, TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
+from .recurrent import TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
 
 #: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
 #: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
@@ -274,8 +274,8 @@ class TransformersTarget:
 
     @property
     def batch_size_one_reason(self) -> str | None:
-        """Why this model's rows cannot share a batch (recurrent layers', or its family's), or None."""
-        return BATCHES_REFUSED if self.recurrent else self.family.batch_size_one_reason
+        """Why this model's rows cannot share a batch (its family's), or None."""
+        return self.family.batch_size_one_reason
 
     @property
     def eos_token_ids(self) -> list[int]:
