@@ -73,6 +73,12 @@ class FamilyHooks:
         prefill takes (as transformers' ``prepare_inputs_for_generation`` gives them)."""
         return {}
 
+    def draft_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """Inputs besides ids, positions and mask that a self-speculative draft's forward through the
+        first layers of a batch's cache takes, so that each row drafts what it drafts alone (where a
+        row alone takes none, a stacked batch may need some: Mllama's padded image tiles)."""
+        return {}
+
 
 #: model_type -> the family's :class:`FamilyHooks` (the others get the base class's)
 FAMILY_HOOKS: dict[str, FamilyHooks] = {}
@@ -182,7 +188,8 @@ class TransformersTarget:
     Hybrid recurrent decoders (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) keep their
     recurrent layers in :class:`~mmspec.adapters.recurrent.RecurrentLayer` cache layers that roll
     back with the KV cache; a verification over several tokens also keeps the layers' inputs for
-    that (:mod:`mmspec.adapters.recurrent`). They decode chains, one sequence at a time.
+    that (:mod:`mmspec.adapters.recurrent`). They decode chains, batches of rows included (each
+    row's recurrent state rewound to its own accepted length).
 
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
@@ -217,7 +224,7 @@ class TransformersTarget:
         #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
         self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
         self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
-        #: recurrent (linear-attention / convolution) layers: chains only, batch size 1
+        #: recurrent (linear-attention / convolution) layers: chains only (no token trees)
         self.recurrent = has_recurrent_layers(config)
         if self.recurrent:
             make_recurrent_cache(config, text_decoder(model))  # a mixer mmspec cannot roll back: refused here, once
@@ -276,6 +283,10 @@ class TransformersTarget:
     def batch_size_one_reason(self) -> str | None:
         """Why this model's rows cannot share a batch (its family's), or None."""
         return self.family.batch_size_one_reason
+
+    def draft_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """The family's :meth:`FamilyHooks.draft_inputs` (layer skip and Kangaroo over a batch)."""
+        return self.family.draft_inputs(cache, num_tokens)
 
     @property
     def eos_token_ids(self) -> list[int]:

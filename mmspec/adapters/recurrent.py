@@ -28,9 +28,11 @@ states before it and replays the first m positions:
 A forward of one token (plain steps, a drafter's steps on shared layers) ends on a segment boundary:
 rewinding there restores references, no arithmetic. The same holds for a fully accepted chain.
 
-Batches and token trees are refused (:data:`TREES_REFUSED`, :data:`BATCHES_REFUSED`): a tree needs
-a recurrent state per branch, and a batch left-pads rows whose padding decays S (the delta rule
-decays the state at every position, padded or not), so rows would not equal batch-1 rows.
+Batches (:class:`~mmspec.core.cache.RowStateLayer`): rows are prefilled alone and their states
+stacked on the batch dimension (no padding: a state has no positions); at every commit each row is
+rewound to its own accepted length (:meth:`RecurrentLayer.keep_rows`: per-row lengths m_b, one
+replay over max m_b positions, row b's state taken after its own m_b). Token trees are refused
+(:data:`TREES_REFUSED`): a tree needs a recurrent state per branch.
 """
 
 from __future__ import annotations
