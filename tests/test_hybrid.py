@@ -437,9 +437,9 @@ def test_left_padding_keeps_a_zero_state_zero_but_is_not_batch_one_bitwise():
     linear = [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
     for i in linear:
         assert not only_pads.layers[i].conv_states[0][0].any() and not only_pads.layers[i].recurrent_states[0][0].any()
-    states = [(layer.conv_states[0], layer.recurrent_states[0]) for layer in single.cache.layers if isinstance(layer, RecurrentLayer)]
+    states = [(single.cache.layers[i].conv_states[0], single.cache.layers[i].recurrent_states[0]) for i in linear]
     padded_states = [(padded.layers[i].conv_states[0][:1], padded.layers[i].recurrent_states[0][:1]) for i in linear]
-    stacked = [(layer.conv_states[0][1:], layer.recurrent_states[0][1:]) for layer in batch.cache.layers if isinstance(layer, RecurrentLayer)]
+    stacked = [(batch.cache.layers[i].conv_states[0][1:], batch.cache.layers[i].recurrent_states[0][1:]) for i in linear]
     for (conv, s), (padded_conv, padded_s), (row_conv, row_s) in zip(states, padded_states, stacked):
         assert torch.allclose(s, padded_s, atol=1e-6) and torch.allclose(conv, padded_conv, atol=1e-5)
         assert torch.equal(conv, row_conv) and torch.equal(s, row_s)

@@ -22,6 +22,9 @@ verification), each holding its start states and its inputs:
 
     held <= (forwards per step) x (state bytes) + (positions per step) x (replay bytes a position)
 
+The rows of a batch (states [B, ...]) each keep their own number of a verification's positions:
+:meth:`StateHistory.rewind_rows` gives every row its own state, from one replay of per-row lengths.
+
 This module knows no model: states are tuples of tensors, inputs a dict the owner fills.
 """
 
@@ -35,7 +38,7 @@ import torch
 #: ``replay(segment, m) -> states``: a layer's states after the first m positions of a segment
 #: (from its start ``states``, with its kept ``inputs``, as its owner filled them); m is an int, or
 #: a tuple of one length per batch row (:meth:`StateHistory.rewind_rows`)
-Replay = Callable[["Segment", int], tuple]
+Replay = Callable[["Segment", "int | tuple[int, ...]"], tuple]
 
 
 @dataclass
@@ -125,15 +128,13 @@ class StateHistory:
             raise ValueError(f"rows keep between 0 and {segment.count} positions of the last forward, not {list(kept)}")
         if len(set(kept)) == 1:
             return self.rewind(segment.start + kept[0])
-        replayed = None
+        replayed = (None,) * len(current)  # (every row keeps all or nothing: no replay)
         if any(0 < k < segment.count for k in kept):
             if self.replay is None:
                 raise ValueError("cannot roll a recurrent layer's rows back inside a forward: its states are not replayable")
             replayed = self.replay(segment, tuple(kept))
-        else:
-            replayed = current  # (unused: every row keeps all or nothing)
         states = []
-        for i, (start, end, inside) in enumerate(zip(segment.states, current, replayed)):
+        for start, end, inside in zip(segment.states, current, replayed):
             if end is None:
                 states.append(None)
                 continue
