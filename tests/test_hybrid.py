@@ -4,8 +4,9 @@ and the multimodal classes, whose prompts take 3-D M-RoPE positions), LFM2, LFM2
 
 Ladder levels 2 (sampled distribution), 4 (greedy == transformers' generate with every chain
 drafter), 5 (self draft accepts everything) and 6 (rollback to every accepted length == a fresh
-prefill of that prefix, every layer's state compared), plus the refusals (trees, batches) and the
-bound on what the state history holds.
+prefill of that prefix, every layer's state compared), batches (rows = batch-1 rows, each row's
+recurrent state rewound to its own accepted length; rows joining and leaving), the refusal of
+trees and the bound on what the state history holds.
 """
 
 import pytest
@@ -308,11 +309,141 @@ def test_trees_are_refused_in_one_line():
             mmspec.generate(model, drafter=name, max_new_tokens=4, **inputs_of("qwen3_5"))
 
 
-def test_batches_are_refused_in_one_line():
-    model = tiny_lfm2()
-    rows = [inputs_of("lfm2"), inputs_of("lfm2", PROMPT[:-2])]
-    with pytest.raises(ValueError, match="padding would decay its recurrent state.*use batch size 1"):
-        generate_rows(model, rows, max_new_tokens=4)
+def _near_copy(model, scale):
+    """The target with noise on its weights: a draft of the family that agrees with it often, not
+    always (so rows of a batch keep different numbers of drafts in one step)."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+    return draft
+
+
+def batch_rows(family):
+    """Three prompts of different lengths; for a multimodal family its image prompt and text ones."""
+    if family.endswith("_vl") and family.startswith("qwen"):
+        return [inputs_of(family), {"input_ids": torch.tensor([PROMPT[:-4]])}, {"input_ids": torch.tensor([[9, 3, *PROMPT]])}]
+    return [inputs_of(family), inputs_of(family, PROMPT[:-4]), inputs_of(family, [9, 3, 5, 6, 7, 8, 5, 6, 7, 9, 2, 2, 5])]
+
+
+BATCH_NEW = 12
+
+
+@pytest.fixture
+def cut_rows(monkeypatch):
+    """Counts the commits of a batch whose rows kept different numbers of a verification's positions,
+    some of them cut inside it (a per-row replay of the recurrent state)."""
+    from mmspec.core.recurrent import StateHistory
+
+    seen = []
+    rewind_rows = StateHistory.rewind_rows
+
+    def spy(self, kept, current):
+        count = self.segments[-1].count if self.segments else 0
+        seen.append(len(set(kept)) > 1 and any(0 < k < count for k in kept))
+        return rewind_rows(self, kept, current)
+
+    monkeypatch.setattr(StateHistory, "rewind_rows", spy)
+    return seen
+
+
+@pytest.mark.parametrize("family", list(BUILD))
+def test_batch_rows_equal_batch_one_rows(family, cut_rows):
+    """Rows of different prompt lengths decode together with prompt lookup, layer skip (through the
+    batch cache's first layers, recurrent ones included) and a draft model of the family: each row
+    is transformers' greedy output (with the draft model, the shortest row also its batch-1 mmspec
+    generation step for step), while the rows' recurrent states are each rewound to their own accepted length."""
+    model = BUILD[family](0)
+    rows = batch_rows(family)
+    with torch.inference_mode():
+        references = [model.generate(**row, do_sample=False, max_new_tokens=BATCH_NEW)[0, row["input_ids"].shape[1]:] for row in rows]
+    drafters = {"prompt-lookup": "prompt-lookup", "layer-skip": f"layer-skip:{SKIP_LAYERS[family]}",
+                "draft model": ModelDrafter(_near_copy(model, 0.05), num_draft_tokens=K)}
+    for name, drafter in drafters.items():
+        batch = generate_rows(model, rows, drafter=drafter, max_new_tokens=BATCH_NEW, num_draft_tokens=K)
+        for b, (row, reference) in enumerate(zip(rows, references)):
+            assert torch.equal(batch.sequences[b, -BATCH_NEW:], reference), (name, b)
+            if name == "draft model" and b == 1:
+                single = mmspec.generate(model, drafter=drafter.for_batch(), max_new_tokens=BATCH_NEW, **row)
+                assert batch.row_stats[b].committed_per_step == single.stats.committed_per_step, b
+    assert any(cut_rows)  # rows were rewound to different lengths inside one verification
+
+
+def test_batch_sampled_rows_equal_batch_one_rows(cut_rows):
+    """Sampling: each row draws the random numbers of its batch-1 generation with the same seed."""
+    model = tiny_qwen3_5()
+    rows = batch_rows("qwen3_5")
+    drafter = ModelDrafter(_near_copy(model, 0.05), num_draft_tokens=K)
+    kwargs = dict(max_new_tokens=BATCH_NEW, do_sample=True, temperature=0.7, seed=5)
+    batch = generate_rows(model, rows, drafter=drafter, **kwargs)
+    for b, row in enumerate(rows):
+        single = mmspec.generate(model, drafter=drafter.for_batch(), **kwargs, **row)
+        assert torch.equal(batch.sequences[b, -BATCH_NEW:], single.sequences[0, -BATCH_NEW:]), b
+    assert any(cut_rows)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2"])
+def test_rows_join_and_leave_a_running_hybrid_batch(family):
+    """Continuous batching: rows admitted after the first steps join the running batch (their
+    recurrent states concatenated to the batch's), a cancelled row leaves (its states dropped);
+    every row that runs to its end is its batch-1 output."""
+    model = BUILD[family](0)
+    rows = batch_rows(family)
+    waiting = [[], [rows[2]]]
+    streamed = {}
+
+    def admit():
+        return waiting.pop(0) if waiting else []
+
+    def on_tokens(row, tokens):
+        streamed.setdefault(row, []).append(tokens)
+
+    out = generate_rows(model, rows[:2], drafter=ModelDrafter(_near_copy(model, 0.05), num_draft_tokens=K),
+                        max_new_tokens=BATCH_NEW, num_draft_tokens=K, admit=admit, on_tokens=on_tokens,
+                        cancelled=lambda row: row == 1 and len(streamed.get(1, [])) >= 2)
+    assert len(out.row_stats) == 3 and out.row_stats[1].config["cancelled"]
+    for b, row in enumerate(rows):
+        with torch.inference_mode():
+            reference = model.generate(**row, do_sample=False, max_new_tokens=BATCH_NEW)[0, row["input_ids"].shape[1]:]
+        got = torch.cat(streamed[b], dim=1)[0]
+        assert torch.equal(got, reference[: len(got)]) and (b == 1 or len(got) == BATCH_NEW), b
+
+
+def test_left_padding_keeps_a_zero_state_zero_but_is_not_batch_one_bitwise():
+    """Why mmspec prefills each row of a hybrid batch alone (then stacks the states) instead of one
+    left-padded forward: transformers zeroes a pad's layer inputs (``apply_mask_to_padding_states``),
+    so a state that starts at zero stays exactly zero through the pads (the delta rule adds
+    k (beta (v - k^T S))^T = 0 and decays 0; the conv window of zero inputs is the initial one). But a
+    pad still has a decay g = -exp(A_log) softplus(dt_bias) != 0, which the chunked kernel sums into
+    its cumulative decays, and the padded attention rounds differently: the prompt's states come out
+    equal only to rounding, not bit for bit. The stacked rows are bitwise their batch-1 states."""
+    from transformers import DynamicCache
+
+    model = tiny_qwen3_5()
+    ids = torch.tensor([PROMPT])
+    pads = torch.full((1, 5), 7)
+    with torch.inference_mode():
+        padded = DynamicCache(config=model.config)
+        model(input_ids=torch.cat([torch.cat([pads, ids], 1), torch.cat([pads, ids], 1)]),
+              attention_mask=torch.tensor([[0] * 5 + [1] * ids.shape[1], [1] * (5 + ids.shape[1])]), past_key_values=padded)
+        only_pads = DynamicCache(config=model.config)
+        model(input_ids=torch.cat([pads, pads]), attention_mask=torch.tensor([[0] * 5, [1] * 5]), past_key_values=only_pads)
+        target = TransformersTarget(model)
+        single, _ = target.prefill({"input_ids": ids})
+        batch, _ = target.prefill_rows([{"input_ids": ids[:, :-3]}, {"input_ids": ids}])
+    linear = [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+    for i in linear:
+        assert not only_pads.layers[i].conv_states[0][0].any() and not only_pads.layers[i].recurrent_states[0][0].any()
+    states = [(single.cache.layers[i].conv_states[0], single.cache.layers[i].recurrent_states[0]) for i in linear]
+    padded_states = [(padded.layers[i].conv_states[0][:1], padded.layers[i].recurrent_states[0][:1]) for i in linear]
+    stacked = [(batch.cache.layers[i].conv_states[0][1:], batch.cache.layers[i].recurrent_states[0][1:]) for i in linear]
+    for (conv, s), (padded_conv, padded_s), (row_conv, row_s) in zip(states, padded_states, stacked):
+        assert torch.allclose(s, padded_s, atol=1e-6) and torch.allclose(conv, padded_conv, atol=1e-5)
+        assert torch.equal(conv, row_conv) and torch.equal(s, row_s)
+    assert not all(torch.equal(s, padded_s) for (_, s), (_, padded_s) in zip(states, padded_states))
 
 
 VOCAB, NEW, RUNS = 8, 3, 400
@@ -391,8 +522,9 @@ def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
 
 def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_factory, tmp_path, capsys):
     """A tiny LFM2-VL saved with save_pretrained plus its real processor (tests/tiny_checkpoints.py):
-    the captioning pipeline's speculative captions equal its baseline's, a batch is refused in one
-    line, and ``mmspec caption --model DIR`` gives the pipeline's caption."""
+    the captioning pipeline's speculative captions equal its baseline's, a batch of two images (of
+    different sizes: prompts of different lengths) gives each image's own caption, and ``mmspec
+    caption --model DIR`` gives the pipeline's caption."""
     import json
 
     import numpy as np
@@ -407,8 +539,8 @@ def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_fact
     captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="prompt-lookup")
     results = captioner(images[:1], max_new_tokens=6, compare_baseline=True)
     assert results[0].identical_to_baseline and results[0].stats.new_tokens == 6
-    with pytest.raises(ValueError, match="use batch size 1"):
-        captioner(images, max_new_tokens=6, batch_size=2)
+    batch = captioner(images, max_new_tokens=6, batch_size=2)
+    assert batch[0].text == results[0].text and batch[1].text == captioner(images[1:], max_new_tokens=6)[0].text
     images[0].save(tmp_path / "a.png")
     code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
                  "--drafter", "prompt-lookup", "--json"])

@@ -4,7 +4,7 @@ Tiny random models (tests/tiny_vlm_families.py, never downloaded), fp32. For eac
 output identical to transformers' ``generate`` with every chain drafter (prompt lookup, layer skip,
 a text-only draft model (SPD), the target drafting for itself with acceptance 1), with token
 trees and with the head drafters (EAGLE, EAGLE-2, Medusa, Hydra, Kangaroo; random heads); batch
-rows equal to their batch-1 outputs (Mllama refuses batches in one line); the image really
+rows equal to their batch-1 outputs (Mllama's with different numbers of images and tiles); the image really
 reaches the output; sampling follows the target's distribution (chi-square against exact
 marginals); the captioning pipeline and ``mmspec caption`` run saved checkpoints. Mllama also: its
 cross-attention (image) keys and values survive every rollback, tree compaction and layer-skip crop.
@@ -145,11 +145,118 @@ def test_batch_rows_equal_batch_one_rows(family):
         assert torch.equal(batch.sequences[b, -MAX_NEW:], single[0, row["input_ids"].shape[1]:]), b
 
 
-def test_mllama_refuses_batches_in_one_line():
+def mllama_rows(case):
+    """Prompts of different lengths with different images: the case's (one 1 x 2-tile image), one with
+    two images (1 x 2 and 1 x 1 tiles; each token's mask row covers the image before it, as the
+    processor lays it out), one with a 2 x 2-tile image, one without an image."""
+    gen = torch.Generator().manual_seed(11)
+
+    def text(n):
+        return torch.randint(TEXT_LOW, TEXT_HIGH, (n,), generator=gen).tolist()
+
+    def row(images, aspect_ids, tiles):
+        ids, mask = [1] + text(4), []
+        for i in range(images):
+            ids += [IMAGE_ID] + text(3 + 2 * i)
+        ids = torch.tensor([ids])
+        mask = torch.zeros(1, ids.shape[1], images, 4, dtype=torch.long)
+        starts = (ids[0] == IMAGE_ID).nonzero()[:, 0].tolist() + [ids.shape[1]]
+        ratio = torch.zeros(1, images, 4, dtype=torch.long)
+        for i, n in enumerate(tiles):
+            mask[0, starts[i] : starts[i + 1], i, :n] = 1
+            ratio[0, i, :n] = 1
+        return {"input_ids": ids, "pixel_values": torch.randn(1, images, 4, 3, 16, 16, generator=gen),
+                "aspect_ratio_ids": torch.tensor([aspect_ids]), "aspect_ratio_mask": ratio, "cross_attention_mask": mask}
+
+    return [{k: v for k, v in case.inputs.items() if k != "attention_mask"}, row(2, [2, 1], [2, 1]), row(1, [6], [4]),
+            {"input_ids": torch.tensor([[1, *text(9)]])}]
+
+
+def test_mllama_batch_rows_equal_batch_one_rows(monkeypatch):
+    """Rows with different numbers of images and tiles (and none) decode together: their image keys and
+    values padded to the most tiles, the padding masked out of every row's cross-attention. Each
+    row is transformers' greedy output with prompt lookup, layer skip (through the cross-attention
+    layer: each row drafts as alone, step for step) and a text-only draft model; rows joining a
+    running batch (continuous batching) meet padded image keys too."""
+    from mmspec.core.batch import BatchState
+
+    monkeypatch.setattr(BatchState, "slack", 2)  # squeeze the attention slots often
     case = make_tiny_family("mllama")
-    rows = [{k: v for k, v in case.inputs.items() if k != "attention_mask"}] * 2
-    with pytest.raises(ValueError, match="cross-attention cache layers .* use batch size 1"):
-        generate_rows(case.model, rows, drafter="prompt-lookup", max_new_tokens=4)
+    rows = mllama_rows(case)
+    with torch.inference_mode():
+        references = [case.model.generate(**row, do_sample=False, max_new_tokens=MAX_NEW)[0, row["input_ids"].shape[1]:]
+                      for row in rows]
+    assert len({tuple(r.tolist()) for r in references}) == len(rows)
+    for drafter in ("prompt-lookup", "layer-skip:2", make_text_only_draft(case.vocab_size, seed=7)):
+        batch = generate_rows(case.model, rows, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K)
+        for b, (row, reference) in enumerate(zip(rows, references)):
+            assert torch.equal(batch.sequences[b, -MAX_NEW:], reference), (drafter, b)
+            if drafter == "layer-skip:2":
+                single = mmspec.generate(case.model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **row)
+                assert batch.row_stats[b].committed_per_step == single.stats.committed_per_step, b
+    waiting = [[rows[2]], [rows[3], rows[1]]]
+    joined = generate_rows(case.model, rows[:1], drafter="layer-skip:2", max_new_tokens=MAX_NEW, num_draft_tokens=K,
+                           admit=lambda: waiting.pop(0) if waiting else [])
+    for b, reference in enumerate([references[0], references[2], references[3], references[1]]):
+        assert torch.equal(joined.sequences[b, -MAX_NEW:], reference), b
+
+
+def test_mllama_layer_skip_drafts_each_row_of_a_batch_as_alone():
+    """A layer-skip draft through the cross-attention layer of a padded batch: each row's shallow
+    hidden state equals its draft alone (which passes no cross-attention mask): the padding is hidden
+    (``draft_inputs``), and the row without an image comes out as if the layer were skipped."""
+    from mmspec.core.cache import layer_prefix_view
+    from mmspec.drafters.layer_skip import LayerSkipDrafter, draft_rows_through_target_cache
+
+    case = make_tiny_family("mllama")
+    target = TransformersTarget(case.model)
+    rows = mllama_rows(case)
+    drafter = LayerSkipDrafter(case.model, 2)
+    seen = []
+
+    def next_tokens(hidden, drafting):
+        seen.append(hidden)
+        return [(torch.tensor([5]), None, False) for _ in drafting]
+
+    with torch.inference_mode():
+        batch, _ = target.prefill_rows(rows)
+        for row in batch.rows:
+            row.tokens = torch.cat([row.tokens, torch.tensor([[7]])], dim=1)  # each row's pending token
+        draft_rows_through_target_cache(batch, [0, 1, 2, 3], [1] * 4, 2, drafter.decoder, next_tokens, target.row_masks,
+                                        target.draft_inputs)
+        for b, row in enumerate(rows):
+            state, _ = target.prefill(row)
+            alone = drafter.decoder(input_ids=torch.tensor([[7]]), past_key_values=layer_prefix_view(state.cache, 2),
+                                    position_ids=state.position_ids(1), use_cache=True).last_hidden_state
+            torch.testing.assert_close(seen[0][b : b + 1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_mllama_padded_tiles_get_no_attention():
+    """A batch's stacked cross-attention layer: keys [B, H, tiles x P, D] zero-padded to the most tiles,
+    the mask row [B, 1, 1, tiles] each row's own tiles (its prompt's last row, flattened) and 0 on
+    the padding; a row without an image is all padding."""
+    case = make_tiny_family("mllama")
+    target = TransformersTarget(case.model)
+    rows = mllama_rows(case)
+    with torch.inference_mode():
+        batch, _ = target.prefill_rows(rows)
+    cross = case.model.config.text_config.cross_attention_layers[0]
+    layer = batch.cache.layers[cross]
+    assert isinstance(layer, ImageKVLayer) and layer.keys.shape[0] == 4 and layer.keys.shape[-2] == 8 * 17
+    expected = torch.zeros(4, 8, dtype=torch.long)
+    expected[0, :2] = 1  # the case's image: tiles 1-2 of 4
+    expected[1, 4] = 1  # two images: the last row's mask covers the second image's one tile
+    expected[2, :4] = 1
+    assert torch.equal(layer.mask_row[:, 0, 0], expected)
+    assert not layer.keys[0, :, 4 * 17 :].any() and not layer.keys[3].any()
+    step = target.family.step_inputs(batch.cache, 3)["cross_attention_mask"]
+    assert step.shape == (4, 3, 1, 8) and torch.equal(step[:, 2, 0], expected)
+    # a shallow draft sees every tile of its own image (as alone, without a mask), none of the padding
+    assert torch.equal(layer.draft_mask()[:, 0, 0].sum(1), torch.tensor([4, 8, 4, 0]))
+    draft = target.family.draft_inputs(batch.cache, 1)
+    seen = draft["cross_attention_mask"][:, 0, 0] == 0  # [B, tiles x P]
+    assert torch.equal(seen[:3].sum(1), torch.tensor([4, 8, 4]) * 17)
+    assert torch.equal(draft["full_text_row_masked_out_mask"].flatten(), torch.tensor([1.0, 1, 1, 0]))  # no image: zeroed
 
 
 def test_mllama_image_keys_values_are_never_rolled_back():
@@ -220,8 +327,8 @@ def test_bad_inputs_are_refused_in_one_line():
 def test_captioning_pipeline_and_cli_on_a_saved_checkpoint(family, tmp_path_factory, tmp_path, capsys):
     """A checkpoint saved with save_pretrained plus its processor (the family's real processor at a
     tiny resolution): the captioning pipeline's speculative captions equal its baseline's, alone and
-    in batches where the family has them (InternVL's images of
-    different aspect ratios give different numbers of tiles); ``mmspec caption --model DIR`` runs it."""
+    in batches (images of different aspect ratios: InternVL's give different numbers of tiles);
+    ``mmspec caption --model DIR`` runs it."""
     import json
 
     import numpy as np
@@ -236,12 +343,8 @@ def test_captioning_pipeline_and_cli_on_a_saved_checkpoint(family, tmp_path_fact
     captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="prompt-lookup")
     results = captioner(images, max_new_tokens=6, compare_baseline=True)
     assert all(r.identical_to_baseline and r.stats.new_tokens == 6 for r in results)
-    if family == "mllama":
-        with pytest.raises(ValueError, match="use batch size 1"):
-            captioner(images, max_new_tokens=6, batch_size=2)
-    else:
-        batched = captioner(images, max_new_tokens=6, batch_size=2)
-        assert [r.text for r in batched] == [r.text for r in results]
+    batched = captioner(images, max_new_tokens=6, batch_size=2)
+    assert [r.text for r in batched] == [r.text for r in results]
     images[0].save(tmp_path / "a.png")
     code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
                  "--drafter", "prompt-lookup", "--json"])

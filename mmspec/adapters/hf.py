@@ -23,7 +23,7 @@ from ..core.target import TargetOutput, select_hidden_states
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
-from .recurrent import BATCHES_REFUSED, TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
+from .recurrent import TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
 
 #: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
 #: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
@@ -71,6 +71,12 @@ class FamilyHooks:
     def step_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
         """Inputs besides ids, positions and mask that a forward of ``num_tokens`` tokens after the
         prefill takes (as transformers' ``prepare_inputs_for_generation`` gives them)."""
+        return {}
+
+    def draft_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """Inputs besides ids, positions and mask that a self-speculative draft's forward through the
+        first layers of a batch's cache takes, so that each row drafts what it drafts alone (where a
+        row alone takes none, a stacked batch may need some: Mllama's padded image tiles)."""
         return {}
 
 
@@ -182,7 +188,8 @@ class TransformersTarget:
     Hybrid recurrent decoders (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) keep their
     recurrent layers in :class:`~mmspec.adapters.recurrent.RecurrentLayer` cache layers that roll
     back with the KV cache; a verification over several tokens also keeps the layers' inputs for
-    that (:mod:`mmspec.adapters.recurrent`). They decode chains, one sequence at a time.
+    that (:mod:`mmspec.adapters.recurrent`). They decode chains, batches of rows included (each
+    row's recurrent state rewound to its own accepted length).
 
     Args:
         model: a decoder-only causal LM or a VLM of :data:`VLM_FAMILIES`, in eval mode.
@@ -217,7 +224,7 @@ class TransformersTarget:
         #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)
         self.placeholders = self.positions.placeholder_ids(config) if self.is_vlm else {}
         self.family = FAMILY_HOOKS.get(model_type, FamilyHooks())
-        #: recurrent (linear-attention / convolution) layers: chains only, batch size 1
+        #: recurrent (linear-attention / convolution) layers: chains only (no token trees)
         self.recurrent = has_recurrent_layers(config)
         if self.recurrent:
             make_recurrent_cache(config, text_decoder(model))  # a mixer mmspec cannot roll back: refused here, once
@@ -274,8 +281,12 @@ class TransformersTarget:
 
     @property
     def batch_size_one_reason(self) -> str | None:
-        """Why this model's rows cannot share a batch (recurrent layers', or its family's), or None."""
-        return BATCHES_REFUSED if self.recurrent else self.family.batch_size_one_reason
+        """Why this model's rows cannot share a batch (its family's), or None."""
+        return self.family.batch_size_one_reason
+
+    def draft_inputs(self, cache, num_tokens: int) -> dict[str, Any]:
+        """The family's :meth:`FamilyHooks.draft_inputs` (layer skip and Kangaroo over a batch)."""
+        return self.family.draft_inputs(cache, num_tokens)
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -28,9 +28,11 @@ states before it and replays the first m positions:
 A forward of one token (plain steps, a drafter's steps on shared layers) ends on a segment boundary:
 rewinding there restores references, no arithmetic. The same holds for a fully accepted chain.
 
-Batches and token trees are refused (:data:`TREES_REFUSED`, :data:`BATCHES_REFUSED`): a tree needs
-a recurrent state per branch, and a batch left-pads rows whose padding decays S (the delta rule
-decays the state at every position, padded or not), so rows would not equal batch-1 rows.
+Batches (:class:`~mmspec.core.cache.RowStateLayer`): rows are prefilled alone and their states
+stacked on the batch dimension (no padding: a state has no positions); at every commit each row is
+rewound to its own accepted length (:meth:`RecurrentLayer.keep_rows`: per-row lengths m_b, one
+replay over max m_b positions, row b's state taken after its own m_b). Token trees are refused
+(:data:`TREES_REFUSED`): a tree needs a recurrent state per branch.
 """
 
 from __future__ import annotations
@@ -42,13 +44,11 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
-from ..core.cache import make_cache
+from ..core.cache import RowStateLayer, make_cache
 from ..core.recurrent import Segment, Settling, StateHistory
 
 TREES_REFUSED = ("has recurrent layers (linear attention / short convolutions) whose state follows one sequence: a token "
                  "tree would need a state per branch. Use a chain drafter (prompt-lookup, layer-skip:N, a draft model, eagle)")
-BATCHES_REFUSED = ("has recurrent layers (linear attention / short convolutions): a left-padded row's padding would decay "
-                   "its recurrent state, so rows would differ from batch-1 rows")
 
 #: token-mixer class name -> the class of the group that replays the recurrent states of a cache's
 #: layers of that kind (``group.members``, ``group.replay(layer, segment, m)``); None for a short
@@ -72,6 +72,15 @@ def _window(conv: torch.Tensor | None, inputs: torch.Tensor, size: int) -> torch
     return F.pad(window, (size - window.shape[-1], 0)) if window.shape[-1] < size else window
 
 
+def _windows(conv: torch.Tensor | None, inputs: torch.Tensor, m: "int | tuple[int, ...]", size: int) -> torch.Tensor:
+    """The conv windows [B, C, size] after the first m positions of a forward's conv inputs [B, C, n]:
+    :func:`_window` of [conv, inputs[..., :m]], or with per-row lengths m = (m_0 .. m_{B-1}) each
+    row's own (a row of a batch keeps its own number of positions)."""
+    if isinstance(m, int):
+        return _window(conv, inputs[..., :m], size)
+    return torch.stack([_window(None if conv is None else conv[b], inputs[b, :, :mb], size) for b, mb in enumerate(m)])
+
+
 def _stacked(entries: list[tuple[nn.Module, tuple, dict]]) -> dict | None:
     """The per-layer constants of Gated DeltaNet layers stacked over the layers, or None where a
     module is not the plain kind whose arithmetic is stacked here (a replaced projection, another norm):
@@ -90,9 +99,13 @@ def _stacked(entries: list[tuple[nn.Module, tuple, dict]]) -> dict | None:
             "dt_bias": torch.stack([m.dt_bias for m in mixers])[:, None, :]}
 
 
-def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int, stacked: dict | None = None) -> list[tuple]:
+def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: "int | tuple[int, ...]", stacked: dict | None = None
+                      ) -> list[tuple]:
     """The states of Gated DeltaNet layers after the first m positions of a forward, all layers in one
-    computation (the layers stacked; module docstring's replay).
+    computation (the layers stacked; module docstring's replay). With per-row lengths
+    m = (m_0 .. m_{B-1}) (the rows of a batch, each keeping its own accepted positions) the
+    recurrence runs over max m_b positions and row b's state is taken after its own m_b: the same
+    operations on row b as the replay of m_b positions on that row alone.
 
     Args:
         entries: per layer (its decoder layer, its states before the forward (conv window [B, C, k]
@@ -118,6 +131,7 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int, stac
                 first.key_dim, first.value_dim, first.num_v_heads, first.conv_kernel_size, first.activation):
             raise ValueError("Gated DeltaNet layers of different shapes cannot be replayed together")
     size, heads, key_heads, dk, dv = first.conv_kernel_size, first.num_v_heads, first.num_k_heads, first.head_k_dim, first.head_v_dim
+    per_row, m = (m, max(m)) if isinstance(m, tuple) else (None, m)
     news, fulls, hiddens, starts = [], [], [], []
     for _, (conv, recurrent), inputs in entries:
         hidden = inputs.get("hidden")
@@ -163,13 +177,20 @@ def delta_rule_states(entries: list[tuple[nn.Module, tuple, dict]], m: int, stac
     beta = beta.view(layers, b, m, heads).permute(0, 1, 3, 2).reshape(rows, m)
     decay = decay.view(layers, b, m, heads).permute(0, 1, 3, 2).reshape(rows, m)
     state = torch.stack(starts).view(rows, dk, dv)
+    if per_row is not None:  # (rows of the [L, B, H_v] layout) -> its batch row's length; kept[r]: r's state once it has its m_b
+        lengths = torch.tensor(per_row, device=state.device)[None, :, None].expand(layers, b, heads).reshape(rows)
+        kept = state
     for t in range(m):
         state = state * decay[:, t, None, None] if t == 0 else state.mul_(decay[:, t, None, None])
         k_t = key[:, t, None, :]  # [rows, 1, d_k]
         delta = (value[:, t, None, :] - torch.bmm(k_t, state)) * beta[:, t, None, None]  # [rows, 1, d_v]
         state = state.baddbmm_(k_t.transpose(1, 2), delta)
+        if per_row is not None and t + 1 in per_row:
+            kept = torch.where((lengths == t + 1)[:, None, None], state, kept)
+    if per_row is not None:
+        state, m = kept, per_row
     state = state.view(layers, b, heads, dk, dv)
-    return [(_window(conv, new, size), state[i]) for i, ((_, (conv, _), _), new) in enumerate(zip(entries, news))]
+    return [(_windows(conv, inputs["conv"], m, size), state[i]) for i, (_, (conv, _), inputs) in enumerate(entries)]
 
 
 class Shared:
@@ -224,7 +245,7 @@ class DeltaGroup:
 register_mixer("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")(DeltaGroup)
 
 
-class RecurrentLayer(Settling, LinearAttentionLayer):
+class RecurrentLayer(Settling, RowStateLayer, LinearAttentionLayer):
     """transformers' ``LinearAttentionLayer`` (one conv window, one optional recurrent state) with a
     history that rewinds it (module docstring).
 
@@ -255,7 +276,7 @@ class RecurrentLayer(Settling, LinearAttentionLayer):
             return self.group.replay(self, segment, m)
         if recurrent is not None:
             raise ValueError("this recurrent layer has no registered replay for its state")
-        return _window(conv, segment.inputs["conv"][..., :m], self.conv_kernel_size[0]), None
+        return _windows(conv, segment.inputs["conv"], m, self.conv_kernel_size[0]), None
 
     def _states(self) -> tuple:
         if not self.has_previous_state[0]:
@@ -288,14 +309,59 @@ class RecurrentLayer(Settling, LinearAttentionLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a non-positive number of tokens to remove, got {tokens_to_remove}")
         states = self.history.rewind(self.history.length + tokens_to_remove)
-        if states is None:
-            return
-        conv, recurrent = states
+        if states is not None:
+            self._restore(*states)
+
+    def _restore(self, conv: torch.Tensor | None, recurrent: torch.Tensor | None) -> None:
         self.has_previous_state[0] = conv is not None
         if conv is not None:
             self.conv_states[0] = conv
         self.recurrent_states[0] = recurrent
         self.is_recurrent_states_initialized[0] = recurrent is not None
+
+    # the rows of a batch (mmspec.core.batch): states stacked on dim 0, each row rewound to its own length
+    def keep_rows(self, kept: list[int]) -> None:
+        """Row b keeps the first ``kept[b]`` positions of the last forward: its window and state
+        become those after them (:meth:`~mmspec.core.recurrent.StateHistory.rewind_rows`; one replay
+        for the rows cut inside the forward)."""
+        states = self.history.rewind_rows(kept, self._states())
+        if states is not None:
+            self._restore(*states)
+
+    def _settled_states(self) -> tuple:
+        if self.history.segments:
+            raise ValueError("a recurrent layer's rows are selected or joined only between commits")
+        return self._states()
+
+    @classmethod
+    def stack_rows(cls, layers: list["RecurrentLayer"], shared: dict) -> "RecurrentLayer":
+        """One layer of the rows of ``layers`` (each a sequence's, after its prefill): windows
+        [B, C, k] and states [B, H_v, d_k, d_v] concatenated; no padding, a state has no positions.
+        The stacked cache's layers of one mixer kind share one new replay group (``shared``)."""
+        first = layers[0]
+        group = None
+        if first.group is not None:
+            group = shared.get(("group", type(first.group)))
+            if group is None:
+                group = shared[("group", type(first.group))] = type(first.group)()
+                group.constants = first.group.constants  # (the same model: the same stacked weights)
+        layer = cls(group, first.decoder_layer.value)
+        states = [other._states() for other in layers]  # (each row's states now: the stacked layer starts settled)
+        if any(c is None for c, _ in states):
+            raise ValueError("a recurrent layer's rows are stacked only after their prefill")
+        conv = torch.cat([c for c, _ in states])
+        layer.lazy_initialization(conv_states=conv, conv_kernel_size=first.conv_kernel_size[0])
+        layer._restore(conv, None if states[0][1] is None else torch.cat([r for _, r in states]))
+        return layer
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        conv, recurrent = self._settled_states()
+        rows = rows.to(conv.device)
+        self._restore(conv.index_select(0, rows), None if recurrent is None else recurrent.index_select(0, rows))
+
+    def join_rows(self, other: "RecurrentLayer", shared: dict) -> None:
+        (conv, recurrent), (their_conv, theirs) = self._settled_states(), other._settled_states()
+        self._restore(torch.cat([conv, their_conv]), None if recurrent is None else torch.cat([recurrent, theirs]))
 
     def reset(self) -> None:
         self.history = StateHistory(self._replay)

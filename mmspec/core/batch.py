@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from .cache import PreallocatedLayer, SequenceState, batch_layers, crop_cache, stack_caches
+from .cache import PreallocatedLayer, RowStateLayer, SequenceState, batch_layers, row_state_layers, stack_caches
 from .draft import Draft
 from .drafter import DraftContext, Drafter
 from .rules import resolve_rule
@@ -127,9 +127,13 @@ class BatchState:
 
     def commit(self, committed: Sequence[torch.Tensor]) -> None:
         """After a forward over [B, n]: append each row's committed tokens [1, m_b] and keep, of the
-        n new slots, the first m_b (its pending token and its m_b - 1 accepted drafts)."""
+        n new slots, the first m_b (its pending token and its m_b - 1 accepted drafts). A
+        :class:`~mmspec.core.cache.RowStateLayer` (a recurrent state) becomes each row's state
+        after its own m_b positions."""
         n = self.cache.get_seq_length() - self.valid.shape[1]
         kept = torch.tensor([c.shape[1] for c in committed], device=self.valid.device).repeat_interleave(self.rows_per_item)
+        for layer in row_state_layers(self.cache):
+            layer.keep_rows(kept.tolist())
         self.valid = torch.cat([self.valid, torch.arange(n, device=self.valid.device)[None, :] < kept[:, None]], dim=1)
         for row, tokens in zip(self.rows, committed):
             row.tokens = append_tokens(row.tokens, tokens)
@@ -143,7 +147,8 @@ class BatchState:
         used = self.valid.any(dim=0).nonzero()
         end = int(used[-1]) + 1 if used.numel() else 0
         if end < self.valid.shape[1]:
-            crop_cache(self.cache, end)
+            for layer in batch_layers(self.cache):  # (a row-state layer has no slots to crop)
+                layer.crop(end - layer.get_seq_length())
             self.valid = self.valid[:, :end]
         counts = self.valid.sum(dim=1)
         width = int(counts.max())
@@ -163,7 +168,7 @@ class BatchState:
         if len(positions) == self.size:
             return
         index = self.cache_rows(torch.tensor(positions, dtype=torch.long))
-        for layer in batch_layers(self.cache):
+        for layer in (*batch_layers(self.cache), *row_state_layers(self.cache)):
             layer.select_rows(index)
         self.valid = self.valid[index.to(self.valid.device)]
         self.rows = [self.rows[i] for i in positions]
@@ -181,16 +186,22 @@ class BatchState:
             return
         mine, theirs = self.valid.shape[1], other.valid.shape[1]
         width = max(mine, theirs)
+        batch_layers(self.cache)  # (any other kind of layer is refused, as at stacking)
+        shared: dict = {}
         layers = []
-        for a, b in zip(batch_layers(self.cache), batch_layers(other.cache)):
-            parts = []
-            for tensors in ((a.keys, b.keys), (a.values, b.values)):
-                joined = tensors[0].new_zeros((tensors[0].shape[0] + tensors[1].shape[0], *tensors[0].shape[1:-2], width,
-                                               tensors[0].shape[-1]))
-                joined[: tensors[0].shape[0], ..., width - mine :, :] = tensors[0]
-                joined[tensors[0].shape[0] :, ..., width - theirs :, :] = tensors[1]
-                parts.append(joined)
-            layers.append(PreallocatedLayer.from_tensors(*parts))
+        for a, b in zip(self.cache.layers, other.cache.layers):
+            if isinstance(a, PreallocatedLayer):
+                parts = []
+                for tensors in ((a.keys, b.keys), (a.values, b.values)):
+                    joined = tensors[0].new_zeros((tensors[0].shape[0] + tensors[1].shape[0], *tensors[0].shape[1:-2], width,
+                                                   tensors[0].shape[-1]))
+                    joined[: tensors[0].shape[0], ..., width - mine :, :] = tensors[0]
+                    joined[tensors[0].shape[0] :, ..., width - theirs :, :] = tensors[1]
+                    parts.append(joined)
+                a = PreallocatedLayer.from_tensors(*parts)
+            elif isinstance(a, RowStateLayer):
+                a.join_rows(b, shared)
+            layers.append(a)  # (a KV-shared layer holds nothing)
         self.cache.layers = layers
         pad = lambda valid, n: torch.cat([valid.new_zeros(valid.shape[0], width - n), valid], dim=1)  # noqa: E731
         self.valid = torch.cat([pad(self.valid, mine), pad(other.valid.to(self.valid.device), theirs)])

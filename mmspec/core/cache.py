@@ -319,36 +319,74 @@ def compact_cache(cache: Cache, start: int, indices: torch.Tensor) -> None:
             layer.cumulative_length = layer.keys.shape[-2]
 
 
+class RowStateLayer:
+    """Base of a cache layer whose state belongs to each cache row as a whole, not to slots: a
+    recurrent layer's state (its value after the row's last position), a cross-attention layer's
+    image keys and values. Batched decoding (:class:`~mmspec.core.batch.BatchState`) stacks,
+    selects and joins such a layer by rows and, at every commit, tells it how many of the last
+    forward's positions each row keeps (:meth:`keep_rows`); the slot bookkeeping of the attention
+    layers (holes, squeezes, crops of slots no row holds) never reaches it. A plain class, so that
+    an ``isinstance`` check costs nanoseconds."""
+
+    @classmethod
+    def stack_rows(cls, layers: list, shared: dict) -> "RowStateLayer":
+        """One layer holding the rows of ``layers`` (one per sequence, each after its own prefill
+        and settled), in order. ``shared``: one dict per stacked cache, for what the layers of one
+        cache share (a replay group)."""
+        raise NotImplementedError
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep the cache rows ``rows`` (LongTensor [B']), in this order."""
+        raise NotImplementedError
+
+    def join_rows(self, other: "RowStateLayer", shared: dict) -> None:
+        """Append the rows of ``other`` (the same layer of another batch) after this layer's."""
+        raise NotImplementedError
+
+    def keep_rows(self, kept: list[int]) -> None:
+        """After a forward over n positions of every row: cache row b keeps the first ``kept[b]``
+        (0 <= kept[b] <= n) of them; the layer's state becomes each row's state after them."""
+        raise NotImplementedError
+
+
 def batch_layers(cache: Cache, stacked: bool = True) -> list[DynamicLayer]:
-    """The layers of a cache batched decoding can hold rows of: all full-attention
+    """The slot layers of a cache batched decoding can hold rows of: all full-attention
     (:class:`PreallocatedLayer`; with ``stacked=False``, a cache to stack, any full-attention
-    ``DynamicLayer``), KV-shared layers (which hold nothing) left out; ValueError for anything else
-    (windowed sliding layers, static caches)."""
+    ``DynamicLayer``), KV-shared layers (which hold nothing) and :class:`RowStateLayer` layers
+    (:func:`row_state_layers`) left out; ValueError for anything else (windowed sliding layers,
+    static caches)."""
     kinds = {type(layer).__name__ for layer in cache.layers
-             if not (isinstance(layer, (PreallocatedLayer, DummyLayer)) or not stacked and type(layer) is DynamicLayer)}
+             if not (isinstance(layer, (PreallocatedLayer, DummyLayer, RowStateLayer)) or not stacked and type(layer) is DynamicLayer)}
     if kinds:
         raise ValueError(f"batched decoding needs full-attention cache layers; this model has {', '.join(sorted(kinds))} "
                          "(sliding-window attention): decode it with batch size 1")
-    return [layer for layer in cache.layers if not isinstance(layer, DummyLayer)]
+    return [layer for layer in cache.layers if not isinstance(layer, (DummyLayer, RowStateLayer))]
+
+
+def row_state_layers(cache: Cache) -> list[RowStateLayer]:
+    """The :class:`RowStateLayer` layers of a cache (recurrent layers, image keys/values)."""
+    return [layer for layer in getattr(cache, "layers", ()) if isinstance(layer, RowStateLayer)]
 
 
 def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None = None) -> tuple[DynamicCache, torch.Tensor]:
     """One cache from B caches of R rows each (R = 2 for a guided image sequence) and lengths n_b,
-    left-padded to max n_b: sequence b's rows become rows [b R, (b + 1) R).
+    left-padded to max n_b: sequence b's rows become rows [b R, (b + 1) R). A
+    :class:`RowStateLayer` is stacked by its own :meth:`~RowStateLayer.stack_rows` (no padding:
+    it has no slots).
 
     Args:
         paddings: per cache, None or LongTensor [R]: pad entries at the start of each of its rows
             (``SequenceState.row_padding``), which stay invalid.
     Returns:
-        The cache (every layer a PreallocatedLayer [B R, H, C, D]) and ``valid`` BoolTensor [B R, C]:
-        which slots hold each cache row's entries (its last n_b, less its own padding; the pad slots
-        before them are zeros).
+        The cache (every attention layer a PreallocatedLayer [B R, H, C, D]) and ``valid`` BoolTensor
+        [B R, C]: which slots hold each cache row's entries (its last n_b, less its own padding; the
+        pad slots before them are zeros).
     """
     per_cache = [batch_layers(cache, stacked=False) for cache in caches]
     lengths = [cache.get_seq_length() for cache in caches]
     width = max(lengths)
     layers = []
-    for parts in zip(*per_cache):  # (KV-shared layers are put back at their places below)
+    for parts in zip(*per_cache):  # (KV-shared and row-state layers are put at their places below)
         rows = parts[0].keys.shape[0]
         keys = parts[0].keys.new_zeros((len(parts) * rows, *parts[0].keys.shape[1:-2], width, parts[0].keys.shape[-1]))
         values = parts[0].values.new_zeros((len(parts) * rows, *parts[0].values.shape[1:-2], width, parts[0].values.shape[-1]))
@@ -357,8 +395,10 @@ def stack_caches(caches: list[Cache], paddings: list[torch.Tensor | None] | None
             values[b * rows : (b + 1) * rows, ..., width - n :, :] = layer.values
         layers.append(PreallocatedLayer.from_tensors(keys, values))
     stacked = DynamicCache()
-    data = iter(layers)
-    stacked.layers = [DummyLayer() if isinstance(layer, DummyLayer) else next(data) for layer in caches[0].layers]
+    data, shared = iter(layers), {}
+    stacked.layers = [DummyLayer() if isinstance(layer, DummyLayer)
+                      else type(layer).stack_rows([cache.layers[i] for cache in caches], shared) if isinstance(layer, RowStateLayer)
+                      else next(data) for i, layer in enumerate(caches[0].layers)]
     stacked.layer_class_to_replicate = None
     rows = layers[0].keys.shape[0] // len(caches)
     paddings = paddings or [None] * len(caches)

@@ -22,6 +22,9 @@ verification), each holding its start states and its inputs:
 
     held <= (forwards per step) x (state bytes) + (positions per step) x (replay bytes a position)
 
+The rows of a batch (states [B, ...]) each keep their own number of a verification's positions:
+:meth:`StateHistory.rewind_rows` gives every row its own state, from one replay of per-row lengths.
+
 This module knows no model: states are tuples of tensors, inputs a dict the owner fills.
 """
 
@@ -33,8 +36,9 @@ from typing import Any, Callable
 import torch
 
 #: ``replay(segment, m) -> states``: a layer's states after the first m positions of a segment
-#: (from its start ``states``, with its kept ``inputs``, as its owner filled them)
-Replay = Callable[["Segment", int], tuple]
+#: (from its start ``states``, with its kept ``inputs``, as its owner filled them); m is an int, or
+#: a tuple of one length per batch row (:meth:`StateHistory.rewind_rows`)
+Replay = Callable[["Segment", "int | tuple[int, ...]"], tuple]
 
 
 @dataclass
@@ -103,6 +107,42 @@ class StateHistory:
         self.length = length
         self.settle()
         return states
+
+    def rewind_rows(self, kept: list[int], current: tuple) -> tuple | None:
+        """The states of a batch's rows (B = len(kept)) after the last forward of which row b keeps
+        its first ``kept[b]`` positions (each row its own accepted length); settles. None: the
+        current ones (every row keeps everything).
+
+        Per row: the forward's start states (kept 0), ``current`` (the states after the whole
+        forward: kept = its count) or the replay of its first kept[b] positions (one replay for all
+        rows, ``replay(segment, tuple(kept))``). Where every row keeps the same number this is
+        :meth:`rewind` to that length, as at batch size 1.
+
+        Raises:
+            ValueError: no forward since the last settle, or a length outside [0, its count].
+        """
+        if not self.segments:
+            raise ValueError("a recurrent layer's rows roll back only within a forward since the last commit")
+        segment = self.segments[-1]
+        if not all(0 <= k <= segment.count for k in kept):
+            raise ValueError(f"rows keep between 0 and {segment.count} positions of the last forward, not {list(kept)}")
+        if len(set(kept)) == 1:
+            return self.rewind(segment.start + kept[0])
+        replayed = (None,) * len(current)  # (every row keeps all or nothing: no replay)
+        if any(0 < k < segment.count for k in kept):
+            if self.replay is None:
+                raise ValueError("cannot roll a recurrent layer's rows back inside a forward: its states are not replayable")
+            replayed = self.replay(segment, tuple(kept))
+        states = []
+        for start, end, inside in zip(segment.states, current, replayed):
+            if end is None:
+                states.append(None)
+                continue
+            if start is None and 0 in kept:
+                raise ValueError("cannot roll a recurrent layer's row back before its first forward")
+            states.append(torch.stack([(start if k == 0 else end if k == segment.count else inside)[b] for b, k in enumerate(kept)]))
+        self.settle()
+        return tuple(states)
 
     def settle(self) -> None:
         """Everything up to the current length is committed: forget the segments."""

@@ -128,8 +128,10 @@ class KangarooDrafter(BatchDrafting, Drafter):
             return picks
 
         lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        target = drafters[0].context.target
         drafts = draft_rows_through_target_cache(state, positions, lengths, drafters[0].exit_layer, drafters[0].shallow,
-                                                 next_tokens, getattr(drafters[0].context.target, "row_masks", None))
+                                                 next_tokens, getattr(target, "row_masks", None),
+                                                 getattr(target, "draft_inputs", None))
         for d, p in zip(drafters, positions):
             crop_cache(d.cache, state.rows[p].length - 1)  # each adapter cache back to its row's committed states
         return drafts

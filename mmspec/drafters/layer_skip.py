@@ -74,15 +74,16 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
             return picks
 
         lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        target = first.context.target
         return draft_rows_through_target_cache(state, positions, lengths, first.num_layers, first.decoder, next_tokens,
-                                               getattr(first.context.target, "row_masks", None))
+                                               getattr(target, "row_masks", None), getattr(target, "draft_inputs", None))
 
     def describe(self) -> dict:
         return {**super().describe(), "num_layers": self.num_layers}
 
 
 def draft_rows_through_target_cache(state, positions: list[int], lengths: list[int], num_layers: int, decoder,
-                                    next_tokens, row_masks=None) -> list[Draft]:
+                                    next_tokens, row_masks=None, draft_inputs=None) -> list[Draft]:
     """Self-speculative drafting for the rows of a batch (:class:`~mmspec.core.batch.BatchState`)
     through the target's own first ``num_layers`` cache layers: one ``decoder`` forward over [B, 1]
     per draft token with the rows' attention masks and positions, appended to those layers and
@@ -96,6 +97,9 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
         row_masks: the target's ``row_masks(state, n)`` (the 4-D masks of a model with
             sliding-window layers, whose window counts positions, not slots), or None: the 2-D
             slot mask.
+        draft_inputs: the target's ``draft_inputs(cache, n)``: further inputs its shallow forwards
+            take so that each row drafts what it drafts alone (Mllama: the rows' image tiles, without
+            the batch's padding), or None.
     Returns:
         One Draft per row of ``positions``.
     """
@@ -111,8 +115,9 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
         mask = state.attention_mask(step + 1) if row_masks is None else row_masks(state, step + 1)
         if isinstance(mask, dict) or mask.dim() == 4:  # the last query row: the one input of this forward
             mask = {k: m[:, :, -1:] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, :, -1:]
+        extra = {} if draft_inputs is None else draft_inputs(state.cache, 1)
         hidden = decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
-                         position_ids=state.position_ids(1) + step, use_cache=True).last_hidden_state
+                         position_ids=state.position_ids(1) + step, use_cache=True, **extra).last_hidden_state
         token = token.clone()
         stopped = set()
         for i, (choice, q, stop) in zip(drafting, next_tokens(hidden, drafting)):

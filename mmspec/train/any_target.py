@@ -223,7 +223,7 @@ def self_distil(target: TransformersTarget, rows: list[dict[str, torch.Tensor]],
     from ..api import generate, generate_rows
 
     sampling = dict(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0)
-    if target.batch_size_one_reason:  # (Mllama, hybrid recurrent decoders): one sequence at a time
+    if target.batch_size_one_reason:  # (a family whose rows cannot share a batch): one sequence at a time
         return [generate(target, None, max_new_tokens, seed=seed, **sampling, **row).sequences[0, row["input_ids"].shape[1]:].cpu()
                 for row, seed in zip(rows, seeds)]
     batch = max(1, batch)
