@@ -46,3 +46,22 @@ def test_resume_into_loads_named_state_dicts(tmp_path):
     fresh = torch.nn.Linear(2, 2)
     rest = TrainingRun(tmp_path, args).resume_into(model=fresh, optimizer=torch.optim.SGD(fresh.parameters(), lr=0.1))
     assert set(rest) == {"extra"} and torch.equal(fresh.weight, layer.weight)
+
+
+def test_similar_length_batches_are_neighbours_in_length_order():
+    import torch
+
+    from mmspec.train.checkpoint import draw_rows
+
+    lengths = [50, 3, 41, 8, 27, 15, 33, 21, 1, 12]
+    generator = torch.Generator().manual_seed(0)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    starts = set()
+    for _ in range(200):
+        rows = draw_rows(lengths, 4, generator, similar=True)
+        start = order.index(rows[0])
+        assert rows == order[start:start + 4]
+        starts.add(start)
+    assert starts == set(range(len(lengths) - 3))  # every window is drawn
+    uniform = draw_rows(lengths, 4, torch.Generator().manual_seed(0))
+    assert uniform == torch.randint(len(lengths), (4,), generator=torch.Generator().manual_seed(0)).tolist()
