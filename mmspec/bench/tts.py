@@ -4,8 +4,8 @@ Sentences (``--text``, :data:`TEXTS`): ``grammar``, the first ``--sentences`` of
 :mod:`mmspec.train.data.sentences` (the voice's small world); ``open``, the test split of the
 open-domain corpus (:mod:`mmspec.train.data.open_text`, its sources taken in turn, the WER also
 given per source); ``handwritten``, the hand-written everyday sentences that no training source
-made (:mod:`mmspec.train.data.speech_test`). None is ever drawn for training. Each method says each sentence once per round with the same seed as
-AR, methods interleaved per sentence after a warm-up (the bench protocol: each method once, then
+made (:mod:`mmspec.train.data.held_out`). None is ever drawn for training. Each method says each
+sentence once per round with the same seed as AR, methods interleaved per sentence after a warm-up (the bench protocol: each method once, then
 every sentence once, so that no method pays a sentence's first-shape kernel builds); times are sums
 over every sentence and round, speedup = AR's time / the method's. Columns: speedup, tau (stream
 sub-tokens per verification), real-time factor (generation seconds / audio seconds), the word
@@ -44,7 +44,7 @@ def open_texts(n: int) -> list[tuple[str, str]]:
 
 
 def handwritten_texts(n: int) -> list[tuple[str, str]]:
-    from ..train.data.speech_test import test_sentences
+    from ..train.data.held_out import test_sentences
 
     texts = test_sentences()
     if n > len(texts):

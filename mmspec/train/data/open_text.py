@@ -19,8 +19,8 @@ Sources (registered in :data:`SOURCES`, each a function ``(split) -> list[str]``
 Every sentence belongs to one split by a hash of its lower-cased text
 (:func:`~mmspec.train.data.core.split_of` on ``"open|" + text.lower()``): a sentence owned by
 ``test`` is never synthesised for ``train``. The voice's held-out measurement uses the hand-written
-sentences of :func:`~mmspec.train.data.speech_test.test_sentences` instead, which no source
-generated.
+sentences of :func:`~mmspec.train.data.held_out.test_sentences` instead, which no source
+generated; every source drops those (:func:`~mmspec.train.data.held_out.is_held_out`) all the same.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .core import check_split, sample_rng, split_of, stable_hash
+from .held_out import is_held_out
 from .sentences import sentence as grammar_sentence
 
 HERE = Path(__file__).parent
@@ -155,7 +156,7 @@ def _split(texts: list[str], split: str) -> list[str]:
     seen, kept = set(), []
     for text in texts:
         key = text.lower()
-        if key not in seen and split_of(f"open|{key}") == split:
+        if key not in seen and split_of(f"open|{key}") == split and not is_held_out(text):
             seen.add(key)
             kept.append(text)
     return kept
