@@ -114,7 +114,8 @@ def run(args) -> int:
                   compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
     out = Path(args.out)
     rate = result.sampling_rate
-    panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]  # (what the font can draw)  # the method as given (its spec)
+    # the method as given (its spec); the normalised text, which the font can draw
+    panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]
     if result.baseline_audio is not None:
         panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
     png = spectrogram_png(panels, rate)  # everything computed before the first file is written

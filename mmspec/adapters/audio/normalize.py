@@ -222,8 +222,6 @@ PUNCTUATION_MAP = {";": ",", ":": ",", "(": ", ", ")": ", ", "[": ", ", "]": ", 
 LATIN = {"ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe", "Œ": "OE", "ł": "l", "Ł": "L", "đ": "d",
          "Đ": "D", "þ": "th", "Þ": "Th", "ð": "d", "Ð": "D", "ı": "i", "ŋ": "ng"}
 SAYABLE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,?!'-\n")
-#: characters the rules read (kept through transliteration; dropped at the end if a rule did not use them)
-RULE_CHARACTERS = set("0123456789$£€¥°%&@+#=~/<>×÷^|\\") | set(PUNCTUATION_MAP)
 
 
 def _sentence_end(text: str, end: int) -> bool:
@@ -248,18 +246,18 @@ class EnglishNormalizer(TextNormalizer):
     name = "english"
 
     def normalize(self, text):
-        text, dropped = self._characters(text)
+        text = self._characters(text)
         for rule in (self._emails, self._urls, self._abbreviations, self._currency, self._times, self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
                      self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
             text = rule(text)
-        text, more = self._final(text)
-        return NormalizedText(text, tuple(dict.fromkeys(dropped + more)))
+        text, dropped = self._final(text)
+        return NormalizedText(text, tuple(dict.fromkeys(dropped)))
 
     # -- characters
 
     @staticmethod
-    def _characters(text: str) -> tuple[str, tuple[str, ...]]:
+    def _characters(text: str) -> str:
         """NFKC (full-width forms, ligatures, ℃ -> °C), then accented Latin letters -> ASCII;
         control characters -> space; anything else kept for the rules or the final filter."""
         text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")
@@ -272,7 +270,7 @@ class EnglishNormalizer(TextNormalizer):
             else:
                 base = "".join(b for b in unicodedata.normalize("NFKD", c) if not unicodedata.combining(b))
                 out.append(base if base and base.isascii() and base.isalpha() else c)
-        return "".join(out), ()
+        return "".join(out)
 
     @staticmethod
     def _final(text: str) -> tuple[str, tuple[str, ...]]:
