@@ -1,8 +1,9 @@
 """Text-to-speech with codec-token LMs: ``mmspec.pipeline("text-to-speech", model=..., method=...)``.
 
-Text -> the normaliser's words (:mod:`mmspec.adapters.audio.normalize`) -> front-end ids -> the LM's code stream through :func:`mmspec.generate` with the method's
-drafter (:mod:`~mmspec.pipelines.text_to_speech.methods`) -> codes [K, F] -> the codec's waveform
-(the model's parts: :mod:`~mmspec.pipelines.text_to_speech.components`). A VALL-E-style voice's LM
+Text -> the normaliser's words (:mod:`mmspec.adapters.audio.normalize`) -> front-end ids -> the
+LM's code stream through :func:`mmspec.generate` with the method's drafter
+(:mod:`~mmspec.pipelines.text_to_speech.methods`) -> codes [K, F] -> the codec's waveform (the
+model's parts: :mod:`~mmspec.pipelines.text_to_speech.components`). A VALL-E-style voice's LM
 streams codebook 0 alone, and its NAR stage (:class:`~mmspec.modeling.codec_nar.CodecNAR`) fills
 in codebooks 1 .. K-1 from it, deterministically, so every method's output distribution is still
 plain decoding's. :meth:`TextToSpeechPipeline.stream` yields a text's audio sentence by sentence as
@@ -98,8 +99,9 @@ class TextToSpeechOutput(DictAccess):
     ``compare_baseline``); pieces: the texts said as separate generations, normalised (the text
     itself, or its sentences / clauses where it did not fit the context at once or ``split`` asked
     for sentences: their codes back to back, their audio joined by :data:`PAUSE_SECONDS` of
-    silence); normalized: the whole text as the normaliser gave it; dropped: the characters it
-    removed because no voice can say them (emoji, other scripts; :class:`~mmspec.adapters.audio.normalize.NormalizedText`)."""
+    silence); normalized: the whole text as the normaliser gave it; dropped: what it removed
+    because no voice can say it (runs of emoji, other scripts:
+    :class:`~mmspec.adapters.audio.normalize.NormalizedText`)."""
 
     text: str
     audio: torch.Tensor
@@ -121,14 +123,15 @@ class TextToSpeechChunk(DictAccess):
         index: the piece's place (0, 1, ...); total: how many pieces the text has.
         text: the piece (a normalised sentence or clause).
         audio: float32 [1, samples]: the piece's speech, after :data:`PAUSE_SECONDS` of silence on
-            every chunk but the first, so the chunks played back to back are ``tts(text).audio``.
+            every chunk but the first, so the chunks played back to back are
+            ``tts(text, split=...).audio`` with the same settings and split.
         sampling_rate: Hz.
         codes: the piece's codes [K, F].
         stats: the piece's :class:`TextToSpeechStats`.
         elapsed_s: seconds from the ``stream`` call (its checks and front end included) until this
             chunk was ready; the first chunk's is the time to first audio (time the caller spends
             between chunks is included too).
-        dropped: the characters the normaliser removed from the whole text (on every chunk).
+        dropped: what the normaliser removed from the whole text (on every chunk).
     """
 
     index: int
