@@ -169,7 +169,7 @@ def test_sampling_is_seeded(model_dir):
 
 @pytest.mark.parametrize("kwargs,call,match", [
     ({}, {"text": "  "}, "the text is empty"),
-    ({}, {"text": "caf\u00e9"}, "characters this model cannot say"),
+    ({}, {"text": "\u65e5\u672c \U0001F600"}, "nothing this voice can say: '\u65e5\u672c', '\U0001F600'"),  # issue 47
     ({}, {"text": "hi", "max_seconds": 0}, "max_seconds must be a positive number"),
     ({}, {"text": "hi", "speed": float("nan")}, "speed must be a positive number"),
     ({}, {"text": "hi.", "speed": 50}, "speed must be at most 4"),  # issue 44: a 512-sample clip crashed the CLI
@@ -244,7 +244,8 @@ def test_the_embedded_voice_says_a_long_sentence_at_the_default_budget():
     pytest.importorskip("piper")
     text = "It costs $49.99 on 3/4/2025."
     out = mmspec.pipeline("text-to-speech", method="ar", dtype="float32")(text, do_sample=False)
-    assert out.pieces == [text] and out.stats.frames > 150
+    assert out.normalized == "It costs forty-nine dollars and ninety-nine cents on March fourth, twenty twenty-five."
+    assert out.pieces == [out.normalized] and out.stats.frames > 150
 
 
 def test_speed_scales_an_aligned_models_durations(model_dir, unaligned_dir):

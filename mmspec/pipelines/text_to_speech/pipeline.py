@@ -1,22 +1,26 @@
 """Text-to-speech with codec-token LMs: ``mmspec.pipeline("text-to-speech", model=..., method=...)``.
 
-Text -> front-end ids -> the LM's code stream through :func:`mmspec.generate` with the method's
-drafter (:mod:`~mmspec.pipelines.text_to_speech.methods`) -> codes [K, F] -> the codec's waveform
-(the model's parts: :mod:`~mmspec.pipelines.text_to_speech.components`). A VALL-E-style voice's LM
+Text -> the normaliser's words (:mod:`mmspec.adapters.audio.normalize`) -> front-end ids -> the
+LM's code stream through :func:`mmspec.generate` with the method's drafter
+(:mod:`~mmspec.pipelines.text_to_speech.methods`) -> codes [K, F] -> the codec's waveform (the
+model's parts: :mod:`~mmspec.pipelines.text_to_speech.components`). A VALL-E-style voice's LM
 streams codebook 0 alone, and its NAR stage (:class:`~mmspec.modeling.codec_nar.CodecNAR`) fills
 in codebooks 1 .. K-1 from it, deterministically, so every method's output distribution is still
-plain decoding's.
+plain decoding's. :meth:`TextToSpeechPipeline.stream` yields a text's audio sentence by sentence as
+each is ready.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+from ...adapters.audio.normalize import NormalizedText
 from ...api import generate, generate_rows
 from ...core.batch import batch_stats
 from ...core.stats import DictAccess, SpecStats
@@ -25,11 +29,15 @@ from ..base import Pipeline, ProgressCallback, register_pipeline
 from .components import MAX_SPEED, TTSComponents, _positive_number, check_speed
 from .methods import METHODS, TTSMethod, make_method
 
-__all__ = ["MAX_SPEED", "METHODS", "PAUSE_SECONDS", "TTSComponents", "TextToSpeechOutput", "TextToSpeechPipeline", "TextToSpeechStats"]
+__all__ = ["MAX_SPEED", "METHODS", "PAUSE_SECONDS", "SPLITS", "TTSComponents", "TextToSpeechChunk", "TextToSpeechOutput",
+           "TextToSpeechPipeline", "TextToSpeechStats"]
 
 
 #: silence between the pieces of a text said as several generations (its sentences)
 PAUSE_SECONDS = 0.3
+#: how a text is cut into generations: "auto" (whole where it fits the context, else sentences,
+#: else clauses) or "sentences" (every sentence alone, a sentence too long alone by its clauses)
+SPLITS = ("auto", "sentences")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -88,9 +96,12 @@ class TextToSpeechStats(DictAccess):
 @dataclass
 class TextToSpeechOutput(DictAccess):
     """audio: float32 [1, samples]; sampling_rate; codes [K, F]; stats; baseline_audio (with
-    ``compare_baseline``); pieces: the texts said as separate generations (the text itself, or
-    its sentences / clauses where it did not fit the context at once: their codes back to back,
-    their audio joined by :data:`PAUSE_SECONDS` of silence)."""
+    ``compare_baseline``); pieces: the texts said as separate generations, normalised (the text
+    itself, or its sentences / clauses where it did not fit the context at once or ``split`` asked
+    for sentences: their codes back to back, their audio joined by :data:`PAUSE_SECONDS` of
+    silence); normalized: the whole text as the normaliser gave it; dropped: what it removed
+    because no voice can say it (runs of emoji, other scripts:
+    :class:`~mmspec.adapters.audio.normalize.NormalizedText`)."""
 
     text: str
     audio: torch.Tensor
@@ -100,6 +111,38 @@ class TextToSpeechOutput(DictAccess):
     baseline_audio: torch.Tensor | None = None
     baseline_codes: torch.Tensor | None = None
     pieces: list[str] = field(default_factory=list)
+    normalized: str = ""
+    dropped: tuple[str, ...] = ()
+
+
+@dataclass
+class TextToSpeechChunk(DictAccess):
+    """One piece of a streamed text (:meth:`TextToSpeechPipeline.stream`), yielded once it is ready.
+
+    Attributes:
+        index: the piece's place (0, 1, ...); total: how many pieces the text has.
+        text: the piece (a normalised sentence or clause).
+        audio: float32 [1, samples]: the piece's speech, after :data:`PAUSE_SECONDS` of silence on
+            every chunk but the first, so the chunks played back to back are
+            ``tts(text, split=...).audio`` with the same settings and split.
+        sampling_rate: Hz.
+        codes: the piece's codes [K, F].
+        stats: the piece's :class:`TextToSpeechStats`.
+        elapsed_s: seconds from the ``stream`` call (its checks and front end included) until this
+            chunk was ready; the first chunk's is the time to first audio (time the caller spends
+            between chunks is included too).
+        dropped: what the normaliser removed from the whole text (on every chunk).
+    """
+
+    index: int
+    total: int
+    text: str
+    audio: torch.Tensor
+    sampling_rate: int
+    codes: torch.Tensor
+    stats: TextToSpeechStats
+    elapsed_s: float
+    dropped: tuple[str, ...] = ()
 
 
 @register_pipeline
@@ -168,7 +211,7 @@ class TextToSpeechPipeline(Pipeline):
                  top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
                  compare_baseline: bool = False, method: TTSMethod | str | None = None,
                  progress: bool | ProgressCallback | None = None,
-                 batch_size: int = 1) -> TextToSpeechOutput | list[TextToSpeechOutput]:
+                 batch_size: int = 1, split: str = "auto") -> TextToSpeechOutput | list[TextToSpeechOutput]:
         """Say ``text``, or each text of a list (one output per text, in order). Sampling is the
         default, as codec LMs are used, at the model's temperature (``temperature=None``: its
         tts.json's, 0.7 for the embedded voice, as Bark samples; else 1). ``speed`` scales an aligned model's
@@ -177,13 +220,18 @@ class TextToSpeechPipeline(Pipeline):
         called with the steps (frames, roughly) generated so far by the method's run (batch size
         1); True shows a terminal bar of frames.
 
+        The text is normalised first (the model's normaliser, "english" by default: numbers,
+        dates, times, money, units, abbreviations, initialisms, URLs as words; emoji and other
+        scripts dropped and listed in ``output.dropped``), then cut into generations.
+
         ``max_seconds`` caps each generation's audio. A text whose phoneme ids and audio frames do
         not fit the codec LM's context together (an aligned voice's frames are its predicted
         durations' total, known before decoding, when under the cap; an unaligned voice's, the cap)
         is said as separate generations: its sentences, and a sentence that does not fit alone, its
         clauses (split after , ; :), each with ``seed``; their audio is joined with a
         :data:`PAUSE_SECONDS` pause (``output.pieces`` lists them). A clause that does not fit alone
-        is refused before anything is decoded.
+        is refused before anything is decoded. ``split="sentences"`` says every sentence alone
+        (the pieces :meth:`stream` yields; with it, joined, the same audio bitwise).
 
         ``batch_size``: generations (texts, or the pieces of a split text) decoded together
         (:mod:`mmspec.core.batch`), each verified as its own generation: the codes of the text said
@@ -194,8 +242,8 @@ class TextToSpeechPipeline(Pipeline):
         ``compare_baseline``, plain decoding runs the same batches.
 
         Raises:
-            ValueError: empty text, text the front end cannot say, a sentence too long for the
-                context even alone, a bad max_seconds, speed or batch_size.
+            ValueError: empty text, text with nothing sayable left (naming what was dropped), a
+                clause too long for the context even alone, a bad max_seconds, speed, batch_size or split.
         """
         method = self.make_method(method) if method is not None else self.method
         if not _positive_number(max_seconds):
@@ -207,8 +255,13 @@ class TextToSpeechPipeline(Pipeline):
             raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
         frames = int(max_seconds * c.codec.frame_rate)
+        self.check_split(split)
         # every text checked and split before decoding: (text index, piece, its inputs)
-        pieces = [(index, piece, inputs) for index, t in enumerate(texts) for piece, inputs in self._pieces(t, speed, frames)]
+        spoken, pieces = [], []
+        for index, t in enumerate(texts):
+            normalized, cut = self._pieces(t, speed, frames, split)
+            spoken.append(normalized)
+            pieces += [(index, piece, inputs) for piece, inputs in cut]
         budget = c.target.stream_length(frames) + 1
         temperature = c.temperature if temperature is None else temperature
         sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -233,21 +286,84 @@ class TextToSpeechPipeline(Pipeline):
         results = []
         for index, t in enumerate(texts):
             mine = [p for p, (owner, _, _) in enumerate(pieces) if owner == index]
-            results.append(self._output(method, t, [pieces[p][1] for p in mine], [pieces[p][2] for p in mine],
-                                        [runs[p] for p in mine], [baselines[p] for p in mine], sampling))
+            result = self._output(method, t, [pieces[p][1] for p in mine], [pieces[p][2] for p in mine],
+                                  [runs[p] for p in mine], [baselines[p] for p in mine], sampling)
+            result.normalized, result.dropped = spoken[index].text, spoken[index].dropped
+            results.append(result)
         return results[0] if isinstance(text, str) else results
 
-    def _pieces(self, text: str, speed: float, frames: int) -> list[tuple[str, dict[str, torch.Tensor]]]:
-        """``text`` as the generations that say it, each (its text, its inputs) fitting the codec
-        LM's context under a budget of ``frames``: the whole text where it fits, else its
-        sentences, and a sentence that does not fit alone, its clauses. Raises ValueError (one
-        line) for a clause that does not fit alone."""
+    @staticmethod
+    def check_split(split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+
+    def stream(self, text: str, do_sample: bool = True, temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
+               method: TTSMethod | str | None = None, split: str = "sentences") -> Iterator[TextToSpeechChunk]:
+        """Say ``text`` piece by piece, yielding each piece's audio as soon as it is ready
+        (:class:`TextToSpeechChunk`: a float32 [1, samples] tensor, its sampling rate, the piece's
+        text and stats). The settings are :meth:`__call__`'s; ``split="sentences"`` (the default)
+        makes every sentence a piece, so the first audio comes after the first sentence.
+
+        With the same arguments, the chunks' audio joined is ``tts(text, split=split).audio``
+        bitwise, and their codes ``.codes``: each piece is generated alone with ``seed``, as
+        ``__call__`` does with ``batch_size=1``.
+
+        The text is checked, normalised and cut (front end and durations of every piece) here,
+        before the first chunk is asked for: bad input raises ValueError at the call.
+
+        Example:
+            >>> for chunk in tts.stream("Hello there. How are you today?"):
+            ...     play(chunk.audio, chunk.sampling_rate)
+        """
+        start = time.perf_counter()
+        method = self.make_method(method) if method is not None else self.method
+        if not isinstance(text, str):
+            raise ValueError(f"stream says one text (a string), got {type(text).__name__}; call it once per text")
+        if not _positive_number(max_seconds):
+            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
+        check_speed(speed)
+        self.check_split(split)
         c = self.components
-        whole = c.model_inputs(text, speed)
-        if c.positions_needed(whole, frames) <= c.max_positions:
-            return [(text, whole)]
+        frames = int(max_seconds * c.codec.frame_rate)
+        normalized, pieces = self._pieces(text, speed, frames, split)
+        budget = c.target.stream_length(frames) + 1
+        sampling = {"do_sample": do_sample, "temperature": c.temperature if temperature is None else temperature,
+                    "top_k": top_k, "top_p": top_p}
+
+        def chunks() -> Iterator[TextToSpeechChunk]:
+            pause = None
+            for index, (piece, inputs) in enumerate(pieces):
+                run = self._generate(method, [inputs], budget, seed, sampling)[0]
+                out = self._output(method, piece, [piece], [inputs], [run], [None], sampling)
+                audio = out.audio
+                if index:
+                    if pause is None:
+                        pause = audio.new_zeros(audio.shape[0], round(PAUSE_SECONDS * self.sampling_rate))
+                    audio = torch.cat([pause, audio], dim=-1)
+                yield TextToSpeechChunk(index=index, total=len(pieces), text=piece, audio=audio,
+                                        sampling_rate=self.sampling_rate, codes=out.codes, stats=out.stats,
+                                        elapsed_s=time.perf_counter() - start, dropped=normalized.dropped)
+
+        return chunks()
+
+    def _pieces(self, text: str, speed: float, frames: int, split: str = "auto"
+                ) -> tuple[NormalizedText, list[tuple[str, dict[str, torch.Tensor]]]]:
+        """``text`` normalised, and as the generations that say it, each (its text, its inputs)
+        fitting the codec LM's context under a budget of ``frames``: the whole text where it fits
+        (``split="auto"``), else its sentences, and a sentence that does not fit alone, its
+        clauses. Raises ValueError (one line) for text with nothing to say, or a clause that does
+        not fit alone."""
+        c = self.components
+        normalized = c.normalize(text)
+        text = normalized.text
+        sentences = split_sentences(text)
+        if split == "auto" or len(sentences) == 1:
+            whole = c.model_inputs(text, speed)
+            if c.positions_needed(whole, frames) <= c.max_positions:
+                return normalized, [(" ".join(text.split()), whole)]
         pieces = []
-        for sentence in split_sentences(text):
+        for sentence in sentences:
             inputs = c.model_inputs(sentence, speed)
             if c.positions_needed(inputs, frames) <= c.max_positions:
                 pieces.append((sentence, inputs))
@@ -263,7 +379,7 @@ class TextToSpeechPipeline(Pipeline):
                                      f"({inputs['phoneme_ids'].shape[1]} phoneme ids + {c.frames_needed(inputs, frames)} "
                                      f"audio frames); shorten it or split it into sentences, or {hint}")
                 pieces.append((clause, inputs))
-        return pieces
+        return normalized, pieces
 
     def _output(self, method: TTSMethod, text: str, pieces: list[str], inputs: list[dict[str, torch.Tensor]],
                 runs: list[tuple[torch.Tensor, SpecStats]], baselines: list[tuple[torch.Tensor, SpecStats] | None],

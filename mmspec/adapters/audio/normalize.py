@@ -1,0 +1,575 @@
+"""Text normalisers: written text -> the words a TTS front end says (run before the phonemizer).
+
+Registered by name in :data:`NORMALIZERS` (a model directory's ``tts.json`` may name one as
+``"normalizer"``; without it the voice uses ``"english"``):
+
+- ``"english"``: :class:`EnglishNormalizer`, num2words plus ordered rules: URLs and e-mail
+  addresses, phone-like digit strings, currency, times, dates, units, percentages, ordinals,
+  decades, years, ranges, fractions, cardinals (negative, decimal, with thousands commas),
+  abbreviations, initialisms and symbols, read out as words; accented Latin letters transliterated
+  (NFKD without the marks, ß -> ss); what is left that no English voice can say (emoji, CJK and
+  other scripts, stray symbols, control characters) dropped and named in
+  :attr:`NormalizedText.dropped`.
+- ``"none"``: the text unchanged (for a front end that reads digits itself).
+
+The output keeps sentence punctuation for prosody (``. , ? ! ...``; ``; :`` and brackets become
+commas) and contains only ASCII letters, white space and ``. , ? ! ' -``, which every front end of
+:mod:`~mmspec.adapters.audio.phonemes` can say. The rules are deterministic and idempotent:
+normalising a normalised text gives it back.
+
+Example:
+    >>> normalize_text("Dr. Smith paid $49.99 on 3/4/2025 at 7:30 pm.")
+    'Doctor Smith paid forty-nine dollars and ninety-nine cents on March fourth, twenty twenty-five at seven thirty P-M.'
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+__all__ = ["EnglishNormalizer", "NORMALIZERS", "NormalizedText", "TextNormalizer", "make_normalizer", "normalize_text",
+           "register_normalizer"]
+
+
+@dataclass(frozen=True)
+class NormalizedText:
+    """text: what the front end is given; dropped: what was removed because nothing could say it
+    (runs of letters of other scripts, symbols and emoji, as written: "日本", "😀"; distinct, in
+    order of first appearance)."""
+
+    text: str
+    dropped: tuple[str, ...] = ()
+
+    def describe_dropped(self) -> str:
+        """The dropped runs as one short phrase for a message: ``'日本', '😀'`` (at most 12)."""
+        shown = ", ".join(repr(c) for c in self.dropped[:12])
+        return shown + (f" and {len(self.dropped) - 12} more" if len(self.dropped) > 12 else "")
+
+
+class TextNormalizer(ABC):
+    """text -> :class:`NormalizedText`."""
+
+    name: str = ""
+
+    def __call__(self, text: str) -> NormalizedText:
+        if not isinstance(text, str):
+            raise ValueError(f"the text must be a string, got {type(text).__name__}")
+        return self.normalize(text)
+
+    @abstractmethod
+    def normalize(self, text: str) -> NormalizedText:
+        """Any string -> its spoken form (never raises on content)."""
+
+
+#: normaliser name -> factory
+NORMALIZERS: dict[str, Callable[[], TextNormalizer]] = {}
+
+
+def register_normalizer(name: str):
+    """A decorator registering a normaliser's factory as ``NORMALIZERS[name]`` (a taken name is refused)."""
+    def wrap(factory):
+        if name in NORMALIZERS:
+            raise ValueError(f"a text normaliser named {name!r} is already registered")
+        NORMALIZERS[name] = factory
+        return factory
+
+    return wrap
+
+
+@lru_cache(maxsize=None)
+def make_normalizer(name: str) -> TextNormalizer:
+    """The normaliser called ``name`` (built once per process)."""
+    if name not in NORMALIZERS:
+        raise ValueError(f"unknown text normaliser {name!r}; known: {', '.join(NORMALIZERS)}")
+    return NORMALIZERS[name]()
+
+
+def normalize_text(text: str, name: str = "english") -> str:
+    """``text`` as the normaliser ``name`` says it (the training-data side uses this too, so the
+    voice learns from the words it is given at inference)."""
+    return make_normalizer(name)(text).text
+
+
+@register_normalizer("none")
+class IdentityNormalizer(TextNormalizer):
+    name = "none"
+
+    def normalize(self, text):
+        return NormalizedText(text)
+
+
+# --- number words ----------------------------------------------------------------------------
+
+DIGITS = "zero one two three four five six seven eight nine".split()
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"  # 1,234.5 | 1234.5 | .5
+MAX_CARDINAL_DIGITS = 15  # longer digit runs are read digit by digit
+
+
+def _tidy(words: str) -> str:
+    """num2words' British "and" and its thousands commas removed: American reading."""
+    return re.sub(r"\s+", " ", words.replace(",", "").replace(" and ", " ")).strip()
+
+
+def digits(run: str) -> str:
+    """"4071" -> "four zero seven one" (non-digits ignored)."""
+    return " ".join(DIGITS[int(d)] for d in run if d.isdigit())
+
+
+def cardinal(number: str) -> str:
+    """"-1,234.05" -> "minus one thousand two hundred thirty-four point zero five"."""
+    from num2words import num2words
+
+    sign = "minus " if number.startswith("-") else ""
+    whole, _, fraction = number.lstrip("-+").replace(",", "").partition(".")
+    if len(whole) > MAX_CARDINAL_DIGITS:
+        return sign + digits(whole) + (" point " + digits(fraction) if fraction else "")
+    words = _tidy(num2words(int(whole or "0")))
+    return sign + words + (" point " + digits(fraction) if fraction else "")
+
+
+def ordinal(n: int) -> str:
+    from num2words import num2words
+
+    return _tidy(num2words(n, to="ordinal"))
+
+
+def year(n: int) -> str:
+    """1999 -> "nineteen ninety-nine", 2005 -> "two thousand five", 1905 -> "nineteen oh-five"."""
+    from num2words import num2words
+
+    return _tidy(num2words(n, to="year"))
+
+
+def plural_words(words: str) -> str:
+    """"nineteen ninety" -> "nineteen nineties"; "two thousand" -> "two thousands"."""
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def _is_one(number: str) -> bool:
+    return number.replace(",", "") in ("1", "-1")
+
+
+# --- rule tables -------------------------------------------------------------------------------
+
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+MONTH_NAMES = {m.lower(): m for m in MONTHS} | {m[:3].lower(): m for m in MONTHS} | {"sept": "September"}
+MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December|" \
+        r"Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)"
+
+#: currency sign -> (unit, units, sub-unit, sub-units)
+CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "pounds", "penny", "pence"),
+              "€": ("euro", "euros", "cent", "cents"), "¥": ("yen", "yen", None, None)}
+SCALES = {"thousand": "thousand", "k": "thousand", "million": "million", "m": "million", "mn": "million",
+          "billion": "billion", "bn": "billion", "b": "billion", "trillion": "trillion", "tn": "trillion"}
+
+#: unit abbreviation -> (singular, plural); matched after a number, case-sensitive
+UNITS = {
+    "km/h": ("kilometer per hour", "kilometers per hour"), "mph": ("mile per hour", "miles per hour"),
+    "kph": ("kilometer per hour", "kilometers per hour"), "°C": ("degree Celsius", "degrees Celsius"),
+    "°F": ("degree Fahrenheit", "degrees Fahrenheit"), "°": ("degree", "degrees"),
+    "km": ("kilometer", "kilometers"), "cm": ("centimeter", "centimeters"), "mm": ("millimeter", "millimeters"),
+    "m": ("meter", "meters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"), "yd": ("yard", "yards"),
+    "kg": ("kilogram", "kilograms"), "mg": ("milligram", "milligrams"), "g": ("gram", "grams"),
+    "lbs": ("pound", "pounds"), "lb": ("pound", "pounds"), "oz": ("ounce", "ounces"),
+    "ml": ("milliliter", "milliliters"), "mL": ("milliliter", "milliliters"), "L": ("liter", "liters"),
+    "hrs": ("hour", "hours"), "hr": ("hour", "hours"), "h": ("hour", "hours"), "min": ("minute", "minutes"),
+    "mins": ("minute", "minutes"), "sec": ("second", "seconds"), "ms": ("millisecond", "milliseconds"),
+    "kWh": ("kilowatt hour", "kilowatt hours"), "kW": ("kilowatt", "kilowatts"), "W": ("watt", "watts"),
+    "V": ("volt", "volts"), "GHz": ("gigahertz", "gigahertz"), "MHz": ("megahertz", "megahertz"),
+    "Hz": ("hertz", "hertz"), "TB": ("terabyte", "terabytes"), "GB": ("gigabyte", "gigabytes"),
+    "MB": ("megabyte", "megabytes"), "KB": ("kilobyte", "kilobytes"), "kB": ("kilobyte", "kilobytes"),
+}
+
+#: abbreviations always followed by a name: the period is not a sentence end
+TITLES = {"Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Mt.": "Mount",
+          "Gen.": "General", "Gov.": "Governor", "Sen.": "Senator", "Capt.": "Captain", "Lt.": "Lieutenant",
+          "Sgt.": "Sergeant", "Rev.": "Reverend", "Ft.": "Fort", "vs.": "versus", "vs": "versus",
+          "e.g.": "for example", "i.e.": "that is"}
+#: abbreviations that may end a sentence (the period is kept there)
+ABBREVIATIONS = {"etc.": "et cetera", "approx.": "approximately", "Jr.": "Junior", "Sr.": "Senior", "Ave.": "Avenue", "Rd.": "Road",
+                 "Blvd.": "Boulevard", "Dept.": "Department", "Inc.": "Incorporated", "Ltd.": "Limited",
+                 "Corp.": "Corporation", "Co.": "Company", "Univ.": "University", "w/": "with", "a.k.a.": "also known as"}
+
+#: all-capital words read as words (not spelled), and ones spelled though they look like words
+ACRONYMS_AS_WORDS = {"NASA", "NATO", "UNESCO", "UNICEF", "NAFTA", "OPEC", "FIFA", "UEFA", "NASCAR", "SCUBA", "LASER",
+                     "RADAR", "COVID", "AIDS", "GIF", "IKEA", "LEGO", "PIN", "SIM", "CERN", "ASEAN", "SARS", "WASP",
+                     "NIMBY", "POTUS", "SWAT", "ZIP", "JPEG", "OSHA", "FEMA", "DARPA", "INTERPOL", "EFTA", "SONAR"}
+ACRONYMS_SPELLED = {"USDA", "NCAA", "ACLU", "UCLA", "USSR", "OECD", "ESPN", "NAACP", "IEEE", "AARP", "USAF", "UEFI",
+                    "IOU", "AI", "OS", "US", "EU", "UN", "UK", "IOS", "API", "CEO", "CFO", "COO"}
+#: short all-capital words read as words ("I LOVE IT" is shouting, not initialisms)
+SHORT_WORDS = set("""A AN AM AND ANY ARE AS AT BE BIG BUT BY CAN DID DO DOG FOR GET GO GOD GOT HAD HAS HE HER HI HIM
+HIS HOW I IF IN IS IT ITS LET ME MY NEW NO NOT NOW OF OFF OH OLD ON ONE OR OUR OUT RUN SAY SEE SHE SO THE TO TOO TWO
+UP WAS WAY WE WHO WHY WIN YES YET YOU""".split())
+SPOKEN_WORDS = {"OK": "okay", "PhD": "P-H-D", "PhDs": "P-H-D's", "TV": "T-V", "Wi-Fi": "wifi", "WiFi": "wifi"}
+
+#: URL / e-mail pieces read out
+URL_SYMBOLS = {".": " dot ", "/": " slash ", "-": " dash ", "_": " underscore ", "@": " at ", ":": " colon ",
+               "?": " question mark ", "=": " equals ", "&": " and ", "+": " plus ", "#": " hash ", "~": " tilde ",
+               "%": " percent "}
+SPELLED_LABELS = {"uk", "us", "io", "ai", "tv", "eu", "de", "fr", "ca", "au", "nz", "www"}
+TLDS = r"(?:com|org|net|edu|gov|io|co|uk|us|de|fr|ai|dev|info|app|biz|me|tv|ca|au|eu|ly|gg|nz)"
+
+#: characters no rule can read that map to a spoken pause or are silently dropped as formatting
+PUNCTUATION_MAP = {";": ",", ":": ",", "(": ", ", ")": ", ", "[": ", ", "]": ", ", "{": ", ", "}": ", ", '"': " ",
+                   "—": ", ", "–": ", ", "…": "...", "\u2018": "'", "\u2019": "'", "\u201c": " ", "\u201d": " ",
+                   "\u00ab": " ", "\u00bb": " ", "\u00a1": " ", "\u00bf": " ", "*": " ", "_": " ", "`": "'"}
+#: Latin letters NFKD does not decompose
+LATIN = {"ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe", "Œ": "OE", "ł": "l", "Ł": "L", "đ": "d",
+         "Đ": "D", "þ": "th", "Þ": "Th", "ð": "d", "Ð": "D", "ı": "i", "ŋ": "ng"}
+SAYABLE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,?!'-\n")
+
+
+def _sentence_end(text: str, end: int) -> bool:
+    """Does a sentence end right after ``text[:end]``? (end of text or of a line, or white
+    space and a capital letter follow.)"""
+    rest = text[end:]
+    return not rest.strip() or rest.startswith("\n") or re.match(r"\s+[A-Z]", rest) is not None
+
+
+@register_normalizer("english")
+class EnglishNormalizer(TextNormalizer):
+    """Written English -> spoken English, rule by rule (:meth:`normalize` lists the order).
+
+    Heuristics worth knowing: a bare four-digit number from 1100 to 2099 is read as a year
+    ("in 1999", "1500 people" -> "fifteen hundred people"); "3/4/2025" is month/day/year unless
+    the first number cannot be a month; digit runs with a leading zero, of 8 or more digits, or in
+    a phone pattern (555-123-4567) are read digit by digit; an all-capital word is spelled
+    ("F-B-I") when it has 3 letters or fewer or no vowel, read as a word when longer ("NASA",
+    shouting), with small lists of exceptions each way.
+    """
+
+    name = "english"
+
+    def normalize(self, text):
+        text = self._characters(text)
+        for rule in (self._emails, self._urls, self._abbreviations, self._currency, self._times, self._dates,
+                     self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
+                     self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
+            text = rule(text)
+        text, dropped = self._final(text)
+        return NormalizedText(text, tuple(dict.fromkeys(dropped)))
+
+    # -- characters
+
+    @staticmethod
+    def _characters(text: str) -> str:
+        """NFKC (full-width forms, ligatures, ℃ -> °C), then accented Latin letters -> ASCII;
+        control characters -> space; anything else kept for the rules or the final filter."""
+        text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")
+        out = []
+        for c in text:
+            if c.isascii():
+                out.append(c if c.isprintable() or c == "\n" else " ")
+            elif c in LATIN:
+                out.append(LATIN[c])
+            else:
+                base = "".join(b for b in unicodedata.normalize("NFKD", c) if not unicodedata.combining(b))
+                out.append(base if base and base.isascii() and base.isalpha() else c)
+        return "".join(out)
+
+    @staticmethod
+    def _final(text: str) -> tuple[str, tuple[str, ...]]:
+        """Pauses for ; : brackets and dashes, quotes dropped, then everything not in
+        :data:`SAYABLE` dropped (letters of other scripts, digits of other scripts and symbols
+        named), white space and repeated punctuation tidied."""
+        dropped = []
+        out = []
+        run = ""  # the dropped characters since the last one kept
+        for c in text:
+            if c in SAYABLE or c in PUNCTUATION_MAP:
+                out.append(PUNCTUATION_MAP.get(c, c))
+                if run:
+                    dropped.append(run)
+                    run = ""
+            else:
+                if unicodedata.category(c)[0] in "LNS":  # named; control and format characters are not
+                    run += c
+                out.append(" ")
+        if run:
+            dropped.append(run)
+        text = "".join(out)
+        text = re.sub(r"[ \t]+", " ", text)
+        text = re.sub(r" *\n[\s]*", "\n", text).strip()
+        text = re.sub(r" +([.,?!])", r"\1", text)                       # no space before punctuation
+        text = re.sub(r"(?<![.])\.\.(?![.])", ".", text)               # ".." -> "." (an ellipsis stays)
+        text = re.sub(r"([,?!])[,?!]*", r"\1", text)                    # "!!!" -> "!", "?!" -> "?", ",," -> ","
+        text = re.sub(r",(?=[.?!])", "", text)                           # ",." -> "."
+        text = re.sub(r"(^|\n)[,.?! ]+", r"\1", text)                    # no line starts with punctuation
+        text = re.sub(r"([,.?!])(?=[A-Za-z])", r"\1 ", text)             # a space after punctuation
+        text = re.sub(r"(?<![A-Za-z])'+|'+(?![A-Za-z])", " ", text)      # quotes, not apostrophes
+        text = re.sub(r"(?<![A-Za-z])-+|-+(?![A-Za-z])", " ", text)      # a dash that joins nothing
+        text = re.sub(r"[ \t]+", " ", text)
+        text = re.sub(r" +([.,?!])", r"\1", text)
+        text = re.sub(r" *\n *", "\n", text).strip()
+        return text, tuple(dropped)
+
+    # -- URLs and e-mail addresses
+
+    @staticmethod
+    def _read_address(address: str) -> str:
+        """"www.example-shop.co.uk/news" -> "w w w dot example dash shop dot co dot u k slash news"."""
+        out = []
+        for piece in re.split(r"([^A-Za-z0-9])", address):
+            if not piece:
+                continue
+            if piece in URL_SYMBOLS:
+                out.append(URL_SYMBOLS[piece])
+            elif piece.isdigit():
+                out.append(" " + digits(piece) + " ")
+            elif piece.lower() in SPELLED_LABELS or (piece.isalpha() and not re.search(r"[aeiouyAEIOUY]", piece)):
+                out.append(" " + " ".join(piece.lower()) + " ")
+            else:
+                sub = re.sub(r"(\d+)", lambda m: " " + digits(m.group(1)) + " ", piece)
+                out.append(" " + sub + " ")
+        return re.sub(r"\s+", " ", "".join(out)).strip()
+
+    def _urls(self, text: str) -> str:
+        def url(m):
+            found = m.group(0)
+            trail = re.search(r"[.,!?;:)\]'\"]+$", found)
+            tail = trail.group(0) if trail else ""
+            found = found[: len(found) - len(tail)]
+            address = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", found).rstrip("/")
+            return " " + self._read_address(address) + tail
+        pattern = (r"\b(?:https?|ftp)://[^\s<>\"]+|\bwww\.[^\s<>\"]+|"
+                   rf"\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.{TLDS}\b(?:/[^\s<>\"]*)?(?!@)")
+        return re.sub(pattern, url, text)
+
+    def _emails(self, text: str) -> str:
+        return re.sub(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+                      lambda m: self._read_address(m.group(0)), text)
+
+    # -- abbreviations
+
+    @staticmethod
+    def _abbreviations(text: str) -> str:
+        def title(m):
+            return TITLES[m.group(0)]
+
+        keys = sorted(TITLES, key=len, reverse=True)
+        text = re.sub(r"(?<![\w.])(?:" + "|".join(re.escape(t) for t in keys) + r")(?=\s)", title, text)
+
+        def saint_or_street(m):  # "Main St." (a capitalised word before, none after) is a street
+            street = re.search(r"\b[A-Z][a-z]*\s+$", m.string[: m.start()]) and not re.match(r"\s+[A-Z]", m.string[m.end():])
+            if street or not re.match(r"\s+[A-Z]", m.string[m.end():]):
+                return "Street" + ("." if _sentence_end(m.string, m.end()) else "")
+            return "Saint"
+
+        text = re.sub(r"(?<![\w.])St\.", saint_or_street, text)
+
+        def abbreviation(m):
+            said = ABBREVIATIONS[m.group(1)]
+            return said + ("." if m.group(1).endswith(".") and _sentence_end(m.string, m.end()) else "")
+
+        keys = sorted(ABBREVIATIONS, key=len, reverse=True)
+        text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
+        text = re.sub(r"\b[Nn]o\.\s*(?=\d)", "number ", text)
+        return re.sub(r"#\s?(?=\d)", "number ", text)
+
+    # -- numbers in context
+
+    @staticmethod
+    def _phones(text: str) -> str:
+        def phone(m):
+            groups = [g for g in re.split(r"[^\d+]+", m.group(0)) if g]
+            return ", ".join(("plus " + digits(g)) if g.startswith("+") else digits(g) for g in groups)
+
+        text = re.sub(r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w])", phone, text)
+        text = re.sub(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\d{2,4}){2,5}(?![\w])", phone, text)
+        text = re.sub(r"(?<![\w,.-])\d{3}-\d{4}(?![\w-])", phone, text)
+        # a leading zero, or 8 or more digits: an identifier, read digit by digit
+        return re.sub(r"(?<![\w.,])(?:0\d+|\d{8,})(?![\w]|[.,]\d)", lambda m: digits(m.group(0)), text)
+
+    @staticmethod
+    def _currency(text: str) -> str:
+        def money(m):
+            sign, number, scale = m.group(1), m.group(2), m.group(3)
+            unit, units, sub, subs = CURRENCIES[sign]
+            if scale:
+                return f"{cardinal(number)} {SCALES[scale.lower()]} {units}"
+            whole, _, cents = number.replace(",", "").partition(".")
+            if sub is None or not cents or len(cents) != 2:
+                return f"{cardinal(number)} {unit if _is_one(number) else units}"
+            said = [] if int(whole or 0) == 0 and int(cents) else [f"{cardinal(whole or '0')} {unit if whole == '1' else units}"]
+            if int(cents):
+                said.append(f"{cardinal(str(int(cents)))} {sub if int(cents) == 1 else subs}")
+            return " and ".join(said)
+
+        scale = r"(?:\s?(thousand|million|billion|trillion|k|m|mn|bn|b|tn)\b)?"
+        # "$20-$30", "$20-30": a range of amounts
+        text = re.sub(r"([$£€¥])(" + NUMBER + r")\s?[-\u2013]\s?[$£€¥]?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
+        return re.sub(r"([$£€¥])\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
+
+    @staticmethod
+    def _times(text: str) -> str:
+        meridian = r"(?:\s?([AaPp])\.?\s?[Mm]\b\.?)"
+
+        def said(hour: int, minute: int, half: str | None, m) -> str:
+            words = cardinal(str(hour))
+            if minute == 0:
+                words += "" if half else " o'clock"
+            else:
+                words += " " + ("oh " + cardinal(str(minute)) if minute < 10 else cardinal(str(minute)))
+            if half:
+                words += " " + half.upper() + "-M"
+                if m.group(0).endswith(".") and _sentence_end(m.string, m.end()):
+                    words += "."
+            return words
+
+        def clock(m):
+            hour, minute = int(m.group(1)), int(m.group(2))
+            if hour > 24 or minute > 59 or (m.group(4) and not 1 <= hour <= 12):
+                return m.group(0)
+            words = said(hour, minute, m.group(4), m)
+            return words if m.group(3) is None else words + " and " + cardinal(str(int(m.group(3)))) + " seconds"
+
+        def hour_only(m):
+            hour = int(m.group(1))
+            return said(hour, 0, m.group(2), m) if 1 <= hour <= 12 else m.group(0)
+
+        text = re.sub(r"\b(\d{1,2}):(\d{2})(?::(\d{2}))?" + meridian + r"?(?![\d:])", clock, text)
+        return re.sub(r"\b(\d{1,2})" + meridian + r"(?![A-Za-z])", hour_only, text)
+
+    @staticmethod
+    def _dates(text: str) -> str:
+        def numeric(m):
+            a, b, y = int(m.group(1)), int(m.group(2)), m.group(3)
+            month, day = (a, b) if a <= 12 else (b, a)
+            if not (1 <= month <= 12 and 1 <= day <= 31):
+                return m.group(0)
+            full = int(y) if len(y) == 4 else (2000 + int(y) if int(y) < 50 else 1900 + int(y))
+            return f"{MONTHS[month - 1]} {ordinal(day)}, {year(full)}"
+
+        def iso(m):
+            y, month, day = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            if not (1 <= month <= 12 and 1 <= day <= 31):
+                return m.group(0)
+            return f"{MONTHS[month - 1]} {ordinal(day)}, {year(y)}"
+
+        def month_day(m):
+            day = int(m.group(2))
+            if not 1 <= day <= 31:
+                return m.group(0)
+            said = f"{MONTH_NAMES[m.group(1).lower().rstrip('.')]} {ordinal(day)}"
+            return said + (f", {year(int(m.group(4)))}" if m.group(4) else "")
+
+        def day_month(m):
+            day = int(m.group(1))
+            if not 1 <= day <= 31:
+                return m.group(0)
+            the = "" if re.search(r"\bthe\s+$", m.string[: m.start()], re.IGNORECASE) else "the "
+            said = f"{the}{ordinal(day)} of {MONTH_NAMES[m.group(2).lower()]}"
+            return said + (f", {year(int(m.group(3)))}" if m.group(3) else "")
+
+        text = re.sub(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\d/])", numeric, text)
+        text = re.sub(r"(?<![\d-])(\d{4})-(\d{2})-(\d{2})(?![\d-])", iso, text)
+        text = re.sub(r"\b(" + MONTH + r")\.?\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:|\.\d|,\d)(?:(,)?\s+(\d{4})\b)?", month_day, text)
+        return re.sub(r"\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(" + MONTH + r")\b(?:,?\s+(\d{4})\b)?", day_month, text)
+
+    @staticmethod
+    def _units(text: str) -> str:
+        keys = sorted(UNITS, key=len, reverse=True)
+
+        def unit(m):
+            number, name = m.group(1), m.group(2)
+            singular, plural = UNITS[name]
+            return f"{cardinal(number)} {singular if _is_one(number) else plural}"
+
+        pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + "|".join(re.escape(k) for k in keys) + r")(?![A-Za-z0-9°])")
+        return re.sub(pattern, unit, text)
+
+    @staticmethod
+    def _percentages(text: str) -> str:
+        return re.sub(r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?%", lambda m: cardinal(m.group(1)) + " percent", text)
+
+    @staticmethod
+    def _ordinals(text: str) -> str:
+        return re.sub(r"\b(\d+)(?:st|nd|rd|th)\b", lambda m: ordinal(int(m.group(1))), text, flags=re.IGNORECASE)
+
+    @staticmethod
+    def _decades(text: str) -> str:
+        text = re.sub(r"\b(1[1-9]\d0|20\d0)'?s\b", lambda m: plural_words(year(int(m.group(1)))), text)
+        return re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
+
+    @staticmethod
+    def _ranges(text: str) -> str:
+        """"10-20" -> "10 to 20"; "3:2" (not a time) -> "3 to 2"; "2.0.1" -> "2 point 0 point 1"."""
+        text = re.sub(r"(?<![\w.])(\d+):(\d+)(?![\w:])", r"\1 to \2", text)
+        text = re.sub(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w.]|\.\d)", lambda m: m.group(0).replace(".", " point "), text)
+        return re.sub(r"(?<![\w.,-])(" + NUMBER + r")\s?[-\u2013]\s?(" + NUMBER + r")(?![\w-])",
+                      r"\1 to \2", text)
+
+    @staticmethod
+    def _years(text: str) -> str:
+        return re.sub(r"(?<![\w.,])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)", lambda m: year(int(m.group(1))), text)
+
+    @staticmethod
+    def _fractions(text: str) -> str:
+        def fraction(m):
+            top, bottom = int(m.group(1)), int(m.group(2))
+            if (top, bottom) == (24, 7):
+                return "twenty-four seven"
+            if bottom == 0:
+                return m.group(0)
+            if bottom == 2:
+                name = "half" if top == 1 else "halves"
+            elif bottom == 4:
+                name = "quarter" if top == 1 else "quarters"
+            else:
+                name = ordinal(bottom) + ("" if top == 1 else "s")
+            return f"{cardinal(str(top))} {name}"
+
+        return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", fraction, text)
+
+    @staticmethod
+    def _numbers(text: str) -> str:
+        text = re.sub(r"(?<![\w.])-(?=\.?\d)", "minus ", text)
+        return re.sub(NUMBER, lambda m: " " + cardinal(m.group(0)) + " ", text)
+
+    # -- words
+
+    @staticmethod
+    def _initialisms(text: str) -> str:
+        def spelled(letters: str) -> str:
+            return "-".join(letters)
+
+        def dotted(m):  # U.S., U.S.A., U.K.: the last period ends a sentence only at the end of a line
+            rest = m.string[m.end():]
+            return spelled(m.group(0).replace(".", "")) + ("." if not rest.strip() or rest.startswith("\n") else "")
+
+        def capitals(m):
+            word, plural = m.group(1), m.group(2) or ""
+            if word in SPOKEN_WORDS and not plural:
+                return SPOKEN_WORDS[word]
+            if word in ACRONYMS_AS_WORDS:
+                return word.capitalize() + plural
+            if word in ACRONYMS_SPELLED:
+                return spelled(word) + ("'s" if plural else "")
+            if word in SHORT_WORDS and not plural:
+                return word.lower() if word not in ("I", "A") else word
+            if len(word) <= 3 or not re.search(r"[AEIOU]", word):
+                return spelled(word) + ("'s" if plural else "")
+            return word.lower() + plural
+
+        for written, said in SPOKEN_WORDS.items():
+            if not written.isupper():
+                text = re.sub(rf"\b{re.escape(written)}\b", said, text)
+        text = re.sub(r"(?<![\w.])(?:[A-Z]\.){2,}", dotted, text)
+        return re.sub(r"\b([A-Z]{2,})(s)?\b", capitals, text)
+
+    @staticmethod
+    def _symbols(text: str) -> str:
+        text = re.sub(r"#(?=[A-Za-z])", "hashtag ", text)
+        text = re.sub(r"\band/or\b", "and or", text)
+        text = re.sub(r"(?<=[A-Za-z])/(?=[A-Za-z])", " or ", text)
+        text = re.sub(r"~\s?(?=\w)", "about ", text)
+        for symbol, said in (("&", "and"), ("@", "at"), ("+", "plus"), ("=", "equals"), ("×", "times"),
+                             ("÷", "divided by"), ("<", "less than"), (">", "greater than"), ("/", "slash"),
+                             ("#", "hash"), ("%", "percent"), ("°", "degrees")):
+            text = text.replace(symbol, f" {said} ")
+        return text

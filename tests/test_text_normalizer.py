@@ -1,0 +1,160 @@
+"""The English text normaliser in front of the TTS phonemizer (issue 47): case by case."""
+
+import pytest
+
+from mmspec.adapters.audio.normalize import NORMALIZERS, make_normalizer, normalize_text
+from mmspec.adapters.audio.phonemes import CharacterPhonemizer
+
+CASES = [
+    # cardinals: plain, negative, decimal, thousands commas
+    ("I have 42 apples.", "I have forty-two apples."),
+    ("It is -5 outside, and 3.14 is pi.", "It is minus five outside, and three point one four is pi."),
+    ("The temperature fell to -12.5 degrees.", "The temperature fell to minus twelve point five degrees."),
+    ("The city has 1,234,567 people.",
+     "The city has one million two hundred thirty-four thousand five hundred sixty-seven people."),
+    ("About 1,000 people came.", "About one thousand people came."),
+    ("Room 101 is on floor 3.", "Room one hundred one is on floor three."),
+    ("It's 0.5 or .75 of it.", "It's zero point five or zero point seven five of it."),
+    ("Version 2.0.1 is out.", "Version two point zero point one is out."),
+    # ordinals
+    ("She finished 1st and he came 22nd.", "She finished first and he came twenty-second."),
+    ("The 3rd, 4th, and 11th.", "The third, fourth, and eleventh."),
+    ("The 101st floor.", "The one hundred first floor."),
+    # years and decades
+    ("Born in 1999, graduated in 2005.", "Born in nineteen ninety-nine, graduated in two thousand five."),
+    ("In 1905 and 2010 and 1800.", "In nineteen oh-five and twenty ten and eighteen hundred."),
+    ("The year 2000 was big.", "The year two thousand was big."),
+    ("The 1990s were fun, and the '80s too.", "The nineteen nineties were fun, and the eighties too."),
+    ("It happened in the 2000s.", "It happened in the two thousands."),
+    # dates
+    ("The meeting is on 3/4/2025.", "The meeting is on March fourth, twenty twenty-five."),
+    ("It opened on March 4, 2025.", "It opened on March fourth, twenty twenty-five."),
+    ("We met on 4 March 2025 at noon.", "We met on the fourth of March, twenty twenty-five at noon."),
+    ("He was born on 2001-09-11.", "He was born on September eleventh, two thousand one."),
+    ("The 2nd of May.", "The second of May."),
+    ("It's the 1st of January.", "It's the first of January."),
+    # times
+    ("The train leaves at 7:30.", "The train leaves at seven thirty."),
+    ("Call me at 7:30 pm tonight.", "Call me at seven thirty P-M tonight."),
+    ("Lunch is at 10am.", "Lunch is at ten A-M."),
+    ("The shop opens at 9 a.m. Then we eat.", "The shop opens at nine A-M. Then we eat."),
+    ("We leave at 10 a.m.", "We leave at ten A-M."),
+    ("Flight 815 lands at 6:05 a.m.", "Flight eight hundred fifteen lands at six oh five A-M."),
+    ("It is 5:00.", "It is five o'clock."),
+    ("The meeting ends at 14:30.", "The meeting ends at fourteen thirty."),
+    ("The ratio is 3:2.", "The ratio is three to two."),
+    # currency
+    ("It costs $49.99.", "It costs forty-nine dollars and ninety-nine cents."),
+    ("It costs $1.", "It costs one dollar."),
+    ("It was £5 and €3.50.", "It was five pounds and three euros and fifty cents."),
+    ("The deal is worth $1.2 million.", "The deal is worth one point two million dollars."),
+    ("Only $0.99!", "Only ninety-nine cents!"),
+    ("$5bn deal and $3k bonus.", "five billion dollars deal and three thousand dollars bonus."),
+    ("It costs $1,200.", "It costs one thousand two hundred dollars."),
+    ("I paid £3.50 for 2 coffees.", "I paid three pounds and fifty pence for two coffees."),
+    ("Tickets cost $20-$30.", "Tickets cost twenty dollars to thirty dollars."),
+    ("It costs ¥500.", "It costs five hundred yen."),
+    # percentages and units
+    ("Prices rose 15% this year, up 2.5 %.", "Prices rose fifteen percent this year, up two point five percent."),
+    ("The run was 5 km and I lost 2 kg.", "The run was five kilometers and I lost two kilograms."),
+    ("It is 20°C today, and -3 °C tonight.",
+     "It is twenty degrees Celsius today, and minus three degrees Celsius tonight."),
+    ("He was 6 ft tall and weighed 180 lbs.", "He was six feet tall and weighed one hundred eighty pounds."),
+    ("Drive 60 mph on a 1 km road.", "Drive sixty miles per hour on a one kilometer road."),
+    ("The file is 2.5 GB.", "The file is two point five gigabytes."),
+    ("Set the oven to 180°.", "Set the oven to one hundred eighty degrees."),
+    # ranges, fractions, scores
+    ("Pages 10-20 are missing.", "Pages ten to twenty are missing."),
+    ("The score was 3-2.", "The score was three to two."),
+    ("Add 1/2 cup of sugar and 3/4 cup of milk.", "Add one half cup of sugar and three quarters cup of milk."),
+    ("We're open 24/7.", "We're open twenty-four seven."),
+    # abbreviations
+    ("Dr. Smith met Mr. Jones and Mrs. Brown.", "Doctor Smith met Mister Jones and Missus Brown."),
+    ("She lives on Main St. in St. Louis.", "She lives on Main Street in Saint Louis."),
+    ("Bring pens, paper, etc.", "Bring pens, paper, et cetera."),
+    ("Use fruit, e.g. apples, i.e. healthy food.", "Use fruit, for example apples, that is healthy food."),
+    ("It was Spain vs. Italy.", "It was Spain versus Italy."),
+    ("Prof. Lee and Sen. Warren spoke.", "Professor Lee and Senator Warren spoke."),
+    ("Mt. Everest is 8,849 m high.", "Mount Everest is eight thousand eight hundred forty-nine meters high."),
+    ("It was No. 5 on the list.", "It was number five on the list."),
+    # initialisms and acronyms
+    ("NASA and the FBI met at the BBC.", "Nasa and the F-B-I met at the B-B-C."),
+    ("The CEO works at IBM with NATO.", "The C-E-O works at I-B-M with Nato."),
+    ("The U.S. economy grew. He moved to the U.S.", "The U-S economy grew. He moved to the U-S."),
+    ("ATMs and CDs are old.", "A-T-M's and C-D's are old."),
+    ("I LOVE THIS SO MUCH!", "I love this so much!"),
+    ("She got an A on the test.", "She got an A on the test."),
+    ("OK, let's go.", "okay, let's go."),
+    # symbols
+    ("Salt & pepper, email me @ home, 2 + 2, #1 fan, #blessed.",
+     "Salt and pepper, email me at home, two plus two, number one fan, hashtag blessed."),
+    ("The price is ~$20.", "The price is about twenty dollars."),
+    ("5 × 3 = 15", "five times three equals fifteen"),
+    # URLs and e-mail addresses
+    ("Visit https://www.example.com/news today.", "Visit w w w dot example dot com slash news today."),
+    ("See example.com for details.", "See example dot com for details."),
+    ("Write to john.doe@example.org please.", "Write to john dot doe at example dot org please."),
+    ("Read more at bbc.co.uk/news.", "Read more at b b c dot co dot u k slash news."),
+    # phone-like digit strings
+    ("Call 555-123-4567 or (555) 123-4567.",
+     "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven."),
+    ("Call +44 20 7946 0958 now.", "Call plus four four, two zero, seven nine four six, zero nine five eight now."),
+    ("My code is 0421.", "My code is zero four two one."),
+    ("Order 12345678 shipped.", "Order one two three four five six seven eight shipped."),
+    # punctuation for prosody, quotes, accents
+    ("Are you coming?", "Are you coming?"),
+    ("Wow, that's great!!!", "Wow, that's great!"),
+    ("Wait... what?", "Wait... what?"),
+    ('She said "hello" (quietly).', "She said hello, quietly."),
+    ("I\u2019m \u201cquoted\u201d \u2014 yes", "I'm quoted, yes"),
+    ("Caf\u00e9 na\u00efve Z\u00fcrich fa\u00e7ade stra\u00dfe.", "Cafe naive Zurich facade strasse."),
+    ("\ufb01ne \uff21\uff22\uff23 \uff11\uff12\uff13", "fine A-B-C one hundred twenty-three"),
+    ("Line one.\n\nLine two\nthree", "Line one.\nLine two\nthree"),
+]
+
+
+@pytest.mark.parametrize("written,spoken", CASES, ids=[c[0][:40] for c in CASES])
+def test_english_normalizer(written, spoken):
+    normalized = make_normalizer("english")(written)
+    assert normalized.text == spoken
+    assert normalized.dropped == ()
+
+
+def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
+    """Every output uses only ASCII letters, white space and . , ? ! ' - (what every front end
+    can say: the character phonemizer's alphabet, upper case and line breaks aside), and
+    normalising it again changes nothing."""
+    assert len(CASES) >= 60
+    alphabet = set(CharacterPhonemizer.ALPHABET) | set("ABCDEFGHIJKLMNOPQRSTUVWXYZ\n")
+    for written, _ in CASES:
+        spoken = normalize_text(written)
+        assert set(spoken) <= alphabet - set("0123456789"), (written, spoken)
+        assert normalize_text(spoken) == spoken, written
+
+
+@pytest.mark.parametrize("written,spoken,dropped", [
+    ("I love \u65e5\u672c food \U0001F600\U0001F600!", "I love food!", ("\u65e5\u672c", "\U0001F600\U0001F600")),
+    ("\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac and \u041f\u0440\u0438\u0432\u0435\u0442 \U0001F44D\U0001F3FD ok",
+     "and ok", ("\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac", "\u041f\u0440\u0438\u0432\u0435\u0442", "\U0001F44D\U0001F3FD")),
+    ("Hello\tworld\x00!\x07\u200b", "Hello world!", ()),          # control and format characters: silently
+    ("\U0001F600\U0001F600", "", ("\U0001F600\U0001F600",)),
+    ("a | b ^ c", "a b c", ("|", "^")),
+])
+def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
+    normalized = make_normalizer("english")(written)
+    assert (normalized.text, normalized.dropped) == (spoken, dropped)
+
+
+def test_long_text_is_normalised_deterministically():
+    text = ("On 3/4/2025 Dr. Smith paid $49.99 at 7:30 pm \U0001F600, see example.com! " * 80)[:5000]
+    first, second = normalize_text(text), normalize_text(text)
+    assert first == second and "forty-nine dollars" in first and "\U0001F600" not in first
+
+
+def test_normalizers_are_registered_by_name():
+    assert {"english", "none"} <= set(NORMALIZERS)
+    assert make_normalizer("none")("$5 \U0001F600").text == "$5 \U0001F600"
+    with pytest.raises(ValueError, match="unknown text normaliser 'klingon'; known: "):
+        make_normalizer("klingon")
+    with pytest.raises(ValueError, match="the text must be a string"):
+        make_normalizer("english")(5)

