@@ -116,7 +116,7 @@ def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
 @pytest.mark.parametrize("family, method", [("smolvlm", "eagle"), ("qwen2_vl", "eagle"), ("gemma3", "kangaroo"),
                                             ("internvl", "medusa"), ("llava_next", "eagle"), ("mistral3", "hydra"),
                                             ("idefics3", "kangaroo"), ("gemma4", "eagle"), ("llava_onevision", "eagle"),
-                                            ("lfm2_vl", "eagle"), ("qwen3_5", "kangaroo")])
+                                            ("lfm2_vl", "eagle"), ("qwen3_5", "kangaroo"), ("mllama", "eagle")])
 def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_factory, tmp_path, capsys):
     """Folder DATA (the default caption prompt), a few steps; the held-out greedy decodes with the
     trained drafter equal the target's own answers."""
@@ -131,6 +131,26 @@ def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_
     assert "held-out tau" in capsys.readouterr().out
     report = json.loads((out / "eval.json").read_text())
     assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+
+
+def test_teacher_forcing_sees_what_decoding_sees():
+    """The training forward of ``prompt + response`` (:func:`with_response`) gives the logits of
+    the decoding steps: the target's own greedy answer is the argmax at every response position
+    (Mllama: the cross-attention mask gains the prompt's last row per response token)."""
+    from tiny_vlm_families import make_tiny_family
+
+    import mmspec
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.train.any_target import with_response
+
+    case = make_tiny_family("mllama")
+    length = case.inputs["input_ids"].shape[1]
+    answer = mmspec.generate(case.model, None, max_new_tokens=6, **case.inputs).sequences[0, length:]
+    full = with_response(case.inputs, answer, TransformersTarget(case.model))
+    assert full["cross_attention_mask"].shape[1] == length + len(answer)
+    with torch.inference_mode():
+        logits = case.model(**full).logits[0, length - 1 : -1]
+    assert torch.equal(logits.argmax(-1), answer)
 
 
 def test_bad_arguments(text_target, tmp_path, capsys):

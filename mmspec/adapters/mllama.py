@@ -104,3 +104,11 @@ class MllamaHooks(FamilyHooks):
         """``cross_attention_mask`` [1, num_tokens, images, tiles]: the prompt's last row per token."""
         row = getattr(cache, "mask_row", None)
         return {} if row is None else {"cross_attention_mask": row.expand(-1, num_tokens, -1, -1)}
+
+    def extend_inputs(self, model_inputs: dict[str, Any], num_tokens: int) -> dict[str, Any]:
+        """``cross_attention_mask`` [1, L + num_tokens, images, tiles]: the prompt's rows, then its
+        last row once per appended token (what :meth:`step_inputs` gives the decoding steps)."""
+        mask = model_inputs.get("cross_attention_mask")
+        if mask is None:
+            return {}
+        return {"cross_attention_mask": torch.cat([mask, mask[:, -1:].expand(-1, num_tokens, -1, -1)], dim=1)}
