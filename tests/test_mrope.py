@@ -1,4 +1,5 @@
-"""M-RoPE targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): ladder levels 2-7.
+"""M-RoPE targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): ladder levels 3-7 (level 2, the
+sampled distribution: tests/test_family_distribution.py).
 
 Tiny random models with sharpened attention (tests/tiny_mrope.py): a wrong position changes their
 greedy output (:func:`test_a_wrong_offset_changes_the_logits` shows it), so equality with
