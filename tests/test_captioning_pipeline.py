@@ -43,8 +43,13 @@ def reference_caption(captioner: ImageCaptioningPipeline, image, prompt: str = "
 
 # -- every family ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", CHECKPOINT_FAMILIES)
-def test_family_checkpoint_greedy_equals_baseline_and_transformers(family, tmp_path_factory, photo):
-    captioner = mmspec.pipeline("image-captioning", model=cached_tiny_checkpoint(family, tmp_path_factory), dtype="fp32")
+def test_family_checkpoint_greedy_equals_baseline_and_transformers(family, tmp_path_factory, tmp_path, photo, capsys):
+    """A checkpoint saved with save_pretrained plus its processor: the pipeline's caption equals its
+    baseline's and transformers' generate; ``mmspec caption --model DIR`` gives the same caption."""
+    from mmspec.cli import main
+
+    directory = cached_tiny_checkpoint(family, tmp_path_factory)
+    captioner = mmspec.pipeline("image-captioning", model=directory, dtype="fp32")
     assert captioner.model.dtype == torch.float32 and captioner.chosen_drafter == "prompt-lookup"
     r = captioner(photo, max_new_tokens=NEW_TOKENS, compare_baseline=True)
     assert isinstance(r, CaptionOutput)
@@ -55,6 +60,11 @@ def test_family_checkpoint_greedy_equals_baseline_and_transformers(family, tmp_p
     assert r["text"] == r.text and r["stats"] is r.stats
     encoded = json.loads(json.dumps(r.to_dict()))
     assert encoded["stats"]["speedup"] == r.stats.speedup and "mean_accepted_length" in encoded["stats"]
+    photo.save(tmp_path / "photo.png")
+    capsys.readouterr()
+    code = main(["caption", str(tmp_path / "photo.png"), "--model", str(directory), "--dtype", "fp32",
+                 "--max-new-tokens", str(NEW_TOKENS), "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == r.text
 
 
 def test_without_baseline_fields_are_none(smolvlm, photo):

@@ -72,25 +72,11 @@ def kangaroo_drafter(model):
 
 
 def exact_marginals(model):
-    """Exact marginal distribution of each of the NEW generated tokens (enumeration)."""
-    from mmspec.core.sampling import SamplingConfig, logits_to_probs
+    """Exact marginal distribution of each of the NEW generated tokens (enumeration, :mod:`distribution_check`)."""
+    from distribution_check import exact_marginals as enumerated
+    from mmspec.core.sampling import SamplingConfig
 
-    cfg = SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K)
-    prefixes = {(): 1.0}
-    marginals = []
-    with torch.inference_mode():
-        for _ in range(NEW):
-            marginal = torch.zeros(VOCAB, dtype=torch.float64)
-            nxt = {}
-            for prefix, mass in prefixes.items():
-                ids = torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long).view(1, -1)], dim=1)
-                probs = logits_to_probs(model(ids).logits[0, -1], cfg).double()
-                marginal += mass * probs
-                for token in torch.nonzero(probs).flatten().tolist():
-                    nxt[prefix + (token,)] = mass * probs[token].item()
-            marginals.append(marginal)
-            prefixes = nxt
-    return marginals
+    return enumerated(model, {"input_ids": PROMPT}, SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K), NEW)
 
 
 DRAFT_VOCABULARY = torch.tensor([7, 1, 3, 5, 9, 2])  # a frequency-ranked subset (mmspec.drafters.vocab)

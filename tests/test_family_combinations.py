@@ -6,8 +6,7 @@ Each combination either works, giving transformers' greedy tokens (a batch: each
 output), or is refused with one ``ValueError`` line saying why and what to use instead -- never
 another exception, never a traceback from inside transformers. Which of the two is pinned per
 family (:data:`REFUSED`), the same table as docs/families.md. Tiny random models of each family
-(the builders of the family tests), fp32; one family per code path (Qwen2.5-VL, Qwen3-VL-MoE and
-Qwen3.5-MoE share their siblings' positions and caches).
+(the builders of the family tests), fp32; every family of issue 45.
 """
 
 import pytest
@@ -50,10 +49,11 @@ def _hybrid(family):
     return BUILD[family](0), inputs_of(family)
 
 
-#: one family per code path (Qwen2.5-VL and the MoE variants share their siblings' positions and caches)
-BUILDERS = {"qwen2_vl": _mrope, "qwen3_vl": _mrope, "llava_onevision": _vlm_family, "internvl": _vlm_family,
-            "mllama": _vlm_family, "gemma4": _gemma4, "qwen3_5_vl": _hybrid, "lfm2_vl": _hybrid}
-HYBRID = ("qwen3_5_vl", "lfm2_vl")
+#: every issue-45 family (the hybrid text models too)
+BUILDERS = {"qwen2_vl": _mrope, "qwen2_5_vl": _mrope, "qwen3_vl": _mrope, "qwen3_vl_moe": _mrope, "llava_onevision": _vlm_family,
+            "internvl": _vlm_family, "mllama": _vlm_family, "gemma4": _gemma4, "qwen3_5_vl": _hybrid, "qwen3_5_moe_vl": _hybrid,
+            "qwen3_5": _hybrid, "qwen3_5_moe": _hybrid, "lfm2": _hybrid, "lfm2_moe": _hybrid, "lfm2_vl": _hybrid}
+HYBRID = ("qwen3_5_vl", "qwen3_5_moe_vl", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "lfm2_vl")
 #: what each refusal's line must say (a family not named for a combination runs it)
 NO_GRAPHS = "captured forwards need a Llama decoder.*drop cuda_graphs"
 REFUSED = {

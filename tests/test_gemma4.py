@@ -321,18 +321,22 @@ def test_the_assistant_refuses_batches_in_one_line(target):
                         max_new_tokens=4)
 
 
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:2", "self", "assistant"])
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:2", "self", "assistant", "text-only draft (SPD)"])
 def test_multimodal_greedy_with_an_image(drafter):
     """Gemma4ForConditionalGeneration: the image encoded in the prefill, then text-only steps
-    across the window give transformers' greedy tokens."""
+    across the window give transformers' greedy tokens; a text-only Gemma 4 draft sees the prompt
+    without its image tokens."""
     model, inputs = vlm(), vlm_inputs()
     with torch.no_grad():
         reference = model.generate(**inputs, max_new_tokens=16, do_sample=False)
-    spec = {"self": lambda: model, "assistant": lambda: AssistantDrafter(assistant_model(), 3)}.get(drafter, lambda: drafter)()
+    spec = {"self": lambda: model, "assistant": lambda: AssistantDrafter(assistant_model(), 3),
+            "text-only draft (SPD)": lambda: causal_lm(seed=1)}.get(drafter, lambda: drafter)()
     out = mmspec.generate(model, drafter=spec, max_new_tokens=16, num_draft_tokens=3, **inputs)
     assert torch.equal(out.sequences, reference)
     if drafter == "self":
         assert out.stats.acceptance_rate == 1.0
+    if drafter == "text-only draft (SPD)":
+        assert out.stats.config["sees_image"] is False and out.stats.drafted > 0
 
 
 @pytest.fixture(scope="module")

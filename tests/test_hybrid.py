@@ -11,7 +11,7 @@ trees and the bound on what the state history holds.
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from distribution_check import exact_marginals, extended, pvalue, sampled_counts
 from transformers import (Lfm2Config, Lfm2ForCausalLM, Lfm2VlConfig, Lfm2VlForConditionalGeneration, Qwen3_5ForCausalLM,
                           Qwen3_5TextConfig)
 
@@ -20,6 +20,7 @@ from mmspec.adapters.hf import TransformersTarget
 from mmspec.api import generate_rows
 from mmspec.adapters.recurrent import RecurrentLayer, held_bytes
 from mmspec.core.cache import PreallocatedLayer, crop_cache
+from mmspec.core.sampling import SamplingConfig
 from mmspec.drafters import ModelDrafter
 
 K = 4
@@ -157,15 +158,6 @@ BUILD = {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_5_vl":
          "lfm2_vl": tiny_lfm2_vl}
 #: past the first full-attention layer (layer-skip needs one)
 SKIP_LAYERS = {"qwen3_5": 4, "qwen3_5_moe": 4, "qwen3_5_vl": 2, "qwen3_5_moe_vl": 2, "lfm2": 2, "lfm2_moe": 2, "lfm2_vl": 2}
-
-
-def extended(inputs, tokens):
-    """The prompt ``inputs`` followed by text ``tokens`` [1, n] (its per-token inputs grown to match)."""
-    grown = {**inputs, "input_ids": torch.cat([inputs["input_ids"], tokens], dim=1)}
-    for name, fill in (("attention_mask", 1), ("mm_token_type_ids", 0)):
-        if name in inputs:
-            grown[name] = torch.cat([inputs[name], torch.full_like(tokens, fill, dtype=inputs[name].dtype)], dim=1)
-    return grown
 
 
 @pytest.fixture(scope="module", params=list(BUILD))
@@ -450,24 +442,6 @@ VOCAB, NEW, RUNS = 8, 3, 400
 TEMPERATURE = 1.3
 
 
-def exact_marginals(model, prompt):
-    """Exact marginal distribution of each of the NEW generated tokens: every prefix of each depth
-    in one batched forward."""
-    from mmspec.core.sampling import SamplingConfig, logits_to_probs
-
-    cfg = SamplingConfig(do_sample=True, temperature=TEMPERATURE)
-    prefixes, mass, marginals = torch.zeros(1, 0, dtype=torch.long), torch.ones(1, dtype=torch.float64), []
-    with torch.inference_mode():
-        for _ in range(NEW):
-            ids = torch.cat([prompt.expand(prefixes.shape[0], -1), prefixes], dim=1)
-            probs = logits_to_probs(model(ids).logits[:, -1], cfg).double()  # [prefixes, V]
-            joint = mass[:, None] * probs
-            marginals.append(joint.sum(0))
-            prefixes = torch.cat([prefixes.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(prefixes.shape[0])[:, None]], dim=1)
-            mass = joint.flatten()
-    return marginals
-
-
 def test_speculative_sampling_keeps_the_target_distribution():
     """Level 2: a 2-layer Qwen3.5 (one Gated DeltaNet layer) sampled with a random Llama draft, one
     draft token a step: a rejected draft rolls the recurrent state back inside the verification
@@ -480,20 +454,13 @@ def test_speculative_sampling_keeps_the_target_distribution():
     draft = _finish(LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)), 1)
     prompt = torch.tensor([[1, 2, 3, 1, 2]])
-    exact = exact_marginals(target, prompt)
-    counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
-    drafted = accepted = 0
-    drafter = ModelDrafter(draft, num_draft_tokens=1)
-    for seed in range(RUNS):
-        out = mmspec.generate(target, drafter=drafter, max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE, seed=seed,
-                              input_ids=prompt)
-        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
-        for i, token in enumerate(out.sequences[0, prompt.shape[1]:].tolist()):
-            counts[i, token] += 1
+    config = SamplingConfig(do_sample=True, temperature=TEMPERATURE)
+    exact = exact_marginals(target, {"input_ids": prompt}, config, NEW)
+    counts, drafted, accepted = sampled_counts(target, ModelDrafter(draft, num_draft_tokens=1), {"input_ids": prompt}, config,
+                                               NEW, RUNS, num_draft_tokens=1)
     assert 0.1 * drafted < accepted < 0.9 * drafted, (accepted, drafted)  # accepted and rejected drafts
     for i in range(NEW):
-        result = chisquare(counts[i].numpy(), (exact[i] / exact[i].sum() * RUNS).numpy())
-        assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)
+        assert pvalue(counts[i], exact[i]) > 1e-4, (i, counts[i], exact[i] * RUNS)
 
 
 def test_bench_cost_measures_the_rollback():

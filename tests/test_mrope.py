@@ -1,4 +1,5 @@
-"""M-RoPE targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): ladder levels 2-7.
+"""M-RoPE targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): ladder levels 3-7 (level 2, the
+sampled distribution: tests/test_family_distribution.py).
 
 Tiny random models with sharpened attention (tests/tiny_mrope.py): a wrong position changes their
 greedy output (:func:`test_a_wrong_offset_changes_the_logits` shows it), so equality with
@@ -12,7 +13,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from test_conformance import random_eagle_head, random_kangaroo
 from test_tree import OracleTreeDrafter, TreeModelDrafter
 from tiny_models import make_text_only_draft
@@ -23,7 +23,6 @@ import mmspec
 from mmspec.adapters.hf import VLM_FAMILIES, TransformersTarget
 from mmspec.adapters.mrope import MRopePositions, register_position_scheme
 from mmspec.api import generate_rows
-from mmspec.core.sampling import SamplingConfig, logits_to_probs
 from mmspec.drafters import Eagle2Drafter, EagleDrafter, KangarooDrafter, MedusaDrafter, ModelDrafter
 from mmspec.modeling.heads import DraftHeads
 
@@ -234,65 +233,6 @@ def test_a_processor_batch_splits_into_its_rows():
     bad = {**batch, "image_grid_thw": batch["image_grid_thw"][:1]}
     with pytest.raises(ValueError, match="image_grid_thw does not match their placeholder tokens"):
         mmspec.generate(case.model, max_new_tokens=2, **bad)
-
-
-# sampling ---------------------------------------------------------------------------------------------
-TEMPERATURE, TOP_K, NEW, RUNS = 1.5, 4, 3, 250
-
-
-def exact_marginals(model, inputs) -> list[torch.Tensor]:
-    """The exact marginals [V] of the first NEW sampled tokens, by enumeration through transformers'
-    own incremental decoding (its prefill computes the M-RoPE positions and keeps the delta)."""
-    config = SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K)
-    vocab = model.config.get_text_config().vocab_size
-    marginals = []
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        probs = logits_to_probs(model(**inputs, past_key_values=cache).logits[0, -1], config).double()
-        frontier = [(1.0, cache, probs)]  # (prefix mass, its cache, next-token distribution)
-        for i in range(NEW):
-            marginal = torch.zeros(vocab, dtype=torch.float64)
-            following = []
-            for mass, prefix_cache, probs in frontier:
-                marginal += mass * probs
-                if i + 1 < NEW:
-                    for token in torch.nonzero(probs).flatten().tolist():
-                        branch = copy.deepcopy(prefix_cache)
-                        logits = model(input_ids=torch.tensor([[token]]), past_key_values=branch).logits[0, -1]
-                        following.append((mass * probs[token].item(), branch, logits_to_probs(logits, config).double()))
-            marginals.append(marginal)
-            frontier = following
-    return marginals
-
-
-def test_speculative_sampling_samples_the_target_distribution():
-    """Ladder level 2 on Qwen2-VL: speculative sampling with a same-family draft (sampled q, partial
-    acceptance, rollback of the target and draft caches) samples the marginals of the target's own
-    decoding (chi-square, categories under 5 expected counts pooled)."""
-    case = make_mrope("qwen2_vl")
-    with torch.no_grad():
-        case.model.lm_head.weight.mul_(4.0)  # sharper next-token distributions: a real top-k support
-    exact = exact_marginals(case.model, case.inputs)
-    draft = ModelDrafter(near_copy(case.model, 0.2), num_draft_tokens=2)
-    counts = torch.zeros(NEW, case.vocab_size, dtype=torch.float64)
-    accepted = 0
-    for seed in range(RUNS):
-        out = mmspec.generate(case.model, drafter=draft, max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
-                              top_k=TOP_K, seed=seed, **case.inputs)
-        accepted += out.stats.accepted
-        for i, token in enumerate(out.sequences[0, case.prompt_len :].tolist()):
-            counts[i, token] += 1
-    assert accepted > RUNS // 4  # drafts were really accepted: the acceptance path was exercised
-    for i in range(NEW):
-        support = exact[i] > 0
-        assert counts[i][~support].sum() == 0
-        expected = exact[i][support] / exact[i][support].sum() * RUNS
-        observed = counts[i][support]
-        small = expected < 5
-        if small.any():
-            expected = torch.cat([expected[~small], expected[small].sum()[None]])
-            observed = torch.cat([observed[~small], observed[small].sum()[None]])
-        assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4, (i, observed, expected)
 
 
 # inputs ----------------------------------------------------------------------------------------------

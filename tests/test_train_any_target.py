@@ -16,22 +16,32 @@ from tests.tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
 EOS = "<|im_end|>"
 
 
-@pytest.fixture(scope="module")
-def text_target(tmp_path_factory) -> Path:
-    from transformers import AutoTokenizer, LlamaForCausalLM
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
 
     from mmspec.hub import smollm2_checkpoint
 
-    directory = tmp_path_factory.mktemp("tiny-text")
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
-    save_tiny_draft(directory, len(tokenizer), seed=3)
-    model = LlamaForCausalLM.from_pretrained(directory)
+    return AutoTokenizer.from_pretrained(smollm2_checkpoint())
+
+
+def save_text_target(directory: Path, model, tokenizer) -> Path:
+    """A text causal LM saved with SmolLM2's tokenizer (chat template), stopping at its end of turn."""
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(EOS)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def text_target(tmp_path_factory) -> Path:
+    from transformers import LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-text")
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(directory, len(tokenizer), seed=3)
+    return save_text_target(directory, LlamaForCausalLM.from_pretrained(directory), tokenizer)
 
 
 def write_jsonl(path: Path, rows) -> Path:
@@ -113,13 +123,18 @@ def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
     assert captions[1].text == captions[0].text and captions[1].stats.mean_accepted_length >= 1.0
 
 
+#: issue-45 families (and the earlier VLMs) x a head method; every issue-45 family trains an EAGLE head
 @pytest.mark.parametrize("family, method", [("smolvlm", "eagle"), ("qwen2_vl", "eagle"), ("gemma3", "kangaroo"),
-                                            ("internvl", "medusa"), ("llava_next", "eagle"), ("mistral3", "hydra"),
-                                            ("idefics3", "kangaroo"), ("gemma4", "eagle"), ("llava_onevision", "eagle"),
-                                            ("lfm2_vl", "eagle"), ("qwen3_5", "kangaroo")])
+                                            ("internvl", "medusa"), ("internvl", "eagle"), ("llava_next", "eagle"),
+                                            ("mistral3", "hydra"), ("idefics3", "kangaroo"), ("gemma4", "eagle"),
+                                            ("llava_onevision", "eagle"), ("lfm2_vl", "eagle"), ("qwen3_5", "kangaroo"),
+                                            ("qwen3_5", "eagle"), ("qwen3_5_moe", "eagle"), ("mllama", "eagle"),
+                                            ("qwen2_5_vl", "eagle"), ("qwen3_vl", "eagle"), ("qwen3_vl_moe", "eagle")])
 def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_factory, tmp_path, capsys):
     """Folder DATA (the default caption prompt), a few steps; the held-out greedy decodes with the
-    trained drafter equal the target's own answers."""
+    trained drafter equal the target's own answers; an EAGLE head decodes exactly both as a chain
+    (``eagle:OUT``) and as EAGLE-2 trees (``eagle2:OUT``), or, on a recurrent target, refuses trees
+    in one line."""
     target = cached_tiny_checkpoint(family, tmp_path_factory)
     images = tmp_path / "images"
     images.mkdir()
@@ -131,6 +146,70 @@ def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_
     assert "held-out tau" in capsys.readouterr().out
     report = json.loads((out / "eval.json").read_text())
     assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+    if method == "eagle":
+        from mmspec.train.any_target import Example
+
+        heads_decode_exactly(target, out, Example("Describe the image.", images / "0.png"))
+
+
+def heads_decode_exactly(target_dir: Path, out: Path, example) -> None:
+    """``eagle:OUT`` and ``eagle2:OUT`` greedy equal plain decoding of ``example``; a target that
+    verifies no trees refuses ``eagle2`` with one line naming the chain drafters."""
+    import mmspec
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.core.target import tree_refusal
+    from mmspec.train.any_target import load_target, prompt_inputs
+
+    model, processor, is_vlm = load_target(str(target_dir), torch.float32, torch.device("cpu"))
+    target = TransformersTarget(model)
+    inputs = prompt_inputs(model, processor, is_vlm, example)
+    plain = mmspec.generate(target, None, max_new_tokens=8, **inputs)
+    assert torch.equal(mmspec.generate(target, f"eagle:{out}", max_new_tokens=8, **inputs).sequences, plain.sequences)
+    if tree_refusal(target) is None:
+        assert torch.equal(mmspec.generate(target, f"eagle2:{out}", max_new_tokens=8, **inputs).sequences, plain.sequences)
+    else:
+        with pytest.raises(ValueError, match="Use a chain drafter") as refused:
+            mmspec.generate(target, f"eagle2:{out}", max_new_tokens=8, **inputs)
+        assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe"])
+def test_hybrid_text_targets_train_an_eagle_head(family, tmp_path, capsys):
+    """The hybrid text models (``*ForCausalLM``), JSONL prompts, self-distilled: the held-out
+    greedy decode with the trained head (a chain: trees are refused) equals the target's answer."""
+    from test_hybrid import BUILD
+
+    from mmspec.train.any_target import Example
+
+    tokenizer = smollm2_tokenizer()
+    target = save_text_target(tmp_path / "target", BUILD[family](0, vocab=len(tokenizer)), tokenizer)
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(6)])
+    out = tmp_path / "eagle"
+    assert train(target, data, out, "--steps", "2", "--method", "eagle", "--eval-examples", "1", "--max-new-tokens", "5") == 0
+    assert "held-out tau of eagle:" in capsys.readouterr().out
+    report = json.loads((out / "eval.json").read_text())
+    assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+    heads_decode_exactly(target, out, Example("Tell me about topic 9."))
+
+
+def test_teacher_forcing_sees_what_decoding_sees():
+    """The training forward of ``prompt + response`` (:func:`with_response`) gives the logits of
+    the decoding steps: the target's own greedy answer is the argmax at every response position
+    (Mllama: the cross-attention mask gains the prompt's last row per response token)."""
+    from tiny_vlm_families import make_tiny_family
+
+    import mmspec
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.train.any_target import with_response
+
+    case = make_tiny_family("mllama")
+    length = case.inputs["input_ids"].shape[1]
+    answer = mmspec.generate(case.model, None, max_new_tokens=6, **case.inputs).sequences[0, length:]
+    full = with_response(case.inputs, answer, TransformersTarget(case.model))
+    assert full["cross_attention_mask"].shape[1] == length + len(answer)
+    with torch.inference_mode():
+        logits = case.model(**full).logits[0, length - 1 : -1]
+    assert torch.equal(logits.argmax(-1), answer)
 
 
 def test_bad_arguments(text_target, tmp_path, capsys):

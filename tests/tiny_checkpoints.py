@@ -284,6 +284,7 @@ def _gemma4_model(vocab_size, ids):
 
 # -- Qwen2-VL: 3-D M-RoPE; images resized to 16-32 px (multiples of patch 4 x merge 2), 2 x 2 patches per token --
 QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def _qwen2_vl_processor(tokenizer, template):
@@ -306,6 +307,53 @@ def _qwen2_vl_model(vocab_size, ids):
     return Qwen2VLForConditionalGeneration(Qwen2VLConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False))
+
+
+def _qwen2_5_vl_processor(tokenizer, template):
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    sizes = dict(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=4, merge_size=2, temporal_patch_size=2)
+    return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer,
+                               video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=template)
+
+
+def _qwen_ids(ids) -> dict:
+    return dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+
+
+def _qwen_text(vocab_size, **extra) -> dict:
+    """A 2-layer decoder, head_dim 8: 4 rotary pairs split t, h, w = 2, 1, 1."""
+    return dict(vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}, **extra)
+
+
+def _qwen2_5_vl_model(vocab_size, ids):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    vision = dict(depth=2, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, out_hidden_size=TEXT_HIDDEN, num_heads=4,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=_qwen_text(vocab_size), vision_config=vision,
+                                                               **_qwen_ids(ids)))
+
+
+def _qwen3_vl_model(moe: bool):
+    """Qwen3-VL (or -MoE): deepstack features from vision layer 0, interleaved M-RoPE."""
+    def model(vocab_size, ids):
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+        text = _qwen_text(vocab_size, mrope_interleaved=True)
+        if moe:
+            text.update(moe_intermediate_size=TEXT_HIDDEN, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)
+        vision = dict(depth=1, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, out_hidden_size=TEXT_HIDDEN,
+                      num_heads=4, patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0])
+        config_class, model_class = ((Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration) if moe
+                                     else (Qwen3VLConfig, Qwen3VLForConditionalGeneration))
+        return model_class(config_class(text_config=text, vision_config=vision, **_qwen_ids(ids)))
+    return model
 
 
 # -- LLaVA-OneVision: SigLIP on 16 px tiles, patch 4, anyres over 16 px pinpoints; Qwen2 decoder ---
@@ -385,7 +433,7 @@ def _mllama_model(vocab_size, ids):
 
 # -- Qwen3.5: Qwen3-VL's processor (16-32 px, patch 4, 2 x 2 merge) over a hybrid decoder: Gated DeltaNet,
 #    attention, Gated DeltaNet, attention; 3-D M-RoPE on half of each head --------------------------------------
-def _qwen3_5_processor(tokenizer, template):
+def _qwen3_vl_processor(tokenizer, template):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -394,8 +442,8 @@ def _qwen3_5_processor(tokenizer, template):
                             tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**sizes), chat_template=template)
 
 
-def _qwen3_5_model(vocab_size, ids):
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+def _qwen3_5_model(vocab_size, ids, moe: bool = False):
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
     text = dict(vocab_size=vocab_size, hidden_size=TEXT_HIDDEN, intermediate_size=2 * TEXT_HIDDEN, num_hidden_layers=4,
                 layer_types=["linear_attention", "full_attention"] * 2, num_attention_heads=4, num_key_value_heads=2,
@@ -404,9 +452,12 @@ def _qwen3_5_model(vocab_size, ids):
                                                                "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5})
     vision = dict(depth=1, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN, num_heads=4, patch_size=4,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=TEXT_HIDDEN, num_position_embeddings=64)
-    return Qwen3_5ForConditionalGeneration(Qwen3_5Config(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False))
+    if moe:
+        text.update(moe_intermediate_size=TEXT_HIDDEN, shared_expert_intermediate_size=TEXT_HIDDEN, num_experts=4,
+                    num_experts_per_tok=2)
+    config_class, model_class = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe
+                                 else (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
+    return model_class(config_class(text_config=text, vision_config=vision, **_qwen_ids(ids)))
 
 
 # -- LFM2-VL: SigLIP2 (NaFlex) on 16-32 px images, patch 4, 2 x 2 pixel unshuffle, no tiling; LFM2 decoder ----------
@@ -445,15 +496,18 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
                          named_tokens=GEMMA3_TOKENS),
     "gemma4": FamilySpec(tuple(GEMMA4_TOKENS.values()), "<|image|>", _gemma4_processor, _gemma4_model,
                          named_tokens=GEMMA4_TOKENS),
-    "qwen2_vl": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen2_vl_processor, _qwen2_vl_model),
-
-
+    "qwen2_vl": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen2_vl_processor, _qwen2_vl_model),
+    "qwen2_5_vl": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen2_5_vl_processor, _qwen2_5_vl_model),
+    "qwen3_vl": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen3_vl_processor, _qwen3_vl_model(moe=False)),
+    "qwen3_vl_moe": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen3_vl_processor, _qwen3_vl_model(moe=True)),
     "llava_onevision": FamilySpec(("<image>", "<video>"), "<image>", _onevision_processor, _onevision_model),
     "internvl": FamilySpec(tuple(INTERNVL_TOKENS.values()), "<IMG_CONTEXT>", _internvl_processor, _internvl_model,
                            named_tokens=INTERNVL_TOKENS),
     "mllama": FamilySpec(("<|image|>", "<|python_tag|>"), "<|image|>", _mllama_processor, _mllama_model),
     "lfm2_vl": FamilySpec(LFM2_VL_TOKENS, "<image>", _lfm2_vl_processor, _lfm2_vl_model),
-    "qwen3_5": FamilySpec(QWEN_TOKENS, "<|vision_start|><|image_pad|><|vision_end|>", _qwen3_5_processor, _qwen3_5_model),
+    "qwen3_5": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen3_vl_processor, _qwen3_5_model),
+    "qwen3_5_moe": FamilySpec(QWEN_TOKENS, QWEN_PLACEHOLDER, _qwen3_vl_processor,
+                              lambda vocab_size, ids: _qwen3_5_model(vocab_size, ids, moe=True)),
 }
 CHECKPOINT_FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
 

@@ -79,6 +79,12 @@ class FamilyHooks:
         row alone takes none, a stacked batch may need some: Mllama's padded image tiles)."""
         return {}
 
+    def extend_inputs(self, model_inputs: dict[str, Any], num_tokens: int) -> dict[str, Any]:
+        """The family's per-token inputs other than [1, L] ones (those a caller extends itself)
+        for the prompt ``model_inputs`` followed by ``num_tokens`` text tokens in one forward (a
+        teacher-forced ``prompt + response``, as generate would have seen them); {}: none."""
+        return {}
+
 
 #: model_type -> the family's :class:`FamilyHooks` (the others get the base class's)
 FAMILY_HOOKS: dict[str, FamilyHooks] = {}

@@ -235,3 +235,11 @@ class MllamaHooks(FamilyHooks):
         additive = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(seen == 0, torch.finfo(dtype).min)
         sees = seen.bool().any(dim=-1, keepdim=True).to(dtype)  # [B, 1, n, 1]
         return {"cross_attention_mask": additive * sees, "full_text_row_masked_out_mask": sees}
+
+    def extend_inputs(self, model_inputs: dict[str, Any], num_tokens: int) -> dict[str, Any]:
+        """``cross_attention_mask`` [1, L + num_tokens, images, tiles]: the prompt's rows, then its
+        last row once per appended token (what :meth:`step_inputs` gives the decoding steps)."""
+        mask = model_inputs.get("cross_attention_mask")
+        if mask is None:
+            return {}
+        return {"cross_attention_mask": torch.cat([mask, mask[:, -1:].expand(-1, num_tokens, -1, -1)], dim=1)}

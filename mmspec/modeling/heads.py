@@ -127,7 +127,8 @@ class OneLayerHead(nn.Module):
         target_config = target_model.config.get_text_config(decoder=True)
         if saved["hidden_size"] != target_config.hidden_size:
             raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
-        head = cls(target_config, saved.get("intermediate_size", target_config.intermediate_size))
+        # (None: the target's own MLP sizes; a MoE text config such as Qwen3.5-MoE's has no intermediate_size)
+        head = cls(target_config, saved.get("intermediate_size"))
         return _place_like(load_weights(head, directory, cls.weights_file), target_model)
 
 

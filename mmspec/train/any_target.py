@@ -191,11 +191,15 @@ def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str,
     return {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
 
-def with_response(inputs: dict[str, torch.Tensor], response: torch.Tensor) -> dict[str, torch.Tensor]:
+def with_response(inputs: dict[str, torch.Tensor], response: torch.Tensor, target: TransformersTarget | None = None
+                  ) -> dict[str, torch.Tensor]:
     """Batch-1 prompt inputs with ``response`` [n] appended to input_ids (attention_mask: ones;
-    other per-token inputs such as token_type_ids: zeros, text)."""
+    other [1, L] inputs such as token_type_ids: zeros, text; the family's other per-token inputs,
+    e.g. Mllama's ``cross_attention_mask``, as ``target.family.extend_inputs`` extends them)."""
     length = inputs["input_ids"].shape[1]
     out = dict(inputs)
+    if target is not None:
+        out.update(target.family.extend_inputs(inputs, len(response)))
     for name, value in inputs.items():
         if value.dim() == 2 and value.shape == (1, length) and not value.is_floating_point():
             tail = response[None].to(value) if name == "input_ids" else (
@@ -285,7 +289,7 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
             if prompt["input_ids"].shape[1] + len(answer) > context:
                 _count(skipped, "response past the context")
                 continue
-            record = features(target, with_response(prompt, answer), prompt["input_ids"].shape[1], shallow_layer)
+            record = features(target, with_response(prompt, answer, target), prompt["input_ids"].shape[1], shallow_layer)
             record["index"] = torch.tensor(index)
             records.append(record)
         if progress is not None:
