@@ -1,11 +1,13 @@
-"""``mmspec train drafter --method eagle|medusa|hydra|kangaroo --target smollm2|captioner|PATH_OR_HUB_ID``:
+"""``mmspec train drafter --method eagle|eagle3|medusa|hydra|kangaroo --target smollm2|captioner|PATH_OR_HUB_ID``:
 train a drafter on the target's own outputs and hidden states (self-distillation), resumable.
 
 Any target other than the two embedded recipes (a checkpoint directory or hub id of a causal LM or
 a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder or
 a saved ``datasets`` dataset) and ``--out DIR``: :func:`run_any_target`, with the data made by
 :mod:`mmspec.train.any_target`, data-parallel under ``accelerate launch``, a held-out tau at the
-end. The rest of this docstring describes the embedded recipes; the losses are shared.
+end; EAGLE-3 there stores the three target layers it fuses with the data and trains with
+:func:`mmspec.train.eagle3.eagle3_loss` (the training-time test) in the same loop. The rest of this
+docstring describes the embedded recipes; the losses are shared.
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
    SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, its own
@@ -40,7 +42,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
-from .eagle3 import check_target as check_eagle3_target, train_head as train_eagle3
+from .eagle3 import check_target as check_eagle3_target, eagle3_loss, train_head as train_eagle3
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
@@ -246,7 +248,12 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
     -> (loss, top-1 accuracy)) for ``method``."""
     from ..adapters.hf import final_norm as decoder_norm, text_decoder
 
-    if method == "eagle":
+    if method == "eagle3":
+        head = eagle3_head(model, args, out)
+
+        def loss_of(head, embed, lm_head, batch, *rest):  # (its own LM head over the draft vocabulary: no subsampling)
+            return eagle3_loss(head, embed, batch, batch["features"], args.ttt_steps)
+    elif method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
         draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
@@ -266,8 +273,52 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
     return head, loss_of
 
 
+def eagle3_head(model, args, out: Path):
+    """The EAGLE-3 head to train for ``model`` (fp32): ``--init``'s, or a new one over the draft
+    vocabulary written in ``out`` (:func:`write_draft_vocabulary`: the ``--draft-vocab`` most
+    frequent answer tokens of the training data, most frequent first; d2t / t2d built from it;
+    none written: the whole vocabulary)."""
+    from dataclasses import replace
+
+    from ..modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    if args.init:
+        return Eagle3Head.load(args.init, model).float()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    token_ids = load_draft_vocabulary(out)
+    token_ids = torch.arange(vocab) if token_ids is None else token_ids
+    config = Eagle3Config.for_target(model.config.get_text_config(decoder=True), draft_vocab_size=len(token_ids))
+    head = Eagle3Head(replace(config, vocab_size=vocab))  # (the LM head's rows: a VLM's text config may count fewer)
+    head.set_draft_vocabulary(token_ids)
+    return head.float()
+
+
+def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
+    """The target states a method's records keep as "features": the last layer's (-1), or for
+    EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3))."""
+    if method != "eagle3":
+        return -1
+    from ..modeling.eagle3 import Eagle3Head, default_aux_layers
+
+    if args.init:
+        return tuple(Eagle3Head.load(args.init, model).config.aux_layers)
+    return default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+
+
+def input_embedding_table(model) -> torch.Tensor:
+    """The target's token embeddings as its forward applies them [V, H] (fp32): the table, times
+    ``embed_scale`` where the embedding scales (Gemma's sqrt(H)), which is what the drafters read
+    at generation time through the embedding module."""
+    module = model.get_input_embeddings()
+    table = module.weight.detach().float()
+    scale = getattr(module, "embed_scale", None)
+    return table * (scale.float() if isinstance(scale, torch.Tensor) else scale) if scale is not None else table
+
+
 #: --method -> the drafter spec that evaluates the trained head (``SPEC:OUT``)
-EVAL_SPECS = {"eagle": "eagle2", "medusa": "medusa", "hydra": "hydra", "kangaroo": "kangaroo"}
+EVAL_SPECS = {"eagle": "eagle2", "eagle3": "eagle3-tree", "medusa": "medusa", "hydra": "hydra", "kangaroo": "kangaroo"}
+#: --method -> the chain spec used instead on a target that verifies no trees (hybrid recurrent decoders)
+CHAIN_SPECS = {"eagle": "eagle", "eagle3": "eagle3"}
 
 
 def run_any_target(args) -> int:
@@ -283,9 +334,6 @@ def run_any_target(args) -> int:
     from . import any_target
     from .selfdistill import SHALLOW_LAYER
 
-    if args.method == "eagle3":
-        raise ValueError("--method eagle3 trains for --target smollm2 so far; for your own model use --method eagle "
-                         "(eagle:DIR / eagle2:DIR), or train an EAGLE-3 head elsewhere and load it with eagle3:DIR")
     if not args.data:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder or a saved dataset)")
     if not args.out:
@@ -313,7 +361,7 @@ def run_any_target(args) -> int:
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
     cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
-                                                        shallow_layer, process)
+                                                        shallow_layer, process, feature_layer(args.method, model, args))
     for reason, n in encode_skipped.items():
         skipped[reason] = skipped.get(reason, 0) + n
     if process.rank == 0:
@@ -329,7 +377,7 @@ def run_any_target(args) -> int:
     if process.rank == 0:
         write_draft_vocabulary(out, vocabulary, train, held_out or train)
     process.wait()
-    embed = model.get_input_embeddings().weight.detach().float().to(device)
+    embed = input_embedding_table(model).to(device)
     lm_head = model.get_output_embeddings().weight.detach().float().to(device)
     torch.manual_seed(args.seed)  # the same initial head in every process
     head, loss_of = make_head(args.method, model, embed, args, device, out)
@@ -430,7 +478,7 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
 
     # a target that verifies no trees (hybrid recurrent decoders) evaluates an EAGLE head as a chain;
     # the line below names the spec used
-    spec = "eagle" if args.method == "eagle" and tree_refusal(target) else EVAL_SPECS[args.method]
+    spec = CHAIN_SPECS[args.method] if args.method in CHAIN_SPECS and tree_refusal(target) else EVAL_SPECS[args.method]
     drafter = resolve_drafter(f"{spec}:{out}", target)
     taus, same, compared = [], 0, 0
     for example, record in zip(held_examples, held_records):

@@ -105,7 +105,9 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         ttt_steps: unrolled steps K (1: plain teacher forcing).
 
     Returns:
-        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there).
+        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there); positions whose
+        token is outside the draft vocabulary are not scored, and a batch with none scored (a
+        held-out batch of tokens the training data never had) gives a zero loss and accuracy 0.
     """
     ids, learn = batch["ids"], batch["learn"]
     to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
@@ -122,8 +124,8 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         total = term if total is None else total + term
         if k == 0:
             accuracy = (logits.argmax(-1) == target[use]).float().mean().item()
-    if total is None:
-        raise ValueError("no learnt token of the batch is in the draft vocabulary; nothing to train on")
+    if total is None:  # no learnt token of the batch is in the draft vocabulary: nothing to learn, none drafted right
+        return head.lm_head.weight.sum() * 0.0, 0.0
     return total, accuracy
 
 
