@@ -180,3 +180,102 @@ def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_
     curves = [[e["loss"] for e in json.loads((tmp_path / name / "training.json").read_text())["log"]] for name in ("one", "two")]
     assert len(curves[0]) == 5 and curves[0][-1] < curves[0][0]
     assert curves[1] == pytest.approx(curves[0], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------ EAGLE-3
+def greedy_pair(model, spec: str, inputs, new: int = 10):
+    """(plain decoding, decoding with ``spec``) of batch-1 ``inputs``, greedy."""
+    import mmspec
+
+    return (mmspec.generate(model, None, max_new_tokens=new, **inputs),
+            mmspec.generate(model, spec, max_new_tokens=new, **inputs))
+
+
+def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path, capsys):
+    """--method eagle3 on a text Llama: the head's d2t / t2d are the data's most frequent answer
+    tokens, the shared loop's loss log / checkpoint / --resume / held-out tau hold for it, the
+    trained head decodes exactly (chains and trees), and its vLLM export loads back and decodes the
+    same tokens with the same acceptance."""
+    from mmspec.api import chat_inputs
+    from mmspec.drafters.vocab import frequent_tokens
+    from mmspec.hub import load_causal_lm
+    from mmspec.modeling.eagle3 import Eagle3Head
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)] + [{"prompt": ""}])
+    out = tmp_path / "eagle3"
+    common = ["--method", "eagle3", "--draft-vocab", "4", "--ttt-steps", "2"]
+    assert train(text_target, data, out, "--steps", "4", *common) == 0
+    text = capsys.readouterr().out
+    assert "skipped 1 rows: 1 empty prompt" in text and "held-out tau of eagle3-tree:" in text
+    report = json.loads((out / "eval.json").read_text())
+    assert report["drafter"] == f"eagle3-tree:{out}" and report["identical_to_target"] == "2/2" and report["tau"] >= 1.0
+    model, tokenizer = load_causal_lm(text_target, dtype=torch.float32)
+    head = Eagle3Head.load(out, model)
+    records = [r for s in sorted((out / "data").glob("shard-*.pt")) for r in torch.load(s, weights_only=True)["records"]]
+    assert records[0]["features"].shape[-1] == 3 * model.config.hidden_size  # the three fused layers, stored
+    from mmspec.train.any_target import split_held_out
+
+    train_ids, _ = split_held_out(len(records), 0.25, 0)
+    expected, counts = frequent_tokens([records[i] for i in train_ids], 4)
+    assert len(counts) > 4 and head.config.draft_vocab_size == len(expected) == 4  # (the data has more distinct tokens)
+    assert torch.equal(head.token_ids, expected) and int(head.t2d.sum()) == 4 and head.t2d[expected].all()
+    # the loss log and --resume of the shared loop
+    assert len((out / "loss.csv").read_text().splitlines()) == 3  # header + steps 2 and 4
+    assert train(text_target, data, out, "--steps", "6", *common, "--resume") == 0
+    assert "resuming at step 4" in capsys.readouterr().out
+    log = json.loads((out / "training.json").read_text())["log"]
+    assert [e["step"] for e in log] == [2, 4, 6] and log[-1]["loss"] < log[0]["loss"]
+    # exact decoding with the trained head, and with its vLLM export loaded back
+    inputs = chat_inputs(tokenizer, "Tell me about topic 12.")
+    for spec in ("eagle3-tree", "eagle3"):
+        plain, drafted = greedy_pair(model, f"{spec}:{out}", inputs)
+        assert torch.equal(drafted.sequences, plain.sequences)
+    exported = tmp_path / "vllm"
+    assert cli_main(["export", "drafter", str(out), "--format", "vllm-eagle3", "--out", str(exported), "--dtype", "float32"]) == 0
+    assert json.loads((exported / "config.json").read_text())["draft_vocab_size"] == 4
+    again = greedy_pair(model, f"eagle3:{exported}", inputs)[1]  # (drafted: the eagle3 chain's run above)
+    assert torch.equal(again.sequences, drafted.sequences)
+    assert again.stats.mean_accepted_length == drafted.stats.mean_accepted_length
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen3_5", "gemma3"])
+def test_eagle3_vlm_families_decode_exactly_and_export(family, tmp_path_factory, tmp_path, capsys):
+    """--method eagle3 for VLMs (an image folder, self-distilled): the held-out greedy decodes equal
+    the target's own answers; the head and its SGLang export decode an image prompt exactly (eagle3
+    chains; the hybrid Qwen3.5 verifies no trees, so its held-out check uses chains)."""
+    from mmspec.pipelines.captioning.components import load_captioning_model
+
+    target = cached_tiny_checkpoint(family, tmp_path_factory)
+    images = tmp_path / "images"
+    images.mkdir()
+    generator = torch.Generator().manual_seed(2)
+    for i in range(4):
+        Image.fromarray((torch.rand(32, 32, 3, generator=generator) * 255).to(torch.uint8).numpy()).save(images / f"{i}.png")
+    out = tmp_path / "eagle3"
+    assert train(target, images, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+    assert report["drafter"] == f"{'eagle3' if family == 'qwen3_5' else 'eagle3-tree'}:{out}"
+    exported = tmp_path / "sglang"
+    assert cli_main(["export", "drafter", str(out), "--format", "sglang-eagle3", "--out", str(exported), "--dtype", "float32"]) == 0
+    model, processor = load_captioning_model(target, torch.device("cpu"), torch.float32)
+    chat = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                                         add_generation_prompt=True)
+    inputs = dict(processor(text=[chat], images=[Image.open(images / "3.png").convert("RGB")], return_tensors="pt"))
+    for directory in (out, exported):
+        plain, drafted = greedy_pair(model, f"eagle3:{directory}", inputs, new=8)
+        assert torch.equal(drafted.sequences, plain.sequences)
+
+
+def test_input_embedding_table_is_what_the_target_applies(tmp_path_factory):
+    """Gemma scales its token embeddings by sqrt(H) in the embedding's forward; the table the
+    drafter losses read is the scaled one (what the drafters see at generation time)."""
+    from mmspec.pipelines.captioning.components import load_captioning_model
+    from mmspec.train.drafter import input_embedding_table
+
+    model, _ = load_captioning_model(cached_tiny_checkpoint("gemma3", tmp_path_factory), torch.device("cpu"), torch.float32)
+    module = model.get_input_embeddings()
+    ids = torch.tensor([0, 5, 17])
+    assert getattr(module, "embed_scale", None) is not None
+    torch.testing.assert_close(input_embedding_table(model)[ids], module(ids).float())
+    assert not torch.allclose(input_embedding_table(model)[ids], module.weight[ids].float())
