@@ -235,7 +235,7 @@ def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path,
     assert json.loads((exported / "config.json").read_text())["draft_vocab_size"] == 4
     again = greedy_pair(model, f"eagle3:{exported}", inputs)[1]  # (drafted: the eagle3 chain's run above)
     assert torch.equal(again.sequences, drafted.sequences)
-    assert again.stats.mean_accepted_length == drafted.stats.mean_accepted_length
+    assert again.stats.mean_accepted_length == drafted.stats.mean_accepted_length > 1.0  # (drafts accepted: 1.29 here)
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen3_5", "gemma3"])
