@@ -4,6 +4,7 @@ responses (self-distillation). The trained head loads back with ``drafter="eagle
 greedy output equals plain decoding; bad rows are counted; --resume continues the checkpoint."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,18 +143,107 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no checkpoint" in capsys.readouterr().err
 
 
-def test_saved_dataset_without_datasets_says_what_to_install(tmp_path):
+def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
     import importlib.util
 
     from mmspec.train.any_target import read_examples
 
-    if importlib.util.find_spec("datasets") is not None:
-        pytest.skip("datasets is installed")
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed")
     saved = tmp_path / "saved"
     saved.mkdir()
-    (saved / "dataset_info.json").write_text("{}")
-    with pytest.raises(ValueError, match="install the datasets package"):
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    with pytest.raises(ValueError, match="install pyarrow"):
         read_examples(saved)
+    with pytest.raises(ValueError, match="matches no .parquet file"):
+        read_examples(tmp_path / "nothing-*.parquet")
+
+
+def png_bytes(seed: int) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    pixels = (torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_parquet_and_arrow_forms_count_bad_rows_and_train(tmp_path_factory, tmp_path, capsys):
+    """--data as a folder of parquet files, a glob of them, and a save_to_disk-layout folder (Arrow
+    stream + state.json, as ``datasets`` writes it), read with pyarrow: image bytes ({bytes, path},
+    datasets' Image feature), relative paths, text-only rows; every bad row counted (an empty or
+    null prompt, a missing image, bytes that are no image, a parquet file that cannot be read),
+    then an EAGLE-3 head trained on it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from mmspec.train.any_target import read_examples
+
+    folder = tmp_path / "pq"
+    (folder / "images").mkdir(parents=True)
+    (folder / "images" / "1.png").write_bytes(png_bytes(1))
+    table = pa.table({
+        "prompt": ["Describe the image.", "What is it?", "", "Hi", "Hi", None, "Caption it.", "Describe it."],
+        "image": [{"bytes": png_bytes(0), "path": None}, {"bytes": None, "path": "images/1.png"}, {"bytes": png_bytes(2), "path": None},
+                  {"bytes": None, "path": "images/missing.png"}, {"bytes": b"not a png", "path": None}, None, None,
+                  {"bytes": png_bytes(3), "path": None}],
+        "response": [None, None, None, None, None, None, "A picture of noise.", None],
+    })
+    pq.write_table(table.slice(0, 4), folder / "part-0.parquet")
+    pq.write_table(table.slice(4), folder / "part-1.parquet")
+    (folder / "part-2.parquet").write_bytes(b"PAR1 this is not parquet")
+    reasons = {"empty prompt": 2, "missing image": 1, "unreadable data file": 1}
+    for data in (folder, f"{folder}/part-*.parquet"):
+        examples, skipped = read_examples(data)
+        assert skipped == reasons and [e.prompt for e in examples] == ["Describe the image.", "What is it?", "Hi", "Caption it.",
+                                                                          "Describe it."]
+    assert isinstance(examples[0].image, bytes) and examples[1].image == folder / "images" / "1.png" and examples[3].image is None
+    saved = tmp_path / "saved"  # save_to_disk's layout: state.json naming Arrow stream files
+    saved.mkdir()
+    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    (saved / "images").mkdir()
+    (saved / "images" / "1.png").write_bytes(png_bytes(1))
+    examples, skipped = read_examples(saved)
+    assert len(examples) == 5 and skipped == {"empty prompt": 2, "missing image": 1}
+    # end to end: the undecodable bytes are counted when encoded; the text-only row with its response is used
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    out = tmp_path / "eagle3"
+    assert train(target, folder, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
+    text = capsys.readouterr().out
+    assert "data: 4 sequences from" in text
+    assert "skipped 5 rows: 2 empty prompt, 1 missing image, 1 unreadable data file, 1 unreadable image" in text
+    assert json.loads((out / "eval.json").read_text())["tau"] >= 1.0
+
+
+def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, capsys):
+    """A real ``datasets`` Dataset (Image feature) and DatasetDict saved with save_to_disk: the
+    same rows as written, bad ones counted; an EAGLE-3 head trains on the DatasetDict's train split."""
+    datasets = pytest.importorskip("datasets")
+    from mmspec.train.any_target import read_examples
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        (images / f"{i}.png").write_bytes(png_bytes(10 + i))
+    rows = {"image": [str(images / f"{i}.png") for i in range(4)], "prompt": ["Describe the image.", "", "What is this?", "Hi"],
+            "response": [None, None, "Noise.", ""]}
+    dataset = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
+    dataset.save_to_disk(str(tmp_path / "saved"))
+    text_only = datasets.Dataset.from_dict({"prompt": ["Tell me a story."]})
+    datasets.DatasetDict({"test": text_only, "train": dataset}).save_to_disk(str(tmp_path / "dict"))
+    for name in ("saved", "dict"):
+        examples, skipped = read_examples(tmp_path / name)
+        assert skipped == {"empty prompt": 1}
+        assert [(e.prompt, e.response) for e in examples] == [("Describe the image.", None), ("What is this?", "Noise."), ("Hi", None)]
+        assert all(isinstance(e.image, bytes) for e in examples)  # (the Image feature embeds the files)
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    out = tmp_path / "eagle3"
+    assert train(target, tmp_path / "dict", out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1",
+                 "--max-new-tokens", "5") == 0
+    text = capsys.readouterr().out
+    assert "data: 3 sequences from" in text and "skipped 1 rows: 1 empty prompt" in text
 
 
 @pytest.mark.slow  # ~35-45 s on 2 cores: two processes start and import torch + transformers
@@ -195,7 +285,8 @@ def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path,
     """--method eagle3 on a text Llama: the head's d2t / t2d are the data's most frequent answer
     tokens, the shared loop's loss log / checkpoint / --resume / held-out tau hold for it, the
     trained head decodes exactly (chains and trees), and its vLLM export loads back and decodes the
-    same tokens with the same acceptance."""
+    same tokens with the same acceptance. The self-distillation shards (the three target layers
+    stored) resume: a lost shard is remade alone; a cache of last-layer features is refused."""
     from mmspec.api import chat_inputs
     from mmspec.drafters.vocab import frequent_tokens
     from mmspec.hub import load_causal_lm
@@ -203,10 +294,11 @@ def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path,
 
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)] + [{"prompt": ""}])
     out = tmp_path / "eagle3"
-    common = ["--method", "eagle3", "--draft-vocab", "4", "--ttt-steps", "2"]
+    common = ["--method", "eagle3", "--draft-vocab", "4", "--ttt-steps", "2", "--shard-size", "3"]
     assert train(text_target, data, out, "--steps", "4", *common) == 0
-    text = capsys.readouterr().out
-    assert "skipped 1 rows: 1 empty prompt" in text and "held-out tau of eagle3-tree:" in text
+    captured = capsys.readouterr()
+    assert "skipped 1 rows: 1 empty prompt" in captured.out and "held-out tau of eagle3-tree:" in captured.out
+    assert re.search(r"4/4 \[\d\d:\d\d<\d\d:\d\d", captured.err)  # the training bar with its ETA (tqdm)
     report = json.loads((out / "eval.json").read_text())
     assert report["drafter"] == f"eagle3-tree:{out}" and report["identical_to_target"] == "2/2" and report["tau"] >= 1.0
     model, tokenizer = load_causal_lm(text_target, dtype=torch.float32)
@@ -219,10 +311,20 @@ def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path,
     expected, counts = frequent_tokens([records[i] for i in train_ids], 4)
     assert len(counts) > 4 and head.config.draft_vocab_size == len(expected) == 4  # (the data has more distinct tokens)
     assert torch.equal(head.token_ids, expected) and int(head.t2d.sum()) == 4 and head.t2d[expected].all()
-    # the loss log and --resume of the shared loop
+    # the loss log and --resume of the shared loop; a lost data shard is remade alone
     assert len((out / "loss.csv").read_text().splitlines()) == 3  # header + steps 2 and 4
+    shards = sorted((out / "data").glob("shard-*.pt"))
+    assert len(shards) == 3
+    (out / "data" / "shard-00001.pt").unlink()
+    kept = {s.name: s.stat().st_mtime_ns for s in shards if s.name != "shard-00001.pt"}
     assert train(text_target, data, out, "--steps", "6", *common, "--resume") == 0
-    assert "resuming at step 4" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "resuming at step 4" in captured.out and re.search(r"3/3 \[\d\d:\d\d<", captured.err)  # (shard 1's 3 rows)
+    assert {s.name: s.stat().st_mtime_ns for s in shards if s.name != "shard-00001.pt"} == kept
+    assert len(torch.load(out / "data" / "shard-00001.pt", weights_only=True)["records"]) == 3
+    assert train(text_target, data, tmp_path / "eagle", "--steps", "1", "--method", "eagle", "--shard-size", "3",
+                 "--cache", str(out / "data")) == 2
+    assert "made with other settings" in capsys.readouterr().err
     log = json.loads((out / "training.json").read_text())["log"]
     assert [e["step"] for e in log] == [2, 4, 6] and log[-1]["loss"] < log[0]["loss"]
     # exact decoding with the trained head, and with its vLLM export loaded back
