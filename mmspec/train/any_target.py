@@ -12,7 +12,8 @@ DATA is one of
 
 Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row, an
 empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
-to a text-only target, a data file (parquet / arrow) that cannot be read. The counts are printed (and kept with the data shards, so a resumed run prints them too).
+to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
+counts are printed (and kept with the data shards, so a resumed run prints them too).
 
 Without a ``response`` the target writes it itself (self-distillation): its own plain decoding of
 the prompt (greedy, or sampled at ``--sample-temperature`` with a per-row seed), ``--gen-batch``

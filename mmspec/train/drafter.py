@@ -2,8 +2,8 @@
 train a drafter on the target's own outputs and hidden states (self-distillation), resumable.
 
 Any target other than the two embedded recipes (a checkpoint directory or hub id of a causal LM or
-a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder or
-a saved ``datasets`` dataset) and ``--out DIR``: :func:`run_any_target`, with the data made by
+a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder, a
+saved ``datasets`` dataset or parquet files) and ``--out DIR``: :func:`run_any_target`, with the data made by
 :mod:`mmspec.train.any_target`, data-parallel under ``accelerate launch``, a held-out tau at the
 end; EAGLE-3 there stores the three target layers it fuses with the data and trains with
 :func:`mmspec.train.eagle3.eagle3_loss` (the training-time test) in the same loop. The rest of this
@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory or hub id (then --data DATA and --out are required)")
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
     parser.add_argument("--data", default=None,
-                        help="any target: a JSONL of {image?, prompt, response?}, an image folder or a saved datasets "
-                             "dataset; smollm2 / captioner: the self-distillation cache (default runs/<target>-selfdistill)")
+                        help="any target: a JSONL of {image?, prompt, response?}, an image folder, a saved datasets "
+                             "dataset, or parquet files (a file, folder or quoted glob; columns prompt, image?, response?); "
+                             "smollm2 / captioner: the self-distillation cache (default runs/<target>-selfdistill)")
     parser.add_argument("--cache", default=None, help="any target: the self-distillation shards (default OUT/data)")
     parser.add_argument("--prompt", default=None, help="any target: the prompt of an image folder's images (default: 'Describe the image.')")
     parser.add_argument("--held-out", type=float, default=0.1, help="any target: share of DATA held out for the loss and tau evaluation")
@@ -335,7 +336,7 @@ def run_any_target(args) -> int:
     from .selfdistill import SHALLOW_LAYER
 
     if not args.data:
-        raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder or a saved dataset)")
+        raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
         raise ValueError("--target PATH_OR_HUB_ID needs --out DIR (where the trained drafter goes)")
     if not 0 <= args.held_out < 1:
