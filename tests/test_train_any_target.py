@@ -246,8 +246,9 @@ def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, cap
     assert "data: 3 sequences from" in text and "skipped 1 rows: 1 empty prompt" in text
 
 
-@pytest.mark.slow  # ~35-45 s on 2 cores: two processes start and import torch + transformers
-def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_port):
+@pytest.mark.slow  # ~35-45 s on 2 cores each: two processes start and import torch + transformers
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_two_processes_match_one_process_loss_curve(method, text_target, tmp_path, free_port):
     """accelerate launch --num_processes 2 (CPU, gloo) at the same global batch: each process takes
     half of every step's sequences and the gradients are averaged, so the loss curve is the
     one-process curve (sequences of one length here, so the mean of the two halves' means is the
@@ -259,7 +260,7 @@ def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)])
     common = ["--data", str(data), "--dtype", "float32", "--draft-vocab", "0", "--batch-size", "4", "--lr", "3e-3",
               "--max-new-tokens", "6", "--log-every", "1", "--steps", "5", "--held-out", "0", "--eval-examples", "0",
-              "--target", str(text_target), "--method", "eagle"]
+              "--target", str(text_target), "--method", method]
     assert cli_main(["train", "drafter", "--out", str(tmp_path / "one"), *common]) == 0
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
