@@ -42,7 +42,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
-from .eagle3 import check_target as check_eagle3_target, eagle3_loss, train_head as train_eagle3
+from .eagle3 import check_target as check_eagle3_target, eagle3_loss, target_states
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
@@ -244,16 +244,21 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
 
 
-def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path):
+def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path, stored_states: bool = True):
     """(the head to train, its loss function (head, embed, lm_head, batch, ce_positions?, generator?)
-    -> (loss, top-1 accuracy)) for ``method``."""
+    -> (loss, top-1 accuracy)) for ``method``. EAGLE-3 reads its three target layers from the
+    batch's "features" (``stored_states``: any target's records) or recomputes them from the ids
+    with a teacher-forced text forward of ``model`` (the embedded text recipe's records keep the last layer only)."""
     from ..adapters.hf import final_norm as decoder_norm, text_decoder
 
     if method == "eagle3":
         head = eagle3_head(model, args, out)
+        aux_layers = tuple(head.config.aux_layers)
 
         def loss_of(head, embed, lm_head, batch, *rest):  # (its own LM head over the draft vocabulary: no subsampling)
-            return eagle3_loss(head, embed, batch, batch["features"], args.ttt_steps)
+            states = batch["features"] if stored_states else \
+                target_states(model, batch["ids"].to(model.device), aux_layers).to(batch["ids"].device)
+            return eagle3_loss(head, embed, batch, states, args.ttt_steps)
     elif method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
@@ -414,6 +419,8 @@ def run_any_target(args) -> int:
     card = {"target": args.target, "trained_with": "mmspec train drafter"}
     if args.method == "kangaroo":
         card["exit_layer"] = shallow_layer
+    if args.method == "eagle3":
+        card["ttt_steps"] = args.ttt_steps
     while run.step < args.steps:
         step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(args.seed * 100003 + step))
@@ -517,12 +524,10 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
-    if args.method == "eagle3":
-        return train_eagle3(args, model, train, held_out, out, device)
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)
-    head, loss_of = make_head(args.method, model, embed, args, device, out)
+    head, loss_of = make_head(args.method, model, embed, args, device, out, stored_states=False)
     head.to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
 
@@ -552,6 +557,8 @@ def run(args) -> int:
             card = {"target": args.target, "step": run.step, "held_out_top1": entry["held_out_top1"]}
             if args.method == "kangaroo":
                 card["exit_layer"] = SHALLOW_LAYER
+            if args.method == "eagle3":
+                card["ttt_steps"] = args.ttt_steps
             copy.deepcopy(head).to(torch.bfloat16).save(out, **card)
         if run.stop_if_out_of_time():
             break
