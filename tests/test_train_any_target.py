@@ -4,6 +4,7 @@ responses (self-distillation). The trained head loads back with ``drafter="eagle
 greedy output equals plain decoding; bad rows are counted; --resume continues the checkpoint."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -221,22 +222,112 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no checkpoint" in capsys.readouterr().err
 
 
-def test_saved_dataset_without_datasets_says_what_to_install(tmp_path):
+def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
     import importlib.util
 
     from mmspec.train.any_target import read_examples
 
-    if importlib.util.find_spec("datasets") is not None:
-        pytest.skip("datasets is installed")
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed")
     saved = tmp_path / "saved"
     saved.mkdir()
-    (saved / "dataset_info.json").write_text("{}")
-    with pytest.raises(ValueError, match="install the datasets package"):
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    with pytest.raises(ValueError, match="install pyarrow"):
         read_examples(saved)
+    with pytest.raises(ValueError, match="matches no .parquet file"):
+        read_examples(tmp_path / "nothing-*.parquet")
 
 
-@pytest.mark.slow  # ~35-45 s on 2 cores: two processes start and import torch + transformers
-def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_port):
+def png_bytes(seed: int) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    pixels = (torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_parquet_and_arrow_forms_count_bad_rows_and_train(tmp_path_factory, tmp_path, capsys):
+    """--data as a folder of parquet files, a glob of them, and a save_to_disk-layout folder (Arrow
+    stream + state.json, as ``datasets`` writes it), read with pyarrow: image bytes ({bytes, path},
+    datasets' Image feature), relative paths, text-only rows; every bad row counted (an empty or
+    null prompt, a missing image, bytes that are no image, a parquet file that cannot be read),
+    then an EAGLE-3 head trained on it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from mmspec.train.any_target import read_examples
+
+    folder = tmp_path / "pq"
+    (folder / "images").mkdir(parents=True)
+    (folder / "images" / "1.png").write_bytes(png_bytes(1))
+    table = pa.table({
+        "prompt": ["Describe the image.", "What is it?", "", "Hi", "Hi", None, "Caption it.", "Describe it."],
+        "image": [{"bytes": png_bytes(0), "path": None}, {"bytes": None, "path": "images/1.png"}, {"bytes": png_bytes(2), "path": None},
+                  {"bytes": None, "path": "images/missing.png"}, {"bytes": b"not a png", "path": None}, None, None,
+                  {"bytes": png_bytes(3), "path": None}],
+        "response": [None, None, None, None, None, None, "A picture of noise.", None],
+    })
+    pq.write_table(table.slice(0, 4), folder / "part-0.parquet")
+    pq.write_table(table.slice(4), folder / "part-1.parquet")
+    (folder / "part-2.parquet").write_bytes(b"PAR1 this is not parquet")
+    reasons = {"empty prompt": 2, "missing image": 1, "unreadable data file": 1}
+    for data in (folder, f"{folder}/part-*.parquet"):
+        examples, skipped = read_examples(data)
+        assert skipped == reasons and [e.prompt for e in examples] == ["Describe the image.", "What is it?", "Hi", "Caption it.",
+                                                                          "Describe it."]
+    assert isinstance(examples[0].image, bytes) and examples[1].image == folder / "images" / "1.png" and examples[3].image is None
+    saved = tmp_path / "saved"  # save_to_disk's layout: state.json naming Arrow stream files
+    saved.mkdir()
+    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    (saved / "images").mkdir()
+    (saved / "images" / "1.png").write_bytes(png_bytes(1))
+    examples, skipped = read_examples(saved)
+    assert len(examples) == 5 and skipped == {"empty prompt": 2, "missing image": 1}
+    # end to end: the undecodable bytes are counted when encoded; the text-only row with its response is used
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    out = tmp_path / "eagle3"
+    assert train(target, folder, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
+    text = capsys.readouterr().out
+    assert "data: 4 sequences from" in text
+    assert "skipped 5 rows: 2 empty prompt, 1 missing image, 1 unreadable data file, 1 unreadable image" in text
+    assert json.loads((out / "eval.json").read_text())["tau"] >= 1.0
+
+
+def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, capsys):
+    """A real ``datasets`` Dataset (Image feature) and DatasetDict saved with save_to_disk: the
+    same rows as written, bad ones counted; an EAGLE-3 head trains on the DatasetDict's train split."""
+    datasets = pytest.importorskip("datasets")
+    from mmspec.train.any_target import read_examples
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        (images / f"{i}.png").write_bytes(png_bytes(10 + i))
+    rows = {"image": [str(images / f"{i}.png") for i in range(4)], "prompt": ["Describe the image.", "", "What is this?", "Hi"],
+            "response": [None, None, "Noise.", ""]}
+    dataset = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
+    dataset.save_to_disk(str(tmp_path / "saved"))
+    text_only = datasets.Dataset.from_dict({"prompt": ["Tell me a story."]})
+    datasets.DatasetDict({"test": text_only, "train": dataset}).save_to_disk(str(tmp_path / "dict"))
+    for name in ("saved", "dict"):
+        examples, skipped = read_examples(tmp_path / name)
+        assert skipped == {"empty prompt": 1}
+        assert [(e.prompt, e.response) for e in examples] == [("Describe the image.", None), ("What is this?", "Noise."), ("Hi", None)]
+        assert all(isinstance(e.image, bytes) for e in examples)  # (the Image feature embeds the files)
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    out = tmp_path / "eagle3"
+    assert train(target, tmp_path / "dict", out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1",
+                 "--max-new-tokens", "5") == 0
+    text = capsys.readouterr().out
+    assert "data: 3 sequences from" in text and "skipped 1 rows: 1 empty prompt" in text
+
+
+@pytest.mark.slow  # ~35-45 s on 2 cores each: two processes start and import torch + transformers
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_two_processes_match_one_process_loss_curve(method, text_target, tmp_path, free_port):
     """accelerate launch --num_processes 2 (CPU, gloo) at the same global batch: each process takes
     half of every step's sequences and the gradients are averaged, so the loss curve is the
     one-process curve (sequences of one length here, so the mean of the two halves' means is the
@@ -248,7 +339,7 @@ def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)])
     common = ["--data", str(data), "--dtype", "float32", "--draft-vocab", "0", "--batch-size", "4", "--lr", "3e-3",
               "--max-new-tokens", "6", "--log-every", "1", "--steps", "5", "--held-out", "0", "--eval-examples", "0",
-              "--target", str(text_target), "--method", "eagle"]
+              "--target", str(text_target), "--method", method]
     assert cli_main(["train", "drafter", "--out", str(tmp_path / "one"), *common]) == 0
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -259,3 +350,114 @@ def test_two_processes_match_one_process_loss_curve(text_target, tmp_path, free_
     curves = [[e["loss"] for e in json.loads((tmp_path / name / "training.json").read_text())["log"]] for name in ("one", "two")]
     assert len(curves[0]) == 5 and curves[0][-1] < curves[0][0]
     assert curves[1] == pytest.approx(curves[0], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------ EAGLE-3
+def greedy_pair(model, spec: str, inputs, new: int = 10):
+    """(plain decoding, decoding with ``spec``) of batch-1 ``inputs``, greedy."""
+    import mmspec
+
+    return (mmspec.generate(model, None, max_new_tokens=new, **inputs),
+            mmspec.generate(model, spec, max_new_tokens=new, **inputs))
+
+
+def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path, capsys):
+    """--method eagle3 on a text Llama: the head's d2t / t2d are the data's most frequent answer
+    tokens, the shared loop's loss log / checkpoint / --resume / held-out tau hold for it, the
+    trained head decodes exactly (chains and trees), and its vLLM export loads back and decodes the
+    same tokens with the same acceptance. The self-distillation shards (the three target layers
+    stored) resume: a lost shard is remade alone; a cache of last-layer features is refused."""
+    from mmspec.api import chat_inputs
+    from mmspec.drafters.vocab import frequent_tokens
+    from mmspec.hub import load_causal_lm
+    from mmspec.modeling.eagle3 import Eagle3Head
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)] + [{"prompt": ""}])
+    out = tmp_path / "eagle3"
+    common = ["--method", "eagle3", "--draft-vocab", "4", "--ttt-steps", "2", "--shard-size", "3"]
+    assert train(text_target, data, out, "--steps", "4", *common) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 rows: 1 empty prompt" in captured.out and "held-out tau of eagle3-tree:" in captured.out
+    assert re.search(r"/4 \[\d\d:\d\d<", captured.err)  # the bar over the 4 steps, with its ETA field (tqdm: elapsed<remaining)
+    report = json.loads((out / "eval.json").read_text())
+    assert report["drafter"] == f"eagle3-tree:{out}" and report["identical_to_target"] == "2/2" and report["tau"] >= 1.0
+    model, tokenizer = load_causal_lm(text_target, dtype=torch.float32)
+    head = Eagle3Head.load(out, model)
+    records = [r for s in sorted((out / "data").glob("shard-*.pt")) for r in torch.load(s, weights_only=True)["records"]]
+    assert records[0]["features"].shape[-1] == 3 * model.config.hidden_size  # the three fused layers, stored
+    from mmspec.train.any_target import split_held_out
+
+    train_ids, _ = split_held_out(len(records), 0.25, 0)
+    expected, counts = frequent_tokens([records[i] for i in train_ids], 4)
+    assert len(counts) > 4 and head.config.draft_vocab_size == len(expected) == 4  # (the data has more distinct tokens)
+    assert torch.equal(head.token_ids, expected) and int(head.t2d.sum()) == 4 and head.t2d[expected].all()
+    # the loss log and --resume of the shared loop; a lost data shard is remade alone
+    assert len((out / "loss.csv").read_text().splitlines()) == 3  # header + steps 2 and 4
+    shards = sorted((out / "data").glob("shard-*.pt"))
+    assert len(shards) == 3
+    (out / "data" / "shard-00001.pt").unlink()
+    kept = {s.name: s.stat().st_mtime_ns for s in shards if s.name != "shard-00001.pt"}
+    assert train(text_target, data, out, "--steps", "6", *common, "--resume") == 0
+    captured = capsys.readouterr()
+    assert "resuming at step 4" in captured.out and re.search(r"/3 \[\d\d:\d\d<", captured.err)  # (the bar over shard 1's 3 rows)
+    assert {s.name: s.stat().st_mtime_ns for s in shards if s.name != "shard-00001.pt"} == kept
+    assert len(torch.load(out / "data" / "shard-00001.pt", weights_only=True)["records"]) == 3
+    assert train(text_target, data, tmp_path / "eagle", "--steps", "1", "--method", "eagle", "--shard-size", "3",
+                 "--cache", str(out / "data")) == 2
+    assert "made with other settings" in capsys.readouterr().err
+    log = json.loads((out / "training.json").read_text())["log"]
+    assert [e["step"] for e in log] == [2, 4, 6] and log[-1]["loss"] < log[0]["loss"]
+    # exact decoding with the trained head, and with its vLLM export loaded back
+    inputs = chat_inputs(tokenizer, "Tell me about topic 12.")
+    for spec in ("eagle3-tree", "eagle3"):
+        plain, drafted = greedy_pair(model, f"{spec}:{out}", inputs)
+        assert torch.equal(drafted.sequences, plain.sequences)
+    exported = tmp_path / "vllm"
+    assert cli_main(["export", "drafter", str(out), "--format", "vllm-eagle3", "--out", str(exported), "--dtype", "float32"]) == 0
+    assert json.loads((exported / "config.json").read_text())["draft_vocab_size"] == 4
+    again = greedy_pair(model, f"eagle3:{exported}", inputs)[1]  # (drafted: the eagle3 chain's run above)
+    assert torch.equal(again.sequences, drafted.sequences)
+    assert again.stats.mean_accepted_length == drafted.stats.mean_accepted_length > 1.0  # (drafts accepted: 1.29 here)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen3_5", "gemma3"])
+def test_eagle3_vlm_families_decode_exactly_and_export(family, tmp_path_factory, tmp_path, capsys):
+    """--method eagle3 for VLMs (an image folder, self-distilled): the held-out greedy decodes equal
+    the target's own answers; the head and its SGLang export decode an image prompt exactly (eagle3
+    chains; the hybrid Qwen3.5 verifies no trees, so its held-out check uses chains)."""
+    from mmspec.pipelines.captioning.components import load_captioning_model
+
+    target = cached_tiny_checkpoint(family, tmp_path_factory)
+    images = tmp_path / "images"
+    images.mkdir()
+    generator = torch.Generator().manual_seed(2)
+    for i in range(4):
+        Image.fromarray((torch.rand(32, 32, 3, generator=generator) * 255).to(torch.uint8).numpy()).save(images / f"{i}.png")
+    out = tmp_path / "eagle3"
+    assert train(target, images, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+    assert report["drafter"] == f"{'eagle3' if family == 'qwen3_5' else 'eagle3-tree'}:{out}"
+    exported = tmp_path / "sglang"
+    assert cli_main(["export", "drafter", str(out), "--format", "sglang-eagle3", "--out", str(exported), "--dtype", "float32"]) == 0
+    model, processor = load_captioning_model(target, torch.device("cpu"), torch.float32)
+    chat = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                                         add_generation_prompt=True)
+    inputs = dict(processor(text=[chat], images=[Image.open(images / "3.png").convert("RGB")], return_tensors="pt"))
+    for directory in (out, exported):
+        plain, drafted = greedy_pair(model, f"eagle3:{directory}", inputs, new=8)
+        assert torch.equal(drafted.sequences, plain.sequences)
+
+
+def test_input_embedding_table_is_what_the_target_applies(tmp_path_factory):
+    """Gemma scales its token embeddings by sqrt(H) in the embedding's forward; the table the
+    drafter losses read is the scaled one (what the drafters see at generation time)."""
+    from mmspec.pipelines.captioning.components import load_captioning_model
+    from mmspec.train.drafter import input_embedding_table
+
+    model, _ = load_captioning_model(cached_tiny_checkpoint("gemma3", tmp_path_factory), torch.device("cpu"), torch.float32)
+    module = model.get_input_embeddings()
+    ids = torch.tensor([0, 5, 17])
+    assert getattr(module, "embed_scale", None) is not None
+    torch.testing.assert_close(input_embedding_table(model)[ids], module(ids).float())
+    assert not torch.allclose(input_embedding_table(model)[ids], module.weight[ids].float())

@@ -3,12 +3,17 @@
 DATA is one of
 - a JSONL file, one ``{"image"?: path relative to the file, "prompt": str, "response"?: str}`` a line;
 - a folder of images (every image under it, sorted; prompt = ``--prompt``, default "Describe the image.");
-- a ``datasets`` dataset saved with ``save_to_disk`` or ``.parquet`` files (needs the ``datasets``
-  package; its columns are ``image`` (a path or a PIL image), ``prompt``, ``response``).
+- a ``datasets`` dataset saved with ``save_to_disk`` (a ``Dataset`` folder, or a ``DatasetDict``
+  folder: its ``train`` split, else its first), or parquet files (one file, a folder holding them,
+  or a glob such as ``"data/train-*.parquet"``), with the columns ``prompt`` and optionally
+  ``image`` (a path relative to the dataset folder / the parquet file, or ``datasets``' ``Image``
+  feature, i.e. {bytes, path}) and ``response``. Both are read with ``pyarrow`` (what ``datasets``
+  stores them with), so the ``datasets`` package itself is not needed.
 
-Bad rows are skipped and counted, never silently: an unreadable JSON line, an empty prompt, an
-image file that does not exist, an image that cannot be decoded, an image given to a text-only
-target. The counts are printed (and kept with the data shards, so a resumed run prints them too).
+Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row, an
+empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
+to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
+counts are printed (and kept with the data shards, so a resumed run prints them too).
 
 Without a ``response`` the target writes it itself (self-distillation): its own plain decoding of
 the prompt (greedy, or sampled at ``--sample-temperature`` with a per-row seed), ``--gen-batch``
@@ -18,12 +23,15 @@ time where :attr:`TransformersTarget.batch_size_one_reason` says it cannot). The
 ``hidden_layer=-1``, the very features the drafters read at generation time) and stored as a
 record ``{"ids" [L], "learn" [L] (the response positions), "features" [L, H] bf16, "shallow"
 [L, H] bf16 (Kangaroo only)}``, ``--shard-size`` examples per shard file in the data cache
-(``OUT/data`` by default), so an interrupted run makes only the shards it lacks. Under
+(``OUT/data`` by default), so an interrupted run makes only the shards it lacks. EAGLE-3 stores
+the concatenated states of the head's three target layers as "features" [L, 3 H] instead
+(``feature_layer``: the ``hidden_states`` indices, the head's ``aux_layers``). Under
 ``accelerate launch`` process r makes the shards s with s % n == r.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -42,7 +50,8 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class Example:
-    """One training row: the prompt, the image file (or a PIL image from a dataset), the response (None: self-distil)."""
+    """One training row: the prompt, the image (a file, or a dataset's encoded bytes or PIL image), the
+    response (None: self-distil)."""
 
     prompt: str
     image: Any = None
@@ -57,16 +66,17 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
     """DATA (module doc) -> (the usable examples in order, {reason: rows skipped}).
 
     Raises:
-        ValueError: DATA does not exist, is of no known form, holds no usable row, or is a
-            ``datasets`` dataset while ``datasets`` is not installed.
+        ValueError: DATA does not exist, is of no known form, holds no usable row, lacks a
+            ``prompt`` column, or is a dataset / parquet form while ``pyarrow`` is not installed.
     """
     path = Path(data)
     skipped: dict[str, int] = {}
-    if not path.exists():
-        raise ValueError(f"--data {data}: no such file or folder (give a JSONL file, an image folder or a saved dataset)")
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "state.json").exists()) or path.suffix == ".parquet" \
-            or (path.is_dir() and any(path.glob("*.parquet"))):
-        examples = _read_dataset(path, skipped)
+    is_glob = any(c in str(data) for c in "*?[") and not path.exists()
+    if not is_glob and not path.exists():
+        raise ValueError(f"--data {data}: no such file or folder (give a JSONL file, an image folder, a saved dataset or parquet files)")
+    tables = _dataset_files(str(data), path, is_glob)
+    if tables is not None:
+        examples = _read_tables(*tables, skipped)
     elif path.is_dir():
         images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         examples = [Example(default_prompt, image) for image in images]
@@ -87,41 +97,91 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
             if example is not None:
                 examples.append(example)
     else:
-        raise ValueError(f"--data {data}: give a .jsonl file, a folder of images, or a datasets dataset (save_to_disk / .parquet)")
+        raise ValueError(f"--data {data}: give a .jsonl file, a folder of images, a saved datasets dataset (save_to_disk) "
+                         "or parquet files")
     if not examples:
         raise ValueError(f"--data {data} holds no usable row (skipped: {format_skipped(skipped) or 'none found'})")
     return examples, skipped
 
 
 def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int]) -> Example | None:
+    """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
+    relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
+    if isinstance(image, dict):  # datasets' Image feature: the encoded file, or only its path
+        image = image.get("bytes") or image.get("path")
     if isinstance(image, str):
         image = root / image
         if not image.is_file():
             _count(skipped, "missing image")
             return None
+    elif image is not None and not isinstance(image, bytes):
+        _count(skipped, "unreadable row")
+        return None
     if response is not None and (not isinstance(response, str) or not response.strip()):
         response = None  # an empty response is written by the target
     return Example(prompt, image, response)
 
 
-def _read_dataset(path: Path, skipped: dict[str, int]) -> list[Example]:
+def _dataset_files(data: str, path: Path, is_glob: bool) -> tuple[str, list[Path], Path | None] | None:
+    """("parquet" | "arrow", the files, the root image paths are relative to (None: each file's
+    folder)) for DATA in a datasets form, None for the other forms."""
+    if is_glob:
+        import glob
+
+        files = sorted(Path(f) for f in glob.glob(data, recursive=True) if f.endswith(".parquet"))
+        if not files:
+            raise ValueError(f"--data {data} matches no .parquet file")
+        return "parquet", files, None
+    if path.is_file():
+        return ("parquet", [path], None) if path.suffix == ".parquet" else None
+    if (path / "dataset_dict.json").is_file():  # a DatasetDict: its train split, else its first
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits") or []
+        if not splits:
+            raise ValueError(f"--data {data}: its dataset_dict.json lists no split")
+        return _dataset_files(data, path / ("train" if "train" in splits else splits[0]), False)
+    if (path / "state.json").is_file():  # a Dataset saved with save_to_disk: Arrow stream files
+        state = json.loads((path / "state.json").read_text())
+        return "arrow", [path / f["filename"] for f in state.get("_data_files", [])], path
+    files = sorted(path.rglob("*.parquet"))
+    return ("parquet", files, path) if files else None
+
+
+def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[str, int]) -> list[Example]:
+    """The rows of parquet / Arrow-stream ``files`` (columns prompt, image?, response?) -> examples;
+    a file that cannot be read is counted ("unreadable data file") and the rest are read."""
     try:
-        import datasets
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError(f"--data {path} is a datasets dataset; install the datasets package (pip install datasets) "
-                         "or export it as JSONL") from None
-    if path.suffix == ".parquet" or not ((path / "dataset_info.json").exists() or (path / "state.json").exists()):
-        files = [str(path)] if path.suffix == ".parquet" else sorted(str(p) for p in path.glob("*.parquet"))
-        table = datasets.load_dataset("parquet", data_files=files, split="train")
-    else:
-        table = datasets.load_from_disk(str(path))
-        if isinstance(table, datasets.DatasetDict):
-            table = table["train"] if "train" in table else next(iter(table.values()))
-    root = path.parent if path.suffix == ".parquet" else path
-    return [e for row in table if (e := _checked(row.get("prompt") or "", row.get("image"), row.get("response"), root, skipped))]
+        raise ValueError("this --data is a saved dataset / parquet files: install pyarrow (pip install pyarrow, or "
+                         "mmspec[data]) or export the rows as JSONL") from None
+    examples = []
+    for file in files:
+        try:
+            if kind == "parquet":
+                table = pq.read_table(file)
+            else:
+                with pa.memory_map(str(file)) as source:
+                    table = pa.ipc.open_stream(source).read_all()
+        except (OSError, ValueError, pa.ArrowException):
+            _count(skipped, "unreadable data file")
+            continue
+        if "prompt" not in table.column_names:
+            raise ValueError(f"--data {file}: no 'prompt' column (it has {', '.join(table.column_names)}); the columns "
+                             "are prompt, image (optional), response (optional)")
+        columns = [c for c in ("prompt", "image", "response") if c in table.column_names]
+        for row in table.select(columns).to_pylist():
+            prompt = row["prompt"]
+            if prompt is not None and not isinstance(prompt, str):
+                _count(skipped, "unreadable row")
+                continue
+            example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped)
+            if example is not None:
+                examples.append(example)
+    return examples
 
 
 def format_skipped(skipped: dict[str, int]) -> str:
@@ -181,7 +241,8 @@ def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str,
         from PIL import Image
 
         try:
-            image = example.image if isinstance(example.image, Image.Image) else Image.open(example.image)
+            source = io.BytesIO(example.image) if isinstance(example.image, bytes) else example.image
+            image = example.image if isinstance(example.image, Image.Image) else Image.open(source)
             images = [image.convert("RGB")]
         except (OSError, ValueError):
             raise ValueError("unreadable image") from None
@@ -242,14 +303,16 @@ def self_distil(target: TransformersTarget, rows: list[dict[str, torch.Tensor]],
     return answers
 
 
-def features(target: TransformersTarget, full: dict[str, torch.Tensor], prompt_length: int, shallow_layer: int | None
-             ) -> dict[str, torch.Tensor]:
-    """``prompt + response`` teacher-forced through the target -> a training record."""
+def features(target: TransformersTarget, full: dict[str, torch.Tensor], prompt_length: int, shallow_layer: int | None,
+             feature_layer: int | tuple[int, ...] = -1) -> dict[str, torch.Tensor]:
+    """``prompt + response`` teacher-forced through the target -> a training record; its
+    "features" are the target's ``hidden_layer=feature_layer`` states (-1: the last [L, H]; a
+    tuple: those entries concatenated [L, k H], EAGLE-3's)."""
     ids = full["input_ids"][0]
     learn = torch.zeros(len(ids), dtype=torch.bool)
     learn[prompt_length:] = True
     with torch.inference_mode():
-        _, out = target.prefill(full, hidden_layer=-1)
+        _, out = target.prefill(full, hidden_layer=feature_layer)
         record = {"ids": ids.cpu(), "learn": learn, "features": out.hidden_states[0].to("cpu", torch.bfloat16)}
         if shallow_layer is not None:
             _, out = target.prefill(full, hidden_layer=shallow_layer)
@@ -258,7 +321,7 @@ def features(target: TransformersTarget, full: dict[str, torch.Tensor], prompt_l
 
 
 def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], first: int, args, shallow_layer: int | None,
-               progress=None) -> dict[str, Any]:
+               progress=None, feature_layer: int | tuple[int, ...] = -1) -> dict[str, Any]:
     """Shard of ``examples`` (indices ``first``..), ``--gen-batch`` rows at a time (encoded, the
     ones without a response answered together, teacher-forced; ``progress.step`` per group) ->
     {"records": [...] each with its "index", "skipped": {reason: n}}."""
@@ -289,7 +352,7 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
             if prompt["input_ids"].shape[1] + len(answer) > context:
                 _count(skipped, "response past the context")
                 continue
-            record = features(target, with_response(prompt, answer, target), prompt["input_ids"].shape[1], shallow_layer)
+            record = features(target, with_response(prompt, answer, target), prompt["input_ids"].shape[1], shallow_layer, feature_layer)
             record["index"] = torch.tensor(index)
             records.append(record)
         if progress is not None:
@@ -298,14 +361,18 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
 
 
 def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Example], data_dir: Path, args,
-                   shallow_layer: int | None, process) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
+                   shallow_layer: int | None, process, feature_layer: int | tuple[int, ...] = -1
+                   ) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
     """Make the shards this process lacks (module doc), wait for the others, load all ->
-    (records in example order, {reason: rows skipped while encoding})."""
+    (records in example order, {reason: rows skipped while encoding}). ``feature_layer``: the
+    states stored as "features" (:func:`features`)."""
     from ..cli.dataset import Progress
 
     manifest = {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
                 "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
                 "shallow_layer": shallow_layer, "dtype": str(model.dtype)}
+    if feature_layer != -1:  # (EAGLE-3's layers; the key is absent for the last layer, as in caches made before it)
+        manifest["feature_layer"] = list(feature_layer) if isinstance(feature_layer, tuple) else feature_layer
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / MANIFEST
     if path.exists() and json.loads(path.read_text()) != manifest:
@@ -320,7 +387,7 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
     for shard in mine:
         first = shard * args.shard_size
         made = make_shard(target, model, processor, is_vlm, examples[first : first + args.shard_size], first, args, shallow_layer,
-                          progress)
+                          progress, feature_layer)
         tmp = data_dir / f"shard-{shard:05d}.tmp"
         torch.save(made, tmp)
         tmp.replace(data_dir / f"shard-{shard:05d}.pt")

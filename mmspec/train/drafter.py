@@ -1,11 +1,13 @@
-"""``mmspec train drafter --method eagle|medusa|hydra|kangaroo --target smollm2|captioner|PATH_OR_HUB_ID``:
+"""``mmspec train drafter --method eagle|eagle3|medusa|hydra|kangaroo --target smollm2|captioner|PATH_OR_HUB_ID``:
 train a drafter on the target's own outputs and hidden states (self-distillation), resumable.
 
 Any target other than the two embedded recipes (a checkpoint directory or hub id of a causal LM or
-a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder or
-a saved ``datasets`` dataset) and ``--out DIR``: :func:`run_any_target`, with the data made by
+a supported VLM) takes ``--data DATA`` (a JSONL of {image?, prompt, response?}, an image folder, a
+saved ``datasets`` dataset or parquet files) and ``--out DIR``: :func:`run_any_target`, with the data made by
 :mod:`mmspec.train.any_target`, data-parallel under ``accelerate launch``, a held-out tau at the
-end. The rest of this docstring describes the embedded recipes; the losses are shared.
+end; EAGLE-3 there stores the three target layers it fuses with the data and trains with
+:func:`mmspec.train.eagle3.eagle3_loss` (the training-time test) in the same loop. The rest of this
+docstring describes the embedded recipes; the losses are shared.
 
 1. Data (cached in ``--data``, chunk by chunk, so an interrupted run resumes): for ``smollm2``,
    SmolLM2's own greedy answers to ``--sequences`` written instructions; for ``captioner``, its own
@@ -40,7 +42,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
-from .eagle3 import check_target as check_eagle3_target, train_head as train_eagle3
+from .eagle3 import check_target as check_eagle3_target, eagle3_loss, target_states
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
@@ -56,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory or hub id (then --data DATA and --out are required)")
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
     parser.add_argument("--data", default=None,
-                        help="any target: a JSONL of {image?, prompt, response?}, an image folder or a saved datasets "
-                             "dataset; smollm2 / captioner: the self-distillation cache (default runs/<target>-selfdistill)")
+                        help="any target: a JSONL of {image?, prompt, response?}, an image folder, a saved datasets "
+                             "dataset, or parquet files (a file, folder or quoted glob; columns prompt, image?, response?); "
+                             "smollm2 / captioner: the self-distillation cache (default runs/<target>-selfdistill)")
     parser.add_argument("--cache", default=None, help="any target: the self-distillation shards (default OUT/data)")
     parser.add_argument("--prompt", default=None, help="any target: the prompt of an image folder's images (default: 'Describe the image.')")
     parser.add_argument("--held-out", type=float, default=0.1, help="any target: share of DATA held out for the loss and tau evaluation")
@@ -241,12 +244,22 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
 
 
-def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path):
+def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path, stored_states: bool = True):
     """(the head to train, its loss function (head, embed, lm_head, batch, ce_positions?, generator?)
-    -> (loss, top-1 accuracy)) for ``method``."""
+    -> (loss, top-1 accuracy)) for ``method``. EAGLE-3 reads its three target layers from the
+    batch's "features" (``stored_states``: any target's records) or recomputes them from the ids
+    with a teacher-forced text forward of ``model`` (the embedded text recipe's records keep the last layer only)."""
     from ..adapters.hf import final_norm as decoder_norm, text_decoder
 
-    if method == "eagle":
+    if method == "eagle3":
+        head = eagle3_head(model, args, out)
+        aux_layers = tuple(head.config.aux_layers)
+
+        def loss_of(head, embed, lm_head, batch, *rest):  # (its own LM head over the draft vocabulary: no subsampling)
+            states = batch["features"] if stored_states else \
+                target_states(model, batch["ids"].to(model.device), aux_layers).to(batch["ids"].device)
+            return eagle3_loss(head, embed, batch, states, args.ttt_steps)
+    elif method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
         draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
@@ -266,8 +279,52 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
     return head, loss_of
 
 
+def eagle3_head(model, args, out: Path):
+    """The EAGLE-3 head to train for ``model`` (fp32): ``--init``'s, or a new one over the draft
+    vocabulary written in ``out`` (:func:`write_draft_vocabulary`: the ``--draft-vocab`` most
+    frequent answer tokens of the training data, most frequent first; d2t / t2d built from it;
+    none written: the whole vocabulary)."""
+    from dataclasses import replace
+
+    from ..modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    if args.init:
+        return Eagle3Head.load(args.init, model).float()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    token_ids = load_draft_vocabulary(out)
+    token_ids = torch.arange(vocab) if token_ids is None else token_ids
+    config = Eagle3Config.for_target(model.config.get_text_config(decoder=True), draft_vocab_size=len(token_ids))
+    head = Eagle3Head(replace(config, vocab_size=vocab))  # (the LM head's rows: a VLM's text config may count fewer)
+    head.set_draft_vocabulary(token_ids)
+    return head.float()
+
+
+def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
+    """The target states a method's records keep as "features": the last layer's (-1), or for
+    EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3))."""
+    if method != "eagle3":
+        return -1
+    from ..modeling.eagle3 import Eagle3Head, default_aux_layers
+
+    if args.init:
+        return tuple(Eagle3Head.load(args.init, model).config.aux_layers)
+    return default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+
+
+def input_embedding_table(model) -> torch.Tensor:
+    """The target's token embeddings as its forward applies them [V, H] (fp32): the table, times
+    ``embed_scale`` where the embedding scales (Gemma's sqrt(H)), which is what the drafters read
+    at generation time through the embedding module."""
+    module = model.get_input_embeddings()
+    table = module.weight.detach().float()
+    scale = getattr(module, "embed_scale", None)
+    return table * (scale.float() if isinstance(scale, torch.Tensor) else scale) if scale is not None else table
+
+
 #: --method -> the drafter spec that evaluates the trained head (``SPEC:OUT``)
-EVAL_SPECS = {"eagle": "eagle2", "medusa": "medusa", "hydra": "hydra", "kangaroo": "kangaroo"}
+EVAL_SPECS = {"eagle": "eagle2", "eagle3": "eagle3-tree", "medusa": "medusa", "hydra": "hydra", "kangaroo": "kangaroo"}
+#: --method -> the chain spec used instead on a target that verifies no trees (hybrid recurrent decoders)
+CHAIN_SPECS = {"eagle": "eagle", "eagle3": "eagle3"}
 
 
 def run_any_target(args) -> int:
@@ -283,11 +340,8 @@ def run_any_target(args) -> int:
     from . import any_target
     from .selfdistill import SHALLOW_LAYER
 
-    if args.method == "eagle3":
-        raise ValueError("--method eagle3 trains for --target smollm2 so far; for your own model use --method eagle "
-                         "(eagle:DIR / eagle2:DIR), or train an EAGLE-3 head elsewhere and load it with eagle3:DIR")
     if not args.data:
-        raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder or a saved dataset)")
+        raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
         raise ValueError("--target PATH_OR_HUB_ID needs --out DIR (where the trained drafter goes)")
     if not 0 <= args.held_out < 1:
@@ -313,7 +367,7 @@ def run_any_target(args) -> int:
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
     cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
-                                                        shallow_layer, process)
+                                                        shallow_layer, process, feature_layer(args.method, model, args))
     for reason, n in encode_skipped.items():
         skipped[reason] = skipped.get(reason, 0) + n
     if process.rank == 0:
@@ -329,7 +383,7 @@ def run_any_target(args) -> int:
     if process.rank == 0:
         write_draft_vocabulary(out, vocabulary, train, held_out or train)
     process.wait()
-    embed = model.get_input_embeddings().weight.detach().float().to(device)
+    embed = input_embedding_table(model).to(device)
     lm_head = model.get_output_embeddings().weight.detach().float().to(device)
     torch.manual_seed(args.seed)  # the same initial head in every process
     head, loss_of = make_head(args.method, model, embed, args, device, out)
@@ -365,6 +419,8 @@ def run_any_target(args) -> int:
     card = {"target": args.target, "trained_with": "mmspec train drafter"}
     if args.method == "kangaroo":
         card["exit_layer"] = shallow_layer
+    if args.method == "eagle3":
+        card["ttt_steps"] = args.ttt_steps
     while run.step < args.steps:
         step = run.step
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(args.seed * 100003 + step))
@@ -430,7 +486,7 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
 
     # a target that verifies no trees (hybrid recurrent decoders) evaluates an EAGLE head as a chain;
     # the line below names the spec used
-    spec = "eagle" if args.method == "eagle" and tree_refusal(target) else EVAL_SPECS[args.method]
+    spec = CHAIN_SPECS[args.method] if args.method in CHAIN_SPECS and tree_refusal(target) else EVAL_SPECS[args.method]
     drafter = resolve_drafter(f"{spec}:{out}", target)
     taus, same, compared = [], 0, 0
     for example, record in zip(held_examples, held_records):
@@ -468,12 +524,10 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
-    if args.method == "eagle3":
-        return train_eagle3(args, model, train, held_out, out, device)
     write_draft_vocabulary(out, args.draft_vocab, train, held_out)
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)
-    head, loss_of = make_head(args.method, model, embed, args, device, out)
+    head, loss_of = make_head(args.method, model, embed, args, device, out, stored_states=False)
     head.to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
 
@@ -503,6 +557,8 @@ def run(args) -> int:
             card = {"target": args.target, "step": run.step, "held_out_top1": entry["held_out_top1"]}
             if args.method == "kangaroo":
                 card["exit_layer"] = SHALLOW_LAYER
+            if args.method == "eagle3":
+                card["ttt_steps"] = args.ttt_steps
             copy.deepcopy(head).to(torch.bfloat16).save(out, **card)
         if run.stop_if_out_of_time():
             break

@@ -1,10 +1,13 @@
 """``mmspec train drafter --method eagle3``: the EAGLE-3 head (:class:`mmspec.modeling.eagle3.Eagle3Head`)
 trained with the training-time test (Li et al., 2025).
 
-Data: the self-distillation records of :mod:`mmspec.train.drafter` (the target's own answers); the
-three target states the head fuses are recomputed per batch by a teacher-forced target forward
-(:func:`target_states`), so the cached records need no extra fields. The draft vocabulary is the
-N most frequent answer tokens of the training records (:func:`draft_vocabulary`).
+The loop is :mod:`mmspec.train.drafter`'s, shared with the other heads (``make_head``); this module
+holds the loss. Data: the self-distillation records (the target's own answers). For any target
+(:func:`mmspec.train.drafter.run_any_target`) the three target states the head fuses are stored
+with the records, made by the target's prefill (images included); for the embedded ``smollm2``
+recipe, whose cached records keep the last layer only, they are recomputed per batch by a
+teacher-forced text forward (:func:`target_states`). The draft vocabulary is the N most frequent
+answer tokens of the training records (``drafter.write_draft_vocabulary``).
 
 Training-time test (:func:`eagle3_loss`): the head is unrolled ``ttt_steps`` times over a batch as
 it will draft. Step 0 at position t reads (g_t = fc(target states at t), x_{t+1}) and predicts
@@ -16,13 +19,10 @@ sum_k 0.8^k CE over the draft vocabulary (positions whose token is learnt and in
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-
 import torch
 from torch.nn import functional as F
 
-from ..modeling.eagle3 import Eagle3Config, Eagle3Head
+from ..modeling.eagle3 import Eagle3Head
 
 
 def draft_vocabulary(records, size: int, vocab_size: int) -> torch.Tensor:
@@ -105,7 +105,9 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         ttt_steps: unrolled steps K (1: plain teacher forcing).
 
     Returns:
-        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there).
+        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there); positions whose
+        token is outside the draft vocabulary are not scored, and a batch with none scored (a
+        held-out batch of tokens the training data never had) gives a zero loss and accuracy 0.
     """
     ids, learn = batch["ids"], batch["learn"]
     to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
@@ -122,8 +124,8 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         total = term if total is None else total + term
         if k == 0:
             accuracy = (logits.argmax(-1) == target[use]).float().mean().item()
-    if total is None:
-        raise ValueError("no learnt token of the batch is in the draft vocabulary; nothing to train on")
+    if total is None:  # no learnt token of the batch is in the draft vocabulary: nothing to learn, none drafted right
+        return head.lm_head.weight.sum() * 0.0, 0.0
     return total, accuracy
 
 
@@ -132,50 +134,3 @@ def check_target(name: str) -> None:
     if name == "captioner":
         raise ValueError("--method eagle3 trains on text targets for now (--target smollm2): the captioner's cached "
                          "records keep no image inputs, which its three target layers need")
-
-
-def train_head(args, model, train, held_out, out: Path, device: torch.device) -> int:
-    """``mmspec train drafter --method eagle3``: the head for ``model`` on the self-distillation
-    records ``train`` (``held_out`` scored at every checkpoint), saved in ``out`` (bf16)."""
-    from ..adapters.hf import text_decoder
-    from .checkpoint import TrainingRun, autocast, to_device, warmup_cosine
-
-    text = text_decoder(model).config
-    vocab = model.get_output_embeddings().weight.shape[0]
-    if args.init:
-        head = Eagle3Head.load(args.init, model).float()
-    else:
-        head = Eagle3Head(Eagle3Config.for_target(text, draft_vocab_size=min(args.draft_vocab or vocab, vocab)))
-        head.set_draft_vocabulary(draft_vocabulary(train, head.config.draft_vocab_size, vocab))
-    head.to(device).train()
-    embed = model.get_input_embeddings().weight.detach().to(device)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-
-    def loss_of(chosen):
-        batch = collate_ids(chosen)
-        states = target_states(model, batch["ids"], head.config.aux_layers)
-        return eagle3_loss(head, embed, to_device(batch, device), states.to(device), args.ttt_steps)
-
-    run = TrainingRun(out, args, args.time_limit)
-    run.resume_into(head=head, optimizer=optimizer)
-    while run.step < args.steps:
-        step = run.step
-        order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
-        for group in optimizer.param_groups:
-            group["lr"] = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
-        with autocast(device):
-            loss, _ = loss_of([train[i] for i in order.tolist()])
-        run.optimizer_step(loss, optimizer, head.parameters())
-        if run.should_save(100, args.steps):
-            head.eval()
-            with torch.no_grad(), autocast(device):
-                scores = [loss_of(held_out[i : i + 16]) for i in range(0, len(held_out), 16)]
-            head.train()
-            entry = run.record(loss=loss.item(), held_out_loss=sum(s[0].item() for s in scores) / max(1, len(scores)),
-                               held_out_top1=sum(s[1] for s in scores) / max(1, len(scores)))
-            run.save(head=head.state_dict(), optimizer=optimizer.state_dict())
-            copy.deepcopy(head).to(torch.bfloat16).save(out, target=args.target, step=run.step, ttt_steps=args.ttt_steps,
-                                                        held_out_top1=entry["held_out_top1"])
-        if run.stop_if_out_of_time():
-            break
-    return 0
