@@ -440,7 +440,8 @@ class Eagle2Drafter(EagleDrafter):
         # c_layer / C(1) for the nominal budget: the parameters one tree layer reads (head + draft
         # LM head) over those of one target forward
         width = head.fc.out_features
-        self.relative_layer_cost = (forward_parameters(head) + self.lm_head.size * width) / self._target_parameters(target_model)
+        per_layer = forward_parameters(head) - (forward_parameters(head.vision) if isinstance(head, VisionEagleHead) else 0)  # (the adaptor runs once a generation)
+        self.relative_layer_cost = (per_layer + self.lm_head.size * width) / self._target_parameters(target_model)
         self.policy: TreeBudgetPolicy | None = None  # num_nodes="auto": this generation's size policy
         self.carry_calibration = True  # (see start)
         self.carried_calibrations: dict[tuple, PathCalibration] = {}  # (target model, depth, top_k) -> its calibration
