@@ -5,9 +5,12 @@
    from families or a split held out of the heads' training): next-next-token top-1 (the head
    predicts f^_{t+1} from (f_t, x_{t+1}); top-1 of LMHead(f^_{t+1}) against x_{t+2}, the
    captioner's own answer token), per family (the cache's sample i is of family i mod F).
-2. Decoding (``--images N``, N > 0): EAGLE-2 greedy on the first N images of each family in
-   ``--split``, prompts as the data's: tau (mean accepted length), new tokens per second against
-   plain decoding, and whether the output equals plain decoding's.
+2. Decoding (``--images N``, N > 0): ``--spec`` (EAGLE-2, or EAGLE's K = 5 chains, whose tau
+   depends on the head alone: EAGLE-2's greedy trees are sized by measured time) greedy on the
+   first N images of each family in ``--split``, prompts as the data's: tau (mean accepted
+   length), new tokens per second against plain decoding (on a shared machine the first head
+   timed also pays warm-up), and whether the output equals plain decoding's (bf16: a near-tie
+   may round differently; fp32 is exact).
 
     python scripts/vision_eagle_compare.py --data runs/vis-heldout --families math,photos --split test --images 4 HEAD_DIR [HEAD_DIR ...]
 """
@@ -45,7 +48,7 @@ def teacher_forced_top1(head, model, records, families) -> dict[str, float]:
     return scores
 
 
-def decode(heads, model, processor, families, split: str, images: int, max_new_tokens: int) -> dict:
+def decode(heads, model, processor, families, split: str, images: int, max_new_tokens: int, spec: str = "eagle2") -> dict:
     from mmspec.train.data import make_sample
 
     target = TransformersTarget(model)
@@ -62,7 +65,7 @@ def decode(heads, model, processor, families, split: str, images: int, max_new_t
         ar_seconds += time.perf_counter() - started
         ar_tokens += plain.stats.new_tokens
         for head in heads:
-            drafter = resolve_drafter(f"eagle2:{head}", target)
+            drafter = resolve_drafter(f"{spec}:{head}", target)
             started = time.perf_counter()
             out = generate(target, drafter, max_new_tokens=max_new_tokens, **inputs)
             row = report[head]
@@ -83,24 +86,29 @@ def main() -> None:
     parser.add_argument("heads", nargs="+")
     parser.add_argument("--data", required=True, help="self-distillation cache of the held-out samples")
     parser.add_argument("--families", default=None, help="the families the cache interleaves (as its --families)")
+    parser.add_argument("--sequences", type=int, default=None,
+                        help="only the cache's first N sequences (a training cache's first min(64, n/8) are held out of training)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--images", type=int, default=0, help="images per family to decode with EAGLE-2 (0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--spec", default="eagle2", choices=["eagle", "eagle2"],
+                        help="eagle: K = 5 chains (tau depends on the head only); eagle2: trees sized by timing")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="write the report here (JSON)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     families = caption_families(args.families)
     model, processor = load_target("captioner")
-    records = load_chunks(Path(args.data))
+    records = load_chunks(Path(args.data))[: args.sequences]
     report = {"data": args.data, "sequences": len(records), "teacher_forced_top1": {}}
     for head_dir in args.heads:
         head = EagleHead.load(head_dir, model).float().eval()
         report["teacher_forced_top1"][head_dir] = teacher_forced_top1(head, model, records, families)
         print(head_dir, report["teacher_forced_top1"][head_dir], flush=True)
     if args.images:
-        report["eagle2_greedy"] = decode(args.heads, model, processor, families, args.split, args.images, args.max_new_tokens)
-        print(json.dumps(report["eagle2_greedy"], indent=1), flush=True)
+        key = f"{args.spec}_greedy"
+        report[key] = decode(args.heads, model, processor, families, args.split, args.images, args.max_new_tokens, args.spec)
+        print(json.dumps(report[key], indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 
