@@ -160,3 +160,15 @@ def test_embedded_captioner_greedy_is_exact_with_a_vision_head(tmp_path):
         out = pipe(image, prompt="Explain what this image shows in detail.", max_new_tokens=20, compare_baseline=True)
         assert out.text and out.text == out.baseline_text, spec
         assert out.stats.config["vision_tokens"] == K and out.stats.new_tokens > 5
+
+
+def test_the_adaptor_gets_its_own_learning_rate_scale(llava):
+    from mmspec.train.drafter import parameter_groups
+
+    plain = EagleHead(text_decoder(llava.model).config)
+    assert [g["lr_scale"] for g in parameter_groups(plain, 10.0)] == [1.0]
+    head = with_vision_option(plain, K)
+    groups = parameter_groups(head, 10.0)
+    assert [g["lr_scale"] for g in groups] == [1.0, 10.0]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in head.vision.parameters()}
+    assert sum(len(g["params"]) for g in groups) == len(list(head.parameters()))

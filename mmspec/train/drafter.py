@@ -91,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision-tokens", type=int, default=0,
                         help="EAGLE on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
                              "compressed into this many prefix positions plus a global image feature (0 = off)")
+    parser.add_argument("--vision-lr-scale", type=float, default=1.0,
+                        help="--vision-tokens: the adaptor's learning rate over --lr (a new adaptor beside a trained --init head)")
     parser.add_argument("--kl-weight", type=float, default=0.0,
                         help="EAGLE: weight of KL(target || head) on the draft vocabulary (for drafting under sampling)")
     parser.add_argument("--init", default=None, help="start from this head directory")
@@ -295,6 +297,15 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
 
 
+def parameter_groups(head: torch.nn.Module, vision_lr_scale: float = 1.0) -> list[dict]:
+    """The optimizer's groups, each with its ``lr_scale`` (of the schedule's rate): a vision-aware
+    head's adaptor (new, next to a trained head) at ``vision_lr_scale``, the rest at 1."""
+    vision = list(head.vision.parameters()) if isinstance(head, VisionEagleHead) else []
+    ids = {id(p) for p in vision}
+    groups = [{"params": [p for p in head.parameters() if id(p) not in ids], "lr_scale": 1.0}]
+    return groups + ([{"params": vision, "lr_scale": vision_lr_scale}] if vision else [])
+
+
 def with_vision_option(head: EagleHead, vision_tokens: int) -> EagleHead:
     """``--vision-tokens``: 0 keeps ``head`` as it is (a vision-aware ``--init`` stays one); K > 0
     gives a :class:`VisionEagleHead` with K tokens (from a plain head: :meth:`VisionEagleHead.extend`)."""
@@ -347,6 +358,8 @@ def check_vision_option(args) -> None:
     """``--vision-tokens``: a non-negative count, for ``--method eagle``."""
     if args.vision_tokens < 0:
         raise ValueError(f"--vision-tokens must be 0 (off) or a positive count, got {args.vision_tokens}")
+    if not (math.isfinite(args.vision_lr_scale) and args.vision_lr_scale > 0):
+        raise ValueError(f"--vision-lr-scale must be a positive number, got {args.vision_lr_scale}")
     if args.vision_tokens and args.method != "eagle":
         raise ValueError(f"--vision-tokens is an option of the EAGLE head (--method eagle), not --method {args.method}")
 
@@ -418,7 +431,8 @@ def run_any_target(args) -> int:
     torch.manual_seed(args.seed)  # the same initial head in every process
     head, loss_of = make_head(args.method, model, embed, args, device, out)
     head.to(device).train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(head, getattr(args, "vision_lr_scale", 1.0)), lr=args.lr, weight_decay=0.0,
+                                  betas=(0.9, 0.95))
     world = process.world
 
     def average_gradients() -> None:
@@ -455,7 +469,7 @@ def run_any_target(args) -> int:
         mine = order[process.rank :: world].tolist()  # this process's share of the global batch
         lr = warmup_cosine(step, args.steps, args.lr, warmup=min(50, max(1, args.steps // 10)), floor=0.05)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         with autocast(device):
             loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in mine]), args.ce_positions,
                               torch.Generator().manual_seed(step))
@@ -564,7 +578,8 @@ def run(args) -> int:
     lm_head = model.get_output_embeddings().weight.detach().to(device)
     head, loss_of = make_head(args.method, model, embed, args, device, out)
     head.to(device).train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(head, getattr(args, "vision_lr_scale", 1.0)), lr=args.lr, weight_decay=0.0,
+                                  betas=(0.9, 0.95))
 
     def on_device(records) -> dict[str, torch.Tensor]:
         return to_device(collate(records), device)
@@ -576,7 +591,7 @@ def run(args) -> int:
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
         lr = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         with autocast(device):
             loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
