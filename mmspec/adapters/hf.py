@@ -112,7 +112,7 @@ def _has_pixels(model_inputs: dict[str, Any]) -> bool:
     return any(model_inputs.get(name) is not None for name in PIXEL_INPUTS)
 
 
-def _image_token_id(config) -> int | None:
+def config_image_token_id(config) -> int | None:
     for name in ("image_token_id", "image_token_index"):
         value = getattr(config, name, None)
         if value is not None:
@@ -219,12 +219,12 @@ class TransformersTarget:
             raise ValueError(f"{type(model).__name__} has no LM head; pass a *ForCausalLM or *ForConditionalGeneration model")
         self.model = model
         self.is_vlm = model_type in VLM_FAMILIES
-        if not self.is_vlm and _image_token_id(config) is not None:
+        if not self.is_vlm and config_image_token_id(config) is not None:
             raise ValueError(
                 f"{type(model).__name__} ({model_type}) is a multimodal family mmspec does not support yet. "
                 f"Supported VLM families: {', '.join(VLM_FAMILIES)}."
             )
-        self.image_token_id = _image_token_id(config) if self.is_vlm else None
+        self.image_token_id = config_image_token_id(config) if self.is_vlm else None
         #: how the prompt's positions are laid out and where later positions start (M-RoPE for Qwen-VL)
         self.positions = position_scheme(config)
         #: placeholder token id -> the pixel input filling its slots (images; videos where the family takes them)

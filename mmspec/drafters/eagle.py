@@ -15,6 +15,14 @@ The head keeps its own KV cache over the committed (feature, token) pairs; featu
 committed tokens arrive with every verification (``requires_target_hidden``). The head is
 :class:`mmspec.modeling.heads.EagleHead`; EAGLE-2's automatic tree size is
 :mod:`mmspec.drafters.tree_budget`.
+
+A head trained with the vision option (:class:`~mmspec.modeling.heads.VisionEagleHead`, ViSpec's
+recipe; ``mmspec train drafter --vision-tokens K``) loads through the same specs (``eagle:DIR``,
+``eagle2:DIR``): at the prefill the drafter takes the target's features at the prompt's image
+tokens, writes their k compressed tokens into the head's cache first (the committed pairs follow at
+positions k, k+1, ...) and adds the global image feature to every head input. It drafts through
+the module forward (not the fused or captured steps, which cover the plain head); the target's
+verification is unchanged, so decoding stays exact.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..adapters.hf import final_norm, text_decoder
+from ..adapters.hf import config_image_token_id, final_norm, text_decoder
 from ..core.batch import BatchDrafting
 from ..core.cost import PathCalibration
 from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
@@ -34,7 +42,7 @@ from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
-from ..modeling.heads import EagleHead
+from ..modeling.heads import EagleHead, VisionContext, VisionEagleHead
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
 from .shipped import shipped_drafter_dir
@@ -73,6 +81,20 @@ class EagleDrafter(BatchDrafting, Drafter):
                  captured_head: bool | None = None) -> None:
         self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens, int8_head)
         self.captured_head = captured_head
+        self.image_token_id = self._image_token(head, target_model)
+
+    @staticmethod
+    def _image_token(head: EagleHead, target_model: nn.Module) -> int | None:
+        """The id of the target's image tokens, which a vision-aware head reads (None for a plain
+        head); a vision-aware head over a target without image tokens is refused here."""
+        if not isinstance(head, VisionEagleHead):
+            return None
+        token = config_image_token_id(target_model.config)
+        if token is None:
+            raise ValueError(f"this EAGLE head was trained with the vision option (vision_tokens={head.vision_tokens}) and "
+                             f"reads a VLM's image tokens; {type(target_model).__name__} has none: use a head trained "
+                             "without --vision-tokens")
+        return token
 
     def _setup(self, head: EagleHead, embed: nn.Module, lm_head: DraftLMHead, num_draft_tokens: int,
                int8: bool | None = None) -> None:
@@ -81,6 +103,9 @@ class EagleDrafter(BatchDrafting, Drafter):
         self.int8 = self.int8_default() if int8 is None else int8
         self.chain_int8 = None  # the int8 copy the fused calls read (where self.int8)
         self.cache = None
+        self.image_token_id: int | None = None  # (a vision-aware head: see __init__)
+        self.vision: VisionContext | None = None  # this generation's image context (a vision-aware head, an image in the prompt)
+        self.image_positions: torch.Tensor | None = None  # the prompt's image-token positions [m]
         self.fed = 0  # pairs (f_t, x_{t+1}) for position_base <= t < fed are in the head's cache
         self.position_base = 0  # the sequence position of the head's first pair (its cache entry 0)
         self.features: torch.Tensor | None = None  # target features [R, n, H] of positions fed, fed + 1, ...
@@ -103,7 +128,12 @@ class EagleDrafter(BatchDrafting, Drafter):
         super().start(context, state)
         self.cache = make_cache(None)  # preallocated layers: in-place appends, fused head layers
         self.fed = 0
+        self.position_base = 0
         self.features = None
+        self.vision = None
+        self.image_positions = None
+        if self.image_token_id is not None:
+            self.image_positions = torch.nonzero(state.tokens[0, : state.prompt_length] == self.image_token_id).flatten()
         self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
         self.captured_step = self._choose_captured(state)
         if self.captured_step is not None:
@@ -157,13 +187,34 @@ class EagleDrafter(BatchDrafting, Drafter):
         """Keep the target features of the committed inputs (the prefill's whole prompt, or the
         pending token + the accepted drafts)."""
         new = target_output.hidden_states[:, : num_accepted + 1] if num_drafted or self.features is not None else target_output.hidden_states
+        if self.features is None and self.image_positions is not None and len(self.image_positions):
+            self._start_vision(new)
         self.features = new if self.features is None else torch.cat([self.features, new], dim=1)
+
+    def _start_vision(self, prompt_features: torch.Tensor) -> None:
+        """A vision-aware head, at the prefill (prompt_features [R, L, H]): the adaptor over the
+        features at the image tokens gives this generation's :class:`VisionContext`; its prefix
+        takes the head cache's first k entries, so the committed pair t sits at position k + t
+        (``position_base = -k``)."""
+        head: VisionEagleHead = self.head
+        image = prompt_features[:, self.image_positions.to(prompt_features.device)]
+        self.vision = head.vision_context(image.to(head.fc.weight.dtype))
+        head.write_prefix(self.vision, self.cache)
+        self.position_base = -head.vision_tokens
+        self.forwards += 1
+
+    def _head(self, features: torch.Tensor, token_embeds: torch.Tensor, position_ids: torch.Tensor,
+              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One head forward over its cache (with this generation's image context, if any)."""
+        if self.vision is None:
+            return self.head(features, token_embeds, self.cache, position_ids, attention_mask)
+        return self.head(features, token_embeds, self.cache, position_ids, attention_mask, vision=self.vision)
 
     def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed pairs (features [R, n, H], next tokens [1, n]) at positions start.. -> predicted features [R, n, H]."""
         start -= self.position_base
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None]
-        return self.head(features, self.embed(tokens), self.cache, positions)
+        return self._head(features, self.embed(tokens), positions)
 
     def _catch_up(self, state: SequenceState) -> torch.Tensor:
         """Feed the committed pairs not yet in the head's cache (features of positions fed .. L-2,
@@ -286,8 +337,9 @@ class EagleDrafter(BatchDrafting, Drafter):
         cache (:meth:`_catch_up`, ragged), then every further draft token is one head forward over
         all drafting rows, on a stacked copy of their head caches (a 2-D mask over its slots, each
         row at its own positions), and one draft LM head over them; each row picks with its own
-        generator, as :meth:`propose` does. Image heads (their own attention) go row by row."""
-        if not isinstance(drafters[0].head, EagleHead):
+        generator, as :meth:`propose` does. Image heads (their own attention) and vision-aware heads
+        (each row its own image context) go row by row."""
+        if not isinstance(drafters[0].head, EagleHead) or isinstance(drafters[0].head, VisionEagleHead):
             return super().propose_rows(drafters, state, positions, budgets)
         lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
         predicted = torch.cat([d._catch_up(state.rows[p]) for d, p in zip(drafters, positions)])  # [n, 1, H]
@@ -315,7 +367,8 @@ class EagleDrafter(BatchDrafting, Drafter):
 
     def describe(self) -> dict:
         fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a step was drafted)
-        return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size,
+        vision = {"vision_tokens": self.head.vision_tokens} if isinstance(self.head, VisionEagleHead) else {}
+        return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size, **vision,
                 **({"captured_head": True} if getattr(self, "captured_step", None) is not None else {}),
                 **({"fused_head": True, "head_int8": self.chain_int8 is not None} if fused else {})}
 
@@ -387,7 +440,8 @@ class Eagle2Drafter(EagleDrafter):
         # c_layer / C(1) for the nominal budget: the parameters one tree layer reads (head + draft
         # LM head) over those of one target forward
         width = head.fc.out_features
-        self.relative_layer_cost = (forward_parameters(head) + self.lm_head.size * width) / self._target_parameters(target_model)
+        per_layer = forward_parameters(head) - (forward_parameters(head.vision) if isinstance(head, VisionEagleHead) else 0)  # (the adaptor runs once a generation)
+        self.relative_layer_cost = (per_layer + self.lm_head.size * width) / self._target_parameters(target_model)
         self.policy: TreeBudgetPolicy | None = None  # num_nodes="auto": this generation's size policy
         self.carry_calibration = True  # (see start)
         self.carried_calibrations: dict[tuple, PathCalibration] = {}  # (target model, depth, top_k) -> its calibration
@@ -405,6 +459,7 @@ class Eagle2Drafter(EagleDrafter):
         ``batch_chain_tokens`` per step (trees need batch size 1)."""
         chain = self.chain_class.__new__(self.chain_class)
         chain._setup(self.head, self.embed, self.lm_head, self.batch_chain_tokens, self.int8)
+        chain.image_token_id = self.image_token_id
         return chain
 
     @staticmethod
@@ -513,8 +568,7 @@ class Eagle2Drafter(EagleDrafter):
             depths = candidates.depth[nodes].to(tokens.device)
             committed = self.head_cache_length
             mask = expansion_mask(candidates.ancestor_rows(nodes, fed_nodes), committed, root_feature.dtype, tokens.device)
-            predicted = self.head(features, self.embed(tokens), self.cache, (committed + depths - 1)[None],
-                                  attention_mask=mask)
+            predicted = self._head(features, self.embed(tokens), (committed + depths - 1)[None], attention_mask=mask)
             self.forwards += 1
             fed_nodes.extend(nodes)
             for node, feature in zip(nodes, predicted.unbind(1)):

@@ -4,6 +4,10 @@
 - :class:`EagleHead` (EAGLE, Li et al., 2024): at position t, from the target's last hidden state
   f_t [H] and the embedding of the next token e(x_{t+1}),
   ``f^_{t+1} = Norm(Layer(W_fc [e(x_{t+1}); f_t]))`` with one decoder layer of the target's family.
+- :class:`VisionEagleHead` (ViSpec-style vision-aware drafting, Kang et al., 2025): an EAGLE head
+  that also reads the target's features at the prompt's image tokens, compressed by a
+  :class:`VisionAdaptor` into k prefix positions of its layer and a global feature added to its
+  input at every position.
 - :class:`KangarooAdapter` (Kangaroo, Liu et al., 2024): one decoder layer + norm turning the
   target's shallow states s_t into states its LM head reads.
 - :class:`DraftHeads` (Medusa, Cai et al., 2024; Hydra, Ankner et al., 2024): head i predicts
@@ -120,16 +124,23 @@ class OneLayerHead(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, target_model: nn.Module):
-        """Load a head saved by :meth:`save` for ``target_model`` (checks the widths match)."""
-        saved = read_config(directory, cls.config_file,
-                            f"no {cls.method} head in {directory} ({cls.config_file} missing); "
-                            f"train one with `mmspec train drafter --method {cls.method}`")["text_config"]
+        """Load a head saved by :meth:`save` for ``target_model`` (checks the widths match); the
+        class built is the one the saved card names (:meth:`from_card`)."""
+        card = read_config(directory, cls.config_file,
+                           f"no {cls.method} head in {directory} ({cls.config_file} missing); "
+                           f"train one with `mmspec train drafter --method {cls.method}`")
+        saved = card["text_config"]
         target_config = target_model.config.get_text_config(decoder=True)
         if saved["hidden_size"] != target_config.hidden_size:
             raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
         # (None: the target's own MLP sizes; a MoE text config such as Qwen3.5-MoE's has no intermediate_size)
-        head = cls(target_config, saved.get("intermediate_size"))
+        head = cls.from_card(card, target_config, saved.get("intermediate_size"))
         return _place_like(load_weights(head, directory, cls.weights_file), target_model)
+
+    @classmethod
+    def from_card(cls, card: dict, text_config, intermediate_size: int | None) -> "OneLayerHead":
+        """An untrained head of the saved ``card``'s kind and shape (for :meth:`load`)."""
+        return cls(text_config, intermediate_size)
 
 
 class EagleHead(OneLayerHead):
@@ -146,6 +157,127 @@ class EagleHead(OneLayerHead):
         None (causal) or a 4-D additive mask [1, 1, n, cached + n] -> predicted next features [B, n, H]."""
         token_embeds = token_embeds.expand(features.shape[0], -1, -1)
         return self.run_decoder(self.fc(torch.cat([token_embeds, features], dim=-1)), cache, position_ids, attention_mask)
+
+    @classmethod
+    def from_card(cls, card: dict, text_config, intermediate_size: int | None) -> "EagleHead":
+        """A head saved with the vision option (``vision_tokens`` in its card) is a :class:`VisionEagleHead`."""
+        if card.get("vision_tokens"):
+            return VisionEagleHead(text_config, intermediate_size, card["vision_tokens"])
+        return cls(text_config, intermediate_size)
+
+
+@dataclass
+class VisionContext:
+    """What a :class:`VisionEagleHead` reads of one generation's images (B rows, one per sequence).
+
+    prefix: [B, k, H] the compressed image tokens, the head layer's first k positions (keys and
+        values only: nothing is predicted there);
+    bias: [B, 1, H] the projected global image feature, added to the head's input at every position.
+    """
+
+    prefix: torch.Tensor
+    bias: torch.Tensor
+
+
+class VisionAdaptor(nn.Module):
+    """ViSpec's vision adaptor (Kang et al., 2025), over the target's features at the image tokens.
+
+    With V [B, m, H] those features, V' = RMSNorm(V), Q [k, H] learned queries:
+
+        C = Q + Attn(Q, V', V')          [B, k, H]  (one multi-head cross-attention, W_q W_k W_v W_o)
+        g = W_g mean_m(V') + b_g         [B, 1, H]  (W_g, b_g start at zero)
+
+    C becomes k prefix positions of the head's layer, g is added to its input at every position.
+    A single decoder layer over m image tokens spreads its attention over redundant patches;
+    k learned queries pick out what the text that follows needs, and g keeps the image in view
+    however long the answer gets (the paper's two mechanisms).
+    """
+
+    def __init__(self, hidden_size: int, tokens: int, heads: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        if tokens < 1:
+            raise ValueError(f"vision tokens must be at least 1, got {tokens}")
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.queries = nn.Parameter(torch.randn(tokens, hidden_size) * 0.02)
+        self.attention = nn.MultiheadAttention(hidden_size, heads, batch_first=True)
+        self.global_proj = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.global_proj.weight)  # the head starts as the plain EAGLE head plus k prefix positions
+        nn.init.zeros_(self.global_proj.bias)
+
+    def forward(self, image_features: torch.Tensor, valid: torch.Tensor | None = None) -> VisionContext:
+        """image_features [B, m, H] (m >= 1); valid: BoolTensor [B, m] (False: padding) or None
+        -> :class:`VisionContext` (prefix [B, k, H], bias [B, 1, H])."""
+        v = self.norm(image_features.to(self.queries.dtype))
+        queries = self.queries[None].expand(v.shape[0], -1, -1)
+        attended, _ = self.attention(queries, v, v, key_padding_mask=None if valid is None else ~valid, need_weights=False)
+        if valid is None:
+            pooled = v.mean(dim=1, keepdim=True)
+        else:
+            weights = valid.to(v.dtype)[..., None]
+            pooled = (v * weights).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True).clamp_min(1)
+        return VisionContext(prefix=queries + attended, bias=self.global_proj(pooled))
+
+
+class VisionEagleHead(EagleHead):
+    """:class:`EagleHead` with the vision option: ``f^_{t+1} = Norm(Layer(W_fc [e(x_{t+1}); f_t] + g))``
+    where the layer also attends to k prefix positions C (:class:`VisionAdaptor`) at positions
+    0..k-1, the pairs following at positions k, k+1, .... Off (plain EAGLE) unless trained with
+    ``mmspec train drafter --vision-tokens K``; the card records ``vision_tokens``.
+
+    Args:
+        text_config, intermediate_size: as :class:`EagleHead`'s.
+        vision_tokens: k, the compressed image tokens.
+    """
+
+    def __init__(self, text_config, intermediate_size: int | None = None, vision_tokens: int = 4) -> None:
+        super().__init__(text_config, intermediate_size)
+        config = self.config
+        self.vision_tokens = vision_tokens
+        self.vision = VisionAdaptor(config.hidden_size, vision_tokens, config.num_attention_heads, getattr(config, "rms_norm_eps", 1e-6))
+
+    @classmethod
+    def extend(cls, head: EagleHead, vision_tokens: int) -> "VisionEagleHead":
+        """A vision-aware head starting from a trained plain ``head`` (its fc, layer and norm
+        copied; the adaptor new, its global projection zero)."""
+        extended = cls(head.config, head.config.intermediate_size, vision_tokens).to(next(head.parameters()).dtype)
+        missing, unexpected = extended.load_state_dict(head.state_dict(), strict=False)
+        if unexpected or any(not name.startswith("vision.") for name in missing):
+            raise ValueError(f"cannot extend this head with the vision option (unexpected {unexpected}, missing {missing})")
+        return extended
+
+    def vision_context(self, image_features: torch.Tensor, valid: torch.Tensor | None = None) -> VisionContext:
+        """The adaptor over the target's features at the image tokens [B, m, H] (see :class:`VisionAdaptor`)."""
+        return self.vision(image_features, valid)
+
+    def write_prefix(self, context: VisionContext, cache) -> None:
+        """Feed the prefix C to the layer at positions 0..k-1 (their keys and values enter ``cache``,
+        which must be empty)."""
+        positions = torch.arange(self.vision_tokens, device=context.prefix.device)[None]
+        self.run_decoder(context.prefix.to(self.fc.weight.dtype), cache, positions, None)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, vision: VisionContext | None = None) -> torch.Tensor:
+        """As :meth:`EagleHead.forward`, with ``vision.bias`` [B, 1, H] added to the layer's input
+        (None: no image in this prompt, the plain head). The prefix is in ``cache`` already
+        (:meth:`write_prefix`); position_ids count it (pair t at position k + t)."""
+        x = self.fc(torch.cat([token_embeds.expand(features.shape[0], -1, -1), features], dim=-1))
+        if vision is not None:
+            x = x + vision.bias.to(x.dtype)
+        return self.run_decoder(x, cache, position_ids, attention_mask)
+
+    def teacher_forced(self, features: torch.Tensor, token_embeds: torch.Tensor, vision: VisionContext | None) -> torch.Tensor:
+        """Training's forward without a cache: pairs features [B, n, H], token_embeds [B, n, H]
+        at positions k..k+n-1 after the prefix (causal) -> predicted features [B, n, H]."""
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))
+        if vision is None:
+            positions = torch.arange(self.vision_tokens, self.vision_tokens + x.shape[1], device=x.device)[None]
+            return self.run_decoder(x, None, positions.expand(x.shape[0], -1), None)
+        x = torch.cat([vision.prefix.to(x.dtype), x + vision.bias.to(x.dtype)], dim=1)
+        positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        return self.run_decoder(x, None, positions, None)[:, self.vision_tokens :]
+
+    def save(self, directory: str | Path, **card) -> None:
+        super().save(directory, vision_tokens=self.vision_tokens, **card)
 
 
 class KangarooAdapter(OneLayerHead):

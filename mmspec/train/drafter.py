@@ -25,6 +25,12 @@ docstring describes the embedded recipes; the losses are shared.
    Medusa / Hydra heads (:mod:`mmspec.drafters.medusa`): head i reads f_t (Hydra: and the
    embeddings of x_{t+1} .. x_{t+1+i}, teacher-forced) and is trained with CE against x_{t+2+i},
    weighted 0.8^i, on the same cached features.
+   ``--vision-tokens K`` (EAGLE, a VLM target) trains the vision-aware head
+   (:class:`mmspec.modeling.heads.VisionEagleHead`, ViSpec's recipe): the target's features at the
+   image tokens of each sequence (already in the cache: the prompt's features are stored) are
+   compressed into K prefix positions of the head's layer and a global feature added to its input;
+   ``--init`` may name a plain head (its weights are kept, the adaptor starts new, its global
+   projection at zero).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter
+from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter, VisionContext, VisionEagleHead
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
@@ -78,8 +84,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", type=int, default=0,
                         help="start after this many sequences of the prompt / sample stream (to build a second, disjoint --data cache)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
+    parser.add_argument("--families", default=None,
+                        help="captioner data: comma-separated caption data families to draw from (default: all six, "
+                             "interleaved), e.g. to hold families out of a head's training")
+    parser.add_argument("--split", default="train", choices=["train", "validation", "test"],
+                        help="captioner data: the caption data split the images and prompts come from")
     parser.add_argument("--sample-temperature", type=float, default=0.0,
                         help="captioner data: sample its answers at this temperature (0 = greedy answers)")
+    parser.add_argument("--vision-tokens", type=int, default=0,
+                        help="EAGLE on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
+                             "compressed into this many prefix positions plus a global image feature (0 = off)")
+    parser.add_argument("--vision-lr-scale", type=float, default=1.0,
+                        help="--vision-tokens: the adaptor's learning rate over --lr (a new adaptor beside a trained --init head)")
     parser.add_argument("--kl-weight", type=float, default=0.0,
                         help="EAGLE: weight of KL(target || head) on the draft vocabulary (for drafting under sampling)")
     parser.add_argument("--init", default=None, help="start from this head directory")
@@ -106,6 +122,19 @@ def load_target(name: str):
     return load_default_captioner(dtype=dtype)
 
 
+def caption_families(names: str | None) -> tuple[str, ...]:
+    """``--families`` (comma-separated, None: all) -> the caption data families, checked."""
+    from .data import FAMILIES
+
+    if names is None:
+        return FAMILIES
+    families = tuple(name.strip() for name in names.split(",") if name.strip())
+    unknown = [name for name in families if name not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"--families: unknown {unknown or names!r}; choose from {', '.join(FAMILIES)}")
+    return families
+
+
 def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int = 64) -> None:
     from . import selfdistill
 
@@ -120,11 +149,12 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
             sequences = selfdistill.generate_text_sequences(model, tokenizer_or_processor, prompts, args.max_new_tokens)
             records = selfdistill.extract_text_features(model, sequences)
         else:
-            from .data import FAMILIES, make_sample
+            from .data import make_sample
 
             from .eval_captioner import caption
 
-            samples = [make_sample(FAMILIES[i % len(FAMILIES)], "train", i // len(FAMILIES)) for i in range(first, first + count)]
+            families = caption_families(args.families)
+            samples = [make_sample(families[i % len(families)], args.split, i // len(families)) for i in range(first, first + count)]
             # the captioner's own answers, which are what its drafter will have to predict
             answers = [caption(model, tokenizer_or_processor, s.image, s.prompt, max_new_tokens=args.max_new_tokens,
                                temperature=args.sample_temperature, seed=first + i) for i, s in enumerate(samples)]
@@ -148,28 +178,54 @@ def collate(records) -> dict[str, torch.Tensor]:
     return {"ids": ids, "learn": learn, "features": features, "shallow": shallow}
 
 
-def eagle_teacher_forced(head: EagleHead, embed: torch.Tensor, batch: dict[str, torch.Tensor]):
-    """The head over a batch's pairs t = 0..L-2, (f_t, x_{t+1}) -> f^_{t+1}, teacher-forced.
+def image_features(ids: torch.Tensor, features: torch.Tensor, image_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features at each row's image tokens, left-aligned: ids [B, L], features [B, L, H] ->
+    (image [B, m, H], valid [B, m]), m the most image tokens of a row.
+
+    Raises:
+        ValueError: a row without image tokens (a vision-aware head trains on image prompts only).
+    """
+    is_image = ids == image_token_id
+    counts = is_image.sum(dim=1)
+    if bool((counts == 0).any()):
+        raise ValueError("--vision-tokens: a training sequence holds no image token; train the vision-aware head on "
+                         "image prompts only (or without --vision-tokens)")
+    order = torch.argsort((~is_image).to(torch.int8), dim=1, stable=True)[:, : int(counts.max())]  # image positions first
+    image = features.gather(1, order[..., None].expand(-1, -1, features.shape[-1]))
+    return image, torch.arange(order.shape[1], device=ids.device)[None] < counts[:, None]
+
+
+def eagle_teacher_forced(head: EagleHead, embed: torch.Tensor, batch: dict[str, torch.Tensor], image_token_id: int | None = None):
+    """The head over a batch's pairs t = 0..L-2, (f_t, x_{t+1}) -> f^_{t+1}, teacher-forced (a
+    :class:`VisionEagleHead` also reads the features at the ``image_token_id`` tokens).
 
     Returns predicted [B, L-1, H] and, on the n positions whose token x_{t+2} is learnt, the rows
     (f^_{t+1} [n, H], the target's own f_{t+1} [n, H], x_{t+2} [n])."""
     ids, features = batch["ids"], batch["features"].float()
-    positions = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)
-    predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
+    if isinstance(head, VisionEagleHead):
+        if image_token_id is None:
+            raise ValueError("a vision-aware EAGLE head needs the target's image token id")
+        vision: VisionContext = head.vision_context(*image_features(ids, features, image_token_id))
+        predicted = head.teacher_forced(features[:, :-1], embed[ids[:, 1:]], vision)
+    else:
+        positions = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)
+        predicted = head(features[:, :-1], embed[ids[:, 1:]], None, positions)
     classify = batch["learn"][:, 2:]
     return predicted, (predicted[:, :-1][classify], features[:, 1:-1][classify], ids[:, 2:][classify])
 
 
 def eagle_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict[str, torch.Tensor],
                ce_positions: int | None = None, generator: torch.Generator | None = None,
-               kl_weight: float = 0.0, draft_vocabulary: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+               kl_weight: float = 0.0, draft_vocabulary: torch.Tensor | None = None,
+               image_token_id: int | None = None) -> tuple[torch.Tensor, float]:
     """Pairs t = 0..L-2: (f_t, x_{t+1}) -> f^_{t+1}; regression on positions whose token x_{t+1} is
     learnt, CE of x_{t+2} where that token is learnt (on a random ``ce_positions`` of them: the
     49k-row LM head is most of a step's cost), and with ``kl_weight`` > 0 that weight times
     KL(p || q) over ``draft_vocabulary`` (the rows the drafter scores) on the same positions,
     p = softmax(LMHead(f_{t+1})) renormalised there, q = softmax(LMHead(f^_{t+1})).
+    ``image_token_id``: where a vision-aware head finds the image tokens.
     Returns (loss, top-1 accuracy of x_{t+2})."""
-    predicted, (chosen, teacher, targets) = eagle_teacher_forced(head, embed, batch)
+    predicted, (chosen, teacher, targets) = eagle_teacher_forced(head, embed, batch, image_token_id)
     features, regress = batch["features"].float(), batch["learn"][:, 1:]
     feature_loss = torch.nn.functional.smooth_l1_loss(predicted[regress].float(), features[:, 1:][regress])
     if ce_positions is not None and len(targets) > ce_positions:
@@ -244,12 +300,34 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
 
 
+def parameter_groups(head: torch.nn.Module, vision_lr_scale: float = 1.0) -> list[dict]:
+    """The optimizer's groups, each with its ``lr_scale`` (of the schedule's rate): a vision-aware
+    head's adaptor (new, next to a trained head) at ``vision_lr_scale``, the rest at 1."""
+    vision = list(head.vision.parameters()) if isinstance(head, VisionEagleHead) else []
+    ids = {id(p) for p in vision}
+    groups = [{"params": [p for p in head.parameters() if id(p) not in ids], "lr_scale": 1.0}]
+    return groups + ([{"params": vision, "lr_scale": vision_lr_scale}] if vision else [])
+
+
+def with_vision_option(head: EagleHead, vision_tokens: int) -> EagleHead:
+    """``--vision-tokens``: 0 keeps ``head`` as it is (a vision-aware ``--init`` stays one); K > 0
+    gives a :class:`VisionEagleHead` with K tokens (from a plain head: :meth:`VisionEagleHead.extend`)."""
+    if not vision_tokens:
+        return head
+    if isinstance(head, VisionEagleHead):
+        if head.vision_tokens != vision_tokens:
+            raise ValueError(f"--init holds a vision-aware head with {head.vision_tokens} vision tokens, not {vision_tokens}; "
+                             f"pass --vision-tokens {head.vision_tokens}")
+        return head
+    return VisionEagleHead.extend(head, vision_tokens)
+
+
 def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path, stored_states: bool = True):
     """(the head to train, its loss function (head, embed, lm_head, batch, ce_positions?, generator?)
     -> (loss, top-1 accuracy)) for ``method``. EAGLE-3 reads its three target layers from the
     batch's "features" (``stored_states``: any target's records) or recomputes them from the ids
     with a teacher-forced text forward of ``model`` (the embedded text recipe's records keep the last layer only)."""
-    from ..adapters.hf import final_norm as decoder_norm, text_decoder
+    from ..adapters.hf import config_image_token_id, final_norm as decoder_norm, text_decoder
 
     if method == "eagle3":
         head = eagle3_head(model, args, out)
@@ -261,11 +339,17 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             return eagle3_loss(head, embed, batch, states, args.ttt_steps)
     elif method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+        head = with_vision_option(head, getattr(args, "vision_tokens", 0))
+        image_token_id = config_image_token_id(model.config) if isinstance(head, VisionEagleHead) else None
+        if isinstance(head, VisionEagleHead) and image_token_id is None:
+            raise ValueError(f"the vision-aware head reads a VLM's image tokens; {type(model).__name__} has none "
+                             "(train without --vision-tokens)")
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
         draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
 
         def loss_of(head, embed, lm_head, batch, *rest):
-            return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary)
+            return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary,
+                              image_token_id=image_token_id)
     elif method == "kangaroo":
         head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
         final_norm = copy.deepcopy(decoder_norm(text_decoder(model))).to(device)
@@ -327,6 +411,16 @@ EVAL_SPECS = {"eagle": "eagle2", "eagle3": "eagle3-tree", "medusa": "medusa", "h
 CHAIN_SPECS = {"eagle": "eagle", "eagle3": "eagle3"}
 
 
+def check_vision_option(args) -> None:
+    """``--vision-tokens``: a non-negative count, for ``--method eagle``."""
+    if args.vision_tokens < 0:
+        raise ValueError(f"--vision-tokens must be 0 (off) or a positive count, got {args.vision_tokens}")
+    if not (math.isfinite(args.vision_lr_scale) and args.vision_lr_scale > 0):
+        raise ValueError(f"--vision-lr-scale must be a positive number, got {args.vision_lr_scale}")
+    if args.vision_tokens and args.method != "eagle":
+        raise ValueError(f"--vision-tokens is an option of the EAGLE head (--method eagle), not --method {args.method}")
+
+
 def run_any_target(args) -> int:
     """``--target PATH_OR_HUB_ID --data DATA``: self-distil (:mod:`mmspec.train.any_target`),
     train data-parallel over the processes of ``accelerate launch`` (each takes its share of the
@@ -340,6 +434,7 @@ def run_any_target(args) -> int:
     from . import any_target
     from .selfdistill import SHALLOW_LAYER
 
+    check_vision_option(args)
     if not args.data:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
@@ -362,6 +457,8 @@ def run_any_target(args) -> int:
     device = torch.device(process.device_for(args.device)) if process.world > 1 else train_device(args)
     dtype = resolve_dtype(args.dtype, device)
     model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
+    if args.vision_tokens and not is_vlm:
+        raise ValueError(f"--vision-tokens: {args.target} is a text model; the vision-aware head reads a VLM's image tokens")
     target = TransformersTarget(model)
     layers = text_decoder(model).config.num_hidden_layers
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
@@ -388,7 +485,8 @@ def run_any_target(args) -> int:
     torch.manual_seed(args.seed)  # the same initial head in every process
     head, loss_of = make_head(args.method, model, embed, args, device, out)
     head.to(device).train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(head, getattr(args, "vision_lr_scale", 1.0)), lr=args.lr, weight_decay=0.0,
+                                  betas=(0.9, 0.95))
     world = process.world
 
     def average_gradients() -> None:
@@ -427,7 +525,7 @@ def run_any_target(args) -> int:
         mine = order[process.rank :: world].tolist()  # this process's share of the global batch
         lr = warmup_cosine(step, args.steps, args.lr, warmup=min(50, max(1, args.steps // 10)), floor=0.05)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         with autocast(device):
             loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in mine]), args.ce_positions,
                               torch.Generator().manual_seed(step))
@@ -514,6 +612,11 @@ def run(args) -> int:
 
     if args.method == "eagle3":
         check_eagle3_target(args.target)
+    caption_families(args.families)  # (a typo fails before the target loads)
+    check_vision_option(args)
+    if args.vision_tokens and args.target != "captioner":
+        raise ValueError("--vision-tokens trains a head that reads image tokens: use a VLM target (--target captioner, or a VLM's "
+                         "checkpoint with --data)")
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
@@ -529,7 +632,8 @@ def run(args) -> int:
     lm_head = model.get_output_embeddings().weight.detach().to(device)
     head, loss_of = make_head(args.method, model, embed, args, device, out, stored_states=False)
     head.to(device).train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(head, getattr(args, "vision_lr_scale", 1.0)), lr=args.lr, weight_decay=0.0,
+                                  betas=(0.9, 0.95))
 
     def on_device(records) -> dict[str, torch.Tensor]:
         return to_device(collate(records), device)
@@ -541,7 +645,7 @@ def run(args) -> int:
         order = torch.randint(len(train), (args.batch_size,), generator=torch.Generator().manual_seed(step))
         lr = warmup_cosine(step, args.steps, args.lr, warmup=50, floor=0.05)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         with autocast(device):
             loss, _ = loss_of(head, embed, lm_head, on_device([train[i] for i in order.tolist()]),
                               args.ce_positions, torch.Generator().manual_seed(step))
