@@ -158,6 +158,15 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(f"the text has nothing this voice can say{cannot}; pass English words")
         return spoken
 
+    @property
+    def wide_verification(self) -> bool:
+        """Whether verifying a window of 12-32 stream positions costs about one decoding step: on a
+        GPU, or on a CPU whose bf16 few-row linears run on AMX tiles (within 1.3x of one row up to
+        16 rows). The AVX-512 / AVX2 kernels and PyTorch's own linears cost 2-3x one row at 12-16
+        rows (:mod:`mmspec.modeling.fast_linear`), so windowed methods draft fewer codes there
+        (:attr:`~mmspec.pipelines.text_to_speech.methods.TTSMethod.narrow_stream_tokens`)."""
+        return self.device.type != "cpu" or "amx" in self.linears
+
     def phonemes(self, text: str) -> torch.Tensor:
         """text (normalised: :meth:`normalize`) -> [1, P] ids (one ValueError line for text the
         front end cannot say). Line breaks are said as spaces (the pipeline splits at them first)."""

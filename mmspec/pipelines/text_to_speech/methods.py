@@ -88,6 +88,9 @@ class TTSMethod(Method):
     #: default draft length in codes on a single-stream LM (K = 1, a VALL-E-style AR stage), where a
     #: step is one code; None: ``draft_steps``
     single_stream_tokens: ClassVar[int | None] = None
+    #: the same where a wide verification is dear (:attr:`TTSComponents.wide_verification` false: a CPU
+    #: without AMX tiles); None: ``single_stream_tokens`` everywhere
+    narrow_stream_tokens: ClassVar[int | None] = None
 
     #: whether the method drafts, so reads ``num_draft_tokens`` (False: plain decoding, which refuses it)
     drafts: ClassVar[bool] = True
@@ -108,8 +111,10 @@ class TTSMethod(Method):
 
     def draft_length(self, components: "TTSComponents") -> int:
         k = components.target.num_codebooks
-        return self.num_draft_tokens or (self.single_stream_tokens if k == 1 and self.single_stream_tokens
-                                         else self.draft_steps * k)
+        if self.num_draft_tokens or k != 1 or not self.single_stream_tokens:
+            return self.num_draft_tokens or self.draft_steps * k
+        return self.narrow_stream_tokens if self.narrow_stream_tokens and not components.wide_verification \
+            else self.single_stream_tokens
 
     def build_drafter(self, components: "TTSComponents") -> Drafter | None:
         return None
@@ -206,8 +211,11 @@ class JacobiMethod(TTSMethod):
     description = "speculative Jacobi decoding over the code stream (training-free)"
     draft_steps = 2
     #: a window of 12 codes on the VALL-E-style voice: 2 / 3 / 4 / 6 / 8 / 12 / 16 gave 1.48x / 1.75x / 1.91x /
-    #: 2.14x / 2.37x / 2.40x / 2.37x over plain decoding at temperature 1 (docs/benchmarks.md)
+    #: 2.14x / 2.37x / 2.40x / 2.37x over plain decoding at temperature 1 (docs/benchmarks.md); on the
+    #: open-domain voice on an AVX-512-BF16 core without AMX, 12 / 6 / 4 codes gave 0.96x / 1.11x / 1.14x
+    #: (16 hand-written sentences, docs/speech.md)
     single_stream_tokens = 12
+    narrow_stream_tokens = 4
 
     def build_drafter(self, components):
         return JacobiDrafter(self.draft_length(components))
@@ -221,8 +229,11 @@ class JacobiTopKMethod(JacobiMethod):
     rule_defaults = {"top_k": 5}
     #: measured on the VALL-E-style voice at temperature 1 (docs/benchmarks.md): top-5 over 31 codes (with the
     #: pending code, 32 rows: two full AMX tiles); windows of 20 / 24 / 28 / 31 codes gave 3.19x / 3.27x / 3.31x /
-    #: 3.35x over plain decoding's code stream (12 sentences x 2, one core); quality in docs/benchmarks.md
+    #: 3.35x over plain decoding's code stream (12 sentences x 2, one core); quality in docs/benchmarks.md; on the
+    #: open-domain voice on an AVX-512-BF16 core without AMX, 31 codes gave 0.48x (40 hand-written sentences x 2),
+    #: 10 / 6 codes 1.21x / 1.21x (16 sentences, docs/speech.md)
     single_stream_tokens = 31
+    narrow_stream_tokens = 10
 
 
 @register_method
