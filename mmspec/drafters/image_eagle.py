@@ -86,7 +86,7 @@ class _GuidedDrafting:
         return forward_parameters(stack) + target.vocab_size * target_width(target)
 
     @classmethod
-    def _head(cls, target, arg: str | None) -> ImageEagleHead:
+    def _load_head(cls, target, arg: str | None) -> ImageEagleHead:
         if not arg:
             raise ValueError(f"no image EAGLE head for {type(target).__name__}; pass '{cls.name}:PATH' with one "
                              "trained by `mmspec train image-drafter`")
@@ -141,7 +141,7 @@ class ImageEagleDrafter(_GuidedDrafting, EagleDrafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "ImageEagleDrafter":
-        return cls(target, cls._head(target, arg), num_draft_tokens or 4)
+        return cls(target, cls._load_head(target, arg), num_draft_tokens or 4)
 
     def _setup(self, *args) -> None:
         super()._setup(*args)
@@ -180,4 +180,4 @@ class ImageEagle2Drafter(_GuidedDrafting, Eagle2Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "ImageEagle2Drafter":
-        return cls(target, cls._head(target, arg), depth=num_draft_tokens or 6, max_nodes=48)
+        return cls(target, cls._load_head(target, arg), depth=num_draft_tokens or 6, max_nodes=48)
