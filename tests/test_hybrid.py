@@ -11,6 +11,7 @@ trees and the bound on what the state history holds.
 
 import pytest
 import torch
+from test_batch import _near_copy
 from distribution_check import exact_marginals, extended, pvalue, sampled_counts
 from transformers import (Lfm2Config, Lfm2ForCausalLM, Lfm2VlConfig, Lfm2VlForConditionalGeneration, Qwen3_5ForCausalLM,
                           Qwen3_5TextConfig)
@@ -299,19 +300,6 @@ def test_trees_are_refused_in_one_line():
     for name in ("eagle2", "medusa", "sjd-pac"):  # by name: before looking for trained weights
         with pytest.raises(ValueError, match="a token tree would need a state per branch"):
             mmspec.generate(model, drafter=name, max_new_tokens=4, **inputs_of("qwen3_5"))
-
-
-def _near_copy(model, scale):
-    """The target with noise on its weights: a draft of the family that agrees with it often, not
-    always (so rows of a batch keep different numbers of drafts in one step)."""
-    import copy
-
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
-    return draft
 
 
 def batch_rows(family):

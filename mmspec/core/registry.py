@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T", bound=type)
+F = TypeVar("F", bound=Callable)
 
 
 def class_registrar(registry: dict[str, type], kind: str, required: Iterable[str] = ("name",),
@@ -32,3 +33,25 @@ def class_registrar(registry: dict[str, type], kind: str, required: Iterable[str
         return cls
 
     return register
+
+
+def factory_registrar(registry: dict[str, Callable], kind: str) -> Callable[[str], Callable[[F], F]]:
+    """``register(name)``: a decorator registering a factory as ``registry[name]``, refusing a taken
+    name as :func:`class_registrar` does (for registries of functions rather than classes)."""
+    def register(name: str) -> Callable[[F], F]:
+        def wrap(factory: F) -> F:
+            if name in registry:
+                raise ValueError(f"a {kind} named {name!r} is already registered")
+            registry[name] = factory
+            return factory
+
+        return wrap
+
+    return register
+
+
+def build_named(registry: dict[str, Callable], kind: str, name: str):
+    """``registry[name]()``, or one ValueError line naming the known entries."""
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(registry)}")
+    return registry[name]()

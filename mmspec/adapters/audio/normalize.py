@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
+from ...core.registry import build_named, factory_registrar
+
 __all__ = ["EnglishNormalizer", "NORMALIZERS", "NormalizedText", "TextNormalizer", "make_normalizer", "normalize_text",
            "register_normalizer"]
 
@@ -69,23 +71,14 @@ class TextNormalizer(ABC):
 NORMALIZERS: dict[str, Callable[[], TextNormalizer]] = {}
 
 
-def register_normalizer(name: str):
-    """A decorator registering a normaliser's factory as ``NORMALIZERS[name]`` (a taken name is refused)."""
-    def wrap(factory):
-        if name in NORMALIZERS:
-            raise ValueError(f"a text normaliser named {name!r} is already registered")
-        NORMALIZERS[name] = factory
-        return factory
-
-    return wrap
+#: ``@register_normalizer(name)``: register a factory as ``NORMALIZERS[name]`` (a taken name is refused)
+register_normalizer = factory_registrar(NORMALIZERS, "text normaliser")
 
 
 @lru_cache(maxsize=None)
 def make_normalizer(name: str) -> TextNormalizer:
     """The normaliser called ``name`` (built once per process)."""
-    if name not in NORMALIZERS:
-        raise ValueError(f"unknown text normaliser {name!r}; known: {', '.join(NORMALIZERS)}")
-    return NORMALIZERS[name]()
+    return build_named(NORMALIZERS, "text normaliser", name)
 
 
 def normalize_text(text: str, name: str = "english") -> str:

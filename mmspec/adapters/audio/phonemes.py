@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ...core.registry import build_named, factory_registrar
 from ...hub import MissingDependencyError
 
 
@@ -44,24 +45,14 @@ class Phonemizer(ABC):
 PHONEMIZERS: dict[str, Callable[[], Phonemizer]] = {}
 
 
-def register_phonemizer(name: str):
-    """A decorator registering a front end's factory as ``PHONEMIZERS[name]``; a taken name is
-    refused, as :func:`mmspec.core.registry.class_registrar` refuses one for classes."""
-    def wrap(factory):
-        if name in PHONEMIZERS:
-            raise ValueError(f"a text front end named {name!r} is already registered")
-        PHONEMIZERS[name] = factory
-        return factory
-
-    return wrap
+#: ``@register_phonemizer(name)``: register a factory as ``PHONEMIZERS[name]`` (a taken name is refused)
+register_phonemizer = factory_registrar(PHONEMIZERS, "text front end")
 
 
 @lru_cache(maxsize=None)
 def make_phonemizer(name: str) -> Phonemizer:
     """The front end called ``name`` (loaded once per process)."""
-    if name not in PHONEMIZERS:
-        raise ValueError(f"unknown text front end {name!r}; known: {', '.join(PHONEMIZERS)}")
-    return PHONEMIZERS[name]()
+    return build_named(PHONEMIZERS, "text front end", name)
 
 
 @register_phonemizer("characters")
