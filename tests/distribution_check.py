@@ -53,10 +53,10 @@ def exact_marginals(model, inputs: dict, config: SamplingConfig, new: int) -> li
     return marginals
 
 
-def sampled_counts(model, drafter, inputs: dict, config: SamplingConfig, new: int, runs: int, num_draft_tokens: int = 2
-                   ) -> tuple[torch.Tensor, int, int]:
+def sampled_counts(model, drafter, inputs: dict, config: SamplingConfig, new: int, runs: int,
+                   num_draft_tokens: int | None = 2) -> tuple[torch.Tensor, int, int]:
     """Speculative sampling with seeds 0..runs-1 -> (counts [new, V] of each position's token,
-    drafted tokens, accepted tokens) over all runs."""
+    drafted tokens, accepted tokens) over all runs (``num_draft_tokens`` None: the drafter's own)."""
     vocab = model.get_output_embeddings().weight.shape[0]
     counts = torch.zeros(new, vocab, dtype=torch.float64)
     drafted = accepted = 0

@@ -7,11 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from scipy.stats import chisquare
+from distribution_check import sampled_counts
 from test_distribution import NEW, PROMPT, TEMPERATURE, TOP_K, VOCAB, exact_marginals, tiny_llama
 from tiny_models import make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget, text_decoder
+from mmspec.core.sampling import SamplingConfig
 from mmspec.drafters import Eagle3Drafter, Eagle3TreeDrafter
 from mmspec.drafters.eagle3 import Eagle3LMHead
 from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
@@ -127,15 +129,10 @@ def test_sampled_distribution_is_the_targets(tree):
     drafter = (Eagle3TreeDrafter(target, head, depth=2, top_k=3, num_nodes=6) if tree
                else Eagle3Drafter(target, head, num_draft_tokens=2))
     exact = exact_marginals(target)
-    counts = torch.zeros(NEW, VOCAB, dtype=torch.float64)
-    accepted = 0
-    for seed in range(RUNS):
-        out = mmspec.generate(target, drafter=drafter, max_new_tokens=NEW, do_sample=True, temperature=TEMPERATURE,
-                              top_k=TOP_K, seed=seed, input_ids=PROMPT)
-        accepted += out.stats.accepted
-        for i, token in enumerate(out.sequences[0, PROMPT.shape[1] :].tolist()):
-            counts[i, token] += 1
-    assert accepted > 50
+    counts, _, accepted = sampled_counts(target, drafter, {"input_ids": PROMPT},
+                                         SamplingConfig(temperature=TEMPERATURE, top_k=TOP_K), NEW, RUNS,
+                                         num_draft_tokens=None)  # (the drafter's own length)
+    assert counts.shape[1] == VOCAB and accepted > 50
     for i in range(NEW):
         support = exact[i] > 0
         assert counts[i][~support].sum() == 0

@@ -17,6 +17,15 @@ from tests.tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
 EOS = "<|im_end|>"
 
 
+def random_images(folder, seed: int, count: int = 4):
+    """``folder`` with ``count`` random 32x32 PNGs (0.png ..), the same for the same seed."""
+    folder.mkdir()
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(count):
+        Image.fromarray((torch.rand(32, 32, 3, generator=generator) * 255).to(torch.uint8).numpy()).save(folder / f"{i}.png")
+    return folder
+
+
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
@@ -137,11 +146,7 @@ def test_other_families_self_distil_and_decode_exactly(family, method, tmp_path_
     (``eagle:OUT``) and as EAGLE-2 trees (``eagle2:OUT``), or, on a recurrent target, refuses trees
     in one line."""
     target = cached_tiny_checkpoint(family, tmp_path_factory)
-    images = tmp_path / "images"
-    images.mkdir()
-    generator = torch.Generator().manual_seed(1)
-    for i in range(4):
-        Image.fromarray((torch.rand(32, 32, 3, generator=generator) * 255).to(torch.uint8).numpy()).save(images / f"{i}.png")
+    images = random_images(tmp_path / "images", seed=1)
     out = tmp_path / method
     assert train(target, images, out, "--steps", "2", "--method", method, "--eval-examples", "1", "--max-new-tokens", "5") == 0
     assert "held-out tau" in capsys.readouterr().out
@@ -428,11 +433,7 @@ def test_eagle3_vlm_families_decode_exactly_and_export(family, tmp_path_factory,
     from mmspec.pipelines.captioning.components import load_captioning_model
 
     target = cached_tiny_checkpoint(family, tmp_path_factory)
-    images = tmp_path / "images"
-    images.mkdir()
-    generator = torch.Generator().manual_seed(2)
-    for i in range(4):
-        Image.fromarray((torch.rand(32, 32, 3, generator=generator) * 255).to(torch.uint8).numpy()).save(images / f"{i}.png")
+    images = random_images(tmp_path / "images", seed=2)
     out = tmp_path / "eagle3"
     assert train(target, images, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
     report = json.loads((out / "eval.json").read_text())
