@@ -95,3 +95,10 @@ def test_speech_data_report_counts_hours_words_and_phoneme_pairs(tmp_path):
     report = coverage(tmp_path)
     assert report == {"hours": pytest.approx(3.6 / 3600), "sentences": 2, "words": 6, "distinct_words": 5,
                       "phoneme_ids": 5, "phoneme_id_pairs": 5}  # pairs (1,5) (5,6) (6,2) (5,7) (7,2), pads left out
+
+
+def test_open_text_refuses_a_count_below_one_before_loading_the_model(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "mmspec", "train", "open-text", "--count", "0", "--out",
+                          str(tmp_path / "t.txt")], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--count" in run.stderr, run.stderr
+    assert not (tmp_path / "t.txt").exists()

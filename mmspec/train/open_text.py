@@ -18,6 +18,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> None:
+    if args.count < 1 or args.batch_size < 1:
+        raise ValueError(f"--count and --batch-size must be at least 1, got {args.count} and {args.batch_size}")
     import torch
 
     if args.threads:
