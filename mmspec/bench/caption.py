@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import statistics
@@ -42,8 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, spd[:PATH], prompt-lookup[:N], layer-skip:N, eagle2, ...; append @K to set K")
-    parser.add_argument("--families", default=",".join(FAMILIES))
-    parser.add_argument("--per-family", type=int, default=4, help="test-split items per family")
+    parser.add_argument("--families", default=None,
+                        help="comma list of the caption data families (default: all six), or with --data of its groups (default: all)")
+    parser.add_argument("--per-family", type=int, default=4, help="test-split items per family (with --data: first rows per group)")
+    parser.add_argument("--data", default=None,
+                        help="benchmark these images instead: a JSONL of {image, prompt, group?} (e.g. `mmspec train caption-data "
+                             "--split test`); items are grouped by `group` ('data' where it has none)")
     parser.add_argument("--tasks", default="all",
                         help="task kinds to draw items from: all, or a comma list of caption, detailed, short "
                              "(short answers are 1-3 tokens: nothing to speed up)")
@@ -105,6 +110,35 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
     return items
 
 
+def data_items(data: str, groups: str | None, per_group: int) -> list[tuple[str, int, object, str]]:
+    """``--data`` JSONL -> [(group, row within its group, image, prompt)]: the first ``per_group``
+    rows of each group (of ``groups``, a comma list, when given), checked before any model loads."""
+    from PIL import Image
+
+    from ..train.any_target import format_skipped, read_examples
+
+    examples, skipped = read_examples(data)
+    if skipped:
+        raise ValueError(f"--data {data}: {format_skipped(skipped)}; a benchmark measures every row it is given: fix or drop them")
+    wanted = groups.split(",") if groups else None
+    present = {example.group or "data" for example in examples}
+    if wanted and set(wanted) - present:
+        raise ValueError(f"--families {groups}: --data {data} has no rows of {', '.join(sorted(set(wanted) - present))} "
+                         f"(its groups: {', '.join(sorted(present))})")
+    counts: dict[str, int] = {}
+    items = []
+    for example in examples:
+        group = example.group or "data"
+        if (wanted and group not in wanted) or counts.get(group, 0) >= per_group or example.image is None:
+            continue
+        image = Image.open(io.BytesIO(example.image) if isinstance(example.image, bytes) else example.image)
+        items.append((group, counts.get(group, 0), image.convert("RGB"), example.prompt))
+        counts[group] = counts.get(group, 0) + 1
+    if not items:
+        raise ValueError(f"--data {data}: no row with an image to benchmark")
+    return items
+
+
 def run(args) -> int:
     from ..pipelines.captioning import ImageCaptioningPipeline
 
@@ -123,15 +157,17 @@ def run(args) -> int:
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.setdefault("runs", {})
     methods = split_specs(args.methods)
-    families = args.families.split(",")
+    items = data_items(args.data, args.families, args.per_family) if args.data else None
+    families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
     model_name = args.model or "embedded captioner (models/smolcap)"
     if results.get("meta", {}).get("model", model_name) != model_name:
         raise ValueError(f"{results_path} holds runs of {results['meta']['model']}; pass another --results file")
     results["meta"] = {
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
+        "data": args.data,
         "command": "mmspec bench caption " + " ".join(
-            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device", "batch_sizes")
+            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("data", "families", "methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device", "batch_sizes")
             if getattr(args, k) is not None) + (" --cuda-graphs" if args.cuda_graphs else ""),
         "cuda_graphs": args.cuda_graphs,
     }
@@ -140,7 +176,7 @@ def run(args) -> int:
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
-    items = bench_items(families, args.per_family, args.tasks)
+    items = items or bench_items(families, args.per_family, args.tasks)
     if batch_sizes:
         return run_throughput(args, results, results_path, pipe, drafters, items, batch_sizes, temperatures)
     for family, index, image, prompt in items:

@@ -15,7 +15,8 @@ The drafting is EAGLE's (:mod:`mmspec.drafters.eagle`), with three differences:
 ``drafter="eagle3:DIR"`` drafts chains of K tokens; ``"eagle3-tree:DIR"`` grows EAGLE-2's dynamic
 trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.drafters.eagle.Eagle2Drafter`).
 DIR holds mmspec's layout (``mmspec train drafter --method eagle3``) or the vLLM / SGLang one
-(``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere).
+(``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere);
+without DIR, the head shipped for an embedded model (``models/smolcap-eagle3``: the captioner's).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from __future__ import annotations
 from torch import nn
 
 from ..core.drafter import register_drafter
-from ..modeling.eagle3 import Eagle3Head
+from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head
 from .eagle import Eagle2Drafter, EagleDrafter
+from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
 from .vocab import DraftLMHead, _Rows
 
@@ -63,10 +65,12 @@ class _Eagle3Parts:
 
     @staticmethod
     def _load(target, arg: str | None, spec: str) -> Eagle3Head:
-        if not arg:
-            raise ValueError(f"no EAGLE-3 head is shipped for {type(target.model).__name__}; pass drafter='{spec}:PATH' with a "
-                             "trained one (`mmspec train drafter --method eagle3`, or a vLLM / SGLang EAGLE-3 directory)")
-        return Eagle3Head.load(arg, target.model)
+        """``arg`` (a head directory), or without one the head shipped for an embedded model
+        (``models/smolcap-eagle3`` for the embedded captioner)."""
+        path = arg or shipped_drafter_dir(target.model, "eagle3", CONFIG_FILE, spec,
+                                          train="mmspec train drafter --method eagle3 --target PATH --data DATA, or give a "
+                                                "vLLM / SGLang EAGLE-3 directory")
+        return Eagle3Head.load(path, target.model)
 
 
 @register_drafter("eagle3")

@@ -51,11 +51,13 @@ MANIFEST = "manifest.json"
 @dataclass
 class Example:
     """One training row: the prompt, the image (a file, or a dataset's encoded bytes or PIL image), the
-    response (None: self-distil)."""
+    response (None: self-distil), its group (an optional label, e.g. an image family, that
+    ``--hold-out-groups`` holds out of training)."""
 
     prompt: str
     image: Any = None
     response: str | None = None
+    group: str | None = None
 
 
 def _count(skipped: dict[str, int], reason: str) -> None:
@@ -93,7 +95,8 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
             if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
                 _count(skipped, "unreadable line")
                 continue
-            example = _checked(row.get("prompt") or "", row.get("image"), row.get("response"), path.parent, skipped)
+            example = _checked(row.get("prompt") or "", row.get("image"), row.get("response"), path.parent, skipped,
+                               row.get("group"))
             if example is not None:
                 examples.append(example)
     else:
@@ -104,9 +107,10 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
     return examples, skipped
 
 
-def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int]) -> Example | None:
+def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
-    relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}."""
+    relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
+    (anything else than a string counts as none)."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
@@ -122,7 +126,7 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
         return None
     if response is not None and (not isinstance(response, str) or not response.strip()):
         response = None  # an empty response is written by the target
-    return Example(prompt, image, response)
+    return Example(prompt, image, response, group if isinstance(group, str) and group else None)
 
 
 def _dataset_files(data: str, path: Path, is_glob: bool) -> tuple[str, list[Path], Path | None] | None:
@@ -172,13 +176,13 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
         if "prompt" not in table.column_names:
             raise ValueError(f"--data {file}: no 'prompt' column (it has {', '.join(table.column_names)}); the columns "
                              "are prompt, image (optional), response (optional)")
-        columns = [c for c in ("prompt", "image", "response") if c in table.column_names]
+        columns = [c for c in ("prompt", "image", "response", "group") if c in table.column_names]
         for row in table.select(columns).to_pylist():
             prompt = row["prompt"]
             if prompt is not None and not isinstance(prompt, str):
                 _count(skipped, "unreadable row")
                 continue
-            example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped)
+            example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped, row.get("group"))
             if example is not None:
                 examples.append(example)
     return examples
@@ -188,9 +192,15 @@ def format_skipped(skipped: dict[str, int]) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
 
 
-def split_held_out(count: int, fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Indices 0..count-1 -> (train, held_out): ``round(fraction * count)`` rows (at least one when
-    fraction > 0 and count > 1) chosen by a seeded permutation, both lists sorted."""
+def split_held_out(count: int, fraction: float, seed: int = 0, groups: list[str | None] | None = None,
+                   held_groups: set[str] = frozenset()) -> tuple[list[int], list[int]]:
+    """Indices 0..count-1 -> (train, held_out), both sorted: with ``held_groups``, the rows whose
+    ``groups[i]`` is one of them are held out (whole groups the head never sees); otherwise
+    ``round(fraction * count)`` rows (at least one when fraction > 0 and count > 1) chosen by a
+    seeded permutation."""
+    if held_groups:
+        held = [i for i in range(count) if groups[i] in held_groups]
+        return [i for i in range(count) if groups[i] not in held_groups], held
     held = min(count - 1, max(1 if fraction > 0 else 0, round(fraction * count)))
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     return sorted(order[held:]), sorted(order[:held])
@@ -199,11 +209,17 @@ def split_held_out(count: int, fraction: float, seed: int = 0) -> tuple[list[int
 # ------------------------------------------------------------------------------------------- target
 def load_target(name: str, dtype: torch.dtype, device: torch.device):
     """A local checkpoint or hub id -> (model, processor or tokenizer, is_vlm): a VLM of
-    :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer."""
+    :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer;
+    ``captioner``: the embedded default captioner."""
     from transformers import AutoConfig
 
     from ..hub import load_causal_lm, resolve_checkpoint
 
+    if name == "captioner":  # the embedded default captioner (a SmolVLM around SmolLM2-135M)
+        from ..modeling.captioner import load_default_captioner
+
+        model, processor = load_default_captioner(device=device, dtype=dtype)
+        return model.eval(), processor, True
     source = resolve_checkpoint(name)
     try:
         model_type = AutoConfig.from_pretrained(source).model_type

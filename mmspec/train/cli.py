@@ -6,6 +6,8 @@ from __future__ import annotations
 #: recipe name -> (module in mmspec.train, help)
 RECIPES = {
     "captioner": ("captioner", "the embedded captioner's vision encoder + connector"),
+    "caption-data": ("caption_data", "images + prompts for a captioner's drafter (the six families at varied sizes and "
+                     "crops, and renders they never make), as a --data JSONL"),
     "caption-draft": ("caption_draft", "the captioner's small text-only draft model (SPD)"),
     "drafter": ("drafter", "a trained drafter (EAGLE head) by self-distillation on a target"),
     "eval-captioner": ("eval_captioner", "validation metrics of the captioner, per family"),

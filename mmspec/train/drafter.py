@@ -48,7 +48,7 @@ from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter, VisionConte
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
 from ..hub import models_dir
-from .eagle3 import check_target as check_eagle3_target, eagle3_loss, target_states
+from .eagle3 import eagle3_loss, target_states
 from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=None, help="any target: the self-distillation shards (default OUT/data)")
     parser.add_argument("--prompt", default=None, help="any target: the prompt of an image folder's images (default: 'Describe the image.')")
     parser.add_argument("--held-out", type=float, default=0.1, help="any target: share of DATA held out for the loss and tau evaluation")
+    parser.add_argument("--hold-out-groups", default=None,
+                        help="any target: comma list of the data's `group` labels (e.g. image families) held out of training "
+                             "instead of a random --held-out share: the loss and tau evaluation run on groups the head never saw")
     parser.add_argument("--eval-examples", type=int, default=16, help="any target: held-out prompts decoded with the trained drafter at the end (0: none)")
     parser.add_argument("--gen-batch", type=int, default=8, help="any target: rows generated together for self-distillation")
     parser.add_argument("--shard-size", type=int, default=64, help="any target: examples per data shard")
@@ -450,6 +453,15 @@ def run_any_target(args) -> int:
     if args.resume and not (out / "train_state.pt").exists():
         raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
     examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
+    held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
+    if held_groups:
+        present = {example.group for example in examples}
+        if held_groups - present:
+            named = ", ".join(sorted(g for g in present if g)) or 'none: give the rows a "group" field'
+            raise ValueError(f"--hold-out-groups: no row of --data {args.data} has group {', '.join(sorted(held_groups - present))} "
+                             f"(its groups: {named})")
+        if not present - held_groups:
+            raise ValueError("--hold-out-groups holds out every row of --data: leave some groups to train on")
     process = ProcessState()
     if args.batch_size % process.world:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple of the {process.world} processes")
@@ -473,7 +485,11 @@ def run_any_target(args) -> int:
               flush=True)
     if not records:
         raise ValueError(f"--data {args.data}: no row could be used ({any_target.format_skipped(skipped)})")
-    train_ids, held_ids = any_target.split_held_out(len(records), args.held_out, args.seed)
+    groups = [examples_of(record, examples).group for record in records]
+    train_ids, held_ids = any_target.split_held_out(len(records), args.held_out, args.seed, groups, held_groups)
+    if held_groups and process.rank == 0:
+        print(f"held out of training: groups {', '.join(sorted(held_groups))} ({len(held_ids)} sequences); training on "
+              f"{len(train_ids)} sequences of groups {', '.join(sorted({g or '(none)' for g in groups} - held_groups))}", flush=True)
     train, held_out = [records[i] for i in train_ids], [records[i] for i in held_ids]
     out.mkdir(parents=True, exist_ok=True)
     vocabulary = min(args.draft_vocab, model.get_output_embeddings().weight.shape[0])
@@ -605,13 +621,28 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
     return report
 
 
+def reads_any_data(args) -> bool:
+    """Whether ``--target captioner`` trains through the any-target loop: EAGLE-3 always (its three
+    target layers need the image inputs, which the recipe's cached records do not keep), any
+    method when ``--data`` is a JSONL / image folder / dataset rather than a self-distillation cache."""
+    if args.target != "captioner":
+        return False
+    if args.method == "eagle3":
+        if not args.data:
+            raise ValueError("--target captioner --method eagle3 needs --data DATA: images and prompts, e.g. "
+                             "`mmspec train caption-data --out runs/caption-data`, then --data runs/caption-data/data.jsonl")
+        return True
+    return bool(args.data) and not any(Path(args.data).glob("chunk-*.pt"))
+
+
 def run(args) -> int:
     if args.target not in TARGETS:
         return run_any_target(args)
+    if reads_any_data(args):
+        args.out = args.out or str(models_dir() / f"smolcap-{args.method}")
+        return run_any_target(args)
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
-    if args.method == "eagle3":
-        check_eagle3_target(args.target)
     caption_families(args.families)  # (a typo fails before the target loads)
     check_vision_option(args)
     if args.vision_tokens and args.target != "captioner":

@@ -127,10 +127,3 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
     if total is None:  # no learnt token of the batch is in the draft vocabulary: nothing to learn, none drafted right
         return head.lm_head.weight.sum() * 0.0, 0.0
     return total, accuracy
-
-
-def check_target(name: str) -> None:
-    """Refuse a target EAGLE-3 cannot be trained for here yet (before any data is made)."""
-    if name == "captioner":
-        raise ValueError("--method eagle3 trains on text targets for now (--target smollm2): the captioner's cached "
-                         "records keep no image inputs, which its three target layers need")
