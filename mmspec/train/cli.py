@@ -45,8 +45,18 @@ def interrupted(args, command: str) -> str:
     if args.recipe == "eval-captioner":
         return "nothing was saved (the report is written at the end)"
     every = f" (one every {args.save_every} steps)" if getattr(args, "save_every", None) else ""
-    if args.recipe == "drafter" and getattr(args, "data", None) and args.target not in ("smollm2", "captioner"):
+    if args.recipe == "drafter" and getattr(args, "data", None) and (args.target not in ("smollm2", "captioner")
+                                                                     or _any_data(args)):
         if "--resume" not in command.split():
             command += " --resume"  # a drafter for any target continues its checkpoint only when asked
     return (f"the last checkpoint{every} and the data made so far are kept in {args.out}; rerun the same command to "
             f"resume: {command}")
+
+
+def _any_data(args) -> bool:
+    from .drafter import reads_any_data
+
+    try:
+        return reads_any_data(args)
+    except ValueError:
+        return False
