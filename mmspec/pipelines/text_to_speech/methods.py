@@ -180,11 +180,15 @@ class EagleMethod(TTSMethod):
     #: VALL-E-style voice at temperature 1, 5 / 6 / 8 codes gave 1.82x / 1.85x / 1.84x against 1.68x
     #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
     single_stream_tokens = 6
+    #: on a CPU without AMX tiles (a window of 7 costs ~2x one row there): on the open-domain voice,
+    #: hand-written sentences, temperature 1, one AVX-512 BF16 core, 3 / 4 / 6 codes gave 1.25x /
+    #: 1.21x / 1.07x (docs/results/tts-open-eagle-k-handwritten-40-t1.json)
+    narrow_stream_tokens = 3
 
     def build_drafter(self, components):
         single = components.target.num_codebooks == 1 and not self.tree_paths
         return CodecEagleDrafter(components.eagle_head(), tree_paths=self.tree_paths,
-                                 num_draft_tokens=self.num_draft_tokens or (self.single_stream_tokens if single else None))
+                                 num_draft_tokens=self.num_draft_tokens or (self.draft_length(components) if single else None))
 
 
 @register_method

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from . import charts, counting, maths, photos, scenes, text
-from .core import Content, Sample, check_split, compose_sample, sample_rng
+from .core import Content, Sample, check_request, compose_sample, sample_rng
 
 FAMILIES = ("scenes", "counting", "text", "charts", "math", "photos")
 
@@ -43,11 +43,7 @@ def make_sample(family: str, split: str, index: int, size: int = 128) -> Sample:
         >>> s.image.size, s.kind in ("caption", "short", "detailed")
         ((128, 128), True)
     """
-    if family not in GENERATORS:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
-    check_split(split)
-    if size < 16:
-        raise ValueError(f"size must be at least 16 pixels, got {size}")
+    check_request(family, FAMILIES, "family", split, size)
     rng = sample_rng(family, split, index)
     content = GENERATORS[family](rng, split, size)
     sample = compose_sample(rng, family, content)

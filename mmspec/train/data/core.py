@@ -166,6 +166,16 @@ def check_split(split: str) -> None:
 T = TypeVar("T")
 
 
+def check_request(name: str, known, what: str, split: str, size: int) -> None:
+    """Refuse an unknown ``name`` (of ``known``; ``what``: "family", "render kind"), an unknown
+    split or an image side below 16 pixels, in one line each."""
+    if name not in known:
+        raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
+    check_split(split)
+    if size < 16:
+        raise ValueError(f"size must be at least 16 pixels, got {size}")
+
+
 def draw_for_split(
     rng: np.random.Generator,
     split: str,

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .core import CAPTION_PROMPTS, DETAILED_PROMPTS, check_split, stable_hash
+from .core import CAPTION_PROMPTS, DETAILED_PROMPTS, check_request, stable_hash
 from .render import FONT_FILES, font
 
 WORDS = ("river", "market", "yellow", "engine", "winter", "garden", "signal", "orbit", "copper", "window", "forest",
@@ -160,11 +160,7 @@ def make_render(kind: str, split: str, index: int, size: int = 128) -> tuple[Ima
     Raises:
         ValueError: an unknown kind or split, or a size below 16.
     """
-    if kind not in RENDERS:
-        raise ValueError(f"unknown render kind {kind!r}; choose from {', '.join(RENDERS)}")
-    check_split(split)
-    if size < 16:
-        raise ValueError(f"size must be at least 16 pixels, got {size}")
+    check_request(kind, tuple(RENDERS), "render kind", split, size)
     rng = _rng(kind, split, index)
     image = RENDERS[kind](rng, size)
     prompts = DETAILED_PROMPTS if rng.random() < 0.3 else CAPTION_PROMPTS
