@@ -18,7 +18,7 @@ def pipe():
     return mmspec.pipeline("image-captioning", model=None, drafter="prompt-lookup", device="cpu", dtype=torch.float32)
 
 
-TRAINED = ["spd", "kangaroo", "medusa", "hydra", "eagle", "eagle2"]  # shipped in models/smolcap-*
+TRAINED = ["spd", "kangaroo", "medusa", "hydra", "eagle", "eagle2", "eagle3", "eagle3-tree"]  # shipped in models/smolcap-*
 
 
 @pytest.mark.parametrize("drafter", ["prompt-lookup", *TRAINED])
