@@ -138,3 +138,19 @@ def test_bench_caption_over_a_data_file(tmp_path_factory, tmp_path, capsys):
     assert meta["data"] == str(data) and "--data" in meta["command"]
     assert main([*argv[:7], "purple", *argv[8:]]) == 2
     assert "has no rows of purple" in capsys.readouterr().err
+
+
+def test_captioner_data_routes_to_the_any_target_loop_unless_it_is_the_recipes_cache(tmp_path):
+    from types import SimpleNamespace
+
+    from mmspec.train.drafter import reads_any_data
+
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "chunk-00000.pt").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    data = grouped_images(tmp_path)
+    cases = {None: False, str(tmp_path / "new-cache"): False, str(tmp_path / "empty"): False, str(tmp_path / "cache"): False,
+             str(data): True, str(tmp_path / "images"): True, str(tmp_path / "*.parquet"): True}
+    for path, expected in cases.items():
+        assert reads_any_data(SimpleNamespace(target="captioner", method="eagle", data=path)) is expected, path
+    assert reads_any_data(SimpleNamespace(target="smollm2", method="eagle3", data=str(data))) is False

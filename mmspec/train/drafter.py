@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: unrolled steps of the training-time test")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2",
-                        help="smollm2 | captioner (the embedded recipes), or any supported target: a checkpoint "
-                             "directory or hub id (then --data DATA and --out are required)")
+                        help="smollm2 | captioner (the embedded recipes; captioner with --method eagle3, or with --data a "
+                             "JSONL / image folder / dataset, runs the any-target loop on the embedded captioner), or any "
+                             "supported target: a checkpoint directory or hub id (then --data DATA and --out are required)")
     parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
     parser.add_argument("--data", default=None,
                         help="any target: a JSONL of {image?, prompt, response?}, an image folder, a saved datasets "
@@ -624,7 +625,8 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
 def reads_any_data(args) -> bool:
     """Whether ``--target captioner`` trains through the any-target loop: EAGLE-3 always (its three
     target layers need the image inputs, which the recipe's cached records do not keep), any
-    method when ``--data`` is a JSONL / image folder / dataset rather than a self-distillation cache."""
+    method when ``--data`` is a JSONL / image folder / dataset rather than a self-distillation cache
+    (a folder of ``chunk-*.pt``, or an absent or empty one the recipe fills)."""
     if args.target != "captioner":
         return False
     if args.method == "eagle3":
@@ -632,7 +634,13 @@ def reads_any_data(args) -> bool:
             raise ValueError("--target captioner --method eagle3 needs --data DATA: images and prompts, e.g. "
                              "`mmspec train caption-data --out runs/caption-data`, then --data runs/caption-data/data.jsonl")
         return True
-    return bool(args.data) and not any(Path(args.data).glob("chunk-*.pt"))
+    if not args.data:
+        return False
+    path = Path(args.data)
+    if any(c in args.data for c in "*?["):  # a parquet glob
+        return True
+    # the recipe's own cache: a folder of chunk-*.pt, or one it will make (absent or empty)
+    return path.exists() and not (path.is_dir() and (any(path.glob("chunk-*.pt")) or not any(path.iterdir())))
 
 
 def run(args) -> int:
