@@ -9,7 +9,7 @@ styles, and carry no caption (the captioner's own answers are the drafter's targ
 * ``documents`` -- a page of several lines of words in a random font, sometimes with a heading;
 * ``plots`` -- matplotlib scatter, pie, histogram, area and box plots with random data and words
   (kinds the ``charts`` family does not draw);
-* ``collage`` -- 2 x 2 or 1 x 2 tiles of different families' test images.
+* ``collage`` -- 2 x 2 or 1 x 2 tiles of different families' images of the same split.
 
 :func:`make_render` is deterministic in ``(kind, index)``; the ``split`` names a disjoint seed
 stream, as the families' splits do.
@@ -48,7 +48,7 @@ def _gradient(rng: np.random.Generator, size: int) -> Image.Image:
     return Image.fromarray((a * (1 - t) + b * t).astype(np.uint8))
 
 
-def abstract(rng: np.random.Generator, size: int) -> Image.Image:
+def abstract(rng: np.random.Generator, size: int, split: str) -> Image.Image:
     image = _gradient(rng, size).convert("RGBA")
     for _ in range(int(rng.integers(3, 12))):
         layer = Image.new("RGBA", image.size, (0, 0, 0, 0))
@@ -66,7 +66,7 @@ def abstract(rng: np.random.Generator, size: int) -> Image.Image:
     return image.convert("RGB")
 
 
-def patterns(rng: np.random.Generator, size: int) -> Image.Image:
+def patterns(rng: np.random.Generator, size: int, split: str) -> Image.Image:
     y, x = np.mgrid[0:size, 0:size] / size
     period = rng.uniform(0.05, 0.3)
     kind = int(rng.integers(5))
@@ -88,7 +88,7 @@ def patterns(rng: np.random.Generator, size: int) -> Image.Image:
     return Image.fromarray(np.where(t[..., None], a, b).astype(np.uint8))
 
 
-def documents(rng: np.random.Generator, size: int) -> Image.Image:
+def documents(rng: np.random.Generator, size: int, split: str) -> Image.Image:
     paper = tuple(int(v) for v in rng.integers(215, 256, 3))
     ink = tuple(int(v) for v in rng.integers(0, 90, 3))
     image = Image.new("RGB", (size, size), paper)
@@ -106,7 +106,7 @@ def documents(rng: np.random.Generator, size: int) -> Image.Image:
     return image
 
 
-def plots(rng: np.random.Generator, size: int) -> Image.Image:
+def plots(rng: np.random.Generator, size: int, split: str) -> Image.Image:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +136,8 @@ def plots(rng: np.random.Generator, size: int) -> Image.Image:
     return Image.open(buffer).convert("RGB").resize((size, size), Image.BICUBIC)
 
 
-def collage(rng: np.random.Generator, size: int) -> Image.Image:
+def collage(rng: np.random.Generator, size: int, split: str) -> Image.Image:
+    """Tiles of the families' images of the same ``split`` (a training collage holds no test image)."""
     from .api import FAMILIES, make_sample
 
     rows, cols = (2, 2) if rng.random() < 0.6 else (1, 2)
@@ -145,11 +146,11 @@ def collage(rng: np.random.Generator, size: int) -> Image.Image:
     for r in range(rows):
         for c in range(cols):
             family = str(rng.choice(FAMILIES))
-            image.paste(make_sample(family, "test", int(rng.integers(10_000)), size=tile).image, (c * tile, r * tile))
+            image.paste(make_sample(family, split, int(rng.integers(10_000)), size=tile).image, (c * tile, r * tile))
     return image.resize((size, size), Image.BICUBIC)
 
 
-RENDERS: dict[str, Callable[[np.random.Generator, int], Image.Image]] = {
+RENDERS: dict[str, Callable[[np.random.Generator, int, str], Image.Image]] = {
     "abstract": abstract, "patterns": patterns, "documents": documents, "plots": plots, "collage": collage,
 }
 
@@ -162,6 +163,6 @@ def make_render(kind: str, split: str, index: int, size: int = 128) -> tuple[Ima
     """
     check_request(kind, tuple(RENDERS), "render kind", split, size)
     rng = _rng(kind, split, index)
-    image = RENDERS[kind](rng, size)
+    image = RENDERS[kind](rng, size, split)
     prompts = DETAILED_PROMPTS if rng.random() < 0.3 else CAPTION_PROMPTS
     return image, str(rng.choice(prompts))
