@@ -37,8 +37,9 @@ pytestmark = pytest.mark.skipif(
            "(apt-get install chromium chromium-driver; scripts/install.sh does it when run as root)")
 #: how long one panel may take at most (pipeline load + method + plain decoding on a busy 2-core CPU)
 PANEL_TIMEOUT_S = 120
-#: "<method>: tau T | ... | W s | batch B", then plain decoding's line, then the speedup
-STATS = re.compile(r"^\w[\w-]*: tau \d+\.\d\d .*\| \d+\.\d\d s \| batch \d+\n"
+#: "<method>: tau T | ... | W s | batch B", then plain decoding's line, then the speedup; the method
+#: is a name or a spec with its argument ("eagle:PATH" where drafter="auto" picked a head by path)
+STATS = re.compile(r"^\w[\w-]*(:[^\n]*?)?: tau \d+\.\d\d .*\| \d+\.\d\d s \| batch \d+\n"
                    r"plain decoding: tau 1\.00 \| \d+\.\d\d s\nspeedup \d+\.\d\dx", re.M)
 
 
