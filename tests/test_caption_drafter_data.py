@@ -138,6 +138,16 @@ def test_bench_caption_over_a_data_file(tmp_path_factory, tmp_path, capsys):
     assert meta["data"] == str(data) and "--data" in meta["command"]
     assert main([*argv[:7], "purple", *argv[8:]]) == 2
     assert "has no rows of purple" in capsys.readouterr().err
+    # every row is measured or the run is refused: a row without an image, an image that cannot be decoded
+    with open(data, "a") as file:
+        file.write(json.dumps({"prompt": "No image here.", "group": "red"}) + "\n")
+    assert main([*argv, "--results", str(tmp_path / "b.json")]) == 2
+    assert "1 row without an image" in capsys.readouterr().err
+    (tmp_path / "images/red-0.png").write_bytes(b"not a png")
+    data.write_text("".join(line + "\n" for line in data.read_text().splitlines()[:-1]))
+    assert main([*argv, "--results", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "red-0.png: unreadable image" in err and "Traceback" not in err
 
 
 def test_captioner_data_routes_to_the_any_target_loop_unless_it_is_the_recipes_cache(tmp_path):

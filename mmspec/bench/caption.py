@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import os
 import statistics
@@ -113,11 +112,12 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
 def data_items(data: str, groups: str | None, per_group: int) -> list[tuple[str, int, object, str]]:
     """``--data`` JSONL -> [(group, row within its group, image, prompt)]: the first ``per_group``
     rows of each group (of ``groups``, a comma list, when given), checked before any model loads."""
-    from PIL import Image
-
-    from ..train.any_target import format_skipped, read_examples
+    from ..train.any_target import format_skipped, open_image, read_examples
 
     examples, skipped = read_examples(data)
+    imageless = sum(example.image is None for example in examples)
+    if imageless:
+        skipped["row without an image"] = imageless
     if skipped:
         raise ValueError(f"--data {data}: {format_skipped(skipped)}; a benchmark measures every row it is given: fix or drop them")
     wanted = groups.split(",") if groups else None
@@ -129,13 +129,14 @@ def data_items(data: str, groups: str | None, per_group: int) -> list[tuple[str,
     items = []
     for example in examples:
         group = example.group or "data"
-        if (wanted and group not in wanted) or counts.get(group, 0) >= per_group or example.image is None:
+        if (wanted and group not in wanted) or counts.get(group, 0) >= per_group:
             continue
-        image = Image.open(io.BytesIO(example.image) if isinstance(example.image, bytes) else example.image)
-        items.append((group, counts.get(group, 0), image.convert("RGB"), example.prompt))
+        try:
+            image = open_image(example)
+        except ValueError as error:
+            raise ValueError(f"--data {data}: {example.image if isinstance(example.image, Path) else 'a row'}: {error}") from None
+        items.append((group, counts.get(group, 0), image, example.prompt))
         counts[group] = counts.get(group, 0) + 1
-    if not items:
-        raise ValueError(f"--data {data}: no row with an image to benchmark")
     return items
 
 

@@ -235,6 +235,22 @@ def load_target(name: str, dtype: torch.dtype, device: torch.device):
     return model, tokenizer, False
 
 
+def open_image(example: Example):
+    """An example's image (a file, encoded bytes or a PIL image) as an RGB PIL image.
+
+    Raises:
+        ValueError: "unreadable image" (a file or bytes PIL cannot decode).
+    """
+    from PIL import Image
+
+    try:
+        if isinstance(example.image, Image.Image):
+            return example.image.convert("RGB")
+        return Image.open(io.BytesIO(example.image) if isinstance(example.image, bytes) else example.image).convert("RGB")
+    except (OSError, ValueError):
+        raise ValueError("unreadable image") from None
+
+
 def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str, torch.Tensor]:
     """One example's prompt -> the target's batch-1 model inputs (the chat template's user turn,
     with the image first for a VLM; pixel tensors in the model's dtype).
@@ -254,14 +270,7 @@ def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str,
     content = [{"type": "text", "text": text}]
     images = None
     if example.image is not None:
-        from PIL import Image
-
-        try:
-            source = io.BytesIO(example.image) if isinstance(example.image, bytes) else example.image
-            image = example.image if isinstance(example.image, Image.Image) else Image.open(source)
-            images = [image.convert("RGB")]
-        except (OSError, ValueError):
-            raise ValueError("unreadable image") from None
+        images = [open_image(example)]
         content.insert(0, {"type": "image"})
     chat = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
     inputs = processor(text=[chat], images=images, return_tensors="pt") if images else processor(text=[chat], return_tensors="pt")

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from .data import FAMILIES, SPLITS, make_sample
-from .data.core import CAPTION_PROMPTS, DETAILED_PROMPTS, stable_hash
+from .data.core import CAPTION_PROMPTS, DETAILED_PROMPTS, parse_names, stable_hash
 from .data.renders import RENDERS, make_render
 
 GROUPS = (*FAMILIES, *RENDERS)
@@ -40,17 +40,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--crop", type=float, default=0.5, help="share of family images cropped and rescaled")
 
 
-def parse_groups(text: str) -> list[str]:
-    groups = [g.strip() for g in text.split(",") if g.strip()]
-    unknown = [g for g in groups if g not in GROUPS]
-    if unknown or not groups:
-        raise ValueError(f"--groups: unknown {unknown or text!r}; choose from {', '.join(GROUPS)}")
-    return groups
+def row_rng(group: str, split: str, index: int) -> np.random.Generator:
+    """The seeded stream of one row's choices (its size first)."""
+    return np.random.default_rng(stable_hash(f"caption-data/{group}/{split}/{index}"))
 
 
 def family_row(family: str, split: str, index: int, sizes: list[int], crop: float) -> tuple[Image.Image, str]:
     """A family's sample at a drawn size, maybe cropped -> (image, prompt)."""
-    rng = np.random.default_rng(stable_hash(f"caption-data/{family}/{split}/{index}"))
+    rng = row_rng(family, split, index)
     size = int(rng.choice(sizes))
     sample = make_sample(family, split, index, size=size)
     image = sample.image
@@ -65,7 +62,7 @@ def family_row(family: str, split: str, index: int, sizes: list[int], crop: floa
 
 
 def run(args) -> int:
-    groups = parse_groups(args.groups)
+    groups = parse_names(args.groups, GROUPS, "--groups")
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
@@ -83,8 +80,7 @@ def run(args) -> int:
         for group in groups:
             name = f"images/{group}-{index:05d}.png"
             if group in RENDERS:
-                image, prompt = make_render(group, args.split, index, size=int(np.random.default_rng(
-                    stable_hash(f"caption-data/{group}/{args.split}/{index}")).choice(sizes)))
+                image, prompt = make_render(group, args.split, index, size=int(row_rng(group, args.split, index).choice(sizes)))
             else:
                 image, prompt = family_row(group, args.split, index, sizes, args.crop)
             image.save(out / name)

@@ -129,14 +129,9 @@ def load_target(name: str):
 def caption_families(names: str | None) -> tuple[str, ...]:
     """``--families`` (comma-separated, None: all) -> the caption data families, checked."""
     from .data import FAMILIES
+    from .data.core import parse_names
 
-    if names is None:
-        return FAMILIES
-    families = tuple(name.strip() for name in names.split(",") if name.strip())
-    unknown = [name for name in families if name not in FAMILIES]
-    if unknown or not families:
-        raise ValueError(f"--families: unknown {unknown or names!r}; choose from {', '.join(FAMILIES)}")
-    return families
+    return parse_names(names, FAMILIES, "--families")
 
 
 def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int = 64) -> None:
@@ -646,8 +641,8 @@ def reads_any_data(args) -> bool:
 def run(args) -> int:
     if args.target not in TARGETS:
         return run_any_target(args)
+    args.out = args.out or str(models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
     if reads_any_data(args):
-        args.out = args.out or str(models_dir() / f"smolcap-{args.method}")
         return run_any_target(args)
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
@@ -658,7 +653,7 @@ def run(args) -> int:
                          "checkpoint with --data)")
     torch.set_num_threads(args.threads)
     device = train_device(args)
-    out = Path(args.out or models_dir() / f"{'smolcap' if args.target == 'captioner' else args.target}-{args.method}")
+    out = Path(args.out)
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
     model, tokenizer_or_processor = load_target(args.target)
     prepare_data(args, model, tokenizer_or_processor, data_dir)

@@ -188,7 +188,7 @@ class EagleMethod(TTSMethod):
     def build_drafter(self, components):
         single = components.target.num_codebooks == 1 and not self.tree_paths
         return CodecEagleDrafter(components.eagle_head(), tree_paths=self.tree_paths,
-                                 num_draft_tokens=self.num_draft_tokens or (self.draft_length(components) if single else None))
+                                 num_draft_tokens=self.draft_length(components) if single else self.num_draft_tokens)
 
 
 @register_method

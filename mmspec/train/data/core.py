@@ -166,6 +166,17 @@ def check_split(split: str) -> None:
 T = TypeVar("T")
 
 
+def parse_names(text: str | None, known: Sequence[str], option: str) -> tuple[str, ...]:
+    """``--OPTION a,b`` (None: all of ``known``) -> the names, each checked against ``known``."""
+    if text is None:
+        return tuple(known)
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise ValueError(f"{option}: unknown {unknown or text!r}; choose from {', '.join(known)}")
+    return names
+
+
 def check_request(name: str, known, what: str, split: str, size: int) -> None:
     """Refuse an unknown ``name`` (of ``known``; ``what``: "family", "render kind"), an unknown
     split or an image side below 16 pixels, in one line each."""

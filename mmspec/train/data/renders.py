@@ -17,7 +17,6 @@ stream, as the families' splits do.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Callable
 
@@ -107,12 +106,13 @@ def documents(rng: np.random.Generator, size: int, split: str) -> Image.Image:
 
 
 def plots(rng: np.random.Generator, size: int, split: str) -> Image.Image:
-    import matplotlib
+    """Drawn on matplotlib's Agg canvas directly (no pyplot, no global backend), as ``charts`` is."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(3, 3), dpi=max(40, size // 3))
+    figure = Figure(figsize=(3, 3), dpi=max(40, size // 3))
+    canvas = FigureCanvasAgg(figure)
+    axes = figure.subplots()
     kind = int(rng.integers(5))
     n = int(rng.integers(3, 7))
     labels = [str(w).title() for w in rng.choice(WORDS, n, replace=False)]
@@ -129,11 +129,8 @@ def plots(rng: np.random.Generator, size: int, split: str) -> Image.Image:
     else:
         axes.boxplot([rng.normal(i, 1 + rng.random(), 30) for i in range(n)], tick_labels=labels)
     axes.set_title(" ".join(rng.choice(WORDS, 2)).title(), fontsize=9)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    plt.close(figure)
-    buffer.seek(0)
-    return Image.open(buffer).convert("RGB").resize((size, size), Image.BICUBIC)
+    canvas.draw()
+    return Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy()).resize((size, size), Image.BICUBIC)
 
 
 def collage(rng: np.random.Generator, size: int, split: str) -> Image.Image:
