@@ -284,3 +284,7 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     del table["drafters"][1]["sampled_speedup_per_token"], table["drafters"][0]["sampled_speedup_per_token"]
     (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
     assert choose_sampling_drafter(model_dir) is None  # nothing measured when sampling: the temperature-0 choice
+    table["drafters"][1]["speedup"] = 3.0  # the greedy pick a spec with a path: named as the file writes it
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
+    picked = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
+    assert picked.chosen_drafter == "spd:../draft" and picked(image, max_new_tokens=4).stats.config["drafter"] == "spd:../draft"

@@ -320,6 +320,8 @@ class ImageCaptioningPipeline(Pipeline):
         if drafter in NO_DRAFTER:
             name = "ar"
         elif is_caption_spec(drafter):  # checked, then the drafter registry's short form
+            if auto_key is not None:
+                name = auto_key[0]  # the file's spec, its path as written there (relative to the model)
             drafter = make_caption_method(drafter).drafter_spec()
         elif isinstance(drafter, (str, os.PathLike)):
             path = check_drafter_name(drafter)
