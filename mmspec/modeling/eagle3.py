@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .attention import attend
 from .persistence import save_module
 
 #: mmspec's own files of an EAGLE-3 head
@@ -248,20 +249,14 @@ class Eagle3Head(nn.Module):
             token_embeds: [B or 1, n, H] embeddings of the next tokens.
             cache: a transformers-style cache (``update(k, v, 0)``, ``get_seq_length()``) or None.
             position_ids: [1, n] positions of the inputs.
-            attention_mask: None (causal after the cache) or additive [1 or B, 1, n, cached + n].
+            attention_mask: None (causal after the cache) or boolean / additive [1 or B, 1, n, cached + n].
 
         Returns:
             s [B, n, H], the un-normed output (the next step's feature; logits: :meth:`logits`).
         """
         q, k, v, residual = self.project(features, token_embeds, position_ids)
-        batch, n = residual.shape[:2]
-        cached = 0
         if cache is not None:
-            cached = cache.get_seq_length()
             k, v = cache.update(k, v, 0)
-        if attention_mask is None:
-            visible = torch.ones(n, cached + n, dtype=torch.bool, device=q.device).tril(cached)
-            attention_mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, torch.finfo(q.dtype).min)
         return self.finish(q, k, v, attention_mask, residual)
 
     def project(self, features: torch.Tensor, token_embeds: torch.Tensor, position_ids: torch.Tensor):
@@ -283,14 +278,19 @@ class Eagle3Head(nn.Module):
         v = attn.v_proj(u).view(batch, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
         return q, k, v, residual
 
-    def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor,
+    def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None,
                residual: torch.Tensor) -> torch.Tensor:
-        """Attention of q over keys / values k, v [B, kv heads, m, hd] under the additive mask
-        [.., n, m], then o_proj + residual and the MLP block -> s [B, n, H]."""
+        """Attention of q over keys / values k, v [B, kv heads, m, hd] under the mask [.., n, m]
+        (boolean, or additive; None: a chain after the cache), then o_proj + residual and the MLP
+        block -> s [B, n, H]. Drafting on a CPU takes mmspec's few-row attention
+        (:func:`~mmspec.modeling.attention.attend`: ~10x less time than PyTorch's for one query row
+        on the embedded captioner's head), training PyTorch's."""
         layer, attn = self.midlayer, self.midlayer.self_attn
         batch, n = residual.shape[:2]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.to(q.dtype), enable_gqa=attn.heads != attn.kv_heads)
-        r = residual + attn.o_proj(out.transpose(1, 2).reshape(batch, n, -1))
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask.to(q.dtype)
+        out = attend(q, k, v, attention_mask)  # [B, n, heads, hd]
+        r = residual + attn.o_proj(out.reshape(batch, n, -1))
         return r + layer.mlp(layer.post_attention_layernorm(r))
 
     def logits(self, s: torch.Tensor) -> torch.Tensor:
