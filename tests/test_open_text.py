@@ -102,3 +102,29 @@ def test_open_text_refuses_a_count_below_one_before_loading_the_model(tmp_path):
                           str(tmp_path / "t.txt")], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--count" in run.stderr, run.stderr
     assert not (tmp_path / "t.txt").exists()
+
+
+def test_open_text_refuses_a_negative_seed_before_loading_the_model(tmp_path, capsys):
+    from mmspec.cli import main
+
+    code = main(["train", "open-text", "--seed", "-1", "--out", str(tmp_path / "t.txt")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--seed" in err, err
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_more_seeds_are_a_source_of_their_own_without_seed_0s_sentences(tmp_path, monkeypatch):
+    header = "# source: SmolLM2-135M-Instruct, mmspec train open-text (seed {})\n"
+    first = [f"The bus number {i} is late again." for i in range(60)]
+    more = first[:20] + [f"My neighbour bakes {i} loaves of bread." for i in range(60)]
+    monkeypatch.setattr(open_text, "HERE", tmp_path)
+    monkeypatch.setattr(open_text, "SMOLLM2_TEXT", tmp_path / "open_text_smollm2.txt")
+    assert open_text.smollm2_text(0) == tmp_path / "open_text_smollm2.txt"
+    assert open_text.smollm2_text(3) == tmp_path / "open_text_smollm2-seed3.txt"
+    assert open_text.smollm2_more("train") == []  # no seed files: empty, not an error
+    open_text.smollm2_text(0).write_text(header.format(0) + "\n".join(first) + "\n")
+    open_text.smollm2_text(1).write_text(header.format(1) + "\n".join(more[:50]) + "\n")
+    open_text.smollm2_text(2).write_text(header.format(2) + "\n".join(more[50:]) + "\n")
+    every = [t for split in ("train", "validation", "test") for t in open_text.smollm2_more(split)]
+    assert sorted(every) == sorted(more[20:])
+    assert sorted(t for split in ("train", "validation", "test") for t in open_text.smollm2(split)) == sorted(first)

@@ -198,3 +198,24 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
                  str(shards / "v"), "--voice", str(shards / "nowhere"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "has no tts.json" in err and err.count("\n") == 1
+
+
+def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):
+    import shutil
+
+    from mmspec.train import tts as tts_training
+
+    data = tmp_path / "data"
+    shutil.copytree(shards / "data", data)
+    codec = MelRVQCodec.from_pretrained(shards / "codec")
+    first = tts_training.encoded_utterances(data, shards / "codec", codec, "train")
+    saved = torch.load(data / "train-00000.pt", weights_only=True)
+    torch.save({**saved, "texts": [f"more {i}" for i in range(6)]}, data / "train-00001.pt")
+    encoded = []
+    monkeypatch.setattr(codec, "encode", lambda audio: encoded.append(audio) or MelRVQCodec.encode(codec, audio))
+    both = tts_training.encoded_utterances(data, shards / "codec", codec, "train")
+    assert len(encoded) == 6  # the new shard's utterances only
+    assert [i["text"] for i in both] == [f"sentence {i}" for i in range(6)] + [f"more {i}" for i in range(6)]
+    assert all(torch.equal(a["codes"], b["codes"]) for a, b in zip(first, both))
+    assert tts_training.encoded_utterances(data, shards / "codec", codec, "train")[6]["text"] == "more 0"
+    assert len(encoded) == 6  # nothing new: nothing encoded

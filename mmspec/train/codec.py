@@ -28,14 +28,19 @@ def iter_utterances(data: str | Path, split: str, alignments: bool = False):
     """Yield (text, phoneme ids [P], float audio [samples], sample rate) of every sentence of
     ``split``, and with ``alignments`` the samples the voice spent on each phoneme id [P]."""
     for shard in speech_shards(data, split):
-        saved = torch.load(shard, weights_only=True)
-        if alignments and "samples_per_phoneme" not in saved:
-            raise ValueError(f"{shard} has no phoneme durations (made by an older mmspec); move {data} away and rerun "
-                             "mmspec train speech-data")
-        spent = saved.get("samples_per_phoneme") or [None] * len(saved["texts"])
-        for text, ids, audio, samples in zip(saved["texts"], saved["phoneme_ids"], saved["audio"], spent):
-            item = (text, ids, audio.float() / 32768.0, saved["sample_rate"])
-            yield (*item, samples) if alignments else item
+        yield from shard_utterances(shard, alignments)
+
+
+def shard_utterances(shard: Path, alignments: bool = False):
+    """:func:`iter_utterances` for one shard file."""
+    saved = torch.load(shard, weights_only=True)
+    if alignments and "samples_per_phoneme" not in saved:
+        raise ValueError(f"{shard} has no phoneme durations (made by an older mmspec); move {shard.parent} away and "
+                         "rerun mmspec train speech-data")
+    spent = saved.get("samples_per_phoneme") or [None] * len(saved["texts"])
+    for text, ids, audio, samples in zip(saved["texts"], saved["phoneme_ids"], saved["audio"], spent):
+        item = (text, ids, audio.float() / 32768.0, saved["sample_rate"])
+        yield (*item, samples) if alignments else item
 
 
 def add_arguments(parser) -> None:

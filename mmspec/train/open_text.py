@@ -1,16 +1,19 @@
 """``mmspec train open-text``: the SmolLM2-written part of the embedded voice's open-domain text
 (:func:`mmspec.train.data.open_text.generate_smollm2`), appended to
-``mmspec/train/data/open_text_smollm2.txt`` (or ``--out``). Resumable: rerun the same command."""
+``mmspec/train/data/open_text_smollm2.txt`` for seed 0, ``open_text_smollm2-seedN.txt`` beside it
+for seed N (the ``smollm2-more`` source), or ``--out``. Resumable: rerun the same command; run
+one seed per core."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .data.open_text import SMOLLM2_TEXT, generate_smollm2
+from .data.open_text import generate_smollm2, smollm2_text
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default=str(SMOLLM2_TEXT), help="the text file (one sentence per line after a header)")
+    parser.add_argument("--out", default=None, help="the text file (one sentence per line after a header; default: "
+                        "mmspec/train/data/open_text_smollm2.txt for seed 0, open_text_smollm2-seedN.txt beside it for seed N)")
     parser.add_argument("--count", type=int, default=4000, help="distinct sentences to reach")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -20,9 +23,12 @@ def add_arguments(parser) -> None:
 def run(args) -> None:
     if args.count < 1 or args.batch_size < 1:
         raise ValueError(f"--count and --batch-size must be at least 1, got {args.count} and {args.batch_size}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be 0 or more, got {args.seed}")
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    held = generate_smollm2(args.count, Path(args.out), batch_size=args.batch_size, seed=args.seed)
-    print(f"open-text: {held} sentences in {args.out}")
+    out = Path(args.out) if args.out else smollm2_text(args.seed)
+    held = generate_smollm2(args.count, out, batch_size=args.batch_size, seed=args.seed)
+    print(f"open-text: {held} sentences in {out}")

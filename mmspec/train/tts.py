@@ -24,7 +24,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
-from .codec import iter_utterances
+from .codec import shard_utterances, speech_shards
 
 PRESETS = {
     "target": {"dim": 256, "layers": 6, "heads": 4, "ffn": 768, "aligned": True},
@@ -86,23 +86,27 @@ def frame_durations(samples_per_phoneme: torch.Tensor, num_frames: int, samples_
 
 def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, split: str) -> list[dict]:
     """Every utterance of ``split`` as {"text", "phonemes" [P], "codes" [K, F], "durations" [P]
-    (frames per phoneme)}, encoded once and cached per codec (rebuilt when new shards appear)."""
+    (frames per phoneme)}, in shard order, encoded once and cached per codec; when new shards
+    appear only they are encoded."""
     digest = hashlib.sha1((codec_dir / codec.weights_file).read_bytes()).hexdigest()[:10]
-    shards = sorted(Path(data).glob(f"{split}-*.pt"))
+    shards = speech_shards(data, split)
     path = Path(data) / f"codes-{split}-{digest}.pt"
-    if path.exists():
-        saved = torch.load(path, weights_only=True)
-        if saved["shards"] == len(shards) and saved.get("aligned"):
-            return saved["items"]
-    per_frame = codec.config.hop_length * codec.config.stack
-    items = []
-    for text, ids, audio, _, spent in iter_utterances(data, split, alignments=True):
-        codes = codec.encode(audio)
-        items.append({"text": text, "phonemes": ids, "codes": codes,
-                      "durations": frame_durations(spent, codes.shape[1], per_frame)})
-    torch.save({"shards": len(shards), "aligned": True, "items": items}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return items
+    saved = torch.load(path, weights_only=True) if path.exists() else {}
+    by_shard = saved.get("by_shard", {})
+    if set(by_shard) != {shard.name for shard in shards}:
+        per_frame = codec.config.hop_length * codec.config.stack
+        for shard in shards:
+            if shard.name in by_shard:
+                continue
+            by_shard[shard.name] = []
+            for text, ids, audio, _, spent in shard_utterances(shard, alignments=True):
+                codes = codec.encode(audio)
+                by_shard[shard.name].append({"text": text, "phonemes": ids, "codes": codes,
+                                             "durations": frame_durations(spent, codes.shape[1], per_frame)})
+        by_shard = {shard.name: by_shard[shard.name] for shard in shards}
+        torch.save({"by_shard": by_shard}, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+    return [item for shard in shards for item in by_shard[shard.name]]
 
 
 def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]:

@@ -8,6 +8,10 @@ Sources (registered in :data:`SOURCES`, each a function ``(split) -> list[str]``
   filtered for length and characters, deduplicated (:func:`generate_smollm2`, ``mmspec train
   open-text``). The generated text is kept in ``open_text_smollm2.txt`` next to this module, so the
   data does not depend on the machine that generated it.
+- ``smollm2-more``: more of the same generator's sentences, written with other seeds
+  (``open_text_smollm2-seed*.txt``, ``mmspec train open-text --seed N``), less those of ``smollm2``;
+  a source of its own so that ``smollm2``'s sentences, and the shards synthesised from them, stay
+  as they were.
 - ``fortunes``: quotations, jokes and riddles of Debian's ``fortunes-min``
   (``/usr/share/games/fortunes``), split into sentences.
 - ``words``: sentences around words of Debian's ``wamerican`` word list (``/usr/share/dict``), for
@@ -37,6 +41,13 @@ from .sentences import sentence as grammar_sentence
 
 HERE = Path(__file__).parent
 SMOLLM2_TEXT = HERE / "open_text_smollm2.txt"
+
+
+def smollm2_text(seed: int) -> Path:
+    """Where ``mmspec train open-text --seed seed`` keeps its sentences (seed 0: :data:`SMOLLM2_TEXT`)."""
+    return SMOLLM2_TEXT if seed == 0 else HERE / f"open_text_smollm2-seed{seed}.txt"
+
+
 FORTUNES = Path("/usr/share/games/fortunes")
 WORDS = Path("/usr/share/dict/american-english")
 
@@ -162,11 +173,20 @@ def _split(texts: list[str], split: str) -> list[str]:
     return kept
 
 
+def _generated(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines()[1:] if line.strip()] if path.exists() else []
+
+
 def smollm2(split: str) -> list[str]:
-    """The generated sentences of ``split`` (empty when ``open_text_smollm2.txt`` is missing)."""
-    if not SMOLLM2_TEXT.exists():
-        return []
-    return _split([line for line in SMOLLM2_TEXT.read_text().splitlines()[1:] if line.strip()], split)
+    """The generated sentences (seed 0) of ``split`` (empty when ``open_text_smollm2.txt`` is missing)."""
+    return _split(_generated(SMOLLM2_TEXT), split)
+
+
+def smollm2_more(split: str) -> list[str]:
+    """The sentences of ``split`` generated with seeds 1 and up, less those seed 0 wrote."""
+    first = {text.lower() for text in _generated(SMOLLM2_TEXT)}
+    more = [text for path in sorted(HERE.glob("open_text_smollm2-seed*.txt")) for text in _generated(path)]
+    return _split([text for text in more if text.lower() not in first], split)
 
 
 def fortunes(split: str) -> list[str]:
@@ -259,7 +279,7 @@ def grammar(split: str, count: int = 1500) -> list[str]:
 
 #: source name -> (sentences of a split, share of the corpus)
 SOURCES: dict[str, tuple[Callable[[str], list[str]], float]] = {
-    "smollm2": (smollm2, 0.40), "fortunes": (fortunes, 0.15), "words": (words, 0.12),  # shares of the corpus
+    "smollm2": (smollm2, 0.40), "smollm2-more": (smollm2_more, 0.40), "fortunes": (fortunes, 0.15), "words": (words, 0.12),  # shares of the corpus
     "numbers": (numbers, 0.15), "grammar": (grammar, 0.18),
 }
 
