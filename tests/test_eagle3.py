@@ -301,3 +301,53 @@ def test_captured_target_returns_the_fused_layers():
     for drafter in (Eagle3Drafter(case.model, head, num_draft_tokens=3), Eagle3TreeDrafter(case.model, head, depth=3, top_k=3, num_nodes=8)):
         out = mmspec.generate(captured, drafter=drafter, max_new_tokens=12, **case.inputs)
         assert torch.equal(out.sequences, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("do_sample,norm_before_residual", [(False, False), (True, False), (False, True)])
+def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, norm_before_residual):
+    """Where the head and its projections run fused (``mmspec.optimize``), the EAGLE-3 chain in one
+    C call (the committed pairs fused by fc, then per token the final norm, the draft LM head over
+    the draft vocabulary, the pick and the next step over [N1(e); Nh(s)]) drafts the Python loop's
+    tokens from the same generator, with its q (float rounding), and leaves the head's cache as the
+    loop does, verification after verification. (Attention sharpened, so a wrong position shows.)"""
+    import copy
+
+    from test_eagle import _fused_model_and_head
+
+    from mmspec.core.drafter import DraftContext
+
+    model, _ = _fused_model_and_head(dtype)  # (skips where the fused kernels do not run)
+    head = random_head(model, size=64, seed=2).to(dtype)
+    head.config.norm_before_residual = norm_before_residual
+    with torch.no_grad():
+        head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
+    assert mmspec.optimize(head, kernel="c").replaced > 0
+    fused, loop = Eagle3Drafter(model, head, 4), Eagle3Drafter(model, copy.deepcopy(head), 4)
+    chains, fused_chain = [], fused._fused_chain
+    fused._fused_chain = lambda *args: chains.append(fused_chain(*args)) or chains[-1]
+    loop._fused_chain = lambda *args: None  # the Python loop
+    target, layers = TransformersTarget(model), head.config.aux_layers
+    sampling = SamplingConfig(do_sample=do_sample, temperature=0.8)
+    with torch.inference_mode():
+        state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=layers)
+        state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        for drafter in (fused, loop):
+            drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
+            drafter.on_verified(0, 0, prefill)
+        for step in range(4):
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4), step
+            if do_sample:
+                torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+            length = fused.cache.get_seq_length()
+            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            # (the loop's norms and rotation are PyTorch's: the same formula, sums in another order)
+            torch.testing.assert_close(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :],
+                                       **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}))
+            out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=layers)
+            accepted = step % 3  # 0, 1, 2, 0 drafts kept, then the target's next token
+            state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
+            for drafter in (fused, loop):
+                drafter.on_verified(4, accepted, out)
+    assert len(chains) == 4 and all(chain is not None for chain in chains)

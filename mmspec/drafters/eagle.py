@@ -290,9 +290,13 @@ class EagleDrafter(BatchDrafting, Drafter):
         if (plans is None or not 1 <= pending <= plans[0].max_rows or rows > plans[0].max_rows or not plans.fresh()
                 or self.features.shape[0] != 1 or self.features.dtype != plans[0].dtype or state.tokens.device.type != "cpu"):
             return None
-        start = self.fed - self.position_base
-        cos, sin = rotary(self.head.decoder, self.features[:, :1].expand(1, pending + ahead, -1), start, None)  # (rows: their count)
-        return plans, pending, cos[0], sin[0]
+        cos, sin = self._rotary_rows(self.fed - self.position_base, pending + ahead)
+        return plans, pending, cos, sin
+
+    def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's rotary rows cos, sin [count, hd] of the head positions start ..."""
+        cos, sin = rotary(self.head.decoder, self.features[:, :1].expand(1, count, -1), start, None)  # (rows: their count)
+        return cos[0], sin[0]
 
     def _fed_pairs(self, state: SequenceState, pending: int) -> None:
         """Record that a fused call fed the ``pending`` committed pairs into the head's cache."""

@@ -21,10 +21,13 @@ without DIR, the head shipped for an embedded model (``models/smolcap-eagle3``: 
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from ..core.drafter import register_drafter
-from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head
+from ..core.cache import PreallocatedLayer, SequenceState
+from ..core.drafter import Draft, register_drafter
+from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head, midlayer_parts
+from ..modeling.fused import PlanStack, chain_draws, chain_samples, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
@@ -63,6 +66,11 @@ class _Eagle3Parts:
         """(the target's token embedding, the head's own draft LM head)."""
         return target_model.get_input_embeddings(), Eagle3LMHead(self._eagle3_head)
 
+    def _fusable(self) -> bool:
+        """EAGLE's fused head calls read an :class:`~mmspec.modeling.heads.EagleHead`; the trees
+        here take the module forward (the chain has its own call: :class:`Eagle3Drafter`)."""
+        return False
+
     @staticmethod
     def _load(target, arg: str | None, spec: str) -> Eagle3Head:
         """``arg`` (a head directory), or without one the head shipped for an embedded model
@@ -90,6 +98,58 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3Drafter":
         return cls(target.model, cls._load(target, arg, "eagle3"), num_draft_tokens or 5)
+
+    # ------------------------------------------------------------------ the fused chain (CPU)
+    def _fusable(self) -> bool:
+        """Whether the chain can run in one C call (:func:`mmspec.modeling.fused.eagle3_chain`),
+        checked once a generation: the fused kernels on, the head's fc and LM head few-row
+        linears without bias, a plain embedding table in the head's dtype."""
+        head, table = self.head, getattr(self.embed, "weight", None)
+        dtype = head.midlayer.input_layernorm.weight.dtype
+        return (fused_enabled() and type(self.embed) is nn.Embedding and table.dtype == dtype and table.is_contiguous()
+                and head.fc.bias is None and linear_operand(head.fc, dtype) is not None
+                and linear_operand(self.lm_head.projection, dtype) is not None)
+
+    def _chain_plans(self):
+        """The head layer's plan as a one-plan stack (:func:`layer_plan` with the mid layer's
+        parts: its q / k / v read 2 D inputs), else None."""
+        layer = self.head.midlayer
+        dtype = layer.input_layernorm.weight.dtype
+        plan = layer_plan(layer, midlayer_parts)
+        if plan is None or plan.dtype != dtype or type(self.cache.layers[0]) is not PreallocatedLayer:
+            return None
+        return PlanStack([plan])
+
+    def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [count, hd] of head positions start ..., as :meth:`Eagle3Head.project` makes them."""
+        head = self.head
+        angles = torch.arange(start, start + count, dtype=torch.float32)[:, None] * head.inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        dtype = head.midlayer.input_layernorm.weight.dtype
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def _fused_chain(self, state: SequenceState, k: int) -> Draft | None:
+        """:meth:`propose`'s chain in one C call (:func:`~mmspec.modeling.fused.eagle3_chain`: the
+        committed pairs the head has not seen, then per token the final norm, the draft LM head,
+        the pick and the next head step) where it runs (:meth:`_fusable`, CPU, greedy or
+        temperature-only sampling): the loop's tokens from the same generator, q within float
+        rounding; else None."""
+        if not chain_samples(self.context.sampling):
+            return None
+        fused = self._fused_inputs(state, k - 1)
+        if fused is None:
+            return None
+        plans, pending, cos, sin = fused
+        head = self.head
+        temperature, uniforms, probs = chain_draws(self.context.sampling, self.context.generator, k, self.lm_head.size)
+        codes = eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
+                             head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection,
+                             state.tokens[0, self.fed + 1 :].contiguous(), self.features[0, :pending].contiguous(),
+                             self.embed.weight, self.lm_head.token_ids, cos.contiguous(), sin.contiguous(), k, temperature,
+                             uniforms, probs)
+        self._fed_pairs(state, pending)
+        self.forwards += k
+        return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
 
 
 @register_drafter("eagle3-tree")

@@ -191,6 +191,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def midlayer_parts(layer: _MidLayer) -> tuple | None:
+    """The mid layer's parts as :func:`mmspec.modeling.fused.layer_plan` reads a layer's (norm1: the
+    token embeddings' input norm; q / k / v over [N1(e); Nh(g)], 2 D inputs), or None for an
+    activation other than SiLU."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if mlp.act is not F.silu:
+        return None
+    return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, [attn.q_proj, attn.k_proj, attn.v_proj],
+            attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, layer.input_layernorm.eps,
+            layer.post_attention_layernorm.eps, attn.heads, attn.kv_heads, attn.head_dim, attn.head_dim**-0.5, 0)
+
+
 class Eagle3Head(nn.Module):
     """fc, the mid layer, norm and the draft LM head (see the module docstring for the formula).
 

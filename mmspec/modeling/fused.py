@@ -171,20 +171,21 @@ def _probe(layer: nn.Module):
     return None if weight is None else (type(first), weight.data_ptr(), weight.dtype, weight.device)
 
 
-def layer_plan(layer: nn.Module) -> LayerPlan | None:
+def layer_plan(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None] = _parts) -> LayerPlan | None:
     """The layer's plan (built at first use, rebuilt when its projections changed), or None where
-    it does not qualify (module doc)."""
+    it does not qualify (module doc). ``parts_of``: how to read the layer's parts, as :func:`_parts`
+    gives them (a layer that is not a stack's, such as EAGLE-3's: :func:`eagle3_chain`)."""
     probe = _probe(layer)
     cached = _PLANS.get(layer)
     if cached is not None and cached[0] == probe and (cached[1] is None or cached[1].fresh()):
         return cached[1]
-    plan = _build(layer)
+    plan = _build(layer, parts_of)
     _PLANS[layer] = (probe, plan)
     return plan
 
 
-def _build(layer: nn.Module) -> LayerPlan | None:
-    parts = _parts(layer)
+def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> LayerPlan | None:
+    parts = parts_of(layer)
     if parts is None:
         return None
     norm1, norm2, qkv, o, gate, up, down, eps1, eps2, heads, kv_heads, head_dim, scale, rope = parts
@@ -572,6 +573,72 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     if status:
         raise MemoryError("the fused head chain could not allocate its scratch")
     cache_layer.close_slots(n0 if keep is None else keep)
+    return tokens
+
+
+@functools.cache
+def _eagle3_function():
+    function = load_kernel().eagle3_chain
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = ([pointer, pointer, ctypes.c_int, pointer, ctypes.c_float, pointer, ctypes.c_int, int64, pointer,
+                          ctypes.c_int, int64, pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
+                         + [int64] * 5 + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_int])
+    function.restype = ctypes.c_int
+    return function
+
+
+def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: torch.Tensor, norm_before_residual: bool,
+                 norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
+                 table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float,
+                 uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
+    """An EAGLE-3 head's chain of ``k`` draft indices in one C call (``eagle3_chain`` in
+    ``kernels/layer.c``; the head: :class:`mmspec.modeling.eagle3.Eagle3Head`): the pairs fed with
+    their target states fused by ``fc``, then per index the final norm and draft LM head, the draw,
+    and the next step over [N1(e(x_i)); Nh(s^)] with the residual s^ (Nh(s^) where
+    ``norm_before_residual``):
+
+        s^ = last row of Layer3(e(codes), W_fc features);  for i < k: x_i ~ softmax(output(N(s^)) / T);
+        s^ = Layer3(e(ids[x_i]), s^)
+
+    Args:
+        plan: the head layer's :class:`LayerPlan` (its q / k / v read 2 D inputs).
+        cache_layer: its cache layer; the n0 pairs fed stay in it, the drafted indices' do not.
+        hidden_norm: Nh's weight [D] (the layer's eps). norm, eps: the head's final norm.
+        fc: [3 H_t -> D], output: [D -> C] bias-free linears (:func:`linear_operand` accepts them).
+        codes: LongTensor [n0] (target ids) and features [n0, 3 H_t]: the pairs to feed.
+        table: the target's embedding [V, D]; ids: LongTensor [C], each draft index's target id.
+        cos, sin: rotary rows [n0 + k - 1, hd] of the positions fed.
+        temperature, uniforms, probs: as :func:`head_chain`'s.
+
+    Returns:
+        LongTensor [k]: the draft indices.
+
+    Raises:
+        ValueError: an operand of the wrong shape or dtype, or a linear the call cannot read.
+    """
+    dtype, hd, width = plan.dtype, plan.head_dim, plan.spec.D
+    n0 = codes.shape[0]
+    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
+    shapes = ((features, [n0, fc.in_features]), (table, [table.shape[0], width]), (cos, [n0 + k - 1, hd]),
+              (sin, [n0 + k - 1, hd]), (hidden_norm, [width]), (norm, [width]))
+    if (n0 < 1 or k < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
+            or fc.bias is not None or output.bias is not None or fc.out_features != width or output.in_features != width
+            or ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,) or plan.spec.rope
+            or any(list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() for t, shape in shapes)):
+        raise ValueError(f"eagle3_chain needs bias-free fused fc and output linears into / out of width {width}, codes a "
+                         f"LongTensor [n0 >= 1], ids a LongTensor [{output.out_features}], and contiguous {dtype} tensors "
+                         f"of shapes {[shape for _, shape in shapes]}")
+    keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, dtype, n0 + k - 1)
+    tokens = torch.empty(k, dtype=torch.long)
+    status = _eagle3_function()(
+        ctypes.addressof(plan.spec), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
+        fc_operand[0], fc.in_features, out_operand[1], out_operand[0], output.out_features, codes.data_ptr(),
+        features.data_ptr(), n0, table.data_ptr(), ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+        values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms),
+        tokens.data_ptr(), _ptr(probs), 0 if probs is None else probs.stride(0), torch.get_num_threads())
+    if status:
+        raise MemoryError("the fused EAGLE-3 chain could not allocate its scratch")
+    cache_layer.close_slots(n0)
     return tokens
 
 

@@ -236,25 +236,23 @@ static void rotate(const LayerSpec *s, void *t, int64_t B, int64_t n, int64_t he
             }
 }
 
-/* x [B n, D] in place. cos / sin: the rotary inputs of the n rows (row stride rope_b between batch
- * entries, 0 to share); kbuf / vbuf: the layer's key / value buffers [B, Hkv, capacity, hd] (strides
- * ks_*), whose positions [cached, cached + n) this call writes; mask: NULL (a chain after the cache)
- * or bytes [B or 1, n, cached + n]. Returns 0, or -1 (scratch not allocated, or a kernel failed). */
-int lean_layer(const LayerSpec *s, void *x, int64_t B, int64_t n, const void *cos, const void *sin, int64_t rope_b,
-               void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, const uint8_t *mask,
-               int64_t ms_b, int64_t ms_n, int threads) {
+/* The layer from its attention input on: h [M = B n, Kin] the rows the q / k / v projections read
+ * (N1(x) for a Llama layer: Kin = D; EAGLE-3's [N1(e); Nh(g)]: Kin = 2 D), x [M, D] the residual,
+ * which becomes the layer's output in place. Other arguments as lean_layer's. */
+static int layer_from(const LayerSpec *s, void *x, const void *h, int64_t Kin, int64_t B, int64_t n, const void *cos,
+                      const void *sin, int64_t rope_b, void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l,
+                      int64_t cached, const uint8_t *mask, int64_t ms_b, int64_t ms_n, int threads) {
     const int64_t M = B * n, D = s->D, H = s->H, Hkv = s->Hkv, hd = s->hd, I = s->I, width = s->bf16 ? 2 : 4;
     const int bf16 = s->bf16;
     if (hd > 256) return -1; /* the attention's limit */
     char *scratch = malloc((size_t)(M * (2 * D + 2 * H * hd + 2 * Hkv * hd + 2 * I)) * width);
     if (!scratch) return -1;
-    char *h = scratch, *q = h + M * D * width, *k = q + M * H * hd * width, *v = k + M * Hkv * hd * width;
+    char *normed = scratch, *q = normed + M * D * width, *k = q + M * H * hd * width, *v = k + M * Hkv * hd * width;
     char *o = v + M * Hkv * hd * width, *g = o + M * H * hd * width, *u = g + M * I * width, *y = u + M * I * width;
     int status = 0;
-    rms_norm(x, s->norm1, h, M, D, s->eps1, bf16);
-    status |= linear(s, h, s->wq, s->bq, q, M, H * hd, D, threads);
-    status |= linear(s, h, s->wk, s->bk, k, M, Hkv * hd, D, threads);
-    status |= linear(s, h, s->wv, s->bv, v, M, Hkv * hd, D, threads);
+    status |= linear(s, h, s->wq, s->bq, q, M, H * hd, Kin, threads);
+    status |= linear(s, h, s->wk, s->bk, k, M, Hkv * hd, Kin, threads);
+    status |= linear(s, h, s->wv, s->bv, v, M, Hkv * hd, Kin, threads);
     rotate(s, q, B, n, H, cos, sin, rope_b);
     rotate(s, k, B, n, Hkv, cos, sin, rope_b);
     for (int64_t b = 0; b < B; b++) /* the new keys and values into the cache buffers */
@@ -270,14 +268,30 @@ int lean_layer(const LayerSpec *s, void *x, int64_t B, int64_t n, const void *co
             q, kbuf, vbuf, mask, o, B, H, Hkv, n, L, hd, n * H * hd, hd, H * hd, ks_b, ks_h, ks_l, ms_b, ms_n, s->scale, bf16);
     status |= linear(s, o, s->wo, s->bo, y, M, D, H * hd, threads);
     add_into(x, y, M * D, bf16);
-    rms_norm(x, s->norm2, h, M, D, s->eps2, bf16);
-    status |= linear(s, h, s->wg, NULL, g, M, I, D, threads);
-    status |= linear(s, h, s->wu, NULL, u, M, I, D, threads);
+    rms_norm(x, s->norm2, normed, M, D, s->eps2, bf16);
+    status |= linear(s, normed, s->wg, NULL, g, M, I, D, threads);
+    status |= linear(s, normed, s->wu, NULL, u, M, I, D, threads);
     (s->wide ? silu_times_wide : silu_times)(g, u, M * I, bf16);
     status |= linear(s, g, s->wd, NULL, y, M, D, I, threads);
     add_into(x, y, M * D, bf16);
     free(scratch);
     return status ? -1 : 0;
+}
+
+/* x [B n, D] in place. cos / sin: the rotary inputs of the n rows (row stride rope_b between batch
+ * entries, 0 to share); kbuf / vbuf: the layer's key / value buffers [B, Hkv, capacity, hd] (strides
+ * ks_*), whose positions [cached, cached + n) this call writes; mask: NULL (a chain after the cache)
+ * or bytes [B or 1, n, cached + n]. Returns 0, or -1 (scratch not allocated, or a kernel failed). */
+int lean_layer(const LayerSpec *s, void *x, int64_t B, int64_t n, const void *cos, const void *sin, int64_t rope_b,
+               void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, const uint8_t *mask,
+               int64_t ms_b, int64_t ms_n, int threads) {
+    char *h = malloc((size_t)(B * n * s->D * (s->bf16 ? 2 : 4)));
+    if (!h) return -1;
+    rms_norm(x, s->norm1, h, B * n, s->D, s->eps1, s->bf16);
+    const int status = layer_from(s, x, h, s->D, B, n, cos, sin, rope_b, kbuf, vbuf, ks_b, ks_h, ks_l, cached, mask, ms_b,
+                                  ms_n, threads);
+    free(h);
+    return status;
 }
 
 /* Layers specs[0 .. count) one after the other over x (lean_layer each; layer l writes kbufs[l] /
@@ -358,6 +372,30 @@ static int feed_pairs(const LayerSpec *s, const void *norm, float eps, const voi
     return status;
 }
 
+/* One draw from logits [C] (model dtype): temperature <= 0: the first maximum; else q [C] <- the fp32
+ * softmax of logits / T and the first index whose cumulative probability (double, in order) exceeds
+ * u x the total, as mmspec.core.sampling.sample_from_probs draws. row: fp32 scratch [C]. */
+static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperature, float u, float *q, float *row) {
+    int64_t best = 0;
+    if (temperature <= 0.0f) {
+        float top = get(logits, 0, bf16);
+        for (int64_t c = 1; c < C; c++)
+            if (get(logits, c, bf16) > top) top = get(logits, c, bf16), best = c;
+        return best;
+    }
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t c = 0; c < C; c++) row[c] = get(logits, c, bf16) / temperature, top = row[c] > top ? row[c] : top;
+    for (int64_t c = 0; c < C; c++) row[c] = expf(row[c] - top), total += row[c];
+    double cdf = 0.0, sum = 0.0;
+    for (int64_t c = 0; c < C; c++) q[c] = row[c] / total, sum += (double)q[c];
+    const double threshold = (double)u * sum;
+    for (int64_t c = 0; c < C; c++) {
+        cdf += (double)q[c];
+        if (cdf > threshold) return c;
+    }
+    return C - 1;
+}
+
 int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
                const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
                int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
@@ -377,28 +415,8 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
     char *feature = h + (n0 - 1) * row_bytes; /* f^: the last row fed */
     for (int64_t i = 0; i < k && !status; i++) {
         status = linear_kind(out_kind, feature, out_w, out_b, logits, 1, C, D, threads);
-        int64_t best = 0;
-        if (temperature <= 0.0f) { /* greedy: the first maximum */
-            float top = get(logits, 0, bf16);
-            for (int64_t c = 1; c < C; c++)
-                if (get(logits, c, bf16) > top) top = get(logits, c, bf16), best = c;
-        } else {
-            float top = -INFINITY, total = 0.0f;
-            for (int64_t c = 0; c < C; c++) row[c] = get(logits, c, bf16) / temperature, top = row[c] > top ? row[c] : top;
-            for (int64_t c = 0; c < C; c++) row[c] = expf(row[c] - top), total += row[c];
-            float *q = probs + i * probs_stride;
-            double cdf = 0.0, sum = 0.0;
-            for (int64_t c = 0; c < C; c++) q[c] = row[c] / total, sum += (double)q[c];
-            const double threshold = (double)uniforms[i] * sum;
-            best = C - 1;
-            for (int64_t c = 0; c < C; c++) {
-                cdf += (double)q[c];
-                if (cdf > threshold) {
-                    best = c;
-                    break;
-                }
-            }
-        }
+        const int64_t best = temperature <= 0.0f ? draw_code(logits, C, bf16, 0.0f, 0.0f, NULL, row)
+                                                 : draw_code(logits, C, bf16, temperature, uniforms[i], probs + i * probs_stride, row);
         tokens[i] = best;
         if (i + 1 == k || status) break;
         const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
@@ -530,6 +548,78 @@ int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w,
         }
     }
     *count = total, *layers = grown;
+    free(scratch);
+    return status ? -1 : 0;
+}
+
+/* EAGLE-3's head layer over n rows (positions cached .. cached + n - 1, rotary rows cos / sin [n, hd]):
+ * e [n, D] the tokens' embeddings, x [n, D] in: g, the fused target states or the head's own last
+ * outputs; out: s, the layer's outputs:
+ *
+ *   u = [N1(e); Nh(g)] [n, 2 D],  r = (Nh(g) if norm_before_residual else g) + W_o Attn(W_q u, W_k u, W_v u)
+ *   s = r + W_down (SiLU(W_gate N2(r)) * W_up N2(r))
+ *
+ * (s: the layer's spec with q / k / v over 2 D inputs; hidden_norm: Nh's weight [D], eps s->eps1.) */
+static int eagle3_layer(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *e, void *x, int64_t n,
+                        const void *cos, const void *sin, void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l,
+                        int64_t cached, int threads) {
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    char *u = malloc((size_t)(2 * n * row_bytes));
+    if (!u) return -1;
+    for (int64_t m = 0; m < n; m++) {
+        rms_norm((const char *)e + m * row_bytes, s->norm1, u + 2 * m * row_bytes, 1, D, s->eps1, s->bf16);
+        rms_norm((char *)x + m * row_bytes, hidden_norm, u + (2 * m + 1) * row_bytes, 1, D, s->eps1, s->bf16);
+        if (norm_before_residual) memcpy((char *)x + m * row_bytes, u + (2 * m + 1) * row_bytes, (size_t)row_bytes);
+    }
+    const int status = layer_from(s, x, u, 2 * D, 1, n, cos, sin, 0, kbuf, vbuf, ks_b, ks_h, ks_l, cached, NULL, 0, 0, threads);
+    free(u);
+    return status;
+}
+
+/* An EAGLE-3 head's draft chain in one call (mmspec.drafters.eagle3.Eagle3Drafter), what its Python
+ * loop does with ~30 tensor calls a token:
+ *
+ *   feed the n0 pairs (e(c_j), W_fc F_j):  s = Layer3(e(c_j), W_fc F_j),  s^ = its last row
+ *   for i < k:  logits = W_out Nf(s^) [C];  x_i ~ softmax(logits / T) (T <= 0: the first argmax)
+ *               if i + 1 < k:  s^ = Layer3(e(ids[x_i]), s^)  at the next position
+ *
+ * with Layer3 as eagle3_layer and e(t) = table[t] (the target's embedding). codes [n0]: the pairs'
+ * target ids; features [n0, F]: the pairs' concatenated target states, fused by fc_w [D, F] (no
+ * bias); norm / eps: Nf, the head's final norm; out_w [C, D] (no bias): the draft LM head; ids [C]:
+ * each draft index's target id. Other arguments as head_chain's (cos / sin [n0 + k - 1, hd]; the
+ * keys and values of the positions after cached + n0 are the caller's to drop). Returns 0, or -1. */
+int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *norm, float eps,
+                 const void *fc_w, int fc_kind, int64_t F, const void *out_w, int out_kind, int64_t C, const int64_t *codes,
+                 const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
+                 void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature,
+                 const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
+    const int64_t D = s->D, width = s->bf16 ? 2 : 4, row_bytes = D * width, rope_bytes = s->hd * width;
+    const int bf16 = s->bf16;
+    if (n0 < 1 || k < 1 || s->rope) return -1;
+    char *scratch = malloc((size_t)((2 * n0 + 1) * row_bytes + C * width) + (size_t)C * sizeof(float));
+    if (!scratch) return -1;
+    char *e = scratch, *x = e + n0 * row_bytes, *normed = x + n0 * row_bytes, *logits = normed + row_bytes;
+    float *row = (float *)(logits + C * width);
+    for (int64_t j = 0; j < n0; j++) memcpy(e + j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
+    int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
+    if (!status)
+        status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
+                              threads);
+    char *feature = x + (n0 - 1) * row_bytes; /* s^: the last row fed */
+    for (int64_t i = 0; i < k && !status; i++) {
+        rms_norm(feature, norm, normed, 1, D, eps, bf16);
+        status = linear_kind(out_kind, normed, out_w, NULL, logits, 1, C, D, threads);
+        const int64_t best = temperature <= 0.0f ? draw_code(logits, C, bf16, 0.0f, 0.0f, NULL, row)
+                                                 : draw_code(logits, C, bf16, temperature, uniforms[i], probs + i * probs_stride, row);
+        tokens[i] = best;
+        if (i + 1 == k || status) break;
+        const int64_t at = n0 + i; /* this pair's position after the cache, its rotary row */
+        memcpy(e, (const char *)table + ids[best] * row_bytes, (size_t)row_bytes);
+        if (feature != x) memcpy(x, feature, (size_t)row_bytes);
+        status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, 1, (const char *)cos + at * rope_bytes,
+                              (const char *)sin + at * rope_bytes, kbuf, vbuf, ks_b, ks_h, ks_l, cached + at, threads);
+        feature = x;
+    }
     free(scratch);
     return status ? -1 : 0;
 }
