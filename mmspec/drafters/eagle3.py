@@ -12,7 +12,9 @@ The drafting is EAGLE's (:mod:`mmspec.drafters.eagle`), with three differences:
   so the target's speculative rule sees a distribution over its own ids and stays exact (the
   residual max(0, p - q) keeps the mass of the tokens the head cannot draft).
 
-``drafter="eagle3:DIR"`` drafts chains of K tokens; ``"eagle3-tree:DIR"`` grows EAGLE-2's dynamic
+``drafter="eagle3:DIR"`` drafts chains of K tokens (on a CPU, with the head's projections few-row
+C linears, in one C call a chain: :func:`mmspec.modeling.fused.eagle3_chain`);
+``"eagle3-tree:DIR"`` grows EAGLE-2's dynamic
 trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.drafters.eagle.Eagle2Drafter`).
 DIR holds mmspec's layout (``mmspec train drafter --method eagle3``) or the vLLM / SGLang one
 (``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere);
