@@ -260,14 +260,20 @@ class EagleDrafter(BatchDrafting, Drafter):
             return None
         plans, pending, cos, sin = fused
         temperature, uniforms, probs = chain_draws(self.context.sampling, self.context.generator, k, self.lm_head.size)
-        decoder = self.head.decoder
-        codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
-                           self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
-                           self.features[0, :pending].contiguous(), self.embed.weight, None, 0, cos, sin, k,
-                           temperature, uniforms, probs, ids=self.lm_head.token_ids, int8=self.chain_int8)
+        codes = self._chain_call(plans, state.tokens[0, self.fed + 1 :].contiguous(), self.features[0, :pending].contiguous(),
+                                 cos, sin, k, temperature, uniforms, probs)
         self._fed_pairs(state, pending)
         self.forwards += k
         return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
+
+    def _chain_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int,
+                    temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_fused_chain`'s C call over the pending pairs (codes [n0], features [n0, .]) -> the
+        k drafted indices [k] (:func:`~mmspec.modeling.fused.head_chain`)."""
+        decoder = self.head.decoder
+        return head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
+                          self.lm_head.projection, codes, features, self.embed.weight, None, 0, cos, sin, k, temperature,
+                          uniforms, probs, ids=self.lm_head.token_ids, int8=self.chain_int8)
 
     def _fused_inputs(self, state: SequenceState, ahead: int, rows: int = 1):
         """(the head's plans, the pending pairs n0, rotary rows cos / sin [n0 + ahead, hd] from the

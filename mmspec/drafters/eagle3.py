@@ -26,10 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core.cache import PreallocatedLayer, SequenceState
-from ..core.drafter import Draft, register_drafter
+from ..core.cache import PreallocatedLayer
+from ..core.drafter import register_drafter
 from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head, midlayer_parts
-from ..modeling.fused import PlanStack, chain_draws, chain_samples, eagle3_chain, fused_enabled, layer_plan, linear_operand
+from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
@@ -130,28 +130,16 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         dtype = head.midlayer.input_layernorm.weight.dtype
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def _fused_chain(self, state: SequenceState, k: int) -> Draft | None:
-        """:meth:`propose`'s chain in one C call (:func:`~mmspec.modeling.fused.eagle3_chain`: the
-        committed pairs the head has not seen, then per token the final norm, the draft LM head,
-        the pick and the next head step) where it runs (:meth:`_fusable`, CPU, greedy or
-        temperature-only sampling): the loop's tokens from the same generator, q within float
-        rounding; else None."""
-        if not chain_samples(self.context.sampling):
-            return None
-        fused = self._fused_inputs(state, k - 1)
-        if fused is None:
-            return None
-        plans, pending, cos, sin = fused
+    def _chain_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int,
+                    temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
+        """The chain's C call (:func:`~mmspec.modeling.fused.eagle3_chain`: the pending pairs' target
+        states fused by fc, then per token the final norm, the draft LM head, the pick and the next
+        step over [N1(e); Nh(s)])."""
         head = self.head
-        temperature, uniforms, probs = chain_draws(self.context.sampling, self.context.generator, k, self.lm_head.size)
-        codes = eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
-                             head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection,
-                             state.tokens[0, self.fed + 1 :].contiguous(), self.features[0, :pending].contiguous(),
-                             self.embed.weight, self.lm_head.token_ids, cos.contiguous(), sin.contiguous(), k, temperature,
-                             uniforms, probs)
-        self._fed_pairs(state, pending)
-        self.forwards += k
-        return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
+        return eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
+                            head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection, codes, features,
+                            self.embed.weight, self.lm_head.token_ids, cos.contiguous(), sin.contiguous(), k, temperature,
+                            uniforms, probs)
 
 
 @register_drafter("eagle3-tree")
