@@ -372,10 +372,12 @@ static int feed_pairs(const LayerSpec *s, const void *norm, float eps, const voi
     return status;
 }
 
-/* One draw from logits [C] (model dtype): temperature <= 0: the first maximum; else q [C] <- the fp32
- * softmax of logits / T and the first index whose cumulative probability (double, in order) exceeds
- * u x the total, as mmspec.core.sampling.sample_from_probs draws. row: fp32 scratch [C]. */
-static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperature, float u, float *q, float *row) {
+/* Draw i of a chain from logits [C] (model dtype): temperature <= 0: the first maximum; else
+ * q = probs + i probs_stride [C] <- the fp32 softmax of logits / T and the first index whose
+ * cumulative probability (double, in order) exceeds uniforms[i] x the total, as
+ * mmspec.core.sampling.sample_from_probs draws. row: fp32 scratch [C]. */
+static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperature, const float *uniforms, float *probs,
+                         int64_t probs_stride, int64_t i, float *row) {
     int64_t best = 0;
     if (temperature <= 0.0f) {
         float top = get(logits, 0, bf16);
@@ -386,9 +388,10 @@ static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperat
     float top = -INFINITY, total = 0.0f;
     for (int64_t c = 0; c < C; c++) row[c] = get(logits, c, bf16) / temperature, top = row[c] > top ? row[c] : top;
     for (int64_t c = 0; c < C; c++) row[c] = expf(row[c] - top), total += row[c];
+    float *q = probs + i * probs_stride;
     double cdf = 0.0, sum = 0.0;
     for (int64_t c = 0; c < C; c++) q[c] = row[c] / total, sum += (double)q[c];
-    const double threshold = (double)u * sum;
+    const double threshold = (double)uniforms[i] * sum;
     for (int64_t c = 0; c < C; c++) {
         cdf += (double)q[c];
         if (cdf > threshold) return c;
@@ -415,8 +418,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
     char *feature = h + (n0 - 1) * row_bytes; /* f^: the last row fed */
     for (int64_t i = 0; i < k && !status; i++) {
         status = linear_kind(out_kind, feature, out_w, out_b, logits, 1, C, D, threads);
-        const int64_t best = temperature <= 0.0f ? draw_code(logits, C, bf16, 0.0f, 0.0f, NULL, row)
-                                                 : draw_code(logits, C, bf16, temperature, uniforms[i], probs + i * probs_stride, row);
+        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row);
         tokens[i] = best;
         if (i + 1 == k || status) break;
         const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
@@ -609,8 +611,7 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
     for (int64_t i = 0; i < k && !status; i++) {
         rms_norm(feature, norm, normed, 1, D, eps, bf16);
         status = linear_kind(out_kind, normed, out_w, NULL, logits, 1, C, D, threads);
-        const int64_t best = temperature <= 0.0f ? draw_code(logits, C, bf16, 0.0f, 0.0f, NULL, row)
-                                                 : draw_code(logits, C, bf16, temperature, uniforms[i], probs + i * probs_stride, row);
+        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row);
         tokens[i] = best;
         if (i + 1 == k || status) break;
         const int64_t at = n0 + i; /* this pair's position after the cache, its rotary row */
