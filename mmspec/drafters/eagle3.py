@@ -123,12 +123,8 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         return PlanStack([plan])
 
     def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [count, hd] of head positions start ..., as :meth:`Eagle3Head.project` makes them."""
-        head = self.head
-        angles = torch.arange(start, start + count, dtype=torch.float32)[:, None] * head.inv_freq
-        angles = torch.cat([angles, angles], dim=-1)
-        dtype = head.midlayer.input_layernorm.weight.dtype
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        """cos, sin [count, hd] of head positions start ... (:meth:`Eagle3Head.rotary`)."""
+        return self.head.rotary(torch.arange(start, start + count), self.head.midlayer.input_layernorm.weight.dtype)
 
     def _chain_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int,
                     temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
@@ -138,7 +134,7 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         head = self.head
         return eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
                             head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection, codes, features,
-                            self.embed.weight, self.lm_head.token_ids, cos.contiguous(), sin.contiguous(), k, temperature,
+                            self.embed.weight, self.lm_head.token_ids, cos, sin, k, temperature,
                             uniforms, probs)
 
 

@@ -282,13 +282,18 @@ class Eagle3Head(nn.Module):
         normed = layer.hidden_norm(features)
         residual = normed if self.config.norm_before_residual else features
         u = torch.cat([embeds, normed], dim=-1)
-        angles = position_ids.to(self.inv_freq.device).float()[..., None] * self.inv_freq  # [1 or B, n, hd/2]
-        angles = torch.cat([angles, angles], dim=-1)[:, None]
-        cos, sin = angles.cos().to(u.dtype), angles.sin().to(u.dtype)
+        cos, sin = (t[:, None] for t in self.rotary(position_ids, u.dtype))  # [1 or B, 1, n, hd]
         q = _rotate(attn.q_proj(u).view(batch, n, attn.heads, attn.head_dim).transpose(1, 2), cos, sin)
         k = _rotate(attn.k_proj(u).view(batch, n, attn.kv_heads, attn.head_dim).transpose(1, 2), cos, sin)
         v = attn.v_proj(u).view(batch, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
         return q, k, v, residual
+
+    def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [..., n] -> cos, sin [..., n, hd] in ``dtype`` (rotate-half layout: angles
+        p * inv_freq, repeated for both halves, computed in fp32)."""
+        angles = position_ids.to(self.inv_freq.device).float()[..., None] * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None,
                residual: torch.Tensor) -> torch.Tensor:

@@ -41,13 +41,6 @@ from .sentences import sentence as grammar_sentence
 
 HERE = Path(__file__).parent
 SMOLLM2_TEXT = HERE / "open_text_smollm2.txt"
-
-
-def smollm2_text(seed: int) -> Path:
-    """Where ``mmspec train open-text --seed seed`` keeps its sentences (seed 0: :data:`SMOLLM2_TEXT`)."""
-    return SMOLLM2_TEXT if seed == 0 else HERE / f"open_text_smollm2-seed{seed}.txt"
-
-
 FORTUNES = Path("/usr/share/games/fortunes")
 WORDS = Path("/usr/share/dict/american-english")
 
@@ -171,6 +164,11 @@ def _split(texts: list[str], split: str) -> list[str]:
             seen.add(key)
             kept.append(text)
     return kept
+
+
+def smollm2_text(seed: int) -> Path:
+    """Where ``mmspec train open-text --seed seed`` keeps its sentences (seed 0: :data:`SMOLLM2_TEXT`)."""
+    return SMOLLM2_TEXT if seed == 0 else HERE / f"open_text_smollm2-seed{seed}.txt"
 
 
 def _generated(path: Path) -> list[str]:
