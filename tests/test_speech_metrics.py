@@ -83,3 +83,19 @@ def test_bench_summary_gives_wer_per_source(piper):
             "machine": {"threads": 1, "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
     table = markdown_table({"ar": row}, meta)
     assert "held-out open sentences" in table and "| method | right | wrong |" in table
+
+
+def test_reference_rows_bound_the_embedded_voice(piper):
+    """Piper's own audio, Piper's codes through the codec and Piper's codebook 0 through the NAR
+    stage: three rows, the NAR stage's no better than the codec's full codes (it only guesses
+    codebooks 1-7) and still the same speaker and words on the voice's grammar."""
+    import mmspec
+    from mmspec.bench.tts import speaker_references
+
+    rate, texts, audio = piper
+    pipe = mmspec.pipeline("text-to-speech", method="ar", dtype="float32")
+    embeddings, rows = speaker_references("piper", texts, pipe)
+    assert len(embeddings) == 2 and torch.allclose(embeddings[0], speaker_embedding(audio[0], rate))
+    nar, codec = rows["piper's codebook 0 through the NAR stage"], rows["piper through the codec"]
+    assert list(rows) == ["piper (the reference)", "piper through the codec", "piper's codebook 0 through the NAR stage"]
+    assert nar["wer"] <= 0.34 and 0.6 < nar["speaker_similarity"] <= codec["speaker_similarity"] + 0.02, rows

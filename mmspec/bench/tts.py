@@ -173,7 +173,9 @@ def run_throughput(args, results: dict, path: Path, components, methods: dict, t
 def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[torch.Tensor], dict]:
     """One speaker embedding [256] per sentence: of the Piper voice saying it (``"piper"``), or of
     one WAV file for all. With Piper, also the rows that bound the methods' quality: Piper's own
-    WER, and the WER and speaker similarity of Piper's audio through the model's codec."""
+    WER, the WER and speaker similarity of Piper's audio through the model's codec and, for a
+    VALL-E-style voice, of Piper's codebook 0 through its NAR stage (Piper's own alignment, codec
+    frames per phoneme as in training): what the voice would say were its AR stage perfect."""
     from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
 
     if reference != "piper":
@@ -185,14 +187,31 @@ def speaker_references(reference: str, texts: list[str], pipe) -> tuple[list[tor
 
     voice = load_voice()
     rate, codec_rate = voice.config.sample_rate, pipe.sampling_rate
-    source = [synthesise(voice, text, noise=False)[1].float() / 32768 for text in texts]
-    coded = [pipe.components.waveform(pipe.components.codec.encode(a, rate))[0] for a in source]
+    components = pipe.components
+    said = [synthesise(voice, text, noise=False) for text in texts]
+    source = [audio.float() / 32768 for _, audio, _ in said]
+    codes = [components.codec.encode(a, rate) for a in source]
     embeddings = [speaker_embedding(a, rate) for a in source]
-    sims = [float(speaker_embedding(a, codec_rate) @ e) for a, e in zip(coded, embeddings)]
     rows = {"piper (the reference)": {"wer": word_error_rate(texts, [transcribe(a, rate) for a in source])},
-            "piper through the codec": {"wer": word_error_rate(texts, [transcribe(a, codec_rate) for a in coded]),
-                                        "speaker_similarity": sum(sims) / len(sims)}}
+            "piper through the codec": _reference_row(texts, [components.waveform(c)[0] for c in codes], codec_rate, embeddings)}
+    if components.nar is not None:
+        from ..train.tts import frame_durations
+
+        per_frame = round(rate / components.codec.frame_rate)  # Piper's samples per codec frame
+        filled = [components.nar.complete(c[0], ids.to(c.device), frame_durations(spent, c.shape[1], per_frame).to(c.device))
+                  for c, (ids, _, spent) in zip(codes, said)]
+        rows["piper's codebook 0 through the NAR stage"] = _reference_row(
+            texts, [components.waveform(c)[0] for c in filled], codec_rate, embeddings)
     return embeddings, rows
+
+
+def _reference_row(texts: list[str], audio: list[torch.Tensor], rate: int, embeddings: list[torch.Tensor]) -> dict:
+    """A reference row of the table: the WER of ``audio`` (one clip per sentence) and its mean
+    speaker similarity to ``embeddings``."""
+    from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
+
+    sims = [float(speaker_embedding(a, rate) @ e) for a, e in zip(audio, embeddings)]
+    return {"wer": word_error_rate(texts, [transcribe(a, rate) for a in audio]), "speaker_similarity": sum(sims) / len(sims)}
 
 
 def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool,
