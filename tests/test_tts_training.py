@@ -219,3 +219,8 @@ def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):
     assert all(torch.equal(a["codes"], b["codes"]) for a, b in zip(first, both))
     assert tts_training.encoded_utterances(data, shards / "codec", codec, "train")[6]["text"] == "more 0"
     assert len(encoded) == 6  # nothing new: nothing encoded
+    # a resumed speech-data run rewrites a partial last shard: only it is encoded again
+    torch.save({**saved, **{key: saved[key][:2] for key in ("texts", "phoneme_ids", "audio", "samples_per_phoneme")},
+                "texts": ["short 0", "short 1"]}, data / "train-00001.pt")
+    assert [i["text"] for i in tts_training.encoded_utterances(data, shards / "codec", codec, "train")[6:]] == ["short 0", "short 1"]
+    assert len(encoded) == 8

@@ -86,17 +86,21 @@ def frame_durations(samples_per_phoneme: torch.Tensor, num_frames: int, samples_
 
 def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, split: str) -> list[dict]:
     """Every utterance of ``split`` as {"text", "phonemes" [P], "codes" [K, F], "durations" [P]
-    (frames per phoneme)}, in shard order, encoded once and cached per codec; when new shards
-    appear only they are encoded."""
+    (frames per phoneme)}, in shard order, encoded once and cached per codec; when shards appear or
+    change (a resumed ``speech-data`` run rewrites a partial last shard: its size and modification
+    time change) only they are encoded."""
     digest = hashlib.sha1((codec_dir / codec.weights_file).read_bytes()).hexdigest()[:10]
     shards = speech_shards(data, split)
     path = Path(data) / f"codes-{split}-{digest}.pt"
     saved = torch.load(path, weights_only=True) if path.exists() else {}
     by_shard = saved.get("by_shard", {})
-    if set(by_shard) != {shard.name for shard in shards}:
+    stamps = {shard.name: _stamp(shard) for shard in shards}
+    # (a cache written before stamps were kept: its shards are taken as they are now)
+    kept = saved.get("stamps", {name: stamps[name] for name in by_shard if name in stamps})
+    if kept != stamps or set(by_shard) != set(stamps):
         per_frame = codec.config.hop_length * codec.config.stack
         for shard in shards:
-            if shard.name in by_shard:
+            if shard.name in by_shard and kept.get(shard.name) == stamps[shard.name]:
                 continue
             by_shard[shard.name] = []
             for text, ids, audio, _, spent in shard_utterances(shard, alignments=True):
@@ -104,9 +108,15 @@ def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, sp
                 by_shard[shard.name].append({"text": text, "phonemes": ids, "codes": codes,
                                              "durations": frame_durations(spent, codes.shape[1], per_frame)})
         by_shard = {shard.name: by_shard[shard.name] for shard in shards}
-        torch.save({"by_shard": by_shard}, path.with_suffix(".tmp"))
+        torch.save({"by_shard": by_shard, "stamps": stamps}, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
     return [item for shard in shards for item in by_shard[shard.name]]
+
+
+def _stamp(shard: Path) -> str:
+    """A shard file's size and modification time: a rewritten shard gets a new stamp."""
+    stat = shard.stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def collate(items: list[dict], config: CodecLMConfig) -> dict[str, torch.Tensor]:
