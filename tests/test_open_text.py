@@ -127,4 +127,10 @@ def test_more_seeds_are_a_source_of_their_own_without_seed_0s_sentences(tmp_path
     open_text.smollm2_text(2).write_text(header.format(2) + "\n".join(more[50:]) + "\n")
     every = [t for split in ("train", "validation", "test") for t in open_text.smollm2_more(split)]
     assert sorted(every) == sorted(more[20:])
+    # seed 10 comes after seed 2 (by number, not by name), so the earlier sentences keep their places
+    before = open_text.smollm2_more("train")
+    later = [f"The tram to the harbour leaves at {i}." for i in range(30)]
+    open_text.smollm2_text(10).write_text(header.format(10) + "\n".join(later) + "\n")
+    after = open_text.smollm2_more("train")
+    assert after[: len(before)] == before and set(after[len(before):]) <= set(later) and len(after) > len(before)
     assert sorted(t for split in ("train", "validation", "test") for t in open_text.smollm2(split)) == sorted(first)

@@ -97,7 +97,7 @@ def encoded_utterances(data: str | Path, codec_dir: Path, codec: MelRVQCodec, sp
     stamps = {shard.name: _stamp(shard) for shard in shards}
     # (a cache written before stamps were kept: its shards are taken as they are now)
     kept = saved.get("stamps", {name: stamps[name] for name in by_shard if name in stamps})
-    if "stamps" not in saved or kept != stamps or set(by_shard) != set(stamps):
+    if "stamps" not in saved or kept != stamps:
         per_frame = codec.config.hop_length * codec.config.stack
         for shard in shards:
             if shard.name in by_shard and kept.get(shard.name) == stamps[shard.name]:

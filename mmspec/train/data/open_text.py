@@ -166,9 +166,21 @@ def _split(texts: list[str], split: str) -> list[str]:
     return kept
 
 
+#: the file of seed N >= 1's sentences, beside :data:`SMOLLM2_TEXT`
+SEED_TEXT = "open_text_smollm2-seed{}.txt"
+
+
 def smollm2_text(seed: int) -> Path:
     """Where ``mmspec train open-text --seed seed`` keeps its sentences (seed 0: :data:`SMOLLM2_TEXT`)."""
-    return SMOLLM2_TEXT if seed == 0 else HERE / f"open_text_smollm2-seed{seed}.txt"
+    return SMOLLM2_TEXT if seed == 0 else HERE / SEED_TEXT.format(seed)
+
+
+def _seed_files() -> list[Path]:
+    """The seed files of seeds 1 and up, in seed order (seed 10 after seed 2: a source's sentence
+    order fixes which sentences each speech shard holds)."""
+    prefix, suffix = SEED_TEXT.split("{}")
+    seeds = (path.name[len(prefix):-len(suffix)] for path in HERE.glob(SEED_TEXT.format("*")))
+    return [smollm2_text(int(seed)) for seed in sorted(int(s) for s in seeds if s.isdigit() and int(s) >= 1)]
 
 
 def _generated(path: Path) -> list[str]:
@@ -183,7 +195,7 @@ def smollm2(split: str) -> list[str]:
 def smollm2_more(split: str) -> list[str]:
     """The sentences of ``split`` generated with seeds 1 and up, less those seed 0 wrote."""
     first = {text.lower() for text in _generated(SMOLLM2_TEXT)}
-    more = [text for path in sorted(HERE.glob("open_text_smollm2-seed*.txt")) for text in _generated(path)]
+    more = [text for path in _seed_files() for text in _generated(path)]
     return _split([text for text in more if text.lower() not in first], split)
 
 
