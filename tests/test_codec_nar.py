@@ -11,10 +11,20 @@ from mmspec.train.tts import first_codebooks
 K, CODES, VOCAB = 4, 16, 12
 
 
-def tiny_nar(seed=0):
+def tiny_nar(seed=0, **depth):
     torch.manual_seed(seed)
     return CodecNAR(CodecNARConfig(text_vocab=VOCAB, num_codebooks=K, codebook_size=CODES, dim=32, layers=2, heads=2, ffn=64,
-                                   max_positions=64)).eval()
+                                   max_positions=64, **depth)).eval()
+
+
+def depth_nar(seed=0):
+    """A depth head whose zero-started parts are drawn at random, so that every path carries signal."""
+    nar = tiny_nar(seed, depth_layers=2, depth_ffn=48)
+    with torch.no_grad():
+        for name, p in nar.named_parameters():
+            if name.startswith(("codebook_inputs", "fine_embeddings", "depth_blocks")) and not p.any():
+                p.normal_(0, 0.5)
+    return nar
 
 
 def utterance(seed=0, frames=10):
@@ -53,6 +63,41 @@ def test_complete_keeps_codebook_0_and_takes_the_argmax():
     assert nar.complete(codes[0, :0], phonemes, durations).shape == (K, 0)
 
 
+def test_a_depth_head_added_to_a_one_pass_stage_starts_as_that_stage():
+    from dataclasses import replace
+
+    from mmspec.train.tts_nar import with_depth_head
+
+    one_pass = tiny_nar()
+    deep = with_depth_head(one_pass, replace(one_pass.config, depth_layers=2, depth_ffn=48)).eval()
+    codes, phonemes, durations = utterance()
+    alignment = alignment_of(phonemes, durations, 10)
+    base = one_pass(codes[None, 0], alignment)
+    torch.testing.assert_close(deep(codes[None, 0], alignment), base)  # its own argmax codes
+    torch.testing.assert_close(deep(codes[None, 0], alignment, fine=codes[None, 1:].transpose(1, 2)), base)  # teacher forced
+
+
+def test_with_a_depth_head_codebook_k_reads_codebooks_1_to_k_minus_1_only():
+    nar = depth_nar()
+    codes, phonemes, durations = utterance()
+    alignment = alignment_of(phonemes, durations, 10)
+    fine = codes[None, 1:].transpose(1, 2)  # [1, F, K-1]
+    base = nar(codes[None, 0], alignment, fine=fine)
+    for j in range(K - 1):
+        changed_fine = fine.clone()
+        changed_fine[0, 3, j] = (changed_fine[0, 3, j] + 1) % CODES
+        changed = nar(codes[None, 0], alignment, fine=changed_fine)
+        torch.testing.assert_close(changed[:, :, : j + 1], base[:, :, : j + 1])  # codebooks 1 .. j+1: untouched
+        torch.testing.assert_close(changed[:, torch.arange(10) != 3], base[:, torch.arange(10) != 3])  # other frames too
+        if j < K - 2:
+            assert not torch.allclose(changed[0, 3, j + 1], base[0, 3, j + 1])
+    # generation feeds each codebook's argmax to the next: the same logits as teacher forcing on those codes
+    full = nar.complete(codes[0], phonemes, durations)
+    generated = nar(codes[None, 0], alignment)
+    assert torch.equal(full[1:], generated[0].argmax(-1).T)
+    torch.testing.assert_close(nar(codes[None, 0], alignment, fine=full[None, 1:].transpose(1, 2)), generated)
+
+
 def test_it_learns_an_utterances_fine_codebooks():
     nar = tiny_nar().train()
     codes, phonemes, durations = utterance(frames=12)
@@ -67,6 +112,24 @@ def test_it_learns_an_utterances_fine_codebooks():
         optimizer.step()
     assert loss.item() < 0.1 * first
     assert torch.equal(nar.eval().complete(codes[0], phonemes, durations), codes)
+
+
+def test_a_depth_head_learns_an_utterances_fine_codebooks_and_saves(tmp_path):
+    nar = tiny_nar(depth_layers=1, depth_ffn=48).train()
+    codes, phonemes, durations = utterance(frames=12)
+    alignment = alignment_of(phonemes, durations, 12)
+    optimizer = torch.optim.Adam(nar.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        losses.append(nar.loss(codes[None], alignment, torch.ones(1, 12, dtype=torch.bool)))
+        optimizer.zero_grad()
+        losses[-1].backward()
+        optimizer.step()
+    assert losses[-1].item() < 0.1 * losses[0].item()
+    assert torch.equal(nar.eval().complete(codes[0], phonemes, durations), codes)
+    nar.save(tmp_path / "nar")
+    again = CodecNAR.from_pretrained(tmp_path / "nar")
+    assert again.config.depth_layers == 1 and torch.equal(again.complete(codes[0], phonemes, durations), codes)
 
 
 def test_first_codebooks_slices_a_delay_pattern_voice_into_its_codebook_0_stage():

@@ -187,6 +187,13 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     assert nar.config.num_codebooks == K and nar.config.codebook_size == CODES and nar.config.dim == 32
     assert json.loads((shards / "stage" / "tts.json").read_text())["nar"] == "../nar"
     assert json.loads((shards / "nar" / "training.json").read_text())["log"][-1]["loss"] > 0
+    nar_args = ["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--steps", "2",
+                "--batch-size", "2", "--threads", "1"]
+    assert main([*nar_args, "--init", str(shards / "nar"), "--depth-layers", "1", "--depth-ffn", "16", "--out",
+                 str(shards / "nar-depth")]) == 0
+    deep = CodecNAR.from_pretrained(shards / "nar-depth")
+    assert (deep.config.depth_layers, deep.config.depth_ffn, deep.config.dim) == (1, 16, 32)
+    assert deep.complete(torch.zeros(5, dtype=torch.long), torch.tensor([1, 2]), torch.tensor([2, 3])).shape == (K, 5)
 
 
 def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
@@ -198,6 +205,15 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
                  str(shards / "v"), "--voice", str(shards / "nowhere"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "has no tts.json" in err and err.count("\n") == 1
+    nar_args = ["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
+                str(shards / "u"), "--steps", "1", "--dim", "32", "--layers", "1"]
+    assert main([*nar_args, "--depth-layers", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--depth-layers -1: give 0" in err and err.count("\n") == 1
+    assert main([*nar_args, "--depth-layers", "1", "--steps", "1", "--batch-size", "2"]) == 0
+    assert main([*nar_args, "--init", str(shards / "u"), "--depth-layers", "2", "--out", str(shards / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "has a depth head of 1 blocks" in err and err.count("\n") == 1
 
 
 def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):

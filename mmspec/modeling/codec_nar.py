@@ -7,14 +7,30 @@ that fills in the finer codebooks given the whole of codebook 0. Speculative dec
 one code per position of a single stream, the layout where a drafted position is one code rather
 than a frame of K codes (docs/speech.md says why the delay layout defeats it).
 
-VALL-E's NAR stage makes one pass per codebook (codebook k from codebooks < k). This one makes a
-single pass for all of them, as the last iteration of SoundStorm does, because its cost is paid
-by every method alike and would otherwise rival the AR stage on a CPU:
+VALL-E's NAR stage makes one pass per codebook (codebook k from codebooks < k). This one runs its
+encoder once, as the last iteration of SoundStorm does, because its cost is paid by every method
+alike and would otherwise rival the AR stage on a CPU:
 
-    p(x_{1..K-1, f} | x_0, text) = prod_k Cat(x_{k, f}; softmax(W_k h_f)),  h = Encoder(E_0(x_0) + A + P)
+    h = Encoder(E_0(x_0) + A + P)                                        [F, D]
 
 with a bidirectional transformer encoder over the frames (E_0: codebook-0 embeddings, A: the
-frame's :func:`~mmspec.modeling.codec_lm.frame_alignment` embeddings, P: learned positions).
+frame's :func:`~mmspec.modeling.codec_lm.frame_alignment` embeddings, P: learned positions). Its
+heads then read each frame's state either all at once (``depth_layers=0``):
+
+    p(x_{1..K-1, f} | x_0, text) = prod_k Cat(x_{k, f}; softmax(W_k h_f))
+
+or, with a depth head (``depth_layers=N``), one codebook after another within the frame, as the
+residual quantizer built them, so that codebook k knows which codes 1 .. k-1 took (the frame's
+residual is then far less uncertain than the marginal of each codebook):
+
+    z_{k, f} = h_f + c_k + sum_{1 <= j < k} E_j(x_{j, f}),   z <- z + MLP_n(LN(z))  (n = 1 .. N)
+    p(x_{1..K-1, f} | x_0, text) = prod_k Cat(x_{k, f}; softmax(W_k z_{k, f}))
+
+(c_k: a learned codebook embedding; the N blocks are shared by the codebooks). Training is teacher
+forced (all k at once); generation walks k = 1 .. K-1 over all frames together: K-1 small steps
+after the one encoder pass. ``c``, ``E_j`` and each block's last layer start at zero, so a depth
+head added to a trained one-pass stage starts as that stage.
+
 Generation takes each code's argmax (VALL-E's NAR decodes greedily too), so the stage is a
 deterministic function of codebook 0 and the alignment: every method of the AR stage gets the
 same fine codebooks for the same codebook 0.
@@ -43,11 +59,15 @@ class CodecNARConfig:
     heads: int = 4
     ffn: int = 768
     max_positions: int = 1024
+    depth_layers: int = 0  # 0: codebooks 1.. at once; N: one after another through N shared residual MLP blocks
+    depth_ffn: int = 512
 
 
 class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
-    """forward(codes0 [B, F], alignment [B, F, 4], mask [B, F] or None) -> logits
-    [B, F, K - 1, C] of codebooks 1 .. K-1; :meth:`complete` fills in one utterance."""
+    """forward(codes0 [B, F], alignment [B, F, 4], mask [B, F] or None, fine [B, F, K - 1] or None)
+    -> logits [B, F, K - 1, C] of codebooks 1 .. K-1 (a depth head reads ``fine``, the codes of
+    codebooks 1 .. K-1, teacher forced, or without it its own argmax codes); :meth:`complete`
+    fills in one utterance."""
 
     config_class = CodecNARConfig
     config_file = "codec_nar.json"
@@ -67,8 +87,21 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
         self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
+        if config.depth_layers:
+            fine = config.num_codebooks - 1
+            self.codebook_inputs = nn.Embedding(fine, config.dim)  # c_k
+            self.fine_embeddings = nn.Embedding(max(1, fine - 1) * config.codebook_size, config.dim)  # E_1 .. E_{K-2}
+            self.depth_blocks = nn.ModuleList(
+                nn.Sequential(nn.LayerNorm(config.dim), nn.Linear(config.dim, config.depth_ffn), nn.GELU(),
+                              nn.Linear(config.depth_ffn, config.dim))
+                for _ in range(config.depth_layers))
+            with torch.no_grad():
+                for zeroed in (self.codebook_inputs.weight, self.fine_embeddings.weight,
+                               *(p for block in self.depth_blocks for p in block[-1].parameters())):
+                    zeroed.zero_()
 
-    def forward(self, codes0: torch.Tensor, alignment: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, codes0: torch.Tensor, alignment: torch.Tensor, mask: torch.Tensor | None = None,
+                fine: torch.Tensor | None = None) -> torch.Tensor:
         frames = codes0.shape[1]
         if frames > self.config.max_positions:
             raise ValueError(f"{frames} frames exceed the NAR stage's {self.config.max_positions} positions")
@@ -76,16 +109,52 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
              + self.embed_alignment(alignment))
         hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
         c = self.config
-        return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
+        if not c.depth_layers:
+            return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
+        return self.depth_logits(hidden) if fine is None else self.teacher_forced_logits(hidden, fine)
+
+    def refine(self, z: torch.Tensor) -> torch.Tensor:
+        """The depth head's shared residual blocks, z [..., D] -> [..., D]."""
+        for block in self.depth_blocks:
+            z = z + block(z)
+        return z
+
+    def head_weights(self) -> torch.Tensor:
+        """W_k for every fine codebook, [K - 1, C, D]."""
+        c = self.config
+        return self.heads.weight.view(c.num_codebooks - 1, c.codebook_size, c.dim)
+
+    def teacher_forced_logits(self, hidden: torch.Tensor, fine: torch.Tensor) -> torch.Tensor:
+        """hidden [B, F, D], fine [B, F, K - 1] (codebook k reads the given codes of 1 .. k-1)
+        -> logits [B, F, K - 1, C]."""
+        c = self.config
+        offsets = torch.arange(fine.shape[-1] - 1, device=fine.device) * c.codebook_size
+        before = self.fine_embeddings(fine[..., :-1] + offsets).cumsum(dim=-2)  # [B, F, K-2, D]
+        prefix = torch.cat([torch.zeros_like(before[..., :1, :]), before], dim=-2)  # [B, F, K-1, D]
+        z = self.refine(hidden[..., None, :] + self.codebook_inputs.weight + prefix)
+        return torch.einsum("bfkd,kcd->bfkc", z, self.head_weights())
+
+    def depth_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, F, D] -> logits [B, F, K - 1, C], codebook k reading the argmax codes of 1 .. k-1."""
+        c = self.config
+        weights, logits = self.head_weights(), []
+        running = hidden
+        for k in range(c.num_codebooks - 1):
+            logits.append(self.refine(running + self.codebook_inputs.weight[k]) @ weights[k].T)  # [B, F, C]
+            if k < c.num_codebooks - 2:
+                running = running + self.fine_embeddings(exact_argmax(logits[-1]) + k * c.codebook_size)
+        return torch.stack(logits, dim=-2)
 
     def loss(self, codes: torch.Tensor, alignment: torch.Tensor, mask: torch.Tensor,
-             inputs0: torch.Tensor | None = None) -> torch.Tensor:
+             inputs0: torch.Tensor | None = None, fine_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """Cross-entropy of codebooks 1 .. K-1 over the real frames.
 
         Args: codes [B, K, F] (padding anywhere mask is 0), alignment [B, F, 4], mask [B, F];
-            inputs0 [B, F]: the codebook-0 input when it differs from ``codes[:, 0]`` (noisy input).
+            inputs0 [B, F]: the codebook-0 input when it differs from ``codes[:, 0]`` (noisy input);
+            fine_inputs [B, K - 1, F]: the codes a depth head reads when they differ from ``codes[:, 1:]``.
         """
-        logits = self(codes[:, 0] if inputs0 is None else inputs0, alignment, mask).float()  # [B, F, K-1, C]
+        fine = (codes[:, 1:] if fine_inputs is None else fine_inputs).transpose(1, 2)
+        logits = self(codes[:, 0] if inputs0 is None else inputs0, alignment, mask, fine).float()  # [B, F, K-1, C]
         targets = codes[:, 1:].transpose(1, 2).masked_fill(~mask.bool()[..., None], -100)  # [B, F, K-1]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,12 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "tts --codebooks 1): its tts.json gets \"nar\"")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--depth-layers", type=int, default=None, help="a depth head of this many blocks: codebook k "
+                        "reads the codes of codebooks 1..k-1 (0: all codebooks at once; default: --init's, else 0). With "
+                        "--init of a one-pass stage, the head is added and starts as that stage")
+    parser.add_argument("--depth-ffn", type=int, default=512, help="the depth head's hidden width")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--input-noise", type=float, default=0.1, help="fraction of codebook-0 input codes replaced by "
-                        "random codes")
+                        "random codes (and of the fine codes a depth head reads)")
     parser.add_argument("--init", default=None, help="start from this NAR stage's weights (e.g. the shipped "
                         "models/tts-valle-nar, to fine-tune it on new speech); its width and depth are used, and the step "
                         "count restarts")
@@ -60,7 +65,20 @@ def collate(items: list[dict], config: CodecNARConfig) -> dict[str, torch.Tensor
     return batch
 
 
+def with_depth_head(stage: CodecNAR, config: CodecNARConfig) -> CodecNAR:
+    """A one-pass NAR stage's weights in a stage of ``config`` (the same but for a depth head): the
+    head's new parameters start at zero or fresh, so the result computes what ``stage`` did."""
+    model = CodecNAR(config)
+    missing, unexpected = model.load_state_dict(stage.state_dict(), strict=False)
+    new = {name for name, _ in model.named_parameters()} - set(stage.state_dict())
+    if unexpected or set(missing) != new:
+        raise ValueError(f"cannot add a depth head: unexpected {unexpected}, missing {sorted(set(missing) - new)}")
+    return model
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.depth_layers is not None and args.depth_layers < 0:
+        raise ValueError(f"--depth-layers {args.depth_layers}: give 0 (no depth head) or more")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
@@ -75,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if args.init:
         model = CodecNAR.from_pretrained(args.init, dtype=torch.float32)
         config = model.config
+        if args.depth_layers is not None and args.depth_layers != config.depth_layers:
+            if config.depth_layers:
+                raise ValueError(f"--init {args.init} has a depth head of {config.depth_layers} blocks; drop --depth-layers "
+                                 "or give that number")
+            config = replace(config, depth_layers=args.depth_layers, depth_ffn=args.depth_ffn)
+            model = with_depth_head(model, config)
         if (config.num_codebooks, config.codebook_size) != (codec.config.num_codebooks, codec.config.codebook_size):
             raise ValueError(f"--init {args.init} predicts {config.num_codebooks} codebooks of {config.codebook_size} "
                              f"codes, the codec {codec_dir} has {codec.config.num_codebooks} of {codec.config.codebook_size}")
@@ -85,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
                                 codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
-                                heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest))
+                                heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest),
+                                depth_layers=args.depth_layers or 0, depth_ffn=args.depth_ffn)
         model = CodecNAR(config).to(device)
     print(f"codec NAR stage: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(items)} utterances",
           flush=True)
@@ -106,8 +131,10 @@ def run(args: argparse.Namespace) -> int:
         rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
+        fine = noisy_steps(batch["codes"][:, 1:], args.input_noise, config.codebook_size, generator) if config.depth_layers else None
         with autocast(device):
-            loss = model.loss(**to_device(batch, device), inputs0=inputs0.to(device))
+            loss = model.loss(**to_device(batch, device), inputs0=inputs0.to(device),
+                              fine_inputs=None if fine is None else fine.to(device))
         run_state.optimizer_step(loss, optimizer, model.parameters())
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)
