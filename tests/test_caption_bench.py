@@ -45,6 +45,28 @@ def test_summary_shape_and_greedy_exactness(bench_run, capsys):
                     assert row[method]["exact"] == "2/2"  # fp32 greedy: identical to AR
     runs = json.loads(results.read_text())["runs"]
     assert len(runs) == 2 * 2 * 2 * 2 * len(methods)  # temperatures x families x items x rounds x methods
+    assert all(0 < run["prefill"] < run["seconds"] for run in runs.values())
+    for table in summary.values():
+        assert table["mean"]["ar"]["S_decode"] == pytest.approx(1.0)
+        assert all(table["mean"][m]["S_decode"] > 0 for m in methods)
+
+
+def test_the_decoding_only_speedup_leaves_the_prefill_out():
+    from mmspec.bench.caption import render_tables, summarise
+
+    def run(seconds, prefill, tokens):
+        return {"seconds": seconds, "prefill": prefill, "tokens": list(range(tokens)), "tau": 1.0, "acceptance": None}
+
+    # both spend 1 s on the prefill; AR decodes 10 tokens after the first in 2 s, the method in 0.5 s
+    runs = {"0/scenes/0/ar/1": run(3.0, 1.0, 11), "0/scenes/0/m/1": run(1.5, 1.0, 11)}
+    summary = summarise({"runs": runs}, ["ar", "m"], [0.0], {"scenes": [0]}, repeats=1)
+    mean = summary["0"]["mean"]["m"]
+    assert mean["S"] == pytest.approx(2.0) and mean["S_decode"] == pytest.approx(4.0)
+    meta = {"model": "m", "dtype": "fp32", "threads": 1, "per_family": 1, "repeats": 1}
+    assert "| mean, decoding only" in render_tables(summary, meta) and "| 1.00 | 4.00 |" in render_tables(summary, meta)
+    del runs["0/scenes/0/m/1"]["prefill"]  # a run recorded before the prefill was: no decoding-only row
+    summary = summarise({"runs": runs}, ["ar", "m"], [0.0], {"scenes": [0]}, repeats=1)
+    assert "S_decode" not in summary["0"]["mean"]["m"] and "decoding only" not in render_tables(summary, meta)
 
 
 def test_rerun_resumes_without_measuring_again(bench_run, capsys):

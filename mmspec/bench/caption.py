@@ -193,7 +193,8 @@ def run(args) -> int:
                                    seed=1000 * index + round_index, eos_token_id=pipe.eos_token_ids, **inputs)
                     new = out.sequences[0, inputs["input_ids"].shape[1]:]
                     results["runs"][key] = {
-                        "seconds": out.stats.wall_time_s, "tokens": new.tolist(), "tau": out.stats.mean_accepted_length,
+                        "seconds": out.stats.wall_time_s, "prefill": out.stats.prefill_time_s, "tokens": new.tolist(),
+                        "tau": out.stats.mean_accepted_length,
                         "acceptance": out.stats.acceptance_rate, "text": pipe.tokenizer.decode(new, skip_special_tokens=True),
                     }
                     save_results(results_path, results)
@@ -332,7 +333,7 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
     summary = {}
     for temperature in temperatures:
         table = summary[f"{temperature:g}"] = {}
-        totals = {m: {"seconds": 0.0, "base": 0.0, "all_seconds": 0.0, "all_tokens": 0} for m in methods}
+        totals = {m: {"seconds": 0.0, "base": 0.0, "all_seconds": 0.0, "all_tokens": 0, "decode": []} for m in methods}
         for family, family_indices in indices.items():
             row = table[family] = {}
             base_total = 0.0
@@ -351,6 +352,8 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                     cell["seconds"] += statistics.median(r["seconds"] for r in measured)
                     cell["all_seconds"] += sum(r["seconds"] for r in measured)
                     cell["all_tokens"] += sum(len(r["tokens"]) for r in measured)
+                    totals[method]["decode"] += [(r["seconds"] - r["prefill"], len(r["tokens"])) for r in measured
+                                                 if r.get("prefill") is not None]
                     cell["tau"].append(record["tau"])
                     if record["acceptance"] is not None:
                         cell["acceptance"].append(record["acceptance"])
@@ -367,7 +370,21 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                     totals[method][key] += cell[key]
         table["mean"] = {m: {"S": totals[m]["base"] / totals[m]["seconds"], "S_token": _per_token_speedup(totals["ar"], totals[m]),
                              "tau": statistics.mean(table[f][m]["tau"] for f in indices)} for m in methods}
+        decode = {m: totals[m]["decode"] for m in methods}
+        if all(len(runs_) == len(decode["ar"]) > 0 for runs_ in decode.values()):  # (results of old runs lack it)
+            for m in methods:
+                table["mean"][m]["S_decode"] = _decode_speedup(decode["ar"], decode[m])
     return summary
+
+
+def _decode_speedup(ar: list[tuple[float, int]], method: list[tuple[float, int]]) -> float:
+    """AR's decoding seconds per token after the first over the method's, over every measured
+    round ((seconds, tokens) pairs; decoding = the whole call less the prefill, the image encoding
+    and the first token: the part a drafter can shorten)."""
+    def per_token(pairs):
+        return sum(seconds for seconds, _ in pairs) / max(1, sum(tokens - 1 for _, tokens in pairs))
+
+    return per_token(ar) / per_token(method)
 
 
 def _per_token_speedup(ar: dict, method: dict) -> float:
@@ -402,4 +419,7 @@ def render_tables(summary: dict, meta: dict) -> str:
                     text += f" / {cell['S_token']:.2f}"
                 cells.append(text)
             lines.append(f"| {family} | " + " | ".join(cells) + " |")
+        if all("S_decode" in table["mean"][m] for m in methods):
+            lines.append("| mean, decoding only (per token; prefill, image encoding and first token left out) | "
+                         + " | ".join(f"{table['mean'][m]['S_decode']:.2f}" for m in methods) + " |")
     return "\n".join(lines) + "\n"

@@ -81,6 +81,7 @@ def speculative_decode(
         stats.target_forwards = 1
         first = first_token(rule, prefill_out, state.tokens, sampling, generator, eos, max_new_tokens)
         first.record(stats, None)
+        stats.prefill_time_s = time.perf_counter() - started
         done = first.done
         state.tokens = append_tokens(state.tokens, first.committed)
         generated = 1

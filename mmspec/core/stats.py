@@ -45,6 +45,8 @@ class SpecStats(DictAccess):
         committed_per_step: tokens committed by each verification step, in order (the prefill's
             first token is not listed), so token i's step is recoverable (see :meth:`step_of_token`).
         wall_time_s: wall time of the whole call (prefill included).
+        prefill_time_s: of which the prefill (a VLM's image encoding included) and the first token:
+            what no drafter can shorten (one generation's; None for a batch's totals).
         draft_time_s: of which in the drafter (proposing, and updating itself after each
             verification); host time (on CUDA, kernels still queued are not counted).
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
@@ -65,6 +67,7 @@ class SpecStats(DictAccess):
     accepted_per_position: list[int] = field(default_factory=list)
     committed_per_step: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
+    prefill_time_s: float | None = None
     draft_time_s: float = 0.0
     speedup: float | None = None
     rows: int = 1
