@@ -88,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     codec = MelRVQCodec.from_pretrained(codec_dir)
     out = Path(args.out)
-    items = encoded_utterances(args.data, codec_dir, codec, "train")
-    longest = max(i["codes"].shape[1] for i in items)
-    if args.init:
+    model = None
+    if args.init:  # (its settings checked before the data is read)
         model = CodecNAR.from_pretrained(args.init, dtype=torch.float32)
         config = model.config
         if args.depth_layers is not None and args.depth_layers != config.depth_layers:
@@ -102,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         if (config.num_codebooks, config.codebook_size) != (codec.config.num_codebooks, codec.config.codebook_size):
             raise ValueError(f"--init {args.init} predicts {config.num_codebooks} codebooks of {config.codebook_size} "
                              f"codes, the codec {codec_dir} has {codec.config.num_codebooks} of {codec.config.codebook_size}")
+    items = encoded_utterances(args.data, codec_dir, codec, "train")
+    longest = max(i["codes"].shape[1] for i in items)
+    if model is not None:
         if config.max_positions < longest:
             raise ValueError(f"--init {args.init} takes at most {config.max_positions} frames; the data's longest "
                              f"utterance has {longest}: drop --init or shorten the data")
