@@ -333,7 +333,9 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
     summary = {}
     for temperature in temperatures:
         table = summary[f"{temperature:g}"] = {}
-        totals = {m: {"seconds": 0.0, "base": 0.0, "all_seconds": 0.0, "all_tokens": 0, "decode": []} for m in methods}
+        totals = {m: {"seconds": 0.0, "base": 0.0, "all_seconds": 0.0, "all_tokens": 0, "decode_seconds": 0.0,
+                      "decode_tokens": 0} for m in methods}
+        prefills_recorded = True  # (results of runs before the prefill was recorded lack it)
         for family, family_indices in indices.items():
             row = table[family] = {}
             base_total = 0.0
@@ -352,8 +354,10 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                     cell["seconds"] += statistics.median(r["seconds"] for r in measured)
                     cell["all_seconds"] += sum(r["seconds"] for r in measured)
                     cell["all_tokens"] += sum(len(r["tokens"]) for r in measured)
-                    totals[method]["decode"] += [(r["seconds"] - r["prefill"], len(r["tokens"])) for r in measured
-                                                 if r.get("prefill") is not None]
+                    prefills_recorded = prefills_recorded and all(r.get("prefill") is not None for r in measured)
+                    if prefills_recorded:  # decoding = the call less the prefill, image encoding and first token
+                        totals[method]["decode_seconds"] += sum(r["seconds"] - r["prefill"] for r in measured)
+                        totals[method]["decode_tokens"] += sum(len(r["tokens"]) - 1 for r in measured)
                     cell["tau"].append(record["tau"])
                     if record["acceptance"] is not None:
                         cell["acceptance"].append(record["acceptance"])
@@ -370,28 +374,20 @@ def summarise(results: dict, methods, temperatures, indices: dict[str, list[int]
                     totals[method][key] += cell[key]
         table["mean"] = {m: {"S": totals[m]["base"] / totals[m]["seconds"], "S_token": _per_token_speedup(totals["ar"], totals[m]),
                              "tau": statistics.mean(table[f][m]["tau"] for f in indices)} for m in methods}
-        decode = {m: totals[m]["decode"] for m in methods}
-        if all(len(runs_) == len(decode["ar"]) > 0 for runs_ in decode.values()):  # (results of old runs lack it)
+        if prefills_recorded:
             for m in methods:
-                table["mean"][m]["S_decode"] = _decode_speedup(decode["ar"], decode[m])
+                table["mean"][m]["S_decode"] = _per_token_speedup(totals["ar"], totals[m], "decode")
     return summary
 
 
-def _decode_speedup(ar: list[tuple[float, int]], method: list[tuple[float, int]]) -> float:
-    """AR's decoding seconds per token after the first over the method's, over every measured
-    round ((seconds, tokens) pairs; decoding = the whole call less the prefill, the image encoding
-    and the first token: the part a drafter can shorten)."""
-    def per_token(pairs):
-        return sum(seconds for seconds, _ in pairs) / max(1, sum(tokens - 1 for _, tokens in pairs))
-
-    return per_token(ar) / per_token(method)
-
-
-def _per_token_speedup(ar: dict, method: dict) -> float:
+def _per_token_speedup(ar: dict, method: dict, part: str = "all") -> float:
     """AR's seconds per generated token over the method's, over every measured round. Under
     sampling each method draws its own captions, whose lengths differ from AR's, so a ratio of
-    whole-caption times mixes speed with length; the per-token ratio does not (prefill included)."""
-    return (ar["all_seconds"] / max(1, ar["all_tokens"])) / (method["all_seconds"] / max(1, method["all_tokens"]))
+    whole-caption times mixes speed with length; the per-token ratio does not (prefill included).
+    ``part="decode"``: the decoding alone, seconds less the prefill (what a drafter can shorten)
+    over the tokens after the first."""
+    seconds, tokens = f"{part}_seconds", f"{part}_tokens"
+    return (ar[seconds] / max(1, ar[tokens])) / (method[seconds] / max(1, method[tokens]))
 
 
 def render_tables(summary: dict, meta: dict) -> str:
