@@ -318,7 +318,7 @@ def generate_rows(
 
 
 #: model inputs mmspec sets itself (the KV cache, positions, which logits to keep)
-MANAGED_INPUTS = ("past_key_values", "use_cache", "logits_to_keep", "cache_position", "position_ids", "inputs_embeds", "labels")
+MANAGED_INPUTS = ("past_key_values", "cache", "use_cache", "logits_to_keep", "cache_position", "position_ids", "inputs_embeds", "labels")
 
 
 def _count(name: str, value: Any) -> int:

@@ -21,7 +21,7 @@ from mmspec.api import generate_rows
 from mmspec.core.batch import BatchState
 from mmspec.drafters import CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 from mmspec.modeling.fast_linear import bf16_kernel_available, optimize
-from mmspec.pipelines.tts_methods import METHODS
+from mmspec.pipelines.text_to_speech.methods import METHODS
 from transformers import BarkCoarseConfig, BarkCoarseModel, BarkSemanticConfig, BarkSemanticModel
 
 ROWS = [  # phoneme ids [1, P] and durations [1, P] (frames): 6, 2, 9 and 4 frames

@@ -18,7 +18,6 @@ from mmspec.adapters.hf import CapturedTransformersTarget
 from mmspec.api import generate_rows
 from mmspec.drafters import Eagle2Drafter
 
-pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 
 K, MAX_NEW = 3, 6
 

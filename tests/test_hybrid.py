@@ -408,9 +408,9 @@ def test_left_padding_keeps_a_zero_state_zero_but_is_not_batch_one_bitwise():
     with torch.inference_mode():
         padded = DynamicCache(config=model.config)
         model(input_ids=torch.cat([torch.cat([pads, ids], 1), torch.cat([pads, ids], 1)]),
-              attention_mask=torch.tensor([[0] * 5 + [1] * ids.shape[1], [1] * (5 + ids.shape[1])]), past_key_values=padded)
+              attention_mask=torch.tensor([[0] * 5 + [1] * ids.shape[1], [1] * (5 + ids.shape[1])]), cache=padded)
         only_pads = DynamicCache(config=model.config)
-        model(input_ids=torch.cat([pads, pads]), attention_mask=torch.tensor([[0] * 5, [1] * 5]), past_key_values=only_pads)
+        model(input_ids=torch.cat([pads, pads]), attention_mask=torch.tensor([[0] * 5, [1] * 5]), cache=only_pads)
         target = TransformersTarget(model)
         single, _ = target.prefill({"input_ids": ids})
         batch, _ = target.prefill_rows([{"input_ids": ids[:, :-3]}, {"input_ids": ids}])

@@ -214,7 +214,7 @@ def test_rollback_and_errors():
 
 
 def tiny_components(attention: str = "causal"):
-    from mmspec.pipelines.mar_components import MARComponents
+    from mmspec.pipelines.text_to_image.mar_components import MARComponents
 
     target = MARTarget(tiny_mar(8, attention=attention, class_num=0, text_dim=6))
     vae = KLAutoencoder(KLConfig(resolution=32, ch=32, ch_mult=[1, 2, 2], num_res_blocks=1, attn_resolutions=[8], embed_dim=4))

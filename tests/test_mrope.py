@@ -125,8 +125,8 @@ def test_a_wrong_offset_changes_the_logits(case):
         state, _ = target.prefill(case.inputs)
         mine = target.forward(state, chain).logits
         cache = DynamicCache(config=case.model.config)
-        case.model(**case.inputs, past_key_values=cache)  # the model computes and keeps its rope_deltas
-        theirs = case.model(input_ids=chain, past_key_values=cache).logits
+        case.model(**case.inputs, cache=cache)  # the model computes and keeps its rope_deltas
+        theirs = case.model(input_ids=chain, cache=cache).logits
         state, _ = target.prefill(case.inputs)
         state.position_offset = 0
         wrong = target.forward(state, chain).logits

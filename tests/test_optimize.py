@@ -141,6 +141,10 @@ def test_a_few_row_linear_keeps_parameters_and_leaves_the_rest_to_f_linear(kerne
     assert (report.kernel, report.replaced, report.skipped) == (kernel, 2, 0)
     assert isinstance(model[0], FewRowLinear) and model[0].weight is weight and set(model.state_dict()) == keys
     assert optimize(model, kernel=kernel).replaced == 0  # idempotent
+    evaluated = nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 8)).eval()
+    evaluated[1].train()
+    optimize(evaluated, kernel=kernel)  # each replacement keeps its linear's training flag
+    assert [m.training for m in evaluated] == [False, True] and isinstance(evaluated[0], FewRowLinear)
     with torch.no_grad():
         for rows in (1, 3, 4, 5, 9):  # 5, 9: more than max_rows take F.linear
             x = torch.randn(1, rows, 24)

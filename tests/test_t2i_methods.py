@@ -5,7 +5,7 @@ import pytest
 
 import mmspec
 from mmspec.cli import main
-from mmspec.pipelines.t2i_methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
+from mmspec.pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 from mmspec.pipelines.text_to_image import check_call_arguments
 
 MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-image model directory"
@@ -33,7 +33,7 @@ def test_relaxed_defaults_come_from_the_rules():
 
 def test_a_rule_without_tree_form_refuses_tree_drafters():
     from mmspec.core.rules import RULES, AcceptanceRule, GsdParams, GsdRule, register_rule
-    from mmspec.pipelines.t2i_methods import RelaxedMethod
+    from mmspec.pipelines.text_to_image.methods import RelaxedMethod
 
     @register_rule
     class LinearGsd(GsdRule):

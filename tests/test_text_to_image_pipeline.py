@@ -163,7 +163,7 @@ def test_bench_method_settings(model_dir):
     from argparse import Namespace
 
     from mmspec.bench.t2i import configure
-    from mmspec.pipelines.t2i_components import T2IComponents
+    from mmspec.pipelines.text_to_image.components import T2IComponents
 
     args = Namespace(window=16, num_draft_tokens=4, neighbours_k=None, delta=0.1, lam=None)
     method = configure("lantern:eagle2/k=7/delta=0.3", args)
@@ -186,7 +186,7 @@ def test_bench_method_settings(model_dir):
 def test_pipeline_on_shared_components(model_dir):
     """The pipeline over components loaded once (as the bench and the recipe share them): same
     seed, same images as a pipeline that loads the model itself."""
-    from mmspec.pipelines.t2i_components import T2IComponents
+    from mmspec.pipelines.text_to_image.components import T2IComponents
 
     components = T2IComponents.from_pretrained(model_dir)
     shared = mmspec.pipeline("text-to-image", components=components, method="sjd", window=4)

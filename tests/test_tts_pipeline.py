@@ -19,7 +19,7 @@ from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig
 from mmspec.modeling.codec_nar import CodecNAR, CodecNARConfig
 from mmspec.modeling.heads import DraftHeads, EagleHead
 from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec
-from mmspec.pipelines.tts_methods import METHODS
+from mmspec.pipelines.text_to_speech.methods import METHODS
 
 K, CODES = 3, 8
 
@@ -466,7 +466,7 @@ def test_bench_gives_a_valle_voices_stream_speedup_beside_the_whole(valle_dir, t
 
 
 def test_method_specs_carry_their_settings():
-    from mmspec.pipelines.tts_methods import make_method
+    from mmspec.pipelines.text_to_speech.methods import make_method
 
     assert make_method("vadusa:top_k=5").rule_settings == {"top_k": 5}
     assert make_method("lantern:delta=0.25").rule_settings["delta"] == 0.25

@@ -23,7 +23,6 @@ from mmspec.api import generate_rows
 from mmspec.core.tree import TokenTree
 from mmspec.drafters import ModelDrafter
 
-pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 
 K = 3
 MAX_NEW = 1 + 2 * (K + 1)  # the prefill's token, then two full verification steps
@@ -225,7 +224,7 @@ def test_mllama_layer_skip_drafts_each_row_of_a_batch_as_alone():
                                         target.draft_inputs)
         for b, row in enumerate(rows):
             state, _ = target.prefill(row)
-            alone = drafter.decoder(input_ids=torch.tensor([[7]]), past_key_values=layer_prefix_view(state.cache, 2),
+            alone = drafter.decoder(input_ids=torch.tensor([[7]]), cache=layer_prefix_view(state.cache, 2),
                                     position_ids=state.position_ids(1), use_cache=True).last_hidden_state
             torch.testing.assert_close(seen[0][b : b + 1], alone, rtol=1e-5, atol=1e-6)
 

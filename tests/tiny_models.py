@@ -37,7 +37,7 @@ Shared conventions (all families)
 Behaviour verified with transformers 5.23 for every family
 ----------------------------------------------------------
 * After a prefill with images, text-only decode steps
-  ``model(input_ids=..., past_key_values=cache, position_ids=..., use_cache=True)``
+  ``model(input_ids=..., cache=cache, position_ids=..., use_cache=True)``
   reproduce ``generate`` exactly (no pixel inputs, no ``token_type_ids``; there is
   no ``cache_position`` argument any more).
 * ``DynamicCache.crop(-n)`` removes the last ``n`` tokens; a positive argument
@@ -456,12 +456,12 @@ def _self_check(max_new_tokens: int = 12) -> None:
 
             # 2. manual greedy decode: prefill with images, then text-only steps with explicit positions
             cache = DynamicCache(config=model.config)
-            logits = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            logits = model(**inputs, cache=cache, use_cache=True, logits_to_keep=1).logits
             tokens = [int(logits[0, -1].argmax())]
             for pos in range(prompt_len, prompt_len + max_new_tokens - 1):
                 step = model(
                     input_ids=torch.tensor([[tokens[-1]]]),
-                    past_key_values=cache,
+                    cache=cache,
                     position_ids=torch.tensor([[pos]]),
                     use_cache=True,
                 )

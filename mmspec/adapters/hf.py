@@ -21,6 +21,7 @@ from ..core.cache import SequenceState, SlidingLayer, StaticKVCache, make_cache
 from ..core.captured import DEFAULT_BUCKETS, StaticForward, check_buckets, fill_static_mask
 from ..core.target import TargetOutput, select_hidden_states
 from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
+from ..modeling.hf_compat import cache_kwargs
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
 from .recurrent import TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
@@ -364,7 +365,7 @@ class TransformersTarget:
         if prompt_positions is not None:  # (1-D families: the model's default)
             inputs["position_ids"] = prompt_positions
         out = self.model(
-            **inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
+            **inputs, **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1,
             output_hidden_states=hidden_layer is not None or check_head or check_lean,
         )
         if check_head:  # the multi-token path reproduces the model's own logits, or stays off
@@ -528,9 +529,10 @@ class TransformersTarget:
             hidden, kept = lean_states(decoder, decoder.embed_tokens(tokens), cache, position_ids, attention_mask, hidden_layer)
             head = self.model.get_output_embeddings()
             return TargetOutput(self._project(head, hidden) if several else head(hidden), kept)
-        out = (self.model.base_model if several else self.model)(
+        model = self.model.base_model if several else self.model
+        out = model(
             input_ids=tokens,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,

@@ -43,6 +43,7 @@ from torch import nn
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
+from ..modeling.hf_compat import cache_kwargs
 from ..cli.output import write_text
 from .results import machine_info, machine_line, save_results
 
@@ -215,7 +216,7 @@ def measure_recurrent(target, model: nn.Module, sizes: list[int], model_inputs, 
         prefilled, _ = target.prefill(model_inputs)
         context = prefilled.cache_length
         plain = make_cache(model.config)
-        model(**model_inputs, past_key_values=plain, use_cache=True, logits_to_keep=1)
+        model(**model_inputs, **cache_kwargs(model, plain), use_cache=True, logits_to_keep=1)
         for n in sizes:
             tokens = torch.randint(0, high, (1, n), generator=torch.Generator().manual_seed(n)).to(target.device)
             lengths = sorted({1, n // 2, n - 1} - {0, n}) or [n]

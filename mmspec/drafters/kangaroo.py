@@ -26,6 +26,7 @@ from ..core.cache import SequenceState, crop_cache, layer_prefix_view, make_cach
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..modeling.heads import KangarooAdapter
+from ..modeling.hf_compat import cache_kwargs
 from .layer_skip import draft_rows_through_target_cache
 from .shipped import shipped_drafter_dir
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -93,7 +94,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
         token = state.tokens[:, -1:]
         tokens, probs = [], []
         for _ in range(k):
-            shallow = self.shallow(input_ids=token, past_key_values=target_cache, use_cache=True,
+            shallow = self.shallow(input_ids=token, **cache_kwargs(self.shallow, target_cache), use_cache=True,
                                    position_ids=state.position_ids(1, start=target_cache.get_seq_length())).last_hidden_state
             logits = self.lm_head(self._adapt(shallow)[:, -1])
             self.forwards += 1

@@ -17,6 +17,7 @@ from ..adapters.hf import text_decoder, truncated_decoder
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..modeling.hf_compat import cache_kwargs
 
 
 @register_drafter("layer-skip")
@@ -47,7 +48,7 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
         tokens, probs = [], []
         for _ in range(k):
             hidden = self.decoder(
-                input_ids=token, past_key_values=cache, position_ids=state.position_ids(1, start=cache.get_seq_length()), use_cache=True
+                input_ids=token, **cache_kwargs(self.decoder, cache), position_ids=state.position_ids(1, start=cache.get_seq_length()), use_cache=True
             ).last_hidden_state
             logits = self.lm_head(hidden[:, -1])
             self.forwards += 1
@@ -116,7 +117,7 @@ def draft_rows_through_target_cache(state, positions: list[int], lengths: list[i
         if isinstance(mask, dict) or mask.dim() == 4:  # the last query row: the one input of this forward
             mask = {k: m[:, :, -1:] for k, m in mask.items()} if isinstance(mask, dict) else mask[:, :, -1:]
         extra = {} if draft_inputs is None else draft_inputs(state.cache, 1)
-        hidden = decoder(input_ids=token, past_key_values=cache, attention_mask=mask,
+        hidden = decoder(input_ids=token, **cache_kwargs(decoder, cache), attention_mask=mask,
                          position_ids=state.position_ids(1) + step, use_cache=True, **extra).last_hidden_state
         token = token.clone()
         stopped = set()

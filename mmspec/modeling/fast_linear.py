@@ -326,6 +326,7 @@ class FewRowLinear(nn.Linear):
 
     def __init__(self, linear: nn.Linear, kernel: str, max_rows: int, pack: bool = False) -> None:
         nn.Module.__init__(self)
+        self.train(linear.training)  # (a module starts in training mode; an eval model stays in eval)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: ties and state dict kept
         self.kernel, self.max_rows = kernel, max_rows

@@ -64,6 +64,7 @@ from ...core.batch import BatchState
 from ...core.cache import SequenceState, crop_cache, make_cache
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree, tree_attention_mask, tree_position_ids
+from ...modeling.hf_compat import cache_kwargs
 
 
 def bark_targets(bark_model, min_eos_p: float | None = None) -> tuple["BarkSemanticTarget", "BarkCoarseTarget"]:
@@ -237,7 +238,7 @@ class BarkSemanticTarget:
         infer = torch.tensor([self.generation_config.semantic_infer_token], device=device)
         embeds = torch.cat([embed(text) + embed(history), embed(infer)])[None]  # [1, L + 1, H]
         cache = make_cache(self.model.config)
-        out = self.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True,
+        out = self.model(inputs_embeds=embeds, **cache_kwargs(self.model, cache), use_cache=True,
                          output_hidden_states=hidden_layer is not None, return_dict=True)
         tokens = torch.cat([history, history.new_full((1,), self.pad_id)])[None]  # the infer slot shows the pad id
         state = SequenceState(tokens, cache, prompt_length=self.prompt_length)
@@ -258,7 +259,7 @@ class BarkSemanticTarget:
                 raise ValueError(f"tree has {tree.size} nodes for {n} input tokens")
             extra = {"attention_mask": tree_attention_mask(tree, past, dtype=self.model.dtype, device=self.device),
                      "position_ids": tree_position_ids(tree, past, device=self.device)}
-        out = self.model(input_ids=tokens.to(self.device), past_key_values=state.cache, use_cache=True,
+        out = self.model(input_ids=tokens.to(self.device), **cache_kwargs(self.model, state.cache), use_cache=True,
                          output_hidden_states=hidden_layer is not None, return_dict=True, **extra)
         hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
         return TargetOutput(self.constrain(out.logits[0])[None], hidden)
@@ -281,7 +282,7 @@ class BarkSemanticTarget:
         if int(positions.max()) >= self.block_size:
             raise ValueError(f"{int(positions.max()) + 1} positions exceed Bark's block_size of {self.block_size}: lower "
                              f"max_new_tokens to at most {self.block_size - self.prompt_length + 1}")
-        out = self.model(input_ids=tokens.to(self.device), past_key_values=state.cache, use_cache=True,
+        out = self.model(input_ids=tokens.to(self.device), **cache_kwargs(self.model, state.cache), use_cache=True,
                          attention_mask=state.attention_mask(n).to(self.device), position_ids=positions.to(self.device),
                          output_hidden_states=hidden_layer is not None, return_dict=True)
         hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
@@ -590,7 +591,7 @@ class BarkCoarseTarget:
         if window is None:
             prompt = self.window_prompt(cache.plan, cache.stream, index)
             model_cache = make_cache(self.model.config)
-            out = self.model(input_ids=self._model_ids(torch.cat([prompt, tokens]))[None], past_key_values=model_cache,
+            out = self.model(input_ids=self._model_ids(torch.cat([prompt, tokens]))[None], **cache_kwargs(self.model, model_cache),
                              use_cache=True, output_hidden_states=True, return_dict=True)
             last = prompt.shape[0] - 1
             hidden = torch.stack([h[0, last] for h in out.hidden_states])
@@ -605,7 +606,7 @@ class BarkCoarseTarget:
 
     def _run(self, model_cache: Any, tokens: torch.Tensor, want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed tokens [m] -> raw logits [m, V_out] and, when asked, hidden states [layers + 1, m, H]."""
-        out = self.model(input_ids=self._model_ids(tokens)[None], past_key_values=model_cache, use_cache=True,
+        out = self.model(input_ids=self._model_ids(tokens)[None], **cache_kwargs(self.model, model_cache), use_cache=True,
                          output_hidden_states=want_hidden, return_dict=True)
         hidden = torch.stack([h[0] for h in out.hidden_states]) if want_hidden else None
         return out.logits[0], hidden

@@ -47,6 +47,7 @@ from ...core.cache import SequenceState, compact_cache, crop_cache, make_cache, 
 from ...core.target import TargetOutput
 from ...core.tree import TokenTree, tree_attention_mask
 from ...modeling.codec_lm import CodecLMSteps
+from ...modeling.hf_compat import cache_kwargs
 from .dia import DiaSteps
 
 
@@ -126,7 +127,7 @@ class MusicgenSteps:
         return 0  # the conditioning enters through cross-attention
 
     def forward_steps(self, steps, cache, conditioning, want_hidden):
-        out = self.model(input_ids=steps.T.contiguous(), past_key_values=cache, use_cache=True,
+        out = self.model(input_ids=steps.T.contiguous(), **cache_kwargs(self.model, cache), use_cache=True,
                          encoder_hidden_states=conditioning.get("encoder_hidden_states"),
                          encoder_attention_mask=conditioning.get("encoder_attention_mask"),
                          output_hidden_states=want_hidden)

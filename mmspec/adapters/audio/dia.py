@@ -38,6 +38,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from ...core.cache import make_cache
+from ...modeling.hf_compat import cache_kwargs
 
 #: transformers' GenerationConfig default for top_k, which Dia's guidance top-k falls back to
 DEFAULT_TOP_K = 50
@@ -128,7 +129,7 @@ class DiaSteps:
         batch, n, k = encoder.shape[0], steps.shape[0], self.num_codebooks
         out = self.model.model.decoder(input_ids=steps[None].expand(batch, n, k), encoder_hidden_states=encoder,
                                        encoder_attention_mask=conditioning["encoder_attention_mask"],
-                                       past_key_values=cache, use_cache=True)
+                                       **cache_kwargs(self.model.model.decoder, cache), use_cache=True)
         hidden = out.last_hidden_state  # [B, n, D]
         logits = self.model.logits_dense(hidden).view(batch, n, k, -1).float()  # [B, n, K, vocab]
         scale, top_k = conditioning["guidance"]

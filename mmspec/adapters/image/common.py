@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...modeling.hf_compat import cache_kwargs
 from ..image_gen import GuidedImageTarget, HalvesPrefill
 
 
@@ -86,7 +87,7 @@ class TransformersImageTarget(GuidedImageTarget):
     # ---- shared -------------------------------------------------------------------------------
     def _run(self, embeds, cache, attention_mask, position_ids, want_hidden):
         out = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=cache, use_cache=True)
+                            **cache_kwargs(self.backbone, cache), use_cache=True)
         hidden = out.last_hidden_state
         return self.code_logits(hidden), (hidden if want_hidden else None)
 
