@@ -16,7 +16,7 @@ torch.manual_seed(0)
 rows = []
 for shape, count in (((1536, 576), 48), ((1536, 576), 1), ((768, 256), 6)):
     weights = [torch.randn(*shape).bfloat16() for _ in range(count)]
-    for m in (1, 2, 4, 8, 12, 16, 18, 24, 32, 48, 64):
+    for m in (1, 2, 3, 4, 5, 7, 8, 12, 16, 18, 24, 32, 48, 64):
         x = torch.randn(m, shape[1]).bfloat16()
         calls = {v: (lambda w, v=v: few_rows_linear(x, w, variant=v)) for v in bf16_variants()}
         calls["F.linear"] = lambda w: F.linear(x, w)
