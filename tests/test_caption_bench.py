@@ -310,3 +310,24 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
     picked = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32")
     assert picked.chosen_drafter == "spd:../draft" and picked(image, max_new_tokens=4).stats.config["drafter"] == "spd:../draft"
+
+
+def test_the_machine_record_names_the_cpu_model(tmp_path, monkeypatch):
+    """Zen 4 and Zen 5 both read "AMD EPYC" with the same flags, and their speedups differ: the
+    record keeps /proc/cpuinfo's family and model, and the table lines say them."""
+    from mmspec.bench import results
+    from mmspec.bench.results import machine_info, machine_line
+    from mmspec.pipelines.captioning.auto_drafter import describe_machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n")
+    real_open = open
+    monkeypatch.setattr(results, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k),
+                        raising=False)
+    machine = machine_info("bfloat16", 1)
+    assert machine["cpu"] == "AMD EPYC" and machine["cpu_model"] == "family 26 model 2"  # (the first processor's)
+    assert machine_line(machine).startswith("AMD EPYC, family 26 model 2 (")
+    assert describe_machine(machine).startswith("bfloat16, 1 thread, AMD EPYC (family 26 model 2) with ")
+    del machine["cpu_model"]  # a record written before the field: as before
+    assert machine_line(machine).startswith("AMD EPYC (") and "AMD EPYC with " in describe_machine(machine)

@@ -28,15 +28,32 @@ def add_device_args(parser) -> None:
 def machine_line(machine: dict) -> str:
     """A results file's "machine" record -> "AMD EPYC (avx2 avx512f)", or on a GPU
     "NVIDIA H100 80GB HBM3 (host: Intel Xeon)": what a table's numbers were measured on."""
-    cpu = f"{machine.get('cpu')} ({' '.join(machine.get('cpu_flags', []))})"
+    cpu = f"{machine.get('cpu')}{', ' + machine['cpu_model'] if 'cpu_model' in machine else ''} ({' '.join(machine.get('cpu_flags', []))})"
     if "emulated_from" in machine:
         cpu += f", run as such on a CPU with ({' '.join(machine['emulated_from'])}), PyTorch's operators at {machine.get('aten_cpu_capability')}"
     device = machine.get("device", "cpu")
     return cpu if device == "cpu" else f"{device} (host: {machine.get('cpu')})"
 
 
+def cpuinfo_fields() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ("model name", "cpu family", "model", ...);
+    {} where there is none."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
-    """What a measurement depends on: {"cpu", "cpu_flags" (those of SPEED_FLAGS present), "device"
+    """What a measurement depends on: {"cpu", "cpu_model" (x86 Linux: "family F model M", e.g. Zen 4
+    or Zen 5 behind one name), "cpu_flags" (those of SPEED_FLAGS present), "device"
     ("cpu" or the GPU's name), "threads", "dtype", "attention" (the decoding steps' attention:
     "c", the batch-invariant kernel, or "sdpa"), "layers" (decoder layers of few-row steps: "fused",
     one C call each, or "modules"), "torch", "transformers"}; where ``MMSPEC_CPU_FLAGS`` runs mmspec
@@ -51,18 +68,16 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     from ..modeling.fast_linear import cpu_flags, machine_cpu_flags
     from ..modeling.fused import fused_enabled
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu, fields = platform.processor() or platform.machine(), cpuinfo_fields()
+    cpu = fields.get("model name", cpu)
     flags = [flag for flag in SPEED_FLAGS if flag in cpu_flags()]
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
     info = {"cpu": cpu, "cpu_flags": flags, "device": name, "threads": threads, "dtype": dtype,
             "attention": "sdpa" if name != "cpu" else attention_backend(),
             "layers": "fused" if name == "cpu" and fused_enabled() else "modules",
             "torch": torch.__version__, "transformers": transformers.__version__}
+    if "cpu family" in fields and "model" in fields:  # (a name like "AMD EPYC" covers CPUs whose speedups differ)
+        info["cpu_model"] = f"family {fields['cpu family']} model {fields['model']}"
     if cpu_flags() != machine_cpu_flags():  # MMSPEC_CPU_FLAGS: run as a CPU with fewer features
         info["emulated_from"] = [flag for flag in SPEED_FLAGS if flag in machine_cpu_flags()]
         info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()

@@ -72,7 +72,7 @@ def describe_machine(machine: dict[str, Any] | None) -> str:
     """A table's "machine" record -> "bfloat16, 1 thread, AMD EPYC with avx512f avx512_bf16, torch 2.14.1"."""
     if not machine:
         return "machine not recorded"
-    cpu = machine.get("cpu", "CPU not recorded")
+    cpu = machine.get("cpu", "CPU not recorded") + (f" ({machine['cpu_model']})" if "cpu_model" in machine else "")
     flags = machine.get("cpu_flags")
     if flags:
         cpu += f" with {' '.join(flags)}"
