@@ -1,6 +1,6 @@
-"""transformers 5.x renamed a base model's ``past_key_values`` argument to ``cache`` (the old name
-warns on every call until it goes, in 5.40): pass a cache by the name the installed version's
-``forward`` takes."""
+"""transformers 5.x renamed its models' ``past_key_values`` argument to ``cache`` (the old name
+warns until it goes, in 5.40): every call of mmspec into a transformers model passes its cache by
+the name the installed version's ``forward`` takes (the tests turn the warning into an error)."""
 
 from __future__ import annotations
 
