@@ -1,4 +1,5 @@
-"""The CPU's feature flags, as mmspec chooses its kernels and its "auto" dtype by them.
+"""The CPU's feature flags, as mmspec chooses its kernels and its "auto" dtype by them, and the
+rest of /proc/cpuinfo's first processor (the benchmarks' machine record: name, family, model).
 
 A module of its own beneath everything that asks (:mod:`mmspec.hub` for the "auto" dtype,
 :mod:`mmspec.modeling` for the C kernels, :mod:`mmspec.bench` for the machine record): reading
@@ -12,14 +13,31 @@ import functools
 import os
 
 
+def parse_cpuinfo(text: str) -> dict[str, str]:
+    """/proc/cpuinfo's text -> the first processor's fields ("model name", "cpu family", "model",
+    "flags", ...)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpuinfo_fields() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (read at each call; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return parse_cpuinfo(f.read())
+    except OSError:
+        return {}
+
+
 @functools.cache
 def machine_cpu_flags() -> frozenset[str]:
     """The CPU's flags as /proc/cpuinfo lists them (read once; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
-    except OSError:
-        return frozenset()
+    return frozenset(cpuinfo_fields().get("flags", "").split())
 
 
 @functools.cache

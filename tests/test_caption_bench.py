@@ -312,19 +312,17 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     assert picked.chosen_drafter == "spd:../draft" and picked(image, max_new_tokens=4).stats.config["drafter"] == "spd:../draft"
 
 
-def test_the_machine_record_names_the_cpu_model(tmp_path, monkeypatch):
+def test_the_machine_record_names_the_cpu_model(monkeypatch):
     """Zen 4 and Zen 5 both read "AMD EPYC" with the same flags, and their speedups differ: the
     record keeps /proc/cpuinfo's family and model, and the table lines say them."""
-    from mmspec.bench import results
+    from mmspec import cpu
     from mmspec.bench.results import machine_info, machine_line
     from mmspec.pipelines.captioning.auto_drafter import describe_machine
 
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n")
-    real_open = open
-    monkeypatch.setattr(results, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k),
-                        raising=False)
+    fields = cpu.parse_cpuinfo("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                               "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n")
+    assert fields["cpu family"] == "26" and fields["model"] == "2" and fields["flags"] == "fpu avx2"  # (the first processor's)
+    monkeypatch.setattr(cpu, "cpuinfo_fields", lambda: fields)
     machine = machine_info("bfloat16", 1)
     assert machine["cpu"] == "AMD EPYC" and machine["cpu_model"] == "family 26 model 2"  # (the first processor's)
     assert machine_line(machine).startswith("AMD EPYC, family 26 model 2 (")

@@ -35,22 +35,6 @@ def machine_line(machine: dict) -> str:
     return cpu if device == "cpu" else f"{device} (host: {machine.get('cpu')})"
 
 
-def cpuinfo_fields() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo ("model name", "cpu family", "model", ...);
-    {} where there is none."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
 def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     """What a measurement depends on: {"cpu", "cpu_model" (x86 Linux: "family F model M", e.g. Zen 4
     or Zen 5 behind one name), "cpu_flags" (those of SPEED_FLAGS present), "device"
@@ -64,12 +48,12 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     import torch
     import transformers
 
+    from ..cpu import cpu_flags, cpuinfo_fields, machine_cpu_flags
     from ..modeling.attention import attention_backend
-    from ..modeling.fast_linear import cpu_flags, machine_cpu_flags
     from ..modeling.fused import fused_enabled
 
-    cpu, fields = platform.processor() or platform.machine(), cpuinfo_fields()
-    cpu = fields.get("model name", cpu)
+    fields = cpuinfo_fields()
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
     flags = [flag for flag in SPEED_FLAGS if flag in cpu_flags()]
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
     info = {"cpu": cpu, "cpu_flags": flags, "device": name, "threads": threads, "dtype": dtype,
