@@ -258,8 +258,9 @@ def _accept_first_children(target, state, draft, most, drafters):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("do_sample,vocabulary", [(False, False), (True, False), (True, True)])
-def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary):
+@pytest.mark.parametrize("do_sample,vocabulary,stop_below", [(False, False, 0.0), (True, False, 0.0), (True, True, 0.0),
+                                                             (False, True, 0.05), (True, True, 0.02)])
+def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, vocabulary, stop_below):
     """Where the head and its projections run fused, EAGLE's chain in one C call (the committed
     pairs, then per token the draft LM head, the pick and the next head forward) drafts the Python
     loop's tokens from the same generator, with its q (float rounding), over a draft vocabulary or
@@ -269,7 +270,8 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
 
     model, head = _fused_model_and_head(dtype)
     words = torch.arange(0, model.config.vocab_size, 3) if vocabulary else None
-    fused, loop = EagleDrafter(model, head, 4, words, int8_head=False), EagleDrafter(model, head, 4, words, int8_head=False)
+    stops = {"sampled_stop_below" if do_sample else "stop_below": stop_below}
+    fused, loop = EagleDrafter(model, head, 4, words, int8_head=False, **stops), EagleDrafter(model, head, 4, words, int8_head=False, **stops)
     chains, fused_chain = [], fused._fused_chain
     fused._fused_chain = lambda *args: chains.append(fused_chain(*args)) or chains[-1]
     loop._fused_chain = lambda *args: None  # the Python loop
@@ -277,21 +279,26 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
     sampling = SamplingConfig(do_sample=do_sample, temperature=0.8)
     with torch.inference_mode():
         state = _started(target, (fused, loop), sampling)
+        lengths = []
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4)
+            assert torch.equal(mine.tokens, theirs.tokens) and (stop_below or mine.tokens.shape == (1, 4))
+            lengths.append(mine.length)
             if do_sample:
                 torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+                assert torch.equal(fused.context.generator.get_state(), loop.context.generator.get_state())
             else:
                 assert mine.probs is None and theirs.probs is None
             length = fused.cache.get_seq_length()
             assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
             assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
             out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=-1)
-            accepted = step % 3  # 0, 1, 2, 0 drafts kept, then the target's next token
+            accepted = min(step % 3, mine.length)  # 0, 1, 2, 0 drafts kept, then the target's next token
             state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
             for drafter in (fused, loop):
-                drafter.on_verified(4, accepted, out)
+                drafter.on_verified(mine.length, accepted, out)
+    if stop_below:  # (a random head is unsure of every draw: the stop ends chains early)
+        assert max(lengths) < 4, lengths
     assert len(chains) == 4 and all(chain is not None for chain in chains)  # (the first: the prompt's pairs but the last fed first)
 
 

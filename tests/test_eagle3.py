@@ -118,15 +118,17 @@ def test_greedy_output_is_the_targets(tiny, tree):
 RUNS = 600
 
 
-@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("tree", [False, True, "stop"])
 def test_sampled_distribution_is_the_targets(tree):
-    """Chains (q over target ids, zero outside the draft vocabulary) and sampled dynamic trees keep
+    """Chains (q over target ids, zero outside the draft vocabulary), chains ended by their own
+    confidence (a draft length that depends on the draws) and sampled dynamic trees keep
     the target's distribution: chi-square against the exact marginals (test_distribution's model)."""
     target = tiny_llama(0)
     torch.manual_seed(5)
     head = Eagle3Head(Eagle3Config.for_target(text_decoder(target).config, draft_vocab_size=6)).eval()
     head.set_draft_vocabulary(torch.tensor([7, 1, 3, 5, 9, 2]))  # a q that is zero outside these ids
-    drafter = (Eagle3TreeDrafter(target, head, depth=2, top_k=3, num_nodes=6) if tree
+    drafter = (Eagle3TreeDrafter(target, head, depth=2, top_k=3, num_nodes=6) if tree is True
+               else Eagle3Drafter(target, head, num_draft_tokens=3, sampled_stop_below=0.3) if tree == "stop"  # (lengths 1-3 by q)
                else Eagle3Drafter(target, head, num_draft_tokens=2))
     exact = exact_marginals(target)
     counts, _, accepted = sampled_counts(target, drafter, {"input_ids": PROMPT},
@@ -255,14 +257,17 @@ def test_errors(tiny, tmp_path):
             Eagle3Head.load(tmp_path / "h", other.model)
 
 
-@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("tree", [False, True, "stop"])
 def test_batch_rows_equal_their_batch_one_generation(tiny, tree):
-    """In a batch each row drafts EAGLE-3 chains (a tree drafter's chain form: the same head) and
-    gets what its own generation gives, greedy and sampled."""
+    """In a batch each row drafts EAGLE-3 chains (a tree drafter's chain form: the same head; or
+    chains with a confidence stop, each row ending its own) and gets what its own generation gives,
+    greedy and sampled."""
     from mmspec.api import generate_rows
 
     head = random_head(tiny.model, size=64)
-    drafter = Eagle3TreeDrafter(tiny.model, head, depth=3) if tree else Eagle3Drafter(tiny.model, head, num_draft_tokens=3)
+    drafter = (Eagle3TreeDrafter(tiny.model, head, depth=3) if tree is True
+               else Eagle3Drafter(tiny.model, head, num_draft_tokens=3, **({"stop_below": 0.02, "sampled_stop_below": 0.02}
+                                                                           if tree == "stop" else {})))
     chain = drafter.for_batch()
     assert type(chain) is Eagle3Drafter and chain.head is head and chain.target_hidden_layer == head.config.aux_layers
     ids = tiny.inputs["input_ids"][0]
@@ -304,13 +309,15 @@ def test_captured_target_returns_the_fused_layers():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("do_sample,norm_before_residual", [(False, False), (True, False), (False, True)])
-def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, norm_before_residual):
+@pytest.mark.parametrize("do_sample,norm_before_residual,stop_below", [(False, False, 0.0), (True, False, 0.0), (False, True, 0.0),
+                                                                      (False, False, 0.05), (True, False, 0.02)])
+def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, norm_before_residual, stop_below):
     """Where the head and its projections run fused (``mmspec.optimize``), the EAGLE-3 chain in one
     C call (the committed pairs fused by fc, then per token the final norm, the draft LM head over
     the draft vocabulary, the pick and the next step over [N1(e); Nh(s)]) drafts the Python loop's
     tokens from the same generator, with its q (float rounding), and leaves the head's cache as the
-    loop does, verification after verification. (Attention sharpened, so a wrong position shows.)"""
+    loop does, verification after verification. (Attention sharpened, so a wrong position shows.)
+    With a confidence stop both end each chain at the same draw and leave the generator alike."""
     import copy
 
     from test_eagle import _fused_model_and_head
@@ -323,7 +330,8 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
     with torch.no_grad():
         head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
     assert mmspec.optimize(head, kernel="c").replaced > 0
-    fused, loop = Eagle3Drafter(model, head, 4), Eagle3Drafter(model, copy.deepcopy(head), 4)
+    stops = {"sampled_stop_below" if do_sample else "stop_below": stop_below}
+    fused, loop = Eagle3Drafter(model, head, 4, **stops), Eagle3Drafter(model, copy.deepcopy(head), 4, **stops)
     chains, fused_chain = [], fused._fused_chain
     fused._fused_chain = lambda *args: chains.append(fused_chain(*args)) or chains[-1]
     loop._fused_chain = lambda *args: None  # the Python loop
@@ -335,19 +343,54 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
         for drafter in (fused, loop):
             drafter.start(DraftContext(target, sampling, torch.Generator().manual_seed(3), {}), state)
             drafter.on_verified(0, 0, prefill)
+        lengths = []
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens) and mine.tokens.shape == (1, 4), step
+            assert torch.equal(mine.tokens, theirs.tokens) and (stop_below or mine.tokens.shape == (1, 4)), step
+            lengths.append(mine.length)
             if do_sample:
                 torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-6, rtol=1e-5)
+                assert torch.equal(fused.context.generator.get_state(), loop.context.generator.get_state())
             length = fused.cache.get_seq_length()
             assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
             # (the loop's norms and rotation are PyTorch's: the same formula, sums in another order)
             torch.testing.assert_close(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :],
                                        **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}))
             out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=layers)
-            accepted = step % 3  # 0, 1, 2, 0 drafts kept, then the target's next token
+            accepted = min(step % 3, mine.length)  # 0, 1, 2, 0 drafts kept, then the target's next token
             state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
             for drafter in (fused, loop):
-                drafter.on_verified(4, accepted, out)
+                drafter.on_verified(mine.length, accepted, out)
     assert len(chains) == 4 and all(chain is not None for chain in chains)
+    if stop_below:  # (the random head's confidences, ~1/64 a draw: the stop ends every chain early)
+        assert max(lengths) < 4, lengths
+
+
+def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
+    """``chain_settings.json`` beside a head gives ``from_spec`` K and the confidence stop per kind of
+    generation (a K the user gives sets both); a stopped greedy chain drafts fewer tokens and
+    decoding stays the target's; a bad file or value is one ValueError line."""
+    head = random_head(tiny.model, size=64, seed=5)
+    head.save(tmp_path / "h", target="tiny")
+    settings = {"greedy": {"num_draft_tokens": 5, "stop_below": 0.05}, "sampled": {"num_draft_tokens": 2}}
+    (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(settings))
+    target = TransformersTarget(tiny.model)
+    drafter = Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
+    assert (drafter.num_draft_tokens, drafter.greedy_draft_tokens, drafter.stop_below, drafter.sampled_stop_below) == (2, 5, 0.05, 0.0)
+    assert drafter.describe()["stop_below"] == 0.05 and "sampled_stop_below" not in drafter.describe()
+    mine = Eagle3Drafter.from_spec(target, str(tmp_path / "h"), num_draft_tokens=3)
+    assert (mine.num_draft_tokens, mine.greedy_draft_tokens, mine.stop_below) == (3, None, 0.05)
+    reference = mmspec.generate(tiny.model, drafter=None, max_new_tokens=16, **tiny.inputs)
+    out = mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=16, **tiny.inputs)
+    full = mmspec.generate(tiny.model, drafter=Eagle3Drafter(tiny.model, head, 5), max_new_tokens=16, **tiny.inputs)
+    assert torch.equal(out.sequences, reference.sequences)
+    assert out.stats.drafted < full.stats.drafted and len(out.stats.drafted_per_position) <= 5  # (random drafts: ~1/64 sure)
+    sampled = mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=16, do_sample=True, seed=1, **tiny.inputs)
+    assert len(sampled.stats.drafted_per_position) <= 2
+    for bad in ({"greedy": {"num_draft_tokens": 0}}, {"greedy": {"stop_below": 1.5}}, {"sampled": {"stop_below": "high"}},
+                {"num_draft_tokens": 4}, [1, 2]):
+        (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="chain_settings.json must map greedy / sampled"):
+            Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
+    with pytest.raises(ValueError, match="sampled_stop_below=-0.1"):
+        Eagle3Drafter(tiny.model, head, 4, sampled_stop_below=-0.1)

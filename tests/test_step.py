@@ -227,3 +227,20 @@ def test_a_duplicate_drafter_name_is_refused():
         class Again(_Plain):
             pass
     assert DRAFTERS["prompt-lookup"] is registered
+
+
+def test_chain_stop_ends_a_chain_once_its_running_confidence_falls_below():
+    """P_i = prod_{j <= i} c_j; the chain ends after the first draw with P_i < stop_below (kept);
+    stop_below = 0 never ends it; a draw's confidence is q(token), or a greedy pick's top softmax."""
+    from mmspec.core.draft import chain_stops, draft_confidence
+
+    running, ended = 1.0, []
+    for confidence in (0.9, 0.8, 0.5, 0.9):
+        stop, running = chain_stops(running, confidence, 0.4)
+        ended.append(stop)
+    assert ended == [False, False, True, True] and running == pytest.approx(0.9 * 0.8 * 0.5 * 0.9)
+    assert chain_stops(1.0, 0.01, 0.0) == (False, 1.0)
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    assert draft_confidence(logits, None, torch.tensor([1])) == pytest.approx(torch.softmax(logits, -1).max().item())
+    q = torch.tensor([[0.1, 0.2, 0.7]])
+    assert draft_confidence(logits, q, torch.tensor([0])) == pytest.approx(0.1)

@@ -15,7 +15,7 @@ def interrupted(args, command: str) -> str:
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
-    from . import caption, cost, t2i, text, tts
+    from . import caption, chain_stop, cost, t2i, text, tts
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
@@ -23,6 +23,9 @@ def add_parser(subparsers) -> None:
     caption_parser = suites.add_parser("caption", help="a captioning VLM (default: the embedded captioner): AR vs drafters per task family")
     caption.add_arguments(caption_parser)
     caption_parser.set_defaults(handler=caption.run, output_args=OUTPUT_ARGS, interrupted=interrupted)
+    stop_parser = suites.add_parser("chain-stop", help="an EAGLE / EAGLE-3 chain's K and confidence stop on this machine (--write saves the fastest)")
+    chain_stop.add_arguments(stop_parser)
+    stop_parser.set_defaults(handler=chain_stop.run, output_args=OUTPUT_ARGS, interrupted=interrupted)
     t2i_parser = suites.add_parser("t2i", help="text-to-image: AR vs spec, SJD (each init), coupled SJD on the embedded model")
     t2i.add_arguments(t2i_parser)
     t2i_parser.set_defaults(handler=t2i.run, output_args={**OUTPUT_ARGS, "plot": "file"}, interrupted=interrupted)

@@ -51,3 +51,26 @@ class Draft:
     def length(self) -> int:
         """Tokens drafted (nodes, for a tree)."""
         return self.tokens.shape[1]
+
+
+def draft_confidence(logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor) -> float:
+    """The draft's own confidence in a token it drew: q(token) under the distribution q [1, V] it
+    was drawn from, or for a greedy pick (q None) the top probability of softmax(logits [1, N])."""
+    if q is not None:
+        return float(q[0, int(token)])
+    return float(torch.softmax(logits.float(), dim=-1).max())
+
+
+def chain_stops(running: float, confidence: float, stop_below: float) -> tuple[bool, float]:
+    """The confidence stop of a drafted chain (a dynamic draft length): after draw i, with
+    c_j = the draft's confidence in draw j (:func:`draft_confidence`),
+
+        P_i = prod_{j <= i} c_j          (the chance, as the draft sees it, that draws 0..i all pass)
+
+    the chain ends after draw i once P_i < ``stop_below`` (draw i is kept; 0 never stops).
+    ``running`` is P_{i-1} (1.0 before the first draw). Returns (stop, P_i). On a CPU a verified row
+    is not free (C(n) rises with n), so rows the target would likely reject cost more than they add."""
+    if stop_below <= 0.0:
+        return False, running
+    running *= confidence
+    return running < stop_below, running

@@ -37,6 +37,7 @@ from ..adapters.hf import config_image_token_id, final_norm, text_decoder
 from ..core.batch import BatchDrafting
 from ..core.cost import PathCalibration
 from ..core.cache import SequenceState, StaticKVCache, crop_cache, make_cache, stack_caches
+from ..core.draft import chain_stops, draft_confidence
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
@@ -45,7 +46,7 @@ from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain
 from ..modeling.heads import EagleHead, VisionContext, VisionEagleHead
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
-from .shipped import shipped_drafter_dir
+from .shipped import chain_settings, check_stop_below, shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
 
@@ -72,15 +73,33 @@ class EagleDrafter(BatchDrafting, Drafter):
             target verifies from a static KV cache on a GPU (a ``CapturedTransformersTarget``);
             True: over any target and device (a CPU runs the static buffers eagerly), refused for a
             head it does not cover.
+        stop_below: a dynamic draft length for greedy chains: the chain ends after the first draft
+            whose running confidence prod_j q_j(x_j) falls below it
+            (:func:`mmspec.core.draft.chain_stops`); 0 (default) drafts K every step. A captured
+            step drafts K.
+        sampled_stop_below: the same for sampled chains (q: the draws' distributions). Kept apart
+            because a sampled draw's q foretells its acceptance less well (on the captioner the
+            stop measured no faster there: docs/drafters.md).
+        greedy_draft_tokens: K for greedy chains (default ``num_draft_tokens``): with a stop they
+            can afford to draft further.
+            ``from_spec`` reads these and K from the head's ``chain_settings.json`` where it has one
+            (:func:`~mmspec.drafters.shipped.chain_settings`).
     """
 
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,
                  draft_vocabulary: torch.Tensor | None = None, int8_head: bool | None = None,
-                 captured_head: bool | None = None) -> None:
+                 captured_head: bool | None = None, stop_below: float = 0.0, sampled_stop_below: float = 0.0,
+                 greedy_draft_tokens: int | None = None) -> None:
         self._setup(head, *self._target_parts(target_model, draft_vocabulary), num_draft_tokens, int8_head)
         self.captured_head = captured_head
+        self.stop_below = check_stop_below(stop_below, "stop_below")
+        self.sampled_stop_below = check_stop_below(sampled_stop_below, "sampled_stop_below")
+        if greedy_draft_tokens is not None and (isinstance(greedy_draft_tokens, bool) or not isinstance(greedy_draft_tokens, int)
+                                                or greedy_draft_tokens < 1):
+            raise ValueError(f"greedy_draft_tokens={greedy_draft_tokens!r}: give an integer >= 1, or None for num_draft_tokens")
+        self.greedy_draft_tokens = greedy_draft_tokens
         self.image_token_id = self._image_token(head, target_model)
 
     @staticmethod
@@ -112,6 +131,8 @@ class EagleDrafter(BatchDrafting, Drafter):
         self.captured_head: bool | None = None  # (see the class's Args; __init__ sets it)
         self._captured_steps: dict[tuple, CapturedHeadStep] = {}  # (kind, shape, sampling, capacity) -> its captured step
         self.captured_step: CapturedHeadStep | None = None  # the captured step this generation drafts with, if any
+        self.stop_below = self.sampled_stop_below = 0.0  # a chain's confidence stops (see the class's Args)
+        self.greedy_draft_tokens: int | None = None
 
     @staticmethod
     def int8_default() -> bool:
@@ -120,9 +141,16 @@ class EagleDrafter(BatchDrafting, Drafter):
         return False
 
     @classmethod
+    def head_path(cls, target, arg: str | None):
+        """The head directory a spec names: ``arg``, or the one shipped for an embedded model."""
+        return arg or shipped_drafter_dir(target.model, "eagle", EagleHead.config_file)
+
+    @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
-        path = arg or shipped_drafter_dir(target.model, "eagle", EagleHead.config_file)
-        return cls(target.model, EagleHead.load(path, target.model), num_draft_tokens or 5, load_draft_vocabulary(path))
+        path = cls.head_path(target, arg)
+        settings = chain_settings(path, num_draft_tokens)
+        return cls(target.model, EagleHead.load(path, target.model), settings.pop("num_draft_tokens", 5),
+                   load_draft_vocabulary(path), **settings)
 
     def start(self, context, state: SequenceState) -> None:
         super().start(context, state)
@@ -263,8 +291,9 @@ class EagleDrafter(BatchDrafting, Drafter):
         codes = self._chain_call(plans, state.tokens[0, self.fed + 1 :].contiguous(), self.features[0, :pending].contiguous(),
                                  cos, sin, k, temperature, uniforms, probs)
         self._fed_pairs(state, pending)
-        self.forwards += k
-        return Draft(tokens=self.lm_head.tokens(codes)[None], probs=None if probs is None else self.lm_head.full(probs)[None])
+        self.forwards += len(codes)
+        return Draft(tokens=self.lm_head.tokens(codes)[None],
+                     probs=None if probs is None else self.lm_head.full(probs[: len(codes)])[None])
 
     def _chain_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int,
                     temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
@@ -273,7 +302,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         decoder = self.head.decoder
         return head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                           self.lm_head.projection, codes, features, self.embed.weight, None, 0, cos, sin, k, temperature,
-                          uniforms, probs, ids=self.lm_head.token_ids, int8=self.chain_int8)
+                          uniforms, probs, ids=self.lm_head.token_ids, int8=self.chain_int8, stop_below=self._chain_stop())
 
     def _fused_inputs(self, state: SequenceState, ahead: int, rows: int = 1):
         """(the head's plans, the pending pairs n0, rotary rows cos / sin [n0 + ahead, hd] from the
@@ -323,23 +352,43 @@ class EagleDrafter(BatchDrafting, Drafter):
         return Draft(tokens=self.lm_head.tokens(codes[:k])[None], probs=None if probs is None else self.lm_head.full(probs[:k])[None])
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
-        k = min(self.num_draft_tokens, max_tokens)
+        k = min(self._chain_length(), max_tokens)
         if self.captured_step is not None:
             return self._propose_captured(state, k)
         fused = self._fused_chain(state, k)
         if fused is not None:
             return fused
         predicted = self._catch_up(state)
-        tokens, probs = [], []
+        tokens, probs, running, stop_below = [], [], 1.0, self._chain_stop()
         for i in range(k):
-            choice, q = self.lm_head.pick(self, self._draft_logits(predicted[:, -1:]))
+            logits = self._draft_logits(predicted[:, -1:])
+            choice, q = self.lm_head.pick(self, logits)
             tokens.append(choice.view(1, 1))
             probs.append(q)
+            stop, running = chain_stops(running, draft_confidence(logits, q, choice) if stop_below else 1.0, stop_below)
+            if stop:
+                self._skip_draws(k - i - 1)
+                break
             if i + 1 < k:
                 predicted = self._step(predicted, tokens[-1], self.fed + i)  # pair (f^_t, x_{t+1}) at position t
                 self.forwards += 1
         crop_cache(self.cache, self.head_cache_length)  # the drafted pairs are not committed
         return Draft.chain(tokens, probs)
+
+    def _chain_stop(self) -> float:
+        """This generation's confidence stop: ``sampled_stop_below`` when it samples, else ``stop_below``."""
+        return self.sampled_stop_below if self.context.sampling.do_sample else self.stop_below
+
+    def _chain_length(self) -> int:
+        """This generation's K: ``greedy_draft_tokens`` (where set) for greedy chains, else ``num_draft_tokens``."""
+        return self.num_draft_tokens if self.context.sampling.do_sample or not self.greedy_draft_tokens else self.greedy_draft_tokens
+
+    def _skip_draws(self, count: int) -> None:
+        """A chain stopped ``count`` draws early: take the uniforms those draws would have (one
+        each, as the fused chain takes all K at once), so the generator runs on as it would have."""
+        generator = self.context.generator
+        if count > 0 and self.context.sampling.do_sample:
+            torch.rand(count, generator=generator, device=generator.device)
 
     @classmethod
     def propose_rows(cls, drafters: list["EagleDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:
@@ -351,7 +400,8 @@ class EagleDrafter(BatchDrafting, Drafter):
         (each row its own image context) go row by row."""
         if not isinstance(drafters[0].head, EagleHead) or isinstance(drafters[0].head, VisionEagleHead):
             return super().propose_rows(drafters, state, positions, budgets)
-        lengths = [min(d.num_draft_tokens, budget) for d, budget in zip(drafters, budgets)]
+        lengths = [min(d._chain_length(), budget) for d, budget in zip(drafters, budgets)]
+        running = [1.0] * len(drafters)  # each row's confidence stop (:func:`chain_stops`)
         predicted = torch.cat([d._catch_up(state.rows[p]) for d, p in zip(drafters, positions)])  # [n, 1, H]
         first = drafters[0]
         cache, valid = stack_caches([d.cache for d in drafters])
@@ -364,9 +414,15 @@ class EagleDrafter(BatchDrafting, Drafter):
             drafting = [j for j in drafting if i < lengths[j]]
             logits = first._draft_logits(predicted[drafting, -1:].transpose(0, 1))  # [drafting rows, N]
             for row, j in enumerate(drafting):
-                choice, q = drafters[j].lm_head.pick(drafters[j], logits[row : row + 1])
+                drafter = drafters[j]
+                choice, q = drafter.lm_head.pick(drafter, logits[row : row + 1])
                 picked[j].append((choice.view(1, 1), q))
                 tokens[j, 0] = choice[0]
+                if drafter._chain_stop():
+                    stop, running[j] = chain_stops(running[j], draft_confidence(logits[row : row + 1], q, choice), drafter._chain_stop())
+                    if stop:
+                        drafter._skip_draws(lengths[j] - i - 1)
+                        lengths[j] = i + 1
             if not any(i + 1 < lengths[j] for j in drafting):
                 break
             mask = torch.cat([valid, valid.new_ones(len(drafters), i + 1)], dim=1).long()
@@ -380,6 +436,8 @@ class EagleDrafter(BatchDrafting, Drafter):
         vision = {"vision_tokens": self.head.vision_tokens} if isinstance(self.head, VisionEagleHead) else {}
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size, **vision,
                 **({"captured_head": True} if getattr(self, "captured_step", None) is not None else {}),
+                **{name: value for name, value in (("stop_below", self.stop_below), ("sampled_stop_below", self.sampled_stop_below),
+                                                   ("greedy_draft_tokens", self.greedy_draft_tokens)) if value},
                 **({"fused_head": True, "head_int8": self.chain_int8 is not None} if fused else {})}
 
 

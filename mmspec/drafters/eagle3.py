@@ -31,7 +31,7 @@ from ..core.drafter import register_drafter
 from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head, midlayer_parts
 from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
-from .shipped import shipped_drafter_dir
+from .shipped import chain_settings, shipped_drafter_dir
 from .tree_budget import forward_parameters
 from .vocab import DraftLMHead, _Rows
 
@@ -73,14 +73,18 @@ class _Eagle3Parts:
         here take the module forward (the chain has its own call: :class:`Eagle3Drafter`)."""
         return False
 
-    @staticmethod
-    def _load(target, arg: str | None, spec: str) -> Eagle3Head:
+    @classmethod
+    def _load(cls, target, arg: str | None, spec: str) -> Eagle3Head:
+        """The head in :meth:`head_path`."""
+        return Eagle3Head.load(cls.head_path(target, arg, spec), target.model)
+
+    @classmethod
+    def head_path(cls, target, arg: str | None, spec: str = "eagle3"):
         """``arg`` (a head directory), or without one the head shipped for an embedded model
         (``models/smolcap-eagle3`` for the embedded captioner)."""
-        path = arg or shipped_drafter_dir(target.model, "eagle3", CONFIG_FILE, spec,
+        return arg or shipped_drafter_dir(target.model, "eagle3", CONFIG_FILE, spec,
                                           train="mmspec train drafter --method eagle3 --target PATH --data DATA, or give a "
                                                 "vLLM / SGLang EAGLE-3 directory")
-        return Eagle3Head.load(path, target.model)
 
 
 @register_drafter("eagle3")
@@ -98,13 +102,18 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
     #: temperature 1; one core of a Zen 4, docs/drafters.md); EAGLE's head stays at five
     default_length = 6
 
-    def __init__(self, target_model: nn.Module, head: Eagle3Head, num_draft_tokens: int = default_length) -> None:
+    def __init__(self, target_model: nn.Module, head: Eagle3Head, num_draft_tokens: int = default_length,
+                 stop_below: float = 0.0, sampled_stop_below: float = 0.0, greedy_draft_tokens: int | None = None) -> None:
         self._eagle3_head = head
-        super().__init__(target_model, head, num_draft_tokens, int8_head=False, captured_head=False)
+        super().__init__(target_model, head, num_draft_tokens, int8_head=False, captured_head=False, stop_below=stop_below,
+                         sampled_stop_below=sampled_stop_below, greedy_draft_tokens=greedy_draft_tokens)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3Drafter":
-        return cls(target.model, cls._load(target, arg, "eagle3"), num_draft_tokens or cls.default_length)
+        path = cls.head_path(target, arg)
+        settings = chain_settings(path, num_draft_tokens)
+        return cls(target.model, Eagle3Head.load(path, target.model), settings.pop("num_draft_tokens", cls.default_length),
+                   **settings)
 
     # ------------------------------------------------------------------ the fused chain (CPU)
     def _fusable(self) -> bool:
@@ -140,7 +149,7 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         return eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
                             head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection, codes, features,
                             self.embed.weight, self.lm_head.token_ids, cos, sin, k, temperature,
-                            uniforms, probs)
+                            uniforms, probs, stop_below=self._chain_stop())
 
 
 @register_drafter("eagle3-tree")

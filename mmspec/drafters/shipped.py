@@ -7,6 +7,7 @@ falls back to the SmolLM2 head when it has no fine-tuned one of its own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from torch import nn
@@ -47,3 +48,53 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
         f"no trained {kind} drafter for {type(model).__name__} ({where} not found); pass drafter='{spec or kind}:PATH' "
         f"with a trained one (`{train or f'mmspec train drafter --method {kind}'}`)"
     )
+
+
+#: a chain drafter's tuned settings, beside its head, per kind of generation (each part optional):
+#: {"greedy": {"num_draft_tokens": K, "stop_below": P}, "sampled": {"num_draft_tokens": K', "stop_below": P'}}
+CHAIN_SETTINGS_FILE = "chain_settings.json"
+
+
+def check_stop_below(value: float, name: str = "stop_below") -> float:
+    """A chain drafter's confidence stop ``name`` (:func:`mmspec.core.draft.chain_stops`), checked:
+    a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}={value!r}: give a number in [0, 1) (0 drafts the whole chain every step)")
+    return float(value)
+
+
+def chain_settings(directory: str | Path, num_draft_tokens: int | None = None) -> dict:
+    """The keyword arguments of :class:`~mmspec.drafters.eagle.EagleDrafter` that the head's
+    ``chain_settings.json`` gives (see :data:`CHAIN_SETTINGS_FILE`): ``num_draft_tokens`` (the
+    sampled chains' K), ``greedy_draft_tokens``, ``stop_below``, ``sampled_stop_below``; {} without
+    the file. A ``num_draft_tokens`` the user gave sets K for both kinds.
+
+    Raises:
+        ValueError: a file that is not such a mapping.
+    """
+    path = Path(directory) / CHAIN_SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    problem = (f"{path} must map greedy / sampled to num_draft_tokens (an integer >= 1) and stop_below (a number "
+               "in [0, 1)); fix or delete it")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable JSON ({error}); fix or delete it") from None
+    parts = [saved.get(kind, {}) for kind in ("greedy", "sampled")] if isinstance(saved, dict) else None
+    if parts is None or set(saved) - {"greedy", "sampled", "measured"} or not all(isinstance(p, dict) for p in parts):
+        raise ValueError(problem)
+    settings = {}
+    for part, length, stop in zip(parts, ("greedy_draft_tokens", "num_draft_tokens"), ("stop_below", "sampled_stop_below")):
+        k = part.get("num_draft_tokens", 1)
+        try:
+            settings[stop] = check_stop_below(part.get("stop_below", 0.0))
+        except ValueError:
+            raise ValueError(problem) from None
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or set(part) - {"num_draft_tokens", "stop_below"}:
+            raise ValueError(problem)
+        if "num_draft_tokens" in part and num_draft_tokens is None:
+            settings[length] = k
+    if num_draft_tokens is not None:
+        settings["num_draft_tokens"] = num_draft_tokens
+    return settings

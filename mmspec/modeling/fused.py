@@ -337,7 +337,7 @@ def _chain_function():
     function.argtypes = ([pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, int64,
                           pointer, pointer, int64, pointer, pointer, int64, int64, pointer, pointer, pointer, pointer]
                          + [int64] * 5
-                         + [ctypes.c_float, pointer, pointer, pointer, pointer, int64, ctypes.c_int])
+                         + [ctypes.c_float, pointer, pointer, pointer, pointer, int64, ctypes.c_float, ctypes.c_int])
     function.restype = ctypes.c_int
     return function
 
@@ -530,7 +530,7 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
                codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, align: torch.Tensor | None, align_start: int,
                cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float, uniforms: torch.Tensor | None,
                probs: torch.Tensor | None, keep: int | None = None, ids: torch.Tensor | None = None,
-               int8: Int8Head | None = None) -> torch.Tensor:
+               int8: Int8Head | None = None, stop_below: float = 0.0) -> torch.Tensor:
     """A one-layer feature head's chain of ``k`` draft codes in one C call (``head_chain`` in
     ``kernels/layer.c``): feed the pairs, then per code the output projection, the draw, and the
     next pair through ``fc``, the layer and its final norm (EAGLE: f^ = N(Layer(W_fc [e(x); f]))):
@@ -554,8 +554,11 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
             zeros, whose first C columns receive the draws' distributions.
         int8: the head's layer, ``fc`` and ``output`` read as int8 (:func:`int8_head`): a drafter's
             own rounding, which the draws' distributions report.
+        stop_below: end the chain after the first code i whose running confidence
+            prod_{j <= i} q_j(x_j) (greedy: q = softmax(logits)) is below it (0: never); see
+            :func:`mmspec.core.draft.chain_confidence_stops`.
     Returns:
-        LongTensor [k]: the codes.
+        LongTensor [k'] (1 <= k' <= k): the codes drawn (``probs``' first k' rows filled).
     """
     n0, rows = codes.shape[0], codes.shape[0] + k - 1
     fc_operand, out_operand = _head_operands("head_chain", plans, fc, output, codes, features, table, cos, sin, rows, ids, int8,
@@ -569,11 +572,11 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
         _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
         _ptr(align), align_start, align_rows, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
         keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms), _ptr(ids), tokens.data_ptr(),
-        _ptr(probs), 0 if probs is None else probs.stride(0), torch.get_num_threads())
-    if status:
+        _ptr(probs), 0 if probs is None else probs.stride(0), stop_below, torch.get_num_threads())
+    if status < 0:
         raise MemoryError("the fused head chain could not allocate its scratch")
     cache_layer.close_slots(n0 if keep is None else keep)
-    return tokens
+    return tokens[:status]
 
 
 @functools.cache
@@ -582,7 +585,7 @@ def _eagle3_function():
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
     function.argtypes = ([pointer, pointer, ctypes.c_int, pointer, ctypes.c_float, pointer, ctypes.c_int, int64, pointer,
                           ctypes.c_int, int64, pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
-                         + [int64] * 5 + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_int])
+                         + [int64] * 5 + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_float, ctypes.c_int])
     function.restype = ctypes.c_int
     return function
 
@@ -590,7 +593,7 @@ def _eagle3_function():
 def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: torch.Tensor, norm_before_residual: bool,
                  norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
                  table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float,
-                 uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
+                 uniforms: torch.Tensor | None, probs: torch.Tensor | None, stop_below: float = 0.0) -> torch.Tensor:
     """An EAGLE-3 head's chain of ``k`` draft indices in one C call (``eagle3_chain`` in
     ``kernels/layer.c``; the head: :class:`mmspec.modeling.eagle3.Eagle3Head`): the pairs fed with
     their target states fused by ``fc``, then per index the final norm and draft LM head, the draw,
@@ -608,10 +611,10 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
         codes: LongTensor [n0] (target ids) and features [n0, 3 H_t]: the pairs to feed.
         table: the target's embedding [V, D]; ids: LongTensor [C], each draft index's target id.
         cos, sin: rotary rows [n0 + k - 1, hd] of the positions fed.
-        temperature, uniforms, probs: as :func:`head_chain`'s.
+        temperature, uniforms, probs, stop_below: as :func:`head_chain`'s.
 
     Returns:
-        LongTensor [k]: the draft indices.
+        LongTensor [k'] (1 <= k' <= k): the draft indices drawn.
 
     Raises:
         ValueError: an operand of the wrong shape or dtype, or a linear the call cannot read.
@@ -635,11 +638,11 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
         fc_operand[0], fc.in_features, out_operand[1], out_operand[0], output.out_features, codes.data_ptr(),
         features.data_ptr(), n0, table.data_ptr(), ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
         values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms),
-        tokens.data_ptr(), _ptr(probs), 0 if probs is None else probs.stride(0), torch.get_num_threads())
-    if status:
+        tokens.data_ptr(), _ptr(probs), 0 if probs is None else probs.stride(0), stop_below, torch.get_num_threads())
+    if status < 0:
         raise MemoryError("the fused EAGLE-3 chain could not allocate its scratch")
     cache_layer.close_slots(n0)
-    return tokens
+    return tokens[:status]
 
 
 _EXPAND_RULE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_float)

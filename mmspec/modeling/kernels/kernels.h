@@ -90,7 +90,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
                int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
                const void *sin, void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k,
                float temperature, const float *uniforms, const int64_t *ids, int64_t *tokens, float *probs,
-               int64_t probs_stride, int threads);
+               int64_t probs_stride, float stop_below, int threads);
 int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
               const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
               int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin, void *kbuf, void *vbuf,
@@ -100,5 +100,5 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
                  const void *fc_w, int fc_kind, int64_t F, const void *out_w, int out_kind, int64_t C, const int64_t *codes,
                  const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
                  void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature,
-                 const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, int threads);
+                 const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, float stop_below, int threads);
 #endif

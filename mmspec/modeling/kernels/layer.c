@@ -347,8 +347,11 @@ void compact_rows(void *const *buffers, int64_t count, int64_t outer, int64_t st
  * for n0 + k - 1 positions after `cached`, which this call writes and the caller keeps or drops). The
  * draws' distributions go to probs [k, probs_stride] (columns < C; the fp32 softmax of logits / T),
  * the codes to tokens [k]: the first index whose cumulative probability (double, in order) exceeds
- * uniforms[i] x the total, as mmspec.core.sampling.sample_from_probs draws. Returns 0, or -1 (no
- * scratch, or a kernel failed). */
+ * uniforms[i] x the total, as mmspec.core.sampling.sample_from_probs draws. stop_below > 0 ends the
+ * chain early, after the first draw i where the product of the draws' confidences so far (q of each
+ * code drawn; greedy: softmax(logits) of the maximum) is below it (chain_stops): the codes after it
+ * are not drawn, their positions not fed. Returns the codes drawn (1..k), or -1 (no scratch, or a
+ * kernel failed). */
 static inline const char *align_row(const void *align, int64_t row, int64_t rows, int64_t row_bytes) {
     return (const char *)align + (row < rows ? row : rows - 1) * row_bytes;
 }
@@ -375,14 +378,20 @@ static int feed_pairs(const LayerSpec *s, const void *norm, float eps, const voi
 /* Draw i of a chain from logits [C] (model dtype): temperature <= 0: the first maximum; else
  * q = probs + i probs_stride [C] <- the fp32 softmax of logits / T and the first index whose
  * cumulative probability (double, in order) exceeds uniforms[i] x the total, as
- * mmspec.core.sampling.sample_from_probs draws. row: fp32 scratch [C]. */
+ * mmspec.core.sampling.sample_from_probs draws. row: fp32 scratch [C]. conf (or NULL): the draft's
+ * confidence in the index drawn, q of it (greedy: softmax(logits) of the maximum, 1 / sum exp(l - top)). */
 static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperature, const float *uniforms, float *probs,
-                         int64_t probs_stride, int64_t i, float *row) {
+                         int64_t probs_stride, int64_t i, float *row, float *conf) {
     int64_t best = 0;
     if (temperature <= 0.0f) {
         float top = get(logits, 0, bf16);
         for (int64_t c = 1; c < C; c++)
             if (get(logits, c, bf16) > top) top = get(logits, c, bf16), best = c;
+        if (conf) {
+            float total = 0.0f;
+            for (int64_t c = 0; c < C; c++) total += expf(get(logits, c, bf16) - top);
+            *conf = 1.0f / total;
+        }
         return best;
     }
     float top = -INFINITY, total = 0.0f;
@@ -392,11 +401,21 @@ static int64_t draw_code(const void *logits, int64_t C, int bf16, float temperat
     double cdf = 0.0, sum = 0.0;
     for (int64_t c = 0; c < C; c++) q[c] = row[c] / total, sum += (double)q[c];
     const double threshold = (double)uniforms[i] * sum;
-    for (int64_t c = 0; c < C; c++) {
-        cdf += (double)q[c];
-        if (cdf > threshold) return c;
+    for (best = 0; best < C - 1; best++) {
+        cdf += (double)q[best];
+        if (cdf > threshold) break;
     }
-    return C - 1;
+    if (conf) *conf = q[best];
+    return best;
+}
+
+/* Whether a chain stops after its draw of confidence conf: the running product *p of its draws'
+ * confidences (the chance, as the draft sees it, that every draw so far is accepted) fell below
+ * stop_below (0: never). */
+static int chain_stops(float stop_below, float conf, float *p) {
+    if (stop_below <= 0.0f) return 0;
+    *p *= conf;
+    return *p < stop_below;
 }
 
 int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
@@ -404,7 +423,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
                int64_t n0, const void *table, const void *align, int64_t align_start, int64_t align_rows, const void *cos,
                const void *sin, void *kbuf, void *vbuf,
                int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature, const float *uniforms,
-               const int64_t *ids, int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
+               const int64_t *ids, int64_t *tokens, float *probs, int64_t probs_stride, float stop_below, int threads) {
     const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
     const int bf16 = s->bf16;
     if (n0 < 1 || k < 1) return -1;
@@ -416,11 +435,14 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
     int status = feed_pairs(s, norm, eps, fc_w, fc_b, fc_kind, codes, features, n0, table, align, align_start, align_rows, cos,
                             sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached, x, h, threads);
     char *feature = h + (n0 - 1) * row_bytes; /* f^: the last row fed */
+    int64_t drawn = 0;
+    float conf = 1.0f, p = 1.0f;
     for (int64_t i = 0; i < k && !status; i++) {
         status = linear_kind(out_kind, feature, out_w, out_b, logits, 1, C, D, threads);
-        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row);
-        tokens[i] = best;
-        if (i + 1 == k || status) break;
+        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row,
+                                       stop_below > 0.0f ? &conf : NULL);
+        tokens[i] = best, drawn = i + 1;
+        if (i + 1 == k || status || chain_stops(stop_below, conf, &p)) break;
         const int64_t at = n0 + i, rope_row = at * hd * (s->rope ? 4 : width); /* this pair's position; its rotary row */
         memcpy(x, (const char *)table + (ids ? ids[best] : best) * row_bytes, (size_t)row_bytes);
         if (align) add_into(x, align_row(align, align_start + at, align_rows, row_bytes), D, bf16);
@@ -432,7 +454,7 @@ int head_chain(const LayerSpec *s, const void *norm, float eps, const void *fc_w
         feature = h;
     }
     free(scratch);
-    return status ? -1 : 0;
+    return status ? -1 : (int)drawn;
 }
 
 /* The k most probable outputs of logits [C] (model dtype): their indices, most probable first (ties:
@@ -589,12 +611,13 @@ static int eagle3_layer(const LayerSpec *s, const void *hidden_norm, int norm_be
  * target ids; features [n0, F]: the pairs' concatenated target states, fused by fc_w [D, F] (no
  * bias); norm / eps: Nf, the head's final norm; out_w [C, D] (no bias): the draft LM head; ids [C]:
  * each draft index's target id. Other arguments as head_chain's (cos / sin [n0 + k - 1, hd]; the
- * keys and values of the positions after cached + n0 are the caller's to drop). Returns 0, or -1. */
+ * keys and values of the positions after cached + n0 are the caller's to drop; stop_below as
+ * head_chain's). Returns the indices drawn (1..k), or -1. */
 int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *norm, float eps,
                  const void *fc_w, int fc_kind, int64_t F, const void *out_w, int out_kind, int64_t C, const int64_t *codes,
                  const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
                  void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature,
-                 const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, int threads) {
+                 const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, float stop_below, int threads) {
     const int64_t D = s->D, width = s->bf16 ? 2 : 4, row_bytes = D * width, rope_bytes = s->hd * width;
     const int bf16 = s->bf16;
     if (n0 < 1 || k < 1 || s->rope) return -1;
@@ -608,12 +631,15 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
         status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
                               threads);
     char *feature = x + (n0 - 1) * row_bytes; /* s^: the last row fed */
+    int64_t drawn = 0;
+    float conf = 1.0f, p = 1.0f;
     for (int64_t i = 0; i < k && !status; i++) {
         rms_norm(feature, norm, normed, 1, D, eps, bf16);
         status = linear_kind(out_kind, normed, out_w, NULL, logits, 1, C, D, threads);
-        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row);
-        tokens[i] = best;
-        if (i + 1 == k || status) break;
+        const int64_t best = draw_code(logits, C, bf16, temperature, uniforms, probs, probs_stride, i, row,
+                                       stop_below > 0.0f ? &conf : NULL);
+        tokens[i] = best, drawn = i + 1;
+        if (i + 1 == k || status || chain_stops(stop_below, conf, &p)) break;
         const int64_t at = n0 + i; /* this pair's position after the cache, its rotary row */
         memcpy(e, (const char *)table + ids[best] * row_bytes, (size_t)row_bytes);
         if (feature != x) memcpy(x, feature, (size_t)row_bytes);
@@ -622,5 +648,5 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
         feature = x;
     }
     free(scratch);
-    return status ? -1 : 0;
+    return status ? -1 : (int)drawn;
 }

@@ -1,0 +1,70 @@
+"""``mmspec bench chain-stop`` on a tiny saved SmolVLM checkpoint and a random EAGLE-3 head: the
+grid measured side by side with plain decoding, greedy outputs identical to AR's, the fastest
+written to the head's chain_settings.json (which the drafter then reads), bad options refused
+before the model loads."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from tiny_checkpoints import cached_tiny_checkpoint
+
+from mmspec.cli import main
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import AutoConfig
+
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
+    folder = tmp_path_factory.mktemp("chain-stop")
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.for_target(AutoConfig.from_pretrained(checkpoint).text_config)).eval()
+    head.save(folder / "head", target="tiny")
+    rows = []
+    for group, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+        Image.new("RGB", (32, 32), colour).save(folder / f"{group}.png")
+        rows.append({"image": f"{group}.png", "prompt": "Describe this image.", "group": group})
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return checkpoint, folder
+
+
+def test_the_grid_is_measured_and_the_fastest_written_beside_the_head(setup, capsys):
+    checkpoint, folder = setup
+    argv = ["bench", "chain-stop", "--model", str(checkpoint), "--drafter", f"eagle3:{folder / 'head'}", "--data",
+            str(folder / "data.jsonl"), "--per-family", "1", "--lengths", "2,3", "--stops", "0,0.05", "--repeats", "1",
+            "--max-new-tokens", "6", "--dtype", "fp32", "--results", str(folder / "r.json"), "--write"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| K \\ stop | 0 | 0.05 |" in out and "fastest: K=" in out
+    results = json.loads((folder / "r.json").read_text())
+    # the grid and the head's own setting as loaded (K = 6, no stop), each against AR
+    assert set(results["table"]) == {"K=2,stop=0", "K=2,stop=0.05", "K=3,stop=0", "K=3,stop=0.05", "K=6,stop=0"}
+    assert all(row["identical_to_ar"] and row["speedup"] > 0 for row in results["table"].values())  # fp32 greedy
+    assert len(results["runs"]) == 2 * 2 * 6  # items x rounds (warm-up + 1) x (AR + 5 settings)
+    saved = json.loads((folder / "head" / "chain_settings.json").read_text())
+    best = results["table"][results["best"]]
+    assert saved["greedy"] == {"num_draft_tokens": best["num_draft_tokens"], "stop_below": best["stop_below"]}
+    assert saved["measured"]["greedy"]["grid"] == results["table"] and "chain-stop" in saved["measured"]["greedy"]["command"]
+    from mmspec.adapters.hf import TransformersTarget
+    from mmspec.drafters import Eagle3Drafter
+    from mmspec.pipelines.captioning import ImageCaptioningPipeline
+
+    pipe = ImageCaptioningPipeline(model=str(checkpoint), drafter="ar", dtype="fp32")
+    drafter = Eagle3Drafter.from_spec(pipe.target, str(folder / "head"))
+    assert (drafter.greedy_draft_tokens, drafter.stop_below) == (best["num_draft_tokens"], best["stop_below"])
+    assert isinstance(pipe.target, TransformersTarget)
+
+
+@pytest.mark.parametrize("extra,message", [(["--drafter", "eagle2"], "name an EAGLE or EAGLE-3 chain drafter"),
+                                           (["--stops", "0,1"], "--stops=1.0"), (["--lengths", "0,2"], "every K must be >= 1"),
+                                           (["--lengths", "a"], "comma lists")])
+def test_bad_options_are_one_line_errors(setup, capsys, extra, message):
+    _, folder = setup
+    argv = ["bench", "chain-stop", "--data", str(folder / "data.jsonl"), "--results", str(folder / "bad.json"), *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (folder / "bad.json").exists()
