@@ -418,8 +418,9 @@ class EagleDrafter(BatchDrafting, Drafter):
                 choice, q = drafter.lm_head.pick(drafter, logits[row : row + 1])
                 picked[j].append((choice.view(1, 1), q))
                 tokens[j, 0] = choice[0]
-                if drafter._chain_stop():
-                    stop, running[j] = chain_stops(running[j], draft_confidence(logits[row : row + 1], q, choice), drafter._chain_stop())
+                stop_below = drafter._chain_stop()
+                if stop_below:
+                    stop, running[j] = chain_stops(running[j], draft_confidence(logits[row : row + 1], q, choice), stop_below)
                     if stop:
                         drafter._skip_draws(lengths[j] - i - 1)
                         lengths[j] = i + 1

@@ -556,7 +556,7 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
             own rounding, which the draws' distributions report.
         stop_below: end the chain after the first code i whose running confidence
             prod_{j <= i} q_j(x_j) (greedy: q = softmax(logits)) is below it (0: never); see
-            :func:`mmspec.core.draft.chain_confidence_stops`.
+            :func:`mmspec.core.draft.chain_stops`.
     Returns:
         LongTensor [k'] (1 <= k' <= k): the codes drawn (``probs``' first k' rows filled).
     """
