@@ -368,8 +368,9 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
 
 def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
     """``chain_settings.json`` beside a head gives ``from_spec`` K and the confidence stop per kind of
-    generation (a K the user gives sets both); a stopped greedy chain drafts fewer tokens and
-    decoding stays the target's; a bad file or value is one ValueError line."""
+    generation (a K the user gives sets both; a part measured in another dtype than the target's is
+    left out); a stopped greedy chain drafts fewer tokens and decoding stays the target's; a bad
+    file or value is one ValueError line."""
     head = random_head(tiny.model, size=64, seed=5)
     head.save(tmp_path / "h", target="tiny")
     settings = {"greedy": {"num_draft_tokens": 5, "stop_below": 0.05}, "sampled": {"num_draft_tokens": 2}}
@@ -387,6 +388,11 @@ def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
     assert out.stats.drafted < full.stats.drafted and len(out.stats.drafted_per_position) <= 5  # (random drafts: ~1/64 sure)
     sampled = mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=16, do_sample=True, seed=1, **tiny.inputs)
     assert len(sampled.stats.drafted_per_position) <= 2
+    # a part measured in another dtype is left out (the tiny target runs float32)
+    measured = {**settings, "measured": {"greedy": {"machine": {"dtype": "bfloat16"}}, "sampled": {"machine": {"dtype": "float32"}}}}
+    (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(measured))
+    other = Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
+    assert (other.num_draft_tokens, other.greedy_draft_tokens, other.stop_below) == (2, None, 0.0)
     for bad in ({"greedy": {"num_draft_tokens": 0}}, {"greedy": {"stop_below": 1.5}}, {"sampled": {"stop_below": "high"}},
                 {"num_draft_tokens": 4}, [1, 2]):
         (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(bad))

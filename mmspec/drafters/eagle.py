@@ -46,6 +46,7 @@ from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain
 from ..modeling.heads import EagleHead, VisionContext, VisionEagleHead
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
+from ..hub import dtype_name
 from .shipped import chain_settings, check_stop_below, shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -148,7 +149,7 @@ class EagleDrafter(BatchDrafting, Drafter):
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
         path = cls.head_path(target, arg)
-        settings = chain_settings(path, num_draft_tokens)
+        settings = chain_settings(path, num_draft_tokens, dtype_name(target.model.dtype))
         return cls(target.model, EagleHead.load(path, target.model), settings.pop("num_draft_tokens", 5),
                    load_draft_vocabulary(path), **settings)
 

@@ -63,11 +63,14 @@ def check_stop_below(value: float, name: str = "stop_below") -> float:
     return float(value)
 
 
-def chain_settings(directory: str | Path, num_draft_tokens: int | None = None) -> dict:
+def chain_settings(directory: str | Path, num_draft_tokens: int | None = None, dtype: str | None = None) -> dict:
     """The keyword arguments of :class:`~mmspec.drafters.eagle.EagleDrafter` that the head's
     ``chain_settings.json`` gives (see :data:`CHAIN_SETTINGS_FILE`): ``num_draft_tokens`` (the
     sampled chains' K), ``greedy_draft_tokens``, ``stop_below``, ``sampled_stop_below``; {} without
-    the file. A ``num_draft_tokens`` the user gave sets K for both kinds.
+    the file. A ``num_draft_tokens`` the user gave sets K for both kinds. With ``dtype`` (the
+    target's, "bfloat16"), a part measured in another dtype is left out: what a verified row
+    costs differs most between dtypes (float32 on an AVX2 CPU: the captioner's settings tuned in
+    bf16 on Zen 5 measured 1.54x against the untuned 1.59x there, docs/drafters.md).
 
     Raises:
         ValueError: a file that is not such a mapping.
@@ -85,16 +88,28 @@ def chain_settings(directory: str | Path, num_draft_tokens: int | None = None) -
     if parts is None or set(saved) - {"greedy", "sampled", "measured"} or not all(isinstance(p, dict) for p in parts):
         raise ValueError(problem)
     settings = {}
-    for part, length, stop in zip(parts, ("greedy_draft_tokens", "num_draft_tokens"), ("stop_below", "sampled_stop_below")):
+    for kind, part, length, stop in zip(("greedy", "sampled"), parts, ("greedy_draft_tokens", "num_draft_tokens"),
+                                        ("stop_below", "sampled_stop_below")):
         k = part.get("num_draft_tokens", 1)
         try:
-            settings[stop] = check_stop_below(part.get("stop_below", 0.0))
+            stop_below = check_stop_below(part.get("stop_below", 0.0))
         except ValueError:
             raise ValueError(problem) from None
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or set(part) - {"num_draft_tokens", "stop_below"}:
             raise ValueError(problem)
+        if dtype is not None and measured_dtype(saved, kind) not in (None, dtype):
+            continue
+        settings[stop] = stop_below
         if "num_draft_tokens" in part and num_draft_tokens is None:
             settings[length] = k
     if num_draft_tokens is not None:
         settings["num_draft_tokens"] = num_draft_tokens
     return settings
+
+
+def measured_dtype(saved: dict, kind: str) -> str | None:
+    """The dtype a chain_settings.json part was measured in (its ``measured`` record), or None."""
+    record = saved.get("measured")
+    record = record.get(kind) if isinstance(record, dict) else None
+    machine = record.get("machine") if isinstance(record, dict) else None
+    return machine.get("dtype") if isinstance(machine, dict) else None
