@@ -68,3 +68,38 @@ def test_bad_options_are_one_line_errors(setup, capsys, extra, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (folder / "bad.json").exists()
+
+
+def test_a_causal_lm_head_is_tuned_on_prompts(tmp_path, capsys):
+    """Rows of prompts alone tune a causal LM's head (each prompt in its chat template); a file
+    mixing prompts and images is refused in one line."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    from tiny_checkpoints import save_tiny_draft
+
+    from mmspec.hub import smollm2_checkpoint
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "lm")
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    torch.manual_seed(0)
+    Eagle3Head(Eagle3Config.for_target(model.config)).eval().save(tmp_path / "head", target="tiny")
+    rows = [{"prompt": "Name three colours.", "group": "a"}, {"prompt": "Count from one to five.", "group": "b"}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["bench", "chain-stop", "--model", str(tmp_path / "lm"), "--drafter", f"eagle3:{tmp_path / 'head'}", "--data",
+            str(tmp_path / "prompts.jsonl"), "--per-family", "1", "--lengths", "2", "--stops", "0,0.05", "--repeats", "1",
+            "--max-new-tokens", "6", "--dtype", "fp32", "--results", str(tmp_path / "r.json"), "--write"]
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert set(results["table"]) == {"K=2,stop=0", "K=2,stop=0.05", "K=6,stop=0"}
+    assert all(row["identical_to_ar"] for row in results["table"].values())
+    assert json.loads((tmp_path / "head" / "chain_settings.json").read_text())["measured"]["greedy"]["machine"]["dtype"] == "float32"
+    capsys.readouterr()
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    (tmp_path / "mixed.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps({"image": "x.png", "prompt": "What is it?"}) + "\n")
+    argv[argv.index("--data") + 1] = str(tmp_path / "mixed.jsonl")
+    assert main(argv) == 2
+    assert "row without an image" in capsys.readouterr().err

@@ -109,15 +109,16 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
     return items
 
 
-def data_items(data: str, groups: str | None, per_group: int) -> list[tuple[str, int, object, str]]:
+def data_items(data: str, groups: str | None, per_group: int, images: bool = True) -> list[tuple[str, int, object, str]]:
     """``--data`` JSONL -> [(group, row within its group, image, prompt)]: the first ``per_group``
-    rows of each group (of ``groups``, a comma list, when given), checked before any model loads."""
+    rows of each group (of ``groups``, a comma list, when given), checked before any model loads.
+    ``images=False``: prompts for a text model (the image None), a row with an image refused."""
     from ..train.any_target import format_skipped, open_image, read_examples
 
     examples, skipped = read_examples(data)
-    imageless = sum(example.image is None for example in examples)
-    if imageless:
-        skipped["row without an image"] = imageless
+    unfit = sum((example.image is None) == images for example in examples)
+    if unfit:
+        skipped["row without an image" if images else "row with an image (a text model takes prompts)"] = unfit
     if skipped:
         raise ValueError(f"--data {data}: {format_skipped(skipped)}; a benchmark measures every row it is given: fix or drop them")
     wanted = groups.split(",") if groups else None
@@ -132,7 +133,7 @@ def data_items(data: str, groups: str | None, per_group: int) -> list[tuple[str,
         if (wanted and group not in wanted) or counts.get(group, 0) >= per_group:
             continue
         try:
-            image = open_image(example)
+            image = open_image(example) if images else None
         except ValueError as error:
             raise ValueError(f"--data {data}: {example.image if isinstance(example.image, Path) else 'a row'}: {error}") from None
         items.append((group, counts.get(group, 0), image, example.prompt))

@@ -1,5 +1,5 @@
 """``mmspec bench chain-stop``: an EAGLE / EAGLE-3 chain's draft length K and confidence stop,
-measured on this machine for a captioning VLM, the fastest written beside the head.
+measured on this machine for a captioning VLM or a causal LM, the fastest written beside the head.
 
 A chain drafter (:class:`~mmspec.drafters.eagle.EagleDrafter`) may end a chain early, once the
 running confidence P_i = prod_{j <= i} q_j(x_j) of its draws falls below a threshold
@@ -13,7 +13,10 @@ speed S = the sum of AR's median times over the sum of its own; at temperature 0
 checked identical to AR's; at temperature > 0 (sampled outputs differ in length) S is per token:
 AR's seconds per token over the setting's, over every round. ``--write`` saves the fastest in the
 head's ``chain_settings.json`` (its ``greedy`` part at temperature 0, ``sampled`` otherwise,
-:func:`mmspec.drafters.shipped.chain_settings`) with the table it was chosen from.
+:func:`mmspec.drafters.shipped.chain_settings`) with the table it was chosen from. ``--data`` rows
+with images tune a VLM's head (``--model``: the embedded captioner by default, loaded as the
+captioning pipeline loads it); rows of prompts alone a causal LM's (``--model``: SmolLM2 by
+default, its linears optimized as ``mmspec generate`` does), each prompt in its chat template.
 """
 
 from __future__ import annotations
@@ -26,20 +29,23 @@ from pathlib import Path
 
 import torch
 
-from ..api import generate
+from ..api import chat_inputs, generate, optimize_components
 from ..cli.output import write_text
 from ..drafters.eagle import EagleDrafter
 from ..drafters.shipped import CHAIN_SETTINGS_FILE, chain_settings, check_stop_below
-from ..hub import dtype_name
+from ..hub import dtype_name, load_causal_lm
 from .caption import data_items, drafter_for
 from .results import add_device_args, machine_info, machine_line, save_results
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
+    parser.add_argument("--model", default=None,
+                        help="VLM or causal LM directory or hub id (default: the embedded captioner for --data with images, "
+                             "else smollm2)")
     parser.add_argument("--drafter", default="eagle3", help="the chain drafter: eagle, eagle3, eagle:DIR or eagle3:DIR")
     parser.add_argument("--data", required=True,
-                        help="a JSONL of {image, prompt, group?} to tune on (e.g. `mmspec train caption-data --split validation`)")
+                        help="a JSONL of {image?, prompt, group?} to tune on (e.g. `mmspec train caption-data --split validation`; "
+                             "prompts alone for a causal LM)")
     parser.add_argument("--families", default=None, help="comma list of --data's groups (default: all)")
     parser.add_argument("--per-family", type=int, default=2, help="first rows per group")
     parser.add_argument("--lengths", default="5,6,7,8", help="comma list of K, the most tokens a chain drafts")
@@ -150,8 +156,27 @@ def write_settings(head: Path, best: dict, meta: dict, table: dict) -> Path:
     return path
 
 
-def run(args) -> int:
+def load(args, text: bool, spec: str):
+    """(target, the chain drafter, item -> model inputs, stop ids or None, dtype): the captioning
+    pipeline's target over ``--model`` (images), or a causal LM's (prompts)."""
+    from ..adapters.hf import TransformersTarget
+    from ..drafters import resolve_drafter
     from ..pipelines.captioning import ImageCaptioningPipeline
+
+    if not text:
+        pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype)
+        return pipe.target, drafter_for(pipe, args.drafter), pipe.preprocess, pipe.eos_token_ids, pipe.dtype
+    model, tokenizer = load_causal_lm(args.model or "smollm2", dtype=args.dtype, device=args.device)
+    optimize_components(model)
+    target = TransformersTarget(model)
+    k = args.drafter.partition("@")[2]
+    drafter = resolve_drafter(spec, target, int(k) if k else None)
+    optimize_components(drafter)
+    return target, drafter, lambda image, prompt: chat_inputs(tokenizer, prompt), None, model.dtype
+
+
+def run(args) -> int:
+    from ..train.any_target import read_examples
 
     settings = parse_grid(args.lengths, args.stops)
     spec = args.drafter.partition("@")[0]
@@ -159,11 +184,12 @@ def run(args) -> int:
         raise ValueError(f"--drafter {args.drafter}: name an EAGLE or EAGLE-3 chain drafter (eagle, eagle3, eagle:DIR, eagle3:DIR)")
     if args.temperature < 0 or args.repeats < 1 or args.max_new_tokens < 1:
         raise ValueError("--temperature must be >= 0, --repeats and --max-new-tokens >= 1")
-    items = data_items(args.data, args.families, args.per_family)  # (checked before the model loads)
+    text = all(example.image is None for example in read_examples(args.data)[0])
+    items = data_items(args.data, args.families, args.per_family, images=not text)  # (checked before the model loads)
     torch.set_num_threads(args.threads)
-    pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype)
-    drafter: EagleDrafter = drafter_for(pipe, args.drafter)
-    head = Path(type(drafter).head_path(pipe.target, spec.partition(":")[2] or None))
+    target, drafter, model_inputs, eos, dtype = load(args, text, spec)
+    drafter: EagleDrafter
+    head = Path(type(drafter).head_path(target, spec.partition(":")[2] or None))
     sampled = args.temperature > 0
     current = current_setting(drafter, sampled)
     if current not in settings:
@@ -176,13 +202,13 @@ def run(args) -> int:
                 f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("model", "drafter", "data", "families", "per_family", "lengths",
                                                                        "stops", "temperature", "max_new_tokens", "repeats", "dtype", "threads")
                 if getattr(args, k) is not None),
-            "machine": machine_info(dtype_name(pipe.dtype), args.threads, args.device)}
+            "machine": machine_info(dtype_name(dtype), args.threads, args.device)}
     if results.get("meta", {}).get("head", meta["head"]) != meta["head"] or results.get("meta", {}).get("temperature", args.temperature) != args.temperature:
         raise ValueError(f"{results_path} holds another head's or temperature's runs; pass another --results file")
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     for group, index, image, prompt in items:
-        inputs = pipe.preprocess(image, prompt)
+        inputs = model_inputs(image, prompt)
         for round_index in range(args.repeats + 1):  # round 0 is the warm-up
             for setting in [None, *settings]:
                 key = f"{group}/{index}/{setting_name(setting)}/{round_index}"
@@ -190,9 +216,9 @@ def run(args) -> int:
                     continue
                 if setting is not None:
                     configure(drafter, setting, sampled)
-                out = generate(pipe.target, drafter=None if setting is None else drafter, max_new_tokens=args.max_new_tokens,
+                out = generate(target, drafter=None if setting is None else drafter, max_new_tokens=args.max_new_tokens,
                                do_sample=sampled, temperature=args.temperature or 1.0, seed=1000 * index + round_index,
-                               eos_token_id=pipe.eos_token_ids, **inputs)
+                               eos_token_id=eos, **inputs)
                 new = out.sequences[0, inputs["input_ids"].shape[1]:]
                 runs[key] = {"seconds": out.stats.wall_time_s, "tokens": len(new), "steps": out.stats.verify_steps,
                              "output": new.tolist()}
