@@ -367,15 +367,16 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
 
 
 def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
-    """``chain_settings.json`` beside a head gives ``from_spec`` K and the confidence stop per kind of
-    generation (a K the user gives sets both; a part measured in another dtype than the target's is
+    """``chain_settings.json`` beside a head gives ``from_spec`` K and the confidence stop per dtype
+    of the target and kind of generation (a K the user gives sets both; another dtype's part is
     left out); a stopped greedy chain drafts fewer tokens and decoding stays the target's; a bad
     file or value is one ValueError line."""
     head = random_head(tiny.model, size=64, seed=5)
     head.save(tmp_path / "h", target="tiny")
-    settings = {"greedy": {"num_draft_tokens": 5, "stop_below": 0.05}, "sampled": {"num_draft_tokens": 2}}
+    settings = {"float32": {"greedy": {"num_draft_tokens": 5, "stop_below": 0.05}, "sampled": {"num_draft_tokens": 2}},
+                "bfloat16": {"greedy": {"num_draft_tokens": 8, "stop_below": 0.5}}}
     (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(settings))
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.model)  # (float32)
     drafter = Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
     assert (drafter.num_draft_tokens, drafter.greedy_draft_tokens, drafter.stop_below, drafter.sampled_stop_below) == (2, 5, 0.05, 0.0)
     assert drafter.describe()["stop_below"] == 0.05 and "sampled_stop_below" not in drafter.describe()
@@ -388,15 +389,14 @@ def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
     assert out.stats.drafted < full.stats.drafted and len(out.stats.drafted_per_position) <= 5  # (random drafts: ~1/64 sure)
     sampled = mmspec.generate(tiny.model, drafter=drafter, max_new_tokens=16, do_sample=True, seed=1, **tiny.inputs)
     assert len(sampled.stats.drafted_per_position) <= 2
-    # a part measured in another dtype is left out (the tiny target runs float32)
-    measured = {**settings, "measured": {"greedy": {"machine": {"dtype": "bfloat16"}}, "sampled": {"machine": {"dtype": "float32"}}}}
-    (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(measured))
+    del settings["float32"]  # only another dtype's part: the defaults
+    (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(settings))
     other = Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
-    assert (other.num_draft_tokens, other.greedy_draft_tokens, other.stop_below) == (2, None, 0.0)
-    for bad in ({"greedy": {"num_draft_tokens": 0}}, {"greedy": {"stop_below": 1.5}}, {"sampled": {"stop_below": "high"}},
-                {"num_draft_tokens": 4}, [1, 2]):
+    assert (other.num_draft_tokens, other.greedy_draft_tokens, other.stop_below) == (Eagle3Drafter.default_length, None, 0.0)
+    for bad in ({"float32": {"greedy": {"num_draft_tokens": 0}}}, {"bfloat16": {"greedy": {"stop_below": 1.5}}},
+                {"float32": {"sampled": {"stop_below": "high"}}}, {"greedy": {"num_draft_tokens": 4}}, [1, 2]):
         (tmp_path / "h" / "chain_settings.json").write_text(json.dumps(bad))
-        with pytest.raises(ValueError, match="chain_settings.json must map greedy / sampled"):
+        with pytest.raises(ValueError, match="chain_settings.json must map a dtype"):
             Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
     with pytest.raises(ValueError, match="sampled_stop_below=-0.1"):
         Eagle3Drafter(tiny.model, head, 4, sampled_stop_below=-0.1)

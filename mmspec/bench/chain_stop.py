@@ -12,8 +12,9 @@ split), rounds interleaved after a warm-up round, the median of the rounds per i
 speed S = the sum of AR's median times over the sum of its own; at temperature 0 its outputs are
 checked identical to AR's; at temperature > 0 (sampled outputs differ in length) S is per token:
 AR's seconds per token over the setting's, over every round. ``--write`` saves the fastest in the
-head's ``chain_settings.json`` (its ``greedy`` part at temperature 0, ``sampled`` otherwise,
-:func:`mmspec.drafters.shipped.chain_settings`) with the table it was chosen from. ``--data`` rows
+head's ``chain_settings.json`` (the part for the model's dtype and the kind measured: ``greedy``
+at temperature 0, ``sampled`` otherwise; :func:`mmspec.drafters.shipped.chain_settings`) with the
+table it was chosen from. ``--data`` rows
 with images tune a VLM's head (``--model``: the embedded captioner by default, loaded as the
 captioning pipeline loads it); rows of prompts alone a causal LM's (``--model``: SmolLM2 by
 default, its linears optimized as ``mmspec generate`` does), each prompt in its chat template.
@@ -144,14 +145,15 @@ def markdown(table: dict, settings: list, best: str, current: str, meta: dict) -
 
 
 def write_settings(head: Path, best: dict, meta: dict, table: dict) -> Path:
-    """Merge the fastest setting into the head's chain_settings.json (its part for the kind measured)."""
+    """Merge the fastest setting into the head's chain_settings.json (its part for the dtype and
+    kind measured)."""
     path = head / CHAIN_SETTINGS_FILE
-    saved = json.loads(path.read_text()) if path.is_file() else {}
     chain_settings(head)  # (an existing file must be valid before it is merged into)
-    part = "sampled" if meta["temperature"] > 0 else "greedy"
-    saved[part] = {"num_draft_tokens": best["num_draft_tokens"], "stop_below": best["stop_below"]}
-    saved.setdefault("measured", {})[part] = {**{k: meta[k] for k in ("command", "data", "items", "temperature", "machine")},
-                                             "speedup": best["speedup"], "grid": table}
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    dtype, part = meta["machine"]["dtype"], "sampled" if meta["temperature"] > 0 else "greedy"
+    saved.setdefault(dtype, {})[part] = {"num_draft_tokens": best["num_draft_tokens"], "stop_below": best["stop_below"]}
+    saved.setdefault("measured", {}).setdefault(dtype, {})[part] = {
+        **{k: meta[k] for k in ("command", "data", "items", "temperature", "machine")}, "speedup": best["speedup"], "grid": table}
     path.write_text(json.dumps(saved, indent=1) + "\n")
     return path
 

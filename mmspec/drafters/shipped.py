@@ -50,9 +50,13 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
     )
 
 
-#: a chain drafter's tuned settings, beside its head, per kind of generation (each part optional):
-#: {"greedy": {"num_draft_tokens": K, "stop_below": P}, "sampled": {"num_draft_tokens": K', "stop_below": P'}}
+#: a chain drafter's tuned settings, beside its head: per dtype of the target, per kind of
+#: generation (each part optional), and what each was measured on:
+#: {"bfloat16": {"greedy": {"num_draft_tokens": K, "stop_below": P}, "sampled": {...}}, "float32": {...},
+#:  "measured": {"bfloat16": {"greedy": {...}}, ...}}
 CHAIN_SETTINGS_FILE = "chain_settings.json"
+#: the dtypes a chain_settings.json may hold settings for
+SETTINGS_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def check_stop_below(value: float, name: str = "stop_below") -> float:
@@ -65,12 +69,12 @@ def check_stop_below(value: float, name: str = "stop_below") -> float:
 
 def chain_settings(directory: str | Path, num_draft_tokens: int | None = None, dtype: str | None = None) -> dict:
     """The keyword arguments of :class:`~mmspec.drafters.eagle.EagleDrafter` that the head's
-    ``chain_settings.json`` gives (see :data:`CHAIN_SETTINGS_FILE`): ``num_draft_tokens`` (the
-    sampled chains' K), ``greedy_draft_tokens``, ``stop_below``, ``sampled_stop_below``; {} without
-    the file. A ``num_draft_tokens`` the user gave sets K for both kinds. With ``dtype`` (the
-    target's, "bfloat16"), a part measured in another dtype is left out: what a verified row
-    costs differs most between dtypes (float32 on an AVX2 CPU: the captioner's settings tuned in
-    bf16 on Zen 5 measured 1.54x against the untuned 1.59x there, docs/drafters.md).
+    ``chain_settings.json`` gives for a target of ``dtype`` ("bfloat16"; see
+    :data:`CHAIN_SETTINGS_FILE`): ``num_draft_tokens`` (the sampled chains' K),
+    ``greedy_draft_tokens``, ``stop_below``, ``sampled_stop_below``; {} without the file or a part
+    for that dtype (what a verified row costs differs most between dtypes: on an AVX2 CPU in
+    float32 the captioner's bf16 settings measured slower than none, docs/drafters.md). A
+    ``num_draft_tokens`` the user gave sets K for both kinds. Every part is checked, whatever the dtype.
 
     Raises:
         ValueError: a file that is not such a mapping.
@@ -78,38 +82,33 @@ def chain_settings(directory: str | Path, num_draft_tokens: int | None = None, d
     path = Path(directory) / CHAIN_SETTINGS_FILE
     if not path.is_file():
         return {}
-    problem = (f"{path} must map greedy / sampled to num_draft_tokens (an integer >= 1) and stop_below (a number "
-               "in [0, 1)); fix or delete it")
+    problem = (f"{path} must map a dtype ({', '.join(SETTINGS_DTYPES)}) to greedy / sampled parts of num_draft_tokens "
+               "(an integer >= 1) and stop_below (a number in [0, 1)); fix or delete it")
     try:
         saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not readable JSON ({error}); fix or delete it") from None
-    parts = [saved.get(kind, {}) for kind in ("greedy", "sampled")] if isinstance(saved, dict) else None
-    if parts is None or set(saved) - {"greedy", "sampled", "measured"} or not all(isinstance(p, dict) for p in parts):
+    if not isinstance(saved, dict) or set(saved) - {*SETTINGS_DTYPES, "measured"}:
         raise ValueError(problem)
-    settings = {}
-    for kind, part, length, stop in zip(("greedy", "sampled"), parts, ("greedy_draft_tokens", "num_draft_tokens"),
-                                        ("stop_below", "sampled_stop_below")):
-        k = part.get("num_draft_tokens", 1)
-        try:
-            stop_below = check_stop_below(part.get("stop_below", 0.0))
-        except ValueError:
-            raise ValueError(problem) from None
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or set(part) - {"num_draft_tokens", "stop_below"}:
+    found = {}
+    for name in SETTINGS_DTYPES:
+        section = saved.get(name, {})
+        if not isinstance(section, dict) or set(section) - {"greedy", "sampled"}:
             raise ValueError(problem)
-        if dtype is not None and measured_dtype(saved, kind) not in (None, dtype):
-            continue
-        settings[stop] = stop_below
-        if "num_draft_tokens" in part and num_draft_tokens is None:
-            settings[length] = k
+        found[name] = {}
+        for kind, length, stop in (("greedy", "greedy_draft_tokens", "stop_below"), ("sampled", "num_draft_tokens", "sampled_stop_below")):
+            part = section.get(kind, {})
+            k = part.get("num_draft_tokens", 1) if isinstance(part, dict) else None
+            if (not isinstance(part, dict) or set(part) - {"num_draft_tokens", "stop_below"} or not isinstance(k, int)
+                    or isinstance(k, bool) or k < 1):
+                raise ValueError(problem)
+            try:
+                found[name][stop] = check_stop_below(part.get("stop_below", 0.0))
+            except ValueError:
+                raise ValueError(problem) from None
+            if "num_draft_tokens" in part and num_draft_tokens is None:
+                found[name][length] = k
+    settings = {key: value for key, value in found[dtype].items() if value} if dtype in saved else {}
     if num_draft_tokens is not None:
         settings["num_draft_tokens"] = num_draft_tokens
     return settings
-
-
-def measured_dtype(saved: dict, kind: str) -> str | None:
-    """The dtype a chain_settings.json part was measured in (its ``measured`` record), or None."""
-    record = saved.get("measured")
-    record = record.get(kind) if isinstance(record, dict) else None
-    machine = record.get("machine") if isinstance(record, dict) else None
-    return machine.get("dtype") if isinstance(machine, dict) else None
