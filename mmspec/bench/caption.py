@@ -109,13 +109,16 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
     return items
 
 
-def data_items(data: str, groups: str | None, per_group: int, images: bool = True) -> list[tuple[str, int, object, str]]:
+def data_items(data: str, groups: str | None, per_group: int, images: bool | None = True) -> list[tuple[str, int, object, str]]:
     """``--data`` JSONL -> [(group, row within its group, image, prompt)]: the first ``per_group``
     rows of each group (of ``groups``, a comma list, when given), checked before any model loads.
-    ``images=False``: prompts for a text model (the image None), a row with an image refused."""
+    ``images=False``: prompts for a text model (the image None), a row with an image refused;
+    ``None``: prompts alone where no row has an image, else images for every row."""
     from ..train.any_target import format_skipped, open_image, read_examples
 
     examples, skipped = read_examples(data)
+    if images is None:
+        images = any(example.image is not None for example in examples)
     unfit = sum((example.image is None) == images for example in examples)
     if unfit:
         skipped["row without an image" if images else "row with an image (a text model takes prompts)"] = unfit

@@ -35,7 +35,7 @@ from ..cli.output import write_text
 from ..drafters.eagle import EagleDrafter
 from ..drafters.shipped import CHAIN_SETTINGS_FILE, chain_settings, check_stop_below
 from ..hub import dtype_name, load_causal_lm
-from .caption import data_items, drafter_for
+from .caption import data_items, drafter_for, parse_method
 from .results import add_device_args, machine_info, machine_line, save_results
 
 
@@ -158,9 +158,9 @@ def write_settings(head: Path, best: dict, meta: dict, table: dict) -> Path:
     return path
 
 
-def load(args, text: bool, spec: str):
-    """(target, the chain drafter, item -> model inputs, stop ids or None, dtype): the captioning
-    pipeline's target over ``--model`` (images), or a causal LM's (prompts)."""
+def load(args, text: bool, spec: str, k: int | None):
+    """(target, the chain drafter of ``spec`` with K = ``k``, item -> model inputs, stop ids or None,
+    dtype): the captioning pipeline's target over ``--model`` (images), or a causal LM's (prompts)."""
     from ..adapters.hf import TransformersTarget
     from ..drafters import resolve_drafter
     from ..pipelines.captioning import ImageCaptioningPipeline
@@ -171,25 +171,22 @@ def load(args, text: bool, spec: str):
     model, tokenizer = load_causal_lm(args.model or "smollm2", dtype=args.dtype, device=args.device)
     optimize_components(model)
     target = TransformersTarget(model)
-    k = args.drafter.partition("@")[2]
-    drafter = resolve_drafter(spec, target, int(k) if k else None)
+    drafter = resolve_drafter(spec, target, k)
     optimize_components(drafter)
     return target, drafter, lambda image, prompt: chat_inputs(tokenizer, prompt), None, model.dtype
 
 
 def run(args) -> int:
-    from ..train.any_target import read_examples
-
     settings = parse_grid(args.lengths, args.stops)
-    spec = args.drafter.partition("@")[0]
+    spec, k = parse_method(args.drafter)
     if spec.partition(":")[0] not in ("eagle", "eagle3"):
         raise ValueError(f"--drafter {args.drafter}: name an EAGLE or EAGLE-3 chain drafter (eagle, eagle3, eagle:DIR, eagle3:DIR)")
-    if args.temperature < 0 or args.repeats < 1 or args.max_new_tokens < 1:
-        raise ValueError("--temperature must be >= 0, --repeats and --max-new-tokens >= 1")
-    text = all(example.image is None for example in read_examples(args.data)[0])
-    items = data_items(args.data, args.families, args.per_family, images=not text)  # (checked before the model loads)
+    if args.temperature < 0:  # (--repeats, --max-new-tokens: the command line's checks)
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature:g}")
+    items = data_items(args.data, args.families, args.per_family, images=None)  # (checked before the model loads)
+    text = items[0][2] is None
     torch.set_num_threads(args.threads)
-    target, drafter, model_inputs, eos, dtype = load(args, text, spec)
+    target, drafter, model_inputs, eos, dtype = load(args, text, spec, k)
     drafter: EagleDrafter
     head = Path(type(drafter).head_path(target, spec.partition(":")[2] or None))
     sampled = args.temperature > 0
