@@ -173,12 +173,13 @@ def exact_streams(target):
 @pytest.mark.parametrize("drafter,aligned", [("draft", False), ("sjd", False), ("step", False), ("draft", True),
                                              ("step-aware", True), ("medusa", True), ("eagle", True), ("medusa-tree", True),
                                              ("eagle-tree", True), ("sjd-single", True), ("eagle-fused", True),
-                                             ("eagle-fused-int8", True)])
+                                             ("eagle-fused-int8", True), ("eagle-top1", True)])
 def test_sampled_streams_follow_the_target(drafter, aligned):
     """medusa-tree / eagle-tree / sjd-single: a single-stream LM (a VALL-E-style AR stage) verifying
     Medusa's or EAGLE's static tree / SJD's window; eagle-fused: EAGLE's chain on a single stream
     through the fused C chain (few-row linears); eagle-fused-int8: that chain on the head's int8
-    copy (its q are the int8 head's, which the rule reads)."""
+    copy (its q are the int8 head's, which the rule reads); eagle-top1: the head's most likely codes
+    after the step's sampled known codes (point masses, q one-hot), still exact."""
     fused = drafter.startswith("eagle-fused") if drafter else False
     if fused and not _fused_chain_runs(torch.float32):
         pytest.skip("the fused kernels do not run here")
@@ -209,6 +210,7 @@ def test_sampled_streams_follow_the_target(drafter, aligned):
              "medusa-tree": lambda: CodecMedusaDrafter(heads),
              "sjd-single": lambda: "sjd",
              "eagle": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3),
+             "eagle-top1": lambda: CodecEagleDrafter(eagle, num_draft_tokens=3, top1=True),
              "eagle-tree": lambda: CodecEagleDrafter(eagle, tree_paths=CODEC_TREE),
              "eagle-fused": fused_eagle,
              "eagle-fused-int8": fused_eagle,
@@ -389,6 +391,26 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, aligned, do_sa
         assert fused.cache.get_seq_length() == loop.cache.get_seq_length() and fused.fed == loop.fed
         length = fused.cache.get_seq_length()
         assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_a_top1_chain_drafts_the_greedy_chain_under_sampling(dtype):
+    """top1=True (eagle-topk's drafter): under sampling the fused chain and the Python loop both
+    draft the head's most likely codes, the chain greedy decoding's drafter gives (q None: no
+    distribution is drawn from)."""
+    if not _fused_chain_runs(dtype):
+        pytest.skip("the fused kernels do not run here (or no bf16 kernel)")
+    target, head = _fused_eagle_models(tiny(2, codebooks=1, codes=8, aligned=True), dtype)
+    drafts = []
+    for top1, sampling in ((True, SamplingConfig(do_sample=True, temperature=1.0)), (False, SamplingConfig(do_sample=False))):
+        state, _ = target.prefill(inputs(target.model, DURATIONS), hidden_layer=-1)
+        fused, loop = (CodecEagleDrafter(head, num_draft_tokens=4, int8_head=False, top1=top1) for _ in range(2))
+        pairs = list(_side_by_side(target, state, fused, loop, sampling))
+        assert all(torch.equal(a.tokens, b.tokens) and a.probs is None and b.probs is None for a, b in pairs)
+        drafts.append([a.tokens for a, _ in pairs])
+        assert fused.describe().get("draws") == ("top-1" if top1 else None)
+    assert all(torch.equal(a, b) for a, b in zip(*drafts))
 
 
 def _side_by_side(target, state, fused, loop, sampling):

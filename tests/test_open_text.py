@@ -134,3 +134,15 @@ def test_more_seeds_are_a_source_of_their_own_without_seed_0s_sentences(tmp_path
     after = open_text.smollm2_more("train")
     assert after[: len(before)] == before and set(after[len(before):]) <= set(later) and len(after) > len(before)
     assert sorted(t for split in ("train", "validation", "test") for t in open_text.smollm2(split)) == sorted(first)
+
+
+def test_the_bench_tunes_on_validation_sentences_it_never_reports_on():
+    """``mmspec bench tts --text open-validation`` (where a method's settings are tuned) shares no
+    sentence with ``--text open`` (the reported test split) nor with the hand-written test split."""
+    from mmspec.bench.tts import TEXTS
+
+    validation = {t for _, t in TEXTS["open-validation"](120)}
+    assert validation and not validation & {t for _, t in TEXTS["open"](120)}
+    assert not validation & {t for _, t in TEXTS["handwritten"](200)}
+    assert all(split_of(f"open|{text.lower()}") == "validation" for source, text in TEXTS["open-validation"](40)
+               if source != "grammar")  # (the grammar's sentences come from its own split generator)

@@ -115,6 +115,7 @@ def test_the_default_dtype_is_auto(model_dir):
 @pytest.mark.parametrize("method,exact_setting,relaxed_setting", [("spec-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("vadusa", {"top_k": 1}, {"top_k": 4}),
                                                                   ("sjd-topk", {"top_k": 1}, {"top_k": 4}),
+                                                                  ("eagle-topk", {"top_k": 1}, {"top_k": 4}),
                                                                   ("lantern", {"delta": 0.0}, {"delta": 0.5})])
 @pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
 def test_tolerant_methods(request, layout, method, exact_setting, relaxed_setting):
@@ -510,6 +511,7 @@ def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(de
     assert make_method("sjd").draft_length(components) == sjd
     assert make_method("sjd-topk").draft_length(components) == sjd_topk
     assert make_method("eagle").draft_length(components) == (6 if sjd == 12 else 3)
+    assert make_method("eagle-topk").draft_length(components) == (8 if sjd == 12 else 6)
     assert make_method("sjd:num_draft_tokens=7").draft_length(components) == 7  # an explicit length always wins
     components.target.num_codebooks = 8
     assert make_method("sjd").draft_length(components) == 16  # several codebooks: whole steps, as before

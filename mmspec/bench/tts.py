@@ -49,6 +49,14 @@ def open_texts(n: int) -> list[tuple[str, str]]:
     return open_corpus("test", n, list(OPEN_SOURCES))
 
 
+def open_validation_texts(n: int) -> list[tuple[str, str]]:
+    """The open corpus' validation split (the same sources): where a method's settings are tuned,
+    so that ``open`` and ``handwritten`` stay unseen."""
+    from ..train.data.open_text import open_corpus
+
+    return open_corpus("validation", n, list(OPEN_SOURCES))
+
+
 def handwritten_texts(n: int) -> list[tuple[str, str]]:
     from ..train.data.held_out import test_sentences
 
@@ -59,7 +67,7 @@ def handwritten_texts(n: int) -> list[tuple[str, str]]:
 
 
 #: --text name -> n -> [(source, sentence)] of held-out sentences
-TEXTS = {"grammar": grammar_texts, "open": open_texts, "handwritten": handwritten_texts}
+TEXTS = {"grammar": grammar_texts, "open": open_texts, "open-validation": open_validation_texts, "handwritten": handwritten_texts}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentences", type=int, default=20)
     parser.add_argument("--text", choices=sorted(TEXTS), default="grammar",
                         help="held-out sentences: grammar (the voice's small world), open (the open-domain corpus' test "
-                        "split, WER per source too) or handwritten (everyday sentences no training source made)")
+                        "split, WER per source too), open-validation (its validation split: for tuning a method's settings) or handwritten "
+                        "(everyday sentences no training source made)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--greedy", action="store_true")

@@ -20,6 +20,8 @@ import torch
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.sampling import SamplingConfig
+from ..core.verify import exact_argmax
 from ..core.target import MultiStepTarget
 from ..core.tree import TokenTree, expansion_mask
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, int8_fast, int8_head, linear_operand
@@ -88,6 +90,10 @@ class _CodecHeadDrafter(BatchDrafting, Drafter):
             ``draft_steps`` whole steps).
         tree_paths: the single-stream tree's paths (empty: chains only); those deeper than
             ``max_depth`` are dropped.
+        top1: draft the head's most likely codes under sampling too (VADUSA's top-1 chain): for
+            a lossy rule that reads no draft distribution (the top-k tolerance), whose acceptance
+            a sampled draft lowers. Under an exact rule the picks are point masses (q = one-hot),
+            which keeps it exact.
     """
 
     requires_target_hidden = True
@@ -95,9 +101,9 @@ class _CodecHeadDrafter(BatchDrafting, Drafter):
     needs = "a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
     def __init__(self, width: int, num_draft_tokens: int | None, draft_steps: int, tree_paths=(),
-                 max_depth: int | None = None) -> None:
+                 max_depth: int | None = None, top1: bool = False) -> None:
         super().__init__(num_draft_tokens or 1)
-        self.width, self.fixed_length, self.draft_steps = width, num_draft_tokens, draft_steps
+        self.width, self.fixed_length, self.draft_steps, self.top1 = width, num_draft_tokens, draft_steps, top1
         self.tree_paths = [tuple(p) for p in tree_paths if max_depth is None or len(p) <= max_depth]
         self.paths: list[tuple[int, ...]] | None = None
 
@@ -123,7 +129,16 @@ class _CodecHeadDrafter(BatchDrafting, Drafter):
 
     def describe(self) -> dict:
         tree = {"tree": "chain"} if self.paths is None else {"tree": "static", "tree_nodes": len(self.paths)}
-        return {**super().describe(), **tree}
+        return {**super().describe(), **tree, **({"draws": "top-1"} if self.top1 else {})}
+
+    @property
+    def head_sampling(self) -> SamplingConfig:
+        """How the head's own codes are drawn: the generation's sampling, or greedy with ``top1``."""
+        return SamplingConfig(do_sample=False) if self.top1 else self.context.sampling
+
+    def _pick_head(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's codes from logits [n, V] (:meth:`_pick`'s, or their argmax with ``top1``)."""
+        return (exact_argmax(logits), None) if self.top1 else self._pick(logits)
 
     def _steps(self, state: SequenceState, known: torch.Tensor, more: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """At least ``more`` codes of the steps after the pending token's (completed by ``known``)
@@ -141,7 +156,11 @@ class _CodecHeadDrafter(BatchDrafting, Drafter):
         if not known.shape[0]:  # (a step starts here: the head's codes alone)
             return Draft(tokens=tokens[None, :more].to(known.device), probs=None if probs is None else probs[None, :more])
         tokens = torch.cat([known, tokens[:more].to(known.device)])[None]
-        return Draft(tokens=tokens, probs=None if known_q is None else torch.cat([known_q, probs[:more].to(known_q)])[None])
+        if known_q is None:
+            return Draft(tokens=tokens, probs=None)
+        if probs is None:  # (top-1 picks after sampled known codes: point masses)
+            probs = torch.nn.functional.one_hot(tokens[0, known.shape[0]:], known_q.shape[-1]).to(known_q)
+        return Draft(tokens=tokens, probs=torch.cat([known_q, probs[:more].to(known_q)])[None])
 
 
 #: Medusa's sparse tree for a single-stream codec LM (9 nodes for 4 heads; path (a, b, ...) = head
@@ -172,10 +191,10 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
 
     needs = "codec Medusa heads need a codec LM whose heads are one linear of width {width} (the embedded CodecLM)"
 
-    def __init__(self, heads, num_draft_tokens: int | None = None, tree_paths=None) -> None:
+    def __init__(self, heads, num_draft_tokens: int | None = None, tree_paths=None, top1: bool = False) -> None:
         limit = min(heads.num_heads, num_draft_tokens or heads.num_heads)
         paths = tree_paths or CODEC_TREE + [(0,) * d for d in range(5, limit + 1)]
-        super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads, paths, limit)
+        super().__init__(heads.hidden_size, num_draft_tokens, heads.num_heads, paths, limit, top1)
         self.heads = heads
         self.feature: torch.Tensor | None = None
 
@@ -205,7 +224,7 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
         self.forwards += 1
         guesses = self.output(states).view(steps, k, -1)
         first = (state.length - 1) // k + 1  # the step after the pending token's
-        return self._pick(self.context.target.draft_logits(state, first, guesses)[:more])
+        return self._pick_head(self.context.target.draft_logits(state, first, guesses)[:more])
 
     def describe(self) -> dict:
         return {**super().describe(), "heads": self.heads.num_heads}
@@ -243,14 +262,15 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             weights (:func:`mmspec.modeling.fused.int8_head`: 1.2 MB instead of 2.5 on the embedded
             voice, so that they stay in the L2 cache across a chain's codes); the draws' q are the
             int8 head's, so decoding stays exact. None (default): where the CPU has AVX512-VNNI.
+        top1: the chain of the head's most likely codes under sampling too (:class:`_CodecHeadDrafter`).
     """
 
     needs = ("a codec EAGLE head needs a codec LM whose heads are one linear of width {width} and that gives its "
              "step inputs (the embedded CodecLM)")
 
     def __init__(self, head, num_draft_tokens: int | None = None, draft_steps: int = 3, tree_paths=(),
-                 int8_head: bool | None = None) -> None:
-        super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps, tree_paths, num_draft_tokens)
+                 int8_head: bool | None = None, top1: bool = False) -> None:
+        super().__init__(head.config.hidden_size, num_draft_tokens, draft_steps, tree_paths, num_draft_tokens, top1)
         self.head = head
         self.int8 = int8_fast() if int8_head is None else int8_head
         self.chain_int8 = None  # the int8 copy the fused chain reads (where self.int8)
@@ -313,7 +333,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         float rounding) -> (codes [steps], q [steps, V] or None), or None."""
         if self.chain_plans is False:
             self.chain_plans = self._chain_plans()
-        plans, sampling, target = self.chain_plans, self.context.sampling, self.context.target
+        plans, sampling, target = self.chain_plans, self.head_sampling, self.context.target
         first = self.fed
         codes, n0 = stream[first : a + 1], a - first + 1
         if (plans is None or n0 > plans[0].max_rows or not plans.fresh() or not chain_samples(sampling)
@@ -347,7 +367,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             if i:
                 feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
             guesses = self.output(feature[0]).view(1, k, -1)
-            step, q = self._pick(target.draft_logits(state, a + 1 + i, guesses))
+            step, q = self._pick_head(target.draft_logits(state, a + 1 + i, guesses))
             tokens.append(step)
             probs.append(q)
         crop_cache(self.cache, committed)  # the drafted steps are not committed
