@@ -21,9 +21,9 @@ from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, make_cache
 from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.sampling import SamplingConfig
-from ..core.verify import exact_argmax
 from ..core.target import MultiStepTarget
 from ..core.tree import TokenTree, expansion_mask
+from ..core.verify import exact_argmax
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, int8_fast, int8_head, linear_operand
 from ..modeling.lean import lean_supported, rotary
 from .model import ModelDrafter
