@@ -42,11 +42,11 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
+from ..hub import dtype_name
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
 from ..modeling.heads import EagleHead, VisionContext, VisionEagleHead
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
-from ..hub import dtype_name
 from .shipped import chain_settings, check_stop_below, shipped_drafter_dir
 from .tree_budget import BUDGETS, TreeBudgetPolicy, budget_class, forward_parameters
 from .vocab import DraftLMHead, load_draft_vocabulary
@@ -146,10 +146,16 @@ class EagleDrafter(BatchDrafting, Drafter):
         """The head directory a spec names: ``arg``, or the one shipped for an embedded model."""
         return arg or shipped_drafter_dir(target.model, "eagle", EagleHead.config_file)
 
+    @staticmethod
+    def saved_settings(path, target, num_draft_tokens: int | None) -> dict:
+        """The keyword arguments the head's ``chain_settings.json`` in ``path`` gives for ``target``'s
+        dtype (:func:`~mmspec.drafters.shipped.chain_settings`; a given ``num_draft_tokens`` sets K)."""
+        return chain_settings(path, num_draft_tokens, dtype_name(target.model.dtype))
+
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "EagleDrafter":
         path = cls.head_path(target, arg)
-        settings = chain_settings(path, num_draft_tokens, dtype_name(target.model.dtype))
+        settings = cls.saved_settings(path, target, num_draft_tokens)
         return cls(target.model, EagleHead.load(path, target.model), settings.pop("num_draft_tokens", 5),
                    load_draft_vocabulary(path), **settings)
 

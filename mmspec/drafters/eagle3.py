@@ -31,8 +31,7 @@ from ..core.drafter import register_drafter
 from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head, midlayer_parts
 from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
-from ..hub import dtype_name
-from .shipped import chain_settings, shipped_drafter_dir
+from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
 from .vocab import DraftLMHead, _Rows
 
@@ -112,7 +111,7 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3Drafter":
         path = cls.head_path(target, arg)
-        settings = chain_settings(path, num_draft_tokens, dtype_name(target.model.dtype))
+        settings = cls.saved_settings(path, target, num_draft_tokens)
         return cls(target.model, Eagle3Head.load(path, target.model), settings.pop("num_draft_tokens", cls.default_length),
                    **settings)
 
