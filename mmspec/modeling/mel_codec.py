@@ -9,8 +9,9 @@ Encoding: 22,050 Hz audio -> 80-bin log-mel spectrogram (n_fft 1024, hop 256: 86
 
 so x is approximated by sum_k e_{k, c_k}. The codebooks are fitted by k-means on each stage's
 residuals (:meth:`MelRVQCodec.fit`), in seconds on minutes of speech. Decoding sums the
-centroids, unstacks the mel frames and inverts them with torchaudio's ``InverseMelScale`` and
-``GriffinLim`` (same mel filters). Griffin-Lim's phase estimate sounds phasey, but the speech stays
+centroids, unstacks the mel frames and inverts them with torchaudio's ``InverseMelScale`` (same
+mel filters) and fast Griffin-Lim (:func:`~mmspec.modeling.spectrogram.griffin_lim`, torchaudio's
+algorithm, faster on a CPU). Griffin-Lim's phase estimate sounds phasey, but the speech stays
 as intelligible to a recogniser as the source (docs/speech.md has the measured WER).
 
 Saved as ``mel_codec.json`` + ``mel_codec.safetensors`` (the centroids [K, C, D]).
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .spectrogram import log_mel
+from .spectrogram import griffin_lim, log_mel
 from .persistence import DataclassModel
 
 
@@ -69,19 +70,17 @@ class MelRVQCodec(DataclassModel, nn.Module):
         self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
 
     # ---- features ----------------------------------------------------------------------------
-    def _inverse(self):
-        """(InverseMelScale, GriffinLim) with the codec's settings (the same mel filters as
-        :func:`~mmspec.modeling.spectrogram.log_mel`)."""
+    def _inverse_mel(self):
+        """torchaudio's ``InverseMelScale`` with the codec's settings (the same mel filters as
+        :func:`~mmspec.modeling.spectrogram.log_mel`), built on first use."""
         if not self._audio_transforms:
             import torchaudio
 
             c = self.config
-            self._audio_transforms["inverse"] = (
-                torchaudio.transforms.InverseMelScale(n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate,
-                                                      f_max=c.f_max, norm="slaney", mel_scale="slaney"),
-                torchaudio.transforms.GriffinLim(n_fft=c.n_fft, hop_length=c.hop_length, n_iter=c.griffin_lim_iters,
-                                                 power=1.0))
-        return self._audio_transforms["inverse"]
+            self._audio_transforms["inverse_mel"] = torchaudio.transforms.InverseMelScale(
+                n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate, f_max=c.f_max, norm="slaney",
+                mel_scale="slaney")
+        return self._audio_transforms["inverse_mel"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:
         """Mono audio [samples] (float, at ``sample_rate``) -> stacked log-mel vectors [T, D]."""
@@ -96,13 +95,12 @@ class MelRVQCodec(DataclassModel, nn.Module):
         frames = vectors.shape[0] * c.stack
         if frames == 0:
             return torch.zeros(0)
-        inverse_mel, griffin_lim = self._inverse()
         mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
         short = max(0, c.n_fft // c.hop_length + 1 - frames)  # Griffin-Lim's padding needs a few frames
         mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)
         with torch.random.fork_rng():
             torch.manual_seed(0)  # Griffin-Lim starts from a random phase: the same codes give the same audio
-            audio = griffin_lim(inverse_mel(mel).clamp_min(0))
+            audio = griffin_lim(self._inverse_mel()(mel).clamp_min(0), c.n_fft, c.hop_length, c.griffin_lim_iters)
         audio = audio[: frames * c.hop_length]  # (the inverse STFT gives (frames - 1) * hop samples)
         return torch.nn.functional.pad(audio, (0, frames * c.hop_length - audio.shape[0]))
 
