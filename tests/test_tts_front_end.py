@@ -190,3 +190,54 @@ def test_the_piper_front_end_gives_a_loaded_voices_ids_without_its_synthesiser()
     for text in SAID + ["Nasa and the F-B-I met at the B-B-C."]:
         expected = [i for sentence in full.phonemize(text) for i in full.phonemes_to_ids(sentence)]
         assert front(text).tolist() == expected
+
+
+class _Pipe(io.RawIOBase):
+    """A standard output that cannot seek (a pipe into a player), recording what was written."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.data += bytes(b)
+        return len(b)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cli_writes_the_wav_to_standard_output(stream, model_dir, tmp_path, capsys, monkeypatch):
+    """``--out -``: the WAV on standard output, byte for byte the file ``--out FILE`` writes (the
+    header fixed at the end where standard output seeks); into a pipe, ``--stream`` writes an
+    unknown-length header and each sentence as soon as it is ready; messages go to stderr."""
+    import soundfile
+
+    args = ["-f", str(tmp_path / "text.txt"), "--model", str(model_dir), "--seed", "4", "--max-seconds", "0.5",
+            "--method", "ar"] + (["--stream"] if stream else [])
+    (tmp_path / "text.txt").write_text(PARAGRAPH, encoding="utf-8")
+    assert _cli(capsys, *args, "--out", str(tmp_path / "x.wav")).returncode == 0
+    expected = (tmp_path / "x.wav").read_bytes()
+    seekable = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=seekable))
+    result = _cli(capsys, *args, "--out", "-")
+    assert result.returncode == 0 and seekable.getvalue() == expected, result.stderr
+    assert "wrote the WAV to standard output" in result.stderr and not (tmp_path / "-").exists()
+    if not stream:
+        return
+    pipe, seen = _Pipe(), []
+    original = TextToSpeechPipeline.stream
+
+    def watched(self, *a, **k):
+        for chunk in original(self, *a, **k):
+            yield chunk
+            seen.append(len(pipe.data))  # written by the time the next sentence is asked for
+
+    monkeypatch.setattr(TextToSpeechPipeline, "stream", watched)
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe)))
+    assert _cli(capsys, *args, "--out", "-").returncode == 0
+    data = bytes(pipe.data)
+    assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff" and data[44:] == expected[44:]
+    assert len(seen) == 3 and seen[0] > 44 and seen == sorted(seen) and seen[-1] == len(data)
+    assert torch.equal(torch.from_numpy(soundfile.read(io.BytesIO(data))[0]),
+                       torch.from_numpy(soundfile.read(io.BytesIO(expected))[0]))

@@ -44,7 +44,8 @@ def check_args(args: argparse.Namespace) -> None:
     Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
     ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
     options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, the sampling options, and the output paths the subcommand
-    names in its ``output_args`` default ({attribute: "file" | "dir"}).
+    names in its ``output_args`` default ({attribute: "file" | "dir" | "file or -"}, the last a file or
+    ``-`` for standard output).
     """
     from ..hub import resolve_device
     from ..modeling.attention import attention_backend
@@ -75,8 +76,9 @@ def check_args(args: argparse.Namespace) -> None:
 
         SamplingConfig(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     for name, kind in getattr(args, "output_args", {}).items():
-        if getattr(args, name, None) is not None:
-            check_output_path(getattr(args, name), kind, f"--{name.replace('_', '-')}")
+        value = getattr(args, name, None)
+        if value is not None and not (kind == "file or -" and value == "-"):  # "-": standard output
+            check_output_path(value, "file" if kind == "file or -" else kind, f"--{name.replace('_', '-')}")
 
 
 def check_output_path(path: str, kind: str, option: str) -> None:

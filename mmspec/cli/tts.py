@@ -11,10 +11,18 @@ appends each sentence's audio to ``<out>.part`` as soon as it is ready (a valid 
 sentence: its header is rewritten each time, so a player can open it while it grows); the file is
 renamed to ``<out>`` at the end (with the spectrogram), or removed if the run fails. It prints the
 time to first audio.
+
+``--out -`` writes the WAV (16-bit PCM) to standard output instead, and nothing else: no
+spectrogram, no baseline WAV; messages and ``--json`` go to standard error. With ``--stream`` each
+sentence is written and flushed as soon as it is ready, after a header whose sizes say "unknown
+length" (0xFFFFFFFF, as streaming WAV writers do; fixed at the end when standard output is a
+file), so a player reading a pipe starts with the first sentence:
+``mmspec tts -f story.txt --stream --out - | aplay`` (or ``| ffplay -nodisp -autoexit -``).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -31,7 +39,8 @@ def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
     cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
     cmd.add_argument("-f", "--file", default=None, help="read the text from FILE ('-': standard input)")
-    cmd.add_argument("--out", default="tts.wav", help="output WAV file")
+    cmd.add_argument("--out", default="tts.wav", help="output WAV file ('-': standard output, 16-bit PCM, nothing "
+                     "else written; with --stream each sentence as it is ready: mmspec tts ... --stream --out - | aplay)")
     cmd.add_argument("--stream", action="store_true", help="say it sentence by sentence, appending each sentence's "
                      "audio to OUT.part as it is ready (renamed to OUT at the end); prints the time to first audio")
     cmd.add_argument("--method", default="sjd",
@@ -59,7 +68,7 @@ def add_parser(subparsers) -> None:
     add_optimize_arg(cmd)
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
-    cmd.set_defaults(handler=run, output_args={"out": "file"},
+    cmd.set_defaults(handler=run, output_args={"out": "file or -"},
                      interrupted=lambda args, command: "nothing was saved (the files are written once the audio is done)")
 
 
@@ -113,31 +122,38 @@ def run(args) -> int:
     result = pipe(text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   seed=args.seed, max_seconds=args.max_seconds, speed=args.speed,
                   compare_baseline=args.compare_baseline, progress=sys.stderr.isatty())
-    out = Path(args.out)
     rate = result.sampling_rate
-    # the method as given (its spec); the normalised text, which the font can draw
-    panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]
-    if result.baseline_audio is not None:
-        panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
-    png = spectrogram_png(panels, rate)  # everything computed before the first file is written
-    with OutputFiles() as files:  # all of them or none
-        files.write(out, lambda path: write_wav(path, result.audio, rate))
+    if args.out == "-":
+        samples = pcm16(result.audio)
+        sys.stdout.buffer.write(wav_header(rate, len(samples)) + samples)
+        sys.stdout.buffer.flush()
+        wrote, report = "wrote the WAV to standard output", sys.stderr
+    else:
+        out = Path(args.out)
+        # the method as given (its spec); the normalised text, which the font can draw
+        panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]
         if result.baseline_audio is not None:
-            files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
-        files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+            panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
+        png = spectrogram_png(panels, rate)  # everything computed before the first file is written
+        with OutputFiles() as files:  # all of them or none
+            files.write(out, lambda path: write_wav(path, result.audio, rate))
+            if result.baseline_audio is not None:
+                files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
+            files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+        wrote, report = f"wrote {out} and {out.with_suffix('.png')}", sys.stdout
     stats = result.stats
-    record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": str(out),
+    record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": args.out,
               "stats": stats.to_dict()}
     if result.baseline_codes is not None:
         record["identical_to_baseline"] = bool(torch.equal(result.codes, result.baseline_codes))
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps(record, indent=2), file=report)
         return 0
     say_dropped(result.dropped)
     speed = f", {stats.speedup:.2f}x over plain decoding" if stats.speedup is not None else ""
     print(f"{args.method}: {stats.seconds:.2f} s of audio in {stats.wall_time_s:.2f} s (real-time factor "
-          f"{stats.real_time_factor:.2f}, tau {stats.tau:.2f}){speed}")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+          f"{stats.real_time_factor:.2f}, tau {stats.tau:.2f}){speed}", file=report)
+    print(wrote, file=report)
     return 0
 
 
@@ -174,57 +190,125 @@ def say_dropped(dropped) -> None:
         print(f"note: left out what the voice cannot say: {shown}", file=sys.stderr)
 
 
+def pcm16(audio: torch.Tensor) -> bytes:
+    """Float audio [1, samples] -> little-endian 16-bit PCM bytes, converted as
+    :func:`~mmspec.adapters.audio.codec.write_wav` writes them (soundfile's PCM_16, clipped to [-1, 1])."""
+    import soundfile
+
+    raw = io.BytesIO()
+    soundfile.write(raw, audio[0].detach().float().cpu().clamp(-1.0, 1.0).numpy(), 8000, subtype="PCM_16",
+                    format="RAW", endian="LITTLE")
+    return raw.getvalue()
+
+
+def wav_header(rate: int, data_bytes: int | None) -> bytes:
+    """The 44-byte header of a mono 16-bit PCM WAV holding ``data_bytes`` bytes of samples (None: a
+    stream of unknown length, both sizes 0xFFFFFFFF, which players reading a pipe accept)."""
+    import struct
+
+    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16)
+            + b"data" + struct.pack("<I", data))
+
+
+def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
+    """``--stream --out -``: the header, then each chunk's samples written and flushed as it comes
+    (``on_chunk(chunk)`` after each); the sizes fixed at the end where standard output can seek
+    (redirected to a file). Returns the chunks' audio."""
+    out, audio, written = sys.stdout.buffer, [], 0
+    out.write(wav_header(rate, None))
+    for chunk in chunks:
+        samples = pcm16(chunk.audio)
+        out.write(samples)
+        out.flush()
+        written += len(samples)
+        audio.append(chunk.audio)
+        on_chunk(chunk)
+    if _rewritable(out, out.tell() - written - 44 if out.seekable() else -1):
+        out.seek(0)
+        out.write(wav_header(rate, written))
+        out.seek(0, 2)
+    out.flush()
+    return audio
+
+
+def _rewritable(out, start: int) -> bool:
+    """Whether the header at offset ``start`` of ``out`` can be written over: a seekable output
+    that our header begins (not appended to: with O_APPEND a write after a seek lands at the end)."""
+    import fcntl
+    import os
+
+    if start != 0:
+        return False
+    try:
+        return not fcntl.fcntl(out.fileno(), fcntl.F_GETFL) & os.O_APPEND
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return True  # an in-memory buffer
+
+
 def run_stream(args, pipe, text: str) -> int:
     """``--stream``: each sentence's audio appended to ``<out>.part`` as it is ready (soundfile
     rewrites the header on each flush, so the file is a valid WAV after every chunk), the
     spectrogram written and the file renamed to ``<out>`` at the end; on any failure the .part
-    file is removed. Prints the time to first audio (from the call, the voice already loaded)."""
+    file is removed. ``--out -``: each sentence written to standard output instead
+    (:func:`write_stdout_stream`). Prints the time to first audio (from the call, the voice
+    already loaded)."""
     import os
 
     import soundfile
 
     from .output import WRITE_ERRORS, check_writable_path, output_error
 
-    out = Path(args.out)
-    check_writable_path(out)
-    part = out.with_name(out.name + ".part")
     chunks = pipe.stream(text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                          seed=args.seed, max_seconds=args.max_seconds, speed=args.speed)  # checks the text first
-    rate, audio, records = pipe.sampling_rate, [], []
-    try:
+    rate, records, dropped = pipe.sampling_rate, [], []
+    report = sys.stderr if args.out == "-" else sys.stdout
+
+    def record_chunk(chunk) -> None:
+        records.append({"index": chunk.index, "text": chunk.text, "ready_s": round(chunk.elapsed_s, 4),
+                        "seconds": chunk.audio.shape[-1] / rate, "stats": chunk.stats.to_dict()})
+        dropped[:] = chunk.dropped
+        if not args.json:
+            print(f"[{chunk.index + 1}/{chunk.total}] {chunk.elapsed_s:.2f} s: {short(chunk.text)}", file=report, flush=True)
+
+    if args.out == "-":
+        whole = torch.cat(write_stdout_stream(chunks, rate, record_chunk), dim=-1)
+        wrote = "wrote the WAV to standard output"
+    else:
+        out = Path(args.out)
+        check_writable_path(out)
+        part, audio = out.with_name(out.name + ".part"), []
         try:
-            part.parent.mkdir(parents=True, exist_ok=True)
-            wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
-        except WRITE_ERRORS as error:
-            raise output_error(part, error) from None
-        with wav:
-            for chunk in chunks:
-                wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
-                wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
-                audio.append(chunk.audio)
-                records.append({"index": chunk.index, "text": chunk.text, "ready_s": round(chunk.elapsed_s, 4),
-                                "seconds": chunk.audio.shape[-1] / rate, "stats": chunk.stats.to_dict()})
-                if not args.json:
-                    print(f"[{chunk.index + 1}/{chunk.total}] {chunk.elapsed_s:.2f} s: {short(chunk.text)}", flush=True)
-                dropped = chunk.dropped
-        whole = torch.cat(audio, dim=-1)
-        said = " ".join(r["text"] for r in records)
-        png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)
-        with OutputFiles() as files:
-            files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
-        os.replace(part, out)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
+            try:
+                part.parent.mkdir(parents=True, exist_ok=True)
+                wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
+            except WRITE_ERRORS as error:
+                raise output_error(part, error) from None
+            with wav:
+                for chunk in chunks:
+                    wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
+                    wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
+                    audio.append(chunk.audio)
+                    record_chunk(chunk)
+            whole = torch.cat(audio, dim=-1)
+            said = " ".join(r["text"] for r in records)
+            png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)
+            with OutputFiles() as files:
+                files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+            os.replace(part, out)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        wrote = f"wrote {out} and {out.with_suffix('.png')}"
     seconds = whole.shape[-1] / rate
     total = records[-1]["ready_s"]
-    record = {"text": text, "out": str(out), "time_to_first_audio_s": records[0]["ready_s"], "total_s": total,
+    record = {"text": text, "out": args.out, "time_to_first_audio_s": records[0]["ready_s"], "total_s": total,
               "seconds": seconds, "real_time_factor": total / seconds, "dropped": list(dropped), "chunks": records}
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps(record, indent=2), file=report)
         return 0
     say_dropped(dropped)
     print(f"{args.method}, streamed: first audio after {records[0]['ready_s']:.2f} s; {seconds:.2f} s of audio in "
-          f"{len(records)} pieces in {total:.2f} s (real-time factor {total / seconds:.2f})")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+          f"{len(records)} pieces in {total:.2f} s (real-time factor {total / seconds:.2f})", file=report)
+    print(wrote, file=report)
     return 0
