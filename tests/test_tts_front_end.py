@@ -241,3 +241,29 @@ def test_cli_writes_the_wav_to_standard_output(stream, model_dir, tmp_path, caps
     assert len(seen) == 3 and seen[0] > 44 and seen == sorted(seen) and seen[-1] == len(data)
     assert torch.equal(torch.from_numpy(soundfile.read(io.BytesIO(data))[0]),
                        torch.from_numpy(soundfile.read(io.BytesIO(expected))[0]))
+
+
+class _ClosedPipe(_Pipe):
+    """A pipe whose reader quits after ``limit`` bytes: the write that crosses it is short, the
+    next one fails as a closed pipe does."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+
+    def write(self, b):
+        if len(self.data) >= self.limit:
+            raise BrokenPipeError(32, "Broken pipe")
+        taken = bytes(b)[: self.limit - len(self.data)]
+        self.data += taken
+        return len(taken)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cli_stops_quietly_when_the_player_quits(stream, model_dir, capsys, monkeypatch):
+    pipe = _ClosedPipe(1000)
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe, buffer_size=256)))
+    result = _cli(capsys, PARAGRAPH, "--model", str(model_dir), "--out", "-", "--seed", "1", "--max-seconds", "0.5",
+                  *(["--stream"] if stream else []))
+    assert result.returncode == 0 and "standard output was closed (the player quit); stopped" in result.stderr
+    assert len(pipe.data) == 1000 and bytes(pipe.data[:4]) == b"RIFF"

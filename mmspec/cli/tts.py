@@ -17,7 +17,8 @@ spectrogram, no baseline WAV; messages and ``--json`` go to standard error. With
 sentence is written and flushed as soon as it is ready, after a header whose sizes say "unknown
 length" (0xFFFFFFFF, as streaming WAV writers do; fixed at the end when standard output is a
 file), so a player reading a pipe starts with the first sentence:
-``mmspec tts -f story.txt --stream --out - | aplay`` (or ``| ffplay -nodisp -autoexit -``).
+``mmspec tts -f story.txt --stream --out - | aplay`` (or ``| ffplay -nodisp -autoexit -``). When
+the player quits (the pipe closes) the command stops with one line on standard error, status 0.
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) 
 
 def run(args) -> int:
     import mmspec
-    from ..adapters.audio.codec import write_wav
     from ..core.sampling import SamplingConfig
 
     from ..pipelines.text_to_speech.components import check_speed
@@ -115,8 +115,26 @@ def run(args) -> int:
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
-    if args.stream:
-        return run_stream(args, pipe, text)
+    try:
+        return (run_stream if args.stream else say)(args, pipe, text)
+    except BrokenPipeError:  # the player reading standard output quit: the end, not an error
+        if args.out != "-":
+            raise
+        import os
+
+        try:  # no second error when Python flushes standard output at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            pass
+        print("mmspec: standard output was closed (the player quit); stopped", file=sys.stderr)
+        return 0
+
+
+def say(args, pipe, text: str) -> int:
+    """The text said in one call: the WAV (or ``--out -``), the spectrogram, the baseline's WAV
+    under ``--compare-baseline``; prints the stats."""
+    from ..adapters.audio.codec import write_wav
+
     # a bar of generated frames on stderr when it is a terminal (capped at --max-seconds; an aligned
     # model usually ends sooner)
     result = pipe(text, do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
@@ -125,8 +143,7 @@ def run(args) -> int:
     rate = result.sampling_rate
     if args.out == "-":
         samples = pcm16(result.audio)
-        sys.stdout.buffer.write(wav_header(rate, len(samples)) + samples)
-        sys.stdout.buffer.flush()
+        write_all(sys.stdout.buffer, wav_header(rate, len(samples)) + samples)
         wrote, report = "wrote the WAV to standard output", sys.stderr
     else:
         out = Path(args.out)
@@ -211,24 +228,31 @@ def wav_header(rate: int, data_bytes: int | None) -> bytes:
             + b"data" + struct.pack("<I", data))
 
 
+def write_all(out, data: bytes) -> None:
+    """Write all of ``data`` to the binary stream ``out`` and flush it: a write into a pipe whose
+    reader has quit can return short instead of raising; the next one raises BrokenPipeError."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) or 0 :]
+    out.flush()
+
+
 def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
     """``--stream --out -``: the header, then each chunk's samples written and flushed as it comes
     (``on_chunk(chunk)`` after each); the sizes fixed at the end where standard output can seek
     (redirected to a file). Returns the chunks' audio."""
     out, audio, written = sys.stdout.buffer, [], 0
-    out.write(wav_header(rate, None))
+    write_all(out, wav_header(rate, None))
     for chunk in chunks:
         samples = pcm16(chunk.audio)
-        out.write(samples)
-        out.flush()
+        write_all(out, samples)
         written += len(samples)
         audio.append(chunk.audio)
         on_chunk(chunk)
     if _rewritable(out, out.tell() - written - 44 if out.seekable() else -1):
         out.seek(0)
-        out.write(wav_header(rate, written))
+        write_all(out, wav_header(rate, written))
         out.seek(0, 2)
-    out.flush()
     return audio
 
 
