@@ -12,7 +12,7 @@ from tiny_models import FAMILIES, make_tiny
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, few_rows_linear, fp32_variants,
-                                         load_kernel, optimize, pack_amx)
+                                         load_kernel, optimize, pack_amx, packable)
 
 try:
     load_kernel()
@@ -91,15 +91,53 @@ def test_the_packed_amx_kernel_gives_the_strided_kernels_results(n, k, bias):
 
 
 @needs_kernel
-def test_packed_weights_are_refused_where_the_amx_kernel_does_not_run(monkeypatch):
-    """few_rows_linear(packed=...) reads packed weights through the AMX kernel only: where the process
-    runs another bf16 kernel it says so (a tile instruction without the tile state would fault)."""
+@pytest.mark.parametrize("n,k,bias", [(16, 32, False), (48, 96, True), (257, 256, True), (20, 33, True), (768, 256, False),
+                                      (256, 768, True)])
+def test_the_packed_avx512bf16_kernel(n, k, bias, monkeypatch):
+    """pack_bf16 (the outputs in the lanes, any shape: zero-padded to 16 outputs and an even K):
+    close to F.linear in float64, and batch-invariant: every row count (a pass of 6 rows, parts of
+    one, several) gives each row bitwise what it gets alone; FewRowLinear reads its packed copy."""
+    if "avx512bf16" not in bf16_variants():
+        pytest.skip("the packed vector kernel needs AVX512-BF16")
     import mmspec.modeling.fast_linear as fast_linear
 
-    weight = torch.randn(16, 32).bfloat16()
-    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
-    with pytest.raises(KernelUnavailable, match="packed weights are read by the AMX kernel"):
-        fast_linear.few_rows_linear(torch.randn(2, 32).bfloat16(), weight, packed=pack_amx(weight))
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    x = torch.randn(25, k, generator=gen).bfloat16()
+    packed = fast_linear.pack_bf16(weight)
+    assert packed.shape == ((n + 15) // 16, (k + 1) // 2, 16, 2)
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))  # (on an AMX machine too)
+    out = few_rows_linear(x, weight, b, packed=packed)
+    reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=2 ** -8)
+    alone = torch.cat([few_rows_linear(x[i : i + 1], weight, b, packed=packed) for i in range(25)])
+    assert torch.equal(out, alone)
+    for rows in (2, 5, 6, 7, 12, 13):
+        assert torch.equal(few_rows_linear(x[3 : 3 + rows], weight, b, packed=packed), out[3 : 3 + rows])
+    assert not torch.equal(few_rows_linear(x, weight, b, packed=fast_linear.pack_bf16(weight.roll(1, 1))), out)
+    linear = nn.Linear(k, n, bias=bias).bfloat16()
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias:
+            linear.bias.copy_(b)
+    module = FewRowLinear(linear, "c", 24, pack=True)
+    with torch.no_grad():
+        assert module.packed_weight().shape == packed.shape and torch.equal(module(x[:7]), out[:7])
+
+
+@needs_kernel
+def test_packed_weights_are_read_by_the_kernel_they_are_packed_for(monkeypatch):
+    """few_rows_linear(packed=...) reads a weight packed for this machine's default bf16 kernel:
+    AMX tiles where the process runs another (a tile instruction without the tile state would
+    fault), AVX512-BF16's layout where AMX runs, are refused in one line."""
+    import mmspec.modeling.fast_linear as fast_linear
+
+    weight, x = torch.randn(16, 32).bfloat16(), torch.randn(2, 32).bfloat16()
+    for default, other in ((("avx512bf16",), fast_linear.pack_amx), (("amx", "avx512bf16"), fast_linear.pack_bf16)):
+        monkeypatch.setattr(fast_linear, "bf16_variants", lambda default=default: default)
+        with pytest.raises(KernelUnavailable, match=f"this machine's default bf16 kernel is {default[0]}"):
+            fast_linear.few_rows_linear(x, weight, packed=other(weight))
 
 
 @needs_kernel
@@ -112,7 +150,8 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     assert torch.equal(few_rows_linear(x, weight), few_rows_linear(x, weight, variant=bf16_variants()[0]))
     model = nn.Sequential(nn.Linear(64, 20)).to(torch.bfloat16)
     report = optimize(model, kernel="c")
-    assert report.variants == f"bf16 {bf16_variants()[0]}" and report.label == f"c (bf16 {bf16_variants()[0]})"
+    variant = bf16_variants()[0] + (" packed" if packable(model[0].weight) else "")  # (AMX packs whole tiles only)
+    assert report.variants == f"bf16 {variant}" and report.label == f"c (bf16 {variant})"
     assert model[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)  # AMX stays ahead of F.linear to 64 rows
     fp32 = nn.Sequential(nn.Linear(64, 20))
     assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}" and fp32[0].max_rows == 24

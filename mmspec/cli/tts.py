@@ -1,6 +1,6 @@
 """``mmspec tts "text" --out out.wav --method spec``: text-to-speech from the command line.
 
-Writes the WAV (float32 mono at the codec's rate), ``<out>.png`` beside it (the log-mel
+Writes the WAV (16-bit PCM, mono, at the codec's rate), ``<out>.png`` beside it (the log-mel
 spectrogram of the method's audio, with AR's above it under ``--compare-baseline``) and, with
 ``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON. The files are
 written together once the run has finished, or none of them (:mod:`mmspec.cli.output`).

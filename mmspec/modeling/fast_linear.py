@@ -30,9 +30,14 @@ linears take AMX tiles instead (``tdpbf16ps``: the weight as 16 x 32 tiles strai
 the input rows repacked into pairs): within 1.3x of one row up to 16 rows when the weight streams
 from memory (one 1536 x 576 bf16 linear from DRAM, 1 thread, M = 1 / 8 / 16: 123 / 167 / 158 us,
 against 117 / 221 / 351 us for ``vdpbf16ps`` and 264 / 281 / 271 us for ``F.linear``;
-docs/results/few-rows-amx-bf16.json). Each bf16 kernel is batch-invariant on its own; their sums
-differ in order, so a process uses one for every call: the first of :func:`bf16_variants`, or the
-one named by ``MMSPEC_BF16_KERNEL`` (amx | avx512bf16). Other inputs (the prefill's many rows,
+docs/results/few-rows-amx-bf16.json). Without AMX the bf16 weights are packed too (:func:`pack_bf16`,
+stop 60): 16 outputs in the lanes of a vector, each pair of columns one 64-byte load, so no
+output ends in a horizontal sum; on a Zen 5 core the embedded voice's projections (K = 256 and 768)
+took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us reading W in place.
+Each bf16 kernel is batch-invariant on its own; their sums differ in order, so a process uses one
+for every call: the first of :func:`bf16_variants`, or the one named by ``MMSPEC_BF16_KERNEL``
+(amx | avx512bf16), and each weight is read packed always (:meth:`FewRowLinear.packed_weight`) or
+never (``optimize(pack=False)``, or weights beyond :data:`PACK_LIMIT_BYTES`). Other inputs (the prefill's many rows,
 training, fp16 weights, CUDA) take ``F.linear``. ``kernel="auto"`` takes
 ``"c"`` where it can be built and loaded (x86-64 with AVX2 and FMA, a C compiler), else
 ``"transposed"``, and :func:`optimize` returns which (:class:`OptimizeReport`; pipelines put it in
@@ -111,7 +116,7 @@ def load_kernel() -> ctypes.CDLL:
                                     "set MMSPEC_CACHE to a writable directory to use them") from error
     library = ctypes.CDLL(str(path))
     for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16,
-                     library.few_rows_linear_amx, library.few_rows_linear_amx_packed):
+                     library.few_rows_linear_bf16_packed, library.few_rows_linear_amx, library.few_rows_linear_amx_packed):
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = ctypes.c_int if function in (library.few_rows_linear_amx, library.few_rows_linear_amx_packed) else None
     library.few_rows_linear_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
@@ -169,14 +174,22 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     batch-invariant, see the module doc; bf16: fp32 sums rounded to bf16 once, as F.linear does).
     ``variant``: the kernel for the weight's dtype, one of :func:`fp32_variants` or
     :func:`bf16_variants` (default: its first; the kernels of a dtype sum in different orders, so
-    one machine keeps to one). ``packed``: the weight as :func:`pack_amx` lays it out, read by the
-    AMX kernel instead of ``weight`` (bitwise the same results)."""
+    one machine keeps to one). ``packed``: the weight as :func:`pack_weight` lays it out for this
+    machine's bf16 kernel, read instead of ``weight``: by the AMX kernel (:func:`pack_amx`: bitwise
+    its in-place results) or the AVX512-BF16 one (:func:`pack_bf16`: its own order of sums, so a
+    weight is read packed always or never)."""
+    shape = weight.shape
     if packed is None:
         function = _kernel_function(weight.dtype, variant)
-    elif bf16_variants()[:1] != ("amx",):  # (the tile state is asked for there: without it a tile instruction faults)
-        raise KernelUnavailable("packed weights are read by the AMX kernel, which this process does not run")
     else:
-        function, weight = load_kernel().few_rows_linear_amx_packed, packed.view(weight.shape)  # (the shape is all it reads of weight)
+        default = bf16_variants()[:1]  # (AMX: the tile state is asked for there; without it a tile instruction faults)
+        layout = {5: "amx", 4: "avx512bf16"}.get(packed.dim())  # pack_amx: 5-D, pack_bf16: 4-D
+        if default != (layout,) or variant not in (None, layout):
+            raise KernelUnavailable(f"these weights are packed for the {layout or 'unknown'} kernel; this machine's default "
+                                    f"bf16 kernel is {default[0] if default else 'none'} (pack them with pack_weight)")
+        library = load_kernel()
+        function = library.few_rows_linear_amx_packed if default == ("amx",) else library.few_rows_linear_bf16_packed
+        weight = packed  # (only its address is read: the shape is W's)
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype != weight.dtype or not rows.is_contiguous():
         rows = rows.to(weight.dtype).contiguous()
@@ -184,12 +197,12 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         weight = weight.contiguous()
     if bias is not None and (bias.dtype != weight.dtype or not bias.is_contiguous()):
         bias = bias.to(weight.dtype).contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=weight.dtype)
+    out = torch.empty(rows.shape[0], shape[0], dtype=weight.dtype)
     status = function(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-                      rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+                      rows.shape[0], shape[0], shape[1], torch.get_num_threads())
     if status:  # (the AMX kernel's scratch for the repacked rows)
         raise MemoryError(f"the few-row kernel could not allocate {rows.numel() * 2} bytes of scratch")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(*x.shape[:-1], shape[0])
 
 
 _FUNCTIONS: dict[tuple[torch.dtype, str | None], object] = {}
@@ -218,17 +231,35 @@ def _kernel_function(dtype: torch.dtype, variant: str | None):
     return function
 
 
-#: the AMX kernel's packed weights (:func:`pack_amx`) are a second copy of each linear's weight:
+#: the bf16 kernels' packed weights (:func:`pack_weight`) are a second copy of each linear's weight:
 #: :func:`optimize` packs a model's bf16 linears only while their bytes stay within this limit (the
 #: embedded models: 0.5-270 MB), larger ones keep the kernel that reads the weight where it is
 PACK_LIMIT_BYTES = 2 << 30
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """Whether the AMX kernel can read ``weight`` [N, K] packed: bf16 on a CPU whose default bf16
-    kernel is AMX, N a multiple of 16 and K of 32 (whole tiles)."""
-    return (weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
-            and weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0 and bf16_variants()[:1] == ("amx",))
+    """Whether this machine's default bf16 kernel can read ``weight`` [N, K] packed: bf16 on the
+    CPU, and for AMX N a multiple of 16 and K of 32 (whole tiles); AVX512-BF16 takes any shape
+    (its packing pads)."""
+    if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+        return False
+    default = bf16_variants()[:1]
+    return weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0 if default == ("amx",) else default == ("avx512bf16",)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> the layout this machine's default bf16 kernel reads packed (:func:`pack_amx` or
+    :func:`pack_bf16`); :func:`packable` says where it applies."""
+    return pack_amx(weight) if bf16_variants()[:1] == ("amx",) else pack_bf16(weight)
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> the AVX512-BF16 packed kernel's layout [ceil(N / 16), ceil(K / 2), 16, 2]
+    (contiguous, zero-padded): for each block of 16 outputs and each pair of columns, the pair for
+    the 16 outputs, in the order the kernel streams them (``kernels/linear_bf16.c``)."""
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % 16))
+    return padded.view(padded.shape[0] // 16, 16, padded.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor:
@@ -336,15 +367,15 @@ class FewRowLinear(nn.Linear):
         self.packed_weight()
 
     def packed_weight(self) -> torch.Tensor | None:
-        """The weight in the AMX kernel's packed layout (:func:`pack_amx`), or None (``pack`` off,
-        or a weight :func:`packable` refuses). Packed once and again whenever the weight changed:
-        another tensor, dtype or device, or an in-place update (its version counter)."""
+        """The weight in this machine's bf16 kernel's packed layout (:func:`pack_weight`), or None
+        (``pack`` off, or a weight :func:`packable` refuses). Packed once and again whenever the
+        weight changed: another tensor, dtype or device, or an in-place update (its version counter)."""
         if not self.pack:
             return None
         weight = self.weight
         key = (weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight_version(weight))
         if self._packed is None or self._packed[0] != key:
-            self._packed = (key, pack_amx(weight) if packable(weight) else None)
+            self._packed = (key, pack_weight(weight) if packable(weight) else None)
         return self._packed[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -427,9 +458,11 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             embedded text-to-image model, SJD's 18-row verification took 0.93 s per image through
             the fp32 kernel against 1.13 s with F.linear. (A fused decoder layer of AMX linears
             takes up to 128 rows under the default limit: :data:`mmspec.modeling.fused.AMX_FUSED_ROWS`.)
-        pack: keep the bf16 weights the AMX kernel reads packed as it reads them too
-            (:func:`pack_amx`: the same results, weights streamed ~10 % faster from memory and up to
-            1.5x from cache, at the cost of a second copy). None: where the AMX kernel runs and the
+        pack: keep the bf16 weights packed as this machine's bf16 kernel reads them too
+            (:func:`pack_weight`, at the cost of a second copy): on AMX (:func:`pack_amx`) the same
+            results, weights streamed ~10 % faster from memory and up to 1.5x from cache; on
+            AVX512-BF16 (:func:`pack_bf16`) the packed kernel's own sums, 1.8-2.8x faster for 1-16
+            rows of the embedded voice's projections. None: where the C kernel runs and the
             replaced bf16 weights total at most :data:`PACK_LIMIT_BYTES`.
     Returns:
         :class:`OptimizeReport`.

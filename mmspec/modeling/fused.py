@@ -200,12 +200,15 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
     if not variants:
         return None
     kernel, weights = variants[0], [m.weight for m in linears]
-    # the AMX kernel reads packed copies where every linear has one (a packed block of 16 rows starts
-    # where the row does in W, so LlamaGen's q, k and v blocks are found alike when 16 divides them)
-    if kernel == "amx" and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0:
-        packed = [m.packed_weight() for m in linears]
-        if None not in packed:
-            kernel, weights = "amx packed", packed
+    # the kernel reads packed copies where every linear has one (a packed block of 16 rows starts
+    # where the row does in W, so LlamaGen's q, k and v blocks are found alike when 16 divides them);
+    # AVX512-BF16 sums packed weights in an order of its own, so a layer whose linears are packed
+    # only in part is not fused (each linear then runs as its module does)
+    packed = [m.packed_weight() for m in linears]
+    if None not in packed and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0 and norm1.shape[0] % 2 == 0:
+        kernel, weights = f"{kernel} packed", packed
+    elif kernel == "avx512bf16" and any(p is not None for p in packed):
+        return None
     if len(qkv) == 1:  # LlamaGen's fused projection: q, k and v are consecutive row blocks of one weight
         weight, size = weights[0], heads * head_dim * norm1.shape[0]
         element = weight.element_size()
@@ -228,7 +231,7 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
     rows = min(m.max_rows for m in linears)
     if variants[0] == "amx" and rows >= default_max_rows("c", torch.bfloat16):  # (a smaller limit was asked for)
         rows = max(rows, AMX_FUSED_ROWS)
-    sources = tuple(m.weight for m in linears) if kernel == "amx packed" else ()
+    sources = tuple(m.weight for m in linears) if kernel.endswith(" packed") else ()
     return LayerPlan(spec, keep, rows, dtype, kv_heads, head_dim, sources, tuple(map(weight_version, sources)))
 
 
@@ -344,7 +347,7 @@ def _chain_function():
 
 def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | None:
     """(the few-row kernel's code, the weight's address) through which a fused call reads
-    ``linear`` in ``dtype`` (its packed copy where the AMX kernel has one), or None where it cannot:
+    ``linear`` in ``dtype`` (its packed copy where the bf16 kernel has one), or None where it cannot:
     not a :class:`FewRowLinear` on the C kernel with a contiguous CPU weight (and bias) of ``dtype``."""
     if (type(linear) is not FewRowLinear or linear.kernel != "c" or linear.weight.dtype != dtype or linear.weight.device.type != "cpu"
             or not linear.weight.is_contiguous()
@@ -353,8 +356,8 @@ def linear_operand(linear: nn.Module, dtype: torch.dtype) -> tuple[int, int] | N
     variants = bf16_variants() if dtype == torch.bfloat16 else fp32_variants() if dtype == torch.float32 else ()
     if not variants:
         return None
-    packed = linear.packed_weight() if variants[0] == "amx" else None
-    return ((LinearKernel.AMX_PACKED, packed.data_ptr()) if packed is not None
+    packed = linear.packed_weight()
+    return ((LinearKernel.variant(f"{variants[0]} packed"), packed.data_ptr()) if packed is not None
             else (LinearKernel.variant(variants[0]), linear.weight.data_ptr()))
 
 

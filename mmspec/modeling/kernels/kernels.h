@@ -20,7 +20,8 @@ enum linear_kernel {
     LINEAR_AVX512BF16 = 2, /* bf16, vdpbf16ps: few_rows_linear_bf16 */
     LINEAR_AMX = 3,        /* bf16, AMX tiles, the weight read in place: few_rows_linear_amx */
     LINEAR_AMX_PACKED = 4, /* bf16, AMX tiles, the weight packed: few_rows_linear_amx_packed */
-    LINEAR_I8 = 5,         /* the first int8 id (scalar path, bf16 rows) */
+    LINEAR_AVX512BF16_PACKED = 5, /* bf16, vdpbf16ps, the weight packed: few_rows_linear_bf16_packed */
+    LINEAR_I8 = 6,         /* the first int8 id (scalar path, bf16 rows) */
 };
 
 /* How the int8 kernel sums (its `path` argument): the same integers every way */
@@ -53,6 +54,9 @@ void few_rows_linear_avx512(const float *x, const float *w, const float *b, floa
                             int threads);
 void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
                           int64_t K, int threads);
+/* w: the weight packed by mmspec.modeling.fast_linear.pack_bf16, [ceil(N / 16)][ceil(K / 2)][16][2] */
+void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y, int64_t M,
+                                 int64_t N, int64_t K, int threads);
 int few_rows_amx_init(void);
 int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
                         int64_t K, int threads);
