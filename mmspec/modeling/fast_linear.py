@@ -37,7 +37,8 @@ took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us reading W 
 Each bf16 kernel is batch-invariant on its own; their sums differ in order, so a process uses one
 for every call: the first of :func:`bf16_variants`, or the one named by ``MMSPEC_BF16_KERNEL``
 (amx | avx512bf16), and each weight is read packed always (:meth:`FewRowLinear.packed_weight`) or
-never (``optimize(pack=False)``, or weights beyond :data:`PACK_LIMIT_BYTES`). Other inputs (the prefill's many rows,
+never (``optimize(pack=False)``, or models beyond :data:`PACK_LIMIT_BYTES` /
+:data:`VECTOR_PACK_LIMIT_BYTES`: without AMX only cache-sized models are packed). Other inputs (the prefill's many rows,
 training, fp16 weights, CUDA) take ``F.linear``. ``kernel="auto"`` takes
 ``"c"`` where it can be built and loaded (x86-64 with AVX2 and FMA, a C compiler), else
 ``"transposed"``, and :func:`optimize` returns which (:class:`OptimizeReport`; pipelines put it in
@@ -235,6 +236,12 @@ def _kernel_function(dtype: torch.dtype, variant: str | None):
 #: :func:`optimize` packs a model's bf16 linears only while their bytes stay within this limit (the
 #: embedded models: 0.5-270 MB), larger ones keep the kernel that reads the weight where it is
 PACK_LIMIT_BYTES = 2 << 30
+#: without AMX, :func:`optimize` packs (:func:`pack_bf16`) only models whose bf16 linears total at
+#: most this: the packed vector kernel gains where the weights stay in cache (the embedded voice's
+#: 12 MB: verifications of 4-11 rows 1.2-1.6x faster in place), and did not where they stream from
+#: DRAM (the captioner's 270 MB on a Zen 5 core: plain decoding 2 % faster a token, EAGLE 1.5 %
+#: slower; docs/benchmarks.md, stop 60)
+VECTOR_PACK_LIMIT_BYTES = 64 << 20
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -463,7 +470,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             results, weights streamed ~10 % faster from memory and up to 1.5x from cache; on
             AVX512-BF16 (:func:`pack_bf16`) the packed kernel's own sums, 1.8-2.8x faster for 1-16
             rows of the embedded voice's projections. None: where the C kernel runs and the
-            replaced bf16 weights total at most :data:`PACK_LIMIT_BYTES`.
+            replaced bf16 weights total at most :data:`PACK_LIMIT_BYTES` (AMX) or
+            :data:`VECTOR_PACK_LIMIT_BYTES` (AVX512-BF16).
     Returns:
         :class:`OptimizeReport`.
     Raises:
@@ -485,7 +493,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
         return OptimizeReport("none", 0, skipped, reason)
     if pack is None:
         packed_bytes = sum(child.weight.nbytes for _, _, child in candidates if packable(child.weight))
-        pack = chosen == "c" and 0 < packed_bytes <= PACK_LIMIT_BYTES
+        limit = PACK_LIMIT_BYTES if bf16_variants()[:1] == ("amx",) else VECTOR_PACK_LIMIT_BYTES
+        pack = chosen == "c" and 0 < packed_bytes <= limit
     for parent, name, child in candidates:
         setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack))
     variants = ""
