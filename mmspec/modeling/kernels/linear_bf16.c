@@ -87,10 +87,10 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, BF16_TAR
  * vector holding the pair for the 16 outputs (zero-padded past N and K). A row's pair (x_2k,
  * x_2k+1) is broadcast to every lane and vdpbf16ps adds both products to the 16 outputs' fp32 sums:
  * no horizontal sum, every weight byte read once per pass of up to PK_MB rows (M rows in passes of
- * equal size), each block a sequential stream prefetched PK_AHEAD pairs ahead. Each output's sum runs over the pairs in order 0 .. K2 - 1, then the bias,
- * rounded to nearest-even bf16 once: the same bits for a row alone or among others (batch-
- * invariant), but not the bits of the kernel above, so a weight keeps to one of the two (its
- * FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42 projections took 90 /
+ * equal size), each block a sequential stream prefetched PK_AHEAD pairs ahead. Each output's sum
+ * runs over the pairs in order 0 .. K2 - 1, then the bias, rounded to nearest-even bf16 once: the
+ * same bits for a row alone or among others (batch-invariant), but not the bits of the kernel
+ * above, so a weight keeps to one of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42 projections took 90 /
  * 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us above (weights in L3). */
 #define PK_MB 6 /* rows per pass: 24 accumulators + 4 weights + 1 broadcast of the 32 zmm registers */
 #define PK_NB 4 /* blocks of 16 outputs per pass */
@@ -114,7 +114,8 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
         }
         for (int i = 0; i < mb; i++) {
             const uint16_t *row = x + (m0 + i) * K + 2 * kp;
-            const int32_t pair = kp < full ? *(const int32_t *)row : (int32_t)row[0]; /* K odd: (x_K-1, 0) */
+            int32_t pair = row[0]; /* K odd, the last pair: (x_K-1, 0) */
+            if (kp < full) memcpy(&pair, row, sizeof pair);
             const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
             for (int j = 0; j < nb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xb);
         }
@@ -149,6 +150,7 @@ static const pk_pass PK_PASSES[PK_NB][PK_MB] = {
 /* y [M, N] = x [M, K] W^T (+ b), W packed as above (p); OpenMP over groups of PK_NB blocks */
 BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
                                              int64_t M, int64_t N, int64_t K, int threads) {
+    if (M <= 0) return;
     const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB;
     _Pragma("omp parallel for num_threads(threads) schedule(static)")
     for (int64_t g = 0; g < groups; g++) {
