@@ -75,5 +75,7 @@ def test_griffin_lim_refuses_bad_shapes():
         griffin_lim(torch.rand(500, 10), 1024, 256)
     with pytest.raises(ValueError, match="magnitude must be"):
         griffin_lim(torch.rand(513, 3), 1024, 256)
+    with pytest.raises(ValueError, match="magnitude must be"):
+        griffin_lim(torch.rand(513), 1024, 256)
     with pytest.raises(ValueError, match="momentum"):
         griffin_lim(torch.rand(513, 10), 1024, 256, momentum=1.0)

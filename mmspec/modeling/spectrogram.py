@@ -76,8 +76,8 @@ def griffin_lim(magnitude: torch.Tensor, n_fft: int, hop_length: int, n_iter: in
     Returns:
         float [(T - 1) * hop_length] audio samples, what ``torch.istft(..., center=True)`` gives.
     """
-    bins, frames = magnitude.shape[-2:]
-    if magnitude.dim() != 2 or bins != n_fft // 2 + 1 or n_fft % hop_length or frames < n_fft // hop_length + 1:
+    bins, frames = magnitude.shape if magnitude.dim() == 2 else (0, 0)
+    if bins != n_fft // 2 + 1 or n_fft % hop_length or frames < n_fft // hop_length + 1:
         raise ValueError(f"magnitude must be [{n_fft // 2 + 1}, T >= {n_fft // hop_length + 1}] with hop_length dividing "
                          f"n_fft, got {tuple(magnitude.shape)} and hop_length {hop_length}")
     if not 0 <= momentum < 1:
