@@ -219,7 +219,7 @@ def test_cli_writes_the_wav_to_standard_output(stream, model_dir, tmp_path, caps
     assert _cli(capsys, *args, "--out", str(tmp_path / "x.wav")).returncode == 0
     expected = (tmp_path / "x.wav").read_bytes()
     seekable = io.BytesIO()
-    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=seekable))
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=seekable, isatty=lambda: False))
     result = _cli(capsys, *args, "--out", "-")
     assert result.returncode == 0 and seekable.getvalue() == expected, result.stderr
     assert "wrote the WAV to standard output" in result.stderr and not (tmp_path / "-").exists()
@@ -234,7 +234,7 @@ def test_cli_writes_the_wav_to_standard_output(stream, model_dir, tmp_path, caps
             seen.append(len(pipe.data))  # written by the time the next sentence is asked for
 
     monkeypatch.setattr(TextToSpeechPipeline, "stream", watched)
-    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe)))
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe), isatty=lambda: False))
     assert _cli(capsys, *args, "--out", "-").returncode == 0
     data = bytes(pipe.data)
     assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff" and data[44:] == expected[44:]
@@ -262,8 +262,14 @@ class _ClosedPipe(_Pipe):
 @pytest.mark.parametrize("stream", [False, True])
 def test_cli_stops_quietly_when_the_player_quits(stream, model_dir, capsys, monkeypatch):
     pipe = _ClosedPipe(1000)
-    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe, buffer_size=256)))
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BufferedWriter(pipe, buffer_size=256), isatty=lambda: False))
     result = _cli(capsys, PARAGRAPH, "--model", str(model_dir), "--out", "-", "--seed", "1", "--max-seconds", "0.5",
                   *(["--stream"] if stream else []))
     assert result.returncode == 0 and "standard output was closed (the player quit); stopped" in result.stderr
     assert len(pipe.data) == 1000 and bytes(pipe.data[:4]) == b"RIFF"
+
+
+def test_cli_refuses_to_write_audio_to_a_terminal(model_dir, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BytesIO(), isatty=lambda: True))
+    result = _cli(capsys, "Hello there.", "--model", str(model_dir), "--out", "-")
+    assert result.returncode == 2 and "standard output, which is a terminal here" in result.stderr

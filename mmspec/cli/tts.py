@@ -108,6 +108,9 @@ def run(args) -> int:
     check_speed(args.speed, "--speed")  # before the voice loads
     if args.stream and args.compare_baseline:
         raise ValueError("--stream cannot --compare-baseline; run the comparison without --stream")
+    if args.out == "-" and sys.stdout.isatty():
+        raise ValueError("--out - writes the WAV to standard output, which is a terminal here; pipe it to a player "
+                         "(... --out - | aplay) or give --out FILE")
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.threads:
