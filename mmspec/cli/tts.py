@@ -217,7 +217,7 @@ def pcm16(audio: torch.Tensor) -> bytes:
 
     raw = io.BytesIO()
     soundfile.write(raw, audio[0].detach().float().cpu().clamp(-1.0, 1.0).numpy(), 8000, subtype="PCM_16",
-                    format="RAW", endian="LITTLE")
+                    format="RAW", endian="LITTLE")  # (RAW: samples alone; the rate, required, is not written)
     return raw.getvalue()
 
 
@@ -252,20 +252,21 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
         written += len(samples)
         audio.append(chunk.audio)
         on_chunk(chunk)
-    if _rewritable(out, out.tell() - written - 44 if out.seekable() else -1):
+    if _rewritable(out, written):
         out.seek(0)
         write_all(out, wav_header(rate, written))
         out.seek(0, 2)
     return audio
 
 
-def _rewritable(out, start: int) -> bool:
-    """Whether the header at offset ``start`` of ``out`` can be written over: a seekable output
-    that our header begins (not appended to: with O_APPEND a write after a seek lands at the end)."""
+def _rewritable(out, written: int) -> bool:
+    """Whether the header before the ``written`` bytes of samples can be written over: a seekable
+    output that our header begins (not appended to: with O_APPEND a write after a seek lands at
+    the end)."""
     import fcntl
     import os
 
-    if start != 0:
+    if not out.seekable() or out.tell() != 44 + written:
         return False
     try:
         return not fcntl.fcntl(out.fileno(), fcntl.F_GETFL) & os.O_APPEND

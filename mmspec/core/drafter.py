@@ -95,12 +95,13 @@ class Drafter(ABC):
         return {"drafter": self.name, "num_draft_tokens": self.num_draft_tokens}
 
     # helpers for drafters that run a network -------------------------------------------------
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Choose one draft token per row of logits [n, V] with the generation's sampling settings.
+    def _pick(self, logits: torch.Tensor, sampling: SamplingConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Choose one draft token per row of logits [n, V] with ``sampling`` (default: the
+        generation's settings).
 
         Returns the tokens [n] and, when sampling, the draft distributions q [n, V] they were drawn from.
         """
-        sampling = self.context.sampling
+        sampling = self.context.sampling if sampling is None else sampling
         if not logits.shape[0]:  # (nothing to draw: no tensor work)
             return logits.new_empty(0, dtype=torch.long), logits.new_empty(logits.shape, dtype=torch.float32) if sampling.do_sample else None
         if not sampling.do_sample:

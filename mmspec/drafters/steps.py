@@ -23,7 +23,6 @@ from ..core.drafter import Draft, Drafter, register_drafter
 from ..core.sampling import SamplingConfig
 from ..core.target import MultiStepTarget
 from ..core.tree import TokenTree, expansion_mask
-from ..core.verify import exact_argmax
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, int8_fast, int8_head, linear_operand
 from ..modeling.lean import lean_supported, rotary
 from .model import ModelDrafter
@@ -136,10 +135,6 @@ class _CodecHeadDrafter(BatchDrafting, Drafter):
         """How the head's own codes are drawn: the generation's sampling, or greedy with ``top1``."""
         return SamplingConfig(do_sample=False) if self.top1 else self.context.sampling
 
-    def _pick_head(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The head's codes from logits [n, V] (:meth:`_pick`'s, or their argmax with ``top1``)."""
-        return (exact_argmax(logits), None) if self.top1 else self._pick(logits)
-
     def _steps(self, state: SequenceState, known: torch.Tensor, more: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """At least ``more`` codes of the steps after the pending token's (completed by ``known``)
         where the head gives them: codes [m] and the distributions [m, V] they were drawn from
@@ -224,7 +219,7 @@ class CodecMedusaDrafter(_CodecHeadDrafter):
         self.forwards += 1
         guesses = self.output(states).view(steps, k, -1)
         first = (state.length - 1) // k + 1  # the step after the pending token's
-        return self._pick_head(self.context.target.draft_logits(state, first, guesses)[:more])
+        return self._pick(self.context.target.draft_logits(state, first, guesses)[:more], self.head_sampling)
 
     def describe(self) -> dict:
         return {**super().describe(), "heads": self.heads.num_heads}
@@ -367,7 +362,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
             if i:
                 feature = self._run(feature, self._step_inputs(state, step, a + i), a + i)
             guesses = self.output(feature[0]).view(1, k, -1)
-            step, q = self._pick_head(target.draft_logits(state, a + 1 + i, guesses))
+            step, q = self._pick(target.draft_logits(state, a + 1 + i, guesses), self.head_sampling)
             tokens.append(step)
             probs.append(q)
         crop_cache(self.cache, committed)  # the drafted steps are not committed

@@ -200,12 +200,15 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
     if not variants:
         return None
     kernel, weights = variants[0], [m.weight for m in linears]
-    # the kernel reads packed copies where every linear has one (a packed block of 16 rows starts
-    # where the row does in W, so LlamaGen's q, k and v blocks are found alike when 16 divides them);
-    # AVX512-BF16 sums packed weights in an order of its own, so a layer whose linears are packed
-    # only in part is not fused (each linear then runs as its module does)
+    # the kernel reads packed copies where every linear has one; LlamaGen's q, k and v blocks of one
+    # weight are found in its packed copy alike only where 16 divides them (a packed block of 16 rows
+    # starts where the row does in W, for an even width). AVX512-BF16 sums packed weights in an order
+    # of its own, so a layer whose linears are packed only in part is not fused (each linear then runs
+    # as its module does)
     packed = [m.packed_weight() for m in linears]
-    if None not in packed and (heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0 and norm1.shape[0] % 2 == 0:
+    blocks_found = len(qkv) > 1 or ((heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0
+                                    and norm1.shape[0] % 2 == 0)
+    if None not in packed and blocks_found:
         kernel, weights = f"{kernel} packed", packed
     elif kernel == "avx512bf16" and any(p is not None for p in packed):
         return None
