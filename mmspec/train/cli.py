@@ -22,6 +22,7 @@ RECIPES = {
     "codec": ("codec", "the embedded voice's codec (residual k-means over log-mel frames) and its round-trip WER"),
     "tts": ("tts", "the embedded voice's codec LM (or its draft: --preset draft)"),
     "tts-nar": ("tts_nar", "the non-autoregressive stage of a VALL-E-style voice (codebooks 1.. from codebook 0)"),
+    "tts-self-data": ("tts_self_data", "a VALL-E-style voice's own sampled codes for its drafters (self-distillation data)"),
     "tts-drafter": ("tts_drafter", "Medusa heads for a codec LM (methods medusa, vadusa) by self-distillation"),
 }
 

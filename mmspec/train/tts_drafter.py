@@ -14,6 +14,13 @@ distributions p_{t+1} of every next step.
   EAGLE's cross-entropy with the data's tokens: self-distillation, as above; w = ``--kl-weight``,
   EAGLE's 0.1 by default), causally over a whole utterance's steps (positions = step indices, as
   the drafter runs it); ``--ffn`` narrows the head layer's MLP.
+- ``--ttt N`` (EAGLE-3's training-time test, Li et al., 2025): the EAGLE head unrolled N times as
+  it drafts a chain (:func:`unrolled_eagle`): draft k >= 1 reads the head's own draft k - 1 in
+  place of f, so the head learns the inputs its second and later drafts get; loss
+  sum_k 0.8^k (SmoothL1 + w KL) of each draft against the target's feature and distribution there.
+
+Data: ``speech-data`` shards (speech teacher-forced through the target), or ``tts-self-data``
+shards (the target's own sampled codes: what a drafter reads at decoding).
 
 Resumable: rerun the same command. The target's tts.json gains ``"medusa"`` / ``"eagle"`` so the
 pipeline finds the drafter.
@@ -33,9 +40,15 @@ import torch
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads, EagleHead
+from ..modeling.lean import rotate
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
 from .tts import collate, encoded_utterances
+from .tts_self_data import is_self_data, self_items
+
+
+#: drafts whose acceptance ``--eval`` reports
+EVAL_DRAFTS = 6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "weight fits the head's distributions, which acceptance at temperature 1 depends on)")
     parser.add_argument("--ffn", type=int, default=None,
                         help="EAGLE: the head layer's MLP width (default: the target's); narrower reads fewer bytes a draft")
+    parser.add_argument("--ttt", type=int, default=1,
+                        help="EAGLE: drafts unrolled in training (EAGLE-3's training-time test; 1: teacher forcing only)")
+    parser.add_argument("--init", default=None, help="EAGLE: start from this head directory's weights (a new run)")
+    parser.add_argument("--eval", default=None,
+                        help="EAGLE: held-out tts-self-data shards (--split validation): the head's acceptance per draft "
+                             "is printed before and after training")
     add_run_arguments(parser, threads=2, save_every=100)
 
 
@@ -84,23 +103,104 @@ def heads_loss(heads: DraftHeads, target: CodecLM, batch: dict[str, torch.Tensor
     return torch.stack(losses).mean()
 
 
-def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor], kl_weight: float = 0.1) -> torch.Tensor:
-    """SmoothL1(f^_t, f_t) + w KL(p_{t+1} || Heads(f^_t)), f^_t = Head(E_t, f_{t-1}), over steps
-    t = 1 .. S - 1 (module doc; w = ``kl_weight``, EAGLE's 0.1); padded steps and codes without a
-    target excluded."""
+def unrolled_eagle(head: EagleHead, hidden: torch.Tensor, embeds: torch.Tensor, drafts: int) -> list[torch.Tensor]:
+    """The EAGLE head unrolled ``drafts`` times over a sequence, as it drafts a chain.
+
+    Args:
+        head: the head (one Llama-family decoder layer and its norm, :class:`EagleHead`).
+        hidden: the target's last hidden states f [B, S, H] (row t: f_t).
+        embeds: the target's step inputs E [B, S, H] (row t: E_t).
+        drafts: N >= 1.
+
+    Returns:
+        N outputs s_k [B, S - 1, H]. s_0[:, t] = Head(E_{t+1}, f_t) at position t + 1 (teacher
+        forcing: the first draft after a committed step t); s_k[:, t] = Head(E_{t+k+1}, s_{k-1}[:, t])
+        at position t + k + 1, attending to draft 0's keys at rows <= t and to drafts 1..k's at row t
+        alone: what the head's k-th draft after step t sees in the drafter. s_k[:, t] predicts
+        f_{t+k+1}; rows t > S - 2 - k have no step to read (zero inputs, never scored).
+    """
+    batch, steps, width = hidden.shape
+    n = steps - 1
+    decoder = head.decoder
+    layer, attn = decoder.layers[0], decoder.layers[0].self_attn
+    heads, kv_heads = decoder.config.num_attention_heads, decoder.config.num_key_value_heads
+    head_dim = getattr(decoder.config, "head_dim", None) or width // heads
+    causal = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
+    features, keys, values, outputs = hidden[:, :n], [], [], []
+    for k in range(drafts):
+        step_inputs = embeds[:, k + 1 : k + 1 + n]
+        if step_inputs.shape[1] < n:
+            step_inputs = torch.cat([step_inputs, step_inputs.new_zeros(batch, n - step_inputs.shape[1], width)], dim=1)
+        x = head.fc(torch.cat([step_inputs, features], dim=-1))
+        positions = torch.arange(k + 1, k + 1 + n, device=hidden.device)[None]
+        cos, sin = (t[:, None] for t in decoder.rotary_emb(x, positions))
+        h = layer.input_layernorm(x)
+        q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
+        key = rotate(attn.k_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2), cos, sin)
+        value = attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
+        keys.append(key.repeat_interleave(heads // kv_heads, dim=1))
+        values.append(value.repeat_interleave(heads // kv_heads, dim=1))
+        scores = (q @ keys[0].transpose(-1, -2) * attn.scaling).masked_fill(~causal, float("-inf"))
+        diagonal = [(q * kj).sum(-1, keepdim=True) * attn.scaling for kj in keys[1:]]  # [B, heads, n, 1] each
+        weights = torch.cat([scores, *diagonal], dim=-1).softmax(-1)
+        o = weights[..., :n] @ values[0]
+        for j, vj in enumerate(values[1:]):
+            o = o + weights[..., n + j : n + j + 1] * vj
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, n, heads * head_dim))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        features = decoder.norm(x)
+        outputs.append(features)
+    return outputs
+
+
+def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor], kl_weight: float = 0.1,
+               drafts: int = 1) -> torch.Tensor:
+    """sum_k 0.8^k [SmoothL1(s_k, f) + w KL(p || Heads(s_k))] over the drafts s_k of
+    :func:`unrolled_eagle` (k = 0: f^_t = Head(E_t, f_{t-1}) against f_t and p_{t+1}, EAGLE's
+    loss; draft k at row t against f_{t+k+1} and p_{t+k+2}); w = ``kl_weight`` (EAGLE's 0.1);
+    padded steps and codes without a target excluded."""
     logits, hidden, reference = teacher_forced(target, batch)
     with torch.no_grad():
         embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
     steps = hidden.shape[1]
-    positions = torch.arange(1, steps, device=hidden.device)[None]
-    predicted = head(hidden[:, :-1], embeds[:, 1:], None, positions)  # f^_t for t = 1 .. S - 1
-    real = batch["step_mask"][:, 1:].bool()
-    regression = torch.nn.functional.smooth_l1_loss(predicted[real], hidden[:, 1:][real])
-    guess = target.heads(predicted).view(*logits[:, 1:].shape).float().log_softmax(-1)
-    teacher = reference[:, 1:]
-    kl = (teacher.exp() * (teacher - guess)).sum(-1)
-    valid = (batch["targets"][:, 1:] != -100) & real[..., None]
-    return regression + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1)
+    if drafts == 1:  # (the head's own forward: the lean path, as it drafts)
+        positions = torch.arange(1, steps, device=hidden.device)[None]
+        outputs = [head(hidden[:, :-1], embeds[:, 1:], None, positions)]
+    else:
+        outputs = unrolled_eagle(head, hidden, embeds, min(drafts, steps - 1))
+    total = None
+    for k, predicted in enumerate(outputs):
+        span = steps - 1 - k  # rows whose f_{t+k+1} exists
+        real = batch["step_mask"][:, k + 1 :].bool()
+        regression = torch.nn.functional.smooth_l1_loss(predicted[:, :span][real], hidden[:, k + 1 :][real])
+        guess = target.heads(predicted[:, :span]).view(*logits[:, k + 1 :].shape).float().log_softmax(-1)
+        teacher = reference[:, k + 1 :]
+        kl = (teacher.exp() * (teacher - guess)).sum(-1)
+        valid = (batch["targets"][:, k + 1 :] != -100) & real[..., None]
+        term = 0.8**k * (regression + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1))
+        total = term if total is None else total + term
+    return total
+
+
+@torch.no_grad()
+def eagle_acceptance(head: EagleHead, target: CodecLM, items: list[dict], drafts: int, batch_size: int = 16) -> list[float]:
+    """The head's acceptance per draft at temperature 1 on ``items`` (held out): draft k's mean over
+    steps of sum_x min(p(x), q_k(x)), p the target's distribution of the step drafted and q_k the
+    head's (:func:`unrolled_eagle`, the target's own codes as the tokens read): the chance that
+    speculative sampling keeps draft k given the drafts before it were kept. Returns [drafts] floats."""
+    sums, counts = [0.0] * drafts, [0] * drafts
+    for first in range(0, len(items), batch_size):
+        batch = to_device(collate(items[first : first + batch_size], target.config), next(target.parameters()).device)
+        logits, hidden, reference = teacher_forced(target, batch)
+        embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))
+        steps = hidden.shape[1]
+        for k, predicted in enumerate(unrolled_eagle(head, hidden, embeds, min(drafts, steps - 1))):
+            q = target.heads(predicted[:, : steps - 1 - k]).view(*logits[:, k + 1 :].shape).float().softmax(-1)
+            overlap = torch.minimum(reference[:, k + 1 :].exp(), q).sum(-1)  # [B, S - 1 - k, K]
+            valid = (batch["targets"][:, k + 1 :] != -100) & batch["step_mask"][:, k + 1 :].bool()[..., None]
+            sums[k] += float(overlap[valid].sum())
+            counts[k] += int(valid.sum())
+    return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,18 +215,33 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--ffn must be at least 1, got {args.ffn}")
     if not math.isfinite(args.kl_weight) or args.kl_weight < 0:
         raise ValueError(f"--kl-weight must be a finite number >= 0, got {args.kl_weight}")
+    if args.ttt < 1:
+        raise ValueError(f"--ttt must be at least 1 (drafts unrolled in training), got {args.ttt}")
+    if args.kind != "eagle" and (args.ttt != 1 or args.init is not None):
+        raise ValueError("--ttt and --init train an EAGLE head: add --kind eagle")
+    if args.eval is not None and args.kind != "eagle":
+        raise ValueError("--eval measures an EAGLE head's acceptance: add --kind eagle")
+    if args.eval is not None and not is_self_data(args.eval):
+        raise ValueError(f"--eval {args.eval}: no tts-self-data shards there; make them with mmspec train tts-self-data "
+                         f"--split validation --out {args.eval}")
+    if args.init is not None and args.ffn is not None:
+        raise ValueError("--init takes the head's MLP width from the head it starts from: leave out --ffn")
+    if args.init is not None and not (Path(args.init) / EagleHead.config_file).is_file():
+        raise ValueError(f"--init {args.init}: no EAGLE head there ({EagleHead.config_file} missing)")
     target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     manifest_path = target_dir / "tts.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    codec_dir = Path(args.codec) if args.codec else target_dir / manifest.get("codec", "../tts-codec")
-    codec = MelRVQCodec.from_pretrained(codec_dir)
-    items = encoded_utterances(args.data, codec_dir, codec, "train")
+    if is_self_data(args.data):
+        items = self_items(args.data)
+    else:
+        codec_dir = Path(args.codec) if args.codec else target_dir / manifest.get("codec", "../tts-codec")
+        items = encoded_utterances(args.data, codec_dir, MelRVQCodec.from_pretrained(codec_dir), "train")
     if args.kind == "eagle":
-        heads = EagleHead(target.backbone.config, args.ffn)
-        loss_of = functools.partial(eagle_loss, kl_weight=args.kl_weight)
-        what = "an EAGLE head"
+        heads = EagleHead.load(args.init, target.backbone).float() if args.init else EagleHead(target.backbone.config, args.ffn)
+        loss_of = functools.partial(eagle_loss, kl_weight=args.kl_weight, drafts=args.ttt)
+        what = "an EAGLE head" + (f" (from {args.init})" if args.init else "") + (f", {args.ttt} drafts unrolled" if args.ttt > 1 else "")
     else:
         heads, loss_of = DraftHeads(target.config.dim, args.heads, "medusa"), heads_loss
         what = f"{args.heads} Medusa heads"
@@ -136,6 +251,16 @@ def run(args: argparse.Namespace) -> int:
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(heads=heads, optimizer=optimizer)
+    held_out = self_items(args.eval) if args.eval else None
+
+    def evaluate(when: str) -> None:
+        heads.eval()
+        acceptance = eagle_acceptance(heads, target, held_out, EVAL_DRAFTS)
+        heads.train()
+        run_state.record(**{f"acceptance_{when}": [round(a, 4) for a in acceptance]})
+
+    if held_out is not None:
+        evaluate("before")
     generator = torch.Generator().manual_seed(run_state.step)
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
@@ -151,6 +276,10 @@ def run(args: argparse.Namespace) -> int:
             run_state.save(heads=heads.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():
             break
+    if held_out is not None:
+        evaluate("after")
+        heads.save(out, target=os.path.relpath(target_dir.resolve(), out.resolve()))
+        run_state.save(heads=heads.state_dict(), optimizer=optimizer.state_dict())
     if manifest_path.is_file():
         manifest[args.kind] = os.path.relpath(out.resolve(), target_dir.resolve())
         manifest_path.write_text(json.dumps(manifest, indent=1))
