@@ -278,6 +278,7 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         self.cache, self.fed = make_cache(self.head.config), 1  # pairs of steps 1 .. fed - 1 cached
         self.chain_plans = False  # the fused chain's head plans (None: it does not run; False: not checked yet)
         self.code_table: torch.Tensor | None = None  # its code inputs [C, D] (a one-codebook LM)
+        self.chain_rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # its rotary rows of positions 0 .. [P, hd]
 
     def _step_inputs(self, state: SequenceState, stream: torch.Tensor, first: int) -> torch.Tensor:
         """Stream ids [n * K] of steps first .. first + n - 1 -> the LM's inputs [1, n, D]."""
@@ -332,16 +333,21 @@ class CodecEagleDrafter(_CodecHeadDrafter):
         first = self.fed
         codes, n0 = stream[first : a + 1], a - first + 1
         if (plans is None or n0 > plans[0].max_rows or not plans.fresh() or not chain_samples(sampling)
-                or any(state.cache.position(index) != "free" for index in range(a + 1, a + 1 + steps))
-                or int(codes.min()) < 0 or int(codes.max()) >= self.code_table.shape[0]):  # (a stream id that is no code)
+                or any(state.cache.position(index) != "free" for index in range(a + 1, a + 1 + steps))):
             return None
-        decoder = self.head.decoder
+        low, high = torch.aminmax(codes)
+        if int(low) < 0 or int(high) >= self.code_table.shape[0]:  # (a stream id that is no code)
+            return None
+        decoder, rows = self.head.decoder, n0 + steps - 1
         align = target.steps.alignment_table(state.cache.conditioning)
-        cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, n0 + steps - 1, -1), first, None)  # (rows: their count)
+        if self.chain_rotary is None or self.chain_rotary[0].shape[0] < first + rows:  # (rotary's table rows, kept: ~10 us a call)
+            cos, sin = rotary(decoder, self.code_table[None, :1].expand(1, max(2 * (first + rows), 256), -1), 0, None)
+            self.chain_rotary = cos[0], sin[0]
+        cos, sin = (table[first : first + rows] for table in self.chain_rotary)
         temperature, uniforms, probs = chain_draws(sampling, self.context.generator, steps, target.vocab_size)
         codes = head_chain(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
                            self.output, codes.contiguous(), torch.stack(state.cache.step_hidden[first : a + 1]), self.code_table,
-                           None if align is None else align.contiguous(), first, cos[0], sin[0], steps, temperature, uniforms, probs,
+                           None if align is None else align.contiguous(), first, cos, sin, steps, temperature, uniforms, probs,
                            keep=n0 - 1, int8=self.chain_int8)  # step a's pair is not committed yet
         self.fed = a
         self.forwards += steps
