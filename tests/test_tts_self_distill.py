@@ -113,3 +113,15 @@ def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path):
     stamp = (tmp_path / "one" / "self-0000.pt").stat().st_mtime_ns
     assert main([*common, "--out", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "self-0000.pt").stat().st_mtime_ns == stamp
+
+
+def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys):
+    from mmspec.pipelines.text_to_speech.components import TTSComponents
+
+    monkeypatch.setattr(TTSComponents, "max_positions", property(lambda self: 160))
+    assert main(["train", "tts-self-data", "--sentences", "6", "--shard-size", "6", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    items = self_items(tmp_path)
+    skipped = int(out.split("; ")[1].split()[0]) if "skipped" in out else 0
+    assert skipped >= 1 and items and len(items) == 6 - skipped
+    assert all(len(i["phonemes"]) + i["codes"].shape[1] + 3 <= 160 for i in items)

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     c = pipe.components
     if c.target.num_codebooks != 1 or not c.target.model.config.aligned:
         raise ValueError("tts-self-data makes data for a VALL-E-style voice (one codebook streamed, aligned); "
-                         f"{args.model} streams {c.target.num_codebooks} codebooks")
+                         f"{args.model} streams {c.target.num_codebooks} codebook(s), aligned: {c.target.model.config.aligned}")
     drafter = make_method("ar").build_drafter(c)
     frames = int(args.max_seconds * c.codec.frame_rate)
     for index in indices:
@@ -111,14 +111,24 @@ def run(args: argparse.Namespace) -> int:
         if path.exists():
             continue
         begin = time.perf_counter()
-        items = []
+        items, skipped = [], 0
         chunk = range(index * args.shard_size, min((index + 1) * args.shard_size, len(corpus)))
         for first in range(chunk.start, chunk.stop, args.batch_size):
-            rows, made = list(range(first, min(first + args.batch_size, chunk.stop))), {}
+            rows, ready, made = [], {}, {}
+            for r in range(first, min(first + args.batch_size, chunk.stop)):
+                try:  # (a sentence the front end refuses, or too long for the context alone: counted, not said)
+                    text = c.normalize(corpus[r][1]).text
+                    inputs = c.model_inputs(text)
+                    if c.positions_needed(inputs, frames) > c.max_positions:
+                        raise ValueError("too long")
+                except ValueError:
+                    skipped += 1
+                    continue
+                rows.append(r)
+                ready[r] = (text, inputs)
             for temperature in sorted({temperatures[r % len(temperatures)] for r in rows}):
                 group = [r for r in rows if temperatures[r % len(temperatures)] == temperature]
-                texts = [c.normalize(corpus[r][1]).text for r in group]
-                inputs = [c.model_inputs(text) for text in texts]
+                texts, inputs = zip(*(ready[r] for r in group))
                 budget = max(c.target.stream_length(c.frames_needed(i, frames)) for i in inputs) + 1
                 result = generate_rows(c.target, inputs, drafter=drafter, max_new_tokens=budget, do_sample=True,
                                        temperature=temperature, seed=group)
@@ -133,5 +143,6 @@ def run(args: argparse.Namespace) -> int:
         path.with_suffix(".tmp").replace(path)
         frames_made = sum(item["codes"].shape[1] for item in items)
         print(f"shard {index}: {len(items)} sentences, {frames_made / c.codec.frame_rate / 60:.1f} min of speech, "
-              f"{time.perf_counter() - begin:.0f} s", flush=True)
+              f"{time.perf_counter() - begin:.0f} s" + (f"; {skipped} skipped (the front end refused them, or they "
+                                                        "do not fit the context)" if skipped else ""), flush=True)
     return 0
