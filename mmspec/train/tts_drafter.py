@@ -153,30 +153,40 @@ def unrolled_eagle(head: EagleHead, hidden: torch.Tensor, embeds: torch.Tensor, 
     return outputs
 
 
+def scored_drafts(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor], drafts: int):
+    """The head's drafts over a collated batch, each beside what it is scored against.
+
+    Yields, for draft k = 0 .. N - 1 (:func:`unrolled_eagle`; N = 1: the head's own forward, the
+    lean path it drafts with), over its rows t = 0 .. S - 2 - k: (s_k [B, S-1-k, H], the target's
+    f_{t+k+1} there, the head's log-probabilities log q [B, S-1-k, K, C+1] and the target's log p of
+    the same step, real steps [B, S-1-k] and codes with a target [B, S-1-k, K] (bool masks)).
+    """
+    logits, hidden, reference = teacher_forced(target, batch)
+    with torch.no_grad():
+        embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
+    steps = hidden.shape[1]
+    if drafts == 1:
+        outputs = [head(hidden[:, :-1], embeds[:, 1:], None, torch.arange(1, steps, device=hidden.device)[None])]
+    else:
+        outputs = unrolled_eagle(head, hidden, embeds, min(drafts, steps - 1))
+    for k, predicted in enumerate(outputs):
+        predicted = predicted[:, : steps - 1 - k]  # rows whose f_{t+k+1} exists
+        log_q = target.heads(predicted).view(*logits[:, k + 1 :].shape).float().log_softmax(-1)
+        real = batch["step_mask"][:, k + 1 :].bool()
+        valid = (batch["targets"][:, k + 1 :] != -100) & real[..., None]
+        yield predicted, hidden[:, k + 1 :], log_q, reference[:, k + 1 :], real, valid
+
+
 def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor], kl_weight: float = 0.1,
                drafts: int = 1) -> torch.Tensor:
     """sum_k 0.8^k [SmoothL1(s_k, f) + w KL(p || Heads(s_k))] over the drafts s_k of
     :func:`unrolled_eagle` (k = 0: f^_t = Head(E_t, f_{t-1}) against f_t and p_{t+1}, EAGLE's
     loss; draft k at row t against f_{t+k+1} and p_{t+k+2}); w = ``kl_weight`` (EAGLE's 0.1);
     padded steps and codes without a target excluded."""
-    logits, hidden, reference = teacher_forced(target, batch)
-    with torch.no_grad():
-        embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))  # E_t
-    steps = hidden.shape[1]
-    if drafts == 1:  # (the head's own forward: the lean path, as it drafts)
-        positions = torch.arange(1, steps, device=hidden.device)[None]
-        outputs = [head(hidden[:, :-1], embeds[:, 1:], None, positions)]
-    else:
-        outputs = unrolled_eagle(head, hidden, embeds, min(drafts, steps - 1))
     total = None
-    for k, predicted in enumerate(outputs):
-        span = steps - 1 - k  # rows whose f_{t+k+1} exists
-        real = batch["step_mask"][:, k + 1 :].bool()
-        regression = torch.nn.functional.smooth_l1_loss(predicted[:, :span][real], hidden[:, k + 1 :][real])
-        guess = target.heads(predicted[:, :span]).view(*logits[:, k + 1 :].shape).float().log_softmax(-1)
-        teacher = reference[:, k + 1 :]
-        kl = (teacher.exp() * (teacher - guess)).sum(-1)
-        valid = (batch["targets"][:, k + 1 :] != -100) & real[..., None]
+    for k, (predicted, feature, log_q, log_p, real, valid) in enumerate(scored_drafts(head, target, batch, drafts)):
+        regression = torch.nn.functional.smooth_l1_loss(predicted[real], feature[real])
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         term = 0.8**k * (regression + kl_weight * (kl * valid).sum() / valid.sum().clamp_min(1))
         total = term if total is None else total + term
     return total
@@ -186,18 +196,13 @@ def eagle_loss(head: EagleHead, target: CodecLM, batch: dict[str, torch.Tensor],
 def eagle_acceptance(head: EagleHead, target: CodecLM, items: list[dict], drafts: int, batch_size: int = 16) -> list[float]:
     """The head's acceptance per draft at temperature 1 on ``items`` (held out): draft k's mean over
     steps of sum_x min(p(x), q_k(x)), p the target's distribution of the step drafted and q_k the
-    head's (:func:`unrolled_eagle`, the target's own codes as the tokens read): the chance that
+    head's (:func:`scored_drafts`, the target's own codes as the tokens read): the chance that
     speculative sampling keeps draft k given the drafts before it were kept. Returns [drafts] floats."""
     sums, counts = [0.0] * drafts, [0] * drafts
     for first in range(0, len(items), batch_size):
         batch = to_device(collate(items[first : first + batch_size], target.config), next(target.parameters()).device)
-        logits, hidden, reference = teacher_forced(target, batch)
-        embeds = target.step_embeddings(batch["steps"], batch.get("alignment"))
-        steps = hidden.shape[1]
-        for k, predicted in enumerate(unrolled_eagle(head, hidden, embeds, min(drafts, steps - 1))):
-            q = target.heads(predicted[:, : steps - 1 - k]).view(*logits[:, k + 1 :].shape).float().softmax(-1)
-            overlap = torch.minimum(reference[:, k + 1 :].exp(), q).sum(-1)  # [B, S - 1 - k, K]
-            valid = (batch["targets"][:, k + 1 :] != -100) & batch["step_mask"][:, k + 1 :].bool()[..., None]
+        for k, (_, _, log_q, log_p, _, valid) in enumerate(scored_drafts(head, target, batch, drafts)):
+            overlap = torch.minimum(log_p.exp(), log_q.exp()).sum(-1)  # [B, S - 1 - k, K]
             sums[k] += float(overlap[valid].sum())
             counts[k] += int(valid.sum())
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
@@ -276,9 +281,8 @@ def run(args: argparse.Namespace) -> int:
             run_state.save(heads=heads.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():
             break
-    if held_out is not None:
+    if held_out is not None:  # (the heads were saved at the last step; the log gains the acceptance)
         evaluate("after")
-        heads.save(out, target=os.path.relpath(target_dir.resolve(), out.resolve()))
         run_state.save(heads=heads.state_dict(), optimizer=optimizer.state_dict())
     if manifest_path.is_file():
         manifest[args.kind] = os.path.relpath(out.resolve(), target_dir.resolve())

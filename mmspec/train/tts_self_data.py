@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-#: shard file name pattern (the shard index, 4 digits)
-SHARD = "self-{:04d}.pt"
+#: shard file name pattern (the shard index, 4 digits), and the pattern that finds the shards
+SHARD, SHARDS = "self-{:04d}.pt", "self-*.pt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def shard_range(spec: str | None, total: int) -> range:
 
 def self_items(data: str | Path) -> list[dict]:
     """Every item of the ``self-*.pt`` shards in ``data`` (shard order); ValueError when there are none."""
-    shards = sorted(Path(data).glob("self-*.pt"))
+    shards = sorted(Path(data).glob(SHARDS))
     if not shards:
         raise ValueError(f"no self-distillation shards in {data}; run mmspec train tts-self-data --out {data} first")
     return [item for shard in shards for item in torch.load(shard, weights_only=True)]
@@ -77,7 +77,7 @@ def self_items(data: str | Path) -> list[dict]:
 
 def is_self_data(data: str | Path) -> bool:
     """Whether ``data`` holds ``tts-self-data`` shards (rather than ``speech-data``'s)."""
-    return any(Path(data).glob("self-*.pt"))
+    return any(Path(data).glob(SHARDS))
 
 
 def run(args: argparse.Namespace) -> int:
