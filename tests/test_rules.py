@@ -33,7 +33,7 @@ def test_registry_declares_every_rule():
 
 
 def test_auto_and_modes():
-    assert resolve_rule(None, GREEDY).name == "greedy" and resolve_rule("auto", SAMPLE).name == "speculative"
+    assert resolve_rule(None, GREEDY).name == "greedy" and resolve_rule("auto", SAMPLE).name == "block"
     assert resolve_rule("lantern", GREEDY, {"neighbours": TABLE}).name == "lantern"  # either mode
     assert resolve_rule("lantern", SAMPLE, {"neighbours": TABLE}).name == "lantern"
     with pytest.raises(ValueError, match="needs do_sample=True; for greedy decoding use 'lantern'"):

@@ -598,7 +598,9 @@ def test_greedy_tree_self_draft_and_dynamic_tree_on_llama():
 
 
 def test_chain_tree_drafts_reproduce_linear_sampling():
-    """A drafter returning its linear draft as a chain tree gives the same samples, seed for seed."""
+    """A drafter returning its linear draft as a chain tree gives the same samples, seed for seed,
+    under speculative sampling (whose tree form is its chain form on a chain; block verification,
+    the default, judges a linear chain jointly and a tree node by node)."""
     from mmspec.drafters import ModelDrafter
 
     class ChainOf(ModelDrafter):
@@ -609,7 +611,7 @@ def test_chain_tree_drafts_reproduce_linear_sampling():
 
     case = make_tiny("llama")
     draft_model = make_text_only_draft(case.vocab_size, seed=7)
-    kwargs = dict(max_new_tokens=12, do_sample=True, temperature=1.5, seed=5, **case.inputs)
+    kwargs = dict(max_new_tokens=12, do_sample=True, temperature=1.5, seed=5, acceptance="speculative", **case.inputs)
     linear = mmspec.generate(case.model, drafter=ModelDrafter(draft_model, num_draft_tokens=3), **kwargs)
     chain = mmspec.generate(case.model, drafter=ChainOf(draft_model, num_draft_tokens=3), **kwargs)
     assert torch.equal(linear.sequences, chain.sequences)

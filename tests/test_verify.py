@@ -210,13 +210,17 @@ def test_the_c_row_argmax_is_max_indices(dtype):
         assert torch.equal(exact_argmax(x), indices)
 
 
-def test_the_c_speculative_rule_is_the_pytorch_rule_bitwise(monkeypatch):
-    """The C speculative rule (registered with speculative_verify) accepts and draws exactly what the
-    PyTorch path does: sampled and one-hot drafts, rows accepted whole (the bonus from p), rejected
+@pytest.mark.parametrize("rule", ["speculative", "block"])
+def test_the_c_verification_rules_are_the_pytorch_rules_bitwise(monkeypatch, rule):
+    """The C speculative and block rules (registered with speculative_verify / block_verify) accept
+    and draw exactly what the PyTorch path does: sampled and one-hot drafts, rows accepted whole (the bonus from p), rejected
     at once, a residual left empty (q = p: the draw falls back to p), a batch of rows, and the draws'
     uniforms at the edges of [0, 1)."""
     from mmspec.core import verify
-    from mmspec.modeling.fast_linear import speculative_rows
+    from mmspec.modeling import fast_linear
+
+    kernel = getattr(fast_linear, f"{rule}_rows")
+    function, registry = getattr(verify, f"{rule}_verify"), f"{rule.upper()}_KERNELS"
 
     generator = torch.Generator().manual_seed(0)
     cases = 0
@@ -230,16 +234,16 @@ def test_the_c_speculative_rule_is_the_pytorch_rule_bitwise(monkeypatch):
                   else torch.randint(vocab, (batch, k), generator=generator))
         accept = torch.rand(batch, k, generator=generator) if trial % 7 else torch.zeros(batch, k)
         sample = torch.rand(batch, generator=generator) if trial % 11 else torch.full((batch,), 0.9999999)
-        fast = speculative_rows(tokens, q, p, accept, sample, verify.PAD)
+        fast = kernel(tokens, q, p, accept, sample, verify.PAD)
         if fast is None:
             pytest.skip("the C kernels did not build here")
         with monkeypatch.context() as m:
-            m.setattr(verify, "SPECULATIVE_KERNELS", [])
-            reference = verify.speculative_verify(tokens, q, p, accept, sample)
+            m.setattr(verify, registry, [])
+            reference = function(tokens, q, p, accept, sample)
         assert torch.equal(fast[0], reference.num_accepted) and torch.equal(fast[1], reference.tokens), trial
-        chosen = verify.speculative_verify(tokens, q, p, accept, sample)  # through the registry
+        chosen = function(tokens, q, p, accept, sample)  # through the registry
         assert torch.equal(chosen.tokens, reference.tokens)
         cases += int(k > 0 and bool((reference.num_accepted < k).any()))
     assert cases > 50  # rejections were among the cases
     bad = torch.tensor([[5]])
-    assert speculative_rows(bad, None, torch.full((1, 2, 3), 1 / 3), torch.zeros(1, 1), torch.zeros(1), verify.PAD) is None
+    assert kernel(bad, None, torch.full((1, 2, 3), 1 / 3), torch.zeros(1, 1), torch.zeros(1), verify.PAD) is None

@@ -51,8 +51,8 @@ def speculative_decode(
         eos_token_ids: generation stops after the first of these (the EOS is kept).
         generator: source of every random number of the generation.
         acceptance: a rule of :data:`mmspec.core.rules.RULES` by name ("greedy", "speculative",
-            "typical", "lantern", "lantern++", "gsd", ...), "auto"/None (greedy or speculative by
-            ``sampling``), or an :class:`~mmspec.core.rules.AcceptanceRule` instance.
+            "block", "typical", "lantern", "lantern++", "gsd", ...), "auto"/None (greedy or block
+            verification by ``sampling``), or an :class:`~mmspec.core.rules.AcceptanceRule` instance.
         rule_kwargs: the named rule's parameters (the fields of its ``Params``).
         on_step: called with the number of tokens generated so far after every verification step.
         on_tokens: called with the tokens [1, m] committed, after the first token and after every

@@ -43,7 +43,7 @@ from .relaxed import (TokenGroups, group_greedy_verify, group_verify, gsd_verify
                       tree_topk_tolerance_verify)
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TokenTree
-from .verify import (TreeVerification, Verification, greedy_verify, speculative_verify, tree_greedy_verify,
+from .verify import (TreeVerification, Verification, block_verify, greedy_verify, speculative_verify, tree_greedy_verify,
                      tree_speculative_verify, tree_typical_verify, typical_verify)
 
 #: the rule works under greedy decoding only / sampling only / both
@@ -278,6 +278,20 @@ class SpeculativeRule(AcceptanceRule):
 
 
 @register_rule
+class BlockRule(SpeculativeRule):
+    """Block verification on chains (Sun et al., ICLR 2025: the drafts judged jointly, exact in
+    distribution, never fewer accepted drafts on average than speculative sampling; what ``"auto"``
+    uses under sampling); on trees, SpecInfer's multi-draft form, as ``"speculative"``."""
+
+    name = "block"
+
+    def verify(self, draft, target_logits, sampling, uniforms):
+        k = draft.length
+        return block_verify(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), uniforms[:, :k],
+                            uniforms[:, k])
+
+
+@register_rule
 class TypicalRule(AcceptanceRule):
     """Medusa's typical acceptance (lossy): linear, and on trees the longest passing path."""
 
@@ -460,8 +474,9 @@ def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConf
     """The rule instance for ``acceptance`` under ``sampling``.
 
     Args:
-        acceptance: a rule name of :data:`RULES`, "auto"/None (greedy without sampling,
-            speculative with it), or a rule instance.
+        acceptance: a rule name of :data:`RULES`, "auto"/None (greedy without sampling, block
+            verification with it: speculative sampling's exact output, never fewer drafts kept on
+            average), or a rule instance.
         rule_kwargs: the rule's parameters (its ``Params`` fields); not allowed with an instance.
         continuous: the target emits continuous tokens ("auto" is then "cspd").
     Raises:
@@ -475,7 +490,7 @@ def resolve_rule(acceptance: str | AcceptanceRule | None, sampling: SamplingConf
     else:
         name = acceptance or AUTO
         if name == AUTO:
-            name = CSpDRule.name if continuous else SpeculativeRule.name if sampling.do_sample else GreedyRule.name
+            name = CSpDRule.name if continuous else BlockRule.name if sampling.do_sample else GreedyRule.name
         if name not in RULES:
             raise ValueError(f"unknown acceptance rule {name!r}; choose one of {(AUTO, *RULES)}")
         rule = RULES[name].from_kwargs(**(rule_kwargs or {}))

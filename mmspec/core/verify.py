@@ -70,6 +70,8 @@ ROW_ARGMAXES: list[Callable[[torch.Tensor], torch.Tensor | None]] = []
 #: [B, K + 1]) bitwise as its PyTorch path gives them, or None where one does not apply), tried in
 #: order; :mod:`mmspec.modeling.fast_linear` registers its C kernel
 SPECULATIVE_KERNELS: list[Callable[..., tuple[torch.Tensor, torch.Tensor] | None]] = []
+#: the same for :func:`block_verify`
+BLOCK_KERNELS: list[Callable[..., tuple[torch.Tensor, torch.Tensor] | None]] = []
 
 
 def exact_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -154,6 +156,63 @@ def speculative_verify(
     empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, p_next, residual)
     next_token = sample_from_probs(residual, sample_uniforms)
+    return _assemble(draft_tokens, num_accepted, next_token)
+
+
+def block_verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> Verification:
+    """Block verification (Sun et al., ICLR 2025): the K drafts judged jointly. Output ~ p exactly,
+    and the expected number of accepted drafts is the largest any rule reading only the drafted
+    path's p_i and q_i can reach, so never below :func:`speculative_verify`'s.
+
+    With x_i the drafts, p_i / q_i the target / draft distributions at position i (i = 1 .. K), the
+    capped path weights w_0 = 1, w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), and the residual mass
+    S_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)): keep the block of i drafts with probability
+    h_K = w_K, h_i = S_i / (S_i + 1 - w_i) (i < K; h_0 = 1), deciding from i = K down and stopping
+    at the first kept block (r_i ~ U(0, 1) per i: tau = the largest i with r_i < h_i, else 0).
+    The next token is drawn from p_{K+1} when tau = K, else from norm(max(0, w_tau p_{tau+1} -
+    q_{tau+1})). With K = 1 this is speculative sampling, draw for draw.
+
+    ``draft_probs=None`` is a deterministic draft (q = one-hot(x)), as in :func:`speculative_verify`.
+
+    Args: as :func:`speculative_verify` (draft_tokens [B, K], draft_probs [B, K, V] or None,
+        target_probs [B, K+1, V], accept_uniforms [B, K]: r_1 .. r_K, sample_uniforms [B]).
+    """
+    batch, k = draft_tokens.shape
+    if k == 0:
+        return speculative_verify(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
+    for kernel in BLOCK_KERNELS:
+        verified = kernel(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, PAD)
+        if verified is not None:
+            return Verification(num_accepted=verified[0], tokens=verified[1])
+    vocab = target_probs.shape[-1]
+    q = (torch.nn.functional.one_hot(draft_tokens, vocab).to(target_probs.dtype) if draft_probs is None
+         else draft_probs.to(target_probs.dtype))  # [B, K, V]
+    index = draft_tokens.unsqueeze(-1)
+    ratio = target_probs[:, :k].gather(-1, index).squeeze(-1) / q.gather(-1, index).squeeze(-1)  # p_i(x_i) / q_i(x_i)
+    weights = [torch.ones_like(ratio[:, 0])]
+    for i in range(k):
+        weights.append(torch.clamp(weights[-1] * ratio[:, i], max=1.0))
+    w = torch.stack(weights, dim=1)  # [B, K + 1]: w_0 .. w_K
+    residual = (w[:, :k, None] * target_probs[:, :k] - q).clamp_(min=0.0)  # [B, K, V]: tau = 0 .. K - 1
+    mass = residual.double().cumsum(-1)[..., -1]  # S_0 .. S_{K-1}, summed in order (as the C kernel does)
+    denominator = mass + 1.0 - w[:, :k].double()
+    keep = torch.where(denominator > 0, mass / denominator.clamp_min(1e-300), torch.ones_like(mass))  # h_0 .. h_{K-1}
+    keep = torch.cat([keep[:, 1:], w[:, k:].double()], dim=1)  # h_1 .. h_K
+    kept = accept_uniforms.double() < keep  # [B, K]
+    positions = torch.arange(1, k + 1, device=draft_tokens.device)
+    num_accepted = torch.where(kept, positions, torch.zeros_like(positions)).amax(dim=-1)  # [B]
+    rows = torch.arange(batch, device=draft_tokens.device)
+    weights_next = torch.cat([residual, target_probs[:, k:]], dim=1)[rows, num_accepted]  # [B, V]
+    # an empty residual has probability 0 of being reached; p keeps the draw well defined
+    empty = weights_next.sum(-1, keepdim=True) <= 0
+    weights_next = torch.where(empty, target_probs[rows, num_accepted], weights_next)
+    next_token = sample_from_probs(weights_next, sample_uniforms)
     return _assemble(draft_tokens, num_accepted, next_token)
 
 

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.verify import ROW_ARGMAXES, SPECULATIVE_KERNELS
+from ..core.verify import BLOCK_KERNELS, ROW_ARGMAXES, SPECULATIVE_KERNELS
 from ..cpu import cpu_flags, machine_cpu_flags  # (re-exported: their home before mmspec.cpu)
 from .kernel_ids import LinearKernel
 
@@ -124,8 +124,9 @@ def load_kernel() -> ctypes.CDLL:
     library.few_rows_linear_i8.restype = ctypes.c_int
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
     library.rows_argmax.argtypes, library.rows_argmax.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p], None
-    library.speculative_rows.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
-    library.speculative_rows.restype = ctypes.c_int
+    for function in (library.speculative_rows, library.block_rows):
+        function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
+        function.restype = ctypes.c_int
     for function in (library.few_rows_attention, library.few_rows_attention_avx512):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
         function.restype = ctypes.c_int
@@ -316,14 +317,13 @@ def rows_argmax(logits: torch.Tensor) -> torch.Tensor | None:
 ROW_ARGMAXES.append(rows_argmax)
 
 
-def speculative_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, pad: int
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """:func:`mmspec.core.verify.speculative_verify` in one C call (``speculative_rows`` in
-    ``kernels/verify.c``: the same fp32 products and comparisons, the same double cumulative sums):
-    -> (num_accepted [B], tokens [B, K + 1]) for contiguous fp32 CPU tensors where the kernels built;
-    None elsewhere (or for a draft token outside the vocabulary: the PyTorch path reports it).
-    Registered with :data:`mmspec.core.verify.SPECULATIVE_KERNELS`."""
+def _verification_rows(function: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                       target_probs: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, pad: int
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One verification rule's C kernel of ``kernels/verify.c`` (``function``: ``speculative_rows``
+    or ``block_rows``) over contiguous fp32 CPU tensors where the kernels built -> (num_accepted
+    [B], tokens [B, K + 1]); None elsewhere (or for a draft token outside the vocabulary: the
+    PyTorch path reports it)."""
     tensors = (target_probs, accept_uniforms, sample_uniforms) + (() if draft_probs is None else (draft_probs,))
     if (draft_tokens.device.type != "cpu" or draft_tokens.dtype != torch.long or not draft_tokens.is_contiguous()
             or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)
@@ -335,13 +335,27 @@ def speculative_rows(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
         return None
     batch, k = draft_tokens.shape
     accepted, tokens = torch.empty(batch, dtype=torch.long), torch.empty(batch, k + 1, dtype=torch.long)
-    status = library.speculative_rows(target_probs.data_ptr(), None if draft_probs is None else draft_probs.data_ptr(),
-                                      draft_tokens.data_ptr(), accept_uniforms.data_ptr(), sample_uniforms.data_ptr(), batch, k,
-                                      target_probs.shape[-1], pad, accepted.data_ptr(), tokens.data_ptr())
+    status = getattr(library, function)(target_probs.data_ptr(), None if draft_probs is None else draft_probs.data_ptr(),
+                                        draft_tokens.data_ptr(), accept_uniforms.data_ptr(), sample_uniforms.data_ptr(), batch,
+                                        k, target_probs.shape[-1], pad, accepted.data_ptr(), tokens.data_ptr())
     return None if status else (accepted, tokens)
 
 
+def speculative_rows(*args) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`mmspec.core.verify.speculative_verify` in one C call (``speculative_rows``: the same
+    fp32 products and comparisons, the same double cumulative sums), registered with
+    :data:`mmspec.core.verify.SPECULATIVE_KERNELS`; arguments and results as :func:`_verification_rows`'."""
+    return _verification_rows("speculative_rows", *args)
+
+
+def block_rows(*args) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`mmspec.core.verify.block_verify` in one C call (``block_rows``: the same fp32 weights and
+    residuals, the same double sums in order), registered with :data:`mmspec.core.verify.BLOCK_KERNELS`."""
+    return _verification_rows("block_rows", *args)
+
+
 SPECULATIVE_KERNELS.append(speculative_rows)
+BLOCK_KERNELS.append(block_rows)
 
 
 def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:

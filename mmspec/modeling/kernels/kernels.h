@@ -69,6 +69,8 @@ int few_rows_linear_i8(const void *x, const void *w, const void *b, void *y, int
 void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16, int64_t *out);
 int speculative_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B,
                      int64_t K, int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
+int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
+               int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
 
 /* ---- batch-invariant attention (attention.c) */
 int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,

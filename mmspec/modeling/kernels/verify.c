@@ -102,3 +102,60 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
     }
     return 0;
 }
+
+/* ---- block verification over B rows (mmspec.core.verify.block_verify, bitwise) ----
+ *
+ * Arguments as speculative_rows'. Per row: w_0 = 1, w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)) in
+ * fp32; S_i = the sum, in double and in order, of max(0, w_i p_{i+1}(x) - q_{i+1}(x)) (fp32 terms);
+ * h_i = S_i / ((S_i + 1) - w_i) (1 where that is not positive), h_K = w_K; tau = the largest i with
+ * r_i < h_i (r_1 .. r_K), else 0. The next token: drawn as in speculative_rows from p_{K+1} when
+ * tau = K, else from max(0, w_tau p_{tau+1} - q_{tau+1}) (p_{tau+1} where that is all zero).
+ * Returns 0, or -1 for a draft token outside [0, V). */
+static inline float weighted_residual(float w, const float *pn, const float *qn, int64_t drafted, int64_t i) {
+    const float d = w * pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+    return d > 0.0f ? d : 0.0f;
+}
+
+int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
+               int64_t V, int64_t pad, int64_t *accepted, int64_t *out) {
+    float w[K + 1];
+    for (int64_t b = 0; b < B; b++) {
+        w[0] = 1.0f;
+        for (int64_t i = 0; i < K; i++) {
+            const int64_t x = tokens[b * K + i];
+            if (x < 0 || x >= V) return -1;
+            const float qx = q ? q[(b * K + i) * V + x] : 1.0f, ratio = p[(b * (K + 1) + i) * V + x] / qx, next = w[i] * ratio;
+            w[i + 1] = next > 1.0f ? 1.0f : next; /* as clamp(max=1): a NaN stays NaN */
+        }
+        int64_t n = K > 0 && (double)r[b * K + K - 1] < (double)w[K] ? K : 0; /* (K = 0: plain decoding) */
+        for (int64_t i = K - 1; i >= 1 && n == 0; i--) { /* h_i for i < K, from the end */
+            const float *pn = p + (b * (K + 1) + i) * V, *qn = q ? q + (b * K + i) * V : NULL;
+            const int64_t drafted = q ? -1 : tokens[b * K + i];
+            double mass = 0.0;
+            for (int64_t v = 0; v < V; v++) mass += (double)weighted_residual(w[i], pn, qn, drafted, v);
+            const double denominator = (mass + 1.0) - (double)w[i];
+            const double keep = denominator > 0 ? mass / (denominator > 1e-300 ? denominator : 1e-300) : 1.0;
+            if ((double)r[b * K + i - 1] < keep) n = i;
+        }
+        const float *pn = p + (b * (K + 1) + n) * V, *qn = n < K && q ? q + (b * K + n) * V : NULL;
+        const int64_t drafted = n < K && !q ? tokens[b * K + n] : -1;
+        const float wn = n < K ? w[n] : 1.0f;
+        int empty = n < K; /* the bonus position draws from p itself */
+        for (int64_t i = 0; i < V && empty; i++) empty = !(weighted_residual(wn, pn, qn, drafted, i) > 0.0f);
+        const int plain = n == K || empty;
+        double total = 0.0, cdf = 0.0;
+        for (int64_t i = 0; i < V; i++) total += plain ? (double)pn[i] : (double)weighted_residual(wn, pn, qn, drafted, i);
+        const double threshold = (double)u[b] * total;
+        int64_t at = V - 1;
+        for (int64_t i = 0; i < V; i++) {
+            cdf += plain ? (double)pn[i] : (double)weighted_residual(wn, pn, qn, drafted, i);
+            if (cdf > threshold) {
+                at = i;
+                break;
+            }
+        }
+        accepted[b] = n;
+        for (int64_t i = 0; i <= K; i++) out[b * (K + 1) + i] = i < n ? tokens[b * K + i] : i == n ? at : pad;
+    }
+    return 0;
+}
