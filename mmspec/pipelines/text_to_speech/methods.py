@@ -186,9 +186,9 @@ class EagleMethod(TTSMethod):
     #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
     single_stream_tokens = 6
     #: on a CPU without AMX tiles (a window of 7 costs ~2x one row there): on the open-domain voice,
-    #: hand-written sentences, temperature 1, one AVX-512 BF16 core, 3 / 4 / 6 codes gave 1.25x /
-    #: 1.21x / 1.07x (docs/results/tts-open-eagle-k-handwritten-40-t1.json)
-    narrow_stream_tokens = 3
+    #: validation sentences, temperature 1, one Zen 5 core, block verification, 3 / 4 / 5 codes gave
+    #: 1.43x / 1.48x / 1.47x, and 3 / 4 1.47x / 1.50x on 120 x 2 more (docs/results/tts-open5-zen5-block-k-val*.md)
+    narrow_stream_tokens = 4
 
     def build_drafter(self, components):
         single = components.target.num_codebooks == 1 and not self.tree_paths
@@ -240,9 +240,10 @@ class JacobiMethod(TTSMethod):
     #: a window of 12 codes on the VALL-E-style voice: 2 / 3 / 4 / 6 / 8 / 12 / 16 gave 1.48x / 1.75x / 1.91x /
     #: 2.14x / 2.37x / 2.40x / 2.37x over plain decoding at temperature 1 (docs/benchmarks.md); on the
     #: open-domain voice on an AVX-512-BF16 core without AMX, 12 / 6 / 4 codes gave 0.96x / 1.11x / 1.14x
-    #: (16 hand-written sentences, docs/speech.md)
+    #: (16 hand-written sentences, docs/speech.md), and with block verification on a Zen 5 core 4 / 5 / 6
+    #: codes 1.43x / 1.48x / 1.41x (validation sentences; 4 / 5 1.46x / 1.50x on 120 x 2 more)
     single_stream_tokens = 12
-    narrow_stream_tokens = 4
+    narrow_stream_tokens = 5
 
     def build_drafter(self, components):
         return JacobiDrafter(self.draft_length(components))
