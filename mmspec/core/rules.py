@@ -43,8 +43,8 @@ from .relaxed import (TokenGroups, group_greedy_verify, group_verify, gsd_verify
                       tree_topk_tolerance_verify)
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TokenTree
-from .verify import (TreeVerification, Verification, block_verify, greedy_verify, speculative_verify, tree_greedy_verify,
-                     tree_speculative_verify, tree_typical_verify, typical_verify)
+from .verify import (TreeVerification, Verification, block_verify, greedy_verify, speculative_verify,
+                     tree_greedy_verify, tree_speculative_verify, tree_typical_verify, typical_verify)
 
 #: the rule works under greedy decoding only / sampling only / both
 GREEDY, SAMPLING, EITHER = "greedy", "sampling", "either"

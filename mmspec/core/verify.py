@@ -176,7 +176,7 @@ def block_verify(
     h_K = w_K, h_i = S_i / (S_i + 1 - w_i) (i < K; h_0 = 1), deciding from i = K down and stopping
     at the first kept block (r_i ~ U(0, 1) per i: tau = the largest i with r_i < h_i, else 0).
     The next token is drawn from p_{K+1} when tau = K, else from norm(max(0, w_tau p_{tau+1} -
-    q_{tau+1})). With K = 1 this is speculative sampling, draw for draw.
+    q_{tau+1})). With K = 1 this is speculative sampling, draw for draw (up to rounding at r = p / q).
 
     ``draft_probs=None`` is a deterministic draft (q = one-hot(x)), as in :func:`speculative_verify`.
 

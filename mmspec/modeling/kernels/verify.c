@@ -67,9 +67,25 @@ ARGMAX_TARGET void rows_argmax(const void *x, int64_t rows, int64_t V, int bf16,
  * total (the last index if none). The same floats in the same order as the PyTorch path, in one
  * call instead of ~30 tensor operations. Writes accepted [B] (n) and out [B, K + 1] (the accepted
  * drafts, the drawn token at n, `pad` after it). Returns 0, or -1 for a draft token outside [0, V). */
-static inline float residual_at(const float *pn, const float *qn, int64_t drafted, int64_t i) {
-    const float d = pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
-    return d > 0.0f ? d : 0.0f; /* max(0, p - q), as clamp_(min=0) */
+static inline float weighted_residual(float w, const float *pn, const float *qn, int64_t drafted, int64_t i) {
+    const float d = w * pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
+    return d > 0.0f ? d : 0.0f; /* max(0, w p - q), as clamp_(min=0); w = 1: max(0, p - q) exactly */
+}
+
+/* The next token from max(0, w pn - qn) (qn NULL: one-hot at `drafted`, or nothing where drafted < 0,
+ * which leaves pn), or from pn where that is all zero: the first index whose cumulative sum, in double
+ * and in order, exceeds u times the total (the last index if none), as sample_from_probs draws. */
+static int64_t draw_token(const float *pn, const float *qn, int64_t drafted, float w, float u, int64_t V) {
+    int empty = 1;
+    for (int64_t i = 0; i < V && empty; i++) empty = !(weighted_residual(w, pn, qn, drafted, i) > 0.0f);
+    double total = 0.0, cdf = 0.0;
+    for (int64_t i = 0; i < V; i++) total += empty ? (double)pn[i] : (double)weighted_residual(w, pn, qn, drafted, i);
+    const double threshold = (double)u * total;
+    for (int64_t i = 0; i < V; i++) {
+        cdf += empty ? (double)pn[i] : (double)weighted_residual(w, pn, qn, drafted, i);
+        if (cdf > threshold) return i;
+    }
+    return V - 1;
 }
 
 int speculative_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B,
@@ -84,19 +100,7 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
         }
         const float *pn = p + (b * (K + 1) + n) * V, *qn = n < K && q ? q + (b * K + n) * V : NULL;
         const int64_t drafted = n < K && !q ? tokens[b * K + n] : -1; /* the one-hot draft's token */
-        int empty = 1;
-        for (int64_t i = 0; i < V && empty; i++) empty = !(residual_at(pn, qn, drafted, i) > 0.0f);
-        double total = 0.0, cdf = 0.0;
-        for (int64_t i = 0; i < V; i++) total += empty ? (double)pn[i] : (double)residual_at(pn, qn, drafted, i);
-        const double threshold = (double)u[b] * total;
-        int64_t at = V - 1;
-        for (int64_t i = 0; i < V; i++) {
-            cdf += empty ? (double)pn[i] : (double)residual_at(pn, qn, drafted, i);
-            if (cdf > threshold) {
-                at = i;
-                break;
-            }
-        }
+        const int64_t at = draw_token(pn, qn, drafted, 1.0f, u[b], V);
         accepted[b] = n;
         for (int64_t i = 0; i <= K; i++) out[b * (K + 1) + i] = i < n ? tokens[b * K + i] : i == n ? at : pad;
     }
@@ -111,11 +115,6 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
  * r_i < h_i (r_1 .. r_K), else 0. The next token: drawn as in speculative_rows from p_{K+1} when
  * tau = K, else from max(0, w_tau p_{tau+1} - q_{tau+1}) (p_{tau+1} where that is all zero).
  * Returns 0, or -1 for a draft token outside [0, V). */
-static inline float weighted_residual(float w, const float *pn, const float *qn, int64_t drafted, int64_t i) {
-    const float d = w * pn[i] - (qn ? qn[i] : i == drafted ? 1.0f : 0.0f);
-    return d > 0.0f ? d : 0.0f;
-}
-
 int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
                int64_t V, int64_t pad, int64_t *accepted, int64_t *out) {
     float w[K + 1];
@@ -139,21 +138,7 @@ int block_rows(const float *p, const float *q, const int64_t *tokens, const floa
         }
         const float *pn = p + (b * (K + 1) + n) * V, *qn = n < K && q ? q + (b * K + n) * V : NULL;
         const int64_t drafted = n < K && !q ? tokens[b * K + n] : -1;
-        const float wn = n < K ? w[n] : 1.0f;
-        int empty = n < K; /* the bonus position draws from p itself */
-        for (int64_t i = 0; i < V && empty; i++) empty = !(weighted_residual(wn, pn, qn, drafted, i) > 0.0f);
-        const int plain = n == K || empty;
-        double total = 0.0, cdf = 0.0;
-        for (int64_t i = 0; i < V; i++) total += plain ? (double)pn[i] : (double)weighted_residual(wn, pn, qn, drafted, i);
-        const double threshold = (double)u[b] * total;
-        int64_t at = V - 1;
-        for (int64_t i = 0; i < V; i++) {
-            cdf += plain ? (double)pn[i] : (double)weighted_residual(wn, pn, qn, drafted, i);
-            if (cdf > threshold) {
-                at = i;
-                break;
-            }
-        }
+        const int64_t at = draw_token(pn, qn, drafted, n < K ? w[n] : 1.0f, u[b], V);
         accepted[b] = n;
         for (int64_t i = 0; i <= K; i++) out[b * (K + 1) + i] = i < n ? tokens[b * K + i] : i == n ? at : pad;
     }
