@@ -479,7 +479,7 @@ def test_method_specs_carry_their_settings():
 
 
 def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_dir):
-    """On a single-stream voice EAGLE's chain is 6 codes (4 on a CPU without AMX tiles), drafted by
+    """On a single-stream voice EAGLE's chain is 6 codes (3 on a CPU without AMX tiles), drafted by
     the fused C chain where the kernels run (the stats say so); with several codebooks, 3 whole
     steps through the loop."""
     from mmspec.modeling.fast_linear import KernelUnavailable, load_kernel
@@ -492,7 +492,7 @@ def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_
     for directory, length in ((valle_dir, 6), (model_dir, K - 1 + 3 * K)):  # (the rest of a step, then 3 whole steps)
         tts = mmspec.pipeline("text-to-speech", model=directory, method="eagle")
         if directory == valle_dir and not tts.components.wide_verification:
-            length = 4  # EagleMethod.narrow_stream_tokens
+            length = 3  # EagleMethod.narrow_stream_tokens
         out = tts("a red star.", max_seconds=0.4, seed=1)
         config = out.stats.config
         assert config["num_draft_tokens"] == length and config.get("fused_chain", False) == (fused and directory == valle_dir)
@@ -510,7 +510,7 @@ def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(de
     components.wide_verification = TTSComponents.wide_verification.fget(components)
     assert make_method("sjd").draft_length(components) == sjd
     assert make_method("sjd-topk").draft_length(components) == sjd_topk
-    assert make_method("eagle").draft_length(components) == (6 if sjd == 12 else 4)
+    assert make_method("eagle").draft_length(components) == (6 if sjd == 12 else 3)
     assert make_method("eagle-topk").draft_length(components) == (8 if sjd == 12 else 6)
     assert make_method("sjd:num_draft_tokens=7").draft_length(components) == 7  # an explicit length always wins
     components.target.num_codebooks = 8

@@ -186,9 +186,10 @@ class EagleMethod(TTSMethod):
     #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
     single_stream_tokens = 6
     #: on a CPU without AMX tiles (a window of 7 costs ~2x one row there): on the open-domain voice,
-    #: validation sentences, temperature 1, one Zen 5 core, block verification, 3 / 4 / 5 codes gave
-    #: 1.43x / 1.48x / 1.47x, and 3 / 4 1.47x / 1.50x on 120 x 2 more (docs/results/tts-open5-zen5-block-k-val*.md)
-    narrow_stream_tokens = 4
+    #: validation sentences, temperature 1, block verification, 3 / 4 codes gave 1.47x / 1.50x on a Zen 5
+    #: core in bf16 but 1.22x / 1.15x on the same core run as an AVX2-only CPU in float32
+    #: (docs/results/tts-open5-zen5-block-k-val2.md, tts-open5-avx2emu-block-k-val.md)
+    narrow_stream_tokens = 3
 
     def build_drafter(self, components):
         single = components.target.num_codebooks == 1 and not self.tree_paths
@@ -241,7 +242,8 @@ class JacobiMethod(TTSMethod):
     #: 2.14x / 2.37x / 2.40x / 2.37x over plain decoding at temperature 1 (docs/benchmarks.md); on the
     #: open-domain voice on an AVX-512-BF16 core without AMX, 12 / 6 / 4 codes gave 0.96x / 1.11x / 1.14x
     #: (16 hand-written sentences, docs/speech.md), and with block verification on a Zen 5 core 4 / 5 / 6
-    #: codes 1.43x / 1.48x / 1.41x (validation sentences; 4 / 5 1.46x / 1.50x on 120 x 2 more)
+    #: codes 1.43x / 1.48x / 1.41x (validation sentences; 4 / 5 1.46x / 1.50x on 120 x 2 more; run as an
+    #: AVX2-only CPU in float32, 4 / 5 1.11x / 1.11x)
     single_stream_tokens = 12
     narrow_stream_tokens = 5
 
