@@ -77,6 +77,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def attention_inputs(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                     head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Llama decoder layer's attention inputs over x [B, n, H] (its input norm, then the
+    projections): q [B, heads, n, d] and k [B, kv_heads, n, d] turned by cos, sin [B or 1, 1, n, d],
+    and v [B, kv_heads, n, d]."""
+    attn, (batch, n, _) = layer.self_attn, x.shape
+    h = layer.input_layernorm(x)
+    q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
+    k = rotate(attn.k_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2), cos, sin)
+    return q, k, attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
+
+
+def layer_output(layer: nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """The rest of a Llama decoder layer after its attention: x [B, n, H] plus the output
+    projection of ``attended`` [B, n, heads * d], then plus the MLP (SwiGLU) of its norm."""
+    attn, mlp = layer.self_attn, layer.mlp
+    x = x + attn.o_proj(attended)
+    h = layer.post_attention_layernorm(x)
+    return x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+
 _ROTARY: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # rotary module -> (key, cos, sin)
 
 
@@ -176,17 +197,11 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     for index, layer in enumerate(model.layers[:layers]):
         if index in inner:
             saved[index] = x
-        attn, mlp = layer.self_attn, layer.mlp
-        h = layer.input_layernorm(x)
-        q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
-        k = rotate(attn.k_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2), cos, sin)
-        v = attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
+        q, k, v = attention_inputs(layer, x, cos, sin, heads, kv_heads, head_dim)
         if cache is not None:
             k, v = cache.update(k, v, index)
-        o = attend(q, k, v, attention_mask, attn.scaling)  # [B, n, heads, head_dim]
-        x = x + attn.o_proj(o.reshape(batch, n, heads * head_dim))
-        h = layer.post_attention_layernorm(x)
-        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+        o = attend(q, k, v, attention_mask, layer.self_attn.scaling)  # [B, n, heads, head_dim]
+        x = layer_output(layer, x, o.reshape(batch, n, heads * head_dim))
     x = model.norm(x)
     return x, _kept(x, saved, keep, layers, isinstance(hidden_layer, tuple))
 

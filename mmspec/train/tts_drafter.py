@@ -40,7 +40,7 @@ import torch
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads, EagleHead
-from ..modeling.lean import rotate
+from ..modeling.lean import attention_inputs, layer_output
 from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
 from .tts import collate, encoded_utterances
@@ -134,10 +134,7 @@ def unrolled_eagle(head: EagleHead, hidden: torch.Tensor, embeds: torch.Tensor, 
         x = head.fc(torch.cat([step_inputs, features], dim=-1))
         positions = torch.arange(k + 1, k + 1 + n, device=hidden.device)[None]
         cos, sin = (t[:, None] for t in decoder.rotary_emb(x, positions))
-        h = layer.input_layernorm(x)
-        q = rotate(attn.q_proj(h).view(batch, n, heads, head_dim).transpose(1, 2), cos, sin)
-        key = rotate(attn.k_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2), cos, sin)
-        value = attn.v_proj(h).view(batch, n, kv_heads, head_dim).transpose(1, 2)
+        q, key, value = attention_inputs(layer, x, cos, sin, heads, kv_heads, head_dim)
         keys.append(key.repeat_interleave(heads // kv_heads, dim=1))
         values.append(value.repeat_interleave(heads // kv_heads, dim=1))
         scores = (q @ keys[0].transpose(-1, -2) * attn.scaling).masked_fill(~causal, float("-inf"))
@@ -146,8 +143,7 @@ def unrolled_eagle(head: EagleHead, hidden: torch.Tensor, embeds: torch.Tensor, 
         o = weights[..., :n] @ values[0]
         for j, vj in enumerate(values[1:]):
             o = o + weights[..., n + j : n + j + 1] * vj
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, n, heads * head_dim))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = layer_output(layer, x, o.transpose(1, 2).reshape(batch, n, heads * head_dim))
         features = decoder.norm(x)
         outputs.append(features)
     return outputs
