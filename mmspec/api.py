@@ -85,7 +85,8 @@ def generate(
         max_new_tokens: generation stops after this many new tokens ...
         do_sample, temperature, top_k, top_p: ... or, when sampling, with this distribution.
         seed: seeds every random number of the call (drafts, acceptance, residual draws).
-        acceptance: "auto" (greedy / speculative sampling), "typical" (lossy, Medusa's rule),
+        acceptance: "auto" (greedy / block verification), "speculative" (token by token),
+            "typical" (lossy, Medusa's rule),
             "lantern" / "lantern++" / "gsd" (lossy, relaxed for image tokens; see
             :mod:`mmspec.core.relaxed`).
         rule_kwargs: the rule's parameters (typical: posterior_threshold, posterior_alpha;

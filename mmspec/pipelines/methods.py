@@ -166,7 +166,7 @@ class Method:
     #: is for the error line ("the number of steps"; default: the setting's own words)
     argument: ClassVar[str | None] = None
     argument_help: ClassVar[str] = ""
-    #: the acceptance rule of mmspec.generate (None: "auto", exact greedy / speculative sampling)
+    #: the acceptance rule of mmspec.generate (None: "auto", exact: greedy / block verification)
     rule: ClassVar[str | None] = None
     #: the decoding itself departs from plain decoding, whatever the rule (e.g. MAR's parallel steps)
     approximate: ClassVar[bool] = False
