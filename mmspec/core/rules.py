@@ -266,11 +266,13 @@ class SpeculativeRule(AcceptanceRule):
     name = "speculative"
     sampling = SAMPLING
     sampling_hint = "greedy decoding uses acceptance='greedy'"
+    #: the chain form: a function of (draft tokens, q, p, accept uniforms, sample uniforms)
+    chain_verify = staticmethod(speculative_verify)
 
     def verify(self, draft, target_logits, sampling, uniforms):
         k = draft.length
-        return speculative_verify(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), uniforms[:, :k],
-                                  uniforms[:, k])
+        return self.chain_verify(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), uniforms[:, :k],
+                                 uniforms[:, k])
 
     def verify_tree(self, tree, target_logits, sampling, uniforms):
         n = tree.size
@@ -284,11 +286,7 @@ class BlockRule(SpeculativeRule):
     uses under sampling); on trees, SpecInfer's multi-draft form, as ``"speculative"``."""
 
     name = "block"
-
-    def verify(self, draft, target_logits, sampling, uniforms):
-        k = draft.length
-        return block_verify(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), uniforms[:, :k],
-                            uniforms[:, k])
+    chain_verify = staticmethod(block_verify)
 
 
 @register_rule

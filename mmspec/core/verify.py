@@ -125,10 +125,9 @@ def speculative_verify(
         sample_uniforms: [B] one U(0, 1) per row for drawing the corrected/bonus token.
     """
     batch, k = draft_tokens.shape
-    for kernel in SPECULATIVE_KERNELS:
-        verified = kernel(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, PAD)
-        if verified is not None:
-            return Verification(num_accepted=verified[0], tokens=verified[1])
+    verified = _by_kernel(SPECULATIVE_KERNELS, draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
+    if verified is not None:
+        return verified
     if k == 0:  # nothing drafted (plain decoding): the bonus token from p, as the general path draws it
         next_token = sample_from_probs(target_probs[:, 0], sample_uniforms)
         return Verification(num_accepted=torch.zeros(batch, dtype=torch.long, device=draft_tokens.device),
@@ -144,19 +143,37 @@ def speculative_verify(
     rows = torch.arange(batch, device=draft_tokens.device)
     p_next = target_probs[rows, num_accepted]  # [B, V]
     # q at the stopping position; zero at the bonus position (n == K), so the residual is p itself.
-    vocab = target_probs.shape[-1]
-    if draft_probs is None:
-        q_rows = torch.nn.functional.one_hot(draft_tokens, vocab).to(target_probs.dtype)
-    else:
-        q_rows = draft_probs.to(target_probs.dtype)
-    q_rows = torch.cat([q_rows, q_rows.new_zeros(batch, 1, vocab)], dim=1)
+    q_rows = _draft_distributions(draft_tokens, draft_probs, target_probs)
+    q_rows = torch.cat([q_rows, q_rows.new_zeros(batch, 1, q_rows.shape[-1])], dim=1)
     residual = (p_next - q_rows[rows, num_accepted]).clamp_(min=0.0)
-    # A rejection has probability 0 when p == q, so the residual is then empty and never used;
-    # fall back to p to keep the draw well defined.
+    return _assemble(draft_tokens, num_accepted, _draw_residual(residual, p_next, sample_uniforms))
+
+
+def _by_kernel(kernels: list, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+               accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> Verification | None:
+    """The first of a rule's registered backends (:data:`SPECULATIVE_KERNELS`, :data:`BLOCK_KERNELS`)
+    that applies, as a Verification; None where none does."""
+    for kernel in kernels:
+        verified = kernel(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, PAD)
+        if verified is not None:
+            return Verification(num_accepted=verified[0], tokens=verified[1])
+    return None
+
+
+def _draft_distributions(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
+                         ) -> torch.Tensor:
+    """q [B, K, V] in the target's dtype: the draft's distributions, or one-hot(x) for a
+    deterministic draft (``draft_probs=None``)."""
+    if draft_probs is None:
+        return torch.nn.functional.one_hot(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
+    return draft_probs.to(target_probs.dtype)
+
+
+def _draw_residual(residual: torch.Tensor, p_next: torch.Tensor, sample_uniforms: torch.Tensor) -> torch.Tensor:
+    """The next token [B] from the residual weights [B, V], or from p_next where a row's residual is
+    empty: such a row is reached with probability 0 (e.g. p == q), and p keeps the draw well defined."""
     empty = residual.sum(-1, keepdim=True) <= 0
-    residual = torch.where(empty, p_next, residual)
-    next_token = sample_from_probs(residual, sample_uniforms)
-    return _assemble(draft_tokens, num_accepted, next_token)
+    return sample_from_probs(torch.where(empty, p_next, residual), sample_uniforms)
 
 
 def block_verify(
@@ -186,13 +203,10 @@ def block_verify(
     batch, k = draft_tokens.shape
     if k == 0:
         return speculative_verify(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
-    for kernel in BLOCK_KERNELS:
-        verified = kernel(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, PAD)
-        if verified is not None:
-            return Verification(num_accepted=verified[0], tokens=verified[1])
-    vocab = target_probs.shape[-1]
-    q = (torch.nn.functional.one_hot(draft_tokens, vocab).to(target_probs.dtype) if draft_probs is None
-         else draft_probs.to(target_probs.dtype))  # [B, K, V]
+    verified = _by_kernel(BLOCK_KERNELS, draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
+    if verified is not None:
+        return verified
+    q = _draft_distributions(draft_tokens, draft_probs, target_probs)  # [B, K, V]
     index = draft_tokens.unsqueeze(-1)
     ratio = target_probs[:, :k].gather(-1, index).squeeze(-1) / q.gather(-1, index).squeeze(-1)  # p_i(x_i) / q_i(x_i)
     weights = [torch.ones_like(ratio[:, 0])]
@@ -209,11 +223,7 @@ def block_verify(
     num_accepted = torch.where(kept, positions, torch.zeros_like(positions)).amax(dim=-1)  # [B]
     rows = torch.arange(batch, device=draft_tokens.device)
     weights_next = torch.cat([residual, target_probs[:, k:]], dim=1)[rows, num_accepted]  # [B, V]
-    # an empty residual has probability 0 of being reached; p keeps the draw well defined
-    empty = weights_next.sum(-1, keepdim=True) <= 0
-    weights_next = torch.where(empty, target_probs[rows, num_accepted], weights_next)
-    next_token = sample_from_probs(weights_next, sample_uniforms)
-    return _assemble(draft_tokens, num_accepted, next_token)
+    return _assemble(draft_tokens, num_accepted, _draw_residual(weights_next, target_probs[rows, num_accepted], sample_uniforms))
 
 
 def _typical_threshold(target_probs: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:

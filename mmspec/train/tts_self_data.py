@@ -114,20 +114,19 @@ def run(args: argparse.Namespace) -> int:
         items, skipped = [], 0
         chunk = range(index * args.shard_size, min((index + 1) * args.shard_size, len(corpus)))
         for first in range(chunk.start, chunk.stop, args.batch_size):
-            rows, ready, made = [], {}, {}
+            ready, made = {}, {}  # row -> (its text, its inputs) for the rows said, in order; row -> its item
             for r in range(first, min(first + args.batch_size, chunk.stop)):
                 try:  # (a sentence the front end refuses, or too long for the context alone: counted, not said)
                     text = c.normalize(corpus[r][1]).text
                     inputs = c.model_inputs(text)
-                    if c.positions_needed(inputs, frames) > c.max_positions:
-                        raise ValueError("too long")
                 except ValueError:
+                    inputs = None
+                if inputs is None or c.positions_needed(inputs, frames) > c.max_positions:
                     skipped += 1
                     continue
-                rows.append(r)
                 ready[r] = (text, inputs)
-            for temperature in sorted({temperatures[r % len(temperatures)] for r in rows}):
-                group = [r for r in rows if temperatures[r % len(temperatures)] == temperature]
+            for temperature in sorted({temperatures[r % len(temperatures)] for r in ready}):
+                group = [r for r in ready if temperatures[r % len(temperatures)] == temperature]
                 texts, inputs = zip(*(ready[r] for r in group))
                 budget = max(c.target.stream_length(c.frames_needed(i, frames)) for i in inputs) + 1
                 result = generate_rows(c.target, inputs, drafter=drafter, max_new_tokens=budget, do_sample=True,
@@ -138,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                     made[r] = {"text": text, "source": corpus[r][0], "temperature": temperature,
                                "phonemes": i["phoneme_ids"][0].cpu(), "codes": codes[:1].cpu(),
                                "durations": i["durations"][0].cpu()}
-            items.extend(made[r] for r in rows)  # (in sentence order, whatever the temperature groups)
+            items.extend(made[r] for r in ready)  # (in sentence order, whatever the temperature groups)
         torch.save(items, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
         frames_made = sum(item["codes"].shape[1] for item in items)
