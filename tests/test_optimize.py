@@ -12,7 +12,7 @@ from tiny_models import FAMILIES, make_tiny
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
 from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, few_rows_linear, fp32_variants,
-                                         load_kernel, optimize, pack_amx, packable)
+                                         load_kernel, many_rows_dtypes, optimize, pack_amx, packable)
 
 try:
     load_kernel()
@@ -151,7 +151,8 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     model = nn.Sequential(nn.Linear(64, 20)).to(torch.bfloat16)
     report = optimize(model, kernel="c")
     variant = bf16_variants()[0] + (" packed" if packable(model[0].weight) else "")  # (AMX packs whole tiles only)
-    assert report.variants == f"bf16 {variant}" and report.label == f"c (bf16 {variant})"
+    prompts = " + onednn prompts" if torch.bfloat16 in many_rows_dtypes() else ""
+    assert report.variants == f"bf16 {variant}" and report.label == f"c (bf16 {variant}){prompts}" and report.prompts == bool(prompts)
     assert model[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)  # AMX stays ahead of F.linear to 64 rows
     fp32 = nn.Sequential(nn.Linear(64, 20))
     assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}" and fp32[0].max_rows == 24
@@ -201,7 +202,7 @@ def test_only_fp32_cpu_linears_of_exactly_that_class_are_replaced():
     report = optimize(model, kernel="transposed")
     assert (report.replaced, report.skipped) == (1, 2)
     assert type(model["b"]) is nn.Linear and type(model["c"]) is Quantised
-    assert "1 replaced (transposed kernel), 2 left" in report.summary()
+    assert f"1 replaced (transposed{' + onednn prompts' if report.prompts else ''}), 2 left" in report.summary()
     assert optimize(nn.Sequential(nn.ReLU())).kernel == "none"
 
 
@@ -274,3 +275,45 @@ def test_an_unwritable_kernel_cache_means_the_pytorch_forms_with_a_note(tmp_path
         load_kernel()
     kernel, reason = fast_linear.choose_kernel("auto")
     assert kernel == "transposed" and "MMSPEC_CACHE" in reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
+    """Inputs past max_rows (a prompt) take oneDNN's GEMM over a copy of the weight it reordered
+    once: a linear's outputs, made again after the weight changes in place; with gradients, or
+    with pack_many off or the model past the byte limit, F.linear; rows within max_rows keep the
+    few-row path."""
+    from mmspec.modeling import fast_linear
+
+    if dtype not in many_rows_dtypes():
+        pytest.skip(f"oneDNN runs no {dtype} GEMM here")
+    kernel = "transposed" if dtype == torch.float32 else "c"  # (bf16 linears are replaced for the C kernel only)
+    if dtype == torch.bfloat16 and (KERNELS[0] != "c" or not bf16_variants()):
+        pytest.skip("no bf16 few-row kernel here")
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(96, 40)).to(dtype)
+    model, off = copy.deepcopy(reference), copy.deepcopy(reference)
+    optimize(model, kernel=kernel, max_rows=4)
+    optimize(off, kernel=kernel, max_rows=4, pack_many=False)
+    linear = model[0]
+    assert linear.pack_many and linear._many is None and not off[0].pack_many
+    x = torch.randn(2, 9, 96, dtype=dtype)
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        out = model(x)
+        assert linear._many is not None and out.shape == (2, 9, 40)
+        torch.testing.assert_close(out.float(), reference(x).float(), **tolerance)
+        assert torch.equal(off(x), F.linear(x, off[0].weight, off[0].bias)) and off[0]._many is None
+        few = torch.randn(3, 96, dtype=dtype)
+        assert torch.equal(model(few), off(few))  # within max_rows: the few-row path, as before
+    with torch.no_grad():
+        linear.weight.mul_(2)  # an in-place update: the reordered copy is made again
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x).float(), F.linear(x, linear.weight, linear.bias).float(), **tolerance)
+    trained = x.clone().requires_grad_()
+    linear.weight.requires_grad_(True)
+    assert torch.equal(model(trained), F.linear(trained, linear.weight, linear.bias))  # training keeps F.linear
+    monkeypatch.setattr(fast_linear, "MANY_ROWS_PACK_LIMIT_BYTES", 1000)
+    large = copy.deepcopy(reference)
+    report = optimize(large, kernel=kernel, max_rows=4)
+    assert not large[0].pack_many and not report.prompts and "onednn" not in report.label

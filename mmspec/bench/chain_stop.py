@@ -160,20 +160,20 @@ def write_settings(head: Path, best: dict, meta: dict, table: dict) -> Path:
 
 def load(args, prompts_only: bool, spec: str, k: int | None):
     """(target, the chain drafter of ``spec`` with K = ``k``, item -> model inputs, stop ids or None,
-    dtype): the captioning pipeline's target over ``--model`` (images), or a causal LM's (prompts)."""
+    dtype, tokenizer): the captioning pipeline's target over ``--model`` (images), or a causal LM's (prompts)."""
     from ..adapters.hf import TransformersTarget
     from ..drafters import resolve_drafter
     from ..pipelines.captioning import ImageCaptioningPipeline
 
     if not prompts_only:
         pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype)
-        return pipe.target, drafter_for(pipe, args.drafter), pipe.preprocess, pipe.eos_token_ids, pipe.dtype
+        return pipe.target, drafter_for(pipe, args.drafter), pipe.preprocess, pipe.eos_token_ids, pipe.dtype, pipe.tokenizer
     model, tokenizer = load_causal_lm(args.model or "smollm2", dtype=args.dtype, device=args.device)
     optimize_components(model)
     target = TransformersTarget(model)
     drafter = resolve_drafter(spec, target, k)
     optimize_components(drafter)
-    return target, drafter, lambda image, prompt: chat_inputs(tokenizer, prompt), None, model.dtype
+    return target, drafter, lambda image, prompt: chat_inputs(tokenizer, prompt), None, model.dtype, tokenizer
 
 
 def run(args) -> int:
@@ -186,7 +186,7 @@ def run(args) -> int:
     items = data_items(args.data, args.families, args.per_family, images=None)  # (checked before the model loads)
     prompts_only = items[0][2] is None
     torch.set_num_threads(args.threads)
-    target, drafter, model_inputs, eos, dtype = load(args, prompts_only, spec, k)
+    target, drafter, model_inputs, eos, dtype, _ = load(args, prompts_only, spec, k)
     drafter: EagleDrafter
     head = Path(type(drafter).head_path(target, spec.partition(":")[2] or None))
     sampled = args.temperature > 0

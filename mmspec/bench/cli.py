@@ -15,7 +15,7 @@ def interrupted(args, command: str) -> str:
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
-    from . import caption, chain_stop, cost, t2i, text, tts
+    from . import caption, chain_stop, cost, t2i, text, tts, vllm
 
     text_parser = suites.add_parser("text", help="a causal LM (SmolLM2): AR vs training-free drafters vs transformers' options")
     text.add_arguments(text_parser)
@@ -35,3 +35,6 @@ def add_parser(subparsers) -> None:
     tts_parser = suites.add_parser("tts", help="text-to-speech: every method on held-out sentences, speed and WER")
     tts.add_arguments(tts_parser)
     tts_parser.set_defaults(handler=tts.run, output_args=OUTPUT_ARGS, interrupted=interrupted)
+    vllm_parser = suites.add_parser("vllm", help="an EAGLE-3 head served by vLLM (another environment) beside mmspec: acceptance, outputs, speed")
+    vllm.add_arguments(vllm_parser)
+    vllm_parser.set_defaults(handler=vllm.run, output_args={**OUTPUT_ARGS, "work": "dir"})

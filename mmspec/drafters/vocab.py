@@ -91,7 +91,7 @@ class DraftLMHead:
         if self.bias is not None:
             projection.bias = nn.Parameter(self.bias, requires_grad=False)
         if isinstance(lm_head, FewRowLinear):
-            return FewRowLinear(projection, lm_head.kernel, lm_head.max_rows, lm_head.pack)
+            return FewRowLinear(projection, lm_head.kernel, lm_head.max_rows, lm_head.pack, lm_head.pack_many)
         return projection
 
     @property

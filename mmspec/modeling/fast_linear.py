@@ -245,6 +245,26 @@ PACK_LIMIT_BYTES = 2 << 30
 VECTOR_PACK_LIMIT_BYTES = 64 << 20
 
 
+#: :func:`optimize` gives linears a oneDNN-packed copy for inputs past ``max_rows`` (a prompt's
+#: rows) only while the replaced weights total at most this (the copy doubles them)
+MANY_ROWS_PACK_LIMIT_BYTES = 2 << 30
+
+
+@functools.cache
+def many_rows_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes whose many-row inputs can take oneDNN's packed linear
+    (``torch.ops.mkldnn._linear_pointwise`` over a weight reordered once by
+    ``_reorder_linear_weight``): fp32 where PyTorch has oneDNN, bf16 too where oneDNN runs bf16
+    natively; () without oneDNN."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return ()
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
+#: the row count oneDNN is told to expect when it reorders a weight for many rows: a prompt's
+MANY_ROWS_HINT = 64
+
+
 def packable(weight: torch.Tensor) -> bool:
     """Whether this machine's default bf16 kernel can read ``weight`` [N, K] packed: bf16 on the
     CPU, and for AMX N a multiple of 16 and K of 32 (whole tiles); AVX512-BF16 takes any shape
@@ -376,7 +396,7 @@ class FewRowLinear(nn.Linear):
         pack: keep the weight packed for the AMX kernel too (:meth:`packed_weight`).
     """
 
-    def __init__(self, linear: nn.Linear, kernel: str, max_rows: int, pack: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, kernel: str, max_rows: int, pack: bool = False, pack_many: bool = False) -> None:
         nn.Module.__init__(self)
         self.train(linear.training)  # (a module starts in training mode; an eval model stays in eval)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -384,8 +404,15 @@ class FewRowLinear(nn.Linear):
         self.kernel, self.max_rows = kernel, max_rows
         self.dtypes = kernel_dtypes(kernel)
         self.pack = pack and kernel == "c"
+        self.pack_many = pack_many
         self._packed: tuple[tuple, torch.Tensor | None] | None = None  # (the weight's identity and version, packed)
+        self._many: tuple[tuple, torch.Tensor] | None = None  # the same for oneDNN's many-row copy
         self.packed_weight()
+
+    def _weight_key(self) -> tuple:
+        """What a packed copy was made from: the weight's identity, dtype, device, shape and version."""
+        weight = self.weight
+        return weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight_version(weight)
 
     def packed_weight(self) -> torch.Tensor | None:
         """The weight in this machine's bf16 kernel's packed layout (:func:`pack_weight`), or None
@@ -393,18 +420,30 @@ class FewRowLinear(nn.Linear):
         weight changed: another tensor, dtype or device, or an in-place update (its version counter)."""
         if not self.pack:
             return None
-        weight = self.weight
-        key = (weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight_version(weight))
+        key = self._weight_key()
         if self._packed is None or self._packed[0] != key:
-            self._packed = (key, pack_weight(weight) if packable(weight) else None)
+            self._packed = (key, pack_weight(self.weight) if packable(self.weight) else None)
         return self._packed[1]
+
+    def many_rows_weight(self) -> torch.Tensor:
+        """The weight reordered by oneDNN for inputs of many rows (made at the first such input,
+        again whenever the weight changed, as :meth:`packed_weight`)."""
+        key = self._weight_key()
+        if self._many is None or self._many[0] != key:
+            self._many = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), MANY_ROWS_HINT))
+        return self._many[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         rows = x.numel() // max(1, x.shape[-1])
-        few = (1 <= rows <= self.max_rows and x.dtype == weight.dtype and x.dtype in self.dtypes
-               and x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+        usable = (x.dtype == weight.dtype and x.device.type == "cpu"
+                  and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+        few = usable and 1 <= rows <= self.max_rows and x.dtype in self.dtypes
         if not few:
+            if usable and self.pack_many and rows > self.max_rows and x.dtype in many_rows_dtypes():
+                # a prompt's rows: oneDNN's GEMM over a weight it reordered once (the fp32 prompt of the
+                # embedded captioner 136 -> 70 ms a caption on a Zen 5 core; F.linear reorders on every call)
+                return torch.ops.mkldnn._linear_pointwise(x, self.many_rows_weight(), bias, "none", [], "")
             return F.linear(x, weight, bias)
         if self.kernel == "c":
             return few_rows_linear(x, weight, bias, packed=self.packed_weight())
@@ -415,29 +454,32 @@ class FewRowLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, kernel={self.kernel}, max_rows={self.max_rows}" + (", packed" if self.pack else "")
+        return (f"{super().extra_repr()}, kernel={self.kernel}, max_rows={self.max_rows}" + (", packed" if self.pack else "")
+                + (", onednn past max_rows" if self.pack_many else ""))
 
 
 @dataclass(frozen=True)
 class OptimizeReport:
     """What :func:`optimize` did: ``kernel`` ("c", "transposed" or "none": nothing to replace),
     ``replaced`` linears, ``skipped`` linears (not fp32 or not on the CPU, or a subclass of
-    ``nn.Linear`` such as a quantised or LoRA layer) and why when ``kernel="auto"`` did not take
-    the C kernel (``reason``)."""
+    ``nn.Linear`` such as a quantised or LoRA layer), why ``kernel="auto"`` did not take the C
+    kernel (``reason``), and whether prompts' rows take oneDNN's reordered weights (``prompts``)."""
 
     kernel: str
     replaced: int
     skipped: int
     reason: str = ""
     variants: str = ""  # the C kernel's variant per dtype replaced, e.g. "bf16 amx"
+    prompts: bool = False
 
     @property
     def label(self) -> str:
-        """The kernel and its variants, as stats record it: "c (bf16 amx)", "transposed", "none"."""
-        return f"{self.kernel} ({self.variants})" if self.variants else self.kernel
+        """The kernel and its variants, as stats record it: "c (bf16 amx)", "transposed", "none";
+        "+ onednn prompts" where prompts take oneDNN's reordered weights."""
+        return (f"{self.kernel} ({self.variants})" if self.variants else self.kernel) + (" + onednn prompts" if self.prompts else "")
 
     def summary(self) -> str:
-        text = f"few-row linears: {self.replaced} replaced ({self.label} kernel), {self.skipped} left as they were"
+        text = f"few-row linears: {self.replaced} replaced ({self.label}), {self.skipped} left as they were"
         return text + (f"; {self.reason}" if self.reason else "")
 
 
@@ -465,7 +507,8 @@ def default_max_rows(kernel: str, dtype: torch.dtype) -> int:
     return 64 if amx else 24
 
 
-def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None, pack: bool | None = None) -> OptimizeReport:
+def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None, pack: bool | None = None,
+             pack_many: bool | None = None) -> OptimizeReport:
     """Replace ``model``'s CPU ``nn.Linear`` modules (exactly that class) whose dtype the kernel
     serves (:func:`kernel_dtypes`: fp32; bf16 too with the C kernel on an AVX512-BF16 CPU) by
     :class:`FewRowLinear` in place (module doc). Idempotent: a FewRowLinear is left as it is.
@@ -486,6 +529,14 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             rows of the embedded voice's projections. None: where the C kernel runs and the
             replaced bf16 weights total at most :data:`PACK_LIMIT_BYTES` (AMX) or
             :data:`VECTOR_PACK_LIMIT_BYTES` (AVX512-BF16).
+        pack_many: inputs past ``max_rows`` (a prompt) take oneDNN's GEMM over a copy of the weight
+            it reorders once (:meth:`FewRowLinear.many_rows_weight`) instead of ``F.linear``, which
+            reorders it on every call: on a Zen 5 core the embedded captioner's 35-row prompt
+            136 -> 70 ms in fp32 and 54 -> 44 ms in bf16, and 137 -> 111 ms as an AVX2-only CPU
+            (docs/benchmarks.md, stop 63). Other sums than ``F.linear``'s, for the prompt's rows
+            only; every method of a call shares its prefill. None: where :func:`many_rows_dtypes`
+            has the weights' dtype and the replaced weights total at most
+            :data:`MANY_ROWS_PACK_LIMIT_BYTES`.
     Returns:
         :class:`OptimizeReport`.
     Raises:
@@ -509,15 +560,19 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
         packed_bytes = sum(child.weight.nbytes for _, _, child in candidates if packable(child.weight))
         limit = PACK_LIMIT_BYTES if bf16_variants()[:1] == ("amx",) else VECTOR_PACK_LIMIT_BYTES
         pack = chosen == "c" and 0 < packed_bytes <= limit
+    if pack_many is None:
+        many_bytes = sum(child.weight.nbytes for _, _, child in candidates if child.weight.dtype in many_rows_dtypes())
+        pack_many = 0 < many_bytes <= MANY_ROWS_PACK_LIMIT_BYTES
     for parent, name, child in candidates:
-        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack))
+        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack,
+                                           pack_many and child.weight.dtype in many_rows_dtypes()))
     variants = ""
     if chosen == "c":
         replaced = {child.weight.dtype for _, _, child in candidates}
         packs = pack and any(packable(child.weight) for _, _, child in candidates)
         variants = ", ".join(f"{kind} {pick()[0]}" + (" packed" if dtype == torch.bfloat16 and packs else "") for dtype, kind, pick in
                              ((torch.float32, "fp32", fp32_variants), (torch.bfloat16, "bf16", bf16_variants)) if dtype in replaced)
-    return OptimizeReport(chosen, len(candidates), skipped, reason, variants)
+    return OptimizeReport(chosen, len(candidates), skipped, reason, variants, bool(pack_many))
 
 
 class OptimizesOnLoad:
