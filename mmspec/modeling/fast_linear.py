@@ -38,8 +38,11 @@ Each bf16 kernel is batch-invariant on its own; their sums differ in order, so a
 for every call: the first of :func:`bf16_variants`, or the one named by ``MMSPEC_BF16_KERNEL``
 (amx | avx512bf16), and each weight is read packed always (:meth:`FewRowLinear.packed_weight`) or
 never (``optimize(pack=False)``, or models beyond :data:`PACK_LIMIT_BYTES` /
-:data:`VECTOR_PACK_LIMIT_BYTES`: without AMX only cache-sized models are packed). Other inputs (the prefill's many rows,
-training, fp16 weights, CUDA) take ``F.linear``. ``kernel="auto"`` takes
+:data:`VECTOR_PACK_LIMIT_BYTES`: without AMX only cache-sized models are packed). Rows past ``max_rows`` (a prompt) take
+oneDNN's GEMM over a copy of the weight that oneDNN reordered once
+(:meth:`FewRowLinear.many_rows_weight`, ``pack_many``: ``F.linear`` reorders the weight on every
+call, which on a Zen 5 core held a 35 x 576 by 576 x 1536 fp32 product to ~94 GFLOP/s against
+~240). Other inputs (training, fp16 weights, CUDA) take ``F.linear``. ``kernel="auto"`` takes
 ``"c"`` where it can be built and loaded (x86-64 with AVX2 and FMA, a C compiler), else
 ``"transposed"``, and :func:`optimize` returns which (:class:`OptimizeReport`; pipelines put it in
 their stats).
