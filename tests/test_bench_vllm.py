@@ -148,3 +148,35 @@ def test_a_tied_lm_head_is_written_out(tmp_path):
     ids = torch.randint(0, 64, (1, 9))
     with torch.inference_mode():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_a_causal_lm_is_served_from_its_prompt_ids(setup, tmp_path, capsys, monkeypatch):
+    """Rows of prompts alone serve a causal LM: no embeddings file, the prompt ids in its chat
+    template, and the stand-in's greedy tokens equal mmspec's plain decoding."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    from tiny_checkpoints import save_tiny_draft
+
+    from mmspec.hub import smollm2_checkpoint
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    _, folder = setup
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "lm")
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    torch.manual_seed(0)
+    Eagle3Head(Eagle3Config.for_target(model.config)).eval().save(tmp_path / "head", target="tiny")
+    rows = [{"prompt": "Name three colours.", "group": "a"}, {"prompt": "Count from one to five.", "group": "b"}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("PYTHONPATH", str(folder / "fake"))
+    argv = ["bench", "vllm", "--vllm-python", sys.executable, "--model", str(tmp_path / "lm"), "--drafter",
+            f"eagle3:{tmp_path / 'head'}", "--data", str(tmp_path / "prompts.jsonl"), "--per-family", "1", "--draft-tokens", "2",
+            "--max-new-tokens", "6", "--dtype", "fp32", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    assert summary["vllm"]["plain_identical_to_mmspec"] == 2 and summary["mmspec"]["identical_to_plain"] == 2
+    items = json.loads((tmp_path / "work" / "items.json").read_text())["items"]
+    assert all(item["embeds"] is None and item["is_token_ids"] is None for item in items)
+    assert "| vLLM 0.0-standin | plain decoding |" in capsys.readouterr().out
