@@ -11,8 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from PIL import Image
-from tiny_checkpoints import cached_tiny_checkpoint
+from tiny_checkpoints import cached_tiny_checkpoint, write_eagle3_images, write_eagle3_lm
 
 from mmspec.cli import main
 
@@ -63,20 +62,9 @@ FAKE_VLLM = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from transformers import AutoConfig
-
-    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
-
     checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
     folder = tmp_path_factory.mktemp("bench-vllm")
-    torch.manual_seed(0)
-    head = Eagle3Head(Eagle3Config.for_target(AutoConfig.from_pretrained(checkpoint).text_config)).eval()
-    head.save(folder / "head", target="tiny")
-    rows = []
-    for group, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
-        Image.new("RGB", (32, 32), colour).save(folder / f"{group}.png")
-        rows.append({"image": f"{group}.png", "prompt": "Describe this image.", "group": group})
-    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_eagle3_images(checkpoint, folder)
     (folder / "fake" / "vllm").mkdir(parents=True)
     (folder / "fake" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
     return checkpoint, folder
@@ -153,23 +141,8 @@ def test_a_tied_lm_head_is_written_out(tmp_path):
 def test_a_causal_lm_is_served_from_its_prompt_ids(setup, tmp_path, capsys, monkeypatch):
     """Rows of prompts alone serve a causal LM: no embeddings file, the prompt ids in its chat
     template, and the stand-in's greedy tokens equal mmspec's plain decoding."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-    from tiny_checkpoints import save_tiny_draft
-
-    from mmspec.hub import smollm2_checkpoint
-    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
-
     _, folder = setup
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
-    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
-    model = LlamaForCausalLM.from_pretrained(tmp_path / "lm")
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model.save_pretrained(tmp_path / "lm")
-    tokenizer.save_pretrained(tmp_path / "lm")
-    torch.manual_seed(0)
-    Eagle3Head(Eagle3Config.for_target(model.config)).eval().save(tmp_path / "head", target="tiny")
-    rows = [{"prompt": "Name three colours.", "group": "a"}, {"prompt": "Count from one to five.", "group": "b"}]
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_eagle3_lm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(folder / "fake"))
     argv = ["bench", "vllm", "--vllm-python", sys.executable, "--model", str(tmp_path / "lm"), "--drafter",
             f"eagle3:{tmp_path / 'head'}", "--data", str(tmp_path / "prompts.jsonl"), "--per-family", "1", "--draft-tokens", "2",

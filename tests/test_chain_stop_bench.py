@@ -8,27 +8,16 @@ import json
 import pytest
 import torch
 from PIL import Image
-from tiny_checkpoints import cached_tiny_checkpoint
+from tiny_checkpoints import cached_tiny_checkpoint, write_eagle3_images, write_eagle3_lm
 
 from mmspec.cli import main
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from transformers import AutoConfig
-
-    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
-
     checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)
     folder = tmp_path_factory.mktemp("chain-stop")
-    torch.manual_seed(0)
-    head = Eagle3Head(Eagle3Config.for_target(AutoConfig.from_pretrained(checkpoint).text_config)).eval()
-    head.save(folder / "head", target="tiny")
-    rows = []
-    for group, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
-        Image.new("RGB", (32, 32), colour).save(folder / f"{group}.png")
-        rows.append({"image": f"{group}.png", "prompt": "Describe this image.", "group": group})
-    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_eagle3_images(checkpoint, folder)
     return checkpoint, folder
 
 
@@ -74,22 +63,7 @@ def test_bad_options_are_one_line_errors(setup, capsys, extra, message):
 def test_a_causal_lm_head_is_tuned_on_prompts(tmp_path, capsys):
     """Rows of prompts alone tune a causal LM's head (each prompt in its chat template); a file
     mixing prompts and images is refused in one line."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-    from tiny_checkpoints import save_tiny_draft
-
-    from mmspec.hub import smollm2_checkpoint
-    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
-    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
-    model = LlamaForCausalLM.from_pretrained(tmp_path / "lm")
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model.save_pretrained(tmp_path / "lm")
-    tokenizer.save_pretrained(tmp_path / "lm")
-    torch.manual_seed(0)
-    Eagle3Head(Eagle3Config.for_target(model.config)).eval().save(tmp_path / "head", target="tiny")
-    rows = [{"prompt": "Name three colours.", "group": "a"}, {"prompt": "Count from one to five.", "group": "b"}]
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rows = write_eagle3_lm(tmp_path)
     argv = ["bench", "chain-stop", "--model", str(tmp_path / "lm"), "--drafter", f"eagle3:{tmp_path / 'head'}", "--data",
             str(tmp_path / "prompts.jsonl"), "--per-family", "1", "--lengths", "2", "--stops", "0,0.05", "--repeats", "1",
             "--max-new-tokens", "6", "--dtype", "fp32", "--results", str(tmp_path / "r.json"), "--write"]

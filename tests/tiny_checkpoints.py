@@ -561,3 +561,50 @@ def cached_tiny_checkpoint(family: str, tmp_path_factory, seed: int = 0) -> Path
     if key not in _SESSION_CACHE:
         _SESSION_CACHE[key] = save_tiny_checkpoint(family, tmp_path_factory.mktemp(f"tiny-{family}"), seed=seed)
     return _SESSION_CACHE[key]
+
+
+def write_eagle3_images(checkpoint: Path, folder: Path) -> None:
+    """For a benchmark of an EAGLE-3 head on a VLM checkpoint: a random head for its decoder in
+    ``folder/head`` and a ``folder/data.jsonl`` of two 32 px images (groups red and blue) with a
+    prompt each."""
+    import json
+
+    from PIL import Image
+    from transformers import AutoConfig
+
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        head = Eagle3Head(Eagle3Config.for_target(AutoConfig.from_pretrained(checkpoint).text_config)).eval()
+    head.save(folder / "head", target="tiny")
+    rows = []
+    for group, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+        Image.new("RGB", (32, 32), colour).save(folder / f"{group}.png")
+        rows.append({"image": f"{group}.png", "prompt": "Describe this image.", "group": group})
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_eagle3_lm(folder: Path) -> list[dict]:
+    """The same for a text LM: a tiny random causal LM with the SmolLM2 tokenizer in ``folder/lm``
+    (its end of turn as end of sequence), a random EAGLE-3 head in ``folder/head`` and two prompts
+    in ``folder/prompts.jsonl`` (returned)."""
+    import json
+
+    from transformers import LlamaForCausalLM
+
+    from mmspec.hub import smollm2_checkpoint
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    save_tiny_draft(folder / "lm", len(tokenizer), seed=3)
+    model = LlamaForCausalLM.from_pretrained(folder / "lm")
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.save_pretrained(folder / "lm")
+    tokenizer.save_pretrained(folder / "lm")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        Eagle3Head(Eagle3Config.for_target(model.config)).eval().save(folder / "head", target="tiny")
+    rows = [{"prompt": "Name three colours.", "group": "a"}, {"prompt": "Count from one to five.", "group": "b"}]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
