@@ -153,3 +153,19 @@ def test_a_causal_lm_is_served_from_its_prompt_ids(setup, tmp_path, capsys, monk
     items = json.loads((tmp_path / "work" / "items.json").read_text())["items"]
     assert all(item["embeds"] is None and item["is_token_ids"] is None for item in items)
     assert "| vLLM 0.0-standin | plain decoding |" in capsys.readouterr().out
+
+
+def test_a_vlm_with_multimodal_positions_is_refused(tmp_path_factory, capsys, monkeypatch):
+    """Qwen2-VL's decoder takes M-RoPE positions, which its decoder served alone would not get:
+    one line that says to serve the VLM itself, before anything is measured."""
+    checkpoint = cached_tiny_checkpoint("qwen2_vl", tmp_path_factory)
+    folder = tmp_path_factory.mktemp("bench-vllm-qwen")
+    write_eagle3_images(checkpoint, folder)
+    (folder / "fake" / "vllm").mkdir(parents=True)
+    (folder / "fake" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", str(folder / "fake"))
+    argv = ["bench", "vllm", "--vllm-python", sys.executable, "--model", str(checkpoint), "--drafter", f"eagle3:{folder / 'head'}",
+            "--data", str(folder / "data.jsonl"), "--per-family", "1", "--dtype", "fp32", "--work", str(folder / "work"),
+            "--results", str(folder / "r.json")]
+    assert main(argv) == 2
+    assert "multimodal positions (M-RoPE)" in capsys.readouterr().err and not (folder / "r.json").exists()

@@ -93,8 +93,12 @@ def write_decoder(model: torch.nn.Module, tokenizer, out: Path) -> None:
     decoder = text_decoder(model)
     config = copy.deepcopy(decoder.config)
     config.tie_word_embeddings = False
-    with torch.device("meta"):
-        causal = AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            causal = AutoModelForCausalLM.from_config(config)
+    except ValueError:
+        raise ValueError(f"transformers has no causal LM class for {type(config).__name__}, the decoder of "
+                         f"{type(model).__name__}; serve the model itself in vLLM") from None
     causal.model.load_state_dict(decoder.state_dict(), strict=True, assign=True)
     head = {name: tensor.detach().clone() for name, tensor in model.get_output_embeddings().state_dict().items()}
     causal.lm_head.load_state_dict(head, strict=True, assign=True)  # (a copy: save_pretrained drops a tensor it shares)
@@ -103,9 +107,14 @@ def write_decoder(model: torch.nn.Module, tokenizer, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def prepare_items(target, items: list, model_inputs, work: Path) -> list[dict]:
-    """Each item's model inputs, and what the worker reads for it (its ids; a VLM's embeddings file
-    and mask) written to ``work``."""
+def prepare_items(target, items: list, model_inputs, work: Path) -> tuple[list[dict], list[dict]]:
+    """(each item's model inputs, what the worker reads for it: its ids, a VLM's embeddings file
+    and mask, written to ``work``).
+
+    Raises:
+        ValueError: a VLM whose image tokens its config does not name, or whose decoder takes other
+            positions than 1 .. L (M-RoPE): the decoder served alone would see other inputs.
+    """
     image_token = getattr(target.model.config, "image_token_id", None)
     prepared, described = [], []
     for number, (group, index, image, prompt) in enumerate(items):
@@ -113,6 +122,12 @@ def prepare_items(target, items: list, model_inputs, work: Path) -> list[dict]:
         ids = inputs["input_ids"][0].tolist()
         entry = {"group": group, "index": index, "ids": ids, "embeds": None, "is_token_ids": None}
         if image is not None:
+            name = type(target.model).__name__
+            if image_token is None:
+                raise ValueError(f"{name}: its config names no image_token_id, so the image rows of a prompt cannot be told apart")
+            if target.positions.prompt_positions(target.model, inputs["input_ids"], dict(inputs))[0] is not None:
+                raise ValueError(f"{name} gives its decoder multimodal positions (M-RoPE), which its decoder served alone "
+                                 "would not get: serve the VLM itself in vLLM (its class reports EAGLE-3's hidden states)")
             with torch.inference_mode():
                 embeds = target.prompt_embeds(inputs["input_ids"], dict(inputs))
             if embeds is None:
@@ -134,7 +149,7 @@ def encode_seconds(target, inputs: dict) -> float:
     return time.perf_counter() - start
 
 
-def run_worker(args, work: Path, k: int, prefix: str) -> dict:
+def run_worker(args, work: Path, k: int, prefix: str, dtype: torch.dtype) -> dict:
     """One vLLM run over the items (K = 0: plain decoding) -> the worker's results."""
     out = work / f"vllm-k{k}.json"
     cores = sorted(os.sched_getaffinity(0))[: max(1, args.threads)]
@@ -144,7 +159,7 @@ def run_worker(args, work: Path, k: int, prefix: str) -> dict:
     if iomp.is_file():
         env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
     command = [args.vllm_python, str(WORKER), str(work), "--draft-tokens", str(k), "--repeats", str(args.repeats),
-               "--max-new-tokens", str(args.max_new_tokens), "--dtype", dtype_name(args.torch_dtype), "--out", str(out)]
+               "--max-new-tokens", str(args.max_new_tokens), "--dtype", dtype_name(dtype), "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     (work / f"vllm-k{k}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -168,16 +183,15 @@ def run(args) -> int:
     version, prefix = vllm_environment(args.vllm_python)
     torch.set_num_threads(args.threads)
     target, drafter, model_inputs, eos, dtype, tokenizer = load(args, items[0][2] is None, args.drafter, None)
-    args.torch_dtype = dtype
     configure(drafter, (args.draft_tokens, 0.0), sampled=False)  # fixed-length chains, as vLLM drafts
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = target.model
     eos_ids = eos if eos is not None else model.generation_config.eos_token_id
     eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+    inputs, described = prepare_items(target, items, model_inputs, work)
     write_decoder(model, tokenizer, work / "target")
     Eagle3Head.load(type(drafter).head_path(target, args.drafter.partition(":")[2] or None)).export(work / "head", "vllm-eagle3", dtype)
-    inputs, described = prepare_items(target, items, model_inputs, work)
     max_len = max(len(d["ids"]) for d in described) + args.max_new_tokens + args.draft_tokens + 8
     write_text(work / "items.json", json.dumps({"items": described, "eos_token_ids": eos_ids, "max_model_len": max_len}))
 
@@ -195,7 +209,7 @@ def run(args) -> int:
             if image is not None and round_index:
                 runs.setdefault(f"{group}/{index}/encode", {"seconds": []})["seconds"].append(encode_seconds(target, inputs[number]))
         print(f"mmspec {group}/{index} measured", file=sys.stderr, flush=True)
-    engines = {k: run_worker(args, work, k, prefix) for k in (0, args.draft_tokens)}
+    engines = {k: run_worker(args, work, k, prefix, dtype) for k in (0, args.draft_tokens)}
 
     keys = [f"{group}/{index}" for group, index, *_ in items]
     encode = {key: statistics.median(runs[f"{key}/encode"]["seconds"]) if f"{key}/encode" in runs else 0.0 for key in keys}
