@@ -390,13 +390,15 @@ def kernel_dtypes(kernel: str) -> tuple[torch.dtype, ...]:
 
 class FewRowLinear(nn.Linear):
     """An ``nn.Linear`` whose forward over at most ``max_rows`` rows (in a dtype of
-    :func:`kernel_dtypes`, CPU, no gradient needed) takes a few-row path (module doc); anything
-    else is ``F.linear``.
+    :func:`kernel_dtypes`, CPU, no gradient needed) takes a few-row path (module doc); more rows
+    take oneDNN's reordered weight where ``pack_many`` is on; anything else is ``F.linear``.
 
     Attributes:
         kernel: "c" or "transposed".
         max_rows: the largest row count (tokens x batch) sent to the few-row path.
         pack: keep the weight packed for the AMX kernel too (:meth:`packed_weight`).
+        pack_many: send rows past ``max_rows`` through oneDNN's GEMM over a reordered copy of the
+            weight (:meth:`many_rows_weight`) instead of ``F.linear``.
     """
 
     def __init__(self, linear: nn.Linear, kernel: str, max_rows: int, pack: bool = False, pack_many: bool = False) -> None:
@@ -445,7 +447,7 @@ class FewRowLinear(nn.Linear):
         if not few:
             if usable and self.pack_many and rows > self.max_rows and x.dtype in many_rows_dtypes():
                 # a prompt's rows: oneDNN's GEMM over a weight it reordered once (the fp32 prompt of the
-                # embedded captioner 136 -> 70 ms a caption on a Zen 5 core; F.linear reorders on every call)
+                # embedded captioner 136 -> 69 ms a caption on a Zen 5 core; F.linear reorders on every call)
                 return torch.ops.mkldnn._linear_pointwise(x, self.many_rows_weight(), bias, "none", [], "")
             return F.linear(x, weight, bias)
         if self.kernel == "c":
