@@ -168,10 +168,9 @@ def run_worker(args, work: Path, k: int, prefix: str, dtype: torch.dtype) -> dic
     return json.loads(out.read_text())
 
 
-def engine_row(name: str, method: str, seconds: float, plain: float, steps: int, accepted: int, same: int, total: int,
-               same_steps: str) -> str:
+def engine_row(name: str, method: str, seconds: float, plain: float, steps: int, accepted: int, same: str, same_steps: str) -> str:
     tau = f"{(accepted + steps) / steps:.2f}" if steps else "1.00"
-    return f"| {name} | {method} | {seconds:.2f} | {plain / seconds:.2f}x | {tau} | {same}/{total} | {same_steps} |"
+    return f"| {name} | {method} | {seconds:.2f} | {plain / seconds:.2f}x | {tau} | {same} | {same_steps} |"
 
 
 def run(args) -> int:
@@ -245,15 +244,15 @@ def run(args) -> int:
     text = "\n".join([
         f"Greedy decoding of {n} items of {args.data} ({meta['model']}, {dtype_name(dtype)}, {args.threads} thread(s), median of "
         f"{args.repeats} round(s) after a warm-up; EAGLE-3 `{args.drafter}` in chains of {k} tokens in both engines). "
-        f"vLLM {version} was given the image features; mmspec's image-encoding time ({summary['image_encoding_s']:.2f} s in all) "
-        f"is added to its seconds. {machine_line(machine)}", "",
+        + (f"vLLM {version} was given the image features; mmspec's image-encoding time ({summary['image_encoding_s']:.2f} s in "
+           "all) is added to its seconds. " if items[0][2] is not None else "") + machine_line(machine), "",
         "| engine | method | seconds | speed over its plain decoding | tau | tokens identical to mmspec's plain decoding | "
         "steps and accepted drafts equal to mmspec's, items |", "|---|---|---|---|---|---|---|",
-        engine_row("mmspec", "plain decoding", s["plain_s"], s["plain_s"], 0, 0, n, n, "-"),
-        engine_row("mmspec", f"eagle3, K = {k}", s["eagle3_s"], s["plain_s"], s["steps"], s["accepted"], s["identical_to_plain"], n, "-"),
-        engine_row(f"vLLM {version}", "plain decoding", v["plain_s"], v["plain_s"], 0, 0, same[0], n, "-"),
-        engine_row(f"vLLM {version}", f"eagle3, K = {k}", v["eagle3_s"], v["plain_s"], v["steps"], v["accepted"],
-                   same[k], n, f"{agree}/{n}"),
+        engine_row("mmspec", "plain decoding", s["plain_s"], s["plain_s"], 0, 0, "(the reference)", "-"),
+        engine_row("mmspec", f"eagle3, K = {k}", s["eagle3_s"], s["plain_s"], s["steps"], s["accepted"], f"{s['identical_to_plain']}/{n}", "-"),
+        engine_row(f"vLLM {version}", "plain decoding", v["plain_s"], v["plain_s"], 0, 0, f"{same[0]}/{n}", "-"),
+        engine_row(f"vLLM {version}", f"eagle3, K = {k}", v["eagle3_s"], v["plain_s"], v["steps"], v["accepted"], f"{same[k]}/{n}",
+                   f"{agree}/{n}"),
     ]) + "\n"
     print(text)
     if args.markdown:
