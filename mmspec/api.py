@@ -410,7 +410,7 @@ def optimize_components(*objects: Any, kernel: str = "auto") -> OptimizeReport:
     variants = dict.fromkeys(v for r in reports if r.variants for v in r.variants.split(", "))
     return OptimizeReport(kernels[0] if kernels else "none", sum(r.replaced for r in reports),
                           sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""),
-                          ", ".join(variants))
+                          ", ".join(variants), any(r.prompts for r in reports))
 
 
 @contextmanager

@@ -313,6 +313,10 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
     trained = x.clone().requires_grad_()
     linear.weight.requires_grad_(True)
     assert torch.equal(model(trained), F.linear(trained, linear.weight, linear.bias))  # training keeps F.linear
+    from mmspec.api import optimize_components
+
+    both = optimize_components(copy.deepcopy(reference), nn.Sequential(nn.Linear(4, 4, dtype=dtype)), kernel=kernel)
+    assert both.prompts and both.label.endswith(" + onednn prompts")  # (a pipeline's stats name it)
     monkeypatch.setattr(fast_linear, "MANY_ROWS_PACK_LIMIT_BYTES", 1000)
     large = copy.deepcopy(reference)
     report = optimize(large, kernel=kernel, max_rows=4)
