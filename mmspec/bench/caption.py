@@ -30,7 +30,7 @@ from ..api import generate, optimize_components
 from ..hub import dtype_name
 from ..pipelines.methods import split_specs
 from ..cli.output import write_text
-from .results import add_device_args, machine_info, save_results
+from .results import add_device_args, command_line, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
@@ -171,9 +171,9 @@ def run(args) -> int:
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
         "data": args.data,
-        "command": "mmspec bench caption " + " ".join(
-            f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("data", "families", "methods", "per_family", "tasks", "temperatures", "max_new_tokens", "repeats", "dtype", "threads", "device", "batch_sizes")
-            if getattr(args, k) is not None) + (" --cuda-graphs" if args.cuda_graphs else ""),
+        "command": command_line("caption", args, ("data", "families", "methods", "per_family", "tasks", "temperatures", "max_new_tokens",
+                                                   "repeats", "dtype", "threads", "device", "batch_sizes"))
+        + (" --cuda-graphs" if args.cuda_graphs else ""),
         "cuda_graphs": args.cuda_graphs,
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize,

@@ -14,6 +14,13 @@ def save_results(path: Path, results: dict) -> None:
     write_text(path, json.dumps(results))
 
 
+def command_line(suite: str, args, names: tuple[str, ...]) -> str:
+    """The command that reruns a benchmark, as its results file records it: ``mmspec bench SUITE``
+    and ``--name value`` for each of ``names`` that ``args`` has set (not None)."""
+    return f"mmspec bench {suite} " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in names
+                                               if getattr(args, name) is not None)
+
+
 #: CPU flags that decide which dtype is fast (bf16 matmuls: AVX512-BF16 or AMX; else fp32 on AVX2)
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 

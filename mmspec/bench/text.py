@@ -23,7 +23,7 @@ import torch
 from ..api import generate
 from ..core.cost import measure_verification_cost
 from ..cli.output import write_text
-from .results import save_results
+from .results import command_line, save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..api import chat_inputs
@@ -152,7 +152,7 @@ def run(args) -> int:
     results["meta"] = {
         "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
         "threads": args.threads, "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "command": "mmspec bench text " + " ".join(_argv_of(args)),
+        "torch": torch.__version__, "command": command_line("text", args, ("dtypes", "methods", "prompt_types", "max_new_tokens", "repeats", "threads")),
     }
     methods = args.methods.split(",")
     prompt_types = args.prompt_types.split(",")
@@ -182,13 +182,6 @@ def run(args) -> int:
         write_text(args.markdown, tables)
     print(json.dumps(results["meta"], indent=2) if args.json else tables)
     return 0
-
-
-def _argv_of(args) -> list[str]:
-    out = []
-    for name in ("dtypes", "methods", "prompt_types", "max_new_tokens", "repeats", "threads"):
-        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return out
 
 
 

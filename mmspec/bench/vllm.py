@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
-from ..api import generate
+from ..api import generate, stop_tokens
 from ..cli.output import write_text
 from ..hub import dtype_name
 from ..modeling.eagle3 import Eagle3Head
 from .caption import data_items
 from .chain_stop import configure, load
-from .results import add_device_args, machine_info, machine_line, save_results
+from .results import add_device_args, command_line, machine_info, machine_line, save_results
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -186,8 +186,7 @@ def run(args) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = target.model
-    eos_ids = eos if eos is not None else model.generation_config.eos_token_id
-    eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+    eos_ids = stop_tokens(target, eos)
     inputs, described = prepare_items(target, items, model_inputs, work)
     write_decoder(model, tokenizer, work / "target")
     Eagle3Head.load(type(drafter).head_path(target, args.drafter.partition(":")[2] or None)).export(work / "head", "vllm-eagle3", dtype)
@@ -234,9 +233,8 @@ def run(args) -> int:
     meta = {"model": args.model or default,
             "drafter": args.drafter, "data": args.data, "items": len(items), "draft_tokens": args.draft_tokens,
             "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "machine": machine,
-            "command": "mmspec bench vllm " + " ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in (
-                "vllm_python", "model", "drafter", "data", "families", "per_family", "draft_tokens", "max_new_tokens", "repeats",
-                "dtype", "threads") if getattr(args, k) is not None)}
+            "command": command_line("vllm", args, ("vllm_python", "model", "drafter", "data", "families", "per_family", "draft_tokens",
+                                                   "max_new_tokens", "repeats", "dtype", "threads"))}
     save_results(Path(args.results), {"meta": meta, "summary": summary, "runs": runs,
                                       "vllm": {str(k): v for k, v in engines.items()}})
     n, k = len(items), args.draft_tokens

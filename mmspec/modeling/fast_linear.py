@@ -536,8 +536,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             :data:`VECTOR_PACK_LIMIT_BYTES` (AVX512-BF16).
         pack_many: inputs past ``max_rows`` (a prompt) take oneDNN's GEMM over a copy of the weight
             it reorders once (:meth:`FewRowLinear.many_rows_weight`) instead of ``F.linear``, which
-            reorders it on every call: on a Zen 5 core the embedded captioner's 35-row prompt
-            136 -> 70 ms in fp32 and 54 -> 44 ms in bf16, and 137 -> 111 ms as an AVX2-only CPU
+            reorders it on every call: on a Zen 5 core the embedded captioner's prefill (image
+            encoder and 35-row prompt) 136 -> 69 ms in fp32 and 54 -> 48 ms in bf16, and 137 -> 111 ms as an AVX2-only CPU
             (docs/benchmarks.md, stop 63). Other sums than ``F.linear``'s, for the prompt's rows
             only; every method of a call shares its prefill. None: where :func:`many_rows_dtypes`
             has the weights' dtype and the replaced weights total at most
@@ -568,16 +568,16 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
     if pack_many is None:
         many_bytes = sum(child.weight.nbytes for _, _, child in candidates if child.weight.dtype in many_rows_dtypes())
         pack_many = 0 < many_bytes <= MANY_ROWS_PACK_LIMIT_BYTES
-    for parent, name, child in candidates:
-        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack,
-                                           pack_many and child.weight.dtype in many_rows_dtypes()))
+    many = [pack_many and child.weight.dtype in many_rows_dtypes() for _, _, child in candidates]
+    for (parent, name, child), child_many in zip(candidates, many):
+        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack, child_many))
     variants = ""
     if chosen == "c":
         replaced = {child.weight.dtype for _, _, child in candidates}
         packs = pack and any(packable(child.weight) for _, _, child in candidates)
         variants = ", ".join(f"{kind} {pick()[0]}" + (" packed" if dtype == torch.bfloat16 and packs else "") for dtype, kind, pick in
                              ((torch.float32, "fp32", fp32_variants), (torch.bfloat16, "bf16", bf16_variants)) if dtype in replaced)
-    return OptimizeReport(chosen, len(candidates), skipped, reason, variants, bool(pack_many))
+    return OptimizeReport(chosen, len(candidates), skipped, reason, variants, any(many))
 
 
 class OptimizesOnLoad:
