@@ -11,8 +11,9 @@ from tiny_models import FAMILIES, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
-from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, few_rows_linear, fp32_variants,
-                                         load_kernel, many_rows_dtypes, optimize, pack_amx, packable)
+from mmspec.modeling import fast_linear
+from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, default_max_rows, few_rows_linear,
+                                         fp32_variants, load_kernel, many_rows_dtypes, optimize, pack_amx, packable)
 
 try:
     load_kernel()
@@ -34,10 +35,24 @@ def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias, variant):
     out = few_rows_linear(x, weight, b, variant=variant)
     reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
     torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=1e-5)
-    for rows in (1, 2, 3, 5, 7, 16):  # a row's result does not depend on its neighbours
+    for rows in (1, 2, 3, 5, 6, 7, 9, 13, 16):  # a row's result does not depend on its neighbours (nor on the passes: 3 + 3, 4 + 3 + 3 + 3, ...)
         assert torch.equal(few_rows_linear(x[:rows], weight, b, variant=variant), out[:rows])
     assert torch.equal(few_rows_linear(x[9:10], weight, b, variant=variant), out[9:10])
     assert not torch.equal(out, F.linear(x, weight.roll(1, 0), b))  # negative control: a wrong weight differs
+
+
+def test_default_max_rows_follow_the_kernel(monkeypatch):
+    """The AVX2 fp32 kernel takes up to 48 rows (a prompt of the captioner's 35), the AMX one 64,
+    the 16-lane vector kernels and the PyTorch form 24."""
+    monkeypatch.setattr(fast_linear, "fp32_variants", lambda: ("avx2",))
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ())
+    assert default_max_rows("c", torch.float32) == 48 and default_max_rows("transposed", torch.float32) == 24
+    monkeypatch.setattr(fast_linear, "fp32_variants", lambda: ("avx512", "avx2"))
+    assert default_max_rows("c", torch.float32) == 24
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("amx", "avx512bf16"))
+    assert default_max_rows("c", torch.bfloat16) == 64 and default_max_rows("c", torch.float32) == 24
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
+    assert default_max_rows("c", torch.bfloat16) == 24
 
 
 @needs_kernel
@@ -155,7 +170,8 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     assert report.variants == f"bf16 {variant}" and report.label == f"c (bf16 {variant}){prompts}" and report.prompts == bool(prompts)
     assert model[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)  # AMX stays ahead of F.linear to 64 rows
     fp32 = nn.Sequential(nn.Linear(64, 20))
-    assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}" and fp32[0].max_rows == 24
+    assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}"
+    assert fp32[0].max_rows == (48 if fp32_variants()[0] == "avx2" else 24)
     try:
         for wanted in bf16_variants():
             monkeypatch.setenv("MMSPEC_BF16_KERNEL", wanted)
@@ -283,7 +299,6 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
     once: a linear's outputs, made again after the weight changes in place; with gradients, or
     with pack_many off or the model past the byte limit, F.linear; rows within max_rows keep the
     few-row path."""
-    from mmspec.modeling import fast_linear
 
     if dtype not in many_rows_dtypes():
         pytest.skip(f"oneDNN runs no {dtype} GEMM here")

@@ -506,10 +506,16 @@ def choose_kernel(kernel: str) -> tuple[str, str]:
 def default_max_rows(kernel: str, dtype: torch.dtype) -> int:
     """Rows up to which a linear of ``dtype`` takes ``kernel``'s few-row path by default: 64 for the
     AMX kernel (faster than ``F.linear`` at every count up to 64 measured, from DRAM and from
-    cache: docs/benchmarks.md), else 24 (the vector kernels measured faster up to 24 rows with
+    cache: docs/benchmarks.md), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a
+    reordered weight up to 48 rows, alike at 64: 30 of each of the captioner's linears streamed
+    on a Zen 5 core restricted to AVX2, stop 64; so the captioner's 35-row prompt takes it: 113 ->
+    105 ms a prefill), else 24 (the 16-lane vector kernels measured faster up to 24 rows with
     weights streamed from memory, slower at 32)."""
-    amx = kernel == "c" and dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)
-    return 64 if amx else 24
+    if kernel != "c":
+        return 24
+    amx = dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)
+    avx2 = dtype == torch.float32 and fp32_variants()[:1] == ("avx2",)
+    return 64 if amx else 48 if avx2 else 24
 
 
 def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None, pack: bool | None = None,
@@ -523,7 +529,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
         kernel: "auto" | "c" | "transposed".
         max_rows: rows up to which the few-row path is taken (a verification's tokens, times 2
             under classifier-free guidance, or a tree's nodes); more go to ``F.linear``. None:
-            :func:`default_max_rows` per linear (24; 64 for bf16 linears on the AMX kernel). On the
+            :func:`default_max_rows` per linear (24; 48 for fp32 linears on the AVX2 kernel, 64 for bf16
+            linears on the AMX kernel). On the
             embedded text-to-image model, SJD's 18-row verification took 0.93 s per image through
             the fp32 kernel against 1.13 s with F.linear. (A fused decoder layer of AMX linears
             takes up to 128 rows under the default limit: :data:`mmspec.modeling.fused.AMX_FUSED_ROWS`.)

@@ -3,11 +3,14 @@
  *
  * MKL / oneDNN take a GEMV path for M = 1 and a GEMM path for M >= 2 whose cost on a CPU barely
  * depends on M up to ~8 but is ~2x the GEMV's: a verification forward over a few draft tokens
- * then costs ~1.6x a one-token step. Here each 2-row block of W is loaded once (from memory or
- * L3 into L1) and used for every row of x while it is in L1, and the next block is prefetched
+ * then costs ~1.6x a one-token step. Here each 3-row block of W is loaded once (from memory or
+ * L3 into L1) and used for every row of x while it is in L1, and a later block is prefetched
  * while this one computes (a model's weights come from DRAM: without the prefetch, fewer loads are
- * in flight as M grows and M = 4 cost 1.7x M = 1). So a few rows cost about what streaming the
- * weight costs, until the FMAs take over (measured in docs/benchmarks.md).
+ * in flight as M grows and M = 4 cost 1.7x M = 1; few_rows.h). So a few rows cost about what
+ * streaming the weight costs, until the FMAs take over (measured in docs/benchmarks.md): with 2-row
+ * blocks (8 sums in flight, as many as two FMA units of latency 4 need) the captioner's 30 layers
+ * and head took 17.1 / 26.7 ms for 1 / 7 rows on a Zen 5 core restricted to AVX2, with 3-row blocks
+ * (12 sums) and the farther prefetch 15.2 / 18.8 ms.
  *
  * Every output is summed in the same order whatever M and the row's place (8-lane partial sums
  * over k in steps of 8, one horizontal sum, the scalar tail of K, then the bias): the result of a
@@ -36,8 +39,8 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
     return sum;
 }
 
-#define MB 4 /* rows of x per block */
-#define NB 2 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 11 AVX2 registers */
+#define MB 4 /* rows of x per pass */
+#define NB 3 /* rows of W per block: MB * NB accumulators + NB weights + 1 input = 16 AVX2 registers */
 
 /* rows [m0, m0 + mb) of x (mb <= MB) against W rows [n0, n0 + nb) (nb <= NB); inlined with
  * constant mb and nb, so the accumulators stay in registers. While it computes, it prefetches the
@@ -45,9 +48,9 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
  * memory is busy during every pass, not only the first) */
 static inline __attribute__((always_inline)) void block(const float *x, const float *w, const float *b, float *y,
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
-                                                        int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
+                                                        int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
     const int64_t k8 = K & ~(int64_t)7;
-    const float *next = w + (n0 + AHEAD * nb) * K; /* the block AHEAD blocks on (W's rows are contiguous) */
+    const float *next = w + n0 * K + next_block; /* the block prefetched (W's rows are contiguous) */
     __m256 acc[MB][NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
@@ -71,11 +74,11 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
 }
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]: all contiguous fp32. threads: OpenMP threads. */
-ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, )
+ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, 2, 1, )
 
 /* ---- fp32 on AVX-512: the same blocking with 16-lane vectors ----
  *
- * The AVX2 kernel's FMAs bind from ~6 rows on (8 lanes, 16 registers); AVX-512 doubles the lanes and
+ * The AVX2 kernel's FMAs bind from ~5 rows on (8 lanes, 16 registers); AVX-512 doubles the lanes and
  * the registers (4 x 4 accumulators). Each output is summed in one fixed order too (16-lane partial
  * sums over k in steps of 16, one horizontal sum, the scalar tail, the bias): batch-invariant. Its
  * sums differ in order from the AVX2 kernel's, so a machine uses one of the two for every call.
@@ -87,9 +90,9 @@ ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, )
 
 static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
     const float *x, const float *w, const float *b, float *y, int64_t m0, const int mb, int64_t n0, const int nb,
-    int64_t N, int64_t K, int64_t pf0, int64_t pf1) {
+    int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
     const int64_t k16 = K & ~(int64_t)15;
-    const float *next = w + (n0 + AHEAD * nb) * K;
+    const float *next = w + n0 * K + next_block;
     __m512 acc[ZF_MB][ZF_NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
@@ -111,4 +114,4 @@ static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
         }
 }
 
-ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, AVX512_TARGET)
+ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, 1, 0, AVX512_TARGET)
