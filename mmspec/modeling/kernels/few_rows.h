@@ -35,7 +35,7 @@
         const int64_t extra = M % passes, next = (M <= 4 ? 1 : AHEAD_MANY) * span;                              \
         int64_t m = 0;                                                                                          \
         for (int64_t pass = 0; pass < passes; pass++) {                                                         \
-            const int64_t rows = EVEN ? base + (pass < extra) : M - m < MBV ? M - m : MBV;                          \
+            const int64_t rows = EVEN ? base + (pass < extra) : M - m < MBV ? M - m : MBV;                      \
             const int64_t pf0 = span * pass / passes;                                                           \
             const int64_t pf1 = span * (pass + 1) / passes;                                                     \
             switch (rows) {                                                                                     \

@@ -44,8 +44,8 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
 
 /* rows [m0, m0 + mb) of x (mb <= MB) against W rows [n0, n0 + nb) (nb <= NB); inlined with
  * constant mb and nb, so the accumulators stay in registers. While it computes, it prefetches the
- * floats [pf0, pf1) of the following block (each pass over this block a share of it, so that
- * memory is busy during every pass, not only the first) */
+ * floats [pf0, pf1) of the block that starts next_block floats after this one (each pass over this
+ * block a share of it, so that memory is busy during every pass, not only the first) */
 static inline __attribute__((always_inline)) void block(const float *x, const float *w, const float *b, float *y,
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
                                                         int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
