@@ -27,13 +27,13 @@
 
 static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
     const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t n0,
-    const int nb, int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
+    const int nb, int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k32 = K & ~(int64_t)31;
     const uint16_t *next = w + n0 * K + next_block;
     __m512 acc[BF_MB][BF_NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
-    const int64_t steps = k32 / 32, per = steps ? ((pf1 - pf0 + steps * 32 - 1) / (steps * 32)) * 32 : 0;
+    const int64_t steps = k32 / 32, per = steps ? ((lead * (pf1 - pf0) + steps * 32 - 1) / (steps * 32)) * 32 : 0;
     int64_t p = pf0;
     for (int64_t k = 0; k < k32; k += 32) { /* one 64-byte line of each row per step */
         for (int64_t q = 0; q < per && p < pf1; q += 32, p += 32) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
@@ -62,21 +62,21 @@ static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
 #define BF_SHAPE(MB, NB)                                                                                              \
     static BF16_TARGET __attribute__((noinline)) void bf_block_##MB##x##NB(                                          \
         const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int64_t n0, int64_t N,     \
-        int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {                                                    \
-        bf_block(x, w, b, y, m0, MB, n0, NB, N, K, next_block, pf0, pf1);                                                        \
+        int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {                                                    \
+        bf_block(x, w, b, y, m0, MB, n0, NB, N, K, next_block, pf0, pf1, lead);                                                        \
     }
 BF_SHAPE(2, 4) BF_SHAPE(3, 4) BF_SHAPE(1, 1) BF_SHAPE(2, 1) BF_SHAPE(3, 1) BF_SHAPE(4, 1)
 
 static inline BF16_TARGET __attribute__((always_inline)) void bf_shaped(
     const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t n0,
-    const int nb, int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
-#define BF_CASE(MB, NB) if (mb == MB && nb == NB) { bf_block_##MB##x##NB(x, w, b, y, m0, n0, N, K, next_block, pf0, pf1); return; }
+    const int nb, int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
+#define BF_CASE(MB, NB) if (mb == MB && nb == NB) { bf_block_##MB##x##NB(x, w, b, y, m0, n0, N, K, next_block, pf0, pf1, lead); return; }
     BF_CASE(3, 4) BF_CASE(2, 4) BF_CASE(4, 1) BF_CASE(3, 1) BF_CASE(2, 1) BF_CASE(1, 1)
 #undef BF_CASE
-    bf_block(x, w, b, y, m0, mb, n0, nb, N, K, next_block, pf0, pf1); /* four rows or one, four outputs */
+    bf_block(x, w, b, y, m0, mb, n0, nb, N, K, next_block, pf0, pf1, lead); /* four rows or one, four outputs */
 }
 
-ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, BF16_TARGET)
+ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4, BF16_TARGET)
 
 /* ---- bf16 on AVX512-BF16, the weight packed: outputs in the lanes ----
  *

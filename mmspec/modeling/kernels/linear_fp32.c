@@ -48,14 +48,14 @@ static inline float tail(const float *w, const float *x, int64_t k8, int64_t K, 
  * block a share of it, so that memory is busy during every pass, not only the first) */
 static inline __attribute__((always_inline)) void block(const float *x, const float *w, const float *b, float *y,
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
-                                                        int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
+                                                        int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k8 = K & ~(int64_t)7;
     const float *next = w + n0 * K + next_block; /* the block prefetched (W's rows are contiguous) */
     __m256 acc[MB][NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
     /* the prefetch range spread evenly over the k steps: `per` floats (whole 64-byte lines) per step */
-    const int64_t steps = k8 / 8, per = steps ? ((pf1 - pf0 + steps * 16 - 1) / (steps * 16)) * 16 : 0;
+    const int64_t steps = k8 / 8, per = steps ? ((lead * (pf1 - pf0) + steps * 16 - 1) / (steps * 16)) * 16 : 0;
     int64_t p = pf0;
     for (int64_t k = 0; k < k8; k += 8) {
         for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
@@ -74,7 +74,7 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
 }
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]: all contiguous fp32. threads: OpenMP threads. */
-ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, 2, 1, )
+ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, 2, 1, 1, )
 
 /* ---- fp32 on AVX-512: the same blocking with 16-lane vectors ----
  *
@@ -90,13 +90,13 @@ ROWS_AND_ENTRY(few_rows_linear, float, block, MB, NB, 2, 1, )
 
 static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
     const float *x, const float *w, const float *b, float *y, int64_t m0, const int mb, int64_t n0, const int nb,
-    int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1) {
+    int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k16 = K & ~(int64_t)15;
     const float *next = w + n0 * K + next_block;
     __m512 acc[ZF_MB][ZF_NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
-    const int64_t steps = k16 / 16, per = steps ? ((pf1 - pf0 + steps * 16 - 1) / (steps * 16)) * 16 : 0;
+    const int64_t steps = k16 / 16, per = steps ? ((lead * (pf1 - pf0) + steps * 16 - 1) / (steps * 16)) * 16 : 0;
     int64_t p = pf0;
     for (int64_t k = 0; k < k16; k += 16) { /* one 64-byte line of each weight row per step */
         for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
@@ -114,4 +114,4 @@ static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
         }
 }
 
-ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, 1, 0, AVX512_TARGET)
+ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, 1, 0, 2, AVX512_TARGET)
