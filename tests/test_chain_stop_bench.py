@@ -6,7 +6,6 @@ before the model loads."""
 import json
 
 import pytest
-import torch
 from PIL import Image
 from tiny_checkpoints import cached_tiny_checkpoint, write_eagle3_images, write_eagle3_lm
 

@@ -21,10 +21,11 @@
  * L1 meanwhile: EVEN 1, passes of as equal a size as can be (seven rows 4 + 3, five 3 + 2: a one-row
  * pass keeps only nb sums in flight, too few to hide the FMA's latency; the AVX2 kernel), EVEN 0, MBV
  * rows a pass and then the rest (the 16-lane kernels: their 4 + 1 was as fast as 3 + 2 from memory and
- * faster in cache). Each pass prefetches its share of a block further on: the next one up to four
- * rows (memory-bound: farther slowed one-row steps), AHEAD_MANY blocks on past four, where a block's
- * FMAs take about as long as its weights take to arrive from DRAM (the captioner's weights on a Zen 5
- * core, seven rows: AVX2 fp32 26.7 -> 18.8 ms with three weight rows a block, bf16 11.8 -> 10.0 ms).
+ * faster in cache). Each pass prefetches its share of a block further on: the next one where one
+ * pass takes every row (memory-bound: farther slowed one-row steps), AHEAD_MANY blocks on where
+ * several do, as a block's FMAs then take about as long as its weights take to arrive from DRAM (the
+ * captioner's weights on a Zen 5 core, seven rows: AVX2 fp32 26.7 -> 18.8 ms with three weight rows
+ * a block, bf16 11.8 -> 10.0 ms).
  * Up to BURST_ROWS rows (one pass) the prefetch is a burst, LEAD times the even share a step, so the
  * next block is asked for within the first eighth of this one: spread over the whole block, the
  * last lines of the next one were asked for just before they were needed (the captioner's linears,
@@ -35,39 +36,39 @@
  * entry point, OpenMP over blocks of NBV weight rows. One definition for each vector kernel of
  * linear_fp32.c and linear_bf16.c (its block function BLOCK: mb <= MBV rows, nb <= NBV outputs). */
 #define LEAD 8
-#define ROWS_AND_ENTRY(NAME, T, BLOCK, MBV, NBV, AHEAD_MANY, EVEN, BURST_ROWS, TARGET)                         \
-    static inline TARGET __attribute__((always_inline)) void NAME##_rows(                                      \
-        const T *x, const T *w, const T *b, T *y, int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) { \
-        const int64_t passes = (M + MBV - 1) / MBV, span = (int64_t)nb * K, base = M / passes;                 \
-        const int64_t extra = M % passes, next = (M <= 4 ? 1 : AHEAD_MANY) * span;                              \
-        const int64_t lead = M <= BURST_ROWS ? LEAD : 1;                                                        \
-        int64_t m = 0;                                                                                          \
-        for (int64_t pass = 0; pass < passes; pass++) {                                                         \
-            const int64_t rows = EVEN ? base + (pass < extra) : M - m < MBV ? M - m : MBV;                      \
-            const int64_t pf0 = span * pass / passes;                                                           \
-            const int64_t pf1 = span * (pass + 1) / passes;                                                     \
-            switch (rows) {                                                                                     \
-                case 4: BLOCK(x, w, b, y, m, 4, n0, nb, N, K, next, pf0, pf1, lead); break;                           \
-                case 3: BLOCK(x, w, b, y, m, 3, n0, nb, N, K, next, pf0, pf1, lead); break;                           \
-                case 2: BLOCK(x, w, b, y, m, 2, n0, nb, N, K, next, pf0, pf1, lead); break;                           \
-                default: BLOCK(x, w, b, y, m, 1, n0, nb, N, K, next, pf0, pf1, lead); break;                          \
-            }                                                                                                   \
-            m += rows;                                                                                          \
-        }                                                                                                       \
-    }                                                                                                           \
-    TARGET void NAME(const T *x, const T *w, const T *b, T *y, int64_t M, int64_t N, int64_t K, int threads) {   \
-        const int64_t blocks = (N + NBV - 1) / NBV;                                                             \
-        _Static_assert(MBV <= 4, "a pass of more than four rows has no case below");                            \
-        if (M < 1)                                                                                              \
-            return;                                                                                             \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                       \
-        for (int64_t blk = 0; blk < blocks; blk++) {                                                            \
-            const int64_t n0 = blk * NBV;                                                                       \
-            if (n0 + NBV <= N)                                                                                  \
-                NAME##_rows(x, w, b, y, M, n0, NBV, N, K);                                                      \
-            else                                                                                                \
-                for (int64_t n = n0; n < N; n++) NAME##_rows(x, w, b, y, M, n, 1, N, K);                        \
-        }                                                                                                       \
+#define ROWS_AND_ENTRY(NAME, T, BLOCK, MBV, NBV, AHEAD_MANY, EVEN, BURST_ROWS, TARGET)                                 \
+    static inline TARGET __attribute__((always_inline)) void NAME##_rows(                                              \
+        const T *x, const T *w, const T *b, T *y, int64_t M, int64_t n0, const int nb, int64_t N, int64_t K) {         \
+        const int64_t passes = (M + MBV - 1) / MBV, span = (int64_t)nb * K, base = M / passes;                         \
+        const int64_t extra = M % passes, next = (passes == 1 ? 1 : AHEAD_MANY) * span;                                \
+        const int64_t lead = M <= BURST_ROWS ? LEAD : 1;                                                               \
+        int64_t m = 0;                                                                                                 \
+        for (int64_t pass = 0; pass < passes; pass++) {                                                                \
+            const int64_t rows = EVEN ? base + (pass < extra) : M - m < MBV ? M - m : MBV;                             \
+            const int64_t pf0 = span * pass / passes;                                                                  \
+            const int64_t pf1 = span * (pass + 1) / passes;                                                            \
+            switch (rows) {                                                                                            \
+                case 4: BLOCK(x, w, b, y, m, 4, n0, nb, N, K, next, pf0, pf1, lead); break;                            \
+                case 3: BLOCK(x, w, b, y, m, 3, n0, nb, N, K, next, pf0, pf1, lead); break;                            \
+                case 2: BLOCK(x, w, b, y, m, 2, n0, nb, N, K, next, pf0, pf1, lead); break;                            \
+                default: BLOCK(x, w, b, y, m, 1, n0, nb, N, K, next, pf0, pf1, lead); break;                           \
+            }                                                                                                          \
+            m += rows;                                                                                                 \
+        }                                                                                                              \
+    }                                                                                                                  \
+    TARGET void NAME(const T *x, const T *w, const T *b, T *y, int64_t M, int64_t N, int64_t K, int threads) {         \
+        const int64_t blocks = (N + NBV - 1) / NBV;                                                                    \
+        _Static_assert(MBV <= 4, "a pass of more than four rows has no case below");                                   \
+        if (M < 1)                                                                                                     \
+            return;                                                                                                    \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                              \
+        for (int64_t blk = 0; blk < blocks; blk++) {                                                                   \
+            const int64_t n0 = blk * NBV;                                                                              \
+            if (n0 + NBV <= N)                                                                                         \
+                NAME##_rows(x, w, b, y, M, n0, NBV, N, K);                                                             \
+            else                                                                                                       \
+                for (int64_t n = n0; n < N; n++) NAME##_rows(x, w, b, y, M, n, 1, N, K);                               \
+        }                                                                                                              \
     }
 
 /* 16 bf16 values at p as fp32 (AVX-512F; inlined into the AMX kernel, the row argmax, the int8 kernel) */

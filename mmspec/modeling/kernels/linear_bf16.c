@@ -59,11 +59,11 @@ static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
  * a 1536 x 576 weight in cache on a Zen 5 core); apart, 28 / 28 us. The passes of four rows and of
  * one stay inlined (apart, they measured 2-5 % slower from memory). The arithmetic is bf_block's
  * whatever the shape: the same bits. */
-#define BF_SHAPE(MB, NB)                                                                                              \
-    static BF16_TARGET __attribute__((noinline)) void bf_block_##MB##x##NB(                                          \
-        const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int64_t n0, int64_t N,     \
-        int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {                                                    \
-        bf_block(x, w, b, y, m0, MB, n0, NB, N, K, next_block, pf0, pf1, lead);                                                        \
+#define BF_SHAPE(MB, NB)                                                                                               \
+    static BF16_TARGET __attribute__((noinline)) void bf_block_##MB##x##NB(                                            \
+        const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int64_t n0, int64_t N,       \
+        int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {                                       \
+        bf_block(x, w, b, y, m0, MB, n0, NB, N, K, next_block, pf0, pf1, lead);                                        \
     }
 BF_SHAPE(2, 4) BF_SHAPE(3, 4) BF_SHAPE(1, 1) BF_SHAPE(2, 1) BF_SHAPE(3, 1) BF_SHAPE(4, 1)
 
