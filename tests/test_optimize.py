@@ -42,8 +42,9 @@ def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias, variant):
 
 
 def test_default_max_rows_follow_the_kernel(monkeypatch):
-    """The AVX2 fp32 kernel takes up to 48 rows (a prompt of the captioner's 35), the AMX one 64,
-    the 16-lane vector kernels and the PyTorch form 24."""
+    """The AVX2 fp32 kernel takes up to 48 rows (a prompt of the captioner's 35), the AMX one and
+    packed bf16 weights 64, the 16-lane vector kernels reading weights in place and the PyTorch
+    form 24."""
     monkeypatch.setattr(fast_linear, "fp32_variants", lambda: ("avx2",))
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ())
     assert default_max_rows("c", torch.float32) == 48 and default_max_rows("transposed", torch.float32) == 24
@@ -52,7 +53,8 @@ def test_default_max_rows_follow_the_kernel(monkeypatch):
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("amx", "avx512bf16"))
     assert default_max_rows("c", torch.bfloat16) == 64 and default_max_rows("c", torch.float32) == 24
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
-    assert default_max_rows("c", torch.bfloat16) == 24
+    assert default_max_rows("c", torch.bfloat16) == 24 and default_max_rows("c", torch.bfloat16, packed=True) == 64
+    assert default_max_rows("c", torch.float32, packed=True) == 24 and default_max_rows("transposed", torch.bfloat16, True) == 24
 
 
 @needs_kernel
@@ -168,7 +170,10 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     variant = bf16_variants()[0] + (" packed" if packable(model[0].weight) else "")  # (AMX packs whole tiles only)
     prompts = " + onednn prompts" if torch.bfloat16 in many_rows_dtypes() else ""
     assert report.variants == f"bf16 {variant}" and report.label == f"c (bf16 {variant}){prompts}" and report.prompts == bool(prompts)
-    assert model[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)  # AMX stays ahead of F.linear to 64 rows
+    assert model[0].max_rows == 64  # AMX and the packed vector kernel stay ahead of oneDNN to 64 rows
+    unpacked = nn.Sequential(nn.Linear(64, 20)).to(torch.bfloat16)
+    optimize(unpacked, kernel="c", pack=False)
+    assert unpacked[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)
     fp32 = nn.Sequential(nn.Linear(64, 20))
     assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}"
     assert fp32[0].max_rows == (48 if fp32_variants()[0] == "avx2" else 24)

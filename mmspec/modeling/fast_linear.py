@@ -37,8 +37,9 @@ took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us reading W 
 Each bf16 kernel is batch-invariant on its own; their sums differ in order, so a process uses one
 for every call: the first of :func:`bf16_variants`, or the one named by ``MMSPEC_BF16_KERNEL``
 (amx | avx512bf16), and each weight is read packed always (:meth:`FewRowLinear.packed_weight`) or
-never (``optimize(pack=False)``, or models beyond :data:`PACK_LIMIT_BYTES` /
-:data:`VECTOR_PACK_LIMIT_BYTES`: without AMX only cache-sized models are packed). Rows past ``max_rows`` (a prompt) take
+never (``optimize(pack=False)``, or models beyond :data:`PACK_LIMIT_BYTES`). Packed, the captioner's
+linears streamed from DRAM (a Zen 5 core, stop 65) took 7.5 / 8.1 / 8.6 ms for 1 / 8 / 10 rows
+against 7.9 / 10.6 / 13.4 ms in place. Rows past ``max_rows`` (a prompt) take
 oneDNN's GEMM over a copy of the weight that oneDNN reordered once
 (:meth:`FewRowLinear.many_rows_weight`, ``pack_many``: ``F.linear`` reorders the weight on every
 call, which on a Zen 5 core held a 35 x 576 by 576 x 1536 fp32 product to ~94 GFLOP/s against
@@ -238,14 +239,10 @@ def _kernel_function(dtype: torch.dtype, variant: str | None):
 
 #: the bf16 kernels' packed weights (:func:`pack_weight`) are a second copy of each linear's weight:
 #: :func:`optimize` packs a model's bf16 linears only while their bytes stay within this limit (the
-#: embedded models: 0.5-270 MB), larger ones keep the kernel that reads the weight where it is
+#: embedded models: 0.5-270 MB), larger ones keep the kernel that reads the weight where it is.
+#: (Until stop 65 the AVX512-BF16 layout was packed only up to 64 MB: its four streams a group
+#: lost to the in-place kernel from DRAM; one stream a group, it gains there too.)
 PACK_LIMIT_BYTES = 2 << 30
-#: without AMX, :func:`optimize` packs (:func:`pack_bf16`) only models whose bf16 linears total at
-#: most this: the packed vector kernel gains where the weights stay in cache (the embedded voice's
-#: 12 MB: verifications of 4-11 rows 1.2-1.6x faster in place), and did not where they stream from
-#: DRAM (the captioner's 270 MB on a Zen 5 core: plain decoding 2 % faster a token, EAGLE 1.5 %
-#: slower; docs/benchmarks.md, stop 60)
-VECTOR_PACK_LIMIT_BYTES = 64 << 20
 
 
 #: :func:`optimize` gives linears a oneDNN-packed copy for inputs past ``max_rows`` (a prompt's
@@ -285,12 +282,21 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] -> the AVX512-BF16 packed kernel's layout [ceil(N / 16), ceil(K / 2), 16, 2]
-    (contiguous, zero-padded): for each block of 16 outputs and each pair of columns, the pair for
-    the 16 outputs, in the order the kernel streams them (``kernels/linear_bf16.c``)."""
+    """W [N, K] -> the AVX512-BF16 packed kernel's layout (``kernels/linear_bf16.c``), a contiguous
+    [ceil(N / 16), ceil(K / 2), 16, 2] tensor (zero-padded) whose blocks of 16 outputs go in groups
+    of :data:`PACKED_GROUP_BLOCKS` (the last maybe fewer), each group's blocks side by side pair by
+    pair: group bytes [ceil(K / 2)][blocks][16][2], the order in which the kernel streams them."""
     n, k = weight.shape
     padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % 16))
-    return padded.view(padded.shape[0] // 16, 16, padded.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+    blocks, pairs = padded.shape[0] // 16, padded.shape[1] // 2
+    pieces = padded.view(blocks, 16, pairs, 2).split(PACKED_GROUP_BLOCKS)  # (group, 16, pairs, 2) each
+    packed = torch.cat([group.permute(2, 0, 1, 3).reshape(-1) for group in pieces])
+    return packed.view(blocks, pairs, 16, 2)
+
+
+#: blocks of 16 outputs in a group of :func:`pack_bf16`'s layout (the kernel's PK_NB): a fused
+#: projection's parts are found in its packed copy only where they start at a group
+PACKED_GROUP_BLOCKS = 4
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor:
@@ -503,19 +509,22 @@ def choose_kernel(kernel: str) -> tuple[str, str]:
         return "transposed", str(error)
 
 
-def default_max_rows(kernel: str, dtype: torch.dtype) -> int:
+def default_max_rows(kernel: str, dtype: torch.dtype, packed: bool = False) -> int:
     """Rows up to which a linear of ``dtype`` takes ``kernel``'s few-row path by default: 64 for the
     AMX kernel (faster than ``F.linear`` at every count up to 64 measured, from DRAM and from
-    cache: docs/benchmarks.md), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a
-    reordered weight up to 48 rows, alike at 64: 30 of each of the captioner's linears streamed
-    on a Zen 5 core restricted to AVX2, stop 64; so the captioner's 35-row prompt takes it: 113 ->
-    105 ms a prefill), else 24 (the 16-lane vector kernels measured faster up to 24 rows with
-    weights streamed from memory, slower at 32)."""
+    cache: docs/benchmarks.md) and for ``packed`` bf16 weights on AVX512-BF16 (the packed kernel
+    as fast as oneDNN's GEMM over a reordered weight at 64 rows in cache, faster from DRAM: the
+    captioner's 35-row prompt takes it, through the fused layers, 47 -> 36 ms a prefill on a Zen 5
+    core, stop 65), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a reordered weight
+    up to 48 rows, alike at 64: 30 of each of the captioner's linears streamed on a Zen 5 core
+    restricted to AVX2, stop 64; so the captioner's 35-row prompt takes it: 113 -> 105 ms a
+    prefill), else 24 (the 16-lane vector kernels reading the weight in place measured faster up
+    to 24 rows with weights streamed from memory, slower at 32)."""
     if kernel != "c":
         return 24
     amx = dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)
     avx2 = dtype == torch.float32 and fp32_variants()[:1] == ("avx2",)
-    return 64 if amx else 48 if avx2 else 24
+    return 64 if amx or (packed and dtype == torch.bfloat16) else 48 if avx2 else 24
 
 
 def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None, pack: bool | None = None,
@@ -530,7 +539,7 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
         max_rows: rows up to which the few-row path is taken (a verification's tokens, times 2
             under classifier-free guidance, or a tree's nodes); more go to ``F.linear``. None:
             :func:`default_max_rows` per linear (24; 48 for fp32 linears on the AVX2 kernel, 64 for bf16
-            linears on the AMX kernel). On the
+            linears on the AMX kernel or packed). On the
             embedded text-to-image model, SJD's 18-row verification took 0.93 s per image through
             the fp32 kernel against 1.13 s with F.linear. (A fused decoder layer of AMX linears
             takes up to 128 rows under the default limit: :data:`mmspec.modeling.fused.AMX_FUSED_ROWS`.)
@@ -538,9 +547,9 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             (:func:`pack_weight`, at the cost of a second copy): on AMX (:func:`pack_amx`) the same
             results, weights streamed ~10 % faster from memory and up to 1.5x from cache; on
             AVX512-BF16 (:func:`pack_bf16`) the packed kernel's own sums, 1.8-2.8x faster for 1-16
-            rows of the embedded voice's projections. None: where the C kernel runs and the
-            replaced bf16 weights total at most :data:`PACK_LIMIT_BYTES` (AMX) or
-            :data:`VECTOR_PACK_LIMIT_BYTES` (AVX512-BF16).
+            rows of the embedded voice's projections, and from DRAM 1.05x for one row, 1.3x for
+            eight (the captioner). None: where the C kernel runs and the replaced bf16 weights total
+            at most :data:`PACK_LIMIT_BYTES`.
         pack_many: inputs past ``max_rows`` (a prompt) take oneDNN's GEMM over a copy of the weight
             it reorders once (:meth:`FewRowLinear.many_rows_weight`) instead of ``F.linear``, which
             reorders it on every call: on a Zen 5 core the embedded captioner's prefill (image
@@ -570,14 +579,14 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
         return OptimizeReport("none", 0, skipped, reason)
     if pack is None:
         packed_bytes = sum(child.weight.nbytes for _, _, child in candidates if packable(child.weight))
-        limit = PACK_LIMIT_BYTES if bf16_variants()[:1] == ("amx",) else VECTOR_PACK_LIMIT_BYTES
-        pack = chosen == "c" and 0 < packed_bytes <= limit
+        pack = chosen == "c" and 0 < packed_bytes <= PACK_LIMIT_BYTES
     if pack_many is None:
         many_bytes = sum(child.weight.nbytes for _, _, child in candidates if child.weight.dtype in many_rows_dtypes())
         pack_many = 0 < many_bytes <= MANY_ROWS_PACK_LIMIT_BYTES
     many = [pack_many and child.weight.dtype in many_rows_dtypes() for _, _, child in candidates]
     for (parent, name, child), child_many in zip(candidates, many):
-        setattr(parent, name, FewRowLinear(child, chosen, max_rows or default_max_rows(chosen, child.weight.dtype), pack, child_many))
+        rows = max_rows or default_max_rows(chosen, child.weight.dtype, pack and packable(child.weight))
+        setattr(parent, name, FewRowLinear(child, chosen, rows, pack, child_many))
     variants = ""
     if chosen == "c":
         replaced = {child.weight.dtype for _, _, child in candidates}

@@ -37,7 +37,8 @@ from ..core.cache import CACHE_COMPACTORS, PreallocatedLayer
 from ..core.sampling import SamplingConfig
 from ..cpu import cpu_flags
 from .attention import MAX_HEAD_DIM, mask_strides
-from .fast_linear import FewRowLinear, bf16_variants, default_max_rows, fp32_variants, load_kernel, weight_version
+from .fast_linear import (PACKED_GROUP_BLOCKS, FewRowLinear, bf16_variants, default_max_rows, fp32_variants, load_kernel,
+                          weight_version)
 from .kernel_ids import Int8Path, LinearKernel
 
 #: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
@@ -201,12 +202,13 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
         return None
     kernel, weights = variants[0], [m.weight for m in linears]
     # the kernel reads packed copies where every linear has one; LlamaGen's q, k and v blocks of one
-    # weight are found in its packed copy alike only where 16 divides them (a packed block of 16 rows
-    # starts where the row does in W, for an even width). AVX512-BF16 sums packed weights in an order
-    # of its own, so a layer whose linears are packed only in part is not fused (each linear then runs
-    # as its module does)
+    # weight are found in its packed copy alike only where each starts at a packed group (AMX: a
+    # block of 16 rows; AVX512-BF16: PACKED_GROUP_BLOCKS of them, their pairs interleaved), for an
+    # even width. AVX512-BF16 sums packed weights in an order of its own, so a layer whose linears
+    # are packed only in part is not fused (each linear then runs as its module does)
     packed = [m.packed_weight() for m in linears]
-    blocks_found = len(qkv) > 1 or ((heads * head_dim) % 16 == 0 and (kv_heads * head_dim) % 16 == 0
+    group = 16 if kernel == "amx" else 16 * PACKED_GROUP_BLOCKS
+    blocks_found = len(qkv) > 1 or ((heads * head_dim) % group == 0 and (kv_heads * head_dim) % group == 0
                                     and norm1.shape[0] % 2 == 0)
     if None not in packed and blocks_found:
         kernel, weights = f"{kernel} packed", packed

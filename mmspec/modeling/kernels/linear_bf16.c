@@ -82,36 +82,50 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4,
  *
  * The kernel above keeps k in the lanes: each output ends in a horizontal sum, and with the short K
  * of a small model (256 on the embedded voice: 8 steps of 32) those sums, not the products, bound
- * it. Here W is packed (:func:`mmspec.modeling.fast_linear.pack_bf16`) as p [ceil(N / 16)][K2][16][2],
- * K2 = ceil(K / 2): for each block of 16 outputs and each pair of columns (2k, 2k + 1), one 64-byte
- * vector holding the pair for the 16 outputs (zero-padded past N and K). A row's pair (x_2k,
- * x_2k+1) is broadcast to every lane and vdpbf16ps adds both products to the 16 outputs' fp32 sums:
- * no horizontal sum, every weight byte read once per pass of up to PK_MB rows (M rows in passes of
- * equal size), each block a sequential stream prefetched PK_AHEAD pairs ahead. Each output's sum
- * runs over the pairs in order 0 .. K2 - 1, then the bias, rounded to nearest-even bf16 once: the
- * same bits for a row alone or among others (batch-invariant), but not the bits of the kernel
- * above, so a weight keeps to one of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42 projections took 90 /
- * 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us above (weights in L3). */
-#define PK_MB 6 /* rows per pass: 24 accumulators + 4 weights + 1 broadcast of the 32 zmm registers */
-#define PK_NB 4 /* blocks of 16 outputs per pass */
-#define PK_AHEAD 32 /* pairs prefetched ahead in each block's stream (2 KB): a model streamed from DRAM
-                       (the captioner's 270 MB) kept up with the in-place kernel's prefetch only with
-                       it (4-11 rows: 0.92 / 0.89x without, 1.0-1.4x with) */
+ * it. Here W is packed (:func:`mmspec.modeling.fast_linear.pack_bf16`) in groups of PK_NB blocks of
+ * 16 outputs (the last group maybe fewer), K2 = ceil(K / 2) pairs of columns: group g's bytes are
+ * [K2][nb][16][2], for each pair (2k, 2k + 1) one 64-byte vector per block holding the pair for its 16
+ * outputs (zero-padded past N and K), the group's blocks side by side. A row's pair (x_2k, x_2k+1) is
+ * broadcast to every lane and vdpbf16ps adds both products to the 16 outputs' fp32 sums: no
+ * horizontal sum, and a group is one sequential stream (four streams, one per block, kept DRAM
+ * behind: the captioner's linears 8.6 -> 8.0 ms a row on a Zen 5 core).
+ *
+ * M rows go in passes of equal size, at most PK_MB each (24 accumulators + 4 weights + 1 broadcast
+ * of the 32 zmm registers). One pass reads the group's stream once, prefetched PK_AHEAD bytes
+ * ahead. Several passes take the group in chunks of PK_CHUNK pairs: every pass runs over a chunk
+ * (its sums kept in memory between chunks) and together they prefetch the next chunk, so the
+ * weight streams from DRAM without a pause while the later passes read the chunk from L1 (a second
+ * pass over a whole group read it from L2 with no DRAM traffic meanwhile: the captioner's linears,
+ * 8 rows, 10.0 -> 8.4 ms). Each output's sum runs over the pairs in order 0 .. K2 - 1, then the bias,
+ * rounded to nearest-even bf16 once: the same bits for a row alone or among others, whatever the
+ * passes or chunks (batch-invariant), but not the bits of the kernel above, so a weight keeps to one
+ * of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42
+ * projections took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us above (weights
+ * in L3). */
+#define PK_MB 6 /* rows per pass */
+#define PK_NB 4 /* blocks of 16 outputs in a group (the packed layout's) */
+#define PK_CHUNK 48 /* pairs a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
+#define PK_AHEAD 4096 /* bytes a lone pass prefetches ahead */
+#define PK_LONE 2 /* rows up to which a lone pass leaves the prefetch to the hardware */
 
+/* rows [m0, m0 + mb) against pairs [kp0, kp1) of the group at src (nb blocks, the first blk0):
+ * sums start at zero (first) or from buf, and end in y (last, with the bias) or in buf. Meanwhile
+ * pf_bytes from pf are prefetched, as evenly over the steps as whole lines allow. */
 static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
-    const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t blk0,
-    const int nb, int64_t N, int64_t K) {
-    const int64_t pairs = (K + 1) / 2, full = K / 2;
-    const uint16_t *src = p + blk0 * pairs * 32;
+    const uint16_t *x, const uint16_t *src, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t blk0,
+    const int nb, int64_t N, int64_t K, int64_t kp0, int64_t kp1, float *buf, const char *pf, int64_t pf_bytes,
+    int first, int last) {
+    const int64_t full = K / 2;
     __m512 acc[PK_MB][PK_NB];
     for (int i = 0; i < mb; i++)
-        for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t kp = 0; kp < pairs; kp++) {
+        for (int j = 0; j < nb; j++) acc[i][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(buf + (i * PK_NB + j) * 16);
+    const int64_t steps = kp1 - kp0, per = steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
+    int64_t ahead = 0;
+    for (int64_t kp = kp0; kp < kp1; kp++) {
+        for (int64_t q = 0; q < per && ahead < pf_bytes; q += 64, ahead += 64) _mm_prefetch(pf + ahead, _MM_HINT_T0);
+        const uint16_t *pair_w = src + kp * nb * 32;
         __m512bh wv[PK_NB];
-        for (int j = 0; j < nb; j++) {
-            _mm_prefetch((const char *)(src + (j * pairs + kp + PK_AHEAD) * 32), _MM_HINT_T0);
-            wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(src + (j * pairs + kp) * 32));
-        }
+        for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(pair_w + j * 32));
         for (int i = 0; i < mb; i++) {
             const uint16_t *row = x + (m0 + i) * K + 2 * kp;
             int32_t pair = row[0]; /* K odd, the last pair: (x_K-1, 0) */
@@ -119,6 +133,11 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
             const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
             for (int j = 0; j < nb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xb);
         }
+    }
+    if (!last) {
+        for (int i = 0; i < mb; i++)
+            for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
+        return;
     }
     for (int j = 0; j < nb; j++) {
         const int64_t n0 = (blk0 + j) * 16, valid = N - n0 < 16 ? N - n0 : 16;
@@ -135,30 +154,45 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
 
 /* every (rows, blocks) shape a pass takes, apart (as bf_block's: GCC keeps their registers) */
 #define PK_SHAPE(MB, NB)                                                                                             \
-    static BF16_TARGET __attribute__((noinline)) void pk_##MB##x##NB(const uint16_t *x, const uint16_t *p,          \
-        const uint16_t *b, uint16_t *y, int64_t m0, int64_t blk0, int64_t N, int64_t K) {                            \
-        pk_block(x, p, b, y, m0, MB, blk0, NB, N, K);                                                                \
+    static BF16_TARGET __attribute__((noinline)) void pk_##MB##x##NB(                                                \
+        const uint16_t *x, const uint16_t *src, const uint16_t *b, uint16_t *y, int64_t m0, int64_t blk0, int64_t N, \
+        int64_t K, int64_t kp0, int64_t kp1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {    \
+        pk_block(x, src, b, y, m0, MB, blk0, NB, N, K, kp0, kp1, buf, pf, pf_bytes, first, last);                    \
     }
 #define PK_ROWS(NB) PK_SHAPE(1, NB) PK_SHAPE(2, NB) PK_SHAPE(3, NB) PK_SHAPE(4, NB) PK_SHAPE(5, NB) PK_SHAPE(6, NB)
 PK_ROWS(1) PK_ROWS(2) PK_ROWS(3) PK_ROWS(4)
 
-typedef void (*pk_pass)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int64_t);
+typedef void (*pk_pass)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, float *, const char *, int64_t, int, int);
 static const pk_pass PK_PASSES[PK_NB][PK_MB] = {
     {pk_1x1, pk_2x1, pk_3x1, pk_4x1, pk_5x1, pk_6x1}, {pk_1x2, pk_2x2, pk_3x2, pk_4x2, pk_5x2, pk_6x2},
     {pk_1x3, pk_2x3, pk_3x3, pk_4x3, pk_5x3, pk_6x3}, {pk_1x4, pk_2x4, pk_3x4, pk_4x4, pk_5x4, pk_6x4}};
 
-/* y [M, N] = x [M, K] W^T (+ b), W packed as above (p); OpenMP over groups of PK_NB blocks */
+/* y [M, N] = x [M, K] W^T (+ b), W packed as above (p); OpenMP over the groups */
 BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
                                              int64_t M, int64_t N, int64_t K, int threads) {
     if (M <= 0) return;
-    const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB;
+    const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB, pairs = (K + 1) / 2;
+    const int64_t passes = (M + PK_MB - 1) / PK_MB, per = (M + passes - 1) / passes; /* 8 rows: 4 + 4, not 6 + 2 */
     _Pragma("omp parallel for num_threads(threads) schedule(static)")
     for (int64_t g = 0; g < groups; g++) {
         const int64_t blk0 = g * PK_NB, nb = blocks - blk0 < PK_NB ? blocks - blk0 : PK_NB;
-        const int64_t passes = (M + PK_MB - 1) / PK_MB, per = (M + passes - 1) / passes; /* 8 rows: 4 + 4, not 6 + 2 */
-        for (int64_t m = 0; m < M; m += per) {
-            const int64_t mb = M - m < per ? M - m : per;
-            PK_PASSES[nb - 1][mb - 1](x, p, b, y, m, blk0, N, K);
+        const uint16_t *src = p + blk0 * pairs * 32;
+        if (passes == 1) { /* the group's stream once, PK_AHEAD bytes ahead (up to PK_LONE rows: the hardware's prefetch alone) */
+            PK_PASSES[nb - 1][M - 1](x, src, b, y, 0, blk0, N, K, 0, pairs, NULL, (const char *)src + PK_AHEAD,
+                                     M <= PK_LONE ? 0 : nb * pairs * 64, 1, 1);
+            continue;
+        }
+        float sums[passes][PK_MB * PK_NB * 16] __attribute__((aligned(64)));
+        for (int64_t kp0 = 0; kp0 < pairs; kp0 += PK_CHUNK) {
+            const int64_t kp1 = kp0 + PK_CHUNK < pairs ? kp0 + PK_CHUNK : pairs;
+            const char *next = (const char *)(src + kp1 * nb * 32); /* the stream past this chunk */
+            const int64_t bytes = PK_CHUNK * nb * 64;
+            for (int64_t pass = 0, m = 0; m < M; pass++, m += per) {
+                const int64_t rows = M - m < per ? M - m : per, pf0 = bytes * pass / passes;
+                PK_PASSES[nb - 1][rows - 1](x, src, b, y, m, blk0, N, K, kp0, kp1, sums[pass], next + pf0,
+                                            bytes * (pass + 1) / passes - pf0, kp0 == 0, kp1 == pairs);
+            }
         }
     }
 }
