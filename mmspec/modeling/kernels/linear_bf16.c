@@ -87,25 +87,27 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4,
  * [K2][nb][16][2], for each pair (2k, 2k + 1) one 64-byte vector per block holding the pair for its 16
  * outputs (zero-padded past N and K), the group's blocks side by side. A row's pair (x_2k, x_2k+1) is
  * broadcast to every lane and vdpbf16ps adds both products to the 16 outputs' fp32 sums: no
- * horizontal sum, and a group is one sequential stream (four streams, one per block, kept DRAM
- * behind: the captioner's linears 8.6 -> 8.0 ms a row on a Zen 5 core).
+ * horizontal sum, and a group is one sequential stream (until stop 65 each block was a stream of
+ * its own, four at once, which kept DRAM behind: the captioner's linears streamed from DRAM on a
+ * Zen 5 core, one row 8.6 -> 7.5 ms, and the in-place kernel above 7.9 ms).
  *
  * M rows go in passes of equal size, at most PK_MB each (24 accumulators + 4 weights + 1 broadcast
- * of the 32 zmm registers). One pass reads the group's stream once, prefetched PK_AHEAD bytes
- * ahead. Several passes take the group in chunks of PK_CHUNK pairs: every pass runs over a chunk
+ * of the 32 zmm registers). One pass reads the group's stream once: up to PK_LONE rows leaving the
+ * prefetch to the hardware (ours, PK_AHEAD bytes ahead, cost one row 7.3 -> 7.9 ms), more rows
+ * with it. Several passes take the group in chunks of PK_CHUNK pairs: every pass runs over a chunk
  * (its sums kept in memory between chunks) and together they prefetch the next chunk, so the
  * weight streams from DRAM without a pause while the later passes read the chunk from L1 (a second
  * pass over a whole group read it from L2 with no DRAM traffic meanwhile: the captioner's linears,
- * 8 rows, 10.0 -> 8.4 ms). Each output's sum runs over the pairs in order 0 .. K2 - 1, then the bias,
- * rounded to nearest-even bf16 once: the same bits for a row alone or among others, whatever the
- * passes or chunks (batch-invariant), but not the bits of the kernel above, so a weight keeps to one
- * of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42
+ * 8 rows, 10.0 -> 8.1 ms, against 10.6 ms in place). Each output's sum runs over the pairs in order
+ * 0 .. K2 - 1, then the bias, rounded to nearest-even bf16 once: the same bits for a row alone or
+ * among others, whatever the passes or chunks (batch-invariant), but not the bits of the kernel
+ * above, so a weight keeps to one of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42
  * projections took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us above (weights
  * in L3). */
 #define PK_MB 6 /* rows per pass */
 #define PK_NB 4 /* blocks of 16 outputs in a group (the packed layout's) */
 #define PK_CHUNK 48 /* pairs a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
-#define PK_AHEAD 4096 /* bytes a lone pass prefetches ahead */
+#define PK_AHEAD 4096 /* bytes a lone pass of more than PK_LONE rows prefetches ahead */
 #define PK_LONE 2 /* rows up to which a lone pass leaves the prefetch to the hardware */
 
 /* rows [m0, m0 + mb) against pairs [kp0, kp1) of the group at src (nb blocks, the first blk0):
@@ -178,7 +180,7 @@ BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *
     for (int64_t g = 0; g < groups; g++) {
         const int64_t blk0 = g * PK_NB, nb = blocks - blk0 < PK_NB ? blocks - blk0 : PK_NB;
         const uint16_t *src = p + blk0 * pairs * 32;
-        if (passes == 1) { /* the group's stream once, PK_AHEAD bytes ahead (up to PK_LONE rows: the hardware's prefetch alone) */
+        if (passes == 1) { /* the group's stream once (prefetch: see above) */
             PK_PASSES[nb - 1][M - 1](x, src, b, y, 0, blk0, N, K, 0, pairs, NULL, (const char *)src + PK_AHEAD,
                                      M <= PK_LONE ? 0 : nb * pairs * 64, 1, 1);
             continue;
