@@ -113,7 +113,8 @@ def test_the_packed_amx_kernel_gives_the_strided_kernels_results(n, k, bias):
 def test_the_packed_avx512bf16_kernel(n, k, bias, monkeypatch):
     """pack_bf16 (the outputs in the lanes, any shape: zero-padded to 16 outputs and an even K):
     close to F.linear in float64, and batch-invariant: every row count (a pass of 6 rows, parts of
-    one, several) gives each row bitwise what it gets alone; FewRowLinear reads its packed copy."""
+    one, several passes over chunks, slabs of them) gives each row bitwise what it gets alone;
+    FewRowLinear reads its packed copy."""
     if "avx512bf16" not in bf16_variants():
         pytest.skip("the packed vector kernel needs AVX512-BF16")
     import mmspec.modeling.fast_linear as fast_linear
@@ -132,6 +133,8 @@ def test_the_packed_avx512bf16_kernel(n, k, bias, monkeypatch):
     assert torch.equal(out, alone)
     for rows in (2, 5, 6, 7, 12, 13):
         assert torch.equal(few_rows_linear(x[3 : 3 + rows], weight, b, packed=packed), out[3 : 3 + rows])
+    many = torch.cat([x] * 5)  # 125 rows: past a slab of 96, in two (the passes' scratch is bounded)
+    assert torch.equal(few_rows_linear(many, weight, b, packed=packed), torch.cat([out] * 5))
     assert not torch.equal(few_rows_linear(x, weight, b, packed=fast_linear.pack_bf16(weight.roll(1, 1))), out)
     linear = nn.Linear(k, n, bias=bias).bfloat16()
     with torch.no_grad():

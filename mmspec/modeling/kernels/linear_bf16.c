@@ -109,6 +109,7 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4,
 #define PK_CHUNK 48 /* pairs a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
 #define PK_AHEAD 4096 /* bytes a lone pass of more than PK_LONE rows prefetches ahead */
 #define PK_LONE 2 /* rows up to which a lone pass leaves the prefetch to the hardware */
+#define PK_SLAB (16 * PK_MB) /* rows at most in one set of passes (more go in slabs of it: the scratch of their sums bounded) */
 
 /* rows [m0, m0 + mb) against pairs [kp0, kp1) of the group at src (nb blocks, the first blk0):
  * sums start at zero (first) or from buf, and end in y (last, with the bias) or in buf. Meanwhile
@@ -174,6 +175,11 @@ static const pk_pass PK_PASSES[PK_NB][PK_MB] = {
 BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
                                              int64_t M, int64_t N, int64_t K, int threads) {
     if (M <= 0) return;
+    if (M > PK_SLAB) {
+        for (int64_t r = 0; r < M; r += PK_SLAB)
+            few_rows_linear_bf16_packed(x + r * K, p, b, y + r * N, M - r < PK_SLAB ? M - r : PK_SLAB, N, K, threads);
+        return;
+    }
     const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB, pairs = (K + 1) / 2;
     const int64_t passes = (M + PK_MB - 1) / PK_MB, per = (M + passes - 1) / passes; /* 8 rows: 4 + 4, not 6 + 2 */
     _Pragma("omp parallel for num_threads(threads) schedule(static)")
