@@ -244,6 +244,22 @@ def _started(target, drafters, sampling=None):
     return state
 
 
+def _same_head_cache(fused, loop, length, dtype):
+    """The head's keys after the fused drafter and after the Python loop: bitwise in bf16; in fp32
+    within an ULP. The fused drafter feeds all but the last prompt pair through the head's modules and
+    the last in C, the loop all through the modules; the C layer's RMSNorm sums its squares in 8
+    lanes, PyTorch's mean in an order of its own, so in fp32 a row's norm can differ by an ULP (a fc
+    output on a Zen 5 core: mean of squares 0.14111826 in C against 0.14111829), which the packed
+    fp32 fc of stop 65 brought out; in bf16 the normed row's rounding hides it. Plain and
+    speculative decoding keep to one path: plain steps and verifications up to the fused layers'
+    limit (64 rows packed) run the C layer."""
+    mine, theirs = fused.layers[0].keys[..., :length, :], loop.layers[0].keys[..., :length, :]
+    if dtype == torch.float32:
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
+    else:
+        assert torch.equal(mine, theirs)
+
+
 def _accept_first_children(target, state, draft, most, drafters):
     """Verify a tree ``draft`` as if up to ``most`` of its first children were accepted (fewer where
     the line ends), commit them and the target's next token, and tell every drafter."""
@@ -291,7 +307,7 @@ def test_the_fused_eagle_chain_drafts_what_the_loop_drafts(dtype, do_sample, voc
                 assert mine.probs is None and theirs.probs is None
             length = fused.cache.get_seq_length()
             assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
-            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            _same_head_cache(fused.cache, loop.cache, length, dtype)
             out = target.forward(state, state.verification_inputs(mine.tokens), hidden_layer=-1)
             accepted = min(step % 3, mine.length)  # 0, 1, 2, 0 drafts kept, then the target's next token
             state.commit(torch.cat([mine.tokens[:, :accepted], out.logits[:, accepted].argmax(-1, keepdim=True)], dim=1))
@@ -336,7 +352,7 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
             assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards + 1  # (the prompt's pairs in two)
             length = fused.cache.get_seq_length()
             assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
-            assert torch.equal(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :])
+            _same_head_cache(fused.cache, loop.cache, length, dtype)
             _accept_first_children(target, state, mine, step % 3, (fused, loop))
     assert len(trees) == 4 and all(tree is not None for tree in trees)  # (the first: the prompt's pairs but the last fed first)
     assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)  # (a random head: auto keeps none)

@@ -12,7 +12,8 @@ from mmspec.core.cache import crop_cache, make_cache
 from mmspec.modeling import fused
 from kernel_support import needs_kernel
 
-from mmspec.modeling.fast_linear import bf16_kernel_available, bf16_variants, cpu_flags, default_max_rows, optimize
+from mmspec.modeling.fast_linear import (bf16_kernel_available, bf16_variants, cpu_flags, default_max_rows, optimize,
+                                         packable)
 from mmspec.modeling.fused import fused_enabled, fused_plans, layer_plan
 from mmspec.modeling.lean import lean_forward
 
@@ -134,7 +135,8 @@ def test_fused_layers_step_aside(monkeypatch):
     with torch.inference_mode():
         lean_forward(model, torch.randn(1, 5, 64), cache)
         assert fused_plans(model.layers, cache, 4, torch.float32, torch.device("cpu")) is not None
-        beyond = default_max_rows("c", torch.float32) + 1  # (25; 49 on the AVX2 kernel)
+        beyond = model.layers[0].mlp.up_proj.max_rows + 1  # (65 packed for the 16-lane kernel; 49 on the AVX2 one)
+        assert beyond - 1 == default_max_rows("c", torch.float32, packable(model.layers[0].mlp.up_proj.weight))
         assert fused_plans(model.layers, cache, beyond, torch.float32, torch.device("cpu")) is None  # beyond max_rows
         assert fused_plans(model.layers, None, 1, torch.float32, torch.device("cpu")) is None
         assert fused_plans(model.layers, cache, 1, torch.bfloat16, torch.device("cpu")) is None

@@ -43,8 +43,7 @@ def test_the_kernel_is_a_linear_and_batch_invariant(n, k, bias, variant):
 
 def test_default_max_rows_follow_the_kernel(monkeypatch):
     """The AVX2 fp32 kernel takes up to 48 rows (a prompt of the captioner's 35), the AMX one and
-    packed bf16 weights 64, the 16-lane vector kernels reading weights in place and the PyTorch
-    form 24."""
+    packed weights 64, the 16-lane vector kernels reading weights in place and the PyTorch form 24."""
     monkeypatch.setattr(fast_linear, "fp32_variants", lambda: ("avx2",))
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ())
     assert default_max_rows("c", torch.float32) == 48 and default_max_rows("transposed", torch.float32) == 24
@@ -54,7 +53,7 @@ def test_default_max_rows_follow_the_kernel(monkeypatch):
     assert default_max_rows("c", torch.bfloat16) == 64 and default_max_rows("c", torch.float32) == 24
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
     assert default_max_rows("c", torch.bfloat16) == 24 and default_max_rows("c", torch.bfloat16, packed=True) == 64
-    assert default_max_rows("c", torch.float32, packed=True) == 24 and default_max_rows("transposed", torch.bfloat16, True) == 24
+    assert default_max_rows("c", torch.float32, packed=True) == 64 and default_max_rows("transposed", torch.bfloat16, True) == 24
 
 
 @needs_kernel
@@ -108,35 +107,40 @@ def test_the_packed_amx_kernel_gives_the_strided_kernels_results(n, k, bias):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("n,k,bias", [(16, 32, False), (48, 96, True), (257, 256, True), (20, 33, True), (768, 256, False),
                                       (256, 768, True)])
-def test_the_packed_avx512bf16_kernel(n, k, bias, monkeypatch):
-    """pack_bf16 (the outputs in the lanes, any shape: zero-padded to 16 outputs and an even K):
-    close to F.linear in float64, and batch-invariant: every row count (a pass of 6 rows, parts of
-    one, several passes over chunks, slabs of them) gives each row bitwise what it gets alone;
-    FewRowLinear reads its packed copy."""
-    if "avx512bf16" not in bf16_variants():
-        pytest.skip("the packed vector kernel needs AVX512-BF16")
+def test_the_packed_vector_kernels(n, k, bias, dtype, monkeypatch):
+    """pack_bf16 / pack_fp32 (the outputs in the lanes, any shape: zero-padded to 16 outputs, bf16
+    to an even K): close to F.linear in float64, and batch-invariant: every row count (a pass of 6
+    rows, parts of one, several passes over chunks, slabs of them) gives each row bitwise what it
+    gets alone; FewRowLinear reads its packed copy."""
     import mmspec.modeling.fast_linear as fast_linear
 
+    bf16 = dtype == torch.bfloat16
+    kernel, variants = ("avx512bf16", "bf16_variants") if bf16 else ("avx512", "fp32_variants")
+    if kernel not in getattr(fast_linear, variants)():
+        pytest.skip(f"the packed {kernel} kernel does not run here")
+    pack = fast_linear.pack_bf16 if bf16 else fast_linear.pack_fp32
     gen = torch.Generator().manual_seed(n + k)
-    weight = torch.randn(n, k, generator=gen).bfloat16()
-    b = torch.randn(n, generator=gen).bfloat16() if bias else None
-    x = torch.randn(25, k, generator=gen).bfloat16()
-    packed = fast_linear.pack_bf16(weight)
-    assert packed.shape == ((n + 15) // 16, (k + 1) // 2, 16, 2)
-    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))  # (on an AMX machine too)
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    x = torch.randn(25, k, generator=gen).to(dtype)
+    packed = pack(weight)
+    assert packed.shape == (((n + 15) // 16, (k + 1) // 2, 16, 2) if bf16 else ((n + 15) // 16, k, 16))
+    monkeypatch.setattr(fast_linear, variants, lambda: (kernel,))  # (the default here: on an AMX machine too)
     out = few_rows_linear(x, weight, b, packed=packed)
     reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
-    torch.testing.assert_close(out.double(), reference, atol=1e-4 * k ** 0.5, rtol=2 ** -8)
+    torch.testing.assert_close(out.double(), reference, **(dict(atol=1e-4 * k ** 0.5, rtol=2 ** -8) if bf16
+                                                          else dict(atol=1e-5 * k ** 0.5, rtol=1e-5)))
     alone = torch.cat([few_rows_linear(x[i : i + 1], weight, b, packed=packed) for i in range(25)])
     assert torch.equal(out, alone)
     for rows in (2, 5, 6, 7, 12, 13):
         assert torch.equal(few_rows_linear(x[3 : 3 + rows], weight, b, packed=packed), out[3 : 3 + rows])
     many = torch.cat([x] * 5)  # 125 rows: past a slab of 96, in two (the passes' scratch is bounded)
     assert torch.equal(few_rows_linear(many, weight, b, packed=packed), torch.cat([out] * 5))
-    assert not torch.equal(few_rows_linear(x, weight, b, packed=fast_linear.pack_bf16(weight.roll(1, 1))), out)
-    linear = nn.Linear(k, n, bias=bias).bfloat16()
+    assert not torch.equal(few_rows_linear(x, weight, b, packed=pack(weight.roll(1, 1))), out)
+    linear = nn.Linear(k, n, bias=bias).to(dtype)
     with torch.no_grad():
         linear.weight.copy_(weight)
         if bias:
@@ -150,7 +154,8 @@ def test_the_packed_avx512bf16_kernel(n, k, bias, monkeypatch):
 def test_packed_weights_are_read_by_the_kernel_they_are_packed_for(monkeypatch):
     """few_rows_linear(packed=...) reads a weight packed for this machine's default bf16 kernel:
     AMX tiles where the process runs another (a tile instruction without the tile state would
-    fault), AVX512-BF16's layout where AMX runs, are refused in one line."""
+    fault), AVX512-BF16's layout where AMX runs, the 16-lane fp32 layout where the AVX2 kernel is
+    fp32's, are refused in one line."""
     import mmspec.modeling.fast_linear as fast_linear
 
     weight, x = torch.randn(16, 32).bfloat16(), torch.randn(2, 32).bfloat16()
@@ -158,6 +163,10 @@ def test_packed_weights_are_read_by_the_kernel_they_are_packed_for(monkeypatch):
         monkeypatch.setattr(fast_linear, "bf16_variants", lambda default=default: default)
         with pytest.raises(KernelUnavailable, match=f"this machine's default bf16 kernel is {default[0]}"):
             fast_linear.few_rows_linear(x, weight, packed=other(weight))
+    monkeypatch.setattr(fast_linear, "fp32_variants", lambda: ("avx2",))
+    with pytest.raises(KernelUnavailable, match="this machine's default fp32 kernel is avx2"):
+        fast_linear.few_rows_linear(x.float(), weight.float(), packed=fast_linear.pack_fp32(weight.float()))
+    assert not fast_linear.packable(weight.float())
 
 
 @needs_kernel
@@ -178,8 +187,9 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
     optimize(unpacked, kernel="c", pack=False)
     assert unpacked[0].max_rows == (64 if bf16_variants()[0] == "amx" else 24)
     fp32 = nn.Sequential(nn.Linear(64, 20))
-    assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}"
-    assert fp32[0].max_rows == (48 if fp32_variants()[0] == "avx2" else 24)
+    packs = fp32_variants()[0] == "avx512"  # (the 16-lane fp32 kernel reads packed weights; the AVX2 one in place)
+    assert optimize(fp32, kernel="c").variants == f"fp32 {fp32_variants()[0]}" + (" packed" if packs else "")
+    assert fp32[0].max_rows == (64 if packs else 48 if fp32_variants()[0] == "avx2" else 24)
     try:
         for wanted in bf16_variants():
             monkeypatch.setenv("MMSPEC_BF16_KERNEL", wanted)

@@ -39,7 +39,10 @@ for every call: the first of :func:`bf16_variants`, or the one named by ``MMSPEC
 (amx | avx512bf16), and each weight is read packed always (:meth:`FewRowLinear.packed_weight`) or
 never (``optimize(pack=False)``, or models beyond :data:`PACK_LIMIT_BYTES`). Packed, the captioner's
 linears streamed from DRAM (a Zen 5 core, stop 65) took 7.5 / 8.1 / 8.6 ms for 1 / 8 / 10 rows
-against 7.9 / 10.6 / 13.4 ms in place. Rows past ``max_rows`` (a prompt) take
+against 7.9 / 10.6 / 13.4 ms in place. Where the 16-lane kernel is fp32's (AVX-512), fp32 weights
+are packed the same way (:func:`pack_fp32`, one column a step; its own sums again): the captioner's
+fp32 linears 15.3 / 17.2 / 17.9 ms for 1 / 8 / 12 rows against 17.9 / 24.0 / 31.3 ms in place.
+Rows past ``max_rows`` (a prompt) take
 oneDNN's GEMM over a copy of the weight that oneDNN reordered once
 (:meth:`FewRowLinear.many_rows_weight`, ``pack_many``: ``F.linear`` reorders the weight on every
 call, which on a Zen 5 core held a 35 x 576 by 576 x 1536 fp32 product to ~94 GFLOP/s against
@@ -120,8 +123,9 @@ def load_kernel() -> ctypes.CDLL:
             raise KernelUnavailable(f"the C kernels' cache {path.parent} cannot be written ({error.strerror or error}); "
                                     "set MMSPEC_CACHE to a writable directory to use them") from error
     library = ctypes.CDLL(str(path))
-    for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_bf16,
-                     library.few_rows_linear_bf16_packed, library.few_rows_linear_amx, library.few_rows_linear_amx_packed):
+    for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_avx512_packed,
+                     library.few_rows_linear_bf16, library.few_rows_linear_bf16_packed, library.few_rows_linear_amx,
+                     library.few_rows_linear_amx_packed):
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         function.restype = ctypes.c_int if function in (library.few_rows_linear_amx, library.few_rows_linear_amx_packed) else None
     library.few_rows_linear_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
@@ -181,20 +185,20 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     ``variant``: the kernel for the weight's dtype, one of :func:`fp32_variants` or
     :func:`bf16_variants` (default: its first; the kernels of a dtype sum in different orders, so
     one machine keeps to one). ``packed``: the weight as :func:`pack_weight` lays it out for this
-    machine's bf16 kernel, read instead of ``weight``: by the AMX kernel (:func:`pack_amx`: bitwise
-    its in-place results) or the AVX512-BF16 one (:func:`pack_bf16`: its own order of sums, so a
-    weight is read packed always or never)."""
+    machine's kernel for its dtype, read instead of ``weight``: by the AMX kernel (:func:`pack_amx`:
+    bitwise its in-place results), the AVX512-BF16 one (:func:`pack_bf16`) or the 16-lane fp32 one
+    (:func:`pack_fp32`; these two their own order of sums, so a weight is read packed always or never)."""
     shape = weight.shape
     if packed is None:
         function = _kernel_function(weight.dtype, variant)
     else:
-        default = bf16_variants()[:1]  # (AMX: the tile state is asked for there; without it a tile instruction faults)
-        layout = {5: "amx", 4: "avx512bf16"}.get(packed.dim())  # pack_amx: 5-D, pack_bf16: 4-D
-        if default != (layout,) or variant not in (None, layout):
+        # (AMX: the tile state is asked for there; without it a tile instruction faults)
+        kind, default = ("fp32", fp32_variants()[:1]) if weight.dtype == torch.float32 else ("bf16", bf16_variants()[:1])
+        layout = {5: "amx", 4: "avx512bf16", 3: "avx512"}.get(packed.dim())  # pack_amx 5-D, pack_bf16 4-D, pack_fp32 3-D
+        if default != (layout,) or variant not in (None, layout) or packed.dtype != weight.dtype:
             raise KernelUnavailable(f"these weights are packed for the {layout or 'unknown'} kernel; this machine's default "
-                                    f"bf16 kernel is {default[0] if default else 'none'} (pack them with pack_weight)")
-        library = load_kernel()
-        function = library.few_rows_linear_amx_packed if default == ("amx",) else library.few_rows_linear_bf16_packed
+                                    f"{kind} kernel is {default[0] if default else 'none'} (pack them with pack_weight)")
+        function = getattr(load_kernel(), LinearKernel.variant(f"{layout} packed").entry)
         weight = packed  # (only its address is read: the shape is W's)
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype != weight.dtype or not rows.is_contiguous():
@@ -237,9 +241,9 @@ def _kernel_function(dtype: torch.dtype, variant: str | None):
     return function
 
 
-#: the bf16 kernels' packed weights (:func:`pack_weight`) are a second copy of each linear's weight:
-#: :func:`optimize` packs a model's bf16 linears only while their bytes stay within this limit (the
-#: embedded models: 0.5-270 MB), larger ones keep the kernel that reads the weight where it is.
+#: the packed weights (:func:`pack_weight`) are a second copy of each linear's weight: :func:`optimize`
+#: packs a model's linears only while their packable bytes stay within this limit (the embedded
+#: models: 0.5-540 MB), larger ones keep the kernel that reads the weight where it is.
 #: (Until stop 65 the AVX512-BF16 layout was packed only up to 64 MB: its four streams a group
 #: lost to the in-place kernel from DRAM; one stream a group, it gains there too.)
 PACK_LIMIT_BYTES = 2 << 30
@@ -266,19 +270,32 @@ MANY_ROWS_HINT = 64
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """Whether this machine's default bf16 kernel can read ``weight`` [N, K] packed: bf16 on the
-    CPU, and for AMX N a multiple of 16 and K of 32 (whole tiles); AVX512-BF16 takes any shape
-    (its packing pads)."""
-    if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+    """Whether this machine's default kernel for ``weight``'s dtype can read it [N, K] packed: a CPU
+    weight in bf16 (for AMX N a multiple of 16 and K of 32, whole tiles; AVX512-BF16 takes any
+    shape, its packing pads) or in fp32 where the default fp32 kernel is the 16-lane one (any shape)."""
+    if weight.dim() != 2 or weight.device.type != "cpu":
+        return False
+    if weight.dtype == torch.float32:
+        return fp32_variants()[:1] == ("avx512",)
+    if weight.dtype != torch.bfloat16:
         return False
     default = bf16_variants()[:1]
     return weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0 if default == ("amx",) else default == ("avx512bf16",)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] -> the layout this machine's default bf16 kernel reads packed (:func:`pack_amx` or
-    :func:`pack_bf16`); :func:`packable` says where it applies."""
+    """W [N, K] -> the layout this machine's default kernel for its dtype reads packed
+    (:func:`pack_fp32`, :func:`pack_amx` or :func:`pack_bf16`); :func:`packable` says where it applies."""
+    if weight.dtype == torch.float32:
+        return pack_fp32(weight)
     return pack_amx(weight) if bf16_variants()[:1] == ("amx",) else pack_bf16(weight)
+
+
+def _pack_groups(blocks: torch.Tensor) -> torch.Tensor:
+    """[blocks, 16, steps, e] (a weight's blocks of 16 outputs, its steps of e columns) -> the
+    packed kernels' order (few_rows.h): groups of :data:`PACKED_GROUP_BLOCKS` blocks (the last maybe
+    fewer), each [steps][blocks][16][e], flat."""
+    return torch.cat([group.permute(2, 0, 1, 3).reshape(-1) for group in blocks.split(PACKED_GROUP_BLOCKS)])
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -289,13 +306,22 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     n, k = weight.shape
     padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % 16))
     blocks, pairs = padded.shape[0] // 16, padded.shape[1] // 2
-    pieces = padded.view(blocks, 16, pairs, 2).split(PACKED_GROUP_BLOCKS)  # (group, 16, pairs, 2) each
-    packed = torch.cat([group.permute(2, 0, 1, 3).reshape(-1) for group in pieces])
-    return packed.view(blocks, pairs, 16, 2)
+    return _pack_groups(padded.view(blocks, 16, pairs, 2)).view(blocks, pairs, 16, 2)
 
 
-#: blocks of 16 outputs in a group of :func:`pack_bf16`'s layout (the kernel's PK_NB): a fused
-#: projection's parts are found in its packed copy only where they start at a group
+def pack_fp32(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] fp32 -> the 16-lane packed fp32 kernel's layout (``kernels/linear_fp32.c``), a
+    contiguous [ceil(N / 16), K, 16] tensor (zero-padded outputs) whose blocks go in groups as
+    :func:`pack_bf16`'s, one column a step: group floats [K][blocks][16]."""
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % 16))
+    blocks = padded.shape[0] // 16
+    return _pack_groups(padded.view(blocks, 16, k, 1)).view(blocks, k, 16)
+
+
+#: blocks of 16 outputs in a group of the packed vector kernels' layouts (:func:`pack_bf16`,
+#: :func:`pack_fp32`; few_rows.h's PK_NB): a fused projection's parts are found in its packed copy
+#: only where they start at a group
 PACKED_GROUP_BLOCKS = 4
 
 
@@ -512,10 +538,10 @@ def choose_kernel(kernel: str) -> tuple[str, str]:
 def default_max_rows(kernel: str, dtype: torch.dtype, packed: bool = False) -> int:
     """Rows up to which a linear of ``dtype`` takes ``kernel``'s few-row path by default: 64 for the
     AMX kernel (faster than ``F.linear`` at every count up to 64 measured, from DRAM and from
-    cache: docs/benchmarks.md) and for ``packed`` bf16 weights on AVX512-BF16 (the packed kernel
-    as fast as oneDNN's GEMM over a reordered weight at 64 rows in cache, faster from DRAM: the
-    captioner's 35-row prompt takes it, through the fused layers, 47 -> 36 ms a prefill on a Zen 5
-    core, stop 65), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a reordered weight
+    cache: docs/benchmarks.md) and for ``packed`` weights (:func:`packable`: the packed vector
+    kernels as fast as oneDNN's GEMM over a reordered weight at 64 rows in cache, faster from DRAM:
+    the captioner's 35-row prompt takes them, through the fused layers, 47 -> 36 ms a prefill in
+    bf16 and 73 -> 58 ms in fp32 on a Zen 5 core, stop 65), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a reordered weight
     up to 48 rows, alike at 64: 30 of each of the captioner's linears streamed on a Zen 5 core
     restricted to AVX2, stop 64; so the captioner's 35-row prompt takes it: 113 -> 105 ms a
     prefill), else 24 (the 16-lane vector kernels reading the weight in place measured faster up
@@ -524,7 +550,7 @@ def default_max_rows(kernel: str, dtype: torch.dtype, packed: bool = False) -> i
         return 24
     amx = dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)
     avx2 = dtype == torch.float32 and fp32_variants()[:1] == ("avx2",)
-    return 64 if amx or (packed and dtype == torch.bfloat16) else 48 if avx2 else 24
+    return 64 if amx or packed else 48 if avx2 else 24
 
 
 def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None, pack: bool | None = None,
@@ -543,13 +569,14 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
             embedded text-to-image model, SJD's 18-row verification took 0.93 s per image through
             the fp32 kernel against 1.13 s with F.linear. (A fused decoder layer of AMX linears
             takes up to 128 rows under the default limit: :data:`mmspec.modeling.fused.AMX_FUSED_ROWS`.)
-        pack: keep the bf16 weights packed as this machine's bf16 kernel reads them too
-            (:func:`pack_weight`, at the cost of a second copy): on AMX (:func:`pack_amx`) the same
-            results, weights streamed ~10 % faster from memory and up to 1.5x from cache; on
-            AVX512-BF16 (:func:`pack_bf16`) the packed kernel's own sums, 1.8-2.8x faster for 1-16
-            rows of the embedded voice's projections, and from DRAM 1.05x for one row, 1.3x for
-            eight (the captioner). None: where the C kernel runs and the replaced bf16 weights total
-            at most :data:`PACK_LIMIT_BYTES`.
+        pack: keep the weights packed as this machine's kernel for their dtype reads them too
+            (:func:`pack_weight`, at the cost of a second copy; :func:`packable`): on AMX
+            (:func:`pack_amx`) the same results, weights streamed ~10 % faster from memory and up
+            to 1.5x from cache; on AVX512-BF16 (:func:`pack_bf16`) the packed kernel's own sums,
+            1.8-2.8x faster for 1-16 rows of the embedded voice's projections, and from DRAM 1.05x
+            for one row, 1.3x for eight (the captioner); fp32 on AVX-512 (:func:`pack_fp32`) its
+            own sums too, from DRAM 1.17x for one row, 1.4x for eight. None: where the C kernel
+            runs and the replaced packable weights total at most :data:`PACK_LIMIT_BYTES`.
         pack_many: inputs past ``max_rows`` (a prompt) take oneDNN's GEMM over a copy of the weight
             it reorders once (:meth:`FewRowLinear.many_rows_weight`) instead of ``F.linear``, which
             reorders it on every call: on a Zen 5 core the embedded captioner's prefill (image
@@ -590,8 +617,8 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
     variants = ""
     if chosen == "c":
         replaced = {child.weight.dtype for _, _, child in candidates}
-        packs = pack and any(packable(child.weight) for _, _, child in candidates)
-        variants = ", ".join(f"{kind} {pick()[0]}" + (" packed" if dtype == torch.bfloat16 and packs else "") for dtype, kind, pick in
+        packs = {child.weight.dtype for _, _, child in candidates if pack and packable(child.weight)}
+        variants = ", ".join(f"{kind} {pick()[0]}" + (" packed" if dtype in packs else "") for dtype, kind, pick in
                              ((torch.float32, "fp32", fp32_variants), (torch.bfloat16, "bf16", bf16_variants)) if dtype in replaced)
     return OptimizeReport(chosen, len(candidates), skipped, reason, variants, any(many))
 

@@ -203,16 +203,16 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
     kernel, weights = variants[0], [m.weight for m in linears]
     # the kernel reads packed copies where every linear has one; LlamaGen's q, k and v blocks of one
     # weight are found in its packed copy alike only where each starts at a packed group (AMX: a
-    # block of 16 rows; AVX512-BF16: PACKED_GROUP_BLOCKS of them, their pairs interleaved), for an
-    # even width. AVX512-BF16 sums packed weights in an order of its own, so a layer whose linears
-    # are packed only in part is not fused (each linear then runs as its module does)
+    # block of 16 rows; the vector kernels: PACKED_GROUP_BLOCKS of them, interleaved), for an even
+    # width. The vector kernels sum packed weights in an order of their own, so a layer whose
+    # linears are packed only in part is not fused (each linear then runs as its module does)
     packed = [m.packed_weight() for m in linears]
     group = 16 if kernel == "amx" else 16 * PACKED_GROUP_BLOCKS
     blocks_found = len(qkv) > 1 or ((heads * head_dim) % group == 0 and (kv_heads * head_dim) % group == 0
                                     and norm1.shape[0] % 2 == 0)
     if None not in packed and blocks_found:
         kernel, weights = f"{kernel} packed", packed
-    elif kernel == "avx512bf16" and any(p is not None for p in packed):
+    elif kernel != "amx" and any(p is not None for p in packed):
         return None
     if len(qkv) == 1:  # LlamaGen's fused projection: q, k and v are consecutive row blocks of one weight
         weight, size = weights[0], heads * head_dim * norm1.shape[0]

@@ -24,12 +24,14 @@ class LinearKernel(IntEnum):
     AMX_PACKED = 4  #: bf16, AMX tiles, the weight packed (``few_rows_linear_amx_packed``)
     AVX512BF16_PACKED = 5  #: bf16, vdpbf16ps, the weight packed (``few_rows_linear_bf16_packed``)
     I8 = 6  #: the first int8 id: ``I8 + 2 path + 1`` for fp32 rows, ``+ 0`` for bf16 (:meth:`int8`)
+    I8_LAST = 13  #: the last int8 id (``I8 + 2 Int8Path.AVX2 + 1``)
+    AVX512_PACKED = 14  #: fp32, 16 lanes, the weight packed (``few_rows_linear_avx512_packed``)
 
     @classmethod
     def variant(cls, name: str) -> LinearKernel:
         """A variant's name as :func:`~mmspec.modeling.fast_linear.fp32_variants` / ``bf16_variants``
-        give it ("avx2", "avx512", "avx512bf16", "amx"; "amx packed" / "avx512bf16 packed": those kernels
-        on packed weights)
+        give it ("avx2", "avx512", "avx512bf16", "amx"; "amx packed" / "avx512bf16 packed" / "avx512
+        packed": those kernels on packed weights)
         -> its id."""
         return cls[name.upper().replace(" ", "_")]
 
@@ -62,4 +64,5 @@ class Int8Path(IntEnum):
 _ENTRIES = {LinearKernel.AVX2: "few_rows_linear", LinearKernel.AVX512: "few_rows_linear_avx512",
             LinearKernel.AVX512BF16: "few_rows_linear_bf16", LinearKernel.AMX: "few_rows_linear_amx",
             LinearKernel.AMX_PACKED: "few_rows_linear_amx_packed",
-            LinearKernel.AVX512BF16_PACKED: "few_rows_linear_bf16_packed", LinearKernel.I8: "few_rows_linear_i8"}
+            LinearKernel.AVX512BF16_PACKED: "few_rows_linear_bf16_packed", LinearKernel.I8: "few_rows_linear_i8",
+            LinearKernel.I8_LAST: "few_rows_linear_i8", LinearKernel.AVX512_PACKED: "few_rows_linear_avx512_packed"}

@@ -71,6 +71,102 @@
         }                                                                                                              \
     }
 
+/* The packed kernels (outputs in the lanes: linear_bf16.c's vdpbf16ps one, linear_fp32.c's 16-lane
+ * fp32 one) share their layout's grouping and their passes. W's blocks of 16 outputs go in groups of
+ * PK_NB (the last maybe fewer); a group is one stream of steps, each step one 64-byte vector per
+ * block (a pair of columns in bf16, one column in fp32). M rows go in passes of equal size, at most
+ * PK_MB each (24 accumulators + 4 weights + 1 broadcast of the 32 zmm registers). One pass reads the
+ * group's stream once: up to PK_LONE rows leaving the prefetch to the hardware (ours, PK_AHEAD
+ * bytes ahead, cost one bf16 row of the captioner 7.3 -> 7.9 ms), more rows with it. Several
+ * passes take the group in chunks of PK_CHUNK steps: every pass runs over a chunk (its sums kept
+ * in memory between chunks) and together they prefetch the next chunk, so the weight streams from
+ * DRAM without a pause while the later passes read the chunk from L1 (a second pass over a whole
+ * group read it from L2 with no DRAM traffic meanwhile: the captioner's bf16 linears, 8 rows, 10.0
+ * -> 8.1 ms). Rows past PK_SLAB go in slabs, each its own passes (the sums' scratch bounded).
+ *
+ * PACKED_ENTRY(NAME, T, BLOCK, STEPS, TARGET) defines the entry NAME(x, p, b, y, M, N, K, threads)
+ * (OpenMP over the groups) and its pass shapes, apart (GCC keeps their registers so), over BLOCK(x,
+ * src, b, y, m0, mb, blk0, nb, N, K, s0, s1, buf, pf, pf_bytes, first, last): rows [m0, m0 + mb)
+ * against steps [s0, s1) of the group at src (nb blocks, the first blk0), sums from zero (first)
+ * or buf, into y (last, with the bias) or buf, prefetching pf_bytes from pf meanwhile. STEPS: the
+ * steps of a K. Each output's sum runs over the steps in order whatever the passes, chunks or
+ * slabs: batch-invariant. */
+#define PK_MB 6
+#define PK_NB 4
+#define PK_CHUNK 48 /* steps a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
+#define PK_AHEAD 4096
+#define PK_LONE 2
+#define PK_SLAB (16 * PK_MB)
+/* What every BLOCK does around its steps: its sums from zero (first) or from buf, and back to buf
+ * where the chunk is not the group's last; its share of the prefetch, pf_bytes from pf, as evenly
+ * over its steps as whole lines allow (pk_prefetch once a step, from ahead = 0). */
+static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_in(__m512 acc[PK_MB][PK_NB], const int mb,
+                                                                               const int nb, int first, const float *buf) {
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) acc[i][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(buf + (i * PK_NB + j) * 16);
+}
+static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_out(__m512 acc[PK_MB][PK_NB], const int mb,
+                                                                                const int nb, float *buf) {
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
+}
+static inline int64_t pk_lines_a_step(int64_t pf_bytes, int64_t steps) {
+    return steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
+}
+static inline __attribute__((always_inline)) void pk_prefetch(const char *pf, int64_t pf_bytes, int64_t per, int64_t *ahead) {
+    for (int64_t q = 0; q < per && *ahead < pf_bytes; q += 64, *ahead += 64) _mm_prefetch(pf + *ahead, _MM_HINT_T0);
+}
+#define PK_SHAPE(NAME, T, BLOCK, TARGET, MB, NB)                                                                      \
+    static TARGET __attribute__((noinline)) void NAME##_##MB##x##NB(                                                  \
+        const T *x, const T *src, const T *b, T *y, int64_t m0, int64_t blk0, int64_t N, int64_t K, int64_t s0,       \
+        int64_t s1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {                              \
+        BLOCK(x, src, b, y, m0, MB, blk0, NB, N, K, s0, s1, buf, pf, pf_bytes, first, last);                          \
+    }
+#define PK_ROWS(NAME, T, BLOCK, TARGET, NB)                                                                           \
+    PK_SHAPE(NAME, T, BLOCK, TARGET, 1, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 2, NB)                                   \
+    PK_SHAPE(NAME, T, BLOCK, TARGET, 3, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 4, NB)                                   \
+    PK_SHAPE(NAME, T, BLOCK, TARGET, 5, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 6, NB)
+#define PK_TABLE_ROW(NAME, NB) {NAME##_1x##NB, NAME##_2x##NB, NAME##_3x##NB, NAME##_4x##NB, NAME##_5x##NB, NAME##_6x##NB}
+#define PACKED_ENTRY(NAME, T, BLOCK, STEPS, TARGET)                                                                   \
+    PK_ROWS(NAME, T, BLOCK, TARGET, 1) PK_ROWS(NAME, T, BLOCK, TARGET, 2)                                             \
+    PK_ROWS(NAME, T, BLOCK, TARGET, 3) PK_ROWS(NAME, T, BLOCK, TARGET, 4)                                             \
+    typedef void (*NAME##_pass)(const T *, const T *, const T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
+                                int64_t, float *, const char *, int64_t, int, int);                                   \
+    static const NAME##_pass NAME##_PASSES[PK_NB][PK_MB] = {PK_TABLE_ROW(NAME, 1), PK_TABLE_ROW(NAME, 2),             \
+                                                            PK_TABLE_ROW(NAME, 3), PK_TABLE_ROW(NAME, 4)};            \
+    TARGET void NAME(const T *x, const T *p, const T *b, T *y, int64_t M, int64_t N, int64_t K, int threads) {        \
+        _Static_assert(PK_MB == 6 && PK_NB == 4, "the pass table above has 6 x 4 shapes");                            \
+        if (M <= 0)                                                                                                   \
+            return;                                                                                                   \
+        if (M > PK_SLAB) {                                                                                            \
+            for (int64_t r = 0; r < M; r += PK_SLAB)                                                                  \
+                NAME(x + r * K, p, b, y + r * N, M - r < PK_SLAB ? M - r : PK_SLAB, N, K, threads);                   \
+            return;                                                                                                   \
+        }                                                                                                             \
+        const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB, steps = (STEPS);                 \
+        const int64_t passes = (M + PK_MB - 1) / PK_MB, per = (M + passes - 1) / passes; /* 8 rows: 4 + 4 */          \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                             \
+        for (int64_t g = 0; g < groups; g++) {                                                                        \
+            const int64_t blk0 = g * PK_NB, nb = blocks - blk0 < PK_NB ? blocks - blk0 : PK_NB;                       \
+            const T *src = (const T *)((const char *)p + blk0 * steps * 64);                                          \
+            if (passes == 1) { /* the group's stream once */                                                          \
+                NAME##_PASSES[nb - 1][M - 1](x, src, b, y, 0, blk0, N, K, 0, steps, NULL,                             \
+                                             (const char *)src + PK_AHEAD, M <= PK_LONE ? 0 : nb * steps * 64, 1, 1); \
+                continue;                                                                                             \
+            }                                                                                                         \
+            float sums[passes][PK_MB * PK_NB * 16] __attribute__((aligned(64)));                                      \
+            for (int64_t s0 = 0; s0 < steps; s0 += PK_CHUNK) {                                                        \
+                const int64_t s1 = s0 + PK_CHUNK < steps ? s0 + PK_CHUNK : steps, bytes = PK_CHUNK * nb * 64;         \
+                const char *next = (const char *)src + s1 * nb * 64; /* the stream past this chunk */                 \
+                for (int64_t pass = 0, m = 0; m < M; pass++, m += per) {                                              \
+                    const int64_t rows = M - m < per ? M - m : per, pf0 = bytes * pass / passes;                      \
+                    NAME##_PASSES[nb - 1][rows - 1](x, src, b, y, m, blk0, N, K, s0, s1, sums[pass], next + pf0,      \
+                                                    bytes * (pass + 1) / passes - pf0, s0 == 0, s1 == steps);         \
+                }                                                                                                     \
+            }                                                                                                         \
+        }                                                                                                             \
+    }
+
 /* 16 bf16 values at p as fp32 (AVX-512F; inlined into the AMX kernel, the row argmax, the int8 kernel) */
 static inline __attribute__((target("avx512f"), always_inline)) __m512 load_bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));

@@ -13,7 +13,8 @@
 
 /* The few-row linear kernel a fused layer's projections take (LayerSpec.linear, head_chain's fc_kind
  * and out_kind). The int8 kernel (few_rows_linear_i8: a drafter's head) takes the ids from
- * LINEAR_I8 on: LINEAR_I8 + 2 path + 1 for fp32 rows (0 for bf16), path an enum i8_path. */
+ * LINEAR_I8 to LINEAR_I8_LAST: LINEAR_I8 + 2 path + 1 for fp32 rows (0 for bf16), path an enum
+ * i8_path; later kernels take the ids after them. */
 enum linear_kernel {
     LINEAR_AVX2 = 0,       /* fp32, 8 lanes: few_rows_linear */
     LINEAR_AVX512 = 1,     /* fp32, 16 lanes: few_rows_linear_avx512 */
@@ -22,6 +23,8 @@ enum linear_kernel {
     LINEAR_AMX_PACKED = 4, /* bf16, AMX tiles, the weight packed: few_rows_linear_amx_packed */
     LINEAR_AVX512BF16_PACKED = 5, /* bf16, vdpbf16ps, the weight packed: few_rows_linear_bf16_packed */
     LINEAR_I8 = 6,         /* the first int8 id (scalar path, bf16 rows) */
+    LINEAR_I8_LAST = 13,   /* the last int8 id (AVX2 path, fp32 rows) */
+    LINEAR_AVX512_PACKED = 14, /* fp32, 16 lanes, the weight packed: few_rows_linear_avx512_packed */
 };
 
 /* How the int8 kernel sums (its `path` argument): the same integers every way */
@@ -57,6 +60,8 @@ void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *
 /* w: the weight packed by mmspec.modeling.fast_linear.pack_bf16, [ceil(N / 16)][ceil(K / 2)][16][2] */
 void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y, int64_t M,
                                  int64_t N, int64_t K, int threads);
+void few_rows_linear_avx512_packed(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N,
+                                   int64_t K, int threads);
 int few_rows_amx_init(void);
 int few_rows_linear_amx(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
                         int64_t K, int threads);

@@ -114,6 +114,7 @@ static int linear_kind(int kind, const void *x, const void *w, const void *b, vo
     case LINEAR_AMX: return few_rows_linear_amx(x, w, b, y, M, N, K, threads);
     case LINEAR_AMX_PACKED: return few_rows_linear_amx_packed(x, w, b, y, M, N, K, threads); /* the weights packed */
     case LINEAR_AVX512BF16_PACKED: few_rows_linear_bf16_packed(x, w, b, y, M, N, K, threads); return 0;
+    case LINEAR_AVX512_PACKED: few_rows_linear_avx512_packed(x, w, b, y, M, N, K, threads); return 0;
     /* int8 weights (drafters): LINEAR_I8 + 2 path + (fp32 rows), path an enum i8_path */
     default: return few_rows_linear_i8(x, w, b, y, M, N, K, (kind - LINEAR_I8) % 2 == 0, (kind - LINEAR_I8) / 2);
     }

@@ -91,41 +91,27 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4,
  * its own, four at once, which kept DRAM behind: the captioner's linears streamed from DRAM on a
  * Zen 5 core, one row 8.6 -> 7.5 ms, and the in-place kernel above 7.9 ms).
  *
- * M rows go in passes of equal size, at most PK_MB each (24 accumulators + 4 weights + 1 broadcast
- * of the 32 zmm registers). One pass reads the group's stream once: up to PK_LONE rows leaving the
- * prefetch to the hardware (ours, PK_AHEAD bytes ahead, cost one row 7.3 -> 7.9 ms), more rows
- * with it. Several passes take the group in chunks of PK_CHUNK pairs: every pass runs over a chunk
- * (its sums kept in memory between chunks) and together they prefetch the next chunk, so the
- * weight streams from DRAM without a pause while the later passes read the chunk from L1 (a second
- * pass over a whole group read it from L2 with no DRAM traffic meanwhile: the captioner's linears,
- * 8 rows, 10.0 -> 8.1 ms, against 10.6 ms in place). Each output's sum runs over the pairs in order
- * 0 .. K2 - 1, then the bias, rounded to nearest-even bf16 once: the same bits for a row alone or
- * among others, whatever the passes or chunks (batch-invariant), but not the bits of the kernel
- * above, so a weight keeps to one of the two (its FewRowLinear packs it or not). On a Zen 5 core the embedded voice's 42
- * projections took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 / 260 / 623 us above (weights
- * in L3). */
-#define PK_MB 6 /* rows per pass */
-#define PK_NB 4 /* blocks of 16 outputs in a group (the packed layout's) */
-#define PK_CHUNK 48 /* pairs a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
-#define PK_AHEAD 4096 /* bytes a lone pass of more than PK_LONE rows prefetches ahead */
-#define PK_LONE 2 /* rows up to which a lone pass leaves the prefetch to the hardware */
-#define PK_SLAB (16 * PK_MB) /* rows at most in one set of passes (more go in slabs of it: the scratch of their sums bounded) */
+ * Its passes over the rows and chunks of the stream: few_rows.h's PACKED_ENTRY. Each output's sum
+ * runs over the pairs in order 0 .. K2 - 1, then the bias, rounded to nearest-even bf16 once: the
+ * same bits for a row alone or among others (batch-invariant), but not the bits of the kernel
+ * above, so a weight keeps to one of the two (its FewRowLinear packs it or not). On a Zen 5 core
+ * the embedded voice's 42 projections took 90 / 104 / 226 us for 1 / 4 / 11 rows against 169 /
+ * 260 / 623 us above (weights in L3); the captioner's linears from DRAM 7.5 / 8.1 ms for 1 / 8
+ * rows against 7.9 / 10.6 ms. */
 
-/* rows [m0, m0 + mb) against pairs [kp0, kp1) of the group at src (nb blocks, the first blk0):
- * sums start at zero (first) or from buf, and end in y (last, with the bias) or in buf. Meanwhile
- * pf_bytes from pf are prefetched, as evenly over the steps as whole lines allow. */
+/* PACKED_ENTRY's block (few_rows.h), a step a pair of columns; the prefetch as evenly over the
+ * steps as whole lines allow */
 static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
     const uint16_t *x, const uint16_t *src, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t blk0,
     const int nb, int64_t N, int64_t K, int64_t kp0, int64_t kp1, float *buf, const char *pf, int64_t pf_bytes,
     int first, int last) {
     const int64_t full = K / 2;
     __m512 acc[PK_MB][PK_NB];
-    for (int i = 0; i < mb; i++)
-        for (int j = 0; j < nb; j++) acc[i][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(buf + (i * PK_NB + j) * 16);
-    const int64_t steps = kp1 - kp0, per = steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
+    pk_sums_in(acc, mb, nb, first, buf);
+    const int64_t per = pk_lines_a_step(pf_bytes, kp1 - kp0);
     int64_t ahead = 0;
     for (int64_t kp = kp0; kp < kp1; kp++) {
-        for (int64_t q = 0; q < per && ahead < pf_bytes; q += 64, ahead += 64) _mm_prefetch(pf + ahead, _MM_HINT_T0);
+        pk_prefetch(pf, pf_bytes, per, &ahead);
         const uint16_t *pair_w = src + kp * nb * 32;
         __m512bh wv[PK_NB];
         for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(pair_w + j * 32));
@@ -138,8 +124,7 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
         }
     }
     if (!last) {
-        for (int i = 0; i < mb; i++)
-            for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
+        pk_sums_out(acc, mb, nb, buf);
         return;
     }
     for (int j = 0; j < nb; j++) {
@@ -155,55 +140,7 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
     }
 }
 
-/* every (rows, blocks) shape a pass takes, apart (as bf_block's: GCC keeps their registers) */
-#define PK_SHAPE(MB, NB)                                                                                             \
-    static BF16_TARGET __attribute__((noinline)) void pk_##MB##x##NB(                                                \
-        const uint16_t *x, const uint16_t *src, const uint16_t *b, uint16_t *y, int64_t m0, int64_t blk0, int64_t N, \
-        int64_t K, int64_t kp0, int64_t kp1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {    \
-        pk_block(x, src, b, y, m0, MB, blk0, NB, N, K, kp0, kp1, buf, pf, pf_bytes, first, last);                    \
-    }
-#define PK_ROWS(NB) PK_SHAPE(1, NB) PK_SHAPE(2, NB) PK_SHAPE(3, NB) PK_SHAPE(4, NB) PK_SHAPE(5, NB) PK_SHAPE(6, NB)
-PK_ROWS(1) PK_ROWS(2) PK_ROWS(3) PK_ROWS(4)
-
-typedef void (*pk_pass)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t,
-                        int64_t, int64_t, int64_t, float *, const char *, int64_t, int, int);
-static const pk_pass PK_PASSES[PK_NB][PK_MB] = {
-    {pk_1x1, pk_2x1, pk_3x1, pk_4x1, pk_5x1, pk_6x1}, {pk_1x2, pk_2x2, pk_3x2, pk_4x2, pk_5x2, pk_6x2},
-    {pk_1x3, pk_2x3, pk_3x3, pk_4x3, pk_5x3, pk_6x3}, {pk_1x4, pk_2x4, pk_3x4, pk_4x4, pk_5x4, pk_6x4}};
-
-/* y [M, N] = x [M, K] W^T (+ b), W packed as above (p); OpenMP over the groups */
-BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
-                                             int64_t M, int64_t N, int64_t K, int threads) {
-    if (M <= 0) return;
-    if (M > PK_SLAB) {
-        for (int64_t r = 0; r < M; r += PK_SLAB)
-            few_rows_linear_bf16_packed(x + r * K, p, b, y + r * N, M - r < PK_SLAB ? M - r : PK_SLAB, N, K, threads);
-        return;
-    }
-    const int64_t blocks = (N + 15) / 16, groups = (blocks + PK_NB - 1) / PK_NB, pairs = (K + 1) / 2;
-    const int64_t passes = (M + PK_MB - 1) / PK_MB, per = (M + passes - 1) / passes; /* 8 rows: 4 + 4, not 6 + 2 */
-    _Pragma("omp parallel for num_threads(threads) schedule(static)")
-    for (int64_t g = 0; g < groups; g++) {
-        const int64_t blk0 = g * PK_NB, nb = blocks - blk0 < PK_NB ? blocks - blk0 : PK_NB;
-        const uint16_t *src = p + blk0 * pairs * 32;
-        if (passes == 1) { /* the group's stream once (prefetch: see above) */
-            PK_PASSES[nb - 1][M - 1](x, src, b, y, 0, blk0, N, K, 0, pairs, NULL, (const char *)src + PK_AHEAD,
-                                     M <= PK_LONE ? 0 : nb * pairs * 64, 1, 1);
-            continue;
-        }
-        float sums[passes][PK_MB * PK_NB * 16] __attribute__((aligned(64)));
-        for (int64_t kp0 = 0; kp0 < pairs; kp0 += PK_CHUNK) {
-            const int64_t kp1 = kp0 + PK_CHUNK < pairs ? kp0 + PK_CHUNK : pairs;
-            const char *next = (const char *)(src + kp1 * nb * 32); /* the stream past this chunk */
-            const int64_t bytes = PK_CHUNK * nb * 64;
-            for (int64_t pass = 0, m = 0; m < M; pass++, m += per) {
-                const int64_t rows = M - m < per ? M - m : per, pf0 = bytes * pass / passes;
-                PK_PASSES[nb - 1][rows - 1](x, src, b, y, m, blk0, N, K, kp0, kp1, sums[pass], next + pf0,
-                                            bytes * (pass + 1) / passes - pf0, kp0 == 0, kp1 == pairs);
-            }
-        }
-    }
-}
+PACKED_ENTRY(few_rows_linear_bf16_packed, uint16_t, pk_block, (K + 1) / 2, BF16_TARGET)
 
 /* ---- bf16 on AMX: W's 16-output blocks as tiles against the rows of x ----
  *
