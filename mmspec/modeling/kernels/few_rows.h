@@ -1,6 +1,6 @@
 /* What the few-row linear kernels (linear_fp32.c, linear_bf16.c, linear_int8.c) and the row helpers
- * (verify.c) share: the row-blocking template of the vector kernels, bf16 loads into 16 fp32 lanes,
- * the AMX tile configuration. Internal to those files (static inline: each file its own copy, the
+ * (verify.c) share: the row-blocking template of the vector kernels, the packed kernels' groups and
+ * passes, bf16 loads into 16 fp32 lanes, the AMX tile configuration. Internal to those files (static inline: each file its own copy, the
  * same instructions); the entry points they export are declared in kernels.h. */
 #ifndef MMSPEC_FEW_ROWS_H
 #define MMSPEC_FEW_ROWS_H
