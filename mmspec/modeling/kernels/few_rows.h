@@ -1,7 +1,8 @@
 /* What the few-row linear kernels (linear_fp32.c, linear_bf16.c, linear_int8.c) and the row helpers
  * (verify.c) share: the row-blocking template of the vector kernels, the packed kernels' groups and
- * passes, bf16 loads into 16 fp32 lanes, the AMX tile configuration. Internal to those files (static inline: each file its own copy, the
- * same instructions); the entry points they export are declared in kernels.h. */
+ * passes, bf16 loads into 16 fp32 lanes, the AMX tile configuration. Internal to those files
+ * (static inline: each file its own copy, the same instructions); the entry points they export are
+ * declared in kernels.h. */
 #ifndef MMSPEC_FEW_ROWS_H
 #define MMSPEC_FEW_ROWS_H
 #include <immintrin.h>
@@ -16,6 +17,18 @@
 #else
 #define MMSPEC_HAVE_AMX 1
 #endif
+
+/* A block's share of a prefetch, spread over its k steps: bytes [0, pf_bytes) from pf, `per` bytes
+ * (whole 64-byte lines, lines_a_step) a step, `ahead` counting from 0 what was asked for. Every
+ * vector kernel's block function (the in-place ones below, the packed ones' BLOCK) calls
+ * prefetch_lines once a step. */
+static inline int64_t lines_a_step(int64_t pf_bytes, int64_t steps) {
+    return steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
+}
+static inline __attribute__((always_inline)) void prefetch_lines(const char *pf, int64_t pf_bytes, int64_t per,
+                                                                 int64_t *ahead) {
+    for (int64_t q = 0; q < per && *ahead < pf_bytes; q += 64, *ahead += 64) _mm_prefetch(pf + *ahead, _MM_HINT_T0);
+}
 
 /* Every row of x against W rows [n0, n0 + nb) in ceil(M / MBV) passes over the block, which stays in
  * L1 meanwhile: EVEN 1, passes of as equal a size as can be (seven rows 4 + 3, five 3 + 2: a one-row
@@ -98,8 +111,7 @@
 #define PK_LONE 2
 #define PK_SLAB (16 * PK_MB)
 /* What every BLOCK does around its steps: its sums from zero (first) or from buf, and back to buf
- * where the chunk is not the group's last; its share of the prefetch, pf_bytes from pf, as evenly
- * over its steps as whole lines allow (pk_prefetch once a step, from ahead = 0). */
+ * where the chunk is not the group's last (its share of the prefetch: lines_a_step, prefetch_lines). */
 static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_in(__m512 acc[PK_MB][PK_NB], const int mb,
                                                                                const int nb, int first, const float *buf) {
     for (int i = 0; i < mb; i++)
@@ -109,12 +121,6 @@ static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_out
                                                                                 const int nb, float *buf) {
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
-}
-static inline int64_t pk_lines_a_step(int64_t pf_bytes, int64_t steps) {
-    return steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
-}
-static inline __attribute__((always_inline)) void pk_prefetch(const char *pf, int64_t pf_bytes, int64_t per, int64_t *ahead) {
-    for (int64_t q = 0; q < per && *ahead < pf_bytes; q += 64, *ahead += 64) _mm_prefetch(pf + *ahead, _MM_HINT_T0);
 }
 #define PK_SHAPE(NAME, T, BLOCK, TARGET, MB, NB)                                                                      \
     static TARGET __attribute__((noinline)) void NAME##_##MB##x##NB(                                                  \

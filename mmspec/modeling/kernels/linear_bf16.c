@@ -29,14 +29,14 @@ static inline BF16_TARGET __attribute__((always_inline)) void bf_block(
     const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t n0,
     const int nb, int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k32 = K & ~(int64_t)31;
-    const uint16_t *next = w + n0 * K + next_block;
+    const char *pf = (const char *)(w + n0 * K + next_block + pf0); /* the share of the block prefetched */
     __m512 acc[BF_MB][BF_NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
-    const int64_t steps = k32 / 32, per = steps ? ((lead * (pf1 - pf0) + steps * 32 - 1) / (steps * 32)) * 32 : 0;
-    int64_t p = pf0;
+    const int64_t pf_bytes = (pf1 - pf0) * 2, per = lines_a_step(lead * pf_bytes, k32 / 32);
+    int64_t ahead = 0;
     for (int64_t k = 0; k < k32; k += 32) { /* one 64-byte line of each row per step */
-        for (int64_t q = 0; q < per && p < pf1; q += 32, p += 32) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        prefetch_lines(pf, pf_bytes, per, &ahead);
         __m512bh wv[BF_NB];
         for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(w + (n0 + j) * K + k));
         for (int i = 0; i < mb; i++) {
@@ -108,10 +108,10 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
     const int64_t full = K / 2;
     __m512 acc[PK_MB][PK_NB];
     pk_sums_in(acc, mb, nb, first, buf);
-    const int64_t per = pk_lines_a_step(pf_bytes, kp1 - kp0);
+    const int64_t per = lines_a_step(pf_bytes, kp1 - kp0);
     int64_t ahead = 0;
     for (int64_t kp = kp0; kp < kp1; kp++) {
-        pk_prefetch(pf, pf_bytes, per, &ahead);
+        prefetch_lines(pf, pf_bytes, per, &ahead);
         const uint16_t *pair_w = src + kp * nb * 32;
         __m512bh wv[PK_NB];
         for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(pair_w + j * 32));

@@ -50,15 +50,14 @@ static inline __attribute__((always_inline)) void block(const float *x, const fl
                                                         int64_t m0, const int mb, int64_t n0, const int nb,
                                                         int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k8 = K & ~(int64_t)7;
-    const float *next = w + n0 * K + next_block; /* the block prefetched (W's rows are contiguous) */
+    const char *pf = (const char *)(w + n0 * K + next_block + pf0); /* its share (W's rows are contiguous) */
     __m256 acc[MB][NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm256_setzero_ps();
-    /* the prefetch range spread evenly over the k steps: `per` floats (whole 64-byte lines) per step */
-    const int64_t steps = k8 / 8, per = steps ? ((lead * (pf1 - pf0) + steps * 16 - 1) / (steps * 16)) * 16 : 0;
-    int64_t p = pf0;
+    const int64_t pf_bytes = (pf1 - pf0) * 4, per = lines_a_step(lead * pf_bytes, k8 / 8);
+    int64_t ahead = 0;
     for (int64_t k = 0; k < k8; k += 8) {
-        for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        prefetch_lines(pf, pf_bytes, per, &ahead);
         __m256 wv[NB];
         for (int j = 0; j < nb; j++) wv[j] = _mm256_loadu_ps(w + (n0 + j) * K + k);
         for (int i = 0; i < mb; i++) {
@@ -92,14 +91,14 @@ static inline AVX512_TARGET __attribute__((always_inline)) void zf_block(
     const float *x, const float *w, const float *b, float *y, int64_t m0, const int mb, int64_t n0, const int nb,
     int64_t N, int64_t K, int64_t next_block, int64_t pf0, int64_t pf1, int64_t lead) {
     const int64_t k16 = K & ~(int64_t)15;
-    const float *next = w + n0 * K + next_block;
+    const char *pf = (const char *)(w + n0 * K + next_block + pf0);
     __m512 acc[ZF_MB][ZF_NB];
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = _mm512_setzero_ps();
-    const int64_t steps = k16 / 16, per = steps ? ((lead * (pf1 - pf0) + steps * 16 - 1) / (steps * 16)) * 16 : 0;
-    int64_t p = pf0;
+    const int64_t pf_bytes = (pf1 - pf0) * 4, per = lines_a_step(lead * pf_bytes, k16 / 16);
+    int64_t ahead = 0;
     for (int64_t k = 0; k < k16; k += 16) { /* one 64-byte line of each weight row per step */
-        for (int64_t q = 0; q < per && p < pf1; q += 16, p += 16) _mm_prefetch((const char *)(next + p), _MM_HINT_T0);
+        prefetch_lines(pf, pf_bytes, per, &ahead);
         __m512 wv[ZF_NB];
         for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(w + (n0 + j) * K + k);
         for (int i = 0; i < mb; i++) {
@@ -129,10 +128,10 @@ static inline AVX512_TARGET __attribute__((always_inline)) void zp_block(
     int64_t N, int64_t K, int64_t k0, int64_t k1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {
     __m512 acc[PK_MB][PK_NB];
     pk_sums_in(acc, mb, nb, first, buf);
-    const int64_t per = pk_lines_a_step(pf_bytes, k1 - k0);
+    const int64_t per = lines_a_step(pf_bytes, k1 - k0);
     int64_t ahead = 0;
     for (int64_t k = k0; k < k1; k++) {
-        pk_prefetch(pf, pf_bytes, per, &ahead);
+        prefetch_lines(pf, pf_bytes, per, &ahead);
         const float *column = src + k * nb * 16;
         __m512 wv[PK_NB];
         for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(column + j * 16);
