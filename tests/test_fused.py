@@ -227,38 +227,56 @@ def test_fused_stack_keeps_any_layers_states(monkeypatch, dtype):
     assert torch.equal(alone[0][0], both[0][1]) and torch.equal(alone[1][0], both[1][1])
 
 
-@pytest.mark.skipif(bf16_variants()[:1] != ("amx",), reason="long prompts are chunked on the AMX kernel only")
-def test_a_prompt_beyond_the_row_limit_runs_fused_in_chunks(monkeypatch):
-    """A 300-row causal prompt (AMX: 128 rows a call) runs through the fused stack in chunks of 128,
-    each after the earlier ones: bitwise the prompt given in those pieces, and within bf16 rounding of
-    the module path; its kept hidden states too; a tree mask beyond the limit stays on the modules."""
-    from mmspec.modeling.lean import lean_states
+def prompt_chunk(model, dtype) -> int:
+    """The rows a fused call of ``model``'s stack takes here (0 where none), as a long prompt's chunks."""
+    with torch.inference_mode():
+        plans = fused_plans(model.layers, make_cache(model.config), 1, dtype, torch.device("cpu"))
+    return 0 if plans is None else min(p.max_rows for p in plans)
 
-    model = llama(torch.bfloat16)
-    x = torch.randn(1, 300, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
 
-    def whole(layer=None):
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_a_prompt_beyond_the_row_limit_runs_fused_in_chunks(monkeypatch, dtype):
+    """A causal prompt of 2 chunks and 44 rows more (the AMX kernel: 128 rows a call, the packed
+    vector kernels 64) runs through the fused stack in chunks, each after the earlier ones: bitwise
+    the prompt given in those pieces, and within rounding of the module path; its kept hidden states
+    too; each row of a batch of such prompts gets bitwise its batch-1 prefill; a tree mask beyond
+    the limit stays on the modules."""
+    from mmspec.modeling.lean import PROMPT_CHUNK_ROWS, lean_states
+
+    model = llama(dtype)
+    chunk = prompt_chunk(model, dtype)
+    if chunk < PROMPT_CHUNK_ROWS:
+        pytest.skip(f"this CPU's fused {dtype} layers take {chunk} rows a call: long prompts stay on the modules")
+    length = 2 * chunk + 44
+    x = torch.randn(2, length, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
+
+    def whole(rows=x[:1], layer=None):
         cache = make_cache(model.config)
         with torch.inference_mode():
-            return lean_states(model, x, cache, hidden_layer=layer), lean_states(model, x[:, :1], cache)[0]
+            return lean_states(model, rows, cache, hidden_layer=layer), lean_states(model, rows[:, :1], cache)[0]
 
-    (got, kept), after = whole(1)
+    (got, kept), after = whole(layer=1)
     pieces = make_cache(model.config)
     with torch.inference_mode():
-        parts = [lean_states(model, x[:, a:b], pieces, hidden_layer=1) for a, b in ((0, 128), (128, 256), (256, 300))]
-        assert torch.equal(after, lean_states(model, x[:, :1], pieces)[0])  # the same cache after the prompt
+        parts = [lean_states(model, x[:1, a:b], pieces, hidden_layer=1) for a, b in ((0, chunk), (chunk, 2 * chunk), (2 * chunk, length))]
+        assert torch.equal(after, lean_states(model, x[:1, :1], pieces)[0])  # the same cache after the prompt
     assert torch.equal(got, torch.cat([p[0] for p in parts], 1)) and torch.equal(kept, torch.cat([p[1] for p in parts], 1))
+    (batch, batch_kept), batch_after = whole(x, layer=1)
+    for b in range(2):
+        (alone, alone_kept), alone_after = whole(x[b : b + 1], layer=1)
+        assert torch.equal(batch[b], alone[0]) and torch.equal(batch_kept[b], alone_kept[0])
+        assert torch.equal(batch_after[b], alone_after[0])
     fused_out, calls, modules = fused_and_modules(monkeypatch, "mmspec.modeling.lean.fused_layers", lambda: whole()[0][0])
     assert calls == 4  # three chunks of the prompt (the whole stack each), then the one-row step
-    torch.testing.assert_close(fused_out, modules, **TOLERANCE[torch.bfloat16])
+    torch.testing.assert_close(fused_out, modules, **TOLERANCE[dtype])
     with torch.inference_mode():
         cache = make_cache(model.config)
-        mask = torch.ones(1, 1, 130, 130, dtype=torch.bool).tril()
-        assert fused_plans(model.layers, cache, 130, torch.bfloat16, torch.device("cpu")) is None
+        mask = torch.ones(1, 1, chunk + 2, chunk + 2, dtype=torch.bool).tril()
+        assert fused_plans(model.layers, cache, chunk + 2, dtype, torch.device("cpu")) is None
         calls = []
         real = fused.fused_layers
         monkeypatch.setattr("mmspec.modeling.lean.fused_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
-        lean_states(model, x[:, :130], cache, attention_mask=mask)
+        lean_states(model, x[:1, : chunk + 2], cache, attention_mask=mask)
         assert not calls
 
 

@@ -33,7 +33,13 @@ import torch
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import AMX_FUSED_ROWS, fused_layers, fused_plans
+from .fused import fused_layers, fused_plans
+
+#: a prompt longer than the fused layers take at once runs through them in chunks of as many tokens
+#: as they take, where that is at least this many (the packed vector kernels' 64 rows, the AMX
+#: kernel's 128; the in-place kernels' 24-48 rows leave it to the modules and oneDNN). Each chunk
+#: attends to the cache, which holds the chunks before it: the same causal forward.
+PROMPT_CHUNK_ROWS = 64
 
 #: the attention implementations whose arithmetic the lean forward reproduces
 _ATTENTION = ("sdpa", "eager", None)
@@ -169,29 +175,32 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
     stack = model.layers if layers == len(model.layers) else model.layers[:layers]
     # a batch asks for plans that take one entry's n rows: fused_layers runs wider batches in groups
     plans, chunk = fused_plans(stack, cache, n if batch > 1 else batch * n, embeds.dtype, embeds.device), n or 1
-    if plans is None and batch == 1 and attention_mask is None and position_ids is None:
-        plans = fused_plans(stack, cache, 1, embeds.dtype, embeds.device)  # a long prompt, in chunks (AMX only)
+    if plans is None and attention_mask is None and position_ids is None:
+        plans = fused_plans(stack, cache, 1, embeds.dtype, embeds.device)  # a long causal prompt, in chunks
         chunk = min(p.max_rows for p in plans) if plans is not None else 0
-        plans = plans if chunk >= AMX_FUSED_ROWS else None
+        plans = plans if chunk >= PROMPT_CHUNK_ROWS else None
     mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
     if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
-        x, kept = embeds.reshape(batch * n, -1).clone(), None
+        x, kept = embeds.clone(), None  # [B, n, H]
         rope_stride = n * head_dim if cos.shape[0] > 1 else 0
         norm = model.norm.weight if model.norm.weight.dtype == x.dtype else None
         saved = {i: torch.empty_like(x) for i in inner}  # the layers up to each kept state, then the rest
-        for first in range(0, n, chunk):  # (one chunk but for a long causal prompt of one row: its tokens in turn)
+        for first in range(0, n, chunk):  # (one chunk but for a long causal prompt: its tokens in turn)
             last = min(first + chunk, n)
-            rows, c, s = x[first * batch : last * batch], cos[:, first:last], None if sin is None else sin[:, first:last]
+            c, s = cos[:, first:last], None if sin is None else sin[:, first:last]
+            rows = x[:, first:last].contiguous().view(batch * (last - first), -1)  # (x itself where one chunk or one entry)
             start = 0
             for split in inner:
                 if split > start:
                     fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, start=start, stop=split)
-                saved[split][first * batch : last * batch] = rows
+                saved[split][:, first:last] = rows.view(batch, last - first, -1)
                 start = split
             fused_layers(plans, rows, batch, last - first, c, s, rope_stride, cache.layers, mask, norm,
                          model.norm.variance_epsilon, start=start)
-        x = x.view(batch, n, -1) if norm is not None else model.norm(x.view(batch, n, -1))
-        return x, _kept(x, {i: t.view(batch, n, -1) for i, t in saved.items()}, keep, layers, isinstance(hidden_layer, tuple))
+            if rows.data_ptr() != x.data_ptr() + first * x.stride(1) * x.element_size():  # a batch's chunk, copied
+                x[:, first:last] = rows.view(batch, last - first, -1)
+        x = x if norm is not None else model.norm(x)
+        return x, _kept(x, saved, keep, layers, isinstance(hidden_layer, tuple))
     cos, sin = cos[:, None], sin[:, None]
     x, saved = embeds, {}
     for index, layer in enumerate(model.layers[:layers]):
