@@ -181,7 +181,7 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         plans = plans if chunk >= PROMPT_CHUNK_ROWS else None
     mask = None if plans is None or attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)
     if plans is not None and (attention_mask is None or mask is not None) and cos.dtype == embeds.dtype:
-        x, kept = embeds.clone(), None  # [B, n, H]
+        x, kept = embeds.clone(memory_format=torch.contiguous_format), None  # [B, n, H]
         rope_stride = n * head_dim if cos.shape[0] > 1 else 0
         norm = model.norm.weight if model.norm.weight.dtype == x.dtype else None
         saved = {i: torch.empty_like(x) for i in inner}  # the layers up to each kept state, then the rest
