@@ -77,6 +77,7 @@ def test_bad_files_are_reported_and_the_others_captioned(capsys, checkpoint, ima
 def test_only_bad_files_fail_before_loading_the_model(capsys, tmp_path):
     code, _, err = run(capsys, str(tmp_path / "gone.png"), "--model", str(tmp_path / "no-model"))
     assert code == 2 and "image file not found" in err and "model directory not found" not in err
+    assert err.strip().splitlines() == [f"mmspec: error: image file not found: {tmp_path / 'gone.png'}"]  # one line
 
 
 def test_empty_prompt_exits_before_loading(capsys, images, tmp_path):

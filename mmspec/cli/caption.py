@@ -178,4 +178,5 @@ def run_caption_command(args) -> int:
         print(json.dumps(records, indent=2))
     where = args.out or ("the JSON records" if args.json else "the error lines above")
     rank = results.process.rank if results is not None else 0
-    return failed_rows_exit(records, where, retry=results is not None, show=rank == 0)  # one rule, with or without --out
+    alone = len(records) == 1 and results is None and not args.json  # (its error line said it all)
+    return failed_rows_exit(records, where, retry=results is not None, show=rank == 0 and not alone)  # one rule, with or without --out
