@@ -20,7 +20,7 @@
 
 /* A block's share of a prefetch, spread over its k steps: bytes [0, pf_bytes) from pf, `per` bytes
  * (whole 64-byte lines, lines_a_step) a step, `ahead` counting from 0 what was asked for. Every
- * vector kernel's block function (the in-place ones below, the packed ones' BLOCK) calls
+ * vector kernel's block function (the in-place ones below, the packed ones' pass, PK_SHAPE) calls
  * prefetch_lines once a step. */
 static inline int64_t lines_a_step(int64_t pf_bytes, int64_t steps) {
     return steps ? (pf_bytes + steps * 64 - 1) / (steps * 64) * 64 : 0;
@@ -97,21 +97,22 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *pf,
  * group read it from L2 with no DRAM traffic meanwhile: the captioner's bf16 linears, 8 rows, 10.0
  * -> 8.1 ms). Rows past PK_SLAB go in slabs, each its own passes (the sums' scratch bounded).
  *
- * PACKED_ENTRY(NAME, T, BLOCK, STEPS, TARGET) defines the entry NAME(x, p, b, y, M, N, K, threads)
- * (OpenMP over the groups) and its pass shapes, apart (GCC keeps their registers so), over BLOCK(x,
- * src, b, y, m0, mb, blk0, nb, N, K, s0, s1, buf, pf, pf_bytes, first, last): rows [m0, m0 + mb)
- * against steps [s0, s1) of the group at src (nb blocks, the first blk0), sums from zero (first)
- * or buf, into y (last, with the bias) or buf, prefetching pf_bytes from pf meanwhile. STEPS: the
- * steps of a K. Each output's sum runs over the steps in order whatever the passes, chunks or
- * slabs: batch-invariant. */
+ * PACKED_ENTRY(NAME, T, STEP, STORE, STEPS, TARGET) defines the entry NAME(x, p, b, y, M, N, K,
+ * threads) (OpenMP over the groups) and its pass shapes, apart (GCC keeps their registers so). A
+ * shape's pass (PK_SHAPE) takes rows [m0, m0 + mb) against steps [s0, s1) of the group at src (nb
+ * blocks, the first blk0): its sums from zero (the first chunk) or buf, STEP(acc, x, src, m0, mb,
+ * nb, K, s) for each step s with its share of the prefetch (pf_bytes from pf), then the sums back
+ * to buf or, after the group's last chunk, STORE(acc, b, y, m0, mb, blk0, nb, N) (with the bias,
+ * the lanes past N left out: pk_lanes). STEPS: the steps of a K. Each output's sum runs over the
+ * steps in order whatever the passes, chunks or slabs: batch-invariant. */
 #define PK_MB 6
 #define PK_NB 4
 #define PK_CHUNK 48 /* steps a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
 #define PK_AHEAD 4096
 #define PK_LONE 2
 #define PK_SLAB (16 * PK_MB)
-/* What every BLOCK does around its steps: its sums from zero (first) or from buf, and back to buf
- * where the chunk is not the group's last (its share of the prefetch: lines_a_step, prefetch_lines). */
+/* A pass's sums from zero (first) or from buf, and back to buf where the chunk is not the group's
+ * last; the lanes of the block of outputs from n0 that N keeps (STORE's mask) */
 static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_in(__m512 acc[PK_MB][PK_NB], const int mb,
                                                                                const int nb, int first, const float *buf) {
     for (int i = 0; i < mb; i++)
@@ -122,20 +123,34 @@ static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_out
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
 }
-#define PK_SHAPE(NAME, T, BLOCK, TARGET, MB, NB)                                                                      \
+static inline __mmask16 pk_lanes(int64_t N, int64_t n0) {
+    return (__mmask16)((1u << (N - n0 < 16 ? N - n0 : 16)) - 1);
+}
+#define PK_SHAPE(NAME, T, STEP, STORE, TARGET, MB, NB)                                                                \
     static TARGET __attribute__((noinline)) void NAME##_##MB##x##NB(                                                  \
         const T *x, const T *src, const T *b, T *y, int64_t m0, int64_t blk0, int64_t N, int64_t K, int64_t s0,       \
         int64_t s1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {                              \
-        BLOCK(x, src, b, y, m0, MB, blk0, NB, N, K, s0, s1, buf, pf, pf_bytes, first, last);                          \
+        __m512 acc[PK_MB][PK_NB];                                                                                     \
+        pk_sums_in(acc, MB, NB, first, buf);                                                                          \
+        const int64_t per = lines_a_step(pf_bytes, s1 - s0);                                                          \
+        int64_t ahead = 0;                                                                                            \
+        for (int64_t s = s0; s < s1; s++) {                                                                           \
+            prefetch_lines(pf, pf_bytes, per, &ahead);                                                                \
+            STEP(acc, x, src, m0, MB, NB, K, s);                                                                      \
+        }                                                                                                             \
+        if (!last)                                                                                                    \
+            pk_sums_out(acc, MB, NB, buf);                                                                            \
+        else                                                                                                          \
+            STORE(acc, b, y, m0, MB, blk0, NB, N);                                                                    \
     }
-#define PK_ROWS(NAME, T, BLOCK, TARGET, NB)                                                                           \
-    PK_SHAPE(NAME, T, BLOCK, TARGET, 1, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 2, NB)                                   \
-    PK_SHAPE(NAME, T, BLOCK, TARGET, 3, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 4, NB)                                   \
-    PK_SHAPE(NAME, T, BLOCK, TARGET, 5, NB) PK_SHAPE(NAME, T, BLOCK, TARGET, 6, NB)
+#define PK_ROWS(NAME, T, STEP, STORE, TARGET, NB)                                                                     \
+    PK_SHAPE(NAME, T, STEP, STORE, TARGET, 1, NB) PK_SHAPE(NAME, T, STEP, STORE, TARGET, 2, NB)                       \
+    PK_SHAPE(NAME, T, STEP, STORE, TARGET, 3, NB) PK_SHAPE(NAME, T, STEP, STORE, TARGET, 4, NB)                       \
+    PK_SHAPE(NAME, T, STEP, STORE, TARGET, 5, NB) PK_SHAPE(NAME, T, STEP, STORE, TARGET, 6, NB)
 #define PK_TABLE_ROW(NAME, NB) {NAME##_1x##NB, NAME##_2x##NB, NAME##_3x##NB, NAME##_4x##NB, NAME##_5x##NB, NAME##_6x##NB}
-#define PACKED_ENTRY(NAME, T, BLOCK, STEPS, TARGET)                                                                   \
-    PK_ROWS(NAME, T, BLOCK, TARGET, 1) PK_ROWS(NAME, T, BLOCK, TARGET, 2)                                             \
-    PK_ROWS(NAME, T, BLOCK, TARGET, 3) PK_ROWS(NAME, T, BLOCK, TARGET, 4)                                             \
+#define PACKED_ENTRY(NAME, T, STEP, STORE, STEPS, TARGET)                                                             \
+    PK_ROWS(NAME, T, STEP, STORE, TARGET, 1) PK_ROWS(NAME, T, STEP, STORE, TARGET, 2)                                 \
+    PK_ROWS(NAME, T, STEP, STORE, TARGET, 3) PK_ROWS(NAME, T, STEP, STORE, TARGET, 4)                                 \
     typedef void (*NAME##_pass)(const T *, const T *, const T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
                                 int64_t, float *, const char *, int64_t, int, int);                                   \
     static const NAME##_pass NAME##_PASSES[PK_NB][PK_MB] = {PK_TABLE_ROW(NAME, 1), PK_TABLE_ROW(NAME, 2),             \

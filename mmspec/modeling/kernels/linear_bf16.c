@@ -99,37 +99,28 @@ ROWS_AND_ENTRY(few_rows_linear_bf16, uint16_t, bf_shaped, BF_MB, BF_NB, 2, 0, 4,
  * 260 / 623 us above (weights in L3); the captioner's linears from DRAM 7.5 / 8.1 ms for 1 / 8
  * rows against 7.9 / 10.6 ms. */
 
-/* PACKED_ENTRY's block (few_rows.h), a step a pair of columns; the prefetch as evenly over the
- * steps as whole lines allow */
-static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
-    const uint16_t *x, const uint16_t *src, const uint16_t *b, uint16_t *y, int64_t m0, const int mb, int64_t blk0,
-    const int nb, int64_t N, int64_t K, int64_t kp0, int64_t kp1, float *buf, const char *pf, int64_t pf_bytes,
-    int first, int last) {
-    const int64_t full = K / 2;
-    __m512 acc[PK_MB][PK_NB];
-    pk_sums_in(acc, mb, nb, first, buf);
-    const int64_t per = lines_a_step(pf_bytes, kp1 - kp0);
-    int64_t ahead = 0;
-    for (int64_t kp = kp0; kp < kp1; kp++) {
-        prefetch_lines(pf, pf_bytes, per, &ahead);
-        const uint16_t *pair_w = src + kp * nb * 32;
-        __m512bh wv[PK_NB];
-        for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(pair_w + j * 32));
-        for (int i = 0; i < mb; i++) {
-            const uint16_t *row = x + (m0 + i) * K + 2 * kp;
-            int32_t pair = row[0]; /* K odd, the last pair: (x_K-1, 0) */
-            if (kp < full) memcpy(&pair, row, sizeof pair);
-            const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
-            for (int j = 0; j < nb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xb);
-        }
+/* PACKED_ENTRY's step and store (few_rows.h): a step a pair of columns, each row's pair broadcast;
+ * the sums rounded to bf16 */
+static inline BF16_TARGET __attribute__((always_inline)) void pk_step(__m512 acc[PK_MB][PK_NB], const uint16_t *x,
+                                                                      const uint16_t *src, int64_t m0, const int mb,
+                                                                      const int nb, int64_t K, int64_t kp) {
+    const uint16_t *pair_w = src + kp * nb * 32;
+    __m512bh wv[PK_NB];
+    for (int j = 0; j < nb; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(pair_w + j * 32));
+    for (int i = 0; i < mb; i++) {
+        const uint16_t *row = x + (m0 + i) * K + 2 * kp;
+        int32_t pair = row[0]; /* K odd, the last pair: (x_K-1, 0) */
+        if (kp < K / 2) memcpy(&pair, row, sizeof pair);
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+        for (int j = 0; j < nb; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xb);
     }
-    if (!last) {
-        pk_sums_out(acc, mb, nb, buf);
-        return;
-    }
+}
+static inline BF16_TARGET __attribute__((always_inline)) void pk_store(__m512 acc[PK_MB][PK_NB], const uint16_t *b,
+                                                                       uint16_t *y, int64_t m0, const int mb,
+                                                                       int64_t blk0, const int nb, int64_t N) {
     for (int j = 0; j < nb; j++) {
-        const int64_t n0 = (blk0 + j) * 16, valid = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 keep = (__mmask16)((1u << valid) - 1);
+        const int64_t n0 = (blk0 + j) * 16;
+        const __mmask16 keep = pk_lanes(N, n0);
         const __m512 bias = b ? _mm512_castsi512_ps(_mm512_slli_epi32(
                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, (const void *)(b + n0))), 16))
                               : _mm512_setzero_ps();
@@ -140,7 +131,7 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_block(
     }
 }
 
-PACKED_ENTRY(few_rows_linear_bf16_packed, uint16_t, pk_block, (K + 1) / 2, BF16_TARGET)
+PACKED_ENTRY(few_rows_linear_bf16_packed, uint16_t, pk_step, pk_store, (K + 1) / 2, BF16_TARGET)
 
 /* ---- bf16 on AMX: W's 16-output blocks as tiles against the rows of x ----
  *

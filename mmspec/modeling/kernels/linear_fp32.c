@@ -123,34 +123,27 @@ ROWS_AND_ENTRY(few_rows_linear_avx512, float, zf_block, ZF_MB, ZF_NB, 1, 0, 2, A
  * x_k w_k to the 16 outputs' sums: no horizontal sum, each group one stream, the passes over rows
  * and chunks few_rows.h's PACKED_ENTRY. Each output's sum is one FMA chain over k = 0 .. K - 1, then
  * the bias: batch-invariant, and other sums than the in-place kernels', so a weight keeps to one. */
-static inline AVX512_TARGET __attribute__((always_inline)) void zp_block(
-    const float *x, const float *src, const float *b, float *y, int64_t m0, const int mb, int64_t blk0, const int nb,
-    int64_t N, int64_t K, int64_t k0, int64_t k1, float *buf, const char *pf, int64_t pf_bytes, int first, int last) {
-    __m512 acc[PK_MB][PK_NB];
-    pk_sums_in(acc, mb, nb, first, buf);
-    const int64_t per = lines_a_step(pf_bytes, k1 - k0);
-    int64_t ahead = 0;
-    for (int64_t k = k0; k < k1; k++) {
-        prefetch_lines(pf, pf_bytes, per, &ahead);
-        const float *column = src + k * nb * 16;
-        __m512 wv[PK_NB];
-        for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(column + j * 16);
-        for (int i = 0; i < mb; i++) {
-            const __m512 xb = _mm512_set1_ps(x[(m0 + i) * K + k]);
-            for (int j = 0; j < nb; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xb, acc[i][j]);
-        }
+static inline AVX512_TARGET __attribute__((always_inline)) void zp_step(__m512 acc[PK_MB][PK_NB], const float *x,
+                                                                        const float *src, int64_t m0, const int mb,
+                                                                        const int nb, int64_t K, int64_t k) {
+    const float *column = src + k * nb * 16;
+    __m512 wv[PK_NB];
+    for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(column + j * 16);
+    for (int i = 0; i < mb; i++) {
+        const __m512 xb = _mm512_set1_ps(x[(m0 + i) * K + k]);
+        for (int j = 0; j < nb; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xb, acc[i][j]);
     }
-    if (!last) {
-        pk_sums_out(acc, mb, nb, buf);
-        return;
-    }
+}
+static inline AVX512_TARGET __attribute__((always_inline)) void zp_store(__m512 acc[PK_MB][PK_NB], const float *b,
+                                                                         float *y, int64_t m0, const int mb,
+                                                                         int64_t blk0, const int nb, int64_t N) {
     for (int j = 0; j < nb; j++) {
-        const int64_t n0 = (blk0 + j) * 16, valid = N - n0 < 16 ? N - n0 : 16;
-        const __mmask16 keep = (__mmask16)((1u << valid) - 1);
+        const int64_t n0 = (blk0 + j) * 16;
+        const __mmask16 keep = pk_lanes(N, n0);
         const __m512 bias = b ? _mm512_maskz_loadu_ps(keep, b + n0) : _mm512_setzero_ps();
         for (int i = 0; i < mb; i++)
             _mm512_mask_storeu_ps(y + (m0 + i) * N + n0, keep, b ? _mm512_add_ps(acc[i][j], bias) : acc[i][j]);
     }
 }
 
-PACKED_ENTRY(few_rows_linear_avx512_packed, float, zp_block, K, AVX512_TARGET)
+PACKED_ENTRY(few_rows_linear_avx512_packed, float, zp_step, zp_store, K, AVX512_TARGET)
