@@ -40,8 +40,11 @@ def median_prefill(call, inputs, repeats: int) -> float:
 
 
 def main(dtypes: str = "auto,fp32", images: int = 6, repeats: int = 2) -> None:
+    images, repeats = int(images), int(repeats)
+    if images < 1 or repeats < 1:
+        raise ValueError(f"IMAGES and REPEATS must be positive integers, got {images} and {repeats}")
     torch.set_num_threads(1)
-    rows = [json.loads(line) for line in (DATA / "data.jsonl").read_text().splitlines()][: int(images)]
+    rows = [json.loads(line) for line in (DATA / "data.jsonl").read_text().splitlines()][:images]
     pictures = [Image.open(DATA / row["image"]).convert("RGB") for row in rows]
     result = {}
     for dtype in dtypes.split(","):
@@ -50,14 +53,18 @@ def main(dtypes: str = "auto,fp32", images: int = 6, repeats: int = 2) -> None:
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}], add_generation_prompt=True),
             images=[pictures[0]], return_tensors="pt")["input_ids"].shape[1]
         result[f"captioner {dtype} ({rows_of} rows)"] = median_prefill(
-            lambda image: cap(image, prompt=QUESTION, max_new_tokens=1, temperature=0), pictures, int(repeats))
+            lambda image: cap(image, prompt=QUESTION, max_new_tokens=1, temperature=0), pictures, repeats)
     model, tokenizer = load_causal_lm("smollm2")
     mmspec.optimize(model)
     ids = tokenizer(" ".join([QUESTION] * 4), return_tensors="pt")
     name = f"smollm2 {str(next(model.parameters()).dtype)[6:]} ({ids['input_ids'].shape[1]} rows)"
-    result[name] = median_prefill(lambda _: mmspec.generate(model, max_new_tokens=1, **ids), [None], 3 * int(repeats))
+    result[name] = median_prefill(lambda _: mmspec.generate(model, max_new_tokens=1, **ids), [None], 3 * repeats)
     print(json.dumps({"prefill_ms": result, "machine": machine_info("auto", 1)}))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    try:
+        main(*sys.argv[1:])
+    except (ValueError, FileNotFoundError) as error:  # a bad dtype or count, no test images: one line
+        print(f"prefill-long-prompts: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -541,11 +541,11 @@ def default_max_rows(kernel: str, dtype: torch.dtype, packed: bool = False) -> i
     cache: docs/benchmarks.md) and for ``packed`` weights (:func:`packable`: the packed vector
     kernels as fast as oneDNN's GEMM over a reordered weight at 64 rows in cache, faster from DRAM:
     the captioner's 35-row prompt takes them, through the fused layers, 47 -> 36 ms a prefill in
-    bf16 and 73 -> 58 ms in fp32 on a Zen 5 core, stop 65), 48 for the AVX2 fp32 kernel (faster than oneDNN's GEMM over a reordered weight
-    up to 48 rows, alike at 64: 30 of each of the captioner's linears streamed on a Zen 5 core
-    restricted to AVX2, stop 64; so the captioner's 35-row prompt takes it: 113 -> 105 ms a
-    prefill), else 24 (the 16-lane vector kernels reading the weight in place measured faster up
-    to 24 rows with weights streamed from memory, slower at 32)."""
+    bf16 and 73 -> 58 ms in fp32 on a Zen 5 core, stop 65), 48 for the AVX2 fp32 kernel (faster
+    than oneDNN's GEMM over a reordered weight up to 48 rows, alike at 64: 30 of each of the
+    captioner's linears streamed on a Zen 5 core restricted to AVX2, stop 64; so the captioner's
+    35-row prompt takes it: 113 -> 105 ms a prefill), else 24 (the 16-lane vector kernels reading
+    the weight in place measured faster up to 24 rows with weights streamed from memory, slower at 32)."""
     if kernel != "c":
         return 24
     amx = dtype == torch.bfloat16 and bf16_variants()[:1] == ("amx",)

@@ -188,7 +188,7 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         for first in range(0, n, chunk):  # (one chunk but for a long causal prompt: its tokens in turn)
             last = min(first + chunk, n)
             c, s = cos[:, first:last], None if sin is None else sin[:, first:last]
-            rows = x[:, first:last].contiguous().view(batch * (last - first), -1)  # (x itself where one chunk or one entry)
+            rows = x[:, first:last].contiguous().view(batch * (last - first), -1)  # (x's memory: one chunk or entry)
             start = 0
             for split in inner:
                 if split > start:
