@@ -82,7 +82,11 @@ SOURCES = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.c")))
 #: the headers they include (part of the build's digest): ``kernels.h`` declares every entry point,
 #: the kernel ids and the fused layer's spec
 HEADERS = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.h")))
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+#: blocks of 16 outputs in a group of the packed vector kernels' layouts (:func:`pack_bf16`,
+#: :func:`pack_fp32`): a fused projection's parts are found in its packed copy only where they start
+#: at a group. The build passes it to the C kernels as PK_NB (few_rows.h), so the two cannot part.
+PACKED_GROUP_BLOCKS = 4
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-DPK_NB={PACKED_GROUP_BLOCKS}")
 _LIBRARY: ctypes.CDLL | None = None
 
 
@@ -317,12 +321,6 @@ def pack_fp32(weight: torch.Tensor) -> torch.Tensor:
     padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % 16))
     blocks = padded.shape[0] // 16
     return _pack_groups(padded.view(blocks, 16, k, 1)).view(blocks, k, 16)
-
-
-#: blocks of 16 outputs in a group of the packed vector kernels' layouts (:func:`pack_bf16`,
-#: :func:`pack_fp32`; few_rows.h's PK_NB): a fused projection's parts are found in its packed copy
-#: only where they start at a group
-PACKED_GROUP_BLOCKS = 4
 
 
 def pack_amx(weight: torch.Tensor) -> torch.Tensor:

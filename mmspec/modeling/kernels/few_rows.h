@@ -106,7 +106,9 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *pf,
  * the lanes past N left out: pk_lanes). STEPS: the steps of a K. Each output's sum runs over the
  * steps in order whatever the passes, chunks or slabs: batch-invariant. */
 #define PK_MB 6
-#define PK_NB 4
+#ifndef PK_NB /* blocks a group: set by the build from fast_linear.PACKED_GROUP_BLOCKS */
+#error "build with -DPK_NB=N (mmspec.modeling.fast_linear.CFLAGS)"
+#endif
 #define PK_CHUNK 48 /* steps a chunk (12 KB of four blocks: it and the next stay in L1 with the rows) */
 #define PK_AHEAD 4096
 #define PK_LONE 2
