@@ -136,25 +136,43 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> str:
     return name
 
 
+def check_model_path(name: str) -> str:
+    """``name`` unless it reads as a local path (absolute, ``.`` / ``~`` first, or more than one
+    ``/``) that does not exist: then FileNotFoundError "model directory not found" (rather than
+    the hub's refusal of it as a repo id)."""
+    path = Path(name).expanduser()
+    if not path.exists() and (path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1):
+        raise FileNotFoundError(f"model directory not found: {name}")
+    return str(path) if path.exists() else name
+
+
 def load_causal_lm(
-    name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu"
+    name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu",
+    tokenizer: bool = True,
 ):
     """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode,
-    on ``device`` (see :func:`resolve_device`; "auto" works too).
+    on ``device`` (see :func:`resolve_device`; "auto" works too); ``tokenizer=False``: (model,
+    None), for a draft model that shares its target's tokenizer.
 
     ``dtype="auto"`` picks bfloat16 where it is fast (GPUs, CPUs with AMX / AVX512-BF16), else
     float32; pass torch.float32 for
     bit-exact greedy equivalence tests (see docs: bf16 rounding differs between one-token and
     many-token forwards).
+
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a checkpoint that cannot be loaded
+            (one line).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)  # a device this machine lacks fails here, before any loading
-    path = resolve_checkpoint(name_or_path)
+    path = check_model_path(resolve_checkpoint(name_or_path))
     dtype = resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
+    except OSError as error:
+        raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
 
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:

@@ -39,6 +39,17 @@ def test_generate_json_with_baseline(capsys):
     assert result["text"] == result["baseline_text"] and result["text"]
 
 
+@pytest.mark.slow
+def test_generate_reads_a_drafter_spec_in_either_form(capsys):
+    """``prompt-lookup:num_draft_tokens=4`` is ``prompt-lookup:4`` (the one spec syntax), as in captioning."""
+    outputs = []
+    for spec in ("prompt-lookup:4", "prompt-lookup:num_draft_tokens=4"):
+        assert main(["generate", "Repeat exactly: the red fox sleeps.", "--dtype", "fp32", "--max-new-tokens", "8",
+                     "--drafter", spec, "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0]["text"] == outputs[1]["text"] and outputs[1]["stats"]["config"]["num_draft_tokens"] == 4
+
+
 def test_unknown_drafter_name_is_a_clear_error(capsys):
     assert main(["generate", "hi", "--drafter", "nonsense", "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err
@@ -100,6 +111,16 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["caption", "missing.png", "--drafter", "ar", "--num-draft-tokens", "4"],
          "num_draft_tokens=4 is a drafter's draft length, but drafter='ar' is plain decoding"),
         (["generate", "hi", "--drafter", "ar", "--num-draft-tokens", "4"], "drafter='ar' is plain decoding"),
+        # the sampling options without --do-sample, a seed beyond 64 bits, a spec's bad value, a missing model path
+        (["generate", "hi", "--temperature", "0.3"], "--temperature only apply when sampling; add --do-sample"),
+        (["caption", "missing.png", "--top-k", "5", "--top-p", "0.5"], "--top-k, --top-p only apply when sampling"),
+        (["generate", "hi", "--do-sample", "--seed", str(2**70)], "--seed must be between 0 and 2**63 - 1"),
+        (["tts", "Hello there.", "--seed", "-1"], "--seed must be between 0 and 2**63 - 1"),
+        (["generate", "hi", "--drafter", "prompt-lookup:abc"], "prompt-lookup takes an integer >= 1"),
+        (["generate", "hi", "--drafter", "layer-skip:k=3"], "method 'layer-skip' takes no setting 'k'"),
+        (["generate", "hi", "--drafter", "auto"], "unknown drafter 'auto'"),
+        (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
+        (["generate", "hi", "--model", "/nonexistent/lm"], "model directory not found: /nonexistent/lm"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys):

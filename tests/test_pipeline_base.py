@@ -76,6 +76,29 @@ def test_captioning_drafter_specs_are_checked_before_anything_loads(spec, messag
         mmspec.pipeline("image-captioning", model="/nonexistent/vlm", drafter=spec)
 
 
+def test_mmspec_generate_takes_the_one_spec_syntax():
+    """The drafter registry reads a spec's key as its short form (``spec_argument``, the key the
+    captioning methods name too): the same drafter, the same tokens; another key is one line."""
+    from mmspec.drafters import DRAFTERS, split_drafter_spec
+    from mmspec.pipelines.captioning.methods import caption_method_class
+
+    for name, cls in DRAFTERS.items():  # the two tables of keys agree
+        method = caption_method_class(name)
+        if hasattr(cls, "from_spec") and method is not None and method.argument != "arg":
+            assert method.argument == cls.spec_argument, name
+    assert split_drafter_spec("layer-skip:layers=2") == split_drafter_spec("layer-skip:2") == ("layer-skip", "2")
+    model = make_text_only_draft()
+    ids = torch.tensor([[1, 5, 9, 5, 9, 5, 9, 5]])
+    short, long = (mmspec.generate(model, input_ids=ids, drafter=spec, max_new_tokens=6).sequences
+                   for spec in ("prompt-lookup:3", "prompt-lookup:num_draft_tokens=3"))
+    assert torch.equal(short, long)
+    for spec, message in (("prompt-lookup:k=3", "drafter 'prompt-lookup' takes no setting 'k'; its setting is num_draft_tokens"),
+                          ("prompt-lookup:abc", "prompt-lookup's num_draft_tokens must be an integer >= 1, got 'abc'"),
+                          ("layer-skip:layers=x", "layer-skip's layers must be an integer >= 1, got 'x'")):
+        with pytest.raises(ValueError, match=message):
+            mmspec.generate(model, input_ids=ids, drafter=spec, max_new_tokens=2)
+
+
 def test_a_drafters_file_path_reads_relative_to_the_model_in_either_form(tmp_path):
     from mmspec.pipelines.captioning import ImageCaptioningPipeline
 

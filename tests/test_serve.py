@@ -119,6 +119,10 @@ def test_health_and_models_without_socket(local):
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "x" * 5000)}, 400, None, "too_long"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "tool_choice": "auto"}, 400, "tool_choice",
+     "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "mmspec": {"compare_basline": True}}, 400,
+     "mmspec.compare_basline", "unknown_field"),
 ])
 def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
     response = local.post("/v1/chat/completions", **({"content": body, "headers": {"content-type": "application/json"}}
@@ -148,6 +152,9 @@ def test_page_is_served(local):
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "max_seconds": 1000}, "max_seconds",
      "invalid_value"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "mmspec": []}, "mmspec", "invalid_type"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "stream_format": "sse"}, "stream_format",
+     "unsupported"),
+    ("/v1/images/generations", {"prompt": "a red circle", "mmspec": {"baseline": True}}, "mmspec.baseline", "unknown_field"),
 ])
 def test_bad_image_and_speech_requests(local, path, body, param, code):
     error = error_of(local.post(path, json=body), 400)
@@ -183,9 +190,41 @@ def test_cli_options():
     config = config_from_args(args)
     assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
     assert args.host == "127.0.0.1"
-    for bad in (["--caption-model", "org/not-here"], ["--tasks", "caption,video"], ["--max-queue", "0"], ["--port", "0"]):
-        with pytest.raises(ValueError):
+    for bad, match in ((["--caption-model", "org/not-here"], "no such local directory"), (["--tasks", "caption,video"], "video"),
+                       (["--max-queue", "0"], "--max-queue must be at least 1"), (["--port", "0"], "--port"),
+                       (["--tasks", ""], "--tasks is empty"), (["--batch-wait-ms", "20000"], "--batch-wait-ms must be between"),
+                       (["--local-files-root", "/tmp"], "needs --allow-local-files"), (["--api-key", ""], "MMSPEC_API_KEY")):
+        with pytest.raises(ValueError, match=match):
             config_from_args(build_parser().parse_args(["serve", *bad]))
+
+
+@pytest.mark.parametrize("options, match", [
+    (["--caption-drafter", "bogus"], "image-captioning: unknown drafter 'bogus'"),
+    (["--t2i-method", "bogus", "--tasks", "t2i"], "text-to-image: unknown"),
+    (["--t2i-model", "mar", "--tasks", "t2i"], "method 'sjd' does not work with a continuous-token"),
+    (["--tts-method", "bogus", "--tasks", "tts"], "text-to-speech: unknown"),
+    (["--dtype", "int8", "--tasks", "tts"], "int8"),
+])
+def test_serve_refuses_bad_pipeline_settings_at_start(options, match, capsys):
+    """An unknown drafter or method, a method that does not fit the model, a bad dtype: one line and
+    exit 2 when the server starts (no pipeline loaded), not a 503 on every request."""
+    from mmspec.cli import main
+
+    assert main(["serve", "--port", "1", *options]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+
+
+def test_serve_refuses_a_port_in_use(capsys):
+    from mmspec.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--tasks", "tts", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot listen on 127.0.0.1:{port} (the port is in use" in err[0], err
 
 
 def test_task_not_served():
@@ -254,6 +293,12 @@ def test_openai_multi_turn_multi_image_chat(client):
     # one image and "Describe the image." make a 32-token prompt; here two images of 16 tokens, four turns
     assert both.choices[0].message.content and both.usage.prompt_tokens > 32 + 16 + 20
     assert "".join(_stream(client, **kwargs)[0]) == both.choices[0].message.content
+    # a last user turn of an image alone, after a system message: the default prompt is added to it
+    alone = [messages[0], {"role": "user", "content": first[:1]}]
+    described = client.chat.completions.create(model="mmspec-caption", messages=alone, max_tokens=8, temperature=0)
+    asked = client.chat.completions.create(model="mmspec-caption", messages=[messages[0], {"role": "user", "content": [
+        first[0], {"type": "text", "text": "Describe the image."}]}], max_tokens=8, temperature=0)
+    assert described.choices[0].message.content == asked.choices[0].message.content
 
 
 def test_openai_images_generate(client):

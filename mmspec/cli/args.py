@@ -9,9 +9,9 @@ import math
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None, help="with --do-sample (default: 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="with --do-sample")
+    parser.add_argument("--top-p", type=float, default=None, help="with --do-sample")
     parser.add_argument("--seed", type=int, default=None)
 
 
@@ -42,10 +42,12 @@ def check_args(args: argparse.Namespace) -> None:
     one line that says what to pass instead.
 
     Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
-    ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device`` (a device this machine has), the integer
-    options of :data:`POSITIVE_INTS`, the numbers of :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, the sampling options, and the output paths the subcommand
-    names in its ``output_args`` default ({attribute: "file" | "dir" | "file or -"}, the last a file or
-    ``-`` for standard output).
+    ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device``
+    (a device this machine has), the integer options of :data:`POSITIVE_INTS`, the numbers of
+    :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, ``--seed`` (0 to 2**63 - 1), the sampling
+    options (``--temperature`` / ``--top-k`` / ``--top-p`` only with ``--do-sample``), and the
+    output paths the subcommand names in its ``output_args`` default ({attribute: "file" | "dir" |
+    "file or -"}, the last a file or ``-`` for standard output).
     """
     from ..hub import resolve_device
     from ..modeling.attention import attention_backend
@@ -71,9 +73,16 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {value}")
+    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**63:
+        raise ValueError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     if hasattr(args, "do_sample"):
         from ..core.sampling import SamplingConfig
 
+        given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None]
+        if given and not args.do_sample:
+            raise ValueError(f"{', '.join(given)} only apply when sampling; add --do-sample (greedy decoding is the default)")
+        if args.temperature is None:
+            args.temperature = 1.0
         SamplingConfig(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     for name, kind in getattr(args, "output_args", {}).items():
         value = getattr(args, name, None)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 
 from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
-from ..drafters import NO_DRAFTER, check_draft_length_use, is_drafter_spec, spec_drafter_names
+from ..drafters import check_draft_length_use, spec_drafter_names
 from ..hub import load_causal_lm, resolve_device
+from ..pipelines.captioning.methods import check_drafter_name
 
 
 def add_parser(subparsers) -> None:
@@ -31,18 +31,20 @@ def run_generate_command(args) -> int:
     check_text_prompt(args.prompt)  # this and the drafter before anything loads
     drafter = args.drafter
     check_draft_length_use(drafter, args.num_draft_tokens)
-    draft_dir = drafter not in NO_DRAFTER and not is_drafter_spec(drafter)
-    if draft_dir and not Path(drafter).expanduser().is_dir():
-        raise ValueError(
-            f"unknown drafter {drafter!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
-            "'ar', or a draft model directory"
-        )
+    unknown = (f"unknown drafter {drafter!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), 'ar', "
+               "or a draft model directory")
+    if drafter == "auto":  # the captioning pipeline's choice; a text LM has no table to choose from
+        raise ValueError(unknown)
+    try:
+        draft_dir = check_drafter_name(drafter)  # a spec's settings checked (the one spec syntax); else a directory
+    except ValueError as error:
+        raise ValueError(unknown if str(error).startswith("unknown drafter") else str(error)) from None
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
-    if draft_dir:
-        drafter, _ = load_causal_lm(drafter, dtype=model.dtype, device=device)
-    linears = optimize_components(model, drafter if draft_dir else None).label if args.optimize else "as loaded"
+    if draft_dir is not None:
+        drafter, _ = load_causal_lm(draft_dir, dtype=model.dtype, device=device, tokenizer=False)
+    linears = optimize_components(model, drafter if draft_dir is not None else None).label if args.optimize else "as loaded"
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens,

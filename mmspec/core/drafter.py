@@ -55,6 +55,9 @@ class Drafter(ABC):
     #: proposes token trees at batch size 1 (``Draft.from_tree``): a target that cannot verify trees
     #: (its ``tree_refusal``, e.g. recurrent layers) refuses the drafter before its prefill
     drafts_trees: ClassVar[bool] = False
+    #: the key that a spec's short-form value stands for (``"layer-skip:8"`` is
+    #: ``"layer-skip:layers=8"``), for drafters named by a spec (``from_spec``)
+    spec_argument: ClassVar[str] = "arg"
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
     #: (the LM head's input), i = the output of the first i decoder layers; a tuple of such
     #: indices: those states concatenated (EAGLE-3)

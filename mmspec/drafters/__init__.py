@@ -8,6 +8,7 @@ from torch import nn
 
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
+from ..core.spec import parse_spec
 from ..core.target import tree_refusal
 from .assistant import AssistantDrafter
 from .continuous import MARDrafter
@@ -51,6 +52,20 @@ def is_drafter_spec(drafter: Any) -> bool:
     return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
 
 
+def split_drafter_spec(spec: str) -> tuple[str, str | None]:
+    """A drafter spec in the one spec syntax -> (name, the drafter's argument): the short form
+    ``"layer-skip:8"`` or its key, the drafter's :attr:`~mmspec.core.drafter.Drafter.spec_argument`
+    (``"layer-skip:layers=8"``, ``"eagle2:path=DIR"``). Raises ValueError (one line) for another key."""
+    parsed = parse_spec(spec)
+    key, argument = DRAFTERS[parsed.name].spec_argument, parsed.argument
+    for given, value in parsed.pairs:
+        if given != key or value is None:
+            raise ValueError(f"drafter {parsed.name!r} takes no setting {given!r}; its setting is {key}=... "
+                             f"(e.g. '{parsed.name}:{key}=VALUE', or '{parsed.name}:VALUE')")
+        argument = value
+    return parsed.name, argument
+
+
 def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> Drafter | None:
     """Turn the user's ``drafter=`` argument into a Drafter (None = plain AR decoding).
 
@@ -75,7 +90,7 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
                 f"unknown drafter {spec!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
                 "a transformers draft model, a Drafter object, or None for plain decoding"
             )
-        name, _, arg = spec.partition(":")
+        name, arg = split_drafter_spec(spec)
         refusal = tree_refusal(target) if DRAFTERS[name].drafts_trees else None
         if refusal:  # before loading (or looking for) the drafter's weights
             raise ValueError(refusal)

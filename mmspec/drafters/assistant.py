@@ -74,6 +74,7 @@ class AssistantDrafter(BatchDrafting, Drafter):
             fit (checked at :meth:`start`).
     """
 
+    spec_argument = "path"
     requires_target_hidden = True
     target_hidden_layer = -1
     batch_size_one_reason = "reads the target's sliding-window cache, which batches do not hold"

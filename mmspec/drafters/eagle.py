@@ -87,6 +87,7 @@ class EagleDrafter(BatchDrafting, Drafter):
             (:func:`~mmspec.drafters.shipped.chain_settings`).
     """
 
+    spec_argument = "path"
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,

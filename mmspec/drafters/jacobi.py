@@ -71,6 +71,8 @@ class JacobiDrafter(BatchDrafting, Drafter):
         grid_width: tokens per image row (``vertical`` init); default: the target's ``grid``.
     """
 
+    spec_argument = "init"
+
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", coupled: bool = False,
                  grid_width: int | None = None) -> None:
         super().__init__(num_draft_tokens)

@@ -43,6 +43,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
     draft_vocabulary: token ids to draft from (:mod:`mmspec.drafters.vocab`), or None for all.
     """
 
+    spec_argument = "path"
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,

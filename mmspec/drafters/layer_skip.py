@@ -17,6 +17,7 @@ from ..adapters.hf import text_decoder, truncated_decoder
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState, crop_cache, layer_prefix_view
 from ..core.drafter import Draft, Drafter, register_drafter
+from ..core.spec import positive_int
 from ..modeling.hf_compat import cache_kwargs
 
 
@@ -28,6 +29,8 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
     num_draft_tokens: K.
     """
 
+    spec_argument = "layers"
+
     def __init__(self, target_model: torch.nn.Module, num_layers: int, num_draft_tokens: int = 4) -> None:
         super().__init__(num_draft_tokens)
         self.num_layers = num_layers
@@ -38,7 +41,7 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "LayerSkipDrafter":
         if not arg:
             raise ValueError('layer-skip needs the number of layers, e.g. drafter="layer-skip:8"')
-        return cls(target.model, int(arg), num_draft_tokens or 4)
+        return cls(target.model, positive_int(arg, "layer-skip's layers"), num_draft_tokens or 4)
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)

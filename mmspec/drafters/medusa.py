@@ -43,6 +43,7 @@ DEFAULT_TREE = [
 class _HeadsDrafter(BatchDrafting, Drafter):
     """Shared by Medusa and Hydra: a static tree of top-k head choices after the pending token."""
 
+    spec_argument = "path"
     requires_target_hidden = True
     drafts_trees = True
     kind = "medusa"

@@ -150,6 +150,8 @@ class SpdDrafter(ModelDrafter):
     LM with the target's tokenizer); ``"spd"`` loads the one shipped for mmspec's embedded
     captioner (``models/smolcap-draft``, trained by ``mmspec train caption-draft``)."""
 
+    spec_argument = "path"
+
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "SpdDrafter":
         from pathlib import Path

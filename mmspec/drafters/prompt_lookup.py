@@ -7,6 +7,7 @@ import torch
 from ..core.batch import BatchDrafting
 from ..core.cache import SequenceState
 from ..core.drafter import Draft, DraftContext, Drafter, register_drafter
+from ..core.spec import positive_int
 
 
 class NgramIndex:
@@ -51,6 +52,8 @@ class PromptLookupDrafter(BatchDrafting, Drafter):
         prefer: which earlier occurrence to copy from, "recent" or "earliest".
     """
 
+    spec_argument = "num_draft_tokens"
+
     def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "recent") -> None:
         super().__init__(num_draft_tokens)
         if not 1 <= min_ngram <= max_ngram:
@@ -62,7 +65,7 @@ class PromptLookupDrafter(BatchDrafting, Drafter):
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "PromptLookupDrafter":
-        k = int(arg) if arg else (num_draft_tokens or 10)
+        k = positive_int(arg, "prompt-lookup's num_draft_tokens") if arg else (num_draft_tokens or 10)
         return cls(num_draft_tokens=k)
 
     def start(self, context: DraftContext, state: SequenceState) -> None:

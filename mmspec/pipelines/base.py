@@ -131,6 +131,18 @@ class Pipeline:
         loading anything; raise one ValueError line. Presets and the CLI call it first."""
 
     @classmethod
+    def check_init(cls, kwargs: dict[str, Any]) -> None:
+        """``cls(**kwargs)``'s arguments checked without loading anything: bound to ``__init__``
+        with its defaults, then :meth:`check_arguments` (presets, ``mmspec serve`` at start).
+
+        Raises:
+            ValueError / TypeError / FileNotFoundError: one line saying what to change.
+        """
+        arguments = inspect.signature(cls.__init__).bind(None, **kwargs)
+        arguments.apply_defaults()
+        cls.check_arguments(arguments.arguments)
+
+    @classmethod
     def check_call_arguments(cls, values: dict[str, Any], where: str = "") -> None:
         """Check a call's arguments by name against ``__call__``'s annotations (those made of
         int, float, bool, str and None; :func:`mmspec.core.arguments.check_argument_types`):

@@ -39,10 +39,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar
 
 from ..core.registry import class_registrar
 from ..core.rules import RULES
+from ..core.spec import MethodSpec, parse_spec  # noqa: F401  (re-exported: the one spec syntax's parser)
 
 
 @dataclass(frozen=True)
@@ -86,42 +87,6 @@ class Setting:
 def at_least(low: int) -> Callable[[Any], bool]:
     """A ``valid`` predicate: value >= low."""
     return lambda value: value >= low
-
-
-class MethodSpec(NamedTuple):
-    """A parsed ``name[:argument][,key=value...]`` (values still text).
-
-    Attributes:
-        name: the method's name (or an alias).
-        argument: the short form's value ("sjd:vertical" -> "vertical"), or None.
-        pairs: (key, value) in order; a malformed item is (item, None).
-    """
-
-    name: str
-    argument: str | None
-    pairs: tuple[tuple[str, str | None], ...]
-
-
-def parse_spec(spec: str) -> MethodSpec:
-    """Split a method spec (see the module doc); the method's class checks the keys and values.
-
-    Raises:
-        ValueError: an empty spec or name.
-    """
-    if not isinstance(spec, str) or not spec.strip() or not spec.partition(":")[0].strip():
-        raise ValueError(f"empty method spec {spec!r}; write name[:key=value,...], e.g. 'sjd:vertical'")
-    name, colon, rest = spec.strip().partition(":")
-    if not colon or not rest:
-        return MethodSpec(name, None, ())
-    if "=" not in rest:  # the short form: one value, kept whole
-        return MethodSpec(name, rest, ())
-    items = [item.strip() for item in re.split(r"[,:]", rest)]
-    argument = items.pop(0) if "=" not in items[0] else None
-    pairs = []
-    for item in items:
-        key, equals, value = item.partition("=")
-        pairs.append((key.strip(), value.strip()) if key.strip() and equals else (item, None))
-    return MethodSpec(name, argument or None, tuple(pairs))
 
 
 def split_specs(text: str) -> list[str]:

@@ -86,9 +86,7 @@ class Preset:
         check_argument_types(cls.__init__, self.init, where=f"preset {self.name} ({self.path}): [init] ")
         cls.check_call_arguments(self.call, where=f"preset {self.name} ({self.path}): [call] ")
         try:
-            arguments = inspect.signature(cls.__init__).bind(None, **self.init)
-            arguments.apply_defaults()
-            cls.check_arguments(arguments.arguments)
+            cls.check_init(self.init)
         except (ValueError, TypeError, FileNotFoundError) as error:
             raise ValueError(f"preset {self.name}: {error}") from None
 

@@ -34,6 +34,8 @@ from .tasks import CaptionService, ImageService, SpeechService, TaskService, pcm
 SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": ImageService, "tts": SpeechService}
 #: bytes of audio per streamed chunk
 AUDIO_CHUNK = 32 * 1024
+#: the error code of Starlette's own HTTP errors (an unknown path, a wrong method)
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 class Server:
@@ -115,11 +117,12 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+        code = HTTP_CODES.get(error.status_code, "http_error")
+        return JSONResponse(APIError(error.status_code, str(error.detail), code=code).body(), status_code=error.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONResponse(APIError(400, f"invalid request: {error.errors()[:1]}").body(), status_code=400)
+        return JSONResponse(APIError(400, f"invalid request: {error.errors()[:1]}", code="invalid_request").body(), status_code=400)
 
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
@@ -127,12 +130,12 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def input_error(request: Request, error: Exception) -> JSONResponse:
         """A pipeline refused a request's input: its one-line message, 400."""
         message = (str(error).splitlines() or [type(error).__name__])[0]
-        return JSONResponse(APIError(400, message).body(), status_code=400)
+        return JSONResponse(APIError(400, message, code="invalid_input").body(), status_code=400)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, error: Exception) -> JSONResponse:
         """Anything else: a one-line 500 to the client (the server logs the traceback)."""
-        return JSONResponse(APIError(500, "internal server error (see the server log)").body(), status_code=500)
+        return JSONResponse(APIError(500, "internal server error (see the server log)", code="internal_error").body(), status_code=500)
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
@@ -225,10 +228,21 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     return app
 
 
-def preload(app: FastAPI) -> None:
-    """Load every served task's pipeline now (``mmspec serve --preload``). Raises APIError 503 on failure."""
+def check_settings(app: FastAPI) -> None:
+    """Every served task's pipeline settings checked without loading (``mmspec serve`` at start).
+    Raises ValueError: one line naming the task and what to change."""
     for service in app.state.server.services.values():
-        service.load()
+        service.check()
+
+
+def preload(app: FastAPI) -> None:
+    """Load every served task's pipeline now (``mmspec serve --preload``).
+    Raises ValueError: one line, when one cannot load."""
+    for service in app.state.server.services.values():
+        try:
+            service.load()
+        except APIError as error:
+            raise ValueError(error.message) from None
 
 
 async def read_body(request: Request, config: ServeConfig) -> bytes:
@@ -301,8 +315,9 @@ async def stream_chat(batcher: Batcher, job: Any, parsed: Any, model: str, chat_
         yield "data: [DONE]\n\n"
         return
     except Exception as error:  # a pipeline error after the 200 went out
-        yield event(APIError(400 if isinstance(error, (ValueError, TypeError)) else 500,
-                             (str(error).splitlines() or [type(error).__name__])[0]).body())
+        refused = isinstance(error, (ValueError, TypeError))
+        yield event(APIError(400 if refused else 500, (str(error).splitlines() or [type(error).__name__])[0],
+                             code="invalid_input" if refused else "internal_error").body())
         yield "data: [DONE]\n\n"
         return
     completion_tokens = int(getattr(output.stats, "new_tokens", 0))

@@ -6,7 +6,9 @@ Binds 127.0.0.1 by default; ``--host 0.0.0.0`` exposes it (use ``--api-key`` the
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 from pathlib import Path
 
 from .config import DEFAULT_MODEL_IDS, TASKS, ServeConfig
@@ -55,6 +57,23 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     for flag, model in (("--caption-model", args.caption_model), ("--t2i-model", args.t2i_model), ("--tts-model", args.tts_model)):
         check_local_model(flag, model)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if not tasks:
+        raise ValueError(f"--tasks is empty; serve some of: {', '.join(TASKS)}")
+    if args.local_files_root is not None and not args.allow_local_files:
+        raise ValueError("--local-files-root needs --allow-local-files (without it image_url takes data URIs only)")
+    if args.api_key is not None and not args.api_key:
+        raise ValueError("the API key is empty (--api-key or $MMSPEC_API_KEY); give a key or unset it")
+    for flag, value, low, high in (("--max-batch-size", args.max_batch_size, 1, None), ("--max-queue", args.max_queue, 1, None),
+                                   ("--max-body-bytes", args.max_body_bytes, 1, None),
+                                   ("--max-prompt-chars", args.max_prompt_chars, 1, None),
+                                   ("--max-tokens-limit", args.max_tokens_limit, 1, None),
+                                   ("--max-chat-images", args.max_chat_images, 1, None),
+                                   ("--batch-wait-ms", args.batch_wait_ms, 0, 10_000)):
+        if not (low <= value and (high is None or value <= high)):
+            raise ValueError(f"{flag} must be {'at least ' + str(low) if high is None else f'between {low} and {high}'}, "
+                             f"got {value}")
+    if not args.stream_stall_s > 0:
+        raise ValueError(f"--stream-stall-s must be positive, got {args.stream_stall_s}")
     return ServeConfig(
         tasks=tasks, models={"caption": args.caption_model, "t2i": args.t2i_model, "tts": args.tts_model},
         caption_drafter=args.caption_drafter, t2i_method=args.t2i_method, tts_method=args.tts_method,
@@ -73,6 +92,25 @@ def check_local_model(flag: str, model: str | None) -> None:
                          "download it first and pass its directory)")
 
 
+def check_address(host: str, port: int) -> None:
+    """Whether the server could listen on ``host``:``port`` now (bound and released at once).
+    Raises ValueError: one line (a port in use, an address that does not resolve or is not this
+    machine's)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host}: cannot resolve it ({error.strerror}); give an address of this machine, "
+                         "e.g. 127.0.0.1 or 0.0.0.0") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            why = "the port is in use; choose another --port" if error.errno == errno.EADDRINUSE else error.strerror
+            raise ValueError(f"cannot listen on {host}:{port} ({why})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     # nothing from the model hub at serving time, whatever a pipeline might try (set before they import)
@@ -81,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .app import create_app, preload
+        from .app import check_settings, create_app, preload
     except ImportError as error:
         from ..hub import MissingDependencyError
 
@@ -91,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     app = create_app(config)
+    check_settings(app)  # an unknown drafter or method, a bad dtype: one line now, not a 503 per request
+    check_address(args.host, args.port)
     if args.preload:
         preload(app)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:

@@ -18,6 +18,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
@@ -30,6 +31,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 CHAT_UNSUPPORTED = {
     "n": ((1,), "one caption per request; send several requests (they are batched)"),
     "tools": (([],), "tools are not supported by the captioning models"),
+    "tool_choice": (("none",), "tools are not supported by the captioning models"),
     "logprobs": ((False,), "log-probabilities are not returned"),
     "stop": (([],), "stop sequences are not supported; use max_tokens"),
     "response_format": (({"type": "text"},), "only text responses"),
@@ -71,6 +73,22 @@ class TaskService:
         """Keyword arguments of ``mmspec.pipeline`` for this task (before the config's overrides)."""
         raise NotImplementedError
 
+    def all_pipeline_kwargs(self) -> dict[str, Any]:
+        """Every keyword argument of this task's ``mmspec.pipeline`` (the config's overrides included)."""
+        return {**self.pipeline_kwargs(), **self.config.pipeline_kwargs.get(self.name, {})}
+
+    def check(self) -> None:
+        """The pipeline's settings checked without loading it (``mmspec serve`` at start: an
+        unknown drafter or method, a method that does not fit the model, a bad dtype or device).
+
+        Raises:
+            ValueError: one line naming the task.
+        """
+        try:
+            pipeline_class(TASKS[self.name]).check_init(self.all_pipeline_kwargs())
+        except (ValueError, TypeError, FileNotFoundError) as error:
+            raise ValueError(f"{TASKS[self.name]}: {error}") from None
+
     def pipeline(self) -> Any:
         """The task's pipeline, built on first call (thread-safe). Raises APIError 503 when it cannot load."""
         if self._pipe is None:
@@ -78,7 +96,7 @@ class TaskService:
                 if self._pipe is None:
                     import mmspec
 
-                    kwargs = {**self.pipeline_kwargs(), **self.config.pipeline_kwargs.get(self.name, {})}
+                    kwargs = self.all_pipeline_kwargs()
                     try:
                         self._pipe = mmspec.pipeline(TASKS[self.name], **kwargs)
                     except (ValueError, OSError, TypeError, ImportError) as error:
@@ -125,11 +143,19 @@ def sampling_fields(fields: Fields, default_temperature: float | None) -> dict[s
             "top_p": None if greedy or top_p == 1.0 else top_p, "top_k": None if greedy else top_k}
 
 
+#: the fields of a request's ``"mmspec"`` object
+MMSPEC_OPTIONS = ("compare_baseline",)
+
+
 def mmspec_options(data: dict[str, Any]) -> Fields:
-    """The request's ``"mmspec"`` object (``{}`` when absent)."""
+    """The request's ``"mmspec"`` object (``{}`` when absent); a field it does not know (a typo) is refused."""
     options = data.get("mmspec", {})
     if not isinstance(options, dict):
         raise bad_request(f"'mmspec' must be an object, got {type(options).__name__}", "mmspec", "invalid_type")
+    unknown = sorted(set(options) - set(MMSPEC_OPTIONS))
+    if unknown:
+        raise bad_request(f"'mmspec' has unknown field(s) {', '.join(map(repr, unknown))}; it takes {', '.join(MMSPEC_OPTIONS)}",
+                          f"mmspec.{unknown[0]}", "unknown_field")
     return Fields(options, "mmspec.")
 
 
@@ -150,13 +176,12 @@ class ChatItem:
 
     messages: list[dict[str, Any]]
     images: list[Any]
-    has_text: bool
 
     def conversation(self, default_prompt: str) -> Any:
-        """The pipeline's Conversation (its default prompt appended to the last turn when no
-        message has text)."""
+        """The pipeline's Conversation (its default prompt appended to the last turn, the user's,
+        when that turn has no text: an image alone, after a system message or a history too)."""
         messages = [dict(m) for m in self.messages]
-        if not self.has_text:
+        if not any(part["type"] == "text" for part in messages[-1]["content"]):
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + [{"type": "text", "text": default_prompt}]}
         return Conversation(messages, list(self.images))
 
@@ -240,7 +265,7 @@ class CaptionService(TaskService):
         solo = uuid.uuid4().hex if sampling["do_sample"] and seed is not None and self.config.caption_drafter == "auto" else None
         key = (max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], seed,
                compare, solo)
-        item = ChatItem(turns, images, chars > 0)
+        item = ChatItem(turns, images)
         return ChatRequest(key, item, stream, bool(stream_options.get("include_usage", bool, False)))
 
     def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
@@ -340,6 +365,7 @@ class SpeechService(TaskService):
         fmt = fields.get("response_format", str, "wav")
         if fmt not in SPEECH_FORMATS:
             raise bad_request(f"response_format {fmt!r} is not supported; use wav or pcm", "response_format", "unsupported")
+        fields.refuse("stream_format", ("audio", None), "the server streams the audio itself (stream: true), not server-sent events")
         speed = fields.number("speed", 1.0, 0.25, MAX_SPEED)  # OpenAI's range, 0.25 to 4 (the voice's MAX_SPEED)
         sampling = sampling_fields(fields, None)
         seed = fields.integer("seed", 0, 0, 2**31 - 1)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
+from ...hub import check_model_path
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -63,10 +64,7 @@ def load_captioning_model(
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     name = str(name_or_path)
-    path = Path(name).expanduser()
-    if not path.exists() and (path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1):
-        raise FileNotFoundError(f"model directory not found: {name}")
-    source = str(path) if path.exists() else name
+    source = check_model_path(name)
     try:
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)

@@ -182,8 +182,11 @@ class TextToImagePipeline(Pipeline):
     @classmethod
     def check_arguments(cls, values: dict[str, Any]) -> None:
         """Check construction arguments (all of ``__init__``'s, bound) without loading anything
-        (presets): the method and its settings, the device. Raises ValueError / TypeError."""
-        make_method(values["method"], **values["settings"])
+        (presets): the method and its settings (and that it fits a model named as continuous-token),
+        the device. Raises ValueError / TypeError."""
+        method = make_method(values["method"], **values["settings"])
+        if values["components"] is None and T2IComponents.names_continuous(values["model"]):
+            method.check_kind(True)
         resolve_device(values["device"])
         resolve_dtype(values["dtype"])
 
