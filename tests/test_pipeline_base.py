@@ -99,6 +99,21 @@ def test_mmspec_generate_takes_the_one_spec_syntax():
             mmspec.generate(model, input_ids=ids, drafter=spec, max_new_tokens=2)
 
 
+@pytest.mark.parametrize("spec", ["sjd", "sjd-coupled", "sjd-pac", "prompt-lookup"])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_budget_of_one_to_three_tokens_with_training_free_drafters(spec, do_sample):
+    """The loop's last token is verified without a draft (no budget left to draft): a drafter
+    that carries its drafts between steps (SJD) must take that step too (``mmspec tts
+    --max-seconds 0.01`` crashed there), and the tokens are plain decoding's under greedy."""
+    model, ids = make_text_only_draft(), torch.tensor([[1, 5, 9, 5, 9]])
+    for n in (1, 2, 3):
+        out = mmspec.generate(model, input_ids=ids, drafter=spec, max_new_tokens=n, do_sample=do_sample, seed=0)
+        assert out.sequences.shape == (1, ids.shape[1] + n)
+        if not do_sample:
+            plain = mmspec.generate(model, input_ids=ids, drafter="ar", max_new_tokens=n)
+            assert torch.equal(out.sequences, plain.sequences)
+
+
 def test_a_drafters_file_path_reads_relative_to_the_model_in_either_form(tmp_path):
     from mmspec.pipelines.captioning import ImageCaptioningPipeline
 

@@ -133,7 +133,10 @@ class JacobiDrafter(BatchDrafting, Drafter):
 
     def on_verified(self, num_drafted: int, num_accepted: int, target_output: TargetOutput) -> None:
         # rows num_accepted + 1 .. K of the forward predict the positions after the committed token
-        draft = self.last_draft
+        draft, self.last_draft = self.last_draft, None
+        if draft is None:  # a step the loop verified without a draft (the budget's last token): nothing carries
+            self.carried_tokens, self.carried_probs, self.carried_logits = self.carried_tokens[:0], None, None
+            return
         self._carry(target_output.logits[0, num_accepted + 1 : num_drafted + 1], draft.tokens[0, num_accepted + 1 :],
                     None if draft.probs is None else draft.probs[0, num_accepted + 1 :])
 
