@@ -2,6 +2,7 @@
 mmspec run build and run them; bad presets give one line that says what to change."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,6 +54,15 @@ def write(tmp_path):
     ('task = "text-to-image"\n[call]\nseed = "x"', r"\[call\] seed must be an integer or None, got 'x'"),
     ('task = "image-captioning"\n[call]\ndo_sample = "yes"', r"\[call\] do_sample must be True or False"),
     ('task = "text-to-speech"\n[init]\noptimize = 1', r"preset p \(.*p\.toml\): \[init\] optimize must be True or False"),
+    # ranges too, before any weights load
+    ('task = "image-captioning"\n[call]\nmax_new_tokens = 0', r"preset p \(.*p\.toml\): \[call\] max_new_tokens must be >= 1"),
+    ('task = "text-to-speech"\n[call]\nmax_seconds = -1.0', r"\[call\] max_seconds must be a positive number"),
+    ('task = "text-to-speech"\n[call]\nspeed = 9.0', r"\[call\] speed must be at most"),
+    ('task = "text-to-speech"\n[call]\nmethod = "fast"', r"\[call\] unknown method 'fast'"),
+    ('task = "text-to-image"\n[call]\nguidance_scale = 0.5', r"\[call\] guidance_scale must be a finite number >= 1"),
+    ('task = "text-to-image"\n[call]\ntemperature = 0.0', r"\[call\] temperature must be > 0"),
+    ('task = "image-captioning"\n[call]\ndo_sample = true\ntop_p = 1.5', r"\[call\] top_p must be in"),
+    ('task = "image-captioning"\n[call]\nseed = -3', r"\[call\] seed must be between 0 and 2\*\*63 - 1"),
 ])
 def test_bad_presets_say_what_to_change(write, text, match):
     with pytest.raises(ValueError, match=match) as error:
@@ -92,9 +102,18 @@ def test_mmspec_run_every_task(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,match", [(["nope", "x"], "no preset 'nope'"),
-                                        (["caption-embedded", "missing.png"], "image file(s) not found: missing.png"),
+                                        (["caption-embedded", "missing.png"], "image file not found: missing.png"),
+                                        (["caption-embedded", "samples"], "samples is a directory, not an image file"),
+                                        (["caption-embedded", "samples/photo.png", "README.md"],
+                                         "input 2 of 2: README.md is not an image file"),
+                                        (["t2i-sjd", "a red circle", " "], "input 2 of 2: empty prompt"),
+                                        (["tts-embedded", "Hello there.", ""], "input 2 of 2: the text is empty"),
                                         (["t2i-sjd", "x", "--device", "tpu"], "device")])
-def test_run_errors_are_one_line(args, match, capsys):
-    assert main(["run", *args]) == 2
+def test_run_errors_are_one_line(args, match, capsys, tmp_path, monkeypatch):
+    """Every input is checked before the preset's model loads, so nothing is written for the good
+    ones before a bad one stops the run."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(["run", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and match in err
+    assert err.count("\n") == 0 and match in err, err
+    assert not (tmp_path / "out").exists()

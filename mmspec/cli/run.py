@@ -60,6 +60,27 @@ def _say(pipe, index: int, text: str, args) -> tuple[dict, str]:
 RUNNERS = {"image-captioning": _caption, "text-to-image": _draw, "text-to-speech": _say}
 
 
+def _check_image(path: str) -> None:
+    from ..pipelines.images import open_image_file
+
+    open_image_file(path).close()  # the header: a missing file, a folder, not an image
+
+
+def _check_prompt(prompt: str) -> None:
+    from ..pipelines.text_to_image.prompts import check_prompt
+
+    check_prompt(prompt)
+
+
+def _check_text(text: str) -> None:
+    if not text.strip():
+        raise ValueError("the text is empty; pass a sentence to say")
+
+
+#: task -> the check of one input before the pipeline loads (ValueError / FileNotFoundError, one line)
+INPUT_CHECKS = {"image-captioning": _check_image, "text-to-image": _check_prompt, "text-to-speech": _check_text}
+
+
 def run(args) -> int:
     from dataclasses import replace
 
@@ -68,19 +89,23 @@ def run(args) -> int:
     preset = load_preset(args.preset)
     if preset.task not in RUNNERS:
         raise ValueError(f"preset {preset.name}: mmspec run does not run {preset.task!r} yet")
-    if preset.task == "image-captioning":
-        missing = [p for p in args.inputs if not Path(p).is_file()]
-        if missing:
-            raise ValueError(f"image file(s) not found: {', '.join(missing)}")
+    for index, item in enumerate(args.inputs):  # every input before anything loads or is written
+        try:
+            INPUT_CHECKS[preset.task](item)
+        except (ValueError, FileNotFoundError) as error:
+            where = "" if len(args.inputs) == 1 else f"input {index + 1} of {len(args.inputs)}: "
+            raise ValueError(f"{where}{error}") from None
     if args.device is not None:
         preset = replace(preset, init={**preset.init, "device": args.device})
     pipe = preset.build()  # checked, then loaded (the output files are made by mmspec.cli.output)
     records = []
-    for index, item in enumerate(args.inputs):
-        record, line = RUNNERS[preset.task](pipe, index, item, args)
-        records.append({"input": item, **record})
-        if not args.json:
-            print(line)
-    if args.json:
-        print(json.dumps(records, indent=2))
+    try:
+        for index, item in enumerate(args.inputs):
+            record, line = RUNNERS[preset.task](pipe, index, item, args)
+            records.append({"input": item, **record})
+            if not args.json:
+                print(line)
+    finally:  # with --json, the inputs finished before an error are still printed
+        if args.json:
+            print(json.dumps(records, indent=2))
     return 0

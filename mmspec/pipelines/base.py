@@ -151,6 +151,43 @@ class Pipeline:
         check_argument_types(cls.__call__, values, where)
 
     @classmethod
+    def check_call_values(cls, values: dict[str, Any], where: str = "") -> None:
+        """A call's values checked without loading anything (a preset's ``[call]``): their types
+        (:meth:`check_call_arguments`), then their ranges: ``max_new_tokens`` >= 1,
+        ``batch_size``, ``seed`` in 0 .. 2**63 - 1 and the sampling options (with the call's
+        defaults for those not given); a task adds its own (:meth:`check_task_values`). Raises
+        one ValueError line, ``where`` first."""
+        cls.check_call_arguments(values, where)
+        try:
+            cls._check_ranges(values)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{where}{error}") from None
+
+    @classmethod
+    def _check_ranges(cls, values: dict[str, Any]) -> None:
+        full = inspect.signature(cls.__call__).bind_partial(None, **values)
+        full.apply_defaults()
+        given = full.arguments
+        if "max_new_tokens" in values and values["max_new_tokens"] < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {values['max_new_tokens']}")
+        if "batch_size" in values:
+            cls.check_batch_size(values["batch_size"])
+        if values.get("seed") is not None and not 0 <= values["seed"] < 2**63:
+            raise ValueError(f"seed must be between 0 and 2**63 - 1, got {values['seed']}")
+        if {"do_sample", "temperature", "top_k", "top_p"} & set(values) and "do_sample" in given:
+            from ..core.sampling import SamplingConfig
+
+            temperature = given.get("temperature")
+            SamplingConfig(do_sample=given["do_sample"], temperature=1.0 if temperature is None else temperature,
+                           top_k=given.get("top_k"), top_p=given.get("top_p"))
+        cls.check_task_values(given)
+
+    @classmethod
+    def check_task_values(cls, values: dict[str, Any]) -> None:
+        """The task's own range checks of a call's values (all of ``__call__``'s, defaults
+        included), for :meth:`check_call_values`; none here."""
+
+    @classmethod
     def make_method(cls, spec: str | Method, **settings: Any) -> Method:
         """A spec of the task's methods (``name[:key=value,...]``) -> the method, every setting
         checked; a Method passes through."""

@@ -67,7 +67,8 @@ class Preset:
         """Everything that can be checked without the weights: argument names against the
         pipeline's ``__init__`` and ``__call__``, the ``[call]`` values' types against
         ``__call__``'s annotations (``temperature = "hot"``: one line naming the preset file, the
-        key and the type it takes; :meth:`~mmspec.pipelines.base.Pipeline.check_call_arguments`),
+        key and the type it takes) and ranges (``max_new_tokens = 0``;
+        :meth:`~mmspec.pipelines.base.Pipeline.check_call_values`),
         then the pipeline's own pre-load checks (``check_arguments``, given the bound ``__init__``
         arguments with their defaults: drafter / method names and settings, dtype, device).
 
@@ -84,7 +85,7 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown [{section}] key(s) {unknown} for {cls.__name__}; "
                                  f"use {', '.join(allowed)}")
         check_argument_types(cls.__init__, self.init, where=f"preset {self.name} ({self.path}): [init] ")
-        cls.check_call_arguments(self.call, where=f"preset {self.name} ({self.path}): [call] ")
+        cls.check_call_values(self.call, where=f"preset {self.name} ({self.path}): [call] ")
         try:
             cls.check_init(self.init)
         except (ValueError, TypeError, FileNotFoundError) as error:

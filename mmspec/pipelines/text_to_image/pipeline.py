@@ -190,6 +190,11 @@ class TextToImagePipeline(Pipeline):
         resolve_device(values["device"])
         resolve_dtype(values["dtype"])
 
+    @classmethod
+    def check_task_values(cls, values: dict[str, Any]) -> None:
+        """guidance_scale and num_images of a call (:meth:`Pipeline.check_call_values`)."""
+        check_call_arguments(values["guidance_scale"], values["num_images"])
+
     @property
     def target(self):
         """The generator as a GuidedImageTarget."""

@@ -292,6 +292,16 @@ class TextToSpeechPipeline(Pipeline):
             results.append(result)
         return results[0] if isinstance(text, str) else results
 
+    @classmethod
+    def check_task_values(cls, values: dict[str, Any]) -> None:
+        """max_seconds, speed and split of a call (:meth:`Pipeline.check_call_values`)."""
+        if not _positive_number(values["max_seconds"]):
+            raise ValueError(f"max_seconds must be a positive number, got {values['max_seconds']!r}")
+        check_speed(values["speed"])
+        cls.check_split(values["split"])
+        if values["method"] is not None and not isinstance(values["method"], TTSMethod):
+            cls.make_method(values["method"])
+
     @staticmethod
     def check_split(split: str) -> None:
         if split not in SPLITS:
