@@ -44,6 +44,35 @@ def test_a_line_cut_short_is_dropped(tmp_path):
     assert list(read_records(path, "path")) == ["a"] and path.read_text() == '{"path": "a", "text": "x"}\n'
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"id": "000001", "prompt": "x"}\n', "line 1 has no 'path' field: it holds another command's results"),
+    ("[1, 2]\n", "line 1 has no 'path' field"),
+    ("caption notes\n", "line 1 is not JSON, so the file is not a results file to resume"),
+    (b"\x89PNG\r\n\x1a\n\x00\n", r"is not a JSONL results file \(not UTF-8 text\)"),
+])
+def test_an_output_file_of_something_else_is_one_line(tmp_path, text, message):
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=message) as error:
+        read_records(path, "path")
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_resume_with_other_settings_or_changed_inputs_is_refused(tmp_path):
+    out = tmp_path / "out.jsonl"
+    first = ShardedResults(out, ["a", "b"], "path", settings={"prompt": "Describe the image.", "seed": 0},
+                           input_fields={"a": {"prompt": "x"}})
+    first.write({"path": "a", "prompt": "x", "text": "A."})
+    first.finish()
+    again = ShardedResults(out, ["a", "b"], "path", settings={"prompt": "Describe the image.", "seed": 0})
+    assert again.todo == ["b"]  # the same settings resume
+    with pytest.raises(ValueError, match=r"holds rows made with other settings \(prompt 'Describe the image.' there, "
+                                         r"'How many\?' now\); rerun with those to resume, or choose another output"):
+        ShardedResults(out, ["a", "b"], "path", settings={"prompt": "How many?", "seed": 0})
+    with pytest.raises(ValueError, match=r"row a was made for prompt 'x', but that input is now 'y'"):
+        ShardedResults(out, ["a", "b"], "path", input_fields={"a": {"prompt": "y"}})
+
+
 class FakeProcess:
     def __init__(self, rank, world):
         self.rank, self.world, self.device = rank, world, None

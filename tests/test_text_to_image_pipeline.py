@@ -112,6 +112,16 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert [r["images"] for r in again] == [r["images"] for r in records]
     assert main(["t2i", "a red circle", "--prompts", str(prompts), "--model", str(model_dir)]) == 2
     assert "not both" in capsys.readouterr().err
+    # a resume with another seed, or after the prompts file changed, is refused before the model loads
+    assert main([*args, "--seed", "5"]) == 2
+    assert "holds rows made with other settings (seed 0 there, 5 now)" in capsys.readouterr().err
+    prompts.write_text("a red circle\na green star\nthree green squares\n")
+    assert main(args) == 2
+    assert "row 000001 was made for prompt 'a blue star', but that input is now 'a green star'" in capsys.readouterr().err
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    assert main(["t2i", "--prompts", str(latin), "--model", str(model_dir), "--out", str(tmp_path / "o2")]) == 2
+    assert "it is not UTF-8 text; save it as UTF-8" in capsys.readouterr().err
 
 
 def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path, free_port):

@@ -93,7 +93,10 @@ def run_caption_command(args) -> int:
     if args.cuda_graphs and args.batch_size > 1:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-size or --cuda-graphs")
     paths = expand_images(args.images)
-    results = ShardedResults(args.out, paths, key="path", retry_errors=args.retry_errors) if args.out else None
+    shaping = ("model", "dtype", "drafter", "num_draft_tokens", "prompt", "max_new_tokens", "do_sample", "temperature",
+               "top_k", "top_p", "seed", "compare_baseline")  # what a row's record depends on: a resume keeps them
+    results = ShardedResults(args.out, paths, key="path", retry_errors=args.retry_errors,
+                             settings={name: getattr(args, name) for name in shaping}) if args.out else None
     records: list[dict[str, Any]] = [{"path": path} for path in (results.todo if results else paths)]
     progress: Progress | None = None
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from .output import OutputFiles, output_error
+from .output import OutputFiles, output_error, write_text
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -66,10 +66,22 @@ def read_records(path: Path, key: str) -> dict[str, dict[str, Any]]:
         except OSError as error:
             raise output_error(path, error) from None
     records = {}
-    for line in complete.decode().splitlines():
-        if line.strip():
+    try:
+        lines = complete.decode().splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a JSONL results file (not UTF-8 text); choose another output file") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             record = json.loads(line)
-            records[record[key]] = record
+        except ValueError:
+            raise ValueError(f"{path} line {number} is not JSON, so the file is not a results file to resume; "
+                             "choose another output file (or delete it)") from None
+        if not isinstance(record, dict) or key not in record:
+            raise ValueError(f"{path} line {number} has no {key!r} field: it holds another command's results; "
+                             "choose another output file")
+        records[record[key]] = record
     return records
 
 
@@ -118,7 +130,8 @@ class ShardedResults:
     """
 
     def __init__(self, out: str | os.PathLike, inputs: list[str], key: str, process: ProcessState | None = None,
-                 retry_errors: bool = False) -> None:
+                 retry_errors: bool = False, settings: dict[str, Any] | None = None,
+                 input_fields: dict[str, dict[str, Any]] | None = None) -> None:
         self.out, self.inputs, self.key = Path(out), inputs, key
         self.process = process or ProcessState()
         try:
@@ -128,12 +141,41 @@ class ShardedResults:
         rank, world = self.process.rank, self.process.world
         self.part = self.out if world == 1 else self.out.with_name(f"{self.out.name}.rank-{rank}-of-{world}")
         self.done = {**read_records(self.out, key), **self._parts()}
+        self._check_same_run(settings or {}, input_fields or {})
         mine = [x for i, x in enumerate(inputs) if i % world == rank]
         failed = {x for x in mine if "error" in self.done.get(x, {})} if retry_errors else set()
         self.retried = len(failed)
         self.done = {x: r for x, r in self.done.items() if x not in failed}
         self.todo = [x for x in mine if x not in self.done]
         self._file = None
+
+    @property
+    def settings_file(self) -> Path:
+        """``OUT.settings.json``: the settings the rows of ``OUT`` were made with."""
+        return self.out.with_name(self.out.name + ".settings.json")
+
+    def _check_same_run(self, settings: dict[str, Any], input_fields: dict[str, dict[str, Any]]) -> None:
+        """Refuse to resume rows made with other settings, or for other inputs under the same key
+        (a prompts file edited since), in one line; record the settings for the next resume."""
+        held = self.settings_file
+        if held.is_file():
+            try:
+                before = json.loads(held.read_text())
+            except ValueError:
+                before = None
+            changed = [name for name in settings if isinstance(before, dict) and name in before and before[name] != settings[name]]
+            if changed:
+                shown = "; ".join(f"{name} {before[name]!r} there, {settings[name]!r} now" for name in changed[:3])
+                raise ValueError(f"{self.out} holds rows made with other settings ({shown}); rerun with those to "
+                                 "resume, or choose another output")
+        for key, fields in input_fields.items():
+            record = self.done.get(key)
+            for name, value in fields.items():
+                if record is not None and name in record and record[name] != value:
+                    raise ValueError(f"{self.out}: row {key} was made for {name} {record[name]!r}, but that input is now "
+                                     f"{value!r}; choose another output (or delete it)")
+        if settings and self.process.rank == 0:
+            write_text(held, json.dumps(settings, sort_keys=True) + "\n")
 
     def _parts(self) -> dict[str, dict[str, Any]]:
         records = {}

@@ -101,21 +101,34 @@ def side_by_side(rows: list[list], cell: int):
 def read_prompts(path: str) -> list[str]:
     """A prompts file -> its non-empty lines, stripped."""
     try:
-        prompts = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        prompts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as error:
         raise ValueError(f"cannot read --prompts {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read --prompts {path}: it is not UTF-8 text; save it as UTF-8") from None
     if not prompts:
         raise ValueError(f"--prompts {path} holds no prompt (one per line)")
     return prompts
 
 
-def run_prompts_file(pipe, prompts: list[str], args, process: ProcessState | None = None) -> int:
+def prompt_results(prompts: list[str], args, process: ProcessState) -> ShardedResults:
+    """OUT/results.jsonl of a prompts file (read before the model loads: a resume with other
+    settings, or of a file whose lines changed, is refused in one line)."""
+    from ..pipelines.text_to_image.methods import SETTINGS
+
+    shaping = ("model", "method", "dtype", "guidance_scale", "seed", "num_images", "greedy", "temperature", "top_k",
+               "compare_baseline", *SETTINGS)
+    ids = [f"{i:06d}" for i in range(len(prompts))]
+    return ShardedResults(Path(args.out) / "results.jsonl", ids, key="id", process=process, retry_errors=args.retry_errors,
+                          settings={name: getattr(args, name) for name in shaping if hasattr(args, name)},
+                          input_fields={key: {"prompt": prompt} for key, prompt in zip(ids, prompts)})
+
+
+def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) -> int:
     """Every prompt of a file, streamed to OUT/results.jsonl (mmspec.cli.dataset: resumed, sharded);
     with --batch-size B, the images of B / num-images prompts at a time are decoded together."""
 
     out = Path(args.out)
-    ids = [f"{i:06d}" for i in range(len(prompts))]
-    results = ShardedResults(out / "results.jsonl", ids, key="id", process=process, retry_errors=args.retry_errors)
     group = max(1, args.batch_size // args.num_images)
     bar = Progress(len(results.todo), always=True, unit="prompt", show=not (args.no_progress or args.json))
     try:
@@ -159,7 +172,7 @@ def run(args) -> int:
 
     # every argument is checked before the model loads (--threads and --out by mmspec.cli.args.check_args)
     if (args.prompt is None) == (args.prompts is None):
-        raise ValueError("pass a prompt or --prompts FILE (one prompt per line), not both")
+        raise ValueError("pass a prompt or --prompts FILE (one prompt per line)" + (", not both" if args.prompts else ""))
     if args.retry_errors and not args.prompts:
         raise ValueError("--retry-errors redoes the failed rows of --prompts FILE's results.jsonl: pass --prompts")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
@@ -170,13 +183,14 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     settings = {name: getattr(args, name) for name in SETTINGS}
     process = ProcessState() if args.prompts else None  # under accelerate: this process's rank and device
+    results = prompt_results(prompts, args, process) if args.prompts else None
     device = process.device_for(args.device) if process else args.device
     pipe = mmspec.pipeline("text-to-image", model=args.model, method=args.method, device=device,
                            processor=args.processor, eagle_head=args.eagle_head, draft=args.draft,
                            trust_remote_code=args.trust_remote_code, optimize=args.optimize, dtype=args.dtype,
                            cuda_graphs=args.cuda_graphs, **settings)
     if args.prompts:
-        return run_prompts_file(pipe, prompts, args, process)
+        return run_prompts_file(pipe, prompts, args, results)
     result = pipe(args.prompt, guidance_scale=args.guidance_scale, seed=args.seed, num_images=args.num_images,
                   do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                   compare_baseline=args.compare_baseline, progress=not args.no_progress and not args.json,
