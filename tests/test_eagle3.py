@@ -216,6 +216,8 @@ def test_export_round_trip(tiny, tmp_path, fmt):
     assert config["draft_vocab_size"] == 64 and config["target_hidden_size"] == head.config.hidden_size
     layers = config.get("eagle_aux_hidden_state_layer_ids") or [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     assert tuple(layers) == head.config.aux_layers
+    # readable by the serving engine's user too (safetensors alone writes owner-only files)
+    assert (tmp_path / fmt / "model.safetensors").stat().st_mode & 0o044 == 0o044
     tensors = load_file(str(tmp_path / fmt / "model.safetensors"))
     assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(tensors)
     assert tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * head.config.hidden_size

@@ -114,6 +114,14 @@ def test_a_budget_of_one_to_three_tokens_with_training_free_drafters(spec, do_sa
             assert torch.equal(out.sequences, plain.sequences)
 
 
+def test_text_inputs_of_another_type_are_one_line():
+    """tts(None), t2i(5): one TypeError line naming the argument (it was "'NoneType' object is not iterable")."""
+    for value, got in ((None, "NoneType"), (5, "int"), (["a", 3], "a list holding int")):
+        with pytest.raises(TypeError, match=f"^text must be a string or a list of strings, got {got}$"):
+            Pipeline.strings(value, "text")
+    assert Pipeline.strings(("a", "b"), "text") == ["a", "b"] and Pipeline.strings("a", "prompt") == ["a"]
+
+
 def test_a_drafters_file_path_reads_relative_to_the_model_in_either_form(tmp_path):
     from mmspec.pipelines.captioning import ImageCaptioningPipeline
 

@@ -15,8 +15,17 @@ from .args import check_args
 SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a misspelt flag or a bad value as one line (``mmspec: error: ...``, exit 2),
+    pointing at the command's ``--help``, instead of the usage block first; subcommands' parsers
+    are of this class too (argparse makes them of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"mmspec: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mmspec",
         description="Fast autoregressive multimodal generation with speculative decoding.",
     )
@@ -40,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand whose --help lists the right ones
+        where = " ".join(a for a in ("mmspec", args.command, getattr(args, "suite", None), getattr(args, "recipe", None))
+                         if isinstance(a, str))
+        parser.exit(2, f"mmspec: error: unrecognized arguments: {' '.join(unknown)} (see {where} --help)\n")
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.parse_args([*argv, "--help"])

@@ -83,6 +83,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{', '.join(given)} only apply when sampling; add --do-sample (greedy decoding is the default)")
         if args.temperature is None:
             args.temperature = 1.0
+        if args.do_sample and args.temperature == 0:
+            raise ValueError("--temperature must be > 0; for greedy decoding leave out --do-sample")
         SamplingConfig(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     for name, kind in getattr(args, "output_args", {}).items():
         value = getattr(args, name, None)
@@ -101,6 +103,8 @@ def check_output_path(path: str, kind: str, option: str) -> None:
 
     import tempfile
 
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a {'directory' if kind == 'dir' else 'file name'}")
     target = Path(path).expanduser()
     if target.exists():
         if kind == "file" and target.is_dir():

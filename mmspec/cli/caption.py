@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
     cap.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
     cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
     cap.add_argument("--batch-size", type=int, default=1,
-                     help="images decoded together (each caption equals its batch-size-1 caption; see docs/usage.md)")
+                     help="images decoded together (each caption equals its batch-size-1 caption in fp32; in bf16 up to "
+                          "rounding near ties; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
     cap.add_argument("--cuda-graphs", action="store_true",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .args import check_output_path
 from .output import OutputFiles
 
 
@@ -111,8 +112,19 @@ def run(args) -> int:
     if args.out == "-" and sys.stdout.isatty():
         raise ValueError("--out - writes the WAV to standard output, which is a terminal here; pipe it to a player "
                          "(... --out - | aplay) or give --out FILE")
+    if args.greedy and (args.temperature is not None or args.top_k is not None):
+        raise ValueError("--temperature and --top-k apply only when sampling; drop them or --greedy")
+    if args.temperature == 0:
+        raise ValueError("--temperature must be > 0; for greedy decoding pass --greedy")
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
+    if args.out != "-":  # the files written beside the WAV, checked before the voice loads
+        out = Path(args.out)
+        if out.suffix.lower() != ".wav":
+            raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
+        beside = [out.with_suffix(".png")] + ([out.with_name(out.stem + "-baseline.wav")] if args.compare_baseline else [])
+        for path in beside:
+            check_output_path(str(path), "file", f"--out {args.out} writes {path.name} too, and")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
@@ -160,7 +172,8 @@ def say(args, pipe, text: str) -> int:
             if result.baseline_audio is not None:
                 files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
             files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
-        wrote, report = f"wrote {out} and {out.with_suffix('.png')}", sys.stdout
+        baseline = f", {out.with_name(out.stem + '-baseline.wav')}" if result.baseline_audio is not None else ""
+        wrote, report = f"wrote {out}{baseline} and {out.with_suffix('.png')}", sys.stdout
     stats = result.stats
     record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": args.out,
               "stats": stats.to_dict()}
@@ -187,6 +200,8 @@ def read_text(args) -> str:
         text = sys.stdin.read()
     else:
         path = Path(args.file)
+        if path.is_dir():
+            raise ValueError(f"cannot read {path}: it is a directory; give a text file (or - for standard input)")
         if not path.is_file():
             raise ValueError(f"cannot read {path}: no such file; give a text file (or - for standard input)")
         try:

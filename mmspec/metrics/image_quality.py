@@ -199,7 +199,7 @@ class MetricCLIP:
     def save(self, directory: str | Path, **extra: Any) -> Path:
         """Write ``open_clip_config.json`` (model_cfg + preprocess_cfg + the token ids) and
         ``model.safetensors`` (fp16) into ``directory``."""
-        from safetensors.torch import save_file
+        from ..modeling.persistence import save_tensors
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -215,9 +215,7 @@ class MetricCLIP:
         }
         tensors = {k: v.detach().to(torch.float16).contiguous().clone() for k, v in self.model.state_dict().items()}
         tmp = directory / f"{WEIGHTS_FILE}.{os.getpid()}.tmp"  # per process: workers converting at once
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.chmod(0o644)  # safetensors creates the file private
-        tmp.replace(directory / WEIGHTS_FILE)
+        save_tensors(tensors, tmp, metadata={"format": "pt"}).replace(directory / WEIGHTS_FILE)
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
         return directory
 

@@ -142,12 +142,11 @@ def trained_state(model) -> dict[str, torch.Tensor]:
 
 def save_trained(model, path: str | Path) -> None:
     """Write :func:`trained_state` as safetensors (the LoRA scale in the metadata)."""
-    from safetensors.torch import save_file
-
     from .lora import SCALE_KEY, lora_scale
+    from .persistence import save_tensors
 
     scale = lora_scale(model)
-    save_file(trained_state(model), str(path), metadata=None if scale is None else {SCALE_KEY: repr(scale)})
+    save_tensors(trained_state(model), path, metadata=None if scale is None else {SCALE_KEY: repr(scale)})
 
 
 def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16):

@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import attend
-from .persistence import save_module
+from .persistence import save_module, save_tensors
 
 #: mmspec's own files of an EAGLE-3 head
 CONFIG_FILE, WEIGHTS_FILE = "eagle3_config.json", "eagle3_head.safetensors"
@@ -324,13 +324,11 @@ class Eagle3Head(nn.Module):
     def export(self, directory: str | Path, fmt: str, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``)."""
         config = self.config.engine_config(fmt, dtype)  # (checks fmt first)
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous().cpu()
                    for name, t in self.state_dict().items()}
-        save_file(tensors, str(directory / ENGINE_WEIGHTS_FILE), metadata={"format": "pt"})
+        save_tensors(tensors, directory / ENGINE_WEIGHTS_FILE, metadata={"format": "pt"})
         (directory / ENGINE_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return directory
 

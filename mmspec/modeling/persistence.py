@@ -8,6 +8,7 @@ dataclass.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,17 +17,28 @@ import torch
 from torch import nn
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write ``tensors`` as a safetensors file readable by everyone, as the process's other files
+    are (safetensors itself creates it owner-only, which a serving engine run as another user
+    could not read)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+    return path
+
+
 def save_module(module: nn.Module, directory: str | Path, config: dict[str, Any], config_file: str, weights_file: str,
                 dtype: torch.dtype | None = None) -> None:
     """Write ``config`` as JSON and the state dict (cast to ``dtype`` unless None) as safetensors,
     both readable by everyone."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: (v.detach() if dtype is None else v.detach().to(dtype)).contiguous() for k, v in module.state_dict().items()}
-    save_file(tensors, str(directory / weights_file))
-    (directory / weights_file).chmod(0o644)  # safetensors writes owner-only files
+    save_tensors(tensors, directory / weights_file)
     (directory / config_file).write_text(json.dumps(config, indent=1))
 
 

@@ -198,6 +198,18 @@ class Pipeline:
         return cls.methods.make(spec, **settings)
 
     @staticmethod
+    def strings(value: Any, name: str) -> list[str]:
+        """A call's text input (``str`` or a list / tuple of them) -> the list; anything else
+        (None, a number, a list holding one) is one TypeError line naming ``name``."""
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        got = type(value).__name__ if not isinstance(value, (list, tuple)) else \
+            f"a {type(value).__name__} holding {', '.join(sorted({type(v).__name__ for v in value if not isinstance(v, str)}))}"
+        raise TypeError(f"{name} must be a string or a list of strings, got {got}")
+
+    @staticmethod
     def check_batch_size(batch_size: Any) -> int:
         """Raise one ValueError line unless ``batch_size`` is a positive integer."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -69,6 +69,8 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     Raises:
         FileNotFoundError, ValueError: as :func:`load_image`.
     """
+    if str(path).startswith(("http://", "https://")):
+        raise ValueError(f"{path} is a URL; mmspec reads no URLs: download the image and pass its file")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"image file not found: {path}")

@@ -275,7 +275,7 @@ class TextToImagePipeline(Pipeline):
         """
         check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
         self.check_batch_size(batch_size)
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = self.strings(prompt, "prompt")
         if not prompts:
             raise ValueError("no prompts given")
         inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding

@@ -250,7 +250,7 @@ class TextToSpeechPipeline(Pipeline):
             raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
         check_speed(speed)
         self.check_batch_size(batch_size)
-        texts = [text] if isinstance(text, str) else list(text)
+        texts = self.strings(text, "text")
         if not texts:
             raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
