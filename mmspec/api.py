@@ -384,8 +384,9 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
     context = getattr(config, "max_position_embeddings", None)
     length = input_ids.shape[1]
     if context is not None and length > context:
+        images = " (or use a smaller image resolution)" if adapter.image_token_id is not None else ""
         raise ValueError(f"the prompt has {length} tokens, more than {type(model).__name__}'s context of {context}; "
-                         "shorten it (or use a smaller image resolution)")
+                         f"shorten it{images}")
     if context is not None and length + max_new_tokens > context:
         warnings.warn(f"prompt ({length} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
                       f"{context}: tokens past position {context} are unreliable; lower max_new_tokens to "

@@ -121,9 +121,18 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["generate", "hi", "--drafter", "auto"], "unknown drafter 'auto'"),
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
         (["generate", "hi", "--model", "/nonexistent/lm"], "model directory not found: /nonexistent/lm"),
+        (["tts", "Hello there.", "--greedy", "--temperature", "2"], "--temperature and --top-k apply only when sampling"),
+        (["tts", "Hello there.", "--temperature", "0"], "--temperature must be > 0; for greedy decoding pass --greedy"),
+        (["caption", "missing.png", "--do-sample", "--temperature", "0"], "for greedy decoding leave out --do-sample"),
+        (["tts", "Hello there.", "--out", "x.mp3"], "--out x.mp3: the audio is written as WAV; give a file name ending in .wav"),
+        (["tts", "Hello there.", "--out", ""], "--out is empty; give a file name"),
+        (["tts", "-f", "samples"], "cannot read samples: it is a directory"),
+        (["caption", "https://example.com/x.png"], "https://example.com/x.png is a URL; mmspec reads no URLs"),
+        (["t2i", "a red circle", "--method", "cspd"], "method 'cspd' does not work with a discrete-token model"),
     ],
 )
-def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys):
+def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err
@@ -185,3 +194,13 @@ def test_a_preset_with_a_wrong_call_type_is_one_line(tmp_path, capsys):
     assert err == (f"mmspec: error: preset hot ({preset}): [call] temperature must be a number or None, "
                    "got 'hot' (str)\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, where", [(["tts", "Hi.", "--outt", "x.wav"], "mmspec tts --help"),
+                                         (["caption", "x.png", "--num-draft-tokens", "abc"], "mmspec caption --help"),
+                                         (["bench", "tts", "--bogus"], "mmspec bench tts --help")])
+def test_a_misspelt_flag_or_bad_value_is_one_line(argv, where, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("mmspec: error: ") and err.count("\n") == 1 and f"(see {where})" in err, err

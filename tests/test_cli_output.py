@@ -80,8 +80,14 @@ def test_tts_writes_its_files_together_or_none(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mmspec, "pipeline", FakeSpeech)
     assert main(["tts", "Hello there.", "--out", str(tmp_path / "ok.wav")]) == 0
     assert (tmp_path / "ok.wav").stat().st_size > 1000 and (tmp_path / "ok.png").is_file()
-    (tmp_path / "x.png").mkdir()  # the spectrogram cannot be written: the WAV must not be left either
+    (tmp_path / "x.png").mkdir()  # the spectrogram cannot be written: refused before the voice loads
     assert main(["tts", "Hello there.", "--out", str(tmp_path / "x.wav")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mmspec: error: --out {tmp_path / 'x.wav'} also writes x.png: {tmp_path / 'x.png'} is a directory; give a file name\n"
+    from mmspec.cli import tts as tts_cli
+
+    monkeypatch.setattr(tts_cli, "check_output_path", lambda *args: None)  # ... and were it not checked first,
+    assert main(["tts", "Hello there.", "--out", str(tmp_path / "x.wav")]) == 2  # the WAV would not be left either
     err = capsys.readouterr().err
     assert err == f"mmspec: error: cannot write {tmp_path / 'x.png'}: it is a directory; give a file name\n"
     assert not (tmp_path / "x.wav").exists() and not leftovers(tmp_path)
@@ -92,7 +98,10 @@ def test_a_write_that_fails_after_the_check_is_one_line(tmp_path, monkeypatch, c
     import mmspec.cli.args
 
     monkeypatch.setattr(mmspec, "pipeline", FakeSpeech)
+    import mmspec.cli.tts
+
     monkeypatch.setattr(mmspec.cli.args, "check_output_path", lambda *args: None)
+    monkeypatch.setattr(mmspec.cli.tts, "check_output_path", lambda *args: None)
     assert main(["tts", "Hello there.", "--out", "/proc/x.wav"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: cannot write /proc/x.wav: ") and err.count("\n") == 1 and "Traceback" not in err

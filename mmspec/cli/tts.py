@@ -124,7 +124,10 @@ def run(args) -> int:
             raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
         beside = [out.with_suffix(".png")] + ([out.with_name(out.stem + "-baseline.wav")] if args.compare_baseline else [])
         for path in beside:
-            check_output_path(str(path), "file", f"--out {args.out} writes {path.name} too, and")
+            try:
+                check_output_path(str(path), "file", "")
+            except ValueError as error:
+                raise ValueError(f"--out {args.out} also writes {path.name}:{error}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}

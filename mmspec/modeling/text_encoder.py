@@ -22,11 +22,18 @@ class SmolTextEncoder(nn.Module):
     def __init__(self, num_layers: int = 8, dtype: torch.dtype | str = "auto") -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         from ..hub import resolve_dtype, smollm2_checkpoint
 
         path = smollm2_checkpoint()
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a part of the pipeline's model: no "Loading weights" bar of its own
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
         self.decoder = lm.model
         self.decoder.layers = self.decoder.layers[:num_layers]
         self.decoder.config.num_hidden_layers = num_layers

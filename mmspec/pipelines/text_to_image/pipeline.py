@@ -168,8 +168,7 @@ class TextToImagePipeline(Pipeline):
         self.settings = settings
         self.method = self.make_method(method, **settings)  # every setting checked before anything loads
         if components is None:
-            if T2IComponents.names_continuous(model):  # checked before the model loads
-                self.method.check_kind(True)
+            self.method.check_kind(T2IComponents.names_continuous(model))  # checked before the model loads
             components = T2IComponents.from_pretrained(model, device, processor=processor, image_tokenizer=image_tokenizer,
                                                        grid=grid, draft=draft, eagle_head=eagle_head,
                                                        trust_remote_code=trust_remote_code, optimize=optimize, dtype=dtype,
@@ -185,8 +184,8 @@ class TextToImagePipeline(Pipeline):
         (presets): the method and its settings (and that it fits a model named as continuous-token),
         the device. Raises ValueError / TypeError."""
         method = make_method(values["method"], **values["settings"])
-        if values["components"] is None and T2IComponents.names_continuous(values["model"]):
-            method.check_kind(True)
+        if values["components"] is None:  # the model's token kind, read from its name
+            method.check_kind(T2IComponents.names_continuous(values["model"]))
         resolve_device(values["device"])
         resolve_dtype(values["dtype"])
 
