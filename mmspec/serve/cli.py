@@ -63,15 +63,13 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ValueError("--local-files-root needs --allow-local-files (without it image_url takes data URIs only)")
     if args.api_key is not None and not args.api_key:
         raise ValueError("the API key is empty (--api-key or $MMSPEC_API_KEY); give a key or unset it")
-    for flag, value, low, high in (("--max-batch-size", args.max_batch_size, 1, None), ("--max-queue", args.max_queue, 1, None),
-                                   ("--max-body-bytes", args.max_body_bytes, 1, None),
-                                   ("--max-prompt-chars", args.max_prompt_chars, 1, None),
-                                   ("--max-tokens-limit", args.max_tokens_limit, 1, None),
-                                   ("--max-chat-images", args.max_chat_images, 1, None),
-                                   ("--batch-wait-ms", args.batch_wait_ms, 0, 10_000)):
-        if not (low <= value and (high is None or value <= high)):
-            raise ValueError(f"{flag} must be {'at least ' + str(low) if high is None else f'between {low} and {high}'}, "
-                             f"got {value}")
+    for flag in ("--max-batch-size", "--max-queue", "--max-body-bytes", "--max-prompt-chars", "--max-tokens-limit",
+                 "--max-chat-images"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if not 0 <= args.batch_wait_ms <= 10_000:
+        raise ValueError(f"--batch-wait-ms must be between 0 and 10000, got {args.batch_wait_ms}")
     if not args.stream_stall_s > 0:
         raise ValueError(f"--stream-stall-s must be positive, got {args.stream_stall_s}")
     return ServeConfig(
