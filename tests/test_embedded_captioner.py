@@ -32,6 +32,15 @@ def test_embedded_captioner_greedy_is_lossless(pipe, drafter):
         assert out.stats.mean_accepted_length > 1.5
 
 
+def test_the_embedded_captioners_folder_is_the_embedded_captioner():
+    """model="models/smolcap" (the folder README names) loads what model=None loads."""
+    from mmspec.modeling.captioner import default_captioner_dir
+
+    named = mmspec.pipeline("image-captioning", model=str(default_captioner_dir()), drafter="ar", dtype=torch.float32)
+    default = mmspec.pipeline("image-captioning", drafter="ar", dtype=torch.float32)
+    assert named(SAMPLES / "photo.png", max_new_tokens=8).text == default(SAMPLES / "photo.png", max_new_tokens=8).text
+
+
 def test_readme_sample_gets_a_correct_caption(pipe):
     """The README's main job captions samples/photo.png (a fundus photograph of a retina)."""
     pipe.drafter, pipe.chosen_drafter, pipe.drafter_reason = pipe.resolve_drafter("eagle2")

@@ -114,6 +114,23 @@ def test_a_budget_of_one_to_three_tokens_with_training_free_drafters(spec, do_sa
             assert torch.equal(out.sequences, plain.sequences)
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(num_draft_tokens=0), ValueError, "num_draft_tokens must be a positive integer or None"),
+    (dict(num_draft_tokens="4"), ValueError, "num_draft_tokens must be a positive integer or None .*got '4'"),
+    (dict(num_draft_tokens=2.5), ValueError, "num_draft_tokens must be a positive integer or None .*got 2.5"),
+    (dict(prompt=5), TypeError, r"prompt must be a string, got 5 \(int\)"),
+])
+def test_captioning_construction_values_are_checked_before_loading(kwargs, error, message):
+    with pytest.raises(error, match=message):  # a model path that does not exist: refused before it is looked for
+        mmspec.pipeline("image-captioning", model="/nonexistent/vlm", drafter="eagle", **kwargs)
+
+
+@pytest.mark.parametrize("eos", ["x", -5, 10**9, [], True, [3, "a"]])
+def test_a_bad_eos_token_id_is_one_line(eos):
+    with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them \(0 to \d+\), got"):
+        mmspec.generate(make_text_only_draft(), input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2, eos_token_id=eos)
+
+
 def test_text_inputs_of_another_type_are_one_line():
     """tts(None), t2i(5): one TypeError line naming the argument (it was "'NoneType' object is not iterable")."""
     for value, got in ((None, "NoneType"), (5, "int"), (["a", 3], "a list holding int")):

@@ -60,13 +60,16 @@ def test_stream_joined_is_the_calls_output_bitwise(request, layout, split):
 
 def test_stream_checks_its_input_at_the_call(tts):
     for text, match in (("", "the text is empty"), ("\U0001F600 \u65e5\u672c", "nothing this voice can say: '\U0001F600', '\u65e5\u672c'"),
-                        (["a", "b"], "stream says one text")):
+                        (["a", "b"], r"text must be a string, got \['a', 'b'\] \(list\)")):
         with pytest.raises(ValueError, match=match):
             tts.stream(text)  # before any chunk is asked for
     with pytest.raises(ValueError, match="split must be one of auto, sentences"):
         tts.stream("hi.", split="words")
     with pytest.raises(ValueError, match="split must be one of auto, sentences"):
         tts("hi.", split="words")
+    for call in (tts, tts.stream):  # the same argument types as the call (stream took seed=None)
+        with pytest.raises(ValueError, match=r"seed must be an integer, got None \(NoneType\)"):
+            call("hi.", seed=None)
 
 
 def test_emoji_cjk_urls_and_accents_do_not_crash(tts):

@@ -120,9 +120,10 @@ class Pipeline:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.name = cls.task  # the registry's key
-        call = cls.__dict__.get("__call__")
-        if call is not None:  # the class's own __call__: its arguments' types checked first
-            cls.__call__ = _checking_types(call)
+        for name in ("__call__", "stream"):  # the class's own __call__ (and stream): argument types checked first
+            function = cls.__dict__.get(name)
+            if function is not None:
+                setattr(cls, name, _checking_types(function))
 
     # -- before anything loads ---------------------------------------------------------------------
     @classmethod

@@ -140,12 +140,12 @@ class CaptioningComponents:
 def _load_vlm(model, processor, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
               ) -> tuple[nn.Module, Any, Path | None]:
     """-> (model, processor, directory that may hold the drafters file)."""
-    if model is None:
-        from ...modeling import captioner
+    from ...modeling import captioner
 
+    if model is None or (isinstance(model, (str, os.PathLike))  # the embedded captioner's folder named: the same
+                         and Path(model).expanduser().resolve() == captioner.default_captioner_dir().resolve()):
         model, processor = captioner.load_default_captioner(device=device, dtype=dtype)
-        default_dir = getattr(captioner, "default_captioner_dir", None)
-        return model, processor, default_dir() if default_dir else None
+        return model, processor, captioner.default_captioner_dir()
     if isinstance(model, nn.Module):
         if processor is None:
             raise ValueError("a loaded model needs its processor: pass processor=AutoProcessor.from_pretrained(...)")

@@ -212,8 +212,11 @@ class TextPieces:
 
 
 def check_prompt(prompt: str) -> str:
-    """Raise ValueError for an empty or whitespace-only prompt; return it unchanged otherwise."""
-    if not isinstance(prompt, str) or not prompt.strip():
+    """Raise ValueError for an empty or whitespace-only prompt (TypeError for another type);
+    return it unchanged otherwise."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string, got {prompt!r} ({type(prompt).__name__})")
+    if not prompt.strip():
         raise ValueError(f"the prompt is empty ({prompt!r}); give the question or instruction about the image")
     return prompt
 
@@ -295,7 +298,10 @@ class ImageCaptioningPipeline(Pipeline):
         (presets): the drafter name (and no draft length with plain decoding), the prompt, dtype
         and device. Raises ValueError / FileNotFoundError."""
         check_prompt(values["prompt"])
-        check_draft_length_use(values["drafter"], values.get("num_draft_tokens"))
+        k = values.get("num_draft_tokens")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"num_draft_tokens must be a positive integer or None (the drafter's own), got {k!r}")
+        check_draft_length_use(values["drafter"], k)
         if isinstance(values["drafter"], (str, os.PathLike)):
             check_drafter_name(values["drafter"])
         device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]

@@ -328,8 +328,6 @@ class TextToSpeechPipeline(Pipeline):
         """
         start = time.perf_counter()
         method = self.make_method(method) if method is not None else self.method
-        if not isinstance(text, str):
-            raise ValueError(f"stream says one text (a string), got {type(text).__name__}; call it once per text")
         if not _positive_number(max_seconds):
             raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
         check_speed(speed)
