@@ -77,7 +77,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["train", "drafter", "--threads", "0"], "--threads must be at least 1"),
         (["train", "tts-drafter", "--kind", "eagle", "--steps", "-1"], "--steps must be at least 1"),
         (["train", "tts-drafter", "--kind", "eagle", "--ffn", "0"], "--ffn must be at least 1"),
-        (["train", "tts-drafter", "--kind", "eagle", "--kl-weight", "nan"], "--kl-weight must be a finite number >= 0"),
+        (["train", "tts-drafter", "--kind", "eagle", "--kl-weight", "nan"], "--kl-weight must be a finite number, got nan"),
         (["train", "tts-drafter", "--kind", "eagle", "--ttt", "0"], "--ttt must be at least 1"),
         (["train", "tts-drafter", "--ttt", "3"], "--ttt and --init train an EAGLE head: add --kind eagle"),
         (["train", "tts-drafter", "--kind", "eagle", "--eval", "/nonexistent"], "no tts-self-data shards there"),
@@ -204,3 +204,52 @@ def test_a_misspelt_flag_or_bad_value_is_one_line(argv, where, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.startswith("mmspec: error: ") and err.count("\n") == 1 and f"(see {where})" in err, err
+
+
+def test_every_commands_defaults_pass_the_shared_number_checks():
+    """The shared rules (mmspec.cli.args: counts >= 1, rates > 0, fractions in [0, 1), nothing NaN)
+    hold for every subcommand's own defaults, so a rule never refuses a command as shipped."""
+    import argparse
+    import math
+
+    from mmspec.cli import args as rules
+    from mmspec.cli import build_parser
+
+    def options(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from options(sub, f"{path} {name}")
+            else:
+                yield path, action.dest, action.default
+
+    checks = [(rules.POSITIVE_INTS, lambda v: v >= 1), (rules.NON_NEGATIVE_INTS, lambda v: v >= 0),
+              (rules.POSITIVE_NUMBERS, lambda v: v > 0), (rules.NON_NEGATIVE_NUMBERS, lambda v: v >= 0),
+              (rules.FRACTIONS, lambda v: 0 <= v < 1)]
+    seen = set()
+    for path, dest, default in options(build_parser(), "mmspec"):
+        for value in default if isinstance(default, list) else [default]:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert math.isfinite(value), (path, dest)
+                for names, holds in checks:
+                    if dest in names:
+                        seen.add(dest)
+                        assert holds(value), (path, dest, value)
+    assert {"steps", "lr", "warmup", "cfg_dropout", "weight_decay"} <= seen
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "t2i", "--guidance-scale", "nan"], "--guidance-scale must be a finite number, got nan"),
+    (["train", "captioner", "--weight-decay", "nan"], "--weight-decay must be a finite number"),
+    (["train", "captioner", "--lr", "0"], "--lr must be a positive number, got 0.0"),
+    (["train", "captioner", "--lora-rank", "-2"], "--lora-rank must be at least 0, got -2"),
+    (["train", "vq", "--codebook-size", "0"], "--codebook-size must be at least 1, got 0"),
+    (["train", "vq", "--ch-mult", "1", "0"], "--ch-mult must be at least 1, got 0"),
+    (["bench", "t2i", "--prompts", "0"], "--prompts must be at least 1, got 0"),
+    (["train", "t2i", "--cfg-dropout", "2"], "--cfg-dropout must lie in [0, 1), got 2.0"),
+    (["train", "captioner", "--time-limit", "-1"], "--time-limit must be a positive number"),
+])
+def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err

@@ -28,13 +28,25 @@ def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
                         help="keep the model's linears as loaded (default: few-row linears, mmspec.optimize)")
 
 
-#: integer options that must be >= 1 when given, wherever a subcommand has them
+#: integer options that must be >= 1 when given, wherever a subcommand has them (counts, sizes)
 POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences", "batch_size",
-                 "steps", "save_every")
+                 "steps", "save_every", "prompts", "images", "val_images", "sequences", "val_sequences", "samples", "count",
+                 "eval_pairs", "eval_examples", "eval_sentences", "shard_size", "gen_batch", "codebook_size", "codebook_dim",
+                 "codebooks", "num_codebooks", "image_size", "patch_size", "dim", "embed_dim", "ch", "z_channels", "heads",
+                 "num_heads", "head_width", "layers", "text_layers", "text_width", "vision_layers", "vision_width",
+                 "depth_layers", "depth_ffn", "num_res_blocks", "max_parallel", "diffusion_repeat", "sampling_steps",
+                 "neighbours_k", "window", "stack", "ttt_steps", "max_tokens", "context_length", "draft_tokens",
+                 "ce_positions", "log_every", "restart_every", "clients", "requests",
+                 "accept_top_k", "per_group", "num_images", "ch_mult", "ffn")
+#: integer options that must be >= 0 when given (0: off / none)
+NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tokens", "draft_vocab", "workers")
 #: number options that must be finite and > 0 when given
-POSITIVE_NUMBERS = ("max_seconds", "speed")
+POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_limit", "minutes", "lora_alpha",
+                    "vision_lr_scale")
+#: number options that must be finite and >= 0 when given
+NON_NEGATIVE_NUMBERS = ("weight_decay", "kl_weight", "sample_temperature", "delta", "lam")
 #: number options that are a fraction of something: in [0, 1) when given
-FRACTIONS = ("input_noise", "prefix_dropout")
+FRACTIONS = ("input_noise", "prefix_dropout", "cfg_dropout", "held_out")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -44,7 +56,8 @@ def check_args(args: argparse.Namespace) -> None:
     Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
     ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device``
     (a device this machine has), the integer options of :data:`POSITIVE_INTS`, the numbers of
-    :data:`POSITIVE_NUMBERS` and :data:`FRACTIONS`, ``--seed`` (0 to 2**63 - 1), the sampling
+    :data:`NON_NEGATIVE_INTS`, :data:`POSITIVE_NUMBERS`, :data:`NON_NEGATIVE_NUMBERS` and :data:`FRACTIONS`
+    (and no number option NaN or infinite), ``--seed`` (0 to 2**63 - 1), the sampling
     options (``--temperature`` / ``--top-k`` / ``--top-p`` only with ``--do-sample``), and the
     output paths the subcommand names in its ``output_args`` default ({attribute: "file" | "dir" |
     "file or -"}, the last a file or ``-`` for standard output).
@@ -61,14 +74,24 @@ def check_args(args: argparse.Namespace) -> None:
         pass
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
-    for name in POSITIVE_INTS:
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for name, value in vars(args).items():  # every number option: NaN and infinity are nobody's setting
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for names, low, needs in ((POSITIVE_INTS, 1, "at least 1"), (NON_NEGATIVE_INTS, 0, "at least 0")):
+        for name in names:
+            value = getattr(args, name, None)
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, int) and v < low:
+                    raise ValueError(f"--{name.replace('_', '-')} must be {needs}, got {v}")
     for name in POSITIVE_NUMBERS:
         value = getattr(args, name, None)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    for name in NON_NEGATIVE_NUMBERS:
+        value = getattr(args, name, None)
+        if isinstance(value, (int, float)) and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
     for name in FRACTIONS:
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < 1:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 from pathlib import Path
 
@@ -210,12 +209,7 @@ def run(args: argparse.Namespace) -> int:
     device = train_device(args)
     target_dir = Path(args.target or models_dir() / "tts")
     out = Path(args.out or models_dir() / f"tts-{args.kind}")
-    if args.heads < 1:
-        raise ValueError(f"--heads must be at least 1, got {args.heads}")
-    if args.ffn is not None and args.ffn < 1:
-        raise ValueError(f"--ffn must be at least 1, got {args.ffn}")
-    if not math.isfinite(args.kl_weight) or args.kl_weight < 0:
-        raise ValueError(f"--kl-weight must be a finite number >= 0, got {args.kl_weight}")
+    # --heads, --ffn and --kl-weight: mmspec.cli.args's shared number rules
     if args.ttt < 1:
         raise ValueError(f"--ttt must be at least 1 (drafts unrolled in training), got {args.ttt}")
     if args.kind != "eagle" and (args.ttt != 1 or args.init is not None):
