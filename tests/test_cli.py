@@ -253,3 +253,21 @@ def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, messa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_bench_results_file_resumes_only_its_own_suite_and_settings(tmp_path):
+    from mmspec.bench.results import load_results, save_results
+
+    path = tmp_path / "r.json"
+    results = load_results(path, "text", {"model": "smollm2", "max_new_tokens": 8})
+    results["runs"] = {"ar/fp32": [1.0]}
+    save_results(path, results)
+    assert load_results(path, "text", {"model": "smollm2", "max_new_tokens": 8})["runs"] == {"ar/fp32": [1.0]}
+    for suite, settings, message in (
+            ("caption", {"model": "smollm2"}, "holds results of mmspec bench text, not caption"),
+            ("text", {"model": "smollm2", "max_new_tokens": 32}, r"holds runs of other settings \(max_new_tokens 8 there, 32 now\)")):
+        with pytest.raises(ValueError, match=message):
+            load_results(path, suite, settings)
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="is not a results file"):
+        load_results(path, "text", {})

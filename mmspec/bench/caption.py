@@ -29,8 +29,9 @@ import torch
 from ..api import generate, optimize_components
 from ..hub import dtype_name
 from ..pipelines.methods import split_specs
+from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import add_device_args, command_line, machine_info, save_results
+from .results import add_device_args, command_line, load_results, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
@@ -147,7 +148,7 @@ def data_items(data: str, groups: str | None, per_group: int, images: bool | Non
 def run(args) -> int:
     from ..pipelines.captioning import ImageCaptioningPipeline
 
-    temperatures = [float(t) for t in args.temperatures.split(",")]
+    temperatures = number_list(args.temperatures, "--temperatures", float, 0)  # 0: greedy
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and args.cuda_graphs:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-sizes or --cuda-graphs")
@@ -159,14 +160,13 @@ def run(args) -> int:
         check_drafters_file_target(args.model or default_captioner_dir(), [f"{t:g}" for t in temperatures])
     torch.set_num_threads(args.threads)
     results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    model_name = args.model or "embedded captioner (models/smolcap)"
+    results = load_results(results_path, "caption", {"model": model_name, "dtype": args.dtype, "data": args.data,
+                                                     "max_new_tokens": args.max_new_tokens})
     results.setdefault("runs", {})
     methods = split_specs(args.methods)
     items = data_items(args.data, args.families, args.per_family) if args.data else None
     families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
-    model_name = args.model or "embedded captioner (models/smolcap)"
-    if results.get("meta", {}).get("model", model_name) != model_name:
-        raise ValueError(f"{results_path} holds runs of {results['meta']['model']}; pass another --results file")
     results["meta"] = {
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,

@@ -36,7 +36,7 @@ from ..drafters.eagle import EagleDrafter
 from ..drafters.shipped import CHAIN_SETTINGS_FILE, chain_settings, check_stop_below
 from ..hub import dtype_name, load_causal_lm
 from .caption import data_items, drafter_for, parse_method
-from .results import add_device_args, command_line, machine_info, machine_line, save_results
+from .results import add_device_args, command_line, load_results, machine_info, machine_line, save_results
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,14 +194,13 @@ def run(args) -> int:
     if current not in settings:
         settings.append(current)
     results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results = load_results(results_path, "chain-stop", {"head": str(head), "temperature": args.temperature, "data": args.data,
+                                                        "max_new_tokens": args.max_new_tokens, "dtype": args.dtype})
     meta = {"drafter": args.drafter, "head": str(head), "data": args.data, "items": len(items), "temperature": args.temperature,
             "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
             "command": command_line("chain-stop", args, ("model", "drafter", "data", "families", "per_family", "lengths", "stops",
                                                          "temperature", "max_new_tokens", "repeats", "dtype", "threads")),
             "machine": machine_info(dtype_name(dtype), args.threads, args.device)}
-    if results.get("meta", {}).get("head", meta["head"]) != meta["head"] or results.get("meta", {}).get("temperature", args.temperature) != args.temperature:
-        raise ValueError(f"{results_path} holds another head's or temperature's runs; pass another --results file")
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     for group, index, image, prompt in items:

@@ -6,6 +6,31 @@ import json
 from pathlib import Path
 
 
+def load_results(path: Path, suite: str, settings: dict) -> dict:
+    """The results of ``mmspec bench SUITE`` at ``path`` to resume ({} when there are none yet),
+    marked with the suite and the ``settings`` its runs depend on (model, token budget, dtype, ...:
+    what a run's key does not name). A file of another suite, of other settings (named in the
+    line) or not a JSON object is refused in one ValueError line, before anything is measured."""
+    results: dict = {}
+    if path.exists():
+        try:
+            results = json.loads(path.read_text())
+        except (ValueError, OSError) as error:
+            raise ValueError(f"{path} is not a results file ({error.__class__.__name__}); pass another --results file") from None
+        if not isinstance(results, dict) or not isinstance(results.get("runs", {}), dict):
+            raise ValueError(f"{path} is not a results file of mmspec bench; pass another --results file")
+        if results.get("suite", suite) != suite:
+            raise ValueError(f"{path} holds results of mmspec bench {results['suite']}, not {suite}; pass another --results file")
+        held = results.get("settings", {})
+        changed = [name for name in settings if name in held and held[name] != settings[name]]
+        if changed:
+            shown = "; ".join(f"{name} {held[name]!r} there, {settings[name]!r} now" for name in changed[:3])
+            raise ValueError(f"{path} holds runs of other settings ({shown}); rerun with those to resume, or pass "
+                             "another --results file")
+    results["suite"], results["settings"] = suite, settings
+    return results
+
+
 def save_results(path: Path, results: dict) -> None:
     """Write ``results`` as ``path`` whole (through mmspec.cli.output: a failure names the path,
     and a failed write keeps the previous file)."""

@@ -15,7 +15,6 @@ measurement (rerun to resume).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..cli.output import write_output, write_text
-from .results import add_device_args, machine_info, machine_line, save_results
+from .results import add_device_args, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
@@ -92,13 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     torch.set_num_threads(args.threads)
+    path = Path(args.results)
+    results = load_results(path, "t2i", {"model": args.model, "dtype": args.dtype})  # before the model loads
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,
                                                cuda_graphs=args.cuda_graphs)
     for method in methods.values():
         method.check_components(components)
     prompts, references = bench_prompts(args.prompts, size=components.image_size)
-    path = Path(args.results)
-    results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
             "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,

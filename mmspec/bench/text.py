@@ -22,8 +22,9 @@ import torch
 
 from ..api import generate
 from ..core.cost import measure_verification_cost
+from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import command_line, save_results
+from .results import command_line, load_results, save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..api import chat_inputs
@@ -115,6 +116,20 @@ def _hf_generate(model, inputs: dict, method: str, max_new_tokens: int):
 SAME_AS_HF = "prompt-lookup-as-hf"
 
 
+def check_method(method: str) -> None:
+    """A ``--methods`` item checked before the model loads (one ValueError line)."""
+    if method in ("ar", "hf-ar", "hf-prompt-lookup", SAME_AS_HF):
+        return
+    if method.startswith("hf-early-exit:"):
+        number_list(method.partition(":")[2], "hf-early-exit's layer count")
+        return
+    from ..pipelines.captioning.methods import check_drafter_name
+
+    if check_drafter_name(method) is not None:  # a draft model directory: not a benchmark method here
+        raise ValueError(f"unknown --methods item {method!r}; use ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, "
+                         "hf-ar, hf-prompt-lookup or hf-early-exit:N")
+
+
 def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_tokens: int | None) -> dict:
     if method.startswith("hf-"):
         sequences, seconds = _hf_generate(model, inputs, method, max_new_tokens)
@@ -146,8 +161,16 @@ def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats
 
 def run(args) -> int:
     torch.set_num_threads(args.threads)
+    prompt_types = args.prompt_types.split(",")
+    unknown = [t for t in prompt_types if t not in PROMPTS]
+    if unknown:
+        raise ValueError(f"unknown --prompt-types {', '.join(unknown)}; use some of {', '.join(PROMPTS)}")
+    sizes = number_list(args.cost_curve, "--cost-curve") if args.cost_curve else None
+    for method in args.methods.split(","):
+        check_method(method)
     results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results = load_results(results_path, "text", {"model": args.model, "max_new_tokens": args.max_new_tokens,
+                                                  "cost_curve": args.cost_curve})
     results.setdefault("runs", {})
     results["meta"] = {
         "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
@@ -155,14 +178,13 @@ def run(args) -> int:
         "torch": torch.__version__, "command": command_line("text", args, ("dtypes", "methods", "prompt_types", "max_new_tokens", "repeats", "threads")),
     }
     methods = args.methods.split(",")
-    prompt_types = args.prompt_types.split(",")
     for dtype_name in args.dtypes.split(","):
         model, tokenizer = load_causal_lm(args.model, dtype=resolve_dtype(dtype_name))
         cases = [(ptype, i, chat_inputs(tokenizer, text)) for ptype in prompt_types for i, text in enumerate(PROMPTS[ptype])]
         if args.cost_curve:
             key = f"cost_curve/{dtype_name}"
             if key not in results:
-                results[key] = verification_cost_curve(model, [int(n) for n in args.cost_curve.split(",")])
+                results[key] = verification_cost_curve(model, sizes)
                 save_results(results_path, results)
         for ptype, index, inputs in cases:
             warm = f"{dtype_name}/{ptype}/{index}"

@@ -20,14 +20,13 @@ re-derive the table without measuring.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from ..hub import dtype_name
 from ..cli.output import write_text
-from .results import add_device_args, machine_info, machine_line, save_results
+from .results import add_device_args, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 
@@ -113,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     sourced = TEXTS[args.text](args.sentences)
     texts, sources = [text for _, text in sourced], [source for source, _ in sourced]
+    path = Path(args.results)
+    results = load_results(path, "tts", {"model": args.model, "dtype": args.dtype})  # before the model loads
     pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize,
                            dtype=args.dtype)  # one model for every method
-    path = Path(args.results)
-    results = json.loads(path.read_text()) if path.exists() else {}
     meta = {"sentences": args.sentences, "text": args.text, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),

@@ -49,6 +49,22 @@ NON_NEGATIVE_NUMBERS = ("weight_decay", "kl_weight", "sample_temperature", "delt
 FRACTIONS = ("input_noise", "prefix_dropout", "cfg_dropout", "held_out")
 
 
+def number_list(text: str, option: str, kind: type = int, low: float = 1) -> list:
+    """A comma list option (``--temperatures 0,1``, ``--cost-curve 1,2,4``) -> its numbers, each
+    of ``kind``, finite and >= ``low``. Raises one ValueError line naming ``option``."""
+    values = []
+    for item in (part.strip() for part in str(text).split(",")):
+        try:
+            value = kind(item)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low:
+            what = "integers" if kind is int else "numbers"
+            raise ValueError(f"{option} must be a comma list of {what} >= {low:g}, got {text!r}")
+        values.append(value)
+    return values
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Check the options every subcommand shares, before anything loads; raise ValueError with
     one line that says what to pass instead.
