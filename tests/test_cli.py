@@ -248,9 +248,19 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "t2i", "--prompts", "0"], "--prompts must be at least 1, got 0"),
     (["train", "t2i", "--cfg-dropout", "2"], "--cfg-dropout must lie in [0, 1), got 2.0"),
     (["train", "captioner", "--time-limit", "-1"], "--time-limit must be a positive number"),
+    (["train", "caption-draft", "--samples", "8"], "--samples must be more than 512"),
+    (["train", "caption-draft", "--self-distill", "/nonexistent"], "/nonexistent holds no self-distillation chunks"),
+    (["train", "caption-draft", "--init", "/nonexistent"], "--init /nonexistent: no draft model there"),
+    (["train", "drafter", "--target", "captioner", "--sequences", "2"], "--sequences must be at least 8"),
+    (["train", "drafter", "--target", "captioner", "--extra-data", "/nonexistent"], "holds no self-distillation chunks"),
+    (["bench", "text", "--methods", "ar,hf-early-exit:x"], "hf-early-exit's layer count must be a comma list of integers"),
+    (["bench", "text", "--cost-curve", "0,-1"], "--cost-curve must be a comma list of integers >= 1"),
+    (["bench", "text", "--prompt-types", "nope"], "unknown --prompt-types nope"),
+    (["bench", "caption", "--temperatures", "-1"], "--temperatures must be a comma list of numbers >= 0"),
 ])
-def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, message, capsys):
-    assert main(argv) == 2
+def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, message, capsys, tmp_path):
+    out = ["--results", str(tmp_path / "r.json")] if argv[0] == "bench" else ["--out", str(tmp_path / "out")]
+    assert main([*argv, *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err
 

@@ -105,14 +105,14 @@ def test_guidance_scale_must_be_finite(guidance):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--guidance-scale", "nan"], "guidance_scale must be a finite number"),
-    (["--guidance-scale", "inf"], "guidance_scale must be a finite number"),
+    (["--guidance-scale", "nan"], "--guidance-scale must be a finite number, got nan"),
+    (["--guidance-scale", "inf"], "--guidance-scale must be a finite number, got inf"),
     (["--method", "lantern", "--delta", "nan"], "delta must be a finite number"),
     (["--method", "lantern++", "--lam", "nan"], "lam must be a finite number"),
-    (["--window", "0"], "window must be an integer >= 1"),
-    (["--method", "lantern", "--neighbours-k", "0"], "neighbours_k must be an integer >= 1"),
+    (["--window", "0"], "--window must be at least 1, got 0"),
+    (["--method", "lantern", "--neighbours-k", "0"], "--neighbours-k must be at least 1, got 0"),
     (["--threads", "-1"], "--threads must be"),
-    (["--num-images", "0"], "num_images must be an integer >= 1"),
+    (["--num-images", "0"], "--num-images must be at least 1, got 0"),
     (["--temperature", "0"], "temperature must be > 0"),
 ])
 def test_cli_refuses_bad_numbers_before_loading(argv, message, tmp_path, capsys):

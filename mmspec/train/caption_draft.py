@@ -125,6 +125,15 @@ def answer_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def run(args) -> int:
+    if args.samples <= 512:
+        raise ValueError(f"--samples must be more than 512 (the first 512 pairs are held out for the loss), got {args.samples}")
+    from .selfdistill import load_chunks
+
+    for directory in args.self_distill or []:  # before anything is tokenised
+        load_chunks(Path(directory))
+    if args.init and not (Path(args.init) / "config.json").is_file():
+        raise FileNotFoundError(f"--init {args.init}: no draft model there (config.json); give a folder that "
+                                "mmspec train caption-draft wrote")
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out)
@@ -132,6 +141,9 @@ def run(args) -> int:
     cache = Path(args.cache)
     if cache.exists():
         pairs = torch.load(cache, weights_only=True)
+        if len(pairs) != args.samples:
+            raise ValueError(f"--cache {cache} holds {len(pairs)} tokenised pairs, not --samples {args.samples}; pass "
+                             f"--samples {len(pairs)}, or another --cache to tokenise {args.samples}")
     else:
         started = time.time()
         pairs = tokenise_pairs(processor, args.samples)
@@ -142,8 +154,6 @@ def run(args) -> int:
     train = pairs[512:]
     distilled, distilled_held_out = [], []
     if args.self_distill:
-        from .selfdistill import load_chunks
-
         image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
         distilled = distilled_pairs([r for d in args.self_distill for r in load_chunks(Path(d))], image_token)
         distilled_held_out, distilled = distilled[:128], distilled[128:]

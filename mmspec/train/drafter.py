@@ -648,6 +648,10 @@ def run(args) -> int:
 
     caption_families(args.families)  # (a typo fails before the target loads)
     check_vision_option(args)
+    if args.sequences < 8:
+        raise ValueError(f"--sequences must be at least 8 (one in 8, at most 64, is held out for the loss), got {args.sequences}")
+    for directory in args.extra_data:  # before the target loads
+        load_chunks(Path(directory))
     if args.vision_tokens and args.target != "captioner":
         raise ValueError("--vision-tokens trains a head that reads image tokens: use a VLM target (--target captioner, or a VLM's "
                          "checkpoint with --data)")

@@ -185,7 +185,13 @@ def save_chunk(directory: Path, index: int, records) -> None:
 
 
 def load_chunks(directory: Path) -> list[dict[str, torch.Tensor]]:
+    """The self-distilled records of ``directory``'s ``chunk-*.pt`` files, in order. Raises
+    FileNotFoundError (one line) when it holds none."""
+    paths = sorted(directory.glob("chunk-*.pt"))
+    if not paths:
+        raise FileNotFoundError(f"{directory} holds no self-distillation chunks (chunk-*.pt); give a folder that "
+                                "mmspec train drafter or caption-data made")
     records = []
-    for path in sorted(directory.glob("chunk-*.pt")):
+    for path in paths:
         records += torch.load(path, weights_only=True)
     return records
