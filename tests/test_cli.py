@@ -122,7 +122,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
         (["generate", "hi", "--model", "/nonexistent/lm"], "model directory not found: /nonexistent/lm"),
         (["tts", "Hello there.", "--greedy", "--temperature", "2"], "--temperature and --top-k apply only when sampling"),
-        (["tts", "Hello there.", "--temperature", "0"], "--temperature must be > 0; for greedy decoding pass --greedy"),
+        (["tts", "Hello there.", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),
         (["caption", "missing.png", "--do-sample", "--temperature", "0"], "for greedy decoding leave out --do-sample"),
         (["tts", "Hello there.", "--out", "x.mp3"], "--out x.mp3: the audio is written as WAV; give a file name ending in .wav"),
         (["tts", "Hello there.", "--out", ""], "--out is empty; give a file name"),
@@ -257,9 +257,12 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "text", "--cost-curve", "0,-1"], "--cost-curve must be a comma list of integers >= 1"),
     (["bench", "text", "--prompt-types", "nope"], "unknown --prompt-types nope"),
     (["bench", "caption", "--temperatures", "-1"], "--temperatures must be a comma list of numbers >= 0"),
+    (["bench", "tts", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),
+    (["bench", "t2i", "--guidance-scale", "-3"], "--guidance-scale must be >= 1 (1: no guidance), got -3.0"),
+    (["train", "open-text", "--out", "/tmp"], "--out /tmp is a directory; give a file name"),
 ])
 def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, message, capsys, tmp_path):
-    out = ["--results", str(tmp_path / "r.json")] if argv[0] == "bench" else ["--out", str(tmp_path / "out")]
+    out = [] if "--out" in argv else ["--results", str(tmp_path / "r.json")] if argv[0] == "bench" else ["--out", str(tmp_path / "out")]
     assert main([*argv, *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: ") and message in err and err.count("\n") == 1, err

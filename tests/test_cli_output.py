@@ -198,3 +198,20 @@ def test_t2i_prompt_rows_follow_the_same_exit_rule(tmp_path, monkeypatch, capsys
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["000000", "000001", "000002"] and not any("error" in r for r in rows)
     assert not leftovers(out)
+
+
+def test_a_checkpoint_of_another_run_is_one_line(tmp_path):
+    """Resuming into another recipe's --out, or with other sizes, named the folder in one line
+    instead of PyTorch's KeyError or state-dict traceback."""
+    import argparse
+
+    import torch
+
+    from mmspec.train.checkpoint import TrainingRun
+
+    first = TrainingRun(tmp_path, argparse.Namespace(steps=1))
+    first.save(head=torch.nn.Linear(4, 4).state_dict())
+    for stateful, why in (({"head": torch.nn.Linear(4, 8)}, "size mismatch"), ({"heads": torch.nn.Linear(4, 4)}, "no 'heads' saved")):
+        with pytest.raises(ValueError, match=f"is a checkpoint of another run .*{why}.*choose another --out") as error:
+            TrainingRun(tmp_path, argparse.Namespace(steps=1)).resume_into(**stateful)
+        assert "\n" not in str(error.value)

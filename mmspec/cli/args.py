@@ -112,6 +112,13 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {value}")
+    if hasattr(args, "greedy") and isinstance(getattr(args, "temperature", None), (int, float)) and args.temperature <= 0 \
+            and not args.greedy:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}; for greedy decoding pass --greedy")
+    for name in ("guidance_scale", "guidance"):  # classifier-free guidance g: logits u + g (c - u)
+        value = getattr(args, name, None)
+        if isinstance(value, (int, float)) and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (1: no guidance), got {value}")
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**63:
         raise ValueError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     if hasattr(args, "do_sample"):

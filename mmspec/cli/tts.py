@@ -114,8 +114,6 @@ def run(args) -> int:
                          "(... --out - | aplay) or give --out FILE")
     if args.greedy and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k apply only when sampling; drop them or --greedy")
-    if args.temperature == 0:
-        raise ValueError("--temperature must be > 0; for greedy decoding pass --greedy")
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.out != "-":  # the files written beside the WAV, checked before the voice loads

@@ -184,9 +184,12 @@ def run(args) -> int:
     run = TrainingRun(out, args, args.time_limit)
     state = run.resume()
     if state is not None:
-        for name, tensor in state["master"].items():
-            master[name].data.copy_(tensor)
-        optimizer.load_state_dict(state["optimizer"])
+        with run.restoring():  # a run of another --lora-rank or --reader-layers: one line
+            if set(state["master"]) != set(master):
+                raise ValueError("its trained parameters differ from this run's")
+            for name, tensor in state["master"].items():
+                master[name].data.copy_(tensor)
+            optimizer.load_state_dict(state["optimizer"])
     with torch.no_grad():
         for name, param in trainable.items():
             param.copy_(master[name])

@@ -9,6 +9,7 @@ card). Rerunning the same command resumes from the last checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -83,8 +84,20 @@ class TrainingRun:
         if state is None:
             return None
         for name, target in stateful.items():
-            target.load_state_dict(state.pop(name))
+            with self.restoring():
+                target.load_state_dict(state.pop(name))
         return state
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """Around loading a checkpoint's entries: one of another recipe, or of other sizes (a
+        missing entry, shapes or groups that differ) is one ValueError line naming the folder."""
+        try:
+            yield
+        except (KeyError, RuntimeError, ValueError) as error:
+            why = f"no {error.args[0]!r} saved" if isinstance(error, KeyError) else " ".join(str(error).split())
+            raise ValueError(f"{self.state_path} is a checkpoint of another run ({why[:200]}); resume it with the "
+                             "settings it was started with, or choose another --out") from None
 
     def optimizer_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, parameters, max_norm: float = 1.0) -> None:
         """One update: zero the gradients, backpropagate ``loss``, clip the gradient norm of

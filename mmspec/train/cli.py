@@ -27,6 +27,10 @@ RECIPES = {
 }
 
 
+#: recipes whose --out is a file (the others write a folder)
+FILE_OUTPUTS = ("eval-captioner", "open-text")
+
+
 def add_parser(subparsers) -> None:
     import importlib
 
@@ -36,8 +40,8 @@ def add_parser(subparsers) -> None:
         module = importlib.import_module(f"{__package__}.{module_name}")
         parser = recipes.add_parser(name, help=help_text)
         module.add_arguments(parser)
-        # --out is checked before training starts (cli.args.check_args); eval-captioner writes a file
-        parser.set_defaults(handler=module.run, output_args={"out": "file" if name == "eval-captioner" else "dir"},
+        # --out is checked before training starts (cli.args.check_args)
+        parser.set_defaults(handler=module.run, output_args={"out": "file" if name in FILE_OUTPUTS else "dir"},
                             interrupted=interrupted)
 
 

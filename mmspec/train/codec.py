@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..hub import models_dir
 from ..modeling.mel_codec import MelCodecConfig, MelRVQCodec
 
 
@@ -45,7 +46,7 @@ def shard_utterances(shard: Path, alignments: bool = False):
 
 def add_arguments(parser) -> None:
     parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
-    parser.add_argument("--out", default="models/tts-codec")
+    parser.add_argument("--out", default=str(models_dir() / "tts-codec"), help="default: the embedded codec, models/tts-codec")
     parser.add_argument("--minutes", type=float, default=15.0, help="minutes of training speech to fit on")
     parser.add_argument("--num-codebooks", type=int, default=8)
     parser.add_argument("--codebook-size", type=int, default=256)

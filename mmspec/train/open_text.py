@@ -21,10 +21,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> None:
-    if args.count < 1 or args.batch_size < 1:
-        raise ValueError(f"--count and --batch-size must be at least 1, got {args.count} and {args.batch_size}")
-    if args.seed < 0:
-        raise ValueError(f"--seed must be 0 or more, got {args.seed}")
     import torch
 
     if args.threads:
