@@ -178,10 +178,10 @@ def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
         return eos_token_ids(adapter)
     ids = [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
     vocab = getattr(adapter, "vocab_size", None)
-    if not isinstance(ids, (list, tuple)) or not ids or not all(
+    if not isinstance(ids, (list, tuple)) or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i and (vocab is None or i < vocab) for i in ids):
         raise ValueError(f"eos_token_id must be a token id or a list of them{f' (0 to {vocab - 1})' if vocab else ''}, "
-                         f"got {eos_token_id!r}; or None for the model's own")
+                         f"got {eos_token_id!r}; [] for none, or None for the model's own")
     return list(ids)
 
 

@@ -101,7 +101,7 @@ def test_the_served_decoder_decodes_what_mmspec_decodes(setup, capsys, monkeypat
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--draft-tokens", "0"], "--draft-tokens must be >= 1"),
+    (["--draft-tokens", "0"], "--draft-tokens must be at least 1, got 0"),
     (["--drafter", "eagle"], "vLLM serves EAGLE-3 heads"),
     (["--vllm-python", "/nonexistent/python"], "cannot run it"),
     (["--vllm-python", sys.executable], "cannot import vllm"),

@@ -260,6 +260,7 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "tts", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),
     (["bench", "t2i", "--guidance-scale", "-3"], "--guidance-scale must be >= 1 (1: no guidance), got -3.0"),
     (["train", "open-text", "--out", "/tmp"], "--out /tmp is a directory; give a file name"),
+    (["train", "vq", "--image-size", "7"], "--image-size must be a multiple of 8"),
 ])
 def test_training_and_bench_numbers_are_checked_before_anything_runs(argv, message, capsys, tmp_path):
     out = [] if "--out" in argv else ["--results", str(tmp_path / "r.json")] if argv[0] == "bench" else ["--out", str(tmp_path / "out")]

@@ -174,8 +174,6 @@ def engine_row(name: str, method: str, seconds: float, plain: float, steps: int,
 
 
 def run(args) -> int:
-    if args.draft_tokens < 1:
-        raise ValueError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
     if args.drafter.partition(":")[0] != "eagle3" or "@" in args.drafter:
         raise ValueError(f"--drafter {args.drafter}: vLLM serves EAGLE-3 heads; give eagle3 or eagle3:DIR (K is --draft-tokens)")
     items = data_items(args.data, args.families, args.per_family, images=None)  # (checked before anything loads)

@@ -31,15 +31,16 @@ def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
 #: integer options that must be >= 1 when given, wherever a subcommand has them (counts, sizes)
 POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences", "batch_size",
                  "steps", "save_every", "prompts", "images", "val_images", "sequences", "val_sequences", "samples", "count",
-                 "eval_pairs", "eval_examples", "eval_sentences", "shard_size", "gen_batch", "codebook_size", "codebook_dim",
-                 "codebooks", "num_codebooks", "image_size", "patch_size", "dim", "embed_dim", "ch", "z_channels", "heads",
+                 "eval_pairs", "eval_sentences", "shard_size", "gen_batch", "codebook_size", "codebook_dim",
+                 "num_codebooks", "image_size", "patch_size", "dim", "embed_dim", "ch", "z_channels", "heads",
                  "num_heads", "head_width", "layers", "text_layers", "text_width", "vision_layers", "vision_width",
-                 "depth_layers", "depth_ffn", "num_res_blocks", "max_parallel", "diffusion_repeat", "sampling_steps",
+                 "depth_ffn", "num_res_blocks", "max_parallel", "diffusion_repeat", "sampling_steps",
                  "neighbours_k", "window", "stack", "ttt_steps", "max_tokens", "context_length", "draft_tokens",
                  "ce_positions", "log_every", "restart_every", "clients", "requests",
                  "accept_top_k", "per_group", "num_images", "ch_mult", "ffn")
 #: integer options that must be >= 0 when given (0: off / none)
-NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tokens", "draft_vocab", "workers")
+NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tokens", "draft_vocab", "workers",
+                     "eval_examples")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_limit", "minutes", "lora_alpha",
                     "vision_lr_scale")
