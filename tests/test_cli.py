@@ -223,15 +223,12 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
             else:
                 yield path, action.dest, action.default
 
-    checks = [(rules.POSITIVE_INTS, lambda v: v >= 1), (rules.NON_NEGATIVE_INTS, lambda v: v >= 0),
-              (rules.POSITIVE_NUMBERS, lambda v: v > 0), (rules.NON_NEGATIVE_NUMBERS, lambda v: v >= 0),
-              (rules.FRACTIONS, lambda v: 0 <= v < 1)]
     seen = set()
     for path, dest, default in options(build_parser(), "mmspec"):
         for value in default if isinstance(default, list) else [default]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 assert math.isfinite(value), (path, dest)
-                for names, holds in checks:
+                for names, holds, _ in rules.RANGE_RULES:
                     if dest in names:
                         seen.add(dest)
                         assert holds(value), (path, dest, value)

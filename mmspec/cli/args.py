@@ -48,6 +48,10 @@ POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_
 NON_NEGATIVE_NUMBERS = ("weight_decay", "kl_weight", "sample_temperature", "delta", "lam")
 #: number options that are a fraction of something: in [0, 1) when given
 FRACTIONS = ("input_noise", "prefix_dropout", "cfg_dropout", "held_out")
+#: (options, whether a value holds, what it must be) for :func:`check_args`
+RANGE_RULES = ((POSITIVE_INTS, lambda v: v >= 1, "be at least 1"), (NON_NEGATIVE_INTS, lambda v: v >= 0, "be at least 0"),
+               (POSITIVE_NUMBERS, lambda v: v > 0, "be a positive number"),
+               (NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "be a number >= 0"), (FRACTIONS, lambda v: 0 <= v < 1, "lie in [0, 1)"))
 
 
 def number_list(text: str, option: str, kind: type = int, low: float = 1) -> list:
@@ -72,9 +76,9 @@ def check_args(args: argparse.Namespace) -> None:
 
     Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
     ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device``
-    (a device this machine has), the integer options of :data:`POSITIVE_INTS`, the numbers of
-    :data:`NON_NEGATIVE_INTS`, :data:`POSITIVE_NUMBERS`, :data:`NON_NEGATIVE_NUMBERS` and :data:`FRACTIONS`
-    (and no number option NaN or infinite), ``--seed`` (0 to 2**63 - 1), the sampling
+    (a device this machine has), no number option NaN or infinite, the ranges of
+    :data:`RANGE_RULES` (counts >= 1, rates > 0, ...), ``--temperature`` > 0 where ``--greedy``
+    exists, guidance >= 1, ``--seed`` (0 to 2**63 - 1), the sampling
     options (``--temperature`` / ``--top-k`` / ``--top-p`` only with ``--do-sample``), and the
     output paths the subcommand names in its ``output_args`` default ({attribute: "file" | "dir" |
     "file or -"}, the last a file or ``-`` for standard output).
@@ -95,24 +99,12 @@ def check_args(args: argparse.Namespace) -> None:
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for names, low, needs in ((POSITIVE_INTS, 1, "at least 1"), (NON_NEGATIVE_INTS, 0, "at least 0")):
+    for names, holds, needs in RANGE_RULES:
         for name in names:
             value = getattr(args, name, None)
             for v in value if isinstance(value, list) else [value]:
-                if isinstance(v, int) and v < low:
-                    raise ValueError(f"--{name.replace('_', '-')} must be {needs}, got {v}")
-    for name in POSITIVE_NUMBERS:
-        value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    for name in NON_NEGATIVE_NUMBERS:
-        value = getattr(args, name, None)
-        if isinstance(value, (int, float)) and value < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
-    for name in FRACTIONS:
-        value = getattr(args, name, None)
-        if value is not None and not 0 <= value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1), got {value}")
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v):
+                    raise ValueError(f"--{name.replace('_', '-')} must {needs}, got {v}")
     if hasattr(args, "greedy") and isinstance(getattr(args, "temperature", None), (int, float)) and args.temperature <= 0 \
             and not args.greedy:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}; for greedy decoding pass --greedy")
