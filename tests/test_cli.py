@@ -119,6 +119,8 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["generate", "hi", "--drafter", "prompt-lookup:abc"], "prompt-lookup takes an integer >= 1"),
         (["generate", "hi", "--drafter", "layer-skip:k=3"], "method 'layer-skip' takes no setting 'k'"),
         (["generate", "hi", "--drafter", "auto"], "unknown drafter 'auto'"),
+        (["generate", "hi", "--drafter", "image-eagle"], "drafter 'image-eagle' drafts the image tokens of a text-to-image model"),
+        (["caption", "missing.png", "--drafter", "image-eagle2"], "drafter 'image-eagle2' drafts the image tokens"),
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
         (["generate", "hi", "--model", "/nonexistent/lm"], "model directory not found: /nonexistent/lm"),
         (["tts", "Hello there.", "--greedy", "--temperature", "2"], "--temperature and --top-k apply only when sampling"),

@@ -58,6 +58,9 @@ class Drafter(ABC):
     #: the key that a spec's short-form value stands for (``"layer-skip:8"`` is
     #: ``"layer-skip:layers=8"``), for drafters named by a spec (``from_spec``)
     spec_argument: ClassVar[str] = "arg"
+    #: drafts only a text-to-image model's image tokens (a GuidedImageTarget): no spec names it
+    #: for a text LM or a VLM (:func:`mmspec.drafters.spec_drafter_names`)
+    image_tokens_only: ClassVar[bool] = False
     #: which target hidden state on_verified receives when requires_target_hidden: -1 = the last
     #: (the LM head's input), i = the output of the first i decoder layers; a tuple of such
     #: indices: those states concatenated (EAGLE-3)

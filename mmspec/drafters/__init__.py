@@ -25,7 +25,7 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter",
+    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter", "unknown_drafter",
     "spec_drafter_names",
 ]
 
@@ -43,8 +43,19 @@ def check_draft_length_use(spec: Any, num_draft_tokens: Any) -> None:
 
 
 def spec_drafter_names() -> list[str]:
-    """Drafters that can be named by a spec string ("prompt-lookup", "layer-skip", ...)."""
-    return sorted(name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec"))
+    """Drafters that can be named by a spec string for a text LM or a VLM ("prompt-lookup",
+    "layer-skip", ...; not those that draft only image tokens, which the text-to-image methods use)."""
+    return sorted(name for name, cls in DRAFTERS.items() if hasattr(cls, "from_spec") and not cls.image_tokens_only)
+
+
+def unknown_drafter(name: str, choices: str) -> str:
+    """The line refusing drafter ``name`` (a text-to-image drafter named for a text LM or a VLM
+    says so); ``choices``: what the caller takes instead."""
+    cls = DRAFTERS.get(str(name).partition(":")[0])
+    if cls is not None and cls.image_tokens_only:
+        return (f"drafter {name!r} drafts the image tokens of a text-to-image model (mmspec t2i's methods use it); "
+                f"for a text LM or a VLM use {choices}")
+    return f"unknown drafter {name!r}; use {choices}"
 
 
 def is_drafter_spec(drafter: Any) -> bool:
@@ -86,10 +97,8 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
         return ModelDrafter(spec, num_draft_tokens or 4)
     if isinstance(spec, str):
         if not is_drafter_spec(spec):
-            raise ValueError(
-                f"unknown drafter {spec!r}; use one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
-                "a transformers draft model, a Drafter object, or None for plain decoding"
-            )
+            raise ValueError(unknown_drafter(spec, f"one of {spec_drafter_names()} (e.g. 'layer-skip:8'), a transformers "
+                                                   "draft model, a Drafter object, or None for plain decoding"))
         name, arg = split_drafter_spec(spec)
         refusal = tree_refusal(target) if DRAFTERS[name].drafts_trees else None
         if refusal:  # before loading (or looking for) the drafter's weights

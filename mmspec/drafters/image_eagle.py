@@ -58,6 +58,8 @@ class _GuidedDrafting:
     head's cache starting at the first image position, drafting from the guided logits."""
 
     guidance_scale: float | None = None  # the generation's, set in start()
+    #: drafts only a text-to-image model's image tokens (not named for a text LM or a VLM)
+    image_tokens_only = True
 
     @staticmethod
     def _target_parts(target, draft_vocabulary):

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...drafters import NO_DRAFTER, Drafter, resolve_drafter, spec_drafter_names
+from ...drafters import NO_DRAFTER, Drafter, resolve_drafter, spec_drafter_names, unknown_drafter
 from ..methods import Method, MethodRegistry, Setting, at_least, parse_spec
 
 #: every setting a captioning drafter may read
@@ -170,8 +170,8 @@ def make_caption_method(spec: str, **settings: Any) -> CaptionMethod:
     parsed = parse_spec(spec)
     cls = caption_method_class(parsed.name)
     if cls is None:
-        raise ValueError(f"unknown drafter {spec!r}; use 'auto', one of {spec_drafter_names()} "
-                         "(e.g. 'layer-skip:8'), 'ar', or a draft model directory")
+        raise ValueError(unknown_drafter(spec, f"'auto', one of {spec_drafter_names()} (e.g. 'layer-skip:8'), 'ar', "
+                                               "or a draft model directory"))
     return cls.from_spec(parsed, **settings)
 
 
@@ -191,9 +191,7 @@ def check_drafter_name(drafter: str | os.PathLike) -> Path | None:
     path = Path(drafter).expanduser()
     if not path.is_dir():
         if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
-            raise ValueError(
-                f"unknown drafter {drafter!r}; use 'auto', one of {spec_drafter_names()} "
-                "(e.g. 'layer-skip:8'), 'ar', or a draft model directory"
-            )
+            raise ValueError(unknown_drafter(drafter, f"'auto', one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
+                                                      "'ar', or a draft model directory"))
         raise FileNotFoundError(f"draft model directory not found: {drafter}")
     return path
