@@ -7,7 +7,7 @@ import json
 import torch
 
 from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
-from ..drafters import check_draft_length_use, spec_drafter_names, unknown_drafter
+from ..drafters import check_draft_length_use
 from ..hub import load_causal_lm, resolve_device
 from ..pipelines.captioning.methods import check_drafter_name
 
@@ -31,14 +31,7 @@ def run_generate_command(args) -> int:
     check_text_prompt(args.prompt)  # this and the drafter before anything loads
     drafter = args.drafter
     check_draft_length_use(drafter, args.num_draft_tokens)
-    unknown = unknown_drafter(drafter, f"one of {spec_drafter_names()} (e.g. 'layer-skip:8'), 'ar', or a draft model directory")
-    if drafter == "auto":  # the captioning pipeline's choice; a text LM has no table to choose from
-        raise ValueError(unknown)
-    try:
-        draft_dir = check_drafter_name(drafter)  # a spec's settings checked (the one spec syntax); else a directory
-    except ValueError as error:
-        refused = str(error).startswith("unknown drafter") or "drafts the image tokens" in str(error)
-        raise ValueError(unknown if refused else str(error)) from None
+    draft_dir = check_drafter_name(drafter, auto=False)  # a spec's settings checked (the one spec syntax); else a directory
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}

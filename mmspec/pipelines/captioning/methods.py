@@ -164,26 +164,32 @@ def is_caption_spec(drafter: Any) -> bool:
     return isinstance(drafter, str) and caption_method_class(drafter.partition(":")[0].strip()) is not None
 
 
+def drafter_choices(auto: bool = True) -> str:
+    """What a ``drafter=`` string may name, for the refusal lines (``auto``: "auto" too)."""
+    first = "'auto', " if auto else ""
+    return f"{first}one of {spec_drafter_names()} (e.g. 'layer-skip:8'), 'ar', or a draft model directory"
+
+
 def make_caption_method(spec: str, **settings: Any) -> CaptionMethod:
     """A drafter spec (``"prompt-lookup:10"``, ``"layer-skip:layers=8"``) -> its method, every
     setting checked (one ValueError line)."""
     parsed = parse_spec(spec)
     cls = caption_method_class(parsed.name)
     if cls is None:
-        raise ValueError(unknown_drafter(spec, f"'auto', one of {spec_drafter_names()} (e.g. 'layer-skip:8'), 'ar', "
-                                               "or a draft model directory"))
+        raise ValueError(unknown_drafter(spec, drafter_choices()))
     return cls.from_spec(parsed, **settings)
 
 
-def check_drafter_name(drafter: str | os.PathLike) -> Path | None:
-    """A ``drafter=`` string checked without loading anything: None for "auto", "ar" and specs
-    (their settings checked), else the draft model directory it names.
+def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | None:
+    """A ``drafter=`` string checked without loading anything: None for "auto" (unless ``auto``
+    is False: a text LM's ``mmspec generate`` has no table to choose from), "ar" and specs (their
+    settings checked), else the draft model directory it names.
 
     Raises:
         ValueError: an unknown drafter name, a bad setting of a spec.
         FileNotFoundError: a path that is not a directory.
     """
-    if drafter == "auto" or drafter in NO_DRAFTER:
+    if (drafter == "auto" and auto) or drafter in NO_DRAFTER:
         return None
     if is_caption_spec(drafter):
         make_caption_method(drafter)
@@ -191,7 +197,6 @@ def check_drafter_name(drafter: str | os.PathLike) -> Path | None:
     path = Path(drafter).expanduser()
     if not path.is_dir():
         if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
-            raise ValueError(unknown_drafter(drafter, f"'auto', one of {spec_drafter_names()} (e.g. 'layer-skip:8'), "
-                                                      "'ar', or a draft model directory"))
+            raise ValueError(unknown_drafter(drafter, drafter_choices(auto)))
         raise FileNotFoundError(f"draft model directory not found: {drafter}")
     return path
