@@ -180,7 +180,7 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
         assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
 
 
-def test_cli_options():
+def test_cli_options(capsys):
     """mmspec serve's options -> a ServeConfig; hub ids and bad values refused before anything loads."""
     from mmspec.cli import build_parser
     from mmspec.serve.cli import config_from_args
@@ -191,11 +191,16 @@ def test_cli_options():
     assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
     assert args.host == "127.0.0.1"
     for bad, match in ((["--caption-model", "org/not-here"], "no such local directory"), (["--tasks", "caption,video"], "video"),
-                       (["--max-queue", "0"], "--max-queue must be at least 1"), (["--port", "0"], "--port"),
+                       (["--port", "0"], "--port"),
                        (["--tasks", ""], "--tasks is empty"), (["--batch-wait-ms", "20000"], "--batch-wait-ms must be between"),
                        (["--local-files-root", "/tmp"], "needs --allow-local-files"), (["--api-key", ""], "MMSPEC_API_KEY")):
         with pytest.raises(ValueError, match=match):
             config_from_args(build_parser().parse_args(["serve", *bad]))
+    from mmspec.cli import main
+
+    for bad, match in ((["--max-queue", "0"], "--max-queue must be at least 1"),  # the shared rules, before the server's
+                       (["--stream-stall-s", "0"], "--stream-stall-s must be a positive number")):
+        assert main(["serve", *bad]) == 2 and match in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, match", [

@@ -37,13 +37,14 @@ POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "pe
                  "depth_ffn", "num_res_blocks", "max_parallel", "diffusion_repeat", "sampling_steps",
                  "neighbours_k", "window", "stack", "ttt_steps", "max_tokens", "context_length", "draft_tokens",
                  "ce_positions", "log_every", "restart_every", "clients", "requests",
-                 "accept_top_k", "per_group", "num_images", "ch_mult", "ffn")
+                 "accept_top_k", "per_group", "num_images", "ch_mult", "ffn", "max_batch_size", "max_queue",
+                 "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_chat_images")
 #: integer options that must be >= 0 when given (0: off / none)
 NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tokens", "draft_vocab", "workers",
                      "eval_examples")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_limit", "minutes", "lora_alpha",
-                    "vision_lr_scale")
+                    "vision_lr_scale", "stream_stall_s")
 #: number options that must be finite and >= 0 when given
 NON_NEGATIVE_NUMBERS = ("weight_decay", "kl_weight", "sample_temperature", "delta", "lam")
 #: number options that are a fraction of something: in [0, 1) when given

@@ -63,15 +63,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ValueError("--local-files-root needs --allow-local-files (without it image_url takes data URIs only)")
     if args.api_key is not None and not args.api_key:
         raise ValueError("the API key is empty (--api-key or $MMSPEC_API_KEY); give a key or unset it")
-    for flag in ("--max-batch-size", "--max-queue", "--max-body-bytes", "--max-prompt-chars", "--max-tokens-limit",
-                 "--max-chat-images"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value < 1:
-            raise ValueError(f"{flag} must be at least 1, got {value}")
-    if not 0 <= args.batch_wait_ms <= 10_000:
+    if not 0 <= args.batch_wait_ms <= 10_000:  # (the limits >= 1: mmspec.cli.args's shared rules, before this)
         raise ValueError(f"--batch-wait-ms must be between 0 and 10000, got {args.batch_wait_ms}")
-    if not args.stream_stall_s > 0:
-        raise ValueError(f"--stream-stall-s must be positive, got {args.stream_stall_s}")
     return ServeConfig(
         tasks=tasks, models={"caption": args.caption_model, "t2i": args.t2i_model, "tts": args.tts_model},
         caption_drafter=args.caption_drafter, t2i_method=args.t2i_method, tts_method=args.tts_method,
