@@ -11,6 +11,8 @@ def load_results(path: Path, suite: str, settings: dict) -> dict:
     marked with the suite and the ``settings`` its runs depend on (model, token budget, dtype, ...:
     what a run's key does not name). A file of another suite, of other settings (named in the
     line) or not a JSON object is refused in one ValueError line, before anything is measured."""
+    from ..cli.dataset import changed_settings
+
     results: dict = {}
     if path.exists():
         try:
@@ -21,10 +23,8 @@ def load_results(path: Path, suite: str, settings: dict) -> dict:
             raise ValueError(f"{path} is not a results file of mmspec bench; pass another --results file")
         if results.get("suite", suite) != suite:
             raise ValueError(f"{path} holds results of mmspec bench {results['suite']}, not {suite}; pass another --results file")
-        held = results.get("settings", {})
-        changed = [name for name in settings if name in held and held[name] != settings[name]]
-        if changed:
-            shown = "; ".join(f"{name} {held[name]!r} there, {settings[name]!r} now" for name in changed[:3])
+        shown = changed_settings(results.get("settings", {}), settings)
+        if shown:
             raise ValueError(f"{path} holds runs of other settings ({shown}); rerun with those to resume, or pass "
                              "another --results file")
     results["suite"], results["settings"] = suite, settings

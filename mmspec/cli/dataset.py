@@ -53,6 +53,15 @@ def expand_images(patterns: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+def changed_settings(before: Any, now: dict[str, Any]) -> str:
+    """The settings of ``now`` that ``before`` (a run's recorded settings) holds with another value,
+    as "name X there, Y now; ..." (at most three; "" when none): what a refused resume names."""
+    if not isinstance(before, dict):
+        return ""
+    changed = [name for name in now if name in before and before[name] != now[name]]
+    return "; ".join(f"{name} {before[name]!r} there, {now[name]!r} now" for name in changed[:3])
+
+
 def read_records(path: Path, key: str) -> dict[str, dict[str, Any]]:
     """The complete records of a JSONL file by their ``key`` (a last line cut short is dropped from
     the file)."""
@@ -163,9 +172,8 @@ class ShardedResults:
                 before = json.loads(held.read_text())
             except ValueError:
                 before = None
-            changed = [name for name in settings if isinstance(before, dict) and name in before and before[name] != settings[name]]
-            if changed:
-                shown = "; ".join(f"{name} {before[name]!r} there, {settings[name]!r} now" for name in changed[:3])
+            shown = changed_settings(before, settings)
+            if shown:
                 raise ValueError(f"{self.out} holds rows made with other settings ({shown}); rerun with those to "
                                  "resume, or choose another output")
         for key, fields in input_fields.items():

@@ -120,7 +120,7 @@ def run(args) -> int:
         out = Path(args.out)
         if out.suffix.lower() != ".wav":
             raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
-        beside = [out.with_suffix(".png")] + ([out.with_name(out.stem + "-baseline.wav")] if args.compare_baseline else [])
+        beside = [out.with_suffix(".png")] + ([baseline_wav(out)] if args.compare_baseline else [])
         for path in beside:
             try:
                 check_output_path(str(path), "file", "")
@@ -171,9 +171,9 @@ def say(args, pipe, text: str) -> int:
         with OutputFiles() as files:  # all of them or none
             files.write(out, lambda path: write_wav(path, result.audio, rate))
             if result.baseline_audio is not None:
-                files.write(out.with_name(out.stem + "-baseline.wav"), lambda path: write_wav(path, result.baseline_audio, rate))
+                files.write(baseline_wav(out), lambda path: write_wav(path, result.baseline_audio, rate))
             files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
-        baseline = f", {out.with_name(out.stem + '-baseline.wav')}" if result.baseline_audio is not None else ""
+        baseline = f", {baseline_wav(out)}" if result.baseline_audio is not None else ""
         wrote, report = f"wrote {out}{baseline} and {out.with_suffix('.png')}", sys.stdout
     stats = result.stats
     record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": args.out,
@@ -212,6 +212,11 @@ def read_text(args) -> str:
     if not text.strip():
         raise ValueError("the text is empty; pass a sentence to say" + (f" ({args.file} is empty)" if args.file else ""))
     return text
+
+
+def baseline_wav(out: Path) -> Path:
+    """``--compare-baseline``'s WAV beside ``out``: ``say.wav`` -> ``say-baseline.wav``."""
+    return out.with_name(out.stem + "-baseline.wav")
 
 
 def short(text: str, width: int = 70) -> str:
