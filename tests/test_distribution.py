@@ -83,7 +83,7 @@ DRAFT_VOCABULARY = torch.tensor([7, 1, 3, 5, 9, 2])  # a frequency-ranked subset
 
 
 @pytest.mark.parametrize("drafter", ["independent", "prompt-lookup", "layer-skip:1", "eagle", "eagle (draft vocabulary)", "eagle2",
-                                     "eagle2 (draft vocabulary)", "eagle2 (top-k children)", "eagle2 (auto size)", "hydra", "kangaroo"])
+                                     "eagle2 (draft vocabulary)", "eagle2 (top-k children)", "eagle2 (auto size)", "hydra", "kangaroo", "sjd", "sjd-coupled"])
 def test_loop_samples_target_distribution(target, drafter):
     spec = {"independent": lambda: tiny_llama(1), "eagle": lambda: eagle_drafter(target), "eagle2": lambda: eagle_drafter(target, tree=True),
             "eagle (draft vocabulary)": lambda: eagle_drafter(target, draft_vocabulary=DRAFT_VOCABULARY),

@@ -246,7 +246,9 @@ def test_rollback_to_every_accepted_length_equals_a_fresh_prefill(case):
                         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-4), (kept, i)
             assert held_bytes(state.cache) == 0  # the crop settled: nothing kept for rollback
             ours, theirs = target.forward(state, follow).logits, target.forward(fresh, follow).logits
-            assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4), kept
+            # float32 through two orders of sums (a chunked prefill against steps): on an AMX Xeon the MoE
+            # family's logits (|x| ~4) parted by up to 2.3e-5; a wrong rollback parts them by O(1)
+            assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), kept
 
 
 def test_rollback_reaches_only_the_positions_since_the_last_commit():
