@@ -135,6 +135,39 @@ def test_write_drafters_file_feeds_auto(bench_run, tmp_path, capsys):
     assert f"{best['speedup']:.2f}x on float32, 1 thread" in captioner.drafter_reason
 
 
+def test_drafters_file_keeps_a_table_per_kind_of_machine(tmp_path):
+    """A run on another kind of machine (AMX, AVX-512 BF16, AVX2, GPU) adds its table to
+    "other_machines" (replacing one of its kind), a run on the top table's kind replaces that one,
+    and drafter="auto" reads the table of the kind it runs on, else the top one."""
+    from mmspec.bench.caption import write_drafters_file
+    from mmspec.pipelines.captioning import choose_auto_drafter, describe_auto_table, machine_kind, read_auto_table
+
+    meta = {"command": "mmspec bench caption", "per_family": 1, "tasks": "all", "max_new_tokens": 8, "repeats": 1}
+    summary = lambda a, b: {"0": {"mean": {"eagle": {"S": a}, "eagle3": {"S": b}}}}
+    cpu = {"device": "cpu", "cpu": "Some CPU", "cpu_flags": ["avx2"], "dtype": "float32", "threads": 1}
+    amx = {**cpu, "cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"], "dtype": "bfloat16"}
+    gpu = {**cpu, "device": "NVIDIA H200"}
+    assert [machine_kind(m) for m in (cpu, amx, gpu, None)] == ["avx2", "amx", "cuda", None]
+    write_drafters_file(tmp_path, summary(2.0, 1.5), ["ar", "eagle", "eagle3"], meta, cpu)
+    write_drafters_file(tmp_path, summary(1.0, 1.2), ["ar", "eagle", "eagle3"], meta, gpu)
+    write_drafters_file(tmp_path, summary(2.3, 2.5), ["ar", "eagle", "eagle3"], meta, amx)
+    write_drafters_file(tmp_path, summary(1.1, 1.4), ["ar", "eagle", "eagle3"], meta, gpu)  # replaces the first GPU run
+    table = read_auto_table(tmp_path)
+    assert table["machine"] == cpu and [machine_kind(t["machine"]) for t in table["other_machines"]] == ["amx", "cuda"]
+    assert [e["speedup"] for e in table["other_machines"][1]["drafters"]] == [1.1, 1.4]
+    entry, reason = choose_auto_drafter(tmp_path, ("cuda", False))
+    assert entry["drafter"] == "eagle3" and "1.40x on float32, 1 thread, NVIDIA H200" in reason
+    write_drafters_file(tmp_path, summary(1.9, 2.1), ["ar", "eagle", "eagle3"], meta, cpu)  # the top kind again
+    table = read_auto_table(tmp_path)
+    assert table["drafters"][1]["speedup"] == 2.1 and len(table["other_machines"]) == 2
+    text = describe_auto_table(tmp_path)
+    assert "On CPUs with AMX it picks `eagle3`: 2.50x over plain decoding at temperature 0" in text
+    assert "On GPUs it picks `eagle3`: 1.40x" in text
+    (tmp_path / "mmspec_drafters.json").write_text(json.dumps({**table, "other_machines": [{"machine": gpu}]}))
+    with pytest.raises(ValueError, match='each of its "other_machines"'):
+        read_auto_table(tmp_path)
+
+
 def test_write_drafters_file_is_checked_before_measuring(bench_run, tmp_path, capsys):
     argv, _ = bench_run
     argv = list(argv)

@@ -244,8 +244,11 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     over AR at temperature 0 ("speedup") and, when a temperature > 0 was measured, its per-token
     speedup there ("sampled_speedup_per_token"), with the machine (:func:`machine_info`) and the
     benchmark's settings. Written only by this benchmark, so the file never holds a number it did
-    not measure."""
-    from ..pipelines.captioning import DRAFTERS_FILE
+    not measure. Where the file's table was measured on another kind of machine
+    (:func:`~mmspec.pipelines.captioning.machine_kind`: AMX, AVX-512 BF16, AVX2, GPU ...), this run's
+    table goes into its ``"other_machines"``, replacing one of this kind; else it replaces the top
+    table, keeping the batch table and the other kinds'."""
+    from ..pipelines.captioning import DRAFTERS_FILE, machine_kind
 
     check_drafters_file_target(model_dir, list(summary))
     sampled = next((t for t in summary if t != "0"), None)
@@ -271,8 +274,15 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     }
     path = Path(model_dir) / DRAFTERS_FILE
     earlier = json.loads(path.read_text()) if path.is_file() else {}
-    if isinstance(earlier, dict) and "batches" in earlier:  # the batch table, measured by its own run, is kept
-        table.update(batches=earlier["batches"], batches_measured=earlier.get("batches_measured"))
+    if not isinstance(earlier, dict):
+        earlier = {}
+    kind = machine_kind(machine)
+    if earlier.get("drafters") and machine_kind(earlier.get("machine")) not in (None, kind):
+        # another kind of machine measured the top-level table: this run's is one of "other_machines"
+        others = [section for section in earlier.get("other_machines", []) if machine_kind(section.get("machine")) != kind]
+        table = {**earlier, "other_machines": [*others, table]}
+    else:  # the batch table and the other kinds' tables, measured by their own runs, are kept
+        table.update({key: earlier[key] for key in ("batches", "batches_measured", "other_machines") if key in earlier})
     write_text(path, json.dumps(table, indent=1) + "\n")
     return path
 

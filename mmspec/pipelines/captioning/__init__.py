@@ -7,7 +7,7 @@
 """
 
 from .auto_drafter import (AUTO_FALLBACK, DRAFTERS_FILE, choose_auto_drafter, choose_batch_drafter,
-                           choose_sampling_drafter, describe_auto_table, describe_machine, measured_elsewhere,
+                           choose_sampling_drafter, describe_auto_table, describe_machine, machine_kind, measured_elsewhere,
                            read_auto_table, read_drafters_file)
 from .components import (WORD_JOINER, CaptioningComponents, check_cuda_graphs, escape_image_tokens, image_token_strings,
                          load_captioning_model, load_draft_model)
@@ -21,5 +21,5 @@ __all__ = ["AUTO_FALLBACK", "DEFAULT_PROMPT", "DRAFTERS_FILE", "METHODS", "WORD_
            "ImageCaptioningPipeline", "caption_method_class", "is_caption_spec", "make_caption_method",
            "check_cuda_graphs", "check_drafter_name", "check_prompt", "choose_auto_drafter", "choose_batch_drafter",
            "choose_sampling_drafter", "describe_auto_table", "describe_machine", "escape_image_tokens",
-           "image_token_strings", "load_captioning_model", "load_draft_model", "measured_elsewhere", "read_auto_table",
+           "image_token_strings", "load_captioning_model", "load_draft_model", "machine_kind", "measured_elsewhere", "read_auto_table",
            "read_drafters_file"]

@@ -11,6 +11,12 @@
 2. Otherwise "prompt-lookup": training-free, never slower than a few percent, and captions often
    repeat words of the prompt and of themselves.
 
+Speedups over plain decoding differ by the kind of machine (a verification of many rows costs
+about one row's time on AMX tiles and GPUs, several rows' on AVX2), so a file may hold one table per
+kind (:func:`machine_kind`): the top-level one and ``"other_machines"``, each written by the
+benchmark run on a machine of that kind. The pipeline reads the table of its own machine's kind
+(:func:`table_for`), else the top-level one.
+
 When sampling, a file that measured a temperature > 0 (entries with
 ``"sampled_speedup_per_token"``) gives the entry fastest per token there instead
 (:func:`choose_sampling_drafter`); batches use the file's ``"batches"`` table
@@ -29,6 +35,41 @@ from typing import Any
 DRAFTERS_FILE = "mmspec_drafters.json"
 #: drafter="auto" without a DRAFTERS_FILE
 AUTO_FALLBACK = "prompt-lookup"
+#: machine kinds (:func:`machine_kind`), as the descriptions name them
+KIND_NAMES = {"cuda": "GPUs", "amx": "CPUs with AMX", "avx512bf16": "CPUs with AVX-512 BF16 and no AMX",
+              "avx512": "AVX-512 CPUs without BF16", "avx2": "AVX2-only CPUs"}
+
+
+def machine_kind(machine: dict[str, Any] | None) -> str | None:
+    """The kind of a table's "machine" record (:func:`mmspec.bench.results.machine_info`): "cuda"
+    (any GPU), else by the CPU's best matrix unit: "amx", "avx512bf16", "avx512" or "avx2"; None
+    where the file recorded no machine."""
+    if not machine:
+        return None
+    if machine.get("device", "cpu") != "cpu":
+        return "cuda"
+    flags = set(machine.get("cpu_flags") or ())
+    return next((kind for kind, flag in (("amx", "amx_bf16"), ("avx512bf16", "avx512_bf16"), ("avx512", "avx512f"))
+                 if flag in flags), "avx2")
+
+
+def running_kind(device_type: str = "cpu") -> str:
+    """This process's :func:`machine_kind` on ``device_type`` (the CPU flags mmspec runs by,
+    ``MMSPEC_CPU_FLAGS`` included)."""
+    from ...cpu import cpu_flags
+
+    return machine_kind({"device": device_type, "cpu_flags": sorted(cpu_flags())})
+
+
+def table_for(table: dict[str, Any], runs_on: tuple[str, bool] | None) -> dict[str, Any]:
+    """The part of a drafters file (:func:`read_auto_table`) measured on the kind of machine the
+    pipeline runs on (``runs_on`` = (device type, CUDA graphs); None: this CPU): an entry of
+    ``"other_machines"`` of that kind, with the file's batch table; else the top-level table."""
+    kind = running_kind(runs_on[0] if runs_on else "cpu")
+    for section in table.get("other_machines", []):
+        if machine_kind(section.get("machine")) == kind:
+            return {**{key: table[key] for key in ("batches", "batches_measured") if key in table}, **section}
+    return table
 
 
 def read_auto_table(model_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -51,13 +92,16 @@ def read_auto_table(model_dir: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"{path} is not valid JSON ({error})") from None
     if isinstance(table, list):
         table = {"drafters": table, "machine": None}
-    entries = table.get("drafters") if isinstance(table, dict) else None
-    if not isinstance(entries, list) or not entries or not all(
-        isinstance(e, dict) and isinstance(e.get("drafter"), str) and isinstance(e.get("speedup"), (int, float))
-        for e in entries
-    ):
-        raise ValueError(f'{path} must hold a non-empty list "drafters" of {{"drafter": "<spec or path>", "speedup": <number>}} '
-                         "(write it with mmspec bench caption --write-drafters-file)")
+    sections = [table, *(table.get("other_machines") or [])] if isinstance(table, dict) else [None]
+    for section in sections:
+        entries = section.get("drafters") if isinstance(section, dict) else None
+        if not isinstance(entries, list) or not entries or not all(
+            isinstance(e, dict) and isinstance(e.get("drafter"), str) and isinstance(e.get("speedup"), (int, float))
+            for e in entries
+        ):
+            raise ValueError(f'{path} must hold a non-empty list "drafters" of {{"drafter": "<spec or path>", "speedup": '
+                             '<number>}, and so must each of its "other_machines" (write it with mmspec bench caption '
+                             "--write-drafters-file)")
     table.setdefault("machine", None)
     return table
 
@@ -84,16 +128,13 @@ def describe_machine(machine: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def describe_auto_table(model_dir: str | os.PathLike) -> str:
-    """One sentence on what drafter="auto" picks for the model in ``model_dir`` and why, made from
-    its drafters file only (docs/captioning.md quotes the embedded captioner's; a test keeps them equal)."""
-    table = read_auto_table(model_dir)
-    if table is None:
-        return f'`drafter="auto"` uses `{AUTO_FALLBACK}` (no {DRAFTERS_FILE} beside the model).'
+def describe_picks(table: dict[str, Any], opening: str) -> str:
+    """``opening`` + what one table of a drafters file picks at temperature 0 and when sampling, and
+    the machine it measured."""
     entries = table["drafters"]
     best = max(entries, key=lambda e: e["speedup"])
-    text = (f'`drafter="auto"` picks `{best["drafter"]}`: {best["speedup"]:.2f}x over plain decoding at temperature 0, '
-            f"measured on {describe_machine(table['machine'])}.")
+    text = (f'{opening} `{best["drafter"]}`: {best["speedup"]:.2f}x over plain decoding at temperature 0, '
+            f"measured on {describe_machine(table.get('machine'))}.")
     sampled = [e for e in entries if isinstance(e.get("sampled_speedup_per_token"), (int, float))]
     if sampled:
         fastest = max(sampled, key=lambda e: e["sampled_speedup_per_token"])
@@ -104,6 +145,19 @@ def describe_auto_table(model_dir: str | os.PathLike) -> str:
         if fastest is not best and best in sampled:
             text += f" (`{best['drafter']}` {best['sampled_speedup_per_token']:.2f}x)"
         text += "; auto uses it when sampling."
+    return text
+
+
+def describe_auto_table(model_dir: str | os.PathLike) -> str:
+    """One sentence on what drafter="auto" picks for the model in ``model_dir`` and why, made from
+    its drafters file only (docs/captioning.md quotes the embedded captioner's; a test keeps them equal)."""
+    table = read_auto_table(model_dir)
+    if table is None:
+        return f'`drafter="auto"` uses `{AUTO_FALLBACK}` (no {DRAFTERS_FILE} beside the model).'
+    text = describe_picks(table, '`drafter="auto"` picks')
+    for section in table.get("other_machines", []):
+        kind = machine_kind(section.get("machine"))
+        text += " " + describe_picks(section, f"On {KIND_NAMES.get(kind, 'other machines')} it picks")
     sizes = sorted({e["batch_size"] for e in table.get("batches", []) if e["batch_size"] > 1})
     if sizes:
         picks = []
@@ -144,6 +198,7 @@ def choose_auto_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[str,
     table = read_auto_table(model_dir) if model_dir is not None else None
     if table is None:
         return {"drafter": AUTO_FALLBACK}, f"auto: no {DRAFTERS_FILE} beside the model, training-free default"
+    table = table_for(table, runs_on)
     best = max(table["drafters"], key=lambda e: e["speedup"])
     return best, (f"auto: highest measured speedup ({best['speedup']:.2f}x on {describe_machine(table['machine'])}) "
                   f"in {DRAFTERS_FILE}{measured_elsewhere(table, table['machine'], runs_on)}")
@@ -159,6 +214,7 @@ def choose_sampling_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[
         (spec, num_draft_tokens or None, reason), or None when the file measured no temperature > 0.
     """
     table = read_auto_table(model_dir) if model_dir is not None else None
+    table = table_for(table, runs_on) if table is not None else None
     sampled = [e for e in (table or {}).get("drafters", []) if isinstance(e.get("sampled_speedup_per_token"), (int, float))]
     if not sampled:
         return None

@@ -257,13 +257,12 @@ class JacobiTopKMethod(JacobiMethod):
     description = "SJD's window under VADUSA's top-k tolerance (lossy: a drafted code counts while it is among the target's top k)"
     rule = "topk-tolerance"
     rule_defaults = {"top_k": 5}
-    #: measured on the VALL-E-style voice at temperature 1 (docs/benchmarks.md): top-5 over 31 codes (with the
-    #: pending code, 32 rows: two full AMX tiles); windows of 20 / 24 / 28 / 31 codes gave 3.19x / 3.27x / 3.31x /
-    #: 3.35x over plain decoding's code stream (12 sentences x 2, one core); quality in docs/benchmarks.md; on the
-    #: open-domain voice on an AVX-512-BF16 core without AMX, 31 codes gave 0.48x (40 hand-written sentences x 2),
-    #: 10 / 6 codes 1.21x / 1.21x (16 sentences, docs/speech.md)
-    single_stream_tokens = 31
-    narrow_stream_tokens = 10
+    #: 10 codes everywhere: on the open-domain voice at temperature 1, 60 validation sentences, one core of an AMX
+    #: Xeon, windows of 10 / 16 / 31 codes gave 2.20x / 2.19x / 1.99x (tau 4.47 / 5.80 / 7.70; docs/speech.md),
+    #: and on an AVX-512-BF16 core without AMX 31 codes 0.48x, 10 / 6 codes 1.21x / 1.21x (16 sentences). (The
+    #: grammar-only voice before it took 31 on AMX: 20 / 24 / 28 / 31 codes 3.19x / 3.27x / 3.31x / 3.35x.)
+    single_stream_tokens = 10
+    narrow_stream_tokens = None
 
 
 @register_method
