@@ -86,6 +86,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["train", "tts-self-data", "--sentences", "8", "--shard-size", "4", "--shards", "1:5"], "--shards must be a:b"),
         (["train", "tts-self-data", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["bench", "tts", "--dtype", "int4"], "unknown dtype 'int4'"),
+        (["bench", "tts", "--greedy", "--temperature", "0.5"], "--temperature applies only when sampling"),
         (["train", "tts", "--save-every", "0"], "--save-every must be at least 1"),
         (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["caption", "missing.png", "--max-new-tokens", "-2"], "--max-new-tokens must be at least 1"),

@@ -240,3 +240,12 @@ def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):
                 "texts": ["short 0", "short 1"]}, data / "train-00001.pt")
     assert [i["text"] for i in tts_training.encoded_utterances(data, shards / "codec", codec, "train")[6:]] == ["short 0", "short 1"]
     assert len(encoded) == 8
+
+
+def test_codec_with_fewer_speech_vectors_than_codes_is_one_line(shards, tmp_path, capsys):
+    """k-means needs a vector a code: too little speech is refused before the fit, naming the fix."""
+    assert main(["train", "codec", "--data", str(shards / "data"), "--out", str(tmp_path / "codec"), "--codebook-size",
+                 "4096", "--num-codebooks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "fewer than --codebook-size 4096" in err and "pass more --minutes or data" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "codec").exists()

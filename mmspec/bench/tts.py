@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "split, WER per source too), open-validation (its validation split: for tuning a method's settings) or handwritten "
                         "(everyday sentences no training source made)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0; not with --greedy)")
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
     parser.add_argument("--threads", type=int, default=1)
@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.methods import split_specs
     from ..pipelines.text_to_speech.methods import make_method
     specs = split_specs(args.methods)
+    if args.greedy and args.temperature is not None:
+        raise ValueError("--temperature applies only when sampling; drop it or --greedy")
+    args.temperature = 1.0 if args.temperature is None else args.temperature
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
         raise ValueError(f"--speaker-reference takes 'piper', 'none' or a WAV file; {reference!r} is none of them")

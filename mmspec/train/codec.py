@@ -91,10 +91,14 @@ def run(args) -> None:
         seconds += audio.shape[0] / rate
         if seconds >= args.minutes * 60:
             break
+    count = sum(v.shape[0] for v in vectors)
+    if count < config.codebook_size:
+        raise ValueError(f"{args.data} gave {count} speech vectors in {seconds / 60:.1f} min, fewer than --codebook-size "
+                         f"{config.codebook_size}: k-means needs at least one vector a code; pass more --minutes or data")
     started = time.time()
     errors = codec.fit(torch.cat(vectors))
     fit_s = time.time() - started
-    print(f"fitted on {seconds / 60:.1f} min ({sum(v.shape[0] for v in vectors)} vectors) in {fit_s:.0f} s; "
+    print(f"fitted on {seconds / 60:.1f} min ({count} vectors) in {fit_s:.0f} s; "
           f"residual MSE per stage: {', '.join(f'{e:.3f}' for e in errors)}", flush=True)
     codec.save(args.out)
     metrics = evaluate(MelRVQCodec.from_pretrained(args.out), args.data, args.eval_sentences)  # what ships (fp16)

@@ -183,7 +183,8 @@ class EagleMethod(TTSMethod):
     tree_paths: ClassVar[list[tuple[int, ...]]] = []
     #: codes a chain drafts on a single stream, where it drafts in one C call: on the embedded
     #: VALL-E-style voice at temperature 1, 5 / 6 / 8 codes gave 1.82x / 1.85x / 1.84x against 1.68x
-    #: for 3 (docs/benchmarks.md); elsewhere the drafter's 3 steps
+    #: for 3 (docs/benchmarks.md), and the open-domain voice on an AMX Xeon (60 validation sentences)
+    #: 3 / 5 / 6 / 8 codes 1.66x / 1.72x / 1.81x / 1.76x; elsewhere the drafter's 3 steps
     single_stream_tokens = 6
     #: on a CPU without AMX tiles (a window of 7 costs ~2x one row there): on the open-domain voice,
     #: validation sentences, temperature 1, block verification, 3 / 4 codes gave 1.47x / 1.50x on a Zen 5
@@ -218,7 +219,8 @@ class EagleTopKMethod(EagleMethod):
     #: 5.02 / 5.58 / 5.97) and top-3 / 5 / 8 at 6 codes 1.37x / 1.53x / 1.63x, the last with WER 23.3 %
     #: against plain decoding's 19.2 % (top-5: 20.2 %; on 120 sentences top-2 / 3 / 5 gave WER 15.0 / 16.5 /
     #: 18.7 % against 15.1 %: the tolerance costs WER). Where a wide verification is cheap (AMX tiles,
-    #: GPUs) 8 codes: not measured there, the next length whose tau still grows
+    #: GPUs) 8 codes: on an AMX Xeon (60 validation sentences) 6 / 8 / 12 / 16 codes gave 2.45x / 2.53x /
+    #: 2.59x / 2.34x (tau 5.72 / 6.60 / 8.10 / 9.01), 12 not taken for 2 % at more tolerated codes
     narrow_stream_tokens = 6
     single_stream_tokens = 8
 
@@ -243,7 +245,8 @@ class JacobiMethod(TTSMethod):
     #: open-domain voice on an AVX-512-BF16 core without AMX, 12 / 6 / 4 codes gave 0.96x / 1.11x / 1.14x
     #: (16 hand-written sentences, docs/speech.md), and with block verification on a Zen 5 core 4 / 5 / 6
     #: codes 1.43x / 1.48x / 1.41x (validation sentences; 4 / 5 1.46x / 1.50x on 120 x 2 more; run as an
-    #: AVX2-only CPU in float32, 4 / 5 1.11x / 1.11x)
+    #: AVX2-only CPU in float32, 4 / 5 1.11x / 1.11x); on an AMX Xeon (60 validation sentences) 5 / 8 / 12 /
+    #: 16 / 20 / 24 codes 1.64x / 1.85x / 1.91x / 1.63x / 1.64x / 1.50x (12 and the pending code: one 16-row tile)
     single_stream_tokens = 12
     narrow_stream_tokens = 5
 
