@@ -215,3 +215,20 @@ def test_a_checkpoint_of_another_run_is_one_line(tmp_path):
         with pytest.raises(ValueError, match=f"is a checkpoint of another run .*{why}.*choose another --out") as error:
             TrainingRun(tmp_path, argparse.Namespace(steps=1)).resume_into(**stateful)
         assert "\n" not in str(error.value)
+    TrainingRun(tmp_path, argparse.Namespace(steps=1)).check_saved("head")  # before a recipe prepares its data
+    with pytest.raises(ValueError, match="is a checkpoint of another run .*no 'optimizer' saved.*choose another --out"):
+        TrainingRun(tmp_path, argparse.Namespace(steps=1)).check_saved("head", "optimizer")
+
+
+def test_image_drafter_refuses_another_recipes_out_before_writing_data(tmp_path, capsys):
+    """train image-drafter into a folder holding another recipe's checkpoint: one line, no shards written."""
+    import argparse
+
+    import torch
+
+    from mmspec.cli import main
+    from mmspec.train.checkpoint import TrainingRun
+
+    TrainingRun(tmp_path, argparse.Namespace(steps=1)).save(heads=torch.nn.Linear(4, 4).state_dict())
+    assert main(["train", "image-drafter", "--out", str(tmp_path), "--sequences", "8", "--steps", "1"]) == 2
+    assert "is a checkpoint of another run" in capsys.readouterr().err and not (tmp_path / "data").exists()

@@ -88,6 +88,17 @@ class TrainingRun:
                 target.load_state_dict(state.pop(name))
         return state
 
+    def check_saved(self, *names: str) -> None:
+        """Before a recipe's costly preparation (data it writes, a target it loads): a checkpoint in
+        ``out`` that lacks one of the entries ``names`` (another recipe's) is :meth:`restoring`'s line."""
+        if not self.state_path.exists():
+            return
+        saved = torch.load(self.state_path, weights_only=True, map_location="cpu")
+        with self.restoring():
+            missing = [name for name in names if name not in saved]
+            if missing:
+                raise KeyError(missing[0])
+
     @contextlib.contextmanager
     def restoring(self):
         """Around loading a checkpoint's entries: one of another recipe, or of other sizes (a

@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     device = train_device(args)
     out = Path(args.out)
+    run_state = TrainingRun(out, args, args.time_limit)
+    run_state.check_saved("head", "optimizer")  # another recipe's --out: refused before any data is written
     target, prompt_inputs, llamagen, model_dir = _setup(args.model, args.processor, args.trust_remote_code, device)
     # validation captions: the test split after the benchmark's prompts (bench t2i uses its first 500)
     for split, n, start, seed, name in (("train", args.sequences, 0, 1, "train"), ("test", args.val_sequences, VAL_START, 2, "val")):
@@ -202,7 +204,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"image EAGLE head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
           f"{len(codes)} sequences", flush=True)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(head=head, optimizer=optimizer)
     generator = torch.Generator().manual_seed(run_state.step)
     head.train()
