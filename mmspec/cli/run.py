@@ -73,8 +73,10 @@ def _check_prompt(prompt: str) -> None:
 
 
 def _check_text(text: str) -> None:
+    from ..adapters.audio.phonemes import EMPTY_TEXT
+
     if not text.strip():
-        raise ValueError("the text is empty; pass a sentence to say")
+        raise ValueError(EMPTY_TEXT)
 
 
 #: task -> the check of one input before the pipeline loads (ValueError / FileNotFoundError, one line)

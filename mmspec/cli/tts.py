@@ -210,7 +210,9 @@ def read_text(args) -> str:
         except UnicodeDecodeError:
             raise ValueError(f"cannot read {path}: it is not UTF-8 text") from None
     if not text.strip():
-        raise ValueError("the text is empty; pass a sentence to say" + (f" ({args.file} is empty)" if args.file else ""))
+        from ..adapters.audio.phonemes import EMPTY_TEXT
+
+        raise ValueError(EMPTY_TEXT + (f" ({args.file} is empty)" if args.file else ""))
     return text
 
 

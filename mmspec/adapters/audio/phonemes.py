@@ -25,6 +25,10 @@ from ...core.registry import build_named, factory_registrar
 from ...hub import MissingDependencyError
 
 
+#: the one line for a text with nothing in it, wherever a voice is given one (phonemizer, pipeline, CLI)
+EMPTY_TEXT = "the text is empty; pass a sentence to say"
+
+
 class Phonemizer(ABC):
     """text -> LongTensor [P] of ids < :attr:`vocab_size`."""
 
@@ -33,7 +37,7 @@ class Phonemizer(ABC):
 
     def __call__(self, text: str) -> torch.Tensor:
         if not isinstance(text, str) or not text.strip():
-            raise ValueError("the text is empty; pass a sentence to say")
+            raise ValueError(EMPTY_TEXT)
         return self.ids(text.strip())
 
     @abstractmethod

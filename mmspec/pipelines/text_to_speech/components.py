@@ -23,7 +23,7 @@ import torch
 
 from ...adapters.audio.delay import DelayPatternTarget
 from ...adapters.audio.normalize import NormalizedText, make_normalizer
-from ...adapters.audio.phonemes import make_phonemizer
+from ...adapters.audio.phonemes import EMPTY_TEXT, make_phonemizer
 from ...hub import models_dir, resolve_device, resolve_dtype
 from ...modeling.codec_lm import CodecLM
 from ...modeling.codec_nar import CodecNAR
@@ -151,7 +151,7 @@ class TTSComponents(OptimizesOnLoad):
         words; what no voice can say dropped and named). Raises ValueError (one line) for empty
         text, or text with nothing left to say: ``"日本 😀"`` names what it dropped."""
         if not isinstance(text, str) or not text.strip():
-            raise ValueError("the text is empty; pass a sentence to say")
+            raise ValueError(EMPTY_TEXT)
         spoken = make_normalizer(self.normalizer_name)(text)
         if not re.search(r"[A-Za-z0-9]", spoken.text):
             cannot = f": {spoken.describe_dropped()} cannot be spoken" if spoken.dropped else ""
