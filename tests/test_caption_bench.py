@@ -302,7 +302,7 @@ def test_bench_drafters_are_optimized_as_the_pipeline_optimizes_its_own(bench_ru
     assert drafter_for(pipe, "ar") is None
 
 
-def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_path_factory):
+def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_path_factory, capsys):
     """With a drafters file that measured a temperature > 0, drafter="auto" decodes greedy captions
     with the fastest entry at temperature 0 and sampled ones with the fastest per token there; a
     path in an entry (alone or as a spec's argument) is relative to the model directory."""
@@ -330,6 +330,14 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     assert sampled.stats.config["drafter"] == "spd:../draft"
     assert sampled.stats.config["drafter_choice"].startswith("auto when sampling: highest measured speedup per token at temperature 1")
     assert sampled.baseline_stats.config["drafter"] == "ar" and sampled.stats.speedup is not None
+    from PIL import Image
+    from mmspec.cli import main
+    Image.fromarray(image).save(tmp_path / "image.png")
+    for flags, header in (([], "drafter: prompt-lookup (auto:"), (["--do-sample", "--seed", "0"], "drafter: spd:../draft (auto when sampling:")):
+        capsys.readouterr()
+        assert main(["caption", str(tmp_path / "image.png"), "--model", str(model_dir), "--dtype", "fp32",
+                     "--max-new-tokens", "2", *flags]) == 0
+        assert capsys.readouterr().out.startswith(header)  # the header names what the call runs
     given = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="prompt-lookup")
     assert given(image, max_new_tokens=4, do_sample=True, seed=0).stats.config["drafter"] == "prompt-lookup"  # a named drafter stays
     table["drafters"][0]["sampled_speedup_per_token"] = 2.5  # the temperature-0 pick is fastest when sampling too

@@ -102,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.methods import split_specs
     from ..pipelines.text_to_speech.methods import make_method
     specs = split_specs(args.methods)
-    if args.greedy and args.temperature is not None:
-        raise ValueError("--temperature applies only when sampling; drop it or --greedy")
     args.temperature = 1.0 if args.temperature is None else args.temperature
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():

@@ -79,7 +79,7 @@ def check_args(args: argparse.Namespace) -> None:
     ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device``
     (a device this machine has), no number option NaN or infinite, the ranges of
     :data:`RANGE_RULES` (counts >= 1, rates > 0, ...), ``--temperature`` > 0 where ``--greedy``
-    exists, guidance >= 1, ``--seed`` (0 to 2**63 - 1), the sampling
+    exists and no sampling option given with ``--greedy``, guidance >= 1, ``--seed`` (0 to 2**63 - 1), the sampling
     options (``--temperature`` / ``--top-k`` / ``--top-p`` only with ``--do-sample``), and the
     output paths the subcommand names in its ``output_args`` default ({attribute: "file" | "dir" |
     "file or -"}, the last a file or ``-`` for standard output).
@@ -106,8 +106,12 @@ def check_args(args: argparse.Namespace) -> None:
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v):
                     raise ValueError(f"--{name.replace('_', '-')} must {needs}, got {v}")
-    if hasattr(args, "greedy") and isinstance(getattr(args, "temperature", None), (int, float)) and args.temperature <= 0 \
-            and not args.greedy:
+    if getattr(args, "greedy", False):  # the sampling options a --greedy subcommand has, given with it
+        given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name, None) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
+                             f"drop {'it' if len(given) == 1 else 'them'} or --greedy")
+    if hasattr(args, "greedy") and isinstance(getattr(args, "temperature", None), (int, float)) and args.temperature <= 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}; for greedy decoding pass --greedy")
     for name in ("guidance_scale", "guidance"):  # classifier-free guidance g: logits u + g (c - u)
         value = getattr(args, name, None)

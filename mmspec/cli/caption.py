@@ -128,7 +128,8 @@ def run_caption_command(args) -> int:
                                             cuda_graphs=args.cuda_graphs)
         if not args.json:
             linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
-            print(f"drafter: {captioner.chosen_drafter} ({captioner.drafter_reason}); "
+            _, name, reason = captioner.drafter_for(args.do_sample, min(args.batch_size, len(todo)))  # what the calls run
+            print(f"drafter: {name} ({reason}); "
                   f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}",
                   file=sys.stderr if results is not None else sys.stdout)
         progress = Progress(len(todo), always=results is not None, unit="image")

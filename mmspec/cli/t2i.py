@@ -54,8 +54,8 @@ def add_parser(subparsers) -> None:
                           "image up to float rounding; not Emu3 or MAR)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--guidance-scale", type=float, default=3.0)
-    cmd.add_argument("--temperature", type=float, default=1.0)
-    cmd.add_argument("--top-k", type=int, default=None)
+    cmd.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1; not with --greedy)")
+    cmd.add_argument("--top-k", type=int, default=None, help="sample among the k most likely image tokens (not with --greedy)")
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run AR with the same seeds; report the speedup")
     cmd.add_argument("--device", default="auto")
@@ -178,6 +178,7 @@ def run(args) -> int:
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     for prompt in prompts:
         check_prompt(prompt)
+    args.temperature = 1.0 if args.temperature is None else args.temperature  # given with --greedy: refused by check_args
     check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k)
     if args.threads:
         torch.set_num_threads(args.threads)

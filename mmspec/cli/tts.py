@@ -112,8 +112,6 @@ def run(args) -> int:
     if args.out == "-" and sys.stdout.isatty():
         raise ValueError("--out - writes the WAV to standard output, which is a terminal here; pipe it to a player "
                          "(... --out - | aplay) or give --out FILE")
-    if args.greedy and (args.temperature is not None or args.top_k is not None):
-        raise ValueError("--temperature and --top-k apply only when sampling; drop them or --greedy")
     SamplingConfig(do_sample=not args.greedy, temperature=1.0 if args.temperature is None else args.temperature,
                    top_k=args.top_k)  # checks the values
     if args.out != "-":  # the files written beside the WAV, checked before the voice loads

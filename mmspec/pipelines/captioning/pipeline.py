@@ -381,6 +381,13 @@ class ImageCaptioningPipeline(Pipeline):
         (:func:`choose_sampling_drafter`) when it measured one."""
         return self._auto_drafter(choose_sampling_drafter(self.model_dir, self.runs_on) if self.auto else None)
 
+    def drafter_for(self, do_sample: bool, batch_size: int = 1) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) that a call runs: a batch's (:meth:`batch_drafter`), else a sampled
+        caption's (:meth:`sampling_drafter`), else the pipeline's own."""
+        if batch_size > 1:
+            return self.batch_drafter(batch_size)
+        return self.sampling_drafter() if do_sample else (self.drafter, self.chosen_drafter, self.drafter_reason)
+
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
         """(image, prompt) -> the processor's model inputs on the model's device.
@@ -575,8 +582,7 @@ class ImageCaptioningPipeline(Pipeline):
                  stream: "_StreamedRows | None" = None, index: int = 0) -> CaptionOutput:
         inputs = self.preprocess(image, prompt)
         prompt_length = inputs["input_ids"].shape[1]
-        drafter, drafter_name, reason = self.sampling_drafter() if kwargs["do_sample"] else (
-            self.drafter, self.chosen_drafter, self.drafter_reason)
+        drafter, drafter_name, reason = self.drafter_for(kwargs["do_sample"])
         live = {} if stream is None else dict(on_tokens=stream.on_tokens(index),
                                               cancelled=lambda: stream.stream.cancelled(index))
         question = _prompt_of(image, prompt)
