@@ -120,6 +120,9 @@ def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, cap
         def __init__(self, **kwargs):
             self.calls = 0
 
+        def drafter_for(self, do_sample, batch_size=1):
+            return None, self.chosen_drafter, self.drafter_reason
+
         def __call__(self, path, **options):
             self.calls += 1
             if self.calls > 2:

@@ -499,8 +499,8 @@ def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_
 
 
 @pytest.mark.parametrize("device, linears, sjd, sjd_topk", [
-    ("cpu", "c (bf16 amx)", 12, 10), ("cpu", "c (bf16 avx512bf16)", 5, 10), ("cpu", "c (fp32 avx2)", 5, 10),
-    ("cpu", "as loaded", 5, 10), ("cuda", "as loaded", 12, 10)])
+    ("cpu", "c (bf16 amx)", 12, 24), ("cpu", "c (bf16 avx512bf16)", 5, 10), ("cpu", "c (fp32 avx2)", 5, 10),
+    ("cpu", "as loaded", 5, 10), ("cuda", "as loaded", 12, 24)])
 def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(device, linears, sjd, sjd_topk):
 
     from mmspec.pipelines.text_to_speech.components import TTSComponents

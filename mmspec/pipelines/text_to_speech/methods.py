@@ -259,13 +259,17 @@ class JacobiTopKMethod(JacobiMethod):
     name = "sjd-topk"
     description = "SJD's window under VADUSA's top-k tolerance (lossy: a drafted code counts while it is among the target's top k)"
     rule = "topk-tolerance"
-    rule_defaults = {"top_k": 5}
-    #: 10 codes everywhere: on the open-domain voice at temperature 1, 60 validation sentences, one core of an AMX
-    #: Xeon, windows of 10 / 16 / 31 codes gave 2.20x / 2.19x / 1.99x (tau 4.47 / 5.80 / 7.70; docs/speech.md),
-    #: and on an AVX-512-BF16 core without AMX 31 codes 0.48x, 10 / 6 codes 1.21x / 1.21x (16 sentences). (The
-    #: grammar-only voice before it took 31 on AMX: 20 / 24 / 28 / 31 codes 3.19x / 3.27x / 3.31x / 3.35x.)
-    single_stream_tokens = 10
-    narrow_stream_tokens = None
+    rule_defaults = {"top_k": 20}
+    #: SJD's drafts are the target's own samples (at an earlier context), so a wide tolerance costs little
+    #: WER: on the open-domain voice at temperature 1, one core of an AMX Xeon, 150 validation sentences x 2
+    #: rounds (docs/speech.md), plain decoding WER 19.3 %; top-5 / 10 codes 2.29x at 18.8 %; top-10 / 31
+    #: 3.06x at 20.1 %; top-16 / 24 3.26x at 19.1 %; top-16 / 31 3.35x at 20.1 %; top-20 / 24 3.37x at
+    #: 19.5 % (speed only, 60 sentences, a quiet machine: top-8 / 10 / 12 / 16 / 20 at 24 codes 2.67x / 2.78x /
+    #: 2.91x / 3.02x / 3.21x). Top-20 with 24 codes where a wide verification is cheap (AMX tiles, GPUs); 10
+    #: codes elsewhere, where on the same core through the AVX-512-BF16 kernel top-16 at 8 / 10 / 12 / 16
+    #: codes gave 1.76x / 1.80x / 1.79x / 1.81x and top-5 / 10 / 20 at 10 codes 1.54x / 1.73x / 1.84x
+    single_stream_tokens = 24
+    narrow_stream_tokens = 10
 
 
 @register_method
