@@ -106,11 +106,11 @@ def check_args(args: argparse.Namespace) -> None:
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v):
                     raise ValueError(f"--{name.replace('_', '-')} must {needs}, got {v}")
-    if getattr(args, "greedy", False):  # the sampling options a --greedy subcommand has, given with it
-        given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name, None) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
-                             f"drop {'it' if len(given) == 1 else 'them'} or --greedy")
+    # the sampling options given: refused with --greedy, and (below) without --do-sample
+    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name, None) is not None]
+    if getattr(args, "greedy", False) and given:
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; "
+                         f"drop {'it' if len(given) == 1 else 'them'} or --greedy")
     if hasattr(args, "greedy") and isinstance(getattr(args, "temperature", None), (int, float)) and args.temperature <= 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}; for greedy decoding pass --greedy")
     for name in ("guidance_scale", "guidance"):  # classifier-free guidance g: logits u + g (c - u)
@@ -122,7 +122,6 @@ def check_args(args: argparse.Namespace) -> None:
     if hasattr(args, "do_sample"):
         from ..core.sampling import SamplingConfig
 
-        given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None]
         if given and not args.do_sample:
             raise ValueError(f"{', '.join(given)} only apply when sampling; add --do-sample (greedy decoding is the default)")
         if args.temperature is None:
