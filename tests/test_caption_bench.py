@@ -330,6 +330,8 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     assert sampled.stats.config["drafter"] == "spd:../draft"
     assert sampled.stats.config["drafter_choice"].startswith("auto when sampling: highest measured speedup per token at temperature 1")
     assert sampled.baseline_stats.config["drafter"] == "ar" and sampled.stats.speedup is not None
+    listed = captioner([image] * 3, max_new_tokens=2, do_sample=True, seed=0, batch_size=2)  # a batch of 2, then one row
+    assert listed[2].stats.config["drafter"] == "spd:../draft"  # the lone last row as a sampled caption alone
     from PIL import Image
     from mmspec.cli import main
     Image.fromarray(image).save(tmp_path / "image.png")

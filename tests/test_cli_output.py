@@ -203,7 +203,7 @@ def test_t2i_prompt_rows_follow_the_same_exit_rule(tmp_path, monkeypatch, capsys
     assert not leftovers(out)
 
 
-def test_a_checkpoint_of_another_run_is_one_line(tmp_path):
+def test_a_checkpoint_of_another_run_is_one_line(tmp_path, monkeypatch):
     """Resuming into another recipe's --out, or with other sizes, named the folder in one line
     instead of PyTorch's KeyError or state-dict traceback."""
     import argparse
@@ -212,13 +212,20 @@ def test_a_checkpoint_of_another_run_is_one_line(tmp_path):
 
     from mmspec.train.checkpoint import TrainingRun
 
-    first = TrainingRun(tmp_path, argparse.Namespace(steps=1))
-    first.save(head=torch.nn.Linear(4, 4).state_dict())
+    first, first_head = TrainingRun(tmp_path, argparse.Namespace(steps=1)), torch.nn.Linear(4, 4)
+    first.step = 1
+    first.save(head=first_head.state_dict())
     for stateful, why in (({"head": torch.nn.Linear(4, 8)}, "size mismatch"), ({"heads": torch.nn.Linear(4, 4)}, "no 'heads' saved")):
         with pytest.raises(ValueError, match=f"is a checkpoint of another run .*{why}.*choose another --out") as error:
             TrainingRun(tmp_path, argparse.Namespace(steps=1)).resume_into(**stateful)
         assert "\n" not in str(error.value)
-    TrainingRun(tmp_path, argparse.Namespace(steps=1)).check_saved("head")  # before a recipe prepares its data
+    checked = TrainingRun(tmp_path, argparse.Namespace(steps=1))
+    checked.check_saved("head")  # before a recipe prepares its data
+    loads, real_load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    head = torch.nn.Linear(4, 4)
+    checked.resume_into(head=head)  # the checkpoint check_saved read, not read again
+    assert loads == [] and checked.step == 1 and torch.equal(head.weight, first_head.weight)
     with pytest.raises(ValueError, match="is a checkpoint of another run .*no 'optimizer' saved.*choose another --out"):
         TrainingRun(tmp_path, argparse.Namespace(steps=1)).check_saved("head", "optimizer")
 

@@ -66,12 +66,15 @@ class TrainingRun:
         self.state_path = self.out / STATE_FILE
         self.step, self.log, self.elapsed = 0, [], 0.0
         self.started = time.time()
+        self._checked: dict[str, Any] | None = None  # the checkpoint check_saved read, for resume
 
     def resume(self) -> dict[str, Any] | None:
         """Load the last checkpoint (-> the recipe's own saved entries) or None on a fresh start."""
         if not self.state_path.exists():
             return None
-        state = torch.load(self.state_path, weights_only=True, map_location="cpu")  # load_state_dict places it
+        state, self._checked = self._checked, None
+        if state is None:
+            state = torch.load(self.state_path, weights_only=True, map_location="cpu")  # load_state_dict places it
         self.step, self.log, self.elapsed = state.pop("step"), state.pop("log"), state.pop("elapsed")
         self.started = time.time()
         print(f"resuming at step {self.step}", flush=True)
@@ -90,7 +93,8 @@ class TrainingRun:
 
     def check_saved(self, *names: str) -> None:
         """Before a recipe's costly preparation (data it writes, a target it loads): a checkpoint in
-        ``out`` that lacks one of the entries ``names`` (another recipe's) is :meth:`restoring`'s line."""
+        ``out`` that lacks one of the entries ``names`` (another recipe's) is :meth:`restoring`'s line.
+        The checkpoint read is kept for :meth:`resume`, which then does not read it again."""
         if not self.state_path.exists():
             return
         saved = torch.load(self.state_path, weights_only=True, map_location="cpu")
@@ -98,6 +102,7 @@ class TrainingRun:
             missing = [name for name in names if name not in saved]
             if missing:
                 raise KeyError(missing[0])
+        self._checked = saved
 
     @contextlib.contextmanager
     def restoring(self):

@@ -512,7 +512,9 @@ class ImageCaptioningPipeline(Pipeline):
                        stream: "_StreamedRows | None" = None, first: int = 0, joins: bool = False) -> list[CaptionOutput]:
         items = list(images)
         rows = [self.preprocess(image, prompt) for image in items]  # every image checked before decoding
-        drafter, drafter_name, reason = self.batch_drafter(len(rows))
+        # a lone last row decodes as _caption would (a sampled one with the sampling drafter); a
+        # batch that others may join keeps the batch drafter
+        drafter, drafter_name, reason = self.batch_drafter(len(rows)) if joins else self.drafter_for(kwargs["do_sample"], len(rows))
         # batch row -> its index in the call (joined items follow the call's; one that could not be
         # prepared keeps its index and runs no row)
         index = [first + b for b in range(len(rows))]
