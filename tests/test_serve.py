@@ -47,8 +47,9 @@ def chat_messages(path: Path, question: str = "Describe the image.") -> list[dic
 
 @pytest.fixture(scope="module")
 def live():
-    """A real server on a free port (fp32, so greedy batch rows are bit-equal to single requests)."""
-    config = ServeConfig(dtype="float32", max_batch_size=4, batch_wait_s=0.1, api_key=KEY, max_speech_seconds=2.0)
+    """A real server on a free port (fp32, so greedy batch rows are bit-equal to single requests);
+    a batch's first request waits 0.2 s for company, room for client threads on a loaded CI machine."""
+    config = ServeConfig(dtype="float32", max_batch_size=4, batch_wait_s=0.2, api_key=KEY, max_speech_seconds=2.0)
     app = create_app(config)
     with serve_in_thread(app) as base:
         yield base, app
