@@ -340,6 +340,12 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
         assert main(["caption", str(tmp_path / "image.png"), "--model", str(model_dir), "--dtype", "fp32",
                      "--max-new-tokens", "2", *flags]) == 0
         assert capsys.readouterr().out.startswith(header)  # the header names what the call runs
+    for n in (1, 2):
+        Image.fromarray(image[::-1] if n == 1 else image[:, ::-1]).save(tmp_path / f"image{n}.png")
+    assert main(["caption", *[str(tmp_path / name) for name in ("image.png", "image1.png", "image2.png")], "--model", str(model_dir), "--dtype", "fp32",
+                 "--max-new-tokens", "2", "--do-sample", "--seed", "0", "--batch-size", "2"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]  # a batch of 2, then the last image alone: both named
+    assert " for batches of 2; spd:../draft (auto when sampling:" in header and header.split(";")[1].endswith(" for an image alone"), header
     given = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="prompt-lookup")
     assert given(image, max_new_tokens=4, do_sample=True, seed=0).stats.config["drafter"] == "prompt-lookup"  # a named drafter stays
     table["drafters"][0]["sampled_speedup_per_token"] = 2.5  # the temperature-0 pick is fastest when sampling too

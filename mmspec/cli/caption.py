@@ -128,8 +128,15 @@ def run_caption_command(args) -> int:
                                             cuda_graphs=args.cuda_graphs)
         if not args.json:
             linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
-            _, name, reason = captioner.drafter_for(args.do_sample, min(args.batch_size, len(todo)))  # what the calls run
-            print(f"drafter: {name} ({reason}); "
+            sizes = dict.fromkeys(min(args.batch_size, len(todo) - start) for start in range(0, len(todo), args.batch_size))
+            picks = {}  # what the calls run, per call size: a lone last image may sample with another drafter
+            for size in sizes:
+                _, name, reason = captioner.drafter_for(args.do_sample, size)
+                picks.setdefault((name, reason), []).append(size)
+            drafters = "; ".join(f"{name} ({reason})" + ("" if len(picks) == 1 else
+                                                         " for " + " and ".join("an image alone" if n == 1 else f"batches of {n}" for n in ns))
+                                 for (name, reason), ns in picks.items())
+            print(f"drafter: {drafters}; "
                   f"{str(captioner.dtype).removeprefix('torch.')} on {captioner.device}; {linears}",
                   file=sys.stderr if results is not None else sys.stdout)
         progress = Progress(len(todo), always=results is not None, unit="image")
