@@ -172,3 +172,104 @@ def test_the_adaptor_gets_its_own_learning_rate_scale(llava):
     assert [g["lr_scale"] for g in groups] == [1.0, 10.0]
     assert {id(p) for p in groups[1]["params"]} == {id(p) for p in head.vision.parameters()}
     assert sum(len(g["params"]) for g in groups) == len(list(head.parameters()))
+
+
+# -- the vision option of the EAGLE-3 head -----------------------------------------------------------
+
+def _vision_eagle3(model, seed: int = 0):
+    """A vision-aware EAGLE-3 head, every weight random (the global projection too)."""
+    from mmspec.modeling.eagle3 import Eagle3Config, Eagle3Head
+
+    torch.manual_seed(seed)
+    head = with_vision_option(Eagle3Head(Eagle3Config.for_target(text_decoder(model).config)), K)
+    torch.nn.init.normal_(head.vision.global_proj.weight, std=0.05)
+    return head.eval()
+
+
+def _states(model, inputs, ids, aux_layers):
+    """The target's fused-layer states over ``ids`` [1, L] (the prompt's image included): [1, L, 3 H]."""
+    from mmspec.core.target import select_hidden_states
+
+    with torch.no_grad():
+        out = model(**{**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}, output_hidden_states=True)
+    return select_hidden_states(out.hidden_states, tuple(aux_layers))
+
+
+def test_eagle3_vision_head_saves_loads_and_is_not_exported(llava, tmp_path):
+    from mmspec.modeling.eagle3 import Eagle3Head, VisionEagle3Head
+
+    head = _vision_eagle3(llava.model)
+    head.save(tmp_path / "head")
+    loaded = Eagle3Head.load(tmp_path / "head", llava.model)
+    assert type(loaded) is VisionEagle3Head and loaded.vision_tokens == K
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[name]), name
+    plain = Eagle3Head(head.config)
+    extended = with_vision_option(plain, K)
+    assert all(torch.equal(v, extended.state_dict()[n]) for n, v in plain.state_dict().items())
+    assert not extended.vision.global_proj.weight.any()  # g starts at zero
+    with pytest.raises(ValueError, match="vision option.*without --vision-tokens"):
+        head.export(tmp_path / "out", "vllm-eagle3")
+    assert not (tmp_path / "out").exists()
+
+
+def test_eagle3_vision_drafting_matches_the_training_unroll(llava):
+    """The drafter's prefix keys (positions 0..k-1, pairs at k + t, the global feature added to
+    every feature) give the feature the training-time test's step 0 gives for the same pairs."""
+    from mmspec.drafters import Eagle3Drafter
+    from mmspec.train.eagle3 import unroll
+
+    model = llava.model.float()
+    head = _vision_eagle3(model)
+    target = TransformersTarget(model)
+    drafter = Eagle3Drafter(model, head, num_draft_tokens=3)
+    aux = tuple(head.config.aux_layers)
+    state, prefill = target.prefill(dict(llava.inputs), hidden_layer=aux)
+    state.tokens = torch.cat([state.tokens, prefill.logits[:, -1:].argmax(-1)], dim=1)
+    drafter.start(DraftContext(target, SamplingConfig(), torch.Generator().manual_seed(0), llava.inputs), state)
+    drafter.on_verified(0, 0, prefill)
+    assert drafter.vision is not None and drafter.position_base == -K and not drafter._fusable()
+    predicted = drafter._catch_up(state)  # [1, 1, H]: after the prompt's pairs
+
+    ids, states = state.tokens, prefill.hidden_states  # [1, L + 1], [1, L, 3 H]
+    padded_ids, padded = torch.cat([ids, ids[:, -1:]], dim=1), torch.cat([states, states[:, -1:]], dim=1)  # (one more pair)
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():
+        vision = head.vision_context(*image_features(ids[:, :-1], states, llava.image_token_id))
+        (reference,) = unroll(head, embed, padded_ids, padded, 1, vision)
+        (without,) = unroll(head, embed, padded_ids, padded, 1)
+    torch.testing.assert_close(predicted[:, 0], reference[:, states.shape[1] - 1], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(predicted[:, 0], without[:, states.shape[1] - 1], atol=1e-3)  # the image context is read
+
+
+@pytest.mark.parametrize("spec", ["eagle3", "eagle3-tree"])
+def test_eagle3_vision_head_greedy_equals_plain_decoding(llava, spec, tmp_path):
+    model = llava.model.float()
+    _vision_eagle3(model).save(tmp_path / "head")
+    plain = mmspec.generate(model, max_new_tokens=16, **llava.inputs)
+    out = mmspec.generate(model, drafter=f"{spec}:{tmp_path / 'head'}", max_new_tokens=16, **llava.inputs)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.stats.config["vision_tokens"] == K
+
+
+def test_eagle3_vision_loss_trains_the_adaptor(llava):
+    from mmspec.modeling.eagle3 import Eagle3Head
+    from mmspec.train.drafter import vision_image_token
+    from mmspec.train.eagle3 import collate_ids, eagle3_loss
+
+    model = llava.model.float()
+    head = with_vision_option(_vision_eagle3(model), K).train()
+    with torch.no_grad():
+        ids = model.generate(**llava.inputs, max_new_tokens=12, do_sample=False)[0]
+    learn = torch.zeros(len(ids), dtype=torch.bool)
+    learn[llava.inputs["input_ids"].shape[1]:] = True
+    batch = collate_ids([{"ids": ids, "learn": learn}] * 2)
+    states = _states(model, llava.inputs, ids[None], head.config.aux_layers).expand(2, -1, -1)
+    token = vision_image_token(head, model)
+    assert token == llava.image_token_id and vision_image_token(Eagle3Head(head.config), model) is None
+    vision = head.vision_context(*image_features(batch["ids"], states, token))
+    loss, _ = eagle3_loss(head, model.get_input_embeddings().weight.detach(), batch, states, 2, vision)
+    loss.backward()
+    for name in ("vision.queries", "vision.attention.in_proj_weight", "vision.global_proj.weight", "fc.weight"):
+        assert head.get_parameter(name).grad.abs().sum() > 0, name
+

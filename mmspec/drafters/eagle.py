@@ -44,7 +44,7 @@ from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
 from ..hub import dtype_name
 from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
-from ..modeling.heads import EagleHead, VisionContext, VisionEagleHead
+from ..modeling.heads import EagleHead, VisionContext
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
 from .shipped import chain_settings, check_stop_below, shipped_drafter_dir
@@ -108,7 +108,7 @@ class EagleDrafter(BatchDrafting, Drafter):
     def _image_token(head: EagleHead, target_model: nn.Module) -> int | None:
         """The id of the target's image tokens, which a vision-aware head reads (None for a plain
         head); a vision-aware head over a target without image tokens is refused here."""
-        if not isinstance(head, VisionEagleHead):
+        if not getattr(head, "vision_tokens", 0):  # (EAGLE's VisionEagleHead, EAGLE-3's VisionEagle3Head)
             return None
         token = config_image_token_id(target_model.config)
         if token is None:
@@ -232,7 +232,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         features at the image tokens gives this generation's :class:`VisionContext`; its prefix
         takes the head cache's first k entries, so the committed pair t sits at position k + t
         (``position_base = -k``)."""
-        head: VisionEagleHead = self.head
+        head = self.head  # (a VisionEagleHead or a VisionEagle3Head)
         image = prompt_features[:, self.image_positions.to(prompt_features.device)]
         self.vision = head.vision_context(image.to(head.fc.weight.dtype))
         head.write_prefix(self.vision, self.cache)
@@ -406,7 +406,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         row at its own positions), and one draft LM head over them; each row picks with its own
         generator, as :meth:`propose` does. Image heads (their own attention) and vision-aware heads
         (each row its own image context) go row by row."""
-        if not isinstance(drafters[0].head, EagleHead) or isinstance(drafters[0].head, VisionEagleHead):
+        if not isinstance(drafters[0].head, EagleHead) or getattr(drafters[0].head, "vision_tokens", 0):
             return super().propose_rows(drafters, state, positions, budgets)
         lengths = [min(d._chain_length(), budget) for d, budget in zip(drafters, budgets)]
         running = [1.0] * len(drafters)  # each row's confidence stop (:func:`chain_stops`)
@@ -442,7 +442,7 @@ class EagleDrafter(BatchDrafting, Drafter):
 
     def describe(self) -> dict:
         fused = getattr(self, "chain_plans", None) not in (None, False)  # (known once a step was drafted)
-        vision = {"vision_tokens": self.head.vision_tokens} if isinstance(self.head, VisionEagleHead) else {}
+        vision = {"vision_tokens": self.head.vision_tokens} if getattr(self.head, "vision_tokens", 0) else {}
         return {**super().describe(), "head_layers": 1, "draft_vocabulary": self.lm_head.size, **vision,
                 **({"captured_head": True} if getattr(self, "captured_step", None) is not None else {}),
                 **{name: value for name, value in (("stop_below", self.stop_below), ("sampled_stop_below", self.sampled_stop_below),
@@ -517,7 +517,7 @@ class Eagle2Drafter(EagleDrafter):
         # c_layer / C(1) for the nominal budget: the parameters one tree layer reads (head + draft
         # LM head) over those of one target forward
         width = head.fc.out_features
-        per_layer = forward_parameters(head) - (forward_parameters(head.vision) if isinstance(head, VisionEagleHead) else 0)  # (the adaptor runs once a generation)
+        per_layer = forward_parameters(head) - (forward_parameters(head.vision) if getattr(head, "vision_tokens", 0) else 0)  # (the adaptor runs once a generation)
         self.relative_layer_cost = (per_layer + self.lm_head.size * width) / self._target_parameters(target_model)
         self.policy: TreeBudgetPolicy | None = None  # num_nodes="auto": this generation's size policy
         self.carry_calibration = True  # (see start)

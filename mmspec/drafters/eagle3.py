@@ -19,6 +19,9 @@ trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.draf
 DIR holds mmspec's layout (``mmspec train drafter --method eagle3``) or the vLLM / SGLang one
 (``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere);
 without DIR, the head shipped for an embedded model (``models/smolcap-eagle3``: the captioner's).
+A head with the vision option (:class:`~mmspec.modeling.eagle3.VisionEagle3Head`, ``--vision-tokens
+K``) drafts as EAGLE's vision-aware head does (:mod:`mmspec.drafters.eagle`), through the module
+forward.
 """
 
 from __future__ import annotations
@@ -118,11 +121,12 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
     # ------------------------------------------------------------------ the fused chain (CPU)
     def _fusable(self) -> bool:
         """Whether the chain can run in one C call (:func:`mmspec.modeling.fused.eagle3_chain`),
-        checked once a generation: the fused kernels on, the head's fc and LM head few-row
-        linears without bias, a plain embedding table in the head's dtype."""
+        checked once a generation: the fused kernels on, a plain head (a vision-aware one drafts
+        through the module forward), its fc and LM head few-row linears without bias, a plain
+        embedding table in the head's dtype."""
         head, table = self.head, getattr(self.embed, "weight", None)
         dtype = head.midlayer.input_layernorm.weight.dtype
-        return (fused_enabled() and type(self.embed) is nn.Embedding and table.dtype == dtype and table.is_contiguous()
+        return (fused_enabled() and type(head) is Eagle3Head and type(self.embed) is nn.Embedding and table.dtype == dtype and table.is_contiguous()
                 and head.fc.bias is None and linear_operand(head.fc, dtype) is not None
                 and linear_operand(self.lm_head.projection, dtype) is not None)
 

@@ -21,6 +21,14 @@ Parameter names are those of the EAGLE-3 checkpoints vLLM (``Eagle3LlamaForCausa
 post_attention_layernorm}.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``,
 ``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
 :mod:`mmspec.drafters.eagle3` drafts with it; :mod:`mmspec.train.eagle3` trains it.
+
+:class:`VisionEagle3Head` is the head with ViSpec's vision option (Kang et al., 2025; EAGLE's
+version: :class:`~mmspec.modeling.heads.VisionEagleHead`): the fused target states at the prompt's
+image tokens, V = fc(states) [m, H], go through a :class:`~mmspec.modeling.heads.VisionAdaptor`
+to k compressed tokens C [k, H], fed as k prefix positions of the mid layer (in the feature slot of
+u, the embedding slot zero: keys and values only), and a global feature g [H] added to the
+feature at every position: u = [RMSNorm_in(e); RMSNorm_hidden(g_t + g)], r = g_t + g + W_o Attn(u).
+The engines load no such adaptor, so a vision-aware head is not exported.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import attend
+from .heads import VisionAdaptor, VisionContext
 from .persistence import save_module, save_tensors
 
 #: mmspec's own files of an EAGLE-3 head
@@ -252,7 +261,7 @@ class Eagle3Head(nn.Module):
         return self.fc(states)
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, vision: VisionContext | None = None) -> torch.Tensor:
         """One head step.
 
         Args:
@@ -262,20 +271,26 @@ class Eagle3Head(nn.Module):
             cache: a transformers-style cache (``update(k, v, 0)``, ``get_seq_length()``) or None.
             position_ids: [1, n] positions of the inputs.
             attention_mask: None (causal after the cache) or boolean / additive [1 or B, 1, n, cached + n].
+            vision: a :class:`VisionEagle3Head`'s image context (its ``bias`` [B, 1, H] added to the
+                feature), or None.
 
         Returns:
             s [B, n, H], the un-normed output (the next step's feature; logits: :meth:`logits`).
         """
-        q, k, v, residual = self.project(features, token_embeds, position_ids)
+        q, k, v, residual = self.project(features, token_embeds, position_ids, None if vision is None else vision.bias)
         if cache is not None:
             k, v = cache.update(k, v, 0)
         return self.finish(q, k, v, attention_mask, residual)
 
-    def project(self, features: torch.Tensor, token_embeds: torch.Tensor, position_ids: torch.Tensor):
+    def project(self, features: torch.Tensor, token_embeds: torch.Tensor, position_ids: torch.Tensor,
+                bias: torch.Tensor | None = None):
         """The layer up to attention: (q [B, heads, n, hd], k, v [B, kv heads, n, hd] rotated at
-        ``position_ids``, the residual [B, n, H]); features as :meth:`forward` takes them."""
+        ``position_ids``, the residual [B, n, H]); features as :meth:`forward` takes them, plus
+        ``bias`` [B, 1, H] (a vision-aware head's global image feature) when given."""
         if features.shape[-1] != self.config.hidden_size:
             features = self.fuse(features)
+        if bias is not None:
+            features = features + bias.to(features.dtype)
         batch, n, _ = features.shape
         layer, attn = self.midlayer, self.midlayer.self_attn
         embeds = layer.input_layernorm(token_embeds.expand(batch, -1, -1))
@@ -323,6 +338,9 @@ class Eagle3Head(nn.Module):
 
     def export(self, directory: str | Path, fmt: str, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``)."""
+        if isinstance(self, VisionEagle3Head):
+            raise ValueError(f"this EAGLE-3 head has the vision option (vision_tokens={self.vision_tokens}), which "
+                             f"{fmt.split('-')[0]}'s EAGLE-3 loader does not run; export a head trained without --vision-tokens")
         config = self.config.engine_config(fmt, dtype)  # (checks fmt first)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -365,12 +383,59 @@ class Eagle3Head(nn.Module):
             if max(config.aux_layers) > text.num_hidden_layers:
                 raise ValueError(f"the EAGLE-3 head in {directory} reads target layers {config.aux_layers}; the target has "
                                  f"{text.num_hidden_layers}")
-        head = cls(config)
+        head = VisionEagle3Head(config, saved["vision_tokens"]) if saved.get("vision_tokens") else cls(config)
         _load_state(head, directory / weights)
         if target_model is not None:
             param = next(target_model.parameters())
             head = head.to(device=param.device, dtype=param.dtype)
         return head.eval()
+
+
+class VisionEagle3Head(Eagle3Head):
+    """:class:`Eagle3Head` with the vision option (the module docstring's formula): k compressed
+    image tokens as prefix positions 0..k-1 of the mid layer (the pairs following at k, k+1, ...)
+    and the global image feature added to every position's feature. Trained with
+    ``mmspec train drafter --method eagle3 --vision-tokens K``; the card records ``vision_tokens``.
+
+    Args:
+        config: the head's :class:`Eagle3Config`.
+        vision_tokens: k.
+    """
+
+    def __init__(self, config: Eagle3Config, vision_tokens: int = 4) -> None:
+        super().__init__(config)
+        self.vision_tokens = vision_tokens
+        self.vision = VisionAdaptor(config.hidden_size, vision_tokens, config.num_attention_heads, config.rms_norm_eps)
+
+    @classmethod
+    def extend(cls, head: Eagle3Head, vision_tokens: int) -> "VisionEagle3Head":
+        """A vision-aware head starting from a trained plain ``head`` (its weights and draft
+        vocabulary copied; the adaptor new, its global projection zero)."""
+        extended = cls(head.config, vision_tokens).to(head.fc.weight.dtype)
+        missing, unexpected = extended.load_state_dict(head.state_dict(), strict=False)
+        if unexpected or any(not name.startswith("vision.") for name in missing):
+            raise ValueError(f"cannot extend this head with the vision option (unexpected {unexpected}, missing {missing})")
+        return extended
+
+    def vision_context(self, image_states: torch.Tensor, valid: torch.Tensor | None = None) -> VisionContext:
+        """The target's fused-layer states at the image tokens [B, m, 3 H_t] -> fc -> the adaptor
+        (:class:`~mmspec.modeling.heads.VisionAdaptor`): prefix [B, k, H], bias [B, 1, H]."""
+        return self.vision(self.fuse(image_states.to(self.fc.weight.dtype)), valid)
+
+    def prefix_keys(self, context: VisionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's keys and values [B, kv heads, k, hd] at positions 0..k-1 (C in the feature
+        slot of u, a zero embedding: nothing is predicted there)."""
+        prefix = context.prefix.to(self.fc.weight.dtype)
+        positions = torch.arange(self.vision_tokens, device=prefix.device)[None]
+        _, k, v, _ = self.project(prefix, torch.zeros_like(prefix), positions)
+        return k, v
+
+    def write_prefix(self, context: VisionContext, cache) -> None:
+        """Put the prefix's keys and values in ``cache`` (empty) as its first k entries."""
+        cache.update(*self.prefix_keys(context), 0)
+
+    def save(self, directory: str | Path, **card) -> None:
+        super().save(directory, vision_tokens=self.vision_tokens, **card)
 
 
 def _load_state(head: Eagle3Head, path: Path) -> None:

@@ -25,12 +25,12 @@ docstring describes the embedded recipes; the losses are shared.
    Medusa / Hydra heads (:mod:`mmspec.drafters.medusa`): head i reads f_t (Hydra: and the
    embeddings of x_{t+1} .. x_{t+1+i}, teacher-forced) and is trained with CE against x_{t+2+i},
    weighted 0.8^i, on the same cached features.
-   ``--vision-tokens K`` (EAGLE, a VLM target) trains the vision-aware head
-   (:class:`mmspec.modeling.heads.VisionEagleHead`, ViSpec's recipe): the target's features at the
-   image tokens of each sequence (already in the cache: the prompt's features are stored) are
-   compressed into K prefix positions of the head's layer and a global feature added to its input;
-   ``--init`` may name a plain head (its weights are kept, the adaptor starts new, its global
-   projection at zero).
+   ``--vision-tokens K`` (EAGLE or EAGLE-3, a VLM target) trains the vision-aware head
+   (:class:`mmspec.modeling.heads.VisionEagleHead` / :class:`mmspec.modeling.eagle3.VisionEagle3Head`,
+   ViSpec's recipe): the target's features at the image tokens of each sequence (already in the
+   cache: the prompt's features are stored; EAGLE-3's fused by its fc) are compressed into K prefix
+   positions of the head's layer and a global feature added to its input; ``--init`` may name a
+   plain head (its weights are kept, the adaptor starts new, its global projection at zero).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-temperature", type=float, default=0.0,
                         help="captioner data: sample its answers at this temperature (0 = greedy answers)")
     parser.add_argument("--vision-tokens", type=int, default=0,
-                        help="EAGLE on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
+                        help="EAGLE / EAGLE-3 on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
                              "compressed into this many prefix positions plus a global image feature (0 = off)")
     parser.add_argument("--vision-lr-scale", type=float, default=1.0,
                         help="--vision-tokens: the adaptor's learning rate over --lr (a new adaptor beside a trained --init head)")
@@ -302,23 +302,26 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
 def parameter_groups(head: torch.nn.Module, vision_lr_scale: float = 1.0) -> list[dict]:
     """The optimizer's groups, each with its ``lr_scale`` (of the schedule's rate): a vision-aware
     head's adaptor (new, next to a trained head) at ``vision_lr_scale``, the rest at 1."""
-    vision = list(head.vision.parameters()) if isinstance(head, VisionEagleHead) else []
+    vision = list(head.vision.parameters()) if getattr(head, "vision_tokens", 0) else []
     ids = {id(p) for p in vision}
     groups = [{"params": [p for p in head.parameters() if id(p) not in ids], "lr_scale": 1.0}]
     return groups + ([{"params": vision, "lr_scale": vision_lr_scale}] if vision else [])
 
 
-def with_vision_option(head: EagleHead, vision_tokens: int) -> EagleHead:
-    """``--vision-tokens``: 0 keeps ``head`` as it is (a vision-aware ``--init`` stays one); K > 0
-    gives a :class:`VisionEagleHead` with K tokens (from a plain head: :meth:`VisionEagleHead.extend`)."""
+def with_vision_option(head, vision_tokens: int):
+    """``--vision-tokens``: 0 keeps ``head`` (an EAGLE or EAGLE-3 head) as it is (a vision-aware
+    ``--init`` stays one); K > 0 gives its vision-aware kind with K tokens (from a plain head:
+    :meth:`VisionEagleHead.extend` / :meth:`~mmspec.modeling.eagle3.VisionEagle3Head.extend`)."""
+    from ..modeling.eagle3 import Eagle3Head, VisionEagle3Head
+
     if not vision_tokens:
         return head
-    if isinstance(head, VisionEagleHead):
+    if getattr(head, "vision_tokens", 0):
         if head.vision_tokens != vision_tokens:
             raise ValueError(f"--init holds a vision-aware head with {head.vision_tokens} vision tokens, not {vision_tokens}; "
                              f"pass --vision-tokens {head.vision_tokens}")
         return head
-    return VisionEagleHead.extend(head, vision_tokens)
+    return (VisionEagle3Head if isinstance(head, Eagle3Head) else VisionEagleHead).extend(head, vision_tokens)
 
 
 def make_head(method: str, model, embed: torch.Tensor, args, device: torch.device, out: Path, stored_states: bool = True):
@@ -326,23 +329,22 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
     -> (loss, top-1 accuracy)) for ``method``. EAGLE-3 reads its three target layers from the
     batch's "features" (``stored_states``: any target's records) or recomputes them from the ids
     with a teacher-forced text forward of ``model`` (the embedded text recipe's records keep the last layer only)."""
-    from ..adapters.hf import config_image_token_id, final_norm as decoder_norm, text_decoder
+    from ..adapters.hf import final_norm as decoder_norm, text_decoder
 
     if method == "eagle3":
         head = eagle3_head(model, args, out)
         aux_layers = tuple(head.config.aux_layers)
+        image_token_id = vision_image_token(head, model)
 
         def loss_of(head, embed, lm_head, batch, *rest):  # (its own LM head over the draft vocabulary: no subsampling)
             states = batch["features"] if stored_states else \
                 target_states(model, batch["ids"].to(model.device), aux_layers).to(batch["ids"].device)
-            return eagle3_loss(head, embed, batch, states, args.ttt_steps)
+            vision = None if image_token_id is None else head.vision_context(*image_features(batch["ids"], states, image_token_id))
+            return eagle3_loss(head, embed, batch, states, args.ttt_steps, vision)
     elif method == "eagle":
         head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
         head = with_vision_option(head, getattr(args, "vision_tokens", 0))
-        image_token_id = config_image_token_id(model.config) if isinstance(head, VisionEagleHead) else None
-        if isinstance(head, VisionEagleHead) and image_token_id is None:
-            raise ValueError(f"the vision-aware head reads a VLM's image tokens; {type(model).__name__} has none "
-                             "(train without --vision-tokens)")
+        image_token_id = vision_image_token(head, model)
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
         draft_vocabulary = None if draft_vocabulary is None else draft_vocabulary.to(device)
 
@@ -362,6 +364,20 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
     return head, loss_of
 
 
+def vision_image_token(head, model) -> int | None:
+    """The target's image token id, which a vision-aware head (``vision_tokens`` > 0) reads; None
+    for a plain head. Raises ValueError for a vision-aware head over a target without image tokens."""
+    from ..adapters.hf import config_image_token_id
+
+    if not getattr(head, "vision_tokens", 0):
+        return None
+    token = config_image_token_id(model.config)
+    if token is None:
+        raise ValueError(f"the vision-aware head reads a VLM's image tokens; {type(model).__name__} has none "
+                         "(train without --vision-tokens)")
+    return token
+
+
 def eagle3_head(model, args, out: Path):
     """The EAGLE-3 head to train for ``model`` (fp32): ``--init``'s, or a new one over the draft
     vocabulary written in ``out`` (:func:`write_draft_vocabulary`: the ``--draft-vocab`` most
@@ -371,15 +387,16 @@ def eagle3_head(model, args, out: Path):
 
     from ..modeling.eagle3 import Eagle3Config, Eagle3Head
 
+    vision_tokens = getattr(args, "vision_tokens", 0)
     if args.init:
-        return Eagle3Head.load(args.init, model).float()
+        return with_vision_option(Eagle3Head.load(args.init, model).float(), vision_tokens)
     vocab = model.get_output_embeddings().weight.shape[0]
     token_ids = load_draft_vocabulary(out)
     token_ids = torch.arange(vocab) if token_ids is None else token_ids
     config = Eagle3Config.for_target(model.config.get_text_config(decoder=True), draft_vocab_size=len(token_ids))
     head = Eagle3Head(replace(config, vocab_size=vocab))  # (the LM head's rows: a VLM's text config may count fewer)
     head.set_draft_vocabulary(token_ids)
-    return head.float()
+    return with_vision_option(head.float(), vision_tokens)
 
 
 def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
@@ -411,13 +428,13 @@ CHAIN_SPECS = {"eagle": "eagle", "eagle3": "eagle3"}
 
 
 def check_vision_option(args) -> None:
-    """``--vision-tokens``: a non-negative count, for ``--method eagle``."""
+    """``--vision-tokens``: a non-negative count, for ``--method eagle`` or ``eagle3``."""
     if args.vision_tokens < 0:
         raise ValueError(f"--vision-tokens must be 0 (off) or a positive count, got {args.vision_tokens}")
     if not (math.isfinite(args.vision_lr_scale) and args.vision_lr_scale > 0):
         raise ValueError(f"--vision-lr-scale must be a positive number, got {args.vision_lr_scale}")
-    if args.vision_tokens and args.method != "eagle":
-        raise ValueError(f"--vision-tokens is an option of the EAGLE head (--method eagle), not --method {args.method}")
+    if args.vision_tokens and args.method not in ("eagle", "eagle3"):
+        raise ValueError(f"--vision-tokens is an option of the EAGLE heads (--method eagle or eagle3), not --method {args.method}")
 
 
 def run_any_target(args) -> int:

@@ -15,6 +15,11 @@ x_{t+2}; step k reads (its own step-(k-1) output at t, x_{t+k+1}) at position t 
 x_{t+k+2}, attending to step 0's keys at positions <= t and to its own earlier steps' keys at t
 (the diagonal): exactly what a chain drafted after the committed position t sees. Loss
 sum_k 0.8^k CE over the draft vocabulary (positions whose token is learnt and inside it).
+
+A vision-aware head (:class:`~mmspec.modeling.eagle3.VisionEagle3Head`, ``--vision-tokens K``)
+reads the stored states at each row's image tokens through its adaptor: every step's queries also
+see the k prefix keys (positions 0..k-1, the pairs at k + t) and every feature gets the global
+image feature, as in drafting.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from ..modeling.eagle3 import Eagle3Head
+from ..modeling.heads import VisionContext
 
 
 def draft_vocabulary(records, size: int, vocab_size: int) -> torch.Tensor:
@@ -59,7 +65,8 @@ def target_states(model, ids: torch.Tensor, aux_layers: tuple[int, ...]) -> torc
     return select_hidden_states(out.hidden_states, tuple(aux_layers)).float()
 
 
-def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: torch.Tensor, steps: int,
+           vision: VisionContext | None = None) -> list[torch.Tensor]:
     """The head unrolled ``steps`` times over a batch as it drafts (the training-time test).
 
     Args:
@@ -67,6 +74,8 @@ def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: tor
         embed: the target's input embedding table [V, H].
         ids: [B, L] token ids; states: the target's fused-layer states [B, L, 3 H].
         steps: K (at most L - 2).
+        vision: a :class:`VisionEagle3Head`'s image context (B rows), or None: its k prefix keys
+            are visible to every query and its bias is added to every feature.
 
     Returns:
         K outputs s_k [B, L - 2, H]: s_k[:, t] reads (s_{k-1}[:, t] or fc(states[:, t]) for k = 0,
@@ -75,15 +84,22 @@ def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: tor
     """
     n = ids.shape[1] - 2
     features = states[:, :n].to(head.fc.weight.dtype)
-    positions = torch.arange(n, device=ids.device)[None]
+    prefix = 0 if vision is None else head.vision_tokens
+    positions = torch.arange(prefix, prefix + n, device=ids.device)[None]
     causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
     diagonal = torch.eye(n, dtype=torch.bool, device=ids.device)
     keys, values, outputs = [], [], []
+    if vision is not None:  # the image's k prefix positions, seen by every query
+        key, value = head.prefix_keys(vision)
+        keys.append(key)
+        values.append(value)
+        causal = torch.cat([causal.new_ones(n, prefix), causal], dim=1)
+    bias = None if vision is None else vision.bias
     for k in range(min(steps, n)):
         tokens = ids[:, k + 1 : k + 1 + n]
         if tokens.shape[1] < n:  # (the last steps' final positions have no next token: any id, never scored)
             tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], n - tokens.shape[1])], dim=1)
-        q, key, value, residual = head.project(features, embed[tokens], positions + k)
+        q, key, value, residual = head.project(features, embed[tokens], positions + k, bias)
         keys.append(key)
         values.append(value)
         visible = torch.cat([causal] + [diagonal] * k, dim=1)
@@ -94,7 +110,7 @@ def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: tor
 
 
 def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Tensor], states: torch.Tensor,
-                ttt_steps: int = 3) -> tuple[torch.Tensor, float]:
+                ttt_steps: int = 3, vision: VisionContext | None = None) -> tuple[torch.Tensor, float]:
     """The training-time-test loss over a batch (module docstring; :func:`unroll`).
 
     Args:
@@ -103,6 +119,8 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         batch: ``ids`` [B, L] and ``learn`` [B, L] (:func:`collate_ids`).
         states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`).
         ttt_steps: unrolled steps K (1: plain teacher forcing).
+        vision: a :class:`~mmspec.modeling.eagle3.VisionEagle3Head`'s context of the batch's images
+            (:meth:`~mmspec.modeling.eagle3.VisionEagle3Head.vision_context`), or None.
 
     Returns:
         (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there); positions whose
@@ -113,7 +131,7 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
     to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
     to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
     total, accuracy = None, 0.0
-    for k, s in enumerate(unroll(head, embed, ids, states, ttt_steps)):
+    for k, s in enumerate(unroll(head, embed, ids, states, ttt_steps, vision)):
         span = s.shape[1] - k  # positions t whose target x_{t+k+2} exists
         target = to_draft[ids[:, k + 2 : k + 2 + span]]
         use = learn[:, k + 2 : k + 2 + span] & (target >= 0)
