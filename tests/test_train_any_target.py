@@ -450,6 +450,33 @@ def test_eagle3_vlm_families_decode_exactly_and_export(family, tmp_path_factory,
         assert torch.equal(drafted.sequences, plain.sequences)
 
 
+def test_eagle3_vision_option_trains_on_a_vlm_decodes_exactly_and_is_not_exported(tmp_path_factory, tmp_path, capsys):
+    """--method eagle3 --vision-tokens 2 on a VLM (an image folder, self-distilled): the head's card
+    records the option, its chain decodes an image prompt exactly, and the export is one line, exit 2."""
+    from mmspec.modeling.eagle3 import Eagle3Head, VisionEagle3Head
+    from mmspec.pipelines.captioning.components import load_captioning_model
+
+    target = cached_tiny_checkpoint("llava", tmp_path_factory)
+    images = random_images(tmp_path / "images", seed=4)
+    out = tmp_path / "eagle3"
+    assert train(target, images, out, "--steps", "2", "--method", "eagle3", "--vision-tokens", "2", "--eval-examples", "1",
+                 "--max-new-tokens", "5") == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["identical_to_target"] == "1/1" and report["tau"] >= 1.0
+    model, processor = load_captioning_model(target, torch.device("cpu"), torch.float32)
+    head = Eagle3Head.load(out, model)
+    assert type(head) is VisionEagle3Head and head.vision_tokens == 2
+    chat = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                                         add_generation_prompt=True)
+    inputs = dict(processor(text=[chat], images=[Image.open(images / "3.png").convert("RGB")], return_tensors="pt"))
+    plain, drafted = greedy_pair(model, f"eagle3:{out}", inputs, new=8)
+    assert torch.equal(drafted.sequences, plain.sequences) and drafted.stats.config["vision_tokens"] == 2
+    capsys.readouterr()
+    assert cli_main(["export", "drafter", str(out), "--format", "vllm-eagle3", "--out", str(tmp_path / "vllm")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "vision option" in error and len(error.splitlines()) == 1 and not (tmp_path / "vllm").exists()
+
+
 def test_input_embedding_table_is_what_the_target_applies(tmp_path_factory):
     """Gemma scales its token embeddings by sqrt(H) in the embedding's forward; the table the
     drafter losses read is the scaled one (what the drafters see at generation time)."""

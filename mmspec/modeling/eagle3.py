@@ -338,10 +338,11 @@ class Eagle3Head(nn.Module):
 
     def export(self, directory: str | Path, fmt: str, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``)."""
-        if isinstance(self, VisionEagle3Head):
-            raise ValueError(f"this EAGLE-3 head has the vision option (vision_tokens={self.vision_tokens}), which "
-                             f"{fmt.split('-')[0]}'s EAGLE-3 loader does not run; export a head trained without --vision-tokens")
         config = self.config.engine_config(fmt, dtype)  # (checks fmt first)
+        if isinstance(self, VisionEagle3Head):
+            engine = {"vllm-eagle3": "vLLM", "sglang-eagle3": "SGLang"}[fmt]
+            raise ValueError(f"this EAGLE-3 head has the vision option (vision_tokens={self.vision_tokens}), which "
+                             f"{engine}'s EAGLE-3 loader does not run; export a head trained without --vision-tokens")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous().cpu()
