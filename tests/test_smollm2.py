@@ -45,8 +45,16 @@ def test_sampling_is_seeded(smollm2, copy_prompt):
 def test_an_unwritable_cache_converts_for_the_run_only(tmp_path, monkeypatch, capsys):
     """A read-only or missing HOME: SmolLM2 is converted into a scratch directory for this process
     (once), with one note naming MMSPEC_CACHE, instead of an OSError that ends the command."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from mmspec import hub
 
+    # the GGUF read is the cache's (converted for this module's other tests): this test is about
+    # where the conversion goes, so it reads the converted copy instead (~20 s less)
+    converted = hub.smollm2_checkpoint()
+    for auto in (AutoModelForCausalLM, AutoTokenizer):
+        monkeypatch.setattr(auto, "from_pretrained", lambda *args, gguf_file, _load=auto.from_pretrained, **kwargs:
+                            _load(converted, **kwargs))
     (tmp_path / "file").write_text("not a directory")  # a cache under a plain file: even root cannot create it
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "file" / "cache"))
     monkeypatch.setattr(hub, "_UNCACHED", {})
