@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import attend
-from .heads import VisionAdaptor, VisionContext
+from .heads import VisionAdaptor, VisionContext, with_plain_weights
 from .persistence import save_module, save_tensors
 
 #: mmspec's own files of an EAGLE-3 head
@@ -412,11 +412,7 @@ class VisionEagle3Head(Eagle3Head):
     def extend(cls, head: Eagle3Head, vision_tokens: int) -> "VisionEagle3Head":
         """A vision-aware head starting from a trained plain ``head`` (its weights and draft
         vocabulary copied; the adaptor new, its global projection zero)."""
-        extended = cls(head.config, vision_tokens).to(head.fc.weight.dtype)
-        missing, unexpected = extended.load_state_dict(head.state_dict(), strict=False)
-        if unexpected or any(not name.startswith("vision.") for name in missing):
-            raise ValueError(f"cannot extend this head with the vision option (unexpected {unexpected}, missing {missing})")
-        return extended
+        return with_plain_weights(cls(head.config, vision_tokens), head)
 
     def vision_context(self, image_states: torch.Tensor, valid: torch.Tensor | None = None) -> VisionContext:
         """The target's fused-layer states at the image tokens [B, m, 3 H_t] -> fc -> the adaptor

@@ -218,6 +218,17 @@ class VisionAdaptor(nn.Module):
         return VisionContext(prefix=queries + attended, bias=self.global_proj(pooled))
 
 
+def with_plain_weights(extended: nn.Module, head: nn.Module) -> nn.Module:
+    """A new vision-aware head ``extended`` with every weight of the plain ``head`` copied in (in
+    its dtype); only the adaptor (``vision.*``) stays new. Raises ValueError where the two differ
+    otherwise."""
+    extended = extended.to(next(head.parameters()).dtype)
+    missing, unexpected = extended.load_state_dict(head.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("vision.") for name in missing):
+        raise ValueError(f"cannot extend this head with the vision option (unexpected {unexpected}, missing {missing})")
+    return extended
+
+
 class VisionEagleHead(EagleHead):
     """:class:`EagleHead` with the vision option: ``f^_{t+1} = Norm(Layer(W_fc [e(x_{t+1}); f_t] + g))``
     where the layer also attends to k prefix positions C (:class:`VisionAdaptor`) at positions
@@ -239,11 +250,7 @@ class VisionEagleHead(EagleHead):
     def extend(cls, head: EagleHead, vision_tokens: int) -> "VisionEagleHead":
         """A vision-aware head starting from a trained plain ``head`` (its fc, layer and norm
         copied; the adaptor new, its global projection zero)."""
-        extended = cls(head.config, head.config.intermediate_size, vision_tokens).to(next(head.parameters()).dtype)
-        missing, unexpected = extended.load_state_dict(head.state_dict(), strict=False)
-        if unexpected or any(not name.startswith("vision.") for name in missing):
-            raise ValueError(f"cannot extend this head with the vision option (unexpected {unexpected}, missing {missing})")
-        return extended
+        return with_plain_weights(cls(head.config, head.config.intermediate_size, vision_tokens), head)
 
     def vision_context(self, image_features: torch.Tensor, valid: torch.Tensor | None = None) -> VisionContext:
         """The adaptor over the target's features at the image tokens [B, m, H] (see :class:`VisionAdaptor`)."""
