@@ -45,6 +45,14 @@ class GenerateOutput(DictAccess):
     row_stats: list[SpecStats] | None = None
 
 
+def check_seed(seed: Any) -> None:
+    """An integer seed (or None) in 0 .. 2**63 - 1, the range a torch generator takes; else one
+    ValueError line."""
+    check_argument_types(generate, {"seed": seed})
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be between 0 and 2**63 - 1, got {seed}")
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
     generator = torch.Generator(device=device)
     if seed is None:
@@ -122,7 +130,8 @@ def generate(
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
-    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    check_seed(seed)
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
@@ -269,7 +278,7 @@ def generate_rows(
     """
     check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
-        check_argument_types(generate, {"seed": one})  # an integer or None, one per row or one for all
+        check_seed(one)  # an integer or None, one per row or one for all
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     if not rows and admit is None:
         raise ValueError("no prompts given")

@@ -129,3 +129,18 @@ def test_a_differing_half_precision_caption_is_explained():
     result.identical_to_baseline, stats.config["acceptance"] = False, "speculative"  # a sampled caption
     text = format_result("x.png", result, half_precision=True)
     assert "keeps plain decoding's distribution, not its random draws" in text and "--dtype fp32" not in text
+
+
+def test_a_speedup_over_outputs_of_other_lengths_is_given_per_token_too():
+    """A sampled caption and its baseline can differ in length: the wall-time ratio alone would
+    compare different amounts of work (11 tokens in 0.38 s read as 2.05x over 23 in 0.78 s)."""
+    from mmspec.core.stats import SpecStats
+    from mmspec.cli.caption import format_result
+    from mmspec.pipelines.captioning import CaptionOutput
+
+    stats, baseline = SpecStats(method="eagle", new_tokens=11, wall_time_s=0.38), SpecStats(method="ar", new_tokens=23, wall_time_s=0.78)
+    stats.speedup = 0.78 / 0.38
+    result = CaptionOutput(text="a b", stats=stats, baseline_text="a c", baseline_stats=baseline, identical_to_baseline=False)
+    assert "speedup 2.05x in time, 0.98x per token (11 and 23 tokens)" in format_result("x.png", result)
+    baseline.new_tokens = 11  # the same length: the one ratio says it all
+    assert "speedup 2.05x\n" in format_result("x.png", result) + "\n" and "per token" not in format_result("x.png", result)

@@ -73,7 +73,7 @@ class FakeSpeech:
         stats = SimpleNamespace(to_dict=lambda: {"method": "ar"}, speedup=None, seconds=1.0, wall_time_s=0.5,
                                 real_time_factor=0.5, tau=1.0)
         return SimpleNamespace(audio=audio, sampling_rate=24000, baseline_audio=None, baseline_codes=None, stats=stats,
-                               normalized=text, dropped=())
+                               normalized=text, dropped=(), truncated=False)
 
 
 def test_tts_writes_its_files_together_or_none(tmp_path, monkeypatch, capsys):

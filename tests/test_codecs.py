@@ -11,6 +11,7 @@ helpers, and EnCodec's chunk scales."""
 from __future__ import annotations
 
 import math
+import wave
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,7 @@ from mmspec.adapters.audio import (
     codec_for,
     load_codec,
     log_mel,
+    pcm16,
     read_wav,
     register_codec,
     write_wav,
@@ -403,6 +405,15 @@ def test_wav_pcm16_round_trip_and_clipping(tmp_path):
     write_wav(tmp_path / "mono.wav", stereo[1], 16000)
     mono, rate = read_wav(tmp_path / "mono.wav")
     assert rate == 16000 and mono.shape == (1, 1000)
+
+
+def test_pcm16_bytes_are_the_wav_files_samples(tmp_path):
+    # a stream or a server's answer holds the samples the written file holds, bit for bit
+    mono = speech_like(1, 4000) * 1.3  # some samples past full scale, clipped alike
+    write_wav(tmp_path / "m.wav", mono, 22050)
+    with wave.open(str(tmp_path / "m.wav")) as wav:
+        written = wav.readframes(wav.getnframes())
+    assert pcm16(mono) == written and pcm16(mono[0]) == written
 
 
 def test_write_wav_refuses_bad_input(tmp_path):

@@ -56,3 +56,17 @@ def test_images_follow_their_prompts():
     own, others = torch.stack(own).mean(), torch.stack(others).mean()
     assert own > 1.5 * others, (own, others)  # measured on the AMX Xeon: 33.5 against 14.8
     assert matched > 8, matched  # chance is 8 of 32; measured there: 12
+
+
+def test_a_prompt_past_the_text_encoders_positions_is_warned_of(capsys, tmp_path):
+    """The text encoder reads 40 tokens: a longer prompt is said to be cut (one line on the CLI),
+    never cut silently."""
+    from mmspec.cli import main
+
+    long = "a red circle above a blue square. " * 10 + "and the sky is black"
+    assert main(["t2i", long, "--method", "ar", "--out", str(tmp_path / "x"), "--seed", "0"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(said) == 1 and said[0].startswith("mmspec: warning: the prompt has 85 tokens and the model reads the first 40")
+    pipe = mmspec.pipeline("text-to-image", method="ar")
+    with pytest.warns(UserWarning, match="reads the first 40"):
+        pipe(long, seed=0)

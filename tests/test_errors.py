@@ -76,6 +76,8 @@ def test_draft_with_larger_vocabulary(llama):
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"num_draft_tokens": 0}, "num_draft_tokens"),
         ({"seed": "x"}, r"seed must be an integer or None, got 'x' \(str\)"),  # issue 44: a TypeError deep inside
+        ({"seed": 2**64, "do_sample": True}, r"seed must be between 0 and 2\*\*63 - 1"),  # not torch's "Overflow ..."
+        ({"seed": -1}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),  # as the CLI's --seed
         ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
     ],
 )

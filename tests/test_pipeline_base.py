@@ -199,7 +199,11 @@ class TolerantLookupMethod(LookupMethod):
 def test_a_methods_spec_aliases_and_settings():
     assert METHODS.make("lookup:5").settings == {"num_draft_tokens": 5, "mode": "fast"}
     assert METHODS.make("lookup:mode=slow,num_draft_tokens=2").settings == {"num_draft_tokens": 2, "mode": "slow"}
-    assert METHODS.make("lookup:5", num_draft_tokens=7).settings["num_draft_tokens"] == 7  # a keyword wins
+    assert METHODS.make("lookup:5", num_draft_tokens=5).settings["num_draft_tokens"] == 5  # the same value twice
+    with pytest.raises(ValueError, match="sets num_draft_tokens=5 and num_draft_tokens=7 is given as well"):
+        METHODS.make("lookup:5", num_draft_tokens=7)  # two values: neither silently wins
+    with pytest.raises(ValueError, match="sets mode='slow' and mode='fast' is given as well"):
+        METHODS.make("lookup:mode=slow", mode="fast")
     assert METHODS.make("lookup:5", num_draft_tokens=None).settings["num_draft_tokens"] == 5  # None is the default
     assert isinstance(METHODS.make("plain"), PlainMethod) and list(METHODS) == ["ar", "lookup", "lookup-topk"]
     assert METHODS.make("lookup:mode=slow").spec() == "lookup:num_draft_tokens=3,mode=slow"

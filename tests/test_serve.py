@@ -119,6 +119,8 @@ def test_health_and_models_without_socket(local):
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 10**6}, 400, "max_tokens", "invalid_value"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_token": 8}, 400, "max_token",
+     "unknown_field"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "x" * 5000)}, 400, None, "too_long"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "tool_choice": "auto"}, 400, "tool_choice",
      "unsupported"),
@@ -156,10 +158,15 @@ def test_page_is_served(local):
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "stream_format": "sse"}, "stream_format",
      "unsupported"),
     ("/v1/images/generations", {"prompt": "a red circle", "mmspec": {"baseline": True}}, "mmspec.baseline", "unknown_field"),
+    # a top-level typo is refused, not left to its default: the closest field is named
+    ("/v1/images/generations", {"prompt": "a red circle", "guidance": 5.0}, "guidance", "unknown_field"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "sed": 1}, "sed", "unknown_field"),
 ])
 def test_bad_image_and_speech_requests(local, path, body, param, code):
     error = error_of(local.post(path, json=body), 400)
     assert (error["param"], error["code"]) == (param, code)
+    if param in ("guidance", "sed"):
+        assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
 def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):

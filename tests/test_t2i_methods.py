@@ -14,7 +14,10 @@ MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-
 def test_methods_hold_their_defaults_and_arguments():
     assert make_method("sjd").settings == {"window": 8, "init": "random"}
     assert make_method("sjd-coupled:vertical").settings == {"window": 8, "init": "vertical"}
-    assert make_method("sjd:vertical", init="horizontal").settings["init"] == "horizontal"  # the keyword wins
+    with pytest.raises(ValueError, match="sets init='vertical' and init='horizontal' is given as well"):
+        make_method("sjd:vertical", init="horizontal")  # (--method sjd:vertical --init horizontal)
+    with pytest.raises(ValueError, match="sets window=4 and window=6 is given as well"):
+        make_method("sjd:window=4", window=6)  # (--method sjd:window=4 --window 6)
     assert make_method("sjd-pac", pac_depth=2).settings == {"window": 8, "init": "random", "pac_branches": 2,
                                                             "pac_depth": 2}
     lantern = make_method("lantern:eagle2", window=None, delta=0.2)  # None: a setting not given

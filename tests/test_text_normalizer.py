@@ -139,6 +139,9 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
     ("Hello\tworld\x00!\x07\u200b", "Hello world!", ()),          # control and format characters: silently
     ("\U0001F600\U0001F600", "", ("\U0001F600\U0001F600",)),
     ("a | b ^ c", "a b c", ("|", "^")),
+    # a dropped sentence between two marks leaves one mark, not "Hello.!"
+    ("Hello. \U0001F600\U0001F600. \u65e5\u672c! Bye now.", "Hello. Bye now.", ("\U0001F600\U0001F600", "\u65e5\u672c")),
+    ("No! \U0001F600. Go.", "No! Go.", ("\U0001F600",)),
 ])
 def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
     normalized = make_normalizer("english")(written)

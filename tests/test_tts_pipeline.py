@@ -83,6 +83,25 @@ def test_greedy_methods_give_plain_decodings_codes(request, layout, method):
     assert out.stats.speedup > 0 and out.stats.real_time_factor > 0 and out.stats.method == method
 
 
+@pytest.mark.parametrize("layout", ["model_dir", "unaligned_dir", "valle_dir"])
+def test_max_seconds_caps_the_audio_and_says_when_it_cut(request, layout):
+    """At most max_seconds of audio (the budget's last steps may hold a frame or two more: cut),
+    and ``truncated`` says so; with room to spare the text ends by itself, not truncated."""
+    tts = mmspec.pipeline("text-to-speech", model=request.getfixturevalue(layout), method="sjd")
+    rate = tts.components.codec.frame_rate
+    for seconds in (0.05, 0.1, 0.2):
+        out = tts("a red star and two blue hearts.", do_sample=False, max_seconds=seconds)
+        assert out.codes.shape[1] <= int(seconds * rate) and out.stats.seconds <= seconds
+        if layout != "unaligned_dir" and seconds == 0.05:  # (an aligned voice's durations ask for more than 2 frames)
+            assert out.truncated
+    chunks = list(tts.stream("a red star. two blue hearts.", do_sample=False, max_seconds=0.05))
+    for chunk in chunks:  # each piece capped and flagged as said alone
+        assert chunk.codes.shape[1] <= int(0.05 * rate) and (not chunk.truncated or chunk.codes.shape[1] == int(0.05 * rate))
+        assert chunk.truncated == tts(chunk.text, do_sample=False, max_seconds=0.05).truncated
+    if layout != "unaligned_dir":
+        assert not tts("a red star.", do_sample=False, max_seconds=20.0).truncated
+
+
 @pytest.mark.parametrize("layout", ["model_dir", "valle_dir"])
 @pytest.mark.parametrize("method", ["spec", "medusa", "eagle", "sjd"])
 def test_bfloat16_codec_lms_keep_exact_methods_exact(request, layout, method):

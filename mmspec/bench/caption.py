@@ -72,9 +72,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_method(method: str) -> tuple[str, int | None]:
-    """'prompt-lookup:10@6' -> ('prompt-lookup:10', 6)."""
+    """'prompt-lookup:10@6' -> ('prompt-lookup:10', 6); a draft length that is not a positive
+    integer is one ValueError line."""
     spec, _, k = method.partition("@")
+    if k and not (k.isdigit() and int(k) > 0):
+        raise ValueError(f"--methods {method!r}: the draft length after '@' must be a positive integer, got {k!r}")
     return spec, int(k) if k else None
+
+
+def check_methods(methods: list[str]) -> None:
+    """--methods before anything loads: ar among them (every speedup is against it), each drafter
+    name known and each '@K' a positive integer."""
+    from ..pipelines.captioning import check_drafter_name
+
+    if "ar" not in methods:
+        raise ValueError(f"--methods {','.join(methods) or repr('')}: include ar, the plain decoding every speedup "
+                         "is measured against (e.g. --methods ar,eagle)")
+    for method in methods:
+        spec, _ = parse_method(method)
+        if spec != "ar":
+            check_drafter_name(spec)
 
 
 def drafter_for(pipe, method: str):
@@ -96,6 +113,9 @@ def bench_items(families: list[str], per_family: int, tasks: str = "all") -> lis
     unknown = (kinds or set()) - set(TASK_KINDS)
     if unknown:
         raise ValueError(f"unknown task kinds {sorted(unknown)}; use 'all' or a comma list of {', '.join(TASK_KINDS)}")
+    strangers = [family for family in families if family not in FAMILIES]
+    if strangers:
+        raise ValueError(f"unknown families {strangers}; use a comma list of {', '.join(FAMILIES)}")
     items = []
     for family in families:
         index, found = 0, 0
@@ -152,8 +172,7 @@ def run(args) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and args.cuda_graphs:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-sizes or --cuda-graphs")
-    if batch_sizes and "ar" not in split_specs(args.methods):
-        raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
+    check_methods(split_specs(args.methods))
     if args.write_drafters_file:  # before anything is measured
         from ..modeling.captioner import default_captioner_dir
 
@@ -167,6 +186,7 @@ def run(args) -> int:
     methods = split_specs(args.methods)
     items = data_items(args.data, args.families, args.per_family) if args.data else None
     families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
+    items = items or bench_items(families, args.per_family, args.tasks)  # (bad family or task names: before the model loads)
     results["meta"] = {
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
@@ -181,7 +201,6 @@ def run(args) -> int:
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
-    items = items or bench_items(families, args.per_family, args.tasks)
     if batch_sizes:
         return run_throughput(args, results, results_path, pipe, drafters, items, batch_sizes, temperatures)
     for family, index, image, prompt in items:

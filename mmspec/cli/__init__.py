@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
+import warnings
 
 from ..hub import MissingDependencyError
 from .args import check_args
@@ -35,6 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: mmspec's own package folder: a warning raised from a file under it is mmspec's advice to the user
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def one_line_warnings(show):
+    """A ``warnings.showwarning`` for a command: mmspec's own UserWarnings (a prompt cut to what a
+    model reads, a budget that does not fit) as one line ``mmspec: warning: ...``; other warnings
+    through ``show`` (Python's own)."""
+    def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, UserWarning) and os.path.abspath(filename).startswith(PACKAGE_DIR + os.sep):
+            print(f"mmspec: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
+
+
 #: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
 INTERRUPTED = 130
 
@@ -59,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 0
     try:
-        check_args(args)  # device, counts, output paths: before any model loads
-        return handler(args)
+        with warnings.catch_warnings():  # (the previous showwarning back afterwards: tests run commands in-process)
+            warnings.showwarning = one_line_warnings(warnings.showwarning)
+            check_args(args)  # device, counts, output paths: before any model loads
+            return handler(args)
     except (ValueError, OSError, MissingDependencyError) as error:
         # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
         print(f"mmspec: error: {error}", file=sys.stderr)

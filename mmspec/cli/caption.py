@@ -28,6 +28,7 @@ from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioni
 from ..drafters import check_draft_length_use
 from ..pipelines.images import open_image_file
 from .dataset import Progress, ShardedResults, add_row_args, expand_images, failed_rows_exit, interrupted_rows
+from .output import speedup_words
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
@@ -75,7 +76,7 @@ def format_result(path: str, result: CaptionOutput, half_precision: bool = False
     if result.baseline_stats is not None:
         same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
         lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")
-        lines.append(f"  output {same} plain decoding; speedup {result.stats.speedup:.2f}x")
+        lines.append(f"  output {same} plain decoding; {speedup_words(result.stats, result.baseline_stats)}")
         if not result.identical_to_baseline and result.stats.config.get("acceptance", "greedy") != "greedy":
             lines.append("  (sampling: speculative sampling keeps plain decoding's distribution, not its random draws)")
         elif not result.identical_to_baseline and half_precision:

@@ -10,6 +10,7 @@ from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseli
 from ..drafters import check_draft_length_use
 from ..hub import load_causal_lm, resolve_device
 from ..pipelines.captioning.methods import check_drafter_name
+from .output import speedup_words
 
 
 def add_parser(subparsers) -> None:
@@ -64,5 +65,6 @@ def run_generate_command(args) -> int:
     if baseline is not None:
         print(baseline.stats.summary() + "  [baseline, same run]")
         same = "identical to" if result["identical_to_baseline"] else "DIFFERENT from"
-        print(f"output {same} plain decoding; speedup {out.stats.speedup:.2f}x ({model.dtype}, {torch.get_num_threads()} threads)")
+        print(f"output {same} plain decoding; {speedup_words(out.stats, baseline.stats)} ({model.dtype}, "
+              f"{torch.get_num_threads()} threads)")
     return 0

@@ -126,7 +126,7 @@ def run(args) -> int:
                 raise ValueError(f"--out {args.out} also writes {path.name}:{error}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = {name: value for name, value in (("top_k", args.accept_top_k), ("delta", args.delta)) if value is not None}
+    settings = rule_settings(args)
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
     try:
@@ -144,10 +144,37 @@ def run(args) -> int:
         return 0
 
 
+#: the options that set a tolerant rule's parameter -> the method setting they set
+RULE_OPTIONS = {"accept_top_k": "top_k", "delta": "delta"}
+
+
+def rule_settings(args) -> dict:
+    """--accept-top-k / --delta -> the method's settings, refused in one line naming the option
+    where the method does not read it or its spec sets it to another value."""
+    from ..pipelines.methods import parse_spec
+    from ..pipelines.text_to_speech.methods import METHODS
+
+    spec = parse_spec(args.method)
+    method = METHODS.resolve(spec.name)
+    settings = {}
+    for option, key in RULE_OPTIONS.items():
+        value, flag = getattr(args, option), "--" + option.replace("_", "-")
+        if value is None:
+            continue
+        if key not in method.defaults:
+            readers = ", ".join(name for name, cls in METHODS.items() if key in cls.defaults)
+            raise ValueError(f"{flag} sets {key}, which method {spec.name!r} does not read; use it with {readers}")
+        written = dict(spec.pairs).get(key)
+        if written is not None and method._parse(key, written, args.method) != value:
+            raise ValueError(f"--method {args.method} sets {key} and {flag} {value} sets it too; give it once")
+        settings[key] = value
+    return settings
+
+
 def say(args, pipe, text: str) -> int:
     """The text said in one call: the WAV (or ``--out -``), the spectrogram, the baseline's WAV
     under ``--compare-baseline``; prints the stats."""
-    from ..adapters.audio.codec import write_wav
+    from ..adapters.audio.codec import pcm16, write_wav
 
     # a bar of generated frames on stderr when it is a terminal (capped at --max-seconds; an aligned
     # model usually ends sooner)
@@ -174,14 +201,15 @@ def say(args, pipe, text: str) -> int:
         baseline = f", {baseline_wav(out)}" if result.baseline_audio is not None else ""
         wrote, report = f"wrote {out}{baseline} and {out.with_suffix('.png')}", sys.stdout
     stats = result.stats
-    record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped), "out": args.out,
-              "stats": stats.to_dict()}
+    record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped),
+              "truncated": result.truncated, "out": args.out, "stats": stats.to_dict()}
     if result.baseline_codes is not None:
         record["identical_to_baseline"] = bool(torch.equal(result.codes, result.baseline_codes))
     if args.json:
         print(json.dumps(record, indent=2), file=report)
         return 0
     say_dropped(result.dropped)
+    say_truncated(result.truncated, args.max_seconds)
     speed = f", {stats.speedup:.2f}x over plain decoding" if stats.speedup is not None else ""
     print(f"{args.method}: {stats.seconds:.2f} s of audio in {stats.wall_time_s:.2f} s (real-time factor "
           f"{stats.real_time_factor:.2f}, tau {stats.tau:.2f}){speed}", file=report)
@@ -225,21 +253,15 @@ def short(text: str, width: int = 70) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
+def say_truncated(truncated: bool, max_seconds: float) -> None:
+    if truncated:
+        print(f"note: --max-seconds {max_seconds:g} cut the speech short; raise it to hear the whole text", file=sys.stderr)
+
+
 def say_dropped(dropped) -> None:
     if dropped:
         shown = ", ".join(repr(d) for d in dropped[:12]) + (" ..." if len(dropped) > 12 else "")
         print(f"note: left out what the voice cannot say: {shown}", file=sys.stderr)
-
-
-def pcm16(audio: torch.Tensor) -> bytes:
-    """Float audio [1, samples] -> little-endian 16-bit PCM bytes, converted as
-    :func:`~mmspec.adapters.audio.codec.write_wav` writes them (soundfile's PCM_16, clipped to [-1, 1])."""
-    import soundfile
-
-    raw = io.BytesIO()
-    soundfile.write(raw, audio[0].detach().float().cpu().clamp(-1.0, 1.0).numpy(), 8000, subtype="PCM_16",
-                    format="RAW", endian="LITTLE")  # (RAW: samples alone; the rate, required, is not written)
-    return raw.getvalue()
 
 
 def wav_header(rate: int, data_bytes: int | None) -> bytes:
@@ -265,6 +287,8 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
     """``--stream --out -``: the header, then each chunk's samples written and flushed as it comes
     (``on_chunk(chunk)`` after each); the sizes fixed at the end where standard output can seek
     (redirected to a file). Returns the chunks' audio."""
+    from ..adapters.audio.codec import pcm16
+
     out, audio, written = sys.stdout.buffer, [], 0
     write_all(out, wav_header(rate, None))
     for chunk in chunks:
@@ -315,7 +339,8 @@ def run_stream(args, pipe, text: str) -> int:
 
     def record_chunk(chunk) -> None:
         records.append({"index": chunk.index, "text": chunk.text, "ready_s": round(chunk.elapsed_s, 4),
-                        "seconds": chunk.audio.shape[-1] / rate, "stats": chunk.stats.to_dict()})
+                        "seconds": chunk.audio.shape[-1] / rate, "truncated": chunk.truncated,
+                        "stats": chunk.stats.to_dict()})
         dropped[:] = chunk.dropped
         if not args.json:
             print(f"[{chunk.index + 1}/{chunk.total}] {chunk.elapsed_s:.2f} s: {short(chunk.text)}", file=report, flush=True)
@@ -357,6 +382,7 @@ def run_stream(args, pipe, text: str) -> int:
         print(json.dumps(record, indent=2), file=report)
         return 0
     say_dropped(dropped)
+    say_truncated(any(r["truncated"] for r in records), args.max_seconds)
     print(f"{args.method}, streamed: first audio after {records[0]['ready_s']:.2f} s; {seconds:.2f} s of audio in "
           f"{len(records)} pieces in {total:.2f} s (real-time factor {total / seconds:.2f})", file=report)
     print(wrote, file=report)

@@ -39,7 +39,8 @@ class SpecStats(DictAccess):
         verify_steps: verification steps (target forwards after the prefill).
         draft_forwards: forward passes of a draft network (0 for lookup drafters).
         drafted: draft tokens proposed in total (for a token tree: its depth, the most it could add).
-        accepted: draft tokens accepted in total.
+        accepted: draft tokens accepted and kept in total (drafts the rule accepted past a stop
+            token or the token budget are not kept, so not counted).
         tree_nodes: tree nodes verified in total (0 without token trees).
         drafted_per_position / accepted_per_position: counts per draft index (0 = first draft).
         committed_per_step: tokens committed by each verification step, in order (the prefill's

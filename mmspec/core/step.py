@@ -94,10 +94,11 @@ class StepResult:
     def record(self, stats: SpecStats, positions: int | None) -> None:
         """Add the step to ``stats``: what the verification reports, and, for a verification of
         ``positions`` drafted positions (a tree's depth), the step's acceptance (None: the token
-        after the prefill, which is no verification step)."""
+        after the prefill, which is no verification step). Accepted drafts count as far as the step
+        kept them: a stop token or the budget inside the accepted drafts leaves the rest uncounted."""
         self.verification.record(stats)
         if positions is not None:
-            stats.record_step(positions, self.num_accepted, self.length)
+            stats.record_step(positions, min(self.num_accepted, self.length), self.length)
 
 
 def settle(verification: Verification, eos_token_ids: Collection[int], budget: int) -> StepResult:

@@ -9,6 +9,8 @@ the unconditional half of classifier-free guidance is the null caption everywher
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -49,11 +51,18 @@ class SmolTextEncoder(nn.Module):
     def encode(self, captions: list[str], null_caption: torch.Tensor) -> torch.Tensor:
         """captions (B strings) + null caption [P, C] -> features [B, P, C] (float32).
 
-        Captions longer than P tokens keep their first P tokens."""
+        Captions longer than P tokens keep their first P tokens, with a UserWarning naming them."""
         if any(not isinstance(c, str) or not c.strip() for c in captions):
             raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle on a white background'")
         positions = null_caption.shape[0]
-        ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"][:positions] for c in captions]
+        ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in captions]
+        for caption, i in zip(captions, ids):
+            if len(i) > positions:
+                kept = self.tokenizer.decode(i[:positions]).strip()
+                tail = kept if len(kept) <= 60 else "..." + kept[-57:]
+                warnings.warn(f"the prompt has {len(i)} tokens and the model reads the first {positions} (up to "
+                              f"{tail!r}); shorten the prompt", UserWarning, stacklevel=3)  # (past no_grad)
+        ids = [i[:positions] for i in ids]
         longest = max(len(i) for i in ids)
         pad = self.tokenizer.pad_token_id or 0
         input_ids = torch.tensor([[pad] * (longest - len(i)) + i for i in ids])

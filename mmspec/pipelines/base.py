@@ -272,9 +272,10 @@ class Pipeline:
 
 
 def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
-    """``call`` (a pipeline's ``__call__``) preceded by the check of its arguments' types
-    (:meth:`Pipeline.check_call_arguments`); its signature and docs are the original's."""
+    """``call`` (a pipeline's ``__call__``) preceded by the check of its arguments' types and
+    ranges (:meth:`Pipeline.check_call_values`' checks); its signature and docs are the original's."""
     signature = inspect.signature(call)
+    named = {name for name, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
     @functools.wraps(call)
     def checked(self, *args: Any, **kwargs: Any) -> Any:
@@ -282,7 +283,9 @@ def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError:  # a wrong argument name or count: the call itself says it
             return call(self, *args, **kwargs)
-        check_argument_types(call, {k: v for k, v in list(bound.arguments.items())[1:]})
+        given = {k: v for k, v in list(bound.arguments.items())[1:]}
+        check_argument_types(call, given)
+        type(self)._check_ranges({k: v for k, v in given.items() if k in named})  # (a preset's ranges: seed >= 0, ...)
         return call(self, *args, **kwargs)
 
     return checked

@@ -155,8 +155,12 @@ class Method:
         if arg is not None and arg != "":
             if self.argument is None:
                 raise ValueError(f"method {self.name!r} takes no ':{arg}' argument; {self.settings_help()}")
-            if settings.get(self.argument) is None:  # a keyword wins over the short form
-                settings = {**settings, self.argument: self._parse_argument(arg)}
+            short = self._parse_argument(arg)
+            given = settings.get(self.argument)
+            if given is not None and given != short:
+                raise ValueError(f"method '{self.name}:{arg}' sets {self.argument}={short!r} and {self.argument}={given!r} "
+                                 f"is given as well; give {self.argument} once")
+            settings = {**settings, self.argument: short}
         self.check_settings(settings)
         self.settings = {name: default if settings.get(name) is None else settings[name]
                          for name, default in self.defaults.items()}
@@ -165,7 +169,8 @@ class Method:
     @classmethod
     def from_spec(cls, spec: MethodSpec | str, **settings: Any) -> "Method":
         """The method of a parsed spec (its pairs checked against this method's own settings),
-        with keyword ``settings`` (a keyword that is not None wins over the spec's value)."""
+        with keyword ``settings`` (None: not given). A setting given both ways with two values is
+        one ValueError line (a command-line option beside a spec that sets it too, for example)."""
         spec = parse_spec(spec) if isinstance(spec, str) else spec
         parts = ([spec.argument] if spec.argument else []) + [k if v is None else f"{k}={v}" for k, v in spec.pairs]
         text = spec.name + (":" + ",".join(parts) if parts else "")
@@ -176,6 +181,9 @@ class Method:
             if key not in cls.defaults:
                 raise ValueError(f"method {cls.name!r} takes no setting {key!r}; {cls.settings_help()}")
             given[key] = cls._parse(key, value, text)
+            if settings.get(key) is not None and settings[key] != given[key]:
+                raise ValueError(f"method {text!r} sets {key}={given[key]!r} and {key}={settings[key]!r} is given as "
+                                 f"well; give {key} once")
         return cls(spec.argument, **{**given, **{k: v for k, v in settings.items() if v is not None or k not in given}})
 
     @classmethod

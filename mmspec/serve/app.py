@@ -23,11 +23,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..adapters.audio.codec import pcm16
 from .batching import Batcher
 from .config import TASKS, ServeConfig
 from .errors import APIError
 from .inputs import parse_json
-from .tasks import CaptionService, ImageService, SpeechService, TaskService, pcm16, stats_summary, wav_bytes
+from .tasks import CaptionService, ImageService, SpeechService, TaskService, stats_summary, wav_bytes
 
 
 #: short task -> the service class answering it

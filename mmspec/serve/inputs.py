@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import io
 import json
 import math
@@ -47,11 +48,13 @@ class Fields:
     def __init__(self, data: dict[str, Any], prefix: str = "") -> None:
         self.data = data
         self.prefix = prefix
+        self.read: set[str] = set()  # the names a getter or refuse() looked at
 
     def _name(self, name: str) -> str:
         return f"{self.prefix}{name}"
 
     def get(self, name: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        self.read.add(name)
         value = self.data.get(name)
         if value is None:
             if required:
@@ -97,9 +100,22 @@ class Fields:
 
     def refuse(self, name: str, allowed: tuple[Any, ...], why: str) -> None:
         """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported)."""
+        self.read.add(name)
         if name in self.data and self.data[name] not in allowed:
             raise bad_request(f"'{self._name(name)}' = {_short(self.data[name])} is not supported: {why}",
                               self._name(name), "unsupported")
+
+    def refuse_unknown(self, *elsewhere: str) -> None:
+        """Refuse a field that no getter read (a typo such as ``sed`` for ``seed`` would otherwise
+        leave the default in force silently), naming the closest known one. ``elsewhere``: the
+        fields read by other code (``model``, ``mmspec``) or accepted unused (OpenAI's ``user``)."""
+        known = sorted(self.read | set(elsewhere))
+        unknown = sorted(set(self.data) - set(known))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise bad_request(f"unknown field '{self._name(unknown[0])}'; {hint}this endpoint reads "
+                              f"{', '.join(known)}", self._name(unknown[0]), "unknown_field")
 
 
 def _short(value: Any) -> str:

@@ -16,8 +16,6 @@ import wave
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-import numpy as np
-
 from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
@@ -143,6 +141,10 @@ def sampling_fields(fields: Fields, default_temperature: float | None) -> dict[s
             "top_p": None if greedy or top_p == 1.0 else top_p, "top_k": None if greedy else top_k}
 
 
+#: top-level fields every endpoint takes besides its own: read by the router (model), by
+#: :func:`mmspec_options` (mmspec), or accepted unused as OpenAI's API does (user: an end-user id)
+COMMON_FIELDS = ("model", "mmspec", "user")
+
 #: the fields of a request's ``"mmspec"`` object
 MMSPEC_OPTIONS = ("compare_baseline",)
 
@@ -265,6 +267,7 @@ class CaptionService(TaskService):
         solo = uuid.uuid4().hex if sampling["do_sample"] and seed is not None and self.config.caption_drafter == "auto" else None
         key = (max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], seed,
                compare, solo)
+        fields.refuse_unknown(*COMMON_FIELDS)
         item = ChatItem(turns, images)
         return ChatRequest(key, item, stream, bool(stream_options.get("include_usage", bool, False)))
 
@@ -333,6 +336,7 @@ class ImageService(TaskService):
         guidance = fields.number("guidance_scale", 3.0, 1.0, 20.0)
         seed = fields.integer("seed", None, 0, 2**31 - 1)
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))
+        fields.refuse_unknown(*COMMON_FIELDS)
         key = (n, seed, guidance, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], compare)
         return key, prompt
 
@@ -373,6 +377,7 @@ class SpeechService(TaskService):
                                     low_open=True)
         stream = bool(fields.get("stream", bool, False))
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))
+        fields.refuse_unknown(*COMMON_FIELDS)
         key = (seed, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], max_seconds,
                speed, compare)
         return key, text, fmt, stream
@@ -382,13 +387,6 @@ class SpeechService(TaskService):
         return list(self.pipeline()(list(items), do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                     seed=seed, max_seconds=max_seconds, speed=speed, compare_baseline=compare,
                                     batch_size=len(items)))
-
-
-def pcm16(audio: Any) -> bytes:
-    """float audio [1, samples] (a tensor or array in [-1, 1]) -> little-endian 16-bit PCM bytes."""
-    samples = np.asarray(audio.detach().cpu().float().numpy() if hasattr(audio, "detach") else audio, dtype=np.float32)
-    samples = np.clip(samples.reshape(-1), -1.0, 1.0)
-    return (samples * 32767.0).round().astype("<i2").tobytes()
 
 
 def wav_bytes(pcm: bytes, sampling_rate: int) -> bytes:

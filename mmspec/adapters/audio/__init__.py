@@ -19,10 +19,11 @@ from .codec import (
     codec_for,
     load_codec,
     log_mel,
+    pcm16,
     read_wav,
     register_codec,
     write_wav,
 )
 
 __all__ = ["CODECS", "Codec", "DacCodec", "EncodecCodec", "MimiCodec", "codec_for", "load_codec", "log_mel",
-           "read_wav", "register_codec", "write_wav"]
+           "pcm16", "read_wav", "register_codec", "write_wav"]

@@ -38,6 +38,7 @@ ordinary tensors on the model's device. Codecs are registered by name in :data:`
 
 from __future__ import annotations
 
+import io
 import math
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -538,3 +539,15 @@ def write_wav(path: str | Path, waveform: torch.Tensor, rate: int, subtype: str 
         audio = audio.clamp(-1.0, 1.0)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(str(path), audio.T.numpy(), rate, subtype=subtype, format="WAV")
+
+
+def pcm16(audio: torch.Tensor) -> bytes:
+    """Float mono audio [1, samples] or [samples] -> little-endian 16-bit PCM bytes, converted
+    exactly as :func:`write_wav` writes them (soundfile's PCM_16, clipped to [-1, 1]), so a stream
+    or a server's answer holds the same samples as the file."""
+    import soundfile
+
+    raw = io.BytesIO()
+    samples = torch.as_tensor(audio).detach().float().cpu().reshape(-1).clamp(-1.0, 1.0).numpy()
+    soundfile.write(raw, samples, 8000, subtype="PCM_16", format="RAW", endian="LITTLE")  # (RAW: the samples alone)
+    return raw.getvalue()

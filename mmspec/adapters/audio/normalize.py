@@ -292,6 +292,8 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![.])\.\.(?![.])", ".", text)               # ".." -> "." (an ellipsis stays)
         text = re.sub(r"([,?!])[,?!]*", r"\1", text)                    # "!!!" -> "!", "?!" -> "?", ",," -> ","
         text = re.sub(r",(?=[.?!])", "", text)                           # ",." -> "."
+        text = re.sub(r"(?<![.])\.[?!]+", ".", text)                     # ".!" (a dropped run between) -> "."
+        text = re.sub(r"([?!])\.(?![.])", r"\1", text)                  # "!." -> "!"
         text = re.sub(r"(^|\n)[,.?! ]+", r"\1", text)                    # no line starts with punctuation
         text = re.sub(r"([,.?!])(?=[A-Za-z])", r"\1 ", text)             # a space after punctuation
         text = re.sub(r"(?<![A-Za-z])'+|'+(?![A-Za-z])", " ", text)      # quotes, not apostrophes

@@ -203,6 +203,14 @@ class TTSComponents(OptimizesOnLoad):
             return min(int(inputs["durations"].sum()), frames)
         return frames
 
+    def cut_short(self, inputs: dict[str, torch.Tensor], codes: torch.Tensor, frames: int) -> bool:
+        """Whether a generation of ``inputs`` that gave ``codes`` [K, F] was cut by the budget of
+        ``frames`` rather than ending by itself: an aligned model's durations ask for more frames,
+        or an unaligned one reached the budget without its end code."""
+        if "durations" in inputs:
+            return int(inputs["durations"].sum()) > frames
+        return codes.shape[1] >= frames
+
     def positions_needed(self, inputs: dict[str, torch.Tensor], frames: int) -> int:
         """The codec LM positions a generation of ``inputs`` under a budget of ``frames`` can fill:
         P phoneme ids + :meth:`frames_needed` + K + 2 (the separator, the begin step, the delays and
@@ -252,11 +260,13 @@ class TTSComponents(OptimizesOnLoad):
             table[start : start + book.shape[0]] = neighbour_table(book, k) + start
         return table.to(self.device)
 
-    def all_codes(self, tokens: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
-        """A generation's new stream sub-tokens -> (the codec's codes [K, F], seconds the NAR stage
-        took: 0 without one). A VALL-E-style voice's stream is codebook 0; its NAR stage fills in
-        the rest from it and the alignment (``inputs``: the phoneme ids and durations it was given)."""
-        codes = self.target.codes(tokens)
+    def all_codes(self, tokens: torch.Tensor, inputs: dict[str, torch.Tensor], frames: int
+                  ) -> tuple[torch.Tensor, float]:
+        """A generation's new stream sub-tokens -> (the codec's codes [K, F], F <= ``frames``, the
+        budget; seconds the NAR stage took: 0 without one). A VALL-E-style voice's stream is
+        codebook 0; its NAR stage fills in the rest from it and the alignment (``inputs``: the
+        phoneme ids and durations it was given)."""
+        codes = self.target.codes(tokens)[:, :frames]  # (the budget's last steps may hold a frame or two more)
         if self.nar is None:
             return codes, 0.0
         start = time.perf_counter()

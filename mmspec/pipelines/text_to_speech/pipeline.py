@@ -101,7 +101,8 @@ class TextToSpeechOutput(DictAccess):
     for sentences: their codes back to back, their audio joined by :data:`PAUSE_SECONDS` of
     silence); normalized: the whole text as the normaliser gave it; dropped: what it removed
     because no voice can say it (runs of emoji, other scripts:
-    :class:`~mmspec.adapters.audio.normalize.NormalizedText`)."""
+    :class:`~mmspec.adapters.audio.normalize.NormalizedText`); truncated: whether ``max_seconds``
+    cut a piece's speech short (the audio then stops mid-text; raise ``max_seconds`` to hear it all)."""
 
     text: str
     audio: torch.Tensor
@@ -113,6 +114,7 @@ class TextToSpeechOutput(DictAccess):
     pieces: list[str] = field(default_factory=list)
     normalized: str = ""
     dropped: tuple[str, ...] = ()
+    truncated: bool = False
 
 
 @dataclass
@@ -132,6 +134,7 @@ class TextToSpeechChunk(DictAccess):
             chunk was ready; the first chunk's is the time to first audio (time the caller spends
             between chunks is included too).
         dropped: what the normaliser removed from the whole text (on every chunk).
+        truncated: whether ``max_seconds`` cut this piece's speech short.
     """
 
     index: int
@@ -143,6 +146,7 @@ class TextToSpeechChunk(DictAccess):
     stats: TextToSpeechStats
     elapsed_s: float
     dropped: tuple[str, ...] = ()
+    truncated: bool = False
 
 
 @register_pipeline
@@ -287,7 +291,7 @@ class TextToSpeechPipeline(Pipeline):
         for index, t in enumerate(texts):
             mine = [p for p, (owner, _, _) in enumerate(pieces) if owner == index]
             result = self._output(method, t, [pieces[p][1] for p in mine], [pieces[p][2] for p in mine],
-                                  [runs[p] for p in mine], [baselines[p] for p in mine], sampling)
+                                  [runs[p] for p in mine], [baselines[p] for p in mine], sampling, frames)
             result.normalized, result.dropped = spoken[index].text, spoken[index].dropped
             results.append(result)
         return results[0] if isinstance(text, str) else results
@@ -343,7 +347,7 @@ class TextToSpeechPipeline(Pipeline):
             pause = None
             for index, (piece, inputs) in enumerate(pieces):
                 run = self._generate(method, [inputs], budget, seed, sampling)[0]
-                out = self._output(method, piece, [piece], [inputs], [run], [None], sampling)
+                out = self._output(method, piece, [piece], [inputs], [run], [None], sampling, frames)
                 audio = out.audio
                 if index:
                     if pause is None:
@@ -351,7 +355,8 @@ class TextToSpeechPipeline(Pipeline):
                     audio = torch.cat([pause, audio], dim=-1)
                 yield TextToSpeechChunk(index=index, total=len(pieces), text=piece, audio=audio,
                                         sampling_rate=self.sampling_rate, codes=out.codes, stats=out.stats,
-                                        elapsed_s=time.perf_counter() - start, dropped=normalized.dropped)
+                                        elapsed_s=time.perf_counter() - start, dropped=normalized.dropped,
+                                        truncated=out.truncated)
 
         return chunks()
 
@@ -391,14 +396,15 @@ class TextToSpeechPipeline(Pipeline):
 
     def _output(self, method: TTSMethod, text: str, pieces: list[str], inputs: list[dict[str, torch.Tensor]],
                 runs: list[tuple[torch.Tensor, SpecStats]], baselines: list[tuple[torch.Tensor, SpecStats] | None],
-                sampling: dict) -> TextToSpeechOutput:
+                sampling: dict, frames: int) -> TextToSpeechOutput:
         """One text's generations (one per piece: ``inputs[i]`` gave ``runs[i]``, the new stream
         and its stats, and ``baselines[i]``) -> codes, waveform and stats (and the baseline's).
         Several pieces: codes back to back [K, sum F_i], their waveforms joined by a
         :data:`PAUSE_SECONDS` silence, stats summed (:func:`~mmspec.core.batch.batch_stats`).
-        ``sampling`` (do_sample, temperature, top_k, top_p as used) goes into the stats' config."""
+        ``sampling`` (do_sample, temperature, top_k, top_p as used) goes into the stats' config;
+        ``frames`` is each piece's budget (``max_seconds``)."""
         c = self.components
-        codes, nar_s = zip(*(c.all_codes(tokens, i) for (tokens, _), i in zip(runs, inputs)))
+        codes, nar_s = zip(*(c.all_codes(tokens, i, frames) for (tokens, _), i in zip(runs, inputs)))
         audio = self._join([c.waveform(piece) for piece in codes])
         generation = _summed([s for _, s in runs])
         used = {name: value for name, value in sampling.items() if value is not None}
@@ -410,9 +416,10 @@ class TextToSpeechPipeline(Pipeline):
                                   tau=generation.mean_accepted_length, wall_time_s=wall, nar_time_s=sum(nar_s),
                                   real_time_factor=wall / max(seconds, 1e-9), generation=generation.to_dict())
         result = TextToSpeechOutput(text=text, audio=audio, sampling_rate=self.sampling_rate, codes=torch.cat(codes, dim=1),
-                                    stats=stats, pieces=list(pieces))
+                                    stats=stats, pieces=list(pieces),
+                                    truncated=any(c.cut_short(i, piece, frames) for i, piece in zip(inputs, codes)))
         if baselines[0] is not None:
-            base_codes, base_nar_s = zip(*(c.all_codes(tokens, i) for (tokens, _), i in zip(baselines, inputs)))
+            base_codes, base_nar_s = zip(*(c.all_codes(tokens, i, frames) for (tokens, _), i in zip(baselines, inputs)))
             result.baseline_codes = torch.cat(base_codes, dim=1)
             stats.baseline_wall_time_s = _summed([s for _, s in baselines]).wall_time_s + sum(base_nar_s)
             stats.speedup = stats.baseline_wall_time_s / wall
