@@ -173,6 +173,11 @@ def load_causal_lm(
         return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
+    except ValueError as error:
+        if "Unrecognized model" not in str(error):
+            raise
+        raise ValueError(f"{str(name_or_path)!r} holds no transformers causal LM (no config.json naming a model_type); "
+                         "an image model (the embedded captioner, a VLM) goes through mmspec caption --model") from None
 
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:

@@ -123,6 +123,9 @@ def test_a_dataset_run_streams_records_and_resumes(folder, tmp_path, tmp_path_fa
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["path"], r.get("text"), r.get("error")) for r in again] == [
         (r["path"], r.get("text"), r.get("error")) for r in records]  # the same file, nothing lost
+    # the default prompt written out is the same run: it resumes (nothing left to do), not refused
+    assert main([*caption_args(folder, model, out), "--prompt", "Describe the image."]) == 2
+    assert "this run captioned 0, 0 error(s)" in capsys.readouterr().out
 
 
 def test_failed_rows_exit_2_and_retry_errors_redoes_only_them(folder, tmp_path, tmp_path_factory, capsys):

@@ -351,6 +351,8 @@ def test_missing_and_non_image_files(tmp_path):
         load_image(fake)
     with pytest.raises(ValueError, match="is a directory"):
         load_image(tmp_path)
+    with pytest.raises(ValueError, match="the image path is empty; give an image file"):
+        load_image("")  # (not ". is a directory")
     with pytest.raises(TypeError, match="PIL.Image, a path or a numpy array"):
         load_image(42)
 

@@ -143,6 +143,11 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "-f", "samples"], "cannot read samples: it is a directory"),
         (["caption", "https://example.com/x.png"], "https://example.com/x.png is a URL; mmspec reads no URLs"),
         (["t2i", "a red circle", "--method", "cspd"], "method 'cspd' does not work with a discrete-token model"),
+        # a model of the other task: said so, not the hub's "couldn't connect" or transformers' "Unrecognized model"
+        (["caption", "samples/photo.png", "--model", "smollm2"], "'smollm2' is mmspec's built-in text model"),
+        (["generate", "hi", "--model", "models/smolcap"], "holds no transformers causal LM (no config.json naming a "
+                                                          "model_type); an image model"),
+        (["caption", ""], "the image path is empty; give an image file"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys, monkeypatch):

@@ -262,6 +262,10 @@ def test_a_list_of_prompts_in_batches(model_dir, tmp_path, capsys):
     assert len(one) == len(batched) == 3
     for a, b, prompt in zip(one, batched, prompts):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tokens, pipe(prompt, num_images=2, seed=1).tokens)
+    # image i of a call is the image of seed + i alone, to the pixel (each image decoded alone)
+    alone = pipe(prompts[0], seed=2)
+    assert torch.equal(one[0].tokens[1], alone.tokens[0]) and one[0].images[1].tobytes() == alone.images[0].tobytes()
+    assert batched[0].images[1].tobytes() == alone.images[0].tobytes()
     with pytest.raises(ValueError, match="no prompts"):
         pipe([])
     file, out = tmp_path / "prompts.txt", tmp_path / "out"

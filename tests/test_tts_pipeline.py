@@ -200,11 +200,17 @@ def test_sampling_is_seeded(model_dir):
     ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
     ({"method": "spec", "top_k": 3}, None, "method 'spec' takes no setting 'top_k'"),
     ({"dtype": "float8"}, None, "unknown dtype 'float8'"),
+    ({"dtype": "float16"}, None, "the voice runs in float32 or bfloat16"),  # (the CLI's --dtype fp16 ran, mislabelled)
+    ({}, {"text": "hi", "seed": -1}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),  # as the CLI's --seed
+    ({}, {"text": "hi", "seed": -1, "stream": True}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),
 ])
 def test_bad_input(model_dir, kwargs, call, match):
     with pytest.raises(ValueError, match=match):
         tts = mmspec.pipeline("text-to-speech", model=model_dir, **kwargs)
-        tts(**call)
+        if call is not None and call.pop("stream", False):
+            tts.stream(**call)
+        else:
+            tts(**call)
 
 
 def test_the_context_check_counts_an_aligned_voices_own_frames(model_dir, unaligned_dir):

@@ -97,8 +97,9 @@ def run_caption_command(args) -> int:
     paths = expand_images(args.images)
     shaping = ("model", "dtype", "drafter", "num_draft_tokens", "prompt", "max_new_tokens", "do_sample", "temperature",
                "top_k", "top_p", "seed", "compare_baseline")  # what a row's record depends on: a resume keeps them
-    results = ShardedResults(args.out, paths, key="path", retry_errors=args.retry_errors,
-                             settings={name: getattr(args, name) for name in shaping}) if args.out else None
+    settings = {name: getattr(args, name) for name in shaping}
+    settings["prompt"] = DEFAULT_PROMPT if args.prompt is None else args.prompt  # (the default written out is the same run)
+    results = ShardedResults(args.out, paths, key="path", retry_errors=args.retry_errors, settings=settings) if args.out else None
     records: list[dict[str, Any]] = [{"path": path} for path in (results.todo if results else paths)]
     progress: Progress | None = None
 

@@ -285,7 +285,8 @@ def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
             return call(self, *args, **kwargs)
         given = {k: v for k, v in list(bound.arguments.items())[1:]}
         check_argument_types(call, given)
-        type(self)._check_ranges({k: v for k, v in given.items() if k in named})  # (a preset's ranges: seed >= 0, ...)
+        ranged = inspect.signature(type(self).__call__).parameters  # (stream's names that __call__ shares)
+        type(self)._check_ranges({k: v for k, v in given.items() if k in named and k in ranged})  # (seed >= 0, ...)
         return call(self, *args, **kwargs)
 
     return checked

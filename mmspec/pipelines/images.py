@@ -71,6 +71,8 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     """
     if str(path).startswith(("http://", "https://")):
         raise ValueError(f"{path} is a URL; mmspec reads no URLs: download the image and pass its file")
+    if not str(path).strip():  # (Path("") is ".", a directory)
+        raise ValueError("the image path is empty; give an image file")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"image file not found: {path}")

@@ -294,6 +294,10 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
         (out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
         return
     token_ids, _ = frequent_tokens(train, size)
+    if not held_out:  # (--held-out 0: nothing to measure the coverage on, so none is claimed)
+        save_draft_vocabulary(out, token_ids, held_out_coverage=None)
+        print(f"draft vocabulary: {len(token_ids)} tokens (no held-out answers to measure their coverage on)", flush=True)
+        return
     share = coverage(token_ids, held_out)
     save_draft_vocabulary(out, token_ids, held_out_coverage=round(share, 4))
     print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
@@ -507,7 +511,7 @@ def run_any_target(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     vocabulary = min(args.draft_vocab, model.get_output_embeddings().weight.shape[0])
     if process.rank == 0:
-        write_draft_vocabulary(out, vocabulary, train, held_out or train)
+        write_draft_vocabulary(out, vocabulary, train, held_out)
     process.wait()
     embed = input_embedding_table(model).to(device)
     lm_head = model.get_output_embeddings().weight.detach().float().to(device)

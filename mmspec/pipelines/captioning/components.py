@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import check_model_path
+from ...hub import ALIASES as TEXT_MODELS, check_model_path
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -64,6 +64,9 @@ def load_captioning_model(
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     name = str(name_or_path)
+    if name in TEXT_MODELS:
+        raise ValueError(f"{name!r} is mmspec's built-in text model (mmspec generate --model {name}); captioning takes a "
+                         "VLM checkpoint, or no --model for the embedded captioner")
     source = check_model_path(name)
     try:
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)

@@ -235,10 +235,12 @@ class T2IComponents(OptimizesOnLoad):
                         acceptance=acceptance, rule_kwargs=rule_kwargs, **model_inputs, **sampling)
 
     def decode(self, tokens: torch.Tensor) -> list:
-        """LongTensor [B, rows * columns] image tokens -> B PIL images."""
+        """LongTensor [B, rows * columns] image tokens -> B PIL images, each decoded alone: a
+        convolution over a batch can round otherwise than over one image, and image i of a call
+        must be the image its seed gives alone, bit for bit."""
         from ..images import to_pil
 
-        return to_pil(self.tokenizer.decode(tokens.to(self.target.device)))
+        return [image for row in tokens.to(self.target.device) for image in to_pil(self.tokenizer.decode(row[None]))]
 
 
 def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, captured: bool = False) -> T2IComponents:

@@ -207,8 +207,10 @@ class MARComponents(OptimizesOnLoad):
         return outputs, batch_stats([o.stats for o in outputs], wall, len(counts))
 
     def decode(self, tokens: torch.Tensor) -> list:
-        """[B, N, D] tokens in raster order -> B PIL images."""
+        """[B, N, D] tokens in raster order -> B PIL images, each decoded alone (the same bits as
+        that image's call alone)."""
         from ..images import to_pil
 
         with torch.inference_mode():
-            return to_pil(self.autoencoder.decode(self.target.unpatchify(tokens.to(self.target.device))))
+            return [image for row in tokens.to(self.target.device)
+                    for image in to_pil(self.autoencoder.decode(self.target.unpatchify(row[None])))]

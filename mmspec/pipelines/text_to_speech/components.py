@@ -60,6 +60,15 @@ def check_speed(speed, name: str = "speed") -> None:
                          "faster, most phonemes get no audio frame")
 
 
+def voice_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """The codec LMs' dtype: "auto", float32 or bfloat16 (:func:`~mmspec.hub.resolve_dtype`);
+    another (float16, whose sums no kernel here keeps) is one ValueError line."""
+    resolved = resolve_dtype(dtype, device)
+    if resolved not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the voice runs in float32 or bfloat16: use dtype auto, float32 or bfloat16, got {dtype}")
+    return resolved
+
+
 def load_nar_stage(directory: Path, nar: str | None, lm: CodecLM, device: torch.device,
                    dtype: torch.dtype = torch.float32) -> CodecNAR | None:
     """A VALL-E-style voice's NAR stage (tts.json ``nar``, a directory relative to the voice) in
@@ -131,7 +140,7 @@ class TTSComponents(OptimizesOnLoad):
         if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
-        dtype = resolve_dtype(dtype, dev)
+        dtype = voice_dtype(dtype, dev)
         lm = CodecLM.from_pretrained(directory).to(dev).cast_steps(dtype)
         codec = load_tts_codec(directory, manifest.get("codec"))
         nar = load_nar_stage(directory, manifest.get("nar"), lm, dev, dtype)

@@ -24,9 +24,9 @@ from ...adapters.audio.normalize import NormalizedText
 from ...api import generate, generate_rows
 from ...core.batch import batch_stats
 from ...core.stats import DictAccess, SpecStats
-from ...hub import dtype_name, resolve_device, resolve_dtype
+from ...hub import dtype_name, resolve_device
 from ..base import Pipeline, ProgressCallback, register_pipeline
-from .components import MAX_SPEED, TTSComponents, _positive_number, check_speed
+from .components import MAX_SPEED, TTSComponents, _positive_number, check_speed, voice_dtype
 from .methods import METHODS, TTSMethod, make_method
 
 __all__ = ["MAX_SPEED", "METHODS", "PAUSE_SECONDS", "SPLITS", "TTSComponents", "TextToSpeechChunk", "TextToSpeechOutput",
@@ -179,7 +179,7 @@ class TextToSpeechPipeline(Pipeline):
                  num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "auto",
                  **rule_settings: Any) -> None:
         self.method = self.make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings)
-        resolve_dtype(dtype)
+        voice_dtype(dtype)
         self.components = TTSComponents.from_pretrained(model, device, optimize, dtype)
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
@@ -190,7 +190,7 @@ class TextToSpeechPipeline(Pipeline):
         if not isinstance(values["method"], TTSMethod):
             make_method(values["method"], num_draft_tokens=values["num_draft_tokens"], **values["rule_settings"])
         resolve_device(values["device"])
-        resolve_dtype(values["dtype"])
+        voice_dtype(values["dtype"])
 
     @property
     def sampling_rate(self) -> int:
