@@ -63,7 +63,8 @@ class TextToImageStats(DictAccess):
         wall_time_s: wall time of the token generation (the prompt encoding and the pixel decoding,
             the same for every method, are not included).
         speedup: baseline wall time / wall time, with ``compare_baseline``.
-        per_image: each image's SpecStats as a dict.
+        per_image: each image's SpecStats as a dict (decoded in a batch, its ``wall_time_s`` runs
+            from the batch's start to that image's last token).
     """
 
     method: str
