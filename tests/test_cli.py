@@ -148,6 +148,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["generate", "hi", "--model", "models/smolcap"], "holds no transformers causal LM (no config.json naming a "
                                                           "model_type); an image model"),
         (["caption", ""], "the image path is empty; give an image file"),
+        (["caption", "samples/photo.png", "--drafter", "docs"], "docs holds no draft model (no config.json)"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys, monkeypatch):

@@ -77,6 +77,9 @@ def test_bad_models_and_methods(model_dir, tmp_path):
         mmspec.pipeline("text-to-image", model=model_dir, method="diffusion")
     with pytest.raises(ValueError, match="init must be one of"):
         mmspec.pipeline("text-to-image", model=model_dir, method="sjd:diagonal")
+    tokens = mmspec.pipeline("text-to-image", model=model_dir, method="ar").components.target.num_image_tokens
+    with pytest.raises(ValueError, match=f"window=100000 is wider than the image's {tokens} tokens; use at most {tokens}"):
+        mmspec.pipeline("text-to-image", model=model_dir, method="sjd", window=100000)  # (it ran, 15x slower)
     (tmp_path / "t2i.json").write_text("{}")
     with pytest.raises(ValueError, match="no image tokenizer"):
         mmspec.pipeline("text-to-image", model=tmp_path)

@@ -199,4 +199,8 @@ def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | 
         if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
             raise ValueError(unknown_drafter(drafter, drafter_choices(auto)))
         raise FileNotFoundError(f"draft model directory not found: {drafter}")
+    if not (path / "config.json").is_file():  # (transformers' "Unrecognized model", after the target loaded)
+        raise ValueError(f"{drafter} holds no draft model (no config.json); a draft model is a transformers causal LM "
+                         "directory sharing the target's tokenizer, and a trained head is named by its kind "
+                         f"('eagle3:{drafter}', 'eagle:{drafter}', ...)")
     return path

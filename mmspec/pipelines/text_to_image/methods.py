@@ -109,8 +109,12 @@ class T2IMethod(Method):
         return None
 
     def check_components(self, components) -> None:
-        """Refuse a model of the other token kind (one ValueError line)."""
+        """Refuse a model of the other token kind, or a window wider than the image has tokens
+        (one ValueError line)."""
         self.check_kind(components.continuous)
+        window, tokens = self.settings.get("window"), getattr(components.target, "num_image_tokens", None)
+        if window is not None and tokens is not None and window > tokens:
+            raise ValueError(f"window={window} is wider than the image's {tokens} tokens; use at most {tokens}")
 
     def check_kind(self, continuous: bool) -> None:
         """Refuse a model whose tokens are (``continuous``) or are not continuous, when this
