@@ -249,17 +249,13 @@ class TextToSpeechPipeline(Pipeline):
             ValueError: empty text, text with nothing sayable left (naming what was dropped), a
                 clause too long for the context even alone, a bad max_seconds, speed, batch_size or split.
         """
+        # (max_seconds, speed, split and batch_size are checked before the call: check_task_values)
         method = self.make_method(method) if method is not None else self.method
-        if not _positive_number(max_seconds):
-            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
-        check_speed(speed)
-        self.check_batch_size(batch_size)
         texts = self.strings(text, "text")
         if not texts:
             raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
         frames = int(max_seconds * c.codec.frame_rate)
-        self.check_split(split)
         # every text checked and split before decoding: (text index, piece, its inputs)
         spoken, pieces = [], []
         for index, t in enumerate(texts):
@@ -332,10 +328,6 @@ class TextToSpeechPipeline(Pipeline):
         """
         start = time.perf_counter()
         method = self.make_method(method) if method is not None else self.method
-        if not _positive_number(max_seconds):
-            raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
-        check_speed(speed)
-        self.check_split(split)
         c = self.components
         frames = int(max_seconds * c.codec.frame_rate)
         normalized, pieces = self._pieces(text, speed, frames, split)
