@@ -172,7 +172,8 @@ def run(args) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and args.cuda_graphs:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-sizes or --cuda-graphs")
-    check_methods(split_specs(args.methods))
+    methods = split_specs(args.methods)
+    check_methods(methods)
     if args.write_drafters_file:  # before anything is measured
         from ..modeling.captioner import default_captioner_dir
 
@@ -183,7 +184,6 @@ def run(args) -> int:
     results = load_results(results_path, "caption", {"model": model_name, "dtype": args.dtype, "data": args.data,
                                                      "max_new_tokens": args.max_new_tokens})
     results.setdefault("runs", {})
-    methods = split_specs(args.methods)
     items = data_items(args.data, args.families, args.per_family) if args.data else None
     families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
     items = items or bench_items(families, args.per_family, args.tasks)  # (bad family or task names: before the model loads)

@@ -56,7 +56,7 @@ class SmolTextEncoder(nn.Module):
             raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle on a white background'")
         positions = null_caption.shape[0]
         ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in captions]
-        for caption, i in zip(captions, ids):
+        for i in ids:
             if len(i) > positions:
                 kept = self.tokenizer.decode(i[:positions]).strip()
                 tail = kept if len(kept) <= 60 else "..." + kept[-57:]

@@ -40,6 +40,7 @@ import sys
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
+from ..api import check_seed
 from ..core.arguments import check_argument_types
 from ..core.registry import class_registrar
 from .methods import Method, MethodRegistry
@@ -173,8 +174,8 @@ class Pipeline:
             raise ValueError(f"max_new_tokens must be >= 1, got {values['max_new_tokens']}")
         if "batch_size" in values:
             cls.check_batch_size(values["batch_size"])
-        if values.get("seed") is not None and not 0 <= values["seed"] < 2**63:
-            raise ValueError(f"seed must be between 0 and 2**63 - 1, got {values['seed']}")
+        if "seed" in values:
+            check_seed(values["seed"])
         if {"do_sample", "temperature", "top_k", "top_p"} & set(values) and "do_sample" in given:
             from ..core.sampling import SamplingConfig
 

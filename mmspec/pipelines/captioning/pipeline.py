@@ -483,8 +483,7 @@ class ImageCaptioningPipeline(Pipeline):
             ValueError: an empty prompt, an invalid image (too large, not an image file, bad array).
             FileNotFoundError: an image path that does not exist.
         """
-        prompt = check_prompt(self.default_prompt if prompt is None else prompt)
-        self.check_batch_size(batch_size)
+        prompt = check_prompt(self.default_prompt if prompt is None else prompt)  # (batch_size: checked before the call)
         if stream is not None and not isinstance(stream, CaptionStream):
             raise TypeError(f"stream must be a CaptionStream, got {type(stream).__name__}")
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,

@@ -273,8 +273,7 @@ class TextToImagePipeline(Pipeline):
                 forward). A batch's wall time is shared equally by its images. EAGLE-2 drafts its
                 chain in a batch; SJD-PAC and Emu3 need batch size 1.
         """
-        check_call_arguments(guidance_scale, num_images, do_sample, temperature, top_k, top_p)
-        self.check_batch_size(batch_size)
+        # (guidance_scale, num_images, the sampling options and batch_size are checked before the call)
         prompts = self.strings(prompt, "prompt")
         if not prompts:
             raise ValueError("no prompts given")
