@@ -65,3 +65,22 @@ def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
 
     del saved["meta"]["order"]  # a results file from before the sizes took turns says so
     assert "one size after another" in markdown_table(saved)
+
+
+def test_bench_threads_default_to_the_cores_this_process_may_run_on(monkeypatch):
+    """``taskset -c 1 mmspec bench caption`` runs one thread, not two on one core (whose timing is
+    the threads' contention)."""
+    import argparse
+    import os
+
+    from mmspec.bench import caption, cost, t2i, text
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    for suite in (caption, cost, t2i, text):
+        parser = argparse.ArgumentParser()
+        suite.add_arguments(parser)
+        assert parser.parse_args([]).threads == 1, suite.__name__
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    parser = argparse.ArgumentParser()
+    caption.add_arguments(parser)
+    assert parser.parse_args([]).threads == 3 and parser.parse_args(["--threads", "2"]).threads == 2

@@ -282,6 +282,10 @@ def test_throughput_table_feeds_auto_for_batches(tmp_path, tmp_path_factory, cap
     assert all(r.stats.config["drafter_choice"].startswith("auto for batch size 3: highest measured throughput at batch size 3")
                for r in results)
     assert results[0].stats.config["drafter"] == best3["drafter"]
+    sampled = captioner(images, batch_size=3, max_new_tokens=4, do_sample=True, seed=1)
+    assert all(r.stats.config["drafter_choice"].endswith("measured at temperature 0 (no sampled batches were measured)")
+               for r in sampled)
+    assert sampled[0].stats.config["drafter"] == best3["drafter"]
 
 
 def test_bench_drafters_are_optimized_as_the_pipeline_optimizes_its_own(bench_run, tmp_path):

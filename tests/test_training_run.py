@@ -65,3 +65,16 @@ def test_similar_length_batches_are_neighbours_in_length_order():
     assert starts == set(range(len(lengths) - 3))  # every window is drawn
     uniform = draw_rows(lengths, 4, torch.Generator().manual_seed(0))
     assert uniform == torch.randint(len(lengths), (4,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def test_train_drafter_takes_the_issues_kind_spelling():
+    """``mmspec train drafter --kind eagle3|eagle2|...`` (the spelling of ``tts-drafter`` and the docs)
+    is ``--method``; eagle2 trains the EAGLE head, which EAGLE-2 drafts its trees with."""
+    from mmspec.train.drafter import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--kind", "eagle3"]).method == "eagle3"
+    assert parser.parse_args(["--kind", "eagle2"]).method == "eagle"
+    assert parser.parse_args(["--method", "hydra"]).method == "hydra"
+    assert parser.parse_args([]).method == "eagle"

@@ -31,7 +31,7 @@ from ..hub import dtype_name
 from ..pipelines.methods import split_specs
 from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import add_device_args, command_line, load_results, machine_info, save_results
+from .results import add_device_args, add_threads_arg, command_line, load_results, machine_info, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_arg(parser)
     parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",
                         help="measure throughput instead: all items decoded B at a time, per batch size (items/s, "
                              "tokens/s, crossover); see mmspec.bench.throughput")

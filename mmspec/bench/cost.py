@@ -45,7 +45,7 @@ from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
 from ..modeling.hf_compat import cache_kwargs
 from ..cli.output import write_text
-from .results import machine_info, machine_line, save_results
+from .results import add_threads_arg, machine_info, machine_line, save_results
 
 PARTS = ("attn linears", "attention", "mlp linears", "lm head", "norms", "vision", "other")
 MODELS = ("captioner", "smollm2", "t2i")
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="captioner",
                         help=f"{' | '.join(MODELS)} (embedded), or a causal LM's path / hub id")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_arg(parser)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (the curve is timed with the device "
                         "synchronised; the per-part split is CPU-only)")
     parser.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32,48,64", help="comma list of n (new tokens)")

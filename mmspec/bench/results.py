@@ -57,6 +57,20 @@ def add_device_args(parser) -> None:
                         help="measure the models' linears as loaded (default: few-row linears, mmspec.optimize)")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: ``taskset -c 1`` gives 1)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def add_threads_arg(parser) -> None:
+    """``--threads``, by default the cores this process may run on (:func:`usable_cores`): more
+    threads than those cores time their contention, not the methods."""
+    parser.add_argument("--threads", type=int, default=usable_cores(),
+                        help="torch threads (default: the cores this process may run on, here %(default)s)")
+
+
 def machine_line(machine: dict) -> str:
     """A results file's "machine" record -> "AMD EPYC (avx2 avx512f)", or on a GPU
     "NVIDIA H100 80GB HBM3 (host: Intel Xeon)": what a table's numbers were measured on."""

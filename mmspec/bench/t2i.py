@@ -24,7 +24,7 @@ from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..cli.output import write_output, write_text
-from .results import add_device_args, load_results, machine_info, machine_line, save_results
+from .results import add_device_args, add_threads_arg, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lam", type=float, default=None, help="LANTERN++'s ratio bound (default: the method's)")
     parser.add_argument("--neighbours-k", type=int, default=None,
                         help="codebook neighbours per code, LANTERN's k (default: the method's)")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_arg(parser)
     parser.add_argument("--dtype", default="float32", help="the generator's weights: float32 | bfloat16 | auto (not MAR)")
     parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",
                         help="measure throughput instead: the prompts decoded B at a time, per batch size (items/s, "

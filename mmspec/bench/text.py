@@ -24,7 +24,7 @@ from ..api import generate
 from ..core.cost import measure_verification_cost
 from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import command_line, load_results, save_results
+from .results import add_threads_arg, command_line, load_results, save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..api import chat_inputs
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="K for our drafters (default: each drafter's own)")
-    parser.add_argument("--threads", type=int, default=2)
+    add_threads_arg(parser)
     parser.add_argument("--cost-curve", default="1,2,4,8,16,32,64", help="n values of the verification cost curve ('' to skip)")
     parser.add_argument("--results", default="bench-out/text.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")

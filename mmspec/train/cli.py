@@ -9,7 +9,7 @@ RECIPES = {
     "caption-data": ("caption_data", "images + prompts for a captioner's drafter (the six families at varied sizes and "
                      "crops, and renders they never make), as a --data JSONL"),
     "caption-draft": ("caption_draft", "the captioner's small text-only draft model (SPD)"),
-    "drafter": ("drafter", "a trained drafter (EAGLE head) by self-distillation on a target"),
+    "drafter": ("drafter", "a trained drafter (EAGLE, EAGLE-3, Medusa, Hydra, Kangaroo) for a text LM or VLM by self-distillation"),
     "eval-captioner": ("eval_captioner", "validation metrics of the captioner, per family"),
     "vq": ("vq", "the embedded text-to-image model's VQ tokenizer"),
     "t2i": ("t2i", "the embedded text-to-image generator (or its draft: --preset draft)"),
@@ -18,12 +18,12 @@ RECIPES = {
     "image-drafter": ("image_drafter", "an EAGLE head for a text-to-image generator (both guidance rows)"),
     "clip": ("clip", "the text-to-image metric model (a small CLIP on rendered scenes)"),
     "open-text": ("open_text", "the SmolLM2-written sentences of the embedded voice's open-domain text"),
-    "speech-data": ("speech_data", "real speech for the embedded voice (the Piper voice over the sentence grammar)"),
+    "speech-data": ("speech_data", "real speech for the embedded voice (the Piper voice over the open-domain text or the sentence grammar)"),
     "codec": ("codec", "the embedded voice's codec (residual k-means over log-mel frames) and its round-trip WER"),
     "tts": ("tts", "the embedded voice's codec LM (or its draft: --preset draft)"),
     "tts-nar": ("tts_nar", "the non-autoregressive stage of a VALL-E-style voice (codebooks 1.. from codebook 0)"),
     "tts-self-data": ("tts_self_data", "a VALL-E-style voice's own sampled codes for its drafters (self-distillation data)"),
-    "tts-drafter": ("tts_drafter", "Medusa heads for a codec LM (methods medusa, vadusa) by self-distillation"),
+    "tts-drafter": ("tts_drafter", "Medusa heads (medusa, vadusa) or an EAGLE head (eagle, eagle-topk) for a codec LM by self-distillation"),
 }
 
 

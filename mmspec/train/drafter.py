@@ -55,8 +55,11 @@ TARGETS = ("smollm2", "captioner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="eagle", choices=["eagle", "eagle3", "medusa", "hydra", "kangaroo"],
-                        help="drafter to train (EAGLE-2 uses the EAGLE head; eagle3: mmspec.train.eagle3)")
+    parser.add_argument("--method", "--kind", default="eagle", choices=["eagle", "eagle2", "eagle3", "medusa", "hydra", "kangaroo"],
+                        type=lambda name: "eagle" if name == "eagle2" else name,
+                        metavar="{eagle,eagle2,eagle3,medusa,hydra,kangaroo}",
+                        help="drafter to train (eagle2 is eagle: EAGLE-2 drafts its trees with the EAGLE head; "
+                             "eagle3: mmspec.train.eagle3)")
     parser.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: unrolled steps of the training-time test")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa / Hydra heads")
     parser.add_argument("--target", default="smollm2",

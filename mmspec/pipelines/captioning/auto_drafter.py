@@ -165,7 +165,8 @@ def describe_auto_table(model_dir: str | os.PathLike) -> str:
             best = max((e for e in table["batches"] if e["batch_size"] == size), key=lambda e: e["speedup"])
             picks.append(f"`{best['drafter']}` from batch size {size} ({best['speedup']:.2f}x plain decoding's throughput there)")
         machine = (table.get("batches_measured") or {}).get("machine", table["machine"])
-        text += f" In batches it picks {', '.join(picks)}, measured on {describe_machine(machine)}."
+        text += (f" In batches it picks {', '.join(picks)}, measured at temperature 0 on {describe_machine(machine)}; "
+                 "sampled batches take the same.")
     return text
 
 
@@ -226,12 +227,13 @@ def choose_sampling_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[
     return best["drafter"], best.get("num_draft_tokens"), reason
 
 
-def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int, runs_on: tuple[str, bool] | None = None
-                         ) -> tuple[str, int | None, str] | None:
+def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int, runs_on: tuple[str, bool] | None = None,
+                         sampled: bool = False) -> tuple[str, int | None, str] | None:
     """drafter="auto" for a batch: the method with the highest measured throughput at the largest
     batch size <= ``batch_size`` of the drafters file's ``"batches"`` table (written by
-    ``mmspec bench caption --batch-sizes ... --write-drafters-file``), which may be "ar";
-    ``runs_on`` as :func:`choose_auto_drafter`'s.
+    ``mmspec bench caption --batch-sizes ... --write-drafters-file``, at temperature 0), which may
+    be "ar"; ``runs_on`` as :func:`choose_auto_drafter`'s. A ``sampled`` batch takes the same
+    choice, its reason saying that the table measured greedy decoding.
 
     Returns:
         (spec, num_draft_tokens or None, reason), or None when the file measured no such batch size.
@@ -245,7 +247,8 @@ def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int, r
     machine = (table.get("batches_measured") or {}).get("machine", table["machine"])
     reason = (f"auto for batch size {batch_size}: highest measured throughput at batch size {size} ({best['speedup']:.2f}x "
               f"plain decoding's there, on {describe_machine(machine)}) in {DRAFTERS_FILE}"
-              f"{measured_elsewhere({}, machine, runs_on)}")
+              f"{measured_elsewhere({}, machine, runs_on)}"
+              f"{'; measured at temperature 0 (no sampled batches were measured)' if sampled else ''}")
     return best["drafter"], best.get("num_draft_tokens"), reason
 
 

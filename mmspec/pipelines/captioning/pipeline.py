@@ -369,11 +369,12 @@ class ImageCaptioningPipeline(Pipeline):
         drafter, name = self._auto_drafters[spec, k]
         return drafter, name, reason
 
-    def batch_drafter(self, batch_size: int) -> tuple[Drafter | None, str, str]:
+    def batch_drafter(self, batch_size: int, do_sample: bool = False) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
         fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
         measured one."""
-        return self._auto_drafter(choose_batch_drafter(self.model_dir, batch_size, self.runs_on) if self.auto and batch_size > 1 else None)
+        choice = choose_batch_drafter(self.model_dir, batch_size, self.runs_on, do_sample) if self.auto and batch_size > 1 else None
+        return self._auto_drafter(choice)
 
     def sampling_drafter(self) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for one sampled caption: the pipeline's own, or with
@@ -385,7 +386,7 @@ class ImageCaptioningPipeline(Pipeline):
         """(drafter, name, reason) that a call runs: a batch's (:meth:`batch_drafter`), else a sampled
         caption's (:meth:`sampling_drafter`), else the pipeline's own."""
         if batch_size > 1:
-            return self.batch_drafter(batch_size)
+            return self.batch_drafter(batch_size, do_sample)
         return self.sampling_drafter() if do_sample else (self.drafter, self.chosen_drafter, self.drafter_reason)
 
     # -- inputs and outputs ------------------------------------------------------------------------
@@ -513,7 +514,7 @@ class ImageCaptioningPipeline(Pipeline):
         rows = [self.preprocess(image, prompt) for image in items]  # every image checked before decoding
         # a lone last row decodes as _caption would (a sampled one with the sampling drafter); a
         # batch that others may join keeps the batch drafter
-        drafter, drafter_name, reason = self.batch_drafter(len(rows)) if joins else self.drafter_for(kwargs["do_sample"], len(rows))
+        drafter, drafter_name, reason = self.batch_drafter(len(rows), kwargs["do_sample"]) if joins else self.drafter_for(kwargs["do_sample"], len(rows))
         # batch row -> its index in the call (joined items follow the call's; one that could not be
         # prepared keeps its index and runs no row)
         index = [first + b for b in range(len(rows))]
