@@ -119,8 +119,8 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
          "num_draft_tokens=4 is a drafter's draft length, but drafter='ar' is plain decoding"),
         (["generate", "hi", "--drafter", "ar", "--num-draft-tokens", "4"], "drafter='ar' is plain decoding"),
         # the sampling options without --do-sample, a seed beyond 64 bits, a spec's bad value, a missing model path
-        (["generate", "hi", "--temperature", "0.3"], "--temperature only apply when sampling; add --do-sample"),
-        (["caption", "missing.png", "--top-k", "5", "--top-p", "0.5"], "--top-k, --top-p only apply when sampling"),
+        (["generate", "hi", "--temperature", "0.3"], "--temperature applies only when sampling; add --do-sample"),
+        (["caption", "missing.png", "--top-k", "5", "--top-p", "0.5"], "--top-k, --top-p apply only when sampling"),
         (["generate", "hi", "--do-sample", "--seed", str(2**70)], "--seed must be between 0 and 2**63 - 1"),
         (["tts", "Hello there.", "--seed", "-1"], "--seed must be between 0 and 2**63 - 1"),
         (["generate", "hi", "--drafter", "prompt-lookup:abc"], "prompt-lookup takes an integer >= 1"),

@@ -123,7 +123,8 @@ def check_args(args: argparse.Namespace) -> None:
         from ..core.sampling import SamplingConfig
 
         if given and not args.do_sample:
-            raise ValueError(f"{', '.join(given)} only apply when sampling; add --do-sample (greedy decoding is the default)")
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; add "
+                             "--do-sample (greedy decoding is the default)")
         if args.temperature is None:
             args.temperature = 1.0
         if args.do_sample and args.temperature == 0:
