@@ -174,10 +174,26 @@ def load_causal_lm(
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
     except ValueError as error:
+        if "Unrecognized configuration class" in str(error):
+            raise model_kind_error(name_or_path, path, "a causal LM (AutoModelForCausalLM)",
+                                   f"a VLM goes through mmspec caption --model {name_or_path}") from None
         if "Unrecognized model" not in str(error):
             raise
         raise ValueError(f"{str(name_or_path)!r} holds no transformers causal LM (no config.json naming a model_type); "
                          "an image model (the embedded captioner, a VLM) goes through mmspec caption --model") from None
+
+
+def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: str, instead: str) -> ValueError:
+    """One line for a checkpoint of another kind than ``wanted`` (transformers' Auto class refused
+    its config with the list of every class it takes): what the checkpoint is, and ``instead``."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+        kind = f"a {config.model_type} checkpoint ({', '.join(config.architectures or []) or 'no architecture named'})"
+    except (OSError, ValueError):
+        kind = "a checkpoint"
+    return ValueError(f"{str(name)!r} is {kind}, not {wanted}; {instead}")
 
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:

@@ -306,3 +306,45 @@ def test_a_bench_results_file_resumes_only_its_own_suite_and_settings(tmp_path):
     path.write_text("not json")
     with pytest.raises(ValueError, match="is not a results file"):
         load_results(path, "text", {})
+
+
+def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, tmp_path, capsys):
+    """A text LM given to caption, a VLM given to generate: what the checkpoint is and the command that
+    takes it, not transformers' list of every class its Auto class loads (~2,000 characters)."""
+    from tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
+
+    vlm = cached_tiny_checkpoint("qwen2_vl", tmp_path_factory)
+    text = save_tiny_draft(tmp_path / "lm", 64)
+    capsys.readouterr()  # (transformers' notes on the tiny configs)
+    assert main(["generate", "hi", "--model", str(vlm)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a qwen2_vl checkpoint (Qwen2VLForConditionalGeneration), not a causal LM" in err
+    assert f"a VLM goes through mmspec caption --model {vlm}" in err
+    assert main(["caption", "samples/photo.png", "--model", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a llama checkpoint (LlamaForCausalLM), not an image-text-to-text model" in err
+
+
+def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_path, capsys):
+    """As ``mmspec caption`` does: a sampled run's differing output is the draws, not an error."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    from mmspec.cli.output import difference_note
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    draft = save_tiny_draft(tmp_path / "draft", len(tokenizer), seed=4)  # (a random target: prompt lookup finds nothing)
+    note = difference_note(True, False)
+    for seed in range(8):
+        assert main(["generate", "Name three colours.", "--model", str(target), "--drafter", str(draft), "--do-sample",
+                     "--seed", str(seed), "--compare-baseline", "--dtype", "fp32", "--max-new-tokens", "12"]) == 0
+        out = capsys.readouterr().out
+        assert (note in out) == ("output DIFFERENT from plain decoding" in out)
+        if note in out:
+            break
+    else:
+        pytest.fail("no sampled run differed from plain decoding's draws")
+    assert difference_note(False, False) is None and "half precision" in difference_note(False, True)

@@ -156,7 +156,7 @@ def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path, monkeypatch, cap
     (["generate", "hi"], "nothing was saved"),
     (["t2i", "a red circle"], "nothing was saved (the images are written once they are all drawn)"),
     (["t2i", "--prompts", "p.txt", "--out", "OUT"],
-     "0 finished rows are saved in OUT/results.jsonl; rerun the same command to resume: mmspec t2i --prompts p.txt --out OUT"),
+     "no row was finished, nothing was saved; rerun the same command to start again: mmspec t2i --prompts p.txt --out OUT"),
     (["bench", "tts", "--results", "r.json"],
      "the measurements finished so far are saved in r.json; rerun the same command to resume: mmspec bench tts --results r.json"),
     (["train", "tts", "--out", "OUT", "--save-every", "50"],

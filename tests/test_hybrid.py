@@ -472,9 +472,19 @@ def test_bench_cost_measures_the_rollback():
 
 def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
     """Qwen3.5's first three layers are Gated DeltaNet: a draft of them alone has no attention layer
-    to count the cached positions."""
-    with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*needs more than 3 layers"):
+    to count the cached positions: refused as the drafter is built (not at each draft, where a
+    dataset run would fail every row), and so is a Kangaroo exit inside them."""
+    from mmspec.adapters.hf import TransformersTarget, text_decoder, truncated_decoder
+    from mmspec.drafters import resolve_drafter
+
+    with pytest.raises(ValueError, match="the first 2 layers are all recurrent.*give N > 3"):
         mmspec.generate(tiny_qwen3_5(), drafter="layer-skip:2", max_new_tokens=4, **inputs_of("qwen3_5"))
+    model = tiny_qwen3_5()
+    with pytest.raises(ValueError, match="^layer-skip: the first 2 layers are all recurrent"):
+        resolve_drafter("layer-skip:2", TransformersTarget(model))
+    with pytest.raises(ValueError, match="^Kangaroo's exit layer: the first 2 layers"):
+        truncated_decoder(text_decoder(model), 2, "Kangaroo's exit layer")
+    assert len(truncated_decoder(text_decoder(model), 4).layers) == 4
 
 
 def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_factory, tmp_path, capsys):

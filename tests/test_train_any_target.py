@@ -227,6 +227,25 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no checkpoint" in capsys.readouterr().err
 
 
+def test_methods_the_target_cannot_run_are_refused_before_self_distillation(text_target, tmp_path, capsys):
+    """Kangaroo on a one-layer target (its draft exits after layer min(2, layers - 1)) and Medusa on
+    a hybrid recurrent one (token trees) are one line each before any answer is generated, not
+    after training."""
+    from test_hybrid import BUILD
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    assert train(text_target, data, tmp_path / "k", "--steps", "1", "--method", "kangaroo") == 2
+    captured = capsys.readouterr()
+    assert "--method kangaroo needs a target of at least 2 decoder layers" in captured.err and "data:" not in captured.out
+    assert not (tmp_path / "k" / "data").exists()
+    hybrid = save_text_target(tmp_path / "q35", BUILD["qwen3_5"](0, vocab=len(smollm2_tokenizer())), smollm2_tokenizer())
+    for method in ("medusa", "hydra"):
+        assert train(hybrid, data, tmp_path / method, "--steps", "1", "--method", method) == 2
+        captured = capsys.readouterr()
+        assert f"--method {method} drafts token trees" in captured.err and "Train --method eagle or eagle3" in captured.err
+        assert "data:" not in captured.out
+
+
 def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
     import importlib.util
 

@@ -24,7 +24,8 @@ from ..core.tree import TokenTree, tree_attention_mask, tree_position_ids
 from ..modeling.hf_compat import cache_kwargs
 from ..modeling.lean import lean_states, lean_supported
 from .mrope import MROPE_FAMILIES, position_scheme
-from .recurrent import TREES_REFUSED, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache, wants_layer_inputs
+from .recurrent import (TREES_REFUSED, first_attention_layer, has_recurrent_layers, keep_layer_inputs, make_recurrent_cache,
+                        wants_layer_inputs)
 
 #: model_type -> human name. The families of :data:`~mmspec.adapters.mrope.MROPE_FAMILIES` (Qwen-VL)
 #: take 3-D positions (their :mod:`~mmspec.adapters.mrope` position scheme); the others 1-D
@@ -151,8 +152,11 @@ def final_norm(decoder: nn.Module) -> nn.Module:
                      "use a chain drafter without heads (prompt-lookup, layer-skip:N, a draft model)")
 
 
-def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
-    """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm).
+def truncated_decoder(decoder: nn.Module, num_layers: int, user: str = "layer-skip") -> nn.Module:
+    """A view of ``decoder`` that runs only its first ``num_layers`` layers (then its final norm);
+    ``user`` names the drafter in the error lines (N out of range; on a hybrid recurrent decoder, no
+    attention layer among the first N, which a self-speculative draft needs to count the cached
+    positions: refused here, as the drafter is built, not at its first draft).
 
     The view shares every parameter with ``decoder`` (no copy, no change to the original); only its
     layer list and config differ. A decoder whose per-layer input embeddings are packed over all its
@@ -162,7 +166,13 @@ def truncated_decoder(decoder: nn.Module, num_layers: int) -> nn.Module:
     """
     total = len(decoder.layers)
     if not 1 <= num_layers < total:
-        raise ValueError(f"layer-skip needs 1 <= N < {total} (the target has {total} layers), got N={num_layers}")
+        raise ValueError(f"{user} needs 1 <= N < {total} (the target has {total} layers), got N={num_layers}")
+    if has_recurrent_layers(decoder.config):
+        first = first_attention_layer(decoder.config)
+        if first is None or first >= num_layers:
+            fix = f"give N > {first}" if first is not None else "the decoder has none; use prompt-lookup or a draft model"
+            raise ValueError(f"{user}: the first {num_layers} layers are all recurrent; a self-speculative draft needs "
+                             f"an attention layer among them to count the cached positions: {fix}")
     view = copy.copy(decoder)
     view._modules = dict(decoder._modules)
     view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])

@@ -383,6 +383,13 @@ def has_recurrent_layers(config) -> bool:
     return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers)
 
 
+def first_attention_layer(config) -> int | None:
+    """The index of the first attention (not recurrent) layer of transformers' cache for ``config``,
+    or None where every layer is recurrent."""
+    layers = DynamicCache(config=config).layers
+    return next((i for i, layer in enumerate(layers) if not isinstance(layer, LinearAttentionCacheLayerMixin)), None)
+
+
 def mixer_kind(decoder_layer: nn.Module, index: int) -> str:
     """The registered token-mixer class name of decoder layer ``index`` (:data:`MIXERS`). Raises
     ValueError for a mixer mmspec cannot roll back."""

@@ -28,7 +28,7 @@ from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioni
 from ..drafters import check_draft_length_use
 from ..pipelines.images import open_image_file
 from .dataset import Progress, ShardedResults, add_row_args, expand_images, failed_rows_exit, interrupted_rows
-from .output import speedup_words
+from .output import difference_note, speedup_words
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 
@@ -77,11 +77,9 @@ def format_result(path: str, result: CaptionOutput, half_precision: bool = False
         same = "identical to" if result.identical_to_baseline else "DIFFERENT from"
         lines.append(f"  {result.baseline_stats.summary()}  [baseline, same run]")
         lines.append(f"  output {same} plain decoding; {speedup_words(result.stats, result.baseline_stats)}")
-        if not result.identical_to_baseline and result.stats.config.get("acceptance", "greedy") != "greedy":
-            lines.append("  (sampling: speculative sampling keeps plain decoding's distribution, not its random draws)")
-        elif not result.identical_to_baseline and half_precision:
-            lines.append("  (half precision rounds a forward over several tokens differently from one-token forwards, "
-                         "so near-ties can flip; --dtype fp32 gives token-identical output, see docs/usage.md)")
+        note = difference_note(result.stats.config.get("acceptance", "greedy") != "greedy", half_precision)
+        if not result.identical_to_baseline and note:
+            lines.append(f"  {note}")
     return "\n".join(lines)
 
 

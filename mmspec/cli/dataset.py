@@ -261,7 +261,10 @@ def count_rows(out: str | os.PathLike, key: str) -> int:
 
 def interrupted_rows(out: str | os.PathLike, key: str, command: str) -> str:
     """What Ctrl-C left of a run that streams rows to ``out``, and how to resume it (one line)."""
-    return f"{count_rows(out, key)} finished rows are saved in {out}; rerun the same command to resume: {command}"
+    count = count_rows(out, key)
+    if not count:
+        return f"no row was finished, nothing was saved; rerun the same command to start again: {command}"
+    return f"{count} finished row{'s are' if count != 1 else ' is'} saved in {out}; rerun the same command to resume: {command}"
 
 
 class Progress:

@@ -10,7 +10,7 @@ from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseli
 from ..drafters import check_draft_length_use
 from ..hub import load_causal_lm, resolve_device
 from ..pipelines.captioning.methods import check_drafter_name
-from .output import speedup_words
+from .output import difference_note, speedup_words
 
 
 def add_parser(subparsers) -> None:
@@ -67,4 +67,7 @@ def run_generate_command(args) -> int:
         same = "identical to" if result["identical_to_baseline"] else "DIFFERENT from"
         print(f"output {same} plain decoding; {speedup_words(out.stats, baseline.stats)} ({model.dtype}, "
               f"{torch.get_num_threads()} threads)")
+        note = difference_note(args.do_sample, model.dtype in (torch.bfloat16, torch.float16))
+        if not result["identical_to_baseline"] and note:
+            print(note)
     return 0

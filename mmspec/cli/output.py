@@ -145,6 +145,18 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def difference_note(sampled: bool, half_precision: bool) -> str | None:
+    """Why an output differs from plain decoding's in the same run, where that is expected: under
+    sampling the draws differ (the distribution is kept); in half precision a forward over several
+    tokens rounds differently from one-token forwards. None otherwise (a difference to look at)."""
+    if sampled:
+        return "(sampling: speculative sampling keeps plain decoding's distribution, not its random draws)"
+    if half_precision:
+        return ("(half precision rounds a forward over several tokens differently from one-token forwards, "
+                "so near-ties can flip; --dtype fp32 gives token-identical output, see docs/usage.md)")
+    return None
+
+
 def speedup_words(stats: Any, baseline: Any) -> str:
     """``speedup 1.95x`` for a run compared with plain decoding (``stats.speedup``: the baseline's
     wall time over this one's); when the two outputs differ in length (sampling, or an EOS one of

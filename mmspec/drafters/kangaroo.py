@@ -52,7 +52,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
         self.adapter = adapter
         self.exit_layer = self.target_hidden_layer = exit_layer
         decoder = text_decoder(target_model)
-        self.shallow = truncated_decoder(decoder, exit_layer)  # ends with the final norm
+        self.shallow = truncated_decoder(decoder, exit_layer, "Kangaroo's exit layer")  # ends with the final norm
         self.final_norm = final_norm(decoder)
         self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
         self.stop_threshold = stop_threshold

@@ -444,6 +444,25 @@ def check_vision_option(args) -> None:
         raise ValueError(f"--vision-tokens is an option of the EAGLE heads (--method eagle or eagle3), not --method {args.method}")
 
 
+def check_target_for_method(args, model, target, shallow_layer: int | None) -> None:
+    """What --method needs of the loaded target, refused before self-distillation: Kangaroo a
+    shallow draft of ``shallow_layer`` layers that the target can run (two layers or more, an
+    attention layer among them on a hybrid recurrent decoder); Medusa and Hydra token trees, which a
+    hybrid recurrent target does not verify."""
+    from ..adapters.hf import text_decoder, truncated_decoder
+    from ..core.target import tree_refusal
+
+    if shallow_layer is not None:
+        if shallow_layer < 1:
+            raise ValueError(f"--method kangaroo needs a target of at least 2 decoder layers (its draft exits after layer "
+                             f"min(2, layers - 1)); {args.target} has {shallow_layer + 1}")
+        truncated_decoder(text_decoder(model), shallow_layer, "--method kangaroo (its exit layer)")
+    refusal = tree_refusal(target)
+    if refusal and args.method in ("medusa", "hydra"):
+        raise ValueError(f"--method {args.method} drafts token trees, and {refusal.split(' Use ')[0]} Train --method eagle "
+                         "or eagle3 for this target (its chain is evaluated and decoded there)")
+
+
 def run_any_target(args) -> int:
     """``--target PATH_OR_HUB_ID --data DATA``: self-distil (:mod:`mmspec.train.any_target`),
     train data-parallel over the processes of ``accelerate launch`` (each takes its share of the
@@ -494,6 +513,7 @@ def run_any_target(args) -> int:
     target = TransformersTarget(model)
     layers = text_decoder(model).config.num_hidden_layers
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
+    check_target_for_method(args, model, target, shallow_layer)
     cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
                                                         shallow_layer, process, feature_layer(args.method, model, args))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import ALIASES as TEXT_MODELS, check_model_path
+from ...hub import ALIASES as TEXT_MODELS, check_model_path, model_kind_error
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -68,12 +68,34 @@ def load_captioning_model(
         raise ValueError(f"{name!r} is mmspec's built-in text model (mmspec generate --model {name}); captioning takes a "
                          "VLM checkpoint, or no --model for the embedded captioner")
     source = check_model_path(name)
+    check_vlm_config(name, source)
     try:
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
+    except ValueError as error:
+        if "Unrecognized configuration class" not in str(error):
+            raise
+        raise model_kind_error(name, source, "an image-text-to-text model (a VLM)",
+                               f"a text model goes through mmspec generate --model {name}") from None
     return model.to(device).eval(), processor
+
+
+def check_vlm_config(name: str, source: str | os.PathLike) -> None:
+    """Refuse (one ValueError line, before the processor and weights load) a checkpoint whose config
+    names a model type that transformers' image-text-to-text models do not cover, e.g. a text LM; a
+    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        return
+    if getattr(config, "auto_map", None) is None and config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        raise model_kind_error(name, source, "an image-text-to-text model (a VLM)",
+                               f"a text model goes through mmspec generate --model {name}")
 
 
 def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> nn.Module:
