@@ -451,11 +451,12 @@ def check_target_for_method(args, model, target, shallow_layer: int | None) -> N
     hybrid recurrent target does not verify."""
     from ..adapters.hf import text_decoder, truncated_decoder
     from ..core.target import tree_refusal
+    from .selfdistill import SHALLOW_LAYER
 
     if shallow_layer is not None:
         if shallow_layer < 1:
             raise ValueError(f"--method kangaroo needs a target of at least 2 decoder layers (its draft exits after layer "
-                             f"min(2, layers - 1)); {args.target} has {shallow_layer + 1}")
+                             f"min({SHALLOW_LAYER}, layers - 1)); {args.target} has {shallow_layer + 1}")
         truncated_decoder(text_decoder(model), shallow_layer, "--method kangaroo (its exit layer)")
     refusal = tree_refusal(target)
     if refusal and args.method in ("medusa", "hydra"):

@@ -74,11 +74,6 @@ def load_captioning_model(
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
-    except ValueError as error:
-        if "Unrecognized configuration class" not in str(error):
-            raise
-        raise model_kind_error(name, source, "an image-text-to-text model (a VLM)",
-                               f"a text model goes through mmspec generate --model {name}") from None
     return model.to(device).eval(), processor
 
 
