@@ -143,6 +143,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "-f", "samples"], "cannot read samples: it is a directory"),
         (["caption", "https://example.com/x.png"], "https://example.com/x.png is a URL; mmspec reads no URLs"),
         (["t2i", "a red circle", "--method", "cspd"], "method 'cspd' does not work with a discrete-token model"),
+        (["t2i", "a red circle", "--method", "mar-parallel"], "or use it with a continuous-token model: model=\"mar\" (mmspec t2i --model mar)"),
         # a model of the other task: said so, not the hub's "couldn't connect" or transformers' "Unrecognized model"
         (["caption", "samples/photo.png", "--model", "smollm2"], "'smollm2' is mmspec's built-in text model"),
         (["generate", "hi", "--model", "models/smolcap"], "holds no transformers causal LM (no config.json naming a "

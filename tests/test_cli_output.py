@@ -242,3 +242,17 @@ def test_image_drafter_refuses_another_recipes_out_before_writing_data(tmp_path,
     TrainingRun(tmp_path, argparse.Namespace(steps=1)).save(heads=torch.nn.Linear(4, 4).state_dict())
     assert main(["train", "image-drafter", "--out", str(tmp_path), "--sequences", "8", "--steps", "1"]) == 2
     assert "is a checkpoint of another run" in capsys.readouterr().err and not (tmp_path / "data").exists()
+
+
+def test_a_t2i_bench_resume_names_the_setting_that_differs(tmp_path, capsys):
+    """``mmspec bench t2i --window 8`` over a file measured at the default window says so."""
+    results = tmp_path / "t2i.json"
+    argv = ["bench", "t2i", "--methods", "ar", "--prompts", "1", "--rounds", "1", "--threads", "1", "--results", str(results)]
+    assert main(argv) == 2  # (a Frechet distance over one image: refused before the model loads)
+    assert "--prompts 1: the Frechet CLIP distance compares sets of at least 2 images" in capsys.readouterr().err
+    argv.append("--no-quality")
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--window", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds results of other settings (window 16 there, 8 now)" in err

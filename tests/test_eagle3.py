@@ -208,9 +208,11 @@ def test_a_few_training_steps_lower_the_loss(tiny, records):
 def test_export_round_trip(tiny, tmp_path, fmt):
     head = random_head(tiny.model, size=64, seed=4)
     head.save(tmp_path / "own", target="tiny")
+    (tmp_path / "own" / "chain_settings.json").write_text('{"bfloat16": {"greedy": {"num_draft_tokens": 9, "stop_below": 0.2}}}')  # (bench chain-stop's)
     from mmspec.cli import main
 
     assert main(["export", "drafter", str(tmp_path / "own"), "--format", fmt, "--out", str(tmp_path / fmt), "--dtype", "float32"]) == 0
+    assert (tmp_path / fmt / "chain_settings.json").read_text() == '{"bfloat16": {"greedy": {"num_draft_tokens": 9, "stop_below": 0.2}}}'  # loaded back with it
     config = json.loads((tmp_path / fmt / "config.json").read_text())
     assert config["architectures"] == [{"vllm-eagle3": "Eagle3LlamaForCausalLM", "sglang-eagle3": "LlamaForCausalLMEagle3"}[fmt]]
     assert config["draft_vocab_size"] == 64 and config["target_hidden_size"] == head.config.hidden_size

@@ -239,6 +239,7 @@ def test_text_to_image_pipeline_with_a_mar(tmp_path):
     assert tempered.stats.config["acceptance"] == "cspd-tempered" and tempered.stats.config["exponent_temperature"] == 42.0
     selfdraft = TextToImagePipeline(components=components, method="cspd-self")("a red circle", seed=5, guidance_scale=2.0)
     assert selfdraft.stats.config["parallel"] and selfdraft.stats.tau > 1.0
+    assert selfdraft.stats.config["draft"] == "the target itself" and "draft" not in out.stats.config  # (cspd: the draft MAR)
     parallel = TextToImagePipeline(components=components, method="mar-parallel:4")("a red circle", seed=5, guidance_scale=2.0)
     assert parallel.stats.target_forwards == 4 and parallel.tokens.shape == (1, 64, 4)
     assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]

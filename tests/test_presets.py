@@ -41,6 +41,9 @@ def write(tmp_path):
 @pytest.mark.parametrize("text,match", [
     ('task = "image-captioning"\ncolour = 1', r"unknown key\(s\) \['colour'\]"),
     ('task = "image-to-video"', "task must be one of"),
+    ('description = "x"', r'no task key; add task = "\.\.\." \(one of image-captioning'),
+    ('task = "text-to-image"\n[init]\nseed = 3', r"seed belongs under \[call\] \(an argument of each call\), not \[init\]"),
+    ('task = "text-to-speech"\n[call]\nmethod = "sjd"\ndevice = "cpu"', r"device belongs under \[init\]"),
     ('task = "image-captioning"\n[init]\ndraftr = "auto"', r"unknown \[init\] key\(s\) \['draftr'\]"),
     ('task = "image-captioning"\n[call]\nmax_tokens = 3', r"unknown \[call\] key\(s\) \['max_tokens'\]"),
     ('task = "image-captioning"\n[init]\ndrafter = "eagel"', "unknown drafter 'eagel'"),
@@ -99,6 +102,18 @@ def test_mmspec_run_every_task(tmp_path, capsys):
     assert Image.open(records[0]["images"][0]).size[0] > 0 and records[0]["stats"]["method"] == "sjd"
     assert main(["run", "tts-embedded", "two blue hearts.", "--out", str(out)]) == 0
     assert (out / "000.wav").stat().st_size > 1000 and "real-time factor" in capsys.readouterr().out
+
+
+def test_mmspec_run_takes_the_presets_call_seed_unless_given(write, tmp_path, capsys):
+    """The preset's [call] seed is the default of ``mmspec run --seed`` (which used to pass 0 always)."""
+    preset = write((Path(__file__).resolve().parents[1] / "pipelines" / "t2i-sjd.toml").read_text().replace(
+        "[call]", "[call]\nseed = 7"))
+    images = {}
+    for name, argv in (("preset", [str(preset)]), ("seed 7", ["t2i-sjd", "--seed", "7"]), ("seed 0", ["t2i-sjd"])):
+        assert main(["run", *argv, "a red circle", "--out", str(tmp_path / name)]) == 0
+        images[name] = (tmp_path / name / "000-0.png").read_bytes()
+    capsys.readouterr()
+    assert images["preset"] == images["seed 7"] != images["seed 0"]
 
 
 @pytest.mark.parametrize("args,match", [(["nope", "x"], "no preset 'nope'"),

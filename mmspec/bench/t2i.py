@@ -84,6 +84,9 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prompts < 2 and not args.no_quality and not args.batch_sizes:
+        raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
+                         "--prompts 2 or more, or --no-quality")
     listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
     specs = split_specs(listed)
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
@@ -104,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
             "machine": machine_info(dtype_name(components.dtype), args.threads, args.device),
             "linears": components.linears, "cuda_graphs": args.cuda_graphs}
     if results.get("meta", meta) != meta:
-        raise ValueError(f"{path} holds results of other settings; pass another --results file")
+        from ..cli.dataset import changed_settings
+
+        settings = {key: value for key, value in meta.items() if key not in ("machine", "linears")}
+        shown = changed_settings(results["meta"], settings) or "measured on another machine or kernels"
+        raise ValueError(f"{path} holds results of other settings ({shown}); rerun with those to resume, or pass another "
+                         "--results file")
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)

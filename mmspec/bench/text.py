@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from ..api import generate
 from ..core.cost import measure_verification_cost
 from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import add_threads_arg, command_line, load_results, save_results
+from .results import add_threads_arg, command_line, load_results, machine_info, machine_line, save_results
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..hub import load_causal_lm, resolve_dtype
 from ..api import chat_inputs
@@ -174,7 +173,7 @@ def run(args) -> int:
     results.setdefault("runs", {})
     results["meta"] = {
         "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-        "threads": args.threads, "machine": platform.processor() or platform.machine(),
+        "threads": args.threads, "machine": machine_info(args.dtypes, args.threads),
         "torch": torch.__version__, "command": command_line("text", args, ("dtypes", "methods", "prompt_types", "max_new_tokens", "repeats", "threads")),
     }
     methods = args.methods.split(",")
@@ -210,7 +209,9 @@ def run(args) -> int:
 def render_tables(results: dict, methods: list[str], prompt_types: list[str], dtypes: list[str], repeats: int) -> str:
     """Markdown: per dtype, per prompt type, median seconds / speedups / tau / exactness."""
     runs = results["runs"]
-    lines = []
+    machine = results["meta"]["machine"]
+    lines = [f"{results['meta']['model']}, {results['meta']['threads']} thread(s), "
+             + (f"{machine_line(machine)}, torch {machine['torch']}" if isinstance(machine, dict) else str(machine))]
     for dtype_name in dtypes:
         curve = results.get(f"cost_curve/{dtype_name}")
         if curve:

@@ -273,8 +273,8 @@ def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
 def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None) -> str:
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
-    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m['threads']} thread(s), "
-             f"{machine_line(m)}, torch {m['torch']}", "",
+    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m['dtype']}, "
+             f"{m['threads']} thread(s), {machine_line(m)}, torch {m['torch']}", "",
              "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
              "|---|---|---|---|---|---|"]
     for spec, row in summary.items():

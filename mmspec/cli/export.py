@@ -23,9 +23,18 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    import shutil
+    from pathlib import Path
+
+    from ..drafters.shipped import CHAIN_SETTINGS_FILE
+
     head = Eagle3Head.load(args.src)
     out = head.export(args.out, args.format, DTYPES[args.dtype])
     config = head.config
+    tuned = Path(args.src) / CHAIN_SETTINGS_FILE  # mmspec's tuned chain (bench chain-stop): kept for eagle3:OUT
+    if tuned.is_file():
+        shutil.copyfile(tuned, Path(out) / CHAIN_SETTINGS_FILE)
     print(f"wrote {out}: {ENGINE_ARCHITECTURES[args.format]}, draft vocabulary {config.draft_vocab_size} of {config.vocab_size}, "
-          f"target layers {list(config.aux_layers)}")
+          f"target layers {list(config.aux_layers)}" + (f"; {CHAIN_SETTINGS_FILE} copied (the engines ignore it)" if tuned.is_file()
+                                                        else ""))
     return 0

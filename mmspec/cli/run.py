@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
                      help="image files (image-captioning), prompts (text-to-image) or sentences (text-to-speech)")
     cmd.add_argument("--out", default="run-out", help="folder for images and audio (text-to-image, text-to-speech)")
     cmd.add_argument("--device", default=None, help="overrides the preset's device (auto | cpu | cuda | cuda:N)")
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--seed", type=int, default=None, help="the calls' seed (default: the preset's [call] seed, else 0)")
     cmd.add_argument("--json", action="store_true", help="print one JSON list of results")
     cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)
 
@@ -89,6 +89,8 @@ def run(args) -> int:
     from ..pipelines.presets import load_preset
 
     preset = load_preset(args.preset)
+    if args.seed is None:
+        args.seed = preset.call.get("seed", 0)
     if preset.task not in RUNNERS:
         raise ValueError(f"preset {preset.name}: mmspec run does not run {preset.task!r} yet")
     for index, item in enumerate(args.inputs):  # every input before anything loads or is written

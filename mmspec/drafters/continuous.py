@@ -50,10 +50,12 @@ class MARDrafter(BatchDrafting, Drafter):
         self.prefill_fraction = prefill_fraction
         self.parallel = parallel
         self.condition = None
+        self.own_target = False  # drafting with the target itself (CSpD's self-drafting): known at start
 
     def start(self, context: DraftContext, state: MaskedARState) -> None:
         super().start(context, state)
         target = context.target
+        self.own_target = self.draft is target or getattr(self.draft, "model", None) is getattr(target, "model", object())
         if not is_continuous(target):
             raise ValueError("mar-draft drafts continuous tokens; its target must be a continuous-token model (MAR)")
         if tuple(self.draft.noise_shape) != tuple(target.noise_shape):
@@ -82,4 +84,5 @@ class MARDrafter(BatchDrafting, Drafter):
         return Draft(tokens=trajectory.sample, trajectory=trajectory)
 
     def describe(self) -> dict:
-        return {**super().describe(), "prefill_fraction": self.prefill_fraction, "parallel": self.parallel}
+        own = {"draft": "the target itself"} if self.own_target else {}
+        return {**super().describe(), **own, "prefill_fraction": self.prefill_fraction, "parallel": self.parallel}

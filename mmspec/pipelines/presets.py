@@ -76,6 +76,14 @@ class Preset:
             ValueError: one line naming the preset and what to change.
         """
         cls = self.pipeline_class()
+        takes = {section: inspect.signature(function).parameters for section, function in (("init", cls.__init__),
+                                                                                           ("call", cls.__call__))}
+        for section, other in (("init", "call"), ("call", "init")):  # a key in the other section's place
+            misplaced = [k for k in getattr(self, section) if k in takes[other] and k not in takes[section] and k != "self"]
+            if misplaced:
+                raise ValueError(f"preset {self.name}: {', '.join(misplaced)} belong{'s' if len(misplaced) == 1 else ''} "
+                                 f"under [{other}] (an argument of {'each call' if other == 'call' else 'the pipeline'}), "
+                                 f"not [{section}]; move {'it' if len(misplaced) == 1 else 'them'} there")
         for section, function in (("init", cls.__init__), ("call", cls.__call__)):
             parameters = inspect.signature(function).parameters
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -120,8 +128,10 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
     unknown = [k for k in data if k not in KEYS]
     if unknown:
         raise ValueError(f"preset {path.stem}: unknown key(s) {unknown}; a preset has {', '.join(KEYS)}")
-    if data.get("task") not in known_tasks():
-        raise ValueError(f"preset {path.stem}: task must be one of {', '.join(known_tasks())}, got {data.get('task')!r}")
+    if "task" not in data:
+        raise ValueError(f"preset {path.stem}: no task key; add task = \"...\" (one of {', '.join(known_tasks())})")
+    if data["task"] not in known_tasks():
+        raise ValueError(f"preset {path.stem}: task must be one of {', '.join(known_tasks())}, got {data['task']!r}")
     for section in SECTIONS:
         if not isinstance(data.get(section, {}), dict):
             raise ValueError(f"preset {path.stem}: [{section}] must be a table of arguments")

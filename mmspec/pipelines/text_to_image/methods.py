@@ -122,7 +122,10 @@ class T2IMethod(Method):
         if self.continuous is not None and self.continuous != continuous:
             fits = [name for name, cls in METHODS.items() if cls.continuous in (None, continuous)]
             kind = "continuous-token (MAR)" if continuous else "discrete-token"
-            raise ValueError(f"method {self.name!r} does not work with a {kind} model; choose one of {', '.join(fits)}")
+            other = ("a discrete-token model (the default)" if continuous
+                     else 'a continuous-token model: model="mar" (mmspec t2i --model mar), the embedded MAR generator')
+            raise ValueError(f"method {self.name!r} does not work with a {kind} model; choose one of {', '.join(fits)}, "
+                             f"or use it with {other}")
 
     def generate(self, components: "T2IComponents", model_inputs: dict[str, Any], seed: int,
                  max_new_tokens: int | None = None, **sampling: Any) -> GenerateOutput:
