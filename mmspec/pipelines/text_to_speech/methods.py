@@ -261,11 +261,10 @@ class CoupledJacobiMethod(JacobiMethod):
     name = "sjd-coupled"
     description = ("SJD whose redrafts keep a code the next iterate still allows (the maximal coupling of consecutive "
                    "iterates, MC-SJD; exact and training-free)")
-    #: its tau is higher but each redraft costs more (~0.09 ms a round): on the open-domain voice, one
-    #: core of an AMX Xeon, 40 hand-written sentences, temperature 1: 2.04x (tau 4.04) against `sjd`'s
-    #: 1.83x (3.62); at 0.7 1.97x (3.92) against 1.99x (3.55) (validation: 2.01x against 1.92x); through the
-    #: AVX-512-BF16 kernel (5 codes) 1.46x (2.58) against 1.58x (2.60) (docs/benchmarks.md, stop 73): so not
-    #: the default
+    #: its tau is higher where the window is wide: on the open-domain voice, one core of an AMX Xeon, 40
+    #: hand-written sentences, temperature 1: 2.05x (tau 4.04) against `sjd`'s 1.99x (3.62); at 0.7 2.01x
+    #: (3.92) against 1.97x (3.55); through the AVX-512-BF16 kernel (5 codes) 1.40x (2.58) against 1.45x
+    #: (2.60) (docs/benchmarks.md, stop 73): so not the default
     coupled = True
 
 
