@@ -58,9 +58,10 @@ def test_bench_summary_gives_wer_and_similarity_per_round(piper, shifted):
     assert row["speaker_similarity"] == pytest.approx((first + second) / 2)
     assert len(row["wer_rounds"]) == 2 and row["wer_rounds"][0] <= 0.25
     meta = {"sentences": 2, "rounds": 2, "greedy": False, "temperature": 1.0,
-            "machine": {"threads": 1, "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+            "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
     table = markdown_table({"ar": row}, meta, {"piper through the codec": {"wer": 0.05, "speaker_similarity": 0.9}})
     assert f"{first:.3f}, {second:.3f}" in table and "| piper through the codec | - | - | - | 5.0 % | 0.900 |" in table
+    assert "temperature 1.0, float32, 1 thread(s), cpu" in table.splitlines()[0]  # what the figures were measured with
 
 
 def test_bench_refuses_a_missing_speaker_reference(tmp_path):
@@ -80,7 +81,7 @@ def test_bench_summary_gives_wer_per_source(piper):
     assert list(row["wer_by_source"]) == ["right", "wrong"]
     assert row["wer_by_source"]["right"] <= 0.25 < 0.5 <= row["wer_by_source"]["wrong"]
     meta = {"sentences": 2, "rounds": 1, "greedy": False, "temperature": 1.0, "text": "open",
-            "machine": {"threads": 1, "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+            "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
     table = markdown_table({"ar": row}, meta)
     assert "held-out open sentences" in table and "| method | right | wrong |" in table
 

@@ -131,7 +131,8 @@ def markdown(table: dict, settings: list, best: str, current: str, meta: dict) -
     kind = "per token, sampled at T = {:g}".format(meta["temperature"]) if meta["temperature"] > 0 else "whole call, greedy"
     lines = [f"Chain settings of `{meta['drafter']}` ({meta['head']}), S over plain decoding ({kind}; cell = S / tau; "
              f"**best**, _as loaded_), {meta['items']} items of {meta['data']}, median of {meta['repeats']} interleaved rounds. "
-             f"{meta['machine']['dtype']}, {meta['machine']['threads']} thread(s), {machine_line(meta['machine'])}", "",
+             f"{meta['machine'].get('dtype', 'dtype not recorded')}, {meta['machine'].get('threads', '?')} thread(s), "
+             f"{machine_line(meta['machine'])}", "",
              "| K \\ stop | " + " | ".join(f"{s:g}" for s in stops) + " |", "|---|" + "---|" * len(stops)]
     for k in ks:
         cells = []

@@ -273,7 +273,7 @@ def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
 def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None) -> str:
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
-    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m['dtype']}, "
+    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m.get('dtype', 'dtype not recorded')}, "
              f"{m['threads']} thread(s), {machine_line(m)}, torch {m['torch']}", "",
              "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
              "|---|---|---|---|---|---|"]
