@@ -84,8 +84,7 @@ class Preset:
                 raise ValueError(f"preset {self.name}: {', '.join(misplaced)} belong{'s' if len(misplaced) == 1 else ''} "
                                  f"under [{other}] (an argument of {'each call' if other == 'call' else 'the pipeline'}), "
                                  f"not [{section}]; move {'it' if len(misplaced) == 1 else 'them'} there")
-        for section, function in (("init", cls.__init__), ("call", cls.__call__)):
-            parameters = inspect.signature(function).parameters
+        for section, parameters in takes.items():
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             unknown = [k for k in getattr(self, section) if k not in parameters or k == "self"]
             if unknown and not (takes_any and section == "init"):  # **settings: the pipeline checks them
