@@ -167,12 +167,11 @@ def truncated_decoder(decoder: nn.Module, num_layers: int, user: str = "layer-sk
     total = len(decoder.layers)
     if not 1 <= num_layers < total:
         raise ValueError(f"{user} needs 1 <= N < {total} (the target has {total} layers), got N={num_layers}")
-    if has_recurrent_layers(decoder.config):
-        first = first_attention_layer(decoder.config)
-        if first is None or first >= num_layers:
-            fix = f"give N > {first}" if first is not None else "the decoder has none; use prompt-lookup or a draft model"
-            raise ValueError(f"{user}: the first {num_layers} layers are all recurrent; a self-speculative draft needs "
-                             f"an attention layer among them to count the cached positions: {fix}")
+    first = first_attention_layer(decoder.config)  # (0 for a decoder without recurrent layers)
+    if first is None or first >= num_layers:
+        fix = f"give N > {first}" if first is not None else "the decoder has none; use prompt-lookup or a draft model"
+        raise ValueError(f"{user}: the first {num_layers} layers are all recurrent; a self-speculative draft needs "
+                         f"an attention layer among them to count the cached positions: {fix}")
     view = copy.copy(decoder)
     view._modules = dict(decoder._modules)
     view._modules["layers"] = nn.ModuleList(list(decoder.layers)[:num_layers])
