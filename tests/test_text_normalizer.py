@@ -110,6 +110,26 @@ CASES = [
     ("Caf\u00e9 na\u00efve Z\u00fcrich fa\u00e7ade stra\u00dfe.", "Cafe naive Zurich facade strasse."),
     ("\ufb01ne \uff21\uff22\uff23 \uff11\uff12\uff13", "fine A-B-C one hundred twenty-three"),
     ("Line one.\n\nLine two\nthree", "Line one.\nLine two\nthree"),
+    # a new user's forms (stop 74 audit): signs, mixed fractions, ranges with a suffix, versions,
+    # references, file names, symbols
+    ("Your balance is -$25.", "Your balance is minus twenty-five dollars."),
+    ("It is $-5 now, take -1/2 of it.", "It is minus five dollars now, take minus one half of it."),
+    ("Add 1 1/2 cups and 2\u00bd spoons.", "Add one and a half cups and two and a half spoons."),
+    ("Walk 2 3/4 miles, or 1 1/3.", "Walk two and three quarters miles, or one and a third."),
+    ("The meeting runs 2:30-3:30 pm.", "The meeting runs two thirty to three thirty P-M."),
+    ("Open 3-4 p.m. daily.", "Open three to four P-M daily."),
+    ("Prices rose 10-20%, then 10%-20%.", "Prices rose ten to twenty percent, then ten percent to twenty percent."),
+    ("Run 5-10 km daily.", "Run five to ten kilometers daily."),
+    ("Meet me at 7.30pm.", "Meet me at seven thirty P-M."),
+    ('He is 6\'2" tall.', "He is six feet two inches tall."),
+    ("Costs \u00a32.50p now.", "Costs two pounds and fifty pence now."),
+    ("Install v2.0.1, not 3.0.1.", "Install version two point zero point one, not three point zero point one."),
+    ("She has a Ph.D. in physics. See Fig. 3 and p. 5.", "She has a P-H-D in physics. See Figure three and page five."),
+    ("The file is config.yaml today.", "The file is config dot yaml today."),
+    ("Read \u00a7 5, note the \u2030 rate.", "Read section five, note the per mille rate."),
+    ("Multiply 5 * 3, *really*.", "Multiply five times three, really."),
+    ("\u2022 one \u2022 two", "one two"),
+    ("Hello\u3002Bye\u3001now.", "Hello. Bye, now."),
 ]
 
 
@@ -139,6 +159,7 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
     ("Hello\tworld\x00!\x07\u200b", "Hello world!", ()),          # control and format characters: silently
     ("\U0001F600\U0001F600", "", ("\U0001F600\U0001F600",)),
     ("a | b ^ c", "a b c", ("|", "^")),
+    ("Note \u203b this, \u2042 that.", "Note this, that.", ("\u203b", "\u2042")),  # other punctuation: named
     # a dropped sentence between two marks leaves one mark, not "Hello.!"
     ("Hello. \U0001F600\U0001F600. \u65e5\u672c! Bye now.", "Hello. Bye now.", ("\U0001F600\U0001F600", "\u65e5\u672c")),
     ("No! \U0001F600. Go.", "No! Go.", ("\U0001F600",)),

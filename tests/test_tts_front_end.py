@@ -81,8 +81,8 @@ def test_emoji_cjk_urls_and_accents_do_not_crash(tts):
 
 
 def test_five_thousand_characters_are_said_sentence_by_sentence(tts):
-    """5,000 characters (emoji included) are said as their sentences; a 5,000-character run with
-    nowhere to split is one ValueError line, not a crash."""
+    """5,000 characters (emoji included) are said as their sentences; a 5,000-character word is
+    one ValueError line, not a crash."""
     text = ("We met at 7:30 pm \U0001F600 and paid $5. " * 200)[:5000]
     pieces = tts._pieces(text, 1.0, int(0.05 * tts.components.codec.frame_rate))[1]
     assert len(pieces) == text.count(".") + 1  # the cut-off last sentence too
@@ -276,3 +276,28 @@ def test_cli_refuses_to_write_audio_to_a_terminal(model_dir, capsys, monkeypatch
     monkeypatch.setattr("sys.stdout", SimpleNamespace(buffer=io.BytesIO(), isatty=lambda: True))
     result = _cli(capsys, "Hello there.", "--model", str(model_dir), "--out", "-")
     assert result.returncode == 2 and "standard output, which is a terminal here" in result.stderr
+
+
+def test_cli_stream_terminated_leaves_no_part_file(model_dir, tmp_path, capsys, monkeypatch):
+    """SIGTERM (``timeout``, ``kill``) during ``--stream``: the .part file is removed as after Ctrl-C,
+    one line, exit 143 (the stop-74 audit: it was left behind)."""
+    import os
+    import signal
+
+    original = TextToSpeechPipeline.stream
+
+    def terminated_after_one(self, *args, **kwargs):
+        for i, chunk in enumerate(original(self, *args, **kwargs)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, between chunks
+            yield chunk
+
+    monkeypatch.setattr(TextToSpeechPipeline, "stream", terminated_after_one)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(PARAGRAPH, encoding="utf-8")
+    out = tmp_path / "x.wav"
+    previous = signal.getsignal(signal.SIGTERM)
+    result = _cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(out), "--stream", "--max-seconds", "0.5")
+    assert result.returncode == 143 and result.stderr.strip().splitlines()[-1].startswith("mmspec: terminated; ")
+    assert not out.exists() and not (tmp_path / "x.wav.part").exists()
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handler is the command's alone

@@ -195,7 +195,8 @@ def test_sampling_is_seeded(model_dir):
     ({}, {"text": "hi.", "speed": 50}, "speed must be at most 4"),  # issue 44: a 512-sample clip crashed the CLI
     ({}, {"text": "hi.", "speed": 100.0}, "speed must be at most 4"),
     ({}, {"text": "ok.", "speed": 2.0}, "gets no audio frame; lower speed"),  # (the tiny voice gives it 0 frames)
-    ({}, {"text": "the red ball and " * 20}, "too long for the model's 256 positions even alone"),  # nothing to split at
+    ({}, {"text": "redball" * 60}, r"too long for the model's 256 positions even alone \(\d+ phoneme ids \+ \d+ audio "
+                                  r"frames\); shorten it$"),  # one word: nothing to split at, and no speed makes room
     ({"method": "beam"}, None, "unknown method 'beam'; choose one of ar, spec"),
     ({"method": "lantern", "delta": 2.0}, None, "delta must be a finite number >= 0 and <= 1"),
     ({"method": "spec", "top_k": 3}, None, "method 'spec' takes no setting 'top_k'"),
@@ -263,6 +264,18 @@ def test_a_sentence_too_long_alone_is_said_clause_by_clause(model_dir):
     assert out.pieces == clauses and out.stats.frames == sum(tts(clause, seed=2).stats.frames for clause in clauses)
 
 
+def test_a_clause_too_long_alone_is_said_by_halves_of_its_words(model_dir):
+    """A run with no punctuation that does not fit the context is cut in halves by words until each
+    part fits (the stop-74 audit: 5,000 characters of it were refused)."""
+    tts = mmspec.pipeline("text-to-speech", model=model_dir)
+    run = "the red ball and " * 20
+    c = tts.components
+    assert c.positions_needed(c.model_inputs(run), 10**6) > c.max_positions
+    out = tts(run, seed=2, max_seconds=0.2)
+    assert len(out.pieces) > 1 and " ".join(out.pieces) == " ".join(run.split())
+    assert all(c.positions_needed(c.model_inputs(p), 10**6) <= c.max_positions for p in out.pieces)
+
+
 @pytest.mark.skipif(not (models_dir() / "tts-valle" / "tts.json").is_file(), reason="no embedded voice")
 def test_the_embedded_voice_says_a_long_sentence_at_the_default_budget():
     """Issue 44: 213 phoneme ids were refused at the default 20 s (213 + 861 budget frames > 1024
@@ -328,7 +341,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path, capsys):
     (["hi", "--speed", "0"], "--speed must be a positive number"),
     (["There are seven blue squares.", "--speed", "50"], "--speed must be at most 4"),  # issue 44: a traceback
     (["There are seven blue squares.", "--speed", "100"], "--speed must be at most 4"),
-    (["the red ball and " * 20], "too long for the model's 256 positions even alone"),
+    (["redball" * 60], "too long for the model's 256 positions even alone"),
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
     (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
 ])

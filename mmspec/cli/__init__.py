@@ -7,8 +7,11 @@ import argparse
 import importlib
 import os
 import shlex
+import signal
 import sys
+import threading
 import warnings
+from contextlib import contextmanager
 
 from ..hub import MissingDependencyError
 from .args import check_args
@@ -55,15 +58,40 @@ def one_line_warnings(show):
 
 #: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
 INTERRUPTED = 130
+#: the exit status after SIGTERM (128 + SIGTERM): ``timeout``, ``kill``, a job scheduler
+TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command, raised where the command is, so what cleans up after Ctrl-C (a
+    ``--stream`` run's ``.part`` file, a training run's note) runs for it too."""
+
+
+@contextmanager
+def sigterm_interrupts():
+    """SIGTERM raises :class:`Terminated` while the block runs (in the main thread only: Python
+    delivers signals there), the previous handler back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``mmspec`` command; returns its exit status.
 
     0: done. 2: a user error (a bad argument, a file that cannot be read or written, rows that
-    failed): one line ``mmspec: error: ...`` on stderr, no traceback. 130: interrupted (Ctrl-C):
-    one line saying what was saved and how to resume (the subcommand's ``interrupted(args,
-    command)`` default; "nothing was saved" without one).
+    failed): one line ``mmspec: error: ...`` on stderr, no traceback. 130: interrupted (Ctrl-C),
+    143: terminated (SIGTERM): one line saying what was saved and how to resume (the subcommand's
+    ``interrupted(args, command)`` default; "nothing was saved" without one).
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -77,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 0
     try:
-        with warnings.catch_warnings():  # (the previous showwarning back afterwards: tests run commands in-process)
+        with warnings.catch_warnings(), sigterm_interrupts():  # (both undone afterwards: tests run commands in-process)
             warnings.showwarning = one_line_warnings(warnings.showwarning)
             check_args(args)  # device, counts, output paths: before any model loads
             return handler(args)
@@ -85,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
         print(f"mmspec: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"mmspec: interrupted; {interrupted_note(args, argv)}", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        print(f"mmspec: {'terminated' if terminated else 'interrupted'}; {interrupted_note(args, argv)}", file=sys.stderr)
+        return TERMINATED if terminated else INTERRUPTED
 
 
 def interrupted_note(args: argparse.Namespace, argv: list[str]) -> str:

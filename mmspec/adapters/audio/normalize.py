@@ -186,7 +186,8 @@ TITLES = {"Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Pro
 #: abbreviations that may end a sentence (the period is kept there)
 ABBREVIATIONS = {"etc.": "et cetera", "approx.": "approximately", "Jr.": "Junior", "Sr.": "Senior", "Ave.": "Avenue", "Rd.": "Road",
                  "Blvd.": "Boulevard", "Dept.": "Department", "Inc.": "Incorporated", "Ltd.": "Limited",
-                 "Corp.": "Corporation", "Co.": "Company", "Univ.": "University", "w/": "with", "a.k.a.": "also known as"}
+                 "Corp.": "Corporation", "Co.": "Company", "Univ.": "University", "w/": "with", "a.k.a.": "also known as",
+                 "Ph.D.s": "P-H-D's", "Ph.D.": "P-H-D", "M.Sc.": "M-S-C", "B.Sc.": "B-S-C", "M.Phil.": "M-phil"}
 
 #: all-capital words read as words (not spelled), and ones spelled though they look like words
 ACRONYMS_AS_WORDS = {"NASA", "NATO", "UNESCO", "UNICEF", "NAFTA", "OPEC", "FIFA", "UEFA", "NASCAR", "SCUBA", "LASER",
@@ -210,11 +211,31 @@ TLDS = r"(?:com|org|net|edu|gov|io|co|uk|us|de|fr|ai|dev|info|app|biz|me|tv|ca|a
 #: characters no rule can read that map to a spoken pause or are silently dropped as formatting
 PUNCTUATION_MAP = {";": ",", ":": ",", "(": ", ", ")": ", ", "[": ", ", "]": ", ", "{": ", ", "}": ", ", '"': " ",
                    "—": ", ", "–": ", ", "…": "...", "\u2018": "'", "\u2019": "'", "\u201c": " ", "\u201d": " ",
-                   "\u00ab": " ", "\u00bb": " ", "\u00a1": " ", "\u00bf": " ", "*": " ", "_": " ", "`": "'"}
+                   "\u00ab": " ", "\u00bb": " ", "\u00a1": " ", "\u00bf": " ", "*": " ", "_": " ", "`": "'",
+                   "\u3002": ".", "\u3001": ",", "\u300c": " ", "\u300d": " ", "\u300e": " ", "\u300f": " "}
 #: Latin letters NFKD does not decompose
 LATIN = {"ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe", "Œ": "OE", "ł": "l", "Ł": "L", "đ": "d",
          "Đ": "D", "þ": "th", "Þ": "Th", "ð": "d", "Ð": "D", "ı": "i", "ŋ": "ng"}
 SAYABLE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,?!'-\n")
+#: single-character fractions (NFKC turns "2½" into "21⁄2": they are spaced from a digit before it)
+VULGAR_FRACTIONS = "¼½¾⅐⅑⅒⅓⅔⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞"
+#: list bullets: dropped as formatting, not named (other punctuation no rule reads is named)
+BULLETS = set("•·‣⁃∙◦")
+#: abbreviations read as words before a number ("Fig. 3", "Vol. 2"), as "No. 5" is
+NUMBERED = {"Fig": "Figure", "Figs": "Figures", "Vol": "Volume", "Vols": "Volumes", "Ch": "Chapter", "Chap": "Chapter",
+            "Eq": "Equation", "Eqs": "Equations", "Sec": "Section", "Sect": "Section", "Art": "Article", "Para": "Paragraph",
+            "pp": "pages", "p": "page", "Pt": "Part", "Ex": "Example", "Tab": "Table", "Ref": "Reference"}
+#: file name extensions read "dot ..." ("config.yaml": a file, not two sentences)
+FILE_EXTENSIONS = ("txt|csv|tsv|json|jsonl|yaml|yml|toml|ini|cfg|xml|html?|md|rst|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|"
+                   "svg|webp|wav|mp3|flac|ogg|mp4|mov|avi|mkv|zip|gz|tar|tgz|7z|rar|exe|dmg|apk|iso|py|ipynb|js|ts|"
+                   "jsx|tsx|css|cpp|hpp|c|h|rs|go|java|kt|rb|php|sh|bat|ps1|sql|db|log|bin|onnx|pt|safetensors")
+
+
+def _ranges_before(text: str, end: str, suffix: str) -> str:
+    """"A-B<suffix>" -> "A to B<suffix>" where B matches ``end`` and a ``suffix`` follows (the rule
+    that reads the suffix then reads B; A is read as a number): "10-20%", "3-4 pm", "5-10 km";
+    ``end`` may repeat the suffix on A ("10%-20%")."""
+    return re.sub(rf"(?<![\w.,-])({end}(?:\s?{suffix})?)\s?[-\u2013]\s?(?={end}\s?{suffix})", r"\1 to ", text)
 
 
 def _sentence_end(text: str, end: int) -> bool:
@@ -240,7 +261,8 @@ class EnglishNormalizer(TextNormalizer):
 
     def normalize(self, text):
         text = self._characters(text)
-        for rule in (self._emails, self._urls, self._abbreviations, self._currency, self._times, self._dates,
+        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._currency, self._times,
+                     self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
                      self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
             text = rule(text)
@@ -253,6 +275,8 @@ class EnglishNormalizer(TextNormalizer):
     def _characters(text: str) -> str:
         """NFKC (full-width forms, ligatures, ℃ -> °C), then accented Latin letters -> ASCII;
         control characters -> space; anything else kept for the rules or the final filter."""
+        text = re.sub(f"(\\d?)([{VULGAR_FRACTIONS}])", lambda m: m.group(1) + (" " if m.group(1) else "")
+                      + unicodedata.normalize("NFKC", m.group(2)), text)  # "2½" -> "2 1/2", not NFKC's "21/2"
         text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")
         out = []
         for c in text:
@@ -280,8 +304,8 @@ class EnglishNormalizer(TextNormalizer):
                     dropped.append(run)
                     run = ""
             else:
-                if unicodedata.category(c)[0] in "LNS":  # named; control and format characters are not
-                    run += c
+                if unicodedata.category(c)[0] in "LNS" or (unicodedata.category(c) == "Po" and c not in BULLETS):
+                    run += c  # named; control and format characters, bullets, quotes and brackets are not
                 out.append(" ")
         if run:
             dropped.append(run)
@@ -339,6 +363,21 @@ class EnglishNormalizer(TextNormalizer):
         return re.sub(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
                       lambda m: self._read_address(m.group(0)), text)
 
+    @staticmethod
+    def _files(text: str) -> str:
+        """"config.yaml" -> "config dot yaml" (a file name, not a sentence end)."""
+        return re.sub(rf"(?<![\w.])([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\.({FILE_EXTENSIONS})\b(?![.-]?\w)",
+                      lambda m: f"{m.group(1).replace('.', ' dot ')} dot {m.group(2)}", text)
+
+    @staticmethod
+    def _signs(text: str) -> str:
+        """A minus sign before an amount, fraction or number: "-$25", "$-5", "-1/2", "-5" -> "minus ..."
+        (a hyphen after a word, number or percent sign is a range or a compound, not a sign); a star
+        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting)."""
+        text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
+        text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
+        return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
+
     # -- abbreviations
 
     @staticmethod
@@ -364,6 +403,7 @@ class EnglishNormalizer(TextNormalizer):
         keys = sorted(ABBREVIATIONS, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
         text = re.sub(r"\b[Nn]o\.\s*(?=\d)", "number ", text)
+        text = re.sub(r"\b(" + "|".join(NUMBERED) + r")\.\s*(?=\d)", lambda m: NUMBERED[m.group(1)] + " ", text)
         return re.sub(r"#\s?(?=\d)", "number ", text)
 
     # -- numbers in context
@@ -396,6 +436,7 @@ class EnglishNormalizer(TextNormalizer):
             return " and ".join(said)
 
         scale = r"(?:\s?(thousand|million|billion|trillion|k|m|mn|bn|b|tn)\b)?"
+        text = re.sub(r"(£\s?\d+\.\d\d)p\b", r"\1", text)  # "£2.50p": the pence are said once
         # "$20-$30", "$20-30": a range of amounts
         text = re.sub(r"([$£€¥])(" + NUMBER + r")\s?[-\u2013]\s?[$£€¥]?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
         return re.sub(r"([$£€¥])\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
@@ -427,6 +468,9 @@ class EnglishNormalizer(TextNormalizer):
             hour = int(m.group(1))
             return said(hour, 0, m.group(2), m) if 1 <= hour <= 12 else m.group(0)
 
+        text = _ranges_before(text, r"\d{1,2}(?::\d{2})?", r"[AaPp]\.?\s?[Mm]\b")  # "3-4 pm", "2:30-3:30 pm"
+        text = re.sub(r"(?<![\w.,-])(\d{1,2}:\d{2})\s?[-\u2013]\s?(?=\d{1,2}:\d{2}(?![\d:]))", r"\1 to ", text)
+        text = re.sub(r"(?<![\w.])(\d{1,2})\.(\d{2})(?=\s?[AaPp]\.?\s?[Mm]\b)", r"\1:\2", text)  # "7.30pm"
         text = re.sub(r"\b(\d{1,2}):(\d{2})(?::(\d{2}))?" + meridian + r"?(?![\d:])", clock, text)
         return re.sub(r"\b(\d{1,2})" + meridian + r"(?![A-Za-z])", hour_only, text)
 
@@ -475,11 +519,17 @@ class EnglishNormalizer(TextNormalizer):
             singular, plural = UNITS[name]
             return f"{cardinal(number)} {singular if _is_one(number) else plural}"
 
-        pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + "|".join(re.escape(k) for k in keys) + r")(?![A-Za-z0-9°])")
+        names = "|".join(re.escape(k) for k in keys)
+        text = _ranges_before(text, f"(?:{NUMBER})", f"(?:{names})(?![A-Za-z0-9°])")  # "5-10 km"
+        text = re.sub(r"(?<![\w.'])(\d)'\s?(\d{1,2})(?:\"|'')(?!\w)", lambda m: f"{cardinal(m.group(1))} "  # 6'2"
+                      f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
+                      text)
+        pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")(?![A-Za-z0-9°])")
         return re.sub(pattern, unit, text)
 
     @staticmethod
     def _percentages(text: str) -> str:
+        text = _ranges_before(text, f"(?:{NUMBER})", "%")  # "10-20%", "10%-20%"
         return re.sub(r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?%", lambda m: cardinal(m.group(1)) + " percent", text)
 
     @staticmethod
@@ -495,7 +545,8 @@ class EnglishNormalizer(TextNormalizer):
     def _ranges(text: str) -> str:
         """"10-20" -> "10 to 20"; "3:2" (not a time) -> "3 to 2"; "2.0.1" -> "2 point 0 point 1"."""
         text = re.sub(r"(?<![\w.])(\d+):(\d+)(?![\w:])", r"\1 to \2", text)
-        text = re.sub(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w.]|\.\d)", lambda m: m.group(0).replace(".", " point "), text)
+        text = re.sub(r"(?<![\w.])[vV](?=\d+(?:\.\d+)+(?!\w|\.\w))", "version ", text)  # "v2.0.1", "v3.1"
+        text = re.sub(r"(?<![\w.])\d+(?:\.\d+){2,}(?!\w|\.\w)", lambda m: m.group(0).replace(".", " point "), text)
         return re.sub(r"(?<![\w.,-])(" + NUMBER + r")\s?[-\u2013]\s?(" + NUMBER + r")(?![\w-])",
                       r"\1 to \2", text)
 
@@ -519,6 +570,11 @@ class EnglishNormalizer(TextNormalizer):
                 name = ordinal(bottom) + ("" if top == 1 else "s")
             return f"{cardinal(str(top))} {name}"
 
+        def mixed(m):  # "2 3/4" -> "two and three quarters", "1 1/2" -> "one and a half"
+            part = fraction(re.match(r"(\d+)/(\d+)", m.group(2)))
+            return f"{cardinal(m.group(1))} and {'a' if part.startswith('one ') else part.split()[0]} {part.split()[-1]}"
+
+        text = re.sub(r"(?<![\w/.,])(\d+)\s(\d{1,2}/(?:[2-9]|1\d))(?![\w/])", mixed, text)
         return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", fraction, text)
 
     @staticmethod
@@ -565,6 +621,7 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"~\s?(?=\w)", "about ", text)
         for symbol, said in (("&", "and"), ("@", "at"), ("+", "plus"), ("=", "equals"), ("×", "times"),
                              ("÷", "divided by"), ("<", "less than"), (">", "greater than"), ("/", "slash"),
-                             ("#", "hash"), ("%", "percent"), ("°", "degrees")):
+                             ("#", "hash"), ("%", "percent"), ("°", "degrees"), ("§", "section"), ("¶", "paragraph"),
+                             ("‰", "per mille"), ("\\", "backslash"), ("†", "dagger")):
             text = text.replace(symbol, f" {said} ")
         return text

@@ -48,6 +48,12 @@ def split_sentences(text: str) -> list[str]:
             if piece and piece.strip()]
 
 
+def split_words(piece: str) -> tuple[str, str]:
+    """A piece of two or more words -> its halves (by words), for a clause too long alone."""
+    words = piece.split()
+    return " ".join(words[: len(words) // 2]), " ".join(words[len(words) // 2 :])
+
+
 def split_clauses(sentence: str) -> list[str]:
     """A sentence -> its clauses: split after , ; : followed by white space."""
     return [piece.strip() for piece in re.split(r"(?<=[,;:])\s+", sentence) if piece and piece.strip()]
@@ -232,9 +238,10 @@ class TextToSpeechPipeline(Pipeline):
         not fit the codec LM's context together (an aligned voice's frames are its predicted
         durations' total, known before decoding, when under the cap; an unaligned voice's, the cap)
         is said as separate generations: its sentences, and a sentence that does not fit alone, its
-        clauses (split after , ; :), each with ``seed``; their audio is joined with a
-        :data:`PAUSE_SECONDS` pause (``output.pieces`` lists them). A clause that does not fit alone
-        is refused before anything is decoded. ``split="sentences"`` says every sentence alone
+        clauses (split after , ; :), and a clause that does not fit alone, the halves of its words,
+        each with ``seed``; their audio is joined with a :data:`PAUSE_SECONDS` pause
+        (``output.pieces`` lists them). A single word that does not fit alone is refused before
+        anything is decoded. ``split="sentences"`` says every sentence alone
         (the pieces :meth:`stream` yields; with it, joined, the same audio bitwise).
 
         ``batch_size``: generations (texts, or the pieces of a split text) decoded together
@@ -247,7 +254,7 @@ class TextToSpeechPipeline(Pipeline):
 
         Raises:
             ValueError: empty text, text with nothing sayable left (naming what was dropped), a
-                clause too long for the context even alone, a bad max_seconds, speed, batch_size or split.
+                word too long for the context even alone, a bad max_seconds, speed, batch_size or split.
         """
         # (max_seconds, speed, split and batch_size are checked before the call: check_task_values)
         method = self.make_method(method) if method is not None else self.method
@@ -356,9 +363,9 @@ class TextToSpeechPipeline(Pipeline):
                 ) -> tuple[NormalizedText, list[tuple[str, dict[str, torch.Tensor]]]]:
         """``text`` normalised, and as the generations that say it, each (its text, its inputs)
         fitting the codec LM's context under a budget of ``frames``: the whole text where it fits
-        (``split="auto"``), else its sentences, and a sentence that does not fit alone, its
-        clauses. Raises ValueError (one line) for text with nothing to say, or a clause that does
-        not fit alone."""
+        (``split="auto"``), else its sentences, a sentence that does not fit alone its clauses, and
+        a clause that does not fit alone the halves of its words (again while a half does not fit).
+        Raises ValueError (one line) for text with nothing to say, or a word that does not fit alone."""
         c = self.components
         normalized = c.normalize(text)
         text = normalized.text
@@ -368,22 +375,28 @@ class TextToSpeechPipeline(Pipeline):
             if c.positions_needed(whole, frames) <= c.max_positions:
                 return normalized, [(" ".join(text.split()), whole)]
         pieces = []
-        for sentence in sentences:
-            inputs = c.model_inputs(sentence, speed)
+
+        def fit(piece: str, split_into=None) -> None:  # the piece, else its parts (its clauses, else halves by words)
+            inputs = c.model_inputs(piece, speed)
             if c.positions_needed(inputs, frames) <= c.max_positions:
-                pieces.append((sentence, inputs))
-                continue
-            for clause in split_clauses(sentence):
-                inputs = c.model_inputs(clause, speed)
-                needed = c.positions_needed(inputs, frames)
-                if needed > c.max_positions:
-                    shown = clause if len(clause) <= 60 else clause[:57] + "..."
-                    hint = ("say it faster (speed) or lower max_seconds" if "durations" in inputs
-                            else "lower max_seconds")
-                    raise ValueError(f"{shown!r} is too long for the model's {c.max_positions} positions even alone "
-                                     f"({inputs['phoneme_ids'].shape[1]} phoneme ids + {c.frames_needed(inputs, frames)} "
-                                     f"audio frames); shorten it or split it into sentences, or {hint}")
-                pieces.append((clause, inputs))
+                pieces.append((piece, inputs))
+                return
+            parts = split_into(piece) if split_into is not None else []
+            if len(parts) < 2 and len(piece.split()) > 1:
+                parts = split_words(piece)
+            if len(parts) > 1:
+                for part in parts:
+                    fit(part)
+                return
+            shown = piece if len(piece) <= 60 else piece[:57] + "..."
+            ids = inputs["phoneme_ids"].shape[1]
+            hint = ("" if ids >= c.max_positions else ", or say it faster (speed, --speed) or lower max_seconds "
+                    "(--max-seconds)" if "durations" in inputs else ", or lower max_seconds (--max-seconds)")
+            raise ValueError(f"{shown!r} is too long for the model's {c.max_positions} positions even alone ({ids} "
+                             f"phoneme ids + {c.frames_needed(inputs, frames)} audio frames); shorten it{hint}")
+
+        for sentence in sentences:
+            fit(sentence, split_clauses)
         return normalized, pieces
 
     def _output(self, method: TTSMethod, text: str, pieces: list[str], inputs: list[dict[str, torch.Tensor]],
