@@ -173,6 +173,8 @@ def load_causal_lm(
         return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
+    except RuntimeError as error:
+        raise mismatched_weights(name_or_path, error) from None
     except ValueError as error:
         if "Unrecognized configuration class" in str(error):
             raise model_kind_error(name_or_path, path, "a causal LM (AutoModelForCausalLM)",
@@ -181,6 +183,17 @@ def load_causal_lm(
             raise
         raise ValueError(f"{str(name_or_path)!r} holds no transformers causal LM (no config.json naming a model_type); "
                          "an image model (the embedded captioner, a VLM) goes through mmspec caption --model") from None
+
+
+def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exception:
+    """transformers' refusal of weights whose shapes are not its config's (``ignore_mismatched_sizes``
+    / "size mismatch") -> one ValueError line: a broken checkpoint is the user's to fix; any other
+    RuntimeError is returned unchanged."""
+    text = str(error)
+    if "ignore_mismatched_sizes" not in text and "size mismatch" not in text:
+        return error
+    return ValueError(f"{str(name)!r}: its weights do not match its config.json (tensor shapes differ); the "
+                      "checkpoint is broken or mixed with another model's files")
 
 
 def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: str, instead: str) -> ValueError:

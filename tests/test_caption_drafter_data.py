@@ -108,11 +108,13 @@ def test_hold_out_groups_train_on_the_others_and_evaluate_them(tmp_path_factory,
     assert torch.equal(mmspec.generate(model, f"eagle3:{out}", max_new_tokens=10, **inputs).sequences, plain.sequences)
 
 
-@pytest.mark.parametrize("groups,message", [("purple", "no row of --data"), ("red,blue,green", "holds out every row")])
+@pytest.mark.parametrize("groups,message", [("purple", "no row of --data"), ("red,blue,green", "holds out every row"),
+                                            ("red --held-out 0.5", "--held-out and --hold-out-groups: give one")])
 def test_hold_out_groups_are_checked_before_the_target_loads(groups, message, tmp_path, capsys):
     data = grouped_images(tmp_path)
-    argv = ["train", "drafter", "--target", str(tmp_path / "no-such-model"), "--data", str(data), "--out", str(tmp_path / "o"),
-            "--hold-out-groups", groups]
+    (tmp_path / "not-a-model").mkdir()  # (it would fail to load: the groups are checked first)
+    argv = ["train", "drafter", "--target", str(tmp_path / "not-a-model"), "--data", str(data), "--out", str(tmp_path / "o"),
+            "--hold-out-groups", *groups.split()]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -324,6 +324,26 @@ def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, t
     assert main(["caption", "samples/photo.png", "--model", str(text)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a llama checkpoint (LlamaForCausalLM), not an image-text-to-text model" in err
+    # weights that do not match the config (another model's config.json beside them): one line, not
+    # transformers' 57-line RuntimeError (the stop-74 audit)
+    config = json.loads((text / "config.json").read_text())
+    (text / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] * 2}))
+    for argv in (["generate", "hi", "--model", str(text)], ["caption", "samples/photo.png", "--model", str(vlm)]):
+        if argv[0] == "caption":
+            vlm_config = json.loads((vlm / "config.json").read_text())
+            (tmp_path / "vlm").mkdir()
+            for item in vlm.iterdir():
+                (tmp_path / "vlm" / item.name).write_bytes(item.read_bytes())
+            text_config = vlm_config.get("text_config", vlm_config)
+            text_config["vocab_size"] = text_config.get("vocab_size", 64) * 2
+            (tmp_path / "vlm" / "config.json").write_text(json.dumps(vlm_config))
+            argv[-1] = str(tmp_path / "vlm")
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]  # (after transformers' own load report)
+        assert last.startswith("mmspec: error: ") and "its weights do not match its config.json" in last
+        assert "Traceback" not in err
 
 
 def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_path, capsys):

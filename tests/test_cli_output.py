@@ -168,6 +168,22 @@ def test_every_command_says_what_ctrl_c_leaves(argv, note, tmp_path, monkeypatch
     assert interrupted_note(build_parser().parse_args(argv), argv) == note
 
 
+def test_an_interrupted_drafter_run_says_resume_only_with_a_checkpoint(tmp_path, monkeypatch):
+    """The stop-74 audit: Ctrl-C before the first checkpoint printed a ``--resume`` command that
+    was then refused ("holds no checkpoint")."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "drafter", "--target", "my-model", "--data", "d.jsonl", "--out", "OUT", "--save-every", "25"]
+    args = build_parser().parse_args(argv)
+    command = "mmspec " + shlex.join(argv)
+    assert interrupted_note(args, argv) == ("no checkpoint was saved yet (one every 25 steps); the data made so far are "
+                                            f"kept in OUT; rerun the same command to start again from them: {command}")
+    assert interrupted_note(args, [*argv, "--resume"]).endswith(f"start again from them: {command}")
+    (tmp_path / "OUT").mkdir()
+    (tmp_path / "OUT" / "train_state.pt").write_bytes(b"")
+    assert interrupted_note(args, argv) == ("the last checkpoint (one every 25 steps) and the data made so far are kept in "
+                                            f"OUT; rerun the same command to resume: {command} --resume")
+
+
 def test_t2i_prompt_rows_follow_the_same_exit_rule(tmp_path, monkeypatch, capsys):
     """mmspec t2i --prompts: a prompt the pipeline refuses is an error row, the others are drawn,
     exit 2 with the summary line; --retry-errors redoes only that row."""

@@ -230,6 +230,19 @@ def test_export_round_trip(tiny, tmp_path, fmt):
                               num_draft_tokens=3, **tiny.inputs)
         runs[name] = (out.sequences, out.stats.drafted_per_position, out.stats.accepted_per_position)
     assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(runs["own"], runs[fmt]))
+    # a second export into the same directory replaces the first; a model's own files or the head's
+    # own directory are refused in one line, nothing written (the stop-74 audit: a target was overwritten)
+    argv = ["export", "drafter", str(tmp_path / "own"), "--format", fmt, "--out"]
+    assert main([*argv, str(tmp_path / fmt)]) == 0
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    for out, match in ((model, "holds a model's config.json that is no EAGLE-3 export"), (tmp_path / "own", "holds an mmspec EAGLE-3 head")):
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(ValueError, match=match):
+            head.export(out, fmt)
+        assert main([*argv, str(out)]) == 2 and sorted(p.name for p in out.iterdir()) == before
+    assert (model / "config.json").read_text() == '{"architectures": ["LlamaForCausalLM"]}'
 
 
 def test_errors(tiny, tmp_path):

@@ -95,6 +95,22 @@ def test_text_target_jsonl_with_bad_rows_and_resume(text_target, tmp_path, capsy
     assert len((out / "loss.csv").read_text().splitlines()) == 4
 
 
+def test_loss_csv_has_every_logged_step_before_a_checkpoint(text_target, tmp_path, capsys, monkeypatch):
+    """docs/drafters.md: a row of OUT/loss.csv every --log-every steps (the stop-74 audit: it was
+    written only with a checkpoint, so a run stopped before one had none)."""
+    from mmspec.train.checkpoint import TrainingRun
+
+    def stopped(self, **state):
+        raise KeyboardInterrupt  # Ctrl-C at the first checkpoint, after the logged steps
+
+    monkeypatch.setattr(TrainingRun, "save", stopped)
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(6)])
+    assert train(text_target, data, tmp_path / "head", "--steps", "3", "--log-every", "1", "--save-every", "100",
+                 "--method", "medusa", "--num-heads", "2") == 130
+    log = (tmp_path / "head" / "loss.csv").read_text().splitlines()
+    assert log[0].startswith("step,") and [row.split(",")[0] for row in log[1:]] == ["1", "2", "3"]
+
+
 def test_vlm_self_distillation_eagle_exact(tmp_path_factory, tmp_path, capsys):
     import mmspec
     from mmspec.pipelines.captioning.components import load_captioning_model
@@ -225,6 +241,10 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
     assert "holds no checkpoint" in capsys.readouterr().err
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "hi"}])
+    for target in ("./no-such-model", str(tmp_path / "no-such-model")):  # a path, not a hub id with bad characters
+        assert cli_main(["train", "drafter", "--target", target, "--data", str(good), "--out", str(tmp_path / "o")]) == 2
+        assert f"--target {target}: no such directory; give a checkpoint directory" in capsys.readouterr().err
 
 
 def test_methods_the_target_cannot_run_are_refused_before_self_distillation(text_target, tmp_path, capsys):

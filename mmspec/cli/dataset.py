@@ -272,15 +272,15 @@ class Progress:
     item, or always (``always``: dataset runs): items/s, and the running tokens/s and speedup
     over plain decoding (when baselines run); ``write`` prints without breaking the bar."""
 
-    def __init__(self, total: int, always: bool = False, unit: str = "item", show: bool = True) -> None:
+    def __init__(self, total: int, always: bool = False, unit: str = "item", show: bool = True, initial: int = 0) -> None:
         try:
             from tqdm.auto import tqdm
         except ImportError:
             tqdm = None
-        self.total, self.done = total, 0
+        self.total, self.done = total, initial  # initial: done before this run (a resumed one), not in its rate
         self.tokens = self.seconds = self.baseline_seconds = 0.0
         show = show and (total > 1 or always)
-        self.bar = tqdm(total=total, file=sys.stderr, unit=unit, leave=False) if tqdm and show else None
+        self.bar = tqdm(total=total, initial=initial, file=sys.stderr, unit=unit, leave=False) if tqdm and show else None
         self.lines = show
 
     def start(self, path: str) -> None:

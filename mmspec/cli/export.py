@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..modeling.eagle3 import ENGINE_ARCHITECTURES, Eagle3Head
+from ..modeling.eagle3 import ENGINE_ARCHITECTURES, Eagle3Head, check_export_directory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -28,6 +28,7 @@ def run(args) -> int:
 
     from ..drafters.shipped import CHAIN_SETTINGS_FILE
 
+    check_export_directory(args.out)  # (before loading: a model's own files are never replaced)
     head = Eagle3Head.load(args.src)
     out = head.export(args.out, args.format, DTYPES[args.dtype])
     config = head.config

@@ -18,7 +18,10 @@ def add_parser(subparsers) -> None:
 
     gen = subparsers.add_parser("generate", help="generate text from a prompt with a drafter, and show the speed")
     gen.add_argument("prompt", help="the user message (wrapped in the model's chat template unless --raw)")
-    gen.add_argument("--drafter", default="prompt-lookup", help="ar | prompt-lookup[:K] | layer-skip:N | a draft model path")
+    gen.add_argument("--drafter", default="prompt-lookup",
+                     help="ar | prompt-lookup[:K] | layer-skip:N | sjd | sjd-coupled | a draft model path | a trained head: "
+                          "eagle:DIR, eagle2:DIR, eagle3:DIR, eagle3-tree:DIR, medusa:DIR, hydra:DIR, kangaroo:DIR "
+                          "(mmspec train drafter), assistant:DIR (Gemma 4)")
     gen.add_argument("--num-draft-tokens", type=int, default=None, help="K (default: the drafter's own)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
     gen.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")

@@ -52,6 +52,25 @@ ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE = "config.json", "model.safetensors"
 ENGINE_ARCHITECTURES = {"vllm-eagle3": "Eagle3LlamaForCausalLM", "sglang-eagle3": "LlamaForCausalLMEagle3"}
 
 
+def check_export_directory(directory: str | Path) -> None:
+    """Raise ValueError (one line) where writing an engine export into ``directory`` would replace
+    what it did not write: a model's ``config.json`` / ``model.safetensors`` (any but an EAGLE-3
+    export's), or an mmspec head's own directory."""
+    directory = Path(directory)
+    if (directory / CONFIG_FILE).is_file():
+        raise ValueError(f"{directory} holds an mmspec EAGLE-3 head ({CONFIG_FILE}); export into a new directory")
+    config, weights = directory / ENGINE_CONFIG_FILE, directory / ENGINE_WEIGHTS_FILE
+    if not (config.is_file() or weights.is_file()):
+        return
+    try:
+        architectures = set(json.loads(config.read_text()).get("architectures") or []) if config.is_file() else set()
+    except (OSError, ValueError, AttributeError):
+        architectures = set()
+    if not architectures & set(ENGINE_ARCHITECTURES.values()):
+        raise ValueError(f"{directory} holds a model's {ENGINE_CONFIG_FILE if config.is_file() else ENGINE_WEIGHTS_FILE} "
+                         f"that is no EAGLE-3 export; exporting would overwrite it: pass a new or empty directory as --out")
+
+
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low / middle / high layers as ``hidden_states`` indices: (2, L // 2, L - 3), the
     engines' default, clamped into 0 .. L for shallow (test) targets."""
@@ -337,8 +356,10 @@ class Eagle3Head(nn.Module):
         save_module(self, directory, {**config, **card}, CONFIG_FILE, WEIGHTS_FILE)
 
     def export(self, directory: str | Path, fmt: str, dtype: torch.dtype = torch.bfloat16) -> Path:
-        """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``)."""
+        """Write ``fmt``'s layout (``config.json`` + ``model.safetensors``, weights in ``dtype``);
+        refused where ``directory`` holds another model's files (:func:`check_export_directory`)."""
         config = self.config.engine_config(fmt, dtype)  # (checks fmt first)
+        check_export_directory(directory)
         if isinstance(self, VisionEagle3Head):
             engine = {"vllm-eagle3": "vLLM", "sglang-eagle3": "SGLang"}[fmt]
             raise ValueError(f"this EAGLE-3 head has the vision option (vision_tokens={self.vision_tokens}), which "

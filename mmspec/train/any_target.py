@@ -207,20 +207,33 @@ def split_held_out(count: int, fraction: float, seed: int = 0, groups: list[str 
 
 
 # ------------------------------------------------------------------------------------------- target
+def target_source(name: str) -> str:
+    """``--target``'s checkpoint: a built-in name's directory, a local directory or a hub id;
+    ValueError (one line) for a path that does not exist (rather than the hub's refusal of it as a
+    repo id)."""
+    from ..hub import check_model_path, resolve_checkpoint
+
+    try:
+        return check_model_path(resolve_checkpoint(name))
+    except FileNotFoundError:
+        raise ValueError(f"--target {name}: no such directory; give a checkpoint directory or a hub id in the local "
+                         "cache") from None
+
+
 def load_target(name: str, dtype: torch.dtype, device: torch.device):
     """A local checkpoint or hub id -> (model, processor or tokenizer, is_vlm): a VLM of
     :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer;
     ``captioner``: the embedded default captioner."""
     from transformers import AutoConfig
 
-    from ..hub import load_causal_lm, resolve_checkpoint
+    from ..hub import load_causal_lm
 
     if name == "captioner":  # the embedded default captioner (a SmolVLM around SmolLM2-135M)
         from ..modeling.captioner import load_default_captioner
 
         model, processor = load_default_captioner(device=device, dtype=dtype)
         return model.eval(), processor, True
-    source = resolve_checkpoint(name)
+    source = target_source(name)
     try:
         model_type = AutoConfig.from_pretrained(source).model_type
     except (OSError, ValueError) as error:

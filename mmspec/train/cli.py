@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 #: recipe name -> (module in mmspec.train, help)
 RECIPES = {
@@ -52,8 +54,13 @@ def interrupted(args, command: str) -> str:
     every = f" (one every {args.save_every} steps)" if getattr(args, "save_every", None) else ""
     if args.recipe == "drafter" and getattr(args, "data", None) and (args.target not in ("smollm2", "captioner")
                                                                      or _any_data(args)):
+        # a drafter for any target continues its checkpoint only when asked, and only one that exists
+        if not (Path(args.out) / "train_state.pt").is_file():
+            command = " ".join(word for word in command.split(" ") if word != "--resume")
+            return (f"no checkpoint was saved yet (one every {args.save_every} steps); the data made so far are kept "
+                    f"in {args.out}; rerun the same command to start again from them: {command}")
         if "--resume" not in command.split():
-            command += " --resume"  # a drafter for any target continues its checkpoint only when asked
+            command += " --resume"
     return (f"the last checkpoint{every} and the data made so far are kept in {args.out}; rerun the same command to "
             f"resume: {command}")
 

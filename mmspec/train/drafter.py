@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "smollm2 / captioner: the self-distillation cache (default runs/<target>-selfdistill)")
     parser.add_argument("--cache", default=None, help="any target: the self-distillation shards (default OUT/data)")
     parser.add_argument("--prompt", default=None, help="any target: the prompt of an image folder's images (default: 'Describe the image.')")
-    parser.add_argument("--held-out", type=float, default=0.1, help="any target: share of DATA held out for the loss and tau evaluation")
+    parser.add_argument("--held-out", type=float, default=None,
+                        help="any target: share of DATA held out for the loss and tau evaluation (default 0.1)")
     parser.add_argument("--hold-out-groups", default=None,
                         help="any target: comma list of the data's `group` labels (e.g. image families) held out of training "
                              "instead of a random --held-out share: the loss and tau evaluation run on groups the head never saw")
@@ -482,6 +483,9 @@ def run_any_target(args) -> int:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
         raise ValueError("--target PATH_OR_HUB_ID needs --out DIR (where the trained drafter goes)")
+    if args.held_out is not None and args.hold_out_groups:
+        raise ValueError("--held-out and --hold-out-groups: give one (the groups are held out instead of a random share)")
+    args.held_out = 0.1 if args.held_out is None else args.held_out
     if not 0 <= args.held_out < 1:
         raise ValueError(f"--held-out must be in [0, 1), got {args.held_out}")
     for name in ("batch_size", "steps", "shard_size", "gen_batch", "log_every", "save_every"):
@@ -492,6 +496,8 @@ def run_any_target(args) -> int:
         raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
         raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
+    if args.target != "captioner":
+        any_target.target_source(args.target)  # (a missing directory before the data is read)
     examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
     held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
     if held_groups:
@@ -569,8 +575,7 @@ def run_any_target(args) -> int:
 
     run = TrainingRun(out, args, args.time_limit)
     run.resume_into(head=head, optimizer=optimizer)
-    progress = Progress(args.steps, always=True, unit="step", show=process.rank == 0)
-    progress.step(count=run.step)
+    progress = Progress(args.steps, always=True, unit="step", show=process.rank == 0, initial=run.step)  # (its rate: this run's)
     card = {"target": args.target, "trained_with": "mmspec train drafter"}
     if args.method == "kangaroo":
         card["exit_layer"] = shallow_layer
@@ -608,12 +613,14 @@ def run_any_target(args) -> int:
                              held_out_top1=sum(s[1] for s in scores) / len(scores))
             if process.rank == 0:
                 run.record(**entry)
+                # every logged step (a resumed run rewrites it from its checkpoint's log on)
+                with open(out / "loss.csv", "w", newline="") as file:
+                    writer = csv.DictWriter(file, fieldnames=sorted({k for e in run.log for k in e},
+                                                                    key=lambda k: (k != "step", k)))
+                    writer.writeheader()
+                    writer.writerows(run.log)
         if saving and process.rank == 0:
             run.save(head=head.state_dict(), optimizer=optimizer.state_dict())
-            with open(out / "loss.csv", "w", newline="") as file:
-                writer = csv.DictWriter(file, fieldnames=sorted({k for e in run.log for k in e}, key=lambda k: (k != "step", k)))
-                writer.writeheader()
-                writer.writerows(run.log)
             copy.deepcopy(head).to(model.dtype).save(out, **card, step=run.step)
         if run.stop_if_out_of_time():
             break

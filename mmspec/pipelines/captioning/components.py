@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import ALIASES as TEXT_MODELS, check_model_path, model_kind_error
+from ...hub import ALIASES as TEXT_MODELS, check_model_path, mismatched_weights, model_kind_error
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -74,6 +74,8 @@ def load_captioning_model(
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
+    except RuntimeError as error:
+        raise mismatched_weights(name, error) from None
     return model.to(device).eval(), processor
 
 
