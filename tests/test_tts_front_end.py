@@ -301,3 +301,15 @@ def test_cli_stream_terminated_leaves_no_part_file(model_dir, tmp_path, capsys, 
     assert result.returncode == 143 and result.stderr.strip().splitlines()[-1].startswith("mmspec: terminated; ")
     assert not out.exists() and not (tmp_path / "x.wav.part").exists()
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is the command's alone
+
+
+def test_cli_refuses_unsayable_text_before_the_voice_loads(model_dir, tmp_path, capsys, monkeypatch):
+    """The stop-74 audit: CJK-only text was refused only after the voice loaded (15-19 s)."""
+    from mmspec.pipelines.text_to_speech.components import TTSComponents
+
+    def never(*args, **kwargs):
+        raise AssertionError("the voice loaded")
+
+    monkeypatch.setattr(TTSComponents, "from_pretrained", never)
+    result = _cli(capsys, "\u65e5\u672c \U0001F600", "--model", str(model_dir), "--out", str(tmp_path / "x.wav"))
+    assert result.returncode == 2 and "nothing this voice can say: '\u65e5\u672c', '\U0001F600'" in result.stderr

@@ -103,10 +103,11 @@ def run(args) -> int:
     import mmspec
     from ..core.sampling import SamplingConfig
 
-    from ..pipelines.text_to_speech.components import check_speed
+    from ..pipelines.text_to_speech.components import check_speed, read_manifest, spoken_text
 
     text = read_text(args)
-    check_speed(args.speed, "--speed")  # before the voice loads
+    spoken_text(text, read_manifest(args.model)[1].get("normalizer", "english"))  # nothing sayable: before the voice loads
+    check_speed(args.speed, "--speed")
     if args.stream and args.compare_baseline:
         raise ValueError("--stream cannot --compare-baseline; run the comparison without --stream")
     if args.out == "-" and sys.stdout.isatty():

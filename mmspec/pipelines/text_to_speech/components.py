@@ -69,6 +69,36 @@ def voice_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
     return resolved
 
 
+def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
+    """A voice (None: the default; an embedded voice's name, or a model directory) -> (its
+    directory, its ``tts.json``), its normaliser's name checked: what is known before any weights
+    load. Raises ValueError (one line) for a directory without ``tts.json`` or an unknown normaliser."""
+    embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
+    directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        hint = (f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)" if embedded
+                else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
+                f"{', '.join(EMBEDDED_VOICES)})?")
+        raise ValueError(hint)
+    manifest = json.loads(manifest_path.read_text())
+    make_normalizer(manifest.get("normalizer", "english"))  # an unknown name is refused before the weights load
+    return directory, manifest
+
+
+def spoken_text(text: str, normalizer: str = "english") -> NormalizedText:
+    """Written text -> what the voice says (the normaliser ``normalizer``: numbers, dates, symbols
+    as words; what no voice can say dropped and named). Raises ValueError (one line) for empty
+    text, or text with nothing left to say: ``"日本 😀"`` names what it dropped."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(EMPTY_TEXT)
+    spoken = make_normalizer(normalizer)(text)
+    if not re.search(r"[A-Za-z0-9]", spoken.text):
+        cannot = f": {spoken.describe_dropped()} cannot be spoken" if spoken.dropped else ""
+        raise ValueError(f"the text has nothing this voice can say{cannot}; pass English words")
+    return spoken
+
+
 def load_nar_stage(directory: Path, nar: str | None, lm: CodecLM, device: torch.device,
                    dtype: torch.dtype = torch.float32) -> CodecNAR | None:
     """A VALL-E-style voice's NAR stage (tts.json ``nar``, a directory relative to the voice) in
@@ -125,18 +155,10 @@ class TTSComponents(OptimizesOnLoad):
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True,
                         dtype: str | torch.dtype = "auto") -> "TTSComponents":
-        embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
-        directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
+        directory, manifest = read_manifest(model)
         manifest_path = directory / MANIFEST
-        if not manifest_path.is_file():
-            hint = (f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)" if embedded
-                    else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
-                    f"{', '.join(EMBEDDED_VOICES)})?")
-            raise ValueError(hint)
-        manifest = json.loads(manifest_path.read_text())
         temperature = manifest.get("temperature", 1.0)
         normalizer = manifest.get("normalizer", "english")
-        make_normalizer(normalizer)  # an unknown name is refused before the weights load
         if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
@@ -156,16 +178,8 @@ class TTSComponents(OptimizesOnLoad):
                    float(temperature), nar, dtype, normalizer)
 
     def normalize(self, text: str) -> NormalizedText:
-        """Written text -> what the voice says (the model's normaliser: numbers, dates, symbols as
-        words; what no voice can say dropped and named). Raises ValueError (one line) for empty
-        text, or text with nothing left to say: ``"日本 😀"`` names what it dropped."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(EMPTY_TEXT)
-        spoken = make_normalizer(self.normalizer_name)(text)
-        if not re.search(r"[A-Za-z0-9]", spoken.text):
-            cannot = f": {spoken.describe_dropped()} cannot be spoken" if spoken.dropped else ""
-            raise ValueError(f"the text has nothing this voice can say{cannot}; pass English words")
-        return spoken
+        """:func:`spoken_text` under this voice's normaliser."""
+        return spoken_text(text, self.normalizer_name)
 
     @property
     def wide_verification(self) -> bool:
