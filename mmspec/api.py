@@ -6,6 +6,7 @@ import copy
 import difflib
 import inspect
 import operator
+import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -167,6 +168,12 @@ def generate(
 def _prepare(target, max_new_tokens: Any, num_draft_tokens: Any) -> tuple[Any, int, int | None]:
     """The call's target adapter and its checked counts (ValueError for a count that is not a
     positive integer)."""
+    if isinstance(target, (str, os.PathLike)):  # (a name is the pipelines' and the CLI's, not generate's)
+        raise TypeError(f"generate takes a loaded model, not the name {str(target)!r}: model, tokenizer = "
+                        f"mmspec.hub.load_causal_lm({str(target)!r}) (or transformers' from_pretrained), then "
+                        "mmspec.generate(model, ..., **tokenizer(text, return_tensors='pt'))")
+    if not hasattr(target, "prefill") and not isinstance(target, torch.nn.Module):
+        raise TypeError(f"generate takes a transformers model or an mmspec Target, got {type(target).__name__}")
     adapter = target if hasattr(target, "prefill") else TransformersTarget(target)
     return (adapter, _count("max_new_tokens", max_new_tokens),
             None if num_draft_tokens is None else _count("num_draft_tokens", num_draft_tokens))

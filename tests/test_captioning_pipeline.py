@@ -355,6 +355,11 @@ def test_missing_and_non_image_files(tmp_path):
         load_image("")  # (not ". is a directory")
     with pytest.raises(TypeError, match="PIL.Image, a path or a numpy array"):
         load_image(42)
+    # a local file's URL is its path (the stop-74 audit: "file:///a.png" was looked up as "file:/a.png")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a b.png")
+    assert load_image(f"file://{tmp_path}/a%20b.png").size == (8, 8)
+    with pytest.raises(ValueError, match="names another host's file"):
+        load_image("file://server/a.png")
 
 
 def test_truncated_file(tmp_path):

@@ -86,6 +86,14 @@ def test_bad_settings(llama, kwargs, match):
         mmspec.generate(llama.model, drafter="prompt-lookup", **kwargs, **llama.inputs)
 
 
+def test_a_model_name_or_other_object_is_not_a_model():
+    """The stop-74 audit: a name gave AttributeError: 'str' object has no attribute 'config'."""
+    with pytest.raises(TypeError, match=r"generate takes a loaded model, not the name 'smollm2': .*load_causal_lm\('smollm2'\)"):
+        mmspec.generate("smollm2", input_ids=torch.tensor([[1, 2]]))
+    with pytest.raises(TypeError, match="generate takes a transformers model or an mmspec Target, got int"):
+        mmspec.generate(5, input_ids=torch.tensor([[1, 2]]))
+
+
 def test_encoder_decoder_rejected():
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=50, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8))
     with pytest.raises(ValueError, match="encoder-decoder"):

@@ -119,6 +119,9 @@ def test_health_and_models_without_socket(local):
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 10**6}, 400, "max_tokens", "invalid_value"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
+    # two budgets that differ: refused, not one silently winning (the stop-74 audit)
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 4, "max_completion_tokens": 6},
+     400, "max_tokens", "conflicting_fields"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_token": 8}, 400, "max_token",
      "unknown_field"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "x" * 5000)}, 400, None, "too_long"),
@@ -161,12 +164,29 @@ def test_page_is_served(local):
     # a top-level typo is refused, not left to its default: the closest field is named
     ("/v1/images/generations", {"prompt": "a red circle", "guidance": 5.0}, "guidance", "unknown_field"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "sed": 1}, "sed", "unknown_field"),
+    # seeds: the range the pipelines and the chat endpoint take (image i uses seed + i)
+    ("/v1/images/generations", {"prompt": "a red circle", "n": 2, "seed": 2**63 - 1}, "seed", "invalid_value"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "seed": 2**63}, "seed", "invalid_value"),
 ])
 def test_bad_image_and_speech_requests(local, path, body, param, code):
     error = error_of(local.post(path, json=body), 400)
     assert (error["param"], error["code"]) == (param, code)
     if param in ("guidance", "sed"):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
+
+
+def test_seed_ranges_and_http_errors_say_what_to_send(local):
+    """The stop-74 audit: images and speech refused seeds above 2**31 - 1 that chat and the
+    pipelines take; a wrong method or path said only "Method Not Allowed" / "Not Found"."""
+    for path, body in (("/v1/images/generations", {"prompt": "a red circle", "n": 2, "seed": 2**63 - 1}),
+                       ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "seed": 2**63})):
+        message = error_of(local.post(path, json=body), 400)["message"]
+        assert f"and {2**63 - 2 if 'images' in path else 2**63 - 1}, got" in message
+    error = error_of(local.get("/v1/chat/completions"), 405)
+    assert error["code"] == "method_not_allowed" and error["message"] == "/v1/chat/completions takes POST, not GET"
+    error = error_of(local.post("/v1/completions", json={}), 404)
+    assert error["code"] == "not_found" and error["message"].startswith("no route POST /v1/completions; this server has: ")
+    assert "POST /v1/chat/completions" in error["message"] and "GET /v1/models" in error["message"]
 
 
 def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):

@@ -565,3 +565,13 @@ def test_sjd_drafts_a_window_of_codes_on_a_single_stream(model_dir, valle_dir):
         assert out.stats.config["num_draft_tokens"] == window and out.stats.frames > 0  # what the drafter ran
     tts = mmspec.pipeline("text-to-speech", model=valle_dir, method="sjd", num_draft_tokens=3)
     assert tts.method.draft_length(tts.components) == 3
+
+
+def test_seed_none_is_a_fresh_random_seed_as_in_every_pipeline(model_dir):
+    """The stop-74 audit: text-to-speech refused ``seed=None``, which captioning and text-to-image
+    take; the default stays seed 0 (the same output call after call)."""
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+    outs = [tts("two blue hearts.", seed=None, max_seconds=0.4) for _ in range(3)]
+    assert all(o.audio.shape[0] == 1 for o in outs) and len({o.codes.flatten().tolist().__repr__() for o in outs}) > 1
+    assert torch.equal(tts("two blue hearts.", max_seconds=0.4).codes, tts("two blue hearts.", seed=0, max_seconds=0.4).codes)
+    assert len(list(tts.stream("two blue hearts.", seed=None, max_seconds=0.4))) == 1

@@ -71,6 +71,13 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     """
     if str(path).startswith(("http://", "https://")):
         raise ValueError(f"{path} is a URL; mmspec reads no URLs: download the image and pass its file")
+    if str(path).startswith("file:"):  # a local file's URL: its path ("file:///a%20b.png" -> "/a b.png")
+        from urllib.parse import unquote, urlparse
+
+        url = urlparse(str(path))
+        if url.netloc not in ("", "localhost"):
+            raise ValueError(f"{path} names another host's file; pass a local path")
+        path = unquote(url.path)
     if not str(path).strip():  # (Path("") is ".", a directory)
         raise ValueError("the image path is empty; give an image file")
     path = Path(path)

@@ -118,8 +118,18 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        code = HTTP_CODES.get(error.status_code, "http_error")
-        return JSONResponse(APIError(error.status_code, str(error.detail), code=code).body(), status_code=error.status_code)
+        """Starlette's own errors, with what to send instead: a wrong method names the path's
+        methods, an unknown path the routes."""
+        code, message = HTTP_CODES.get(error.status_code, "http_error"), str(error.detail)
+        if error.status_code == 405:
+            allowed = (error.headers or {}).get("Allow") or (error.headers or {}).get("allow") or ""
+            message = f"{request.url.path} takes {allowed or 'another method'}, not {request.method}"
+        elif error.status_code == 404 and message == "Not Found":
+            routes = sorted(f"{method} {route.path}" for route in app.routes if getattr(route, "include_in_schema", True)
+                            for method in sorted(getattr(route, "methods", None) or ()) if method != "HEAD")
+            message = f"no route {request.method} {request.url.path}; this server has: {', '.join(routes)}"
+        return JSONResponse(APIError(error.status_code, message, code=code).body(), status_code=error.status_code,
+                            headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -254,8 +254,12 @@ class CaptionService(TaskService):
         if chars > self.config.max_prompt_chars:
             raise bad_request(f"the messages have {chars} characters; at most {self.config.max_prompt_chars}",
                               "messages", "too_long")
-        max_tokens = fields.integer("max_completion_tokens", None, 1, self.config.max_tokens_limit)
-        max_tokens = fields.integer("max_tokens", max_tokens or 64, 1, self.config.max_tokens_limit)
+        completion = fields.integer("max_completion_tokens", None, 1, self.config.max_tokens_limit)
+        max_tokens = fields.integer("max_tokens", None, 1, self.config.max_tokens_limit)
+        if completion is not None and max_tokens is not None and completion != max_tokens:
+            raise bad_request(f"'max_tokens' ({max_tokens}) and 'max_completion_tokens' ({completion}) differ; send one "
+                              "(max_completion_tokens is OpenAI's current name)", "max_tokens", "conflicting_fields")
+        max_tokens = completion or max_tokens or 64
         sampling = sampling_fields(fields, 1.0)
         seed = fields.integer("seed", None, 0, 2**63 - 1)
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))
@@ -334,7 +338,7 @@ class ImageService(TaskService):
                               f"got {method!r}", "method", "unsupported")
         sampling = sampling_fields(fields, 1.0)
         guidance = fields.number("guidance_scale", 3.0, 1.0, 20.0)
-        seed = fields.integer("seed", None, 0, 2**31 - 1)
+        seed = fields.integer("seed", 0, 0, 2**63 - n)  # (image i uses seed + i, within a generator's range)
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))
         fields.refuse_unknown(*COMMON_FIELDS)
         key = (n, seed, guidance, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], compare)
@@ -372,7 +376,7 @@ class SpeechService(TaskService):
         fields.refuse("stream_format", ("audio", None), "the server streams the audio itself (stream: true), not server-sent events")
         speed = fields.number("speed", 1.0, 0.25, MAX_SPEED)  # OpenAI's range, 0.25 to 4 (the voice's MAX_SPEED)
         sampling = sampling_fields(fields, None)
-        seed = fields.integer("seed", 0, 0, 2**31 - 1)
+        seed = fields.integer("seed", 0, 0, 2**63 - 1)
         max_seconds = fields.number("max_seconds", self.config.max_speech_seconds, 0.0, self.config.max_speech_seconds,
                                     low_open=True)
         stream = bool(fields.get("stream", bool, False))

@@ -442,7 +442,7 @@ class ImageCaptioningPipeline(Pipeline):
         prompt: str | None = None,
         max_new_tokens: int = 64,
         do_sample: bool = False,
-        seed: int | None = None,
+        seed: int | None = 0,
         compare_baseline: bool = False,
         *,
         temperature: float = 1.0,
@@ -462,7 +462,8 @@ class ImageCaptioningPipeline(Pipeline):
             max_new_tokens: the caption's token budget.
             do_sample, temperature, top_k, top_p: sample instead of greedy decoding.
             seed: seeds each caption's randomness (every image of a list gets the same seed, so a
-                caption does not depend on its position in the list).
+                caption does not depend on its position in the list); None: a fresh random seed
+                (as in every pipeline and ``mmspec.generate``).
             compare_baseline: also run plain AR decoding on the same inputs and set
                 ``stats.speedup`` = baseline wall time / speculative wall time (of the whole batch).
             batch_size: images of a list decoded together (:mod:`mmspec.core.batch`): each caption

@@ -253,11 +253,12 @@ class TextToImagePipeline(Pipeline):
         return self.components.decode(tokens)
 
     @torch.inference_mode()
-    def __call__(self, prompt: str | Sequence[str], *, guidance_scale: float = 3.0, seed: int | None = None, num_images: int = 1,
+    def __call__(self, prompt: str | Sequence[str], *, guidance_scale: float = 3.0, seed: int | None = 0, num_images: int = 1,
                  do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  compare_baseline: bool = False, progress: bool | ProgressCallback | None = False,
                  batch_size: int = 1) -> TextToImageOutput | list[TextToImageOutput]:
-        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i), or for each prompt
+        """Generate ``num_images`` images for ``prompt`` (image i uses seed + i; ``seed=None``: a fresh
+        random seed, as in every pipeline), or for each prompt
         of a list (one output per prompt, in order), ``batch_size`` images at a time.
 
         Args:
@@ -278,7 +279,7 @@ class TextToImagePipeline(Pipeline):
         if not prompts:
             raise ValueError("no prompts given")
         inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding
-        base_seed = 0 if seed is None else seed
+        base_seed = int(torch.randint(2**62, ())) if seed is None else seed  # (None: a fresh random seed)
         jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         report, close = self.progress_reporter(progress, len(jobs) * (2 if compare_baseline else 1), "image")

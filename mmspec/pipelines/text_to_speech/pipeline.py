@@ -218,7 +218,7 @@ class TextToSpeechPipeline(Pipeline):
         return [(out.sequences[b, k : k + s.new_tokens], s) for b, s in enumerate(out.row_stats)]
 
     def __call__(self, text: str | list[str], do_sample: bool = True, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
+                 top_p: float | None = None, seed: int | None = 0, max_seconds: float = 20.0, speed: float = 1.0,
                  compare_baseline: bool = False, method: TTSMethod | str | None = None,
                  progress: bool | ProgressCallback | None = None,
                  batch_size: int = 1, split: str = "auto") -> TextToSpeechOutput | list[TextToSpeechOutput]:
@@ -228,7 +228,8 @@ class TextToSpeechPipeline(Pipeline):
         speaking rate (2.0: twice as fast; at most :data:`~.components.MAX_SPEED`). ``method`` (a TTSMethod or a spec) overrides the
         pipeline's for this call (the benchmark runs every method on one model). ``progress`` is
         called with the steps (frames, roughly) generated so far by the method's run (batch size
-        1); True shows a terminal bar of frames.
+        1); True shows a terminal bar of frames. ``seed`` seeds every generation (``None``: a fresh
+        random seed, as in every pipeline).
 
         The text is normalised first (the model's normaliser, "english" by default: numbers,
         dates, times, money, units, abbreviations, initialisms, URLs as words; emoji and other
@@ -315,7 +316,7 @@ class TextToSpeechPipeline(Pipeline):
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
 
     def stream(self, text: str, do_sample: bool = True, temperature: float | None = None, top_k: int | None = None,
-               top_p: float | None = None, seed: int = 0, max_seconds: float = 20.0, speed: float = 1.0,
+               top_p: float | None = None, seed: int | None = 0, max_seconds: float = 20.0, speed: float = 1.0,
                method: TTSMethod | str | None = None, split: str = "sentences") -> Iterator[TextToSpeechChunk]:
         """Say ``text`` piece by piece, yielding each piece's audio as soon as it is ready
         (:class:`TextToSpeechChunk`: a float32 [1, samples] tensor, its sampling rate, the piece's
