@@ -366,7 +366,7 @@ class EnglishNormalizer(TextNormalizer):
     @staticmethod
     def _files(text: str) -> str:
         """"config.yaml" -> "config dot yaml" (a file name, not a sentence end)."""
-        return re.sub(rf"(?<![\w.])([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\.({FILE_EXTENSIONS})\b(?![.-]?\w)",
+        return re.sub(rf"(?<![\w.])([A-Za-z0-9_-]{{2,}}(?:\.[A-Za-z0-9_-]+)*)\.({FILE_EXTENSIONS})\b(?![.-]?\w)",
                       lambda m: f"{m.group(1).replace('.', ' dot ')} dot {m.group(2)}", text)
 
     @staticmethod
@@ -403,7 +403,12 @@ class EnglishNormalizer(TextNormalizer):
         keys = sorted(ABBREVIATIONS, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
         text = re.sub(r"\b[Nn]o\.\s*(?=\d)", "number ", text)
-        text = re.sub(r"\b(" + "|".join(NUMBERED) + r")\.\s*(?=\d)", lambda m: NUMBERED[m.group(1)] + " ", text)
+        def numbered(m):  # "Fig. 3" -> "Figure 3", "vol. 2" -> "volume 2"
+            word = m.group(1)
+            return (NUMBERED[word] if word in NUMBERED else NUMBERED[word.capitalize()].lower()) + " "
+
+        lower = [k.lower() for k in NUMBERED if not k.islower()]
+        text = re.sub(r"\b(" + "|".join([*NUMBERED, *lower]) + r")\.\s*(?=\d)", numbered, text)
         return re.sub(r"#\s?(?=\d)", "number ", text)
 
     # -- numbers in context
