@@ -298,7 +298,8 @@ def test_cli_stream_terminated_leaves_no_part_file(model_dir, tmp_path, capsys, 
     out = tmp_path / "x.wav"
     previous = signal.getsignal(signal.SIGTERM)
     result = _cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(out), "--stream", "--max-seconds", "0.5")
-    assert result.returncode == 143 and result.stderr.strip().splitlines()[-1].startswith("mmspec: terminated; ")
+    assert result.returncode == 143 and result.stderr.strip().splitlines()[-1] == (
+        "mmspec: terminated; nothing was saved (the audio streamed so far was removed with its .part file)")
     assert not out.exists() and not (tmp_path / "x.wav.part").exists()
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is the command's alone
 

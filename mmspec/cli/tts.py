@@ -71,7 +71,9 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--threads", type=int, default=None)
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(handler=run, output_args={"out": "file or -"},
-                     interrupted=lambda args, command: "nothing was saved (the files are written once the audio is done)")
+                     interrupted=lambda args, command: "nothing was saved (" + (
+                         "the audio streamed so far was removed with its .part file" if args.stream and args.out != "-"
+                         else "the files are written once the audio is done") + ")")
 
 
 def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> bytes:
