@@ -117,6 +117,7 @@ CASES = [
     ("Add 1 1/2 cups and 2\u00bd spoons.", "Add one and a half cups and two and a half spoons."),
     ("Walk 2 3/4 miles, or 1 1/3.", "Walk two and three quarters miles, or one and a third."),
     ("The meeting runs 2:30-3:30 pm.", "The meeting runs two thirty to three thirty P-M."),
+    ("Lunch is 12:30-13:15, then 14:00 - 15:00.", "Lunch is twelve thirty to thirteen fifteen, then fourteen o'clock to fifteen o'clock."),
     ("Open 3-4 p.m. daily.", "Open three to four P-M daily."),
     ("Prices rose 10-20%, then 10%-20%.", "Prices rose ten to twenty percent, then ten percent to twenty percent."),
     ("Run 5-10 km daily.", "Run five to ten kilometers daily."),

@@ -108,7 +108,7 @@ def run(args) -> int:
     from ..pipelines.text_to_speech.components import check_speed, read_manifest, spoken_text
 
     text = read_text(args)
-    spoken_text(text, read_manifest(args.model)[1].get("normalizer", "english"))  # nothing sayable: before the voice loads
+    spoken_text(text, read_manifest(args.model)[1]["normalizer"])  # nothing sayable: before the voice loads
     check_speed(args.speed, "--speed")
     if args.stream and args.compare_baseline:
         raise ValueError("--stream cannot --compare-baseline; run the comparison without --stream")

@@ -122,7 +122,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         methods, an unknown path the routes."""
         code, message = HTTP_CODES.get(error.status_code, "http_error"), str(error.detail)
         if error.status_code == 405:
-            allowed = (error.headers or {}).get("Allow") or (error.headers or {}).get("allow") or ""
+            allowed = (error.headers or {}).get("Allow")  # (Starlette's 405 names the path's methods there)
             message = f"{request.url.path} takes {allowed or 'another method'}, not {request.method}"
         elif error.status_code == 404 and message == "Not Found":
             routes = sorted(f"{method} {route.path}" for route in app.routes if getattr(route, "include_in_schema", True)

@@ -474,7 +474,7 @@ class EnglishNormalizer(TextNormalizer):
             return said(hour, 0, m.group(2), m) if 1 <= hour <= 12 else m.group(0)
 
         text = _ranges_before(text, r"\d{1,2}(?::\d{2})?", r"[AaPp]\.?\s?[Mm]\b")  # "3-4 pm", "2:30-3:30 pm"
-        text = re.sub(r"(?<![\w.,-])(\d{1,2}:\d{2})\s?[-\u2013]\s?(?=\d{1,2}:\d{2}(?![\d:]))", r"\1 to ", text)
+        text = _ranges_before(text, r"\d{1,2}:\d{2}", r"(?![\d:])")  # "2:30-3:30"
         text = re.sub(r"(?<![\w.])(\d{1,2})\.(\d{2})(?=\s?[AaPp]\.?\s?[Mm]\b)", r"\1:\2", text)  # "7.30pm"
         text = re.sub(r"\b(\d{1,2}):(\d{2})(?::(\d{2}))?" + meridian + r"?(?![\d:])", clock, text)
         return re.sub(r"\b(\d{1,2})" + meridian + r"(?![A-Za-z])", hour_only, text)

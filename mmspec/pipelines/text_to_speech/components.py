@@ -71,8 +71,9 @@ def voice_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
 
 def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
     """A voice (None: the default; an embedded voice's name, or a model directory) -> (its
-    directory, its ``tts.json``), its normaliser's name checked: what is known before any weights
-    load. Raises ValueError (one line) for a directory without ``tts.json`` or an unknown normaliser."""
+    directory, its ``tts.json`` with ``"normalizer"`` filled in: "english" where it names none),
+    the normaliser's name checked: what is known before any weights load. Raises ValueError (one
+    line) for a directory without ``tts.json`` or an unknown normaliser."""
     embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
     directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
     manifest_path = directory / MANIFEST
@@ -82,7 +83,8 @@ def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
                 f"{', '.join(EMBEDDED_VOICES)})?")
         raise ValueError(hint)
     manifest = json.loads(manifest_path.read_text())
-    make_normalizer(manifest.get("normalizer", "english"))  # an unknown name is refused before the weights load
+    manifest.setdefault("normalizer", "english")
+    make_normalizer(manifest["normalizer"])  # an unknown name is refused before the weights load
     return directory, manifest
 
 
@@ -158,7 +160,7 @@ class TTSComponents(OptimizesOnLoad):
         directory, manifest = read_manifest(model)
         manifest_path = directory / MANIFEST
         temperature = manifest.get("temperature", 1.0)
-        normalizer = manifest.get("normalizer", "english")
+        normalizer = manifest["normalizer"]
         if not _positive_number(temperature):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
