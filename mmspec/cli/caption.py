@@ -191,4 +191,5 @@ def run_caption_command(args) -> int:
     where = args.out or ("the JSON records" if args.json else "the error lines above")
     rank = results.process.rank if results is not None else 0
     alone = len(records) == 1 and results is None and not args.json  # (its error line said it all)
-    return failed_rows_exit(records, where, retry=results is not None, show=rank == 0 and not alone)  # one rule, with or without --out
+    return failed_rows_exit(records, where, retry=results is not None, show=rank == 0 and not alone,  # one rule, with or without --out
+                            process=results.process if results is not None else None)

@@ -226,19 +226,22 @@ def add_row_args(parser) -> None:
                              "done rows are kept")
 
 
-def failed_rows_exit(records: list[dict[str, Any]], where: str, retry: bool = True, show: bool = True) -> int:
+def failed_rows_exit(records: list[dict[str, Any]], where: str, retry: bool = True, show: bool = True,
+                     process: "ProcessState | None" = None) -> int:
     """The exit rule of every command that writes rows (module doc): 0 when no record has an
     ``error``, else 2 after one summary line on stderr ("N of M rows failed; see their error field
     in WHERE", and how to redo them when ``retry``; ``show`` False: no line, as on the processes
-    of a sharded run other than rank 0, which all exit 2 too)."""
+    of a sharded run other than rank 0, which all exit 2 too). With a sharded run's ``process``
+    every process returns only once rank 0 has printed its line: torchrun stops the other
+    processes as soon as one exits non-zero, which could cut rank 0 off before its summary."""
     failed = sum("error" in r for r in records)
-    if not failed:
-        return 0
-    if not show:
-        return 2
-    redo = "; rerun with --retry-errors to redo only them" if retry else ""
-    print(f"mmspec: {failed} of {len(records)} rows failed; see their error field in {where}{redo}", file=sys.stderr)
-    return 2
+    if failed and show:
+        redo = "; rerun with --retry-errors to redo only them" if retry else ""
+        print(f"mmspec: {failed} of {len(records)} rows failed; see their error field in {where}{redo}", file=sys.stderr,
+              flush=True)
+    if process is not None:
+        process.wait()
+    return 2 if failed else 0
 
 
 def count_rows(out: str | os.PathLike, key: str) -> int:

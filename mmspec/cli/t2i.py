@@ -161,7 +161,7 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
         retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
         print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew "
               f"{len(results.todo)}{retried}")
-    return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0)
+    return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0, process=results.process)
 
 
 def run(args) -> int:
