@@ -1,0 +1,93 @@
+"""Every ``mmspec ...`` command in a shell code block of the README, docs/ and the model cards parses
+with the CLI as it stands (its subcommand, flags and choices exist): a flag renamed without its
+docs is a command that fails for the reader who copies it. Parsing only; nothing runs."""
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+from mmspec.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shell_lines(text: str):
+    """(line number, command) of each shell command in the page's ``` / ```bash blocks, a
+    backslash-newline joined as the shell joins it (removed, nothing in its place)."""
+    fence, language, pending, start = False, "", "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence, language = not fence, line[3:].strip()
+            continue
+        if not fence or language not in ("", "bash", "sh"):
+            continue
+        if not pending:
+            start = number
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+            continue
+        yield start, pending
+        pending = ""
+
+
+#: a call of mmspec: after environment assignments and a wrapper (taskset, nice, timeout, time, nohup,
+#: ``accelerate launch ... -m``), ``mmspec`` or a path ending in it, then a subcommand
+CALL = re.compile(r"(?:\w+=\S*\s+)*(?:(?:taskset -c|nice -n|timeout(?: -s \w+)?) \S+\s+|time\s+|nohup\s+|accelerate launch .*?-m\s+)?"
+                  r"(?:\S*/)?mmspec\s+([a-z][\w-]*(?:\s.*)?)$")
+
+
+def mmspec_commands(line: str):
+    """The argument lists of the ``mmspec`` calls on a shell line (``&&``, ``;`` and pipes split
+    it; a trailing ``&``, a redirection and a comment end one); None for a synopsis or a
+    placeholder command (``[--flag ...]``, ``...``, ``$VAR``, ``<name>``) that is not meant to run as written."""
+    for part in re.split(r"&&|\|\||;|\|", line):
+        found = CALL.match(part.strip())
+        if not found:
+            continue
+        rest = re.split(r"\s&\s*(?:#|$)|\s&$|\s\d?>", found.group(1))[0]
+        if re.search(r"\[--|\.\.\.|\$|<", rest):
+            yield None
+            continue
+        yield shlex.split(rest, comments=True)
+
+
+def test_every_documented_command_parses():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*/README.md"))]
+    parser, failed, parsed = build_parser(), [], 0
+    for page in pages:
+        for number, line in shell_lines(page.read_text()):
+            for argv in mmspec_commands(line):
+                if argv is None:
+                    continue
+                errors = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+                        parser.parse_args(argv)
+                    parsed += 1
+                except SystemExit as stop:
+                    if stop.code:
+                        failed.append(f"{page.relative_to(ROOT)}:{number}: mmspec {shlex.join(argv)}\n    {errors.getvalue().strip()}")
+    assert not failed, "\n".join(failed)
+    assert parsed > 150  # (the pages hold ~200: a scan that finds none checks nothing)
+
+
+def test_the_scan_reads_commands_as_the_shell_does():
+    page = ("text\n```\nHF_HUB_OFFLINE=1 .venv/bin/mmspec tts hi \\\n  --out a.wav && mmspec caption x.png > out.txt\n"
+            "taskset -c 1 mmspec bench tts --methods ar,\\\nsjd &   # one per core\nmmspec serve [--port 8000]\n    mmspec run)\n"
+            "  serve/   the mmspec command, the server\naccelerate launch --num_processes 2 -m mmspec caption d/\n```\n```python\nmmspec.pipeline()\n```\n")
+    lines = list(shell_lines(page))
+    assert [n for n, _ in lines] == [3, 5, 7, 8, 9, 10]
+    found = [argv for _, line in lines for argv in mmspec_commands(line)]
+    assert found == [["tts", "hi", "--out", "a.wav"], ["caption", "x.png"], ["bench", "tts", "--methods", "ar,sjd"], None,
+                     ["caption", "d/"]]
+    parser = build_parser()
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            parser.parse_args(["tts", "hi", "--no-such-flag"])
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError("a misspelt flag parsed")
