@@ -1,8 +1,13 @@
 """Every ``mmspec ...`` command in a shell code block of the README, docs/ and the model cards parses
-with the CLI as it stands (its subcommand, flags and choices exist): a flag renamed without its
-docs is a command that fails for the reader who copies it. Parsing only; nothing runs."""
+with the CLI as it stands (its subcommand, flags and choices exist), and every Python block there
+compiles, its ``mmspec`` imports and ``mmspec.NAME`` attributes existing: a flag or a function
+renamed without its docs is an example that fails for the reader who copies it. Parsing and
+imports only; nothing runs."""
 
+import ast
 import contextlib
+import importlib
+import importlib.util
 import io
 import re
 import shlex
@@ -11,26 +16,35 @@ from pathlib import Path
 from mmspec.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*/README.md"))]
+
+
+def code_blocks(text: str, languages: tuple[str, ...]):
+    """(first line number, lines) of each ``` block of the page in one of ``languages``."""
+    fence, language, lines, start = False, "", [], 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if fence and language in languages:
+                yield start, lines
+            fence, language, lines, start = not fence, line[3:].strip(), [], number + 1
+        elif fence:
+            lines.append(line)
 
 
 def shell_lines(text: str):
     """(line number, command) of each shell command in the page's ``` / ```bash blocks, a
     backslash-newline joined as the shell joins it (removed, nothing in its place)."""
-    fence, language, pending, start = False, "", "", 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith("```"):
-            fence, language = not fence, line[3:].strip()
-            continue
-        if not fence or language not in ("", "bash", "sh"):
-            continue
-        if not pending:
-            start = number
-        pending += line
-        if pending.endswith("\\"):
-            pending = pending[:-1]
-            continue
-        yield start, pending
+    for first, lines in code_blocks(text, ("", "bash", "sh")):
         pending = ""
+        for number, line in enumerate(lines, first):
+            if not pending:
+                start = number
+            pending += line
+            if pending.endswith("\\"):
+                pending = pending[:-1]
+                continue
+            yield start, pending
+            pending = ""
 
 
 #: a call of mmspec: after environment assignments and a wrapper (taskset, nice, timeout, time, nohup,
@@ -55,9 +69,8 @@ def mmspec_commands(line: str):
 
 
 def test_every_documented_command_parses():
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*/README.md"))]
     parser, failed, parsed = build_parser(), [], 0
-    for page in pages:
+    for page in PAGES:
         for number, line in shell_lines(page.read_text()):
             for argv in mmspec_commands(line):
                 if argv is None:
@@ -91,3 +104,33 @@ def test_the_scan_reads_commands_as_the_shell_does():
             assert stop.code == 2
         else:
             raise AssertionError("a misspelt flag parsed")
+
+
+def test_every_documented_python_block_compiles_and_its_mmspec_names_exist():
+    import mmspec
+
+    missing, blocks = [], 0
+    for page in PAGES:
+        for start, lines in code_blocks(page.read_text(), ("python",)):
+            blocks += 1
+            where = f"{page.relative_to(ROOT)}:{start}"
+            try:
+                tree = ast.parse("\n".join(lines))
+            except SyntaxError as error:
+                missing.append(f"{where}: {error}")
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mmspec":
+                    module = importlib.import_module(node.module)
+                    missing += [f"{where}: from {node.module} import {alias.name}" for alias in node.names
+                                if not hasattr(module, alias.name) and not (hasattr(module, "__path__") and
+                                                                            importlib.util.find_spec(f"{node.module}.{alias.name}"))]
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == "mmspec" and importlib.util.find_spec(alias.name) is None:
+                            missing.append(f"{where}: import {alias.name}")
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "mmspec":
+                    if not hasattr(mmspec, node.attr):
+                        missing.append(f"{where}: mmspec.{node.attr}")
+    assert not missing, "\n".join(missing)
+    assert blocks > 20
