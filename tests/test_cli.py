@@ -17,6 +17,18 @@ def test_help_as_module_and_console_script():
         assert "generate" in done.stdout and "bench" in done.stdout
 
 
+def test_version(capsys):
+    import torch
+
+    import mmspec
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"mmspec {mmspec.__version__} (Python ") and torch.__version__ in out
+
+
 def test_empty_prompt_is_a_clear_error(capsys):
     assert main(["generate", "   ", "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err

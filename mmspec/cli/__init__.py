@@ -34,10 +34,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mmspec",
         description="Fast autoregressive multimodal generation with speculative decoding.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).add_parser(subparsers)
     return parser
+
+
+def version_line() -> str:
+    """``mmspec --version``: mmspec's version and the Python and torch it runs on."""
+    import platform
+
+    import torch
+
+    from .. import __version__
+    return f"mmspec {__version__} (Python {platform.python_version()}, torch {torch.__version__})"
 
 
 #: mmspec's own package folder: a warning raised from a file under it is mmspec's advice to the user
