@@ -39,6 +39,23 @@ def models_dir() -> Path:
     return Path(os.environ.get("MMSPEC_MODELS_DIR", Path(__file__).resolve().parents[1] / "models"))
 
 
+def outside_clone(folder: Path, what: str, variable: str) -> str | None:
+    """Where ``folder`` (the repository's ``models/`` or ``pipelines/``, holding ``what``) does not
+    exist at all -- mmspec installed from a wheel or ``pip install .`` rather than run from a clone --
+    the one line saying so and what to do; else None (the caller's own message then says which file
+    is missing)."""
+    if folder.is_dir():
+        return None
+    return (f"this mmspec install has no {folder.name}/ folder ({folder}) with {what}: they come with a clone of the "
+            f"repository, not with a wheel; install from a clone with `bash scripts/install.sh` (an editable install), "
+            f"or set {variable} to a clone's {folder.name}/")
+
+
+def no_models_note() -> str | None:
+    """:func:`outside_clone` for the embedded models (``models/``)."""
+    return outside_clone(models_dir(), "the embedded models", "MMSPEC_MODELS_DIR")
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """"auto" -> cuda when available, else cpu; anything else as torch.device, checked to exist here.
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import models_dir
+from ..hub import models_dir, no_models_note
 
 IMAGE_SIZE = 128
 PATCH_SIZE = 16
@@ -153,8 +153,7 @@ def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtyp
     """The embedded default captioner from ``models/smolcap`` -> (model, processor)."""
     weights = default_captioner_dir() / WEIGHTS_FILE
     if not weights.exists():
-        raise FileNotFoundError(
+        raise FileNotFoundError(no_models_note() or (
             f"the embedded captioner's weights are missing ({weights}); train them with "
-            "`mmspec train captioner` or pass model=<a SmolVLM/LLaVA checkpoint path>"
-        )
+            "`mmspec train captioner` or pass model=<a SmolVLM/LLaVA checkpoint path>"))
     return build_captioner(dtype=dtype, device=device, weights=weights)

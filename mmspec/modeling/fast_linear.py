@@ -78,10 +78,11 @@ KERNELS = ("auto", "c", "transposed")
 #: and link order are the same on every machine): the few-row linears (``linear_fp32.c``,
 #: ``linear_bf16.c``, ``linear_int8.c``), the rows' argmax and speculative rule (``verify.c``), the
 #: batch-invariant attention (``attention.c``), fused layers (``layer.c``)
-SOURCES = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.c")))
+SOURCES_DIR = Path(__file__).with_name("kernels")
+SOURCES = tuple(sorted(SOURCES_DIR.glob("*.c")))
 #: the headers they include (part of the build's digest): ``kernels.h`` declares every entry point,
 #: the kernel ids and the fused layer's spec
-HEADERS = tuple(sorted((Path(__file__).with_name("kernels")).glob("*.h")))
+HEADERS = tuple(sorted(SOURCES_DIR.glob("*.h")))
 #: blocks of 16 outputs in a group of the packed vector kernels' layouts (:func:`pack_bf16`,
 #: :func:`pack_fp32`): a fused projection's parts are found in its packed copy only where they start
 #: at a group. The build passes it to the C kernels as PK_NB (few_rows.h), so the two cannot part.
@@ -107,6 +108,9 @@ def load_kernel() -> ctypes.CDLL:
     global _LIBRARY
     if _LIBRARY is not None:
         return _LIBRARY
+    if not SOURCES:
+        raise KernelUnavailable(f"the C kernels' sources are missing from this install ({SOURCES_DIR}/*.c); "
+                                "reinstall mmspec from a clone (`bash scripts/install.sh`)")
     if not {"avx2", "fma"} <= cpu_flags():
         raise KernelUnavailable("the few-row C kernel needs an x86-64 CPU with AVX2 and FMA")
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.arguments import check_argument_types
+from ..hub import outside_clone
 
 #: sections of a preset file, and its top-level keys
 SECTIONS = ("init", "call")
@@ -115,7 +116,8 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
     if not path.is_file():
         candidate = presets_dir() / f"{name_or_path}.toml"
         if not candidate.is_file():
-            raise FileNotFoundError(f"no preset {str(name_or_path)!r}; use one of {', '.join(preset_names())} "
+            raise FileNotFoundError(outside_clone(presets_dir(), "the presets", "MMSPEC_PIPELINES_DIR") or
+                                    f"no preset {str(name_or_path)!r}; use one of {', '.join(preset_names())} "
                                     "or a path to a preset TOML file")
         path = candidate
     try:

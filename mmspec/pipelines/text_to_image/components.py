@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ...hub import resolve_device, resolve_dtype
+from ...hub import no_models_note, resolve_device, resolve_dtype
 from ...modeling.fast_linear import OptimizesOnLoad
 from .prompts import check_prompt, shared_text_encoder
 
@@ -144,8 +144,8 @@ class T2IComponents(OptimizesOnLoad):
 
             directory = default_mar_dir() if model == "mar" else Path(model).expanduser()
             if not (directory / MAR_FILE).is_file():
-                raise FileNotFoundError(f"{directory} holds no {MAR_FILE}: train the embedded MAR with `mmspec train kl` "
-                                        "and `mmspec train mar`")
+                raise FileNotFoundError((model == "mar" and no_models_note()) or f"{directory} holds no {MAR_FILE}: train "
+                                        "the embedded MAR with `mmspec train kl` and `mmspec train mar`")
             components = MARComponents.load(directory, device, optimize)
             if draft is not None:
                 components.draft = draft
@@ -250,9 +250,9 @@ def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, capt
 
     manifest_path = directory / MODEL_FILE
     if not manifest_path.is_file():
-        raise FileNotFoundError(
+        raise FileNotFoundError((directory == default_t2i_dir() and no_models_note()) or (
             f"{directory} is not a text-to-image model directory (no {MODEL_FILE}); pass model=None for the "
-            "embedded default or train one with `mmspec train vq` and `mmspec train t2i`")
+            "embedded default or train one with `mmspec train vq` and `mmspec train t2i`"))
     manifest = json.loads(manifest_path.read_text())
     if "vq" not in manifest:
         raise ValueError(f"{manifest_path} names no image tokenizer ('vq'); a text-to-image model needs one")

@@ -24,7 +24,7 @@ import torch
 from ...adapters.audio.delay import DelayPatternTarget
 from ...adapters.audio.normalize import NormalizedText, make_normalizer
 from ...adapters.audio.phonemes import EMPTY_TEXT, make_phonemizer
-from ...hub import models_dir, resolve_device, resolve_dtype
+from ...hub import models_dir, no_models_note, resolve_device, resolve_dtype
 from ...modeling.codec_lm import CodecLM
 from ...modeling.codec_nar import CodecNAR
 from ...modeling.fast_linear import OptimizesOnLoad
@@ -78,7 +78,8 @@ def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
     directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        hint = (f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)" if embedded
+        hint = ((no_models_note() or f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)")
+                if embedded
                 else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
                 f"{', '.join(EMBEDDED_VOICES)})?")
         raise ValueError(hint)
