@@ -77,14 +77,14 @@ def check_args(args: argparse.Namespace) -> None:
 
     Checked first: the kernel environment variables (``MMSPEC_CPU_FLAGS``, ``MMSPEC_ATTENTION``,
     ``MMSPEC_FUSED``, ``MMSPEC_BF16_KERNEL``). Checked where the subcommand has them: ``--device``
-    (a device this machine has), no number option NaN or infinite, the ranges of
+    (a device this machine has), ``--dtype`` (a dtype's name), no number option NaN or infinite, the ranges of
     :data:`RANGE_RULES` (counts >= 1, rates > 0, ...), ``--temperature`` > 0 where ``--greedy``
     exists and no sampling option given with ``--greedy``, guidance >= 1, ``--seed`` (0 to 2**63 - 1), the sampling
     options (``--temperature`` / ``--top-k`` / ``--top-p`` only with ``--do-sample``), and the
     output paths the subcommand names in its ``output_args`` default ({attribute: "file" | "dir" |
     "file or -"}, the last a file or ``-`` for standard output).
     """
-    from ..hub import resolve_device
+    from ..hub import resolve_device, resolve_dtype
     from ..modeling.attention import attention_backend
     from ..modeling.fast_linear import KernelUnavailable, bf16_variants, cpu_flags
     from ..modeling.fused import fused_enabled
@@ -96,6 +96,8 @@ def check_args(args: argparse.Namespace) -> None:
         pass
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
+    if isinstance(getattr(args, "dtype", None), str):  # a dtype's name, before a results file or a model names it
+        resolve_dtype(args.dtype)
     for name, value in vars(args).items():  # every number option: NaN and infinity are nobody's setting
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
