@@ -56,3 +56,25 @@ def test_embedded_captioner_answers_text_questions_without_an_image(pipe):
     inputs = processor(text=[processor.apply_chat_template(messages, add_generation_prompt=True)], return_tensors="pt")
     out = mmspec.generate(model, max_new_tokens=16, **inputs)
     assert "Paris" in processor.tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1]:])
+
+
+def test_threads_calling_one_pipeline_get_their_own_captions():
+    """Four threads captioning through one pipeline (EAGLE-3, the default drafter, whose state the
+    calls share) get the captions of four calls one after another; unguarded they got wrong
+    captions and a ValueError from the fused chain (PIPELINE_LOCK)."""
+    import threading
+
+    pipe = mmspec.pipeline("image-captioning", model=None, drafter="eagle3", device="cpu")
+    images = [SAMPLES / name for name in ("photo.png", "charts.png", "text.png", "scenes.png")]
+    alone = [pipe(image, max_new_tokens=16).text for image in images]
+    together: list = [None] * len(images)
+
+    def caption(i):
+        together[i] = pipe(images[i], max_new_tokens=16).text
+
+    threads = [threading.Thread(target=caption, args=(i,)) for i in range(len(images))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone and len(set(alone)) > 1

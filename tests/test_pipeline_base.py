@@ -439,3 +439,48 @@ def test_every_pipeline_call_checks_argument_types_before_any_model_work(task, i
     with pytest.raises(ValueError, match=message) as error:
         bare(inputs, **kwargs)
     assert "\n" not in str(error.value)
+
+
+def test_construction_calls_and_stream_steps_hold_the_process_lock():
+    """PIPELINE_LOCK is held (by the calling thread) while a pipeline is built, called, and makes a
+    stream's next item, not while the consumer holds an item; closing a stream early runs its
+    clean-up under the lock."""
+    import threading
+
+    from mmspec.pipelines.base import PIPELINE_LOCK
+
+    seen: list[tuple[str, bool]] = []
+
+    def held() -> bool:  # another thread cannot take it now
+        free = []
+        probe = threading.Thread(target=lambda: free.append(PIPELINE_LOCK.acquire(blocking=False) and not PIPELINE_LOCK.release()))
+        probe.start()
+        probe.join()
+        return not free[0]
+
+    class Probe(Pipeline):
+        task = "test-lock-probe"
+
+        def __init__(self) -> None:
+            seen.append(("init", held()))
+
+        def __call__(self, text: str) -> str:
+            seen.append(("call", held()))
+            return text
+
+        def stream(self, text: str):
+            try:
+                for part in text.split():
+                    seen.append(("step", held()))
+                    yield part
+            finally:
+                seen.append(("closed", held()))
+
+    pipe = Probe()
+    assert pipe("a b") == "a b"
+    chunks = pipe.stream("a b c")
+    assert next(chunks) == "a"
+    seen.append(("consumer", held()))
+    chunks.close()
+    assert seen == [("init", True), ("call", True), ("step", True), ("consumer", False), ("closed", True)]
+    assert list(pipe.stream("x y")) == ["x", "y"] and not held()

@@ -36,11 +36,13 @@ CHAT_UNSUPPORTED = {
 }
 
 
-#: held by every pipeline load and call of the process: tasks run one at a time. Loading the
-#: text-to-image pipeline (and its first call) on one thread while a text-to-speech batch decoded on
-#: another changed the speech's sampled codes in about 1 run of 9 (tests/test_serve.py's mixed-task
-#: test found it; the pipelines alone are deterministic). Until that is understood in the library,
-#: the server does not overlap pipeline work; batching within a task is unaffected.
+#: held by every pipeline load and batch of the server: tasks run one at a time, and a waiting task
+#: stops a caption batch from taking more rows (:data:`LOCK_WAITERS`). Loading the text-to-image
+#: pipeline on one thread while a text-to-speech batch decoded on another changed the speech's
+#: sampled codes in about 1 run of 9 (tests/test_serve.py's mixed-task test found it): building a
+#: model sets torch's process-wide default dtype for a while, which the library's own
+#: :data:`mmspec.pipelines.base.PIPELINE_LOCK` now keeps from other pipelines' calls too; this lock
+#: also covers the batches the server drives below a pipeline's ``__call__``.
 PIPELINE_LOCK = threading.Lock()
 #: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
 #: no more rows (it ends as its rows finish, and the other task runs)
