@@ -19,6 +19,7 @@ from torch import nn
 from .adapters.hf import TransformersTarget
 from .core.arguments import check_argument_types
 from .core.batch import batch_stats, batched_decode, row_drafter
+from .core.exclusive import exclusively
 from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
@@ -63,6 +64,7 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return generator
 
 
+@exclusively
 def generate(
     target,
     drafter=None,
@@ -240,6 +242,7 @@ def split_rows(model_inputs: dict[str, Any], target=None) -> list[dict[str, Any]
     return rows
 
 
+@exclusively
 def generate_rows(
     target,
     rows: Sequence[dict[str, Any]],

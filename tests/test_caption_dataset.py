@@ -45,7 +45,7 @@ def test_a_line_cut_short_is_dropped(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"id": "000001", "prompt": "x"}\n', "line 1 has no 'path' field: it holds another command's results"),
+    ('{"id": "000001", "prompt": "x"}\n', "line 1 has no 'path' field naming its input: it holds another command's results"),
     ("[1, 2]\n", "line 1 has no 'path' field"),
     ("caption notes\n", "line 1 is not JSON, so the file is not a results file to resume"),
     (b"\x89PNG\r\n\x1a\n\x00\n", r"is not a JSONL results file \(not UTF-8 text\)"),

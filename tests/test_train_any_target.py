@@ -72,7 +72,7 @@ def test_text_target_jsonl_with_bad_rows_and_resume(text_target, tmp_path, capsy
     out = tmp_path / "head"
     assert train(text_target, data, out, "--steps", "4", "--method", "hydra", "--num-heads", "2") == 0
     text = capsys.readouterr().out
-    assert "skipped 3 rows: 1 empty prompt, 1 missing image, 1 unreadable line" in text
+    assert "skipped 3 rows: 1 empty prompt (line 9), 1 missing image (line 11), 1 unreadable line (line 10)" in text
     assert "held-out tau of hydra:" in text
     log = (out / "loss.csv").read_text().splitlines()
     assert log[0].startswith("step,") and len(log) == 3  # steps 2 and 4
@@ -338,6 +338,22 @@ def test_parquet_and_arrow_forms_count_bad_rows_and_train(tmp_path_factory, tmp_
     assert "data: 4 sequences from" in text
     assert "skipped 5 rows: 2 empty prompt, 1 missing image, 1 unreadable data file, 1 unreadable image" in text
     assert json.loads((out / "eval.json").read_text())["tau"] >= 1.0
+
+
+def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
+    """A JSONL is UTF-8 (a byte-order mark read past, any case of .jsonl); another encoding is one
+    line naming where, not a prompt with replacement characters; a skipped row names its line."""
+    from mmspec.train.any_target import format_skipped, read_examples
+
+    (tmp_path / "BOM.JSONL").write_bytes(b'\xef\xbb\xbf{"prompt": "Describe it."}\n')
+    assert [e.prompt for e in read_examples(tmp_path / "BOM.JSONL")[0]] == ["Describe it."]
+    (tmp_path / "latin.jsonl").write_bytes(b'{"prompt": "ok"}\n{"prompt": "D\xe9cris l\'image."}\n')
+    with pytest.raises(ValueError, match=r"latin.jsonl is not UTF-8 text \(line 2\); save it as UTF-8"):
+        read_examples(tmp_path / "latin.jsonl")
+    rows = [{"prompt": "ok"}, "not json", {"prompt": ""}, {"image": "x.png"}, "[1]", "{oops"]
+    examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
+    assert len(examples) == 1 and format_skipped(skipped) == (
+        "1 empty prompt (line 3), 1 row without a prompt (line 4), 3 unreadable line (lines 2, 5, 6)")
 
 
 def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, capsys):

@@ -19,7 +19,8 @@ def load_results(path: Path, suite: str, settings: dict) -> dict:
             results = json.loads(path.read_text())
         except (ValueError, OSError) as error:
             raise ValueError(f"{path} is not a results file ({error.__class__.__name__}); pass another --results file") from None
-        if not isinstance(results, dict) or not isinstance(results.get("runs", {}), dict):
+        if (not isinstance(results, dict) or not isinstance(results.get("runs", {}), dict)
+                or not {"suite", "runs"} & results.keys()):  # (a JSON object of something else: left as it is)
             raise ValueError(f"{path} is not a results file of mmspec bench; pass another --results file")
         if results.get("suite", suite) != suite:
             raise ValueError(f"{path} holds results of mmspec bench {results['suite']}, not {suite}; pass another --results file")

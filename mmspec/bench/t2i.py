@@ -84,6 +84,9 @@ def bench_prompts(n: int, size: int = 64) -> tuple[list[str], torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot and (args.no_quality or args.batch_sizes):
+        raise ValueError(f"--plot draws speedup against the Frechet CLIP distance, which {'--no-quality' if args.no_quality else '--batch-sizes'} "
+                         "does not measure; drop one of them")
     if args.prompts < 2 and not args.no_quality and not args.batch_sizes:
         raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
                          "--prompts 2 or more, or --no-quality")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +137,7 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not (kind == "file or -" and value == "-"):  # "-": standard output
             check_output_path(value, "file" if kind == "file or -" else kind, f"--{name.replace('_', '-')}")
+            setattr(args, name, os.path.expanduser(value))  # (a quoted ~ or --out=~/x: the home folder, as checked)
 
 
 def check_output_path(path: str, kind: str, option: str) -> None:

@@ -4,9 +4,9 @@ accelerate (``accelerate launch -m mmspec caption DIR --out x.jsonl``).
 
 Each process (rank r of n, from accelerate's process state) takes the inputs i with i % n == r and
 appends its records to ``OUT.rank-r-of-n`` (or straight to ``OUT`` when alone). When every process
-is done, rank 0 merges the parts and what ``OUT`` already held into ``OUT``, in input order. A
-record is one JSON object per line with the input under ``key``; a line cut short by a kill is
-dropped, so its input runs again.
+is done, rank 0 merges the parts and what ``OUT`` already held into ``OUT``, in input order (rows
+``OUT`` held for inputs not given this time stay, after them). A record is one JSON object per
+line with the input under ``key``; a line cut short by a kill is dropped, so its input runs again.
 
 One exit rule for every command that writes rows (``mmspec caption``, ``mmspec t2i --prompts``):
 a row that failed is a record with an ``error`` field, the run goes on with the other rows, and
@@ -63,23 +63,21 @@ def changed_settings(before: Any, now: dict[str, Any]) -> str:
 
 
 def read_records(path: Path, key: str) -> dict[str, dict[str, Any]]:
-    """The complete records of a JSONL file by their ``key`` (a last line cut short is dropped from
-    the file)."""
+    """The complete records of a JSONL file by their ``key``. A last line cut short by a kill (an
+    object begun, not JSON) is dropped from the file, so that its input runs again -- only once
+    every other line has read as a record: a file that is not such a results file is refused in
+    one line and left as it was."""
     if not path.exists():
         return {}
     data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        try:
-            path.write_bytes(complete)  # a kill mid-line: that input runs again
-        except OSError as error:
-            raise output_error(path, error) from None
-    records = {}
+    complete, tail = data[: data.rfind(b"\n") + 1], data[data.rfind(b"\n") + 1 :]
     try:
-        lines = complete.decode().splitlines()
+        lines = data.decode().splitlines()
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a JSONL results file (not UTF-8 text); choose another output file") from None
-    for number, line in enumerate(lines, 1):
+    cut = tail.strip() != b"" and _cut_short(tail.decode())
+    records = {}
+    for number, line in enumerate(lines[:-1] if cut else lines, 1):
         if not line.strip():
             continue
         try:
@@ -87,11 +85,34 @@ def read_records(path: Path, key: str) -> dict[str, dict[str, Any]]:
         except ValueError:
             raise ValueError(f"{path} line {number} is not JSON, so the file is not a results file to resume; "
                              "choose another output file (or delete it)") from None
-        if not isinstance(record, dict) or key not in record:
-            raise ValueError(f"{path} line {number} has no {key!r} field: it holds another command's results; "
-                             "choose another output file")
+        if not isinstance(record, dict) or not isinstance(record.get(key), str):
+            raise ValueError(f"{path} line {number} has no {key!r} field naming its input: it holds another command's "
+                             "results; choose another output file")
         records[record[key]] = record
+    if cut:
+        try:
+            path.write_bytes(complete)  # a kill mid-line: that input runs again
+        except OSError as error:
+            raise output_error(path, error) from None
+    elif tail.strip():  # a complete last line without its newline: the next record must not join it
+        try:
+            with path.open("ab") as file:
+                file.write(b"\n")
+        except OSError as error:
+            raise output_error(path, error) from None
     return records
+
+
+def _cut_short(line: str) -> bool:
+    """Whether a last line without its newline is a record a kill cut short: an object begun
+    (``{``) that does not read as JSON."""
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
 
 
 class ProcessState:
@@ -167,7 +188,7 @@ class ShardedResults:
         """Refuse to resume rows made with other settings, or for other inputs under the same key
         (a prompts file edited since), in one line; record the settings for the next resume."""
         held = self.settings_file
-        if held.is_file():
+        if held.is_file() and self.done:  # (a run that failed before its first row left settings, no rows)
             try:
                 before = json.loads(held.read_text())
             except ValueError:
@@ -202,17 +223,20 @@ class ShardedResults:
             raise output_error(self.part, error) from None
 
     def finish(self) -> list[dict[str, Any]]:
-        """Close this process's part, wait for the others; rank 0 writes ``out`` in input order and
-        removes the parts. Returns every record held, in input order."""
+        """Close this process's part, wait for the others; rank 0 writes ``out`` in input order, then
+        the rows it held for inputs not given this time, as they were (an earlier run's), and
+        removes the parts. Returns the records of this run's inputs, in input order."""
         if self._file is not None:
             self._file.close()
         self.process.wait()
         parts = self._parts()
         records = {**read_records(self.out, self.key), **parts}
         ordered = [records[x] for x in self.inputs if x in records]
+        given = set(self.inputs)
+        others = [r for x, r in records.items() if x not in given]  # an earlier run's other inputs: kept
         if self.process.rank == 0:  # input order (header failures were written first); parts of a killed run too
             with OutputFiles() as files:  # replaced whole, or kept as it was
-                files.write_text(self.out, "".join(json.dumps(r) + "\n" for r in ordered))
+                files.write_text(self.out, "".join(json.dumps(r) + "\n" for r in ordered + others))
             for part in self.out.parent.glob(f"{glob.escape(self.out.name)}.rank-*-of-*"):
                 part.unlink()
         self.process.wait()

@@ -29,12 +29,19 @@ def run(args) -> int:
     from ..drafters.shipped import CHAIN_SETTINGS_FILE
 
     check_export_directory(args.out)  # (before loading: a model's own files are never replaced)
+    from safetensors import SafetensorError
+
+    from .output import WRITE_ERRORS, output_error
+
     head = Eagle3Head.load(args.src)
-    out = head.export(args.out, args.format, DTYPES[args.dtype])
-    config = head.config
     tuned = Path(args.src) / CHAIN_SETTINGS_FILE  # mmspec's tuned chain (bench chain-stop): kept for eagle3:OUT
-    if tuned.is_file():
-        shutil.copyfile(tuned, Path(out) / CHAIN_SETTINGS_FILE)
+    try:
+        out = head.export(args.out, args.format, DTYPES[args.dtype])
+        if tuned.is_file():
+            shutil.copyfile(tuned, Path(out) / CHAIN_SETTINGS_FILE)
+    except (*WRITE_ERRORS, SafetensorError) as error:  # (a full disk: one line, as every output file's)
+        raise output_error(args.out, error) from None
+    config = head.config
     print(f"wrote {out}: {ENGINE_ARCHITECTURES[args.format]}, draft vocabulary {config.draft_vocab_size} of {config.vocab_size}, "
           f"target layers {list(config.aux_layers)}" + (f"; {CHAIN_SETTINGS_FILE} copied (the engines ignore it)" if tuned.is_file()
                                                         else ""))

@@ -42,6 +42,8 @@ def output_error(path: str | os.PathLike, error: BaseException, written: str | o
     if isinstance(error, OutputError):
         return error
     reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    if reason.strip(" .").lower() == "system error":  # libsndfile's word for a failed write
+        reason = "the system refused the write (a full disk, or a file over the size limit?)"
     if written is not None:
         reason = reason.replace(str(written), str(path))
     reason = " ".join(reason.split()) or type(error).__name__

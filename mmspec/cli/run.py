@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from .output import OutputFiles, write_output
+from .args import check_output_path
 
 
 def add_parser(subparsers) -> None:
@@ -16,17 +17,28 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("preset", help=f"a name in pipelines/ ({', '.join(preset_names())}) or a path to a preset TOML file")
     cmd.add_argument("inputs", nargs="+", metavar="INPUT",
                      help="image files (image-captioning), prompts (text-to-image) or sentences (text-to-speech)")
-    cmd.add_argument("--out", default="run-out", help="folder for images and audio (text-to-image, text-to-speech)")
+    cmd.add_argument("--out", default=None, help="folder for images and audio (text-to-image, text-to-speech; default "
+                     "run-out); captioning prints its captions and writes no file")
     cmd.add_argument("--device", default=None, help="overrides the preset's device (auto | cpu | cuda | cuda:N)")
     cmd.add_argument("--seed", type=int, default=None, help="the calls' seed (default: the preset's [call] seed, else 0)")
     cmd.add_argument("--json", action="store_true", help="print one JSON list of results")
     cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)
 
 
+#: where text-to-image and text-to-speech presets write their files without --out
+DEFAULT_OUT = "run-out"
+
+
 def interrupted(args, command: str) -> str:
-    """What Ctrl-C leaves (the line mmspec prints)."""
-    return (f"the files of the inputs finished so far are in {args.out} (none partial); rerun with the remaining "
-            "inputs to finish")
+    """What Ctrl-C leaves (the line mmspec prints): the files of the inputs finished, if any."""
+    task = getattr(args, "task", None)
+    if task == "image-captioning":
+        return "nothing was saved (captions are printed as each input finishes)"
+    written = sorted(Path(args.out).glob("[0-9][0-9][0-9]*.*")) if task and Path(args.out).is_dir() else []
+    if not written:
+        return "no input was finished; nothing was saved"
+    return (f"the files of the inputs finished so far are in {args.out} ({len(written)} file{'s' if len(written) != 1 else ''}, "
+            "none partial); rerun with the remaining inputs to finish")
 
 
 def _caption(pipe, index: int, path: str, args) -> tuple[dict, str]:
@@ -93,6 +105,14 @@ def run(args) -> int:
         args.seed = preset.call.get("seed", 0)
     if preset.task not in RUNNERS:
         raise ValueError(f"preset {preset.name}: mmspec run does not run {preset.task!r} yet")
+    if preset.task == "image-captioning":
+        if args.out is not None:
+            raise ValueError(f"--out: preset {preset.name} captions images, which prints the captions and writes no "
+                             "file; drop --out")
+    elif args.out is None:
+        args.out = DEFAULT_OUT
+        check_output_path(args.out, "dir", "--out")
+    args.task = preset.task
     for index, item in enumerate(args.inputs):  # every input before anything loads or is written
         try:
             INPUT_CHECKS[preset.task](item)

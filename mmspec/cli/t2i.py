@@ -99,9 +99,9 @@ def side_by_side(rows: list[list], cell: int):
 
 
 def read_prompts(path: str) -> list[str]:
-    """A prompts file -> its non-empty lines, stripped."""
+    """A prompts file -> its non-empty lines, stripped (a leading byte-order mark dropped)."""
     try:
-        prompts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [line.strip() for line in Path(path).read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     except OSError as error:
         raise ValueError(f"cannot read --prompts {path}: {error.strerror}") from None
     except UnicodeDecodeError:

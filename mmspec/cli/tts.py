@@ -41,8 +41,9 @@ def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
     cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
     cmd.add_argument("-f", "--file", default=None, help="read the text from FILE ('-': standard input)")
-    cmd.add_argument("--out", default="tts.wav", help="output WAV file ('-': standard output, 16-bit PCM, nothing "
-                     "else written; with --stream each sentence as it is ready: mmspec tts ... --stream --out - | aplay)")
+    cmd.add_argument("--out", default="tts.wav", help="output WAV file, its spectrogram written beside it as NAME.png "
+                     "(and NAME-baseline.wav with --compare-baseline); '-': standard output, 16-bit PCM, nothing "
+                     "else written; with --stream each sentence as it is ready: mmspec tts ... --stream --out - | aplay")
     cmd.add_argument("--stream", action="store_true", help="say it sentence by sentence, appending each sentence's "
                      "audio to OUT.part as it is ready (renamed to OUT at the end); prints the time to first audio")
     cmd.add_argument("--method", default="sjd",
@@ -76,6 +77,26 @@ def add_parser(subparsers) -> None:
                          else "the files are written once the audio is done") + ")")
 
 
+#: the PNG text field that marks a spectrogram as this command's (one it may replace)
+SPECTROGRAM_SOFTWARE = "mmspec tts"
+
+
+def replaceable_png(path: Path) -> bool:
+    """Whether ``path`` may be replaced by a spectrogram: it does not exist, or it is one this
+    command wrote (marked :data:`SPECTROGRAM_SOFTWARE`, or matplotlib's mark on those written before
+    the mark) -- not a picture of the user's that happens to share the WAV's name."""
+    if not path.is_file():  # (a folder there is check_output_path's to name)
+        return True
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            software = str(image.info.get("Software", ""))
+    except Exception:  # not an image PIL reads: not ours
+        return False
+    return software == SPECTROGRAM_SOFTWARE or software.startswith("Matplotlib")
+
+
 def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) -> bytes:
     """One log-mel panel per (title, audio [1, samples]), stacked -> the PNG file's bytes (rendered
     before anything is written, so a failure leaves no partial output)."""
@@ -96,7 +117,7 @@ def spectrogram_png(panels: list[tuple[str, torch.Tensor]], sampling_rate: int) 
     axes[-1, 0].set_xlabel(f"frame ({sampling_rate // 256} per second)")
     figure.tight_layout()
     png = io.BytesIO()
-    figure.savefig(png, format="png", dpi=100)
+    figure.savefig(png, format="png", dpi=100, metadata={"Software": SPECTROGRAM_SOFTWARE})
     plt.close(figure)
     return png.getvalue()
 
@@ -122,6 +143,9 @@ def run(args) -> int:
         if out.suffix.lower() != ".wav":
             raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
         beside = [out.with_suffix(".png")] + ([baseline_wav(out)] if args.compare_baseline else [])
+        if not replaceable_png(beside[0]):
+            raise ValueError(f"--out {args.out} also writes its spectrogram as {beside[0]}, which exists and is not one "
+                             "mmspec wrote; move that file or choose another --out")
         for path in beside:
             try:
                 check_output_path(str(path), "file", "")
@@ -361,12 +385,15 @@ def run_stream(args, pipe, text: str) -> int:
                 wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
             except WRITE_ERRORS as error:
                 raise output_error(part, error) from None
-            with wav:
-                for chunk in chunks:
-                    wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
-                    wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
-                    audio.append(chunk.audio)
-                    record_chunk(chunk)
+            try:
+                with wav:
+                    for chunk in chunks:
+                        wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
+                        wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
+                        audio.append(chunk.audio)
+                        record_chunk(chunk)
+            except soundfile.SoundFileError as error:  # (a full disk mid-stream; the voice's own errors pass)
+                raise output_error(out, error) from None
             whole = torch.cat(audio, dim=-1)
             said = " ".join(r["text"] for r in records)
             png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)

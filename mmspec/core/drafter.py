@@ -113,7 +113,7 @@ class Drafter(ABC):
         if not sampling.do_sample:
             return exact_argmax(logits), None
         probs = logits_to_probs(logits, sampling)
-        uniforms = torch.rand(logits.shape[0], generator=self.context.generator, device=self.context.generator.device)
+        uniforms = torch.rand(logits.shape[0], dtype=torch.float32, generator=self.context.generator, device=self.context.generator.device)
         return sample_from_probs(probs, uniforms.to(probs.device)), probs
 
 

@@ -39,7 +39,7 @@ def uniforms(generator: torch.Generator, sampling: SamplingConfig, n: int, devic
     decoding, which draws nothing."""
     if not sampling.do_sample:
         return None
-    return torch.rand(1, n + 1, generator=generator, device=generator.device).to(device)
+    return torch.rand(1, n + 1, dtype=torch.float32, generator=generator, device=generator.device).to(device)
 
 
 def truncate_at_stop(new_tokens: torch.Tensor, eos_token_ids: Collection[int], budget: int) -> tuple[torch.Tensor, bool]:

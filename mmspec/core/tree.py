@@ -371,7 +371,7 @@ def sampled_dynamic_tree(
     device = root_probs.device
     all_tokens, all_parents, all_probs, all_scores = [], [], [], []
     parents = torch.tensor([ROOT])  # the layer's nodes to expand (ROOT for layer 1)
-    parent_scores = torch.zeros(1, device=device)
+    parent_scores = torch.zeros(1, dtype=torch.float32, device=device)
     probs = root_probs.float().unsqueeze(0)  # [n, V] q after each of them
     count = 0
     for layer in range(depth):
@@ -398,7 +398,7 @@ def sampled_dynamic_tree(
         for row in torch.nonzero(opened).flatten().tolist():
             m = int(opened[row])
             q = probs[row]
-            uniforms = torch.rand(q.shape, generator=generator, device=generator.device).to(device).clamp_(1e-20, 1 - 1e-7)
+            uniforms = torch.rand(q.shape, dtype=torch.float32, generator=generator, device=generator.device).to(device).clamp_(1e-20, 1 - 1e-7)
             drawn = (q.log() - (-uniforms.log()).log()).topk(m).indices  # a sample without replacement, in draw order
             removed = torch.zeros_like(q)
             for token in drawn.tolist():

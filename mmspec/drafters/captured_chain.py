@@ -140,7 +140,7 @@ class CapturedEagleChain(CapturedHeadStep):
                          num_draft_tokens + 1 if most_pending is None else most_pending)
 
     def _buffers(self, b: int) -> dict[str, torch.Tensor]:
-        return {**super()._buffers(b), "uniforms": torch.zeros(self.k, device=self.device)}
+        return {**super()._buffers(b), "uniforms": torch.zeros(self.k, dtype=torch.float32, device=self.device)}
 
     def _pick(self, logits: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft logits [1, N] -> (draft index [1], q [1, N] when sampling)."""

@@ -353,7 +353,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         uniforms = None
         if sampling.do_sample:
             generator = self.context.generator
-            uniforms = torch.rand(self.num_draft_tokens, generator=generator, device=generator.device)
+            uniforms = torch.rand(self.num_draft_tokens, dtype=torch.float32, generator=generator, device=generator.device)
         codes, probs = self.captured_step(self.features[:, :pending], state.tokens[:, self.fed + 1 :], self.head_cache_length, uniforms)
         self._fed_pairs(state, pending)
         self.forwards += self.num_draft_tokens
@@ -396,7 +396,7 @@ class EagleDrafter(BatchDrafting, Drafter):
         each, as the fused chain takes all K at once), so the generator runs on as it would have."""
         generator = self.context.generator
         if count > 0 and self.context.sampling.do_sample:
-            torch.rand(count, generator=generator, device=generator.device)
+            torch.rand(count, dtype=torch.float32, generator=generator, device=generator.device)
 
     @classmethod
     def propose_rows(cls, drafters: list["EagleDrafter"], state, positions: list[int], budgets: list[int]) -> list[Draft]:

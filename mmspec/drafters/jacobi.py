@@ -106,7 +106,7 @@ class JacobiDrafter(BatchDrafting, Drafter):
     def _fresh(self, known: torch.Tensor, count: int, vocab_size: int, device) -> torch.Tensor:
         """``count`` initial tokens to follow the generated tokens ``known`` [m] (1-D)."""
         if self.init == "random":
-            u = torch.rand(count, generator=self.context.generator, device=self.context.generator.device)
+            u = torch.rand(count, dtype=torch.float32, generator=self.context.generator, device=self.context.generator.device)
             return (u * vocab_size).long().clamp_(max=vocab_size - 1).to(device)
         sequence = known.tolist()
         for _ in range(count):
@@ -158,13 +158,13 @@ class JacobiDrafter(BatchDrafting, Drafter):
         gen = self.context.generator
         if self.coupled and m:
             old = m - 1  # the last row predicts a position the window did not reach
-            uniforms = torch.rand(m, 2, generator=gen, device=gen.device).to(new_probs.device)
+            uniforms = torch.rand(m, 2, dtype=torch.float32, generator=gen, device=gen.device).to(new_probs.device)
             tokens = torch.empty(m, dtype=torch.long, device=new_probs.device)
             tokens[:old] = coupled_redraft(old_tokens.to(new_probs.device), old_probs.to(new_probs.device), new_probs[:old],
                                            uniforms[:old])
             tokens[old:] = sample_from_probs(new_probs[old:], uniforms[old:, 1])
         else:
-            uniforms = torch.rand(m, generator=gen, device=gen.device).to(new_probs.device)
+            uniforms = torch.rand(m, dtype=torch.float32, generator=gen, device=gen.device).to(new_probs.device)
             tokens = sample_from_probs(new_probs, uniforms)
         self.carried_tokens, self.carried_probs = tokens, new_probs
 
@@ -242,7 +242,7 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
             if float(left.sum()) <= 0:
                 break
             q = left / left.sum()
-            u = torch.rand(1, generator=gen, device=gen.device).to(q.device)
+            u = torch.rand(1, dtype=torch.float32, generator=gen, device=gen.device).to(q.device)
             tokens.append(sample_from_probs(q, u[0]))
             rows.append(q)
         return torch.stack(tokens), torch.stack(rows)

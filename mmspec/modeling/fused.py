@@ -119,6 +119,21 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _check_draws(caller: str, k: int, temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None,
+                 width: int) -> None:
+    """Raise one ValueError unless a fused chain's draw buffers are what its C call reads and
+    writes: sampling (``temperature`` > 0) reads ``uniforms``, >= k contiguous float32 numbers on
+    the CPU; ``probs`` (or None) receives float32 rows [>= k, >= width], each row contiguous (a
+    buffer of another dtype or size would be written past its end)."""
+    if temperature > 0 and (uniforms is None or uniforms.dtype != torch.float32 or uniforms.device.type != "cpu"
+                            or not uniforms.is_contiguous() or uniforms.numel() < k):
+        raise ValueError(f"{caller} samples with uniforms: a contiguous float32 CPU tensor of >= {k} numbers")
+    if probs is not None and (probs.dtype != torch.float32 or probs.device.type != "cpu" or probs.dim() != 2
+                              or probs.shape[0] < k or probs.shape[1] < width or probs.stride(1) != 1):
+        raise ValueError(f"{caller} writes the draws' distributions into probs: a float32 CPU tensor [>= {k}, >= {width}] "
+                         "with contiguous rows")
+
+
 #: layer class -> the function giving a layer of it as :func:`_parts` returns it (or None where that
 #: layer does not qualify). A model module registers its own layer class (:func:`register_layout`),
 #: so that this module, beneath the models that call it, never imports them.
@@ -504,7 +519,8 @@ def chain_draws(sampling: SamplingConfig, generator: torch.Generator, k: int, wi
     for the distributions), or (0, None, None) for greedy picks."""
     if not sampling.do_sample:
         return 0.0, None, None
-    return sampling.temperature, torch.rand(k, generator=generator, device=generator.device).cpu(), torch.zeros(k, width)
+    return (sampling.temperature, torch.rand(k, dtype=torch.float32, generator=generator, device=generator.device).cpu(),
+            torch.zeros(k, width, dtype=torch.float32))
 
 
 def _head_operands(caller: str, plans: PlanStack, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
@@ -569,6 +585,7 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
         LongTensor [k'] (1 <= k' <= k): the codes drawn (``probs``' first k' rows filled).
     """
     n0, rows = codes.shape[0], codes.shape[0] + k - 1
+    _check_draws("head_chain", k, temperature, uniforms, probs, output.out_features)
     fc_operand, out_operand = _head_operands("head_chain", plans, fc, output, codes, features, table, cos, sin, rows, ids, int8,
                                              align)
     dtype, hd, align_rows = plans[0].dtype, plans[0].head_dim, 0 if align is None else align.shape[0]
@@ -639,6 +656,7 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
         raise ValueError(f"eagle3_chain needs bias-free fused fc and output linears into / out of width {width}, codes a "
                          f"LongTensor [n0 >= 1], ids a LongTensor [{output.out_features}], and contiguous {dtype} tensors "
                          f"of shapes {[shape for _, shape in shapes]}")
+    _check_draws("eagle3_chain", k, temperature, uniforms, probs, output.out_features)
     keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, dtype, n0 + k - 1)
     tokens = torch.empty(k, dtype=torch.long)
     status = _eagle3_function()(

@@ -18,8 +18,9 @@ says what is its own:
 - :meth:`Pipeline.progress_reporter`: progress through one callback type, :data:`ProgressCallback`
   (``progress=True``: a terminal bar);
 - :meth:`Pipeline.run_config`: what every result's ``stats.config`` records about how it ran;
-- :data:`PIPELINE_LOCK`: a pipeline's construction, calls and stream steps hold it, so calls
-  from several threads run one at a time, each giving what it gives alone.
+- :data:`PIPELINE_LOCK`: a pipeline's construction, calls and stream steps run inside
+  :func:`mmspec.core.exclusive.exclusive` (this lock, default dtype float32), so calls from
+  several threads run one at a time, each giving what it gives alone.
 
 Adding a task is an adapter (its model as the core's target), a components class (its parts,
 loaded once), a method registry and one registration::
@@ -39,24 +40,20 @@ import functools
 import importlib
 import inspect
 import sys
-import threading
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
 from ..api import check_seed
 from ..core.arguments import check_argument_types
+from ..core.exclusive import LOCK, exclusive, exclusive_steps, exclusively
 from ..core.registry import class_registrar
 from .methods import Method, MethodRegistry
 
 R = TypeVar("R")
 
 #: held (reentrant) while any pipeline of the process is built, called, or makes a stream's next
-#: chunk: calls from several threads run one at a time, each output the one the call gives alone.
-#: Unguarded, threads calling one captioning pipeline shared its drafter's state (wrong captions, a
-#: ValueError from the fused chain), and a model being built on one thread sets torch's default
-#: dtype, which is process-wide, to bfloat16 for a while, so tensors another thread made then
-#: took it (the speech server saw sampled codes change about 1 run in 9).
-PIPELINE_LOCK = threading.RLock()
+#: chunk, and by ``mmspec.generate``: :data:`mmspec.core.exclusive.LOCK` (why: that module)
+PIPELINE_LOCK = LOCK
 
 #: progress of a call: called with the units done so far (captions, images, frames)
 ProgressCallback = Callable[[int], None]
@@ -138,7 +135,7 @@ class Pipeline:
                 setattr(cls, name, _checking_types(function))
         init = cls.__dict__.get("__init__")
         if init is not None:
-            setattr(cls, "__init__", _locked(init))
+            setattr(cls, "__init__", exclusively(init))
 
     # -- before anything loads ---------------------------------------------------------------------
     @classmethod
@@ -286,38 +283,11 @@ class Pipeline:
         return {}
 
 
-def _locked(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` run under :data:`PIPELINE_LOCK`; its signature and docs are the original's."""
-    @functools.wraps(function)
-    def locked(*args: Any, **kwargs: Any) -> Any:
-        with PIPELINE_LOCK:
-            return function(*args, **kwargs)
-
-    return locked
-
-
-def _locked_steps(steps: Iterator[R]) -> Iterator[R]:
-    """The items of ``steps`` (a stream's generator), each made under :data:`PIPELINE_LOCK` and
-    handed over without it (a consumer playing a chunk holds no other thread up); closing this
-    closes ``steps`` under the lock too (its clean-up: a part file, a cache)."""
-    try:
-        while True:
-            with PIPELINE_LOCK:
-                try:
-                    item = next(steps)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        with PIPELINE_LOCK:
-            steps.close()
-
-
 def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` (a pipeline's ``__call__`` or ``stream``) preceded by the check of its arguments'
-    types and ranges (:meth:`Pipeline.check_call_values`' checks), run under
-    :data:`PIPELINE_LOCK` (a generator it returns: each item made under it); its signature and docs
-    are the original's."""
+    types and ranges (:meth:`Pipeline.check_call_values`' checks), run inside
+    :func:`~mmspec.core.exclusive.exclusive` (a generator it returns: each item made inside it); its
+    signature and docs are the original's."""
     signature = inspect.signature(call)
     named = {name for name, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
@@ -331,8 +301,8 @@ def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
         check_argument_types(call, given)
         ranged = inspect.signature(type(self).__call__).parameters  # (stream's names that __call__ shares)
         type(self)._check_ranges({k: v for k, v in given.items() if k in named and k in ranged})  # (seed >= 0, ...)
-        with PIPELINE_LOCK:
+        with exclusive():
             result = call(self, *args, **kwargs)
-        return _locked_steps(result) if inspect.isgenerator(result) else result
+        return exclusive_steps(result) if inspect.isgenerator(result) else result
 
     return checked

@@ -82,29 +82,48 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
     elif path.is_dir():
         images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         examples = [Example(default_prompt, image) for image in images]
-    elif path.suffix in (".jsonl", ".json"):
-        examples = []
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                _count(skipped, "unreadable line")
-                continue
-            if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
-                _count(skipped, "unreadable line")
-                continue
-            example = _checked(row.get("prompt") or "", row.get("image"), row.get("response"), path.parent, skipped,
-                               row.get("group"))
-            if example is not None:
-                examples.append(example)
+    elif path.suffix.lower() in (".jsonl", ".json"):
+        examples = _read_jsonl(path, skipped)
     else:
         raise ValueError(f"--data {data}: give a .jsonl file, a folder of images, a saved datasets dataset (save_to_disk) "
                          "or parquet files")
     if not examples:
         raise ValueError(f"--data {data} holds no usable row (skipped: {format_skipped(skipped) or 'none found'})")
     return examples, skipped
+
+
+def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
+    """A JSONL file's usable rows (UTF-8, a leading byte-order mark read past); each skipped row
+    counted under its reason with its line numbers ("unreadable line (lines 3, 7)")."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
+    examples, where = [], {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        reasons = dict(skipped)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
+            _count(skipped, "unreadable line")
+        elif "prompt" not in row:
+            _count(skipped, "row without a prompt")
+        else:
+            example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"))
+            if example is not None:
+                examples.append(example)
+        for reason in skipped:
+            if skipped[reason] != reasons.get(reason, 0):
+                where.setdefault(reason, []).append(number)
+    for reason, numbers in where.items():  # (the counts stay; the reason names where)
+        shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+        skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
+    return examples
 
 
 def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None) -> Example | None:

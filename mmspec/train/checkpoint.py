@@ -52,15 +52,28 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast_bf16(device))
 
 
+def check_fresh_out(out: Path, args: Any) -> None:
+    """Refuse (one ValueError line) to train into ``out`` when it holds a trained model
+    (``*.safetensors``) and no checkpoint to resume, unless ``args.overwrite``: the shipped models
+    under ``models/`` are the recipes' default ``--out``, and a fresh start would replace one with
+    whatever this run makes."""
+    trained = sorted(p.name for p in out.glob("*.safetensors")) if out.is_dir() else []
+    if trained and not (out / STATE_FILE).exists() and not getattr(args, "overwrite", False):
+        raise ValueError(f"{out} holds a trained model ({', '.join(trained[:3])}) and no checkpoint to resume; choose "
+                         "another --out, or pass --overwrite to train anew there (replacing it)")
+
+
 class TrainingRun:
     """Args:
-        out: the recipe's output directory (created).
+        out: the recipe's output directory (created). One that holds a trained model
+            (``*.safetensors``) but no checkpoint is refused unless ``args.overwrite``.
         args: the parsed command-line arguments (their scalar values go to training.json).
         time_limit: minutes of this invocation after which :attr:`out_of_time` turns true.
     """
 
     def __init__(self, out: str | Path, args: Any, time_limit: float | None = None) -> None:
         self.out = Path(out)
+        check_fresh_out(self.out, args)
         self.out.mkdir(parents=True, exist_ok=True)
         self.args, self.time_limit = args, time_limit
         self.state_path = self.out / STATE_FILE

@@ -29,6 +29,11 @@ RECIPES = {
 }
 
 
+#: recipes that train into --out through mmspec.train.checkpoint.TrainingRun (resumable; a folder
+#: holding a finished model is refused unless --overwrite)
+TRAINING_RUNS = ("captioner", "caption-draft", "drafter", "vq", "t2i", "kl", "mar", "image-drafter", "clip", "codec", "tts",
+                 "tts-nar", "tts-drafter")
+
 #: recipes whose --out is a file (the others write a folder)
 FILE_OUTPUTS = ("eval-captioner", "open-text")
 
@@ -42,6 +47,10 @@ def add_parser(subparsers) -> None:
         module = importlib.import_module(f"{__package__}.{module_name}")
         parser = recipes.add_parser(name, help=help_text)
         module.add_arguments(parser)
+        if name in TRAINING_RUNS:
+            parser.add_argument("--overwrite", action="store_true",
+                                help="train anew into an --out that holds a trained model (replacing it); without it such "
+                                     "a folder is refused, and one with a checkpoint is resumed")
         # --out is checked before training starts (cli.args.check_args)
         parser.set_defaults(handler=module.run, output_args={"out": "file" if name in FILE_OUTPUTS else "dir"},
                             interrupted=interrupted)

@@ -14,6 +14,7 @@ import torch
 
 from ..hub import models_dir
 from ..modeling.mel_codec import MelCodecConfig, MelRVQCodec
+from .checkpoint import check_fresh_out
 
 
 def speech_shards(data: str | Path, split: str) -> list[Path]:
@@ -81,6 +82,7 @@ def evaluate(codec: MelRVQCodec, data: str | Path, sentences: int) -> dict:
 
 
 def run(args) -> None:
+    check_fresh_out(Path(args.out), args)
     config = MelCodecConfig(num_codebooks=args.num_codebooks, codebook_size=args.codebook_size, stack=args.stack)
     codec = MelRVQCodec(config)
     vectors, seconds = [], 0.0

@@ -623,7 +623,7 @@ class BarkCoarseTarget:
         return out.masked_fill(self._blocked[offset % 2].to(out.device), -torch.inf)
 
     def _stop_row(self) -> torch.Tensor:
-        row = torch.full((self.vocab_size,), -torch.inf, device=self.device)
+        row = torch.full((self.vocab_size,), -torch.inf, dtype=torch.float32, device=self.device)
         row[self.stop_id] = 0.0
         return row
 

@@ -525,7 +525,7 @@ class DelayPatternTarget:
         whose distribution needs the pending step fed first)."""
         cache, following = state.cache, state.length  # the next sub-token's stream index
         if following % self.num_codebooks == 0:
-            return torch.empty(0, self.vocab_size, device=self.device)
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         end = (following // self.num_codebooks + 1) * self.num_codebooks
         # the positions' masks read the stream before them, pending token included; it does not
         # complete a step here, so appending and cropping it again feeds nothing
@@ -598,7 +598,7 @@ class DelayPatternTarget:
         one id otherwise: the pad, the codebook's end code ("end") or the stop id. ``positions``:
         each row's :meth:`StepCache.position`; ``codebooks``: each row's codebook."""
         n, size = len(positions), self.codebook_size
-        out = torch.full((n, self.vocab_size), -torch.inf, device=logits.device)
+        out = torch.full((n, self.vocab_size), -torch.inf, dtype=torch.float32, device=logits.device)
         if not n:
             return out
         free = [r for r, position in enumerate(positions) if position == "free"]
