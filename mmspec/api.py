@@ -55,13 +55,17 @@ def check_seed(seed: Any) -> None:
         raise ValueError(f"seed must be between 0 and 2**63 - 1, got {seed}")
 
 
+def fresh_seed() -> int:
+    """``seed=None``'s seed: drawn from the operating system (not torch's global generator), below
+    2**62 so that a call's seed + i stays a valid seed; recorded in ``stats.config["seed"]``."""
+    import secrets
+
+    return secrets.randbelow(2**62)
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
+    """A generator on ``device`` seeded with ``seed`` (None: :func:`fresh_seed`)."""
+    return torch.Generator(device=device).manual_seed(fresh_seed() if seed is None else seed)
 
 
 @exclusively
@@ -149,6 +153,7 @@ def generate(
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     eos = stop_tokens(adapter, eos_token_id)
     resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
+    generator = make_generator(seed, adapter.device)
     with eval_mode(adapter, drafter, resolved):  # dropout off for the call, training flags restored after
         state, stats = speculative_decode(
             adapter,
@@ -157,13 +162,14 @@ def generate(
             sampling,
             max_new_tokens,
             eos_token_ids=eos,
-            generator=make_generator(seed, adapter.device),
+            generator=generator,
             acceptance=acceptance,
             rule_kwargs=rule_kwargs,
             on_step=on_step,
             on_tokens=on_tokens,
             cancelled=cancelled,
         )
+    stats.config["seed"] = generator.initial_seed()  # (seed=None: the fresh one drawn, to reproduce the call)
     return GenerateOutput(sequences=state.tokens, stats=stats)
 
 
@@ -301,7 +307,7 @@ def generate_rows(
     resolved = resolve_drafter(drafter, adapter, num_draft_tokens)
     drafters = [None if resolved is None else row_drafter(copy.copy(resolved)) for _ in rows]
     if seed is None:
-        seed = int(torch.randint(2**62, (1,)))
+        seed = fresh_seed()
     seeds = [seed] * len(rows) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(rows):
         raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts; pass one seed, or one per prompt")

@@ -302,3 +302,30 @@ def test_bad_dtypes_are_refused_before_loading(model_dir):
         mmspec.pipeline("text-to-image", model=model_dir, dtype="int8")
     with pytest.raises(ValueError, match="MAR models run in float32 only"):
         mmspec.pipeline("text-to-image", model="mar", method="ar", dtype="bfloat16")
+
+
+def test_the_api_refuses_what_the_cli_refuses_and_records_the_seed(tmp_path):
+    """From the text-to-image audit: sampling options under do_sample=False, a seed whose last
+    image's seed + i passes 2**63 - 1, and mar-parallel with more steps than tokens are one line,
+    not ignored; seed=None's seed is in stats.config["seed"], and repeats the images."""
+    t2i = mmspec.pipeline("text-to-image", method="ar")
+    for kwargs, message in (({"do_sample": False, "top_k": 5}, "top_k applies only when sampling"),
+                            ({"do_sample": False, "temperature": 0.5}, "temperature applies only when sampling"),
+                            ({"seed": 2**63 - 1, "num_images": 2}, "image i takes seed \\+ i")):
+        with pytest.raises(ValueError, match=message):
+            t2i("a red circle", **kwargs)
+    first = t2i("a red circle", seed=None)
+    again = t2i("a red circle", seed=first.stats.config["seed"])
+    assert torch.equal(first.tokens, again.tokens)
+    with pytest.raises(ValueError, match="mar-parallel:1000 is more steps than the image's 64 tokens"):
+        mmspec.pipeline("text-to-image", model="mar", method="mar-parallel:1000", dtype="auto")("a red circle")
+
+
+def test_a_run_replaces_an_earlier_runs_images_in_its_folder(tmp_path, capsys):
+    from mmspec.cli import main
+
+    out = tmp_path / "st"
+    assert main(["t2i", "a green triangle", "--num-images", "2", "--compare-baseline", "--out", str(out), "--no-progress"]) == 0
+    assert main(["t2i", "a red square", "--out", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance-0.png", "grid.png", "image-0.png"]
+    assert "removed 4 image(s) an earlier run left there" in capsys.readouterr().out

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .dataset import ProcessState, Progress, ShardedResults, add_row_args, failed_rows_exit, interrupted_rows
+from .dataset import IMAGE_SUFFIXES, ProcessState, Progress, ShardedResults, add_row_args, failed_rows_exit, interrupted_rows
 from .output import OutputFiles
 
 
@@ -164,6 +164,36 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
     return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0, process=results.process)
 
 
+def check_method_options(args, prompts: int) -> None:
+    """What the method and the model's kind decide, before the model loads (one line each): an
+    --eagle-head or --draft the method does not read, --processor for mmspec's own layout, a rule
+    that needs sampling under --greedy, a MAR model's sampling, a batch for a method that decodes
+    one image at a time."""
+    from ..core.rules import RULES
+    from ..core.sampling import SamplingConfig
+    from ..pipelines.text_to_image import METHODS, T2IComponents, make_method
+    from ..pipelines.text_to_image.mar_components import check_continuous_sampling
+    from ..pipelines.text_to_image.methods import SETTINGS
+
+    method = make_method(args.method, **{name: getattr(args, name) for name in SETTINGS})
+    for option, part, what in (("--eagle-head", "eagle_head", "an image EAGLE head"), ("--draft", "draft", "a draft generator")):
+        if getattr(args, part) is not None and part not in method.parts():
+            readers = [name for name, cls in METHODS.items() if cls.argument != "drafter" and part in cls().parts()]
+            raise ValueError(f"{option}: method {method.name!r} drafts without {what}; drop it, or choose a method that "
+                             f"reads one ({', '.join(readers)}, or a relaxed method over them)")
+    continuous = T2IComponents.names_continuous(args.model)
+    if args.processor is not None and (args.model is None or continuous or (Path(args.model).expanduser() / "t2i.json").is_file()):
+        raise ValueError("--processor is for transformers models (Janus, Emu3, Chameleon); mmspec's own models take none: "
+                         "drop it")
+    if method.rule:
+        RULES[method.rule].check_mode(SamplingConfig(do_sample=not args.greedy, temperature=args.temperature))
+    if continuous:
+        check_continuous_sampling(not args.greedy, args.top_k, None)
+    if args.batch_size > 1 and prompts * args.num_images > 1 and not method.batches:
+        raise ValueError(f"method {method.name!r} decodes one image at a time; for --batch-size > 1 use "
+                         f"{', '.join(name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, method.continuous))}")
+
+
 def run(args) -> int:
     import mmspec
     from ..pipelines.text_to_image.methods import SETTINGS
@@ -175,11 +205,15 @@ def run(args) -> int:
         raise ValueError("pass a prompt or --prompts FILE (one prompt per line)" + (", not both" if args.prompts else ""))
     if args.retry_errors and not args.prompts:
         raise ValueError("--retry-errors redoes the failed rows of --prompts FILE's results.jsonl: pass --prompts")
+    if Path(args.out).suffix.lower() in IMAGE_SUFFIXES and not Path(args.out).is_dir():
+        raise ValueError(f"--out is the folder the images go in, and {args.out} names an image file; give a folder "
+                         f"(--out {Path(args.out).with_suffix('')})")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     for prompt in prompts:
         check_prompt(prompt)
     args.temperature = 1.0 if args.temperature is None else args.temperature  # given with --greedy: refused by check_args
-    check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k)
+    check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k, seed=args.seed)
+    check_method_options(args, len(prompts))
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {name: getattr(args, name) for name in SETTINGS}
@@ -210,7 +244,11 @@ def run(args) -> int:
                 row.insert(0, result.baseline_images[i])
             rows.append(row)
         files.write(out / "grid.png", side_by_side(rows, cell).save)
-    record = {"prompt": args.prompt, "out": str(out), "stats": result.stats.to_dict()}
+    stale = earlier_files(out, len(result.images), result.baseline_images is not None)
+    for path in stale:  # an earlier run's images in the folder would pass for this run's
+        path.unlink(missing_ok=True)
+    record = {"prompt": args.prompt, "out": str(out), "stats": result.stats.to_dict(),
+              "removed": [str(path) for path in stale]}
     if result.baseline_stats is not None:
         record["baseline_stats"] = result.baseline_stats.to_dict()
         record["identical_to_baseline"] = bool(torch.equal(result.tokens, result.baseline_tokens))
@@ -221,5 +259,18 @@ def run(args) -> int:
     if result.baseline_stats is not None:
         print(result.baseline_stats.summary() + "  [baseline, same seeds]")
     columns = "AR | method | acceptance map" if result.baseline_images is not None else "method | acceptance map"
-    print(f"wrote {len(result.images)} image(s) to {out}/ (grid.png: {columns})")
+    removed = f"; removed {len(stale)} image(s) an earlier run left there" if stale else ""
+    print(f"wrote {len(result.images)} image(s) to {out}/ (grid.png: {columns}){removed}")
     return 0
+
+
+#: the images one prompt's run writes in its --out folder (and grid.png)
+RUN_IMAGES = ("image", "acceptance", "baseline")
+
+
+def earlier_files(out: Path, images: int, baseline: bool) -> list[Path]:
+    """The files of :data:`RUN_IMAGES` in ``out`` that a run of ``images`` images (``baseline``:
+    with its AR images) did not write: an earlier run's, which this run replaces."""
+    written = {f"{kind}-{i}.png" for i in range(images) for kind in RUN_IMAGES if kind != "baseline" or baseline}
+    return sorted(path for kind in RUN_IMAGES for path in out.glob(f"{kind}-*.png")
+                  if path.name not in written and path.stem.split("-", 1)[1].isdigit())

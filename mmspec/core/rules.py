@@ -206,12 +206,14 @@ class AcceptanceRule:
         """Whether the rule has a token-tree form."""
         return cls.verify_tree is not AcceptanceRule.verify_tree
 
-    def check_mode(self, sampling: SamplingConfig) -> None:
-        """Refuse a decoding mode the rule is not defined for."""
-        if self.sampling == SAMPLING and not sampling.do_sample:
-            raise ValueError(f"acceptance={self.name!r} needs do_sample=True; {self.sampling_hint}")
-        if self.sampling == GREEDY and sampling.do_sample:
-            raise ValueError(f"acceptance={self.name!r} with do_sample=True would not sample; {self.sampling_hint}")
+    @classmethod
+    def check_mode(cls, sampling: SamplingConfig) -> None:
+        """Refuse a decoding mode the rule is not defined for (the class's own: checkable before
+        any model loads)."""
+        if cls.sampling == SAMPLING and not sampling.do_sample:
+            raise ValueError(f"acceptance={cls.name!r} needs do_sample=True; {cls.sampling_hint}")
+        if cls.sampling == GREEDY and sampling.do_sample:
+            raise ValueError(f"acceptance={cls.name!r} with do_sample=True would not sample; {cls.sampling_hint}")
 
     def describe(self) -> dict[str, Any]:
         """The rule and its parameters, for the stats' config."""

@@ -247,17 +247,29 @@ class ProactiveJacobiDrafter(CoupledJacobiDrafter):
             rows.append(q)
         return torch.stack(tokens), torch.stack(rows)
 
+    @staticmethod
+    def extra_nodes(branches: int, depth: int) -> int:
+        """Nodes a tree of ``depth`` positions with ``branches`` candidates each has beyond a chain."""
+        return sum(branches ** d - 1 for d in range(1, depth + 1))
+
+    @classmethod
+    def fitting_depth(cls, window: int, branches: int, limit: int) -> int:
+        """The most tree positions (at most ``limit``) whose tree still leaves its main line room in
+        a window of ``window`` nodes: 0 where no tree fits (or ``branches`` is 1: a chain)."""
+        depth = 0
+        while branches > 1 and depth < limit and window - cls.extra_nodes(branches, depth + 1) >= depth + 1:
+            depth += 1
+        return depth
+
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         chain = super().propose(state, max_tokens)
         k, carried = chain.length, self.carried_tokens.shape[0]
-        extra = lambda depth: sum(self.branches ** d - 1 for d in range(1, depth + 1))  # noqa: E731 (nodes beyond a chain)
         window = self.num_draft_tokens
-        depth = 0  # tree positions: carried ones, while the tree's main line still fits in the window
-        while self.branches > 1 and depth < min(self.depth, carried, k) and window - extra(depth + 1) >= depth + 1:
-            depth += 1
+        # tree positions: carried ones, while the tree's main line still fits in the window
+        depth = self.fitting_depth(window, self.branches, min(self.depth, carried, k))
         if depth == 0:
             return chain
-        length = min(k, window - extra(depth))  # the main line; with the extra nodes at most L nodes
+        length = min(k, window - self.extra_nodes(self.branches, depth))  # the main line; with the extra nodes at most L nodes
         tokens, parents, rows, first_child = [], [], [], []
         chain_probs = None if chain.probs is None else chain.probs[0]
         level = [-1]  # nodes of the previous depth; level[0] is on the main line

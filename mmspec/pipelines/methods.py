@@ -180,7 +180,10 @@ class Method:
                 raise ValueError(f"method {text!r}: {key!r} is not key=value; {cls.settings_help()}")
             if key not in cls.defaults:
                 raise ValueError(f"method {cls.name!r} takes no setting {key!r}; {cls.settings_help()}")
-            given[key] = cls._parse(key, value, text)
+            parsed = cls._parse(key, value, text)
+            if key in given and given[key] != parsed:
+                raise ValueError(f"method {text!r} sets {key} twice, to {given[key]!r} and {parsed!r}; give {key} once")
+            given[key] = parsed
             if settings.get(key) is not None and settings[key] != given[key]:
                 raise ValueError(f"method {text!r} sets {key}={given[key]!r} and {key}={settings[key]!r} is given as "
                                  f"well; give {key} once")

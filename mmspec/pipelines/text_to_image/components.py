@@ -118,7 +118,8 @@ class T2IComponents(OptimizesOnLoad):
                 object passed in is the caller's and left as it is).
             dtype: the generator's and its draft's weights (float32 by default; "auto" = bfloat16
                 where the machine computes it fast, :func:`mmspec.hub.resolve_dtype`). The text
-                encoder and the image tokenizer stay float32; MAR models run in float32 only.
+                encoder and the image tokenizer stay float32; MAR models run in float32 only ("auto"
+                is float32 for them).
             cuda_graphs: the generator and its draft verify through CUDA graphs
                 (:class:`~mmspec.adapters.image_gen.LlamaGenTarget` ``captured``): mmspec's
                 LlamaGen-style layout on a CUDA device only.
@@ -129,8 +130,12 @@ class T2IComponents(OptimizesOnLoad):
             ValueError: an unsupported family, a manifest without tokenizer, a tokenizer that does
                 not match the generator, a transformers model without processor.
         """
+        for name, part in (("draft", draft), ("eagle_head", eagle_head)):  # (loaded on first use: checked now)
+            if isinstance(part, (str, Path)) and not Path(part).expanduser().exists():
+                raise FileNotFoundError(f"{name}={str(part)!r}: no such file or directory")
         device = resolve_device(device)
-        dtype = resolve_dtype(dtype, device)
+        # "auto" is the fast dtype where a model can take it: a MAR model runs in float32 only
+        dtype = torch.float32 if dtype == "auto" and cls.names_continuous(model) else resolve_dtype(dtype, device)
         local = isinstance(model, (str, Path))
         mmspec_layout = model is None or (local and (Path(model).expanduser() / MODEL_FILE).is_file())
         if cuda_graphs and (device.type != "cuda" or not mmspec_layout):

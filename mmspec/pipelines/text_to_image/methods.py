@@ -103,6 +103,14 @@ class T2IMethod(Method):
     registry = METHODS
     #: the token kind it works with: False discrete, True continuous (MAR), None either
     continuous: ClassVar[bool | None] = False
+    #: whether it decodes several images together (``batch_size`` > 1)
+    batches: ClassVar[bool] = True
+
+    def parts(self) -> set[str]:
+        """The components' optional parts its drafter reads: "draft" (a draft generator),
+        "eagle_head" (an image EAGLE head); ``mmspec t2i`` refuses one given for a method that
+        reads none of it."""
+        return set()
 
     def build_drafter(self, components: "T2IComponents") -> Drafter | None:
         """A fresh drafter over ``components`` (None: plain AR decoding)."""
@@ -172,6 +180,9 @@ class DraftModelMethod(T2IMethod):
     description = "speculative sampling with the small draft generator"
     defaults = {"num_draft_tokens": 4}
 
+    def parts(self) -> set[str]:
+        return {"draft"}
+
     def build_drafter(self, components):
         return ModelDrafter(components.draft_target(), num_draft_tokens=self.settings["num_draft_tokens"])
 
@@ -210,6 +221,18 @@ class ProactiveJacobiMethod(CoupledJacobiMethod):
     description = "coupled SJD + proactive drafting: a small candidate tree at the window's start (training-free)"
     defaults = {**CoupledJacobiMethod.defaults, "pac_branches": 2, "pac_depth": 1}
     drafts_trees = True
+    batches = False
+
+    def __init__(self, arg: str | None = None, **settings: Any) -> None:
+        super().__init__(arg, **settings)
+        s = self.settings
+        fits = ProactiveJacobiDrafter.fitting_depth(s["window"], s["pac_branches"], s["pac_depth"])
+        if fits < s["pac_depth"]:  # (the drafter would draw the smaller tree, or none, without a word)
+            most = ProactiveJacobiDrafter.fitting_depth(s["window"], s["pac_branches"], s["window"])
+            raise ValueError(f"sjd-pac's tree of pac_depth={s['pac_depth']} positions with pac_branches={s['pac_branches']} "
+                             f"candidates does not fit window {s['window']}: "
+                             + (f"use pac_depth <= {most}" if most else f"use pac_branches <= {s['window']}")
+                             + " or a wider window")
 
     def build_drafter(self, components):
         s = self.settings
@@ -221,6 +244,9 @@ class EagleMethod(T2IMethod):
     name = "eagle"
     description = "EAGLE chain drafts from the image EAGLE head (exact)"
     defaults = {"num_draft_tokens": 4}
+
+    def parts(self) -> set[str]:
+        return {"eagle_head"}
 
     def build_drafter(self, components):
         from ...drafters.image_eagle import ImageEagleDrafter
@@ -236,6 +262,9 @@ class Eagle2Method(T2IMethod):
     defaults = {"num_draft_tokens": 6}  # the tree depth
     drafts_trees = True
     max_nodes: ClassVar[int] = 48
+
+    def parts(self) -> set[str]:
+        return {"eagle_head"}
 
     def build_drafter(self, components):
         from ...drafters.image_eagle import ImageEagle2Drafter
@@ -267,6 +296,10 @@ class RelaxedMethod(T2IMethod):
         kind = self.settings["drafter"]
         if kind is not None and METHODS[PROPOSERS[kind]].drafts_trees and not RULES[self.rule].supports_tree():
             raise ValueError(f"{self.name} verifies linear drafts only; use drafter='eagle' or 'draft'")
+
+    def parts(self) -> set[str]:
+        kind = self.settings["drafter"]
+        return {"draft", "eagle_head"} if kind is None else METHODS[PROPOSERS[kind]]().parts()
 
     def proposer(self, components: "T2IComponents") -> T2IMethod:
         """The exact method whose drafter proposes."""
@@ -309,6 +342,9 @@ class CSpDMethod(T2IMethod):
     continuous = True
     defaults = {"num_draft_tokens": 4, "prefill_fraction": 0.05, "draft_mode": "sequential"}
 
+    def parts(self) -> set[str]:
+        return {"draft"}
+
     def build_drafter(self, components):
         return MARDrafter(components.draft_target(), self.settings["num_draft_tokens"], self.settings["prefill_fraction"],
                           parallel=self.settings["draft_mode"] == "parallel")
@@ -348,6 +384,12 @@ class MARParallelMethod(T2IMethod):
     continuous = True
     approximate = True  # several tokens drawn independently per step: not plain decoding's distribution
     defaults = {"num_iter": 16}
+
+    def check_components(self, components) -> None:
+        super().check_components(components)
+        steps, tokens = self.settings["num_iter"], components.target.num_image_tokens
+        if steps > tokens:  # (MAR draws at least one token a step: it would run `tokens` steps and say `steps`)
+            raise ValueError(f"mar-parallel:{steps} is more steps than the image's {tokens} tokens; use at most {tokens}")
 
     def generate(self, components, model_inputs, seed, max_new_tokens=None, **sampling):
         self.check_components(components)

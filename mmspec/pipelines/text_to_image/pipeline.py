@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ...api import fresh_seed
 from ...core.sampling import SamplingConfig
 from ...core.stats import DictAccess, SpecStats
 from ...hub import dtype_name, resolve_device, resolve_dtype
@@ -38,14 +39,26 @@ __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutp
 
 
 def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: bool = True, temperature: float = 1.0,
-                         top_k: int | None = None, top_p: float | None = None) -> SamplingConfig:
-    """Check a pipeline call's arguments (one ValueError line each) -> their SamplingConfig.
+                         top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> SamplingConfig:
+    """Check a pipeline call's arguments (one ValueError line each) -> their SamplingConfig: the
+    sampling options only when sampling (a temperature other than 1, a top-k or top-p with
+    ``do_sample=False``: refused, as ``--greedy`` refuses them), and image i's seed + i within
+    2**63 - 1.
 
     Cheap, so callers (the CLI) can check before loading a model."""
     if not isinstance(guidance_scale, Real) or not math.isfinite(guidance_scale) or guidance_scale < 1:
         raise ValueError(f"guidance_scale must be a finite number >= 1 (got {guidance_scale}); 1 means no guidance")
     if not isinstance(num_images, Integral) or num_images < 1:
         raise ValueError(f"num_images must be an integer >= 1, got {num_images}")
+    if isinstance(seed, Integral) and seed + num_images - 1 >= 2**63:
+        raise ValueError(f"seed {seed} with num_images {num_images}: image i takes seed + i, which must stay below 2**63; "
+                         f"use a seed of at most {2**63 - num_images}")
+    if not do_sample:
+        given = [name for name, value, unset in (("temperature", temperature, 1.0), ("top_k", top_k, None),
+                                                 ("top_p", top_p, None)) if value != unset]
+        if given:
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; drop "
+                             f"{'it' if len(given) == 1 else 'them'} or do_sample=False")
     return SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                           guidance_scale=guidance_scale)
 
@@ -139,15 +152,14 @@ class TextToImagePipeline(Pipeline):
             forward size (:mod:`mmspec.core.captured`): the embedded LlamaGen-style layout on a CUDA
             device, one image at a time; ``stats.config["cuda_graphs"]`` says whether it ran.
         **settings: the methods' settings (:data:`~mmspec.pipelines.text_to_image.methods.SETTINGS`; each
-            method reads its own, with its own defaults): ``window`` (SJD's L; 8 for sjd, 16 for
-            sjd-coupled and sjd-pac), ``init`` ("random" | "horizontal" | "vertical"),
+            method reads its own, with its own defaults): ``window`` (SJD's L; 8), ``init`` ("random" | "horizontal" | "vertical"),
             ``num_draft_tokens`` (K of chains: 4; EAGLE-2's depth: 6), ``drafter`` (who drafts for
             the relaxed methods: "draft" | "eagle" | "eagle2"; default "eagle" when the model has
             an image EAGLE head, else "draft"), ``neighbours_k`` (100), ``delta`` (LANTERN, 0.05),
             ``lam`` (LANTERN++, 10), ``top_m`` (GSD, 50), ``pac_branches`` and ``pac_depth``
             (SJD-PAC, 2 and 1). All are checked before the model loads; a setting the method
-            does not read is refused (``method="cspd", window=4``). A call naming another method
-            (``method=``) hands it the pipeline's settings that it reads.
+            does not read is refused (``method="cspd", window=4``). :meth:`generate_tokens` with
+            another method (``method=``) hands it the pipeline's settings that it reads.
     Raises:
         ValueError: an unknown method, setting, init or drafter, an invalid value, a model without
             an image tokenizer, an unsupported model family.
@@ -192,8 +204,10 @@ class TextToImagePipeline(Pipeline):
 
     @classmethod
     def check_task_values(cls, values: dict[str, Any]) -> None:
-        """guidance_scale and num_images of a call (:meth:`Pipeline.check_call_values`)."""
-        check_call_arguments(values["guidance_scale"], values["num_images"])
+        """guidance_scale, num_images, the sampling options only when sampling, and seed + i for
+        every image within range (:meth:`Pipeline.check_call_values`, :func:`check_call_arguments`)."""
+        check_call_arguments(values["guidance_scale"], values["num_images"], values.get("do_sample", True),
+                             values.get("temperature", 1.0), values.get("top_k"), values.get("top_p"), values.get("seed"))
 
     @property
     def target(self):
@@ -278,8 +292,11 @@ class TextToImagePipeline(Pipeline):
         prompts = self.strings(prompt, "prompt")
         if not prompts:
             raise ValueError("no prompts given")
+        if batch_size > 1 and len(prompts) * num_images > 1 and not self.method.batches:
+            raise ValueError(f"method {self.method.name!r} decodes one image at a time; for batch_size > 1 use "
+                             f"{', '.join(name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, self.method.continuous))}")
         inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding
-        base_seed = int(torch.randint(2**62, ())) if seed is None else seed  # (None: a fresh random seed)
+        base_seed = fresh_seed() if seed is None else seed  # (None: a fresh random seed)
         jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         report, close = self.progress_reporter(progress, len(jobs) * (2 if compare_baseline else 1), "image")
@@ -305,7 +322,7 @@ class TextToImagePipeline(Pipeline):
         for i in range(len(prompts)):
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
-            stats.config.update(self.run_config())
+            stats.config.update(self.run_config(), seed=base_seed)  # (image j: seed + j; seed=None: the one drawn)
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:
