@@ -28,6 +28,9 @@ def parse_spec(spec: str) -> MethodSpec:
     Raises:
         ValueError: an empty spec or name.
     """
+    if spec is not None and not isinstance(spec, str):
+        raise ValueError(f"a method spec is a string, got {spec!r} ({type(spec).__name__}); write name[:key=value,...], "
+                         "e.g. 'sjd:vertical'")
     if not isinstance(spec, str) or not spec.strip() or not spec.partition(":")[0].strip():
         raise ValueError(f"empty method spec {spec!r}; write name[:key=value,...], e.g. 'sjd:vertical'")
     name, colon, rest = spec.strip().partition(":")
