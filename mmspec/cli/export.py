@@ -28,11 +28,11 @@ def run(args) -> int:
 
     from ..drafters.shipped import CHAIN_SETTINGS_FILE
 
-    check_export_directory(args.out)  # (before loading: a model's own files are never replaced)
     from safetensors import SafetensorError
 
     from .output import WRITE_ERRORS, output_error
 
+    check_export_directory(args.out)  # (before loading: a model's own files are never replaced)
     head = Eagle3Head.load(args.src)
     tuned = Path(args.src) / CHAIN_SETTINGS_FILE  # mmspec's tuned chain (bench chain-stop): kept for eagle3:OUT
     try:

@@ -174,6 +174,7 @@ def check_method_options(args, prompts: int) -> None:
     from ..pipelines.text_to_image import METHODS, T2IComponents, make_method
     from ..pipelines.text_to_image.mar_components import check_continuous_sampling
     from ..pipelines.text_to_image.methods import SETTINGS
+    from ..pipelines.text_to_image.pipeline import check_batches
 
     method = make_method(args.method, **{name: getattr(args, name) for name in SETTINGS})
     for option, part, what in (("--eagle-head", "eagle_head", "an image EAGLE head"), ("--draft", "draft", "a draft generator")):
@@ -189,9 +190,7 @@ def check_method_options(args, prompts: int) -> None:
         RULES[method.rule].check_mode(SamplingConfig(do_sample=not args.greedy, temperature=args.temperature))
     if continuous:
         check_continuous_sampling(not args.greedy, args.top_k, None)
-    if args.batch_size > 1 and prompts * args.num_images > 1 and not method.batches:
-        raise ValueError(f"method {method.name!r} decodes one image at a time; for --batch-size > 1 use "
-                         f"{', '.join(name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, method.continuous))}")
+    check_batches(method, prompts * args.num_images, args.batch_size, "--batch-size")
 
 
 def run(args) -> int:

@@ -63,6 +63,14 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
                           guidance_scale=guidance_scale)
 
 
+def check_batches(method: T2IMethod, images: int, batch_size: int, option: str = "batch_size") -> None:
+    """Refuse (one ValueError line) to decode ``images`` images ``batch_size`` at a time with a
+    method that decodes one image at a time (SJD-PAC's trees), naming the methods that batch."""
+    if batch_size > 1 and images > 1 and not method.batches:
+        batching = [name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, method.continuous)]
+        raise ValueError(f"method {method.name!r} decodes one image at a time; for {option} > 1 use {', '.join(batching)}")
+
+
 @dataclass
 class TextToImageStats(DictAccess):
     """Speed of one pipeline call (all images).
@@ -292,9 +300,7 @@ class TextToImagePipeline(Pipeline):
         prompts = self.strings(prompt, "prompt")
         if not prompts:
             raise ValueError("no prompts given")
-        if batch_size > 1 and len(prompts) * num_images > 1 and not self.method.batches:
-            raise ValueError(f"method {self.method.name!r} decodes one image at a time; for batch_size > 1 use "
-                             f"{', '.join(name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, self.method.continuous))}")
+        check_batches(self.method, len(prompts) * num_images, batch_size)
         inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding
         base_seed = fresh_seed() if seed is None else seed  # (None: a fresh random seed)
         jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
