@@ -68,8 +68,9 @@ def run_generate_command(args) -> int:
     if baseline is not None:
         print(baseline.stats.summary() + "  [baseline, same run]")
         same = "identical to" if result["identical_to_baseline"] else "DIFFERENT from"
-        print(f"output {same} plain decoding; {speedup_words(out.stats, baseline.stats)} ({model.dtype}, "
-              f"{torch.get_num_threads()} threads)")
+        threads = torch.get_num_threads()
+        print(f"output {same} plain decoding; {speedup_words(out.stats, baseline.stats)} "
+              f"({str(model.dtype).removeprefix('torch.')}, {threads} thread{'s' if threads != 1 else ''})")
         note = difference_note(args.do_sample, model.dtype in (torch.bfloat16, torch.float16))
         if not result["identical_to_baseline"] and note:
             print(note)

@@ -230,16 +230,19 @@ def choose_sampling_drafter(model_dir: str | os.PathLike | None, runs_on: tuple[
 def choose_batch_drafter(model_dir: str | os.PathLike | None, batch_size: int, runs_on: tuple[str, bool] | None = None,
                          sampled: bool = False) -> tuple[str, int | None, str] | None:
     """drafter="auto" for a batch: the method with the highest measured throughput at the largest
-    batch size <= ``batch_size`` of the drafters file's ``"batches"`` table (written by
+    batch size from 2 to ``batch_size`` of the drafters file's ``"batches"`` table (written by
     ``mmspec bench caption --batch-sizes ... --write-drafters-file``, at temperature 0), which may
     be "ar"; ``runs_on`` as :func:`choose_auto_drafter`'s. A ``sampled`` batch takes the same
     choice, its reason saying that the table measured greedy decoding.
 
     Returns:
-        (spec, num_draft_tokens or None, reason), or None when the file measured no such batch size.
+        (spec, num_draft_tokens or None, reason), or None when the file measured no such batch
+        size: below its smallest batch the single-image choice holds (:func:`choose_auto_drafter`,
+        which knows the machine kinds; the batch table's batch-size-1 rows, one machine's, do not
+        override it).
     """
     table = read_auto_table(model_dir) if model_dir is not None else None
-    entries = [e for e in (table or {}).get("batches", []) if e.get("batch_size", batch_size + 1) <= batch_size]
+    entries = [e for e in (table or {}).get("batches", []) if 1 < e.get("batch_size", batch_size + 1) <= batch_size]
     if not entries:
         return None
     size = max(e["batch_size"] for e in entries)
