@@ -1,8 +1,8 @@
 """mmspec computes inside mmspec.core.exclusive.exclusive: one call at a time per process (threads:
-tests/test_embedded_captioner.py, tests/test_pipeline_base.py), under PyTorch's default dtype
-float32 whatever the caller set -- the same seed gives the same output -- with the caller's
-default back afterwards; the fused chains' draw buffers are checked before their C call writes
-into them."""
+tests/test_embedded_captioner.py, tests/test_pipeline_base.py); its outputs do not depend on
+PyTorch's default dtype (the tensors it makes name theirs; the lock leaves the caller's default
+alone) -- the same seed gives the same output; the fused chains' draw buffers are checked before
+their C call writes into them."""
 
 import threading
 
@@ -42,7 +42,10 @@ def test_the_voice_gives_the_same_codes_under_a_float64_default(default_dtype):
     default_dtype(torch.float64)
     assert torch.equal(tts("The train leaves at seven.", seed=3).codes, reference)
     chunks = list(tts.stream("The train leaves at seven.", seed=3))
-    assert torch.equal(chunks[0].codes, reference) and torch.get_default_dtype() == torch.float64
+    assert torch.equal(chunks[0].codes, reference)
+    built = mmspec.pipeline("text-to-speech")  # built under it too
+    assert torch.equal(built("The train leaves at seven.", seed=3).codes, reference)
+    assert torch.get_default_dtype() == torch.float64  # the caller's, untouched
 
 
 def test_exclusive_is_reentrant_and_holds_other_threads_off():
@@ -63,17 +66,23 @@ def test_exclusive_is_reentrant_and_holds_other_threads_off():
     LOCK.release()
 
 
-def test_a_stream_made_inside_exclusive_is_consumed_outside_it(default_dtype):
+def test_a_stream_made_inside_exclusive_is_consumed_outside_it():
+    def holding() -> bool:  # whether another thread would wait for the lock now
+        free = []
+        probe = threading.Thread(target=lambda: free.append(LOCK.acquire(blocking=False) and not LOCK.release()))
+        probe.start()
+        probe.join()
+        return not free[0]
+
     def steps():
         for _ in range(2):
-            yield torch.get_default_dtype()
+            yield holding()
 
-    default_dtype(torch.float64)
     made = []
-    for dtype in exclusive_steps(steps()):
-        made.append(dtype)
-        assert torch.get_default_dtype() == torch.float64  # the consumer's own
-    assert made == [torch.float32, torch.float32]
+    for held in exclusive_steps(steps()):
+        made.append(held)
+        assert not holding()  # the consumer holds no one up
+    assert made == [True, True]
 
 
 @pytest.mark.parametrize("uniforms, probs, message", [

@@ -79,7 +79,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
             c = self.config
             self._audio_transforms["inverse_mel"] = torchaudio.transforms.InverseMelScale(
                 n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate, f_max=c.f_max, norm="slaney",
-                mel_scale="slaney")
+                mel_scale="slaney").float()  # (its filters in float32 whatever the default dtype is then)
         return self._audio_transforms["inverse_mel"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ says what is its own:
 - :meth:`Pipeline.progress_reporter`: progress through one callback type, :data:`ProgressCallback`
   (``progress=True``: a terminal bar);
 - :meth:`Pipeline.run_config`: what every result's ``stats.config`` records about how it ran;
-- :data:`PIPELINE_LOCK`: a pipeline's construction, calls and stream steps run inside
-  :func:`mmspec.core.exclusive.exclusive` (this lock, default dtype float32), so calls from
-  several threads run one at a time, each giving what it gives alone.
+- :data:`PIPELINE_LOCK`: a pipeline's construction (with the default dtype float32), calls and
+  stream steps hold it (:func:`mmspec.core.exclusive.exclusive`), so calls from several threads
+  run one at a time, each giving what it gives alone.
 
 Adding a task is an adapter (its model as the core's target), a components class (its parts,
 loaded once), a method registry and one registration::
@@ -42,6 +42,8 @@ import inspect
 import sys
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
+
+import torch
 
 from ..api import check_seed
 from ..core.arguments import check_argument_types
@@ -135,7 +137,7 @@ class Pipeline:
                 setattr(cls, name, _checking_types(function))
         init = cls.__dict__.get("__init__")
         if init is not None:
-            setattr(cls, "__init__", exclusively(init))
+            setattr(cls, "__init__", exclusively(init, torch.float32))  # (it builds modules: mmspec.core.exclusive)
 
     # -- before anything loads ---------------------------------------------------------------------
     @classmethod
