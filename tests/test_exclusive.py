@@ -100,3 +100,11 @@ def test_a_fused_chains_draw_buffers_are_checked_before_its_c_call(uniforms, pro
         _check_draws("head_chain", 4, 0.8, uniforms, probs, 10)
     _check_draws("head_chain", 4, 0.8, torch.rand(4), torch.zeros(4, 12), 10)  # as chain_draws makes them
     _check_draws("head_chain", 4, 0.0, None, None, 10)  # greedy: no draws
+
+
+@pytest.mark.parametrize("model, method", [(None, "sjd"), ("mar", "mar-parallel:8")])
+def test_images_are_the_same_under_a_float64_default(model, method, default_dtype):
+    t2i = mmspec.pipeline("text-to-image", model=model, method=method)
+    reference = t2i("a red circle", seed=1).tokens
+    default_dtype(torch.float64)
+    assert torch.equal(t2i("a red circle", seed=1).tokens, reference)  # (MAR's noise was drawn in float64)

@@ -79,7 +79,7 @@ class MARTarget:
             raise ValueError(f"guidance_scale must be >= 1, got {guidance_scale}")
         n = self.config.seq_len
         perm = torch.randperm(n, generator=generator, device=generator.device) if order == "random" else torch.arange(n)
-        noise = torch.randn(self.noise_shape, generator=generator, device=generator.device)
+        noise = torch.randn(self.noise_shape, dtype=torch.float32, generator=generator, device=generator.device)
         return {"order": perm.to(self.device), "noise": noise.to(self.device), "chain_temperature": float(chain_temperature),
                 "guidance_scale": float(guidance_scale), **condition}
 
