@@ -64,7 +64,9 @@ def test_settings_left_by_a_run_that_wrote_no_row_block_no_rerun(tmp_path):
 
 def test_a_quoted_tilde_in_an_output_path_is_the_home_folder(tmp_path, monkeypatch):
     from mmspec.cli.args import check_args
+    from mmspec.hub import cache_dir
 
+    monkeypatch.setenv("MMSPEC_CACHE", str(cache_dir()))  # (the kernels built already, not again under the new HOME)
     monkeypatch.setenv("HOME", str(tmp_path))
     args = build_parser().parse_args(["tts", "Hi.", "--out=~/x.wav"])
     check_args(args)

@@ -44,7 +44,7 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
         if (directory / marker).is_file():
             return directory
     where = f"models/{names[0]}-{kind}" if names else f"a trained {kind} drafter"
-    raise ValueError((names and no_models_note()) or 
+    raise ValueError((names and no_models_note()) or
         f"no trained {kind} drafter for {type(model).__name__} ({where} not found); pass drafter='{spec or kind}:PATH' "
         f"with a trained one (`{train or f'mmspec train drafter --method {kind}'}`)"
     )

@@ -16,9 +16,9 @@ import torch
 def _mel_transform(rate: int, n_mels: int, n_fft: int, hop_length: int, f_max: float | None):
     import torchaudio
 
+    # (float32 whatever the default dtype is at the first call: the transform is cached)
     return torchaudio.transforms.MelSpectrogram(sample_rate=rate, n_fft=n_fft, hop_length=hop_length, n_mels=n_mels,
-                                                f_max=f_max, power=1.0, norm="slaney", mel_scale="slaney").float()  # (cached: float32
-    # whatever the default dtype was at the first call)
+                                                f_max=f_max, power=1.0, norm="slaney", mel_scale="slaney").float()
 
 
 def log_mel(waveform: torch.Tensor, rate: int, n_mels: int = 80, n_fft: int = 1024, hop_length: int = 256,
