@@ -144,3 +144,12 @@ def test_a_speedup_over_outputs_of_other_lengths_is_given_per_token_too():
     assert "speedup 2.05x in time, 0.98x per token (11 and 23 tokens)" in format_result("x.png", result)
     baseline.new_tokens = 11  # the same length: the one ratio says it all
     assert "speedup 2.05x\n" in format_result("x.png", result) + "\n" and "per token" not in format_result("x.png", result)
+
+
+def test_sampling_without_a_seed_repeats_as_the_pipeline_does(capsys, checkpoint, images):
+    """--seed defaults to 0, as the pipeline's call does (it drew a fresh seed each run before):
+    two sampled runs without --seed give the same caption; `mmspec generate` keeps its fresh seed."""
+    argv = [images[0], "--model", checkpoint, "--dtype", "fp32", "--max-new-tokens", "6", "--do-sample", "--json"]
+    first, second = (json.loads(run(capsys, *argv)[1])[0] for _ in range(2))
+    assert first["text"] == second["text"] and first["stats"]["config"]["seed"] == 0
+    assert build_parser().parse_args(["generate", "hi"]).seed is None

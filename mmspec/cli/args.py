@@ -7,13 +7,17 @@ import math
 import os
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+def add_sampling_args(parser: argparse.ArgumentParser, seed: int | None) -> None:
+    """The decoding options; ``seed``: --seed's default (the Python call's own: 0 for a pipeline,
+    None -- a fresh seed, recorded in the stats -- for ``mmspec.generate``)."""
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=None, help="with --do-sample (default: 1)")
     parser.add_argument("--top-k", type=int, default=None, help="with --do-sample")
     parser.add_argument("--top-p", type=float, default=None, help="with --do-sample")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=seed,
+                        help="seeds every random number of the call (default: " + ("a fresh seed each run, recorded in the stats)"
+                                                                                  if seed is None else f"{seed}, as the pipeline's)"))
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -> None:

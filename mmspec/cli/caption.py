@@ -52,12 +52,13 @@ def add_parser(subparsers) -> None:
     cap.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
     cap.add_argument("--batch-size", type=int, default=1,
                      help="images decoded together (each caption equals its batch-size-1 caption in fp32; in bf16 up to "
-                          "rounding near ties; see docs/usage.md)")
+                          "rounding near ties; sampled with a tree drafter -- eagle2, eagle3-tree, medusa, hydra -- "
+                          "an exact sample of its chain form, not the batch-size-1 caption; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
     cap.add_argument("--cuda-graphs", action="store_true",
                      help="run the target's forwards as CUDA graphs (a CUDA device, one image at a time)")
-    add_sampling_args(cap)
+    add_sampling_args(cap, seed=0)
     cap.set_defaults(handler=run_caption_command, output_args={"out": "file"}, interrupted=interrupted)
 
 

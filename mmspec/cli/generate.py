@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="machine-readable output")
     add_model_args(gen, default_model="smollm2")
-    add_sampling_args(gen)
+    add_sampling_args(gen, seed=None)
     gen.set_defaults(handler=run_generate_command)
 
 

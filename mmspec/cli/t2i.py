@@ -51,7 +51,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--num-images", type=int, default=1)
     cmd.add_argument("--batch-size", type=int, default=1,
                      help="images decoded together, across the prompts of --prompts too (each equals its batch-size-1 "
-                          "image up to float rounding; not Emu3, nor sjd-pac, which drafts trees)")
+                          "image up to float rounding, except eagle2's, which drafts its chain in a batch: an exact "
+                          "sample, not the batch-size-1 one; not Emu3, nor sjd-pac, which drafts trees)")
     cmd.add_argument("--seed", type=int, default=0)
     cmd.add_argument("--guidance-scale", type=float, default=3.0)
     cmd.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1; not with --greedy)")

@@ -470,7 +470,8 @@ class ImageCaptioningPipeline(Pipeline):
                 is the one batch size 1 gives (same tokens, same seed), its ``stats`` are its own
                 row's (``wall_time_s``: until the row finished; ``config["batch_wall_time_s"]``:
                 the batch's). Tree drafters draft their chain form in a batch (EAGLE-2 -> EAGLE,
-                Medusa / Hydra -> the top-1 chain). With drafter="auto" and a drafters file that
+                Medusa / Hydra -> the top-1 chain): greedy, the same caption; sampled, an exact
+                sample of the chain form's draws, not the batch-size-1 caption of the seed. With drafter="auto" and a drafters file that
                 measured batches, a batch uses the fastest method measured at the largest batch size
                 <= its size, plain decoding included (``stats.config["drafter_choice"]`` says so).
             progress: called with the number of captions done after each caption (a batch: after

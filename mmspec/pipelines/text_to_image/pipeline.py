@@ -294,7 +294,8 @@ class TextToImagePipeline(Pipeline):
                 (:mod:`mmspec.core.batch`; LlamaGen-style, Janus, Chameleon, MAR): each image is the one batch size 1
                 gives with its seed, up to float rounding (a batch verifies its rows in one wider
                 forward). A batch's wall time is shared equally by its images. EAGLE-2 drafts its
-                chain in a batch; SJD-PAC and Emu3 need batch size 1.
+                chain in a batch, so a sampled EAGLE-2 image is then an exact sample but not the
+                batch-size-1 image of its seed; SJD-PAC and Emu3 need batch size 1.
         """
         # (guidance_scale, num_images, the sampling options and batch_size are checked before the call)
         prompts = self.strings(prompt, "prompt")
