@@ -346,7 +346,12 @@ def generate_rows(
             sequences[b, width - len(prompt) : width] = prompt
             sequences[b, width : width + len(new[b])] = new[b]
     row_stats = [r.stats for r in results]
-    return GenerateOutput(sequences=sequences, stats=batch_stats(row_stats, wall, forwards), row_stats=row_stats)
+    for r in results:  # (seed=None: the fresh one drawn, to reproduce each row; rows admitted later: the one seed)
+        r.stats.config["seed"] = seeds[r.index] if r.index < len(seeds) else seed
+    stats = batch_stats(row_stats, wall, forwards)
+    row_seeds = [s.config["seed"] for s in row_stats]
+    stats.config["seed"] = row_seeds[0] if len(set(row_seeds)) == 1 else row_seeds  # (one per row where they differ)
+    return GenerateOutput(sequences=sequences, stats=stats, row_stats=row_stats)
 
 
 #: model inputs mmspec sets itself (the KV cache, positions, which logits to keep)

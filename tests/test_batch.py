@@ -161,6 +161,19 @@ def test_batch_stats_count_the_batch(tiny, prompts):
     assert all(s.config["batch_size"] == len(prompts) for s in rows)
 
 
+def test_each_rows_seed_is_recorded_and_repeats_the_row(tiny, prompts):
+    """seed=None's fresh seed (and a given one, one per row too) is in every row's stats, as
+    generate records it: the recorded seed gives the row again."""
+    rows = [{"input_ids": p[None]} for p in prompts]
+    kwargs = dict(drafter="prompt-lookup:3", max_new_tokens=MAX_NEW, do_sample=True)
+    fresh = generate_rows(tiny.model, rows, seed=None, **kwargs)
+    drawn = fresh.row_stats[0].config["seed"]
+    assert isinstance(drawn, int) and all(s.config["seed"] == drawn for s in fresh.row_stats) and fresh.stats.config["seed"] == drawn
+    assert torch.equal(generate_rows(tiny.model, rows, seed=drawn, **kwargs).sequences, fresh.sequences)
+    per_row = generate_rows(tiny.model, rows, seed=list(range(len(rows))), **kwargs)
+    assert [s.config["seed"] for s in per_row.row_stats] == list(range(len(rows))) == per_row.stats.config["seed"]
+
+
 def test_split_rows_strips_left_padding():
     ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])

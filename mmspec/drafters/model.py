@@ -53,10 +53,17 @@ class ModelDrafter(BatchDrafting, Drafter):
                 f"the draft's vocabulary ({self.draft.vocab_size}) is larger than the target's "
                 f"({target.vocab_size}); the draft must share the target's tokenizer"
             )
+        families = [getattr(getattr(getattr(m, "model", None), "config", None), "model_type", None) for m in (target, self.draft)]
+        if sees_images(target) and sees_images(self.draft) and families[0] != families[1]:
+            raise ValueError(f"a draft model that sees images must be of the target's family ({families[0]}), got "
+                             f"{families[1]}; use a text-only draft (SPD) sharing its tokenizer, or a VLM of its family")
         self.num_draft_tokens = self.initial_draft_tokens
         inputs = context.model_inputs
         if sees_images(target) and not sees_images(self.draft):
-            inputs = {"input_ids": target.text_only_ids(inputs["input_ids"])}  # SPD: no image tokens
+            ids = target.text_only_ids(inputs["input_ids"])  # SPD: no image tokens,
+            inputs = {"input_ids": ids[:, ids[0] < self.draft.vocab_size]}  # nor the VLM's added ones (image framing)
+        elif self.draft.vocab_size < target.vocab_size and "input_ids" in inputs:  # (read as token 0, as in _catch_up)
+            inputs = {**inputs, "input_ids": inputs["input_ids"].masked_fill(inputs["input_ids"] >= self.draft.vocab_size, 0)}
         self.state, _ = self.draft.prefill(inputs)  # the cache holds the whole draft prompt
         self.forwards = 1
         self.prompt = self.state.tokens
@@ -69,7 +76,11 @@ class ModelDrafter(BatchDrafting, Drafter):
         """Bring the draft's cache up to its prompt + the target's generated tokens [1, n]: keep the
         cached prefix that still agrees (rejected drafts fall away), feed the rest. -> (that
         sequence [1, L], the draft's logits after it [1, V])."""
-        sequence = torch.cat([self.prompt, generated.to(self.prompt.device)], dim=1)
+        generated = generated.to(self.prompt.device)
+        # a token the draft has no embedding for (one the target's tokenizer added) is read as token 0:
+        # the draft only proposes, so this changes its guesses, never the output
+        generated = generated.masked_fill(generated >= self.draft.vocab_size, 0)
+        sequence = torch.cat([self.prompt, generated], dim=1)
         keep = min(common_prefix_length(self.state.tokens[0], sequence[0]), sequence.shape[1] - 1)
         crop_cache(self.state.cache, keep)
         logits = self.draft.forward(self.state, sequence[:, keep:]).logits[:, -1]
