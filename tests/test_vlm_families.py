@@ -366,3 +366,10 @@ def test_greedy_on_cuda_equals_transformers_on_the_cpu(family):
                     ModelDrafter(model, num_draft_tokens=K)):
         out = mmspec.generate(model, drafter=drafter, max_new_tokens=MAX_NEW, num_draft_tokens=K, **inputs)
         assert out.sequences.device.type == "cuda" and torch.equal(out.sequences.cpu(), expected), drafter
+
+
+def test_a_vlm_draft_of_another_family_is_refused():
+    """Its image tokens and inputs are another family's: one line that says what to use instead."""
+    target, other = make_tiny_family("llava_onevision"), make_tiny_family("internvl")
+    with pytest.raises(ValueError, match=r"must be of the target's family \(llava_onevision\), got internvl; use a text-only draft"):
+        mmspec.generate(target.model, drafter=ModelDrafter(other.model), max_new_tokens=4, **target.inputs)
