@@ -1,6 +1,7 @@
 """``mmspec caption``: JSON shape, human output, per-file errors, exit codes, no tracebacks."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ from PIL import Image
 from tiny_checkpoints import cached_tiny_checkpoint
 
 from mmspec.cli import build_parser, main
+
+MODELS = Path(__file__).parents[1] / "models"
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,9 @@ def test_empty_prompt_exits_before_loading(capsys, images, tmp_path):
     [
         (["--drafter", "medusa-9"], "unknown drafter 'medusa-9'"),
         (["--drafter", "/nonexistent/draft"], "draft model directory not found"),
+        (["--drafter", "eagle2:/nonexistent/head"], "eagle2:/nonexistent/head: no such directory"),
+        (["--drafter", f"medusa:{MODELS / 'smolcap-eagle'}"],  # (the audit's: after the model loaded, a traceback)
+         "holds no medusa drafter (heads_config.json missing); it holds what eagle / eagle2 reads: use 'eagle:"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["--device", "bogus"], "unknown device 'bogus'"),
     ],
@@ -153,3 +159,35 @@ def test_sampling_without_a_seed_repeats_as_the_pipeline_does(capsys, checkpoint
     first, second = (json.loads(run(capsys, *argv)[1])[0] for _ in range(2))
     assert first["text"] == second["text"] and first["stats"]["config"]["seed"] == 0
     assert build_parser().parse_args(["generate", "hi"]).seed is None
+
+
+def test_an_image_the_model_fails_on_is_its_rows_error(capsys, checkpoint, images, monkeypatch):
+    """The model's own code failing on one image (transformers' Mistral3 on an image of one image
+    token raised a RuntimeError that ended the run): that image's one error line, the others captioned."""
+    from mmspec.pipelines.captioning import ImageCaptioningPipeline
+
+    call = ImageCaptioningPipeline.__call__
+
+    def failing(self, image, **kwargs):
+        if image == images[0] or (isinstance(image, list) and images[0] in image):
+            raise RuntimeError("split_with_sizes expects split_sizes to sum exactly to 32\nmore")
+        return call(self, image, **kwargs)
+
+    monkeypatch.setattr(ImageCaptioningPipeline, "__call__", failing)
+    for batch in ("1", "2"):
+        code, out, err = run(capsys, *images, "--model", checkpoint, "--dtype", "fp32", "--max-new-tokens", "4", "--batch-size", batch)
+        errors = [line for line in err.splitlines() if line.startswith("mmspec: error:")]
+        assert code == 2 and len(errors) == 1 and "more" not in errors[0]
+        assert f"{images[0]}: the model failed on this image (RuntimeError: split_with_sizes" in errors[0]
+        assert f"{images[1]}:" in out
+
+
+def test_an_image_the_processor_refuses_is_named_with_its_size(capsys, tmp_path_factory):
+    """Qwen2-VL's processor refuses an aspect ratio over 200: the line names the image and its
+    size and says what to do (it spoke of "this conversation" for a plain image)."""
+    wide = tmp_path_factory.mktemp("wide") / "wide.png"
+    Image.new("RGB", (4000, 10), (200, 10, 10)).save(wide)
+    code, _, err = run(capsys, str(wide), "--model", str(cached_tiny_checkpoint("qwen2_vl", tmp_path_factory)), "--dtype", "fp32",
+                       "--max-new-tokens", "4")
+    assert code == 2 and f"could not take the image {wide} (4000x10): absolute aspect ratio" in err
+    assert "resize or crop the image" in err and "conversation" not in err

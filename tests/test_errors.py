@@ -219,3 +219,16 @@ def test_batched_seeds_of_another_type(llama):
     rows = [{"input_ids": llama.inputs["input_ids"]}] * 2
     with pytest.raises(ValueError, match=r"seed must be an integer or None, got 'x' \(str\)"):
         generate_rows(llama.model, rows, seed=[0, "x"])
+
+
+def test_weights_trained_for_another_model_are_one_line(tmp_path):
+    """A head whose saved tensors do not fit the module built for this model (a head trained for
+    another one): one ValueError line naming the file, not torch's many-line state_dict report."""
+    from safetensors.torch import save_file
+
+    from mmspec.modeling.persistence import load_weights
+
+    save_file(torch.nn.Linear(2, 3).state_dict(), str(tmp_path / "head.safetensors"))
+    with pytest.raises(ValueError, match=r"head.safetensors do not fit the Linear .*trained for another model\?\): size mismatch") as error:
+        load_weights(torch.nn.Linear(2, 4), tmp_path, "head.safetensors")
+    assert "\n" not in str(error.value)

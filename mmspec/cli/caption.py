@@ -31,6 +31,9 @@ from .dataset import Progress, ShardedResults, add_row_args, expand_images, fail
 from .output import difference_note, speedup_words
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
+#: what the model's own code raises on one input it cannot take (e.g. transformers' Mistral3 on an
+#: image of a single image token): that image's row error, the other images go on
+MODEL_ERRORS = (RuntimeError, IndexError)
 
 
 def add_parser(subparsers) -> None:
@@ -107,6 +110,9 @@ def run_caption_command(args) -> int:
             results.write(record)
 
     def fail(record: dict[str, Any], error: Exception) -> None:
+        if isinstance(error, MODEL_ERRORS):
+            first = next((line for line in str(error).splitlines() if line.strip()), "")
+            error = f"{record['path']}: the model failed on this image ({type(error).__name__}: {first}); the other images go on"
         record["error"] = str(error)
         message = f"mmspec: error: {error}"
         if progress is not None:
@@ -158,7 +164,7 @@ def run_caption_command(args) -> int:
                 progress.start(record["path"])
                 try:
                     result = captioner(record["path"], **options)
-                except IMAGE_ERRORS as error:  # e.g. a file truncated after its header
+                except IMAGE_ERRORS + MODEL_ERRORS as error:  # e.g. a file truncated after its header
                     fail(record, error)
                 else:
                     done(record, result)
@@ -172,7 +178,7 @@ def run_caption_command(args) -> int:
                 progress.start(chunk[0]["path"])
                 try:
                     results_of_chunk = captioner([r["path"] for r in chunk], batch_size=len(chunk), **options)
-                except IMAGE_ERRORS:  # one unreadable image: the others still get their (identical) captions
+                except IMAGE_ERRORS + MODEL_ERRORS:  # one unreadable image: the others still get their (identical) captions
                     one_by_one(chunk)
                     continue
                 for record, result in zip(chunk, results_of_chunk):

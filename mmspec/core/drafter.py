@@ -65,6 +65,12 @@ class Drafter(ABC):
     #: (the LM head's input), i = the output of the first i decoder layers; a tuple of such
     #: indices: those states concatenated (EAGLE-3)
     target_hidden_layer: int | tuple[int, ...] = -1
+    #: a drafter with trained weights in a directory (its spec's argument): the layouts such a
+    #: directory may have, each the files it holds (checked before any model loads:
+    #: :func:`mmspec.drafters.check_drafter_dir`); empty: no directory
+    saved_layouts: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    #: the command that trains such a directory (None: ``mmspec train drafter --method NAME``)
+    trained_by: ClassVar[str | None] = None
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:

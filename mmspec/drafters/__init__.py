@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -25,7 +26,7 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
-    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "is_drafter_spec", "resolve_drafter", "unknown_drafter",
+    "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "check_drafter_dir", "is_drafter_spec", "resolve_drafter", "unknown_drafter",
     "spec_drafter_names",
 ]
 
@@ -61,6 +62,32 @@ def unknown_drafter(name: str, choices: str) -> str:
 def is_drafter_spec(drafter: Any) -> bool:
     """Whether ``drafter`` is a spec string such as "prompt-lookup:10" (else it may be a path)."""
     return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
+
+
+def check_drafter_dir(name: str, argument: str | None) -> None:
+    """Drafter ``name``'s trained directory ``argument`` checked before any model loads: it exists
+    and holds one of the drafter's :attr:`~mmspec.core.drafter.Drafter.saved_layouts` (a directory
+    holding another kind's files is named so). Nothing to check without an argument (the drafter
+    shipped for the model is looked up once the model is known) or for a drafter without a directory.
+
+    Raises:
+        FileNotFoundError: no such directory. ValueError: a directory without the drafter's files.
+    """
+    layouts = DRAFTERS[name].saved_layouts
+    if argument is None or not layouts:
+        return
+    path = Path(argument).expanduser()
+    if not path.is_dir():
+        train = DRAFTERS[name].trained_by or f"mmspec train drafter --method {name}"
+        raise FileNotFoundError(f"{name}:{argument}: no such directory (give the directory of a trained {name} drafter; "
+                                f"train it with `{train}`)")
+    if any(all((path / file).is_file() for file in layout) for layout in layouts):
+        return
+    holds = sorted(other for other, cls in DRAFTERS.items()
+                   if cls.saved_layouts and cls.image_tokens_only == DRAFTERS[name].image_tokens_only and any(all((path / f).is_file() for f in layout) for layout in cls.saved_layouts))
+    wanted = " or ".join(" + ".join(layout) for layout in layouts)
+    hint = f"; it holds what {' / '.join(holds)} reads: use '{holds[0]}:{argument}'" if holds else ""
+    raise ValueError(f"{argument} holds no {name} drafter ({wanted} missing){hint}")
 
 
 def split_drafter_spec(spec: str) -> tuple[str, str | None]:

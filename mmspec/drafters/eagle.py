@@ -88,6 +88,7 @@ class EagleDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "path"
+    saved_layouts = ((EagleHead.config_file,),)
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, head: EagleHead, num_draft_tokens: int = 5,

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..core.cache import PreallocatedLayer
 from ..core.drafter import register_drafter
-from ..modeling.eagle3 import CONFIG_FILE, Eagle3Head, midlayer_parts
+from ..modeling.eagle3 import CONFIG_FILE, ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE, Eagle3Head, midlayer_parts
 from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
@@ -61,6 +61,9 @@ class _Eagle3Parts:
     """What the EAGLE-3 drafters change in EAGLE's: the target states asked for, the LM head."""
 
     requires_target_hidden = True
+    #: mmspec's layout, or an engine's (vLLM / SGLang / SpecForge: config.json + model.safetensors)
+    saved_layouts = ((CONFIG_FILE,), (ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE))
+    trained_by = "mmspec train drafter --method eagle3 --target PATH --data DATA, or give a vLLM / SGLang EAGLE-3 directory"
 
     @property
     def target_hidden_layer(self) -> tuple[int, ...]:
@@ -85,9 +88,7 @@ class _Eagle3Parts:
     def head_path(cls, target, arg: str | None, spec: str = "eagle3"):
         """``arg`` (a head directory), or without one the head shipped for an embedded model
         (``models/smolcap-eagle3`` for the embedded captioner)."""
-        return arg or shipped_drafter_dir(target.model, "eagle3", CONFIG_FILE, spec,
-                                          train="mmspec train drafter --method eagle3 --target PATH --data DATA, or give a "
-                                                "vLLM / SGLang EAGLE-3 directory")
+        return arg or shipped_drafter_dir(target.model, "eagle3", CONFIG_FILE, spec, train=cls.trained_by)
 
 
 @register_drafter("eagle3")

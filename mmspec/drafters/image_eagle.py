@@ -60,6 +60,7 @@ class _GuidedDrafting:
     guidance_scale: float | None = None  # the generation's, set in start()
     #: drafts only a text-to-image model's image tokens (not named for a text LM or a VLM)
     image_tokens_only = True
+    saved_layouts = ((ImageEagleHead.config_file,),)
 
     @staticmethod
     def _target_parts(target, draft_vocabulary):

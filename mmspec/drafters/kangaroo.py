@@ -44,6 +44,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "path"
+    saved_layouts = ((KangarooAdapter.config_file,),)
     requires_target_hidden = True
 
     def __init__(self, target_model: nn.Module, adapter: KangarooAdapter, exit_layer: int = 2,

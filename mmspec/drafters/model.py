@@ -162,6 +162,8 @@ class SpdDrafter(ModelDrafter):
     captioner (``models/smolcap-draft``, trained by ``mmspec train caption-draft``)."""
 
     spec_argument = "path"
+    saved_layouts = (("config.json",),)  # a transformers causal LM
+    trained_by = "mmspec train caption-draft"
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "SpdDrafter":
@@ -171,13 +173,13 @@ class SpdDrafter(ModelDrafter):
 
         from .shipped import shipped_drafter_dir
 
-        train = "mmspec train caption-draft"
         if arg:
             path = Path(arg).expanduser()
             if not (path / "config.json").is_file():
-                raise FileNotFoundError(f"SPD draft model not found at {arg}; train it with `{train}` or pass spd:PATH of a causal LM")
+                raise FileNotFoundError(f"SPD draft model not found at {arg}; train it with `{cls.trained_by}` or pass spd:PATH of a "
+                                        "causal LM")
         else:
-            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=train)
+            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by)
         param = next(target.model.parameters())
         draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
         return cls(draft, num_draft_tokens or 4)

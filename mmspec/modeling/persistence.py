@@ -60,7 +60,12 @@ def load_weights(module: nn.Module, directory: str | Path, weights_file: str, de
     ``dtype`` (None: kept) and put in eval mode."""
     from safetensors.torch import load_file
 
-    module.load_state_dict(load_file(str(Path(directory) / weights_file)))
+    try:
+        module.load_state_dict(load_file(str(Path(directory) / weights_file)))
+    except RuntimeError as error:  # (missing / unexpected keys, shapes: torch's many-line report)
+        first = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
+        raise ValueError(f"the weights in {Path(directory) / weights_file} do not fit the {type(module).__name__} their "
+                         f"config and this model make (trained for another model?): {first}") from None
     return module.to(device=device, dtype=dtype).eval()
 
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...drafters import NO_DRAFTER, Drafter, resolve_drafter, spec_drafter_names, unknown_drafter
+from ...drafters import DRAFTERS, NO_DRAFTER, Drafter, check_drafter_dir, resolve_drafter, spec_drafter_names, unknown_drafter
 from ..methods import Method, MethodRegistry, Setting, at_least, parse_spec
 
 #: every setting a captioning drafter may read
@@ -186,13 +186,16 @@ def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | 
     settings checked), else the draft model directory it names.
 
     Raises:
-        ValueError: an unknown drafter name, a bad setting of a spec.
-        FileNotFoundError: a path that is not a directory.
+        ValueError: an unknown drafter name, a bad setting of a spec, a trained drafter's
+            directory without its files.
+        FileNotFoundError: a path that is not a directory (a draft model's or a trained drafter's).
     """
     if (drafter == "auto" and auto) or drafter in NO_DRAFTER:
         return None
     if is_caption_spec(drafter):
-        make_caption_method(drafter)
+        method = make_caption_method(drafter)
+        if method.argument and method.name in DRAFTERS:  # a trained drafter's directory: there, and of its kind
+            check_drafter_dir(method.name, method.settings.get(method.argument))
         return None
     path = Path(drafter).expanduser()
     if not path.is_dir():

@@ -414,8 +414,11 @@ class ImageCaptioningPipeline(Pipeline):
             inputs = self.processor(text=[text], images=pils, return_tensors="pt")
         except (ValueError, TypeError, IndexError) as error:  # e.g. a family that takes one image per prompt
             first = (str(error).splitlines() or [type(error).__name__])[0]
-            raise ValueError(f"the {type(self.processor).__name__} could not take this conversation "
-                             f"({len(pils)} image(s)): {first}") from None
+            sizes = ", ".join(f"{p.width}x{p.height}" for p in pils)
+            what = (f"this conversation ({len(pils)} image(s): {sizes})" if isinstance(image, Conversation)
+                    else f"the image{f' {image}' if isinstance(image, (str, os.PathLike)) else ''} ({sizes})")
+            raise ValueError(f"the {type(self.processor).__name__} could not take {what}: {first}; "
+                             "resize or crop the image to a size and shape the model takes") from None
         return {
             k: v.to(self.device, self.model.dtype) if v.is_floating_point() else v.to(self.device)
             for k, v in inputs.items()
