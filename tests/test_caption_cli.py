@@ -191,3 +191,25 @@ def test_an_image_the_processor_refuses_is_named_with_its_size(capsys, tmp_path_
                        "--max-new-tokens", "4")
     assert code == 2 and f"could not take the image {wide} (4000x10): absolute aspect ratio" in err
     assert "resize or crop the image" in err and "conversation" not in err
+
+
+def test_a_checkpoint_without_a_chat_template_is_refused_before_its_weights_load(capsys, checkpoint, tmp_path, monkeypatch):
+    """Found after the weights loaded, with a hint ("set processor.chat_template") a command cannot
+    follow: now before, saying where the template goes."""
+    import shutil
+
+    import transformers
+
+    bare = tmp_path / "no-template"
+    shutil.copytree(checkpoint, bare)
+    for file in bare.glob("chat_template*"):
+        file.unlink()
+    for name in ("processor_config.json", "tokenizer_config.json"):
+        if (bare / name).is_file():
+            config = json.loads((bare / name).read_text())
+            config.pop("chat_template", None)
+            (bare / name).write_text(json.dumps(config))
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
+    code, _, err = run(capsys, str(Path(__file__).parents[1] / "samples" / "photo.png"), "--model", str(bare), "--dtype", "fp32")
+    assert code == 2 and "has no chat template: add the model's template to its directory (chat_template.jinja" in err

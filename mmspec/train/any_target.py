@@ -42,7 +42,7 @@ import torch
 
 from ..adapters.hf import VLM_FAMILIES, TransformersTarget
 from ..pipelines.captioning import DEFAULT_PROMPT
-from ..pipelines.captioning.components import escape_image_tokens, image_token_strings
+from ..pipelines.captioning.components import escape_image_tokens, image_token_strings, no_chat_template
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 MANIFEST = "manifest.json"
@@ -297,7 +297,7 @@ def prompt_inputs(model, processor, is_vlm: bool, example: Example) -> dict[str,
             raise ValueError("image given to a text-only target")
         return chat_inputs(processor, example.prompt)
     if getattr(processor, "chat_template", None) is None:
-        raise RuntimeError(f"the processor of {model.name_or_path} has no chat template; set processor.chat_template")
+        raise ValueError(no_chat_template(model.name_or_path))
     text = escape_image_tokens(example.prompt, image_token_strings(processor, getattr(model.config, "image_token_id", None)))
     content = [{"type": "text", "text": text}]
     images = None

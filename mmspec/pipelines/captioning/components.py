@@ -47,6 +47,13 @@ def escape_image_tokens(prompt: str, tokens: Sequence[str]) -> str:
     return prompt
 
 
+def no_chat_template(name: str) -> str:
+    """The line refusing a VLM whose processor has no chat template (a caption is a chat turn)."""
+    return (f"the processor of {name} has no chat template: add the model's template to its directory (chat_template.jinja, "
+            "from the model card or the base model it was fine-tuned from), or load the model and processor yourself, set "
+            "processor.chat_template and pass both to mmspec.pipeline")
+
+
 def load_captioning_model(
     name_or_path: str | os.PathLike, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
 ) -> tuple[nn.Module, Any]:
@@ -71,6 +78,8 @@ def load_captioning_model(
     check_vlm_config(name, source)
     try:
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if getattr(processor, "chat_template", None) is None:  # (every caption is a chat turn: refused before the weights load)
+            raise ValueError(no_chat_template(name))
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None

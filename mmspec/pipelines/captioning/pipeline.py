@@ -34,7 +34,7 @@ from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
 from ..images import ImageInput, load_image
 from .auto_drafter import choose_auto_drafter, choose_batch_drafter, choose_sampling_drafter
-from .components import CaptioningComponents, check_cuda_graphs, escape_image_tokens, load_draft_model
+from .components import CaptioningComponents, check_cuda_graphs, escape_image_tokens, load_draft_model, no_chat_template
 from .methods import METHODS, check_drafter_name, is_caption_spec, make_caption_method
 
 DEFAULT_PROMPT = "Describe the image."
@@ -404,11 +404,8 @@ class ImageCaptioningPipeline(Pipeline):
         else:
             pils = [load_image(image)]
             message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": escape_image_tokens(prompt, self.image_tokens)}]}]
-        if getattr(self.processor, "chat_template", None) is None:
-            raise ValueError(
-                f"the processor of {self.model.name_or_path or type(self.model).__name__} has no chat template; "
-                "set processor.chat_template (see the model card for the prompt format)"
-            )
+        if getattr(self.processor, "chat_template", None) is None:  # (a processor passed in, or its template removed)
+            raise ValueError(no_chat_template(self.model.name_or_path or type(self.model).__name__))
         text = self.processor.apply_chat_template(message, add_generation_prompt=True)
         try:
             inputs = self.processor(text=[text], images=pils, return_tensors="pt")
