@@ -253,6 +253,8 @@ def rgb(image):
         (Image.new("RGBA", (3, 2), (255, 0, 0, 0)), (255, 255, 255)),  # transparent -> white
         (Image.new("RGBA", (3, 2), (0, 0, 0, 255)), (0, 0, 0)),
         (Image.new("LA", (3, 2), (0, 0)), (255, 255, 255)),
+        (Image.new("La", (3, 2), (0, 0)), (255, 255, 255)),  # premultiplied (a ValueError before)
+        (Image.new("RGBa", (3, 2), (0, 0, 0, 255)), (0, 0, 0)),
         (Image.new("CMYK", (3, 2), (0, 255, 255, 0)), (255, 0, 0)),
         (Image.new("L", (3, 2), 77), (77, 77, 77)),
         (Image.new("1", (3, 2), 1), (255, 255, 255)),

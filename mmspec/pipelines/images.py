@@ -10,7 +10,8 @@ Conversions (all to 8-bit RGB):
 * 16-bit ("I;16*" images, uint16 arrays) is scaled by 255/65535 -- not clipped as PIL's own
   conversion does, so a 16-bit photo keeps its tones; PIL's 32-bit modes "I" and "F" are read by
   their value range (see :func:`_wide_mode_to_uint8`);
-* the EXIF orientation tag is applied (a phone photo comes out upright).
+* the EXIF orientation tag is applied (a phone photo comes out upright);
+* an animated image (GIF, APNG, WebP) is its first frame, as PIL opens it.
 
 Numpy arrays are [H, W] (grey), [H, W, 1], [H, W, 3] (RGB) or [H, W, 4] (RGBA), of dtype
 uint8, uint16 (scaled as above), bool, or float in [0, 1].
@@ -119,6 +120,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
         return image
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
+    if image.mode == "La":  # (premultiplied grey: PIL converts it to LA only)
+        image = image.convert("LA")
     if image.mode in _TRANSPARENT_MODES:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
