@@ -414,6 +414,16 @@ def test_pcm16_bytes_are_the_wav_files_samples(tmp_path):
     with wave.open(str(tmp_path / "m.wav")) as wav:
         written = wav.readframes(wav.getnframes())
     assert pcm16(mono) == written and pcm16(mono[0]) == written
+    # stereo: the channels interleaved frame by frame, as the file holds them (it was left then right:
+    # `tts --out -` of a stereo codec played twice as long), and the CLI's header for a stream says 2
+    from mmspec.cli.tts import wav_header
+
+    stereo = speech_like(2, 4000)
+    write_wav(tmp_path / "s.wav", stereo, 22050)
+    data = (tmp_path / "s.wav").read_bytes()
+    with wave.open(str(tmp_path / "s.wav")) as wav:
+        assert wav.getnchannels() == 2 and pcm16(stereo) == wav.readframes(wav.getnframes())
+    assert wav_header(22050, len(pcm16(stereo)), channels=2) + pcm16(stereo) == data
 
 
 def test_write_wav_refuses_bad_input(tmp_path):

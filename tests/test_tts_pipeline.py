@@ -3,6 +3,7 @@ draft + mel codec, character front end; an unaligned one too): every method runs
 the baseline comparison, the WAV / spectrogram outputs, and one-line errors."""
 
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -344,6 +345,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path, capsys):
     (["redball" * 60], "too long for the model's 256 positions even alone"),
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
     (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
+    (["a red star.", "--max-seconds", "0.001"], "max_seconds=0.001 is shorter than one codec frame"),  # (was "codes have no frames")
 ])
 def test_cli_errors_are_one_line(args, match, model_dir, tmp_path, capsys):
     model = [] if "--model" in args else ["--model", str(model_dir)]
@@ -575,3 +577,21 @@ def test_seed_none_is_a_fresh_random_seed_as_in_every_pipeline(model_dir):
     assert all(o.audio.shape[0] == 1 for o in outs) and len({o.codes.flatten().tolist().__repr__() for o in outs}) > 1
     assert torch.equal(tts("two blue hearts.", max_seconds=0.4).codes, tts("two blue hearts.", seed=0, max_seconds=0.4).codes)
     assert len(list(tts.stream("two blue hearts.", seed=None, max_seconds=0.4))) == 1
+
+
+@pytest.mark.parametrize("manifest,match", [
+    ('{codec: oops', "tts.json is not valid JSON (Expecting property name"),
+    ("[]", "must hold a JSON object of the voice's parts"),
+    ('{"codec": "codec"}', "names no phonemizer; add \"phonemizer\": one of characters"),
+    ('{"codec": "codec", "phonemizer": "espeak-xx"}', "names phonemizer 'espeak-xx', which mmspec does not have"),
+])
+def test_a_bad_manifest_is_one_line_before_the_weights_load(manifest, match, model_dir, tmp_path):
+    """A tts.json that is not JSON, not an object, or names no phonemizer or an unknown one was a
+    traceback (or, for an unknown phonemizer, a pipeline whose every call failed)."""
+    import shutil
+
+    bad = tmp_path / "voice"
+    shutil.copytree(model_dir, bad)
+    (bad / "tts.json").write_text(manifest)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        mmspec.pipeline("text-to-speech", model=str(bad))

@@ -211,7 +211,7 @@ def say(args, pipe, text: str) -> int:
     rate = result.sampling_rate
     if args.out == "-":
         samples = pcm16(result.audio)
-        write_all(sys.stdout.buffer, wav_header(rate, len(samples)) + samples)
+        write_all(sys.stdout.buffer, wav_header(rate, len(samples), result.audio.shape[0]) + samples)
         wrote, report = "wrote the WAV to standard output", sys.stderr
     else:
         out = Path(args.out)
@@ -291,14 +291,15 @@ def say_dropped(dropped) -> None:
         print(f"note: left out what the voice cannot say: {shown}", file=sys.stderr)
 
 
-def wav_header(rate: int, data_bytes: int | None) -> bytes:
-    """The 44-byte header of a mono 16-bit PCM WAV holding ``data_bytes`` bytes of samples (None: a
-    stream of unknown length, both sizes 0xFFFFFFFF, which players reading a pipe accept)."""
+def wav_header(rate: int, data_bytes: int | None, channels: int = 1) -> bytes:
+    """The 44-byte header of a 16-bit PCM WAV of ``channels`` holding ``data_bytes`` bytes of
+    samples (None: a stream of unknown length, both sizes 0xFFFFFFFF, which players reading a pipe accept)."""
     import struct
 
     riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16)
-            + b"data" + struct.pack("<I", data))
+    block = 2 * channels
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, channels, rate, block * rate, block, 16) + b"data" + struct.pack("<I", data))
 
 
 def write_all(out, data: bytes) -> None:
@@ -316,9 +317,11 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
     (redirected to a file). Returns the chunks' audio."""
     from ..adapters.audio.codec import pcm16
 
-    out, audio, written = sys.stdout.buffer, [], 0
-    write_all(out, wav_header(rate, None))
+    out, audio, written, channels = sys.stdout.buffer, [], 0, None
     for chunk in chunks:
+        if channels is None:  # (the header once the first chunk says how many channels)
+            channels = chunk.audio.shape[0]
+            write_all(out, wav_header(rate, None, channels))
         samples = pcm16(chunk.audio)
         write_all(out, samples)
         written += len(samples)
@@ -326,7 +329,7 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
         on_chunk(chunk)
     if _rewritable(out, written):
         out.seek(0)
-        write_all(out, wav_header(rate, written))
+        write_all(out, wav_header(rate, written, channels))
         out.seek(0, 2)
     return audio
 
@@ -382,13 +385,13 @@ def run_stream(args, pipe, text: str) -> int:
         try:
             try:
                 part.parent.mkdir(parents=True, exist_ok=True)
-                wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
+                wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=pipe.channels, subtype="PCM_16", format="WAV")
             except WRITE_ERRORS as error:
                 raise output_error(part, error) from None
             try:
                 with wav:
                     for chunk in chunks:
-                        wav.write(chunk.audio[0].clamp(-1.0, 1.0).numpy())
+                        wav.write(chunk.audio.T.clamp(-1.0, 1.0).numpy())  # [samples, channels]
                         wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
                         audio.append(chunk.audio)
                         record_chunk(chunk)

@@ -216,17 +216,17 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.post("/v1/audio/speech")
     async def audio_speech(request: Request) -> Response:
-        """Text -> speech: a 16-bit mono WAV (or raw PCM), whole or in chunks; stats in a header."""
+        """Text -> speech: a 16-bit WAV (or raw PCM, channels interleaved), whole or in chunks; stats in a header."""
         data = parse_json(await read_body(request, config))
         service = server.service_for(data.get("model"), "tts")
         key, text, fmt, stream = service.parse(data)
         output, info = await server.batcher("tts").submit(key, text, request.is_disconnected)
-        pcm = pcm16(output.audio)
-        body = wav_bytes(pcm, output.sampling_rate) if fmt == "wav" else pcm
+        pcm, channels = pcm16(output.audio), output.audio.shape[0]
+        body = wav_bytes(pcm, output.sampling_rate, channels) if fmt == "wav" else pcm
         summary = stats_summary(output.stats, info.batch_size, info.queue_wait_s)
         summary.pop("stats")
         headers = {"X-Mmspec-Stats": json.dumps(summary), "X-Sampling-Rate": str(output.sampling_rate)}
-        media = "audio/wav" if fmt == "wav" else f"audio/L16; rate={output.sampling_rate}; channels=1"
+        media = "audio/wav" if fmt == "wav" else f"audio/L16; rate={output.sampling_rate}; channels={channels}"
         if not stream:
             return Response(body, media_type=media, headers=headers)
 

@@ -395,11 +395,11 @@ class SpeechService(TaskService):
                                     batch_size=len(items)))
 
 
-def wav_bytes(pcm: bytes, sampling_rate: int) -> bytes:
-    """16-bit mono PCM -> a WAV file's bytes."""
+def wav_bytes(pcm: bytes, sampling_rate: int, channels: int = 1) -> bytes:
+    """16-bit PCM (``channels`` interleaved) -> a WAV file's bytes."""
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
+        out.setnchannels(channels)
         out.setsampwidth(2)
         out.setframerate(int(sampling_rate))
         out.writeframes(pcm)

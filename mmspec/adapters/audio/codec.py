@@ -542,12 +542,14 @@ def write_wav(path: str | Path, waveform: torch.Tensor, rate: int, subtype: str 
 
 
 def pcm16(audio: torch.Tensor) -> bytes:
-    """Float mono audio [1, samples] or [samples] -> little-endian 16-bit PCM bytes, converted
-    exactly as :func:`write_wav` writes them (soundfile's PCM_16, clipped to [-1, 1]), so a stream
-    or a server's answer holds the same samples as the file."""
+    """Float audio [channels, samples] or [samples] -> little-endian 16-bit PCM bytes, the channels
+    interleaved frame by frame as a WAV holds them, converted exactly as :func:`write_wav` writes
+    them (soundfile's PCM_16, clipped to [-1, 1]), so a stream or a server's answer holds the same
+    samples as the file."""
     import soundfile
 
     raw = io.BytesIO()
-    samples = torch.as_tensor(audio).detach().float().cpu().reshape(-1).clamp(-1.0, 1.0).numpy()
+    audio = torch.as_tensor(audio).detach().float().cpu()
+    samples = (audio if audio.dim() == 1 else audio.T).reshape(-1).clamp(-1.0, 1.0).numpy()  # [frames x channels]
     soundfile.write(raw, samples, 8000, subtype="PCM_16", format="RAW", endian="LITTLE")  # (RAW: the samples alone)
     return raw.getvalue()

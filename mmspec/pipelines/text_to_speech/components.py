@@ -23,7 +23,7 @@ import torch
 
 from ...adapters.audio.delay import DelayPatternTarget
 from ...adapters.audio.normalize import NormalizedText, make_normalizer
-from ...adapters.audio.phonemes import EMPTY_TEXT, make_phonemizer
+from ...adapters.audio.phonemes import EMPTY_TEXT, PHONEMIZERS, make_phonemizer
 from ...hub import models_dir, no_models_note, resolve_device, resolve_dtype
 from ...modeling.codec_lm import CodecLM
 from ...modeling.codec_nar import CodecNAR
@@ -83,7 +83,18 @@ def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
                 else f"{directory} has no {MANIFEST}; is it an mmspec TTS model directory (or one of "
                 f"{', '.join(EMBEDDED_VOICES)})?")
         raise ValueError(hint)
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except ValueError as error:  # (JSON's errors, a file not UTF-8)
+        raise ValueError(f"{manifest_path} is not valid JSON ({error}); see docs/speech.md for its fields") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{manifest_path} must hold a JSON object of the voice's parts (codec, phonemizer, ...), "
+                         f"got {type(manifest).__name__}; see docs/speech.md")
+    if "phonemizer" not in manifest:
+        raise ValueError(f"{manifest_path} names no phonemizer; add \"phonemizer\": one of {', '.join(sorted(PHONEMIZERS))}")
+    if manifest["phonemizer"] not in PHONEMIZERS:
+        raise ValueError(f"{manifest_path} names phonemizer {manifest['phonemizer']!r}, which mmspec does not have; use one "
+                         f"of {', '.join(sorted(PHONEMIZERS))}")
     manifest.setdefault("normalizer", "english")
     make_normalizer(manifest["normalizer"])  # an unknown name is refused before the weights load
     return directory, manifest

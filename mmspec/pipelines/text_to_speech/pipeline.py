@@ -202,6 +202,20 @@ class TextToSpeechPipeline(Pipeline):
     def sampling_rate(self) -> int:
         return self.components.codec.sampling_rate
 
+    def _frames(self, max_seconds: float) -> int:
+        """The codec frames ``max_seconds`` allows; at least one (else one ValueError line, before decoding)."""
+        rate = self.components.codec.frame_rate
+        frames = int(max_seconds * rate)
+        if frames < 1:
+            raise ValueError(f"max_seconds={max_seconds:g} is shorter than one codec frame; give at least {1 / rate:.4g} s "
+                             f"(this codec makes {rate:g} frames a second)")
+        return frames
+
+    @property
+    def channels(self) -> int:
+        """The audio's channels (1 for mmspec's mel codec; a stereo EnCodec's 2): ``audio`` is [channels, samples]."""
+        return int(getattr(self.components.codec, "channels", 1))
+
     def _generate(self, method: TTSMethod, inputs: list[dict[str, torch.Tensor]], max_new_tokens: int, seed: int,
                   sampling: dict[str, Any], progress: Callable[[int], None] | None = None) -> list[tuple[torch.Tensor, SpecStats]]:
         """Each generation's new stream sub-tokens and stats: one generation, or a batch of them
@@ -263,7 +277,7 @@ class TextToSpeechPipeline(Pipeline):
         if not texts:
             raise ValueError("no text given; pass a sentence or a list of them")
         c = self.components
-        frames = int(max_seconds * c.codec.frame_rate)
+        frames = self._frames(max_seconds)
         # every text checked and split before decoding: (text index, piece, its inputs)
         spoken, pieces = [], []
         for index, t in enumerate(texts):
@@ -337,7 +351,7 @@ class TextToSpeechPipeline(Pipeline):
         start = time.perf_counter()
         method = self.make_method(method) if method is not None else self.method
         c = self.components
-        frames = int(max_seconds * c.codec.frame_rate)
+        frames = self._frames(max_seconds)
         normalized, pieces = self._pieces(text, speed, frames, split)
         budget = c.target.stream_length(frames) + 1
         sampling = {"do_sample": do_sample, "temperature": c.temperature if temperature is None else temperature,
