@@ -150,3 +150,25 @@ def test_unsupported_models_and_missing_parts(checkpoints, tmp_path):
         mmspec.pipeline("text-to-image", model=str(target_dir), method="lantern:medusa")
     with pytest.raises(ValueError, match="empty prompt"):
         mmspec.pipeline("text-to-image", model=str(target_dir), method="ar")("  ")
+
+
+def test_a_checkpoint_without_its_vq_weights_and_a_draft_of_another_family_are_refused(checkpoints, tmp_path):
+    """A Janus checkpoint lacking its VQ model's weights ran (transformers filled them at random)
+    and drew images from noise; a Chameleon draft for a Janus target was a traceback after the
+    target loaded, a folder without config.json a full-size random Janus: one line each, before."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target_dir, _ = checkpoints["janus"]
+    bare = tmp_path / "janus-no-vq"
+    shutil.copytree(target_dir, bare)
+    weights = load_file(str(bare / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if ".vqmodel." not in k}, str(bare / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"janus-no-vq lacks \d+ of the model's weights \(model.vqmodel.*give the complete checkpoint"):
+        mmspec.pipeline("text-to-image", model=str(bare), method="ar")
+    with pytest.raises(ValueError, match="draft '.*chameleon.*' is a 'chameleon' model; the target is 'janus'"):
+        mmspec.pipeline("text-to-image", model=str(target_dir), method="spec", draft=str(checkpoints["chameleon"][1]))
+    (tmp_path / "no-config").mkdir()
+    with pytest.raises(ValueError, match="draft '.*no-config' is no transformers checkpoint"):
+        mmspec.pipeline("text-to-image", model=str(target_dir), method="spec", draft=str(tmp_path / "no-config"))

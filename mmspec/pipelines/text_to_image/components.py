@@ -163,7 +163,7 @@ class T2IComponents(OptimizesOnLoad):
                                     "transformers config.json); pass model=None for the embedded default")
         else:
             components = _load_transformers(model, device, processor, {} if grid is None else {"grid": tuple(grid)},
-                                            trust_remote_code, dtype)
+                                            trust_remote_code, dtype, draft)
         if image_tokenizer is not None:
             components.tokenizer = image_tokenizer
         if draft is not None:
@@ -278,8 +278,38 @@ def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, capt
         model_dir=directory, load_draft=load_draft, dtype=dtype)
 
 
+def check_same_family(draft: str | Path, model_type: str, trust_remote_code: bool) -> None:
+    """A draft checkpoint's directory or hub id: a model of the target's family ``model_type``
+    (one ValueError line; transformers would build a full-size random model without a config, or
+    fail on mismatched sizes after loading)."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(draft), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"draft {str(draft)!r} is no transformers checkpoint ({str(error).splitlines()[0]}); give a smaller "
+                         f"{model_type} checkpoint") from None
+    if config.model_type != model_type:
+        raise ValueError(f"draft {str(draft)!r} is a {config.model_type!r} model; the target is {model_type!r}: give a "
+                         f"smaller {model_type} checkpoint")
+
+
+def load_complete(model_class, source: str | Path, dtype: torch.dtype, trust_remote_code: bool) -> torch.nn.Module:
+    """``model_class.from_pretrained(source)``, refused (one ValueError line) where weights of the
+    model are missing from the checkpoint: transformers would initialise them at random (a Janus
+    without its VQ decoder's weights drew images from noise)."""
+    model, info = model_class.from_pretrained(str(source), dtype=dtype, trust_remote_code=trust_remote_code,
+                                              output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(f"{source} lacks {len(missing)} of the model's weights ({shown}); transformers would fill them "
+                         "at random: give the complete checkpoint")
+    return model
+
+
 def _load_transformers(model: Any, device: torch.device, processor: Any, family_kwargs: dict,
-                       trust_remote_code: bool, dtype: torch.dtype) -> T2IComponents:
+                       trust_remote_code: bool, dtype: torch.dtype, draft: Any = None) -> T2IComponents:
     """A transformers Janus / Emu3 / Chameleon model (object, path or hub id)."""
     import transformers
 
@@ -292,13 +322,15 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         if family is None:
             raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "
                              f"supported: mmspec's t2i layout, {', '.join(SUPPORTED_FAMILIES)}")
-        model = getattr(transformers, family).from_pretrained(str(model), dtype=dtype,
-                                                              trust_remote_code=trust_remote_code)
+        if isinstance(draft, (str, Path)):  # (loaded on first use: its family checked before the target loads)
+            check_same_family(draft, config.model_type, trust_remote_code)
+        model = load_complete(getattr(transformers, family), model, dtype, trust_remote_code)
         model = model.to(device).eval()
 
     def load_draft(draft) -> GuidedImageTarget:
         if not isinstance(draft, torch.nn.Module):
-            draft = type(model).from_pretrained(str(draft), dtype=dtype, trust_remote_code=trust_remote_code)
+            check_same_family(draft, model.config.model_type, trust_remote_code)
+            draft = load_complete(type(model), draft, dtype, trust_remote_code)
         return image_target_for(draft.to(device).eval(), **family_kwargs)
 
     if isinstance(processor if processor is not None else source, (str, Path)):
