@@ -172,3 +172,13 @@ def test_a_checkpoint_without_its_vq_weights_and_a_draft_of_another_family_are_r
     (tmp_path / "no-config").mkdir()
     with pytest.raises(ValueError, match="draft '.*no-config' is no transformers checkpoint"):
         mmspec.pipeline("text-to-image", model=str(target_dir), method="spec", draft=str(tmp_path / "no-config"))
+
+
+def test_a_chameleon_checkpoint_without_its_vqgan_decoder_is_refused_before_it_loads(checkpoints, monkeypatch):
+    """Its images could not be decoded, which was found after every image (and baseline) was made."""
+    import transformers
+
+    monkeypatch.setattr(transformers.ChameleonForConditionalGeneration, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
+    with pytest.raises(ValueError, match="is a Chameleon checkpoint, whose images transformers cannot decode"):
+        mmspec.pipeline("text-to-image", model=str(checkpoints["chameleon"][0]), method="sjd")

@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
         cmd.add_argument(f"--{name.replace('_', '-')}", type=setting.kind, default=None,
                          help=f"{setting.help} (default: the method's)")
     cmd.add_argument("--model", default=None, help="an mmspec t2i directory (default: the embedded models/t2i), or a "
-                     "transformers Janus / Emu3 / Chameleon path or hub id")
+                     "transformers Janus / Emu3 path or hub id (Chameleon: from Python, "
+                     "with its VQGAN decoder; docs/text-to-image.md)")
     cmd.add_argument("--processor", default=None, help="transformers models: the processor / tokenizer (default: the model's)")
     cmd.add_argument("--eagle-head", default=None, help="image EAGLE head directory (mmspec train image-drafter)")
     cmd.add_argument("--draft", default=None, help="draft generator (path) for spec / --drafter draft")

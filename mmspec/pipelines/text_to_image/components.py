@@ -163,7 +163,7 @@ class T2IComponents(OptimizesOnLoad):
                                     "transformers config.json); pass model=None for the embedded default")
         else:
             components = _load_transformers(model, device, processor, {} if grid is None else {"grid": tuple(grid)},
-                                            trust_remote_code, dtype, draft)
+                                            trust_remote_code, dtype, draft, image_tokenizer is not None)
         if image_tokenizer is not None:
             components.tokenizer = image_tokenizer
         if draft is not None:
@@ -309,7 +309,7 @@ def load_complete(model_class, source: str | Path, dtype: torch.dtype, trust_rem
 
 
 def _load_transformers(model: Any, device: torch.device, processor: Any, family_kwargs: dict,
-                       trust_remote_code: bool, dtype: torch.dtype, draft: Any = None) -> T2IComponents:
+                       trust_remote_code: bool, dtype: torch.dtype, draft: Any = None, has_tokenizer: bool = False) -> T2IComponents:
     """A transformers Janus / Emu3 / Chameleon model (object, path or hub id)."""
     import transformers
 
@@ -322,6 +322,11 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         if family is None:
             raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "
                              f"supported: mmspec's t2i layout, {', '.join(SUPPORTED_FAMILIES)}")
+        if config.model_type == "chameleon" and not has_tokenizer:  # (found after every image was made, before)
+            raise ValueError(f"{model} is a Chameleon checkpoint, whose images transformers cannot decode (it ships no VQGAN "
+                             "decoder): in Python pass image_tokenizer=ChameleonImageTokenizer(vq, "
+                             "ChameleonVQDecoder.from_vqgan_state_dict(...)) with Chameleon's tokenizer/vqgan.ckpt "
+                             "(docs/text-to-image.md); the command line cannot load one")
         if isinstance(draft, (str, Path)):  # (loaded on first use: its family checked before the target loads)
             check_same_family(draft, config.model_type, trust_remote_code)
         model = load_complete(getattr(transformers, family), model, dtype, trust_remote_code)
