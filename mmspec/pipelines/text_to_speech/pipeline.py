@@ -389,6 +389,11 @@ class TextToSpeechPipeline(Pipeline):
             whole = c.model_inputs(text, speed)
             if c.positions_needed(whole, frames) <= c.max_positions:
                 return normalized, [(" ".join(text.split()), whole)]
+        probe = whole if split == "auto" or len(sentences) == 1 else c.model_inputs(text, speed)
+        if "durations" not in probe and c.frames_needed(probe, frames) >= c.max_positions:  # (no split can help)
+            raise ValueError(f"max_seconds asks for {frames} audio frames a generation, more than this model's "
+                             f"{c.max_positions} positions hold (it has no durations to end sooner); lower max_seconds "
+                             f"(--max-seconds) below {c.max_positions / c.codec.frame_rate:.2f} s")
         pieces = []
 
         def fit(piece: str, split_into=None) -> None:  # the piece, else its parts (its clauses, else halves by words)
