@@ -194,6 +194,11 @@ def check_target_inputs(adapter, model_inputs: dict[str, Any], max_new_tokens: i
         check_model_inputs(adapter, model_inputs, max_new_tokens)
     elif input_names(adapter) is not None:
         check_keywords(model_inputs, input_names(adapter), f"{type(adapter).__name__}.prefill")
+    frames = model_inputs.get("num_frames")
+    if isinstance(frames, int) and hasattr(adapter, "stream_length") and max_new_tokens < adapter.stream_length(frames):
+        warnings.warn(f"max_new_tokens={max_new_tokens} ends the stream before the {adapter.stream_length(frames)} tokens "
+                      f"num_frames={frames} takes (the audio will be shorter); pass max_new_tokens="
+                      f"{adapter.stream_length(frames)}", stacklevel=3)
 
 
 def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:

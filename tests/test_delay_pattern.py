@@ -209,3 +209,20 @@ def test_a_wrong_target_fails_the_distribution_check(small, joint):
     observed = [counts.get(g, 0) for g in big] + [CONTROL_RUNS - sum(counts.get(g, 0) for g in big)]
     expected = [joint[g] * CONTROL_RUNS for g in big] + [CONTROL_RUNS - sum(joint[g] * CONTROL_RUNS for g in big)]
     assert chisquare(observed, expected).pvalue < 1e-4
+
+
+def test_text_lm_drafters_and_a_bare_draft_model_are_refused_in_one_line(small):
+    """medusa / eagle / layer-skip read a transformers LM's layers (an AttributeError deep inside
+    before); a bare draft model was wrapped as a transformers LM: both one line saying what to use."""
+    for spec in ("medusa", "eagle", "layer-skip:1"):
+        with pytest.raises(ValueError, match=rf"drafter '{spec.partition(':')[0]}' reads a transformers LM's own layers and heads; "
+                                             r"a DelayPatternTarget takes prompt-lookup, sjd"):
+            mmspec.generate(small, drafter=spec, max_new_tokens=small.stream_length(FRAMES), num_frames=FRAMES)
+    with pytest.raises(ValueError, match=r"ModelDrafter\(DelayPatternTarget\(draft\)\), not the bare model"):
+        mmspec.generate(small, drafter=small_draft().model, max_new_tokens=small.stream_length(FRAMES), num_frames=FRAMES)
+
+
+def test_a_budget_shorter_than_num_frames_is_warned_of(small):
+    """generate's default max_new_tokens (64) cut a 100-frame stream to 19 frames without a word."""
+    with pytest.warns(UserWarning, match=rf"max_new_tokens=4 ends the stream before the {small.stream_length(FRAMES)} tokens"):
+        mmspec.generate(small, max_new_tokens=4, num_frames=FRAMES)

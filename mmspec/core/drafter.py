@@ -69,6 +69,9 @@ class Drafter(ABC):
     #: directory may have, each the files it holds (checked before any model loads:
     #: :func:`mmspec.drafters.check_drafter_dir`); empty: no directory
     saved_layouts: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    #: reads a transformers LM's own parts (its embeddings, layers, LM head): named by a spec only
+    #: for a :class:`~mmspec.adapters.hf.TransformersTarget` (:func:`mmspec.drafters.resolve_drafter`)
+    needs_transformers_target: ClassVar[bool] = False
     #: the command that trains such a directory (None: ``mmspec train drafter --method NAME``)
     trained_by: ClassVar[str | None] = None
 

@@ -10,6 +10,7 @@ from torch import nn
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
 from ..core.spec import parse_spec
+from ..adapters.hf import TransformersTarget
 from ..core.target import tree_refusal
 from .assistant import AssistantDrafter
 from .continuous import MARDrafter
@@ -120,13 +121,21 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
         return None
     if isinstance(spec, Drafter):
         return spec
+    transformers_target = isinstance(target, TransformersTarget)
     if isinstance(spec, nn.Module):
+        if not transformers_target:  # (it would be wrapped as a transformers LM, which this target is not)
+            raise ValueError(f"a draft model for a {type(target).__name__} is a Drafter over a target of its kind, e.g. "
+                             f"ModelDrafter({type(target).__name__}(draft)), not the bare model")
         return ModelDrafter(spec, num_draft_tokens or 4)
     if isinstance(spec, str):
         if not is_drafter_spec(spec):
             raise ValueError(unknown_drafter(spec, f"one of {spec_drafter_names()} (e.g. 'layer-skip:8'), a transformers "
                                                    "draft model, a Drafter object, or None for plain decoding"))
         name, arg = split_drafter_spec(spec)
+        if DRAFTERS[name].needs_transformers_target and not transformers_target:
+            usable = [n for n in spec_drafter_names() if not DRAFTERS[n].needs_transformers_target]
+            raise ValueError(f"drafter {name!r} reads a transformers LM's own layers and heads; a {type(target).__name__} "
+                             f"takes {', '.join(usable)} by name, or a Drafter object of its kind")
         refusal = tree_refusal(target) if DRAFTERS[name].drafts_trees else None
         if refusal:  # before loading (or looking for) the drafter's weights
             raise ValueError(refusal)

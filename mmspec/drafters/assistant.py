@@ -75,6 +75,7 @@ class AssistantDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "path"
+    needs_transformers_target = True
     requires_target_hidden = True
     target_hidden_layer = -1
     batch_size_one_reason = "reads the target's sliding-window cache, which batches do not hold"

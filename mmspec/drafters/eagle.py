@@ -88,6 +88,7 @@ class EagleDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "path"
+    needs_transformers_target = True
     saved_layouts = ((EagleHead.config_file,),)
     requires_target_hidden = True
 

@@ -61,6 +61,7 @@ class _GuidedDrafting:
     #: drafts only a text-to-image model's image tokens (not named for a text LM or a VLM)
     image_tokens_only = True
     saved_layouts = ((ImageEagleHead.config_file,),)
+    needs_transformers_target = False
 
     @staticmethod
     def _target_parts(target, draft_vocabulary):

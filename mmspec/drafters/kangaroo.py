@@ -44,6 +44,7 @@ class KangarooDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "path"
+    needs_transformers_target = True
     saved_layouts = ((KangarooAdapter.config_file,),)
     requires_target_hidden = True
 

@@ -30,6 +30,7 @@ class LayerSkipDrafter(BatchDrafting, Drafter):
     """
 
     spec_argument = "layers"
+    needs_transformers_target = True
 
     def __init__(self, target_model: torch.nn.Module, num_layers: int, num_draft_tokens: int = 4) -> None:
         super().__init__(num_draft_tokens)

@@ -44,6 +44,7 @@ class _HeadsDrafter(BatchDrafting, Drafter):
     """Shared by Medusa and Hydra: a static tree of top-k head choices after the pending token."""
 
     spec_argument = "path"
+    needs_transformers_target = True
     saved_layouts = ((DraftHeads.config_file,),)
     requires_target_hidden = True
     drafts_trees = True

@@ -162,6 +162,7 @@ class SpdDrafter(ModelDrafter):
     captioner (``models/smolcap-draft``, trained by ``mmspec train caption-draft``)."""
 
     spec_argument = "path"
+    needs_transformers_target = True
     saved_layouts = (("config.json",),)  # a transformers causal LM
     trained_by = "mmspec train caption-draft"
 
