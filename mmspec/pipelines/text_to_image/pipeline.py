@@ -329,7 +329,8 @@ class TextToImagePipeline(Pipeline):
         for i in range(len(prompts)):
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
-            stats.config.update(self.run_config(), seed=base_seed)  # (image j: seed + j; seed=None: the one drawn)
+            # (image j: seed + j; seed=None: the one drawn); exact: plain decoding's output (False: relaxed or approximate)
+            stats.config.update(self.run_config(), seed=base_seed, exact=self.method.exact)
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:
