@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
+from ..adapters.hf import TransformersTarget
 from ..core.batch import BatchDrafting
 from ..core.drafter import DRAFTERS, Draft, DraftContext, Drafter, register_drafter
 from ..core.spec import parse_spec
-from ..adapters.hf import TransformersTarget
 from ..core.target import tree_refusal
 from .assistant import AssistantDrafter
 from .continuous import MARDrafter
@@ -82,10 +82,13 @@ def check_drafter_dir(name: str, argument: str | None) -> None:
         train = DRAFTERS[name].trained_by or f"mmspec train drafter --method {name}"
         raise FileNotFoundError(f"{name}:{argument}: no such directory (give the directory of a trained {name} drafter; "
                                 f"train it with `{train}`)")
-    if any(all((path / file).is_file() for file in layout) for layout in layouts):
+    def holds_one(of: tuple[tuple[str, ...], ...]) -> bool:
+        return any(all((path / file).is_file() for file in layout) for layout in of)
+
+    if holds_one(layouts):
         return
     holds = sorted(other for other, cls in DRAFTERS.items()
-                   if cls.saved_layouts and cls.image_tokens_only == DRAFTERS[name].image_tokens_only and any(all((path / f).is_file() for f in layout) for layout in cls.saved_layouts))
+                   if cls.image_tokens_only == DRAFTERS[name].image_tokens_only and holds_one(cls.saved_layouts))
     wanted = " or ".join(" + ".join(layout) for layout in layouts)
     hint = f"; it holds what {' / '.join(holds)} reads: use '{holds[0]}:{argument}'" if holds else ""
     raise ValueError(f"{argument} holds no {name} drafter ({wanted} missing){hint}")
