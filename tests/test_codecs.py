@@ -32,6 +32,7 @@ from mmspec.adapters.audio import (
     pcm16,
     read_wav,
     register_codec,
+    wav_header,
     write_wav,
 )
 from mmspec.core.relaxed import neighbour_table
@@ -416,8 +417,6 @@ def test_pcm16_bytes_are_the_wav_files_samples(tmp_path):
     assert pcm16(mono) == written and pcm16(mono[0]) == written
     # stereo: the channels interleaved frame by frame, as the file holds them (it was left then right:
     # `tts --out -` of a stereo codec played twice as long), and the CLI's header for a stream says 2
-    from mmspec.cli.tts import wav_header
-
     stereo = speech_like(2, 4000)
     write_wav(tmp_path / "s.wav", stereo, 22050)
     data = (tmp_path / "s.wav").read_bytes()

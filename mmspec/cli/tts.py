@@ -201,7 +201,7 @@ def rule_settings(args) -> dict:
 def say(args, pipe, text: str) -> int:
     """The text said in one call: the WAV (or ``--out -``), the spectrogram, the baseline's WAV
     under ``--compare-baseline``; prints the stats."""
-    from ..adapters.audio.codec import pcm16, write_wav
+    from ..adapters.audio.codec import pcm16, wav_header, write_wav
 
     # a bar of generated frames on stderr when it is a terminal (capped at --max-seconds; an aligned
     # model usually ends sooner)
@@ -291,17 +291,6 @@ def say_dropped(dropped) -> None:
         print(f"note: left out what the voice cannot say: {shown}", file=sys.stderr)
 
 
-def wav_header(rate: int, data_bytes: int | None, channels: int = 1) -> bytes:
-    """The 44-byte header of a 16-bit PCM WAV of ``channels`` holding ``data_bytes`` bytes of
-    samples (None: a stream of unknown length, both sizes 0xFFFFFFFF, which players reading a pipe accept)."""
-    import struct
-
-    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
-    block = 2 * channels
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
-            + struct.pack("<IHHIIHH", 16, 1, channels, rate, block * rate, block, 16) + b"data" + struct.pack("<I", data))
-
-
 def write_all(out, data: bytes) -> None:
     """Write all of ``data`` to the binary stream ``out`` and flush it: a write into a pipe whose
     reader has quit can return short instead of raising; the next one raises BrokenPipeError."""
@@ -315,7 +304,7 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
     """``--stream --out -``: the header, then each chunk's samples written and flushed as it comes
     (``on_chunk(chunk)`` after each); the sizes fixed at the end where standard output can seek
     (redirected to a file). Returns the chunks' audio."""
-    from ..adapters.audio.codec import pcm16
+    from ..adapters.audio.codec import pcm16, wav_header
 
     out, audio, written, channels = sys.stdout.buffer, [], 0, None
     for chunk in chunks:

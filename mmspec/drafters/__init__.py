@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -23,6 +22,7 @@ from .layer_skip import LayerSkipDrafter
 from .medusa import HydraDrafter, MedusaDrafter
 from .model import ModelDrafter, SpdDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .shipped import check_drafter_dir
 from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, StepCompletionDrafter
 
 __all__ = [
@@ -63,35 +63,6 @@ def unknown_drafter(name: str, choices: str) -> str:
 def is_drafter_spec(drafter: Any) -> bool:
     """Whether ``drafter`` is a spec string such as "prompt-lookup:10" (else it may be a path)."""
     return isinstance(drafter, str) and drafter.partition(":")[0] in spec_drafter_names()
-
-
-def check_drafter_dir(name: str, argument: str | None) -> None:
-    """Drafter ``name``'s trained directory ``argument`` checked before any model loads: it exists
-    and holds one of the drafter's :attr:`~mmspec.core.drafter.Drafter.saved_layouts` (a directory
-    holding another kind's files is named so). Nothing to check without an argument (the drafter
-    shipped for the model is looked up once the model is known) or for a drafter without a directory.
-
-    Raises:
-        FileNotFoundError: no such directory. ValueError: a directory without the drafter's files.
-    """
-    layouts = DRAFTERS[name].saved_layouts
-    if argument is None or not layouts:
-        return
-    path = Path(argument).expanduser()
-    if not path.is_dir():
-        train = DRAFTERS[name].trained_by or f"mmspec train drafter --method {name}"
-        raise FileNotFoundError(f"{name}:{argument}: no such directory (give the directory of a trained {name} drafter; "
-                                f"train it with `{train}`)")
-    def holds_one(of: tuple[tuple[str, ...], ...]) -> bool:
-        return any(all((path / file).is_file() for file in layout) for layout in of)
-
-    if holds_one(layouts):
-        return
-    holds = sorted(other for other, cls in DRAFTERS.items()
-                   if cls.image_tokens_only == DRAFTERS[name].image_tokens_only and holds_one(cls.saved_layouts))
-    wanted = " or ".join(" + ".join(layout) for layout in layouts)
-    hint = f"; it holds what {' / '.join(holds)} reads: use '{holds[0]}:{argument}'" if holds else ""
-    raise ValueError(f"{argument} holds no {name} drafter ({wanted} missing){hint}")
 
 
 def split_drafter_spec(spec: str) -> tuple[str, str | None]:

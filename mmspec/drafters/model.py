@@ -62,12 +62,17 @@ class ModelDrafter(BatchDrafting, Drafter):
         if sees_images(target) and not sees_images(self.draft):
             ids = target.text_only_ids(inputs["input_ids"])  # SPD: no image tokens,
             inputs = {"input_ids": ids[:, ids[0] < self.draft.vocab_size]}  # nor the VLM's added ones (image framing)
-        elif self.draft.vocab_size < target.vocab_size and "input_ids" in inputs:  # (read as token 0, as in _catch_up)
-            inputs = {**inputs, "input_ids": inputs["input_ids"].masked_fill(inputs["input_ids"] >= self.draft.vocab_size, 0)}
+        elif self.draft.vocab_size < target.vocab_size and "input_ids" in inputs:
+            inputs = {**inputs, "input_ids": self._in_vocabulary(inputs["input_ids"])}
         self.state, _ = self.draft.prefill(inputs)  # the cache holds the whole draft prompt
         self.forwards = 1
         self.prompt = self.state.tokens
         self._vocab_pad = target.vocab_size - self.draft.vocab_size
+
+    def _in_vocabulary(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` with those the draft has no embedding for (ones the target's tokenizer added) read
+        as token 0: the draft only proposes, so this changes its guesses, never the output."""
+        return ids.masked_fill(ids >= self.draft.vocab_size, 0)
 
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         return self.continue_after(state.new_tokens, min(self.num_draft_tokens, max_tokens))
@@ -76,11 +81,7 @@ class ModelDrafter(BatchDrafting, Drafter):
         """Bring the draft's cache up to its prompt + the target's generated tokens [1, n]: keep the
         cached prefix that still agrees (rejected drafts fall away), feed the rest. -> (that
         sequence [1, L], the draft's logits after it [1, V])."""
-        generated = generated.to(self.prompt.device)
-        # a token the draft has no embedding for (one the target's tokenizer added) is read as token 0:
-        # the draft only proposes, so this changes its guesses, never the output
-        generated = generated.masked_fill(generated >= self.draft.vocab_size, 0)
-        sequence = torch.cat([self.prompt, generated], dim=1)
+        sequence = torch.cat([self.prompt, self._in_vocabulary(generated.to(self.prompt.device))], dim=1)
         keep = min(common_prefix_length(self.state.tokens[0], sequence[0]), sequence.shape[1] - 1)
         crop_cache(self.state.cache, keep)
         logits = self.draft.forward(self.state, sequence[:, keep:]).logits[:, -1]
@@ -172,13 +173,11 @@ class SpdDrafter(ModelDrafter):
 
         from transformers import AutoModelForCausalLM
 
-        from .shipped import shipped_drafter_dir
+        from .shipped import check_drafter_dir, shipped_drafter_dir
 
         if arg:
+            check_drafter_dir(cls.name, arg)
             path = Path(arg).expanduser()
-            if not (path / "config.json").is_file():
-                raise FileNotFoundError(f"SPD draft model not found at {arg}; train it with `{cls.trained_by}` or pass spd:PATH of a "
-                                        "causal LM")
         else:
             path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by)
         param = next(target.model.parameters())

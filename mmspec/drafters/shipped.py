@@ -13,6 +13,7 @@ from pathlib import Path
 from torch import nn
 
 from ..adapters.hf import text_decoder
+from ..core.drafter import DRAFTERS
 
 #: (model_type, text width, layers, vocabulary) -> names under models/, most specific first
 EMBEDDED = {
@@ -48,6 +49,36 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
         f"no trained {kind} drafter for {type(model).__name__} ({where} not found); pass drafter='{spec or kind}:PATH' "
         f"with a trained one (`{train or f'mmspec train drafter --method {kind}'}`)"
     )
+
+
+def check_drafter_dir(name: str, argument: str | None) -> None:
+    """Drafter ``name``'s trained directory ``argument`` checked before any model loads: it exists
+    and holds one of the drafter's :attr:`~mmspec.core.drafter.Drafter.saved_layouts` (a directory
+    holding another kind's files is named so). Nothing to check without an argument (the drafter
+    shipped for the model is looked up once the model is known) or for a drafter without a directory.
+
+    Raises:
+        FileNotFoundError: no such directory. ValueError: a directory without the drafter's files.
+    """
+    layouts = DRAFTERS[name].saved_layouts
+    if argument is None or not layouts:
+        return
+    path = Path(argument).expanduser()
+    if not path.is_dir():
+        train = DRAFTERS[name].trained_by or f"mmspec train drafter --method {name}"
+        raise FileNotFoundError(f"{name}:{argument}: no such directory (give the directory of a trained {name} drafter; "
+                                f"train it with `{train}`)")
+
+    def holds_one(of: tuple[tuple[str, ...], ...]) -> bool:
+        return any(all((path / file).is_file() for file in layout) for layout in of)
+
+    if holds_one(layouts):
+        return
+    holds = sorted(other for other, cls in DRAFTERS.items()
+                   if cls.image_tokens_only == DRAFTERS[name].image_tokens_only and holds_one(cls.saved_layouts))
+    wanted = " or ".join(" + ".join(layout) for layout in layouts)
+    hint = f"; it holds what {' / '.join(holds)} reads: use '{holds[0]}:{argument}'" if holds else ""
+    raise ValueError(f"{argument} holds no {name} drafter ({wanted} missing){hint}")
 
 
 #: a chain drafter's tuned settings, beside its head: per dtype of the target, per kind of

@@ -8,14 +8,13 @@ batch_size=len(list))`` and the outputs' ``.text`` / ``.images`` / ``.audio`` / 
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 import uuid
-import wave
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
+from ..adapters.audio.codec import wav_header
 from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
@@ -397,13 +396,7 @@ class SpeechService(TaskService):
 
 def wav_bytes(pcm: bytes, sampling_rate: int, channels: int = 1) -> bytes:
     """16-bit PCM (``channels`` interleaved) -> a WAV file's bytes."""
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(channels)
-        out.setsampwidth(2)
-        out.setframerate(int(sampling_rate))
-        out.writeframes(pcm)
-    return buffer.getvalue()
+    return wav_header(int(sampling_rate), len(pcm), channels) + pcm
 
 
 # -- stats -----------------------------------------------------------------------------------------

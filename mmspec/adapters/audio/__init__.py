@@ -22,8 +22,9 @@ from .codec import (
     pcm16,
     read_wav,
     register_codec,
+    wav_header,
     write_wav,
 )
 
 __all__ = ["CODECS", "Codec", "DacCodec", "EncodecCodec", "MimiCodec", "codec_for", "load_codec", "log_mel",
-           "pcm16", "read_wav", "register_codec", "write_wav"]
+           "pcm16", "read_wav", "register_codec", "wav_header", "write_wav"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -539,6 +540,15 @@ def write_wav(path: str | Path, waveform: torch.Tensor, rate: int, subtype: str 
         audio = audio.clamp(-1.0, 1.0)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(str(path), audio.T.numpy(), rate, subtype=subtype, format="WAV")
+
+
+def wav_header(rate: int, data_bytes: int | None, channels: int = 1) -> bytes:
+    """The 44-byte header of a 16-bit PCM WAV of ``channels`` holding ``data_bytes`` bytes of
+    samples (None: a stream of unknown length, both sizes 0xFFFFFFFF, which players reading a pipe accept)."""
+    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    block = 2 * channels
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, channels, rate, block * rate, block, 16) + b"data" + struct.pack("<I", data))
 
 
 def pcm16(audio: torch.Tensor) -> bytes:
