@@ -247,6 +247,15 @@ def test_bark_targets_take_a_bark_models_generation_config(semantic, coarse):
     assert coarse_target.codebook_size == CODEBOOK and coarse_target.window_length == 6
 
 
+def test_models_of_the_wrong_kind_are_refused_in_one_line(semantic, coarse):
+    with pytest.raises(ValueError, match="takes a transformers BarkModel.*got Linear"):
+        bark_targets(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="expected a transformers BarkSemanticModel.*got BarkCoarseModel"):
+        BarkSemanticTarget(coarse, semantic_config())
+    with pytest.raises(ValueError, match="expected a transformers BarkCoarseModel.*coarse_acoustics.*got BarkSemanticModel"):
+        BarkCoarseTarget(semantic, semantic_config(), coarse_config(), CODEBOOK)
+
+
 # ---- sampling ------------------------------------------------------------------------------------
 def test_sampled_tokens_respect_barks_masks(semantic, coarse):
     semantic_target = BarkSemanticTarget(semantic, semantic_config())

@@ -269,6 +269,16 @@ def test_load_codec_from_a_saved_checkpoint(case, tmp_path):
     assert torch.equal(loaded.encode(audio, RATE), codec.encode(audio, RATE))
 
 
+def test_a_checkpoint_of_another_kind_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    import transformers
+
+    transformers.LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                             num_attention_heads=1).save_pretrained(tmp_path)  # (a config alone: no weights to load)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ValueError, match="is a 'llama' model, not a supported audio codec; supported: EncodecModel"):
+        load_codec(tmp_path)
+
+
 def test_wav_round_trip_through_the_codec(case, tmp_path):
     spec, model, codec = case
     audio = speech_like(spec.channels, 1600)

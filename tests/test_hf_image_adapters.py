@@ -309,6 +309,12 @@ def test_prompt_errors():
         emu3.prefill({"input_ids": torch.tensor([[1, 10, 11]]), "guidance_scale": None})
     with pytest.raises(ValueError, match="differ from the target's grid"):
         emu3.prefill({**inputs(family, None), "image_sizes": torch.tensor([[4, 4]])})
+    # the prompt and the image's positions (Emu3's 3 x 2 codes and an end of line a row: 9) within the model's 128
+    fits = [1] + [10] * (128 - 9 - 5) + [EMU3_BOI, 20, 21, EMU3_WRAPPER]
+    emu3.prefill({"input_ids": torch.tensor([fits]), "guidance_scale": None})
+    with pytest.raises(ValueError, match="a prompt of 120 tokens and the image's 9 positions exceed the model's 128: "
+                                         "shorten the prompt to at most 119 tokens"):
+        emu3.prefill({"input_ids": torch.tensor([[1, 10, *fits[1:]]]), "guidance_scale": None})
     chameleon = setup("chameleon")[2]
     with pytest.raises(ValueError, match="input images"):
         chameleon.prefill({"input_ids": torch.tensor([[1, 10, 4, 11]]), "guidance_scale": GUIDANCE})

@@ -512,6 +512,18 @@ def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_fact
     code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--dtype", "fp32", "--max-new-tokens", "6",
                  "--drafter", "prompt-lookup", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)[0]["text"] == results[0].text
+    # a tree drafter: refused from the config, before the weights load (the pipeline and the CLI)
+    import transformers
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the tree drafter is refused before the model loads")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", no_load)
+        with pytest.raises(ValueError, match="medusa.*a token tree would need a state per branch"):
+            mmspec.pipeline("image-captioning", model=directory, dtype="fp32", drafter="medusa")
+        code = main(["caption", str(tmp_path / "a.png"), "--model", str(directory), "--drafter", "eagle2"])
+        assert code == 2 and "a token tree would need a state per branch" in capsys.readouterr().err
 
 
 # the CUDA path (`pytest -m gpu`, skipped without a GPU) ---------------------------------------------------------

@@ -62,7 +62,7 @@ def write(tmp_path):
     ('task = "text-to-speech"\n[call]\nmax_seconds = -1.0', r"\[call\] max_seconds must be a positive number"),
     ('task = "text-to-speech"\n[call]\nspeed = 9.0', r"\[call\] speed must be at most"),
     ('task = "text-to-speech"\n[call]\nmethod = "fast"', r"\[call\] unknown method 'fast'"),
-    ('task = "text-to-image"\n[call]\nguidance_scale = 0.5', r"\[call\] guidance_scale must be a finite number >= 1"),
+    ('task = "text-to-image"\n[call]\nguidance_scale = 0.5', r"\[call\] guidance_scale must be a number from 1 to 1000"),
     ('task = "text-to-image"\n[call]\ntemperature = 0.0', r"\[call\] temperature must be > 0"),
     ('task = "image-captioning"\n[call]\ndo_sample = true\ntop_p = 1.5', r"\[call\] top_p must be in"),
     ('task = "image-captioning"\n[call]\nseed = -3', r"\[call\] seed must be between 0 and 2\*\*63 - 1"),

@@ -174,6 +174,29 @@ def test_a_checkpoint_without_its_vq_weights_and_a_draft_of_another_family_are_r
         mmspec.pipeline("text-to-image", model=str(target_dir), method="spec", draft=str(tmp_path / "no-config"))
 
 
+def test_a_grid_and_a_processor_that_cannot_apply_are_refused_before_loading(checkpoints, tmp_path, monkeypatch):
+    """grid= was ignored by mmspec's layout and a TypeError for Janus; a processor path that does
+    not load was reported as "none was found with the model"."""
+    import transformers
+
+    monkeypatch.setattr(transformers.JanusForConditionalGeneration, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
+    target_dir, _ = checkpoints["janus"]
+    with pytest.raises(ValueError, match="grid= sets an Emu3 model's rows and columns.*is a 'janus' model"):
+        mmspec.pipeline("text-to-image", model=str(target_dir), grid=(4, 4))
+    with pytest.raises(ValueError, match="this model's grid is fixed by its image tokenizer: drop grid"):
+        mmspec.pipeline("text-to-image", grid=(4, 4))
+    for bad in ((4,), (0, 4), (2.5, 4), "44"):
+        with pytest.raises(ValueError, match=r"give \(rows, columns\), two positive integers"):
+            mmspec.pipeline("text-to-image", model=str(target_dir), grid=bad)
+    with pytest.raises(FileNotFoundError, match="processor='/nonexistent/proc': no such file or directory"):
+        mmspec.pipeline("text-to-image", model=str(target_dir), processor="/nonexistent/proc")
+    monkeypatch.undo()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="processor='.*empty' holds no processor or tokenizer transformers can load"):
+        mmspec.pipeline("text-to-image", model=str(target_dir), processor=str(tmp_path / "empty"))
+
+
 def test_a_chameleon_checkpoint_without_its_vqgan_decoder_is_refused_before_it_loads(checkpoints, monkeypatch):
     """Its images could not be decoded, which was found after every image (and baseline) was made."""
     import transformers

@@ -251,7 +251,9 @@ def test_a_text_too_long_for_the_context_is_said_sentence_by_sentence(model_dir)
     assert torch.equal(out.codes, torch.cat([a.codes for a in alone], dim=1))
     assert out.stats.frames == sum(a.stats.frames for a in alone) > 0
     assert out.stats.target_forwards == sum(a.stats.target_forwards for a in alone)
-    assert out.stats.seconds == pytest.approx(out.audio.shape[-1] / out.sampling_rate)
+    assert out.stats.seconds == pytest.approx(sum(a.stats.seconds for a in alone))  # speech made, not the pauses
+    pauses = (len(SENTENCES) - 1) * pause.shape[-1] / out.sampling_rate
+    assert out.audio.shape[-1] / out.sampling_rate == pytest.approx(out.stats.seconds + pauses, abs=0.01)
     assert out.stats.generation["new_tokens"] == sum(a.stats.generation["new_tokens"] for a in alone)
     assert torch.equal(tts(paragraph, seed=5).audio, out.audio)  # same seed, same output
     batched = tts([paragraph, "a red star."], seed=5, batch_size=4)

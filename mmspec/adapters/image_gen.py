@@ -124,6 +124,11 @@ class GuidedImageTarget:
     def num_image_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    @property
+    def image_positions(self) -> int:
+        """Positions an image takes after its prompt (its codes; Emu3 adds a token a row)."""
+        return self.num_image_tokens
+
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """LongTensor [B, n] image codes -> the generator's input embeddings [B, n, D]."""
         raise NotImplementedError

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
-                                   check_prompt)
+                                   check_prompt, check_tree_drafter)
 from ..drafters import check_draft_length_use
 from ..pipelines.images import open_image_file
 from .dataset import Progress, ShardedResults, add_row_args, expand_images, failed_rows_exit, interrupted_rows
@@ -92,6 +92,7 @@ def run_caption_command(args) -> int:
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)
     check_draft_length_use(args.drafter, args.num_draft_tokens)
+    check_tree_drafter(args.model, args.drafter)
     if args.retry_errors and not args.out:
         raise ValueError("--retry-errors redoes the failed rows of an output file: pass --out FILE.jsonl")
     if args.cuda_graphs and args.batch_size > 1:

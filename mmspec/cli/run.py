@@ -64,7 +64,7 @@ def _say(pipe, index: int, text: str, args) -> tuple[dict, str]:
     path = write_output(Path(args.out) / f"{index:03d}.wav", lambda tmp: write_wav(tmp, result.audio, result.sampling_rate))
     s = result.stats
     return {"audio": str(path), "stats": s.to_dict()}, (
-        f"{text!r} -> {path}\n  {s.method}: {s.seconds:.2f} s of audio in {s.wall_time_s:.2f} s "
+        f"{text!r} -> {path}\n  {s.method}: {s.seconds:.2f} s of speech in {s.wall_time_s:.2f} s "
         f"(real-time factor {s.real_time_factor:.2f}, tau {s.tau:.2f})")
 
 

@@ -238,7 +238,7 @@ def say(args, pipe, text: str) -> int:
     say_dropped(result.dropped)
     say_truncated(result.truncated, args.max_seconds)
     speed = f", {stats.speedup:.2f}x over plain decoding" if stats.speedup is not None else ""
-    print(f"{args.method}: {stats.seconds:.2f} s of audio in {stats.wall_time_s:.2f} s (real-time factor "
+    print(f"{args.method}: {stats.seconds:.2f} s of speech in {stats.wall_time_s:.2f} s (real-time factor "
           f"{stats.real_time_factor:.2f}, tau {stats.tau:.2f}){speed}", file=report)
     print(wrote, file=report)
     return 0

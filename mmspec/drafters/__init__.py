@@ -28,7 +28,7 @@ from .steps import CodecEagleDrafter, CodecMedusaDrafter, StepAwareDrafter, Step
 __all__ = [
     "DRAFTERS", "BatchDrafting", "Draft", "DraftContext", "Drafter", "register_drafter",
     "AssistantDrafter", "CodecEagleDrafter", "CodecMedusaDrafter", "CoupledJacobiDrafter", "Eagle2Drafter", "Eagle3Drafter", "Eagle3TreeDrafter", "JacobiDrafter", "EagleDrafter", "HydraDrafter", "ImageEagle2Drafter", "ImageEagleDrafter", "KangarooDrafter", "MARDrafter", "MedusaDrafter", "LayerSkipDrafter", "ModelDrafter", "SpdDrafter", "PromptLookupDrafter", "StepAwareDrafter", "StepCompletionDrafter", "check_drafter_dir", "is_drafter_spec", "resolve_drafter", "unknown_drafter",
-    "spec_drafter_names",
+    "spec_drafter_names", "split_drafter_spec",
 ]
 
 NO_DRAFTER = (None, "ar", "none")

@@ -71,12 +71,25 @@ def bark_targets(bark_model, min_eos_p: float | None = None) -> tuple["BarkSeman
     """The semantic and coarse targets of a transformers ``BarkModel``, with the generation settings
     ``BarkModel.generate`` uses (its ``generation_config``'s semantic / coarse sub-configs and
     ``codebook_size``)."""
+    missing = [name for name in ("generation_config", "semantic", "coarse_acoustics") if not hasattr(bark_model, name)]
+    if missing:  # (the targets read its sub-models and generation sub-configs)
+        raise ValueError(f"bark_targets takes a transformers BarkModel (BarkModel.from_pretrained(...)), got "
+                         f"{type(bark_model).__name__} (no {', '.join(missing)})")
     config = bark_model.generation_config
     semantic_config = _sub_config(config.semantic_config, BarkSemanticGenerationConfig)
     coarse_config = _sub_config(config.coarse_acoustics_config, BarkCoarseGenerationConfig)
     semantic = BarkSemanticTarget(bark_model.semantic, semantic_config, min_eos_p=min_eos_p)
     coarse = BarkCoarseTarget(bark_model.coarse_acoustics, semantic_config, coarse_config, config.codebook_size)
     return semantic, coarse
+
+
+def _check_model(model: Any, kind: str) -> None:
+    """Refuse a model that is not transformers' ``Bark{kind}Model`` (one line naming where it is)."""
+    import transformers
+
+    if not isinstance(model, getattr(transformers, f"Bark{kind}Model")):
+        raise ValueError(f"expected a transformers Bark{kind}Model (BarkModel's .{kind.lower()}"
+                         f"{'_acoustics' if kind == 'Coarse' else ''}), got {type(model).__name__}")
 
 
 def _sub_config(value: Any, config_class: type):
@@ -151,6 +164,7 @@ class BarkSemanticTarget:
 
     def __init__(self, model, generation_config: BarkSemanticGenerationConfig | None = None,
                  min_eos_p: float | None = None) -> None:
+        _check_model(model, "Semantic")
         config = generation_config if generation_config is not None else BarkSemanticGenerationConfig()
         self.model = model
         self.generation_config = config
@@ -406,6 +420,7 @@ class BarkCoarseTarget:
 
     def __init__(self, model, semantic_generation_config: BarkSemanticGenerationConfig | None = None,
                  coarse_generation_config: BarkCoarseGenerationConfig | None = None, codebook_size: int = 1024) -> None:
+        _check_model(model, "Coarse")
         self.model = model
         self.semantic_config = semantic_generation_config or BarkSemanticGenerationConfig()
         self.coarse_config = config = coarse_generation_config or BarkCoarseGenerationConfig()

@@ -86,8 +86,13 @@ def load_codec(path_or_hub_id: str | Path, device: str | torch.device = "cpu", d
 
     ``dtype`` defaults to float32: the codecs are small, and half precision audibly degrades them.
     """
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
+    model_type = AutoConfig.from_pretrained(str(path_or_hub_id)).model_type  # (the kind checked before the weights load)
+    if MODEL_MAPPING_NAMES.get(model_type) not in {cls.model_class for cls in CODECS.values()}:
+        raise ValueError(f"{path_or_hub_id} is a {model_type!r} model, not a supported audio codec; supported: "
+                         f"{supported_models()}")
     model = AutoModel.from_pretrained(str(path_or_hub_id), dtype=dtype).to(device)
     return codec_for(model, **kwargs)
 

@@ -113,8 +113,10 @@ class TransformersImageTarget(GuidedImageTarget):
     def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
         prompts = [p.to(self.device) for p in self._prompt_rows(model_inputs, rows)]
         length = max(p.shape[0] for p in prompts)
-        if length > self.max_length:
-            raise ValueError(f"a prompt of {length} tokens exceeds the model's {self.max_length} positions")
+        if length + self.image_positions > self.max_length:
+            raise ValueError(f"a prompt of {length} tokens and the image's {self.image_positions} positions exceed the "
+                             f"model's {self.max_length}: shorten the prompt to at most "
+                             f"{max(self.max_length - self.image_positions, 0)} tokens")
         padding = torch.tensor([length - p.shape[0] for p in prompts], device=self.device)
         ids = torch.stack([F.pad(p, (int(pad), 0), value=int(p[0])) for p, pad in zip(prompts, padding)])
         embeds = self._embed_ids(ids)

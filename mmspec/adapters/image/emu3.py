@@ -105,6 +105,11 @@ class Emu3ImageTarget(VocabularyImageTarget):
         self.cache_config = text
         self.backbone = model.model.text_model
 
+    @property
+    def image_positions(self) -> int:
+        """Codes plus an end-of-line token after every row."""
+        return self.grid[0] * (self.grid[1] + 1)
+
     def _embed_ids(self, ids):
         return self.model.get_input_embeddings()(ids)
 

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...drafters import DRAFTERS, NO_DRAFTER, Drafter, check_drafter_dir, resolve_drafter, spec_drafter_names, unknown_drafter
+from ...drafters import (DRAFTERS, NO_DRAFTER, Drafter, check_drafter_dir, resolve_drafter, spec_drafter_names,
+                        split_drafter_spec, unknown_drafter)
 from ..methods import Method, MethodRegistry, Setting, at_least, parse_spec
 
 #: every setting a captioning drafter may read
@@ -178,6 +179,28 @@ def make_caption_method(spec: str, **settings: Any) -> CaptionMethod:
     if cls is None:
         raise ValueError(unknown_drafter(spec, drafter_choices()))
     return cls.from_spec(parsed, **settings)
+
+
+def check_tree_drafter(model: Any, drafter: Any, trust_remote_code: bool = False) -> None:
+    """Refuse a tree drafter (``Drafter.drafts_trees``) for a model with recurrent layers (Qwen3.5's
+    linear attention, LFM2's convolutions) from its config alone, before its weights load (the
+    target refuses it again, for models passed loaded). Silent where the config does not read
+    (the load reports that)."""
+    if not isinstance(model, (str, os.PathLike)) or drafter in NO_DRAFTER or not is_caption_spec(drafter):
+        return
+    name = split_drafter_spec(make_caption_method(drafter).drafter_spec())[0]
+    if name not in DRAFTERS or not DRAFTERS[name].drafts_trees:
+        return
+    from transformers import AutoConfig
+
+    from ...adapters.recurrent import TREES_REFUSED, has_recurrent_layers
+
+    try:
+        config = AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return
+    if has_recurrent_layers(config):
+        raise ValueError(f"drafter {drafter!r}: {model} {TREES_REFUSED}")
 
 
 def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | None:

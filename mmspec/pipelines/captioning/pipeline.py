@@ -35,7 +35,7 @@ from ..base import Pipeline, ProgressCallback, register_pipeline
 from ..images import ImageInput, load_image
 from .auto_drafter import choose_auto_drafter, choose_batch_drafter, choose_sampling_drafter
 from .components import CaptioningComponents, check_cuda_graphs, escape_image_tokens, load_draft_model, no_chat_template
-from .methods import METHODS, check_drafter_name, is_caption_spec, make_caption_method
+from .methods import METHODS, check_drafter_name, check_tree_drafter, is_caption_spec, make_caption_method
 
 DEFAULT_PROMPT = "Describe the image."
 
@@ -274,8 +274,9 @@ class ImageCaptioningPipeline(Pipeline):
         cuda_graphs: bool = False,
     ) -> None:
         # every argument checked before the model loads
-        self.check_arguments(dict(prompt=prompt, drafter=drafter, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                  num_draft_tokens=num_draft_tokens))
+        self.check_arguments(dict(model=model, prompt=prompt, drafter=drafter, device=device, dtype=dtype,
+                                  cuda_graphs=cuda_graphs, num_draft_tokens=num_draft_tokens,
+                                  trust_remote_code=trust_remote_code))
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -304,6 +305,7 @@ class ImageCaptioningPipeline(Pipeline):
         check_draft_length_use(values["drafter"], k)
         if isinstance(values["drafter"], (str, os.PathLike)):
             check_drafter_name(values["drafter"])
+            check_tree_drafter(values["model"], values["drafter"], values["trust_remote_code"])
         device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]
         resolve_dtype(values["dtype"], device)
         check_cuda_graphs(values["cuda_graphs"], device)

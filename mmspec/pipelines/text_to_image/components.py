@@ -133,6 +133,10 @@ class T2IComponents(OptimizesOnLoad):
         for name, part in (("draft", draft), ("eagle_head", eagle_head)):  # (loaded on first use: checked now)
             if isinstance(part, (str, Path)) and not Path(part).expanduser().exists():
                 raise FileNotFoundError(f"{name}={str(part)!r}: no such file or directory")
+        if grid is not None:
+            check_grid(grid, model)
+        if isinstance(processor, (str, Path)) and _looks_local(processor) and not Path(processor).expanduser().exists():
+            raise FileNotFoundError(f"processor={str(processor)!r}: no such file or directory")
         device = resolve_device(device)
         # "auto" is the fast dtype where a model can take it: a MAR model runs in float32 only
         dtype = torch.float32 if dtype == "auto" and cls.names_continuous(model) else resolve_dtype(dtype, device)
@@ -327,10 +331,17 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
                              "decoder): in Python pass image_tokenizer=ChameleonImageTokenizer(vq, "
                              "ChameleonVQDecoder.from_vqgan_state_dict(...)) with Chameleon's tokenizer/vqgan.ckpt "
                              "(docs/text-to-image.md); the command line cannot load one")
+        if family_kwargs.get("grid") is not None and config.model_type != "emu3":
+            raise ValueError(f"grid= sets an Emu3 model's rows and columns of codes; {model} is a {config.model_type!r} "
+                             "model, whose grid is fixed by its VQ model: drop grid")
         if isinstance(draft, (str, Path)):  # (loaded on first use: its family checked before the target loads)
             check_same_family(draft, config.model_type, trust_remote_code)
         model = load_complete(getattr(transformers, family), model, dtype, trust_remote_code)
         model = model.to(device).eval()
+
+    if family_kwargs.get("grid") is not None and model.config.model_type != "emu3":  # (a model object)
+        raise ValueError(f"grid= sets an Emu3 model's rows and columns of codes; this is a {model.config.model_type!r} "
+                         "model, whose grid is fixed by its VQ model: drop grid")
 
     def load_draft(draft) -> GuidedImageTarget:
         if not isinstance(draft, torch.nn.Module):
@@ -338,8 +349,13 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
             draft = load_complete(type(model), draft, dtype, trust_remote_code)
         return image_target_for(draft.to(device).eval(), **family_kwargs)
 
-    if isinstance(processor if processor is not None else source, (str, Path)):
-        processor = _load_processor(str(processor if processor is not None else source), trust_remote_code)
+    if isinstance(processor, (str, Path)):  # the user's: one that does not load is refused, not "none found"
+        named, processor = processor, _load_processor(str(processor), trust_remote_code)
+        if processor is None:
+            raise ValueError(f"processor={str(named)!r} holds no processor or tokenizer transformers can load; pass the "
+                             "model's processor directory (its preprocessor/tokenizer files) or leave processor out")
+    elif processor is None and isinstance(source, (str, Path)):
+        processor = _load_processor(str(source), trust_remote_code)
     return T2IComponents(
         target=image_target_for(model, **family_kwargs),
         tokenizer=image_tokenizer_for(model, **family_kwargs),  # Chameleon's decodes only with a VQGAN decoder
@@ -365,6 +381,24 @@ def _prompt_encoder(processor: Any, family: str, device: torch.device) -> Callab
         return {k: v.to(device) for k, v in encoded.items() if k in keep}
 
     return encode
+
+
+def check_grid(grid: Any, model: Any) -> None:
+    """Refuse a ``grid`` that is no (rows, columns) pair of positive integers, or one given for a
+    model whose grid its VQ model fixes (mmspec's layout, MAR): only Emu3 generates at a chosen grid
+    (a transformers checkpoint's family is checked when its config is read)."""
+    try:
+        rows, columns = (int(g) for g in grid)
+        valid = rows > 0 and columns > 0 and all(int(g) == g for g in grid)
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError(f"grid={grid!r}: give (rows, columns), two positive integers, e.g. grid=(32, 32)")
+    local = isinstance(model, (str, Path))
+    if model is None or model == "mar" or (local and ((Path(model).expanduser() / MODEL_FILE).is_file()
+                                                      or (Path(model).expanduser() / MAR_FILE).is_file())):
+        raise ValueError("grid= sets an Emu3 model's rows and columns of codes; this model's grid is fixed by its image "
+                         "tokenizer: drop grid")
 
 
 def _load_processor(source: str, trust_remote_code: bool) -> Any:

@@ -38,6 +38,11 @@ __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutp
            "TextToImageStats", "check_call_arguments", "make_method", "register_method"]
 
 
+MAX_GUIDANCE = 1000.0
+"""The largest guidance scale taken: uncond + s (cond - uncond) overflows float32 logits into NaN
+probabilities long before s reaches float32's range (published models use 3-10)."""
+
+
 def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: bool = True, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> SamplingConfig:
     """Check a pipeline call's arguments (one ValueError line each) -> their SamplingConfig: the
@@ -46,8 +51,9 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
     2**63 - 1.
 
     Cheap, so callers (the CLI) can check before loading a model."""
-    if not isinstance(guidance_scale, Real) or not math.isfinite(guidance_scale) or guidance_scale < 1:
-        raise ValueError(f"guidance_scale must be a finite number >= 1 (got {guidance_scale}); 1 means no guidance")
+    if not isinstance(guidance_scale, Real) or not math.isfinite(guidance_scale) or not 1 <= guidance_scale <= MAX_GUIDANCE:
+        raise ValueError(f"guidance_scale must be a number from 1 to {MAX_GUIDANCE:g} (got {guidance_scale}); 1 means no "
+                         "guidance, published models use 3-10")
     if not isinstance(num_images, Integral) or num_images < 1:
         raise ValueError(f"num_images must be an integer >= 1, got {num_images}")
     if isinstance(seed, Integral) and seed + num_images - 1 >= 2**63:

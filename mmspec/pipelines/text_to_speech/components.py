@@ -177,8 +177,8 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
         dtype = voice_dtype(dtype, dev)
+        codec = load_tts_codec(directory, manifest.get("codec"))  # (the small part first: a wrong entry refused sooner)
         lm = CodecLM.from_pretrained(directory).to(dev).cast_steps(dtype)
-        codec = load_tts_codec(directory, manifest.get("codec"))
         nar = load_nar_stage(directory, manifest.get("nar"), lm, dev, dtype)
         books = (nar or lm).config
         if (codec.num_codebooks, codec.codebook_size) != (books.num_codebooks, books.codebook_size):

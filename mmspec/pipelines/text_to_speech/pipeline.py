@@ -73,15 +73,18 @@ class TextToSpeechStats(DictAccess):
 
     Attributes:
         method: the method; config: its settings.
-        frames: audio frames generated; seconds: audio seconds.
+        frames: audio frames generated; seconds: the speech's seconds (frames / frame rate; the
+            pauses :meth:`__call__` puts between a long text's pieces are not counted).
         target_forwards: verification steps + the prefill (plain decoding verifies every stream
             sub-token, but runs the codec LM once per step of K sub-tokens).
-        tau: stream sub-tokens committed per verification step (plain decoding: 1).
+        tau: stream sub-tokens committed per verification step: plain decoding's is 1 on a
+            one-codebook stream (the VALL-E-style AR stage) and K on a delay-pattern model's, whose
+            every step commits one code of each of its K codebooks (compare methods by speedup).
         wall_time_s: the code generation's wall time, a VALL-E-style voice's NAR stage included
             (text front end and waveform decoding, the same for every method, not included).
         nar_time_s: of which the NAR stage (0 without one); ``generation["wall_time_s"]`` is the
             code stream's alone.
-        real_time_factor: wall_time_s / seconds of audio.
+        real_time_factor: wall_time_s / seconds (of speech).
         speedup: the baseline's wall time / wall_time_s, with ``compare_baseline``.
     """
 
@@ -434,7 +437,7 @@ class TextToSpeechPipeline(Pipeline):
         generation = _summed([s for _, s in runs])
         used = {name: value for name, value in sampling.items() if value is not None}
         wall = generation.wall_time_s + sum(nar_s)
-        seconds = audio.shape[-1] / self.sampling_rate if len(runs) > 1 else codes[0].shape[1] / c.codec.frame_rate
+        seconds = sum(piece.shape[1] for piece in codes) / c.codec.frame_rate  # (the pauses between pieces: not made)
         config = {**method.describe(), **generation.config, **used, **self.run_config()}
         stats = TextToSpeechStats(method=method.name, config=config, frames=sum(piece.shape[1] for piece in codes),
                                   seconds=seconds, target_forwards=generation.target_forwards,
