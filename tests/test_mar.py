@@ -242,6 +242,8 @@ def test_text_to_image_pipeline_with_a_mar(tmp_path):
     assert selfdraft.stats.config["draft"] == "the target itself" and "draft" not in out.stats.config  # (cspd: the draft MAR)
     parallel = TextToImagePipeline(components=components, method="mar-parallel:4")("a red circle", seed=5, guidance_scale=2.0)
     assert parallel.stats.target_forwards == 4 and parallel.tokens.shape == (1, 64, 4)
+    later = parallel.stats.per_image[0]["committed_per_step"]  # the steps after the first, which plays the prefill
+    assert len(later) == 3 and parallel.stats.tau == pytest.approx(sum(later) / 3)  # (was (64 - 1) / 3)
     assert parallel.stats.config["exact"] is False  # (several tokens drawn at once: labelled as not plain decoding's)
     assert sorted(set(parallel.accepted_map.flatten().tolist())) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="does not work with a continuous-token \\(MAR\\) model; choose one of ar, cspd, cspd-tempered, cspd-self"):

@@ -507,4 +507,6 @@ def batch_stats(rows: Sequence[SpecStats], wall_time_s: float, forwards: int) ->
     total.target_forwards = forwards
     total.wall_time_s = wall_time_s
     total.rows = len(rows)
+    if any(s.prefill_tokens is not None for s in rows):
+        total.prefill_tokens = sum(s.rows if s.prefill_tokens is None else s.prefill_tokens for s in rows)
     return total

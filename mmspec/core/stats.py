@@ -53,6 +53,8 @@ class SpecStats(DictAccess):
         speedup: baseline wall time / this wall time, when a baseline ran in the same call.
         rows: sequences counted (B for a batch's totals, :func:`mmspec.core.batch.batch_stats`:
             each row's first token comes from its prefill, not from a verification step).
+        prefill_tokens: tokens the first forward committed where that is not one a row (MAR's
+            parallel decoding: its first step's); None = ``rows``.
         config: the method's chosen settings (draft length, rule, ...).
     """
 
@@ -72,14 +74,16 @@ class SpecStats(DictAccess):
     draft_time_s: float = 0.0
     speedup: float | None = None
     rows: int = 1
+    prefill_tokens: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def mean_accepted_length(self) -> float:
-        """tau: tokens committed per verification step (AR = 1.0, all-accepted K drafts = K + 1)."""
+        """tau: tokens committed per verification step (AR = 1.0, all-accepted K drafts = K + 1):
+        (new_tokens - the prefill's) / verify_steps."""
         if not self.verify_steps:
             return float(self.new_tokens)
-        return (self.new_tokens - self.rows) / self.verify_steps
+        return (self.new_tokens - (self.rows if self.prefill_tokens is None else self.prefill_tokens)) / self.verify_steps
 
     @property
     def acceptance_rate(self) -> float:

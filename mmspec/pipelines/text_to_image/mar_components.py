@@ -200,9 +200,10 @@ class MARComponents(OptimizesOnLoad):
         steps = [step for step, count in enumerate(counts) for _ in range(count)]  # the step that made each token
         outputs = []
         for row, inputs in zip(batch.rows, rows):
+            # the first step plays the prefill (tau = tokens a later step commits)
             stats = SpecStats(method=f"mar-parallel:{num_iter}", config={"num_iter": num_iter}, new_tokens=n,
-                              verify_steps=max(len(counts) - 1, 0), target_forwards=len(counts),
-                              committed_per_step=list(counts), wall_time_s=wall)
+                              verify_steps=len(counts) - 1, target_forwards=len(counts), prefill_tokens=counts[0],
+                              committed_per_step=counts[1:], wall_time_s=wall)
             outputs.append(self._raster(row.tokens, steps, inputs["order"], stats))
         return outputs, batch_stats([o.stats for o in outputs], wall, len(counts))
 
