@@ -68,6 +68,19 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return torch.Generator(device=device).manual_seed(fresh_seed() if seed is None else seed)
 
 
+def check_sampling_options(do_sample: Any, temperature: Any, top_k: Any, top_p: Any) -> None:
+    """The sampling arguments' types, and a temperature other than 1, a top-k or a top-p given
+    without ``do_sample=True`` refused (one ValueError line, as the CLI refuses them without
+    ``--do-sample``; greedy decoding would ignore them)."""
+    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    if not do_sample:
+        given = [name for name, value, unset in (("temperature", temperature, 1.0), ("top_k", top_k, None),
+                                                 ("top_p", top_p, None)) if value != unset]
+        if given:
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; pass "
+                             "do_sample=True, or drop it for greedy decoding")
+
+
 @exclusively
 def generate(
     target,
@@ -137,7 +150,7 @@ def generate(
         >>> out = mmspec.generate(model, drafter="prompt-lookup", max_new_tokens=64, **tok(text, return_tensors="pt"))
         >>> out.stats.mean_accepted_length
     """
-    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    check_sampling_options(do_sample, temperature, top_k, top_p)
     check_seed(seed)
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
@@ -297,7 +310,7 @@ def generate_rows(
         GenerateOutput: ``sequences`` [B, L + max new] (right-padded with the model's pad token),
         ``stats`` the batch's totals (its tokens_per_second is the throughput), ``row_stats``.
     """
-    check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
+    check_sampling_options(do_sample, temperature, top_k, top_p)
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
         check_seed(one)  # an integer or None, one per row or one for all
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)

@@ -185,9 +185,21 @@ def load_causal_lm(
     device = resolve_device(device)  # a device this machine lacks fails here, before any loading
     path = check_model_path(resolve_checkpoint(name_or_path))
     dtype = resolve_dtype(dtype, device)
+    loaded_tokenizer, no_tokenizer = None, None
+    if tokenizer:  # (the cheap part first: a checkpoint without one is told so before its weights load)
+        try:
+            loaded_tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            no_tokenizer = ValueError(f"{str(name_or_path)!r} has no tokenizer transformers can load "
+                                      f"({str(error).splitlines()[0][:120]}): put the tokenizer the model was trained "
+                                      "with (tokenizer.json, tokenizer_config.json) beside its config.json")
+            if (Path(path) / "config.json").is_file():
+                raise no_tokenizer from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
+        if no_tokenizer is not None:  # (a hub checkpoint that loads without one)
+            raise no_tokenizer
+        return model, loaded_tokenizer
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:

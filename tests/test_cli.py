@@ -62,6 +62,19 @@ def test_generate_reads_a_drafter_spec_in_either_form(capsys):
     assert outputs[0]["text"] == outputs[1]["text"] and outputs[1]["stats"]["config"]["num_draft_tokens"] == 4
 
 
+def test_a_draft_length_given_twice_is_refused_before_loading(capsys):
+    """``prompt-lookup:3`` with ``--num-draft-tokens 5`` ran with 3, the 5 dropped without a word."""
+    for spec in ("prompt-lookup:3", "prompt-lookup:num_draft_tokens=3"):
+        assert main(["generate", "hi", "--model", "/nonexistent-model", "--drafter", spec, "--num-draft-tokens", "5"]) == 2
+        assert "the draft length is given twice" in capsys.readouterr().err  # (before the missing model is found)
+    from mmspec.drafters import check_draft_length_use, resolve_drafter
+
+    check_draft_length_use("prompt-lookup:5", 5)  # (the same value twice: accepted)
+
+    with pytest.raises(ValueError, match="the draft length is given twice: drafter='prompt-lookup:3' and num_draft_tokens=5"):
+        resolve_drafter("prompt-lookup:3", None, 5)
+
+
 def test_unknown_drafter_name_is_a_clear_error(capsys):
     assert main(["generate", "hi", "--drafter", "nonsense", "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err
@@ -356,6 +369,8 @@ def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, t
     # transformers' 57-line RuntimeError (the stop-74 audit)
     config = json.loads((text / "config.json").read_text())
     (text / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] * 2}))
+    for item in vlm.glob("*token*"):  # (a tokenizer beside it: one without is refused before the weights load)
+        (text / item.name).write_bytes(item.read_bytes())
     for argv in (["generate", "hi", "--model", str(text)], ["caption", "samples/photo.png", "--model", str(vlm)]):
         if argv[0] == "caption":
             vlm_config = json.loads((vlm / "config.json").read_text())

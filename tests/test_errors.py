@@ -79,6 +79,9 @@ def test_draft_with_larger_vocabulary(llama):
         ({"seed": 2**64, "do_sample": True}, r"seed must be between 0 and 2\*\*63 - 1"),  # not torch's "Overflow ..."
         ({"seed": -1}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),  # as the CLI's --seed
         ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
+        # greedy decoding ignored them without a word (the CLI refuses them without --do-sample)
+        ({"temperature": 0.5}, "temperature applies only when sampling; pass do_sample=True"),
+        ({"top_k": 5, "top_p": 0.9}, "top_k, top_p apply only when sampling"),
     ],
 )
 def test_bad_settings(llama, kwargs, match):
@@ -232,3 +235,29 @@ def test_weights_trained_for_another_model_are_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"head.safetensors do not fit the Linear .*trained for another model\?\): size mismatch") as error:
         load_weights(torch.nn.Linear(2, 4), tmp_path, "head.safetensors")
     assert "\n" not in str(error.value)
+
+
+def test_a_checkpoint_without_a_tokenizer_is_one_line_before_its_weights_load(tmp_path, monkeypatch):
+    """transformers' five lines about sentencepiece / tiktoken, after the weights loaded."""
+    import transformers
+
+    from mmspec.hub import load_causal_lm
+
+    LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2).save_pretrained(tmp_path)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ValueError, match=r"has no tokenizer transformers can load \(.*\): put the tokenizer the model was "
+                                         r"trained with \(tokenizer.json, tokenizer_config.json\) beside its config.json"):
+        load_causal_lm(tmp_path, dtype="fp32")
+
+
+def test_a_causal_lm_directory_named_as_a_trained_head_is_told_to_be_a_draft_model(tmp_path):
+    """eagle:DIR with a plain causal LM pointed at eagle3 (whose engine layout has the same file
+    names), which then refused it; an SJD init that does not exist was found after the load."""
+    from mmspec.pipelines.captioning.methods import check_drafter_name
+
+    make_tiny("llama").model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds no eagle drafter \(eagle_config.json missing\); it holds what spd reads"):
+        check_drafter_name(f"eagle:{tmp_path}")
+    with pytest.raises(ValueError, match="unknown SJD init 'bogus'"):
+        check_drafter_name("sjd:bogus", auto=False)

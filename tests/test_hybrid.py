@@ -485,6 +485,9 @@ def test_layer_skip_within_the_recurrent_layers_is_refused_in_one_line():
     with pytest.raises(ValueError, match="^Kangaroo's exit layer: the first 2 layers"):
         truncated_decoder(text_decoder(model), 2, "Kangaroo's exit layer")
     assert len(truncated_decoder(text_decoder(model), 4).layers) == 4
+    four = tiny_qwen3_5(layers=4)  # its only attention layer is the last: no N works, and the line says so
+    with pytest.raises(ValueError, match="its only attention layer is the last, so no N works; use prompt-lookup"):
+        resolve_drafter("layer-skip:3", TransformersTarget(four))
 
 
 def test_captioning_pipeline_and_cli_on_a_saved_lfm2_vl_checkpoint(tmp_path_factory, tmp_path, capsys):

@@ -169,7 +169,9 @@ def truncated_decoder(decoder: nn.Module, num_layers: int, user: str = "layer-sk
         raise ValueError(f"{user} needs 1 <= N < {total} (the target has {total} layers), got N={num_layers}")
     first = first_attention_layer(decoder.config)  # (0 for a decoder without recurrent layers)
     if first is None or first >= num_layers:
-        fix = f"give N > {first}" if first is not None else "the decoder has none; use prompt-lookup or a draft model"
+        fix = (f"give N > {first}" if first is not None and first + 1 < total else
+               f"{'its only attention layer is the last' if first is not None else 'the decoder has none'}, so no N "
+               "works; use prompt-lookup or a draft model")
         raise ValueError(f"{user}: the first {num_layers} layers are all recurrent; a self-speculative draft needs "
                          f"an attention layer among them to count the cached positions: {fix}")
     view = copy.copy(decoder)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
@@ -74,6 +75,16 @@ class Drafter(ABC):
     needs_transformers_target: ClassVar[bool] = False
     #: the command that trains such a directory (None: ``mmspec train drafter --method NAME``)
     trained_by: ClassVar[str | None] = None
+
+    @classmethod
+    def check_spec_argument(cls, argument: str | None) -> None:
+        """Refuse a spec argument (``"NAME:ARG"``) that :meth:`from_spec` would refuse, before any
+        model loads (one ValueError line); the default checks nothing."""
+
+    @classmethod
+    def holds_saved(cls, directory: Path) -> bool:
+        """Whether ``directory`` holds one of :attr:`saved_layouts` (all of its files)."""
+        return any(all((directory / file).is_file() for file in layout) for layout in cls.saved_layouts)
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:

@@ -42,6 +42,22 @@ def check_draft_length_use(spec: Any, num_draft_tokens: Any) -> None:
     if num_draft_tokens is not None and isinstance(spec, (str, type(None))) and spec in NO_DRAFTER:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} is a drafter's draft length, but drafter={spec!r} is "
                          "plain decoding, which drafts nothing: drop it or name a drafter")
+    check_draft_length_once(spec, num_draft_tokens)
+
+
+def check_draft_length_once(spec: Any, num_draft_tokens: Any) -> None:
+    """Refuse a draft length given both in a spec whose argument is it (``"prompt-lookup:3"``) and
+    as another ``num_draft_tokens`` (one ValueError line, rather than one of them winning silently;
+    the same value twice is accepted)."""
+    if num_draft_tokens is None or not is_drafter_spec(spec):
+        return
+    try:
+        name, argument = split_drafter_spec(spec)
+    except ValueError:
+        return  # (a bad spec: its own check says so)
+    if argument is not None and DRAFTERS[name].spec_argument == "num_draft_tokens" and argument != str(num_draft_tokens):
+        raise ValueError(f"the draft length is given twice: drafter={spec!r} and num_draft_tokens={num_draft_tokens}; "
+                         f"give it once ('{name}:{num_draft_tokens}' or '{name}' with num_draft_tokens)")
 
 
 def spec_drafter_names() -> list[str]:
@@ -91,6 +107,7 @@ def resolve_drafter(spec: Any, target, num_draft_tokens: int | None = None) -> D
     """
     if num_draft_tokens is not None and num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    check_draft_length_once(spec, num_draft_tokens)
     if spec in NO_DRAFTER:
         return None
     if isinstance(spec, Drafter):

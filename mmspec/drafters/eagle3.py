@@ -26,12 +26,16 @@ forward.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from ..core.cache import PreallocatedLayer
 from ..core.drafter import register_drafter
-from ..modeling.eagle3 import CONFIG_FILE, ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE, Eagle3Head, midlayer_parts
+from ..modeling.eagle3 import (CONFIG_FILE, ENGINE_ARCHITECTURES, ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE, Eagle3Head,
+                               midlayer_parts)
 from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
@@ -64,6 +68,20 @@ class _Eagle3Parts:
     #: mmspec's layout, or an engine's (vLLM / SGLang / SpecForge: config.json + model.safetensors)
     saved_layouts = ((CONFIG_FILE,), (ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE))
     trained_by = "mmspec train drafter --method eagle3 --target PATH --data DATA, or give a vLLM / SGLang EAGLE-3 directory"
+
+    @classmethod
+    def holds_saved(cls, directory: Path) -> bool:
+        """mmspec's layout, or an engine's whose config.json names an EAGLE-3 architecture (a plain
+        causal LM's config.json + model.safetensors is a draft model, not a head)."""
+        if (directory / CONFIG_FILE).is_file():
+            return True
+        if not ((directory / ENGINE_CONFIG_FILE).is_file() and (directory / ENGINE_WEIGHTS_FILE).is_file()):
+            return False
+        try:
+            architectures = json.loads((directory / ENGINE_CONFIG_FILE).read_text()).get("architectures") or []
+        except (ValueError, AttributeError):
+            return False
+        return bool(set(architectures) & set(ENGINE_ARCHITECTURES.values()))
 
     @property
     def target_hidden_layer(self) -> tuple[int, ...]:

@@ -76,12 +76,16 @@ class JacobiDrafter(BatchDrafting, Drafter):
     def __init__(self, num_draft_tokens: int = 16, init: str = "random", coupled: bool = False,
                  grid_width: int | None = None) -> None:
         super().__init__(num_draft_tokens)
-        if init not in INIT_STRATEGIES:
-            raise ValueError(f"unknown SJD init {init!r}; choose one of {INIT_STRATEGIES}")
+        self.check_spec_argument(init)
         self.init, self.coupled, self.grid_width = init, coupled, grid_width
         self.carried_tokens: torch.Tensor | None = None
         self.carried_probs: torch.Tensor | None = None
         self.last_draft: Draft | None = None
+
+    @classmethod
+    def check_spec_argument(cls, argument: str | None) -> None:
+        if argument is not None and argument not in INIT_STRATEGIES:
+            raise ValueError(f"unknown SJD init {argument!r}; choose one of {INIT_STRATEGIES}")
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "JacobiDrafter":

@@ -68,14 +68,10 @@ def check_drafter_dir(name: str, argument: str | None) -> None:
         train = DRAFTERS[name].trained_by or f"mmspec train drafter --method {name}"
         raise FileNotFoundError(f"{name}:{argument}: no such directory (give the directory of a trained {name} drafter; "
                                 f"train it with `{train}`)")
-
-    def holds_one(of: tuple[tuple[str, ...], ...]) -> bool:
-        return any(all((path / file).is_file() for file in layout) for layout in of)
-
-    if holds_one(layouts):
+    if DRAFTERS[name].holds_saved(path):
         return
     holds = sorted(other for other, cls in DRAFTERS.items()
-                   if cls.image_tokens_only == DRAFTERS[name].image_tokens_only and holds_one(cls.saved_layouts))
+                   if cls.image_tokens_only == DRAFTERS[name].image_tokens_only and cls.holds_saved(path))
     wanted = " or ".join(" + ".join(layout) for layout in layouts)
     hint = f"; it holds what {' / '.join(holds)} reads: use '{holds[0]}:{argument}'" if holds else ""
     raise ValueError(f"{argument} holds no {name} drafter ({wanted} missing){hint}")

@@ -219,6 +219,7 @@ def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | 
         method = make_caption_method(drafter)
         if method.argument and method.name in DRAFTERS:  # a trained drafter's directory: there, and of its kind
             check_drafter_dir(method.name, method.settings.get(method.argument))
+            DRAFTERS[method.name].check_spec_argument(method.settings.get(method.argument))
         return None
     path = Path(drafter).expanduser()
     if not path.is_dir():

@@ -331,17 +331,13 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
                              "decoder): in Python pass image_tokenizer=ChameleonImageTokenizer(vq, "
                              "ChameleonVQDecoder.from_vqgan_state_dict(...)) with Chameleon's tokenizer/vqgan.ckpt "
                              "(docs/text-to-image.md); the command line cannot load one")
-        if family_kwargs.get("grid") is not None and config.model_type != "emu3":
-            raise ValueError(f"grid= sets an Emu3 model's rows and columns of codes; {model} is a {config.model_type!r} "
-                             "model, whose grid is fixed by its VQ model: drop grid")
+        _check_grid_family(family_kwargs, config.model_type, str(model))
         if isinstance(draft, (str, Path)):  # (loaded on first use: its family checked before the target loads)
             check_same_family(draft, config.model_type, trust_remote_code)
         model = load_complete(getattr(transformers, family), model, dtype, trust_remote_code)
         model = model.to(device).eval()
 
-    if family_kwargs.get("grid") is not None and model.config.model_type != "emu3":  # (a model object)
-        raise ValueError(f"grid= sets an Emu3 model's rows and columns of codes; this is a {model.config.model_type!r} "
-                         "model, whose grid is fixed by its VQ model: drop grid")
+    _check_grid_family(family_kwargs, model.config.model_type, "this")  # (a model object: checked once it is there)
 
     def load_draft(draft) -> GuidedImageTarget:
         if not isinstance(draft, torch.nn.Module):
@@ -399,6 +395,12 @@ def check_grid(grid: Any, model: Any) -> None:
                                                       or (Path(model).expanduser() / MAR_FILE).is_file())):
         raise ValueError("grid= sets an Emu3 model's rows and columns of codes; this model's grid is fixed by its image "
                          "tokenizer: drop grid")
+
+
+def _check_grid_family(family_kwargs: dict, model_type: str, name: str) -> None:
+    if family_kwargs.get("grid") is not None and model_type != "emu3":
+        raise ValueError(f"grid= sets an Emu3 model's rows and columns of codes; {name} is a {model_type!r} model, whose "
+                         "grid is fixed by its VQ model: drop grid")
 
 
 def _load_processor(source: str, trust_remote_code: bool) -> Any:

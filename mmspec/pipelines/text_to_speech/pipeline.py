@@ -59,6 +59,16 @@ def split_clauses(sentence: str) -> list[str]:
     return [piece.strip() for piece in re.split(r"(?<=[,;:])\s+", sentence) if piece and piece.strip()]
 
 
+def sampling_options(components, do_sample: bool, temperature: float | None, top_k: int | None,
+                     top_p: float | None) -> dict[str, Any]:
+    """A call's sampling arguments for :func:`mmspec.generate`: an unset temperature is the voice's
+    own when sampling and 1 (none) when greedy; one given with greedy decoding goes on to be
+    refused there."""
+    if temperature is None:
+        temperature = components.temperature if do_sample else 1.0
+    return {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
 def _summed(stats: list[SpecStats]) -> SpecStats:
     """One generation's stats, or the sum of a split text's generations (their wall times and
     target forwards added, tau over all their steps)."""
@@ -288,8 +298,7 @@ class TextToSpeechPipeline(Pipeline):
             spoken.append(normalized)
             pieces += [(index, piece, inputs) for piece, inputs in cut]
         budget = c.target.stream_length(frames) + 1
-        temperature = c.temperature if temperature is None else temperature
-        sampling = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+        sampling = sampling_options(c, do_sample, temperature, top_k, top_p)
         runs: list[tuple[torch.Tensor, SpecStats]] = []
         baselines: list[tuple[torch.Tensor, SpecStats] | None] = []
         plain = self.make_method("ar")
@@ -357,8 +366,7 @@ class TextToSpeechPipeline(Pipeline):
         frames = self._frames(max_seconds)
         normalized, pieces = self._pieces(text, speed, frames, split)
         budget = c.target.stream_length(frames) + 1
-        sampling = {"do_sample": do_sample, "temperature": c.temperature if temperature is None else temperature,
-                    "top_k": top_k, "top_p": top_p}
+        sampling = sampling_options(c, do_sample, temperature, top_k, top_p)
 
         def chunks() -> Iterator[TextToSpeechChunk]:
             pause = None
