@@ -463,9 +463,11 @@ def optimize_components(*objects: Any, kernel: str = "auto") -> OptimizeReport:
     reports = [optimize(module, kernel) for obj in objects for module in component_modules(obj)]
     kernels = [r.kernel for r in reports if r.kernel != "none"]
     variants = dict.fromkeys(v for r in reports if r.variants for v in r.variants.split(", "))
-    return OptimizeReport(kernels[0] if kernels else "none", sum(r.replaced for r in reports),
-                          sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""),
-                          ", ".join(variants), any(r.prompts for r in reports))
+    report = OptimizeReport(kernels[0] if kernels else "none", sum(r.replaced for r in reports),
+                            sum(r.skipped for r in reports), next((r.reason for r in reports if r.reason), ""),
+                            ", ".join(variants), any(r.prompts for r in reports))
+    report.note()
+    return report
 
 
 @contextmanager

@@ -52,7 +52,7 @@ def cpu_flags() -> frozenset[str]:
         ValueError: ``MMSPEC_CPU_FLAGS`` names a flag this CPU lacks.
     """
     wanted = os.environ.get("MMSPEC_CPU_FLAGS")
-    if wanted is None:
+    if wanted is None or not wanted.strip():  # (set but empty, as a CI matrix may leave it: unset)
         return machine_cpu_flags()
     named = frozenset(wanted.replace(",", " ").split())
     if missing := named - machine_cpu_flags():

@@ -43,6 +43,9 @@ def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
         cpu_flags.cache_clear()
         with pytest.raises(ValueError, match=r"MMSPEC_CPU_FLAGS='avx2,avx512_bf16' names flags this CPU lacks \(avx512_bf16\)"):
             hub.fast_bf16("cpu")
+        monkeypatch.setenv("MMSPEC_CPU_FLAGS", " ")  # set but empty (a CI matrix's blank): unset, not a CPU of no flags
+        cpu_flags.cache_clear()
+        assert hub.fast_bf16("cpu") and cpu_flags() == machine_cpu_flags()
     finally:
         monkeypatch.undo()
         machine_cpu_flags.cache_clear(), cpu_flags.cache_clear()

@@ -2,6 +2,7 @@
 the C kernel is exact to fp32 rounding and batch-invariant, and the transform is explicit."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from tiny_models import FAMILIES, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
+from mmspec.cpu import cpu_flags
 from mmspec.modeling import fast_linear
 from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, default_max_rows, few_rows_linear,
                                          fp32_variants, load_kernel, many_rows_dtypes, optimize, pack_amx, packable)
@@ -197,10 +199,18 @@ def test_the_bf16_kernel_is_chosen_once_per_process(monkeypatch):
             assert bf16_variants()[0] == wanted
         monkeypatch.setenv("MMSPEC_BF16_KERNEL", "sse")
         bf16_variants.cache_clear()
-        with pytest.raises(ValueError, match="MMSPEC_BF16_KERNEL='sse': this machine runs the bf16 kernels"):
+        with pytest.raises(ValueError, match="MMSPEC_BF16_KERNEL='sse': name amx or avx512bf16, or unset it"):
+            bf16_variants()
+        monkeypatch.setenv("MMSPEC_BF16_KERNEL", "amx")  # on a CPU run as one without bf16 (was silently unused)
+        monkeypatch.setenv("MMSPEC_CPU_FLAGS", "avx2,fma")
+        cpu_flags.cache_clear()
+        bf16_variants.cache_clear()
+        with pytest.raises(ValueError, match="MMSPEC_BF16_KERNEL='amx': this CPU has no bf16 kernel"):
             bf16_variants()
     finally:
         monkeypatch.delenv("MMSPEC_BF16_KERNEL")
+        monkeypatch.delenv("MMSPEC_CPU_FLAGS", raising=False)
+        cpu_flags.cache_clear()
         bf16_variants.cache_clear()
 
 
@@ -309,6 +319,46 @@ def test_an_unwritable_kernel_cache_means_the_pytorch_forms_with_a_note(tmp_path
         load_kernel()
     kernel, reason = fast_linear.choose_kernel("auto")
     assert kernel == "transposed" and "MMSPEC_CACHE" in reason
+
+
+def test_a_compiler_that_cannot_run_and_a_corrupt_library_are_named(tmp_path, monkeypatch):
+    """A bad CC was reported as an unwritable cache (and CC="gcc -O2" was one program's name); a
+    truncated cached library ended every command with ctypes' "file too short": built again once."""
+    import shutil
+
+    import mmspec.modeling.fast_linear as fast_linear
+
+    if not {"avx2", "fma"} <= fast_linear.cpu_flags():
+        pytest.skip("no AVX2 + FMA: the kernels are unavailable before the compiler is reached")
+    built = Path(load_kernel()._name)  # (this process' library: copied in place of a build)
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(fast_linear, "_LIBRARY", None)
+    for cc, said in (("/nonexistent/gcc -O2", "the C compiler '/nonexistent/gcc -O2' cannot be run"),
+                     ("false", "building the few-row C kernel failed: false exited with status 1")):
+        monkeypatch.setenv("CC", cc)
+        with pytest.raises(KernelUnavailable, match=said):
+            load_kernel()
+    monkeypatch.delenv("CC")
+    target = tmp_path / "kernels" / built.name
+    target.write_bytes(b"")  # truncated
+    builds = []
+    monkeypatch.setattr(fast_linear, "_build", lambda compiler, path: builds.append(shutil.copy(built, path)))
+    assert Path(load_kernel()._name) == target and len(builds) == 1
+
+
+def test_the_pytorch_forms_say_why_once_and_the_stats_keep_it(monkeypatch):
+    import warnings
+
+    import mmspec.modeling.fast_linear as fast_linear
+
+    monkeypatch.setattr(fast_linear, "_NOTED", set())
+    report = fast_linear.OptimizeReport("transposed", 2, 1, "no C compiler here")
+    with pytest.warns(UserWarning, match=r"the C kernels are not used \(no C compiler here\); PyTorch's forms run"):
+        report.note()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.note()  # (once per process and reason)
+    assert report.label == "transposed; C kernels not used: no C compiler here"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -24,7 +24,7 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
     shown = default_model or "the embedded default"
     parser.add_argument("--model", default=default_model, help=f"built-in name, local path or hub id (default: {shown})")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast: GPU, CPU with AMX; else fp32) | bf16 | fp32 | fp16")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast: GPU, CPU with AVX512-BF16 or AMX; else fp32) | bf16 | fp32 | fp16")
     add_optimize_arg(parser)
 
 

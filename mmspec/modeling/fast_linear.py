@@ -58,10 +58,13 @@ import ctypes
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +94,9 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", 
 _LIBRARY: ctypes.CDLL | None = None
 
 
+_NOTED: set[str] = set()  # the reasons OptimizeReport.note warned about in this process
+
+
 class KernelUnavailable(RuntimeError):
     """The C kernel cannot be built or loaded on this machine (the message says why)."""
 
@@ -112,25 +118,24 @@ def load_kernel() -> ctypes.CDLL:
         raise KernelUnavailable(f"the C kernels' sources are missing from this install ({SOURCES_DIR}/*.c); "
                                 "reinstall mmspec from a clone (`bash scripts/install.sh`)")
     if not {"avx2", "fma"} <= cpu_flags():
-        raise KernelUnavailable("the few-row C kernel needs an x86-64 CPU with AVX2 and FMA")
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise KernelUnavailable("the few-row C kernel needs a C compiler (gcc); install it, or use kernel='transposed'")
+        named = " (MMSPEC_CPU_FLAGS leaves them out)" if os.environ.get("MMSPEC_CPU_FLAGS", "").strip() else ""
+        raise KernelUnavailable(f"the few-row C kernel needs an x86-64 CPU with AVX2 and FMA{named}")
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("gcc") or shutil.which("cc") or ""]
+    if not compiler[0]:
+        raise KernelUnavailable("the few-row C kernel needs a C compiler (gcc); install it (apt-get install gcc) for "
+                                "the fast kernels")
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / f"few_rows-{digest}.so"
-    if not path.exists():
+    for attempt in range(2):
+        if not path.exists():
+            _build(compiler, path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: atomic
-                built = Path(tmp) / path.name
-                result = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True, text=True)
-                if result.returncode != 0:
-                    raise KernelUnavailable(f"building the few-row C kernel failed: {result.stderr.strip()[:300]}")
-                built.replace(path)
-        except OSError as error:  # a read-only or missing HOME: the PyTorch forms run instead
-            raise KernelUnavailable(f"the C kernels' cache {path.parent} cannot be written ({error.strerror or error}); "
-                                    "set MMSPEC_CACHE to a writable directory to use them") from error
-    library = ctypes.CDLL(str(path))
+            library = ctypes.CDLL(str(path))
+            break
+        except OSError as error:  # a truncated or foreign file where the library should be: built again, once
+            if attempt:
+                raise KernelUnavailable(f"the C kernels' library {path} does not load ({error}); delete it") from error
+            path.unlink(missing_ok=True)
     for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_avx512_packed,
                      library.few_rows_linear_bf16, library.few_rows_linear_bf16_packed, library.few_rows_linear_amx,
                      library.few_rows_linear_amx_packed):
@@ -150,6 +155,33 @@ def load_kernel() -> ctypes.CDLL:
     return library
 
 
+def _build(compiler: list[str], path: Path) -> None:
+    """Compile the kernels' sources into ``path`` (built in a folder beside it, then moved: atomic
+    when several processes build at once), saying so on stderr (it takes ~20 s, once per source)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.TemporaryDirectory(dir=path.parent)
+    except OSError as error:  # a read-only or missing HOME: the PyTorch forms run instead
+        raise KernelUnavailable(f"the C kernels' cache {path.parent} cannot be written ({error.strerror or error}); "
+                                "set MMSPEC_CACHE to a writable directory to use them") from error
+    for stale in path.parent.glob("tmp*"):  # a build killed midway leaves its folder: cleared after an hour
+        if stale.is_dir() and time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    print(f"mmspec: building the C kernels into {path.parent} (once, ~20 s)", file=sys.stderr, flush=True)
+    with probe as tmp:
+        built = Path(tmp) / path.name
+        try:
+            result = subprocess.run([*compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True,
+                                    text=True)
+        except OSError as error:
+            raise KernelUnavailable(f"the C compiler {' '.join(compiler)!r} cannot be run ({error.strerror or error}); "
+                                    "install gcc or point CC at a compiler") from error
+        if result.returncode != 0:
+            said = result.stderr.strip()[:300] or f"{compiler[0]} exited with status {result.returncode}"
+            raise KernelUnavailable(f"building the few-row C kernel failed: {said}")
+        built.replace(path)
+
+
 def bf16_kernel_available() -> bool:
     """Whether the CPU runs a bf16 kernel (AVX512-BF16; AMX-BF16 CPUs have it too)."""
     return "avx512_bf16" in cpu_flags()
@@ -164,12 +196,16 @@ def bf16_variants() -> tuple[str, ...]:
     Raises:
         ValueError: ``MMSPEC_BF16_KERNEL`` names a kernel this machine does not run.
     """
+    wanted = os.environ.get("MMSPEC_BF16_KERNEL", "")
+    if wanted and wanted not in ("amx", "avx512bf16"):  # (named before anything is built or read)
+        raise ValueError(f"MMSPEC_BF16_KERNEL={wanted!r}: name amx or avx512bf16, or unset it")
     if not bf16_kernel_available():
+        if wanted:
+            raise ValueError(f"MMSPEC_BF16_KERNEL={wanted!r}: this CPU has no bf16 kernel (no AVX512-BF16); unset it")
         return ()
     variants = ("avx512bf16",)
     if {"amx_bf16", "amx_tile"} <= cpu_flags() and load_kernel().few_rows_amx_init() == 0:
         variants = ("amx", *variants)
-    wanted = os.environ.get("MMSPEC_BF16_KERNEL", "")
     if wanted:
         if wanted not in variants:
             raise ValueError(f"MMSPEC_BF16_KERNEL={wanted!r}: this machine runs the bf16 kernels {variants}; "
@@ -514,12 +550,21 @@ class OptimizeReport:
     @property
     def label(self) -> str:
         """The kernel and its variants, as stats record it: "c (bf16 amx)", "transposed", "none";
-        "+ onednn prompts" where prompts take oneDNN's reordered weights."""
-        return (f"{self.kernel} ({self.variants})" if self.variants else self.kernel) + (" + onednn prompts" if self.prompts else "")
+        "+ onednn prompts" where prompts take oneDNN's reordered weights; why the C kernels were not
+        used, where they were not."""
+        label = (f"{self.kernel} ({self.variants})" if self.variants else self.kernel) + (" + onednn prompts" if self.prompts else "")
+        return label + (f"; C kernels not used: {self.reason}" if self.reason else "")
+
+    def note(self) -> None:
+        """Warn, once per process and reason, that the C kernels were not used and why (the PyTorch
+        forms run instead, slower; a bf16 model's linears stay as loaded)."""
+        if self.reason and self.reason not in _NOTED:
+            _NOTED.add(self.reason)
+            warnings.warn(f"the C kernels are not used ({self.reason}); PyTorch's forms run instead, slower",
+                          UserWarning, stacklevel=3)
 
     def summary(self) -> str:
-        text = f"few-row linears: {self.replaced} replaced ({self.label}), {self.skipped} left as they were"
-        return text + (f"; {self.reason}" if self.reason else "")
+        return f"few-row linears: {self.replaced} replaced ({self.label}), {self.skipped} left as they were"
 
 
 def choose_kernel(kernel: str) -> tuple[str, str]:
@@ -634,9 +679,13 @@ class OptimizesOnLoad:
     linears: str = "as loaded"
 
     def prepare(self, network: nn.Module) -> None:
+        """:func:`optimize` ``network`` (with ``optimize``); ``linears`` gathers each distinct label."""
         if self.optimize:
             report = optimize(network)
-            self.linears = report.label if report.kernel != "none" else self.linears
+            report.note()
+            if report.kernel != "none":
+                labels = [] if self.linears == "as loaded" else self.linears.split(" | ")
+                self.linears = " | ".join(dict.fromkeys([*labels, report.label]))
 
 
 def build() -> None:

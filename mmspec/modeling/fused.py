@@ -47,6 +47,9 @@ from .kernel_ids import Int8Path, LinearKernel
 #: up to 128 rows: the voice's 92-row prompt 8.3 -> 5.6 ms (docs/benchmarks.md)
 AMX_FUSED_ROWS = 128
 
+#: what the fused layer's 16-lane activations are compiled for (layer.c's WIDE_TARGET)
+WIDE_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
 
 class LayerSpec(ctypes.Structure):
     """The C ``LayerSpec`` (kernels/layer.c): what does not change from call to call."""
@@ -246,7 +249,7 @@ def _build(layer: nn.Module, parts_of: Callable[[nn.Module], tuple | None]) -> L
                      wu=up_w.data_ptr(), wd=down_w.data_ptr(), D=norm1.shape[0], H=heads, Hkv=kv_heads,
                      hd=head_dim, I=gate.out_features, eps1=eps1, eps2=eps2, scale=scale, rope=rope,
                      bf16=int(dtype == torch.bfloat16), linear=LinearKernel.variant(kernel),
-                     wide=int("avx512f" in cpu_flags()))
+                     wide=int(WIDE_FLAGS <= cpu_flags()))
     keep = (norm1, norm2, *weights, *(m.bias for m in linears if m.bias is not None))
     rows = min(m.max_rows for m in linears)
     if variants[0] == "amx" and rows >= default_max_rows("c", torch.bfloat16):  # (a smaller limit was asked for)

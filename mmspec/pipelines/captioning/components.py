@@ -117,7 +117,8 @@ def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch
 def check_cuda_graphs(cuda_graphs: bool, device: torch.device) -> None:
     """CUDA graphs need a CUDA device (checked before the model loads)."""
     if cuda_graphs and device.type != "cuda":
-        raise ValueError(f"cuda_graphs needs a CUDA device, got {device}; pass device='cuda' or drop cuda_graphs")
+        raise ValueError(f"cuda_graphs needs a CUDA device, got {device}; pass device='cuda' (--device cuda) or drop "
+                         "cuda_graphs (--cuda-graphs)")
 
 
 @dataclass

@@ -17,8 +17,10 @@ def check_prompt(prompt: Any) -> None:
 
 @lru_cache(maxsize=2)
 def shared_text_encoder(num_layers: int, device: torch.device):
-    """One frozen text encoder per (depth, device) and process (pipelines share it)."""
+    """One frozen text encoder per (depth, device) and process (pipelines share it), in float32
+    whatever the generator's dtype: a prompt's features, so an image, do not depend on whether this
+    CPU computes bf16 fast (it was "auto": bf16 on AVX-512-BF16 / AMX CPUs, fp32 elsewhere)."""
     from ...modeling.text_encoder import SmolTextEncoder
 
-    return SmolTextEncoder(num_layers).to(device)
+    return SmolTextEncoder(num_layers, dtype=torch.float32).to(device)
 
