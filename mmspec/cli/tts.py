@@ -323,6 +323,28 @@ def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
     return audio
 
 
+def write_file_stream(wav, chunks, rate: int, channels: int, on_chunk) -> list[torch.Tensor]:
+    """``--stream --out FILE``: into the open binary file ``wav``, each chunk's samples appended and
+    the header's sizes rewritten to count them, then flushed (a reader, or a copy of the file
+    taken midway, finds a valid WAV of the chunks so far; soundfile's flush leaves its header's
+    sizes 0 until the file closes). ``on_chunk(chunk)`` after each. Returns the chunks' audio."""
+    from ..adapters.audio.codec import pcm16, wav_header
+
+    audio, written = [], 0
+    wav.write(wav_header(rate, 0, channels))
+    for chunk in chunks:
+        samples = pcm16(chunk.audio)
+        wav.write(samples)
+        written += len(samples)
+        wav.seek(0)
+        wav.write(wav_header(rate, written, channels))
+        wav.seek(0, 2)
+        wav.flush()
+        audio.append(chunk.audio)
+        on_chunk(chunk)
+    return audio
+
+
 def _rewritable(out, written: int) -> bool:
     """Whether the header before the ``written`` bytes of samples can be written over: a seekable
     output that our header begins (not appended to: with O_APPEND a write after a seek lands at
@@ -339,15 +361,13 @@ def _rewritable(out, written: int) -> bool:
 
 
 def run_stream(args, pipe, text: str) -> int:
-    """``--stream``: each sentence's audio appended to ``<out>.part`` as it is ready (soundfile
-    rewrites the header on each flush, so the file is a valid WAV after every chunk), the
+    """``--stream``: each sentence's audio appended to ``<out>.part`` as it is ready (its header
+    rewritten after each chunk, so the file is a valid WAV of what it holds after every chunk), the
     spectrogram written and the file renamed to ``<out>`` at the end; on any failure the .part
     file is removed. ``--out -``: each sentence written to standard output instead
     (:func:`write_stdout_stream`). Prints the time to first audio (from the call, the voice
     already loaded)."""
     import os
-
-    import soundfile
 
     from .output import WRITE_ERRORS, check_writable_path, output_error
 
@@ -374,17 +394,13 @@ def run_stream(args, pipe, text: str) -> int:
         try:
             try:
                 part.parent.mkdir(parents=True, exist_ok=True)
-                wav = soundfile.SoundFile(str(part), "w", samplerate=rate, channels=pipe.channels, subtype="PCM_16", format="WAV")
+                wav = open(part, "wb")
             except WRITE_ERRORS as error:
                 raise output_error(part, error) from None
             try:
                 with wav:
-                    for chunk in chunks:
-                        wav.write(chunk.audio.T.clamp(-1.0, 1.0).numpy())  # [samples, channels]
-                        wav.flush()  # the header now counts this chunk's samples: a valid WAV so far
-                        audio.append(chunk.audio)
-                        record_chunk(chunk)
-            except soundfile.SoundFileError as error:  # (a full disk mid-stream; the voice's own errors pass)
+                    audio = write_file_stream(wav, chunks, rate, pipe.channels, record_chunk)
+            except OSError as error:  # (a full disk mid-stream; the voice's own errors pass)
                 raise output_error(out, error) from None
             whole = torch.cat(audio, dim=-1)
             said = " ".join(r["text"] for r in records)
