@@ -73,6 +73,26 @@ def test_a_resume_with_other_settings_or_changed_inputs_is_refused(tmp_path):
         ShardedResults(out, ["a", "b"], "path", input_fields={"a": {"prompt": "y"}})
 
 
+def test_an_interrupted_retry_leaves_one_record_per_input_and_says_how_many_failed(tmp_path):
+    """Ctrl-C during --retry-errors left a retried input's failed record and its new one (92 lines
+    for 81 inputs), and counted failed rows as finished."""
+    from mmspec.cli.dataset import interrupted_rows
+
+    out = tmp_path / "out.jsonl"
+    rows = [{"path": "a", "text": "A."}, {"path": "b", "error": "x"}, {"path": "c", "error": "x"}, {"path": "z", "text": "Z."}]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    retry = ShardedResults(out, ["a", "b", "c"], "path", retry_errors=True)
+    assert retry.todo == ["b", "c"] and retry.retried == 2
+    retry.write({"path": "b", "text": "B."})  # ... then interrupted: no finish()
+    retry._file.close()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["path"] for r in lines) == ["a", "b", "z"] and {"path": "b", "text": "B."} in lines
+    assert interrupted_rows(out, "path", "CMD").startswith(f"3 finished rows are saved in {out}; rerun")
+    out.write_text(out.read_text() + json.dumps({"path": "c", "error": "y"}) + "\n")
+    said = interrupted_rows(out, "path", "CMD")
+    assert "4 finished rows are saved" in said and "(1 of them failed)" in said
+
+
 class FakeProcess:
     def __init__(self, rank, world):
         self.rank, self.world, self.device = rank, world, None

@@ -178,6 +178,10 @@ class ShardedResults:
         self.done = {x: r for x, r in self.done.items() if x not in failed}
         self.todo = [x for x in mine if x not in self.done]
         self._file = None
+        if failed and world == 1 and self.out.is_file():  # the failed rows out first (replaced whole): an
+            held = read_records(self.out, key)  # interrupted retry leaves one record per input, not two
+            with OutputFiles() as files:
+                files.write_text(self.out, "".join(json.dumps(r) + "\n" for x, r in held.items() if x not in failed))
 
     @property
     def settings_file(self) -> Path:
@@ -268,11 +272,11 @@ def failed_rows_exit(records: list[dict[str, Any]], where: str, retry: bool = Tr
     return 2 if failed else 0
 
 
-def count_rows(out: str | os.PathLike, key: str) -> int:
-    """The inputs with a complete record in ``out`` and its processes' parts (read only: what
-    Ctrl-C left)."""
+def count_rows(out: str | os.PathLike, key: str) -> tuple[int, int]:
+    """(inputs with a complete record in ``out`` and its processes' parts, of which failed: their
+    last record holds an ``error``) -- read only: what Ctrl-C left."""
     out = Path(out)
-    done: set[Any] = set()
+    done: dict[Any, bool] = {}
     for path in [out, *out.parent.glob(f"{glob.escape(out.name)}.rank-*-of-*")]:
         try:
             data = path.read_bytes() if path.is_file() else b""
@@ -280,18 +284,21 @@ def count_rows(out: str | os.PathLike, key: str) -> int:
             continue
         for line in data[: data.rfind(b"\n") + 1].decode(errors="replace").splitlines():
             try:
-                done.add(json.loads(line)[key])
+                record = json.loads(line)
+                done[record[key]] = "error" in record
             except (ValueError, KeyError, TypeError):
                 continue
-    return len(done)
+    return len(done), sum(done.values())
 
 
 def interrupted_rows(out: str | os.PathLike, key: str, command: str) -> str:
     """What Ctrl-C left of a run that streams rows to ``out``, and how to resume it (one line)."""
-    count = count_rows(out, key)
+    count, failed = count_rows(out, key)
     if not count:
         return f"no row was finished, nothing was saved; rerun the same command to start again: {command}"
-    return f"{count} finished row{'s are' if count != 1 else ' is'} saved in {out}; rerun the same command to resume: {command}"
+    of_which = f" ({failed} of them failed)" if failed else ""
+    return (f"{count} finished row{'s are' if count != 1 else ' is'} saved in {out}{of_which}; rerun the same command "
+            f"to resume: {command}")
 
 
 class Progress:
