@@ -232,6 +232,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
         async def chunks() -> AsyncIterator[bytes]:
             for start in range(0, len(body), AUDIO_CHUNK):
+                if await request.is_disconnected():  # (a client gone: no more writes to its dead socket)
+                    return
                 yield body[start : start + AUDIO_CHUNK]
 
         return StreamingResponse(chunks(), media_type=media, headers=headers)
