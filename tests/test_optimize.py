@@ -353,7 +353,7 @@ def test_the_pytorch_forms_say_why_once_and_the_stats_keep_it(monkeypatch):
 
     monkeypatch.setattr(fast_linear, "_NOTED", set())
     report = fast_linear.OptimizeReport("transposed", 2, 1, "no C compiler here")
-    with pytest.warns(UserWarning, match=r"the C kernels are not used \(no C compiler here\); PyTorch's forms run"):
+    with pytest.warns(UserWarning, match=r"PyTorch's forms run instead of the C kernels, slower: no C compiler here"):
         report.note()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

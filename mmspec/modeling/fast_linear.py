@@ -122,8 +122,7 @@ def load_kernel() -> ctypes.CDLL:
         raise KernelUnavailable(f"the few-row C kernel needs an x86-64 CPU with AVX2 and FMA{named}")
     compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("gcc") or shutil.which("cc") or ""]
     if not compiler[0]:
-        raise KernelUnavailable("the few-row C kernel needs a C compiler (gcc); install it (apt-get install gcc) for "
-                                "the fast kernels")
+        raise KernelUnavailable("the few-row C kernel needs a C compiler: install gcc (apt-get install gcc)")
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / f"few_rows-{digest}.so"
     for attempt in range(2):
@@ -560,8 +559,8 @@ class OptimizeReport:
         forms run instead, slower; a bf16 model's linears stay as loaded)."""
         if self.reason and self.reason not in _NOTED:
             _NOTED.add(self.reason)
-            warnings.warn(f"the C kernels are not used ({self.reason}); PyTorch's forms run instead, slower",
-                          UserWarning, stacklevel=3)
+            warnings.warn(f"PyTorch's forms run instead of the C kernels, slower: {self.reason}", UserWarning,
+                          stacklevel=3)
 
     def summary(self) -> str:
         return f"few-row linears: {self.replaced} replaced ({self.label}), {self.skipped} left as they were"
