@@ -1,10 +1,26 @@
-"""mmspec: fast autoregressive multimodal generation with one speculative draft/verify core."""
+"""mmspec: fast autoregressive multimodal generation with one speculative draft/verify core.
 
-from .api import GenerateOutput, generate
-from .core.sampling import SamplingConfig
-from .core.stats import SpecStats
-from .modeling.fast_linear import optimize
-from .pipelines import pipeline
+The names below load on first use (PEP 562), so that ``import mmspec.cli`` -- the ``mmspec``
+command's entry -- is quick and a Ctrl-C while PyTorch and transformers load is the command's
+one line, not a traceback from inside the import."""
+
+import importlib
 
 __version__ = "0.1.0"
 __all__ = ["GenerateOutput", "SamplingConfig", "SpecStats", "generate", "optimize", "pipeline", "__version__"]
+
+#: public name -> the module that defines it
+_HOMES = {"GenerateOutput": ".api", "generate": ".api", "SamplingConfig": ".core.sampling", "SpecStats": ".core.stats",
+          "optimize": ".modeling.fast_linear", "pipeline": ".pipelines"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

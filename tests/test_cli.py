@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -412,3 +413,25 @@ def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_pat
     else:
         pytest.fail("no sampled run differed from plain decoding's draws")
     assert difference_note(False, False) is None and "half precision" in difference_note(False, True)
+
+
+def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(monkeypatch, capsys):
+    """Ctrl-C while numpy loaded inside transformers' lazy import surfaced as its ModuleNotFoundError,
+    a 90-line traceback with exit 1 (the stop-77 audit); the command's handlers know the signal came."""
+    import os
+    import signal
+
+    import mmspec.cli.generate as generate_cli
+
+    def interrupted_inside_a_library(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ModuleNotFoundError("Could not import module 'SmolVLMForConditionalGeneration'") from None
+        return 0
+
+    monkeypatch.setattr(generate_cli, "run_generate_command", interrupted_inside_a_library)
+    assert main(["generate", "hi"]) == 130
+    assert capsys.readouterr().err == "mmspec: interrupted; nothing was saved\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (given back)

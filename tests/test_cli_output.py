@@ -261,7 +261,7 @@ def test_image_drafter_refuses_another_recipes_out_before_writing_data(tmp_path,
 
 
 def test_a_t2i_bench_resume_names_the_setting_that_differs(tmp_path, capsys):
-    """``mmspec bench t2i --window 8`` over a file measured at the default window says so."""
+    """``mmspec bench t2i --window 16`` over a file measured at the methods' own windows says so."""
     results = tmp_path / "t2i.json"
     argv = ["bench", "t2i", "--methods", "ar", "--prompts", "1", "--rounds", "1", "--threads", "1", "--results", str(results)]
     assert main(argv) == 2  # (a Frechet distance over one image: refused before the model loads)
@@ -269,6 +269,6 @@ def test_a_t2i_bench_resume_names_the_setting_that_differs(tmp_path, capsys):
     argv.append("--no-quality")
     assert main(argv) == 0
     capsys.readouterr()
-    assert main([*argv, "--window", "8"]) == 2
+    assert main([*argv, "--window", "16"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "holds results of other settings (window 16 there, 8 now)" in err
+    assert err.count("\n") == 1 and "holds results of other settings (window None there, 16 now)" in err

@@ -237,7 +237,11 @@ def test_export_round_trip(tiny, tmp_path, fmt):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    for out, match in ((model, "holds a model's config.json that is no EAGLE-3 export"), (tmp_path / "own", "holds an mmspec EAGLE-3 head")):
+    notes = tmp_path / "notes"  # (any other files: the stop-77 audit exported into the captioner's own folder)
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep")
+    for out, match in ((model, "holds a model's config.json that is no EAGLE-3 export"), (tmp_path / "own", "holds an mmspec EAGLE-3 head"),
+                       (notes, "holds other files; exporting would mix them")):
         before = sorted(p.name for p in out.iterdir())
         with pytest.raises(ValueError, match=match):
             head.export(out, fmt)

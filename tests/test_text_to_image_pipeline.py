@@ -14,7 +14,7 @@ from mmspec.cli import main
 from mmspec.modeling.heads import ImageEagleConfig, ImageEagleHead
 from mmspec.modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from mmspec.modeling.vq import VQConfig, VQTokenizer
-from mmspec.pipelines.text_to_image import METHODS
+from mmspec.pipelines.text_to_image import METHODS, make_method
 
 
 def own(method, **settings):
@@ -220,6 +220,13 @@ def test_bench_runs_methods_on_shared_components(model_dir, tmp_path, capsys):
     summary = json.loads(results.read_text())["summary"]
     assert summary["ar"]["exact"] and not summary["lantern:draft/k=4"]["exact"]
     assert summary["sjd:vertical"]["speedup"] > 0 and "| lantern:draft/k=4 |" in capsys.readouterr().out
+    assert summary["sjd:vertical"]["settings"]["window"] == 4
+    # without --window / --delta: the methods' own defaults, as the pipeline runs them (the bench ran 16 / 0.1)
+    assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd,lantern:draft", "--prompts", "1",
+                 "--rounds", "1", "--threads", "1", "--no-quality", "--results", str(tmp_path / "defaults.json")]) == 0
+    settings = {spec: row["settings"] for spec, row in json.loads((tmp_path / "defaults.json").read_text())["summary"].items()}
+    assert settings["sjd"]["window"] == make_method("sjd").settings["window"] == 8
+    assert settings["lantern:draft"]["delta"] == make_method("lantern:draft").settings["delta"] == 0.05
     assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,lantern/delta=nan",
                  "--results", str(tmp_path / "other.json")]) == 2  # refused before the model loads
 

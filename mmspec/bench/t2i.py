@@ -55,9 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=float, default=3.0)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=None, help="default: the full codebook")
-    parser.add_argument("--window", type=int, default=16, help="SJD's window L")
+    parser.add_argument("--window", type=int, default=None,
+                        help="SJD's window L (default: the method's, as the pipeline runs it; before stop 77 this "
+                             "benchmark ran 16)")
     parser.add_argument("--num-draft-tokens", type=int, default=4, help="a chain's draft length K, or EAGLE-2's tree depth")
-    parser.add_argument("--delta", type=float, default=0.1, help="LANTERN's TV bound")
+    parser.add_argument("--delta", type=float, default=None,
+                        help="LANTERN's TV bound (default: the method's; before stop 77 this benchmark ran 0.1)")
     parser.add_argument("--lam", type=float, default=None, help="LANTERN++'s ratio bound (default: the method's)")
     parser.add_argument("--neighbours-k", type=int, default=None,
                         help="codebook neighbours per code, LANTERN's k (default: the method's)")
@@ -248,7 +251,7 @@ def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], 
         time_ = sum(c["time"] for c in cells)
         row = {"time_s": time_, "step_compression": sum(c["tokens"] for c in cells) / sum(c["forwards"] for c in cells),
                "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None,
-               "exact": method.exact}
+               "exact": method.exact, "settings": {k: v for k, v in method.settings.items() if v is not None}}
         if metric is not None:
             per_round_fd, per_round_score = [], []
             for r in range(rounds):
@@ -263,8 +266,9 @@ def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], 
 
 
 def markdown_table(summary: dict, meta: dict) -> str:
+    window = meta["window"] or "the method's"
     lines = [f"{meta['prompts']} prompts x {meta['rounds']} rounds, CFG {meta['guidance_scale']}, temperature "
-             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {meta['window']}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)"
+             f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {window}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)"
              + (", CUDA graphs" if meta.get("cuda_graphs") else "") + (f", {meta['machine']['dtype']}, {machine_line(meta['machine'])}" if "machine" in meta else ""), "",
              "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
              "|---|---|---|---|---|---|"]

@@ -13,8 +13,6 @@ import threading
 import warnings
 from contextlib import contextmanager
 
-from ..hub import MissingDependencyError
-from .args import check_args
 
 #: modules that define a subcommand, in the order of ``mmspec --help``
 SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
@@ -79,21 +77,30 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextmanager
-def sigterm_interrupts():
-    """SIGTERM raises :class:`Terminated` while the block runs (in the main thread only: Python
-    delivers signals there), the previous handler back afterwards."""
+def signals_noted(seen: list[int]):
+    """While the block runs (in the main thread only: Python delivers signals there), SIGTERM
+    raises :class:`Terminated` and SIGINT ``KeyboardInterrupt``, each noted in ``seen``: a library
+    that turns the interrupt into another error (transformers' lazy imports, interrupted while
+    numpy loads, raise ModuleNotFoundError) is still known as an interrupt. The previous handlers
+    come back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminate(signum, frame):
+        seen.append(signum)
         raise Terminated()
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    def interrupt(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, terminate), signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,32 +109,44 @@ def main(argv: list[str] | None = None) -> int:
     0: done. 2: a user error (a bad argument, a file that cannot be read or written, rows that
     failed): one line ``mmspec: error: ...`` on stderr, no traceback. 130: interrupted (Ctrl-C),
     143: terminated (SIGTERM): one line saying what was saved and how to resume (the subcommand's
-    ``interrupted(args, command)`` default; "nothing was saved" without one).
+    ``interrupted(args, command)`` default; "nothing was saved" without one), from the first
+    moment (PyTorch and transformers load inside).
     """
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # named by the subcommand whose --help lists the right ones
-        where = " ".join(a for a in ("mmspec", args.command, getattr(args, "suite", None), getattr(args, "recipe", None))
-                         if isinstance(a, str))
-        parser.exit(2, f"mmspec: error: unrecognized arguments: {' '.join(unknown)} (see {where} --help)\n")
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.parse_args([*argv, "--help"])
-        return 0
+    seen: list[int] = []
+    args = None
     try:
-        with warnings.catch_warnings(), sigterm_interrupts():  # (both undone afterwards: tests run commands in-process)
+        with warnings.catch_warnings(), signals_noted(seen):  # (both undone afterwards: tests run commands in-process)
+            parser = build_parser()
+            from .args import check_args
+
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:  # named by the subcommand whose --help lists the right ones
+                where = " ".join(a for a in ("mmspec", args.command, getattr(args, "suite", None),
+                                             getattr(args, "recipe", None)) if isinstance(a, str))
+                parser.exit(2, f"mmspec: error: unrecognized arguments: {' '.join(unknown)} (see {where} --help)\n")
+            handler = getattr(args, "handler", None)
+            if handler is None:
+                parser.parse_args([*argv, "--help"])
+                return 0
             warnings.showwarning = one_line_warnings(warnings.showwarning)
             check_args(args)  # device, counts, output paths: before any model loads
             return handler(args)
-    except (ValueError, OSError, MissingDependencyError) as error:
-        # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
-        print(f"mmspec: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, Terminated)
-        print(f"mmspec: {'terminated' if terminated else 'interrupted'}; {interrupted_note(args, argv)}", file=sys.stderr)
-        return TERMINATED if terminated else INTERRUPTED
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as error:
+        if seen or isinstance(error, KeyboardInterrupt):
+            terminated = signal.SIGTERM in seen or isinstance(error, Terminated)
+            note = interrupted_note(args, argv) if args is not None else "nothing was saved"
+            print(f"mmspec: {'terminated' if terminated else 'interrupted'}; {note}", file=sys.stderr)
+            return TERMINATED if terminated else INTERRUPTED
+        from ..hub import MissingDependencyError
+
+        if isinstance(error, (ValueError, OSError, MissingDependencyError)):
+            # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
+            print(f"mmspec: error: {error}", file=sys.stderr)
+            return 2
+        raise
 
 
 def interrupted_note(args: argparse.Namespace, argv: list[str]) -> str:

@@ -53,22 +53,25 @@ ENGINE_ARCHITECTURES = {"vllm-eagle3": "Eagle3LlamaForCausalLM", "sglang-eagle3"
 
 
 def check_export_directory(directory: str | Path) -> None:
-    """Raise ValueError (one line) where writing an engine export into ``directory`` would replace
-    what it did not write: a model's ``config.json`` / ``model.safetensors`` (any but an EAGLE-3
-    export's), or an mmspec head's own directory."""
+    """Raise ValueError (one line) where ``directory`` is neither new, empty nor an earlier engine
+    export (its ``config.json`` naming an EAGLE-3 architecture): writing there would replace or mix
+    with what the export did not write (a model's files, an mmspec head's own directory)."""
     directory = Path(directory)
     if (directory / CONFIG_FILE).is_file():
         raise ValueError(f"{directory} holds an mmspec EAGLE-3 head ({CONFIG_FILE}); export into a new directory")
     config, weights = directory / ENGINE_CONFIG_FILE, directory / ENGINE_WEIGHTS_FILE
-    if not (config.is_file() or weights.is_file()):
+    if not directory.is_dir() or not any(directory.iterdir()):
         return
     try:
         architectures = set(json.loads(config.read_text()).get("architectures") or []) if config.is_file() else set()
     except (OSError, ValueError, AttributeError):
         architectures = set()
-    if not architectures & set(ENGINE_ARCHITECTURES.values()):
-        raise ValueError(f"{directory} holds a model's {ENGINE_CONFIG_FILE if config.is_file() else ENGINE_WEIGHTS_FILE} "
-                         f"that is no EAGLE-3 export; exporting would overwrite it: pass a new or empty directory as --out")
+    if architectures & set(ENGINE_ARCHITECTURES.values()):
+        return  # an earlier export: replaced
+    held = (f"a model's {ENGINE_CONFIG_FILE if config.is_file() else ENGINE_WEIGHTS_FILE} that is no EAGLE-3 export"
+            if config.is_file() or weights.is_file() else "other files")
+    raise ValueError(f"{directory} holds {held}; exporting would mix them with the head's files (or overwrite them): "
+                     "pass a new or empty directory as --out")
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
