@@ -443,8 +443,9 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
                          f"shorten it{images}")
     if context is not None and length + max_new_tokens > context:
         warnings.warn(f"prompt ({length} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
-                      f"{context}: tokens past position {context} are unreliable; lower max_new_tokens to "
-                      f"{context - length}", stacklevel=3)
+                      f"{context}: tokens past position {context} are unreliable; "
+                      + (f"lower max_new_tokens to {context - length}" if length < context else
+                         "shorten the prompt: it fills the context"), stacklevel=3)
 
 
 def component_modules(obj: Any, depth: int = 2) -> list[nn.Module]:

@@ -278,6 +278,24 @@ def test_image_kinds_become_rgb(image, expected):
     assert (pixels == np.array(expected, np.uint8)).all(), pixels[0, 0]
 
 
+def test_an_animation_says_its_first_frame_is_used_and_a_text_chunk_bomb_names_its_file(tmp_path):
+    """The stop-77 audit: a GIF's first frame was captioned without a word; a PNG whose text chunk
+    inflates past PIL's limit was PIL's bare message, no file named."""
+    from PIL import Image, PngImagePlugin
+
+    from mmspec.pipelines.images import load_image
+
+    frames = [Image.new("RGB", (8, 8), colour) for colour in ("black", "white")]
+    frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:])
+    with pytest.warns(UserWarning, match=r"a.gif holds 2 frames \(an animation or a multi-page file\); its first is used"):
+        assert load_image(tmp_path / "a.gif").getpixel((0, 0)) == (0, 0, 0)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "x" * (PngImagePlugin.MAX_TEXT_CHUNK + 1), zip=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "bomb.png", pnginfo=info)
+    with pytest.raises(ValueError, match=r"bomb.png is not an image file mmspec can read \(Decompressed data too large"):
+        load_image(tmp_path / "bomb.png")
+
+
 def test_numpy_rgba_is_composited_on_white():
     pixels = np.zeros((2, 3, 4), np.uint8)
     pixels[..., 0] = 255

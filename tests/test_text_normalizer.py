@@ -132,6 +132,15 @@ CASES = [
     ("Multiply 5 * 3, *really*.", "Multiply five times three, really."),
     ("\u2022 one \u2022 two", "one two"),
     ("Hello\u3002Bye\u3001now.", "Hello. Bye, now."),
+    # the stop-77 audit: superscripts were read as digits run on ("10\u00b3" one hundred three), zero-width
+    # characters and soft hyphens split words, a no-break thousands space read digit by digit, terminal escapes said
+    ("10\u00b3 cats and 2\u2078.", "ten to the power of three cats and two to the power of eight."),
+    ("6.02\u00d710\u00b2\u00b3 atoms, 10\u207b\u00b3 m.",
+     "six point zero two times ten to the power of twenty-three atoms, ten to the power of minus three meters."),
+    ("x\u00b2 plus y\u00b3.", "x squared plus y cubed."),
+    ("Hel\u200blo wor\u200dld good\u00adbye.", "Hello world goodbye."),
+    ("5\u00a0000 people, 12\u202f500 cars.", "five thousand people, twelve thousand five hundred cars."),
+    ("\x1b[31mred\x1b[0m alert.", "red alert."),
 ]
 
 

@@ -65,7 +65,8 @@ def test_sampling_reports_its_speed(model_dir):
     (lambda p: p("a circle", guidance_scale=float("nan")), "guidance_scale must be a number from 1 to 1000"),
     (lambda p: p("a circle", guidance_scale=float("inf")), "guidance_scale must be a number from 1 to 1000"),
     (lambda p: p("a circle", guidance_scale=1e38), "guidance_scale must be a number from 1 to 1000"),  # (NaN probabilities)
-    (lambda p: p("a circle", num_images=0), "num_images must be an integer >= 1"),
+    (lambda p: p("a circle", num_images=0), "num_images must be an integer from 1 to 10000"),
+    (lambda p: p("a circle", num_images=10**9), "num_images must be an integer from 1 to 10000"),  # (filled the memory)
 ])
 def test_bad_inputs(model_dir, call, message):
     pipe = mmspec.pipeline("text-to-image", model=model_dir, method="sjd")

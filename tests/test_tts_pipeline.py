@@ -262,6 +262,24 @@ def test_a_text_too_long_for_the_context_is_said_sentence_by_sentence(model_dir)
     assert with_baseline.baseline_codes.shape[1] == with_baseline.stats.frames and with_baseline.stats.speedup > 0
 
 
+def test_a_long_text_runs_the_duration_predictor_a_sentence_at_a_time(model_dir, monkeypatch):
+    """A 10,000-line text ran the phonemizer's ids of all of it through the duration predictor
+    at once (5 GB and 84 s before the first audio, the stop-77 audit): only pieces that can fit."""
+    tts = mmspec.pipeline("text-to-speech", model=model_dir, method="spec")
+    lm = tts.components.target.model
+    lengths, predict = [], lm.predict_durations
+
+    def recorded(ids, speed=1.0):
+        lengths.append(ids.shape[1])
+        return predict(ids, speed)
+
+    monkeypatch.setattr(lm, "predict_durations", recorded)
+    text = " ".join(SENTENCES * 40)
+    chunk = next(iter(tts.stream(text, seed=5)))
+    assert chunk.index == 0 and chunk.total == len(SENTENCES) * 40
+    assert max(lengths) < tts.components.max_positions  # (never the whole text's ids)
+
+
 def test_a_sentence_too_long_alone_is_said_clause_by_clause(model_dir):
     tts = mmspec.pipeline("text-to-speech", model=model_dir)
     clauses = [sentence[:-1] + "," for sentence in SENTENCES[:-1]] + [SENTENCES[-1]]
@@ -350,6 +368,7 @@ def test_cli_writes_audio_and_spectrogram(model_dir, tmp_path, capsys):
     (["hi", "--model", "/nonexistent"], "has no tts.json"),
     (["hi", "--dtype", "int4"], "unknown dtype 'int4'"),
     (["a red star.", "--max-seconds", "0.001"], "max_seconds=0.001 is shorter than one codec frame"),  # (was "codes have no frames")
+    (["a red star.", "--max-seconds", "1e308"], "max_seconds=1e+308 is more than a day"),  # (was an OverflowError traceback)
 ])
 def test_cli_errors_are_one_line(args, match, model_dir, tmp_path, capsys):
     model = [] if "--model" in args else ["--model", str(model_dir)]

@@ -261,7 +261,7 @@ def read_text(args) -> str:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise ValueError(f"cannot read {path}: it is not UTF-8 text") from None
+            raise ValueError(f"cannot read {path}: it is not UTF-8 text; save it as UTF-8") from None
     if not text.strip():
         from ..adapters.audio.phonemes import EMPTY_TEXT
 

@@ -20,6 +20,7 @@ uint8, uint16 (scaled as above), bool, or float in [0, 1].
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Union
 
@@ -87,13 +88,18 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not an image file")
     try:
-        opened = Image.open(path)
+        with warnings.catch_warnings():  # (PIL's two-line bomb warning: the size check below says it in one)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(path)
     except UnidentifiedImageError:
         raise ValueError(f"{path} is not an image file (PIL cannot identify its format)") from None
     except Image.DecompressionBombError:
         raise ValueError(f"{path} is too large (PIL refuses it as a decompression bomb); downscale it first") from None
-    except OSError as error:
-        raise ValueError(f"{path} is not an image file ({error})") from None
+    except (OSError, ValueError) as error:  # (ValueError: a text chunk past PIL's limit, a compression bomb)
+        raise ValueError(f"{path} is not an image file mmspec can read ({error})") from None
+    if getattr(opened, "n_frames", 1) > 1:
+        warnings.warn(f"{path} holds {opened.n_frames} frames (an animation or a multi-page file); its first is used",
+                      UserWarning, stacklevel=2)
     try:
         check_size(opened.size, str(path))
     except ValueError:

@@ -16,11 +16,12 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from ..pipelines.images import load_image
 from .config import ServeConfig
 from .errors import APIError, bad_request
 
 #: largest decoded image (pixels) accepted before the pipeline's own size checks
-MAX_IMAGE_PIXELS = 40_000_000
+MAX_IMAGE_PIXELS = 40_000_000  # an image's, and a request's images' in all
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -123,8 +124,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def decode_image(url: str, config: ServeConfig, param: str) -> Image.Image:
-    """An ``image_url`` -> a loaded RGB PIL image.
+def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """An ``image_url`` -> a loaded RGB PIL image, converted as the pipelines convert a file
+    (:func:`mmspec.pipelines.images.load_image`). ``pixels_left``: what the request's earlier
+    images left of its :data:`MAX_IMAGE_PIXELS` (read from the header, before decoding).
 
     Accepted: ``data:image/...;base64,...`` URIs; with ``allow_local_files``, a path or ``file://``
     URL (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
@@ -144,7 +147,7 @@ def decode_image(url: str, config: ServeConfig, param: str) -> Image.Image:
             raw = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("the data URI's base64 payload does not decode", param, "invalid_image") from None
-        return _open_image(io.BytesIO(raw), param)
+        return _open_image(io.BytesIO(raw), param, pixels_left)
     if not config.allow_local_files:
         raise bad_request("image_url must be a data: URI; local files are read only when the server runs with "
                           "--allow-local-files", param, "local_files_refused")
@@ -153,18 +156,24 @@ def decode_image(url: str, config: ServeConfig, param: str) -> Image.Image:
         raise bad_request(f"local files are read only under {config.local_files_root}", param, "local_files_refused")
     if not path.is_file():
         raise bad_request(f"no image file at {path}", param, "file_not_found")
-    return _open_image(path, param)
+    return _open_image(path, param, pixels_left)
 
 
-def _open_image(source: io.BytesIO | os.PathLike, param: str) -> Image.Image:
+def _open_image(source: io.BytesIO | os.PathLike, param: str, pixels_left: int) -> Image.Image:
     try:
         with Image.open(source) as image:
             width, height = image.size
             if width * height > MAX_IMAGE_PIXELS:
                 raise bad_request(f"the image is {width}x{height}; at most {MAX_IMAGE_PIXELS} pixels are accepted", param,
                                   "image_too_large")
+            if width * height > pixels_left:
+                raise bad_request(f"the request's images hold more than {MAX_IMAGE_PIXELS} pixels in all; send fewer "
+                                  "or smaller images", param, "image_too_large")
             image.load()
-            return image.convert("RGB")
+            try:
+                return load_image(image)  # (the CLI's and the pipeline's conversion: 16-bit, alpha over white, EXIF)
+            except ValueError as error:  # (a side past the pipelines' limit)
+                raise bad_request(str(error), param, "image_too_large") from None
     except APIError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:

@@ -20,7 +20,7 @@ from ..pipelines.captioning import CaptionStream, Conversation
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
-from .inputs import Fields, decode_image
+from .inputs import MAX_IMAGE_PIXELS, Fields, decode_image
 
 #: the roles of a chat request's messages (OpenAI's "developer" is read as "system")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -239,7 +239,8 @@ class CaptionService(TaskService):
                     url = url.get("url") if isinstance(url, dict) else url
                     if not isinstance(url, str):
                         raise bad_request(f"{param}.image_url.url must be a string", f"{param}.image_url", "invalid_type")
-                    images.append(decode_image(url, self.config, f"{param}.image_url"))
+                    left = MAX_IMAGE_PIXELS - sum(image.width * image.height for image in images)
+                    images.append(decode_image(url, self.config, f"{param}.image_url", left))
                     if len(images) > self.config.max_chat_images:
                         raise bad_request(f"more than {self.config.max_chat_images} images in one request "
                                           "(--max-chat-images)", "messages", "image_count")

@@ -231,6 +231,19 @@ FILE_EXTENSIONS = ("txt|csv|tsv|json|jsonl|yaml|yml|toml|ini|cfg|xml|html?|md|rs
                    "jsx|tsx|css|cpp|hpp|c|h|rs|go|java|kt|rb|php|sh|bat|ps1|sql|db|log|bin|onnx|pt|safetensors")
 
 
+#: superscript digits and signs, as NFKC reads them
+SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺"
+
+
+def _superscript(match: re.Match) -> str:
+    """A superscript after a word or digit: "m²" -> "m squared", "m³" -> "m cubed", "10²³" ->
+    "10 to the power of 23", "10⁻³" -> "10 to the power of minus 3" (NFKC alone made them 1023)."""
+    base, power = match.group(1), unicodedata.normalize("NFKC", match.group(2)).replace("−", "-")
+    if base.isalpha() and power in ("2", "3"):
+        return f"{base} {'squared' if power == '2' else 'cubed'}"
+    return f"{base} to the power of {power.replace('-', 'minus ').replace('+', '')}"
+
+
 def _ranges_before(text: str, end: str, suffix: str) -> str:
     """"A-B<suffix>" -> "A to B<suffix>" where B matches ``end`` and a ``suffix`` follows (the rule
     that reads the suffix then reads B; A is read as a number): "10-20%", "3-4 pm", "5-10 km";
@@ -275,6 +288,10 @@ class EnglishNormalizer(TextNormalizer):
     def _characters(text: str) -> str:
         """NFKC (full-width forms, ligatures, ℃ -> °C), then accented Latin letters -> ASCII;
         control characters -> space; anything else kept for the rules or the final filter."""
+        text = re.sub(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_])", "", text)  # terminal escapes ("\x1b[31m")
+        text = re.sub(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))", "", text)  # "5 000" with a no-break space: 5000
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")  # zero-width and soft hyphens: joined
+        text = re.sub(f"([\\w)])([{SUPERSCRIPTS}]+)", _superscript, text)  # before NFKC makes "10³" 103
         text = re.sub(f"(\\d?)([{VULGAR_FRACTIONS}])", lambda m: m.group(1) + (" " if m.group(1) else "")
                       + unicodedata.normalize("NFKC", m.group(2)), text)  # "2½" -> "2 1/2", not NFKC's "21/2"
         text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")

@@ -38,6 +38,8 @@ __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutp
            "TextToImageStats", "check_call_arguments", "make_method", "register_method"]
 
 
+#: the most images one call makes (a call's jobs are made up front: 10**9 of them filled the memory)
+MAX_IMAGES = 10_000
 MAX_GUIDANCE = 1000.0
 """The largest guidance scale taken: uncond + s (cond - uncond) overflows float32 logits into NaN
 probabilities long before s reaches float32's range (published models use 3-10)."""
@@ -54,8 +56,9 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
     if not isinstance(guidance_scale, Real) or not math.isfinite(guidance_scale) or not 1 <= guidance_scale <= MAX_GUIDANCE:
         raise ValueError(f"guidance_scale must be a number from 1 to {MAX_GUIDANCE:g} (got {guidance_scale}); 1 means no "
                          "guidance, published models use 3-10")
-    if not isinstance(num_images, Integral) or num_images < 1:
-        raise ValueError(f"num_images must be an integer >= 1, got {num_images}")
+    if not isinstance(num_images, Integral) or not 1 <= num_images <= MAX_IMAGES:
+        raise ValueError(f"num_images must be an integer from 1 to {MAX_IMAGES}, got {num_images}; for more, call again "
+                         f"with seed + {MAX_IMAGES}")
     if isinstance(seed, Integral) and seed + num_images - 1 >= 2**63:
         raise ValueError(f"seed {seed} with num_images {num_images}: image i takes seed + i, which must stay below 2**63; "
                          f"use a seed of at most {2**63 - num_images}")

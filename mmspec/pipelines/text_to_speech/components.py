@@ -213,13 +213,14 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(f"the text front end gave id {int(ids.max())}, beyond this model's {vocab}")
         return ids[None].to(self.device)
 
-    def model_inputs(self, text: str, speed: float = 1.0) -> dict[str, torch.Tensor]:
-        """text -> the codec LM's inputs: ``phoneme_ids`` [1, P] and, for an aligned model, the
-        ``durations`` [1, P] its duration predictor gives at ``speed`` (shared with the draft)."""
+    def model_inputs(self, text: str, speed: float = 1.0, ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """text -> the codec LM's inputs: ``phoneme_ids`` [1, P] (``ids`` where already made) and,
+        for an aligned model, the ``durations`` [1, P] its duration predictor gives at ``speed``
+        (shared with the draft)."""
         lm = self.target.model
         if speed != 1.0 and not lm.config.aligned:
             raise ValueError("speed needs an aligned codec LM (one with a duration predictor); this one sets its own pace")
-        ids = self.phonemes(text)
+        ids = self.phonemes(text) if ids is None else ids
         if not lm.config.aligned:
             return {"phoneme_ids": ids}
         durations = lm.predict_durations(ids, speed)

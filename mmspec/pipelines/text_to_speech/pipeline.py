@@ -218,6 +218,9 @@ class TextToSpeechPipeline(Pipeline):
     def _frames(self, max_seconds: float) -> int:
         """The codec frames ``max_seconds`` allows; at least one (else one ValueError line, before decoding)."""
         rate = self.components.codec.frame_rate
+        if max_seconds > 86400:  # (1e308 s overflowed int(): a traceback after the voice loaded)
+            raise ValueError(f"max_seconds={max_seconds:g} is more than a day; give at most 86400 s (a generation's "
+                             "budget: a long text is said piece by piece)")
         frames = int(max_seconds * rate)
         if frames < 1:
             raise ValueError(f"max_seconds={max_seconds:g} is shorter than one codec frame; give at least {1 / rate:.4g} s "
@@ -397,11 +400,12 @@ class TextToSpeechPipeline(Pipeline):
         text = normalized.text
         sentences = split_sentences(text)
         if split == "auto" or len(sentences) == 1:
-            whole = c.model_inputs(text, speed)
-            if c.positions_needed(whole, frames) <= c.max_positions:
-                return normalized, [(" ".join(text.split()), whole)]
-        probe = whole if split == "auto" or len(sentences) == 1 else c.model_inputs(text, speed)
-        if "durations" not in probe and c.frames_needed(probe, frames) >= c.max_positions:  # (no split can help)
+            ids = c.phonemes(text)  # (a text whose phonemes alone pass the context: no durations run over it all)
+            if ids.shape[1] + c.target.num_codebooks + 2 < c.max_positions:
+                whole = c.model_inputs(text, speed, ids)
+                if c.positions_needed(whole, frames) <= c.max_positions:
+                    return normalized, [(" ".join(text.split()), whole)]
+        if not c.target.model.config.aligned and frames >= c.max_positions:  # (no split can help)
             raise ValueError(f"max_seconds asks for {frames} audio frames a generation, more than this model's "
                              f"{c.max_positions} positions hold (it has no durations to end sooner); lower max_seconds "
                              f"(--max-seconds) below {c.max_positions / c.codec.frame_rate:.2f} s")
