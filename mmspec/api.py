@@ -69,16 +69,18 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 
 
 def check_sampling_options(do_sample: Any, temperature: Any, top_k: Any, top_p: Any) -> None:
-    """The sampling arguments' types, and a temperature other than 1, a top-k or a top-p given
-    without ``do_sample=True`` refused (one ValueError line, as the CLI refuses them without
-    ``--do-sample``; greedy decoding would ignore them)."""
+    """The sampling arguments' types (one ValueError line each); a temperature other than 1, a
+    top-k or a top-p given without ``do_sample=True`` is warned about (greedy decoding ignores
+    them; a UserWarning, as transformers' generate gives, where the CLI refuses them without
+    ``--do-sample``)."""
     check_argument_types(generate, dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p))
     if not do_sample:
         given = [name for name, value, unset in (("temperature", temperature, 1.0), ("top_k", top_k, None),
                                                  ("top_p", top_p, None)) if value != unset]
         if given:
-            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; pass "
-                             "do_sample=True, or drop it for greedy decoding")
+            warnings.warn(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling, and "
+                          "do_sample is False: greedy decoding ignores it; pass do_sample=True to sample", UserWarning,
+                          stacklevel=4)
 
 
 @exclusively

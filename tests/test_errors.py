@@ -79,9 +79,6 @@ def test_draft_with_larger_vocabulary(llama):
         ({"seed": 2**64, "do_sample": True}, r"seed must be between 0 and 2\*\*63 - 1"),  # not torch's "Overflow ..."
         ({"seed": -1}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),  # as the CLI's --seed
         ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
-        # greedy decoding ignored them without a word (the CLI refuses them without --do-sample)
-        ({"temperature": 0.5}, "temperature applies only when sampling; pass do_sample=True"),
-        ({"top_k": 5, "top_p": 0.9}, "top_k, top_p apply only when sampling"),
     ],
 )
 def test_bad_settings(llama, kwargs, match):
@@ -261,3 +258,12 @@ def test_a_causal_lm_directory_named_as_a_trained_head_is_told_to_be_a_draft_mod
         check_drafter_name(f"eagle:{tmp_path}")
     with pytest.raises(ValueError, match="unknown SJD init 'bogus'"):
         check_drafter_name("sjd:bogus", auto=False)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"temperature": 0.5}, "temperature applies only when sampling"),
+                                          ({"top_k": 5, "top_p": 0.9}, "top_k, top_p apply only when sampling")])
+def test_sampling_options_with_greedy_decoding_are_warned_about(llama, kwargs, match):
+    """Greedy decoding ignored them without a word (the CLI refuses them without --do-sample;
+    transformers' generate warns, and so does mmspec.generate)."""
+    with pytest.warns(UserWarning, match=match + ", and do_sample is False: greedy decoding ignores it"):
+        mmspec.generate(llama.model, drafter="prompt-lookup", max_new_tokens=4, **kwargs, **llama.inputs)

@@ -132,9 +132,13 @@ def load_kernel() -> ctypes.CDLL:
             library = ctypes.CDLL(str(path))
             break
         except OSError as error:  # a truncated or foreign file where the library should be: built again, once
+            unloadable = KernelUnavailable(f"the C kernels' library {path} does not load ({error}); delete it")
             if attempt:
-                raise KernelUnavailable(f"the C kernels' library {path} does not load ({error}); delete it") from error
-            path.unlink(missing_ok=True)
+                raise unloadable from error
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # (a read-only cache)
+                raise unloadable from error
     for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_avx512_packed,
                      library.few_rows_linear_bf16, library.few_rows_linear_bf16_packed, library.few_rows_linear_amx,
                      library.few_rows_linear_amx_packed):
