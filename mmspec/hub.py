@@ -197,9 +197,6 @@ def load_causal_lm(
                 raise no_tokenizer from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        if no_tokenizer is not None:  # (a hub checkpoint that loads without one)
-            raise no_tokenizer
-        return model, loaded_tokenizer
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
@@ -212,6 +209,9 @@ def load_causal_lm(
             raise
         raise ValueError(f"{str(name_or_path)!r} holds no transformers causal LM (no config.json naming a model_type); "
                          "an image model (the embedded captioner, a VLM) goes through mmspec caption --model") from None
+    if no_tokenizer is not None:  # (a hub checkpoint that loads without one)
+        raise no_tokenizer
+    return model, loaded_tokenizer
 
 
 def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exception:

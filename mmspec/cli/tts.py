@@ -300,49 +300,40 @@ def write_all(out, data: bytes) -> None:
     out.flush()
 
 
-def write_stdout_stream(chunks, rate: int, on_chunk) -> list[torch.Tensor]:
-    """``--stream --out -``: the header, then each chunk's samples written and flushed as it comes
-    (``on_chunk(chunk)`` after each); the sizes fixed at the end where standard output can seek
-    (redirected to a file). Returns the chunks' audio."""
+def write_stream(out, chunks, rate: int, on_chunk, sizes_each_chunk: bool = False) -> list[torch.Tensor]:
+    """``--stream``: into the binary stream ``out``, the header once the first chunk says how many
+    channels, then each chunk's samples written and flushed as it comes (``on_chunk(chunk)`` after
+    each). ``sizes_each_chunk`` (``--out FILE``'s ``.part``): the header's sizes rewritten after
+    every chunk, so a reader, or a copy taken midway, finds a valid WAV of the chunks so far
+    (soundfile's flush left them 0 until the file closed); else (``--out -``) a header of unknown
+    length, its sizes fixed at the end where the output can seek (standard output redirected to a
+    file). Returns the chunks' audio."""
     from ..adapters.audio.codec import pcm16, wav_header
 
-    out, audio, written, channels = sys.stdout.buffer, [], 0, None
+    audio, written, channels = [], 0, None
     for chunk in chunks:
-        if channels is None:  # (the header once the first chunk says how many channels)
+        if channels is None:
             channels = chunk.audio.shape[0]
-            write_all(out, wav_header(rate, None, channels))
+            write_all(out, wav_header(rate, 0 if sizes_each_chunk else None, channels))
         samples = pcm16(chunk.audio)
         write_all(out, samples)
         written += len(samples)
+        if sizes_each_chunk:
+            _rewrite_header(out, rate, written, channels)
         audio.append(chunk.audio)
         on_chunk(chunk)
-    if _rewritable(out, written):
-        out.seek(0)
-        write_all(out, wav_header(rate, written, channels))
-        out.seek(0, 2)
+    if not sizes_each_chunk and _rewritable(out, written):
+        _rewrite_header(out, rate, written, channels)
     return audio
 
 
-def write_file_stream(wav, chunks, rate: int, channels: int, on_chunk) -> list[torch.Tensor]:
-    """``--stream --out FILE``: into the open binary file ``wav``, each chunk's samples appended and
-    the header's sizes rewritten to count them, then flushed (a reader, or a copy of the file
-    taken midway, finds a valid WAV of the chunks so far; soundfile's flush leaves its header's
-    sizes 0 until the file closes). ``on_chunk(chunk)`` after each. Returns the chunks' audio."""
-    from ..adapters.audio.codec import pcm16, wav_header
+def _rewrite_header(out, rate: int, written: int, channels: int) -> None:
+    """The header at the start of the seekable ``out`` rewritten to count ``written`` bytes of samples."""
+    from ..adapters.audio.codec import wav_header
 
-    audio, written = [], 0
-    wav.write(wav_header(rate, 0, channels))
-    for chunk in chunks:
-        samples = pcm16(chunk.audio)
-        wav.write(samples)
-        written += len(samples)
-        wav.seek(0)
-        wav.write(wav_header(rate, written, channels))
-        wav.seek(0, 2)
-        wav.flush()
-        audio.append(chunk.audio)
-        on_chunk(chunk)
-    return audio
+    out.seek(0)
+    write_all(out, wav_header(rate, written, channels))
+    out.seek(0, 2)
 
 
 def _rewritable(out, written: int) -> bool:
@@ -365,7 +356,7 @@ def run_stream(args, pipe, text: str) -> int:
     rewritten after each chunk, so the file is a valid WAV of what it holds after every chunk), the
     spectrogram written and the file renamed to ``<out>`` at the end; on any failure the .part
     file is removed. ``--out -``: each sentence written to standard output instead
-    (:func:`write_stdout_stream`). Prints the time to first audio (from the call, the voice
+    (:func:`write_stream`). Prints the time to first audio (from the call, the voice
     already loaded)."""
     import os
 
@@ -385,7 +376,7 @@ def run_stream(args, pipe, text: str) -> int:
             print(f"[{chunk.index + 1}/{chunk.total}] {chunk.elapsed_s:.2f} s: {short(chunk.text)}", file=report, flush=True)
 
     if args.out == "-":
-        whole = torch.cat(write_stdout_stream(chunks, rate, record_chunk), dim=-1)
+        whole = torch.cat(write_stream(sys.stdout.buffer, chunks, rate, record_chunk), dim=-1)
         wrote = "wrote the WAV to standard output"
     else:
         out = Path(args.out)
@@ -399,7 +390,7 @@ def run_stream(args, pipe, text: str) -> int:
                 raise output_error(part, error) from None
             try:
                 with wav:
-                    audio = write_file_stream(wav, chunks, rate, pipe.channels, record_chunk)
+                    audio = write_stream(wav, chunks, rate, record_chunk, sizes_each_chunk=True)
             except OSError as error:  # (a full disk mid-stream; the voice's own errors pass)
                 raise output_error(out, error) from None
             whole = torch.cat(audio, dim=-1)

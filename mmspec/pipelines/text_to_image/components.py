@@ -337,7 +337,8 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         model = load_complete(getattr(transformers, family), model, dtype, trust_remote_code)
         model = model.to(device).eval()
 
-    _check_grid_family(family_kwargs, model.config.model_type, "this")  # (a model object: checked once it is there)
+    if not isinstance(source, (str, Path)):  # (a model object: its family known only now)
+        _check_grid_family(family_kwargs, model.config.model_type, "this")
 
     def load_draft(draft) -> GuidedImageTarget:
         if not isinstance(draft, torch.nn.Module):
