@@ -58,6 +58,28 @@ def test_stream_joined_is_the_calls_output_bitwise(request, layout, split):
     assert times == sorted(times) and times[0] > 0
 
 
+def test_stream_fits_each_sentence_when_it_reaches_it(tts, monkeypatch):
+    """A long text's first audio does not wait for every sentence's durations: the call runs the
+    front end only; a sentence cut into clauses adds them to ``total`` when the stream reaches it;
+    the chunks joined are still the call's output bitwise; a word too long even alone raises there."""
+    long = "We walked along the river in the morning, " * 7 + "and then we went home."
+    text = "We met at seven thirty in the evening. " + long + " We paid five dollars for the tickets."
+    made = []
+    model_inputs = tts.components.model_inputs
+    monkeypatch.setattr(tts.components, "model_inputs", lambda piece, *a, **k: made.append(piece) or model_inputs(piece, *a, **k))
+    chunks = tts.stream(text, seed=2, max_seconds=0.5)
+    assert made == []  # (no durations yet)
+    chunks = list(chunks)
+    assert [(c.index, c.total) for c in chunks] == [(0, 3)] + [(i, 10) for i in range(1, 10)]
+    out = tts(text, seed=2, max_seconds=0.5, split="sentences")
+    assert [c.text for c in chunks] == out.pieces and len(out.pieces) == 10
+    assert torch.equal(torch.cat([c.audio for c in chunks], dim=-1), out.audio)
+    late = tts.stream("We met at seven thirty in the evening. " + "x" * 5000)  # (no error at the call)
+    assert next(late).text == "We met at seven thirty in the evening."
+    with pytest.raises(ValueError, match="too long for the model's 256 positions even alone"):
+        next(late)
+
+
 def test_stream_checks_its_input_at_the_call(tts):
     for text, match in (("", "the text is empty"), ("\U0001F600 \u65e5\u672c", "nothing this voice can say: '\U0001F600', '\u65e5\u672c'"),
                         (["a", "b"], r"text must be a string, got \['a', 'b'\] \(list\)")):

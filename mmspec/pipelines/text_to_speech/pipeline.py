@@ -141,7 +141,9 @@ class TextToSpeechChunk(DictAccess):
     """One piece of a streamed text (:meth:`TextToSpeechPipeline.stream`), yielded once it is ready.
 
     Attributes:
-        index: the piece's place (0, 1, ...); total: how many pieces the text has.
+        index: the piece's place (0, 1, ...); total: how many pieces the text has, as known when
+            this chunk was made (its sentences; a later sentence cut into clauses adds its parts
+            when the stream reaches it).
         text: the piece (a normalised sentence or clause).
         audio: float32 [1, samples]: the piece's speech, after :data:`PAUSE_SECONDS` of silence on
             every chunk but the first, so the chunks played back to back are
@@ -356,8 +358,13 @@ class TextToSpeechPipeline(Pipeline):
         bitwise, and their codes ``.codes``: each piece is generated alone with ``seed``, as
         ``__call__`` does with ``batch_size=1``.
 
-        The text is checked, normalised and cut (front end and durations of every piece) here,
-        before the first chunk is asked for: bad input raises ValueError at the call.
+        The text is checked, normalised, cut into sentences and run through the front end here,
+        before the first chunk is asked for: text with nothing to say or characters the front end
+        cannot say raise ValueError at the call. A sentence's durations, and its cut into clauses
+        where it does not fit the context alone, are made when the stream reaches it, so a long
+        text's first audio does not wait for every sentence's (~2 ms each); a single word too long
+        for the context even alone raises ValueError there. ``total`` counts the pieces known so far:
+        the sentences, and a later sentence's clauses once the stream reaches them.
 
         Example:
             >>> for chunk in tts.stream("Hello there. How are you today?"):
@@ -367,13 +374,24 @@ class TextToSpeechPipeline(Pipeline):
         method = self.make_method(method) if method is not None else self.method
         c = self.components
         frames = self._frames(max_seconds)
-        normalized, pieces = self._pieces(text, speed, frames, split)
+        normalized, whole, sentences = self._sentences(text, speed, frames, split)
         budget = c.target.stream_length(frames) + 1
         sampling = sampling_options(c, do_sample, temperature, top_k, top_p)
 
+        def fitted() -> Iterator[tuple[int, str, dict[str, torch.Tensor]]]:  # (each piece, with the count known then)
+            if whole is not None:
+                yield 1, *whole
+                return
+            total = len(sentences)
+            for sentence, ids in sentences:
+                pieces = self._fit(sentence, ids, speed, frames)
+                total += len(pieces) - 1
+                for piece, inputs in pieces:
+                    yield total, piece, inputs
+
         def chunks() -> Iterator[TextToSpeechChunk]:
             pause = None
-            for index, (piece, inputs) in enumerate(pieces):
+            for index, (total, piece, inputs) in enumerate(fitted()):
                 run = self._generate(method, [inputs], budget, seed, sampling)[0]
                 out = self._output(method, piece, [piece], [inputs], [run], [None], sampling, frames)
                 audio = out.audio
@@ -381,7 +399,7 @@ class TextToSpeechPipeline(Pipeline):
                     if pause is None:
                         pause = audio.new_zeros(audio.shape[0], round(PAUSE_SECONDS * self.sampling_rate))
                     audio = torch.cat([pause, audio], dim=-1)
-                yield TextToSpeechChunk(index=index, total=len(pieces), text=piece, audio=audio,
+                yield TextToSpeechChunk(index=index, total=total, text=piece, audio=audio,
                                         sampling_rate=self.sampling_rate, codes=out.codes, stats=out.stats,
                                         elapsed_s=time.perf_counter() - start, dropped=normalized.dropped,
                                         truncated=out.truncated)
@@ -395,6 +413,17 @@ class TextToSpeechPipeline(Pipeline):
         (``split="auto"``), else its sentences, a sentence that does not fit alone its clauses, and
         a clause that does not fit alone the halves of its words (again while a half does not fit).
         Raises ValueError (one line) for text with nothing to say, or a word that does not fit alone."""
+        normalized, whole, sentences = self._sentences(text, speed, frames, split)
+        if whole is not None:
+            return normalized, [whole]
+        return normalized, [piece for sentence, ids in sentences for piece in self._fit(sentence, ids, speed, frames)]
+
+    def _sentences(self, text: str, speed: float, frames: int, split: str
+                   ) -> tuple[NormalizedText, tuple[str, dict[str, torch.Tensor]] | None, list[tuple[str, torch.Tensor]]]:
+        """``text`` normalised, and either the whole of it as one generation (its text, its
+        inputs: ``split="auto"`` where it fits) or its sentences, each with its phoneme ids [1, P]
+        (the front end run over every sentence: one ValueError line for what it cannot say),
+        to be fitted by :meth:`_fit`."""
         c = self.components
         normalized = c.normalize(text)
         text = normalized.text
@@ -404,35 +433,34 @@ class TextToSpeechPipeline(Pipeline):
             if ids.shape[1] + c.target.num_codebooks + 2 < c.max_positions:
                 whole = c.model_inputs(text, speed, ids)
                 if c.positions_needed(whole, frames) <= c.max_positions:
-                    return normalized, [(" ".join(text.split()), whole)]
+                    return normalized, (" ".join(text.split()), whole), []
         if not c.target.model.config.aligned and frames >= c.max_positions:  # (no split can help)
             raise ValueError(f"max_seconds asks for {frames} audio frames a generation, more than this model's "
                              f"{c.max_positions} positions hold (it has no durations to end sooner); lower max_seconds "
                              f"(--max-seconds) below {c.max_positions / c.codec.frame_rate:.2f} s")
-        pieces = []
+        return normalized, None, [(sentence, c.phonemes(sentence)) for sentence in sentences]
 
-        def fit(piece: str, split_into=None) -> None:  # the piece, else its parts (its clauses, else halves by words)
-            inputs = c.model_inputs(piece, speed)
-            if c.positions_needed(inputs, frames) <= c.max_positions:
-                pieces.append((piece, inputs))
-                return
-            parts = split_into(piece) if split_into is not None else []
-            if len(parts) < 2 and len(piece.split()) > 1:
-                parts = split_words(piece)
-            if len(parts) > 1:
-                for part in parts:
-                    fit(part)
-                return
-            shown = piece if len(piece) <= 60 else piece[:57] + "..."
-            ids = inputs["phoneme_ids"].shape[1]
-            hint = ("" if ids >= c.max_positions else ", or say it faster (speed, --speed) or lower max_seconds "
-                    "(--max-seconds)" if "durations" in inputs else ", or lower max_seconds (--max-seconds)")
-            raise ValueError(f"{shown!r} is too long for the model's {c.max_positions} positions even alone ({ids} "
-                             f"phoneme ids + {c.frames_needed(inputs, frames)} audio frames); shorten it{hint}")
-
-        for sentence in sentences:
-            fit(sentence, split_clauses)
-        return normalized, pieces
+    def _fit(self, piece: str, ids: torch.Tensor | None, speed: float, frames: int, split_into=split_clauses
+             ) -> list[tuple[str, dict[str, torch.Tensor]]]:
+        """``piece`` (its phoneme ids [1, P] where made) as the generations that say it: itself
+        where it fits the context under ``frames``, else its parts (``split_into``: a sentence's
+        clauses; else, or where that gives one, the halves of its words), each fitted again.
+        Raises ValueError (one line) for a word that does not fit alone."""
+        c = self.components
+        inputs = c.model_inputs(piece, speed, ids)
+        if c.positions_needed(inputs, frames) <= c.max_positions:
+            return [(piece, inputs)]
+        parts = split_into(piece) if split_into is not None else []
+        if len(parts) < 2 and len(piece.split()) > 1:
+            parts = split_words(piece)
+        if len(parts) > 1:
+            return [fitted for part in parts for fitted in self._fit(part, None, speed, frames, None)]
+        shown = piece if len(piece) <= 60 else piece[:57] + "..."
+        count = inputs["phoneme_ids"].shape[1]
+        hint = ("" if count >= c.max_positions else ", or say it faster (speed, --speed) or lower max_seconds "
+                "(--max-seconds)" if "durations" in inputs else ", or lower max_seconds (--max-seconds)")
+        raise ValueError(f"{shown!r} is too long for the model's {c.max_positions} positions even alone ({count} "
+                         f"phoneme ids + {c.frames_needed(inputs, frames)} audio frames); shorten it{hint}")
 
     def _output(self, method: TTSMethod, text: str, pieces: list[str], inputs: list[dict[str, torch.Tensor]],
                 runs: list[tuple[torch.Tensor, SpecStats]], baselines: list[tuple[torch.Tensor, SpecStats] | None],
