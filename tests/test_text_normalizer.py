@@ -114,6 +114,12 @@ CASES = [
     # references, file names, symbols
     ("Your balance is -$25.", "Your balance is minus twenty-five dollars."),
     ("It is $-5 now, take -1/2 of it.", "It is minus five dollars now, take minus one half of it."),
+    # typeset signs (stop 78 audit): U+2212 was dropped ("−5 °C" said "five degrees Celsius")
+    ("It was \u22125 \u00b0C, and 5 \u2212 3 = 2.", "It was minus five degrees Celsius, and five minus three equals two."),
+    ("\u2212$25 or $\u22125, x\u2212y", "minus twenty-five dollars or minus five dollars, x minus y"),
+    ("2 \u00b1 1, a \u2248 b, 3 \u2264 4 \u2265 2 \u2260 1", "two plus or minus one, a approximately b, three less than or "
+     "equal to four greater than or equal to two not equal to one"),
+    ("From -inf to +\u221e, or \u2212\u221e.", "From minus infinity to plus infinity, or minus infinity."),
     ("Add 1 1/2 cups and 2\u00bd spoons.", "Add one and a half cups and two and a half spoons."),
     ("Walk 2 3/4 miles, or 1 1/3.", "Walk two and three quarters miles, or one and a third."),
     ("The meeting runs 2:30-3:30 pm.", "The meeting runs two thirty to three thirty P-M."),

@@ -390,7 +390,11 @@ class EnglishNormalizer(TextNormalizer):
     def _signs(text: str) -> str:
         """A minus sign before an amount, fraction or number: "-$25", "$-5", "-1/2", "-5" -> "minus ..."
         (a hyphen after a word, number or percent sign is a range or a compound, not a sign); a star
-        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting)."""
+        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting). The minus sign
+        U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
+        "-inf" and "-∞" -> "minus infinity"."""
+        text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
+        text = re.sub(r"(?<![\w.])-\s?(?:inf(?:inity)?\b|\u221e)", "minus infinity", text)
         text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
         text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
@@ -644,6 +648,8 @@ class EnglishNormalizer(TextNormalizer):
         for symbol, said in (("&", "and"), ("@", "at"), ("+", "plus"), ("=", "equals"), ("×", "times"),
                              ("÷", "divided by"), ("<", "less than"), (">", "greater than"), ("/", "slash"),
                              ("#", "hash"), ("%", "percent"), ("°", "degrees"), ("§", "section"), ("¶", "paragraph"),
-                             ("‰", "per mille"), ("\\", "backslash"), ("†", "dagger")):
+                             ("‰", "per mille"), ("\\", "backslash"), ("†", "dagger"),
+                             ("±", "plus or minus"), ("≈", "approximately"), ("≤", "less than or equal to"),
+                             ("≥", "greater than or equal to"), ("≠", "not equal to"), ("∞", "infinity")):
             text = text.replace(symbol, f" {said} ")
         return text
