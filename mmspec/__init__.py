@@ -14,7 +14,14 @@ _HOMES = {"GenerateOutput": ".api", "generate": ".api", "SamplingConfig": ".core
           "optimize": ".modeling.fast_linear", "pipeline": ".pipelines"}
 
 
+#: subpackages reached as attributes (``mmspec.hub.load_causal_lm(...)`` on a fresh ``import mmspec``)
+_SUBMODULES = {"adapters", "api", "bench", "cli", "core", "cpu", "drafters", "hub", "metrics", "modeling", "pipelines",
+               "serve", "train"}
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module("." + name, __name__)  # (the import binds it in this module)
     if name not in _HOMES:
         raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOMES[name], __name__), name)
@@ -23,4 +30,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+    return sorted({*globals(), *_HOMES, *_SUBMODULES})

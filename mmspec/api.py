@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .adapters.hf import TransformersTarget
-from .core.arguments import check_argument_types
+from .core.arguments import check_argument_types, plain
 from .core.batch import batch_stats, batched_decode, row_drafter
 from .core.exclusive import exclusively
 from .core.loop import speculative_decode
@@ -53,6 +53,14 @@ def check_seed(seed: Any) -> None:
     check_argument_types(generate, {"seed": seed})
     if seed is not None and not 0 <= seed < 2**63:
         raise ValueError(f"seed must be between 0 and 2**63 - 1, got {seed}")
+
+
+def check_callbacks(**callbacks: Any) -> None:
+    """Each callback given (on_step, on_tokens, cancelled, ...) callable, else one ValueError line
+    (``on_step=5`` failed after the prefill, deep in the loop)."""
+    for name, function in callbacks.items():
+        if function is not None and not callable(function):
+            raise ValueError(f"{name} must be a function or None, got {function!r} ({type(function).__name__})")
 
 
 def fresh_seed() -> int:
@@ -154,6 +162,8 @@ def generate(
     """
     check_sampling_options(do_sample, temperature, top_k, top_p)
     check_seed(seed)
+    check_callbacks(on_step=on_step, on_tokens=on_tokens, cancelled=cancelled)
+    do_sample, temperature, top_k, top_p, seed = map(plain, (do_sample, temperature, top_k, top_p, seed))
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
@@ -315,6 +325,9 @@ def generate_rows(
     check_sampling_options(do_sample, temperature, top_k, top_p)
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
         check_seed(one)  # an integer or None, one per row or one for all
+    check_callbacks(on_row_done=on_row_done, on_tokens=on_tokens, cancelled=cancelled, admit=admit)
+    do_sample, temperature, top_k, top_p = map(plain, (do_sample, temperature, top_k, top_p))
+    seed = [plain(one) for one in seed] if isinstance(seed, Sequence) and not isinstance(seed, str) else plain(seed)
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     if not rows and admit is None:
         raise ValueError("no prompts given")

@@ -1,7 +1,9 @@
 """The image-captioning pipeline on tiny saved checkpoints of every VLM family, and image inputs."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,6 +241,40 @@ def test_image_errors_reach_the_caller(smolvlm, tmp_path):
         smolvlm(fake)
 
 
+
+def test_a_list_is_checked_whole_before_any_caption(smolvlm, photo, tmp_path):
+    """A bad item late in a list (stop 78 audit: 8 captions made, then the error, all of them lost)
+    is refused before decoding, named by its place; an empty list is refused as t2i / tts do."""
+    done = []
+    for bad, kind, match in ((tmp_path / "scnes.png", FileNotFoundError, "image 3 of 3: image file not found"),
+                             (np.zeros((3, 8, 8)), ValueError, r"image 3 of 3: .*channels first"),
+                             (5, TypeError, "image 3 of 3: expected a PIL.Image")):
+        with pytest.raises(kind, match=match):
+            smolvlm([photo, photo, bad], progress=done.append)
+    assert done == []
+    with pytest.raises(ValueError, match="no images given"):
+        smolvlm([])
+
+
+def test_numpy_scalars_are_the_python_values(smolvlm, photo):
+    """seed=np.int64 failed in torch's generator ("an integer is required"); np.bool_ was refused
+    as "must be True or False, got np.True_ (bool)"; batch_size=np.int64 refused."""
+    plain = smolvlm([photo, photo], seed=3, do_sample=True, max_new_tokens=8)
+    numpy = smolvlm([photo, photo], seed=np.int64(3), do_sample=np.bool_(True), max_new_tokens=np.int64(8),
+                    batch_size=np.int64(2), temperature=np.float32(1.0))
+    assert [o.text for o in numpy] == [o.text for o in plain]
+    assert type(numpy[0].stats.config["seed"]) is int
+
+
+def test_a_pipeline_is_not_copied_or_pickled(smolvlm):
+    import copy
+    import pickle
+
+    for copying in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="holds loaded models and kernels and cannot be pickled or copied"):
+            copying(smolvlm)
+
+
 # -- image inputs ------------------------------------------------------------------------------------
 def rgb(image):
     out = load_image(image)
@@ -380,6 +416,23 @@ def test_missing_and_non_image_files(tmp_path):
     assert load_image(f"file://{tmp_path}/a%20b.png").size == (8, 8)
     with pytest.raises(ValueError, match="names another host's file"):
         load_image("file://server/a.png")
+    # any URL scheme, in any case, and data URLs: refused (they were looked up as files); "~" expanded
+    for url in ("HTTP://example.com/x.png", "ftp://host/x.png", "s3://bucket/x.png", "data:image/png;base64,AAAA"):
+        with pytest.raises(ValueError, match="is a URL; mmspec reads no URLs"):
+            load_image(url)
+    assert load_image(f"FILE://{tmp_path}/a%20b.png").size == (8, 8)
+    home = Path(os.path.expanduser("~"))
+    with pytest.raises(FileNotFoundError, match=f"image file not found: {home}/absent-mmspec.png"):
+        load_image("~/absent-mmspec.png")
+
+
+@pytest.mark.parametrize("image, hint", [
+    (torch.zeros(3, 8, 8), r"tensor.permute\(1, 2, 0\).numpy\(\)"), (b"\x89PNG", r"PIL.Image.open\(io.BytesIO\(data\)\)"),
+    ((i for i in range(2)), "pass a list of images"), (np.zeros((2, 8, 8, 3), np.uint8), r"pass a list of \[H, W, C\] arrays"),
+])
+def test_other_kinds_say_how_to_make_an_image(image, hint):
+    with pytest.raises((TypeError, ValueError), match=hint):
+        load_image(image)
 
 
 def test_truncated_file(tmp_path):

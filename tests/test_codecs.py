@@ -15,6 +15,7 @@ import wave
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 import torchaudio
@@ -441,6 +442,12 @@ def test_write_wav_refuses_bad_input(tmp_path):
         with pytest.raises(ValueError, match=expected) as excinfo:
             write_wav(tmp_path / "x.wav", bad, rate)
         one_line(excinfo)
+    for name in ("x.mp3", "x.FLAC", "x.ogg"):  # (WAV data under those names was written silently)
+        with pytest.raises(ValueError, match=r"write_wav writes WAV files; name the file .wav, not \.(mp3|flac|ogg)"):
+            write_wav(tmp_path / name, torch.zeros(5), RATE)
+    assert not list(tmp_path.iterdir())
+    write_wav(tmp_path / "y.WAV", torch.zeros(5), np.int64(RATE))  # (a numpy rate: was refused)
+    assert read_wav(tmp_path / "y.WAV")[1] == RATE
 
 
 @pytest.mark.parametrize("samples", [1, 256, 512, 513])

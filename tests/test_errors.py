@@ -79,6 +79,7 @@ def test_draft_with_larger_vocabulary(llama):
         ({"seed": 2**64, "do_sample": True}, r"seed must be between 0 and 2\*\*63 - 1"),  # not torch's "Overflow ..."
         ({"seed": -1}, r"seed must be between 0 and 2\*\*63 - 1, got -1"),  # as the CLI's --seed
         ({"do_sample": True, "temperature": "hot"}, r"temperature must be a number, got 'hot' \(str\)"),
+        ({"on_step": 5}, r"on_step must be a function or None, got 5 \(int\)"),  # (failed after the prefill)
     ],
 )
 def test_bad_settings(llama, kwargs, match):
@@ -146,6 +147,28 @@ def test_integer_like_max_new_tokens_still_work(llama):
 
     for value in (np.int64(3), torch.tensor(3)):
         assert mmspec.generate(llama.model, max_new_tokens=value, **llama.inputs).stats.new_tokens == 3
+
+
+def test_numpy_seeds_and_flags_are_their_python_values(llama):
+    """The stop-78 audit: seed=np.int64(0) failed in torch.Generator ("an integer is required"),
+    do_sample=np.bool_(True) was refused."""
+    import numpy as np
+
+    plain = mmspec.generate(llama.model, do_sample=True, seed=5, max_new_tokens=6, **llama.inputs)
+    numpy = mmspec.generate(llama.model, do_sample=np.bool_(True), seed=np.int64(5), max_new_tokens=6,
+                            temperature=np.float32(1.0), **llama.inputs)
+    assert torch.equal(plain.sequences, numpy.sequences) and type(numpy.stats.config["seed"]) is int
+
+
+def test_submodules_are_attributes_of_a_fresh_import():
+    """``import mmspec; mmspec.hub.load_causal_lm(...)``, as the docs and generate's own refusal say,
+    raised AttributeError in a fresh interpreter (the lazy package, stop 77)."""
+    import subprocess
+    import sys
+
+    code = "import mmspec; print(mmspec.hub.load_causal_lm.__name__, mmspec.adapters.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["load_causal_lm", "mmspec.adapters"]
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,7 @@ def test_sampling_reports_its_speed(model_dir):
 
 @pytest.mark.parametrize("call, message", [
     (lambda p: p(""), "empty prompt"),
+    (lambda p: p(["a circle", " "]), "prompt 2 of 2: empty prompt"),  # (which item: stop 78)
     (lambda p: p("a circle", guidance_scale=0.5), "guidance_scale must be a number from 1 to 1000"),
     (lambda p: p("a circle", guidance_scale=float("nan")), "guidance_scale must be a number from 1 to 1000"),
     (lambda p: p("a circle", guidance_scale=float("inf")), "guidance_scale must be a number from 1 to 1000"),

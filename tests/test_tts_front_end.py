@@ -85,6 +85,8 @@ def test_stream_checks_its_input_at_the_call(tts):
                         (["a", "b"], r"text must be a string, got \['a', 'b'\] \(list\)")):
         with pytest.raises(ValueError, match=match):
             tts.stream(text)  # before any chunk is asked for
+    with pytest.raises(ValueError, match="text 2 of 2: the text is empty"):  # (which item: stop 78)
+        tts(["Hello there.", ""])
     with pytest.raises(ValueError, match="split must be one of auto, sentences"):
         tts.stream("hi.", split="words")
     with pytest.raises(ValueError, match="split must be one of auto, sentences"):

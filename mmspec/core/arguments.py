@@ -23,11 +23,13 @@ import types
 import typing
 from typing import Any, Callable
 
+import numpy as np
+
 #: annotation name -> (whether a value is of that type, how the error line names it)
 SIMPLE_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "int": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), "an integer"),
     "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
-    "bool": (lambda v: isinstance(v, bool) or type(v).__name__ == "bool_", "True or False"),
+    "bool": (lambda v: isinstance(v, (bool, np.bool_)), "True or False"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "None": (lambda v: v is None, "None"),
 }
@@ -67,3 +69,9 @@ def check_argument_types(function: Callable[..., Any], values: dict[str, Any], w
             continue
         expected = " or ".join(SIMPLE_TYPES[n][1] for n in names)
         raise ValueError(f"{where}{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+
+def plain(value: Any) -> Any:
+    """A numpy scalar (``np.int64(3)``, ``np.bool_(True)``, ``np.float32(0.5)``) as the Python
+    number it holds (torch's generators and JSON take no numpy integers); anything else as is."""
+    return value.item() if isinstance(value, np.generic) else value

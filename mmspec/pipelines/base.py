@@ -36,17 +36,20 @@ loaded once), a method registry and one registration::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
+import numbers
 import sys
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from ..api import check_seed
-from ..core.arguments import check_argument_types
+from ..core.arguments import check_argument_types, plain
 from ..core.exclusive import LOCK, exclusive, exclusive_steps, exclusively
 from ..core.registry import class_registrar
 from .methods import Method, MethodRegistry
@@ -139,6 +142,23 @@ class Pipeline:
         if init is not None:
             setattr(cls, "__init__", exclusively(init, torch.float32))  # (it builds modules: mmspec.core.exclusive)
 
+    def __repr__(self) -> str:
+        """The pipeline's class, method, device and dtype (a subclass may say more)."""
+        method, components = getattr(self, "method", None), getattr(self, "components", None)
+        parts = [] if method is None else [f"method={method.name!r}"]
+        for name in ("device", "dtype"):
+            value = getattr(components, name, None)
+            if value is not None:
+                parts.append(f"{name}={str(value).removeprefix('torch.')!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickling and copy.copy / copy.deepcopy: refused in one line (a pipeline holds loaded
+        models, C kernels' packed weights and ctypes handles; they failed deep inside torch,
+        ctypes or transformers, or for one task copied 38 MB)."""
+        raise TypeError(f"a {type(self).__name__} holds loaded models and kernels and cannot be pickled or copied; "
+                        "build another with mmspec.pipeline(...), or share this one (its calls are thread-safe)")
+
     # -- before anything loads ---------------------------------------------------------------------
     @classmethod
     def check_arguments(cls, values: dict[str, Any]) -> None:
@@ -220,16 +240,31 @@ class Pipeline:
             return [value]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
-        got = type(value).__name__ if not isinstance(value, (list, tuple)) else \
-            f"a {type(value).__name__} holding {', '.join(sorted({type(v).__name__ for v in value if not isinstance(v, str)}))}"
+        if isinstance(value, (list, tuple)):
+            first = next(i for i, v in enumerate(value) if not isinstance(v, str))
+            got = f"a {type(value).__name__} holding {type(value[first]).__name__} (item {first + 1} of {len(value)})"
+        else:
+            got = type(value).__name__
         raise TypeError(f"{name} must be a string or a list of strings, got {got}")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def naming_item(number: int, total: int, noun: str) -> Iterator[None]:
+        """Inside it, a ValueError / TypeError / OSError about one item of a call's list starts with
+        which ("prompt 2 of 3: empty prompt ..."); the error as is where the call has one item."""
+        try:
+            yield
+        except (ValueError, TypeError, OSError) as error:
+            if total == 1:
+                raise
+            raise type(error)(f"{noun} {number} of {total}: {error}") from None
 
     @staticmethod
     def check_batch_size(batch_size: Any) -> int:
         """Raise one ValueError line unless ``batch_size`` is a positive integer."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        return batch_size
+        return int(batch_size)
 
     # -- calls -----------------------------------------------------------------------------------
     @staticmethod
@@ -303,8 +338,10 @@ def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
         check_argument_types(call, given)
         ranged = inspect.signature(type(self).__call__).parameters  # (stream's names that __call__ shares)
         type(self)._check_ranges({k: v for k, v in given.items() if k in named and k in ranged})  # (seed >= 0, ...)
+        for name, value in bound.arguments.items():  # (numpy scalars as Python numbers: seed=np.int64(0))
+            bound.arguments[name] = plain(value)
         with exclusive():
-            result = call(self, *args, **kwargs)
+            result = call(*bound.args, **bound.kwargs)
         return exclusive_steps(result) if inspect.isgenerator(result) else result
 
     return checked

@@ -20,6 +20,7 @@ uint8, uint16 (scaled as above), bool, or float in [0, 1].
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Union
@@ -61,7 +62,36 @@ def load_image(image: ImageInput) -> Image.Image:
             except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
                 raise ValueError(f"{image} is not an image file ({error})") from None
             return to_rgb(ImageOps.exif_transpose(opened))
-    raise TypeError(f"expected a PIL.Image, a path or a numpy array, got {type(image).__name__}")
+    raise TypeError(_not_an_image(image))
+
+
+def check_image(image: ImageInput) -> None:
+    """Raise what :func:`load_image` would for ``image``, cheaply (a file's header only, an array's
+    shape and dtype, not its pixels' range): every image of a list checked before any decoding."""
+    if isinstance(image, Image.Image):
+        check_size(image.size, "the image")
+    elif isinstance(image, np.ndarray):
+        _check_array_shape(image)
+        if not (image.dtype in (np.uint8, np.uint16, np.bool_) or np.issubdtype(image.dtype, np.floating)):
+            _to_uint8(image, "a numpy image")  # (its dtype's refusal)
+    elif isinstance(image, (str, os.PathLike)):
+        open_image_file(image).close()
+    else:
+        raise TypeError(_not_an_image(image))
+
+
+def _not_an_image(image) -> str:
+    """The refusal of an input that is no image kind mmspec reads, with how to make one of it."""
+    kind = type(image).__name__
+    hints = {"Tensor": "a torch tensor: pass tensor.permute(1, 2, 0).numpy() for [C, H, W] floats in [0, 1], "
+                       "or tensor.numpy() for [H, W, C] uint8",
+             "bytes": "encoded bytes: pass PIL.Image.open(io.BytesIO(data))",
+             "bytearray": "encoded bytes: pass PIL.Image.open(io.BytesIO(data))",
+             "BytesIO": "a stream: pass PIL.Image.open(stream)", "BufferedReader": "an open file: pass its path",
+             "generator": "a generator: pass a list of images", "set": "a set: pass a list of images (a set has no order)",
+             "list": "a nested list: pass a flat list of images", "tuple": "a nested tuple: pass a flat list of images"}
+    hint = hints.get(kind, "")
+    return f"expected a PIL.Image, a path or a numpy array, got {kind}" + (f" ({hint})" if hint else "")
 
 
 def open_image_file(path: str | os.PathLike) -> Image.Image:
@@ -71,9 +101,12 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     Raises:
         FileNotFoundError, ValueError: as :func:`load_image`.
     """
-    if str(path).startswith(("http://", "https://")):
-        raise ValueError(f"{path} is a URL; mmspec reads no URLs: download the image and pass its file")
-    if str(path).startswith("file:"):  # a local file's URL: its path ("file:///a%20b.png" -> "/a b.png")
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):(?://|(?<=data:))", str(path), re.IGNORECASE)  # (not "C:\\x.png")
+    if scheme is not None and scheme.group(1).lower() != "file":
+        raise ValueError(f"{_shown(path)} is a URL; mmspec reads no URLs: download the image and pass its file")
+    if str(path).startswith("~"):
+        path = os.path.expanduser(str(path))
+    if str(path)[:5].lower() == "file:":  # a local file's URL: its path ("file:///a%20b.png" -> "/a b.png")
         from urllib.parse import unquote, urlparse
 
         url = urlparse(str(path))
@@ -108,6 +141,12 @@ def open_image_file(path: str | os.PathLike) -> Image.Image:
     return opened
 
 
+def _shown(path) -> str:
+    """A path or URL for a message: at most 80 characters (a data URL holds a whole image)."""
+    text = str(path)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_size(size: tuple[int, int], name: str) -> None:
     """Raise ValueError if a (width, height) image is empty or exceeds MAX_SIDE / MAX_PIXELS."""
     width, height = size
@@ -139,15 +178,25 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 def array_to_image(array: np.ndarray) -> Image.Image:
     """A numpy image [H, W], [H, W, 1], [H, W, 3] or [H, W, 4] -> 8-bit RGB ``PIL.Image``."""
-    shape = array.shape
-    if array.ndim == 3 and shape[-1] == 1:
+    _check_array_shape(array)
+    if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
-    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[-1] in (3, 4))):
-        hint = " (channels first? use array.transpose(1, 2, 0))" if array.ndim == 3 and shape[0] in (1, 3, 4) else ""
-        raise ValueError(f"a numpy image must be [H, W], [H, W, 3] or [H, W, 4], got shape {shape}{hint}")
-    check_size((array.shape[1], array.shape[0]), "the image")
     pixels = _to_uint8(array, "a numpy image")
     return to_rgb(Image.fromarray(np.ascontiguousarray(pixels)))  # uint8 [H, W] / [H, W, 3|4]: L / RGB / RGBA
+
+
+def _check_array_shape(array: np.ndarray) -> None:
+    """Raise ValueError unless ``array`` is [H, W], [H, W, 1], [H, W, 3] or [H, W, 4] of an acceptable size."""
+    shape = array.shape
+    if not (array.ndim == 2 or (array.ndim == 3 and shape[-1] in (1, 3, 4))):
+        if array.ndim == 3 and shape[0] in (1, 3, 4):
+            hint = " (channels first? use array.transpose(1, 2, 0))"
+        elif array.ndim == 4:
+            hint = " (a stack of images? pass a list of [H, W, C] arrays: list(array))"
+        else:
+            hint = ""
+        raise ValueError(f"a numpy image must be [H, W], [H, W, 3] or [H, W, 4], got shape {shape}{hint}")
+    check_size((shape[1], shape[0]), "the image")
 
 
 def _to_uint8(pixels: np.ndarray, name: str) -> np.ndarray:

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 import struct
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -527,9 +529,15 @@ def write_wav(path: str | Path, waveform: torch.Tensor, rate: int, subtype: str 
     """Write float audio [channels, samples] or [samples] as a WAV file with soundfile.
 
     ``subtype`` "PCM_16" (default; samples are clipped to [-1, 1]) or "FLOAT" (exact float32), or
-    any other soundfile WAV subtype. Parent directories are created.
+    any other soundfile WAV subtype. Parent directories are created. A path named for another
+    format (``x.mp3``, ``x.flac``) is refused: WAV data under such a name was written silently.
     """
     import soundfile
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in ("", ".wav", ".wave"):
+        raise ValueError(f"write_wav writes WAV files; name the file .wav, not {suffix} (for FLAC or OGG: "
+                         f"soundfile.write(path, audio.T.numpy(), rate))")
 
     audio = torch.as_tensor(waveform).detach().float().cpu()
     if audio.dim() == 1:
@@ -539,8 +547,9 @@ def write_wav(path: str | Path, waveform: torch.Tensor, rate: int, subtype: str 
                          f"got shape {tuple(audio.shape)}")
     if not bool(torch.isfinite(audio).all()):
         raise ValueError("waveform contains NaN or infinite samples; clean it before writing")
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, numbers.Integral) or rate <= 0:
         raise ValueError(f"rate must be a positive int (samples per second), got {rate!r}")
+    rate = int(rate)
     if subtype.upper().startswith("PCM"):
         audio = audio.clamp(-1.0, 1.0)
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from ...core.stats import DictAccess, SpecStats
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
-from ..images import ImageInput, load_image
+from ..images import ImageInput, check_image, load_image
 from .auto_drafter import choose_auto_drafter, choose_batch_drafter, choose_sampling_drafter
 from .components import CaptioningComponents, check_cuda_graphs, escape_image_tokens, load_draft_model, no_chat_template
 from .methods import METHODS, check_drafter_name, check_tree_drafter, is_caption_spec, make_caption_method
@@ -469,7 +469,9 @@ class ImageCaptioningPipeline(Pipeline):
             compare_baseline: also run plain AR decoding on the same inputs and set
                 ``stats.speedup`` = baseline wall time / speculative wall time (of the whole batch).
             batch_size: images of a list decoded together (:mod:`mmspec.core.batch`): each caption
-                is the one batch size 1 gives (same tokens, same seed), its ``stats`` are its own
+                is the one batch size 1 gives (same tokens, same seed; in float32, or in bf16 where
+                the C kernels and batch-invariant attention run every row alone: elsewhere bf16
+                rows may round differently, docs/usage.md "Batches"), its ``stats`` are its own
                 row's (``wall_time_s``: until the row finished; ``config["batch_wall_time_s"]``:
                 the batch's). Tree drafters draft their chain form in a batch (EAGLE-2 -> EAGLE,
                 Medusa / Hydra -> the top-1 chain): greedy, the same caption; sampled, an exact
@@ -495,6 +497,9 @@ class ImageCaptioningPipeline(Pipeline):
                       top_k=top_k, top_p=top_p, seed=seed, eos_token_id=self.eos_token_ids)
         single = not isinstance(images, (list, tuple))
         items = [images] if single else list(images)
+        if not items:
+            raise ValueError("no images given; pass an image or a list of them")
+        check_images(items)
         joins = stream is not None and stream.admits and not compare_baseline
         rows = None if stream is None else _StreamedRows(stream, lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True))
         report, close = self.progress_reporter(progress, len(items), "image")
@@ -648,6 +653,17 @@ def _finish(stream: _StreamedRows | None, index: int, output: CaptionOutput) -> 
     if stream is not None:
         stream.finish(index, output)
     return output
+
+
+def check_images(items: list) -> None:
+    """Every item of a call (an image, or a Conversation's images) checked before any decoding,
+    cheaply (:func:`~mmspec.pipelines.images.check_image`): a bad item late in a list would
+    otherwise end the call after the captions before it, losing them. The refusal names the item
+    ("image 9 of 9: ...") where the call has several."""
+    for number, item in enumerate(items, 1):
+        with Pipeline.naming_item(number, len(items), "image"):
+            for image in item.images if isinstance(item, Conversation) else [item]:
+                check_image(image)
 
 
 def _prompt_of(item: Any, prompt: str) -> str:

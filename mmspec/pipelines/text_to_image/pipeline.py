@@ -311,7 +311,10 @@ class TextToImagePipeline(Pipeline):
         if not prompts:
             raise ValueError("no prompts given")
         check_batches(self.method, len(prompts) * num_images, batch_size)
-        inputs = [self.prompt_inputs(p) for p in prompts]  # every prompt checked before decoding
+        inputs = []
+        for number, one in enumerate(prompts, 1):  # every prompt checked before decoding
+            with self.naming_item(number, len(prompts), "prompt"):
+                inputs.append(self.prompt_inputs(one))
         base_seed = fresh_seed() if seed is None else seed  # (None: a fresh random seed)
         jobs = [(model_inputs, base_seed + i) for model_inputs in inputs for i in range(num_images)]
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)

@@ -299,7 +299,8 @@ class TextToSpeechPipeline(Pipeline):
         # every text checked and split before decoding: (text index, piece, its inputs)
         spoken, pieces = [], []
         for index, t in enumerate(texts):
-            normalized, cut = self._pieces(t, speed, frames, split)
+            with self.naming_item(index + 1, len(texts), "text"):
+                normalized, cut = self._pieces(t, speed, frames, split)
             spoken.append(normalized)
             pieces += [(index, piece, inputs) for piece, inputs in cut]
         budget = c.target.stream_length(frames) + 1
