@@ -120,6 +120,58 @@ def test_shards_are_disjoint_resumable_and_merged_in_input_order(tmp_path):
     assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == [x.upper() for x in inputs]
 
 
+def test_a_retry_replaces_failed_rows_in_every_part_of_an_interrupted_launch(tmp_path):
+    """The stop-78 audit: after an interrupted 2-process run, --retry-errors made the fixed row
+    again, then the merge let the old part's failed record win (exit 2, the error kept)."""
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps({"path": "a", "text": "A."}) + "\n")
+    (tmp_path / "out.jsonl.rank-1-of-2").write_text(json.dumps({"path": "b", "error": "not an image"}) + "\n")
+    retry = ShardedResults(out, ["a", "b", "c"], "path", retry_errors=True)
+    assert retry.todo == ["b", "c"] and retry.retried == 1 and retry.pending == ["b", "c"]
+    for x in retry.todo:
+        retry.write({"path": x, "text": x.upper() + "."})
+    records = retry.finish()
+    assert [r.get("text") for r in records] == ["A.", "B.", "C."] and retry.made(records) == (2, 0)
+    assert not list(tmp_path.glob("out.jsonl.rank-*"))
+
+
+def test_rows_without_their_settings_or_from_another_folder_are_not_resumed(tmp_path, monkeypatch):
+    """A deleted OUT.settings.json let a resume mix settings silently; a relative path resumed from
+    another folder captioned every image again under another name."""
+    out = tmp_path / "out.jsonl"
+    monkeypatch.chdir(tmp_path)
+    first = ShardedResults(out, ["images/a.png"], "path", settings={"seed": 0})
+    first.write({"path": "images/a.png", "text": "A."})
+    first.finish()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=f"holds rows of paths relative to {tmp_path} \\('images/a.png'\\); run from there"):
+        ShardedResults(out, ["images/a.png"], "path", settings={"seed": 0})
+    monkeypatch.chdir(tmp_path)
+    assert ShardedResults(out, ["images/a.png"], "path", settings={"seed": 0}).todo == []
+    (tmp_path / "out.jsonl.settings.json").unlink()
+    with pytest.raises(ValueError, match="holds rows, but not the settings they were made with"):
+        ShardedResults(out, ["images/a.png"], "path", settings={"seed": 0})
+
+
+def test_a_launch_without_an_output_file_or_with_a_data_file_is_one_line(folder, monkeypatch, capsys):
+    """Under a launcher without --out every process captioned everything and printed it (--json:
+    two lists on stdout); the first process alone prints the refusal. A JSONL given as an image was
+    a row error --retry-errors could not mend."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, expected in (("0", "mmspec: error: 2 processes shard the inputs into one output file: pass --out FILE.jsonl "
+                                  "(or run one process)"),
+                           ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        assert main(["caption", str(folder), "--json"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.strip() == expected and captured.out == ""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["caption", str(folder / "data.jsonl")]) == 2
+    assert "data.jsonl: mmspec caption takes images, folders of them or globs, not a data file" in capsys.readouterr().err
+
+
 def caption_args(folder, model, out):
     return ["caption", str(folder), "--out", str(out), "--model", str(model), "--drafter", "prompt-lookup",
             "--dtype", "fp32", "--max-new-tokens", "4", "--device", "cpu"]

@@ -28,6 +28,22 @@ def test_training_run_resumes_step_log_time_and_recipe_state(tmp_path):
     assert again.should_save(100, total_steps=4) and not again.should_save(100, total_steps=10)
 
 
+def test_a_resume_names_the_settings_that_changed(tmp_path, capsys):
+    """The stop-78 audit: a resume with another --lr or --batch-size said only "resuming at step
+    40" (the recipes resume with a longer schedule or another loss weight, so it is not refused)."""
+    args = argparse.Namespace(steps=10, lr=0.003, batch_size=4, threads=1, time_limit=5.0)
+    run = TrainingRun(tmp_path, args)
+    run.step = 4
+    run.save(weights=torch.zeros(1))
+    TrainingRun(tmp_path, argparse.Namespace(**{**vars(args), "threads": 2, "time_limit": 9.0})).resume()
+    assert capsys.readouterr().out == "resuming at step 4\n"  # (threads and time limit: how it runs, not what)
+    TrainingRun(tmp_path, argparse.Namespace(**{**vars(args), "lr": 0.001, "steps": 20})).resume()
+    assert capsys.readouterr().out == ("resuming at step 4; changed since the checkpoint: steps 10 there, 20 now; lr 0.003 "
+                                       "there, 0.001 now (the rest of the run follows the new values)\n")
+    TrainingRun(tmp_path, args, announce=False).resume()  # (the other processes of a sharded run)
+    assert capsys.readouterr().out == ""
+
+
 def test_training_run_time_limit(tmp_path):
     run = TrainingRun(tmp_path, argparse.Namespace(), time_limit=0.0)
     run.started -= 1.0

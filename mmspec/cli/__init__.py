@@ -135,16 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as error:
+        first = int(os.environ.get("RANK", "0")) == 0  # (under a launcher every process gets the same line: the first says it)
         if seen or isinstance(error, KeyboardInterrupt):
             terminated = signal.SIGTERM in seen or isinstance(error, Terminated)
-            note = interrupted_note(args, argv) if args is not None else "nothing was saved"
-            print(f"mmspec: {'terminated' if terminated else 'interrupted'}; {note}", file=sys.stderr)
+            if first:
+                note = interrupted_note(args, argv) if args is not None else "nothing was saved"
+                print(f"mmspec: {'terminated' if terminated else 'interrupted'}; {note}", file=sys.stderr)
             return TERMINATED if terminated else INTERRUPTED
         from ..hub import MissingDependencyError
 
         if isinstance(error, (ValueError, OSError, MissingDependencyError)):
             # user errors (bad arguments, files or model ids that cannot be found or written): one line, no traceback
-            print(f"mmspec: error: {error}", file=sys.stderr)
+            if first:
+                print(f"mmspec: error: {error}", file=sys.stderr)
             return 2
         raise
 

@@ -27,7 +27,8 @@ from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioni
                                    check_prompt, check_tree_drafter)
 from ..drafters import check_draft_length_use
 from ..pipelines.images import open_image_file
-from .dataset import Progress, ShardedResults, add_row_args, expand_images, failed_rows_exit, interrupted_rows
+from .dataset import (Progress, ShardedResults, add_row_args, check_sharded_output, expand_images, failed_rows_exit,
+                      interrupted_rows)
 from .output import difference_note, speedup_words
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
@@ -97,6 +98,11 @@ def run_caption_command(args) -> int:
         raise ValueError("--retry-errors redoes the failed rows of an output file: pass --out FILE.jsonl")
     if args.cuda_graphs and args.batch_size > 1:
         raise ValueError("--cuda-graphs decodes one image at a time: drop --batch-size or --cuda-graphs")
+    check_sharded_output(args.out)
+    listed = next((p for p in args.images if p.lower().endswith((".jsonl", ".json", ".csv", ".parquet"))), None)
+    if listed is not None:  # (it became a row error, "not an image file", that --retry-errors could not mend)
+        raise ValueError(f"{listed}: mmspec caption takes images, folders of them or globs, not a data file (a JSONL of "
+                         "prompts and images is training data: mmspec train drafter --data)")
     paths = expand_images(args.images)
     shaping = ("model", "dtype", "drafter", "num_draft_tokens", "prompt", "max_new_tokens", "do_sample", "temperature",
                "top_k", "top_p", "seed", "compare_baseline")  # what a row's record depends on: a resume keeps them
@@ -186,18 +192,17 @@ def run_caption_command(args) -> int:
                     done(record, result, result.stats.config["batch_wall_time_s"] / len(chunk))
         finally:
             progress.close()
-    errors = sum("error" in r for r in records)
+    rank = results.process.rank if results is not None else 0
     if results is not None:
         records = results.finish()
-        if not args.json:
-            captioned = sum("error" not in r for r in todo)
+        if not args.json and rank == 0:  # (one summary, every process's counts)
+            captioned, errors = results.made(records)
             retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
             print(f"{args.out}: {len(records)} of {len(paths)} inputs done; this run captioned {captioned}, "
                   f"{errors} error(s){retried}")
-    if args.json:
+    if args.json and rank == 0:
         print(json.dumps(records, indent=2))
     where = args.out or ("the JSON records" if args.json else "the error lines above")
-    rank = results.process.rank if results is not None else 0
     alone = len(records) == 1 and results is None and not args.json  # (its error line said it all)
     return failed_rows_exit(records, where, retry=results is not None, show=rank == 0 and not alone,  # one rule, with or without --out
                             process=results.process if results is not None else None)

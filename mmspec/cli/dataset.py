@@ -115,6 +115,20 @@ def _cut_short(line: str) -> bool:
     return False
 
 
+def launched_processes() -> int:
+    """How many processes a launcher started for this command (``accelerate launch``, ``torchrun``:
+    WORLD_SIZE), without importing accelerate; 1 when run alone."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_sharded_output(out: Any, option: str = "--out FILE.jsonl") -> None:
+    """Under a launcher, refuse a run without an output file in one line: the processes shard their
+    inputs into one file; without it each did the whole job and printed all of it."""
+    if launched_processes() > 1 and not out:
+        raise ValueError(f"{launched_processes()} processes shard the inputs into one output file: pass {option} "
+                         "(or run one process)")
+
+
 class ProcessState:
     """This process's rank, the process count and its device: accelerate's process state when more
     than one process runs (``accelerate launch``, or ``torchrun``: WORLD_SIZE > 1; on a machine
@@ -126,7 +140,7 @@ class ProcessState:
 
     def __init__(self) -> None:
         self._state, self.device = None, None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if launched_processes() > 1:
             import torch
             from accelerate import PartialState
 
@@ -153,8 +167,9 @@ class ShardedResults:
     Attributes:
         todo: this process's inputs that no file holds yet (or whose record failed, with
             ``retry_errors``), in order.
+        pending: every process's such inputs: what this run makes (its summary's counts).
         done: the records already held (all processes' parts and ``out``), less those retried.
-        retried: how many failed records of this process are run again.
+        retried: how many failed records (of every process) are run again.
     Raises:
         OutputError: the folder or a file cannot be made or written (one line naming the path).
     """
@@ -172,16 +187,21 @@ class ShardedResults:
         self.part = self.out if world == 1 else self.out.with_name(f"{self.out.name}.rank-{rank}-of-{world}")
         self.done = {**read_records(self.out, key), **self._parts()}
         self._check_same_run(settings or {}, input_fields or {})
-        mine = [x for i, x in enumerate(inputs) if i % world == rank]
-        failed = {x for x in mine if "error" in self.done.get(x, {})} if retry_errors else set()
+        failed = {x for x in inputs if "error" in self.done.get(x, {})} if retry_errors else set()
         self.retried = len(failed)
         self.done = {x: r for x, r in self.done.items() if x not in failed}
-        self.todo = [x for x in mine if x not in self.done]
+        self.pending = [x for x in inputs if x not in self.done]
+        self.todo = [x for i, x in enumerate(inputs) if i % world == rank and x not in self.done]
         self._file = None
-        if failed and world == 1 and self.out.is_file():  # the failed rows out first (replaced whole): an
-            held = read_records(self.out, key)  # interrupted retry leaves one record per input, not two
-            with OutputFiles() as files:
-                files.write_text(self.out, "".join(json.dumps(r) + "\n" for x, r in held.items() if x not in failed))
+        if failed:  # the failed rows out of OUT and of every part (an earlier run's, any process count) first,
+            self.process.wait()  # once every process has read them: a stale failed record could otherwise
+            if rank == 0:  # win the final merge over the new one, and an interrupted retry keeps one record each
+                with OutputFiles() as files:
+                    for path in [self.out, *self._part_files()]:
+                        if path.is_file():
+                            held = read_records(path, key)
+                            files.write_text(path, "".join(json.dumps(r) + "\n" for x, r in held.items() if x not in failed))
+            self.process.wait()
 
     @property
     def settings_file(self) -> Path:
@@ -192,12 +212,23 @@ class ShardedResults:
         """Refuse to resume rows made with other settings, or for other inputs under the same key
         (a prompts file edited since), in one line; record the settings for the next resume."""
         held = self.settings_file
-        if held.is_file() and self.done:  # (a run that failed before its first row left settings, no rows)
+        settings = {**settings, "cwd": os.getcwd()} if settings else settings  # (the rows' relative paths read from it)
+        model = settings.get("model")
+        if isinstance(model, str) and os.path.exists(os.path.expanduser(model)):  # ("./m" and "/abs/m": one model)
+            settings["model"] = os.path.abspath(os.path.expanduser(model))
+        if settings and self.done:  # (a run that failed before its first row left settings, no rows)
             try:
                 before = json.loads(held.read_text())
-            except ValueError:
+            except (OSError, ValueError):
                 before = None
-            shown = changed_settings(before, settings)
+            if not isinstance(before, dict):
+                raise ValueError(f"{self.out} holds rows, but not the settings they were made with ({held.name} is missing "
+                                 "or unreadable), so they cannot be resumed safely; choose another output (or delete it)")
+            relative = next((x for x in self.done if not os.path.isabs(x)), None)
+            if relative is not None and before.get("cwd", settings["cwd"]) != settings["cwd"]:
+                raise ValueError(f"{self.out} holds rows of paths relative to {before['cwd']} ({relative!r}); run from "
+                                 "there to resume (cd), or choose another output")
+            shown = changed_settings(before, {k: v for k, v in settings.items() if k != "cwd"})
             if shown:
                 raise ValueError(f"{self.out} holds rows made with other settings ({shown}); rerun with those to "
                                  "resume, or choose another output")
@@ -210,11 +241,22 @@ class ShardedResults:
         if settings and self.process.rank == 0:
             write_text(held, json.dumps(settings, sort_keys=True) + "\n")
 
+    def _part_files(self) -> list[Path]:
+        """Every process's part of OUT (this run's and an interrupted earlier run's, any process count)."""
+        return sorted(self.out.parent.glob(f"{glob.escape(self.out.name)}.rank-*-of-*"))
+
     def _parts(self) -> dict[str, dict[str, Any]]:
         records = {}
-        for part in sorted(self.out.parent.glob(f"{glob.escape(self.out.name)}.rank-*-of-*")):
+        for part in self._part_files():
             records.update(read_records(part, self.key))
         return records
+
+    def made(self, records: list[dict[str, Any]]) -> tuple[int, int]:
+        """Of ``records`` (:meth:`finish`'s), those this run made, every process's: (done, failed)."""
+        pending = set(self.pending)
+        mine = [r for r in records if r[self.key] in pending]
+        failed = sum("error" in r for r in mine)
+        return len(mine) - failed, failed
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (flushed: a kill loses at most the line being written)."""
@@ -241,7 +283,7 @@ class ShardedResults:
         if self.process.rank == 0:  # input order (header failures were written first); parts of a killed run too
             with OutputFiles() as files:  # replaced whole, or kept as it was
                 files.write_text(self.out, "".join(json.dumps(r) + "\n" for r in ordered + others))
-            for part in self.out.parent.glob(f"{glob.escape(self.out.name)}.rank-*-of-*"):
+            for part in self._part_files():
                 part.unlink()
         self.process.wait()
         return ordered
@@ -297,6 +339,10 @@ def interrupted_rows(out: str | os.PathLike, key: str, command: str) -> str:
     if not count:
         return f"no row was finished, nothing was saved; rerun the same command to start again: {command}"
     of_which = f" ({failed} of them failed)" if failed else ""
+    if launched_processes() > 1:  # (the rows sit in the processes' parts until the run's end merges them)
+        return (f"{count} finished row{'s are' if count != 1 else ' is'} saved in {out}'s per-process parts "
+                f"({Path(out).name}.rank-*){of_which}; rerun the same launch (any process count, or {command} alone) to "
+                "resume: the parts are merged then")
     return (f"{count} finished row{'s are' if count != 1 else ' is'} saved in {out}{of_which}; rerun the same command "
             f"to resume: {command}")
 

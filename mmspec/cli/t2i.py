@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .dataset import IMAGE_SUFFIXES, ProcessState, Progress, ShardedResults, add_row_args, failed_rows_exit, interrupted_rows
+from .dataset import (IMAGE_SUFFIXES, ProcessState, Progress, ShardedResults, add_row_args, check_sharded_output,
+                      failed_rows_exit, interrupted_rows)
 from .output import OutputFiles
 
 
@@ -157,12 +158,15 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
     finally:
         bar.close()
     records = results.finish()
-    if args.json:
+    if results.process.rank != 0:  # (one JSON document and one summary, every process's counts)
+        pass
+    elif args.json:
         print(json.dumps(records, indent=2))
     else:
         retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
+        drawn, failed = results.made(records)
         print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew "
-              f"{len(results.todo)}{retried}")
+              f"{drawn + failed}{retried}")
     return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0, process=results.process)
 
 
@@ -206,6 +210,7 @@ def run(args) -> int:
         raise ValueError("pass a prompt or --prompts FILE (one prompt per line)" + (", not both" if args.prompts else ""))
     if args.retry_errors and not args.prompts:
         raise ValueError("--retry-errors redoes the failed rows of --prompts FILE's results.jsonl: pass --prompts")
+    check_sharded_output(args.prompts, "--prompts FILE (one prompt per line)")
     if Path(args.out).suffix.lower() in IMAGE_SUFFIXES and not Path(args.out).is_dir():
         raise ValueError(f"--out is the folder the images go in, and {args.out} names an image file; give a folder "
                          f"(--out {Path(args.out).with_suffix('')})")

@@ -69,10 +69,15 @@ class TrainingRun:
             (``*.safetensors``) but no checkpoint is refused unless ``args.overwrite``.
         args: the parsed command-line arguments (their scalar values go to training.json).
         time_limit: minutes of this invocation after which :attr:`out_of_time` turns true.
+        announce: print the resume line (False on the processes of a sharded run but the first).
     """
 
-    def __init__(self, out: str | Path, args: Any, time_limit: float | None = None) -> None:
+    #: settings a resumed run may change without a word: how long and where it runs, not what it trains
+    RUN_SETTINGS = ("time_limit", "threads", "resume", "overwrite", "save_every", "device")
+
+    def __init__(self, out: str | Path, args: Any, time_limit: float | None = None, announce: bool = True) -> None:
         self.out = Path(out)
+        self.announce = announce
         check_fresh_out(self.out, args)
         self.out.mkdir(parents=True, exist_ok=True)
         self.args, self.time_limit = args, time_limit
@@ -90,8 +95,29 @@ class TrainingRun:
             state = torch.load(self.state_path, weights_only=True, map_location="cpu")  # load_state_dict places it
         self.step, self.log, self.elapsed = state.pop("step"), state.pop("log"), state.pop("elapsed")
         self.started = time.time()
-        print(f"resuming at step {self.step}", flush=True)
+        if self.announce:
+            changed = self.changed_settings()
+            print(f"resuming at step {self.step}" + (f"; changed since the checkpoint: {changed} (the rest of the run "
+                                                     "follows the new values)" if changed else ""), flush=True)
         return state
+
+    def settings(self) -> dict[str, Any]:
+        """The arguments' plain values (numbers, strings, flags and lists of them): training.json's ``args``."""
+        plain = (int, float, str, bool, type(None))
+        return {k: v for k, v in vars(self.args).items()
+                if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))}
+
+    def changed_settings(self) -> str:
+        """The settings that shape training (not :data:`RUN_SETTINGS`) whose value differs from the
+        last save's training.json, as "lr 0.003 there, 0.001 now; ...": a resume may change them
+        (the recipes resume with a longer schedule or another loss weight), and says so."""
+        try:
+            before = json.loads((self.out / "training.json").read_text())["args"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+        now = self.settings()
+        changed = [k for k in now if k in before and k not in self.RUN_SETTINGS and before[k] != now[k]]
+        return "; ".join(f"{k} {before[k]!r} there, {now[k]!r} now" for k in changed)
 
     def resume_into(self, **stateful: Any) -> dict[str, Any] | None:
         """:meth:`resume`, loading each keyword's saved state dict into it (a module or optimizer
@@ -160,10 +186,7 @@ class TrainingRun:
         tmp = self.state_path.with_suffix(".tmp")
         torch.save({**state, "step": self.step, "log": self.log, "elapsed": elapsed}, tmp)
         tmp.replace(self.state_path)
-        plain = (int, float, str, bool, type(None))
-        settings = {k: v for k, v in vars(self.args).items()
-                    if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))}
-        summary = {"args": settings, "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
+        summary = {"args": self.settings(), "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
         (self.out / "training.json").write_text(json.dumps(summary, indent=1))
 
     def should_save(self, every: int, total_steps: int) -> bool:

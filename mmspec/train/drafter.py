@@ -573,7 +573,7 @@ def run_any_target(args) -> int:
     def on_device(rows) -> dict[str, torch.Tensor]:
         return to_device(collate(rows), device)
 
-    run = TrainingRun(out, args, args.time_limit)
+    run = TrainingRun(out, args, args.time_limit, announce=process.rank == 0)
     run.resume_into(head=head, optimizer=optimizer)
     progress = Progress(args.steps, always=True, unit="step", show=process.rank == 0, initial=run.step)  # (its rate: this run's)
     card = {"target": args.target, "trained_with": "mmspec train drafter"}
