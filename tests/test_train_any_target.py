@@ -95,6 +95,23 @@ def test_text_target_jsonl_with_bad_rows_and_resume(text_target, tmp_path, capsy
     assert len((out / "loss.csv").read_text().splitlines()) == 4
 
 
+def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anything_is_written(text_target, tmp_path, capsys):
+    """The stop-78 audit: the cards' data-only commands (--steps 0) were refused since --steps had
+    to be >= 1; a run into a folder holding a trained head rewrote its draft_vocab.json, then refused."""
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(8)])
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "0", "--cache", str(tmp_path / "cache")) == 0
+    assert "--steps 0: the data is ready in" in capsys.readouterr().out
+    assert any((tmp_path / "cache").iterdir()) and not out.exists()
+    out.mkdir()
+    (out / "eagle_head.safetensors").write_bytes(b"weights")
+    (out / "draft_vocab.json").write_text("[1, 2]")
+    assert train(text_target, data, out, "--steps", "2") == 2
+    assert "holds a trained model (eagle_head.safetensors) and no checkpoint to resume" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["draft_vocab.json", "eagle_head.safetensors"]
+    assert (out / "draft_vocab.json").read_text() == "[1, 2]"
+
+
 def test_loss_csv_has_every_logged_step_before_a_checkpoint(text_target, tmp_path, capsys, monkeypatch):
     """docs/drafters.md: a row of OUT/loss.csv every --log-every steps (the stop-74 audit: it was
     written only with a checkpoint, so a run stopped before one had none)."""

@@ -107,11 +107,12 @@ def check_args(args: argparse.Namespace) -> None:
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    zero = getattr(args, "zero_allowed", ())  # (a subcommand's counts where 0 means something: train drafter --steps 0)
     for names, holds, needs in RANGE_RULES:
         for name in names:
             value = getattr(args, name, None)
             for v in value if isinstance(value, list) else [value]:
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v):
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v) and not (v == 0 and name in zero):
                     raise ValueError(f"--{name.replace('_', '-')} must {needs}, got {v}")
     # the sampling options given: refused with --greedy, and (below) without --do-sample
     given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name, None) is not None]

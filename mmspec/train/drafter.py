@@ -49,7 +49,7 @@ from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_d
 from ..hub import resolve_dtype
 from ..hub import models_dir
 from .eagle3 import eagle3_loss, target_states
-from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -109,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", default=None, help="start from this head directory")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="draft from the N most frequent tokens of the data (FR-Spec; 0 = the whole vocabulary)")
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=2000, help="training steps (0: make the data cache only)")
+    parser.set_defaults(zero_allowed=("steps",))
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--ce-positions", type=int, default=512, help="positions per batch that get the CE term")
@@ -488,10 +489,11 @@ def run_any_target(args) -> int:
     args.held_out = 0.1 if args.held_out is None else args.held_out
     if not 0 <= args.held_out < 1:
         raise ValueError(f"--held-out must be in [0, 1), got {args.held_out}")
-    for name in ("batch_size", "steps", "shard_size", "gen_batch", "log_every", "save_every"):
+    for name in ("batch_size", "shard_size", "gen_batch", "log_every", "save_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out)
+    check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
     if (out / "train_state.pt").exists() and not args.resume:
         raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
@@ -538,6 +540,8 @@ def run_any_target(args) -> int:
         print(f"held out of training: groups {', '.join(sorted(held_groups))} ({len(held_ids)} sequences); training on "
               f"{len(train_ids)} sequences of groups {', '.join(sorted({g or '(none)' for g in groups} - held_groups))}", flush=True)
     train, held_out = [records[i] for i in train_ids], [records[i] for i in held_ids]
+    if args.steps == 0:
+        return data_only(cache, process.rank == 0)
     out.mkdir(parents=True, exist_ok=True)
     vocabulary = min(args.draft_vocab, model.get_output_embeddings().weight.shape[0])
     if process.rank == 0:
@@ -669,6 +673,13 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
     return report
 
 
+def data_only(cache: Path, announce: bool = True) -> int:
+    """``--steps 0``: the self-distillation data made (or found) in ``cache``, nothing trained."""
+    if announce:
+        print(f"--steps 0: the data is ready in {cache}; nothing trained (give --steps N to train on it)", flush=True)
+    return 0
+
+
 def reads_any_data(args) -> bool:
     """Whether ``--target captioner`` trains through the any-target loop: EAGLE-3 always (its three
     target layers need the image inputs, which the recipe's cached records do not keep), any
@@ -710,9 +721,12 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out)
+    check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
     model, tokenizer_or_processor = load_target(args.target)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
+    if args.steps == 0:
+        return data_only(data_dir)
     records = load_chunks(data_dir)
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
