@@ -2,6 +2,7 @@
 generator + draft; the text encoder is the installed SmolLM2's first layers)."""
 
 import json
+import shutil
 
 import numpy as np
 from PIL import Image
@@ -339,3 +340,22 @@ def test_a_run_replaces_an_earlier_runs_images_in_its_folder(tmp_path, capsys):
     assert main(["t2i", "a red square", "--out", str(out), "--no-progress"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["acceptance-0.png", "grid.png", "image-0.png"]
     assert "removed 4 image(s) an earlier run left there" in capsys.readouterr().out
+
+
+def test_the_image_drafter_recipe_links_its_head_into_the_targets_manifest(model_dir, tmp_path, monkeypatch, capsys):
+    """The stop-78 audit: following the cards (train t2i, then train image-drafter), --method eagle
+    said "pass eagle_head=DIR": nothing named the trained head in the target's t2i.json."""
+    from mmspec.cli import main
+
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "gen"
+    shutil.copytree(model_dir, target)
+    manifest = {"vq": str(model_dir.parent / "vq"), "draft": str(model_dir.parent / "draft"), "text_encoder_layers": 2}
+    (target / "t2i.json").write_text(json.dumps(manifest))
+    out = tmp_path / "eagle"
+    assert main(["train", "image-drafter", "--model", str(target), "--out", str(out), "--sequences", "4", "--val-sequences",
+                 "2", "--gen-batch", "2", "--steps", "2", "--batch-size", "2", "--save-every", "2", "--threads", "1"]) == 0
+    assert json.loads((target / "t2i.json").read_text())["eagle"] == "../eagle"
+    assert "linked the head into" in capsys.readouterr().out
+    r = mmspec.pipeline("text-to-image", model=target, method="eagle")("a red circle", seed=0)
+    assert r.stats.config["drafter"] == "image-eagle"

@@ -332,6 +332,18 @@ def test_a_directory_without_a_manifest_or_a_draft(model_dir, tmp_path):
         mmspec.pipeline("text-to-speech", model=no_draft, method="vadusa")
 
 
+def test_an_ar_stage_without_its_nar_stage_says_how_to_link_one(tmp_path_factory):
+    """The stop-78 audit: a voice trained with --codebooks 1 (the card's AR stage) failed with only
+    "the codec (8 x 256) does not match the LM's codebooks (1 x 256)"."""
+    voice = make_model_dir(tmp_path_factory.mktemp("valle-no-nar"), aligned=True, valle=True)
+    manifest = json.loads((voice / "tts.json").read_text())
+    del manifest["nar"]
+    (voice / "tts.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"an AR stage of 1 codebook\(s\) says the rest through a NAR stage, which "
+                                         r".*tts.json does not name \(\"nar\"\): train one with mmspec train tts-nar --voice"):
+        mmspec.pipeline("text-to-speech", model=voice)
+
+
 def _cli(capsys, *args):
     """``mmspec tts ARGS`` in this process (the CLI's ``main``): (exit code, stdout, stderr)."""
     code = main(["tts", *args])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -183,6 +184,20 @@ def evaluate(head, target, codes, features, guidance) -> dict[str, float]:
     return {key: round(value / len(codes), 4) for key, value in totals.items()}
 
 
+def link_head(given: str | None, model_dir: Path, out: Path) -> None:
+    """The trained head named in the target's t2i.json (``"eagle"``, relative), as ``train tts-drafter``
+    does, so that ``--method eagle`` finds it: for an mmspec t2i directory given with ``--model``;
+    the embedded model's shipped manifest (no ``--model``) is left as it is (pass ``--eagle-head OUT``)."""
+    manifest_path = model_dir / "t2i.json"
+    if given is None or not manifest_path.is_file():
+        print(f"the head is in {out}: give it with --eagle-head {out} (eagle_head=...)", flush=True)
+        return
+    manifest = json.loads(manifest_path.read_text())
+    manifest["eagle"] = os.path.relpath(out.resolve(), model_dir.resolve())
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    print(f"linked the head into {manifest_path} (\"eagle\": {manifest['eagle']!r})", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -220,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
             validation = evaluate(head, target, val_codes, val_features, args.guidance)
             run_state.record(**{f"val_{k}": v for k, v in validation.items()})
             head.save(out, model=str(model_dir), guidance=args.guidance)
+            if run_state.step >= args.steps or run_state.out_of_time:
+                link_head(args.model, Path(model_dir), out)
             (out / "eval.json").write_text(json.dumps({"step": run_state.step, "val_sequences": len(val_codes), **validation}, indent=1))
             run_state.save(head=head.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():

@@ -182,8 +182,12 @@ class TTSComponents(OptimizesOnLoad):
         nar = load_nar_stage(directory, manifest.get("nar"), lm, dev, dtype)
         books = (nar or lm).config
         if (codec.num_codebooks, codec.codebook_size) != (books.num_codebooks, books.codebook_size):
+            stage = ("" if nar is not None or books.num_codebooks >= codec.num_codebooks else
+                     f"; an AR stage of {books.num_codebooks} codebook(s) says the rest through a NAR stage, which "
+                     f"{manifest_path} does not name (\"nar\"): train one with mmspec train tts-nar --voice {directory}, "
+                     "or link a trained one there")
             raise ValueError(f"the codec ({codec.num_codebooks} x {codec.codebook_size}) does not match the "
-                             f"{'NAR stage' if nar else 'LM'}'s codebooks ({books.num_codebooks} x {books.codebook_size})")
+                             f"{'NAR stage' if nar else 'LM'}'s codebooks ({books.num_codebooks} x {books.codebook_size}){stage}")
         draft, medusa, eagle = manifest.get("draft"), manifest.get("medusa"), manifest.get("eagle")
         draft_dir = directory / draft if draft and (directory / draft / CodecLM.config_file).is_file() else None
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
