@@ -272,3 +272,26 @@ def test_a_t2i_bench_resume_names_the_setting_that_differs(tmp_path, capsys):
     assert main([*argv, "--window", "16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds results of other settings (window None there, 16 now)" in err
+
+
+def test_a_second_process_writing_the_same_output_is_refused(tmp_path):
+    """The stop-78 audit: two runs appending to one results file lost 6 of 8 rows; two trainings into
+    one folder crashed on each other's checkpoint. Another process holding the lock: one line."""
+    import subprocess
+    import sys
+
+    from mmspec.cli.output import hold_lock
+
+    lock = tmp_path / ".out.jsonl.lock-0"
+    holder = subprocess.Popen([sys.executable, "-c", f"from mmspec.cli.output import hold_lock; import time; "
+                               f"hold_lock({str(lock)!r}, 'x'); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=rf"another mmspec run \(pid {holder.pid}\) is writing {tmp_path}/out.jsonl; wait"):
+            hold_lock(lock, str(tmp_path / "out.jsonl"))
+    finally:
+        holder.kill()
+        holder.wait()
+    hold_lock(lock, "x")  # (released with its process; this one may take it, and again)
+    hold_lock(lock, "x")

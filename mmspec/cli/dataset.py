@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from .output import OutputFiles, output_error, write_text
+from .output import OutputFiles, hold_lock, output_error, write_text
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -184,6 +184,7 @@ class ShardedResults:
         except OSError as error:
             raise output_error(self.out, error) from None
         rank, world = self.process.rank, self.process.world
+        hold_lock(self.out.with_name(f".{self.out.name}.lock-{rank}"), str(self.out))  # (one run a rank at a time)
         self.part = self.out if world == 1 else self.out.with_name(f"{self.out.name}.rank-{rank}-of-{world}")
         self.done = {**read_records(self.out, key), **self._parts()}
         self._check_same_run(settings or {}, input_fields or {})

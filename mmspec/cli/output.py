@@ -133,6 +133,45 @@ class OutputFiles:
             self.discard()
 
 
+#: the locks this process holds (path -> its open file): held until the process ends
+_HELD: dict[str, Any] = {}
+
+
+def hold_lock(path: str | os.PathLike, what: str) -> None:
+    """An exclusive lock on the file ``path`` (made if absent), held by this process until it ends
+    (however it ends): another process writing ``what`` at the same time is refused in one line
+    (two runs appending to one results file lost rows; two trainings into one folder crashed on
+    the other's checkpoint). This process may take it again (a command run twice in one process).
+    Where locks are not available (no fcntl, a file system without them) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX)
+        return
+    key = os.path.realpath(path)
+    if key in _HELD:
+        return
+    try:
+        handle = open(path, "a+")
+    except OSError as error:
+        raise output_error(path, error) from None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip()
+        handle.close()
+        raise ValueError(f"another mmspec run{f' (pid {owner})' if owner.isdigit() else ''} is writing {what}; wait for it "
+                         "to finish, or choose another output") from None
+    except OSError:  # (a file system without locks)
+        handle.close()
+        return
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    _HELD[key] = handle
+
+
 def write_output(path: str | os.PathLike, writer: Callable[[Path], Any]) -> Path:
     """One output file through :class:`OutputFiles` (all or nothing, a failure names ``path``)."""
     with OutputFiles() as out:

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ class TrainingRun:
         self.announce = announce
         check_fresh_out(self.out, args)
         self.out.mkdir(parents=True, exist_ok=True)
+        from ..cli.output import hold_lock
+
+        rank = os.environ.get("RANK", "0")  # (each process of a launch its own lock: two launches meet rank by rank)
+        hold_lock(self.out / f".lock-{rank}", f"{self.out} (a training run)")  # (held until the process ends)
         self.args, self.time_limit = args, time_limit
         self.state_path = self.out / STATE_FILE
         self.step, self.log, self.elapsed = 0, [], 0.0
@@ -183,7 +188,7 @@ class TrainingRun:
     def save(self, **state: Any) -> None:
         """Write the checkpoint (the recipe's tensors/state dicts + the bookkeeping) and training.json."""
         elapsed = self.elapsed + time.time() - self.started
-        tmp = self.state_path.with_suffix(".tmp")
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
         torch.save({**state, "step": self.step, "log": self.log, "elapsed": elapsed}, tmp)
         tmp.replace(self.state_path)
         summary = {"args": self.settings(), "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
