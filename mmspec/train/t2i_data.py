@@ -22,6 +22,16 @@ from .data.core import sample_rng
 from .data import scenes
 
 
+def _worker_signals() -> None:
+    """A render worker's signals as a plain process's: the pool ends its workers with SIGTERM, and a
+    fork inherits the CLI's handler, which raised ``Terminated`` (a traceback on every cold cache);
+    Ctrl-C is the parent's to handle."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _render(args: tuple[str, int, int]) -> tuple[np.ndarray, list[str]]:
     split, index, size = args
     content = scenes.generate(sample_rng("scenes", split, index), split, size)
@@ -49,7 +59,7 @@ def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int
         return saved["images"], saved["captions"]
     jobs = [(split, i, size) for i in range(start, start + n)]
     if workers > 1:
-        with get_context("fork").Pool(workers) as pool:
+        with get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
             rendered = pool.map(_render, jobs, chunksize=64)
     else:
         rendered = [_render(job) for job in jobs]
