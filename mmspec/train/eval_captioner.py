@@ -92,11 +92,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--weights", default=str(default_captioner_dir() / WEIGHTS_FILE))
     parser.add_argument("--split", default="validation", choices=["validation", "test"])
     parser.add_argument("--per-family", type=int, default=30)
-    parser.add_argument("--out", default=str(default_captioner_dir() / "eval.json"))
+    parser.add_argument("--out", default=None, help="the report (default: eval.json beside --weights; the shipped "
+                        "captioner's models/smolcap/eval.json only for its own weights)")
     parser.add_argument("--threads", type=int, default=2)
 
 
 def run(args) -> int:
+    from ..hub import require_modules
+
+    require_modules(("pycocoevalcap",), "the captioner's BLEU-4 and CIDEr-D", "pip install --no-deps pycocoevalcap "
+                    "(bash scripts/install.sh does)")
     torch.set_num_threads(args.threads)
     if not Path(args.weights).exists():
         raise FileNotFoundError(f"no captioner weights at {args.weights}; train them with `mmspec train captioner`")
@@ -105,7 +110,7 @@ def run(args) -> int:
     report = evaluate(model, processor, args.split, args.per_family)
     report["minutes"] = round((time.time() - started) / 60, 1)
     report["command"] = f"mmspec train eval-captioner --split {args.split} --per-family {args.per_family}"
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    Path(args.out or Path(args.weights).with_name("eval.json")).write_text(json.dumps(report, indent=1))
     print(json.dumps({f: {k: v for k, v in r.items() if k != "examples"} for f, r in report["families"].items()}, indent=1))
     print(json.dumps(report["text_questions"], indent=1))
     return 0

@@ -174,10 +174,12 @@ def _load_vlm(model, processor, device: torch.device, dtype: torch.dtype, trust_
     """-> (model, processor, directory that may hold the drafters file)."""
     from ...modeling import captioner
 
-    if model is None or (isinstance(model, (str, os.PathLike))  # the embedded captioner's folder named: the same
-                         and Path(model).expanduser().resolve() == captioner.default_captioner_dir().resolve()):
+    if model is None:
         model, processor = captioner.load_default_captioner(device=device, dtype=dtype)
         return model, processor, captioner.default_captioner_dir()
+    if isinstance(model, (str, os.PathLike)) and captioner.is_captioner_dir(model):  # the embedded kind's folder (its own,
+        loaded, processor = captioner.load_default_captioner(device=device, dtype=dtype, directory=model)  # or one trained)
+        return loaded, processor, Path(model).expanduser()
     if isinstance(model, nn.Module):
         if processor is None:
             raise ValueError("a loaded model needs its processor: pass processor=AutoProcessor.from_pretrained(...)")
