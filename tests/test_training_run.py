@@ -94,3 +94,19 @@ def test_train_drafter_takes_the_issues_kind_spelling():
     assert parser.parse_args(["--kind", "eagle2"]).method == "eagle"
     assert parser.parse_args(["--method", "hydra"]).method == "hydra"
     assert parser.parse_args([]).method == "eagle"
+
+
+def test_a_self_distillation_cache_of_other_settings_is_refused(tmp_path):
+    """The stop-78 audit: the smollm2 recipes (eagle's template prompts, hydra's task prompts) share
+    the default runs/smollm2-selfdistill, and the second silently trained on the first's data."""
+    import pytest
+
+    from mmspec.train.drafter import DATA_SETTINGS, check_data_settings
+
+    args = argparse.Namespace(target="smollm2", prompt_set="tasks", skip=0, max_new_tokens=128)
+    check_data_settings(args, tmp_path)  # (no manifest: a new folder, or one made before manifests)
+    (tmp_path / "data.json").write_text(json.dumps({name: getattr(args, name, None) for name in DATA_SETTINGS}))
+    check_data_settings(args, tmp_path)
+    with pytest.raises(ValueError, match=r"holds self-distilled data made with other settings \(prompt_set 'tasks' there, "
+                                         r"'templates' now\); give another --data folder"):
+        check_data_settings(argparse.Namespace(**{**vars(args), "prompt_set": "templates"}), tmp_path)

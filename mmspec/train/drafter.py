@@ -139,10 +139,33 @@ def caption_families(names: str | None) -> tuple[str, ...]:
     return parse_names(names, FAMILIES, "--families")
 
 
+#: the settings a self-distillation cache's records depend on (its manifest, data.json); --sequences may grow it
+DATA_SETTINGS = ("target", "prompt_set", "skip", "max_new_tokens", "families", "split", "sample_temperature")
+
+
+def check_data_settings(args, data_dir: Path) -> None:
+    """A cache made with other settings (another prompt set, token budget, ...) refused in one line,
+    before the target loads: the smollm2 recipes' caches share one default folder, and a second
+    recipe silently trained on the first's data. A cache without a manifest (made before it)
+    is taken as it is; the manifest is written with the first chunk."""
+    from ..cli.dataset import changed_settings
+
+    manifest = data_dir / "data.json"
+    now = {name: getattr(args, name, None) for name in DATA_SETTINGS}
+    if manifest.is_file():
+        shown = changed_settings(json.loads(manifest.read_text()), now)
+        if shown:
+            raise ValueError(f"--data {data_dir} holds self-distilled data made with other settings ({shown}); give another "
+                             "--data folder for these, or the settings it was made with")
+
+
 def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int = 64) -> None:
     from . import selfdistill
 
     done = len(list(data_dir.glob("chunk-*.pt")))
+    if not done or (data_dir / "data.json").is_file():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "data.json").write_text(json.dumps({name: getattr(args, name, None) for name in DATA_SETTINGS}))
     total = math.ceil(args.sequences / chunk)
     for index in range(done, total):
         started = time.time()
@@ -723,6 +746,10 @@ def run(args) -> int:
     out = Path(args.out)
     check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ValueError(f"--data {data_dir} is a file; for --target {args.target} --data is the self-distillation cache "
+                         "folder (a JSONL, dataset or parquet file goes with --target PATH_OR_HUB_ID)")
+    check_data_settings(args, data_dir)
     model, tokenizer_or_processor = load_target(args.target)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
     if args.steps == 0:
