@@ -295,3 +295,23 @@ def test_a_second_process_writing_the_same_output_is_refused(tmp_path):
         holder.wait()
     hold_lock(lock, "x")  # (released with its process; this one may take it, and again)
     hold_lock(lock, "x")
+
+
+@pytest.mark.parametrize("argv, missing, said", [
+    (["bench", "tts", "--sentences", "1", "--rounds", "1", "--methods", "ar"], "jiwer",
+     "the speech metrics (--no-quality skips them) needs 'jiwer', which is not installed: pip install 'mmspec[speech]'"),
+    (["bench", "t2i", "--prompts", "2", "--rounds", "1", "--methods", "ar"], "open_clip",
+     "the Frechet CLIP distance (--no-quality skips it) needs 'open_clip', which is not installed"),
+])
+def test_a_benchmarks_missing_metric_package_is_one_line_before_any_decoding(argv, missing, said, monkeypatch, capsys):
+    """The stop-78 audit: the metrics' packages were found missing after all of the decoding (a
+    traceback for bench t2i)."""
+    import importlib.util
+    import time
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    started = time.perf_counter()
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().startswith(f"mmspec: error: {said}")
+    assert time.perf_counter() - started < 5  # (before the model loads)

@@ -344,6 +344,16 @@ def test_a_compiler_that_cannot_run_and_a_corrupt_library_are_named(tmp_path, mo
     builds = []
     monkeypatch.setattr(fast_linear, "_build", lambda compiler, path: builds.append(shutil.copy(built, path)))
     assert Path(load_kernel()._name) == target and len(builds) == 1
+    # cut short past its header (an interrupted copy of the cache): dlopen of it was a bus error, the process gone
+    # (another cache folder: this process has the first one's file mapped)
+    assert fast_linear._whole_elf(built)
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "copied"))
+    target = tmp_path / "copied" / "kernels" / built.name
+    target.parent.mkdir(parents=True)
+    target.write_bytes(built.read_bytes()[:20000])
+    monkeypatch.setattr(fast_linear, "_LIBRARY", None)
+    assert not fast_linear._whole_elf(target)
+    assert Path(load_kernel()._name) == target and len(builds) == 2 and fast_linear._whole_elf(target)
 
 
 def test_the_pytorch_forms_say_why_once_and_the_stats_keep_it(monkeypatch):

@@ -142,6 +142,10 @@ class ProcessState:
         self._state, self.device = None, None
         if launched_processes() > 1:
             import torch
+
+            from ..hub import require_modules
+
+            require_modules(("accelerate",), f"a run over {launched_processes()} processes", "pip install 'mmspec[distributed]'")
             from accelerate import PartialState
 
             self._state = PartialState(cpu=not torch.cuda.is_available())

@@ -112,7 +112,10 @@ class AssistantDrafter(BatchDrafting, Drafter):
         from transformers import AutoModelForCausalLM
 
         param = next(target.model.parameters())
-        assistant = AutoModelForCausalLM.from_pretrained(arg, dtype=param.dtype).to(param.device).eval()
+        try:
+            assistant = AutoModelForCausalLM.from_pretrained(arg, dtype=param.dtype).to(param.device).eval()
+        except OSError as error:  # (offline with a hub id not cached: transformers' two lines about the connection)
+            raise FileNotFoundError(f"cannot load the assistant {arg!r}: {str(error).splitlines()[0]}") from None
         return cls(assistant, num_draft_tokens or 4)
 
     def start(self, context: DraftContext, state: SequenceState) -> None:

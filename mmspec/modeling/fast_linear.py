@@ -129,6 +129,8 @@ def load_kernel() -> ctypes.CDLL:
         if not path.exists():
             _build(compiler, path)
         try:
+            if not _whole_elf(path):  # (dlopen of a truncated library is a SIGBUS, not an OSError)
+                raise OSError("the file is cut short")
             library = ctypes.CDLL(str(path))
             break
         except OSError as error:  # a truncated or foreign file where the library should be: built again, once
@@ -156,6 +158,22 @@ def load_kernel() -> ctypes.CDLL:
         function.restype = ctypes.c_int
     _LIBRARY = library
     return library
+
+
+def _whole_elf(path: Path) -> bool:
+    """Whether ``path`` holds a whole 64-bit ELF file: its section header table (at the file's end,
+    where the linker writes it) inside the file. A library cut short by an interrupted copy of the
+    cache crashed ``dlopen`` with a bus error, ending the process without a word."""
+    import struct
+
+    with open(path, "rb") as file:
+        header = file.read(64)
+        size = file.seek(0, os.SEEK_END)
+    if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+        return False
+    section_offset, = struct.unpack_from("<Q", header, 0x28)
+    entry_size, count = struct.unpack_from("<HH", header, 0x3A)
+    return section_offset + entry_size * count <= size
 
 
 def _build(compiler: list[str], path: Path) -> None:

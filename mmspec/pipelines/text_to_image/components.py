@@ -321,7 +321,10 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
 
     source = model
     if isinstance(model, (str, Path)):
-        config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        except OSError as error:  # (offline with a hub id not cached: transformers' two lines about the connection)
+            raise FileNotFoundError(f"cannot load the model {str(model)!r}: {str(error).splitlines()[0]}") from None
         family = TRANSFORMERS_FAMILIES.get(config.model_type)
         if family is None:
             raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "

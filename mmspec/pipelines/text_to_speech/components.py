@@ -177,6 +177,11 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
         dtype = voice_dtype(dtype, dev)
+        make_phonemizer(manifest["phonemizer"])  # (its packages before the weights load: not at the first call, a
+        if normalizer == "english":  # server's request, after --preload said the task was loaded)
+            from ...hub import require_modules
+
+            require_modules(("num2words",), "the English text normaliser (numbers, dates, amounts)", "pip install 'mmspec[speech]'")
         codec = load_tts_codec(directory, manifest.get("codec"))  # (the small part first: a wrong entry refused sooner)
         lm = CodecLM.from_pretrained(directory).to(dev).cast_steps(dtype)
         nar = load_nar_stage(directory, manifest.get("nar"), lm, dev, dtype)
