@@ -143,7 +143,8 @@ def test_drafters_file_keeps_a_table_per_kind_of_machine(tmp_path):
     from mmspec.pipelines.captioning import choose_auto_drafter, describe_auto_table, machine_kind, read_auto_table
 
     meta = {"command": "mmspec bench caption", "per_family": 1, "tasks": "all", "max_new_tokens": 8, "repeats": 1}
-    summary = lambda a, b: {"0": {"mean": {"eagle": {"S": a}, "eagle3": {"S": b}}}}
+    summary = lambda a, b, same="2/2": {"0": {"mean": {"eagle": {"S": a}, "eagle3": {"S": b}},
+                                              "shapes": {"eagle": {"exact": same}, "eagle3": {"exact": "2/2"}}}}
     cpu = {"device": "cpu", "cpu": "Some CPU", "cpu_flags": ["avx2"], "dtype": "float32", "threads": 1}
     amx = {**cpu, "cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"], "dtype": "bfloat16"}
     gpu = {**cpu, "device": "NVIDIA H200"}
@@ -163,6 +164,10 @@ def test_drafters_file_keeps_a_table_per_kind_of_machine(tmp_path):
     text = describe_auto_table(tmp_path)
     assert "On CPUs with AMX it picks `eagle3`: 2.50x over plain decoding at temperature 0" in text
     assert "On GPUs it picks `eagle3`: 1.40x" in text
+    # a drafter whose greedy captions were not all plain decoding's is left out (the stop-78 audit: a
+    # drafter stopping early would have been recorded, and chosen, as faster)
+    write_drafters_file(tmp_path, summary(5.0, 2.1, same="1/2"), ["ar", "eagle", "eagle3"], meta, cpu)
+    assert [e["drafter"] for e in read_auto_table(tmp_path)["drafters"]] == ["eagle3"]
     (tmp_path / "mmspec_drafters.json").write_text(json.dumps({**table, "other_machines": [{"machine": gpu}]}))
     with pytest.raises(ValueError, match='each of its "other_machines"'):
         read_auto_table(tmp_path)

@@ -60,8 +60,29 @@ def test_bench_summary_gives_wer_and_similarity_per_round(piper, shifted):
     meta = {"sentences": 2, "rounds": 2, "greedy": False, "temperature": 1.0,
             "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
     table = markdown_table({"ar": row}, meta, {"piper through the codec": {"wer": 0.05, "speaker_similarity": 0.9}})
-    assert f"{first:.3f}, {second:.3f}" in table and "| piper through the codec | - | - | - | 5.0 % | 0.900 |" in table
+    assert f"{first:.3f}, {second:.3f}" in table and "| piper through the codec | - | - | - | - | - | 5.0 % | 0.900 |" in table
     assert "temperature 1.0, float32, 1 thread(s), cpu" in table.splitlines()[0]  # what the figures were measured with
+
+
+def test_bench_summary_says_exactness_and_the_whole_calls_speedup():
+    """The stop-78 audit: the table's speedup and real-time factor left the front end and the codec's
+    decode out without saying so, and a tolerant method sat beside the exact ones unmarked; greedy
+    runs' codes were stored but never compared with plain decoding's."""
+    pipe = SimpleNamespace(sampling_rate=8000, components=None)
+    runs = {}
+    for i in range(2):
+        runs[f"ar|{i}|0"] = {"time": 2.0, "call_time": 3.0, "seconds": 4.0, "tau": 1.0, "codes": [[i, 1]]}
+        runs[f"sjd|{i}|0"] = {"time": 1.0, "call_time": 2.0, "seconds": 4.0, "tau": 3.0, "codes": [[i, 1]]}
+        runs[f"sjd-topk|{i}|0"] = {"time": 0.5, "call_time": 1.5, "seconds": 4.0, "tau": 6.0, "codes": [[i, 2 - i]]}
+    meta = {"sentences": 2, "rounds": 1, "greedy": True, "temperature": 1.0,
+            "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+    summary = summarise({"runs": runs, "meta": meta}, ["ar", "sjd", "sjd-topk"], ["a", "b"], pipe, quality=False)
+    assert summary["sjd"]["speedup"] == 2.0 and summary["sjd"]["call_speedup"] == 1.5 and summary["sjd"]["call_rtf"] == 0.5
+    assert (summary["sjd"]["exact"], summary["sjd"]["identical"]) == (True, 2)
+    assert (summary["sjd-topk"]["exact"], summary["sjd-topk"]["identical"]) == (False, 1)
+    table = markdown_table(summary, meta)
+    assert "| sjd | yes, 2/2 identical | 2.00x | 1.50x | 3.00 | 0.250 (0.500) |" in table
+    assert "| sjd-topk | no (tolerant), 1/2 identical | 4.00x | 2.00x |" in table
 
 
 def test_bench_refuses_a_missing_speaker_reference(tmp_path):

@@ -31,7 +31,8 @@ from ..hub import dtype_name
 from ..pipelines.methods import split_specs
 from ..cli.args import number_list
 from ..cli.output import write_text
-from .results import add_device_args, add_threads_arg, command_line, load_results, machine_info, save_results
+from .results import (add_device_args, add_threads_arg, command_line, load_results, machine_info, run_settings,
+                      save_results)
 from .throughput import parse_batch_sizes, throughput_tables
 from ..train.data import FAMILIES, make_sample
 from ..train.data.core import KINDS as TASK_KINDS
@@ -182,7 +183,7 @@ def run(args) -> int:
     results_path = Path(args.results)
     model_name = args.model or "embedded captioner (models/smolcap)"
     results = load_results(results_path, "caption", {"model": model_name, "dtype": args.dtype, "data": args.data,
-                                                     "max_new_tokens": args.max_new_tokens})
+                                                     "max_new_tokens": args.max_new_tokens, **run_settings(args, args.device)})
     results.setdefault("runs", {})
     items = data_items(args.data, args.families, args.per_family) if args.data else None
     families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
@@ -191,8 +192,9 @@ def run(args) -> int:
         "model": model_name, "dtype": args.dtype, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "per_family": args.per_family, "tasks": args.tasks,
         "data": args.data,
-        "command": command_line("caption", args, ("data", "families", "methods", "per_family", "tasks", "temperatures", "max_new_tokens",
-                                                   "repeats", "dtype", "threads", "device", "batch_sizes"))
+        "command": command_line("caption", args, ("model", "data", "families", "methods", "per_family", "tasks", "temperatures",
+                                                   "max_new_tokens", "num_draft_tokens", "repeats", "dtype", "threads", "device",
+                                                   "batch_sizes"))
         + (" --cuda-graphs" if args.cuda_graphs else ""),
         "cuda_graphs": args.cuda_graphs,
     }
@@ -263,7 +265,7 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     over AR at temperature 0 ("speedup") and, when a temperature > 0 was measured, its per-token
     speedup there ("sampled_speedup_per_token"), with the machine (:func:`machine_info`) and the
     benchmark's settings. Written only by this benchmark, so the file never holds a number it did
-    not measure. Where the file's table was measured on another kind of machine
+    not measure; a drafter whose greedy captions were not all plain decoding's is left out. Where the file's table was measured on another kind of machine
     (:func:`~mmspec.pipelines.captioning.machine_kind`: AMX, AVX-512 BF16, AVX2, GPU ...), this run's
     table goes into its ``"other_machines"``, replacing one of this kind; else it replaces the top
     table, keeping the batch table and the other kinds'."""
@@ -275,6 +277,11 @@ def write_drafters_file(model_dir: Path | None, summary: dict, methods: list[str
     for method in methods:
         spec, k = parse_method(method)
         if spec == "ar":
+            continue
+        same, runs = (sum(int(part) for part in counts) for counts in zip(*(
+            cell[method]["exact"].split("/") for family, cell in summary["0"].items() if family != "mean")))
+        if same < runs:  # (a drafter whose captions differ from plain decoding's, a shorter one faster, is not "auto"'s)
+            print(f"{method}: {same}/{runs} greedy captions equal plain decoding's; left out of {DRAFTERS_FILE}", flush=True)
             continue
         entry = {"drafter": file_spec(spec, Path(model_dir)), "speedup": round(summary["0"]["mean"][method]["S"], 3)}
         if sampled is not None:

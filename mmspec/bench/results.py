@@ -40,11 +40,39 @@ def save_results(path: Path, results: dict) -> None:
     write_text(path, json.dumps(results))
 
 
+def source_commit() -> str | None:
+    """The git commit of mmspec's source tree (with "-dirty" when files differ from it), or None
+    outside a git checkout: a results file says which code measured it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "mmspec"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "") if commit else None
+
+
+def run_settings(args, device: str = "cpu") -> dict:
+    """What every measurement of a resumed results file must share beyond the suite's own settings:
+    threads, device, the kernels' use, CUDA graphs, the draft length and the machine (CPU model and
+    speed flags, torch and transformers): a resume with other ones mixed both into one median."""
+    machine = machine_info("-", args.threads, device)
+    return {"threads": args.threads, "device": device, "optimize": getattr(args, "optimize", True),
+            "cuda_graphs": getattr(args, "cuda_graphs", False), "num_draft_tokens": getattr(args, "num_draft_tokens", None),
+            "machine": {k: machine.get(k) for k in ("cpu", "cpu_model", "cpu_flags", "device", "torch", "transformers",
+                                                    "emulated_from")}}
+
+
 def command_line(suite: str, args, names: tuple[str, ...]) -> str:
     """The command that reruns a benchmark, as its results file records it: ``mmspec bench SUITE``
     and ``--name value`` for each of ``names`` that ``args`` has set (not None)."""
+    flags = " --no-optimize" if getattr(args, "optimize", True) is False else ""
     return f"mmspec bench {suite} " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in names
-                                               if getattr(args, name) is not None)
+                                               if getattr(args, name, None) is not None) + flags
 
 
 #: CPU flags that decide which dtype is fast (bf16 matmuls: AVX512-BF16 or AMX; else fp32 on AVX2)
@@ -112,4 +140,5 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     if cpu_flags() != machine_cpu_flags():  # MMSPEC_CPU_FLAGS: run as a CPU with fewer features
         info["emulated_from"] = [flag for flag in SPEED_FLAGS if flag in machine_cpu_flags()]
         info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    info["commit"] = source_commit()
     return info

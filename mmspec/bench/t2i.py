@@ -277,12 +277,13 @@ def markdown_table(summary: dict, meta: dict) -> str:
     lines = [f"{meta['prompts']} prompts x {meta['rounds']} rounds, CFG {meta['guidance_scale']}, temperature "
              f"{meta['temperature']}, top-k {meta['top_k'] or 'all'}, SJD window {window}, draft K {meta['num_draft_tokens']}, {meta['threads']} thread(s)"
              + (", CUDA graphs" if meta.get("cuda_graphs") else "") + (f", {meta['machine']['dtype']}, {machine_line(meta['machine'])}" if "machine" in meta else ""), "",
-             "| method | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
-             "|---|---|---|---|---|---|"]
+             "| method | exact | step compression | latency speedup | tau | FD (per round) | prompt score (per round) |",
+             "|---|---|---|---|---|---|---|"]
     for method, row in summary.items():
         fd = f"{row['fd']:.3f} ({', '.join(f'{v:.3f}' for v in row['fd_rounds'])})" if "fd" in row else "-"
         score = (f"{row['prompt_score']:.1f} ({', '.join(f'{v:.1f}' for v in row['prompt_score_rounds'])})"
                  if "prompt_score" in row else "-")
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-        lines.append(f"| {method} | {row['step_compression']:.2f}x | {speedup} | {row['tau']:.2f} | {fd} | {score} |")
+        exact = {True: "yes", False: "no (relaxed)"}.get(row.get("exact"), "?")  # (the method's rule: samples p exactly, or not)
+        lines.append(f"| {method} | {exact} | {row['step_compression']:.2f}x | {speedup} | {row['tau']:.2f} | {fd} | {score} |")
     return "\n".join(lines)

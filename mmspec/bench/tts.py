@@ -20,6 +20,7 @@ re-derive the table without measuring.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
@@ -147,10 +148,12 @@ def run(args: argparse.Namespace) -> int:
             key = f"{spec}|{i}|{round_}"
             if key in runs:
                 continue
+            started = time.perf_counter()
             out = pipe(texts[i], seed=i + 1000 * round_, method=method, **sampling)
+            call = time.perf_counter() - started  # (the whole call: front end, LM, NAR stage and the codec's decode)
             s = out.stats
-            runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "seconds": s.seconds, "tau": s.tau,
-                         "frames": s.frames, "codes": out.codes.tolist()}
+            runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "call_time": call, "seconds": s.seconds,
+                         "tau": s.tau, "frames": s.frames, "codes": out.codes.tolist()}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
     references = None
@@ -240,13 +243,24 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
     cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(n)] for spec in specs}
     ar_time = sum(c["time"] for c in cells["ar"]) if "ar" in cells else None
     ar_nar = sum(c.get("nar_time", 0.0) for c in cells["ar"]) if "ar" in cells else 0.0
+    from ..pipelines.text_to_speech.methods import make_method
+
+    greedy = results["meta"].get("greedy", False)
+    ar_call = sum(c["call_time"] for c in cells["ar"]) if "ar" in cells and all("call_time" in c for c in cells["ar"]) else None
     summary = {}
     for spec in specs:
         time_ = sum(c["time"] for c in cells[spec])
         nar = sum(c.get("nar_time", 0.0) for c in cells[spec])
         seconds = sum(c["seconds"] for c in cells[spec])
         row = {"time_s": time_, "audio_s": seconds, "speedup": ar_time / time_ if ar_time else None,
-               "tau": sum(c["tau"] for c in cells[spec]) / len(cells[spec]), "rtf": time_ / max(seconds, 1e-9)}
+               "tau": sum(c["tau"] for c in cells[spec]) / len(cells[spec]), "rtf": time_ / max(seconds, 1e-9),
+               "exact": make_method(spec).exact}
+        if all("call_time" in c for c in cells[spec]):  # (results files before stop 78 did not time the whole call)
+            call = sum(c["call_time"] for c in cells[spec])
+            row.update(call_time_s=call, call_rtf=call / max(seconds, 1e-9), call_speedup=ar_call / call if ar_call else None)
+        if greedy and "ar" in cells:  # greedy decoding: every method's codes are plain decoding's, where it is exact
+            row["identical"] = sum(c["codes"] == a["codes"] for c, a in zip(cells[spec], cells["ar"]))
+            row["runs"] = len(cells[spec])
         if nar > 0:
             row["nar_time_s"] = nar
             row["stream_speedup"] = (ar_time - ar_nar) / (time_ - nar) if ar_time else None
@@ -279,20 +293,28 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
     lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m.get('dtype', 'dtype not recorded')}, "
              f"{m['threads']} thread(s), {machine_line(m)}, torch {m['torch']}", "",
-             "| method | speedup | tau | real-time factor | WER (per round) | speaker similarity (per round) |",
-             "|---|---|---|---|---|---|"]
+             "speedup and real-time factor: the codec LM and NAR stage (what the methods change); whole call: the "
+             "front end and the codec's decode to a waveform included", "",
+             "| method | exact | speedup | whole call | tau | real-time factor (whole call) | WER (per round) | "
+             "speaker similarity (per round) |",
+             "|---|---|---|---|---|---|---|---|"]
     for spec, row in summary.items():
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
         if row.get("stream_speedup"):
             speedup += f" (stream {row['stream_speedup']:.2f}x)"
+        exact = {True: "yes", False: "no (tolerant)", None: "?"}[row.get("exact")]
+        if "identical" in row:
+            exact += f", {row['identical']}/{row['runs']} identical"
+        call = f"{row['call_speedup']:.2f}x" if row.get("call_speedup") else "-"
+        rtf = f"{row['rtf']:.3f}" + (f" ({row['call_rtf']:.3f})" if "call_rtf" in row else "")
         wer = (_with_rounds(100 * row["wer"], [100 * w for w in row.get("wer_rounds", [])], "{:.1f}") + " %"
                if "wer" in row else "-")
         sim = (_with_rounds(row["speaker_similarity"], row["speaker_similarity_rounds"], "{:.3f}")
                if "speaker_similarity" in row else "-")
-        lines.append(f"| {spec} | {speedup} | {row['tau']:.2f} | {row['rtf']:.3f} | {wer} | {sim} |")
+        lines.append(f"| {spec} | {exact} | {speedup} | {call} | {row['tau']:.2f} | {rtf} | {wer} | {sim} |")
     for name, row in (reference_rows or {}).items():
         sim = f"{row['speaker_similarity']:.3f}" if "speaker_similarity" in row else "1 (itself)"
-        lines.append(f"| {name} | - | - | - | {100 * row['wer']:.1f} % | {sim} |")
+        lines.append(f"| {name} | - | - | - | - | - | {100 * row['wer']:.1f} % | {sim} |")
     by_source = {spec: row["wer_by_source"] for spec, row in summary.items() if "wer_by_source" in row}
     if by_source:
         names = list(next(iter(by_source.values())))
