@@ -120,6 +120,24 @@ def test_shards_are_disjoint_resumable_and_merged_in_input_order(tmp_path):
     assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == [x.upper() for x in inputs]
 
 
+def test_rows_of_inputs_not_given_again_are_kept_and_a_line_without_its_newline_is_mended(tmp_path):
+    """The stop-78 test audit: dropping an earlier run's rows for inputs not given this time, or
+    not mending a last line written without its newline (the next record joined it), passed."""
+    out = tmp_path / "out.jsonl"
+    first = ShardedResults(out, ["a", "b"], "path")
+    for x in first.todo:
+        first.write({"path": x, "text": x.upper()})
+    first.finish()
+    out.write_text(out.read_text().rstrip("\n"))  # (a complete last line, its newline lost)
+    again = ShardedResults(out, ["b", "c"], "path")
+    assert again.todo == ["c"]
+    again.write({"path": "c", "text": "C"})
+    records = again.finish()
+    assert [r["path"] for r in records] == ["b", "c"]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"path": "b", "text": "B"}, {"path": "c", "text": "C"}, {"path": "a", "text": "A"}]  # this run's inputs first, a kept
+
+
 def test_a_retry_replaces_failed_rows_in_every_part_of_an_interrupted_launch(tmp_path):
     """The stop-78 audit: after an interrupted 2-process run, --retry-errors made the fixed row
     again, then the merge let the old part's failed record win (exit 2, the error kept)."""

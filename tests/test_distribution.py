@@ -106,3 +106,30 @@ def test_loop_samples_target_distribution(target, drafter):
         assert counts[i][~support].sum() == 0
         result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * RUNS).numpy())
         assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)
+
+
+def test_coupled_sjd_samples_the_target_distribution_through_its_coupling(target, monkeypatch):
+    """The stop-78 audit: with NEW = 3 tokens the coupled drafter's carry never held an old draft
+    (coupled_redraft saw 0 rows), so the case above passed with the coupling disabled, or its rows
+    misaligned by one. Four tokens and a window of 2: ~1 coupled row a run, checked to happen."""
+    import mmspec.drafters.jacobi as jacobi
+    from distribution_check import exact_marginals as enumerated
+    from mmspec.core.sampling import SamplingConfig
+
+    new = 4
+    coupled = []
+    redraft = jacobi.coupled_redraft
+    monkeypatch.setattr(jacobi, "coupled_redraft", lambda *args: (coupled.append(args[0].shape[0]), redraft(*args))[1])
+    exact = enumerated(target, {"input_ids": PROMPT}, SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K), new)
+    counts = torch.zeros(new, VOCAB, dtype=torch.float64)
+    for seed in range(RUNS):
+        out = mmspec.generate(target, drafter="sjd-coupled", max_new_tokens=new, do_sample=True, temperature=TEMPERATURE,
+                              top_k=TOP_K, seed=seed, num_draft_tokens=2, input_ids=PROMPT)
+        for i, token in enumerate(out.sequences[0, PROMPT.shape[1]:].tolist()):
+            counts[i, token] += 1
+    assert sum(coupled) > RUNS // 2  # old drafts were really carried through the coupling
+    for i in range(new):
+        support = exact[i] > 0
+        assert counts[i][~support].sum() == 0
+        result = chisquare(counts[i][support].numpy(), (exact[i][support] / exact[i][support].sum() * RUNS).numpy())
+        assert result.pvalue > 1e-4, (i, counts[i], exact[i] * RUNS)

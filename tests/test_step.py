@@ -142,6 +142,10 @@ def test_step_record_counts_a_verification_step_but_not_the_first_token():
     assert stats.verify_steps == 0
     settle(_verification(1, [4, 5, -1]), frozenset(), budget=10).record(stats, 2)
     assert (stats.verify_steps, stats.drafted, stats.accepted, stats.committed_per_step) == (1, 2, 1, [2])
+    # a stop token among the accepted drafts: the drafts after it are not counted as accepted (stop-78 test audit)
+    stopped = SpecStats(method="x")
+    settle(_verification(3, [4, 9, 6, 7]), frozenset({9}), budget=10).record(stopped, 3)
+    assert (stopped.accepted, stopped.committed_per_step) == (2, [2])
 
 
 def test_empty_draft_and_append_keep_the_row_layout():

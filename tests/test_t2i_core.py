@@ -143,6 +143,27 @@ def test_coupled_redraft_is_distributed_as_the_new_distribution():
     assert abs(float((new == old).float().mean()) - float(torch.minimum(p, q).sum())) < 4e-3
 
 
+def test_the_carry_couples_each_old_draft_with_its_own_positions_new_distribution():
+    """The stop-78 audit: _carry could pair old draft i with the new row i + 1 and no end-to-end
+    test noticed. Rows with disjoint supports: every carried token lies in its own row's support,
+    and the carried q is that row's distribution."""
+    from types import SimpleNamespace
+
+    drafter = JacobiDrafter(num_draft_tokens=3, coupled=True)
+    drafter.context = SimpleNamespace(sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(0))
+    logits = torch.full((3, 6), -1e9)
+    logits[0, :2] = 0.0  # position c + 1: tokens 0, 1
+    logits[1, 2:4] = 0.0  # c + 2: tokens 2, 3
+    logits[2, 4:] = 0.0  # c + 3 (no old draft): tokens 4, 5
+    old_probs = torch.zeros(2, 6)
+    old_probs[:, 5] = 1.0  # the old drafts: token 5 at both positions, which neither new row allows
+    for _ in range(50):
+        drafter._carry(logits, torch.tensor([5, 5]), old_probs)
+        tokens = drafter.carried_tokens.tolist()
+        assert tokens[0] in (0, 1) and tokens[1] in (2, 3) and tokens[2] in (4, 5), tokens
+    torch.testing.assert_close(drafter.carried_probs, logits_to_probs(logits, SamplingConfig(do_sample=True)))
+
+
 def test_vertical_init_copies_the_row_above(target):
     drafter = JacobiDrafter(num_draft_tokens=3, init="vertical")
     out = generate(target, drafter, 0, do_sample=False)

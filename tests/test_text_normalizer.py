@@ -114,6 +114,11 @@ CASES = [
     # references, file names, symbols
     ("Your balance is -$25.", "Your balance is minus twenty-five dollars."),
     ("It is $-5 now, take -1/2 of it.", "It is minus five dollars now, take minus one half of it."),
+    # the cardinal's longest run (15 digits) and one past it (stop 78 test audit: the boundary was not pinned)
+    ("It costs 123,456,789,012,345 dollars.", "It costs one hundred twenty-three trillion four hundred fifty-six billion seven "
+     "hundred eighty-nine million twelve thousand three hundred forty-five dollars."),
+    ("It costs 1,234,567,890,123,456 dollars.", "It costs one two three four five six seven eight nine zero one two three "
+     "four five six dollars."),
     # typeset signs (stop 78 audit): U+2212 was dropped ("−5 °C" said "five degrees Celsius")
     ("It was \u22125 \u00b0C, and 5 \u2212 3 = 2.", "It was minus five degrees Celsius, and five minus three equals two."),
     ("\u2212$25 or $\u22125, x\u2212y", "minus twenty-five dollars or minus five dollars, x minus y"),
