@@ -474,6 +474,15 @@ def test_bad_request_then_good_one(live):
     assert httpx.get(base + "/health").json()["status"] == "ok"
 
 
+def wait_for_a_running_batch(health) -> None:
+    """Until the server's /health says a batch decodes (a fixed sleep raced the request on a loaded
+    machine: the stop-78 test audit)."""
+    deadline = time.time() + 30
+    while health()["running"] < 1:
+        assert time.time() < deadline, "no batch started"
+        time.sleep(0.01)
+
+
 def test_rows_join_a_running_batch_and_a_gone_stream_leaves_it(live):
     """Continuous batching and cancellation: requests arriving while a batch decodes join it between
     steps; a streaming client that hangs up after its first delta leaves the batch (its row is
@@ -487,7 +496,7 @@ def test_rows_join_a_running_batch_and_a_gone_stream_leaves_it(live):
     before = health()
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(post, base, "/v1/chat/completions", body(names[0]))
-        time.sleep(0.3)  # the first batch decodes now: the next ones join it
+        wait_for_a_running_batch(health)  # the first batch decodes now: the next ones join it
         later = [pool.submit(post, base, "/v1/chat/completions", body(name)) for name in names[1:]]
         time.sleep(0.2)
         with httpx.stream("POST", base + "/v1/chat/completions", json={**body("counting.png"), "stream": True},
@@ -514,7 +523,7 @@ def test_request_of_a_client_gone_is_dropped(live):
             "temperature": 0}
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, base, "/v1/chat/completions", busy)
-        time.sleep(0.3)  # the first batch is running now
+        wait_for_a_running_batch(lambda: httpx.get(base + "/health").json()["tasks"]["caption"])  # the first batch runs now
         body = json.dumps({**busy, "max_tokens": 5}).encode()
         with socket.create_connection(("127.0.0.1", port)) as raw:
             raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

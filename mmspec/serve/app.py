@@ -157,13 +157,14 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths, requests
-        dropped before their batch / cancelled inside it / joined into a running batch."""
+        """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths, batches
+        decoding now, requests dropped before their batch / cancelled inside it / joined into a
+        running batch."""
         batchers = server._batchers if server._loop is asyncio.get_running_loop() else {}
         return {"status": "ok", "uptime_s": round(time.time() - server.started, 3),
                 "tasks": {task: {"model": s.model_id, "loaded": s.loaded, "load_error": s.load_error,
                                  **{name: getattr(batchers[task], name) if task in batchers else 0
-                                    for name in ("waiting", "dropped", "cancelled", "joined")}}
+                                    for name in ("waiting", "running", "dropped", "cancelled", "joined")}}
                           for task, s in server.services.items()}}
 
     @app.get("/v1/models")

@@ -171,6 +171,7 @@ class Batcher:
         self.cancelled = 0  # jobs whose client left while their row decoded
         self.joined = 0  # jobs that joined a running batch
         self.batches: list[int] = []  # sizes of the batches started (most recent last, capped)
+        self.running = 0  # batches decoding now (on the worker thread)
         self.task = self.loop.create_task(self._gather_forever(), name=f"mmspec-serve-{name}")
 
     async def submit(self, key: Hashable, item: Any,
@@ -326,12 +327,15 @@ class Batcher:
     async def _run(self, batch: list[Job]) -> None:
         self.batches = (self.batches + [len(batch)])[-1000:]
         rows = Rows(self, batch[0].key, batch)
+        self.running += 1
         try:
             results = await self.loop.run_in_executor(self.executor, self._call, batch[0].key, rows)
         except Exception as error:
             for row in rows:
                 self._resolve(row.job, error)
             return
+        finally:
+            self.running -= 1
         for row, result in zip(rows, results):
             self._resolve(row.job, result)
 
