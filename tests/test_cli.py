@@ -435,3 +435,25 @@ def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(
     assert main(["generate", "hi"]) == 130
     assert capsys.readouterr().err == "mmspec: interrupted; nothing was saved\n"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (given back)
+
+
+def test_options_are_not_abbreviated_and_every_help_says_its_default(capsys):
+    """The stop-78 CLI audit: `bench caption --batch-size 4` ran as --batch-sizes (throughput mode),
+    `t2i --prompt X` read X as a --prompts file; 97 options' helps gave no default."""
+    from mmspec.bench.text import check_method
+    from mmspec.cli import build_parser
+    from mmspec.cli.export import export_dtype
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "caption", "--batch-size", "4"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --batch-size 4" in capsys.readouterr().err
+    parser = build_parser()
+    tts = parser._subparsers._group_actions[0].choices["tts"]
+    shown = tts.format_help()
+    assert "(default: 20.0)" in shown and "--seed SEED           (default: 0)" in shown
+    for method in ("auto", "bogus"):  # ("auto" passed, then failed after the model loaded)
+        with pytest.raises(ValueError, match=f"unknown --methods item '{method}'"):
+            check_method(method)
+    assert export_dtype("bf16") == export_dtype("bfloat16") and export_dtype("fp32") is not None
+    with pytest.raises(ValueError, match="an export is bfloat16"):
+        export_dtype("auto")

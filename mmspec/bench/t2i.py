@@ -15,6 +15,7 @@ measurement (rerun to resume).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and (args.no_quality or args.batch_sizes):
         raise ValueError(f"--plot draws speedup against the Frechet CLIP distance, which {'--no-quality' if args.no_quality else '--batch-sizes'} "
                          "does not measure; drop one of them")
+    if not args.temperature > 0:  # (sampled: it failed after the model loaded, naming do_sample=False)
+        raise ValueError(f"--temperature must be > 0, got {args.temperature:g}: the text-to-image methods sample")
     from ..hub import require_modules
 
     require_modules(("open_clip",) if not args.no_quality else (), "the Frechet CLIP distance (--no-quality skips it)",
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                                  "tau": s.mean_accepted_length, "draft_forwards": s.draft_forwards,
                                  "grid": out.sequences[0, -n:].tolist()}
                     save_results(path, results)
-                print(f"round {round_} prompt {i + 1}/{len(prompts)} done", flush=True)
+                print(f"round {round_} prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     summary = summarise(results, methods, prompts, references, components, quality=not args.no_quality)
     results["summary"] = summary
     save_results(path, results)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -125,9 +126,13 @@ def check_method(method: str) -> None:
         return
     from ..pipelines.captioning.methods import check_drafter_name
 
-    if check_drafter_name(method) is not None:  # a draft model directory: not a benchmark method here
-        raise ValueError(f"unknown --methods item {method!r}; use ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, "
+    unknown = ValueError(f"unknown --methods item {method!r}; use ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, "
                          "hf-ar, hf-prompt-lookup or hf-early-exit:N")
+    try:
+        if check_drafter_name(method, auto=False) is not None:  # a draft model directory: not a benchmark method here
+            raise unknown
+    except (ValueError, FileNotFoundError) as error:  # ("auto" passed the check, then failed after the model loaded)
+        raise unknown if error is not unknown and "unknown drafter" in str(error) else error from None
 
 
 def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_tokens: int | None) -> dict:
@@ -201,12 +206,13 @@ def run(args) -> int:
                     record["prompt_length"] = inputs["input_ids"].shape[1]
                     results["runs"][key] = record
                     save_results(results_path, results)
-                    print(f"{key}: {record['seconds']:.2f}s", flush=True)
+                    print(f"{key}: {record['seconds']:.2f}s", file=sys.stderr if args.json else sys.stdout, flush=True)
         del model
     tables = render_tables(results, methods, prompt_types, args.dtypes.split(","), args.repeats)
     if args.markdown:
         write_text(args.markdown, tables)
-    print(json.dumps(results["meta"], indent=2) if args.json else tables)
+    print(json.dumps({key: results[key] for key in ("suite", "settings", "meta", "runs") if key in results}, indent=2)
+          if args.json else tables)
     return 0
 
 

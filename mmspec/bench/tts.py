@@ -20,6 +20,7 @@ re-derive the table without measuring.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "call_time": call, "seconds": s.seconds,
                          "tau": s.tau, "frames": s.frames, "codes": out.codes.tolist()}
             save_results(path, results)
-        print(f"round {round_} sentence {i + 1}/{len(texts)} done", flush=True)
+        print(f"round {round_} sentence {i + 1}/{len(texts)} done", file=sys.stderr, flush=True)
     references = None
     if not args.no_quality and reference != "none":
         references, results["reference_rows"] = speaker_references(reference, texts, pipe)

@@ -18,10 +18,40 @@ from contextlib import contextmanager
 SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
 
 
+def _no_default(value) -> bool:
+    """An option's default that its help need not state (unset, a flag's False, suppressed; 0 is a default)."""
+    return value is None or value is False or value == argparse.SUPPRESS
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default where the help does not say one (``(default:
+    20.0)``); flags and options without a default say nothing more."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or _no_default(action.default) or not action.option_strings
+                or isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction, argparse._VersionAction))):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with a misspelt flag or a bad value as one line (``mmspec: error: ...``, exit 2),
     pointing at the command's ``--help``, instead of the usage block first; subcommands' parsers
-    are of this class too (argparse makes them of the parent's class)."""
+    are of this class too (argparse makes them of the parent's class). Options are not abbreviated
+    (``--batch-size`` was taken as ``bench caption --batch-sizes``, ``t2i --prompt`` as
+    ``--prompts``), and every help says its default."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and action.option_strings and not _no_default(action.default):
+            action.help = "(default: %(default)s)"  # (argparse shows nothing for an option without help)
+        return action
 
     def error(self, message: str):
         self.exit(2, f"mmspec: error: {message} (see {self.prog} --help)\n")

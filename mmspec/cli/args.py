@@ -26,6 +26,14 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast: GPU, CPU with AVX512-BF16 or AMX; else fp32) | bf16 | fp32 | fp16")
     add_optimize_arg(parser)
+    add_threads_arg(parser)
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """``--threads N`` as generate, caption, t2i and tts take it (default: PyTorch's own choice);
+    :func:`check_args` applies it before anything loads."""
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's choice, the cores "
+                        "this process may use)")
 
 
 def add_optimize_arg(parser: argparse.ArgumentParser) -> None:

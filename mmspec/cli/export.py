@@ -11,6 +11,17 @@ from ..modeling.eagle3 import ENGINE_ARCHITECTURES, Eagle3Head, check_export_dir
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def export_dtype(name: str) -> torch.dtype:
+    """``--dtype``: a dtype's name as every command takes it (bf16 / bfloat16, fp16, fp32; one line
+    for another), but not "auto": an export is read by another machine."""
+    from ..hub import resolve_dtype
+
+    dtype = resolve_dtype(name) if name != "auto" else None
+    if dtype not in DTYPES.values():
+        raise ValueError(f"--dtype {name!r}: an export is bfloat16 (bf16), float16 (fp16) or float32 (fp32)")
+    return dtype
+
+
 def add_parser(subparsers) -> None:
     export = subparsers.add_parser("export", help="write a trained drafter in a serving engine's format")
     what = export.add_subparsers(dest="what", metavar="WHAT")
@@ -18,7 +29,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("src", help="the head's directory (mmspec train drafter --method eagle3, or an engine layout)")
     parser.add_argument("--format", required=True, choices=sorted(ENGINE_ARCHITECTURES), help="the engine's layout")
     parser.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="weights' dtype in the export")
+    parser.add_argument("--dtype", default="bfloat16", help="weights' dtype in the export: bfloat16 (bf16), float16 "
+                        "(fp16) or float32 (fp32)")
     parser.set_defaults(handler=run, output_args={"out": "dir"})
 
 
@@ -32,11 +44,12 @@ def run(args) -> int:
 
     from .output import WRITE_ERRORS, output_error
 
+    dtype = export_dtype(args.dtype)
     check_export_directory(args.out)  # (before loading: a model's own files are never replaced)
     head = Eagle3Head.load(args.src)
     tuned = Path(args.src) / CHAIN_SETTINGS_FILE  # mmspec's tuned chain (bench chain-stop): kept for eagle3:OUT
     try:
-        out = head.export(args.out, args.format, DTYPES[args.dtype])
+        out = head.export(args.out, args.format, dtype)
         if tuned.is_file():
             shutil.copyfile(tuned, Path(out) / CHAIN_SETTINGS_FILE)
     except (*WRITE_ERRORS, SafetensorError) as error:  # (a full disk: one line, as every output file's)

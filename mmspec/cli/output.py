@@ -169,6 +169,10 @@ def hold_lock(path: str | os.PathLike, what: str) -> None:
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
+    if not _HELD:
+        import atexit
+
+        atexit.register(lambda: [held.close() for held in _HELD.values()])  # (released at exit, the files closed)
     _HELD[key] = handle
 
 

@@ -27,7 +27,7 @@ from .output import OutputFiles
 
 def add_parser(subparsers) -> None:
     from ..pipelines.text_to_image.methods import METHODS, SETTINGS
-    from .args import add_optimize_arg
+    from .args import add_optimize_arg, add_threads_arg
 
     cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
     cmd.add_argument("prompt", nargs="?", default=None, help="the prompt (or --prompts FILE)")
@@ -66,7 +66,7 @@ def add_parser(subparsers) -> None:
                      help="verify through CUDA graphs (the embedded LlamaGen-style layout on a CUDA device)")
     cmd.add_argument("--dtype", default="float32", help="the generator's weights: float32 (default) | bfloat16 | auto "
                      "(bfloat16 where fast: GPU, CPU with AMX / AVX-512 BF16); not MAR")
-    cmd.add_argument("--threads", type=int, default=None)
+    add_threads_arg(cmd)
     cmd.add_argument("--no-progress", action="store_true")
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)

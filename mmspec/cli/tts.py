@@ -36,7 +36,7 @@ from .output import OutputFiles
 
 def add_parser(subparsers) -> None:
     from ..pipelines.text_to_speech.methods import METHODS
-    from .args import add_optimize_arg
+    from .args import add_optimize_arg, add_threads_arg
 
     cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
     cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
@@ -69,7 +69,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (default: bfloat16 where fast, a GPU "
                      "or a CPU with AMX / AVX-512 BF16; else float32) | float32 | bfloat16")
     add_optimize_arg(cmd)
-    cmd.add_argument("--threads", type=int, default=None)
+    add_threads_arg(cmd)
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(handler=run, output_args={"out": "file or -"},
                      interrupted=lambda args, command: "nothing was saved (" + (

@@ -746,6 +746,9 @@ def run(args) -> int:
     out = Path(args.out)
     check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
     data_dir = Path(args.data or f"runs/{args.target}-selfdistill")
+    if not data_dir.exists() and data_dir.suffix.lower() in (".jsonl", ".json", ".parquet", ".csv", ".txt"):
+        raise FileNotFoundError(f"--data {data_dir} does not exist (for --target {args.target} --data is the "
+                                "self-distillation cache folder, made if absent; a data file must exist)")
     if data_dir.exists() and not data_dir.is_dir():
         raise ValueError(f"--data {data_dir} is a file; for --target {args.target} --data is the self-distillation cache "
                          "folder (a JSONL, dataset or parquet file goes with --target PATH_OR_HUB_ID)")

@@ -53,7 +53,7 @@ SETTINGS: dict[str, Setting] = {
     "init": Setting(str, "SJD's initialisation of new window positions", lambda v: v in INIT_STRATEGIES,
                     f"one of {', '.join(INIT_STRATEGIES)}"),
     "num_draft_tokens": Setting(int, "a chain's draft length K, or EAGLE-2's tree depth", at_least(1), "an integer >= 1"),
-    "drafter": Setting(str, "who drafts for the relaxed methods; default eagle when the model has an image EAGLE head",
+    "drafter": Setting(str, "who drafts for the relaxed methods (eagle where the model has an image EAGLE head)",
                        lambda v: v in PROPOSERS, f"one of {', '.join(PROPOSERS)}"),
     "neighbours_k": Setting(int, "codebook neighbours per code, LANTERN's k", at_least(1), "an integer >= 1"),
     "delta": Setting(float, "LANTERN's total-variation bound", rule="lantern"),
