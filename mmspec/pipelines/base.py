@@ -257,7 +257,12 @@ class Pipeline:
         except (ValueError, TypeError, OSError) as error:
             if total == 1:
                 raise
-            raise type(error)(f"{noun} {number} of {total}: {error}") from None
+            message = f"{noun} {number} of {total}: {error}"
+            try:
+                named = type(error)(message)
+            except TypeError:  # (an error class of other arguments, UnicodeDecodeError: its nearest plain kind)
+                named = next(kind for kind in (ValueError, TypeError, OSError) if isinstance(error, kind))(message)
+            raise named from None
 
     @staticmethod
     def check_batch_size(batch_size: Any) -> int:
