@@ -16,7 +16,10 @@ def export_dtype(name: str) -> torch.dtype:
     for another), but not "auto": an export is read by another machine."""
     from ..hub import resolve_dtype
 
-    dtype = resolve_dtype(name) if name != "auto" else None
+    try:
+        dtype = resolve_dtype(name) if name != "auto" else None
+    except ValueError:
+        dtype = None
     if dtype not in DTYPES.values():
         raise ValueError(f"--dtype {name!r}: an export is bfloat16 (bf16), float16 (fp16) or float32 (fp32)")
     return dtype
