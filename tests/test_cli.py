@@ -455,5 +455,7 @@ def test_options_are_not_abbreviated_and_every_help_says_its_default(capsys):
         with pytest.raises(ValueError, match=f"unknown --methods item '{method}'"):
             check_method(method)
     assert export_dtype("bf16") == export_dtype("bfloat16") and export_dtype("fp32") is not None
+    assert main(["generate", "hi", "--drafter", ""]) == 2  # (was "error:  holds no draft model": an empty name)
+    assert "mmspec: error: the drafter is empty; give one of [" in capsys.readouterr().err
     with pytest.raises(ValueError, match="an export is bfloat16"):
         export_dtype("auto")

@@ -13,7 +13,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, seed: int | None) -> None
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=None, help="with --do-sample (default: 1)")
-    parser.add_argument("--top-k", type=int, default=None, help="with --do-sample")
+    parser.add_argument("--top-k", type=int, default=None, help="with --do-sample (0, as unset: every token)")
     parser.add_argument("--top-p", type=float, default=None, help="with --do-sample")
     parser.add_argument("--seed", type=int, default=seed,
                         help="seeds every random number of the call (default: " + ("a fresh seed each run, recorded in the stats)"

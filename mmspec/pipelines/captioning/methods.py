@@ -215,6 +215,8 @@ def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | 
     """
     if (drafter == "auto" and auto) or drafter in NO_DRAFTER:
         return None
+    if isinstance(drafter, str) and not drafter.strip():  # (Path("") is ".": "holds no draft model" with no name)
+        raise ValueError(f"the drafter is empty; give {drafter_choices(auto)}")
     if is_caption_spec(drafter):
         method = make_caption_method(drafter)
         if method.argument and method.name in DRAFTERS:  # a trained drafter's directory: there, and of its kind
