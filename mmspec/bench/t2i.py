@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes:
         return run_throughput(args, results, path, components, methods, prompt_inputs, batch_sizes)
     with torch.inference_mode():
-        make_method("ar").generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)  # warm-up
+        for method in [make_method("ar"), *methods.values()]:  # warm-up: every method's models and drafter once
+            method.generate(components, prompt_inputs[0], 0, max_new_tokens=min(32, n), **sampling)
         for round_ in range(args.rounds):
             for i, model_inputs in enumerate(prompt_inputs):
                 for spec, method in methods.items():
