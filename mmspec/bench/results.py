@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -40,9 +41,11 @@ def save_results(path: Path, results: dict) -> None:
     write_text(path, json.dumps(results))
 
 
+@functools.lru_cache(maxsize=1)
 def source_commit() -> str | None:
     """The git commit of mmspec's source tree (with "-dirty" when files differ from it), or None
-    outside a git checkout: a results file says which code measured it."""
+    outside a git checkout: a results file says which code measured it (read once a process: a
+    benchmark asks for the machine twice, for its resume check and its results)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]

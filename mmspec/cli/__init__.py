@@ -23,18 +23,6 @@ def _no_default(value) -> bool:
     return value is None or value is False or value == argparse.SUPPRESS
 
 
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default where the help does not say one (``(default:
-    20.0)``); flags and options without a default say nothing more."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if ("default" in text or _no_default(action.default) or not action.option_strings
-                or isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction, argparse._VersionAction))):
-            return text
-        return f"{text} (default: %(default)s)".lstrip()
-
-
 class OneLineParser(argparse.ArgumentParser):
     """argparse with a misspelt flag or a bad value as one line (``mmspec: error: ...``, exit 2),
     pointing at the command's ``--help``, instead of the usage block first; subcommands' parsers
@@ -44,13 +32,14 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args, **kwargs):
+        """argparse's, the option's default appended to its help where the help names none."""
         action = super().add_argument(*args, **kwargs)
-        if action.help is None and action.option_strings and not _no_default(action.default):
-            action.help = "(default: %(default)s)"  # (argparse shows nothing for an option without help)
+        text = action.help or ""
+        if action.option_strings and not _no_default(action.default) and text != argparse.SUPPRESS and "default" not in text:
+            action.help = f"{text} (default: %(default)s)".lstrip()
         return action
 
     def error(self, message: str):

@@ -31,7 +31,7 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     """``--threads N`` as generate, caption, t2i and tts take it (default: PyTorch's own choice);
-    :func:`check_args` applies it before anything loads."""
+    each command sets it before its model loads (:func:`check_args` checks it is >= 1)."""
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's choice, the cores "
                         "this process may use)")
 

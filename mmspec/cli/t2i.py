@@ -158,15 +158,12 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
     finally:
         bar.close()
     records = results.finish()
-    if results.process.rank != 0:  # (one JSON document and one summary, every process's counts)
-        pass
-    elif args.json:
+    if results.process.rank == 0 and args.json:  # (one JSON document and one summary, every process's counts)
         print(json.dumps(records, indent=2))
-    else:
+    elif results.process.rank == 0:
         retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
-        drawn, failed = results.made(records)
         print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew "
-              f"{drawn + failed}{retried}")
+              f"{sum(results.made(records))}{retried}")
     return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0, process=results.process)
 
 

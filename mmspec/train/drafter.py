@@ -143,6 +143,11 @@ def caption_families(names: str | None) -> tuple[str, ...]:
 DATA_SETTINGS = ("target", "prompt_set", "skip", "max_new_tokens", "families", "split", "sample_temperature")
 
 
+def data_settings(args) -> dict:
+    """The run's :data:`DATA_SETTINGS` (the cache's manifest, data.json)."""
+    return {name: getattr(args, name, None) for name in DATA_SETTINGS}
+
+
 def check_data_settings(args, data_dir: Path) -> None:
     """A cache made with other settings (another prompt set, token budget, ...) refused in one line,
     before the target loads: the smollm2 recipes' caches share one default folder, and a second
@@ -151,9 +156,8 @@ def check_data_settings(args, data_dir: Path) -> None:
     from ..cli.dataset import changed_settings
 
     manifest = data_dir / "data.json"
-    now = {name: getattr(args, name, None) for name in DATA_SETTINGS}
     if manifest.is_file():
-        shown = changed_settings(json.loads(manifest.read_text()), now)
+        shown = changed_settings(json.loads(manifest.read_text()), data_settings(args))
         if shown:
             raise ValueError(f"--data {data_dir} holds self-distilled data made with other settings ({shown}); give another "
                              "--data folder for these, or the settings it was made with")
@@ -165,7 +169,7 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
     done = len(list(data_dir.glob("chunk-*.pt")))
     if not done or (data_dir / "data.json").is_file():
         data_dir.mkdir(parents=True, exist_ok=True)
-        (data_dir / "data.json").write_text(json.dumps({name: getattr(args, name, None) for name in DATA_SETTINGS}))
+        (data_dir / "data.json").write_text(json.dumps(data_settings(args)))
     total = math.ceil(args.sequences / chunk)
     for index in range(done, total):
         started = time.time()
