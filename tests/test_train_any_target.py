@@ -103,6 +103,8 @@ def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anythin
     assert train(text_target, data, out, "--steps", "0", "--cache", str(tmp_path / "cache")) == 0
     assert "--steps 0: the data is ready in" in capsys.readouterr().out
     assert any((tmp_path / "cache").iterdir()) and not out.exists()
+    assert train(text_target, data, out, "--steps", "-1") == 2  # (0 allowed: the refusal says so)
+    assert "--steps must be at least 0, got -1" in capsys.readouterr().err
     out.mkdir()
     (out / "eagle_head.safetensors").write_bytes(b"weights")
     (out / "draft_vocab.json").write_text("[1, 2]")

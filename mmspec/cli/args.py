@@ -121,7 +121,7 @@ def check_args(args: argparse.Namespace) -> None:
             value = getattr(args, name, None)
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not holds(v) and not (v == 0 and name in zero):
-                    raise ValueError(f"--{name.replace('_', '-')} must {needs}, got {v}")
+                    raise ValueError(f"--{name.replace('_', '-')} must {'be at least 0' if name in zero else needs}, got {v}")
     # the sampling options given: refused with --greedy, and (below) without --do-sample
     given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(args, name, None) is not None]
     if getattr(args, "greedy", False) and given:
