@@ -80,7 +80,8 @@ KERNELS = ("auto", "c", "transposed")
 #: the C sources of the kernel library, every ``.c`` file of ``kernels/`` (sorted: the build's digest
 #: and link order are the same on every machine): the few-row linears (``linear_fp32.c``,
 #: ``linear_bf16.c``, ``linear_int8.c``), the rows' argmax and speculative rule (``verify.c``), the
-#: batch-invariant attention (``attention.c``), fused layers (``layer.c``)
+#: batch-invariant attention (``attention.c``), fused layers (``layer.c``), Griffin-Lim's phase update,
+#: overlap-add and start (``spectral.c``)
 SOURCES_DIR = Path(__file__).with_name("kernels")
 SOURCES = tuple(sorted(SOURCES_DIR.glob("*.c")))
 #: the headers they include (part of the build's digest): ``kernels.h`` declares every entry point,
@@ -156,6 +157,11 @@ def load_kernel() -> ctypes.CDLL:
     for function in (library.few_rows_attention, library.few_rows_attention_avx512):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
         function.restype = ctypes.c_int
+    library.griffin_lim_update.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_float]
+    library.griffin_lim_update.restype = None
+    library.overlap_add.argtypes, library.overlap_add.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5, None
+    library.pghi_integrate.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    library.pghi_integrate.restype = ctypes.c_int
     _LIBRARY = library
     return library
 

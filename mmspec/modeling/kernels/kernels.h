@@ -77,6 +77,15 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
 int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
                int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
 
+/* ---- Griffin-Lim's phase update over n complex values (interleaved re, im), its overlap-add, and the
+ * phase gradient heuristic integration that starts it (spectral.c) */
+void griffin_lim_update(float *update, const float *rebuilt, const float *previous, const float *target, int64_t n,
+                        float keep);
+void overlap_add(float *audio, const float *frames, const float *window, const float *inverse_envelope, int64_t count,
+                 int64_t n_fft, int64_t hop, int64_t pad, int64_t length);
+int pghi_integrate(double *phase, const int32_t *level, const float *step_t, const float *step_f, int64_t bins,
+                   int64_t frames, int64_t bands);
+
 /* ---- batch-invariant attention (attention.c) */
 int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
                        int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
