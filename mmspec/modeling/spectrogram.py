@@ -87,7 +87,8 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
     its loudest; quieter ones get phase 0. As Griffin-Lim's start it gives in 16 iterations the
     spectral convergence that 32 give from a random phase (docs/speech.md). The integration runs
     in C (``kernels/spectral.c``) where the kernels build, else in Python (the same arithmetic: the
-    steps in float32, their sums in double; the same phase, ~50x slower).
+    steps in float32, their sums in double; the same phase, ~15x slower: on one core 1.1 ms a
+    second of audio in C, 19 ms in Python, where Griffin-Lim's 16 iterations take ~3.5 ms).
 
     Args:
         magnitude: float [n_fft / 2 + 1, T], T >= 1.
@@ -97,6 +98,9 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
     bins, frames = magnitude.shape if magnitude.dim() == 2 else (0, 0)
     if bins != n_fft // 2 + 1 or frames < 1:
         raise ValueError(f"magnitude must be [{n_fft // 2 + 1}, T >= 1], got {tuple(magnitude.shape)}")
+    if bins * frames >= 2**31:  # (the integration indexes coefficients with 32-bit integers)
+        raise ValueError(f"a magnitude of {frames} frames is too long to integrate at once (13 hours at a 256-sample "
+                         "hop); decode it in pieces")
     if not 0 < tolerance < 1 or not band > 0:
         raise ValueError(f"tolerance must lie in (0, 1) and band be positive, got {tolerance} and {band}")
     magnitude = magnitude.detach().cpu().float().contiguous()  # (an lstsq solution comes column-major)
