@@ -55,7 +55,8 @@ def main(sentences: int = 200, settings: str = "random:32,pghi:16,pghi:12,random
             row = {"source": name, "start": start, "iterations": int(iterations),
                    "wer": word_error_rate(texts, [transcribe(a, rate) for a in audio]),
                    "similarity": sum(float(speaker_embedding(a, rate) @ r) for a, r in zip(audio, references)) / len(texts),
-                   "spectral_convergence": sum(spectral_convergence(codec, c, a) for c, a in zip(source_codes, audio)) / len(texts),
+                   "spectral_convergence": sum(spectral_convergence(codec, c, a)
+                                               for c, a in zip(source_codes, audio)) / len(texts),
                    "decode_rtf": spent / seconds, "seconds": seconds}
             rows.append(row)
             print(json.dumps(row), flush=True)

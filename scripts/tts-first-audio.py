@@ -1,13 +1,17 @@
 """Time to first audio of ``tts.stream`` against the whole paragraph's time (docs/speech.md,
 "Streaming"): the embedded voice, one thread, the same paragraph said RUNS times in one process.
 
-    OMP_NUM_THREADS=1 python scripts/tts-first-audio.py [METHOD] [RUNS]
+    OMP_NUM_THREADS=1 python scripts/tts-first-audio.py [METHOD] [RUNS] [START:ITERATIONS]
+
+(the last: the codec's Griffin-Lim start and iterations instead of its own, e.g. random:32, what
+the voice's codec decoded with before stop 79)
 
 Prints one JSON line per run: first_s (the first chunk's ``elapsed_s``), total_s, every chunk's
 ready time, the audio's seconds, the real-time factor, ``tts(text)``'s time (one generation of the
 whole paragraph) and whether the streamed chunks joined equal ``tts(text, split="sentences")``.
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -20,10 +24,13 @@ TEXT = ("The train leaves at 7:30 in the morning. Please remember to bring your 
         "Would you like a window seat or an aisle seat?")
 
 
-def main(method: str = "ar", runs: int = 5) -> None:
+def main(method: str = "ar", runs: int = 5, decode: str | None = None) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     tts = mmspec.pipeline("text-to-speech", method=method)
+    if decode:
+        codec, (begin, iterations) = tts.components.codec, decode.split(":")
+        codec.config = dataclasses.replace(codec.config, griffin_lim_start=begin, griffin_lim_iters=int(iterations))
     print(f"loaded in {time.perf_counter() - start:.2f} s; dtype {tts.components.dtype}", flush=True)
     for run in range(runs):
         start = time.perf_counter()
@@ -41,4 +48,5 @@ def main(method: str = "ar", runs: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "ar", int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+    main(sys.argv[1] if len(sys.argv) > 1 else "ar", int(sys.argv[2]) if len(sys.argv) > 2 else 5,
+         sys.argv[3] if len(sys.argv) > 3 else None)

@@ -1,6 +1,7 @@
-/* Griffin-Lim's phase update (mmspec.modeling.spectrogram.griffin_lim; PyTorch there elsewhere):
- * one pass over the spectrum where PyTorch took seven over strided real and imaginary planes
- * (0.9 of a 1.7 ms iteration for a 5-second utterance on one core, the two FFTs 0.4 of it). */
+/* Griffin-Lim's inner loops and its start (mmspec.modeling.spectrogram.griffin_lim and pghi_phase,
+ * which run PyTorch's operators or Python where this library does not build). The phase update is
+ * one pass over the spectrum where PyTorch took seven over strided real and imaginary planes (0.89
+ * -> 0.21 ms for a 4.8-second utterance on one core, its whole iteration 1.55 -> 0.90 ms). */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -48,9 +49,8 @@ void overlap_add(float *audio, const float *frames, const float *window, const f
         const int64_t shift = t * hop - pad; /* frame t's sample k lands on audio[shift + k] */
         const int64_t first = shift < 0 ? -shift : 0, last = length - shift < n_fft ? length - shift : n_fft;
         const float *frame = frames + t * n_fft;
-        float *out = audio + shift;
         for (int64_t k = first; k < last; k++)
-            out[k] += frame[k] * window[k];
+            audio[shift + k] += frame[k] * window[k];
     }
     for (int64_t l = 0; l < length; l++)
         audio[l] *= inverse_envelope[l];
@@ -59,7 +59,7 @@ void overlap_add(float *audio, const float *frames, const float *window, const f
 /* Phase Gradient Heuristic Integration (Prusa, Balazs and Sondergaard 2017), the integration over
  * an STFT's grid of `bins` x `frames` coefficients (row-major, index i = m frames + n) that
  * mmspec.modeling.spectrogram.pghi_phase prepares and checks (its Python loop is this one, step by
- * step, in the same double arithmetic):
+ * step, in the same arithmetic: float steps, their sums in double):
  *
  *   level[i]  the coefficient's magnitude band, 0 the loudest (-1: below the tolerance, phase 0)
  *   step_t[i] the phase's change over one frame at i, step_f[i] over one bin
