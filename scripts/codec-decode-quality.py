@@ -37,6 +37,7 @@ def main(sentences: int = 200, settings: str = "random:32,pghi:16,pghi:12,random
     torch.set_num_threads(1)
     texts = [text for _, text in TEXTS["handwritten"](sentences)]
     pipe = mmspec.pipeline("text-to-speech")
+    machine = machine_info(str(pipe.components.dtype).removeprefix("torch."), 1)  # (the commit measured, read now)
     codec, rate = pipe.components.codec, pipe.sampling_rate
     voice = load_voice()
     source = [audio.float() / 32768 for _, audio, _ in (synthesise(voice, text, noise=False) for text in texts)]
@@ -63,7 +64,7 @@ def main(sentences: int = 200, settings: str = "random:32,pghi:16,pghi:12,random
     codec.config = shipped
     if out:
         with open(out, "w") as f:
-            json.dump({"sentences": sentences, "machine": machine_info(str(pipe.components.dtype).removeprefix("torch."), 1),
+            json.dump({"sentences": sentences, "machine": machine,
                        "shipped": dataclasses.asdict(shipped), "rows": rows}, f, indent=1)
 
 

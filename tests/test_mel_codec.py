@@ -1,5 +1,6 @@
 """The embedded voice's codec: residual k-means over stacked log-mel frames, Griffin-Lim decoding."""
 
+import dataclasses
 import math
 
 import pytest
@@ -60,7 +61,8 @@ def kernels(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("n_fft, hop, frames, momentum", [(1024, 256, 60, 0.99), (512, 128, 5, 0.0), (256, 128, 40, 0.5)])
+@pytest.mark.parametrize("n_fft, hop, frames, momentum", [(1024, 256, 60, 0.99), (512, 128, 5, 0.0), (256, 128, 40, 0.5),
+                                                         (512, 128, 7, 0.5)])
 def test_griffin_lim_is_torchaudios(n_fft, hop, frames, momentum, kernels):
     """The fast Griffin-Lim computes torchaudio's (same window, padding, momentum and random start
     from the global generator) within float rounding, on a magnitude no signal has exactly: with
@@ -94,6 +96,21 @@ def test_griffin_lim_refuses_bad_shapes():
         griffin_lim(torch.rand(513, 10), 1024, 256, momentum=1.0)
 
 
+def test_the_c_phase_update_is_the_formula_in_every_lane():
+    """kernels/spectral.c's griffin_lim_update against its formula, t = rebuilt - keep previous,
+    t target / (|t| + 1e-16), for 1 .. 11 values: the vector loop's four at a time and its tail."""
+    library = spectrogram._spectral_library()
+    if library is None:
+        pytest.skip("the C kernels do not build here")
+    gen = torch.Generator().manual_seed(0)
+    for n in range(1, 12):
+        rebuilt, previous = torch.randn(n, 2, generator=gen), torch.randn(n, 2, generator=gen)
+        target, update = torch.rand(n, generator=gen), torch.empty(n, 2)
+        library.griffin_lim_update(update.data_ptr(), rebuilt.data_ptr(), previous.data_ptr(), target.data_ptr(), n, 0.4)
+        t = torch.view_as_complex(rebuilt - 0.4 * previous)
+        assert torch.allclose(torch.view_as_complex(update), t * target / (t.abs() + 1e-16), rtol=1e-6, atol=1e-7), n
+
+
 def harmonic_speech(seconds=1.5, rate=22050):
     """A voiced sound with a gliding pitch, twelve harmonics and a syllable-rate envelope."""
     t = torch.arange(int(seconds * rate)) / rate
@@ -124,6 +141,21 @@ def test_pghi_phase_advances_by_the_tones_frequency():
             expected = 2 * math.pi * frequency * hop / rate
             assert torch.allclose(torch.remainder(step - expected + math.pi, 2 * math.pi) - math.pi,
                                   torch.zeros(39), atol=0.05)
+
+
+def test_pghi_phase_turns_across_bins_as_a_clicks_phase_does():
+    """Across bins a click's phase turns by the slope its time sets (what the magnitude's slope
+    across frames tells PGHI): PGHI's bin-to-bin steps match the STFT's own where the click is loud."""
+    audio = torch.zeros(22050)
+    audio[5000] = 1.0
+    spectrum = torch.stft(audio, 1024, 256, window=torch.hann_window(1024), return_complex=True)
+    magnitude = spectrum.abs()
+    phase = pghi_phase(magnitude, 1024, 256)
+    loud = magnitude[1:] > 0.1 * magnitude.max()  # (pairs of neighbouring bins, both loud)
+    loud &= magnitude[:-1] > 0.1 * magnitude.max()
+    error = torch.remainder((phase[1:] - phase[:-1]) - (spectrum[1:].angle() - spectrum[:-1].angle()) + math.pi,
+                            2 * math.pi) - math.pi
+    assert loud.sum() > 500 and error[loud].abs().median() < 0.4
 
 
 def test_pghi_starts_griffin_lim_where_a_random_phase_needs_twice_the_iterations(kernels):
@@ -164,7 +196,13 @@ def test_pghi_and_griffin_lim_refuse_bad_inputs():
         pghi_phase(torch.rand(513, 10), 1024, 256, tolerance=0)
     with pytest.raises(ValueError, match="phase must have"):
         griffin_lim(torch.rand(513, 10), 1024, 256, phase=torch.zeros(513, 9))
+    with pytest.raises(ValueError, match="a million bands"):
+        pghi_phase(torch.rand(513, 10), 1024, 256, band=1e-9)
     assert torch.equal(pghi_phase(torch.zeros(513, 6), 1024, 256), torch.zeros(513, 6))  # silence: nothing to integrate
+    quiet = torch.rand(513, 12, generator=torch.Generator().manual_seed(0)) ** 4
+    quiet[quiet < 0.05] = 0
+    quiet *= 1e-34  # (1e-12 of its largest value underflows float32)
+    assert torch.isfinite(griffin_lim(quiet, 1024, 256, 4, phase=pghi_phase(quiet, 1024, 256))).all()
 
 
 def test_codec_settings_are_checked_and_the_random_start_still_decodes():
@@ -172,6 +210,10 @@ def test_codec_settings_are_checked_and_the_random_start_still_decodes():
         MelRVQCodec(MelCodecConfig(griffin_lim_start="zero"))
     with pytest.raises(ValueError, match="griffin_lim_iters"):
         MelRVQCodec(MelCodecConfig(griffin_lim_iters=-1))
+    codec = MelRVQCodec(MelCodecConfig(num_codebooks=2, codebook_size=4))
+    codec.config = dataclasses.replace(codec.config, griffin_lim_start="PGHI")  # (set after construction: refused too)
+    with pytest.raises(ValueError, match="griffin_lim_start must be one of"):
+        codec.decode(torch.zeros(2, 8, dtype=torch.long))
     codes = torch.randint(0, 4, (2, 30), generator=torch.Generator().manual_seed(0))
     for start in ("pghi", "random"):
         codec = MelRVQCodec(MelCodecConfig(num_codebooks=2, codebook_size=4, griffin_lim_iters=3, griffin_lim_start=start))

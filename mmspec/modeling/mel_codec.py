@@ -35,6 +35,15 @@ from .persistence import DataclassModel
 GRIFFIN_LIM_STARTS = ("pghi", "random")
 
 
+def check_decoding(config: "MelCodecConfig") -> None:
+    """Refuse Griffin-Lim settings the decode cannot run, in one line each."""
+    if config.griffin_lim_start not in GRIFFIN_LIM_STARTS:
+        raise ValueError(f"griffin_lim_start must be one of {', '.join(GRIFFIN_LIM_STARTS)}, "
+                         f"got {config.griffin_lim_start!r}")
+    if not isinstance(config.griffin_lim_iters, int) or config.griffin_lim_iters < 0:
+        raise ValueError(f"griffin_lim_iters must be a whole number >= 0, got {config.griffin_lim_iters!r}")
+
+
 @dataclass
 class MelCodecConfig:
     sample_rate: int = 22050
@@ -75,11 +84,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
     load_dtype = torch.float32
 
     def __init__(self, config: MelCodecConfig) -> None:
-        if config.griffin_lim_start not in GRIFFIN_LIM_STARTS:
-            raise ValueError(f"griffin_lim_start must be one of {', '.join(GRIFFIN_LIM_STARTS)}, "
-                             f"got {config.griffin_lim_start!r}")
-        if not isinstance(config.griffin_lim_iters, int) or config.griffin_lim_iters < 0:
-            raise ValueError(f"griffin_lim_iters must be a whole number >= 0, got {config.griffin_lim_iters!r}")
+        check_decoding(config)
         super().__init__(config)
         self.register_buffer("codebooks", torch.zeros(config.num_codebooks, config.codebook_size, config.dim))
         self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
@@ -113,6 +118,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
         mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
         short = max(0, c.n_fft // c.hop_length + 1 - frames)  # Griffin-Lim's padding needs a few frames
         mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)
+        check_decoding(c)  # (again: a config may be replaced after construction)
         magnitude = self._inverse_mel()(mel).clamp_min(0)
         if c.griffin_lim_start == "pghi":
             audio = griffin_lim(magnitude, c.n_fft, c.hop_length, c.griffin_lim_iters,

@@ -103,10 +103,11 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
     if bins * frames >= 2**31:  # (the integration indexes coefficients with 32-bit integers)
         raise ValueError(f"a magnitude of {frames} frames is too long to integrate at once (13 hours at a 256-sample "
                          "hop); decode it in pieces")
-    if not 0 < tolerance < 1 or not band > 0:
-        raise ValueError(f"tolerance must lie in (0, 1) and band be positive, got {tolerance} and {band}")
+    if not 0 < tolerance < 1 or not band > 0 or -math.log(tolerance) / band > 1e6:
+        raise ValueError(f"tolerance must lie in (0, 1) and band be positive, with at most a million bands of "
+                         f"log(1 / tolerance) / band, got {tolerance} and {band}")
     magnitude = magnitude.detach().cpu().float().contiguous()  # (an lstsq solution comes column-major)
-    log = magnitude.clamp_min(1e-12 * float(magnitude.max())).log()
+    log = magnitude.clamp_min(max(1e-12 * float(magnitude.max()), torch.finfo(torch.float32).tiny)).log()
     top = float(log.max())
     bands = int(-math.log(tolerance) / band) + 1
     level = ((top - log) / band).floor().clamp_max(bands - 1).to(torch.int32)
@@ -206,8 +207,9 @@ def griffin_lim(magnitude: torch.Tensor, n_fft: int, hop_length: int, n_iter: in
     inverse_envelope = envelope.view(-1)[pad : pad + length].reciprocal()
     summed = torch.empty_like(envelope)
     padded = magnitude.new_empty(length + 2 * pad)
-    # the overlap-add and the phase update in C where the kernels build (kernels/spectral.c: the
-    # same arithmetic, one pass each), PyTorch's operators elsewhere
+    # the overlap-add and the phase update in C where the kernels build (kernels/spectral.c: one
+    # pass each; the same operations, summed in another order: ~1e-5 apart after 32 iterations),
+    # PyTorch's operators elsewhere
     library = _spectral_library() if magnitude.dtype == torch.float32 and magnitude.device.type == "cpu" else None
 
     def istft(spectrum: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # [T, bins] complex -> out [length]
