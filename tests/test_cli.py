@@ -432,9 +432,38 @@ def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(
         return 0
 
     monkeypatch.setattr(generate_cli, "run_generate_command", interrupted_inside_a_library)
-    assert main(["generate", "hi"]) == 130
-    assert capsys.readouterr().err == "mmspec: interrupted; nothing was saved\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (given back)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as a run from a terminal starts)
+    try:
+        assert main(["generate", "hi"]) == 130
+        assert capsys.readouterr().err == "mmspec: interrupted; nothing was saved\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (given back)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_command_started_with_sigint_ignored_keeps_ignoring_it(monkeypatch, capsys):
+    """A shell without job control starts `mmspec ... &` with SIGINT ignored (Ctrl-C is for the
+    script in the foreground): the command leaves it ignored, and restores it so, where it had put
+    its own handler over it (the tests ran in such a process and found SIG_IGN where they expected
+    Python's handler)."""
+    import os
+    import signal
+
+    import mmspec.cli.generate as generate_cli
+
+    def interrupted(args):
+        os.kill(os.getpid(), signal.SIGINT)  # (ignored: the command goes on)
+        print("done")
+        return 0
+
+    monkeypatch.setattr(generate_cli, "run_generate_command", interrupted)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert main(["generate", "hi"]) == 0
+        assert capsys.readouterr().out == "done\n"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_options_are_not_abbreviated_and_every_help_says_its_default(capsys):

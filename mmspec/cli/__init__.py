@@ -101,7 +101,9 @@ def signals_noted(seen: list[int]):
     raises :class:`Terminated` and SIGINT ``KeyboardInterrupt``, each noted in ``seen``: a library
     that turns the interrupt into another error (transformers' lazy imports, interrupted while
     numpy loads, raise ModuleNotFoundError) is still known as an interrupt. The previous handlers
-    come back afterwards."""
+    come back afterwards. A signal the process was told to ignore stays ignored (a shell without job
+    control starts `mmspec ... &` with SIGINT ignored, so that Ctrl-C meant for the script that
+    started it does not end it; Python keeps such a SIGINT ignored too)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -114,12 +116,17 @@ def signals_noted(seen: list[int]):
         seen.append(signum)
         raise KeyboardInterrupt()
 
-    previous = signal.signal(signal.SIGTERM, terminate), signal.signal(signal.SIGINT, interrupt)
+    handlers = {signal.SIGTERM: terminate, signal.SIGINT: interrupt}
+    previous = {signum: signal.getsignal(signum) for signum in handlers}
+    for signum, handler in handlers.items():
+        if previous[signum] is not signal.SIG_IGN:
+            signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+        for signum, handler in previous.items():
+            if handler is not None:  # (None: a handler not installed from Python, left as it is)
+                signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,8 +56,8 @@ class MelCodecConfig:
     codebook_size: int = 256
     griffin_lim_iters: int = 16
     #: Griffin-Lim's start: "pghi" (:func:`~mmspec.modeling.spectrogram.pghi_phase`; 16 iterations
-    #: from it match 32 from a random phase) or "random" (torchaudio's; what codecs saved before
-    #: stop 79 decoded with, at 32 iterations)
+    #: from it match 32 from a random phase) or "random" (torchaudio's, what every codec started
+    #: from before stop 79; a codec saved then, without this field, now starts from "pghi")
     griffin_lim_start: str = "pghi"
     log_floor: float = 1e-5
 
