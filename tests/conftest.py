@@ -92,6 +92,19 @@ def _restore_torch_threads():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _transformers_logs_to_this_tests_stderr():
+    """transformers' log handler keeps the stderr it was made with: made during a test that captured
+    stderr (capsys), it wrote into that test's closed stream ever after ("--- Logging error ---" and a
+    traceback in a later test's output, which a test of one-line errors then failed on, depending on
+    the order of the tests). Each test points it at its own stderr."""
+    logging_module = sys.modules.get("transformers.utils.logging")
+    handler = getattr(logging_module, "_default_handler", None)
+    if handler is not None:  # (as transformers makes it: its stream and, bound apart, its flush)
+        handler.stream, handler.flush = sys.stderr, sys.stderr.flush  # (not setStream: it flushes the old one)
+    yield
+
+
 @pytest.fixture
 def free_port():
     """A TCP port free on this machine now (for a test that starts a process group: two xdist workers
