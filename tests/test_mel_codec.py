@@ -177,16 +177,42 @@ def test_pghi_in_c_and_in_python_give_the_same_phase(monkeypatch):
     """kernels/spectral.c's integration is the Python loop's step for step, in the same double
     arithmetic (the same islands, the same order, the same sums): bit for bit, on a magnitude with
     many islands below the tolerance (a column-major one, as an lstsq solution is)."""
-    if spectrogram._spectral_library() is None:
+    if spectrogram._pghi_library() is None:
         pytest.skip("the C kernels do not build here")
     magnitude = stft_magnitude(harmonic_speech(0.6))
     magnitude = magnitude * (torch.rand(magnitude.shape, generator=torch.Generator().manual_seed(0)) > 0.2)
     magnitude = magnitude.T.contiguous().T  # (column-major)
     in_c = pghi_phase(magnitude, 1024, 256, tolerance=1e-2)
-    monkeypatch.setattr(spectrogram, "_spectral_library", lambda: None)
+    monkeypatch.setattr(spectrogram, "_pghi_library", lambda: None)
     in_python = pghi_phase(magnitude, 1024, 256, tolerance=1e-2)
     assert torch.equal(in_c, in_python) and in_c.abs().max() > 10  # (phases integrated far, not left at 0)
     assert in_c[magnitude < 1e-2 * magnitude.max()].abs().max() == 0  # quieter than the tolerance: 0
+
+
+def test_pghi_builds_alone_where_the_kernel_library_cannot(monkeypatch, tmp_path):
+    """On a CPU without the kernel library (no AVX2, not x86) the integration's plain C builds alone
+    (kernels/portable/pghi.c) and gives the Python loop's phase; without a C compiler, the Python loop."""
+    import shutil
+
+    from mmspec.modeling import fast_linear
+
+    if not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(fast_linear, "_PORTABLE", None)
+    monkeypatch.setattr(spectrogram, "_spectral_library", lambda: None)  # (as without AVX2)
+    find_library = spectrogram._pghi_library.__wrapped__  # (not cached)
+    portable = find_library()
+    assert portable is not None and "portable-" in portable._name and str(tmp_path) in portable._name
+    magnitude = stft_magnitude(harmonic_speech(0.4))
+    monkeypatch.setattr(spectrogram, "_pghi_library", lambda: portable)
+    in_c = pghi_phase(magnitude, 1024, 256)
+    monkeypatch.setattr(spectrogram, "_pghi_library", lambda: None)
+    assert torch.equal(in_c, pghi_phase(magnitude, 1024, 256)) and in_c.abs().max() > 10
+    monkeypatch.setattr(fast_linear, "_PORTABLE", None)
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "empty"))  # (nothing built there yet)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert find_library() is None  # (no compiler: Python)
 
 
 def test_pghi_and_griffin_lim_refuse_bad_inputs():

@@ -77,13 +77,15 @@ from ..cpu import cpu_flags, machine_cpu_flags  # (re-exported: their home befor
 from .kernel_ids import LinearKernel
 
 KERNELS = ("auto", "c", "transposed")
-#: the C sources of the kernel library, every ``.c`` file of ``kernels/`` (sorted: the build's digest
-#: and link order are the same on every machine): the few-row linears (``linear_fp32.c``,
-#: ``linear_bf16.c``, ``linear_int8.c``), the rows' argmax and speculative rule (``verify.c``), the
-#: batch-invariant attention (``attention.c``), fused layers (``layer.c``), Griffin-Lim's phase update,
-#: overlap-add and start (``spectral.c``)
+#: the C sources of the kernel library, every ``.c`` file of ``kernels/`` and ``kernels/portable/``
+#: (sorted: the build's digest and link order are the same on every machine): the few-row linears
+#: (``linear_fp32.c``, ``linear_bf16.c``, ``linear_int8.c``), the rows' argmax and speculative rule
+#: (``verify.c``), the batch-invariant attention (``attention.c``), fused layers (``layer.c``),
+#: Griffin-Lim's phase update and overlap-add (``spectral.c``) and, in plain C, the integration that
+#: starts it (``portable/pghi.c``, built alone where the rest cannot be: :func:`load_portable_kernel`)
 SOURCES_DIR = Path(__file__).with_name("kernels")
-SOURCES = tuple(sorted(SOURCES_DIR.glob("*.c")))
+PORTABLE_SOURCES = tuple(sorted((SOURCES_DIR / "portable").glob("*.c")))
+SOURCES = tuple(sorted(SOURCES_DIR.glob("*.c"))) + PORTABLE_SOURCES
 #: the headers they include (part of the build's digest): ``kernels.h`` declares every entry point,
 #: the kernel ids and the fused layer's spec
 HEADERS = tuple(sorted(SOURCES_DIR.glob("*.h")))
@@ -92,7 +94,10 @@ HEADERS = tuple(sorted(SOURCES_DIR.glob("*.h")))
 #: at a group. The build passes it to the C kernels as PK_NB (few_rows.h), so the two cannot part.
 PACKED_GROUP_BLOCKS = 4
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-DPK_NB={PACKED_GROUP_BLOCKS}")
+#: the flags of the portable library (any CPU)
+PORTABLE_CFLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC")
 _LIBRARY: ctypes.CDLL | None = None
+_PORTABLE: ctypes.CDLL | None = None
 
 
 _NOTED: set[str] = set()  # the reasons OptimizeReport.note warned about in this process
@@ -121,27 +126,7 @@ def load_kernel() -> ctypes.CDLL:
     if not {"avx2", "fma"} <= cpu_flags():
         named = " (MMSPEC_CPU_FLAGS leaves them out)" if os.environ.get("MMSPEC_CPU_FLAGS", "").strip() else ""
         raise KernelUnavailable(f"the few-row C kernel needs an x86-64 CPU with AVX2 and FMA{named}")
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("gcc") or shutil.which("cc") or ""]
-    if not compiler[0]:
-        raise KernelUnavailable("the few-row C kernel needs a C compiler: install gcc (apt-get install gcc)")
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / f"few_rows-{digest}.so"
-    for attempt in range(2):
-        if not path.exists():
-            _build(compiler, path)
-        try:
-            if not _whole_elf(path):  # (dlopen of a truncated library is a SIGBUS, not an OSError)
-                raise OSError("the file is cut short")
-            library = ctypes.CDLL(str(path))
-            break
-        except OSError as error:  # a truncated or foreign file where the library should be: built again, once
-            unloadable = KernelUnavailable(f"the C kernels' library {path} does not load ({error}); delete it")
-            if attempt:
-                raise unloadable from error
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:  # (a read-only cache)
-                raise unloadable from error
+    library = _open_library("few_rows", SOURCES, CFLAGS)
     for function in (library.few_rows_linear, library.few_rows_linear_avx512, library.few_rows_linear_avx512_packed,
                      library.few_rows_linear_bf16, library.few_rows_linear_bf16_packed, library.few_rows_linear_amx,
                      library.few_rows_linear_amx_packed):
@@ -160,10 +145,58 @@ def load_kernel() -> ctypes.CDLL:
     library.griffin_lim_update.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_float]
     library.griffin_lim_update.restype = None
     library.overlap_add.argtypes, library.overlap_add.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5, None
-    library.pghi_integrate.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    library.pghi_integrate.restype = ctypes.c_int
+    _declare_portable(library)
     _LIBRARY = library
     return library
+
+
+def load_portable_kernel() -> ctypes.CDLL:
+    """The plain-C kernels of ``kernels/portable/`` alone, for a CPU where :func:`load_kernel`'s
+    library cannot be (no AVX2, not x86): built once per source, then cached.
+
+    Raises:
+        KernelUnavailable: no C compiler, or the build failed.
+    """
+    global _PORTABLE
+    if _PORTABLE is None:
+        if not PORTABLE_SOURCES:
+            raise KernelUnavailable(f"the portable C kernels' sources are missing from this install "
+                                    f"({SOURCES_DIR}/portable/*.c); reinstall mmspec from a clone (`bash scripts/install.sh`)")
+        _PORTABLE = _declare_portable(_open_library("portable", PORTABLE_SOURCES, PORTABLE_CFLAGS))
+    return _PORTABLE
+
+
+def _declare_portable(library: ctypes.CDLL) -> ctypes.CDLL:
+    """The argument types of the ``kernels/portable/`` entry points, in either library."""
+    library.pghi_integrate.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    library.pghi_integrate.restype = ctypes.c_int
+    return library
+
+
+def _open_library(name: str, sources: tuple[Path, ...], flags: tuple[str, ...]) -> ctypes.CDLL:
+    """``sources`` compiled with ``flags`` into the cache as NAME-DIGEST.so (the digest of the
+    sources, the headers and the flags), built where absent or unloadable (once), then opened."""
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("gcc") or shutil.which("cc") or ""]
+    if not compiler[0]:
+        raise KernelUnavailable("the C kernels need a C compiler: install gcc (apt-get install gcc)")
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sources + HEADERS) + " ".join(flags).encode()).hexdigest()[:16]
+    path = cache_dir() / f"{name}-{digest}.so"
+    for attempt in range(2):
+        if not path.exists():
+            _build(compiler, path, sources, flags)
+        try:
+            if not _whole_elf(path):  # (dlopen of a truncated library is a SIGBUS, not an OSError)
+                raise OSError("the file is cut short")
+            return ctypes.CDLL(str(path))
+        except OSError as error:  # a truncated or foreign file where the library should be: built again, once
+            unloadable = KernelUnavailable(f"the C kernels' library {path} does not load ({error}); delete it")
+            if attempt:
+                raise unloadable from error
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # (a read-only cache)
+                raise unloadable from error
+    raise AssertionError("unreachable")
 
 
 def _whole_elf(path: Path) -> bool:
@@ -182,9 +215,9 @@ def _whole_elf(path: Path) -> bool:
     return section_offset + entry_size * count <= size
 
 
-def _build(compiler: list[str], path: Path) -> None:
-    """Compile the kernels' sources into ``path`` (built in a folder beside it, then moved: atomic
-    when several processes build at once), saying so on stderr (it takes ~20 s, once per source)."""
+def _build(compiler: list[str], path: Path, sources: tuple[Path, ...], flags: tuple[str, ...]) -> None:
+    """Compile ``sources`` with ``flags`` into ``path`` (built in a folder beside it, then moved:
+    atomic when several processes build at once), saying so on stderr (it takes ~20 s, once per source)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe = tempfile.TemporaryDirectory(dir=path.parent)
@@ -198,14 +231,14 @@ def _build(compiler: list[str], path: Path) -> None:
     with probe as tmp:
         built = Path(tmp) / path.name
         try:
-            result = subprocess.run([*compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built)], capture_output=True,
+            result = subprocess.run([*compiler, *flags, *map(str, sources), "-o", str(built)], capture_output=True,
                                     text=True)
         except OSError as error:
             raise KernelUnavailable(f"the C compiler {' '.join(compiler)!r} cannot be run ({error.strerror or error}); "
                                     "install gcc or point CC at a compiler") from error
         if result.returncode != 0:
             said = result.stderr.strip()[:300] or f"{compiler[0]} exited with status {result.returncode}"
-            raise KernelUnavailable(f"building the few-row C kernel failed: {said}")
+            raise KernelUnavailable(f"building the C kernels ({path.name}) failed: {said}")
         built.replace(path)
 
 
@@ -718,6 +751,10 @@ class OptimizesOnLoad:
 def build() -> None:
     """Build the C kernels now and say where they are, or why not (scripts/install.sh calls this)."""
     try:
-        print(f"C kernels (few-row linears, attention, fused layers): {load_kernel()._name}")
+        print(f"C kernels (few-row linears, attention, fused layers, Griffin-Lim): {load_kernel()._name}")
     except KernelUnavailable as error:
         print(f"few-row kernel not built ({error}); mmspec.optimize will use the transposed form", file=sys.stderr)
+        try:
+            print(f"portable C kernels (the codec's phase integration): {load_portable_kernel()._name}")
+        except KernelUnavailable as error:
+            print(f"portable kernels not built ({error}); the codec's phase integration runs in Python", file=sys.stderr)

@@ -54,15 +54,29 @@ def log_mel(waveform: torch.Tensor, rate: int, n_mels: int = 80, n_fft: int = 10
 
 @functools.cache
 def _spectral_library():
-    """The kernel library where :func:`griffin_lim`'s inner loops and :func:`pghi_phase`'s
-    integration run in C (``kernels/spectral.c``: an x86-64 CPU with AVX2 + FMA where the kernels
-    build), else None (PyTorch's operators and Python)."""
+    """The kernel library where :func:`griffin_lim`'s inner loops run in C (``kernels/spectral.c``:
+    an x86-64 CPU with AVX2 + FMA where the kernels build), else None (PyTorch's operators)."""
     from .fast_linear import KernelUnavailable, load_kernel
 
     try:
         return load_kernel()
     except KernelUnavailable:
         return None
+
+
+@functools.cache
+def _pghi_library():
+    """A library where :func:`pghi_phase`'s integration runs in C (``kernels/portable/pghi.c``): the
+    kernel library, else the portable one built alone (any CPU with a C compiler), else None (Python)."""
+    from .fast_linear import KernelUnavailable, load_portable_kernel
+
+    library = _spectral_library()
+    if library is None:
+        try:
+            library = load_portable_kernel()
+        except KernelUnavailable:
+            return None
+    return library
 
 
 #: the Gaussian window whose phase-magnitude relation PGHI uses for a Hann window of length L has
@@ -87,10 +101,10 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
     ``band`` nats), by the trapezoid rule; each island of coefficients above ``tolerance`` times
     the largest starts at phase 0 from its loudest; quieter ones get phase 0. As Griffin-Lim's
     start it gives in 16 iterations the spectral convergence that 32 give from a random phase
-    (docs/speech.md, "The codec's decode"). The integration runs in C (``kernels/spectral.c``)
-    where the kernels build, else in Python (the same arithmetic: the steps in float32, their sums
-    in double; the same phase, ~15x slower: on one core 1.1 ms a second of audio in C, 19 ms in
-    Python, where Griffin-Lim's 16 iterations take ~3.5 ms).
+    (docs/speech.md, "The codec's decode"). The integration runs in C (``kernels/portable/pghi.c``,
+    plain C: on any CPU with a C compiler), else in Python (the same arithmetic: the steps in
+    float32, their sums in double; the same phase, ~15x slower: on one core 1.1 ms a second of
+    audio in C, 17-19 ms in Python, where Griffin-Lim's 16 iterations take ~3.5 ms).
 
     Args:
         magnitude: float [n_fft / 2 + 1, T], T >= 1.
@@ -119,7 +133,7 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
     step_t = (hop_length * n_fft / lam * along_bins + 2 * math.pi * hop_length / n_fft * bin_index).contiguous()
     step_f = (-lam / (n_fft * hop_length) * along_frames - math.pi).contiguous()
     phase = torch.zeros(bins, frames, dtype=torch.float64)
-    library = _spectral_library()
+    library = _pghi_library()
     if library is None or library.pghi_integrate(phase.data_ptr(), level.data_ptr(), step_t.data_ptr(), step_f.data_ptr(),
                                                  bins, frames, bands):
         phase = _pghi_integrate(level, step_t, step_f, bands)

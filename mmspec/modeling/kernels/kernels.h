@@ -77,8 +77,8 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
 int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
                int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
 
-/* ---- Griffin-Lim's phase update over n complex values (interleaved re, im), its overlap-add, and the
- * phase gradient heuristic integration that starts it (spectral.c) */
+/* ---- Griffin-Lim's phase update over n complex values (interleaved re, im) and its overlap-add
+ * (spectral.c), and the phase gradient heuristic integration that starts it (portable/pghi.c) */
 void griffin_lim_update(float *update, const float *rebuilt, const float *previous, const float *target, int64_t n,
                         float keep);
 void overlap_add(float *audio, const float *frames, const float *window, const float *inverse_envelope, int64_t count,
