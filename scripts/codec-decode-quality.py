@@ -26,8 +26,7 @@ from mmspec.train.speech_data import load_voice, synthesise
 
 def spectral_convergence(codec, codes: torch.Tensor, audio: torch.Tensor) -> float:
     c = codec.config
-    mel = codec.dequantise(codes).reshape(-1, c.n_mels).T.exp()
-    magnitude = codec._inverse_mel()(mel).clamp_min(0)
+    magnitude = codec.magnitude(codec.dequantise(codes))
     got = torch.stft(audio, c.n_fft, c.hop_length, window=torch.hann_window(c.n_fft), return_complex=True).abs()
     frames = min(got.shape[1], magnitude.shape[1])
     return float((got[:, :frames] - magnitude[:, :frames]).norm() / magnitude[:, :frames].norm())

@@ -116,17 +116,16 @@ def signals_noted(seen: list[int]):
         seen.append(signum)
         raise KeyboardInterrupt()
 
-    handlers = {signal.SIGTERM: terminate, signal.SIGINT: interrupt}
-    previous = {signum: signal.getsignal(signum) for signum in handlers}
-    for signum, handler in handlers.items():
-        if previous[signum] is not signal.SIG_IGN:
-            signal.signal(signum, handler)
+    ours = {signal.SIGTERM: terminate, signal.SIGINT: interrupt}
+    # (None: a handler installed outside Python, which could not be put back: left as it is)
+    replaced = {signum: handler for signum in ours if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)}
+    for signum in replaced:
+        signal.signal(signum, ours[signum])
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            if handler is not None:  # (None: a handler not installed from Python, left as it is)
-                signal.signal(signum, handler)
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,17 +109,24 @@ class MelRVQCodec(DataclassModel, nn.Module):
         frames = mel.shape[1] // self.config.stack * self.config.stack
         return mel[:, :frames].T.reshape(-1, self.config.dim)
 
+    def magnitude(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Stacked log-mel vectors [T, D] (T >= 1) -> the STFT magnitude Griffin-Lim is asked for,
+        [n_fft / 2 + 1, max(T * stack, n_fft / hop_length + 1)] (a short clip padded with quiet frames:
+        Griffin-Lim's padding needs a few)."""
+        c = self.config
+        mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
+        short = max(0, c.n_fft // c.hop_length + 1 - mel.shape[1])
+        mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)
+        return self._inverse_mel()(mel).clamp_min(0)
+
     def waveform(self, vectors: torch.Tensor) -> torch.Tensor:
         """Stacked log-mel vectors [T, D] -> audio [T * stack * hop_length samples] (Griffin-Lim)."""
         c = self.config
         frames = vectors.shape[0] * c.stack
         if frames == 0:
             return torch.zeros(0)
-        mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
-        short = max(0, c.n_fft // c.hop_length + 1 - frames)  # Griffin-Lim's padding needs a few frames
-        mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)
         check_decoding(c)  # (again: a config may be replaced after construction)
-        magnitude = self._inverse_mel()(mel).clamp_min(0)
+        magnitude = self.magnitude(vectors)
         if c.griffin_lim_start == "pghi":
             audio = griffin_lim(magnitude, c.n_fft, c.hop_length, c.griffin_lim_iters,
                                 phase=pghi_phase(magnitude, c.n_fft, c.hop_length))
