@@ -2,6 +2,7 @@
 masked out, ``complete`` keeps codebook 0 and takes the argmax of the rest, and it learns one
 utterance's fine codebooks; ``first_codebooks`` slices a delay-pattern voice into an AR stage."""
 
+import pytest
 import torch
 
 from mmspec.modeling.codec_lm import CodecLM, CodecLMConfig, frame_alignment
@@ -61,6 +62,24 @@ def test_complete_keeps_codebook_0_and_takes_the_argmax():
     expected = nar(codes[None, 0], alignment_of(phonemes, durations, 10))[0].argmax(-1).T
     assert torch.equal(full[1:], expected)
     assert nar.complete(codes[0, :0], phonemes, durations).shape == (K, 0)
+
+
+@pytest.mark.parametrize("make", [tiny_nar, depth_nar])
+def test_inference_on_a_cpu_gives_the_modules_logits(make):
+    """Without gradients on a CPU the stage runs its encoder layers and depth blocks as oneDNN calls
+    with the GELU and residual sums fused: the modules' logits (float32), with and without padding."""
+    nar = make()
+    codes, phonemes, durations = utterance(frames=12)
+    padded = torch.cat([codes[0], torch.zeros(4, dtype=torch.long)])[None]
+    alignment = alignment_of(phonemes, durations, 16)
+    mask = torch.tensor([[True] * 12 + [False] * 4])
+    for m in (None, mask):
+        reference = nar(padded, alignment, m)  # (gradients on: the modules' own forward)
+        with torch.no_grad():
+            fused = nar(padded, alignment, m)
+        assert reference.requires_grad  # (the module path: gradients wanted)
+        rows = slice(None) if m is None else slice(0, 12)
+        torch.testing.assert_close(fused[:, rows], reference.detach()[:, rows], atol=1e-5, rtol=1e-4)
 
 
 def test_a_depth_head_added_to_a_one_pass_stage_starts_as_that_stage():

@@ -389,14 +389,14 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
     optimize(model, kernel=kernel, max_rows=4)
     optimize(off, kernel=kernel, max_rows=4, pack_many=False)
     linear = model[0]
-    assert linear.pack_many and linear._many is None and not off[0].pack_many
+    assert linear.pack_many and not linear._many and not off[0].pack_many
     x = torch.randn(2, 9, 96, dtype=dtype)
     tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
         out = model(x)
-        assert linear._many is not None and out.shape == (2, 9, 40)
+        assert len(linear._many) == 1 and out.shape == (2, 9, 40)
         torch.testing.assert_close(out.float(), reference(x).float(), **tolerance)
-        assert torch.equal(off(x), F.linear(x, off[0].weight, off[0].bias)) and off[0]._many is None
+        assert torch.equal(off(x), F.linear(x, off[0].weight, off[0].bias)) and not off[0]._many
         few = torch.randn(3, 96, dtype=dtype)
         assert torch.equal(model(few), off(few))  # within max_rows: the few-row path, as before
     with torch.no_grad():
@@ -414,3 +414,33 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
     large = copy.deepcopy(reference)
     report = optimize(large, kernel=kernel, max_rows=4)
     assert not large[0].pack_many and not report.prompts and "onednn" not in report.label
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reordered_weights_fuse_the_gelu_or_the_residual_into_the_gemm(dtype):
+    """ReorderedWeights.linear: x W^T + b, then the exact GELU or + a residual, in one oneDNN call
+    over a copy reordered once per name (a view's rows as laid out; made again after an in-place
+    update); with gradients wanted, F.linear and PyTorch's ops; a bad activation refused."""
+    if dtype not in many_rows_dtypes():
+        pytest.skip(f"oneDNN runs no {dtype} GEMM here")
+    torch.manual_seed(0)
+    stacked = torch.randn(3 * 24, 40, dtype=dtype)  # three heads' rows, as a NAR stage stacks them
+    weight, bias = stacked[24:48], torch.randn(24, dtype=dtype)
+    x, residual = torch.randn(2, 70, 40, dtype=dtype), torch.randn(2, 70, 24, dtype=dtype)
+    tolerance = dict(rtol=2e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    copies = fast_linear.ReorderedWeights()
+    plain = F.linear(x.float(), weight.float(), bias.float())
+    with torch.inference_mode():
+        torch.testing.assert_close(copies.linear("w", x, weight, bias).float(), plain, **tolerance)
+        torch.testing.assert_close(copies.linear("w", x, weight, bias, activation="gelu").float(), F.gelu(plain), **tolerance)
+        torch.testing.assert_close(copies.linear("w", x, weight, bias, residual=residual).float(), plain + residual.float(),
+                                   **tolerance)
+        assert len(copies) == 1  # one copy for the three calls
+        stacked[24:48].mul_(-1)  # an in-place update of the rows: made again
+        torch.testing.assert_close(copies.linear("w", x, weight, bias).float(), F.linear(x.float(), weight.float(), bias.float()),
+                                   **tolerance)
+    trained = x.float().requires_grad_()
+    out = copies.linear("t", trained, weight.float(), None, activation="gelu")
+    assert out.requires_grad and torch.equal(out, F.gelu(F.linear(trained, weight.float()))) and len(copies) == 1
+    with pytest.raises(ValueError, match="activation must be"):
+        copies.linear("w", x, weight, activation="relu")

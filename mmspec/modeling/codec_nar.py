@@ -47,6 +47,7 @@ from torch import nn
 
 from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
+from .fast_linear import ReorderedWeights
 from .persistence import DataclassModel
 
 
@@ -88,6 +89,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
         self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
+        self._reordered = ReorderedWeights()  # (inference on a CPU: :meth:`_linear`)
         if config.depth_layers:
             fine = config.num_codebooks - 1
             self.codebook_inputs = nn.Embedding(fine, config.dim)  # c_k
@@ -108,7 +110,10 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
             raise ValueError(f"{frames} frames exceed the NAR stage's {self.config.max_positions} positions")
         x = (self.code_embeddings(codes0) + self.positions(torch.arange(frames, device=codes0.device))
              + self.embed_alignment(alignment))
-        hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
+        if self._inference(x):
+            hidden = self._encode(x, mask)
+        else:
+            hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
         c = self.config
         if not c.depth_layers:
             return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
@@ -116,9 +121,47 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
 
     def refine(self, z: torch.Tensor) -> torch.Tensor:
         """The depth head's shared residual blocks, z [..., D] -> [..., D]."""
-        for block in self.depth_blocks:
-            z = z + block(z)
+        fused = self._inference(z)
+        for index, block in enumerate(self.depth_blocks):
+            if not fused:
+                z = z + block(z)
+                continue
+            norm, up, _, down = block  # z + W_2 GELU(W_1 LN(z) + b_1) + b_2, the GELU and the sum fused
+            inner = self._linear(f"depth.{index}.up", norm(z), up.weight, up.bias, activation="gelu")
+            z = self._linear(f"depth.{index}.down", inner, down.weight, down.bias, residual=z)
         return z
+
+    @staticmethod
+    def _inference(x: torch.Tensor) -> bool:
+        """Whether the forward takes :meth:`_encode` and the fused depth blocks: no gradient wanted,
+        on a CPU (there PyTorch's encoder and modules spend more time around their GEMMs than in
+        them: 91 frames of the embedded voice, bf16, one AMX core, 7.6 -> 5.5 ms)."""
+        return x.device.type == "cpu" and not torch.is_grad_enabled()
+
+    def _linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
+        return self._reordered.linear(name, x, weight, bias, activation, residual)
+
+    def _encode(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's forward (pre-norm layers, exact GELU) over x [B, F, D] with every linear a
+        oneDNN call over a weight reordered once, its GELU or residual sum fused in:
+
+            h = x + W_o MHA(LN_1(x)) + b_o,   x' = h + W_2 GELU(W_1 LN_2(h) + b_1) + b_2
+
+        mask [B, F] (1: a frame, 0: padding, which no frame attends to) or None."""
+        batch, frames, dim = x.shape
+        heads = self.config.heads
+        keep = None if mask is None else mask.bool()[:, None, None, :]  # [B, 1, 1, F]
+        for index, layer in enumerate(self.encoder.layers):
+            attention = layer.self_attn
+            qkv = self._linear(f"encoder.{index}.qkv", layer.norm1(x), attention.in_proj_weight, attention.in_proj_bias)
+            q, k, v = qkv.view(batch, frames, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)  # each [B, heads, F, D / heads]
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(batch, frames, dim)
+            x = self._linear(f"encoder.{index}.out", attended, attention.out_proj.weight, attention.out_proj.bias, residual=x)
+            inner = self._linear(f"encoder.{index}.up", layer.norm2(x), layer.linear1.weight, layer.linear1.bias,
+                                 activation="gelu")
+            x = self._linear(f"encoder.{index}.down", inner, layer.linear2.weight, layer.linear2.bias, residual=x)
+        return self.encoder.norm(x)
 
     def head_weights(self) -> torch.Tensor:
         """W_k for every fine codebook, [K - 1, C, D]."""
@@ -141,7 +184,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
         weights, logits = self.head_weights(), []
         running = hidden
         for k in range(c.num_codebooks - 1):
-            logits.append(self.refine(running + self.codebook_inputs.weight[k]) @ weights[k].T)  # [B, F, C]
+            logits.append(self._linear(f"head.{k}", self.refine(running + self.codebook_inputs.weight[k]), weights[k]))  # [B, F, C]
             if k < c.num_codebooks - 2:
                 running = running + self.fine_embeddings(exact_argmax(logits[-1]) + k * c.codebook_size)
         return torch.stack(logits, dim=-2)

@@ -373,6 +373,48 @@ def many_rows_dtypes() -> tuple[torch.dtype, ...]:
 MANY_ROWS_HINT = 64
 
 
+class ReorderedWeights:
+    """oneDNN's reordered copies of an owner's weights for inputs of many rows, by name: each made
+    at its first use and again whenever its weight changed (another tensor, dtype, device, shape or
+    place, or an in-place update: the version counter), so a weight is reordered once rather than
+    on every call, as ``F.linear`` does."""
+
+    def __init__(self) -> None:
+        self._copies: dict[str, tuple[tuple, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        """The copies kept."""
+        return len(self._copies)
+
+    def __call__(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """The reordered copy of ``weight`` [N, K] (a view, such as one codebook's rows of a
+        stacked head, is copied as it is laid out), kept under ``name``."""
+        key = (weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(), weight_version(weight))
+        entry = self._copies.get(name)
+        if entry is None or entry[0] != key:
+            entry = self._copies[name] = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
+                                                                                         MANY_ROWS_HINT))
+        return entry[1]
+
+    def linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] W^T + b [..., N], then the exact GELU (``activation="gelu"``) or ``+ residual``
+        [..., N]: one oneDNN call over W's reordered copy with the op fused into it where x is a CPU
+        tensor in W's dtype, a dtype of :func:`many_rows_dtypes`, and no gradient is wanted
+        (the NAR stage of the embedded voice, 91 frames in bf16 on one AMX core: 7.6 -> 5.5 ms);
+        ``F.linear`` and PyTorch's op elsewhere. Other sums than ``F.linear``'s."""
+        if activation not in ("none", "gelu") or activation == "gelu" and residual is not None:
+            raise ValueError(f"activation must be 'none' or 'gelu' (without a residual), got {activation!r}")
+        if (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in many_rows_dtypes()
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            copy = self(name, weight)
+            if residual is not None:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), copy, bias, "add")
+            return torch.ops.mkldnn._linear_pointwise(x, copy, bias, activation, [], "none" if activation == "gelu" else "")
+        out = F.linear(x, weight, bias)
+        return F.gelu(out) if activation == "gelu" else out if residual is None else out + residual
+
+
 def packable(weight: torch.Tensor) -> bool:
     """Whether this machine's default kernel for ``weight``'s dtype can read it [N, K] packed: a CPU
     weight in bf16 (for AMX N a multiple of 16 and K of 32, whole tiles; AVX512-BF16 takes any
@@ -541,7 +583,7 @@ class FewRowLinear(nn.Linear):
         self.pack = pack and kernel == "c"
         self.pack_many = pack_many
         self._packed: tuple[tuple, torch.Tensor | None] | None = None  # (the weight's identity and version, packed)
-        self._many: tuple[tuple, torch.Tensor] | None = None  # the same for oneDNN's many-row copy
+        self._many = ReorderedWeights()  # oneDNN's many-row copy
         self.packed_weight()
 
     def _weight_key(self) -> tuple:
@@ -563,10 +605,7 @@ class FewRowLinear(nn.Linear):
     def many_rows_weight(self) -> torch.Tensor:
         """The weight reordered by oneDNN for inputs of many rows (made at the first such input,
         again whenever the weight changed, as :meth:`packed_weight`)."""
-        key = self._weight_key()
-        if self._many is None or self._many[0] != key:
-            self._many = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), MANY_ROWS_HINT))
-        return self._many[1]
+        return self._many("weight", self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
