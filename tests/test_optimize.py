@@ -417,18 +417,25 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reordered_weights_fuse_the_gelu_or_the_residual_into_the_gemm(dtype):
-    """ReorderedWeights.linear: x W^T + b, then the exact GELU or + a residual, in one oneDNN call
-    over a copy reordered once per name (a view's rows as laid out; made again after an in-place
-    update); with gradients wanted, F.linear and PyTorch's ops; a bad activation refused."""
-    if dtype not in many_rows_dtypes():
+@pytest.mark.parametrize("path", ["c", "onednn"])
+def test_many_row_weights_give_the_linear_then_the_gelu_or_the_residual(dtype, path, monkeypatch):
+    """ManyRowWeights.linear: x W^T + b, then the exact GELU or + a residual, through the C kernel
+    over a packed copy (where many_rows_kernel takes the weight) or one oneDNN call over a
+    reordered copy with the op fused, each copy made once per name (a view's rows as laid out;
+    made again after an in-place update); with gradients wanted, F.linear and PyTorch's ops; a bad
+    activation refused."""
+    if path == "onednn":
+        monkeypatch.setattr(fast_linear, "many_rows_kernel", lambda weight: False)
+    if path == "onednn" and dtype not in many_rows_dtypes():
         pytest.skip(f"oneDNN runs no {dtype} GEMM here")
     torch.manual_seed(0)
-    stacked = torch.randn(3 * 24, 40, dtype=dtype)  # three heads' rows, as a NAR stage stacks them
-    weight, bias = stacked[24:48], torch.randn(24, dtype=dtype)
-    x, residual = torch.randn(2, 70, 40, dtype=dtype), torch.randn(2, 70, 24, dtype=dtype)
+    stacked = torch.randn(3 * 32, 64, dtype=dtype)  # three heads' rows, as a NAR stage stacks them (whole AMX tiles)
+    weight, bias = stacked[32:64], torch.randn(32, dtype=dtype)
+    x, residual = torch.randn(2, 70, 64, dtype=dtype), torch.randn(2, 70, 32, dtype=dtype)
+    if path == "c" and not fast_linear.many_rows_kernel(weight):
+        pytest.skip(f"the C kernel does not take {dtype} weights of this shape for many rows here")
     tolerance = dict(rtol=2e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    copies = fast_linear.ReorderedWeights()
+    copies = fast_linear.ManyRowWeights()
     plain = F.linear(x.float(), weight.float(), bias.float())
     with torch.inference_mode():
         torch.testing.assert_close(copies.linear("w", x, weight, bias).float(), plain, **tolerance)
@@ -436,7 +443,7 @@ def test_reordered_weights_fuse_the_gelu_or_the_residual_into_the_gemm(dtype):
         torch.testing.assert_close(copies.linear("w", x, weight, bias, residual=residual).float(), plain + residual.float(),
                                    **tolerance)
         assert len(copies) == 1  # one copy for the three calls
-        stacked[24:48].mul_(-1)  # an in-place update of the rows: made again
+        stacked[32:64].mul_(-1)  # an in-place update of the rows: made again
         torch.testing.assert_close(copies.linear("w", x, weight, bias).float(), F.linear(x.float(), weight.float(), bias.float()),
                                    **tolerance)
     trained = x.float().requires_grad_()

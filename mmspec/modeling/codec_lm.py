@@ -207,16 +207,20 @@ class CodecLM(DataclassModel, AlignmentInputs, nn.Module):
         (:func:`~mmspec.modeling.lean.padding_mask_4d`), so each row of a batch is computed alone and
         equals its batch-1 forward bitwise, in bf16 too. (Training's left-padded rows keep
         transformers' forward: a padding query there may see no key at all.)"""
+        hidden = self.hidden_states(embeds, past_key_values, attention_mask, position_ids)
+        c = self.config
+        return self._heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
+
+    def hidden_states(self, embeds, past_key_values=None, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """:meth:`forward` without the heads: the last hidden states [B, n, D] (a prompt, whose
+        logits nobody reads: the heads over its rows cost a GEMM, and oneDNN a new primitive for
+        every new prompt length)."""
         if self.lean and past_key_values is not None and attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = padding_mask_4d(attention_mask, embeds.shape[1])
         if self.lean and lean_supported(self.backbone, attention_mask):
-            hidden = lean_forward(self.backbone, embeds, past_key_values, position_ids, attention_mask)
-        else:
-            hidden = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                                   use_cache=past_key_values is not None,
-                                   **cache_kwargs(self.backbone, past_key_values)).last_hidden_state
-        c = self.config
-        return self._heads(hidden).view(*hidden.shape[:2], c.num_codebooks, c.codebook_size + 1), hidden
+            return lean_forward(self.backbone, embeds, past_key_values, position_ids, attention_mask)
+        return self.backbone(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=past_key_values is not None, **cache_kwargs(self.backbone, past_key_values)).last_hidden_state
 
     def _heads(self, hidden: torch.Tensor) -> torch.Tensor:
         """The heads over hidden [B, n, D]. A batch of more rows than a few-row head takes runs in
@@ -373,7 +377,7 @@ class CodecLMSteps:
                 raise ValueError("this aligned codec LM needs durations, a LongTensor [1, P] of non-negative frames per "
                                  "phoneme id (model.predict_durations(phoneme_ids))")
         embeds = self.model.embed_text(phonemes)
-        self.model(embeds, past_key_values=cache)
+        self.model.hidden_states(embeds, past_key_values=cache)  # (the prompt's logits are not read)
         return embeds.shape[1]
 
     def code_inputs(self, ids: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from torch import nn
 
 from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
-from .fast_linear import ReorderedWeights
+from .fast_linear import ManyRowWeights
 from .persistence import DataclassModel
 
 
@@ -89,7 +89,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
         self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
-        self._reordered = ReorderedWeights()  # (inference on a CPU: :meth:`_linear`)
+        self._weights = ManyRowWeights()  # (inference on a CPU: :meth:`_linear`)
         if config.depth_layers:
             fine = config.num_codebooks - 1
             self.codebook_inputs = nn.Embedding(fine, config.dim)  # c_k
@@ -116,7 +116,8 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
             hidden = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask.bool())
         c = self.config
         if not c.depth_layers:
-            return self.heads(hidden).view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
+            logits = self._linear("heads", hidden, self.heads.weight) if self._inference(hidden) else self.heads(hidden)
+            return logits.view(*codes0.shape, c.num_codebooks - 1, c.codebook_size)
         return self.depth_logits(hidden) if fine is None else self.teacher_forced_logits(hidden, fine)
 
     def refine(self, z: torch.Tensor) -> torch.Tensor:
@@ -126,25 +127,28 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
             if not fused:
                 z = z + block(z)
                 continue
-            norm, up, _, down = block  # z + W_2 GELU(W_1 LN(z) + b_1) + b_2, the GELU and the sum fused
+            norm, up, _, down = block  # z + W_2 GELU(W_1 LN(z) + b_1) + b_2
             inner = self._linear(f"depth.{index}.up", norm(z), up.weight, up.bias, activation="gelu")
             z = self._linear(f"depth.{index}.down", inner, down.weight, down.bias, residual=z)
         return z
 
     @staticmethod
     def _inference(x: torch.Tensor) -> bool:
-        """Whether the forward takes :meth:`_encode` and the fused depth blocks: no gradient wanted,
-        on a CPU (there PyTorch's encoder and modules spend more time around their GEMMs than in
-        them: 91 frames of the embedded voice, bf16, one AMX core, 7.6 -> 5.5 ms)."""
+        """Whether the forward takes :meth:`_encode` and :meth:`_linear` for its depth blocks and
+        heads: no gradient wanted, on a CPU. There PyTorch's encoder and modules spend more time
+        around their GEMMs than in them, and oneDNN makes its primitives again for every new frame
+        count (the embedded voice's stage over a sentence of a new length, 125 frames, bf16, one AMX
+        core: 17.5 ms through the modules, 7.7 ms here; 9.3 and 6.8 ms for a length seen before)."""
         return x.device.type == "cpu" and not torch.is_grad_enabled()
 
     def _linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
-        return self._reordered.linear(name, x, weight, bias, activation, residual)
+        """:meth:`~mmspec.modeling.fast_linear.ManyRowWeights.linear` over this stage's copies."""
+        return self._weights.linear(name, x, weight, bias, activation, residual)
 
     def _encode(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The encoder's forward (pre-norm layers, exact GELU) over x [B, F, D] with every linear a
-        oneDNN call over a weight reordered once, its GELU or residual sum fused in:
+        """The encoder's forward (pre-norm layers, exact GELU) over x [B, F, D] with every linear
+        one :meth:`_linear` (a weight prepared once, the GELU or the residual sum after it):
 
             h = x + W_o MHA(LN_1(x)) + b_o,   x' = h + W_2 GELU(W_1 LN_2(h) + b_1) + b_2
 

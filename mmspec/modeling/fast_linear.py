@@ -373,46 +373,78 @@ def many_rows_dtypes() -> tuple[torch.dtype, ...]:
 MANY_ROWS_HINT = 64
 
 
-class ReorderedWeights:
-    """oneDNN's reordered copies of an owner's weights for inputs of many rows, by name: each made
-    at its first use and again whenever its weight changed (another tensor, dtype, device, shape or
-    place, or an in-place update: the version counter), so a weight is reordered once rather than
-    on every call, as ``F.linear`` does."""
+class ManyRowWeights:
+    """An owner's weights prepared once for inputs of many rows (a NAR stage's frames, a prompt),
+    by name: oneDNN's reordered copy (:meth:`reordered`) or the C kernel's packed one (:meth:`packed`),
+    each made at its first use and again whenever its weight changed (another tensor, dtype,
+    device, shape or place, or an in-place update: the version counter)."""
 
     def __init__(self) -> None:
-        self._copies: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self._copies: dict[tuple[str, str], tuple[tuple, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         """The copies kept."""
         return len(self._copies)
 
-    def __call__(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """The reordered copy of ``weight`` [N, K] (a view, such as one codebook's rows of a
-        stacked head, is copied as it is laid out), kept under ``name``."""
+    def _copy(self, kind: str, name: str, weight: torch.Tensor, make) -> torch.Tensor:
         key = (weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(), weight_version(weight))
-        entry = self._copies.get(name)
+        entry = self._copies.get((kind, name))
         if entry is None or entry[0] != key:
-            entry = self._copies[name] = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
-                                                                                         MANY_ROWS_HINT))
+            entry = self._copies[kind, name] = (key, make(weight.detach().contiguous()))
         return entry[1]
+
+    def reordered(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` [N, K] reordered by oneDNN for many rows (a view, such as one codebook's rows
+        of a stacked head, copied as it is laid out)."""
+        return self._copy("onednn", name, weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, MANY_ROWS_HINT))
+
+    def packed(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` [N, K] in this machine's C kernel's packed layout (:func:`pack_weight`)."""
+        return self._copy("c", name, weight, pack_weight)
 
     def linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] W^T + b [..., N], then the exact GELU (``activation="gelu"``) or ``+ residual``
-        [..., N]: one oneDNN call over W's reordered copy with the op fused into it where x is a CPU
-        tensor in W's dtype, a dtype of :func:`many_rows_dtypes`, and no gradient is wanted
-        (the NAR stage of the embedded voice, 91 frames in bf16 on one AMX core: 7.6 -> 5.5 ms);
-        ``F.linear`` and PyTorch's op elsewhere. Other sums than ``F.linear``'s."""
+        [..., N], for x a CPU tensor in W's dtype with no gradient wanted:
+
+        * through the C kernel over W's packed copy where :func:`many_rows_kernel` takes W (the AMX
+          bf16 kernel, the 16-lane fp32 one): it builds nothing per row count, where oneDNN makes a
+          primitive for every new one (~1 ms each: the embedded voice's NAR stage over a sentence
+          of a new length, 125 frames, one AMX core, bf16: 20 -> 7.7 ms, and 8.0 -> 6.8 ms for a
+          length seen before; fp32 on AVX-512 22 -> 18 and 17 -> 17 ms). Its rows are summed
+          alone (batch-invariant), as the few-row linears' are;
+        * else in one oneDNN call over W's reordered copy with the op fused in, where oneDNN runs
+          x's dtype (:func:`many_rows_dtypes`);
+        * else, and under autograd, ``F.linear`` and PyTorch's op.
+        """
         if activation not in ("none", "gelu") or activation == "gelu" and residual is not None:
             raise ValueError(f"activation must be 'none' or 'gelu' (without a residual), got {activation!r}")
-        if (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in many_rows_dtypes()
-                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-            copy = self(name, weight)
+        usable = (x.device.type == "cpu" and x.dtype == weight.dtype
+                  and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+        if usable and many_rows_kernel(weight):
+            out = few_rows_linear(x, weight, bias, packed=self.packed(name, weight))
+        elif usable and x.dtype in many_rows_dtypes():
+            copy = self.reordered(name, weight)
             if residual is not None:
                 return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), copy, bias, "add")
             return torch.ops.mkldnn._linear_pointwise(x, copy, bias, activation, [], "none" if activation == "gelu" else "")
-        out = F.linear(x, weight, bias)
+        else:
+            out = F.linear(x, weight, bias)
         return F.gelu(out) if activation == "gelu" else out if residual is None else out + residual
+
+
+def many_rows_kernel(weight: torch.Tensor) -> bool:
+    """Whether :meth:`ManyRowWeights.linear` takes the C kernel for ``weight``: packable
+    (:func:`packable`) for the AMX bf16 kernel or the 16-lane fp32 one, which keep up with oneDNN
+    over a hundred rows and more (bf16, 150 rows of a 512 x 256 weight: 41 against 40 us); not the
+    AVX512-BF16 vector kernel (2-3x oneDNN's time there), and where the kernels build."""
+    if not packable(weight) or weight.dtype == torch.bfloat16 and bf16_variants()[:1] != ("amx",):
+        return False
+    try:
+        load_kernel()
+    except KernelUnavailable:
+        return False
+    return True
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -583,7 +615,7 @@ class FewRowLinear(nn.Linear):
         self.pack = pack and kernel == "c"
         self.pack_many = pack_many
         self._packed: tuple[tuple, torch.Tensor | None] | None = None  # (the weight's identity and version, packed)
-        self._many = ReorderedWeights()  # oneDNN's many-row copy
+        self._many = ManyRowWeights()  # oneDNN's many-row copy
         self.packed_weight()
 
     def _weight_key(self) -> tuple:
@@ -605,7 +637,7 @@ class FewRowLinear(nn.Linear):
     def many_rows_weight(self) -> torch.Tensor:
         """The weight reordered by oneDNN for inputs of many rows (made at the first such input,
         again whenever the weight changed, as :meth:`packed_weight`)."""
-        return self._many("weight", self.weight)
+        return self._many.reordered("weight", self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
