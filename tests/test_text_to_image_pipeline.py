@@ -58,6 +58,18 @@ def test_sampling_reports_its_speed(model_dir):
     assert r.baseline_images is None and r.stats.speedup is None
     assert r.stats.config["coupled"] and r.stats.config["init"] == "horizontal"
     assert r.stats.target_forwards <= 16 and json.dumps(r.stats.to_dict())
+    encoded = json.loads(json.dumps(r.to_dict()))  # images as PNG data URIs, tensors as lists
+    assert encoded["tokens"] == r.tokens.tolist() and encoded["baseline_images"] is None
+    import base64
+    import io
+
+    from PIL import Image
+
+    header, data = encoded["images"][0].split(",", 1)
+    assert header == "data:image/png;base64"
+    decoded = Image.open(io.BytesIO(base64.b64decode(data)))
+    assert decoded.size == r.images[0].size and decoded.tobytes() == r.images[0].convert(decoded.mode).tobytes()
+    assert set(r.stats.keys()) == set(encoded["stats"]) and "tau" in r.stats.keys()
 
 
 @pytest.mark.parametrize("call, message", [

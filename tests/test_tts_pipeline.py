@@ -188,6 +188,19 @@ def test_sampling_is_seeded(model_dir):
     assert torch.equal(first.codes, second.codes) and torch.equal(first.audio, second.audio)
 
 
+def test_the_output_dict_is_json(model_dir):
+    """to_dict() holds every field, JSON-serialisable: the audio's samples and the codes as lists,
+    the stats as their dict; keys() names the fields without converting anything."""
+    out = mmspec.pipeline("text-to-speech", model=model_dir, method="sjd")("two blue hearts.", seed=7, max_seconds=0.4,
+                                                                           compare_baseline=True)
+    encoded = json.loads(json.dumps(out.to_dict()))
+    assert encoded["audio"] == out.audio.tolist() and encoded["codes"] == out.codes.tolist()
+    assert encoded["baseline_codes"] == out.baseline_codes.tolist() and encoded["stats"]["method"] == "sjd"
+    assert list(out.keys()) == list(encoded) and out["codes"] is out.codes
+    assert {"mean_accepted_length", "tokens_per_second"} <= set(encoded["stats"]["generation"])
+    assert set(out.stats.generation.keys()) == set(encoded["stats"]["generation"])
+
+
 @pytest.mark.parametrize("kwargs,call,match", [
     ({}, {"text": "  "}, "the text is empty"),
     ({}, {"text": "\u65e5\u672c \U0001F600"}, "nothing this voice can say: '\u65e5\u672c', '\U0001F600'"),  # issue 47

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
+
+import torch
 
 
 class DictAccess:
-    """Attribute *and* dict access for output dataclasses (``out.stats`` and ``out["stats"]``)."""
+    """Attribute *and* dict access for output dataclasses (``out.stats`` and ``out["stats"]``);
+    :meth:`to_dict` gives a JSON-serialisable dict."""
 
     def __getitem__(self, key: str) -> Any:
         try:
@@ -17,10 +20,39 @@ class DictAccess:
             raise KeyError(key) from None
 
     def keys(self):
-        return self.to_dict().keys()
+        """The fields' names (and what a subclass's :meth:`to_dict` adds: its extra names)."""
+        return [f.name for f in fields(self)] + list(self.extra_keys)
+
+    #: names :meth:`to_dict` adds to the fields' (computed figures)
+    extra_keys: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, JSON-serialisable: nested outputs and stats as their ``to_dict()``, tensors
+        as nested lists (:func:`json_ready`); images as :meth:`json_value` makes them."""
+        return {f.name: self.json_value(getattr(self, f.name)) for f in fields(self)}
+
+    def json_value(self, value: Any) -> Any:
+        """A field's value made JSON-serialisable (:func:`json_ready`; an output holding other
+        values, such as images, converts them here)."""
+        return json_ready(value, self.json_value)
+
+
+def json_ready(value: Any, inner=None) -> Any:
+    """``value`` with :class:`DictAccess` outputs as their ``to_dict()``, other dataclasses as
+    dicts, tensors as nested lists (``tolist()``), tuples as lists; dicts and lists converted item
+    by item (through ``inner``, default this function)."""
+    inner = inner or json_ready
+    if isinstance(value, DictAccess):
+        return value.to_dict()
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: inner(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {key: inner(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [inner(item) for item in value]
+    return value
 
 
 @dataclass
@@ -128,8 +160,11 @@ class SpecStats(DictAccess):
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    extra_keys = ("mean_accepted_length", "acceptance_rate", "acceptance_per_position", "tokens_per_second",
+                  "draft_ms_per_step")
+
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = super().to_dict()
         out.update(
             mean_accepted_length=self.mean_accepted_length,
             acceptance_rate=self.acceptance_rate,

@@ -126,7 +126,9 @@ class TextToImageStats(DictAccess):
 
 @dataclass
 class TextToImageOutput(DictAccess):
-    """Attributes:
+    """:meth:`to_dict` is JSON-serialisable (images as PNG data URIs, tensors as nested lists).
+
+    Attributes:
         images: list of PIL images.
         tokens: LongTensor [num_images, rows * columns] their image tokens.
         accepted_map: LongTensor [num_images, rows, columns]: for each token, the verification step
@@ -143,6 +145,20 @@ class TextToImageOutput(DictAccess):
     baseline_images: list | None = None
     baseline_tokens: torch.Tensor | None = None
     baseline_stats: TextToImageStats | None = None
+
+    def json_value(self, value: Any) -> Any:
+        """Images as PNG data URIs (``data:image/png;base64,...``, what the server's ``b64_json``
+        holds after the prefix), the rest as :class:`~mmspec.core.stats.DictAccess` makes it."""
+        from PIL import Image
+
+        if isinstance(value, Image.Image):
+            import base64
+            import io
+
+            buffer = io.BytesIO()
+            value.save(buffer, format="PNG")
+            return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+        return super().json_value(value)
 
 
 @register_pipeline

@@ -121,7 +121,8 @@ class TextToSpeechOutput(DictAccess):
     silence); normalized: the whole text as the normaliser gave it; dropped: what it removed
     because no voice can say it (runs of emoji, other scripts:
     :class:`~mmspec.adapters.audio.normalize.NormalizedText`); truncated: whether ``max_seconds``
-    cut a piece's speech short (the audio then stops mid-text; raise ``max_seconds`` to hear it all)."""
+    cut a piece's speech short (the audio then stops mid-text; raise ``max_seconds`` to hear it all).
+    :meth:`to_dict` is JSON-serialisable (the audio's samples and the codes as nested lists)."""
 
     text: str
     audio: torch.Tensor
