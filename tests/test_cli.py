@@ -488,3 +488,16 @@ def test_options_are_not_abbreviated_and_every_help_says_its_default(capsys):
     assert "mmspec: error: the drafter is empty; give one of [" in capsys.readouterr().err
     with pytest.raises(ValueError, match="an export is bfloat16"):
         export_dtype("auto")
+
+
+def test_threads_are_set_once_before_the_command_runs(monkeypatch, capsys):
+    """mmspec.cli.main applies every command's --threads (a training command's default too) before
+    its handler runs; a command without --threads given leaves PyTorch's count alone."""
+    import torch
+
+    applied = []
+    monkeypatch.setattr(torch, "set_num_threads", applied.append)
+    code = main(["train", "tts-drafter", "--kind", "eagle", "--threads", "3", "--eval", "/nonexistent"])
+    assert code == 2 and "no tts-self-data shards there" in capsys.readouterr().err and applied == [3]  # (the handler refused)
+    assert main(["train", "tts-drafter", "--kind", "eagle", "--eval", "/nonexistent"]) == 2 and len(applied) == 2  # its default
+    assert main(["tts", "hello", "--max-seconds", "-1"]) == 2 and len(applied) == 2  # (refused by check_args: nothing set)

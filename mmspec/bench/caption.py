@@ -24,8 +24,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from ..api import generate, optimize_components
 from ..hub import dtype_name
 from ..pipelines.methods import split_specs
@@ -179,7 +177,6 @@ def run(args) -> int:
         from ..modeling.captioner import default_captioner_dir
 
         check_drafters_file_target(args.model or default_captioner_dir(), [f"{t:g}" for t in temperatures])
-    torch.set_num_threads(args.threads)
     results_path = Path(args.results)
     model_name = args.model or "embedded captioner (models/smolcap)"
     results = load_results(results_path, "caption", {"model": model_name, "dtype": args.dtype, "data": args.data,

@@ -28,8 +28,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from ..api import chat_inputs, generate, optimize_components
 from ..cli.output import write_text
 from ..drafters.eagle import EagleDrafter
@@ -186,7 +184,6 @@ def run(args) -> int:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature:g}")
     items = data_items(args.data, args.families, args.per_family, images=None)  # (checked before the model loads)
     prompts_only = items[0][2] is None
-    torch.set_num_threads(args.threads)
     target, drafter, model_inputs, eos, dtype, _ = load(args, prompts_only, spec, k)
     drafter: EagleDrafter
     head = Path(type(drafter).head_path(target, spec.partition(":")[2] or None))

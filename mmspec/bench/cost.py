@@ -31,7 +31,6 @@ tests/test_optimize.py). Results go to ``--results`` (JSON, with the machine) an
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from contextlib import contextmanager
@@ -245,7 +244,6 @@ def run(args: argparse.Namespace) -> int:
     from ..modeling.fast_linear import optimize
 
     sizes, variants = check(args)
-    torch.set_num_threads(args.threads)
     target, inputs, model = load_target(args.model, args.dtype, args.device)
     dtype = dtype_name(next(model.parameters()).dtype)
     lean = getattr(target, "lean", False) and getattr(target, "lean_decoder", None) is not None

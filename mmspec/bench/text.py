@@ -168,7 +168,6 @@ def verification_cost_curve(model, sizes: list[int], context: int = 200, repeats
 
 
 def run(args) -> int:
-    torch.set_num_threads(args.threads)
     prompt_types = args.prompt_types.split(",")
     unknown = [t for t in prompt_types if t not in PROMPTS]
     if unknown:

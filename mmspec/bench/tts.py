@@ -116,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with plain decoding: include ar in --methods")
-    torch.set_num_threads(args.threads)
     sourced = TEXTS[args.text](args.sentences)
     texts, sources = [text for _, text in sourced], [source for source, _ in sourced]
     path = Path(args.results)

@@ -178,7 +178,6 @@ def run(args) -> int:
         raise ValueError(f"--drafter {args.drafter}: vLLM serves EAGLE-3 heads; give eagle3 or eagle3:DIR (K is --draft-tokens)")
     items = data_items(args.data, args.families, args.per_family, images=None)  # (checked before anything loads)
     version, prefix = vllm_environment(args.vllm_python)
-    torch.set_num_threads(args.threads)
     target, drafter, model_inputs, eos, dtype, tokenizer = load(args, items[0][2] is None, args.drafter, None)
     configure(drafter, (args.draft_tokens, 0.0), sampled=False)  # fixed-length chains, as vLLM drafts
     work = Path(args.work)

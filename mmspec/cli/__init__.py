@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(), signals_noted(seen):  # (both undone afterwards: tests run commands in-process)
             parser = build_parser()
-            from .args import check_args
+            from .args import apply_threads, check_args
 
             args, unknown = parser.parse_known_args(argv)
             if unknown:  # named by the subcommand whose --help lists the right ones
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             warnings.showwarning = one_line_warnings(warnings.showwarning)
             check_args(args)  # device, counts, output paths: before any model loads
+            apply_threads(args)
             return handler(args)
     except (SystemExit, GeneratorExit):
         raise

@@ -31,9 +31,20 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str | None) -
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     """``--threads N`` as generate, caption, t2i and tts take it (default: PyTorch's own choice);
-    each command sets it before its model loads (:func:`check_args` checks it is >= 1)."""
+    :func:`apply_threads` sets it before the command runs (:func:`check_args` checks it is >= 1)."""
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's choice, the cores "
                         "this process may use)")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Every command's ``--threads`` (where it has one and it is given: the training and benchmark
+    commands default to theirs) as PyTorch's thread count, after :func:`check_args` and before the
+    command loads anything (mmspec.cli.main)."""
+    threads = getattr(args, "threads", None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def add_optimize_arg(parser: argparse.ArgumentParser) -> None:

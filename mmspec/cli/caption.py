@@ -89,8 +89,6 @@ def format_result(path: str, result: CaptionOutput, half_precision: bool = False
 
 
 def run_caption_command(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.prompt is not None:  # before any loading
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)

@@ -37,8 +37,6 @@ def run_generate_command(args) -> int:
     check_draft_length_use(drafter, args.num_draft_tokens)
     draft_dir = check_drafter_name(drafter, auto=False)  # a spec's settings checked (the one spec syntax); else a directory
     device = resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     if draft_dir is not None:

@@ -217,8 +217,6 @@ def run(args) -> int:
     args.temperature = 1.0 if args.temperature is None else args.temperature  # given with --greedy: refused by check_args
     check_call_arguments(args.guidance_scale, args.num_images, not args.greedy, args.temperature, args.top_k, seed=args.seed)
     check_method_options(args, len(prompts))
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = {name: getattr(args, name) for name in SETTINGS}
     process = ProcessState() if args.prompts else None  # under accelerate: this process's rank and device
     results = prompt_results(prompts, args, process) if args.prompts else None

@@ -151,8 +151,6 @@ def run(args) -> int:
                 check_output_path(str(path), "file", "")
             except ValueError as error:
                 raise ValueError(f"--out {args.out} also writes {path.name}:{error}") from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = rule_settings(args)
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
                            num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)

@@ -115,10 +115,6 @@ def run(args: argparse.Namespace) -> int:
         from ..hub import MissingDependencyError
 
         raise MissingDependencyError(f"mmspec serve needs FastAPI and uvicorn ({error}); pip install 'mmspec[serve]'") from None
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     app = create_app(config)
     check_settings(app)  # an unknown drafter or method, a bad dtype: one line now, not a 503 per request
     check_address(args.host, args.port)

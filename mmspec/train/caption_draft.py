@@ -134,7 +134,6 @@ def run(args) -> int:
     if args.init and not (Path(args.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {args.init}: no draft model there (config.json); give a folder that "
                                 "mmspec train caption-draft wrote")
-    torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out)
     processor = build_processor()

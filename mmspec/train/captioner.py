@@ -146,7 +146,6 @@ def learning_rate(step: int, args) -> float:
 
 
 def run(args) -> int:
-    torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

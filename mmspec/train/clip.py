@@ -77,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
 
     if train_device(args).type != "cpu":
         raise ValueError("mmspec train clip trains on the CPU (the metric model is small); drop --device")
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     train_images, train_captions = scene_pool("train", args.images, size=args.image_size)
     val_images, val_captions = scene_pool("validation", args.val_images, size=args.image_size)

@@ -540,7 +540,6 @@ def run_any_target(args) -> int:
     process = ProcessState()
     if args.batch_size % process.world:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple of the {process.world} processes")
-    torch.set_num_threads(args.threads)
     device = torch.device(process.device_for(args.device)) if process.world > 1 else train_device(args)
     dtype = resolve_dtype(args.dtype, device)
     model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
@@ -745,7 +744,6 @@ def run(args) -> int:
     if args.vision_tokens and args.target != "captioner":
         raise ValueError("--vision-tokens trains a head that reads image tokens: use a VLM target (--target captioner, or a VLM's "
                          "checkpoint with --data)")
-    torch.set_num_threads(args.threads)
     device = train_device(args)
     out = Path(args.out)
     check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)

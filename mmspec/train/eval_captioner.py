@@ -102,7 +102,6 @@ def run(args) -> int:
 
     require_modules(("pycocoevalcap",), "the captioner's BLEU-4 and CIDEr-D", "pip install --no-deps pycocoevalcap "
                     "(bash scripts/install.sh does)")
-    torch.set_num_threads(args.threads)
     if not Path(args.weights).exists():
         raise FileNotFoundError(f"no captioner weights at {args.weights}; train them with `mmspec train captioner`")
     model, processor = build_captioner(dtype=torch.bfloat16, weights=args.weights)

@@ -199,7 +199,6 @@ def link_head(given: str | None, model_dir: Path, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     out = Path(args.out)

@@ -65,7 +65,6 @@ def evaluate(model: KLAutoencoder, images: torch.Tensor, batch_size: int = 50) -
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     config = KLConfig(resolution=args.image_size, ch=args.ch, ch_mult=args.ch_mult, num_res_blocks=args.num_res_blocks,

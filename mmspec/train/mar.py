@@ -94,7 +94,6 @@ def validation_loss(model: MARModel, tokens: torch.Tensor, buffers: torch.Tensor
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     out = Path(args.out or models_dir() / ("mar" if args.preset == "target" else "mar-draft"))

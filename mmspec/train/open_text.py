@@ -21,10 +21,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> None:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = Path(args.out) if args.out else smollm2_text(args.seed)
     held = generate_smollm2(args.count, out, batch_size=args.batch_size, seed=args.seed)
     print(f"open-text: {held} sentences in {out}")

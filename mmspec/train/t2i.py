@@ -71,7 +71,6 @@ def generator_loss(model: LlamaGenModel, tokens: torch.Tensor, caption: torch.Te
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     out = Path(args.out or models_dir() / ("t2i" if args.preset == "target" else "t2i-draft"))

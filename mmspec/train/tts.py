@@ -181,7 +181,6 @@ def first_codebooks(state: dict[str, torch.Tensor], codebooks: int, outputs: int
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")

@@ -204,7 +204,6 @@ def eagle_acceptance(head: EagleHead, target: CodecLM, items: list[dict], drafts
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     target_dir = Path(args.target or models_dir() / "tts")

@@ -79,7 +79,6 @@ def with_depth_head(stage: CodecNAR, config: CodecNARConfig) -> CodecNAR:
 def run(args: argparse.Namespace) -> int:
     if args.depth_layers is not None and args.depth_layers < 0:
         raise ValueError(f"--depth-layers {args.depth_layers}: give 0 (no depth head) or more")
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     voice = Path(args.voice) if args.voice else None

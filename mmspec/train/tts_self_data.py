@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
     indices = shard_range(args.shards, total)
     sources = args.sources.split(",") if args.sources else None
     corpus = open_corpus(args.split, args.sentences, sources)
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pipe = TextToSpeechPipeline(model=args.model)

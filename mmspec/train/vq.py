@@ -75,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     factor = 2 ** (len(args.ch_mult) - 1)  # the encoder halves the image at each level after the first
     if args.image_size % factor:
         raise ValueError(f"--image-size must be a multiple of {factor} (2 ** (levels of --ch-mult - 1)), got {args.image_size}")
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = train_device(args)
     config = VQConfig(codebook_size=args.codebook_size, codebook_embed_dim=args.codebook_dim, ch=args.ch,
