@@ -110,7 +110,7 @@ def test_loop_samples_target_distribution(target, drafter):
 
 def test_coupled_sjd_samples_the_target_distribution_through_its_coupling(target, monkeypatch):
     """The stop-78 audit: with NEW = 3 tokens the coupled drafter's carry never held an old draft
-    (coupled_redraft saw 0 rows), so the case above passed with the coupling disabled, or its rows
+    (coupled_redraft, or since stop 80 its C kernel, saw 0 rows), so the case above passed with the coupling disabled, or its rows
     misaligned by one. Four tokens and a window of 2: ~1 coupled row a run, checked to happen."""
     import mmspec.drafters.jacobi as jacobi
     from distribution_check import exact_marginals as enumerated
@@ -118,8 +118,16 @@ def test_coupled_sjd_samples_the_target_distribution_through_its_coupling(target
 
     new = 4
     coupled = []
-    redraft = jacobi.coupled_redraft
+    redraft, kernel = jacobi.coupled_redraft, jacobi.coupled_rows
     monkeypatch.setattr(jacobi, "coupled_redraft", lambda *args: (coupled.append(args[0].shape[0]), redraft(*args))[1])
+
+    def counted_kernel(new_probs, old_probs, old_tokens, uniforms):  # the C kernel where it builds: its rows with an old draft
+        out = kernel(new_probs, old_probs, old_tokens, uniforms)
+        if out is not None:
+            coupled.append(old_tokens.shape[0])
+        return out
+
+    monkeypatch.setattr(jacobi, "coupled_rows", counted_kernel)
     exact = enumerated(target, {"input_ids": PROMPT}, SamplingConfig(do_sample=True, temperature=TEMPERATURE, top_k=TOP_K), new)
     counts = torch.zeros(new, VOCAB, dtype=torch.float64)
     for seed in range(RUNS):

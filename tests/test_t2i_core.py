@@ -164,6 +164,33 @@ def test_the_carry_couples_each_old_draft_with_its_own_positions_new_distributio
     torch.testing.assert_close(drafter.carried_probs, logits_to_probs(logits, SamplingConfig(do_sample=True)))
 
 
+def test_the_coupled_kernel_draws_the_pytorch_paths_codes():
+    """coupled_rows (kernels/verify.c, what _carry calls where the kernels build) against
+    coupled_redraft and sample_from_probs: the same codes bit for bit, over distributions with zeros,
+    a row where p == q (nothing to correct) and rows whose old code p does not allow; an old code
+    outside the vocabulary is left to the PyTorch path (None)."""
+    from mmspec.core.sampling import sample_from_probs
+    from mmspec.modeling.fast_linear import coupled_rows
+
+    gen = torch.Generator().manual_seed(0)
+    m, v = 9, 37
+    for trial in range(300):
+        p = torch.rand(m, v, generator=gen) ** 3
+        p[p < 0.05] = 0.0
+        p = p / p.sum(-1, keepdim=True)
+        q = torch.rand(m - 1, v, generator=gen) ** 2
+        q[trial % (m - 1)] = p[trial % (m - 1)]  # p == q: the coupling keeps or redraws from p
+        q = q / q.sum(-1, keepdim=True)
+        old = torch.multinomial(q, 1, generator=gen)[:, 0]
+        uniforms = torch.rand(m, 2, generator=gen)
+        got = coupled_rows(p, q, old, uniforms)
+        if got is None:
+            pytest.skip("the C kernels do not build here")
+        expected = torch.cat([coupled_redraft(old, q, p[: m - 1], uniforms[: m - 1]), sample_from_probs(p[m - 1 :], uniforms[m - 1 :, 1])])
+        assert torch.equal(got, expected), trial
+    assert coupled_rows(p, q, torch.full((m - 1,), v), uniforms) is None
+
+
 def test_vertical_init_copies_the_row_above(target):
     drafter = JacobiDrafter(num_draft_tokens=3, init="vertical")
     out = generate(target, drafter, 0, do_sample=False)

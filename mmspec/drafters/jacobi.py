@@ -36,6 +36,7 @@ from ..core.sampling import logits_to_probs, sample_from_probs
 from ..core.target import TargetOutput, image_grid
 from ..core.tree import TokenTree
 from ..core.verify import exact_argmax
+from ..modeling.fast_linear import coupled_rows
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical")
 
@@ -123,7 +124,8 @@ class JacobiDrafter(BatchDrafting, Drafter):
     def propose(self, state: SequenceState, max_tokens: int) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
         carried = self.carried_tokens[:k]
-        known = torch.cat([state.new_tokens[0], carried.to(state.tokens.device)])
+        # (a random init reads nothing of the sequence: no copy of its tokens each step)
+        known = carried if self.init == "random" else torch.cat([state.new_tokens[0], carried.to(state.tokens.device)])
         vocab = self.context.target.vocab_size
         fresh = self._fresh(known, k - carried.shape[0], vocab, state.tokens.device)
         tokens = torch.cat([carried.to(state.tokens.device), fresh]).unsqueeze(0)
@@ -163,10 +165,12 @@ class JacobiDrafter(BatchDrafting, Drafter):
         if self.coupled and m:
             old = m - 1  # the last row predicts a position the window did not reach
             uniforms = torch.rand(m, 2, dtype=torch.float32, generator=gen, device=gen.device).to(new_probs.device)
-            tokens = torch.empty(m, dtype=torch.long, device=new_probs.device)
-            tokens[:old] = coupled_redraft(old_tokens.to(new_probs.device), old_probs.to(new_probs.device), new_probs[:old],
-                                           uniforms[:old])
-            tokens[old:] = sample_from_probs(new_probs[old:], uniforms[old:, 1])
+            old_tokens, old_probs = old_tokens.to(new_probs.device), old_probs.to(new_probs.device)
+            tokens = coupled_rows(new_probs, old_probs, old_tokens, uniforms)  # (one C call where the kernels run)
+            if tokens is None:
+                tokens = torch.empty(m, dtype=torch.long, device=new_probs.device)
+                tokens[:old] = coupled_redraft(old_tokens, old_probs, new_probs[:old], uniforms[:old])
+                tokens[old:] = sample_from_probs(new_probs[old:], uniforms[old:, 1])
         else:
             uniforms = torch.rand(m, dtype=torch.float32, generator=gen, device=gen.device).to(new_probs.device)
             tokens = sample_from_probs(new_probs, uniforms)

@@ -139,6 +139,8 @@ def load_kernel() -> ctypes.CDLL:
     for function in (library.speculative_rows, library.block_rows):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
         function.restype = ctypes.c_int
+    library.coupled_rows.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+    library.coupled_rows.restype = ctypes.c_int
     for function in (library.few_rows_attention, library.few_rows_attention_avx512):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 14 + [ctypes.c_float, ctypes.c_int]
         function.restype = ctypes.c_int
@@ -410,9 +412,9 @@ class ManyRowWeights:
         * through the C kernel over W's packed copy where :func:`many_rows_kernel` takes W (the AMX
           bf16 kernel, the 16-lane fp32 one): it builds nothing per row count, where oneDNN makes a
           primitive for every new one (~1 ms each: the embedded voice's NAR stage over a sentence
-          of a new length, 125 frames, one AMX core, bf16: 20 -> 7.7 ms, and 8.0 -> 6.8 ms for a
-          length seen before; fp32 on AVX-512 22 -> 18 and 17 -> 17 ms). Its rows are summed
-          alone (batch-invariant), as the few-row linears' are;
+          of a new length, 125 frames, one AMX core, bf16: 7.7 ms against oneDNN's 20, and for a
+          length seen before 6.8 against 8.0; fp32 on AVX-512 18 against 22 and 17). Its rows are
+          summed alone (batch-invariant), as the few-row linears' are;
         * else in one oneDNN call over W's reordered copy with the op fused in, where oneDNN runs
           x's dtype (:func:`many_rows_dtypes`);
         * else, and under autograd, ``F.linear`` and PyTorch's op.
@@ -579,6 +581,32 @@ def block_rows(*args) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`mmspec.core.verify.block_verify` in one C call (``block_rows``: the same fp32 weights and
     residuals, the same double sums in order), registered with :data:`mmspec.core.verify.BLOCK_KERNELS`."""
     return _verification_rows("block_rows", *args)
+
+
+def coupled_rows(new_probs: torch.Tensor, old_probs: torch.Tensor, old_tokens: torch.Tensor, uniforms: torch.Tensor
+                 ) -> torch.Tensor | None:
+    """Coupled SJD's redraft (:func:`mmspec.drafters.jacobi.coupled_redraft` over the first
+    ``len(old_tokens)`` rows, a plain draw from the rest) in one C call (``kernels/verify.c``: the
+    same fp32 products and comparisons, the same double sums in order, so the same codes), over
+    contiguous fp32 CPU tensors where the kernels built; None elsewhere (or for an old code outside
+    the vocabulary: the PyTorch path reports it).
+
+    Args: new_probs [m, V], old_probs [kept, V], old_tokens LongTensor [kept] (kept <= m),
+        uniforms [m, 2] (keep test, draw).
+    Returns: LongTensor [m]."""
+    tensors = (new_probs, old_probs, uniforms)
+    if (old_tokens.device.type != "cpu" or old_tokens.dtype != torch.long or not old_tokens.is_contiguous()
+            or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)):
+        return None
+    try:
+        library = load_kernel()
+    except KernelUnavailable:
+        return None
+    m, vocab = new_probs.shape
+    out = torch.empty(m, dtype=torch.long)
+    status = library.coupled_rows(new_probs.data_ptr(), old_probs.data_ptr(), old_tokens.data_ptr(), uniforms.data_ptr(), m,
+                                  old_tokens.shape[0], vocab, out.data_ptr())
+    return None if status else out
 
 
 SPECULATIVE_KERNELS.append(speculative_rows)

@@ -76,6 +76,8 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
                      int64_t K, int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
 int block_rows(const float *p, const float *q, const int64_t *tokens, const float *r, const float *u, int64_t B, int64_t K,
                int64_t V, int64_t pad, int64_t *accepted, int64_t *out);
+int coupled_rows(const float *p, const float *q, const int64_t *old, const float *u, int64_t m, int64_t kept, int64_t V,
+                 int64_t *out);
 
 /* ---- Griffin-Lim's phase update over n complex values (interleaved re, im) and its overlap-add
  * (spectral.c), and the phase gradient heuristic integration that starts it (portable/pghi.c) */

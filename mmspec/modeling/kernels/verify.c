@@ -107,6 +107,32 @@ int speculative_rows(const float *p, const float *q, const int64_t *tokens, cons
     return 0;
 }
 
+/* ---- coupled SJD's redraft over m rows (mmspec.drafters.jacobi.coupled_redraft, bitwise) ----
+ *
+ * p [m, V] the new distributions, q [kept, V] the old ones, old [kept] the codes drawn from them,
+ * u [m, 2] (fp32). Row j < kept keeps old[j] when u[j, 0] q_j(x) < p_j(x) (the product rounded to
+ * fp32), else draws from max(0, p_j - q_j) (p_j where that is all zero) with u[j, 1], as
+ * speculative_rows draws; a row j >= kept (a position the window had not reached) draws from p_j
+ * with u[j, 1]. The same floats in the same order as the PyTorch path (~20 tensor operations).
+ * Writes out [m]. Returns 0, or -1 for an old code outside [0, V). */
+int coupled_rows(const float *p, const float *q, const int64_t *old, const float *u, int64_t m, int64_t kept, int64_t V,
+                 int64_t *out) {
+    for (int64_t j = 0; j < m; j++) {
+        const float *pj = p + j * V;
+        if (j < kept) {
+            const int64_t x = old[j];
+            if (x < 0 || x >= V) return -1;
+            const float product = u[2 * j] * q[j * V + x];
+            if (product < pj[x]) {
+                out[j] = x;
+                continue;
+            }
+        }
+        out[j] = draw_token(pj, j < kept ? q + j * V : NULL, -1, 1.0f, u[2 * j + 1], V);
+    }
+    return 0;
+}
+
 /* ---- block verification over B rows (mmspec.core.verify.block_verify, bitwise) ----
  *
  * Arguments as speculative_rows'. Per row: w_0 = 1, w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)) in
