@@ -110,8 +110,9 @@ def test_loop_samples_target_distribution(target, drafter):
 
 def test_coupled_sjd_samples_the_target_distribution_through_its_coupling(target, monkeypatch):
     """The stop-78 audit: with NEW = 3 tokens the coupled drafter's carry never held an old draft
-    (coupled_redraft, or since stop 80 its C kernel, saw 0 rows), so the case above passed with the coupling disabled, or its rows
-    misaligned by one. Four tokens and a window of 2: ~1 coupled row a run, checked to happen."""
+    (coupled_redraft, or since stop 80 its C kernel, saw 0 rows), so the case above passed with
+    the coupling disabled, or its rows misaligned by one. Four tokens and a window of 2: ~1 coupled
+    row a run, checked to happen."""
     import mmspec.drafters.jacobi as jacobi
     from distribution_check import exact_marginals as enumerated
     from mmspec.core.sampling import SamplingConfig
