@@ -93,6 +93,15 @@ def test_tts_writes_its_files_together_or_none(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "x.wav").exists() and not leftovers(tmp_path)
 
 
+def test_tts_without_its_spectrogram_writes_and_checks_no_png(tmp_path, monkeypatch, capsys):
+    """--no-spectrogram: the WAV alone (said so), and a path where the PNG would go is no obstacle."""
+    monkeypatch.setattr(mmspec, "pipeline", FakeSpeech)
+    (tmp_path / "x.png").mkdir()
+    assert main(["tts", "Hello there.", "--out", str(tmp_path / "x.wav"), "--no-spectrogram"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'x.wav'}"
+    assert (tmp_path / "x.wav").stat().st_size > 1000 and not any((tmp_path / "x.png").iterdir())
+
+
 def test_a_write_that_fails_after_the_check_is_one_line(tmp_path, monkeypatch, capsys):
     """As root, a check can pass where the write fails: the writer still gives one line, exit 2."""
     import mmspec.cli.args

@@ -1,7 +1,8 @@
 """``mmspec tts "text" --out out.wav --method spec``: text-to-speech from the command line.
 
 Writes the WAV (16-bit PCM, mono, at the codec's rate), ``<out>.png`` beside it (the log-mel
-spectrogram of the method's audio, with AR's above it under ``--compare-baseline``) and, with
+spectrogram of the method's audio, with AR's above it under ``--compare-baseline``; not with
+``--no-spectrogram``) and, with
 ``--compare-baseline``, ``<out>-baseline.wav``. ``--json`` prints the stats as JSON. The files are
 written together once the run has finished, or none of them (:mod:`mmspec.cli.output`).
 
@@ -65,6 +66,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--speed", type=float, default=1.0, help="speaking rate of an aligned model (2.0: twice as fast)")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
+    cmd.add_argument("--no-spectrogram", dest="spectrogram", action="store_false",
+                     help="write no NAME.png beside the WAV (drawing it takes ~0.5 s, most of it loading matplotlib)")
     cmd.add_argument("--device", default="auto")
     cmd.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (default: bfloat16 where fast, a GPU "
                      "or a CPU with AMX / AVX-512 BF16; else float32) | float32 | bfloat16")
@@ -75,6 +78,12 @@ def add_parser(subparsers) -> None:
                      interrupted=lambda args, command: "nothing was saved (" + (
                          "the audio streamed so far was removed with its .part file" if args.stream and args.out != "-"
                          else "the files are written once the audio is done") + ")")
+
+
+def listed(paths: list) -> str:
+    """"a", "a and b", "a, b and c"."""
+    names = [str(p) for p in paths]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 #: the PNG text field that marks a spectrogram as this command's (one it may replace)
@@ -142,8 +151,8 @@ def run(args) -> int:
         out = Path(args.out)
         if out.suffix.lower() != ".wav":
             raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
-        beside = [out.with_suffix(".png")] + ([baseline_wav(out)] if args.compare_baseline else [])
-        if not replaceable_png(beside[0]):
+        beside = ([out.with_suffix(".png")] if args.spectrogram else []) + ([baseline_wav(out)] if args.compare_baseline else [])
+        if args.spectrogram and not replaceable_png(beside[0]):
             raise ValueError(f"--out {args.out} also writes its spectrogram as {beside[0]}, which exists and is not one "
                              "mmspec wrote; move that file or choose another --out")
         for path in beside:
@@ -217,14 +226,15 @@ def say(args, pipe, text: str) -> int:
         panels = [(f"{args.method}: {short(result.normalized)}", result.audio)]
         if result.baseline_audio is not None:
             panels.insert(0, ("ar (plain decoding, same seed)", result.baseline_audio))
-        png = spectrogram_png(panels, rate)  # everything computed before the first file is written
+        png = spectrogram_png(panels, rate) if args.spectrogram else None  # everything computed before the first file is written
         with OutputFiles() as files:  # all of them or none
             files.write(out, lambda path: write_wav(path, result.audio, rate))
             if result.baseline_audio is not None:
                 files.write(baseline_wav(out), lambda path: write_wav(path, result.baseline_audio, rate))
-            files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
-        baseline = f", {baseline_wav(out)}" if result.baseline_audio is not None else ""
-        wrote, report = f"wrote {out}{baseline} and {out.with_suffix('.png')}", sys.stdout
+            if png is not None:
+                files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+        written = [out] + ([baseline_wav(out)] if result.baseline_audio is not None else []) + ([out.with_suffix(".png")] if png else [])
+        wrote, report = f"wrote {listed(written)}", sys.stdout
     stats = result.stats
     record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped),
               "truncated": result.truncated, "out": args.out, "stats": stats.to_dict()}
@@ -393,14 +403,15 @@ def run_stream(args, pipe, text: str) -> int:
                 raise output_error(out, error) from None
             whole = torch.cat(audio, dim=-1)
             said = " ".join(r["text"] for r in records)
-            png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)
-            with OutputFiles() as files:
-                files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
+            if args.spectrogram:
+                png = spectrogram_png([(f"{args.method} (streamed): {short(said)}", whole)], rate)
+                with OutputFiles() as files:
+                    files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
             os.replace(part, out)
         except BaseException:
             part.unlink(missing_ok=True)
             raise
-        wrote = f"wrote {out} and {out.with_suffix('.png')}"
+        wrote = f"wrote {listed([out] + ([out.with_suffix('.png')] if args.spectrogram else []))}"
     seconds = whole.shape[-1] / rate
     total = records[-1]["ready_s"]
     record = {"text": text, "out": args.out, "time_to_first_audio_s": records[0]["ready_s"], "total_s": total,
