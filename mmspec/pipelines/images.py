@@ -19,6 +19,8 @@ uint8, uint16 (scaled as above), bool, or float in [0, 1].
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import re
 import warnings
@@ -250,3 +252,11 @@ def to_pil(images) -> list[Image.Image]:
     """float [B, 3, H, W] in [-1, 1] -> PIL images."""
     array = ((images.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
     return [Image.fromarray(a) for a in array]
+
+
+def png_base64(image: Image.Image) -> str:
+    """An image as a PNG, base64-encoded (the server's ``b64_json``; prefixed with
+    ``data:image/png;base64,`` it is a data URI, as outputs' ``to_dict()`` give images)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -8,9 +8,7 @@ an OpenAI-style JSON body (:mod:`mmspec.serve.errors`); a failing request never 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
-import io
 import json
 import time
 import uuid
@@ -24,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..adapters.audio.codec import pcm16
+from ..pipelines.images import png_base64
 from .batching import Batcher
 from .config import TASKS, ServeConfig
 from .errors import APIError
@@ -341,12 +340,6 @@ async def stream_chat(batcher: Batcher, job: Any, parsed: Any, model: str, chat_
         yield event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
                      "usage": usage(prompt_tokens, completion_tokens)})
     yield "data: [DONE]\n\n"
-
-
-def png_base64(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _version() -> str:

@@ -30,6 +30,7 @@ from ...core.sampling import SamplingConfig
 from ...core.stats import DictAccess, SpecStats
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
+from ..images import png_base64
 from .components import T2IComponents
 from ..methods import parse_spec
 from .methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
@@ -152,12 +153,7 @@ class TextToImageOutput(DictAccess):
         from PIL import Image
 
         if isinstance(value, Image.Image):
-            import base64
-            import io
-
-            buffer = io.BytesIO()
-            value.save(buffer, format="PNG")
-            return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+            return "data:image/png;base64," + png_base64(value)
         return super().json_value(value)
 
 
