@@ -80,6 +80,13 @@ def add_parser(subparsers) -> None:
                          else "the files are written once the audio is done") + ")")
 
 
+def written_files(args, out: Path) -> list[Path]:
+    """What ``--out OUT`` writes: OUT, OUT-baseline.wav with ``--compare-baseline`` (which
+    ``--stream`` refuses), OUT.png unless ``--no-spectrogram``."""
+    return ([out] + ([baseline_wav(out)] if args.compare_baseline else [])
+            + ([out.with_suffix(".png")] if args.spectrogram else []))
+
+
 def listed(paths: list) -> str:
     """"a", "a and b", "a, b and c"."""
     names = [str(p) for p in paths]
@@ -151,11 +158,10 @@ def run(args) -> int:
         out = Path(args.out)
         if out.suffix.lower() != ".wav":
             raise ValueError(f"--out {args.out}: the audio is written as WAV; give a file name ending in .wav")
-        beside = ([out.with_suffix(".png")] if args.spectrogram else []) + ([baseline_wav(out)] if args.compare_baseline else [])
-        if args.spectrogram and not replaceable_png(beside[0]):
-            raise ValueError(f"--out {args.out} also writes its spectrogram as {beside[0]}, which exists and is not one "
-                             "mmspec wrote; move that file or choose another --out")
-        for path in beside:
+        if args.spectrogram and not replaceable_png(out.with_suffix(".png")):
+            raise ValueError(f"--out {args.out} also writes its spectrogram as {out.with_suffix('.png')}, which exists and "
+                             "is not one mmspec wrote; move that file or choose another --out")
+        for path in reversed(written_files(args, out)[1:]):  # (the spectrogram's path first)
             try:
                 check_output_path(str(path), "file", "")
             except ValueError as error:
@@ -233,8 +239,7 @@ def say(args, pipe, text: str) -> int:
                 files.write(baseline_wav(out), lambda path: write_wav(path, result.baseline_audio, rate))
             if png is not None:
                 files.write(out.with_suffix(".png"), lambda path: path.write_bytes(png))
-        written = [out] + ([baseline_wav(out)] if result.baseline_audio is not None else []) + ([out.with_suffix(".png")] if png else [])
-        wrote, report = f"wrote {listed(written)}", sys.stdout
+        wrote, report = f"wrote {listed(written_files(args, out))}", sys.stdout
     stats = result.stats
     record = {"text": text, "normalized": result.normalized, "dropped": list(result.dropped),
               "truncated": result.truncated, "out": args.out, "stats": stats.to_dict()}
@@ -411,7 +416,7 @@ def run_stream(args, pipe, text: str) -> int:
         except BaseException:
             part.unlink(missing_ok=True)
             raise
-        wrote = f"wrote {listed([out] + ([out.with_suffix('.png')] if args.spectrogram else []))}"
+        wrote = f"wrote {listed(written_files(args, out))}"
     seconds = whole.shape[-1] / rate
     total = records[-1]["ready_s"]
     record = {"text": text, "out": args.out, "time_to_first_audio_s": records[0]["ready_s"], "total_s": total,
