@@ -142,7 +142,7 @@ def pghi_phase(magnitude: torch.Tensor, n_fft: int, hop_length: int, tolerance: 
 
 def _pghi_integrate(level: torch.Tensor, step_t: torch.Tensor, step_f: torch.Tensor, bands: int) -> torch.Tensor:
     """:func:`pghi_phase`'s integration in Python, step for step ``pghi_integrate`` of
-    ``kernels/spectral.c`` (its comment says how): levels int [bins, T] (-1: left at 0), the
+    ``kernels/portable/pghi.c`` (its comment says how): levels int [bins, T] (-1: left at 0), the
     steps float32 [bins, T] -> phase float64 [bins, T]."""
     bins, frames = level.shape
     levels, along_t, along_f = level.flatten().tolist(), step_t.flatten().tolist(), step_f.flatten().tolist()
