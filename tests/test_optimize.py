@@ -389,14 +389,15 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
     optimize(model, kernel=kernel, max_rows=4)
     optimize(off, kernel=kernel, max_rows=4, pack_many=False)
     linear = model[0]
-    assert linear.pack_many and not linear._many and not off[0].pack_many
+    held, held_off = len(linear._copies), len(off[0]._copies)  # (the packed copy, where the kernel packs)
+    assert linear.pack_many and not off[0].pack_many
     x = torch.randn(2, 9, 96, dtype=dtype)
     tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
         out = model(x)
-        assert len(linear._many) == 1 and out.shape == (2, 9, 40)
+        assert len(linear._copies) == held + 1 and out.shape == (2, 9, 40)  # oneDNN's copy, made now
         torch.testing.assert_close(out.float(), reference(x).float(), **tolerance)
-        assert torch.equal(off(x), F.linear(x, off[0].weight, off[0].bias)) and not off[0]._many
+        assert torch.equal(off(x), F.linear(x, off[0].weight, off[0].bias)) and len(off[0]._copies) == held_off
         few = torch.randn(3, 96, dtype=dtype)
         assert torch.equal(model(few), off(few))  # within max_rows: the few-row path, as before
     with torch.no_grad():
@@ -419,7 +420,7 @@ def test_many_rows_take_a_weight_reordered_once(dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", ["c", "onednn"])
 def test_many_row_weights_give_the_linear_then_the_gelu_or_the_residual(dtype, path, monkeypatch):
-    """ManyRowWeights.linear: x W^T + b, then the exact GELU or + a residual, through the C kernel
+    """PreparedWeights.linear: x W^T + b, then the exact GELU or + a residual, through the C kernel
     over a packed copy (where many_rows_kernel takes the weight) or one oneDNN call over a
     reordered copy with the op fused, each copy made once per name (a view's rows as laid out;
     made again after an in-place update); with gradients wanted, F.linear and PyTorch's ops; a bad
@@ -435,7 +436,7 @@ def test_many_row_weights_give_the_linear_then_the_gelu_or_the_residual(dtype, p
     if path == "c" and not fast_linear.many_rows_kernel(weight):
         pytest.skip(f"the C kernel does not take {dtype} weights of this shape for many rows here")
     tolerance = dict(rtol=2e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    copies = fast_linear.ManyRowWeights()
+    copies = fast_linear.PreparedWeights()
     plain = F.linear(x.float(), weight.float(), bias.float())
     with torch.inference_mode():
         torch.testing.assert_close(copies.linear("w", x, weight, bias).float(), plain, **tolerance)

@@ -47,7 +47,7 @@ from torch import nn
 
 from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
-from .fast_linear import ManyRowWeights
+from .fast_linear import PreparedWeights
 from .persistence import DataclassModel
 
 
@@ -89,7 +89,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
         self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
-        self._weights = ManyRowWeights()  # (inference on a CPU: :meth:`_linear`)
+        self._weights = PreparedWeights()  # (inference on a CPU: :meth:`_linear`)
         if config.depth_layers:
             fine = config.num_codebooks - 1
             self.codebook_inputs = nn.Embedding(fine, config.dim)  # c_k
@@ -143,7 +143,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
 
     def _linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`~mmspec.modeling.fast_linear.ManyRowWeights.linear` over this stage's copies."""
+        """:meth:`~mmspec.modeling.fast_linear.PreparedWeights.linear` over this stage's copies."""
         return self._weights.linear(name, x, weight, bias, activation, residual)
 
     def _encode(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -375,20 +375,21 @@ def many_rows_dtypes() -> tuple[torch.dtype, ...]:
 MANY_ROWS_HINT = 64
 
 
-class ManyRowWeights:
-    """An owner's weights prepared once for inputs of many rows (a NAR stage's frames, a prompt),
-    by name: oneDNN's reordered copy (:meth:`reordered`) or the C kernel's packed one (:meth:`packed`),
-    each made at its first use and again whenever its weight changed (another tensor, dtype,
-    device, shape or place, or an in-place update: the version counter)."""
+class PreparedWeights:
+    """An owner's weights prepared once for the kernels, by name: the C kernel's packed copy
+    (:meth:`packed`: what :class:`FewRowLinear` reads, and :meth:`linear` over many rows) or
+    oneDNN's reordered one (:meth:`reordered`), each made at its first use and again whenever its
+    weight changed (another tensor, dtype, device, shape or place, or an in-place update: the
+    version counter)."""
 
     def __init__(self) -> None:
-        self._copies: dict[tuple[str, str], tuple[tuple, torch.Tensor]] = {}
+        self._copies: dict[tuple[str, str], tuple[tuple, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         """The copies kept."""
         return len(self._copies)
 
-    def _copy(self, kind: str, name: str, weight: torch.Tensor, make) -> torch.Tensor:
+    def _copy(self, kind: str, name: str, weight: torch.Tensor, make) -> torch.Tensor | None:
         key = (weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(), weight_version(weight))
         entry = self._copies.get((kind, name))
         if entry is None or entry[0] != key:
@@ -400,9 +401,10 @@ class ManyRowWeights:
         of a stacked head, copied as it is laid out)."""
         return self._copy("onednn", name, weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, MANY_ROWS_HINT))
 
-    def packed(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """``weight`` [N, K] in this machine's C kernel's packed layout (:func:`pack_weight`)."""
-        return self._copy("c", name, weight, pack_weight)
+    def packed(self, name: str, weight: torch.Tensor) -> torch.Tensor | None:
+        """``weight`` [N, K] in this machine's C kernel's packed layout (:func:`pack_weight`), or
+        None where :func:`packable` refuses it."""
+        return self._copy("c", name, weight, lambda w: pack_weight(w) if packable(w) else None)
 
     def linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -436,7 +438,7 @@ class ManyRowWeights:
 
 
 def many_rows_kernel(weight: torch.Tensor) -> bool:
-    """Whether :meth:`ManyRowWeights.linear` takes the C kernel for ``weight``: packable
+    """Whether :meth:`PreparedWeights.linear` takes the C kernel for ``weight``: packable
     (:func:`packable`) for the AMX bf16 kernel or the 16-lane fp32 one, which keep up with oneDNN
     over a hundred rows and more (bf16, 150 rows of a 512 x 256 weight: 41 against 40 us); not the
     AVX512-BF16 vector kernel (2-3x oneDNN's time there), and where the kernels build."""
@@ -642,30 +644,19 @@ class FewRowLinear(nn.Linear):
         self.dtypes = kernel_dtypes(kernel)
         self.pack = pack and kernel == "c"
         self.pack_many = pack_many
-        self._packed: tuple[tuple, torch.Tensor | None] | None = None  # (the weight's identity and version, packed)
-        self._many = ManyRowWeights()  # oneDNN's many-row copy
+        self._copies = PreparedWeights()  # the packed copy, and oneDNN's many-row one
         self.packed_weight()
-
-    def _weight_key(self) -> tuple:
-        """What a packed copy was made from: the weight's identity, dtype, device, shape and version."""
-        weight = self.weight
-        return weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight_version(weight)
 
     def packed_weight(self) -> torch.Tensor | None:
         """The weight in this machine's bf16 kernel's packed layout (:func:`pack_weight`), or None
         (``pack`` off, or a weight :func:`packable` refuses). Packed once and again whenever the
         weight changed: another tensor, dtype or device, or an in-place update (its version counter)."""
-        if not self.pack:
-            return None
-        key = self._weight_key()
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, pack_weight(self.weight) if packable(self.weight) else None)
-        return self._packed[1]
+        return self._copies.packed("weight", self.weight) if self.pack else None
 
     def many_rows_weight(self) -> torch.Tensor:
         """The weight reordered by oneDNN for inputs of many rows (made at the first such input,
         again whenever the weight changed, as :meth:`packed_weight`)."""
-        return self._many.reordered("weight", self.weight)
+        return self._copies.reordered("weight", self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
