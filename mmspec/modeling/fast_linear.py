@@ -152,6 +152,15 @@ def load_kernel() -> ctypes.CDLL:
     return library
 
 
+def kernel_library() -> ctypes.CDLL | None:
+    """:func:`load_kernel`'s library, or None where it cannot be built or loaded (the callers'
+    PyTorch paths run instead)."""
+    try:
+        return load_kernel()
+    except KernelUnavailable:
+        return None
+
+
 def load_portable_kernel() -> ctypes.CDLL:
     """The plain-C kernels of ``kernels/portable/`` alone, for a CPU where :func:`load_kernel`'s
     library cannot be (no AVX2, not x86): built once per source, then cached.
@@ -444,11 +453,7 @@ def many_rows_kernel(weight: torch.Tensor) -> bool:
     AVX512-BF16 vector kernel (2-3x oneDNN's time there), and where the kernels build."""
     if not packable(weight) or weight.dtype == torch.bfloat16 and bf16_variants()[:1] != ("amx",):
         return False
-    try:
-        load_kernel()
-    except KernelUnavailable:
-        return False
-    return True
+    return kernel_library() is not None
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -522,12 +527,7 @@ def weight_version(tensor: torch.Tensor) -> int | None:
 @functools.cache
 def _argmax_library() -> ctypes.CDLL | None:
     """The kernel library where :func:`rows_argmax` runs (AVX-512, the kernels built), else None."""
-    if not {"avx512f", "avx512bw"} <= cpu_flags():
-        return None
-    try:
-        return load_kernel()
-    except KernelUnavailable:
-        return None
+    return kernel_library() if {"avx512f", "avx512bw"} <= cpu_flags() else None
 
 
 def rows_argmax(logits: torch.Tensor) -> torch.Tensor | None:
@@ -560,9 +560,8 @@ def _verification_rows(function: str, draft_tokens: torch.Tensor, draft_probs: t
             or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)
             or not isinstance(pad, int)):
         return None
-    try:
-        library = load_kernel()
-    except KernelUnavailable:
+    library = kernel_library()
+    if library is None:
         return None
     batch, k = draft_tokens.shape
     accepted, tokens = torch.empty(batch, dtype=torch.long), torch.empty(batch, k + 1, dtype=torch.long)
@@ -600,9 +599,8 @@ def coupled_rows(new_probs: torch.Tensor, old_probs: torch.Tensor, old_tokens: t
     if (old_tokens.device.type != "cpu" or old_tokens.dtype != torch.long or not old_tokens.is_contiguous()
             or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)):
         return None
-    try:
-        library = load_kernel()
-    except KernelUnavailable:
+    library = kernel_library()
+    if library is None:
         return None
     m, vocab = new_probs.shape
     out = torch.empty(m, dtype=torch.long)

@@ -56,12 +56,9 @@ def log_mel(waveform: torch.Tensor, rate: int, n_mels: int = 80, n_fft: int = 10
 def _spectral_library():
     """The kernel library where :func:`griffin_lim`'s inner loops run in C (``kernels/spectral.c``:
     an x86-64 CPU with AVX2 + FMA where the kernels build), else None (PyTorch's operators)."""
-    from .fast_linear import KernelUnavailable, load_kernel
+    from .fast_linear import kernel_library
 
-    try:
-        return load_kernel()
-    except KernelUnavailable:
-        return None
+    return kernel_library()
 
 
 @functools.cache
