@@ -18,6 +18,7 @@ import time
 import torch
 
 import mmspec
+from mmspec.modeling.mel_codec import with_decoding
 from mmspec.bench.results import machine_info
 from mmspec.bench.tts import TEXTS
 from mmspec.metrics.speech import speaker_embedding, transcribe, word_error_rate
@@ -45,8 +46,8 @@ def main(sentences: int = 200, settings: str = "random:32,pghi:16,pghi:12,random
              "the voice's codes": [pipe(text, seed=i, method="ar").codes for i, text in enumerate(texts)]}
     shipped, rows = codec.config, []
     for setting in settings.split(","):
-        start, iterations = setting.split(":")
-        codec.config = dataclasses.replace(shipped, griffin_lim_start=start, griffin_lim_iters=int(iterations))
+        codec.config = with_decoding(shipped, setting)
+        start, iterations = codec.config.griffin_lim_start, codec.config.griffin_lim_iters
         for name, source_codes in codes.items():
             begun = time.perf_counter()
             audio = [codec.decode(c) for c in source_codes]

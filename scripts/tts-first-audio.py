@@ -11,7 +11,6 @@ ready time, the audio's seconds, the real-time factor, ``tts(text)``'s time (one
 whole paragraph) and whether the streamed chunks joined equal ``tts(text, split="sentences")``.
 """
 
-import dataclasses
 import json
 import sys
 import time
@@ -19,6 +18,7 @@ import time
 import torch
 
 import mmspec
+from mmspec.modeling.mel_codec import with_decoding
 
 TEXT = ("The train leaves at 7:30 in the morning. Please remember to bring your passport and boarding pass! "
         "Would you like a window seat or an aisle seat?")
@@ -29,8 +29,8 @@ def main(method: str = "ar", runs: int = 5, decode: str | None = None) -> None:
     start = time.perf_counter()
     tts = mmspec.pipeline("text-to-speech", method=method)
     if decode:
-        codec, (begin, iterations) = tts.components.codec, decode.split(":")
-        codec.config = dataclasses.replace(codec.config, griffin_lim_start=begin, griffin_lim_iters=int(iterations))
+        codec = tts.components.codec
+        codec.config = with_decoding(codec.config, decode)
     print(f"loaded in {time.perf_counter() - start:.2f} s; dtype {tts.components.dtype}", flush=True)
     for run in range(runs):
         start = time.perf_counter()

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec, _kmeans
+from mmspec.modeling.mel_codec import MelCodecConfig, MelRVQCodec, _kmeans, with_decoding
 from mmspec.modeling import spectrogram
 from mmspec.modeling.spectrogram import griffin_lim, pghi_phase
 
@@ -246,3 +246,13 @@ def test_codec_settings_are_checked_and_the_random_start_still_decodes():
         codec.codebooks.normal_(generator=torch.Generator().manual_seed(1))
         audio = codec.decode(codes)
         assert audio.shape == (30 * 512,) and torch.isfinite(audio).all() and torch.equal(codec.decode(codes), audio)
+
+
+
+def test_a_decode_setting_reads_start_and_iterations_and_is_checked():
+    """with_decoding (the scripts' START:ITERATIONS): the codec's settings replaced, each checked."""
+    changed = with_decoding(MelCodecConfig(), "random:32")
+    assert (changed.griffin_lim_start, changed.griffin_lim_iters) == ("random", 32) and changed.n_fft == MelCodecConfig().n_fft
+    for bad, message in (("pghi", "START:ITERATIONS"), ("pghi:-1", "START:ITERATIONS"), ("zero:4", "griffin_lim_start")):
+        with pytest.raises(ValueError, match=message):
+            with_decoding(MelCodecConfig(), bad)

@@ -21,7 +21,7 @@ Saved as ``mel_codec.json`` + ``mel_codec.safetensors`` (the centroids [K, C, D]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,6 +42,17 @@ def check_decoding(config: "MelCodecConfig") -> None:
                          f"got {config.griffin_lim_start!r}")
     if not isinstance(config.griffin_lim_iters, int) or config.griffin_lim_iters < 0:
         raise ValueError(f"griffin_lim_iters must be a whole number >= 0, got {config.griffin_lim_iters!r}")
+
+
+def with_decoding(config: "MelCodecConfig", setting: str) -> "MelCodecConfig":
+    """``config`` with Griffin-Lim's start and iterations from ``"START:ITERATIONS"`` (e.g.
+    ``"random:32"``, what every codec decoded with before stop 79), checked (:func:`check_decoding`)."""
+    start, _, iterations = setting.partition(":")
+    if not iterations.isdigit():
+        raise ValueError(f"a decode setting is START:ITERATIONS, e.g. pghi:16 or random:32; got {setting!r}")
+    changed = replace(config, griffin_lim_start=start, griffin_lim_iters=int(iterations))
+    check_decoding(changed)
+    return changed
 
 
 @dataclass
