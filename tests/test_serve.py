@@ -253,6 +253,8 @@ def test_cli_options(capsys):
     config = config_from_args(args)
     assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
     assert args.host == "127.0.0.1"
+    # the speech method defaults to the command's (coupled SJD: as fast as or faster than sjd on every CPU kind measured)
+    assert config.tts_method == ServeConfig().tts_method == build_parser().parse_args(["tts", "x"]).method == "sjd-coupled"
     for bad, match in ((["--caption-model", "org/not-here"], "no such local directory"), (["--tasks", "caption,video"], "video"),
                        (["--port", "0"], "--port"),
                        (["--tasks", ""], "--tasks is empty"), (["--batch-wait-ms", "20000"], "--batch-wait-ms must be between"),

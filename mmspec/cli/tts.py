@@ -47,8 +47,8 @@ def add_parser(subparsers) -> None:
                      "else written; with --stream each sentence as it is ready: mmspec tts ... --stream --out - | aplay")
     cmd.add_argument("--stream", action="store_true", help="say it sentence by sentence, appending each sentence's "
                      "audio to OUT.part as it is ready (renamed to OUT at the end); prints the time to first audio")
-    cmd.add_argument("--method", default="sjd",
-                     help=METHODS.help() + "; settings as name:key=value,... (e.g. vadusa:top_k=5); default sjd (exact, "
+    cmd.add_argument("--method", default="sjd-coupled",
+                     help=METHODS.help() + "; settings as name:key=value,... (e.g. vadusa:top_k=5); default sjd-coupled (exact, "
                      "no trained drafter), so that --compare-baseline measures a speedup")
     cmd.add_argument("--model", default=None, help="an mmspec TTS model directory, or an embedded voice: valle (the "
                      "default, models/tts-valle) or delay (models/tts)")

@@ -50,7 +50,7 @@ class ServeConfig:
     models: dict[str, str | None] = field(default_factory=dict)
     caption_drafter: str = "auto"
     t2i_method: str = "sjd"
-    tts_method: str = "sjd"
+    tts_method: str = "sjd-coupled"
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 16

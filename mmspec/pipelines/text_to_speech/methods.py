@@ -264,7 +264,10 @@ class CoupledJacobiMethod(JacobiMethod):
     #: its tau is higher where the window is wide: on the open-domain voice, one core of an AMX Xeon, 40
     #: hand-written sentences, temperature 1: 2.05x (tau 4.04) against `sjd`'s 1.99x (3.62); at 0.7 2.01x
     #: (3.92) against 1.97x (3.55); through the AVX-512-BF16 kernel (5 codes) 1.40x (2.58) against 1.45x
-    #: (2.60) (docs/benchmarks.md, stop 73): so not the default
+    #: (2.60) (stop 73). Since its redraft runs in one C call (stop 80) it is as fast as `sjd` or faster
+    #: on every CPU kind measured (stop 81, temperature 0.7, the same 40 sentences: AMX 2.25x against
+    #: 2.08x; run as AVX-512 fp32 1.85x / 1.82x, AVX-512-BF16 1.48x / 1.45x, AVX2 1.32x / 1.30x;
+    #: docs/benchmarks.md), so `mmspec tts` and `mmspec serve` default to it
     coupled = True
 
 
