@@ -44,6 +44,27 @@ def test_fit_encode_decode_and_reload(tmp_path):
     assert torch.equal(again.encode(audio), codes)
 
 
+def test_the_magnitude_is_torchaudios_inverse_mel_scale():
+    """The pseudo-inverse made once gives what torchaudio's InverseMelScale solves for on each call
+    (the minimum-norm least-squares solution), within float32 rounding, for the default codec's
+    filters and another setting's; a wrong filter bank (mel_scale="htk") is far off."""
+    import torchaudio
+
+    for config in (MelCodecConfig(), MelCodecConfig(n_mels=40, f_max=6000.0, n_fft=512, hop_length=128)):
+        codec = MelRVQCodec(config)
+        vectors = torch.randn(30, config.dim, generator=torch.Generator().manual_seed(0))
+        mel = vectors.reshape(-1, config.n_mels).T.exp()
+        theirs = torchaudio.transforms.InverseMelScale(n_stft=config.n_fft // 2 + 1, n_mels=config.n_mels,
+                                                      sample_rate=config.sample_rate, f_max=config.f_max,
+                                                      norm="slaney", mel_scale="slaney")(mel)
+        ours = codec.magnitude(vectors)
+        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4 * float(theirs.abs().max()))
+        htk = torchaudio.transforms.InverseMelScale(n_stft=config.n_fft // 2 + 1, n_mels=config.n_mels,
+                                                   sample_rate=config.sample_rate, f_max=config.f_max, norm="slaney",
+                                                   mel_scale="htk")(mel)
+        assert not torch.allclose(ours, htk, rtol=1e-2, atol=1e-2 * float(theirs.abs().max()))
+
+
 def test_short_and_empty_code_sequences_decode():
     codec = MelRVQCodec(MelCodecConfig(num_codebooks=2, codebook_size=4, griffin_lim_iters=2))
     assert codec.decode(torch.zeros(2, 0, dtype=torch.long)).shape == (0,)

@@ -9,10 +9,11 @@ Encoding: 22,050 Hz audio -> 80-bin log-mel spectrogram (n_fft 1024, hop 256: 86
 
 so x is approximated by sum_k e_{k, c_k}. The codebooks are fitted by k-means on each stage's
 residuals (:meth:`MelRVQCodec.fit`), in seconds on minutes of speech. Decoding sums the
-centroids, unstacks the mel frames and inverts them with torchaudio's ``InverseMelScale`` (same
-mel filters) and fast Griffin-Lim (:func:`~mmspec.modeling.spectrogram.griffin_lim`, torchaudio's
-algorithm, faster on a CPU), started from the phase that phase gradient heuristic integration
-gives (:func:`~mmspec.modeling.spectrogram.pghi_phase`: 16 iterations from it reach the spectral
+centroids, unstacks the mel frames and inverts them through the mel filters' pseudo-inverse (what
+torchaudio's ``InverseMelScale`` solves for; the same filters) and fast Griffin-Lim
+(:func:`~mmspec.modeling.spectrogram.griffin_lim`, torchaudio's algorithm, faster on a CPU),
+started from the phase that phase gradient heuristic integration gives
+(:func:`~mmspec.modeling.spectrogram.pghi_phase`: 16 iterations from it reach the spectral
 convergence of 32 from a random phase). Griffin-Lim's phase estimate sounds phasey, but the
 speech stays as intelligible to a recogniser as the source (docs/speech.md has the measured WER).
 
@@ -101,16 +102,20 @@ class MelRVQCodec(DataclassModel, nn.Module):
         self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
 
     # ---- features ----------------------------------------------------------------------------
-    def _inverse_mel(self):
-        """torchaudio's ``InverseMelScale`` with the codec's settings (the same mel filters as
-        :func:`~mmspec.modeling.spectrogram.log_mel`), built on first use."""
-        if not self._audio_transforms:
+    def _inverse_mel(self) -> torch.Tensor:
+        """The mel filters' pseudo-inverse, float32 [n_fft / 2 + 1, n_mels], made on first use: what
+        torchaudio's ``InverseMelScale`` (the same filters as :func:`~mmspec.modeling.spectrogram.log_mel`)
+        solves for on every call. Its least squares over the 80 x 513 system A = F^T (F the filters,
+        [n_fft / 2 + 1, n_mels], of full rank) give the minimum-norm solution pinv(A) mel; the
+        pseudo-inverse made once in float64 gives it as one product (within ~1e-6 of the solver's
+        answer, relative; 0.08 instead of 0.64 ms for 250 frames on one core)."""
+        if "inverse_mel" not in self._audio_transforms:
             import torchaudio
 
             c = self.config
-            self._audio_transforms["inverse_mel"] = torchaudio.transforms.InverseMelScale(
-                n_stft=c.n_fft // 2 + 1, n_mels=c.n_mels, sample_rate=c.sample_rate, f_max=c.f_max, norm="slaney",
-                mel_scale="slaney").float()  # (its filters in float32 whatever the default dtype is then)
+            filters = torchaudio.functional.melscale_fbanks(c.n_fft // 2 + 1, 0.0, c.f_max, c.n_mels, c.sample_rate,
+                                                           norm="slaney", mel_scale="slaney")
+            self._audio_transforms["inverse_mel"] = torch.linalg.pinv(filters.T.double()).float()
         return self._audio_transforms["inverse_mel"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:
@@ -128,7 +133,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
         mel = vectors.reshape(-1, c.n_mels).T.exp()  # [n_mels, frames]
         short = max(0, c.n_fft // c.hop_length + 1 - mel.shape[1])
         mel = torch.nn.functional.pad(mel, (0, short), value=c.log_floor)
-        return self._inverse_mel()(mel).clamp_min(0)
+        return (self._inverse_mel() @ mel.float()).clamp_min(0)
 
     def waveform(self, vectors: torch.Tensor) -> torch.Tensor:
         """Stacked log-mel vectors [T, D] -> audio [T * stack * hop_length samples] (Griffin-Lim)."""
