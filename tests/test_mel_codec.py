@@ -106,6 +106,21 @@ def test_griffin_lim_is_torchaudios(n_fft, hop, frames, momentum, kernels):
     assert ((rebuilt - spec).norm() / spec.norm()) < 0.15  # (random phases: 0.82; 4 iterations: 0.23)
 
 
+def test_griffin_lim_starts_from_the_given_phase(kernels):
+    """With a phase and no iterations, the output is the inverse STFT of |S| e^{i phase} (torch.polar
+    and torch.istft), whatever the phase's dtype: the start built from cos and sin in the frames'
+    layout is that spectrum; a transposed start (the bins' layout read as frames) is far off."""
+    magnitude = torch.rand(513, 40, generator=torch.Generator().manual_seed(4)) ** 2
+    phase = torch.rand(513, 40, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 40 - 20
+    expected = torch.istft(torch.polar(magnitude, phase.float()), 1024, 256, window=torch.hann_window(1024), center=True)
+    for given in (phase, phase.float()):
+        got = griffin_lim(magnitude, 1024, 256, n_iter=0, phase=given)
+        assert got.shape == expected.shape and (got - expected).abs().max() < 1e-5 * expected.abs().max()
+    flipped = torch.istft(torch.polar(magnitude, phase.flip(1).float()), 1024, 256, window=torch.hann_window(1024),
+                          center=True)
+    assert (flipped - expected).abs().max() > 0.1 * expected.abs().max()
+
+
 def test_griffin_lim_refuses_bad_shapes():
     with pytest.raises(ValueError, match="magnitude must be"):
         griffin_lim(torch.rand(500, 10), 1024, 256)
