@@ -567,7 +567,7 @@ def test_method_specs_carry_their_settings():
 
 
 def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_dir):
-    """On a single-stream voice EAGLE's chain is 6 codes (3 on a CPU without AMX tiles), drafted by
+    """On a single-stream voice EAGLE's chain is 6 codes (5 or 3 on a CPU without AMX tiles), drafted by
     the fused C chain where the kernels run (the stats say so); with several codebooks, 3 whole
     steps through the loop."""
     from mmspec.modeling.fast_linear import KernelUnavailable, load_kernel
@@ -580,25 +580,33 @@ def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_
     for directory, length in ((valle_dir, 6), (model_dir, K - 1 + 3 * K)):  # (the rest of a step, then 3 whole steps)
         tts = mmspec.pipeline("text-to-speech", model=directory, method="eagle")
         if directory == valle_dir and not tts.components.wide_verification:
-            length = 3  # EagleMethod.narrow_stream_tokens
+            length = {"medium": 5, "narrow": 3}[tts.components.verification_width]  # EagleMethod's
         out = tts("a red star.", max_seconds=0.4, seed=1)
         config = out.stats.config
         assert config["num_draft_tokens"] == length and config.get("fused_chain", False) == (fused and directory == valle_dir)
 
 
-@pytest.mark.parametrize("device, linears, sjd, sjd_topk", [
-    ("cpu", "c (bf16 amx)", 12, 24), ("cpu", "c (bf16 avx512bf16)", 5, 10), ("cpu", "c (fp32 avx2)", 5, 10),
-    ("cpu", "as loaded", 5, 10), ("cuda", "as loaded", 12, 24)])
-def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(device, linears, sjd, sjd_topk):
-
+@pytest.mark.parametrize("device, linears, dtype, width, sjd, sjd_topk, coupled", [
+    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, "wide", 12, 24, 24),
+    ("cpu", "c (fp32 avx512 packed, bf16 avx512bf16 packed)", torch.bfloat16, "narrow", 5, 10, 5),
+    ("cpu", "c (fp32 avx512 packed)", torch.float32, "medium", 8, 16, 8),  # (an AMX CPU's float32 too)
+    ("cpu", "c (fp32 avx2)", torch.float32, "narrow", 5, 10, 5), ("cpu", "as loaded", torch.float32, "narrow", 5, 10, 5),
+    ("cuda", "as loaded", torch.bfloat16, "wide", 12, 24, 24)])
+def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(device, linears, dtype, width, sjd, sjd_topk,
+                                                                              coupled):
+    """Each method's window by the codec LM's kernel: wide on AMX tiles and GPUs, medium for float32 on
+    the 16-lane AVX-512 kernel, narrow elsewhere: a bf16 LM on a CPU whose float32 parts run the
+    AVX-512 kernel is narrow."""
     from mmspec.pipelines.text_to_speech.components import TTSComponents
     from mmspec.pipelines.text_to_speech.methods import make_method
 
-    components = SimpleNamespace(device=torch.device(device), linears=linears, target=SimpleNamespace(num_codebooks=1))
-    components.wide_verification = TTSComponents.wide_verification.fget(components)
+    components = SimpleNamespace(device=torch.device(device), linears=linears, dtype=dtype, target=SimpleNamespace(num_codebooks=1))
+    components.verification_width = TTSComponents.verification_width.fget(components)
+    assert components.verification_width == width
     assert make_method("sjd").draft_length(components) == sjd
+    assert make_method("sjd-coupled").draft_length(components) == coupled
     assert make_method("sjd-topk").draft_length(components) == sjd_topk
-    assert make_method("eagle").draft_length(components) == (6 if sjd == 12 else 3)
+    assert make_method("eagle").draft_length(components) == {"wide": 6, "medium": 5, "narrow": 3}[width]
     assert make_method("eagle-topk").draft_length(components) == (8 if sjd == 12 else 6)
     assert make_method("sjd:num_draft_tokens=7").draft_length(components) == 7  # an explicit length always wins
     components.target.num_codebooks = 8
@@ -609,12 +617,15 @@ def test_sjd_drafts_a_window_of_codes_on_a_single_stream(model_dir, valle_dir):
     for directory, window in ((model_dir, 2 * K), (valle_dir, 12)):  # 2 steps; 12 codes (docs/benchmarks.md)
         tts = mmspec.pipeline("text-to-speech", model=directory, method="sjd")
         out = tts("a red star.", max_seconds=0.4, seed=2)
-        if directory == valle_dir and not tts.components.wide_verification:
-            window = 5  # a CPU without AMX tiles: a narrower window (JacobiMethod.narrow_stream_tokens)
+        if directory == valle_dir and not tts.components.wide_verification:  # a CPU without AMX tiles: a narrower
+            window = {"medium": 8, "narrow": 5}[tts.components.verification_width]  # window (JacobiMethod)
         assert tts.method.draft_length(tts.components) == window
         assert out.stats.config["num_draft_tokens"] == window and out.stats.frames > 0  # what the drafter ran
     tts = mmspec.pipeline("text-to-speech", model=valle_dir, method="sjd", num_draft_tokens=3)
     assert tts.method.draft_length(tts.components) == 3
+    coupled = mmspec.pipeline("text-to-speech", model=valle_dir, method="sjd-coupled")  # its window by the LM's kernel
+    expected = {"wide": 24, "medium": 8, "narrow": 5}[coupled.components.verification_width]
+    assert coupled("a red star.", max_seconds=0.4, seed=2).stats.config["num_draft_tokens"] == expected
 
 
 def test_seed_none_is_a_fresh_random_seed_as_in_every_pipeline(model_dir):

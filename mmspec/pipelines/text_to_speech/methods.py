@@ -90,9 +90,11 @@ class TTSMethod(Method):
     #: default draft length in codes on a single-stream LM (K = 1, a VALL-E-style AR stage), where a
     #: step is one code; None: ``draft_steps``
     single_stream_tokens: ClassVar[int | None] = None
-    #: the same where a wide verification is dear (:attr:`TTSComponents.wide_verification` false: a CPU
-    #: without AMX tiles); None: ``single_stream_tokens`` everywhere
+    #: the same where a wide verification is dear (:attr:`TTSComponents.verification_width` "narrow": a
+    #: CPU without AMX tiles); None: ``single_stream_tokens`` everywhere
     narrow_stream_tokens: ClassVar[int | None] = None
+    #: the same where it is "medium" (float32 on the 16-lane AVX-512 kernel); None: ``narrow_stream_tokens``
+    medium_stream_tokens: ClassVar[int | None] = None
 
     #: whether the method drafts, so reads ``num_draft_tokens`` (False: plain decoding, which refuses it)
     drafts: ClassVar[bool] = True
@@ -115,11 +117,17 @@ class TTSMethod(Method):
         return {name: self.settings[name] for name in self.rule_defaults}
 
     def draft_length(self, components: "TTSComponents") -> int:
+        """The draft length in stream sub-tokens: ``num_draft_tokens`` where given; on a
+        single-stream LM the codes for the components' :attr:`~TTSComponents.verification_width`
+        (``single_stream_tokens`` wide, ``medium_stream_tokens`` medium, ``narrow_stream_tokens``
+        narrow, each falling back to the next wider where unset); else ``draft_steps`` whole steps."""
         k = components.target.num_codebooks
         if self.num_draft_tokens or k != 1 or not self.single_stream_tokens:
             return self.num_draft_tokens or self.draft_steps * k
-        return self.narrow_stream_tokens if self.narrow_stream_tokens and not components.wide_verification \
-            else self.single_stream_tokens
+        width = components.verification_width
+        if width == "medium" and self.medium_stream_tokens:
+            return self.medium_stream_tokens
+        return self.narrow_stream_tokens if self.narrow_stream_tokens and width != "wide" else self.single_stream_tokens
 
     def build_drafter(self, components: "TTSComponents") -> Drafter | None:
         return None
@@ -191,6 +199,9 @@ class EagleMethod(TTSMethod):
     #: core in bf16 but 1.22x / 1.15x on the same core run as an AVX2-only CPU in float32
     #: (docs/results/tts-open5-zen5-block-k-val2.md, tts-open5-avx2emu-block-k-val.md)
     narrow_stream_tokens = 3
+    #: float32 on the 16-lane AVX-512 kernel (one AMX core run as a CPU without AMX or BF16, emulated; 40
+    #: hand-written sentences, temperature 1, stop 81): 3 / 5 codes 1.72x / 1.84x (tau 2.57 / 3.00)
+    medium_stream_tokens = 5
 
     def build_drafter(self, components):
         single = components.target.num_codebooks == 1 and not self.tree_paths
@@ -223,6 +234,7 @@ class EagleTopKMethod(EagleMethod):
     #: 2.59x / 2.34x (tau 5.72 / 6.60 / 8.10 / 9.01), 12 not taken for 2 % at more tolerated codes
     narrow_stream_tokens = 6
     single_stream_tokens = 8
+    medium_stream_tokens = None  # (not EAGLE's 5: unmeasured, so its narrow 6)
 
 
 @register_method
@@ -249,6 +261,9 @@ class JacobiMethod(TTSMethod):
     #: 16 / 20 / 24 codes 1.64x / 1.85x / 1.91x / 1.63x / 1.64x / 1.50x (12 and the pending code: one 16-row tile)
     single_stream_tokens = 12
     narrow_stream_tokens = 5
+    #: float32 on the 16-lane AVX-512 kernel (one AMX core run as a CPU without AMX or BF16, emulated; 40
+    #: hand-written sentences, temperature 1, stop 81): 5 / 8 codes 1.85x / 2.05x (tau 2.56 / 3.20)
+    medium_stream_tokens = 8
     #: redraft with the maximal coupling of consecutive iterates (:class:`~mmspec.drafters.jacobi.JacobiDrafter`)
     coupled: ClassVar[bool] = False
 
@@ -269,6 +284,16 @@ class CoupledJacobiMethod(JacobiMethod):
     #: 2.08x; run as AVX-512 fp32 1.85x / 1.82x, AVX-512-BF16 1.48x / 1.45x, AVX2 1.32x / 1.30x;
     #: docs/benchmarks.md), so `mmspec tts` and `mmspec serve` default to it
     coupled = True
+    #: a wider window than `sjd`'s where a wide verification is cheap: its drafts stay put once the
+    #: iterates agree, so a longer window keeps more of them. One AMX core, the 40 hand-written
+    #: sentences at temperature 1 (stop 81): 10 / 12 / 15 / 20 codes 2.21x / 2.32x / 2.37x / 2.40x (tau
+    #: 3.63 / 4.04 / 4.47 / 5.19), then 20 / 24 / 28 / 32 codes 2.45x / 2.48x / 2.50x / 2.25x (tau 5.19 /
+    #: 5.75 / 6.22 / 6.83: 33 rows take a third 16-row tile); 24 (25 rows, two tiles) taken. The same
+    #: core run as CPUs without AMX (emulated, temperature 1): float32 on the 16-lane AVX-512 kernel
+    #: 5 / 6 / 8 / 10 codes 1.90x / 1.98x / 2.17x / 2.15x (tau 2.63 / 2.89 / 3.44 / 3.66), again 8 / 12 /
+    #: 16 2.12x / 2.09x / 2.16x: 8 taken there; through the AVX-512-BF16 kernel 5 / 8 / 12 codes 1.49x /
+    #: 1.46x / 1.42x and on AVX2 1.33x / 1.31x / 1.24x: `sjd`'s 8 and 5 kept there
+    single_stream_tokens = 24
 
 
 @register_method
@@ -287,6 +312,9 @@ class JacobiTopKMethod(JacobiMethod):
     #: codes gave 1.76x / 1.80x / 1.79x / 1.81x and top-5 / 10 / 20 at 10 codes 1.54x / 1.73x / 1.84x
     single_stream_tokens = 24
     narrow_stream_tokens = 10
+    #: float32 on the 16-lane AVX-512 kernel (emulated, as `sjd`'s): 10 / 16 codes 2.68x / 2.84x (tau
+    #: 5.44 / 7.64), still short of the 24 codes whose WER was measured on AMX
+    medium_stream_tokens = 16
 
 
 @register_method
