@@ -150,7 +150,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
          "method 'ar' takes no setting 'num_draft_tokens'"),
         (["tts", "Hello there.", "--method", "sjd", "--delta", "0.1"],
          "--delta sets delta, which method 'sjd' does not read; use it with lantern"),
-        (["tts", "Hello there.", "--accept-top-k", "3"], "--accept-top-k sets top_k, which method 'sjd' does not read"),
+        (["tts", "Hello there.", "--accept-top-k", "3"], "--accept-top-k sets top_k, which method 'sjd-coupled' does not read"),
         (["tts", "Hello there.", "--method", "vadusa:top_k=5", "--accept-top-k", "3"],
          "--method vadusa:top_k=5 sets top_k and --accept-top-k 3 sets it too; give it once"),
         (["t2i", "a red circle", "--method", "sjd:window=4", "--window", "6"],

@@ -242,7 +242,7 @@ def griffin_lim(magnitude: torch.Tensor, n_fft: int, hop_length: int, n_iter: in
                                            else torch.complex128, device=magnitude.device)).T.contiguous()
     else:
         # S e^{i phase} in the frames' layout [T, bins]: PyTorch's vectorised cos and sin (torch.polar
-        # takes one scalar sincos per value: 0.52 against ~0.15 ms for 216 frames on one core)
+        # takes one scalar sincos per value; with its transpose 1.12 against 0.55 ms for 216 frames)
         turned = phase.T.to(magnitude)
         spectrum = torch.view_as_complex(torch.stack([target * turned.cos(), target * turned.sin()], dim=-1))
     previous = torch.zeros(frames, bins, 2, dtype=magnitude.dtype, device=magnitude.device)
