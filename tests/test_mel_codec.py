@@ -106,6 +106,24 @@ def test_griffin_lim_is_torchaudios(n_fft, hop, frames, momentum, kernels):
     assert ((rebuilt - spec).norm() / spec.norm()) < 0.15  # (random phases: 0.82; 4 iterations: 0.23)
 
 
+@pytest.mark.parametrize("n_fft, hop, frames", [(1024, 256, 216), (512, 128, 5), (256, 128, 40), (512, 128, 7)])
+def test_the_c_stft_frames_are_pytorchs_reflected_windowed_frames(n_fft, hop, frames):
+    """kernels/spectral.c's stft_frames gives bit for bit what Griffin-Lim's PyTorch path computes:
+    the audio reflected at both ends as torch.stft(center=True) pads it, framed, times the window
+    (the shortest audio Griffin-Lim takes, n_fft / hop + 1 frames, included)."""
+    library = spectrogram._spectral_library()
+    if library is None:
+        pytest.skip("the C kernels do not build here")
+    length, pad = (frames - 1) * hop, n_fft // 2
+    audio = torch.randn(length, generator=torch.Generator().manual_seed(frames))
+    window = torch.hann_window(n_fft)
+    padded = torch.nn.functional.pad(audio[None, None], (pad, pad), mode="reflect")[0, 0]
+    expected = padded.unfold(0, n_fft, hop) * window
+    got = torch.full((frames, n_fft), float("nan"))
+    library.stft_frames(got.data_ptr(), audio.data_ptr(), window.data_ptr(), frames, n_fft, hop, pad, length)
+    assert torch.equal(got, expected)
+
+
 def test_griffin_lim_starts_from_the_given_phase(kernels):
     """With a phase and no iterations, the output is the inverse STFT of |S| e^{i phase} (torch.polar
     and torch.istft), whatever the phase's dtype: the start built from cos and sin in the frames'

@@ -147,6 +147,7 @@ def load_kernel() -> ctypes.CDLL:
     library.griffin_lim_update.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_float]
     library.griffin_lim_update.restype = None
     library.overlap_add.argtypes, library.overlap_add.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5, None
+    library.stft_frames.argtypes, library.stft_frames.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5, None
     _declare_portable(library)
     _LIBRARY = library
     return library

@@ -85,6 +85,8 @@ void griffin_lim_update(float *update, const float *rebuilt, const float *previo
                         float keep);
 void overlap_add(float *audio, const float *frames, const float *window, const float *inverse_envelope, int64_t count,
                  int64_t n_fft, int64_t hop, int64_t pad, int64_t length);
+void stft_frames(float *frames, const float *audio, const float *window, int64_t count, int64_t n_fft, int64_t hop,
+                 int64_t pad, int64_t length);
 int pghi_integrate(double *phase, const int32_t *level, const float *step_t, const float *step_f, int64_t bins,
                    int64_t frames, int64_t bands);
 

@@ -62,3 +62,23 @@ void overlap_add(float *audio, const float *frames, const float *window, const f
     for (int64_t l = 0; l < length; l++)
         audio[l] *= inverse_envelope[l];
 }
+
+/* The forward STFT's windowed frames for Griffin-Lim, from audio [length] reflected at both ends as
+ * torch.stft(center=True) pads it (pad = n_fft / 2 samples a side, x[-j] = x[j], x[length - 1 + j] =
+ * x[length - 1 - j]): frames[t, k] = window[k] * x[t hop + k - pad], t < count, k < n_fft. One pass
+ * where PyTorch took the two reflected copies, the frames' view and the window's product (the
+ * same product per value, so the same frames bit for bit). */
+void stft_frames(float *frames, const float *audio, const float *window, int64_t count, int64_t n_fft, int64_t hop,
+                 int64_t pad, int64_t length) {
+    for (int64_t t = 0; t < count; t++) {
+        const int64_t start = t * hop - pad; /* the audio index of the frame's sample 0 */
+        float *frame = frames + t * n_fft;
+        const int64_t first = start < 0 ? -start : 0, last = length - start < n_fft ? length - start : n_fft;
+        for (int64_t k = 0; k < first; k++) /* before the audio: reflected */
+            frame[k] = window[k] * audio[-(start + k)];
+        for (int64_t k = first; k < last; k++)
+            frame[k] = window[k] * audio[start + k];
+        for (int64_t k = last > first ? last : first; k < n_fft; k++) /* past it: reflected */
+            frame[k] = window[k] * audio[2 * (length - 1) - (start + k)];
+    }
+}
