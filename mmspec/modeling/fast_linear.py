@@ -549,6 +549,15 @@ def rows_argmax(logits: torch.Tensor) -> torch.Tensor | None:
 ROW_ARGMAXES.append(rows_argmax)
 
 
+def _verify_library(longs: tuple[torch.Tensor, ...], floats: tuple[torch.Tensor, ...]) -> ctypes.CDLL | None:
+    """The kernel library for a ``kernels/verify.c`` call over ``longs`` (LongTensors) and ``floats``
+    (fp32 tensors), all contiguous on the CPU; None where one is not, or the kernels did not build."""
+    if (any(t.device.type != "cpu" or t.dtype != torch.long or not t.is_contiguous() for t in longs)
+            or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in floats)):
+        return None
+    return kernel_library()
+
+
 def _verification_rows(function: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                        target_probs: torch.Tensor, accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, pad: int
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -557,11 +566,7 @@ def _verification_rows(function: str, draft_tokens: torch.Tensor, draft_probs: t
     [B], tokens [B, K + 1]); None elsewhere (or for a draft token outside the vocabulary: the
     PyTorch path reports it)."""
     tensors = (target_probs, accept_uniforms, sample_uniforms) + (() if draft_probs is None else (draft_probs,))
-    if (draft_tokens.device.type != "cpu" or draft_tokens.dtype != torch.long or not draft_tokens.is_contiguous()
-            or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)
-            or not isinstance(pad, int)):
-        return None
-    library = kernel_library()
+    library = _verify_library((draft_tokens,), tensors) if isinstance(pad, int) else None
     if library is None:
         return None
     batch, k = draft_tokens.shape
@@ -596,11 +601,7 @@ def coupled_rows(new_probs: torch.Tensor, old_probs: torch.Tensor, old_tokens: t
     Args: new_probs [m, V], old_probs [kept, V], old_tokens LongTensor [kept] (kept <= m),
         uniforms [m, 2] (keep test, draw).
     Returns: LongTensor [m]."""
-    tensors = (new_probs, old_probs, uniforms)
-    if (old_tokens.device.type != "cpu" or old_tokens.dtype != torch.long or not old_tokens.is_contiguous()
-            or any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors)):
-        return None
-    library = kernel_library()
+    library = _verify_library((old_tokens,), (new_probs, old_probs, uniforms))
     if library is None:
         return None
     m, vocab = new_probs.shape

@@ -23,7 +23,6 @@ Saved as ``mel_codec.json`` + ``mel_codec.safetensors`` (the centroids [K, C, D]
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from torch import nn
@@ -99,7 +98,7 @@ class MelRVQCodec(DataclassModel, nn.Module):
         check_decoding(config)
         super().__init__(config)
         self.register_buffer("codebooks", torch.zeros(config.num_codebooks, config.codebook_size, config.dim))
-        self._audio_transforms: dict[str, Any] = {}  # built on first use; not parameters (a plain dict)
+        self._derived: dict[str, torch.Tensor] = {}  # made from the config on first use; not parameters (a plain dict)
 
     # ---- features ----------------------------------------------------------------------------
     def _inverse_mel(self) -> torch.Tensor:
@@ -109,14 +108,14 @@ class MelRVQCodec(DataclassModel, nn.Module):
         [n_fft / 2 + 1, n_mels], of full rank) give the minimum-norm solution pinv(A) mel; the
         pseudo-inverse made once in float64 gives it as one product (within ~1e-6 of the solver's
         answer, relative; 0.08 instead of 0.64 ms for 250 frames on one core)."""
-        if "inverse_mel" not in self._audio_transforms:
+        if "inverse_mel" not in self._derived:
             import torchaudio
 
             c = self.config
             filters = torchaudio.functional.melscale_fbanks(c.n_fft // 2 + 1, 0.0, c.f_max, c.n_mels, c.sample_rate,
                                                            norm="slaney", mel_scale="slaney")
-            self._audio_transforms["inverse_mel"] = torch.linalg.pinv(filters.T.double()).float()
-        return self._audio_transforms["inverse_mel"]
+            self._derived["inverse_mel"] = torch.linalg.pinv(filters.T.double()).float()
+        return self._derived["inverse_mel"]
 
     def features(self, audio: torch.Tensor) -> torch.Tensor:
         """Mono audio [samples] (float, at ``sample_rate``) -> stacked log-mel vectors [T, D]."""
