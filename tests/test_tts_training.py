@@ -172,6 +172,22 @@ def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
     assert not (shards / "z").exists()
 
 
+def test_the_drafter_recipe_defaults_to_the_default_voice_and_refuses_empty_data(tmp_path, capsys):
+    from mmspec.hub import models_dir
+    from mmspec.train.tts_drafter import drafter_paths
+
+    assert drafter_paths(None, None, "eagle") == (models_dir() / "tts-valle", models_dir() / "tts-valle-eagle")
+    assert drafter_paths("valle", None, "medusa") == (models_dir() / "tts-valle", models_dir() / "tts-valle-medusa")
+    assert drafter_paths("delay", None, "medusa") == (models_dir() / "tts", models_dir() / "tts-medusa")
+    mine = tmp_path / "voice"
+    assert drafter_paths(str(mine), None, "eagle") == (mine, tmp_path / "voice-eagle")
+    assert drafter_paths(str(mine), str(tmp_path / "h"), "eagle") == (mine, tmp_path / "h")
+    assert main(["train", "tts-drafter", "--data", str(tmp_path), "--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert "no shards there" in err and "mmspec train tts-self-data --out" in err and err.count("\n") == 1
+    assert not (tmp_path / "h").exists()
+
+
 def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     from mmspec.modeling.codec_nar import CodecNAR
 

@@ -92,7 +92,8 @@ async function fail(box, response) {
   try { message = (await response.json()).error.message; } catch (e) {}
   showError(box, message);
 }
-// A button's handler: disabled while it runs; anything thrown (the server gone, a bad answer) is shown in its box.
+// A button's handler: disabled while it runs (each clears its box before its first await, so no earlier
+// result or error shows while it starts); anything thrown (the server gone, a bad answer) is shown in its box.
 function handler(button, box, run) {
   $(button).onclick = async () => {
     $(button).disabled = true;
@@ -120,8 +121,8 @@ $("drop").ondragleave = () => $("drop").classList.remove("over");
 $("drop").ondrop = (e) => { e.preventDefault(); $("drop").classList.remove("over"); useFile(e.dataTransfer.files[0]); };
 
 handler("capgo", "capstats", async () => {
-  await loadModels();
   $("captext").textContent = ""; $("capstats").textContent = "decoding...";
+  await loadModels();
   const body = {model: models["image-captioning"] || "caption", stream: true, temperature: 0,
                 max_tokens: Number($("maxtokens").value),
                 mmspec: {compare_baseline: true},
@@ -151,8 +152,8 @@ handler("capgo", "capstats", async () => {
 });
 
 handler("imggo", "imgstats", async () => {
-  await loadModels();
   $("imgout").hidden = true; $("imgstats").textContent = "generating...";
+  await loadModels();
   const body = {prompt: $("prompt").value, n: 1, seed: Number($("seed").value), response_format: "b64_json",
                 mmspec: {compare_baseline: true}};
   if (models["text-to-image"]) body.model = models["text-to-image"];
@@ -164,8 +165,8 @@ handler("imggo", "imgstats", async () => {
 });
 
 handler("ttsgo", "ttsstats", async () => {
-  await loadModels();
   $("audio").hidden = true; $("ttsstats").textContent = "speaking...";
+  await loadModels();
   const body = {model: models["text-to-speech"] || "tts", input: $("say").value, voice: "default",
                 response_format: "wav", mmspec: {compare_baseline: true}};
   const r = await fetch("/v1/audio/speech", {method: "POST", headers: headers(), body: JSON.stringify(body)});

@@ -20,7 +20,9 @@ distributions p_{t+1} of every next step.
   sum_k 0.8^k (SmoothL1 + w KL) of each draft against the target's feature and distribution there.
 
 Data: ``speech-data`` shards (speech teacher-forced through the target), or ``tts-self-data``
-shards (the target's own sampled codes: what a drafter reads at decoding).
+shards (the target's own sampled codes: what a drafter reads at decoding). The defaults train for
+the pipeline's default voice (``--target valle``, ``models/tts-valle``) on ``runs/tts-self``, the
+shards ``mmspec train tts-self-data`` writes with its defaults, into ``models/tts-valle-KIND``.
 
 Resumable: rerun the same command. The target's tts.json gains ``"medusa"`` / ``"eagle"`` so the
 pipeline finds the drafter.
@@ -36,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM
 from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.lean import attention_inputs, layer_output
 from ..modeling.mel_codec import MelRVQCodec
+from ..pipelines.text_to_speech.components import DEFAULT_VOICE, EMBEDDED_VOICES, voice_directory
 from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
 from .tts import collate, encoded_utterances
 from .tts_self_data import is_self_data, self_items
@@ -51,11 +53,17 @@ EVAL_DRAFTS = 6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="the codec LM directory (default: models/tts)")
-    parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
+    parser.add_argument("--target", default=DEFAULT_VOICE,
+                        help=f"the voice whose codec LM the drafter serves: an embedded one ({', '.join(EMBEDDED_VOICES)}) "
+                             "or a TTS model directory")
+    parser.add_argument("--data", default="runs/tts-self",
+                        help="shards of mmspec train tts-self-data (its defaults write these for the default voice) or "
+                             "of mmspec train speech-data")
     parser.add_argument("--codec", default=None, help="codec directory (default: the target's, from its tts.json)")
     parser.add_argument("--kind", choices=("medusa", "eagle"), default="medusa")
-    parser.add_argument("--out", default=None, help="default: models/tts-medusa (models/tts-eagle for --kind eagle)")
+    parser.add_argument("--out", default=None,
+                        help="default: the target's directory with -KIND appended (models/tts-valle-medusa for the "
+                             "default voice and --kind medusa)")
     parser.add_argument("--heads", type=int, default=3, help="Medusa heads (steps drafted beyond the target's own)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -203,11 +211,17 @@ def eagle_acceptance(head: EagleHead, target: CodecLM, items: list[dict], drafts
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
+def drafter_paths(target: str | None, out: str | None, kind: str) -> tuple[Path, Path]:
+    """``--target`` (an embedded voice's name or a directory; None: the default voice) and
+    ``--out`` (None: the target's directory with ``-KIND`` appended) -> (target dir, out dir)."""
+    target_dir = voice_directory(target)
+    return target_dir, Path(out) if out else target_dir.with_name(f"{target_dir.name}-{kind}")
+
+
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     device = train_device(args)
-    target_dir = Path(args.target or models_dir() / "tts")
-    out = Path(args.out or models_dir() / f"tts-{args.kind}")
+    target_dir, out = drafter_paths(args.target, args.out, args.kind)
     # --heads, --ffn and --kl-weight: mmspec.cli.args's shared number rules
     if args.ttt < 1:
         raise ValueError(f"--ttt must be at least 1 (drafts unrolled in training), got {args.ttt}")
@@ -222,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--init takes the head's MLP width from the head it starts from: leave out --ffn")
     if args.init is not None and not (Path(args.init) / EagleHead.config_file).is_file():
         raise ValueError(f"--init {args.init}: no EAGLE head there ({EagleHead.config_file} missing)")
+    if not is_self_data(args.data) and not any(Path(args.data).glob("train-*.pt")):
+        raise ValueError(f"--data {args.data}: no shards there; make them with mmspec train tts-self-data --out {args.data} "
+                         f"(the voice's own codes) or mmspec train speech-data --out {args.data} (Piper's speech)")
     target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)

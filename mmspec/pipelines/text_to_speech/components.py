@@ -69,13 +69,23 @@ def voice_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
     return resolved
 
 
+def is_embedded_voice(model: str | Path | None) -> bool:
+    """Whether ``model`` names an embedded voice: None (the default) or a name of
+    :data:`EMBEDDED_VOICES` (a path of that name outranks it)."""
+    return model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
+
+
+def voice_directory(model: str | Path | None) -> Path:
+    """A voice (None: the default; an embedded voice's name, or a model directory) -> its directory."""
+    return models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if is_embedded_voice(model) else Path(model)
+
+
 def read_manifest(model: str | Path | None) -> tuple[Path, dict]:
     """A voice (None: the default; an embedded voice's name, or a model directory) -> (its
     directory, its ``tts.json`` with ``"normalizer"`` filled in: "english" where it names none),
     the normaliser's name checked: what is known before any weights load. Raises ValueError (one
     line) for a directory without ``tts.json`` or an unknown normaliser."""
-    embedded = model is None or (isinstance(model, str) and model in EMBEDDED_VOICES and not Path(model).exists())
-    directory = models_dir() / EMBEDDED_VOICES[model or DEFAULT_VOICE] if embedded else Path(model)
+    embedded, directory = is_embedded_voice(model), voice_directory(model)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
         hint = ((no_models_note() or f"the embedded voice {directory.name} is not in this checkout (train it: docs/speech.md)")
