@@ -44,6 +44,7 @@ from ..modeling.lean import attention_inputs, layer_output
 from ..modeling.mel_codec import MelRVQCodec
 from ..pipelines.text_to_speech.components import DEFAULT_VOICE, EMBEDDED_VOICES, voice_directory
 from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
+from .codec import speech_shards
 from .tts import collate, encoded_utterances
 from .tts_self_data import is_self_data, self_items
 
@@ -236,9 +237,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--init takes the head's MLP width from the head it starts from: leave out --ffn")
     if args.init is not None and not (Path(args.init) / EagleHead.config_file).is_file():
         raise ValueError(f"--init {args.init}: no EAGLE head there ({EagleHead.config_file} missing)")
-    if not is_self_data(args.data) and not any(Path(args.data).glob("train-*.pt")):
-        raise ValueError(f"--data {args.data}: no shards there; make them with mmspec train tts-self-data --out {args.data} "
-                         f"(the voice's own codes) or mmspec train speech-data --out {args.data} (Piper's speech)")
+    if not is_self_data(args.data):
+        try:
+            speech_shards(args.data, "train")
+        except ValueError:  # (its line names speech-data alone)
+            raise ValueError(f"--data {args.data}: no shards there; make them with mmspec train tts-self-data --out "
+                             f"{args.data} (the voice's own codes) or mmspec train speech-data --out {args.data} "
+                             "(Piper's speech)") from None
     target = CodecLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
