@@ -106,6 +106,7 @@ def test_lossless_methods_reproduce_ar_through_the_pipeline(checkpoints, family,
     assert torch.equal(r.tokens, r.baseline_tokens)
     assert r.images[0].size[0] > 0 and r.tokens.shape[1] == pipe.target.num_image_tokens
     assert r.stats.step_compression >= 1.0 and r.stats.config["exact"] is True
+    assert r.stats.config["method"] == method.split(":")[0]  # (the method that ran; "sjd-coupled"'s drafter is "sjd")
 
 
 @pytest.mark.parametrize("family", sorted(BUILDERS))
@@ -117,6 +118,7 @@ def test_relaxed_methods_sample_and_report_their_bounds(checkpoints, family, met
     r = pipe(PROMPT, seed=0, guidance_scale=2.0)
     config = r.stats.config
     assert config["neighbours_k"] == 4 and config["acceptance"] == method.split(":")[0] and config["exact"] is False
+    assert config["method"] == method.split(":")[0]  # (the method, not its drafter, e.g. "image-eagle")
     assert config.get("delta", config.get("lam", config.get("top_m"))) in (0.2, 3.0, 50)
     assert r.tokens.max() < pipe.target.vocab_size
 

@@ -353,8 +353,9 @@ class TextToImagePipeline(Pipeline):
         for i in range(len(prompts)):
             part = slice(i * num_images, (i + 1) * num_images)
             stats = TextToImageStats.collect(self.method.name, runs[part], sum(seconds[part]))
-            # (image j: seed + j; seed=None: the one drawn); exact: plain decoding's output (False: relaxed or approximate)
-            stats.config.update(self.run_config(), seed=base_seed, exact=self.method.exact)
+            # (image j: seed + j; seed=None: the one drawn); exact: plain decoding's output (False: relaxed or approximate);
+            # method: the method that ran (its drafter, in the config too, is "sjd" for sjd and sjd-coupled alike)
+            stats.config.update(self.run_config(), seed=base_seed, exact=self.method.exact, method=self.method.name)
             image_tokens = torch.stack(tokens[part])
             output = TextToImageOutput(self.decode(image_tokens), image_tokens, torch.stack(maps[part]), stats)
             if compare_baseline:
