@@ -27,11 +27,14 @@ torch.set_num_threads(min(THREADS, torch.get_num_threads()))
 # ---- pytest-xdist (``-n auto``; ``--dist loadgroup --no-loadscope-reorder`` in pyproject's addopts) -----
 #: modules whose tests are long Monte-Carlo runs and whose module fixtures are cheap (a tiny model, an
 #: enumerated joint): their tests are spread over the workers one by one
-SPREAD = {"test_distribution", "test_t2i_core", "test_delay_pattern", "test_codec_lm", "test_tree"}
-#: the longest modules, handed out first in this order (longest first), so no long unit starts last
-FIRST = ["test_distribution", "test_codec_lm", "test_t2i_core", "test_delay_pattern", "test_speech_metrics", "test_tree",
-         "test_embedded_captioner", "test_tts_pipeline", "test_smollm2", "test_captioner_model", "test_bench_cost",
-         "test_caption_dataset", "test_text_to_image_pipeline", "test_dia", "test_continuous"]
+SPREAD = {"test_distribution", "test_t2i_core", "test_delay_pattern", "test_codec_lm", "test_tree", "test_family_distribution"}
+#: the longest modules, handed out first in this order (longest first, by stop 83's --durations), so
+#: no long unit (a module of one group: its tests in a row on one worker) starts last
+FIRST = ["test_family_distribution", "test_codec_lm", "test_distribution", "test_serve_load", "test_serve",
+         "test_embedded_captioner", "test_tree", "test_t2i_core", "test_bench_vllm", "test_text_to_image_pipeline",
+         "test_captioning_pipeline", "test_serve_browser", "test_hybrid", "test_delay_pattern", "test_speech_metrics",
+         "test_tts_pipeline", "test_smollm2", "test_captioner_model", "test_bench_cost", "test_caption_dataset", "test_dia",
+         "test_continuous"]
 #: session fixtures whose users form one group (one worker loads the model, once)
 SHARED_SESSION = {"smollm2"}
 
