@@ -271,7 +271,7 @@ def test_cli_options(capsys):
 @pytest.mark.parametrize("options, match", [
     (["--caption-drafter", "bogus"], "image-captioning: unknown drafter 'bogus'"),
     (["--t2i-method", "bogus", "--tasks", "t2i"], "text-to-image: unknown"),
-    (["--t2i-model", "mar", "--tasks", "t2i"], "method 'sjd' does not work with a continuous-token"),
+    (["--t2i-model", "mar", "--tasks", "t2i"], "method 'sjd-coupled' does not work with a continuous-token"),
     (["--tts-method", "bogus", "--tasks", "tts"], "text-to-speech: unknown"),
     (["--dtype", "int8", "--tasks", "tts"], "int8"),
 ])

@@ -14,6 +14,9 @@ MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-
 def test_methods_hold_their_defaults_and_arguments():
     assert make_method("sjd").settings == {"window": 8, "init": "random"}
     assert make_method("sjd-coupled:vertical").settings == {"window": 8, "init": "vertical"}
+    # the default method starts new window positions one row up; the paper's SJD and SJD-PAC at random
+    assert make_method("sjd-coupled").settings == {"window": 8, "init": "vertical"}
+    assert make_method("sjd-coupled:random").settings["init"] == make_method("sjd-pac").settings["init"] == "random"
     with pytest.raises(ValueError, match="sets init='vertical' and init='horizontal' is given as well"):
         make_method("sjd:vertical", init="horizontal")  # (--method sjd:vertical --init horizontal)
     with pytest.raises(ValueError, match="sets window=4 and window=6 is given as well"):

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
                      help="one prompt per line: images go to --out as NNNNNN-I.png, one JSON record per prompt to "
                           "OUT/results.jsonl as they finish; rerun to resume; accelerate launch shards the prompts")
     add_row_args(cmd)
-    cmd.add_argument("--method", default="sjd", help=METHODS.help()
+    cmd.add_argument("--method", default="sjd-coupled", help=METHODS.help()
                      + "; a spec name[:key=value,...] (sjd:init=vertical,window=4) or the short forms sjd[:init], "
                      "lantern[:drafter], mar-parallel[:num_iter]")
     for name, setting in SETTINGS.items():  # the methods' settings; unset = the method's default

@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--tts-model", default=None, help=f"a TTS model directory or embedded voice (default: embedded, "
                      f"id {DEFAULT_MODEL_IDS['tts']})")
     cmd.add_argument("--caption-drafter", default="auto", help="the captioner's drafter (default: auto)")
-    cmd.add_argument("--t2i-method", default="sjd", help="the text-to-image method (default: sjd)")
+    cmd.add_argument("--t2i-method", default="sjd-coupled", help="the text-to-image method (default: sjd-coupled)")
     cmd.add_argument("--tts-method", default="sjd-coupled", help="the text-to-speech method (default: sjd-coupled)")
     cmd.add_argument("--device", default="auto")
     cmd.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (float32: greedy batch rows bit-equal "

@@ -49,7 +49,7 @@ class ServeConfig:
     tasks: tuple[str, ...] = ("caption", "t2i", "tts")
     models: dict[str, str | None] = field(default_factory=dict)
     caption_drafter: str = "auto"
-    t2i_method: str = "sjd"
+    t2i_method: str = "sjd-coupled"
     tts_method: str = "sjd-coupled"
     device: str = "auto"
     dtype: str = "auto"

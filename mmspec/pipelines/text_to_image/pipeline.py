@@ -159,7 +159,7 @@ class TextToImageOutput(DictAccess):
 
 @register_pipeline
 class TextToImagePipeline(Pipeline):
-    """``mmspec.pipeline("text-to-image", model=None, method="sjd", ...)``.
+    """``mmspec.pipeline("text-to-image", model=None, method="sjd-coupled", ...)``.
 
     Args:
         model: None (the embedded default); a directory with ``t2i.json``; or a transformers
@@ -181,7 +181,8 @@ class TextToImagePipeline(Pipeline):
             forward size (:mod:`mmspec.core.captured`): the embedded LlamaGen-style layout on a CUDA
             device, one image at a time; ``stats.config["cuda_graphs"]`` says whether it ran.
         **settings: the methods' settings (:data:`~mmspec.pipelines.text_to_image.methods.SETTINGS`; each
-            method reads its own, with its own defaults): ``window`` (SJD's L; 8), ``init`` ("random" | "horizontal" | "vertical"),
+            method reads its own, with its own defaults): ``window`` (SJD's L; 8), ``init`` ("random" | "horizontal" | "vertical";
+            "vertical" for ``sjd-coupled``, else "random"),
             ``num_draft_tokens`` (K of chains: 4; EAGLE-2's depth: 6), ``drafter`` (who drafts for
             the relaxed methods: "draft" | "eagle" | "eagle2"; default "eagle" when the model has
             an image EAGLE head, else "draft"), ``neighbours_k`` (100), ``delta`` (LANTERN, 0.05),
@@ -194,7 +195,7 @@ class TextToImagePipeline(Pipeline):
             an image tokenizer, an unsupported model family.
         FileNotFoundError: missing model files.
     Example:
-        >>> t2i = mmspec.pipeline("text-to-image", method="sjd")
+        >>> t2i = mmspec.pipeline("text-to-image")  # exact coupled SJD, vertical init
         >>> r = t2i("a red circle above a blue square", guidance_scale=3.0, seed=0)
         >>> r.images[0].save("out.png"); print(r.stats.summary())
     """
@@ -202,7 +203,7 @@ class TextToImagePipeline(Pipeline):
     task = "text-to-image"
     methods = METHODS
 
-    def __init__(self, model: Any = None, method: str = "sjd", device: str = "auto", *,
+    def __init__(self, model: Any = None, method: str = "sjd-coupled", device: str = "auto", *,
                  components: T2IComponents | None = None, processor: Any = None, image_tokenizer: Any = None,
                  grid: tuple[int, int] | None = None, draft: Any = None, eagle_head: Any = None,
                  trust_remote_code: bool = False, optimize: bool = True, dtype: str | torch.dtype = "float32",
