@@ -421,8 +421,8 @@ def stats_summary(stats: Any, batch_size: int, queue_wait_s: float, extra: dict[
     full = clean_json(stats.to_dict() if hasattr(stats, "to_dict") else dict(stats))
     generation = full.get("generation") or {}
     config = full.get("config") or {}
-    summary = {  # (the method named in the config, as the speech pipeline records it: its drafter alone reads
-                 # "sjd" for coupled SJD too; else the drafter, which names the head drafter="auto" picked)
+    summary = {  # (the method named in the config, as the speech and image pipelines record it: their drafter
+                 # alone reads "sjd" for coupled SJD too; else, for a caption, the head drafter="auto" picked)
         "method": config.get("method") or config.get("drafter") or full.get("method"),
         "tau": full.get("tau", full.get("mean_accepted_length")),
         "acceptance_rate": full.get("acceptance_rate", generation.get("acceptance_rate")),
