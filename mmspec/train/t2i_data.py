@@ -12,6 +12,7 @@ never draws.
 from __future__ import annotations
 
 import os
+import threading
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -20,6 +21,10 @@ import torch
 
 from .data.core import sample_rng
 from .data import scenes
+
+
+#: renders of fewer samples than this run in the calling process (a pool's start costs more)
+POOL_FROM = 512
 
 
 def _worker_signals() -> None:
@@ -47,7 +52,9 @@ def cache_root() -> Path:
 
 
 def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int = 2) -> tuple[torch.Tensor, list[list[str]]]:
-    """Render (or load the cached) samples ``start .. start + n - 1`` of the ``scenes`` split.
+    """Render (or load the cached) samples ``start .. start + n - 1`` of the ``scenes`` split
+    (``workers`` forked processes for :data:`POOL_FROM` samples or more, from a process without other
+    Python threads; else in this process: the same images either way).
 
     Returns:
         images: uint8 [n, 3, size, size]; captions: n lists of strings (short captions first, the
@@ -58,7 +65,10 @@ def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int
         saved = torch.load(path, weights_only=True)
         return saved["images"], saved["captions"]
     jobs = [(split, i, size) for i in range(start, start + n)]
-    if workers > 1:
+    if workers > 1 and n >= POOL_FROM and threading.active_count() == 1:
+        # forked only from a process without other Python threads: a fork copies a lock that another
+        # thread (a test runner's, a server's, a progress bar's) holds, and the child waits on it for
+        # ever (a test worker hung so); spawning would re-run an unguarded __main__, `python -m mmspec`'s
         with get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
             rendered = pool.map(_render, jobs, chunksize=64)
     else:
