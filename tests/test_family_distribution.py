@@ -157,17 +157,15 @@ def test_speculative_sampling_samples_the_target_distribution(family):
     build, drafter = CASES[family]
     model, inputs = build(family, 0)
     exact = exact_marginals(model, inputs, SAMPLING, NEW)
-    spec, drawn = drafter(model), []
+    spec, counts, tally = drafter(model), torch.zeros(NEW, exact[0].numel(), dtype=torch.float64), [0, 0]
 
     def draw(seed):  # (the runs in two stages: tests/distribution_check.two_stage)
-        drawn.append(sampled_counts(model, spec, inputs, SAMPLING, NEW, range(seed, seed + 1)))
+        seed_counts, seed_drafted, seed_accepted = sampled_counts(model, spec, inputs, SAMPLING, NEW, range(seed, seed + 1))
+        counts.add_(seed_counts)
+        tally[0], tally[1] = tally[0] + seed_drafted, tally[1] + seed_accepted
 
-    def pvalues(runs):
-        return [pvalue(sum(c for c, _, _ in drawn)[i], exact[i]) for i in range(NEW)]
-
-    runs, found = two_stage(RUNS, draw, pvalues)
-    counts = sum(c for c, _, _ in drawn)
-    drafted, accepted = sum(d for _, d, _ in drawn), sum(a for _, _, a in drawn)
+    runs, found = two_stage(RUNS, draw, lambda n: [pvalue(counts[i], exact[i]) for i in range(NEW)])
+    drafted, accepted = tally
     assert accepted > 10 * runs / RUNS and drafted - accepted > 10 * runs / RUNS, (drafted, accepted)  # both paths taken
     assert min(found) > 1e-4, (found, [(c.nonzero().flatten(), e.nonzero().flatten()) for c, e in zip(counts, exact)])
     # negative control: another random model of the family, whose first token's support differs (its
