@@ -87,9 +87,15 @@ def test_every_row_is_computed_alone(dtype, variant, dim):
 @needs_kernel
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="no AVX-512 here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_both_builds_compute_the_same_values(dtype):
-    q, k, v = inputs(dtype, dim=40, length=300, n=9)
+@pytest.mark.parametrize("dim,n,length", [(40, 9, 300), (64, 1, 300), (64, 17, 37), (128, 3, 16), (8, 5, 5), (256, 2, 50)])
+def test_both_builds_compute_the_same_values(dtype, dim, n, length):
+    """The AVX2 build (16 lanes as two registers) and the AVX-512 one (one register) are two
+    instantiations of one body: bitwise the same, chains and masks, every head size path."""
+    q, k, v = inputs(dtype, dim=dim, length=length, n=n)
     assert torch.equal(few_rows_attention(q, k, v, None, 0.2, "avx2"), few_rows_attention(q, k, v, None, 0.2, "avx512"))
+    allowed = torch.rand(2, n, length, generator=torch.Generator().manual_seed(dim)) > 0.5
+    allowed[..., 0] = True
+    assert torch.equal(few_rows_attention(q, k, v, allowed, 0.2, "avx2"), few_rows_attention(q, k, v, allowed, 0.2, "avx512"))
 
 
 def test_the_backend_is_chosen_once_per_process(monkeypatch):

@@ -17,8 +17,10 @@
  *      lanes by compact index, the lanes halved as in 2;
  *   4. out = (sum_c e_c v_c, in compact order) / sum, rounded once to the output dtype.
  * A tree node whose ancestors sit at other cache slots than the same tokens would in a chain gets
- * the same compact list, hence bitwise the same output. Written with GCC vector extensions and no
- * fused multiply-adds (-ffp-contract=off), so the AVX-512 and AVX2 builds compute the same values.
+ * the same compact list, hence bitwise the same output. Written once (attention_group.h) over two kits
+ * of GCC vector operations with the same fused multiply-adds: 16 lanes in one AVX-512 register, or in
+ * two AVX2 ones (GCC 12 kept a 64-byte vector in memory on AVX2: that build took 3-10x the AVX-512
+ * one's time), so the AVX-512 and AVX2 builds compute the same values.
  */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #pragma GCC optimize("fp-contract=fast") /* a * b + c fused: the same in the AVX-512 and AVX2 (FMA) builds */
@@ -34,36 +36,71 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 typedef uint32_t u16x32 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef uint32_t u8x32 __attribute__((vector_size(32)));
+typedef uint16_t u8x16 __attribute__((vector_size(16)));
+typedef float v4 __attribute__((vector_size(16)));
 
-/* 16 floats from p (the first `count` of them; the rest 0) */
-static inline __attribute__((always_inline)) v16 load_f32(const float *p, int64_t count) {
-    v16 v = {0};
-    if (count >= 16) memcpy(&v, p, sizeof v);
-    else for (int64_t l = 0; l < count; l++) v[l] = p[l];
-    return v;
+/* The lanes' order in lane_sums: a[k] holds key PERM[k] (PERM is its own inverse). Each key's lanes
+ * are added by the same four halvings as lane_sum, in the same order, so a key's sum does not depend
+ * on its slot. */
+static const int PERM[16] = {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15};
+
+/* 16 mask bytes: 1 when all are set, -1 when none of the first `keys` is, else 0 */
+static inline __attribute__((always_inline)) int mask_block(const uint8_t *m, int64_t keys) {
+    if (keys == 16) {
+        uint64_t lo, hi;
+        memcpy(&lo, m, 8), memcpy(&hi, m + 8, 8);
+        if (lo == 0x0101010101010101ull && hi == 0x0101010101010101ull) return 1;
+        return lo == 0 && hi == 0 ? -1 : 0;
+    }
+    for (int64_t j = 0; j < keys; j++)
+        if (m[j]) return 0;
+    return -1;
 }
 
-static inline __attribute__((always_inline)) v16 load_bf16(const uint16_t *p, int64_t count) {
-    u16x16 h = {0};
-    if (count >= 16) memcpy(&h, p, sizeof h);
-    else for (int64_t l = 0; l < count; l++) h[l] = p[l];
-    u16x32 w = __builtin_convertvector(h, u16x32) << 16;
-    v16 v;
-    memcpy(&v, &w, sizeof v);
-    return v;
-}
+/* e^x for x <= 0 (lanes below -87.3 give 0) over vectors VT (ints IT): Cephes' expf, n = round(x /
+ * ln 2), r = x - n ln 2, a degree-6 polynomial; the same operations in every lane and at either width */
+#define NEGATIVE_EXP(NAME, VT, IT)                                                                         \
+    static inline __attribute__((always_inline)) VT NAME(VT x) {                                           \
+        const IT under = x < -87.3f; /* lanes of -1 where x < -87.3 */                                     \
+        IT xb;                                                                                             \
+        memcpy(&xb, &x, sizeof xb);                                                                        \
+        const VT floor_value = (VT){0} - 87.3f;                                                            \
+        IT fb;                                                                                             \
+        memcpy(&fb, &floor_value, sizeof fb);                                                              \
+        xb = (xb & ~under) | (fb & under);                                                                 \
+        VT xc;                                                                                             \
+        memcpy(&xc, &xb, sizeof xc);                                                                       \
+        VT fx = xc * 1.44269504088896341f - 0.5f; /* x <= 0: round to nearest = truncate(x / ln2 - 0.5) */ \
+        IT n = __builtin_convertvector(fx, IT);                                                            \
+        VT nf = __builtin_convertvector(n, VT);                                                            \
+        VT y;                                                                                              \
+        CEPHES_EXP(VT, IT, xc, n, nf, y);                                                                  \
+        IT yb;                                                                                             \
+        memcpy(&yb, &y, sizeof yb);                                                                        \
+        yb = yb & ~under;                                                                                  \
+        memcpy(&y, &yb, sizeof y);                                                                         \
+        return y;                                                                                          \
+    }
+NEGATIVE_EXP(exp16, v16, i16)
+NEGATIVE_EXP(exp8, v8, i8)
 
-static inline __attribute__((always_inline)) v16 load_row(const void *p, int64_t offset, int64_t count, int bf16) {
-    return bf16 ? load_bf16((const uint16_t *)p + offset, count) : load_f32((const float *)p + offset, count);
-}
+/* lanes of `a` where `take` is set replaced by those of `b` (bitwise: no arithmetic) */
+#define SELECT(NAME, VT, IT)                                                                               \
+    static inline __attribute__((always_inline)) VT NAME(IT take, VT a, VT b) {                            \
+        IT ab, bb;                                                                                         \
+        memcpy(&ab, &a, sizeof ab), memcpy(&bb, &b, sizeof bb);                                            \
+        ab = (ab & ~take) | (bb & take);                                                                   \
+        memcpy(&a, &ab, sizeof a);                                                                         \
+        return a;                                                                                          \
+    }
+SELECT(select16, v16, i16)
+SELECT(select8, v8, i8)
 
-/* the 16 lanes summed: halves added four times (one network for every caller) */
-static inline __attribute__((always_inline)) float lane_sum(v16 v) {
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef float v4 __attribute__((vector_size(16)));
-    v8 a, b;
-    memcpy(&a, &v, 32), memcpy(&b, (char *)&v + 32, 32);
-    v8 s8 = a + b;
+/* the 8 lanes of a v8 summed: halves added three times (lane_sum's last steps) */
+static inline __attribute__((always_inline)) float lane_sum8(v8 s8) {
     v4 c, d;
     memcpy(&c, &s8, 16), memcpy(&d, (char *)&s8 + 16, 16);
     v4 s4 = c + d;
@@ -71,12 +108,51 @@ static inline __attribute__((always_inline)) float lane_sum(v16 v) {
     return s2a + s2b;
 }
 
-/* lane_sum of 16 vectors at once: out[l] = lane_sum(a[l]) for a given in the slot order PERM
- * (a[k] holds key PERM[k]; PERM is its own inverse). Each key's lanes are added by the same four
- * halvings as lane_sum, in the same order, so a key's sum does not depend on its slot. */
-static const int PERM[16] = {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15};
+/* ---- the wide kit: a 16-lane vector in one AVX-512 register (w_*, inlined into the AVX-512 entry) */
 
-static inline __attribute__((always_inline)) v16 lane_sums(const v16 *a) {
+/* 16 floats from p + offset (the first `count` of them; the rest 0), model dtype bf16 or fp32 */
+static inline __attribute__((always_inline)) v16 w_load(const void *p, int64_t offset, int64_t count, int bf16) {
+    if (bf16) {
+        const uint16_t *s = (const uint16_t *)p + offset;
+        u16x16 h = {0};
+        if (count >= 16) memcpy(&h, s, sizeof h);
+        else for (int64_t l = 0; l < count; l++) h[l] = s[l];
+        u16x32 w = __builtin_convertvector(h, u16x32) << 16;
+        v16 v;
+        memcpy(&v, &w, sizeof v);
+        return v;
+    }
+    const float *s = (const float *)p + offset;
+    v16 v = {0};
+    if (count >= 16) memcpy(&v, s, sizeof v);
+    else for (int64_t l = 0; l < count; l++) v[l] = s[l];
+    return v;
+}
+static inline __attribute__((always_inline)) v16 w_zero(void) { return (v16){0}; }
+static inline __attribute__((always_inline)) v16 w_splat(float x) {
+    return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+static inline __attribute__((always_inline)) v16 w_add(v16 a, v16 b) { return a + b; }
+static inline __attribute__((always_inline)) v16 w_mul(v16 a, v16 b) { return a * b; }
+static inline __attribute__((always_inline)) v16 w_fma(v16 s, v16 a, v16 b) { return s + a * b; }
+static inline __attribute__((always_inline)) v16 w_fmas(v16 s, float a, v16 b) { return s + a * b; }
+static inline __attribute__((always_inline)) v16 w_muls(v16 a, float s) { return a * s; }
+static inline __attribute__((always_inline)) v16 w_subs(v16 a, float s) { return a - s; }
+static inline __attribute__((always_inline)) v16 w_divs(v16 a, float s) { return a / s; }
+static inline __attribute__((always_inline)) v16 w_exp(v16 x) { return exp16(x); }
+static inline __attribute__((always_inline)) v16 w_max_into(v16 top, v16 x) { return select16(x > top, top, x); }
+static inline __attribute__((always_inline)) void w_store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline __attribute__((always_inline)) float w_get(v16 v, int64_t l) { return v[l]; }
+
+/* the 16 lanes summed: halves added four times (one network for every caller) */
+static inline __attribute__((always_inline)) float w_lane_sum(v16 v) {
+    v8 a, b;
+    memcpy(&a, &v, 32), memcpy(&b, (char *)&v + 32, 32);
+    return lane_sum8(a + b);
+}
+
+/* w_lane_sum of 16 vectors at once: out[l] = w_lane_sum(a[l]) for a given in the slot order PERM */
+static inline __attribute__((always_inline)) v16 w_lane_sums(const v16 *a) {
     const i16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
     const i16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
     const i16 lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
@@ -92,222 +168,103 @@ static inline __attribute__((always_inline)) v16 lane_sums(const v16 *a) {
     return __builtin_shuffle(d[0], d[1], even) + __builtin_shuffle(d[0], d[1], odd);
 }
 
-/* e^x for x <= 0 (lanes below -87.3 give 0): Cephes' expf, n = round(x / ln 2), r = x - n ln 2,
- * a degree-6 polynomial; the same operations in every lane */
-static inline __attribute__((always_inline)) v16 vexp(v16 x) {
-    const i16 under = x < -87.3f; /* lanes of -1 where x < -87.3 */
-    i16 xb;
-    memcpy(&xb, &x, sizeof xb);
-    const v16 floor_value = (v16){0} - 87.3f;
-    i16 fb;
-    memcpy(&fb, &floor_value, sizeof fb);
-    xb = (xb & ~under) | (fb & under);
-    v16 xc;
-    memcpy(&xc, &xb, sizeof xc);
-    v16 fx = xc * 1.44269504088896341f - 0.5f; /* x <= 0: round to nearest = truncate(x / ln2 - 0.5) */
-    i16 n = __builtin_convertvector(fx, i16);
-    v16 nf = __builtin_convertvector(n, v16);
-    v16 y;
-    CEPHES_EXP(v16, i16, xc, n, nf, y);
-    i16 yb;
-    memcpy(&yb, &y, sizeof yb);
-    yb = yb & ~under;
-    memcpy(&y, &yb, sizeof y);
-    return y;
+/* ---- the narrow kit: a 16-lane vector as two AVX2 registers, lanes 0-7 and 8-15 (n_*): the wide
+ * kit's operations lane by lane, its shuffles as the same additions within and across the halves */
+typedef struct {
+    v8 lo, hi;
+} n16;
+
+static inline __attribute__((always_inline)) n16 n_load(const void *p, int64_t offset, int64_t count, int bf16) {
+    n16 v;
+    if (count >= 16) {
+        if (bf16) {
+            const uint16_t *s = (const uint16_t *)p + offset;
+            u8x16 a, b;
+            memcpy(&a, s, sizeof a), memcpy(&b, s + 8, sizeof b);
+            const u8x32 wa = __builtin_convertvector(a, u8x32) << 16, wb = __builtin_convertvector(b, u8x32) << 16;
+            memcpy(&v.lo, &wa, sizeof v.lo), memcpy(&v.hi, &wb, sizeof v.hi);
+        } else {
+            memcpy(&v.lo, (const float *)p + offset, sizeof v.lo), memcpy(&v.hi, (const float *)p + offset + 8, sizeof v.hi);
+        }
+        return v;
+    }
+    float lanes[16] = {0};
+    for (int64_t l = 0; l < count; l++)
+        lanes[l] = bf16 ? bf16_to_float(((const uint16_t *)p)[offset + l]) : ((const float *)p)[offset + l];
+    memcpy(&v.lo, lanes, sizeof v.lo), memcpy(&v.hi, lanes + 8, sizeof v.hi);
+    return v;
+}
+static inline __attribute__((always_inline)) n16 n_zero(void) { return (n16){{0}, {0}}; }
+static inline __attribute__((always_inline)) n16 n_splat(float x) {
+    const v8 h = {x, x, x, x, x, x, x, x};
+    return (n16){h, h};
+}
+static inline __attribute__((always_inline)) n16 n_add(n16 a, n16 b) { return (n16){a.lo + b.lo, a.hi + b.hi}; }
+static inline __attribute__((always_inline)) n16 n_mul(n16 a, n16 b) { return (n16){a.lo * b.lo, a.hi * b.hi}; }
+static inline __attribute__((always_inline)) n16 n_fma(n16 s, n16 a, n16 b) {
+    return (n16){s.lo + a.lo * b.lo, s.hi + a.hi * b.hi};
+}
+static inline __attribute__((always_inline)) n16 n_fmas(n16 s, float a, n16 b) {
+    return (n16){s.lo + a * b.lo, s.hi + a * b.hi};
+}
+static inline __attribute__((always_inline)) n16 n_muls(n16 a, float s) { return (n16){a.lo * s, a.hi * s}; }
+static inline __attribute__((always_inline)) n16 n_subs(n16 a, float s) { return (n16){a.lo - s, a.hi - s}; }
+static inline __attribute__((always_inline)) n16 n_divs(n16 a, float s) { return (n16){a.lo / s, a.hi / s}; }
+static inline __attribute__((always_inline)) n16 n_exp(n16 x) { return (n16){exp8(x.lo), exp8(x.hi)}; }
+static inline __attribute__((always_inline)) n16 n_max_into(n16 top, n16 x) {
+    return (n16){select8(x.lo > top.lo, top.lo, x.lo), select8(x.hi > top.hi, top.hi, x.hi)};
+}
+static inline __attribute__((always_inline)) void n_store(float *p, n16 v) {
+    memcpy(p, &v.lo, sizeof v.lo), memcpy(p + 8, &v.hi, sizeof v.hi);
+}
+static inline __attribute__((always_inline)) float n_get(n16 v, int64_t l) { return l < 8 ? v.lo[l] : v.hi[l - 8]; }
+static inline __attribute__((always_inline)) float n_lane_sum(n16 v) { return lane_sum8(v.lo + v.hi); }
+
+/* w_lane_sums on halves: level 1 adds a vector's halves (lo8 / hi8 pick them whole), levels 2-3 the
+ * same 128- and 64-bit pieces within each half, level 4 the even and odd lanes of one vector */
+static inline __attribute__((always_inline)) n16 n_lane_sums(const n16 *a) {
+    const i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    const i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const i8 even = {0, 2, 4, 6, 8, 10, 12, 14}, odd = {1, 3, 5, 7, 9, 11, 13, 15};
+    n16 b[8], c[4], d[2];
+    for (int p = 0; p < 8; p++) b[p] = (n16){a[2 * p].lo + a[2 * p].hi, a[2 * p + 1].lo + a[2 * p + 1].hi};
+    for (int p = 0; p < 4; p++)
+        c[p] = (n16){__builtin_shuffle(b[2 * p].lo, b[2 * p + 1].lo, lo4) + __builtin_shuffle(b[2 * p].lo, b[2 * p + 1].lo, hi4),
+                     __builtin_shuffle(b[2 * p].hi, b[2 * p + 1].hi, lo4) + __builtin_shuffle(b[2 * p].hi, b[2 * p + 1].hi, hi4)};
+    for (int p = 0; p < 2; p++)
+        d[p] = (n16){__builtin_shuffle(c[2 * p].lo, c[2 * p + 1].lo, lo2) + __builtin_shuffle(c[2 * p].lo, c[2 * p + 1].lo, hi2),
+                     __builtin_shuffle(c[2 * p].hi, c[2 * p + 1].hi, lo2) + __builtin_shuffle(c[2 * p].hi, c[2 * p + 1].hi, hi2)};
+    return (n16){__builtin_shuffle(d[0].lo, d[0].hi, even) + __builtin_shuffle(d[0].lo, d[0].hi, odd),
+                 __builtin_shuffle(d[1].lo, d[1].hi, even) + __builtin_shuffle(d[1].lo, d[1].hi, odd)};
 }
 
+#define VT v16
+#define OP(name) w_##name
+#define ENTRY(name) name##_wide
+#include "attention_group.h"
+#undef VT
+#undef OP
+#undef ENTRY
+#define VT n16
+#define OP(name) n_##name
+#define ENTRY(name) name##_narrow
+#include "attention_group.h"
+#undef VT
+#undef OP
+#undef ENTRY
 
-/* lanes of `a` where `take` is set replaced by those of `b` (bitwise: no arithmetic) */
-static inline __attribute__((always_inline)) v16 select16(i16 take, v16 a, v16 b) {
-    i16 ab, bb;
-    memcpy(&ab, &a, sizeof ab), memcpy(&bb, &b, sizeof bb);
-    ab = (ab & ~take) | (bb & take);
-    memcpy(&a, &ab, sizeof a);
-    return a;
-}
-
-/* 16 mask bytes: 1 when all are set, -1 when none of the first `keys` is, else 0 */
-static inline __attribute__((always_inline)) int mask_block(const uint8_t *m, int64_t keys) {
-    if (keys == 16) {
-        uint64_t lo, hi;
-        memcpy(&lo, m, 8), memcpy(&hi, m + 8, 8);
-        if (lo == 0x0101010101010101ull && hi == 0x0101010101010101ull) return 1;
-        return lo == 0 && hi == 0 ? -1 : 0;
-    }
-    for (int64_t j = 0; j < keys; j++)
-        if (m[j]) return 0;
-    return -1;
-}
-
-/* The rows of one batch entry b and one key-value head g: the `group` query heads that share it
- * times the n queries, R rows (r = head_in_group * n + i). Keys and values are converted 16 at a
- * time and used by every row that may see them, in increasing key order, so each row's arithmetic
- * is the one-row arithmetic of the module comment. A row that sees a whole block of 16 keys (a
- * chain's cached keys, a tree node's prefix) stores its 16 scores at once; the others place them
- * one by one. Values: each row adds e_j v_j for j up to the last key it sees (exact zeros for the
- * keys it does not see in between), its accumulator held in registers over a block.
- * Scratch: scores [R, L + 16], top / total [R], count / prefix / last [R], q / acc / top [R, .] vectors. */
-static inline __attribute__((always_inline)) void attend_group(
-    const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t b, int64_t g, int64_t group,
-    int64_t H, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h,
-    int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16, float *scores, float *top, float *total,
-    int64_t *count, int64_t *prefix, int64_t *last_key, v16 *qv, v16 *acc, v16 *topv) {
-    const int64_t R = group * n, chunks = (d + 15) / 16, stride = L + 16, width = bf16 ? 2 : 4;
-    const char *kb = (const char *)k + (b * ks_b + g * ks_h) * width, *vb = (const char *)v + (b * ks_b + g * ks_h) * width;
-    for (int64_t r = 0; r < R; r++) {
-        const int64_t h = g * group + r / n, i = r % n;
-        const char *qr = (const char *)q + (b * qs_b + h * qs_h + i * qs_n) * width;
-        for (int64_t t = 0; t < chunks; t++) qv[r * chunks + t] = load_row(qr, t * 16, d - t * 16, bf16);
-        top[r] = -3.0e38f, count[r] = 0, prefix[r] = 0, last_key[r] = -1;
-        topv[r] = (v16){0} - 3.0e38f;
-    }
-    const uint8_t *mrow = mask ? mask + b * ms_b : NULL;
-    v16 block[16 * 16]; /* d <= 256; 16 keys' (then values') chunks */
-    for (int64_t j0 = 0; j0 < L; j0 += 16) { /* scores of 16 keys at a time, compact per row */
-        const int64_t keys = L - j0 < 16 ? L - j0 : 16;
-        for (int64_t slot = 0; slot < 16; slot++)
-            for (int64_t t = 0; t < chunks; t++)
-                block[slot * chunks + t] = PERM[slot] < keys
-                    ? load_row(kb + (j0 + PERM[slot]) * ks_l * width, t * 16, d - t * 16, bf16) : (v16){0};
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t i = r % n, last = mrow ? L : L - n + i; /* chain: keys beyond `last` are masked */
-            const uint8_t *seen = mrow ? mrow + i * ms_n : NULL;
-            int whole;
-            if (seen) {
-                whole = mask_block(seen + j0, keys);
-                if (whole < 0) continue;
-            } else {
-                if (j0 > last) continue;
-                whole = keys == 16 && j0 + 15 <= last;
-            }
-            const v16 *qr = qv + r * chunks;
-            v16 dots[16];
-            for (int64_t slot = 0; slot < 16; slot++) {
-                const v16 *kr = block + slot * chunks;
-                v16 s = qr[0] * kr[0];
-                for (int64_t t = 1; t < chunks; t++) s = s + qr[t] * kr[t];
-                dots[slot] = s;
-            }
-            const v16 sums = lane_sums(dots) * scale;
-            float *row = scores + r * stride;
-            int64_t c = count[r];
-            if (whole > 0) {
-                memcpy(row + c, &sums, sizeof sums);
-                topv[r] = select16(sums > topv[r], topv[r], sums);
-                if (c == j0) prefix[r] = j0 + 16; /* compact index = key index so far */
-                count[r] = c + 16, last_key[r] = j0 + 15;
-                continue;
-            }
-            float best = top[r];
-            for (int64_t jj = 0; jj < keys; jj++) {
-                const int64_t j = j0 + jj;
-                if (seen ? !seen[j] : j > last) continue;
-                const float score = sums[jj];
-                row[c++] = score;
-                best = score > best ? score : best;
-                last_key[r] = j;
-            }
-            count[r] = c, top[r] = best;
-        }
-    }
-    for (int64_t r = 0; r < R; r++) { /* e = exp(score - top), summed in 16 lanes by compact index */
-        float *row = scores + r * stride, best = top[r];
-        for (int l = 0; l < 16; l++) best = topv[r][l] > best ? topv[r][l] : best;
-        const int64_t m = count[r], padded = (m + 15) & ~(int64_t)15, i = r % n;
-        for (int64_t c = m; c < padded; c++) row[c] = -1.0e30f;
-        v16 sum = {0};
-        for (int64_t c = 0; c < padded; c += 16) {
-            v16 e = vexp(load_f32(row + c, 16) - best);
-            sum = sum + e;
-            memcpy(row + c, &e, sizeof e);
-        }
-        total[r] = lane_sum(sum);
-        if (mrow) /* back to key order in place after the prefix (compact index <= key index): 0 where unseen */
-            for (int64_t j = last_key[r], c = m - 1; j >= prefix[r]; j--)
-                row[j] = mrow[i * ms_n + j] ? row[c--] : 0.0f;
-        for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = (v16){0};
-    }
-    for (int64_t j0 = 0; j0 < L; j0 += 16) { /* sum_j e_j v_j in key order, 16 values at a time */
-        const int64_t keys = L - j0 < 16 ? L - j0 : 16;
-        int64_t needed = 0; /* values of the block some row sees */
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t end = last_key[r] - j0 + 1;
-            needed = end > needed ? end : needed;
-        }
-        if (needed <= 0) continue;
-        needed = needed < keys ? needed : keys;
-        for (int64_t jj = 0; jj < needed; jj++)
-            for (int64_t t = 0; t < chunks; t++) block[jj * chunks + t] = load_row(vb + (j0 + jj) * ks_l * width, t * 16, d - t * 16, bf16);
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t end = last_key[r] - j0 + 1 < needed ? last_key[r] - j0 + 1 : needed;
-            if (end <= 0) continue;
-            const float *e = scores + r * stride + j0;
-            v16 a[16];
-            for (int64_t t = 0; t < chunks; t++) a[t] = acc[r * chunks + t];
-            for (int64_t jj = 0; jj < end; jj++)
-                for (int64_t t = 0; t < chunks; t++) a[t] = a[t] + e[jj] * block[jj * chunks + t];
-            for (int64_t t = 0; t < chunks; t++) acc[r * chunks + t] = a[t];
-        }
-    }
-    for (int64_t r = 0; r < R; r++) {
-        const int64_t h = g * group + r / n, i = r % n;
-        char *o = (char *)out + (((b * n + i) * H + h) * d) * width;
-        for (int64_t t = 0; t < chunks; t++) {
-            const v16 value = count[r] ? acc[r * chunks + t] / total[r] : (v16){0}; /* no key: zeros (SDPA: NaN) */
-            const int64_t lanes = d - t * 16 < 16 ? d - t * 16 : 16;
-            if (bf16)
-                for (int64_t l = 0; l < lanes; l++) ((uint16_t *)o)[t * 16 + l] = float_to_bf16(value[l]);
-            else
-                for (int64_t l = 0; l < lanes; l++) ((float *)o)[t * 16 + l] = value[l];
-        }
-    }
-}
-
-/* q [B, H, n, d], k / v [B, Hkv, L, d] (element strides given; the last dimension contiguous),
- * mask [B or 1, n, L] bytes (1: attend; stride ms_b = 0 broadcasts) or NULL: query i sees keys
- * j <= L - n + i (a chain after the cache); out [B, n, H, d] contiguous. fp32 or bf16 (`bf16`).
- * One thread: the rows are few. Returns 0, -1 where d > 256 or the scratch cannot be allocated. */
-static inline __attribute__((always_inline)) int attention_body(
-    const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H, int64_t Hkv,
-    int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l,
-    int64_t ms_b, int64_t ms_n, float scale, int bf16) {
-    if (d > 256 || d < 1 || Hkv < 1 || H % Hkv) return -1;
-    const int64_t group = H / Hkv, R = group * n, chunks = (d + 15) / 16;
-    float *scores = malloc((size_t)(R * (L + 16) + 2 * R) * sizeof(float));
-    int64_t *count = malloc((size_t)(3 * R) * sizeof(int64_t));
-    v16 *vectors = aligned_alloc(64, (size_t)(2 * R * chunks + R) * sizeof(v16));
-    if (!scores || !count || !vectors) {
-        free(scores), free(count), free(vectors);
-        return -1;
-    }
-    /* the common head sizes compiled with d constant (unrolled, the key in registers); the same arithmetic */
-#define GROUPS(D, BF16)                                                                                                \
-    for (int64_t b = 0; b < B; b++)                                                                                    \
-        for (int64_t g = 0; g < Hkv; g++)                                                                              \
-            attend_group(q, k, v, mask, out, b, g, group, H, n, L, D, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n,   \
-                         scale, BF16, scores, scores + R * (L + 16), scores + R * (L + 16) + R, count, count + R,         \
-                         count + 2 * R, vectors, vectors + R * chunks, vectors + 2 * R * chunks)
-    if (d == 64 && bf16) GROUPS(64, 1);
-    else if (d == 64) GROUPS(64, 0);
-    else if (d == 128 && bf16) GROUPS(128, 1);
-    else if (d == 128) GROUPS(128, 0);
-    else GROUPS(d, bf16);
-#undef GROUPS
-    free(scores), free(count), free(vectors);
-    return 0;
-}
+#define ATTENTION_ARGS                                                                                               \
+    q, k, v, mask, out, B, H, Hkv, n, L, d, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n, scale, bf16
 
 __attribute__((target("avx512f"))) int few_rows_attention_avx512(
     const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H, int64_t Hkv,
     int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b, int64_t ks_h, int64_t ks_l,
     int64_t ms_b, int64_t ms_n, float scale, int bf16) {
-    return attention_body(q, k, v, mask, out, B, H, Hkv, n, L, d, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n, scale,
-                          bf16);
+    return attention_body_wide(ATTENTION_ARGS);
 }
 
 int few_rows_attention(const void *q, const void *k, const void *v, const uint8_t *mask, void *out, int64_t B, int64_t H,
                        int64_t Hkv, int64_t n, int64_t L, int64_t d, int64_t qs_b, int64_t qs_h, int64_t qs_n, int64_t ks_b,
                        int64_t ks_h, int64_t ks_l, int64_t ms_b, int64_t ms_n, float scale, int bf16) {
-    return attention_body(q, k, v, mask, out, B, H, Hkv, n, L, d, qs_b, qs_h, qs_n, ks_b, ks_h, ks_l, ms_b, ms_n, scale,
-                          bf16);
+    return attention_body_narrow(ATTENTION_ARGS);
 }
