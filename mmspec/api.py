@@ -7,6 +7,7 @@ import difflib
 import inspect
 import operator
 import os
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -24,8 +25,11 @@ from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
 from .core.target import eos_token_ids, input_names
-from .drafters import resolve_drafter
+from .drafters import check_draft_length_use, resolve_drafter
 from .modeling.fast_linear import OptimizeReport, optimize
+
+#: the package's folder (user_stacklevel: frames inside it are mmspec's own)
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass
@@ -76,6 +80,15 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return torch.Generator(device=device).manual_seed(fresh_seed() if seed is None else seed)
 
 
+def user_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, from the function calling this one, of the first frame outside
+    the mmspec package: a warning names the user's line, through a pipeline or ``generate`` alike."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def check_sampling_options(do_sample: Any, temperature: Any, top_k: Any, top_p: Any) -> None:
     """The sampling arguments' types (one ValueError line each); a temperature other than 1, a
     top-k or a top-p given without ``do_sample=True`` is warned about (greedy decoding ignores
@@ -88,7 +101,7 @@ def check_sampling_options(do_sample: Any, temperature: Any, top_k: Any, top_p: 
         if given:
             warnings.warn(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling, and "
                           "do_sample is False: greedy decoding ignores it; pass do_sample=True to sample", UserWarning,
-                          stacklevel=4)
+                          stacklevel=user_stacklevel())
 
 
 @exclusively
@@ -163,6 +176,7 @@ def generate(
     check_sampling_options(do_sample, temperature, top_k, top_p)
     check_seed(seed)
     check_callbacks(on_step=on_step, on_tokens=on_tokens, cancelled=cancelled)
+    check_draft_length_use(drafter, num_draft_tokens)
     do_sample, temperature, top_k, top_p, seed = map(plain, (do_sample, temperature, top_k, top_p, seed))
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
@@ -223,7 +237,7 @@ def check_target_inputs(adapter, model_inputs: dict[str, Any], max_new_tokens: i
     if isinstance(frames, int) and hasattr(adapter, "stream_length") and max_new_tokens < adapter.stream_length(frames):
         warnings.warn(f"max_new_tokens={max_new_tokens} ends the stream before the {adapter.stream_length(frames)} tokens "
                       f"num_frames={frames} takes (the audio will be shorter); pass max_new_tokens="
-                      f"{adapter.stream_length(frames)}", stacklevel=3)
+                      f"{adapter.stream_length(frames)}", stacklevel=user_stacklevel())
 
 
 def stop_tokens(adapter, eos_token_id: int | list[int] | None) -> list[int]:
@@ -326,6 +340,7 @@ def generate_rows(
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
         check_seed(one)  # an integer or None, one per row or one for all
     check_callbacks(on_row_done=on_row_done, on_tokens=on_tokens, cancelled=cancelled, admit=admit)
+    check_draft_length_use(drafter, num_draft_tokens)
     do_sample, temperature, top_k, top_p = map(plain, (do_sample, temperature, top_k, top_p))
     seed = [plain(one) for one in seed] if isinstance(seed, Sequence) and not isinstance(seed, str) else plain(seed)
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
@@ -460,7 +475,7 @@ def check_model_inputs(adapter: TransformersTarget, model_inputs: dict[str, Any]
         warnings.warn(f"prompt ({length} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
                       f"{context}: tokens past position {context} are unreliable; "
                       + (f"lower max_new_tokens to {context - length}" if length < context else
-                         "shorten the prompt: it fills the context"), stacklevel=3)
+                         "shorten the prompt: it fills the context"), stacklevel=user_stacklevel())
 
 
 def component_modules(obj: Any, depth: int = 2) -> list[nn.Module]:
@@ -521,7 +536,7 @@ def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **
     and set ``stats.speedup`` = baseline wall time / method wall time on the method's output."""
     if warmup:
         generate(model, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs)
-    baseline = generate(model, drafter=None, **kwargs, **inputs)
+    baseline = generate(model, drafter=None, **{k: v for k, v in kwargs.items() if k != "num_draft_tokens"}, **inputs)
     method = generate(model, drafter=drafter, **kwargs, **inputs)
     method.stats.speedup = baseline.stats.wall_time_s / method.stats.wall_time_s
     return method, baseline

@@ -417,6 +417,8 @@ def test_wav_pcm16_round_trip_and_clipping(tmp_path):
     write_wav(tmp_path / "mono.wav", stereo[1], 16000)
     mono, rate = read_wav(tmp_path / "mono.wav")
     assert rate == 16000 and mono.shape == (1, 1000)
+    with pytest.raises(FileNotFoundError, match="no audio file at .*missing.wav"):  # (libsndfile: "System error")
+        read_wav(tmp_path / "missing.wav")
 
 
 def test_pcm16_bytes_are_the_wav_files_samples(tmp_path):

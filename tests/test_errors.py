@@ -287,6 +287,7 @@ def test_a_causal_lm_directory_named_as_a_trained_head_is_told_to_be_a_draft_mod
                                           ({"top_k": 5, "top_p": 0.9}, "top_k, top_p apply only when sampling")])
 def test_sampling_options_with_greedy_decoding_are_warned_about(llama, kwargs, match):
     """Greedy decoding ignored them without a word (the CLI refuses them without --do-sample;
-    transformers' generate warns, and so does mmspec.generate)."""
-    with pytest.warns(UserWarning, match=match + ", and do_sample is False: greedy decoding ignores it"):
+    transformers' generate warns, and so does mmspec.generate), at the caller's line."""
+    with pytest.warns(UserWarning, match=match + ", and do_sample is False: greedy decoding ignores it") as record:
         mmspec.generate(llama.model, drafter="prompt-lookup", max_new_tokens=4, **kwargs, **llama.inputs)
+    assert record[0].filename == __file__

@@ -89,6 +89,8 @@ def test_bad_inputs(model_dir, call, message):
 
 
 def test_bad_models_and_methods(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="'smollm2' is mmspec's built-in text model"):  # (was a hub connection error)
+        mmspec.pipeline("text-to-image", model="smollm2")
     with pytest.raises(ValueError, match="unknown method"):
         mmspec.pipeline("text-to-image", model=model_dir, method="diffusion")
     with pytest.raises(ValueError, match="init must be one of"):

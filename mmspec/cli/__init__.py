@@ -18,9 +18,11 @@ from contextlib import contextmanager
 SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
 
 
-def _no_default(value) -> bool:
-    """An option's default that its help need not state (unset, a flag's False, suppressed; 0 is a default)."""
-    return value is None or value is False or value == argparse.SUPPRESS
+def _no_default(action: argparse.Action) -> bool:
+    """An option whose default its help need not state: unset, suppressed, or an on / off flag (a
+    ``--no-x`` flag's True default would read as "no x"); 0 is a default."""
+    value = action.default
+    return value is None or value == argparse.SUPPRESS or (action.nargs == 0 and isinstance(value, bool))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -38,7 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
         """argparse's, the option's default appended to its help where the help names none."""
         action = super().add_argument(*args, **kwargs)
         text = action.help or ""
-        if action.option_strings and not _no_default(action.default) and text != argparse.SUPPRESS and "default" not in text:
+        if action.option_strings and not _no_default(action) and text != argparse.SUPPRESS and "default" not in text:
             action.help = f"{text} (default: %(default)s)".lstrip()
         return action
 

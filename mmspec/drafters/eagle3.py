@@ -67,7 +67,7 @@ class _Eagle3Parts:
     requires_target_hidden = True
     #: mmspec's layout, or an engine's (vLLM / SGLang / SpecForge: config.json + model.safetensors)
     saved_layouts = ((CONFIG_FILE,), (ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE))
-    trained_by = "mmspec train drafter --method eagle3 --target PATH --data DATA, or give a vLLM / SGLang EAGLE-3 directory"
+    trained_by = "mmspec train drafter --method eagle3 --target PATH --data DATA"  # (or a vLLM / SGLang EAGLE-3 directory)
 
     @classmethod
     def holds_saved(cls, directory: Path) -> bool:

@@ -10,6 +10,7 @@ of ``components.py`` (its model's parts), ``methods.py`` (its methods on the sha
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from .base import PIPELINES, PLANNED_TASKS, TASK_MODULES, Pipeline, known_tasks, pipeline_class, register_pipeline
@@ -32,7 +33,13 @@ def pipeline(task: str, **kwargs: Any):
         >>> cap = mmspec.pipeline("image-captioning", drafter="auto")
         >>> cap("photo.jpg").text
     """
-    return pipeline_class(task)(**kwargs)
+    cls = pipeline_class(task)
+    built, called = inspect.signature(cls.__init__).parameters, inspect.signature(cls.__call__).parameters
+    for name in kwargs:
+        if name not in built and name in called:  # (else taken as a method's setting and refused as one)
+            raise ValueError(f"{name} is an argument of each call, not of the pipeline: pipe = mmspec.pipeline({task!r}), "
+                             f"then pipe(..., {name}={kwargs[name]!r})")
+    return cls(**kwargs)
 
 
 pipeline.from_preset = from_preset  # mmspec.pipeline.from_preset("caption-embedded"), as diffusers' from_pretrained

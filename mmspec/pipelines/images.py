@@ -197,7 +197,7 @@ def _check_array_shape(array: np.ndarray) -> None:
             hint = " (a stack of images? pass a list of [H, W, C] arrays: list(array))"
         else:
             hint = ""
-        raise ValueError(f"a numpy image must be [H, W], [H, W, 3] or [H, W, 4], got shape {shape}{hint}")
+        raise ValueError(f"a numpy image must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4], got shape {shape}{hint}")
     check_size((shape[1], shape[0]), "the image")
 
 

@@ -518,9 +518,15 @@ def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
 
     Returns:
         (float32 [channels, samples] in [-1, 1], sampling rate).
+
+    Raises:
+        FileNotFoundError: no such file (libsndfile's own error says only "System error").
     """
     import soundfile
 
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no audio file at {path}")
     data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # [samples, channels]
     return torch.from_numpy(data.T.copy()), int(rate)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ...hub import no_models_note, resolve_device, resolve_dtype
+from ...hub import ALIASES as TEXT_MODELS, no_models_note, resolve_device, resolve_dtype
 from ...modeling.fast_linear import OptimizesOnLoad
 from .prompts import check_prompt, shared_text_encoder
 
@@ -130,6 +130,10 @@ class T2IComponents(OptimizesOnLoad):
             ValueError: an unsupported family, a manifest without tokenizer, a tokenizer that does
                 not match the generator, a transformers model without processor.
         """
+        if isinstance(model, str) and model in TEXT_MODELS:
+            raise ValueError(f"{model!r} is mmspec's built-in text model (mmspec generate --model {model}); text-to-image "
+                             "takes a t2i.json directory, a Janus / Emu3 / Chameleon checkpoint, 'mar', or no model for "
+                             "the embedded one")
         for name, part in (("draft", draft), ("eagle_head", eagle_head)):  # (loaded on first use: checked now)
             if isinstance(part, (str, Path)) and not Path(part).expanduser().exists():
                 raise FileNotFoundError(f"{name}={str(part)!r}: no such file or directory")

@@ -68,7 +68,7 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
                                                  ("top_p", top_p, None)) if value != unset]
         if given:
             raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when sampling; drop "
-                             f"{'it' if len(given) == 1 else 'them'} or do_sample=False")
+                             f"{'it' if len(given) == 1 else 'them'} or pass do_sample=True")
     return SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                           guidance_scale=guidance_scale)
 
