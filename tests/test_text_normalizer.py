@@ -152,6 +152,13 @@ CASES = [
     ("Hel\u200blo wor\u200dld good\u00adbye.", "Hello world goodbye."),
     ("5\u00a0000 people, 12\u202f500 cars.", "five thousand people, twelve thousand five hundred cars."),
     ("\x1b[31mred\x1b[0m alert.", "red alert."),
+    # the normaliser audit: arithmetic's minus was dropped ("x = y - 5" said "x equals y five") or a range
+    ("If x = y - 5 and 7 - 3 = 4, then 10/2=5.",
+     "If x equals y minus five and seven minus three equals four, then ten divided by two equals five."),
+    ("Solve x-5 and 5x-3, in 5-10 minutes, from 1990-1995, pages 10 - 20.",
+     "Solve x minus five and five x minus three, in five to ten minutes, from nineteen ninety to nineteen ninety-five, "
+     "pages ten to twenty."),
+    ("An x-ray, a t-shirt, COVID-19.", "An x-ray, a t-shirt, Covid nineteen."),
 ]
 
 

@@ -148,6 +148,13 @@ def _is_one(number: str) -> bool:
 
 # --- rule tables -------------------------------------------------------------------------------
 
+#: an operand of written arithmetic: a number, maybe times a variable ("5x"), or a one-letter variable
+OPERAND = r"(?:(?:\d+(?:\.\d+)?|\.\d+)[a-z]?|[A-Za-z])(?!\w)"
+#: operands joined by operators: arithmetic where one of them is "=" ("x = y - 5", "10/2=5")
+EQUATION = rf"(?<![\w.,/-]){OPERAND}(?:\s*[-+*/=\u00d7\u00f7]\s*{OPERAND})+"
+#: how an equation's hyphen and slash are read (the other operators' words are :meth:`_symbols`')
+EQUATION_OPERATORS = {"-": "minus", "/": "divided by"}
+
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
 MONTH_NAMES = {m.lower(): m for m in MONTHS} | {m[:3].lower(): m for m in MONTHS} | {"sept": "September"}
@@ -390,10 +397,17 @@ class EnglishNormalizer(TextNormalizer):
     def _signs(text: str) -> str:
         """A minus sign before an amount, fraction or number: "-$25", "$-5", "-1/2", "-5" -> "minus ..."
         (a hyphen after a word, number or percent sign is a range or a compound, not a sign); a star
-        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting). The minus sign
+        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting). Arithmetic: in an
+        :data:`EQUATION` (numbers and one-letter variables joined by operators, one of them ``=``) a
+        hyphen is "minus" and a slash "divided by" ("7 - 3 = 4", "x = y - 5", "10/2=5"), and so is a
+        hyphen after a lower-case variable and before a digit ("x-5", "5x-3"); elsewhere "5-10" and
+        "7 - 3" stay ranges. The minus sign
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
         "-inf" and "-∞" -> "minus infinity"."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
+        text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
+                                                 m.group(0)) if "=" in m.group(0) else m.group(0), text)
+        text = re.sub(r"(?<![\w.])(\d*[a-z])-(?=\d)", r"\1 minus ", text)  # "x-5", "5x-3": a variable's minus
         text = re.sub(r"(?<![\w.])-\s?(?:inf(?:inity)?\b|\u221e)", "minus infinity", text)
         text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
         text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
