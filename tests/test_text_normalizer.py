@@ -159,6 +159,10 @@ CASES = [
      "Solve x minus five and five x minus three, in five to ten minutes, from nineteen ninety to nineteen ninety-five, "
      "pages ten to twenty."),
     ("An x-ray, a t-shirt, COVID-19.", "An x-ray, a t-shirt, Covid nineteen."),
+    # an ASCII dash between words was no pause ("I came home - it was late"); "--" between numbers a minus
+    ("I came home - it was late -- very late. Wait--what?", "I came home, it was late, very late. Wait, what?"),
+    ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
+     "one\ntwo"),
 ]
 
 

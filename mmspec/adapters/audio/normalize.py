@@ -302,6 +302,8 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(f"(\\d?)([{VULGAR_FRACTIONS}])", lambda m: m.group(1) + (" " if m.group(1) else "")
                       + unicodedata.normalize("NFKC", m.group(2)), text)  # "2½" -> "2 1/2", not NFKC's "21/2"
         text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")
+        text = re.sub(r"(?<=\d)--(?=\d)", "\u2013", text)  # "10--20": TeX's en dash, a range
+        text = re.sub(r"(?<!-)-{2,3}(?!-)", " \u2014 ", text)  # "Wait -- what", "---": a typewriter's dash
         out = []
         for c in text:
             if c.isascii():
@@ -315,11 +317,13 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _final(text: str) -> tuple[str, tuple[str, ...]]:
-        """Pauses for ; : brackets and dashes, quotes dropped, then everything not in
+        """Pauses for ; : brackets and dashes (a spaced hyphen no rule read, "home - it", is a dash),
+        quotes dropped, then everything not in
         :data:`SAYABLE` dropped (letters of other scripts, digits of other scripts and symbols
         named), white space and repeated punctuation tidied."""
         dropped = []
         out = []
+        text = re.sub(r"(?<=\S)[ \t]+-[ \t]+(?=\S)", " \u2014 ", text)  # "home - it": a spaced hyphen left is a dash
         run = ""  # the dropped characters since the last one kept
         for c in text:
             if c in SAYABLE or c in PUNCTUATION_MAP:
