@@ -161,6 +161,13 @@ CASES = [
     ("An x-ray, a t-shirt, COVID-19.", "An x-ray, a t-shirt, Covid nineteen."),
     # an ASCII dash between words was no pause ("I came home - it was late"); "--" between numbers a minus
     ("I came home - it was late -- very late. Wait--what?", "I came home, it was late, very late. Wait, what?"),
+    # month and day abbreviations were spelt and split sentences ("in Jan. and ...")
+    ("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave.",
+     "We leave in January and return in February next year. He lives at Apartment five on Oak Avenue."),
+    ("See you on Mon. at 5, or Tues., Sat. morning, Sun. Jan. 5 or Mar. 3. We met in Sept. It rained.",
+     "See you on Monday at five, or Tuesday, Saturday morning, Sunday January fifth or March third. We met in "
+     "September. It rained."),
+    ("I love the Sun. Closed Sat.", "I love the Sun. Closed Sat."),  # words too: only before a small word, digit, comma
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]
@@ -200,6 +207,15 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
 def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
     normalized = make_normalizer("english")(written)
     assert (normalized.text, normalized.dropped) == (spoken, dropped)
+
+
+def test_the_sentence_splitter_does_not_split_after_an_expanded_abbreviation():
+    """The pipeline splits the normalised text: an abbreviation read out leaves no period mid-sentence."""
+    from mmspec.pipelines.text_to_speech.pipeline import split_sentences
+
+    said = normalize_text("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave. Dr. Who came.")
+    assert split_sentences(said) == ["We leave in January and return in February next year.",
+                                     "He lives at Apartment five on Oak Avenue.", "Doctor Who came."]
 
 
 def test_long_text_is_normalised_deterministically():

@@ -190,11 +190,19 @@ TITLES = {"Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Pro
           "Gen.": "General", "Gov.": "Governor", "Sen.": "Senator", "Capt.": "Captain", "Lt.": "Lieutenant",
           "Sgt.": "Sergeant", "Rev.": "Reverend", "Ft.": "Fort", "vs.": "versus", "vs": "versus",
           "e.g.": "for example", "i.e.": "that is"}
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+#: "Jan." -> "January", "Tues." -> "Tuesday" (not "May", a word; "Jan" without its period may be a name)
+CALENDAR_ABBREVIATIONS = ({f"{m[:3]}.": m for m in MONTHS if m != "May"} | {"Sept.": "September"}
+                          | {f"{d[:3]}.": d for d in DAYS} | {"Tues.": "Tuesday", "Thur.": "Thursday", "Thurs.": "Thursday"})
+#: the calendar abbreviations that are words too ("I love the Sun."): expanded only where a
+#: lower-case word, a digit, a comma or a month follows
+WORDLIKE_ABBREVIATIONS = {"Mar.", "Sat.", "Sun."}
 #: abbreviations that may end a sentence (the period is kept there)
 ABBREVIATIONS = {"etc.": "et cetera", "approx.": "approximately", "Jr.": "Junior", "Sr.": "Senior", "Ave.": "Avenue", "Rd.": "Road",
                  "Blvd.": "Boulevard", "Dept.": "Department", "Inc.": "Incorporated", "Ltd.": "Limited",
                  "Corp.": "Corporation", "Co.": "Company", "Univ.": "University", "w/": "with", "a.k.a.": "also known as",
-                 "Ph.D.s": "P-H-D's", "Ph.D.": "P-H-D", "M.Sc.": "M-S-C", "B.Sc.": "B-S-C", "M.Phil.": "M-phil"}
+                 "Ph.D.s": "P-H-D's", "Ph.D.": "P-H-D", "M.Sc.": "M-S-C", "B.Sc.": "B-S-C", "M.Phil.": "M-phil",
+                 "Apt.": "Apartment"} | {k: v for k, v in CALENDAR_ABBREVIATIONS.items() if k not in WORDLIKE_ABBREVIATIONS}
 
 #: all-capital words read as words (not spelled), and ones spelled though they look like words
 ACRONYMS_AS_WORDS = {"NASA", "NATO", "UNESCO", "UNICEF", "NAFTA", "OPEC", "FIFA", "UEFA", "NASCAR", "SCUBA", "LASER",
@@ -441,6 +449,8 @@ class EnglishNormalizer(TextNormalizer):
 
         keys = sorted(ABBREVIATIONS, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
+        wordlike = "|".join(re.escape(k) for k in WORDLIKE_ABBREVIATIONS)
+        text = re.sub(rf"(?<![\w.])(?:{wordlike})(?=,|\s+(?:[a-z0-9]|{MONTH}\b))", lambda m: CALENDAR_ABBREVIATIONS[m.group(0)], text)
         text = re.sub(r"\b[Nn]o\.\s*(?=\d)", "number ", text)
         def numbered(m):  # "Fig. 3" -> "Figure 3", "vol. 2" -> "volume 2"
             word = m.group(1)
