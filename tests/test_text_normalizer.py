@@ -168,6 +168,12 @@ CASES = [
      "See you on Monday at five, or Tuesday, Saturday morning, Sunday January fifth or March third. We met in "
      "September. It rained."),
     ("I love the Sun. Closed Sat.", "I love the Sun. Closed Sat."),  # words too: only before a small word, digit, comma
+    # a slash date without a year was a fraction ("12/25" twelve twenty-fifths), "50/50" fifty fiftieths, "$5/month" "or"
+    ("On 3/15 we meet; he was born on 4/5. See 12/25, 9/11 and 1/1.",
+     "On March fifteenth we meet, he was born on April fifth. See December twenty-fifth, September eleventh and January first."),
+    ("It is 50/50, 4/5 done, due 3/4; add 2/3, 1/10, 3/16 and 13/20.",
+     "It is fifty fifty, four fifths done, due March fourth, add two thirds, one tenth, three sixteenths and thirteen twentieths."),
+    ("It costs $5/month, 60/min or \u20ac20/person.", "It costs five dollars per month, sixty per minute or twenty euros per person."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

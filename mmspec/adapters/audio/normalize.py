@@ -146,7 +146,40 @@ def _is_one(number: str) -> bool:
     return number.replace(",", "") in ("1", "-1")
 
 
+def fraction(top: int, bottom: int) -> str:
+    """(3, 4) -> "three quarters", (1, 2) -> "one half", (5, 8) -> "five eighths"."""
+    if bottom == 2:
+        name = "half" if top == 1 else "halves"
+    elif bottom == 4:
+        name = "quarter" if top == 1 else "quarters"
+    else:
+        name = ordinal(bottom) + ("" if top == 1 else "s")
+    return f"{cardinal(str(top))} {name}"
+
+
+def slash_reading(a: int, b: int, date_context: bool = False) -> str:
+    """"a/b" without a year, said: a month/day date after a date word (``date_context``: "on
+    4/5" -> "on April fifth"); a proper fraction of a common denominator (:data:`FRACTION_DENOMINATORS`)
+    as one ("3/4", "1/10"); else a valid month/day as a date ("12/25", "9/11", "1/1"); else a
+    proper fraction ("13/20"); else the two numbers ("24/7", "50/50"); "a/0" stays written."""
+    date = 1 <= a <= 12 and 1 <= b <= 31
+    if b == 0:
+        return f"{a}/{b}"
+    if date and (date_context or not (a < b and b in FRACTION_DENOMINATORS)):
+        return f"{MONTHS[a - 1]} {ordinal(b)}"
+    return fraction(a, b) if a < b else f"{cardinal(str(a))} {cardinal(str(b))}"
+
+
 # --- rule tables -------------------------------------------------------------------------------
+
+#: denominators a proper "a/b" is read as a fraction by even where it could be a month/day
+#: (halves to twelfths but elevenths, and sixteenths: recipes, inches); "9/11", "12/25" are dates
+FRACTION_DENOMINATORS = {2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16}
+#: a rate's unit after "/" ("$5/mo" -> "five dollars per month"); another word is said as written
+RATE_UNITS = {"s": "second", "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "d": "day", "wk": "week",
+              "mo": "month", "yr": "year"}
+#: a word before "a/b" that makes it a month/day date ("on 4/5", "due 3/15")
+DATE_CONTEXT = r"\b(?:on|until|till|since|before|after|dated|due)\s+$"
 
 #: an operand of written arithmetic: a number, maybe times a variable ("5x"), or a one-letter variable
 OPERAND = r"(?:(?:\d+(?:\.\d+)?|\.\d+)[a-z]?|[A-Za-z])(?!\w)"
@@ -289,7 +322,7 @@ class EnglishNormalizer(TextNormalizer):
 
     def normalize(self, text):
         text = self._characters(text)
-        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._currency, self._times,
+        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
                      self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
@@ -475,6 +508,13 @@ class EnglishNormalizer(TextNormalizer):
         return re.sub(r"(?<![\w.,])(?:0\d+|\d{8,})(?![\w]|[.,]\d)", lambda m: digits(m.group(0)), text)
 
     @staticmethod
+    def _rates(text: str) -> str:
+        """A slash between an amount and a word is "per": "$5/month" -> "$5 per month", "60/min" ->
+        "60 per minute" (:data:`RATE_UNITS`), not "or"."""
+        return re.sub(rf"(?<![\w.,/])([$£€¥]?(?:{NUMBER})(?:k|m|bn)?)\s?/\s?([A-Za-z]+)\b",
+                      lambda m: f"{m.group(1)} per {RATE_UNITS.get(m.group(2), m.group(2))}", text)
+
+    @staticmethod
     def _currency(text: str) -> str:
         def money(m):
             sign, number, scale = m.group(1), m.group(2), m.group(3)
@@ -610,26 +650,18 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _fractions(text: str) -> str:
-        def fraction(m):
-            top, bottom = int(m.group(1)), int(m.group(2))
-            if (top, bottom) == (24, 7):
-                return "twenty-four seven"
-            if bottom == 0:
-                return m.group(0)
-            if bottom == 2:
-                name = "half" if top == 1 else "halves"
-            elif bottom == 4:
-                name = "quarter" if top == 1 else "quarters"
-            else:
-                name = ordinal(bottom) + ("" if top == 1 else "s")
-            return f"{cardinal(str(top))} {name}"
-
-        def mixed(m):  # "2 3/4" -> "two and three quarters", "1 1/2" -> "one and a half"
-            part = fraction(re.match(r"(\d+)/(\d+)", m.group(2)))
+        """"a/b" without a year: a date, a fraction or two numbers, by :func:`slash_reading`; "2 3/4"
+        -> "two and three quarters", "1 1/2" -> "one and a half"."""
+        def mixed(m):
+            part = fraction(int(m.group(2)), int(m.group(3)))
             return f"{cardinal(m.group(1))} and {'a' if part.startswith('one ') else part.split()[0]} {part.split()[-1]}"
 
-        text = re.sub(r"(?<![\w/.,])(\d+)\s(\d{1,2}/(?:[2-9]|1\d))(?![\w/])", mixed, text)
-        return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", fraction, text)
+        def slash(m):
+            before = m.string[: m.start()]
+            return slash_reading(int(m.group(1)), int(m.group(2)), re.search(DATE_CONTEXT, before, re.IGNORECASE) is not None)
+
+        text = re.sub(r"(?<![\w/.,])(\d+)\s(\d{1,2})/([2-9]|1\d)(?![\w/])", mixed, text)
+        return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", slash, text)
 
     @staticmethod
     def _numbers(text: str) -> str:
