@@ -174,6 +174,12 @@ CASES = [
     ("It is 50/50, 4/5 done, due 3/4; add 2/3, 1/10, 3/16 and 13/20.",
      "It is fifty fifty, four fifths done, due March fourth, add two thirds, one tenth, three sixteenths and thirteen twentieths."),
     ("It costs $5/month, 60/min or \u20ac20/person.", "It costs five dollars per month, sixty per minute or twenty euros per person."),
+    # Roman numerals after a name were spelled ("Elizabeth I-I")
+    ("Elizabeth II's son Charles III, Louis XIV, Henry VIII and Pope John Paul II.",
+     "Elizabeth the second's son Charles the third, Louis the fourteenth, Henry the eighth and Pope John Paul the second."),
+    ("World War II, Rocky IV, Super Bowl LVIII, Type II, Chapter XXXIX.",
+     "World War two, Rocky four, Super Bowl fifty-eight, Type two, Chapter thirty-nine."),
+    ("I saw Size XL, Part VX and an IV.", "I saw Size X-L, Part V-X and an I-V."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

@@ -157,6 +157,22 @@ def fraction(top: int, bottom: int) -> str:
     return f"{cardinal(str(top))} {name}"
 
 
+def roman_value(numeral: str) -> int | None:
+    """"XIV" -> 14 for a numeral of :data:`ROMAN` letters written the usual way ("IIII", "VX" -> None)."""
+    values = [ROMAN[c] for c in numeral]
+    total = sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+    return total if total > 0 and to_roman(total) == numeral else None
+
+
+def to_roman(n: int) -> str:
+    """14 -> "XIV" (1 to 89)."""
+    out = ""
+    for value, letters in ((50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
+        count, n = divmod(n, value)
+        out += letters * count
+    return out
+
+
 def slash_reading(a: int, b: int, date_context: bool = False) -> str:
     """"a/b" without a year, said: a month/day date after a date word (``date_context``: "on
     4/5" -> "on April fifth"); a proper fraction of a common denominator (:data:`FRACTION_DENOMINATORS`)
@@ -249,6 +265,17 @@ HIS HOW I IF IN IS IT ITS LET ME MY NEW NO NOT NOW OF OFF OH OLD ON ONE OR OUR O
 UP WAS WAY WE WHO WHY WIN YES YET YOU""".split())
 SPOKEN_WORDS = {"OK": "okay", "PhD": "P-H-D", "PhDs": "P-H-D's", "TV": "T-V", "Wi-Fi": "wifi", "WiFi": "wifi"}
 
+#: Roman numeral letters -> values (I V X L only: "MIX", "DIV", "CIVIL", "CD" are words or initialisms)
+ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50}
+#: numerals of two letters or more left spelled after a name ("Size XL")
+NOT_ROMAN = {"XL"}
+#: names a numeral after is regnal, said "the second" ("Elizabeth II", "Louis XIV", "John Paul II");
+#: after another capitalised word it is a cardinal ("World War II", "Rocky IV", "Super Bowl LVIII")
+REGNAL_NAMES = set("""Alexander Alfonso Amenhotep Anne Benedict Boniface Carlos Catherine Charles Christian Clement
+Constantine Edward Elizabeth Ferdinand Francis Frederick George Gregory Gustav Haakon Harald Henri Henry Innocent
+Ivan James John Juan Leo Leopold Louis Ludwig Mary Napoleon Nicholas Olaf Otto Paul Pedro Peter Philip Pius Ptolemy
+Ramesses Richard Robert Rudolf Sixtus Stephen Urban Victor Wilhelm William""".split())
+
 #: URL / e-mail pieces read out
 URL_SYMBOLS = {".": " dot ", "/": " slash ", "-": " dash ", "_": " underscore ", "@": " at ", ":": " colon ",
                "?": " question mark ", "=": " equals ", "&": " and ", "+": " plus ", "#": " hash ", "~": " tilde ",
@@ -325,7 +352,7 @@ class EnglishNormalizer(TextNormalizer):
         for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
-                     self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
+                     self._years, self._fractions, self._numbers, self._roman, self._initialisms, self._symbols):
             text = rule(text)
         text, dropped = self._final(text)
         return NormalizedText(text, tuple(dict.fromkeys(dropped)))
@@ -669,6 +696,20 @@ class EnglishNormalizer(TextNormalizer):
         return re.sub(NUMBER, lambda m: " " + cardinal(m.group(0)) + " ", text)
 
     # -- words
+
+    @staticmethod
+    def _roman(text: str) -> str:
+        """A Roman numeral of two letters or more after a capitalised word: "the second" after a
+        name of :data:`REGNAL_NAMES` ("Elizabeth II", "Louis XIV"), else the number ("World War
+        II", "Rocky IV"); not spelled. "I" alone stays the pronoun."""
+        def numeral(m):
+            value = None if m.group(2) in NOT_ROMAN else roman_value(m.group(2))
+            if value is None:
+                return m.group(0)
+            said = f"the {ordinal(value)}" if m.group(1) in REGNAL_NAMES else cardinal(str(value))
+            return f"{m.group(1)} {said}"
+
+        return re.sub(r"\b([A-Z][a-z]+)\s+([IVXL]{2,})\b", numeral, text)
 
     @staticmethod
     def _initialisms(text: str) -> str:
