@@ -180,6 +180,9 @@ CASES = [
     ("World War II, Rocky IV, Super Bowl LVIII, Type II, Chapter XXXIX.",
      "World War two, Rocky four, Super Bowl fifty-eight, Type two, Chapter thirty-nine."),
     ("I saw Size XL, Part VX and an IV.", "I saw Size X-L, Part V-X and an I-V."),
+    # a tilde was glued to the word before ("about~20" aboutabout twenty) and between numbers not a range
+    ("It takes 5~10 minutes, about~20 in all, a~b, 5 ~ 10 km, ~5 km.",
+     "It takes five to ten minutes, about twenty in all, a about b, five to ten kilometers, about five kilometers."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

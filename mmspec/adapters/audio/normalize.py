@@ -475,7 +475,8 @@ class EnglishNormalizer(TextNormalizer):
         hyphen after a lower-case variable and before a digit ("x-5", "5x-3"); elsewhere "5-10" and
         "7 - 3" stay ranges. The minus sign
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
-        "-inf" and "-∞" -> "minus infinity"."""
+        "-inf" and "-∞" -> "minus infinity". A tilde between numbers is a range: "5~10" -> "5 to 10"
+        (elsewhere "about": :meth:`_symbols`)."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
         text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
                                                  m.group(0)) if "=" in m.group(0) else m.group(0), text)
@@ -483,6 +484,7 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w.])-\s?(?:inf(?:inity)?\b|\u221e)", "minus infinity", text)
         text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
         text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
+        text = re.sub(r"(?<=\d)\s?~\s?(?=\d)", " to ", text)  # "5~10 minutes": a range
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
     # -- abbreviations
@@ -745,7 +747,8 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"#(?=[A-Za-z])", "hashtag ", text)
         text = re.sub(r"\band/or\b", "and or", text)
         text = re.sub(r"(?<=[A-Za-z])/(?=[A-Za-z])", " or ", text)
-        text = re.sub(r"~\s?(?=\w)", "about ", text)
+        text = re.sub(r"\b(about|around|approximately|roughly|circa)\s?~\s?", r"\1 ", text)  # "about~20": said once
+        text = re.sub(r"~\s?(?=\w)", " about ", text)
         for symbol, said in (("&", "and"), ("@", "at"), ("+", "plus"), ("=", "equals"), ("×", "times"),
                              ("÷", "divided by"), ("<", "less than"), (">", "greater than"), ("/", "slash"),
                              ("#", "hash"), ("%", "percent"), ("°", "degrees"), ("§", "section"), ("¶", "paragraph"),
