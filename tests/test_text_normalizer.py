@@ -183,6 +183,9 @@ CASES = [
     # a tilde was glued to the word before ("about~20" aboutabout twenty) and between numbers not a range
     ("It takes 5~10 minutes, about~20 in all, a~b, 5 ~ 10 km, ~5 km.",
      "It takes five to ten minutes, about twenty in all, a about b, five to ten kilometers, about five kilometers."),
+    # short capital words on the read-as-word list were words in mixed case too ("AT&T" at and T, "the IT department")
+    ("AT&T, R&D and Q&A: the IT department, AM radio.", "A-T and T, R and D and Q and A, the I-T department, A-M radio."),
+    ("I AM SURE IT IS.\nSo IT IS, I AM.", "I am sure it is.\nSo it is, I am."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

@@ -263,6 +263,9 @@ ACRONYMS_SPELLED = {"USDA", "NCAA", "ACLU", "UCLA", "USSR", "OECD", "ESPN", "NAA
 SHORT_WORDS = set("""A AN AM AND ANY ARE AS AT BE BIG BUT BY CAN DID DO DOG FOR GET GO GOD GOT HAD HAS HE HER HI HIM
 HIS HOW I IF IN IS IT ITS LET ME MY NEW NO NOT NOW OF OFF OH OLD ON ONE OR OUR OUT RUN SAY SEE SHE SO THE TO TOO TWO
 UP WAS WAY WE WHO WHY WIN YES YET YOU""".split())
+#: short words that are initialisms too ("the IT department", "AM radio"): read as words only in
+#: shouting (next to another all-capital word, or on a line without lower-case letters)
+SHORT_INITIALISMS = {"IT", "AM"}
 SPOKEN_WORDS = {"OK": "okay", "PhD": "P-H-D", "PhDs": "P-H-D's", "TV": "T-V", "Wi-Fi": "wifi", "WiFi": "wifi"}
 
 #: Roman numeral letters -> values (I V X L only: "MIX", "DIV", "CIVIL", "CD" are words or initialisms)
@@ -730,12 +733,19 @@ class EnglishNormalizer(TextNormalizer):
                 return word.capitalize() + plural
             if word in ACRONYMS_SPELLED:
                 return spelled(word) + ("'s" if plural else "")
-            if word in SHORT_WORDS and not plural:
+            if word in SHORT_WORDS and not plural and (word not in SHORT_INITIALISMS or shouting(m)):
                 return word.lower() if word not in ("I", "A") else word
             if len(word) <= 3 or not re.search(r"[AEIOU]", word):
                 return spelled(word) + ("'s" if plural else "")
             return word.lower() + plural
 
+        def shouting(m):  # the line has no lower-case letter, or a word next to this one is all capitals
+            line = m.string.split("\n")[m.string.count("\n", 0, m.start())]
+            column = m.start() - (m.string.rfind("\n", 0, m.start()) + 1)
+            before, after = re.findall(r"[A-Za-z']+", line[:column]), re.findall(r"[A-Za-z']+", line[column + len(m.group(0)):])
+            return not re.search("[a-z]", line) or any(w.isupper() and w != "A" for w in before[-1:] + after[:1])
+
+        text = re.sub(r"\b([A-Z]{1,3})&([A-Z]{1,3})\b", lambda m: f"{spelled(m.group(1))} and {spelled(m.group(2))}", text)  # AT&T
         for written, said in SPOKEN_WORDS.items():
             if not written.isupper():
                 text = re.sub(rf"\b{re.escape(written)}\b", said, text)
