@@ -186,6 +186,14 @@ CASES = [
     # short capital words on the read-as-word list were words in mixed case too ("AT&T" at and T, "the IT department")
     ("AT&T, R&D and Q&A: the IT department, AM radio.", "A-T and T, R and D and Q and A, the I-T department, A-M radio."),
     ("I AM SURE IT IS.\nSo IT IS, I AM.", "I am sure it is.\nSo it is, I am."),
+    # counts were read as years ("there were 1999 people" nineteen ninety-nine), "call 911" a cardinal, codes as numbers
+    ("There were 1999 people; I paid 1999 dollars, it cost 2020.",
+     "There were one thousand nine hundred ninety-nine people, I paid one thousand nine hundred ninety-nine dollars, it "
+     "cost two thousand twenty."),
+    ("In 1999 prices rose, 1999 was good and the 2020 elections too.",
+     "In nineteen ninety-nine prices rose, nineteen ninety-nine was good and the twenty twenty elections too."),
+    ("Call 911, dial 999 or ring 112; Flight BA2490 on the M25.",
+     "Call nine one one, dial nine nine nine or ring one one two, Flight B-A two four nine zero on the M twenty-five."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

@@ -279,6 +279,19 @@ Constantine Edward Elizabeth Ferdinand Francis Frederick George Gregory Gustav H
 Ivan James John Juan Leo Leopold Louis Ludwig Mary Napoleon Nicholas Olaf Otto Paul Pedro Peter Philip Pius Ptolemy
 Ramesses Richard Robert Rudolf Sixtus Stephen Urban Victor Wilhelm William""".split())
 
+#: words before a four-digit number that make it a count, not a year ("paid 1999")
+COUNT_BEFORE = {"paid", "pay", "pays", "paying", "cost", "costs", "costing", "priced", "worth", "total", "totals"}
+#: words before a four-digit number that keep it a year though a plural follows ("in 1999 prices")
+YEAR_BEFORE = {"in", "since", "from", "until", "till", "by", "of", "to", "the", "during", "before", "after", "circa",
+               "year", "early", "late", "mid", "spring", "summer", "autumn", "fall", "winter", "between", "around"}
+#: words after one that end in "s" but are no plural ("1999 was"), and plurals that do not ("1999 people")
+NOT_PLURALS = {"is", "was", "has", "as", "its", "this", "thus", "us", "his", "hers", "yours", "ours", "theirs", "always",
+               "perhaps", "whereas", "towards", "besides", "plus", "less", "unless", "across", "series"}
+IRREGULAR_PLURALS = {"people", "men", "women", "children", "feet", "teeth", "mice", "geese", "sheep", "fish", "deer",
+                     "yen", "staff", "cattle", "police"}
+#: emergency and service numbers said digit by digit after "call" / "dial"
+SERVICE_NUMBERS = ("911", "999", "112", "000", "111", "101", "311", "411", "988")
+
 #: URL / e-mail pieces read out
 URL_SYMBOLS = {".": " dot ", "/": " slash ", "-": " dash ", "_": " underscore ", "@": " at ", ":": " colon ",
                "?": " question mark ", "=": " equals ", "&": " and ", "+": " plus ", "#": " hash ", "~": " tilde ",
@@ -536,6 +549,11 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w])", phone, text)
         text = re.sub(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\d{2,4}){2,5}(?![\w])", phone, text)
         text = re.sub(r"(?<![\w,.-])\d{3}-\d{4}(?![\w-])", phone, text)
+        # a service number after "call" / "dial": "call 911" -> "call nine one one"
+        text = re.sub(rf"\b((?:call|dial|ring)(?:s|ed|led|ing|ling)?\s+)({'|'.join(SERVICE_NUMBERS)})(?!\d)",
+                      lambda m: m.group(1) + digits(m.group(2)), text, flags=re.IGNORECASE)
+        # capital letters and three or more digits: a code ("BA2490", "RTX4090"), its digits one by one
+        text = re.sub(r"\b([A-Z]{1,3})(\d{3,})\b", lambda m: f"{m.group(1)} {digits(m.group(2))}", text)
         # a leading zero, or 8 or more digits: an identifier, read digit by digit
         return re.sub(r"(?<![\w.,])(?:0\d+|\d{8,})(?![\w]|[.,]\d)", lambda m: digits(m.group(0)), text)
 
@@ -678,7 +696,19 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _years(text: str) -> str:
-        return re.sub(r"(?<![\w.,])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)", lambda m: year(int(m.group(1))), text)
+        """A bare 1100-2099 is a year ("in 1999", "1999 was"), but a count where a price word comes
+        before it ("paid 1999") or a plural follows it without a year word before it ("there were
+        1999 people", "1500 dollars"; not "in 1999 prices", "the 2020 elections"): :data:`COUNT_BEFORE`,
+        :data:`YEAR_BEFORE`, :data:`NOT_PLURALS`, :data:`IRREGULAR_PLURALS`."""
+        def number(m):
+            before = re.search(r"([A-Za-z]+)\W*\s+$", m.string[max(0, m.start() - 30): m.start()])  # the word before
+            after = re.match(r"\s+([a-z]+)\b", m.string[m.end():])
+            previous, following = (before.group(1).lower() if before else ""), (after.group(1) if after else "")
+            plural = following in IRREGULAR_PLURALS or (following.endswith("s") and following not in NOT_PLURALS)
+            count = previous in COUNT_BEFORE or (plural and previous not in YEAR_BEFORE)
+            return cardinal(m.group(1)) if count else year(int(m.group(1)))
+
+        return re.sub(r"(?<![\w.,])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)", number, text)
 
     @staticmethod
     def _fractions(text: str) -> str:
