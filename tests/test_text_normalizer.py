@@ -194,6 +194,10 @@ CASES = [
      "In nineteen ninety-nine prices rose, nineteen ninety-nine was good and the twenty twenty elections too."),
     ("Call 911, dial 999 or ring 112; Flight BA2490 on the M25.",
      "Call nine one one, dial nine nine nine or ring one one two, Flight B-A two four nine zero on the M twenty-five."),
+    # a currency sign after the number, the cent and rupee signs and ISO codes were dropped or spelled
+    ("5\u20ac, 5$, 10\u00a2, 1\u00a2, \u20b9500 and \u20b912.50.",
+     "five euros, five dollars, ten cents, one cent, five hundred rupees and twelve rupees and fifty paise."),
+    ("It is 5 USD, USD 5, 20 EUR or 3.50 GBP.", "It is five dollars, five dollars, twenty euros or three pounds and fifty pence."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]

@@ -212,7 +212,12 @@ MONTH = r"(?:January|February|March|April|May|June|July|August|September|October
 
 #: currency sign -> (unit, units, sub-unit, sub-units)
 CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "pounds", "penny", "pence"),
-              "€": ("euro", "euros", "cent", "cents"), "¥": ("yen", "yen", None, None)}
+              "€": ("euro", "euros", "cent", "cents"), "¥": ("yen", "yen", None, None),
+              "₹": ("rupee", "rupees", "paisa", "paise")}
+#: a regex class of the currency signs
+SIGN = "[" + "".join(CURRENCIES) + "]"
+#: ISO codes, before or after an amount, read as their sign's words ("5 USD" -> "five dollars")
+CURRENCY_CODES = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "INR": "₹"}
 SCALES = {"thousand": "thousand", "k": "thousand", "million": "million", "m": "million", "mn": "million",
           "billion": "billion", "bn": "billion", "b": "billion", "trillion": "trillion", "tn": "trillion"}
 
@@ -498,8 +503,8 @@ class EnglishNormalizer(TextNormalizer):
                                                  m.group(0)) if "=" in m.group(0) else m.group(0), text)
         text = re.sub(r"(?<![\w.])(\d*[a-z])-(?=\d)", r"\1 minus ", text)  # "x-5", "5x-3": a variable's minus
         text = re.sub(r"(?<![\w.])-\s?(?:inf(?:inity)?\b|\u221e)", "minus infinity", text)
-        text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
-        text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
+        text = re.sub(rf"({SIGN})\s?-(?=\.?\d)", r"minus \1", text)
+        text = re.sub(rf"(?<![\w.%])-(?={SIGN}?\.?\d)", "minus ", text)
         text = re.sub(r"(?<=\d)\s?~\s?(?=\d)", " to ", text)  # "5~10 minutes": a range
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
@@ -561,11 +566,13 @@ class EnglishNormalizer(TextNormalizer):
     def _rates(text: str) -> str:
         """A slash between an amount and a word is "per": "$5/month" -> "$5 per month", "60/min" ->
         "60 per minute" (:data:`RATE_UNITS`), not "or"."""
-        return re.sub(rf"(?<![\w.,/])([$£€¥]?(?:{NUMBER})(?:k|m|bn)?)\s?/\s?([A-Za-z]+)\b",
+        return re.sub(rf"(?<![\w.,/])({SIGN}?(?:{NUMBER})(?:k|m|bn)?)\s?/\s?([A-Za-z]+)\b",
                       lambda m: f"{m.group(1)} per {RATE_UNITS.get(m.group(2), m.group(2))}", text)
 
     @staticmethod
     def _currency(text: str) -> str:
+        """"$49.99", "€3.50", "$1.2 million", "$20-$30" read out; a sign or ISO code after the number
+        ("5€", "5 USD") or a code before it ("USD 5") read as the sign before it; "10¢" -> "ten cents"."""
         def money(m):
             sign, number, scale = m.group(1), m.group(2), m.group(3)
             unit, units, sub, subs = CURRENCIES[sign]
@@ -582,8 +589,14 @@ class EnglishNormalizer(TextNormalizer):
         scale = r"(?:\s?(thousand|million|billion|trillion|k|m|mn|bn|b|tn)\b)?"
         text = re.sub(r"(£\s?\d+\.\d\d)p\b", r"\1", text)  # "£2.50p": the pence are said once
         # "$20-$30", "$20-30": a range of amounts
-        text = re.sub(r"([$£€¥])(" + NUMBER + r")\s?[-\u2013]\s?[$£€¥]?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
-        return re.sub(r"([$£€¥])\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
+        codes = "|".join(CURRENCY_CODES)
+        text = re.sub(rf"\b({codes})\s?(?={NUMBER})", lambda m: CURRENCY_CODES[m.group(1)], text)  # "USD 5"
+        text = re.sub(rf"(?<![\w.,])({NUMBER})\s?(?:({SIGN})|({codes})\b)(?!\s?\d)",  # "5€", "5 USD": the sign first
+                      lambda m: (m.group(2) or CURRENCY_CODES[m.group(3)]) + m.group(1), text)
+        text = re.sub(rf"(?<![\w.,])({NUMBER})\s?¢", lambda m: f"{cardinal(m.group(1))} {'cent' if _is_one(m.group(1)) else 'cents'}",
+                      text)
+        text = re.sub(rf"({SIGN})(" + NUMBER + rf")\s?[-\u2013]\s?{SIGN}?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
+        return re.sub(rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
 
     @staticmethod
     def _times(text: str) -> str:
