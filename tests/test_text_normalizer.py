@@ -198,6 +198,13 @@ CASES = [
     ("5\u20ac, 5$, 10\u00a2, 1\u00a2, \u20b9500 and \u20b912.50.",
      "five euros, five dollars, ten cents, one cent, five hundred rupees and twelve rupees and fifty paise."),
     ("It is 5 USD, USD 5, 20 EUR or 3.50 GBP.", "It is five dollars, five dollars, twenty euros or three pounds and fifty pence."),
+    # the audit's minor ones: notation, scales, dimensions, midnight, .NET, feet and inches
+    ("It is 1e6 or 2.5e-3, 100k followers, 5M users, a 4K screen.",
+     "It is one times ten to the power of six or two point five times ten to the power of minus three, one hundred "
+     "thousand followers, five million users, a four K screen."),
+    ("A 3 x 4 room, 1920x1080 pixels, at 00:00 or 24:00.",
+     "A three by four room, one thousand nine hundred twenty by one thousand eighty pixels, at midnight or midnight."),
+    ("Learn .NET and ASP.NET; he is 5 ft 10 in tall.", "Learn dot net and A-S-P dot net, he is five feet ten inches tall."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
 ]
@@ -233,6 +240,7 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
     # a dropped sentence between two marks leaves one mark, not "Hello.!"
     ("Hello. \U0001F600\U0001F600. \u65e5\u672c! Bye now.", "Hello. Bye now.", ("\U0001F600\U0001F600", "\u65e5\u672c")),
     ("No! \U0001F600. Go.", "No! Go.", ("\U0001F600",)),
+    ("Say \u0939\u093f\u0928\u094d\u0926\u0940 now.", "Say now.", ("\u0939\u093f\u0928\u094d\u0926\u0940",)),  # vowel signs kept in the name
 ])
 def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
     normalized = make_normalizer("english")(written)

@@ -421,8 +421,9 @@ class EnglishNormalizer(TextNormalizer):
                     dropped.append(run)
                     run = ""
             else:
-                if unicodedata.category(c)[0] in "LNS" or (unicodedata.category(c) == "Po" and c not in BULLETS):
-                    run += c  # named; control and format characters, bullets, quotes and brackets are not
+                category = unicodedata.category(c)
+                if category[0] in "LNS" or (category == "Po" and c not in BULLETS) or (category[0] == "M" and run):
+                    run += c  # (a vowel sign in a dropped word too: "हिन्दी" named whole)  # named; control and format characters, bullets, quotes and brackets are not
                 out.append(" ")
         if run:
             dropped.append(run)
@@ -482,7 +483,8 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _files(text: str) -> str:
-        """"config.yaml" -> "config dot yaml" (a file name, not a sentence end)."""
+        """"config.yaml" -> "config dot yaml" (a file name, not a sentence end); ".NET", "ASP.NET" -> "dot net"."""
+        text = re.sub(r"(?<![.])\.NET\b", " dot net", text)
         return re.sub(rf"(?<![\w.])([A-Za-z0-9_-]{{2,}}(?:\.[A-Za-z0-9_-]+)*)\.({FILE_EXTENSIONS})\b(?![.-]?\w)",
                       lambda m: f"{m.group(1).replace('.', ' dot ')} dot {m.group(2)}", text)
 
@@ -497,7 +499,8 @@ class EnglishNormalizer(TextNormalizer):
         "7 - 3" stay ranges. The minus sign
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
         "-inf" and "-∞" -> "minus infinity". A tilde between numbers is a range: "5~10" -> "5 to 10"
-        (elsewhere "about": :meth:`_symbols`)."""
+        (elsewhere "about": :meth:`_symbols`); "1e6" -> "1 times 10 to the power of 6"; "3 x 4",
+        "1920x1080" -> "3 by 4" (dimensions)."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
         text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
                                                  m.group(0)) if "=" in m.group(0) else m.group(0), text)
@@ -506,6 +509,10 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(rf"({SIGN})\s?-(?=\.?\d)", r"minus \1", text)
         text = re.sub(rf"(?<![\w.%])-(?={SIGN}?\.?\d)", "minus ", text)
         text = re.sub(r"(?<=\d)\s?~\s?(?=\d)", " to ", text)  # "5~10 minutes": a range
+        text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([-+]?)(\d+)(?![\w.])",  # "1e6", "2.5e-3": scientific notation
+                      lambda m: f"{m.group(1)} times 10 to the power of {'minus ' if m.group(2) == '-' else ''}{m.group(3)}", text)
+        text = re.sub(r"(?<![\w.])([1-9]\d*(?:\.\d+)?)\s?x\s?(\d+(?:\.\d+)?)(?![\w.])",  # "3 x 4": counts, not years
+                      lambda m: f"{cardinal(m.group(1))} by {cardinal(m.group(2))}", text)
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
     # -- abbreviations
@@ -618,6 +625,8 @@ class EnglishNormalizer(TextNormalizer):
             hour, minute = int(m.group(1)), int(m.group(2))
             if hour > 24 or minute > 59 or (m.group(4) and not 1 <= hour <= 12):
                 return m.group(0)
+            if hour % 24 == 0 and minute == 0 and not m.group(3) and not m.group(4):
+                return "midnight"  # "00:00", "24:00", not "zero o'clock"
             words = said(hour, minute, m.group(4), m)
             return words if m.group(3) is None else words + " and " + cardinal(str(int(m.group(3)))) + " seconds"
 
@@ -682,7 +691,9 @@ class EnglishNormalizer(TextNormalizer):
                       f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
                       text)
         pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")(?![A-Za-z0-9°])")
-        return re.sub(pattern, unit, text)
+        text = re.sub(pattern, unit, text)
+        return re.sub(r"(?<=\b(?:feet|foot) )(\d{1,2})\s?in\b",  # "5 ft 10 in": "in" only after feet
+                      lambda m: f"{cardinal(m.group(1))} {'inch' if m.group(1) == '1' else 'inches'}", text)
 
     @staticmethod
     def _percentages(text: str) -> str:
@@ -740,7 +751,10 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _numbers(text: str) -> str:
+        """What is left: "-5" -> "minus 5", "100k", "5M", "2bn" -> "100 thousand", ... (not "4K", a
+        resolution), then every number as a cardinal."""
         text = re.sub(r"(?<![\w.])-(?=\.?\d)", "minus ", text)
+        text = re.sub(rf"(?<![\w.])({NUMBER})(k|M|B|mn|bn)\b", lambda m: f"{m.group(1)} {SCALES[m.group(2).lower()]}", text)
         return re.sub(NUMBER, lambda m: " " + cardinal(m.group(0)) + " ", text)
 
     # -- words
