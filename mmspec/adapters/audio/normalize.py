@@ -359,11 +359,13 @@ class EnglishNormalizer(TextNormalizer):
     """Written English -> spoken English, rule by rule (:meth:`normalize` lists the order).
 
     Heuristics worth knowing: a bare four-digit number from 1100 to 2099 is read as a year
-    ("in 1999", "1500 people" -> "fifteen hundred people"); "3/4/2025" is month/day/year unless
-    the first number cannot be a month; digit runs with a leading zero, of 8 or more digits, or in
-    a phone pattern (555-123-4567) are read digit by digit; an all-capital word is spelled
-    ("F-B-I") when it has 3 letters or fewer or no vowel, read as a word when longer ("NASA",
-    shouting), with small lists of exceptions each way.
+    ("in 1999", "in 1999 prices") unless a price word precedes it or a plural follows it ("paid
+    1999", "1999 people": counts); "3/4/2025" is month/day/year unless the first number cannot be
+    a month, and "a/b" without a year is a date, a fraction or two numbers by :func:`slash_reading`;
+    digit runs with a leading zero, of 8 or more digits, or in a phone pattern (555-123-4567) are
+    read digit by digit; an all-capital word is spelled ("F-B-I") when it has 3 letters or fewer or
+    no vowel, read as a word when longer ("NASA", shouting), with small lists of exceptions each
+    way; a Roman numeral after a capitalised word is a number (:meth:`_roman`).
     """
 
     name = "english"
