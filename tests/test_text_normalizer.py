@@ -190,8 +190,9 @@ CASES = [
     ("There were 1999 people; I paid 1999 dollars, it cost 2020.",
      "There were one thousand nine hundred ninety-nine people, I paid one thousand nine hundred ninety-nine dollars, it "
      "cost two thousand twenty."),
-    ("In 1999 prices rose, 1999 was good and the 2020 elections too.",
-     "In nineteen ninety-nine prices rose, nineteen ninety-nine was good and the twenty twenty elections too."),
+    ("In 1999 prices rose, 1999 was good and the 2020 elections too; the report for 2023 mentions it.",
+     "In nineteen ninety-nine prices rose, nineteen ninety-nine was good and the twenty twenty elections too, the report "
+     "for twenty twenty-three mentions it."),
     ("Call 911, dial 999 or ring 112; Flight BA2490 on the M25.",
      "Call nine one one, dial nine nine nine or ring one one two, Flight B-A two four nine zero on the M twenty-five."),
     # a currency sign after the number, the cent and rupee signs and ISO codes were dropped or spelled

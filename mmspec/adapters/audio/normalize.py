@@ -287,7 +287,7 @@ Ramesses Richard Robert Rudolf Sixtus Stephen Urban Victor Wilhelm William""".sp
 #: words before a four-digit number that make it a count, not a year ("paid 1999")
 COUNT_BEFORE = {"paid", "pay", "pays", "paying", "cost", "costs", "costing", "priced", "worth", "total", "totals"}
 #: words before a four-digit number that keep it a year though a plural follows ("in 1999 prices")
-YEAR_BEFORE = {"in", "since", "from", "until", "till", "by", "of", "to", "the", "during", "before", "after", "circa",
+YEAR_BEFORE = {"in", "since", "from", "until", "till", "by", "of", "to", "for", "the", "during", "before", "after", "circa",
                "year", "early", "late", "mid", "spring", "summer", "autumn", "fall", "winter", "between", "around"}
 #: words after one that end in "s" but are no plural ("1999 was"), and plurals that do not ("1999 people")
 NOT_PLURALS = {"is", "was", "has", "as", "its", "this", "thus", "us", "his", "hers", "yours", "ours", "theirs", "always",
