@@ -152,6 +152,62 @@ CASES = [
     ("Hel\u200blo wor\u200dld good\u00adbye.", "Hello world goodbye."),
     ("5\u00a0000 people, 12\u202f500 cars.", "five thousand people, twelve thousand five hundred cars."),
     ("\x1b[31mred\x1b[0m alert.", "red alert."),
+    # the normaliser audit: arithmetic's minus was dropped ("x = y - 5" said "x equals y five") or a range
+    ("If x = y - 5 and 7 - 3 = 4, then 10/2=5.",
+     "If x equals y minus five and seven minus three equals four, then ten divided by two equals five."),
+    ("Solve x-5 and 5x-3, in 5-10 minutes, from 1990-1995, pages 10 - 20.",
+     "Solve x minus five and five x minus three, in five to ten minutes, from nineteen ninety to nineteen ninety-five, "
+     "pages ten to twenty."),
+    ("An x-ray, a t-shirt, COVID-19.", "An x-ray, a t-shirt, Covid nineteen."),
+    # an ASCII dash between words was no pause ("I came home - it was late"); "--" between numbers a minus
+    ("I came home - it was late -- very late. Wait--what?", "I came home, it was late, very late. Wait, what?"),
+    # month and day abbreviations were spelt and split sentences ("in Jan. and ...")
+    ("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave.",
+     "We leave in January and return in February next year. He lives at Apartment five on Oak Avenue."),
+    ("See you on Mon. at 5, or Tues., Sat. morning, Sun. Jan. 5 or Mar. 3. We met in Sept. It rained.",
+     "See you on Monday at five, or Tuesday, Saturday morning, Sunday January fifth or March third. We met in "
+     "September. It rained."),
+    ("I love the Sun. Closed Sat.", "I love the Sun. Closed Sat."),  # words too: only before a small word, digit, comma
+    # a slash date without a year was a fraction ("12/25" twelve twenty-fifths), "50/50" fifty fiftieths, "$5/month" "or"
+    ("On 3/15 we meet; he was born on 4/5. See 12/25, 9/11 and 1/1.",
+     "On March fifteenth we meet, he was born on April fifth. See December twenty-fifth, September eleventh and January first."),
+    ("It is 50/50, 4/5 done, due 3/4; add 2/3, 1/10, 3/16 and 13/20.",
+     "It is fifty fifty, four fifths done, due March fourth, add two thirds, one tenth, three sixteenths and thirteen twentieths."),
+    ("It costs $5/month, 60/min or \u20ac20/person.", "It costs five dollars per month, sixty per minute or twenty euros per person."),
+    # Roman numerals after a name were spelled ("Elizabeth I-I")
+    ("Elizabeth II's son Charles III, Louis XIV, Henry VIII and Pope John Paul II.",
+     "Elizabeth the second's son Charles the third, Louis the fourteenth, Henry the eighth and Pope John Paul the second."),
+    ("World War II, Rocky IV, Super Bowl LVIII, Type II, Chapter XXXIX.",
+     "World War two, Rocky four, Super Bowl fifty-eight, Type two, Chapter thirty-nine."),
+    ("I saw Size XL, Part VX and an IV.", "I saw Size X-L, Part V-X and an I-V."),
+    # a tilde was glued to the word before ("about~20" aboutabout twenty) and between numbers not a range
+    ("It takes 5~10 minutes, about~20 in all, a~b, 5 ~ 10 km, ~5 km.",
+     "It takes five to ten minutes, about twenty in all, a about b, five to ten kilometers, about five kilometers."),
+    # short capital words on the read-as-word list were words in mixed case too ("AT&T" at and T, "the IT department")
+    ("AT&T, R&D and Q&A: the IT department, AM radio.", "A-T and T, R and D and Q and A, the I-T department, A-M radio."),
+    ("I AM SURE IT IS.\nSo IT IS, I AM.", "I am sure it is.\nSo it is, I am."),
+    # counts were read as years ("there were 1999 people" nineteen ninety-nine), "call 911" a cardinal, codes as numbers
+    ("There were 1999 people; I paid 1999 dollars, it cost 2020.",
+     "There were one thousand nine hundred ninety-nine people, I paid one thousand nine hundred ninety-nine dollars, it "
+     "cost two thousand twenty."),
+    ("In 1999 prices rose, 1999 was good and the 2020 elections too; the report for 2023 mentions it.",
+     "In nineteen ninety-nine prices rose, nineteen ninety-nine was good and the twenty twenty elections too, the report "
+     "for twenty twenty-three mentions it."),
+    ("Call 911, dial 999 or ring 112; Flight BA2490 on the M25.",
+     "Call nine one one, dial nine nine nine or ring one one two, Flight B-A two four nine zero on the M twenty-five."),
+    # a currency sign after the number, the cent and rupee signs and ISO codes were dropped or spelled
+    ("5\u20ac, 5$, 10\u00a2, 1\u00a2, \u20b9500 and \u20b912.50.",
+     "five euros, five dollars, ten cents, one cent, five hundred rupees and twelve rupees and fifty paise."),
+    ("It is 5 USD, USD 5, 20 EUR or 3.50 GBP.", "It is five dollars, five dollars, twenty euros or three pounds and fifty pence."),
+    # the audit's minor ones: notation, scales, dimensions, midnight, .NET, feet and inches
+    ("It is 1e6 or 2.5e-3, 100k followers, 5M users, a 4K screen.",
+     "It is one times ten to the power of six or two point five times ten to the power of minus three, one hundred "
+     "thousand followers, five million users, a four K screen."),
+    ("A 3 x 4 room, 1920x1080 pixels, at 00:00 or 24:00.",
+     "A three by four room, one thousand nine hundred twenty by one thousand eighty pixels, at midnight or midnight."),
+    ("Learn .NET and ASP.NET; he is 5 ft 10 in tall.", "Learn dot net and A-S-P dot net, he is five feet ten inches tall."),
+    ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
+     "one\ntwo"),
 ]
 
 
@@ -185,10 +241,20 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
     # a dropped sentence between two marks leaves one mark, not "Hello.!"
     ("Hello. \U0001F600\U0001F600. \u65e5\u672c! Bye now.", "Hello. Bye now.", ("\U0001F600\U0001F600", "\u65e5\u672c")),
     ("No! \U0001F600. Go.", "No! Go.", ("\U0001F600",)),
+    ("Say \u0939\u093f\u0928\u094d\u0926\u0940 now.", "Say now.", ("\u0939\u093f\u0928\u094d\u0926\u0940",)),  # vowel signs kept in the name
 ])
 def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
     normalized = make_normalizer("english")(written)
     assert (normalized.text, normalized.dropped) == (spoken, dropped)
+
+
+def test_the_sentence_splitter_does_not_split_after_an_expanded_abbreviation():
+    """The pipeline splits the normalised text: an abbreviation read out leaves no period mid-sentence."""
+    from mmspec.pipelines.text_to_speech.pipeline import split_sentences
+
+    said = normalize_text("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave. Dr. Who came.")
+    assert split_sentences(said) == ["We leave in January and return in February next year.",
+                                     "He lives at Apartment five on Oak Avenue.", "Doctor Who came."]
 
 
 def test_long_text_is_normalised_deterministically():

@@ -146,7 +146,63 @@ def _is_one(number: str) -> bool:
     return number.replace(",", "") in ("1", "-1")
 
 
+def fraction(top: int, bottom: int) -> str:
+    """(3, 4) -> "three quarters", (1, 2) -> "one half", (5, 8) -> "five eighths"."""
+    if bottom == 2:
+        name = "half" if top == 1 else "halves"
+    elif bottom == 4:
+        name = "quarter" if top == 1 else "quarters"
+    else:
+        name = ordinal(bottom) + ("" if top == 1 else "s")
+    return f"{cardinal(str(top))} {name}"
+
+
+def roman_value(numeral: str) -> int | None:
+    """"XIV" -> 14 for a numeral of :data:`ROMAN` letters written the usual way ("IIII", "VX" -> None)."""
+    values = [ROMAN[c] for c in numeral]
+    total = sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+    return total if total > 0 and to_roman(total) == numeral else None
+
+
+def to_roman(n: int) -> str:
+    """14 -> "XIV" (1 to 89)."""
+    out = ""
+    for value, letters in ((50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
+        count, n = divmod(n, value)
+        out += letters * count
+    return out
+
+
+def slash_reading(a: int, b: int, date_context: bool = False) -> str:
+    """"a/b" without a year, said: a month/day date after a date word (``date_context``: "on
+    4/5" -> "on April fifth"); a proper fraction of a common denominator (:data:`FRACTION_DENOMINATORS`)
+    as one ("3/4", "1/10"); else a valid month/day as a date ("12/25", "9/11", "1/1"); else a
+    proper fraction ("13/20"); else the two numbers ("24/7", "50/50"); "a/0" stays written."""
+    date = 1 <= a <= 12 and 1 <= b <= 31
+    if b == 0:
+        return f"{a}/{b}"
+    if date and (date_context or not (a < b and b in FRACTION_DENOMINATORS)):
+        return f"{MONTHS[a - 1]} {ordinal(b)}"
+    return fraction(a, b) if a < b else f"{cardinal(str(a))} {cardinal(str(b))}"
+
+
 # --- rule tables -------------------------------------------------------------------------------
+
+#: denominators a proper "a/b" is read as a fraction by even where it could be a month/day
+#: (halves to twelfths but elevenths, and sixteenths: recipes, inches); "9/11", "12/25" are dates
+FRACTION_DENOMINATORS = {2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16}
+#: a rate's unit after "/" ("$5/mo" -> "five dollars per month"); another word is said as written
+RATE_UNITS = {"s": "second", "sec": "second", "min": "minute", "h": "hour", "hr": "hour", "d": "day", "wk": "week",
+              "mo": "month", "yr": "year"}
+#: a word before "a/b" that makes it a month/day date ("on 4/5", "due 3/15")
+DATE_CONTEXT = r"\b(?:on|until|till|since|before|after|dated|due)\s+$"
+
+#: an operand of written arithmetic: a number, maybe times a variable ("5x"), or a one-letter variable
+OPERAND = r"(?:(?:\d+(?:\.\d+)?|\.\d+)[a-z]?|[A-Za-z])(?!\w)"
+#: operands joined by operators: arithmetic where one of them is "=" ("x = y - 5", "10/2=5")
+EQUATION = rf"(?<![\w.,/-]){OPERAND}(?:\s*[-+*/=\u00d7\u00f7]\s*{OPERAND})+"
+#: how an equation's hyphen and slash are read (the other operators' words are :meth:`_symbols`')
+EQUATION_OPERATORS = {"-": "minus", "/": "divided by"}
 
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
@@ -156,7 +212,12 @@ MONTH = r"(?:January|February|March|April|May|June|July|August|September|October
 
 #: currency sign -> (unit, units, sub-unit, sub-units)
 CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "pounds", "penny", "pence"),
-              "€": ("euro", "euros", "cent", "cents"), "¥": ("yen", "yen", None, None)}
+              "€": ("euro", "euros", "cent", "cents"), "¥": ("yen", "yen", None, None),
+              "₹": ("rupee", "rupees", "paisa", "paise")}
+#: a regex class of the currency signs
+SIGN = "[" + "".join(CURRENCIES) + "]"
+#: ISO codes, before or after an amount, read as their sign's words ("5 USD" -> "five dollars")
+CURRENCY_CODES = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "INR": "₹"}
 SCALES = {"thousand": "thousand", "k": "thousand", "million": "million", "m": "million", "mn": "million",
           "billion": "billion", "bn": "billion", "b": "billion", "trillion": "trillion", "tn": "trillion"}
 
@@ -183,11 +244,19 @@ TITLES = {"Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Pro
           "Gen.": "General", "Gov.": "Governor", "Sen.": "Senator", "Capt.": "Captain", "Lt.": "Lieutenant",
           "Sgt.": "Sergeant", "Rev.": "Reverend", "Ft.": "Fort", "vs.": "versus", "vs": "versus",
           "e.g.": "for example", "i.e.": "that is"}
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+#: "Jan." -> "January", "Tues." -> "Tuesday" (not "May", a word; "Jan" without its period may be a name)
+CALENDAR_ABBREVIATIONS = ({f"{m[:3]}.": m for m in MONTHS if m != "May"} | {"Sept.": "September"}
+                          | {f"{d[:3]}.": d for d in DAYS} | {"Tues.": "Tuesday", "Thur.": "Thursday", "Thurs.": "Thursday"})
+#: the calendar abbreviations that are words too ("I love the Sun."): expanded only where a
+#: lower-case word, a digit, a comma or a month follows
+WORDLIKE_ABBREVIATIONS = {"Mar.", "Sat.", "Sun."}
 #: abbreviations that may end a sentence (the period is kept there)
 ABBREVIATIONS = {"etc.": "et cetera", "approx.": "approximately", "Jr.": "Junior", "Sr.": "Senior", "Ave.": "Avenue", "Rd.": "Road",
                  "Blvd.": "Boulevard", "Dept.": "Department", "Inc.": "Incorporated", "Ltd.": "Limited",
                  "Corp.": "Corporation", "Co.": "Company", "Univ.": "University", "w/": "with", "a.k.a.": "also known as",
-                 "Ph.D.s": "P-H-D's", "Ph.D.": "P-H-D", "M.Sc.": "M-S-C", "B.Sc.": "B-S-C", "M.Phil.": "M-phil"}
+                 "Ph.D.s": "P-H-D's", "Ph.D.": "P-H-D", "M.Sc.": "M-S-C", "B.Sc.": "B-S-C", "M.Phil.": "M-phil",
+                 "Apt.": "Apartment"} | {k: v for k, v in CALENDAR_ABBREVIATIONS.items() if k not in WORDLIKE_ABBREVIATIONS}
 
 #: all-capital words read as words (not spelled), and ones spelled though they look like words
 ACRONYMS_AS_WORDS = {"NASA", "NATO", "UNESCO", "UNICEF", "NAFTA", "OPEC", "FIFA", "UEFA", "NASCAR", "SCUBA", "LASER",
@@ -199,7 +268,34 @@ ACRONYMS_SPELLED = {"USDA", "NCAA", "ACLU", "UCLA", "USSR", "OECD", "ESPN", "NAA
 SHORT_WORDS = set("""A AN AM AND ANY ARE AS AT BE BIG BUT BY CAN DID DO DOG FOR GET GO GOD GOT HAD HAS HE HER HI HIM
 HIS HOW I IF IN IS IT ITS LET ME MY NEW NO NOT NOW OF OFF OH OLD ON ONE OR OUR OUT RUN SAY SEE SHE SO THE TO TOO TWO
 UP WAS WAY WE WHO WHY WIN YES YET YOU""".split())
+#: short words that are initialisms too ("the IT department", "AM radio"): read as words only in
+#: shouting (next to another all-capital word, or on a line without lower-case letters)
+SHORT_INITIALISMS = {"IT", "AM"}
 SPOKEN_WORDS = {"OK": "okay", "PhD": "P-H-D", "PhDs": "P-H-D's", "TV": "T-V", "Wi-Fi": "wifi", "WiFi": "wifi"}
+
+#: Roman numeral letters -> values (I V X L only: "MIX", "DIV", "CIVIL", "CD" are words or initialisms)
+ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50}
+#: numerals of two letters or more left spelled after a name ("Size XL")
+NOT_ROMAN = {"XL"}
+#: names a numeral after is regnal, said "the second" ("Elizabeth II", "Louis XIV", "John Paul II");
+#: after another capitalised word it is a cardinal ("World War II", "Rocky IV", "Super Bowl LVIII")
+REGNAL_NAMES = set("""Alexander Alfonso Amenhotep Anne Benedict Boniface Carlos Catherine Charles Christian Clement
+Constantine Edward Elizabeth Ferdinand Francis Frederick George Gregory Gustav Haakon Harald Henri Henry Innocent
+Ivan James John Juan Leo Leopold Louis Ludwig Mary Napoleon Nicholas Olaf Otto Paul Pedro Peter Philip Pius Ptolemy
+Ramesses Richard Robert Rudolf Sixtus Stephen Urban Victor Wilhelm William""".split())
+
+#: words before a four-digit number that make it a count, not a year ("paid 1999")
+COUNT_BEFORE = {"paid", "pay", "pays", "paying", "cost", "costs", "costing", "priced", "worth", "total", "totals"}
+#: words before a four-digit number that keep it a year though a plural follows ("in 1999 prices")
+YEAR_BEFORE = {"in", "since", "from", "until", "till", "by", "of", "to", "for", "the", "during", "before", "after", "circa",
+               "year", "early", "late", "mid", "spring", "summer", "autumn", "fall", "winter", "between", "around"}
+#: words after one that end in "s" but are no plural ("1999 was"), and plurals that do not ("1999 people")
+NOT_PLURALS = {"is", "was", "has", "as", "its", "this", "thus", "us", "his", "hers", "yours", "ours", "theirs", "always",
+               "perhaps", "whereas", "towards", "besides", "plus", "less", "unless", "across", "series"}
+IRREGULAR_PLURALS = {"people", "men", "women", "children", "feet", "teeth", "mice", "geese", "sheep", "fish", "deer",
+                     "yen", "staff", "cattle", "police"}
+#: emergency and service numbers said digit by digit after "call" / "dial"
+SERVICE_NUMBERS = ("911", "999", "112", "000", "111", "101", "311", "411", "988")
 
 #: URL / e-mail pieces read out
 URL_SYMBOLS = {".": " dot ", "/": " slash ", "-": " dash ", "_": " underscore ", "@": " at ", ":": " colon ",
@@ -263,21 +359,23 @@ class EnglishNormalizer(TextNormalizer):
     """Written English -> spoken English, rule by rule (:meth:`normalize` lists the order).
 
     Heuristics worth knowing: a bare four-digit number from 1100 to 2099 is read as a year
-    ("in 1999", "1500 people" -> "fifteen hundred people"); "3/4/2025" is month/day/year unless
-    the first number cannot be a month; digit runs with a leading zero, of 8 or more digits, or in
-    a phone pattern (555-123-4567) are read digit by digit; an all-capital word is spelled
-    ("F-B-I") when it has 3 letters or fewer or no vowel, read as a word when longer ("NASA",
-    shouting), with small lists of exceptions each way.
+    ("in 1999", "in 1999 prices") unless a price word precedes it or a plural follows it ("paid
+    1999", "1999 people": counts); "3/4/2025" is month/day/year unless the first number cannot be
+    a month, and "a/b" without a year is a date, a fraction or two numbers by :func:`slash_reading`;
+    digit runs with a leading zero, of 8 or more digits, or in a phone pattern (555-123-4567) are
+    read digit by digit; an all-capital word is spelled ("F-B-I") when it has 3 letters or fewer or
+    no vowel, read as a word when longer ("NASA", shouting), with small lists of exceptions each
+    way; a Roman numeral after a capitalised word is a number (:meth:`_roman`).
     """
 
     name = "english"
 
     def normalize(self, text):
         text = self._characters(text)
-        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._currency, self._times,
+        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
-                     self._years, self._fractions, self._numbers, self._initialisms, self._symbols):
+                     self._years, self._fractions, self._numbers, self._roman, self._initialisms, self._symbols):
             text = rule(text)
         text, dropped = self._final(text)
         return NormalizedText(text, tuple(dict.fromkeys(dropped)))
@@ -295,6 +393,8 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(f"(\\d?)([{VULGAR_FRACTIONS}])", lambda m: m.group(1) + (" " if m.group(1) else "")
                       + unicodedata.normalize("NFKC", m.group(2)), text)  # "2½" -> "2 1/2", not NFKC's "21/2"
         text = unicodedata.normalize("NFKC", text).replace("\u2044", "/").replace("\r\n", "\n").replace("\r", "\n")
+        text = re.sub(r"(?<=\d)--(?=\d)", "\u2013", text)  # "10--20": TeX's en dash, a range
+        text = re.sub(r"(?<!-)-{2,3}(?!-)", " \u2014 ", text)  # "Wait -- what", "---": a typewriter's dash
         out = []
         for c in text:
             if c.isascii():
@@ -308,11 +408,13 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _final(text: str) -> tuple[str, tuple[str, ...]]:
-        """Pauses for ; : brackets and dashes, quotes dropped, then everything not in
+        """Pauses for ; : brackets and dashes (a spaced hyphen no rule read, "home - it", is a dash),
+        quotes dropped, then everything not in
         :data:`SAYABLE` dropped (letters of other scripts, digits of other scripts and symbols
         named), white space and repeated punctuation tidied."""
         dropped = []
         out = []
+        text = re.sub(r"(?<=\S)[ \t]+-[ \t]+(?=\S)", " \u2014 ", text)  # "home - it": a spaced hyphen left is a dash
         run = ""  # the dropped characters since the last one kept
         for c in text:
             if c in SAYABLE or c in PUNCTUATION_MAP:
@@ -321,8 +423,9 @@ class EnglishNormalizer(TextNormalizer):
                     dropped.append(run)
                     run = ""
             else:
-                if unicodedata.category(c)[0] in "LNS" or (unicodedata.category(c) == "Po" and c not in BULLETS):
-                    run += c  # named; control and format characters, bullets, quotes and brackets are not
+                category = unicodedata.category(c)
+                if category[0] in "LNS" or (category == "Po" and c not in BULLETS) or (category[0] == "M" and run):
+                    run += c  # (a vowel sign in a dropped word too: "हिन्दी" named whole)  # named; control and format characters, bullets, quotes and brackets are not
                 out.append(" ")
         if run:
             dropped.append(run)
@@ -382,7 +485,8 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _files(text: str) -> str:
-        """"config.yaml" -> "config dot yaml" (a file name, not a sentence end)."""
+        """"config.yaml" -> "config dot yaml" (a file name, not a sentence end); ".NET", "ASP.NET" -> "dot net"."""
+        text = re.sub(r"(?<![.])\.NET\b", " dot net", text)
         return re.sub(rf"(?<![\w.])([A-Za-z0-9_-]{{2,}}(?:\.[A-Za-z0-9_-]+)*)\.({FILE_EXTENSIONS})\b(?![.-]?\w)",
                       lambda m: f"{m.group(1).replace('.', ' dot ')} dot {m.group(2)}", text)
 
@@ -390,13 +494,27 @@ class EnglishNormalizer(TextNormalizer):
     def _signs(text: str) -> str:
         """A minus sign before an amount, fraction or number: "-$25", "$-5", "-1/2", "-5" -> "minus ..."
         (a hyphen after a word, number or percent sign is a range or a compound, not a sign); a star
-        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting). The minus sign
+        between numbers: "5 * 3" -> "5 times 3" ("*emphasis*" stays formatting). Arithmetic: in an
+        :data:`EQUATION` (numbers and one-letter variables joined by operators, one of them ``=``) a
+        hyphen is "minus" and a slash "divided by" ("7 - 3 = 4", "x = y - 5", "10/2=5"), and so is a
+        hyphen after a lower-case variable and before a digit ("x-5", "5x-3"); elsewhere "5-10" and
+        "7 - 3" stay ranges. The minus sign
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
-        "-inf" and "-∞" -> "minus infinity"."""
+        "-inf" and "-∞" -> "minus infinity". A tilde between numbers is a range: "5~10" -> "5 to 10"
+        (elsewhere "about": :meth:`_symbols`); "1e6" -> "1 times 10 to the power of 6"; "3 x 4",
+        "1920x1080" -> "3 by 4" (dimensions)."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
+        text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
+                                                 m.group(0)) if "=" in m.group(0) else m.group(0), text)
+        text = re.sub(r"(?<![\w.])(\d*[a-z])-(?=\d)", r"\1 minus ", text)  # "x-5", "5x-3": a variable's minus
         text = re.sub(r"(?<![\w.])-\s?(?:inf(?:inity)?\b|\u221e)", "minus infinity", text)
-        text = re.sub(r"([$£€¥])\s?-(?=\.?\d)", r"minus \1", text)
-        text = re.sub(r"(?<![\w.%])-(?=[$£€¥]?\.?\d)", "minus ", text)
+        text = re.sub(rf"({SIGN})\s?-(?=\.?\d)", r"minus \1", text)
+        text = re.sub(rf"(?<![\w.%])-(?={SIGN}?\.?\d)", "minus ", text)
+        text = re.sub(r"(?<=\d)\s?~\s?(?=\d)", " to ", text)  # "5~10 minutes": a range
+        text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([-+]?)(\d+)(?![\w.])",  # "1e6", "2.5e-3": scientific notation
+                      lambda m: f"{m.group(1)} times 10 to the power of {'minus ' if m.group(2) == '-' else ''}{m.group(3)}", text)
+        text = re.sub(r"(?<![\w.])([1-9]\d*(?:\.\d+)?)\s?x\s?(\d+(?:\.\d+)?)(?![\w.])",  # "3 x 4": counts, not years
+                      lambda m: f"{cardinal(m.group(1))} by {cardinal(m.group(2))}", text)
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
     # -- abbreviations
@@ -423,6 +541,8 @@ class EnglishNormalizer(TextNormalizer):
 
         keys = sorted(ABBREVIATIONS, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
+        wordlike = "|".join(re.escape(k) for k in WORDLIKE_ABBREVIATIONS)
+        text = re.sub(rf"(?<![\w.])(?:{wordlike})(?=,|\s+(?:[a-z0-9]|{MONTH}\b))", lambda m: CALENDAR_ABBREVIATIONS[m.group(0)], text)
         text = re.sub(r"\b[Nn]o\.\s*(?=\d)", "number ", text)
         def numbered(m):  # "Fig. 3" -> "Figure 3", "vol. 2" -> "volume 2"
             word = m.group(1)
@@ -443,11 +563,25 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w])", phone, text)
         text = re.sub(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\d{2,4}){2,5}(?![\w])", phone, text)
         text = re.sub(r"(?<![\w,.-])\d{3}-\d{4}(?![\w-])", phone, text)
+        # a service number after "call" / "dial": "call 911" -> "call nine one one"
+        text = re.sub(rf"\b((?:call|dial|ring)(?:s|ed|led|ing|ling)?\s+)({'|'.join(SERVICE_NUMBERS)})(?!\d)",
+                      lambda m: m.group(1) + digits(m.group(2)), text, flags=re.IGNORECASE)
+        # capital letters and three or more digits: a code ("BA2490", "RTX4090"), its digits one by one
+        text = re.sub(r"\b([A-Z]{1,3})(\d{3,})\b", lambda m: f"{m.group(1)} {digits(m.group(2))}", text)
         # a leading zero, or 8 or more digits: an identifier, read digit by digit
         return re.sub(r"(?<![\w.,])(?:0\d+|\d{8,})(?![\w]|[.,]\d)", lambda m: digits(m.group(0)), text)
 
     @staticmethod
+    def _rates(text: str) -> str:
+        """A slash between an amount and a word is "per": "$5/month" -> "$5 per month", "60/min" ->
+        "60 per minute" (:data:`RATE_UNITS`), not "or"."""
+        return re.sub(rf"(?<![\w.,/])({SIGN}?(?:{NUMBER})(?:k|m|bn)?)\s?/\s?([A-Za-z]+)\b",
+                      lambda m: f"{m.group(1)} per {RATE_UNITS.get(m.group(2), m.group(2))}", text)
+
+    @staticmethod
     def _currency(text: str) -> str:
+        """"$49.99", "€3.50", "$1.2 million", "$20-$30" read out; a sign or ISO code after the number
+        ("5€", "5 USD") or a code before it ("USD 5") read as the sign before it; "10¢" -> "ten cents"."""
         def money(m):
             sign, number, scale = m.group(1), m.group(2), m.group(3)
             unit, units, sub, subs = CURRENCIES[sign]
@@ -464,8 +598,14 @@ class EnglishNormalizer(TextNormalizer):
         scale = r"(?:\s?(thousand|million|billion|trillion|k|m|mn|bn|b|tn)\b)?"
         text = re.sub(r"(£\s?\d+\.\d\d)p\b", r"\1", text)  # "£2.50p": the pence are said once
         # "$20-$30", "$20-30": a range of amounts
-        text = re.sub(r"([$£€¥])(" + NUMBER + r")\s?[-\u2013]\s?[$£€¥]?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
-        return re.sub(r"([$£€¥])\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
+        codes = "|".join(CURRENCY_CODES)
+        text = re.sub(rf"\b({codes})\s?(?={NUMBER})", lambda m: CURRENCY_CODES[m.group(1)], text)  # "USD 5"
+        text = re.sub(rf"(?<![\w.,])({NUMBER})\s?(?:({SIGN})|({codes})\b)(?!\s?\d)",  # "5€", "5 USD": the sign first
+                      lambda m: (m.group(2) or CURRENCY_CODES[m.group(3)]) + m.group(1), text)
+        text = re.sub(rf"(?<![\w.,])({NUMBER})\s?¢", lambda m: f"{cardinal(m.group(1))} {'cent' if _is_one(m.group(1)) else 'cents'}",
+                      text)
+        text = re.sub(rf"({SIGN})(" + NUMBER + rf")\s?[-\u2013]\s?{SIGN}?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
+        return re.sub(rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
 
     @staticmethod
     def _times(text: str) -> str:
@@ -487,6 +627,8 @@ class EnglishNormalizer(TextNormalizer):
             hour, minute = int(m.group(1)), int(m.group(2))
             if hour > 24 or minute > 59 or (m.group(4) and not 1 <= hour <= 12):
                 return m.group(0)
+            if hour % 24 == 0 and minute == 0 and not m.group(3) and not m.group(4):
+                return "midnight"  # "00:00", "24:00", not "zero o'clock"
             words = said(hour, minute, m.group(4), m)
             return words if m.group(3) is None else words + " and " + cardinal(str(int(m.group(3)))) + " seconds"
 
@@ -551,7 +693,9 @@ class EnglishNormalizer(TextNormalizer):
                       f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
                       text)
         pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")(?![A-Za-z0-9°])")
-        return re.sub(pattern, unit, text)
+        text = re.sub(pattern, unit, text)
+        return re.sub(r"(?<=\b(?:feet|foot) )(\d{1,2})\s?in\b",  # "5 ft 10 in": "in" only after feet
+                      lambda m: f"{cardinal(m.group(1))} {'inch' if m.group(1) == '1' else 'inches'}", text)
 
     @staticmethod
     def _percentages(text: str) -> str:
@@ -578,37 +722,58 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _years(text: str) -> str:
-        return re.sub(r"(?<![\w.,])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)", lambda m: year(int(m.group(1))), text)
+        """A bare 1100-2099 is a year ("in 1999", "1999 was"), but a count where a price word comes
+        before it ("paid 1999") or a plural follows it without a year word before it ("there were
+        1999 people", "1500 dollars"; not "in 1999 prices", "the 2020 elections"): :data:`COUNT_BEFORE`,
+        :data:`YEAR_BEFORE`, :data:`NOT_PLURALS`, :data:`IRREGULAR_PLURALS`."""
+        def number(m):
+            before = re.search(r"([A-Za-z]+)\W*\s+$", m.string[max(0, m.start() - 30): m.start()])  # the word before
+            after = re.match(r"\s+([a-z]+)\b", m.string[m.end():])
+            previous, following = (before.group(1).lower() if before else ""), (after.group(1) if after else "")
+            plural = following in IRREGULAR_PLURALS or (following.endswith("s") and following not in NOT_PLURALS)
+            count = previous in COUNT_BEFORE or (plural and previous not in YEAR_BEFORE)
+            return cardinal(m.group(1)) if count else year(int(m.group(1)))
+
+        return re.sub(r"(?<![\w.,])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)", number, text)
 
     @staticmethod
     def _fractions(text: str) -> str:
-        def fraction(m):
-            top, bottom = int(m.group(1)), int(m.group(2))
-            if (top, bottom) == (24, 7):
-                return "twenty-four seven"
-            if bottom == 0:
-                return m.group(0)
-            if bottom == 2:
-                name = "half" if top == 1 else "halves"
-            elif bottom == 4:
-                name = "quarter" if top == 1 else "quarters"
-            else:
-                name = ordinal(bottom) + ("" if top == 1 else "s")
-            return f"{cardinal(str(top))} {name}"
-
-        def mixed(m):  # "2 3/4" -> "two and three quarters", "1 1/2" -> "one and a half"
-            part = fraction(re.match(r"(\d+)/(\d+)", m.group(2)))
+        """"a/b" without a year: a date, a fraction or two numbers, by :func:`slash_reading`; "2 3/4"
+        -> "two and three quarters", "1 1/2" -> "one and a half"."""
+        def mixed(m):
+            part = fraction(int(m.group(2)), int(m.group(3)))
             return f"{cardinal(m.group(1))} and {'a' if part.startswith('one ') else part.split()[0]} {part.split()[-1]}"
 
-        text = re.sub(r"(?<![\w/.,])(\d+)\s(\d{1,2}/(?:[2-9]|1\d))(?![\w/])", mixed, text)
-        return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", fraction, text)
+        def slash(m):
+            before = m.string[: m.start()]
+            return slash_reading(int(m.group(1)), int(m.group(2)), re.search(DATE_CONTEXT, before, re.IGNORECASE) is not None)
+
+        text = re.sub(r"(?<![\w/.,])(\d+)\s(\d{1,2})/([2-9]|1\d)(?![\w/])", mixed, text)
+        return re.sub(r"(?<![\w/.])(\d{1,2})/(\d{1,2})(?![\w/])", slash, text)
 
     @staticmethod
     def _numbers(text: str) -> str:
+        """What is left: "-5" -> "minus 5", "100k", "5M", "2bn" -> "100 thousand", ... (not "4K", a
+        resolution), then every number as a cardinal."""
         text = re.sub(r"(?<![\w.])-(?=\.?\d)", "minus ", text)
+        text = re.sub(rf"(?<![\w.])({NUMBER})(k|M|B|mn|bn)\b", lambda m: f"{m.group(1)} {SCALES[m.group(2).lower()]}", text)
         return re.sub(NUMBER, lambda m: " " + cardinal(m.group(0)) + " ", text)
 
     # -- words
+
+    @staticmethod
+    def _roman(text: str) -> str:
+        """A Roman numeral of two letters or more after a capitalised word: "the second" after a
+        name of :data:`REGNAL_NAMES` ("Elizabeth II", "Louis XIV"), else the number ("World War
+        II", "Rocky IV"); not spelled. "I" alone stays the pronoun."""
+        def numeral(m):
+            value = None if m.group(2) in NOT_ROMAN else roman_value(m.group(2))
+            if value is None:
+                return m.group(0)
+            said = f"the {ordinal(value)}" if m.group(1) in REGNAL_NAMES else cardinal(str(value))
+            return f"{m.group(1)} {said}"
+
+        return re.sub(r"\b([A-Z][a-z]+)\s+([IVXL]{2,})\b", numeral, text)
 
     @staticmethod
     def _initialisms(text: str) -> str:
@@ -627,12 +792,19 @@ class EnglishNormalizer(TextNormalizer):
                 return word.capitalize() + plural
             if word in ACRONYMS_SPELLED:
                 return spelled(word) + ("'s" if plural else "")
-            if word in SHORT_WORDS and not plural:
+            if word in SHORT_WORDS and not plural and (word not in SHORT_INITIALISMS or shouting(m)):
                 return word.lower() if word not in ("I", "A") else word
             if len(word) <= 3 or not re.search(r"[AEIOU]", word):
                 return spelled(word) + ("'s" if plural else "")
             return word.lower() + plural
 
+        def shouting(m):  # the line has no lower-case letter, or a word next to this one is all capitals
+            line = m.string.split("\n")[m.string.count("\n", 0, m.start())]
+            column = m.start() - (m.string.rfind("\n", 0, m.start()) + 1)
+            before, after = re.findall(r"[A-Za-z']+", line[:column]), re.findall(r"[A-Za-z']+", line[column + len(m.group(0)):])
+            return not re.search("[a-z]", line) or any(w.isupper() and w != "A" for w in before[-1:] + after[:1])
+
+        text = re.sub(r"\b([A-Z]{1,3})&([A-Z]{1,3})\b", lambda m: f"{spelled(m.group(1))} and {spelled(m.group(2))}", text)  # AT&T
         for written, said in SPOKEN_WORDS.items():
             if not written.isupper():
                 text = re.sub(rf"\b{re.escape(written)}\b", said, text)
@@ -644,7 +816,8 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"#(?=[A-Za-z])", "hashtag ", text)
         text = re.sub(r"\band/or\b", "and or", text)
         text = re.sub(r"(?<=[A-Za-z])/(?=[A-Za-z])", " or ", text)
-        text = re.sub(r"~\s?(?=\w)", "about ", text)
+        text = re.sub(r"\b(about|around|approximately|roughly|circa)\s?~\s?", r"\1 ", text)  # "about~20": said once
+        text = re.sub(r"~\s?(?=\w)", " about ", text)
         for symbol, said in (("&", "and"), ("@", "at"), ("+", "plus"), ("=", "equals"), ("×", "times"),
                              ("÷", "divided by"), ("<", "less than"), (">", "greater than"), ("/", "slash"),
                              ("#", "hash"), ("%", "percent"), ("°", "degrees"), ("§", "section"), ("¶", "paragraph"),
