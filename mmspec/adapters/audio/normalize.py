@@ -425,7 +425,7 @@ class EnglishNormalizer(TextNormalizer):
             else:
                 category = unicodedata.category(c)
                 if category[0] in "LNS" or (category == "Po" and c not in BULLETS) or (category[0] == "M" and run):
-                    run += c  # (a vowel sign in a dropped word too: "हिन्दी" named whole)  # named; control and format characters, bullets, quotes and brackets are not
+                    run += c  # named (with a dropped word's vowel signs: "हिन्दी" whole); not control and format characters, bullets, quotes, brackets
                 out.append(" ")
         if run:
             dropped.append(run)
