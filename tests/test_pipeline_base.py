@@ -48,7 +48,7 @@ def test_every_task_takes_the_one_syntax_and_its_short_forms():
     from mmspec.pipelines.text_to_image import make_method as t2i
     from mmspec.pipelines.text_to_speech import make_method as tts
 
-    assert t2i("sjd:vertical").settings == t2i("sjd:init=vertical").settings == {"window": 8, "init": "vertical"}
+    assert t2i("sjd:vertical").settings == t2i("sjd:init=vertical").settings == {"window": None, "init": "vertical"}
     assert t2i("mar-parallel:8").settings == t2i("mar-parallel:num_iter=8").settings == {"num_iter": 8}
     assert t2i("lantern:eagle2,delta=0.1").settings["drafter"] == "eagle2"
     assert tts("vadusa:top_k=5,num_draft_tokens=3").describe()["top_k"] == 5

@@ -1,10 +1,14 @@
 """Text-to-image methods as registered classes, and the checks that run before any model loads
 (no model is loaded here: every bad value must be refused before the model path is even read)."""
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 import mmspec
 from mmspec.cli import main
+from mmspec.modeling.fast_linear import OptimizesOnLoad
 from mmspec.pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
 from mmspec.pipelines.text_to_image import check_call_arguments
 
@@ -12,10 +16,10 @@ MISSING = "/nonexistent/t2i-model"  # loading it would fail with "not a text-to-
 
 
 def test_methods_hold_their_defaults_and_arguments():
-    assert make_method("sjd").settings == {"window": 8, "init": "random"}
-    assert make_method("sjd-coupled:vertical").settings == {"window": 8, "init": "vertical"}
+    assert make_method("sjd").settings == {"window": None, "init": "random"}  # None: by the machine, below
+    assert make_method("sjd-coupled:vertical").settings == {"window": None, "init": "vertical"}
     # the default method starts new window positions one row up; the paper's SJD and SJD-PAC at random
-    assert make_method("sjd-coupled").settings == {"window": 8, "init": "vertical"}
+    assert make_method("sjd-coupled").settings == {"window": None, "init": "vertical"}
     assert make_method("sjd-coupled:random").settings["init"] == make_method("sjd-pac").settings["init"] == "random"
     with pytest.raises(ValueError, match="sets init='vertical' and init='horizontal' is given as well"):
         make_method("sjd:vertical", init="horizontal")  # (--method sjd:vertical --init horizontal)
@@ -27,6 +31,22 @@ def test_methods_hold_their_defaults_and_arguments():
     assert lantern.settings == {"drafter": "eagle2", "num_draft_tokens": None, "neighbours_k": 100, "delta": 0.2}
     assert lantern.rule == "lantern" and not lantern.exact and make_method("eagle2").exact
     assert make_method("ar").build_drafter(None) is None and make_method("ar").rule_kwargs(None) is None
+
+
+@pytest.mark.parametrize("device, linears, dtype, window", [
+    ("cpu", "c (fp32 avx512 packed) + onednn prompts", torch.float32, 8),  # (an AMX CPU's float32 too)
+    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, 8),
+    ("cpu", "c (fp32 avx2) + onednn prompts", torch.float32, 2), ("cpu", "as loaded", torch.float32, 2),
+    ("cuda", "as loaded", torch.float32, 8)])
+def test_sjds_window_follows_the_generators_kernel(device, linears, dtype, window):
+    """L = 8 on GPUs and the AVX-512 / AMX kernels, 2 where a verification's rows are dear (AVX2); a
+    given window always wins, and SJD-PAC keeps 8 (its tree's room)."""
+    components = SimpleNamespace(device=torch.device(device), linears=linears, dtype=dtype)
+    components.verification_width = OptimizesOnLoad.verification_width.fget(components)
+    for spec in ("sjd", "sjd-coupled", "sjd:random"):
+        assert make_method(spec).build_drafter(components).num_draft_tokens == window
+    assert make_method("sjd-coupled:window=5").build_drafter(components).num_draft_tokens == 5
+    assert make_method("sjd-pac").settings["window"] == 8
 
 
 def test_relaxed_defaults_come_from_the_rules():

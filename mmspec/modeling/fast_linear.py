@@ -823,10 +823,35 @@ def optimize(model: nn.Module, kernel: str = "auto", max_rows: int | None = None
 class OptimizesOnLoad:
     """For objects that load networks as they are needed (a pipeline's components): with
     ``optimize`` true, :meth:`prepare` applies :func:`optimize` to each, and ``linears`` keeps the
-    kernel that ran ("as loaded" while none did), for the stats."""
+    kernel that ran ("as loaded" while none did), for the stats; with it and their ``device`` and
+    ``dtype``, :attr:`verification_width` says how wide a verification their windowed methods draft."""
 
     optimize: bool = False
     linears: str = "as loaded"
+
+    @property
+    def verification_width(self) -> str:
+        """How many rows a verification can take for about the price of a decoding step, by the
+        kernel the linears run (windowed methods draft by it: the voice's
+        :meth:`~mmspec.pipelines.text_to_speech.methods.TTSMethod.draft_length`, SJD's window in
+        :class:`~mmspec.pipelines.text_to_image.methods.JacobiMethod`):
+
+        * "wide": a GPU, or a CPU whose bf16 few-row linears run on AMX tiles (within 1.3x of one
+          row up to 16 rows): the voice's windows of 12-32 codes;
+        * "medium": float32 on the 16-lane AVX-512 kernel (its rows are dearer than AMX's, but in
+          the 8-16 rows a coupled SJD window needs they cost less beside the weights' streaming
+          than on the narrow kernels: on the voice, run as such a CPU, 8-16 codes measured best);
+        * "narrow": elsewhere (the AVX-512-BF16 vector kernel, AVX2, PyTorch's own linears: 2-3x one
+          row at 12-16 rows): the voice's windows of 3-10 codes, SJD's of 2 image tokens.
+        """
+        if self.device.type != "cpu" or "amx" in self.linears:
+            return "wide"
+        return "medium" if self.dtype == torch.float32 and "fp32 avx512" in self.linears else "narrow"
+
+    @property
+    def wide_verification(self) -> bool:
+        """Whether :attr:`verification_width` is "wide" (a GPU, AMX tiles)."""
+        return self.verification_width == "wide"
 
     def prepare(self, network: nn.Module) -> None:
         """:func:`optimize` ``network`` (with ``optimize``); ``linears`` gathers each distinct label."""

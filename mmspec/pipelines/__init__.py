@@ -35,8 +35,9 @@ def pipeline(task: str, **kwargs: Any):
     """
     cls = pipeline_class(task)
     built, called = inspect.signature(cls.__init__).parameters, inspect.signature(cls.__call__).parameters
+    settings = {name for method in (cls.methods or {}).values() for name in method.SETTINGS}  # (tts' top_k: both)
     for name in kwargs:
-        if name not in built and name in called:  # (else taken as a method's setting and refused as one)
+        if name not in built and name in called and name not in settings:  # (else refused as a method's setting)
             raise ValueError(f"{name} is an argument of each call, not of the pipeline: pipe = mmspec.pipeline({task!r}), "
                              f"then pipe(..., {name}={kwargs[name]!r})")
     return cls(**kwargs)

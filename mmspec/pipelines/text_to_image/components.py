@@ -90,6 +90,11 @@ class T2IComponents(OptimizesOnLoad):
     #: discrete image tokens (MARComponents: continuous)
     continuous = False
 
+    @property
+    def device(self) -> torch.device:
+        """The generator's device."""
+        return self.target.device
+
     @staticmethod
     def names_continuous(model: Any) -> bool:
         """Whether ``model`` names a continuous-token (MAR) model, read without loading it:

@@ -189,20 +189,30 @@ class DraftModelMethod(T2IMethod):
 
 @register_method
 class JacobiMethod(T2IMethod):
-    """SJD's window default L = 8, for coupled SJD and its proactive variant too: on the embedded
-    model with few-row linears (2-core AVX-512 CPU, 1 thread, side by side) a verification of
-    2 (L + 1) rows stays within the kernel's 24 rows at L = 8 and falls back to ``F.linear`` at 16:
-    coupled SJD 1.46x over AR at 8 against 1.10x at 16, sjd-pac 1.23x against 0.97x
-    (docs/benchmarks.md; before the kernel, coupled SJD had been faster at 16)."""
+    """SJD's window L where none is given: by the components'
+    :attr:`~mmspec.modeling.fast_linear.OptimizesOnLoad.verification_width` (:attr:`windows`).
+    L = 8 on a GPU and where the generator's linears run the AVX-512 or AMX kernels: on the
+    embedded model with few-row linears (2-core AVX-512 CPU, 1 thread, side by side) a verification
+    of 2 (L + 1) rows stays within the kernel's 24 rows at L = 8 and falls back to ``F.linear`` at
+    16: coupled SJD 1.46x over AR at 8 against 1.10x at 16, sjd-pac 1.23x against 0.97x
+    (docs/benchmarks.md; before the kernel, coupled SJD had been faster at 16). L = 2 where they run
+    the AVX2 kernel (no AVX-512), whose rows cost more: coupled SJD on 12 held-out prompts, an AMX
+    core run as an AVX2 CPU (stop 84), 1.13x at 2, 1.07x at 3, 1.08x at 4, 0.96x at 8."""
 
     name = "sjd"
     description = "speculative Jacobi decoding (training-free)"
     argument = "init"
-    defaults = {"window": 8, "init": "random"}
+    defaults = {"window": None, "init": "random"}
+    #: the window L by the components' verification width, where ``window`` is not given
+    windows: ClassVar[dict[str, int]] = {"wide": 8, "medium": 8, "narrow": 2}
     coupled: ClassVar[bool] = False
 
+    def window(self, components) -> int:
+        """The window L: the given ``window``, else :attr:`windows` for the components' kernel."""
+        return self.settings["window"] or self.windows[components.verification_width]
+
     def build_drafter(self, components):
-        return JacobiDrafter(self.settings["window"], init=self.settings["init"], coupled=self.coupled)
+        return JacobiDrafter(self.window(components), init=self.settings["init"], coupled=self.coupled)
 
 
 @register_method
@@ -226,7 +236,8 @@ class ProactiveJacobiMethod(CoupledJacobiMethod):
 
     name = "sjd-pac"
     description = "coupled SJD + proactive drafting: a small candidate tree at the window's start (training-free)"
-    defaults = {**JacobiMethod.defaults, "pac_branches": 2, "pac_depth": 1}  # (random init, as before: sjd-pac:vertical 1.04x in stop 83)
+    # (random init, as before: sjd-pac:vertical 1.04x in stop 83; window 8 everywhere, its tree's room)
+    defaults = {**JacobiMethod.defaults, "window": 8, "pac_branches": 2, "pac_depth": 1}
     drafts_trees = True
     batches = False
 

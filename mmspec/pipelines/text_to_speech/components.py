@@ -214,29 +214,6 @@ class TTSComponents(OptimizesOnLoad):
         """:func:`spoken_text` under this voice's normaliser."""
         return spoken_text(text, self.normalizer_name)
 
-    @property
-    def verification_width(self) -> str:
-        """How many stream positions a verification can take for about the price of a decoding step,
-        by the kernel the codec LM's linears run (windowed methods draft that many codes:
-        :meth:`~mmspec.pipelines.text_to_speech.methods.TTSMethod.draft_length`):
-
-        * "wide": a GPU, or a CPU whose bf16 few-row linears run on AMX tiles (within 1.3x of one
-          row up to 16 rows): windows of 12-32 codes;
-        * "medium": float32 on the 16-lane AVX-512 kernel (its rows are dearer than AMX's, but in
-          the 8-16 rows a coupled SJD window needs they cost less beside the weights' streaming
-          than on the narrow kernels: on the voice, run as such a CPU, 8-16 codes measured best);
-        * "narrow": elsewhere (the AVX-512-BF16 vector kernel, AVX2, PyTorch's own linears: 2-3x one
-          row at 12-16 rows, :mod:`mmspec.modeling.fast_linear`): windows of 3-10 codes.
-        """
-        if self.device.type != "cpu" or "amx" in self.linears:
-            return "wide"
-        return "medium" if self.dtype == torch.float32 and "fp32 avx512" in self.linears else "narrow"
-
-    @property
-    def wide_verification(self) -> bool:
-        """Whether :attr:`verification_width` is "wide" (a GPU, AMX tiles)."""
-        return self.verification_width == "wide"
-
     def phonemes(self, text: str) -> torch.Tensor:
         """text (normalised: :meth:`normalize`) -> [1, P] ids (one ValueError line for text the
         front end cannot say). Line breaks are said as spaces (the pipeline splits at them first)."""
