@@ -175,6 +175,21 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/images/generations", b'{"prompt": "a", "seed": ' + b"9" * 4000 + b"}", "seed"),
+    ("/v1/images/generations", json.dumps({"prompt": "a", "method": "m" * 5000}).encode(), "method"),
+    ("/v1/images/generations", json.dumps({"prompt": "a", "s" * 5000: 1}).encode(), "s" * 5000),
+    ("/v1/audio/speech", json.dumps({"model": "mmspec-tts", "input": "Hi.", "response_format": "f" * 5000}).encode(),
+     "response_format"),
+    ("/v1/chat/completions", json.dumps({"model": "m" * 5000, "messages": []}).encode(), "model"),
+    ("/v1/chat/completions", json.dumps({"model": "mmspec-caption", "messages": [{"role": "r" * 5000}]}).encode(),
+     "messages[0].role"),
+])
+def test_long_values_are_clipped_in_error_messages(local, path, body, param):
+    error = local.post(path, content=body, headers={"content-type": "application/json"}).json()["error"]
+    assert error["param"] == param and len(error["message"]) < 400 and "..." in error["message"], error["message"][:500]
+
+
 def test_seed_ranges_and_http_errors_say_what_to_send(local):
     """The stop-74 audit: images and speech refused seeds above 2**31 - 1 that chat and the
     pipelines take; a wrong method or path said only "Method Not Allowed" / "Not Found"."""

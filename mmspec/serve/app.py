@@ -26,7 +26,7 @@ from ..pipelines.images import png_base64
 from .batching import Batcher
 from .config import TASKS, ServeConfig
 from .errors import APIError
-from .inputs import parse_json
+from .inputs import clip, parse_json
 from .tasks import CaptionService, ImageService, SpeechService, TaskService, stats_summary, wav_bytes
 
 
@@ -80,8 +80,8 @@ class Server:
             return service
         served = ", ".join(s.model_id for s in self.services.values()) or "none"
         if any(model == s.model_id for s in self.services.values()):
-            raise APIError(400, f"the model {model!r} does not serve this endpoint", "model", "wrong_endpoint")
-        raise APIError(404, f"the model {model!r} does not exist here; served models: {served}", "model", "model_not_found")
+            raise APIError(400, f"the model {clip(model)!r} does not serve this endpoint", "model", "wrong_endpoint")
+        raise APIError(404, f"the model {clip(model)!r} does not exist here; served models: {served}", "model", "model_not_found")
 
     async def close(self) -> None:
         for batcher in self._batchers.values():

@@ -66,14 +66,14 @@ class Fields:
             names = " or ".join("number" if k is float else "integer" if k is int else "string" if k is str else
                                 "boolean" if k is bool else "object" if k is dict else "array" if k is list else k.__name__
                                 for k in kinds)
-            raise bad_request(f"'{self._name(name)}' must be {names}, got {type(value).__name__} {_short(value)}",
+            raise bad_request(f"'{self._name(name)}' must be {names}, got {type(value).__name__} {short(value)}",
                               self._name(name), "invalid_type")
         return value
 
     def integer(self, name: str, default: int | None = None, low: int | None = None, high: int | None = None) -> int | None:
         value = self.get(name, int, default)
         if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
-            raise bad_request(f"'{self._name(name)}' must be between {low} and {high}, got {value}", self._name(name))
+            raise bad_request(f"'{self._name(name)}' must be between {low} and {high}, got {short(value)}", self._name(name))
         return value
 
     def number(self, name: str, default: float | None = None, low: float | None = None, high: float | None = None,
@@ -103,7 +103,7 @@ class Fields:
         """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported)."""
         self.read.add(name)
         if name in self.data and self.data[name] not in allowed:
-            raise bad_request(f"'{self._name(name)}' = {_short(self.data[name])} is not supported: {why}",
+            raise bad_request(f"'{self._name(name)}' = {short(self.data[name])} is not supported: {why}",
                               self._name(name), "unsupported")
 
     def refuse_unknown(self, *elsewhere: str) -> None:
@@ -115,13 +115,19 @@ class Fields:
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise bad_request(f"unknown field '{self._name(unknown[0])}'; {hint}this endpoint reads "
-                              f"{', '.join(known)}", self._name(unknown[0]), "unknown_field")
+            raise bad_request(f"unknown field '{clip(self._name(unknown[0]))}'; {hint}this endpoint reads {', '.join(known)}",
+                              self._name(unknown[0]), "unknown_field")
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def clip(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters for an error message ("..." at the end when cut): a
+    client's 4,000-digit seed or 1 MB field name is not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: Any) -> str:
+    """A client's value as JSON for an error message, cut by :func:`clip`."""
+    return clip(json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value))
 
 
 def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = MAX_IMAGE_PIXELS) -> Image.Image:
@@ -142,7 +148,8 @@ def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = M
         if not comma or ";base64" not in header:
             raise bad_request("a data URI image must be base64: data:image/png;base64,<data>", param, "invalid_image")
         if not header[5:].startswith("image/"):
-            raise bad_request(f"the data URI's type {header[5:].split(';')[0]!r} is not an image type", param, "invalid_image")
+            raise bad_request(f"the data URI's type {clip(header[5:].split(';')[0])!r} is not an image type", param,
+                              "invalid_image")
         try:
             raw = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):

@@ -20,7 +20,7 @@ from ..pipelines.captioning import CaptionStream, Conversation
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
-from .inputs import MAX_IMAGE_PIXELS, Fields, decode_image
+from .inputs import MAX_IMAGE_PIXELS, Fields, clip, decode_image, short
 
 #: the roles of a chat request's messages (OpenAI's "developer" is read as "system")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -157,8 +157,8 @@ def mmspec_options(data: dict[str, Any]) -> Fields:
         raise bad_request(f"'mmspec' must be an object, got {type(options).__name__}", "mmspec", "invalid_type")
     unknown = sorted(set(options) - set(MMSPEC_OPTIONS))
     if unknown:
-        raise bad_request(f"'mmspec' has unknown field(s) {', '.join(map(repr, unknown))}; it takes {', '.join(MMSPEC_OPTIONS)}",
-                          f"mmspec.{unknown[0]}", "unknown_field")
+        raise bad_request(f"'mmspec' has unknown field(s) {clip(', '.join(map(repr, unknown)))}; it takes "
+                          f"{', '.join(MMSPEC_OPTIONS)}", f"mmspec.{unknown[0]}", "unknown_field")
     return Fields(options, "mmspec.")
 
 
@@ -215,7 +215,7 @@ class CaptionService(TaskService):
             if role == "developer":  # OpenAI's newer name for the system turn
                 role = "system"
             if role not in CHAT_ROLES:
-                raise bad_request(f"messages[{i}].role is {role!r}; use system, user or assistant (tools are not "
+                raise bad_request(f"messages[{i}].role is {short(role)}; use system, user or assistant (tools are not "
                                   "supported)", f"messages[{i}].role", "unsupported")
             content = message.get("content")
             parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -337,7 +337,7 @@ class ImageService(TaskService):
         method = fields.get("method", str)
         if method is not None and method != self.config.t2i_method:
             raise bad_request(f"this server runs text-to-image method {self.config.t2i_method!r} (--t2i-method); "
-                              f"got {method!r}", "method", "unsupported")
+                              f"got {clip(method)!r}", "method", "unsupported")
         sampling = sampling_fields(fields, 1.0)
         guidance = fields.number("guidance_scale", 3.0, 1.0, 20.0)
         seed = fields.integer("seed", 0, 0, 2**63 - n)  # (image i uses seed + i, within a generator's range)
@@ -374,7 +374,7 @@ class SpeechService(TaskService):
         fields.text("voice", 64)  # one voice per model: the name is accepted, the model's voice speaks
         fmt = fields.get("response_format", str, "wav")
         if fmt not in SPEECH_FORMATS:
-            raise bad_request(f"response_format {fmt!r} is not supported; use wav or pcm", "response_format", "unsupported")
+            raise bad_request(f"response_format {clip(fmt)!r} is not supported; use wav or pcm", "response_format", "unsupported")
         fields.refuse("stream_format", ("audio", None), "the server streams the audio itself (stream: true), not server-sent events")
         speed = fields.number("speed", 1.0, 0.25, MAX_SPEED)  # OpenAI's range, 0.25 to 4 (the voice's MAX_SPEED)
         sampling = sampling_fields(fields, None)
