@@ -176,6 +176,21 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
 
 
 @pytest.mark.parametrize("path, body, param", [
+    ("/v1/images/generations", {"prompt": "a red \ud800 circle"}, "prompt"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi \udfff."}, "input"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "\ud800", "input": "Hi."}, "voice"),
+    ("/v1/chat/completions", {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "What is \ud800?")},
+     "messages[0].content[1].text"),
+])
+def test_lone_surrogates_are_refused_naming_the_field(local, path, body, param):
+    """A lone surrogate is valid JSON but no text: refused up front naming the field, not by the
+    tokenizer with a message about its input type (images) or the image (captions)."""
+    response = local.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    error = error_of(response, 400)
+    assert (error["param"], error["code"]) == (param, "invalid_value") and "lone surrogate" in error["message"], error
+
+
+@pytest.mark.parametrize("path, body, param", [
     ("/v1/images/generations", b'{"prompt": "a", "seed": ' + b"9" * 4000 + b"}", "seed"),
     ("/v1/images/generations", json.dumps({"prompt": "a", "method": "m" * 5000}).encode(), "method"),
     ("/v1/images/generations", json.dumps({"prompt": "a", "s" * 5000: 1}).encode(), "s" * 5000),

@@ -92,6 +92,7 @@ class Fields:
         value = self.get(name, str, default, required=required)
         if value is None:
             return None
+        check_unicode(value, self._name(name))
         if required and not value.strip():
             raise bad_request(f"'{self._name(name)}' is empty", self._name(name), "empty_field")
         if len(value) > limit:
@@ -128,6 +129,17 @@ def clip(text: str, limit: int = 40) -> str:
 def short(value: Any) -> str:
     """A client's value as JSON for an error message, cut by :func:`clip`."""
     return clip(json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value))
+
+
+def check_unicode(text: str, param: str) -> None:
+    """Refuse a string that holds a lone surrogate (``"\\ud800"`` is valid JSON but no Unicode
+    text: the tokenizers then fail with messages that name neither the field nor the fault).
+    Raises APIError 400 ``invalid_value`` naming ``param``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_request(f"'{param}' holds a lone surrogate ({short(text[error.start])} at character {error.start}); "
+                          "send valid Unicode text", param) from None
 
 
 def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = MAX_IMAGE_PIXELS) -> Image.Image:
