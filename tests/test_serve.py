@@ -129,6 +129,9 @@ def test_health_and_models_without_socket(local):
      "unsupported"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "mmspec": {"compare_basline": True}}, 400,
      "mmspec.compare_basline", "unknown_field"),
+    # a typo inside stream_options is refused too (the usage chunk would be left out silently)
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "stream": True,
+      "stream_options": {"include_usag": True}}, 400, "stream_options.include_usag", "unknown_field"),
 ])
 def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
     response = local.post("/v1/chat/completions", **({"content": body, "headers": {"content-type": "application/json"}}

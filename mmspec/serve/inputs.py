@@ -116,7 +116,8 @@ class Fields:
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise bad_request(f"unknown field '{clip(self._name(unknown[0]))}'; {hint}this endpoint reads {', '.join(known)}",
+            reader = f"'{self.prefix.rstrip('.')}' takes" if self.prefix else "this endpoint reads"
+            raise bad_request(f"unknown field '{clip(self._name(unknown[0]))}'; {hint}{reader} {', '.join(known)}",
                               self._name(unknown[0]), "unknown_field")
 
 

@@ -274,8 +274,9 @@ class CaptionService(TaskService):
         key = (max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], seed,
                compare, solo)
         fields.refuse_unknown(*COMMON_FIELDS)
-        item = ChatItem(turns, images)
-        return ChatRequest(key, item, stream, bool(stream_options.get("include_usage", bool, False)))
+        include_usage = bool(stream_options.get("include_usage", bool, False))
+        stream_options.refuse_unknown()  # (a typo such as include_usag would leave the usage chunk out silently)
+        return ChatRequest(key, ChatItem(turns, images), stream, include_usage)
 
     def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         """The batch as one pipeline call, each row answered as soon as it ends, its text streamed
