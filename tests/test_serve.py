@@ -241,6 +241,17 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
         assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
 
 
+def test_null_mmspec_is_absent():
+    """"mmspec": null reads as absent, as every other field's null does (it was refused)."""
+    from mmspec.serve.tasks import CaptionService, ImageService, SpeechService
+
+    config = ServeConfig()
+    assert ImageService(config).parse({"prompt": "a", "mmspec": None})[0][-1] is False
+    assert SpeechService(config).parse({"input": "Hi.", "mmspec": None})[0][-1] is False
+    assert CaptionService(config).parse({"model": "caption", "messages": chat_messages(SAMPLES / "text.png"),
+                                         "mmspec": None}).key[6] is False
+
+
 def test_images_are_converted_as_the_pipelines_do_and_a_request_has_one_pixel_budget():
     """The server converted with image.convert("RGB"): a 16-bit grey PNG clipped near white, an RGBA
     image's hidden colours kept (captions differing from the CLI's); eight 39.6 MP images in one

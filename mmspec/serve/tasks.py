@@ -151,8 +151,10 @@ MMSPEC_OPTIONS = ("compare_baseline",)
 
 
 def mmspec_options(data: dict[str, Any]) -> Fields:
-    """The request's ``"mmspec"`` object (``{}`` when absent); a field it does not know (a typo) is refused."""
-    options = data.get("mmspec", {})
+    """The request's ``"mmspec"`` object (``{}`` when absent or null, as every field's null is);
+    a field it does not know (a typo) is refused."""
+    options = data.get("mmspec")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise bad_request(f"'mmspec' must be an object, got {type(options).__name__}", "mmspec", "invalid_type")
     unknown = sorted(set(options) - set(MMSPEC_OPTIONS))
