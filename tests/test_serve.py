@@ -252,6 +252,18 @@ def test_null_mmspec_is_absent():
                                          "mmspec": None}).key[6] is False
 
 
+def test_image_acceptance_rate_is_the_images_mean():
+    """An image answer's acceptance_rate is its images' mean, as its tau is (it was null while
+    stats.per_image held each image's)."""
+    from mmspec.core.stats import SpecStats
+    from mmspec.pipelines.text_to_image.pipeline import TextToImageStats
+    from mmspec.serve.tasks import stats_summary
+
+    runs = [SpecStats(new_tokens=9, verify_steps=2, drafted=8, accepted=6), SpecStats(new_tokens=5, verify_steps=2, drafted=8, accepted=2)]
+    summary = stats_summary(TextToImageStats.collect("sjd", runs, 1.0), 1, 0.0)
+    assert summary["acceptance_rate"] == pytest.approx((6 / 8 + 2 / 8) / 2) and summary["tau"] == pytest.approx((4 + 2) / 2)
+
+
 def test_images_are_converted_as_the_pipelines_do_and_a_request_has_one_pixel_budget():
     """The server converted with image.convert("RGB"): a 16-bit grey PNG clipped near white, an RGBA
     image's hidden colours kept (captions differing from the CLI's); eight 39.6 MP images in one
@@ -420,7 +432,10 @@ def test_openai_images_generate(client):
                                       response_format="b64_json", extra_body={"seed": 0})
     image = Image.open(io.BytesIO(base64.b64decode(response.data[0].b64_json)))
     assert image.format == "PNG" and image.size[0] > 0
-    assert response.model_extra["mmspec"]["tau"] >= 1.0
+    summary = response.model_extra["mmspec"]
+    assert summary["tau"] >= 1.0
+    rates = [image["acceptance_rate"] for image in summary["stats"]["per_image"]]
+    assert summary["acceptance_rate"] is not None and summary["acceptance_rate"] == pytest.approx(sum(rates) / len(rates))
 
 
 def test_openai_audio_speech(client, live):
