@@ -132,6 +132,9 @@ def test_health_and_models_without_socket(local):
     # a typo inside stream_options is refused too (the usage chunk would be left out silently)
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "stream": True,
       "stream_options": {"include_usag": True}}, 400, "stream_options.include_usag", "unknown_field"),
+    # a served task's bare name at another task's endpoint: the wrong endpoint, not an unknown model
+    ({"model": "tts", "messages": chat_messages(SAMPLES / "text.png")}, 400, "model", "wrong_endpoint"),
+    ({"model": "text-to-image", "messages": chat_messages(SAMPLES / "text.png")}, 400, "model", "wrong_endpoint"),
 ])
 def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
     response = local.post("/v1/chat/completions", **({"content": body, "headers": {"content-type": "application/json"}}
@@ -156,6 +159,8 @@ def test_page_is_served(local):
     ("/v1/images/generations", {"prompt": "a red circle", "method": "ar"}, "method", "unsupported"),
     ("/v1/images/generations", {"prompt": "a red circle", "guidance_scale": "high"}, "guidance_scale", "invalid_type"),
     ("/v1/images/generations", {"prompt": "a red circle", "model": "mmspec-tts"}, "model", "wrong_endpoint"),
+    ("/v1/images/generations", {"prompt": "a red circle", "model": "caption"}, "model", "wrong_endpoint"),
+    ("/v1/audio/speech", {"model": "t2i", "voice": "alloy", "input": "Hi."}, "model", "wrong_endpoint"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy"}, "input", "missing_field"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "speed": 10}, "speed", "invalid_value"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "max_seconds": 1000}, "max_seconds",

@@ -36,6 +36,8 @@ SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": Imag
 AUDIO_CHUNK = 32 * 1024
 #: the error code of Starlette's own HTTP errors (an unknown path, a wrong method)
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+#: short task -> the endpoint that serves it (named when a model is sent to another one)
+ENDPOINTS = {"caption": "POST /v1/chat/completions", "t2i": "POST /v1/images/generations", "tts": "POST /v1/audio/speech"}
 
 
 class Server:
@@ -65,7 +67,8 @@ class Server:
 
     def service_for(self, model: Any, task: str, required: bool = True) -> TaskService:
         """The service a request's ``model`` names for ``task``: its id, the task's short name or
-        pipeline name. Raises APIError 404 for an unknown model, 400 for a missing one."""
+        pipeline name. Raises APIError 404 for an unknown model, 400 for a missing one or for one
+        that another served task answers to (``wrong_endpoint``, naming that task's endpoint)."""
         if task not in self.services:
             raise APIError(404, f"this server does not serve {TASKS[task]} (start it with --tasks including {task})",
                            "model", "task_not_served")
@@ -75,13 +78,15 @@ class Server:
             raise APIError(400, "'model' is required; GET /v1/models lists the served ones", "model", "missing_field")
         if not isinstance(model, str):
             raise APIError(400, f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
-        service = self.services.get(task)
-        if service is not None and model in (service.model_id, task, TASKS[task]):
-            return service
-        served = ", ".join(s.model_id for s in self.services.values()) or "none"
-        if any(model == s.model_id for s in self.services.values()):
-            raise APIError(400, f"the model {clip(model)!r} does not serve this endpoint", "model", "wrong_endpoint")
-        raise APIError(404, f"the model {clip(model)!r} does not exist here; served models: {served}", "model", "model_not_found")
+        if model in model_names(task, self.services[task]):
+            return self.services[task]
+        for other, service in self.services.items():
+            if model in model_names(other, service):
+                raise APIError(400, f"the model {clip(model)!r} is the {TASKS[other]} model; send it to {ENDPOINTS[other]}",
+                               "model", "wrong_endpoint")
+        served = ", ".join(s.model_id for s in self.services.values())
+        raise APIError(404, f"the model {clip(model)!r} does not exist here; served models: {served}", "model",
+                       "model_not_found")
 
     async def close(self) -> None:
         for batcher in self._batchers.values():
@@ -274,6 +279,12 @@ async def read_body(request: Request, config: ServeConfig) -> bytes:
                            code="body_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def model_names(task: str, service: TaskService) -> tuple[str, str, str]:
+    """The names a request's ``model`` may give a served task: its model id, the task's short name
+    and its pipeline name (``tts``, ``text-to-speech``)."""
+    return service.model_id, task, TASKS[task]
 
 
 def check_api_key(request: Request, config: ServeConfig) -> None:
