@@ -213,6 +213,15 @@ def test_long_values_are_clipped_in_error_messages(local, path, body, param):
     assert error["param"] == param and len(error["message"]) < 400 and "..." in error["message"], error["message"][:500]
 
 
+def test_head_answers_like_get_without_a_body(local, live):
+    """HEAD / and HEAD /health (load balancers, uptime checks) answered 405."""
+    for path in ("/", "/health"):
+        head, get = local.head(path), local.get(path)
+        assert head.status_code == 200 and head.headers["content-type"] == get.headers["content-type"], head.text
+        head = httpx.head(live[0] + path)  # (uvicorn sends no body)
+        assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
+
+
 def test_seed_ranges_and_http_errors_say_what_to_send(local):
     """The stop-74 audit: images and speech refused seeds above 2**31 - 1 that chat and the
     pipelines take; a wrong method or path said only "Method Not Allowed" / "Not Found"."""

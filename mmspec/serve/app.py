@@ -152,14 +152,14 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         """Anything else: a one-line 500 to the client (the server logs the traceback)."""
         return JSONResponse(APIError(500, "internal server error (see the server log)", code="internal_error").body(), status_code=500)
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
         from .page import PAGE
 
         return HTMLResponse(PAGE)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # (HEAD: the headers of GET, uvicorn sends no body)
     async def health() -> dict[str, Any]:
         """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths, batches
         decoding now, requests dropped before their batch / cancelled inside it / joined into a
