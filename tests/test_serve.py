@@ -247,12 +247,32 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
     service = CaptionService(ServeConfig(tasks=("caption",), allow_local_files=True, local_files_root=str(SAMPLES)))
     assert service.parse(request(str(SAMPLES / "photo.png"))).item.images[0].size[0] > 0
     assert service.parse(request("file://" + str(SAMPLES / "text.png"))).item.images[0].mode == "RGB"
+    assert service.parse(request("FILE://" + str(SAMPLES / "text.png"))).item.images[0].mode == "RGB"
     outside = tmp_path / "a.png"
     Image.new("RGB", (8, 8)).save(outside)
     for url in (str(outside), str(SAMPLES / ".." / "README.md"), str(SAMPLES / "missing.png")):
         with pytest.raises(APIError) as refused:
             service.parse(request(url))
         assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
+
+
+def test_data_uris_in_any_case_and_with_line_breaks_are_images():
+    """RFC 2397's scheme and MIME's type are case-insensitive, and base64.encodebytes breaks its
+    lines: both were refused (the first with the --allow-local-files message)."""
+    from mmspec.serve.tasks import CaptionService
+
+    service = CaptionService(ServeConfig(tasks=("caption",)))
+    raw = (SAMPLES / "text.png").read_bytes()
+    expected = service.parse({"model": "caption", "messages": chat_messages(SAMPLES / "text.png")}).item.images[0]
+    for url in ("DATA:IMAGE/PNG;BASE64," + base64.b64encode(raw).decode(),
+                "data:image/png;base64," + base64.encodebytes(raw).decode(),
+                "Data:image/png;base64,\r\n " + base64.b64encode(raw).decode()):
+        body = {"model": "caption", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+        assert service.parse(body).item.images[0].tobytes() == expected.tobytes()
+    with pytest.raises(APIError) as remote:
+        service.parse({"model": "caption", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "HTTPS://example.com/a.png"}}]}]})
+    assert remote.value.code == "remote_url_refused"
 
 
 def test_null_mmspec_is_absent():

@@ -148,30 +148,34 @@ def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = M
     (:func:`mmspec.pipelines.images.load_image`). ``pixels_left``: what the request's earlier
     images left of its :data:`MAX_IMAGE_PIXELS` (read from the header, before decoding).
 
-    Accepted: ``data:image/...;base64,...`` URIs; with ``allow_local_files``, a path or ``file://``
-    URL (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
+    Accepted: ``data:image/...;base64,...`` URIs (the scheme, type and ``base64`` in any case, as
+    RFC 2397 and MIME read them; whitespace inside the payload, such as the line breaks of
+    ``base64.encodebytes``, is skipped); with ``allow_local_files``, a path or ``file://`` URL
+    (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
     Raises:
         APIError: 400 for a remote URL, a local file without the flag, bad base64, not an image.
     """
-    if url.startswith(("http://", "https://", "ftp://")):
+    scheme = url[: url.find(":") + 1].lower()  # ("" without a colon)
+    if scheme in ("http:", "https:", "ftp:"):
         raise bad_request("remote image URLs are not fetched; send the image inline as a data: URI (base64)", param,
                           "remote_url_refused")
-    if url.startswith("data:"):
+    if scheme == "data:":
         header, comma, payload = url.partition(",")
+        header = header.lower()
         if not comma or ";base64" not in header:
             raise bad_request("a data URI image must be base64: data:image/png;base64,<data>", param, "invalid_image")
         if not header[5:].startswith("image/"):
             raise bad_request(f"the data URI's type {clip(header[5:].split(';')[0])!r} is not an image type", param,
                               "invalid_image")
         try:
-            raw = base64.b64decode(payload, validate=True)
+            raw = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("the data URI's base64 payload does not decode", param, "invalid_image") from None
         return _open_image(io.BytesIO(raw), param, pixels_left)
     if not config.allow_local_files:
         raise bad_request("image_url must be a data: URI; local files are read only when the server runs with "
                           "--allow-local-files", param, "local_files_refused")
-    path = Path(url.removeprefix("file://")).expanduser().resolve()
+    path = Path(url[7:] if url[:7].lower() == "file://" else url).expanduser().resolve()
     if config.local_files_root is not None and not path.is_relative_to(config.local_files_root):
         raise bad_request(f"local files are read only under {config.local_files_root}", param, "local_files_refused")
     if not path.is_file():
