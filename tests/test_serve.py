@@ -213,6 +213,37 @@ def test_long_values_are_clipped_in_error_messages(local, path, body, param):
     assert error["param"] == param and len(error["message"]) < 400 and "..." in error["message"], error["message"][:500]
 
 
+def test_client_gone_while_sending_its_body_is_a_quiet_499_and_a_stalled_body_a_408():
+    """A client that hangs up mid-body went through the catch-all 500 (uvicorn logged "Exception in
+    ASGI application" with a ClientDisconnect traceback); a Content-Length larger than the body sent
+    held the request open for ever. The app driven as uvicorn drives it (ASGI messages)."""
+    app = create_app(ServeConfig(tasks=("t2i",), body_timeout_s=0.3))
+
+    async def post(then: dict | None) -> list[dict]:
+        sent, messages = [], [{"type": "http.request", "body": b'{"prompt": "a red', "more_body": True}]
+        messages += [then] if then else []
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client sends nothing more
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": "/v1/images/generations", "raw_path": b"/v1/images/generations", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+                 "client": ("127.0.0.1", 9), "server": ("127.0.0.1", 80)}
+        await asyncio.wait_for(app(scope, receive, send), 10)  # (raised ClientDisconnect / hung before)
+        return sent
+
+    for then, status, code in (({"type": "http.disconnect"}, 499, "client_closed"), (None, 408, "body_timeout")):
+        start, body = asyncio.run(post(then))[:2]
+        assert start["status"] == status and json.loads(body["body"])["error"]["code"] == code
+        assert (status == 408) == ((b"connection", b"close") in start["headers"])  # (the body left unread)
+
+
 def test_head_answers_like_get_without_a_body(local, live):
     """HEAD / and HEAD /health (load balancers, uptime checks) answered 405."""
     for path in ("/", "/health"):
@@ -339,9 +370,10 @@ def test_cli_options(capsys):
     from mmspec.serve.cli import config_from_args
 
     args = build_parser().parse_args(["serve", "--tasks", "caption,tts", "--max-batch-size", "4", "--api-key", "k",
-                                      "--batch-wait-ms", "5"])
+                                      "--batch-wait-ms", "5", "--body-timeout-s", "7.5"])
     config = config_from_args(args)
     assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
+    assert config.body_timeout_s == 7.5
     assert args.host == "127.0.0.1"
     # the speech method defaults to the command's (coupled SJD: as fast as or faster than sjd on every CPU kind measured)
     assert config.tts_method == ServeConfig().tts_method == build_parser().parse_args(["tts", "x"]).method == "sjd-coupled"
@@ -354,7 +386,8 @@ def test_cli_options(capsys):
     from mmspec.cli import main
 
     for bad, match in ((["--max-queue", "0"], "--max-queue must be at least 1"),  # the shared rules, before the server's
-                       (["--stream-stall-s", "0"], "--stream-stall-s must be a positive number")):
+                       (["--stream-stall-s", "0"], "--stream-stall-s must be a positive number"),
+                       (["--body-timeout-s", "0"], "--body-timeout-s must be a positive number")):
         assert main(["serve", *bad]) == 2 and match in capsys.readouterr().err
 
 

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..adapters.audio.codec import pcm16
 from ..pipelines.images import png_base64
@@ -36,6 +37,9 @@ SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": Imag
 AUDIO_CHUNK = 32 * 1024
 #: the error code of Starlette's own HTTP errors (an unknown path, a wrong method)
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+#: refusals after which the connection closes: a body that stalled (408). Not a 413: its client is
+#: still sending, and closing on unread bytes resets the connection before it reads the answer
+CLOSES_CONNECTION = (408,)
 #: short task -> the endpoint that serves it (named when a model is sent to another one)
 ENDPOINTS = {"caption": "POST /v1/chat/completions", "t2i": "POST /v1/images/generations", "tts": "POST /v1/audio/speech"}
 
@@ -118,7 +122,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        headers = {"Connection": "close"} if error.status in CLOSES_CONNECTION else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -265,17 +270,33 @@ def preload(app: FastAPI) -> None:
 
 async def read_body(request: Request, config: ServeConfig) -> bytes:
     """The API key checked, then the body, refused with 413 as soon as it passes ``max_body_bytes``
-    (a Content-Length over it before reading; chunked bodies while reading)."""
+    (a Content-Length over it before reading; chunked bodies while reading).
+
+    Raises:
+        APIError: 401 (the key), 413 (too large), 408 when the whole body has not arrived within
+            ``body_timeout_s`` (a Content-Length larger than what is sent, a client that stalls),
+            499 when the client hangs up while sending it (answered to no one, without a traceback).
+    """
     check_api_key(request, config)
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
         raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
                        code="body_too_large")
+    try:
+        return await asyncio.wait_for(_read_chunks(request, config.max_body_bytes), config.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {config.body_timeout_s:g} s (--body-timeout-s)",
+                       code="body_timeout") from None
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the request while sending its body", code="client_closed") from None
+
+
+async def _read_chunks(request: Request, max_body_bytes: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > config.max_body_bytes:
-            raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
+        if size > max_body_bytes:
+            raise APIError(413, f"the request body is larger than {max_body_bytes} bytes (--max-body-bytes)",
                            code="body_too_large")
         chunks.append(chunk)
     return b"".join(chunks)

@@ -32,6 +32,8 @@ class ServeConfig:
         batch_wait_s: how long the first request of a batch waits for others.
         max_queue: requests waiting per task before new ones get 429.
         max_body_bytes: largest request body (413 above).
+        body_timeout_s: longest wait for a request's whole body (408 after it: a Content-Length
+            larger than what the client sends, or a client that stalls, holds no connection for ever).
         max_prompt_chars: longest text prompt / speech input (400 above).
         max_tokens_limit: largest ``max_tokens`` of a chat request.
         max_images: largest ``n`` of an image request.
@@ -57,6 +59,7 @@ class ServeConfig:
     batch_wait_s: float = 0.01
     max_queue: int = 64
     max_body_bytes: int = 20 * 1024 * 1024
+    body_timeout_s: float = 60.0
     max_prompt_chars: int = 4000
     max_tokens_limit: int = 512
     max_images: int = 4
@@ -80,8 +83,9 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (0 <= self.batch_wait_s <= 10):
             raise ValueError(f"batch_wait_s must be between 0 and 10 seconds, got {self.batch_wait_s!r}")
-        if not self.stream_stall_s > 0:
-            raise ValueError(f"stream_stall_s must be positive, got {self.stream_stall_s!r}")
+        for name in ("stream_stall_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if not self.max_speech_seconds > 0:
             raise ValueError(f"max_speech_seconds must be positive, got {self.max_speech_seconds!r}")
         if self.api_key is not None and not self.api_key:
