@@ -523,6 +523,25 @@ def test_openai_audio_speech(client, live):
     assert len(pcm) == 2 * frames
 
 
+def test_finish_reason_is_stop_when_the_end_token_is_the_last_allowed(client, live):
+    """A caption whose end token is its max_tokens-th token stopped: "stop", not "length" (only a
+    budget that cut the caption before its end token is "length"); whole and streamed alike."""
+    def ask(max_tokens: int):
+        return client.chat.completions.create(model="mmspec-caption", messages=chat_messages(SAMPLES / "photo.png"),
+                                              max_tokens=max_tokens, temperature=0)
+
+    free = ask(64)
+    tokens = free.usage.completion_tokens
+    assert free.choices[0].finish_reason == "stop" and 1 < tokens < 64
+    exact = ask(tokens)
+    assert (exact.usage.completion_tokens, exact.choices[0].finish_reason) == (tokens, "stop")
+    assert exact.choices[0].message.content == free.choices[0].message.content
+    cut = ask(tokens - 1)
+    assert (cut.usage.completion_tokens, cut.choices[0].finish_reason) == (tokens - 1, "length")
+    assert _stream(client, model="mmspec-caption", messages=chat_messages(SAMPLES / "photo.png"), max_tokens=tokens,
+                   temperature=0)[1] == "stop"
+
+
 def test_openai_client_errors(client, live):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=chat_messages(SAMPLES / "photo.png"))

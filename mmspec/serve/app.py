@@ -202,12 +202,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.item, request.is_disconnected)
-        stats = output.stats
-        completion_tokens = int(getattr(stats, "new_tokens", 0))
+        completion_tokens = int(getattr(output.stats, "new_tokens", 0))
         return JSONResponse({
             "id": chat_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text},
-                         "logprobs": None, "finish_reason": finish_reason(completion_tokens, parsed.key[0])}],
+                         "logprobs": None, "finish_reason": finish_reason(output, completion_tokens, parsed.key[0])}],
             "usage": usage(prompt_tokens, completion_tokens),
             "mmspec": caption_summary(output, info),
         })
@@ -317,8 +316,10 @@ def check_api_key(request: Request, config: ServeConfig) -> None:
         raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key")
 
 
-def finish_reason(completion_tokens: int, max_tokens: int) -> str:
-    return "length" if completion_tokens >= max_tokens else "stop"
+def finish_reason(output: Any, completion_tokens: int, max_tokens: int) -> str:
+    """OpenAI's finish reason of a caption: "length" when the budget cut it (``max_tokens`` tokens
+    and no end token among them), else "stop" (an end token as the last allowed token is a stop)."""
+    return "length" if completion_tokens >= max_tokens and not output.ended_with_eos else "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -366,7 +367,7 @@ async def stream_chat(batcher: Batcher, job: Any, parsed: Any, model: str, chat_
         yield "data: [DONE]\n\n"
         return
     completion_tokens = int(getattr(output.stats, "new_tokens", 0))
-    yield chunk({}, finish_reason(completion_tokens, parsed.key[0]), mmspec=caption_summary(output, info),
+    yield chunk({}, finish_reason(output, completion_tokens, parsed.key[0]), mmspec=caption_summary(output, info),
                 usage=usage(prompt_tokens, completion_tokens))
     if parsed.include_usage:
         yield event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
