@@ -397,6 +397,12 @@ def test_cli_options(capsys):
     (["--t2i-model", "mar", "--tasks", "t2i"], "method 'sjd-coupled' does not work with a continuous-token"),
     (["--tts-method", "bogus", "--tasks", "tts"], "text-to-speech: unknown"),
     (["--dtype", "int8", "--tasks", "tts"], "int8"),
+    # a bare name that is no local path, no embedded model and not in the (offline) hub cache: one
+    # line now, not a 503 "couldn't connect to huggingface.co" on every request
+    (["--t2i-model", "nosuch", "--tasks", "t2i"], "text-to-image: --t2i-model 'nosuch' is not a local directory, an embedded "
+     "model (mar) or a model in the Hugging Face cache"),
+    (["--tts-model", "nosuch", "--tasks", "tts"], "text-to-speech: --tts-model 'nosuch' is not a local directory"),
+    (["--caption-model", "nosuch", "--tasks", "caption"], "image-captioning: --caption-model 'nosuch' is not a local"),
 ])
 def test_serve_refuses_bad_pipeline_settings_at_start(options, match, capsys):
     """An unknown drafter or method, a method that does not fit the model, a bad dtype: one line and
@@ -406,6 +412,20 @@ def test_serve_refuses_bad_pipeline_settings_at_start(options, match, capsys):
     assert main(["serve", "--port", "1", *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+def test_model_names_are_checked_only_when_the_hub_is_off(monkeypatch):
+    """With the hub on (HF_HUB_OFFLINE=0 set by hand), a bare name may still download: not refused;
+    an embedded name or a local directory never is."""
+    from mmspec.serve.tasks import ImageService, SpeechService
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    ImageService(ServeConfig(tasks=("t2i",), models={"t2i": "nosuch"})).check_model()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
+        ImageService(ServeConfig(tasks=("t2i",), models={"t2i": "nosuch"})).check_model()
+    SpeechService(ServeConfig(tasks=("tts",), models={"tts": "valle"})).check_model()
+    SpeechService(ServeConfig(tasks=("tts",), models={"tts": str(SAMPLES)})).check_model()
 
 
 def test_serve_refuses_a_port_in_use(capsys):

@@ -9,14 +9,17 @@ batch_size=len(list))`` and the outputs' ``.text`` / ``.images`` / ``.audio`` / 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Hashable, Sequence
 
 from ..adapters.audio.codec import wav_header
 from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
+from ..pipelines.text_to_speech.components import EMBEDDED_VOICES
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
@@ -43,6 +46,8 @@ CHAT_UNSUPPORTED = {
 #: :data:`mmspec.pipelines.base.PIPELINE_LOCK` now keeps from other pipelines' calls too; this lock
 #: also covers the batches the server drives below a pipeline's ``__call__``.
 PIPELINE_LOCK = threading.Lock()
+#: the values of HF_HUB_OFFLINE that turn the hub off (huggingface_hub's ENV_VARS_TRUE_VALUES)
+TRUE_VALUES = ("1", "ON", "YES", "TRUE")
 #: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
 #: no more rows (it ends as its rows finish, and the other task runs)
 LOCK_WAITERS = 0
@@ -53,6 +58,8 @@ class TaskService:
     """One task's pipeline (loaded once, on first use) and its request handling."""
 
     name = ""  # short task name, a key of TASKS
+    #: bare model names the task loads from this checkout, not from the hub (None: the default)
+    embedded_models: tuple[str, ...] = ()
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -85,8 +92,21 @@ class TaskService:
         """
         try:
             pipeline_class(TASKS[self.name]).check_init(self.all_pipeline_kwargs())
+            self.check_model()
         except (ValueError, TypeError, FileNotFoundError) as error:
             raise ValueError(f"{TASKS[self.name]}: {error}") from None
+
+    def check_model(self) -> None:
+        """Refuse a model name that nothing could load, without loading it: not a local path, not
+        one of :attr:`embedded_models`, and, the hub being off (``HF_HUB_OFFLINE``, which
+        ``mmspec serve`` sets), no entry of the Hugging Face cache. Raises ValueError (one line)."""
+        model = self.all_pipeline_kwargs().get("model")
+        if not isinstance(model, str) or model in self.embedded_models or Path(model).expanduser().exists():
+            return
+        if os.environ.get("HF_HUB_OFFLINE", "").upper() in TRUE_VALUES and not in_hub_cache(model):
+            embedded = f", an embedded model ({', '.join(self.embedded_models)})" if self.embedded_models else ""
+            raise ValueError(f"--{self.name}-model {clip(model)!r} is not a local directory{embedded} or a model in the "
+                             "Hugging Face cache, and HF_HUB_OFFLINE is set (mmspec serve downloads no models)")
 
     def pipeline(self) -> Any:
         """The task's pipeline, built on first call (thread-safe). Raises APIError 503 when it cannot load."""
@@ -130,6 +150,17 @@ class TaskService:
 
     def _dtype_kwargs(self) -> dict[str, Any]:
         return {} if self.config.dtype == "auto" else {"dtype": self.config.dtype}
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether the Hugging Face cache holds a model ``name`` (its ``config.json``), looked up
+    without the network; False for a name that is no valid repo id."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # (HFValidationError: not a repo id)
+        return False
 
 
 def sampling_fields(fields: Fields, default_temperature: float | None) -> dict[str, Any]:
@@ -325,6 +356,7 @@ class ImageService(TaskService):
     """``POST /v1/images/generations``: a prompt -> ``n`` PNG images (base64)."""
 
     name = "t2i"
+    embedded_models = ("mar",)  # (T2IComponents.names_continuous: the embedded MAR model)
 
     def pipeline_kwargs(self) -> dict[str, Any]:
         return {"model": self.config.models.get("t2i"), "method": self.config.t2i_method, "device": self.config.device,
@@ -365,6 +397,7 @@ class SpeechService(TaskService):
     """``POST /v1/audio/speech``: text -> 16-bit mono WAV or raw PCM at the voice's rate."""
 
     name = "tts"
+    embedded_models = tuple(EMBEDDED_VOICES)
 
     def pipeline_kwargs(self) -> dict[str, Any]:
         return {"model": self.config.models.get("tts"), "method": self.config.tts_method, "device": self.config.device,
