@@ -40,7 +40,10 @@ class ServeConfig:
         max_chat_images: most images in one chat request.
         stream_stall_s: a streaming client that reads nothing for this long while its text waits
             is treated as gone (its row leaves the batch).
-        max_speech_seconds: longest speech generated per request.
+        max_speech_seconds: cap on each piece of a speech request's audio, and the largest
+            ``max_seconds`` a request may ask (a text too long for one generation is said in
+            pieces, each capped: a long input can give a longer answer; ``max_prompt_chars``
+            bounds the input).
         api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
         allow_local_files: let ``image_url`` name a file on the server's disk (off: data URIs only).
         local_files_root: with ``allow_local_files``, only files under this folder (None: anywhere
