@@ -129,6 +129,12 @@ def test_health_and_models_without_socket(local):
      "unsupported"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "mmspec": {"compare_basline": True}}, 400,
      "mmspec.compare_basline", "unknown_field"),
+    # a typo inside stream_options is refused too (the usage chunk would be left out silently)
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "stream": True,
+      "stream_options": {"include_usag": True}}, 400, "stream_options.include_usag", "unknown_field"),
+    # a served task's bare name at another task's endpoint: the wrong endpoint, not an unknown model
+    ({"model": "tts", "messages": chat_messages(SAMPLES / "text.png")}, 400, "model", "wrong_endpoint"),
+    ({"model": "text-to-image", "messages": chat_messages(SAMPLES / "text.png")}, 400, "model", "wrong_endpoint"),
 ])
 def test_bad_chat_requests_get_openai_errors(local, body, status, param, code):
     response = local.post("/v1/chat/completions", **({"content": body, "headers": {"content-type": "application/json"}}
@@ -153,6 +159,8 @@ def test_page_is_served(local):
     ("/v1/images/generations", {"prompt": "a red circle", "method": "ar"}, "method", "unsupported"),
     ("/v1/images/generations", {"prompt": "a red circle", "guidance_scale": "high"}, "guidance_scale", "invalid_type"),
     ("/v1/images/generations", {"prompt": "a red circle", "model": "mmspec-tts"}, "model", "wrong_endpoint"),
+    ("/v1/images/generations", {"prompt": "a red circle", "model": "caption"}, "model", "wrong_endpoint"),
+    ("/v1/audio/speech", {"model": "t2i", "voice": "alloy", "input": "Hi."}, "model", "wrong_endpoint"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy"}, "input", "missing_field"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "speed": 10}, "speed", "invalid_value"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi.", "max_seconds": 1000}, "max_seconds",
@@ -173,6 +181,76 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
     assert (error["param"], error["code"]) == (param, code)
     if param in ("guidance", "sed"):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/images/generations", {"prompt": "a red \ud800 circle"}, "prompt"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi \udfff."}, "input"),
+    ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "\ud800", "input": "Hi."}, "voice"),
+    ("/v1/chat/completions", {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png", "What is \ud800?")},
+     "messages[0].content[1].text"),
+])
+def test_lone_surrogates_are_refused_naming_the_field(local, path, body, param):
+    """A lone surrogate is valid JSON but no text: refused up front naming the field, not by the
+    tokenizer with a message about its input type (images) or the image (captions)."""
+    response = local.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    error = error_of(response, 400)
+    assert (error["param"], error["code"]) == (param, "invalid_value") and "lone surrogate" in error["message"], error
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/images/generations", b'{"prompt": "a", "seed": ' + b"9" * 4000 + b"}", "seed"),
+    ("/v1/images/generations", json.dumps({"prompt": "a", "method": "m" * 5000}).encode(), "method"),
+    ("/v1/images/generations", json.dumps({"prompt": "a", "s" * 5000: 1}).encode(), "s" * 5000),
+    ("/v1/audio/speech", json.dumps({"model": "mmspec-tts", "input": "Hi.", "response_format": "f" * 5000}).encode(),
+     "response_format"),
+    ("/v1/chat/completions", json.dumps({"model": "m" * 5000, "messages": []}).encode(), "model"),
+    ("/v1/chat/completions", json.dumps({"model": "mmspec-caption", "messages": [{"role": "r" * 5000}]}).encode(),
+     "messages[0].role"),
+])
+def test_long_values_are_clipped_in_error_messages(local, path, body, param):
+    error = local.post(path, content=body, headers={"content-type": "application/json"}).json()["error"]
+    assert error["param"] == param and len(error["message"]) < 400 and "..." in error["message"], error["message"][:500]
+
+
+def test_client_gone_while_sending_its_body_is_a_quiet_499_and_a_stalled_body_a_408():
+    """A client that hangs up mid-body went through the catch-all 500 (uvicorn logged "Exception in
+    ASGI application" with a ClientDisconnect traceback); a Content-Length larger than the body sent
+    held the request open for ever. The app driven as uvicorn drives it (ASGI messages)."""
+    app = create_app(ServeConfig(tasks=("t2i",), body_timeout_s=0.3))
+
+    async def post(then: dict | None) -> list[dict]:
+        sent, messages = [], [{"type": "http.request", "body": b'{"prompt": "a red', "more_body": True}]
+        messages += [then] if then else []
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client sends nothing more
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": "/v1/images/generations", "raw_path": b"/v1/images/generations", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+                 "client": ("127.0.0.1", 9), "server": ("127.0.0.1", 80)}
+        await asyncio.wait_for(app(scope, receive, send), 10)  # (raised ClientDisconnect / hung before)
+        return sent
+
+    for then, status, code in (({"type": "http.disconnect"}, 499, "client_closed"), (None, 408, "body_timeout")):
+        start, body = asyncio.run(post(then))[:2]
+        assert start["status"] == status and json.loads(body["body"])["error"]["code"] == code
+        assert (status == 408) == ((b"connection", b"close") in start["headers"])  # (the body left unread)
+
+
+def test_head_answers_like_get_without_a_body(local, live):
+    """HEAD / and HEAD /health (load balancers, uptime checks) answered 405."""
+    for path in ("/", "/health"):
+        head, get = local.head(path), local.get(path)
+        assert head.status_code == 200 and head.headers["content-type"] == get.headers["content-type"], head.text
+        head = httpx.head(live[0] + path)  # (uvicorn sends no body)
+        assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
 
 
 def test_seed_ranges_and_http_errors_say_what_to_send(local):
@@ -200,12 +278,55 @@ def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
     service = CaptionService(ServeConfig(tasks=("caption",), allow_local_files=True, local_files_root=str(SAMPLES)))
     assert service.parse(request(str(SAMPLES / "photo.png"))).item.images[0].size[0] > 0
     assert service.parse(request("file://" + str(SAMPLES / "text.png"))).item.images[0].mode == "RGB"
+    assert service.parse(request("FILE://" + str(SAMPLES / "text.png"))).item.images[0].mode == "RGB"
     outside = tmp_path / "a.png"
     Image.new("RGB", (8, 8)).save(outside)
     for url in (str(outside), str(SAMPLES / ".." / "README.md"), str(SAMPLES / "missing.png")):
         with pytest.raises(APIError) as refused:
             service.parse(request(url))
         assert refused.value.status == 400 and refused.value.code in ("local_files_refused", "file_not_found")
+
+
+def test_data_uris_in_any_case_and_with_line_breaks_are_images():
+    """RFC 2397's scheme and MIME's type are case-insensitive, and base64.encodebytes breaks its
+    lines: both were refused (the first with the --allow-local-files message)."""
+    from mmspec.serve.tasks import CaptionService
+
+    service = CaptionService(ServeConfig(tasks=("caption",)))
+    raw = (SAMPLES / "text.png").read_bytes()
+    expected = service.parse({"model": "caption", "messages": chat_messages(SAMPLES / "text.png")}).item.images[0]
+    for url in ("DATA:IMAGE/PNG;BASE64," + base64.b64encode(raw).decode(),
+                "data:image/png;base64," + base64.encodebytes(raw).decode(),
+                "Data:image/png;base64,\r\n " + base64.b64encode(raw).decode()):
+        body = {"model": "caption", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+        assert service.parse(body).item.images[0].tobytes() == expected.tobytes()
+    with pytest.raises(APIError) as remote:
+        service.parse({"model": "caption", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "HTTPS://example.com/a.png"}}]}]})
+    assert remote.value.code == "remote_url_refused"
+
+
+def test_null_mmspec_is_absent():
+    """"mmspec": null reads as absent, as every other field's null does (it was refused)."""
+    from mmspec.serve.tasks import CaptionService, ImageService, SpeechService
+
+    config = ServeConfig()
+    assert ImageService(config).parse({"prompt": "a", "mmspec": None})[0][-1] is False
+    assert SpeechService(config).parse({"input": "Hi.", "mmspec": None})[0][-1] is False
+    assert CaptionService(config).parse({"model": "caption", "messages": chat_messages(SAMPLES / "text.png"),
+                                         "mmspec": None}).key[6] is False
+
+
+def test_image_acceptance_rate_is_the_images_mean():
+    """An image answer's acceptance_rate is its images' mean, as its tau is (it was null while
+    stats.per_image held each image's)."""
+    from mmspec.core.stats import SpecStats
+    from mmspec.pipelines.text_to_image.pipeline import TextToImageStats
+    from mmspec.serve.tasks import stats_summary
+
+    runs = [SpecStats(new_tokens=9, verify_steps=2, drafted=8, accepted=6), SpecStats(new_tokens=5, verify_steps=2, drafted=8, accepted=2)]
+    summary = stats_summary(TextToImageStats.collect("sjd", runs, 1.0), 1, 0.0)
+    assert summary["acceptance_rate"] == pytest.approx((6 / 8 + 2 / 8) / 2) and summary["tau"] == pytest.approx((4 + 2) / 2)
 
 
 def test_images_are_converted_as_the_pipelines_do_and_a_request_has_one_pixel_budget():
@@ -249,9 +370,10 @@ def test_cli_options(capsys):
     from mmspec.serve.cli import config_from_args
 
     args = build_parser().parse_args(["serve", "--tasks", "caption,tts", "--max-batch-size", "4", "--api-key", "k",
-                                      "--batch-wait-ms", "5"])
+                                      "--batch-wait-ms", "5", "--body-timeout-s", "7.5"])
     config = config_from_args(args)
     assert (config.tasks, config.max_batch_size, config.api_key, config.batch_wait_s) == (("caption", "tts"), 4, "k", 0.005)
+    assert config.body_timeout_s == 7.5
     assert args.host == "127.0.0.1"
     # the speech method defaults to the command's (coupled SJD: as fast as or faster than sjd on every CPU kind measured)
     assert config.tts_method == ServeConfig().tts_method == build_parser().parse_args(["tts", "x"]).method == "sjd-coupled"
@@ -264,7 +386,8 @@ def test_cli_options(capsys):
     from mmspec.cli import main
 
     for bad, match in ((["--max-queue", "0"], "--max-queue must be at least 1"),  # the shared rules, before the server's
-                       (["--stream-stall-s", "0"], "--stream-stall-s must be a positive number")):
+                       (["--stream-stall-s", "0"], "--stream-stall-s must be a positive number"),
+                       (["--body-timeout-s", "0"], "--body-timeout-s must be a positive number")):
         assert main(["serve", *bad]) == 2 and match in capsys.readouterr().err
 
 
@@ -274,6 +397,12 @@ def test_cli_options(capsys):
     (["--t2i-model", "mar", "--tasks", "t2i"], "method 'sjd-coupled' does not work with a continuous-token"),
     (["--tts-method", "bogus", "--tasks", "tts"], "text-to-speech: unknown"),
     (["--dtype", "int8", "--tasks", "tts"], "int8"),
+    # a bare name that is no local path, no embedded model and not in the (offline) hub cache: one
+    # line now, not a 503 "couldn't connect to huggingface.co" on every request
+    (["--t2i-model", "nosuch", "--tasks", "t2i"], "text-to-image: --t2i-model 'nosuch' is not a local directory, an embedded "
+     "model (mar) or a model in the Hugging Face cache"),
+    (["--tts-model", "nosuch", "--tasks", "tts"], "text-to-speech: --tts-model 'nosuch' is not a local directory"),
+    (["--caption-model", "nosuch", "--tasks", "caption"], "image-captioning: --caption-model 'nosuch' is not a local"),
 ])
 def test_serve_refuses_bad_pipeline_settings_at_start(options, match, capsys):
     """An unknown drafter or method, a method that does not fit the model, a bad dtype: one line and
@@ -283,6 +412,20 @@ def test_serve_refuses_bad_pipeline_settings_at_start(options, match, capsys):
     assert main(["serve", "--port", "1", *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+def test_model_names_are_checked_only_when_the_hub_is_off(monkeypatch):
+    """With the hub on (HF_HUB_OFFLINE=0 set by hand), a bare name may still download: not refused;
+    an embedded name or a local directory never is."""
+    from mmspec.serve.tasks import ImageService, SpeechService
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    ImageService(ServeConfig(tasks=("t2i",), models={"t2i": "nosuch"})).check_model()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
+        ImageService(ServeConfig(tasks=("t2i",), models={"t2i": "nosuch"})).check_model()
+    SpeechService(ServeConfig(tasks=("tts",), models={"tts": "valle"})).check_model()
+    SpeechService(ServeConfig(tasks=("tts",), models={"tts": str(SAMPLES)})).check_model()
 
 
 def test_serve_refuses_a_port_in_use(capsys):
@@ -376,7 +519,10 @@ def test_openai_images_generate(client):
                                       response_format="b64_json", extra_body={"seed": 0})
     image = Image.open(io.BytesIO(base64.b64decode(response.data[0].b64_json)))
     assert image.format == "PNG" and image.size[0] > 0
-    assert response.model_extra["mmspec"]["tau"] >= 1.0
+    summary = response.model_extra["mmspec"]
+    assert summary["tau"] >= 1.0
+    rates = [image["acceptance_rate"] for image in summary["stats"]["per_image"]]
+    assert summary["acceptance_rate"] is not None and summary["acceptance_rate"] == pytest.approx(sum(rates) / len(rates))
 
 
 def test_openai_audio_speech(client, live):
@@ -395,6 +541,25 @@ def test_openai_audio_speech(client, live):
         assert streamed.status_code == 200 and int(streamed.headers["x-sampling-rate"]) == rate
         pcm = b"".join(streamed.iter_bytes())
     assert len(pcm) == 2 * frames
+
+
+def test_finish_reason_is_stop_when_the_end_token_is_the_last_allowed(client, live):
+    """A caption whose end token is its max_tokens-th token stopped: "stop", not "length" (only a
+    budget that cut the caption before its end token is "length"); whole and streamed alike."""
+    def ask(max_tokens: int):
+        return client.chat.completions.create(model="mmspec-caption", messages=chat_messages(SAMPLES / "photo.png"),
+                                              max_tokens=max_tokens, temperature=0)
+
+    free = ask(64)
+    tokens = free.usage.completion_tokens
+    assert free.choices[0].finish_reason == "stop" and 1 < tokens < 64
+    exact = ask(tokens)
+    assert (exact.usage.completion_tokens, exact.choices[0].finish_reason) == (tokens, "stop")
+    assert exact.choices[0].message.content == free.choices[0].message.content
+    cut = ask(tokens - 1)
+    assert (cut.usage.completion_tokens, cut.choices[0].finish_reason) == (tokens - 1, "length")
+    assert _stream(client, model="mmspec-caption", messages=chat_messages(SAMPLES / "photo.png"), max_tokens=tokens,
+                   temperature=0)[1] == "stop"
 
 
 def test_openai_client_errors(client, live):

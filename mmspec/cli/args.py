@@ -68,7 +68,7 @@ NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tok
                      "eval_examples")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_limit", "minutes", "lora_alpha",
-                    "vision_lr_scale", "stream_stall_s")
+                    "vision_lr_scale", "stream_stall_s", "body_timeout_s")
 #: number options that must be finite and >= 0 when given
 NON_NEGATIVE_NUMBERS = ("weight_decay", "kl_weight", "sample_temperature", "delta", "lam")
 #: number options that are a fraction of something: in [0, 1) when given

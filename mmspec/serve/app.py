@@ -20,13 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..adapters.audio.codec import pcm16
 from ..pipelines.images import png_base64
 from .batching import Batcher
 from .config import TASKS, ServeConfig
 from .errors import APIError
-from .inputs import parse_json
+from .inputs import clip, parse_json
 from .tasks import CaptionService, ImageService, SpeechService, TaskService, stats_summary, wav_bytes
 
 
@@ -36,6 +37,11 @@ SERVICES: dict[str, type[TaskService]] = {"caption": CaptionService, "t2i": Imag
 AUDIO_CHUNK = 32 * 1024
 #: the error code of Starlette's own HTTP errors (an unknown path, a wrong method)
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+#: refusals after which the connection closes: a body that stalled (408). Not a 413: its client is
+#: still sending, and closing on unread bytes resets the connection before it reads the answer
+CLOSES_CONNECTION = (408,)
+#: short task -> the endpoint that serves it (named when a model is sent to another one)
+ENDPOINTS = {"caption": "POST /v1/chat/completions", "t2i": "POST /v1/images/generations", "tts": "POST /v1/audio/speech"}
 
 
 class Server:
@@ -65,7 +71,8 @@ class Server:
 
     def service_for(self, model: Any, task: str, required: bool = True) -> TaskService:
         """The service a request's ``model`` names for ``task``: its id, the task's short name or
-        pipeline name. Raises APIError 404 for an unknown model, 400 for a missing one."""
+        pipeline name. Raises APIError 404 for an unknown model, 400 for a missing one or for one
+        that another served task answers to (``wrong_endpoint``, naming that task's endpoint)."""
         if task not in self.services:
             raise APIError(404, f"this server does not serve {TASKS[task]} (start it with --tasks including {task})",
                            "model", "task_not_served")
@@ -75,13 +82,15 @@ class Server:
             raise APIError(400, "'model' is required; GET /v1/models lists the served ones", "model", "missing_field")
         if not isinstance(model, str):
             raise APIError(400, f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
-        service = self.services.get(task)
-        if service is not None and model in (service.model_id, task, TASKS[task]):
-            return service
-        served = ", ".join(s.model_id for s in self.services.values()) or "none"
-        if any(model == s.model_id for s in self.services.values()):
-            raise APIError(400, f"the model {model!r} does not serve this endpoint", "model", "wrong_endpoint")
-        raise APIError(404, f"the model {model!r} does not exist here; served models: {served}", "model", "model_not_found")
+        if model in model_names(task, self.services[task]):
+            return self.services[task]
+        for other, service in self.services.items():
+            if model in model_names(other, service):
+                raise APIError(400, f"the model {clip(model)!r} is the {TASKS[other]} model; send it to {ENDPOINTS[other]}",
+                               "model", "wrong_endpoint")
+        served = ", ".join(s.model_id for s in self.services.values())
+        raise APIError(404, f"the model {clip(model)!r} does not exist here; served models: {served}", "model",
+                       "model_not_found")
 
     async def close(self) -> None:
         for batcher in self._batchers.values():
@@ -113,7 +122,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        headers = {"Connection": "close"} if error.status in CLOSES_CONNECTION else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -147,14 +157,14 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         """Anything else: a one-line 500 to the client (the server logs the traceback)."""
         return JSONResponse(APIError(500, "internal server error (see the server log)", code="internal_error").body(), status_code=500)
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
         from .page import PAGE
 
         return HTMLResponse(PAGE)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # (HEAD: the headers of GET, uvicorn sends no body)
     async def health() -> dict[str, Any]:
         """Liveness and what runs: tasks, whether each pipeline is loaded, queue depths, batches
         decoding now, requests dropped before their batch / cancelled inside it / joined into a
@@ -192,12 +202,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         (output, prompt_tokens), info = await batcher.submit(parsed.key, parsed.item, request.is_disconnected)
-        stats = output.stats
-        completion_tokens = int(getattr(stats, "new_tokens", 0))
+        completion_tokens = int(getattr(output.stats, "new_tokens", 0))
         return JSONResponse({
             "id": chat_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text},
-                         "logprobs": None, "finish_reason": finish_reason(completion_tokens, parsed.key[0])}],
+                         "logprobs": None, "finish_reason": finish_reason(output, completion_tokens, parsed.key[0])}],
             "usage": usage(prompt_tokens, completion_tokens),
             "mmspec": caption_summary(output, info),
         })
@@ -260,20 +269,42 @@ def preload(app: FastAPI) -> None:
 
 async def read_body(request: Request, config: ServeConfig) -> bytes:
     """The API key checked, then the body, refused with 413 as soon as it passes ``max_body_bytes``
-    (a Content-Length over it before reading; chunked bodies while reading)."""
+    (a Content-Length over it before reading; chunked bodies while reading).
+
+    Raises:
+        APIError: 401 (the key), 413 (too large), 408 when the whole body has not arrived within
+            ``body_timeout_s`` (a Content-Length larger than what is sent, a client that stalls),
+            499 when the client hangs up while sending it (answered to no one, without a traceback).
+    """
     check_api_key(request, config)
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
         raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
                        code="body_too_large")
+    try:
+        return await asyncio.wait_for(_read_chunks(request, config.max_body_bytes), config.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {config.body_timeout_s:g} s (--body-timeout-s)",
+                       code="body_timeout") from None
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the request while sending its body", code="client_closed") from None
+
+
+async def _read_chunks(request: Request, max_body_bytes: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > config.max_body_bytes:
-            raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
+        if size > max_body_bytes:
+            raise APIError(413, f"the request body is larger than {max_body_bytes} bytes (--max-body-bytes)",
                            code="body_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def model_names(task: str, service: TaskService) -> tuple[str, str, str]:
+    """The names a request's ``model`` may give a served task: its model id, the task's short name
+    and its pipeline name (``tts``, ``text-to-speech``)."""
+    return service.model_id, task, TASKS[task]
 
 
 def check_api_key(request: Request, config: ServeConfig) -> None:
@@ -285,8 +316,10 @@ def check_api_key(request: Request, config: ServeConfig) -> None:
         raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key")
 
 
-def finish_reason(completion_tokens: int, max_tokens: int) -> str:
-    return "length" if completion_tokens >= max_tokens else "stop"
+def finish_reason(output: Any, completion_tokens: int, max_tokens: int) -> str:
+    """OpenAI's finish reason of a caption: "length" when the budget cut it (``max_tokens`` tokens
+    and no end token among them), else "stop" (an end token as the last allowed token is a stop)."""
+    return "length" if completion_tokens >= max_tokens and not output.ended_with_eos else "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -334,7 +367,7 @@ async def stream_chat(batcher: Batcher, job: Any, parsed: Any, model: str, chat_
         yield "data: [DONE]\n\n"
         return
     completion_tokens = int(getattr(output.stats, "new_tokens", 0))
-    yield chunk({}, finish_reason(completion_tokens, parsed.key[0]), mmspec=caption_summary(output, info),
+    yield chunk({}, finish_reason(output, completion_tokens, parsed.key[0]), mmspec=caption_summary(output, info),
                 usage=usage(prompt_tokens, completion_tokens))
     if parsed.include_usage:
         yield event({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],

@@ -35,6 +35,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with")
     cmd.add_argument("--max-queue", type=int, default=64, help="waiting requests per task before 429 (default: 64)")
     cmd.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024, help="largest request body (default: 20 MB)")
+    cmd.add_argument("--body-timeout-s", type=float, default=60.0,
+                     help="longest wait for a request's whole body before a 408 (default: 60)")
     cmd.add_argument("--max-prompt-chars", type=int, default=4000)
     cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request")
     cmd.add_argument("--max-chat-images", type=int, default=8, help="most images in one chat request (default: 8)")
@@ -69,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         tasks=tasks, models={"caption": args.caption_model, "t2i": args.t2i_model, "tts": args.tts_model},
         caption_drafter=args.caption_drafter, t2i_method=args.t2i_method, tts_method=args.tts_method,
         device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_ms / 1000,
-        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
+        max_prompt_chars=args.max_prompt_chars,
         max_tokens_limit=args.max_tokens_limit, max_chat_images=args.max_chat_images,
         stream_stall_s=args.stream_stall_s, api_key=args.api_key, allow_local_files=args.allow_local_files,
         local_files_root=args.local_files_root)

@@ -32,13 +32,18 @@ class ServeConfig:
         batch_wait_s: how long the first request of a batch waits for others.
         max_queue: requests waiting per task before new ones get 429.
         max_body_bytes: largest request body (413 above).
+        body_timeout_s: longest wait for a request's whole body (408 after it: a Content-Length
+            larger than what the client sends, or a client that stalls, holds no connection for ever).
         max_prompt_chars: longest text prompt / speech input (400 above).
         max_tokens_limit: largest ``max_tokens`` of a chat request.
         max_images: largest ``n`` of an image request.
         max_chat_images: most images in one chat request.
         stream_stall_s: a streaming client that reads nothing for this long while its text waits
             is treated as gone (its row leaves the batch).
-        max_speech_seconds: longest speech generated per request.
+        max_speech_seconds: cap on each piece of a speech request's audio, and the largest
+            ``max_seconds`` a request may ask (a text too long for one generation is said in
+            pieces, each capped: a long input can give a longer answer; ``max_prompt_chars``
+            bounds the input).
         api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
         allow_local_files: let ``image_url`` name a file on the server's disk (off: data URIs only).
         local_files_root: with ``allow_local_files``, only files under this folder (None: anywhere
@@ -57,6 +62,7 @@ class ServeConfig:
     batch_wait_s: float = 0.01
     max_queue: int = 64
     max_body_bytes: int = 20 * 1024 * 1024
+    body_timeout_s: float = 60.0
     max_prompt_chars: int = 4000
     max_tokens_limit: int = 512
     max_images: int = 4
@@ -80,8 +86,9 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (0 <= self.batch_wait_s <= 10):
             raise ValueError(f"batch_wait_s must be between 0 and 10 seconds, got {self.batch_wait_s!r}")
-        if not self.stream_stall_s > 0:
-            raise ValueError(f"stream_stall_s must be positive, got {self.stream_stall_s!r}")
+        for name in ("stream_stall_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if not self.max_speech_seconds > 0:
             raise ValueError(f"max_speech_seconds must be positive, got {self.max_speech_seconds!r}")
         if self.api_key is not None and not self.api_key:

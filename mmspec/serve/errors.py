@@ -10,7 +10,7 @@ from typing import Any
 
 #: HTTP status -> the OpenAI error "type"
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
                422: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed", 500: "server_error", 503: "server_error"}
 
 

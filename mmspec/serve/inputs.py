@@ -66,14 +66,14 @@ class Fields:
             names = " or ".join("number" if k is float else "integer" if k is int else "string" if k is str else
                                 "boolean" if k is bool else "object" if k is dict else "array" if k is list else k.__name__
                                 for k in kinds)
-            raise bad_request(f"'{self._name(name)}' must be {names}, got {type(value).__name__} {_short(value)}",
+            raise bad_request(f"'{self._name(name)}' must be {names}, got {type(value).__name__} {short(value)}",
                               self._name(name), "invalid_type")
         return value
 
     def integer(self, name: str, default: int | None = None, low: int | None = None, high: int | None = None) -> int | None:
         value = self.get(name, int, default)
         if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
-            raise bad_request(f"'{self._name(name)}' must be between {low} and {high}, got {value}", self._name(name))
+            raise bad_request(f"'{self._name(name)}' must be between {low} and {high}, got {short(value)}", self._name(name))
         return value
 
     def number(self, name: str, default: float | None = None, low: float | None = None, high: float | None = None,
@@ -92,6 +92,7 @@ class Fields:
         value = self.get(name, str, default, required=required)
         if value is None:
             return None
+        check_unicode(value, self._name(name))
         if required and not value.strip():
             raise bad_request(f"'{self._name(name)}' is empty", self._name(name), "empty_field")
         if len(value) > limit:
@@ -103,7 +104,7 @@ class Fields:
         """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported)."""
         self.read.add(name)
         if name in self.data and self.data[name] not in allowed:
-            raise bad_request(f"'{self._name(name)}' = {_short(self.data[name])} is not supported: {why}",
+            raise bad_request(f"'{self._name(name)}' = {short(self.data[name])} is not supported: {why}",
                               self._name(name), "unsupported")
 
     def refuse_unknown(self, *elsewhere: str) -> None:
@@ -115,13 +116,31 @@ class Fields:
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise bad_request(f"unknown field '{self._name(unknown[0])}'; {hint}this endpoint reads "
-                              f"{', '.join(known)}", self._name(unknown[0]), "unknown_field")
+            reader = f"'{self.prefix.rstrip('.')}' takes" if self.prefix else "this endpoint reads"
+            raise bad_request(f"unknown field '{clip(self._name(unknown[0]))}'; {hint}{reader} {', '.join(known)}",
+                              self._name(unknown[0]), "unknown_field")
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def clip(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters for an error message ("..." at the end when cut): a
+    client's 4,000-digit seed or 1 MB field name is not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: Any) -> str:
+    """A client's value as JSON for an error message, cut by :func:`clip`."""
+    return clip(json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value))
+
+
+def check_unicode(text: str, param: str) -> None:
+    """Refuse a string that holds a lone surrogate (``"\\ud800"`` is valid JSON but no Unicode
+    text: the tokenizers then fail with messages that name neither the field nor the fault).
+    Raises APIError 400 ``invalid_value`` naming ``param``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_request(f"'{param}' holds a lone surrogate ({short(text[error.start])} at character {error.start}); "
+                          "send valid Unicode text", param) from None
 
 
 def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = MAX_IMAGE_PIXELS) -> Image.Image:
@@ -129,29 +148,34 @@ def decode_image(url: str, config: ServeConfig, param: str, pixels_left: int = M
     (:func:`mmspec.pipelines.images.load_image`). ``pixels_left``: what the request's earlier
     images left of its :data:`MAX_IMAGE_PIXELS` (read from the header, before decoding).
 
-    Accepted: ``data:image/...;base64,...`` URIs; with ``allow_local_files``, a path or ``file://``
-    URL (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
+    Accepted: ``data:image/...;base64,...`` URIs (the scheme, type and ``base64`` in any case, as
+    RFC 2397 and MIME read them; whitespace inside the payload, such as the line breaks of
+    ``base64.encodebytes``, is skipped); with ``allow_local_files``, a path or ``file://`` URL
+    (under ``local_files_root`` when set). http(s) URLs are refused: the server fetches nothing.
     Raises:
         APIError: 400 for a remote URL, a local file without the flag, bad base64, not an image.
     """
-    if url.startswith(("http://", "https://", "ftp://")):
+    scheme = url[: url.find(":") + 1].lower()  # ("" without a colon)
+    if scheme in ("http:", "https:", "ftp:"):
         raise bad_request("remote image URLs are not fetched; send the image inline as a data: URI (base64)", param,
                           "remote_url_refused")
-    if url.startswith("data:"):
+    if scheme == "data:":
         header, comma, payload = url.partition(",")
+        header = header.lower()
         if not comma or ";base64" not in header:
             raise bad_request("a data URI image must be base64: data:image/png;base64,<data>", param, "invalid_image")
         if not header[5:].startswith("image/"):
-            raise bad_request(f"the data URI's type {header[5:].split(';')[0]!r} is not an image type", param, "invalid_image")
+            raise bad_request(f"the data URI's type {clip(header[5:].split(';')[0])!r} is not an image type", param,
+                              "invalid_image")
         try:
-            raw = base64.b64decode(payload, validate=True)
+            raw = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("the data URI's base64 payload does not decode", param, "invalid_image") from None
         return _open_image(io.BytesIO(raw), param, pixels_left)
     if not config.allow_local_files:
         raise bad_request("image_url must be a data: URI; local files are read only when the server runs with "
                           "--allow-local-files", param, "local_files_refused")
-    path = Path(url.removeprefix("file://")).expanduser().resolve()
+    path = Path(url[7:] if url[:7].lower() == "file://" else url).expanduser().resolve()
     if config.local_files_root is not None and not path.is_relative_to(config.local_files_root):
         raise bad_request(f"local files are read only under {config.local_files_root}", param, "local_files_refused")
     if not path.is_file():

@@ -9,18 +9,21 @@ batch_size=len(list))`` and the outputs' ``.text`` / ``.images`` / ``.audio`` / 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Hashable, Sequence
 
 from ..adapters.audio.codec import wav_header
 from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
+from ..pipelines.text_to_speech.components import EMBEDDED_VOICES
 from ..pipelines.text_to_speech.pipeline import MAX_SPEED
 from .config import TASKS, ServeConfig
 from .errors import APIError, bad_request
-from .inputs import MAX_IMAGE_PIXELS, Fields, decode_image
+from .inputs import MAX_IMAGE_PIXELS, Fields, clip, decode_image, short
 
 #: the roles of a chat request's messages (OpenAI's "developer" is read as "system")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -43,6 +46,8 @@ CHAT_UNSUPPORTED = {
 #: :data:`mmspec.pipelines.base.PIPELINE_LOCK` now keeps from other pipelines' calls too; this lock
 #: also covers the batches the server drives below a pipeline's ``__call__``.
 PIPELINE_LOCK = threading.Lock()
+#: the values of HF_HUB_OFFLINE that turn the hub off (huggingface_hub's ENV_VARS_TRUE_VALUES)
+TRUE_VALUES = ("1", "ON", "YES", "TRUE")
 #: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
 #: no more rows (it ends as its rows finish, and the other task runs)
 LOCK_WAITERS = 0
@@ -53,6 +58,8 @@ class TaskService:
     """One task's pipeline (loaded once, on first use) and its request handling."""
 
     name = ""  # short task name, a key of TASKS
+    #: bare model names the task loads from this checkout, not from the hub (None: the default)
+    embedded_models: tuple[str, ...] = ()
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -85,8 +92,21 @@ class TaskService:
         """
         try:
             pipeline_class(TASKS[self.name]).check_init(self.all_pipeline_kwargs())
+            self.check_model()
         except (ValueError, TypeError, FileNotFoundError) as error:
             raise ValueError(f"{TASKS[self.name]}: {error}") from None
+
+    def check_model(self) -> None:
+        """Refuse a model name that nothing could load, without loading it: not a local path, not
+        one of :attr:`embedded_models`, and, the hub being off (``HF_HUB_OFFLINE``, which
+        ``mmspec serve`` sets), no entry of the Hugging Face cache. Raises ValueError (one line)."""
+        model = self.all_pipeline_kwargs().get("model")
+        if not isinstance(model, str) or model in self.embedded_models or Path(model).expanduser().exists():
+            return
+        if os.environ.get("HF_HUB_OFFLINE", "").upper() in TRUE_VALUES and not in_hub_cache(model):
+            embedded = f", an embedded model ({', '.join(self.embedded_models)})" if self.embedded_models else ""
+            raise ValueError(f"--{self.name}-model {clip(model)!r} is not a local directory{embedded} or a model in the "
+                             "Hugging Face cache, and HF_HUB_OFFLINE is set (mmspec serve downloads no models)")
 
     def pipeline(self) -> Any:
         """The task's pipeline, built on first call (thread-safe). Raises APIError 503 when it cannot load."""
@@ -132,6 +152,17 @@ class TaskService:
         return {} if self.config.dtype == "auto" else {"dtype": self.config.dtype}
 
 
+def in_hub_cache(name: str) -> bool:
+    """Whether the Hugging Face cache holds a model ``name`` (its ``config.json``), looked up
+    without the network; False for a name that is no valid repo id."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # (HFValidationError: not a repo id)
+        return False
+
+
 def sampling_fields(fields: Fields, default_temperature: float | None) -> dict[str, Any]:
     """temperature (0 = greedy), top_p, top_k -> the pipelines' do_sample / temperature / top_p / top_k."""
     temperature = fields.number("temperature", default_temperature, 0.0, 2.0)
@@ -151,14 +182,16 @@ MMSPEC_OPTIONS = ("compare_baseline",)
 
 
 def mmspec_options(data: dict[str, Any]) -> Fields:
-    """The request's ``"mmspec"`` object (``{}`` when absent); a field it does not know (a typo) is refused."""
-    options = data.get("mmspec", {})
+    """The request's ``"mmspec"`` object (``{}`` when absent or null, as every field's null is);
+    a field it does not know (a typo) is refused."""
+    options = data.get("mmspec")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise bad_request(f"'mmspec' must be an object, got {type(options).__name__}", "mmspec", "invalid_type")
     unknown = sorted(set(options) - set(MMSPEC_OPTIONS))
     if unknown:
-        raise bad_request(f"'mmspec' has unknown field(s) {', '.join(map(repr, unknown))}; it takes {', '.join(MMSPEC_OPTIONS)}",
-                          f"mmspec.{unknown[0]}", "unknown_field")
+        raise bad_request(f"'mmspec' has unknown field(s) {clip(', '.join(map(repr, unknown)))}; it takes "
+                          f"{', '.join(MMSPEC_OPTIONS)}", f"mmspec.{unknown[0]}", "unknown_field")
     return Fields(options, "mmspec.")
 
 
@@ -215,7 +248,7 @@ class CaptionService(TaskService):
             if role == "developer":  # OpenAI's newer name for the system turn
                 role = "system"
             if role not in CHAT_ROLES:
-                raise bad_request(f"messages[{i}].role is {role!r}; use system, user or assistant (tools are not "
+                raise bad_request(f"messages[{i}].role is {short(role)}; use system, user or assistant (tools are not "
                                   "supported)", f"messages[{i}].role", "unsupported")
             content = message.get("content")
             parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -274,8 +307,9 @@ class CaptionService(TaskService):
         key = (max_tokens, sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"], seed,
                compare, solo)
         fields.refuse_unknown(*COMMON_FIELDS)
-        item = ChatItem(turns, images)
-        return ChatRequest(key, item, stream, bool(stream_options.get("include_usage", bool, False)))
+        include_usage = bool(stream_options.get("include_usage", bool, False))
+        stream_options.refuse_unknown()  # (a typo such as include_usag would leave the usage chunk out silently)
+        return ChatRequest(key, ChatItem(turns, images), stream, include_usage)
 
     def run_batch(self, key: Hashable, items: Sequence[Any], rows: Any = None) -> list[Any]:
         """The batch as one pipeline call, each row answered as soon as it ends, its text streamed
@@ -322,6 +356,7 @@ class ImageService(TaskService):
     """``POST /v1/images/generations``: a prompt -> ``n`` PNG images (base64)."""
 
     name = "t2i"
+    embedded_models = ("mar",)  # (T2IComponents.names_continuous: the embedded MAR model)
 
     def pipeline_kwargs(self) -> dict[str, Any]:
         return {"model": self.config.models.get("t2i"), "method": self.config.t2i_method, "device": self.config.device,
@@ -337,7 +372,7 @@ class ImageService(TaskService):
         method = fields.get("method", str)
         if method is not None and method != self.config.t2i_method:
             raise bad_request(f"this server runs text-to-image method {self.config.t2i_method!r} (--t2i-method); "
-                              f"got {method!r}", "method", "unsupported")
+                              f"got {clip(method)!r}", "method", "unsupported")
         sampling = sampling_fields(fields, 1.0)
         guidance = fields.number("guidance_scale", 3.0, 1.0, 20.0)
         seed = fields.integer("seed", 0, 0, 2**63 - n)  # (image i uses seed + i, within a generator's range)
@@ -362,6 +397,7 @@ class SpeechService(TaskService):
     """``POST /v1/audio/speech``: text -> 16-bit mono WAV or raw PCM at the voice's rate."""
 
     name = "tts"
+    embedded_models = tuple(EMBEDDED_VOICES)
 
     def pipeline_kwargs(self) -> dict[str, Any]:
         return {"model": self.config.models.get("tts"), "method": self.config.tts_method, "device": self.config.device,
@@ -374,7 +410,7 @@ class SpeechService(TaskService):
         fields.text("voice", 64)  # one voice per model: the name is accepted, the model's voice speaks
         fmt = fields.get("response_format", str, "wav")
         if fmt not in SPEECH_FORMATS:
-            raise bad_request(f"response_format {fmt!r} is not supported; use wav or pcm", "response_format", "unsupported")
+            raise bad_request(f"response_format {clip(fmt)!r} is not supported; use wav or pcm", "response_format", "unsupported")
         fields.refuse("stream_format", ("audio", None), "the server streams the audio itself (stream: true), not server-sent events")
         speed = fields.number("speed", 1.0, 0.25, MAX_SPEED)  # OpenAI's range, 0.25 to 4 (the voice's MAX_SPEED)
         sampling = sampling_fields(fields, None)
@@ -415,6 +451,14 @@ def clean_json(value: Any) -> Any:
     return str(value)
 
 
+def mean_over_images(full: dict[str, Any], name: str) -> float | None:
+    """An image call's ``name`` as the mean of its images' (``per_image``), as the call's tau is the
+    mean of theirs (``TextToImageStats.collect``); None without per-image stats or figures."""
+    values = [image.get(name) for image in full.get("per_image") or ()]
+    values = [value for value in values if value is not None]
+    return sum(values) / len(values) if values else None
+
+
 def stats_summary(stats: Any, batch_size: int, queue_wait_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """An output's stats -> the response's ``"mmspec"`` object: method, tau, acceptance, speedup
     (None unless compare_baseline), wall time, the server batch it ran in, and the full stats."""
@@ -425,7 +469,7 @@ def stats_summary(stats: Any, batch_size: int, queue_wait_s: float, extra: dict[
                  # alone reads "sjd" for coupled SJD too; else, for a caption, the head drafter="auto" picked)
         "method": config.get("method") or config.get("drafter") or full.get("method"),
         "tau": full.get("tau", full.get("mean_accepted_length")),
-        "acceptance_rate": full.get("acceptance_rate", generation.get("acceptance_rate")),
+        "acceptance_rate": full.get("acceptance_rate", generation.get("acceptance_rate", mean_over_images(full, "acceptance_rate"))),
         "speedup": full.get("speedup"),
         "wall_time_s": full.get("wall_time_s"),
         "batch_size": batch_size,

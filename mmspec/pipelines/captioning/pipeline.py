@@ -54,6 +54,8 @@ class CaptionOutput(DictAccess):
             ``compare_baseline``; True for greedy decoding, up to float rounding in bf16).
         prompt: the user prompt the caption answers (a Conversation's last user text).
         prompt_tokens: the model's prompt length in tokens (image tokens included).
+        ended_with_eos: whether the caption ended on one of the model's end tokens (False: it
+            used up ``max_new_tokens``, or a stream cancelled it), so whether the budget cut it.
     """
 
     text: str
@@ -63,6 +65,7 @@ class CaptionOutput(DictAccess):
     identical_to_baseline: bool | None = None
     prompt: str = DEFAULT_PROMPT
     prompt_tokens: int | None = None
+    ended_with_eos: bool = False
 
     @property
     def cancelled(self) -> bool:
@@ -79,6 +82,7 @@ class CaptionOutput(DictAccess):
             "baseline_text": self.baseline_text,
             "baseline_stats": self.baseline_stats.to_dict() if self.baseline_stats is not None else None,
             "identical_to_baseline": self.identical_to_baseline,
+            "ended_with_eos": self.ended_with_eos,
         }
 
 
@@ -428,6 +432,10 @@ class ImageCaptioningPipeline(Pipeline):
         """sequences [1, L + new] -> the new tokens' text, special tokens removed, stripped."""
         return self.tokenizer.decode(sequences[0, prompt_length:], skip_special_tokens=True).strip()
 
+    def _ended(self, sequences: torch.Tensor, prompt_length: int) -> bool:
+        """Whether the new tokens of sequences [1, L + new] end on an end token (the loops keep it)."""
+        return sequences.shape[1] > prompt_length and int(sequences[0, -1]) in self.eos_token_ids
+
     def run_config(self) -> dict[str, Any]:
         """The dtype, the linears' kernel and whether CUDA graphs ran (every result's stats.config)."""
         return {"dtype": dtype_name(self.dtype), "linears": self.optimization.label if self.optimization else "as loaded",
@@ -533,7 +541,8 @@ class ImageCaptioningPipeline(Pipeline):
         def output_of(result: RowResult) -> CaptionOutput:
             tokens = result.tokens
             return CaptionOutput(text=self._decode(tokens, result.prompt_length), prompt=_prompt_of(items[result.index], prompt),
-                                 stats=self._annotate(result.stats, drafter_name, reason), prompt_tokens=result.prompt_length)
+                                 stats=self._annotate(result.stats, drafter_name, reason), prompt_tokens=result.prompt_length,
+                                 ended_with_eos=self._ended(tokens, result.prompt_length))
 
         def on_row_done(result: RowResult) -> None:
             if not compare_baseline:  # (with a baseline, rows are finished once both ran)
@@ -584,7 +593,8 @@ class ImageCaptioningPipeline(Pipeline):
                                    stats=self._annotate(stats, drafter_name, reason), prompt_tokens=int(rows[b]["input_ids"].shape[1]),
                                    baseline_text=self._decode(base_tokens, width),
                                    baseline_stats=self._annotate(base_stats, "ar", "baseline"),
-                                   identical_to_baseline=bool(torch.equal(tokens, base_tokens)))
+                                   identical_to_baseline=bool(torch.equal(tokens, base_tokens)),
+                                   ended_with_eos=self._ended(tokens, width))
             result.stats.speedup = baseline.stats.wall_time_s / out.stats.wall_time_s
             results.append(_finish(stream, first + b, result))
         return results
@@ -601,7 +611,8 @@ class ImageCaptioningPipeline(Pipeline):
             out = generate(self.target, drafter=drafter, **kwargs, **live, **inputs)
             stats = self._annotate(out.stats, drafter_name, reason)
             return _finish(stream, index, CaptionOutput(text=self._decode(out.sequences, prompt_length), stats=stats,
-                                                                 prompt=question, prompt_tokens=prompt_length))
+                                                        prompt=question, prompt_tokens=prompt_length,
+                                                        ended_with_eos=self._ended(out.sequences, prompt_length)))
         out, baseline = self.with_baseline(
             lambda: generate(self.target, drafter=drafter, **kwargs, **live, **inputs),
             lambda: generate(self.target, drafter=None, **kwargs, **inputs),
@@ -615,6 +626,7 @@ class ImageCaptioningPipeline(Pipeline):
             identical_to_baseline=bool(torch.equal(out.sequences, baseline.sequences)),
             prompt=question,
             prompt_tokens=prompt_length,
+            ended_with_eos=self._ended(out.sequences, prompt_length),
         ))
 
     def __repr__(self) -> str:
