@@ -25,7 +25,7 @@ from .core.loop import speculative_decode
 from .core.sampling import SamplingConfig
 from .core.stats import DictAccess, SpecStats
 from .core.target import eos_token_ids, input_names
-from .drafters import check_draft_length_use, resolve_drafter
+from .drafters import resolve_drafter
 from .modeling.fast_linear import OptimizeReport, optimize
 
 #: the package's folder (user_stacklevel: frames inside it are mmspec's own)
@@ -176,7 +176,6 @@ def generate(
     check_sampling_options(do_sample, temperature, top_k, top_p)
     check_seed(seed)
     check_callbacks(on_step=on_step, on_tokens=on_tokens, cancelled=cancelled)
-    check_draft_length_use(drafter, num_draft_tokens)
     do_sample, temperature, top_k, top_p, seed = map(plain, (do_sample, temperature, top_k, top_p, seed))
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
     input_ids = model_inputs.get("input_ids")
@@ -340,7 +339,6 @@ def generate_rows(
     for one in (seed if isinstance(seed, Sequence) and not isinstance(seed, str) else [seed]):
         check_seed(one)  # an integer or None, one per row or one for all
     check_callbacks(on_row_done=on_row_done, on_tokens=on_tokens, cancelled=cancelled, admit=admit)
-    check_draft_length_use(drafter, num_draft_tokens)
     do_sample, temperature, top_k, top_p = map(plain, (do_sample, temperature, top_k, top_p))
     seed = [plain(one) for one in seed] if isinstance(seed, Sequence) and not isinstance(seed, str) else plain(seed)
     adapter, max_new_tokens, num_draft_tokens = _prepare(target, max_new_tokens, num_draft_tokens)
@@ -536,7 +534,7 @@ def generate_with_baseline(model, drafter, inputs: dict, warmup: bool = True, **
     and set ``stats.speedup`` = baseline wall time / method wall time on the method's output."""
     if warmup:
         generate(model, drafter=drafter, **{**kwargs, "max_new_tokens": 4}, **inputs)
-    baseline = generate(model, drafter=None, **{k: v for k, v in kwargs.items() if k != "num_draft_tokens"}, **inputs)
+    baseline = generate(model, drafter=None, **kwargs, **inputs)
     method = generate(model, drafter=drafter, **kwargs, **inputs)
     method.stats.speedup = baseline.stats.wall_time_s / method.stats.wall_time_s
     return method, baseline

@@ -10,7 +10,6 @@ import torch
 from tiny_models import make_text_only_draft
 
 import mmspec
-from mmspec.api import generate_with_baseline
 from mmspec.pipelines import PIPELINES, Method, MethodRegistry, Pipeline, Setting, parse_spec, register_pipeline
 from mmspec.pipelines.methods import MethodSpec, at_least, split_specs
 from mmspec.pipelines.base import pipeline_class
@@ -132,16 +131,6 @@ def test_a_call_argument_given_to_the_pipeline_says_where_it_goes(task, name):
     with pytest.raises(ValueError, match=f"^{name} is an argument of each call, not of the pipeline: pipe = "
                                          fr"mmspec.pipeline\('{task}'\), then pipe\(..., {name}=5\)$"):
         mmspec.pipeline(task, **{name: 5})  # (a method's unknown setting, or a TypeError, before)
-
-
-@pytest.mark.parametrize("drafter", [None, "ar"])
-def test_generate_refuses_a_draft_length_with_plain_decoding(drafter):
-    """As the CLI and the captioning pipeline do (it was ignored); a baseline beside a drafter still runs."""
-    model, ids = make_text_only_draft(), torch.tensor([[1, 5, 9, 5, 9]])
-    with pytest.raises(ValueError, match="is plain decoding, which drafts nothing"):
-        mmspec.generate(model, input_ids=ids, drafter=drafter, num_draft_tokens=4, max_new_tokens=2)
-    method, baseline = generate_with_baseline(model, "prompt-lookup", {"input_ids": ids}, max_new_tokens=3, num_draft_tokens=2)
-    assert torch.equal(method.sequences, baseline.sequences)
 
 
 @pytest.mark.parametrize("eos", ["x", -5, 10**9, True, [3, "a"]])
