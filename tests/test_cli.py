@@ -269,6 +269,26 @@ def test_a_misspelt_flag_or_bad_value_is_one_line(argv, where, capsys):
     assert done.value.code == 2 and err.startswith("mmspec: error: ") and err.count("\n") == 1 and f"(see {where})" in err, err
 
 
+def test_mmspec_help_lists_every_command_without_loading_pytorch():
+    """`mmspec --help` and an unknown command import no command's module (PyTorch took ~5 s of a
+    `--help` on a slow VM); the list is each module's own parser's, and a command builds in full."""
+    import argparse
+
+    from mmspec.cli import COMMANDS, build_parser
+
+    def commands(parser):
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return {choice.dest: choice.help for choice in action._choices_actions}, action.choices
+
+    listed, full = commands(build_parser()), commands(build_parser(None))
+    assert listed[0] == full[0] == {name: text for name, (_, text) in COMMANDS.items()}
+    assert build_parser("tts").parse_args(["tts", "x"]).method == build_parser().parse_args(["tts", "x"]).method
+    script = ("import sys\nfrom mmspec.cli import main\nfor argv in (['--help'], ['bogus'], []):\n    try:\n"
+              "        main(argv)\n    except SystemExit:\n        pass\nprint('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip().splitlines()[-1] == "False" and "tts" in run.stdout and "invalid choice: 'bogus'" in run.stderr
+
+
 def test_every_commands_defaults_pass_the_shared_number_checks():
     """The shared rules (mmspec.cli.args: counts >= 1, rates > 0, fractions in [0, 1), nothing NaN)
     hold for every subcommand's own defaults, so a rule never refuses a command as shipped."""

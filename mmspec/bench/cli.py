@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..cli import command_help
+
 #: output files of the text and caption suites, checked before the model loads (cli.args.check_args)
 OUTPUT_ARGS = {"results": "file", "markdown": "file"}
 
@@ -13,7 +15,7 @@ def interrupted(args, command: str) -> str:
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks, measured side by side (see docs/benchmarks.md)")
+    bench = subparsers.add_parser("bench", help=command_help("bench"))
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
     from . import caption, chain_stop, cost, t2i, text, tts, vllm
 

@@ -1,5 +1,6 @@
-"""The ``mmspec`` command. Each subcommand lives in its own module, which provides
-``add_parser(subparsers)`` (registering a parser whose ``handler`` default is its ``run(args)``)."""
+"""The ``mmspec`` command. Each subcommand lives in its own module (:data:`COMMANDS`), which provides
+``add_parser(subparsers)`` (registering a parser whose ``handler`` default is its ``run(args)``); a
+command's module, and PyTorch, load only when that command runs or shows its help."""
 
 from __future__ import annotations
 
@@ -14,8 +15,26 @@ import warnings
 from contextlib import contextmanager
 
 
-#: modules that define a subcommand, in the order of ``mmspec --help``
-SUBCOMMAND_MODULES = ("mmspec.cli.generate", "mmspec.cli.caption", "mmspec.cli.t2i", "mmspec.cli.tts", "mmspec.cli.run", "mmspec.bench.cli", "mmspec.train.cli", "mmspec.cli.export", "mmspec.serve.cli")
+#: each command, in the order of ``mmspec --help``: the module that defines it and its one-line help
+#: (its module's parser takes the help from here, so ``mmspec --help`` lists every command without
+#: importing any module, or PyTorch: :func:`build_parser`)
+COMMANDS = {
+    "generate": ("mmspec.cli.generate", "generate text from a prompt with a drafter, and show the speed"),
+    "caption": ("mmspec.cli.caption", "caption images (or ask about them) with a drafter, and show the speed"),
+    "t2i": ("mmspec.cli.t2i", "generate images from a text prompt with an AR image-token model"),
+    "tts": ("mmspec.cli.tts", "say a sentence with a codec-token TTS model, and show the speed"),
+    "run": ("mmspec.cli.run", "a ready-made pipeline from pipelines/ (a preset) on images, prompts or sentences"),
+    "bench": ("mmspec.bench.cli", "benchmarks, measured side by side (see docs/benchmarks.md)"),
+    "train": ("mmspec.train.cli", "training recipes for the embedded models (resumable)"),
+    "export": ("mmspec.cli.export", "write a trained drafter in a serving engine's format"),
+    "serve": ("mmspec.serve.cli", "serve captioning, text-to-image and text-to-speech over an OpenAI-compatible HTTP "
+                                  "API, batching concurrent requests"),
+}
+
+
+def command_help(name: str) -> str:
+    """Command ``name``'s one-line help (:data:`COMMANDS`), for its module's ``add_parser``."""
+    return COMMANDS[name][1]
 
 
 def _no_default(action: argparse.Action) -> bool:
@@ -48,16 +67,34 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"mmspec: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The ``mmspec`` parser with every command's own arguments (``command="*"``), or with only
+    ``command``'s, the others named with their help alone (:func:`main` builds the one it runs:
+    ``mmspec --help`` and ``--version`` import no command's module, so no PyTorch until a command runs)."""
     parser = OneLineParser(
         prog="mmspec",
         description="Fast autoregressive multimodal generation with speculative decoding.",
     )
-    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument("--version", action=VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in SUBCOMMAND_MODULES:
-        importlib.import_module(module).add_parser(subparsers)
+    for name, (module, text) in COMMANDS.items():
+        if command in ("*", name):
+            importlib.import_module(module).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=text)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """``--version``: :func:`version_line`, made when asked (it imports PyTorch for its version)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "show mmspec's, Python's and PyTorch's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())  # (to standard output, as argparse's own version action prints)
+        parser.exit()
 
 
 def version_line() -> str:
@@ -144,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         with warnings.catch_warnings(), signals_noted(seen):  # (both undone afterwards: tests run commands in-process)
-            parser = build_parser()
+            parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
             from .args import apply_threads, check_args
 
             args, unknown = parser.parse_known_args(argv)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import command_help
 from ..pipelines.captioning import (DEFAULT_PROMPT, CaptionOutput, ImageCaptioningPipeline, check_drafter_name,
                                    check_prompt, check_tree_drafter)
 from ..drafters import check_draft_length_use
@@ -40,7 +41,7 @@ MODEL_ERRORS = (RuntimeError, IndexError)
 def add_parser(subparsers) -> None:
     from .args import add_model_args, add_sampling_args
 
-    cap = subparsers.add_parser("caption", help="caption images (or ask about them) with a drafter, and show the speed")
+    cap = subparsers.add_parser("caption", help=command_help("caption"))
     cap.add_argument("images", nargs="+", metavar="IMAGE",
                      help="image files (PNG, JPEG, WebP, TIFF, ...), folders of them, or globs ('photos/**/*.jpg')")
     cap.add_argument("--out", default=None, metavar="FILE.jsonl",

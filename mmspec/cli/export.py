@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from . import command_help
 from ..modeling.eagle3 import ENGINE_ARCHITECTURES, Eagle3Head, check_export_directory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -26,7 +27,7 @@ def export_dtype(name: str) -> torch.dtype:
 
 
 def add_parser(subparsers) -> None:
-    export = subparsers.add_parser("export", help="write a trained drafter in a serving engine's format")
+    export = subparsers.add_parser("export", help=command_help("export"))
     what = export.add_subparsers(dest="what", metavar="WHAT")
     parser = what.add_parser("drafter", help="an EAGLE-3 head for vLLM or SGLang")
     parser.add_argument("src", help="the head's directory (mmspec train drafter --method eagle3, or an engine layout)")

@@ -6,6 +6,7 @@ import json
 
 import torch
 
+from . import command_help
 from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
 from ..drafters import check_draft_length_use
 from ..hub import load_causal_lm, resolve_device
@@ -16,7 +17,7 @@ from .output import difference_note, speedup_words
 def add_parser(subparsers) -> None:
     from .args import add_model_args, add_sampling_args
 
-    gen = subparsers.add_parser("generate", help="generate text from a prompt with a drafter, and show the speed")
+    gen = subparsers.add_parser("generate", help=command_help("generate"))
     gen.add_argument("prompt", help="the user message (wrapped in the model's chat template unless --raw)")
     gen.add_argument("--drafter", default="prompt-lookup",
                      help="ar | prompt-lookup[:K] | layer-skip:N | sjd | sjd-coupled | a draft model path | a trained head: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import command_help
 from .output import OutputFiles, write_output
 from .args import check_output_path
 
@@ -13,7 +14,7 @@ from .args import check_output_path
 def add_parser(subparsers) -> None:
     from ..pipelines.presets import preset_names
 
-    cmd = subparsers.add_parser("run", help="a ready-made pipeline from pipelines/ (a preset) on images, prompts or sentences")
+    cmd = subparsers.add_parser("run", help=command_help("run"))
     cmd.add_argument("preset", help=f"a name in pipelines/ ({', '.join(preset_names())}) or a path to a preset TOML file")
     cmd.add_argument("inputs", nargs="+", metavar="INPUT",
                      help="image files (image-captioning), prompts (text-to-image) or sentences (text-to-speech)")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from . import command_help
 from .dataset import (IMAGE_SUFFIXES, ProcessState, Progress, ShardedResults, add_row_args, check_sharded_output,
                       failed_rows_exit, interrupted_rows)
 from .output import OutputFiles
@@ -29,7 +30,7 @@ def add_parser(subparsers) -> None:
     from ..pipelines.text_to_image.methods import METHODS, SETTINGS
     from .args import add_optimize_arg, add_threads_arg
 
-    cmd = subparsers.add_parser("t2i", help="generate images from a text prompt with an AR image-token model")
+    cmd = subparsers.add_parser("t2i", help=command_help("t2i"))
     cmd.add_argument("prompt", nargs="?", default=None, help="the prompt (or --prompts FILE)")
     cmd.add_argument("--prompts", default=None, metavar="FILE",
                      help="one prompt per line: images go to --out as NNNNNN-I.png, one JSON record per prompt to "

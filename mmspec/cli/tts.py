@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import command_help
 from .args import check_output_path
 from .output import OutputFiles
 
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
     from ..pipelines.text_to_speech.methods import METHODS
     from .args import add_optimize_arg, add_threads_arg
 
-    cmd = subparsers.add_parser("tts", help="say a sentence with a codec-token TTS model, and show the speed")
+    cmd = subparsers.add_parser("tts", help=command_help("tts"))
     cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
     cmd.add_argument("-f", "--file", default=None, help="read the text from FILE ('-': standard input)")
     cmd.add_argument("--out", default="tts.wav", help="output WAV file, its spectrogram written beside it as NAME.png "

@@ -11,12 +11,12 @@ import os
 import socket
 from pathlib import Path
 
+from ..cli import command_help
 from .config import DEFAULT_MODEL_IDS, TASKS, ServeConfig
 
 
 def add_parser(subparsers) -> None:
-    cmd = subparsers.add_parser("serve", help="serve captioning, text-to-image and text-to-speech over an "
-                                "OpenAI-compatible HTTP API, batching concurrent requests")
+    cmd = subparsers.add_parser("serve", help=command_help("serve"))
     cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     cmd.add_argument("--port", type=int, default=8000)
     cmd.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks to serve: {', '.join(TASKS)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..cli import command_help
+
 from pathlib import Path
 
 
@@ -41,7 +43,7 @@ FILE_OUTPUTS = ("eval-captioner", "open-text")
 def add_parser(subparsers) -> None:
     import importlib
 
-    train = subparsers.add_parser("train", help="training recipes for the embedded models (resumable)")
+    train = subparsers.add_parser("train", help=command_help("train"))
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE")
     for name, (module_name, help_text) in RECIPES.items():
         module = importlib.import_module(f"{__package__}.{module_name}")
