@@ -5,6 +5,7 @@ command's entry -- is quick and a Ctrl-C while PyTorch and transformers load is 
 one line, not a traceback from inside the import."""
 
 import importlib
+import os
 
 __version__ = "0.1.0"
 __all__ = ["GenerateOutput", "SamplingConfig", "SpecStats", "generate", "optimize", "pipeline", "__version__"]
@@ -17,6 +18,15 @@ _HOMES = {"GenerateOutput": ".api", "generate": ".api", "SamplingConfig": ".core
 #: subpackages reached as attributes (``mmspec.hub.load_causal_lm(...)`` on a fresh ``import mmspec``)
 _SUBMODULES = {"adapters", "api", "bench", "cli", "core", "cpu", "drafters", "hub", "metrics", "modeling", "pipelines",
                "serve", "train"}
+
+
+#: the package's folder: a frame or a warning from a file under it is mmspec's own
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def in_package(filename: str) -> bool:
+    """Whether the file ``filename`` lies under :data:`PACKAGE_DIR` (a warning's or a frame's)."""
+    return os.path.abspath(filename).startswith(PACKAGE_DIR + os.sep)
 
 
 def __getattr__(name: str):

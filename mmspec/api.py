@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from . import in_package
 from .adapters.hf import TransformersTarget
 from .core.arguments import check_argument_types, plain
 from .core.batch import batch_stats, batched_decode, row_drafter
@@ -27,9 +28,6 @@ from .core.stats import DictAccess, SpecStats
 from .core.target import eos_token_ids, input_names
 from .drafters import resolve_drafter
 from .modeling.fast_linear import OptimizeReport, optimize
-
-#: the package's folder (user_stacklevel: frames inside it are mmspec's own)
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass
@@ -84,7 +82,7 @@ def user_stacklevel() -> int:
     """``warnings.warn``'s stacklevel, from the function calling this one, of the first frame outside
     the mmspec package: a warning names the user's line, through a pipeline or ``generate`` alike."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+    while frame.f_back is not None and in_package(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -14,6 +14,8 @@ import threading
 import warnings
 from contextlib import contextmanager
 
+from .. import in_package
+
 
 #: each command, in the order of ``mmspec --help``: the module that defines it and its one-line help
 #: (its module's parser takes the help from here, so ``mmspec --help`` lists every command without
@@ -107,16 +109,12 @@ def version_line() -> str:
     return f"mmspec {__version__} (Python {platform.python_version()}, torch {torch.__version__})"
 
 
-#: mmspec's own package folder: a warning raised from a file under it is mmspec's advice to the user
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def one_line_warnings(show):
     """A ``warnings.showwarning`` for a command: mmspec's own UserWarnings (a prompt cut to what a
     model reads, a budget that does not fit) as one line ``mmspec: warning: ...``; other warnings
     through ``show`` (Python's own)."""
     def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
-        if issubclass(category, UserWarning) and os.path.abspath(filename).startswith(PACKAGE_DIR + os.sep):
+        if issubclass(category, UserWarning) and in_package(filename):  # (mmspec's advice to the user)
             print(f"mmspec: warning: {message}", file=sys.stderr if file is None else file)
         else:
             show(message, category, filename, lineno, file, line)
