@@ -23,7 +23,7 @@ import torch
 from ..hub import dtype_name
 from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
-from ..pipelines.text_to_image.methods import METHODS, SETTINGS, JacobiMethod, T2IMethod, make_method
+from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..cli.output import write_output, write_text
 from .results import add_device_args, add_threads_arg, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
@@ -261,9 +261,7 @@ def summarise(results: dict, methods: dict[str, T2IMethod], prompts: list[str], 
         time_ = sum(c["time"] for c in cells)
         row = {"time_s": time_, "step_compression": sum(c["tokens"] for c in cells) / sum(c["forwards"] for c in cells),
                "tau": sum(c["tau"] for c in cells) / len(cells), "speedup": ar_time / time_ if ar_time else None,
-               "exact": method.exact, "settings": {k: v for k, v in method.settings.items() if v is not None}}
-        if isinstance(method, JacobiMethod):  # the window it ran: by the machine where none was given
-            row["settings"]["window"] = method.window(components)
+               "exact": method.exact, "settings": method.run_settings(components)}  # (SJD's window: the one it ran)
         if metric is not None:
             per_round_fd, per_round_score = [], []
             for r in range(rounds):

@@ -451,14 +451,6 @@ def clean_json(value: Any) -> Any:
     return str(value)
 
 
-def mean_over_images(full: dict[str, Any], name: str) -> float | None:
-    """An image call's ``name`` as the mean of its images' (``per_image``), as the call's tau is the
-    mean of theirs (``TextToImageStats.collect``); None without per-image stats or figures."""
-    values = [image.get(name) for image in full.get("per_image") or ()]
-    values = [value for value in values if value is not None]
-    return sum(values) / len(values) if values else None
-
-
 def stats_summary(stats: Any, batch_size: int, queue_wait_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """An output's stats -> the response's ``"mmspec"`` object: method, tau, acceptance, speedup
     (None unless compare_baseline), wall time, the server batch it ran in, and the full stats."""
@@ -469,7 +461,7 @@ def stats_summary(stats: Any, batch_size: int, queue_wait_s: float, extra: dict[
                  # alone reads "sjd" for coupled SJD too; else, for a caption, the head drafter="auto" picked)
         "method": config.get("method") or config.get("drafter") or full.get("method"),
         "tau": full.get("tau", full.get("mean_accepted_length")),
-        "acceptance_rate": full.get("acceptance_rate", generation.get("acceptance_rate", mean_over_images(full, "acceptance_rate"))),
+        "acceptance_rate": full.get("acceptance_rate", generation.get("acceptance_rate")),
         "speedup": full.get("speedup"),
         "wall_time_s": full.get("wall_time_s"),
         "batch_size": batch_size,

@@ -116,6 +116,11 @@ class T2IMethod(Method):
         """A fresh drafter over ``components`` (None: plain AR decoding)."""
         return None
 
+    def run_settings(self, components: "T2IComponents") -> dict[str, Any]:
+        """The settings it runs with over ``components``: the given and default ones (None: unset),
+        with any that follow the machine resolved (SJD's window)."""
+        return {name: value for name, value in self.settings.items() if value is not None}
+
     def check_components(self, components) -> None:
         """Refuse a model of the other token kind, or a window wider than the image has tokens
         (one ValueError line)."""
@@ -210,6 +215,9 @@ class JacobiMethod(T2IMethod):
     def window(self, components) -> int:
         """The window L: the given ``window``, else :attr:`windows` for the components' kernel."""
         return self.settings["window"] or self.windows[components.verification_width]
+
+    def run_settings(self, components) -> dict[str, Any]:
+        return {**super().run_settings(components), "window": self.window(components)}
 
     def build_drafter(self, components):
         return JacobiDrafter(self.window(components), init=self.settings["init"], coupled=self.coupled)

@@ -90,7 +90,8 @@ class TextToImageStats(DictAccess):
         images: images generated; tokens: image tokens generated in total.
         target_forwards: target forwards in total (prefills included).
         step_compression: tokens / target forwards (AR = 1.0; the figure SJD reports).
-        tau: mean tokens committed per verification step.
+        tau: mean tokens committed per verification step; acceptance_rate: accepted / drafted
+            tokens; each the mean of the images' (as ``per_image`` holds them).
         wall_time_s: wall time of the token generation (the prompt encoding and the pixel decoding,
             the same for every method, are not included).
         speedup: baseline wall time / wall time, with ``compare_baseline``.
@@ -105,6 +106,7 @@ class TextToImageStats(DictAccess):
     target_forwards: int = 0
     step_compression: float = 0.0
     tau: float = 0.0
+    acceptance_rate: float = 0.0
     wall_time_s: float = 0.0
     speedup: float | None = None
     baseline_wall_time_s: float | None = None
@@ -116,7 +118,8 @@ class TextToImageStats(DictAccess):
         forwards = sum(s.target_forwards for s in runs)  # the prefill (which yields token 1) included
         return cls(method=method, config=dict(runs[0].config) if runs else {}, images=len(runs), tokens=tokens,
                    target_forwards=forwards, step_compression=tokens / max(forwards, 1),
-                   tau=sum(s.mean_accepted_length for s in runs) / max(len(runs), 1), wall_time_s=wall_time_s,
+                   tau=sum(s.mean_accepted_length for s in runs) / max(len(runs), 1),
+                   acceptance_rate=sum(s.acceptance_rate for s in runs) / max(len(runs), 1), wall_time_s=wall_time_s,
                    per_image=[s.to_dict() for s in runs])
 
     def summary(self) -> str:
