@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Hashable, Sequence
 
+from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
 from ..adapters.audio.codec import wav_header
 from ..pipelines import pipeline_class
 from ..pipelines.captioning import CaptionStream, Conversation
@@ -46,8 +48,6 @@ CHAT_UNSUPPORTED = {
 #: :data:`mmspec.pipelines.base.PIPELINE_LOCK` now keeps from other pipelines' calls too; this lock
 #: also covers the batches the server drives below a pipeline's ``__call__``.
 PIPELINE_LOCK = threading.Lock()
-#: the values of HF_HUB_OFFLINE that turn the hub off (huggingface_hub's ENV_VARS_TRUE_VALUES)
-TRUE_VALUES = ("1", "ON", "YES", "TRUE")
 #: batches of other tasks waiting for PIPELINE_LOCK: while any waits, a running caption batch takes
 #: no more rows (it ends as its rows finish, and the other task runs)
 LOCK_WAITERS = 0
@@ -103,7 +103,9 @@ class TaskService:
         model = self.all_pipeline_kwargs().get("model")
         if not isinstance(model, str) or model in self.embedded_models or Path(model).expanduser().exists():
             return
-        if os.environ.get("HF_HUB_OFFLINE", "").upper() in TRUE_VALUES and not in_hub_cache(model):
+        # (read here, not huggingface_hub's HF_HUB_OFFLINE constant: that is fixed at its import, and
+        # mmspec serve sets the variable after it)
+        if os.environ.get("HF_HUB_OFFLINE", "").upper() in ENV_VARS_TRUE_VALUES and not in_hub_cache(model):
             embedded = f", an embedded model ({', '.join(self.embedded_models)})" if self.embedded_models else ""
             raise ValueError(f"--{self.name}-model {clip(model)!r} is not a local directory{embedded} or a model in the "
                              "Hugging Face cache, and HF_HUB_OFFLINE is set (mmspec serve downloads no models)")
