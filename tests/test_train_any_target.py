@@ -285,6 +285,23 @@ def test_methods_the_target_cannot_run_are_refused_before_self_distillation(text
         assert "data:" not in captured.out
 
 
+def test_an_init_that_is_no_head_of_the_method_is_refused_before_self_distillation(text_target, tmp_path, capsys):
+    """The stop-85 audit: ``--init`` naming a missing folder, another method's heads or the target
+    itself was refused only after every answer was self-distilled (EAGLE, Medusa, Hydra, Kangaroo)."""
+    from mmspec.modeling.heads import DraftHeads
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    DraftHeads(32, 2, "hydra").save(tmp_path / "hydra")
+    cases = [("eagle", tmp_path / "nowhere", "--init {}: no such directory"), ("medusa", tmp_path / "hydra", "holds hydra heads, not medusa"),
+             ("eagle", tmp_path / "hydra", "no eagle head in"), ("hydra", text_target, "no hydra heads in")]
+    for method, init, refusal in cases:
+        out = tmp_path / f"out-{method}"
+        assert train(text_target, data, out, "--steps", "1", "--method", method, "--init", str(init)) == 2
+        captured = capsys.readouterr()
+        assert refusal.format(init) in captured.err and "data:" not in captured.out
+        assert not (out / "data").exists()
+
+
 def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
     import importlib.util
 

@@ -378,7 +378,7 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             vision = None if image_token_id is None else head.vision_context(*image_features(batch["ids"], states, image_token_id))
             return eagle3_loss(head, embed, batch, states, args.ttt_steps, vision)
     elif method == "eagle":
-        head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+        head = init_head(method, args.init, model) if args.init else EagleHead(text_decoder(model).config).float()
         head = with_vision_option(head, getattr(args, "vision_tokens", 0))
         image_token_id = vision_image_token(head, model)
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
@@ -388,16 +388,45 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary,
                               image_token_id=image_token_id)
     elif method == "kangaroo":
-        head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
+        head = init_head(method, args.init, model) if args.init else KangarooAdapter(text_decoder(model).config).float()
         final_norm = copy.deepcopy(decoder_norm(text_decoder(model))).to(device)
 
         def loss_of(adapter, embed, lm_head, batch, *rest):
             return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
     else:
-        head = (DraftHeads.load(args.init, model, method) if args.init
-                else DraftHeads(embed.shape[1], args.num_heads, method)).float()
+        head = init_head(method, args.init, model) if args.init else DraftHeads(embed.shape[1], args.num_heads, method).float()
         loss_of = heads_loss
     return head, loss_of
+
+
+def init_head(method: str, directory: str, model) -> torch.nn.Module:
+    """``--init``'s head for ``method`` (fp32), checked against ``model``'s widths (and, for
+    EAGLE-3, its vocabulary and layers).
+
+    Raises:
+        ValueError / FileNotFoundError: one line, when ``directory`` holds no head of ``method`` or one
+            made for another target.
+    """
+    from ..modeling.eagle3 import Eagle3Head
+
+    if method == "eagle3":
+        return Eagle3Head.load(directory, model).float()
+    if method in ("medusa", "hydra"):
+        return DraftHeads.load(directory, model, method).float()
+    return (KangarooAdapter if method == "kangaroo" else EagleHead).load(directory, model).float()
+
+
+def check_init(args, model=None) -> None:
+    """``--init`` checked before the data is made: without ``model`` (before the target loads)
+    that the directory exists; with it, that it holds a head of ``--method`` for this target (the
+    self-distillation it would follow can take hours)."""
+    if not args.init:
+        return
+    if model is None:
+        if not Path(args.init).is_dir():
+            raise ValueError(f"--init {args.init}: no such directory; give the folder of a trained --method {args.method} head")
+        return
+    init_head(args.method, args.init, model)
 
 
 def vision_image_token(head, model) -> int | None:
@@ -425,7 +454,7 @@ def eagle3_head(model, args, out: Path):
 
     vision_tokens = getattr(args, "vision_tokens", 0)
     if args.init:
-        return with_vision_option(Eagle3Head.load(args.init, model).float(), vision_tokens)
+        return with_vision_option(init_head("eagle3", args.init, model), vision_tokens)
     vocab = model.get_output_embeddings().weight.shape[0]
     token_ids = load_draft_vocabulary(out)
     token_ids = torch.arange(vocab) if token_ids is None else token_ids
@@ -440,10 +469,10 @@ def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
     EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3))."""
     if method != "eagle3":
         return -1
-    from ..modeling.eagle3 import Eagle3Head, default_aux_layers
+    from ..modeling.eagle3 import default_aux_layers
 
     if args.init:
-        return tuple(Eagle3Head.load(args.init, model).config.aux_layers)
+        return tuple(init_head(method, args.init, model).config.aux_layers)
     return default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
 
 
@@ -527,6 +556,7 @@ def run_any_target(args) -> int:
         raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
     if args.target != "captioner":
         any_target.target_source(args.target)  # (a missing directory before the data is read)
+    check_init(args)
     examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
     held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
     if held_groups:
@@ -549,6 +579,7 @@ def run_any_target(args) -> int:
     layers = text_decoder(model).config.num_hidden_layers
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
     check_target_for_method(args, model, target, shallow_layer)
+    check_init(args, model)  # (before self-distillation)
     cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
                                                         shallow_layer, process, feature_layer(args.method, model, args))
@@ -755,7 +786,9 @@ def run(args) -> int:
         raise ValueError(f"--data {data_dir} is a file; for --target {args.target} --data is the self-distillation cache "
                          "folder (a JSONL, dataset or parquet file goes with --target PATH_OR_HUB_ID)")
     check_data_settings(args, data_dir)
+    check_init(args)
     model, tokenizer_or_processor = load_target(args.target)
+    check_init(args, model)  # (before the data is made)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
     if args.steps == 0:
         return data_only(data_dir)
