@@ -302,6 +302,18 @@ def test_an_init_that_is_no_head_of_the_method_is_refused_before_self_distillati
         assert not (out / "data").exists()
 
 
+def test_the_embedded_recipes_data_options_are_refused_not_ignored(text_target, tmp_path, capsys):
+    """The stop-85 audit: ``--sequences 2`` (or --extra-data, --skip, --families, ...) with a --data of
+    rows was ignored without a word: every row was used."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    for extra, named in [(["--sequences", "2"], "--sequences applies"), (["--extra-data", str(tmp_path)], "--extra-data applies"),
+                         (["--skip", "1", "--families", "scenes"], "--skip, --families apply")]:
+        assert train(text_target, data, tmp_path / "o", "--steps", "1", *extra) == 2
+        captured = capsys.readouterr()
+        assert f"mmspec: error: {named} to the embedded recipes' own data" in captured.err and "data:" not in captured.out
+    assert not (tmp_path / "o").exists()
+
+
 def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
     import importlib.util
 

@@ -86,11 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="any target: continue from OUT's checkpoint")
     parser.add_argument("--log-every", type=int, default=10, help="any target: steps between loss-log entries (OUT/loss.csv)")
     parser.add_argument("--save-every", type=int, default=100, help="any target: steps between checkpoints")
-    parser.add_argument("--extra-data", action="append", default=[], help="further self-distillation caches to train on (repeatable)")
-    parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="instructions for the smollm2 text data")
-    parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
+    parser.add_argument("--extra-data", action="append", default=[], help="smollm2 / captioner: further self-distillation caches to train on (repeatable)")
+    parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="smollm2: the instructions of its text data")
+    parser.add_argument("--sequences", type=int, default=1600, help="smollm2 / captioner: training sequences to generate / extract "
+                        "(any other target uses every usable row of --data)")
     parser.add_argument("--skip", type=int, default=0,
-                        help="start after this many sequences of the prompt / sample stream (to build a second, disjoint --data cache)")
+                        help="smollm2 / captioner: start after this many sequences of the prompt / sample stream (to build a "
+                             "second, disjoint --data cache)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
     parser.add_argument("--families", default=None,
                         help="captioner data: comma-separated caption data families to draw from (default: all six, "
@@ -117,6 +119,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
     add_device_argument(parser)  # the self-distillation data is made on the CPU, the head trains on the device
+    parser.set_defaults(recipe_defaults={name: parser.get_default(name) for name in RECIPE_DATA_OPTIONS})
+
+
+#: options of the embedded recipes' own data (``--target smollm2 | captioner``: the prompts or caption
+#: samples they draw, their cache); any other target reads its rows from --data and refuses them
+RECIPE_DATA_OPTIONS = ("extra_data", "prompt_set", "sequences", "skip", "families", "split")
+
+
+def check_recipe_options(args) -> None:
+    """The any-target route (``--target PATH_OR_HUB_ID``, or the captioner with a --data of rows):
+    an option of :data:`RECIPE_DATA_OPTIONS` given (a value other than its default) is refused in
+    one line rather than ignored (``--sequences 100`` did not cut the data to 100 rows)."""
+    defaults = getattr(args, "recipe_defaults", {})
+    given = [name for name in RECIPE_DATA_OPTIONS if name in defaults and getattr(args, name) != defaults[name]]
+    if given:
+        shown = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise ValueError(f"{shown} {'applies' if len(given) == 1 else 'apply'} to the embedded recipes' own data (--target "
+                         f"smollm2 | captioner, --data their cache); with --data {args.data} every usable row of it is "
+                         "used: put the rows to train on in --data (a JSONL, an image folder, a dataset or parquet files)")
 
 
 def load_target(name: str):
@@ -540,6 +561,7 @@ def run_any_target(args) -> int:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
         raise ValueError("--target PATH_OR_HUB_ID needs --out DIR (where the trained drafter goes)")
+    check_recipe_options(args)
     if args.held_out is not None and args.hold_out_groups:
         raise ValueError("--held-out and --hold-out-groups: give one (the groups are held out instead of a random share)")
     args.held_out = 0.1 if args.held_out is None else args.held_out
