@@ -114,6 +114,32 @@ def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anythin
     assert (out / "draft_vocab.json").read_text() == "[1, 2]"
 
 
+def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
+    """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
+    refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left
+    deleting the folder, and its data, as the only way to train anew."""
+    import argparse
+
+    from mmspec.train.cli import interrupted
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(6)])
+    out = tmp_path / "head"
+    medusa = ("--method", "medusa", "--num-heads", "2", "--eval-examples", "0")
+    assert train(text_target, data, out, "--steps", "4", *medusa) == 0
+    assert train(text_target, data, out, "--steps", "2", *medusa) == 2
+    assert "--overwrite to train anew there" in capsys.readouterr().err
+    assert train(text_target, data, out, "--steps", "2", "--overwrite", "--resume", *medusa) == 2
+    assert "--overwrite trains anew and --resume continues the checkpoint" in capsys.readouterr().err
+    assert train(text_target, data, out, "--steps", "2", "--lr", "1e-3", "--overwrite", *medusa) == 0
+    assert "resuming" not in capsys.readouterr().out
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["step"] == 2 and [entry["step"] for entry in summary["log"]] == [2] and summary["args"]["lr"] == 1e-3
+    # interrupted after its checkpoint, an --overwrite run is resumed with --resume in its place
+    args = argparse.Namespace(recipe="drafter", save_every=4, data=str(data), target=str(text_target), out=str(out))
+    note = interrupted(args, f"mmspec train drafter --out {out} --overwrite")
+    assert note.endswith(f"mmspec train drafter --out {out} --resume")
+
+
 def test_loss_csv_has_every_logged_step_before_a_checkpoint(text_target, tmp_path, capsys, monkeypatch):
     """docs/drafters.md: a row of OUT/loss.csv every --log-every steps (the stop-74 audit: it was
     written only with a checkpoint, so a run stopped before one had none)."""

@@ -49,7 +49,7 @@ from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_d
 from ..hub import resolve_dtype
 from ..hub import models_dir
 from .eagle3 import eagle3_loss, target_states
-from .checkpoint import TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
+from .checkpoint import STATE_FILE, TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -572,8 +572,12 @@ def run_any_target(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out)
     check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
-    if (out / "train_state.pt").exists() and not args.resume:
-        raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, or choose another --out")
+    overwrite = getattr(args, "overwrite", False)
+    if overwrite and args.resume:
+        raise ValueError("--overwrite trains anew and --resume continues the checkpoint: give one of them")
+    if (out / "train_state.pt").exists() and not args.resume and not overwrite:
+        raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, --overwrite to train anew there "
+                         "(replacing it), or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
         raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
     if args.target != "captioner":
@@ -592,6 +596,9 @@ def run_any_target(args) -> int:
     process = ProcessState()
     if args.batch_size % process.world:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple of the {process.world} processes")
+    if overwrite:  # (after the checks above: a refused command replaces nothing)
+        for name in (STATE_FILE, "training.json", "loss.csv", "eval.json"):  # the last run's checkpoint and records
+            (out / name).unlink(missing_ok=True)
     device = torch.device(process.device_for(args.device)) if process.world > 1 else train_device(args)
     dtype = resolve_dtype(args.dtype, device)
     model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
