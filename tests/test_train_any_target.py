@@ -114,6 +114,26 @@ def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anythin
     assert (out / "draft_vocab.json").read_text() == "[1, 2]"
 
 
+def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys):
+    """The stop-85 audit: the cache's manifest did not record the target, so a --cache (or an --out's
+    data/) made by one checkpoint trained another's head on the first one's hidden states, without
+    a word. A cache made before the target was recorded is still taken."""
+    import shutil
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(4)])
+    cache = tmp_path / "cache"
+    assert train(text_target, data, tmp_path / "a", "--steps", "0", "--cache", str(cache)) == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["target"] == str(text_target.resolve())
+    other = shutil.copytree(text_target, tmp_path / "other-model")
+    assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 2
+    err = capsys.readouterr().err
+    assert f"the data cache {cache} was made with other settings (target {str(text_target.resolve())!r} there" in err
+    del manifest["target"]  # (as written before the target was recorded)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 0
+
+
 def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
     """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
     refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left

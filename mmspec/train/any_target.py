@@ -239,6 +239,15 @@ def target_source(name: str) -> str:
                          "cache") from None
 
 
+def target_identity(name: str) -> str:
+    """``--target`` as the data cache records it (the features it stores are this target's): a local
+    checkpoint's absolute path, else the name or hub id as given."""
+    from ..hub import resolve_checkpoint
+
+    source = Path(resolve_checkpoint(name)).expanduser() if name != "captioner" else None
+    return str(source.resolve()) if source is not None and source.exists() else name
+
+
 def load_target(name: str, dtype: torch.dtype, device: torch.device):
     """A local checkpoint or hub id -> (model, processor or tokenizer, is_vlm): a VLM of
     :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer;
@@ -427,13 +436,20 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
 
     manifest = {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
                 "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
-                "shallow_layer": shallow_layer, "dtype": str(model.dtype)}
+                "shallow_layer": shallow_layer, "dtype": str(model.dtype), "target": target_identity(args.target)}
     if feature_layer != -1:  # (EAGLE-3's layers; the key is absent for the last layer, as in caches made before it)
         manifest["feature_layer"] = list(feature_layer) if isinstance(feature_layer, tuple) else feature_layer
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / MANIFEST
-    if path.exists() and json.loads(path.read_text()) != manifest:
-        raise ValueError(f"the data cache {data_dir} was made with other settings ({path}); delete it or pass another --cache")
+    if path.exists():
+        from ..cli.dataset import changed_settings
+
+        saved = json.loads(path.read_text())
+        saved.setdefault("target", manifest["target"])  # (a cache made before the target was recorded: taken as this one's)
+        if saved != manifest:
+            shown = changed_settings(saved, manifest) or "its manifest differs"
+            raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
+                             "another --cache")
     process.wait()
     if process.rank == 0:
         path.write_text(json.dumps(manifest, indent=1))
