@@ -114,6 +114,26 @@ def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anythin
     assert (out / "draft_vocab.json").read_text() == "[1, 2]"
 
 
+def test_a_resume_that_changes_the_heads_shape_is_refused_before_anything_loads(text_target, tmp_path, capsys):
+    """The stop-85 audit: --resume with another --method was told to delete its data cache (and
+    after remaking it, that the checkpoint is another run's); with another EAGLE-3 --draft-vocab
+    the data were read and draft_vocab.json rewritten before the checkpoint failed to load."""
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine, thanks."} for i in range(6)])
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "0") == 0
+    vocabulary = (out / "eagle3_config.json").read_text()
+    capsys.readouterr()
+    for changed, shown in [(["--method", "eagle"], "--method eagle3 (its training.json), not --method eagle"),
+                           (["--method", "eagle3", "--draft-vocab", "2"], "--draft-vocab 0 (its training.json), not --draft-vocab 2"),
+                           (["--method", "eagle3", "--vision-tokens", "2"], "--vision-tokens 0 (its training.json), not --vision-tokens 2")]:
+        assert train(text_target, data, out, "--steps", "4", "--resume", *changed) == 2
+        captured = capsys.readouterr()
+        assert f"--resume: the checkpoint in {out} trains a head of {shown}" in captured.err and "data:" not in captured.out
+    assert (out / "eagle3_config.json").read_text() == vocabulary and not (out / "draft_vocab.json").exists()
+    assert train(text_target, data, out, "--steps", "4", "--resume", "--method", "eagle3", "--ttt-steps", "2", "--eval-examples", "0") == 0
+    assert "resuming at step 2; changed since the checkpoint: ttt_steps 3 there, 2 now" in capsys.readouterr().out
+
+
 def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys):
     """The stop-85 audit: the cache's manifest did not record the target, so a --cache (or an --out's
     data/) made by one checkpoint trained another's head on the first one's hidden states, without

@@ -543,6 +543,34 @@ def check_target_for_method(args, model, target, shallow_layer: int | None) -> N
                          "or eagle3 for this target (its chain is evaluated and decoded there)")
 
 
+def head_settings(args) -> dict:
+    """The settings that shape the head a checkpoint holds: its method, Medusa / Hydra's head count,
+    the vision option's tokens, EAGLE-3's draft vocabulary (its LM head's rows)."""
+    shaping = {"method": args.method, "vision_tokens": args.vision_tokens}
+    if args.method in ("medusa", "hydra"):
+        shaping["num_heads"] = args.num_heads
+    if args.method == "eagle3":
+        shaping["draft_vocab"] = args.draft_vocab
+    return shaping
+
+
+def check_resume_settings(args, out: Path) -> None:
+    """``--resume`` with a setting of :func:`head_settings` changed since the checkpoint (its
+    ``training.json``) is refused in one line before anything loads: the checkpoint's head has
+    another shape, and was refused only after the data was made (another --method was told its
+    data cache differed, to be deleted and made again before the same refusal)."""
+    try:
+        before = json.loads((out / "training.json").read_text())["args"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    changed = [(name, value) for name, value in head_settings(args).items() if name in before and before[name] != value]
+    if changed:
+        shown = " ".join(f"--{name.replace('_', '-')} {before[name]}" for name, _ in changed)
+        now = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in changed)
+        raise ValueError(f"--resume: the checkpoint in {out} trains a head of {shown} (its training.json), not {now}; resume "
+                         "it with those, or train this head into another --out")
+
+
 def run_any_target(args) -> int:
     """``--target PATH_OR_HUB_ID --data DATA``: self-distil (:mod:`mmspec.train.any_target`),
     train data-parallel over the processes of ``accelerate launch`` (each takes its share of the
@@ -580,6 +608,8 @@ def run_any_target(args) -> int:
                          "(replacing it), or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
         raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
+    if args.resume:
+        check_resume_settings(args, out)
     if args.target != "captioner":
         any_target.target_source(args.target)  # (a missing directory before the data is read)
     check_init(args)
