@@ -325,8 +325,12 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no usable row" in capsys.readouterr().err
     assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
-    assert "holds no checkpoint" in capsys.readouterr().err
+    assert "holds no checkpoint (train_state.pt) to continue; rerun without --resume\n" in capsys.readouterr().err
     good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "hi"}])
+    # stopped before its first checkpoint (docs: "the same command plus --resume"): the refusal says to rerun without it
+    assert train(text_target, good, tmp_path / "o", "--steps", "0") == 0
+    assert train(text_target, good, tmp_path / "o", "--steps", "1", "--resume") == 2
+    assert f"rerun without --resume (it reuses the data made so far in {tmp_path / 'o' / 'data'})" in capsys.readouterr().err
     for target in ("./no-such-model", str(tmp_path / "no-such-model")):  # a path, not a hub id with bad characters
         assert cli_main(["train", "drafter", "--target", target, "--data", str(good), "--out", str(tmp_path / "o")]) == 2
         assert f"--target {target}: no such directory; give a checkpoint directory" in capsys.readouterr().err

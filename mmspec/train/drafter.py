@@ -607,7 +607,10 @@ def run_any_target(args) -> int:
         raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, --overwrite to train anew there "
                          "(replacing it), or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
-        raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
+        cache = Path(args.cache) if args.cache else out / "data"
+        made = (cache / any_target.MANIFEST).is_file()
+        raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue; rerun without --resume"
+                         + (f" (it reuses the data made so far in {cache})" if made else ""))
     if args.resume:
         check_resume_settings(args, out)
     if args.target != "captioner":
