@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 | captioner (the embedded recipes; captioner with --method eagle3, or with --data a "
                              "JSONL / image folder / dataset, runs the any-target loop on the embedded captioner), or any "
                              "supported target: a checkpoint directory or hub id (then --data DATA and --out are required)")
-    parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
+    parser.add_argument("--out", default=None, help="output dir (required for a target given by its path or hub id; "
+                        "smollm2 / captioner: default models/<smollm2|smolcap>-<method>)")
     parser.add_argument("--data", default=None,
                         help="any target: a JSONL of {image?, prompt, response?}, an image folder, a saved datasets "
                              "dataset, or parquet files (a file, folder or quoted glob; columns prompt, image?, response?); "
@@ -93,14 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", type=int, default=0,
                         help="smollm2 / captioner: start after this many sequences of the prompt / sample stream (to build a "
                              "second, disjoint --data cache)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="self-distillation: the longest answer the target writes")
     parser.add_argument("--families", default=None,
                         help="captioner data: comma-separated caption data families to draw from (default: all six, "
                              "interleaved), e.g. to hold families out of a head's training")
     parser.add_argument("--split", default="train", choices=["train", "validation", "test"],
                         help="captioner data: the caption data split the images and prompts come from")
     parser.add_argument("--sample-temperature", type=float, default=0.0,
-                        help="captioner data: sample its answers at this temperature (0 = greedy answers)")
+                        help="self-distillation: sample the target's answers at this temperature, for a drafter used "
+                             "under sampling (0 = greedy answers; smollm2's are always greedy)")
     parser.add_argument("--vision-tokens", type=int, default=0,
                         help="EAGLE / EAGLE-3 on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
                              "compressed into this many prefix positions plus a global image feature (0 = off)")
