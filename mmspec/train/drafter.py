@@ -832,6 +832,9 @@ def run(args) -> int:
 
     caption_families(args.families)  # (a typo fails before the target loads)
     check_vision_option(args)
+    if args.target == "smollm2" and args.sample_temperature:
+        raise ValueError("--sample-temperature: the smollm2 recipe's answers are greedy; sampled answers are made for "
+                         "--target captioner, and for SmolLM2 by the any-target route: --target smollm2-135m-instruct --data PROMPTS.jsonl")
     if args.sequences < 8:
         raise ValueError(f"--sequences must be at least 8 (one in 8, at most 64, is held out for the loss), got {args.sequences}")
     for directory in args.extra_data:  # before the target loads
