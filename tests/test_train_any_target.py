@@ -363,7 +363,8 @@ def test_an_init_that_is_no_head_of_the_method_is_refused_before_self_distillati
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
     DraftHeads(32, 2, "hydra").save(tmp_path / "hydra")
     cases = [("eagle", tmp_path / "nowhere", "--init {}: no such directory"), ("medusa", tmp_path / "hydra", "holds hydra heads, not medusa"),
-             ("eagle", tmp_path / "hydra", "no eagle head in"), ("hydra", text_target, "no hydra heads in")]
+             ("eagle", tmp_path / "hydra", "no eagle head in"), ("hydra", text_target, "no hydra heads in"),
+             ("hydra", tmp_path / "hydra", "holds 2 hydra heads, not 4; pass --num-heads 2")]  # (the saved count won, unsaid)
     for method, init, refusal in cases:
         out = tmp_path / f"out-{method}"
         assert train(text_target, data, out, "--steps", "1", "--method", method, "--init", str(init)) == 2

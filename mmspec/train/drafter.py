@@ -442,14 +442,17 @@ def init_head(method: str, directory: str, model) -> torch.nn.Module:
 def check_init(args, model=None) -> None:
     """``--init`` checked before the data is made: without ``model`` (before the target loads)
     that the directory exists; with it, that it holds a head of ``--method`` for this target (the
-    self-distillation it would follow can take hours)."""
+    self-distillation it would follow can take hours), as many Medusa / Hydra heads as ``--num-heads``."""
     if not args.init:
         return
     if model is None:
         if not Path(args.init).is_dir():
             raise ValueError(f"--init {args.init}: no such directory; give the folder of a trained --method {args.method} head")
         return
-    init_head(args.method, args.init, model)
+    head = init_head(args.method, args.init, model)
+    if args.method in ("medusa", "hydra") and head.num_heads != args.num_heads:  # (the saved count would win without a word)
+        raise ValueError(f"--init {args.init} holds {head.num_heads} {args.method} heads, not {args.num_heads}; pass "
+                         f"--num-heads {head.num_heads}")
 
 
 def vision_image_token(head, model) -> int | None:
