@@ -469,10 +469,17 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     (tmp_path / "latin.jsonl").write_bytes(b'{"prompt": "ok"}\n{"prompt": "D\xe9cris l\'image."}\n')
     with pytest.raises(ValueError, match=r"latin.jsonl is not UTF-8 text \(line 2\); save it as UTF-8"):
         read_examples(tmp_path / "latin.jsonl")
-    rows = [{"prompt": "ok"}, "not json", {"prompt": ""}, {"image": "x.png"}, "[1]", "{oops"]
+    rows = [{"prompt": "ok"}, "not json", {"prompt": ""}, {"image": "x.png"}, "[1]", "{oops", {"prompt": None},
+            {"prompt": "hi", "response": 5}, {"prompt": "hi", "response": None}]  # (a response 5 was self-distilled, unsaid)
     examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
-    assert len(examples) == 1 and format_skipped(skipped) == (
-        "1 empty prompt (line 3), 1 row without a prompt (line 4), 3 unreadable line (lines 2, 5, 6)")
+    assert len(examples) == 2 and format_skipped(skipped) == (
+        "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable line (lines 2, 5, 6, 7, 8)")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a", "b"], "response": [1, 2]}), tmp_path / "numbers.parquet")
+    with pytest.raises(ValueError, match=r"holds no usable row \(skipped: 2 unreadable row\)"):
+        read_examples(tmp_path / "numbers.parquet")
 
 
 def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, capsys):

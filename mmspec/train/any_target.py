@@ -10,7 +10,8 @@ DATA is one of
   feature, i.e. {bytes, path}) and ``response``. Both are read with ``pyarrow`` (what ``datasets``
   stores them with), so the ``datasets`` package itself is not needed.
 
-Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row, an
+Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row (one whose
+prompt or response is no string counts as one), an
 empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
 to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
 counts are printed (and kept with the data shards, so a resumed run prints them too).
@@ -109,8 +110,8 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
-            _count(skipped, "unreadable line")
+        if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str) or not isinstance(row.get("response"), (str, type(None))):
+            _count(skipped, "unreadable line")  # (a response of another type was taken as none: the target's answer trained)
         elif "prompt" not in row:
             _count(skipped, "row without a prompt")
         else:
@@ -198,7 +199,7 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
         columns = [c for c in ("prompt", "image", "response", "group") if c in table.column_names]
         for row in table.select(columns).to_pylist():
             prompt = row["prompt"]
-            if prompt is not None and not isinstance(prompt, str):
+            if not isinstance(row["prompt"], (str, type(None))) or not isinstance(row.get("response"), (str, type(None))):
                 _count(skipped, "unreadable row")
                 continue
             example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped, row.get("group"))
