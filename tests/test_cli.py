@@ -333,6 +333,7 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["train", "caption-draft", "--init", "/nonexistent"], "--init /nonexistent: no draft model there"),
     (["train", "drafter", "--target", "captioner", "--sequences", "2"], "--sequences must be at least 8"),
     (["train", "drafter", "--target", "captioner", "--extra-data", "/nonexistent"], "holds no self-distillation chunks"),
+    (["train", "drafter", "--target", "smollm2", "--sample-temperature", "1"], "the smollm2 recipe's answers are greedy"),
     (["bench", "text", "--methods", "ar,hf-early-exit:x"], "hf-early-exit's layer count must be a comma list of integers"),
     (["bench", "text", "--cost-curve", "0,-1"], "--cost-curve must be a comma list of integers >= 1"),
     (["bench", "text", "--prompt-types", "nope"], "unknown --prompt-types nope"),

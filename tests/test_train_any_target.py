@@ -114,6 +114,72 @@ def test_steps_0_makes_the_data_only_and_a_trained_out_is_refused_before_anythin
     assert (out / "draft_vocab.json").read_text() == "[1, 2]"
 
 
+def test_a_resume_that_changes_the_heads_shape_is_refused_before_anything_loads(text_target, tmp_path, capsys):
+    """The stop-85 audit: --resume with another --method was told to delete its data cache (and
+    after remaking it, that the checkpoint is another run's); with another EAGLE-3 --draft-vocab
+    the data were read and draft_vocab.json rewritten before the checkpoint failed to load."""
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine, thanks."} for i in range(6)])
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "0") == 0
+    vocabulary = (out / "eagle3_config.json").read_text()
+    capsys.readouterr()
+    for changed, shown in [(["--method", "eagle"], "--method eagle3 (its training.json), not --method eagle"),
+                           (["--method", "eagle3", "--draft-vocab", "2"], "--draft-vocab 0 (its training.json), not --draft-vocab 2"),
+                           (["--method", "eagle3", "--vision-tokens", "2"], "--vision-tokens 0 (its training.json), not --vision-tokens 2")]:
+        assert train(text_target, data, out, "--steps", "4", "--resume", *changed) == 2
+        captured = capsys.readouterr()
+        assert f"--resume: the checkpoint in {out} trains a head of {shown}" in captured.err and "data:" not in captured.out
+    assert (out / "eagle3_config.json").read_text() == vocabulary and not (out / "draft_vocab.json").exists()
+    assert train(text_target, data, out, "--steps", "4", "--resume", "--method", "eagle3", "--ttt-steps", "2", "--eval-examples", "0") == 0
+    assert "resuming at step 2; changed since the checkpoint: ttt_steps 3 there, 2 now" in capsys.readouterr().out
+
+
+def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys):
+    """The stop-85 audit: the cache's manifest did not record the target, so a --cache (or an --out's
+    data/) made by one checkpoint trained another's head on the first one's hidden states, without
+    a word. A cache made before the target was recorded is still taken."""
+    import shutil
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(4)])
+    cache = tmp_path / "cache"
+    assert train(text_target, data, tmp_path / "a", "--steps", "0", "--cache", str(cache)) == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["target"] == str(text_target.resolve())
+    other = shutil.copytree(text_target, tmp_path / "other-model")
+    assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 2
+    err = capsys.readouterr().err
+    assert f"the data cache {cache} was made with other settings (target {str(text_target.resolve())!r} there" in err
+    del manifest["target"]  # (as written before the target was recorded)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 0
+
+
+def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
+    """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
+    refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left
+    deleting the folder, and its data, as the only way to train anew."""
+    import argparse
+
+    from mmspec.train.cli import interrupted
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(6)])
+    out = tmp_path / "head"
+    medusa = ("--method", "medusa", "--num-heads", "2", "--eval-examples", "0")
+    assert train(text_target, data, out, "--steps", "4", *medusa) == 0
+    assert train(text_target, data, out, "--steps", "2", *medusa) == 2
+    assert "--overwrite to train anew there" in capsys.readouterr().err
+    assert train(text_target, data, out, "--steps", "2", "--overwrite", "--resume", *medusa) == 2
+    assert "--overwrite trains anew and --resume continues the checkpoint" in capsys.readouterr().err
+    assert train(text_target, data, out, "--steps", "2", "--lr", "1e-3", "--overwrite", *medusa) == 0
+    assert "resuming" not in capsys.readouterr().out
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["step"] == 2 and [entry["step"] for entry in summary["log"]] == [2] and summary["args"]["lr"] == 1e-3
+    # interrupted after its checkpoint, an --overwrite run is resumed with --resume in its place
+    args = argparse.Namespace(recipe="drafter", save_every=4, data=str(data), target=str(text_target), out=str(out))
+    note = interrupted(args, f"mmspec train drafter --out {out} --overwrite")
+    assert note.endswith(f"mmspec train drafter --out {out} --resume")
+
+
 def test_loss_csv_has_every_logged_step_before_a_checkpoint(text_target, tmp_path, capsys, monkeypatch):
     """docs/drafters.md: a row of OUT/loss.csv every --log-every steps (the stop-74 audit: it was
     written only with a checkpoint, so a run stopped before one had none)."""
@@ -259,8 +325,12 @@ def test_bad_arguments(text_target, tmp_path, capsys):
     assert "holds no usable row" in capsys.readouterr().err
     assert train(text_target, tmp_path / "nothing.jsonl", tmp_path / "o", "--steps", "1") == 2
     assert train(text_target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
-    assert "holds no checkpoint" in capsys.readouterr().err
+    assert "holds no checkpoint (train_state.pt) to continue; rerun without --resume\n" in capsys.readouterr().err
     good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "hi"}])
+    # stopped before its first checkpoint (docs: "the same command plus --resume"): the refusal says to rerun without it
+    assert train(text_target, good, tmp_path / "o", "--steps", "0") == 0
+    assert train(text_target, good, tmp_path / "o", "--steps", "1", "--resume") == 2
+    assert f"rerun without --resume (it reuses the data made so far in {tmp_path / 'o' / 'data'})" in capsys.readouterr().err
     for target in ("./no-such-model", str(tmp_path / "no-such-model")):  # a path, not a hub id with bad characters
         assert cli_main(["train", "drafter", "--target", target, "--data", str(good), "--out", str(tmp_path / "o")]) == 2
         assert f"--target {target}: no such directory; give a checkpoint directory" in capsys.readouterr().err
@@ -283,6 +353,36 @@ def test_methods_the_target_cannot_run_are_refused_before_self_distillation(text
         captured = capsys.readouterr()
         assert f"--method {method} drafts token trees" in captured.err and "Train --method eagle or eagle3" in captured.err
         assert "data:" not in captured.out
+
+
+def test_an_init_that_is_no_head_of_the_method_is_refused_before_self_distillation(text_target, tmp_path, capsys):
+    """The stop-85 audit: ``--init`` naming a missing folder, another method's heads or the target
+    itself was refused only after every answer was self-distilled (EAGLE, Medusa, Hydra, Kangaroo)."""
+    from mmspec.modeling.heads import DraftHeads
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    DraftHeads(32, 2, "hydra").save(tmp_path / "hydra")
+    cases = [("eagle", tmp_path / "nowhere", "--init {}: no such directory"), ("medusa", tmp_path / "hydra", "holds hydra heads, not medusa"),
+             ("eagle", tmp_path / "hydra", "no eagle head in"), ("hydra", text_target, "no hydra heads in"),
+             ("hydra", tmp_path / "hydra", "holds 2 hydra heads, not 4; pass --num-heads 2")]  # (the saved count won, unsaid)
+    for method, init, refusal in cases:
+        out = tmp_path / f"out-{method}"
+        assert train(text_target, data, out, "--steps", "1", "--method", method, "--init", str(init)) == 2
+        captured = capsys.readouterr()
+        assert refusal.format(init) in captured.err and "data:" not in captured.out
+        assert not (out / "data").exists()
+
+
+def test_the_embedded_recipes_data_options_are_refused_not_ignored(text_target, tmp_path, capsys):
+    """The stop-85 audit: ``--sequences 2`` (or --extra-data, --skip, --families, ...) with a --data of
+    rows was ignored without a word: every row was used."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    for extra, named in [(["--sequences", "2"], "--sequences applies"), (["--extra-data", str(tmp_path)], "--extra-data applies"),
+                         (["--skip", "1", "--families", "scenes"], "--skip, --families apply")]:
+        assert train(text_target, data, tmp_path / "o", "--steps", "1", *extra) == 2
+        captured = capsys.readouterr()
+        assert f"mmspec: error: {named} to the embedded recipes' own data" in captured.err and "data:" not in captured.out
+    assert not (tmp_path / "o").exists()
 
 
 def test_saved_dataset_without_pyarrow_says_what_to_install(tmp_path):
@@ -369,10 +469,17 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     (tmp_path / "latin.jsonl").write_bytes(b'{"prompt": "ok"}\n{"prompt": "D\xe9cris l\'image."}\n')
     with pytest.raises(ValueError, match=r"latin.jsonl is not UTF-8 text \(line 2\); save it as UTF-8"):
         read_examples(tmp_path / "latin.jsonl")
-    rows = [{"prompt": "ok"}, "not json", {"prompt": ""}, {"image": "x.png"}, "[1]", "{oops"]
+    rows = [{"prompt": "ok"}, "not json", {"prompt": ""}, {"image": "x.png"}, "[1]", "{oops", {"prompt": None},
+            {"prompt": "hi", "response": 5}, {"prompt": "hi", "response": None}]  # (a response 5 was self-distilled, unsaid)
     examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
-    assert len(examples) == 1 and format_skipped(skipped) == (
-        "1 empty prompt (line 3), 1 row without a prompt (line 4), 3 unreadable line (lines 2, 5, 6)")
+    assert len(examples) == 2 and format_skipped(skipped) == (
+        "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable line (lines 2, 5, 6, 7, 8)")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a", "b"], "response": [1, 2]}), tmp_path / "numbers.parquet")
+    with pytest.raises(ValueError, match=r"holds no usable row \(skipped: 2 unreadable row\)"):
+        read_examples(tmp_path / "numbers.parquet")
 
 
 def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, capsys):

@@ -10,7 +10,8 @@ DATA is one of
   feature, i.e. {bytes, path}) and ``response``. Both are read with ``pyarrow`` (what ``datasets``
   stores them with), so the ``datasets`` package itself is not needed.
 
-Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row, an
+Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row (one whose
+prompt or response is no string counts as one), an
 empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
 to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
 counts are printed (and kept with the data shards, so a resumed run prints them too).
@@ -109,8 +110,8 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str):
-            _count(skipped, "unreadable line")
+        if not isinstance(row, dict) or not isinstance(row.get("prompt", ""), str) or not isinstance(row.get("response"), (str, type(None))):
+            _count(skipped, "unreadable line")  # (a response of another type was taken as none: the target's answer trained)
         elif "prompt" not in row:
             _count(skipped, "row without a prompt")
         else:
@@ -198,7 +199,7 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
         columns = [c for c in ("prompt", "image", "response", "group") if c in table.column_names]
         for row in table.select(columns).to_pylist():
             prompt = row["prompt"]
-            if prompt is not None and not isinstance(prompt, str):
+            if not isinstance(row["prompt"], (str, type(None))) or not isinstance(row.get("response"), (str, type(None))):
                 _count(skipped, "unreadable row")
                 continue
             example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped, row.get("group"))
@@ -237,6 +238,15 @@ def target_source(name: str) -> str:
     except FileNotFoundError:
         raise ValueError(f"--target {name}: no such directory; give a checkpoint directory or a hub id in the local "
                          "cache") from None
+
+
+def target_identity(name: str) -> str:
+    """``--target`` as the data cache records it (the features it stores are this target's): a local
+    checkpoint's absolute path, else the name or hub id as given."""
+    from ..hub import resolve_checkpoint
+
+    source = Path(resolve_checkpoint(name)).expanduser() if name != "captioner" else None
+    return str(source.resolve()) if source is not None and source.exists() else name
 
 
 def load_target(name: str, dtype: torch.dtype, device: torch.device):
@@ -427,13 +437,20 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
 
     manifest = {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
                 "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
-                "shallow_layer": shallow_layer, "dtype": str(model.dtype)}
+                "shallow_layer": shallow_layer, "dtype": str(model.dtype), "target": target_identity(args.target)}
     if feature_layer != -1:  # (EAGLE-3's layers; the key is absent for the last layer, as in caches made before it)
         manifest["feature_layer"] = list(feature_layer) if isinstance(feature_layer, tuple) else feature_layer
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / MANIFEST
-    if path.exists() and json.loads(path.read_text()) != manifest:
-        raise ValueError(f"the data cache {data_dir} was made with other settings ({path}); delete it or pass another --cache")
+    if path.exists():
+        from ..cli.dataset import changed_settings
+
+        saved = json.loads(path.read_text())
+        saved.setdefault("target", manifest["target"])  # (a cache made before the target was recorded: taken as this one's)
+        if saved != manifest:
+            shown = changed_settings(saved, manifest) or "its manifest differs"
+            raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
+                             "another --cache")
     process.wait()
     if process.rank == 0:
         path.write_text(json.dumps(manifest, indent=1))

@@ -52,7 +52,8 @@ def add_parser(subparsers) -> None:
         if name in TRAINING_RUNS:
             parser.add_argument("--overwrite", action="store_true",
                                 help="train anew into an --out that holds a trained model (replacing it); without it such "
-                                     "a folder is refused, and one with a checkpoint is resumed")
+                                     "a folder is refused, and one with a checkpoint is resumed (train drafter with "
+                                     "--data: when --resume is given)")
         # --out is checked before training starts (cli.args.check_args)
         parser.set_defaults(handler=module.run, output_args={"out": "file" if name in FILE_OUTPUTS else "dir"},
                             interrupted=interrupted)
@@ -70,8 +71,8 @@ def interrupted(args, command: str) -> str:
             command = " ".join(word for word in command.split(" ") if word != "--resume")
             return (f"no checkpoint was saved yet (one every {args.save_every} steps); the data made so far are kept "
                     f"in {args.out}; rerun the same command to start again from them: {command}")
-        if "--resume" not in command.split():
-            command += " --resume"
+        if "--resume" not in command.split():  # (an --overwrite run continues its own checkpoint now)
+            command = " ".join(word for word in command.split(" ") if word != "--overwrite") + " --resume"
     return (f"the last checkpoint{every} and the data made so far are kept in {args.out}; rerun the same command to "
             f"resume: {command}")
 

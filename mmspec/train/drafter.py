@@ -49,7 +49,7 @@ from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_d
 from ..hub import resolve_dtype
 from ..hub import models_dir
 from .eagle3 import eagle3_loss, target_states
-from .checkpoint import TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
+from .checkpoint import STATE_FILE, TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
 
 TARGETS = ("smollm2", "captioner")
 
@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 | captioner (the embedded recipes; captioner with --method eagle3, or with --data a "
                              "JSONL / image folder / dataset, runs the any-target loop on the embedded captioner), or any "
                              "supported target: a checkpoint directory or hub id (then --data DATA and --out are required)")
-    parser.add_argument("--out", default=None, help="output dir (default models/<target>-eagle)")
+    parser.add_argument("--out", default=None, help="output dir (required for a target given by its path or hub id; "
+                        "smollm2 / captioner: default models/<smollm2|smolcap>-<method>)")
     parser.add_argument("--data", default=None,
                         help="any target: a JSONL of {image?, prompt, response?}, an image folder, a saved datasets "
                              "dataset, or parquet files (a file, folder or quoted glob; columns prompt, image?, response?); "
@@ -86,19 +87,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="any target: continue from OUT's checkpoint")
     parser.add_argument("--log-every", type=int, default=10, help="any target: steps between loss-log entries (OUT/loss.csv)")
     parser.add_argument("--save-every", type=int, default=100, help="any target: steps between checkpoints")
-    parser.add_argument("--extra-data", action="append", default=[], help="further self-distillation caches to train on (repeatable)")
-    parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="instructions for the smollm2 text data")
-    parser.add_argument("--sequences", type=int, default=1600, help="training sequences to generate / extract")
+    parser.add_argument("--extra-data", action="append", default=[], help="smollm2 / captioner: further self-distillation caches to train on (repeatable)")
+    parser.add_argument("--prompt-set", default="templates", choices=["templates", "tasks"], help="smollm2: the instructions of its text data")
+    parser.add_argument("--sequences", type=int, default=1600, help="smollm2 / captioner: training sequences to generate / extract "
+                        "(any other target uses every usable row of --data)")
     parser.add_argument("--skip", type=int, default=0,
-                        help="start after this many sequences of the prompt / sample stream (to build a second, disjoint --data cache)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of generated text data")
+                        help="smollm2 / captioner: start after this many sequences of the prompt / sample stream (to build a "
+                             "second, disjoint --data cache)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="self-distillation: the longest answer the target writes")
     parser.add_argument("--families", default=None,
                         help="captioner data: comma-separated caption data families to draw from (default: all six, "
                              "interleaved), e.g. to hold families out of a head's training")
     parser.add_argument("--split", default="train", choices=["train", "validation", "test"],
                         help="captioner data: the caption data split the images and prompts come from")
     parser.add_argument("--sample-temperature", type=float, default=0.0,
-                        help="captioner data: sample its answers at this temperature (0 = greedy answers)")
+                        help="self-distillation: sample the target's answers at this temperature, for a drafter used "
+                             "under sampling (0 = greedy answers; smollm2's are always greedy)")
     parser.add_argument("--vision-tokens", type=int, default=0,
                         help="EAGLE / EAGLE-3 on a VLM: the vision-aware head (ViSpec): the image tokens' target features "
                              "compressed into this many prefix positions plus a global image feature (0 = off)")
@@ -117,6 +121,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
     add_device_argument(parser)  # the self-distillation data is made on the CPU, the head trains on the device
+    parser.set_defaults(recipe_defaults={name: parser.get_default(name) for name in RECIPE_DATA_OPTIONS})
+
+
+#: options of the embedded recipes' own data (``--target smollm2 | captioner``: the prompts or caption
+#: samples they draw, their cache); any other target reads its rows from --data and refuses them
+RECIPE_DATA_OPTIONS = ("extra_data", "prompt_set", "sequences", "skip", "families", "split")
+
+
+def check_recipe_options(args) -> None:
+    """The any-target route (``--target PATH_OR_HUB_ID``, or the captioner with a --data of rows):
+    an option of :data:`RECIPE_DATA_OPTIONS` given (a value other than its default) is refused in
+    one line rather than ignored (``--sequences 100`` did not cut the data to 100 rows)."""
+    defaults = getattr(args, "recipe_defaults", {})
+    given = [name for name in RECIPE_DATA_OPTIONS if name in defaults and getattr(args, name) != defaults[name]]
+    if given:
+        shown = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise ValueError(f"{shown} {'applies' if len(given) == 1 else 'apply'} to the embedded recipes' own data (--target "
+                         f"smollm2 | captioner, --data their cache); with --data {args.data} every usable row of it is "
+                         "used: put the rows to train on in --data (a JSONL, an image folder, a dataset or parquet files)")
 
 
 def load_target(name: str):
@@ -378,7 +401,7 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             vision = None if image_token_id is None else head.vision_context(*image_features(batch["ids"], states, image_token_id))
             return eagle3_loss(head, embed, batch, states, args.ttt_steps, vision)
     elif method == "eagle":
-        head = EagleHead.load(args.init, model).float() if args.init else EagleHead(text_decoder(model).config).float()
+        head = init_head(method, args.init, model) if args.init else EagleHead(text_decoder(model).config).float()
         head = with_vision_option(head, getattr(args, "vision_tokens", 0))
         image_token_id = vision_image_token(head, model)
         draft_vocabulary = load_draft_vocabulary(out) if args.kl_weight else None
@@ -388,16 +411,48 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
             return eagle_loss(head, embed, lm_head, batch, *rest, kl_weight=args.kl_weight, draft_vocabulary=draft_vocabulary,
                               image_token_id=image_token_id)
     elif method == "kangaroo":
-        head = KangarooAdapter.load(args.init, model).float() if args.init else KangarooAdapter(text_decoder(model).config).float()
+        head = init_head(method, args.init, model) if args.init else KangarooAdapter(text_decoder(model).config).float()
         final_norm = copy.deepcopy(decoder_norm(text_decoder(model))).to(device)
 
         def loss_of(adapter, embed, lm_head, batch, *rest):
             return kangaroo_loss(adapter, final_norm, lm_head, batch, *rest)
     else:
-        head = (DraftHeads.load(args.init, model, method) if args.init
-                else DraftHeads(embed.shape[1], args.num_heads, method)).float()
+        head = init_head(method, args.init, model) if args.init else DraftHeads(embed.shape[1], args.num_heads, method).float()
         loss_of = heads_loss
     return head, loss_of
+
+
+def init_head(method: str, directory: str, model) -> torch.nn.Module:
+    """``--init``'s head for ``method`` (fp32), checked against ``model``'s widths (and, for
+    EAGLE-3, its vocabulary and layers).
+
+    Raises:
+        ValueError / FileNotFoundError: one line, when ``directory`` holds no head of ``method`` or one
+            made for another target.
+    """
+    from ..modeling.eagle3 import Eagle3Head
+
+    if method == "eagle3":
+        return Eagle3Head.load(directory, model).float()
+    if method in ("medusa", "hydra"):
+        return DraftHeads.load(directory, model, method).float()
+    return (KangarooAdapter if method == "kangaroo" else EagleHead).load(directory, model).float()
+
+
+def check_init(args, model=None) -> None:
+    """``--init`` checked before the data is made: without ``model`` (before the target loads)
+    that the directory exists; with it, that it holds a head of ``--method`` for this target (the
+    self-distillation it would follow can take hours), as many Medusa / Hydra heads as ``--num-heads``."""
+    if not args.init:
+        return
+    if model is None:
+        if not Path(args.init).is_dir():
+            raise ValueError(f"--init {args.init}: no such directory; give the folder of a trained --method {args.method} head")
+        return
+    head = init_head(args.method, args.init, model)
+    if args.method in ("medusa", "hydra") and head.num_heads != args.num_heads:  # (the saved count would win without a word)
+        raise ValueError(f"--init {args.init} holds {head.num_heads} {args.method} heads, not {args.num_heads}; pass "
+                         f"--num-heads {head.num_heads}")
 
 
 def vision_image_token(head, model) -> int | None:
@@ -425,7 +480,7 @@ def eagle3_head(model, args, out: Path):
 
     vision_tokens = getattr(args, "vision_tokens", 0)
     if args.init:
-        return with_vision_option(Eagle3Head.load(args.init, model).float(), vision_tokens)
+        return with_vision_option(init_head("eagle3", args.init, model), vision_tokens)
     vocab = model.get_output_embeddings().weight.shape[0]
     token_ids = load_draft_vocabulary(out)
     token_ids = torch.arange(vocab) if token_ids is None else token_ids
@@ -440,10 +495,10 @@ def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
     EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3))."""
     if method != "eagle3":
         return -1
-    from ..modeling.eagle3 import Eagle3Head, default_aux_layers
+    from ..modeling.eagle3 import default_aux_layers
 
     if args.init:
-        return tuple(Eagle3Head.load(args.init, model).config.aux_layers)
+        return tuple(init_head(method, args.init, model).config.aux_layers)
     return default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
 
 
@@ -493,6 +548,34 @@ def check_target_for_method(args, model, target, shallow_layer: int | None) -> N
                          "or eagle3 for this target (its chain is evaluated and decoded there)")
 
 
+def head_settings(args) -> dict:
+    """The settings that shape the head a checkpoint holds: its method, Medusa / Hydra's head count,
+    the vision option's tokens, EAGLE-3's draft vocabulary (its LM head's rows)."""
+    shaping = {"method": args.method, "vision_tokens": args.vision_tokens}
+    if args.method in ("medusa", "hydra"):
+        shaping["num_heads"] = args.num_heads
+    if args.method == "eagle3":
+        shaping["draft_vocab"] = args.draft_vocab
+    return shaping
+
+
+def check_resume_settings(args, out: Path) -> None:
+    """``--resume`` with a setting of :func:`head_settings` changed since the checkpoint (its
+    ``training.json``) is refused in one line before anything loads: the checkpoint's head has
+    another shape, and was refused only after the data was made (another --method was told its
+    data cache differed, to be deleted and made again before the same refusal)."""
+    try:
+        before = json.loads((out / "training.json").read_text())["args"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    changed = [(name, value) for name, value in head_settings(args).items() if name in before and before[name] != value]
+    if changed:
+        shown = " ".join(f"--{name.replace('_', '-')} {before[name]}" for name, _ in changed)
+        now = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in changed)
+        raise ValueError(f"--resume: the checkpoint in {out} trains a head of {shown} (its training.json), not {now}; resume "
+                         "it with those, or train this head into another --out")
+
+
 def run_any_target(args) -> int:
     """``--target PATH_OR_HUB_ID --data DATA``: self-distil (:mod:`mmspec.train.any_target`),
     train data-parallel over the processes of ``accelerate launch`` (each takes its share of the
@@ -511,6 +594,7 @@ def run_any_target(args) -> int:
         raise ValueError("--target PATH_OR_HUB_ID needs --data DATA (a JSONL, an image folder, a saved dataset or parquet files)")
     if not args.out:
         raise ValueError("--target PATH_OR_HUB_ID needs --out DIR (where the trained drafter goes)")
+    check_recipe_options(args)
     if args.held_out is not None and args.hold_out_groups:
         raise ValueError("--held-out and --hold-out-groups: give one (the groups are held out instead of a random share)")
     args.held_out = 0.1 if args.held_out is None else args.held_out
@@ -521,12 +605,22 @@ def run_any_target(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out)
     check_fresh_out(out, args)  # (before the draft vocabulary or anything else is written into it)
-    if (out / "train_state.pt").exists() and not args.resume:
-        raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, or choose another --out")
+    overwrite = getattr(args, "overwrite", False)
+    if overwrite and args.resume:
+        raise ValueError("--overwrite trains anew and --resume continues the checkpoint: give one of them")
+    if (out / "train_state.pt").exists() and not args.resume and not overwrite:
+        raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, --overwrite to train anew there "
+                         "(replacing it), or choose another --out")
     if args.resume and not (out / "train_state.pt").exists():
-        raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue")
+        cache = Path(args.cache) if args.cache else out / "data"
+        made = (cache / any_target.MANIFEST).is_file()
+        raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue; rerun without --resume"
+                         + (f" (it reuses the data made so far in {cache})" if made else ""))
+    if args.resume:
+        check_resume_settings(args, out)
     if args.target != "captioner":
         any_target.target_source(args.target)  # (a missing directory before the data is read)
+    check_init(args)
     examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
     held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
     if held_groups:
@@ -540,6 +634,9 @@ def run_any_target(args) -> int:
     process = ProcessState()
     if args.batch_size % process.world:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple of the {process.world} processes")
+    if overwrite:  # (after the checks above: a refused command replaces nothing)
+        for name in (STATE_FILE, "training.json", "loss.csv", "eval.json"):  # the last run's checkpoint and records
+            (out / name).unlink(missing_ok=True)
     device = torch.device(process.device_for(args.device)) if process.world > 1 else train_device(args)
     dtype = resolve_dtype(args.dtype, device)
     model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
@@ -549,6 +646,7 @@ def run_any_target(args) -> int:
     layers = text_decoder(model).config.num_hidden_layers
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
     check_target_for_method(args, model, target, shallow_layer)
+    check_init(args, model)  # (before self-distillation)
     cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
                                                         shallow_layer, process, feature_layer(args.method, model, args))
@@ -737,6 +835,9 @@ def run(args) -> int:
 
     caption_families(args.families)  # (a typo fails before the target loads)
     check_vision_option(args)
+    if args.target == "smollm2" and args.sample_temperature:
+        raise ValueError("--sample-temperature: the smollm2 recipe's answers are greedy; sampled answers are made for "
+                         "--target captioner, and for SmolLM2 by the any-target route: --target smollm2-135m-instruct --data PROMPTS.jsonl")
     if args.sequences < 8:
         raise ValueError(f"--sequences must be at least 8 (one in 8, at most 64, is held out for the loss), got {args.sequences}")
     for directory in args.extra_data:  # before the target loads
@@ -755,7 +856,9 @@ def run(args) -> int:
         raise ValueError(f"--data {data_dir} is a file; for --target {args.target} --data is the self-distillation cache "
                          "folder (a JSONL, dataset or parquet file goes with --target PATH_OR_HUB_ID)")
     check_data_settings(args, data_dir)
+    check_init(args)
     model, tokenizer_or_processor = load_target(args.target)
+    check_init(args, model)  # (before the data is made)
     prepare_data(args, model, tokenizer_or_processor, data_dir)
     if args.steps == 0:
         return data_only(data_dir)
