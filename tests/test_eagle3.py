@@ -255,6 +255,11 @@ def test_errors(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="mmspec train drafter --method eagle3"):
         Eagle3Head.load(tmp_path)
     from mmspec.cli import main
+    from mmspec.modeling.heads import EagleHead
+
+    EagleHead(text_decoder(tiny.model).config).save(tmp_path / "eagle")  # another method's head: named, with its drafter
+    with pytest.raises(FileNotFoundError, match=r"holds an EAGLE head \(eagle_config.json\).*'eagle:DIR'"):
+        Eagle3Head.load(tmp_path / "eagle")
 
     random_head(tiny.model, size=8).save(tmp_path / "h")
     assert main(["export", "drafter", str(tmp_path / "nothing"), "--format", "vllm-eagle3", "--out", str(tmp_path / "o")]) == 2

@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import attend
-from .heads import VisionAdaptor, VisionContext, with_plain_weights
+from .heads import DraftHeads, EagleHead, KangarooAdapter, VisionAdaptor, VisionContext, with_plain_weights
 from .persistence import save_module, save_tensors
 
 #: mmspec's own files of an EAGLE-3 head
@@ -396,6 +396,12 @@ class Eagle3Head(nn.Module):
             config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else None)
             weights = ENGINE_WEIGHTS_FILE
         else:
+            for head, what, spec in ((EagleHead, "an EAGLE head", "'eagle:DIR'"), (KangarooAdapter, "a Kangaroo adapter",
+                                      "'kangaroo:DIR'"), (DraftHeads, "Medusa / Hydra heads", "'medusa:DIR' or 'hydra:DIR'")):
+                if (directory / head.config_file).is_file():
+                    raise FileNotFoundError(f"{directory} holds {what} ({head.config_file}), not an EAGLE-3 head ({CONFIG_FILE}): "
+                                            f"use it as drafter {spec}; only an EAGLE-3 head loads as 'eagle3:DIR' and "
+                                            "exports (train one with `mmspec train drafter --method eagle3`)")
             raise FileNotFoundError(f"no EAGLE-3 head in {directory} ({CONFIG_FILE}, or config.json + model.safetensors, missing); "
                                     "train one with `mmspec train drafter --method eagle3`")
         if text is not None:
