@@ -394,6 +394,14 @@ def test_progress_is_one_callable_and_true_is_a_bar(token_pipe, capsys):
         token_pipe([[1, 2, 3]], batch_size=0)
 
 
+def test_a_pipeline_argument_given_to_a_call_says_where_it_goes(token_pipe):
+    with pytest.raises(TypeError, match=r"^method is an argument of the pipeline, not of each call: pipe = mmspec.pipeline\("
+                                        r"'test-token-continuation', method='ar'\), then pipe\(...\)$"):
+        token_pipe([[1, 2, 3]], method="ar")  # (t2i(prompt, method="ar"): Python's "unexpected keyword argument" before)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'metod'"):  # another name: Python's own message
+        token_pipe([[1, 2, 3]], metod="ar")
+
+
 def test_the_older_registration_still_imports_on_first_use():
     from mmspec.pipelines import TASK_MODULES, pipeline_class
 

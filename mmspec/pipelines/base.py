@@ -337,7 +337,12 @@ def _checking_types(call: Callable[..., Any]) -> Callable[..., Any]:
     def checked(self, *args: Any, **kwargs: Any) -> Any:
         try:
             bound = signature.bind(self, *args, **kwargs)
-        except TypeError:  # a wrong argument name or count: the call itself says it
+        except TypeError:  # a wrong argument name or count: the call itself says it (a pipeline's own argument: where it goes)
+            built = inspect.signature(type(self).__init__).parameters
+            for name in kwargs:
+                if name not in signature.parameters and name in built:
+                    raise TypeError(f"{name} is an argument of the pipeline, not of each call: pipe = mmspec.pipeline("
+                                    f"{self.task!r}, {name}={kwargs[name]!r}), then pipe(...)") from None
             return call(self, *args, **kwargs)
         given = {k: v for k, v in list(bound.arguments.items())[1:]}
         check_argument_types(call, given)
