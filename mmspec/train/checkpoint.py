@@ -194,6 +194,12 @@ class TrainingRun:
         summary = {"args": self.settings(), "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
         (self.out / "training.json").write_text(json.dumps(summary, indent=1))
 
+    def save_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Write ``model`` as it ships (its own ``save`` into :attr:`out`), then the checkpoint with
+        its and ``optimizer``'s state dicts (the entries ``resume_into(model=..., optimizer=...)`` loads)."""
+        model.save(self.out)
+        self.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+
     def should_save(self, every: int, total_steps: int) -> bool:
         return self.step % every == 0 or self.step >= total_steps or self.out_of_time
 

@@ -93,9 +93,8 @@ def run(args: argparse.Namespace) -> int:
             metrics = evaluate(model, val_images)
             model.config.scale = 1.0 / metrics["latent_std"]
             run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
-            model.save(args.out)
             (run_state.out / "eval.json").write_text(json.dumps({"step": run_state.step, **metrics}, indent=1))
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

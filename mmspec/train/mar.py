@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             run_state.record(val_loss=validation_loss(model, val_tokens, model.buffer(text=val_text), args.max_parallel))
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

@@ -250,8 +250,7 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()
                                 for name, value in losses.items()}, lr=lr)
         if run_state.should_save(args.save_every, args.steps):
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

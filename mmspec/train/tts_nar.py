@@ -140,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

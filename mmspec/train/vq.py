@@ -111,9 +111,8 @@ def run(args: argparse.Namespace) -> int:
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(model, val_images)
             run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
-            model.save(args.out)
             (run_state.out / "eval.json").write_text(json.dumps({"step": run_state.step, **metrics}, indent=1))
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0
