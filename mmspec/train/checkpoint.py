@@ -224,6 +224,12 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float 
     return peak * min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / total)))
 
 
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of ``optimizer`` to ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def draw_rows(lengths: list[int], batch_size: int, generator: torch.Generator, similar: bool = False) -> list[int]:
     """The rows of one training batch: ``batch_size`` uniform draws, or with ``similar`` a run of
     ``batch_size`` neighbours in length order (its start drawn uniformly), so that a batch of

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..metrics.image_quality import CompactTokenizer, MetricCLIP, clip_config
 from ..hub import models_dir
-from .checkpoint import TrainingRun, add_run_arguments, train_device
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -111,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         step = run_state.step
         lr = args.lr * min(1.0, (step + 1) / max(1, args.warmup))
         lr *= 0.5 * (1 + math.cos(math.pi * max(0, step - args.warmup) / max(1, args.steps - args.warmup)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         pick = torch.randint(len(train_images), (args.batch_size,), generator=generator)
         which = (torch.rand(args.batch_size, generator=generator) * counts[pick]).long()
         texts = [train_captions[i][j] for i, j in zip(pick.tolist(), which.tolist())]

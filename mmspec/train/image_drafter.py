@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..core.sampling import SamplingConfig, cfg_combine, logits_to_probs
 from ..modeling.heads import ImageEagleConfig, ImageEagleHead, target_width
-from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device, warmup_cosine
 
 
 VAL_START = 1000
@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     head.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(codes), (args.batch_size,), generator=generator)
         loss, metrics = head_loss(head, target, codes[rows].to(device), features[rows].to(device), args.guidance, args.kl_weight)
         run_state.optimizer_step(loss, optimizer, head.parameters())

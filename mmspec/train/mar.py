@@ -25,7 +25,7 @@ from ..hub import models_dir
 from ..modeling.kl_vae import KLAutoencoder
 from ..modeling.mar import MARConfig, MARModel
 from ..modeling.text_encoder import SmolTextEncoder
-from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, set_lr, train_device, warmup_cosine
 from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
@@ -122,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
         buffer = model.buffer(text=text_encoder.encode(texts, null_text))

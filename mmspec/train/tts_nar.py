@@ -21,7 +21,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, set_lr, to_device, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
 
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..hub import models_dir
 from ..modeling.vq import VQConfig, VQTokenizer
-from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device, warmup_cosine
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, warmup=100)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)]).to(device)
         loss, parts, indices = vq_losses(model, batch)
         run_state.optimizer_step(loss, optimizer, model.parameters())
