@@ -194,6 +194,12 @@ class TrainingRun:
         summary = {"args": self.settings(), "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
         (self.out / "training.json").write_text(json.dumps(summary, indent=1))
 
+    def record_eval(self, metrics: dict[str, float], **about: Any) -> None:
+        """Log a validation's ``metrics`` (as ``val_<name>``) and write them to ``OUT/eval.json``
+        (for the model card): ``{"step": ..., **about, **metrics}``, ``about`` saying what was measured."""
+        self.record(**{f"val_{k}": v for k, v in metrics.items()})
+        (self.out / "eval.json").write_text(json.dumps({"step": self.step, **about, **metrics}, indent=1))
+
     def save_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write ``model`` as it ships (its own ``save`` into :attr:`out`), then the checkpoint with
         its and ``optimizer``'s state dicts (the entries ``resume_into(model=..., optimizer=...)`` loads)."""

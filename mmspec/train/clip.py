@@ -20,7 +20,6 @@ Used by :mod:`mmspec.metrics.image_quality` (prompt score, Fréchet CLIP distanc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
@@ -126,11 +125,9 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), temperature=scale.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(metric, val_images, val_captions)
-            run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
+            run_state.record_eval(metrics, pairs=len(val_images), task="text->image retrieval")
             metric.save(args.out, step=run_state.step, trained_on=f"mmspec rendered scenes, train split, {len(train_images)} images",
                         eval=metrics)
-            (run_state.out / "eval.json").write_text(json.dumps(
-                {"step": run_state.step, "pairs": len(val_images), "task": "text->image retrieval", **metrics}, indent=1))
             run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict(),
                            token_ids=torch.tensor(token_ids))
         if run_state.stop_if_out_of_time():

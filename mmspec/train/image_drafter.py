@@ -231,11 +231,10 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), lr=lr, **metrics)
         if run_state.should_save(args.save_every, args.steps):
             validation = evaluate(head, target, val_codes, val_features, args.guidance)
-            run_state.record(**{f"val_{k}": v for k, v in validation.items()})
+            run_state.record_eval(validation, val_sequences=len(val_codes))
             head.save(out, model=str(model_dir), guidance=args.guidance)
             if run_state.step >= args.steps or run_state.out_of_time:
                 link_head(args.model, Path(model_dir), out)
-            (out / "eval.json").write_text(json.dumps({"step": run_state.step, "val_sequences": len(val_codes), **validation}, indent=1))
             run_state.save(head=head.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():
             break

@@ -11,7 +11,6 @@ scaled latents have unit std over validation scenes (MAR's 0.2325 for KL-16). Re
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
@@ -91,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(model, val_images)
             model.config.scale = 1.0 / metrics["latent_std"]
-            run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
-            (run_state.out / "eval.json").write_text(json.dumps({"step": run_state.step, **metrics}, indent=1))
+            run_state.record_eval(metrics)
             run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break

@@ -13,7 +13,6 @@ Codes unused for ``--restart-every`` steps are restarted at random encoder outpu
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
@@ -109,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), **parts, restarted=len(dead), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(model, val_images)
-            run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
-            (run_state.out / "eval.json").write_text(json.dumps({"step": run_state.step, **metrics}, indent=1))
+            run_state.record_eval(metrics)
             run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
