@@ -27,7 +27,7 @@ import torch
 
 from ..hub import models_dir
 from ..modeling.captioner import build_processor
-from .checkpoint import TrainingRun, add_device_argument, autocast, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_device_argument, autocast, set_lr, to_device, train_device, warmup_cosine
 from .data import FAMILIES, make_sample
 
 IGNORE = -100
@@ -179,8 +179,7 @@ def run(args) -> int:
         batch += [distilled[i] for i in torch.randint(max(1, len(distilled)), (from_distilled,), generator=generator).tolist()]
         ids, labels = on_device(batch)
         lr = warmup_cosine(step, args.steps, args.lr, warmup=100, floor=0.1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         with autocast(device):
             loss = answer_loss(model, ids, labels)
         run.optimizer_step(loss, optimizer, model.parameters())

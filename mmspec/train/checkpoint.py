@@ -194,6 +194,18 @@ class TrainingRun:
         summary = {"args": self.settings(), "step": self.step, "minutes": round(elapsed / 60, 1), "log": self.log}
         (self.out / "training.json").write_text(json.dumps(summary, indent=1))
 
+    def record_eval(self, metrics: dict[str, float], **about: Any) -> None:
+        """Log a validation's ``metrics`` (as ``val_<name>``) and write them to ``OUT/eval.json``
+        (for the model card): ``{"step": ..., **about, **metrics}``, ``about`` saying what was measured."""
+        self.record(**{f"val_{k}": v for k, v in metrics.items()})
+        (self.out / "eval.json").write_text(json.dumps({"step": self.step, **about, **metrics}, indent=1))
+
+    def save_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Write ``model`` as it ships (its own ``save`` into :attr:`out`), then the checkpoint with
+        its and ``optimizer``'s state dicts (the entries ``resume_into(model=..., optimizer=...)`` loads)."""
+        model.save(self.out)
+        self.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+
     def should_save(self, every: int, total_steps: int) -> bool:
         return self.step % every == 0 or self.step >= total_steps or self.out_of_time
 
@@ -216,6 +228,12 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int, floor: float 
     """Learning rate at ``step``: linear warm-up over ``warmup`` steps times a cosine from 1 to
     ``floor`` over ``total`` steps: peak * min(1, (step + 1) / warmup) * (floor + (1 - floor) * (1 + cos(pi step / total)) / 2)."""
     return peak * min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / total)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of ``optimizer`` to ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def draw_rows(lengths: list[int], batch_size: int, generator: torch.Generator, similar: bool = False) -> list[int]:

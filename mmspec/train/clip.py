@@ -20,7 +20,6 @@ Used by :mod:`mmspec.metrics.image_quality` (prompt score, Fréchet CLIP distanc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 
 from ..metrics.image_quality import CompactTokenizer, MetricCLIP, clip_config
 from ..hub import models_dir
-from .checkpoint import TrainingRun, add_run_arguments, train_device
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -111,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
         step = run_state.step
         lr = args.lr * min(1.0, (step + 1) / max(1, args.warmup))
         lr *= 0.5 * (1 + math.cos(math.pi * max(0, step - args.warmup) / max(1, args.steps - args.warmup)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         pick = torch.randint(len(train_images), (args.batch_size,), generator=generator)
         which = (torch.rand(args.batch_size, generator=generator) * counts[pick]).long()
         texts = [train_captions[i][j] for i, j in zip(pick.tolist(), which.tolist())]
@@ -127,11 +125,9 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), temperature=scale.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(metric, val_images, val_captions)
-            run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
+            run_state.record_eval(metrics, pairs=len(val_images), task="text->image retrieval")
             metric.save(args.out, step=run_state.step, trained_on=f"mmspec rendered scenes, train split, {len(train_images)} images",
                         eval=metrics)
-            (run_state.out / "eval.json").write_text(json.dumps(
-                {"step": run_state.step, "pairs": len(val_images), "task": "text->image retrieval", **metrics}, indent=1))
             run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict(),
                            token_ids=torch.tensor(token_ids))
         if run_state.stop_if_out_of_time():

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..core.sampling import SamplingConfig, cfg_combine, logits_to_probs
 from ..modeling.heads import ImageEagleConfig, ImageEagleHead, target_width
-from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device, warmup_cosine
 
 
 VAL_START = 1000
@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     head.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(codes), (args.batch_size,), generator=generator)
         loss, metrics = head_loss(head, target, codes[rows].to(device), features[rows].to(device), args.guidance, args.kl_weight)
         run_state.optimizer_step(loss, optimizer, head.parameters())
@@ -232,11 +231,10 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), lr=lr, **metrics)
         if run_state.should_save(args.save_every, args.steps):
             validation = evaluate(head, target, val_codes, val_features, args.guidance)
-            run_state.record(**{f"val_{k}": v for k, v in validation.items()})
+            run_state.record_eval(validation, val_sequences=len(val_codes))
             head.save(out, model=str(model_dir), guidance=args.guidance)
             if run_state.step >= args.steps or run_state.out_of_time:
                 link_head(args.model, Path(model_dir), out)
-            (out / "eval.json").write_text(json.dumps({"step": run_state.step, "val_sequences": len(val_codes), **validation}, indent=1))
             run_state.save(head=head.state_dict(), optimizer=optimizer.state_dict())
         if run_state.stop_if_out_of_time():
             break

@@ -11,14 +11,13 @@ scaled latents have unit std over validation scenes (MAR's 0.2325 for KL-16). Re
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
 
 from ..hub import models_dir
 from ..modeling.kl_vae import KLAutoencoder, KLConfig
-from .checkpoint import TrainingRun, add_run_arguments, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device, warmup_cosine
 from .t2i_data import scene_pool, to_model_range
 
 
@@ -82,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, warmup=100)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         batch = to_model_range(train_images[torch.randint(len(train_images), (args.batch_size,), generator=generator)]).to(device)
         loss, parts = kl_losses(model, batch, args.kl_weight, generator)
         run_state.optimizer_step(loss, optimizer, model.parameters())
@@ -92,10 +90,8 @@ def run(args: argparse.Namespace) -> int:
         if run_state.should_save(args.save_every, args.steps):
             metrics = evaluate(model, val_images)
             model.config.scale = 1.0 / metrics["latent_std"]
-            run_state.record(**{f"val_{k}": v for k, v in metrics.items()})
-            model.save(args.out)
-            (run_state.out / "eval.json").write_text(json.dumps({"step": run_state.step, **metrics}, indent=1))
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.record_eval(metrics)
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

@@ -25,7 +25,7 @@ from ..hub import models_dir
 from ..modeling.kl_vae import KLAutoencoder
 from ..modeling.mar import MARConfig, MARModel
 from ..modeling.text_encoder import SmolTextEncoder
-from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, set_lr, train_device, warmup_cosine
 from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
@@ -122,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
         buffer = model.buffer(text=text_encoder.encode(texts, null_text))
@@ -136,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
             run_state.record(val_loss=validation_loss(model, val_tokens, model.buffer(text=val_text), args.max_parallel))
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

@@ -24,7 +24,7 @@ from ..hub import models_dir
 from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer
-from .checkpoint import TrainingRun, add_run_arguments, autocast, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, set_lr, train_device, warmup_cosine
 from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     while run_state.step < args.steps:
         step = run_state.step
         lr = warmup_cosine(step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(grids), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
         caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach())
@@ -107,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if run_state.step % 20 == 0:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

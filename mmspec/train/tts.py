@@ -23,7 +23,7 @@ import torch
 from ..hub import models_dir
 from ..modeling.codec_lm import CodecLM, CodecLMConfig, delayed_steps, frame_alignment
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, set_lr, to_device, train_device, warmup_cosine
 from .codec import shard_utterances, speech_shards
 
 PRESETS = {
@@ -236,8 +236,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         batch["steps"] = noisy_steps(batch["steps"], args.input_noise, config.codebook_size, generator)
@@ -250,8 +249,7 @@ def run(args: argparse.Namespace) -> int:
             run_state.record(**{"loss" if name == "codes" else f"{name}_loss": value.item()
                                 for name, value in losses.items()}, lr=lr)
         if run_state.should_save(args.save_every, args.steps):
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

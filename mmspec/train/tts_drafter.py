@@ -43,7 +43,7 @@ from ..modeling.heads import DraftHeads, EagleHead
 from ..modeling.lean import attention_inputs, layer_output
 from ..modeling.mel_codec import MelRVQCodec
 from ..pipelines.text_to_speech.components import DEFAULT_VOICE, EMBEDDED_VOICES, voice_directory
-from .checkpoint import TrainingRun, add_run_arguments, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, set_lr, to_device, train_device, warmup_cosine
 from .codec import speech_shards
 from .tts import collate, encoded_utterances
 from .tts_self_data import is_self_data, self_items
@@ -280,8 +280,7 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(run_state.step)
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = torch.randint(len(items), (args.batch_size,), generator=generator).tolist()
         loss = loss_of(heads, target, to_device(collate([items[r] for r in rows], target.config), device))
         run_state.optimizer_step(loss, optimizer, heads.parameters())

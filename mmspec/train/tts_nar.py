@@ -21,7 +21,7 @@ from ..hub import models_dir
 from ..modeling.codec_lm import frame_alignment
 from ..modeling.codec_nar import CodecNAR, CodecNARConfig
 from ..modeling.mel_codec import MelRVQCodec
-from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, to_device, train_device, warmup_cosine
+from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, set_lr, to_device, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
 
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     while run_state.step < args.steps:
         lr = warmup_cosine(run_state.step, args.steps, args.lr, args.warmup, floor=0.1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         rows = draw_rows(lengths, args.batch_size, generator, args.similar_lengths)
         batch = collate([items[r] for r in rows], config)
         inputs0 = noisy_steps(batch["codes"][:, 0], args.input_noise, config.codebook_size, generator)
@@ -140,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
         if run_state.step % 20 == 0 or run_state.step == args.steps:
             run_state.record(loss=loss.item(), lr=lr)
         if run_state.should_save(args.save_every, args.steps):
-            model.save(out)
-            run_state.save(model=model.state_dict(), optimizer=optimizer.state_dict())
+            run_state.save_model(model, optimizer)
         if run_state.stop_if_out_of_time():
             break
     return 0

@@ -27,8 +27,7 @@ import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
 from ...hub import ALIASES as TEXT_MODELS, no_models_note, resolve_device, resolve_dtype
-from ...modeling.fast_linear import OptimizesOnLoad
-from .prompts import check_prompt, shared_text_encoder
+from .prompts import ImageComponents, shared_text_encoder
 
 MODEL_FILE = "t2i.json"
 MAR_FILE = "mar.json"
@@ -55,7 +54,7 @@ def _looks_local(model: str | Path) -> bool:
 
 
 @dataclass
-class T2IComponents(OptimizesOnLoad):
+class T2IComponents(ImageComponents):
     """A text-to-image model as components (see the module doc).
 
     Attributes:
@@ -192,19 +191,9 @@ class T2IComponents(OptimizesOnLoad):
         return components
 
     @property
-    def generator(self) -> torch.nn.Module:
-        """The generator model itself (mmspec's LlamaGenModel, or the transformers model)."""
-        return self.target.model
-
-    @property
     def image_size(self) -> int:
         """Side of the images in pixels (mmspec's VQ tokenizer)."""
         return self.tokenizer.vq.config.image_size
-
-    def prompt_inputs(self, prompt: str) -> dict[str, Any]:
-        """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
-        check_prompt(prompt)
-        return self.encode(prompt)
 
     def draft_target(self) -> GuidedImageTarget:
         """The draft generator as a target (loaded on first use)."""

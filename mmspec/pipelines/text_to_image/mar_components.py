@@ -21,9 +21,9 @@ import torch
 from ...adapters.image.mar import MARTarget
 from ...api import GenerateOutput, generate, generate_rows, make_generator
 from ...core.stats import SpecStats
-from ...modeling.fast_linear import OptimizesOnLoad
 from ...modeling.kl_vae import KLAutoencoder
 from ...modeling.mar import MARModel
+from .prompts import ImageComponents
 
 MODEL_FILE = "mar.json"
 
@@ -44,7 +44,7 @@ def check_continuous_sampling(do_sample: bool, top_k: int | None, top_p: float |
 
 
 @dataclass
-class MARComponents(OptimizesOnLoad):
+class MARComponents(ImageComponents):
     """A MAR-style model as components.
 
     Attributes:
@@ -88,18 +88,8 @@ class MARComponents(OptimizesOnLoad):
         return components
 
     @property
-    def generator(self) -> torch.nn.Module:
-        return self.target.model
-
-    @property
     def image_size(self) -> int:
         return self.autoencoder.config.resolution
-
-    def prompt_inputs(self, prompt: str) -> dict[str, Any]:
-        from .prompts import check_prompt
-
-        check_prompt(prompt)
-        return self.encode(prompt)
 
     def draft_target(self) -> MARTarget:
         """The draft MAR (loaded on first use)."""

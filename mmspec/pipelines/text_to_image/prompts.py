@@ -1,5 +1,6 @@
-"""What every text-to-image model's components share: the prompt check and the frozen text
-encoder (mmspec's own layouts, discrete and continuous, share one per process)."""
+"""What every text-to-image model's components share: the prompt check, the frozen text encoder
+(mmspec's own layouts, discrete and continuous, share one per process) and the base class
+:class:`ImageComponents`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+
+from ...modeling.fast_linear import OptimizesOnLoad
 
 
 def check_prompt(prompt: Any) -> None:
@@ -24,3 +27,18 @@ def shared_text_encoder(num_layers: int, device: torch.device):
 
     return SmolTextEncoder(num_layers, dtype=torch.float32).to(device)
 
+
+class ImageComponents(OptimizesOnLoad):
+    """What :class:`~mmspec.pipelines.text_to_image.components.T2IComponents` and
+    :class:`~mmspec.pipelines.text_to_image.mar_components.MARComponents` share: a ``target`` whose
+    ``model`` is the generator, and ``encode`` (prompt -> the target's model inputs)."""
+
+    @property
+    def generator(self) -> torch.nn.Module:
+        """The generator model itself, ``target.model`` (mmspec's LlamaGenModel or MARModel, or the transformers model)."""
+        return self.target.model
+
+    def prompt_inputs(self, prompt: str) -> dict[str, Any]:
+        """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
+        check_prompt(prompt)
+        return self.encode(prompt)
