@@ -32,7 +32,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 
 def expand_images(patterns: Iterable[str]) -> list[str]:
     """Files as given, folders as the images under them (recursively, sorted), globs as their
-    sorted matches; each path once, in the order given.
+    sorted matches; each path once, in the order given. A path that exists is itself, even when
+    its name holds glob characters (``[2024] trip.png``).
 
     Raises:
         ValueError: a folder without images or a glob that matches nothing.
@@ -43,7 +44,7 @@ def expand_images(patterns: Iterable[str]) -> list[str]:
             found = sorted(str(p) for p in Path(pattern).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
             if not found:
                 raise ValueError(f"{pattern} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-        elif glob.has_magic(pattern):
+        elif glob.has_magic(pattern) and not os.path.lexists(pattern):
             found = sorted(glob.glob(pattern, recursive=True))
             if not found:
                 raise ValueError(f"{pattern!r} matches no file")
