@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of the caption data families (default: all six), or with --data of its groups (default: all)")
     parser.add_argument("--per-family", type=int, default=4, help="test-split items per family (with --data: first rows per group)")
     parser.add_argument("--data", default=None,
-                        help="benchmark these images instead: a JSONL of {image, prompt, group?} (e.g. `mmspec train caption-data "
-                             "--split test`); items are grouped by `group` ('data' where it has none)")
+                        help="benchmark these images instead: a JSONL of {image, prompt, group?}, image paths relative "
+                             "to the JSONL's folder (e.g. `mmspec train caption-data --split test`); items are grouped by `group` ('data' where it has none)")
     parser.add_argument("--tasks", default="all",
                         help="task kinds to draw items from: all, or a comma list of caption, detailed, short "
                              "(short answers are 1-3 tokens: nothing to speed up)")

@@ -101,6 +101,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
     examples, where = [], {}
+    missing: list[Path] = []  # (the images not found, as looked for: the reason names the first)
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -114,7 +115,8 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
         elif "prompt" not in row:
             _count(skipped, "row without a prompt")
         else:
-            example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"))
+            example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"),
+                               missing)
             if example is not None:
                 examples.append(example)
         for reason in skipped:
@@ -122,14 +124,17 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
                 where.setdefault(reason, []).append(number)
     for reason, numbers in where.items():  # (the counts stay; the reason names where)
         shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+        if reason == "missing image":  # (a path relative to the working folder reads as missing: say where it looked)
+            shown += f"; no file {missing[0]}: an image path is relative to the JSONL file's folder"
         skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
     return examples
 
 
-def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None) -> Example | None:
+def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None,
+             missing: list[Path] | None = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
     relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
-    (anything else than a string counts as none)."""
+    (anything else than a string counts as none); ``missing`` collects the image paths not found."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
@@ -139,6 +144,8 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
         image = root / image
         if not image.is_file():
             _count(skipped, "missing image")
+            if missing is not None:
+                missing.append(image)
             return None
     elif image is not None and not isinstance(image, bytes):
         _count(skipped, "unreadable row")
