@@ -245,6 +245,11 @@ def test_throughput_at_several_batch_sizes(tmp_path, tmp_path_factory, capsys):
             row = data["throughput_summary"][t]["3"][method]
             assert row["rows_identical"] is True and row["items_per_s"] > 0
         assert data["throughput_summary"][t]["1"]["ar"]["speedup"] == pytest.approx(1.0)
+    # the same --results over other items (more per family): the runs over 4 items were resumed as
+    # the 6 items' throughput; now refused in one line
+    assert main([*argv[:9], "3", *argv[10:]]) == 2
+    assert "holds throughput runs over other items (4 there, 6 now" in capsys.readouterr().err
+    assert main(argv) == 0  # the same items: resumed
 
 
 @pytest.mark.parametrize("extra,message", [(["--batch-sizes", "1,0"], "comma list of positive integers"),
