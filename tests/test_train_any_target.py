@@ -378,6 +378,23 @@ def test_a_missing_image_names_the_path_it_was_looked_for_at(tmp_path):
                                        "path is relative to the JSONL file's folder)")
 
 
+def test_a_misspelt_image_or_response_field_is_a_skipped_row(tmp_path):
+    """``{"img": ..., "prompt": ...}`` was read as a text-only row (a VLM's drafter trained on the
+    prompt without its image, "no row skipped"), ``{"respone": ...}`` as a row to self-distil: such
+    a row is now skipped and counted under what it holds; other extra fields (an id) are kept."""
+    from PIL import Image
+
+    from mmspec.train.any_target import format_skipped, read_examples
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    rows = [{"img": "a.png", "prompt": "x"}, {"images": ["a.png"], "prompt": "y"}, {"prompt": "z", "respone": "It is."},
+            {"image": "a.png", "prompt": "w", "image_id": 7, "id": "r4"}, {"prompt": "v", "response": "Yes.", "response_id": 2}]
+    examples, skipped = read_examples(write_jsonl(tmp_path / "data.jsonl", rows))
+    assert [e.prompt for e in examples] == ["w", "v"]
+    assert format_skipped(skipped) == ("2 row with a field like 'image' but none named so (lines 1, 2), "
+                                       "1 row with a field like 'response' but none named so (line 3)")
+
+
 def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     """A JSONL is UTF-8 (a byte-order mark read past, any case of .jsonl); another encoding is one
     line naming where, not a prompt with replacement characters; a skipped row names its line."""

@@ -11,7 +11,8 @@ DATA is one of
   stores them with), so the ``datasets`` package itself is not needed.
 
 Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row, an
-empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
+empty prompt, a JSONL row with a field like ``image`` or ``response`` but none named so (``img``,
+``images``, ``respone``), an image file that does not exist, an image that cannot be decoded, an image given
 to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
 counts are printed (and kept with the data shards, so a resumed run prints them too).
 
@@ -114,6 +115,8 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             _count(skipped, "unreadable line")
         elif "prompt" not in row:
             _count(skipped, "row without a prompt")
+        elif (field := _misspelt_field(row)) is not None:
+            _count(skipped, f"row with a field like {field!r} but none named so")
         else:
             example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"),
                                missing)
@@ -128,6 +131,25 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             shown += f"; no file {missing[0]}: an image path is relative to the JSONL file's folder"
         skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
     return examples
+
+
+#: the optional fields whose absence changes what a row is: without an image a text-only row, without
+#: a response one the target answers itself
+OPTIONAL_FIELDS = ("image", "response")
+
+
+def _misspelt_field(row: dict[str, Any]) -> str | None:
+    """The optional field that ``row`` lacks while it holds a key like it (``img``, ``images``,
+    ``Image``, ``image_path``, ``respone``): a misspelling, which read as a row without the field
+    would train on the prompt alone, or on the target's answer instead of the row's, without a word."""
+    import difflib
+
+    others = [key.lower() for key in row if key not in ("prompt", "group", *OPTIONAL_FIELDS)]
+    for field in OPTIONAL_FIELDS:
+        if field not in row and any(key.startswith(field) or difflib.SequenceMatcher(None, field, key).ratio() >= 0.7
+                                    for key in others):
+            return field
+    return None
 
 
 def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None,
