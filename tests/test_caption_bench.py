@@ -245,6 +245,11 @@ def test_throughput_at_several_batch_sizes(tmp_path, tmp_path_factory, capsys):
             row = data["throughput_summary"][t]["3"][method]
             assert row["rows_identical"] is True and row["items_per_s"] > 0
         assert data["throughput_summary"][t]["1"]["ar"]["speedup"] == pytest.approx(1.0)
+    # the same --results over other items (more per family): the runs over 4 items were resumed as
+    # the 6 items' throughput; now refused in one line
+    assert main([*argv[:9], "3", *argv[10:]]) == 2
+    assert "holds throughput runs over other items (4 there, 6 now" in capsys.readouterr().err
+    assert main(argv) == 0  # the same items: resumed
 
 
 @pytest.mark.parametrize("extra,message", [(["--batch-sizes", "1,0"], "comma list of positive integers"),
@@ -339,7 +344,11 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
     assert sampled.stats.config["drafter_choice"].startswith("auto when sampling: highest measured speedup per token at temperature 1")
     assert sampled.baseline_stats.config["drafter"] == "ar" and sampled.stats.speedup is not None
     listed = captioner([image] * 3, max_new_tokens=2, do_sample=True, seed=0, batch_size=2)  # a batch of 2, then one row
-    assert listed[2].stats.config["drafter"] == "spd:../draft"  # the lone last row as a sampled caption alone
+    # without a batch table a sampled batch runs the sampled choice, as an image alone does: its
+    # captions do not depend on their place in the list (the batch of 2 ran the greedy pick)
+    assert [r.stats.config["drafter"] for r in listed] == ["spd:../draft"] * 3
+    alone = captioner(image, max_new_tokens=2, do_sample=True, seed=0)
+    assert [r.text for r in listed] == [alone.text] * 3
     from PIL import Image
     from mmspec.cli import main
     Image.fromarray(image).save(tmp_path / "image.png")
@@ -350,10 +359,13 @@ def test_auto_picks_the_fastest_per_token_drafter_when_sampling(tmp_path, tmp_pa
         assert capsys.readouterr().out.startswith(header)  # the header names what the call runs
     for n in (1, 2):
         Image.fromarray(image[::-1] if n == 1 else image[:, ::-1]).save(tmp_path / f"image{n}.png")
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps({**table, "batches": [  # batches of 2 measured: their pick
+        {"batch_size": 2, "drafter": "prompt-lookup", "speedup": 1.2}]}))
     assert main(["caption", *[str(tmp_path / name) for name in ("image.png", "image1.png", "image2.png")], "--model", str(model_dir), "--dtype", "fp32",
                  "--max-new-tokens", "2", "--do-sample", "--seed", "0", "--batch-size", "2"]) == 0
     header = capsys.readouterr().out.splitlines()[0]  # a batch of 2, then the last image alone: both named
-    assert " for batches of 2; spd:../draft (auto when sampling:" in header and header.split(";")[1].endswith(" for an image alone"), header
+    assert " for batches of 2; spd:../draft (auto when sampling:" in header and ") for an image alone; float32" in header, header
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps(table))
     given = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="prompt-lookup")
     assert given(image, max_new_tokens=4, do_sample=True, seed=0).stats.config["drafter"] == "prompt-lookup"  # a named drafter stays
     table["drafters"][0]["sampled_speedup_per_token"] = 2.5  # the temperature-0 pick is fastest when sampling too

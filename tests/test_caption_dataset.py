@@ -38,6 +38,28 @@ def test_inputs_expand_from_files_folders_and_globs(folder):
         expand_images([str(folder / "empty")])
 
 
+def test_a_glob_takes_the_images_of_the_folders_it_matches(folder):
+    """``mmspec caption 'photos/*'`` made each subfolder an error row ("photos/sub is a directory,
+    not an image file", exit 2, its images never captioned), where the shell's own ``photos/*``
+    names the folder and its images are taken: a folder a glob matches is now its images too."""
+    quoted = expand_images([str(folder / "*")])
+    assert quoted == [str(folder / n) for n in ("a.jpg", "b.png", "notes.txt", "sub/broken.png", "sub/c.png", "sub/d.webp")]
+    shell = expand_images(sorted(str(p) for p in folder.iterdir()))  # what an unquoted photos/* passes
+    assert quoted == shell
+    (folder / "empty").mkdir()
+    with pytest.raises(ValueError, match="matches no image"):
+        expand_images([str(folder / "emp*")])
+
+
+def test_an_existing_file_named_with_glob_characters_is_that_file(folder):
+    """``mmspec caption "[2024] trip.png"`` was read as a glob (a character class matching "2 trip.png"
+    and the like) and refused before the model loaded: "'[2024] trip.png' matches no file"."""
+    Image.fromarray(np.zeros((24, 24, 3), dtype=np.uint8)).save(folder / "[2024] trip.png")
+    (folder / "2 trip.png").write_bytes((folder / "b.png").read_bytes())
+    assert expand_images([str(folder / "[2024] trip.png")]) == [str(folder / "[2024] trip.png")]
+    assert expand_images([str(folder / "[12] trip.png")]) == [str(folder / "2 trip.png")]  # (a pattern that names no file)
+
+
 def test_a_line_cut_short_is_dropped(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"path": "a", "text": "x"}\n{"path": "b", "te')

@@ -138,6 +138,14 @@ def test_bench_caption_over_a_data_file(tmp_path_factory, tmp_path, capsys):
     assert set(summary["0"]) == {"red", "green", "mean"} and summary["0"]["red"]["prompt-lookup@3"]["exact"] == "1/1"
     meta = json.loads(results.read_text())["meta"]
     assert meta["data"] == str(data) and "--data" in meta["command"]
+    # the same --results over edited rows was resumed: the old rows' runs passed for the new rows'
+    rows = data.read_text().splitlines()
+    data.write_text("".join(line + "\n" for line in [rows[0].replace("Describe the image.", "What colour is it?"), *rows[1:]]))
+    assert main(argv) == 2
+    assert "holds runs of another row 1 of group 'red' (its prompt or image changed in --data since)" in capsys.readouterr().err
+    data.write_text("".join(line + "\n" for line in rows))
+    assert main(argv) == 0  # the same rows again: resumed
+    capsys.readouterr()
     assert main([*argv[:7], "purple", *argv[8:]]) == 2
     assert "has no rows of purple" in capsys.readouterr().err
     # every row is measured or the run is refused: a row without an image, an image that cannot be decoded

@@ -145,6 +145,33 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert "it is not UTF-8 text; save it as UTF-8" in capsys.readouterr().err
 
 
+def test_a_refused_prompt_fails_its_row_only_in_a_batch(model_dir, tmp_path, capsys, monkeypatch):
+    """``--prompts FILE --batch-size 4``: a prompt the pipeline refused (a model whose context it
+    does not fit) failed every prompt of its batch, each record carrying its error; now its own row
+    fails and its batch-mates are drawn, as without a batch."""
+    from mmspec.pipelines.text_to_image.pipeline import TextToImagePipeline
+
+    original = TextToImagePipeline.prompt_inputs
+
+    def refusing(self, prompt):
+        if prompt == "a blue star":
+            raise ValueError("the prompt does not fit the model's context")
+        return original(self, prompt)
+
+    monkeypatch.setattr(TextToImagePipeline, "prompt_inputs", refusing)
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "out"
+    prompts.write_text("a red circle\na blue star\nthree green squares\n")
+    assert main(["t2i", "--prompts", str(prompts), "--model", str(model_dir), "--out", str(out), "--greedy",
+                 "--no-progress", "--batch-size", "4"]) == 2
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert ["error" in r for r in records] == [False, True, False]
+    assert "the prompt does not fit the model's context" in records[1]["error"]
+    alone = tmp_path / "alone"
+    main(["t2i", "three green squares", "--model", str(model_dir), "--out", str(alone), "--greedy", "--no-progress"])
+    assert (out / "000002-0.png").read_bytes() == (alone / "image-0.png").read_bytes()
+    assert "1 of 3 rows failed" in capsys.readouterr().err
+
+
 def test_two_processes_give_the_one_process_prompts_file(model_dir, tmp_path, free_port):
     """accelerate launch shards the prompts over 2 CPU processes (gloo) and gathers one results file
     in prompt order: the same records and images as one process."""

@@ -72,7 +72,8 @@ def test_text_target_jsonl_with_bad_rows_and_resume(text_target, tmp_path, capsy
     out = tmp_path / "head"
     assert train(text_target, data, out, "--steps", "4", "--method", "hydra", "--num-heads", "2") == 0
     text = capsys.readouterr().out
-    assert "skipped 3 rows: 1 empty prompt (line 9), 1 missing image (line 11), 1 unreadable line (line 10)" in text
+    assert (f"skipped 3 rows: 1 empty prompt (line 9), 1 missing image (line 11; no file {tmp_path / 'missing.png'}: an image "
+            "path is relative to the JSONL file's folder), 1 unreadable line (line 10)") in text
     assert "held-out tau of hydra:" in text
     log = (out / "loss.csv").read_text().splitlines()
     assert log[0].startswith("step,") and len(log) == 3  # steps 2 and 4
@@ -457,6 +458,41 @@ def test_parquet_and_arrow_forms_count_bad_rows_and_train(tmp_path_factory, tmp_
     assert "data: 4 sequences from" in text
     assert "skipped 5 rows: 2 empty prompt, 1 missing image, 1 unreadable data file, 1 unreadable image" in text
     assert json.loads((out / "eval.json").read_text())["tau"] >= 1.0
+
+
+def test_a_missing_image_names_the_path_it_was_looked_for_at(tmp_path):
+    """A JSONL's image paths are relative to its folder; one written relative to the working folder
+    (``imgs/a.png`` in ``ds/data.jsonl``) was skipped as "1 missing image (line 1)", a file the user
+    could see: the reason names the path looked for and what image paths are relative to."""
+    from PIL import Image
+
+    from mmspec.train.any_target import format_skipped, read_examples
+
+    (tmp_path / "imgs").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / "a.png")
+    rows = [{"image": "imgs/a.png", "prompt": "x"}, {"image": "../imgs/a.png", "prompt": "y"}, {"image": "imgs/b.png", "prompt": "z"}]
+    (tmp_path / "ds").mkdir()
+    examples, skipped = read_examples(write_jsonl(tmp_path / "ds" / "data.jsonl", rows))
+    assert [e.prompt for e in examples] == ["y"]
+    assert format_skipped(skipped) == (f"2 missing image (lines 1, 3; no file {tmp_path / 'ds' / 'imgs' / 'a.png'}: an image "
+                                       "path is relative to the JSONL file's folder)")
+
+
+def test_a_misspelt_image_or_response_field_is_a_skipped_row(tmp_path):
+    """``{"img": ..., "prompt": ...}`` was read as a text-only row (a VLM's drafter trained on the
+    prompt without its image, "no row skipped"), ``{"respone": ...}`` as a row to self-distil: such
+    a row is now skipped and counted under what it holds; other extra fields (an id) are kept."""
+    from PIL import Image
+
+    from mmspec.train.any_target import format_skipped, read_examples
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    rows = [{"img": "a.png", "prompt": "x"}, {"images": ["a.png"], "prompt": "y"}, {"prompt": "z", "respone": "It is."},
+            {"image": "a.png", "prompt": "w", "image_id": 7, "id": "r4"}, {"prompt": "v", "response": "Yes.", "response_id": 2}]
+    examples, skipped = read_examples(write_jsonl(tmp_path / "data.jsonl", rows))
+    assert [e.prompt for e in examples] == ["w", "v"]
+    assert format_skipped(skipped) == ("2 row with a field like 'image' but none named so (lines 1, 2), "
+                                       "1 row with a field like 'response' but none named so (line 3)")
 
 
 def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):

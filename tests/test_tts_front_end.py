@@ -183,6 +183,23 @@ def test_cli_reads_standard_input(model_dir, tmp_path, capsys, monkeypatch):
     assert result.returncode == 0 and json.loads(result.stdout)["normalized"] == "A red star."
 
 
+def test_cli_refuses_standard_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypatch):
+    """``-f -`` fed Latin-1 (``caf\xe9``): Python's stdin decodes it with surrogateescape, and the
+    normaliser silently dropped the byte ("caf au lait", nothing named), where ``-f FILE`` of the
+    same bytes is refused; now both are one line, before the voice loads. UTF-8 (with CRLF line
+    ends) reads as from a file."""
+    def stdin(data: bytes):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape"))
+
+    stdin(b"caf\xe9 au lait.\n")
+    result = _cli(capsys, "-f", "-", "--model", str(model_dir), "--out", str(tmp_path / "x.wav"))
+    assert result.returncode == 2 and not (tmp_path / "x.wav").exists()
+    assert result.stderr.strip() == "mmspec: error: cannot read standard input: it is not UTF-8 text; convert it to UTF-8"
+    stdin("A red star.\r\nA caf\u00e9.\r\n".encode())
+    result = _cli(capsys, "-f", "-", "--model", str(model_dir), "--out", str(tmp_path / "x.wav"), "--json", "--seed", "2")
+    assert result.returncode == 0 and json.loads(result.stdout)["text"] == "A red star.\nA caf\u00e9.\n"
+
+
 @pytest.mark.parametrize("args,match", [
     (["hi", "-f", "FILE"], "give the text or -f FILE, not both"),
     (["-f", "MISSING"], "no such file"),

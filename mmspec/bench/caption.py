@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of the caption data families (default: all six), or with --data of its groups (default: all)")
     parser.add_argument("--per-family", type=int, default=4, help="test-split items per family (with --data: first rows per group)")
     parser.add_argument("--data", default=None,
-                        help="benchmark these images instead: a JSONL of {image, prompt, group?} (e.g. `mmspec train caption-data "
-                             "--split test`); items are grouped by `group` ('data' where it has none)")
+                        help="benchmark these images instead: a JSONL of {image, prompt, group?}, image paths relative "
+                             "to the JSONL's folder (e.g. `mmspec train caption-data --split test`); items are grouped by `group` ('data' where it has none)")
     parser.add_argument("--tasks", default="all",
                         help="task kinds to draw items from: all, or a comma list of caption, detailed, short "
                              "(short answers are 1-3 tokens: nothing to speed up)")
@@ -164,6 +164,23 @@ def data_items(data: str, groups: str | None, per_group: int, images: bool | Non
     return items
 
 
+def check_same_rows(results: dict, items: list[tuple[str, int, object, str]], path: Path) -> None:
+    """Record a fingerprint of each ``--data`` row measured (its prompt and pixels) in ``results``
+    ("rows", by group/index, the key its runs are stored under), and refuse a resume whose row at a
+    key changed since (the data file edited): its runs would pass for the new row's. More rows
+    (a larger --per-family) resume."""
+    import hashlib
+
+    held = results.setdefault("rows", {})
+    for group, index, image, prompt in items:
+        digest = hashlib.sha256(json.dumps([prompt, list(image.size)]).encode() + image.tobytes()).hexdigest()[:16]
+        key = f"{group}/{index}"
+        if held.get(key, digest) != digest:
+            raise ValueError(f"{path} holds runs of another row {index + 1} of group {group!r} (its prompt or image changed "
+                             "in --data since); pass another --results file, or restore the data")
+        held[key] = digest
+
+
 def run(args) -> int:
     from ..pipelines.captioning import ImageCaptioningPipeline
 
@@ -179,10 +196,12 @@ def run(args) -> int:
         check_drafters_file_target(args.model or default_captioner_dir(), [f"{t:g}" for t in temperatures])
     results_path = Path(args.results)
     model_name = args.model or "embedded captioner (models/smolcap)"
+    items = data_items(args.data, args.families, args.per_family) if args.data else None
     results = load_results(results_path, "caption", {"model": model_name, "dtype": args.dtype, "data": args.data,
                                                      "max_new_tokens": args.max_new_tokens, **run_settings(args, args.device)})
     results.setdefault("runs", {})
-    items = data_items(args.data, args.families, args.per_family) if args.data else None
+    if items:
+        check_same_rows(results, items, results_path)
     families = list(dict.fromkeys(f for f, *_ in items)) if items else (args.families or ",".join(FAMILIES)).split(",")
     items = items or bench_items(families, args.per_family, args.tasks)  # (bad family or task names: before the model loads)
     results["meta"] = {

@@ -77,6 +77,34 @@ def measure_throughput(
                           file=sys.stderr, flush=True)
 
 
+def items_digest(rows: list[dict[str, Any]]) -> str:
+    """A short fingerprint of the measured rows' inputs (every tensor's name, dtype, shape and bytes)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for row in rows:
+        for name in sorted(row):
+            value = row[name]
+            if isinstance(value, torch.Tensor):
+                flat = value.detach().cpu().contiguous().reshape(-1)
+                digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+                digest.update(flat.view(torch.uint8).numpy().tobytes())
+            else:
+                digest.update(f"{name}:{value!r}".encode())
+    return digest.hexdigest()[:16]
+
+
+def check_same_items(results: dict, rows: list[dict[str, Any]], path) -> None:
+    """Refuse to resume throughput runs measured over other items (another --per-family, --prompts,
+    --sentences, or an edited --data): a pass's key names its batch size, not its items, so they
+    would pass for this run's; record this run's items for the next resume."""
+    held, mine = results.get("throughput_items"), {"count": len(rows), "digest": items_digest(rows)}
+    if results.get("throughput") and isinstance(held, dict) and held != mine:
+        raise ValueError(f"{path} holds throughput runs over other items ({held.get('count')} there, {len(rows)} now"
+                         f"{'' if held.get('count') != len(rows) else ', their inputs changed'}); pass another --results file")
+    results["throughput_items"] = mine
+
+
 def throughput_tables(target, rows: list[dict[str, Any]], methods: dict[str, dict[str, Any]], batch_sizes: list[int],
                       settings: dict[str, dict[str, Any]], repeats: int, max_new_tokens: int, results: dict, path,
                       meta: dict, decode: Callable[..., Any] | None = None) -> tuple[dict, str]:
@@ -95,6 +123,7 @@ def throughput_tables(target, rows: list[dict[str, Any]], methods: dict[str, dic
         def decode(method: str, batch: list, seed: int, **sampling):
             return generate_rows(target, batch, max_new_tokens=max_new_tokens, seed=seed, **methods[method], **sampling)
     runs = results.setdefault("throughput", {})
+    check_same_items(results, rows, path)
     measure_throughput(decode, rows, list(methods), batch_sizes, settings, repeats, runs, lambda: save_results(path, results))
     summary = summarise_throughput(runs, list(methods), batch_sizes, list(settings), repeats)
     results["throughput_summary"] = summary

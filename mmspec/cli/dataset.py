@@ -32,25 +32,35 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 
 def expand_images(patterns: Iterable[str]) -> list[str]:
     """Files as given, folders as the images under them (recursively, sorted), globs as their
-    sorted matches; each path once, in the order given.
+    sorted matches, a folder among them as its images (as the shell's own glob passes the folder);
+    each path once, in the order given. A path that exists is itself, even when its name holds
+    glob characters (``[2024] trip.png``).
 
     Raises:
-        ValueError: a folder without images or a glob that matches nothing.
+        ValueError: a folder without images, a glob that matches nothing or only such folders.
     """
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
-            found = sorted(str(p) for p in Path(pattern).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+            found = images_under(pattern)
             if not found:
                 raise ValueError(f"{pattern} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-        elif glob.has_magic(pattern):
-            found = sorted(glob.glob(pattern, recursive=True))
-            if not found:
+        elif glob.has_magic(pattern) and not os.path.lexists(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True))
+            if not matches:
                 raise ValueError(f"{pattern!r} matches no file")
+            found = [path for match in matches for path in (images_under(match) if os.path.isdir(match) else [match])]
+            if not found:
+                raise ValueError(f"{pattern!r} matches no image, only folders without images ({', '.join(IMAGE_SUFFIXES)})")
         else:
             found = [pattern]
         paths += found
     return list(dict.fromkeys(paths))
+
+
+def images_under(folder: str) -> list[str]:
+    """The image files under ``folder``, recursively, sorted."""
+    return sorted(str(p) for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
 def changed_settings(before: Any, now: dict[str, Any]) -> str:

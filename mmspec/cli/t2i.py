@@ -135,21 +135,27 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
     out = Path(args.out)
     group = max(1, args.batch_size // args.num_images)
     bar = Progress(len(results.todo), always=True, unit="prompt", show=not (args.no_progress or args.json))
+
+    def draw(keys: list[str]) -> list[tuple[str, object]]:
+        """(key, output) of the prompts drawn together; a prompt the pipeline refuses (it checks
+        every prompt before decoding) is its own failed row: its batch-mates are drawn without it."""
+        try:
+            outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
+                           num_images=args.num_images, do_sample=not args.greedy, temperature=args.temperature,
+                           top_k=args.top_k, compare_baseline=args.compare_baseline, progress=False,
+                           batch_size=args.batch_size)
+        except ValueError as error:
+            if len(keys) > 1:  # one of them refused: each alone, so that its row alone fails
+                return [pair for key in keys for pair in draw([key])]
+            results.write({"id": keys[0], "prompt": prompts[int(keys[0])], "error": str(error)})
+            bar.write(f"mmspec: error: prompt {int(keys[0]) + 1}: {error}", file=sys.stderr)
+            bar.step()
+            return []
+        return list(zip(keys, outputs))
+
     try:
         for start in range(0, len(results.todo), group):
-            keys = results.todo[start : start + group]
-            try:
-                outputs = pipe([prompts[int(key)] for key in keys], guidance_scale=args.guidance_scale, seed=args.seed,
-                               num_images=args.num_images, do_sample=not args.greedy, temperature=args.temperature,
-                               top_k=args.top_k, compare_baseline=args.compare_baseline, progress=False,
-                               batch_size=args.batch_size)
-            except ValueError as error:  # a prompt the pipeline refuses: its rows fail, the others go on
-                for key in keys:
-                    results.write({"id": key, "prompt": prompts[int(key)], "error": str(error)})
-                    bar.write(f"mmspec: error: prompt {int(key) + 1}: {error}", file=sys.stderr)
-                bar.step(count=len(keys))
-                continue
-            for key, result in zip(keys, outputs):
+            for key, result in draw(results.todo[start : start + group]):
                 paths = [str(out / f"{key}-{i}.png") for i in range(len(result.images))]
                 with OutputFiles() as files:  # a row's images, all or none, before its record
                     for image, path in zip(result.images, paths):

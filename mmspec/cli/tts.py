@@ -265,7 +265,7 @@ def read_text(args) -> str:
     if args.file is None:
         text = args.text or ""
     elif args.file == "-":
-        text = sys.stdin.read()
+        text = read_stdin()
     else:
         path = Path(args.file)
         if path.is_dir():
@@ -281,6 +281,20 @@ def read_text(args) -> str:
 
         raise ValueError(EMPTY_TEXT + (f" ({args.file} is empty)" if args.file else ""))
     return text
+
+
+def read_stdin() -> str:
+    """Standard input as UTF-8 text (line ends as a file's read gives them). Python's own stdin
+    decodes other bytes with surrogateescape, which the normaliser then dropped without a word
+    (Latin-1 ``caf\\xe9`` was said as "caf"); they are refused in one line, as ``-f FILE``'s are."""
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # (a text stream without bytes beneath it: already text)
+        return sys.stdin.read()
+    try:
+        text = binary.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("cannot read standard input: it is not UTF-8 text; convert it to UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def baseline_wav(out: Path) -> Path:

@@ -12,7 +12,8 @@ DATA is one of
 
 Bad rows are skipped and counted, never silently: an unreadable JSON line or dataset row (one whose
 prompt or response is no string counts as one), an
-empty prompt, an image file that does not exist, an image that cannot be decoded, an image given
+empty prompt, a JSONL row with a field like ``image`` or ``response`` but none named so (``img``,
+``images``, ``respone``), an image file that does not exist, an image that cannot be decoded, an image given
 to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
 counts are printed (and kept with the data shards, so a resumed run prints them too).
 
@@ -102,6 +103,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
     examples, where = [], {}
+    missing: list[Path] = []  # (the images not found, as looked for: the reason names the first)
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -114,8 +116,11 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             _count(skipped, "unreadable line")  # (a response of another type was taken as none: the target's answer trained)
         elif "prompt" not in row:
             _count(skipped, "row without a prompt")
+        elif (field := _misspelt_field(row)) is not None:
+            _count(skipped, f"row with a field like {field!r} but none named so")
         else:
-            example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"))
+            example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"),
+                               missing)
             if example is not None:
                 examples.append(example)
         for reason in skipped:
@@ -123,14 +128,36 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
                 where.setdefault(reason, []).append(number)
     for reason, numbers in where.items():  # (the counts stay; the reason names where)
         shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+        if reason == "missing image":  # (a path relative to the working folder reads as missing: say where it looked)
+            shown += f"; no file {missing[0]}: an image path is relative to the JSONL file's folder"
         skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
     return examples
 
 
-def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None) -> Example | None:
+#: the optional fields whose absence changes what a row is: without an image a text-only row, without
+#: a response one the target answers itself
+OPTIONAL_FIELDS = ("image", "response")
+
+
+def _misspelt_field(row: dict[str, Any]) -> str | None:
+    """The optional field that ``row`` lacks while it holds a key like it (``img``, ``images``,
+    ``Image``, ``image_path``, ``respone``): a misspelling, which read as a row without the field
+    would train on the prompt alone, or on the target's answer instead of the row's, without a word."""
+    import difflib
+
+    others = [key.lower() for key in row if key not in ("prompt", "group", *OPTIONAL_FIELDS)]
+    for field in OPTIONAL_FIELDS:
+        if field not in row and any(key.startswith(field) or difflib.SequenceMatcher(None, field, key).ratio() >= 0.7
+                                    for key in others):
+            return field
+    return None
+
+
+def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[str, int], group: Any = None,
+             missing: list[Path] | None = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
     relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
-    (anything else than a string counts as none)."""
+    (anything else than a string counts as none); ``missing`` collects the image paths not found."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
@@ -140,6 +167,8 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
         image = root / image
         if not image.is_file():
             _count(skipped, "missing image")
+            if missing is not None:
+                missing.append(image)
             return None
     elif image is not None and not isinstance(image, bytes):
         _count(skipped, "unreadable row")

@@ -378,8 +378,11 @@ class ImageCaptioningPipeline(Pipeline):
     def batch_drafter(self, batch_size: int, do_sample: bool = False) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
         fastest of the drafters file at that batch size (:func:`choose_batch_drafter`) when it
-        measured one."""
+        measured one; else an image alone's choice (a sampled batch: :meth:`sampling_drafter`'s, so
+        that a sampled caption does not depend on the batch it falls in)."""
         choice = choose_batch_drafter(self.model_dir, batch_size, self.runs_on, do_sample) if self.auto and batch_size > 1 else None
+        if choice is None and do_sample:
+            return self.sampling_drafter()
         return self._auto_drafter(choice)
 
     def sampling_drafter(self) -> tuple[Drafter | None, str, str]:
