@@ -302,3 +302,12 @@ def test_progress_shows_the_running_tokens_per_second_and_speedup():
     bar.step(50, 1.0, 3.0)  # and 3 s for this one
     assert bar.summary() == "50.0 tok/s, 2.00x over plain decoding" and bar.done == 2
     assert Progress(2).summary() == ""
+
+
+def test_a_quoted_home_folder_is_expanded(folder, monkeypatch):
+    """``mmspec caption '~/photos'`` (quoted: the shell leaves the ``~``) was an error row, "is a
+    directory"-like, with its images never captioned: a leading ``~`` is now the home folder."""
+    monkeypatch.setenv("HOME", str(folder.parent))
+    home = f"~/{folder.name}"
+    assert expand_images([home]) == expand_images([str(folder)])
+    assert expand_images([f"{home}/sub/*.png"]) == [str(folder / "sub" / n) for n in ("broken.png", "c.png")]

@@ -34,13 +34,15 @@ def expand_images(patterns: Iterable[str]) -> list[str]:
     """Files as given, folders as the images under them (recursively, sorted), globs as their
     sorted matches, a folder among them as its images (as the shell's own glob passes the folder);
     each path once, in the order given. A path that exists is itself, even when its name holds
-    glob characters (``[2024] trip.png``).
+    glob characters (``[2024] trip.png``); else a leading ``~`` is the home folder (a quoted
+    ``'~/photos/*.png'``, which the shell does not expand).
 
     Raises:
         ValueError: a folder without images, a glob that matches nothing or only such folders.
     """
     paths: list[str] = []
-    for pattern in patterns:
+    for given in patterns:
+        pattern = given if os.path.lexists(given) else os.path.expanduser(given)  # (a quoted '~/photos': the shell left it)
         if os.path.isdir(pattern):
             found = images_under(pattern)
             if not found:
