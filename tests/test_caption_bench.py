@@ -253,6 +253,7 @@ def test_throughput_at_several_batch_sizes(tmp_path, tmp_path_factory, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [(["--batch-sizes", "1,0"], "comma list of positive integers"),
+                                           (["--batch-sizes", "1,4,4"], "--batch-sizes names 4 more than once"),
                                            (["--batch-sizes", "2", "--methods", "prompt-lookup"], "include ar")])
 def test_bad_throughput_options_are_one_line_errors(tmp_path, tmp_path_factory, capsys, extra, message):
     checkpoint = cached_tiny_checkpoint("smolvlm", tmp_path_factory)

@@ -34,6 +34,8 @@ def parse_batch_sizes(text: str) -> list[int]:
         raise ValueError(f"--batch-sizes takes a comma list of positive integers (e.g. 1,4,16), got {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise ValueError(f"--batch-sizes takes a comma list of positive integers (e.g. 1,4,16), got {text!r}")
+    if twice := sorted({size for size in sizes if sizes.count(size) > 1}):  # (each was measured again, its table row doubled)
+        raise ValueError(f"--batch-sizes names {', '.join(map(str, twice))} more than once ({text!r}); give each size once")
     return sizes
 
 
