@@ -334,6 +334,8 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["train", "drafter", "--target", "captioner", "--sequences", "2"], "--sequences must be at least 8"),
     (["train", "drafter", "--target", "captioner", "--extra-data", "/nonexistent"], "holds no self-distillation chunks"),
     (["train", "drafter", "--target", "smollm2", "--sample-temperature", "1"], "the smollm2 recipe's answers are greedy"),
+    (["train", "drafter", "--target", "smollm2", "--dtype", "float32", "--log-every", "5"],  # (ignored before: the recipe's own)
+     "--dtype, --log-every apply to a target given by its path or hub id"),
     (["bench", "text", "--methods", "ar,hf-early-exit:x"], "hf-early-exit's layer count must be a comma list of integers"),
     (["bench", "text", "--cost-curve", "0,-1"], "--cost-curve must be a comma list of integers >= 1"),
     (["bench", "text", "--prompt-types", "nope"], "unknown --prompt-types nope"),

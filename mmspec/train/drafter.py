@@ -121,25 +121,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=None, help="minutes; stop after a checkpoint")
     add_device_argument(parser)  # the self-distillation data is made on the CPU, the head trains on the device
-    parser.set_defaults(recipe_defaults={name: parser.get_default(name) for name in RECIPE_DATA_OPTIONS})
+    parser.set_defaults(route_defaults={name: parser.get_default(name) for name in RECIPE_DATA_OPTIONS + ANY_TARGET_OPTIONS})
 
 
 #: options of the embedded recipes' own data (``--target smollm2 | captioner``: the prompts or caption
 #: samples they draw, their cache); any other target reads its rows from --data and refuses them
 RECIPE_DATA_OPTIONS = ("extra_data", "prompt_set", "sequences", "skip", "families", "split")
+#: options of the any-target route (``--target PATH_OR_HUB_ID``, or the captioner with --data rows:
+#: its data cache, held-out share and evaluation, dtype, loss log); the embedded recipes refuse them
+#: (their cache is --data, their dtype and held-out share their own; --resume is no option of this
+#: list: they resume by themselves)
+ANY_TARGET_OPTIONS = ("cache", "prompt", "held_out", "hold_out_groups", "eval_examples", "gen_batch", "shard_size", "dtype",
+                      "log_every")
+
+
+def given_options(args, names: tuple[str, ...]) -> list[str]:
+    """The options of ``names`` given a value other than their default, as ``--name`` flags."""
+    defaults = getattr(args, "route_defaults", {})
+    return [f"--{name.replace('_', '-')}" for name in names if name in defaults and getattr(args, name) != defaults[name]]
 
 
 def check_recipe_options(args) -> None:
     """The any-target route (``--target PATH_OR_HUB_ID``, or the captioner with a --data of rows):
     an option of :data:`RECIPE_DATA_OPTIONS` given (a value other than its default) is refused in
     one line rather than ignored (``--sequences 100`` did not cut the data to 100 rows)."""
-    defaults = getattr(args, "recipe_defaults", {})
-    given = [name for name in RECIPE_DATA_OPTIONS if name in defaults and getattr(args, name) != defaults[name]]
-    if given:
-        shown = ", ".join(f"--{name.replace('_', '-')}" for name in given)
-        raise ValueError(f"{shown} {'applies' if len(given) == 1 else 'apply'} to the embedded recipes' own data (--target "
+    if given := given_options(args, RECIPE_DATA_OPTIONS):
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the embedded recipes' own data (--target "
                          f"smollm2 | captioner, --data their cache); with --data {args.data} every usable row of it is "
                          "used: put the rows to train on in --data (a JSONL, an image folder, a dataset or parquet files)")
+
+
+def check_any_target_options(args) -> None:
+    """The embedded recipes (``--target smollm2 | captioner`` over their self-distillation cache): an
+    option of :data:`ANY_TARGET_OPTIONS` given is refused in one line rather than ignored
+    (``--dtype float32`` trained in the recipe's dtype without a word)."""
+    if given := given_options(args, ANY_TARGET_OPTIONS):
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a target given by its path or "
+                         f"hub id, or the captioner with --data rows (a JSONL, an image folder, a dataset); the --target "
+                         f"{args.target} recipe over its cache ({args.data or f'runs/{args.target}-selfdistill'}) takes "
+                         "none of them: drop them")
 
 
 def load_target(name: str):
@@ -833,6 +853,7 @@ def run(args) -> int:
         return run_any_target(args)
     from .selfdistill import SHALLOW_LAYER, load_chunks
 
+    check_any_target_options(args)
     caption_families(args.families)  # (a typo fails before the target loads)
     check_vision_option(args)
     if args.target == "smollm2" and args.sample_temperature:
