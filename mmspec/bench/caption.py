@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default="all",
                         help="task kinds to draw items from: all, or a comma list of caption, detailed, short "
                              "(short answers are 1-3 tokens: nothing to speed up)")
-    parser.add_argument("--temperatures", default="0,1")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperatures", default="0,1", help="comma list; 0: greedy decoding")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="most tokens of a caption")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds after the warm-up; each time is their median")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     add_threads_arg(parser)
     parser.add_argument("--batch-sizes", default=None, metavar="1,4,16",

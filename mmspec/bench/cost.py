@@ -63,10 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "synchronised; the per-part split is CPU-only)")
     parser.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32,48,64", help="comma list of n (new tokens)")
     parser.add_argument("--variants", default="plain,optimized", help=f"comma list of {', '.join(VARIANTS)}")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=9, help="timed forwards per row count (their median)")
     parser.add_argument("--no-parts", action="store_true", help="skip the per-part breakdown")
-    parser.add_argument("--results", default="bench-out/cost.json")
-    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--results", default="bench-out/cost.json", help="JSON results file")
+    parser.add_argument("--markdown", default=None, help="also write the table to this file")
 
 
 def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:

@@ -51,10 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lantern|lantern++|gsd[:draft|eagle|eagle2] with optional /k=K/delta=D/lam=L/top_m=M "
                              "(e.g. lantern:eagle/k=300/delta=0.2), sjd-pac[:init] with optional /branches=B/depth=D; for a MAR: "
                              "mar-parallel:N, cspd with optional /num_draft_tokens=K/prefill_fraction=F")
-    parser.add_argument("--prompts", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--guidance-scale", type=float, default=3.0)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--prompts", type=int, default=12,
+                        help="how many of the held-out test split's prompts (a count; `mmspec t2i --prompts FILE` draws a file's)")
+    parser.add_argument("--rounds", type=int, default=2, help="times every prompt is drawn per method (the times summed)")
+    parser.add_argument("--guidance-scale", type=float, default=3.0, help="classifier-free guidance g >= 1")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the image tokens")
     parser.add_argument("--top-k", type=int, default=None, help="default: the full codebook")
     parser.add_argument("--window", type=int, default=None,
                         help="SJD's window L (default: the method's, as the pipeline runs it; before stop 77 this "
@@ -73,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_args(parser)
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="verify through CUDA graphs (the embedded LlamaGen-style layout on --device cuda, batch size 1)")
-    parser.add_argument("--results", default="bench-out/t2i.json")
-    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--results", default="bench-out/t2i.json", help="JSON checkpoint / results file (a rerun resumes it)")
+    parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--plot", default=None, help="write the speed / quality trade-off (speedup vs FD) as a PNG")
     parser.add_argument("--no-quality", action="store_true", help="skip the metric-CLIP scores")
 

@@ -83,13 +83,14 @@ DEFAULT_METHODS = "ar,prompt-lookup,layer-skip:8,layer-skip:16,layer-skip:24,hf-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--model", default="smollm2",
+                        help="a causal LM: smollm2 (the installed SmolLM2-135M-Instruct), a directory or a hub id")
+    parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of the dtypes to measure in")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")
-    parser.add_argument("--prompt-types", default=",".join(PROMPTS))
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-types", default=",".join(PROMPTS), help="comma list of the prompt kinds")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds after the warm-up; each time is their median")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="K for our drafters (default: each drafter's own)")
     add_threads_arg(parser)
     parser.add_argument("--cost-curve", default="1,2,4,8,16,32,64", help="n values of the verification cost curve ('' to skip)")

@@ -76,20 +76,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=None, help="TTS model directory, or an embedded voice: valle (the default) or delay")
     parser.add_argument("--methods", default="ar,spec,prompt-lookup,sjd", help=f"comma list of {', '.join(METHODS)}")
-    parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument("--sentences", type=int, default=20, help="how many of --text's sentences")
     parser.add_argument("--text", choices=sorted(TEXTS), default="grammar",
                         help="held-out sentences: grammar (the voice's small world), open (the open-domain corpus' test "
                         "split, WER per source too), open-validation (its validation split: for tuning a method's settings) or handwritten "
                         "(everyday sentences no training source made)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="times every sentence is said per method (the times summed)")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0; not with --greedy)")
-    parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--greedy", action="store_true",
+                        help="argmax decoding instead of sampling (exact: the codes of plain decoding)")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="audio cap per sentence")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     add_device_args(parser)
     parser.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (bfloat16 where fast) | float32 | bfloat16")
-    parser.add_argument("--results", default="bench-out/tts.json")
-    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--results", default="bench-out/tts.json", help="JSON checkpoint / results file (a rerun resumes it)")
+    parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en) and speaker similarity")
     parser.add_argument("--speaker-reference", default="piper",
                         help="speaker similarity against: 'piper' (the Piper voice en_US-joe-medium saying each sentence: "

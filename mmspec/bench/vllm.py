@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--families", default=None, help="comma list of --data's groups (default: all)")
     parser.add_argument("--per-family", type=int, default=2, help="first rows per group")
     parser.add_argument("--draft-tokens", type=int, default=6, help="K, the tokens of every chain (both engines)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens of a caption")
     parser.add_argument("--repeats", type=int, default=1, help="timed rounds after the warm-up round")
     parser.add_argument("--dtype", default="fp32", help="fp32 | bf16 | auto (both engines)")
     parser.add_argument("--threads", type=int, default=1, help="mmspec's threads; vLLM's are bound to as many of this process's cores")

@@ -10,7 +10,7 @@ import os
 def add_sampling_args(parser: argparse.ArgumentParser, seed: int | None) -> None:
     """The decoding options; ``seed``: --seed's default (the Python call's own: 0 for a pipeline,
     None -- a fresh seed, recorded in the stats -- for ``mmspec.generate``)."""
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated after the prompt")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=None, help="with --do-sample (default: 1)")
     parser.add_argument("--top-k", type=int, default=None, help="with --do-sample (0, as unset: every token)")

@@ -48,28 +48,30 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--processor", default=None, help="transformers models: the processor / tokenizer (default: the model's)")
     cmd.add_argument("--eagle-head", default=None, help="image EAGLE head directory (mmspec train image-drafter)")
     cmd.add_argument("--draft", default=None, help="draft generator (path) for spec / --drafter draft")
-    cmd.add_argument("--trust-remote-code", action="store_true")
+    cmd.add_argument("--trust-remote-code", action="store_true",
+                     help="run a hub model's own Python code (off: transformers' built-in classes only)")
     add_optimize_arg(cmd)
     cmd.add_argument("--out", default="t2i-out", help="output directory")
-    cmd.add_argument("--num-images", type=int, default=1)
+    cmd.add_argument("--num-images", type=int, default=1, help="images per prompt (seeds seed, seed + 1, ...)")
     cmd.add_argument("--batch-size", type=int, default=1,
                      help="images decoded together, across the prompts of --prompts too (each equals its batch-size-1 "
                           "image up to float rounding, except eagle2's, which drafts its chain in a batch: an exact "
                           "sample, not the batch-size-1 one; not Emu3, nor sjd-pac, which drafts trees)")
-    cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--guidance-scale", type=float, default=3.0)
+    cmd.add_argument("--seed", type=int, default=0, help="the same seed gives the same images")
+    cmd.add_argument("--guidance-scale", type=float, default=3.0,
+                     help="classifier-free guidance g >= 1 (logits = u + g (c - u); 1: none)")
     cmd.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1; not with --greedy)")
     cmd.add_argument("--top-k", type=int, default=None, help="sample among the k most likely image tokens (not with --greedy)")
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run AR with the same seeds; report the speedup")
-    cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--device", default="auto", help="auto (a GPU if there is one) | cpu | cuda | cuda:N")
     cmd.add_argument("--cuda-graphs", action="store_true",
                      help="verify through CUDA graphs (the embedded LlamaGen-style layout on a CUDA device)")
     cmd.add_argument("--dtype", default="float32", help="the generator's weights: float32 (default) | bfloat16 | auto "
                      "(bfloat16 where fast: GPU, CPU with AMX / AVX-512 BF16); not MAR")
     add_threads_arg(cmd)
-    cmd.add_argument("--no-progress", action="store_true")
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    cmd.add_argument("--json", action="store_true", help="print the result (paths, stats) as one JSON object")
     cmd.set_defaults(handler=run, output_args={"out": "dir"}, interrupted=interrupted)
 
 

@@ -58,23 +58,25 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--accept-top-k", type=int, default=None, help="spec-topk: accept a drafted code among the "
                      "target's top k (default: the method's)")
     cmd.add_argument("--delta", type=float, default=None, help="lantern: total-variation bound per code (default: the method's)")
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--seed", type=int, default=0, help="the same seed gives the same audio")
     cmd.add_argument("--temperature", type=float, default=None,
                      help="sampling temperature (default: the model's, from its tts.json: 0.7 for the embedded voice)")
-    cmd.add_argument("--top-k", type=int, default=None)
+    cmd.add_argument("--top-k", type=int, default=None,
+                     help="sample among the k most likely codes (default: all; not with --greedy)")
     cmd.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    cmd.add_argument("--max-seconds", type=float, default=20.0)
+    cmd.add_argument("--max-seconds", type=float, default=20.0,
+                     help="most audio per sentence (a longer one stops there, with a note)")
     cmd.add_argument("--speed", type=float, default=1.0, help="speaking rate of an aligned model (2.0: twice as fast)")
     cmd.add_argument("--compare-baseline", action="store_true", help="also run plain decoding with the same seed; "
                      "report the speedup")
     cmd.add_argument("--no-spectrogram", dest="spectrogram", action="store_false",
                      help="write no NAME.png beside the WAV (drawing it takes ~0.5 s, most of it loading matplotlib)")
-    cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--device", default="auto", help="auto (a GPU if there is one) | cpu | cuda | cuda:N")
     cmd.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (default: bfloat16 where fast, a GPU "
                      "or a CPU with AMX / AVX-512 BF16; else float32) | float32 | bfloat16")
     add_optimize_arg(cmd)
     add_threads_arg(cmd)
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--json", action="store_true", help="print the result (paths, stats) as one JSON object")
     cmd.set_defaults(handler=run, output_args={"out": "file or -"},
                      interrupted=lambda args, command: "nothing was saved (" + (
                          "the audio streamed so far was removed with its .part file" if args.stream and args.out != "-"

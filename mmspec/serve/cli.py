@@ -18,7 +18,7 @@ from .config import DEFAULT_MODEL_IDS, TASKS, ServeConfig
 def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser("serve", help=command_help("serve"))
     cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     cmd.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks to serve: {', '.join(TASKS)}")
     cmd.add_argument("--caption-model", default=None, help="a VLM directory (default: the embedded captioner, "
                      f"model id {DEFAULT_MODEL_IDS['caption']})")
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--caption-drafter", default="auto", help="the captioner's drafter (default: auto)")
     cmd.add_argument("--t2i-method", default="sjd-coupled", help="the text-to-image method (default: sjd-coupled)")
     cmd.add_argument("--tts-method", default="sjd-coupled", help="the text-to-speech method (default: sjd-coupled)")
-    cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--device", default="auto", help="auto (a GPU if there is one) | cpu | cuda | cuda:N")
     cmd.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (float32: greedy batch rows bit-equal "
                      "to single requests)")
     cmd.add_argument("--max-batch-size", type=int, default=16, help="requests of one task decoded together at most (default: 16)")
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024, help="largest request body (default: 20 MB)")
     cmd.add_argument("--body-timeout-s", type=float, default=60.0,
                      help="longest wait for a request's whole body before a 408 (default: 60)")
-    cmd.add_argument("--max-prompt-chars", type=int, default=4000)
+    cmd.add_argument("--max-prompt-chars", type=int, default=4000, help="longest text prompt or speech input of a request")
     cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request")
     cmd.add_argument("--max-chat-images", type=int, default=8, help="most images in one chat request (default: 8)")
     cmd.add_argument("--stream-stall-s", type=float, default=30.0,
@@ -48,7 +48,8 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--local-files-root", default=None, help="with --allow-local-files: only files under this folder")
     cmd.add_argument("--preload", action="store_true", help="load every pipeline before accepting requests")
     cmd.add_argument("--threads", type=int, default=None, help="torch threads")
-    cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    cmd.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                     help="the server's log messages from this level up")
     cmd.set_defaults(handler=run)
 
 
