@@ -515,7 +515,7 @@ def test_options_are_not_abbreviated_and_every_help_says_its_default(capsys):
 
 def test_every_option_of_the_using_commands_says_what_it_does():
     """generate, caption, t2i, tts, bench, serve and export: each option's help says more than its
-    default (stop 85: 45 said only "(default: X)" or nothing, e.g. `bench t2i --prompts`, a count
+    default (stop 85: 44 said only "(default: X)" or nothing, e.g. `bench t2i --prompts`, a count
     where `t2i --prompts` takes a file). The training recipes' hyperparameters are left to their docs."""
     import argparse
     import re
