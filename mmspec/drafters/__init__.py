@@ -37,7 +37,7 @@ NO_DRAFTER = (None, "ar", "none")
 def check_draft_length_use(spec: Any, num_draft_tokens: Any) -> None:
     """Refuse a draft length K given with plain decoding (``spec`` in :data:`NO_DRAFTER`), which
     drafts nothing and would ignore it (one ValueError line). For the user-facing entries (the
-    CLI, the captioning pipeline); :func:`resolve_drafter` and :func:`mmspec.generate` themselves takes K with None, as a baseline
+    CLI, the captioning pipeline); :func:`resolve_drafter` and :func:`mmspec.generate` themselves take K with None, as a baseline
     run of the same settings does."""
     if num_draft_tokens is not None and isinstance(spec, (str, type(None))) and spec in NO_DRAFTER:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} is a drafter's draft length, but drafter={spec!r} is "

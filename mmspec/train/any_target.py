@@ -228,7 +228,7 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
         columns = [c for c in ("prompt", "image", "response", "group") if c in table.column_names]
         for row in table.select(columns).to_pylist():
             prompt = row["prompt"]
-            if not isinstance(row["prompt"], (str, type(None))) or not isinstance(row.get("response"), (str, type(None))):
+            if not isinstance(prompt, (str, type(None))) or not isinstance(row.get("response"), (str, type(None))):
                 _count(skipped, "unreadable row")
                 continue
             example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped, row.get("group"))

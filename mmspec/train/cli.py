@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..cli import command_help
-
 from pathlib import Path
+
+from ..cli import command_help
 
 
 #: recipe name -> (module in mmspec.train, help)

@@ -628,13 +628,13 @@ def run_any_target(args) -> int:
     overwrite = getattr(args, "overwrite", False)
     if overwrite and args.resume:
         raise ValueError("--overwrite trains anew and --resume continues the checkpoint: give one of them")
-    if (out / "train_state.pt").exists() and not args.resume and not overwrite:
+    if (out / STATE_FILE).exists() and not args.resume and not overwrite:
         raise ValueError(f"{out} holds a checkpoint; pass --resume to continue it, --overwrite to train anew there "
                          "(replacing it), or choose another --out")
-    if args.resume and not (out / "train_state.pt").exists():
+    if args.resume and not (out / STATE_FILE).exists():
         cache = Path(args.cache) if args.cache else out / "data"
         made = (cache / any_target.MANIFEST).is_file()
-        raise ValueError(f"--resume: {out} holds no checkpoint (train_state.pt) to continue; rerun without --resume"
+        raise ValueError(f"--resume: {out} holds no checkpoint ({STATE_FILE}) to continue; rerun without --resume"
                          + (f" (it reuses the data made so far in {cache})" if made else ""))
     if args.resume:
         check_resume_settings(args, out)
