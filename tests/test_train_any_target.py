@@ -135,11 +135,14 @@ def test_a_resume_that_changes_the_heads_shape_is_refused_before_anything_loads(
     assert "resuming at step 2; changed since the checkpoint: ttt_steps 3 there, 2 now" in capsys.readouterr().out
 
 
-def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys):
+def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys, monkeypatch):
     """The stop-85 audit: the cache's manifest did not record the target, so a --cache (or an --out's
     data/) made by one checkpoint trained another's head on the first one's hidden states, without
-    a word. A cache made before the target was recorded is still taken."""
+    a word. Refused before the target loads (stop 86; was after). A cache made before the target
+    was recorded is still taken."""
     import shutil
+
+    from mmspec.train import any_target
 
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}.", "response": "Fine."} for i in range(4)])
     cache = tmp_path / "cache"
@@ -147,7 +150,9 @@ def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys
     manifest = json.loads((cache / "manifest.json").read_text())
     assert manifest["target"] == str(text_target.resolve())
     other = shutil.copytree(text_target, tmp_path / "other-model")
-    assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 2
+    with monkeypatch.context() as patch:
+        patch.setattr(any_target, "load_target", lambda *a: pytest.fail("the target loaded before the cache was checked"))
+        assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 2
     err = capsys.readouterr().err
     assert f"the data cache {cache} was made with other settings (target {str(text_target.resolve())!r} there" in err
     del manifest["target"]  # (as written before the target was recorded)

@@ -456,6 +456,30 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
     return {"records": records, "skipped": skipped}
 
 
+def cache_settings(args, examples: list[Example]) -> dict[str, Any]:
+    """The data cache's settings known before the target loads (its manifest adds the model's dtype
+    and the layers whose states it stores)."""
+    return {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
+            "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
+            "target": target_identity(args.target)}
+
+
+def check_cache(data_dir: Path, settings: dict[str, Any], whole: bool = False) -> None:
+    """A data cache made with other settings refused in one line. ``whole``: ``settings`` is the
+    whole manifest (else only its keys are compared: the check before the target loads)."""
+    path = data_dir / MANIFEST
+    if not path.exists():
+        return
+    from ..cli.dataset import changed_settings
+
+    saved = json.loads(path.read_text())
+    saved.setdefault("target", settings["target"])  # (a cache made before the target was recorded: taken as this one's)
+    if (saved != settings) if whole else any(saved.get(key) != value for key, value in settings.items()):
+        shown = changed_settings(saved, settings) or "its manifest differs"
+        raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
+                         "another --cache")
+
+
 def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Example], data_dir: Path, args,
                    shallow_layer: int | None, process, feature_layer: int | tuple[int, ...] = -1
                    ) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
@@ -464,22 +488,12 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
     states stored as "features" (:func:`features`)."""
     from ..cli.dataset import Progress
 
-    manifest = {"data": str(Path(args.data).resolve()), "examples": len(examples), "max_new_tokens": args.max_new_tokens,
-                "sample_temperature": args.sample_temperature, "seed": args.seed, "shard_size": args.shard_size,
-                "shallow_layer": shallow_layer, "dtype": str(model.dtype), "target": target_identity(args.target)}
+    manifest = {**cache_settings(args, examples), "shallow_layer": shallow_layer, "dtype": str(model.dtype)}
     if feature_layer != -1:  # (EAGLE-3's layers; the key is absent for the last layer, as in caches made before it)
         manifest["feature_layer"] = list(feature_layer) if isinstance(feature_layer, tuple) else feature_layer
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / MANIFEST
-    if path.exists():
-        from ..cli.dataset import changed_settings
-
-        saved = json.loads(path.read_text())
-        saved.setdefault("target", manifest["target"])  # (a cache made before the target was recorded: taken as this one's)
-        if saved != manifest:
-            shown = changed_settings(saved, manifest) or "its manifest differs"
-            raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
-                             "another --cache")
+    check_cache(data_dir, manifest, whole=True)
     process.wait()
     if process.rank == 0:
         path.write_text(json.dumps(manifest, indent=1))

@@ -659,6 +659,8 @@ def run_any_target(args) -> int:
             (out / name).unlink(missing_ok=True)
     device = torch.device(process.device_for(args.device)) if process.world > 1 else train_device(args)
     dtype = resolve_dtype(args.dtype, device)
+    cache = Path(args.cache) if args.cache else out / "data"
+    any_target.check_cache(cache, any_target.cache_settings(args, examples))  # (before the target loads)
     model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
     if args.vision_tokens and not is_vlm:
         raise ValueError(f"--vision-tokens: {args.target} is a text model; the vision-aware head reads a VLM's image tokens")
@@ -667,7 +669,6 @@ def run_any_target(args) -> int:
     shallow_layer = min(SHALLOW_LAYER, layers - 1) if args.method == "kangaroo" else None
     check_target_for_method(args, model, target, shallow_layer)
     check_init(args, model)  # (before self-distillation)
-    cache = Path(args.cache) if args.cache else out / "data"
     records, encode_skipped = any_target.prepare_shards(target, model, processor, is_vlm, examples, cache, args,
                                                         shallow_layer, process, feature_layer(args.method, model, args))
     for reason, n in encode_skipped.items():
