@@ -40,6 +40,13 @@ def machine_cpu_flags() -> frozenset[str]:
     return frozenset(cpuinfo_fields().get("flags", "").split())
 
 
+def intel_cpu() -> bool:
+    """Whether /proc/cpuinfo names an Intel CPU (vendor_id GenuineIntel): its cores retire vdpbf16ps
+    at half the rate of two vfmadd231ps, so the bf16 vector kernel sums through the latter there
+    (:func:`mmspec.modeling.fast_linear.load_kernel`; the same bits)."""
+    return cpuinfo_fields().get("vendor_id") == "GenuineIntel"
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU flags mmspec chooses its kernels and its "auto" dtype by (read once per process, as

@@ -12,7 +12,7 @@ from tiny_models import FAMILIES, make_tiny
 
 import mmspec
 from mmspec.adapters.hf import TransformersTarget
-from mmspec.cpu import cpu_flags
+from mmspec.cpu import cpu_flags, intel_cpu
 from mmspec.modeling import fast_linear
 from mmspec.modeling.fast_linear import (FewRowLinear, KernelUnavailable, bf16_variants, default_max_rows, few_rows_linear,
                                          fp32_variants, load_kernel, many_rows_dtypes, optimize, pack_amx, packable)
@@ -150,6 +150,39 @@ def test_the_packed_vector_kernels(n, k, bias, dtype, monkeypatch):
     module = FewRowLinear(linear, "c", 24, pack=True)
     with torch.no_grad():
         assert module.packed_weight().shape == packed.shape and torch.equal(module(x[:7]), out[:7])
+
+
+@needs_kernel
+def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
+    """On Intel cores the packed AVX512-BF16 kernel adds each pair's two products with vfmadd231ps
+    instead of vdpbf16ps (DAZ / FTZ set, the odd element first, as the SDM defines vdpbf16ps): the
+    same bits for every shape and row count, normal values, products below fp32's normal range and
+    denormal inputs; without DAZ / FTZ a third of these cases differed."""
+    import mmspec.modeling.fast_linear as fast_linear
+
+    if "avx512bf16" not in fast_linear.bf16_variants():
+        pytest.skip("the AVX512-BF16 kernel does not run here")
+    monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
+    library, gen = fast_linear.load_kernel(), torch.Generator().manual_seed(0)
+    try:
+        for n, k in ((16, 2), (17, 3), (257, 256), (256, 768), (33, 97)):
+            for scale in (1.0, 1e-19, "denormal"):
+                weight, x, b = torch.randn(n, k, generator=gen), torch.randn(13, k, generator=gen), torch.randn(n, generator=gen)
+                if scale == "denormal":
+                    weight[torch.rand(n, k, generator=gen) < 0.2] *= 1e-39
+                    x[:, ::3] *= 1e-40
+                else:
+                    weight, x, b = weight * scale, x * scale, b * scale * scale
+                weight, x, b = weight.bfloat16(), x.bfloat16(), b.bfloat16()
+                packed = fast_linear.pack_bf16(weight)
+                for rows in (1, 2, 6, 7, 13):
+                    outs = []
+                    for fma in (0, 1):
+                        library.few_rows_bf16_fma(fma)
+                        outs.append(few_rows_linear(x[:rows], weight, b if rows % 2 else None, packed=packed))
+                    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (n, k, scale, rows)
+    finally:
+        library.few_rows_bf16_fma(int(intel_cpu()))
 
 
 @needs_kernel

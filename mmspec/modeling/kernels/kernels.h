@@ -60,6 +60,8 @@ void few_rows_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *
 /* w: the weight packed by mmspec.modeling.fast_linear.pack_bf16, [ceil(N / 16)][ceil(K / 2)][16][2] */
 void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y, int64_t M,
                                  int64_t N, int64_t K, int threads);
+/* few_rows_linear_bf16_packed's sums through vfmadd231ps (1) or vdpbf16ps (0, the default): the same bits */
+void few_rows_bf16_fma(int on);
 void few_rows_linear_avx512_packed(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N,
                                    int64_t K, int threads);
 int few_rows_amx_init(void);
