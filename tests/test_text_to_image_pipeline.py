@@ -239,6 +239,16 @@ def test_bench_method_settings(model_dir):
         configure("lantern/k=many", args)
     with pytest.raises(ValueError, match="delta must be a finite number"):
         configure("lantern/delta=nan", args)
+    # --num-draft-tokens not given: the benchmark's K = 4, unless the spec sets its own (it was refused:
+    # "sets num_draft_tokens=6 and num_draft_tokens=4 is given as well", a 4 the user never gave)
+    from mmspec.cli import build_parser
+
+    unset = build_parser().parse_args(["bench", "t2i"])  # the command line's defaults
+    assert configure("spec", unset).settings == {"num_draft_tokens": 4}
+    assert configure("spec:num_draft_tokens=6", unset).settings == {"num_draft_tokens": 6}
+    assert configure("eagle2:num_draft_tokens=6", unset).settings["num_draft_tokens"] == 6
+    with pytest.raises(ValueError, match="sets num_draft_tokens=6 and num_draft_tokens=4 is given as well"):
+        configure("spec:num_draft_tokens=6", args)  # given on the command line too: two values, refused
 
 
 def test_pipeline_on_shared_components(model_dir):
