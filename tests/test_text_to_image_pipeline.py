@@ -145,6 +145,21 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert "it is not UTF-8 text; save it as UTF-8" in capsys.readouterr().err
 
 
+def test_a_prompts_file_resume_with_another_draft_or_head_is_refused(model_dir, tmp_path, capsys):
+    """docs/text-to-image.md: a resume of --prompts is refused with another --eagle-head, --draft or
+    --processor; they were not among the recorded settings, so such a resume kept the rows drawn
+    with the model's own head and drew nothing."""
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "out"
+    prompts.write_text("a red circle\n")
+    args = ["t2i", "--prompts", str(prompts), "--model", str(model_dir), "--out", str(out), "--greedy", "--no-progress",
+            "--method", "eagle"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--eagle-head", str(model_dir.parent / "draft")]) == 2
+    assert "holds rows made with other settings (eagle_head None there, " in capsys.readouterr().err
+    assert main(args) == 0 and "this run drew 0" in capsys.readouterr().out  # the same settings: resumed
+
+
 def test_a_refused_prompt_fails_its_row_only_in_a_batch(model_dir, tmp_path, capsys, monkeypatch):
     """``--prompts FILE --batch-size 4``: a prompt the pipeline refused (a model whose context it
     does not fit) failed every prompt of its batch, each record carrying its error; now its own row

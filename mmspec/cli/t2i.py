@@ -15,6 +15,7 @@ redoes only those rows.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -123,10 +124,14 @@ def prompt_results(prompts: list[str], args, process: ProcessState) -> ShardedRe
     from ..pipelines.text_to_image.methods import SETTINGS
 
     shaping = ("model", "method", "dtype", "guidance_scale", "seed", "num_images", "greedy", "temperature", "top_k",
-               "compare_baseline", *SETTINGS)
+               "compare_baseline", "draft", "eagle_head", "processor", *SETTINGS)
+    settings = {name: getattr(args, name) for name in shaping if hasattr(args, name)}
+    for name in ("draft", "eagle_head", "processor"):  # ("./head" and "/abs/head": one head; the model: ShardedResults)
+        if isinstance(settings.get(name), str) and os.path.exists(os.path.expanduser(settings[name])):
+            settings[name] = os.path.abspath(os.path.expanduser(settings[name]))
     ids = [f"{i:06d}" for i in range(len(prompts))]
     return ShardedResults(Path(args.out) / "results.jsonl", ids, key="id", process=process, retry_errors=args.retry_errors,
-                          settings={name: getattr(args, name) for name in shaping if hasattr(args, name)},
+                          settings=settings,
                           input_fields={key: {"prompt": prompt} for key, prompt in zip(ids, prompts)})
 
 
