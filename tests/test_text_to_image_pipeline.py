@@ -160,6 +160,25 @@ def test_a_prompts_file_resume_with_another_draft_or_head_is_refused(model_dir, 
     assert main(args) == 0 and "this run drew 0" in capsys.readouterr().out  # the same settings: resumed
 
 
+@pytest.mark.parametrize("method, said", [
+    ("spec", "method 'spec' drafts with a draft generator (a smaller model of the same family), which a transformers "
+             "model does not bring: pass --draft PATH"),
+    ("eagle2", "method 'eagle2' drafts with an image EAGLE head (mmspec train image-drafter --model ...), which a "
+               "transformers model does not bring: pass --eagle-head DIR"),
+    ("lantern", "pass --eagle-head DIR or --draft PATH"),
+])
+def test_cli_refuses_a_transformers_model_without_the_methods_drafter_before_it_loads(tmp_path, capsys, method, said):
+    """``mmspec t2i --model JANUS --method spec`` without --draft loaded the model, then said "pass
+    draft=..." (the Python keyword); now one line naming the option, before anything loads (the
+    "model" here is a bare config.json, which would not load)."""
+    (tmp_path / "janus").mkdir()
+    (tmp_path / "janus" / "config.json").write_text("{}")
+    assert main(["t2i", "a red circle", "--model", str(tmp_path / "janus"), "--method", method,
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err
+
+
 def test_a_refused_prompt_fails_its_row_only_in_a_batch(model_dir, tmp_path, capsys, monkeypatch):
     """``--prompts FILE --batch-size 4``: a prompt the pipeline refused (a model whose context it
     does not fit) failed every prompt of its batch, each record carrying its error; now its own row
