@@ -397,7 +397,7 @@ def test_bfloat16_generator_stays_exact_in_its_dtype(model_dir, method):
 def test_bad_dtypes_are_refused_before_loading(model_dir):
     with pytest.raises(ValueError, match="unknown dtype"):
         mmspec.pipeline("text-to-image", model=model_dir, dtype="int8")
-    with pytest.raises(ValueError, match="MAR models run in float32 only"):
+    with pytest.raises(ValueError, match=r"MAR models run in float32 only; drop dtype='bfloat16' \(--dtype bfloat16;"):
         mmspec.pipeline("text-to-image", model="mar", method="ar", dtype="bfloat16")
 
 
