@@ -315,6 +315,10 @@ def test_prompt_errors():
     with pytest.raises(ValueError, match="a prompt of 120 tokens and the image's 9 positions exceed the model's 128: "
                                          "shorten the prompt to at most 119 tokens"):
         emu3.prefill({"input_ids": torch.tensor([[1, 10, *fits[1:]]]), "guidance_scale": None})
+    big = image_target_for(emu3.model, grid=(12, 12))  # 12 rows of 12 codes and an end of line: 156 positions > 128
+    with pytest.raises(ValueError, match=r"the image's 156 positions \(12 x 12 codes\) leave no room for a prompt in the "
+                                         r"model's 128: generate a smaller image"):  # (was "... to at most 0 tokens")
+        big.prefill({"input_ids": torch.tensor([fits]), "guidance_scale": None})
     chameleon = setup("chameleon")[2]
     with pytest.raises(ValueError, match="input images"):
         chameleon.prefill({"input_ids": torch.tensor([[1, 10, 4, 11]]), "guidance_scale": GUIDANCE})

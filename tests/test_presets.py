@@ -88,6 +88,10 @@ def test_from_preset_applies_call_defaults_that_a_call_overrides(write, tmp_path
     assert pipe(image, max_new_tokens=5).stats.new_tokens == 5
     assert pipe.chosen_drafter == "prompt-lookup"  # the pipeline's attributes
     assert mmspec.pipeline.from_preset(path, drafter="ar").chosen_drafter == "ar"  # overrides [init]
+    # a call's argument as an override: it was merged into [init] and the preset file blamed for it
+    with pytest.raises(ValueError, match=r"^max_new_tokens is an argument of each call, not of the pipeline: pipe = "
+                                         r"mmspec.pipeline.from_preset\('.*'\), then pipe\(..., max_new_tokens=5\)$"):
+        mmspec.pipeline.from_preset(path, max_new_tokens=5)
 
 
 def test_mmspec_run_every_task(tmp_path, capsys):

@@ -145,6 +145,40 @@ def test_cli_draws_a_prompts_file_and_resumes(model_dir, tmp_path, capsys):
     assert "it is not UTF-8 text; save it as UTF-8" in capsys.readouterr().err
 
 
+def test_a_prompts_file_resume_with_another_draft_or_head_is_refused(model_dir, tmp_path, capsys):
+    """docs/text-to-image.md: a resume of --prompts is refused with another --eagle-head, --draft or
+    --processor; they were not among the recorded settings, so such a resume kept the rows drawn
+    with the model's own head and drew nothing."""
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "out"
+    prompts.write_text("a red circle\n")
+    args = ["t2i", "--prompts", str(prompts), "--model", str(model_dir), "--out", str(out), "--greedy", "--no-progress",
+            "--method", "eagle"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--eagle-head", str(model_dir.parent / "draft")]) == 2
+    assert "holds rows made with other settings (eagle_head None there, " in capsys.readouterr().err
+    assert main(args) == 0 and "this run drew 0" in capsys.readouterr().out  # the same settings: resumed
+
+
+@pytest.mark.parametrize("method, said", [
+    ("spec", "method 'spec' drafts with a draft generator (a smaller model of the same family), which a transformers "
+             "model does not bring: pass --draft PATH"),
+    ("eagle2", "method 'eagle2' drafts with an image EAGLE head (mmspec train image-drafter --model ...), which a "
+               "transformers model does not bring: pass --eagle-head DIR"),
+    ("lantern", "pass --eagle-head DIR or --draft PATH"),
+])
+def test_cli_refuses_a_transformers_model_without_the_methods_drafter_before_it_loads(tmp_path, capsys, method, said):
+    """``mmspec t2i --model JANUS --method spec`` without --draft loaded the model, then said "pass
+    draft=..." (the Python keyword); now one line naming the option, before anything loads (the
+    "model" here is a bare config.json, which would not load)."""
+    (tmp_path / "janus").mkdir()
+    (tmp_path / "janus" / "config.json").write_text("{}")
+    assert main(["t2i", "a red circle", "--model", str(tmp_path / "janus"), "--method", method,
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err
+
+
 def test_a_refused_prompt_fails_its_row_only_in_a_batch(model_dir, tmp_path, capsys, monkeypatch):
     """``--prompts FILE --batch-size 4``: a prompt the pipeline refused (a model whose context it
     does not fit) failed every prompt of its batch, each record carrying its error; now its own row
@@ -239,6 +273,16 @@ def test_bench_method_settings(model_dir):
         configure("lantern/k=many", args)
     with pytest.raises(ValueError, match="delta must be a finite number"):
         configure("lantern/delta=nan", args)
+    # --num-draft-tokens not given: the benchmark's K = 4, unless the spec sets its own (it was refused:
+    # "sets num_draft_tokens=6 and num_draft_tokens=4 is given as well", a 4 the user never gave)
+    from mmspec.cli import build_parser
+
+    unset = build_parser().parse_args(["bench", "t2i"])  # the command line's defaults
+    assert configure("spec", unset).settings == {"num_draft_tokens": 4}
+    assert configure("spec:num_draft_tokens=6", unset).settings == {"num_draft_tokens": 6}
+    assert configure("eagle2:num_draft_tokens=6", unset).settings["num_draft_tokens"] == 6
+    with pytest.raises(ValueError, match="sets num_draft_tokens=6 and num_draft_tokens=4 is given as well"):
+        configure("spec:num_draft_tokens=6", args)  # given on the command line too: two values, refused
 
 
 def test_pipeline_on_shared_components(model_dir):
@@ -353,7 +397,7 @@ def test_bfloat16_generator_stays_exact_in_its_dtype(model_dir, method):
 def test_bad_dtypes_are_refused_before_loading(model_dir):
     with pytest.raises(ValueError, match="unknown dtype"):
         mmspec.pipeline("text-to-image", model=model_dir, dtype="int8")
-    with pytest.raises(ValueError, match="MAR models run in float32 only"):
+    with pytest.raises(ValueError, match=r"MAR models run in float32 only; drop dtype='bfloat16' \(--dtype bfloat16;"):
         mmspec.pipeline("text-to-image", model="mar", method="ar", dtype="bfloat16")
 
 

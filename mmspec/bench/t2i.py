@@ -28,6 +28,9 @@ from ..cli.output import write_output, write_text
 from .results import add_device_args, add_threads_arg, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
+#: the benchmark's draft length K where neither --num-draft-tokens nor a method's spec gives one
+DRAFT_TOKENS = 4
+
 DEFAULT_METHODS = "ar,spec,sjd:random,sjd:horizontal,sjd:vertical,sjd-coupled:random,sjd-coupled:vertical"
 #: a continuous-token (MAR) model's: one token per step, MAR's own parallel decoding, CSpD
 MAR_METHODS = ("ar,mar-parallel:8,mar-parallel:16,mar-parallel:32,cspd/num_draft_tokens=4,"
@@ -60,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=None,
                         help="SJD's window L (default: the method's, as the pipeline runs it; before stop 77 this "
                              "benchmark ran 16)")
-    parser.add_argument("--num-draft-tokens", type=int, default=4, help="a chain's draft length K, or EAGLE-2's tree depth")
+    parser.add_argument("--num-draft-tokens", type=int, default=None,
+                        help=f"a chain's draft length K, or EAGLE-2's tree depth (default: {DRAFT_TOKENS} for every method "
+                             "that reads it and whose spec sets none, e.g. spec:num_draft_tokens=6)")
     parser.add_argument("--delta", type=float, default=None,
                         help="LANTERN's TV bound (default: the method's; before stop 77 this benchmark ran 0.1)")
     parser.add_argument("--lam", type=float, default=None, help="LANTERN++'s ratio bound (default: the method's)")
@@ -116,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         method.check_components(components)
     prompts, references = bench_prompts(args.prompts, size=components.image_size)
     meta = {"threads": args.threads, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
-            "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens, "delta": args.delta,
-            "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
+            "top_k": args.top_k, "window": args.window, "num_draft_tokens": args.num_draft_tokens or DRAFT_TOKENS,
+            "delta": args.delta, "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
             "machine": machine_info(dtype_name(components.dtype), args.threads, args.device),
             "linears": components.linears, "cuda_graphs": args.cuda_graphs}
     if results.get("meta", meta) != meta:
@@ -231,7 +236,12 @@ def configure(spec: str, args: argparse.Namespace) -> T2IMethod:
     --delta and --lam where the method reads them, else the method's defaults."""
     method, *pairs = spec.split("/")
     run_wide = {name: getattr(args, name) for name in RUN_SETTINGS}
-    settings = METHODS.resolve(parse_spec(method).name).reads(run_wide)
+    parsed = parse_spec(method)
+    cls = METHODS.resolve(parsed.name)
+    own = {key for key, _ in parsed.pairs} | ({cls.argument} if parsed.argument else set())
+    if run_wide["num_draft_tokens"] is None and "num_draft_tokens" not in own:  # the benchmark's K, not given
+        run_wide["num_draft_tokens"] = DRAFT_TOKENS  # (a spec's own num_draft_tokens=K is no second value)
+    settings = cls.reads(run_wide)
     for pair in pairs:
         key, _, value = pair.partition("=")
         name = SPEC_KEYS.get(key, key)

@@ -15,6 +15,7 @@ redoes only those rows.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -123,10 +124,14 @@ def prompt_results(prompts: list[str], args, process: ProcessState) -> ShardedRe
     from ..pipelines.text_to_image.methods import SETTINGS
 
     shaping = ("model", "method", "dtype", "guidance_scale", "seed", "num_images", "greedy", "temperature", "top_k",
-               "compare_baseline", *SETTINGS)
+               "compare_baseline", "draft", "eagle_head", "processor", *SETTINGS)
+    settings = {name: getattr(args, name) for name in shaping if hasattr(args, name)}
+    for name in ("draft", "eagle_head", "processor"):  # ("./head" and "/abs/head": one head; the model: ShardedResults)
+        if isinstance(settings.get(name), str) and os.path.exists(os.path.expanduser(settings[name])):
+            settings[name] = os.path.abspath(os.path.expanduser(settings[name]))
     ids = [f"{i:06d}" for i in range(len(prompts))]
     return ShardedResults(Path(args.out) / "results.jsonl", ids, key="id", process=process, retry_errors=args.retry_errors,
-                          settings={name: getattr(args, name) for name in shaping if hasattr(args, name)},
+                          settings=settings,
                           input_fields={key: {"prompt": prompt} for key, prompt in zip(ids, prompts)})
 
 
@@ -184,6 +189,7 @@ def check_method_options(args, prompts: int) -> None:
     from ..core.rules import RULES
     from ..core.sampling import SamplingConfig
     from ..pipelines.text_to_image import METHODS, T2IComponents, make_method
+    from ..pipelines.text_to_image.components import _looks_local
     from ..pipelines.text_to_image.mar_components import check_continuous_sampling
     from ..pipelines.text_to_image.methods import SETTINGS
     from ..pipelines.text_to_image.pipeline import check_batches
@@ -195,9 +201,18 @@ def check_method_options(args, prompts: int) -> None:
             raise ValueError(f"{option}: method {method.name!r} drafts without {what}; drop it, or choose a method that "
                              f"reads one ({', '.join(readers)}, or a relaxed method over them)")
     continuous = T2IComponents.names_continuous(args.model)
-    if args.processor is not None and (args.model is None or continuous or (Path(args.model).expanduser() / "t2i.json").is_file()):
+    own_layout = args.model is None or continuous or (Path(args.model).expanduser() / "t2i.json").is_file()
+    if args.processor is not None and own_layout:
         raise ValueError("--processor is for transformers models (Janus, Emu3, Chameleon); mmspec's own models take none: "
                          "drop it")
+    needs = method.parts()  # a transformers model brings no draft or head (mmspec's t2i.json names its own)
+    transformers = not own_layout and (not _looks_local(args.model) or (Path(args.model).expanduser() / "config.json").is_file())
+    if transformers and needs and all(getattr(args, part) is None for part in needs):
+        wanted = [(option, what) for option, part, what in (
+            ("--eagle-head DIR", "eagle_head", "an image EAGLE head (mmspec train image-drafter --model ...)"),
+            ("--draft PATH", "draft", "a draft generator (a smaller model of the same family)")) if part in needs]
+        raise ValueError(f"method {method.name!r} drafts with {' or '.join(what for _, what in wanted)}, which a "
+                         f"transformers model does not bring: pass {' or '.join(option for option, _ in wanted)}")
     if method.rule:
         RULES[method.rule].check_mode(SamplingConfig(do_sample=not args.greedy, temperature=args.temperature))
     if continuous:

@@ -161,4 +161,11 @@ def from_preset(name_or_path: str | os.PathLike, **overrides: Any) -> PresetPipe
     """Build the pipeline a preset describes (checked first, see :meth:`Preset.check`);
     ``overrides`` replace the preset's ``[init]`` arguments (e.g. ``device="cuda"``)."""
     preset = load_preset(name_or_path)
+    cls = preset.pipeline_class()
+    init, call = (inspect.signature(function).parameters for function in (cls.__init__, cls.__call__))
+    per_call = [key for key in overrides if key in call and key not in init]
+    if per_call:  # (merged into [init], the preset file was blamed: "temperature belongs under [call] ..., not [init]")
+        name, value = per_call[0], overrides[per_call[0]]
+        raise ValueError(f"{name} is an argument of each call, not of the pipeline: pipe = mmspec.pipeline.from_preset("
+                         f"{str(name_or_path)!r}), then pipe(..., {name}={value!r})")
     return replace(preset, init={**preset.init, **overrides}).build()

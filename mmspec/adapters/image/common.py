@@ -113,6 +113,10 @@ class TransformersImageTarget(GuidedImageTarget):
     def _prefill_halves(self, model_inputs, rows, cache, want_hidden):
         prompts = [p.to(self.device) for p in self._prompt_rows(model_inputs, rows)]
         length = max(p.shape[0] for p in prompts)
+        if self.image_positions >= self.max_length:  # (no prompt could fit: "shorten the prompt to at most 0 tokens")
+            raise ValueError(f"the image's {self.image_positions} positions ({' x '.join(map(str, self.grid))} codes) leave no room for a "
+                             f"prompt in the model's {self.max_length}: generate a smaller image (a target built with a "
+                             f"smaller grid=(rows, columns), where the family takes one: Emu3)")
         if length + self.image_positions > self.max_length:
             raise ValueError(f"a prompt of {length} tokens and the image's {self.image_positions} positions exceed the "
                              f"model's {self.max_length}: shorten the prompt to at most "

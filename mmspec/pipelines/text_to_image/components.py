@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ...hub import ALIASES as TEXT_MODELS, no_models_note, resolve_device, resolve_dtype
+from ...hub import ALIASES as TEXT_MODELS, dtype_name, no_models_note, resolve_device, resolve_dtype
 from .prompts import ImageComponents, shared_text_encoder
 
 MODEL_FILE = "t2i.json"
@@ -155,8 +155,8 @@ class T2IComponents(ImageComponents):
                              f"t2i.json directory), got device {device} and model {model!r}; drop cuda_graphs")
         if cls.names_continuous(model):
             if dtype != torch.float32:
-                raise ValueError(f"MAR models run in float32 only; drop dtype={dtype} (the diffusion chain's small "
-                                 "variances need it)")
+                raise ValueError(f"MAR models run in float32 only; drop dtype={dtype_name(dtype)!r} (--dtype "
+                                 f"{dtype_name(dtype)}; the diffusion chain's small variances need float32)")
             from .mar_components import MARComponents, default_mar_dir
 
             directory = default_mar_dir() if model == "mar" else Path(model).expanduser()
