@@ -45,6 +45,19 @@ def test_bad_arguments_are_one_line(args, match, capsys):
     assert err.count("\n") == 0 and match in err
 
 
+def test_plain_is_measured_before_optimized_in_any_order():
+    """optimize() changes the model in place: ``--variants optimized,plain`` timed the optimized
+    linears a second time and labelled them plain."""
+    import argparse
+
+    from mmspec.bench.cost import check
+
+    for variants in ("optimized,plain", "plain,optimized", "optimized,plain,optimized"):
+        args = argparse.Namespace(sizes="4", variants=variants, repeats=1)
+        assert check(args) == ([1, 4], ["plain", "optimized"])
+    assert check(argparse.Namespace(sizes="4", variants="optimized", repeats=1))[1] == ["optimized"]
+
+
 def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
     model = save_tiny_draft(tmp_path / "model", vocab_size=len(tokenizer))
