@@ -374,6 +374,42 @@ def test_a_bench_results_file_resumes_only_its_own_suite_and_settings(tmp_path):
         load_results(path, "text", {})
 
 
+def test_a_bench_resume_under_other_attention_or_layer_kernels_is_refused(tmp_path, monkeypatch):
+    """``MMSPEC_FUSED=0`` (or ``MMSPEC_ATTENTION=sdpa``) on a resume of ``bench text`` / ``caption``
+    mixed the modules' times into the fused layers' medians, and the file then named only the
+    last run's kernels; bench text records that it runs its models as loaded."""
+    import argparse
+
+    from mmspec.bench import text
+    from mmspec.bench.results import load_results, run_settings, save_results
+
+    from mmspec.modeling import fused as fused_module
+
+    args = argparse.Namespace(threads=1)
+    monkeypatch.setattr(fused_module, "fused_enabled", lambda: True)  # (read once a process from MMSPEC_FUSED)
+    fused = run_settings(args)
+    path = tmp_path / "r.json"
+    save_results(path, load_results(path, "text", {"model": "m", **fused}))
+    monkeypatch.setattr(fused_module, "fused_enabled", lambda: False)  # MMSPEC_FUSED=0
+    with pytest.raises(ValueError, match=r"other settings \(layers 'fused' there, 'modules' now\)"):
+        load_results(path, "text", {"model": "m", **run_settings(args)})
+    old = {"model": "m", **{k: v for k, v in fused.items() if k not in ("attention", "layers")}}
+    save_results(path, {"suite": "text", "settings": old, "runs": {}})  # a file from before they were recorded
+    load_results(path, "text", {"model": "m", **run_settings(args)})
+    seen = {}
+
+    def stop(path, suite, settings):
+        seen.update(settings)
+        raise KeyboardInterrupt  # (before any model loads)
+
+    monkeypatch.setattr(text, "load_results", stop)
+    parser = argparse.ArgumentParser()
+    text.add_arguments(parser)
+    with pytest.raises(KeyboardInterrupt):
+        text.run(parser.parse_args(["--results", str(tmp_path / "t.json"), "--threads", "1"]))
+    assert seen["optimize"] is False and seen["layers"] == "modules"  # the models run as loaded, no mmspec.optimize
+
+
 def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, tmp_path, capsys):
     """A text LM given to caption, a VLM given to generate: what the checkpoint is and the command that
     takes it, not transformers' list of every class its Auto class loads (~2,000 characters)."""

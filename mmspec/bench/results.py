@@ -61,10 +61,15 @@ def source_commit() -> str | None:
 
 def run_settings(args, device: str = "cpu") -> dict:
     """What every measurement of a resumed results file must share beyond the suite's own settings:
-    threads, device, the kernels' use, CUDA graphs, the draft length and the machine (CPU model and
-    speed flags, torch and transformers): a resume with other ones mixed both into one median."""
+    threads, device, the kernels' use (few-row linears, the attention and decoder-layer kernels), CUDA
+    graphs, the draft length and the machine (CPU model and speed flags, torch and transformers): a
+    resume with other ones mixed both into one median. The git commit is recorded (machine_info), not
+    compared, so that a complete file's tables can be derived again after a later commit."""
     machine = machine_info("-", args.threads, device)
+    # the attention and layer kernels (MMSPEC_ATTENTION, MMSPEC_FUSED) at the top level, where a
+    # file from before they were recorded does not hold them (its resume is not refused for that)
     return {"threads": args.threads, "device": device, "optimize": getattr(args, "optimize", True),
+            "attention": machine["attention"], "layers": machine["layers"],
             "cuda_graphs": getattr(args, "cuda_graphs", False), "num_draft_tokens": getattr(args, "num_draft_tokens", None),
             "machine": {k: machine.get(k) for k in ("cpu", "cpu_model", "cpu_flags", "device", "torch", "transformers",
                                                     "emulated_from")}}

@@ -178,7 +178,8 @@ def run(args) -> int:
         check_method(method)
     results_path = Path(args.results)
     results = load_results(results_path, "text", {"model": args.model, "max_new_tokens": args.max_new_tokens,
-                                                  "cost_curve": args.cost_curve, **run_settings(args)})
+                                                  "cost_curve": args.cost_curve, **run_settings(args),
+                                                  "optimize": False})  # (the models run as loaded: no mmspec.optimize)
     results.setdefault("runs", {})
     results["meta"] = {
         "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
