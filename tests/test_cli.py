@@ -374,6 +374,20 @@ def test_a_bench_results_file_resumes_only_its_own_suite_and_settings(tmp_path):
         load_results(path, "text", {})
 
 
+def test_a_complete_tts_or_t2i_results_file_derives_its_tables_after_a_later_commit(tmp_path):
+    """bench tts / t2i compared their whole record, the git commit included: after any commit a
+    rerun of a complete file was refused ("holds results of other settings", naming nothing)."""
+    from mmspec.bench.results import check_meta
+
+    meta = {"rounds": 1, "temperature": 1.0, "machine": {"cpu": "x", "layers": "fused", "commit": "abc1234"}, "linears": "c"}
+    check_meta(tmp_path / "r.json", {}, meta)  # (nothing recorded yet)
+    check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "machine": {**meta["machine"], "commit": "def5678-dirty"}})
+    with pytest.raises(ValueError, match=r"other settings \(temperature 1.0 there, 0.7 now\); rerun with those"):
+        check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "temperature": 0.7})
+    with pytest.raises(ValueError, match="measured on another machine or kernels"):
+        check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "machine": {**meta["machine"], "layers": "modules"}})
+
+
 def test_a_bench_resume_under_other_attention_or_layer_kernels_is_refused(tmp_path, monkeypatch):
     """``MMSPEC_FUSED=0`` (or ``MMSPEC_ATTENTION=sdpa``) on a resume of ``bench text`` / ``caption``
     mixed the modules' times into the fused layers' medians, and the file then named only the
