@@ -488,6 +488,27 @@ def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_pat
     assert difference_note(False, False) is None and "half precision" in difference_note(False, True)
 
 
+def test_generate_without_a_chat_template_asks_for_raw(tmp_path, capsys):
+    """A tokenizer without a chat template had the prompt fed as plain text, unsaid, although the
+    prompt's help says it is wrapped in the template unless --raw."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    tokenizer.chat_template = None
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    argv = ["generate", "hello", "--model", str(target), "--dtype", "fp32", "--max-new-tokens", "2", "--no-optimize"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (f"mmspec: error: the tokenizer of {target} has no chat template to wrap the "
+                                            "prompt in; pass --raw to feed it as plain text (a base model), or add the "
+                                            "model's template to its directory (chat_template.jinja)")
+    assert main([*argv, "--raw"]) == 0
+
+
 def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(monkeypatch, capsys):
     """Ctrl-C while numpy loaded inside transformers' lazy import surfaced as its ModuleNotFoundError,
     a 90-line traceback with exit 1 (the stop-77 audit); the command's handlers know the signal came."""
