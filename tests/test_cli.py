@@ -509,6 +509,27 @@ def test_generate_without_a_chat_template_asks_for_raw(tmp_path, capsys):
     assert main([*argv, "--raw"]) == 0
 
 
+def test_bench_text_refuses_a_drafter_the_model_cannot_take_before_measuring(tmp_path, capsys, monkeypatch):
+    """``--methods ar,eagle`` on a model without a shipped EAGLE head failed after the cost curve
+    and AR's first runs (the drafter was built only in its first run)."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    from mmspec.bench import text
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    monkeypatch.setattr(text, "verification_cost_curve", lambda *a: pytest.fail("measured the cost curve"))
+    monkeypatch.setattr(text, "run_once", lambda *a: pytest.fail("measured a run"))
+    capsys.readouterr()
+    assert main(["bench", "text", "--model", str(target), "--dtypes", "fp32", "--methods", "ar,prompt-lookup,eagle",
+                 "--prompt-types", "qa", "--max-new-tokens", "2", "--repeats", "1", "--threads", "1",
+                 "--results", str(tmp_path / "t.json")]) == 2
+    assert "no trained eagle drafter for LlamaForCausalLM" in capsys.readouterr().err
+
+
 def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(monkeypatch, capsys):
     """Ctrl-C while numpy loaded inside transformers' lazy import surfaced as its ModuleNotFoundError,
     a 90-line traceback with exit 1 (the stop-77 audit); the command's handlers know the signal came."""

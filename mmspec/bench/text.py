@@ -136,6 +136,20 @@ def check_method(method: str) -> None:
         raise unknown if error is not unknown and "unknown drafter" in str(error) else error from None
 
 
+def check_drafters(model, methods: list[str], num_draft_tokens: int | None) -> None:
+    """Build each of our ``methods``' drafters for ``model`` once, so that one it cannot take (a
+    trained head not shipped for it, a layer count past its depth) is refused in one line before
+    anything is measured (it failed after the cost curve and the other methods' first runs).
+    Each run builds its own again, as ``mmspec.generate`` does with a name."""
+    from ..adapters.hf import TransformersTarget
+    from ..drafters import resolve_drafter
+
+    target = TransformersTarget(model)
+    for method in methods:
+        if not method.startswith("hf-") and method not in ("ar", SAME_AS_HF):
+            resolve_drafter(method, target, num_draft_tokens)
+
+
 def run_once(model, inputs: dict, method: str, max_new_tokens: int, num_draft_tokens: int | None) -> dict:
     if method.startswith("hf-"):
         sequences, seconds = _hf_generate(model, inputs, method, max_new_tokens)
@@ -191,6 +205,7 @@ def run(args) -> int:
     for dtype_name in args.dtypes.split(","):
         model, tokenizer = load_causal_lm(args.model, dtype=resolve_dtype(dtype_name))
         cases = [(ptype, i, chat_inputs(tokenizer, text)) for ptype in prompt_types for i, text in enumerate(PROMPTS[ptype])]
+        check_drafters(model, methods, args.num_draft_tokens)  # before the cost curve and any measurement
         if args.cost_curve:
             key = f"cost_curve/{dtype_name}"
             if key not in results:
