@@ -530,6 +530,30 @@ def test_bench_text_refuses_a_drafter_the_model_cannot_take_before_measuring(tmp
     assert "no trained eagle drafter for LlamaForCausalLM" in capsys.readouterr().err
 
 
+def test_bench_text_builds_each_drafter_once(tmp_path, capsys, monkeypatch):
+    """Each run built its drafter from its name inside the timed whole call (S_hf's), loading a
+    trained head from disk every time; now every run of a method gets the one built before."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    from mmspec.bench import text
+    from mmspec.drafters import Drafter
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    seen = []
+    real = text.generate
+    monkeypatch.setattr(text, "generate", lambda model, drafter=None, **kw: seen.append(drafter) or real(model, drafter=drafter, **kw))
+    assert main(["bench", "text", "--model", str(target), "--dtypes", "fp32", "--methods", "ar,prompt-lookup:3",
+                 "--prompt-types", "qa", "--max-new-tokens", "2", "--repeats", "1", "--threads", "1", "--cost-curve", "",
+                 "--results", str(tmp_path / "t.json")]) == 0
+    drafters = [d for d in seen if d is not None]
+    assert len(seen) == 8 and len(drafters) == 4  # 2 prompts x 2 rounds x 2 methods
+    assert isinstance(drafters[0], Drafter) and all(d is drafters[0] for d in drafters)
+
+
 def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(monkeypatch, capsys):
     """Ctrl-C while numpy loaded inside transformers' lazy import surfaced as its ModuleNotFoundError,
     a 90-line traceback with exit 1 (the stop-77 audit); the command's handlers know the signal came."""
