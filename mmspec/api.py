@@ -156,7 +156,8 @@ def generate(
         GenerateOutput with ``.sequences`` [1, L + new] and ``.stats`` (for B > 1: [B, L + max
         new], each row right-padded with the pad token, ``.row_stats`` per row).
     Raises:
-        ValueError: an empty prompt, a padded batch-1 prompt, a right-padded batch, token ids outside the vocabulary,
+        ValueError: an empty prompt, a padded batch-1 prompt, a right-padded batch, a batch of a transformers
+            model's prompts without its attention_mask, token ids outside the vocabulary,
             an attention_mask of another shape than input_ids, a prompt longer than the model's
             context, a keyword that is neither a parameter here nor a model input, a
             max_new_tokens / num_draft_tokens that is not a positive integer, an unsupported
@@ -181,6 +182,11 @@ def generate(
         if on_step is not None or on_tokens is not None or cancelled is not None:
             raise ValueError("on_step / on_tokens / cancelled follow one sequence; for a batch, pass on_row_done / "
                              "on_tokens / cancelled to mmspec.api.generate_rows")
+        if model_inputs.get("attention_mask") is None and not hasattr(target, "prefill"):  # (a transformers model's prompts)
+            raise ValueError(f"a batch of {input_ids.shape[0]} prompts needs its attention_mask [B, L]: without it the "
+                             "left padding is read as prompt tokens; pass the tokenizer's output whole (tokenizer(texts, "
+                             "padding=True, return_tensors='pt')), or attention_mask=torch.ones_like(input_ids) for "
+                             "prompts of one length")
         return generate_rows(adapter, split_rows(model_inputs, adapter), drafter, max_new_tokens, do_sample, temperature, top_k,
                              top_p, seed, acceptance=acceptance, rule_kwargs=rule_kwargs,
                              num_draft_tokens=num_draft_tokens, eos_token_id=eos_token_id,

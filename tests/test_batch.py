@@ -186,7 +186,10 @@ def test_split_rows_strips_left_padding():
     "inputs,match",
     [
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])}, "right-padded"),
-        ({"input_ids": torch.ones(2, 3, dtype=torch.long), "pixel_values": torch.zeros(3, 4)}, "one entry per prompt"),
+        ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3), "pixel_values": torch.zeros(3, 4)},
+         "one entry per prompt"),
+        # without its mask a batch's left padding was read as prompt tokens (a row unlike its batch-1 output)
+        ({"input_ids": torch.tensor([[0, 0, 5], [4, 5, 6]])}, r"a batch of 2 prompts needs its attention_mask \[B, L\]"),
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 4)}, "attention_mask has shape"),
         ({"input_ids": torch.ones(2, 3, dtype=torch.long), "on_step": print}, "on_row_done"),
     ],

@@ -45,7 +45,20 @@ def test_bad_arguments_are_one_line(args, match, capsys):
     assert err.count("\n") == 0 and match in err
 
 
-def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
+def test_plain_is_measured_before_optimized_in_any_order():
+    """optimize() changes the model in place: ``--variants optimized,plain`` timed the optimized
+    linears a second time and labelled them plain."""
+    import argparse
+
+    from mmspec.bench.cost import check
+
+    for variants in ("optimized,plain", "plain,optimized", "optimized,plain,optimized"):
+        args = argparse.Namespace(sizes="4", variants=variants, repeats=1)
+        assert check(args) == ([1, 4], ["plain", "optimized"])
+    assert check(argparse.Namespace(sizes="4", variants="optimized", repeats=1))[1] == ["optimized"]
+
+
+def test_the_command_measures_plain_and_optimized(tmp_path, capsys, monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
     model = save_tiny_draft(tmp_path / "model", vocab_size=len(tokenizer))
     tokenizer.save_pretrained(model)
@@ -65,6 +78,19 @@ def test_the_command_measures_plain_and_optimized(tmp_path, capsys):
 
     del saved["meta"]["order"]  # a results file from before the sizes took turns says so
     assert "one size after another" in markdown_table(saved)
+    # the same command again writes the table from the complete file, measuring nothing (it measured
+    # again and overwrote the file); other settings are refused, the file left as it is
+    from mmspec.bench import cost
+
+    before = results.read_bytes()
+    monkeypatch.setattr(cost, "load_target", lambda *a: pytest.fail("measured again"))
+    argv = ["bench", "cost", "--model", str(model), "--dtype", "fp32", "--threads", "1", "--sizes", "4",
+            "--repeats", "1", "--results", str(results), "--markdown", str(tmp_path / "again.md")]
+    assert main(argv) == 0 and (tmp_path / "again.md").read_text() == text and results.read_bytes() == before
+    capsys.readouterr()
+    assert main([*argv[:-4], "--sizes", "8", *argv[-4:]]) == 2
+    assert "holds a cost curve of other settings (sizes [1, 4] there, [1, 8] now)" in capsys.readouterr().err
+    assert results.read_bytes() == before
 
 
 def test_bench_threads_default_to_the_cores_this_process_may_run_on(monkeypatch):

@@ -374,6 +374,56 @@ def test_a_bench_results_file_resumes_only_its_own_suite_and_settings(tmp_path):
         load_results(path, "text", {})
 
 
+def test_a_complete_tts_or_t2i_results_file_derives_its_tables_after_a_later_commit(tmp_path):
+    """bench tts / t2i compared their whole record, the git commit included: after any commit a
+    rerun of a complete file was refused ("holds results of other settings", naming nothing)."""
+    from mmspec.bench.results import check_meta
+
+    meta = {"rounds": 1, "temperature": 1.0, "machine": {"cpu": "x", "layers": "fused", "commit": "abc1234"}, "linears": "c"}
+    check_meta(tmp_path / "r.json", {}, meta)  # (nothing recorded yet)
+    check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "machine": {**meta["machine"], "commit": "def5678-dirty"}})
+    with pytest.raises(ValueError, match=r"other settings \(temperature 1.0 there, 0.7 now\); rerun with those"):
+        check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "temperature": 0.7})
+    with pytest.raises(ValueError, match="measured on another machine or kernels"):
+        check_meta(tmp_path / "r.json", {"meta": meta}, {**meta, "machine": {**meta["machine"], "layers": "modules"}})
+
+
+def test_a_bench_resume_under_other_attention_or_layer_kernels_is_refused(tmp_path, monkeypatch):
+    """``MMSPEC_FUSED=0`` (or ``MMSPEC_ATTENTION=sdpa``) on a resume of ``bench text`` / ``caption``
+    mixed the modules' times into the fused layers' medians, and the file then named only the
+    last run's kernels; bench text records that it runs its models as loaded."""
+    import argparse
+
+    from mmspec.bench import text
+    from mmspec.bench.results import load_results, run_settings, save_results
+
+    from mmspec.modeling import fused as fused_module
+
+    args = argparse.Namespace(threads=1)
+    monkeypatch.setattr(fused_module, "fused_enabled", lambda: True)  # (read once a process from MMSPEC_FUSED)
+    fused = run_settings(args)
+    path = tmp_path / "r.json"
+    save_results(path, load_results(path, "text", {"model": "m", **fused}))
+    monkeypatch.setattr(fused_module, "fused_enabled", lambda: False)  # MMSPEC_FUSED=0
+    with pytest.raises(ValueError, match=r"other settings \(layers 'fused' there, 'modules' now\)"):
+        load_results(path, "text", {"model": "m", **run_settings(args)})
+    old = {"model": "m", **{k: v for k, v in fused.items() if k not in ("attention", "layers")}}
+    save_results(path, {"suite": "text", "settings": old, "runs": {}})  # a file from before they were recorded
+    load_results(path, "text", {"model": "m", **run_settings(args)})
+    seen = {}
+
+    def stop(path, suite, settings):
+        seen.update(settings)
+        raise KeyboardInterrupt  # (before any model loads)
+
+    monkeypatch.setattr(text, "load_results", stop)
+    parser = argparse.ArgumentParser()
+    text.add_arguments(parser)
+    with pytest.raises(KeyboardInterrupt):
+        text.run(parser.parse_args(["--results", str(tmp_path / "t.json"), "--threads", "1"]))
+    assert seen["optimize"] is False and seen["layers"] == "modules"  # the models run as loaded, no mmspec.optimize
+
+
 def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, tmp_path, capsys):
     """A text LM given to caption, a VLM given to generate: what the checkpoint is and the command that
     takes it, not transformers' list of every class its Auto class loads (~2,000 characters)."""
@@ -436,6 +486,72 @@ def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_pat
     else:
         pytest.fail("no sampled run differed from plain decoding's draws")
     assert difference_note(False, False) is None and "half precision" in difference_note(False, True)
+
+
+def test_generate_without_a_chat_template_asks_for_raw(tmp_path, capsys):
+    """A tokenizer without a chat template had the prompt fed as plain text, unsaid, although the
+    prompt's help says it is wrapped in the template unless --raw."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    tokenizer.chat_template = None
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    argv = ["generate", "hello", "--model", str(target), "--dtype", "fp32", "--max-new-tokens", "2", "--no-optimize"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (f"mmspec: error: the tokenizer of {target} has no chat template to wrap the "
+                                            "prompt in; pass --raw to feed it as plain text (a base model), or add the "
+                                            "model's template to its directory (chat_template.jinja)")
+    assert main([*argv, "--raw"]) == 0
+
+
+def test_bench_text_refuses_a_drafter_the_model_cannot_take_before_measuring(tmp_path, capsys, monkeypatch):
+    """``--methods ar,eagle`` on a model without a shipped EAGLE head failed after the cost curve
+    and AR's first runs (the drafter was built only in its first run)."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    from mmspec.bench import text
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    monkeypatch.setattr(text, "verification_cost_curve", lambda *a: pytest.fail("measured the cost curve"))
+    monkeypatch.setattr(text, "run_once", lambda *a: pytest.fail("measured a run"))
+    capsys.readouterr()
+    assert main(["bench", "text", "--model", str(target), "--dtypes", "fp32", "--methods", "ar,prompt-lookup,eagle",
+                 "--prompt-types", "qa", "--max-new-tokens", "2", "--repeats", "1", "--threads", "1",
+                 "--results", str(tmp_path / "t.json")]) == 2
+    assert "no trained eagle drafter for LlamaForCausalLM" in capsys.readouterr().err
+
+
+def test_bench_text_builds_each_drafter_once(tmp_path, capsys, monkeypatch):
+    """Each run built its drafter from its name inside the timed whole call (S_hf's), loading a
+    trained head from disk every time; now every run of a method gets the one built before."""
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    from mmspec.bench import text
+    from mmspec.drafters import Drafter
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(tmp_path / "lm", len(tokenizer), seed=3)
+    target = save_text_target(tmp_path / "lm", LlamaForCausalLM.from_pretrained(tmp_path / "lm"), tokenizer)
+    seen = []
+    real = text.generate
+    monkeypatch.setattr(text, "generate", lambda model, drafter=None, **kw: seen.append(drafter) or real(model, drafter=drafter, **kw))
+    assert main(["bench", "text", "--model", str(target), "--dtypes", "fp32", "--methods", "ar,prompt-lookup:3",
+                 "--prompt-types", "qa", "--max-new-tokens", "2", "--repeats", "1", "--threads", "1", "--cost-curve", "",
+                 "--results", str(tmp_path / "t.json")]) == 0
+    drafters = [d for d in seen if d is not None]
+    assert len(seen) == 8 and len(drafters) == 4  # 2 prompts x 2 rounds x 2 methods
+    assert isinstance(drafters[0], Drafter) and all(d is drafters[0] for d in drafters)
 
 
 def test_an_interrupt_that_a_library_turns_into_another_error_is_still_one_line(monkeypatch, capsys):

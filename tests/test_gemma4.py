@@ -321,7 +321,7 @@ def test_batch_rows_equal_batch_one_rows(target, drafter):
 def test_the_assistant_refuses_batches_in_one_line(target):
     with pytest.raises(ValueError, match="the assistant drafter reads the target's sliding-window cache"):
         mmspec.generate(target, drafter=AssistantDrafter(assistant_model()), input_ids=torch.cat([PROMPT, PROMPT]),
-                        max_new_tokens=4)
+                        attention_mask=torch.ones(2, PROMPT.shape[1], dtype=torch.long), max_new_tokens=4)
 
 
 @pytest.mark.parametrize("drafter", ["prompt-lookup", "layer-skip:2", "self", "assistant", "text-only draft (SPD)"])

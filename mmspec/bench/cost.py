@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
-    """The sizes and variants, checked before anything loads."""
+    """The sizes and variants (each once, plain first), checked before anything loads."""
     try:
         sizes = [int(n) for n in args.sizes.split(",") if n]
     except ValueError:
@@ -83,7 +83,9 @@ def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         raise ValueError(f"--variants must be a comma list of {', '.join(VARIANTS)}, got {args.variants!r}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be a positive integer, got {args.repeats}")
-    return sorted(set([1, *sizes])), variants
+    # plain before optimized whatever the order given: optimize() changes the model in place, so a
+    # "plain" measured after it timed the optimized linears under the plain label
+    return sorted(set([1, *sizes])), [v for v in VARIANTS if v in variants]
 
 
 def load_target(name: str, dtype: str, device: str = "cpu"):
@@ -240,10 +242,58 @@ def measure_recurrent(target, model: nn.Module, sizes: list[int], model_inputs, 
     return {"kept": kept, "bare": bare, "rollback": rollback}
 
 
+#: what a results file's machine record must share with this run to be this run's curve
+_SAME_MACHINE = ("cpu", "cpu_model", "cpu_flags", "device", "threads", "attention", "layers", "torch", "transformers",
+                 "emulated_from")
+
+
+def saved_results(args: argparse.Namespace, sizes: list[int], variants: list[str]) -> dict | None:
+    """The results at ``--results`` when they are this command's, complete: the same model, sizes,
+    repeats, dtype and machine, every variant asked for (with its parts unless ``--no-parts``); None
+    when there is no file or it lacks a variant (a run cut short: measured again). A file of other
+    settings, or not a cost results file, is refused in one ValueError line (a rerun measured again
+    and overwrote it).
+
+    Raises:
+        ValueError: the file is of other settings, or not a cost results file.
+    """
+    import json
+
+    from ..cli.dataset import changed_settings
+    from ..hub import resolve_dtype
+
+    path = Path(args.results)
+    if not path.exists():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{path} is not a results file ({error.__class__.__name__}); pass another --results file") from None
+    if not isinstance(results, dict) or not isinstance(results.get("meta"), dict) or not isinstance(results.get("variants"), dict):
+        raise ValueError(f"{path} is not a results file of mmspec bench cost; pass another --results file")
+    meta, machine = results["meta"], results["meta"].get("machine", {})
+    now = machine_info("-", args.threads, args.device)
+    recorded = {"model": meta.get("model"), "sizes": meta.get("sizes"), "repeats": meta.get("repeats"),
+                **{key: machine.get(key) for key in _SAME_MACHINE}}
+    wanted = {"model": args.model, "sizes": sizes, "repeats": args.repeats, **{key: now.get(key) for key in _SAME_MACHINE}}
+    if args.dtype != "auto":  # (auto: the model's own choice, known once it loads; a file records what it ran)
+        recorded["dtype"], wanted["dtype"] = machine.get("dtype"), dtype_name(resolve_dtype(args.dtype, args.device))
+    shown = changed_settings(recorded, wanted)
+    if shown:
+        raise ValueError(f"{path} holds a cost curve of other settings ({shown}); pass another --results file (a rerun "
+                         "of the same command writes its tables again from its complete file, measuring nothing)")
+    parts = not args.no_parts and now["device"] == "cpu"
+    missing = [v for v in variants if v not in results["variants"] or (parts and "parts_ms" not in results["variants"][v])]
+    return None if missing else results  # (a run cut short: measured again, as a whole)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..modeling.fast_linear import optimize
 
     sizes, variants = check(args)
+    saved = saved_results(args, sizes, variants)  # before anything loads
+    if saved is not None:
+        return write_tables(args, {**saved, "variants": {v: saved["variants"][v] for v in variants}})
     target, inputs, model = load_target(args.model, args.dtype, args.device)
     dtype = dtype_name(next(model.parameters()).dtype)
     lean = getattr(target, "lean", False) and getattr(target, "lean_decoder", None) is not None
@@ -264,6 +314,11 @@ def run(args: argparse.Namespace) -> int:
             record["rollback_ms"] = {str(n): {str(m): t * 1000 for m, t in v.items()} for n, v in costs["rollback"].items()}
         results["variants"][variant] = record
         save_results(Path(args.results), results)
+    return write_tables(args, results)
+
+
+def write_tables(args: argparse.Namespace, results: dict) -> int:
+    """Print the table of ``results`` and write it to ``--markdown``."""
     table = markdown_table(results)
     print(table)
     if args.markdown:

@@ -33,6 +33,26 @@ def load_results(path: Path, suite: str, settings: dict) -> dict:
     return results
 
 
+def check_meta(path: Path, results: dict, meta: dict) -> None:
+    """Refuse a resume of ``results`` (a results file read by :func:`load_results`) whose recorded
+    ``meta`` (what every run depends on: settings, machine, kernels) is not ``meta``, in one
+    ValueError line naming what changed. The git commit is recorded, not compared: a rerun of a
+    complete file after a later commit derives its tables again (it was refused as "other settings")."""
+    from ..cli.dataset import changed_settings
+
+    before = results.get("meta", meta)
+
+    def bare(record: dict) -> dict:
+        machine = record.get("machine")
+        return {**record, "machine": {k: v for k, v in machine.items() if k != "commit"}} if isinstance(machine, dict) else record
+
+    if not isinstance(before, dict) or bare(before) != bare(meta):
+        settings = {key: value for key, value in meta.items() if key not in ("machine", "linears")}
+        shown = changed_settings(before, settings) or "measured on another machine or kernels"
+        raise ValueError(f"{path} holds results of other settings ({shown}); rerun with those to resume, or pass another "
+                         "--results file")
+
+
 def save_results(path: Path, results: dict) -> None:
     """Write ``results`` as ``path`` whole (through mmspec.cli.output: a failure names the path,
     and a failed write keeps the previous file)."""
@@ -61,10 +81,15 @@ def source_commit() -> str | None:
 
 def run_settings(args, device: str = "cpu") -> dict:
     """What every measurement of a resumed results file must share beyond the suite's own settings:
-    threads, device, the kernels' use, CUDA graphs, the draft length and the machine (CPU model and
-    speed flags, torch and transformers): a resume with other ones mixed both into one median."""
+    threads, device, the kernels' use (few-row linears, the attention and decoder-layer kernels), CUDA
+    graphs, the draft length and the machine (CPU model and speed flags, torch and transformers): a
+    resume with other ones mixed both into one median. The git commit is recorded (machine_info), not
+    compared, so that a complete file's tables can be derived again after a later commit."""
     machine = machine_info("-", args.threads, device)
+    # the attention and layer kernels (MMSPEC_ATTENTION, MMSPEC_FUSED) at the top level, where a
+    # file from before they were recorded does not hold them (its resume is not refused for that)
     return {"threads": args.threads, "device": device, "optimize": getattr(args, "optimize", True),
+            "attention": machine["attention"], "layers": machine["layers"],
             "cuda_graphs": getattr(args, "cuda_graphs", False), "num_draft_tokens": getattr(args, "num_draft_tokens", None),
             "machine": {k: machine.get(k) for k in ("cpu", "cpu_model", "cpu_flags", "device", "torch", "transformers",
                                                     "emulated_from")}}

@@ -25,7 +25,7 @@ from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..cli.output import write_output, write_text
-from .results import add_device_args, add_threads_arg, load_results, machine_info, machine_line, save_results
+from .results import add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 #: the benchmark's draft length K where neither --num-draft-tokens nor a method's spec gives one
@@ -125,13 +125,7 @@ def run(args: argparse.Namespace) -> int:
             "delta": args.delta, "lam": args.lam, "neighbours_k": args.neighbours_k, "prompts": args.prompts, "rounds": args.rounds,
             "machine": machine_info(dtype_name(components.dtype), args.threads, args.device),
             "linears": components.linears, "cuda_graphs": args.cuda_graphs}
-    if results.get("meta", meta) != meta:
-        from ..cli.dataset import changed_settings
-
-        settings = {key: value for key, value in meta.items() if key not in ("machine", "linears")}
-        shown = changed_settings(results["meta"], settings) or "measured on another machine or kernels"
-        raise ValueError(f"{path} holds results of other settings ({shown}); rerun with those to resume, or pass another "
-                         "--results file")
+    check_meta(path, results, meta)
     results["meta"] = meta
     runs = results.setdefault("runs", {})
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance_scale)

@@ -28,7 +28,7 @@ import torch
 
 from ..hub import dtype_name
 from ..cli.output import write_text
-from .results import add_device_args, load_results, machine_info, machine_line, save_results
+from .results import add_device_args, check_meta, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),
             "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
-    if results.get("meta", meta) != meta:
-        raise ValueError(f"{path} holds results of other settings; pass another --results file")
+    check_meta(path, results, meta)
     results["meta"] = meta
     if batch_sizes:
         return run_throughput(args, results, path, pipe.components, methods, texts, batch_sizes)

@@ -39,6 +39,9 @@ def run_generate_command(args) -> int:
     draft_dir = check_drafter_name(drafter, auto=False)  # a spec's settings checked (the one spec syntax); else a directory
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
+    if not args.raw and getattr(tokenizer, "chat_template", None) is None:  # (the prompt went in as plain text, unsaid)
+        raise ValueError(f"the tokenizer of {args.model} has no chat template to wrap the prompt in; pass --raw to feed it "
+                         "as plain text (a base model), or add the model's template to its directory (chat_template.jinja)")
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     if draft_dir is not None:
         drafter, _ = load_causal_lm(draft_dir, dtype=model.dtype, device=device, tokenizer=False)
