@@ -206,6 +206,8 @@ def load_causal_lm(
                 raise no_tokenizer from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    except weights_unreadable() as error:
+        raise damaged_weights(name_or_path, error) from None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
@@ -232,6 +234,22 @@ def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exceptio
         return error
     return ValueError(f"{str(name)!r}: its weights do not match its config.json (tensor shapes differ); the "
                       "checkpoint is broken or mixed with another model's files")
+
+
+def weights_unreadable() -> tuple[type[Exception], ...]:
+    """The exception classes of a weights file that cannot be read at all: safetensors'
+    ``SafetensorError`` (a file cut short by an interrupted download or copy, or not safetensors)."""
+    from safetensors import SafetensorError
+
+    return (SafetensorError,)
+
+
+def damaged_weights(name: str | os.PathLike, error: Exception) -> ValueError:
+    """A weights file safetensors cannot read (:func:`weights_unreadable`) -> one ValueError line
+    naming the checkpoint and what to do, instead of the reader's traceback."""
+    reason = (str(error).splitlines() or [type(error).__name__])[0]
+    return ValueError(f"{str(name)!r}: a weights file cannot be read ({reason}); it is damaged or incomplete "
+                      "(an interrupted download or copy): download or copy the checkpoint again")
 
 
 def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: str, instead: str) -> ValueError:

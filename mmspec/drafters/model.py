@@ -180,6 +180,11 @@ class SpdDrafter(ModelDrafter):
             path = Path(arg).expanduser()
         else:
             path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by)
+        from ..hub import damaged_weights, weights_unreadable
+
         param = next(target.model.parameters())
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        try:
+            draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        except weights_unreadable() as error:
+            raise damaged_weights(path, error) from None
         return cls(draft, num_draft_tokens or 4)

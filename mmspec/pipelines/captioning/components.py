@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import ALIASES as TEXT_MODELS, check_model_path, mismatched_weights, model_kind_error
+from ...hub import (ALIASES as TEXT_MODELS, check_model_path, damaged_weights, mismatched_weights, model_kind_error,
+                    weights_unreadable)
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -81,6 +82,8 @@ def load_captioning_model(
         if getattr(processor, "chat_template", None) is None:  # (every caption is a chat turn: refused before the weights load)
             raise ValueError(no_chat_template(name))
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    except weights_unreadable() as error:
+        raise damaged_weights(name, error) from None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
@@ -111,7 +114,10 @@ def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch
 
     model_type = getattr(AutoConfig.from_pretrained(path), "model_type", "")
     auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+    try:
+        return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+    except weights_unreadable() as error:
+        raise damaged_weights(path, error) from None
 
 
 def check_cuda_graphs(cuda_graphs: bool, device: torch.device) -> None:
