@@ -165,8 +165,11 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> str:
 def check_model_path(name: str) -> str:
     """``name`` unless it reads as a local path (absolute, ``.`` / ``~`` first, or more than one
     ``/``) that does not exist: then FileNotFoundError "model directory not found" (rather than
-    the hub's refusal of it as a repo id)."""
+    the hub's refusal of it as a repo id); a file is refused (ValueError): a model is a directory."""
     path = Path(name).expanduser()
+    if path.is_file():
+        raise ValueError(f"{name} is a file, not a model directory; give a checkpoint directory (its config.json, weights "
+                         "and tokenizer or processor files) or a hub id")
     if not path.exists() and (path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1):
         raise FileNotFoundError(f"model directory not found: {name}")
     return str(path) if path.exists() else name

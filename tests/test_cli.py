@@ -193,6 +193,10 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
                                                           "model_type); an image model"),
         (["caption", ""], "the image path is empty; give an image file"),
         (["caption", "samples/photo.png", "--drafter", "docs"], "docs holds no draft model (no config.json)"),
+        # a folder that is no checkpoint, or a file, as --model: not transformers' "Unrecognized processing class" / "Repo id must be"
+        (["caption", "samples/photo.png", "--model", "docs"], "'docs' holds no model (no config.json); give a VLM checkpoint"),
+        (["caption", "samples/photo.png", "--model", "samples/photo.png"], "samples/photo.png is a file, not a model directory"),
+        (["generate", "hi", "--model", "README.md"], "README.md is a file, not a model directory"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys, monkeypatch):

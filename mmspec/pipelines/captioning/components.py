@@ -94,10 +94,14 @@ def load_captioning_model(
 def check_vlm_config(name: str, source: str | os.PathLike) -> None:
     """Refuse (one ValueError line, before the processor and weights load) a checkpoint whose config
     names a model type that transformers' image-text-to-text models do not cover, e.g. a text LM; a
-    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders."""
+    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders. A
+    local directory without a config.json (an empty one, a folder of images) is no checkpoint at all."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+    if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        raise ValueError(f"{name!r} holds no model (no config.json); give a VLM checkpoint directory (config.json, the "
+                         "weights and the processor's files) or a hub id, or no --model for the embedded captioner")
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError):
