@@ -211,6 +211,19 @@ def test_unknown_drafter(smolvlm_dir, tmp_path):
         mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=str(tmp_path / "draft"))
 
 
+@pytest.mark.parametrize("drafter, instead", [
+    ("spd", "pass drafter='spd:PATH' with a small transformers causal LM sharing the target's tokenizer"),
+    ("eagle2", r"pass drafter='eagle2:PATH' with one trained for this model \(`mmspec train drafter --method eagle`\)")])
+def test_a_trained_drafter_by_name_on_a_users_model_says_what_to_pass(smolvlm_dir, drafter, instead):
+    """By name, a trained drafter exists only for mmspec's embedded models: "spd" on a user's
+    checkpoint pointed at `mmspec train caption-draft`, which trains the embedded captioner's draft
+    only, and every line repeated itself ("no trained draft drafter ... (a trained draft drafter not found)")."""
+    with pytest.raises(ValueError, match=f"^no trained {drafter} drafter ships for SmolVLMForConditionalGeneration "
+                                         rf"\(mmspec ships them for its embedded models only\); {instead}") as error:
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=drafter)
+    assert "caption-draft" not in str(error.value) and "not found" not in str(error.value)
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt(smolvlm, smolvlm_dir, photo, prompt):
     with pytest.raises(ValueError, match="prompt is empty"):

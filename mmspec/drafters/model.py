@@ -179,7 +179,9 @@ class SpdDrafter(ModelDrafter):
             check_drafter_dir(cls.name, arg)
             path = Path(arg).expanduser()
         else:
-            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by)
+            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by,
+                                       instead="a small transformers causal LM sharing the target's tokenizer "
+                                               "(a text-only draft; its directory alone as the drafter works too)")
         from ..hub import damaged_weights, weights_unreadable
 
         param = next(target.model.parameters())
