@@ -224,6 +224,13 @@ def test_a_trained_drafter_by_name_on_a_users_model_says_what_to_pass(smolvlm_di
     assert "caption-draft" not in str(error.value) and "not found" not in str(error.value)
 
 
+@pytest.mark.parametrize("flag, value", [("trust_remote_code", "False"), ("cuda_graphs", "no"), ("optimize", 1)])
+def test_construction_flags_take_true_or_false_only(smolvlm_dir, flag, value):
+    """trust_remote_code="False" (a string) was taken as True, so the checkpoint's own code would run."""
+    with pytest.raises(ValueError, match=f"^{flag} must be True or False, got {value!r}"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, **{flag: value})
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt(smolvlm, smolvlm_dir, photo, prompt):
     with pytest.raises(ValueError, match="prompt is empty"):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ...api import generate, generate_rows, optimize_components
+from ...core.arguments import check_argument_types
 from ...core.batch import RowResult
 from ...core.stats import DictAccess, SpecStats
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
@@ -280,7 +281,7 @@ class ImageCaptioningPipeline(Pipeline):
         # every argument checked before the model loads
         self.check_arguments(dict(model=model, prompt=prompt, drafter=drafter, device=device, dtype=dtype,
                                   cuda_graphs=cuda_graphs, num_draft_tokens=num_draft_tokens,
-                                  trust_remote_code=trust_remote_code))
+                                  trust_remote_code=trust_remote_code, optimize=optimize))
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -302,6 +303,9 @@ class ImageCaptioningPipeline(Pipeline):
         """Check construction arguments (all of ``__init__``'s, bound) without loading anything
         (presets): the drafter name (and no draft length with plain decoding), the prompt, dtype
         and device. Raises ValueError / FileNotFoundError."""
+        # (trust_remote_code="False", a string, read as True would run the checkpoint's code)
+        check_argument_types(cls.__init__, {name: values[name] for name in ("trust_remote_code", "cuda_graphs", "optimize")
+                                            if name in values})
         check_prompt(values["prompt"])
         k = values.get("num_draft_tokens")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
