@@ -19,6 +19,7 @@ result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -28,8 +29,9 @@ from torch import nn
 
 from ...api import generate, generate_rows, optimize_components
 from ...core.arguments import check_argument_types
-from ...core.batch import RowResult
+from ...core.batch import RowResult, row_drafter
 from ...core.stats import DictAccess, SpecStats
+from ...core.target import RowTarget, batch_size_one_reason
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
@@ -401,6 +403,19 @@ class ImageCaptioningPipeline(Pipeline):
         if batch_size > 1:
             return self.batch_drafter(batch_size, do_sample)
         return self.sampling_drafter() if do_sample else (self.drafter, self.chosen_drafter, self.drafter_reason)
+
+    def check_batch(self, batch_size: int, do_sample: bool = False) -> None:
+        """Refuse (one ValueError line, before any image is read) a batch of ``batch_size`` images
+        that this pipeline cannot decode together: a target that decodes one sequence at a time, or
+        a drafter that runs at batch size 1 only (Gemma 4's assistant); nothing for batch size 1."""
+        if batch_size < 2:
+            return
+        reason = batch_size_one_reason(self.target)
+        if reason or not isinstance(self.target, RowTarget):
+            raise ValueError(f"{type(self.model).__name__} {reason or 'decodes one sequence at a time'}; use batch size 1")
+        drafter, _, _ = self.batch_drafter(batch_size, do_sample)
+        if drafter is not None:
+            row_drafter(copy.copy(drafter))  # (each row's drafter, as generate_rows makes it; raises where it cannot)
 
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
