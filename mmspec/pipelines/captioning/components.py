@@ -62,8 +62,8 @@ def load_captioning_model(
 
     Loaded with ``AutoProcessor`` and ``AutoModelForImageTextToText``, so any family of
     :data:`~mmspec.adapters.hf.VLM_FAMILIES` works (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral,
-    Idefics3, SmolVLM, Gemma3, LLaVA-OneVision, InternVL, Llama-3.2-Vision,
-    Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+    Idefics3, SmolVLM, Gemma3, Gemma 4, LLaVA-OneVision, InternVL, Llama-3.2-Vision,
+    Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, LFM2-VL).
 
     Raises:
         FileNotFoundError: no such directory, or a hub id that cannot be loaded.

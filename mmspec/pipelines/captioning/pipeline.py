@@ -234,7 +234,7 @@ class ImageCaptioningPipeline(Pipeline):
 
     Args:
         model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
-            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL); or a
+            of a VLM (any family of docs/families.md: LLaVA, Pixtral, Idefics3, SmolVLM, Gemma 3 / 4, Qwen-VL, Qwen3.5, ...); or a
             loaded transformers VLM (then pass ``processor`` too; it is used as it is, on its own
             device and in its own dtype).
         drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
