@@ -165,8 +165,11 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> str:
 def check_model_path(name: str) -> str:
     """``name`` unless it reads as a local path (absolute, ``.`` / ``~`` first, or more than one
     ``/``) that does not exist: then FileNotFoundError "model directory not found" (rather than
-    the hub's refusal of it as a repo id)."""
+    the hub's refusal of it as a repo id); a file is refused (ValueError): a model is a directory."""
     path = Path(name).expanduser()
+    if path.is_file():
+        raise ValueError(f"{name} is a file, not a model directory; give a checkpoint directory (its config.json, weights "
+                         "and tokenizer or processor files) or a hub id")
     if not path.exists() and (path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1):
         raise FileNotFoundError(f"model directory not found: {name}")
     return str(path) if path.exists() else name
@@ -206,6 +209,8 @@ def load_causal_lm(
                 raise no_tokenizer from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    except weights_unreadable() as error:
+        raise damaged_weights(name_or_path, error) from None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
@@ -232,6 +237,22 @@ def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exceptio
         return error
     return ValueError(f"{str(name)!r}: its weights do not match its config.json (tensor shapes differ); the "
                       "checkpoint is broken or mixed with another model's files")
+
+
+def weights_unreadable() -> tuple[type[Exception], ...]:
+    """The exception classes of a weights file that cannot be read at all: safetensors'
+    ``SafetensorError`` (a file cut short by an interrupted download or copy, or not safetensors)."""
+    from safetensors import SafetensorError
+
+    return (SafetensorError,)
+
+
+def damaged_weights(name: str | os.PathLike, error: Exception) -> ValueError:
+    """A weights file safetensors cannot read (:func:`weights_unreadable`) -> one ValueError line
+    naming the checkpoint and what to do, instead of the reader's traceback."""
+    reason = (str(error).splitlines() or [type(error).__name__])[0]
+    return ValueError(f"{str(name)!r}: a weights file cannot be read ({reason}); it is damaged or incomplete "
+                      "(an interrupted download or copy): download or copy the checkpoint again")
 
 
 def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: str, instead: str) -> ValueError:

@@ -120,7 +120,13 @@ def test_write_drafters_file_feeds_auto(bench_run, tmp_path, capsys):
     assert main(argv + ["--write-drafters-file"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
-    assert f"wrote {model_dir / 'mmspec_drafters.json'}; docs/captioning.md quotes it as" in captured.err
+    # (another model's file: docs/captioning.md quotes only the embedded captioner's)
+    assert f"wrote {model_dir / 'mmspec_drafters.json'}; drafter=\"auto\" reads it as:\n" in captured.err
+    assert "docs/captioning.md" not in captured.err
+    from mmspec.bench.caption import quoted_as
+    from mmspec.modeling.captioner import default_captioner_dir
+
+    assert quoted_as(default_captioner_dir() / "mmspec_drafters.json") == "docs/captioning.md quotes it as"
     table = json.loads((model_dir / "mmspec_drafters.json").read_text())
     entries = table["drafters"]
     assert [e["drafter"] for e in entries][:2] == ["prompt-lookup", "layer-skip:1"] and entries[0]["num_draft_tokens"] == 3

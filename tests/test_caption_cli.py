@@ -182,6 +182,17 @@ def test_an_image_the_model_fails_on_is_its_rows_error(capsys, checkpoint, image
         assert f"{images[1]}:" in out
 
 
+def test_a_batch_the_drafter_cannot_decode_is_refused_in_one_line(capsys, checkpoint, images):
+    """--batch-size 2 with a drafter that runs at batch size 1 only (Gemma 4's assistant, SJD-PAC's
+    trees) was captioned image by image without a word (the refused batch fell back as if one image
+    had failed); the docs promise one error line."""
+    code, out, err = run(capsys, *images, "--model", checkpoint, "--drafter", "sjd-pac", "--max-new-tokens", "4",
+                         "--batch-size", "2")
+    errors = [line for line in err.splitlines() if "mmspec:" in line]  # (after transformers' loading bar)
+    assert code == 2 and out == "" and len(errors) == 1 and "runs at batch size 1" in errors[0]
+    assert errors[0].split("\r")[-1].startswith("mmspec: error: the sjd-pac drafter drafts token trees")
+
+
 def test_an_image_the_processor_refuses_is_named_with_its_size(capsys, tmp_path_factory):
     """Qwen2-VL's processor refuses an aspect ratio over 200: the line names the image and its
     size and says what to do (it spoke of "this conversation" for a plain image)."""

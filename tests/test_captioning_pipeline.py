@@ -211,6 +211,39 @@ def test_unknown_drafter(smolvlm_dir, tmp_path):
         mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=str(tmp_path / "draft"))
 
 
+@pytest.mark.parametrize("drafter, instead", [
+    ("spd", "pass drafter='spd:PATH' with a small transformers causal LM sharing the target's tokenizer"),
+    ("eagle2", r"pass drafter='eagle2:PATH' with one trained for this model \(`mmspec train drafter --method eagle`\)")])
+def test_a_trained_drafter_by_name_on_a_users_model_says_what_to_pass(smolvlm_dir, drafter, instead):
+    """By name, a trained drafter exists only for mmspec's embedded models: "spd" on a user's
+    checkpoint pointed at `mmspec train caption-draft`, which trains the embedded captioner's draft
+    only, and every line repeated itself ("no trained draft drafter ... (a trained draft drafter not found)")."""
+    with pytest.raises(ValueError, match=f"^no trained {drafter} drafter ships for SmolVLMForConditionalGeneration "
+                                         rf"\(mmspec ships them for its embedded models only\); {instead}") as error:
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=drafter)
+    assert "caption-draft" not in str(error.value) and "not found" not in str(error.value)
+
+
+@pytest.mark.parametrize("spec, line", [
+    ("eagle:models/smolcap-eagle", "the eagle head in models/smolcap-eagle has width 576, the target 32: it was"),
+    ("eagle3:models/smolcap-eagle3", "the EAGLE-3 head in models/smolcap-eagle3 has width 576 .* the target's is 32: it was"),
+    ("medusa:models/smolcap-medusa", "the heads in models/smolcap-medusa have width 576, the target 32: they were")])
+def test_a_head_trained_for_another_model_says_what_to_do(smolvlm_dir, monkeypatch, spec, line):
+    """The embedded captioner's heads on a user's checkpoint: the line named the widths only."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    method = spec.split(":")[0]
+    with pytest.raises(ValueError, match=f"^{line} trained for another model; train one for this model with "
+                                         f"`mmspec train drafter --method {method} --target PATH --data DATA`$"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, dtype="fp32", drafter=spec)
+
+
+@pytest.mark.parametrize("flag, value", [("trust_remote_code", "False"), ("cuda_graphs", "no"), ("optimize", 1)])
+def test_construction_flags_take_true_or_false_only(smolvlm_dir, flag, value):
+    """trust_remote_code="False" (a string) was taken as True, so the checkpoint's own code would run."""
+    with pytest.raises(ValueError, match=f"^{flag} must be True or False, got {value!r}"):
+        mmspec.pipeline("image-captioning", model=smolvlm_dir, **{flag: value})
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt(smolvlm, smolvlm_dir, photo, prompt):
     with pytest.raises(ValueError, match="prompt is empty"):

@@ -1,6 +1,7 @@
 """The mmspec command: help, errors without tracebacks, JSON output."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -192,6 +193,10 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
                                                           "model_type); an image model"),
         (["caption", ""], "the image path is empty; give an image file"),
         (["caption", "samples/photo.png", "--drafter", "docs"], "docs holds no draft model (no config.json)"),
+        # a folder that is no checkpoint, or a file, as --model: not transformers' "Unrecognized processing class" / "Repo id must be"
+        (["caption", "samples/photo.png", "--model", "docs"], "'docs' holds no model (no config.json); give a VLM checkpoint"),
+        (["caption", "samples/photo.png", "--model", "samples/photo.png"], "samples/photo.png is a file, not a model directory"),
+        (["generate", "hi", "--model", "README.md"], "README.md is a file, not a model directory"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_loads(argv, message, capsys, monkeypatch):
@@ -461,6 +466,31 @@ def test_a_checkpoint_of_the_other_kind_is_named_in_one_line(tmp_path_factory, t
         last = err.strip().splitlines()[-1]  # (after transformers' own load report)
         assert last.startswith("mmspec: error: ") and "its weights do not match its config.json" in last
         assert "Traceback" not in err
+
+
+def test_a_damaged_weights_file_is_one_line(tmp_path_factory, tmp_path, capsys):
+    """A safetensors file cut short (an interrupted download or copy) was safetensors' traceback and
+    exit 1 for caption --model, caption --drafter DIR, spd:DIR and generate --model (the h2 audit)."""
+    from tiny_checkpoints import cached_tiny_checkpoint, save_tiny_draft
+
+    whole, vlm = cached_tiny_checkpoint("qwen2_vl", tmp_path_factory), tmp_path / "vlm"
+    shutil.copytree(whole, vlm)
+    lm = save_tiny_draft(tmp_path / "lm", 64)
+    for item in vlm.glob("*token*"):  # (a tokenizer beside it: one without is refused before the weights load)
+        (lm / item.name).write_bytes(item.read_bytes())
+    for directory in (vlm, lm):
+        weights = directory / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    photo = str(Path(__file__).resolve().parents[1] / "samples" / "photo.png")
+    for argv in (["caption", photo, "--model", str(vlm)], ["generate", "hi", "--model", str(lm)],
+                 ["caption", photo, "--model", str(whole), "--drafter", str(lm)],
+                 ["caption", photo, "--model", str(whole), "--drafter", f"spd:{lm}"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("mmspec: error: ") and "a weights file cannot be read" in last, err
+        assert "download or copy the checkpoint again" in last and "Traceback" not in err
 
 
 def test_generate_says_why_a_sampled_output_differs_from_plain_decodings(tmp_path, capsys):

@@ -57,7 +57,7 @@ HYBRID = ("qwen3_5_vl", "qwen3_5_moe_vl", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm
 NO_GRAPHS = "captured forwards need a Llama decoder.*drop cuda_graphs"
 REFUSED = {
     # no trained head ships for a random model: the line names the drafter:PATH form and the training command
-    "eagle2 (name)": {**{family: "no trained eagle drafter.*pass drafter='eagle2:PATH'.*mmspec train drafter --method eagle"
+    "eagle2 (name)": {**{family: "no trained eagle2 drafter ships.*pass drafter='eagle2:PATH'.*mmspec train drafter --method eagle"
                          for family in BUILDERS},
                       # a recurrent target refuses the tree drafter before looking for its weights
                       **{family: "a token tree would need a state per branch. Use a chain drafter" for family in HYBRID}},

@@ -141,6 +141,8 @@ def run_caption_command(args) -> int:
         captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=device,
                                             dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize,
                                             cuda_graphs=args.cuda_graphs)
+        for size in {min(args.batch_size, len(todo) - start) for start in range(0, len(todo), args.batch_size)}:
+            captioner.check_batch(size, args.do_sample)  # (a refused batch is one line, not image by image unsaid)
         if not args.json:
             linears = captioner.optimization.summary() if captioner.optimization else "linears as loaded"
             sizes = dict.fromkeys(min(args.batch_size, len(todo) - start) for start in range(0, len(todo), args.batch_size))

@@ -179,7 +179,14 @@ class SpdDrafter(ModelDrafter):
             check_drafter_dir(cls.name, arg)
             path = Path(arg).expanduser()
         else:
-            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by)
+            path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by,
+                                       instead="a small transformers causal LM sharing the target's tokenizer "
+                                               "(a text-only draft; its directory alone as the drafter works too)")
+        from ..hub import damaged_weights, weights_unreadable
+
         param = next(target.model.parameters())
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        try:
+            draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        except weights_unreadable() as error:
+            raise damaged_weights(path, error) from None
         return cls(draft, num_draft_tokens or 4)

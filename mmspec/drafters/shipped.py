@@ -29,10 +29,12 @@ def embedded_names(model: nn.Module) -> tuple[str, ...]:
     return EMBEDDED.get(key, ())
 
 
-def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | None = None, train: str | None = None) -> Path:
+def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | None = None, train: str | None = None,
+                        instead: str | None = None) -> Path:
     """The directory of the shipped ``kind`` drafter for ``model`` (holding file ``marker``);
     ``spec`` is the drafter name the user gave (default ``kind``) and ``train`` the command that
-    trains one (default ``mmspec train drafter --method KIND``), for the error message.
+    trains one (default ``mmspec train drafter --method KIND``), for the error message; ``instead``
+    (what ``spec:PATH`` takes, for a model mmspec ships nothing for) replaces the training command there.
 
     Raises:
         ValueError: the model is not one of mmspec's embedded models, or nothing is shipped for it.
@@ -44,11 +46,14 @@ def shipped_drafter_dir(model: nn.Module, kind: str, marker: str, spec: str | No
         directory = models_dir() / f"{name}-{kind}"
         if (directory / marker).is_file():
             return directory
-    where = f"models/{names[0]}-{kind}" if names else f"a trained {kind} drafter"
-    raise ValueError((names and no_models_note()) or
-        f"no trained {kind} drafter for {type(model).__name__} ({where} not found); pass drafter='{spec or kind}:PATH' "
-        f"with a trained one (`{train or f'mmspec train drafter --method {kind}'}`)"
-    )
+    name, train = spec or kind, train or f"mmspec train drafter --method {kind}"
+    if names:  # an embedded model whose drafter is missing (an install without models/, or one deleted)
+        raise ValueError(no_models_note() or
+                         f"no trained {name} drafter for {type(model).__name__} (models/{names[0]}-{kind} not found); pass "
+                         f"drafter='{name}:PATH' with a trained one (`{train}`)")
+    instead = instead or f"one trained for this model (`{train}`)"
+    raise ValueError(f"no trained {name} drafter ships for {type(model).__name__} (mmspec ships them for its embedded models "
+                     f"only); pass drafter='{name}:PATH' with {instead}")
 
 
 def check_drafter_dir(name: str, argument: str | None) -> None:

@@ -42,7 +42,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import attend
-from .heads import DraftHeads, EagleHead, KangarooAdapter, VisionAdaptor, VisionContext, with_plain_weights
+from .heads import (DraftHeads, EagleHead, KangarooAdapter, VisionAdaptor, VisionContext, trained_for_another,
+                    with_plain_weights)
 from .persistence import save_module, save_tensors
 
 #: mmspec's own files of an EAGLE-3 head
@@ -407,13 +408,13 @@ class Eagle3Head(nn.Module):
         if text is not None:
             if config.hidden_size != text.hidden_size or config.target_hidden_size != text.hidden_size:
                 raise ValueError(f"the EAGLE-3 head in {directory} has width {config.hidden_size} over target states of width "
-                                 f"{config.target_hidden_size}; the target's is {text.hidden_size}")
+                                 f"{config.target_hidden_size}; the target's is {text.hidden_size}{trained_for_another('eagle3')}")
             if config.vocab_size != target_model.get_output_embeddings().weight.shape[0]:
                 raise ValueError(f"the EAGLE-3 head in {directory} maps to a vocabulary of {config.vocab_size}; the target has "
-                                 f"{target_model.get_output_embeddings().weight.shape[0]}")
+                                 f"{target_model.get_output_embeddings().weight.shape[0]}{trained_for_another('eagle3')}")
             if max(config.aux_layers) > text.num_hidden_layers:
                 raise ValueError(f"the EAGLE-3 head in {directory} reads target layers {config.aux_layers}; the target has "
-                                 f"{text.num_hidden_layers}")
+                                 f"{text.num_hidden_layers}{trained_for_another('eagle3')}")
         head = VisionEagle3Head(config, saved["vision_tokens"]) if saved.get("vision_tokens") else cls(config)
         _load_state(head, directory / weights)
         if target_model is not None:

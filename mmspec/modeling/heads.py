@@ -73,6 +73,12 @@ def _gemma4_layer_config(config):
 HEAD_LAYER_CONFIGS = {"mllama_text_model": _llama_layer_config, "gemma4_text": _gemma4_layer_config}
 
 
+def trained_for_another(method: str, were: str = "it was") -> str:
+    """The end of the line refusing a saved head that does not fit the target (another model's)."""
+    return (f": {were} trained for another model; train one for this model with `mmspec train drafter --method {method} "
+            "--target PATH --data DATA`")
+
+
 class OneLayerHead(nn.Module):
     """One decoder layer of the target's family (+ its final norm) reading embeddings: the trained
     part of feature-level drafters. Subclasses define what goes in.
@@ -132,7 +138,8 @@ class OneLayerHead(nn.Module):
         saved = card["text_config"]
         target_config = target_model.config.get_text_config(decoder=True)
         if saved["hidden_size"] != target_config.hidden_size:
-            raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}")
+            raise ValueError(f"the {cls.method} head in {directory} has width {saved['hidden_size']}, the target {target_config.hidden_size}"
+                             f"{trained_for_another(cls.method)}")
         # (None: the target's own MLP sizes; a MoE text config such as Qwen3.5-MoE's has no intermediate_size)
         head = cls.from_card(card, target_config, saved.get("intermediate_size"))
         return _place_like(load_weights(head, directory, cls.weights_file), target_model)
@@ -352,7 +359,8 @@ class DraftHeads(nn.Module):
             raise ValueError(f"{directory} holds {config['kind']} heads, not {kind}")
         width = target_model.get_output_embeddings().weight.shape[1]
         if config["hidden_size"] != width:
-            raise ValueError(f"the heads in {directory} have width {config['hidden_size']}, the target {width}")
+            raise ValueError(f"the heads in {directory} have width {config['hidden_size']}, the target {width}"
+                             f"{trained_for_another(kind, 'they were')}")
         heads = cls(config["hidden_size"], config["num_heads"], kind)
         return _place_like(load_weights(heads, directory, cls.weights_file), target_model)
 

@@ -60,8 +60,12 @@ def load_weights(module: nn.Module, directory: str | Path, weights_file: str, de
     ``dtype`` (None: kept) and put in eval mode."""
     from safetensors.torch import load_file
 
+    from ..hub import damaged_weights, weights_unreadable
+
     try:
         module.load_state_dict(load_file(str(Path(directory) / weights_file)))
+    except weights_unreadable() as error:
+        raise damaged_weights(Path(directory) / weights_file, error) from None
     except RuntimeError as error:  # (missing / unexpected keys, shapes: torch's many-line report)
         first = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise ValueError(f"the weights in {Path(directory) / weights_file} do not fit the {type(module).__name__} their "

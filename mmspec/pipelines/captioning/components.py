@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import ALIASES as TEXT_MODELS, check_model_path, mismatched_weights, model_kind_error
+from ...hub import (ALIASES as TEXT_MODELS, check_model_path, damaged_weights, mismatched_weights, model_kind_error,
+                    weights_unreadable)
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -61,8 +62,8 @@ def load_captioning_model(
 
     Loaded with ``AutoProcessor`` and ``AutoModelForImageTextToText``, so any family of
     :data:`~mmspec.adapters.hf.VLM_FAMILIES` works (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral,
-    Idefics3, SmolVLM, Gemma3, LLaVA-OneVision, InternVL, Llama-3.2-Vision,
-    Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+    Idefics3, SmolVLM, Gemma3, Gemma 4, LLaVA-OneVision, InternVL, Llama-3.2-Vision,
+    Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, LFM2-VL).
 
     Raises:
         FileNotFoundError: no such directory, or a hub id that cannot be loaded.
@@ -81,6 +82,8 @@ def load_captioning_model(
         if getattr(processor, "chat_template", None) is None:  # (every caption is a chat turn: refused before the weights load)
             raise ValueError(no_chat_template(name))
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    except weights_unreadable() as error:
+        raise damaged_weights(name, error) from None
     except OSError as error:
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
@@ -91,10 +94,14 @@ def load_captioning_model(
 def check_vlm_config(name: str, source: str | os.PathLike) -> None:
     """Refuse (one ValueError line, before the processor and weights load) a checkpoint whose config
     names a model type that transformers' image-text-to-text models do not cover, e.g. a text LM; a
-    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders."""
+    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders. A
+    local directory without a config.json (an empty one, a folder of images) is no checkpoint at all."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+    if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        raise ValueError(f"{name!r} holds no model (no config.json); give a VLM checkpoint directory (config.json, the "
+                         "weights and the processor's files) or a hub id, or no --model for the embedded captioner")
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError):
@@ -111,7 +118,10 @@ def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch
 
     model_type = getattr(AutoConfig.from_pretrained(path), "model_type", "")
     auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+    try:
+        return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+    except weights_unreadable() as error:
+        raise damaged_weights(path, error) from None
 
 
 def check_cuda_graphs(cuda_graphs: bool, device: torch.device) -> None:

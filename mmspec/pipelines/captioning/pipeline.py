@@ -19,6 +19,7 @@ result's ``stats.config["drafter"]`` / ``stats.config["drafter_choice"]``.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -27,8 +28,10 @@ import torch
 from torch import nn
 
 from ...api import generate, generate_rows, optimize_components
-from ...core.batch import RowResult
+from ...core.arguments import check_argument_types
+from ...core.batch import RowResult, row_drafter
 from ...core.stats import DictAccess, SpecStats
+from ...core.target import RowTarget, batch_size_one_reason
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
@@ -231,7 +234,7 @@ class ImageCaptioningPipeline(Pipeline):
 
     Args:
         model: None for mmspec's embedded default captioner; a local checkpoint directory or hub id
-            of a VLM (LLaVA-1.5, LLaVA-NeXT, Mistral3/Pixtral, Idefics3, SmolVLM, Gemma3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL); or a
+            of a VLM (any family of docs/families.md: LLaVA, Pixtral, Idefics3, SmolVLM, Gemma 3 / 4, Qwen-VL, Qwen3.5, ...); or a
             loaded transformers VLM (then pass ``processor`` too; it is used as it is, on its own
             device and in its own dtype).
         drafter: "auto" (see the module doc), a spec ("prompt-lookup[:K]", "layer-skip:N", "ar"),
@@ -280,7 +283,7 @@ class ImageCaptioningPipeline(Pipeline):
         # every argument checked before the model loads
         self.check_arguments(dict(model=model, prompt=prompt, drafter=drafter, device=device, dtype=dtype,
                                   cuda_graphs=cuda_graphs, num_draft_tokens=num_draft_tokens,
-                                  trust_remote_code=trust_remote_code))
+                                  trust_remote_code=trust_remote_code, optimize=optimize))
         self.default_prompt = check_prompt(prompt)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -302,6 +305,9 @@ class ImageCaptioningPipeline(Pipeline):
         """Check construction arguments (all of ``__init__``'s, bound) without loading anything
         (presets): the drafter name (and no draft length with plain decoding), the prompt, dtype
         and device. Raises ValueError / FileNotFoundError."""
+        # (trust_remote_code="False", a string, read as True would run the checkpoint's code)
+        check_argument_types(cls.__init__, {name: values[name] for name in ("trust_remote_code", "cuda_graphs", "optimize")
+                                            if name in values})
         check_prompt(values["prompt"])
         k = values.get("num_draft_tokens")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -397,6 +403,19 @@ class ImageCaptioningPipeline(Pipeline):
         if batch_size > 1:
             return self.batch_drafter(batch_size, do_sample)
         return self.sampling_drafter() if do_sample else (self.drafter, self.chosen_drafter, self.drafter_reason)
+
+    def check_batch(self, batch_size: int, do_sample: bool = False) -> None:
+        """Refuse (one ValueError line, before any image is read) a batch of ``batch_size`` images
+        that this pipeline cannot decode together: a target that decodes one sequence at a time, or
+        a drafter that runs at batch size 1 only (Gemma 4's assistant); nothing for batch size 1."""
+        if batch_size < 2:
+            return
+        reason = batch_size_one_reason(self.target)
+        if reason or not isinstance(self.target, RowTarget):
+            raise ValueError(f"{type(self.model).__name__} {reason or 'decodes one sequence at a time'}; use batch size 1")
+        drafter, _, _ = self.batch_drafter(batch_size, do_sample)
+        if drafter is not None:
+            row_drafter(copy.copy(drafter))  # (each row's drafter, as generate_rows makes it; raises where it cannot)
 
     # -- inputs and outputs ------------------------------------------------------------------------
     def preprocess(self, image: ImageInput, prompt: str) -> dict[str, torch.Tensor]:
