@@ -557,7 +557,7 @@ def test_bench_text_refuses_a_drafter_the_model_cannot_take_before_measuring(tmp
     assert main(["bench", "text", "--model", str(target), "--dtypes", "fp32", "--methods", "ar,prompt-lookup,eagle",
                  "--prompt-types", "qa", "--max-new-tokens", "2", "--repeats", "1", "--threads", "1",
                  "--results", str(tmp_path / "t.json")]) == 2
-    assert "no trained eagle drafter for LlamaForCausalLM" in capsys.readouterr().err
+    assert "no trained eagle drafter ships for LlamaForCausalLM" in capsys.readouterr().err
 
 
 def test_bench_text_builds_each_drafter_once(tmp_path, capsys, monkeypatch):
