@@ -168,7 +168,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "Hello there.", "--seed", "-1"], "--seed must be between 0 and 2**63 - 1"),
         (["generate", "hi", "--drafter", "prompt-lookup:abc"], "prompt-lookup takes an integer >= 1"),
         (["generate", "hi", "--drafter", "layer-skip:k=3"], "method 'layer-skip' takes no setting 'k'"),
-        (["generate", "hi", "--drafter", "auto"], "unknown drafter 'auto'"),
+        (["generate", "hi", "--drafter", "auto"], "drafter 'auto' picks by measured speed for image captioning only"),
         (["generate", "hi", "--drafter", "image-eagle"], "drafter 'image-eagle' drafts the image tokens of a text-to-image model"),
         (["caption", "missing.png", "--drafter", "image-eagle2"], "drafter 'image-eagle2' drafts the image tokens"),
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
@@ -177,6 +177,8 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "Hello there.", "--greedy", "--temperature", "2", "--top-k", "3"],
          "--temperature, --top-k apply only when sampling; drop them or --greedy"),
         (["t2i", "a red circle", "--greedy", "--top-k", "5"], "--top-k applies only when sampling; drop it or --greedy"),
+        (["t2i", "a red circle", "--top-k", "-5"], "--top-k must be at least 0, got -5"),  # (stop 86: was "top_k must be >= 0")
+        (["caption", "missing.png", "--do-sample", "--top-p", "1.5"], "--top-p must lie in (0, 1], got 1.5"),
         (["t2i", "a red circle", "--greedy", "--temperature", "1"], "--temperature applies only when sampling"),
         (["t2i", "a red circle", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),
         (["tts", "Hello there.", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),

@@ -65,7 +65,7 @@ POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "pe
                  "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_chat_images")
 #: integer options that must be >= 0 when given (0: off / none)
 NON_NEGATIVE_INTS = ("warmup", "skip", "lora_rank", "reader_layers", "vision_tokens", "draft_vocab", "workers",
-                     "eval_examples")
+                     "eval_examples", "top_k")
 #: number options that must be finite and > 0 when given
 POSITIVE_NUMBERS = ("max_seconds", "speed", "lr", "lora_lr", "reader_lr", "time_limit", "minutes", "lora_alpha",
                     "vision_lr_scale", "stream_stall_s", "body_timeout_s")
@@ -76,7 +76,8 @@ FRACTIONS = ("input_noise", "prefix_dropout", "cfg_dropout", "held_out")
 #: (options, whether a value holds, what it must be) for :func:`check_args`
 RANGE_RULES = ((POSITIVE_INTS, lambda v: v >= 1, "be at least 1"), (NON_NEGATIVE_INTS, lambda v: v >= 0, "be at least 0"),
                (POSITIVE_NUMBERS, lambda v: v > 0, "be a positive number"),
-               (NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "be a number >= 0"), (FRACTIONS, lambda v: 0 <= v < 1, "lie in [0, 1)"))
+               (NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "be a number >= 0"), (FRACTIONS, lambda v: 0 <= v < 1, "lie in [0, 1)"),
+               (("top_p",), lambda v: 0 < v <= 1, "lie in (0, 1]"))
 
 
 def number_list(text: str, option: str, kind: type = int, low: float = 1) -> list:

@@ -73,6 +73,9 @@ def unknown_drafter(name: str, choices: str) -> str:
     if cls is not None and cls.image_tokens_only:
         return (f"drafter {name!r} drafts the image tokens of a text-to-image model (mmspec t2i's methods use it); "
                 f"for a text LM or a VLM use {choices}")
+    if name == "auto":  # (the captioning pipeline's pick by measured speed; it never asks here)
+        return (f"drafter 'auto' picks by measured speed for image captioning only (mmspec caption, "
+                f"mmspec.pipeline(\"image-captioning\")); here use {choices}")
     return f"unknown drafter {name!r}; use {choices}"
 
 
