@@ -168,7 +168,7 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["tts", "Hello there.", "--seed", "-1"], "--seed must be between 0 and 2**63 - 1"),
         (["generate", "hi", "--drafter", "prompt-lookup:abc"], "prompt-lookup takes an integer >= 1"),
         (["generate", "hi", "--drafter", "layer-skip:k=3"], "method 'layer-skip' takes no setting 'k'"),
-        (["generate", "hi", "--drafter", "auto"], "drafter 'auto' picks by measured speed for image captioning only"),
+        (["generate", "hi", "--drafter", "auto"], "unknown drafter 'auto' here: it picks by measured speed for image captioning only"),
         (["generate", "hi", "--drafter", "image-eagle"], "drafter 'image-eagle' drafts the image tokens of a text-to-image model"),
         (["caption", "missing.png", "--drafter", "image-eagle2"], "drafter 'image-eagle2' drafts the image tokens"),
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),

@@ -74,8 +74,8 @@ def unknown_drafter(name: str, choices: str) -> str:
         return (f"drafter {name!r} drafts the image tokens of a text-to-image model (mmspec t2i's methods use it); "
                 f"for a text LM or a VLM use {choices}")
     if name == "auto":  # (the captioning pipeline's pick by measured speed; it never asks here)
-        return (f"drafter 'auto' picks by measured speed for image captioning only (mmspec caption, "
-                f"mmspec.pipeline(\"image-captioning\")); here use {choices}")
+        return (f"unknown drafter 'auto' here: it picks by measured speed for image captioning only (mmspec caption, "
+                f"mmspec.pipeline(\"image-captioning\")); use {choices}")
     return f"unknown drafter {name!r}; use {choices}"
 
 
