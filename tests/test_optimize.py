@@ -157,13 +157,13 @@ def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
     """On Intel cores the packed AVX512-BF16 kernel adds each pair's two products with vfmadd231ps
     instead of vdpbf16ps (DAZ / FTZ set, the odd element first, as the SDM defines vdpbf16ps): the
     same bits for every shape and row count, normal values, products below fp32's normal range and
-    denormal inputs; without DAZ / FTZ a third of these cases differed."""
+    denormal inputs, one thread or two; without DAZ / FTZ a third of these cases differed."""
     import mmspec.modeling.fast_linear as fast_linear
 
     if "avx512bf16" not in fast_linear.bf16_variants():
         pytest.skip("the AVX512-BF16 kernel does not run here")
     monkeypatch.setattr(fast_linear, "bf16_variants", lambda: ("avx512bf16",))
-    library, gen = fast_linear.load_kernel(), torch.Generator().manual_seed(0)
+    library, gen, threads_before = fast_linear.load_kernel(), torch.Generator().manual_seed(0), torch.get_num_threads()
     try:
         for n, k in ((16, 2), (17, 3), (257, 256), (256, 768), (33, 97)):
             for scale in (1.0, 1e-19, "denormal"):
@@ -175,14 +175,16 @@ def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
                     weight, x, b = weight * scale, x * scale, b * scale * scale
                 weight, x, b = weight.bfloat16(), x.bfloat16(), b.bfloat16()
                 packed = fast_linear.pack_bf16(weight)
-                for rows in (1, 2, 6, 7, 13):
+                for rows, threads in ((1, 1), (2, 2), (6, 1), (7, 2), (13, 1)):  # (each thread sets its own MXCSR)
                     outs = []
+                    torch.set_num_threads(threads)
                     for fma in (0, 1):
                         library.few_rows_bf16_fma(fma)
                         outs.append(few_rows_linear(x[:rows], weight, b if rows % 2 else None, packed=packed))
                     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (n, k, scale, rows)
     finally:
         library.few_rows_bf16_fma(int(intel_cpu()))
+        torch.set_num_threads(threads_before)
 
 
 @needs_kernel

@@ -101,7 +101,8 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *pf,
  * threads) (OpenMP over the groups) and its pass shapes, apart (GCC keeps their registers so). A
  * shape's pass (PK_SHAPE) takes rows [m0, m0 + mb) against steps [s0, s1) of the group at src (nb
  * blocks, the first blk0): its sums from zero (the first chunk) or buf, STEP(acc, x, src, m0, mb,
- * nb, K, s) for each step s with its share of the prefetch (pf_bytes from pf), then the sums back
+ * nb, K, s) for each step s with its share of the prefetch (pf_bytes from pf), the steps between
+ * STEP_enter() and STEP_exit(its value) (the thread's floating-point mode for them), then the sums back
  * to buf or, after the group's last chunk, STORE(acc, b, y, m0, mb, blk0, nb, N) (with the bias,
  * the lanes past N left out: pk_lanes). STEPS: the steps of a K. Each output's sum runs over the
  * steps in order whatever the passes, chunks or slabs: batch-invariant. */
@@ -125,6 +126,9 @@ static inline __attribute__((target("avx512f"), always_inline)) void pk_sums_out
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++) _mm512_store_ps(buf + (i * PK_NB + j) * 16, acc[i][j]);
 }
+/* STEP_enter / STEP_exit of steps that run in the caller's floating-point mode */
+static inline unsigned int pk_mode_kept(void) { return 0; }
+static inline void pk_mode_back(unsigned int mode) { (void)mode; }
 static inline __mmask16 pk_lanes(int64_t N, int64_t n0) {
     return (__mmask16)((1u << (N - n0 < 16 ? N - n0 : 16)) - 1);
 }
@@ -136,10 +140,12 @@ static inline __mmask16 pk_lanes(int64_t N, int64_t n0) {
         pk_sums_in(acc, MB, NB, first, buf);                                                                          \
         const int64_t per = lines_a_step(pf_bytes, s1 - s0);                                                          \
         int64_t ahead = 0;                                                                                            \
+        const unsigned int mode = STEP##_enter();                                                                     \
         for (int64_t s = s0; s < s1; s++) {                                                                           \
             prefetch_lines(pf, pf_bytes, per, &ahead);                                                                \
             STEP(acc, x, src, m0, MB, NB, K, s);                                                                      \
         }                                                                                                             \
+        STEP##_exit(mode);                                                                                            \
         if (!last)                                                                                                    \
             pk_sums_out(acc, MB, NB, buf);                                                                            \
         else                                                                                                          \

@@ -131,6 +131,8 @@ static inline BF16_TARGET __attribute__((always_inline)) void pk_store(__m512 ac
     }
 }
 
+#define pk_step_enter pk_mode_kept
+#define pk_step_exit pk_mode_back
 PACKED_ENTRY(bf16_packed_vdp, uint16_t, pk_step, pk_store, (K + 1) / 2, BF16_TARGET)
 
 /* ---- the same sums through fused multiply-adds (Intel cores without AMX tiles) ----
@@ -144,7 +146,8 @@ PACKED_ENTRY(bf16_packed_vdp, uint16_t, pk_step, pk_store, (K + 1) / 2, BF16_TAR
  * AMX Xeon run without its tiles, 1.9 G/s against 7.1 G/s, so there the embedded voice's 42
  * projections took 321 / 357 / 418 / 552 us for 1 / 5 / 6 / 8 rows against 316 / 454 / 544 / 758 us
  * (weights in L3). The rows are widened to fp32 once per call ([M][2 ceil(K / 2)], the last pair
- * (x_K-1, 0)). Used for one thread (MXCSR is each thread's own) and up to PK_SLAB rows where
+ * (x_K-1, 0)). Each pass sets DAZ / FTZ in its thread's MXCSR for its steps and puts the mode back
+ * before the bias and the rounding (PK_SHAPE's STEP_enter / STEP_exit). Used up to PK_SLAB rows where
  * few_rows_bf16_fma(1) was asked for (mmspec.modeling.fast_linear.load_kernel: on Intel CPUs). */
 #define FMA_TARGET __attribute__((target("avx512f")))
 #define CSR_DAZ_FTZ 0x8040u
@@ -168,21 +171,20 @@ static inline FMA_TARGET __attribute__((always_inline)) void pk_step_fma(__m512 
         }
     }
 }
-/* pk_store under the caller's MXCSR, as the vdpbf16ps kernel adds the bias */
-static __thread unsigned int caller_csr; /* (each thread its own, as MXCSR) */
-static inline BF16_TARGET __attribute__((always_inline)) void pk_store_fma(__m512 acc[PK_MB][PK_NB], const uint16_t *b,
-                                                                           uint16_t *y, int64_t m0, const int mb,
-                                                                           int64_t blk0, const int nb, int64_t N) {
-    _mm_setcsr(caller_csr);
-    pk_store(acc, b, y, m0, mb, blk0, nb, N);
-    _mm_setcsr(caller_csr | CSR_DAZ_FTZ);
+/* the steps under DAZ and FTZ, in each thread's own MXCSR (the bias and the rounding after them in
+ * the caller's mode, as in the vdpbf16ps kernel) */
+static inline unsigned int pk_step_fma_enter(void) {
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | CSR_DAZ_FTZ);
+    return csr;
 }
-PACKED_ENTRY(bf16_packed_fma, uint16_t, pk_step_fma, pk_store_fma, (K + 1) / 2, BF16_TARGET)
+static inline void pk_step_fma_exit(unsigned int csr) { _mm_setcsr(csr); }
+PACKED_ENTRY(bf16_packed_fma, uint16_t, pk_step_fma, pk_store, (K + 1) / 2, BF16_TARGET)
 
 BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
                                              int64_t M, int64_t N, int64_t K, int threads) {
     const int64_t stride = 2 * ((K + 1) / 2);
-    float *rows = (bf16_fma && threads == 1 && M > 0 && M <= PK_SLAB) ? malloc(M * stride * sizeof(float)) : NULL;
+    float *rows = (bf16_fma && M > 0 && M <= PK_SLAB) ? malloc(M * stride * sizeof(float)) : NULL;
     if (rows == NULL) {
         bf16_packed_vdp(x, p, b, y, M, N, K, threads);
         return;
@@ -191,10 +193,7 @@ BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *
         for (int64_t k = 0; k < K; k++) rows[m * stride + k] = bf16_to_float(x[m * K + k]);
         if (K < stride) rows[m * stride + K] = 0.0f;
     }
-    caller_csr = _mm_getcsr();
-    _mm_setcsr(caller_csr | CSR_DAZ_FTZ);
-    bf16_packed_fma((const uint16_t *)(const void *)rows, p, b, y, M, N, K, 1);
-    _mm_setcsr(caller_csr);
+    bf16_packed_fma((const uint16_t *)(const void *)rows, p, b, y, M, N, K, threads);
     free(rows);
 }
 

@@ -146,4 +146,6 @@ static inline AVX512_TARGET __attribute__((always_inline)) void zp_store(__m512 
     }
 }
 
+#define zp_step_enter pk_mode_kept
+#define zp_step_exit pk_mode_back
 PACKED_ENTRY(few_rows_linear_avx512_packed, float, zp_step, zp_store, K, AVX512_TARGET)
