@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     device = train_device(args)
     out = Path(args.out or models_dir() / ("t2i" if args.preset == "target" else "t2i-draft"))
     vq = VQTokenizer.from_pretrained(args.vq)
+    run_state = TrainingRun(out, args, args.time_limit)  # a folder holding a trained model: refused here,
+    run_state.check_saved("model", "optimizer")  # as another recipe's checkpoint, before the scenes render
     text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS).to(device)
     grids = token_grids(vq, Path(args.vq), "train", args.images, args.image_size)
     _, captions = scene_pool("train", args.images, size=args.image_size)
@@ -83,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
     model = LlamaGenModel(config).to(device)
     print(f"generator ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
-    run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
     manifest = {"vq": os.path.relpath(Path(args.vq).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
     if args.preset == "target":
