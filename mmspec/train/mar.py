@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         set_lr(optimizer, lr)
         rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
-        buffer = model.buffer(text=text_encoder.encode(texts, null_text))
+        buffer = model.buffer(text=text_encoder.encode(texts, null_text, warn_cut=False))
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
         buffer = torch.where(drop[:, None, None].to(device), model.buffer().expand_as(buffer), buffer)
         with autocast(device):
