@@ -103,23 +103,25 @@ def test_every_training_recipe_takes_overwrite_and_the_shipped_models_are_refuse
     assert "holds a trained model (vq.safetensors)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("recipe, weights", [("t2i", "model.safetensors"), ("mar", "mar.safetensors"),
-                                             ("clip", "model.safetensors")])
-def test_a_finished_model_or_another_runs_checkpoint_is_refused_before_the_scenes_render(recipe, weights, tmp_path,
-                                                                                         monkeypatch, capsys):
+@pytest.mark.parametrize("recipe, weights, costly", [
+    ("t2i", "model.safetensors", ("scene_pool", "SmolTextEncoder")), ("mar", "mar.safetensors", ("scene_pool", "SmolTextEncoder")),
+    ("clip", "model.safetensors", ("scene_pool",)), ("caption-draft", "model.safetensors", ("build_processor",)),
+])
+def test_a_finished_model_or_another_runs_checkpoint_is_refused_before_the_costly_preparation(recipe, weights, costly,
+                                                                                             tmp_path, monkeypatch, capsys):
     """The h5 audit: train t2i / mar / clip loaded the text encoder and rendered (and encoded) all
-    --images scenes, minutes on a cold cache, before refusing an --out that holds a finished model
-    (their default, the shipped one) or another recipe's checkpoint (clip: a KeyError traceback)."""
+    --images scenes, minutes on a cold cache, and train caption-draft tokenised its --samples pairs,
+    before refusing an --out that holds a finished model (their default, the shipped one) or
+    another recipe's checkpoint (clip: a KeyError traceback)."""
     import importlib
 
-    module = importlib.import_module(f"mmspec.train.{recipe}")
+    module = importlib.import_module(f"mmspec.train.{recipe.replace('-', '_')}")
 
     def too_late(*args, **kwargs):
-        raise AssertionError("the scenes render (or the text encoder loads) before --out is checked")
+        raise AssertionError("the data are prepared (or the text encoder loads) before --out is checked")
 
-    monkeypatch.setattr(module, "scene_pool", too_late)
-    if hasattr(module, "SmolTextEncoder"):
-        monkeypatch.setattr(module, "SmolTextEncoder", too_late)
+    for name in costly:
+        monkeypatch.setattr(module, name, too_late)
     out = tmp_path / "finished"
     out.mkdir()
     (out / weights).write_bytes(b"weights")
