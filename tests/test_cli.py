@@ -335,6 +335,9 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "t2i", "--prompts", "0"], "--prompts must be at least 1, got 0"),
     (["train", "t2i", "--cfg-dropout", "2"], "--cfg-dropout must lie in [0, 1), got 2.0"),
     (["train", "captioner", "--time-limit", "-1"], "--time-limit must be a positive number"),
+    (["train", "captioner", "--init", "/nonexistent.safetensors"],  # (the h5 audit: "No such file or directory", after the build)
+     "--init /nonexistent.safetensors: no such file; give the vision_connector.safetensors a captioner run wrote"),
+    (["train", "captioner", "--lora-rank", "4", "--reader-layers", "4"], "--lora-rank is for the full decoder (stage 2)"),
     (["train", "caption-draft", "--samples", "8"], "--samples must be more than 512"),
     (["train", "caption-draft", "--self-distill", "/nonexistent"], "/nonexistent holds no self-distillation chunks"),
     (["train", "caption-draft", "--init", "/nonexistent"], "--init /nonexistent: no draft model there"),

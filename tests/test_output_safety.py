@@ -103,6 +103,39 @@ def test_every_training_recipe_takes_overwrite_and_the_shipped_models_are_refuse
     assert "holds a trained model (vq.safetensors)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("recipe, weights, costly", [
+    ("t2i", "model.safetensors", ("scene_pool", "SmolTextEncoder")), ("mar", "mar.safetensors", ("scene_pool", "SmolTextEncoder")),
+    ("clip", "model.safetensors", ("scene_pool",)), ("caption-draft", "model.safetensors", ("build_processor",)),
+    ("captioner", "vision_connector.safetensors", ("build_captioner",)),
+])
+def test_a_finished_model_or_another_runs_checkpoint_is_refused_before_the_costly_preparation(recipe, weights, costly,
+                                                                                             tmp_path, monkeypatch, capsys):
+    """The h5 audit: train t2i / mar / clip loaded the text encoder and rendered (and encoded) all
+    --images scenes, minutes on a cold cache, train caption-draft tokenised its --samples pairs and
+    train captioner built the captioner, before refusing an --out that holds a finished model (their default, the shipped one) or
+    another recipe's checkpoint (clip: a KeyError traceback)."""
+    import importlib
+
+    module = importlib.import_module(f"mmspec.train.{recipe.replace('-', '_')}")
+
+    def too_late(*args, **kwargs):
+        raise AssertionError("the data are prepared (or the text encoder loads) before --out is checked")
+
+    for name in costly:
+        monkeypatch.setattr(module, name, too_late)
+    out = tmp_path / "finished"
+    out.mkdir()
+    (out / weights).write_bytes(b"weights")
+    assert main(["train", recipe, "--steps", "1", "--out", str(out)]) == 2
+    assert f"holds a trained model ({weights}) and no checkpoint to resume" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save({"head": {}, "step": 1, "log": [], "elapsed": 0.0}, other / "train_state.pt")
+    assert main(["train", recipe, "--steps", "1", "--out", str(other)]) == 2
+    entry = "master" if recipe == "captioner" else "model"
+    assert f"train_state.pt is a checkpoint of another run (no '{entry}' saved)" in capsys.readouterr().err
+
+
 def test_the_voice_does_not_replace_a_picture_sharing_the_wavs_name(tmp_path, capsys):
     from mmspec.cli.tts import replaceable_png, spectrogram_png
 

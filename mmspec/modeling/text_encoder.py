@@ -48,16 +48,19 @@ class SmolTextEncoder(nn.Module):
         return self.decoder.config.hidden_size
 
     @torch.no_grad()
-    def encode(self, captions: list[str], null_caption: torch.Tensor) -> torch.Tensor:
+    def encode(self, captions: list[str], null_caption: torch.Tensor, warn_cut: bool = True) -> torch.Tensor:
         """captions (B strings) + null caption [P, C] -> features [B, P, C] (float32).
 
-        Captions longer than P tokens keep their first P tokens, with a UserWarning naming them."""
+        Captions longer than P tokens keep their first P tokens, with a UserWarning naming them
+        (``warn_cut=False``: without it -- the training recipes, whose scene descriptions run to 92
+        tokens, cut them knowingly; a warning per caption there told the user to shorten a prompt
+        they never gave)."""
         if any(not isinstance(c, str) or not c.strip() for c in captions):
             raise ValueError("empty prompt: describe the image to generate, e.g. 'a red circle on a white background'")
         positions = null_caption.shape[0]
         ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in captions]
         for i in ids:
-            if len(i) > positions:
+            if warn_cut and len(i) > positions:
                 kept = self.tokenizer.decode(i[:positions]).strip()
                 tail = kept if len(kept) <= 60 else "..." + kept[-57:]
                 warnings.warn(f"the prompt has {len(i)} tokens and the model reads the first {positions} (up to "

@@ -136,6 +136,8 @@ def run(args) -> int:
                                 "mmspec train caption-draft wrote")
     device = train_device(args)
     out = Path(args.out)
+    run = TrainingRun(out, args, args.time_limit)  # a folder holding a trained model: refused here, as another
+    run.check_saved("model", "optimizer")  # recipe's checkpoint, before --samples pairs are tokenised
     processor = build_processor()
     cache = Path(args.cache)
     if cache.exists():
@@ -165,7 +167,6 @@ def run(args) -> int:
         model = build_draft(processor.tokenizer)
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    run = TrainingRun(out, args, args.time_limit)
 
     def on_device(pairs) -> tuple[torch.Tensor, torch.Tensor]:
         return to_device(collate(pairs), device)

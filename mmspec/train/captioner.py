@@ -146,9 +146,14 @@ def learning_rate(step: int, args) -> float:
 
 
 def run(args) -> int:
+    if args.lora_rank and args.reader_layers:  # (checked before the captioner is built and --out is made)
+        raise ValueError("--lora-rank is for the full decoder (stage 2); drop --reader-layers")
+    if args.init and not Path(args.init).is_file():
+        raise ValueError(f"--init {args.init}: no such file; give the vision_connector.safetensors a captioner run wrote")
     device = train_device(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = TrainingRun(out, args, args.time_limit)  # a folder holding a trained model: refused before the build,
+    run.check_saved("master", "optimizer")  # as another recipe's checkpoint
     fresh = not (out / STATE_FILE).exists()
     model, processor = build_captioner(dtype=torch.bfloat16, weights=args.init if fresh else None)
     trained_prefixes = ("model.vision_model.", "model.connector.")
@@ -158,8 +163,6 @@ def run(args) -> int:
         text_model.config.num_hidden_layers = args.reader_layers
         trained_prefixes += ("model.text_model.layers.", "model.text_model.norm.")
     if args.lora_rank:
-        if args.reader_layers:
-            raise ValueError("--lora-rank is for the full decoder (stage 2); drop --reader-layers")
         add_lora(model.model.text_model, args.lora_rank, args.lora_alpha)
     vocabulary = answer_vocabulary(processor).to(device) if args.reader_layers else None
     model.to(device)
@@ -180,7 +183,6 @@ def run(args) -> int:
             if params:
                 groups.append({"params": params, "weight_decay": args.weight_decay if decays else 0.0, "lr_scale": lr_scale})
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98))
-    run = TrainingRun(out, args, args.time_limit)
     state = run.resume()
     if state is not None:
         with run.restoring():  # a run of another --lora-rank or --reader-layers: one line

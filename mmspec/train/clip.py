@@ -77,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if train_device(args).type != "cpu":
         raise ValueError("mmspec train clip trains on the CPU (the metric model is small); drop --device")
     torch.manual_seed(0)
+    run_state = TrainingRun(args.out, args, args.time_limit)  # a folder holding a trained model: refused here,
+    run_state.check_saved("model", "optimizer", "token_ids")  # as another recipe's checkpoint, before the scenes render
     train_images, train_captions = scene_pool("train", args.images, size=args.image_size)
     val_images, val_captions = scene_pool("validation", args.val_images, size=args.image_size)
     val_images, val_captions = val_images[: args.eval_pairs], val_captions[: args.eval_pairs]
-    run_state = TrainingRun(args.out, args, args.time_limit)
     saved = run_state.resume()
     if saved:
         token_ids = saved["token_ids"].tolist()
@@ -98,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     if saved:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        with run_state.restoring():  # (a checkpoint of other sizes: one line)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
     loss_fn = ClipLoss()
     print(f"metric CLIP: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
           f"{metric.tokenizer.vocab_size} text tokens, {len(train_images)} training scenes", flush=True)

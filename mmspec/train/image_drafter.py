@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -103,7 +104,10 @@ def write_shards(target, prompt_inputs, prompts: list[str], directory: Path, arg
         path = directory / f"shard-{index:04d}.pt"
         if path.exists():
             continue
-        inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
+        with warnings.catch_warnings():  # the scenes' detailed descriptions (up to 92 tokens) are cut knowingly,
+            warnings.filterwarnings("ignore", message="the prompt has .* tokens and the model reads the first",
+                                    category=UserWarning)  # as train t2i cuts them; not a prompt of the user's
+            inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
         if llamagen_model is not None:
             generator = torch.Generator().manual_seed(split_seed * 100003 + index)
             captions = torch.cat([i["caption"] for i in inputs])

@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     device = train_device(args)
     out = Path(args.out or models_dir() / ("mar" if args.preset == "target" else "mar-draft"))
     vae = KLAutoencoder.from_pretrained(args.kl)
+    run_state = TrainingRun(out, args, args.time_limit)  # a folder holding a trained model: refused here,
+    run_state.check_saved("model", "optimizer")  # as another recipe's checkpoint, before the scenes render
     text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS).to(device)
     tokens = latent_tokens(vae, Path(args.kl), "train", args.images, args.image_size)
     _, captions = scene_pool("train", args.images, size=args.image_size)
@@ -108,7 +110,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"MAR ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{config.seq_len} tokens of {config.token_embed_dim} channels", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.02)
-    run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
     manifest = {"kl": os.path.relpath(Path(args.kl).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
     if args.preset == "target":
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         set_lr(optimizer, lr)
         rows = torch.randint(len(tokens), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
-        buffer = model.buffer(text=text_encoder.encode(texts, null_text))
+        buffer = model.buffer(text=text_encoder.encode(texts, null_text, warn_cut=False))
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
         buffer = torch.where(drop[:, None, None].to(device), model.buffer().expand_as(buffer), buffer)
         with autocast(device):

@@ -3,7 +3,8 @@
 Recipe: the trained VQ tokenizer (``mmspec train vq``) turns the rendered training scenes
 (:mod:`mmspec.train.t2i_data`) into 16 x 16 token grids once (cached); each step draws a batch of
 grids, one of each image's captions (short captions and the detailed description), encodes the
-captions with the frozen text encoder (:class:`~mmspec.modeling.text_encoder.SmolTextEncoder`),
+captions with the frozen text encoder (:class:`~mmspec.modeling.text_encoder.SmolTextEncoder`;
+its first 40 tokens, as at generation: the longer detailed descriptions are cut without a warning),
 replaces 10 % of them by the null caption (classifier-free guidance training, as LlamaGen), and
 minimises the cross-entropy of the 256 image tokens. AdamW on fp32 weights (bf16 autocast where bf16 is fast), cosine
 schedule; rerunning the same command resumes. ``--preset draft`` trains the small draft generator
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     device = train_device(args)
     out = Path(args.out or models_dir() / ("t2i" if args.preset == "target" else "t2i-draft"))
     vq = VQTokenizer.from_pretrained(args.vq)
+    run_state = TrainingRun(out, args, args.time_limit)  # a folder holding a trained model: refused here,
+    run_state.check_saved("model", "optimizer")  # as another recipe's checkpoint, before the scenes render
     text_encoder = SmolTextEncoder(TEXT_ENCODER_LAYERS).to(device)
     grids = token_grids(vq, Path(args.vq), "train", args.images, args.image_size)
     _, captions = scene_pool("train", args.images, size=args.image_size)
@@ -83,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     model = LlamaGenModel(config).to(device)
     print(f"generator ({args.preset}): {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
-    run_state = TrainingRun(out, args, args.time_limit)
     run_state.resume_into(model=model, optimizer=optimizer)
     manifest = {"vq": os.path.relpath(Path(args.vq).resolve(), out.resolve()), "text_encoder_layers": TEXT_ENCODER_LAYERS}
     if args.preset == "target":
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         set_lr(optimizer, lr)
         rows = torch.randint(len(grids), (args.batch_size,), generator=generator)
         texts = pick_captions(captions, rows, generator)
-        caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach())
+        caption = text_encoder.encode(texts, model.cls_embedding.uncond_embedding.detach(), warn_cut=False)
         drop = torch.rand(args.batch_size, generator=generator) < args.cfg_dropout
         caption = torch.where(drop[:, None, None].to(device), model.null_caption(args.batch_size), caption)
         with autocast(device):
