@@ -146,3 +146,21 @@ def test_the_bench_tunes_on_validation_sentences_it_never_reports_on():
     assert not validation & {t for _, t in TEXTS["handwritten"](200)}
     assert all(split_of(f"open|{text.lower()}") == "validation" for source, text in TEXTS["open-validation"](40)
                if source != "grammar")  # (the grammar's sentences come from its own split generator)
+
+
+def test_speech_data_refuses_sources_without_text_open(tmp_path):
+    # --sources picks open-corpus sources; with the grammar (the default --text) it was silently ignored
+    run = subprocess.run([sys.executable, "-m", "mmspec", "train", "speech-data", "--sources", "fortunes", "--out",
+                          str(tmp_path / "d")], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--text open" in run.stderr, run.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_tts_self_data_refuses_an_unknown_source_in_one_line(tmp_path):
+    # it was a KeyError traceback from open_corpus
+    from mmspec.cli import main
+
+    code = main(["train", "tts-self-data", "--sources", "poems,words", "--out", str(tmp_path / "d")])
+    assert code == 2 and not (tmp_path / "d").exists()
+    with pytest.raises(ValueError, match="poems"):
+        open_corpus("train", 10, ["poems"])

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..hub import MissingDependencyError
-from .data.open_text import SOURCES, open_corpus
+from .data.open_text import SOURCES, open_corpus, parse_sources
 from .data.sentences import sentence
 
 
@@ -73,9 +73,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--text", choices=["grammar", "open"], default="grammar",
                         help="grammar: the voice's small world (mmspec/train/data/sentences.py); open: the open-domain "
                         "corpus of mmspec/train/data/open_text.py")
-    parser.add_argument("--sources", default=",".join(SOURCES),
-                        help=f"with --text open: the comma-separated sources to draw from (of {', '.join(SOURCES)}); "
-                        "shards are named after them, so sources can be synthesised in separate runs into one --out")
+    parser.add_argument("--sources", default=None,
+                        help=f"with --text open: the comma-separated sources to draw from (of {', '.join(SOURCES)}; "
+                        "default: all); shards are named after them, so sources can be synthesised in separate runs into "
+                        "one --out")
     parser.add_argument("--shard-size", type=int, default=256)
     parser.add_argument("--report", action="store_true", help="synthesise nothing: print what the shards of --out "
                         "and --split cover (hours, sentences, distinct words, phoneme ids and phoneme-id pairs)")
@@ -113,10 +114,9 @@ def run(args) -> None:
     if args.report:
         print(json.dumps(coverage(args.out, args.split), indent=1))
         return
-    sources = [name.strip() for name in args.sources.split(",") if name.strip()]
-    unknown = sorted(set(sources) - set(SOURCES))
-    if unknown or not sources:
-        raise ValueError(f"--sources: unknown {unknown or 'empty list'}; use a comma-separated list of {', '.join(SOURCES)}")
+    if args.sources is not None and args.text != "open":  # (the grammar has no sources: it was silently ignored)
+        raise ValueError("--sources picks open-corpus sources: add --text open, or drop --sources for the grammar")
+    sources = parse_sources(args.sources) if args.sources is not None else list(SOURCES)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     voice = load_voice()

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="default: the target's directory with -KIND appended (models/tts-valle-medusa for the "
                              "default voice and --kind medusa)")
-    parser.add_argument("--heads", type=int, default=3, help="Medusa heads (steps drafted beyond the target's own)")
+    parser.add_argument("--heads", type=int, default=3, help="Medusa: heads (steps drafted beyond the target's own)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -228,6 +228,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--ttt must be at least 1 (drafts unrolled in training), got {args.ttt}")
     if args.kind != "eagle" and (args.ttt != 1 or args.init is not None):
         raise ValueError("--ttt and --init train an EAGLE head: add --kind eagle")
+    # the other kind's options, given: refused rather than silently ignored
+    eagle_only = [f"--{name.replace('_', '-')}" for name, default in (("kl_weight", 0.1), ("ffn", None))
+                  if getattr(args, name) != default]
+    if args.kind != "eagle" and eagle_only:
+        raise ValueError(f"{', '.join(eagle_only)} {'sets' if len(eagle_only) == 1 else 'set'} an EAGLE head: add --kind "
+                         "eagle, or leave it out for Medusa heads")
+    if args.kind == "eagle" and args.heads != 3:
+        raise ValueError("--heads sets the number of Medusa heads; an EAGLE head drafts with one head: drop --heads "
+                         "or use --kind medusa")
     if args.eval is not None and args.kind != "eagle":
         raise ValueError("--eval measures an EAGLE head's acceptance: add --kind eagle")
     if args.eval is not None and not is_self_data(args.eval):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from .data.open_text import SOURCES
+
 #: shard file name pattern (the shard index, 4 digits), and the pattern that finds the shards
 SHARD, SHARDS = "self-{:04d}.pt", "self-*.pt"
 
@@ -32,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentences", type=int, default=4096, help="sentences of the open corpus' split")
     parser.add_argument("--split", choices=("train", "validation"), default="train",
                         help="the open corpus' split (validation: held-out data for tts-drafter --eval)")
-    parser.add_argument("--sources", default=None, help="comma list of open-corpus sources (default: all)")
+    parser.add_argument("--sources", default=None, help="comma list of open-corpus sources "
+                        f"(of {', '.join(SOURCES)}; default: all)")
     parser.add_argument("--temperature", default="1.0,0.7",
                         help="comma list of sampling temperatures, taken by the sentences in turn")
     parser.add_argument("--shard-size", type=int, default=256)
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import generate_rows
     from ..pipelines.text_to_speech.methods import make_method
     from ..pipelines.text_to_speech.pipeline import TextToSpeechPipeline
-    from .data.open_text import open_corpus
+    from .data.open_text import open_corpus, parse_sources
 
     temperatures = parse_temperatures(args.temperature)
     for name in ("sentences", "shard_size", "batch_size", "threads"):
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-seconds must be positive, got {args.max_seconds}")
     total = -(-args.sentences // args.shard_size)
     indices = shard_range(args.shards, total)
-    sources = args.sources.split(",") if args.sources else None
+    sources = parse_sources(args.sources) if args.sources is not None else None
     corpus = open_corpus(args.split, args.sentences, sources)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

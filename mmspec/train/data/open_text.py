@@ -294,10 +294,24 @@ SOURCES: dict[str, tuple[Callable[[str], list[str]], float]] = {
 }
 
 
+def parse_sources(text: str) -> list[str]:
+    """``"fortunes, words"`` (a ``--sources`` option) -> ``["fortunes", "words"]``; ValueError (one
+    line naming the known sources) for an unknown name or an empty list."""
+    sources = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown or not sources:
+        raise ValueError(f"--sources: unknown {unknown or 'empty list'}; use a comma-separated list of {', '.join(SOURCES)}")
+    return sources
+
+
 def open_corpus(split: str, size: int | None = None, sources: list[str] | None = None) -> list[tuple[str, str]]:
     """``[(source, sentence)]`` of ``split``: the ``sources`` (default all of :data:`SOURCES`)
     interleaved by their shares (each source's sentences in a fixed shuffled order, repeated when
-    ``size`` asks for more than it has), deterministic. ``size`` defaults to every sentence once."""
+    ``size`` asks for more than it has), deterministic. ``size`` defaults to every sentence once.
+    An unknown source name is a ValueError."""
+    unknown = sorted(set(sources or ()) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown open-corpus sources {unknown}; the sources are {', '.join(SOURCES)}")
     pools = {}
     for name in sources or SOURCES:
         make, share = SOURCES[name]
