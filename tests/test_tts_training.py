@@ -221,6 +221,14 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
                  str(shards / "v"), "--voice", str(shards / "nowhere"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "has no tts.json" in err and err.count("\n") == 1
+    delay = shards / "delay-voice"  # (stop 86 audit: an 8-codebook voice trained a NAR stage and had it written in)
+    delay.mkdir()
+    (delay / "tts.json").write_text("{}")
+    (delay / "codec_lm.json").write_text(json.dumps({"num_codebooks": 8}))
+    assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
+                 str(shards / "v"), "--voice", str(delay), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a codec LM over 8 codebooks" in err and err.count("\n") == 1 and (delay / "tts.json").read_text() == "{}"
     nar_args = ["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
                 str(shards / "u"), "--steps", "1", "--dim", "32", "--layers", "1"]
     assert main([*nar_args, "--depth-layers", "-1"]) == 2

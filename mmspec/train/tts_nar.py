@@ -84,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     voice = Path(args.voice) if args.voice else None
     if voice is not None and not (voice / "tts.json").is_file():
         raise ValueError(f"--voice {voice} has no tts.json; train the AR stage first (mmspec train tts --codebooks 1)")
+    lm_config = voice / "codec_lm.json" if voice is not None else None
+    if lm_config is not None and lm_config.is_file():  # (a delay-pattern voice's manifest would name this NAR stage)
+        codebooks = json.loads(lm_config.read_text()).get("num_codebooks", 1)
+        if codebooks != 1:
+            raise ValueError(f"--voice {voice} is a codec LM over {codebooks} codebooks (a delay-pattern voice); the NAR "
+                             "stage completes a codebook-0 AR stage: give a run of mmspec train tts --codebooks 1")
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
     codec = MelRVQCodec.from_pretrained(codec_dir)
     out = Path(args.out)
