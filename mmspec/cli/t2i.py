@@ -189,7 +189,7 @@ def check_method_options(args, prompts: int) -> None:
     from ..core.rules import RULES
     from ..core.sampling import SamplingConfig
     from ..pipelines.text_to_image import METHODS, T2IComponents, make_method
-    from ..pipelines.text_to_image.components import _looks_local
+    from ..pipelines.text_to_image.components import looks_local
     from ..pipelines.text_to_image.mar_components import check_continuous_sampling
     from ..pipelines.text_to_image.methods import SETTINGS
     from ..pipelines.text_to_image.pipeline import check_batches
@@ -206,7 +206,7 @@ def check_method_options(args, prompts: int) -> None:
         raise ValueError("--processor is for transformers models (Janus, Emu3, Chameleon); mmspec's own models take none: "
                          "drop it")
     needs = method.parts()  # a transformers model brings no draft or head (mmspec's t2i.json names its own)
-    transformers = not own_layout and (not _looks_local(args.model) or (Path(args.model).expanduser() / "config.json").is_file())
+    transformers = not own_layout and (not looks_local(args.model) or (Path(args.model).expanduser() / "config.json").is_file())
     if transformers and needs and all(getattr(args, part) is None for part in needs):
         wanted = [(option, what) for option, part, what in (
             ("--eagle-head DIR", "eagle_head", "an image EAGLE head (mmspec train image-drafter --model ...)"),

@@ -144,7 +144,7 @@ PACKED_ENTRY(bf16_packed_vdp, uint16_t, pk_step, pk_store, (K + 1) / 2, BF16_TAR
  * (a shift and a mask), with MXCSR's DAZ and FTZ set around the steps: the same bits as the vdpbf16ps
  * kernel. An Intel core retires vdpbf16ps (32 products) about as often as one vfmadd231ps (16): an
  * AMX Xeon run without its tiles, 1.9 G/s against 7.1 G/s, so there the embedded voice's 42
- * projections took 321 / 357 / 418 / 552 us for 1 / 5 / 6 / 8 rows against 316 / 454 / 544 / 758 us
+ * projections took 320 / 358 / 395 / 500 us for 1 / 5 / 6 / 8 rows against 316 / 454 / 544 / 758 us
  * (weights in L3). The rows are widened to fp32 once per call ([M][2 ceil(K / 2)], the last pair
  * (x_K-1, 0)). Each pass sets DAZ / FTZ in its thread's MXCSR for its steps and puts the mode back
  * before the bias and the rounding (PK_SHAPE's STEP_enter / STEP_exit). Used up to PK_SLAB rows where

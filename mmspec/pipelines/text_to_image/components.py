@@ -47,7 +47,7 @@ def default_t2i_dir() -> Path:
     return models_dir() / "t2i"
 
 
-def _looks_local(model: str | Path) -> bool:
+def looks_local(model: str | Path) -> bool:
     """A directory, or a path (absolute, ~ or ./-relative) rather than a hub id "org/name"."""
     text = str(model)
     return isinstance(model, Path) or Path(text).expanduser().is_dir() or text.startswith(("/", "~", "."))
@@ -143,7 +143,7 @@ class T2IComponents(ImageComponents):
                 raise FileNotFoundError(f"{name}={str(part)!r}: no such file or directory")
         if grid is not None:
             check_grid(grid, model)
-        if isinstance(processor, (str, Path)) and _looks_local(processor) and not Path(processor).expanduser().exists():
+        if isinstance(processor, (str, Path)) and looks_local(processor) and not Path(processor).expanduser().exists():
             raise FileNotFoundError(f"processor={str(processor)!r}: no such file or directory")
         device = resolve_device(device)
         # "auto" is the fast dtype where a model can take it: a MAR model runs in float32 only
@@ -170,7 +170,7 @@ class T2IComponents(ImageComponents):
         if mmspec_layout:
             components = _load_mmspec(Path(model).expanduser() if model is not None else default_t2i_dir(), device, dtype,
                                       cuda_graphs)
-        elif local and _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
+        elif local and looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
             raise FileNotFoundError(f"{model} is not a text-to-image model directory (no {MODEL_FILE} and no "
                                     "transformers config.json); pass model=None for the embedded default")
         else:
