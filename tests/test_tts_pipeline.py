@@ -586,20 +586,25 @@ def test_eagle_drafts_six_codes_in_one_call_on_a_single_stream(model_dir, valle_
         assert config["num_draft_tokens"] == length and config.get("fused_chain", False) == (fused and directory == valle_dir)
 
 
-@pytest.mark.parametrize("device, linears, dtype, width, sjd, sjd_topk, coupled", [
-    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, "wide", 12, 24, 24),
-    ("cpu", "c (fp32 avx512 packed, bf16 avx512bf16 packed)", torch.bfloat16, "narrow", 5, 10, 5),
-    ("cpu", "c (fp32 avx512 packed)", torch.float32, "medium", 8, 16, 8),  # (an AMX CPU's float32 too)
-    ("cpu", "c (fp32 avx2)", torch.float32, "narrow", 5, 10, 5), ("cpu", "as loaded", torch.float32, "narrow", 5, 10, 5),
-    ("cuda", "as loaded", torch.bfloat16, "wide", 12, 24, 24)])
-def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(device, linears, dtype, width, sjd, sjd_topk,
-                                                                              coupled):
+@pytest.mark.parametrize("device, linears, dtype, fma, width, sjd, sjd_topk, coupled", [
+    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, True, "wide", 12, 24, 24),
+    ("cpu", "c (fp32 avx512 packed, bf16 avx512bf16 packed)", torch.bfloat16, False, "narrow", 5, 10, 5),
+    ("cpu", "c (fp32 avx512 packed, bf16 avx512bf16 packed)", torch.bfloat16, True, "medium", 8, 16, 8),
+    ("cpu", "c (fp32 avx512 packed, bf16 avx512bf16)", torch.bfloat16, True, "narrow", 5, 10, 5),  # (not packed: vdpbf16ps)
+    ("cpu", "c (fp32 avx512 packed)", torch.float32, False, "medium", 8, 16, 8),  # (an AMX CPU's float32 too)
+    ("cpu", "c (fp32 avx2)", torch.float32, True, "narrow", 5, 10, 5), ("cpu", "as loaded", torch.float32, True, "narrow", 5, 10, 5),
+    ("cuda", "as loaded", torch.bfloat16, False, "wide", 12, 24, 24)])
+def test_windowed_methods_draft_fewer_codes_where_a_wide_verification_is_dear(monkeypatch, device, linears, dtype, fma,
+                                                                              width, sjd, sjd_topk, coupled):
     """Each method's window by the codec LM's kernel: wide on AMX tiles and GPUs, medium for float32 on
-    the 16-lane AVX-512 kernel, narrow elsewhere: a bf16 LM on a CPU whose float32 parts run the
-    AVX-512 kernel is narrow."""
+    the 16-lane AVX-512 kernel and for bf16 on the packed AVX512-BF16 kernel where it sums through FMAs
+    (Intel cores), narrow elsewhere: a bf16 LM on a CPU whose float32 parts run the AVX-512 kernel
+    and whose bf16 kernel sums through vdpbf16ps (AMD) is narrow."""
+    from mmspec.modeling import fast_linear
     from mmspec.pipelines.text_to_speech.components import TTSComponents
     from mmspec.pipelines.text_to_speech.methods import make_method
 
+    monkeypatch.setattr(fast_linear, "bf16_fma_sums", lambda: fma)
     components = SimpleNamespace(device=torch.device(device), linears=linears, dtype=dtype, target=SimpleNamespace(num_codebooks=1))
     components.verification_width = TTSComponents.verification_width.fget(components)
     assert components.verification_width == width

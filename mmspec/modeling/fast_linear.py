@@ -136,7 +136,7 @@ def load_kernel() -> ctypes.CDLL:
     library.few_rows_linear_i8.restype = ctypes.c_int
     library.few_rows_amx_init.argtypes, library.few_rows_amx_init.restype = [], ctypes.c_int
     library.few_rows_bf16_fma.argtypes, library.few_rows_bf16_fma.restype = [ctypes.c_int], None
-    library.few_rows_bf16_fma(int(intel_cpu()))  # (vfmadd231ps for vdpbf16ps on Intel cores: the same bits, faster)
+    library.few_rows_bf16_fma(int(bf16_fma_sums()))  # (vfmadd231ps for vdpbf16ps on Intel cores: the same bits, faster)
     library.rows_argmax.argtypes, library.rows_argmax.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p], None
     for function in (library.speculative_rows, library.block_rows):
         function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
@@ -254,6 +254,14 @@ def _build(compiler: list[str], path: Path, sources: tuple[Path, ...], flags: tu
             said = result.stderr.strip()[:300] or f"{compiler[0]} exited with status {result.returncode}"
             raise KernelUnavailable(f"building the C kernels ({path.name}) failed: {said}")
         built.replace(path)
+
+
+def bf16_fma_sums() -> bool:
+    """Whether the packed AVX512-BF16 kernel sums its products through two ``vfmadd231ps`` per pair
+    (``vdpbf16ps``'s bits, with its DAZ / FTZ) rather than ``vdpbf16ps``: on Intel cores
+    (:func:`~mmspec.cpu.intel_cpu`), which retire the latter at half the rate. Its rows then cost
+    about as float32's on the 16-lane kernel (:attr:`OptimizesOnLoad.verification_width` "medium")."""
+    return intel_cpu()
 
 
 def bf16_kernel_available() -> bool:
@@ -840,15 +848,21 @@ class OptimizesOnLoad:
 
         * "wide": a GPU, or a CPU whose bf16 few-row linears run on AMX tiles (within 1.3x of one
           row up to 16 rows): the voice's windows of 12-32 codes;
-        * "medium": float32 on the 16-lane AVX-512 kernel (its rows are dearer than AMX's, but in
-          the 8-16 rows a coupled SJD window needs they cost less beside the weights' streaming
-          than on the narrow kernels: on the voice, run as such a CPU, 8-16 codes measured best);
-        * "narrow": elsewhere (the AVX-512-BF16 vector kernel, AVX2, PyTorch's own linears: 2-3x one
-          row at 12-16 rows): the voice's windows of 3-10 codes, SJD's of 2 image tokens.
+        * "medium": float32 on the 16-lane AVX-512 kernel, and bf16 on the packed AVX512-BF16 kernel
+          where it sums through FMAs (Intel cores, :func:`bf16_fma_sums`). Their rows are dearer
+          than AMX's, but in the 8-16 rows a coupled SJD window needs they cost less beside the
+          weights' streaming than on the narrow kernels. On the voice, one AMX core run as each CPU,
+          temperature 1: float32 8-16 codes measured best; bf16 through the FMAs, coupled SJD at 5 / 8 /
+          10 / 12 codes 1.63x / 1.74x / 1.65x / 1.69x (two runs each, stop 87), `sjd`, `eagle` and
+          `sjd-topk` at their narrow and medium windows within 0.04x of each other;
+        * "narrow": elsewhere (the AVX-512-BF16 kernel's `vdpbf16ps` sums, AVX2, PyTorch's own
+          linears: 2-3x one row at 12-16 rows): the voice's windows of 3-10 codes, SJD's of 2 image tokens.
         """
         if self.device.type != "cpu" or "amx" in self.linears:
             return "wide"
-        return "medium" if self.dtype == torch.float32 and "fp32 avx512" in self.linears else "narrow"
+        if self.dtype == torch.float32 and "fp32 avx512" in self.linears:
+            return "medium"
+        return "medium" if self.dtype == torch.bfloat16 and "bf16 avx512bf16 packed" in self.linears and bf16_fma_sums() else "narrow"
 
     @property
     def wide_verification(self) -> bool:
