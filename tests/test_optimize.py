@@ -156,8 +156,9 @@ def test_the_packed_vector_kernels(n, k, bias, dtype, monkeypatch):
 def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
     """On Intel cores the packed AVX512-BF16 kernel adds each pair's two products with vfmadd231ps
     instead of vdpbf16ps (DAZ / FTZ set, the odd element first, as the SDM defines vdpbf16ps): the
-    same bits for every shape and row count, normal values, products below fp32's normal range and
-    denormal inputs, one thread or two; without DAZ / FTZ a third of these cases differed."""
+    same bits for every shape and row count (past PK_SLAB's 96 rows too: slabs), normal values,
+    products below fp32's normal range and denormal inputs, one thread or two; without DAZ / FTZ a
+    third of these cases differed."""
     import mmspec.modeling.fast_linear as fast_linear
 
     if "avx512bf16" not in fast_linear.bf16_variants():
@@ -167,7 +168,7 @@ def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
     try:
         for n, k in ((16, 2), (17, 3), (257, 256), (256, 768), (33, 97)):
             for scale in (1.0, 1e-19, "denormal"):
-                weight, x, b = torch.randn(n, k, generator=gen), torch.randn(13, k, generator=gen), torch.randn(n, generator=gen)
+                weight, x, b = torch.randn(n, k, generator=gen), torch.randn(101, k, generator=gen), torch.randn(n, generator=gen)
                 if scale == "denormal":
                     weight[torch.rand(n, k, generator=gen) < 0.2] *= 1e-39
                     x[:, ::3] *= 1e-40
@@ -175,7 +176,7 @@ def test_the_packed_bf16_kernel_sums_alike_through_fmas(monkeypatch):
                     weight, x, b = weight * scale, x * scale, b * scale * scale
                 weight, x, b = weight.bfloat16(), x.bfloat16(), b.bfloat16()
                 packed = fast_linear.pack_bf16(weight)
-                for rows, threads in ((1, 1), (2, 2), (6, 1), (7, 2), (13, 1)):  # (each thread sets its own MXCSR)
+                for rows, threads in ((1, 1), (2, 2), (6, 1), (7, 2), (13, 1), (101, 2)):  # (each thread sets its own MXCSR)
                     outs = []
                     torch.set_num_threads(threads)
                     for fma in (0, 1):

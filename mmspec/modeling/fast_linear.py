@@ -460,9 +460,14 @@ class PreparedWeights:
 def many_rows_kernel(weight: torch.Tensor) -> bool:
     """Whether :meth:`PreparedWeights.linear` takes the C kernel for ``weight``: packable
     (:func:`packable`) for the AMX bf16 kernel or the 16-lane fp32 one, which keep up with oneDNN
-    over a hundred rows and more (bf16, 150 rows of a 512 x 256 weight: 41 against 40 us); not the
-    AVX512-BF16 vector kernel (2-3x oneDNN's time there), and where the kernels build."""
-    if not packable(weight) or weight.dtype == torch.bfloat16 and bf16_variants()[:1] != ("amx",):
+    over a hundred rows and more (bf16, 150 rows of a 512 x 256 weight: 41 against 40 us), or for
+    the AVX512-BF16 vector kernel where it sums through FMAs (:func:`bf16_fma_sums`: an AMX core run
+    as a CPU without AMX, 110 rows of 1024 x 256, 465 us against oneDNN's vdpbf16ps 535 us; the voice's
+    NAR stage 17.4 against 18.6 ms a sentence, stop 87); not that kernel's vdpbf16ps sums (2-3x
+    oneDNN's time there), and where the kernels build."""
+    if not packable(weight):
+        return False
+    if weight.dtype == torch.bfloat16 and bf16_variants()[:1] != ("amx",) and not bf16_fma_sums():
         return False
     return kernel_library() is not None
 

@@ -147,7 +147,7 @@ PACKED_ENTRY(bf16_packed_vdp, uint16_t, pk_step, pk_store, (K + 1) / 2, BF16_TAR
  * projections took 320 / 358 / 395 / 500 us for 1 / 5 / 6 / 8 rows against 316 / 454 / 544 / 758 us
  * (weights in L3). The rows are widened to fp32 once per call ([M][2 ceil(K / 2)], the last pair
  * (x_K-1, 0)). Each pass sets DAZ / FTZ in its thread's MXCSR for its steps and puts the mode back
- * before the bias and the rounding (PK_SHAPE's STEP_enter / STEP_exit). Used up to PK_SLAB rows where
+ * before the bias and the rounding (PK_SHAPE's STEP_enter / STEP_exit). Used (in slabs of PK_SLAB rows) where
  * few_rows_bf16_fma(1) was asked for (mmspec.modeling.fast_linear.load_kernel: on Intel CPUs). */
 #define FMA_TARGET __attribute__((target("avx512f")))
 #define CSR_DAZ_FTZ 0x8040u
@@ -183,8 +183,13 @@ PACKED_ENTRY(bf16_packed_fma, uint16_t, pk_step_fma, pk_store, (K + 1) / 2, BF16
 
 BF16_TARGET void few_rows_linear_bf16_packed(const uint16_t *x, const uint16_t *p, const uint16_t *b, uint16_t *y,
                                              int64_t M, int64_t N, int64_t K, int threads) {
+    if (bf16_fma && M > PK_SLAB) { /* slabs of PK_SLAB rows, each widened alone (as bf16_packed_vdp's slabs) */
+        for (int64_t r = 0; r < M; r += PK_SLAB)
+            few_rows_linear_bf16_packed(x + r * K, p, b, y + r * N, M - r < PK_SLAB ? M - r : PK_SLAB, N, K, threads);
+        return;
+    }
     const int64_t stride = 2 * ((K + 1) / 2);
-    float *rows = (bf16_fma && M > 0 && M <= PK_SLAB) ? malloc(M * stride * sizeof(float)) : NULL;
+    float *rows = (bf16_fma && M > 0) ? malloc(M * stride * sizeof(float)) : NULL;
     if (rows == NULL) {
         bf16_packed_vdp(x, p, b, y, M, N, K, threads);
         return;
