@@ -224,3 +224,23 @@ def test_a_checkpoint_without_a_chat_template_is_refused_before_its_weights_load
                         lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
     code, _, err = run(capsys, str(Path(__file__).parents[1] / "samples" / "photo.png"), "--model", str(bare), "--dtype", "fp32")
     assert code == 2 and "has no chat template: add the model's template to its directory (chat_template.jinja" in err
+
+
+def test_trust_remote_code_reaches_the_pipeline_and_is_off_by_default(capsys, images, monkeypatch):
+    """The audit's: ``mmspec caption`` had no --trust-remote-code although the pipeline takes
+    trust_remote_code (and ``mmspec t2i`` has the flag): a remote-code VLM could not be captioned
+    from the command line."""
+    import mmspec.cli.caption as caption_cli
+
+    seen = []
+
+    def recording_pipeline(**kwargs):
+        seen.append(kwargs)
+        raise ValueError("stop here")  # (nothing loads)
+
+    monkeypatch.setattr(caption_cli, "ImageCaptioningPipeline", recording_pipeline)
+    assert build_parser().parse_args(["caption", images[0]]).trust_remote_code is False
+    for extra, expected in (([], False), (["--trust-remote-code"], True)):
+        code, _, err = run(capsys, images[0], "--drafter", "ar", *extra)
+        assert code == 2 and "stop here" in err and seen[-1]["trust_remote_code"] is expected
+

@@ -246,7 +246,8 @@ class ImageCaptioningPipeline(Pipeline):
         processor: the processor of a loaded ``model`` (ignored otherwise).
         prompt: the prompt used when a call gives none.
         num_draft_tokens: K, overriding the drafter's default.
-        trust_remote_code: passed to transformers' ``from_pretrained`` (off by default).
+        trust_remote_code: passed to transformers' ``from_pretrained`` of the model and of a draft
+            model directory (off by default; ``mmspec caption --trust-remote-code``).
         optimize: replace the fp32 CPU linears of the model and its drafter by few-row linears
             (:func:`mmspec.optimize`; outputs unchanged up to fp32 rounding, a verification over a
             few tokens much cheaper); stats.config["linears"] says which kernel ran. False opts out.
@@ -285,6 +286,7 @@ class ImageCaptioningPipeline(Pipeline):
                                   cuda_graphs=cuda_graphs, num_draft_tokens=num_draft_tokens,
                                   trust_remote_code=trust_remote_code, optimize=optimize))
         self.default_prompt = check_prompt(prompt)
+        self.trust_remote_code = trust_remote_code  # (a draft model directory loads with the target's setting)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         check_cuda_graphs(cuda_graphs, self.device)
@@ -344,7 +346,7 @@ class ImageCaptioningPipeline(Pipeline):
         elif isinstance(drafter, (str, os.PathLike)):
             path = check_drafter_name(drafter)
             name = f"draft model {drafter}"
-            drafter = load_draft_model(path, self.model.device, self.model.dtype)
+            drafter = load_draft_model(path, self.model.device, self.model.dtype, self.trust_remote_code)
         elif isinstance(drafter, nn.Module):
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
         resolved = resolve_drafter(drafter, self.target, num_draft_tokens)
