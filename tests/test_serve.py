@@ -183,6 +183,20 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech"])
+def test_a_body_not_sent_as_json_is_a_415(local, path, content_type):
+    """The audit's: the body was parsed as JSON whatever its Content-Type, so a form or text/plain
+    POST, which a browser sends cross-site without asking the server, ran the models."""
+    body = json.dumps({"model": "nosuch", "prompt": "a", "messages": []}).encode()  # (would be a 404 if read)
+    headers = {} if content_type is None else {"content-type": content_type}
+    error = error_of(local.post(path, content=body, headers=headers), 415)
+    assert error["code"] == "unsupported_media_type" and "Content-Type: application/json" in error["message"], error
+    for accepted in ("application/json", "Application/JSON; charset=utf-8"):  # (then read: the unknown model's 404)
+        assert local.post(path, content=body, headers={"content-type": accepted}).status_code == 404
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/images/generations", {"prompt": "a red \ud800 circle"}, "prompt"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi \udfff."}, "input"),
