@@ -183,6 +183,18 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
+def test_a_chat_without_max_tokens_keeps_within_the_servers_limit():
+    """The audit's: a request without max_tokens decoded 64 tokens even under --max-tokens-limit 8,
+    so leaving the field out went past the operator's cap."""
+    server = create_app(ServeConfig(tasks=("caption",), max_tokens_limit=8)).state.server
+    service = server.service_for("mmspec-caption", "caption")  # (parse loads no pipeline)
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png")}
+    assert service.parse(body).key[0] == 8
+    assert service.parse({**body, "max_tokens": 5}).key[0] == 5
+    default = create_app(ServeConfig(tasks=("caption",))).state.server.service_for("mmspec-caption", "caption")
+    assert default.parse(body).key[0] == 64
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
                                           "multipart/form-data; boundary=x", "application/jsonx"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech"])

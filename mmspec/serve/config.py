@@ -35,7 +35,7 @@ class ServeConfig:
         body_timeout_s: longest wait for a request's whole body (408 after it: a Content-Length
             larger than what the client sends, or a client that stalls, holds no connection for ever).
         max_prompt_chars: longest text prompt / speech input (400 above).
-        max_tokens_limit: largest ``max_tokens`` of a chat request.
+        max_tokens_limit: largest ``max_tokens`` of a chat request, and the cap of its default (64).
         max_images: largest ``n`` of an image request.
         max_chat_images: most images in one chat request.
         stream_stall_s: a streaming client that reads nothing for this long while its text waits
