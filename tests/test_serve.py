@@ -183,6 +183,15 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
+@pytest.mark.parametrize("field", ["models", "pipeline_kwargs"])
+def test_a_misspelt_task_in_models_or_pipeline_kwargs_is_refused(field):
+    """The audit's: ServeConfig(models={"captoin": DIR}) served the embedded captioner, unsaid."""
+    with pytest.raises(ValueError, match=rf"^{field} has unknown task\(s\) \['captoin'\]; its keys are the short task names: "
+                       "caption, t2i, tts$"):
+        ServeConfig(tasks=("caption",), **{field: {"captoin": {} if field == "pipeline_kwargs" else "/tmp/model"}})
+    ServeConfig(tasks=("caption",), **{field: {"tts": None if field == "models" else {}}})  # (a known task, even not served)
+
+
 def test_a_chat_without_max_tokens_keeps_within_the_servers_limit():
     """The audit's: a request without max_tokens decoded 64 tokens even under --max-tokens-limit 8,
     so leaving the field out went past the operator's cap."""

@@ -79,6 +79,10 @@ class ServeConfig:
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or not self.tasks:
             raise ValueError(f"unknown task(s) {unknown or self.tasks!r}; serve some of: {', '.join(TASKS)}")
+        for name in ("models", "pipeline_kwargs"):  # (a misspelt task's model or arguments were left out, unsaid)
+            wrong = [key for key in getattr(self, name) if key not in TASKS]
+            if wrong:
+                raise ValueError(f"{name} has unknown task(s) {wrong!r}; its keys are the short task names: {', '.join(TASKS)}")
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_images",
                      "max_chat_images"):
             value = getattr(self, name)
