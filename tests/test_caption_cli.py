@@ -224,3 +224,70 @@ def test_a_checkpoint_without_a_chat_template_is_refused_before_its_weights_load
                         lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
     code, _, err = run(capsys, str(Path(__file__).parents[1] / "samples" / "photo.png"), "--model", str(bare), "--dtype", "fp32")
     assert code == 2 and "has no chat template: add the model's template to its directory (chat_template.jinja" in err
+
+
+def test_trust_remote_code_reaches_the_pipeline_and_is_off_by_default(capsys, images, monkeypatch):
+    """The audit's: ``mmspec caption`` had no --trust-remote-code although the pipeline takes
+    trust_remote_code (and ``mmspec t2i`` has the flag): a remote-code VLM could not be captioned
+    from the command line."""
+    import mmspec.cli.caption as caption_cli
+
+    seen = []
+
+    def recording_pipeline(**kwargs):
+        seen.append(kwargs)
+        raise ValueError("stop here")  # (nothing loads)
+
+    monkeypatch.setattr(caption_cli, "ImageCaptioningPipeline", recording_pipeline)
+    assert build_parser().parse_args(["caption", images[0]]).trust_remote_code is False
+    for extra, expected in (([], False), (["--trust-remote-code"], True)):
+        code, _, err = run(capsys, images[0], "--drafter", "ar", *extra)
+        assert code == 2 and "stop here" in err and seen[-1]["trust_remote_code"] is expected
+
+
+def _larger_vocabulary_draft(folder: Path, target_vocab: int) -> Path:
+    """A draft model directory whose config says a vocabulary one larger than the target's (a config
+    alone: the refusal comes before any weights load)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=target_vocab + 1, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1).save_pretrained(folder)
+    return folder
+
+
+def test_a_draft_of_a_larger_vocabulary_is_refused_before_either_model_loads(capsys, checkpoint, images, tmp_path,
+                                                                             monkeypatch):
+    """The audit's: found when the first caption decoded, after both models loaded, and then as
+    every image's row error; now from the two config.json files, one line, before any weights."""
+    import transformers
+
+    from mmspec.drafters.model import config_vocab_size
+
+    target_vocab = config_vocab_size(checkpoint)
+    assert target_vocab is not None
+    draft = _larger_vocabulary_draft(tmp_path / "draft", target_vocab)
+    for auto in (transformers.AutoModelForImageTextToText, transformers.AutoModelForCausalLM):
+        monkeypatch.setattr(auto, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
+    code, out, err = run(capsys, *images, "--model", checkpoint, "--drafter", str(draft), "--dtype", "fp32")
+    errors = [line for line in err.splitlines() if line.startswith("mmspec: error:")]
+    assert code == 2 and out == "" and errors == [
+        f"mmspec: error: the draft's vocabulary ({target_vocab + 1}) is larger than the target's ({target_vocab}); "
+        "the draft must share the target's tokenizer"]
+
+
+def test_a_draft_of_a_larger_vocabulary_than_a_loaded_target_is_refused_before_the_draft_loads(checkpoint, tmp_path,
+                                                                                                monkeypatch):
+    """A target without a config to read first (a loaded model, the embedded captioner) is compared
+    with the draft's config before the draft's weights load."""
+    import transformers
+
+    import mmspec
+
+    model = transformers.AutoModelForImageTextToText.from_pretrained(checkpoint, dtype="float32")
+    processor = transformers.AutoProcessor.from_pretrained(checkpoint)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    draft = _larger_vocabulary_draft(tmp_path / "draft", vocab)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the draft's weights loaded before the refusal"))
+    with pytest.raises(ValueError, match=rf"the draft's vocabulary \({vocab + 1}\) is larger than the target's \({vocab}\)"):
+        mmspec.pipeline("image-captioning", model=model, processor=processor, drafter=str(draft), device="cpu")

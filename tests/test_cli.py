@@ -700,3 +700,22 @@ def test_threads_are_set_once_before_the_command_runs(monkeypatch, capsys):
     assert code == 2 and "no tts-self-data shards there" in capsys.readouterr().err and applied == [3]  # (the handler refused)
     assert main(["train", "tts-drafter", "--kind", "eagle", "--eval", "/nonexistent"]) == 2 and len(applied) == 2  # its default
     assert main(["tts", "hello", "--max-seconds", "-1"]) == 2 and len(applied) == 2  # (refused by check_args: nothing set)
+
+
+def test_generate_refuses_a_draft_of_a_larger_vocabulary_before_either_model_loads(capsys, monkeypatch, tmp_path):
+    """The audit's: refused only once both models had loaded; now from their config.json files."""
+    from transformers import LlamaConfig
+
+    import mmspec.cli.generate as generate_cli
+    from mmspec.drafters.model import config_vocab_size
+    from mmspec.hub import resolve_checkpoint
+
+    target_vocab = config_vocab_size(resolve_checkpoint("smollm2"))
+    assert target_vocab is not None
+    LlamaConfig(vocab_size=target_vocab + 7, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1).save_pretrained(tmp_path / "draft")
+    monkeypatch.setattr(generate_cli, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model"))
+    assert main(["generate", "hi", "--drafter", str(tmp_path / "draft")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"mmspec: error: the draft's vocabulary ({target_vocab + 7}) is larger than the target's "
+                           f"({target_vocab}); the draft must share the target's tokenizer")

@@ -183,6 +183,41 @@ def test_bad_image_and_speech_requests(local, path, body, param, code):
         assert ("'guidance_scale'" if param == "guidance" else "'seed'") in error["message"]
 
 
+@pytest.mark.parametrize("field", ["models", "pipeline_kwargs"])
+def test_a_misspelt_task_in_models_or_pipeline_kwargs_is_refused(field):
+    """The audit's: ServeConfig(models={"captoin": DIR}) served the embedded captioner, unsaid."""
+    with pytest.raises(ValueError, match=rf"^{field} has unknown task\(s\) \['captoin'\]; its keys are the short task names: "
+                       "caption, t2i, tts$"):
+        ServeConfig(tasks=("caption",), **{field: {"captoin": {} if field == "pipeline_kwargs" else "/tmp/model"}})
+    ServeConfig(tasks=("caption",), **{field: {"tts": None if field == "models" else {}}})  # (a known task, even not served)
+
+
+def test_a_chat_without_max_tokens_keeps_within_the_servers_limit():
+    """The audit's: a request without max_tokens decoded 64 tokens even under --max-tokens-limit 8,
+    so leaving the field out went past the operator's cap."""
+    server = create_app(ServeConfig(tasks=("caption",), max_tokens_limit=8)).state.server
+    service = server.service_for("mmspec-caption", "caption")  # (parse loads no pipeline)
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png")}
+    assert service.parse(body).key[0] == 8
+    assert service.parse({**body, "max_tokens": 5}).key[0] == 5
+    default = create_app(ServeConfig(tasks=("caption",))).state.server.service_for("mmspec-caption", "caption")
+    assert default.parse(body).key[0] == 64
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech"])
+def test_a_body_not_sent_as_json_is_a_415(local, path, content_type):
+    """The audit's: the body was parsed as JSON whatever its Content-Type, so a form or text/plain
+    POST, which a browser sends cross-site without asking the server, ran the models."""
+    body = json.dumps({"model": "nosuch", "prompt": "a", "messages": []}).encode()  # (would be a 404 if read)
+    headers = {} if content_type is None else {"content-type": content_type}
+    error = error_of(local.post(path, content=body, headers=headers), 415)
+    assert error["code"] == "unsupported_media_type" and "Content-Type: application/json" in error["message"], error
+    for accepted in ("application/json", "Application/JSON; charset=utf-8"):  # (then read: the unknown model's 404)
+        assert local.post(path, content=body, headers={"content-type": accepted}).status_code == 404
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/images/generations", {"prompt": "a red \ud800 circle"}, "prompt"),
     ("/v1/audio/speech", {"model": "mmspec-tts", "voice": "alloy", "input": "Hi \udfff."}, "input"),

@@ -61,6 +61,9 @@ def add_parser(subparsers) -> None:
                           "an exact sample of its chain form, not the batch-size-1 caption; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
+    cap.add_argument("--trust-remote-code", action="store_true",
+                     help="run the model's (and a draft model's) own Python code from its directory or the hub "
+                          "(off: transformers' built-in classes only)")
     cap.add_argument("--cuda-graphs", action="store_true",
                      help="run the target's forwards as CUDA graphs (a CUDA device, one image at a time)")
     add_sampling_args(cap, seed=0)
@@ -94,7 +97,7 @@ def run_caption_command(args) -> int:
         check_prompt(args.prompt)
     check_drafter_name(args.drafter)
     check_draft_length_use(args.drafter, args.num_draft_tokens)
-    check_tree_drafter(args.model, args.drafter)
+    check_tree_drafter(args.model, args.drafter, args.trust_remote_code)
     if args.retry_errors and not args.out:
         raise ValueError("--retry-errors redoes the failed rows of an output file: pass --out FILE.jsonl")
     if args.cuda_graphs and args.batch_size > 1:
@@ -140,7 +143,7 @@ def run_caption_command(args) -> int:
         device = results.process.device_for(args.device) if results else args.device
         captioner = ImageCaptioningPipeline(model=args.model, drafter=args.drafter, device=device,
                                             dtype=args.dtype, num_draft_tokens=args.num_draft_tokens, optimize=args.optimize,
-                                            cuda_graphs=args.cuda_graphs)
+                                            cuda_graphs=args.cuda_graphs, trust_remote_code=args.trust_remote_code)
         for size in {min(args.batch_size, len(todo) - start) for start in range(0, len(todo), args.batch_size)}:
             captioner.check_batch(size, args.do_sample)  # (a refused batch is one line, not image by image unsaid)
         if not args.json:

@@ -9,7 +9,8 @@ import torch
 from . import command_help
 from ..api import chat_inputs, check_text_prompt, generate, generate_with_baseline, optimize_components
 from ..drafters import check_draft_length_use
-from ..hub import load_causal_lm, resolve_device
+from ..drafters.model import check_draft_vocabulary, config_vocab_size
+from ..hub import load_causal_lm, resolve_checkpoint, resolve_device
 from ..pipelines.captioning.methods import check_drafter_name
 from .output import difference_note, speedup_words
 
@@ -38,6 +39,8 @@ def run_generate_command(args) -> int:
     check_draft_length_use(drafter, args.num_draft_tokens)
     draft_dir = check_drafter_name(drafter, auto=False)  # a spec's settings checked (the one spec syntax); else a directory
     device = resolve_device(args.device)
+    if draft_dir is not None:  # a draft of another tokenizer: from the two configs, before either model loads
+        check_draft_vocabulary(config_vocab_size(draft_dir), config_vocab_size(resolve_checkpoint(args.model)))
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
     if not args.raw and getattr(tokenizer, "chat_template", None) is None:  # (the prompt went in as plain text, unsaid)
         raise ValueError(f"the tokenizer of {args.model} has no chat template to wrap the prompt in; pass --raw to feed it "

@@ -6,6 +6,10 @@ image tokens (SPD, Gagrani et al. 2024); a VLM draft of the same family sees the
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import torch
 
 from ..adapters.hf import TransformersTarget
@@ -20,6 +24,31 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(a.shape[0], b.shape[0])
     mismatch = torch.nonzero(a[:n] != b[:n])
     return int(mismatch[0]) if mismatch.numel() else n
+
+
+def config_vocab_size(directory: str | os.PathLike) -> int | None:
+    """The vocabulary size a checkpoint directory's config.json declares (a VLM's ``text_config``'s,
+    which sizes its LM head), read without loading anything; None where it does not say."""
+    try:
+        config = json.loads((Path(directory).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for part in (config.get("text_config"), config):
+        size = part.get("vocab_size") if isinstance(part, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
+
+
+def check_draft_vocabulary(draft_vocab_size: int | None, target_vocab_size: int | None) -> None:
+    """Refuse (one ValueError line) a draft whose vocabulary is larger than the target's: its
+    tokens would not be the target's (a smaller one, the target's tokenizer with added tokens
+    missing, is drafted from). Nothing where a size is unknown (None)."""
+    if draft_vocab_size is not None and target_vocab_size is not None and draft_vocab_size > target_vocab_size:
+        raise ValueError(f"the draft's vocabulary ({draft_vocab_size}) is larger than the target's ({target_vocab_size}); "
+                         "the draft must share the target's tokenizer")
 
 
 @register_drafter("draft-model")
@@ -48,11 +77,7 @@ class ModelDrafter(BatchDrafting, Drafter):
     def start(self, context: DraftContext, target_state: SequenceState) -> None:
         super().start(context, target_state)
         target = context.target
-        if self.draft.vocab_size > target.vocab_size:
-            raise ValueError(
-                f"the draft's vocabulary ({self.draft.vocab_size}) is larger than the target's "
-                f"({target.vocab_size}); the draft must share the target's tokenizer"
-            )
+        check_draft_vocabulary(self.draft.vocab_size, target.vocab_size)  # (a directory's: before it loads, by its config)
         families = [getattr(getattr(getattr(m, "model", None), "config", None), "model_type", None) for m in (target, self.draft)]
         if sees_images(target) and sees_images(self.draft) and families[0] != families[1]:
             raise ValueError(f"a draft model that sees images must be of the target's family ({families[0]}), got "

@@ -277,6 +277,7 @@ async def read_body(request: Request, config: ServeConfig) -> bytes:
             499 when the client hangs up while sending it (answered to no one, without a traceback).
     """
     check_api_key(request, config)
+    check_json_content_type(request)
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
         raise APIError(413, f"the request body is larger than {config.max_body_bytes} bytes (--max-body-bytes)",
@@ -288,6 +289,18 @@ async def read_body(request: Request, config: ServeConfig) -> bytes:
                        code="body_timeout") from None
     except ClientDisconnect:
         raise APIError(499, "the client closed the request while sending its body", code="client_closed") from None
+
+
+def check_json_content_type(request: Request) -> None:
+    """Refuse (415) a body not sent as ``Content-Type: application/json`` (parameters such as
+    ``charset`` allowed). The body was parsed as JSON whatever its type, so any web page the
+    server's user opened could make it decode (a form or ``text/plain`` POST is sent cross-site
+    without asking the server first; an ``application/json`` one is not)."""
+    media = request.headers.get("content-type")
+    if media is None or media.split(";", 1)[0].strip().lower() != "application/json":
+        got = f"got {clip(media)!r}" if media is not None else "got none"
+        raise APIError(415, f"send the body as JSON with Content-Type: application/json ({got}; curl: "
+                       "-H 'Content-Type: application/json')", code="unsupported_media_type")
 
 
 async def _read_chunks(request: Request, max_body_bytes: int) -> bytes:

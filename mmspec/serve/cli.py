@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--body-timeout-s", type=float, default=60.0,
                      help="longest wait for a request's whole body before a 408 (default: 60)")
     cmd.add_argument("--max-prompt-chars", type=int, default=4000, help="longest text prompt or speech input of a request")
-    cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request")
+    cmd.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens of a chat request (also the default's cap: 64 when none is sent)")
     cmd.add_argument("--max-chat-images", type=int, default=8, help="most images in one chat request (default: 8)")
     cmd.add_argument("--stream-stall-s", type=float, default=30.0,
                      help="a streaming client that reads nothing this long is treated as gone (default: 30)")

@@ -35,7 +35,7 @@ class ServeConfig:
         body_timeout_s: longest wait for a request's whole body (408 after it: a Content-Length
             larger than what the client sends, or a client that stalls, holds no connection for ever).
         max_prompt_chars: longest text prompt / speech input (400 above).
-        max_tokens_limit: largest ``max_tokens`` of a chat request.
+        max_tokens_limit: largest ``max_tokens`` of a chat request, and the cap of its default (64).
         max_images: largest ``n`` of an image request.
         max_chat_images: most images in one chat request.
         stream_stall_s: a streaming client that reads nothing for this long while its text waits
@@ -79,6 +79,10 @@ class ServeConfig:
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or not self.tasks:
             raise ValueError(f"unknown task(s) {unknown or self.tasks!r}; serve some of: {', '.join(TASKS)}")
+        for name in ("models", "pipeline_kwargs"):  # (a misspelt task's model or arguments were left out, unsaid)
+            wrong = [key for key in getattr(self, name) if key not in TASKS]
+            if wrong:
+                raise ValueError(f"{name} has unknown task(s) {wrong!r}; its keys are the short task names: {', '.join(TASKS)}")
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_images",
                      "max_chat_images"):
             value = getattr(self, name)

@@ -178,6 +178,8 @@ def sampling_fields(fields: Fields, default_temperature: float | None) -> dict[s
 #: top-level fields every endpoint takes besides its own: read by the router (model), by
 #: :func:`mmspec_options` (mmspec), or accepted unused as OpenAI's API does (user: an end-user id)
 COMMON_FIELDS = ("model", "mmspec", "user")
+#: a chat request's max_tokens when it sends none (capped by ``max_tokens_limit``)
+DEFAULT_MAX_TOKENS = 64
 
 #: the fields of a request's ``"mmspec"`` object
 MMSPEC_OPTIONS = ("compare_baseline",)
@@ -296,7 +298,7 @@ class CaptionService(TaskService):
         if completion is not None and max_tokens is not None and completion != max_tokens:
             raise bad_request(f"'max_tokens' ({max_tokens}) and 'max_completion_tokens' ({completion}) differ; send one "
                               "(max_completion_tokens is OpenAI's current name)", "max_tokens", "conflicting_fields")
-        max_tokens = completion or max_tokens or 64
+        max_tokens = completion or max_tokens or min(DEFAULT_MAX_TOKENS, self.config.max_tokens_limit)  # (the limit holds)
         sampling = sampling_fields(fields, 1.0)
         seed = fields.integer("seed", None, 0, 2**63 - 1)
         compare = bool(mmspec_options(data).get("compare_baseline", bool, False))

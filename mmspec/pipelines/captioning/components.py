@@ -111,15 +111,17 @@ def check_vlm_config(name: str, source: str | os.PathLike) -> None:
                                f"a text model goes through mmspec generate --model {name}")
 
 
-def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch.dtype,
+                     trust_remote_code: bool = False) -> nn.Module:
     """A draft model directory -> the model in eval mode: a causal LM (``AutoModelForCausalLM``),
-    or a VLM of a supported family (``AutoModelForImageTextToText``)."""
+    or a VLM of a supported family (``AutoModelForImageTextToText``); ``trust_remote_code`` as the
+    target's (passed to transformers' ``from_pretrained``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model_type = getattr(AutoConfig.from_pretrained(path), "model_type", "")
+    model_type = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "model_type", "")
     auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
     try:
-        return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+        return auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
     except weights_unreadable() as error:
         raise damaged_weights(path, error) from None
 

@@ -33,6 +33,7 @@ from ...core.batch import RowResult, row_drafter
 from ...core.stats import DictAccess, SpecStats
 from ...core.target import RowTarget, batch_size_one_reason
 from ...drafters import NO_DRAFTER, Drafter, check_draft_length_use, resolve_drafter
+from ...drafters.model import check_draft_vocabulary, config_vocab_size
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
 from ..images import ImageInput, check_image, load_image
@@ -246,7 +247,8 @@ class ImageCaptioningPipeline(Pipeline):
         processor: the processor of a loaded ``model`` (ignored otherwise).
         prompt: the prompt used when a call gives none.
         num_draft_tokens: K, overriding the drafter's default.
-        trust_remote_code: passed to transformers' ``from_pretrained`` (off by default).
+        trust_remote_code: passed to transformers' ``from_pretrained`` of the model and of a draft
+            model directory (off by default; ``mmspec caption --trust-remote-code``).
         optimize: replace the fp32 CPU linears of the model and its drafter by few-row linears
             (:func:`mmspec.optimize`; outputs unchanged up to fp32 rounding, a verification over a
             few tokens much cheaper); stats.config["linears"] says which kernel ran. False opts out.
@@ -285,6 +287,7 @@ class ImageCaptioningPipeline(Pipeline):
                                   cuda_graphs=cuda_graphs, num_draft_tokens=num_draft_tokens,
                                   trust_remote_code=trust_remote_code, optimize=optimize))
         self.default_prompt = check_prompt(prompt)
+        self.trust_remote_code = trust_remote_code  # (a draft model directory loads with the target's setting)
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         check_cuda_graphs(cuda_graphs, self.device)
@@ -314,8 +317,10 @@ class ImageCaptioningPipeline(Pipeline):
             raise ValueError(f"num_draft_tokens must be a positive integer or None (the drafter's own), got {k!r}")
         check_draft_length_use(values["drafter"], k)
         if isinstance(values["drafter"], (str, os.PathLike)):
-            check_drafter_name(values["drafter"])
+            draft_dir = check_drafter_name(values["drafter"])
             check_tree_drafter(values["model"], values["drafter"], values["trust_remote_code"])
+            if draft_dir is not None and isinstance(values["model"], (str, os.PathLike)):  # both configs, no weights
+                check_draft_vocabulary(config_vocab_size(draft_dir), config_vocab_size(values["model"]))
         device = resolve_device(values["device"]) if isinstance(values["device"], str) else values["device"]
         resolve_dtype(values["dtype"], device)
         check_cuda_graphs(values["cuda_graphs"], device)
@@ -344,7 +349,8 @@ class ImageCaptioningPipeline(Pipeline):
         elif isinstance(drafter, (str, os.PathLike)):
             path = check_drafter_name(drafter)
             name = f"draft model {drafter}"
-            drafter = load_draft_model(path, self.model.device, self.model.dtype)
+            check_draft_vocabulary(config_vocab_size(path), self.target.vocab_size)  # (before its weights load)
+            drafter = load_draft_model(path, self.model.device, self.model.dtype, self.trust_remote_code)
         elif isinstance(drafter, nn.Module):
             name = f"draft model {getattr(drafter, 'name_or_path', '') or type(drafter).__name__}"
         resolved = resolve_drafter(drafter, self.target, num_draft_tokens)
