@@ -73,6 +73,8 @@ CASES = [
     ("She lives on Main St. in St. Louis.", "She lives on Main Street in Saint Louis."),
     ("Bring pens, paper, etc.", "Bring pens, paper, et cetera."),
     ("Use fruit, e.g. apples, i.e. healthy food.", "Use fruit, for example apples, that is healthy food."),
+    ("I like fruit, e.g., apples (i.e., food).", "I like fruit, for example, apples, that is, food."),
+    ("E.g. apples. That is fruit, i.e.", "For example apples. That is fruit, that is."),
     ("It was Spain vs. Italy.", "It was Spain versus Italy."),
     ("Prof. Lee and Sen. Warren spoke.", "Professor Lee and Senator Warren spoke."),
     ("Mt. Everest is 8,849 m high.", "Mount Everest is eight thousand eight hundred forty-nine meters high."),

@@ -526,6 +526,12 @@ class EnglishNormalizer(TextNormalizer):
 
         keys = sorted(TITLES, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(?:" + "|".join(re.escape(t) for t in keys) + r")(?=\s)", title, text)
+        # "e.g.," / "i.e.:" (the comma is the usual style), "E.g." starting a sentence, and one ending the text
+        def for_example(m):
+            said = TITLES[m.group(1).lower()]
+            return (said.capitalize() if m.group(1)[0].isupper() else said) + ("" if m.string[m.end():].strip() else ".")
+
+        text = re.sub(r"(?<![\w.])([Ee]\.g\.|[Ii]\.e\.)(?=[\s,;:)\]]|$)", for_example, text)
 
         def saint_or_street(m):  # "Main St." (a capitalised word before, none after) is a street
             street = re.search(r"\b[A-Z][a-z]*\s+$", m.string[: m.start()]) and not re.match(r"\s+[A-Z]", m.string[m.end():])
