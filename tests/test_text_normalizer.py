@@ -25,6 +25,8 @@ CASES = [
     ("In 1905 and 2010 and 1800.", "In nineteen oh-five and twenty ten and eighteen hundred."),
     ("The year 2000 was big.", "The year two thousand was big."),
     ("The 1990s were fun, and the '80s too.", "The nineteen nineties were fun, and the eighties too."),
+    ("In the 90s, in her 20s, in the mid-80s.", "In the nineties, in her twenties, in the mid-eighties."),
+    ("It was the 1,000th visitor.", "It was the one thousandth visitor."),
     ("It happened in the 2000s.", "It happened in the two thousands."),
     # dates
     ("The meeting is on 3/4/2025.", "The meeting is on March fourth, twenty twenty-five."),
@@ -62,6 +64,8 @@ CASES = [
     ("He was 6 ft tall and weighed 180 lbs.", "He was six feet tall and weighed one hundred eighty pounds."),
     ("Drive 60 mph on a 1 km road.", "Drive sixty miles per hour on a one kilometer road."),
     ("The file is 2.5 GB.", "The file is two point five gigabytes."),
+    ("It moves at 20 m/s and reads 5 MB/s, 3 mg/ml.",
+     "It moves at twenty meters per second and reads five megabytes per second, three milligrams per milliliter."),
     ("Set the oven to 180°.", "Set the oven to one hundred eighty degrees."),
     # ranges, fractions, scores
     ("Pages 10-20 are missing.", "Pages ten to twenty are missing."),

@@ -698,6 +698,14 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w.'])(\d)'\s?(\d{1,2})(?:\"|'')(?!\w)", lambda m: f"{cardinal(m.group(1))} "  # 6'2"
                       f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
                       text)
+        per_names = "|".join(re.escape(k) for k in sorted({*UNITS, *RATE_UNITS}, key=len, reverse=True))
+
+        def compound(m):  # "20 m/s" -> "twenty meters per second" (the slash was read "or")
+            per = m.group(3)
+            return f"{unit(m)} per {UNITS[per][0] if per in UNITS else RATE_UNITS[per]}"
+
+        text = re.sub(r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")/(" + per_names + r")(?![A-Za-z0-9°/])",
+                      compound, text)
         pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")(?![A-Za-z0-9°])")
         text = re.sub(pattern, unit, text)
         return re.sub(r"(?<=\b(?:feet|foot) )(\d{1,2})\s?in\b",  # "5 ft 10 in": "in" only after feet
@@ -710,12 +718,17 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _ordinals(text: str) -> str:
-        return re.sub(r"\b(\d+)(?:st|nd|rd|th)\b", lambda m: ordinal(int(m.group(1))), text, flags=re.IGNORECASE)
+        return re.sub(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b",  # "1,000th" too (was "one, zeroth")
+                      lambda m: ordinal(int(m.group(1).replace(",", ""))), text, flags=re.IGNORECASE)
 
     @staticmethod
     def _decades(text: str) -> str:
         text = re.sub(r"\b(1[1-9]\d0|20\d0)'?s\b", lambda m: plural_words(year(int(m.group(1)))), text)
-        return re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
+        text = re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
+        # "the 90s", "in her 20s", "the mid-80s": a decade or an age without its apostrophe after a
+        # word that leaves no other reading ("10s" alone may be ten seconds)
+        return re.sub(r"\b((?:the|his|her|their|my|your|our|early|mid|late)[ -])([1-9]0)['\u2019]?s\b",
+                      lambda m: m.group(1) + plural_words(cardinal(m.group(2))), text, flags=re.IGNORECASE)
 
     @staticmethod
     def _ranges(text: str) -> str:
