@@ -209,6 +209,9 @@ CASES = [
     ("It is 1e6 or 2.5e-3, 100k followers, 5M users, a 4K screen.",
      "It is one times ten to the power of six or two point five times ten to the power of minus three, one hundred "
      "thousand followers, five million users, a four K screen."),
+    ("It is 2x faster, a 1.38x speedup, 2.26-2.38x at zoom 10x.",
+     "It is two times faster, a one point three eight times speedup, two point two six to two point three eight times at zoom ten times."),
+    ("Solve 5x = 10 and y = 5x.", "Solve five x equals ten and y equals five x."),
     ("A 3 x 4 room, 1920x1080 pixels, at 00:00 or 24:00.",
      "A three by four room, one thousand nine hundred twenty by one thousand eighty pixels, at midnight or midnight."),
     ("Learn .NET and ASP.NET; he is 5 ft 10 in tall.", "Learn dot net and A-S-P dot net, he is five feet ten inches tall."),

@@ -347,6 +347,16 @@ def _ranges_before(text: str, end: str, suffix: str) -> str:
     return re.sub(rf"(?<![\w.,-])({end}(?:\s?{suffix})?)\s?[-\u2013]\s?(?={end}\s?{suffix})", r"\1 to ", text)
 
 
+def _multiplier(match: re.Match) -> str:
+    """"2x faster", "a 1.38x speedup" -> "2 times" (it was "two x"); left as written in arithmetic
+    (a line with an "=", an operator before or after it: "y = 5x", "5x minus 3")."""
+    line = match.string[match.string.rfind("\n", 0, match.start()) + 1:].split("\n", 1)[0]
+    if ("=" in line or re.search(r"(?:[+*/\u00d7\u00f7]|(?<![\d.])-)\s*$", match.string[: match.start()])
+            or re.match(r"\s+(?:minus|plus|times)\b", match.string[match.end():])):
+        return match.group(0)
+    return f"{match.group(1)} times"
+
+
 def _sentence_end(text: str, end: int) -> bool:
     """Does a sentence end right after ``text[:end]``? (end of text or of a line, or white
     space and a capital letter follow.)"""
@@ -502,7 +512,7 @@ class EnglishNormalizer(TextNormalizer):
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
         "-inf" and "-∞" -> "minus infinity". A tilde between numbers is a range: "5~10" -> "5 to 10"
         (elsewhere "about": :meth:`_symbols`); "1e6" -> "1 times 10 to the power of 6"; "3 x 4",
-        "1920x1080" -> "3 by 4" (dimensions)."""
+        "1920x1080" -> "3 by 4" (dimensions); "2x faster", "1.38x" -> "2 times" (not after an operator)."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
         text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
                                                  m.group(0)) if "=" in m.group(0) else m.group(0), text)
@@ -515,6 +525,7 @@ class EnglishNormalizer(TextNormalizer):
                       lambda m: f"{m.group(1)} times 10 to the power of {'minus ' if m.group(2) == '-' else ''}{m.group(3)}", text)
         text = re.sub(r"(?<![\w.])([1-9]\d*(?:\.\d+)?)\s?x\s?(\d+(?:\.\d+)?)(?![\w.])",  # "3 x 4": counts, not years
                       lambda m: f"{cardinal(m.group(1))} by {cardinal(m.group(2))}", text)
+        text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)x(?=\s+[a-z]|[,.;:!?)\]]+(?:\s|$)|$)", _multiplier, text)
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
     # -- abbreviations
