@@ -74,6 +74,7 @@ CASES = [
     ("We're open 24/7.", "We're open twenty-four seven."),
     # abbreviations
     ("Dr. Smith met Mr. Jones and Mrs. Brown.", "Doctor Smith met Mister Jones and Missus Brown."),
+    ("Ms Brown wrote on 2026/12/02.", "Miz Brown wrote on December second, twenty twenty-six."),
     ("She lives on Main St. in St. Louis.", "She lives on Main Street in Saint Louis."),
     ("Bring pens, paper, etc.", "Bring pens, paper, et cetera."),
     ("Use fruit, e.g. apples, i.e. healthy food.", "Use fruit, for example apples, that is healthy food."),

@@ -537,6 +537,7 @@ class EnglishNormalizer(TextNormalizer):
 
         keys = sorted(TITLES, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(?:" + "|".join(re.escape(t) for t in keys) + r")(?=\s)", title, text)
+        text = re.sub(r"(?<![\w.])Ms(?=\s+[A-Z][a-z])", "Miz", text)  # British "Ms Smith" (espeak-ng spelled it "M-S")
         # "e.g.," / "i.e.:" (the comma is the usual style), "E.g." starting a sentence, and one ending the text
         def for_example(m):
             said = TITLES[m.group(1).lower()]
@@ -692,6 +693,7 @@ class EnglishNormalizer(TextNormalizer):
 
         text = re.sub(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\d/])", numeric, text)
         text = re.sub(r"(?<![\d-])(\d{4})-(\d{2})-(\d{2})(?![\d-])", iso, text)
+        text = re.sub(r"(?<![\d/])(\d{4})/(\d{1,2})/(\d{1,2})(?![\d/])", iso, text)  # "2026/12/02" (was "slash")
         text = re.sub(r"\b(" + MONTH + r")\.?\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:|\.\d|,\d)(?:(,)?\s+(\d{4})\b)?", month_day, text)
         return re.sub(r"\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(" + MONTH + r")\b(?:,?\s+(\d{4})\b)?", day_month, text)
 
