@@ -265,6 +265,10 @@ def test_the_sentence_splitter_does_not_split_after_an_expanded_abbreviation():
     said = normalize_text("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave. Dr. Who came.")
     assert split_sentences(said) == ["We leave in January and return in February next year.",
                                      "He lives at Apartment five on Oak Avenue.", "Doctor Who came."]
+    # initials before a name and a capitalised "Approx." are not sentence ends; "plan B." still is
+    said = normalize_text("J. R. R. Tolkien met Mr. T. Smith. Approx. 5 people came. It was plan B. Then we ran.")
+    assert split_sentences(said) == ["J R R Tolkien met Mister T Smith.", "Approximately five people came.",
+                                     "It was plan B.", "Then we ran."]
 
 
 def test_long_text_is_normalised_deterministically():

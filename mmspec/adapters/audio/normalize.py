@@ -538,6 +538,10 @@ class EnglishNormalizer(TextNormalizer):
         keys = sorted(TITLES, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(?:" + "|".join(re.escape(t) for t in keys) + r")(?=\s)", title, text)
         text = re.sub(r"(?<![\w.])Ms(?=\s+[A-Z][a-z])", "Miz", text)  # British "Ms Smith" (espeak-ng spelled it "M-S")
+        # initials before a name: "J. R. R. Tolkien", "Mister T. Smith" -> "J R R Tolkien" (the
+        # sentence splitter cut after every one of them)
+        text = re.sub(r"(?<![\w.])((?:[A-Z]\.\s+)+[A-Z])\.(?=\s+[A-Z][a-z])", lambda m: m.group(1).replace(".", ""), text)
+        text = re.sub(r"\b((?:Mister|Missus|Miz|Doctor|Professor)\s+[A-Z])\.(?=\s+[A-Z][a-z])", r"\1", text)
         # "e.g.," / "i.e.:" (the comma is the usual style), "E.g." starting a sentence, and one ending the text
         def for_example(m):
             said = TITLES[m.group(1).lower()]
@@ -554,10 +558,12 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w.])St\.", saint_or_street, text)
 
         def abbreviation(m):
-            said = ABBREVIATIONS[m.group(1)]
+            said = ABBREVIATIONS.get(m.group(1)) or ABBREVIATIONS[m.group(1)[0].lower() + m.group(1)[1:]].capitalize()
             return said + ("." if m.group(1).endswith(".") and _sentence_end(m.string, m.end()) else "")
 
-        keys = sorted(ABBREVIATIONS, key=len, reverse=True)
+        # "Approx. 5 people" starting a sentence too (it was left, and the splitter cut after it)
+        keys = sorted([*ABBREVIATIONS, *(k[0].upper() + k[1:] for k in ABBREVIATIONS if k[0].islower() and k.endswith("."))],
+                      key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
         wordlike = "|".join(re.escape(k) for k in WORDLIKE_ABBREVIATIONS)
         text = re.sub(rf"(?<![\w.])(?:{wordlike})(?=,|\s+(?:[a-z0-9]|{MONTH}\b))", lambda m: CALENDAR_ABBREVIATIONS[m.group(0)], text)
