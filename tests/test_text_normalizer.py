@@ -84,6 +84,8 @@ CASES = [
     ("Prof. Lee and Sen. Warren spoke.", "Professor Lee and Senator Warren spoke."),
     ("Mt. Everest is 8,849 m high.", "Mount Everest is eight thousand eight hundred forty-nine meters high."),
     ("It was No. 5 on the list.", "It was number five on the list."),
+    ("It cost US$5, C$20 million or HK$1.50 after WWII, at N° 5.",
+     "It cost five U-S dollars, twenty million Canadian dollars or one Hong Kong dollar and fifty cents after World War two, at number five."),
     # initialisms and acronyms
     ("NASA and the FBI met at the BBC.", "Nasa and the F-B-I met at the B-B-C."),
     ("The CEO works at IBM with NATO.", "The C-E-O works at I-B-M with Nato."),

@@ -218,6 +218,9 @@ CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "poun
 SIGN = "[" + "".join(CURRENCIES) + "]"
 #: ISO codes, before or after an amount, read as their sign's words ("5 USD" -> "five dollars")
 CURRENCY_CODES = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "INR": "₹"}
+#: a country's letters before a dollar sign ("US$5", "C$20", "A$3")
+DOLLAR_PREFIXES = {"US": "U-S", "CA": "Canadian", "C": "Canadian", "AUS": "Australian", "AU": "Australian", "A": "Australian",
+                   "NZ": "New Zealand", "HK": "Hong Kong", "S": "Singapore"}
 SCALES = {"thousand": "thousand", "k": "thousand", "million": "million", "m": "million", "mn": "million",
           "billion": "billion", "bn": "billion", "b": "billion", "trillion": "trillion", "tn": "trillion"}
 
@@ -574,6 +577,8 @@ class EnglishNormalizer(TextNormalizer):
 
         lower = [k.lower() for k in NUMBERED if not k.islower()]
         text = re.sub(r"\b(" + "|".join([*NUMBERED, *lower]) + r")\.\s*(?=\d)", numbered, text)
+        text = re.sub(r"\bWW(II|I|2|1)\b", lambda m: "World War " + ("two" if m.group(1) in ("II", "2") else "one"), text)  # was "wwii"
+        text = re.sub(r"\bN\u00b0\s?(?=\d)", "number ", text)  # the numero sign written "N° 5" (was "N degrees five")
         return re.sub(r"#\s?(?=\d)", "number ", text)
 
     # -- numbers in context
@@ -629,7 +634,16 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(rf"(?<![\w.,])({NUMBER})\s?¢", lambda m: f"{cardinal(m.group(1))} {'cent' if _is_one(m.group(1)) else 'cents'}",
                       text)
         text = re.sub(rf"({SIGN})(" + NUMBER + rf")\s?[-\u2013]\s?{SIGN}?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
-        return re.sub(rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
+        amount = rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale
+
+        def prefixed(m):  # "US$5" -> "five U-S dollars" (it was "USfive dollars")
+            said = re.sub(amount, money, m.group(2), flags=re.IGNORECASE)
+            return re.sub(r"\b(dollars?)\b", rf"{DOLLAR_PREFIXES[m.group(1)]} \1", said, count=1)
+
+        text = re.sub(rf"\b(?-i:({'|'.join(DOLLAR_PREFIXES)}))(\${amount[len(f'({SIGN})'):]})", prefixed, text,
+                      flags=re.IGNORECASE)
+        text = re.sub(rf"(?<=[A-Za-z])(?={SIGN}\s?\.?\d)", " ", text)  # other letters stuck to a sign: a word of their own
+        return re.sub(amount, money, text, flags=re.IGNORECASE)
 
     @staticmethod
     def _times(text: str) -> str:
