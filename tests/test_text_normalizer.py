@@ -271,6 +271,9 @@ def test_the_sentence_splitter_does_not_split_after_an_expanded_abbreviation():
     said = normalize_text("J. R. R. Tolkien met Mr. T. Smith. Approx. 5 people came. It was plan B. Then we ran.")
     assert split_sentences(said) == ["J R R Tolkien met Mister T Smith.", "Approximately five people came.",
                                      "It was plan B.", "Then we ran."]
+    # a Markdown heading's "#" is not "hash"; a numbered list's "1." is no sentence of its own
+    said = normalize_text("# Recipe\n\n1. Mix the flour.\n2) Bake it.\n\n#1 and #blessed")
+    assert split_sentences(said) == ["Recipe", "one, Mix the flour.", "two, Bake it.", "number one and hashtag blessed"]
 
 
 def test_long_text_is_normalised_deterministically():

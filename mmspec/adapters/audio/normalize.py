@@ -385,7 +385,7 @@ class EnglishNormalizer(TextNormalizer):
 
     def normalize(self, text):
         text = self._characters(text)
-        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
+        for rule in (self._markup, self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
                      self._years, self._fractions, self._numbers, self._roman, self._initialisms, self._symbols):
@@ -495,6 +495,14 @@ class EnglishNormalizer(TextNormalizer):
     def _emails(self, text: str) -> str:
         return re.sub(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
                       lambda m: self._read_address(m.group(0)), text)
+
+    @staticmethod
+    def _markup(text: str) -> str:
+        """Plain-text and Markdown structure at a line's start: a heading's "#"s are dropped ("# Intro"
+        was "hash Intro"), a list's number is followed by a pause, not a period ("1. Mix" was "one." and
+        "Mix" said as two sentences)."""
+        text = re.sub(r"^([ \t]*)#{1,6}[ \t]+(?=[^\W\d_])", r"\1", text, flags=re.MULTILINE)
+        return re.sub(r"^([ \t]*\d{1,2})[.)][ \t]+(?=\S)", r"\1, ", text, flags=re.MULTILINE)
 
     @staticmethod
     def _files(text: str) -> str:
