@@ -25,6 +25,8 @@ CASES = [
     ("In 1905 and 2010 and 1800.", "In nineteen oh-five and twenty ten and eighteen hundred."),
     ("The year 2000 was big.", "The year two thousand was big."),
     ("The 1990s were fun, and the '80s too.", "The nineteen nineties were fun, and the eighties too."),
+    ("In the 90s, in her 20s, in the mid-80s.", "In the nineties, in her twenties, in the mid-eighties."),
+    ("It was the 1,000th visitor.", "It was the one thousandth visitor."),
     ("It happened in the 2000s.", "It happened in the two thousands."),
     # dates
     ("The meeting is on 3/4/2025.", "The meeting is on March fourth, twenty twenty-five."),
@@ -62,6 +64,8 @@ CASES = [
     ("He was 6 ft tall and weighed 180 lbs.", "He was six feet tall and weighed one hundred eighty pounds."),
     ("Drive 60 mph on a 1 km road.", "Drive sixty miles per hour on a one kilometer road."),
     ("The file is 2.5 GB.", "The file is two point five gigabytes."),
+    ("It moves at 20 m/s and reads 5 MB/s, 3 mg/ml.",
+     "It moves at twenty meters per second and reads five megabytes per second, three milligrams per milliliter."),
     ("Set the oven to 180°.", "Set the oven to one hundred eighty degrees."),
     # ranges, fractions, scores
     ("Pages 10-20 are missing.", "Pages ten to twenty are missing."),
@@ -70,13 +74,18 @@ CASES = [
     ("We're open 24/7.", "We're open twenty-four seven."),
     # abbreviations
     ("Dr. Smith met Mr. Jones and Mrs. Brown.", "Doctor Smith met Mister Jones and Missus Brown."),
+    ("Ms Brown wrote on 2026/12/02.", "Miz Brown wrote on December second, twenty twenty-six."),
     ("She lives on Main St. in St. Louis.", "She lives on Main Street in Saint Louis."),
     ("Bring pens, paper, etc.", "Bring pens, paper, et cetera."),
     ("Use fruit, e.g. apples, i.e. healthy food.", "Use fruit, for example apples, that is healthy food."),
+    ("I like fruit, e.g., apples (i.e., food).", "I like fruit, for example, apples, that is, food."),
+    ("E.g. apples. That is fruit, i.e.", "For example apples. That is fruit, that is."),
     ("It was Spain vs. Italy.", "It was Spain versus Italy."),
     ("Prof. Lee and Sen. Warren spoke.", "Professor Lee and Senator Warren spoke."),
     ("Mt. Everest is 8,849 m high.", "Mount Everest is eight thousand eight hundred forty-nine meters high."),
     ("It was No. 5 on the list.", "It was number five on the list."),
+    ("It cost US$5, C$20 million or HK$1.50 after WWII, at N° 5.",
+     "It cost five U-S dollars, twenty million Canadian dollars or one Hong Kong dollar and fifty cents after World War two, at number five."),
     # initialisms and acronyms
     ("NASA and the FBI met at the BBC.", "Nasa and the F-B-I met at the B-B-C."),
     ("The CEO works at IBM with NATO.", "The C-E-O works at I-B-M with Nato."),
@@ -203,6 +212,9 @@ CASES = [
     ("It is 1e6 or 2.5e-3, 100k followers, 5M users, a 4K screen.",
      "It is one times ten to the power of six or two point five times ten to the power of minus three, one hundred "
      "thousand followers, five million users, a four K screen."),
+    ("It is 2x faster, a 1.38x speedup, 2.26-2.38x at zoom 10x.",
+     "It is two times faster, a one point three eight times speedup, two point two six to two point three eight times at zoom ten times."),
+    ("Solve 5x = 10 and y = 5x.", "Solve five x equals ten and y equals five x."),
     ("A 3 x 4 room, 1920x1080 pixels, at 00:00 or 24:00.",
      "A three by four room, one thousand nine hundred twenty by one thousand eighty pixels, at midnight or midnight."),
     ("Learn .NET and ASP.NET; he is 5 ft 10 in tall.", "Learn dot net and A-S-P dot net, he is five feet ten inches tall."),
@@ -255,6 +267,13 @@ def test_the_sentence_splitter_does_not_split_after_an_expanded_abbreviation():
     said = normalize_text("We leave in Jan. and return in Feb. next year. He lives at Apt. 5 on Oak Ave. Dr. Who came.")
     assert split_sentences(said) == ["We leave in January and return in February next year.",
                                      "He lives at Apartment five on Oak Avenue.", "Doctor Who came."]
+    # initials before a name and a capitalised "Approx." are not sentence ends; "plan B." still is
+    said = normalize_text("J. R. R. Tolkien met Mr. T. Smith. Approx. 5 people came. It was plan B. Then we ran.")
+    assert split_sentences(said) == ["J R R Tolkien met Mister T Smith.", "Approximately five people came.",
+                                     "It was plan B.", "Then we ran."]
+    # a Markdown heading's "#" is not "hash"; a numbered list's "1." is no sentence of its own
+    said = normalize_text("# Recipe\n\n1. Mix the flour.\n2) Bake it.\n\n#1 and #blessed")
+    assert split_sentences(said) == ["Recipe", "one, Mix the flour.", "two, Bake it.", "number one and hashtag blessed"]
 
 
 def test_long_text_is_normalised_deterministically():

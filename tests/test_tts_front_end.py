@@ -183,6 +183,17 @@ def test_cli_reads_standard_input(model_dir, tmp_path, capsys, monkeypatch):
     assert result.returncode == 0 and json.loads(result.stdout)["normalized"] == "A red star."
 
 
+def test_cli_refuses_a_file_with_nul_bytes(model_dir, tmp_path, capsys):
+    """UTF-16 without its byte-order mark (or any binary with NULs) is valid UTF-8: it was said
+    letter by letter ("H e l l o"); now one line, before the voice loads."""
+    text_file = tmp_path / "utf16.txt"
+    text_file.write_bytes("Hello there.".encode("utf-16-le"))
+    result = _cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(tmp_path / "x.wav"))
+    assert result.returncode == 2 and not (tmp_path / "x.wav").exists()
+    assert result.stderr.strip() == (f"mmspec: error: cannot read {text_file}: it has NUL bytes (a binary or UTF-16 "
+                                     "file), not UTF-8 text; save it as UTF-8")
+
+
 def test_cli_refuses_standard_input_that_is_not_utf8(model_dir, tmp_path, capsys, monkeypatch):
     """``-f -`` fed Latin-1 (``caf\xe9``): Python's stdin decodes it with surrogateescape, and the
     normaliser silently dropped the byte ("caf au lait", nothing named), where ``-f FILE`` of the

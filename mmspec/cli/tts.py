@@ -278,6 +278,10 @@ def read_text(args) -> str:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"cannot read {path}: it is not UTF-8 text; save it as UTF-8") from None
+    if "\x00" in text:  # UTF-16 without its byte-order mark decodes as UTF-8: "H\0e\0..." was said letter by letter
+        where = "standard input" if args.file == "-" else args.file
+        raise ValueError(f"cannot read {where}: it has NUL bytes (a binary or UTF-16 file), not UTF-8 text; "
+                         "save it as UTF-8")
     if not text.strip():
         from ..adapters.audio.phonemes import EMPTY_TEXT
 

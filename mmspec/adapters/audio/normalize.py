@@ -218,6 +218,9 @@ CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "poun
 SIGN = "[" + "".join(CURRENCIES) + "]"
 #: ISO codes, before or after an amount, read as their sign's words ("5 USD" -> "five dollars")
 CURRENCY_CODES = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "INR": "₹"}
+#: a country's letters before a dollar sign ("US$5", "C$20", "A$3")
+DOLLAR_PREFIXES = {"US": "U-S", "CA": "Canadian", "C": "Canadian", "AUS": "Australian", "AU": "Australian", "A": "Australian",
+                   "NZ": "New Zealand", "HK": "Hong Kong", "S": "Singapore"}
 SCALES = {"thousand": "thousand", "k": "thousand", "million": "million", "m": "million", "mn": "million",
           "billion": "billion", "bn": "billion", "b": "billion", "trillion": "trillion", "tn": "trillion"}
 
@@ -347,6 +350,16 @@ def _ranges_before(text: str, end: str, suffix: str) -> str:
     return re.sub(rf"(?<![\w.,-])({end}(?:\s?{suffix})?)\s?[-\u2013]\s?(?={end}\s?{suffix})", r"\1 to ", text)
 
 
+def _multiplier(match: re.Match) -> str:
+    """"2x faster", "a 1.38x speedup" -> "2 times" (it was "two x"); left as written in arithmetic
+    (a line with an "=", an operator before or after it: "y = 5x", "5x minus 3")."""
+    line = match.string[match.string.rfind("\n", 0, match.start()) + 1:].split("\n", 1)[0]
+    if ("=" in line or re.search(r"(?:[+*/\u00d7\u00f7]|(?<![\d.])-)\s*$", match.string[: match.start()])
+            or re.match(r"\s+(?:minus|plus|times)\b", match.string[match.end():])):
+        return match.group(0)
+    return f"{match.group(1)} times"
+
+
 def _sentence_end(text: str, end: int) -> bool:
     """Does a sentence end right after ``text[:end]``? (end of text or of a line, or white
     space and a capital letter follow.)"""
@@ -372,7 +385,7 @@ class EnglishNormalizer(TextNormalizer):
 
     def normalize(self, text):
         text = self._characters(text)
-        for rule in (self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
+        for rule in (self._markup, self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
                      self._years, self._fractions, self._numbers, self._roman, self._initialisms, self._symbols):
@@ -484,6 +497,14 @@ class EnglishNormalizer(TextNormalizer):
                       lambda m: self._read_address(m.group(0)), text)
 
     @staticmethod
+    def _markup(text: str) -> str:
+        """Plain-text and Markdown structure at a line's start: a heading's "#"s are dropped ("# Intro"
+        was "hash Intro"), a list's number is followed by a pause, not a period ("1. Mix" was "one." and
+        "Mix" said as two sentences)."""
+        text = re.sub(r"^([ \t]*)#{1,6}[ \t]+(?=[^\W\d_])", r"\1", text, flags=re.MULTILINE)
+        return re.sub(r"^([ \t]*\d{1,2})[.)][ \t]+(?=\S)", r"\1, ", text, flags=re.MULTILINE)
+
+    @staticmethod
     def _files(text: str) -> str:
         """"config.yaml" -> "config dot yaml" (a file name, not a sentence end); ".NET", "ASP.NET" -> "dot net"."""
         text = re.sub(r"(?<![.])\.NET\b", " dot net", text)
@@ -502,7 +523,7 @@ class EnglishNormalizer(TextNormalizer):
         U+2212 (typeset text's: "−5 °C") is always a minus: "5 − 3" -> "5 minus 3", "−5" as "-5";
         "-inf" and "-∞" -> "minus infinity". A tilde between numbers is a range: "5~10" -> "5 to 10"
         (elsewhere "about": :meth:`_symbols`); "1e6" -> "1 times 10 to the power of 6"; "3 x 4",
-        "1920x1080" -> "3 by 4" (dimensions)."""
+        "1920x1080" -> "3 by 4" (dimensions); "2x faster", "1.38x" -> "2 times" (not after an operator)."""
         text = re.sub(r"(?<=[\w.%)])\s*\u2212", " minus ", text).replace("\u2212", "-")
         text = re.sub(EQUATION, lambda m: re.sub(r"\s*([-/])\s*", lambda o: f" {EQUATION_OPERATORS[o.group(1)]} ",
                                                  m.group(0)) if "=" in m.group(0) else m.group(0), text)
@@ -515,6 +536,7 @@ class EnglishNormalizer(TextNormalizer):
                       lambda m: f"{m.group(1)} times 10 to the power of {'minus ' if m.group(2) == '-' else ''}{m.group(3)}", text)
         text = re.sub(r"(?<![\w.])([1-9]\d*(?:\.\d+)?)\s?x\s?(\d+(?:\.\d+)?)(?![\w.])",  # "3 x 4": counts, not years
                       lambda m: f"{cardinal(m.group(1))} by {cardinal(m.group(2))}", text)
+        text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)x(?=\s+[a-z]|[,.;:!?)\]]+(?:\s|$)|$)", _multiplier, text)
         return re.sub(r"(?<=\d)\s?\*\s?(?=\d)", " times ", text)
 
     # -- abbreviations
@@ -526,6 +548,17 @@ class EnglishNormalizer(TextNormalizer):
 
         keys = sorted(TITLES, key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(?:" + "|".join(re.escape(t) for t in keys) + r")(?=\s)", title, text)
+        text = re.sub(r"(?<![\w.])Ms(?=\s+[A-Z][a-z])", "Miz", text)  # British "Ms Smith" (espeak-ng spelled it "M-S")
+        # initials before a name: "J. R. R. Tolkien", "Mister T. Smith" -> "J R R Tolkien" (the
+        # sentence splitter cut after every one of them)
+        text = re.sub(r"(?<![\w.])((?:[A-Z]\.\s+)+[A-Z])\.(?=\s+[A-Z][a-z])", lambda m: m.group(1).replace(".", ""), text)
+        text = re.sub(r"\b((?:Mister|Missus|Miz|Doctor|Professor)\s+[A-Z])\.(?=\s+[A-Z][a-z])", r"\1", text)
+        # "e.g.," / "i.e.:" (the comma is the usual style), "E.g." starting a sentence, and one ending the text
+        def for_example(m):
+            said = TITLES[m.group(1).lower()]
+            return (said.capitalize() if m.group(1)[0].isupper() else said) + ("" if m.string[m.end():].strip() else ".")
+
+        text = re.sub(r"(?<![\w.])([Ee]\.g\.|[Ii]\.e\.)(?=[\s,;:)\]]|$)", for_example, text)
 
         def saint_or_street(m):  # "Main St." (a capitalised word before, none after) is a street
             street = re.search(r"\b[A-Z][a-z]*\s+$", m.string[: m.start()]) and not re.match(r"\s+[A-Z]", m.string[m.end():])
@@ -536,10 +569,12 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w.])St\.", saint_or_street, text)
 
         def abbreviation(m):
-            said = ABBREVIATIONS[m.group(1)]
+            said = ABBREVIATIONS.get(m.group(1)) or ABBREVIATIONS[m.group(1)[0].lower() + m.group(1)[1:]].capitalize()
             return said + ("." if m.group(1).endswith(".") and _sentence_end(m.string, m.end()) else "")
 
-        keys = sorted(ABBREVIATIONS, key=len, reverse=True)
+        # "Approx. 5 people" starting a sentence too (it was left, and the splitter cut after it)
+        keys = sorted([*ABBREVIATIONS, *(k[0].upper() + k[1:] for k in ABBREVIATIONS if k[0].islower() and k.endswith("."))],
+                      key=len, reverse=True)
         text = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w])", abbreviation, text)
         wordlike = "|".join(re.escape(k) for k in WORDLIKE_ABBREVIATIONS)
         text = re.sub(rf"(?<![\w.])(?:{wordlike})(?=,|\s+(?:[a-z0-9]|{MONTH}\b))", lambda m: CALENDAR_ABBREVIATIONS[m.group(0)], text)
@@ -550,6 +585,8 @@ class EnglishNormalizer(TextNormalizer):
 
         lower = [k.lower() for k in NUMBERED if not k.islower()]
         text = re.sub(r"\b(" + "|".join([*NUMBERED, *lower]) + r")\.\s*(?=\d)", numbered, text)
+        text = re.sub(r"\bWW(II|I|2|1)\b", lambda m: "World War " + ("two" if m.group(1) in ("II", "2") else "one"), text)  # was "wwii"
+        text = re.sub(r"\bN\u00b0\s?(?=\d)", "number ", text)  # the numero sign written "N° 5" (was "N degrees five")
         return re.sub(r"#\s?(?=\d)", "number ", text)
 
     # -- numbers in context
@@ -605,7 +642,16 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(rf"(?<![\w.,])({NUMBER})\s?¢", lambda m: f"{cardinal(m.group(1))} {'cent' if _is_one(m.group(1)) else 'cents'}",
                       text)
         text = re.sub(rf"({SIGN})(" + NUMBER + rf")\s?[-\u2013]\s?{SIGN}?(" + NUMBER + r")(?!\d)", r"\1\2 to \1\3", text)
-        return re.sub(rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale, money, text, flags=re.IGNORECASE)
+        amount = rf"({SIGN})\s?(" + NUMBER + r")(?!\d)" + scale
+
+        def prefixed(m):  # "US$5" -> "five U-S dollars" (it was "USfive dollars")
+            said = re.sub(amount, money, m.group(2), flags=re.IGNORECASE)
+            return re.sub(r"\b(dollars?)\b", rf"{DOLLAR_PREFIXES[m.group(1)]} \1", said, count=1)
+
+        text = re.sub(rf"\b(?-i:({'|'.join(DOLLAR_PREFIXES)}))(\${amount[len(f'({SIGN})'):]})", prefixed, text,
+                      flags=re.IGNORECASE)
+        text = re.sub(rf"(?<=[A-Za-z])(?={SIGN}\s?\.?\d)", " ", text)  # other letters stuck to a sign: a word of their own
+        return re.sub(amount, money, text, flags=re.IGNORECASE)
 
     @staticmethod
     def _times(text: str) -> str:
@@ -675,6 +721,7 @@ class EnglishNormalizer(TextNormalizer):
 
         text = re.sub(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\d/])", numeric, text)
         text = re.sub(r"(?<![\d-])(\d{4})-(\d{2})-(\d{2})(?![\d-])", iso, text)
+        text = re.sub(r"(?<![\d/])(\d{4})/(\d{1,2})/(\d{1,2})(?![\d/])", iso, text)  # "2026/12/02" (was "slash")
         text = re.sub(r"\b(" + MONTH + r")\.?\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:|\.\d|,\d)(?:(,)?\s+(\d{4})\b)?", month_day, text)
         return re.sub(r"\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(" + MONTH + r")\b(?:,?\s+(\d{4})\b)?", day_month, text)
 
@@ -692,6 +739,14 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<![\w.'])(\d)'\s?(\d{1,2})(?:\"|'')(?!\w)", lambda m: f"{cardinal(m.group(1))} "  # 6'2"
                       f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
                       text)
+        per_names = "|".join(re.escape(k) for k in sorted({*UNITS, *RATE_UNITS}, key=len, reverse=True))
+
+        def compound(m):  # "20 m/s" -> "twenty meters per second" (the slash was read "or")
+            per = m.group(3)
+            return f"{unit(m)} per {UNITS[per][0] if per in UNITS else RATE_UNITS[per]}"
+
+        text = re.sub(r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")/(" + per_names + r")(?![A-Za-z0-9°/])",
+                      compound, text)
         pattern = (r"(?<![\w.])(-?(?:" + NUMBER + r"))\s?(" + names + r")(?![A-Za-z0-9°])")
         text = re.sub(pattern, unit, text)
         return re.sub(r"(?<=\b(?:feet|foot) )(\d{1,2})\s?in\b",  # "5 ft 10 in": "in" only after feet
@@ -704,12 +759,17 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _ordinals(text: str) -> str:
-        return re.sub(r"\b(\d+)(?:st|nd|rd|th)\b", lambda m: ordinal(int(m.group(1))), text, flags=re.IGNORECASE)
+        return re.sub(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b",  # "1,000th" too (was "one, zeroth")
+                      lambda m: ordinal(int(m.group(1).replace(",", ""))), text, flags=re.IGNORECASE)
 
     @staticmethod
     def _decades(text: str) -> str:
         text = re.sub(r"\b(1[1-9]\d0|20\d0)'?s\b", lambda m: plural_words(year(int(m.group(1)))), text)
-        return re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
+        text = re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
+        # "the 90s", "in her 20s", "the mid-80s": a decade or an age without its apostrophe after a
+        # word that leaves no other reading ("10s" alone may be ten seconds)
+        return re.sub(r"\b((?:the|his|her|their|my|your|our|early|mid|late)[ -])([1-9]0)['\u2019]?s\b",
+                      lambda m: m.group(1) + plural_words(cardinal(m.group(2))), text, flags=re.IGNORECASE)
 
     @staticmethod
     def _ranges(text: str) -> str:
