@@ -238,6 +238,18 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
     assert main([*nar_args, "--init", str(shards / "u"), "--depth-layers", "2", "--out", str(shards / "t")]) == 2
     err = capsys.readouterr().err
     assert "has a depth head of 1 blocks" in err and err.count("\n") == 1
+    # another shape given with --init was silently ignored (the --init stage's won): refused, before the data is read
+    init_args = ["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--steps", "1"]
+    for shape, said in ((["--dim", "64"], "--dim 64 (it has 32)"), (["--layers", "2", "--depth-ffn", "16"],
+                                                                     "--layers 2 (it has 1), --depth-ffn 16 (it has 512)")):
+        assert main([*init_args, "--init", str(shards / "u"), *shape, "--out", str(shards / "s")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "fixes the stage's shape" in err and err.count("\n") == 1, err
+        assert not (shards / "s").exists()
+    for bad in ("--dim", "--layers", "--depth-ffn"):
+        assert main([*init_args, bad, "0", "--out", str(shards / "s")]) == 2
+        err = capsys.readouterr().err
+        assert f"{bad} must be at least 1, got 0" in err and err.count("\n") == 1
 
 
 def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):
