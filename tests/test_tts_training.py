@@ -196,6 +196,10 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     stage, full = CodecLM.from_pretrained(shards / "stage"), CodecLM.from_pretrained(shards / "ar-full")
     assert stage.config.num_codebooks == 1 and stage.heads.weight.shape[0] == CODES + 1
     assert len(stage.code_embeddings) == 1 and len(full.code_embeddings) == K
+    # a codebook-0 stage's draft is the VALL-E-style voice's, not the delay-pattern voice's ../tts-draft
+    assert json.loads((shards / "ar-full" / "tts.json").read_text())["draft"] is None  # (a draft names none)
+    assert train(shards, shards / "stage-target", "--preset", "target", "--codebooks", "1", "--steps", "1") == 0
+    assert json.loads((shards / "stage-target" / "tts.json").read_text())["draft"] == "../tts-valle-draft"
     assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
                  str(shards / "nar"), "--voice", str(shards / "stage"), "--dim", "32", "--layers", "1", "--steps", "3",
                  "--batch-size", "2", "--threads", "1"]) == 0
@@ -210,6 +214,18 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     deep = CodecNAR.from_pretrained(shards / "nar-depth")
     assert (deep.config.depth_layers, deep.config.depth_ffn, deep.config.dim) == (1, 16, 32)
     assert deep.complete(torch.zeros(5, dtype=torch.long), torch.tensor([1, 2]), torch.tensor([2, 3])).shape == (K, 5)
+
+
+def test_a_codebook_0_stage_goes_to_the_valle_voices_directories_by_default(shards, tmp_path, monkeypatch):
+    # (it went to models/tts and models/tts-draft, the delay-pattern voice's)
+    monkeypatch.setenv("MMSPEC_MODELS_DIR", str(tmp_path))
+    args = ["train", "tts", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--codebooks", "1",
+            "--steps", "1", "--batch-size", "2", "--warmup", "1", "--threads", "1"]
+    assert main([*args, "--preset", "draft"]) == 0
+    assert main([*args, "--preset", "target"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tts-valle", "tts-valle-draft"]
+    assert json.loads((tmp_path / "tts-valle" / "tts.json").read_text())["draft"] == "../tts-valle-draft"
+    assert CodecLM.from_pretrained(tmp_path / "tts-valle-draft").config.num_codebooks == 1
 
 
 def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):

@@ -38,7 +38,8 @@ TEXT_VOCAB = 256  # Piper's phoneme ids (en_US voices use < 160)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
     parser.add_argument("--codec", default=None, help="codec directory (default: models/tts-codec)")
-    parser.add_argument("--out", default=None, help="default: models/tts (models/tts-draft for --preset draft)")
+    parser.add_argument("--out", default=None, help="default: models/tts (models/tts-draft for --preset draft); with "
+                        "--codebooks 1: models/tts-valle (models/tts-valle-draft)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -180,15 +181,23 @@ def first_codebooks(state: dict[str, torch.Tensor], codebooks: int, outputs: int
     return out
 
 
+def voice_name(codebooks: int) -> str:
+    """The embedded voice a codec LM over ``codebooks`` codebooks belongs to, as its directory
+    name under ``models/`` (its draft's: the same + ``-draft``): ``tts-valle``, the VALL-E-style voice,
+    for the codebook-0 AR stage (1), else ``tts``, the delay-pattern voice."""
+    return "tts-valle" if codebooks == 1 else "tts"
+
+
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     device = train_device(args)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
-    out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
     codebooks = codec.config.num_codebooks if args.codebooks is None else args.codebooks
     if not 1 <= codebooks <= codec.config.num_codebooks:
         raise ValueError(f"--codebooks must lie in [1, {codec.config.num_codebooks}] (the codec's), got {codebooks}")
+    voice = voice_name(codebooks)
+    out = Path(args.out or models_dir() / (f"{voice}-draft" if args.preset == "draft" else voice))
     teacher = None
     if args.distil_from:  # checked before the data is encoded
         teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).to(device).eval()
@@ -229,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     manifest_path = out / "tts.json"  # read by the text-to-speech pipeline; other keys (medusa) are kept
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium"})
-    manifest.setdefault("draft", "../tts-draft" if args.preset != "draft" else None)  # (a voice's own choice is kept)
+    # (a voice's own choice is kept; a codebook-0 stage's draft is the VALL-E-style voice's, not the delay-pattern one's)
+    manifest.setdefault("draft", f"../{voice}-draft" if args.preset != "draft" else None)
     manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
     lengths = [len(i["phonemes"]) + i["codes"].shape[1] for i in items]
