@@ -116,7 +116,10 @@ def run(args) -> None:
         return
     if args.sources is not None and args.text != "open":  # (the grammar has no sources: it was silently ignored)
         raise ValueError("--sources picks open-corpus sources: add --text open, or drop --sources for the grammar")
-    sources = parse_sources(args.sources) if args.sources is not None else list(SOURCES)
+    corpus, sources = None, None
+    if args.text == "open":  # (made before the voice loads: a bad or unavailable source is one line first)
+        sources = list(SOURCES) if args.sources is None else parse_sources(args.sources)
+        corpus = [text for _, text in open_corpus(args.split, args.sentences, sources)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     voice = load_voice()
@@ -126,8 +129,7 @@ def run(args) -> None:
     worker, workers = args.worker
     shards = (args.sentences + args.shard_size - 1) // args.shard_size
     prefix, texts_of = args.split, lambda first, last: [sentence(args.split, i) for i in range(first, last)]
-    if args.text == "open":
-        corpus = [text for _, text in open_corpus(args.split, args.sentences, sources)]
+    if corpus is not None:
         prefix = f"{args.split}-open-{'+'.join(sources)}"
         texts_of = lambda first, last: corpus[first:last]  # noqa: E731
     for shard in range(worker, shards, workers):
