@@ -31,19 +31,7 @@ def test_ordinal(n, text):
     assert ordinal(n) == text
 
 
-@pytest.fixture
-def system_files(tmp_path, monkeypatch):
-    """Stand-ins for fortunes-min and wamerican (the tests run the same on a machine without them)."""
-    fortunes = tmp_path / "fortunes"
-    fortunes.mkdir()
-    (fortunes / "fortunes").write_text("\n%\n".join(f"The old clock in room {i} struck nine again." for i in range(90)) + "\n")
-    words = tmp_path / "american-english"
-    words.write_text("\n".join(f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnprst") + "\n")
-    monkeypatch.setattr(open_text, "FORTUNES", fortunes)
-    monkeypatch.setattr(open_text, "WORDS", words)
-
-
-def test_splits_are_disjoint_and_owned_by_the_hash(system_files):
+def test_splits_are_disjoint_and_owned_by_the_hash(debian_text_sources):
     train = {t for _, t in open_corpus("train", 600, ["numbers", "words", "fortunes", "smollm2"])}
     test = {t for _, t in open_corpus("test", 200, ["numbers", "words", "fortunes", "smollm2"])}
     assert train and test and not train & test
@@ -180,7 +168,7 @@ def test_more_seeds_are_a_source_of_their_own_without_seed_0s_sentences(tmp_path
     assert sorted(t for split in ("train", "validation", "test") for t in open_text.smollm2(split)) == sorted(first)
 
 
-def test_the_bench_tunes_on_validation_sentences_it_never_reports_on(system_files):
+def test_the_bench_tunes_on_validation_sentences_it_never_reports_on(debian_text_sources):
     """``mmspec bench tts --text open-validation`` (where a method's settings are tuned) shares no
     sentence with ``--text open`` (the reported test split) nor with the hand-written test split."""
     from mmspec.bench.tts import TEXTS

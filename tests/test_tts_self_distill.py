@@ -95,7 +95,7 @@ def test_training_with_the_training_time_test_on_self_distilled_shards(voice):
     assert json.loads((voice / "voice" / "tts.json").read_text())["eagle"] == "../near"
 
 
-def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path):
+def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path, debian_text_sources):
     """The embedded voice's codes per sentence do not depend on the batch they were decoded in or on
     how the shards were shared between runs; each item's frames equal its durations' total and the
     sentences take the temperatures in turn."""
@@ -115,7 +115,7 @@ def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path):
     assert (tmp_path / "one" / "self-0000.pt").stat().st_mtime_ns == stamp
 
 
-def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys):
+def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys, debian_text_sources):
     from mmspec.pipelines.text_to_speech.components import TTSComponents
 
     monkeypatch.setattr(TTSComponents, "max_positions", property(lambda self: 160))
