@@ -196,3 +196,30 @@ def test_tts_self_data_refuses_an_unknown_source_in_one_line(tmp_path):
     assert code == 2 and not (tmp_path / "d").exists()
     with pytest.raises(ValueError, match="poems"):
         open_corpus("train", 10, ["poems"])
+
+
+def test_speech_data_rewrites_a_shard_left_short_and_refuses_another_shard_size(tmp_path, monkeypatch, capsys):
+    # a rerun with more --sentences kept the last shard short (fewer sentences than asked, silently), and one with
+    # another --shard-size kept shards whose sentences are not those their index names
+    import types
+
+    import torch
+
+    from mmspec.cli import main
+    from mmspec.train import speech_data
+
+    voice = types.SimpleNamespace(config=types.SimpleNamespace(sample_rate=100, phoneme_id_map={"a": [1]}))
+    monkeypatch.setattr(speech_data, "load_voice", lambda: voice)
+    monkeypatch.setattr(speech_data, "synthesise", lambda voice, text: (torch.tensor([1, 2]), torch.zeros(4, dtype=torch.int16),
+                                                                         torch.tensor([2, 2])))
+    args = ["train", "speech-data", "--out", str(tmp_path), "--shard-size", "2"]
+    assert not main([*args, "--sentences", "3"])
+    assert not main([*args, "--sentences", "4"])
+    assert speech_data.coverage(tmp_path)["sentences"] == 4
+    stamp = (tmp_path / "train-00001.pt").stat().st_mtime_ns
+    assert not main([*args, "--sentences", "3"])  # fewer than the shards hold: kept
+    assert (tmp_path / "train-00001.pt").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert main([*args[:-1], "4", "--sentences", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "train-00001.pt begins at sentence 2, not 4" in err and "--shard-size" in err and err.count("\n") == 1
