@@ -203,8 +203,10 @@ def run(args: argparse.Namespace) -> int:
         teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).to(device).eval()
         expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codebooks,
                     "codebook_size": codec.config.codebook_size, "aligned": PRESETS[args.preset]["aligned"]}
-        if any(getattr(teacher.config, name) != value for name, value in expected.items()):
-            raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(expected)} from this codec LM")
+        differ = [f"{name} {getattr(teacher.config, name)} there, {value} here" for name, value in expected.items()
+                  if getattr(teacher.config, name) != value]  # (every field was named, whichever differed)
+        if differ:
+            raise ValueError(f"--distil-from {args.distil_from} differs from this codec LM in {'; '.join(differ)}")
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
