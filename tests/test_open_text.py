@@ -92,7 +92,8 @@ def test_speech_data_checks_its_sources_once_before_the_voice(tmp_path, monkeypa
            "sources".format(tmp_path / "none.txt", tmp_path / "none")
     for sources, said in ((["--sources", "words,fortunes"], both), ([], "'fortunes' reads Debian's fortunes-min"),
                           (["--sources", " , "], "--sources: unknown empty list"),
-                          (["--sources", "numbers,poems"], "--sources: unknown ['poems']")):
+                          (["--sources", "numbers,poems"], "--sources: unknown ['poems']"),
+                          (["--sources", "numbers,grammar,numbers"], "--sources: numbers given more than once")):
         checked.clear()
         assert main(["train", "speech-data", "--text", "open", *sources, "--out", str(tmp_path / "d")]) == 2
         err = capsys.readouterr().err

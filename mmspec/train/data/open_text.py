@@ -340,6 +340,9 @@ def check_sources(sources: list[str] | None) -> list[str]:
     unknown = sorted(set(sources) - set(SOURCES))
     if unknown or not sources:
         raise ValueError(f"--sources: unknown {unknown or 'empty list'}; use a comma-separated list of {', '.join(SOURCES)}")
+    repeated = sorted({name for name in sources if sources.count(name) > 1})
+    if repeated:  # (the corpus took each once, but the shards were named after the list as given)
+        raise ValueError(f"--sources: {', '.join(repeated)} given more than once; name each source once")
     _missing(sources)
     return sources
 
