@@ -269,6 +269,22 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
         assert f"{bad} must be at least 1, got 0" in err and err.count("\n") == 1
 
 
+def test_an_init_over_fewer_codebooks_says_codebooks_before_the_data_is_read(shards, tmp_path, capsys):
+    # it said "pass the matching --preset" (the preset matched: the codebooks did not), after encoding the data
+    from mmspec.modeling.codec_lm import CodecLMConfig
+    from mmspec.train.tts import PRESETS
+
+    CodecLM(CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=1, codebook_size=CODES, **PRESETS["draft"])).save(tmp_path / "one")
+    assert main(["train", "tts", "--data", str(tmp_path / "no-data"), "--codec", str(shards / "codec"), "--out",
+                 str(tmp_path / "x"), "--preset", "draft", "--init", str(tmp_path / "one"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"models 1 codebook(s), this codec LM {K}: add --codebooks 1" in err and err.count("\n") == 1, err
+    assert main(["train", "tts", "--data", str(tmp_path / "no-data"), "--codec", str(shards / "codec"), "--out",
+                 str(tmp_path / "x"), "--init", str(tmp_path / "one"), "--codebooks", "1", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a codec LM of another shape" in err and err.count("\n") == 1, err  # (the preset differs; not the data)
+
+
 def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):
     import shutil
 

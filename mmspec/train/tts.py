@@ -207,20 +207,25 @@ def run(args: argparse.Namespace) -> int:
                   if getattr(teacher.config, name) != value]  # (every field was named, whichever differed)
         if differ:
             raise ValueError(f"--distil-from {args.distil_from} differs from this codec LM in {'; '.join(differ)}")
+    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codebooks,
+                           codebook_size=codec.config.codebook_size, max_positions=1024, **PRESETS[args.preset])
+    start = None
+    if args.init:  # (checked before the data is encoded, as --distil-from)
+        start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
+        if start.config.num_codebooks < codebooks:  # ("pass the matching --preset" below misled: the codebooks differ)
+            raise ValueError(f"--init {args.init} models {start.config.num_codebooks} codebook(s), this codec LM "
+                             f"{codebooks}: add --codebooks {start.config.num_codebooks}, or --init one over {codebooks}")
+        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers,
+                   num_codebooks=codebooks) != config or config.layers % start.config.layers:
+            raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
+                             f"matching --preset (or one of the same width and a multiple of its depth)")
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
         raise ValueError(f"phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
-    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codebooks,
-                           codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
+    config = replace(config, max_positions=max(1024, longest))
     model = CodecLM(config)
-    if args.init:
-        start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
-        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers,
-                   num_codebooks=min(start.config.num_codebooks, codebooks)) != config \
-                or config.layers % start.config.layers:
-            raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
-                             f"matching --preset (or one of the same width and a multiple of its depth)")
+    if start is not None:
         state = first_codebooks(start.state_dict(), codebooks, config.codebook_size + 1)
         missing, unexpected = model.load_state_dict(grow_depth(state, start.config.layers, config.layers), strict=False)
         new_parts = ("durations.", "align_")
