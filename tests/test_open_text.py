@@ -224,3 +224,12 @@ def test_speech_data_rewrites_a_shard_left_short_and_refuses_another_shard_size(
     assert main([*args[:-1], "4", "--sentences", "8"]) == 2
     err = capsys.readouterr().err
     assert "train-00001.pt begins at sentence 2, not 4" in err and "--shard-size" in err and err.count("\n") == 1
+
+
+def test_open_text_with_its_count_reached_loads_no_model(tmp_path):
+    # it loaded SmolLM2 (which a machine may lack) and only then found nothing to do
+    out = tmp_path / "t.txt"
+    out.write_text("# source: SmolLM2-135M-Instruct, mmspec train open-text (seed 0) (next batch 3)\nThe bus is late.\n"
+                   "The cat is asleep.\nWhere is the station?\n")
+    assert open_text.generate_smollm2(3, out, model_dir=str(tmp_path / "no-model-here")) == 3
+    assert out.read_text().count("\n") == 4

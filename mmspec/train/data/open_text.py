@@ -122,13 +122,15 @@ def generate_smollm2(count: int, out: Path = SMOLLM2_TEXT, model_dir: str | None
 
     from ...hub import resolve_dtype, smollm2_checkpoint
 
-    model_dir = model_dir or smollm2_checkpoint()
     lines = out.read_text().splitlines() if out.exists() else []
     kept = {line.lower() for line in lines[1:]}
     header = f"# source: SmolLM2-135M-Instruct, mmspec train open-text (seed {seed})"
+    batch = int(lines[0].split("batch ")[-1].rstrip(")")) if lines and "batch " in lines[0] else 0
+    if len(kept) >= count:  # (done already: the model, which may not be on this machine, is not loaded)
+        return len(kept)
+    model_dir = model_dir or smollm2_checkpoint()
     if not lines:
         out.write_text(header + "\n")
-    batch = int(lines[0].split("batch ")[-1].rstrip(")")) if lines and "batch " in lines[0] else 0
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype("auto")).eval()
