@@ -123,3 +123,19 @@ def smollm2():
     from mmspec.hub import load_causal_lm
 
     return load_causal_lm("smollm2", dtype=torch.float32)
+
+
+@pytest.fixture
+def debian_text_sources(tmp_path, monkeypatch):
+    """Stand-ins for Debian's fortunes-min and wamerican, which the open corpus' ``fortunes`` and
+    ``words`` sources read (they are refused where missing): tests of the corpus and its users run
+    the same on a machine with or without the packages."""
+    from mmspec.train.data import open_text
+
+    fortunes = tmp_path / "debian-fortunes"
+    fortunes.mkdir()
+    (fortunes / "fortunes").write_text("\n%\n".join(f"The old clock in room {i} struck nine again." for i in range(90)) + "\n")
+    words = tmp_path / "debian-american-english"
+    words.write_text("\n".join(f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnprst") + "\n")
+    monkeypatch.setattr(open_text, "FORTUNES", fortunes)
+    monkeypatch.setattr(open_text, "WORDS", words)

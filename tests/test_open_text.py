@@ -31,7 +31,7 @@ def test_ordinal(n, text):
     assert ordinal(n) == text
 
 
-def test_splits_are_disjoint_and_owned_by_the_hash():
+def test_splits_are_disjoint_and_owned_by_the_hash(debian_text_sources):
     train = {t for _, t in open_corpus("train", 600, ["numbers", "words", "fortunes", "smollm2"])}
     test = {t for _, t in open_corpus("test", 200, ["numbers", "words", "fortunes", "smollm2"])}
     assert train and test and not train & test
@@ -61,12 +61,45 @@ def test_fortunes_and_words_are_parsed_from_their_files(tmp_path, monkeypatch):
     assert not any("Boston" in t or "banana" in t for t in said)
 
 
-def test_missing_system_sources_are_empty_not_errors(tmp_path, monkeypatch):
+def test_missing_system_sources_are_one_line_naming_the_package(tmp_path, monkeypatch):
+    # they gave no sentences, silently: a corpus (and a benchmark's sentences) without them
+    from mmspec.hub import MissingDependencyError
+
     monkeypatch.setattr(open_text, "FORTUNES", tmp_path / "none")
     monkeypatch.setattr(open_text, "WORDS", tmp_path / "none.txt")
-    assert open_text.fortunes("train") == [] and open_text.words("train") == []
-    with pytest.raises(ValueError, match="apt-get install fortunes-min wamerican"):
-        open_corpus("train", 10, ["fortunes", "words"])
+    for source, package in (("fortunes", "fortunes-min"), ("words", "wamerican")):
+        for call in (lambda: getattr(open_text, source)("train"), lambda: open_corpus("train", 10, ["numbers", source]),
+                     lambda: open_text.check_sources([source])):
+            with pytest.raises(MissingDependencyError, match=f"apt-get install {package}\\) or leave {source} out") as info:
+                call()
+            assert "\n" not in str(info.value) and str(tmp_path / "none") in str(info.value)
+    with pytest.raises(MissingDependencyError, match="fortunes-min"):
+        open_corpus("train", 10)  # every source: the first missing one is said
+    assert open_corpus("train", 10, ["numbers", "grammar"])  # the others need nothing
+
+
+def test_speech_data_checks_its_sources_once_before_the_voice(tmp_path, monkeypatch, capsys):
+    from mmspec.cli import main
+    from mmspec.train import speech_data
+
+    monkeypatch.setattr(open_text, "FORTUNES", tmp_path / "none")
+    monkeypatch.setattr(speech_data, "load_voice", lambda: pytest.fail("the voice loaded before the sources' check"))
+    monkeypatch.setattr(open_text, "WORDS", tmp_path / "none.txt")
+    checked = []
+    monkeypatch.setattr(open_text, "check_sources", lambda names, real=open_text.check_sources: checked.append(names) or real(names))
+    both = "sources 'words' reads Debian's wamerican ({} is missing), 'fortunes' reads Debian's fortunes-min ({} is " \
+           "missing): install them (sudo apt-get install wamerican fortunes-min) or leave words, fortunes out of the " \
+           "sources".format(tmp_path / "none.txt", tmp_path / "none")
+    for sources, said in ((["--sources", "words,fortunes"], both), ([], "'fortunes' reads Debian's fortunes-min"),
+                          (["--sources", " , "], "--sources: unknown empty list"),
+                          (["--sources", "numbers,poems"], "--sources: unknown ['poems']"),
+                          (["--sources", "numbers,grammar,numbers"], "--sources: numbers given more than once")):
+        checked.clear()
+        assert main(["train", "speech-data", "--text", "open", *sources, "--out", str(tmp_path / "d")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert len(checked) == 1  # (one check, not one in the command and another in open_corpus)
+    assert not (tmp_path / "d").exists()
 
 
 def test_the_generated_text_is_kept_in_the_package():
@@ -136,7 +169,7 @@ def test_more_seeds_are_a_source_of_their_own_without_seed_0s_sentences(tmp_path
     assert sorted(t for split in ("train", "validation", "test") for t in open_text.smollm2(split)) == sorted(first)
 
 
-def test_the_bench_tunes_on_validation_sentences_it_never_reports_on():
+def test_the_bench_tunes_on_validation_sentences_it_never_reports_on(debian_text_sources):
     """``mmspec bench tts --text open-validation`` (where a method's settings are tuned) shares no
     sentence with ``--text open`` (the reported test split) nor with the hand-written test split."""
     from mmspec.bench.tts import TEXTS
@@ -164,3 +197,39 @@ def test_tts_self_data_refuses_an_unknown_source_in_one_line(tmp_path):
     assert code == 2 and not (tmp_path / "d").exists()
     with pytest.raises(ValueError, match="poems"):
         open_corpus("train", 10, ["poems"])
+
+
+def test_speech_data_rewrites_a_shard_left_short_and_refuses_another_shard_size(tmp_path, monkeypatch, capsys):
+    # a rerun with more --sentences kept the last shard short (fewer sentences than asked, silently), and one with
+    # another --shard-size kept shards whose sentences are not those their index names
+    import types
+
+    import torch
+
+    from mmspec.cli import main
+    from mmspec.train import speech_data
+
+    voice = types.SimpleNamespace(config=types.SimpleNamespace(sample_rate=100, phoneme_id_map={"a": [1]}))
+    monkeypatch.setattr(speech_data, "load_voice", lambda: voice)
+    monkeypatch.setattr(speech_data, "synthesise", lambda voice, text: (torch.tensor([1, 2]), torch.zeros(4, dtype=torch.int16),
+                                                                         torch.tensor([2, 2])))
+    args = ["train", "speech-data", "--out", str(tmp_path), "--shard-size", "2"]
+    assert not main([*args, "--sentences", "3"])
+    assert not main([*args, "--sentences", "4"])
+    assert speech_data.coverage(tmp_path)["sentences"] == 4
+    stamp = (tmp_path / "train-00001.pt").stat().st_mtime_ns
+    assert not main([*args, "--sentences", "3"])  # fewer than the shards hold: kept
+    assert (tmp_path / "train-00001.pt").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert main([*args[:-1], "4", "--sentences", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "train-00001.pt begins at sentence 2, not 4" in err and "--shard-size" in err and err.count("\n") == 1
+
+
+def test_open_text_with_its_count_reached_loads_no_model(tmp_path):
+    # it loaded SmolLM2 (which a machine may lack) and only then found nothing to do
+    out = tmp_path / "t.txt"
+    out.write_text("# source: SmolLM2-135M-Instruct, mmspec train open-text (seed 0) (next batch 3)\nThe bus is late.\n"
+                   "The cat is asleep.\nWhere is the station?\n")
+    assert open_text.generate_smollm2(3, out, model_dir=str(tmp_path / "no-model-here")) == 3
+    assert out.read_text().count("\n") == 4

@@ -95,7 +95,7 @@ def test_training_with_the_training_time_test_on_self_distilled_shards(voice):
     assert json.loads((voice / "voice" / "tts.json").read_text())["eagle"] == "../near"
 
 
-def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path):
+def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path, debian_text_sources):
     """The embedded voice's codes per sentence do not depend on the batch they were decoded in or on
     how the shards were shared between runs; each item's frames equal its durations' total and the
     sentences take the temperatures in turn."""
@@ -115,7 +115,7 @@ def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path):
     assert (tmp_path / "one" / "self-0000.pt").stat().st_mtime_ns == stamp
 
 
-def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys):
+def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys, debian_text_sources):
     from mmspec.pipelines.text_to_speech.components import TTSComponents
 
     monkeypatch.setattr(TTSComponents, "max_positions", property(lambda self: 160))
@@ -125,3 +125,17 @@ def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path,
     skipped = int(out.split("; ")[1].split()[0]) if "skipped" in out else 0
     assert skipped >= 1 and items and len(items) == 6 - skipped
     assert all(len(i["phonemes"]) + i["codes"].shape[1] + 3 <= 160 for i in items)
+
+
+def test_a_rerun_with_other_settings_is_refused_before_the_voice_loads(tmp_path, capsys):
+    # it kept the shards made with the first settings and wrote nothing, silently
+    from mmspec.train.tts_self_data import SETTINGS
+
+    (tmp_path / SETTINGS).write_text(json.dumps({"model": "valle", "split": "train", "sources": ["numbers"],
+                                                 "temperature": [1.0, 0.7], "shard_size": 2, "max_seconds": 15.0}))
+    assert main(["train", "tts-self-data", "--sources", "grammar", "--sentences", "4", "--shard-size", "2", "--temperature",
+                 "1", "--model", str(tmp_path / "no-voice-here"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert ("made with other settings (--model valle there, {} now; --sources numbers there, grammar now; --temperature "
+            "1.0,0.7 there, 1.0 now)".format(tmp_path / "no-voice-here")) in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("self-*.pt"))

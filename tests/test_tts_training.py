@@ -163,7 +163,8 @@ def test_bad_data_and_teachers_are_one_clear_error(shards, unaligned, capsys):
     assert "has no phoneme durations" in capsys.readouterr().err
     assert train(shards, shards / "y", "--distil-from", str(unaligned)) == 2
     err = capsys.readouterr().err
-    assert "--distil-from" in err and "differs in" in err and err.count("\n") == 1
+    assert "--distil-from" in err and "differs from this codec LM in aligned False there, True here" in err, err
+    assert "num_codebooks" not in err and err.count("\n") == 1  # (only what differs: every field was named)
     for option in ("--input-noise", "--prefix-dropout"):
         for rate in ("1", "-0.1"):
             assert train(shards, shards / "z", option, rate) == 2
@@ -196,6 +197,10 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     stage, full = CodecLM.from_pretrained(shards / "stage"), CodecLM.from_pretrained(shards / "ar-full")
     assert stage.config.num_codebooks == 1 and stage.heads.weight.shape[0] == CODES + 1
     assert len(stage.code_embeddings) == 1 and len(full.code_embeddings) == K
+    # a codebook-0 stage's draft is the VALL-E-style voice's, not the delay-pattern voice's ../tts-draft
+    assert json.loads((shards / "ar-full" / "tts.json").read_text())["draft"] is None  # (a draft names none)
+    assert train(shards, shards / "stage-target", "--preset", "target", "--codebooks", "1", "--steps", "1") == 0
+    assert json.loads((shards / "stage-target" / "tts.json").read_text())["draft"] == "../tts-valle-draft"
     assert main(["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--out",
                  str(shards / "nar"), "--voice", str(shards / "stage"), "--dim", "32", "--layers", "1", "--steps", "3",
                  "--batch-size", "2", "--threads", "1"]) == 0
@@ -210,6 +215,18 @@ def test_a_valle_voice_trains_its_codebook_0_stage_and_its_nar_stage(shards):
     deep = CodecNAR.from_pretrained(shards / "nar-depth")
     assert (deep.config.depth_layers, deep.config.depth_ffn, deep.config.dim) == (1, 16, 32)
     assert deep.complete(torch.zeros(5, dtype=torch.long), torch.tensor([1, 2]), torch.tensor([2, 3])).shape == (K, 5)
+
+
+def test_a_codebook_0_stage_goes_to_the_valle_voices_directories_by_default(shards, tmp_path, monkeypatch):
+    # (it went to models/tts and models/tts-draft, the delay-pattern voice's)
+    monkeypatch.setenv("MMSPEC_MODELS_DIR", str(tmp_path))
+    args = ["train", "tts", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--codebooks", "1",
+            "--steps", "1", "--batch-size", "2", "--warmup", "1", "--threads", "1"]
+    assert main([*args, "--preset", "draft"]) == 0
+    assert main([*args, "--preset", "target"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tts-valle", "tts-valle-draft"]
+    assert json.loads((tmp_path / "tts-valle" / "tts.json").read_text())["draft"] == "../tts-valle-draft"
+    assert CodecLM.from_pretrained(tmp_path / "tts-valle-draft").config.num_codebooks == 1
 
 
 def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
@@ -238,6 +255,34 @@ def test_bad_codebook_counts_and_nar_voices_are_one_clear_error(shards, capsys):
     assert main([*nar_args, "--init", str(shards / "u"), "--depth-layers", "2", "--out", str(shards / "t")]) == 2
     err = capsys.readouterr().err
     assert "has a depth head of 1 blocks" in err and err.count("\n") == 1
+    # another shape given with --init was silently ignored (the --init stage's won): refused, before the data is read
+    init_args = ["train", "tts-nar", "--data", str(shards / "data"), "--codec", str(shards / "codec"), "--steps", "1"]
+    for shape, said in ((["--dim", "64"], "--dim 64 (it has 32)"), (["--layers", "2", "--depth-ffn", "16"],
+                                                                     "--layers 2 (it has 1), --depth-ffn 16 (it has 512)")):
+        assert main([*init_args, "--init", str(shards / "u"), *shape, "--out", str(shards / "s")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "fixes the stage's shape" in err and err.count("\n") == 1, err
+        assert not (shards / "s").exists()
+    for bad in ("--dim", "--layers", "--depth-ffn"):
+        assert main([*init_args, bad, "0", "--out", str(shards / "s")]) == 2
+        err = capsys.readouterr().err
+        assert f"{bad} must be at least 1, got 0" in err and err.count("\n") == 1
+
+
+def test_an_init_over_fewer_codebooks_says_codebooks_before_the_data_is_read(shards, tmp_path, capsys):
+    # it said "pass the matching --preset" (the preset matched: the codebooks did not), after encoding the data
+    from mmspec.modeling.codec_lm import CodecLMConfig
+    from mmspec.train.tts import PRESETS
+
+    CodecLM(CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=1, codebook_size=CODES, **PRESETS["draft"])).save(tmp_path / "one")
+    assert main(["train", "tts", "--data", str(tmp_path / "no-data"), "--codec", str(shards / "codec"), "--out",
+                 str(tmp_path / "x"), "--preset", "draft", "--init", str(tmp_path / "one"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"models 1 codebook(s), this codec LM {K}: add --codebooks 1" in err and err.count("\n") == 1, err
+    assert main(["train", "tts", "--data", str(tmp_path / "no-data"), "--codec", str(shards / "codec"), "--out",
+                 str(tmp_path / "x"), "--init", str(tmp_path / "one"), "--codebooks", "1", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a codec LM of another shape" in err and err.count("\n") == 1, err  # (the preset differs; not the data)
 
 
 def test_the_codes_cache_encodes_only_new_shards(shards, tmp_path, monkeypatch):

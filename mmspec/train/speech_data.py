@@ -8,7 +8,9 @@ and ``audio`` (list of int16 tensors at ``sample_rate`` = 22,050 Hz) and ``sampl
 LongTensor [P], the audio samples the voice spent on each phoneme id, from its duration predictor:
 the alignment the embedded codec LM is conditioned on); ``OUT/voice.json`` keeps the
 voice's phoneme id map so the TTS model can turn new text into the same ids. Rerunning the same
-command resumes: finished shards are kept, the next ones are written.
+command resumes: finished shards are kept, the next ones are written; with more ``--sentences``,
+the last shard an earlier run left short is written again, whole; another ``--shard-size`` than
+the shards' is refused.
 """
 
 from __future__ import annotations
@@ -110,29 +112,52 @@ def coverage(data: str | Path, split: str = "train") -> dict:
             "phoneme_ids": len(ids), "phoneme_id_pairs": len(pairs)}
 
 
+def finished_shards(out: Path, prefix: str, shards: range, shard_size: int, sentences: int) -> set[int]:
+    """The shards of ``shards`` already in ``out`` whole (a rerun keeps them): a shard a run with
+    fewer ``--sentences`` left short is not (it is written again, whole; it was kept short, and the
+    data held fewer sentences than asked, silently); one that another ``--shard-size`` wrote is
+    refused (one line), since its sentences are not those its index now names."""
+    done = set()
+    for shard in shards:
+        path = out / f"{prefix}-{shard:05d}.pt"
+        if not path.exists():
+            continue
+        saved = torch.load(path, weights_only=True, mmap=True)
+        first = shard * shard_size
+        if saved.get("first_index", first) != first:
+            raise ValueError(f"{path} begins at sentence {saved['first_index']}, not {first}: it was written with another "
+                             f"--shard-size than {shard_size}; give that one, or another --out")
+        if len(saved["texts"]) >= min(shard_size, sentences - first):
+            done.add(shard)
+    return done
+
+
 def run(args) -> None:
     if args.report:
         print(json.dumps(coverage(args.out, args.split), indent=1))
         return
     if args.sources is not None and args.text != "open":  # (the grammar has no sources: it was silently ignored)
         raise ValueError("--sources picks open-corpus sources: add --text open, or drop --sources for the grammar")
-    sources = parse_sources(args.sources) if args.sources is not None else list(SOURCES)
+    corpus, sources = None, None
+    if args.text == "open":  # (made before the voice loads: a bad or unavailable source is one line first)
+        sources = list(SOURCES) if args.sources is None else parse_sources(args.sources)
+        corpus = [text for _, text in open_corpus(args.split, args.sentences, sources)]
     out = Path(args.out)
+    worker, workers = args.worker
+    shards = (args.sentences + args.shard_size - 1) // args.shard_size
+    prefix, texts_of = args.split, lambda first, last: [sentence(args.split, i) for i in range(first, last)]
+    if corpus is not None:
+        prefix = f"{args.split}-open-{'+'.join(sources)}"
+        texts_of = lambda first, last: corpus[first:last]  # noqa: E731
+    done = finished_shards(out, prefix, range(worker, shards, workers), args.shard_size, args.sentences)
     out.mkdir(parents=True, exist_ok=True)
     voice = load_voice()
     (out / "voice.json").write_text(json.dumps({"voice": "en_US-joe-medium (piper-tts)",
                                                 "sample_rate": voice.config.sample_rate,
                                                 "phoneme_id_map": voice.config.phoneme_id_map}, ensure_ascii=False))
-    worker, workers = args.worker
-    shards = (args.sentences + args.shard_size - 1) // args.shard_size
-    prefix, texts_of = args.split, lambda first, last: [sentence(args.split, i) for i in range(first, last)]
-    if args.text == "open":
-        corpus = [text for _, text in open_corpus(args.split, args.sentences, sources)]
-        prefix = f"{args.split}-open-{'+'.join(sources)}"
-        texts_of = lambda first, last: corpus[first:last]  # noqa: E731
     for shard in range(worker, shards, workers):
         path = out / f"{prefix}-{shard:05d}.pt"
-        if path.exists():
+        if shard in done:
             continue
         started = time.time()
         first = shard * args.shard_size

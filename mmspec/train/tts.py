@@ -38,7 +38,8 @@ TEXT_VOCAB = 256  # Piper's phoneme ids (en_US voices use < 160)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
     parser.add_argument("--codec", default=None, help="codec directory (default: models/tts-codec)")
-    parser.add_argument("--out", default=None, help="default: models/tts (models/tts-draft for --preset draft)")
+    parser.add_argument("--out", default=None, help="default: models/tts (models/tts-draft for --preset draft); with "
+                        "--codebooks 1: models/tts-valle (models/tts-valle-draft)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="target")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -180,36 +181,51 @@ def first_codebooks(state: dict[str, torch.Tensor], codebooks: int, outputs: int
     return out
 
 
+def voice_name(codebooks: int) -> str:
+    """The embedded voice a codec LM over ``codebooks`` codebooks belongs to, as its directory
+    name under ``models/`` (its draft's: the same + ``-draft``): ``tts-valle``, the VALL-E-style voice,
+    for the codebook-0 AR stage (1), else ``tts``, the delay-pattern voice."""
+    return "tts-valle" if codebooks == 1 else "tts"
+
+
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     device = train_device(args)
     codec_dir = Path(args.codec or models_dir() / "tts-codec")
-    out = Path(args.out or models_dir() / ("tts-draft" if args.preset == "draft" else "tts"))
     codec = MelRVQCodec.from_pretrained(codec_dir)
     codebooks = codec.config.num_codebooks if args.codebooks is None else args.codebooks
     if not 1 <= codebooks <= codec.config.num_codebooks:
         raise ValueError(f"--codebooks must lie in [1, {codec.config.num_codebooks}] (the codec's), got {codebooks}")
+    voice = voice_name(codebooks)
+    out = Path(args.out or models_dir() / (f"{voice}-draft" if args.preset == "draft" else voice))
     teacher = None
     if args.distil_from:  # checked before the data is encoded
         teacher = CodecLM.from_pretrained(args.distil_from, dtype=torch.float32).to(device).eval()
         expected = {"text_vocab": TEXT_VOCAB, "num_codebooks": codebooks,
                     "codebook_size": codec.config.codebook_size, "aligned": PRESETS[args.preset]["aligned"]}
-        if any(getattr(teacher.config, name) != value for name, value in expected.items()):
-            raise ValueError(f"--distil-from {args.distil_from} differs in {', '.join(expected)} from this codec LM")
+        differ = [f"{name} {getattr(teacher.config, name)} there, {value} here" for name, value in expected.items()
+                  if getattr(teacher.config, name) != value]  # (every field was named, whichever differed)
+        if differ:
+            raise ValueError(f"--distil-from {args.distil_from} differs from this codec LM in {'; '.join(differ)}")
+    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codebooks,
+                           codebook_size=codec.config.codebook_size, max_positions=1024, **PRESETS[args.preset])
+    start = None
+    if args.init:  # (checked before the data is encoded, as --distil-from)
+        start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
+        if start.config.num_codebooks < codebooks:  # ("pass the matching --preset" below misled: the codebooks differ)
+            raise ValueError(f"--init {args.init} models {start.config.num_codebooks} codebook(s), this codec LM "
+                             f"{codebooks}: add --codebooks {start.config.num_codebooks}, or --init one over {codebooks}")
+        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers,
+                   num_codebooks=codebooks) != config or config.layers % start.config.layers:
+            raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
+                             f"matching --preset (or one of the same width and a multiple of its depth)")
     items = encoded_utterances(args.data, codec_dir, codec, "train")
     longest = max(len(i["phonemes"]) + i["codes"].shape[1] for i in items) + codec.config.num_codebooks + 2
     if max(int(i["phonemes"].max()) for i in items) >= TEXT_VOCAB:
         raise ValueError(f"phoneme ids beyond {TEXT_VOCAB}: not an English Piper voice?")
-    config = CodecLMConfig(text_vocab=TEXT_VOCAB, num_codebooks=codebooks,
-                           codebook_size=codec.config.codebook_size, max_positions=max(1024, longest), **PRESETS[args.preset])
+    config = replace(config, max_positions=max(1024, longest))
     model = CodecLM(config)
-    if args.init:
-        start = CodecLM.from_pretrained(args.init, dtype=torch.float32)
-        if replace(start.config, aligned=config.aligned, max_positions=config.max_positions, layers=config.layers,
-                   num_codebooks=min(start.config.num_codebooks, codebooks)) != config \
-                or config.layers % start.config.layers:
-            raise ValueError(f"{args.init} is a codec LM of another shape ({start.config}); pass the "
-                             f"matching --preset (or one of the same width and a multiple of its depth)")
+    if start is not None:
         state = first_codebooks(start.state_dict(), codebooks, config.codebook_size + 1)
         missing, unexpected = model.load_state_dict(grow_depth(state, start.config.layers, config.layers), strict=False)
         new_parts = ("durations.", "align_")
@@ -229,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
     manifest_path = out / "tts.json"  # read by the text-to-speech pipeline; other keys (medusa) are kept
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest.update({"codec": os.path.relpath(codec_dir.resolve(), out.resolve()), "phonemizer": "piper:en_US-joe-medium"})
-    manifest.setdefault("draft", "../tts-draft" if args.preset != "draft" else None)  # (a voice's own choice is kept)
+    # (a voice's own choice is kept; a codebook-0 stage's draft is the VALL-E-style voice's, not the delay-pattern one's)
+    manifest.setdefault("draft", f"../{voice}-draft" if args.preset != "draft" else None)
     manifest_path.write_text(json.dumps(manifest, indent=1))
     generator = torch.Generator().manual_seed(run_state.step)
     lengths = [len(i["phonemes"]) + i["codes"].shape[1] for i in items]

@@ -24,6 +24,9 @@ from ..modeling.mel_codec import MelRVQCodec
 from .checkpoint import TrainingRun, add_run_arguments, autocast, draw_rows, set_lr, to_device, train_device, warmup_cosine
 from .tts import TEXT_VOCAB, encoded_utterances, noisy_steps
 
+#: the stage's shape without --init (the shipped models/tts-valle-nar's)
+DIM, LAYERS, DEPTH_FFN = 256, 4, 512
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="runs/speech-data", help="shards of mmspec train speech-data")
@@ -31,12 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the NAR stage's directory (e.g. models/tts-valle-nar)")
     parser.add_argument("--voice", default=None, help="the AR stage's directory (a codec LM over codebook 0, mmspec train "
                         "tts --codebooks 1): its tts.json gets \"nar\"")
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=None, help="width (default: 256; with --init: its width, and no other)")
+    parser.add_argument("--layers", type=int, default=None, help="blocks (default: 4; with --init: its depth, and no other)")
     parser.add_argument("--depth-layers", type=int, default=None, help="a depth head of this many blocks: codebook k "
                         "reads the codes of codebooks 1..k-1 (0: all codebooks at once; default: --init's, else 0). With "
                         "--init of a one-pass stage, the head is added and starts as that stage")
-    parser.add_argument("--depth-ffn", type=int, default=512, help="the depth head's hidden width")
+    parser.add_argument("--depth-ffn", type=int, default=None, help="the depth head's hidden width (default: 512; with "
+                        "--init of a stage with a depth head: its width, and no other)")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -79,6 +83,9 @@ def with_depth_head(stage: CodecNAR, config: CodecNARConfig) -> CodecNAR:
 def run(args: argparse.Namespace) -> int:
     if args.depth_layers is not None and args.depth_layers < 0:
         raise ValueError(f"--depth-layers {args.depth_layers}: give 0 (no depth head) or more")
+    for name in ("dim", "layers", "depth_ffn"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.manual_seed(0)
     device = train_device(args)
     voice = Path(args.voice) if args.voice else None
@@ -97,11 +104,20 @@ def run(args: argparse.Namespace) -> int:
     if args.init:  # (its settings checked before the data is read)
         model = CodecNAR.from_pretrained(args.init, dtype=torch.float32)
         config = model.config
+        # (its shape wins: a different --dim / --layers / --depth-ffn given with it was silently ignored)
+        given = {"--dim": (args.dim, config.dim), "--layers": (args.layers, config.layers)}
+        if config.depth_layers:
+            given["--depth-ffn"] = (args.depth_ffn, config.depth_ffn)
+        differ = [f"{option} {value} (it has {held})" for option, (value, held) in given.items()
+                  if value is not None and value != held]
+        if differ:
+            raise ValueError(f"--init {args.init} fixes the stage's shape; drop {', '.join(differ)} or train anew "
+                             "without --init")
         if args.depth_layers is not None and args.depth_layers != config.depth_layers:
             if config.depth_layers:
                 raise ValueError(f"--init {args.init} has a depth head of {config.depth_layers} blocks; drop --depth-layers "
                                  "or give that number")
-            config = replace(config, depth_layers=args.depth_layers, depth_ffn=args.depth_ffn)
+            config = replace(config, depth_layers=args.depth_layers, depth_ffn=args.depth_ffn or DEPTH_FFN)
             model = with_depth_head(model, config)
         if (config.num_codebooks, config.codebook_size) != (codec.config.num_codebooks, codec.config.codebook_size):
             raise ValueError(f"--init {args.init} predicts {config.num_codebooks} codebooks of {config.codebook_size} "
@@ -114,11 +130,13 @@ def run(args: argparse.Namespace) -> int:
                              f"utterance has {longest}: drop --init or shorten the data")
         model = model.to(device)
     else:
+        dim, layers = args.dim or DIM, args.layers or LAYERS
         config = CodecNARConfig(text_vocab=TEXT_VOCAB, num_codebooks=codec.config.num_codebooks,
-                                codebook_size=codec.config.codebook_size, dim=args.dim, layers=args.layers,
-                                heads=max(1, args.dim // 64), ffn=3 * args.dim, max_positions=max(1024, longest),
-                                depth_layers=args.depth_layers or 0, depth_ffn=args.depth_ffn)
+                                codebook_size=codec.config.codebook_size, dim=dim, layers=layers,
+                                heads=max(1, dim // 64), ffn=3 * dim, max_positions=max(1024, longest),
+                                depth_layers=args.depth_layers or 0, depth_ffn=args.depth_ffn or DEPTH_FFN)
         model = CodecNAR(config).to(device)
+    args.dim, args.layers, args.depth_ffn = config.dim, config.layers, config.depth_ffn  # (training.json: the real shape)
     print(f"codec NAR stage: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(items)} utterances",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)

@@ -8,7 +8,7 @@ them in turn; ``--split validation`` for held-out data), as {"text", "phonemes" 
 ``mmspec train tts-drafter --data DIR`` trains on (:func:`self_items`), no codec or audio needed.
 
 Resumable: shards ``self-NNNN.pt`` of ``--shard-size`` sentences, each written whole (a rerun skips
-the shards that exist); the sentences, their temperatures and seeds are fixed by ``--sentences`` and
+the shards that exist; ``self-data.json`` keeps the settings, and a rerun with others is refused); the sentences, their temperatures and seeds are fixed by ``--sentences`` and
 the shard index, so shards written in separate runs (``--shards a:b``, one process per core) make
 the same data as one run. Sentences are decoded ``--batch-size`` at a time
 (:func:`mmspec.api.generate_rows`: each row the codes it would get alone with its seed).
@@ -17,6 +17,7 @@ the same data as one run. Sentences are decoded ``--batch-size`` at a time
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from .data.open_text import SOURCES
 
 #: shard file name pattern (the shard index, 4 digits), and the pattern that finds the shards
 SHARD, SHARDS = "self-{:04d}.pt", "self-*.pt"
+#: the settings the shards of a --out were made with (a rerun must give the same)
+SETTINGS = "self-data.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +46,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sentences decoded together")
     parser.add_argument("--max-seconds", type=float, default=15.0, help="audio cap per sentence")
     parser.add_argument("--threads", type=int, default=1)
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """A rerun into ``out`` skips the shards there, so it must make the same data: ValueError (one
+    line naming what differs) when ``out``'s :data:`SETTINGS` were written with other settings (a
+    rerun with another ``--sources``, ``--split``, ``--model``... kept the old shards and wrote
+    nothing, silently). ``--sentences`` may grow (the corpus' first sentences stay)."""
+    path = out / SETTINGS
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    said = lambda value: ",".join(map(str, value)) if isinstance(value, list) else value  # noqa: E731
+    differ = [f"--{name.replace('_', '-')} {said(before[name])} there, {said(value)} now" for name, value in settings.items()
+              if name in before and before[name] != value]
+    if differ:
+        raise ValueError(f"{out} holds self-distillation shards made with other settings ({'; '.join(differ)}); give "
+                         "those, or another --out")
 
 
 def parse_temperatures(text: str) -> list[float]:
@@ -100,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
     sources = parse_sources(args.sources) if args.sources is not None else None
     corpus = open_corpus(args.split, args.sentences, sources)
     out = Path(args.out)
+    settings = {"model": args.model, "split": args.split, "sources": sources or list(SOURCES), "temperature": temperatures,
+                "shard_size": args.shard_size, "max_seconds": args.max_seconds}
+    check_settings(out, settings)
     out.mkdir(parents=True, exist_ok=True)
+    (out / SETTINGS).write_text(json.dumps(settings, indent=1))
     pipe = TextToSpeechPipeline(model=args.model)
     c = pipe.components
     if c.target.num_codebooks != 1 or not c.target.model.config.aligned:

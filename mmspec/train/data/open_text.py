@@ -16,6 +16,9 @@ Sources (registered in :data:`SOURCES`, each a function ``(split) -> list[str]``
   (``/usr/share/games/fortunes``), split into sentences.
 - ``words``: sentences around words of Debian's ``wamerican`` word list (``/usr/share/dict``), for
   words and sound sequences the other sources miss.
+
+  These two read system files: asking for either on a machine without its package is one
+  MissingDependencyError line (:func:`check_sources`), never a corpus silently without it.
 - ``numbers``: templates for what the text normaliser handles (numbers, ordinals, years, dates,
   times, currency, percentages, abbreviations, names, questions and exclamations).
 - ``grammar``: the voice's original small world (:mod:`.sentences`), so it keeps what it could say.
@@ -119,13 +122,15 @@ def generate_smollm2(count: int, out: Path = SMOLLM2_TEXT, model_dir: str | None
 
     from ...hub import resolve_dtype, smollm2_checkpoint
 
-    model_dir = model_dir or smollm2_checkpoint()
     lines = out.read_text().splitlines() if out.exists() else []
     kept = {line.lower() for line in lines[1:]}
     header = f"# source: SmolLM2-135M-Instruct, mmspec train open-text (seed {seed})"
+    batch = int(lines[0].split("batch ")[-1].rstrip(")")) if lines and "batch " in lines[0] else 0
+    if len(kept) >= count:  # (done already: the model, which may not be on this machine, is not loaded)
+        return len(kept)
+    model_dir = model_dir or smollm2_checkpoint()
     if not lines:
         out.write_text(header + "\n")
-    batch = int(lines[0].split("batch ")[-1].rstrip(")")) if lines and "batch " in lines[0] else 0
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype("auto")).eval()
@@ -199,10 +204,44 @@ def smollm2_more(split: str) -> list[str]:
     return _split([text for text in more if text.lower() not in first], split)
 
 
+#: the files of fortunes-min the ``fortunes`` source reads (under :data:`FORTUNES`)
+FORTUNE_FILES = ("fortunes", "literature", "riddles")
+
+
+def system_file(source: str) -> tuple[Path, str] | None:
+    """The Debian file a source reads and its package (``fortunes``: :data:`FORTUNES`, fortunes-min;
+    ``words``: :data:`WORDS`, wamerican), or None for a source that ships with mmspec."""
+    return {"fortunes": (FORTUNES, "fortunes-min"), "words": (WORDS, "wamerican")}.get(source)
+
+
+def _missing(sources: list[str]) -> None:
+    """MissingDependencyError (one line: the files, their packages, how to install them or leave the
+    sources out) when a source's Debian file is not on this machine: without it the source used to
+    give no sentences, silently, and a corpus (or a benchmark's sentences) of the other sources."""
+    from ...hub import MissingDependencyError
+
+    missing = {}
+    for source in dict.fromkeys(sources):
+        found = system_file(source)
+        if found is None:
+            continue
+        path, package = found
+        if not (any((path / name).is_file() for name in FORTUNE_FILES) if source == "fortunes" else path.is_file()):
+            missing[source] = (path, package)
+    if missing:
+        said = ", ".join(f"{source!r} reads Debian's {package} ({path} is missing)" for source, (path, package) in missing.items())
+        several = len(missing) > 1
+        raise MissingDependencyError(f"the open-corpus source{'s' * several} {said}: install {'them' if several else 'it'} "
+                                     f"(sudo apt-get install "
+                                     f"{' '.join(package for _, package in missing.values())}) or leave "
+                                     f"{', '.join(missing)} out of the sources")
+
+
 def fortunes(split: str) -> list[str]:
-    """Sentences of ``fortunes-min`` (empty when the package is not installed)."""
+    """Sentences of ``fortunes-min`` (MissingDependencyError when it is not installed)."""
+    _missing(["fortunes"])
     texts = []
-    for name in ("fortunes", "literature", "riddles"):
+    for name in FORTUNE_FILES:
         path = FORTUNES / name
         if not path.exists():
             continue
@@ -225,9 +264,9 @@ _WORD_FRAMES = (
 
 
 def words(split: str, count: int = 1500) -> list[str]:
-    """``count`` sentences built around lower-case words of ``wamerican`` (empty without it)."""
-    if not WORDS.exists():
-        return []
+    """``count`` sentences built around lower-case words of ``wamerican`` (MissingDependencyError
+    without it)."""
+    _missing(["words"])
     vocabulary = [w for w in WORDS.read_text(errors="replace").split()
                   if w.isascii() and w.isalpha() and w.islower() and 3 <= len(w) <= 12]
     rng = np.random.default_rng(stable_hash("open-words"))
@@ -294,34 +333,45 @@ SOURCES: dict[str, tuple[Callable[[str], list[str]], float]] = {
 }
 
 
-def parse_sources(text: str) -> list[str]:
-    """``"fortunes, words"`` (a ``--sources`` option) -> ``["fortunes", "words"]``; ValueError (one
-    line naming the known sources) for an unknown name or an empty list."""
-    sources = [name.strip() for name in text.split(",") if name.strip()]
+def check_sources(sources: list[str] | None) -> list[str]:
+    """The open corpus' sources (None: all of :data:`SOURCES`), checked before any text is made:
+    ValueError (one line naming the known sources) for an unknown name or an empty list;
+    MissingDependencyError (one line naming the file and its Debian package) for a source whose
+    system file this machine lacks. The one check of ``--sources`` and of :func:`open_corpus`."""
+    sources = list(SOURCES) if sources is None else list(sources)
     unknown = sorted(set(sources) - set(SOURCES))
     if unknown or not sources:
         raise ValueError(f"--sources: unknown {unknown or 'empty list'}; use a comma-separated list of {', '.join(SOURCES)}")
+    repeated = sorted({name for name in sources if sources.count(name) > 1})
+    if repeated:  # (the corpus took each once, but the shards were named after the list as given)
+        raise ValueError(f"--sources: {', '.join(repeated)} given more than once; name each source once")
+    _missing(sources)
     return sources
+
+
+def parse_sources(text: str | None) -> list[str] | None:
+    """``"fortunes, words"`` (a ``--sources`` option) -> ``["fortunes", "words"]``; None (every
+    source) for None. Not checked here: :func:`open_corpus` checks them (:func:`check_sources`),
+    once, before it makes any text."""
+    return None if text is None else [name.strip() for name in text.split(",") if name.strip()]
 
 
 def open_corpus(split: str, size: int | None = None, sources: list[str] | None = None) -> list[tuple[str, str]]:
     """``[(source, sentence)]`` of ``split``: the ``sources`` (default all of :data:`SOURCES`)
     interleaved by their shares (each source's sentences in a fixed shuffled order, repeated when
     ``size`` asks for more than it has), deterministic. ``size`` defaults to every sentence once.
-    An unknown source name is a ValueError."""
-    unknown = sorted(set(sources or ()) - set(SOURCES))
-    if unknown:
-        raise ValueError(f"unknown open-corpus sources {unknown}; the sources are {', '.join(SOURCES)}")
-    pools = {}
-    for name in sources or SOURCES:
+    The sources are checked first (:func:`check_sources`: an unknown name, an empty list, a
+    missing system file)."""
+    sources, pools = check_sources(sources), {}
+    for name in sources:
         make, share = SOURCES[name]
         texts = make(split)
         if texts:
             order = sample_rng("speech-open", split, stable_hash(name) % 2**31).permutation(len(texts))
             pools[name] = ([texts[i] for i in order], share)
-    if not pools:
-        raise ValueError("no open-domain text source is available; install fortunes-min and wamerican "
-                         "(apt-get install fortunes-min wamerican) or run mmspec train open-text")
+    if not pools:  # (only the generated sources can be empty: their files were removed)
+        raise ValueError(f"the open-corpus sources {', '.join(sources)} have no sentences "
+                         f"of {split}; run mmspec train open-text for smollm2, or add other sources")
     total = sum(len(texts) for texts, _ in pools.values())
     size = total if size is None else size
     taken = {name: 0 for name in pools}
