@@ -53,7 +53,8 @@ def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
 
 def test_cpu_flags_emulate_an_avx2_cpu():
     """MMSPEC_CPU_FLAGS=avx2,fma on a CPU with more: the "auto" dtype, the kernels and the benchmark
-    record are an AVX2-only CPU's (a fresh process: the kernel choices are made once per process)."""
+    record are an AVX2-only CPU's (a fresh process: the kernel choices are made once per process), and
+    the record says how far oneDNN was held (ONEDNN_MAX_CPU_ISA; unset: a warning)."""
     import json
     import os
     import subprocess
@@ -66,8 +67,17 @@ def test_cpu_flags_emulate_an_avx2_cpu():
     code = ("import json, torch; from mmspec import hub; from mmspec.bench.results import machine_info; "
             "from mmspec.modeling.fast_linear import bf16_variants, fp32_variants; "
             "print(json.dumps([str(hub.resolve_dtype('auto')), fp32_variants(), bf16_variants(), machine_info('float32', 1)]))")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MMSPEC_CPU_FLAGS": "avx2,fma"},
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MMSPEC_CPU_FLAGS": "avx2,fma", "ONEDNN_MAX_CPU_ISA": "AVX2"},
                          capture_output=True, text=True, check=True).stdout
     dtype, fp32, bf16, machine = json.loads(out.strip().splitlines()[-1])
     assert dtype == "torch.float32" and fp32 == ["avx2"] and bf16 == []
     assert machine["cpu_flags"] == ["avx2"] and "avx2" in machine["emulated_from"]
+    from mmspec.bench.results import machine_line
+
+    assert machine["onednn_max_isa"] == "AVX2" and machine_line(machine).endswith(", oneDNN up to AVX2")
+    # without ONEDNN_MAX_CPU_ISA PyTorch's matmuls keep every feature of this CPU: recorded, and a warning says so
+    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
+    run = subprocess.run([sys.executable, "-c", code], env={**env, "MMSPEC_CPU_FLAGS": "avx2,fma"}, capture_output=True,
+                         text=True, check=True)
+    assert json.loads(run.stdout.strip().splitlines()[-1])[-1]["onednn_max_isa"] == "all"
+    assert "set ONEDNN_MAX_CPU_ISA too" in run.stderr

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import warnings
 from pathlib import Path
 
 
@@ -116,8 +118,6 @@ def add_device_args(parser) -> None:
 
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity: ``taskset -c 1`` gives 1)."""
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -134,6 +134,9 @@ def machine_line(machine: dict) -> str:
     cpu = f"{machine.get('cpu')}{', ' + machine['cpu_model'] if 'cpu_model' in machine else ''} ({' '.join(machine.get('cpu_flags', []))})"
     if "emulated_from" in machine:
         cpu += f", run as such on a CPU with ({' '.join(machine['emulated_from'])}), PyTorch's operators at {machine.get('aten_cpu_capability')}"
+        if "onednn_max_isa" in machine:  # (files before stop 87 did not record it)
+            isa = machine["onednn_max_isa"]
+            cpu += ", oneDNN unrestricted" if isa == "all" else f", oneDNN up to {isa}"
     device = machine.get("device", "cpu")
     return cpu if device == "cpu" else f"{device} (host: {machine.get('cpu')})"
 
@@ -144,8 +147,10 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     ("cpu" or the GPU's name), "threads", "dtype", "attention" (the decoding steps' attention:
     "c", the batch-invariant kernel, or "sdpa"), "layers" (decoder layers of few-row steps: "fused",
     one C call each, or "modules"), "torch", "transformers"}; where ``MMSPEC_CPU_FLAGS`` runs mmspec
-    as a CPU with fewer features, also "emulated_from" (the machine's own SPEED_FLAGS) and
-    "aten_cpu_capability" (PyTorch's instruction set, ``ATEN_CPU_CAPABILITY``)."""
+    as a CPU with fewer features, also "emulated_from" (the machine's own SPEED_FLAGS),
+    "aten_cpu_capability" (PyTorch's instruction set, ``ATEN_CPU_CAPABILITY``) and "onednn_max_isa"
+    (``ONEDNN_MAX_CPU_ISA``, "all" where unset: then PyTorch's matmuls still use every feature of
+    this CPU, AMX tiles included, and a warning says so)."""
     import platform
 
     import torch
@@ -168,5 +173,10 @@ def machine_info(dtype: str, threads: int, device: str = "cpu") -> dict:
     if cpu_flags() != machine_cpu_flags():  # MMSPEC_CPU_FLAGS: run as a CPU with fewer features
         info["emulated_from"] = [flag for flag in SPEED_FLAGS if flag in machine_cpu_flags()]
         info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["onednn_max_isa"] = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip() or "all"
+        if info["onednn_max_isa"] == "all":
+            warnings.warn("MMSPEC_CPU_FLAGS runs mmspec as a CPU with fewer features, but PyTorch's oneDNN still uses all of "
+                          "this one's (AMX tiles included): set ONEDNN_MAX_CPU_ISA too (e.g. AVX512_CORE_BF16, "
+                          "AVX512_CORE_VNNI or AVX2) to measure such a CPU", stacklevel=2)
     info["commit"] = source_commit()
     return info
