@@ -107,8 +107,11 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts < 2 and not args.no_quality and not args.batch_sizes:
         raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
                          "--prompts 2 or more, or --no-quality")
-    listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
+    listed = args.methods if args.methods is not None else (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
     specs = split_specs(listed)
+    if not specs:  # (`--methods ""` ran the default methods)
+        raise ValueError(f"--methods {listed!r} names no method; give a comma list (e.g. --methods ar,sjd), or leave "
+                         "--methods out for the default set")
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
