@@ -116,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
+    reason = T2IComponents.batch_size_one_reason(args.model) if batch_sizes and max(batch_sizes) > 1 else None
+    if reason:  # (Emu3: refused before the model loads)
+        raise ValueError(f"--batch-sizes {args.batch_sizes}: {reason}, so it decodes one image at a time; use --batch-sizes 1")
     path = Path(args.results)
     results = load_results(path, "t2i", {"model": args.model, "dtype": args.dtype})  # before the model loads
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,

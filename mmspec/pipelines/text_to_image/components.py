@@ -100,6 +100,28 @@ class T2IComponents(ImageComponents):
         ``"mar"`` or a directory with ``mar.json`` (what :meth:`from_pretrained` loads as one)."""
         return model == "mar" or (isinstance(model, (str, Path)) and (Path(model).expanduser() / MAR_FILE).is_file())
 
+    @staticmethod
+    def batch_size_one_reason(model: Any, trust_remote_code: bool = False) -> str | None:
+        """Why the model ``model`` names decodes one image at a time ("Emu3 (...) inserts an
+        end-of-line token ..."), read from a transformers checkpoint's config without loading its
+        weights; None where it batches, or where the config cannot be read (loading then says why).
+        mmspec's own layouts batch."""
+        from ...adapters.image import IMAGE_FAMILIES
+
+        if model is None or T2IComponents.names_continuous(model) or not isinstance(model, (str, Path)):
+            return None
+        if (Path(model).expanduser() / MODEL_FILE).is_file():
+            return None
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError):
+            return None
+        family = IMAGE_FAMILIES.get(getattr(config, "model_type", None))
+        reason = family and family.target.batch_size_one_reason
+        return f"{family.description.split(' (')[0]} {reason}" if reason else None
+
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
                         image_tokenizer: Any = None, grid: tuple[int, int] | None = None, draft: Any = None,
