@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -104,10 +104,7 @@ def write_shards(target, prompt_inputs, prompts: list[str], directory: Path, arg
         path = directory / f"shard-{index:04d}.pt"
         if path.exists():
             continue
-        with warnings.catch_warnings():  # the scenes' detailed descriptions (up to 92 tokens) are cut knowingly,
-            warnings.filterwarnings("ignore", message="the prompt has .* tokens and the model reads the first",
-                                    category=UserWarning)  # as train t2i cuts them; not a prompt of the user's
-            inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
+        inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
         if llamagen_model is not None:
             generator = torch.Generator().manual_seed(split_seed * 100003 + index)
             captions = torch.cat([i["caption"] for i in inputs])
@@ -165,7 +162,11 @@ def _setup(model: str | None, processor: str | None, trust_remote_code: bool, de
 
     components = T2IComponents.from_pretrained(model, device=device, processor=processor, trust_remote_code=trust_remote_code)
     own = components.generator if isinstance(components.target, LlamaGenTarget) else None
-    return components.target, components.prompt_inputs, own, str(components.model_dir)
+    if own is None:  # (a transformers processor cuts nothing)
+        return components.target, components.prompt_inputs, own, str(components.model_dir)
+    # the scenes' detailed descriptions (up to 92 tokens) are cut knowingly, as train t2i cuts them (warn_cut=False
+    # there too): a warning per description told the user to shorten a prompt they never gave
+    return components.target, partial(components.prompt_inputs, warn_cut=False), own, str(components.model_dir)
 
 
 def _prompts(split: str, n: int, start: int) -> list[str]:

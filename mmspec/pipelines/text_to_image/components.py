@@ -63,8 +63,8 @@ class T2IComponents(ImageComponents):
         tokenizer: the :class:`~mmspec.adapters.image_gen.ImageTokenizer` (tokens [B, N] <->
             images [B, 3, H, W]; its codebook gives the neighbour tables).
         encode: prompt -> the target's model inputs without the guidance scale (LlamaGen:
-            ``{"caption": [1, P, C]}`` from the text encoder; transformers: ``{"input_ids": [1, T], ...}``
-            from the processor).
+            ``{"caption": [1, P, C]}`` from the text encoder, which also takes ``warn_cut=False``;
+            transformers: ``{"input_ids": [1, T], ...}`` from the processor).
         draft: the draft generator of ``spec`` / ``drafter="draft"``: None, a path, a model of the
             target's family, or a loaded GuidedImageTarget (:meth:`draft_target` loads it once).
         eagle_head: the image EAGLE head: None, a directory, or a loaded ImageEagleHead
@@ -296,7 +296,7 @@ def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, capt
     return T2IComponents(
         target=LlamaGenTarget(generator, captured=captured),
         tokenizer=VQImageTokenizer(VQTokenizer.from_pretrained(directory / manifest["vq"]).to(device)),
-        encode=lambda prompt: {"caption": text_encoder.encode([prompt], uncond)},
+        encode=lambda prompt, warn_cut=True: {"caption": text_encoder.encode([prompt], uncond, warn_cut=warn_cut)},
         draft=directory / manifest["draft"] if manifest.get("draft") else None,
         eagle_head=directory / manifest["eagle"] if manifest.get("eagle") else None,
         model_dir=directory, load_draft=load_draft, dtype=dtype)
