@@ -345,7 +345,7 @@ def test_bench_throughput_and_cli_batch_size(model_dir, tmp_path, capsys):
     assert all(summary["3"][m]["rows_identical"] for m in ("ar", "sjd", "lantern"))
     assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd-pac", "--batch-sizes", "2",
                  "--results", str(tmp_path / "pac.json")]) == 2
-    assert "proactive branches" in capsys.readouterr().err
+    assert "method 'sjd-pac' decodes one image at a time; for --batch-sizes > 1 use" in capsys.readouterr().err
     out = tmp_path / "cli"
     assert main(["t2i", "a green star", "--model", str(model_dir), "--num-images", "3", "--batch-size", "2",
                  "--out", str(out), "--json"]) == 0

@@ -24,6 +24,7 @@ from ..hub import dtype_name
 from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
+from ..pipelines.text_to_image.pipeline import check_batches
 from ..cli.output import write_output, write_text
 from .results import add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
@@ -116,9 +117,12 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
-    reason = T2IComponents.batch_size_one_reason(args.model) if batch_sizes and max(batch_sizes) > 1 else None
-    if reason:  # (Emu3: refused before the model loads)
-        raise ValueError(f"--batch-sizes {args.batch_sizes}: {reason}, so it decodes one image at a time; use --batch-sizes 1")
+    if batch_sizes and max(batch_sizes) > 1:  # (Emu3, SJD-PAC's trees: refused before the model loads; sjd-pac was
+        reason = T2IComponents.batch_size_one_reason(args.model)  # refused after it, naming captioning's drafters)
+        if reason:
+            raise ValueError(f"--batch-sizes {args.batch_sizes}: {reason}, so it decodes one image at a time; use --batch-sizes 1")
+        for method in methods.values():
+            check_batches(method, args.prompts, max(batch_sizes), "--batch-sizes")
     path = Path(args.results)
     results = load_results(path, "t2i", {"model": args.model, "dtype": args.dtype})  # before the model loads
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,

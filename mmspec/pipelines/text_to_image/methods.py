@@ -261,6 +261,9 @@ class ProactiveJacobiMethod(CoupledJacobiMethod):
         """Refuse a tree that does not fit ``window`` nodes (the drafter would draw the smaller
         tree, or none, without a word)."""
         s = self.settings
+        if s["pac_branches"] == 1 and s["pac_depth"] > 0:  # (was "does not fit window 8: use pac_branches <= 8")
+            raise ValueError(f"sjd-pac's pac_branches=1 is one candidate per position: no tree (sjd-coupled's chain); use "
+                             "pac_branches >= 2, or pac_depth=0")
         if ProactiveJacobiDrafter.fitting_depth(window, s["pac_branches"], s["pac_depth"]) < s["pac_depth"]:
             most = ProactiveJacobiDrafter.fitting_depth(window, s["pac_branches"], window)
             raise ValueError(f"sjd-pac's tree of pac_depth={s['pac_depth']} positions with pac_branches={s['pac_branches']} "
