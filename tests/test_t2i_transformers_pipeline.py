@@ -207,6 +207,12 @@ def test_a_chameleon_checkpoint_without_its_vqgan_decoder_is_refused_before_it_l
                         lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
     with pytest.raises(ValueError, match="is a Chameleon checkpoint, whose images transformers cannot decode"):
         mmspec.pipeline("text-to-image", model=str(checkpoints["chameleon"][0]), method="sjd")
+    # train image-drafter's --model help listed Chameleon, which the recipe refuses so
+    from mmspec.cli import build_parser
+
+    recipe = build_parser()._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices["image-drafter"]
+    model_help = next(a.help for a in recipe._actions if a.dest == "model")
+    assert "Janus / Emu3 path or hub id (a Chameleon checkpoint is refused" in model_help
 
 
 def test_an_emu3_batch_is_refused_before_the_model_loads(checkpoints, tmp_path, monkeypatch, capsys):

@@ -39,7 +39,8 @@ VAL_START = 1000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="what the text-to-image pipeline loads: an mmspec t2i directory "
-                        "(default: the embedded models/t2i), or a transformers Janus / Emu3 / Chameleon path or hub id")
+                        "(default: the embedded models/t2i), or a transformers Janus / Emu3 path or hub id (a Chameleon "
+                        "checkpoint is refused: the pipeline loads one only from Python, with its VQGAN decoder)")
     parser.add_argument("--processor", default=None, help="for transformers models: the processor / tokenizer path (default: the model's)")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--out", default="runs/t2i-eagle")
