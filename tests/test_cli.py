@@ -131,6 +131,9 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["t2i", "x", "--seed", str(2**63 - 1), "--num-images", "2"], "use a seed of at most 9223372036854775806"),
         (["t2i", "x", "--method", "sjd-pac", "--pac-branches", "9"], "does not fit window 8: use pac_branches <= 8"),
         (["t2i", "x", "--method", "sjd-pac", "--pac-depth", "20"], "does not fit window 8: use pac_depth <= 2"),
+        (["t2i", "x", "--method", "sjd-pac", "--pac-branches", "1"], "pac_branches=1 is one candidate per position: no tree"),
+        (["bench", "t2i", "--methods", "ar,sjd-pac", "--batch-sizes", "1,2", "--no-quality"],
+         "method 'sjd-pac' decodes one image at a time; for --batch-sizes > 1 use"),
         (["t2i", "x", "--out", "new.png"], "names an image file; give a folder (--out new)"),
         (["bench", "tts", "--greedy", "--temperature", "0.5"], "--temperature applies only when sampling"),
         (["train", "tts", "--save-every", "0"], "--save-every must be at least 1"),
@@ -359,6 +362,8 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "caption", "--families", "foo"], "unknown families ['foo']"),
     (["bench", "tts", "--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy decoding pass --greedy"),
     (["bench", "t2i", "--guidance-scale", "-3"], "--guidance-scale must be >= 1 (1: no guidance), got -3.0"),
+    (["bench", "t2i", "--methods", ""], "--methods '' names no method; give a comma list"),
+    (["bench", "t2i", "--methods", " , "], "--methods ' , ' names no method; give a comma list"),
     (["train", "open-text", "--out", "/tmp"], "--out /tmp is a directory; give a file name"),
     (["train", "vq", "--image-size", "7"], "--image-size must be a multiple of 8"),
 ])

@@ -29,3 +29,36 @@ def test_no_fork_beside_other_threads_and_the_same_images(tmp_path, monkeypatch)
         stop.set()
         other.join()
     assert torch.equal(beside, alone) and beside_captions == captions
+
+
+def _grids_twice(tmp_path, monkeypatch, module, cached, weights_name):
+    """Run a recipe's cached encode over two tokenizer files of the same size and the same time
+    stamp (replaced within one second, or copied with ``cp -p``): the second must not reuse the
+    first's cache."""
+    import os
+
+    monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
+    (tmp_path / "cache").mkdir(parents=True)
+    monkeypatch.setattr(module, "scene_pool", lambda split, n, size: (torch.zeros(n, 3, size, size, dtype=torch.uint8), None))
+    weights = tmp_path / "tok" / weights_name
+    weights.parent.mkdir(parents=True)
+    results = []
+    for value in (1.0, 2.0):
+        weights.write_bytes(bytes([int(value)]) * 64)
+        os.utime(weights, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+
+        class Tokenizer:
+            def encode(self, images):
+                return torch.full((len(images), 1, 2, 2), value)
+
+        results.append(cached(Tokenizer(), weights.parent, "train", 3, 8))
+    return results
+
+
+def test_recipe_caches_are_keyed_by_the_tokenizer_content(tmp_path, monkeypatch):
+    from mmspec.train import mar, t2i
+
+    first, second = _grids_twice(tmp_path / "t2i", monkeypatch, t2i, t2i.token_grids, "vq.safetensors")
+    assert not torch.equal(first, second)
+    first, second = _grids_twice(tmp_path / "mar", monkeypatch, mar, mar.latent_tokens, "kl.safetensors")
+    assert not torch.equal(first, second)

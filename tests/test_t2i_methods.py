@@ -25,8 +25,8 @@ def test_methods_hold_their_defaults_and_arguments():
         make_method("sjd:vertical", init="horizontal")  # (--method sjd:vertical --init horizontal)
     with pytest.raises(ValueError, match="sets window=4 and window=6 is given as well"):
         make_method("sjd:window=4", window=6)  # (--method sjd:window=4 --window 6)
-    assert make_method("sjd-pac", pac_depth=2).settings == {"window": 8, "init": "random", "pac_branches": 2,
-                                                            "pac_depth": 2}
+    assert make_method("sjd-pac", pac_depth=2).settings == {"window": None, "init": "random", "pac_branches": 2,
+                                                            "pac_depth": 2}  # None: 8, at most the image's tokens
     lantern = make_method("lantern:eagle2", window=None, delta=0.2)  # None: a setting not given
     assert lantern.settings == {"drafter": "eagle2", "num_draft_tokens": None, "neighbours_k": 100, "delta": 0.2}
     assert lantern.rule == "lantern" and not lantern.exact and make_method("eagle2").exact
@@ -46,7 +46,25 @@ def test_sjds_window_follows_the_generators_kernel(device, linears, dtype, windo
     for spec in ("sjd", "sjd-coupled", "sjd:random"):
         assert make_method(spec).build_drafter(components).num_draft_tokens == window
     assert make_method("sjd-coupled:window=5").build_drafter(components).num_draft_tokens == 5
-    assert make_method("sjd-pac").settings["window"] == 8
+    components.target = SimpleNamespace(num_image_tokens=256)
+    assert make_method("sjd-pac").build_drafter(components).num_draft_tokens == 8
+
+
+def test_sjd_pacs_default_window_fits_a_small_image():
+    """SJD-PAC's default window (8) on a model of fewer image tokens: cut to them, as sjd runs
+    there, not refused as "window=8 is wider than the image's 4 tokens" (a window never given);
+    a given window is still refused, and a tree that cannot fit the cut window is named so."""
+    components = SimpleNamespace(device=torch.device("cpu"), linears="as loaded", dtype=torch.float32,
+                                 verification_width="narrow", continuous=False,
+                                 target=SimpleNamespace(num_image_tokens=4))
+    method = make_method("sjd-pac")
+    method.check_components(components)
+    assert method.build_drafter(components).num_draft_tokens == 4 and method.run_settings(components)["window"] == 4
+    with pytest.raises(ValueError, match="window=8 is wider than the image's 4 tokens; use at most 4"):
+        make_method("sjd-pac", window=8).check_components(components)
+    with pytest.raises(ValueError, match=r"does not fit window 4 \(the default, cut to the image's 4 tokens\): use "
+                                         r"pac_depth <= 1$"):
+        make_method("sjd-pac", pac_depth=2).check_components(components)
 
 
 def test_relaxed_defaults_come_from_the_rules():

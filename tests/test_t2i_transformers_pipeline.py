@@ -207,3 +207,32 @@ def test_a_chameleon_checkpoint_without_its_vqgan_decoder_is_refused_before_it_l
                         lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
     with pytest.raises(ValueError, match="is a Chameleon checkpoint, whose images transformers cannot decode"):
         mmspec.pipeline("text-to-image", model=str(checkpoints["chameleon"][0]), method="sjd")
+    # train image-drafter's --model help listed Chameleon, which the recipe refuses so
+    from mmspec.cli import build_parser
+
+    recipe = build_parser()._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices["image-drafter"]
+    model_help = next(a.help for a in recipe._actions if a.dest == "model")
+    assert "Janus / Emu3 path or hub id (a Chameleon checkpoint is refused" in model_help
+
+
+def test_an_emu3_batch_is_refused_before_the_model_loads(checkpoints, tmp_path, monkeypatch, capsys):
+    """Emu3 decodes one image at a time (its end-of-line tokens): `mmspec t2i --batch-size 2` was
+    refused only after the weights had loaded; the pipeline call, before any prompt is encoded."""
+    import transformers
+
+    target_dir, _ = checkpoints["emu3"]
+    with monkeypatch.context() as m:
+        m.setattr(transformers.Emu3ForConditionalGeneration, "from_pretrained",
+                  lambda *a, **k: pytest.fail("the weights loaded before the refusal"))
+        argv = ["t2i", PROMPT, "--model", str(target_dir), "--method", "sjd", "--batch-size", "2", "--num-images", "2",
+                "--out", str(tmp_path / "out")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == ("mmspec: error: Emu3 inserts an end-of-line token into the cache after every image row, so it "
+                       "decodes one image at a time; use --batch-size 1\n"), err
+        assert main(["bench", "t2i", "--model", str(target_dir), "--methods", "ar", "--batch-sizes", "1,2", "--no-quality",
+                     "--results", str(tmp_path / "r.json")]) == 2
+        assert "--batch-sizes 1,2: Emu3 inserts an end-of-line token" in capsys.readouterr().err
+    pipe = make(checkpoints, "emu3", "sjd", tmp_path)
+    with pytest.raises(ValueError, match="inserts an end-of-line token .* so it decodes one image at a time; use batch_size 1"):
+        pipe([PROMPT, PROMPT], batch_size=2)

@@ -345,7 +345,7 @@ def test_bench_throughput_and_cli_batch_size(model_dir, tmp_path, capsys):
     assert all(summary["3"][m]["rows_identical"] for m in ("ar", "sjd", "lantern"))
     assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,sjd-pac", "--batch-sizes", "2",
                  "--results", str(tmp_path / "pac.json")]) == 2
-    assert "proactive branches" in capsys.readouterr().err
+    assert "method 'sjd-pac' decodes one image at a time; for --batch-sizes > 1 use" in capsys.readouterr().err
     out = tmp_path / "cli"
     assert main(["t2i", "a green star", "--model", str(model_dir), "--num-images", "3", "--batch-size", "2",
                  "--out", str(out), "--json"]) == 0
@@ -447,3 +447,22 @@ def test_the_image_drafter_recipe_links_its_head_into_the_targets_manifest(model
     assert "shorten the prompt" not in said.err  # (the h5 audit: the scenes' own long descriptions, cut knowingly)
     r = mmspec.pipeline("text-to-image", model=target, method="eagle")("a red circle", seed=0)
     assert r.stats.config["drafter"] == "image-eagle"
+
+
+def test_the_image_drafter_recipe_encodes_its_long_descriptions_with_warn_cut_off(model_dir):
+    """The recipe's prompt function passes ``warn_cut=False`` (as train t2i does), rather than
+    filtering the warning by its text around the call (a reworded warning would have leaked)."""
+    import warnings
+
+    from mmspec.train.image_drafter import _setup
+
+    long = " ".join(["a red circle above a blue square"] * 12)
+    _, prompt_inputs, own, _ = _setup(str(model_dir), None, False, torch.device("cpu"))
+    assert own is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = prompt_inputs(long)["caption"]
+    pipe = mmspec.pipeline("text-to-image", model=model_dir, method="ar")
+    with pytest.warns(UserWarning, match="shorten the prompt"):
+        loud = pipe.components.prompt_inputs(long)["caption"]
+    assert torch.equal(quiet, loud)

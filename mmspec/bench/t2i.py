@@ -24,6 +24,7 @@ from ..hub import dtype_name
 from ..pipelines.text_to_image.components import T2IComponents
 from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
+from ..pipelines.text_to_image.pipeline import check_batches
 from ..cli.output import write_output, write_text
 from .results import add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
@@ -107,12 +108,21 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts < 2 and not args.no_quality and not args.batch_sizes:
         raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
                          "--prompts 2 or more, or --no-quality")
-    listed = args.methods or (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
+    listed = args.methods if args.methods is not None else (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
     specs = split_specs(listed)
+    if not specs:  # (`--methods ""` ran the default methods)
+        raise ValueError(f"--methods {listed!r} names no method; give a comma list (e.g. --methods ar,sjd), or leave "
+                         "--methods out for the default set")
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
+    if batch_sizes and max(batch_sizes) > 1:  # (Emu3, SJD-PAC's trees: refused before the model loads; sjd-pac was
+        reason = T2IComponents.batch_size_one_reason(args.model)  # refused after it, naming captioning's drafters)
+        if reason:
+            raise ValueError(f"--batch-sizes {args.batch_sizes}: {reason}, so it decodes one image at a time; use --batch-sizes 1")
+        for method in methods.values():
+            check_batches(method, args.prompts, max(batch_sizes), "--batch-sizes")
     path = Path(args.results)
     results = load_results(path, "t2i", {"model": args.model, "dtype": args.dtype})  # before the model loads
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,

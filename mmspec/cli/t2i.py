@@ -217,7 +217,8 @@ def check_method_options(args, prompts: int) -> None:
         RULES[method.rule].check_mode(SamplingConfig(do_sample=not args.greedy, temperature=args.temperature))
     if continuous:
         check_continuous_sampling(not args.greedy, args.top_k, None)
-    check_batches(method, prompts * args.num_images, args.batch_size, "--batch-size")
+    model_reason = T2IComponents.batch_size_one_reason(args.model, args.trust_remote_code) if args.batch_size > 1 else None
+    check_batches(method, prompts * args.num_images, args.batch_size, "--batch-size", model_reason)  # (Emu3: before it loads)
 
 
 def run(args) -> int:

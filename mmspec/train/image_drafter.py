@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,7 +39,8 @@ VAL_START = 1000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="what the text-to-image pipeline loads: an mmspec t2i directory "
-                        "(default: the embedded models/t2i), or a transformers Janus / Emu3 / Chameleon path or hub id")
+                        "(default: the embedded models/t2i), or a transformers Janus / Emu3 path or hub id (a Chameleon "
+                        "checkpoint is refused: the pipeline loads one only from Python, with its VQGAN decoder)")
     parser.add_argument("--processor", default=None, help="for transformers models: the processor / tokenizer path (default: the model's)")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--out", default="runs/t2i-eagle")
@@ -104,10 +105,7 @@ def write_shards(target, prompt_inputs, prompts: list[str], directory: Path, arg
         path = directory / f"shard-{index:04d}.pt"
         if path.exists():
             continue
-        with warnings.catch_warnings():  # the scenes' detailed descriptions (up to 92 tokens) are cut knowingly,
-            warnings.filterwarnings("ignore", message="the prompt has .* tokens and the model reads the first",
-                                    category=UserWarning)  # as train t2i cuts them; not a prompt of the user's
-            inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
+        inputs = [{**prompt_inputs(p), "guidance_scale": args.guidance} for p in prompts[start : start + args.gen_batch]]
         if llamagen_model is not None:
             generator = torch.Generator().manual_seed(split_seed * 100003 + index)
             captions = torch.cat([i["caption"] for i in inputs])
@@ -165,7 +163,11 @@ def _setup(model: str | None, processor: str | None, trust_remote_code: bool, de
 
     components = T2IComponents.from_pretrained(model, device=device, processor=processor, trust_remote_code=trust_remote_code)
     own = components.generator if isinstance(components.target, LlamaGenTarget) else None
-    return components.target, components.prompt_inputs, own, str(components.model_dir)
+    if own is None:  # (a transformers processor cuts nothing)
+        return components.target, components.prompt_inputs, own, str(components.model_dir)
+    # the scenes' detailed descriptions (up to 92 tokens) are cut knowingly, as train t2i cuts them (warn_cut=False
+    # there too): a warning per description told the user to shorten a prompt they never gave
+    return components.target, partial(components.prompt_inputs, warn_cut=False), own, str(components.model_dir)
 
 
 def _prompts(split: str, n: int, start: int) -> list[str]:

@@ -26,7 +26,7 @@ from ..modeling.kl_vae import KLAutoencoder
 from ..modeling.mar import MARConfig, MARModel
 from ..modeling.text_encoder import SmolTextEncoder
 from .checkpoint import TrainingRun, add_run_arguments, autocast, set_lr, train_device, warmup_cosine
-from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
+from .t2i_data import cache_root, content_stamp, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
     "target": dict(encoder_embed_dim=256, encoder_depth=4, encoder_num_heads=4, decoder_embed_dim=256, decoder_depth=4,
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @torch.no_grad()
 def latent_tokens(vae: KLAutoencoder, kl_dir: Path, split: str, n: int, size: int) -> torch.Tensor:
     """[n, h * w, C] scaled latent means of the split's first n scenes, raster order (cached)."""
-    stamp = int((kl_dir / "kl.safetensors").stat().st_mtime)
+    stamp = content_stamp(kl_dir / "kl.safetensors")
     path = cache_root() / f"kl-latents-{split}-{n}-{size}-{stamp}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)

@@ -26,7 +26,7 @@ from ..modeling.llamagen import LlamaGenConfig, LlamaGenModel
 from ..modeling.text_encoder import SmolTextEncoder
 from ..modeling.vq import VQTokenizer
 from .checkpoint import TrainingRun, add_run_arguments, autocast, set_lr, train_device, warmup_cosine
-from .t2i_data import cache_root, pick_captions, scene_pool, to_model_range
+from .t2i_data import cache_root, content_stamp, pick_captions, scene_pool, to_model_range
 
 PRESETS = {
     "target": dict(dim=256, n_layer=6, n_head=4),
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @torch.no_grad()
 def token_grids(vq: VQTokenizer, vq_dir: Path, split: str, n: int, size: int) -> torch.Tensor:
     """LongTensor [n, grid * grid]: the VQ tokens of the split's first n scenes (cached per tokenizer)."""
-    stamp = int((vq_dir / "vq.safetensors").stat().st_mtime)
+    stamp = content_stamp(vq_dir / "vq.safetensors")
     path = cache_root() / f"tokens-{split}-{n}-{size}-{stamp}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)

@@ -51,6 +51,19 @@ def cache_root() -> Path:
     return cache_dir() / "t2i-data"
 
 
+def content_stamp(path: Path) -> str:
+    """The first 16 hex digits of the file's SHA-256: the key of a cache computed from the file (a
+    tokenizer's weights), so a file replaced within the same second, or copied with its time kept,
+    gets a new key (a time stamp did not tell them apart). Hashing the ~6 MB weights takes ~10 ms."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def scene_pool(split: str, n: int, start: int = 0, size: int = 128, workers: int = 2) -> tuple[torch.Tensor, list[list[str]]]:
     """Render (or load the cached) samples ``start .. start + n - 1`` of the ``scenes`` split
     (``workers`` forked processes for :data:`POOL_FROM` samples or more, from a process without other

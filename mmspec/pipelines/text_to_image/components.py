@@ -63,8 +63,8 @@ class T2IComponents(ImageComponents):
         tokenizer: the :class:`~mmspec.adapters.image_gen.ImageTokenizer` (tokens [B, N] <->
             images [B, 3, H, W]; its codebook gives the neighbour tables).
         encode: prompt -> the target's model inputs without the guidance scale (LlamaGen:
-            ``{"caption": [1, P, C]}`` from the text encoder; transformers: ``{"input_ids": [1, T], ...}``
-            from the processor).
+            ``{"caption": [1, P, C]}`` from the text encoder, which also takes ``warn_cut=False``;
+            transformers: ``{"input_ids": [1, T], ...}`` from the processor).
         draft: the draft generator of ``spec`` / ``drafter="draft"``: None, a path, a model of the
             target's family, or a loaded GuidedImageTarget (:meth:`draft_target` loads it once).
         eagle_head: the image EAGLE head: None, a directory, or a loaded ImageEagleHead
@@ -99,6 +99,28 @@ class T2IComponents(ImageComponents):
         """Whether ``model`` names a continuous-token (MAR) model, read without loading it:
         ``"mar"`` or a directory with ``mar.json`` (what :meth:`from_pretrained` loads as one)."""
         return model == "mar" or (isinstance(model, (str, Path)) and (Path(model).expanduser() / MAR_FILE).is_file())
+
+    @staticmethod
+    def batch_size_one_reason(model: Any, trust_remote_code: bool = False) -> str | None:
+        """Why the model ``model`` names decodes one image at a time ("Emu3 (...) inserts an
+        end-of-line token ..."), read from a transformers checkpoint's config without loading its
+        weights; None where it batches, or where the config cannot be read (loading then says why).
+        mmspec's own layouts batch."""
+        from ...adapters.image import IMAGE_FAMILIES
+
+        if model is None or T2IComponents.names_continuous(model) or not isinstance(model, (str, Path)):
+            return None
+        if (Path(model).expanduser() / MODEL_FILE).is_file():
+            return None
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError):
+            return None
+        family = IMAGE_FAMILIES.get(getattr(config, "model_type", None))
+        reason = family and family.target.batch_size_one_reason
+        return f"{family.description.split(' (')[0]} {reason}" if reason else None
 
     @classmethod
     def from_pretrained(cls, model: Any = None, device: str | torch.device = "auto", *, processor: Any = None,
@@ -274,7 +296,7 @@ def _load_mmspec(directory: Path, device: torch.device, dtype: torch.dtype, capt
     return T2IComponents(
         target=LlamaGenTarget(generator, captured=captured),
         tokenizer=VQImageTokenizer(VQTokenizer.from_pretrained(directory / manifest["vq"]).to(device)),
-        encode=lambda prompt: {"caption": text_encoder.encode([prompt], uncond)},
+        encode=lambda prompt, warn_cut=True: {"caption": text_encoder.encode([prompt], uncond, warn_cut=warn_cut)},
         draft=directory / manifest["draft"] if manifest.get("draft") else None,
         eagle_head=directory / manifest["eagle"] if manifest.get("eagle") else None,
         model_dir=directory, load_draft=load_draft, dtype=dtype)

@@ -81,7 +81,7 @@ class MARComponents(ImageComponents):
         text_encoder = shared_text_encoder(manifest.get("text_encoder_layers", 8), device)
         null = torch.zeros(model.config.buffer_size, text_encoder.feature_dim)
         components = cls(target=MARTarget(model), autoencoder=KLAutoencoder.from_pretrained(directory / manifest["kl"]).to(device),
-                         encode=lambda prompt: {"text": text_encoder.encode([prompt], null)},
+                         encode=lambda prompt, warn_cut=True: {"text": text_encoder.encode([prompt], null, warn_cut=warn_cut)},
                          draft=directory / manifest["draft"] if manifest.get("draft") else None, model_dir=directory,
                          optimize=optimize)
         components.prepare(model)

@@ -240,29 +240,54 @@ class CoupledJacobiMethod(JacobiMethod):
 @register_method
 class ProactiveJacobiMethod(CoupledJacobiMethod):
     """SJD-PAC's tree size default (2 candidates at 1 position): the faster of the measured sizes on
-    the embedded model, docs/benchmarks.md."""
+    the embedded model, docs/benchmarks.md. Its window where none is given: 8 on every kernel (its
+    tree's room), at most the image's tokens (a model of fewer than 8 image tokens refused the
+    default window as if it had been given, where ``sjd`` ran)."""
 
     name = "sjd-pac"
     description = "coupled SJD + proactive drafting: a small candidate tree at the window's start (training-free)"
     # (random init, as before: sjd-pac:vertical 1.04x in stop 83; window 8 everywhere, its tree's room)
-    defaults = {**JacobiMethod.defaults, "window": 8, "pac_branches": 2, "pac_depth": 1}
+    defaults = {**JacobiMethod.defaults, "pac_branches": 2, "pac_depth": 1}
+    windows = {"wide": 8, "medium": 8, "narrow": 8}
+
     drafts_trees = True
     batches = False
 
     def __init__(self, arg: str | None = None, **settings: Any) -> None:
         super().__init__(arg, **settings)
+        self._check_tree(self.settings["window"] or self.windows["wide"])
+
+    def _check_tree(self, window: int, note: str = "") -> None:
+        """Refuse a tree that does not fit ``window`` nodes (the drafter would draw the smaller
+        tree, or none, without a word)."""
         s = self.settings
-        fits = ProactiveJacobiDrafter.fitting_depth(s["window"], s["pac_branches"], s["pac_depth"])
-        if fits < s["pac_depth"]:  # (the drafter would draw the smaller tree, or none, without a word)
-            most = ProactiveJacobiDrafter.fitting_depth(s["window"], s["pac_branches"], s["window"])
+        if s["pac_branches"] == 1 and s["pac_depth"] > 0:  # (was "does not fit window 8: use pac_branches <= 8")
+            raise ValueError(f"sjd-pac's pac_branches=1 is one candidate per position: no tree (sjd-coupled's chain); use "
+                             "pac_branches >= 2, or pac_depth=0")
+        if ProactiveJacobiDrafter.fitting_depth(window, s["pac_branches"], s["pac_depth"]) < s["pac_depth"]:
+            most = ProactiveJacobiDrafter.fitting_depth(window, s["pac_branches"], window)
             raise ValueError(f"sjd-pac's tree of pac_depth={s['pac_depth']} positions with pac_branches={s['pac_branches']} "
-                             f"candidates does not fit window {s['window']}: "
-                             + (f"use pac_depth <= {most}" if most else f"use pac_branches <= {s['window']}")
-                             + " or a wider window")
+                             f"candidates does not fit window {window}{note}: "
+                             + (f"use pac_depth <= {most}" if most else f"use pac_branches <= {window}")
+                             + ("" if note else " or a wider window"))
+
+    def window(self, components) -> int:
+        """The given ``window``, else 8 (:attr:`windows`) or the image's tokens where it has fewer."""
+        if self.settings["window"]:
+            return self.settings["window"]
+        tokens = getattr(getattr(components, "target", None), "num_image_tokens", None)
+        return min(self.windows[components.verification_width], tokens or self.windows["wide"])
+
+    def check_components(self, components) -> None:
+        super().check_components(components)
+        if not self.settings["window"]:  # (the default window, cut to a small image's tokens)
+            window = self.window(components)
+            self._check_tree(window, f" (the default, cut to the image's {window} tokens)")
 
     def build_drafter(self, components):
         s = self.settings
-        return ProactiveJacobiDrafter(s["window"], init=s["init"], branches=s["pac_branches"], depth=s["pac_depth"])
+        return ProactiveJacobiDrafter(self.window(components), init=s["init"], branches=s["pac_branches"],
+                                      depth=s["pac_depth"])
 
 
 @register_method

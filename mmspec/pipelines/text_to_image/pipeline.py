@@ -28,6 +28,7 @@ import torch
 from ...api import fresh_seed
 from ...core.sampling import SamplingConfig
 from ...core.stats import DictAccess, SpecStats
+from ...core.target import batch_size_one_reason
 from ...hub import dtype_name, resolve_device, resolve_dtype
 from ..base import Pipeline, ProgressCallback, register_pipeline
 from ..images import png_base64
@@ -73,9 +74,14 @@ def check_call_arguments(guidance_scale: float, num_images: int = 1, do_sample: 
                           guidance_scale=guidance_scale)
 
 
-def check_batches(method: T2IMethod, images: int, batch_size: int, option: str = "batch_size") -> None:
+def check_batches(method: T2IMethod, images: int, batch_size: int, option: str = "batch_size",
+                  model_reason: str | None = None) -> None:
     """Refuse (one ValueError line) to decode ``images`` images ``batch_size`` at a time with a
-    method that decodes one image at a time (SJD-PAC's trees), naming the methods that batch."""
+    method that decodes one image at a time (SJD-PAC's trees), naming the methods that batch, or
+    with a model that does (``model_reason``, e.g. Emu3's: see
+    :meth:`T2IComponents.batch_size_one_reason`)."""
+    if batch_size > 1 and images > 1 and model_reason:
+        raise ValueError(f"{model_reason}, so it decodes one image at a time; use {option} 1")
     if batch_size > 1 and images > 1 and not method.batches:
         batching = [name for name, cls in METHODS.items() if cls.batches and cls.continuous in (None, method.continuous)]
         raise ValueError(f"method {method.name!r} decodes one image at a time; for {option} > 1 use {', '.join(batching)}")
@@ -326,7 +332,9 @@ class TextToImagePipeline(Pipeline):
         prompts = self.strings(prompt, "prompt")
         if not prompts:
             raise ValueError("no prompts given")
-        check_batches(self.method, len(prompts) * num_images, batch_size)
+        family_reason = batch_size_one_reason(self.target)  # (Emu3's end-of-line tokens: before any prompt is encoded)
+        check_batches(self.method, len(prompts) * num_images, batch_size,
+                      model_reason=family_reason and f"{type(self.target).__name__} {family_reason}")
         inputs = []
         for number, one in enumerate(prompts, 1):  # every prompt checked before decoding
             with self.naming_item(number, len(prompts), "prompt"):

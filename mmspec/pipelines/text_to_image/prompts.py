@@ -38,7 +38,10 @@ class ImageComponents(OptimizesOnLoad):
         """The generator model itself, ``target.model`` (mmspec's LlamaGenModel or MARModel, or the transformers model)."""
         return self.target.model
 
-    def prompt_inputs(self, prompt: str) -> dict[str, Any]:
-        """prompt -> the target's model inputs (caption features, or prompt ids), without guidance."""
+    def prompt_inputs(self, prompt: str, warn_cut: bool = True) -> dict[str, Any]:
+        """prompt -> the target's model inputs (caption features, or prompt ids), without guidance.
+        ``warn_cut=False``: no UserWarning for a prompt longer than the text encoder's positions
+        (mmspec's own layouts, whose encoder cuts it; a training recipe's long scene descriptions,
+        cut knowingly); a transformers model's processor cuts nothing, and takes no such flag."""
         check_prompt(prompt)
-        return self.encode(prompt)
+        return self.encode(prompt) if warn_cut else self.encode(prompt, warn_cut=False)
