@@ -364,6 +364,7 @@ def test_every_commands_defaults_pass_the_shared_number_checks():
     (["bench", "t2i", "--guidance-scale", "-3"], "--guidance-scale must be >= 1 (1: no guidance), got -3.0"),
     (["bench", "t2i", "--methods", ""], "--methods '' names no method; give a comma list"),
     (["bench", "t2i", "--methods", " , "], "--methods ' , ' names no method; give a comma list"),
+    (["bench", "tts", "--methods", ""], "--methods '' names no method; give a comma list"),
     (["train", "open-text", "--out", "/tmp"], "--out /tmp is a directory; give a file name"),
     (["train", "vq", "--image-size", "7"], "--image-size must be a multiple of 8"),
 ])

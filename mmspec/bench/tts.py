@@ -105,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.methods import split_specs
     from ..pipelines.text_to_speech.methods import make_method
     specs = split_specs(args.methods)
+    if not specs:  # (`--methods ""` measured no method, only the Piper reference rows)
+        raise ValueError(f"--methods {args.methods!r} names no method; give a comma list (e.g. --methods ar,sjd-coupled), "
+                         "or leave --methods out for the default set")
     args.temperature = 1.0 if args.temperature is None else args.temperature
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
