@@ -302,6 +302,19 @@ def test_seed_ranges_and_http_errors_say_what_to_send(local):
     assert "POST /v1/chat/completions" in error["message"] and "GET /v1/models" in error["message"]
 
 
+def test_a_trailing_slash_is_a_json_404_not_an_empty_redirect(local):
+    """The audit's: ``POST /v1/chat/completions/`` answered Starlette's empty 307 (to the path
+    without the slash; curl and httpx follow none by default) instead of the JSON error."""
+    for method, path in (("post", "/v1/chat/completions/"), ("get", "/v1/models/"), ("get", "/health/")):
+        response = getattr(local, method)(path, follow_redirects=False, **({"json": {}} if method == "post" else {}))
+        error = error_of(response, 404)
+        bare = path.rstrip("/")
+        assert error["code"] == "not_found" and error["message"].startswith(
+            f"no route {method.upper()} {path}; send it without the trailing slash ({bare}); this server has: "), error
+    error = error_of(local.get("/nosuch/", follow_redirects=False), 404)
+    assert error["message"].startswith("no route GET /nosuch/; this server has: ")
+
+
 def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):
     """--allow-local-files reads paths and file:// URLs, under --local-files-root only (no model loads)."""
     from mmspec.serve.tasks import CaptionService
