@@ -119,6 +119,14 @@ def test_health_and_models_without_socket(local):
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 10**6}, 400, "max_tokens", "invalid_value"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
+    # penalties: 0 (OpenAI clients' default, the no-op) is taken; anything else is refused, a bool too
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "frequency_penalty": 0.5}, 400,
+     "frequency_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "presence_penalty": -1}, 400,
+     "presence_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "presence_penalty": False}, 400,
+     "presence_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": True}, 400, "n", "unsupported"),
     # two budgets that differ: refused, not one silently winning (the stop-74 audit)
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 4, "max_completion_tokens": 6},
      400, "max_tokens", "conflicting_fields"),
@@ -190,6 +198,21 @@ def test_a_misspelt_task_in_models_or_pipeline_kwargs_is_refused(field):
                        "caption, t2i, tts$"):
         ServeConfig(tasks=("caption",), **{field: {"captoin": {} if field == "pipeline_kwargs" else "/tmp/model"}})
     ServeConfig(tasks=("caption",), **{field: {"tts": None if field == "models" else {}}})  # (a known task, even not served)
+
+
+def test_zero_penalties_as_openai_clients_send_them_are_taken():
+    """The audit's: ``frequency_penalty: 0`` and ``presence_penalty: 0``, which OpenAI's clients send
+    by default, were refused as unknown fields; 0 is the no-op the server does. Another value is one
+    line saying penalties are not applied."""
+    service = create_app(ServeConfig(tasks=("caption",))).state.server.service_for("mmspec-caption", "caption")
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png")}
+    plain = service.parse(body).key
+    for zero in (0, 0.0):
+        assert service.parse({**body, "frequency_penalty": zero, "presence_penalty": zero}).key == plain
+    with pytest.raises(APIError) as refused:
+        service.parse({**body, "frequency_penalty": 0, "presence_penalty": 0.2})
+    assert refused.value.body()["error"]["message"] == ("'presence_penalty' = 0.2 is not supported: this server applies "
+                                                        "no penalties; send 0 or leave it out")
 
 
 def test_a_chat_without_max_tokens_keeps_within_the_servers_limit():
