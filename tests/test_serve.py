@@ -159,6 +159,18 @@ def test_page_is_served(local):
         assert path in page.text
 
 
+def test_the_page_asks_for_no_more_tokens_than_the_server_allows():
+    """The audit's: the demo page sent max_tokens 64 whatever --max-tokens-limit was, so under a
+    lower limit its caption panel showed a 400. Its field starts at min(64, limit), max the limit."""
+    import re
+
+    for limit, start in ((8, 8), (512, 64), (64, 64)):
+        with TestClient(create_app(ServeConfig(tasks=("caption",), max_tokens_limit=limit))) as test_client:
+            page = test_client.get("/").text
+        field = re.search(r'<input id="maxtokens"[^>]*>', page).group(0)
+        assert f'value="{start}"' in field and f'max="{limit}"' in field and "__" not in page, field
+
+
 @pytest.mark.parametrize("path, body, param, code", [
     ("/v1/images/generations", {"prompt": "x" * 5000}, "prompt", "too_long"),
     ("/v1/images/generations", {"prompt": "   "}, "prompt", "empty_field"),

@@ -167,9 +167,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
-        from .page import PAGE
+        from .page import render_page
 
-        return HTMLResponse(PAGE)
+        return HTMLResponse(render_page(config.max_tokens_limit))
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # (HEAD: the headers of GET, uvicorn sends no body)
     async def health() -> dict[str, Any]:
