@@ -177,11 +177,14 @@ def check_model_path(name: str) -> str:
 
 def load_causal_lm(
     name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu",
-    tokenizer: bool = True,
+    tokenizer: bool = True, trust_remote_code: bool = False,
 ):
     """Load (model, tokenizer) of a causal LM by built-in name, local path or hub id, in eval mode,
     on ``device`` (see :func:`resolve_device`; "auto" works too); ``tokenizer=False``: (model,
-    None), for a draft model that shares its target's tokenizer.
+    None), for a draft model that shares its target's tokenizer. ``trust_remote_code``: passed to
+    transformers' ``from_pretrained`` of the model and its tokenizer (True runs the checkpoint's own
+    Python code, its config.json's ``auto_map``; off by default, as the pipelines' and ``mmspec
+    generate --trust-remote-code``).
 
     ``dtype="auto"`` picks bfloat16 where it is fast (GPUs, CPUs with AMX / AVX512-BF16), else
     float32; pass torch.float32 for
@@ -191,24 +194,33 @@ def load_causal_lm(
     Raises:
         FileNotFoundError: a local path that does not exist, or a checkpoint that cannot be loaded
             (one line).
+        ValueError: ``trust_remote_code`` not True or False; a checkpoint with its own code and
+            ``trust_remote_code=False`` (one line saying how to allow it).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .core.arguments import check_argument_types
+
+    # (a string "False" read as True would run the checkpoint's code; None would make transformers
+    # ask on the terminal instead of refusing)
+    check_argument_types(load_causal_lm, {"trust_remote_code": trust_remote_code})
     device = resolve_device(device)  # a device this machine lacks fails here, before any loading
     path = check_model_path(resolve_checkpoint(name_or_path))
     dtype = resolve_dtype(dtype, device)
     loaded_tokenizer, no_tokenizer = None, None
     if tokenizer:  # (the cheap part first: a checkpoint without one is told so before its weights load)
         try:
-            loaded_tokenizer = AutoTokenizer.from_pretrained(path)
+            loaded_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as error:
+            if is_remote_code_refusal(error):
+                raise remote_code_refused(name_or_path) from None
             no_tokenizer = ValueError(f"{str(name_or_path)!r} has no tokenizer transformers can load "
                                       f"({str(error).splitlines()[0][:120]}): put the tokenizer the model was trained "
                                       "with (tokenizer.json, tokenizer_config.json) beside its config.json")
             if (Path(path) / "config.json").is_file():
                 raise no_tokenizer from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
     except weights_unreadable() as error:
         raise damaged_weights(name_or_path, error) from None
     except OSError as error:
@@ -216,6 +228,8 @@ def load_causal_lm(
     except RuntimeError as error:
         raise mismatched_weights(name_or_path, error) from None
     except ValueError as error:
+        if is_remote_code_refusal(error):
+            raise remote_code_refused(name_or_path) from None
         if "Unrecognized configuration class" in str(error):
             raise model_kind_error(name_or_path, path, "a causal LM (AutoModelForCausalLM)",
                                    f"a VLM goes through mmspec caption --model {name_or_path}") from None
@@ -226,6 +240,20 @@ def load_causal_lm(
     if no_tokenizer is not None:  # (a hub checkpoint that loads without one)
         raise no_tokenizer
     return model, loaded_tokenizer
+
+
+def is_remote_code_refusal(error: Exception) -> bool:
+    """Whether ``error`` is transformers' refusal to run a checkpoint's own code
+    (``trust_remote_code=False`` on a config.json with an ``auto_map``)."""
+    return "trust_remote_code=True" in str(error)
+
+
+def remote_code_refused(name: str | os.PathLike) -> ValueError:
+    """One line for a checkpoint whose model or tokenizer is its own Python code, refused because
+    ``trust_remote_code`` is off: what to pass to run it (transformers' refusal is four lines and
+    names only the Python argument)."""
+    return ValueError(f"{str(name)!r} holds its own Python code (the auto_map of its config.json), which runs only when "
+                      "allowed: read that code, then pass --trust-remote-code (trust_remote_code=True in Python)")
 
 
 def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exception:

@@ -725,3 +725,61 @@ def test_generate_refuses_a_draft_of_a_larger_vocabulary_before_either_model_loa
     err = capsys.readouterr().err
     assert err.strip() == (f"mmspec: error: the draft's vocabulary ({target_vocab + 7}) is larger than the target's "
                            f"({target_vocab}); the draft must share the target's tokenizer")
+
+
+def _custom_code_lm(folder: Path, seed: int) -> Path:
+    """A tiny text LM whose config.json names its own Python code (``auto_map``: a LlamaForCausalLM
+    subclass in custom_lm.py), as a hub checkpoint with custom modelling code does."""
+    import json
+
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(folder, len(tokenizer), seed=seed)
+    save_text_target(folder, LlamaForCausalLM.from_pretrained(folder), tokenizer)
+    (folder / "custom_lm.py").write_text(
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+        "class CustomConfig(LlamaConfig):\n    model_type = 'mmspec_custom_lm'\n\n\n"
+        "class CustomLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="mmspec_custom_lm", architectures=["CustomLM"],
+                  auto_map={"AutoConfig": "custom_lm.CustomConfig", "AutoModelForCausalLM": "custom_lm.CustomLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_generate_and_bench_text_take_trust_remote_code_off_by_default(tmp_path, capsys, monkeypatch):
+    """The audit's: ``mmspec generate`` (and ``load_causal_lm``) had no --trust-remote-code although
+    ``mmspec caption`` / ``t2i`` and the pipelines take it: a checkpoint with its own code could not
+    be loaded (transformers asked on the terminal, then refused in four lines naming only the Python
+    argument). Now off by default with one line naming the flag; on, the model and a draft model
+    directory load with their code."""
+    import io
+
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # (transformers' question would read here)
+    custom = _custom_code_lm(tmp_path / "custom", seed=3)
+    tokenizer = smollm2_tokenizer()
+    plain = save_tiny_draft(tmp_path / "plain", len(tokenizer), seed=4)
+    save_text_target(plain, LlamaForCausalLM.from_pretrained(plain), tokenizer)
+    refusal = (f"mmspec: error: '{custom}' holds its own Python code (the auto_map of its config.json), which runs only "
+               "when allowed: read that code, then pass --trust-remote-code (trust_remote_code=True in Python)")
+    common = ["--max-new-tokens", "2", "--dtype", "fp32", "--no-optimize", "--drafter"]
+    capsys.readouterr()
+    for model, drafter in ((custom, "prompt-lookup"), (plain, str(custom))):
+        argv = ["generate", "hi", "--model", str(model), *common, drafter]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == refusal and "[y/N]" not in err, err
+        assert main([*argv, "--trust-remote-code"]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+    bench = ["bench", "text", "--model", str(custom), "--dtypes", "fp32", "--methods", "ar", "--prompt-types", "qa",
+             "--max-new-tokens", "2", "--repeats", "1", "--threads", "1", "--cost-curve", "", "--results",
+             str(tmp_path / "t.json")]
+    assert main(bench) == 2 and capsys.readouterr().err.strip().splitlines()[-1] == refusal
+    assert main([*bench, "--trust-remote-code"]) == 0

@@ -228,6 +228,16 @@ def test_devices_that_do_not_exist(device, match):
         mmspec.pipeline("image-captioning", model="/nonexistent/model", device=device)
 
 
+@pytest.mark.parametrize("value", ["False", None, 1])
+def test_load_causal_lm_takes_trust_remote_code_as_a_bool_only(value):
+    """trust_remote_code="False" (a string) read as True would run a checkpoint's code; None made
+    transformers ask on the terminal. Refused before anything loads."""
+    from mmspec.hub import load_causal_lm
+
+    with pytest.raises(ValueError, match=r"^trust_remote_code must be True or False, got "):
+        load_causal_lm("/nonexistent/model", trust_remote_code=value)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_cuda_without_a_gpu_says_what_to_pass():
     from mmspec.hub import resolve_device

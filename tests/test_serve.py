@@ -119,6 +119,14 @@ def test_health_and_models_without_socket(local):
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 10**6}, 400, "max_tokens", "invalid_value"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "temperature": True}, 400, "temperature", "invalid_type"),
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": 3}, 400, "n", "unsupported"),
+    # penalties: 0 (OpenAI clients' default, the no-op) is taken; anything else is refused, a bool too
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "frequency_penalty": 0.5}, 400,
+     "frequency_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "presence_penalty": -1}, 400,
+     "presence_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "presence_penalty": False}, 400,
+     "presence_penalty", "unsupported"),
+    ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "n": True}, 400, "n", "unsupported"),
     # two budgets that differ: refused, not one silently winning (the stop-74 audit)
     ({"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "text.png"), "max_tokens": 4, "max_completion_tokens": 6},
      400, "max_tokens", "conflicting_fields"),
@@ -149,6 +157,18 @@ def test_page_is_served(local):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     for path in ("/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech", "compare_baseline"):
         assert path in page.text
+
+
+def test_the_page_asks_for_no_more_tokens_than_the_server_allows():
+    """The audit's: the demo page sent max_tokens 64 whatever --max-tokens-limit was, so under a
+    lower limit its caption panel showed a 400. Its field starts at min(64, limit), max the limit."""
+    import re
+
+    for limit, start in ((8, 8), (512, 64), (64, 64)):
+        with TestClient(create_app(ServeConfig(tasks=("caption",), max_tokens_limit=limit))) as test_client:
+            page = test_client.get("/").text
+        field = re.search(r'<input id="maxtokens"[^>]*>', page).group(0)
+        assert f'value="{start}"' in field and f'max="{limit}"' in field and "__" not in page, field
 
 
 @pytest.mark.parametrize("path, body, param, code", [
@@ -190,6 +210,21 @@ def test_a_misspelt_task_in_models_or_pipeline_kwargs_is_refused(field):
                        "caption, t2i, tts$"):
         ServeConfig(tasks=("caption",), **{field: {"captoin": {} if field == "pipeline_kwargs" else "/tmp/model"}})
     ServeConfig(tasks=("caption",), **{field: {"tts": None if field == "models" else {}}})  # (a known task, even not served)
+
+
+def test_zero_penalties_as_openai_clients_send_them_are_taken():
+    """The audit's: ``frequency_penalty: 0`` and ``presence_penalty: 0``, which OpenAI's clients send
+    by default, were refused as unknown fields; 0 is the no-op the server does. Another value is one
+    line saying penalties are not applied."""
+    service = create_app(ServeConfig(tasks=("caption",))).state.server.service_for("mmspec-caption", "caption")
+    body = {"model": "mmspec-caption", "messages": chat_messages(SAMPLES / "photo.png")}
+    plain = service.parse(body).key
+    for zero in (0, 0.0):
+        assert service.parse({**body, "frequency_penalty": zero, "presence_penalty": zero}).key == plain
+    with pytest.raises(APIError) as refused:
+        service.parse({**body, "frequency_penalty": 0, "presence_penalty": 0.2})
+    assert refused.value.body()["error"]["message"] == ("'presence_penalty' = 0.2 is not supported: this server applies "
+                                                        "no penalties; send 0 or leave it out")
 
 
 def test_a_chat_without_max_tokens_keeps_within_the_servers_limit():
@@ -300,6 +335,19 @@ def test_seed_ranges_and_http_errors_say_what_to_send(local):
     error = error_of(local.post("/v1/completions", json={}), 404)
     assert error["code"] == "not_found" and error["message"].startswith("no route POST /v1/completions; this server has: ")
     assert "POST /v1/chat/completions" in error["message"] and "GET /v1/models" in error["message"]
+
+
+def test_a_trailing_slash_is_a_json_404_not_an_empty_redirect(local):
+    """The audit's: ``POST /v1/chat/completions/`` answered Starlette's empty 307 (to the path
+    without the slash; curl and httpx follow none by default) instead of the JSON error."""
+    for method, path in (("post", "/v1/chat/completions/"), ("get", "/v1/models/"), ("get", "/health/")):
+        response = getattr(local, method)(path, follow_redirects=False, **({"json": {}} if method == "post" else {}))
+        error = error_of(response, 404)
+        bare = path.rstrip("/")
+        assert error["code"] == "not_found" and error["message"].startswith(
+            f"no route {method.upper()} {path}; send it without the trailing slash ({bare}); this server has: "), error
+    error = error_of(local.get("/nosuch/", follow_redirects=False), 404)
+    assert error["message"].startswith("no route GET /nosuch/; this server has: ")
 
 
 def test_local_files_only_with_the_flag_and_under_the_root(tmp_path):

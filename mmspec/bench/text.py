@@ -85,6 +85,9 @@ DEFAULT_METHODS = "ar,prompt-lookup,layer-skip:8,layer-skip:16,layer-skip:24,hf-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2",
                         help="a causal LM: smollm2 (the installed SmolLM2-135M-Instruct), a directory or a hub id")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
+                             "classes only)")
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of the dtypes to measure in")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")
@@ -205,7 +208,7 @@ def run(args) -> int:
     }
     methods = args.methods.split(",")
     for dtype_name in args.dtypes.split(","):
-        model, tokenizer = load_causal_lm(args.model, dtype=resolve_dtype(dtype_name))
+        model, tokenizer = load_causal_lm(args.model, dtype=resolve_dtype(dtype_name), trust_remote_code=args.trust_remote_code)
         cases = [(ptype, i, chat_inputs(tokenizer, text)) for ptype in prompt_types for i, text in enumerate(PROMPTS[ptype])]
         drafters = build_drafters(model, methods, args.num_draft_tokens)  # before the cost curve and any measurement
         if args.cost_curve:

@@ -29,6 +29,9 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="machine-readable output")
     add_model_args(gen, default_model="smollm2")
+    gen.add_argument("--trust-remote-code", action="store_true",
+                     help="run the model's (and a draft model's) own Python code from its directory or the hub "
+                          "(off: transformers' built-in classes only)")
     add_sampling_args(gen, seed=None)
     gen.set_defaults(handler=run_generate_command)
 
@@ -41,13 +44,14 @@ def run_generate_command(args) -> int:
     device = resolve_device(args.device)
     if draft_dir is not None:  # a draft of another tokenizer: from the two configs, before either model loads
         check_draft_vocabulary(config_vocab_size(draft_dir), config_vocab_size(resolve_checkpoint(args.model)))
-    model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device)
+    model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=device, trust_remote_code=args.trust_remote_code)
     if not args.raw and getattr(tokenizer, "chat_template", None) is None:  # (the prompt went in as plain text, unsaid)
         raise ValueError(f"the tokenizer of {args.model} has no chat template to wrap the prompt in; pass --raw to feed it "
                          "as plain text (a base model), or add the model's template to its directory (chat_template.jinja)")
     inputs = {k: v.to(device) for k, v in chat_inputs(tokenizer, args.prompt, raw=args.raw).items()}
     if draft_dir is not None:
-        drafter, _ = load_causal_lm(draft_dir, dtype=model.dtype, device=device, tokenizer=False)
+        drafter, _ = load_causal_lm(draft_dir, dtype=model.dtype, device=device, tokenizer=False,
+                                    trust_remote_code=args.trust_remote_code)
     linears = optimize_components(model, drafter if draft_dir is not None else None).label if args.optimize else "as loaded"
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,

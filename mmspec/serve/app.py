@@ -117,7 +117,10 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         yield
         await server.close()  # waiting jobs get 503; a batch already running finishes
 
-    app = FastAPI(title="mmspec", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    # redirect_slashes=False: a path with a trailing slash ("/v1/chat/completions/") got Starlette's
+    # empty 307 to the path without it (curl and httpx follow none by default); now the JSON 404 below
+    app = FastAPI(title="mmspec", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  redirect_slashes=False)
     app.state.server = server
 
     @app.exception_handler(APIError)
@@ -136,7 +139,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         elif error.status_code == 404 and message == "Not Found":
             routes = sorted(f"{method} {route.path}" for route in app.routes if getattr(route, "include_in_schema", True)
                             for method in sorted(getattr(route, "methods", None) or ()) if method != "HEAD")
-            message = f"no route {request.method} {request.url.path}; this server has: {', '.join(routes)}"
+            path = request.url.path
+            bare = path.rstrip("/")
+            hint = (f"send it without the trailing slash ({bare}); " if bare != path and bare
+                    and any(getattr(route, "path", None) == bare for route in app.routes) else "")
+            message = f"no route {request.method} {path}; {hint}this server has: {', '.join(routes)}"
         return JSONResponse(APIError(error.status_code, message, code=code).body(), status_code=error.status_code,
                             headers=error.headers)
 
@@ -160,9 +167,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         """The demo page (:mod:`mmspec.serve.page`): caption, image and speech panels with their stats."""
-        from .page import PAGE
+        from .page import render_page
 
-        return HTMLResponse(PAGE)
+        return HTMLResponse(render_page(config.max_tokens_limit))
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # (HEAD: the headers of GET, uvicorn sends no body)
     async def health() -> dict[str, Any]:

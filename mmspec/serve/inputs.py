@@ -101,9 +101,11 @@ class Fields:
         return value
 
     def refuse(self, name: str, allowed: tuple[Any, ...], why: str) -> None:
-        """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported)."""
+        """Refuse ``name`` unless absent or one of ``allowed`` (a feature not supported); a bool
+        matches only a bool (``false`` is not the number 0, nor ``true`` the 1 of ``n``)."""
         self.read.add(name)
-        if name in self.data and self.data[name] not in allowed:
+        value = self.data.get(name)
+        if name in self.data and not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
             raise bad_request(f"'{self._name(name)}' = {short(self.data[name])} is not supported: {why}",
                               self._name(name), "unsupported")
 

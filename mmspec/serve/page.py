@@ -36,7 +36,7 @@ PAGE = """<!doctype html>
   <div id="drop">Drop an image here or click to choose one<input id="file" type="file" accept="image/*" hidden></div>
   <img id="capimg" class="preview" alt="" hidden>
   <p>Question: <input id="question" type="text" value="Describe the image."> max tokens
-     <input id="maxtokens" type="number" value="64" min="1" style="width:5rem"></p>
+     <input id="maxtokens" type="number" value="__MAX_TOKENS__" min="1" max="__MAX_TOKENS_LIMIT__" style="width:5rem"></p>
   <button id="capgo" disabled>Caption</button>
   <p id="captext"></p>
   <div id="capstats" class="stats"></div>
@@ -179,3 +179,14 @@ handler("ttsgo", "ttsstats", async () => {
 </body>
 </html>
 """
+
+
+def render_page(max_tokens_limit: int) -> str:
+    """:data:`PAGE` for a server whose ``--max-tokens-limit`` is ``max_tokens_limit``: the caption
+    panel's "max tokens" starts at the chat default (64, or the limit when lower: as a request
+    without ``max_tokens`` gets) and goes no higher than the limit (it sent 64 whatever the limit,
+    which a server started with a lower one refused with a 400)."""
+    from .tasks import DEFAULT_MAX_TOKENS
+
+    return (PAGE.replace("__MAX_TOKENS_LIMIT__", str(max_tokens_limit))
+            .replace("__MAX_TOKENS__", str(min(DEFAULT_MAX_TOKENS, max_tokens_limit))))

@@ -37,6 +37,9 @@ CHAT_UNSUPPORTED = {
     "logprobs": ((False,), "log-probabilities are not returned"),
     "stop": (([],), "stop sequences are not supported; use max_tokens"),
     "response_format": (({"type": "text"},), "only text responses"),
+    # (OpenAI's clients send both as 0 by default: 0, the no-op, is what the server does)
+    "frequency_penalty": ((0,), "this server applies no penalties; send 0 or leave it out"),
+    "presence_penalty": ((0,), "this server applies no penalties; send 0 or leave it out"),
 }
 
 
