@@ -130,6 +130,22 @@ def test_speech_data_report_counts_hours_words_and_phoneme_pairs(tmp_path):
                       "phoneme_ids": 5, "phoneme_id_pairs": 5}  # pairs (1,5) (5,6) (6,2) (5,7) (7,2), pads left out
 
 
+def test_speech_data_report_refuses_text_and_sources_it_would_ignore(tmp_path, capsys):
+    # --report covered every shard of the split whatever --text / --sources said, silently
+    import torch
+
+    from mmspec.cli import main
+
+    torch.save({"texts": ["The cat sat."], "sample_rate": 100, "phoneme_ids": [torch.tensor([1, 5, 6, 2])],
+                "audio": [torch.zeros(180, dtype=torch.int16)]}, tmp_path / "train-00000.pt")
+    for extra in (["--sources", "numbers"], ["--text", "open"], ["--text", "grammar", "--sources", "smollm2"]):
+        assert main(["train", "speech-data", "--report", "--out", str(tmp_path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(f"drop {o}" in err or f"and {o}" in err for o in extra if o.startswith("--")), err
+    assert not main(["train", "speech-data", "--report", "--out", str(tmp_path)])
+    assert '"sentences": 1' in capsys.readouterr().out
+
+
 def test_open_text_refuses_a_count_below_one_before_loading_the_model(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mmspec", "train", "open-text", "--count", "0", "--out",
                           str(tmp_path / "t.txt")], capture_output=True, text=True)
