@@ -128,6 +128,25 @@ def test_text_words_are_reserved_per_split():
     assert shared <= fixed, shared - fixed
 
 
+def test_text_words_do_not_depend_on_a_system_dictionary(tmp_path, monkeypatch):
+    # word_list() read /usr/share/dict/words where Debian's wamerican installs it, silently: the
+    # same seed drew other words (other text images and answers) on such a machine
+    from mmspec.train.data import text, words
+
+    system = tmp_path / "words"
+    system.write_text("\n".join(f"zq{a}{b}{c}" for a in "abcdefghij" for b in "abcdefghij" for c in "abcdefghijkl") + "\n")
+    before = [make_sample("text", "train", i).answer for i in range(12)]
+    monkeypatch.setattr(words, "DICT_PATH", str(system), raising=False)  # (the old code's path, pointed at a stand-in)
+    clear = lambda: (getattr(words.word_list, "cache_clear", lambda: None)(), text._pools.cache_clear())  # noqa: E731
+    clear()
+    try:
+        assert words.word_list() == words.BUILTIN_WORDS
+        assert [make_sample("text", "train", i).answer for i in range(12)] == before
+    finally:
+        monkeypatch.undo()
+        clear()
+
+
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
 def test_text_is_legible_to_tesseract(tmp_path):
     hits = total = 0

@@ -110,6 +110,10 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["train", "tts-drafter", "--kl-weight", "1.0"], "--kl-weight sets an EAGLE head: add --kind eagle"),
         (["train", "tts-drafter", "--ffn", "128", "--kl-weight", "1"], "--kl-weight, --ffn set an EAGLE head"),
         (["train", "tts-drafter", "--kind", "eagle", "--heads", "4"], "--heads sets the number of Medusa heads"),
+        # (given at their defaults too: they were accepted, silently unused)
+        (["train", "tts-drafter", "--kind", "eagle", "--heads", "3"], "--heads sets the number of Medusa heads"),
+        (["train", "tts-drafter", "--kl-weight", "0.1"], "--kl-weight sets an EAGLE head: add --kind eagle"),
+        (["train", "tts-drafter", "--kind", "medusa", "--ttt", "1"], "--ttt and --init train an EAGLE head"),
         (["train", "tts-drafter", "--kind", "eagle", "--eval", "/nonexistent"], "no tts-self-data shards there"),
         (["train", "tts-drafter", "--kind", "eagle", "--init", "/nonexistent"], "no EAGLE head there"),
         (["train", "tts-self-data", "--temperature", "1,0"], "--temperature must be a comma list of positive numbers"),

@@ -130,6 +130,22 @@ def test_speech_data_report_counts_hours_words_and_phoneme_pairs(tmp_path):
                       "phoneme_ids": 5, "phoneme_id_pairs": 5}  # pairs (1,5) (5,6) (6,2) (5,7) (7,2), pads left out
 
 
+def test_speech_data_report_refuses_text_and_sources_it_would_ignore(tmp_path, capsys):
+    # --report covered every shard of the split whatever --text / --sources said, silently
+    import torch
+
+    from mmspec.cli import main
+
+    torch.save({"texts": ["The cat sat."], "sample_rate": 100, "phoneme_ids": [torch.tensor([1, 5, 6, 2])],
+                "audio": [torch.zeros(180, dtype=torch.int16)]}, tmp_path / "train-00000.pt")
+    for extra in (["--sources", "numbers"], ["--text", "open"], ["--text", "grammar", "--sources", "smollm2"]):
+        assert main(["train", "speech-data", "--report", "--out", str(tmp_path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(f"drop {o}" in err or f"and {o}" in err for o in extra if o.startswith("--")), err
+    assert not main(["train", "speech-data", "--report", "--out", str(tmp_path)])
+    assert '"sentences": 1' in capsys.readouterr().out
+
+
 def test_open_text_refuses_a_count_below_one_before_loading_the_model(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mmspec", "train", "open-text", "--count", "0", "--out",
                           str(tmp_path / "t.txt")], capture_output=True, text=True)
@@ -233,3 +249,26 @@ def test_open_text_with_its_count_reached_loads_no_model(tmp_path):
                    "The cat is asleep.\nWhere is the station?\n")
     assert open_text.generate_smollm2(3, out, model_dir=str(tmp_path / "no-model-here")) == 3
     assert out.read_text().count("\n") == 4
+
+
+def test_open_text_by_default_leaves_the_shipped_text_alone(tmp_path, monkeypatch, capsys):
+    # the default run (seed 0) appended to the package's open_text_smollm2.txt, changing the smollm2
+    # source (and bench tts --text open) on that install; now it writes under runs/, the package
+    # only with --package
+    from mmspec.cli import main
+
+    shipped = open_text.SMOLLM2_TEXT.read_text()
+    monkeypatch.chdir(tmp_path)
+    made = tmp_path / "runs" / "open-text"
+    made.mkdir(parents=True)
+    header = "# source: SmolLM2-135M-Instruct, mmspec train open-text (seed {}) (next batch 1)\n"
+    for seed in (0, 2):  # (three sentences held: the count is reached, no model loads)
+        (made / open_text.smollm2_text(seed).name).write_text(header.format(seed) + "A.\nB.\nC.\n")
+        assert not main(["train", "open-text", "--count", "3", "--seed", str(seed)])  # (0 or None: done)
+        assert f"3 sentences in {made.relative_to(tmp_path) / open_text.smollm2_text(seed).name}" in capsys.readouterr().out
+    assert not main(["train", "open-text", "--count", "3", "--package"])  # the explicit choice: the package's own file
+    assert f"sentences in {open_text.SMOLLM2_TEXT}" in capsys.readouterr().out
+    assert main(["train", "open-text", "--package", "--out", str(tmp_path / "t.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "--package" in err and err.count("\n") == 1, err
+    assert open_text.SMOLLM2_TEXT.read_text() == shipped and not (tmp_path / "t.txt").exists()

@@ -115,6 +115,26 @@ def test_the_voices_self_data_is_the_same_however_batched_or_split(tmp_path, deb
     assert (tmp_path / "one" / "self-0000.pt").stat().st_mtime_ns == stamp
 
 
+def test_a_rerun_with_more_sentences_writes_the_short_last_shard_again(tmp_path, debian_text_sources):
+    # the last shard a run with fewer --sentences left short was kept: the rerun asked for 4
+    # sentences and the data held 3, silently
+    common = ["train", "tts-self-data", "--shard-size", "2", "--out", str(tmp_path)]
+    assert main([*common, "--sentences", "3"]) == 0
+    assert len(self_items(tmp_path)) == 3
+    first = (tmp_path / "self-0000.pt").stat().st_mtime_ns
+    assert main([*common, "--sentences", "4"]) == 0
+    items = self_items(tmp_path)
+    assert len(items) == 4 and (tmp_path / "self-0000.pt").stat().st_mtime_ns == first  # (the whole shard kept)
+    saved = torch.load(tmp_path / "self-0001.pt", weights_only=True)
+    assert (saved["first"], saved["sentences"], len(saved["items"])) == (2, 2, 2)
+    # a shard written before the counts were kept (a list of items) is whole when it holds them all
+    torch.save(saved["items"], tmp_path / "self-0001.pt")
+    stamp = (tmp_path / "self-0001.pt").stat().st_mtime_ns
+    assert main([*common, "--sentences", "4"]) == 0
+    assert (tmp_path / "self-0001.pt").stat().st_mtime_ns == stamp
+    assert [i["text"] for i in self_items(tmp_path)] == [i["text"] for i in items]
+
+
 def test_sentences_that_do_not_fit_the_context_are_skipped_and_counted(tmp_path, monkeypatch, capsys, debian_text_sources):
     from mmspec.pipelines.text_to_speech.components import TTSComponents
 

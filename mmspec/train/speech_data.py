@@ -72,16 +72,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="runs/speech-data", help="shard directory")
     parser.add_argument("--split", default="train", choices=["train", "validation", "test"])
     parser.add_argument("--sentences", type=int, default=4096, help="sentences to synthesise in all")
-    parser.add_argument("--text", choices=["grammar", "open"], default="grammar",
-                        help="grammar: the voice's small world (mmspec/train/data/sentences.py); open: the open-domain "
-                        "corpus of mmspec/train/data/open_text.py")
+    parser.add_argument("--text", choices=["grammar", "open"], default=None,
+                        help="grammar (the default): the voice's small world (mmspec/train/data/sentences.py); open: the "
+                        "open-domain corpus of mmspec/train/data/open_text.py")
     parser.add_argument("--sources", default=None,
                         help=f"with --text open: the comma-separated sources to draw from (of {', '.join(SOURCES)}; "
                         "default: all); shards are named after them, so sources can be synthesised in separate runs into "
                         "one --out")
     parser.add_argument("--shard-size", type=int, default=256)
     parser.add_argument("--report", action="store_true", help="synthesise nothing: print what the shards of --out "
-                        "and --split cover (hours, sentences, distinct words, phoneme ids and phoneme-id pairs)")
+                        "and --split cover, whichever --text and --sources made them (hours, sentences, distinct words, "
+                        "phoneme ids and phoneme-id pairs); --text and --sources are refused with it")
     parser.add_argument("--worker", type=_worker, default=(0, 1), help="I/N: this process writes the shards whose index is I mod N "
                         "(run N processes, one per core)")
 
@@ -133,9 +134,14 @@ def finished_shards(out: Path, prefix: str, shards: range, shard_size: int, sent
 
 
 def run(args) -> None:
-    if args.report:
+    if args.report:  # (--text and --sources were silently ignored: the report covers every shard of the split)
+        given = [f"--{name}" for name in ("text", "sources") if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"--report covers every shard of --split {args.split} in {args.out}, whichever text and "
+                             f"sources made them; drop {' and '.join(given)}")
         print(json.dumps(coverage(args.out, args.split), indent=1))
         return
+    args.text = args.text or "grammar"
     if args.sources is not None and args.text != "open":  # (the grammar has no sources: it was silently ignored)
         raise ValueError("--sources picks open-corpus sources: add --text open, or drop --sources for the grammar")
     corpus, sources = None, None

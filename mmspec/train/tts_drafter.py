@@ -65,18 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="default: the target's directory with -KIND appended (models/tts-valle-medusa for the "
                              "default voice and --kind medusa)")
-    parser.add_argument("--heads", type=int, default=3, help="Medusa: heads (steps drafted beyond the target's own)")
+    parser.add_argument("--heads", type=int, default=None,
+                        help="Medusa: heads (steps drafted beyond the target's own; default 3)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--kl-weight", type=float, default=0.1,
-                        help="EAGLE: weight of the KL term against the feature regression (EAGLE's 0.1; more "
+    parser.add_argument("--kl-weight", type=float, default=None,
+                        help="EAGLE: weight of the KL term against the feature regression (default EAGLE's 0.1; more "
                              "weight fits the head's distributions, which acceptance at temperature 1 depends on)")
     parser.add_argument("--ffn", type=int, default=None,
                         help="EAGLE: the head layer's MLP width (default: the target's); narrower reads fewer bytes a draft")
-    parser.add_argument("--ttt", type=int, default=1,
-                        help="EAGLE: drafts unrolled in training (EAGLE-3's training-time test; 1: teacher forcing only)")
+    parser.add_argument("--ttt", type=int, default=None,
+                        help="EAGLE: drafts unrolled in training (EAGLE-3's training-time test; default 1: teacher forcing only)")
     parser.add_argument("--init", default=None, help="EAGLE: start from this head directory's weights (a new run)")
     parser.add_argument("--eval", default=None,
                         help="EAGLE: held-out tts-self-data shards (--split validation): the head's acceptance per draft "
@@ -224,19 +225,24 @@ def run(args: argparse.Namespace) -> int:
     device = train_device(args)
     target_dir, out = drafter_paths(args.target, args.out, args.kind)
     # --heads, --ffn and --kl-weight: mmspec.cli.args's shared number rules
-    if args.ttt < 1:
+    if args.ttt is not None and args.ttt < 1:
         raise ValueError(f"--ttt must be at least 1 (drafts unrolled in training), got {args.ttt}")
-    if args.kind != "eagle" and (args.ttt != 1 or args.init is not None):
+    if args.kind != "eagle" and (args.ttt is not None or args.init is not None):
         raise ValueError("--ttt and --init train an EAGLE head: add --kind eagle")
-    # the other kind's options, given: refused rather than silently ignored
-    eagle_only = [f"--{name.replace('_', '-')}" for name, default in (("kl_weight", 0.1), ("ffn", None))
-                  if getattr(args, name) != default]
+    # the other kind's options, given (their defaults are None: given at the default value too):
+    # refused rather than silently ignored
+    eagle_only = [f"--{name.replace('_', '-')}" for name in ("kl_weight", "ffn") if getattr(args, name) is not None]
     if args.kind != "eagle" and eagle_only:
         raise ValueError(f"{', '.join(eagle_only)} {'sets' if len(eagle_only) == 1 else 'set'} an EAGLE head: add --kind "
                          "eagle, or leave it out for Medusa heads")
-    if args.kind == "eagle" and args.heads != 3:
+    if args.kind == "eagle" and args.heads is not None:
         raise ValueError("--heads sets the number of Medusa heads; an EAGLE head drafts with one head: drop --heads "
                          "or use --kind medusa")
+    if args.kind == "eagle":  # (the defaults, resolved: training.json records the values trained with)
+        args.kl_weight = 0.1 if args.kl_weight is None else args.kl_weight
+        args.ttt = 1 if args.ttt is None else args.ttt
+    else:
+        args.heads = 3 if args.heads is None else args.heads
     if args.eval is not None and args.kind != "eagle":
         raise ValueError("--eval measures an EAGLE head's acceptance: add --kind eagle")
     if args.eval is not None and not is_self_data(args.eval):

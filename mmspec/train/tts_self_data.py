@@ -7,8 +7,10 @@ AR stage samples by plain decoding at ``--temperature`` (several temperatures: e
 them in turn; ``--split validation`` for held-out data), as {"text", "phonemes" [P], "codes" [1, F], "durations" [P]}: the items
 ``mmspec train tts-drafter --data DIR`` trains on (:func:`self_items`), no codec or audio needed.
 
-Resumable: shards ``self-NNNN.pt`` of ``--shard-size`` sentences, each written whole (a rerun skips
-the shards that exist; ``self-data.json`` keeps the settings, and a rerun with others is refused); the sentences, their temperatures and seeds are fixed by ``--sentences`` and
+Resumable: shards ``self-NNNN.pt`` of ``--shard-size`` sentences, each written whole as
+{"first": its first sentence, "sentences": how many it covers, "items": [...]} (a rerun skips the
+shards that exist whole; with more ``--sentences``, the last shard an earlier run left short is
+written again, whole; ``self-data.json`` keeps the settings, and a rerun with others is refused); the sentences, their temperatures and seeds are fixed by ``--sentences`` and
 the shard index, so shards written in separate runs (``--shards a:b``, one process per core) make
 the same data as one run. Sentences are decoded ``--batch-size`` at a time
 (:func:`mmspec.api.generate_rows`: each row the codes it would get alone with its seed).
@@ -90,12 +92,29 @@ def shard_range(spec: str | None, total: int) -> range:
     return range(start, stop)
 
 
+def _items(saved: dict | list) -> list[dict]:
+    # (a shard is {"first", "sentences", "items"}; one written before the counts were kept is the list of items)
+    return saved["items"] if isinstance(saved, dict) else saved
+
+
 def self_items(data: str | Path) -> list[dict]:
     """Every item of the ``self-*.pt`` shards in ``data`` (shard order); ValueError when there are none."""
     shards = sorted(Path(data).glob(SHARDS))
     if not shards:
         raise ValueError(f"no self-distillation shards in {data}; run mmspec train tts-self-data --out {data} first")
-    return [item for shard in shards for item in torch.load(shard, weights_only=True)]
+    return [item for shard in shards for item in _items(torch.load(shard, weights_only=True))]
+
+
+def shard_is_whole(path: Path, sentences: int) -> bool:
+    """Whether the shard at ``path`` covers the ``sentences`` sentences its index now names (a rerun
+    keeps it). A shard an earlier run with fewer ``--sentences`` left short is not (it was kept, and
+    the data held fewer sentences than asked, silently). A shard written before the counts were kept
+    holds its items only: whole when it holds ``sentences`` of them; one with sentences skipped (the
+    front end refused them, or they did not fit the context) is written again, to the same items."""
+    if not path.exists():
+        return False
+    saved = torch.load(path, weights_only=True)
+    return (saved["sentences"] if isinstance(saved, dict) else len(saved)) >= sentences
 
 
 def is_self_data(data: str | Path) -> bool:
@@ -134,11 +153,11 @@ def run(args: argparse.Namespace) -> int:
     frames = int(args.max_seconds * c.codec.frame_rate)
     for index in indices:
         path = out / SHARD.format(index)
-        if path.exists():
+        chunk = range(index * args.shard_size, min((index + 1) * args.shard_size, len(corpus)))
+        if shard_is_whole(path, len(chunk)):
             continue
         begin = time.perf_counter()
         items, skipped = [], 0
-        chunk = range(index * args.shard_size, min((index + 1) * args.shard_size, len(corpus)))
         for first in range(chunk.start, chunk.stop, args.batch_size):
             ready, made = {}, {}  # row -> (its text, its inputs) for the rows said, in order; row -> its item
             for r in range(first, min(first + args.batch_size, chunk.stop)):
@@ -164,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                                "phonemes": i["phoneme_ids"][0].cpu(), "codes": codes[:1].cpu(),
                                "durations": i["durations"][0].cpu()}
             items.extend(made[r] for r in ready)  # (in sentence order, whatever the temperature groups)
-        torch.save(items, path.with_suffix(".tmp"))
+        torch.save({"first": chunk.start, "sentences": len(chunk), "items": items}, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
         frames_made = sum(item["codes"].shape[1] for item in items)
         print(f"shard {index}: {len(items)} sentences, {frames_made / c.codec.frame_rate / 60:.1f} min of speech, "

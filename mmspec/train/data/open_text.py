@@ -6,10 +6,10 @@ Sources (registered in :data:`SOURCES`, each a function ``(split) -> list[str]``
 - ``smollm2``: short sentences the real SmolLM2-135M-Instruct wrote on ~130 topics in six styles
   (statement, question, instruction, exclamation, news, dialogue), sampled, first sentence kept,
   filtered for length and characters, deduplicated (:func:`generate_smollm2`, ``mmspec train
-  open-text``). The generated text is kept in ``open_text_smollm2.txt`` next to this module, so the
+  open-text --package``). The generated text is kept in ``open_text_smollm2.txt`` next to this module, so the
   data does not depend on the machine that generated it.
 - ``smollm2-more``: more of the same generator's sentences, written with other seeds
-  (``open_text_smollm2-seed*.txt``, ``mmspec train open-text --seed N``), less those of ``smollm2``;
+  (``open_text_smollm2-seed*.txt``, ``mmspec train open-text --seed N --package``), less those of ``smollm2``;
   a source of its own so that ``smollm2``'s sentences, and the shards synthesised from them, stay
   as they were.
 - ``fortunes``: quotations, jokes and riddles of Debian's ``fortunes-min``
@@ -111,12 +111,14 @@ def clean_sentence(text: str) -> str | None:
     return first
 
 
-def generate_smollm2(count: int, out: Path = SMOLLM2_TEXT, model_dir: str | None = None, batch_size: int = 32,
+def generate_smollm2(count: int, out: Path, model_dir: str | None = None, batch_size: int = 32,
                      max_new_tokens: int = 36, seed: int = 0, log: Callable[[str], None] = print) -> int:
     """Append SmolLM2-135M-Instruct's sentences to ``out`` (one per line) until it holds
     ``count`` distinct ones; returns how many it holds. Resumable: the file is the checkpoint, and
     batch b's prompts and sampling seed depend only on (seed, b), so a rerun continues the same
-    sequence. Sampling: temperature 0.9, top-p 0.95, bf16 where fast, else fp32."""
+    sequence. Sampling: temperature 0.9, top-p 0.95, bf16 where fast, else fp32. ``out`` has no
+    default: the package's own files (:func:`smollm2_text`) are what the ``smollm2`` and
+    ``smollm2-more`` sources read, so a caller names them only to change those sources."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
