@@ -858,8 +858,9 @@ class OptimizesOnLoad:
           than AMX's, but in the 8-16 rows a coupled SJD window needs they cost less beside the
           weights' streaming than on the narrow kernels. On the voice, one AMX core run as each CPU,
           temperature 1: float32 8-16 codes measured best; bf16 through the FMAs, coupled SJD at 5 / 8 /
-          10 / 12 codes 1.63x / 1.74x / 1.65x / 1.69x (two runs each, stop 87), `sjd`, `eagle` and
-          `sjd-topk` at their narrow and medium windows within 0.04x of each other;
+          10 / 12 codes 1.63x / 1.74x / 1.65x / 1.69x (two runs each, stop 87, oneDNN left its AMX
+          tiles), 5 / 8 codes 1.54-1.56x / 1.60x with oneDNN held to AVX512_CORE_BF16; `sjd`, `eagle`
+          and `sjd-topk` at their narrow and medium windows within 0.04x of each other;
         * "narrow": elsewhere (the AVX-512-BF16 kernel's `vdpbf16ps` sums, AVX2, PyTorch's own
           linears: 2-3x one row at 12-16 rows): the voice's windows of 3-10 codes, SJD's of 2 image tokens.
         """
