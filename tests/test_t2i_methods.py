@@ -33,14 +33,20 @@ def test_methods_hold_their_defaults_and_arguments():
     assert make_method("ar").build_drafter(None) is None and make_method("ar").rule_kwargs(None) is None
 
 
-@pytest.mark.parametrize("device, linears, dtype, window", [
-    ("cpu", "c (fp32 avx512 packed) + onednn prompts", torch.float32, 8),  # (an AMX CPU's float32 too)
-    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, 8),
-    ("cpu", "c (fp32 avx2) + onednn prompts", torch.float32, 2), ("cpu", "as loaded", torch.float32, 2),
-    ("cuda", "as loaded", torch.float32, 8)])
-def test_sjds_window_follows_the_generators_kernel(device, linears, dtype, window):
-    """L = 8 on GPUs and the AVX-512 / AMX kernels, 2 where a verification's rows are dear (AVX2); a
-    given window always wins, and SJD-PAC keeps 8 (its tree's room)."""
+@pytest.mark.parametrize("device, linears, dtype, fma, window", [
+    ("cpu", "c (fp32 avx512 packed) + onednn prompts", torch.float32, True, 6),  # (an AMX CPU's float32 too)
+    ("cpu", "c (fp32 avx512 packed, bf16 amx packed)", torch.bfloat16, True, 8),
+    ("cpu", "c (bf16 avx512bf16 packed) + onednn prompts", torch.bfloat16, True, 6),  # (Intel: FMA sums)
+    ("cpu", "c (bf16 avx512bf16 packed) + onednn prompts", torch.bfloat16, False, 2),  # (AMD: vdpbf16ps)
+    ("cpu", "c (fp32 avx2) + onednn prompts", torch.float32, True, 2), ("cpu", "as loaded", torch.float32, True, 2),
+    ("cuda", "as loaded", torch.float32, True, 8)])
+def test_sjds_window_follows_the_generators_kernel(monkeypatch, device, linears, dtype, fma, window):
+    """L = 8 on GPUs and AMX tiles, 6 on the medium kernels (float32 AVX-512, bf16 through FMA sums),
+    2 where a verification's rows are dear (AVX2, vdpbf16ps sums); a given window always wins, and
+    SJD-PAC keeps 8 (its tree's room)."""
+    from mmspec.modeling import fast_linear
+
+    monkeypatch.setattr(fast_linear, "bf16_fma_sums", lambda: fma)
     components = SimpleNamespace(device=torch.device(device), linears=linears, dtype=dtype)
     components.verification_width = OptimizesOnLoad.verification_width.fget(components)
     for spec in ("sjd", "sjd-coupled", "sjd:random"):

@@ -314,7 +314,7 @@ def test_bench_runs_methods_on_shared_components(model_dir, tmp_path, capsys):
                  "--rounds", "1", "--threads", "1", "--no-quality", "--results", str(tmp_path / "defaults.json")]) == 0
     settings = {spec: row["settings"] for spec, row in json.loads((tmp_path / "defaults.json").read_text())["summary"].items()}
     width = mmspec.pipeline("text-to-image", model=model_dir).components.verification_width
-    assert settings["sjd"]["window"] == {"narrow": 2}.get(width, 8)  # (by the machine: JacobiMethod.windows)
+    assert settings["sjd"]["window"] == {"narrow": 2, "medium": 6}.get(width, 8)  # (by the machine: JacobiMethod.windows)
     assert settings["lantern:draft"]["delta"] == make_method("lantern:draft").settings["delta"] == 0.05
     assert main(["bench", "t2i", "--model", str(model_dir), "--methods", "ar,lantern/delta=nan",
                  "--results", str(tmp_path / "other.json")]) == 2  # refused before the model loads

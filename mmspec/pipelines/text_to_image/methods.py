@@ -202,14 +202,18 @@ class JacobiMethod(T2IMethod):
     16: coupled SJD 1.46x over AR at 8 against 1.10x at 16, sjd-pac 1.23x against 0.97x
     (docs/benchmarks.md; before the kernel, coupled SJD had been faster at 16). L = 2 where they run
     the AVX2 kernel (no AVX-512), whose rows cost more: coupled SJD on 12 held-out prompts, an AMX
-    core run as an AVX2 CPU (stop 84), 1.13x at 2, 1.07x at 3, 1.08x at 4, 0.96x at 8."""
+    core run as an AVX2 CPU (stop 84), 1.13x at 2, 1.07x at 3, 1.08x at 4, 0.96x at 8. L = 6 where
+    the verification width is "medium" (float32 on the 16-lane AVX-512 kernel, bf16 on the packed
+    AVX512-BF16 kernel summing through FMAs): coupled SJD (vertical) on 12 held-out prompts, an AMX
+    core run as such CPUs with oneDNN held alike (stop 87), float32 1.61x / 1.61x / 1.57x at 4 / 6 /
+    8, bf16 1.22-1.26x / 1.26-1.32x / 1.27x / 1.07x at 2 / 4 / 6 / 8."""
 
     name = "sjd"
     description = "speculative Jacobi decoding (training-free)"
     argument = "init"
     defaults = {"window": None, "init": "random"}
     #: the window L by the components' verification width, where ``window`` is not given
-    windows: ClassVar[dict[str, int]] = {"wide": 8, "medium": 8, "narrow": 2}
+    windows: ClassVar[dict[str, int]] = {"wide": 8, "medium": 6, "narrow": 2}
     coupled: ClassVar[bool] = False
 
     def window(self, components) -> int:
