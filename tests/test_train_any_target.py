@@ -160,6 +160,29 @@ def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys
     assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 0
 
 
+def test_another_seed_reuses_greedy_data_but_not_sampled_data(text_target, tmp_path, capsys, monkeypatch):
+    """The drafter audit: the data cache recorded --seed, so a second head trained on the same greedy
+    self-distilled answers with another --seed (another initialisation and batch order) was refused
+    ("delete it"), its data to be made again, though a greedy answer draws nothing. The seed now
+    counts only where the answers are sampled (--sample-temperature)."""
+    from mmspec.train import any_target
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    cache = tmp_path / "cache"
+    assert train(text_target, data, tmp_path / "a", "--steps", "0", "--cache", str(cache)) == 0
+    shards = {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*.pt")}
+    monkeypatch.setattr(any_target, "self_distil", lambda *a, **k: pytest.fail("the greedy answers were made again"))
+    assert train(text_target, data, tmp_path / "b", "--steps", "0", "--cache", str(cache), "--seed", "7") == 0
+    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*.pt")} == shards
+    sampled = tmp_path / "sampled"
+    monkeypatch.undo()
+    assert train(text_target, data, tmp_path / "c", "--steps", "0", "--cache", str(sampled), "--sample-temperature", "1") == 0
+    capsys.readouterr()
+    assert train(text_target, data, tmp_path / "d", "--steps", "0", "--cache", str(sampled), "--sample-temperature", "1",
+                 "--seed", "7") == 2
+    assert "(seed 0 there, 7 now;" in capsys.readouterr().err
+
+
 def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
     """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
     refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left

@@ -474,6 +474,10 @@ def check_cache(data_dir: Path, settings: dict[str, Any], whole: bool = False) -
 
     saved = json.loads(path.read_text())
     saved.setdefault("target", settings["target"])  # (a cache made before the target was recorded: taken as this one's)
+    if not settings.get("sample_temperature") and not saved.get("sample_temperature"):
+        # greedy answers draw nothing: another --seed (a second head's initialisation and batches)
+        # reuses the data rather than making it again
+        saved, settings = ({k: v for k, v in d.items() if k != "seed"} for d in (saved, settings))
     if (saved != settings) if whole else any(saved.get(key) != value for key, value in settings.items()):
         shown = changed_settings(saved, settings) or "its manifest differs"
         raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
