@@ -464,3 +464,23 @@ def test_an_edited_or_damaged_head_directory_is_one_line(tiny, tmp_path):
     check_drafter_dir("eagle3", str(damaged))
     with pytest.raises(ValueError, match="holds a JSON list, not the head's config"):
         Eagle3Head.load(damaged, tiny.model)
+
+
+def test_an_export_converted_in_place_and_a_stale_chain_settings_file(tiny, tmp_path):
+    """The drafter audit: converting an export to the other engine's layout in place (SRC = OUT)
+    failed with "cannot write OUT: ... are the same file" after rewriting config.json, and an export
+    of a head without chain_settings.json into an earlier export kept that export's file, so
+    eagle3:OUT drafted with another head's tuned chain."""
+    from mmspec.cli import main
+
+    settings = '{"float32": {"greedy": {"num_draft_tokens": 4, "stop_below": 0.2}}}'
+    random_head(tiny.model, size=8).save(tmp_path / "own")
+    (tmp_path / "own" / "chain_settings.json").write_text(settings)
+    out = tmp_path / "export"
+    assert main(["export", "drafter", str(tmp_path / "own"), "--format", "vllm-eagle3", "--out", str(out)]) == 0
+    assert main(["export", "drafter", str(out), "--format", "sglang-eagle3", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert (out / "chain_settings.json").read_text() == settings
+    random_head(tiny.model, size=8, seed=1).save(tmp_path / "other")  # (no tuned chain)
+    assert main(["export", "drafter", str(tmp_path / "other"), "--format", "vllm-eagle3", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
