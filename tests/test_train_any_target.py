@@ -504,6 +504,10 @@ def test_a_missing_image_names_the_path_it_was_looked_for_at(tmp_path):
     assert [e.prompt for e in examples] == ["y"]
     assert format_skipped(skipped) == (f"2 missing image (lines 1, 3; no file {tmp_path / 'ds' / 'imgs' / 'a.png'}: an image "
                                        "path is relative to the JSONL file's folder)")
+    # an absolute path is where it was looked for: no hint about relative paths (the drafter audit)
+    _, skipped = read_examples(write_jsonl(tmp_path / "abs.jsonl", [{"image": str(tmp_path / "nope.png"), "prompt": "x"},
+                                                                     {"image": str(tmp_path / "imgs" / "a.png"), "prompt": "y"}]))
+    assert format_skipped(skipped) == f"1 missing image (line 1; no file {tmp_path / 'nope.png'})"
 
 
 def test_a_misspelt_image_or_response_field_is_a_skipped_row(tmp_path):

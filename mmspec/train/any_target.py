@@ -103,7 +103,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
     examples, where = [], {}
-    missing: list[Path] = []  # (the images not found, as looked for: the reason names the first)
+    missing: list[tuple[Path, bool]] = []  # (the images not found, as looked for, and whether given absolute: the reason names the first)
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -129,7 +129,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
     for reason, numbers in where.items():  # (the counts stay; the reason names where)
         shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
         if reason == "missing image":  # (a path relative to the working folder reads as missing: say where it looked)
-            shown += f"; no file {missing[0]}: an image path is relative to the JSONL file's folder"
+            shown += f"; no file {missing[0][0]}" + ("" if missing[0][1] else ": an image path is relative to the JSONL file's folder")
         skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
     return examples
 
@@ -157,18 +157,19 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
              missing: list[Path] | None = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
     relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
-    (anything else than a string counts as none); ``missing`` collects the image paths not found."""
+    (anything else than a string counts as none); ``missing`` collects the image paths not found
+    (each with whether it was given as an absolute path)."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
     if isinstance(image, dict):  # datasets' Image feature: the encoded file, or only its path
         image = image.get("bytes") or image.get("path")
     if isinstance(image, str):
-        image = root / image
+        given, image = image, root / image
         if not image.is_file():
             _count(skipped, "missing image")
             if missing is not None:
-                missing.append(image)
+                missing.append((image, Path(given).is_absolute()))
             return None
     elif image is not None and not isinstance(image, bytes):
         _count(skipped, "unreadable row")
