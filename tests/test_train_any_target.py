@@ -542,6 +542,10 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
     assert len(examples) == 2 and format_skipped(skipped) == (
         "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable line (lines 2, 5, 6, 7, 8)")
+    # a .json dataset file holding one array was "17 unreadable line (lines 1, 2, 3, 4, 5, ...)" (the drafter audit)
+    (tmp_path / "array.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=2))
+    with pytest.raises(ValueError, match=r"array.json is one JSON array, not JSON Lines: write one \{\"prompt\": ...\} object a line"):
+        read_examples(tmp_path / "array.json")
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 

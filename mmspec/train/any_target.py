@@ -102,6 +102,15 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
     except UnicodeDecodeError as error:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
+    if text.lstrip().startswith("["):  # one JSON array (a .json dataset file): every line of it read as unreadable
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            whole = None
+        if isinstance(whole, list):
+            raise ValueError(f"--data {path} is one JSON array, not JSON Lines: write one {{\"prompt\": ...}} object a line "
+                             "(python -c \"import json, sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]\" "
+                             f"{path} > {path.with_suffix('.jsonl')})")
     examples, where = [], {}
     missing: list[tuple[Path, bool]] = []  # (the images not found, as looked for, and whether given absolute: the reason names the first)
     for number, line in enumerate(text.splitlines(), 1):
