@@ -183,6 +183,22 @@ def test_another_seed_reuses_greedy_data_but_not_sampled_data(text_target, tmp_p
     assert "(seed 0 there, 7 now;" in capsys.readouterr().err
 
 
+def test_a_data_that_gives_no_row_leaves_no_cache_behind(text_target, tmp_path, capsys):
+    """The drafter audit: a DATA whose every row was skipped while encoding (images given to a
+    text-only target, unreadable images) was refused after writing empty shards and a manifest,
+    so the corrected command (the file fixed in place) read the same empty shards and was refused
+    again, or (another --target) was told to delete the cache."""
+    random_images(tmp_path / "imgs", seed=0, count=4)
+    data = write_jsonl(tmp_path / "data.jsonl", [{"image": f"imgs/{i}.png", "prompt": f"Topic {i}?"} for i in range(4)])
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 2
+    assert "no row could be used (4 image given to a text-only target; nothing was cached)" in capsys.readouterr().err
+    assert not (out / "data").exists()
+    write_jsonl(data, [{"prompt": f"Topic {i}?"} for i in range(4)])  # (fixed in place: the same path and row count)
+    assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 0
+    assert "data: 4 sequences" in capsys.readouterr().out
+
+
 def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
     """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
     refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left

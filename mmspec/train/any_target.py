@@ -531,3 +531,15 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
         for reason, n in made["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     return records, skipped
+
+
+def discard_cache(data_dir: Path) -> None:
+    """Remove a data cache whose shards hold no usable row (its shards and manifest; the folder
+    too when nothing else is left in it): kept, it would answer a corrected rerun (the images
+    repaired in place, another --target) with the same empty shards or "made with other settings;
+    delete it"."""
+    for shard in data_dir.glob("shard-*.pt"):
+        shard.unlink(missing_ok=True)
+    (data_dir / MANIFEST).unlink(missing_ok=True)
+    if data_dir.is_dir() and not any(data_dir.iterdir()):
+        data_dir.rmdir()

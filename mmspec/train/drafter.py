@@ -678,7 +678,11 @@ def run_any_target(args) -> int:
               + (f"; skipped {sum(skipped.values())} rows: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
               flush=True)
     if not records:
-        raise ValueError(f"--data {args.data}: no row could be used ({any_target.format_skipped(skipped)})")
+        process.wait()  # (every process has read the shards)
+        if process.rank == 0:
+            any_target.discard_cache(cache)
+        raise ValueError(f"--data {args.data}: no row could be used ({any_target.format_skipped(skipped)}; nothing was "
+                         "cached)")
     groups = [examples_of(record, examples).group for record in records]
     train_ids, held_ids = any_target.split_held_out(len(records), args.held_out, args.seed, groups, held_groups)
     if held_groups and process.rank == 0:
