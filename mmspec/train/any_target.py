@@ -166,7 +166,7 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
              missing: list[Path] | None = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
     relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
-    (anything else than a string counts as none); ``missing`` collects the image paths not found
+    (a string, or an integer read as its digits; anything else counts as none); ``missing`` collects the image paths not found
     (each with whether it was given as an absolute path)."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
@@ -185,6 +185,8 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
         return None
     if response is not None and (not isinstance(response, str) or not response.strip()):
         response = None  # an empty response is written by the target
+    if isinstance(group, int) and not isinstance(group, bool):  # ({"group": 3}: the label "3", as --hold-out-groups 3 names it)
+        group = str(group)
     return Example(prompt, image, response, group if isinstance(group, str) and group else None)
 
 
