@@ -199,6 +199,20 @@ def test_a_data_that_gives_no_row_leaves_no_cache_behind(text_target, tmp_path, 
     assert "data: 4 sequences" in capsys.readouterr().out
 
 
+def test_an_image_folder_holding_a_jsonl_is_not_read_as_bare_images(text_target, tmp_path, capsys):
+    """The drafter audit: --data DIR for `mmspec train caption-data`'s output (images + data.jsonl)
+    trained on every image with the default prompt, its rows' prompts, answers and groups dropped
+    without a word. Refused unless --prompt says the bare images are meant."""
+    from mmspec.train.any_target import read_examples
+
+    folder = random_images(tmp_path / "data", seed=0, count=2)
+    write_jsonl(folder / "data.jsonl", [{"image": "0.png", "prompt": "What colour?", "group": "a"}])
+    assert train(text_target, folder, tmp_path / "head", "--steps", "0") == 2
+    assert (f"is read as a folder of images, each with the prompt 'Describe the image.', but it holds data.jsonl: pass "
+            f"--data {folder / 'data.jsonl'} to use its rows, or give --prompt") in capsys.readouterr().err
+    assert [e.prompt for e in read_examples(folder, "Hi", prompt_given=True)[0]] == ["Hi", "Hi"]
+
+
 def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
     """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
     refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left

@@ -641,7 +641,7 @@ def run_any_target(args) -> int:
     if args.target != "captioner":
         any_target.target_source(args.target)  # (a missing directory before the data is read)
     check_init(args)
-    examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
+    examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT, args.prompt is not None)
     held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
     if held_groups:
         present = {example.group for example in examples}
