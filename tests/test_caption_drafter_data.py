@@ -120,6 +120,20 @@ def test_hold_out_groups_are_checked_before_the_target_loads(groups, message, tm
     assert message in err and "Traceback" not in err
 
 
+def test_integer_group_labels_are_groups(tmp_path, capsys):
+    """The drafter audit: {"group": 2} was read as no group, so --hold-out-groups 2 was refused with
+    'its groups: none: give the rows a "group" field', a field every row had."""
+    from mmspec.train.any_target import read_examples
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Topic {i}?", "group": i % 3}) + "\n" for i in range(6)))
+    assert [e.group for e in read_examples(data)[0]] == ["0", "1", "2", "0", "1", "2"]
+    (tmp_path / "not-a-model").mkdir()
+    assert main(["train", "drafter", "--target", str(tmp_path / "not-a-model"), "--data", str(data), "--out",
+                 str(tmp_path / "o"), "--hold-out-groups", "7"]) == 2
+    assert "has group 7 (its groups: 0, 1, 2)" in capsys.readouterr().err
+
+
 def test_captioner_eagle3_needs_data(tmp_path, capsys):
     assert main(["train", "drafter", "--target", "captioner", "--method", "eagle3", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

@@ -182,6 +182,9 @@ NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="nee
         (["generate", "hi", "--drafter", "image-eagle"], "drafter 'image-eagle' drafts the image tokens of a text-to-image model"),
         (["caption", "missing.png", "--drafter", "image-eagle2"], "drafter 'image-eagle2' drafts the image tokens"),
         (["generate", "hi", "--drafter", "/nonexistent/draft"], "draft model directory not found: /nonexistent/draft"),
+        # a misspelt head kind before its directory: the kind is named, not "directory not found" (the drafter audit)
+        (["generate", "hi", "--drafter", "eagle4:heads/x"], "unknown drafter 'eagle4'; use one of"),
+        (["caption", "missing.png", "--drafter", "Eagle3:heads/x"], "unknown drafter 'Eagle3'; use 'auto', one of"),
         (["generate", "hi", "--model", "/nonexistent/lm"], "model directory not found: /nonexistent/lm"),
         (["tts", "Hello there.", "--greedy", "--temperature", "2"], "--temperature applies only when sampling; drop it or --greedy"),
         (["tts", "Hello there.", "--greedy", "--temperature", "2", "--top-k", "3"],

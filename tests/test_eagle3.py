@@ -426,3 +426,61 @@ def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
             Eagle3Drafter.from_spec(target, str(tmp_path / "h"))
     with pytest.raises(ValueError, match="sampled_stop_below=-0.1"):
         Eagle3Drafter(tiny.model, head, 4, sampled_stop_below=-0.1)
+
+
+def test_an_edited_or_damaged_head_directory_is_one_line(tiny, tmp_path):
+    """The drafter audit: an engine export whose config.json was edited (draft vocabulary, heads,
+    layer ids as a string, a field's type), cut-short weights or a config that is no JSON object
+    loaded with torch's many-line size-mismatch RuntimeError or a TypeError traceback (or was sent
+    to 'spd:'); each is now one ValueError line naming the file, in Python and in the CLI."""
+    from mmspec.cli import main
+    from mmspec.drafters.shipped import check_drafter_dir
+
+    random_head(tiny.model, size=8).export(tmp_path / "export", "vllm-eagle3", torch.float32)
+    original = json.loads((tmp_path / "export" / "config.json").read_text())
+    edits = {"draft_vocab_size": ({"draft_vocab_size": 9}, r"model.safetensors: d2t is \[8\], but the head its config describes has \[9\]"),
+             "heads": ({"num_attention_heads": 2 * original["num_attention_heads"]}, "the config does not match these weights"),
+             "layers": ({"eagle_aux_hidden_state_layer_ids": "2,1,0"}, "target layer ids must be a list of layer indices"),
+             "eps": ({"rms_norm_eps": "x"}, "rms_norm_eps must be a positive number, got 'x'"),
+             "missing": ({"hidden_size": None}, "has no 'hidden_size'")}
+    for name, (edit, match) in edits.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes((tmp_path / "export" / "model.safetensors").read_bytes())
+        config = {**original, **edit}
+        (directory / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+        with pytest.raises(ValueError, match=match):
+            Eagle3Head.load(directory, tiny.model)
+        with pytest.raises(ValueError, match=match):
+            mmspec.generate(tiny.model, drafter=f"eagle3:{directory}", max_new_tokens=2, **tiny.inputs)
+        assert main(["export", "drafter", str(directory), "--format", "sglang-eagle3", "--out", str(tmp_path / f"o-{name}")]) == 2
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "config.json").write_text(json.dumps(original))
+    (damaged / "model.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="a weights file cannot be read"):
+        Eagle3Head.load(damaged, tiny.model)
+    (damaged / "config.json").write_text("[1]")  # no JSON object: named, not "it holds what spd reads"
+    check_drafter_dir("eagle3", str(damaged))
+    with pytest.raises(ValueError, match="holds a JSON list, not the head's config"):
+        Eagle3Head.load(damaged, tiny.model)
+
+
+def test_an_export_converted_in_place_and_a_stale_chain_settings_file(tiny, tmp_path):
+    """The drafter audit: converting an export to the other engine's layout in place (SRC = OUT)
+    failed with "cannot write OUT: ... are the same file" after rewriting config.json, and an export
+    of a head without chain_settings.json into an earlier export kept that export's file, so
+    eagle3:OUT drafted with another head's tuned chain."""
+    from mmspec.cli import main
+
+    settings = '{"float32": {"greedy": {"num_draft_tokens": 4, "stop_below": 0.2}}}'
+    random_head(tiny.model, size=8).save(tmp_path / "own")
+    (tmp_path / "own" / "chain_settings.json").write_text(settings)
+    out = tmp_path / "export"
+    assert main(["export", "drafter", str(tmp_path / "own"), "--format", "vllm-eagle3", "--out", str(out)]) == 0
+    assert main(["export", "drafter", str(out), "--format", "sglang-eagle3", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert (out / "chain_settings.json").read_text() == settings
+    random_head(tiny.model, size=8, seed=1).save(tmp_path / "other")  # (no tuned chain)
+    assert main(["export", "drafter", str(tmp_path / "other"), "--format", "vllm-eagle3", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

@@ -160,6 +160,59 @@ def test_a_data_cache_of_another_target_is_refused(text_target, tmp_path, capsys
     assert train(other, data, tmp_path / "b", "--steps", "0", "--cache", str(cache)) == 0
 
 
+def test_another_seed_reuses_greedy_data_but_not_sampled_data(text_target, tmp_path, capsys, monkeypatch):
+    """The drafter audit: the data cache recorded --seed, so a second head trained on the same greedy
+    self-distilled answers with another --seed (another initialisation and batch order) was refused
+    ("delete it"), its data to be made again, though a greedy answer draws nothing. The seed now
+    counts only where the answers are sampled (--sample-temperature)."""
+    from mmspec.train import any_target
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(4)])
+    cache = tmp_path / "cache"
+    assert train(text_target, data, tmp_path / "a", "--steps", "0", "--cache", str(cache)) == 0
+    shards = {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*.pt")}
+    monkeypatch.setattr(any_target, "self_distil", lambda *a, **k: pytest.fail("the greedy answers were made again"))
+    assert train(text_target, data, tmp_path / "b", "--steps", "0", "--cache", str(cache), "--seed", "7") == 0
+    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*.pt")} == shards
+    sampled = tmp_path / "sampled"
+    monkeypatch.undo()
+    assert train(text_target, data, tmp_path / "c", "--steps", "0", "--cache", str(sampled), "--sample-temperature", "1") == 0
+    capsys.readouterr()
+    assert train(text_target, data, tmp_path / "d", "--steps", "0", "--cache", str(sampled), "--sample-temperature", "1",
+                 "--seed", "7") == 2
+    assert "(seed 0 there, 7 now;" in capsys.readouterr().err
+
+
+def test_a_data_that_gives_no_row_leaves_no_cache_behind(text_target, tmp_path, capsys):
+    """The drafter audit: a DATA whose every row was skipped while encoding (images given to a
+    text-only target, unreadable images) was refused after writing empty shards and a manifest,
+    so the corrected command (the file fixed in place) read the same empty shards and was refused
+    again, or (another --target) was told to delete the cache."""
+    random_images(tmp_path / "imgs", seed=0, count=4)
+    data = write_jsonl(tmp_path / "data.jsonl", [{"image": f"imgs/{i}.png", "prompt": f"Topic {i}?"} for i in range(4)])
+    out = tmp_path / "head"
+    assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 2
+    assert "no row could be used (4 image given to a text-only target; nothing was cached)" in capsys.readouterr().err
+    assert not (out / "data").exists()
+    write_jsonl(data, [{"prompt": f"Topic {i}?"} for i in range(4)])  # (fixed in place: the same path and row count)
+    assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 0
+    assert "data: 4 sequences" in capsys.readouterr().out
+
+
+def test_an_image_folder_holding_a_jsonl_is_not_read_as_bare_images(text_target, tmp_path, capsys):
+    """The drafter audit: --data DIR for `mmspec train caption-data`'s output (images + data.jsonl)
+    trained on every image with the default prompt, its rows' prompts, answers and groups dropped
+    without a word. Refused unless --prompt says the bare images are meant."""
+    from mmspec.train.any_target import read_examples
+
+    folder = random_images(tmp_path / "data", seed=0, count=2)
+    write_jsonl(folder / "data.jsonl", [{"image": "0.png", "prompt": "What colour?", "group": "a"}])
+    assert train(text_target, folder, tmp_path / "head", "--steps", "0") == 2
+    assert (f"is read as a folder of images, each with the prompt 'Describe the image.', but it holds data.jsonl: pass "
+            f"--data {folder / 'data.jsonl'} to use its rows, or give --prompt") in capsys.readouterr().err
+    assert [e.prompt for e in read_examples(folder, "Hi", prompt_given=True)[0]] == ["Hi", "Hi"]
+
+
 def test_overwrite_trains_anew_over_a_finished_run(text_target, tmp_path, capsys):
     """The stop-85 audit: --overwrite ("train anew into an --out that holds a trained model") was
     refused over any finished run of this route ("holds a checkpoint; pass --resume"), which left
@@ -481,6 +534,10 @@ def test_a_missing_image_names_the_path_it_was_looked_for_at(tmp_path):
     assert [e.prompt for e in examples] == ["y"]
     assert format_skipped(skipped) == (f"2 missing image (lines 1, 3; no file {tmp_path / 'ds' / 'imgs' / 'a.png'}: an image "
                                        "path is relative to the JSONL file's folder)")
+    # an absolute path is where it was looked for: no hint about relative paths (the drafter audit)
+    _, skipped = read_examples(write_jsonl(tmp_path / "abs.jsonl", [{"image": str(tmp_path / "nope.png"), "prompt": "x"},
+                                                                     {"image": str(tmp_path / "imgs" / "a.png"), "prompt": "y"}]))
+    assert format_skipped(skipped) == f"1 missing image (line 1; no file {tmp_path / 'nope.png'})"
 
 
 def test_a_misspelt_image_or_response_field_is_a_skipped_row(tmp_path):
@@ -515,6 +572,10 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
     assert len(examples) == 2 and format_skipped(skipped) == (
         "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable line (lines 2, 5, 6, 7, 8)")
+    # a .json dataset file holding one array was "17 unreadable line (lines 1, 2, 3, 4, 5, ...)" (the drafter audit)
+    (tmp_path / "array.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=2))
+    with pytest.raises(ValueError, match=r"array.json is one JSON array, not JSON Lines: write one \{\"prompt\": ...\} object a line"):
+        read_examples(tmp_path / "array.json")
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 

@@ -54,8 +54,11 @@ def run(args) -> int:
     tuned = Path(args.src) / CHAIN_SETTINGS_FILE  # mmspec's tuned chain (bench chain-stop): kept for eagle3:OUT
     try:
         out = head.export(args.out, args.format, dtype)
-        if tuned.is_file():
-            shutil.copyfile(tuned, Path(out) / CHAIN_SETTINGS_FILE)
+        copy = Path(out) / CHAIN_SETTINGS_FILE
+        if tuned.is_file() and not (copy.exists() and copy.samefile(tuned)):  # (an export converted in place keeps its own)
+            shutil.copyfile(tuned, copy)
+        elif not tuned.is_file():
+            copy.unlink(missing_ok=True)  # an earlier export's settings, for another head: eagle3:OUT drafts as eagle3:SRC
     except (*WRITE_ERRORS, SafetensorError) as error:  # (a full disk: one line, as every output file's)
         raise output_error(args.out, error) from None
     config = head.config

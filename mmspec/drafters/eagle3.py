@@ -72,15 +72,18 @@ class _Eagle3Parts:
     @classmethod
     def holds_saved(cls, directory: Path) -> bool:
         """mmspec's layout, or an engine's whose config.json names an EAGLE-3 architecture (a plain
-        causal LM's config.json + model.safetensors is a draft model, not a head)."""
+        causal LM's config.json + model.safetensors is a draft model, not a head). A config.json
+        naming one without its weights, or one that is no JSON object beside model.safetensors,
+        counts too: :meth:`Eagle3Head.load` then says what is wrong, where "it holds what spd reads"
+        would send the user the wrong way."""
         if (directory / CONFIG_FILE).is_file():
             return True
-        if not ((directory / ENGINE_CONFIG_FILE).is_file() and (directory / ENGINE_WEIGHTS_FILE).is_file()):
+        if not (directory / ENGINE_CONFIG_FILE).is_file():
             return False
         try:
             architectures = json.loads((directory / ENGINE_CONFIG_FILE).read_text()).get("architectures") or []
         except (ValueError, AttributeError):
-            return False
+            return (directory / ENGINE_WEIGHTS_FILE).is_file()
         return bool(set(architectures) & set(ENGINE_ARCHITECTURES.values()))
 
     @property

@@ -33,6 +33,7 @@ The engines load no such adaptor, so a vision-aware head is not exported.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -102,6 +103,32 @@ class Eagle3Config:
     hidden_act: str = "silu"
     norm_before_residual: bool = False
 
+    def check(self, path: str | Path) -> None:
+        """One ValueError line naming ``path`` (the config file read) for a field of the wrong type
+        or range (an edited config); ``aux_layers`` becomes a tuple."""
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "vocab_size", "draft_vocab_size", "target_hidden_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: {name} must be a positive integer, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{path}: {name} must be a positive number, got {value!r}")
+        layers = self.aux_layers
+        if (not isinstance(layers, (list, tuple)) or not layers
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
+            where = "aux_layers" if Path(path).name == CONFIG_FILE else "the target layer ids"
+            raise ValueError(f"{path}: {where} must be a list of layer indices (integers >= 0), got {layers!r}")
+        self.aux_layers = tuple(layers)
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"{path}: draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"{path}: num_attention_heads {self.num_attention_heads} is no multiple of num_key_value_heads "
+                             f"{self.num_key_value_heads}")
+        if not isinstance(self.hidden_act, str) or not callable(getattr(F, "silu" if self.hidden_act == "swish" else self.hidden_act, None)):
+            raise ValueError(f"{path}: hidden_act {self.hidden_act!r} is no activation (silu, gelu, ...)")
+
     @classmethod
     def for_target(cls, text_config, draft_vocab_size: int | None = None, aux_layers: tuple[int, ...] | None = None,
                    intermediate_size: int | None = None) -> "Eagle3Config":
@@ -166,7 +193,8 @@ class Eagle3Config:
                    head_dim=config.get("head_dim") or config["hidden_size"] // heads, vocab_size=config["vocab_size"],
                    draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
                    target_hidden_size=config.get("target_hidden_size") or config["hidden_size"], aux_layers=aux,
-                   rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(rope),
+                   rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                   rope_theta=float(rope) if isinstance(rope, (int, float)) else rope,  # (else: check() names it)
                    max_position_embeddings=config.get("max_position_embeddings", 4096),
                    hidden_act=config.get("hidden_act", "silu"), norm_before_residual=bool(config.get("norm_before_residual", False)))
 
@@ -384,17 +412,27 @@ class Eagle3Head(nn.Module):
         directory = Path(directory)
         text = None if target_model is None else target_model.config.get_text_config(decoder=True)
         if (directory / CONFIG_FILE).is_file():
-            saved = json.loads((directory / CONFIG_FILE).read_text())
+            saved = _read_config(directory / CONFIG_FILE)
             names = set(Eagle3Config.__dataclass_fields__)
+            missing = [name for name, field in Eagle3Config.__dataclass_fields__.items()
+                       if name not in saved and field.default is dataclasses.MISSING]
+            if missing:
+                raise ValueError(f"{directory / CONFIG_FILE} has no {', '.join(missing)}; it is damaged (or edited): "
+                                 "train the head again, or restore the file")
             config = Eagle3Config(**{k: v for k, v in saved.items() if k in names})
-            config.aux_layers = tuple(config.aux_layers)
             weights = WEIGHTS_FILE
         elif (directory / ENGINE_CONFIG_FILE).is_file() and (directory / ENGINE_WEIGHTS_FILE).is_file():
-            saved = json.loads((directory / ENGINE_CONFIG_FILE).read_text())
+            saved = _read_config(directory / ENGINE_CONFIG_FILE)
             if not set(saved.get("architectures") or []) & set(ENGINE_ARCHITECTURES.values()):
                 raise ValueError(f"{directory}/config.json names {saved.get('architectures')}, not an EAGLE-3 head "
                                  f"({' or '.join(ENGINE_ARCHITECTURES.values())})")
-            config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else None)
+            try:
+                config = Eagle3Config.from_engine_config(saved, text.num_hidden_layers if text is not None else None)
+            except KeyError as error:
+                raise ValueError(f"{directory / ENGINE_CONFIG_FILE} has no {error}; an EAGLE-3 config.json gives the "
+                                 "head's shapes (hidden_size, intermediate_size, num_attention_heads, vocab_size)") from None
+            except TypeError as error:  # (a field of the wrong type used in arithmetic)
+                raise ValueError(f"{directory / ENGINE_CONFIG_FILE}: a field has the wrong type ({error})") from None
             weights = ENGINE_WEIGHTS_FILE
         else:
             for head, what, spec in ((EagleHead, "an EAGLE head", "'eagle:DIR'"), (KangarooAdapter, "a Kangaroo adapter",
@@ -405,6 +443,7 @@ class Eagle3Head(nn.Module):
                                             "exports (train one with `mmspec train drafter --method eagle3`)")
             raise FileNotFoundError(f"no EAGLE-3 head in {directory} ({CONFIG_FILE}, or config.json + model.safetensors, missing); "
                                     "train one with `mmspec train drafter --method eagle3`")
+        config.check(directory / (CONFIG_FILE if weights == WEIGHTS_FILE else ENGINE_CONFIG_FILE))
         if text is not None:
             if config.hidden_size != text.hidden_size or config.target_hidden_size != text.hidden_size:
                 raise ValueError(f"the EAGLE-3 head in {directory} has width {config.hidden_size} over target states of width "
@@ -471,7 +510,12 @@ def _load_state(head: Eagle3Head, path: Path) -> None:
     a stored ``embed_tokens`` (some checkpoints carry the target's) ignored."""
     from safetensors.torch import load_file
 
-    state = load_file(str(path))
+    from ..hub import damaged_weights, weights_unreadable
+
+    try:
+        state = load_file(str(path))
+    except weights_unreadable() as error:
+        raise damaged_weights(path, error) from None
     state.pop("embed_tokens.weight", None)
     if "d2t" not in state:
         state["d2t"] = torch.zeros(head.config.draft_vocab_size, dtype=torch.long)  # the identity map: N = V
@@ -479,5 +523,27 @@ def _load_state(head: Eagle3Head, path: Path) -> None:
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[torch.arange(len(state["d2t"])) + state["d2t"]] = True
         state["t2d"] = t2d
+    expected = head.state_dict()
+    for name, tensor in state.items():  # (torch's report of a mismatch is a many-line RuntimeError)
+        if name in expected and tensor.shape != expected[name].shape:
+            raise ValueError(f"{path}: {name} is {list(tensor.shape)}, but the head its config describes has "
+                             f"{list(expected[name].shape)}: the config does not match these weights (edited, or "
+                             "another head's?)")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path}: " + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                                                   f"unexpected {', '.join(unexpected)}" if unexpected else "") if part)
+                         + " (no EAGLE-3 head of the config's kind)")
     state["t2d"] = state["t2d"].bool()
     head.load_state_dict(state)
+
+
+def _read_config(path: Path) -> dict:
+    """The JSON object in ``path`` (one ValueError line naming the file where it is not one)."""
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not the head's config (an object)")
+    return saved

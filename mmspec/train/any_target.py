@@ -66,8 +66,12 @@ def _count(skipped: dict[str, int], reason: str) -> None:
     skipped[reason] = skipped.get(reason, 0) + 1
 
 
-def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT) -> tuple[list[Example], dict[str, int]]:
-    """DATA (module doc) -> (the usable examples in order, {reason: rows skipped}).
+def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT, prompt_given: bool = True
+                  ) -> tuple[list[Example], dict[str, int]]:
+    """DATA (module doc) -> (the usable examples in order, {reason: rows skipped}). ``prompt_given``
+    False (no ``--prompt``): an image folder that holds a JSONL file at its top is refused, as
+    ``mmspec train caption-data``'s output folder is (its rows' prompts, answers and groups would
+    be dropped for ``default_prompt`` on every image without a word).
 
     Raises:
         ValueError: DATA does not exist, is of no known form, holds no usable row, lacks a
@@ -82,6 +86,11 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT)
     if tables is not None:
         examples = _read_tables(*tables, skipped)
     elif path.is_dir():
+        beside = sorted(p.name for p in path.glob("*.jsonl"))
+        if beside and not prompt_given:
+            raise ValueError(f"--data {data} is read as a folder of images, each with the prompt {default_prompt!r}, but it "
+                             f"holds {beside[0]}: pass --data {path / beside[0]} to use its rows, or give --prompt to train "
+                             "on every image under the folder")
         images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         examples = [Example(default_prompt, image) for image in images]
     elif path.suffix.lower() in (".jsonl", ".json"):
@@ -102,8 +111,17 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
     except UnicodeDecodeError as error:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ValueError(f"--data {path} is not UTF-8 text (line {line}); save it as UTF-8") from None
+    if text.lstrip().startswith("["):  # one JSON array (a .json dataset file): every line of it read as unreadable
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            whole = None
+        if isinstance(whole, list):
+            raise ValueError(f"--data {path} is one JSON array, not JSON Lines: write one {{\"prompt\": ...}} object a line "
+                             "(python -c \"import json, sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]\" "
+                             f"{path} > {path.with_suffix('.jsonl')})")
     examples, where = [], {}
-    missing: list[Path] = []  # (the images not found, as looked for: the reason names the first)
+    missing: list[tuple[Path, bool]] = []  # (the images not found, as looked for, and whether given absolute: the reason names the first)
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -129,7 +147,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
     for reason, numbers in where.items():  # (the counts stay; the reason names where)
         shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
         if reason == "missing image":  # (a path relative to the working folder reads as missing: say where it looked)
-            shown += f"; no file {missing[0]}: an image path is relative to the JSONL file's folder"
+            shown += f"; no file {missing[0][0]}" + ("" if missing[0][1] else ": an image path is relative to the JSONL file's folder")
         skipped[f"{reason} (line{'s' if len(numbers) > 1 else ''} {shown})"] = skipped.pop(reason)
     return examples
 
@@ -157,24 +175,27 @@ def _checked(prompt: str, image: Any, response: Any, root: Path, skipped: dict[s
              missing: list[Path] | None = None) -> Example | None:
     """A row's fields -> its Example, or None (counted in ``skipped``). ``image``: None, a path
     relative to ``root``, encoded bytes, or ``datasets``' {"bytes", "path"}; ``group``: a label
-    (anything else than a string counts as none); ``missing`` collects the image paths not found."""
+    (a string, or an integer read as its digits; anything else counts as none); ``missing`` collects the image paths not found
+    (each with whether it was given as an absolute path)."""
     if not prompt.strip():
         _count(skipped, "empty prompt")
         return None
     if isinstance(image, dict):  # datasets' Image feature: the encoded file, or only its path
         image = image.get("bytes") or image.get("path")
     if isinstance(image, str):
-        image = root / image
+        given, image = image, root / image
         if not image.is_file():
             _count(skipped, "missing image")
             if missing is not None:
-                missing.append(image)
+                missing.append((image, Path(given).is_absolute()))
             return None
     elif image is not None and not isinstance(image, bytes):
         _count(skipped, "unreadable row")
         return None
     if response is not None and (not isinstance(response, str) or not response.strip()):
         response = None  # an empty response is written by the target
+    if isinstance(group, int) and not isinstance(group, bool):  # ({"group": 3}: the label "3", as --hold-out-groups 3 names it)
+        group = str(group)
     return Example(prompt, image, response, group if isinstance(group, str) and group else None)
 
 
@@ -474,6 +495,10 @@ def check_cache(data_dir: Path, settings: dict[str, Any], whole: bool = False) -
 
     saved = json.loads(path.read_text())
     saved.setdefault("target", settings["target"])  # (a cache made before the target was recorded: taken as this one's)
+    if not settings.get("sample_temperature") and not saved.get("sample_temperature"):
+        # greedy answers draw nothing: another --seed (a second head's initialisation and batches)
+        # reuses the data rather than making it again
+        saved, settings = ({k: v for k, v in d.items() if k != "seed"} for d in (saved, settings))
     if (saved != settings) if whole else any(saved.get(key) != value for key, value in settings.items()):
         shown = changed_settings(saved, settings) or "its manifest differs"
         raise ValueError(f"the data cache {data_dir} was made with other settings ({shown}; {path}); delete it or pass "
@@ -517,3 +542,15 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
         for reason, n in made["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     return records, skipped
+
+
+def discard_cache(data_dir: Path) -> None:
+    """Remove a data cache whose shards hold no usable row (its shards and manifest; the folder
+    too when nothing else is left in it): kept, it would answer a corrected rerun (the images
+    repaired in place, another --target) with the same empty shards or "made with other settings;
+    delete it"."""
+    for shard in data_dir.glob("shard-*.pt"):
+        shard.unlink(missing_ok=True)
+    (data_dir / MANIFEST).unlink(missing_ok=True)
+    if data_dir.is_dir() and not any(data_dir.iterdir()):
+        data_dir.rmdir()

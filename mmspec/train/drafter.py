@@ -641,7 +641,7 @@ def run_any_target(args) -> int:
     if args.target != "captioner":
         any_target.target_source(args.target)  # (a missing directory before the data is read)
     check_init(args)
-    examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT)
+    examples, skipped = any_target.read_examples(args.data, args.prompt or any_target.DEFAULT_PROMPT, args.prompt is not None)
     held_groups = set(filter(None, (g.strip() for g in (args.hold_out_groups or "").split(","))))
     if held_groups:
         present = {example.group for example in examples}
@@ -678,7 +678,11 @@ def run_any_target(args) -> int:
               + (f"; skipped {sum(skipped.values())} rows: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
               flush=True)
     if not records:
-        raise ValueError(f"--data {args.data}: no row could be used ({any_target.format_skipped(skipped)})")
+        process.wait()  # (every process has read the shards)
+        if process.rank == 0:
+            any_target.discard_cache(cache)
+        raise ValueError(f"--data {args.data}: no row could be used ({any_target.format_skipped(skipped)}; nothing was "
+                         "cached)")
     groups = [examples_of(record, examples).group for record in records]
     train_ids, held_ids = any_target.split_held_out(len(records), args.held_out, args.seed, groups, held_groups)
     if held_groups and process.rank == 0:

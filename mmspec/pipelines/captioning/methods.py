@@ -227,6 +227,10 @@ def check_drafter_name(drafter: str | os.PathLike, auto: bool = True) -> Path | 
     if not path.is_dir():
         if isinstance(drafter, str) and os.sep not in drafter and "/" not in drafter:
             raise ValueError(unknown_drafter(drafter, drafter_choices(auto)))
+        name, colon, _ = drafter.partition(":") if isinstance(drafter, str) else ("", "", "")
+        if colon and len(name) > 1 and os.sep not in name and "/" not in name and not path.exists():
+            # a misspelt kind before a head's directory ("eagle4:heads/x"): the name is what is wrong, not a missing path
+            raise ValueError(unknown_drafter(name, drafter_choices(auto)) + f" (in {drafter!r})")
         raise FileNotFoundError(f"draft model directory not found: {drafter}")
     if not (path / "config.json").is_file():  # (transformers' "Unrecognized model", after the target loaded)
         raise ValueError(f"{drafter} holds no draft model (no config.json); a draft model is a transformers causal LM "
