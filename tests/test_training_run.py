@@ -40,6 +40,11 @@ def test_a_resume_names_the_settings_that_changed(tmp_path, capsys):
     TrainingRun(tmp_path, argparse.Namespace(**{**vars(args), "lr": 0.001, "steps": 20})).resume()
     assert capsys.readouterr().out == ("resuming at step 4; changed since the checkpoint: steps 10 there, 20 now; lr 0.003 "
                                        "there, 0.001 now (the rest of the run follows the new values)\n")
+    # --steps at or below the checkpoint's step: no step trains, and the line says so (it said "the rest of the
+    # run follows the new values", the drafter audit after stop 86)
+    TrainingRun(tmp_path, argparse.Namespace(**{**vars(args), "steps": 3})).resume()
+    assert capsys.readouterr().out == ("resuming at step 4; changed since the checkpoint: steps 10 there, 3 now (--steps 3: "
+                                       "the checkpoint has trained that many, so no step trains; give --steps above 4 to train on)\n")
     TrainingRun(tmp_path, args, announce=False).resume()  # (the other processes of a sharded run)
     assert capsys.readouterr().out == ""
 

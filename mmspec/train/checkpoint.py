@@ -102,8 +102,12 @@ class TrainingRun:
         self.started = time.time()
         if self.announce:
             changed = self.changed_settings()
-            print(f"resuming at step {self.step}" + (f"; changed since the checkpoint: {changed} (the rest of the run "
-                                                     "follows the new values)" if changed else ""), flush=True)
+            steps = getattr(self.args, "steps", None)
+            done = isinstance(steps, int) and not isinstance(steps, bool) and self.step >= steps
+            print(f"resuming at step {self.step}" + (f"; changed since the checkpoint: {changed}" if changed else "")
+                  + (f" (--steps {steps}: the checkpoint has trained that many, so no step trains; give --steps above {self.step} "
+                     "to train on)" if done else " (the rest of the run follows the new values)" if changed else ""),
+                  flush=True)
         return state
 
     def settings(self) -> dict[str, Any]:
