@@ -248,12 +248,14 @@ def is_remote_code_refusal(error: Exception) -> bool:
     return "trust_remote_code=True" in str(error)
 
 
-def remote_code_refused(name: str | os.PathLike) -> ValueError:
+def remote_code_refused(name: str | os.PathLike, allow: str | None = None) -> ValueError:
     """One line for a checkpoint whose model or tokenizer is its own Python code, refused because
     ``trust_remote_code`` is off: what to pass to run it (transformers' refusal is four lines and
-    names only the Python argument)."""
+    names only the Python argument); ``allow``: how to run it where no flag reaches the loader
+    (default: --trust-remote-code, trust_remote_code=True in Python)."""
+    allow = allow or "pass --trust-remote-code (trust_remote_code=True in Python)"
     return ValueError(f"{str(name)!r} holds its own Python code (the auto_map of its config.json), which runs only when "
-                      "allowed: read that code, then pass --trust-remote-code (trust_remote_code=True in Python)")
+                      f"allowed: read that code, then {allow}")
 
 
 def mismatched_weights(name: str | os.PathLike, error: RuntimeError) -> Exception:
@@ -288,8 +290,8 @@ def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: s
     its config with the list of every class it takes): what the checkpoint is, and ``instead``."""
     from transformers import AutoConfig
 
-    try:
-        config = AutoConfig.from_pretrained(path)
+    try:  # (False, not None: a config of its own code would make transformers ask [y/N] on the terminal)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         kind = f"a {config.model_type} checkpoint ({', '.join(config.architectures or []) or 'no architecture named'})"
     except (OSError, ValueError):
         kind = "a checkpoint"

@@ -125,6 +125,41 @@ def smollm2():
     return load_causal_lm("smollm2", dtype=torch.float32)
 
 
+@pytest.fixture(scope="session")
+def custom_code_lm(tmp_path_factory) -> Path:
+    """A tiny text LM whose config.json names its own Python code (``auto_map``: a LlamaForCausalLM
+    subclass in custom_lm.py), as a hub checkpoint with custom modelling code does: loaded only with
+    trust_remote_code (``--trust-remote-code``)."""
+    import json
+
+    from test_train_any_target import save_text_target, smollm2_tokenizer
+    from tiny_checkpoints import save_tiny_draft
+    from transformers import LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("custom-code-lm")
+    tokenizer = smollm2_tokenizer()
+    save_tiny_draft(folder, len(tokenizer), seed=3)
+    save_text_target(folder, LlamaForCausalLM.from_pretrained(folder), tokenizer)
+    (folder / "custom_lm.py").write_text(
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+        "class CustomConfig(LlamaConfig):\n    model_type = 'mmspec_custom_lm'\n\n\n"
+        "class CustomLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="mmspec_custom_lm", architectures=["CustomLM"],
+                  auto_map={"AutoConfig": "custom_lm.CustomConfig", "AutoModelForCausalLM": "custom_lm.CustomLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture
+def no_terminal(monkeypatch):
+    """stdin at its end, as in CI: transformers' [y/N] question about a checkpoint's own code (asked
+    when trust_remote_code is None) reads nothing there instead of waiting on the terminal."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+
+
 @pytest.fixture
 def debian_text_sources(tmp_path, monkeypatch):
     """Stand-ins for Debian's fortunes-min and wamerican, which the open corpus' ``fortunes`` and

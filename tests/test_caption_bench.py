@@ -405,3 +405,19 @@ def test_the_machine_record_names_the_cpu_model(monkeypatch):
     assert describe_machine(machine).startswith("bfloat16, 1 thread, AMD EPYC (family 26 model 2) with ")
     del machine["cpu_model"]  # a record written before the field: as before
     assert machine_line(machine).startswith("AMD EPYC (") and "AMD EPYC with " in describe_machine(machine)
+
+
+def test_bench_caption_takes_trust_remote_code_off_by_default(tmp_path, capsys, custom_code_lm, no_terminal):
+    """The audit's: ``mmspec bench caption --model DIR`` had no --trust-remote-code, so a checkpoint
+    with its own code could not be measured (and its refusal told the user to pass a flag the
+    command lacked). Off by default (one line), on it reaches the model's loading."""
+    from mmspec.hub import remote_code_refused
+
+    argv = ["bench", "caption", "--model", str(custom_code_lm), "--methods", "ar", "--per-family", "1",
+            "--max-new-tokens", "2", "--repeats", "1", "--results", str(tmp_path / "c.json")]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "[y/N]" not in captured.out + captured.err
+    assert captured.err.strip().splitlines()[-1] == f"mmspec: error: {remote_code_refused(custom_code_lm)}"
+    assert main([*argv, "--trust-remote-code"]) == 2  # (a text LM: loaded with its code, then refused as no VLM)
+    assert "is a checkpoint, not an image-text-to-text model" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -291,3 +291,35 @@ def test_a_draft_of_a_larger_vocabulary_than_a_loaded_target_is_refused_before_t
                         lambda *a, **k: pytest.fail("the draft's weights loaded before the refusal"))
     with pytest.raises(ValueError, match=rf"the draft's vocabulary \({vocab + 1}\) is larger than the target's \({vocab}\)"):
         mmspec.pipeline("image-captioning", model=model, processor=processor, drafter=str(draft), device="cpu")
+
+
+def test_caption_refuses_a_checkpoint_of_its_own_code_in_one_line(tmp_path, capsys, custom_code_lm, no_terminal):
+    """The audit's: ``mmspec caption --model DIR`` of a checkpoint with its own code (an auto_map in
+    config.json) asked transformers' [y/N] question on the terminal (the config was read with
+    trust_remote_code=None), then refused in four lines naming only the Python argument; a draft
+    model directory of its own code likewise (``spd:DIR`` / ``assistant:DIR`` asked too). Now the one
+    line of ``mmspec generate`` naming --trust-remote-code, in the pipeline too (a drafter spec's says
+    how to load it instead); with the flag a text LM of its own code is told it is
+    no VLM in one line (was transformers' list of every image-text-to-text class)."""
+    import mmspec
+    from mmspec.hub import remote_code_refused
+
+    image = tmp_path / "image.png"
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(image)
+    refusal = f"mmspec: error: {remote_code_refused(custom_code_lm)}"
+    for argv in (["--model", str(custom_code_lm)], ["--drafter", str(custom_code_lm)]):
+        assert main(["caption", str(image), *argv, "--max-new-tokens", "2"]) == 2
+        captured = capsys.readouterr()
+        assert "[y/N]" not in captured.out + captured.err and captured.err.strip().splitlines()[-1] == refusal, captured
+    for spec in ("spd", "assistant"):  # (a drafter spec's loader takes no flag: never the question, one line)
+        assert main(["caption", str(image), "--drafter", f"{spec}:{custom_code_lm}", "--max-new-tokens", "2"]) == 2
+        captured = capsys.readouterr()
+        assert "[y/N]" not in captured.out + captured.err, captured
+        assert captured.err.strip().splitlines()[-1].startswith(refusal.split(", which")[0]), captured
+    assert main(["caption", str(image), "--model", str(custom_code_lm), "--trust-remote-code"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"mmspec: error: {str(custom_code_lm)!r} is a checkpoint, not an image-text-to-text model (a VLM); a text model "
+        f"goes through mmspec generate --model {custom_code_lm}")
+    with pytest.raises(ValueError) as raised:
+        mmspec.pipeline("image-captioning", model=str(custom_code_lm))
+    assert str(raised.value) == str(remote_code_refused(custom_code_lm))

@@ -734,43 +734,17 @@ def test_generate_refuses_a_draft_of_a_larger_vocabulary_before_either_model_loa
                            f"({target_vocab}); the draft must share the target's tokenizer")
 
 
-def _custom_code_lm(folder: Path, seed: int) -> Path:
-    """A tiny text LM whose config.json names its own Python code (``auto_map``: a LlamaForCausalLM
-    subclass in custom_lm.py), as a hub checkpoint with custom modelling code does."""
-    import json
-
-    from test_train_any_target import save_text_target, smollm2_tokenizer
-    from tiny_checkpoints import save_tiny_draft
-    from transformers import LlamaForCausalLM
-
-    tokenizer = smollm2_tokenizer()
-    save_tiny_draft(folder, len(tokenizer), seed=seed)
-    save_text_target(folder, LlamaForCausalLM.from_pretrained(folder), tokenizer)
-    (folder / "custom_lm.py").write_text(
-        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
-        "class CustomConfig(LlamaConfig):\n    model_type = 'mmspec_custom_lm'\n\n\n"
-        "class CustomLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
-    config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="mmspec_custom_lm", architectures=["CustomLM"],
-                  auto_map={"AutoConfig": "custom_lm.CustomConfig", "AutoModelForCausalLM": "custom_lm.CustomLM"})
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
-def test_generate_and_bench_text_take_trust_remote_code_off_by_default(tmp_path, capsys, monkeypatch):
+def test_generate_and_bench_text_take_trust_remote_code_off_by_default(tmp_path, capsys, custom_code_lm, no_terminal):
     """The audit's: ``mmspec generate`` (and ``load_causal_lm``) had no --trust-remote-code although
     ``mmspec caption`` / ``t2i`` and the pipelines take it: a checkpoint with its own code could not
     be loaded (transformers asked on the terminal, then refused in four lines naming only the Python
     argument). Now off by default with one line naming the flag; on, the model and a draft model
     directory load with their code."""
-    import io
-
     from test_train_any_target import save_text_target, smollm2_tokenizer
     from tiny_checkpoints import save_tiny_draft
     from transformers import LlamaForCausalLM
 
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # (transformers' question would read here)
-    custom = _custom_code_lm(tmp_path / "custom", seed=3)
+    custom = custom_code_lm
     tokenizer = smollm2_tokenizer()
     plain = save_tiny_draft(tmp_path / "plain", len(tokenizer), seed=4)
     save_text_target(plain, LlamaForCausalLM.from_pretrained(plain), tokenizer)
@@ -790,3 +764,38 @@ def test_generate_and_bench_text_take_trust_remote_code_off_by_default(tmp_path,
              str(tmp_path / "t.json")]
     assert main(bench) == 2 and capsys.readouterr().err.strip().splitlines()[-1] == refusal
     assert main([*bench, "--trust-remote-code"]) == 0
+    # (the command the results file records reruns it: with the flag, which it dropped before)
+    assert json.loads((tmp_path / "t.json").read_text())["meta"]["command"].endswith(" --trust-remote-code")
+
+
+def test_t2i_and_the_benchmarks_take_trust_remote_code_off_by_default(tmp_path, capsys, custom_code_lm, no_terminal):
+    """The audit's: ``mmspec t2i --model DIR`` of a checkpoint with its own code refused in
+    transformers' four lines (naming only the Python argument); ``bench t2i``, ``bench cost`` and
+    ``bench chain-stop`` load a model by path but took no --trust-remote-code. Now each refuses in
+    the one line naming the flag, and with it loads the model's code (then, the tiny text LM being
+    no text-to-image model and no shipped drafter's, the next one-line refusal)."""
+    import mmspec
+    from mmspec.hub import remote_code_refused
+
+    refusal = f"mmspec: error: {remote_code_refused(custom_code_lm)}"
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "hi"}\n')
+    unsupported = f"{custom_code_lm} is a 'mmspec_custom_lm' model, not a supported text-to-image model"
+    for argv, allowed in (
+        (["t2i", "a cat", "--model", str(custom_code_lm), "--out", str(tmp_path / "images")], unsupported),
+        (["bench", "t2i", "--model", str(custom_code_lm), "--methods", "ar", "--prompts", "2", "--no-quality",
+          "--results", str(tmp_path / "t2i.json")], unsupported),
+        (["bench", "chain-stop", "--model", str(custom_code_lm), "--data", str(data), "--results",
+          str(tmp_path / "chain.json")], "no trained eagle3 drafter ships for CustomLM"),
+        (["bench", "cost", "--model", str(custom_code_lm), "--sizes", "1", "--variants", "plain", "--repeats", "1",
+          "--no-parts", "--dtype", "fp32", "--results", str(tmp_path / "cost.json")], None),
+    ):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert "[y/N]" not in captured.out + captured.err and captured.err.strip().splitlines()[-1] == refusal, captured
+        code = main([*argv, "--trust-remote-code"])
+        err = capsys.readouterr().err
+        assert (code == 0 and allowed is None) or (code == 2 and allowed in err.strip().splitlines()[-1]), err
+    with pytest.raises(ValueError) as raised:
+        mmspec.pipeline("text-to-image", model=str(custom_code_lm))
+    assert str(raised.value) == str(remote_code_refused(custom_code_lm))

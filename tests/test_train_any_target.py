@@ -772,3 +772,25 @@ def test_input_embedding_table_is_what_the_target_applies(tmp_path_factory):
     assert getattr(module, "embed_scale", None) is not None
     torch.testing.assert_close(input_embedding_table(model)[ids], module(ids).float())
     assert not torch.allclose(input_embedding_table(model)[ids], module.weight[ids].float())
+
+
+def test_train_drafter_takes_trust_remote_code_off_by_default(tmp_path, capsys, custom_code_lm, no_terminal):
+    """The audit's: ``mmspec train drafter --target DIR`` of a checkpoint with its own code read its
+    config with trust_remote_code=None (transformers' [y/N] question on the terminal), then refused
+    in a line naming a flag the command lacked. Now --trust-remote-code (off by default: one line)
+    loads the target with its code; the embedded recipes, which load no user's checkpoint, refuse it."""
+    from mmspec.hub import remote_code_refused
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"hi {i}", "response": "hello"}) + "\n" for i in range(4)))
+    argv = ["train", "drafter", "--target", str(custom_code_lm), "--data", str(data), "--out", str(tmp_path / "o"),
+            "--method", "eagle", "--vision-tokens", "4"]
+    assert cli_main(argv) == 2
+    captured = capsys.readouterr()
+    assert "[y/N]" not in captured.out + captured.err
+    assert captured.err.strip().splitlines()[-1] == f"mmspec: error: {remote_code_refused(custom_code_lm)}"
+    assert cli_main([*argv, "--trust-remote-code"]) == 2  # (loaded with its code: then --vision-tokens of a text model)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"mmspec: error: --vision-tokens: {custom_code_lm} is a text model; the vision-aware head reads a VLM's image tokens")
+    assert cli_main(["train", "drafter", "--target", "smollm2", "--trust-remote-code"]) == 2
+    assert "--trust-remote-code applies to a target given by its path or hub id" in capsys.readouterr().err

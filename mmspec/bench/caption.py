@@ -40,6 +40,9 @@ DEFAULT_METHODS = "ar,spd,prompt-lookup,layer-skip:8"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
+                             "classes only)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, spd[:PATH], prompt-lookup[:N], layer-skip:N, eagle2, ...; append @K to set K")
     parser.add_argument("--families", default=None,
@@ -215,7 +218,7 @@ def run(args) -> int:
         "cuda_graphs": args.cuda_graphs,
     }
     pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype, optimize=args.optimize,
-                                   cuda_graphs=args.cuda_graphs)
+                                   cuda_graphs=args.cuda_graphs, trust_remote_code=args.trust_remote_code)
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="VLM or causal LM directory or hub id (default: the embedded captioner for --data with images, "
                              "else smollm2)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
+                             "classes only)")
     parser.add_argument("--drafter", default="eagle3", help="the chain drafter: eagle, eagle3, eagle:DIR or eagle3:DIR")
     parser.add_argument("--data", required=True,
                         help="a JSONL of {image?, prompt, group?} to tune on (e.g. `mmspec train caption-data --split validation`; "
@@ -165,9 +168,11 @@ def load(args, prompts_only: bool, spec: str, k: int | None):
     from ..pipelines.captioning import ImageCaptioningPipeline
 
     if not prompts_only:
-        pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype)
+        pipe = ImageCaptioningPipeline(model=args.model, drafter="ar", device=args.device, dtype=args.dtype,
+                                       trust_remote_code=args.trust_remote_code)
         return pipe.target, drafter_for(pipe, args.drafter), pipe.preprocess, pipe.eos_token_ids, pipe.dtype, pipe.tokenizer
-    model, tokenizer = load_causal_lm(args.model or "smollm2", dtype=args.dtype, device=args.device)
+    model, tokenizer = load_causal_lm(args.model or "smollm2", dtype=args.dtype, device=args.device,
+                                      trust_remote_code=args.trust_remote_code)
     optimize_components(model)
     target = TransformersTarget(model)
     drafter = resolve_drafter(spec, target, k)

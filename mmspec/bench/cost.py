@@ -57,6 +57,9 @@ _HEADS = ("lm_head", "heads")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="captioner",
                         help=f"{' | '.join(MODELS)} (embedded), or a causal LM's path / hub id")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run a causal LM's own Python code from its directory or the hub (off: transformers' "
+                             "built-in classes only)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     add_threads_arg(parser)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (the curve is timed with the device "
@@ -88,8 +91,9 @@ def check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     return sorted(set([1, *sizes])), [v for v in VARIANTS if v in variants]
 
 
-def load_target(name: str, dtype: str, device: str = "cpu"):
-    """-> (target, model inputs of its prompt or None for random context, the module to optimise)."""
+def load_target(name: str, dtype: str, device: str = "cpu", trust_remote_code: bool = False):
+    """-> (target, model inputs of its prompt or None for random context, the module to optimise);
+    ``trust_remote_code``: for a causal LM's path or hub id (:func:`mmspec.hub.load_causal_lm`)."""
     if name == "captioner":
         from ..pipelines.captioning import ImageCaptioningPipeline
         from ..train.data import FAMILIES, make_sample
@@ -107,7 +111,7 @@ def load_target(name: str, dtype: str, device: str = "cpu"):
     from ..adapters.hf import TransformersTarget
     from ..hub import load_causal_lm, resolve_dtype
 
-    model, _ = load_causal_lm(name, dtype=resolve_dtype(dtype, device), device=device)
+    model, _ = load_causal_lm(name, dtype=resolve_dtype(dtype, device), device=device, trust_remote_code=trust_remote_code)
     return TransformersTarget(model), None, model
 
 
@@ -294,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
     saved = saved_results(args, sizes, variants)  # before anything loads
     if saved is not None:
         return write_tables(args, {**saved, "variants": {v: saved["variants"][v] for v in variants}})
-    target, inputs, model = load_target(args.model, args.dtype, args.device)
+    target, inputs, model = load_target(args.model, args.dtype, args.device, args.trust_remote_code)
     dtype = dtype_name(next(model.parameters()).dtype)
     lean = getattr(target, "lean", False) and getattr(target, "lean_decoder", None) is not None
     results = {"meta": {"model": args.model, "sizes": sizes, "repeats": args.repeats, "lean": lean, "order": "turns",

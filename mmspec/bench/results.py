@@ -99,8 +99,10 @@ def run_settings(args, device: str = "cpu") -> dict:
 
 def command_line(suite: str, args, names: tuple[str, ...]) -> str:
     """The command that reruns a benchmark, as its results file records it: ``mmspec bench SUITE``
-    and ``--name value`` for each of ``names`` that ``args`` has set (not None)."""
+    and ``--name value`` for each of ``names`` that ``args`` has set (not None), then the flags
+    set that change what loads (--no-optimize, --trust-remote-code)."""
     flags = " --no-optimize" if getattr(args, "optimize", True) is False else ""
+    flags += " --trust-remote-code" if getattr(args, "trust_remote_code", False) is True else ""
     return f"mmspec bench {suite} " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in names
                                                if getattr(args, name, None) is not None) + flags
 

@@ -49,6 +49,9 @@ def is_mar(model) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i; "
                         "'mar': the embedded continuous-token model)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run a transformers model's own Python code from its directory or the hub (off: "
+                             "transformers' built-in classes only)")
     parser.add_argument("--methods", default=None,
                         help=f"comma list (default: {DEFAULT_METHODS}; for a MAR: {MAR_METHODS}): "
                              "ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if batch_sizes and "ar" not in methods:
         raise ValueError("--batch-sizes compares every method with ar at each batch size: include ar in --methods")
     if batch_sizes and max(batch_sizes) > 1:  # (Emu3, SJD-PAC's trees: refused before the model loads; sjd-pac was
-        reason = T2IComponents.batch_size_one_reason(args.model)  # refused after it, naming captioning's drafters)
+        # refused after it, naming captioning's drafters)
+        reason = T2IComponents.batch_size_one_reason(args.model, args.trust_remote_code)
         if reason:
             raise ValueError(f"--batch-sizes {args.batch_sizes}: {reason}, so it decodes one image at a time; use --batch-sizes 1")
         for method in methods.values():
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.results)
     results = load_results(path, "t2i", {"model": args.model, "dtype": args.dtype})  # before the model loads
     components = T2IComponents.from_pretrained(args.model, device=args.device, optimize=args.optimize, dtype=args.dtype,
-                                               cuda_graphs=args.cuda_graphs)
+                                               cuda_graphs=args.cuda_graphs, trust_remote_code=args.trust_remote_code)
     for method in methods.values():
         method.check_components(components)
     prompts, references = bench_prompts(args.prompts, size=components.image_size)

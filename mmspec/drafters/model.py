@@ -207,11 +207,18 @@ class SpdDrafter(ModelDrafter):
             path = shipped_drafter_dir(target.model, "draft", "config.json", spec="spd", train=cls.trained_by,
                                        instead="a small transformers causal LM sharing the target's tokenizer "
                                                "(a text-only draft; its directory alone as the drafter works too)")
-        from ..hub import damaged_weights, weights_unreadable
+        from ..hub import damaged_weights, is_remote_code_refusal, remote_code_refused, weights_unreadable
 
         param = next(target.model.parameters())
-        try:
-            draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype).to(param.device).eval()
+        try:  # (False, not None: transformers would ask [y/N] on the terminal about a draft of its own code)
+            draft = AutoModelForCausalLM.from_pretrained(path, dtype=param.dtype, trust_remote_code=False)
+            draft = draft.to(param.device).eval()
         except weights_unreadable() as error:
             raise damaged_weights(path, error) from None
+        except ValueError as error:
+            if is_remote_code_refusal(error):
+                raise remote_code_refused(arg, "give the directory alone as the drafter, not spd:PATH, with "
+                                               "--trust-remote-code (in Python: load the model with trust_remote_code=True "
+                                               "and pass it as the drafter)") from None
+            raise
         return cls(draft, num_draft_tokens or 4)

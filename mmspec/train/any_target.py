@@ -299,13 +299,15 @@ def target_identity(name: str) -> str:
     return str(source.resolve()) if source is not None and source.exists() else name
 
 
-def load_target(name: str, dtype: torch.dtype, device: torch.device):
+def load_target(name: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False):
     """A local checkpoint or hub id -> (model, processor or tokenizer, is_vlm): a VLM of
     :data:`VLM_FAMILIES` with its processor, any other decoder-only causal LM with its tokenizer;
-    ``captioner``: the embedded default captioner."""
+    ``captioner``: the embedded default captioner. ``trust_remote_code``: passed to transformers'
+    ``from_pretrained`` (``mmspec train drafter --trust-remote-code``); off, a checkpoint with its
+    own code is refused in one ValueError line."""
     from transformers import AutoConfig
 
-    from ..hub import load_causal_lm
+    from ..hub import is_remote_code_refusal, load_causal_lm, remote_code_refused
 
     if name == "captioner":  # the embedded default captioner (a SmolVLM around SmolLM2-135M)
         from ..modeling.captioner import load_default_captioner
@@ -314,16 +316,18 @@ def load_target(name: str, dtype: torch.dtype, device: torch.device):
         return model.eval(), processor, True
     source = target_source(name)
     try:
-        model_type = AutoConfig.from_pretrained(source).model_type
-    except (OSError, ValueError) as error:
+        model_type = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type
+    except (OSError, ValueError) as error:  # (never trust_remote_code=None: transformers would ask [y/N] on the terminal)
+        if is_remote_code_refusal(error):
+            raise remote_code_refused(name) from None
         raise ValueError(f"--target {name}: cannot load its config ({str(error).splitlines()[0]}); give a checkpoint "
                          "directory or a hub id in the local cache") from None
     if model_type in VLM_FAMILIES:
         from ..pipelines.captioning.components import load_captioning_model
 
-        model, processor = load_captioning_model(source, device, dtype)
+        model, processor = load_captioning_model(source, device, dtype, trust_remote_code)
         return model, processor, True
-    model, tokenizer = load_causal_lm(source, dtype=dtype, device=device)
+    model, tokenizer = load_causal_lm(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     return model, tokenizer, False
 
 

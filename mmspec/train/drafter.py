@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 | captioner (the embedded recipes; captioner with --method eagle3, or with --data a "
                              "JSONL / image folder / dataset, runs the any-target loop on the embedded captioner), or any "
                              "supported target: a checkpoint directory or hub id (then --data DATA and --out are required)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="a target given by its path or hub id: run its own Python code from its directory or the hub "
+                             "(off: transformers' built-in classes only)")
     parser.add_argument("--out", default=None, help="output dir (required for a target given by its path or hub id; "
                         "smollm2 / captioner: default models/<smollm2|smolcap>-<method>)")
     parser.add_argument("--data", default=None,
@@ -132,7 +135,7 @@ RECIPE_DATA_OPTIONS = ("extra_data", "prompt_set", "sequences", "skip", "familie
 #: (their cache is --data, their dtype and held-out share their own; --resume is no option of this
 #: list: they resume by themselves)
 ANY_TARGET_OPTIONS = ("cache", "prompt", "held_out", "hold_out_groups", "eval_examples", "gen_batch", "shard_size", "dtype",
-                      "log_every")
+                      "log_every", "trust_remote_code")
 
 
 def given_options(args, names: tuple[str, ...]) -> list[str]:
@@ -661,7 +664,7 @@ def run_any_target(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     cache = Path(args.cache) if args.cache else out / "data"
     any_target.check_cache(cache, any_target.cache_settings(args, examples))  # (before the target loads)
-    model, processor, is_vlm = any_target.load_target(args.target, dtype, device)
+    model, processor, is_vlm = any_target.load_target(args.target, dtype, device, args.trust_remote_code)
     if args.vision_tokens and not is_vlm:
         raise ValueError(f"--vision-tokens: {args.target} is a text model; the vision-aware head reads a VLM's image tokens")
     target = TransformersTarget(model)

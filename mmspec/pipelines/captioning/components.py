@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import (ALIASES as TEXT_MODELS, check_model_path, damaged_weights, mismatched_weights, model_kind_error,
-                    weights_unreadable)
+from ...hub import (ALIASES as TEXT_MODELS, check_model_path, damaged_weights, is_remote_code_refusal, mismatched_weights,
+                    model_kind_error, remote_code_refused, weights_unreadable)
 
 
 #: inserted after the first character of an image token in a prompt: invisible, and the processor
@@ -67,7 +67,9 @@ def load_captioning_model(
 
     Raises:
         FileNotFoundError: no such directory, or a hub id that cannot be loaded.
-        ValueError: the checkpoint is not an image-text-to-text model.
+        ValueError: the checkpoint is not an image-text-to-text model; a checkpoint with its own
+            code (config.json's ``auto_map``) and ``trust_remote_code=False`` (one line saying how
+            to allow it).
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -76,7 +78,7 @@ def load_captioning_model(
         raise ValueError(f"{name!r} is mmspec's built-in text model (mmspec generate --model {name}); captioning takes a "
                          "VLM checkpoint, or no --model for the embedded captioner")
     source = check_model_path(name)
-    check_vlm_config(name, source)
+    check_vlm_config(name, source, trust_remote_code)
     try:
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
         if getattr(processor, "chat_template", None) is None:  # (every caption is a chat turn: refused before the weights load)
@@ -88,23 +90,33 @@ def load_captioning_model(
         raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:
         raise mismatched_weights(name, error) from None
+    except ValueError as error:  # (a processor or model class of its own code, the config's being the library's)
+        if is_remote_code_refusal(error):
+            raise remote_code_refused(name) from None
+        if "Unrecognized configuration class" in str(error):  # (a config of its own code, allowed: not a VLM's)
+            raise model_kind_error(name, source, "an image-text-to-text model (a VLM)",
+                                   f"a text model goes through mmspec generate --model {name}") from None
+        raise
     return model.to(device).eval(), processor
 
 
-def check_vlm_config(name: str, source: str | os.PathLike) -> None:
+def check_vlm_config(name: str, source: str | os.PathLike, trust_remote_code: bool = False) -> None:
     """Refuse (one ValueError line, before the processor and weights load) a checkpoint whose config
-    names a model type that transformers' image-text-to-text models do not cover, e.g. a text LM; a
-    config that cannot be read, or one with its own code (``auto_map``), is left to the loaders. A
-    local directory without a config.json (an empty one, a folder of images) is no checkpoint at all."""
+    names a model type that transformers' image-text-to-text models do not cover, e.g. a text LM, or
+    whose config is its own code (``auto_map``) while ``trust_remote_code`` is off; a config that
+    cannot be read, or one with its own code that is allowed, is left to the loaders. A local
+    directory without a config.json (an empty one, a folder of images) is no checkpoint at all."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
         raise ValueError(f"{name!r} holds no model (no config.json); give a VLM checkpoint directory (config.json, the "
                          "weights and the processor's files) or a hub id, or no --model for the embedded captioner")
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError):
+    try:  # (never trust_remote_code=None: transformers would ask [y/N] on the terminal)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        if is_remote_code_refusal(error) and not trust_remote_code:
+            raise remote_code_refused(name) from None
         return
     if getattr(config, "auto_map", None) is None and config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         raise model_kind_error(name, source, "an image-text-to-text model (a VLM)",
@@ -118,12 +130,16 @@ def load_draft_model(path: str | os.PathLike, device: torch.device, dtype: torch
     target's (passed to transformers' ``from_pretrained``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model_type = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "model_type", "")
-    auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
     try:
+        model_type = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "model_type", "")
+        auto = AutoModelForImageTextToText if model_type in VLM_FAMILIES else AutoModelForCausalLM
         return auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
     except weights_unreadable() as error:
         raise damaged_weights(path, error) from None
+    except ValueError as error:
+        if is_remote_code_refusal(error):
+            raise remote_code_refused(path) from None
+        raise
 
 
 def check_cuda_graphs(cuda_graphs: bool, device: torch.device) -> None:

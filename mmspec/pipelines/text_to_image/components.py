@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ...hub import ALIASES as TEXT_MODELS, dtype_name, no_models_note, resolve_device, resolve_dtype
+from ...hub import (ALIASES as TEXT_MODELS, dtype_name, is_remote_code_refusal, no_models_note, remote_code_refused,
+                    resolve_device, resolve_dtype)
 from .prompts import ImageComponents, shared_text_encoder
 
 MODEL_FILE = "t2i.json"
@@ -311,6 +312,8 @@ def check_same_family(draft: str | Path, model_type: str, trust_remote_code: boo
     try:
         config = transformers.AutoConfig.from_pretrained(str(draft), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
+        if is_remote_code_refusal(error):
+            raise remote_code_refused(draft) from None
         raise ValueError(f"draft {str(draft)!r} is no transformers checkpoint ({str(error).splitlines()[0]}); give a smaller "
                          f"{model_type} checkpoint") from None
     if config.model_type != model_type:
@@ -345,6 +348,10 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
             config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
         except OSError as error:  # (offline with a hub id not cached: transformers' two lines about the connection)
             raise FileNotFoundError(f"cannot load the model {str(model)!r}: {str(error).splitlines()[0]}") from None
+        except ValueError as error:
+            if is_remote_code_refusal(error):
+                raise remote_code_refused(model) from None
+            raise
         family = TRANSFORMERS_FAMILIES.get(config.model_type)
         if family is None:
             raise ValueError(f"{model} is a {config.model_type!r} model, not a supported text-to-image model; "
@@ -434,6 +441,8 @@ def _load_processor(source: str, trust_remote_code: bool) -> Any:
     for auto in (transformers.AutoProcessor, transformers.AutoTokenizer):
         try:
             return auto.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            if is_remote_code_refusal(error):  # (a processor of its own code: not "no processor found")
+                raise remote_code_refused(source) from None
             continue
     return None
