@@ -153,6 +153,24 @@ def test_trained_heads_draft_the_target(tiny, records, kind, tmp_path):
         DraftHeads.load(tmp_path / kind, model, "hydra" if kind == "medusa" else "medusa")
 
 
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_heads_over_a_draft_vocabulary_smaller_than_the_trees_top_k(tiny, kind):
+    """A head trained on a few short answers gets a draft vocabulary of fewer tokens than its tree's
+    top-k: the drafter keeps the branches those tokens fill (it raised "selected index k out of
+    range" at its first draft: the drafter audit after stop 86) and decodes exactly."""
+    from mmspec.drafters import HydraDrafter, MedusaDrafter
+    from mmspec.modeling.heads import DraftHeads
+
+    model = tiny.model
+    heads = DraftHeads(model.get_output_embeddings().weight.shape[1], num_heads=3, kind=kind).eval()
+    cls = {"medusa": MedusaDrafter, "hydra": HydraDrafter}[kind]
+    prompt = torch.randint(10, 400, (1, 6), generator=torch.Generator().manual_seed(0))
+    plain = mmspec.generate(model, max_new_tokens=12, input_ids=prompt).sequences
+    drafter = cls(model, heads, draft_vocabulary=torch.tensor([11, 12]))  # 2 tokens: child indices 0 and 1
+    assert drafter.top_k == 2 and drafter.paths and all(max(p) < 2 for p in drafter.paths)
+    assert torch.equal(mmspec.generate(model, drafter=drafter, max_new_tokens=12, input_ids=prompt).sequences, plain)
+
+
 def test_trained_kangaroo_adapter_drafts_the_target(tiny, records, tmp_path):
     """The adapter over the first layer's normalised states, trained on the target's own greedy
     continuations, raises acceptance; output identical to AR; save/load keeps it."""

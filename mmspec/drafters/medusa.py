@@ -59,10 +59,13 @@ class _HeadsDrafter(BatchDrafting, Drafter):
             raise ValueError(f"the tree is {depth} deep but there are only {heads.num_heads} heads")
         super().__init__(depth)
         self.heads = heads
-        self.paths = paths
         self.embed = target_model.get_input_embeddings()
         self.lm_head = DraftLMHead(target_model.get_output_embeddings(), draft_vocabulary)
-        self.top_k = 1 + max(p[-1] for p in paths)
+        # a draft vocabulary of fewer tokens than the tree's top-k (a head trained on a few short
+        # answers) keeps the branches it can fill: a child index k needs k + 1 tokens to choose from
+        # (the paths stay prefix-closed: a kept path's prefixes have no larger index)
+        self.paths = [p for p in paths if max(p) < self.lm_head.weight.shape[0]]
+        self.top_k = 1 + max(p[-1] for p in self.paths)
         self.feature: torch.Tensor | None = None
 
     @classmethod
