@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_args(parser)
     parser.add_argument("--results", default="bench-out/vllm.json", help="JSON checkpoint / results file")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    # (bench chain-stop's loader, shared: vLLM loads the copy written under --work with its own code
+    # paths, so a checkpoint that ships its own Python code is refused here in one line, never run)
+    parser.set_defaults(trust_remote_code=False)
 
 
 def vllm_environment(python: str) -> tuple[str, str]:
