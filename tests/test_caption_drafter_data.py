@@ -172,6 +172,11 @@ def test_bench_caption_over_a_data_file(tmp_path_factory, tmp_path, capsys):
     assert main([*argv, "--results", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
     assert "red-0.png: unreadable image" in err and "Traceback" not in err
+    # the folder that holds the JSONL (what train caption-data writes) was measured as bare images with the
+    # default prompt, the rows' prompts and groups dropped (the drafter audit after stop 86)
+    assert main([*argv[:5], str(data.parent), "--methods", "ar", "--results", str(tmp_path / "d.json")]) == 2
+    assert (f"holds {data.name}: pass --data {data} to use its rows, or move it out of the folder to measure every image "
+            "with that prompt") in capsys.readouterr().err
 
 
 def test_captioner_data_routes_to_the_any_target_loop_unless_it_is_the_recipes_cache(tmp_path):

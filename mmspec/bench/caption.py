@@ -139,7 +139,8 @@ def data_items(data: str, groups: str | None, per_group: int, images: bool | Non
     ``None``: prompts alone where no row has an image, else images for every row."""
     from ..train.any_target import format_skipped, open_image, read_examples
 
-    examples, skipped = read_examples(data)
+    examples, skipped = read_examples(data, prompt_given=False,  # (a caption-data folder's rows, not its bare images)
+                                      bare_images="move it out of the folder to measure every image with that prompt")
     if images is None:
         images = any(example.image is not None for example in examples)
     unfit = sum((example.image is None) == images for example in examples)

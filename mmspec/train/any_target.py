@@ -66,12 +66,14 @@ def _count(skipped: dict[str, int], reason: str) -> None:
     skipped[reason] = skipped.get(reason, 0) + 1
 
 
-def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT, prompt_given: bool = True
+def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT, prompt_given: bool = True,
+                  bare_images: str = "give --prompt to train on every image under the folder"
                   ) -> tuple[list[Example], dict[str, int]]:
     """DATA (module doc) -> (the usable examples in order, {reason: rows skipped}). ``prompt_given``
     False (no ``--prompt``): an image folder that holds a JSONL file at its top is refused, as
     ``mmspec train caption-data``'s output folder is (its rows' prompts, answers and groups would
-    be dropped for ``default_prompt`` on every image without a word).
+    be dropped for ``default_prompt`` on every image without a word); ``bare_images`` ends that
+    line with how the command takes the bare images instead.
 
     Raises:
         ValueError: DATA does not exist, is of no known form, holds no usable row, lacks a
@@ -89,8 +91,7 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT,
         beside = sorted(p.name for p in path.glob("*.jsonl"))
         if beside and not prompt_given:
             raise ValueError(f"--data {data} is read as a folder of images, each with the prompt {default_prompt!r}, but it "
-                             f"holds {beside[0]}: pass --data {path / beside[0]} to use its rows, or give --prompt to train "
-                             "on every image under the folder")
+                             f"holds {beside[0]}: pass --data {path / beside[0]} to use its rows, or {bare_images}")
         images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         examples = [Example(default_prompt, image) for image in images]
     elif path.suffix.lower() in (".jsonl", ".json"):
