@@ -27,7 +27,7 @@ from pathlib import Path
 from ..api import generate, optimize_components
 from ..hub import dtype_name
 from ..pipelines.methods import split_specs
-from ..cli.args import number_list
+from ..cli.args import add_trust_remote_code_arg, number_list
 from ..cli.output import write_text
 from .results import (add_device_args, add_threads_arg, command_line, load_results, machine_info, run_settings,
                       save_results)
@@ -40,9 +40,7 @@ DEFAULT_METHODS = "ar,spd,prompt-lookup,layer-skip:8"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="VLM directory or hub id (default: the embedded captioner)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
-                             "classes only)")
+    add_trust_remote_code_arg(parser)
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, spd[:PATH], prompt-lookup[:N], layer-skip:N, eagle2, ...; append @K to set K")
     parser.add_argument("--families", default=None,

@@ -34,6 +34,7 @@ from ..drafters.eagle import EagleDrafter
 from ..drafters.shipped import CHAIN_SETTINGS_FILE, chain_settings, check_stop_below
 from ..hub import dtype_name, load_causal_lm
 from .caption import data_items, drafter_for, parse_method
+from ..cli.args import add_trust_remote_code_arg
 from .results import add_device_args, command_line, load_results, machine_info, machine_line, save_results
 
 
@@ -41,9 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="VLM or causal LM directory or hub id (default: the embedded captioner for --data with images, "
                              "else smollm2)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
-                             "classes only)")
+    add_trust_remote_code_arg(parser)
     parser.add_argument("--drafter", default="eagle3", help="the chain drafter: eagle, eagle3, eagle:DIR or eagle3:DIR")
     parser.add_argument("--data", required=True,
                         help="a JSONL of {image?, prompt, group?} to tune on (e.g. `mmspec train caption-data --split validation`; "

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..cli.args import add_trust_remote_code_arg
 from ..core.cache import crop_cache
 from ..core.cost import measure_verification_cost
 from ..hub import dtype_name
@@ -57,9 +58,7 @@ _HEADS = ("lm_head", "heads")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="captioner",
                         help=f"{' | '.join(MODELS)} (embedded), or a causal LM's path / hub id")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run a causal LM's own Python code from its directory or the hub (off: transformers' "
-                             "built-in classes only)")
+    add_trust_remote_code_arg(parser, "a causal LM's")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where fast, else fp32) | bf16 | fp32")
     add_threads_arg(parser)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (the curve is timed with the device "

@@ -26,6 +26,7 @@ from ..pipelines.methods import parse_spec, split_specs
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..pipelines.text_to_image.pipeline import check_batches
 from ..cli.output import write_output, write_text
+from ..cli.args import add_trust_remote_code_arg
 from .results import add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
@@ -49,9 +50,7 @@ def is_mar(model) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="text-to-image model directory (default: the embedded models/t2i; "
                         "'mar': the embedded continuous-token model)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run a transformers model's own Python code from its directory or the hub (off: "
-                             "transformers' built-in classes only)")
+    add_trust_remote_code_arg(parser, "a transformers model's")
     parser.add_argument("--methods", default=None,
                         help=f"comma list (default: {DEFAULT_METHODS}; for a MAR: {MAR_METHODS}): "
                              "ar, spec, sjd[:init], sjd-coupled[:init], eagle, eagle2, and the relaxed "

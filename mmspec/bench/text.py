@@ -22,7 +22,7 @@ import torch
 
 from ..api import generate
 from ..core.cost import measure_verification_cost
-from ..cli.args import number_list
+from ..cli.args import add_trust_remote_code_arg, number_list
 from ..cli.output import write_text
 from .results import (add_threads_arg, command_line, load_results, machine_info, machine_line, run_settings,
                       save_results)
@@ -85,9 +85,7 @@ DEFAULT_METHODS = "ar,prompt-lookup,layer-skip:8,layer-skip:16,layer-skip:24,hf-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2",
                         help="a causal LM: smollm2 (the installed SmolLM2-135M-Instruct), a directory or a hub id")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run the model's own Python code from its directory or the hub (off: transformers' built-in "
-                             "classes only)")
+    add_trust_remote_code_arg(parser)
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of the dtypes to measure in")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma list: ar, prompt-lookup[:K], prompt-lookup-as-hf, layer-skip:N, hf-ar, hf-prompt-lookup, hf-early-exit:N")

@@ -47,6 +47,14 @@ def apply_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
+def add_trust_remote_code_arg(parser: argparse.ArgumentParser, whose: str = "the model's") -> None:
+    """``--trust-remote-code`` (off by default): ``whose`` own Python code, from its directory or the
+    hub, may run (transformers' ``trust_remote_code``)."""
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help=f"run {whose} own Python code from its directory or the hub (off: transformers' built-in "
+                             "classes only)")
+
+
 def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-optimize", dest="optimize", action="store_false",
                         help="keep the model's linears as loaded (default: few-row linears, mmspec.optimize)")

@@ -39,7 +39,7 @@ MODEL_ERRORS = (RuntimeError, IndexError)
 
 
 def add_parser(subparsers) -> None:
-    from .args import add_model_args, add_sampling_args
+    from .args import add_model_args, add_sampling_args, add_trust_remote_code_arg
 
     cap = subparsers.add_parser("caption", help=command_help("caption"))
     cap.add_argument("images", nargs="+", metavar="IMAGE",
@@ -61,9 +61,7 @@ def add_parser(subparsers) -> None:
                           "an exact sample of its chain form, not the batch-size-1 caption; see docs/usage.md)")
     cap.add_argument("--json", action="store_true", help="print one JSON list of results")
     add_model_args(cap, default_model=None)
-    cap.add_argument("--trust-remote-code", action="store_true",
-                     help="run the model's (and a draft model's) own Python code from its directory or the hub "
-                          "(off: transformers' built-in classes only)")
+    add_trust_remote_code_arg(cap, "the model's (and a draft model's)")
     cap.add_argument("--cuda-graphs", action="store_true",
                      help="run the target's forwards as CUDA graphs (a CUDA device, one image at a time)")
     add_sampling_args(cap, seed=0)

@@ -16,7 +16,7 @@ from .output import difference_note, speedup_words
 
 
 def add_parser(subparsers) -> None:
-    from .args import add_model_args, add_sampling_args
+    from .args import add_model_args, add_sampling_args, add_trust_remote_code_arg
 
     gen = subparsers.add_parser("generate", help=command_help("generate"))
     gen.add_argument("prompt", help="the user message (wrapped in the model's chat template unless --raw)")
@@ -29,9 +29,7 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--compare-baseline", action="store_true", help="also run plain AR decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="machine-readable output")
     add_model_args(gen, default_model="smollm2")
-    gen.add_argument("--trust-remote-code", action="store_true",
-                     help="run the model's (and a draft model's) own Python code from its directory or the hub "
-                          "(off: transformers' built-in classes only)")
+    add_trust_remote_code_arg(gen, "the model's (and a draft model's)")
     add_sampling_args(gen, seed=None)
     gen.set_defaults(handler=run_generate_command)
 

@@ -29,7 +29,7 @@ from .output import OutputFiles
 
 def add_parser(subparsers) -> None:
     from ..pipelines.text_to_image.methods import METHODS, SETTINGS
-    from .args import add_optimize_arg, add_threads_arg
+    from .args import add_optimize_arg, add_threads_arg, add_trust_remote_code_arg
 
     cmd = subparsers.add_parser("t2i", help=command_help("t2i"))
     cmd.add_argument("prompt", nargs="?", default=None, help="the prompt (or --prompts FILE)")
@@ -49,8 +49,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--processor", default=None, help="transformers models: the processor / tokenizer (default: the model's)")
     cmd.add_argument("--eagle-head", default=None, help="image EAGLE head directory (mmspec train image-drafter)")
     cmd.add_argument("--draft", default=None, help="draft generator (path) for spec / --drafter draft")
-    cmd.add_argument("--trust-remote-code", action="store_true",
-                     help="run a hub model's own Python code (off: transformers' built-in classes only)")
+    add_trust_remote_code_arg(cmd, "a hub model's")
     add_optimize_arg(cmd)
     cmd.add_argument("--out", default="t2i-out", help="output directory")
     cmd.add_argument("--num-images", type=int, default=1, help="images per prompt (seeds seed, seed + 1, ...)")

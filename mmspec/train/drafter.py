@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli.args import add_trust_remote_code_arg
 from ..modeling.heads import DraftHeads, EagleHead, KangarooAdapter, VisionContext, VisionEagleHead
 from ..drafters.vocab import DRAFT_VOCAB_FILE, coverage, frequent_tokens, load_draft_vocabulary, save_draft_vocabulary
 from ..hub import resolve_dtype
@@ -66,9 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 | captioner (the embedded recipes; captioner with --method eagle3, or with --data a "
                              "JSONL / image folder / dataset, runs the any-target loop on the embedded captioner), or any "
                              "supported target: a checkpoint directory or hub id (then --data DATA and --out are required)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="a target given by its path or hub id: run its own Python code from its directory or the hub "
-                             "(off: transformers' built-in classes only)")
+    add_trust_remote_code_arg(parser, "a target's (given by its path or hub id)")
     parser.add_argument("--out", default=None, help="output dir (required for a target given by its path or hub id; "
                         "smollm2 / captioner: default models/<smollm2|smolcap>-<method>)")
     parser.add_argument("--data", default=None,
