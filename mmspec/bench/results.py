@@ -111,6 +111,19 @@ def command_line(suite: str, args, names: tuple[str, ...]) -> str:
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
+def method_specs(text: str, example: str) -> list[str]:
+    """``--methods`` TEXT -> its specs (:func:`~mmspec.pipelines.methods.split_specs`), or one
+    ValueError line where it names none (``--methods ""`` ran the default set, or measured nothing);
+    ``example``: a comma list the line suggests."""
+    from ..pipelines.methods import split_specs
+
+    specs = split_specs(text)
+    if not specs:
+        raise ValueError(f"--methods {text!r} names no method; give a comma list (e.g. --methods {example}), or leave "
+                         "--methods out for the default set")
+    return specs
+
+
 def add_device_args(parser) -> None:
     """``--device`` (default cpu) and ``--no-optimize``, shared by the benchmarks that build a pipeline."""
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (timed with the device synchronised)")

@@ -22,12 +22,13 @@ import torch
 
 from ..hub import dtype_name
 from ..pipelines.text_to_image.components import T2IComponents
-from ..pipelines.methods import parse_spec, split_specs
+from ..pipelines.methods import parse_spec
 from ..pipelines.text_to_image.methods import METHODS, SETTINGS, T2IMethod, make_method
 from ..pipelines.text_to_image.pipeline import check_batches
 from ..cli.output import write_output, write_text
 from ..cli.args import add_trust_remote_code_arg
-from .results import add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, save_results
+from .results import (add_device_args, add_threads_arg, check_meta, load_results, machine_info, machine_line, method_specs,
+                      save_results)
 from .throughput import parse_batch_sizes, throughput_tables
 
 #: the benchmark's draft length K where neither --num-draft-tokens nor a method's spec gives one
@@ -111,10 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--prompts {args.prompts}: the Frechet CLIP distance compares sets of at least 2 images; give "
                          "--prompts 2 or more, or --no-quality")
     listed = args.methods if args.methods is not None else (MAR_METHODS if is_mar(args.model) else DEFAULT_METHODS)
-    specs = split_specs(listed)
-    if not specs:  # (`--methods ""` ran the default methods)
-        raise ValueError(f"--methods {listed!r} names no method; give a comma list (e.g. --methods ar,sjd), or leave "
-                         "--methods out for the default set")
+    specs = method_specs(listed, "ar,sjd")
     methods = {spec: configure(spec, args) for spec in specs}  # every spec checked before the model loads
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
     if batch_sizes and "ar" not in methods:

@@ -28,7 +28,7 @@ import torch
 
 from ..hub import dtype_name
 from ..cli.output import write_text
-from .results import add_device_args, check_meta, load_results, machine_info, machine_line, save_results
+from .results import add_device_args, check_meta, load_results, machine_info, machine_line, method_specs, save_results
 from .throughput import parse_batch_sizes, throughput_tables
 
 
@@ -102,12 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import mmspec
-    from ..pipelines.methods import split_specs
     from ..pipelines.text_to_speech.methods import make_method
-    specs = split_specs(args.methods)
-    if not specs:  # (`--methods ""` measured no method, only the Piper reference rows)
-        raise ValueError(f"--methods {args.methods!r} names no method; give a comma list (e.g. --methods ar,sjd-coupled), "
-                         "or leave --methods out for the default set")
+    specs = method_specs(args.methods, "ar,sjd-coupled")
     args.temperature = 1.0 if args.temperature is None else args.temperature
     reference = args.speaker_reference
     if reference not in ("piper", "none") and not Path(reference).is_file():
