@@ -220,6 +220,28 @@ CASES = [
     ("Learn .NET and ASP.NET; he is 5 ft 10 in tall.", "Learn dot net and A-S-P dot net, he is five feet ten inches tall."),
     ("Read pp. 10--20, then 14:00 - 15:00.\n- one\n- two", "Read pages ten to twenty, then fourteen o'clock to fifteen o'clock.\n"
      "one\ntwo"),
+    # audit "normedge": "10s" was "ten s", a lone foot mark was dropped ("5'" five), "Nº" was "No", a range
+    # from noon was "noon-one", "WWIII" "wwiii", space-grouped thousands digit by digit, "1st-2nd" "first-second"
+    ("Wait 10s, then 1s, 1.5s or 5-10s; the 1990s, in his 20s, the 10s, 90s music, 10s of people, 100s of them.",
+     "Wait ten seconds, then one second, one point five seconds or five to ten seconds, the nineteen nineties, in his "
+     "twenties, the tens, nineties music, tens of people, hundreds of them."),
+    ("He is 5' tall, 5' 11\" or 5'11, 1' long, a 15\" screen; it's 'quoted', rock 'n' roll, said '5' and \"5\".",
+     "He is five feet tall, five feet eleven inches or five feet eleven inches, one foot long, a fifteen inches screen, "
+     "it's quoted, rock n roll, said five and five."),
+    ("It\u2019s 5\u2019 tall, 6\u2032 2\u2033.", "It's five feet tall, six feet two inches."),
+    ("N\u00ba 5, n\u00ba 7 and \u2116 9.", "number five, number seven and number nine."),
+    ("Open noon-1pm, 9am-5pm, 10-11 am, noon - 1 pm, 10am-noon, 10:30-midnight.",
+     "Open noon to one P-M, nine A-M to five P-M, ten to eleven A-M, noon to one P-M, ten A-M to noon, ten thirty to "
+     "midnight."),
+    ("WWI, WWII, WWIII, World War I, Henry VIII, Chapter IV; I MIX the DC CIA files.",
+     "World War one, World War two, World War three, World War one, Henry the eighth, Chapter four, I M-I-X the D-C "
+     "C-I-A files."),
+    ("It is 1 000 000 or 1 000 or $2 500 or 12 345.5, but 5 10 15 and 555 123 4567.",
+     "It is one million or one thousand or two thousand five hundred dollars or twelve thousand three hundred forty-five "
+     "point five, but five ten fifteen and five five five, "
+     "one two three, four five six seven."),
+    ("The 1st-2nd and 2nd \u2013 3rd places; play C# or F# minor, then A#m and #5.",
+     "The first to second and second to third places, play C sharp or F sharp minor, then A sharp minor and number five."),
 ]
 
 
@@ -254,6 +276,8 @@ def test_the_case_table_is_large_and_every_output_is_sayable_and_stable():
     ("Hello. \U0001F600\U0001F600. \u65e5\u672c! Bye now.", "Hello. Bye now.", ("\U0001F600\U0001F600", "\u65e5\u672c")),
     ("No! \U0001F600. Go.", "No! Go.", ("\U0001F600",)),
     ("Say \u0939\u093f\u0928\u094d\u0926\u0940 now.", "Say now.", ("\u0939\u093f\u0928\u094d\u0926\u0940",)),  # vowel signs kept in the name
+    # an emoticon is dropped and named as emoji are ("I <3 you" was "I less than three you", ":D" "D")
+    ("I <3 you :) and x<3, 2 <3 4? </3 :D", "I you and x less than three, two less than three four?", ("<3", ":)", "</3", ":D")),
 ])
 def test_what_no_voice_can_say_is_dropped_and_named(written, spoken, dropped):
     normalized = make_normalizer("english")(written)

@@ -7,9 +7,9 @@ Registered by name in :data:`NORMALIZERS` (a model directory's ``tts.json`` may 
   addresses, phone-like digit strings, currency, times, dates, units, percentages, ordinals,
   decades, years, ranges, fractions, cardinals (negative, decimal, with thousands commas),
   abbreviations, initialisms and symbols, read out as words; accented Latin letters transliterated
-  (NFKD without the marks, ß -> ss); what is left that no English voice can say (emoji, CJK and
-  other scripts, stray symbols, control characters) dropped and named in
-  :attr:`NormalizedText.dropped`.
+  (NFKD without the marks, ß -> ss); what is left that no English voice can say (emoji and
+  emoticons such as "<3", CJK and other scripts, stray symbols, control characters) dropped and
+  named in :attr:`NormalizedText.dropped`.
 - ``"none"``: the text unchanged (for a front end that reads digits itself).
 
 The output keeps sentence punctuation for prosody (``. , ? ! ...``; ``; :`` and brackets become
@@ -330,6 +330,26 @@ FILE_EXTENSIONS = ("txt|csv|tsv|json|jsonl|yaml|yml|toml|ini|cfg|xml|html?|md|rs
                    "jsx|tsx|css|cpp|hpp|c|h|rs|go|java|kt|rb|php|sh|bat|ps1|sql|db|log|bin|onnx|pt|safetensors")
 
 
+#: emoticons dropped and named in :attr:`NormalizedText.dropped`, as emoji are ("I <3 you" was "I less
+#: than three you", ":D" "D"); only standing alone, not after a number or an operator ("2 <3 4", "x<3")
+EMOTICONS = ("</3", "<3", ":-)", ":)", ":-(", ":(", ":-D", ":D", ";-)", ";)", ":-P", ":P", ":-p", ":p")
+#: the private-use characters that stand for :data:`EMOTICONS` between the first rule and the final filter
+EMOTICON_MARKS = {chr(0xF0000 + i): e for i, e in enumerate(EMOTICONS)}
+#: the numero sign: "Nº 5", "nº 7", "№ 9" -> "number ..." (NFKC makes "Nº" "No" and "№" "No")
+NUMERO = r"(?<![A-Za-z])(?:[Nn]\u00ba|\u2116)\s?"
+#: "Ns of": a multiple, not seconds ("10s of people" -> "tens of people"); another "Ns" is seconds
+MULTIPLES_OF = {"10": "tens", "100": "hundreds", "1000": "thousands", "1,000": "thousands"}
+#: words after "20s" ... "90s" that make it a duration ("wait 30s and retry"); another lower-case
+#: word after it makes it a decade ("90s music"), as "the", a possessive or "mid" before it does
+AFTER_SECONDS = {"and", "or", "then", "later", "ago", "before", "after", "for", "left", "each", "per", "in", "at", "on",
+                 "to", "from", "until", "till", "between", "with", "without", "is", "was", "are", "were", "long", "more",
+                 "less", "only", "so", "but", "if", "of", "timeout", "delay", "interval", "wait", "max", "maximum"}
+#: a foot or inch mark after a number: ' ’ ′ and " ″ (NFKC's ″ is ′′)
+FOOT = "['\u2019\u2032]"
+INCH = "(?:\"|''|\u2032\u2032)"
+#: a time with its meridian or a clock time, before or after "noon" / "midnight" in a range
+TIME = r"\d{1,2}(?::\d{2})?\s?[AaPp]\.?\s?[Mm]\b\.?|\d{1,2}:\d{2}"
+
 #: superscript digits and signs, as NFKC reads them
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺"
 
@@ -360,6 +380,25 @@ def _multiplier(match: re.Match) -> str:
     return f"{match.group(1)} times"
 
 
+def _mark_unit(quote: str, singular: str, plural: str) -> Callable[[re.Match], str]:
+    """A foot (``quote`` "'") or inch ('"') mark after a number read as the unit ("5'" -> "five
+    feet", "15\"" -> "fifteen inches"), unless an opening quote before it on its line is still open
+    (then the mark closes it: "said '5'", "typed \"5\""); apostrophes inside words and "'80s" are no quotes."""
+    def said(m: re.Match) -> str:
+        start = m.string.rfind("\n", 0, m.start()) + 1
+        line = m.string[start: m.start()]
+        if quote == "'":  # opening: no letter before, something after; closing: the other way round
+            inside = (len(re.findall(r"(?<!\w)['\u2018\u2019](?!\d0s\b)(?=\S)", line))
+                      > len(re.findall(r"(?<=\S)['\u2019\u2032](?!\w)", line)))
+        else:  # a straight double quote opens and closes alike
+            inside = line.count('"') % 2 == 1
+        if inside:
+            return m.group(0)
+        return f"{cardinal(m.group(1))} {singular if _is_one(m.group(1)) else plural}"
+
+    return said
+
+
 def _sentence_end(text: str, end: int) -> bool:
     """Does a sentence end right after ``text[:end]``? (end of text or of a line, or white
     space and a capital letter follow.)"""
@@ -384,7 +423,7 @@ class EnglishNormalizer(TextNormalizer):
     name = "english"
 
     def normalize(self, text):
-        text = self._characters(text)
+        text = self._characters(self._emoticons(text))
         for rule in (self._markup, self._emails, self._urls, self._files, self._abbreviations, self._signs, self._rates, self._currency, self._times,
                      self._dates,
                      self._phones, self._units, self._percentages, self._ordinals, self._decades, self._ranges,
@@ -396,11 +435,24 @@ class EnglishNormalizer(TextNormalizer):
     # -- characters
 
     @staticmethod
+    def _emoticons(text: str) -> str:
+        """An emoticon of :data:`EMOTICONS` standing alone -> its private-use mark (:data:`EMOTICON_MARKS`),
+        which no rule reads and :meth:`_final` drops and names as written."""
+        marks = {e: m for m, e in EMOTICON_MARKS.items()}
+        hearts = "|".join(re.escape(e) for e in EMOTICONS if "3" in e)  # not after a number or operator: "2 <3 4"
+        faces = "|".join(re.escape(e) for e in EMOTICONS if "3" not in e)
+        return re.sub(rf"(?<!\S)(?:(?<![\d=+*/-] )(?:{hearts})|{faces})(?=\s|$|[.,!?])", lambda m: marks[m.group(0)], text)
+
+    @staticmethod
     def _characters(text: str) -> str:
         """NFKC (full-width forms, ligatures, ℃ -> °C), then accented Latin letters -> ASCII;
         control characters -> space; anything else kept for the rules or the final filter."""
         text = re.sub(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_])", "", text)  # terminal escapes ("\x1b[31m")
         text = re.sub(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))", "", text)  # "5 000" with a no-break space: 5000
+        # "1 000 000" with plain spaces: one number where a 1-3 digit lead (not 0) has only groups of
+        # exactly three digits after it ("5 10 15", "555 123 4567" stay apart)
+        text = re.sub(r"(?<![\w,.])(?<!\d )[1-9]\d{0,2}(?: \d{3})+(?:\.\d+)?(?![\w]|[.,]\d| \d)", lambda m: m.group(0).replace(" ", ""), text)
+        text = re.sub(NUMERO, "number ", text)  # before NFKC makes "Nº" "No"
         text = "".join(c for c in text if unicodedata.category(c) != "Cf")  # zero-width and soft hyphens: joined
         text = re.sub(f"([\\w)])([{SUPERSCRIPTS}]+)", _superscript, text)  # before NFKC makes "10³" 103
         text = re.sub(f"(\\d?)([{VULGAR_FRACTIONS}])", lambda m: m.group(1) + (" " if m.group(1) else "")
@@ -435,6 +487,9 @@ class EnglishNormalizer(TextNormalizer):
                 if run:
                     dropped.append(run)
                     run = ""
+            elif c in EMOTICON_MARKS:
+                run += EMOTICON_MARKS[c]
+                out.append(" ")
             else:
                 category = unicodedata.category(c)
                 if category[0] in "LNS" or (category == "Po" and c not in BULLETS) or (category[0] == "M" and run):
@@ -585,7 +640,8 @@ class EnglishNormalizer(TextNormalizer):
 
         lower = [k.lower() for k in NUMBERED if not k.islower()]
         text = re.sub(r"\b(" + "|".join([*NUMBERED, *lower]) + r")\.\s*(?=\d)", numbered, text)
-        text = re.sub(r"\bWW(II|I|2|1)\b", lambda m: "World War " + ("two" if m.group(1) in ("II", "2") else "one"), text)  # was "wwii"
+        text = re.sub(r"\bWW(III|II|I|[123])\b",  # was "wwii", "wwiii"
+                      lambda m: "World War " + cardinal(str(roman_value(m.group(1)) if m.group(1).isalpha() else m.group(1))), text)
         text = re.sub(r"\bN\u00b0\s?(?=\d)", "number ", text)  # the numero sign written "N° 5" (was "N degrees five")
         return re.sub(r"#\s?(?=\d)", "number ", text)
 
@@ -682,6 +738,9 @@ class EnglishNormalizer(TextNormalizer):
             hour = int(m.group(1))
             return said(hour, 0, m.group(2), m) if 1 <= hour <= 12 else m.group(0)
 
+        # "noon-1pm", "10am-noon", "10:30-midnight": "to" (it was "noon-one P-M")
+        text = re.sub(rf"\b(noon|midnight)\s?[-\u2013]\s?(?={TIME})", r"\1 to ", text, flags=re.IGNORECASE)
+        text = re.sub(rf"(?<![\w.])({TIME})\s?[-\u2013]\s?(?=(?:noon|midnight)\b)", r"\1 to ", text, flags=re.IGNORECASE)
         text = _ranges_before(text, r"\d{1,2}(?::\d{2})?", r"[AaPp]\.?\s?[Mm]\b")  # "3-4 pm", "2:30-3:30 pm"
         text = _ranges_before(text, r"\d{1,2}:\d{2}", r"(?![\d:])")  # "2:30-3:30"
         text = re.sub(r"(?<![\w.])(\d{1,2})\.(\d{2})(?=\s?[AaPp]\.?\s?[Mm]\b)", r"\1:\2", text)  # "7.30pm"
@@ -736,9 +795,17 @@ class EnglishNormalizer(TextNormalizer):
 
         names = "|".join(re.escape(k) for k in keys)
         text = _ranges_before(text, f"(?:{NUMBER})", f"(?:{names})(?![A-Za-z0-9°])")  # "5-10 km"
-        text = re.sub(r"(?<![\w.'])(\d)'\s?(\d{1,2})(?:\"|'')(?!\w)", lambda m: f"{cardinal(m.group(1))} "  # 6'2"
-                      f"{'foot' if m.group(1) == '1' else 'feet'} {cardinal(m.group(2))} {'inch' if m.group(2) == '1' else 'inches'}",
-                      text)
+        def feet_inches(m):  # 6'2", 5' 11", 5'11 (inches 0-11)
+            inches = m.group(2) or m.group(3)
+            if int(inches) > 11:
+                return m.group(0)
+            return (f"{cardinal(m.group(1))} {'foot' if m.group(1) == '1' else 'feet'} "
+                    f"{cardinal(inches)} {'inch' if inches == '1' else 'inches'}")
+
+        text = re.sub(rf"(?<![\w.'\u2019])(\d){FOOT}(?:\s?(\d{{1,2}}){INCH}(?!\w)|(\d{{1,2}})(?![\w'\u2019\u2032\"]|\.\d))",
+                      feet_inches, text)
+        text = re.sub(rf"(?<![\w.'\u2019/])({NUMBER}){FOOT}(?![\w'\u2019\u2032])", _mark_unit("'", "foot", "feet"), text)
+        text = re.sub(rf"(?<![\w.'\"/])({NUMBER}){INCH}(?![\w'\"])", _mark_unit('"', "inch", "inches"), text)
         per_names = "|".join(re.escape(k) for k in sorted({*UNITS, *RATE_UNITS}, key=len, reverse=True))
 
         def compound(m):  # "20 m/s" -> "twenty meters per second" (the slash was read "or")
@@ -759,6 +826,8 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _ordinals(text: str) -> str:
+        ordinal_ = r"\d+(?:st|nd|rd|th)"  # "1st-2nd" -> "1st to 2nd" (was "first-second")
+        text = re.sub(rf"(?<![\w.,-])({ordinal_})\s?[-\u2013]\s?(?={ordinal_}\b)", r"\1 to ", text, flags=re.IGNORECASE)
         return re.sub(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b",  # "1,000th" too (was "one, zeroth")
                       lambda m: ordinal(int(m.group(1).replace(",", ""))), text, flags=re.IGNORECASE)
 
@@ -768,8 +837,16 @@ class EnglishNormalizer(TextNormalizer):
         text = re.sub(r"(?<!\w)['\u2019]([2-9]0)s\b", lambda m: plural_words(cardinal(m.group(1))), text)
         # "the 90s", "in her 20s", "the mid-80s": a decade or an age without its apostrophe after a
         # word that leaves no other reading ("10s" alone may be ten seconds)
-        return re.sub(r"\b((?:the|his|her|their|my|your|our|early|mid|late)[ -])([1-9]0)['\u2019]?s\b",
+        text = re.sub(r"\b((?:the|his|her|their|my|your|our|early|mid|late)[ -])([1-9]0)['\u2019]?s\b",
                       lambda m: m.group(1) + plural_words(cardinal(m.group(2))), text, flags=re.IGNORECASE)
+        # what is left of "Ns": "10s of people" -> "tens of people" (:data:`MULTIPLES_OF`); "90s music"
+        # a decade (a lower-case word not in :data:`AFTER_SECONDS` after it); else seconds: "wait 10s"
+        multiples = "|".join(re.escape(k) for k in MULTIPLES_OF)
+        text = re.sub(rf"(?<![\w.,'])({multiples})s(?=\s+of\b)", lambda m: MULTIPLES_OF[m.group(1)], text)
+        text = re.sub(r"(?<![\w.,'-])([2-9]0)s(?=\s+([a-z]+)\b)",
+                      lambda m: m.group(0) if m.group(2) in AFTER_SECONDS else plural_words(cardinal(m.group(1))), text)
+        return re.sub(rf"(?<![\w.,'])({NUMBER})s\b(?!['\u2019])",
+                      lambda m: f"{m.group(1)} {'second' if _is_one(m.group(1)) else 'seconds'}", text)
 
     @staticmethod
     def _ranges(text: str) -> str:
@@ -833,6 +910,7 @@ class EnglishNormalizer(TextNormalizer):
             said = f"the {ordinal(value)}" if m.group(1) in REGNAL_NAMES else cardinal(str(value))
             return f"{m.group(1)} {said}"
 
+        text = re.sub(r"\bWorld War I\b", "World War one", text)  # a lone "I" is the pronoun elsewhere
         return re.sub(r"\b([A-Z][a-z]+)\s+([IVXL]{2,})\b", numeral, text)
 
     @staticmethod
@@ -873,6 +951,8 @@ class EnglishNormalizer(TextNormalizer):
 
     @staticmethod
     def _symbols(text: str) -> str:
+        # "C#", "F# minor", "A#m" (was "C hash", "Ahashtag m")
+        text = re.sub(r"\b([A-G])#(m\b)?(?![\w#])", lambda m: f"{m.group(1)} sharp" + (" minor" if m.group(2) else ""), text)
         text = re.sub(r"#(?=[A-Za-z])", "hashtag ", text)
         text = re.sub(r"\band/or\b", "and or", text)
         text = re.sub(r"(?<=[A-Za-z])/(?=[A-Za-z])", " or ", text)
