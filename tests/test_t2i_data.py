@@ -62,3 +62,16 @@ def test_recipe_caches_are_keyed_by_the_tokenizer_content(tmp_path, monkeypatch)
     assert not torch.equal(first, second)
     first, second = _grids_twice(tmp_path / "mar", monkeypatch, mar, mar.latent_tokens, "kl.safetensors")
     assert not torch.equal(first, second)
+
+
+def test_content_stamp_is_the_files_sha256(tmp_path):
+    """A cache key changes with the file's bytes, not its time stamp."""
+    import hashlib
+
+    from mmspec.train.t2i_data import content_stamp
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"x" * 3_000_000)
+    assert content_stamp(path) == hashlib.sha256(b"x" * 3_000_000).hexdigest()[:16]
+    path.write_bytes(b"y" * 3_000_000)
+    assert content_stamp(path) == hashlib.sha256(b"y" * 3_000_000).hexdigest()[:16]

@@ -163,7 +163,7 @@ def test_cli_streams_a_file_into_a_wav_valid_after_every_chunk(model_dir, tmp_pa
 
     monkeypatch.setattr(TextToSpeechPipeline, "stream", watched)
     result = _cli(capsys, "-f", str(text_file), "--model", str(model_dir), "--out", str(out), "--stream", "--seed", "4",
-                  "--max-seconds", "0.5", "--method", "ar")  # (the pipeline's default below)
+                  "--max-seconds", "0.5")  # sjd-coupled, the pipeline's default below too
     assert result.returncode == 0, result.stderr
     assert [frames for frames, _ in seen] == [samples for _, samples in seen] and len(seen) == 3
     assert "first audio after" in result.stdout and out.with_suffix(".png").stat().st_size > 1000 and not part.exists()

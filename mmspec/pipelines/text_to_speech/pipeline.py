@@ -173,14 +173,16 @@ class TextToSpeechChunk(DictAccess):
 
 @register_pipeline
 class TextToSpeechPipeline(Pipeline):
-    """``mmspec.pipeline("text-to-speech", model=None, method="ar", device="auto")``.
+    """``mmspec.pipeline("text-to-speech", model=None, method="sjd-coupled", device="auto")``.
 
     Args:
         model: a TTS model directory, or the name of an embedded voice: None or "valle" (the default,
             models/tts-valle: an LM over codebook 0 and a NAR stage for the rest), "delay" (models/tts:
             a delay-pattern codec LM over all 8 codebooks).
         method: a spec of :data:`METHODS` in the one syntax, ``name[:key=value,...]``
-            ("vadusa:top_k=5"), or a :class:`TTSMethod`.
+            ("vadusa:top_k=5"), or a :class:`TTSMethod`. The default is exact coupled SJD, as
+            ``mmspec tts`` and ``mmspec serve`` use (training-free: every voice has it); "ar" is
+            plain decoding.
         num_draft_tokens: the method's draft length in stream sub-tokens (None: its default).
         optimize: few-row linears for the networks it loads (:func:`mmspec.optimize`;
             ``stats.config["linears"]`` says which kernel ran); False keeps them as loaded.
@@ -197,7 +199,7 @@ class TextToSpeechPipeline(Pipeline):
     task = "text-to-speech"
     methods = METHODS
 
-    def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "ar", device: str = "auto",
+    def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "sjd-coupled", device: str = "auto",
                  num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "auto",
                  **rule_settings: Any) -> None:
         self.method = self.make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings)
