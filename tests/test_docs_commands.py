@@ -1,8 +1,8 @@
 """Every ``mmspec ...`` command in a shell code block of the README, docs/ and the model cards parses
 with the CLI as it stands (its subcommand, flags and choices exist), and every Python block there
-compiles, its ``mmspec`` imports and ``mmspec.NAME`` attributes existing: a flag or a function
-renamed without its docs is an example that fails for the reader who copies it. Parsing and
-imports only; nothing runs."""
+compiles, its ``mmspec`` imports and ``mmspec.NAME`` attributes existing, and every dotted
+``mmspec.a.b`` the pages name imports: a flag or a function renamed without its docs is an example
+that fails for the reader who copies it. Parsing and imports only; nothing runs."""
 
 import ast
 import contextlib
@@ -134,3 +134,41 @@ def test_every_documented_python_block_compiles_and_its_mmspec_names_exist():
                         missing.append(f"{where}: mmspec.{node.attr}")
     assert not missing, "\n".join(missing)
     assert blocks > 20
+
+
+#: dotted names that are not Python: the serving API's request field ``mmspec.compare_baseline``
+#: (the ``compare_baseline`` key of a request's ``mmspec`` object, docs/serving.md)
+NOT_PYTHON = {"mmspec.compare_baseline"}
+
+
+def resolves(name: str) -> bool:
+    """Whether a dotted ``mmspec.a.b.c`` names a module or an attribute of one (the longest prefix
+    that imports, then attributes)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+            break
+        except ImportError:
+            continue
+    for part in parts[cut:]:
+        if not hasattr(found, part):
+            return False
+        found = getattr(found, part)
+    return True
+
+
+def test_every_dotted_mmspec_name_in_the_docs_exists():
+    """A module, class or function the prose or a code block names by its dotted path
+    (`mmspec.core.batch`, `mmspec.pipeline.from_preset`, `mmspec.api.generate_rows`) imports: a
+    name moved or renamed without its docs sends the reader to nothing."""
+    missing, names = [], 0
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for name in re.findall(r"(?<![\w./-])(mmspec(?:\.[A-Za-z_]\w*)+)", line):
+                names += 1
+                if name not in NOT_PYTHON and not resolves(name):
+                    missing.append(f"{page.relative_to(ROOT)}:{number}: {name}")
+    assert not missing, "\n".join(missing)
+    assert names > 200  # (the pages name ~290)
+    assert not resolves("mmspec.core.no_such_module") and not resolves("mmspec.pipeline.no_such_method")
