@@ -481,3 +481,12 @@ def test_log_mel_shapes_and_the_peak_of_a_tone():
     loud = stereo[1] > math.log(1e-5) + 1  # bands above the floor: the log of a 10x quieter copy is log(10) lower
     assert loud.sum() > 100
     assert torch.allclose((stereo[0] - stereo[1])[loud], torch.tensor(math.log(10.0)), atol=1e-3)
+
+
+def test_a_codec_the_hub_cannot_give_is_one_line(tmp_path):
+    """A hub id not in the cache (the tests run with HF_HUB_OFFLINE=1) or a missing local folder: one
+    line naming it, not transformers' paragraph."""
+    with pytest.raises(FileNotFoundError, match=r"^cannot load the codec 'mmspec-test/no-such-codec': [^\n]*$"):
+        load_codec("mmspec-test/no-such-codec")
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        load_codec(tmp_path / "missing" / "codec")

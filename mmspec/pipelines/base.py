@@ -156,7 +156,7 @@ class Pipeline:
         """Pickling and copy.copy / copy.deepcopy: refused in one line (a pipeline holds loaded
         models, C kernels' packed weights and ctypes handles; they failed deep inside torch,
         ctypes or transformers, or for one task copied 38 MB)."""
-        raise TypeError(f"a {type(self).__name__} holds loaded models and kernels and cannot be pickled or copied; "
+        raise TypeError(f"this {type(self).__name__} holds loaded models and kernels and cannot be pickled or copied; "
                         "build another with mmspec.pipeline(...), or share this one (its calls are thread-safe)")
 
     # -- before anything loads ---------------------------------------------------------------------
