@@ -677,7 +677,7 @@ def run_any_target(args) -> int:
         skipped[reason] = skipped.get(reason, 0) + n
     if process.rank == 0:
         print(f"data: {len(records)} sequences from {args.data}"
-              + (f"; skipped {sum(skipped.values())} rows: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
+              + (f"; skipped {any_target.skipped_total(skipped)}: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
               flush=True)
     if not records:
         process.wait()  # (every process has read the shards)
