@@ -641,6 +641,7 @@ def test_saved_datasets_dataset_and_dataset_dict(tmp_path_factory, tmp_path, cap
                  "--max-new-tokens", "5") == 0
     text = capsys.readouterr().out
     assert "data: 3 sequences from" in text and "skipped 1 row: 1 empty prompt (data-00000-of-00001.arrow row 2)" in text
+    assert "over 1 prompt;" in text  # (was "1 prompts")
 
 
 @pytest.mark.slow  # ~20-40 s on 2 cores: two processes start and import torch + transformers
