@@ -192,7 +192,7 @@ def test_a_data_that_gives_no_row_leaves_no_cache_behind(text_target, tmp_path, 
     data = write_jsonl(tmp_path / "data.jsonl", [{"image": f"imgs/{i}.png", "prompt": f"Topic {i}?"} for i in range(4)])
     out = tmp_path / "head"
     assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 2
-    assert "no row could be used (4 image given to a text-only target; nothing was cached)" in capsys.readouterr().err
+    assert "no row could be used (4 image given to a text-only target (lines 1, 2, 3, 4); nothing was cached)" in capsys.readouterr().err
     assert not (out / "data").exists()
     write_jsonl(data, [{"prompt": f"Topic {i}?"} for i in range(4)])  # (fixed in place: the same path and row count)
     assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 0

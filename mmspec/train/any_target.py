@@ -87,24 +87,24 @@ def _note(where: dict[str, list[str]], reason: str, place: str | None) -> None:
 def name_places(skipped: dict[str, int], where: dict[str, list[str]]) -> dict[str, int]:
     """``skipped`` with each reason that has places in ``where`` renamed to name its first
     :data:`SHOWN` ones, e.g. "missing image (part-0.parquet row 3; part-1.parquet row 1, ...)"
-    (the rows of one file joined: "part-0.parquet rows 3, 7")."""
+    (the rows of one file joined: "part-0.parquet rows 3, 7"; a JSONL's: "lines 2, 9")."""
     named = {}
     for reason, n in skipped.items():
         places = where.get(reason, [])[: SHOWN + 1]
         if not places:
             named[reason] = n
             continue
-        grouped: list[tuple[str, list[str]]] = []  # (the file, its rows) in order
+        grouped: list[tuple[str, list[str]]] = []  # (the file and unit, "part-0.parquet row" / "line", its numbers) in order
         for place in places[:SHOWN]:
-            file, _, row = place.rpartition(" row ")
-            if row.isdigit() and grouped and grouped[-1][0] == file and grouped[-1][1]:
-                grouped[-1][1].append(row)
-            elif row.isdigit():
-                grouped.append((file, [row]))
-            else:
+            file, _, number = place.rpartition(" ")
+            if not (number.isdigit() and (file == "line" or file.endswith(" row"))):
                 grouped.append((place, []))
-        shown = "; ".join(f"{file} row{'s' if len(rows) > 1 else ''} {', '.join(rows)}" if rows else file
-                          for file, rows in grouped)
+            elif grouped and grouped[-1][0] == file and grouped[-1][1]:
+                grouped[-1][1].append(number)
+            else:
+                grouped.append((file, [number]))
+        shown = "; ".join(f"{file}{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}" if numbers else file
+                          for file, numbers in grouped)
         named[f"{reason} ({shown}{', ...' if n > SHOWN else ''})"] = n
     return named
 
