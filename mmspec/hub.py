@@ -287,14 +287,23 @@ def damaged_weights(name: str | os.PathLike, error: Exception) -> ValueError:
 
 def model_kind_error(name: str | os.PathLike, path: str | os.PathLike, wanted: str, instead: str) -> ValueError:
     """One line for a checkpoint of another kind than ``wanted`` (transformers' Auto class refused
-    its config with the list of every class it takes): what the checkpoint is, and ``instead``."""
-    from transformers import AutoConfig
+    its config with the list of every class it takes): what the checkpoint is, read from its
+    config.json (its model_type and architectures; a config with its own code, an ``auto_map``, says
+    so and which Auto classes that code provides), and ``instead``: a command ending in
+    ``--model NAME``, to which ``--trust-remote-code`` is added for a checkpoint of its own code (that
+    command refuses it without the flag)."""
+    from transformers import PretrainedConfig
 
-    try:  # (False, not None: a config of its own code would make transformers ask [y/N] on the terminal)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        kind = f"a {config.model_type} checkpoint ({', '.join(config.architectures or []) or 'no architecture named'})"
+    try:  # (the JSON as written: no code of the checkpoint's runs, and no [y/N] question on the terminal)
+        config = PretrainedConfig.get_config_dict(path)[0]
     except (OSError, ValueError):
-        kind = "a checkpoint"
+        config = {}
+    architectures = ", ".join(config.get("architectures") or []) or "no architecture named"
+    kind = f"a {config['model_type']} checkpoint ({architectures})" if config.get("model_type") else "a checkpoint"
+    auto_map = config.get("auto_map")
+    if isinstance(auto_map, dict) and auto_map:
+        kind += f" of its own code (the auto_map of its config.json provides {', '.join(auto_map)})"
+        instead += " --trust-remote-code"
     return ValueError(f"{str(name)!r} is {kind}, not {wanted}; {instead}")
 
 

@@ -420,4 +420,5 @@ def test_bench_caption_takes_trust_remote_code_off_by_default(tmp_path, capsys, 
     assert "[y/N]" not in captured.out + captured.err
     assert captured.err.strip().splitlines()[-1] == f"mmspec: error: {remote_code_refused(custom_code_lm)}"
     assert main([*argv, "--trust-remote-code"]) == 2  # (a text LM: loaded with its code, then refused as no VLM)
-    assert "is a checkpoint, not an image-text-to-text model" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is a mmspec_custom_lm checkpoint (CustomLM) of its own code (the auto_map of its config.json provides " \
+           "AutoConfig, AutoModelForCausalLM), not an image-text-to-text model" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -318,8 +318,9 @@ def test_caption_refuses_a_checkpoint_of_its_own_code_in_one_line(tmp_path, caps
         assert captured.err.strip().splitlines()[-1].startswith(refusal.split(", which")[0]), captured
     assert main(["caption", str(image), "--model", str(custom_code_lm), "--trust-remote-code"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"mmspec: error: {str(custom_code_lm)!r} is a checkpoint, not an image-text-to-text model (a VLM); a text model "
-        f"goes through mmspec generate --model {custom_code_lm}")
+        f"mmspec: error: {str(custom_code_lm)!r} is a mmspec_custom_lm checkpoint (CustomLM) of its own code (the auto_map of "
+        "its config.json provides AutoConfig, AutoModelForCausalLM), not an image-text-to-text model (a VLM); a text model "
+        f"goes through mmspec generate --model {custom_code_lm} --trust-remote-code")  # (was "is a checkpoint")
     with pytest.raises(ValueError) as raised:
         mmspec.pipeline("image-captioning", model=str(custom_code_lm))
     assert str(raised.value) == str(remote_code_refused(custom_code_lm))

@@ -225,19 +225,19 @@ def test_a_dataset_run_streams_records_and_resumes(folder, tmp_path, tmp_path_fa
     assert [r["path"] for r in records] == expand_images([str(folder)])
     assert "error" in records[2] and all(r["stats"]["new_tokens"] == 4 for i, r in enumerate(records) if i != 2)
     captured = capsys.readouterr()
-    assert "5 of 5 inputs done; this run captioned 4, 1 error(s)" in captured.out
+    assert "5 of 5 inputs done; this run captioned 4, 1 error" in captured.out
     assert captured.err.splitlines()[-1] == (f"mmspec: 1 of 5 rows failed; see their error field in {out}; "
                                              "rerun with --retry-errors to redo only them")
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:2]) + lines[3][:20])  # killed while writing the fourth record
     assert main(caption_args(folder, model, out)) == 2
-    assert "this run captioned 2, 1 error(s)" in capsys.readouterr().out  # the third (error) and the rest
+    assert "this run captioned 2, 1 error" in capsys.readouterr().out  # the third (error) and the rest
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["path"], r.get("text"), r.get("error")) for r in again] == [
         (r["path"], r.get("text"), r.get("error")) for r in records]  # the same file, nothing lost
     # the default prompt written out is the same run: it resumes (nothing left to do), not refused
     assert main([*caption_args(folder, model, out), "--prompt", "Describe the image."]) == 2
-    assert "this run captioned 0, 0 error(s)" in capsys.readouterr().out
+    assert "this run captioned 0, 0 errors" in capsys.readouterr().out
 
 
 def test_failed_rows_exit_2_and_retry_errors_redoes_only_them(folder, tmp_path, tmp_path_factory, capsys):
@@ -252,10 +252,10 @@ def test_failed_rows_exit_2_and_retry_errors_redoes_only_them(folder, tmp_path, 
     broken = folder / "sub" / "broken.png"
     Image.fromarray(np.full((24, 24, 3), 7, dtype=np.uint8)).save(broken, format="PNG")  # the input is fixed
     assert main(caption_args(folder, model, out)) == 2  # a resume keeps the failed record
-    assert "this run captioned 0, 0 error(s)" in capsys.readouterr().out
+    assert "this run captioned 0, 0 errors" in capsys.readouterr().out
     assert main([*caption_args(folder, model, out), "--retry-errors"]) == 0
     captured = capsys.readouterr()
-    assert "this run captioned 1, 0 error(s) (retried 1 failed row(s))" in captured.out and "rows failed" not in captured.err
+    assert "this run captioned 1, 0 errors (retried 1 failed row)" in captured.out and "rows failed" not in captured.err
     after = {r["path"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert list(after) == list(before) and "text" in after[str(broken)] and "error" not in after[str(broken)]
     assert all(after[p] == before[p] for p in before if p != str(broken))  # done rows kept as they were

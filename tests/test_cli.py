@@ -799,3 +799,20 @@ def test_t2i_and_the_benchmarks_take_trust_remote_code_off_by_default(tmp_path, 
     with pytest.raises(ValueError) as raised:
         mmspec.pipeline("text-to-image", model=str(custom_code_lm))
     assert str(raised.value) == str(remote_code_refused(custom_code_lm))
+
+
+def test_eval_captioner_makes_the_folders_of_its_out(tmp_path, monkeypatch, capsys):
+    """Every command that writes files makes the missing folders of its --out (caption, t2i, tts,
+    run, export, bench, the training recipes); ``mmspec train eval-captioner --out new/eval.json``
+    wrote with a bare write_text and failed after the whole evaluation (FileNotFoundError, the
+    report lost). The evaluation itself is stubbed: only the writing is under test."""
+    from mmspec.train import eval_captioner
+
+    weights = tmp_path / "smolcap.safetensors"
+    weights.write_bytes(b"")
+    monkeypatch.setattr("mmspec.hub.require_modules", lambda *args, **kwargs: None)
+    monkeypatch.setattr(eval_captioner, "build_captioner", lambda **kwargs: (None, None))
+    monkeypatch.setattr(eval_captioner, "evaluate", lambda *args: {"families": {}, "text_questions": []})
+    out = tmp_path / "new" / "deeper" / "eval.json"
+    assert main(["train", "eval-captioner", "--weights", str(weights), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["command"].startswith("mmspec train eval-captioner")

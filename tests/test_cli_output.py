@@ -327,3 +327,12 @@ def test_a_benchmarks_missing_metric_package_is_one_line_before_any_decoding(arg
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().startswith(f"mmspec: error: {said}")
     assert time.perf_counter() - started < 5  # (before the model loads)
+
+
+def test_counts_in_messages_agree_with_their_number():
+    """The one helper every printed count goes through (``1 rows``, ``1 image(s)``, ``over 1
+    prompts`` were printed before it)."""
+    from mmspec.core.words import count
+
+    assert [count(n, "row") for n in (0, 1, 2)] == ["0 rows", "1 row", "2 rows"]
+    assert count(1, "entry", "entries") == "1 entry" and count(3, "entry", "entries") == "3 entries"

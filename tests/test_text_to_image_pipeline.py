@@ -425,7 +425,7 @@ def test_a_run_replaces_an_earlier_runs_images_in_its_folder(tmp_path, capsys):
     assert main(["t2i", "a green triangle", "--num-images", "2", "--compare-baseline", "--out", str(out), "--no-progress"]) == 0
     assert main(["t2i", "a red square", "--out", str(out), "--no-progress"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["acceptance-0.png", "grid.png", "image-0.png"]
-    assert "removed 4 image(s) an earlier run left there" in capsys.readouterr().out
+    assert "removed 4 images an earlier run left there" in capsys.readouterr().out
 
 
 def test_the_image_drafter_recipe_links_its_head_into_the_targets_manifest(model_dir, tmp_path, monkeypatch, capsys):

@@ -31,6 +31,7 @@ from ..pipelines.images import open_image_file
 from .dataset import (Progress, ShardedResults, add_row_args, check_sharded_output, expand_images, failed_rows_exit,
                       interrupted_rows)
 from .output import difference_note, speedup_words
+from ..core import words
 
 IMAGE_ERRORS = (FileNotFoundError, ValueError)
 #: what the model's own code raises on one input it cannot take (e.g. transformers' Mistral3 on an
@@ -201,9 +202,9 @@ def run_caption_command(args) -> int:
         records = results.finish()
         if not args.json and rank == 0:  # (one summary, every process's counts)
             captioned, errors = results.made(records)
-            retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
-            print(f"{args.out}: {len(records)} of {len(paths)} inputs done; this run captioned {captioned}, "
-                  f"{errors} error(s){retried}")
+            retried = f" (retried {words.count(results.retried, 'failed row')})" if results.retried else ""
+            print(f"{args.out}: {len(records)} of {words.count(len(paths), 'input')} done; this run captioned {captioned}, "
+                  f"{words.count(errors, 'error')}{retried}")
     if args.json and rank == 0:
         print(json.dumps(records, indent=2))
     where = args.out or ("the JSON records" if args.json else "the error lines above")

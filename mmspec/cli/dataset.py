@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .output import OutputFiles, hold_lock, output_error, write_text
+from ..core import words
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -324,7 +325,7 @@ def failed_rows_exit(records: list[dict[str, Any]], where: str, retry: bool = Tr
     failed = sum("error" in r for r in records)
     if failed and show:
         redo = "; rerun with --retry-errors to redo only them" if retry else ""
-        print(f"mmspec: {failed} of {len(records)} rows failed; see their error field in {where}{redo}", file=sys.stderr,
+        print(f"mmspec: {failed} of {words.count(len(records), 'row')} failed; see their error field in {where}{redo}", file=sys.stderr,
               flush=True)
     if process is not None:
         process.wait()

@@ -13,6 +13,7 @@ from ..drafters.model import check_draft_vocabulary, config_vocab_size
 from ..hub import load_causal_lm, resolve_checkpoint, resolve_device
 from ..pipelines.captioning.methods import check_drafter_name
 from .output import difference_note, speedup_words
+from ..core import words
 
 
 def add_parser(subparsers) -> None:
@@ -79,7 +80,7 @@ def run_generate_command(args) -> int:
         same = "identical to" if result["identical_to_baseline"] else "DIFFERENT from"
         threads = torch.get_num_threads()
         print(f"output {same} plain decoding; {speedup_words(out.stats, baseline.stats)} "
-              f"({str(model.dtype).removeprefix('torch.')}, {threads} thread{'s' if threads != 1 else ''})")
+              f"({str(model.dtype).removeprefix('torch.')}, {words.count(threads, 'thread')})")
         note = difference_note(args.do_sample, model.dtype in (torch.bfloat16, torch.float16))
         if not result["identical_to_baseline"] and note:
             print(note)

@@ -9,6 +9,7 @@ from pathlib import Path
 from . import command_help
 from .output import OutputFiles, write_output
 from .args import check_output_path
+from ..core import words
 
 
 def add_parser(subparsers) -> None:
@@ -38,7 +39,7 @@ def interrupted(args, command: str) -> str:
     written = sorted(Path(args.out).glob("[0-9][0-9][0-9]*.*")) if task and Path(args.out).is_dir() else []
     if not written:
         return "no input was finished; nothing was saved"
-    return (f"the files of the inputs finished so far are in {args.out} ({len(written)} file{'s' if len(written) != 1 else ''}, "
+    return (f"the files of the inputs finished so far are in {args.out} ({words.count(len(written), 'file')}, "
             "none partial); rerun with the remaining inputs to finish")
 
 

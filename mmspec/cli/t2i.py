@@ -25,6 +25,7 @@ from . import command_help
 from .dataset import (IMAGE_SUFFIXES, ProcessState, Progress, ShardedResults, add_row_args, check_sharded_output,
                       failed_rows_exit, interrupted_rows)
 from .output import OutputFiles
+from ..core import words
 
 
 def add_parser(subparsers) -> None:
@@ -174,8 +175,8 @@ def run_prompts_file(pipe, prompts: list[str], args, results: ShardedResults) ->
     if results.process.rank == 0 and args.json:  # (one JSON document and one summary, every process's counts)
         print(json.dumps(records, indent=2))
     elif results.process.rank == 0:
-        retried = f" (retried {results.retried} failed row(s))" if results.retried else ""
-        print(f"{out / 'results.jsonl'}: {len(records)} of {len(prompts)} prompts done; this run drew "
+        retried = f" (retried {words.count(results.retried, 'failed row')})" if results.retried else ""
+        print(f"{out / 'results.jsonl'}: {len(records)} of {words.count(len(prompts), 'prompt')} done; this run drew "
               f"{sum(results.made(records))}{retried}")
     return failed_rows_exit(records, str(out / "results.jsonl"), show=results.process.rank == 0, process=results.process)
 
@@ -284,8 +285,8 @@ def run(args) -> int:
     if result.baseline_stats is not None:
         print(result.baseline_stats.summary() + "  [baseline, same seeds]")
     columns = "AR | method | acceptance map" if result.baseline_images is not None else "method | acceptance map"
-    removed = f"; removed {len(stale)} image(s) an earlier run left there" if stale else ""
-    print(f"wrote {len(result.images)} image(s) to {out}/ (grid.png: {columns}){removed}")
+    removed = f"; removed {words.count(len(stale), 'image')} an earlier run left there" if stale else ""
+    print(f"wrote {words.count(len(result.images), 'image')} to {out}/ (grid.png: {columns}){removed}")
     return 0
 
 

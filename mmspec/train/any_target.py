@@ -14,8 +14,11 @@ Bad rows are skipped and counted, never silently: an unreadable JSON line or dat
 prompt or response is no string counts as one), an
 empty prompt, a JSONL row with a field like ``image`` or ``response`` but none named so (``img``,
 ``images``, ``respone``), an image file that does not exist, an image that cannot be decoded, an image given
-to a text-only target, a data file (parquet / Arrow) that cannot be read (counted once). The
-counts are printed (and kept with the data shards, so a resumed run prints them too).
+to a text-only target, a data file (parquet / Arrow) that cannot be read or has no ``prompt``
+column (counted once, the other files still read). The counts are printed, each reason naming its
+first :data:`SHOWN` rows or files (``empty prompt (part-0.parquet rows 3, 7)``, ``missing image
+(lines 2, 9)``), and kept with the data shards, so a resumed run prints them too. Only a DATA with
+no usable row at all is refused.
 
 Without a ``response`` the target writes it itself (self-distillation): its own plain decoding of
 the prompt (greedy, or sampled at ``--sample-temperature`` with a per-row seed), ``--gen-batch``
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 
 from ..adapters.hf import VLM_FAMILIES, TransformersTarget
+from ..core import words
 from ..pipelines.captioning import DEFAULT_PROMPT
 from ..pipelines.captioning.components import escape_image_tokens, image_token_strings, no_chat_template
 
@@ -60,10 +64,49 @@ class Example:
     image: Any = None
     response: str | None = None
     group: str | None = None
+    source: str | None = None  # where the row is, for the skip summary: "line 3", "part-0.parquet row 2", an image's path
+
+
+#: how many rows / files a skip reason names before "..."
+SHOWN = 5
+#: the skip reasons that count whole data files, not rows
+FILE_REASONS = ("unreadable data file", "data file without a 'prompt' column")
 
 
 def _count(skipped: dict[str, int], reason: str) -> None:
     skipped[reason] = skipped.get(reason, 0) + 1
+
+
+def _note(where: dict[str, list[str]], reason: str, place: str | None) -> None:
+    """Keep ``place`` (a row's or file's location) under ``reason``, the first ``SHOWN + 1`` of each
+    (one past those shown, so that the summary knows to end with "...")."""
+    if place is not None and len(places := where.setdefault(reason, [])) <= SHOWN:
+        places.append(place)
+
+
+def name_places(skipped: dict[str, int], where: dict[str, list[str]]) -> dict[str, int]:
+    """``skipped`` with each reason that has places in ``where`` renamed to name its first
+    :data:`SHOWN` ones, e.g. "missing image (part-0.parquet row 3; part-1.parquet row 1, ...)"
+    (the rows of one file joined: "part-0.parquet rows 3, 7"; a JSONL's: "lines 2, 9")."""
+    named = {}
+    for reason, n in skipped.items():
+        places = where.get(reason, [])[: SHOWN + 1]
+        if not places:
+            named[reason] = n
+            continue
+        grouped: list[tuple[str, list[str]]] = []  # (the file and unit, "part-0.parquet row" / "line", its numbers) in order
+        for place in places[:SHOWN]:
+            file, _, number = place.rpartition(" ")
+            if not (number.isdigit() and (file == "line" or file.endswith(" row"))):
+                grouped.append((place, []))
+            elif grouped and grouped[-1][0] == file and grouped[-1][1]:
+                grouped[-1][1].append(number)
+            else:
+                grouped.append((file, [number]))
+        shown = "; ".join(f"{file}{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}" if numbers else file
+                          for file, numbers in grouped)
+        named[f"{reason} ({shown}{', ...' if n > SHOWN else ''})"] = n
+    return named
 
 
 def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT, prompt_given: bool = True,
@@ -86,21 +129,23 @@ def read_examples(data: str | os.PathLike, default_prompt: str = DEFAULT_PROMPT,
         raise ValueError(f"--data {data}: no such file or folder (give a JSONL file, an image folder, a saved dataset or parquet files)")
     tables = _dataset_files(str(data), path, is_glob)
     if tables is not None:
-        examples = _read_tables(*tables, skipped)
+        examples = _read_tables(*tables, skipped, str(data) if is_glob or path.is_file() else None)
     elif path.is_dir():
         beside = sorted(p.name for p in path.glob("*.jsonl"))
         if beside and not prompt_given:
             raise ValueError(f"--data {data} is read as a folder of images, each with the prompt {default_prompt!r}, but it "
                              f"holds {beside[0]}: pass --data {path / beside[0]} to use its rows, or {bare_images}")
         images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        examples = [Example(default_prompt, image) for image in images]
+        examples = [Example(default_prompt, image, source=str(image)) for image in images]
     elif path.suffix.lower() in (".jsonl", ".json"):
         examples = _read_jsonl(path, skipped)
     else:
         raise ValueError(f"--data {data}: give a .jsonl file, a folder of images, a saved datasets dataset (save_to_disk) "
                          "or parquet files")
     if not examples:
-        raise ValueError(f"--data {data} holds no usable row (skipped: {format_skipped(skipped) or 'none found'})")
+        columns = ("; the columns are prompt, image (optional), response (optional)"
+                   if any(reason.startswith(FILE_REASONS[1]) for reason in skipped) else "")
+        raise ValueError(f"--data {data} holds no usable row (skipped: {format_skipped(skipped) or 'none found'}){columns}")
     return examples, skipped
 
 
@@ -141,6 +186,7 @@ def _read_jsonl(path: Path, skipped: dict[str, int]) -> list[Example]:
             example = _checked(row["prompt"], row.get("image"), row.get("response"), path.parent, skipped, row.get("group"),
                                missing)
             if example is not None:
+                example.source = f"line {number}"
                 examples.append(example)
         for reason in skipped:
             if skipped[reason] != reasons.get(reason, 0):
@@ -224,17 +270,22 @@ def _dataset_files(data: str, path: Path, is_glob: bool) -> tuple[str, list[Path
     return ("parquet", files, path) if files else None
 
 
-def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[str, int]) -> list[Example]:
+def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[str, int], given: str | None = None
+                 ) -> list[Example]:
     """The rows of parquet / Arrow-stream ``files`` (columns prompt, image?, response?) -> examples;
-    a file that cannot be read is counted ("unreadable data file") and the rest are read."""
+    a file that cannot be read ("unreadable data file") or has no ``prompt`` column is counted and
+    the rest are read; each reason names its first rows ("part-0.parquet row 3") or files. ``given``:
+    the --data of a single file or a glob (the files are named as found), else the files are named
+    relative to ``root``."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError("this --data is a saved dataset / parquet files: install pyarrow (pip install pyarrow, or "
                          "mmspec[data]) or export the rows as JSONL") from None
-    examples = []
+    examples, where, read = [], {}, dict(skipped)
     for file in files:
+        name = str(file.relative_to(root)) if root is not None and given is None and file.is_relative_to(root) else str(file)
         try:
             if kind == "parquet":
                 table = pq.read_table(file)
@@ -242,25 +293,44 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
                 with pa.memory_map(str(file)) as source:
                     table = pa.ipc.open_stream(source).read_all()
         except (OSError, ValueError, pa.ArrowException):
-            _count(skipped, "unreadable data file")
+            _count(skipped, FILE_REASONS[0])
+            _note(where, FILE_REASONS[0], name)
             continue
-        if "prompt" not in table.column_names:
-            raise ValueError(f"--data {file}: no 'prompt' column (it has {', '.join(table.column_names)}); the columns "
-                             "are prompt, image (optional), response (optional)")
+        if "prompt" not in table.column_names:  # (one file of many written another way: the others still train)
+            _count(skipped, FILE_REASONS[1])
+            _note(where, FILE_REASONS[1], f"{name}, columns {', '.join(table.column_names) or 'none'}")
+            continue
         columns = [c for c in ("prompt", "image", "response", "group") if c in table.column_names]
-        for row in table.select(columns).to_pylist():
+        for number, row in enumerate(table.select(columns).to_pylist(), 1):
+            before = dict(skipped)
             prompt = row["prompt"]
             if not isinstance(prompt, (str, type(None))) or not isinstance(row.get("response"), (str, type(None))):
                 _count(skipped, "unreadable row")
-                continue
-            example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped, row.get("group"))
-            if example is not None:
-                examples.append(example)
+            else:
+                example = _checked(prompt or "", row.get("image"), row.get("response"), root or file.parent, skipped,
+                                   row.get("group"))
+                if example is not None:
+                    example.source = f"{name} row {number}"
+                    examples.append(example)
+            for reason in skipped:
+                if skipped[reason] != before.get(reason, 0):
+                    _note(where, reason, f"{name} row {number}")
+    named = name_places({r: n for r, n in skipped.items() if r not in read}, where)
+    skipped.clear()
+    skipped.update({**read, **named})
     return examples
 
 
 def format_skipped(skipped: dict[str, int]) -> str:
+    """{reason: n} -> "2 empty prompt (lines 3, 7), 1 missing image (line 9)", the reasons in order."""
     return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+
+
+def skipped_total(skipped: dict[str, int]) -> str:
+    """How many rows (and whole data files) ``skipped`` counts: "1 row", "3 rows and 1 data file"."""
+    files = sum(n for reason, n in skipped.items() if reason.startswith(FILE_REASONS))
+    rows = sum(skipped.values()) - files
+    return " and ".join([words.count(rows, "row")] * bool(rows or not files) + [words.count(files, "data file")] * bool(files))
 
 
 def split_held_out(count: int, fraction: float, seed: int = 0, groups: list[str | None] | None = None,
@@ -446,9 +516,16 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
                progress=None, feature_layer: int | tuple[int, ...] = -1) -> dict[str, Any]:
     """Shard of ``examples`` (indices ``first``..), ``--gen-batch`` rows at a time (encoded, the
     ones without a response answered together, teacher-forced; ``progress.step`` per group) ->
-    {"records": [...] each with its "index", "skipped": {reason: n}}."""
+    {"records": [...] each with its "index", "skipped": {reason: n}, "where": {reason: [the first
+    rows' sources]}}."""
     skipped: dict[str, int] = {}
+    where: dict[str, list[str]] = {}
     records = []
+
+    def skip(reason: str, index: int) -> None:
+        _count(skipped, reason)
+        _note(where, reason, examples[index - first].source)
+
     context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or float("inf")
     for start in range(0, len(examples), args.gen_batch):
         group = {}
@@ -456,10 +533,10 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
             try:
                 inputs = prompt_inputs(model, processor, is_vlm, examples[index - first])
             except ValueError as error:
-                _count(skipped, str(error))
+                skip(str(error), index)
                 continue
             if inputs["input_ids"].shape[1] >= context:
-                _count(skipped, "prompt longer than the context")
+                skip("prompt longer than the context", index)
                 continue
             group[index] = inputs
         todo = [i for i in group if examples[i - first].response is None]
@@ -469,17 +546,17 @@ def make_shard(target, model, processor, is_vlm: bool, examples: list[Example], 
             example = examples[index - first]
             answer = answers[index] if example.response is None else response_ids(target, processor, example.response)
             if len(answer) == 0:
-                _count(skipped, "empty response")
+                skip("empty response", index)
                 continue
             if prompt["input_ids"].shape[1] + len(answer) > context:
-                _count(skipped, "response past the context")
+                skip("response past the context", index)
                 continue
             record = features(target, with_response(prompt, answer, target), prompt["input_ids"].shape[1], shallow_layer, feature_layer)
             record["index"] = torch.tensor(index)
             records.append(record)
         if progress is not None:
             progress.step(count=min(args.gen_batch, len(examples) - start))
-    return {"records": records, "skipped": skipped}
+    return {"records": records, "skipped": skipped, "where": where}
 
 
 def cache_settings(args, examples: list[Example]) -> dict[str, Any]:
@@ -514,7 +591,7 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
                    shallow_layer: int | None, process, feature_layer: int | tuple[int, ...] = -1
                    ) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
     """Make the shards this process lacks (module doc), wait for the others, load all ->
-    (records in example order, {reason: rows skipped while encoding}). ``feature_layer``: the
+    (records in example order, {reason, naming its first rows: rows skipped while encoding}). ``feature_layer``: the
     states stored as "features" (:func:`features`)."""
     from ..cli.dataset import Progress
 
@@ -540,13 +617,16 @@ def prepare_shards(target, model, processor, is_vlm: bool, examples: list[Exampl
         tmp.replace(data_dir / f"shard-{shard:05d}.pt")
     progress.close()
     process.wait()
-    records, skipped = [], {}
+    records, skipped, where = [], {}, {}
     for shard in range(count):
         made = torch.load(data_dir / f"shard-{shard:05d}.pt", weights_only=True)
         records += made["records"]
         for reason, n in made["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
-    return records, skipped
+        for reason, places in made.get("where", {}).items():  # (a shard made before the places were kept has none)
+            for place in places:
+                _note(where, reason, place)
+    return records, name_places(skipped, where)
 
 
 def discard_cache(data_dir: Path) -> None:

@@ -27,6 +27,7 @@ from PIL import Image
 from .data import FAMILIES, SPLITS, make_sample
 from .data.core import CAPTION_PROMPTS, DETAILED_PROMPTS, parse_names, stable_hash
 from .data.renders import RENDERS, make_render
+from ..core import words
 
 GROUPS = (*FAMILIES, *RENDERS)
 
@@ -86,5 +87,5 @@ def run(args) -> int:
             image.save(out / name)
             lines.append(json.dumps({"image": name, "prompt": prompt, "group": group}))
     (out / "data.jsonl").write_text("\n".join(lines) + "\n")
-    print(f"caption-data: {len(lines)} rows ({args.per_group} per group: {', '.join(groups)}) in {out / 'data.jsonl'}")
+    print(f"caption-data: {words.count(len(lines), 'row')} ({args.per_group} per group: {', '.join(groups)}) in {out / 'data.jsonl'}")
     return 0

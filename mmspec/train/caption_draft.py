@@ -29,6 +29,7 @@ from ..hub import models_dir
 from ..modeling.captioner import build_processor
 from .checkpoint import TrainingRun, add_device_argument, autocast, set_lr, to_device, train_device, warmup_cosine
 from .data import FAMILIES, make_sample
+from ..core import words
 
 IGNORE = -100
 
@@ -150,7 +151,7 @@ def run(args) -> int:
         pairs = tokenise_pairs(processor, args.samples)
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save(pairs, cache)
-        print(f"tokenised {len(pairs)} pairs in {time.time() - started:.0f} s", flush=True)
+        print(f"tokenised {words.count(len(pairs), 'pair')} in {time.time() - started:.0f} s", flush=True)
     held_out = pairs[:512]  # the first pairs measure the loss; training draws from the rest
     train = pairs[512:]
     distilled, distilled_held_out = [], []

@@ -51,6 +51,7 @@ from ..hub import resolve_dtype
 from ..hub import models_dir
 from .eagle3 import eagle3_loss, target_states
 from .checkpoint import STATE_FILE, TrainingRun, add_device_argument, autocast, check_fresh_out, to_device, train_device, warmup_cosine
+from ..core import words
 
 TARGETS = ("smollm2", "captioner")
 
@@ -236,7 +237,7 @@ def prepare_data(args, model, tokenizer_or_processor, data_dir: Path, chunk: int
                                temperature=args.sample_temperature, seed=first + i) for i, s in enumerate(samples)]
             records = selfdistill.extract_caption_features(model, tokenizer_or_processor, [(s.image, s.prompt, a) for s, a in zip(samples, answers)])
         selfdistill.save_chunk(data_dir, index, records)
-        print(f"data chunk {index + 1}/{total}: {count} sequences in {time.time() - started:.0f} s", flush=True)
+        print(f"data chunk {index + 1}/{total}: {words.count(count, 'sequence')} in {time.time() - started:.0f} s", flush=True)
 
 
 def collate(records) -> dict[str, torch.Tensor]:
@@ -373,11 +374,11 @@ def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
     token_ids, _ = frequent_tokens(train, size)
     if not held_out:  # (--held-out 0: nothing to measure the coverage on, so none is claimed)
         save_draft_vocabulary(out, token_ids, held_out_coverage=None)
-        print(f"draft vocabulary: {len(token_ids)} tokens (no held-out answers to measure their coverage on)", flush=True)
+        print(f"draft vocabulary: {words.count(len(token_ids), 'token')} (no held-out answers to measure their coverage on)", flush=True)
         return
     share = coverage(token_ids, held_out)
     save_draft_vocabulary(out, token_ids, held_out_coverage=round(share, 4))
-    print(f"draft vocabulary: {len(token_ids)} tokens cover {share:.1%} of held-out answer tokens", flush=True)
+    print(f"draft vocabulary: {words.count(len(token_ids), 'token')} cover{'s' * (len(token_ids) == 1)} {share:.1%} of held-out answer tokens", flush=True)
 
 
 def parameter_groups(head: torch.nn.Module, vision_lr_scale: float = 1.0) -> list[dict]:
@@ -676,8 +677,8 @@ def run_any_target(args) -> int:
     for reason, n in encode_skipped.items():
         skipped[reason] = skipped.get(reason, 0) + n
     if process.rank == 0:
-        print(f"data: {len(records)} sequences from {args.data}"
-              + (f"; skipped {sum(skipped.values())} rows: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
+        print(f"data: {words.count(len(records), 'sequence')} from {args.data}"
+              + (f"; skipped {any_target.skipped_total(skipped)}: {any_target.format_skipped(skipped)}" if skipped else "; no row skipped"),
               flush=True)
     if not records:
         process.wait()  # (every process has read the shards)
@@ -688,8 +689,8 @@ def run_any_target(args) -> int:
     groups = [examples_of(record, examples).group for record in records]
     train_ids, held_ids = any_target.split_held_out(len(records), args.held_out, args.seed, groups, held_groups)
     if held_groups and process.rank == 0:
-        print(f"held out of training: groups {', '.join(sorted(held_groups))} ({len(held_ids)} sequences); training on "
-              f"{len(train_ids)} sequences of groups {', '.join(sorted({g or '(none)' for g in groups} - held_groups))}", flush=True)
+        print(f"held out of training: groups {', '.join(sorted(held_groups))} ({words.count(len(held_ids), 'sequence')}); training on "
+              f"{words.count(len(train_ids), 'sequence')} of groups {', '.join(sorted({g or '(none)' for g in groups} - held_groups))}", flush=True)
     train, held_out = [records[i] for i in train_ids], [records[i] for i in held_ids]
     if args.steps == 0:
         return data_only(cache, process.rank == 0)
@@ -819,7 +820,7 @@ def evaluate(args, target, model, processor, is_vlm: bool, held_examples, held_r
     # in bf16 / fp16 a near-tie can round differently in a one-token and a many-token forward, so
     # the target's own answers and the verified ones may part there; fp32 is exact
     note = "" if model.dtype == torch.float32 else f" ({report['dtype']}: near-ties may round differently; exact in float32)"
-    print(f"held-out tau of {report['drafter']}: {report['tau']:.2f} over {len(taus)} prompts"
+    print(f"held-out tau of {report['drafter']}: {report['tau']:.2f} over {words.count(len(taus), 'prompt')}"
           + (f"; greedy output identical to the target's own answers on {same}/{compared}{note}" if compared else ""), flush=True)
     return report
 

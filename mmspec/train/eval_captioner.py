@@ -98,6 +98,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..cli.output import write_text
     from ..hub import require_modules
 
     require_modules(("pycocoevalcap",), "the captioner's BLEU-4 and CIDEr-D", "pip install --no-deps pycocoevalcap "
@@ -109,7 +110,9 @@ def run(args) -> int:
     report = evaluate(model, processor, args.split, args.per_family)
     report["minutes"] = round((time.time() - started) / 60, 1)
     report["command"] = f"mmspec train eval-captioner --split {args.split} --per-family {args.per_family}"
-    Path(args.out or Path(args.weights).with_name("eval.json")).write_text(json.dumps(report, indent=1))
+    # (through the commands' one writer: the folders of --out made, as every command's, not a
+    # FileNotFoundError after the whole evaluation)
+    write_text(args.out or Path(args.weights).with_name("eval.json"), json.dumps(report, indent=1))
     print(json.dumps({f: {k: v for k, v in r.items() if k != "examples"} for f, r in report["families"].items()}, indent=1))
     print(json.dumps(report["text_questions"], indent=1))
     return 0

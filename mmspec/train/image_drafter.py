@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..core.sampling import SamplingConfig, cfg_combine, logits_to_probs
 from ..modeling.heads import ImageEagleConfig, ImageEagleHead, target_width
 from .checkpoint import TrainingRun, add_run_arguments, set_lr, train_device, warmup_cosine
+from ..core import words
 
 
 VAL_START = 1000
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     for p in target.model.parameters():
         p.requires_grad_(False)
     print(f"image EAGLE head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
-          f"{len(codes)} sequences", flush=True)
+          f"{words.count(len(codes), 'sequence')}", flush=True)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     run_state.resume_into(head=head, optimizer=optimizer)
     generator = torch.Generator().manual_seed(run_state.step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .data.open_text import SEED_TEXT, SMOLLM2_TEXT, generate_smollm2, smollm2_text
+from ..core import words
 
 #: where a run without --out or --package writes (under the working directory)
 DEFAULT_DIR = Path("runs/open-text")
@@ -50,4 +51,4 @@ def run(args) -> None:
     args.out = str(out)  # (what an interrupted run names)
     out.parent.mkdir(parents=True, exist_ok=True)
     held = generate_smollm2(args.count, out, batch_size=args.batch_size, seed=args.seed)
-    print(f"open-text: {held} sentences in {out}")
+    print(f"open-text: {words.count(held, 'sentence')} in {out}")

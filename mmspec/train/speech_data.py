@@ -25,6 +25,7 @@ import torch
 from ..hub import MissingDependencyError
 from .data.open_text import SOURCES, open_corpus, parse_sources
 from .data.sentences import sentence
+from ..core import words
 
 
 def load_voice():
@@ -179,5 +180,5 @@ def run(args) -> None:
                     "sample_rate": voice.config.sample_rate, "first_index": first}, tmp)
         tmp.replace(path)
         seconds = sum(a.shape[0] for a in audio) / voice.config.sample_rate
-        print(f"{path.name}: {len(texts)} sentences, {seconds / 60:.1f} min of speech in {time.time() - started:.0f} s",
+        print(f"{path.name}: {words.count(len(texts), 'sentence')}, {seconds / 60:.1f} min of speech in {time.time() - started:.0f} s",
               flush=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .data.open_text import SOURCES
+from ..core import words
 
 #: shard file name pattern (the shard index, 4 digits), and the pattern that finds the shards
 SHARD, SHARDS = "self-{:04d}.pt", "self-*.pt"
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         torch.save({"first": chunk.start, "sentences": len(chunk), "items": items}, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
         frames_made = sum(item["codes"].shape[1] for item in items)
-        print(f"shard {index}: {len(items)} sentences, {frames_made / c.codec.frame_rate / 60:.1f} min of speech, "
+        print(f"shard {index}: {words.count(len(items), 'sentence')}, {frames_made / c.codec.frame_rate / 60:.1f} min of speech, "
               f"{time.perf_counter() - begin:.0f} s" + (f"; {skipped} skipped (the front end refused them, or they "
                                                         "do not fit the context)" if skipped else ""), flush=True)
     return 0

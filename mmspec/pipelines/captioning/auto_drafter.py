@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...core import words
+
 #: benchmarked drafters of a checkpoint, read by drafter="auto"
 DRAFTERS_FILE = "mmspec_drafters.json"
 #: drafter="auto" without a DRAFTERS_FILE
@@ -122,7 +124,7 @@ def describe_machine(machine: dict[str, Any] | None) -> str:
         cpu += f" with {' '.join(flags)}"
     threads = machine.get("threads")
     parts = [str(machine.get("dtype", "dtype not recorded")),
-             f"{threads} thread{'s' if threads != 1 else ''}" if threads else "threads not recorded",
+             words.count(threads, 'thread') if threads else "threads not recorded",
              cpu if machine.get("device", "cpu") == "cpu" else str(machine["device"]),
              f"torch {machine.get('torch', 'not recorded')}"]
     return ", ".join(parts)

@@ -35,6 +35,7 @@ from ..images import png_base64
 from .components import T2IComponents
 from ..methods import parse_spec
 from .methods import METHODS, SETTINGS, T2IMethod, make_method, register_method
+from ...core import words
 
 __all__ = ["METHODS", "SETTINGS", "T2IComponents", "T2IMethod", "TextToImageOutput", "TextToImagePipeline",
            "TextToImageStats", "check_call_arguments", "make_method", "register_method"]
@@ -129,7 +130,7 @@ class TextToImageStats(DictAccess):
                    per_image=[s.to_dict() for s in runs])
 
     def summary(self) -> str:
-        line = (f"{self.method}: {self.images} image(s), {self.tokens} tokens in {self.wall_time_s:.2f}s, "
+        line = (f"{self.method}: {words.count(self.images, 'image')}, {words.count(self.tokens, 'token')} in {self.wall_time_s:.2f}s, "
                 f"step compression {self.step_compression:.2f}x, tau {self.tau:.2f}")
         return line + (f", speedup {self.speedup:.2f}x" if self.speedup is not None else "")
 
