@@ -405,6 +405,8 @@ def test_the_machine_record_names_the_cpu_model(monkeypatch):
     assert describe_machine(machine).startswith("bfloat16, 1 thread, AMD EPYC (family 26 model 2) with ")
     del machine["cpu_model"]  # a record written before the field: as before
     assert machine_line(machine).startswith("AMD EPYC (") and "AMD EPYC with " in describe_machine(machine)
+    emulated = {**machine, "cpu_flags": ["avx2"], "emulated_from": ["avx2", "avx512f"]}  # (MMSPEC_CPU_FLAGS)
+    assert "AMD EPYC with avx2, run as such on a CPU with avx2 avx512f, torch" in describe_machine(emulated)
 
 
 def test_bench_caption_takes_trust_remote_code_off_by_default(tmp_path, capsys, custom_code_lm, no_terminal):
@@ -422,3 +424,26 @@ def test_bench_caption_takes_trust_remote_code_off_by_default(tmp_path, capsys, 
     assert main([*argv, "--trust-remote-code"]) == 2  # (a text LM: loaded with its code, then refused as no VLM)
     assert "is a mmspec_custom_lm checkpoint (CustomLM) of its own code (the auto_map of its config.json provides " \
            "AutoConfig, AutoModelForCausalLM), not an image-text-to-text model" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bench_times_auto_as_it_samples(tmp_path, tmp_path_factory):
+    """`bench caption --methods auto` at a temperature > 0 times the drafters file's sampled choice,
+    as the pipeline runs it (it timed the greedy choice there)."""
+    import shutil
+
+    import mmspec
+    from mmspec.bench.caption import drafter_for
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(cached_tiny_checkpoint("smolvlm", tmp_path_factory), model_dir)
+    save_tiny_draft(tmp_path / "draft", vocab_size=len(AutoTokenizer.from_pretrained(model_dir)))
+    (model_dir / "mmspec_drafters.json").write_text(json.dumps({
+        "machine": {"dtype": "float32", "threads": 1}, "sampled_temperature": 1.0, "drafters": [
+            {"drafter": "prompt-lookup", "speedup": 2.0, "sampled_speedup_per_token": 0.9},
+            {"drafter": "spd:../draft", "speedup": 1.0, "sampled_speedup_per_token": 1.5}]}))
+    pipe = mmspec.pipeline("image-captioning", model=str(model_dir), dtype="fp32", drafter="ar")
+    greedy, sampled = drafter_for(pipe, "auto"), drafter_for(pipe, "auto", do_sample=True)
+    assert type(greedy).__name__ == "PromptLookupDrafter" and type(sampled).__name__ != "PromptLookupDrafter"
+    _, name, reason = pipe.auto_choice(do_sample=True)
+    assert name == "spd:../draft" and reason.startswith("auto when sampling")

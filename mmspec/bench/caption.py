@@ -94,13 +94,14 @@ def check_methods(methods: list[str]) -> None:
             check_drafter_name(spec)
 
 
-def drafter_for(pipe, method: str):
+def drafter_for(pipe, method: str, do_sample: bool = False):
     """A method name -> the drafter object the pipeline's generate call takes (None for ar), its
-    networks optimized as the pipeline optimizes its own (``mmspec caption --drafter`` runs them so)."""
+    networks optimized as the pipeline optimizes its own (``mmspec caption --drafter`` runs them so).
+    ``auto`` is what drafter="auto" runs for a greedy or, with ``do_sample``, a sampled caption."""
     spec, k = parse_method(method)
     if spec == "ar":
         return None
-    drafter = pipe.resolve_drafter(spec, k)[0]
+    drafter = pipe.auto_choice(do_sample)[0] if spec == "auto" and k is None else pipe.resolve_drafter(spec, k)[0]
     if pipe.optimization is not None:
         optimize_components(drafter)
     return drafter
@@ -221,6 +222,9 @@ def run(args) -> int:
     results["meta"].update(machine=machine_info(dtype_name(pipe.dtype), args.threads, args.device),
                            linears=pipe.optimization.label if pipe.optimization else "as loaded")
     drafters = {method: drafter_for(pipe, method) for method in methods}
+    # drafter="auto" samples with the drafters file's per-token choice: timed as it runs
+    sampled = {method: drafter_for(pipe, method, do_sample=True) if method == "auto" and any(temperatures) else drafters[method]
+               for method in methods}
     if batch_sizes:
         return run_throughput(args, results, results_path, pipe, drafters, items, batch_sizes, temperatures)
     for family, index, image, prompt in items:
@@ -231,7 +235,7 @@ def run(args) -> int:
                     key = f"{temperature:g}/{family}/{index}/{method}/{round_index}"
                     if key in results["runs"]:
                         continue
-                    out = generate(pipe.target, drafter=drafters[method], max_new_tokens=args.max_new_tokens,
+                    out = generate(pipe.target, drafter=(sampled if temperature > 0 else drafters)[method], max_new_tokens=args.max_new_tokens,
                                    do_sample=temperature > 0, temperature=temperature or 1.0,
                                    seed=1000 * index + round_index, eos_token_id=pipe.eos_token_ids, **inputs)
                     new = out.sequences[0, inputs["input_ids"].shape[1]:]

@@ -115,13 +115,16 @@ def read_drafters_file(model_dir: str | os.PathLike) -> list[dict[str, Any]] | N
 
 
 def describe_machine(machine: dict[str, Any] | None) -> str:
-    """A table's "machine" record -> "bfloat16, 1 thread, AMD EPYC with avx512f avx512_bf16, torch 2.14.1"."""
+    """A table's "machine" record -> "bfloat16, 1 thread, AMD EPYC with avx512f avx512_bf16, torch 2.14.1"
+    (a machine run as another kind by ``MMSPEC_CPU_FLAGS`` says so: "..., run as such on a CPU with ...")."""
     if not machine:
         return "machine not recorded"
     cpu = machine.get("cpu", "CPU not recorded") + (f" ({machine['cpu_model']})" if "cpu_model" in machine else "")
     flags = machine.get("cpu_flags")
     if flags:
         cpu += f" with {' '.join(flags)}"
+    if machine.get("emulated_from"):  # (MMSPEC_CPU_FLAGS: run as such a CPU, not one)
+        cpu += f", run as such on a CPU with {' '.join(machine['emulated_from'])}"
     threads = machine.get("threads")
     parts = [str(machine.get("dtype", "dtype not recorded")),
              words.count(threads, 'thread') if threads else "threads not recorded",

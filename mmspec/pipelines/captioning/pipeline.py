@@ -403,6 +403,18 @@ class ImageCaptioningPipeline(Pipeline):
         (:func:`choose_sampling_drafter`) when it measured one."""
         return self._auto_drafter(choose_sampling_drafter(self.model_dir, self.runs_on) if self.auto else None)
 
+    def auto_choice(self, do_sample: bool = False) -> tuple[Drafter | None, str, str]:
+        """(drafter, name, reason) that ``drafter="auto"`` runs for one caption, greedy or sampled
+        (the drafters file's per-token choice where it measured one, as :meth:`sampling_drafter`),
+        whatever this pipeline's own drafter: what ``mmspec bench caption --methods auto`` times."""
+        choice = choose_sampling_drafter(self.model_dir, self.runs_on) if do_sample else None
+        if choice is None:
+            return self.resolve_drafter("auto")
+        spec, k, reason = choice
+        resolved = self._table_spec(spec)
+        drafter, name, _ = self.resolve_drafter(resolved, k)
+        return drafter, name if resolved == spec else spec, reason  # (the file's name for a path)
+
     def drafter_for(self, do_sample: bool, batch_size: int = 1) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) that a call runs: a batch's (:meth:`batch_drafter`), else a sampled
         caption's (:meth:`sampling_drafter`), else the pipeline's own."""
