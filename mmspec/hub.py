@@ -224,7 +224,7 @@ def load_causal_lm(
     except weights_unreadable() as error:
         raise damaged_weights(name_or_path, error) from None
     except OSError as error:
-        raise FileNotFoundError(f"cannot load the model {str(name_or_path)!r}: {str(error).splitlines()[0]}") from None
+        raise cannot_load("model", name_or_path, error) from None
     except RuntimeError as error:
         raise mismatched_weights(name_or_path, error) from None
     except ValueError as error:
@@ -275,6 +275,13 @@ def weights_unreadable() -> tuple[type[Exception], ...]:
     from safetensors import SafetensorError
 
     return (SafetensorError,)
+
+
+def cannot_load(what: str, name: str | os.PathLike, error: OSError) -> FileNotFoundError:
+    """One line for a checkpoint transformers could not open (its OSError: a missing file, a hub id
+    the offline cache lacks): ``what`` ("model", "codec", "assistant"), its name and the error's
+    first line, not transformers' paragraph."""
+    return FileNotFoundError(f"cannot load the {what} {str(name)!r}: {str(error).splitlines()[0]}")
 
 
 def damaged_weights(name: str | os.PathLike, error: Exception) -> ValueError:

@@ -111,14 +111,14 @@ class AssistantDrafter(BatchDrafting, Drafter):
                              '(a Gemma4AssistantForCausalLM directory or hub id, e.g. google/gemma-4-e2b-it-assistant)')
         from transformers import AutoModelForCausalLM
 
-        from ..hub import is_remote_code_refusal, remote_code_refused
+        from ..hub import cannot_load, is_remote_code_refusal, remote_code_refused
 
         param = next(target.model.parameters())
         try:  # (False, not None: transformers would ask [y/N] on the terminal about an assistant of its own code)
             assistant = AutoModelForCausalLM.from_pretrained(arg, dtype=param.dtype, trust_remote_code=False)
             assistant = assistant.to(param.device).eval()
         except OSError as error:  # (offline with a hub id not cached: transformers' two lines about the connection)
-            raise FileNotFoundError(f"cannot load the assistant {arg!r}: {str(error).splitlines()[0]}") from None
+            raise cannot_load("assistant", arg, error) from None
         except ValueError as error:
             if is_remote_code_refusal(error):
                 raise remote_code_refused(arg, f"load it with AutoModelForCausalLM.from_pretrained({arg!r}, trust_remote_code="

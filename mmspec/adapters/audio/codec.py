@@ -91,13 +91,13 @@ def load_codec(path_or_hub_id: str | Path, device: str | torch.device = "cpu", d
     from transformers import AutoConfig, AutoModel
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-    from ...hub import check_model_path
+    from ...hub import cannot_load, check_model_path
 
     path = check_model_path(str(path_or_hub_id))
     try:  # (one line, not transformers' paragraph: a hub id not in the cache with HF_HUB_OFFLINE=1, a folder without config.json)
         model_type = AutoConfig.from_pretrained(path).model_type  # (the kind checked before the weights load)
     except OSError as error:
-        raise FileNotFoundError(f"cannot load the codec {str(path_or_hub_id)!r}: {str(error).splitlines()[0]}") from None
+        raise cannot_load("codec", path_or_hub_id, error) from None
     if MODEL_MAPPING_NAMES.get(model_type) not in {cls.model_class for cls in CODECS.values()}:
         raise ValueError(f"{path_or_hub_id} is a {model_type!r} model, not a supported audio codec; supported: "
                          f"{supported_models()}")

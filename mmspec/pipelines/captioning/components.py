@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...adapters.hf import VLM_FAMILIES, CapturedTransformersTarget, TransformersTarget
-from ...hub import (ALIASES as TEXT_MODELS, check_model_path, damaged_weights, is_remote_code_refusal, mismatched_weights,
+from ...hub import (ALIASES as TEXT_MODELS, cannot_load, check_model_path, damaged_weights, is_remote_code_refusal, mismatched_weights,
                     model_kind_error, remote_code_refused, weights_unreadable)
 
 
@@ -87,7 +87,7 @@ def load_captioning_model(
     except weights_unreadable() as error:
         raise damaged_weights(name, error) from None
     except OSError as error:
-        raise FileNotFoundError(f"cannot load the model {name!r}: {str(error).splitlines()[0]}") from None
+        raise cannot_load("model", name, error) from None
     except RuntimeError as error:
         raise mismatched_weights(name, error) from None
     except ValueError as error:  # (a processor or model class of its own code, the config's being the library's)

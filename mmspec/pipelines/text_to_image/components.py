@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ...adapters.image_gen import GuidedImageTarget, LlamaGenTarget, VQImageTokenizer
-from ...hub import (ALIASES as TEXT_MODELS, dtype_name, is_remote_code_refusal, no_models_note, remote_code_refused,
+from ...hub import (ALIASES as TEXT_MODELS, cannot_load, dtype_name, is_remote_code_refusal, no_models_note, remote_code_refused,
                     resolve_device, resolve_dtype)
 from .prompts import ImageComponents, shared_text_encoder
 
@@ -347,7 +347,7 @@ def _load_transformers(model: Any, device: torch.device, processor: Any, family_
         try:
             config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
         except OSError as error:  # (offline with a hub id not cached: transformers' two lines about the connection)
-            raise FileNotFoundError(f"cannot load the model {str(model)!r}: {str(error).splitlines()[0]}") from None
+            raise cannot_load("model", model, error) from None
         except ValueError as error:
             if is_remote_code_refusal(error):
                 raise remote_code_refused(model) from None
