@@ -379,13 +379,19 @@ class ImageCaptioningPipeline(Pipeline):
             return self.drafter, self.chosen_drafter, self.drafter_reason
         spec, k, reason = choice
         if (spec, k) not in self._auto_drafters:
-            resolved = self._table_spec(spec)
-            drafter, name, _ = self.resolve_drafter(resolved, k)
+            drafter, name = self._table_drafter(spec, k)
             if self.optimization is not None:
                 optimize_components(drafter)
-            self._auto_drafters[spec, k] = drafter, name if resolved == spec else spec  # the file's name for a path
+            self._auto_drafters[spec, k] = drafter, name
         drafter, name = self._auto_drafters[spec, k]
         return drafter, name, reason
+
+    def _table_drafter(self, spec: str, k: int | None) -> tuple[Drafter | None, str]:
+        """(drafter, name) of a drafters-file entry, built as written there (its path relative to
+        the model directory) and named as the file names it, not optimized or kept."""
+        resolved = self._table_spec(spec)
+        drafter, name, _ = self.resolve_drafter(resolved, k)
+        return drafter, name if resolved == spec else spec  # the file's name for a path
 
     def batch_drafter(self, batch_size: int, do_sample: bool = False) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) for a batch: the pipeline's own, or with drafter="auto" the
@@ -411,9 +417,7 @@ class ImageCaptioningPipeline(Pipeline):
         if choice is None:
             return self.resolve_drafter("auto")
         spec, k, reason = choice
-        resolved = self._table_spec(spec)
-        drafter, name, _ = self.resolve_drafter(resolved, k)
-        return drafter, name if resolved == spec else spec, reason  # (the file's name for a path)
+        return *self._table_drafter(spec, k), reason
 
     def drafter_for(self, do_sample: bool, batch_size: int = 1) -> tuple[Drafter | None, str, str]:
         """(drafter, name, reason) that a call runs: a batch's (:meth:`batch_drafter`), else a sampled
