@@ -335,6 +335,10 @@ FILE_EXTENSIONS = ("txt|csv|tsv|json|jsonl|yaml|yml|toml|ini|cfg|xml|html?|md|rs
 EMOTICONS = ("</3", "<3", ":-)", ":)", ":-(", ":(", ":-D", ":D", ";-)", ";)", ":-P", ":P", ":-p", ":p")
 #: the private-use characters that stand for :data:`EMOTICONS` between the first rule and the final filter
 EMOTICON_MARKS = {chr(0xF0000 + i): e for i, e in enumerate(EMOTICONS)}
+EMOTICON_AS_MARK = {e: m for m, e in EMOTICON_MARKS.items()}
+#: an emoticon standing alone; a heart not after a number or an operator ("2 <3 4")
+EMOTICON_PATTERN = re.compile(r"(?<!\S)(?:(?<![\d=+*/-] )(?:{})|{})(?=\s|$|[.,!?])".format(
+    "|".join(re.escape(e) for e in EMOTICONS if "3" in e), "|".join(re.escape(e) for e in EMOTICONS if "3" not in e)))
 #: the numero sign: "Nº 5", "nº 7", "№ 9" -> "number ..." (NFKC makes "Nº" "No" and "№" "No")
 NUMERO = r"(?<![A-Za-z])(?:[Nn]\u00ba|\u2116)\s?"
 #: "Ns of": a multiple, not seconds ("10s of people" -> "tens of people"); another "Ns" is seconds
@@ -438,10 +442,7 @@ class EnglishNormalizer(TextNormalizer):
     def _emoticons(text: str) -> str:
         """An emoticon of :data:`EMOTICONS` standing alone -> its private-use mark (:data:`EMOTICON_MARKS`),
         which no rule reads and :meth:`_final` drops and names as written."""
-        marks = {e: m for m, e in EMOTICON_MARKS.items()}
-        hearts = "|".join(re.escape(e) for e in EMOTICONS if "3" in e)  # not after a number or operator: "2 <3 4"
-        faces = "|".join(re.escape(e) for e in EMOTICONS if "3" not in e)
-        return re.sub(rf"(?<!\S)(?:(?<![\d=+*/-] )(?:{hearts})|{faces})(?=\s|$|[.,!?])", lambda m: marks[m.group(0)], text)
+        return EMOTICON_PATTERN.sub(lambda m: EMOTICON_AS_MARK[m.group(0)], text)
 
     @staticmethod
     def _characters(text: str) -> str:
