@@ -330,7 +330,10 @@ def skipped_total(skipped: dict[str, int]) -> str:
     """How many rows (and whole data files) ``skipped`` counts: "1 row", "3 rows and 1 data file"."""
     files = sum(n for reason, n in skipped.items() if reason.startswith(FILE_REASONS))
     rows = sum(skipped.values()) - files
-    return " and ".join([words.count(rows, "row")] * bool(rows or not files) + [words.count(files, "data file")] * bool(files))
+    parts = [words.count(rows, "row")] if rows or not files else []
+    if files:
+        parts.append(words.count(files, "data file"))
+    return " and ".join(parts)
 
 
 def split_held_out(count: int, fraction: float, seed: int = 0, groups: list[str | None] | None = None,
