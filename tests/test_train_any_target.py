@@ -739,6 +739,57 @@ def test_eagle3_text_target_vocabulary_resume_eval_export(text_target, tmp_path,
     assert again.stats.mean_accepted_length == drafted.stats.mean_accepted_length > 1.0  # (drafts accepted: 1.29 here)
 
 
+def test_eagle3_kl_weight_fine_tunes_an_init_on_sampled_answers(text_target, tmp_path, capsys):
+    """--method eagle3 --kl-weight (a head for drafting under sampling): the data keeps the target's
+    last hidden_states entry after the three fused layers, whose LM-head rows give the target's own
+    logits; the loss adds w KL(p || q) over the draft vocabulary, equal to the sum over positions of
+    p (log p - log q) with p from the target's logits (an independent forward); an --init head keeps
+    its draft vocabulary (written next to it, not the new data's); the head decodes exactly; and
+    --kl-weight for a head without a KL term is refused in one line."""
+    from mmspec.hub import load_causal_lm
+    from mmspec.api import chat_inputs
+    from mmspec.modeling.eagle3 import Eagle3Head
+    from mmspec.drafters.vocab import load_draft_vocabulary
+    from mmspec.train.drafter import collate, input_embedding_table
+    from mmspec.train.eagle3 import eagle3_loss, unroll
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(8)])
+    base = tmp_path / "base"
+    assert train(text_target, data, base, "--steps", "2", "--method", "eagle3", "--draft-vocab", "6", "--eval-examples", "0") == 0
+    out = tmp_path / "t1"
+    assert train(text_target, data, out, "--steps", "4", "--method", "eagle3", "--init", str(base), "--kl-weight", "1",
+                 "--sample-temperature", "1", "--ttt-steps", "2", "--eval-examples", "1") == 0
+    model, tokenizer = load_causal_lm(text_target, dtype=torch.float32)
+    hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["feature_layer"][-1] == layers and len(manifest["feature_layer"]) == 4
+    head, first = Eagle3Head.load(out, model), Eagle3Head.load(base, model)
+    assert torch.equal(head.token_ids, first.token_ids) and torch.equal(load_draft_vocabulary(out), first.token_ids)
+    records = [r for s in sorted((out / "data").glob("shard-*.pt")) for r in torch.load(s, weights_only=True)["records"]]
+    batch = collate(records[:2])
+    states = batch["features"].float()
+    assert states.shape[-1] == 4 * hidden
+    logits = model(input_ids=batch["ids"]).logits[..., head.token_ids].float()  # [B, L, N], the target's own
+    embed, rows = input_embedding_table(model), model.get_output_embeddings().weight.detach()[head.token_ids]
+    head = head.float()
+    with torch.no_grad():
+        plain, _ = eagle3_loss(head, embed, batch, states[..., : 3 * hidden], ttt_steps=1)
+        both, _ = eagle3_loss(head, embed, batch, states, ttt_steps=1, kl_weight=0.5, target_rows=rows)
+        log_q = torch.log_softmax(head.logits(unroll(head, embed, batch["ids"], states[..., : 3 * hidden], 1)[0]).float(), -1)
+    learnt = batch["learn"][:, 2:]
+    log_p = torch.log_softmax(logits[:, 1:-1], -1)[learnt]  # x_{t+2}'s distribution, read at t + 1
+    kl = (log_p.exp() * (log_p - log_q[learnt])).sum(-1).mean()
+    assert learnt.sum() > 4
+    torch.testing.assert_close(both - plain, 0.5 * kl, rtol=1e-4, atol=1e-5)
+    inputs = chat_inputs(tokenizer, "Tell me about topic 12.")
+    plain_run, drafted = greedy_pair(model, f"eagle3:{out}", inputs)
+    assert torch.equal(drafted.sequences, plain_run.sequences)
+    capsys.readouterr()
+    assert train(text_target, data, tmp_path / "m", "--steps", "1", "--method", "medusa", "--kl-weight", "1") == 2
+    assert "--kl-weight is an option of the EAGLE heads (--method eagle or eagle3), not --method medusa: drop it" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen3_5", "gemma3"])
 def test_eagle3_vlm_families_decode_exactly_and_export(family, tmp_path_factory, tmp_path, capsys):
     """--method eagle3 for VLMs (an image folder, self-distilled): the held-out greedy decodes equal

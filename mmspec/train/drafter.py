@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision-lr-scale", type=float, default=1.0,
                         help="--vision-tokens: the adaptor's learning rate over --lr (a new adaptor beside a trained --init head)")
     parser.add_argument("--kl-weight", type=float, default=0.0,
-                        help="EAGLE: weight of KL(target || head) on the draft vocabulary (for drafting under sampling)")
+                        help="EAGLE / EAGLE-3: weight of KL(target || head) on the draft vocabulary (for drafting under "
+                             "sampling; EAGLE-3 then stores the target's last layer with its data)")
     parser.add_argument("--init", default=None, help="start from this head directory")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="draft from the N most frequent tokens of the data (FR-Spec; 0 = the whole vocabulary)")
@@ -365,13 +366,15 @@ def kangaroo_loss(adapter: KangarooAdapter, final_norm, lm_head: torch.Tensor, b
     return torch.nn.functional.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean().item()
 
 
-def write_draft_vocabulary(out: Path, size: int, train, held_out) -> None:
-    """Save the ``size`` most frequent answer tokens of ``train`` next to the head, with their
+def write_draft_vocabulary(out: Path, size: int, train, held_out, token_ids: torch.Tensor | None = None) -> None:
+    """Save the ``size`` most frequent answer tokens of ``train`` next to the head, or ``token_ids``
+    where the head comes with its own (an EAGLE-3 ``--init``: :func:`init_vocabulary`), with their
     coverage of the held-out answers (:mod:`mmspec.drafters.vocab`)."""
-    if not size:
+    if token_ids is None and not size:
         (out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
         return
-    token_ids, _ = frequent_tokens(train, size)
+    if token_ids is None:
+        token_ids, _ = frequent_tokens(train, size)
     if not held_out:  # (--held-out 0: nothing to measure the coverage on, so none is claimed)
         save_draft_vocabulary(out, token_ids, held_out_coverage=None)
         print(f"draft vocabulary: {words.count(len(token_ids), 'token')} (no held-out answers to measure their coverage on)", flush=True)
@@ -415,14 +418,17 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
 
     if method == "eagle3":
         head = eagle3_head(model, args, out)
-        aux_layers = tuple(head.config.aux_layers)
+        layers = eagle3_state_layers(tuple(head.config.aux_layers), model, args.kl_weight)
+        fused = len(head.config.aux_layers) * head.config.target_hidden_size
         image_token_id = vision_image_token(head, model)
 
         def loss_of(head, embed, lm_head, batch, *rest):  # (its own LM head over the draft vocabulary: no subsampling)
             states = batch["features"] if stored_states else \
-                target_states(model, batch["ids"].to(model.device), aux_layers).to(batch["ids"].device)
-            vision = None if image_token_id is None else head.vision_context(*image_features(batch["ids"], states, image_token_id))
-            return eagle3_loss(head, embed, batch, states, args.ttt_steps, vision)
+                target_states(model, batch["ids"].to(model.device), layers).to(batch["ids"].device)
+            vision = None if image_token_id is None else \
+                head.vision_context(*image_features(batch["ids"], states[..., :fused], image_token_id))
+            rows = lm_head[head.token_ids.to(lm_head.device)] if args.kl_weight else None
+            return eagle3_loss(head, embed, batch, states, args.ttt_steps, vision, args.kl_weight, rows)
     elif method == "eagle":
         head = init_head(method, args.init, model) if args.init else EagleHead(text_decoder(model).config).float()
         head = with_vision_option(head, getattr(args, "vision_tokens", 0))
@@ -443,6 +449,14 @@ def make_head(method: str, model, embed: torch.Tensor, args, device: torch.devic
         head = init_head(method, args.init, model) if args.init else DraftHeads(embed.shape[1], args.num_heads, method).float()
         loss_of = heads_loss
     return head, loss_of
+
+
+def init_vocabulary(args, model) -> torch.Tensor | None:
+    """The draft vocabulary an ``--init`` head brings and keeps (EAGLE-3's LM head has a row per
+    draft token: its own, not the new data's most frequent ones) [N], or None (the data's is written)."""
+    if args.method != "eagle3" or not args.init:
+        return None
+    return init_head("eagle3", args.init, model).token_ids
 
 
 def init_head(method: str, directory: str, model) -> torch.nn.Module:
@@ -515,14 +529,26 @@ def eagle3_head(model, args, out: Path):
 
 def feature_layer(method: str, model, args) -> int | tuple[int, ...]:
     """The target states a method's records keep as "features": the last layer's (-1), or for
-    EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3))."""
+    EAGLE-3 the ``hidden_states`` entries its head fuses (``--init``'s, else (2, L // 2, L - 3)),
+    and with ``--kl-weight`` the last entry after them (:func:`eagle3_state_layers`)."""
     if method != "eagle3":
         return -1
     from ..modeling.eagle3 import default_aux_layers
 
     if args.init:
-        return tuple(init_head(method, args.init, model).config.aux_layers)
-    return default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+        aux = tuple(init_head(method, args.init, model).config.aux_layers)
+    else:
+        aux = default_aux_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+    return eagle3_state_layers(aux, model, args.kl_weight)
+
+
+def eagle3_state_layers(aux_layers: tuple[int, ...], model, kl_weight: float) -> tuple[int, ...]:
+    """The ``hidden_states`` entries an EAGLE-3 head's training reads: the fused ``aux_layers``,
+    then with ``kl_weight`` > 0 the last one (L: after the final norm, what the LM head reads), from
+    which :func:`mmspec.train.eagle3.eagle3_loss` takes the target's distribution."""
+    if not kl_weight:
+        return tuple(aux_layers)
+    return tuple(aux_layers) + (model.config.get_text_config(decoder=True).num_hidden_layers,)
 
 
 def input_embedding_table(model) -> torch.Tensor:
@@ -542,13 +568,16 @@ CHAIN_SPECS = {"eagle": "eagle", "eagle3": "eagle3"}
 
 
 def check_vision_option(args) -> None:
-    """``--vision-tokens``: a non-negative count, for ``--method eagle`` or ``eagle3``."""
+    """``--vision-tokens``: a non-negative count, for ``--method eagle`` or ``eagle3``; so is ``--kl-weight``."""
     if args.vision_tokens < 0:
         raise ValueError(f"--vision-tokens must be 0 (off) or a positive count, got {args.vision_tokens}")
     if not (math.isfinite(args.vision_lr_scale) and args.vision_lr_scale > 0):
         raise ValueError(f"--vision-lr-scale must be a positive number, got {args.vision_lr_scale}")
     if args.vision_tokens and args.method not in ("eagle", "eagle3"):
         raise ValueError(f"--vision-tokens is an option of the EAGLE heads (--method eagle or eagle3), not --method {args.method}")
+    if args.kl_weight and args.method not in ("eagle", "eagle3"):
+        raise ValueError(f"--kl-weight is an option of the EAGLE heads (--method eagle or eagle3), not --method {args.method}: "
+                         "drop it")
 
 
 def check_target_for_method(args, model, target, shallow_layer: int | None) -> None:
@@ -697,7 +726,7 @@ def run_any_target(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     vocabulary = min(args.draft_vocab, model.get_output_embeddings().weight.shape[0])
     if process.rank == 0:
-        write_draft_vocabulary(out, vocabulary, train, held_out)
+        write_draft_vocabulary(out, vocabulary, train, held_out, init_vocabulary(args, model))
     process.wait()
     embed = input_embedding_table(model).to(device)
     lm_head = model.get_output_embeddings().weight.detach().float().to(device)
@@ -895,7 +924,7 @@ def run(args) -> int:
     extra = [record for directory in args.extra_data for record in load_chunks(Path(directory))]
     held = min(64, len(records) // 8)
     held_out, train = records[:held], records[held:] + extra
-    write_draft_vocabulary(out, args.draft_vocab, train, held_out)
+    write_draft_vocabulary(out, args.draft_vocab, train, held_out, init_vocabulary(args, model))
     embed = model.get_input_embeddings().weight.detach().to(device)
     lm_head = model.get_output_embeddings().weight.detach().to(device)
     head, loss_of = make_head(args.method, model, embed, args, device, out, stored_states=False)

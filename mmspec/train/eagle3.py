@@ -16,6 +16,13 @@ x_{t+k+2}, attending to step 0's keys at positions <= t and to its own earlier s
 (the diagonal): exactly what a chain drafted after the committed position t sees. Loss
 sum_k 0.8^k CE over the draft vocabulary (positions whose token is learnt and inside it).
 
+For drafting under sampling (``--kl-weight w``, the data's answers sampled) the loss adds
+w sum_k 0.8^k KL(p_k || q_k) on every learnt position: p_k the target's own distribution of
+x_{t+k+2} over the draft vocabulary, softmax(LMHead(h_{t+k+1})) renormalised there, from the
+target's last ``hidden_states`` entry h (after its final norm), stored as a fourth block of the
+states; q_k the head's step-k distribution. Speculative sampling accepts a draft with probability
+sum min(p, q) = 1 - TV(p, q), so the whole distribution, not one sampled token, is the target.
+
 A vision-aware head (:class:`~mmspec.modeling.eagle3.VisionEagle3Head`, ``--vision-tokens K``)
 reads the stored states at each row's image tokens through its adaptor: every step's queries also
 see the k prefix keys (positions 0..k-1, the pairs at k + t) and every feature gets the global
@@ -110,31 +117,44 @@ def unroll(head: Eagle3Head, embed: torch.Tensor, ids: torch.Tensor, states: tor
 
 
 def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Tensor], states: torch.Tensor,
-                ttt_steps: int = 3, vision: VisionContext | None = None) -> tuple[torch.Tensor, float]:
+                ttt_steps: int = 3, vision: VisionContext | None = None, kl_weight: float = 0.0,
+                target_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """The training-time-test loss over a batch (module docstring; :func:`unroll`).
 
     Args:
         head: the head being trained.
         embed: the target's input embedding table [V, H].
         batch: ``ids`` [B, L] and ``learn`` [B, L] (:func:`collate_ids`).
-        states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`).
+        states: the target's fused-layer states [B, L, 3 H] (:func:`target_states`), followed with
+            ``kl_weight`` > 0 by its last ``hidden_states`` entry [B, L, 3 H + H].
         ttt_steps: unrolled steps K (1: plain teacher forcing).
         vision: a :class:`~mmspec.modeling.eagle3.VisionEagle3Head`'s context of the batch's images
             (:meth:`~mmspec.modeling.eagle3.VisionEagle3Head.vision_context`), or None.
+        kl_weight: w of the KL term (module docstring); 0: none.
+        target_rows: with ``kl_weight``, the target's LM-head rows of the draft vocabulary [N, H]
+            (``lm_head[head.token_ids]``).
 
     Returns:
-        (sum_k 0.8^k CE_k over the draft vocabulary, step 0's top-1 accuracy there); positions whose
-        token is outside the draft vocabulary are not scored, and a batch with none scored (a
-        held-out batch of tokens the training data never had) gives a zero loss and accuracy 0.
+        (sum_k 0.8^k (CE_k + w KL_k) over the draft vocabulary, step 0's top-1 accuracy there);
+        positions whose token is outside the draft vocabulary get no CE, and a batch with nothing
+        scored (a held-out batch of tokens the training data never had) gives a zero loss and accuracy 0.
     """
     ids, learn = batch["ids"], batch["learn"]
+    fused = len(head.config.aux_layers) * head.config.target_hidden_size
+    final = states[..., fused:] if kl_weight else None
     to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
     to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
     total, accuracy = None, 0.0
-    for k, s in enumerate(unroll(head, embed, ids, states, ttt_steps, vision)):
+    for k, s in enumerate(unroll(head, embed, ids, states[..., :fused], ttt_steps, vision)):
         span = s.shape[1] - k  # positions t whose target x_{t+k+2} exists
         target = to_draft[ids[:, k + 2 : k + 2 + span]]
-        use = learn[:, k + 2 : k + 2 + span] & (target >= 0)
+        learnt = learn[:, k + 2 : k + 2 + span]
+        use = learnt & (target >= 0)
+        if kl_weight and learnt.any():  # p: the target's distribution of x_{t+k+2}, from h at t + k + 1
+            log_q = torch.log_softmax(head.logits(s[:, :span][learnt]).float(), dim=-1)
+            log_p = torch.log_softmax(final[:, k + 1 : k + 1 + span][learnt].float() @ target_rows.T.float(), dim=-1)
+            term = 0.8**k * kl_weight * F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+            total = term if total is None else total + term
         if not use.any():
             continue
         logits = head.logits(s[:, :span][use]).float()
