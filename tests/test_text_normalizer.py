@@ -242,6 +242,11 @@ CASES = [
      "one two three, four five six seven."),
     ("The 1st-2nd and 2nd \u2013 3rd places; play C# or F# minor, then A#m and #5.",
      "The first to second and second to third places, play C sharp or F sharp minor, then A sharp minor and number five."),
+    # stop 89: a plural after a name's number was "three s"; a fraction before an inch or foot mark was
+    # "three quarters" (the mark dropped); "six" in the plural was "sixs"
+    ("Two MP3s, the F1s, G6s and 4x4s; a 3/4\" pipe, a 3/16\" drill, a 1/2' board, 5/4\" thick.",
+     "Two M-P threes, the F ones, G sixes and four x fours, a three quarters of an inch pipe, a three sixteenths of an inch "
+     "drill, a one half of a foot board, five quarters inches thick."),
 ]
 
 

@@ -138,8 +138,10 @@ def year(n: int) -> str:
 
 
 def plural_words(words: str) -> str:
-    """"nineteen ninety" -> "nineteen nineties"; "two thousand" -> "two thousands"."""
-    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+    """"nineteen ninety" -> "nineteen nineties"; "two thousand" -> "two thousands"; "six" -> "sixes"."""
+    if words.endswith("y"):
+        return words[:-1] + "ies"
+    return words + ("es" if words.endswith("x") else "s")
 
 
 def _is_one(number: str) -> bool:
@@ -401,6 +403,15 @@ def _mark_unit(quote: str, singular: str, plural: str) -> Callable[[re.Match], s
         return f"{cardinal(m.group(1))} {singular if _is_one(m.group(1)) else plural}"
 
     return said
+
+
+def _fraction_of_unit(m: re.Match) -> str:
+    """'3/4"' -> "three quarters of an inch", "1/2'" -> "one half of a foot", '5/4"' -> "five quarters inches"."""
+    top, bottom = int(m.group(1)), int(m.group(2))
+    inch = m.group(3) not in ("'", "\u2019", "\u2032")
+    if top < bottom:
+        return f"{fraction(top, bottom)} of {'an inch' if inch else 'a foot'}"
+    return f"{fraction(top, bottom)} {'inches' if inch else 'feet'}"
 
 
 def _sentence_end(text: str, end: int) -> bool:
@@ -807,6 +818,8 @@ class EnglishNormalizer(TextNormalizer):
                       feet_inches, text)
         text = re.sub(rf"(?<![\w.'\u2019/])({NUMBER}){FOOT}(?![\w'\u2019\u2032])", _mark_unit("'", "foot", "feet"), text)
         text = re.sub(rf"(?<![\w.'\"/])({NUMBER}){INCH}(?![\w'\"])", _mark_unit('"', "inch", "inches"), text)
+        # a fraction of an inch or a foot: '3/4"' -> "three quarters of an inch", '3/2"' -> "three halves inches"
+        text = re.sub(rf"(?<![\w.'\"/])(\d+)/([2-9]|1[0-6]|32|64)({INCH}|{FOOT})(?![\w'\"\u2019\u2032])", _fraction_of_unit, text)
         per_names = "|".join(re.escape(k) for k in sorted({*UNITS, *RATE_UNITS}, key=len, reverse=True))
 
         def compound(m):  # "20 m/s" -> "twenty meters per second" (the slash was read "or")
@@ -843,6 +856,8 @@ class EnglishNormalizer(TextNormalizer):
         # what is left of "Ns": "10s of people" -> "tens of people" (:data:`MULTIPLES_OF`); "90s music"
         # a decade (a lower-case word not in :data:`AFTER_SECONDS` after it); else seconds: "wait 10s"
         multiples = "|".join(re.escape(k) for k in MULTIPLES_OF)
+        # a name's number in the plural: "MP3s" -> "MP threes", "F1s" -> "F ones" (was "three s")
+        text = re.sub(r"(?<=[A-Za-z])(\d{1,3})s\b", lambda m: " " + plural_words(cardinal(m.group(1))), text)
         text = re.sub(rf"(?<![\w.,'])({multiples})s(?=\s+of\b)", lambda m: MULTIPLES_OF[m.group(1)], text)
         text = re.sub(r"(?<![\w.,'-])([2-9]0)s(?=\s+([a-z]+)\b)",
                       lambda m: m.group(0) if m.group(2) in AFTER_SECONDS else plural_words(cardinal(m.group(1))), text)
