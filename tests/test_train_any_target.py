@@ -192,7 +192,7 @@ def test_a_data_that_gives_no_row_leaves_no_cache_behind(text_target, tmp_path, 
     data = write_jsonl(tmp_path / "data.jsonl", [{"image": f"imgs/{i}.png", "prompt": f"Topic {i}?"} for i in range(4)])
     out = tmp_path / "head"
     assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 2
-    assert "no row could be used (4 image given to a text-only target (lines 1, 2, 3, 4); nothing was cached)" in capsys.readouterr().err
+    assert "no row could be used (4 images given to a text-only target (lines 1, 2, 3, 4); nothing was cached)" in capsys.readouterr().err
     assert not (out / "data").exists()
     write_jsonl(data, [{"prompt": f"Topic {i}?"} for i in range(4)])  # (fixed in place: the same path and row count)
     assert train(text_target, data, out, "--steps", "2", "--eval-examples", "0") == 0
@@ -516,7 +516,7 @@ def test_parquet_and_arrow_forms_count_bad_rows_and_train(tmp_path_factory, tmp_
     assert train(target, folder, out, "--steps", "2", "--method", "eagle3", "--eval-examples", "1", "--max-new-tokens", "5") == 0
     text = capsys.readouterr().out
     assert "data: 4 sequences from" in text
-    assert ("skipped 4 rows and 1 data file: 2 empty prompt (part-0.parquet row 3; part-1.parquet row 2), 1 missing image "
+    assert ("skipped 4 rows and 1 data file: 2 empty prompts (part-0.parquet row 3; part-1.parquet row 2), 1 missing image "
             "(part-0.parquet row 4), 1 unreadable data file (part-2.parquet), 1 unreadable image (part-1.parquet row 1)") in text
     assert json.loads((out / "eval.json").read_text())["tau"] >= 1.0
 
@@ -539,7 +539,7 @@ def test_a_parquet_file_without_a_prompt_column_is_skipped_and_named(tmp_path):
     examples, skipped = read_examples(folder)
     assert [e.prompt for e in examples] == ["a", "c", "h"]
     assert format_skipped(skipped) == ("1 data file without a 'prompt' column (part-1.parquet, columns question, image), "
-                                       "6 empty prompt (part-0.parquet rows 2, 4, 5, 6, 7, ...)")
+                                       "6 empty prompts (part-0.parquet rows 2, 4, 5, 6, 7, ...)")
     assert skipped_total(skipped) == "6 rows and 1 data file" and skipped_total({"empty prompt (line 2)": 1}) == "1 row"
     with pytest.raises(ValueError) as refused:
         read_examples(folder / "part-1.parquet")
@@ -562,7 +562,7 @@ def test_a_missing_image_names_the_path_it_was_looked_for_at(tmp_path):
     (tmp_path / "ds").mkdir()
     examples, skipped = read_examples(write_jsonl(tmp_path / "ds" / "data.jsonl", rows))
     assert [e.prompt for e in examples] == ["y"]
-    assert format_skipped(skipped) == (f"2 missing image (lines 1, 3; no file {tmp_path / 'ds' / 'imgs' / 'a.png'}: an image "
+    assert format_skipped(skipped) == (f"2 missing images (lines 1, 3; no file {tmp_path / 'ds' / 'imgs' / 'a.png'}: an image "
                                        "path is relative to the JSONL file's folder)")
     # an absolute path is where it was looked for: no hint about relative paths (the drafter audit)
     _, skipped = read_examples(write_jsonl(tmp_path / "abs.jsonl", [{"image": str(tmp_path / "nope.png"), "prompt": "x"},
@@ -583,7 +583,7 @@ def test_a_misspelt_image_or_response_field_is_a_skipped_row(tmp_path):
             {"image": "a.png", "prompt": "w", "image_id": 7, "id": "r4"}, {"prompt": "v", "response": "Yes.", "response_id": 2}]
     examples, skipped = read_examples(write_jsonl(tmp_path / "data.jsonl", rows))
     assert [e.prompt for e in examples] == ["w", "v"]
-    assert format_skipped(skipped) == ("2 row with a field like 'image' but none named so (lines 1, 2), "
+    assert format_skipped(skipped) == ("2 rows with a field like 'image' but none named so (lines 1, 2), "
                                        "1 row with a field like 'response' but none named so (line 3)")
 
 
@@ -601,7 +601,7 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
             {"prompt": "hi", "response": 5}, {"prompt": "hi", "response": None}]  # (a response 5 was self-distilled, unsaid)
     examples, skipped = read_examples(write_jsonl(tmp_path / "mixed.jsonl", rows))
     assert len(examples) == 2 and format_skipped(skipped) == (
-        "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable line (lines 2, 5, 6, 7, 8)")
+        "1 empty prompt (line 3), 1 row without a prompt (line 4), 5 unreadable lines (lines 2, 5, 6, 7, 8)")
     # a .json dataset file holding one array was "17 unreadable line (lines 1, 2, 3, 4, 5, ...)" (the drafter audit)
     (tmp_path / "array.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=2))
     with pytest.raises(ValueError, match=r"array.json is one JSON array, not JSON Lines: write one \{\"prompt\": ...\} object a line"):
@@ -610,7 +610,7 @@ def test_jsonl_encodings_and_the_lines_of_skipped_rows(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"prompt": ["a", "b"], "response": [1, 2]}), tmp_path / "numbers.parquet")
-    with pytest.raises(ValueError, match=r"holds no usable row \(skipped: 2 unreadable row \(.*numbers.parquet rows 1, 2\)\)"):
+    with pytest.raises(ValueError, match=r"holds no usable row \(skipped: 2 unreadable rows \(.*numbers.parquet rows 1, 2\)\)"):
         read_examples(tmp_path / "numbers.parquet")
 
 

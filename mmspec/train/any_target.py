@@ -39,6 +39,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -322,8 +323,17 @@ def _read_tables(kind: str, files: list[Path], root: Path | None, skipped: dict[
 
 
 def format_skipped(skipped: dict[str, int]) -> str:
-    """{reason: n} -> "2 empty prompt (lines 3, 7), 1 missing image (line 9)", the reasons in order."""
-    return ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+    """{reason: n} -> "2 empty prompts (lines 3, 7), 1 missing image (line 9)", the reasons in order
+    (:func:`plural_reason` where n is not 1)."""
+    return ", ".join(f"{n} {reason if n == 1 else plural_reason(reason)}" for reason, n in sorted(skipped.items()))
+
+
+def plural_reason(reason: str) -> str:
+    """A skip reason for several rows or files: its first noun in the plural, before the places
+    it names ("image given to a text-only target" -> "images given ...", "unreadable data file
+    (a.parquet)" -> "unreadable data files (a.parquet)")."""
+    head, bracket, places = reason.partition(" (")
+    return re.sub(r"\b(prompt|image|response|file|line|row)\b(?!-)", r"\1s", head, count=1) + bracket + places
 
 
 def skipped_total(skipped: dict[str, int]) -> str:
