@@ -781,6 +781,8 @@ def test_eagle3_kl_weight_fine_tunes_an_init_on_sampled_answers(text_target, tmp
     kl = (log_p.exp() * (log_p - log_q[learnt])).sum(-1).mean()
     assert learnt.sum() > 4
     torch.testing.assert_close(both - plain, 0.5 * kl, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="kl_weight needs the target's last layer"):
+        eagle3_loss(head, embed, batch, states[..., : 3 * hidden], ttt_steps=1, kl_weight=0.5, target_rows=rows)
     inputs = chat_inputs(tokenizer, "Tell me about topic 12.")
     plain_run, drafted = greedy_pair(model, f"eagle3:{out}", inputs)
     assert torch.equal(drafted.sequences, plain_run.sequences)

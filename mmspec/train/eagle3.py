@@ -141,6 +141,9 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
     """
     ids, learn = batch["ids"], batch["learn"]
     fused = len(head.config.aux_layers) * head.config.target_hidden_size
+    if kl_weight and states.shape[-1] != fused + head.config.target_hidden_size:
+        raise ValueError(f"kl_weight needs the target's last layer after the {len(head.config.aux_layers)} fused ones: states "
+                         f"[..., {fused + head.config.target_hidden_size}], got [..., {states.shape[-1]}]")
     final = states[..., fused:] if kl_weight else None
     to_draft = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
     to_draft[head.token_ids.to(ids.device)] = torch.arange(head.config.draft_vocab_size, device=ids.device)
