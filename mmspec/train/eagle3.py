@@ -153,14 +153,17 @@ def eagle3_loss(head: Eagle3Head, embed: torch.Tensor, batch: dict[str, torch.Te
         target = to_draft[ids[:, k + 2 : k + 2 + span]]
         learnt = learn[:, k + 2 : k + 2 + span]
         use = learnt & (target >= 0)
-        if kl_weight and learnt.any():  # p: the target's distribution of x_{t+k+2}, from h at t + k + 1
-            log_q = torch.log_softmax(head.logits(s[:, :span][learnt]).float(), dim=-1)
+        scored = learnt if kl_weight else use  # (the KL reads every learnt row; the CE those inside the vocabulary)
+        if not scored.any():
+            continue
+        logits = head.logits(s[:, :span][scored]).float()
+        if kl_weight:  # p: the target's distribution of x_{t+k+2}, from h at t + k + 1
             log_p = torch.log_softmax(final[:, k + 1 : k + 1 + span][learnt].float() @ target_rows.T.float(), dim=-1)
-            term = 0.8**k * kl_weight * F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+            term = 0.8**k * kl_weight * F.kl_div(torch.log_softmax(logits, dim=-1), log_p, log_target=True, reduction="batchmean")
             total = term if total is None else total + term
+            logits = logits[(target >= 0)[learnt]]
         if not use.any():
             continue
-        logits = head.logits(s[:, :span][use]).float()
         term = 0.8**k * F.cross_entropy(logits, target[use])
         total = term if total is None else total + term
         if k == 0:
