@@ -408,7 +408,7 @@ def _mark_unit(quote: str, singular: str, plural: str) -> Callable[[re.Match], s
 def _fraction_of_unit(m: re.Match) -> str:
     """'3/4"' -> "three quarters of an inch", "1/2'" -> "one half of a foot", '5/4"' -> "five quarters inches"."""
     top, bottom = int(m.group(1)), int(m.group(2))
-    inch = m.group(3) not in ("'", "\u2019", "\u2032")
+    inch = re.fullmatch(FOOT, m.group(3)) is None
     if top < bottom:
         return f"{fraction(top, bottom)} of {'an inch' if inch else 'a foot'}"
     return f"{fraction(top, bottom)} {'inches' if inch else 'feet'}"
@@ -853,11 +853,11 @@ class EnglishNormalizer(TextNormalizer):
         # word that leaves no other reading ("10s" alone may be ten seconds)
         text = re.sub(r"\b((?:the|his|her|their|my|your|our|early|mid|late)[ -])([1-9]0)['\u2019]?s\b",
                       lambda m: m.group(1) + plural_words(cardinal(m.group(2))), text, flags=re.IGNORECASE)
+        # a name's number in the plural: "MP3s" -> "MP threes", "F1s" -> "F ones" (was "three s")
+        text = re.sub(r"(?<=[A-Za-z])(\d{1,3})s\b", lambda m: " " + plural_words(cardinal(m.group(1))), text)
         # what is left of "Ns": "10s of people" -> "tens of people" (:data:`MULTIPLES_OF`); "90s music"
         # a decade (a lower-case word not in :data:`AFTER_SECONDS` after it); else seconds: "wait 10s"
         multiples = "|".join(re.escape(k) for k in MULTIPLES_OF)
-        # a name's number in the plural: "MP3s" -> "MP threes", "F1s" -> "F ones" (was "three s")
-        text = re.sub(r"(?<=[A-Za-z])(\d{1,3})s\b", lambda m: " " + plural_words(cardinal(m.group(1))), text)
         text = re.sub(rf"(?<![\w.,'])({multiples})s(?=\s+of\b)", lambda m: MULTIPLES_OF[m.group(1)], text)
         text = re.sub(r"(?<![\w.,'-])([2-9]0)s(?=\s+([a-z]+)\b)",
                       lambda m: m.group(0) if m.group(2) in AFTER_SECONDS else plural_words(cardinal(m.group(1))), text)
