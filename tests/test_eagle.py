@@ -248,13 +248,14 @@ def _fused_model_and_head(dtype):
     return model, head
 
 
-def _started(target, drafters, sampling=None):
-    """Prefill the tiny prompt (its first token committed) and start every drafter on it, each with
-    a generator seeded 3; returns the sequence state (inside inference mode)."""
+def _started(target, drafters, sampling=None, layers=-1):
+    """Prefill the tiny prompt (its first token committed; the target's ``hidden_layer=layers``) and
+    start every drafter on it, each with a generator seeded 3; returns the sequence state (inside
+    inference mode)."""
     from mmspec.core.drafter import DraftContext
     from mmspec.core.sampling import SamplingConfig
 
-    state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=-1)
+    state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=layers)
     state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     for drafter in drafters:
         drafter.start(DraftContext(target, sampling or SamplingConfig(), torch.Generator().manual_seed(3), {}), state)
@@ -278,14 +279,14 @@ def _same_head_cache(fused, loop, length, dtype):
         assert torch.equal(mine, theirs)
 
 
-def _accept_first_children(target, state, draft, most, drafters):
+def _accept_first_children(target, state, draft, most, drafters, layers=-1):
     """Verify a tree ``draft`` as if up to ``most`` of its first children were accepted (fewer where
     the line ends), commit them and the target's next token, and tell every drafter."""
     tree, path = draft.tree, []
     while tree is not None and len(path) < most and tree.children(path[-1] if path else -1):
         path.append(tree.children(path[-1] if path else -1)[0])
     drafted = draft.tokens[0, path]
-    out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=-1)
+    out = target.forward(state, state.verification_inputs(drafted[None]), hidden_layer=layers)
     state.commit(torch.cat([drafted[None], out.logits[:, len(path)].argmax(-1, keepdim=True)], dim=1))
     for drafter in drafters:
         drafter.on_verified(draft.length, len(path), out)

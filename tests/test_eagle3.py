@@ -392,6 +392,51 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
         assert max(lengths) < 4, lengths
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_nodes,norm_before_residual", [(40, False), (12, True), ("auto", False)])
+def test_the_fused_eagle3_tree_grows_what_the_python_tree_grows(dtype, num_nodes, norm_before_residual):
+    """Where the head runs fused, EAGLE-3's top-k tree grows in one C call (the committed pairs fused
+    by fc, then every layer's expansion over [N1(e); Nh(s)] with its tree mask, the final norm, the
+    draft LM head, the softmax and the top-k): the Python tree's nodes, parents and depths, its
+    scores within float rounding, and the head's cache as the Python tree leaves it, verification
+    after verification; with num_nodes="auto" (nominal budget) the same layers are grown, the rule
+    asked between them. (Attention sharpened, so that a wrong mask or position shows.)"""
+    import copy
+
+    from test_eagle import _accept_first_children, _fused_model_and_head, _started
+
+    model, _ = _fused_model_and_head(dtype)  # (skips where the fused kernels do not run)
+    head = random_head(model, size=64, seed=2).to(dtype)
+    head.config.norm_before_residual = norm_before_residual
+    with torch.no_grad():
+        head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
+    assert mmspec.optimize(head, kernel="c").replaced > 0
+    fused, loop = (Eagle3TreeDrafter(model, h, depth=4, top_k=3, num_nodes=num_nodes, budget="nominal")
+                   for h in (head, copy.deepcopy(head)))
+    trees, fused_tree = [], fused._fused_tree
+    fused._fused_tree = lambda *args: trees.append(fused_tree(*args)) or trees[-1]
+    loop._fused_tree = lambda *args: None  # the Python tree
+    target, layers = TransformersTarget(model), head.config.aux_layers
+    with torch.inference_mode():
+        state = _started(target, (fused, loop), layers=layers)
+        for step in range(4):
+            mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+            assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None), step
+            if mine.tree is not None:
+                assert torch.equal(mine.tree.parents, theirs.tree.parents)
+                torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
+            assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards + 1  # (the prompt's pairs in two)
+            length = fused.cache.get_seq_length()
+            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            # (the loop's norms and rotation are PyTorch's: the same formula, sums in another order)
+            torch.testing.assert_close(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :],
+                                       **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}))
+            _accept_first_children(target, state, mine, step % 3, (fused, loop), layers=layers)
+    assert len(trees) == 4 and all(tree is not None for tree in trees)  # (the first: the prompt's pairs but the last fed first)
+    assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)
+    assert fused.describe().get("fused_head") and not loop.describe().get("fused_head")
+
+
 def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):
     """``chain_settings.json`` beside a head gives ``from_spec`` K and the confidence stop per dtype
     of the target and kind of generation (a K the user gives sets both; another dtype's part is

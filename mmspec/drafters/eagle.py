@@ -43,7 +43,8 @@ from ..core.target import TargetOutput
 from ..core.sampling import logits_to_probs
 from ..core.tree import TokenTree, dynamic_tree, expansion_mask, sampled_dynamic_tree
 from ..hub import dtype_name
-from ..modeling.fused import chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head, linear_operand
+from ..modeling.fused import (GrownTree, chain_draws, chain_samples, fused_plans, head_chain, head_tree, int8_amx, int8_head,
+                             linear_operand)
 from ..modeling.heads import EagleHead, VisionContext
 from ..modeling.lean import lean_supported, rotary
 from .captured_chain import CapturedEagle2Tree, CapturedEagleChain, CapturedHeadStep
@@ -681,22 +682,27 @@ class Eagle2Drafter(EagleDrafter):
         return tree if depth >= self.depth else tree.select(torch.nonzero(tree.depth <= depth).flatten())
 
     def _fused_tree(self, state: SequenceState, depth: int, policy: TreeBudgetPolicy | None) -> TokenTree | None:
-        """The top-k tree's growth in one C call (:func:`mmspec.modeling.fused.head_tree`: the
-        committed pairs the head has not seen, then every layer's expansion) where it runs
+        """The top-k tree's growth in one C call (:meth:`_tree_call`: the committed pairs the head
+        has not seen, then every layer's expansion) where it runs
         (:meth:`_fused_inputs`), as candidates before the rerank; else None."""
         fused = self._fused_inputs(state, depth - 1, self.top_k)
         if fused is None:
             return None
         plans, pending, cos, sin = fused
-        decoder = self.head.decoder
-        grown = head_tree(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
-                          self.lm_head.projection, state.tokens[0, self.fed + 1 :].contiguous(),
-                          self.features[0, :pending].contiguous(), self.embed.weight, cos, sin, depth, self.top_k,
-                          expand_while=policy.expand_while(False) if policy is not None else None, ids=self.lm_head.token_ids,
-                          int8=self.chain_int8)
+        grown = self._tree_call(plans, state.tokens[0, self.fed + 1 :].contiguous(), self.features[0, :pending].contiguous(),
+                                cos, sin, depth, policy.expand_while(False) if policy is not None else None)
         self._fed_pairs(state, pending)
         self.forwards += grown.layers
         return TokenTree(grown.tokens, grown.parents, scores=grown.scores)
+
+    def _tree_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int,
+                   expand_while) -> GrownTree:
+        """:meth:`_fused_tree`'s C call over the pending pairs (codes [n0], features [n0, .])
+        (:func:`~mmspec.modeling.fused.head_tree`)."""
+        decoder = self.head.decoder
+        return head_tree(plans, self.cache.layers[0], decoder.norm.weight, decoder.norm.variance_epsilon, self.head.fc,
+                         self.lm_head.projection, codes, features, self.embed.weight, cos, sin, depth, self.top_k,
+                         expand_while=expand_while, ids=self.lm_head.token_ids, int8=self.chain_int8)
 
     def _settled(self, tree: TokenTree, policy: TreeBudgetPolicy | None, sampled: bool, state: SequenceState) -> Draft:
         """The grown tree (draft vocabulary codes) as this step's draft: target ids, and the nodes

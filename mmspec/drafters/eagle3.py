@@ -15,7 +15,8 @@ The drafting is EAGLE's (:mod:`mmspec.drafters.eagle`), with three differences:
 ``drafter="eagle3:DIR"`` drafts chains of K tokens (on a CPU, with the head's projections few-row
 C linears, in one C call a chain: :func:`mmspec.modeling.fused.eagle3_chain`);
 ``"eagle3-tree:DIR"`` grows EAGLE-2's dynamic
-trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.drafters.eagle.Eagle2Drafter`).
+trees (top-k greedy trees, sampled children under sampling: :class:`~mmspec.drafters.eagle.Eagle2Drafter`;
+the top-k growth in one C call there: :func:`mmspec.modeling.fused.eagle3_tree`).
 DIR holds mmspec's layout (``mmspec train drafter --method eagle3``) or the vLLM / SGLang one
 (``config.json`` + ``model.safetensors``; ``mmspec export drafter``, or a head trained elsewhere);
 without DIR, the head shipped for an embedded model (``models/smolcap-eagle3``: the captioner's).
@@ -36,7 +37,7 @@ from ..core.cache import PreallocatedLayer
 from ..core.drafter import register_drafter
 from ..modeling.eagle3 import (CONFIG_FILE, ENGINE_ARCHITECTURES, ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE, Eagle3Head,
                                midlayer_parts)
-from ..modeling.fused import PlanStack, eagle3_chain, fused_enabled, layer_plan, linear_operand
+from ..modeling.fused import GrownTree, PlanStack, eagle3_chain, eagle3_tree, fused_enabled, layer_plan, linear_operand
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
@@ -96,9 +97,36 @@ class _Eagle3Parts:
         return target_model.get_input_embeddings(), Eagle3LMHead(self._eagle3_head)
 
     def _fusable(self) -> bool:
-        """EAGLE's fused head calls read an :class:`~mmspec.modeling.heads.EagleHead`; the trees
-        here take the module forward (the chain has its own call: :class:`Eagle3Drafter`)."""
-        return False
+        """Whether the head runs in one C call a draft (:func:`mmspec.modeling.fused.eagle3_chain`,
+        :func:`~mmspec.modeling.fused.eagle3_tree`), checked once a generation: the fused kernels on,
+        a plain head (a vision-aware one drafts through the module forward), its fc and LM head
+        few-row linears without bias, a plain embedding table in the head's dtype."""
+        head, table = self.head, getattr(self.embed, "weight", None)
+        dtype = head.midlayer.input_layernorm.weight.dtype
+        return (fused_enabled() and type(head) is Eagle3Head and type(self.embed) is nn.Embedding and table.dtype == dtype and table.is_contiguous()
+                and head.fc.bias is None and linear_operand(head.fc, dtype) is not None
+                and linear_operand(self.lm_head.projection, dtype) is not None)
+
+    def _chain_plans(self):
+        """The head layer's plan as a one-plan stack (:func:`layer_plan` with the mid layer's
+        parts: its q / k / v read 2 D inputs), else None."""
+        layer = self.head.midlayer
+        dtype = layer.input_layernorm.weight.dtype
+        plan = layer_plan(layer, midlayer_parts)
+        if plan is None or plan.dtype != dtype or type(self.cache.layers[0]) is not PreallocatedLayer:
+            return None
+        return PlanStack([plan])
+
+    def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [count, hd] of head positions start ... (:meth:`Eagle3Head.rotary`)."""
+        return self.head.rotary(torch.arange(start, start + count), self.head.midlayer.input_layernorm.weight.dtype)
+
+    def _head_operands(self) -> tuple:
+        """The head's arguments of the C calls after the plan and its cache layer: Nh's weight,
+        where Nh comes before the residual, the final norm's weight and eps, fc, the draft LM head."""
+        head = self.head
+        return (head.midlayer.hidden_norm.weight, head.config.norm_before_residual, head.norm.weight, head.norm.eps, head.fc,
+                self.lm_head.projection)
 
     @classmethod
     def _load(cls, target, arg: str | None, spec: str) -> Eagle3Head:
@@ -141,41 +169,13 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
                    **settings)
 
     # ------------------------------------------------------------------ the fused chain (CPU)
-    def _fusable(self) -> bool:
-        """Whether the chain can run in one C call (:func:`mmspec.modeling.fused.eagle3_chain`),
-        checked once a generation: the fused kernels on, a plain head (a vision-aware one drafts
-        through the module forward), its fc and LM head few-row linears without bias, a plain
-        embedding table in the head's dtype."""
-        head, table = self.head, getattr(self.embed, "weight", None)
-        dtype = head.midlayer.input_layernorm.weight.dtype
-        return (fused_enabled() and type(head) is Eagle3Head and type(self.embed) is nn.Embedding and table.dtype == dtype and table.is_contiguous()
-                and head.fc.bias is None and linear_operand(head.fc, dtype) is not None
-                and linear_operand(self.lm_head.projection, dtype) is not None)
-
-    def _chain_plans(self):
-        """The head layer's plan as a one-plan stack (:func:`layer_plan` with the mid layer's
-        parts: its q / k / v read 2 D inputs), else None."""
-        layer = self.head.midlayer
-        dtype = layer.input_layernorm.weight.dtype
-        plan = layer_plan(layer, midlayer_parts)
-        if plan is None or plan.dtype != dtype or type(self.cache.layers[0]) is not PreallocatedLayer:
-            return None
-        return PlanStack([plan])
-
-    def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [count, hd] of head positions start ... (:meth:`Eagle3Head.rotary`)."""
-        return self.head.rotary(torch.arange(start, start + count), self.head.midlayer.input_layernorm.weight.dtype)
-
     def _chain_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int,
                     temperature: float, uniforms: torch.Tensor | None, probs: torch.Tensor | None) -> torch.Tensor:
         """The chain's C call (:func:`~mmspec.modeling.fused.eagle3_chain`: the pending pairs' target
         states fused by fc, then per token the final norm, the draft LM head, the pick and the next
         step over [N1(e); Nh(s)])."""
-        head = self.head
-        return eagle3_chain(plans[0], self.cache.layers[0], head.midlayer.hidden_norm.weight, head.config.norm_before_residual,
-                            head.norm.weight, head.norm.eps, head.fc, self.lm_head.projection, codes, features,
-                            self.embed.weight, self.lm_head.token_ids, cos, sin, k, temperature,
-                            uniforms, probs, stop_below=self._chain_stop())
+        return eagle3_chain(plans[0], self.cache.layers[0], *self._head_operands(), codes, features, self.embed.weight,
+                            self.lm_head.token_ids, cos, sin, k, temperature, uniforms, probs, stop_below=self._chain_stop())
 
 
 @register_drafter("eagle3-tree")
@@ -193,6 +193,13 @@ class Eagle3TreeDrafter(_Eagle3Parts, Eagle2Drafter):
                          sampled_children=sampled_children, budget=budget, int8_head=False, captured_head=False)
         # c_layer / C(1): the head's parameters (its own LM head included) over a target forward's
         self.relative_layer_cost = forward_parameters(head) / self._target_parameters(target_model)
+
+    def _tree_call(self, plans, codes: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int,
+                   expand_while) -> GrownTree:
+        """The tree's C call (:func:`~mmspec.modeling.fused.eagle3_tree`: the pending pairs' target
+        states fused by fc, then every layer's expansion over [N1(e); Nh(s)])."""
+        return eagle3_tree(plans[0], self.cache.layers[0], *self._head_operands(), codes, features, self.embed.weight,
+                           self.lm_head.token_ids, cos, sin, depth, self.top_k, expand_while=expand_while)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3TreeDrafter":

@@ -607,6 +607,26 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
     return tokens[:status]
 
 
+def _eagle3_operands(caller: str, plan: LayerPlan, hidden_norm: torch.Tensor, norm: torch.Tensor, fc: nn.Module, output: nn.Module,
+                     codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, rotary_rows: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The fc and output operands (:func:`linear_operand`) of an EAGLE-3 head's C call (:func:`eagle3_chain`,
+    :func:`eagle3_tree`), its other operands checked: ValueError naming ``caller`` where one is wrong."""
+    dtype, hd, width = plan.dtype, plan.head_dim, plan.spec.D
+    n0 = codes.shape[0]
+    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
+    shapes = ((features, [n0, fc.in_features]), (table, [table.shape[0], width]), (cos, [rotary_rows, hd]),
+              (sin, [rotary_rows, hd]), (hidden_norm, [width]), (norm, [width]))
+    if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
+            or fc.bias is not None or output.bias is not None or fc.out_features != width or output.in_features != width
+            or ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,) or plan.spec.rope
+            or any(list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() for t, shape in shapes)):
+        raise ValueError(f"{caller} needs bias-free fused fc and output linears into / out of width {width}, codes a "
+                         f"LongTensor [n0 >= 1], ids a LongTensor [{output.out_features}], and contiguous {dtype} tensors "
+                         f"of shapes {[shape for _, shape in shapes]}")
+    return fc_operand, out_operand
+
+
 @functools.cache
 def _eagle3_function():
     function = load_kernel().eagle3_chain
@@ -647,18 +667,12 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
     Raises:
         ValueError: an operand of the wrong shape or dtype, or a linear the call cannot read.
     """
-    dtype, hd, width = plan.dtype, plan.head_dim, plan.spec.D
     n0 = codes.shape[0]
-    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
-    shapes = ((features, [n0, fc.in_features]), (table, [table.shape[0], width]), (cos, [n0 + k - 1, hd]),
-              (sin, [n0 + k - 1, hd]), (hidden_norm, [width]), (norm, [width]))
-    if (n0 < 1 or k < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
-            or fc.bias is not None or output.bias is not None or fc.out_features != width or output.in_features != width
-            or ids.dtype != torch.long or not ids.is_contiguous() or ids.shape != (output.out_features,) or plan.spec.rope
-            or any(list(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() for t, shape in shapes)):
-        raise ValueError(f"eagle3_chain needs bias-free fused fc and output linears into / out of width {width}, codes a "
-                         f"LongTensor [n0 >= 1], ids a LongTensor [{output.out_features}], and contiguous {dtype} tensors "
-                         f"of shapes {[shape for _, shape in shapes]}")
+    if k < 1:
+        raise ValueError(f"eagle3_chain needs k >= 1, got {k}")
+    fc_operand, out_operand = _eagle3_operands("eagle3_chain", plan, hidden_norm, norm, fc, output, codes, features, table,
+                                               ids, cos, sin, n0 + k - 1)
+    dtype, hd = plan.dtype, plan.head_dim
     _check_draws("eagle3_chain", k, temperature, uniforms, probs, output.out_features)
     keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, dtype, n0 + k - 1)
     tokens = torch.empty(k, dtype=torch.long)
@@ -730,7 +744,20 @@ def head_tree(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tens
         raise ValueError(f"head_tree needs depth >= 1 and top_k >= 1, got {depth} and {top_k}")
     dtype, hd, k = plans[0].dtype, plans[0].head_dim, min(top_k, output.out_features)
     keys, values, cached = cache_layer.open_slots(1, plans[0].kv_heads, hd, dtype, n0 + (depth - 1) * k)
-    capacity = k + (depth - 1) * k * k
+    specs = plans.specs if int8 is None else int8.specs
+    return _grown(lambda rule, tokens, parents, scores, counts: _tree_function()(
+        ctypes.addressof(specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
+        _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
+        _ptr(ids), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        keys.stride(2), cached, depth, top_k, rule, tokens.data_ptr(), parents.data_ptr(), scores.data_ptr(), counts.data_ptr(),
+        counts[1:].data_ptr(), torch.get_num_threads()), cache_layer, n0, k + (depth - 1) * k * k, expand_while, "head tree")
+
+
+def _grown(call, cache_layer: PreallocatedLayer, n0: int, capacity: int, expand_while, name: str) -> GrownTree:
+    """A tree's C call (:func:`head_tree`, :func:`eagle3_tree`): ``call(rule, tokens, parents, scores,
+    counts)`` with the output buffers of ``capacity`` candidates and ``expand_while`` as the C
+    callback; the head's cache closed after the n0 pairs fed, and an exception the rule raised raised
+    again here (it cannot cross the C frames)."""
     tokens, parents = torch.empty(capacity, dtype=torch.long), torch.empty(capacity, dtype=torch.long)
     scores, counts = torch.empty(capacity), torch.zeros(2, dtype=torch.long)
     raised: list[BaseException] = []
@@ -738,25 +765,66 @@ def head_tree(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Tens
     def rule(best: float) -> int:
         try:
             return int(bool(expand_while(best)))
-        except BaseException as error:  # (raised again below: an exception cannot cross the C frames)
+        except BaseException as error:
             raised.append(error)
             return 0
 
-    specs = plans.specs if int8 is None else int8.specs
-    status = _tree_function()(
-        ctypes.addressof(specs), norm.data_ptr(), eps, fc_operand[1], _ptr(fc.bias), fc_operand[0], out_operand[1],
-        _ptr(output.bias), out_operand[0], output.out_features, codes.data_ptr(), features.data_ptr(), n0, table.data_ptr(),
-        _ptr(ids), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
-        keys.stride(2), cached, depth, top_k, _EXPAND_RULE(rule) if expand_while is not None else _EXPAND_RULE(),
-        tokens.data_ptr(), parents.data_ptr(), scores.data_ptr(), counts.data_ptr(), counts[1:].data_ptr(),
-        torch.get_num_threads())
+    status = call(_EXPAND_RULE(rule) if expand_while is not None else _EXPAND_RULE(), tokens, parents, scores, counts)
     cache_layer.close_slots(n0)
     if raised:
         raise raised[0]
     if status:
-        raise MemoryError("the fused head tree could not allocate its scratch")
+        raise MemoryError(f"the fused {name} could not allocate its scratch")
     count = int(counts[0])
     return GrownTree(tokens[:count], parents[:count], scores[:count], int(counts[1]))
+
+
+@functools.cache
+def _eagle3_tree_function():
+    function = load_kernel().eagle3_tree
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = ([pointer, pointer, ctypes.c_int, pointer, ctypes.c_float, pointer, ctypes.c_int, int64, pointer,
+                          ctypes.c_int, int64, pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
+                         + [int64] * 6 + [_EXPAND_RULE] + [pointer] * 5 + [ctypes.c_int])
+    function.restype = ctypes.c_int
+    return function
+
+
+def eagle3_tree(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: torch.Tensor, norm_before_residual: bool,
+                norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
+                table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int, top_k: int,
+                expand_while=None) -> GrownTree:
+    """EAGLE-2's top-k dynamic tree from an EAGLE-3 head (:class:`mmspec.modeling.eagle3.Eagle3Head`)
+    in one C call (``eagle3_tree`` in ``kernels/layer.c``): the pairs fed as :func:`eagle3_chain`
+    feeds them, then :func:`head_tree`'s growth with EAGLE-3's step, node u at depth d reading
+    [N1(e(ids[x_u])); Nh(s(parent u))] (the root's s^ for depth 1's nodes):
+
+        V(child c of u) = V(u) q_u(c),  q_u = softmax(output(Nf(Layer3(e(ids[x_u]), s(parent u)))))
+
+    The pairs fed stay in ``cache_layer``, the tree's nodes do not.
+
+    Args:
+        plan, cache_layer, hidden_norm, norm_before_residual, norm, eps, fc, output, codes, features,
+            table, ids: as :func:`eagle3_chain`'s.
+        cos, sin: rotary rows [n0 + depth - 1, hd] of the positions after the cache's.
+        depth, top_k, expand_while: as :func:`head_tree`'s.
+    Returns:
+        :class:`GrownTree` (draft indices; at most top_k + (depth - 1) top_k^2 candidates).
+    """
+    n0 = codes.shape[0]
+    if depth < 1 or top_k < 1:
+        raise ValueError(f"eagle3_tree needs depth >= 1 and top_k >= 1, got {depth} and {top_k}")
+    fc_operand, out_operand = _eagle3_operands("eagle3_tree", plan, hidden_norm, norm, fc, output, codes, features, table, ids,
+                                               cos, sin, n0 + depth - 1)
+    hd, k = plan.head_dim, min(top_k, output.out_features)
+    keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, plan.dtype, n0 + (depth - 1) * k)
+    return _grown(lambda rule, tokens, parents, scores, counts: _eagle3_tree_function()(
+        ctypes.addressof(plan.spec), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
+        fc_operand[0], fc.in_features, out_operand[1], out_operand[0], output.out_features, codes.data_ptr(),
+        features.data_ptr(), n0, table.data_ptr(), ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+        values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached, depth, top_k, rule, tokens.data_ptr(),
+        parents.data_ptr(), scores.data_ptr(), counts.data_ptr(), counts[1:].data_ptr(), torch.get_num_threads()),
+        cache_layer, n0, k + (depth - 1) * k * k, expand_while, "EAGLE-3 tree")
 
 
 @functools.cache

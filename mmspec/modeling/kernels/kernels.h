@@ -127,4 +127,10 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
                  const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
                  void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t k, float temperature,
                  const float *uniforms, int64_t *tokens, float *probs, int64_t probs_stride, float stop_below, int threads);
+int eagle3_tree(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *norm, float eps,
+                const void *fc_w, int fc_kind, int64_t F, const void *out_w, int out_kind, int64_t C, const int64_t *codes,
+                const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
+                void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t depth, int64_t top_k,
+                expand_rule expand, int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers,
+                int threads);
 #endif

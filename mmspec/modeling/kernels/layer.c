@@ -477,49 +477,87 @@ static void top_log_probs(const void *logits, int64_t C, int bf16, int64_t k, in
     for (int64_t j = 0; j < k; j++) logq[j] = logf(fmaxf(expf(get(logits, index[j], bf16) - top) / total, 1e-30f));
 }
 
-/* EAGLE-2's top-k dynamic draft tree (mmspec.core.tree.dynamic_tree) grown by a one-layer feature
- * head in one call: what the Python tree does with ~60 tensor calls a layer.
+/* A one-layer head as a tree grows it (grow_tree): `layer` feeds n nodes, e [n, D] their tokens'
+ * embeddings and g [n, D] their parents' features, at positions cached .. cached + n - 1 (rotary rows
+ * cos / sin [n, .], mask bytes [n, ms_n]) and leaves their features in g; `logits` maps features
+ * g [n, D] to draft logits [n, C]. The rest: the head's weights, which the two read. */
+typedef struct TreeHead TreeHead;
+struct TreeHead {
+    int (*layer)(const TreeHead *t, const char *e, char *g, int64_t n, const void *cos, const void *sin, int64_t cached,
+                 const uint8_t *mask, int64_t ms_n, int threads);
+    int (*logits)(const TreeHead *t, const char *g, int64_t n, char *logits, int threads);
+    const LayerSpec *s;
+    const void *norm, *fc_w, *fc_b, *out_w, *out_b, *hidden_norm;
+    float eps;
+    int fc_kind, out_kind, norm_before_residual;
+    int64_t C;
+    void *kbuf, *vbuf;
+    int64_t ks_b, ks_h, ks_l;
+};
+
+/* EAGLE's node: f = N(Layer(W_fc [e; g] + b_fc)); its logits W_out f + b_out. */
+static int eagle_tree_layer(const TreeHead *t, const char *e, char *g, int64_t n, const void *cos, const void *sin,
+                            int64_t cached, const uint8_t *mask, int64_t ms_n, int threads) {
+    const LayerSpec *s = t->s;
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    void *kbufs[1] = {t->kbuf}, *vbufs[1] = {t->vbuf};
+    char *x = malloc((size_t)(2 * n * row_bytes));
+    if (!x) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(x + 2 * i * row_bytes, e + i * row_bytes, (size_t)row_bytes);
+        memcpy(x + (2 * i + 1) * row_bytes, g + i * row_bytes, (size_t)row_bytes);
+    }
+    int status = linear_kind(t->fc_kind, x, t->fc_w, t->fc_b, g, n, D, 2 * D, threads);
+    if (!status)
+        status = lean_layers(s, 1, g, 1, n, cos, sin, 0, kbufs, vbufs, t->ks_b, t->ks_h, t->ks_l, cached, mask, 0, ms_n, t->norm,
+                             t->eps, threads);
+    free(x);
+    return status;
+}
+static int eagle_tree_logits(const TreeHead *t, const char *g, int64_t n, char *logits, int threads) {
+    return linear_kind(t->out_kind, g, t->out_w, t->out_b, logits, n, t->C, t->s->D, threads);
+}
+
+/* EAGLE-2's top-k dynamic draft tree (mmspec.core.tree.dynamic_tree) grown by a one-layer head
+ * from its root: what the Python tree does with ~60 tensor calls a layer.
  *
- *   feed the n0 pairs as head_chain does; f^ = the last row; layer 1: the k = min(top_k, C) most
- *   probable codes of softmax(W_out f^ + b_out), log V = log q;
+ *   layer 1: the k = min(top_k, C) most probable codes of softmax(logits(root)), log V = log q;
  *   layer d = 2 .. depth: while expand(max log V of the frontier) (NULL: always), feed the frontier
  *   (the k best of layer d - 1 by log V, ties to the earlier candidate; nodes in creation order):
- *   node u's input [e(x_u); f^(parent u)] at position cached + n0 + d - 2 (its rotary row n0 + d - 2),
- *   seeing the committed positions, the fed nodes that are its ancestors and itself; each fed node
- *   contributes its k most probable codes c as candidates with log V = log V(u) + log q_u(c).
+ *   node u's input (e(x_u), feature of its parent: the root's for layer 1's nodes) at position
+ *   cached + n0 + d - 2 (its rotary row n0 + d - 2), seeing the committed positions, the fed nodes
+ *   that are its ancestors and itself; each fed node contributes its k most probable codes c as
+ *   candidates with log V = log V(u) + log q_u(c).
  *
- * Candidates are written in creation order to tokens (codes < C), parents (-1: the root) and scores
- * (log V) [top_k + (depth - 1) top_k^2 at most]; *count gets their number, *layers the layers grown.
- * The fed nodes' keys and values sit after position cached + n0 of kbuf / vbuf (room for n0 + (depth
- * - 1) top_k positions), which the caller drops. cos / sin: rotary rows [n0 + depth - 1, hd] of the
- * positions cached .. cached + n0 + depth - 2. Other arguments as head_chain's (no align). Returns 0,
- * or -1 (no scratch, or a kernel failed). */
-int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
-              const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
-              int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin, void *kbuf, void *vbuf,
-              int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t depth, int64_t top_k, expand_rule expand,
-              int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers, int threads) {
-    const int64_t D = s->D, hd = s->hd, width = s->bf16 ? 2 : 4, row_bytes = D * width;
+ * root [D]: the head's feature after the n0 committed pairs fed. e(x) = table[ids[x]] (table[x]
+ * where ids is NULL). Candidates are written in creation order to tokens (codes < C), parents (-1:
+ * the root) and scores (log V) [top_k + (depth - 1) top_k^2 at most]; *count gets their number,
+ * *layers the layers grown. The fed nodes' keys and values sit after position cached + n0 of the
+ * head's buffers (room for (depth - 1) top_k positions more), which the caller drops. cos / sin:
+ * rotary rows [n0 + depth - 1, .] of the positions cached .. cached + n0 + depth - 2. Returns 0, or
+ * -1 (no scratch, or a kernel failed). */
+static int grow_tree(const TreeHead *t, const char *root, const void *table, const int64_t *ids, const void *cos,
+                     const void *sin, int64_t n0, int64_t cached, int64_t depth, int64_t top_k, expand_rule expand,
+                     int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers, int threads) {
+    const LayerSpec *s = t->s;
+    const int64_t D = s->D, hd = s->hd, C = t->C, width = s->bf16 ? 2 : 4, row_bytes = D * width;
     const int64_t rope_bytes = hd * (s->rope ? 4 : width), k = top_k < C ? top_k : C, fed_max = (depth - 1) * k;
     const int bf16 = s->bf16;
-    if (n0 < 1 || depth < 1 || k < 1) return -1;
-    const int64_t rows = n0 > k ? n0 : k, mask_cols = cached + n0 + fed_max;
-    /* x [rows, 2D] | h [rows, D] | fed features [fed_max + 1, D] (row 0: f^) | logits [k, C] | rotary
-     * [2, k, hd] | mask [k, mask_cols] | fed slot of each candidate, frontier, scratch indices */
-    const size_t bytes = (size_t)((3 * rows + fed_max + 1) * row_bytes + k * C * width + 2 * k * rope_bytes + k * mask_cols)
+    if (depth < 1 || k < 1) return -1;
+    const int64_t mask_cols = cached + n0 + fed_max;
+    /* e, g [k, D] | fed features [fed_max + 1, D] (row 0: the root) | logits [k, C] | rotary [2, k, .]
+     * | mask [k, mask_cols] | fed slot of each candidate, frontier, scratch indices | log q [k] */
+    const size_t bytes = (size_t)((2 * k + fed_max + 1) * row_bytes + k * C * width + 2 * k * rope_bytes + k * mask_cols)
                          + (size_t)(top_k + fed_max * k + 3 * k) * sizeof(int64_t) + (size_t)k * sizeof(float);
     char *scratch = malloc(bytes);
     if (!scratch) return -1;
-    char *x = scratch, *h = x + 2 * rows * row_bytes, *feats = h + rows * row_bytes, *logits = feats + (fed_max + 1) * row_bytes;
+    char *e = scratch, *g = e + k * row_bytes, *feats = g + k * row_bytes, *logits = feats + (fed_max + 1) * row_bytes;
     char *rot_c = logits + k * C * width, *rot_s = rot_c + k * rope_bytes;
     uint8_t *mask = (uint8_t *)(rot_s + k * rope_bytes);
     int64_t *slot = (int64_t *)(mask + k * mask_cols), *frontier = slot + top_k + fed_max * k, *index = frontier + k;
     float *logq = (float *)(index + 2 * k);
-    void *kbufs[1] = {kbuf}, *vbufs[1] = {vbuf};
-    int status = feed_pairs(s, norm, eps, fc_w, fc_b, fc_kind, codes, features, n0, table, NULL, 0, 0, cos, sin, kbuf, vbuf,
-                            ks_b, ks_h, ks_l, cached, x, h, threads);
-    memcpy(feats, h + (n0 - 1) * row_bytes, (size_t)row_bytes); /* f^ after the committed pairs */
-    if (!status) status = linear_kind(out_kind, feats, out_w, out_b, logits, 1, C, D, threads);
+    memcpy(feats, root, (size_t)row_bytes);
+    int status = t->logits(t, feats, 1, logits, threads);
     int64_t total = 0, fed = 0, grown = 0, width_now = 0;
     if (!status) {
         top_log_probs(logits, C, bf16, k, index, logq);
@@ -534,8 +572,8 @@ int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w,
         memset(mask, 0, (size_t)(n * cols));
         for (int64_t i = 0; i < n; i++) {
             const int64_t u = frontier[i], parent = parents[u];
-            memcpy(x + 2 * i * row_bytes, (const char *)table + (ids ? ids[tokens[u]] : tokens[u]) * row_bytes, (size_t)row_bytes);
-            memcpy(x + (2 * i + 1) * row_bytes, feats + (parent < 0 ? 0 : 1 + slot[parent]) * row_bytes, (size_t)row_bytes);
+            memcpy(e + i * row_bytes, (const char *)table + (ids ? ids[tokens[u]] : tokens[u]) * row_bytes, (size_t)row_bytes);
+            memcpy(g + i * row_bytes, feats + (parent < 0 ? 0 : 1 + slot[parent]) * row_bytes, (size_t)row_bytes);
             memcpy(rot_c + i * rope_bytes, (const char *)cos + (n0 + d - 2) * rope_bytes, (size_t)rope_bytes);
             if (sin) memcpy(rot_s + i * rope_bytes, (const char *)sin + (n0 + d - 2) * rope_bytes, (size_t)rope_bytes);
             uint8_t *m = mask + i * cols;
@@ -543,17 +581,14 @@ int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w,
             for (int64_t a = parent; a >= 0; a = parents[a]) m[cached + n0 + slot[a]] = 1;
             m[seen + i] = 1;
         }
-        status = linear_kind(fc_kind, x, fc_w, fc_b, h, n, D, 2 * D, threads);
-        if (!status)
-            status = lean_layers(s, 1, h, 1, n, rot_c, sin ? rot_s : NULL, 0, kbufs, vbufs, ks_b, ks_h, ks_l, seen, mask, 0, cols,
-                                 norm, eps, threads);
-        if (!status) status = linear_kind(out_kind, h, out_w, out_b, logits, n, C, D, threads);
+        status = t->layer(t, e, g, n, rot_c, sin ? rot_s : NULL, seen, mask, cols, threads);
+        if (!status) status = t->logits(t, g, n, logits, threads);
         if (status) break;
         const int64_t first = total;
         for (int64_t i = 0; i < n; i++) {
             const int64_t u = frontier[i];
             slot[u] = fed + i;
-            memcpy(feats + (1 + fed + i) * row_bytes, h + i * row_bytes, (size_t)row_bytes);
+            memcpy(feats + (1 + fed + i) * row_bytes, g + i * row_bytes, (size_t)row_bytes);
             top_log_probs(logits + i * C * width, C, bf16, k, index, logq);
             for (int64_t j = 0; j < k; j++, total++)
                 tokens[total] = index[j], parents[total] = u, scores[total] = scores[u] + logq[j], slot[total] = -1;
@@ -578,9 +613,40 @@ int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w,
     return status ? -1 : 0;
 }
 
-/* EAGLE-3's head layer over n rows (positions cached .. cached + n - 1, rotary rows cos / sin [n, hd]):
- * e [n, D] the tokens' embeddings, x [n, D] in: g, the fused target states or the head's own last
- * outputs; out: s, the layer's outputs:
+/* EAGLE-2's tree from a one-layer feature head (EAGLE) in one call: the n0 pairs fed as head_chain
+ * feeds them, f^ = the last row the root, then grow_tree with the node f = N(Layer(W_fc [e(x_u);
+ * f^(parent u)] + b_fc)) and logits W_out f + b_out:
+ *
+ *   V(child c of u) = V(u) q_u(c),  q_u = softmax(W_out N(Layer(W_fc [e(x_u); f^(parent u)])))
+ *
+ * Arguments as head_chain's (no align) and grow_tree's (the cache buffers kbuf / vbuf: room for
+ * n0 + (depth - 1) top_k positions after `cached`). Returns 0, or -1. */
+int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w, const void *fc_b, int fc_kind,
+              const void *out_w, const void *out_b, int out_kind, int64_t C, const int64_t *codes, const void *features,
+              int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin, void *kbuf, void *vbuf,
+              int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t depth, int64_t top_k, expand_rule expand,
+              int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers, int threads) {
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    if (n0 < 1) return -1;
+    char *scratch = malloc((size_t)(3 * n0 * row_bytes));
+    if (!scratch) return -1;
+    char *x = scratch, *h = x + 2 * n0 * row_bytes;
+    const TreeHead t = {.layer = eagle_tree_layer, .logits = eagle_tree_logits, .s = s, .norm = norm, .fc_w = fc_w,
+                        .fc_b = fc_b, .out_w = out_w, .out_b = out_b, .eps = eps, .fc_kind = fc_kind, .out_kind = out_kind,
+                        .C = C, .kbuf = kbuf, .vbuf = vbuf, .ks_b = ks_b, .ks_h = ks_h, .ks_l = ks_l};
+    int status = feed_pairs(s, norm, eps, fc_w, fc_b, fc_kind, codes, features, n0, table, NULL, 0, 0, cos, sin, kbuf, vbuf,
+                            ks_b, ks_h, ks_l, cached, x, h, threads);
+    if (!status)
+        status = grow_tree(&t, h + (n0 - 1) * row_bytes, table, ids, cos, sin, n0, cached, depth, top_k, expand, tokens, parents,
+                           scores, count, layers, threads);
+    free(scratch);
+    return status ? -1 : 0;
+}
+
+/* EAGLE-3's head layer over n rows (positions cached .. cached + n - 1, rotary rows cos / sin [n, hd];
+ * mask: NULL (a chain after the cache) or bytes [n, ms_n], row i the positions it sees): e [n, D] the
+ * tokens' embeddings, x [n, D] in: g, the fused target states or the head's own last outputs; out: s,
+ * the layer's outputs:
  *
  *   u = [N1(e); Nh(g)] [n, 2 D],  r = (Nh(g) if norm_before_residual else g) + W_o Attn(W_q u, W_k u, W_v u)
  *   s = r + W_down (SiLU(W_gate N2(r)) * W_up N2(r))
@@ -588,7 +654,7 @@ int head_tree(const LayerSpec *s, const void *norm, float eps, const void *fc_w,
  * (s: the layer's spec with q / k / v over 2 D inputs; hidden_norm: Nh's weight [D], eps s->eps1.) */
 static int eagle3_layer(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *e, void *x, int64_t n,
                         const void *cos, const void *sin, void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l,
-                        int64_t cached, int threads) {
+                        int64_t cached, const uint8_t *mask, int64_t ms_n, int threads) {
     const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
     char *u = malloc((size_t)(2 * n * row_bytes));
     if (!u) return -1;
@@ -597,7 +663,7 @@ static int eagle3_layer(const LayerSpec *s, const void *hidden_norm, int norm_be
         rms_norm((char *)x + m * row_bytes, hidden_norm, u + (2 * m + 1) * row_bytes, 1, D, s->eps1, s->bf16);
         if (norm_before_residual) memcpy((char *)x + m * row_bytes, u + (2 * m + 1) * row_bytes, (size_t)row_bytes);
     }
-    const int status = layer_from(s, x, u, 2 * D, 1, n, cos, sin, 0, kbuf, vbuf, ks_b, ks_h, ks_l, cached, NULL, 0, 0, threads);
+    const int status = layer_from(s, x, u, 2 * D, 1, n, cos, sin, 0, kbuf, vbuf, ks_b, ks_h, ks_l, cached, mask, 0, ms_n, threads);
     free(u);
     return status;
 }
@@ -631,7 +697,7 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
     int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
     if (!status)
         status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
-                              threads);
+                              NULL, 0, threads);
     char *feature = x + (n0 - 1) * row_bytes; /* s^: the last row fed */
     int64_t drawn = 0;
     float conf = 1.0f, p = 1.0f;
@@ -646,9 +712,59 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
         memcpy(e, (const char *)table + ids[best] * row_bytes, (size_t)row_bytes);
         if (feature != x) memcpy(x, feature, (size_t)row_bytes);
         status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, 1, (const char *)cos + at * rope_bytes,
-                              (const char *)sin + at * rope_bytes, kbuf, vbuf, ks_b, ks_h, ks_l, cached + at, threads);
+                              (const char *)sin + at * rope_bytes, kbuf, vbuf, ks_b, ks_h, ks_l, cached + at, NULL, 0, threads);
         feature = x;
     }
     free(scratch);
     return status ? -1 : (int)drawn;
+}
+
+/* EAGLE-3's node (eagle3_layer): s = Layer3(e(x_u), s(parent u)); its logits W_out Nf(s). */
+static int eagle3_tree_layer(const TreeHead *t, const char *e, char *g, int64_t n, const void *cos, const void *sin,
+                             int64_t cached, const uint8_t *mask, int64_t ms_n, int threads) {
+    return eagle3_layer(t->s, t->hidden_norm, t->norm_before_residual, e, g, n, cos, sin, t->kbuf, t->vbuf, t->ks_b, t->ks_h,
+                        t->ks_l, cached, mask, ms_n, threads);
+}
+static int eagle3_tree_logits(const TreeHead *t, const char *g, int64_t n, char *logits, int threads) {
+    const int64_t D = t->s->D;
+    char *normed = malloc((size_t)(n * D * (t->s->bf16 ? 2 : 4)));
+    if (!normed) return -1;
+    rms_norm(g, t->norm, normed, n, D, t->eps, t->s->bf16);
+    const int status = linear_kind(t->out_kind, normed, t->out_w, NULL, logits, n, t->C, D, threads);
+    free(normed);
+    return status;
+}
+
+/* EAGLE-2's tree from an EAGLE-3 head (mmspec.drafters.eagle3.Eagle3TreeDrafter) in one call: the n0
+ * pairs fed as eagle3_chain feeds them, s^ = the last row the root, then grow_tree with the node
+ * s = Layer3(e(ids[x_u]), s(parent u)) and logits W_out Nf(s):
+ *
+ *   V(child c of u) = V(u) q_u(c),  q_u = softmax(W_out Nf(Layer3(e(ids[x_u]), s(parent u))))
+ *
+ * Arguments as eagle3_chain's and grow_tree's (cos / sin [n0 + depth - 1, hd]; the cache buffers:
+ * room for n0 + (depth - 1) top_k positions after `cached`). Returns 0, or -1. */
+int eagle3_tree(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *norm, float eps,
+                const void *fc_w, int fc_kind, int64_t F, const void *out_w, int out_kind, int64_t C, const int64_t *codes,
+                const void *features, int64_t n0, const void *table, const int64_t *ids, const void *cos, const void *sin,
+                void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h, int64_t ks_l, int64_t cached, int64_t depth, int64_t top_k,
+                expand_rule expand, int64_t *tokens, int64_t *parents, float *scores, int64_t *count, int64_t *layers,
+                int threads) {
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    if (n0 < 1 || s->rope) return -1;
+    char *scratch = malloc((size_t)(2 * n0 * row_bytes));
+    if (!scratch) return -1;
+    char *e = scratch, *x = e + n0 * row_bytes;
+    const TreeHead t = {.layer = eagle3_tree_layer, .logits = eagle3_tree_logits, .s = s, .norm = norm, .out_w = out_w,
+                        .hidden_norm = hidden_norm, .eps = eps, .out_kind = out_kind, .norm_before_residual = norm_before_residual,
+                        .C = C, .kbuf = kbuf, .vbuf = vbuf, .ks_b = ks_b, .ks_h = ks_h, .ks_l = ks_l};
+    for (int64_t j = 0; j < n0; j++) memcpy(e + j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
+    int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
+    if (!status)
+        status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
+                              NULL, 0, threads);
+    if (!status)
+        status = grow_tree(&t, x + (n0 - 1) * row_bytes, table, ids, cos, sin, n0, cached, depth, top_k, expand, tokens, parents,
+                           scores, count, layers, threads);
+    free(scratch);
+    return status ? -1 : 0;
 }
