@@ -248,14 +248,15 @@ def _fused_model_and_head(dtype):
     return model, head
 
 
-def _started(target, drafters, sampling=None, layers=-1):
-    """Prefill the tiny prompt (its first token committed; the target's ``hidden_layer=layers``) and
-    start every drafter on it, each with a generator seeded 3; returns the sequence state (inside
-    inference mode)."""
+def _started(target, drafters, sampling=None, layers=-1, prompt=None):
+    """Prefill the tiny prompt (``prompt``, default the ids 5 ... 13; its first token committed; the
+    target's ``hidden_layer=layers``) and start every drafter on it, each with a generator seeded 3;
+    returns the sequence state (inside inference mode)."""
     from mmspec.core.drafter import DraftContext
     from mmspec.core.sampling import SamplingConfig
 
-    state, prefill = target.prefill({"input_ids": torch.arange(5, 14)[None]}, hidden_layer=layers)
+    prompt = torch.arange(5, 14) if prompt is None else prompt
+    state, prefill = target.prefill({"input_ids": prompt[None]}, hidden_layer=layers)
     state.tokens = torch.cat([state.tokens, prefill.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     for drafter in drafters:
         drafter.start(DraftContext(target, sampling or SamplingConfig(), torch.Generator().manual_seed(3), {}), state)

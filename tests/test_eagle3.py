@@ -411,7 +411,7 @@ def test_the_fused_eagle3_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     with torch.no_grad():
         head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
     assert mmspec.optimize(head, kernel="c").replaced > 0
-    fused, loop = (Eagle3TreeDrafter(model, h, depth=4, top_k=3, num_nodes=num_nodes, budget="nominal")
+    fused, loop = (Eagle3TreeDrafter(model, h, depth=4, top_k=3, num_nodes=num_nodes, budget="nominal", int8_head=False)
                    for h in (head, copy.deepcopy(head)))
     trees, fused_tree = [], fused._fused_tree
     fused._fused_tree = lambda *args: trees.append(fused_tree(*args)) or trees[-1]
@@ -435,6 +435,70 @@ def test_the_fused_eagle3_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     assert len(trees) == 4 and all(tree is not None for tree in trees)  # (the first: the prompt's pairs but the last fed first)
     assert max(fused.drafted_depths) > 1 and (num_nodes == "auto" or sum(fused.chosen_nodes) > 0)
     assert fused.describe().get("fused_head") and not loop.describe().get("fused_head")
+
+
+def test_the_int8_eagle3_head_drafts_what_the_loop_drafts_through_int8_linears():
+    """int8_head=True: EAGLE-3's fused tree and chain read the head's mid layer, fc and draft LM head
+    (64 rows) as int8 (pack_int8); the Python tree and loop with those linears replaced by the int8
+    kernel as modules draft the same tokens (tree: the same nodes, scores within rounding; chain:
+    sampled, q within rounding), step after step; decoding stays plain decoding's. (The fused
+    drafter's first step feeds the prompt's pairs but the last through the head's own, unquantised
+    modules: its head cache takes the loop's after that step, and the drafts after it are compared.)"""
+    import copy
+
+    from kernel_support import Int8Linear
+    from test_eagle import _fused_model_and_head, _started
+
+    model, _ = _fused_model_and_head(torch.float32)  # (skips where the fused kernels do not run)
+    head = random_head(model, size=64, seed=2)
+    with torch.no_grad():  # (a random head drafts nearly alike after every token: paths x y and y x would tie)
+        layer = head.midlayer
+        for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight, head.lm_head.weight):
+            weight.mul_(4.0)
+    assert mmspec.optimize(head, kernel="c").replaced > 0
+    quantized = copy.deepcopy(head)
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    quantized.lm_head.weight = head.lm_head.weight  # (the draft LM head's rows, which Eagle3LMHead keeps beside it)
+    target, layers = TransformersTarget(model), head.config.aux_layers
+    for tree in (True, False):
+        trees, chains = [], []
+        if tree:
+            fused = Eagle3TreeDrafter(model, head, depth=4, top_k=3, num_nodes=30, int8_head=True)
+            loop = Eagle3TreeDrafter(model, quantized, depth=4, top_k=3, num_nodes=30, int8_head=False)
+            fused_tree, loop._fused_tree = fused._fused_tree, lambda *args: None
+            fused._fused_tree = lambda *args: (lambda grown: grown is not None and trees.append(grown) or grown)(fused_tree(*args))
+        else:
+            fused, loop = Eagle3Drafter(model, head, 4, int8_head=True), Eagle3Drafter(model, quantized, 4)
+            fused_chain, loop._fused_chain = fused._fused_chain, lambda *args: None
+            fused._fused_chain = lambda *args: (lambda drawn: drawn is not None and chains.append(drawn) or drawn)(fused_chain(*args))
+        sampling = SamplingConfig(do_sample=not tree, temperature=0.8)
+        with torch.inference_mode():
+            state = _started(target, (fused, loop), sampling, layers=layers)
+            for step in range(4):
+                mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
+                if step:
+                    assert torch.equal(mine.tokens, theirs.tokens), (tree, step)
+                    if tree:
+                        torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=2e-3, rtol=1e-3)
+                    else:
+                        torch.testing.assert_close(mine.probs, theirs.probs, atol=1e-3, rtol=1e-2)
+                out = target.forward(state, state.verification_inputs(mine.tokens[:, :0]), hidden_layer=layers)
+                state.commit(out.logits[:, :1].argmax(-1))
+                for drafter in (fused, loop):
+                    drafter.on_verified(mine.length, 0, out)
+                if step == 0:  # (the same head cache from here on)
+                    length = loop.cache.get_seq_length()
+                    for name in ("keys", "values"):
+                        getattr(fused.cache.layers[0], name)[..., :length, :] = getattr(loop.cache.layers[0], name)[..., :length, :]
+            assert len(trees if tree else chains) == 4
+        assert fused.describe()["head_int8"] and not loop.describe().get("head_int8")
+    reference = mmspec.generate(model, drafter=None, max_new_tokens=12, input_ids=torch.arange(5, 14)[None]).sequences
+    for drafter in (Eagle3TreeDrafter(model, head, depth=4, top_k=3, int8_head=True), Eagle3Drafter(model, head, 4, int8_head=True)):
+        out = mmspec.generate(model, drafter=drafter, max_new_tokens=12, input_ids=torch.arange(5, 14)[None])
+        assert torch.equal(out.sequences, reference) and drafter.describe()["head_int8"]
 
 
 def test_chain_settings_beside_a_head_set_its_length_and_stop(tiny, tmp_path):

@@ -37,7 +37,8 @@ from ..core.cache import PreallocatedLayer
 from ..core.drafter import register_drafter
 from ..modeling.eagle3 import (CONFIG_FILE, ENGINE_ARCHITECTURES, ENGINE_CONFIG_FILE, ENGINE_WEIGHTS_FILE, Eagle3Head,
                                midlayer_parts)
-from ..modeling.fused import GrownTree, PlanStack, eagle3_chain, eagle3_tree, fused_enabled, layer_plan, linear_operand
+from ..modeling.fused import (GrownTree, PlanStack, eagle3_chain, eagle3_tree, fused_enabled, int8_head, layer_plan,
+                              linear_operand)
 from .eagle import Eagle2Drafter, EagleDrafter
 from .shipped import shipped_drafter_dir
 from .tree_budget import forward_parameters
@@ -115,7 +116,10 @@ class _Eagle3Parts:
         plan = layer_plan(layer, midlayer_parts)
         if plan is None or plan.dtype != dtype or type(self.cache.layers[0]) is not PreallocatedLayer:
             return None
-        return PlanStack([plan])
+        plans = PlanStack([plan])
+        self.chain_int8 = (int8_head(plans, layer, self.head.fc, self.lm_head.projection, parts_of=midlayer_parts)
+                           if self.int8 else None)
+        return plans
 
     def _rotary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [count, hd] of head positions start ... (:meth:`Eagle3Head.rotary`)."""
@@ -148,6 +152,8 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         target_model: the transformers target (its input embeddings are used).
         head: an :class:`Eagle3Head` for it.
         num_draft_tokens: K.
+        stop_below, sampled_stop_below, greedy_draft_tokens, int8_head: as :class:`EagleDrafter`'s
+            (the fused chain reads the head's int8 copy where ``int8_head``; default off).
     """
 
     #: the chain's default length: six tokens gave tau 4.44 against five's 3.87 on 22 test images of
@@ -156,9 +162,10 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
     default_length = 6
 
     def __init__(self, target_model: nn.Module, head: Eagle3Head, num_draft_tokens: int = default_length,
-                 stop_below: float = 0.0, sampled_stop_below: float = 0.0, greedy_draft_tokens: int | None = None) -> None:
+                 stop_below: float = 0.0, sampled_stop_below: float = 0.0, greedy_draft_tokens: int | None = None,
+                 int8_head: bool | None = None) -> None:
         self._eagle3_head = head
-        super().__init__(target_model, head, num_draft_tokens, int8_head=False, captured_head=False, stop_below=stop_below,
+        super().__init__(target_model, head, num_draft_tokens, int8_head=int8_head, captured_head=False, stop_below=stop_below,
                          sampled_stop_below=sampled_stop_below, greedy_draft_tokens=greedy_draft_tokens)
 
     @classmethod
@@ -175,7 +182,8 @@ class Eagle3Drafter(_Eagle3Parts, EagleDrafter):
         states fused by fc, then per token the final norm, the draft LM head, the pick and the next
         step over [N1(e); Nh(s)])."""
         return eagle3_chain(plans[0], self.cache.layers[0], *self._head_operands(), codes, features, self.embed.weight,
-                            self.lm_head.token_ids, cos, sin, k, temperature, uniforms, probs, stop_below=self._chain_stop())
+                            self.lm_head.token_ids, cos, sin, k, temperature, uniforms, probs, stop_below=self._chain_stop(),
+                            int8=self.chain_int8)
 
 
 @register_drafter("eagle3-tree")
@@ -187,10 +195,10 @@ class Eagle3TreeDrafter(_Eagle3Parts, Eagle2Drafter):
 
     def __init__(self, target_model: nn.Module, head: Eagle3Head, depth: int = 8, top_k: int | None = None,
                  num_nodes: int | str = "auto", max_nodes: int = 64, sampled_children: bool | None = None,
-                 budget: str = "auto") -> None:
+                 budget: str = "auto", int8_head: bool | None = None) -> None:
         self._eagle3_head = head
         super().__init__(target_model, head, depth=depth, top_k=top_k, num_nodes=num_nodes, max_nodes=max_nodes,
-                         sampled_children=sampled_children, budget=budget, int8_head=False, captured_head=False)
+                         sampled_children=sampled_children, budget=budget, int8_head=int8_head, captured_head=False)
         # c_layer / C(1): the head's parameters (its own LM head included) over a target forward's
         self.relative_layer_cost = forward_parameters(head) / self._target_parameters(target_model)
 
@@ -199,7 +207,7 @@ class Eagle3TreeDrafter(_Eagle3Parts, Eagle2Drafter):
         """The tree's C call (:func:`~mmspec.modeling.fused.eagle3_tree`: the pending pairs' target
         states fused by fc, then every layer's expansion over [N1(e); Nh(s)])."""
         return eagle3_tree(plans[0], self.cache.layers[0], *self._head_operands(), codes, features, self.embed.weight,
-                           self.lm_head.token_ids, cos, sin, depth, self.top_k, expand_while=expand_while)
+                           self.lm_head.token_ids, cos, sin, depth, self.top_k, expand_while=expand_while, int8=self.chain_int8)
 
     @classmethod
     def from_spec(cls, target, arg: str | None, num_draft_tokens: int | None = None) -> "Eagle3TreeDrafter":

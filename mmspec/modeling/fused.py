@@ -479,13 +479,15 @@ class Int8Head:
 _INT8: "weakref.WeakKeyDictionary[nn.Module, Int8Head]" = weakref.WeakKeyDictionary()  # fc -> its head's int8 copy
 
 
-def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Module, path: str | None = None
-              ) -> Int8Head | None:
-    """``plans``' one layer (``layer``, a Llama decoder layer), ``fc`` and ``output`` with int8
-    weights for :func:`head_chain` (built once per head and weights; ``path``: how the kernel sums,
-    :func:`int8_paths`, default the fastest here), or None where a projection's shape does not fit
-    the kernel (N % 16, K % 4; ``output`` stays as it is where it does not)."""
-    parts = _parts(layer)
+def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Module, path: str | None = None,
+              parts_of: Callable[[nn.Module], tuple | None] = _parts) -> Int8Head | None:
+    """``plans``' one layer (``layer``, whose parts ``parts_of`` gives: a Llama decoder layer's by
+    default, an EAGLE-3 mid layer's with :func:`mmspec.modeling.eagle3.midlayer_parts`), ``fc`` and
+    ``output`` with int8 weights for :func:`head_chain`, :func:`head_tree` and :func:`eagle3_tree`
+    (built once per head and weights; ``path``: how the kernel sums, :func:`int8_paths`, default the
+    fastest here), or None where a projection's shape does not fit the kernel (N % 16, K % 4;
+    ``output`` stays as it is where it does not)."""
+    parts = parts_of(layer)
     if len(plans) != 1 or parts is None or len(parts[2]) != 3:
         return None
     q, k, v = parts[2]
@@ -609,12 +611,15 @@ def head_chain(plans: PlanStack, cache_layer: PreallocatedLayer, norm: torch.Ten
 
 def _eagle3_operands(caller: str, plan: LayerPlan, hidden_norm: torch.Tensor, norm: torch.Tensor, fc: nn.Module, output: nn.Module,
                      codes: torch.Tensor, features: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, rotary_rows: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The fc and output operands (:func:`linear_operand`) of an EAGLE-3 head's C call (:func:`eagle3_chain`,
-    :func:`eagle3_tree`), its other operands checked: ValueError naming ``caller`` where one is wrong."""
+                     sin: torch.Tensor, rotary_rows: int, int8: "Int8Head | None" = None
+                     ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The fc and output operands (:func:`linear_operand`, or ``int8``'s where given) of an EAGLE-3
+    head's C call (:func:`eagle3_chain`, :func:`eagle3_tree`), its other operands checked: ValueError
+    naming ``caller`` where one is wrong."""
     dtype, hd, width = plan.dtype, plan.head_dim, plan.spec.D
     n0 = codes.shape[0]
-    fc_operand, out_operand = linear_operand(fc, dtype), linear_operand(output, dtype)
+    fc_operand = int8.fc if int8 is not None else linear_operand(fc, dtype)
+    out_operand = int8.output if int8 is not None and int8.output is not None else linear_operand(output, dtype)
     shapes = ((features, [n0, fc.in_features]), (table, [table.shape[0], width]), (cos, [rotary_rows, hd]),
               (sin, [rotary_rows, hd]), (hidden_norm, [width]), (norm, [width]))
     if (n0 < 1 or codes.dtype != torch.long or not codes.is_contiguous() or fc_operand is None or out_operand is None
@@ -641,7 +646,8 @@ def _eagle3_function():
 def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: torch.Tensor, norm_before_residual: bool,
                  norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
                  table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: int, temperature: float,
-                 uniforms: torch.Tensor | None, probs: torch.Tensor | None, stop_below: float = 0.0) -> torch.Tensor:
+                 uniforms: torch.Tensor | None, probs: torch.Tensor | None, stop_below: float = 0.0,
+                 int8: Int8Head | None = None) -> torch.Tensor:
     """An EAGLE-3 head's chain of ``k`` draft indices in one C call (``eagle3_chain`` in
     ``kernels/layer.c``; the head: :class:`mmspec.modeling.eagle3.Eagle3Head`): the pairs fed with
     their target states fused by ``fc``, then per index the final norm and draft LM head, the draw,
@@ -660,6 +666,7 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
         table: the target's embedding [V, D]; ids: LongTensor [C], each draft index's target id.
         cos, sin: rotary rows [n0 + k - 1, hd] of the positions fed.
         temperature, uniforms, probs, stop_below: as :func:`head_chain`'s.
+        int8: as :func:`eagle3_tree`'s.
 
     Returns:
         LongTensor [k'] (1 <= k' <= k): the draft indices drawn.
@@ -671,13 +678,13 @@ def eagle3_chain(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: t
     if k < 1:
         raise ValueError(f"eagle3_chain needs k >= 1, got {k}")
     fc_operand, out_operand = _eagle3_operands("eagle3_chain", plan, hidden_norm, norm, fc, output, codes, features, table,
-                                               ids, cos, sin, n0 + k - 1)
+                                               ids, cos, sin, n0 + k - 1, int8)
     dtype, hd = plan.dtype, plan.head_dim
     _check_draws("eagle3_chain", k, temperature, uniforms, probs, output.out_features)
     keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, dtype, n0 + k - 1)
     tokens = torch.empty(k, dtype=torch.long)
     status = _eagle3_function()(
-        ctypes.addressof(plan.spec), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
+        ctypes.addressof(plan.spec if int8 is None else int8.specs), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
         fc_operand[0], fc.in_features, out_operand[1], out_operand[0], output.out_features, codes.data_ptr(),
         features.data_ptr(), n0, table.data_ptr(), ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
         values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached, k, temperature, _ptr(uniforms),
@@ -793,7 +800,7 @@ def _eagle3_tree_function():
 def eagle3_tree(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: torch.Tensor, norm_before_residual: bool,
                 norm: torch.Tensor, eps: float, fc: nn.Module, output: nn.Module, codes: torch.Tensor, features: torch.Tensor,
                 table: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int, top_k: int,
-                expand_while=None) -> GrownTree:
+                expand_while=None, int8: Int8Head | None = None) -> GrownTree:
     """EAGLE-2's top-k dynamic tree from an EAGLE-3 head (:class:`mmspec.modeling.eagle3.Eagle3Head`)
     in one C call (``eagle3_tree`` in ``kernels/layer.c``): the pairs fed as :func:`eagle3_chain`
     feeds them, then :func:`head_tree`'s growth with EAGLE-3's step, node u at depth d reading
@@ -808,6 +815,8 @@ def eagle3_tree(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: to
             table, ids: as :func:`eagle3_chain`'s.
         cos, sin: rotary rows [n0 + depth - 1, hd] of the positions after the cache's.
         depth, top_k, expand_while: as :func:`head_tree`'s.
+        int8: the head's int8 copy (:func:`int8_head` with the mid layer's parts), read instead of
+            its layer, fc and output (where the copy holds one), or None.
     Returns:
         :class:`GrownTree` (draft indices; at most top_k + (depth - 1) top_k^2 candidates).
     """
@@ -815,11 +824,12 @@ def eagle3_tree(plan: LayerPlan, cache_layer: PreallocatedLayer, hidden_norm: to
     if depth < 1 or top_k < 1:
         raise ValueError(f"eagle3_tree needs depth >= 1 and top_k >= 1, got {depth} and {top_k}")
     fc_operand, out_operand = _eagle3_operands("eagle3_tree", plan, hidden_norm, norm, fc, output, codes, features, table, ids,
-                                               cos, sin, n0 + depth - 1)
+                                               cos, sin, n0 + depth - 1, int8)
     hd, k = plan.head_dim, min(top_k, output.out_features)
     keys, values, cached = cache_layer.open_slots(1, plan.kv_heads, hd, plan.dtype, n0 + (depth - 1) * k)
+    spec = plan.spec if int8 is None else int8.specs
     return _grown(lambda rule, tokens, parents, scores, counts: _eagle3_tree_function()(
-        ctypes.addressof(plan.spec), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
+        ctypes.addressof(spec), hidden_norm.data_ptr(), int(norm_before_residual), norm.data_ptr(), eps, fc_operand[1],
         fc_operand[0], fc.in_features, out_operand[1], out_operand[0], output.out_features, codes.data_ptr(),
         features.data_ptr(), n0, table.data_ptr(), ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
         values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cached, depth, top_k, rule, tokens.data_ptr(),
