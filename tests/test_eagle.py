@@ -280,6 +280,20 @@ def _same_head_cache(fused, loop, length, dtype):
         assert torch.equal(mine, theirs)
 
 
+def _same_tree_step(fused, loop, mine, theirs) -> int:
+    """A fused tree drafter's step against its Python tree's: the same draft, nodes and parents,
+    scores within float rounding, depths drafted, head forwards (the fused one feeds the prompt's
+    pairs in two) and head cache length; returns that length."""
+    assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None)
+    if mine.tree is not None:
+        assert torch.equal(mine.tree.parents, theirs.tree.parents)
+        torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
+    assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards + 1
+    length = fused.cache.get_seq_length()
+    assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+    return length
+
+
 def _accept_first_children(target, state, draft, most, drafters, layers=-1):
     """Verify a tree ``draft`` as if up to ``most`` of its first children were accepted (fewer where
     the line ends), commit them and the target's next token, and tell every drafter."""
@@ -365,13 +379,7 @@ def test_the_fused_eagle2_tree_grows_what_the_python_tree_grows(dtype, num_nodes
         state = _started(target, (fused, loop))
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None)
-            if mine.tree is not None:
-                assert torch.equal(mine.tree.parents, theirs.tree.parents)
-                torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
-            assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards + 1  # (the prompt's pairs in two)
-            length = fused.cache.get_seq_length()
-            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            length = _same_tree_step(fused, loop, mine, theirs)
             _same_head_cache(fused.cache, loop.cache, length, dtype)
             _accept_first_children(target, state, mine, step % 3, (fused, loop))
     assert len(trees) == 4 and all(tree is not None for tree in trees)  # (the first: the prompt's pairs but the last fed first)

@@ -334,6 +334,20 @@ def test_captured_target_returns_the_fused_layers():
         assert torch.equal(out.sequences, reference)
 
 
+def _sharpened_fused_head(dtype, norm_before_residual):
+    """The tiny Llama and a random EAGLE-3 head in ``dtype`` through ``mmspec.optimize`` (the fused
+    calls run; else the test skips), its attention sharpened so that a wrong mask or position shows."""
+    from test_eagle import _fused_model_and_head
+
+    model, _ = _fused_model_and_head(dtype)
+    head = random_head(model, size=64, seed=2).to(dtype)
+    head.config.norm_before_residual = norm_before_residual
+    with torch.no_grad():
+        head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
+    assert mmspec.optimize(head, kernel="c").replaced > 0
+    return model, head
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("do_sample,norm_before_residual,stop_below", [(False, False, 0.0), (True, False, 0.0), (False, True, 0.0),
                                                                       (False, False, 0.05), (True, False, 0.02)])
@@ -346,16 +360,9 @@ def test_the_fused_eagle3_chain_drafts_what_the_loop_drafts(dtype, do_sample, no
     With a confidence stop both end each chain at the same draw and leave the generator alike."""
     import copy
 
-    from test_eagle import _fused_model_and_head
-
     from mmspec.core.drafter import DraftContext
 
-    model, _ = _fused_model_and_head(dtype)  # (skips where the fused kernels do not run)
-    head = random_head(model, size=64, seed=2).to(dtype)
-    head.config.norm_before_residual = norm_before_residual
-    with torch.no_grad():
-        head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
-    assert mmspec.optimize(head, kernel="c").replaced > 0
+    model, head = _sharpened_fused_head(dtype, norm_before_residual)
     stops = {"sampled_stop_below" if do_sample else "stop_below": stop_below}
     fused, loop = Eagle3Drafter(model, head, 4, **stops), Eagle3Drafter(model, copy.deepcopy(head), 4, **stops)
     chains, fused_chain = [], fused._fused_chain
@@ -403,14 +410,9 @@ def test_the_fused_eagle3_tree_grows_what_the_python_tree_grows(dtype, num_nodes
     asked between them. (Attention sharpened, so that a wrong mask or position shows.)"""
     import copy
 
-    from test_eagle import _accept_first_children, _fused_model_and_head, _started
+    from test_eagle import _accept_first_children, _same_tree_step, _started
 
-    model, _ = _fused_model_and_head(dtype)  # (skips where the fused kernels do not run)
-    head = random_head(model, size=64, seed=2).to(dtype)
-    head.config.norm_before_residual = norm_before_residual
-    with torch.no_grad():
-        head.midlayer.self_attn.q_proj.weight.mul_(8.0), head.midlayer.self_attn.k_proj.weight.mul_(8.0)
-    assert mmspec.optimize(head, kernel="c").replaced > 0
+    model, head = _sharpened_fused_head(dtype, norm_before_residual)
     fused, loop = (Eagle3TreeDrafter(model, h, depth=4, top_k=3, num_nodes=num_nodes, budget="nominal", int8_head=False)
                    for h in (head, copy.deepcopy(head)))
     trees, fused_tree = [], fused._fused_tree
@@ -421,13 +423,7 @@ def test_the_fused_eagle3_tree_grows_what_the_python_tree_grows(dtype, num_nodes
         state = _started(target, (fused, loop), layers=layers)
         for step in range(4):
             mine, theirs = fused.propose(state, 8), loop.propose(state, 8)
-            assert torch.equal(mine.tokens, theirs.tokens) and (mine.tree is None) == (theirs.tree is None), step
-            if mine.tree is not None:
-                assert torch.equal(mine.tree.parents, theirs.tree.parents)
-                torch.testing.assert_close(mine.tree.scores, theirs.tree.scores, atol=1e-5, rtol=1e-5)
-            assert fused.drafted_depths == loop.drafted_depths and fused.forwards == loop.forwards + 1  # (the prompt's pairs in two)
-            length = fused.cache.get_seq_length()
-            assert length == loop.cache.get_seq_length() and fused.fed == loop.fed
+            length = _same_tree_step(fused, loop, mine, theirs)
             # (the loop's norms and rotation are PyTorch's: the same formula, sums in another order)
             torch.testing.assert_close(fused.cache.layers[0].keys[..., :length, :], loop.cache.layers[0].keys[..., :length, :],
                                        **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}))

@@ -632,13 +632,17 @@ def _eagle3_operands(caller: str, plan: LayerPlan, hidden_norm: torch.Tensor, no
     return fc_operand, out_operand
 
 
+#: the leading arguments of layer.c's eagle3_chain and eagle3_tree (spec ... vbuf; the cache strides follow)
+_EAGLE3_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64] + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] \
+    + [ctypes.c_void_p] * 6
+
+
 @functools.cache
 def _eagle3_function():
     function = load_kernel().eagle3_chain
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
-    function.argtypes = ([pointer, pointer, ctypes.c_int, pointer, ctypes.c_float, pointer, ctypes.c_int, int64, pointer,
-                          ctypes.c_int, int64, pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
-                         + [int64] * 5 + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_float, ctypes.c_int])
+    function.argtypes = _EAGLE3_ARGS + [int64] * 5 + [ctypes.c_float, pointer, pointer, pointer, int64, ctypes.c_float, ctypes.c_int]
     function.restype = ctypes.c_int
     return function
 
@@ -789,10 +793,7 @@ def _grown(call, cache_layer: PreallocatedLayer, n0: int, capacity: int, expand_
 @functools.cache
 def _eagle3_tree_function():
     function = load_kernel().eagle3_tree
-    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
-    function.argtypes = ([pointer, pointer, ctypes.c_int, pointer, ctypes.c_float, pointer, ctypes.c_int, int64, pointer,
-                          ctypes.c_int, int64, pointer, pointer, int64, pointer, pointer, pointer, pointer, pointer, pointer]
-                         + [int64] * 6 + [_EXPAND_RULE] + [pointer] * 5 + [ctypes.c_int])
+    function.argtypes = _EAGLE3_ARGS + [ctypes.c_int64] * 6 + [_EXPAND_RULE] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
     function.restype = ctypes.c_int
     return function
 
