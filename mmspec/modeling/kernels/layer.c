@@ -668,6 +668,22 @@ static int eagle3_layer(const LayerSpec *s, const void *hidden_norm, int norm_be
     return status;
 }
 
+/* The pairs (e(c_j), W_fc F_j) (j < n0) through EAGLE-3's head layer: e [n0, D] <- the target's
+ * embeddings of codes, x [n0, D] <- the layer's outputs s; the layer's keys and values at positions
+ * cached .. cached + n0 - 1. (features [n0, F], fc_w [D, F] without bias; rotary rows cos / sin
+ * [n0, hd] from the first.) */
+static int eagle3_feed_pairs(const LayerSpec *s, const void *hidden_norm, int norm_before_residual, const void *fc_w, int fc_kind,
+                             int64_t F, const int64_t *codes, const void *features, int64_t n0, const void *table,
+                             const void *cos, const void *sin, void *kbuf, void *vbuf, int64_t ks_b, int64_t ks_h,
+                             int64_t ks_l, int64_t cached, char *e, char *x, int threads) {
+    const int64_t D = s->D, row_bytes = D * (s->bf16 ? 2 : 4);
+    for (int64_t j = 0; j < n0; j++) memcpy(e + j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
+    const int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
+    return status ? status
+                  : eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
+                                 NULL, 0, threads);
+}
+
 /* An EAGLE-3 head's draft chain in one call (mmspec.drafters.eagle3.Eagle3Drafter), what its Python
  * loop does with ~30 tensor calls a token:
  *
@@ -693,11 +709,8 @@ int eagle3_chain(const LayerSpec *s, const void *hidden_norm, int norm_before_re
     if (!scratch) return -1;
     char *e = scratch, *x = e + n0 * row_bytes, *normed = x + n0 * row_bytes, *logits = normed + row_bytes;
     float *row = (float *)(logits + C * width);
-    for (int64_t j = 0; j < n0; j++) memcpy(e + j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
-    int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
-    if (!status)
-        status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
-                              NULL, 0, threads);
+    int status = eagle3_feed_pairs(s, hidden_norm, norm_before_residual, fc_w, fc_kind, F, codes, features, n0, table, cos, sin,
+                                   kbuf, vbuf, ks_b, ks_h, ks_l, cached, e, x, threads);
     char *feature = x + (n0 - 1) * row_bytes; /* s^: the last row fed */
     int64_t drawn = 0;
     float conf = 1.0f, p = 1.0f;
@@ -757,11 +770,8 @@ int eagle3_tree(const LayerSpec *s, const void *hidden_norm, int norm_before_res
     const TreeHead t = {.layer = eagle3_tree_layer, .logits = eagle3_tree_logits, .s = s, .norm = norm, .out_w = out_w,
                         .hidden_norm = hidden_norm, .eps = eps, .out_kind = out_kind, .norm_before_residual = norm_before_residual,
                         .C = C, .kbuf = kbuf, .vbuf = vbuf, .ks_b = ks_b, .ks_h = ks_h, .ks_l = ks_l};
-    for (int64_t j = 0; j < n0; j++) memcpy(e + j * row_bytes, (const char *)table + codes[j] * row_bytes, (size_t)row_bytes);
-    int status = linear_kind(fc_kind, features, fc_w, NULL, x, n0, D, F, threads);
-    if (!status)
-        status = eagle3_layer(s, hidden_norm, norm_before_residual, e, x, n0, cos, sin, kbuf, vbuf, ks_b, ks_h, ks_l, cached,
-                              NULL, 0, threads);
+    int status = eagle3_feed_pairs(s, hidden_norm, norm_before_residual, fc_w, fc_kind, F, codes, features, n0, table, cos, sin,
+                                   kbuf, vbuf, ks_b, ks_h, ks_l, cached, e, x, threads);
     if (!status)
         status = grow_tree(&t, x + (n0 - 1) * row_bytes, table, ids, cos, sin, n0, cached, depth, top_k, expand, tokens, parents,
                            scores, count, layers, threads);
