@@ -40,10 +40,14 @@ def machine_cpu_flags() -> frozenset[str]:
     return frozenset(cpuinfo_fields().get("flags", "").split())
 
 
+@functools.cache
 def intel_cpu() -> bool:
     """Whether /proc/cpuinfo names an Intel CPU (vendor_id GenuineIntel): its cores retire vdpbf16ps
     at half the rate of two vfmadd231ps, so the bf16 vector kernel sums through the latter there
-    (:func:`mmspec.modeling.fast_linear.load_kernel`; the same bits)."""
+    (:func:`mmspec.modeling.fast_linear.load_kernel`; the same bits). Read once per process: the
+    voice's NAR stage asks for each of its linears (~50 a sentence), and /proc/cpuinfo runs to
+    hundreds of kB on a many-core server (stop 92: each read cost ~90 us on a 2-core VM, 4 ms a
+    sentence)."""
     return cpuinfo_fields().get("vendor_id") == "GenuineIntel"
 
 

@@ -51,6 +51,20 @@ def test_fast_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
         machine_cpu_flags.cache_clear(), cpu_flags.cache_clear()
 
 
+def test_intel_cpu_reads_cpuinfo_once(monkeypatch):
+    """intel_cpu() is asked per linear of the voice's NAR stage (bf16 without AMX): /proc/cpuinfo,
+    hundreds of kB on a many-core server, is read for its first call only."""
+    from mmspec import cpu
+
+    reads = []
+    monkeypatch.setattr(cpu, "cpuinfo_fields", lambda: reads.append(1) or {"vendor_id": "AuthenticAMD"})
+    cpu.intel_cpu.cache_clear()
+    try:
+        assert [cpu.intel_cpu() for _ in range(50)] == [False] * 50 and len(reads) == 1
+    finally:
+        cpu.intel_cpu.cache_clear()
+
+
 def test_cpu_flags_emulate_an_avx2_cpu():
     """MMSPEC_CPU_FLAGS=avx2,fma on a CPU with more: the "auto" dtype, the kernels and the benchmark
     record are an AVX2-only CPU's (a fresh process: the kernel choices are made once per process), and
