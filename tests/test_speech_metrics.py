@@ -85,6 +85,28 @@ def test_bench_summary_says_exactness_and_the_whole_calls_speedup():
     assert "| sjd-topk | no (tolerant), 1/2 identical | 4.00x | 2.00x |" in table
 
 
+def test_bench_summary_splits_the_fixed_costs_from_the_loop():
+    """Stop 92: the prefill and the NAR stage cost every method the same, so the table says what share
+    of plain decoding's time they take, the loop's own speedup and the speedup no drafter can pass;
+    runs recorded before the prefill was timed give none of it."""
+    pipe = SimpleNamespace(sampling_rate=8000, components=None)
+    runs = {}
+    for i in range(2):  # plain: 0.5 s prefill + 1.5 s loop + 1 s NAR; sjd: the loop 3x faster
+        runs[f"ar|{i}|0"] = {"time": 3.0, "nar_time": 1.0, "prefill_time": 0.5, "seconds": 4.0, "tau": 1.0, "codes": [[i]]}
+        runs[f"sjd|{i}|0"] = {"time": 2.0, "nar_time": 1.0, "prefill_time": 0.5, "seconds": 4.0, "tau": 3.0, "codes": [[i]]}
+    meta = {"sentences": 2, "rounds": 1, "greedy": False, "temperature": 1.0,
+            "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
+    summary = summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False)
+    assert summary["sjd"]["speedup"] == 1.5 and summary["sjd"]["stream_speedup"] == 2.0 and summary["sjd"]["loop_speedup"] == 3.0
+    table = markdown_table(summary, meta)
+    assert "| sjd | yes | 1.50x (stream 2.00x, loop 3.00x) |" in table
+    assert "prefill 17 %, NAR stage 33 %, decoding loop 50 %; a method that made the loop free would be 2.00x" in table
+    for run in runs.values():
+        del run["prefill_time"]
+    old = summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False)
+    assert "loop_speedup" not in old["sjd"] and "decoding loop" not in markdown_table(old, meta)
+
+
 def test_bench_refuses_a_missing_speaker_reference(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mmspec", "bench", "tts", "--speaker-reference", str(tmp_path / "no.wav"),
                           "--results", str(tmp_path / "r.json")], capture_output=True, text=True)

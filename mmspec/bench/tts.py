@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             call = time.perf_counter() - started  # (the whole call: front end, LM, NAR stage and the codec's decode)
             s = out.stats
             runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "call_time": call, "seconds": s.seconds,
-                         "tau": s.tau, "frames": s.frames, "codes": out.codes.tolist()}
+                         "tau": s.tau, "frames": s.frames, "codes": out.codes.tolist(),
+                         "prefill_time": (s.generation or {}).get("prefill_time_s")}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", file=sys.stderr, flush=True)
     references = None
@@ -232,7 +233,9 @@ def _reference_row(texts: list[str], audio: list[torch.Tensor], rate: int, embed
 def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: bool,
               references: list[torch.Tensor] | None = None, sources: list[str] | None = None) -> dict:
     """Per method: time, audio seconds, speedup over AR (and, for a VALL-E-style voice, that of
-    the code stream alone, its NAR stage's time left out), tau, real-time factor and, with
+    the code stream alone, its NAR stage's time left out), tau, real-time factor, where the runs
+    timed it (stop 92 on) the prompt's prefill and the speedup of the decoding loop alone (the
+    prefill and the NAR stage left out: the part a drafter changes), and, with
     ``quality``, the WER of every round's audio (decoded from the stored codes), overall and per
     round, and with ``references`` (a speaker embedding per sentence) the mean speaker similarity,
     overall and per round; with ``sources`` (one name per sentence) naming more than one source, the
@@ -242,6 +245,7 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
     cells = {spec: [runs[f"{spec}|{i}|{r}"] for r in range(rounds) for i in range(n)] for spec in specs}
     ar_time = sum(c["time"] for c in cells["ar"]) if "ar" in cells else None
     ar_nar = sum(c.get("nar_time", 0.0) for c in cells["ar"]) if "ar" in cells else 0.0
+    ar_prefill = _prefill(cells["ar"]) if "ar" in cells else None
     from ..pipelines.text_to_speech.methods import make_method
 
     greedy = results["meta"].get("greedy", False)
@@ -263,6 +267,11 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
         if nar > 0:
             row["nar_time_s"] = nar
             row["stream_speedup"] = (ar_time - ar_nar) / (time_ - nar) if ar_time else None
+        prefill = _prefill(cells[spec])
+        if prefill is not None:
+            row["prefill_time_s"] = prefill
+            if ar_time and ar_prefill is not None:
+                row["loop_speedup"] = (ar_time - ar_nar - ar_prefill) / max(time_ - nar - prefill, 1e-9)
         if quality:
             from ..metrics.speech import speaker_embedding, transcribe, word_error_rate
 
@@ -283,6 +292,26 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
     return summary
 
 
+def _prefill(cells: list[dict]) -> float | None:
+    """The runs' prefill time summed (the prompt's forward and the first code), or None where a run
+    did not record it (results files before stop 92)."""
+    times = [c.get("prefill_time") for c in cells]
+    return None if not times or None in times else sum(times)
+
+
+def fixed_costs_line(summary: dict) -> str | None:
+    """Where plain decoding's time went, from its row: the prefill, the NAR stage and the decoding
+    loop, and the speedup no drafter can pass (the first two cost every method the same), or None
+    without the times."""
+    row = summary.get("ar", {})
+    prefill, nar, total = row.get("prefill_time_s"), row.get("nar_time_s", 0.0), row.get("time_s")
+    if prefill is None or not total:
+        return None
+    loop = total - prefill - nar
+    return (f"plain decoding's time: prefill {100 * prefill / total:.0f} %, NAR stage {100 * nar / total:.0f} %, decoding loop "
+            f"{100 * loop / total:.0f} %; a method that made the loop free would be {total / (prefill + nar):.2f}x")
+
+
 def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
     return f"{fmt.format(value)} ({', '.join(fmt.format(v) for v in rounds)})" if len(rounds) > 1 else fmt.format(value)
 
@@ -292,15 +321,19 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
     lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m.get('dtype', 'dtype not recorded')}, "
              f"{m['threads']} thread(s), {machine_line(m)}, torch {m['torch']}", "",
-             "speedup and real-time factor: the codec LM and NAR stage (what the methods change); whole call: the "
-             "front end and the codec's decode to a waveform included", "",
+             "speedup and real-time factor: the codec LM and NAR stage (what the methods change); stream: the NAR "
+             "stage left out; loop: the prefill left out too; whole call: the front end and the codec's decode to a "
+             "waveform included", "",
              "| method | exact | speedup | whole call | tau | real-time factor (whole call) | WER (per round) | "
              "speaker similarity (per round) |",
              "|---|---|---|---|---|---|---|---|"]
     for spec, row in summary.items():
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
         if row.get("stream_speedup"):
-            speedup += f" (stream {row['stream_speedup']:.2f}x)"
+            speedup += f" (stream {row['stream_speedup']:.2f}x"
+            speedup += f", loop {row['loop_speedup']:.2f}x)" if row.get("loop_speedup") else ")"
+        elif row.get("loop_speedup"):
+            speedup += f" (loop {row['loop_speedup']:.2f}x)"
         exact = {True: "yes", False: "no (tolerant)", None: "?"}[row.get("exact")]
         if "identical" in row:
             exact += f", {row['identical']}/{row['runs']} identical"
@@ -314,6 +347,9 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     for name, row in (reference_rows or {}).items():
         sim = f"{row['speaker_similarity']:.3f}" if "speaker_similarity" in row else "1 (itself)"
         lines.append(f"| {name} | - | - | - | - | - | {100 * row['wer']:.1f} % | {sim} |")
+    fixed = fixed_costs_line(summary)
+    if fixed:
+        lines += ["", fixed]
     by_source = {spec: row["wer_by_source"] for spec, row in summary.items() if "wer_by_source" in row}
     if by_source:
         names = list(next(iter(by_source.values())))
