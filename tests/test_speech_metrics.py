@@ -87,13 +87,15 @@ def test_bench_summary_says_exactness_and_the_whole_calls_speedup():
 
 def test_bench_summary_splits_the_fixed_costs_from_the_loop():
     """Stop 92: the prefill and the NAR stage cost every method the same, so the table says what share
-    of plain decoding's time they take, the loop's own speedup and the speedup no drafter can pass;
-    runs recorded before the prefill was timed give none of it."""
+    of plain decoding's time they take, the loop's own speedup and the speedup no drafter can pass
+    (runs recorded before the prefill was timed give none of it), and each method's acceptance by
+    draft position, summed over runs of different widths."""
     pipe = SimpleNamespace(sampling_rate=8000, components=None)
     runs = {}
     for i in range(2):  # plain: 0.5 s prefill + 1.5 s loop + 1 s NAR; sjd: the loop 3x faster
         runs[f"ar|{i}|0"] = {"time": 3.0, "nar_time": 1.0, "prefill_time": 0.5, "seconds": 4.0, "tau": 1.0, "codes": [[i]]}
-        runs[f"sjd|{i}|0"] = {"time": 2.0, "nar_time": 1.0, "prefill_time": 0.5, "seconds": 4.0, "tau": 3.0, "codes": [[i]]}
+        runs[f"sjd|{i}|0"] = {"time": 2.0, "nar_time": 1.0, "prefill_time": 0.5, "seconds": 4.0, "tau": 3.0, "codes": [[i]],
+                              "drafted_per_position": [10, 8, 4][: 3 - i], "accepted_per_position": [8, 4, 1][: 3 - i]}
     meta = {"sentences": 2, "rounds": 1, "greedy": False, "temperature": 1.0,
             "machine": {"threads": 1, "dtype": "float32", "cpu": "cpu", "cpu_flags": [], "torch": torch.__version__}}
     summary = summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False)
@@ -101,10 +103,13 @@ def test_bench_summary_splits_the_fixed_costs_from_the_loop():
     table = markdown_table(summary, meta)
     assert "| sjd | yes | 1.50x (stream 2.00x, loop 3.00x) |" in table
     assert "prefill 17 %, NAR stage 33 %, decoding loop 50 %; a method that made the loop free would be 2.00x" in table
+    assert summary["sjd"]["acceptance_per_position"] == [0.8, 0.5, 0.25] and "- sjd: 0.80, 0.50, 0.25" in table
+    assert "acceptance_per_position" not in summary["ar"]
     for run in runs.values():
         del run["prefill_time"]
     old = summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False)
     assert "loop_speedup" not in old["sjd"] and "decoding loop" not in markdown_table(old, meta)
+    assert old["sjd"]["acceptance_per_position"] == [0.8, 0.5, 0.25]  # (the positions, recorded apart from the prefill)
 
 
 def test_bench_refuses_a_missing_speaker_reference(tmp_path):

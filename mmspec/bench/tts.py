@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
             s = out.stats
             runs[key] = {"time": s.wall_time_s, "nar_time": s.nar_time_s, "call_time": call, "seconds": s.seconds,
                          "tau": s.tau, "frames": s.frames, "codes": out.codes.tolist(),
-                         "prefill_time": (s.generation or {}).get("prefill_time_s")}
+                         "prefill_time": (s.generation or {}).get("prefill_time_s"),
+                         **{f"{kind}_per_position": (s.generation or {}).get(f"{kind}_per_position") for kind in ("drafted", "accepted")}}
             save_results(path, results)
         print(f"round {round_} sentence {i + 1}/{len(texts)} done", file=sys.stderr, flush=True)
     references = None
@@ -267,6 +268,9 @@ def summarise(results: dict, specs: list[str], texts: list[str], pipe, quality: 
         if nar > 0:
             row["nar_time_s"] = nar
             row["stream_speedup"] = (ar_time - ar_nar) / (time_ - nar) if ar_time else None
+        per_position = _acceptance_per_position(cells[spec])
+        if per_position:
+            row["acceptance_per_position"] = per_position
         prefill = _prefill(cells[spec])
         if prefill is not None:
             row["prefill_time_s"] = prefill
@@ -297,6 +301,18 @@ def _prefill(cells: list[dict]) -> float | None:
     did not record it (results files before stop 92)."""
     times = [c.get("prefill_time") for c in cells]
     return None if not times or None in times else sum(times)
+
+
+def _acceptance_per_position(cells: list[dict]) -> list[float] | None:
+    """Accepted / drafted codes at each draft position over the runs (position 1: the first code
+    after the last committed one), or None for a method that drafts nothing or runs that did not
+    record them (results files before stop 92)."""
+    drafted, accepted = [c.get("drafted_per_position") for c in cells], [c.get("accepted_per_position") for c in cells]
+    if not cells or None in drafted or None in accepted:
+        return None
+    width = max(map(len, drafted))
+    totals = [[sum(row[i] for row in rows if i < len(row)) for i in range(width)] for rows in (drafted, accepted)]
+    return [a / d for d, a in zip(*totals) if d] or None
 
 
 def fixed_costs_line(summary: dict) -> str | None:
@@ -350,6 +366,10 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     fixed = fixed_costs_line(summary)
     if fixed:
         lines += ["", fixed]
+    positions = {spec: row["acceptance_per_position"] for spec, row in summary.items() if row.get("acceptance_per_position")}
+    if positions:
+        lines += ["", "accepted / drafted codes by draft position (1 = the first code after the committed ones):", ""]
+        lines += [f"- {spec}: " + ", ".join(f"{a:.2f}" for a in rates) for spec, rates in positions.items()]
     by_source = {spec: row["wer_by_source"] for spec, row in summary.items() if "wer_by_source" in row}
     if by_source:
         names = list(next(iter(by_source.values())))
