@@ -46,8 +46,7 @@ def intel_cpu() -> bool:
     at half the rate of two vfmadd231ps, so the bf16 vector kernel sums through the latter there
     (:func:`mmspec.modeling.fast_linear.load_kernel`; the same bits). Read once per process: the
     voice's NAR stage asks for each of its linears (~50 a sentence), and /proc/cpuinfo runs to
-    hundreds of kB on a many-core server (stop 92: each read cost ~90 us on a 2-core VM, 4 ms a
-    sentence)."""
+    hundreds of kB on a many-core server (stop 92: the reads cost 3 ms a sentence on a 2-core VM)."""
     return cpuinfo_fields().get("vendor_id") == "GenuineIntel"
 
 
