@@ -110,6 +110,13 @@ def test_bench_summary_splits_the_fixed_costs_from_the_loop():
     old = summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False)
     assert "loop_speedup" not in old["sjd"] and "decoding loop" not in markdown_table(old, meta)
     assert old["sjd"]["acceptance_per_position"] == [0.8, 0.5, 0.25]  # (the positions, recorded apart from the prefill)
+    # a delay-pattern LM: no NAR stage, and plain decoding's forced sub-tokens are not listed as drafts
+    for i in range(2):
+        runs[f"ar|{i}|0"].update(nar_time=0.0, time=2.0, prefill_time=0.5, drafted_per_position=[4], accepted_per_position=[4])
+        runs[f"sjd|{i}|0"].update(nar_time=0.0, time=1.0, prefill_time=0.5)
+    delay = markdown_table(summarise({"runs": runs, "meta": meta}, ["ar", "sjd"], ["a", "b"], pipe, quality=False), meta)
+    assert "| sjd | yes | 2.00x (loop 3.00x) |" in delay and "- ar:" not in delay
+    assert "prefill 25 %, decoding loop 75 %; a method that made the loop free would be 4.00x" in delay
 
 
 def test_bench_refuses_a_missing_speaker_reference(tmp_path):

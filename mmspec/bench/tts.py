@@ -324,8 +324,9 @@ def fixed_costs_line(summary: dict) -> str | None:
     if prefill is None or not total:
         return None
     loop = total - prefill - nar
-    return (f"plain decoding's time: prefill {100 * prefill / total:.0f} %, NAR stage {100 * nar / total:.0f} %, decoding loop "
-            f"{100 * loop / total:.0f} %; a method that made the loop free would be {total / (prefill + nar):.2f}x")
+    stage = f"NAR stage {100 * nar / total:.0f} %, " if nar else ""  # (a delay-pattern LM has none)
+    return (f"plain decoding's time: prefill {100 * prefill / total:.0f} %, {stage}decoding loop {100 * loop / total:.0f} %; "
+            f"a method that made the loop free would be {total / (prefill + nar):.2f}x")
 
 
 def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
@@ -366,7 +367,9 @@ def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None
     fixed = fixed_costs_line(summary)
     if fixed:
         lines += ["", fixed]
-    positions = {spec: row["acceptance_per_position"] for spec, row in summary.items() if row.get("acceptance_per_position")}
+    # (plain decoding "drafts" only a delay-pattern step's forced sub-tokens: not listed)
+    positions = {spec: row["acceptance_per_position"] for spec, row in summary.items()
+                 if spec != "ar" and row.get("acceptance_per_position")}
     if positions:
         lines += ["", "accepted / drafted codes by draft position (1 = the first code after the committed ones):", ""]
         lines += [f"- {spec}: " + ", ".join(f"{a:.2f}" for a in rates) for spec, rates in positions.items()]
