@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..hub import dtype_name
+from ..cli.args import add_int8_arg
 from ..cli.output import write_text
 from .results import add_device_args, check_meta, load_results, machine_info, machine_line, method_specs, save_results
 from .throughput import parse_batch_sizes, throughput_tables
@@ -89,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     add_device_args(parser)
     parser.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (bfloat16 where fast) | float32 | bfloat16")
+    add_int8_arg(parser)
     parser.add_argument("--results", default="bench-out/tts.json", help="JSON checkpoint / results file (a rerun resumes it)")
     parser.add_argument("--markdown", default=None, help="also write the tables to this file")
     parser.add_argument("--no-quality", action="store_true", help="skip the WER (Whisper tiny.en) and speaker similarity")
@@ -119,13 +121,13 @@ def run(args: argparse.Namespace) -> int:
     sourced = TEXTS[args.text](args.sentences)
     texts, sources = [text for _, text in sourced], [source for source, _ in sourced]
     path = Path(args.results)
-    results = load_results(path, "tts", {"model": args.model, "dtype": args.dtype})  # before the model loads
+    results = load_results(path, "tts", {"model": args.model, "dtype": args.dtype, **({"int8": True} if args.int8 else {})})  # before the model loads
     pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize,
-                           dtype=args.dtype)  # one model for every method
+                           dtype=args.dtype, int8=args.int8)  # one model for every method
     meta = {"sentences": args.sentences, "text": args.text, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),
-            "linears": pipe.components.linears, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
+            "linears": pipe.components.linears, **({"int8": True} if args.int8 else {}), **({"batch_sizes": batch_sizes} if batch_sizes else {})}
     check_meta(path, results, meta)
     results["meta"] = meta
     if batch_sizes:
@@ -336,7 +338,7 @@ def _with_rounds(value: float, rounds: list[float], fmt: str) -> str:
 def markdown_table(summary: dict, meta: dict, reference_rows: dict | None = None) -> str:
     m = meta["machine"]
     mode = "greedy" if meta["greedy"] else f"temperature {meta['temperature']}"
-    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m.get('dtype', 'dtype not recorded')}, "
+    lines = [f"{meta['sentences']} held-out {meta.get('text', 'grammar')} sentences x {meta['rounds']} rounds, {mode}, {m.get('dtype', 'dtype not recorded')}{' with int8 weights (--int8)' * bool(meta.get('int8'))}, "
              f"{m['threads']} thread(s), {machine_line(m)}, torch {m['torch']}", "",
              "speedup and real-time factor: the codec LM and NAR stage (what the methods change); stream: the NAR "
              "stage left out; loop: the prefill left out too; whole call: the front end and the codec's decode to a "

@@ -60,6 +60,13 @@ def add_optimize_arg(parser: argparse.ArgumentParser) -> None:
                         help="keep the model's linears as loaded (default: few-row linears, mmspec.optimize)")
 
 
+def add_int8_arg(parser: argparse.ArgumentParser) -> None:
+    """``--int8``: the voice's AR stage with int8 weights (the text-to-speech pipeline's ``int8``)."""
+    parser.add_argument("--int8", action="store_true",
+                        help="read the voice's AR stage as int8 weights (CPU; faster without AMX; another, quantised "
+                             "model, so --compare-baseline compares it with its own plain decoding; docs/speech.md)")
+
+
 #: integer options that must be >= 1 when given, wherever a subcommand has them (counts, sizes)
 POSITIVE_INTS = ("max_new_tokens", "num_draft_tokens", "threads", "repeats", "per_family", "rounds", "sentences", "batch_size",
                  "steps", "save_every", "prompts", "images", "val_images", "sequences", "val_sequences", "samples", "count",

@@ -38,7 +38,7 @@ from .output import OutputFiles
 
 def add_parser(subparsers) -> None:
     from ..pipelines.text_to_speech.methods import METHODS
-    from .args import add_optimize_arg, add_threads_arg
+    from .args import add_int8_arg, add_optimize_arg, add_threads_arg
 
     cmd = subparsers.add_parser("tts", help=command_help("tts"))
     cmd.add_argument("text", nargs="?", default=None, help="the text to say (or -f FILE)")
@@ -75,6 +75,7 @@ def add_parser(subparsers) -> None:
     cmd.add_argument("--dtype", default="auto", help="the codec LMs' weights: auto (default: bfloat16 where fast, a GPU "
                      "or a CPU with AMX / AVX-512 BF16; else float32) | float32 | bfloat16")
     add_optimize_arg(cmd)
+    add_int8_arg(cmd)
     add_threads_arg(cmd)
     cmd.add_argument("--json", action="store_true", help="print the result (paths, stats) as one JSON object")
     cmd.set_defaults(handler=run, output_args={"out": "file or -"},
@@ -171,7 +172,8 @@ def run(args) -> int:
                 raise ValueError(f"--out {args.out} also writes {path.name}:{error}") from None
     settings = rule_settings(args)
     pipe = mmspec.pipeline("text-to-speech", model=args.model, method=args.method, device=args.device,
-                           num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, **settings)
+                           num_draft_tokens=args.num_draft_tokens, optimize=args.optimize, dtype=args.dtype, int8=args.int8,
+                           **settings)
     try:
         return (run_stream if args.stream else say)(args, pipe, text)
     except BrokenPipeError:  # the player reading standard output quit: the end, not an error

@@ -48,6 +48,7 @@ from torch import nn
 from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
 from .fast_linear import PreparedWeights
+from .fused import int8_linear, int8_path
 from .persistence import DataclassModel
 
 
@@ -90,6 +91,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
         self.encoder = nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(config.dim), enable_nested_tensor=False)
         self.heads = nn.Linear(config.dim, (config.num_codebooks - 1) * config.codebook_size, bias=False)
         self._weights = PreparedWeights()  # (inference on a CPU: :meth:`_linear`)
+        self._int8: str | None = None  # read_as_int8's kernel path
         if config.depth_layers:
             fine = config.num_codebooks - 1
             self.codebook_inputs = nn.Embedding(fine, config.dim)  # c_k
@@ -141,10 +143,29 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
         core: 17.5 ms through the modules, 7.7 ms here; 9.3 and 6.8 ms for a length seen before)."""
         return x.device.type == "cpu" and not torch.is_grad_enabled()
 
+    def read_as_int8(self, path: str | None = None) -> None:
+        """Read every linear of the inference forward (:meth:`_linear`: encoder, depth blocks, heads)
+        as int8 weights through the int8 kernel (:func:`~mmspec.modeling.fused.int8_linear`: weights
+        per output row and input rows per row quantised symmetrically, the products summed exactly
+        in int32); ``path``: how it sums (:func:`~mmspec.modeling.fused.int8_paths`, default the
+        fastest here). A linear whose shape the kernel does not take (N % 16, K % 4) stays as it is.
+        Training (gradients) still reads the float weights.
+
+        Raises:
+            ValueError: ``path`` does not run here.
+        """
+        self._int8 = int8_path(path)
+
     def _linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`~mmspec.modeling.fast_linear.PreparedWeights.linear` over this stage's copies."""
-        return self._weights.linear(name, x, weight, bias, activation, residual)
+        """:meth:`~mmspec.modeling.fast_linear.PreparedWeights.linear` over this stage's copies (the
+        int8 kernel over their int8 copies after :meth:`read_as_int8`)."""
+        n, k = weight.shape
+        if self._int8 is None or n % 16 or k % 4 or x.dtype != weight.dtype or x.device.type != "cpu":
+            return self._weights.linear(name, x, weight, bias, activation, residual)
+        blob = self._weights.int8(name, weight)
+        out = int8_linear(x.reshape(-1, k).contiguous(), blob, n, bias, self._int8).view(*x.shape[:-1], n)
+        return F.gelu(out) if activation == "gelu" else out if residual is None else out + residual
 
     def _encode(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The encoder's forward (pre-norm layers, exact GELU) over x [B, F, D] with every linear

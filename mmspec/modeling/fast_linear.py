@@ -395,6 +395,21 @@ def many_rows_dtypes() -> tuple[torch.dtype, ...]:
 MANY_ROWS_HINT = 64
 
 
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] (N % 16 == 0, K % 4 == 0) -> the int8 kernel's blob, uint8 [N K + 8 N]: the rows
+    quantised symmetrically per output, q[n] = round(W[n] / scale[n]) with scale[n] = max_k |W[n, k]|
+    / 127 (1 for a zero row), laid out [N / 16, K / 4, 16, 4] (16 outputs x 4 inputs: one
+    vpdpbusd operand); then scale (float32 [N]) and sum_k q[n, k] (int32 [N])."""
+    n, k = weight.shape
+    w = weight.detach().float().cpu()
+    top = w.abs().amax(1)
+    scale = torch.where(top > 0, top / 127, torch.ones_like(top))
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    blocks = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    parts = (blocks.view(-1).view(torch.uint8), scale.view(torch.uint8), q.sum(1, dtype=torch.int32).view(torch.uint8))
+    return torch.cat(parts)
+
+
 class PreparedWeights:
     """An owner's weights prepared once for the kernels, by name: the C kernel's packed copy
     (:meth:`packed`: what :class:`FewRowLinear` reads, and :meth:`linear` over many rows) or
@@ -425,6 +440,10 @@ class PreparedWeights:
         """``weight`` [N, K] in this machine's C kernel's packed layout (:func:`pack_weight`), or
         None where :func:`packable` refuses it."""
         return self._copy("c", name, weight, lambda w: pack_weight(w) if packable(w) else None)
+
+    def int8(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` [N, K] as the int8 kernel's blob (:func:`pack_int8`)."""
+        return self._copy("int8", name, weight, pack_int8)
 
     def linear(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,6 +19,8 @@ lean forward of :mod:`mmspec.modeling.lean`) and mmspec's LlamaGen ``Transformer
 fp32 or bf16, its seven projections few-row linears of one dtype, SiLU, no MLP bias); the callers
 fall back to their PyTorch path otherwise, and for more rows than a plan takes (its linears' limit,
 or :data:`AMX_FUSED_ROWS` on the AMX kernel). ``MMSPEC_FUSED=0`` turns it off per process.
+:func:`read_as_int8` has a stack's calls read its projections as int8 weights (another, quantised
+model; the text-to-speech pipeline's ``int8=True``), :func:`int8_head` an EAGLE head's.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..core.sampling import SamplingConfig
 from ..cpu import cpu_flags
 from .attention import MAX_HEAD_DIM, mask_strides
 from .fast_linear import (PACKED_GROUP_BLOCKS, FewRowLinear, bf16_variants, default_max_rows, fp32_variants, load_kernel,
-                          weight_version)
+                          pack_int8, weight_version)
 from .kernel_ids import Int8Path, LinearKernel
 
 #: rows a fused layer takes on the AMX kernel, beyond its linears' own limit (64): from 65 rows
@@ -299,8 +301,68 @@ def _stack_plans(layers) -> PlanStack:
     if entry is not None and entry[0] == probes and entry[1].fresh():
         return entry[1]
     plans = PlanStack([layer_plan(layer) for layer in layers])
+    path = _INT8_STACKS.get(layers)
+    if path is not None and plans.specs is not None:
+        plans = PlanStack([_int8_plan(plan, layer, path) for plan, layer in zip(plans, layers)])
     _STACKS[layers] = (probes, plans)
     return plans
+
+
+_INT8_STACKS: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()  # layers -> int8 path
+
+
+def read_as_int8(layers, path: str | None = None) -> None:
+    """Have the fused calls read every projection of the decoder stack ``layers`` (a ModuleList of
+    Llama decoder layers whose plans qualify) as int8 weights: W [N, K] -> q = round(W / s) per output
+    row, s = max_k |W[n, k]| / 127 (:func:`pack_int8`), each input row quantised per row alike, the
+    products summed exactly in int32 and scaled back (``few_rows_linear_i8``). Every row is computed
+    alone, so a verification's rows still get what one-token steps get; the model's outputs are the
+    int8 model's, not the float one's (a different model, for plain decoding as for every method).
+    ``path``: how the kernel sums (:func:`int8_paths`; default the fastest here).
+
+    Raises:
+        ValueError: ``path`` does not run here, or a projection's shape does not fit the int8 kernel
+            (N % 16, K % 4) or the stack is not fused here (:func:`layer_plan`).
+    """
+    path = int8_path(path)
+    if not fused_enabled():
+        raise ValueError("int8 weights need the fused C layers, which are off here (MMSPEC_FUSED=0 or "
+                         "MMSPEC_ATTENTION other than c): unset those, or leave int8 off")
+    for layer in layers:
+        parts = _parts(layer)
+        if layer_plan(layer) is None or parts is None or len(parts[2]) != 3:
+            raise ValueError("int8 weights need the fused C layers (a Llama decoder stack of few-row linears on the CPU, "
+                             "mmspec.optimize with kernel 'c')")
+        if any(m.weight.shape[0] % 16 or m.weight.shape[1] % 4 for m in (*parts[2], *parts[3:7])):
+            raise ValueError("int8 weights need every projection's outputs a multiple of 16 and inputs of 4")
+    _INT8_STACKS[layers] = path
+    _STACKS.pop(layers, None)
+
+
+def reads_as_int8(layers) -> bool:
+    """Whether :func:`read_as_int8` marked ``layers``."""
+    return layers in _INT8_STACKS
+
+
+def _int8_spec(spec: LayerSpec, linears, code: int) -> tuple[LayerSpec, tuple[torch.Tensor, ...]]:
+    """A copy of ``spec`` whose q, k, v, o, gate, up and down (the first seven of ``linears``) are
+    read from int8 blobs (:func:`pack_int8`) with kernel ``code``, and the blobs of every linear."""
+    blobs = tuple(pack_int8(m.weight) for m in linears)
+    copy = LayerSpec.from_buffer_copy(spec)
+    copy.wq, copy.wk, copy.wv, copy.wo, copy.wg, copy.wu, copy.wd = (b.data_ptr() for b in blobs[:7])
+    copy.linear = code
+    return copy, blobs
+
+
+def _int8_plan(plan: LayerPlan, layer: nn.Module, path: str) -> LayerPlan:
+    """``plan`` (of ``layer``) reading its seven projections as int8 (:func:`read_as_int8`); stale
+    once a projection's weight is updated in place."""
+    parts = _parts(layer)
+    linears = (*parts[2], *parts[3:7])
+    spec, blobs = _int8_spec(plan.spec, linears, _int8_code(plan.dtype, path))
+    weights = tuple(m.weight for m in linears)
+    return LayerPlan(spec, (*plan.keep, *blobs), plan.max_rows, plan.dtype, plan.kv_heads, plan.head_dim, weights,
+                     tuple(map(weight_version, weights)))
 
 
 def fused_layers(plans: PlanStack, x: torch.Tensor, batch: int, n: int, cos: torch.Tensor, sin: torch.Tensor | None,
@@ -409,28 +471,13 @@ def int8_paths() -> tuple[str, ...]:
     return (*paths, "scalar")
 
 
-def pack_int8(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] (N % 16 == 0, K % 4 == 0) -> the int8 kernel's blob, uint8 [N K + 8 N]: the rows
-    quantised symmetrically per output, q[n] = round(W[n] / scale[n]) with scale[n] = max_k |W[n, k]|
-    / 127 (1 for a zero row), laid out [N / 16, K / 4, 16, 4] (16 outputs x 4 inputs: one
-    vpdpbusd operand); then scale (float32 [N]) and sum_k q[n, k] (int32 [N])."""
-    n, k = weight.shape
-    w = weight.detach().float().cpu()
-    top = w.abs().amax(1)
-    scale = torch.where(top > 0, top / 127, torch.ones_like(top))
-    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-    blocks = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    parts = (blocks.view(-1).view(torch.uint8), scale.view(torch.uint8), q.sum(1, dtype=torch.int32).view(torch.uint8))
-    return torch.cat(parts)
-
-
 def _int8_code(dtype: torch.dtype, path: str) -> int:
     """LayerSpec.linear's code of the int8 kernel for rows of ``dtype`` summed the way ``path``
     (:data:`INT8_PATHS`) names (:meth:`~mmspec.modeling.kernel_ids.LinearKernel.int8`)."""
     return LinearKernel.int8(INT8_PATHS[path], dtype == torch.bfloat16)
 
 
-def _int8_path(path: str | None) -> str:
+def int8_path(path: str | None) -> str:
     """``path`` checked against :func:`int8_paths` (None: its first)."""
     paths = int8_paths()
     if path is None:
@@ -446,7 +493,7 @@ def int8_linear(x: torch.Tensor, blob: torch.Tensor, out_features: int, bias: to
     kernel and a :func:`pack_int8` blob, summed the way ``path`` names (:func:`int8_paths`; default:
     the fastest here; the same numbers every way)."""
     m, k = x.shape
-    path = _int8_path(path)
+    path = int8_path(path)
     if (x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or not x.is_contiguous()
             or blob.dtype != torch.uint8 or blob.numel() != out_features * (k + 8) or out_features % 16 or k % 4
             or (bias is not None and (bias.dtype != x.dtype or bias.shape != (out_features,) or not bias.is_contiguous()))):
@@ -495,16 +542,13 @@ def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Modu
     linears = (q, k, v, parts[3], parts[4], parts[5], parts[6], fc) + ((output,) if fits(output) else ())
     if not all(map(fits, linears)):
         return None
-    code = _int8_code(plans[0].dtype, _int8_path(path))
+    code = _int8_code(plans[0].dtype, int8_path(path))
     weights = tuple(m.weight for m in linears)
     cached = _INT8.get(fc)
     if (cached is not None and len(cached.weights) == len(weights) and all(a is b for a, b in zip(cached.weights, weights))
             and _unchanged(weights, cached.versions) and cached.fc[0] == code):
         return cached
-    blobs = tuple(pack_int8(w) for w in weights)
-    spec = LayerSpec.from_buffer_copy(plans[0].spec)
-    spec.wq, spec.wk, spec.wv, spec.wo, spec.wg, spec.wu, spec.wd = (b.data_ptr() for b in blobs[:7])
-    spec.linear = code
+    spec, blobs = _int8_spec(plans[0].spec, linears, code)
     out = (spec.linear, blobs[8].data_ptr()) if len(blobs) > 8 else None  # (None: the caller reads ``output`` as it is)
     head = Int8Head((LayerSpec * 1)(spec), (spec.linear, blobs[7].data_ptr()), out, blobs, weights,
                     tuple(map(weight_version, weights)))

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .attention import attend, kernel_mask
-from .fused import fused_layers, fused_plans
+from .fused import fused_layers, fused_plans, reads_as_int8
 
 #: a prompt longer than the fused layers take at once runs through them in chunks of as many tokens
 #: as they take, where that is at least this many (the packed vector kernels' 64 rows, the AMX
@@ -201,6 +201,8 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
                 x[:, first:last] = rows.view(batch, last - first, -1)
         x = x if norm is not None else model.norm(x)
         return x, _kept(x, saved, keep, layers, isinstance(hidden_layer, tuple))
+    if reads_as_int8(model.layers):  # (its PyTorch modules hold the float weights: another model)
+        return _int8_chunks(model, stack, embeds, cache, position_ids, attention_mask, hidden_layer)
     cos, sin = cos[:, None], sin[:, None]
     x, saved = embeds, {}
     for index, layer in enumerate(model.layers[:layers]):
@@ -213,6 +215,41 @@ def lean_states(model: nn.Module, embeds: torch.Tensor, cache=None, position_ids
         x = layer_output(layer, x, o.reshape(batch, n, heads * head_dim))
     x = model.norm(x)
     return x, _kept(x, saved, keep, layers, isinstance(hidden_layer, tuple))
+
+
+def _int8_chunks(model: nn.Module, stack, embeds: torch.Tensor, cache, position_ids: torch.Tensor | None,
+                 attention_mask: torch.Tensor | None, hidden_layer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`lean_states` of a stack read as int8 (:func:`~mmspec.modeling.fused.read_as_int8`,
+    whose PyTorch modules hold the float weights) over more rows than its fused layers take at once
+    (a long or batched prompt): its n tokens in chunks of as many as they take, each appended to the
+    cache before the next attends to it. With a mask [B or 1, 1, n, cached + n], chunk rows
+    a:b read columns :cached + b; a mask that lets a row attend to a later token is refused.
+
+    Raises:
+        ValueError: the fused layers cannot take even one chunk, or the mask is not causal.
+    """
+    batch, n, _ = embeds.shape
+    plans = fused_plans(stack, cache, 1, embeds.dtype, embeds.device)
+    chunk = min(p.max_rows for p in plans) if plans is not None else n
+    cached = cache.get_seq_length() if cache is not None else 0
+    if chunk >= n:
+        raise ValueError(f"this int8 model runs only through the fused C layers, which cannot take this forward "
+                         f"({batch} x {n} rows, {embeds.dtype}, {embeds.device}, mask {attention_mask is not None}): "
+                         "load it without int8")
+    parts = []
+    for first in range(0, n, chunk):
+        last = min(first + chunk, n)
+        mask = None
+        if attention_mask is not None:
+            later = attention_mask[..., first:last, cached + last :]
+            if (later.any() if later.dtype == torch.bool else (later > torch.finfo(later.dtype).min / 2).any()):
+                raise ValueError("this int8 model takes a forward longer than its fused layers' rows only in causal "
+                                 "chunks, and this mask lets a token attend to a later one: load it without int8")
+            mask = attention_mask[..., first:last, : cached + last]
+        positions = None if position_ids is None else position_ids[:, first:last]
+        parts.append(lean_states(model, embeds[:, first:last], cache, positions, mask, hidden_layer))
+    kept = None if parts[0][1] is None else torch.cat([k for _, k in parts], dim=1)
+    return torch.cat([x for x, _ in parts], dim=1), kept
 
 
 def _kept(last: torch.Tensor, saved: dict[int, torch.Tensor], keep: list[int] | None, layers: int, several: bool

@@ -28,6 +28,7 @@ from ...hub import models_dir, no_models_note, resolve_device, resolve_dtype
 from ...modeling.codec_lm import CodecLM
 from ...modeling.codec_nar import CodecNAR
 from ...modeling.fast_linear import OptimizesOnLoad
+from ...modeling.fused import read_as_int8
 from ...modeling.heads import DraftHeads, EagleHead
 from ...modeling.mel_codec import MelRVQCodec
 
@@ -58,6 +59,20 @@ def check_speed(speed, name: str = "speed") -> None:
     if speed > MAX_SPEED:
         raise ValueError(f"{name} must be at most {MAX_SPEED:g} (a speaking rate: 2 is twice as fast), got {speed!r}; "
                          "faster, most phonemes get no audio frame")
+
+
+def check_int8(int8: bool, device: str | torch.device = "cpu", optimize: bool = True) -> None:
+    """Refuse ``int8=True`` (:func:`mmspec.modeling.fused.read_as_int8`) where it cannot run: it
+    needs the fused C layers, so the CPU and ``optimize``.
+
+    Raises:
+        TypeError: ``int8`` is not a bool.
+        ValueError: ``int8`` on another device or without ``optimize``.
+    """
+    if not isinstance(int8, bool):
+        raise TypeError(f"int8 is True or False, got {int8!r}")
+    if int8 and (resolve_device(device).type != "cpu" or not optimize):
+        raise ValueError("int8 weights run on the CPU's fused C layers: use device cpu and optimize=True, or leave int8 off")
 
 
 def voice_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
@@ -162,7 +177,7 @@ class TTSComponents(OptimizesOnLoad):
     def __init__(self, target: DelayPatternTarget, codec, phonemizer: str, draft_dir: Path | None,
                  device: torch.device, medusa_dir: Path | None = None, optimize: bool = False,
                  eagle_dir: Path | None = None, temperature: float = 1.0, nar: CodecNAR | None = None,
-                 dtype: torch.dtype = torch.float32, normalizer: str = "english") -> None:
+                 dtype: torch.dtype = torch.float32, normalizer: str = "english", int8: bool = False) -> None:
         self.target, self.codec, self.phonemizer_name, self.nar = target, codec, phonemizer, nar
         self.normalizer_name = normalizer
         self.dtype = dtype  # the codec LMs' step models (and so their heads) and the NAR stage; front end, codec: float32
@@ -173,12 +188,17 @@ class TTSComponents(OptimizesOnLoad):
         self._eagle: EagleHead | None = None
         self.optimize, self.linears = optimize, "as loaded"  # which few-row kernel ran (mmspec.optimize)
         self.prepare(target.model)
+        self.int8 = int8  # the AR stage's decoder projections and the NAR stage's linears read as int8
+        if int8:
+            read_as_int8(target.model.backbone.layers)
         if nar is not None:
             self.prepare(nar)
+            if int8:
+                nar.read_as_int8()
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, device: str = "auto", optimize: bool = True,
-                        dtype: str | torch.dtype = "auto") -> "TTSComponents":
+                        dtype: str | torch.dtype = "auto", int8: bool = False) -> "TTSComponents":
         directory, manifest = read_manifest(model)
         manifest_path = directory / MANIFEST
         temperature = manifest.get("temperature", 1.0)
@@ -187,6 +207,7 @@ class TTSComponents(OptimizesOnLoad):
             raise ValueError(f"{manifest_path}: \"temperature\" must be a positive number, got {temperature!r}")
         dev = resolve_device(device)
         dtype = voice_dtype(dtype, dev)
+        check_int8(int8, dev, optimize)
         make_phonemizer(manifest["phonemizer"])  # (its packages before the weights load: not at the first call, a
         if normalizer == "english":  # server's request, after --preload said the task was loaded)
             from ...hub import require_modules
@@ -208,7 +229,7 @@ class TTSComponents(OptimizesOnLoad):
         medusa_dir = directory / medusa if medusa and (directory / medusa / DraftHeads.config_file).is_file() else None
         eagle_dir = directory / eagle if eagle and (directory / eagle / EagleHead.config_file).is_file() else None
         return cls(DelayPatternTarget(lm), codec, manifest["phonemizer"], draft_dir, dev, medusa_dir, optimize, eagle_dir,
-                   float(temperature), nar, dtype, normalizer)
+                   float(temperature), nar, dtype, normalizer, int8)
 
     def normalize(self, text: str) -> NormalizedText:
         """:func:`spoken_text` under this voice's normaliser."""

@@ -26,7 +26,7 @@ from ...core.batch import batch_stats
 from ...core.stats import DictAccess, SpecStats
 from ...hub import dtype_name, resolve_device
 from ..base import Pipeline, ProgressCallback, register_pipeline
-from .components import MAX_SPEED, TTSComponents, _positive_number, check_speed, voice_dtype
+from .components import MAX_SPEED, TTSComponents, _positive_number, check_int8, check_speed, voice_dtype
 from .methods import METHODS, TTSMethod, make_method
 
 __all__ = ["MAX_SPEED", "METHODS", "PAUSE_SECONDS", "SPLITS", "TTSComponents", "TextToSpeechChunk", "TextToSpeechOutput",
@@ -192,6 +192,11 @@ class TextToSpeechPipeline(Pipeline):
             "float32" or "bfloat16". The text front end, duration predictor, NAR stage and codec stay float32.
             ``stats.config["dtype"]`` says which; exact methods stay exact against plain decoding in
             the same dtype.
+        int8: read the AR stage's decoder projections and the NAR stage's linears as int8 weights
+            (CPU, ``optimize``; the int8 kernel: AVX512-VNNI, AMX-INT8 or AVX2), activations in
+            ``dtype``: another, quantised model, faster on CPUs without AMX (docs/speech.md, "int8
+            weights"); every method, plain decoding included, decodes that model, so exact methods
+            stay exact against plain decoding with ``int8=True``. ``stats.config["int8"]`` says which.
         **rule_settings: a tolerant method's rule parameters (``top_k`` for spec-topk, ``delta`` for
             lantern).
     """
@@ -201,10 +206,11 @@ class TextToSpeechPipeline(Pipeline):
 
     def __init__(self, model: str | Path | None = None, method: str | TTSMethod = "sjd-coupled", device: str = "auto",
                  num_draft_tokens: int | None = None, optimize: bool = True, dtype: str | torch.dtype = "auto",
-                 **rule_settings: Any) -> None:
+                 int8: bool = False, **rule_settings: Any) -> None:
         self.method = self.make_method(method, num_draft_tokens=num_draft_tokens, **rule_settings)
         voice_dtype(dtype)
-        self.components = TTSComponents.from_pretrained(model, device, optimize, dtype)
+        check_int8(int8, device, optimize)
+        self.components = TTSComponents.from_pretrained(model, device, optimize, dtype, int8)
         self.method.check_components(self.components)  # a missing draft is an error now, not at the first call
 
     @classmethod
@@ -215,6 +221,7 @@ class TextToSpeechPipeline(Pipeline):
             make_method(values["method"], num_draft_tokens=values["num_draft_tokens"], **values["rule_settings"])
         resolve_device(values["device"])
         voice_dtype(values["dtype"])
+        check_int8(values["int8"], values["device"], values["optimize"])
 
     @property
     def sampling_rate(self) -> int:
@@ -510,4 +517,4 @@ class TextToSpeechPipeline(Pipeline):
 
     def run_config(self) -> dict[str, Any]:
         """The linears' kernel and the codec LMs' dtype (every result's stats.config)."""
-        return {"linears": self.components.linears, "dtype": dtype_name(self.components.dtype)}
+        return {"linears": self.components.linears, "dtype": dtype_name(self.components.dtype), "int8": self.components.int8}
