@@ -304,6 +304,12 @@ class RecurrentLayer(Settling, RowStateLayer, LinearAttentionLayer):
         self.recurrent_states[0] = recurrent_states
         return recurrent_states
 
+    def get_seq_length(self) -> int:
+        """The positions this layer holds (its history's length, an int). transformers from 5.25
+        reads a cache's length from its first layer, a recurrent one in these models (before, from
+        its first attention layer); the rows of a batch count their slots in the attention layers."""
+        return self.history.length
+
     def crop(self, tokens_to_remove: int) -> None:
         """Rewind by ``-tokens_to_remove`` positions (transformers' convention) and settle there."""
         if tokens_to_remove > 0:

@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from .cache import PreallocatedLayer, RowStateLayer, SequenceState, batch_layers, row_state_layers, stack_caches
+from .cache import PreallocatedLayer, RowStateLayer, SequenceState, batch_layers, row_state_layers, slot_count, stack_caches
 from .draft import Draft
 from .drafter import DraftContext, Drafter
 from .rules import resolve_rule
@@ -69,9 +69,9 @@ class BatchState:
     slack = 32
 
     def __init__(self, rows: list[SequenceState], cache, valid: torch.Tensor, rows_per_item: int = 1) -> None:
-        if valid.shape != (len(rows) * rows_per_item, cache.get_seq_length()):
+        if valid.shape != (len(rows) * rows_per_item, slot_count(cache)):
             raise ValueError(f"valid {tuple(valid.shape)} does not match {len(rows) * rows_per_item} cache rows x "
-                             f"{cache.get_seq_length()} slots")
+                             f"{slot_count(cache)} slots")
         self.rows = rows
         self.cache = cache
         self.valid = valid
@@ -130,7 +130,7 @@ class BatchState:
         n new slots, the first m_b (its pending token and its m_b - 1 accepted drafts). A
         :class:`~mmspec.core.cache.RowStateLayer` (a recurrent state) becomes each row's state
         after its own m_b positions."""
-        n = self.cache.get_seq_length() - self.valid.shape[1]
+        n = slot_count(self.cache) - self.valid.shape[1]
         kept = torch.tensor([c.shape[1] for c in committed], device=self.valid.device).repeat_interleave(self.rows_per_item)
         for layer in row_state_layers(self.cache):
             layer.keep_rows(kept.tolist())

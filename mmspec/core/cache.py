@@ -363,6 +363,14 @@ def batch_layers(cache: Cache, stacked: bool = True) -> list[DynamicLayer]:
     return [layer for layer in cache.layers if not isinstance(layer, (DummyLayer, RowStateLayer))]
 
 
+def slot_count(cache: Cache) -> int:
+    """The slots per cache row of a batch's cache: the length of its slot layers
+    (:func:`batch_layers`). Not ``cache.get_seq_length()``: transformers from 5.25 reads that from
+    the cache's first layer, in a hybrid model a :class:`RowStateLayer`, which has no slots."""
+    layers = batch_layers(cache)
+    return layers[0].get_seq_length() if layers else cache.get_seq_length()
+
+
 def row_state_layers(cache: Cache) -> list[RowStateLayer]:
     """The :class:`RowStateLayer` layers of a cache (recurrent layers, image keys/values)."""
     return [layer for layer in getattr(cache, "layers", ()) if isinstance(layer, RowStateLayer)]
