@@ -121,13 +121,14 @@ def run(args: argparse.Namespace) -> int:
     sourced = TEXTS[args.text](args.sentences)
     texts, sources = [text for _, text in sourced], [source for source, _ in sourced]
     path = Path(args.results)
-    results = load_results(path, "tts", {"model": args.model, "dtype": args.dtype, **({"int8": True} if args.int8 else {})})  # before the model loads
+    int8 = {"int8": True} if args.int8 else {}  # (in the settings and meta only when on: older files stay valid)
+    results = load_results(path, "tts", {"model": args.model, "dtype": args.dtype, **int8})  # before the model loads
     pipe = mmspec.pipeline("text-to-speech", model=args.model, device=args.device, optimize=args.optimize,
                            dtype=args.dtype, int8=args.int8)  # one model for every method
     meta = {"sentences": args.sentences, "text": args.text, "rounds": args.rounds, "temperature": args.temperature, "greedy": args.greedy,
             "max_seconds": args.max_seconds,
             "model": args.model or "embedded (models/tts-valle)", "machine": machine_info(dtype_name(pipe.components.dtype), args.threads, args.device),
-            "linears": pipe.components.linears, **({"int8": True} if args.int8 else {}), **({"batch_sizes": batch_sizes} if batch_sizes else {})}
+            "linears": pipe.components.linears, **int8, **({"batch_sizes": batch_sizes} if batch_sizes else {})}
     check_meta(path, results, meta)
     results["meta"] = meta
     if batch_sizes:

@@ -48,7 +48,7 @@ from torch import nn
 from ..core.verify import exact_argmax
 from .codec_lm import AlignmentInputs, frame_alignment
 from .fast_linear import PreparedWeights
-from .fused import int8_linear, int8_path
+from .fused import int8_fits, int8_linear, int8_path
 from .persistence import DataclassModel
 
 
@@ -161,7 +161,7 @@ class CodecNAR(DataclassModel, AlignmentInputs, nn.Module):
         """:meth:`~mmspec.modeling.fast_linear.PreparedWeights.linear` over this stage's copies (the
         int8 kernel over their int8 copies after :meth:`read_as_int8`)."""
         n, k = weight.shape
-        if self._int8 is None or n % 16 or k % 4 or x.dtype != weight.dtype or x.device.type != "cpu":
+        if self._int8 is None or not int8_fits(weight) or x.dtype != weight.dtype or x.device.type != "cpu":
             return self._weights.linear(name, x, weight, bias, activation, residual)
         blob = self._weights.int8(name, weight)
         out = int8_linear(x.reshape(-1, k).contiguous(), blob, n, bias, self._int8).view(*x.shape[:-1], n)

@@ -329,14 +329,25 @@ def read_as_int8(layers, path: str | None = None) -> None:
         raise ValueError("int8 weights need the fused C layers, which are off here (MMSPEC_FUSED=0 or "
                          "MMSPEC_ATTENTION other than c): unset those, or leave int8 off")
     for layer in layers:
-        parts = _parts(layer)
-        if layer_plan(layer) is None or parts is None or len(parts[2]) != 3:
+        projections = _projections(_parts(layer))
+        if layer_plan(layer) is None or projections is None:
             raise ValueError("int8 weights need the fused C layers (a Llama decoder stack of few-row linears on the CPU, "
                              "mmspec.optimize with kernel 'c')")
-        if any(m.weight.shape[0] % 16 or m.weight.shape[1] % 4 for m in (*parts[2], *parts[3:7])):
+        if not all(int8_fits(m.weight) for m in projections):
             raise ValueError("int8 weights need every projection's outputs a multiple of 16 and inputs of 4")
     _INT8_STACKS[layers] = path
     _STACKS.pop(layers, None)
+
+
+def int8_fits(weight: torch.Tensor) -> bool:
+    """Whether the int8 kernel takes W [N, K] (:func:`pack_int8`): N % 16 == 0 and K % 4 == 0."""
+    return not (weight.shape[0] % 16 or weight.shape[1] % 4)
+
+
+def _projections(parts) -> tuple[nn.Module, ...] | None:
+    """q, k, v, o, gate, up and down of a layer from its :func:`_parts`; None for a fused ``wqkv``
+    layout (or no parts)."""
+    return None if parts is None or len(parts[2]) != 3 else (*parts[2], *parts[3:7])
 
 
 def reads_as_int8(layers) -> bool:
@@ -357,8 +368,7 @@ def _int8_spec(spec: LayerSpec, linears, code: int) -> tuple[LayerSpec, tuple[to
 def _int8_plan(plan: LayerPlan, layer: nn.Module, path: str) -> LayerPlan:
     """``plan`` (of ``layer``) reading its seven projections as int8 (:func:`read_as_int8`); stale
     once a projection's weight is updated in place."""
-    parts = _parts(layer)
-    linears = (*parts[2], *parts[3:7])
+    linears = _projections(_parts(layer))
     spec, blobs = _int8_spec(plan.spec, linears, _int8_code(plan.dtype, path))
     weights = tuple(m.weight for m in linears)
     return LayerPlan(spec, (*plan.keep, *blobs), plan.max_rows, plan.dtype, plan.kv_heads, plan.head_dim, weights,
@@ -534,13 +544,11 @@ def int8_head(plans: PlanStack, layer: nn.Module, fc: nn.Module, output: nn.Modu
     (built once per head and weights; ``path``: how the kernel sums, :func:`int8_paths`, default the
     fastest here), or None where a projection's shape does not fit the kernel (N % 16, K % 4;
     ``output`` stays as it is where it does not)."""
-    parts = parts_of(layer)
-    if len(plans) != 1 or parts is None or len(parts[2]) != 3:
+    projections = _projections(parts_of(layer))
+    if len(plans) != 1 or projections is None:
         return None
-    q, k, v = parts[2]
-    fits = lambda m: not (m.weight.shape[0] % 16 or m.weight.shape[1] % 4)  # noqa: E731
-    linears = (q, k, v, parts[3], parts[4], parts[5], parts[6], fc) + ((output,) if fits(output) else ())
-    if not all(map(fits, linears)):
+    linears = (*projections, fc) + ((output,) if int8_fits(output.weight) else ())
+    if not all(int8_fits(m.weight) for m in linears):
         return None
     code = _int8_code(plans[0].dtype, int8_path(path))
     weights = tuple(m.weight for m in linears)

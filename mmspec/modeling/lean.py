@@ -236,16 +236,19 @@ def _int8_chunks(model: nn.Module, stack, embeds: torch.Tensor, cache, position_
         raise ValueError(f"this int8 model runs only through the fused C layers, which cannot take this forward "
                          f"({batch} x {n} rows, {embeds.dtype}, {embeds.device}, mask {attention_mask is not None}): "
                          "load it without int8")
+    allowed = None if attention_mask is None else kernel_mask(attention_mask, batch, n, cached + n)  # [B or 1, n, L]
+    if attention_mask is not None and allowed is None:
+        raise ValueError(f"this int8 model takes a mask of shape [B or 1, 1, n, cached + n] (here [{batch} or 1, 1, {n}, "
+                         f"{cached + n}]), got {tuple(attention_mask.shape)}")
     parts = []
     for first in range(0, n, chunk):
         last = min(first + chunk, n)
         mask = None
-        if attention_mask is not None:
-            later = attention_mask[..., first:last, cached + last :]
-            if (later.any() if later.dtype == torch.bool else (later > torch.finfo(later.dtype).min / 2).any()):
+        if allowed is not None:
+            if allowed[:, first:last, cached + last :].any():
                 raise ValueError("this int8 model takes a forward longer than its fused layers' rows only in causal "
                                  "chunks, and this mask lets a token attend to a later one: load it without int8")
-            mask = attention_mask[..., first:last, : cached + last]
+            mask = allowed[:, None, first:last, : cached + last]
         positions = None if position_ids is None else position_ids[:, first:last]
         parts.append(lean_states(model, embeds[:, first:last], cache, positions, mask, hidden_layer))
     kept = None if parts[0][1] is None else torch.cat([k for _, k in parts], dim=1)
